@@ -1,0 +1,396 @@
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use super::request::CacheControl;
+
+/// `content` of a message: a plain string or a list of content blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Blocks(Vec<ContentBlock>),
+}
+
+impl MessageContent {
+    /// The content as blocks; a string is one text block.
+    pub fn to_blocks(&self) -> Vec<ContentBlock> {
+        match self {
+            MessageContent::Text(text) => vec![ContentBlock::text(text.clone())],
+            MessageContent::Blocks(blocks) => blocks.clone(),
+        }
+    }
+
+    pub fn block_count(&self) -> usize {
+        match self {
+            MessageContent::Text(_) => 1,
+            MessageContent::Blocks(blocks) => blocks.len(),
+        }
+    }
+}
+
+/// `content` of a tool_result: a string or a list of blocks (text, image, document,
+/// tool_reference, search_result, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolResultContent {
+    Text(String),
+    Blocks(Vec<ContentBlock>),
+}
+
+impl ToolResultContent {
+    /// Total characters of the text it carries (strings and text blocks).
+    pub fn text_len(&self) -> usize {
+        match self {
+            ToolResultContent::Text(text) => text.len(),
+            ToolResultContent::Blocks(blocks) => blocks
+                .iter()
+                .map(|b| match b {
+                    ContentBlock::Text { text, .. } => text.len(),
+                    _ => 0,
+                })
+                .sum(),
+        }
+    }
+}
+
+/// Source-carrying blocks: `image` and `document`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageLike {
+    #[serde(default)]
+    pub source: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<CacheControl>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One content block of a message. Kinds the simulator does not reason about (server tool
+/// results, search results, containers, compaction blocks, ...) are kept verbatim as `Other`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContentBlock {
+    Text { text: String, cache_control: Option<CacheControl>, extra: Map<String, Value> },
+    Image(ImageLike),
+    Document(ImageLike),
+    ToolUse { id: String, name: String, input: Value, cache_control: Option<CacheControl>, extra: Map<String, Value> },
+    ServerToolUse { id: String, name: String, input: Value, cache_control: Option<CacheControl>, extra: Map<String, Value> },
+    ToolResult {
+        tool_use_id: String,
+        content: Option<ToolResultContent>,
+        is_error: Option<bool>,
+        cache_control: Option<CacheControl>,
+        extra: Map<String, Value>,
+    },
+    Thinking { thinking: String, signature: String, extra: Map<String, Value> },
+    RedactedThinking { data: String, extra: Map<String, Value> },
+    ToolReference { tool_name: String, extra: Map<String, Value> },
+    Other(Value),
+}
+
+impl ContentBlock {
+    pub fn text(text: impl Into<String>) -> Self {
+        ContentBlock::Text { text: text.into(), cache_control: None, extra: Map::new() }
+    }
+
+    pub fn tool_use(id: impl Into<String>, name: impl Into<String>, input: Value) -> Self {
+        ContentBlock::ToolUse { id: id.into(), name: name.into(), input, cache_control: None, extra: Map::new() }
+    }
+
+    pub fn tool_result(tool_use_id: impl Into<String>, content: ToolResultContent, is_error: Option<bool>) -> Self {
+        ContentBlock::ToolResult {
+            tool_use_id: tool_use_id.into(),
+            content: Some(content),
+            is_error,
+            cache_control: None,
+            extra: Map::new(),
+        }
+    }
+
+    pub fn thinking(thinking: impl Into<String>, signature: impl Into<String>) -> Self {
+        ContentBlock::Thinking { thinking: thinking.into(), signature: signature.into(), extra: Map::new() }
+    }
+
+    /// The wire `type` of the block.
+    pub fn kind(&self) -> &str {
+        match self {
+            ContentBlock::Text { .. } => "text",
+            ContentBlock::Image(_) => "image",
+            ContentBlock::Document(_) => "document",
+            ContentBlock::ToolUse { .. } => "tool_use",
+            ContentBlock::ServerToolUse { .. } => "server_tool_use",
+            ContentBlock::ToolResult { .. } => "tool_result",
+            ContentBlock::Thinking { .. } => "thinking",
+            ContentBlock::RedactedThinking { .. } => "redacted_thinking",
+            ContentBlock::ToolReference { .. } => "tool_reference",
+            ContentBlock::Other(value) => value.get("type").and_then(Value::as_str).unwrap_or("unknown"),
+        }
+    }
+
+    pub fn cache_control(&self) -> Option<&CacheControl> {
+        match self {
+            ContentBlock::Text { cache_control, .. }
+            | ContentBlock::ToolUse { cache_control, .. }
+            | ContentBlock::ServerToolUse { cache_control, .. }
+            | ContentBlock::ToolResult { cache_control, .. } => cache_control.as_ref(),
+            ContentBlock::Image(inner) | ContentBlock::Document(inner) => inner.cache_control.as_ref(),
+            ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } | ContentBlock::ToolReference { .. } => None,
+            ContentBlock::Other(_) => None,
+        }
+    }
+
+    /// Sets or clears the marker. Returns false for kinds that cannot carry one (thinking,
+    /// redacted_thinking, tool_reference, unmodelled kinds).
+    pub fn set_cache_control(&mut self, value: Option<CacheControl>) -> bool {
+        match self {
+            ContentBlock::Text { cache_control, .. }
+            | ContentBlock::ToolUse { cache_control, .. }
+            | ContentBlock::ServerToolUse { cache_control, .. }
+            | ContentBlock::ToolResult { cache_control, .. } => {
+                *cache_control = value;
+                true
+            }
+            ContentBlock::Image(inner) | ContentBlock::Document(inner) => {
+                inner.cache_control = value;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Cache control read from an unmodelled block's raw JSON (used by measurement, which must
+    /// honour markers on any block kind the API accepts them on).
+    pub fn raw_cache_control(&self) -> Option<CacheControl> {
+        match self {
+            ContentBlock::Other(value) => value
+                .get("cache_control")
+                .and_then(|cc| serde_json::from_value(cc.clone()).ok()),
+            _ => self.cache_control().cloned(),
+        }
+    }
+
+    pub fn is_thinking(&self) -> bool {
+        matches!(self, ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. })
+    }
+}
+
+#[derive(Serialize)]
+struct TextRepr<'a> {
+    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: &'a Option<CacheControl>,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct ToolUseRepr<'a> {
+    id: &'a str,
+    name: &'a str,
+    input: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: &'a Option<CacheControl>,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct ToolResultRepr<'a> {
+    tool_use_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: &'a Option<ToolResultContent>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    is_error: &'a Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: &'a Option<CacheControl>,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct ThinkingRepr<'a> {
+    thinking: &'a str,
+    signature: &'a str,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct Tagged<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(flatten)]
+    inner: T,
+}
+
+#[derive(Serialize)]
+struct RedactedRepr<'a> {
+    data: &'a str,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct ToolReferenceRepr<'a> {
+    tool_name: &'a str,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+impl Serialize for ContentBlock {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let kind = self.kind();
+        match self {
+            ContentBlock::Text { text, cache_control, extra } => {
+                Tagged { kind, inner: TextRepr { text, cache_control, extra } }.serialize(serializer)
+            }
+            ContentBlock::Image(inner) | ContentBlock::Document(inner) => Tagged { kind, inner }.serialize(serializer),
+            ContentBlock::ToolUse { id, name, input, cache_control, extra }
+            | ContentBlock::ServerToolUse { id, name, input, cache_control, extra } => {
+                Tagged { kind, inner: ToolUseRepr { id, name, input, cache_control, extra } }.serialize(serializer)
+            }
+            ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra } => Tagged {
+                kind,
+                inner: ToolResultRepr { tool_use_id, content, is_error, cache_control, extra },
+            }
+            .serialize(serializer),
+            ContentBlock::Thinking { thinking, signature, extra } => {
+                Tagged { kind, inner: ThinkingRepr { thinking, signature, extra } }.serialize(serializer)
+            }
+            ContentBlock::RedactedThinking { data, extra } => {
+                Tagged { kind, inner: RedactedRepr { data, extra } }.serialize(serializer)
+            }
+            ContentBlock::ToolReference { tool_name, extra } => {
+                Tagged { kind, inner: ToolReferenceRepr { tool_name, extra } }.serialize(serializer)
+            }
+            ContentBlock::Other(value) => value.serialize(serializer),
+        }
+    }
+}
+
+fn take_string(map: &mut Map<String, Value>, key: &str, kind: &str) -> Result<String, String> {
+    match map.remove(key) {
+        Some(Value::String(s)) => Ok(s),
+        Some(other) => Err(format!("{kind} block: field `{key}` must be a string, found {}", json_kind(&other))),
+        None => Err(format!("{kind} block: missing field `{key}`")),
+    }
+}
+
+fn take_cache_control(map: &mut Map<String, Value>, kind: &str) -> Result<Option<CacheControl>, String> {
+    match map.remove("cache_control") {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| format!("{kind} block: field `cache_control`: {e}")),
+    }
+}
+
+pub(crate) fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl ContentBlock {
+    /// Parses one block from JSON; unknown `type`s become `Other`.
+    pub fn from_value(value: Value) -> Result<Self, String> {
+        let Value::Object(mut map) = value else {
+            return Err(format!("content block must be an object, found {}", json_kind(&value)));
+        };
+        let kind = match map.get("type") {
+            Some(Value::String(kind)) => kind.clone(),
+            Some(other) => return Err(format!("content block `type` must be a string, found {}", json_kind(other))),
+            None => return Err("content block: missing field `type`".to_owned()),
+        };
+        let k = kind.as_str();
+        let block = match k {
+            "text" => {
+                map.remove("type");
+                let text = take_string(&mut map, "text", k)?;
+                let cache_control = take_cache_control(&mut map, k)?;
+                ContentBlock::Text { text, cache_control, extra: map }
+            }
+            "image" | "document" => {
+                map.remove("type");
+                let cache_control = take_cache_control(&mut map, k)?;
+                let source = map.remove("source").unwrap_or(Value::Null);
+                let inner = ImageLike { source, cache_control, extra: map };
+                if k == "image" { ContentBlock::Image(inner) } else { ContentBlock::Document(inner) }
+            }
+            "tool_use" | "server_tool_use" => {
+                map.remove("type");
+                let id = take_string(&mut map, "id", k)?;
+                let name = take_string(&mut map, "name", k)?;
+                let input = map.remove("input").unwrap_or(Value::Object(Map::new()));
+                let cache_control = take_cache_control(&mut map, k)?;
+                if k == "tool_use" {
+                    ContentBlock::ToolUse { id, name, input, cache_control, extra: map }
+                } else {
+                    ContentBlock::ServerToolUse { id, name, input, cache_control, extra: map }
+                }
+            }
+            "tool_result" => {
+                map.remove("type");
+                let tool_use_id = take_string(&mut map, "tool_use_id", k)?;
+                let content = match map.remove("content") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(s)) => Some(ToolResultContent::Text(s)),
+                    Some(Value::Array(items)) => {
+                        let mut blocks = Vec::with_capacity(items.len());
+                        for (i, item) in items.into_iter().enumerate() {
+                            blocks.push(ContentBlock::from_value(item).map_err(|e| format!("content[{i}]: {e}"))?);
+                        }
+                        Some(ToolResultContent::Blocks(blocks))
+                    }
+                    Some(other) => {
+                        return Err(format!(
+                            "tool_result block: field `content` must be a string or an array, found {}",
+                            json_kind(&other)
+                        ));
+                    }
+                };
+                let is_error = match map.remove("is_error") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Bool(b)) => Some(b),
+                    Some(other) => {
+                        return Err(format!("tool_result block: field `is_error` must be a boolean, found {}", json_kind(&other)));
+                    }
+                };
+                let cache_control = take_cache_control(&mut map, k)?;
+                ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra: map }
+            }
+            "thinking" => {
+                map.remove("type");
+                let thinking = take_string(&mut map, "thinking", k)?;
+                let signature = match map.remove("signature") {
+                    Some(Value::String(s)) => s,
+                    _ => String::new(),
+                };
+                ContentBlock::Thinking { thinking, signature, extra: map }
+            }
+            "redacted_thinking" => {
+                map.remove("type");
+                let data = take_string(&mut map, "data", k)?;
+                ContentBlock::RedactedThinking { data, extra: map }
+            }
+            "tool_reference" => {
+                map.remove("type");
+                let tool_name = take_string(&mut map, "tool_name", k)?;
+                ContentBlock::ToolReference { tool_name, extra: map }
+            }
+            _ => ContentBlock::Other(Value::Object(map)),
+        };
+        Ok(block)
+    }
+}
+
+impl<'de> Deserialize<'de> for ContentBlock {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        ContentBlock::from_value(value).map_err(D::Error::custom)
+    }
+}

@@ -1,0 +1,275 @@
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::content::{ContentBlock, MessageContent};
+
+/// A `POST /v1/messages` request body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub model: String,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<SystemPrompt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Tool>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_management: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_config: Option<Value>,
+    /// Top-level automatic caching: the API places this breakpoint on the last cacheable block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<CacheControl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Request {
+    /// A minimal request: model, max_tokens and messages.
+    pub fn new(model: impl Into<String>, max_tokens: u64) -> Self {
+        Request {
+            model: model.into(),
+            messages: Vec::new(),
+            system: None,
+            tools: None,
+            tool_choice: None,
+            metadata: None,
+            max_tokens: Some(max_tokens),
+            thinking: None,
+            temperature: None,
+            context_management: None,
+            output_config: None,
+            cache_control: None,
+            stream: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// The system prompt as a list of blocks (a string system prompt is one block).
+    pub fn system_blocks(&self) -> Vec<SystemBlock> {
+        match &self.system {
+            None => Vec::new(),
+            Some(SystemPrompt::Text(text)) => vec![SystemBlock::text(text.clone())],
+            Some(SystemPrompt::Blocks(blocks)) => blocks.clone(),
+        }
+    }
+
+    pub fn tools(&self) -> &[Tool] {
+        self.tools.as_deref().unwrap_or(&[])
+    }
+
+    /// Number of `cache_control` markers in the body (tools, system, messages; the top-level
+    /// automatic marker counts as one).
+    pub fn breakpoint_count(&self) -> usize {
+        let tools = self.tools().iter().filter(|t| t.cache_control.is_some()).count();
+        let system = match &self.system {
+            Some(SystemPrompt::Blocks(blocks)) => {
+                blocks.iter().filter(|b| b.cache_control.is_some()).count()
+            }
+            _ => 0,
+        };
+        let messages: usize = self
+            .messages
+            .iter()
+            .map(|m| match &m.content {
+                MessageContent::Text(_) => 0,
+                MessageContent::Blocks(blocks) => {
+                    blocks.iter().filter(|b| b.cache_control().is_some()).count()
+                }
+            })
+            .sum();
+        tools + system + messages + usize::from(self.cache_control.is_some())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub content: MessageContent,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Message {
+    pub fn user_text(text: impl Into<String>) -> Self {
+        Message { role: Role::User, content: MessageContent::Text(text.into()), extra: Map::new() }
+    }
+
+    pub fn user_blocks(blocks: Vec<ContentBlock>) -> Self {
+        Message { role: Role::User, content: MessageContent::Blocks(blocks), extra: Map::new() }
+    }
+
+    pub fn assistant_blocks(blocks: Vec<ContentBlock>) -> Self {
+        Message { role: Role::Assistant, content: MessageContent::Blocks(blocks), extra: Map::new() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SystemPrompt {
+    Text(String),
+    Blocks(Vec<SystemBlock>),
+}
+
+/// A system text block. The API only accepts `type: "text"` here; other types are kept as given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemBlock {
+    #[serde(rename = "type", default = "text_type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<CacheControl>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn text_type() -> String {
+    "text".to_owned()
+}
+
+impl SystemBlock {
+    pub fn text(text: impl Into<String>) -> Self {
+        SystemBlock { kind: text_type(), text: text.into(), cache_control: None, extra: Map::new() }
+    }
+
+    pub fn with_cache_control(mut self, cache_control: Option<CacheControl>) -> Self {
+        self.cache_control = cache_control;
+        self
+    }
+}
+
+/// A tool definition: a custom tool (`name`, `description`, `input_schema`) or a server tool
+/// identified by `type` (`web_search_20250305`, `tool_search_tool_regex_20251119`, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<CacheControl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defer_loading: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Tool {
+    pub fn custom(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> Self {
+        Tool {
+            kind: None,
+            name: name.into(),
+            description: Some(description.into()),
+            input_schema: Some(input_schema),
+            cache_control: None,
+            defer_loading: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// True for server tools (a `type` other than `custom`).
+    pub fn is_server_tool(&self) -> bool {
+        matches!(&self.kind, Some(kind) if kind != "custom")
+    }
+}
+
+/// `cache_control: {type, ttl?, scope?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheControl {
+    #[serde(rename = "type", default = "ephemeral")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<CacheTtl>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<CacheScope>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn ephemeral() -> String {
+    "ephemeral".to_owned()
+}
+
+impl CacheControl {
+    pub fn ephemeral() -> Self {
+        CacheControl { kind: ephemeral(), ttl: None, scope: None, extra: Map::new() }
+    }
+
+    pub fn with_ttl(mut self, ttl: Option<CacheTtl>) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    pub fn with_scope(mut self, scope: Option<CacheScope>) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// The TTL in force: `5m` when not given (the API default).
+    pub fn ttl_or_default(&self) -> CacheTtl {
+        self.ttl.unwrap_or(CacheTtl::FiveMinutes)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CacheTtl {
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    #[serde(rename = "1h")]
+    OneHour,
+}
+
+impl CacheTtl {
+    pub fn millis(self) -> u64 {
+        match self {
+            CacheTtl::FiveMinutes => 5 * 60 * 1000,
+            CacheTtl::OneHour => 60 * 60 * 1000,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheTtl::FiveMinutes => "5m",
+            CacheTtl::OneHour => "1h",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    Global,
+    Org,
+}

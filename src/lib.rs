@@ -1,0 +1,2 @@
+//! ctxsim: a deterministic simulation and replay harness for a coding agent's context pipeline.
+pub mod api;
