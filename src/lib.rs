@@ -1,2 +1,8 @@
 //! ctxsim: a deterministic simulation and replay harness for a coding agent's context pipeline.
+//!
+//! Data flows scenario/recording → World → Agent → Measure → Report; see ARCHITECTURE.md.
+pub mod analyze;
 pub mod api;
+pub mod cli;
+pub mod measure;
+pub mod report;

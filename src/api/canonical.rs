@@ -1,74 +1,32 @@
 //! Canonical JSON bytes, the form every hash in ctxsim is taken over.
 //!
 //! The definition (stable; changing it changes every fingerprint):
-//! - compact JSON (no whitespace), UTF-8, strings escaped as `serde_json` escapes them;
-//! - object keys sorted by their UTF-8 bytes, recursively;
-//! - numbers as `serde_json` prints them (integers stay integers; no float appears in a key);
+//! - compact JSON (no whitespace), UTF-8, as `serde_json` writes it;
+//! - the fields ctxsim models in their declaration order (the order the reference client
+//!   writes them), then unmodelled fields in the order they arrived;
+//! - nested free-form values (`tool_use.input`, `input_schema`, `source`, ...) keep their key
+//!   order: the provider hashes what it is sent, and a client that reorders the keys of a
+//!   tool input breaks its cache, so the order must stay visible to the simulator;
 //! - for a *prompt block* (a tool definition, a system block, a message content block) the
-//!   block's own top-level `cache_control` is removed before hashing, because the provider's
-//!   prefix key does not depend on where the markers sit (the real client moves its message
-//!   marker every request and still reads the previous prefix);
+//!   block's own `cache_control` is left out, because the provider's prefix key does not depend
+//!   on where the markers sit (the real client moves its message marker every request and
+//!   still reads the previous prefix);
 //! - a message whose `content` is a string is the same as one text block with that text (the
 //!   real client flips the last user message between the two forms).
 //!
-//! Whole request bodies (`body_sha256`, request fingerprints) use the same rules without the
-//! `cache_control` removal: a marker moving *is* a change of the body.
+//! Whole request bodies (`body_sha256`, run fingerprints) use the same bytes with every
+//! marker in place: a marker moving *is* a change of the body.
 
 use serde::Serialize;
-use serde_json::Value;
-use std::io::Write;
 
 /// Canonical bytes of any serializable value.
 pub fn to_canonical_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
-    let value = serde_json::to_value(value).expect("wire types always serialize to JSON");
-    let mut out = Vec::with_capacity(256);
-    write_canonical(&value, &mut out);
-    out
+    serde_json::to_vec(value).expect("wire types always serialize to JSON")
 }
 
-/// Canonical bytes of a prompt block: its top-level `cache_control` is left out.
-pub fn block_canonical_bytes<T: Serialize + ?Sized>(block: &T) -> Vec<u8> {
-    let mut value = serde_json::to_value(block).expect("wire types always serialize to JSON");
-    if let Value::Object(map) = &mut value {
-        map.remove("cache_control");
-    }
-    let mut out = Vec::with_capacity(256);
-    write_canonical(&value, &mut out);
-    out
-}
-
-/// Writes `value` in canonical form.
-pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push(b'{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                serde_json::to_writer(&mut *out, key).expect("writing to a Vec cannot fail");
-                out.push(b':');
-                write_canonical(&map[key], out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(b']');
-        }
-        scalar => {
-            out.write_all(serde_json::to_string(scalar).expect("scalars serialize").as_bytes())
-                .expect("writing to a Vec cannot fail");
-        }
-    }
+/// Appends the canonical bytes of `value` to `out` (reusing one buffer across blocks).
+pub fn write_canonical<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    serde_json::to_writer(out, value).expect("wire types always serialize to JSON");
 }
 
 /// 128-bit content hash (xxh3) used for block identity, memoization and cache keys.
@@ -104,20 +62,14 @@ pub fn short_hex(hash: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ContentBlock;
     use serde_json::json;
 
     #[test]
-    fn keys_are_sorted_recursively() {
-        let value = json!({"b": 1, "a": {"d": [1, {"z": 0, "y": 1}], "c": "x"}});
-        let mut out = Vec::new();
-        write_canonical(&value, &mut out);
-        assert_eq!(String::from_utf8(out).unwrap(), r#"{"a":{"c":"x","d":[1,{"y":1,"z":0}]},"b":1}"#);
-    }
-
-    #[test]
-    fn block_bytes_ignore_cache_control() {
-        let with = json!({"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}});
-        let without = json!({"text": "hi", "type": "text"});
-        assert_eq!(block_canonical_bytes(&with), block_canonical_bytes(&without));
+    fn key_order_of_nested_values_is_kept() {
+        let a = ContentBlock::tool_use("t1", "Edit", json!({"b": 1, "a": 2}));
+        let b = ContentBlock::tool_use("t1", "Edit", json!({"a": 2, "b": 1}));
+        assert_ne!(to_canonical_bytes(&a), to_canonical_bytes(&b));
+        assert_eq!(String::from_utf8(to_canonical_bytes(&a)).unwrap(), r#"{"type":"tool_use","id":"t1","name":"Edit","input":{"b":1,"a":2}}"#);
     }
 }

@@ -1,1 +1,4 @@
-
+//! The one integration-test binary: features tested through a few `check` helpers.
+mod analyze;
+mod cache;
+mod support;

@@ -1,0 +1,106 @@
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Deterministic simulation and measurement of a coding agent's context pipeline and the
+/// provider's prompt cache.
+#[derive(Debug, Parser)]
+#[command(name = "ctxsim", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure a log of raw request bodies from any client.
+    Analyze(AnalyzeArgs),
+    /// Count tokens of files with an estimator.
+    Tokens(TokensArgs),
+    /// List the closed list of cache-break causes.
+    Causes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Estimator {
+    Chars4,
+    Bpe,
+    Calibrated,
+}
+
+impl From<Estimator> for crate::measure::EstimatorKind {
+    fn from(e: Estimator) -> Self {
+        match e {
+            Estimator::Chars4 => crate::measure::EstimatorKind::Chars4,
+            Estimator::Bpe => crate::measure::EstimatorKind::Bpe,
+            Estimator::Calibrated => crate::measure::EstimatorKind::Calibrated,
+        }
+    }
+}
+
+/// Options shared by every measuring command.
+#[derive(Debug, Clone, Args)]
+pub struct MeasureOpts {
+    /// Token estimator.
+    #[arg(long, value_enum, default_value = "bpe")]
+    pub estimator: Estimator,
+    /// A model table replacing the shipped one (same shape as data/models.toml).
+    #[arg(long, value_name = "FILE")]
+    pub model_table: Option<PathBuf>,
+    /// Calibration parameters for the calibrated estimator (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+    /// Output format of the summary.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Write one JSON line per request here.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Never draw progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogSource {
+    /// ctxsim's request log: `{"time_ms", "body", "lane"?, "usage"?}` per line.
+    RequestLog,
+    /// A claude-trace capture (`{"request": ..., "response": ...}` per line).
+    ClaudeTrace,
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// Request logs (JSONL, or a JSON array of bodies).
+    #[arg(required = true)]
+    pub logs: Vec<PathBuf>,
+    /// Input format; detected from the first line when not given.
+    #[arg(long, value_enum)]
+    pub from: Option<LogSource>,
+    /// Print every request block by block.
+    #[arg(long)]
+    pub explain: bool,
+    #[command(flatten)]
+    pub measure: MeasureOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct TokensArgs {
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value = "bpe")]
+    pub estimator: Estimator,
+    /// Model family for the calibrated estimator.
+    #[arg(long, default_value = "sonnet")]
+    pub family: String,
+}

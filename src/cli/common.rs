@@ -1,0 +1,44 @@
+use anyhow::Context;
+
+use crate::measure::{Calibration, Measurer, ModelTable, RequestMetrics, Summary, TokenCounter};
+use crate::report::output::{summary_csv, summary_table, trace_csv, trace_jsonl, write_atomic};
+
+use super::args::{Format, MeasureOpts};
+
+
+/// Builds a measurer from the common options.
+pub fn measurer(opts: &MeasureOpts) -> anyhow::Result<Measurer> {
+    let table = match &opts.model_table {
+        Some(path) => ModelTable::load(path)?,
+        None => ModelTable::shipped(),
+    };
+    let calibration = match &opts.calibration {
+        Some(path) => Calibration::load(path)?,
+        None => Calibration::shipped(),
+    };
+    Ok(Measurer::new(table, TokenCounter::with_calibration(opts.estimator.into(), calibration)))
+}
+
+/// Prints the summaries and writes the trace, as the options say.
+pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) -> anyhow::Result<()> {
+    if let Some(path) = &opts.trace {
+        let bytes = if path.extension().is_some_and(|e| e == "csv") { trace_csv(rows) } else { trace_jsonl(rows) };
+        write_atomic(path, &bytes).with_context(|| format!("failed to write trace {}", path.display()))?;
+    }
+    if opts.quiet {
+        return Ok(());
+    }
+    match opts.format {
+        Format::Table => println!("{}", summary_table(summaries)),
+        Format::Json => {
+            let text = if summaries.len() == 1 {
+                serde_json::to_string_pretty(&summaries[0])?
+            } else {
+                serde_json::to_string_pretty(summaries)?
+            };
+            println!("{text}");
+        }
+        Format::Csv => print!("{}", String::from_utf8_lossy(&summary_csv(summaries))),
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! The command line: one file per subcommand, all of them thin over the library.
+mod analyze;
+mod args;
+mod common;
+mod tokens;
+
+pub use args::Cli;
+
+/// Runs the parsed command line; returns the process exit code (0 ok, 1 a check failed).
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        args::Command::Analyze(a) => analyze::run(a),
+        args::Command::Tokens(a) => tokens::run(a),
+        args::Command::Causes => {
+            for (id, region, description) in crate::measure::CAUSES {
+                let region = region.map(|r| r.as_str()).unwrap_or("any");
+                println!("{id:<34} {region:<9} {description}");
+            }
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The provider's prompt cache, simulated by the documented rules.
+//!
+//! - The prefix runs tools → system → messages; an entry is the hash of the prefix ending at a
+//!   block that carries `cache_control` (a *breakpoint*). Writes happen only at breakpoints.
+//! - At most 4 breakpoints per request (the top-level automatic marker takes one slot); a fifth
+//!   is the API's 400 error, returned here as [`CacheError`].
+//! - Reads: for the last breakpoint, the positions from the breakpoint back are checked, the
+//!   breakpoint itself first, at most 20 positions. The first live entry found is the hit. With
+//!   no hit in that window, checking resumes at the next earlier breakpoint, and so on.
+//! - An entry exists only when the prefix up to its breakpoint has at least the model's minimum
+//!   cacheable length; below it nothing is cached and both cache fields are 0.
+//! - TTL is 5m or 1h, counted from the start of the request that writes or reads the entry, and
+//!   refreshed on every hit. An entry becomes readable only once the writing request's response
+//!   has begun (start + time to first token).
+//! - 1h breakpoints must precede 5m ones (400 otherwise). Billing with mixed TTLs uses three
+//!   positions: A = tokens at the highest hit, B = the highest 1h breakpoint after A (or A),
+//!   C = the last breakpoint; read A, write 1h (B − A), write 5m (C − B).
+//! - `input_tokens` is what follows the last breakpoint (total − C).
+//! - Each model has its own namespace.
+//!
+//! Where the documentation is silent we choose, and say so: a refreshed entry keeps the longer
+//! of its own TTL and the reading breakpoint's; a breakpoint at or before the hit writes its
+//! entry for free (its tokens were read); when B lies below the minimum length there is no 1h
+//! entry and the whole write is billed at C's 5m rate.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::api::{CacheControl, CacheTtl};
+
+use super::blocks::FlatRequest;
+
+pub const LOOKBACK: usize = 20;
+pub const MAX_BREAKPOINTS: usize = 4;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    #[error("A maximum of {max} blocks with cache_control may be provided. Found {found}.")]
+    TooManyBreakpoints { found: usize, max: usize },
+    #[error("a ttl='1h' cache_control block at position {one_hour} follows a ttl='5m' block at position {five_minutes}: 1h entries must come first")]
+    TtlOrder { five_minutes: usize, one_hour: usize },
+    #[error("the top-level cache_control ttl differs from the explicit marker on the last block (position {position})")]
+    AutoTtlConflict { position: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    ttl: CacheTtl,
+    expires_at: u64,
+    available_at: u64,
+}
+
+/// A breakpoint of one request, after the automatic marker was placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breakpoint {
+    pub position: usize,
+    pub ttl: CacheTtl,
+    /// Cumulative prompt tokens through this position.
+    pub tokens: u64,
+    /// Whether this breakpoint holds an entry after the request (long enough to cache).
+    pub cached: bool,
+}
+
+/// What the cache did for one request, with exactly the API's usage fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheOutcome {
+    pub input_tokens: u64,
+    pub cache_read_input_tokens: u64,
+    pub cache_creation_input_tokens: u64,
+    pub ephemeral_5m_input_tokens: u64,
+    pub ephemeral_1h_input_tokens: u64,
+    /// Position of the entry that was read (the highest hit).
+    pub read_position: Option<usize>,
+    pub breakpoints: Vec<Breakpoint>,
+    /// The highest position within the lookback windows whose entry had expired.
+    pub expired_position: Option<usize>,
+    /// The highest live entry for this prefix that lay outside every lookback window.
+    pub beyond_lookback_position: Option<usize>,
+    /// The prefix was shorter than the model's minimum cacheable length at every breakpoint.
+    pub below_minimum: bool,
+}
+
+impl CacheOutcome {
+    /// Tokens this request leaves cached for the next one: what it read plus what it wrote.
+    pub fn cached_after(&self) -> u64 {
+        self.cache_read_input_tokens + self.cache_creation_input_tokens
+    }
+}
+
+/// The simulated cache of one provider workspace.
+#[derive(Debug, Default)]
+pub struct CacheSim {
+    namespaces: BTreeMap<String, u32>,
+    entries: HashMap<(u32, u128), Entry>,
+    pub lookback: usize,
+}
+
+impl CacheSim {
+    pub fn new() -> Self {
+        CacheSim { namespaces: BTreeMap::new(), entries: HashMap::new(), lookback: LOOKBACK }
+    }
+
+    fn namespace(&mut self, model: &str) -> u32 {
+        let next = self.namespaces.len() as u32;
+        *self.namespaces.entry(model.to_owned()).or_insert(next)
+    }
+
+    /// Number of entries held (live or expired but not yet pruned).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Drops entries that expired before `now_ms`.
+    pub fn prune(&mut self, now_ms: u64) {
+        self.entries.retain(|_, e| e.expires_at > now_ms);
+    }
+
+    /// The breakpoints of a request: explicit markers plus the automatic one.
+    pub fn breakpoints(flat: &FlatRequest) -> Result<Vec<(usize, CacheTtl)>, CacheError> {
+        let mut points: Vec<(usize, CacheTtl)> = flat
+            .blocks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.cache_control.as_ref().map(|cc| (i, cc.ttl_or_default())))
+            .collect();
+        if let Some(auto) = &flat.auto_cache_control {
+            place_automatic(flat, auto, &mut points)?;
+        }
+        if points.len() > MAX_BREAKPOINTS {
+            return Err(CacheError::TooManyBreakpoints { found: points.len(), max: MAX_BREAKPOINTS });
+        }
+        let mut first_5m = None;
+        for &(position, ttl) in &points {
+            match ttl {
+                CacheTtl::FiveMinutes => {
+                    first_5m.get_or_insert(position);
+                }
+                CacheTtl::OneHour => {
+                    if let Some(five_minutes) = first_5m {
+                        return Err(CacheError::TtlOrder { five_minutes, one_hour: position });
+                    }
+                }
+            }
+        }
+        Ok(points)
+    }
+
+    /// Runs one request through the cache at virtual time `start_ms`. The entries it writes
+    /// become readable at `start_ms + first_token_ms`.
+    pub fn process(
+        &mut self,
+        flat: &FlatRequest,
+        min_cacheable_tokens: u64,
+        start_ms: u64,
+        first_token_ms: u64,
+    ) -> Result<CacheOutcome, CacheError> {
+        let points = Self::breakpoints(flat)?;
+        let ns = self.namespace(&flat.model);
+        let mut cumulative = Vec::with_capacity(flat.blocks.len());
+        let mut running = 0u64;
+        for block in &flat.blocks {
+            running += u64::from(block.tokens);
+            cumulative.push(running);
+        }
+        let total = running;
+        let mut outcome = CacheOutcome::default();
+
+        // Read: walk the breakpoints from the last one back.
+        let mut hit: Option<usize> = None;
+        let mut checked_floor = usize::MAX;
+        for &(bp, _) in points.iter().rev() {
+            let lowest = bp.saturating_sub(self.lookback - 1);
+            let mut pos = bp;
+            loop {
+                // Positions already checked under a later breakpoint need no second look.
+                if pos < checked_floor {
+                    let key = (ns, flat.blocks[pos].prefix_hash);
+                    if let Some(entry) = self.entries.get(&key) {
+                        if entry.available_at <= start_ms && start_ms < entry.expires_at {
+                            hit = Some(pos);
+                            break;
+                        }
+                        if entry.expires_at <= start_ms && outcome.expired_position.is_none_or(|p| p < pos) {
+                            outcome.expired_position = Some(pos);
+                        }
+                    }
+                }
+                if pos == lowest {
+                    break;
+                }
+                pos -= 1;
+            }
+            if hit.is_some() {
+                break;
+            }
+            checked_floor = checked_floor.min(lowest);
+        }
+        if hit.is_none() && !points.is_empty() {
+            let last = points[points.len() - 1].0;
+            for pos in (0..=last).rev() {
+                let key = (ns, flat.blocks[pos].prefix_hash);
+                if let Some(entry) = self.entries.get(&key)
+                    && entry.available_at <= start_ms
+                    && start_ms < entry.expires_at
+                {
+                    outcome.beyond_lookback_position = Some(pos);
+                    break;
+                }
+            }
+        }
+
+        let read_tokens = match hit {
+            Some(pos) => {
+                let key = (ns, flat.blocks[pos].prefix_hash);
+                let reading_ttl = points.iter().find(|(p, _)| *p >= pos).map(|(_, t)| *t).unwrap_or(CacheTtl::FiveMinutes);
+                if let Some(entry) = self.entries.get_mut(&key) {
+                    entry.ttl = entry.ttl.max(reading_ttl);
+                    entry.expires_at = entry.expires_at.max(start_ms + entry.ttl.millis());
+                }
+                cumulative[pos]
+            }
+            None => 0,
+        };
+        outcome.read_position = hit;
+
+        // Write: every breakpoint long enough to cache holds an entry afterwards.
+        let last_cached = points.iter().rev().find(|(p, _)| cumulative[*p] >= min_cacheable_tokens).map(|(p, _)| *p);
+        outcome.below_minimum = !points.is_empty() && last_cached.is_none();
+        for &(position, ttl) in &points {
+            let tokens = cumulative[position];
+            let cached = tokens >= min_cacheable_tokens;
+            outcome.breakpoints.push(Breakpoint { position, ttl, tokens, cached });
+            if !cached {
+                continue;
+            }
+            let key = (ns, flat.blocks[position].prefix_hash);
+            let expires_at = start_ms + ttl.millis();
+            let fresh = Entry { ttl, expires_at, available_at: start_ms + first_token_ms };
+            self.entries
+                .entry(key)
+                .and_modify(|e| {
+                    let live = e.available_at <= start_ms && start_ms < e.expires_at;
+                    if live {
+                        e.ttl = e.ttl.max(ttl);
+                        e.expires_at = e.expires_at.max(start_ms + e.ttl.millis());
+                    } else {
+                        *e = fresh;
+                    }
+                })
+                .or_insert(fresh);
+        }
+
+        // Billing positions A, B, C.
+        let a = read_tokens;
+        let Some(c_pos) = last_cached else {
+            outcome.input_tokens = total;
+            outcome.cache_read_input_tokens = a;
+            outcome.input_tokens = total - a;
+            return Ok(outcome);
+        };
+        let c = cumulative[c_pos].max(a);
+        let b = points
+            .iter()
+            .filter(|(p, ttl)| *ttl == CacheTtl::OneHour && cumulative[*p] > a && cumulative[*p] >= min_cacheable_tokens)
+            .map(|(p, _)| cumulative[*p])
+            .max()
+            .unwrap_or(a)
+            .min(c);
+        outcome.cache_read_input_tokens = a;
+        outcome.ephemeral_1h_input_tokens = b - a;
+        outcome.ephemeral_5m_input_tokens = c - b;
+        outcome.cache_creation_input_tokens = c - a;
+        outcome.input_tokens = total - c;
+        Ok(outcome)
+    }
+}
+
+/// Places the top-level automatic marker on the last eligible block (walking back past
+/// thinking and empty text blocks). Same-TTL explicit marker there: no-op; different: 400.
+fn place_automatic(flat: &FlatRequest, auto: &CacheControl, points: &mut Vec<(usize, CacheTtl)>) -> Result<(), CacheError> {
+    let Some(position) = flat.blocks.iter().rposition(|b| b.auto_eligible) else {
+        return Ok(());
+    };
+    let ttl = auto.ttl_or_default();
+    if let Some(existing) = points.iter().find(|(p, _)| *p == position) {
+        if existing.1 == ttl {
+            return Ok(());
+        }
+        return Err(CacheError::AutoTtlConflict { position });
+    }
+    points.push((position, ttl));
+    points.sort_by_key(|(p, _)| *p);
+    Ok(())
+}

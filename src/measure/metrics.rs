@@ -1,0 +1,339 @@
+//! The measurement of one request (a trace row) and of a whole run (the summary).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::canonical::{sha256_hex, to_canonical_bytes};
+use crate::api::{Request, Usage};
+
+use super::blocks::{FlatRequest, RegionCounts, flatten};
+use super::cache::{CacheError, CacheSim};
+use super::models::{ModelTable, UnknownModel};
+use super::prefix::{LaneMemory, PrefixReport, attribute};
+use super::tokens::TokenCounter;
+
+/// A stage's report on one request, as the trace carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageReport {
+    pub name: String,
+    pub fired: bool,
+    pub reason: String,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// The first block path whose cached prefix the stage invalidated, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalidated_from: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheCreationSplit {
+    pub ephemeral_5m_input_tokens: u64,
+    pub ephemeral_1h_input_tokens: u64,
+}
+
+/// One trace row (CONTRACT.md "Trace JSONL").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestMetrics {
+    pub index: usize,
+    pub lane: String,
+    pub turn: u32,
+    pub time_ms: u64,
+    pub model: String,
+    pub input_tokens: u64,
+    pub cache_read_input_tokens: u64,
+    pub cache_creation_input_tokens: u64,
+    pub cache_creation: CacheCreationSplit,
+    pub output_tokens: u64,
+    pub context_tokens: u64,
+    pub blocks: RegionCounts,
+    pub prefix: PrefixReport,
+    pub stages: Vec<StageReport>,
+    pub events: Vec<String>,
+    pub cost_usd: f64,
+    pub body_sha256: String,
+    pub cache_break: bool,
+    /// The API error this request would get (too many breakpoints, TTL order, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The usage the API reported for this request, when measuring a recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_usage: Option<Usage>,
+}
+
+/// What a caller hands the measurer for one request.
+#[derive(Debug, Clone)]
+pub struct MeasureInput<'a> {
+    pub lane: &'a str,
+    pub turn: u32,
+    pub time_ms: u64,
+    pub body: &'a Request,
+    /// Events journalled since the previous request (of any lane).
+    pub events: Vec<String>,
+    pub output_tokens: u64,
+    /// Time to first token: entries written become readable from `time_ms + first_token_ms`.
+    pub first_token_ms: u64,
+    pub stages: Vec<StageReport>,
+    pub recorded_usage: Option<Usage>,
+}
+
+impl<'a> MeasureInput<'a> {
+    pub fn new(lane: &'a str, time_ms: u64, body: &'a Request) -> Self {
+        MeasureInput {
+            lane,
+            turn: 0,
+            time_ms,
+            body,
+            events: Vec::new(),
+            output_tokens: 0,
+            first_token_ms: 0,
+            stages: Vec::new(),
+            recorded_usage: None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct LaneState {
+    memory: Option<LaneMemory>,
+    pending_events: Vec<String>,
+}
+
+/// Measures requests in order: tokens, cache, prefix stability, cause, cost.
+#[derive(Debug)]
+pub struct Measurer {
+    table: ModelTable,
+    counter: TokenCounter,
+    cache: CacheSim,
+    lanes: BTreeMap<String, LaneState>,
+    next_index: usize,
+}
+
+impl Measurer {
+    pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
+        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0 }
+    }
+
+    pub fn counter(&self) -> &TokenCounter {
+        &self.counter
+    }
+
+    pub fn counter_mut(&mut self) -> &mut TokenCounter {
+        &mut self.counter
+    }
+
+    pub fn table(&self) -> &ModelTable {
+        &self.table
+    }
+
+    pub fn cache(&self) -> &CacheSim {
+        &self.cache
+    }
+
+    /// Flattens a request with this measurer's estimator (for callers that need token counts
+    /// of a body without measuring it as sent).
+    pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {
+        let family = self.table.lookup(&body.model)?.family.clone();
+        Ok(flatten(body, &mut self.counter, &family))
+    }
+
+    /// Journals an event that happened between requests, for every lane's next attribution.
+    pub fn journal(&mut self, event: impl Into<String>) {
+        let event = event.into();
+        for lane in self.lanes.values_mut() {
+            lane.pending_events.push(event.clone());
+        }
+    }
+
+    /// Measures one request.
+    pub fn measure(&mut self, input: MeasureInput<'_>) -> Result<RequestMetrics, UnknownModel> {
+        let flat = self.flatten(input.body)?;
+        self.measure_flat(input, flat)
+    }
+
+    /// Measures one request already flattened with [`Measurer::flatten`].
+    pub fn measure_flat(&mut self, input: MeasureInput<'_>, flat: FlatRequest) -> Result<RequestMetrics, UnknownModel> {
+        let info = self.table.lookup(&input.body.model)?.clone();
+        for event in &input.events {
+            for lane in self.lanes.values_mut() {
+                lane.pending_events.push(event.clone());
+            }
+        }
+        let hashes: Vec<u128> = flat.blocks.iter().map(|b| b.prefix_hash).collect();
+        let body_sha256 = sha256_hex(&to_canonical_bytes(input.body));
+        let index = self.next_index;
+        self.next_index += 1;
+
+        let lane = self.lanes.entry(input.lane.to_owned()).or_default();
+        let mut events = std::mem::take(&mut lane.pending_events);
+        if lane.memory.is_none() {
+            // A new lane has seen only the events of this call.
+            events = input.events.clone();
+        }
+        let (outcome, error) = match self.cache.process(&flat, info.min_cacheable_tokens, input.time_ms, input.first_token_ms) {
+            Ok(outcome) => (Some(outcome), None),
+            Err(e @ (CacheError::TooManyBreakpoints { .. } | CacheError::TtlOrder { .. } | CacheError::AutoTtlConflict { .. })) => {
+                (None, Some(e.to_string()))
+            }
+        };
+        let lane = self.lanes.get_mut(input.lane).expect("lane inserted above");
+        let outcome = outcome.unwrap_or_default();
+        let is_break = match &lane.memory {
+            Some(previous) => is_cache_break(previous.cached_after, outcome.cache_read_input_tokens),
+            None => false,
+        };
+        let prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
+        let context_tokens = if error.is_some() { 0 } else { flat.total_tokens };
+        if error.is_none() {
+            lane.memory = Some(LaneMemory {
+                prefix_hashes: hashes,
+                model: flat.model.clone(),
+                cached_after: outcome.cached_after(),
+                time_ms: input.time_ms,
+            });
+        }
+        let output_tokens = if error.is_some() { 0 } else { input.output_tokens };
+        let cost_usd = round9(info.price.cost(
+            outcome.input_tokens,
+            output_tokens,
+            outcome.cache_read_input_tokens,
+            outcome.ephemeral_5m_input_tokens,
+            outcome.ephemeral_1h_input_tokens,
+        ));
+        Ok(RequestMetrics {
+            index,
+            lane: input.lane.to_owned(),
+            turn: input.turn,
+            time_ms: input.time_ms,
+            model: input.body.model.clone(),
+            input_tokens: outcome.input_tokens,
+            cache_read_input_tokens: outcome.cache_read_input_tokens,
+            cache_creation_input_tokens: outcome.cache_creation_input_tokens,
+            cache_creation: CacheCreationSplit {
+                ephemeral_5m_input_tokens: outcome.ephemeral_5m_input_tokens,
+                ephemeral_1h_input_tokens: outcome.ephemeral_1h_input_tokens,
+            },
+            output_tokens,
+            context_tokens,
+            blocks: flat.counts,
+            prefix,
+            stages: input.stages,
+            events,
+            cost_usd,
+            body_sha256,
+            cache_break: is_break,
+            error,
+            recorded_usage: input.recorded_usage,
+        })
+    }
+}
+
+/// CONTRACT.md: a cache break is a read smaller than what the lane's previous request left
+/// cached by more than 5% and at least 2,000 tokens (Claude Code's own rule).
+pub fn is_cache_break(previous_cached: u64, read: u64) -> bool {
+    (read as f64) < 0.95 * previous_cached as f64 && previous_cached.saturating_sub(read) >= 2_000
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenTotals {
+    pub input: u64,
+    pub cache_read: u64,
+    pub cache_creation: u64,
+    pub cache_creation_5m: u64,
+    pub cache_creation_1h: u64,
+    pub output: u64,
+}
+
+/// The compaction counters of the summary, by CONTRACT.md key.
+pub const COMPACTION_KEYS: [&str; 8] =
+    ["tool_result_budget", "snip", "microcompact", "collapse", "session_memory", "auto", "reactive", "manual"];
+
+/// Maps a stage name to its summary key.
+pub fn compaction_key(stage: &str) -> Option<&'static str> {
+    Some(match stage {
+        "tool_result_budget" => "tool_result_budget",
+        "snip" => "snip",
+        "microcompact" | "time_microcompact" | "cached_microcompact" => "microcompact",
+        "context_collapse" | "collapse" => "collapse",
+        "session_memory_compact" | "session_memory" => "session_memory",
+        "autocompact" | "auto" => "auto",
+        "reactive_compact" | "reactive" => "reactive",
+        "manual_compact" | "manual" => "manual",
+        _ => return None,
+    })
+}
+
+/// CONTRACT.md "Summary JSON".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub input: String,
+    pub strategy: String,
+    pub model: String,
+    pub estimator: String,
+    pub requests: usize,
+    pub turns: u32,
+    pub tokens: TokenTotals,
+    pub cache_hit_ratio: f64,
+    pub cost_usd: f64,
+    pub cache_breaks: usize,
+    pub compactions: BTreeMap<String, u64>,
+    pub blocked: u64,
+    pub peak_context_tokens: u64,
+    pub fingerprint: String,
+    /// Requests the API would have rejected (400), with their reasons in the trace.
+    #[serde(default)]
+    pub api_errors: usize,
+}
+
+impl Summary {
+    pub fn from_rows(input: &str, strategy: &str, estimator: &str, rows: &[RequestMetrics], blocked: u64) -> Summary {
+        let mut tokens = TokenTotals::default();
+        let mut compactions: BTreeMap<String, u64> = COMPACTION_KEYS.iter().map(|k| ((*k).to_owned(), 0)).collect();
+        let mut fingerprint_input = String::with_capacity(rows.len() * 65);
+        let mut cost = 0.0;
+        for row in rows {
+            tokens.input += row.input_tokens;
+            tokens.cache_read += row.cache_read_input_tokens;
+            tokens.cache_creation += row.cache_creation_input_tokens;
+            tokens.cache_creation_5m += row.cache_creation.ephemeral_5m_input_tokens;
+            tokens.cache_creation_1h += row.cache_creation.ephemeral_1h_input_tokens;
+            tokens.output += row.output_tokens;
+            cost += row.cost_usd;
+            fingerprint_input.push_str(&row.body_sha256);
+            fingerprint_input.push('\n');
+            for stage in row.stages.iter().filter(|s| s.fired) {
+                if let Some(key) = compaction_key(&stage.name) {
+                    *compactions.entry(key.to_owned()).or_default() += 1;
+                }
+            }
+        }
+        let denominator = tokens.input + tokens.cache_read + tokens.cache_creation;
+        Summary {
+            input: input.to_owned(),
+            strategy: strategy.to_owned(),
+            model: rows.iter().find(|r| r.lane == "main").or(rows.first()).map(|r| r.model.clone()).unwrap_or_default(),
+            estimator: estimator.to_owned(),
+            requests: rows.len(),
+            turns: rows.iter().map(|r| r.turn).max().unwrap_or(0),
+            cache_hit_ratio: if denominator == 0 { 0.0 } else { round6(tokens.cache_read as f64 / denominator as f64) },
+            tokens,
+            cost_usd: round6(cost),
+            cache_breaks: rows.iter().filter(|r| r.cache_break).count(),
+            compactions,
+            blocked,
+            peak_context_tokens: rows.iter().map(|r| r.context_tokens).max().unwrap_or(0),
+            fingerprint: sha256_hex(fingerprint_input.as_bytes()),
+            api_errors: rows.iter().filter(|r| r.error.is_some()).count(),
+        }
+    }
+}
+
+/// Rounds to 9 decimals (a nano-dollar), so per-request costs print short and the same everywhere.
+pub fn round9(x: f64) -> f64 {
+    (x * 1e9).round() / 1e9
+}
+
+/// Rounds to 6 decimals so that floating sums print the same everywhere.
+pub fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}

@@ -1,0 +1,16 @@
+//! Measurement: token estimators, the provider cache simulator, prefix stability with cause
+//! attribution, pricing, and the per-request metrics they produce.
+
+pub mod blocks;
+pub mod cache;
+pub mod metrics;
+pub mod models;
+pub mod prefix;
+pub mod tokens;
+
+pub use blocks::{BlockPath, FlatRequest, PromptBlock, Region, flatten};
+pub use cache::{CacheError, CacheOutcome, CacheSim};
+pub use metrics::{MeasureInput, Measurer, RequestMetrics, StageReport, Summary};
+pub use models::{ModelInfo, ModelTable, UnknownModel};
+pub use prefix::{CAUSES, PrefixReport};
+pub use tokens::{Calibration, EstimatorKind, TokenCounter};

@@ -1,0 +1,216 @@
+//! Token estimators and the per-run memo of block counts.
+//!
+//! Claude's tokenizer is not public, so every count here is an estimate:
+//!
+//! - `chars4` is the rule Claude Code itself uses for its thresholds
+//!   (`roughTokenCountEstimation`): `round(length / 4)` where `length` is the JavaScript string
+//!   length (UTF-16 code units), rounded half up. Per block kind (see `blocks::token_units`):
+//!   text → its text; image and document → 2,000 flat; tool_result → the sum over its content
+//!   (a string, or each inner block by these rules); tool_use → `name + JSON(input)`; thinking →
+//!   the thinking text; redacted_thinking → its data; any other block → its JSON. Tool
+//!   definitions (which the reference never estimates) count as their JSON; system blocks as
+//!   their text.
+//! - `bpe` tokenizes the same strings with tiktoken-rs `o200k_base` (the encoder is built once
+//!   per process), closer per block than chars/4 on code.
+//! - `calibrated` is `bpe` scaled per model family plus a per-block overhead, with parameters
+//!   from a data file (`data/calibration.json`, replaced by `--calibration FILE`).
+//!
+//! Counts are memoized by content hash: a block is tokenized once per run.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+const SHIPPED_CALIBRATION: &str = include_str!("../../data/calibration.json");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EstimatorKind {
+    Chars4,
+    Bpe,
+    Calibrated,
+}
+
+impl EstimatorKind {
+    pub const ALL: [EstimatorKind; 3] = [EstimatorKind::Chars4, EstimatorKind::Bpe, EstimatorKind::Calibrated];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EstimatorKind::Chars4 => "chars4",
+            EstimatorKind::Bpe => "bpe",
+            EstimatorKind::Calibrated => "calibrated",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<EstimatorKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// One piece of a block's token count: a string to estimate, or a flat count.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenUnit {
+    Text(String),
+    Fixed(u32),
+}
+
+/// Per-family parameters of the calibrated estimator:
+/// `tokens = round(bpe × scale) + per_block` for each block.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyCalibration {
+    pub scale: f64,
+    pub per_block: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Where the parameters came from (for reports).
+    pub source: String,
+    pub default: FamilyCalibration,
+    #[serde(default)]
+    pub families: BTreeMap<String, FamilyCalibration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrationError {
+    #[error("failed to read calibration {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("failed to parse calibration {path}: {message}")]
+    Parse { path: String, message: String },
+}
+
+impl Calibration {
+    pub fn shipped() -> Calibration {
+        Self::parse(SHIPPED_CALIBRATION, "data/calibration.json").expect("the shipped calibration parses")
+    }
+
+    pub fn parse(text: &str, path: &str) -> Result<Calibration, CalibrationError> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| CalibrationError::Parse {
+            path: path.to_owned(),
+            message: format!("{}: {}", e.path(), e.inner()),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Calibration, CalibrationError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| CalibrationError::Read { path: path.display().to_string(), source })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn for_family(&self, family: &str) -> FamilyCalibration {
+        self.families.get(family).copied().unwrap_or(self.default)
+    }
+}
+
+/// JavaScript `Math.round(len / 4)` over UTF-16 code units.
+pub fn chars4(text: &str) -> u32 {
+    let units: usize = text.chars().map(char::len_utf16).sum();
+    ((units + 2) / 4) as u32
+}
+
+/// o200k_base token count of a string (special-token text counted as ordinary text).
+pub fn bpe(text: &str) -> u32 {
+    tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len() as u32
+}
+
+/// Counts blocks with one estimator, memoizing by the block's content hash.
+#[derive(Debug)]
+pub struct TokenCounter {
+    kind: EstimatorKind,
+    calibration: Calibration,
+    memo: HashMap<u128, u32>,
+    /// Number of blocks actually tokenized (memo misses); the rest were memo hits.
+    pub tokenized_blocks: u64,
+    pub memo_hits: u64,
+}
+
+impl TokenCounter {
+    pub fn new(kind: EstimatorKind) -> Self {
+        Self::with_calibration(kind, Calibration::shipped())
+    }
+
+    pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
+        TokenCounter { kind, calibration, memo: HashMap::new(), tokenized_blocks: 0, memo_hits: 0 }
+    }
+
+    pub fn kind(&self) -> EstimatorKind {
+        self.kind
+    }
+
+    pub fn calibration(&self) -> &Calibration {
+        &self.calibration
+    }
+
+    /// The raw count of a block (chars4 or bpe; calibrated memoizes the bpe count), computed
+    /// once per content hash. `units` is only called on a memo miss.
+    fn raw_count(&mut self, key: u128, units: impl FnOnce() -> Vec<TokenUnit>) -> u32 {
+        if let Some(&count) = self.memo.get(&key) {
+            self.memo_hits += 1;
+            return count;
+        }
+        self.tokenized_blocks += 1;
+        let count = units()
+            .iter()
+            .map(|unit| match unit {
+                TokenUnit::Fixed(n) => *n,
+                TokenUnit::Text(text) => match self.kind {
+                    EstimatorKind::Chars4 => chars4(text),
+                    EstimatorKind::Bpe | EstimatorKind::Calibrated => bpe(text),
+                },
+            })
+            .sum();
+        self.memo.insert(key, count);
+        count
+    }
+
+    /// The estimated tokens of one block of a request to a model of `family`.
+    pub fn count(&mut self, key: u128, family: &str, units: impl FnOnce() -> Vec<TokenUnit>) -> u32 {
+        let raw = self.raw_count(key, units);
+        match self.kind {
+            EstimatorKind::Chars4 | EstimatorKind::Bpe => raw,
+            EstimatorKind::Calibrated => {
+                let params = self.calibration.for_family(family);
+                ((raw as f64 * params.scale) + params.per_block).round().max(0.0) as u32
+            }
+        }
+    }
+
+    /// Estimate of a free-standing string (not memoized).
+    pub fn count_text(&self, text: &str, family: &str) -> u32 {
+        match self.kind {
+            EstimatorKind::Chars4 => chars4(text),
+            EstimatorKind::Bpe => bpe(text),
+            EstimatorKind::Calibrated => {
+                let params = self.calibration.for_family(family);
+                (bpe(text) as f64 * params.scale).round() as u32
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chars4_rounds_half_up_over_utf16_units() {
+        assert_eq!(chars4(""), 0);
+        assert_eq!(chars4("a"), 0);
+        assert_eq!(chars4("ab"), 1);
+        assert_eq!(chars4("abcdef"), 2);
+        // U+1F600 is two UTF-16 code units, as JavaScript counts it.
+        assert_eq!(chars4("\u{1F600}"), 1);
+    }
+
+    #[test]
+    fn counts_are_memoized_by_key() {
+        let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+        let a = counter.count(1, "sonnet", || vec![TokenUnit::Text("abcdefgh".into())]);
+        let b = counter.count(1, "sonnet", || panic!("a memo hit must not recompute"));
+        assert_eq!((a, b), (2, 2));
+        assert_eq!((counter.tokenized_blocks, counter.memo_hits), (1, 1));
+    }
+}

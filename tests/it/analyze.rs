@@ -1,0 +1,152 @@
+//! `analyze` on request logs: real shapes, bad input, truncation.
+
+use ctxsim::analyze::{analyze, read_log};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// Reads and measures a log given as text.
+fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String> {
+    let log = read_log(std::io::Cursor::new(text), "log.jsonl").map_err(|e| e.to_string())?;
+    let mut m = measurer();
+    let rows = analyze(&log, &mut m, "log.jsonl").map_err(|e| e.to_string())?;
+    Ok((rows, log.warnings))
+}
+
+fn check_error(text: &str, expect: &str) {
+    let err = check_log(text).err().expect("the log must be rejected");
+    assert_eq!(err, expect);
+}
+
+/// A body shaped like the real 2.1.88 client's (real-client-oracle.md §3).
+fn oracle_body(messages: Value) -> Value {
+    let tool_names = [
+        "Agent", "AskUserQuestion", "Bash", "CronCreate", "CronDelete", "CronList", "Edit", "EnterPlanMode", "EnterWorktree",
+        "ExitPlanMode", "ExitWorktree", "Glob", "Grep", "NotebookEdit", "Read", "Skill", "TaskOutput", "TaskStop", "TodoWrite",
+        "WebFetch", "WebSearch", "Write",
+    ];
+    let tools: Vec<Value> = tool_names
+        .iter()
+        .map(|n| json!({"name": n, "description": text_of(n, 700), "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"], "additionalProperties": false, "$schema": "https://json-schema.org/draft/2020-12/schema"}}))
+        .collect();
+    json!({
+        "model": "claude-sonnet-4-6",
+        "messages": messages,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.88.a1b; cc_entrypoint=sdk-cli; cch=00000;"},
+            {"type": "text", "text": "You are a Claude agent, built on Anthropic's Claude Agent SDK."},
+            {"type": "text", "text": text_of("static", 2900), "cache_control": {"type": "ephemeral", "scope": "global"}},
+            {"type": "text", "text": text_of("dynamic", 3800)}
+        ],
+        "tools": tools,
+        "metadata": {"user_id": "{\"device_id\":\"d\",\"account_uuid\":\"\",\"session_id\":\"s\"}"},
+        "max_tokens": 32000,
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "medium"},
+        "stream": true
+    })
+}
+
+#[test]
+fn real_client_shaped_requests_are_measured() {
+    let first = oracle_body(json!([{"role": "user", "content": [
+        {"type": "text", "text": "<system-reminder>skills</system-reminder>"},
+        {"type": "text", "text": "read a.txt", "cache_control": {"type": "ephemeral"}}]}]));
+    let second = oracle_body(json!([
+        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>skills</system-reminder>"}, {"type": "text", "text": "read a.txt"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "sig"}, {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/a.txt"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "     1\thello", "cache_control": {"type": "ephemeral"}}]}
+    ]));
+    let text = format!("{}\n{}\n", json!({"time_ms": 0, "body": first}), json!({"time_ms": 4000, "body": second}));
+    let (rows, warnings) = check_log(&text).unwrap();
+    assert!(warnings.is_empty());
+    assert_eq!(rows[0].blocks.tools, 22);
+    assert_eq!(rows[0].blocks.system, 4);
+    // The second request reads everything the first cached.
+    assert_eq!(rows[1].cache_read_input_tokens, rows[0].cache_read_input_tokens + rows[0].cache_creation_input_tokens);
+    assert_eq!(rows[1].lane, "main");
+    assert_eq!(rows[1].prefix.diverged_at, None);
+}
+
+#[test]
+fn real_claude_trace_bodies_round_trip() {
+    // Every body of the 64 captured requests parses and serializes back to an equal value.
+    let path = realdata().join("api_captures/claude-trace/test-traffic.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut n = 0;
+    for line in text.lines() {
+        let record: Value = serde_json::from_str(line).unwrap();
+        let body = record["request"]["body"].clone();
+        let request: ctxsim::api::Request = serde_json::from_value(body.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&request).unwrap(), body);
+        n += 1;
+    }
+    assert_eq!(n, 64);
+}
+
+#[test]
+fn malformed_json_names_file_and_line() {
+    check_error(
+        "{\"time_ms\": 0, \"body\": {\"model\": \"claude-sonnet-4-5\", \"messages\": []}}\n{\"time_ms\": 1,, }\n{\"time_ms\": 2}\n",
+        "log.jsonl:2: malformed JSON: key must be a string at line 1 column 15",
+    );
+}
+
+#[test]
+fn a_body_that_is_not_a_request_names_the_field() {
+    check_error(
+        "{\"time_ms\": 0, \"body\": {\"model\": \"claude-sonnet-4-5\", \"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}}\n",
+        "log.jsonl:1: body.messages[0].role: unknown variant `robot`, expected `user` or `assistant`",
+    );
+    check_error("{\"time_ms\": 0, \"body\": [1]}\n", "log.jsonl:1: body: not a Messages API request (expected an object)");
+    check_error("{\"time_ms\": 0, \"body\": {\"messages\": []}}\n", "log.jsonl:1: body.missing field `model`");
+    check_error("{\"tim_ms\": 0, \"body\": {}}\n", "log.jsonl:1: tim_ms: unknown field `tim_ms`, expected one of `time_ms`, `time`, `body`, `lane`, `usage`");
+}
+
+#[test]
+fn an_unknown_model_lists_the_known_ones() {
+    let err = check_log("{\"time_ms\": 0, \"body\": {\"model\": \"gpt-5\", \"messages\": []}}\n").unwrap_err();
+    assert!(err.starts_with("log.jsonl:1: unknown model `gpt-5`; known models: claude-fable-5,"), "{err}");
+    assert!(err.ends_with("Pass --model-table FILE to add it"), "{err}");
+}
+
+#[test]
+fn a_truncated_last_line_is_reported_and_the_rest_measured() {
+    let line = json!({"time_ms": 0, "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}}).to_string();
+    let text = format!("{line}\n{line}\n{}", &line[..line.len() / 2]);
+    let (rows, warnings) = check_log(&text).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].starts_with("log.jsonl:3: the last line is truncated"), "{}", warnings[0]);
+}
+
+#[test]
+fn rfc3339_times_and_arrays_of_bodies() {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+    let text = format!(
+        "{}\n{}\n",
+        json!({"time": "2026-01-01T00:00:00Z", "body": body}),
+        json!({"time": "2026-01-01T00:01:30.5Z", "body": body})
+    );
+    let (rows, _) = check_log(&text).unwrap();
+    assert_eq!(rows[1].time_ms, 90_500);
+    let (rows, _) = check_log(&json!([body, body, body]).to_string()).unwrap();
+    assert_eq!(rows.iter().map(|r| r.time_ms).collect::<Vec<_>>(), vec![0, 1000, 2000]);
+}
+
+#[test]
+fn lanes_are_inferred_from_message_prefixes() {
+    let user = |t: &str| json!({"role": "user", "content": t});
+    let asst = |t: &str| json!({"role": "assistant", "content": [{"type": "text", "text": t}]});
+    let body = |messages: Vec<Value>| json!({"model": MODEL, "messages": messages});
+    let lines = [
+        body(vec![user("main 1")]),
+        body(vec![user("title please")]),
+        body(vec![user("main 1"), asst("a"), user("main 2")]),
+        body(vec![user("main 1"), asst("a"), user("main 2"), asst("b"), user("main 3")]),
+    ];
+    let text: String = lines.iter().enumerate().map(|(i, b)| format!("{}\n", json!({"time_ms": i * 1000, "body": b}))).collect();
+    let (rows, _) = check_log(&text).unwrap();
+    assert_eq!(rows.iter().map(|r| r.lane.as_str()).collect::<Vec<_>>(), vec!["main", "side:1", "main", "main"]);
+}

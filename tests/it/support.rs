@@ -1,0 +1,71 @@
+//! Builders shared by the tests.
+#![allow(dead_code)]
+
+use ctxsim::api::{CacheControl, CacheTtl, ContentBlock, Message, Request, Role, SystemBlock, Tool};
+use ctxsim::measure::{EstimatorKind, MeasureInput, Measurer, ModelTable, RequestMetrics, TokenCounter};
+use serde_json::json;
+
+pub const MODEL: &str = "claude-sonnet-4-5";
+
+pub fn realdata() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/realdata")
+}
+
+/// A text of exactly `tokens` chars4 tokens, distinct per `tag`.
+pub fn text_of(tag: &str, tokens: usize) -> String {
+    let mut s = format!("{tag}:");
+    while s.len() < tokens * 4 {
+        s.push('x');
+    }
+    s.truncate(tokens * 4);
+    s
+}
+
+/// A request whose single user message has `n` text blocks of `tokens` tokens each, with a
+/// breakpoint of `ttl` on block `bp` (1-based, as the documentation counts).
+pub fn blocks_request(n: usize, tokens: usize, bp: Option<(usize, Option<CacheTtl>)>) -> Request {
+    let mut blocks: Vec<ContentBlock> = (0..n).map(|i| ContentBlock::text(text_of(&format!("b{i}"), tokens))).collect();
+    if let Some((position, ttl)) = bp {
+        blocks[position - 1].set_cache_control(Some(CacheControl::ephemeral().with_ttl(ttl)));
+    }
+    let mut request = Request::new(MODEL, 1024);
+    request.messages.push(Message { role: Role::User, content: ctxsim::api::MessageContent::Blocks(blocks), extra: Default::default() });
+    request
+}
+
+pub fn mark(request: &mut Request, position: usize, ttl: Option<CacheTtl>) {
+    let mut seen = 0;
+    for message in &mut request.messages {
+        if let ctxsim::api::MessageContent::Blocks(blocks) = &mut message.content {
+            for block in blocks {
+                seen += 1;
+                if seen == position {
+                    block.set_cache_control(Some(CacheControl::ephemeral().with_ttl(ttl)));
+                }
+            }
+        }
+    }
+}
+
+pub fn tool(name: &str, tokens: usize) -> Tool {
+    Tool::custom(name, text_of(name, tokens), json!({"type": "object", "properties": {}}))
+}
+
+pub fn system(text: &str) -> SystemBlock {
+    SystemBlock::text(text)
+}
+
+pub fn measurer() -> Measurer {
+    Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4))
+}
+
+/// Measures a sequence of (time_ms, request) on the main lane.
+pub fn measure_all(requests: &[(u64, Request)]) -> Vec<RequestMetrics> {
+    let mut m = measurer();
+    requests.iter().map(|(t, r)| m.measure(MeasureInput::new("main", *t, r)).unwrap()).collect()
+}
+
+/// (read, creation, input) of a row.
+pub fn split(row: &RequestMetrics) -> (u64, u64, u64) {
+    (row.cache_read_input_tokens, row.cache_creation_input_tokens, row.input_tokens)
+}
