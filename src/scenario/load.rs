@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use super::check::{check, path_string};
+use serde_path_to_error::Segment;
+
+use super::check::{Seg, check, path_string};
 use super::error::{Diagnostic, ScenarioError};
 use super::locate::locate;
 use super::raw::RawScenario;
@@ -20,9 +22,27 @@ pub fn load_scenario(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> 
 pub fn parse_scenario(text: &str, file_name: &str) -> Result<Scenario, ScenarioError> {
     let deserializer = serde_norway::Deserializer::from_str(text);
     let raw: RawScenario = serde_path_to_error::deserialize(deserializer).map_err(|err| {
-        let field = err.path().to_string();
-        let inner = err.into_inner();
-        ScenarioError::Invalid(from_yaml_error(&inner, if field == "." { String::new() } else { field }, file_name))
+        let mut path: Vec<Seg> = err
+            .path()
+            .iter()
+            .filter_map(|segment| match segment {
+                Segment::Seq { index } => Some(Seg::Index(*index)),
+                Segment::Map { key } => Some(Seg::Key(key.clone())),
+                Segment::Enum { variant } => Some(Seg::Key(variant.clone())),
+                // `?` marks a position serde could not name (e.g. a YAML syntax error).
+                Segment::Unknown => None,
+            })
+            .collect();
+        let mut diagnostic = from_yaml_error(err.inner(), file_name);
+        // For an unknown key the path ends in that key; the message already names it, so the
+        // field shown is the map that holds it (`script[3].assistant[0]: unknown field `txt``).
+        if let Some(Seg::Key(last)) = path.last() {
+            if diagnostic.message.starts_with(&format!("unknown field `{last}`")) {
+                path.pop();
+            }
+        }
+        diagnostic.field = path_string(&path);
+        ScenarioError::Invalid(diagnostic)
     })?;
     check(raw, file_name).map_err(|problem| {
         let (line, column) = locate(text, &problem.path).unzip();
@@ -38,7 +58,7 @@ pub fn parse_scenario(text: &str, file_name: &str) -> Result<Scenario, ScenarioE
 
 /// Splits a serde_norway error into our parts. Its Display is `<its path>: <message> at line L
 /// column C`; we print the position and the path ourselves, so both are cut from the message.
-fn from_yaml_error(err: &serde_norway::Error, field: String, file_name: &str) -> Diagnostic {
+fn from_yaml_error(err: &serde_norway::Error, file_name: &str) -> Diagnostic {
     let location = err.location();
     let mut message = err.to_string();
     if let Some(loc) = &location {
@@ -59,7 +79,7 @@ fn from_yaml_error(err: &serde_norway::Error, field: String, file_name: &str) ->
         file: file_name.to_owned(),
         line: location.as_ref().map(|l| l.line()),
         column: location.as_ref().map(|l| l.column()),
-        field,
+        field: String::new(),
         message,
     }
 }

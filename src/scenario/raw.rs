@@ -47,13 +47,47 @@ pub(crate) struct RawStep {
 }
 
 /// One block of an assistant reply: `{text: ...}`, `{thinking: ...}`, `{tool_use: {...}}`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[derive(Debug)]
 pub(crate) enum BlockSpec {
     Text(String),
     Thinking(String),
     RedactedThinking(String),
     ToolUse(ToolUseSpec),
+}
+
+const BLOCK_KINDS: &[&str] = &["text", "thinking", "redacted_thinking", "tool_use"];
+
+impl<'de> Deserialize<'de> for BlockSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // serde_norway reads externally tagged enums only from `!tag` syntax; scenarios use the
+        // friendlier single-key map, so the dispatch is written out here.
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = BlockSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a block: `{text: ...}`, `{thinking: ...}`, `{redacted_thinking: ...}` or `{tool_use: {...}}`")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<BlockSpec, A::Error> {
+                let Some(kind) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom(format!("empty block, expected one of `{}`", BLOCK_KINDS.join("`, `"))));
+                };
+                let block = match kind.as_str() {
+                    "text" => BlockSpec::Text(map.next_value()?),
+                    "thinking" => BlockSpec::Thinking(map.next_value()?),
+                    "redacted_thinking" => BlockSpec::RedactedThinking(map.next_value()?),
+                    "tool_use" => BlockSpec::ToolUse(map.next_value()?),
+                    other => return Err(de::Error::unknown_field(other, BLOCK_KINDS)),
+                };
+                if let Some(extra) = map.next_key::<String>()? {
+                    return Err(de::Error::custom(format!(
+                        "a block has exactly one kind, found `{kind}` and `{extra}`; put each in its own list item"
+                    )));
+                }
+                Ok(block)
+            }
+        }
+        deserializer.deserialize_map(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,1 +1,3 @@
-
+//! The one integration-test binary (links once).
+mod scenario;
+mod world;
