@@ -67,11 +67,10 @@ pub(crate) fn check(mut raw: RawScenario, file: &str) -> Result<Scenario, Proble
     for (index, step) in raw.script.into_iter().enumerate() {
         let at = vec![key("script"), Seg::Index(index)];
         let checked = check_step(step, &at, index, &ids, &raw.world, &mut seen_ids, last_tool_step.map(|i| (i, &script)))?;
-        if let Step::Assistant(a) = &checked {
-            if a.tool_uses().next().is_some() {
+        if let Step::Assistant(a) = &checked
+            && a.tool_uses().next().is_some() {
                 last_tool_step = Some(script.len());
             }
-        }
         script.push(checked);
     }
     Ok(Scenario {
@@ -104,11 +103,10 @@ fn check_world(world: &WorldSpec) -> Result<(), Problem> {
     if world.max_output_tokens == Some(0) {
         return Err(problem(at("max_output_tokens"), "must be positive"));
     }
-    if let (Some(window), Some(max_output)) = (world.context_window, world.max_output_tokens) {
-        if max_output >= window {
+    if let (Some(window), Some(max_output)) = (world.context_window, world.max_output_tokens)
+        && max_output >= window {
             return Err(problem(at("max_output_tokens"), format!("{max_output} must be smaller than context_window {window}")));
         }
-    }
     // Seed a scratch fs in the scenario's order: the same checks `into_world` relies on.
     let mut fs = VirtualFs::new();
     let clock = Clock::new(0);
@@ -128,16 +126,14 @@ fn check_world(world: &WorldSpec) -> Result<(), Problem> {
 
 fn check_expect(raw: &RawScenario) -> Result<(), Problem> {
     let at = |k: &str| vec![key("expect"), key(k)];
-    if let Some(ratio) = raw.expect.min_cache_hit_ratio {
-        if !(0.0..=1.0).contains(&ratio) {
+    if let Some(ratio) = raw.expect.min_cache_hit_ratio
+        && !(0.0..=1.0).contains(&ratio) {
             return Err(problem(at("min_cache_hit_ratio"), format!("must be between 0 and 1, found {ratio}")));
         }
-    }
-    if let Some(cost) = raw.expect.max_cost_usd {
-        if !(cost.is_finite() && cost >= 0.0) {
+    if let Some(cost) = raw.expect.max_cost_usd
+        && !(cost.is_finite() && cost >= 0.0) {
             return Err(problem(at("max_cost_usd"), format!("must be a non-negative number, found {cost}")));
         }
-    }
     Ok(())
 }
 

@@ -36,11 +36,10 @@ pub fn parse_scenario(text: &str, file_name: &str) -> Result<Scenario, ScenarioE
         let mut diagnostic = from_yaml_error(err.inner(), file_name);
         // For an unknown key the path ends in that key; the message already names it, so the
         // field shown is the map that holds it (`script[3].assistant[0]: unknown field `txt``).
-        if let Some(Seg::Key(last)) = path.last() {
-            if diagnostic.message.starts_with(&format!("unknown field `{last}`")) {
+        if let Some(Seg::Key(last)) = path.last()
+            && diagnostic.message.starts_with(&format!("unknown field `{last}`")) {
                 path.pop();
             }
-        }
         diagnostic.field = path_string(&path);
         ScenarioError::Invalid(diagnostic)
     })?;
@@ -70,11 +69,10 @@ fn from_yaml_error(err: &serde_norway::Error, file_name: &str) -> Diagnostic {
     // serde_norway prefixes its own path (`script[3].assistant[0]: ...`). A path has no spaces,
     // while every message starts with words separated by spaces, so a space-free head before
     // the first ": " is the path.
-    if let Some((head, rest)) = message.split_once(": ") {
-        if !head.is_empty() && !head.contains(' ') && !head.contains('`') {
+    if let Some((head, rest)) = message.split_once(": ")
+        && !head.is_empty() && !head.contains(' ') && !head.contains('`') {
             message = rest.to_owned();
         }
-    }
     Diagnostic {
         file: file_name.to_owned(),
         line: location.as_ref().map(|l| l.line()),

@@ -29,11 +29,11 @@ mod error;
 mod fs;
 mod model;
 mod rng;
-mod world;
+mod state;
 
 pub use clock::{Clock, parse_time_zone};
 pub use error::WorldError;
 pub use fs::{Change, ChangeKind, DirEntry, FileEntry, LoadReport, VirtualFs, normalize_path};
 pub use model::{Fallback, Latency, Reply, ScriptedModel, Synthesis, estimate_output_tokens};
 pub use rng::Rng;
-pub use world::{ScriptedToolOutput, World};
+pub use state::{ScriptedToolOutput, World};

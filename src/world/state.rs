@@ -1,3 +1,5 @@
+//! The [`World`] struct: the pieces bundled for the agent, plus the settings a scenario fixes.
+
 use std::collections::BTreeMap;
 
 use crate::api::ToolResultContent;
