@@ -352,3 +352,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn error_two_kinds_in_one_block() {
+    insta::assert_snapshot!(err(&doc("- assistant:\n    - text: hi\n      tool_use: {name: Read}\n")), @"scenarios/bad.yaml:6:7: script[0].assistant[0]: a block has exactly one kind, found `text` and `tool_use`; put each in its own list item");
+}
+
+#[test]
+fn error_wrong_type_inside_a_block() {
+    insta::assert_snapshot!(err(&doc("- assistant:\n    - tool_use: {name: Read, inptu: {}}\n")), @"scenarios/bad.yaml:6:30: script[0].assistant[0].tool_use: unknown field `inptu`, expected one of `id`, `name`, `input`");
+}
+
+#[test]
+fn into_world_is_deterministic() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/multi-turn.yaml")).unwrap();
+    let render = |s: &Scenario| format!("{:?}", s.into_world());
+    assert_eq!(render(&parse(&text)), render(&parse(&text)));
+}
