@@ -6,3 +6,5 @@ pub mod api;
 pub mod cli;
 pub mod measure;
 pub mod report;
+pub mod scenario;
+pub mod world;

@@ -1,4 +1,6 @@
 //! The one integration-test binary: features tested through a few `check` helpers.
 mod analyze;
 mod cache;
+mod scenario;
 mod support;
+mod world;

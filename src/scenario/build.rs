@@ -1,0 +1,65 @@
+//! From a validated scenario to a fresh [`World`].
+
+use crate::world::{Clock, Fallback, Rng, ScriptedModel, ScriptedToolOutput, Synthesis, VirtualFs, World};
+use crate::api::ToolResultContent;
+
+use super::check::resolve;
+use super::schema::{Scenario, Step};
+
+impl Scenario {
+    /// Builds the World at virtual time 0: clock at `clock_start` in `timezone`, the initial
+    /// files (not journaled), the rng from `seed`, every assistant step queued on its lane, the
+    /// scripted tool outputs by tool_use id, and the env.
+    ///
+    /// Infallible because loading already checked everything it could fail on; a failure here
+    /// is a bug in those checks and panics with the value.
+    pub fn into_world(&self) -> World {
+        let spec = &self.world;
+        let clock = Clock::new(spec.clock_start.unix_ms())
+            .with_time_zone(&spec.timezone.0)
+            .unwrap_or_else(|e| panic!("time zone `{}` passed validation but failed: {e}", spec.timezone.0));
+        let rng = Rng::new(spec.seed);
+        let mut fs = VirtualFs::new();
+        for (path, contents) in &spec.files {
+            let full = resolve(spec, path).unwrap_or_else(|| panic!("file path `{path}` passed validation but does not resolve"));
+            fs.seed(&full, contents.clone(), &clock)
+                .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
+        }
+        let fallback = match &spec.fallback {
+            None => Fallback::Error,
+            Some(f) => Fallback::Synthesize(Synthesis {
+                reply_tokens: f.reply_tokens,
+                summary_tokens: f.summary_tokens,
+                after_script_ends: f.after_script_ends,
+            }),
+        };
+        let mut model = ScriptedModel::new(rng.fork("model")).with_fallback(fallback);
+        let mut tool_outputs = std::collections::BTreeMap::new();
+        for step in &self.script {
+            match step {
+                Step::Assistant(reply) => model.push(&reply.lane, reply.to_reply()),
+                Step::ToolOutput(outputs) => {
+                    for output in outputs {
+                        tool_outputs.insert(
+                            output.tool_use_id.clone(),
+                            ScriptedToolOutput { content: ToolResultContent::Text(output.content.clone()), is_error: output.is_error },
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        World {
+            clock,
+            fs,
+            rng,
+            model,
+            env: spec.env.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect(),
+            cwd: spec.cwd.clone(),
+            model_id: spec.model.clone(),
+            context_window: spec.context_window,
+            max_output_tokens: spec.max_output_tokens,
+            tool_outputs,
+        }
+    }
+}

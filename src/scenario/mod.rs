@@ -1,0 +1,65 @@
+//! Scenario files (format v1, YAML): a world, a script, and budgets.
+//!
+//! ```yaml
+//! name: read-and-answer            # required
+//! description: ...                 # optional
+//! world:
+//!   model: claude-sonnet-4-5       # required; kept as written
+//!   context_window: 200000         # optional override of the model's window
+//!   max_output_tokens: 32000       # optional override
+//!   clock_start: "2026-03-01T09:00:00Z"   # RFC 3339; default 2026-01-01T09:00:00Z
+//!   timezone: "+01:00"             # UTC (default), a fixed offset, or an IANA name
+//!   seed: 7                        # default 0
+//!   cwd: /repo                     # default /repo
+//!   files:                         # initial files; keys absolute or relative to cwd
+//!     /repo/src/main.rs: |
+//!       fn main() {}
+//!   env: {DISABLE_AUTO_COMPACT: 1} # values may be strings, numbers or booleans
+//!   fallback:                      # optional: synthesize replies for unscripted lanes
+//!     reply_tokens: 40             # default 40
+//!     summary_tokens: 2000         # default 2000, for lanes compact / session_memory
+//!     after_script_ends: false     # default false
+//! script:                          # ordered steps; each has exactly one kind key
+//!   - user: "Read main.rs"         # a prompt: the agent runs a turn
+//!   - assistant:                   # the model's next reply on a lane
+//!       - thinking: "..."          # blocks: text, thinking, redacted_thinking, tool_use
+//!       - text: "Let me look."
+//!       - tool_use: {name: Read, input: {file_path: /repo/src/main.rs}, id: toolu_x}  # id optional
+//!     lane: main                   # default main; compact, session_memory, subagent:<name>, side
+//!     stop_reason: tool_use        # default: tool_use if a tool is called, else end_turn
+//!     usage: {output_tokens: 40}   # optional: input_tokens, output_tokens, cache_*_input_tokens
+//!     output_tokens: 40            # optional; else usage.output_tokens, else chars/4
+//!     latency: {first_token: 800ms, total: 3s}   # optional; first_token defaults to total
+//!   - tool_output: {Bash: "ok"}    # outputs for the previous tool-calling assistant step,
+//!                                  # keyed by tool_use id or tool name; a value is a string or
+//!                                  # {content: ..., is_error: true}
+//!   - wait: 10m                    # virtual time passes: ms, or 250ms / 90s / 10m / 2h / 1h30m / 1d
+//!   - write_file: {path: src/lib.rs, content: "..."}   # the user edits a file
+//!   - remove_file: src/old.rs      # the user deletes a file or directory
+//! expect:                          # budgets for `ctxsim check`, all optional
+//!   cache_breaks: 0                # at most
+//!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]
+//!   max_cost_usd: 1.5              # at most
+//!   compactions: {auto: 0}         # exactly, per stage id
+//!   peak_context_tokens: 50000     # at most
+//!   max_requests: 10               # at most
+//! ```
+//!
+//! Unknown keys are errors. Every error names the file, line, column and field:
+//! `scenarios/x.yaml:12:9: script[3].assistant[0]: unknown variant `txt`, expected one of ...`.
+
+mod build;
+mod check;
+mod duration;
+mod error;
+mod load;
+mod locate;
+mod raw;
+mod schema;
+mod values;
+
+pub use duration::{DurationMs, parse_duration};
+pub use error::{Diagnostic, ScenarioError};
+pub use load::{load_scenario, parse_scenario};
+pub use schema::{AssistantStep, CompactionCounts, Expect, FallbackSpec, Scenario, Step, ToolOutput, WorldSpec};
+pub use values::{EnvValue, Rfc3339, TimeZoneName};

@@ -1,0 +1,231 @@
+//! The scenario types. [`WorldSpec`] and [`Expect`] are read as they are; the script is read
+//! as raw steps ([`super::raw`]) and checked into [`Step`] values.
+
+use std::collections::BTreeMap;
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+
+use crate::api::{ContentBlock, StopReason, Usage};
+use crate::world::{Latency, Reply};
+
+use super::values::{EnvValue, Rfc3339, TimeZoneName};
+
+/// A loaded, validated scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// File name as given to the loader (used in messages and reports).
+    pub file: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub world: WorldSpec,
+    pub script: Vec<Step>,
+    pub expect: Expect,
+}
+
+/// `world:` — the starting state of everything outside the agent.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorldSpec {
+    /// Model id, kept as written (resolution against the model table happens elsewhere).
+    pub model: String,
+    /// Overrides the model's context window.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// Overrides the model's default max output tokens.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// Virtual time 0, RFC 3339. Default `2026-01-01T09:00:00Z`.
+    #[serde(default = "default_clock_start")]
+    pub clock_start: Rfc3339,
+    /// Zone for local dates ("currentDate", date rollover). Default `UTC`.
+    #[serde(default)]
+    pub timezone: TimeZoneName,
+    /// Seed of the world's rng. Default 0: runs are reproducible unless a seed is chosen.
+    #[serde(default)]
+    pub seed: u64,
+    /// Working directory (absolute). Default `/repo`.
+    #[serde(default = "default_cwd")]
+    pub cwd: String,
+    /// Initial files: path (absolute, or relative to `cwd`) → contents. Not journaled.
+    #[serde(default)]
+    pub files: IndexMap<String, String>,
+    /// Environment variables the agent honours (`DISABLE_AUTO_COMPACT`, ...).
+    #[serde(default)]
+    pub env: BTreeMap<String, EnvValue>,
+    /// When present, lanes without a script get synthesized replies instead of an error.
+    #[serde(default)]
+    pub fallback: Option<FallbackSpec>,
+}
+
+fn default_clock_start() -> Rfc3339 {
+    Rfc3339("2026-01-01T09:00:00Z".parse().expect("constant timestamp parses"))
+}
+
+fn default_cwd() -> String {
+    "/repo".to_owned()
+}
+
+/// `world.fallback:` — synthesized replies for unscripted lanes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FallbackSpec {
+    /// Size of a synthesized ordinary reply. Default 40.
+    #[serde(default = "default_reply_tokens")]
+    pub reply_tokens: u64,
+    /// Size of a synthesized summary on `compact`/`session_memory`. Default 2000.
+    #[serde(default = "default_summary_tokens")]
+    pub summary_tokens: u64,
+    /// Also synthesize when a scripted lane runs out. Default false.
+    #[serde(default)]
+    pub after_script_ends: bool,
+}
+
+fn default_reply_tokens() -> u64 {
+    40
+}
+
+fn default_summary_tokens() -> u64 {
+    2000
+}
+
+/// One step of the script, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// `user: "..."` — the user sends a prompt; the agent runs a turn.
+    User { text: String },
+    /// `assistant: [...]` — the model's next reply on a lane.
+    Assistant(AssistantStep),
+    /// `tool_output: {Bash: "..."}` — outputs for tools the simulator does not execute, resolved
+    /// to the tool_use ids of the preceding assistant step.
+    ToolOutput(Vec<ToolOutput>),
+    /// `wait: 10m` — virtual time passes.
+    Wait { ms: u64 },
+    /// `write_file: {path, content}` — the user changes a file behind the agent's back.
+    WriteFile { path: String, content: String },
+    /// `remove_file: path` — the user deletes a file or directory.
+    RemoveFile { path: String },
+}
+
+impl Step {
+    /// The step's kind as written in YAML.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::User { .. } => "user",
+            Step::Assistant(_) => "assistant",
+            Step::ToolOutput(_) => "tool_output",
+            Step::Wait { .. } => "wait",
+            Step::WriteFile { .. } => "write_file",
+            Step::RemoveFile { .. } => "remove_file",
+        }
+    }
+}
+
+/// A scripted model reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssistantStep {
+    /// `main` unless `lane:` says otherwise.
+    pub lane: String,
+    /// Blocks with tool_use ids filled in.
+    pub content: Vec<ContentBlock>,
+    /// From `stop_reason:`, else `tool_use` when a tool is called, else `end_turn`.
+    pub stop_reason: StopReason,
+    pub usage: Option<Usage>,
+    /// From `output_tokens:` or `usage.output_tokens`, else estimated (chars / 4).
+    pub output_tokens: u64,
+    pub latency: Option<Latency>,
+}
+
+impl AssistantStep {
+    pub fn to_reply(&self) -> Reply {
+        Reply {
+            content: self.content.clone(),
+            stop_reason: self.stop_reason,
+            usage: self.usage.clone(),
+            latency: self.latency,
+            output_tokens: self.output_tokens,
+            synthetic: false,
+        }
+    }
+
+    /// `(id, name)` of each tool_use block, in order.
+    pub fn tool_uses(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::ToolUse { id, name, .. } => Some((id.as_str(), name.as_str())),
+            _ => None,
+        })
+    }
+}
+
+/// A scripted tool output bound to one tool_use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub tool_use_id: String,
+    pub tool_name: String,
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// `expect:` — budgets that `ctxsim check` enforces. All optional.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Maximum number of cache breaks.
+    #[serde(default)]
+    pub cache_breaks: Option<u64>,
+    /// Minimum cache_read / (input + cache_read + cache_creation), in `[0, 1]`.
+    #[serde(default)]
+    pub min_cache_hit_ratio: Option<f64>,
+    /// Maximum total cost in USD.
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    /// Exact number of firings per compaction stage.
+    #[serde(default)]
+    pub compactions: Option<CompactionCounts>,
+    /// Maximum context tokens of any request.
+    #[serde(default)]
+    pub peak_context_tokens: Option<u64>,
+    /// Maximum number of requests.
+    #[serde(default)]
+    pub max_requests: Option<u64>,
+}
+
+/// `expect.compactions:` — keys are the stage ids of the summary JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionCounts {
+    #[serde(default)]
+    pub tool_result_budget: Option<u64>,
+    #[serde(default)]
+    pub snip: Option<u64>,
+    #[serde(default)]
+    pub microcompact: Option<u64>,
+    #[serde(default)]
+    pub collapse: Option<u64>,
+    #[serde(default)]
+    pub session_memory: Option<u64>,
+    #[serde(default)]
+    pub auto: Option<u64>,
+    #[serde(default)]
+    pub reactive: Option<u64>,
+    #[serde(default)]
+    pub manual: Option<u64>,
+}
+
+impl CompactionCounts {
+    /// `(stage, expected count)` for the stages given, in the summary JSON's order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("tool_result_budget", self.tool_result_budget),
+            ("snip", self.snip),
+            ("microcompact", self.microcompact),
+            ("collapse", self.collapse),
+            ("session_memory", self.session_memory),
+            ("auto", self.auto),
+            ("reactive", self.reactive),
+            ("manual", self.manual),
+        ]
+        .into_iter()
+        .filter_map(|(name, count)| count.map(|c| (name, c)))
+    }
+}

@@ -1,0 +1,348 @@
+//! The virtual filesystem the agent reads and writes. Paths are absolute POSIX strings; all
+//! listings are sorted; mtimes come from the virtual clock; writes are journaled so the agent can
+//! ask "which files changed since t" (the way Claude Code notices files edited behind its back).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use globset::GlobBuilder;
+
+use super::clock::Clock;
+use super::error::WorldError;
+
+/// One file: its text and the virtual time it was last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    pub contents: String,
+    pub mtime_ms: u64,
+}
+
+/// One entry of a directory listing or a walk.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DirEntry {
+    /// Absolute path.
+    pub path: String,
+    /// Last path component.
+    pub name: String,
+    pub is_dir: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeKind {
+    /// Created or overwritten (including edits).
+    Write,
+    Remove,
+}
+
+/// One journaled change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: String,
+    pub time_ms: u64,
+    pub kind: ChangeKind,
+}
+
+/// What [`VirtualFs::load_from_dir`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    pub files_loaded: usize,
+    /// Virtual paths of files skipped because they are not UTF-8 text (sorted).
+    pub skipped_binary: Vec<String>,
+}
+
+/// An in-memory tree of text files.
+///
+/// Directories are implicit (every ancestor of a file exists) or explicit (created by
+/// [`VirtualFs::create_dir`]); `/` always exists.
+#[derive(Debug, Clone, Default)]
+pub struct VirtualFs {
+    files: BTreeMap<String, FileEntry>,
+    dirs: BTreeSet<String>,
+    journal: Vec<Change>,
+}
+
+impl VirtualFs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a file as part of the initial state: sets its mtime but is not journaled, so the
+    /// starting tree never shows up as "changed".
+    pub fn seed(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
+        let path = self.writable_path(path)?;
+        self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() });
+        Ok(())
+    }
+
+    pub fn read(&self, path: &str) -> Result<&str, WorldError> {
+        self.entry(path).map(|e| e.contents.as_str())
+    }
+
+    /// The file with its mtime.
+    pub fn entry(&self, path: &str) -> Result<&FileEntry, WorldError> {
+        let path = normalize_path(path)?;
+        match self.files.get(&path) {
+            Some(entry) => Ok(entry),
+            None if self.is_dir(&path) => Err(WorldError::IsADirectory { path }),
+            None => Err(WorldError::NotFound { path }),
+        }
+    }
+
+    /// Creates or overwrites a file, stamping it with the clock's time and journaling the write.
+    pub fn write(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
+        let path = self.writable_path(path)?;
+        let time_ms = clock.now_ms();
+        self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms });
+        self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
+        Ok(())
+    }
+
+    /// Replaces `old` by `new` the way the Edit tool does: `old` must occur exactly once unless
+    /// `replace_all`. Returns the number of replacements.
+    pub fn edit(&mut self, path: &str, old: &str, new: &str, replace_all: bool, clock: &Clock) -> Result<usize, WorldError> {
+        let path = normalize_path(path)?;
+        let contents = self.read(&path)?;
+        let count = if old.is_empty() { 0 } else { contents.matches(old).count() };
+        match count {
+            0 => return Err(WorldError::EditNoMatch { path }),
+            1 => {}
+            _ if replace_all => {}
+            _ => return Err(WorldError::EditAmbiguous { path, count }),
+        }
+        let updated = contents.replace(old, new);
+        self.write(&path, updated, clock)?;
+        Ok(count)
+    }
+
+    /// Removes a file, or a directory with everything under it. Each removed file is journaled.
+    pub fn remove(&mut self, path: &str, clock: &Clock) -> Result<(), WorldError> {
+        let path = normalize_path(path)?;
+        let time_ms = clock.now_ms();
+        if self.files.remove(&path).is_some() {
+            self.journal.push(Change { path, time_ms, kind: ChangeKind::Remove });
+            return Ok(());
+        }
+        if !self.is_dir(&path) || path == "/" {
+            return Err(WorldError::NotFound { path });
+        }
+        let prefix = dir_prefix(&path);
+        let doomed: Vec<String> = self.files.range(prefix.clone()..).map(|(p, _)| p).take_while(|p| p.starts_with(&prefix)).cloned().collect();
+        for file in doomed {
+            self.files.remove(&file);
+            self.journal.push(Change { path: file, time_ms, kind: ChangeKind::Remove });
+        }
+        self.dirs.retain(|d| d != &path && !d.starts_with(&prefix));
+        Ok(())
+    }
+
+    /// Creates a directory (and its ancestors) explicitly, so it exists while empty.
+    pub fn create_dir(&mut self, path: &str) -> Result<(), WorldError> {
+        let path = normalize_path(path)?;
+        if self.files.contains_key(&path) || ancestors(&path).any(|a| self.files.contains_key(a)) {
+            return Err(WorldError::NotADirectory { path });
+        }
+        self.dirs.insert(path);
+        Ok(())
+    }
+
+    pub fn exists(&self, path: &str) -> bool {
+        normalize_path(path).is_ok_and(|p| self.files.contains_key(&p) || self.is_dir(&p))
+    }
+
+    pub fn is_file(&self, path: &str) -> bool {
+        normalize_path(path).is_ok_and(|p| self.files.contains_key(&p))
+    }
+
+    pub fn is_dir(&self, path: &str) -> bool {
+        let Ok(path) = normalize_path(path) else { return false };
+        if path == "/" || self.dirs.contains(&path) {
+            return true;
+        }
+        let prefix = dir_prefix(&path);
+        let has_child = |keys: &mut dyn Iterator<Item = &String>| keys.next().is_some_and(|k| k.starts_with(&prefix));
+        has_child(&mut self.files.range(prefix.clone()..).map(|(k, _)| k)) || has_child(&mut self.dirs.range(prefix.clone()..))
+    }
+
+    /// The immediate children of a directory, sorted by name.
+    pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
+        let path = normalize_path(path)?;
+        if self.files.contains_key(&path) {
+            return Err(WorldError::NotADirectory { path });
+        }
+        if !self.is_dir(&path) {
+            return Err(WorldError::NotFound { path });
+        }
+        let prefix = dir_prefix(&path);
+        // name -> is_dir; a BTreeMap gives the sorted order and merges files and dirs.
+        let mut children: BTreeMap<&str, bool> = BTreeMap::new();
+        let file_keys = self.files.range(prefix.clone()..).map(|(k, _)| k);
+        let dir_keys = self.dirs.range(prefix.clone()..);
+        for (key, explicit_dir) in file_keys.map(|k| (k, false)).take_while(|(k, _)| k.starts_with(&prefix)).chain(
+            dir_keys.map(|k| (k, true)).take_while(|(k, _)| k.starts_with(&prefix)),
+        ) {
+            let rest = &key[prefix.len()..];
+            match rest.split_once('/') {
+                Some((name, _)) => {
+                    children.insert(name, true);
+                }
+                None => {
+                    let entry = children.entry(rest).or_insert(explicit_dir);
+                    *entry |= explicit_dir;
+                }
+            }
+        }
+        Ok(children
+            .into_iter()
+            .map(|(name, is_dir)| DirEntry { path: format!("{prefix}{name}"), name: name.to_owned(), is_dir })
+            .collect())
+    }
+
+    /// Every file and directory under `path`, depth-first, children sorted by name (so
+    /// `/a/b/c` comes before `/a/b.txt`). `path` itself is not included.
+    pub fn walk(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
+        let mut out = Vec::new();
+        for entry in self.list_dir(path)? {
+            let is_dir = entry.is_dir;
+            let child = entry.path.clone();
+            out.push(entry);
+            if is_dir {
+                out.extend(self.walk(&child)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Files matching a glob pattern, sorted by path. A relative pattern (`**/*.rs`) is matched
+    /// against paths relative to `base`; an absolute one against absolute paths. `*` and `?` do
+    /// not cross `/`; `**` does.
+    pub fn glob(&self, pattern: &str, base: &str) -> Result<Vec<String>, WorldError> {
+        let base = normalize_path(base)?;
+        let matcher = GlobBuilder::new(pattern)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| WorldError::BadGlob { pattern: pattern.to_owned(), message: e.kind().to_string() })?
+            .compile_matcher();
+        let absolute = pattern.starts_with('/');
+        let prefix = dir_prefix(&base);
+        Ok(self
+            .files
+            .range(prefix.clone()..)
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(&prefix))
+            .filter(|p| if absolute { matcher.is_match(p.as_str()) } else { matcher.is_match(&p[prefix.len()..]) })
+            .cloned()
+            .collect())
+    }
+
+    /// All files, sorted by path.
+    pub fn files(&self) -> impl Iterator<Item = (&str, &FileEntry)> {
+        self.files.iter().map(|(p, e)| (p.as_str(), e))
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    /// The whole journal, in time order.
+    pub fn journal(&self) -> &[Change] {
+        &self.journal
+    }
+
+    /// Changes made strictly after virtual time `time_ms`, in the order they happened.
+    pub fn changes_since(&self, time_ms: u64) -> &[Change] {
+        // The journal is in clock order because the clock is monotonic.
+        let start = self.journal.partition_point(|c| c.time_ms <= time_ms);
+        &self.journal[start..]
+    }
+
+    /// Paths changed strictly after `time_ms`, sorted and deduplicated.
+    pub fn paths_changed_since(&self, time_ms: u64) -> Vec<String> {
+        let set: BTreeSet<&str> = self.changes_since(time_ms).iter().map(|c| c.path.as_str()).collect();
+        set.into_iter().map(str::to_owned).collect()
+    }
+
+    /// Loads a real directory tree into the virtual fs under `mount_at`, as initial state
+    /// (not journaled, mtime = clock now; real mtimes are ignored because they differ between
+    /// checkouts). Skips `.git`, symlinks and non-UTF-8 files. The only function in the World
+    /// that touches the real filesystem.
+    pub fn load_from_dir(&mut self, real_path: &Path, mount_at: &str, clock: &Clock) -> Result<LoadReport, WorldError> {
+        let mount_at = normalize_path(mount_at)?;
+        let mut report = LoadReport::default();
+        let walker = walkdir::WalkDir::new(real_path)
+            .follow_links(false)
+            .sort_by_file_name()
+            .into_iter()
+            .filter_entry(|e| e.depth() == 0 || e.file_name() != ".git");
+        for entry in walker {
+            let entry = entry.map_err(|e| WorldError::Io {
+                path: e.path().unwrap_or(real_path).to_path_buf(),
+                source: e.into_io_error().unwrap_or_else(|| std::io::Error::other("filesystem loop")),
+            })?;
+            if !entry.file_type().is_file() {
+                continue;
+            }
+            let relative = entry.path().strip_prefix(real_path).expect("walkdir yields paths under its root");
+            let components: Vec<String> = relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+            let virtual_path = normalize_path(&format!("{}/{}", mount_at, components.join("/")))?;
+            let bytes = std::fs::read(entry.path()).map_err(|source| WorldError::Io { path: entry.path().to_path_buf(), source })?;
+            match String::from_utf8(bytes) {
+                Ok(text) => {
+                    self.seed(&virtual_path, text, clock)?;
+                    report.files_loaded += 1;
+                }
+                Err(_) => report.skipped_binary.push(virtual_path),
+            }
+        }
+        Ok(report)
+    }
+
+    /// Normalizes `path` and checks it can hold a file: not a directory, no file among its
+    /// ancestors.
+    fn writable_path(&self, path: &str) -> Result<String, WorldError> {
+        let path = normalize_path(path)?;
+        if path == "/" || self.is_dir(&path) {
+            return Err(WorldError::IsADirectory { path });
+        }
+        if ancestors(&path).any(|a| self.files.contains_key(a)) {
+            return Err(WorldError::NotADirectory { path });
+        }
+        Ok(path)
+    }
+}
+
+/// Normalizes an absolute POSIX path: collapses `//`, resolves `.` and `..` (never above `/`),
+/// drops a trailing `/`. Relative paths are an error.
+pub fn normalize_path(path: &str) -> Result<String, WorldError> {
+    if !path.starts_with('/') {
+        return Err(WorldError::NotAbsolute { path: path.to_owned() });
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+/// `/a/b` -> `/a/b/`; `/` stays `/`. Range scans over this prefix find exactly the descendants.
+fn dir_prefix(path: &str) -> String {
+    if path == "/" { "/".to_owned() } else { format!("{path}/") }
+}
+
+/// Proper ancestors of a normalized path, excluding `/`: `/a/b/c` -> `/a/b`, `/a`.
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    let mut current = path;
+    std::iter::from_fn(move || {
+        let cut = current.rfind('/')?;
+        if cut == 0 {
+            return None;
+        }
+        current = &current[..cut];
+        Some(current)
+    })
+}

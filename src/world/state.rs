@@ -1,0 +1,63 @@
+//! The [`World`] struct: the pieces bundled for the agent, plus the settings a scenario fixes.
+
+use std::collections::BTreeMap;
+
+use crate::api::ToolResultContent;
+
+use super::clock::Clock;
+use super::fs::VirtualFs;
+use super::model::ScriptedModel;
+use super::rng::Rng;
+
+/// A scripted output for a tool the simulator does not execute itself (Bash, WebFetch, MCP
+/// tools), keyed by tool_use id in [`World::tool_outputs`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptedToolOutput {
+    pub content: ToolResultContent,
+    pub is_error: bool,
+}
+
+/// Everything outside the agent. Built by `Scenario::into_world`; the agent takes `&mut World`.
+#[derive(Debug, Clone)]
+pub struct World {
+    pub clock: Clock,
+    pub fs: VirtualFs,
+    /// The root stream; subsystems take `rng.fork("<subsystem>")`.
+    pub rng: Rng,
+    pub model: ScriptedModel,
+    /// Environment variables the agent honours (sorted).
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the session (absolute).
+    pub cwd: String,
+    /// Model id the session runs on.
+    pub model_id: String,
+    /// Overrides of the model's context window / max output tokens, when the scenario sets them.
+    pub context_window: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    /// Scripted tool outputs by tool_use id.
+    pub tool_outputs: BTreeMap<String, ScriptedToolOutput>,
+}
+
+impl World {
+    /// An empty world: UTC clock at `epoch_unix_ms`, empty fs, no script, cwd `/`.
+    pub fn new(epoch_unix_ms: i64, seed: u64, model_id: impl Into<String>) -> Self {
+        let rng = Rng::new(seed);
+        World {
+            clock: Clock::new(epoch_unix_ms),
+            fs: VirtualFs::new(),
+            model: ScriptedModel::new(rng.fork("model")),
+            rng,
+            env: BTreeMap::new(),
+            cwd: "/".to_owned(),
+            model_id: model_id.into(),
+            context_window: None,
+            max_output_tokens: None,
+            tool_outputs: BTreeMap::new(),
+        }
+    }
+
+    /// The value of an environment variable the agent honours.
+    pub fn env_var(&self, name: &str) -> Option<&str> {
+        self.env.get(name).map(String::as_str)
+    }
+}
