@@ -1,10 +1,12 @@
 //! ctxsim: a deterministic simulation and replay harness for a coding agent's context pipeline.
 //!
 //! Data flows scenario/recording → World → Agent → Measure → Report; see ARCHITECTURE.md.
+pub mod agent;
 pub mod analyze;
 pub mod api;
 pub mod cli;
 pub mod measure;
 pub mod report;
+pub mod runner;
 pub mod scenario;
 pub mod world;

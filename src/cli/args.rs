@@ -13,6 +13,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the agent on scenario files (YAML) and measure every request.
+    Run(RunArgs),
     /// Measure a log of raw request bodies from any client.
     Analyze(AnalyzeArgs),
     /// Count tokens of files with an estimator.
@@ -103,4 +105,28 @@ pub struct TokensArgs {
     /// Model family for the calibrated estimator.
     #[arg(long, default_value = "sonnet")]
     pub family: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Scenario files, or directories of them (every *.yaml inside, sorted).
+    #[arg(required = true)]
+    pub scenarios: Vec<PathBuf>,
+    /// Strategy preset name or a TOML/YAML file of knob overrides.
+    #[arg(long, default_value = "claude-code")]
+    pub strategy: String,
+    /// Override the scenarios' seeds.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run every scenario twice and name the first request whose bytes differ.
+    #[arg(long)]
+    pub check_determinism: bool,
+    /// Write every request body as NNNN.json under DIR/<scenario>/.
+    #[arg(long, value_name = "DIR")]
+    pub dump_requests: Option<PathBuf>,
+    /// Write summary.json, summary.csv, trace.jsonl and requests.txt under DIR.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub measure: MeasureOpts,
 }

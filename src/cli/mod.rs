@@ -2,6 +2,7 @@
 mod analyze;
 mod args;
 mod common;
+mod run;
 mod tokens;
 
 pub use args::Cli;
@@ -9,6 +10,7 @@ pub use args::Cli;
 /// Runs the parsed command line; returns the process exit code (0 ok, 1 a check failed).
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        args::Command::Run(a) => run::run(a),
         args::Command::Analyze(a) => analyze::run(a),
         args::Command::Tokens(a) => tokens::run(a),
         args::Command::Causes => {

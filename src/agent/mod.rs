@@ -1,0 +1,2 @@
+//! The agent: request building, tools, and (soon) the full context pipeline.
+pub mod minimal;

@@ -1,0 +1,84 @@
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use crate::report::output::{summary_csv, trace_jsonl, write_atomic};
+use crate::report::render::render_request;
+use crate::runner::{check_determinism, dump_requests, flatten_all, run_scenario};
+use crate::scenario::load_scenario;
+
+use super::args::RunArgs;
+use super::common::{emit, measurer};
+
+/// Expands directories into their sorted *.yaml files.
+pub fn expand_inputs(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(input)
+                .with_context(|| format!("failed to list {}", input.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                bail!("{}: no *.yaml scenarios in this directory", input.display());
+            }
+            out.extend(files);
+        } else {
+            out.push(input.clone());
+        }
+    }
+    Ok(out)
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".to_owned())
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let files = expand_inputs(&args.scenarios)?;
+    let mut summaries = Vec::new();
+    let mut all_rows = Vec::new();
+    let mut rendering = String::new();
+    let mut failed_determinism = false;
+    for file in &files {
+        let mut scenario = load_scenario(file)?;
+        if let Some(seed) = args.seed {
+            scenario.world.seed = seed;
+        }
+        if args.check_determinism {
+            let make = || measurer(&args.measure).expect("options were checked by the first run");
+            measurer(&args.measure)?;
+            if let Some(difference) = check_determinism(&scenario, &make, &args.strategy)? {
+                eprintln!("determinism: {difference}");
+                failed_determinism = true;
+            }
+        }
+        let mut measurer = measurer(&args.measure)?;
+        let output = run_scenario(&scenario, &mut measurer, &args.strategy)?;
+        if let Some(dir) = &args.dump_requests {
+            let dir = dir.join(stem(file));
+            for (name, bytes) in dump_requests(&output) {
+                write_atomic(&dir.join(name), &bytes).with_context(|| format!("failed to write requests under {}", dir.display()))?;
+            }
+        }
+        if args.out.is_some() {
+            rendering.push_str(&format!("## {}\n", output.scenario));
+            for (flat, row) in flatten_all(&output, &mut measurer).iter().zip(&output.rows) {
+                rendering.push_str(&render_request(flat, row));
+            }
+            rendering.push('\n');
+        }
+        summaries.push(output.summary);
+        all_rows.extend(output.rows);
+    }
+    if let Some(dir) = &args.out {
+        write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(&summaries)?.as_bytes())?;
+        write_atomic(&dir.join("summary.csv"), &summary_csv(&summaries))?;
+        write_atomic(&dir.join("trace.jsonl"), &trace_jsonl(&all_rows))?;
+        write_atomic(&dir.join("requests.txt"), rendering.as_bytes())?;
+    }
+    emit(&args.measure, &summaries, &all_rows)?;
+    Ok(if failed_determinism { 1 } else { 0 })
+}
