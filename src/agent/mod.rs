@@ -1,0 +1,9 @@
+//! The agent: Claude Code's context pipeline, rebuilt as pure builders.
+//!
+//! Layers 1–2 of a request (system blocks, tools) and the user-context message at messages[0].
+//! Every builder takes plain inputs and returns wire types; none does I/O.
+
+pub mod profile;
+pub mod system_prompt;
+pub mod tools;
+pub mod user_context;
