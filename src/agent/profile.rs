@@ -115,10 +115,12 @@ pub fn pad_to(base: &str, target: usize, layout: FillLayout, seed: &str) -> Stri
         // Paragraph layout starts a new paragraph every four sentences and before the first one.
         let separator = match layout {
             FillLayout::Line => " ",
-            FillLayout::Paragraphs if index % 4 == 0 => "\n\n",
+            FillLayout::Paragraphs if index.is_multiple_of(4) => "\n\n",
             FillLayout::Paragraphs => " ",
         };
-        let separator = if len == 0 { "" } else { separator };
+        // No separator at the very start, nor after text that already ends in whitespace (the
+        // environment intro line ends in a space, for instance).
+        let separator = if out.is_empty() || out.ends_with(char::is_whitespace) { "" } else { separator };
         let piece_len = separator.len() + sentence.len();
         if len + piece_len <= target {
             out.push_str(separator);

@@ -140,7 +140,7 @@ impl SystemPromptInputs {
             os_version: "Linux 6.18.44-fc-v669".into(),
             model_id: "claude-sonnet-4-6".into(),
             model_marketing_name: Some("Sonnet 4.6".into()),
-            auto_memory_dir: Some("/home/u/.claude/projects/-home-u-proj1/memory/aaaaaaaaaa/".into()),
+            auto_memory_dir: Some("/home/u/.claude/projects/-home-u-proj1/memory/aaaaaaaaa/".into()),
             language: None,
             output_style: None,
             mcp_servers: Vec::new(),

@@ -362,7 +362,7 @@ fn raw_tool(name: &str) -> Option<(&'static str, &'static str, Value, bool)> {
                 &["content", "status", "activeForm"],
             );
             ("TodoWrite", TODO_WRITE, closed(
-                vec![("todos", prop("The whole updated list.", json!({"type": "array", "items": item})))],
+                vec![("todos", prop("The updated list.", json!({"type": "array", "items": item})))],
                 &["todos"],
             ), true)
         }
