@@ -357,7 +357,7 @@ impl SystemPromptCache {
             dynamic_sections.push(Section { name: "git_status", text: format!("gitStatus: {value}") });
         }
 
-        assemble(inputs, options, profile, static_sections, dynamic_sections)
+        assemble(inputs, options, static_sections, dynamic_sections)
     }
 }
 
@@ -458,11 +458,9 @@ pub fn identity_line(interactive: bool, has_append: bool) -> &'static str {
 fn assemble(
     inputs: &SystemPromptInputs,
     options: &SystemPromptOptions,
-    profile: &SizeProfile,
     static_sections: Vec<Section>,
     dynamic_sections: Vec<Section>,
 ) -> SystemPromptBuild {
-    let _ = profile;
     let fingerprint = fingerprint(&inputs.first_user_text, &inputs.version);
     let attribution = options
         .attribution_header
