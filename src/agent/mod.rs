@@ -1,2 +1,11 @@
-//! The agent: request building, tools, and (soon) the full context pipeline.
+//! The agent: Claude Code's context pipeline, rebuilt as pure builders plus the session that
+//! drives them.
+//!
+//! Layers 1–2 of a request (system blocks, tools) and the user-context message at messages[0].
+//! Every builder takes plain inputs and returns wire types; none does I/O.
+
 pub mod minimal;
+pub mod profile;
+pub mod system_prompt;
+pub mod tools;
+pub mod user_context;

@@ -1,4 +1,5 @@
 //! The one integration-test binary: features tested through a few `check` helpers.
+mod agent_layers;
 mod analyze;
 mod cache;
 mod scenario;

@@ -1,0 +1,154 @@
+//! Size profiles: the measured character lengths of the reference client's prompt pieces.
+//!
+//! ctxsim never sends the reference client's words. It writes its own instructions and pads each
+//! piece with neutral filler to the length the reference measured, so that token counts, block
+//! sizes and therefore cache arithmetic match the real client. A profile is a data table
+//! (`data/profile-<version>.toml`); padding can be switched off to see the raw text.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// The embedded profile of Claude Code 2.1.88.
+const PROFILE_2_1_88: &str = include_str!("../../data/profile-2.1.88.toml");
+
+/// Measured lengths (characters, i.e. UTF-16 units of BMP text) of sections, fragments and tools.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SizeProfile {
+    pub version: String,
+    /// Whole sections (or their input-independent part, for names ending in `_fixed`).
+    pub sections: BTreeMap<String, usize>,
+    /// Pieces inside sections: identity lines, guidance bullets, fixed environment lines, wrappers.
+    pub fragments: BTreeMap<String, usize>,
+    /// Per built-in tool: description length and compact `input_schema` JSON length.
+    pub tools: BTreeMap<String, ToolSize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct ToolSize {
+    pub description: usize,
+    pub schema: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("failed to parse size profile: {0}")]
+    Parse(#[from] toml::de::Error),
+}
+
+impl SizeProfile {
+    /// The profile of the reference build (2.1.88).
+    pub fn claude_code_2_1_88() -> SizeProfile {
+        // The embedded table is part of the crate; failing to parse it is a build defect.
+        SizeProfile::from_toml(PROFILE_2_1_88).expect("embedded profile-2.1.88.toml parses")
+    }
+
+    pub fn from_toml(text: &str) -> Result<SizeProfile, ProfileError> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// A section target. Panics on an unknown name: the names are fixed by the code that asks.
+    pub fn section(&self, name: &str) -> usize {
+        *self.sections.get(name).unwrap_or_else(|| panic!("size profile has no section {name:?}"))
+    }
+
+    pub fn fragment(&self, name: &str) -> usize {
+        *self.fragments.get(name).unwrap_or_else(|| panic!("size profile has no fragment {name:?}"))
+    }
+
+    pub fn tool(&self, name: &str) -> Option<ToolSize> {
+        self.tools.get(name).copied()
+    }
+}
+
+/// Length as the reference measures it: JS string length (UTF-16 code units).
+pub fn js_len(text: &str) -> usize {
+    text.encode_utf16().count()
+}
+
+/// How filler is laid out: on the same line (for one-line pieces such as a bullet) or as extra
+/// paragraphs (for whole sections and tool descriptions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillLayout {
+    Line,
+    Paragraphs,
+}
+
+/// Neutral guidance sentences used as filler. They are generic, true of any coding task and
+/// harmless to the model, so a padded prompt stays a sensible prompt. ASCII only and free of
+/// quotes and backslashes, so their JSON-escaped length equals their length.
+const FILLER: &[&str] = &[
+    "Prefer small, reviewable steps over large sweeping changes.",
+    "Read the relevant code before deciding how to change it.",
+    "Keep the user informed about what was done and what remains.",
+    "When a result is surprising, check the assumption that produced it.",
+    "Match the conventions already present in the surrounding code.",
+    "State uncertainty plainly instead of guessing at facts.",
+    "Verify a change by running the narrowest check that covers it.",
+    "Leave unrelated code untouched unless the user asks otherwise.",
+    "Choose clear names and simple control flow over clever tricks.",
+    "Report failures honestly, including the exact error text.",
+    "Ask for clarification only when the request is truly ambiguous.",
+    "Favor the standard tools of the project over ad hoc scripts.",
+    "Keep secrets and credentials out of files, logs and messages.",
+    "Summarize long outputs rather than repeating them in full.",
+    "Work from the most specific evidence available to you.",
+    "Undo partial work that would leave the project in a broken state.",
+];
+
+/// Pads `base` with filler to exactly `target` characters (UTF-16 units). Text already at or over
+/// the target is returned unchanged: the raw text is never cut, so an over-long raw text shows up
+/// as a size mismatch in the tests rather than as silently lost words.
+///
+/// `seed` picks where in the filler cycle to start, so different pieces do not all open with the
+/// same sentence; it is derived from the piece's stable name, never from anything random.
+pub fn pad_to(base: &str, target: usize, layout: FillLayout, seed: &str) -> String {
+    let mut out = base.to_owned();
+    let mut len = js_len(&out);
+    if len >= target {
+        return out;
+    }
+    let start = (xxhash_rust::xxh3::xxh3_64(seed.as_bytes()) % FILLER.len() as u64) as usize;
+    let mut index = 0usize;
+    loop {
+        let sentence = FILLER[(start + index) % FILLER.len()];
+        // Paragraph layout starts a new paragraph every four sentences and before the first one.
+        let separator = match layout {
+            FillLayout::Line => " ",
+            FillLayout::Paragraphs if index.is_multiple_of(4) => "\n\n",
+            FillLayout::Paragraphs => " ",
+        };
+        // No separator at the very start, nor after text that already ends in whitespace (the
+        // environment intro line ends in a space, for instance).
+        let separator = if out.is_empty() || out.ends_with(char::is_whitespace) { "" } else { separator };
+        let piece_len = separator.len() + sentence.len();
+        if len + piece_len <= target {
+            out.push_str(separator);
+            out.push_str(sentence);
+            len += piece_len;
+            index += 1;
+            if len == target {
+                return out;
+            }
+            continue;
+        }
+        // The last piece does not fit whole: close with a shortened sentence (or bare spaces
+        // when only one or two characters remain) so the length is exact.
+        let remaining = target - len;
+        if remaining <= separator.len() + 1 {
+            out.push_str(&" ".repeat(remaining));
+        } else {
+            let room = remaining - separator.len() - 1;
+            let cut = sentence[..room].trim_end();
+            out.push_str(separator);
+            out.push_str(cut);
+            out.push_str(&".".repeat(room - cut.len() + 1));
+        }
+        return out;
+    }
+}
+
+/// Pads when `enabled`, else returns the raw text: the one switch for "padding off".
+pub fn fit(base: &str, target: usize, layout: FillLayout, seed: &str, enabled: bool) -> String {
+    if enabled { pad_to(base, target, layout, seed) } else { base.to_owned() }
+}
