@@ -1,2 +1,3 @@
 //! ctxsim: a deterministic simulation and replay harness for a coding agent's context pipeline.
 pub mod api;
+pub mod recording;
