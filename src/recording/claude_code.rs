@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::format::{
-    parse_line, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording, SubagentInfo,
-    WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
+    parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording,
+    SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::{ContentBlock, Message, MessageContent, Role, StopReason, ToolResultContent, Usage};
@@ -192,7 +192,7 @@ impl ImportedSession {
 }
 
 fn is_message_event(kind: &EventKind) -> bool {
-    matches!(kind, EventKind::UserPrompt { .. } | EventKind::ToolResult { .. } | EventKind::ModelReply(_))
+    matches!(kind, EventKind::UserPrompt(_) | EventKind::ToolResult(_) | EventKind::ModelReply(_))
 }
 
 fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> {
@@ -201,7 +201,7 @@ fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> 
         if event.lane != call.lane {
             continue;
         }
-        if matches!(event.kind, EventKind::Compaction { .. }) {
+        if matches!(event.kind, EventKind::Compaction(_)) {
             indices.clear();
         } else if is_message_event(&event.kind) {
             indices.push(i);
@@ -216,8 +216,8 @@ pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> 
     for &i in indices {
         let Some(event) = recording.events.get(i) else { continue };
         let (role, blocks) = match &event.kind {
-            EventKind::UserPrompt { content, .. } => (Role::User, content.to_blocks()),
-            EventKind::ToolResult { tool_use_id, content, is_error, .. } => {
+            EventKind::UserPrompt(UserPrompt { content, .. }) => (Role::User, content.to_blocks()),
+            EventKind::ToolResult(ToolResult { tool_use_id, content, is_error, .. }) => {
                 let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new()));
                 (Role::User, vec![ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true))])
             }
@@ -526,12 +526,12 @@ impl FileImporter {
                 let attachment = record.get("attachment").cloned().unwrap_or(Value::Null);
                 let attachment_type =
                     attachment.get("type").and_then(Value::as_str).unwrap_or("unknown").to_owned();
-                self.push(EventKind::Attachment { attachment_type, payload: attachment }, time_ms, &lane, uuid.as_deref());
+                self.push(EventKind::Attachment(Attachment { attachment_type, payload: attachment }), time_ms, &lane, uuid.as_deref());
             }
             "queue-operation" => {
                 let payload = strip_envelope(&record);
                 self.push(
-                    EventKind::SystemEvent { subtype: "queue_operation".into(), payload },
+                    EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload }),
                     time_ms,
                     &lane,
                     uuid.as_deref(),
@@ -613,14 +613,14 @@ impl FileImporter {
         };
         if is_compact_summary {
             if let Some(i) = self.pending_compaction.take() {
-                if let EventKind::Compaction { summary, .. } = &mut self.events[i].kind {
+                if let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
                     *summary = Some(text_of(content));
                 }
             }
         }
         let items = match content {
             Value::String(text) => {
-                let kind = EventKind::UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary };
+                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary });
                 self.push(kind, time_ms, lane, uuid);
                 return;
             }
@@ -640,12 +640,12 @@ impl FileImporter {
             match block {
                 ContentBlock::ToolResult { tool_use_id, content, is_error, .. } => {
                     self.flush_prompt(&mut pending, is_meta, is_compact_summary, time_ms, lane, uuid);
-                    let kind = EventKind::ToolResult {
+                    let kind = EventKind::ToolResult(ToolResult {
                         tool_use_id,
                         content,
                         is_error: is_error.unwrap_or(false),
                         tool_use_result: structured.take(),
-                    };
+                    });
                     self.push(kind, time_ms, lane, uuid);
                 }
                 other => pending.push(other),
@@ -667,7 +667,7 @@ impl FileImporter {
             return;
         }
         let content = MessageContent::Blocks(std::mem::take(pending));
-        self.push(EventKind::UserPrompt { content, is_meta, is_compact_summary }, time_ms, lane, uuid);
+        self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary }), time_ms, lane, uuid);
     }
 
     /// Parses content blocks one by one so one bad block costs only itself.
@@ -775,13 +775,13 @@ impl FileImporter {
         if subtype == "compact_boundary" {
             let metadata = record.get("compactMetadata").cloned().unwrap_or(Value::Null);
             let number = |key: &str| metadata.get(key).and_then(Value::as_u64);
-            let kind = EventKind::Compaction {
+            let kind = EventKind::Compaction(Compaction {
                 trigger: metadata.get("trigger").and_then(Value::as_str).unwrap_or("unknown").to_owned(),
                 pre_tokens: number("preTokens"),
                 post_tokens: number("postTokens"),
                 summary: None,
                 metadata: metadata.clone(),
-            };
+            });
             let index = self.push(kind, time_ms, lane, uuid);
             self.pending_compaction = Some(index);
             return;
@@ -791,7 +791,7 @@ impl FileImporter {
             map.remove("subtype");
         }
         let subtype = if subtype.is_empty() { "unknown" } else { subtype };
-        self.push(EventKind::SystemEvent { subtype: subtype.to_owned(), payload }, time_ms, lane, uuid);
+        self.push(EventKind::SystemEvent(SystemEvent { subtype: subtype.to_owned(), payload }), time_ms, lane, uuid);
     }
 
     fn totals(&self) -> UsageTotals {

@@ -43,8 +43,7 @@ pub struct ConvertedLog {
 pub fn convert_claude_trace<R: BufRead>(reader: R, file: &str) -> Result<ConvertedLog, ImportError> {
     let mut report = ImportReport::new(file, "claude-trace");
     let mut warnings = Warnings::default();
-    let mut entries = Vec::new();
-    let mut origin_ms: Option<i64> = None;
+    let mut timed: Vec<(Option<i64>, RequestLogEntry)> = Vec::new();
     for line in RawLines::new(reader) {
         let line = line.map_err(|source| ImportError::Read { file: file.to_owned(), source })?;
         report.lines = line.number;
@@ -92,19 +91,28 @@ pub fn convert_claude_trace<R: BufRead>(reader: R, file: &str) -> Result<Convert
             warn(WarningKind::BadLine, Some(&path), format!("not a Messages API request: {}", e.into_inner()));
             continue;
         }
-        let time_ms = match request.get("timestamp").and_then(timestamp_ms) {
-            Some(ms) => {
-                let origin = *origin_ms.get_or_insert(ms);
-                u64::try_from(ms.saturating_sub(origin)).unwrap_or(0)
-            }
-            None => {
-                warn(WarningKind::BadLine, Some("request.timestamp"), "missing or bad timestamp; using the previous request's time".into());
-                entries.last().map_or(0, |e: &RequestLogEntry| e.time_ms)
-            }
-        };
+        let epoch_ms = request.get("timestamp").and_then(timestamp_ms);
+        if epoch_ms.is_none() {
+            warn(WarningKind::BadLine, Some("request.timestamp"), "missing or bad timestamp; using the previous request's time".into());
+        }
         let usage = record.get("response").and_then(|r| response_usage(r, &mut warn));
-        entries.push(RequestLogEntry { time_ms, body: body.clone(), lane: None, usage });
+        timed.push((epoch_ms, RequestLogEntry { time_ms: 0, body: body.clone(), lane: None, usage }));
     }
+    // claude-trace writes an exchange when its response ends, so parallel requests appear out
+    // of start order. Time zero is the earliest request start, and entries are put in start
+    // order (stable, so equal times keep the capture's order): that is the order the provider's
+    // cache saw them in.
+    let origin = timed.iter().filter_map(|(ms, _)| *ms).min().unwrap_or(0);
+    let mut previous = 0;
+    for (ms, entry) in &mut timed {
+        entry.time_ms = match ms {
+            Some(ms) => u64::try_from(ms.saturating_sub(origin)).unwrap_or(0),
+            None => previous,
+        };
+        previous = entry.time_ms;
+    }
+    let mut entries: Vec<RequestLogEntry> = timed.into_iter().map(|(_, e)| e).collect();
+    entries.sort_by_key(|e| e.time_ms);
     report.events = entries.len();
     report.calls = entries.len();
     for entry in &entries {

@@ -133,74 +133,95 @@ impl Event {
 }
 
 /// What an event is. The vocabulary is the one scenario scripts use, so a recording can drive
-/// the same World a scenario does.
+/// the same World a scenario does. Every variant's fields are a struct of its own so a bad line
+/// can be diagnosed down to the field (see [`diagnose_event`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
     /// Something the user (or the harness on the user's behalf, when `is_meta`) sent.
-    UserPrompt {
-        content: MessageContent,
-        #[serde(default, skip_serializing_if = "is_false")]
-        is_meta: bool,
-        /// The summary message that opens the conversation after a compaction.
-        #[serde(default, skip_serializing_if = "is_false")]
-        is_compact_summary: bool,
-    },
+    UserPrompt(UserPrompt),
     /// One model response (one API call), however many transcript lines it was written as.
     ModelReply(ModelReply),
     /// The result of one tool call, as it was sent back to the model.
-    ToolResult {
-        tool_use_id: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        content: Option<ToolResultContent>,
-        #[serde(default, skip_serializing_if = "is_false")]
-        is_error: bool,
-        /// The client's structured view of the result (`toolUseResult` in Claude Code).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool_use_result: Option<Value>,
-    },
+    ToolResult(ToolResult),
     /// Harness-injected context (file changes, reminders, listings, ...), kept as recorded.
-    Attachment {
-        attachment_type: String,
-        #[serde(default)]
-        payload: Value,
-    },
+    Attachment(Attachment),
     /// The conversation was compacted: the model's view restarts after this event.
-    Compaction {
-        /// `auto` or `manual`.
-        trigger: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pre_tokens: Option<u64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        post_tokens: Option<u64>,
-        /// The summary text that replaced the history, when it was recorded.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        summary: Option<String>,
-        /// Everything else the source recorded about the compaction, verbatim.
-        #[serde(default, skip_serializing_if = "Value::is_null")]
-        metadata: Value,
-    },
+    Compaction(Compaction),
     /// A client-side event with no direct effect on the request (hook summaries, turn
     /// durations, microcompact boundaries, queue operations, API errors, ...).
-    SystemEvent {
-        subtype: String,
-        #[serde(default, skip_serializing_if = "Value::is_null")]
-        payload: Value,
-    },
+    SystemEvent(SystemEvent),
     /// Virtual time moves forward by `advance_ms`; `time_ms` of the event is the time after.
-    Time { advance_ms: u64 },
+    Time(TimeAdvance),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserPrompt {
+    pub content: MessageContent,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub is_meta: bool,
+    /// The summary message that opens the conversation after a compaction.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub is_compact_summary: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub tool_use_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<ToolResultContent>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub is_error: bool,
+    /// The client's structured view of the result (`toolUseResult` in Claude Code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_use_result: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub attachment_type: String,
+    #[serde(default)]
+    pub payload: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Compaction {
+    /// `auto` or `manual`.
+    pub trigger: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_tokens: Option<u64>,
+    /// The summary text that replaced the history, when it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Everything else the source recorded about the compaction, verbatim.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub metadata: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemEvent {
+    pub subtype: String,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub payload: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeAdvance {
+    pub advance_ms: u64,
 }
 
 impl EventKind {
     pub fn name(&self) -> &'static str {
         match self {
-            EventKind::UserPrompt { .. } => "user_prompt",
+            EventKind::UserPrompt(_) => "user_prompt",
             EventKind::ModelReply(_) => "model_reply",
-            EventKind::ToolResult { .. } => "tool_result",
-            EventKind::Attachment { .. } => "attachment",
-            EventKind::Compaction { .. } => "compaction",
-            EventKind::SystemEvent { .. } => "system_event",
-            EventKind::Time { .. } => "time",
+            EventKind::ToolResult(_) => "tool_result",
+            EventKind::Attachment(_) => "attachment",
+            EventKind::Compaction(_) => "compaction",
+            EventKind::SystemEvent(_) => "system_event",
+            EventKind::Time(_) => "time",
         }
     }
 }
@@ -438,17 +459,63 @@ pub fn read_recording_from<R: BufRead>(reader: R, file: &str) -> Result<ReadReco
         }
         match parse_line::<Event>(&line.bytes) {
             Ok(event) => events.push(event),
-            Err((path, message)) => warnings.push(LineWarning {
+            Err(first) => {
+                let (path, message) = diagnose_event(&line.bytes).unwrap_or(first);
+                warnings.push(LineWarning {
                 kind: line.failure_kind(),
                 file: file.to_owned(),
                 line: line.number,
-                path,
-                message,
-            }),
+                    path,
+                    message,
+                })
+            }
         }
     }
     let header = header.ok_or_else(|| RecordingError::Empty { file: file.to_owned() })?;
     Ok(ReadRecording { recording: Recording { header, events }, warnings })
+}
+
+/// Finds the JSON path of what is wrong with an event line that failed to parse.
+///
+/// serde loses the path inside an internally tagged enum (it buffers the fields before it knows
+/// the variant), so the line is parsed again in two steps: the common fields, then the fields of
+/// the variant its `event` tag names, each with path tracking. `None` when the line is not an
+/// object with a known tag (the first error already says what is wrong then).
+pub fn diagnose_event(bytes: &[u8]) -> Option<(Option<String>, String)> {
+    #[derive(Deserialize)]
+    struct Common {
+        #[serde(default)]
+        #[expect(dead_code, reason = "parsed only to check its type")]
+        time_ms: u64,
+        #[serde(default)]
+        #[expect(dead_code, reason = "parsed only to check its type")]
+        lane: Option<String>,
+        #[serde(default)]
+        #[expect(dead_code, reason = "parsed only to check its type")]
+        uuid: Option<String>,
+    }
+    fn check<T: serde::de::DeserializeOwned>(value: Value) -> Option<(Option<String>, String)> {
+        serde_path_to_error::deserialize::<_, T>(value).err().map(|e| (Some(e.path().to_string()), e.into_inner().to_string()))
+    }
+    let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(bytes) else { return None };
+    if let Some(found) = check::<Common>(Value::Object(map.clone())) {
+        return Some(found);
+    }
+    let tag = map.remove("event")?;
+    for key in ["time_ms", "lane", "uuid"] {
+        map.remove(key);
+    }
+    let fields = Value::Object(map);
+    match tag.as_str()? {
+        "user_prompt" => check::<UserPrompt>(fields),
+        "model_reply" => check::<ModelReply>(fields),
+        "tool_result" => check::<ToolResult>(fields),
+        "attachment" => check::<Attachment>(fields),
+        "compaction" => check::<Compaction>(fields),
+        "system_event" => check::<SystemEvent>(fields),
+        "time" => check::<TimeAdvance>(fields),
+        _ => None,
+    }
 }
 
 fn parse_header(line: &RawLine, file: &str) -> Result<Header, RecordingError> {

@@ -17,8 +17,9 @@ mod report;
 pub use claude_code::{ImportedSession, RecordedCall, build_messages, import_claude_code, import_claude_code_from, recorded_calls};
 pub use claude_trace::{ConvertedLog, RequestLogEntry, convert_claude_trace, usage_from_sse, write_request_log_to};
 pub use format::{
-    Event, EventKind, Header, LineWarning, ModelReply, ReadRecording, Recording, RecordingError, SubagentInfo,
-    WarningKind, Warnings, read_recording, read_recording_from, write_recording, write_recording_to,
+    Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, ReadRecording, Recording,
+    RecordingError, SubagentInfo, SystemEvent, TimeAdvance, ToolResult, UserPrompt, WarningKind, Warnings,
+    diagnose_event, read_recording, read_recording_from, write_atomically, write_recording, write_recording_to,
 };
 pub use import::{InputFormat, detect_format, detect_format_from, import};
 pub use report::{ImportError, ImportReport, UsageTotals};
