@@ -386,11 +386,10 @@ fn merge_by_time(lanes: Vec<Vec<Event>>) -> (Vec<Event>, Vec<usize>) {
     loop {
         let mut best: Option<(usize, u64)> = None;
         for (lane, it) in iters.iter_mut().enumerate() {
-            if let Some(event) = it.peek() {
-                if best.is_none_or(|(_, t)| event.time_ms < t) {
+            if let Some(event) = it.peek()
+                && best.is_none_or(|(_, t)| event.time_ms < t) {
                     best = Some((lane, event.time_ms));
                 }
-            }
         }
         let Some((lane, _)) = best else { break };
         let Some(event) = iters[lane].next() else { break };
@@ -509,11 +508,10 @@ impl FileImporter {
             self.cwd = record.get("cwd").and_then(Value::as_str).map(str::to_owned);
         }
         let version = record.get("version").and_then(Value::as_str).map(str::to_owned);
-        if let Some(v) = &version {
-            if !self.versions.contains(v) {
+        if let Some(v) = &version
+            && !self.versions.contains(v) {
                 self.versions.push(v.clone());
             }
-        }
         let lane = self.lane_of(&record);
         let first_event = self.events.len();
         let mut merged_into: Option<usize> = None;
@@ -611,13 +609,11 @@ impl FileImporter {
             self.warn(WarningKind::BadLine, line, Some("message.content".into()), "user record without message content; skipped".into());
             return;
         };
-        if is_compact_summary {
-            if let Some(i) = self.pending_compaction.take() {
-                if let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
+        if is_compact_summary
+            && let Some(i) = self.pending_compaction.take()
+                && let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
                     *summary = Some(text_of(content));
                 }
-            }
-        }
         let items = match content {
             Value::String(text) => {
                 let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary });
@@ -730,8 +726,8 @@ impl FileImporter {
         let thinking_text_stored = !content.iter().any(thinking_without_text);
         let is_api_error = record.get("isApiErrorMessage").and_then(Value::as_bool).unwrap_or(false);
 
-        if let Some(id) = &message_id {
-            if let Some(&index) = self.reply_index.get(id) {
+        if let Some(id) = &message_id
+            && let Some(&index) = self.reply_index.get(id) {
                 if let EventKind::ModelReply(reply) = &mut self.events[index].kind {
                     self.chunks_merged += 1;
                     reply.content.extend(content);
@@ -751,7 +747,6 @@ impl FileImporter {
                 }
                 return Some(index);
             }
-        }
         let reply = ModelReply {
             content,
             stop_reason,

@@ -374,6 +374,11 @@ fn recording_import_writes_recording_and_detects_formats() {
     assert_eq!(read.recording.events.len(), report.events);
     assert_eq!(recording::recorded_calls(&read.recording).len(), report.calls);
 
+    // Importing twice gives the same bytes (no clock, no hash-map order in the output).
+    let twice = dir.path().join("twice.jsonl");
+    recording::import(&transcript, Some(InputFormat::ClaudeCode), &twice).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&twice).unwrap());
+
     // Re-importing a recording gives the same bytes.
     let again = dir.path().join("again.jsonl");
     recording::import(&out, None, &again).unwrap();
