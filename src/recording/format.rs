@@ -571,6 +571,14 @@ pub fn write_atomically(
         fill(&mut writer).map_err(write_err)?;
         writer.flush().map_err(write_err)?;
     }
+    // A temporary file is created owner-only (0600); an output file should get the ordinary
+    // mode a user expects of a file they asked for, or keep the mode of the file it replaces.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o644);
+        temp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(write_err)?;
+    }
     temp.as_file().sync_all().map_err(write_err)?;
     temp.persist(path).map_err(|e| write_err(e.error))?;
     Ok(())

@@ -113,6 +113,12 @@ fn recording_round_trips_through_file() {
     assert_eq!(read.recording, original);
     // Only the destination is left behind: the temporary file was renamed, not copied.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "not the temporary file's owner-only mode");
+    }
     let first = std::fs::read_to_string(&path).unwrap();
     assert!(first.starts_with(r#"{"ctxsim_recording":1,"source":"scenario","session_id":"s1""#), "{first}");
     assert!(first.lines().nth(1).unwrap().starts_with(r#"{"event":"user_prompt""#));
