@@ -6,6 +6,7 @@ pub mod analyze;
 pub mod api;
 pub mod cli;
 pub mod measure;
+pub mod recording;
 pub mod report;
 pub mod runner;
 pub mod scenario;

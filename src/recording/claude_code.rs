@@ -1,0 +1,853 @@
+//! Importer of Claude Code session transcripts (`~/.claude/projects/<cwd>/<session>.jsonl`).
+//!
+//! The transcript format is internal to Claude Code and undocumented; what this importer relies
+//! on was read off real files (see `docs/recording-format.md`, section "Import from Claude
+//! Code"). The rules that matter for measurement:
+//!
+//! - **One API call is written as several `assistant` lines** (one per content block) sharing
+//!   `message.id` and `requestId`, sometimes interleaved with the tool results of blocks already
+//!   streamed. They are merged into one `model_reply` placed at the first line's position:
+//!   content blocks concatenated in order, usage from the last line, except `output_tokens`,
+//!   which is a placeholder on all but (possibly) the last line, so the maximum is kept.
+//! - The usage totals of a session are the sums over merged calls. They equal, to the token,
+//!   the `token_usage` Entire writes beside its transcripts (checked by the test suite), and
+//!   Entire's `api_call_count` counts `<synthetic>` replies (usage all zero) as calls too.
+//! - `compact_boundary` starts a new model view; the `isCompactSummary` user message after it is
+//!   the summary the model sees first.
+//! - Subagent transcripts (`<session>/subagents/agent-<id>.jsonl`) become lanes
+//!   `subagent:<id>`; the compaction fork (`agent-acompact-*`) becomes lane `compact`.
+//! - Virtual time is milliseconds since the first timestamped record of the main file.
+//!
+//! Nothing in a transcript is fatal: unknown record types are counted, bad lines are reported
+//! with their line number and skipped, and a truncated last line is reported and the rest used.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::format::{
+    parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording,
+    SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
+};
+use super::report::{ImportError, ImportReport, UsageTotals};
+use crate::api::{ContentBlock, Message, MessageContent, Role, StopReason, ToolResultContent, Usage};
+
+/// Record types that carry session metadata (last value wins); they go to the header.
+const METADATA_TYPES: &[&str] = &[
+    "summary",
+    "custom-title",
+    "ai-title",
+    "last-prompt",
+    "pr-link",
+    "mode",
+    "permission-mode",
+    "agent-name",
+    "agent-color",
+    "agent-setting",
+    "tag",
+    "worktree-state",
+];
+
+/// Envelope fields every conversation record carries; they are left out of event payloads
+/// because the event already states lane, time and uuid, and the rest is per-session noise.
+const ENVELOPE_FIELDS: &[&str] = &[
+    "parentUuid",
+    "isSidechain",
+    "userType",
+    "cwd",
+    "sessionId",
+    "session_id",
+    "version",
+    "gitBranch",
+    "slug",
+    "type",
+    "uuid",
+    "timestamp",
+    "entrypoint",
+    "agentId",
+];
+
+/// One merged API call of an imported session, the unit the fidelity report compares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedCall {
+    /// Position among all calls of the recording, in event order.
+    pub index: usize,
+    /// Index of the `model_reply` event in [`Recording::events`].
+    pub event_index: usize,
+    pub lane: String,
+    pub time_ms: u64,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    pub usage: Usage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
+    pub content_blocks: usize,
+    pub tool_uses: usize,
+    pub thinking_text_stored: bool,
+    /// No API call was made (`<synthetic>` reply written by the client).
+    pub is_synthetic: bool,
+    pub is_api_error: bool,
+}
+
+/// The calls of a recording, in event order.
+pub fn recorded_calls(recording: &Recording) -> Vec<RecordedCall> {
+    let mut calls = Vec::new();
+    for (event_index, event) in recording.events.iter().enumerate() {
+        if let EventKind::ModelReply(reply) = &event.kind {
+            calls.push(RecordedCall {
+                index: calls.len(),
+                event_index,
+                lane: event.lane.clone(),
+                time_ms: event.time_ms,
+                model: reply.model.clone(),
+                version: reply.version.clone(),
+                request_id: reply.request_id.clone(),
+                message_id: reply.message_id.clone(),
+                usage: reply.usage.clone(),
+                stop_reason: reply.stop_reason,
+                content_blocks: reply.content.len(),
+                tool_uses: reply.content.iter().filter(|b| matches!(b, ContentBlock::ToolUse { .. })).count(),
+                thinking_text_stored: reply.thinking_text_stored,
+                is_synthetic: reply.is_synthetic,
+                is_api_error: reply.is_api_error,
+            });
+        }
+    }
+    calls
+}
+
+/// A Claude Code session turned into a recording, with its calls and what the import saw.
+#[derive(Debug, Clone)]
+pub struct ImportedSession {
+    pub recording: Recording,
+    pub calls: Vec<RecordedCall>,
+    pub report: ImportReport,
+    /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
+    /// message list each call saw.
+    chain: BTreeMap<String, ChainNode>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ChainNode {
+    parent: Option<String>,
+    events: Vec<usize>,
+}
+
+impl ImportedSession {
+    /// Event indices (ascending) that made up the model's view at `call`, best effort:
+    ///
+    /// For a main-lane call, the `parentUuid` chain is walked back from the call's first
+    /// transcript line to the root (a compact boundary has a null parent, so the walk stops at
+    /// the last compaction). This drops branches the user rewound away from. Every event on the
+    /// chain that becomes message content is kept: user prompts (meta ones too: the harness
+    /// sent them), tool results and earlier replies. Attachments and system events are not
+    /// included because their rendered text is not in the transcript.
+    ///
+    /// When the call has no uuid (a recording read back from disk, or a subagent lane), the
+    /// view is every message event of the call's lane since that lane's last compaction, in
+    /// file order.
+    pub fn view_event_indices(&self, call: &RecordedCall) -> Vec<usize> {
+        let events = &self.recording.events;
+        let start = events.get(call.event_index).and_then(|e| e.uuid.clone());
+        let on_chain = call.lane == LANE_MAIN && start.as_ref().is_some_and(|u| self.chain.contains_key(u));
+        if !on_chain {
+            return view_in_file_order(&self.recording, call);
+        }
+        let mut indices = BTreeSet::new();
+        let mut visited = BTreeSet::new();
+        let mut cursor = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
+        while let Some(uuid) = cursor {
+            // A cycle cannot happen in a well-formed transcript; the visited set keeps a
+            // malformed one from looping forever.
+            if !visited.insert(uuid.clone()) {
+                break;
+            }
+            let Some(node) = self.chain.get(&uuid) else { break };
+            for &i in &node.events {
+                if i < call.event_index && is_message_event(&events[i].kind) {
+                    indices.insert(i);
+                }
+            }
+            cursor = node.parent.clone();
+        }
+        indices.into_iter().collect()
+    }
+
+    /// The message list the model saw for `call`, rebuilt from [`Self::view_event_indices`]:
+    /// consecutive events of one role are merged into one message, as Claude Code does before
+    /// sending. The system prompt, tools and attachments are not part of a transcript and are
+    /// not reconstructed.
+    pub fn messages_for_call(&self, call: &RecordedCall) -> Vec<Message> {
+        build_messages(&self.recording, &self.view_event_indices(call))
+    }
+}
+
+fn is_message_event(kind: &EventKind) -> bool {
+    matches!(kind, EventKind::UserPrompt(_) | EventKind::ToolResult(_) | EventKind::ModelReply(_))
+}
+
+fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> {
+    let mut indices = Vec::new();
+    for (i, event) in recording.events.iter().enumerate().take(call.event_index) {
+        if event.lane != call.lane {
+            continue;
+        }
+        if matches!(event.kind, EventKind::Compaction(_)) {
+            indices.clear();
+        } else if is_message_event(&event.kind) {
+            indices.push(i);
+        }
+    }
+    indices
+}
+
+/// Builds API messages from message events, merging consecutive same-role content.
+pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> {
+    let mut messages: Vec<Message> = Vec::new();
+    for &i in indices {
+        let Some(event) = recording.events.get(i) else { continue };
+        let (role, blocks) = match &event.kind {
+            EventKind::UserPrompt(UserPrompt { content, .. }) => (Role::User, content.to_blocks()),
+            EventKind::ToolResult(ToolResult { tool_use_id, content, is_error, .. }) => {
+                let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new()));
+                (Role::User, vec![ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true))])
+            }
+            EventKind::ModelReply(reply) => (Role::Assistant, reply.content.clone()),
+            _ => continue,
+        };
+        match messages.last_mut() {
+            Some(last) if last.role == role => {
+                let mut merged = last.content.to_blocks();
+                merged.extend(blocks);
+                last.content = MessageContent::Blocks(merged);
+            }
+            _ => messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
+        }
+    }
+    messages
+}
+
+/// Imports a session transcript and the subagent transcripts beside it
+/// (`<session>/subagents/agent-*.jsonl`, in sorted order).
+pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
+    let file_name = path.display().to_string();
+    let file = File::open(path).map_err(|source| ImportError::Read { file: file_name.clone(), source })?;
+    let mut main = FileImporter::new(&file_name, None, None);
+    main.read(BufReader::new(file))?;
+
+    let mut subagents = Vec::new();
+    for sub_path in subagent_files(path) {
+        let sub_name = sub_path.display().to_string();
+        let agent_id = sub_path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(|s| s.trim_start_matches("agent-").to_owned())
+            .unwrap_or_default();
+        let lane = lane_for_agent(&agent_id);
+        let file = File::open(&sub_path).map_err(|source| ImportError::Read { file: sub_name.clone(), source })?;
+        let mut sub = FileImporter::new(&sub_name, Some(lane.clone()), main.origin_ms);
+        sub.read(BufReader::new(file))?;
+        let meta = read_subagent_meta(&sub_path, &mut main.warnings);
+        let info = SubagentInfo {
+            agent_id: agent_id.clone(),
+            lane,
+            file: Some(sub_name),
+            agent_type: meta.as_ref().and_then(|m| m.get("agentType")).and_then(Value::as_str).map(str::to_owned),
+            description: meta.as_ref().and_then(|m| m.get("description")).and_then(Value::as_str).map(str::to_owned),
+            tool_use_id: meta
+                .as_ref()
+                .and_then(|m| m.get("toolUseId"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .or_else(|| main.agent_tool_use.get(&agent_id).cloned()),
+        };
+        subagents.push((info, sub));
+    }
+    Ok(finish(main, subagents))
+}
+
+/// Imports one transcript from a reader, without looking for subagent files.
+pub fn import_claude_code_from<R: BufRead>(reader: R, file: &str) -> Result<ImportedSession, ImportError> {
+    let mut main = FileImporter::new(file, None, None);
+    main.read(reader)?;
+    Ok(finish(main, Vec::new()))
+}
+
+fn lane_for_agent(agent_id: &str) -> String {
+    // Claude Code runs its compaction summary as a forked agent whose id starts with
+    // `acompact`; its call is the compaction request, not a subagent's work.
+    if agent_id.starts_with("acompact") { LANE_COMPACT.to_owned() } else { format!("subagent:{agent_id}") }
+}
+
+/// `<dir>/<session>.jsonl` → sorted `<dir>/<session>/subagents/agent-*.jsonl`.
+fn subagent_files(path: &Path) -> Vec<PathBuf> {
+    let Some(stem) = path.file_stem() else { return Vec::new() };
+    let dir = path.with_file_name(stem).join("subagents");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("agent-") && name.ends_with(".jsonl")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn read_subagent_meta(sub_path: &Path, warnings: &mut Warnings) -> Option<Map<String, Value>> {
+    let meta_path = sub_path.with_extension("meta.json");
+    let text = std::fs::read(&meta_path).ok()?;
+    match serde_json::from_slice::<Value>(&text) {
+        Ok(Value::Object(map)) => Some(map),
+        Ok(_) | Err(_) => {
+            warnings.push(LineWarning {
+                kind: WarningKind::BadLine,
+                file: meta_path.display().to_string(),
+                line: 1,
+                path: None,
+                message: "subagent .meta.json is not a JSON object; ignored".to_owned(),
+            });
+            None
+        }
+    }
+}
+
+/// Merges the main file and subagent files into one recording.
+fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> ImportedSession {
+    let mut header = Header::new("claude-code");
+    header.session_id = main.session_id.clone();
+    header.start_epoch_ms = main.origin_ms;
+    header.input = Some(main.file.clone());
+    header.cwd = main.cwd.clone();
+    header.versions = main.versions.clone();
+    header.metadata = main.metadata.clone();
+
+    let mut report = ImportReport::new(&main.file, "claude-code");
+    main.add_to_report(&mut report);
+    report.totals_main_file = main.totals();
+
+    // Merge lanes by time, keeping each lane's own order: at equal times the main lane comes
+    // first, then subagents in file-name order. Main-lane indices are remapped for the chain.
+    let mut lanes: Vec<Vec<Event>> = vec![main.events];
+    for (info, sub) in &subagents {
+        header.subagents.push(info.clone());
+        report.subagent_files.push(sub.file.clone());
+    }
+    let mut sub_reports = Vec::new();
+    for (_, sub) in subagents {
+        let mut sub_report = ImportReport::new(&sub.file, "claude-code");
+        sub.add_to_report(&mut sub_report);
+        sub_reports.push(sub_report);
+        lanes.push(sub.events);
+    }
+    for sub_report in sub_reports {
+        report.absorb(sub_report);
+    }
+    let (events, main_index_map) = merge_by_time(lanes);
+    let mut chain = main.chain;
+    for node in chain.values_mut() {
+        for i in &mut node.events {
+            *i = main_index_map[*i];
+        }
+    }
+    let recording = Recording { header, events };
+    let calls = recorded_calls(&recording);
+    report.events = recording.events.len();
+    report.calls = calls.len();
+    let mut by_lane: BTreeMap<String, UsageTotals> = BTreeMap::new();
+    for call in &calls {
+        let totals = by_lane.entry(call.lane.clone()).or_default();
+        totals.add(&call.usage, call.is_synthetic);
+        report.totals_all.add(&call.usage, call.is_synthetic);
+    }
+    report.totals_by_lane = by_lane;
+    ImportedSession { recording, calls, report, chain }
+}
+
+/// Stable k-way merge by `time_ms`; returns the merged events and, for lane 0, old → new index.
+fn merge_by_time(lanes: Vec<Vec<Event>>) -> (Vec<Event>, Vec<usize>) {
+    let total: usize = lanes.iter().map(Vec::len).sum();
+    let first_len = lanes.first().map_or(0, Vec::len);
+    let mut iters: Vec<std::iter::Peekable<std::vec::IntoIter<Event>>> =
+        lanes.into_iter().map(|l| l.into_iter().peekable()).collect();
+    let mut out = Vec::with_capacity(total);
+    let mut map = Vec::with_capacity(first_len);
+    loop {
+        let mut best: Option<(usize, u64)> = None;
+        for (lane, it) in iters.iter_mut().enumerate() {
+            if let Some(event) = it.peek()
+                && best.is_none_or(|(_, t)| event.time_ms < t) {
+                    best = Some((lane, event.time_ms));
+                }
+        }
+        let Some((lane, _)) = best else { break };
+        let Some(event) = iters[lane].next() else { break };
+        if lane == 0 {
+            map.push(out.len());
+        }
+        out.push(event);
+    }
+    (out, map)
+}
+
+/// State of reading one transcript file.
+struct FileImporter {
+    file: String,
+    /// Lane of every record of a subagent file; `None` for the main file.
+    file_lane: Option<String>,
+    origin_ms: Option<i64>,
+    last_time_ms: u64,
+    events: Vec<Event>,
+    /// `message.id` → index of its merged `model_reply`.
+    reply_index: BTreeMap<String, usize>,
+    seen_uuids: BTreeSet<String>,
+    chain: BTreeMap<String, ChainNode>,
+    /// The last compaction event, waiting for its summary message.
+    pending_compaction: Option<usize>,
+    /// `agentId` → the Task tool_use that started it (from `agent_progress` records).
+    agent_tool_use: BTreeMap<String, String>,
+    session_id: Option<String>,
+    cwd: Option<String>,
+    versions: Vec<String>,
+    metadata: Map<String, Value>,
+    lines: usize,
+    records_by_type: BTreeMap<String, usize>,
+    unknown_by_type: BTreeMap<String, usize>,
+    duplicates: usize,
+    chunks_merged: usize,
+    warnings: Warnings,
+}
+
+impl FileImporter {
+    fn new(file: &str, file_lane: Option<String>, origin_ms: Option<i64>) -> Self {
+        FileImporter {
+            file: file.to_owned(),
+            file_lane,
+            origin_ms,
+            last_time_ms: 0,
+            events: Vec::new(),
+            reply_index: BTreeMap::new(),
+            seen_uuids: BTreeSet::new(),
+            chain: BTreeMap::new(),
+            pending_compaction: None,
+            agent_tool_use: BTreeMap::new(),
+            session_id: None,
+            cwd: None,
+            versions: Vec::new(),
+            metadata: Map::new(),
+            lines: 0,
+            records_by_type: BTreeMap::new(),
+            unknown_by_type: BTreeMap::new(),
+            duplicates: 0,
+            chunks_merged: 0,
+            warnings: Warnings::default(),
+        }
+    }
+
+    fn read<R: BufRead>(&mut self, reader: R) -> Result<(), ImportError> {
+        for line in RawLines::new(reader) {
+            let line = line.map_err(|source| ImportError::Read { file: self.file.clone(), source })?;
+            self.lines = line.number;
+            if line.is_blank() {
+                continue;
+            }
+            match parse_line::<Value>(&line.bytes) {
+                Ok(Value::Object(record)) => self.record(record, line.number),
+                Ok(other) => self.warn(
+                    WarningKind::BadLine,
+                    line.number,
+                    None,
+                    format!("expected a JSON object, found {}", kind_of(&other)),
+                ),
+                Err((path, message)) => self.warn(line.failure_kind(), line.number, path, message),
+            }
+        }
+        Ok(())
+    }
+
+    fn warn(&mut self, kind: WarningKind, line: usize, path: Option<String>, message: String) {
+        self.warnings.push(LineWarning { kind, file: self.file.clone(), line, path, message });
+    }
+
+    fn record(&mut self, record: Map<String, Value>, line: usize) {
+        let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
+            self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
+            return;
+        };
+        let subtype = record.get("subtype").and_then(Value::as_str);
+        let key = match subtype {
+            Some(sub) if kind == "system" => format!("system:{sub}"),
+            _ => kind.clone(),
+        };
+        *self.records_by_type.entry(key).or_default() += 1;
+
+        let uuid = record.get("uuid").and_then(Value::as_str).map(str::to_owned);
+        if let Some(uuid) = &uuid {
+            // Resumed sessions can copy earlier records into a file again; count them once.
+            if !self.seen_uuids.insert(uuid.clone()) {
+                self.duplicates += 1;
+                return;
+            }
+        }
+        let time_ms = self.time_of(&record, line);
+        if self.session_id.is_none() {
+            self.session_id = record.get("sessionId").and_then(Value::as_str).map(str::to_owned);
+        }
+        if self.cwd.is_none() {
+            self.cwd = record.get("cwd").and_then(Value::as_str).map(str::to_owned);
+        }
+        let version = record.get("version").and_then(Value::as_str).map(str::to_owned);
+        if let Some(v) = &version
+            && !self.versions.contains(v) {
+                self.versions.push(v.clone());
+            }
+        let lane = self.lane_of(&record);
+        let first_event = self.events.len();
+        let mut merged_into: Option<usize> = None;
+
+        match kind.as_str() {
+            "user" => self.user(&record, line, time_ms, &lane, uuid.as_deref()),
+            "assistant" => merged_into = self.assistant(&record, line, time_ms, &lane, uuid.as_deref(), version),
+            "system" => self.system(&record, subtype.unwrap_or(""), time_ms, &lane, uuid.as_deref()),
+            "attachment" => {
+                let attachment = record.get("attachment").cloned().unwrap_or(Value::Null);
+                let attachment_type =
+                    attachment.get("type").and_then(Value::as_str).unwrap_or("unknown").to_owned();
+                self.push(EventKind::Attachment(Attachment { attachment_type, payload: attachment }), time_ms, &lane, uuid.as_deref());
+            }
+            "queue-operation" => {
+                let payload = strip_envelope(&record);
+                self.push(
+                    EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload }),
+                    time_ms,
+                    &lane,
+                    uuid.as_deref(),
+                );
+            }
+            "progress" => {
+                // Hook and bash progress are UI updates that never reach the model. Agent
+                // progress is kept only for the link from a subagent to its Task call.
+                let data = record.get("data");
+                if data.and_then(|d| d.get("type")).and_then(Value::as_str) == Some("agent_progress") {
+                    let agent = data.and_then(|d| d.get("agentId")).and_then(Value::as_str);
+                    let tool_use = record.get("parentToolUseID").and_then(Value::as_str);
+                    if let (Some(agent), Some(tool_use)) = (agent, tool_use) {
+                        self.agent_tool_use.entry(agent.to_owned()).or_insert_with(|| tool_use.to_owned());
+                    }
+                }
+            }
+            // File-history snapshots back up edited files for /rewind; not model context.
+            "file-history-snapshot" => {}
+            other if METADATA_TYPES.contains(&other) => {
+                self.metadata.insert(other.to_owned(), strip_envelope(&record));
+            }
+            other => {
+                *self.unknown_by_type.entry(other.to_owned()).or_default() += 1;
+                self.warn(WarningKind::Ignored, line, Some("type".into()), format!("unknown record type `{other}`; skipped"));
+            }
+        }
+
+        // Keep the parent graph even for records that produced no event (progress, system
+        // records without events), because the chain of the main thread runs through them.
+        if let Some(uuid) = uuid {
+            let parent = record.get("parentUuid").and_then(Value::as_str).map(str::to_owned);
+            let mut events: Vec<usize> = (first_event..self.events.len()).collect();
+            events.extend(merged_into);
+            self.chain.insert(uuid, ChainNode { parent, events });
+        }
+    }
+
+    fn time_of(&mut self, record: &Map<String, Value>, line: usize) -> u64 {
+        let Some(text) = record.get("timestamp").and_then(Value::as_str) else { return self.last_time_ms };
+        let ms = match text.parse::<jiff::Timestamp>() {
+            Ok(ts) => ts.as_millisecond(),
+            Err(e) => {
+                self.warn(WarningKind::BadLine, line, Some("timestamp".into()), format!("bad timestamp `{text}`: {e}; using the previous record's time"));
+                return self.last_time_ms;
+            }
+        };
+        let origin = *self.origin_ms.get_or_insert(ms);
+        // Records can be slightly out of order (queued operations, subagents that started
+        // before the main file's first record); time never goes below zero.
+        let time = u64::try_from(ms.saturating_sub(origin)).unwrap_or(0);
+        self.last_time_ms = time;
+        time
+    }
+
+    fn lane_of(&self, record: &Map<String, Value>) -> String {
+        if let Some(lane) = &self.file_lane {
+            return lane.clone();
+        }
+        if record.get("isSidechain").and_then(Value::as_bool) == Some(true) {
+            // Older Claude Code wrote subagent records into the main file, flagged as sidechain.
+            let agent = record.get("agentId").and_then(Value::as_str).unwrap_or("sidechain");
+            return lane_for_agent(agent);
+        }
+        LANE_MAIN.to_owned()
+    }
+
+    fn push(&mut self, kind: EventKind, time_ms: u64, lane: &str, uuid: Option<&str>) -> usize {
+        self.events.push(Event { kind, time_ms, lane: lane.to_owned(), uuid: uuid.map(str::to_owned) });
+        self.events.len() - 1
+    }
+
+    fn user(&mut self, record: &Map<String, Value>, line: usize, time_ms: u64, lane: &str, uuid: Option<&str>) {
+        let is_meta = record.get("isMeta").and_then(Value::as_bool).unwrap_or(false);
+        let is_compact_summary = record.get("isCompactSummary").and_then(Value::as_bool).unwrap_or(false);
+        let Some(content) = record.get("message").and_then(|m| m.get("content")) else {
+            self.warn(WarningKind::BadLine, line, Some("message.content".into()), "user record without message content; skipped".into());
+            return;
+        };
+        if is_compact_summary
+            && let Some(i) = self.pending_compaction.take()
+                && let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
+                    *summary = Some(text_of(content));
+                }
+        let items = match content {
+            Value::String(text) => {
+                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary });
+                self.push(kind, time_ms, lane, uuid);
+                return;
+            }
+            Value::Array(items) => items,
+            other => {
+                let message = format!("message.content must be a string or an array, found {}", kind_of(other));
+                self.warn(WarningKind::BadLine, line, Some("message.content".into()), message);
+                return;
+            }
+        };
+        let blocks = self.blocks(items, line, "message.content");
+        let tool_results = blocks.iter().filter(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
+        // The structured result belongs to the tool call when the record answers exactly one.
+        let mut structured = if tool_results == 1 { record.get("toolUseResult").cloned() } else { None };
+        let mut pending: Vec<ContentBlock> = Vec::new();
+        for block in blocks {
+            match block {
+                ContentBlock::ToolResult { tool_use_id, content, is_error, .. } => {
+                    self.flush_prompt(&mut pending, is_meta, is_compact_summary, time_ms, lane, uuid);
+                    let kind = EventKind::ToolResult(ToolResult {
+                        tool_use_id,
+                        content,
+                        is_error: is_error.unwrap_or(false),
+                        tool_use_result: structured.take(),
+                    });
+                    self.push(kind, time_ms, lane, uuid);
+                }
+                other => pending.push(other),
+            }
+        }
+        self.flush_prompt(&mut pending, is_meta, is_compact_summary, time_ms, lane, uuid);
+    }
+
+    fn flush_prompt(
+        &mut self,
+        pending: &mut Vec<ContentBlock>,
+        is_meta: bool,
+        is_compact_summary: bool,
+        time_ms: u64,
+        lane: &str,
+        uuid: Option<&str>,
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let content = MessageContent::Blocks(std::mem::take(pending));
+        self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary }), time_ms, lane, uuid);
+    }
+
+    /// Parses content blocks one by one so one bad block costs only itself.
+    fn blocks(&mut self, items: &[Value], line: usize, path: &str) -> Vec<ContentBlock> {
+        let mut blocks = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match ContentBlock::from_value(item.clone()) {
+                Ok(block) => blocks.push(block),
+                Err(message) => {
+                    self.warn(WarningKind::BadLine, line, Some(format!("{path}[{i}]")), format!("{message}; block skipped"))
+                }
+            }
+        }
+        blocks
+    }
+
+    /// Returns the index of the reply a continuation chunk was merged into.
+    fn assistant(
+        &mut self,
+        record: &Map<String, Value>,
+        line: usize,
+        time_ms: u64,
+        lane: &str,
+        uuid: Option<&str>,
+        version: Option<String>,
+    ) -> Option<usize> {
+        let Some(Value::Object(message)) = record.get("message") else {
+            self.warn(WarningKind::BadLine, line, Some("message".into()), "assistant record without a message object; skipped".into());
+            return None;
+        };
+        let content = match message.get("content") {
+            Some(Value::Array(items)) => self.blocks(items, line, "message.content"),
+            Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
+            _ => Vec::new(),
+        };
+        let usage = match message.get("usage") {
+            None | Some(Value::Null) => Usage::default(),
+            Some(value) => match serde_path_to_error::deserialize::<_, Usage>(value.clone()) {
+                Ok(usage) => usage,
+                Err(e) => {
+                    let path = format!("message.usage.{}", e.path());
+                    self.warn(WarningKind::BadLine, line, Some(path), format!("{}; usage taken as zero", e.into_inner()));
+                    Usage::default()
+                }
+            },
+        };
+        let stop_reason = match message.get("stop_reason") {
+            None | Some(Value::Null) => None,
+            Some(value) => match serde_json::from_value::<StopReason>(value.clone()) {
+                Ok(reason) => Some(reason),
+                Err(_) => {
+                    self.warn(WarningKind::BadLine, line, Some("message.stop_reason".into()), format!("unknown stop_reason {value}; left out"));
+                    None
+                }
+            },
+        };
+        let model = message.get("model").and_then(Value::as_str).unwrap_or("").to_owned();
+        let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
+        let request_id = record.get("requestId").and_then(Value::as_str).map(str::to_owned);
+        let thinking_text_stored = !content.iter().any(thinking_without_text);
+        let is_api_error = record.get("isApiErrorMessage").and_then(Value::as_bool).unwrap_or(false);
+
+        if let Some(id) = &message_id
+            && let Some(&index) = self.reply_index.get(id) {
+                if let EventKind::ModelReply(reply) = &mut self.events[index].kind {
+                    self.chunks_merged += 1;
+                    reply.content.extend(content);
+                    // Every chunk repeats the call's input-side usage; `output_tokens` is a
+                    // placeholder until the last chunk, so the largest value is the real one.
+                    let output_tokens = reply.usage.output_tokens.max(usage.output_tokens);
+                    reply.usage = usage;
+                    reply.usage.output_tokens = output_tokens;
+                    if stop_reason.is_some() {
+                        reply.stop_reason = stop_reason;
+                    }
+                    reply.thinking_text_stored &= thinking_text_stored;
+                    reply.is_api_error |= is_api_error;
+                    if reply.request_id.is_none() {
+                        reply.request_id = request_id;
+                    }
+                }
+                return Some(index);
+            }
+        let reply = ModelReply {
+            content,
+            stop_reason,
+            is_synthetic: model == "<synthetic>",
+            model,
+            version,
+            usage,
+            request_id,
+            message_id: message_id.clone(),
+            thinking_text_stored,
+            is_api_error,
+        };
+        let index = self.push(EventKind::ModelReply(reply), time_ms, lane, uuid);
+        if let Some(id) = message_id {
+            self.reply_index.insert(id, index);
+        }
+        None
+    }
+
+    fn system(&mut self, record: &Map<String, Value>, subtype: &str, time_ms: u64, lane: &str, uuid: Option<&str>) {
+        if subtype == "compact_boundary" {
+            let metadata = record.get("compactMetadata").cloned().unwrap_or(Value::Null);
+            let number = |key: &str| metadata.get(key).and_then(Value::as_u64);
+            let kind = EventKind::Compaction(Compaction {
+                trigger: metadata.get("trigger").and_then(Value::as_str).unwrap_or("unknown").to_owned(),
+                pre_tokens: number("preTokens"),
+                post_tokens: number("postTokens"),
+                summary: None,
+                metadata: metadata.clone(),
+            });
+            let index = self.push(kind, time_ms, lane, uuid);
+            self.pending_compaction = Some(index);
+            return;
+        }
+        let mut payload = strip_envelope(record);
+        if let Value::Object(map) = &mut payload {
+            map.remove("subtype");
+        }
+        let subtype = if subtype.is_empty() { "unknown" } else { subtype };
+        self.push(EventKind::SystemEvent(SystemEvent { subtype: subtype.to_owned(), payload }), time_ms, lane, uuid);
+    }
+
+    fn totals(&self) -> UsageTotals {
+        let mut totals = UsageTotals::default();
+        for event in &self.events {
+            if let EventKind::ModelReply(reply) = &event.kind {
+                totals.add(&reply.usage, reply.is_synthetic);
+            }
+        }
+        totals
+    }
+
+    fn add_to_report(&self, report: &mut ImportReport) {
+        report.lines += self.lines;
+        for (k, v) in &self.records_by_type {
+            *report.records_by_type.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &self.unknown_by_type {
+            *report.unknown_by_type.entry(k.clone()).or_default() += v;
+        }
+        report.duplicate_records += self.duplicates;
+        report.chunks_merged += self.chunks_merged;
+        for w in &self.warnings.list {
+            report.warnings.push(w.clone());
+        }
+        report.warnings.suppressed += self.warnings.suppressed;
+    }
+}
+
+fn thinking_without_text(block: &ContentBlock) -> bool {
+    matches!(block, ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() && !signature.is_empty())
+}
+
+fn strip_envelope(record: &Map<String, Value>) -> Value {
+    let mut map = record.clone();
+    for field in ENVELOPE_FIELDS {
+        map.remove(*field);
+    }
+    Value::Object(map)
+}
+
+/// The text of a message content value (string, or the text blocks of an array).
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,98 @@
+//! What an import saw and did, and how it can fail.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::format::{RecordingError, Warnings};
+use crate::api::Usage;
+
+/// Token sums over de-duplicated API calls, named like Entire's `token_usage` so the two can be
+/// compared field by field.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageTotals {
+    /// Merged calls, `<synthetic>` replies included (Entire counts them too).
+    pub api_call_count: u64,
+    /// Of those, replies the client wrote itself (no API call, zero usage).
+    pub synthetic_calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_creation_tokens: u64,
+}
+
+impl UsageTotals {
+    pub fn add(&mut self, usage: &Usage, is_synthetic: bool) {
+        self.api_call_count += 1;
+        self.synthetic_calls += u64::from(is_synthetic);
+        self.input_tokens += usage.input_tokens;
+        self.output_tokens += usage.output_tokens;
+        self.cache_read_tokens += usage.cache_read_input_tokens;
+        self.cache_creation_tokens += usage.cache_creation_input_tokens;
+    }
+}
+
+/// The result of an import, for the user and for tests.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImportReport {
+    pub input: String,
+    /// `claude-code`, `claude-trace`, `recording`.
+    pub format: String,
+    /// Lines read, over every file of the input (main transcript and subagent files).
+    pub lines: usize,
+    /// Records seen, by `type` (`system` records by `system:<subtype>`).
+    pub records_by_type: BTreeMap<String, usize>,
+    /// Record types the importer does not know; counted and skipped.
+    pub unknown_by_type: BTreeMap<String, usize>,
+    /// Records whose `uuid` had been seen before in the same file; skipped.
+    pub duplicate_records: usize,
+    /// Transcript lines folded into an earlier line's call (streamed chunks).
+    pub chunks_merged: usize,
+    /// Events (recordings) or requests (request logs) written.
+    pub events: usize,
+    pub calls: usize,
+    /// Requests of a request log that were not `POST /v1/messages`; skipped.
+    pub skipped_requests: usize,
+    /// Usage sums over the calls of the main transcript file (every lane in it).
+    pub totals_main_file: UsageTotals,
+    /// Usage sums over every call, subagent files included.
+    pub totals_all: UsageTotals,
+    pub totals_by_lane: BTreeMap<String, UsageTotals>,
+    pub subagent_files: Vec<String>,
+    pub warnings: Warnings,
+}
+
+impl ImportReport {
+    pub fn new(input: &str, format: &str) -> Self {
+        ImportReport { input: input.to_owned(), format: format.to_owned(), ..ImportReport::default() }
+    }
+
+    /// Adds another file's counts and warnings (a subagent file's) to this report.
+    pub(crate) fn absorb(&mut self, other: ImportReport) {
+        self.lines += other.lines;
+        for (k, v) in other.records_by_type {
+            *self.records_by_type.entry(k).or_default() += v;
+        }
+        for (k, v) in other.unknown_by_type {
+            *self.unknown_by_type.entry(k).or_default() += v;
+        }
+        self.duplicate_records += other.duplicate_records;
+        self.chunks_merged += other.chunks_merged;
+        for w in other.warnings.list {
+            self.warnings.push(w);
+        }
+        self.warnings.suppressed += other.warnings.suppressed;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("failed to read {file}: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("failed to detect the format of {file}: {message}")]
+    Detect { file: String, message: String },
+    #[error("failed to import {file}: {message}")]
+    Unsupported { file: String, message: String },
+    #[error(transparent)]
+    Recording(#[from] RecordingError),
+}

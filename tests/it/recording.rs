@@ -1,0 +1,532 @@
+//! Recording format, Claude Code transcript import and claude-trace conversion, on the real
+//! public data in `../shared/realdata`.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use ctxsim::api::{ContentBlock, MessageContent, Request, Role, Usage};
+use ctxsim::recording::{
+    self, Attachment, Compaction, Event, EventKind, Header, InputFormat, ModelReply, Recording, SystemEvent,
+    TimeAdvance, ToolResult, UsageTotals, UserPrompt, WarningKind,
+};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn realdata() -> PathBuf {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/realdata")).to_path_buf()
+}
+
+/// Every main session transcript of the real data (subagent files are reached through them).
+fn transcripts() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = walkdir::WalkDir::new(realdata().join("transcripts"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|e| e.into_path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.components().any(|c| c.as_os_str() == "subagents"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "expected the real transcripts, found {files:?}");
+    files
+}
+
+fn trace_capture() -> PathBuf {
+    realdata().join("api_captures/claude-trace/test-traffic.jsonl")
+}
+
+/// Reads a recording from text and checks which lines were reported, and how.
+fn check_read(text: &str, expect_events: usize, expect_warnings: &[(usize, WarningKind)]) -> recording::ReadRecording {
+    let read = recording::read_recording_from(Cursor::new(text.as_bytes()), "test.jsonl").expect("header is fine");
+    let got: Vec<(usize, WarningKind)> = read.warnings.list.iter().map(|w| (w.line, w.kind)).collect();
+    assert_eq!(got, expect_warnings, "warnings: {:#?}", read.warnings.list);
+    assert_eq!(read.recording.events.len(), expect_events);
+    read
+}
+
+fn sample_recording() -> Recording {
+    let mut header = Header::new("scenario");
+    header.session_id = Some("s1".into());
+    let reply = ModelReply {
+        content: vec![ContentBlock::text("hi"), ContentBlock::tool_use("toolu_1", "Read", json!({"file_path": "a.rs"}))],
+        stop_reason: Some(ctxsim::api::StopReason::ToolUse),
+        model: "claude-sonnet-4-5".into(),
+        version: Some("2.1.39".into()),
+        usage: Usage { input_tokens: 3, cache_read_input_tokens: 100, output_tokens: 9, ..Usage::default() },
+        request_id: Some("req_1".into()),
+        message_id: Some("msg_1".into()),
+        thinking_text_stored: true,
+        is_synthetic: false,
+        is_api_error: false,
+    };
+    let mut sub = Event::new(EventKind::Time(TimeAdvance { advance_ms: 500 }), 1500);
+    sub.lane = "subagent:a1".into();
+    Recording {
+        header,
+        events: vec![
+            Event::new(
+                EventKind::UserPrompt(UserPrompt { content: MessageContent::Text("read a.rs".into()), is_meta: false, is_compact_summary: false }),
+                0,
+            ),
+            Event::new(EventKind::ModelReply(reply), 1000),
+            Event::new(
+                EventKind::ToolResult(ToolResult {
+                    tool_use_id: "toolu_1".into(),
+                    content: Some(ctxsim::api::ToolResultContent::Text("fn main() {}".into())),
+                    is_error: false,
+                    tool_use_result: None,
+                }),
+                1200,
+            ),
+            sub,
+            Event::new(
+                EventKind::Compaction(Compaction {
+                    trigger: "auto".into(),
+                    pre_tokens: Some(155068),
+                    post_tokens: None,
+                    summary: Some("summary".into()),
+                    metadata: json!({"trigger": "auto", "preTokens": 155068}),
+                }),
+                2000,
+            ),
+            Event::new(EventKind::SystemEvent(SystemEvent { subtype: "turn_duration".into(), payload: json!({"durationMs": 5}) }), 2100),
+            Event::new(EventKind::Attachment(Attachment { attachment_type: "date_change".into(), payload: json!({"type": "date_change"}) }), 2200),
+        ],
+    }
+}
+
+fn recording_text(recording: &Recording) -> String {
+    let mut out = Vec::new();
+    recording::write_recording_to(recording, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recording format
+
+#[test]
+fn recording_round_trips_through_file() {
+    let original = sample_recording();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.jsonl");
+    recording::write_recording(&path, &original).unwrap();
+    let read = recording::read_recording(&path).unwrap();
+    assert!(read.warnings.is_empty(), "{:?}", read.warnings);
+    assert_eq!(read.recording, original);
+    // Only the destination is left behind: the temporary file was renamed, not copied.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "not the temporary file's owner-only mode");
+    }
+    let first = std::fs::read_to_string(&path).unwrap();
+    assert!(first.starts_with(r#"{"ctxsim_recording":1,"source":"scenario","session_id":"s1""#), "{first}");
+    assert!(first.lines().nth(1).unwrap().starts_with(r#"{"event":"user_prompt""#));
+}
+
+#[test]
+fn recording_reader_skips_bad_line_and_names_path() {
+    let mut lines: Vec<String> = recording_text(&sample_recording()).lines().map(str::to_owned).collect();
+    // Line 3 (the model reply): a string where usage wants a number.
+    lines[2] = lines[2].replace(r#""input_tokens":3"#, r#""input_tokens":"three""#);
+    let text = lines.join("\n") + "\n";
+    let read = check_read(&text, 6, &[(3, WarningKind::BadLine)]);
+    let warning = read.warnings.first_bad_line().unwrap();
+    assert_eq!(warning.path.as_deref(), Some("usage.input_tokens"), "{warning}");
+    assert!(warning.to_string().starts_with("test.jsonl:3: skipped bad line at `usage.input_tokens`"), "{warning}");
+}
+
+#[test]
+fn recording_reader_reports_truncated_tail() {
+    let text = recording_text(&sample_recording());
+    let cut = &text[..text.len() - 10];
+    check_read(cut, 6, &[(8, WarningKind::TruncatedTail)]);
+}
+
+#[test]
+fn recording_reader_unknown_event_is_bad_line() {
+    let text = recording_text(&sample_recording()) + "{\"event\":\"teleport\",\"time_ms\":5}\n\n";
+    let read = check_read(&text, 7, &[(9, WarningKind::BadLine)]);
+    assert!(read.warnings.list[0].message.contains("teleport"), "{}", read.warnings.list[0]);
+}
+
+#[test]
+fn recording_reader_header_errors_are_fatal_and_named() {
+    let err = recording::read_recording_from(Cursor::new(b"\n\n".as_slice()), "e.jsonl").unwrap_err();
+    assert!(err.to_string().contains("e.jsonl: the file is empty"), "{err}");
+    let err = recording::read_recording_from(Cursor::new(br#"{"ctxsim_recording":1}"#.as_slice()), "h.jsonl").unwrap_err();
+    assert!(err.to_string().contains("h.jsonl:1: bad header"), "{err}");
+    assert!(err.to_string().contains("source"), "{err}");
+    let err = recording::read_recording_from(Cursor::new(br#"{"ctxsim_recording":7,"source":"x"}"#.as_slice()), "v.jsonl")
+        .unwrap_err();
+    assert!(err.to_string().contains("unsupported recording version 7"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claude Code transcripts
+
+/// Entire's `metadata.json` beside its transcripts carries the session's billed totals; the
+/// importer's de-duplicated sums must equal them exactly.
+#[test]
+fn recording_claude_code_totals_match_entire_metadata() {
+    let dir = realdata().join("transcripts/entireio-cli");
+    let mut checked = 0;
+    for transcript in transcripts().into_iter().filter(|p| p.starts_with(&dir)) {
+        let name = transcript.file_name().unwrap().to_str().unwrap();
+        let meta_path = dir.join(name.replace(".full.jsonl", ".metadata.json"));
+        let meta: Value = serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+        let Some(expected) = meta.get("token_usage").filter(|t| !t.is_null()) else { continue };
+        let session = recording::import_claude_code(&transcript).unwrap();
+        let got: &UsageTotals = &session.report.totals_main_file;
+        let field = |k: &str| expected[k].as_u64().unwrap();
+        assert_eq!(
+            (got.input_tokens, got.output_tokens, got.cache_read_tokens, got.cache_creation_tokens, got.api_call_count),
+            (
+                field("input_tokens"),
+                field("output_tokens"),
+                field("cache_read_tokens"),
+                field("cache_creation_tokens"),
+                field("api_call_count")
+            ),
+            "{name}: importer totals {got:?} vs metadata {expected}"
+        );
+        // No subagent files beside these, so the main file is the whole session.
+        assert_eq!(session.report.totals_all, *got);
+        checked += 1;
+    }
+    assert_eq!(checked, 3, "three of the Entire sessions carry token_usage");
+}
+
+#[test]
+fn recording_claude_code_imports_every_real_transcript() {
+    for path in transcripts() {
+        let session = recording::import_claude_code(&path).unwrap();
+        let report = &session.report;
+        let name = path.display();
+        assert!(report.warnings.first_bad_line().is_none(), "{name}: {:#?}", report.warnings.list);
+        assert!(report.unknown_by_type.is_empty(), "{name}: {:?}", report.unknown_by_type);
+        assert!(report.calls > 0 && report.chunks_merged > 0, "{name}: {report:?}");
+        assert_eq!(recording::detect_format(&path).unwrap(), InputFormat::ClaudeCode, "{name}");
+
+        let events = &session.recording.events;
+        // One model_reply per distinct message id, and only one.
+        let mut ids: Vec<&str> = session.calls.iter().filter_map(|c| c.message_id.as_deref()).collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "{name}: a message id was split over several replies");
+        // Every tool_use of a main-lane reply is answered by a tool_result later, except
+        // possibly the last ones of the session (cut off) and interrupted calls.
+        let answered: std::collections::BTreeSet<&str> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ToolResult(ToolResult { tool_use_id, .. }) => Some(tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let tool_uses: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ModelReply(r) => Some(r.content.iter()),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|b| match b {
+                ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let unanswered = tool_uses.iter().filter(|id| !answered.contains(**id)).count();
+        assert!(unanswered <= 3, "{name}: {unanswered} of {} tool_uses unanswered", tool_uses.len());
+        // Time zero is the first record (which may be a hook progress record, not an event);
+        // the header keeps it as an absolute time.
+        assert!(events.last().unwrap().time_ms > 0, "{name}");
+        assert!(session.recording.header.start_epoch_ms.unwrap() > 1_700_000_000_000);
+
+        // Compactions carry their trigger and the summary that followed them.
+        let compactions: Vec<&EventKind> =
+            events.iter().map(|e| &e.kind).filter(|k| matches!(k, EventKind::Compaction(_))).collect();
+        assert_eq!(compactions.len(), report.records_by_type.get("system:compact_boundary").copied().unwrap_or(0));
+        for c in compactions {
+            let EventKind::Compaction(Compaction { trigger, pre_tokens, summary, .. }) = c else { unreachable!() };
+            assert!(trigger == "auto" || trigger == "manual", "{name}: {trigger}");
+            assert!(pre_tokens.unwrap() > 10_000);
+            assert!(summary.as_deref().is_some_and(|s| s.len() > 100), "{name}: compaction without summary");
+        }
+
+        // The written recording reads back to the same thing.
+        let text = recording_text(&session.recording);
+        let read = recording::read_recording_from(Cursor::new(text.as_bytes()), "rt").unwrap();
+        assert!(read.warnings.is_empty(), "{name}: {:?}", read.warnings.list.first());
+        assert_eq!(read.recording, session.recording, "{name}: round trip");
+    }
+}
+
+#[test]
+fn recording_claude_code_merges_streamed_chunks() {
+    // Three lines of one call, a tool result between the 2nd and 3rd (parallel tool calls run
+    // while the reply still streams), placeholder output tokens until the last line.
+    let lines = [
+        json!({"type":"user","uuid":"u1","parentUuid":null,"timestamp":"2026-01-01T00:00:00Z","message":{"role":"user","content":"go"}}),
+        json!({"type":"assistant","uuid":"a1","parentUuid":"u1","timestamp":"2026-01-01T00:00:01Z","requestId":"req_1","version":"2.1.39",
+               "message":{"id":"msg_1","model":"claude-opus-4-6","content":[{"type":"thinking","thinking":"","signature":"sig"}],
+                          "stop_reason":null,"usage":{"input_tokens":3,"cache_read_input_tokens":900,"cache_creation_input_tokens":50,"output_tokens":1}}}),
+        json!({"type":"assistant","uuid":"a2","parentUuid":"a1","timestamp":"2026-01-01T00:00:02Z","requestId":"req_1",
+               "message":{"id":"msg_1","model":"claude-opus-4-6","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{}}],
+                          "stop_reason":null,"usage":{"input_tokens":3,"cache_read_input_tokens":900,"cache_creation_input_tokens":50,"output_tokens":1}}}),
+        json!({"type":"user","uuid":"r1","parentUuid":"a2","timestamp":"2026-01-01T00:00:03Z","toolUseResult":{"stdout":"ok"},
+               "message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}}),
+        json!({"type":"assistant","uuid":"a3","parentUuid":"r1","timestamp":"2026-01-01T00:00:04Z","requestId":"req_1",
+               "message":{"id":"msg_1","model":"claude-opus-4-6","content":[{"type":"tool_use","id":"t2","name":"Bash","input":{}}],
+                          "stop_reason":"tool_use","usage":{"input_tokens":3,"cache_read_input_tokens":900,"cache_creation_input_tokens":50,"output_tokens":77}}}),
+        json!({"type":"user","uuid":"r2","parentUuid":"a3","timestamp":"2026-01-01T00:00:05Z",
+               "message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t2","content":"ok2","is_error":true}]}}),
+        json!({"type":"assistant","uuid":"a4","parentUuid":"r2","timestamp":"2026-01-01T00:00:06Z","requestId":"req_2",
+               "message":{"id":"msg_2","model":"claude-opus-4-6","content":[{"type":"text","text":"done"}],
+                          "stop_reason":"end_turn","usage":{"input_tokens":1,"cache_read_input_tokens":1000,"output_tokens":5}}}),
+        json!({"type":"mystery-record","x":1}),
+    ];
+    let text: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+    let session = recording::import_claude_code_from(Cursor::new(text.into_bytes()), "mem.jsonl").unwrap();
+    let calls = &session.calls;
+    assert_eq!(calls.len(), 2);
+    let c = &calls[0];
+    assert_eq!((c.usage.input_tokens, c.usage.cache_read_input_tokens, c.usage.output_tokens), (3, 900, 77));
+    assert_eq!((c.content_blocks, c.tool_uses, c.thinking_text_stored), (3, 2, false));
+    assert_eq!(c.version.as_deref(), Some("2.1.39"));
+    assert_eq!(c.time_ms, 1000);
+    assert_eq!(session.report.chunks_merged, 2);
+    assert_eq!(session.report.unknown_by_type.get("mystery-record"), Some(&1));
+    let ignored = &session.report.warnings.list[0];
+    assert_eq!((ignored.line, ignored.kind), (8, WarningKind::Ignored));
+
+    let names: Vec<&str> = session.recording.events.iter().map(Event::name).collect();
+    assert_eq!(names, ["user_prompt", "model_reply", "tool_result", "tool_result", "model_reply"]);
+
+    // The second call saw: the prompt, the merged reply, both tool results in one message.
+    let messages = session.messages_for_call(&calls[1]);
+    let shape: Vec<(Role, Vec<&str>)> = messages
+        .iter()
+        .map(|m| (m.role, match &m.content {
+            MessageContent::Blocks(b) => b.iter().map(ContentBlock::kind).collect(),
+            MessageContent::Text(_) => vec!["string"],
+        }))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (Role::User, vec!["text"]),
+            (Role::Assistant, vec!["thinking", "tool_use", "tool_use"]),
+            (Role::User, vec!["tool_result", "tool_result"]),
+        ]
+    );
+    assert!(session.messages_for_call(&calls[0]).len() == 1);
+}
+
+#[test]
+fn recording_claude_code_subagents_become_lanes() {
+    let path = realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let session = recording::import_claude_code(&path).unwrap();
+    let lanes: Vec<&str> = session.report.totals_by_lane.keys().map(String::as_str).collect();
+    assert_eq!(lanes, ["compact", "main", "subagent:a881341"]);
+    assert_eq!(session.report.totals_by_lane["subagent:a881341"].api_call_count, 3);
+    assert_eq!(session.report.totals_by_lane["compact"].api_call_count, 1);
+    assert_eq!(session.report.subagent_files.len(), 2);
+    let sub = session.recording.header.subagents.iter().find(|s| s.agent_id == "a881341").unwrap();
+    assert!(sub.tool_use_id.is_some(), "agent_progress links the subagent to its Task call: {sub:?}");
+    // Subagent events are merged in time order; the main lane keeps its own order.
+    let times: Vec<u64> = session.recording.events.iter().filter(|e| e.lane == "subagent:a881341").map(|e| e.time_ms).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]));
+    let total = session.report.totals_all;
+    let main = session.report.totals_main_file;
+    assert!(total.api_call_count == main.api_call_count + 4 && total.input_tokens > main.input_tokens);
+}
+
+/// The rebuilt message list of each main-lane call is a valid conversation: it starts with a
+/// user message, roles alternate, and after a compaction it restarts from the summary.
+#[test]
+fn recording_claude_code_reconstructs_what_each_call_saw() {
+    for path in transcripts() {
+        let session = recording::import_claude_code(&path).unwrap();
+        let name = path.display();
+        let mut previous_len = 0;
+        let mut restarts = 0;
+        for call in session.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic) {
+            let messages = session.messages_for_call(call);
+            assert!(!messages.is_empty(), "{name}: call {} saw nothing", call.index);
+            assert_eq!(messages[0].role, Role::User, "{name}: call {}", call.index);
+            assert!(messages.windows(2).all(|w| w[0].role != w[1].role), "{name}: call {}", call.index);
+            if messages.len() < previous_len {
+                restarts += 1;
+            }
+            previous_len = messages.len();
+            // The body would parse as a Messages API request.
+            let body = json!({"model": call.model, "max_tokens": 1, "messages": messages});
+            serde_json::from_value::<Request>(body).unwrap();
+        }
+        let compactions = session.report.records_by_type.get("system:compact_boundary").copied().unwrap_or(0);
+        assert!(restarts >= compactions, "{name}: {restarts} restarts for {compactions} compactions");
+    }
+}
+
+#[test]
+fn recording_import_writes_recording_and_detects_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let transcript = transcripts().into_iter().next().unwrap();
+    let out = dir.path().join("session.ctxsim.jsonl");
+    let report = recording::import(&transcript, None, &out).unwrap();
+    assert_eq!(recording::detect_format(&out).unwrap(), InputFormat::Recording);
+    let read = recording::read_recording(&out).unwrap();
+    assert_eq!(read.recording.events.len(), report.events);
+    assert_eq!(recording::recorded_calls(&read.recording).len(), report.calls);
+
+    // Importing twice gives the same bytes (no clock, no hash-map order in the output).
+    let twice = dir.path().join("twice.jsonl");
+    recording::import(&transcript, Some(InputFormat::ClaudeCode), &twice).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&twice).unwrap());
+
+    // Re-importing a recording gives the same bytes.
+    let again = dir.path().join("again.jsonl");
+    recording::import(&out, None, &again).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+
+    let log = dir.path().join("log.jsonl");
+    let report = recording::import(&trace_capture(), None, &log).unwrap();
+    assert_eq!(report.format, "claude-trace");
+    assert_eq!(recording::detect_format(&log).unwrap(), InputFormat::RequestLog);
+    let err = recording::import(&log, None, &dir.path().join("x")).unwrap_err();
+    assert!(err.to_string().contains("ctxsim analyze"), "{err}");
+
+    let junk = dir.path().join("junk.txt");
+    std::fs::write(&junk, "\n  \nhello\n").unwrap();
+    let err = recording::detect_format(&junk).unwrap_err();
+    assert!(err.to_string().contains("junk.txt") && err.to_string().contains("line 3"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// claude-trace capture
+
+#[test]
+fn recording_claude_trace_converts_all_64_requests() {
+    let path = trace_capture();
+    assert_eq!(recording::detect_format(&path).unwrap(), InputFormat::ClaudeTrace);
+    let file = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+    let converted = recording::convert_claude_trace(file, "test-traffic.jsonl").unwrap();
+    assert!(converted.report.warnings.is_empty(), "{:#?}", converted.report.warnings);
+    assert_eq!(converted.entries.len(), 64);
+    assert_eq!(converted.report.skipped_requests, 0);
+    for (i, entry) in converted.entries.iter().enumerate() {
+        serde_json::from_value::<Request>(entry.body.clone()).unwrap_or_else(|e| panic!("line {}: {e}", i + 1));
+        assert!(entry.usage.is_some(), "line {}: no usage", i + 1);
+    }
+    assert_eq!(converted.entries[0].time_ms, 0);
+    assert!(converted.entries.windows(2).all(|w| w[0].time_ms <= w[1].time_ms));
+    // The first streamed reply: input side from message_start, output from message_delta.
+    let streamed = converted.entries.iter().find(|e| e.body["stream"] == json!(true)).unwrap();
+    assert!(streamed.usage.as_ref().unwrap().output_tokens > 2);
+    // Written lines have the request-log shape of CONTRACT.md.
+    let mut out = Vec::new();
+    recording::write_request_log_to(&converted.entries, &mut out).unwrap();
+    let first: Value = serde_json::from_slice(out.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    let keys: Vec<&String> = first.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["time_ms", "body", "usage"]);
+}
+
+#[test]
+fn recording_claude_trace_skips_other_endpoints() {
+    let lines = [
+        json!({"request":{"timestamp":10.0,"method":"POST","url":"https://api.anthropic.com/v1/messages/count_tokens","body":{}},"response":{}}),
+        json!({"request":{"timestamp":11.5,"method":"POST","url":"https://api.anthropic.com/v1/messages?beta=true",
+               "body":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}},
+               "response":{"body_raw":"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":42}}\n"}}),
+    ];
+    let mut text: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+    text.push_str("{\"request\": {\"times");
+    let converted = recording::convert_claude_trace(Cursor::new(text.into_bytes()), "t.jsonl").unwrap();
+    assert_eq!(converted.report.skipped_requests, 1);
+    assert_eq!(converted.entries.len(), 1);
+    let usage = converted.entries[0].usage.as_ref().unwrap();
+    assert_eq!((usage.input_tokens, usage.output_tokens), (7, 42));
+    let w = converted.report.warnings.first_bad_line().unwrap();
+    assert_eq!((w.line, w.kind), (3, WarningKind::TruncatedTail));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Robustness: no input makes a reader panic, and a broken line is always reported.
+
+fn transcript_sample() -> String {
+    let path = realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    std::fs::read_to_string(path).unwrap()
+}
+
+/// Replaces line `at` (modulo the line count) with `garbage` (made non-JSON), or cuts the text
+/// at byte `cut` (modulo its length, moved to a char boundary). Returns the new text and the
+/// 1-based line that must be reported, if any.
+fn damage(text: &str, garbage: Option<(usize, String)>, cut: Option<usize>) -> (String, Option<(usize, WarningKind)>) {
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    if let Some((at, garbage)) = garbage {
+        // Keep line 1 (a recording's header) intact; header damage is a fatal error by design.
+        let at = 1 + at % (lines.len() - 1);
+        lines[at] = format!("#{}", garbage.replace('\n', " "));
+        return (lines.join("\n") + "\n", Some((at + 1, WarningKind::BadLine)));
+    }
+    let text = lines.join("\n") + "\n";
+    let first_line_end = text.find('\n').unwrap() + 1;
+    let mut cut = first_line_end + cut.unwrap_or(0) % (text.len() - first_line_end);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let kept = &text[..cut];
+    // A cut inside a line (not right after a newline) leaves an unterminated partial object.
+    if kept.ends_with('\n') || kept.is_empty() {
+        return (kept.to_owned(), None);
+    }
+    let line = kept.matches('\n').count() + 1;
+    let partial = &kept[kept.rfind('\n').map_or(0, |i| i + 1)..];
+    if partial.trim().is_empty() {
+        return (kept.to_owned(), None);
+    }
+    (kept.to_owned(), Some((line, WarningKind::TruncatedTail)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn recording_reader_never_panics_and_reports_damage(
+        garbage in proptest::option::of((0usize..1000, ".{0,40}")),
+        cut in proptest::option::of(0usize..100_000),
+    ) {
+        let text = recording_text(&sample_recording());
+        let (damaged, expected) = damage(&text, garbage, cut);
+        let read = recording::read_recording_from(Cursor::new(damaged.as_bytes()), "p.jsonl").unwrap();
+        if let Some((line, kind)) = expected {
+            let first = read.warnings.first_bad_line();
+            prop_assert_eq!(first.map(|w| (w.line, w.kind)), Some((line, kind)), "{:?}", read.warnings);
+        } else {
+            prop_assert!(read.warnings.is_empty());
+        }
+    }
+
+    #[test]
+    fn recording_transcript_importer_never_panics_and_reports_damage(
+        garbage in proptest::option::of((0usize..1000, ".{0,40}")),
+        cut in proptest::option::of(0usize..300_000),
+    ) {
+        let (damaged, expected) = damage(&transcript_sample(), garbage, cut);
+        let session = recording::import_claude_code_from(Cursor::new(damaged.into_bytes()), "p.jsonl").unwrap();
+        let first = session.report.warnings.first_bad_line().map(|w| (w.line, w.kind));
+        prop_assert_eq!(first, expected);
+    }
+
+    #[test]
+    fn recording_readers_never_panic_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let mut with_header = br#"{"ctxsim_recording":1,"source":"x"}"#.to_vec();
+        with_header.push(b'\n');
+        with_header.extend_from_slice(&bytes);
+        let _ = recording::read_recording_from(Cursor::new(&with_header), "b");
+        let _ = recording::import_claude_code_from(Cursor::new(&bytes), "b");
+        let _ = recording::convert_claude_trace(Cursor::new(&bytes), "b");
+        let _ = recording::detect_format_from(Cursor::new(&bytes), "b");
+    }
+}
