@@ -10,4 +10,5 @@ pub mod recording;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod synth;
 pub mod world;

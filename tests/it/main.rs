@@ -3,6 +3,7 @@ mod agent_layers;
 mod analyze;
 mod cache;
 mod recording;
+mod requests;
 mod scenario;
 mod support;
 mod world;
