@@ -10,4 +10,5 @@ pub mod recording;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod strategy;
 pub mod world;
