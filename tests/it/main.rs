@@ -4,5 +4,6 @@ mod analyze;
 mod cache;
 mod recording;
 mod scenario;
+mod session;
 mod support;
 mod world;
