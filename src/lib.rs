@@ -10,5 +10,6 @@ pub mod recording;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod strategy;
 pub mod synth;
 pub mod world;

@@ -5,8 +5,10 @@
 //! main lane is one model call: the agent builds the request for the conversation as it
 //! stands, the request is measured at the current virtual time, and the scripted reply is
 //! appended (the clock advances by the reply's latency). Tool calls are executed at once and
-//! their results appended, so the next `assistant` step sees them. `wait`, `write_file` and
-//! `remove_file` act on the World between calls.
+//! their results appended, so the next `assistant` step sees them. `wait`, `write_file`,
+//! `remove_file` and the MCP steps act on the World between calls; the agent is the full
+//! [`Session`] of layers 1–5, and every event it journals reaches the measurer with the next
+//! request.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +17,8 @@ use crate::measure::{FlatRequest, MeasureInput, Measurer, RequestMetrics, Summar
 use crate::scenario::{Scenario, Step};
 use crate::world::World;
 
-use crate::agent::minimal::MinimalAgent;
+use crate::agent::session::Session;
+use crate::strategy::Strategy;
 
 /// Everything a run produced.
 #[derive(Debug, Clone)]
@@ -34,9 +37,9 @@ pub enum RunError {
 }
 
 /// Runs a scenario and measures every request.
-pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &str) -> Result<RunOutput, RunError> {
+pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<RunOutput, RunError> {
     let mut world = scenario.into_world();
-    let mut agent = MinimalAgent::new(&world);
+    let mut agent = Session::new(strategy, &world);
     let mut rows = Vec::new();
     let mut requests = Vec::new();
     let mut turn = 0u32;
@@ -47,10 +50,11 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &str
         match step {
             Step::User { text } => {
                 turn += 1;
-                agent.user_prompt(text);
+                agent.user_prompt(text, &mut world);
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
-                let request = agent.build_request();
+                let (request, events) = agent.build_request(&world);
+                pending_events.extend(events);
                 let reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
                 let first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
                 let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
@@ -63,6 +67,7 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &str
                 rows.push(row);
                 requests.push(request);
                 world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+                // Events of the reply's tools are kept by the session for the next request.
                 agent.apply_reply(&reply, &mut world);
             }
             Step::Assistant(_) => {}
@@ -77,9 +82,14 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &str
                 let path = absolute(&world, path);
                 world.fs.remove(&path, &world.clock).map_err(|e| err(i, e.to_string()))?;
             }
+            Step::McpConnect { server } => agent.mcp_connect(server, &mut world).map_err(|e| err(i, e))?,
+            Step::McpDisconnect { server } => agent.mcp_disconnect(server, &mut world).map_err(|e| err(i, e))?,
+            Step::McpListChanged { server, tools } => {
+                agent.mcp_list_changed(server, tools.clone(), &mut world).map_err(|e| err(i, e))?
+            }
         }
     }
-    let summary = Summary::from_rows(&scenario.file, strategy, measurer.counter().kind().name(), &rows, 0);
+    let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, 0);
     Ok(RunOutput { scenario: scenario.file.clone(), rows, requests, summary })
 }
 
@@ -88,7 +98,7 @@ fn absolute(world: &World, path: &str) -> String {
 }
 
 /// Runs a scenario twice and names the first request whose bytes differ.
-pub fn check_determinism(scenario: &Scenario, make_measurer: &dyn Fn() -> Measurer, strategy: &str) -> Result<Option<String>, RunError> {
+pub fn check_determinism(scenario: &Scenario, make_measurer: &dyn Fn() -> Measurer, strategy: &Strategy) -> Result<Option<String>, RunError> {
     let a = run_scenario(scenario, &mut make_measurer(), strategy)?;
     let b = run_scenario(scenario, &mut make_measurer(), strategy)?;
     for (i, (x, y)) in a.rows.iter().zip(&b.rows).enumerate() {

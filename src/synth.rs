@@ -65,7 +65,7 @@ pub fn growing_session(seed: u64, requests: usize, peak_tokens: u64, model: &str
         request.system = Some(SystemPrompt::Blocks(vec![SystemBlock::text(system.clone()).with_cache_control(Some(CacheControl::ephemeral()))]));
         request.tools = Some(tools.clone());
         request.messages = messages.clone();
-        crate::agent::minimal::mark_last_block(&mut request.messages);
+        crate::agent::normalize::mark_last_block(&mut request.messages, CacheControl::ephemeral());
         entries.push(LogEntry { line: i + 1, time_ms, body: request, lane: None, usage: None });
 
         // The model answers with a tool call (or, every tenth request, ends the turn and the user

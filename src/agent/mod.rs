@@ -4,7 +4,11 @@
 //! Layers 1–2 of a request (system blocks, tools) and the user-context message at messages[0].
 //! Every builder takes plain inputs and returns wire types; none does I/O.
 
-pub mod minimal;
+pub mod attachments;
+pub mod instructions;
+pub mod normalize;
+pub mod session;
+pub mod skills;
 pub mod profile;
 pub mod system_prompt;
 pub mod tools;

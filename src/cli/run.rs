@@ -42,6 +42,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut all_rows = Vec::new();
     let mut rendering = String::new();
     let mut failed_determinism = false;
+    let strategy = crate::strategy::Strategy::resolve(&args.strategy)?;
     for file in &files {
         let mut scenario = load_scenario(file)?;
         if let Some(seed) = args.seed {
@@ -50,13 +51,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         if args.check_determinism {
             let make = || measurer(&args.measure).expect("options were checked by the first run");
             measurer(&args.measure)?;
-            if let Some(difference) = check_determinism(&scenario, &make, &args.strategy)? {
+            if let Some(difference) = check_determinism(&scenario, &make, &strategy)? {
                 eprintln!("determinism: {difference}");
                 failed_determinism = true;
             }
         }
         let mut measurer = measurer(&args.measure)?;
-        let output = run_scenario(&scenario, &mut measurer, &args.strategy)?;
+        let output = run_scenario(&scenario, &mut measurer, &strategy)?;
         if let Some(dir) = &args.dump_requests {
             let dir = dir.join(stem(file));
             for (name, bytes) in dump_requests(&output) {

@@ -60,6 +60,10 @@ impl Scenario {
             context_window: spec.context_window,
             max_output_tokens: spec.max_output_tokens,
             tool_outputs,
+            mcp_servers: spec.mcp_servers.clone(),
+            hook_answers: spec.hook_answers.clone(),
+            claude_md_excludes: spec.settings.claude_md_excludes.clone(),
+            home: spec.home.clone(),
         }
     }
 }

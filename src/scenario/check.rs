@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 6] = ["user", "assistant", "tool_output", "wait", "write_file", "remove_file"];
+const KINDS: [&str; 9] = ["user", "assistant", "tool_output", "wait", "write_file", "remove_file", "mcp_connect", "mcp_disconnect", "mcp_list_changed"];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
 pub(crate) fn check(mut raw: RawScenario, file: &str) -> Result<Scenario, Problem> {
@@ -158,6 +158,9 @@ fn check_step(
         step.wait.is_some(),
         step.write_file.is_some(),
         step.remove_file.is_some(),
+        step.mcp_connect.is_some(),
+        step.mcp_disconnect.is_some(),
+        step.mcp_list_changed.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -187,6 +190,26 @@ fn check_step(
     }
     if let Some(wait) = step.wait {
         return Ok(Step::Wait { ms: wait.0 });
+    }
+    let known_server = |name: &str, field: &str| {
+        if world.mcp_servers.iter().any(|s| s.name == name) {
+            Ok(())
+        } else {
+            let names: Vec<&str> = world.mcp_servers.iter().map(|s| s.name.as_str()).collect();
+            Err(problem(here(field), format!("no MCP server `{name}` in `world.mcp_servers` (known: {})", names.join(", "))))
+        }
+    };
+    if let Some(server) = step.mcp_connect {
+        known_server(&server, "mcp_connect")?;
+        return Ok(Step::McpConnect { server });
+    }
+    if let Some(server) = step.mcp_disconnect {
+        known_server(&server, "mcp_disconnect")?;
+        return Ok(Step::McpDisconnect { server });
+    }
+    if let Some(spec) = step.mcp_list_changed {
+        known_server(&spec.server, "mcp_list_changed")?;
+        return Ok(Step::McpListChanged { server: spec.server, tools: spec.tools });
     }
     if let Some(spec) = step.write_file {
         let path = resolve(world, &spec.path).ok_or_else(|| problem(here("write_file"), "not a valid path"))?;

@@ -19,6 +19,13 @@
 //!     reply_tokens: 40             # default 40
 //!     summary_tokens: 2000         # default 2000, for lanes compact / session_memory
 //!     after_script_ends: false     # default false
+//!   home: /home/user               # config home is {home}/.claude (CLAUDE.md, skills, rules)
+//!   settings: {claudeMdExcludes: ["**/vendor/**"]}
+//!   mcp_servers:                   # scripted servers, configuration order
+//!     - {name: jira, instructions: "...", connected: false,
+//!        tools: [{name: search, description: "...", input_schema: {...}, always_load: false}]}
+//!   hook_answers:                  # scripted hooks: SessionStart, UserPromptSubmit, Pre/PostToolUse
+//!     - {event: PostToolUse, matcher: Read, additional_context: "..."}   # also stdout, decision, reason
 //! script:                          # ordered steps; each has exactly one kind key
 //!   - user: "Read main.rs"         # a prompt: the agent runs a turn
 //!   - assistant:                   # the model's next reply on a lane
@@ -36,6 +43,9 @@
 //!   - wait: 10m                    # virtual time passes: ms, or 250ms / 90s / 10m / 2h / 1h30m / 1d
 //!   - write_file: {path: src/lib.rs, content: "..."}   # the user edits a file
 //!   - remove_file: src/old.rs      # the user deletes a file or directory
+//!   - mcp_connect: jira            # a server of world.mcp_servers connects (late)
+//!   - mcp_disconnect: jira         # it disconnects
+//!   - mcp_list_changed: {server: jira, tools: [{name: search, description: ...}]}
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]
@@ -61,5 +71,5 @@ mod values;
 pub use duration::{DurationMs, parse_duration};
 pub use error::{Diagnostic, ScenarioError};
 pub use load::{load_scenario, parse_scenario};
-pub use schema::{AssistantStep, CompactionCounts, Expect, FallbackSpec, Scenario, Step, ToolOutput, WorldSpec};
+pub use schema::{AssistantStep, CompactionCounts, Expect, FallbackSpec, Scenario, SettingsSpec, Step, ToolOutput, WorldSpec};
 pub use values::{EnvValue, Rfc3339, TimeZoneName};

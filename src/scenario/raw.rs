@@ -39,6 +39,9 @@ pub(crate) struct RawStep {
     pub wait: Option<DurationMs>,
     pub write_file: Option<WriteFileSpec>,
     pub remove_file: Option<String>,
+    pub mcp_connect: Option<String>,
+    pub mcp_disconnect: Option<String>,
+    pub mcp_list_changed: Option<McpListChangedSpec>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,
@@ -103,6 +106,14 @@ pub(crate) struct ToolUseSpec {
 
 fn empty_object() -> Value {
     Value::Object(serde_json::Map::new())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct McpListChangedSpec {
+    pub server: String,
+    #[serde(default)]
+    pub tools: Vec<crate::world::McpToolDef>,
 }
 
 #[derive(Debug, Deserialize)]

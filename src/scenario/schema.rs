@@ -7,7 +7,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 
 use crate::api::{ContentBlock, StopReason, Usage};
-use crate::world::{Latency, Reply};
+use crate::world::{HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
 use super::values::{EnvValue, Rfc3339, TimeZoneName};
 
@@ -56,6 +56,31 @@ pub struct WorldSpec {
     /// When present, lanes without a script get synthesized replies instead of an error.
     #[serde(default)]
     pub fallback: Option<FallbackSpec>,
+    /// The user's home directory (config home `{home}/.claude`). Default `/home/user`.
+    #[serde(default = "default_home")]
+    pub home: String,
+    /// Settings the agent reads (the merged result of every settings level).
+    #[serde(default)]
+    pub settings: SettingsSpec,
+    /// Scripted MCP servers, in configuration order.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServer>,
+    /// Scripted hook answers, in settings order.
+    #[serde(default)]
+    pub hook_answers: Vec<HookAnswer>,
+}
+
+fn default_home() -> String {
+    "/home/user".to_owned()
+}
+
+/// `world.settings:` — the merged settings.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SettingsSpec {
+    /// `claudeMdExcludes`: globs of memory files to skip.
+    #[serde(default)]
+    pub claude_md_excludes: Vec<String>,
 }
 
 fn default_clock_start() -> Rfc3339 {
@@ -105,6 +130,12 @@ pub enum Step {
     WriteFile { path: String, content: String },
     /// `remove_file: path` — the user deletes a file or directory.
     RemoveFile { path: String },
+    /// `mcp_connect: name` — a server of `world.mcp_servers` connects.
+    McpConnect { server: String },
+    /// `mcp_disconnect: name` — a server disconnects.
+    McpDisconnect { server: String },
+    /// `mcp_list_changed: {server, tools}` — a server replaces its tools.
+    McpListChanged { server: String, tools: Vec<McpToolDef> },
 }
 
 impl Step {
@@ -117,6 +148,9 @@ impl Step {
             Step::Wait { .. } => "wait",
             Step::WriteFile { .. } => "write_file",
             Step::RemoveFile { .. } => "remove_file",
+            Step::McpConnect { .. } => "mcp_connect",
+            Step::McpDisconnect { .. } => "mcp_disconnect",
+            Step::McpListChanged { .. } => "mcp_list_changed",
         }
     }
 }

@@ -29,6 +29,7 @@ mod error;
 mod fs;
 mod model;
 mod rng;
+mod scripted;
 mod state;
 
 pub use clock::{Clock, parse_time_zone};
@@ -36,4 +37,5 @@ pub use error::WorldError;
 pub use fs::{Change, ChangeKind, DirEntry, FileEntry, LoadReport, VirtualFs, normalize_path};
 pub use model::{Fallback, Latency, Reply, ScriptedModel, Synthesis, estimate_output_tokens};
 pub use rng::Rng;
+pub use scripted::{HookAnswer, McpServer, McpToolDef};
 pub use state::{ScriptedToolOutput, World};

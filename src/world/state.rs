@@ -8,6 +8,7 @@ use super::clock::Clock;
 use super::fs::VirtualFs;
 use super::model::ScriptedModel;
 use super::rng::Rng;
+use super::scripted::{HookAnswer, McpServer};
 
 /// A scripted output for a tool the simulator does not execute itself (Bash, WebFetch, MCP
 /// tools), keyed by tool_use id in [`World::tool_outputs`].
@@ -36,6 +37,14 @@ pub struct World {
     pub max_output_tokens: Option<u64>,
     /// Scripted tool outputs by tool_use id.
     pub tool_outputs: BTreeMap<String, ScriptedToolOutput>,
+    /// Scripted MCP servers in configuration order, with their connection state.
+    pub mcp_servers: Vec<McpServer>,
+    /// Scripted hook answers, in settings order.
+    pub hook_answers: Vec<HookAnswer>,
+    /// `claudeMdExcludes` of the merged settings.
+    pub claude_md_excludes: Vec<String>,
+    /// The user's home directory (config home is `{home}/.claude`).
+    pub home: String,
 }
 
 impl World {
@@ -53,6 +62,10 @@ impl World {
             context_window: None,
             max_output_tokens: None,
             tool_outputs: BTreeMap::new(),
+            mcp_servers: Vec::new(),
+            hook_answers: Vec::new(),
+            claude_md_excludes: Vec::new(),
+            home: "/home/user".to_owned(),
         }
     }
 

@@ -5,5 +5,6 @@ mod cache;
 mod recording;
 mod requests;
 mod scenario;
+mod session;
 mod support;
 mod world;

@@ -5,6 +5,7 @@ use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::report::render::render_request;
 use ctxsim::runner::{check_determinism, flatten_all, run_scenario};
 use ctxsim::scenario::load_scenario;
+use ctxsim::strategy::Strategy;
 
 fn measurer() -> Measurer {
     Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe))
@@ -14,7 +15,7 @@ fn measurer() -> Measurer {
 pub fn render_scenario(path: &std::path::Path) -> String {
     let scenario = load_scenario(path).unwrap();
     let mut m = measurer();
-    let output = run_scenario(&scenario, &mut m, "claude-code").unwrap();
+    let output = run_scenario(&scenario, &mut m, &Strategy::default()).unwrap();
     let mut text = String::new();
     for (flat, row) in flatten_all(&output, &mut m).iter().zip(&output.rows) {
         text.push_str(&render_request(flat, row));
@@ -33,6 +34,6 @@ fn every_shipped_scenario_request_by_request() {
 fn every_shipped_scenario_is_deterministic() {
     insta::glob!("../../scenarios", "*.yaml", |path| {
         let scenario = load_scenario(path).unwrap();
-        assert_eq!(check_determinism(&scenario, &measurer, "claude-code").unwrap(), None);
+        assert_eq!(check_determinism(&scenario, &measurer, &Strategy::default()).unwrap(), None);
     });
 }

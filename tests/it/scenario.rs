@@ -51,6 +51,9 @@ fn steps(scenario: &Scenario) -> String {
             Step::Wait { ms } => format!("wait {ms}ms"),
             Step::WriteFile { path, content } => format!("write_file {path} {content:?}"),
             Step::RemoveFile { path } => format!("remove_file {path}"),
+            Step::McpConnect { server } => format!("mcp_connect {server}"),
+            Step::McpDisconnect { server } => format!("mcp_disconnect {server}"),
+            Step::McpListChanged { server, tools } => format!("mcp_list_changed {server} {}", tools.len()),
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -223,7 +226,7 @@ fn error_unknown_block_kind() {
 
 #[test]
 fn error_unknown_step_key() {
-    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
+    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
 }
 
 #[test]

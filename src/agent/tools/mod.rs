@@ -12,3 +12,5 @@ pub use pool::{
     ToolPool, ToolSearchMode, assemble_pool, code_unit_compare, deferred_tools_listing, locale_compare, mcp_tool_name,
     model_supports_tool_reference, normalize_name_for_mcp,
 };
+
+pub mod exec;

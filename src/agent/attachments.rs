@@ -1,0 +1,136 @@
+//! Context-bearing attachments (reference layers-1-5 §5.2): what each carries and how it is
+//! rendered for the API. Placement and merging (bubbling to the top of a human turn, folding
+//! into a string tool_result) belong to [`crate::agent::normalize`].
+//!
+//! Wrapper shapes (`<system-reminder>`, `Contents of {path}:`, `{hookName} hook additional
+//! context:`, `### Skill: {name}`) are the reference's; every sentence is our own writing.
+
+use crate::api::ContentBlock;
+
+/// `<system-reminder>\n{x}\n</system-reminder>` (37 characters of overhead).
+pub fn system_reminder(text: &str) -> String {
+    format!("<system-reminder>\n{text}\n</system-reminder>")
+}
+
+/// A todo item as TodoWrite stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Todo {
+    pub content: String,
+    pub status: String,
+}
+
+/// An invoked skill remembered for re-attachment after compaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvokedSkill {
+    pub name: String,
+    pub path: String,
+    pub content: String,
+}
+
+/// One attachment. Kinds that are not API-visible in the reference are not modelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attachment {
+    /// A CLAUDE.md or rule injected when a file under its directory (or matching its `paths`)
+    /// was read.
+    NestedMemory { path: String, content: String },
+    /// Skills not yet announced, already formatted within the budget.
+    SkillListing { listing: String },
+    /// Deferred tool names added to / removed from the announced set (delta mode).
+    DeferredToolsDelta { added: Vec<String>, removed: Vec<String> },
+    /// MCP server instructions added / removed (delta mode), sorted by server name.
+    McpInstructionsDelta { added: Vec<(String, String)>, removed: Vec<String> },
+    /// `additionalContext` of a hook; `hook_name` is `PostToolUse:Read`, `SessionStart`, ...
+    HookAdditionalContext { hook_name: String, lines: Vec<String> },
+    /// Plain stdout of a SessionStart / UserPromptSubmit hook.
+    HookSuccess { hook_name: String, content: String },
+    /// A file the agent read changed on disk since.
+    EditedTextFile { path: String, snippet: String },
+    /// The local date differs from the last one seen.
+    DateChange { date: String },
+    TodoReminder { todos: Vec<Todo> },
+    InvokedSkills { skills: Vec<InvokedSkill> },
+}
+
+impl Attachment {
+    /// The reference's type id.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Attachment::NestedMemory { .. } => "nested_memory",
+            Attachment::SkillListing { .. } => "skill_listing",
+            Attachment::DeferredToolsDelta { .. } => "deferred_tools_delta",
+            Attachment::McpInstructionsDelta { .. } => "mcp_instructions_delta",
+            Attachment::HookAdditionalContext { .. } => "hook_additional_context",
+            Attachment::HookSuccess { .. } => "hook_success",
+            Attachment::EditedTextFile { .. } => "edited_text_file",
+            Attachment::DateChange { .. } => "date_change",
+            Attachment::TodoReminder { .. } => "todo_reminder",
+            Attachment::InvokedSkills { .. } => "invoked_skills",
+        }
+    }
+
+    /// The text blocks this attachment becomes (each a `<system-reminder>`).
+    pub fn render(&self) -> Vec<ContentBlock> {
+        let text = match self {
+            Attachment::NestedMemory { path, content } => format!("Contents of {path}:\n\n{content}"),
+            Attachment::SkillListing { listing } => format!("{SKILL_LISTING_HEADER}\n\n{listing}"),
+            Attachment::DeferredToolsDelta { added, removed } => {
+                let mut parts = Vec::new();
+                if !added.is_empty() {
+                    parts.push(format!("{DEFERRED_ADDED_HEADER}\n{}", added.join("\n")));
+                }
+                if !removed.is_empty() {
+                    parts.push(format!("{DEFERRED_REMOVED_HEADER}\n{}", removed.join("\n")));
+                }
+                parts.join("\n\n")
+            }
+            Attachment::McpInstructionsDelta { added, removed } => {
+                let mut parts = Vec::new();
+                if !added.is_empty() {
+                    let blocks: Vec<String> = added.iter().map(|(name, text)| format!("## {name}\n{text}")).collect();
+                    parts.push(format!("{MCP_DELTA_HEADER}\n\n{}", blocks.join("\n\n")));
+                }
+                if !removed.is_empty() {
+                    parts.push(format!("{MCP_DELTA_REMOVED}\n{}", removed.join("\n")));
+                }
+                parts.join("\n\n")
+            }
+            Attachment::HookAdditionalContext { hook_name, lines } => {
+                format!("{hook_name} hook additional context: {}", lines.join("\n"))
+            }
+            Attachment::HookSuccess { hook_name, content } => format!("{hook_name} hook success: {content}"),
+            Attachment::EditedTextFile { path, snippet } => format!("{EDITED_FILE_NOTE} {path}\n{snippet}"),
+            Attachment::DateChange { date } => format!("{DATE_CHANGE_NOTE} {date}."),
+            Attachment::TodoReminder { todos } => {
+                let mut text = TODO_REMINDER.to_owned();
+                if !todos.is_empty() {
+                    let items: Vec<String> =
+                        todos.iter().enumerate().map(|(i, t)| format!("{}. [{}] {}", i + 1, t.status, t.content)).collect();
+                    text.push_str(&format!("\n\nThe list as it stands:\n\n[{}]", items.join(", ")));
+                }
+                text
+            }
+            Attachment::InvokedSkills { skills } => {
+                let parts: Vec<String> =
+                    skills.iter().map(|s| format!("### Skill: {}\nPath: {}\n\n{}", s.name, s.path, s.content)).collect();
+                format!("{INVOKED_SKILLS_HEADER}\n\n{}", parts.join("\n\n---\n\n"))
+            }
+        };
+        vec![ContentBlock::text(system_reminder(&text))]
+    }
+}
+
+const SKILL_LISTING_HEADER: &str = "Skills you can run with the Skill tool (name: what it is for):";
+const DEFERRED_ADDED_HEADER: &str = "More tools can now be loaded with ToolSearch before first use:";
+const DEFERRED_REMOVED_HEADER: &str = "These tools are gone and can no longer be loaded; do not call them, even if earlier turns did:";
+const MCP_DELTA_HEADER: &str =
+    "# MCP Server Instructions\n\nServers connected to this session describe how to use their tools and resources:";
+const MCP_DELTA_REMOVED: &str = "These MCP servers disconnected; their earlier instructions no longer apply:";
+const EDITED_FILE_NOTE: &str = "A file you read earlier was changed since, by the user or a tool (a linter, \
+a formatter). The change is intended: take it into account, do not revert it unless asked, and do not \
+mention this note. The changed lines of";
+const DATE_CHANGE_NOTE: &str = "The calendar date has moved on since this conversation began. Do not tell the \
+user about it unless they ask; today's date is";
+const TODO_REMINDER: &str = "The todo list has not been touched for a while. If the work in hand would \
+benefit from tracking, update it with TodoWrite; if the list is stale, clean it up. Use this only when it \
+helps the current task, and never mention this reminder to the user.";
+const INVOKED_SKILLS_HEADER: &str = "Skills invoked earlier in this session, kept so their instructions still apply:";

@@ -1,0 +1,670 @@
+//! The agent session: the state Claude Code keeps across a conversation and the request it
+//! builds from it (layers 1–5).
+//!
+//! Per user turn: the prompt is recorded, hooks run (SessionStart once, UserPromptSubmit), and
+//! `getAttachments` adds its attachments. Per model call: the system prompt (memoized sections),
+//! the tool pool (tool search, discovered tools), the user context prepended at index 0, the
+//! records normalized into API messages, the deferred-tools announcement, one message-level
+//! marker, tool_result key order. After a reply: tools run (PreToolUse/PostToolUse hooks), their
+//! results and in-loop hook context are recorded, and the thread attachments follow.
+//!
+//! Every change that can move the cached prefix is journalled as an event string from the
+//! closed cause list (`mcp_connected:x`, `tool_loaded:X`, `system_section_changed:<name>`,
+//! `date_changed`, `hook_context_folded`, ...); `build_request` hands them to the caller.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::agent::attachments::{Attachment, InvokedSkill, Todo};
+use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, discover, nested_memory_for};
+use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, mark_last_block, normalize};
+use crate::agent::profile::SizeProfile;
+use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
+use crate::agent::system_prompt::{
+    McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
+};
+use crate::agent::tools::exec::{ExecContext, absolute, execute};
+use crate::agent::tools::{McpToolSpec, PoolInputs, ToolPool, assemble_pool};
+use crate::agent::user_context::{UserContextInputs, render_user_context};
+use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
+use crate::strategy::{BaseUrl, McpInstructionsMode, Strategy};
+use crate::world::{Reply, World};
+
+/// Client version written into the billing header.
+pub const CLIENT_VERSION: &str = "2.1.88";
+
+/// The agent state of one conversation on the main thread.
+#[derive(Debug, Clone)]
+pub struct Session {
+    strategy: Strategy,
+    profile: SizeProfile,
+    records: Vec<Record>,
+    system_cache: SystemPromptCache,
+    /// The memoized user-context string (`getUserContext`), dropped by compaction or `/clear`.
+    user_context: Option<String>,
+    memory: Option<Discovery>,
+    loaded_nested: BTreeSet<String>,
+    discovered_tools: BTreeSet<String>,
+    sent_tools: BTreeSet<String>,
+    sent_skill_names: BTreeSet<String>,
+    activated_skills: BTreeSet<String>,
+    invoked_skills: Vec<InvokedSkill>,
+    todos: Vec<Todo>,
+    turns_since_todo_write: u32,
+    turns_since_todo_reminder: u32,
+    /// MCP servers whose instructions were announced by delta (by name).
+    announced_mcp: BTreeSet<String>,
+    /// Deferred tool names announced by delta.
+    announced_deferred: BTreeSet<String>,
+    last_date: Option<String>,
+    /// Files the agent has seen, with the mtime it saw.
+    read_state: BTreeMap<String, u64>,
+    nested_triggers: Vec<String>,
+    /// MCP servers as connected at the start of the current user turn (the system prompt is
+    /// built once per turn).
+    turn_mcp: Vec<McpServerInstructions>,
+    session_started: bool,
+    previous_system: Option<SystemPromptBuild>,
+    events: Vec<String>,
+    device_id: String,
+    session_id: String,
+}
+
+impl Session {
+    /// A fresh session. The scenario's env overrides the strategy's env-backed knobs.
+    pub fn new(strategy: &Strategy, world: &World) -> Session {
+        let mut strategy = strategy.clone();
+        // The env was validated with the scenario; a bad number keeps the strategy's value.
+        let _ = strategy.apply_env(&world.env);
+        let mut rng = world.rng.fork("session");
+        let device_id = format!("{:016x}{:016x}{:016x}{:016x}", rng.next_u64(), rng.next_u64(), rng.next_u64(), rng.next_u64());
+        let a = rng.next_u64();
+        let b = rng.next_u64();
+        let session_id = format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            ((b >> 48) & 0x3fff) | 0x8000,
+            b & 0xffff_ffff_ffff
+        );
+        Session {
+            strategy,
+            profile: SizeProfile::claude_code_2_1_88(),
+            records: Vec::new(),
+            system_cache: SystemPromptCache::new(),
+            user_context: None,
+            memory: None,
+            loaded_nested: BTreeSet::new(),
+            discovered_tools: BTreeSet::new(),
+            sent_tools: BTreeSet::new(),
+            sent_skill_names: BTreeSet::new(),
+            activated_skills: BTreeSet::new(),
+            invoked_skills: Vec::new(),
+            todos: Vec::new(),
+            turns_since_todo_write: 0,
+            turns_since_todo_reminder: 0,
+            announced_mcp: BTreeSet::new(),
+            announced_deferred: BTreeSet::new(),
+            last_date: None,
+            read_state: BTreeMap::new(),
+            nested_triggers: Vec::new(),
+            turn_mcp: Vec::new(),
+            session_started: false,
+            previous_system: None,
+            events: Vec::new(),
+            device_id,
+            session_id,
+        }
+    }
+
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+
+    /// The transcript as the agent keeps it.
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    pub fn todos(&self) -> &[Todo] {
+        &self.todos
+    }
+
+    pub fn invoked_skills(&self) -> &[InvokedSkill] {
+        &self.invoked_skills
+    }
+
+    /// Journals an event for the next request (the runner's world events go through here too).
+    pub fn journal(&mut self, event: impl Into<String>) {
+        self.events.push(event.into());
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Turns
+    // -----------------------------------------------------------------------------------------
+
+    /// A prompt from the user: SessionStart hooks on the first, the prompt, UserPromptSubmit
+    /// hooks, then the attachments of the turn. In-loop hook context of the previous turn now
+    /// comes from the transcript as raw attachments and folds into its tool_result.
+    pub fn user_prompt(&mut self, text: &str, world: &mut World) {
+        let mut folded = false;
+        for record in &mut self.records {
+            if let Record::Attachment { in_loop: in_loop @ true, .. } = record {
+                *in_loop = false;
+                folded = true;
+            }
+        }
+        if folded && self.strategy.smoosh_into_tool_result {
+            self.events.push("hook_context_folded".into());
+        }
+        if !self.session_started {
+            self.session_started = true;
+            self.run_session_start_hooks(world);
+        }
+        self.turn_mcp = self.mcp_instructions(world);
+        self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: false });
+        let mut success = Vec::new();
+        let mut context = Vec::new();
+        for answer in world.hook_answers.iter().filter(|a| a.matches("UserPromptSubmit", "")) {
+            if let Some(stdout) = answer.stdout.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+                success.push(Attachment::HookSuccess { hook_name: "UserPromptSubmit".into(), content: truncate(stdout, 10_000) });
+            }
+            if let Some(ctx) = &answer.additional_context {
+                context.push(truncate(ctx, 10_000));
+            }
+        }
+        let attachments = self.thread_attachments(world);
+        self.push_attachments(attachments);
+        self.push_attachments(success);
+        if !context.is_empty() {
+            self.push_attachments(vec![Attachment::HookAdditionalContext { hook_name: "UserPromptSubmit".into(), lines: context }]);
+        }
+    }
+
+    fn run_session_start_hooks(&mut self, world: &World) {
+        let mut context = Vec::new();
+        let mut messages = Vec::new();
+        for answer in world.hook_answers.iter().filter(|a| a.matches("SessionStart", "startup")) {
+            if let Some(stdout) = answer.stdout.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+                messages.push(Attachment::HookSuccess { hook_name: "SessionStart:startup".into(), content: stdout.to_owned() });
+            }
+            if let Some(ctx) = &answer.additional_context {
+                context.push(ctx.clone());
+            }
+        }
+        if !context.is_empty() {
+            messages.push(Attachment::HookAdditionalContext { hook_name: "SessionStart".into(), lines: context });
+        }
+        self.push_attachments(messages);
+    }
+
+    fn push_attachments(&mut self, attachments: Vec<Attachment>) {
+        self.records.extend(attachments.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: false }));
+    }
+
+    /// Appends the model's reply, runs its tools and records what they produced. Returns the
+    /// events it journalled (also kept for the next request).
+    pub fn apply_reply(&mut self, reply: &Reply, world: &mut World) -> Vec<String> {
+        let before = self.events.len();
+        self.records.push(Record::Assistant { content: reply.content.clone() });
+        self.turns_since_todo_write += 1;
+        self.turns_since_todo_reminder += 1;
+        let calls: Vec<(String, String, Value)> = reply
+            .content
+            .iter()
+            .filter_map(|block| match block {
+                ContentBlock::ToolUse { id, name, input, .. } => Some((id.clone(), name.clone(), input.clone())),
+                _ => None,
+            })
+            .collect();
+        if calls.is_empty() {
+            return self.events[before..].to_vec();
+        }
+        let pool = self.pool(world);
+        let deferred: Vec<(String, String)> = pool
+            .all
+            .iter()
+            .filter(|t| t.deferred)
+            .map(|t| (t.tool.name.clone(), t.tool.description.clone().unwrap_or_default()))
+            .collect();
+        let skills: Vec<(String, String, String)> =
+            self.skills(world).into_iter().map(|s| (s.name.clone(), s.dir.clone(), s.body.clone())).collect();
+        let cx = ExecContext {
+            read_max_lines: self.strategy.read_max_lines,
+            read_max_bytes: self.strategy.read_max_bytes,
+            read_max_tokens: self.strategy.read_max_tokens,
+            bash_max_output_length: self.strategy.bash_max_output_length,
+            max_mcp_output_tokens: self.strategy.max_mcp_output_tokens,
+            deferred: &deferred,
+            skills: &skills,
+        };
+        let mut results = Vec::new();
+        let mut hook_context = Vec::new();
+        let mut meta_messages = Vec::new();
+        for (id, name, input) in &calls {
+            // PreToolUse: deny > ask > allow; additionalContext rides along.
+            let pre: Vec<_> = world.hook_answers.iter().filter(|a| a.matches("PreToolUse", name)).cloned().collect();
+            for answer in &pre {
+                if let Some(ctx) = &answer.additional_context {
+                    hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PreToolUse:{name}"), lines: vec![ctx.clone()] });
+                }
+            }
+            if let Some(deny) = pre.iter().find(|a| a.decision.as_deref() == Some("deny")) {
+                let reason = deny.reason.clone().unwrap_or_else(|| "Blocked by hook".into());
+                results.push(ContentBlock::tool_result(
+                    id.clone(),
+                    ToolResultContent::Text(format!("PreToolUse:{name} hook error: {reason}")),
+                    Some(true),
+                ));
+                continue;
+            }
+            let outcome = execute(id, name, input, world, &cx);
+            if let Some(path) = &outcome.read_path {
+                self.nested_triggers.push(path.clone());
+            }
+            for path in &outcome.touched {
+                if let Ok(entry) = world.fs.entry(path) {
+                    self.read_state.insert(path.clone(), entry.mtime_ms);
+                }
+                self.activate_conditional_skills(path, world);
+            }
+            if let Some(todos) = outcome.todos.clone() {
+                self.todos = todos;
+                self.turns_since_todo_write = 0;
+            }
+            if let Some((skill, dir, body)) = outcome.invoked_skill.clone() {
+                self.invoked_skills.retain(|s| s.name != skill);
+                self.invoked_skills.push(InvokedSkill { name: skill, path: format!("{dir}/SKILL.md"), content: body });
+            }
+            self.discovered_tools.extend(outcome.loaded_tools.iter().cloned());
+            if let Some(message) = outcome.meta_message.clone() {
+                meta_messages.push(message);
+            }
+            let succeeded = !matches!(&outcome.result, ContentBlock::ToolResult { is_error: Some(true), .. });
+            results.push(outcome.result);
+            if succeeded {
+                for answer in world.hook_answers.iter().filter(|a| a.matches("PostToolUse", name)) {
+                    if let Some(ctx) = &answer.additional_context {
+                        hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PostToolUse:{name}"), lines: vec![ctx.clone()] });
+                    }
+                }
+            }
+        }
+        self.records.push(Record::User { content: MessageContent::Blocks(results), meta: false });
+        self.records.extend(hook_context.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: true }));
+        for message in meta_messages {
+            self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(message)]), meta: true });
+        }
+        let attachments = self.thread_attachments(world);
+        self.push_attachments(attachments);
+        self.events[before..].to_vec()
+    }
+
+    /// The thread group of `getAttachments`, in the reference order: date_change,
+    /// deferred_tools_delta, mcp_instructions_delta, edited_text_file, nested_memory,
+    /// skill_listing, todo_reminder.
+    fn thread_attachments(&mut self, world: &World) -> Vec<Attachment> {
+        let mut out = Vec::new();
+        let today = world.clock.date_string();
+        match &self.last_date {
+            None => self.last_date = Some(today),
+            Some(last) if *last != today => {
+                if self.strategy.date_change_attachment {
+                    out.push(Attachment::DateChange { date: today.clone() });
+                }
+                self.events.push("date_changed".into());
+                self.last_date = Some(today);
+            }
+            Some(_) => {}
+        }
+        let pool = self.pool(world);
+        if self.strategy.deferred_tools_delta && pool.tool_search {
+            let now: BTreeSet<String> = pool.deferred_names.iter().cloned().collect();
+            let added: Vec<String> = now.difference(&self.announced_deferred).cloned().collect();
+            let removed: Vec<String> = self.announced_deferred.difference(&now).cloned().collect();
+            if !added.is_empty() || !removed.is_empty() {
+                out.push(Attachment::DeferredToolsDelta { added, removed });
+                self.announced_deferred = now;
+            }
+        }
+        if self.strategy.mcp_instructions == McpInstructionsMode::Delta {
+            let mut now: Vec<(String, String)> =
+                self.mcp_instructions(world).into_iter().map(|s| (s.name, s.instructions)).collect();
+            now.sort();
+            let names: BTreeSet<String> = now.iter().map(|(n, _)| n.clone()).collect();
+            let added: Vec<(String, String)> = now.into_iter().filter(|(n, _)| !self.announced_mcp.contains(n)).collect();
+            let removed: Vec<String> = self.announced_mcp.difference(&names).cloned().collect();
+            if !added.is_empty() || !removed.is_empty() {
+                out.push(Attachment::McpInstructionsDelta { added, removed });
+                self.announced_mcp = names;
+            }
+        }
+        for (path, seen) in self.read_state.clone() {
+            let Ok(entry) = world.fs.entry(&path) else { continue };
+            if entry.mtime_ms > seen {
+                let snippet: String = crate::agent::tools::exec::number_lines(&entry.contents, 0, usize::MAX);
+                let snippet = if snippet.len() > 8192 {
+                    let cut: String = snippet.chars().take(8192).collect();
+                    let rest = snippet[cut.len()..].lines().count();
+                    format!("{cut}\n... [{rest} lines truncated] ...")
+                } else {
+                    snippet
+                };
+                out.push(Attachment::EditedTextFile { path: path.clone(), snippet });
+                self.read_state.insert(path, entry.mtime_ms);
+            }
+        }
+        if self.strategy.nested_memory && self.strategy.claude_md {
+            let triggers = std::mem::take(&mut self.nested_triggers);
+            let options = self.discovery_options(world);
+            let discovery = self.memory(world).clone();
+            for target in triggers {
+                for (path, content) in nested_memory_for(&world.fs, &options, &discovery, &target, &mut self.loaded_nested) {
+                    out.push(Attachment::NestedMemory { path, content });
+                }
+            }
+        }
+        if pool.all.iter().any(|t| t.tool.name == "Skill") {
+            let skills = self.skills(world);
+            let fresh: Vec<&Skill> = skills.iter().filter(|s| !self.sent_skill_names.contains(&s.name)).collect();
+            if !fresh.is_empty() {
+                let window = world.context_window.unwrap_or(200_000) as f64;
+                let budget = (window * 4.0 * self.strategy.skill_listing_budget_fraction).floor() as usize;
+                let listing = format_listing(&fresh, budget, self.strategy.skill_description_max);
+                self.sent_skill_names.extend(fresh.iter().map(|s| s.name.clone()));
+                out.push(Attachment::SkillListing { listing });
+            }
+        }
+        let todo_present = pool.all.iter().any(|t| t.tool.name == "TodoWrite");
+        let n = self.strategy.todo_reminder_turns;
+        if todo_present && n > 0 && self.turns_since_todo_write >= n && self.turns_since_todo_reminder >= n {
+            out.push(Attachment::TodoReminder { todos: self.todos.clone() });
+            self.turns_since_todo_reminder = 0;
+        }
+        out
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // MCP
+    // -----------------------------------------------------------------------------------------
+
+    /// A scripted server connects (late): its tools join the pool, its instructions the next
+    /// turn's system prompt or a delta attachment.
+    pub fn mcp_connect(&mut self, name: &str, world: &mut World) -> Result<(), String> {
+        let server = world.mcp_servers.iter_mut().find(|s| s.name == name).ok_or_else(|| format!("no MCP server named `{name}`"))?;
+        server.connected = true;
+        self.events.push(format!("mcp_connected:{name}"));
+        Ok(())
+    }
+
+    pub fn mcp_disconnect(&mut self, name: &str, world: &mut World) -> Result<(), String> {
+        let server = world.mcp_servers.iter_mut().find(|s| s.name == name).ok_or_else(|| format!("no MCP server named `{name}`"))?;
+        server.connected = false;
+        self.events.push(format!("mcp_disconnected:{name}"));
+        Ok(())
+    }
+
+    /// `tools/list_changed`: the server's tools are replaced.
+    pub fn mcp_list_changed(&mut self, name: &str, tools: Vec<crate::world::McpToolDef>, world: &mut World) -> Result<(), String> {
+        let server = world.mcp_servers.iter_mut().find(|s| s.name == name).ok_or_else(|| format!("no MCP server named `{name}`"))?;
+        server.tools = tools;
+        self.events.push(format!("mcp_tools_changed:{name}"));
+        Ok(())
+    }
+
+    fn mcp_instructions(&self, world: &World) -> Vec<McpServerInstructions> {
+        world
+            .mcp_servers
+            .iter()
+            .filter(|s| s.connected)
+            .filter_map(|s| {
+                s.instructions.as_ref().map(|i| McpServerInstructions {
+                    name: s.name.clone(),
+                    instructions: crate::agent::system_prompt::truncate_marked(i, crate::agent::system_prompt::MCP_INSTRUCTIONS_MAX),
+                })
+            })
+            .collect()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Request building
+    // -----------------------------------------------------------------------------------------
+
+    fn pool(&self, world: &World) -> ToolPool {
+        let inputs = PoolInputs {
+            todo_v2: self.strategy.interactive,
+            enable_tool_search: self.strategy.enable_tool_search.clone(),
+            disable_experimental_betas: self.strategy.disable_experimental_betas,
+            first_party: self.strategy.first_party,
+            custom_base_url: self.strategy.base_url == BaseUrl::Custom,
+            model_id: world.model_id.clone(),
+            context_window: world.context_window.unwrap_or(200_000),
+            mcp_tools: world
+                .mcp_servers
+                .iter()
+                .filter(|s| s.connected)
+                .flat_map(|s| {
+                    s.tools.iter().map(|t| McpToolSpec {
+                        server: s.name.clone(),
+                        tool: t.name.clone(),
+                        description: t.description.clone(),
+                        input_schema: t.input_schema.clone(),
+                        always_load: t.always_load,
+                    })
+                })
+                .collect(),
+            mcp_resources: false,
+            mcp_pending: world.mcp_servers.iter().any(|s| !s.connected),
+            discovered: self.discovered_tools.clone(),
+            denied: BTreeSet::new(),
+            padding: self.strategy.size_profile_padding,
+        };
+        assemble_pool(&inputs, &self.profile)
+    }
+
+    fn config_home(world: &World) -> String {
+        format!("{}/.claude", world.home.trim_end_matches('/'))
+    }
+
+    fn auto_memory_dir(&self, world: &World) -> Option<String> {
+        self.strategy.auto_memory.then(|| {
+            let sanitized: String = world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+            format!("{}/projects/{sanitized}/memory/", Session::config_home(world))
+        })
+    }
+
+    fn discovery_options(&self, world: &World) -> DiscoveryOptions {
+        DiscoveryOptions {
+            cwd: world.cwd.clone(),
+            config_home: Session::config_home(world),
+            managed_dir: MANAGED_DIR.into(),
+            excludes: world.claude_md_excludes.clone(),
+            external_includes_approved: false,
+            auto_memory_dir: self.auto_memory_dir(world),
+            local: true,
+        }
+    }
+
+    fn memory(&mut self, world: &World) -> &Discovery {
+        if self.memory.is_none() {
+            let discovery = if self.strategy.claude_md { discover(&world.fs, &self.discovery_options(world)) } else { Discovery::default() };
+            self.memory = Some(discovery);
+        }
+        self.memory.as_ref().expect("just set")
+    }
+
+    fn skills(&self, world: &World) -> Vec<Skill> {
+        let mut skills = bundled_skills();
+        for skill in load_skills(&world.fs, &Session::config_home(world), &world.cwd) {
+            if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
+                skills.push(skill);
+            }
+        }
+        skills
+    }
+
+    fn activate_conditional_skills(&mut self, path: &str, world: &World) {
+        let Some(relative) = crate::agent::instructions::relative_to(path, &world.cwd) else { return };
+        for skill in load_skills(&world.fs, &Session::config_home(world), &world.cwd) {
+            if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
+                continue;
+            }
+            let hit = skill.paths.iter().any(|p| {
+                let p = if p.contains('/') { p.trim_start_matches('/').to_owned() } else { format!("**/{p}") };
+                globset::GlobBuilder::new(&p).literal_separator(true).build().is_ok_and(|g| g.compile_matcher().is_match(&relative))
+            });
+            if hit {
+                self.activated_skills.insert(skill.name);
+            }
+        }
+    }
+
+    fn user_context(&mut self, world: &World) -> String {
+        if self.user_context.is_none() {
+            let files = self.memory(world).files.clone();
+            let inputs = UserContextInputs {
+                memory_files: files,
+                claude_md_disabled: !self.strategy.claude_md,
+                date: world.clock.date_string(),
+                padding: self.strategy.size_profile_padding,
+            };
+            self.user_context = Some(render_user_context(&inputs, &self.profile));
+        }
+        self.user_context.clone().expect("just set")
+    }
+
+    fn marker(&self) -> Option<CacheControl> {
+        self.strategy.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(self.strategy.ttl_for("main")))
+    }
+
+    /// The request body for the conversation as it stands, and the events journalled since the
+    /// previous request.
+    pub fn build_request(&mut self, world: &World) -> (Request, Vec<String>) {
+        let pool = self.pool(world);
+        for tool in &pool.tools {
+            if tool.defer_loading == Some(true) && self.sent_tools.insert(tool.name.clone()) {
+                self.events.push(format!("tool_loaded:{}", tool.name));
+            }
+        }
+
+        let context = self.user_context(world);
+        let mut records = Vec::with_capacity(self.records.len() + 1);
+        records.push(Record::User { content: MessageContent::Text(context), meta: true });
+        records.extend(self.records.iter().cloned());
+        let options = NormalizeOptions {
+            smoosh_into_tool_result: self.strategy.smoosh_into_tool_result,
+            tool_loaded_sibling: self.strategy.tool_loaded_sibling,
+            strip_tool_references: !pool.tool_search,
+        };
+        let mut messages = normalize(&records, options);
+        let first_user_text = first_text(&messages);
+
+        let inputs = self.system_inputs(world, &pool, first_user_text);
+        let system_options = SystemPromptOptions {
+            global_cache_scope: self.strategy.global_cache_scope && self.strategy.first_party && !self.strategy.disable_experimental_betas,
+            boundary: self.strategy.dynamic_boundary,
+            padding: self.strategy.size_profile_padding,
+            ttl: self.strategy.ttl_for("main"),
+            prompt_caching: self.strategy.prompt_caching,
+            attribution_header: self.strategy.attribution_header,
+        };
+        let system = self.system_cache.build(&inputs, &system_options, &self.profile);
+        if let Some(previous) = &self.previous_system {
+            for name in system.changed_sections(previous) {
+                let event = if name == SECTION_ATTRIBUTION {
+                    "billing_fingerprint_changed".to_owned()
+                } else {
+                    format!("system_section_changed:{name}")
+                };
+                if !self.events.contains(&event) {
+                    self.events.push(event);
+                }
+            }
+        }
+
+        if !self.strategy.deferred_tools_delta
+            && let Some(listing) = pool.deferred_listing()
+        {
+            messages.insert(0, Message::user_text(listing));
+        }
+        if let Some(marker) = self.marker() {
+            mark_last_block(&mut messages, marker);
+        }
+        finalize_tool_results(&mut messages);
+
+        let max_tokens = world.max_output_tokens.unwrap_or(32_000);
+        let mut request = Request::new(world.model_id.clone(), max_tokens);
+        request.messages = messages;
+        request.system = Some(SystemPrompt::Blocks(system.blocks.clone()));
+        request.tools = Some(pool.tools.clone());
+        let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
+        request.metadata = Some(json!({"user_id": user_id}));
+        if adaptive_thinking(&world.model_id) {
+            request.thinking = Some(json!({"type": "adaptive"}));
+            request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
+            request.output_config = Some(json!({"effort": "medium"}));
+        }
+        request.stream = Some(true);
+        self.previous_system = Some(system);
+        (request, std::mem::take(&mut self.events))
+    }
+
+    fn system_inputs(&self, world: &World, pool: &ToolPool, first_user_text: String) -> SystemPromptInputs {
+        let mut inputs = SystemPromptInputs::baseline_m0();
+        inputs.version = CLIENT_VERSION.into();
+        inputs.entrypoint = if self.strategy.interactive { "cli" } else { "sdk-cli" }.into();
+        inputs.interactive = self.strategy.interactive;
+        inputs.first_user_text = first_user_text;
+        inputs.enabled_tools = pool.enabled_names();
+        inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
+        inputs.cwd = world.cwd.clone();
+        inputs.is_git_repo = world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        inputs.model_id = world.model_id.clone();
+        inputs.model_marketing_name = marketing_name(&world.model_id);
+        inputs.auto_memory_dir = self.auto_memory_dir(world);
+        inputs.mcp_servers = self.turn_mcp.clone();
+        inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
+        inputs.inline_mcp_tools = pool.inline_mcp;
+        inputs
+    }
+}
+
+fn first_text(messages: &[Message]) -> String {
+    messages
+        .iter()
+        .find(|m| m.role == Role::User)
+        .and_then(|m| match &m.content {
+            MessageContent::Text(t) => Some(t.clone()),
+            MessageContent::Blocks(blocks) => blocks.iter().find_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.clone()),
+                _ => None,
+            }),
+        })
+        .unwrap_or_default()
+}
+
+fn adaptive_thinking(model_id: &str) -> bool {
+    model_id.contains("-4-6")
+}
+
+/// `claude-sonnet-4-6` → `Sonnet 4.6`; `None` for ids of another shape.
+pub fn marketing_name(model_id: &str) -> Option<String> {
+    let rest = model_id.strip_prefix("claude-")?;
+    let mut parts = rest.split('-');
+    let family = parts.next()?;
+    let major = parts.next()?.parse::<u32>().ok()?;
+    let minor = parts.next().and_then(|m| m.parse::<u32>().ok()).filter(|m| *m < 100);
+    let mut name = family[..1].to_ascii_uppercase() + &family[1..];
+    name.push(' ');
+    name.push_str(&major.to_string());
+    if let Some(minor) = minor {
+        name.push_str(&format!(".{minor}"));
+    }
+    Some(name)
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max { text.to_owned() } else { text.chars().take(max).collect::<String>() + "… [output truncated]" }
+}

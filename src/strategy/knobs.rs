@@ -1,0 +1,254 @@
+//! The [`Strategy`] struct and its loading. Layers 1–5 here; the layer-6 compaction knobs join
+//! as `compact` once `agent::compact` exists (see the marked place below).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::api::CacheTtl;
+
+/// Where MCP server instructions go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpInstructionsMode {
+    /// The uncached `mcp_instructions` system section (external default).
+    System,
+    /// `mcp_instructions_delta` attachments (`CLAUDE_CODE_MCP_INSTR_DELTA`, gate `tengu_basalt_3kr`).
+    Delta,
+}
+
+/// `ANTHROPIC_BASE_URL`: Anthropic's own endpoint or a proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaseUrl {
+    FirstParty,
+    Custom,
+}
+
+/// Every knob of layers 1–5. Unknown keys in a file are errors; missing keys keep the default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Strategy {
+    /// Preset or file name, written into summaries.
+    pub name: String,
+    /// Insert `__SYSTEM_PROMPT_DYNAMIC_BOUNDARY__` (static block globally cached).
+    pub dynamic_boundary: bool,
+    /// `shouldUseGlobalCacheScope()`: first-party provider, experimental betas allowed.
+    pub global_cache_scope: bool,
+    /// Pad our own texts to the reference's measured lengths.
+    pub size_profile_padding: bool,
+    /// `DISABLE_PROMPT_CACHING` turns every marker off when false.
+    pub prompt_caching: bool,
+    /// Emit the billing/attribution system block.
+    pub attribution_header: bool,
+    pub mcp_instructions: McpInstructionsMode,
+    /// Announce deferred tools as `deferred_tools_delta` attachments instead of the
+    /// `<available-deferred-tools>` message at messages[0] (gate `tengu_glacier_2xr`).
+    pub deferred_tools_delta: bool,
+    /// Raw `ENABLE_TOOL_SEARCH` value (`None` = unset): `true`, `false`, `auto`, `auto:N`.
+    pub enable_tool_search: Option<String>,
+    pub base_url: BaseUrl,
+    /// Provider is first-party (not Bedrock/Vertex/Foundry).
+    pub first_party: bool,
+    /// `CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS`.
+    pub disable_experimental_betas: bool,
+    /// TTL of the main lane's markers (`5m` is sent as no ttl at all).
+    pub ttl_main: CacheTtl,
+    /// TTL of every other lane.
+    pub ttl_other: CacheTtl,
+    /// Interactive REPL (true) or print mode `-p` (false).
+    pub interactive: bool,
+    /// Skill listing budget as a fraction of the context window in characters (window × 4 × f).
+    pub skill_listing_budget_fraction: f64,
+    /// Per-entry description cap of the skill listing.
+    pub skill_description_max: usize,
+    /// `MAX_MCP_OUTPUT_TOKENS`: MCP tool results longer than this (chars/4) are cut.
+    pub max_mcp_output_tokens: u64,
+    /// `BASH_MAX_OUTPUT_LENGTH`: Bash output longer than this many chars is cut.
+    pub bash_max_output_length: usize,
+    /// Read: lines returned without offset/limit.
+    pub read_max_lines: usize,
+    /// Read: a file larger than this (bytes) needs offset/limit.
+    pub read_max_bytes: usize,
+    /// Read: a result above this many tokens (chars/4) is refused.
+    pub read_max_tokens: u64,
+    /// Legacy smoosh (gate `tengu_chair_sermon` off): attachment text after a string tool_result
+    /// is folded into it.
+    pub smoosh_into_tool_result: bool,
+    /// Append the `Tool loaded.` sibling after tool_reference results (gate `tengu_toolref_defer_j8m` off).
+    pub tool_loaded_sibling: bool,
+    /// Assistant turns without TodoWrite (and since the last reminder) before a todo_reminder.
+    pub todo_reminder_turns: u32,
+    /// Emit date_change attachments when the local date rolls over.
+    pub date_change_attachment: bool,
+    /// Load CLAUDE.md files at all (`CLAUDE_CODE_DISABLE_CLAUDE_MDS` sets false).
+    pub claude_md: bool,
+    /// Inject nested CLAUDE.md and conditional rules when a file is read.
+    pub nested_memory: bool,
+    /// Auto memory (`memory` system section and MEMORY.md).
+    pub auto_memory: bool,
+    // Layer 6: `pub compact: crate::agent::compact::CompactConfig` goes here when that module
+    // lands (issue 4); its keys then nest under `compact.` in files and `--set`.
+}
+
+impl Default for Strategy {
+    fn default() -> Self {
+        Strategy {
+            name: "claude-code".into(),
+            dynamic_boundary: true,
+            global_cache_scope: true,
+            size_profile_padding: true,
+            prompt_caching: true,
+            attribution_header: true,
+            mcp_instructions: McpInstructionsMode::System,
+            deferred_tools_delta: false,
+            enable_tool_search: None,
+            base_url: BaseUrl::FirstParty,
+            first_party: true,
+            disable_experimental_betas: false,
+            ttl_main: CacheTtl::FiveMinutes,
+            ttl_other: CacheTtl::FiveMinutes,
+            interactive: false,
+            skill_listing_budget_fraction: 0.01,
+            skill_description_max: 250,
+            max_mcp_output_tokens: 25_000,
+            bash_max_output_length: 30_000,
+            read_max_lines: 2000,
+            read_max_bytes: 256 * 1024,
+            read_max_tokens: 25_000,
+            smoosh_into_tool_result: true,
+            tool_loaded_sibling: true,
+            todo_reminder_turns: 10,
+            date_change_attachment: true,
+            claude_md: true,
+            nested_memory: true,
+            auto_memory: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StrategyError {
+    #[error("failed to read strategy file {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("failed to parse strategy file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("failed to set `{key}`: {message}")]
+    Set { key: String, message: String },
+    #[error("unknown strategy preset `{0}` (known: claude-code, no-boundary, mcp-in-system, mcp-delta, eager-tools, one-hour)")]
+    UnknownPreset(String),
+    #[error("environment variable {name}={value}: {message}")]
+    Env { name: String, value: String, message: String },
+}
+
+impl Strategy {
+    /// A named preset.
+    pub fn preset(name: &str) -> Result<Strategy, StrategyError> {
+        let mut s = Strategy { name: name.to_owned(), ..Strategy::default() };
+        match name {
+            "claude-code" | "claude-code-2.1.88" | "default" => {}
+            "no-boundary" => s.dynamic_boundary = false,
+            "mcp-in-system" => s.mcp_instructions = McpInstructionsMode::System,
+            "mcp-delta" => s.mcp_instructions = McpInstructionsMode::Delta,
+            "eager-tools" => s.enable_tool_search = Some("false".into()),
+            "one-hour" => s.ttl_main = CacheTtl::OneHour,
+            other => return Err(StrategyError::UnknownPreset(other.to_owned())),
+        }
+        Ok(s)
+    }
+
+    /// A preset name, or a TOML/YAML file of knob overrides on top of the default.
+    pub fn resolve(name_or_path: &str) -> Result<Strategy, StrategyError> {
+        let path = Path::new(name_or_path);
+        if path.extension().is_some_and(|e| e == "toml" || e == "yaml" || e == "yml") || path.is_file() {
+            Strategy::load(path)
+        } else {
+            Strategy::preset(name_or_path)
+        }
+    }
+
+    /// Loads a TOML (`.toml`) or YAML file; missing keys keep the default.
+    pub fn load(path: impl AsRef<Path>) -> Result<Strategy, StrategyError> {
+        let path = path.as_ref();
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| StrategyError::Io { path: shown.clone(), source })?;
+        let mut strategy: Strategy = if path.extension().is_some_and(|e| e == "toml") {
+            toml::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
+        } else {
+            serde_norway::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
+        };
+        if strategy.name == Strategy::default().name {
+            strategy.name = path.file_stem().map_or(shown, |s| s.to_string_lossy().into_owned());
+        }
+        Ok(strategy)
+    }
+
+    /// `--set key=value`: a dotted key walked through the JSON form; the value is read as JSON
+    /// when it parses (numbers, booleans, null, quoted strings), else taken as a string.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), StrategyError> {
+        let err = |message: String| StrategyError::Set { key: key.to_owned(), message };
+        let mut root = serde_json::to_value(&*self).map_err(|e| err(e.to_string()))?;
+        let mut slot = &mut root;
+        for part in key.split('.') {
+            let Value::Object(map) = slot else { return Err(err(format!("`{part}` is not inside a table"))) };
+            let known: Vec<String> = map.keys().cloned().collect();
+            slot = map.get_mut(part).ok_or_else(|| err(format!("unknown key `{part}` (known: {})", known.join(", "))))?;
+        }
+        let parsed = serde_json::from_str::<Value>(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+        // A knob that holds a string keeps `true`/`5` as text.
+        *slot = match (&*slot, parsed) {
+            (Value::String(_) | Value::Null, Value::Bool(b)) => Value::String(b.to_string()),
+            (Value::String(_) | Value::Null, Value::Number(n)) => Value::String(n.to_string()),
+            (_, parsed) => parsed,
+        };
+        *self = serde_json::from_value(root).map_err(|e| err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// The default strategy with the env vars of layers 1–5 applied.
+    pub fn from_env(env: &BTreeMap<String, String>) -> Result<Strategy, StrategyError> {
+        let mut strategy = Strategy::default();
+        strategy.apply_env(env)?;
+        Ok(strategy)
+    }
+
+    /// Applies `ENABLE_TOOL_SEARCH`, `MAX_MCP_OUTPUT_TOKENS`, `BASH_MAX_OUTPUT_LENGTH` (and the
+    /// provider switches the reference reads alongside them) on top of this strategy.
+    pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), StrategyError> {
+        let number = |name: &str, value: &str| {
+            value.trim().parse::<u64>().map_err(|e| StrategyError::Env { name: name.into(), value: value.into(), message: e.to_string() })
+        };
+        for (name, value) in env {
+            match name.as_str() {
+                "ENABLE_TOOL_SEARCH" => self.enable_tool_search = Some(value.clone()),
+                "MAX_MCP_OUTPUT_TOKENS" => self.max_mcp_output_tokens = number(name, value)?,
+                "BASH_MAX_OUTPUT_LENGTH" => self.bash_max_output_length = number(name, value)? as usize,
+                "ANTHROPIC_BASE_URL" => {
+                    self.base_url = if value.contains("api.anthropic.com") { BaseUrl::FirstParty } else { BaseUrl::Custom }
+                }
+                "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS" if truthy(value) => {
+                    self.disable_experimental_betas = true;
+                    self.global_cache_scope = false;
+                }
+                "DISABLE_PROMPT_CACHING" if truthy(value) => self.prompt_caching = false,
+                "CLAUDE_CODE_MCP_INSTR_DELTA" if truthy(value) => self.mcp_instructions = McpInstructionsMode::Delta,
+                "CLAUDE_CODE_DISABLE_CLAUDE_MDS" if truthy(value) => self.claude_md = false,
+                "CLAUDE_CODE_DISABLE_AUTO_MEMORY" if truthy(value) => self.auto_memory = false,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The TTL written into markers on `lane` (`None` = the API default, not serialized).
+    pub fn ttl_for(&self, lane: &str) -> Option<CacheTtl> {
+        let ttl = if lane == "main" { self.ttl_main } else { self.ttl_other };
+        (ttl == CacheTtl::OneHour).then_some(ttl)
+    }
+}
+
+fn truthy(value: &str) -> bool {
+    matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+}
