@@ -54,6 +54,31 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     out
 }
 
+/// Lower-case hex SHA-256 of a value's canonical bytes, streamed into the hasher without an
+/// intermediate buffer.
+pub fn sha256_json_hex<T: Serialize + ?Sized>(value: &T) -> String {
+    use sha2::Digest;
+    struct HashWriter(sha2::Sha256);
+    impl std::io::Write for HashWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut writer = std::io::BufWriter::with_capacity(64 * 1024, HashWriter(sha2::Sha256::new()));
+    serde_json::to_writer(&mut writer, value).expect("wire types always serialize to JSON");
+    let hasher = writer.into_inner().unwrap_or_else(|_| panic!("flushing into a hasher cannot fail"));
+    let digest = hasher.0.finalize();
+    let mut out = String::with_capacity(64);
+    for byte in digest.iter() {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
 /// Short hex of a 128-bit hash, for readable renderings.
 pub fn short_hex(hash: u128) -> String {
     format!("{:08x}", (hash >> 96) as u32)

@@ -20,7 +20,7 @@ use std::fmt;
 use serde_json::Value;
 
 use crate::api::canonical::{chain, hash128, to_canonical_bytes, write_canonical};
-use crate::api::{CacheControl, ContentBlock, MessageContent, Request, Role, ToolResultContent};
+use crate::api::{CacheControl, ContentBlock, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
 
 use super::tokens::{TokenCounter, TokenUnit};
 
@@ -159,16 +159,96 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
 
 /// Flattens a request into block positions, counting tokens with `counter`.
 pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> FlatRequest {
-    let mut blocks = Vec::new();
+    flatten_reusing(request, counter, family, None)
+}
+
+/// A request flattened before, whose unchanged blocks need not be serialized again.
+#[derive(Clone, Copy)]
+pub struct Previous<'a> {
+    pub request: &'a Request,
+    pub flat: &'a FlatRequest,
+}
+
+/// The (hash, tokens, bytes) of a block that is equal (including its marker) to the block at
+/// the same path of the previous request.
+type Known = (u128, u32, u32);
+
+struct Reuse<'a> {
+    previous: Option<Previous<'a>>,
+    /// Index into `previous.flat.blocks` of each previous message's first block.
+    message_starts: Vec<usize>,
+}
+
+impl<'a> Reuse<'a> {
+    fn new(previous: Option<Previous<'a>>) -> Self {
+        let mut message_starts = Vec::new();
+        if let Some(p) = previous {
+            let mut position = p.flat.counts.tools + p.flat.counts.system;
+            for message in &p.request.messages {
+                message_starts.push(position);
+                position += message.content.block_count();
+            }
+        }
+        Reuse { previous, message_starts }
+    }
+
+    fn known(&self, position: usize) -> Option<Known> {
+        let block = &self.previous?.flat.blocks[position];
+        Some((block.hash, block.tokens, block.bytes))
+    }
+
+    fn tool(&self, i: usize, tool: &crate::api::Tool) -> Option<Known> {
+        let p = self.previous?;
+        (p.request.tools().get(i)? == tool).then(|| self.known(i)).flatten()
+    }
+
+    fn system(&self, i: usize, block: &crate::api::SystemBlock) -> Option<Known> {
+        let p = self.previous?;
+        let same = match &p.request.system {
+            Some(SystemPrompt::Blocks(blocks)) => blocks.get(i) == Some(block),
+            Some(SystemPrompt::Text(text)) => i == 0 && block.cache_control.is_none() && block.extra.is_empty() && *text == block.text,
+            None => false,
+        };
+        same.then(|| self.known(p.flat.counts.tools + i)).flatten()
+    }
+
+    fn content(&self, m: usize, c: usize, role: Role, block: &ContentBlock) -> Option<Known> {
+        let p = self.previous?;
+        let message = p.request.messages.get(m)?;
+        if message.role != role {
+            return None;
+        }
+        let same = match &message.content {
+            MessageContent::Blocks(blocks) => blocks.get(c) == Some(block),
+            MessageContent::Text(text) => {
+                c == 0 && matches!(block, ContentBlock::Text { text: t, cache_control: None, extra } if t == text && extra.is_empty())
+            }
+        };
+        same.then(|| self.known(self.message_starts[m] + c)).flatten()
+    }
+}
+
+/// Flattens a request, taking the hash and token count of every block that is unchanged from
+/// `previous` (same path, equal value) instead of serializing it again. The result is the same
+/// as [`flatten`]'s; only the work differs.
+pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &str, previous: Option<Previous<'_>>) -> FlatRequest {
+    let reuse = Reuse::new(previous);
+    let mut blocks = Vec::with_capacity(previous.map_or(64, |p| p.flat.blocks.len() + 8));
     let mut state = hash128(SEED);
     let mut counts = RegionCounts::default();
 
     let mut buf = Vec::with_capacity(4096);
     for (i, tool) in request.tools().iter().enumerate() {
-        let (hash, bytes) = block_hash(&mut buf, b"tool", tool, tool.cache_control.is_some(), |t| t.cache_control = None);
+        let (hash, tokens, bytes) = match reuse.tool(i, tool) {
+            Some(known) => known,
+            None => {
+                let (hash, bytes) = block_hash(&mut buf, b"tool", tool, tool.cache_control.is_some(), |t| t.cache_control = None);
+                // The tool's JSON follows the 5-byte tag ("tool" and a separator) in `buf`.
+                let tokens = counter.count(hash, family, || vec![TokenUnit::Text(String::from_utf8_lossy(&buf[5..]).into_owned())]);
+                (hash, tokens, bytes)
+            }
+        };
         state = chain(state, hash);
-        // The tool's JSON follows the 5-byte tag ("tool" and a separator) in `buf`.
-        let tokens = counter.count(hash, family, || vec![TokenUnit::Text(String::from_utf8_lossy(&buf[5..]).into_owned())]);
         blocks.push(PromptBlock {
             path: BlockPath { region: Region::Tools, index: i, content: None },
             role: None,
@@ -186,11 +266,25 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
     if let Some(choice) = &request.tool_choice {
         state = chain(state, tagged_hash(b"tool_choice", &to_canonical_bytes(choice)));
     }
-    for (i, block) in request.system_blocks().iter().enumerate() {
-        let (hash, bytes) = block_hash(&mut buf, b"system", block, block.cache_control.is_some(), |b| b.cache_control = None);
+    let single;
+    let system: &[crate::api::SystemBlock] = match &request.system {
+        None => &[],
+        Some(SystemPrompt::Text(text)) => {
+            single = [crate::api::SystemBlock::text(text.clone())];
+            &single
+        }
+        Some(SystemPrompt::Blocks(blocks)) => blocks,
+    };
+    for (i, block) in system.iter().enumerate() {
+        let (hash, tokens, bytes) = match reuse.system(i, block) {
+            Some(known) => known,
+            None => {
+                let (hash, bytes) = block_hash(&mut buf, b"system", block, block.cache_control.is_some(), |b| b.cache_control = None);
+                let tokens = counter.count(hash, family, || vec![TokenUnit::Text(block.text.clone())]);
+                (hash, tokens, bytes)
+            }
+        };
         state = chain(state, hash);
-        let text = block.text.clone();
-        let tokens = counter.count(hash, family, || vec![TokenUnit::Text(text)]);
         blocks.push(PromptBlock {
             path: BlockPath { region: Region::System, index: i, content: None },
             role: None,
@@ -218,16 +312,22 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
             MessageContent::Blocks(blocks) => blocks,
         };
         for (c, block) in content.iter().enumerate() {
-            let marked = block.raw_cache_control().is_some();
-            let (hash, bytes) = block_hash(&mut buf, message.role.as_str().as_bytes(), block, marked, |b| {
-                if !b.set_cache_control(None)
-                    && let ContentBlock::Other(Value::Object(map)) = b
-                {
-                    map.remove("cache_control");
+            let marker = block.raw_cache_control();
+            let (hash, tokens, bytes) = match reuse.content(m, c, message.role, block) {
+                Some(known) => known,
+                None => {
+                    let (hash, bytes) = block_hash(&mut buf, message.role.as_str().as_bytes(), block, marker.is_some(), |b| {
+                        if !b.set_cache_control(None)
+                            && let ContentBlock::Other(Value::Object(map)) = b
+                        {
+                            map.remove("cache_control");
+                        }
+                    });
+                    let tokens = counter.count(hash, family, || content_token_units(block));
+                    (hash, tokens, bytes)
                 }
-            });
+            };
             state = chain(state, hash);
-            let tokens = counter.count(hash, family, || content_token_units(block));
             let empty_text = matches!(block, ContentBlock::Text { text, .. } if text.is_empty());
             blocks.push(PromptBlock {
                 path: BlockPath { region: Region::Messages, index: m, content: Some(c) },
@@ -237,7 +337,7 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
                 prefix_hash: state,
                 tokens,
                 bytes,
-                cache_control: block.raw_cache_control(),
+                cache_control: marker,
                 auto_eligible: !block.is_thinking() && !empty_text,
             });
             counts.messages += 1;

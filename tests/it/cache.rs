@@ -263,3 +263,17 @@ fn every_estimator_counts_a_real_request() {
         assert!(row.context_tokens > 100, "{kind:?}: {}", row.context_tokens);
     }
 }
+
+#[test]
+fn reusing_unchanged_blocks_gives_the_same_flattening() {
+    // The measurer reuses hashes of blocks unchanged since the previous request; the result
+    // must equal a fresh flattening of every request.
+    let session = ctxsim::synth::growing_session(3, 60, 20_000, MODEL);
+    let mut m = measurer();
+    for entry in &session {
+        let reused = m.flatten(&entry.body).unwrap();
+        let fresh = ctxsim::measure::flatten(&entry.body, &mut TokenCounter::new(EstimatorKind::Chars4), "sonnet");
+        assert_eq!(reused, fresh);
+        m.measure_flat(MeasureInput::new("main", entry.time_ms, &entry.body), reused).unwrap();
+    }
+}
