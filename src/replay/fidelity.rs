@@ -51,6 +51,9 @@ pub struct FidelityReport {
     pub simulated_cache_creation: f64,
     pub recorded_cost_usd: f64,
     pub simulated_cost_usd: f64,
+    /// Tools + system and user-context tokens inferred from the first main-lane call.
+    pub prefix_tokens: u64,
+    pub user_context_tokens: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallComparison>,
 }
@@ -128,6 +131,8 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         simulated_cache_creation: sim_creation.round(),
         recorded_cost_usd: round6(rec_cost),
         simulated_cost_usd: round6(sim_cost),
+        prefix_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.prefix_tokens),
+        user_context_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.user_context_tokens),
         calls: if with_calls { calls } else { Vec::new() },
     }
 }
@@ -179,55 +184,65 @@ pub fn fidelity_table(reports: &[FidelityReport]) -> String {
     out
 }
 
-/// One call's data for the calibration fit: growth of the recorded context against growth of
-/// the raw (bpe) estimate of the messages and of their block count, since the lane group's
-/// first call (whose size the replay takes from the record).
+/// One step of the calibration fit: growth of the recorded context between two consecutive
+/// calls of a lane against growth of the raw (bpe) estimate of the messages and of their block
+/// count. Steps across a compaction, a microcompact or a re-rendered start are left out: there
+/// the unrecorded part changes too.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FitSample {
     pub recorded_growth: f64,
     pub raw_growth: f64,
     pub block_growth: f64,
-    pub recorded_context: f64,
 }
 
 /// Samples of a replay made with the `bpe` estimator, grouped by model family.
 pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<String, Vec<FitSample>> {
-    let mut anchors: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    let mut last: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
     let mut samples: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
     for call in replay.calls.iter().filter(|c| c.compared()) {
-        let group = if call.lane == "compact" { "main".to_owned() } else { call.lane.clone() };
         let rec = call.recorded_context() as f64;
-        let anchor = *anchors.entry(group).or_insert((rec, call.message_tokens as f64, call.message_blocks as f64));
+        let now = (rec, call.message_tokens as f64, call.message_blocks as f64);
+        let previous = last.insert(call.lane.clone(), now);
+        let disturbed = call.events.iter().any(|e| matches!(e.as_str(), "compaction" | "microcompact" | "resume" | "skill" | "tool_search_load"));
+        let Some(previous) = previous else { continue };
+        if disturbed || now.1 < previous.1 {
+            continue;
+        }
         let family = table.lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
         samples.entry(family).or_default().push(FitSample {
-            recorded_growth: rec - anchor.0,
-            raw_growth: call.message_tokens as f64 - anchor.1,
-            block_growth: call.message_blocks as f64 - anchor.2,
-            recorded_context: rec,
+            recorded_growth: now.0 - previous.0,
+            raw_growth: now.1 - previous.1,
+            block_growth: now.2 - previous.2,
         });
     }
     samples
 }
 
-/// Weighted least squares of `recorded_growth ≈ scale × raw_growth + per_block × block_growth`
-/// with weights 1 / recorded_context² (so the fit minimizes relative error, as MAPE measures).
+/// Least squares of `recorded_growth ≈ scale × raw_growth + per_block × block_growth`; when
+/// that gives a non-positive scale or a negative overhead, the overhead is dropped and the
+/// scale alone fitted.
 fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
     let (mut a, mut b, mut c, mut d, mut e) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for s in samples {
-        let w = 1.0 / s.recorded_context.max(1.0).powi(2);
-        a += w * s.raw_growth * s.raw_growth;
-        b += w * s.raw_growth * s.block_growth;
-        c += w * s.block_growth * s.block_growth;
-        d += w * s.raw_growth * s.recorded_growth;
-        e += w * s.block_growth * s.recorded_growth;
+        a += s.raw_growth * s.raw_growth;
+        b += s.raw_growth * s.block_growth;
+        c += s.block_growth * s.block_growth;
+        d += s.raw_growth * s.recorded_growth;
+        e += s.block_growth * s.recorded_growth;
     }
-    let det = a * c - b * b;
-    if samples.len() < 3 || det.abs() < 1e-18 {
+    if samples.len() < 3 || a <= 0.0 {
         return None;
     }
-    let scale = (d * c - b * e) / det;
-    let per_block = (a * e - b * d) / det;
-    Some(FamilyCalibration { scale: round6(scale), per_block: round6(per_block) })
+    let det = a * c - b * b;
+    if det.abs() > 1e-9 {
+        let scale = (d * c - b * e) / det;
+        let per_block = (a * e - b * d) / det;
+        if scale > 0.0 && per_block >= 0.0 {
+            return Some(FamilyCalibration { scale: round6(scale), per_block: round6(per_block) });
+        }
+    }
+    let scale = d / a;
+    (scale > 0.0).then(|| FamilyCalibration { scale: round6(scale), per_block: 0.0 })
 }
 
 /// Fits the calibrated estimator on samples from several sessions.

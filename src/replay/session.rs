@@ -85,8 +85,9 @@ pub struct CallReplay {
     /// Tokens of the recorded messages as estimated (without the synthetic prefix blocks).
     pub message_tokens: u64,
     pub message_blocks: u64,
-    /// Inferred unrecorded size (tools + system + user context) of this call's lane group.
-    pub unrecorded_tokens: u64,
+    /// Tokens of tools + system (the prefix level) and of the user-context reminder in force.
+    pub prefix_tokens: u64,
+    pub user_context_tokens: u64,
 }
 
 impl CallReplay {
@@ -150,7 +151,18 @@ struct LaneState {
     restored: Vec<ContentBlock>,
     /// Read tool results seen, in order: (file path, text).
     reads: Vec<(String, String)>,
+    /// Tool results recorded in this lane so far.
+    seen_results: BTreeSet<String>,
+    /// Tokens a microcompact freed from history older than the transcript (a session segment
+    /// that starts mid-conversation): taken off the unrecorded part.
+    hidden_saved: u64,
+    /// A compaction dropped the unrecorded history of a mid-conversation segment.
+    compacted: bool,
 }
+
+/// The most user context (CLAUDE.md files, date, git status) the replay keeps after a
+/// compaction: anything the first call showed beyond it was history older than the transcript.
+pub const USER_CONTEXT_MAX_TOKENS: u64 = 12_000;
 
 fn group_of(lane: &str) -> &str {
     if lane == LANE_COMPACT { LANE_MAIN } else { lane }
@@ -160,7 +172,7 @@ fn group_of(lane: &str) -> &str {
 /// token each under both chars/4 (four characters) and o200k (one pre-token per word).
 fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
     let raw_target = match kind {
-        EstimatorKind::Calibrated => (((target as f64) - per_block) / scale.max(1e-6)).round().max(0.0) as u64,
+        EstimatorKind::Calibrated => (((target as f64) - per_block) / scale.max(0.05)).round().clamp(0.0, 4.0 * target as f64) as u64,
         _ => target,
     };
     let head = format!("<{label}>");
@@ -318,6 +330,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     call_events.push("compaction".into());
                     state.restored = if options.restore_files { restored_files(&state.reads) } else { Vec::new() };
                     state.cleared.clear();
+                    state.compacted = true;
                 }
                 EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
                     call_events.push("microcompact".into());
@@ -326,7 +339,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                         .get("microcompactMetadata")
                         .and_then(|m| m.get("compactedToolIds"))
                         .and_then(Value::as_array);
-                    for id in ids.into_iter().flatten().filter_map(Value::as_str) {
+                    let ids: Vec<&str> = ids.into_iter().flatten().filter_map(Value::as_str).collect();
+                    let hidden = ids.iter().filter(|id| !state.seen_results.contains(**id)).count();
+                    let saved = sys.payload.get("microcompactMetadata").and_then(|m| m.get("tokensSaved")).and_then(Value::as_u64).unwrap_or(0);
+                    if !ids.is_empty() {
+                        state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
+                    }
+                    for id in ids {
                         state.cleared.insert(id.to_owned());
                     }
                 }
@@ -365,6 +384,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                 }
                 EventKind::ToolResult(result) => {
+                    state.seen_results.insert(result.tool_use_id.clone());
                     if let Some(path) = pending_reads.remove(&result.tool_use_id) {
                         state.reads.push((path, text_of_result(&result.content)));
                     }
@@ -472,7 +492,11 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             };
             groups.insert(group.clone(), GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded - prefix });
         }
-        let sizes = groups[&group];
+        let mut sizes = groups[&group];
+        sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
+        if state.compacted {
+            sizes.context_tokens = sizes.context_tokens.min(USER_CONTEXT_MAX_TOKENS);
+        }
 
         let label = if group == LANE_MAIN { "system".to_owned() } else { format!("system {group}") };
         request.system = Some(SystemPrompt::Blocks(vec![
@@ -489,7 +513,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             );
         }
         if sizes.context_tokens > 0 {
-            let label = format!("user-context {group} {}", state.rerender_epoch);
+            let label = format!("user-context {group} {} {}", state.rerender_epoch, sizes.context_tokens);
             let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, kind, params.scale, params.per_block));
             match request.messages.first_mut() {
                 Some(first) if first.role == Role::User => {
@@ -571,7 +595,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             rerender_probability: probability,
             message_tokens,
             message_blocks,
-            unrecorded_tokens: sizes.prefix_tokens + sizes.context_tokens,
+            prefix_tokens: sizes.prefix_tokens,
+            user_context_tokens: sizes.context_tokens,
         });
     }
     SessionReplay { input, estimator: kind.name().to_owned(), calls: out }
@@ -594,7 +619,8 @@ fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> Cal
         rerender_probability: 0.0,
         message_tokens: 0,
         message_blocks: 0,
-        unrecorded_tokens: 0,
+        prefix_tokens: 0,
+        user_context_tokens: 0,
     }
 }
 
