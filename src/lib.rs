@@ -7,6 +7,7 @@ pub mod api;
 pub mod cli;
 pub mod measure;
 pub mod recording;
+pub mod replay;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -2,7 +2,7 @@ use crate::analyze::{analyze, read_log_file};
 use crate::measure::Summary;
 use crate::report::render::render_request;
 
-use super::args::AnalyzeArgs;
+use super::args::{AnalyzeArgs, LogSource};
 use super::common::{emit, measurer};
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
@@ -10,7 +10,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     let mut all_rows = Vec::new();
     for path in &args.logs {
         let name = path.display().to_string();
-        let log = read_log_file(path)?;
+        let log = read_any_log(path, args.from)?;
         for warning in &log.warnings {
             eprintln!("warning: {warning}");
         }
@@ -27,4 +27,23 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     }
     emit(&args.measure, &summaries, &all_rows)?;
     Ok(0)
+}
+
+/// Reads a request log, converting a claude-trace capture on the fly.
+fn read_any_log(path: &std::path::Path, from: Option<LogSource>) -> anyhow::Result<crate::analyze::RequestLog> {
+    use crate::recording::{InputFormat, convert_claude_trace, detect_format, write_request_log_to};
+    let trace = match from {
+        Some(LogSource::ClaudeTrace) => true,
+        Some(LogSource::RequestLog) => false,
+        None => detect_format(path)? == InputFormat::ClaudeTrace,
+    };
+    if !trace {
+        return Ok(read_log_file(path)?);
+    }
+    let name = path.display().to_string();
+    let file = std::fs::File::open(path)?;
+    let converted = convert_claude_trace(std::io::BufReader::new(file), &name)?;
+    let mut bytes = Vec::new();
+    write_request_log_to(&converted.entries, &mut bytes)?;
+    Ok(crate::analyze::read_log(std::io::Cursor::new(bytes), &name)?)
 }

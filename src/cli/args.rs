@@ -21,6 +21,81 @@ pub enum Command {
     Tokens(TokensArgs),
     /// List the closed list of cache-break causes.
     Causes,
+    /// Convert a real transcript or a captured request log into a ctxsim recording (or request log).
+    Import(ImportArgs),
+    /// Replay recordings or Claude Code transcripts (detected) through the pipeline.
+    Replay(ReplayArgs),
+    /// Replay real sessions and compare the simulated usage with what the API reported.
+    Fidelity(FidelityArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImportSource {
+    /// A Claude Code session transcript (with `<session>/subagents/` beside it).
+    ClaudeCode,
+    /// A ctxsim request log.
+    RequestLog,
+    /// A claude-trace capture; becomes an `analyze` request log.
+    ClaudeTrace,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    pub input: PathBuf,
+    /// Where to write the recording.
+    #[arg(short, long, value_name = "RECORDING")]
+    pub output: PathBuf,
+    /// Input format; detected from the first line when not given.
+    #[arg(long, value_enum)]
+    pub from: Option<ImportSource>,
+    /// Do not print the import report.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Recordings or Claude Code transcripts.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Strategy; only `as-recorded` (the client's own behaviour) is available in replay so far.
+    #[arg(long, default_value = "as-recorded")]
+    pub strategy: String,
+    #[command(flatten)]
+    pub measure: MeasureOpts,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FidelityFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct FidelityArgs {
+    /// Claude Code transcripts (or recordings of them).
+    #[arg(required = true)]
+    pub transcripts: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: FidelityFormat,
+    /// Token estimator.
+    #[arg(long, value_enum, default_value = "calibrated")]
+    pub estimator: Estimator,
+    /// Calibration parameters for the calibrated estimator (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+    /// Fit the calibrated estimator on the given transcripts and write it here.
+    #[arg(long, value_name = "OUT.json")]
+    pub fit: Option<PathBuf>,
+    /// Also list the recorded cache breaks with the cause the replay attributes.
+    #[arg(long)]
+    pub breaks: bool,
+    /// Keep per-call rows in the JSON output.
+    #[arg(long)]
+    pub calls: bool,
+    /// Do not apply the N-pattern rate of 2.0.76–2.1.39.
+    #[arg(long)]
+    pub no_rerender_rate: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

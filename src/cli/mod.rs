@@ -2,6 +2,9 @@
 mod analyze;
 mod args;
 mod common;
+mod fidelity;
+mod import;
+mod replay;
 mod run;
 mod tokens;
 
@@ -13,6 +16,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Run(a) => run::run(a),
         args::Command::Analyze(a) => analyze::run(a),
         args::Command::Tokens(a) => tokens::run(a),
+        args::Command::Import(a) => import::run(a),
+        args::Command::Replay(a) => replay::run(a),
+        args::Command::Fidelity(a) => fidelity::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

@@ -143,6 +143,16 @@ struct ChainNode {
 }
 
 impl ImportedSession {
+    /// A session from a recording read back from disk: no `parentUuid` graph, so every call's
+    /// view is its lane's message events since the lane's last compaction, in file order.
+    pub fn from_recording(recording: Recording) -> ImportedSession {
+        let calls = recorded_calls(&recording);
+        let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
+        report.events = recording.events.len();
+        report.calls = calls.len();
+        ImportedSession { recording, calls, report, chain: BTreeMap::new() }
+    }
+
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
     ///
     /// For a main-lane call, the `parentUuid` chain is walked back from the call's first

@@ -2,6 +2,7 @@
 mod agent_layers;
 mod analyze;
 mod cache;
+mod fidelity;
 mod recording;
 mod requests;
 mod scenario;

@@ -1,0 +1,44 @@
+//! Importing and replaying every real session in ../shared/realdata/transcripts, with chars4
+//! and bpe. Run with `cargo bench --bench replay -- --noplot`.
+use std::path::PathBuf;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::replay::{ReplayOptions, load_session, replay_session};
+
+fn transcripts() -> Vec<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/realdata/transcripts");
+    let mut files = Vec::new();
+    for dir in ["entireio-cli", "spotter"] {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        found.sort();
+        files.extend(found);
+    }
+    files
+}
+
+fn replay_all(kind: EstimatorKind, files: &[PathBuf]) -> usize {
+    let mut rows = 0;
+    for path in files {
+        let session = load_session(path).unwrap();
+        let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(kind));
+        rows += replay_session(&session, &mut measurer, &ReplayOptions::default()).rows().len();
+    }
+    rows
+}
+
+fn bench(c: &mut Criterion) {
+    let files = transcripts();
+    let mut group = c.benchmark_group("replay");
+    group.sample_size(10);
+    group.bench_function("all_realdata_chars4", |b| b.iter(|| replay_all(EstimatorKind::Chars4, &files)));
+    group.bench_function("all_realdata_bpe", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files)));
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

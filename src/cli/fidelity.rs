@@ -1,0 +1,76 @@
+use anyhow::Context;
+
+use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
+use crate::replay::{
+    ReplayOptions, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session,
+    replay_session,
+};
+use crate::report::output::write_atomic;
+
+use super::args::{FidelityArgs, FidelityFormat};
+
+pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
+    let table = ModelTable::shipped();
+    let options = ReplayOptions { rerender_rate: !args.no_rerender_rate, ..ReplayOptions::default() };
+    let mut sessions = Vec::new();
+    for path in &args.transcripts {
+        sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);
+    }
+    if let Some(out) = &args.fit {
+        let mut samples = std::collections::BTreeMap::new();
+        for session in &sessions {
+            let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Bpe));
+            let replay = replay_session(session, &mut measurer, &options);
+            for (family, s) in fit_samples(&replay, &table) {
+                samples.entry(family).or_insert_with(Vec::new).extend(s);
+            }
+        }
+        let names: Vec<String> = args
+            .transcripts
+            .iter()
+            .map(|p| p.file_name().map_or(p.display().to_string(), |n| n.to_string_lossy().into_owned()))
+            .collect();
+        let calibration = fit_calibration(&samples, &format!("fitted by `ctxsim fidelity --fit` on {}", names.join(", ")));
+        let text = serde_json::to_string_pretty(&calibration)? + "\n";
+        write_atomic(out, text.as_bytes()).with_context(|| format!("failed to write {}", out.display()))?;
+    }
+    let calibration = match &args.calibration {
+        Some(path) => Calibration::load(path)?,
+        None => Calibration::shipped(),
+    };
+    let mut reports = Vec::new();
+    let mut breaks = Vec::new();
+    for session in &sessions {
+        let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone());
+        let mut measurer = Measurer::new(table.clone(), counter);
+        let replay = replay_session(session, &mut measurer, &options);
+        if args.breaks {
+            breaks.push((replay.input.clone(), find_breaks(&replay)));
+        }
+        reports.push(fidelity_for_session(&replay, &table, args.calls));
+    }
+    match args.format {
+        FidelityFormat::Json => {
+            let text = if reports.len() == 1 { serde_json::to_string_pretty(&reports[0])? } else { serde_json::to_string_pretty(&reports)? };
+            println!("{text}");
+        }
+        FidelityFormat::Table => print!("{}", fidelity_table(&reports)),
+    }
+    for (input, rows) in &breaks {
+        println!("\nbreaks in {input}: {}", rows.len());
+        for row in rows {
+            println!(
+                "  #{:<4} {:<12} gap {:>6.1}s  cached {:>7} read {:>7} drop {:>7}  {:<18} predicted {:.2}",
+                row.index,
+                row.lane,
+                row.gap_ms as f64 / 1000.0,
+                row.previous_cached,
+                row.cache_read,
+                row.drop,
+                row.cause,
+                row.predicted
+            );
+        }
+    }
+    Ok(0)
+}

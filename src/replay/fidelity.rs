@@ -1,0 +1,254 @@
+//! The fidelity report: the replay of a real session against the usage the API billed.
+//!
+//! Per call: simulated context (input + cache read + cache creation) against the recorded one,
+//! and the cache split. Per session (CONTRACT.md, "Fidelity JSON"): the mean absolute
+//! percentage error of the context and its 90th percentile, signed relative errors of the
+//! summed cache read, cache creation and cost, and the share of calls where simulation and
+//! record agree on whether the cached prefix was read (`cache_read > 0`) and whether it was
+//! mostly rewritten (`cache_creation > context / 2`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::measure::tokens::{Calibration, FamilyCalibration};
+use crate::measure::ModelTable;
+
+use super::session::{CallReplay, SessionReplay};
+
+/// One compared call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallComparison {
+    pub index: usize,
+    pub lane: String,
+    pub time_ms: u64,
+    pub recorded_context: u64,
+    pub simulated_context: u64,
+    pub recorded_cache_read: u64,
+    pub simulated_cache_read: f64,
+    pub recorded_cache_creation: u64,
+    pub simulated_cache_creation: f64,
+    pub context_ape: f64,
+    pub hit_agrees: bool,
+}
+
+/// The per-session figures (CONTRACT.md "Fidelity JSON", plus a few more).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FidelityReport {
+    pub input: String,
+    pub requests_compared: usize,
+    pub requests_skipped: usize,
+    pub context_tokens_mape: f64,
+    pub cache_read_total_error: f64,
+    pub cache_creation_total_error: f64,
+    pub hit_agreement: f64,
+    pub cost_error: f64,
+    pub estimator: String,
+    pub context_tokens_ape_p90: f64,
+    pub recorded_cache_read: u64,
+    pub simulated_cache_read: f64,
+    pub recorded_cache_creation: u64,
+    pub simulated_cache_creation: f64,
+    pub recorded_cost_usd: f64,
+    pub simulated_cost_usd: f64,
+    /// Tools + system and user-context tokens inferred from the first main-lane call.
+    pub prefix_tokens: u64,
+    pub user_context_tokens: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallComparison>,
+}
+
+fn mostly_rewritten(creation: f64, context: f64) -> bool {
+    creation * 2.0 > context
+}
+
+fn relative(simulated: f64, recorded: f64) -> f64 {
+    if recorded == 0.0 { if simulated == 0.0 { 0.0 } else { 1.0 } } else { (simulated - recorded) / recorded }
+}
+
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// Compares one replayed session with its record. `with_calls` keeps the per-call rows.
+pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_calls: bool) -> FidelityReport {
+    let mut calls = Vec::new();
+    let mut skipped = 0;
+    let (mut rec_read, mut rec_creation, mut sim_read, mut sim_creation) = (0u64, 0u64, 0.0, 0.0);
+    let (mut rec_cost, mut sim_cost) = (0.0, 0.0);
+    for call in &replay.calls {
+        if !call.compared() {
+            skipped += 1;
+            continue;
+        }
+        let comparison = compare(call);
+        rec_read += comparison.recorded_cache_read;
+        rec_creation += comparison.recorded_cache_creation;
+        sim_read += comparison.simulated_cache_read;
+        sim_creation += comparison.simulated_cache_creation;
+        if let Ok(info) = table.lookup(&call.model) {
+            let split = call.recorded.creation_split();
+            rec_cost += info.price.cost(
+                call.recorded.input_tokens,
+                call.recorded.output_tokens,
+                call.recorded.cache_read_input_tokens,
+                split.ephemeral_5m_input_tokens,
+                split.ephemeral_1h_input_tokens,
+            );
+            let metrics = call.metrics.as_ref().expect("compared calls are measured");
+            let creation = metrics.cache_creation_input_tokens as f64;
+            let share_1h = if creation > 0.0 { metrics.cache_creation.ephemeral_1h_input_tokens as f64 / creation } else { 0.0 };
+            let p = &info.price;
+            sim_cost += (call.sim_input * p.input
+                + call.recorded.output_tokens as f64 * p.output
+                + call.sim_cache_read * p.cache_read
+                + call.sim_cache_creation * (1.0 - share_1h) * p.cache_write_5m
+                + call.sim_cache_creation * share_1h * p.cache_write_1h)
+                / 1_000_000.0;
+        }
+        calls.push(comparison);
+    }
+    let n = calls.len();
+    let mut apes: Vec<f64> = calls.iter().map(|c| c.context_ape).collect();
+    apes.sort_by(f64::total_cmp);
+    let mape = if n == 0 { 0.0 } else { apes.iter().sum::<f64>() / n as f64 };
+    let p90 = if n == 0 { 0.0 } else { apes[((n as f64 * 0.9).ceil() as usize).clamp(1, n) - 1] };
+    let agreement = if n == 0 { 1.0 } else { calls.iter().filter(|c| c.hit_agrees).count() as f64 / n as f64 };
+    FidelityReport {
+        input: replay.input.clone(),
+        requests_compared: n,
+        requests_skipped: skipped,
+        context_tokens_mape: round6(mape),
+        cache_read_total_error: round6(relative(sim_read, rec_read as f64)),
+        cache_creation_total_error: round6(relative(sim_creation, rec_creation as f64)),
+        hit_agreement: round6(agreement),
+        cost_error: round6(relative(sim_cost, rec_cost)),
+        estimator: replay.estimator.clone(),
+        context_tokens_ape_p90: round6(p90),
+        recorded_cache_read: rec_read,
+        simulated_cache_read: sim_read.round(),
+        recorded_cache_creation: rec_creation,
+        simulated_cache_creation: sim_creation.round(),
+        recorded_cost_usd: round6(rec_cost),
+        simulated_cost_usd: round6(sim_cost),
+        prefix_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.prefix_tokens),
+        user_context_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.user_context_tokens),
+        calls: if with_calls { calls } else { Vec::new() },
+    }
+}
+
+fn compare(call: &CallReplay) -> CallComparison {
+    let recorded_context = call.recorded_context();
+    let simulated_context = call.simulated_context();
+    let rec = &call.recorded;
+    let rec_hit = rec.cache_read_input_tokens > 0;
+    let sim_hit = call.sim_cache_read >= 0.5;
+    let rec_rewritten = mostly_rewritten(rec.cache_creation_input_tokens as f64, recorded_context as f64);
+    let sim_rewritten = mostly_rewritten(call.sim_cache_creation, simulated_context as f64);
+    CallComparison {
+        index: call.index,
+        lane: call.lane.clone(),
+        time_ms: call.time_ms,
+        recorded_context,
+        simulated_context,
+        recorded_cache_read: rec.cache_read_input_tokens,
+        simulated_cache_read: call.sim_cache_read,
+        recorded_cache_creation: rec.cache_creation_input_tokens,
+        simulated_cache_creation: call.sim_cache_creation,
+        context_ape: relative(simulated_context as f64, recorded_context as f64).abs(),
+        hit_agrees: rec_hit == sim_hit && rec_rewritten == sim_rewritten,
+    }
+}
+
+/// A fixed-width table of session reports, with a pooled row when there are several.
+pub fn fidelity_table(reports: &[FidelityReport]) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<44} {:>6} {:>7} {:>7} {:>7} {:>9} {:>9} {:>8}\n",
+        "session", "calls", "mape%", "p90%", "hit%", "read%", "create%", "cost%"
+    ));
+    for r in reports {
+        let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());
+        out.push_str(&format!(
+            "{:<44} {:>6} {:>7.2} {:>7.2} {:>7.2} {:>+9.2} {:>+9.2} {:>+8.2}\n",
+            name,
+            r.requests_compared,
+            r.context_tokens_mape * 100.0,
+            r.context_tokens_ape_p90 * 100.0,
+            r.hit_agreement * 100.0,
+            r.cache_read_total_error * 100.0,
+            r.cache_creation_total_error * 100.0,
+            r.cost_error * 100.0
+        ));
+    }
+    out
+}
+
+/// One step of the calibration fit: growth of the recorded context between two consecutive
+/// calls of a lane against growth of the raw (bpe) estimate of the messages and of their block
+/// count. Steps across a compaction, a microcompact or a re-rendered start are left out: there
+/// the unrecorded part changes too.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitSample {
+    pub recorded_growth: f64,
+    pub raw_growth: f64,
+    pub block_growth: f64,
+}
+
+/// Samples of a replay made with the `bpe` estimator, grouped by model family.
+pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<String, Vec<FitSample>> {
+    let mut last: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    let mut samples: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
+    for call in replay.calls.iter().filter(|c| c.compared()) {
+        let rec = call.recorded_context() as f64;
+        let now = (rec, call.message_tokens as f64, call.message_blocks as f64);
+        let previous = last.insert(call.lane.clone(), now);
+        let disturbed = call.events.iter().any(|e| matches!(e.as_str(), "compaction" | "microcompact" | "resume" | "skill" | "tool_search_load"));
+        let Some(previous) = previous else { continue };
+        if disturbed || now.1 < previous.1 {
+            continue;
+        }
+        let family = table.lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
+        samples.entry(family).or_default().push(FitSample {
+            recorded_growth: now.0 - previous.0,
+            raw_growth: now.1 - previous.1,
+            block_growth: now.2 - previous.2,
+        });
+    }
+    samples
+}
+
+/// Least squares of `recorded_growth ≈ scale × raw_growth + per_block × block_growth`; when
+/// that gives a non-positive scale or a negative overhead, the overhead is dropped and the
+/// scale alone fitted.
+fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
+    let (mut a, mut b, mut c, mut d, mut e) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for s in samples {
+        a += s.raw_growth * s.raw_growth;
+        b += s.raw_growth * s.block_growth;
+        c += s.block_growth * s.block_growth;
+        d += s.raw_growth * s.recorded_growth;
+        e += s.block_growth * s.recorded_growth;
+    }
+    if samples.len() < 3 || a <= 0.0 {
+        return None;
+    }
+    let det = a * c - b * b;
+    if det.abs() > 1e-9 {
+        let scale = (d * c - b * e) / det;
+        let per_block = (a * e - b * d) / det;
+        if scale > 0.0 && per_block >= 0.0 {
+            return Some(FamilyCalibration { scale: round6(scale), per_block: round6(per_block) });
+        }
+    }
+    let scale = d / a;
+    (scale > 0.0).then(|| FamilyCalibration { scale: round6(scale), per_block: 0.0 })
+}
+
+/// Fits the calibrated estimator on samples from several sessions.
+pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, source: &str) -> Calibration {
+    let pooled: Vec<FitSample> = samples.values().flatten().copied().collect();
+    let default = solve(&pooled).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
+    let families = samples.iter().filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
+    Calibration { source: source.to_owned(), default, families }
+}

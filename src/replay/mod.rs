@@ -1,0 +1,20 @@
+//! Replay of imported sessions through the measurement pipeline, and the fidelity report that
+//! compares the simulated usage with the usage the API really billed.
+//!
+//! - [`profile`]: per-version client behaviour and sizes the transcript does not contain.
+//! - [`session`]: rebuilds, for every recorded API call, the request the client would have
+//!   sent, and measures it.
+//! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
+//! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
+
+pub mod breaks;
+pub mod fidelity;
+pub mod profile;
+pub mod session;
+
+pub use breaks::{BreakRow, find_breaks};
+pub use fidelity::{
+    CallComparison, FidelityReport, FitSample, fidelity_for_session, fidelity_table, fit_calibration, fit_samples,
+};
+pub use profile::{ClientProfile, parse_version};
+pub use session::{CallReplay, ReplayOptions, SessionReplay, load_session, replay_session};

@@ -1,0 +1,630 @@
+//! Replays an imported session: for every recorded API call, the request the client would have
+//! sent, measured with [`Measurer`] at the recorded time.
+//!
+//! What each rebuilt request holds, in order:
+//! - `tools`: empty, except deferred tools loaded by ToolSearch (appended on their first load,
+//!   which puts them ahead of everything cached: the full miss the real client shows);
+//! - `system`: one block with the lane's prefix level of tokens (see [`super::profile`]) and a
+//!   breakpoint, as Claude Code marks its system blocks;
+//! - `messages`: the user-context reminder (the unrecorded rest of the first call's size) opening
+//!   `messages[0]`, then the messages the call saw ([`ImportedSession::messages_for_call`]) with
+//!   tool results cleared by a recorded microcompact, thinking whose text was not stored filled
+//!   to its estimate, and the files the client restores after a compaction; one breakpoint on
+//!   the last block.
+//!
+//! The TTL of every breakpoint is the one in force for the call, read from the recorded
+//! `cache_creation` split (1h when any 1h tokens were written, 5m when 5m were, else the
+//! lane's last one). Because every request marks its last block, a call reads what the
+//! previous call *cached* (its read + creation), not its whole prompt, as the API does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::api::{
+    CacheControl, CacheTtl, ContentBlock, Message, MessageContent, Request, Role, SystemBlock, SystemPrompt, Tool,
+    ToolResultContent, Usage,
+};
+use crate::measure::blocks::Region;
+use crate::measure::tokens::{bpe, chars4};
+use crate::measure::{EstimatorKind, FlatRequest, MeasureInput, Measurer, RequestMetrics};
+use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
+use crate::recording::{
+    EventKind, ImportError, ImportedSession, InputFormat, RecordedCall, detect_format, import_claude_code,
+    read_recording,
+};
+
+use super::profile::ClientProfile;
+
+/// Text a microcompact leaves in place of a cleared tool result.
+pub const CLEARED_TOOL_RESULT: &str = "[Old tool result content cleared]";
+/// Post-compaction file restore budgets (reference/layer-6-and-caching.md §5.10).
+const RESTORE_MAX_FILES: usize = 5;
+const RESTORE_MAX_TOKENS_PER_FILE: usize = 5_000;
+const RESTORE_TOKEN_BUDGET: usize = 50_000;
+
+/// Knobs of a replay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayOptions {
+    /// Apply the N-pattern as an expected value at new user turns of the versions that show it.
+    pub rerender_rate: bool,
+    /// Restore recently read files after a compaction.
+    pub restore_files: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions { rerender_rate: true, restore_files: true }
+    }
+}
+
+/// One recorded call and its replay.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallReplay {
+    pub index: usize,
+    pub lane: String,
+    pub time_ms: u64,
+    pub model: String,
+    pub version: Option<String>,
+    pub recorded: Usage,
+    /// Why the call is not compared (synthetic reply, API error, no usage), if it is not.
+    pub skipped: Option<String>,
+    /// The measured request (cache figures before the N-pattern adjustment).
+    pub metrics: Option<RequestMetrics>,
+    /// Simulated cache read and creation after the N-pattern expected value.
+    pub sim_cache_read: f64,
+    pub sim_cache_creation: f64,
+    pub sim_input: f64,
+    /// Events the replay saw before this call: `compaction`, `microcompact`, `model_switch`,
+    /// `tool_search_load`, `skill`, `resume`, `ttl_expired`, `new_user_turn`.
+    pub events: Vec<String>,
+    /// The N-pattern probability applied to this call (0 when none).
+    pub rerender_probability: f64,
+    /// Tokens of the recorded messages as estimated (without the synthetic prefix blocks).
+    pub message_tokens: u64,
+    pub message_blocks: u64,
+    /// Tokens of tools + system (the prefix level) and of the user-context reminder in force.
+    pub prefix_tokens: u64,
+    pub user_context_tokens: u64,
+}
+
+impl CallReplay {
+    pub fn recorded_context(&self) -> u64 {
+        self.recorded.prompt_tokens()
+    }
+
+    pub fn simulated_context(&self) -> u64 {
+        self.metrics.as_ref().map_or(0, |m| m.context_tokens)
+    }
+
+    pub fn compared(&self) -> bool {
+        self.skipped.is_none()
+    }
+}
+
+/// A replayed session.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionReplay {
+    pub input: String,
+    pub estimator: String,
+    pub calls: Vec<CallReplay>,
+}
+
+impl SessionReplay {
+    /// The measured rows, in call order (skipped calls left out).
+    pub fn rows(&self) -> Vec<RequestMetrics> {
+        self.calls.iter().filter_map(|c| c.metrics.clone()).collect()
+    }
+}
+
+/// Reads a Claude Code transcript (with its subagent files) or a ctxsim recording.
+pub fn load_session(path: &Path) -> Result<ImportedSession, ImportError> {
+    match detect_format(path)? {
+        InputFormat::ClaudeCode => import_claude_code(path),
+        InputFormat::Recording => Ok(ImportedSession::from_recording(read_recording(path)?.recording)),
+        other => Err(ImportError::Unsupported {
+            file: path.display().to_string(),
+            message: format!("replay reads transcripts and recordings, not a {}", other.as_str()),
+        }),
+    }
+}
+
+/// Sizes inferred for one lane group (main + compact share one; every subagent has its own).
+#[derive(Debug, Clone, Copy)]
+struct GroupSizes {
+    prefix_tokens: u64,
+    context_tokens: u64,
+}
+
+#[derive(Debug, Default)]
+struct LaneState {
+    ttl: Option<CacheTtl>,
+    model: Option<String>,
+    last_time_ms: Option<u64>,
+    /// Index of the last event of this lane already scanned.
+    scanned_to: usize,
+    cleared: BTreeSet<String>,
+    loaded_tools: Vec<String>,
+    rerender_epoch: u32,
+    restored: Vec<ContentBlock>,
+    /// Read tool results seen, in order: (file path, text).
+    reads: Vec<(String, String)>,
+    /// Tool results recorded in this lane so far.
+    seen_results: BTreeSet<String>,
+    /// Tokens a microcompact freed from history older than the transcript (a session segment
+    /// that starts mid-conversation): taken off the unrecorded part.
+    hidden_saved: u64,
+    /// A compaction dropped the unrecorded history of a mid-conversation segment.
+    compacted: bool,
+}
+
+/// The most user context (CLAUDE.md files, date, git status) the replay keeps after a
+/// compaction: anything the first call showed beyond it was history older than the transcript.
+pub const USER_CONTEXT_MAX_TOKENS: u64 = 12_000;
+
+fn group_of(lane: &str) -> &str {
+    if lane == LANE_COMPACT { LANE_MAIN } else { lane }
+}
+
+/// A text whose estimate under `kind` is `target` tokens: a label, then words that are one
+/// token each under both chars/4 (four characters) and o200k (one pre-token per word).
+fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
+    let raw_target = match kind {
+        EstimatorKind::Calibrated => (((target as f64) - per_block) / scale.max(0.05)).round().clamp(0.0, 4.0 * target as f64) as u64,
+        _ => target,
+    };
+    let head = format!("<{label}>");
+    let head_tokens = u64::from(match kind {
+        EstimatorKind::Chars4 => chars4(&head),
+        _ => bpe(&head),
+    });
+    let words = raw_target.saturating_sub(head_tokens) as usize;
+    const WORDS: [&str; 6] = [" the", " and", " for", " not", " you", " are"];
+    let mut text = String::with_capacity(head.len() + words * 4);
+    text.push_str(&head);
+    for i in 0..words {
+        text.push_str(WORDS[i % WORDS.len()]);
+    }
+    text
+}
+
+fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
+    let split = usage.cache_creation.as_ref()?;
+    if split.ephemeral_1h_input_tokens > 0 {
+        Some(CacheTtl::OneHour)
+    } else if split.ephemeral_5m_input_tokens > 0 {
+        Some(CacheTtl::FiveMinutes)
+    } else {
+        None
+    }
+}
+
+fn text_of_result(content: &Option<ToolResultContent>) -> String {
+    match content {
+        None => String::new(),
+        Some(ToolResultContent::Text(t)) => t.clone(),
+        Some(ToolResultContent::Blocks(blocks)) => blocks
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
+
+/// The files the client re-attaches after a compaction: the most recently read files (at most
+/// five, 5,000 tokens each, 50,000 in all, chars/4 as the client counts).
+fn restored_files(reads: &[(String, String)]) -> Vec<ContentBlock> {
+    let mut seen = BTreeSet::new();
+    let mut blocks = Vec::new();
+    let mut total = 0;
+    for (path, text) in reads.iter().rev() {
+        if blocks.len() == RESTORE_MAX_FILES {
+            break;
+        }
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        let mut body: String = text.chars().take(RESTORE_MAX_TOKENS_PER_FILE * 4).collect();
+        if body.len() < text.len() {
+            body.push_str("\n... (truncated)");
+        }
+        let rendered = format!(
+            "<system-reminder>\nCalled the Read tool with the following input: {{\"file_path\":\"{path}\"}}\nResult of calling the Read tool:\n{body}\n</system-reminder>"
+        );
+        let tokens = chars4(&rendered) as usize;
+        if total + tokens > RESTORE_TOKEN_BUDGET {
+            continue;
+        }
+        total += tokens;
+        blocks.push(ContentBlock::text(rendered));
+    }
+    blocks
+}
+
+fn is_new_user_turn(messages: &[Message]) -> bool {
+    let Some(last) = messages.last() else { return false };
+    if last.role != Role::User {
+        return false;
+    }
+    let blocks = last.content.to_blocks();
+    !blocks.iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+}
+
+/// Flat position of the first block of the user prompt that opened the previous turn, if the
+/// request holds one: the last user message before the final one with no tool result in it.
+fn previous_prompt_position(request: &Request, flat: &FlatRequest) -> Option<usize> {
+    let n = request.messages.len();
+    let mut target = None;
+    for m in (1..n.saturating_sub(1)).rev() {
+        let message = &request.messages[m];
+        if message.role == Role::User
+            && !message.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+        {
+            target = Some(m);
+            break;
+        }
+    }
+    let target = target?;
+    flat.blocks.iter().position(|b| b.path.region == Region::Messages && b.path.index == target)
+}
+
+/// Replays every call of `session` through `measurer`.
+pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
+    let input = session.recording.header.input.clone().unwrap_or_default();
+    let kind = measurer.counter().kind();
+    let events = &session.recording.events;
+
+    // Estimated thinking of replies whose text was not stored, keyed by signature.
+    let mut thinking_estimate: BTreeMap<String, u64> = BTreeMap::new();
+    for event in events {
+        if let EventKind::ModelReply(reply) = &event.kind
+            && !reply.thinking_text_stored
+        {
+            let visible: u64 = reply
+                .content
+                .iter()
+                .filter(|b| !b.is_thinking())
+                .map(|b| crate::measure::blocks::content_token_units(b))
+                .flatten()
+                .map(|u| match u {
+                    crate::measure::tokens::TokenUnit::Text(t) => u64::from(chars4(&t)),
+                    crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
+                })
+                .sum();
+            let estimate = reply.usage.output_tokens.saturating_sub(visible);
+            for block in &reply.content {
+                if let ContentBlock::Thinking { thinking, signature, .. } = block
+                    && thinking.is_empty()
+                {
+                    thinking_estimate.insert(signature.clone(), estimate);
+                }
+            }
+        }
+    }
+
+    let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
+    let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
+    let mut out = Vec::with_capacity(session.calls.len());
+    let mut turn = 0u32;
+
+    for call in &session.calls {
+        let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
+        let group = group_of(&call.lane).to_owned();
+        let state = lanes.entry(call.lane.clone()).or_default();
+        let mut call_events: Vec<String> = Vec::new();
+
+        // Scan this lane's events since the last call.
+        let from = state.scanned_to;
+        let mut pending_reads: BTreeMap<String, String> = BTreeMap::new();
+        for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
+            if event.lane != call.lane {
+                continue;
+            }
+            match &event.kind {
+                EventKind::Compaction(_) => {
+                    call_events.push("compaction".into());
+                    state.restored = if options.restore_files { restored_files(&state.reads) } else { Vec::new() };
+                    state.cleared.clear();
+                    state.compacted = true;
+                }
+                EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
+                    call_events.push("microcompact".into());
+                    let ids = sys
+                        .payload
+                        .get("microcompactMetadata")
+                        .and_then(|m| m.get("compactedToolIds"))
+                        .and_then(Value::as_array);
+                    let ids: Vec<&str> = ids.into_iter().flatten().filter_map(Value::as_str).collect();
+                    let hidden = ids.iter().filter(|id| !state.seen_results.contains(**id)).count();
+                    let saved = sys.payload.get("microcompactMetadata").and_then(|m| m.get("tokensSaved")).and_then(Value::as_u64).unwrap_or(0);
+                    if !ids.is_empty() {
+                        state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
+                    }
+                    for id in ids {
+                        state.cleared.insert(id.to_owned());
+                    }
+                }
+                EventKind::SystemEvent(sys) => {
+                    if sys.payload.to_string().contains("SessionStart:resume") && profile.resume_rerender {
+                        call_events.push("resume".into());
+                        state.rerender_epoch += 1;
+                    }
+                }
+                EventKind::ModelReply(reply) if i < call.event_index => {
+                    for block in &reply.content {
+                        if let ContentBlock::ToolUse { id, name, input, .. } = block {
+                            match name.as_str() {
+                                "Read" => {
+                                    if let Some(path) = input.get("file_path").and_then(Value::as_str) {
+                                        pending_reads.insert(id.clone(), path.to_owned());
+                                    }
+                                }
+                                "Skill" if profile.skill_rerender => {
+                                    call_events.push("skill".into());
+                                    state.rerender_epoch += 1;
+                                }
+                                "ToolSearch" if profile.tool_search_full_miss => {
+                                    let query = input.get("query").and_then(Value::as_str).unwrap_or("");
+                                    for tool in query.trim_start_matches("select:").split(',') {
+                                        let tool = tool.trim();
+                                        if !tool.is_empty() && !state.loaded_tools.iter().any(|t| t == tool) {
+                                            state.loaded_tools.push(tool.to_owned());
+                                            call_events.push("tool_search_load".into());
+                                        }
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+                EventKind::ToolResult(result) => {
+                    state.seen_results.insert(result.tool_use_id.clone());
+                    if let Some(path) = pending_reads.remove(&result.tool_use_id) {
+                        state.reads.push((path, text_of_result(&result.content)));
+                    }
+                }
+                _ => {}
+            }
+        }
+        state.scanned_to = call.event_index + 1;
+        // Read results of the previous reply arrive after it: keep unmatched ones for later.
+        if !pending_reads.is_empty() {
+            for (i, event) in events.iter().enumerate().skip(call.event_index) {
+                if event.lane != call.lane || pending_reads.is_empty() {
+                    break;
+                }
+                let _ = i;
+                if let EventKind::ToolResult(result) = &event.kind
+                    && let Some(path) = pending_reads.remove(&result.tool_use_id)
+                {
+                    state.reads.push((path, text_of_result(&result.content)));
+                }
+            }
+        }
+
+        let skipped = if call.is_synthetic {
+            Some("synthetic reply (no API call)")
+        } else if call.is_api_error {
+            Some("API error")
+        } else if call.usage.prompt_tokens() == 0 {
+            Some("no usage recorded")
+        } else {
+            None
+        };
+        if let Some(reason) = skipped {
+            out.push(skipped_call(call, call_events, reason.to_owned()));
+            continue;
+        }
+
+        if let Some(ttl) = ttl_of(&call.usage) {
+            state.ttl = Some(ttl);
+        }
+        let ttl = state.ttl.unwrap_or(CacheTtl::FiveMinutes);
+        if state.model.as_ref().is_some_and(|m| m != &call.model) {
+            call_events.push("model_switch".into());
+        }
+        if let Some(last) = state.last_time_ms
+            && call.time_ms.saturating_sub(last) >= ttl.millis()
+        {
+            call_events.push("ttl_expired".into());
+        }
+        state.model = Some(call.model.clone());
+        state.last_time_ms = Some(call.time_ms);
+
+        // The messages the call saw, with what the client changed in them.
+        let mut messages = session.messages_for_call(call);
+        for message in &mut messages {
+            let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+            for block in blocks.iter_mut() {
+                match block {
+                    ContentBlock::ToolResult { tool_use_id, content, .. } if state.cleared.contains(tool_use_id) => {
+                        *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
+                    }
+                    ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
+                        if let Some(&tokens) = thinking_estimate.get(signature.as_str()) {
+                            *thinking = filler("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !state.restored.is_empty()
+            && let Some(first) = messages.first_mut()
+            && first.role == Role::User
+        {
+            let mut blocks = first.content.to_blocks();
+            blocks.extend(state.restored.iter().cloned());
+            first.content = MessageContent::Blocks(blocks);
+        }
+        let new_turn = is_new_user_turn(&messages);
+        if new_turn {
+            call_events.push("new_user_turn".into());
+            turn += 1;
+        }
+
+        let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
+        let params = measurer.counter().calibration().for_family(&family);
+        let cache_control = CacheControl::ephemeral().with_ttl(Some(ttl));
+        let mut request = Request::new(call.model.clone(), 32_000);
+        request.messages = messages;
+
+        // Sizes of the unrecorded part: inferred from the group's first compared call.
+        if !groups.contains_key(&group) {
+            let bare = match measurer.flatten(&request) {
+                Ok(flat) => flat,
+                Err(e) => {
+                    out.push(skipped_call(call, call_events, e.to_string()));
+                    continue;
+                }
+            };
+            let unrecorded = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
+            let prefix = if call.usage.cache_read_input_tokens > 0 {
+                call.usage.cache_read_input_tokens.min(unrecorded)
+            } else {
+                profile.cold_prefix_tokens.min(unrecorded)
+            };
+            groups.insert(group.clone(), GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded - prefix });
+        }
+        let mut sizes = groups[&group];
+        sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
+        if state.compacted {
+            sizes.context_tokens = sizes.context_tokens.min(USER_CONTEXT_MAX_TOKENS);
+        }
+
+        let label = if group == LANE_MAIN { "system".to_owned() } else { format!("system {group}") };
+        request.system = Some(SystemPrompt::Blocks(vec![
+            SystemBlock::text(filler(&label, sizes.prefix_tokens, kind, params.scale, params.per_block))
+                .with_cache_control(Some(cache_control.clone())),
+        ]));
+        if !state.loaded_tools.is_empty() {
+            request.tools = Some(
+                state
+                    .loaded_tools
+                    .iter()
+                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
+                    .collect(),
+            );
+        }
+        if sizes.context_tokens > 0 {
+            let label = format!("user-context {group} {} {}", state.rerender_epoch, sizes.context_tokens);
+            let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, kind, params.scale, params.per_block));
+            match request.messages.first_mut() {
+                Some(first) if first.role == Role::User => {
+                    let mut blocks = vec![reminder];
+                    blocks.extend(first.content.to_blocks());
+                    first.content = MessageContent::Blocks(blocks);
+                }
+                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
+            }
+        }
+        if let Some(last) = request.messages.last_mut() {
+            let mut blocks = last.content.to_blocks();
+            if let Some(block) = blocks.last_mut()
+                && !block.is_thinking()
+            {
+                block.set_cache_control(Some(cache_control.clone()));
+            }
+            last.content = MessageContent::Blocks(blocks);
+        }
+
+        let flat = match measurer.flatten(&request) {
+            Ok(flat) => flat,
+            Err(e) => {
+                out.push(skipped_call(call, call_events, e.to_string()));
+                continue;
+            }
+        };
+        let synthetic_tokens = flat.region_tokens(Region::Tools)
+            + flat.region_tokens(Region::System)
+            + if sizes.context_tokens > 0 { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
+        let message_tokens = flat.total_tokens - synthetic_tokens;
+        let message_blocks = (flat.counts.messages - usize::from(sizes.context_tokens > 0)) as u64;
+        // The N-pattern: where the read lands if the previous prompt was re-rendered.
+        let mut probability = 0.0;
+        let mut landing = 0u64;
+        if options.rerender_rate && new_turn && profile.rerenders_prompts() {
+            if let Some(position) = previous_prompt_position(&request, &flat) {
+                let distance = flat.blocks.len() - position;
+                if distance <= crate::measure::cache::LOOKBACK {
+                    probability = profile.rerender_rate_near;
+                    landing = if position == 0 { 0 } else { flat.tokens_through(position - 1) };
+                } else {
+                    probability = profile.rerender_rate_far;
+                    landing = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
+                }
+            }
+        }
+
+        let mut measure_input = MeasureInput::new(&call.lane, call.time_ms, &request);
+        measure_input.turn = turn;
+        measure_input.output_tokens = call.usage.output_tokens;
+        measure_input.events = call_events.iter().filter(|e| *e != "new_user_turn").cloned().collect();
+        measure_input.recorded_usage = Some(call.usage.clone());
+        let metrics = match measurer.measure_flat(measure_input, flat) {
+            Ok(m) => m,
+            Err(e) => {
+                out.push(skipped_call(call, Vec::new(), e.to_string()));
+                continue;
+            }
+        };
+        let read = metrics.cache_read_input_tokens as f64;
+        let shortfall = (read - landing as f64).max(0.0) * probability;
+        if shortfall == 0.0 {
+            probability = 0.0;
+        }
+        out.push(CallReplay {
+            index: call.index,
+            lane: call.lane.clone(),
+            time_ms: call.time_ms,
+            model: call.model.clone(),
+            version: call.version.clone(),
+            recorded: call.usage.clone(),
+            skipped: None,
+            sim_cache_read: read - shortfall,
+            sim_cache_creation: metrics.cache_creation_input_tokens as f64 + shortfall,
+            sim_input: metrics.input_tokens as f64,
+            metrics: Some(metrics),
+            events: call_events,
+            rerender_probability: probability,
+            message_tokens,
+            message_blocks,
+            prefix_tokens: sizes.prefix_tokens,
+            user_context_tokens: sizes.context_tokens,
+        });
+    }
+    SessionReplay { input, estimator: kind.name().to_owned(), calls: out }
+}
+
+fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> CallReplay {
+    CallReplay {
+        index: call.index,
+        lane: call.lane.clone(),
+        time_ms: call.time_ms,
+        model: call.model.clone(),
+        version: call.version.clone(),
+        recorded: call.usage.clone(),
+        skipped: Some(reason),
+        metrics: None,
+        sim_cache_read: 0.0,
+        sim_cache_creation: 0.0,
+        sim_input: 0.0,
+        events,
+        rerender_probability: 0.0,
+        message_tokens: 0,
+        message_blocks: 0,
+        prefix_tokens: 0,
+        user_context_tokens: 0,
+    }
+}
+
+/// Convenience for callers holding a [`RecordedCall`] list only.
+pub fn compared_calls(calls: &[RecordedCall]) -> usize {
+    calls.iter().filter(|c| !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0).count()
+}

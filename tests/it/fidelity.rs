@@ -1,0 +1,92 @@
+//! Replay and fidelity on the real sessions in ../shared/realdata/transcripts.
+//!
+//! The floors below are the figures the replay achieves today (chars4, the shipped
+//! calibration fitted on these same sessions), rounded outwards: a regression guard, not the
+//! issue's targets.
+
+use std::path::PathBuf;
+
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::recording::{import, read_recording, InputFormat};
+use ctxsim::replay::{ReplayOptions, fidelity_for_session, find_breaks, load_session, replay_session, FidelityReport};
+
+use crate::support::realdata;
+
+fn transcripts() -> Vec<PathBuf> {
+    let root = realdata().join("transcripts");
+    let mut files: Vec<PathBuf> = walkdir_jsonl(&root.join("entireio-cli"));
+    files.extend(walkdir_jsonl(&root.join("spotter")));
+    files
+}
+
+fn walkdir_jsonl(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn fidelity(path: &std::path::Path, kind: EstimatorKind) -> FidelityReport {
+    let session = load_session(path).unwrap();
+    let table = ModelTable::shipped();
+    let mut measurer = Measurer::new(table.clone(), TokenCounter::new(kind));
+    let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+    fidelity_for_session(&replay, &table, false)
+}
+
+#[test]
+fn fidelity_holds_its_floors_on_every_real_session() {
+    let files = transcripts();
+    assert_eq!(files.len(), 6);
+    for path in &files {
+        let r = fidelity(path, EstimatorKind::Calibrated);
+        let name = path.display();
+        assert!(r.requests_compared >= 10, "{name}: {r:?}");
+        assert!(r.context_tokens_mape <= 0.20, "{name}: context MAPE {}", r.context_tokens_mape);
+        assert!(r.hit_agreement >= 0.95, "{name}: hit agreement {}", r.hit_agreement);
+        assert!(r.cache_read_total_error.abs() <= 0.20, "{name}: cache read {}", r.cache_read_total_error);
+        assert!(r.cache_creation_total_error.abs() <= 0.50, "{name}: cache creation {}", r.cache_creation_total_error);
+        assert!(r.cost_error.abs() <= 0.25, "{name}: cost {}", r.cost_error);
+        assert_eq!(r.estimator, "calibrated");
+    }
+}
+
+#[test]
+fn breaks_are_listed_with_causes_on_a_session_with_a_microcompact() {
+    let path = realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+    let breaks = find_breaks(&replay);
+    let causes: Vec<&str> = breaks.iter().map(|b| b.cause.as_str()).collect();
+    assert!(causes.contains(&"microcompact"), "{causes:?}");
+    assert!(causes.contains(&"ttl_expired"), "{causes:?}");
+    let microcompact = breaks.iter().find(|b| b.cause == "microcompact").unwrap();
+    assert_eq!(microcompact.predicted, 1.0, "{microcompact:?}");
+    assert!(breaks.iter().all(|b| b.drop >= 1_000));
+}
+
+#[test]
+fn import_then_replay_reads_the_recording_back() {
+    let path = realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("session.jsonl");
+    let report = import(&path, Some(InputFormat::ClaudeCode), &out).unwrap();
+    assert!(report.calls > 10);
+    let recording = read_recording(&out).unwrap().recording;
+    assert!(!recording.events.is_empty());
+    let session = load_session(&out).unwrap();
+    assert_eq!(session.calls.len(), report.calls);
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+    assert!(replay.rows().len() >= 10);
+    // Replaying twice gives the same bodies: the replay is deterministic.
+    let mut again = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let second = replay_session(&session, &mut again, &ReplayOptions::default());
+    let a: Vec<String> = replay.rows().iter().map(|r| r.body_sha256.clone()).collect();
+    let b: Vec<String> = second.rows().iter().map(|r| r.body_sha256.clone()).collect();
+    assert_eq!(a, b);
+}
