@@ -21,6 +21,10 @@ pub enum Command {
     Tokens(TokensArgs),
     /// List the closed list of cache-break causes.
     Causes,
+    /// CI gate: run a suite, enforce its `expect:` budgets and a baseline.
+    Check(super::check::CheckArgs),
+    /// HTML report with plots (inline SVG, and PNG files) from traces.
+    Report(super::report::ReportArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -124,7 +128,8 @@ pub struct RunArgs {
     /// Write every request body as NNNN.json under DIR/<scenario>/.
     #[arg(long, value_name = "DIR")]
     pub dump_requests: Option<PathBuf>,
-    /// Write summary.json, summary.csv, trace.jsonl and requests.txt under DIR.
+    /// Write summary.json, summary.csv, trace.jsonl, requests.txt and the HTML report with
+    /// plots (index.html, *.png) under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]

@@ -1,7 +1,10 @@
 //! The command line: one file per subcommand, all of them thin over the library.
 mod analyze;
 mod args;
+mod check;
 mod common;
+pub mod exit;
+mod report;
 mod run;
 mod tokens;
 
@@ -13,12 +16,14 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Run(a) => run::run(a),
         args::Command::Analyze(a) => analyze::run(a),
         args::Command::Tokens(a) => tokens::run(a),
+        args::Command::Check(a) => check::run(a),
+        args::Command::Report(a) => report::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");
                 println!("{id:<34} {region:<9} {description}");
             }
-            Ok(0)
+            Ok(exit::OK)
         }
     }
 }

@@ -2,7 +2,9 @@
 mod agent_layers;
 mod analyze;
 mod cache;
+mod check;
 mod recording;
+mod report;
 mod scenario;
 mod support;
 mod world;
