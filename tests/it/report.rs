@@ -159,3 +159,23 @@ fn pareto_front_keeps_the_undominated_points() {
         write_png(&chart, &std::path::Path::new(&dir).join("pareto.png")).unwrap();
     }
 }
+
+#[test]
+fn report_command_splits_a_suite_trace_and_writes_html_and_pngs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut trace = ctxsim::report::output::trace_jsonl(&session());
+    trace.extend(ctxsim::report::output::trace_jsonl(&session()[..5]));
+    std::fs::write(dir.path().join("trace.jsonl"), trace).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .current_dir(dir.path())
+        .args(["report", "trace.jsonl", "--out", "rep", "--autocompact-threshold", "167000", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut files: Vec<String> =
+        std::fs::read_dir(dir.path().join("rep")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    insta::assert_snapshot!(files.join("\n"));
+    let html = std::fs::read_to_string(dir.path().join("rep/index.html")).unwrap();
+    assert!(html.contains("trace.jsonl #1") && html.contains("trace.jsonl #2"));
+}
