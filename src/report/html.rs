@@ -26,6 +26,9 @@ impl ReportInput {
     }
 }
 
+/// A chart, its SVG and the file name of its PNG.
+type RenderedChart = (Chart, String, String);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error(transparent)]
@@ -87,7 +90,7 @@ fn slugs(inputs: &[ReportInput]) -> Vec<String> {
 }
 
 /// The report page. `charts[i]` are the charts of `inputs[i]`, with their PNG file names.
-fn render_page(title: &str, inputs: &[ReportInput], charts: &[Vec<(Chart, String, String)>]) -> String {
+fn render_page(title: &str, inputs: &[ReportInput], charts: &[Vec<RenderedChart>]) -> String {
     let mut h = String::new();
     let _ = write!(
         h,
@@ -193,7 +196,7 @@ section { border-top: 2px solid #ddd; margin-top: 2em; }
 ";
 
 /// Every chart of every input, rendered to SVG, with the PNG file name it gets.
-fn build_charts(inputs: &[ReportInput], thresholds: Thresholds) -> Result<Vec<Vec<(Chart, String, String)>>, ReportError> {
+fn build_charts(inputs: &[ReportInput], thresholds: Thresholds) -> Result<Vec<Vec<RenderedChart>>, ReportError> {
     let mut all_charts = Vec::with_capacity(inputs.len());
     for (input, stem) in inputs.iter().zip(slugs(inputs)) {
         let mut charts = Vec::new();

@@ -170,10 +170,10 @@ pub fn context_chart(name: &str, rows: &[RequestMetrics], thresholds: Thresholds
         chart.series.push(Series::new(lane, SeriesKind::LinePoints, i, points));
     }
     if let Some(y) = thresholds.autocompact {
-        chart.hlines.push(HLine { y: y as f64, label: format!("autocompact threshold {y}"), color: 1 });
+        chart.hlines.push(HLine { y: y as f64, label: format!("autocompact threshold {y}"), color: 4 });
     }
     if let Some(y) = thresholds.blocking_limit {
-        chart.hlines.push(HLine { y: y as f64, label: format!("blocking limit {y}"), color: 3 });
+        chart.hlines.push(HLine { y: y as f64, label: format!("blocking limit {y}"), color: 5 });
     }
     chart.vmarks = break_marks(rows);
     chart

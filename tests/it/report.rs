@@ -65,7 +65,7 @@ pub fn session() -> Vec<RequestMetrics> {
             cache_creation_input_tokens: creation,
             cache_creation: CacheCreationSplit { ephemeral_5m_input_tokens: creation, ephemeral_1h_input_tokens: 0 },
             output_tokens: 400,
-            context_tokens: if lane == "compact" { context } else { context },
+            context_tokens: context,
             blocks: Default::default(),
             prefix: PrefixReport { common_blocks: 10, common_tokens: read, diverged_at, cause, read_at: None },
             stages,
