@@ -6,7 +6,7 @@ fn main() {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
-            2
+            ctxsim::cli::exit::BAD_INPUT
         }
     };
     std::process::exit(code);

@@ -27,6 +27,10 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Replay real sessions and compare the simulated usage with what the API reported.
     Fidelity(FidelityArgs),
+    /// CI gate: run a suite, enforce its `expect:` budgets and a baseline.
+    Check(super::check::CheckArgs),
+    /// HTML report with plots (inline SVG, and PNG files) from traces.
+    Report(super::report::ReportArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -199,7 +203,8 @@ pub struct RunArgs {
     /// Write every request body as NNNN.json under DIR/<scenario>/.
     #[arg(long, value_name = "DIR")]
     pub dump_requests: Option<PathBuf>,
-    /// Write summary.json, summary.csv, trace.jsonl and requests.txt under DIR.
+    /// Write summary.json, summary.csv, trace.jsonl, requests.txt and the HTML report with
+    /// plots (index.html, *.png) under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]

@@ -1,10 +1,13 @@
 //! The command line: one file per subcommand, all of them thin over the library.
 mod analyze;
 mod args;
+mod check;
 mod common;
 mod fidelity;
 mod import;
 mod replay;
+pub mod exit;
+mod report;
 mod run;
 mod tokens;
 
@@ -19,12 +22,14 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Import(a) => import::run(a),
         args::Command::Replay(a) => replay::run(a),
         args::Command::Fidelity(a) => fidelity::run(a),
+        args::Command::Check(a) => check::run(a),
+        args::Command::Report(a) => report::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");
                 println!("{id:<34} {region:<9} {description}");
             }
-            Ok(0)
+            Ok(exit::OK)
         }
     }
 }

@@ -43,6 +43,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut rendering = String::new();
     let mut failed_determinism = false;
     let strategy = crate::strategy::Strategy::resolve(&args.strategy)?;
+    let mut report_inputs = Vec::new();
     for file in &files {
         let mut scenario = load_scenario(file)?;
         if let Some(seed) = args.seed {
@@ -70,6 +71,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 rendering.push_str(&render_request(flat, row));
             }
             rendering.push('\n');
+            report_inputs.push(crate::report::ReportInput { name: output.scenario.clone(), summary: output.summary.clone(), rows: output.rows.clone() });
         }
         summaries.push(output.summary);
         all_rows.extend(output.rows);
@@ -79,6 +81,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         write_atomic(&dir.join("summary.csv"), &summary_csv(&summaries))?;
         write_atomic(&dir.join("trace.jsonl"), &trace_jsonl(&all_rows))?;
         write_atomic(&dir.join("requests.txt"), rendering.as_bytes())?;
+        crate::report::write_report(dir, &report_inputs, Default::default())?;
     }
     emit(&args.measure, &summaries, &all_rows)?;
     Ok(if failed_determinism { 1 } else { 0 })

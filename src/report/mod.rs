@@ -1,3 +1,9 @@
-//! Reports: trace and summary writers (more to come: compare, sweep, plots, HTML, check).
+//! Reports: trace and summary writers, plots, the HTML report, the CI check (more to come:
+//! compare, sweep).
+pub mod check;
+pub mod html;
 pub mod output;
+pub mod plots;
 pub mod render;
+
+pub use html::{ReportInput, write_report};

@@ -17,6 +17,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
+    persist_with_mode(tmp, path)
+}
+
+/// Syncs and renames a finished temporary file onto `path`. A temporary file is created
+/// owner-only (0600); the output gets the ordinary mode a user expects of a file they asked
+/// for, or keeps the mode of the file it replaces.
+pub fn persist_with_mode(tmp: tempfile::NamedTempFile, path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o644);
+        tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())

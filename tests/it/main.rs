@@ -5,6 +5,8 @@ mod cache;
 mod fidelity;
 mod recording;
 mod requests;
+mod check;
+mod report;
 mod scenario;
 mod session;
 mod support;
