@@ -565,6 +565,7 @@ pub fn write_atomically(
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    std::fs::create_dir_all(&dir).map_err(write_err)?;
     let mut temp = tempfile::NamedTempFile::new_in(&dir).map_err(write_err)?;
     {
         let mut writer = BufWriter::new(temp.as_file_mut());
