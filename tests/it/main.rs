@@ -2,6 +2,7 @@
 mod agent_layers;
 mod analyze;
 mod cache;
+mod compact;
 mod recording;
 mod scenario;
 mod support;

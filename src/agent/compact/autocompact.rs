@@ -54,6 +54,10 @@ impl Stage for Autocompact {
         true
     }
 
+    fn size_before(&self, entries: &[Entry]) -> u64 {
+        rough_entries(entries).max(token_count_with_estimation(entries))
+    }
+
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
         let thresholds = Thresholds::compute(cx.limits, cx.config);
         let tokens_before = rough_entries(&cx.entries);

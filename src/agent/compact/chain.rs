@@ -34,6 +34,11 @@ pub trait Stage {
     fn shrinks(&self) -> bool {
         true
     }
+    /// The size the shrink check compares against. Compaction is judged against the client's
+    /// own count (last usage plus estimate), since that is what it was triggered on.
+    fn size_before(&self, entries: &[Entry]) -> u64 {
+        rough_entries(entries)
+    }
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport;
 }
 
@@ -131,7 +136,7 @@ impl Chain {
                 continue;
             }
             let orphans_before = orphans(&cx.entries);
-            let tokens_before = rough_entries(&cx.entries);
+            let tokens_before = stage.size_before(&cx.entries);
             let report = stage.run(cx);
             verify(name, &cx.entries, &orphans_before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none());
             cx.output.reports.push(report);
@@ -152,7 +157,7 @@ impl Chain {
             .take()
             .unwrap_or_else(|| panic!("finish_compaction called with no pending compaction (reply {reply:?})"));
         let orphans_before = orphans(&cx.entries);
-        let tokens_before = rough_entries(&cx.entries);
+        let tokens_before = autocompact::Autocompact.size_before(&cx.entries);
         match autocompact::finish(cx, &request, reply) {
             autocompact::Finish::Retry(next) => {
                 cx.output.pending_compaction = Some(next.clone());

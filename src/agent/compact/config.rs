@@ -45,8 +45,10 @@ impl Default for CompactConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolResultBudgetConfig {
-    /// Per-tool persistence thresholds in chars; `None` = never persist (reference: Read).
-    pub per_tool_chars: BTreeMap<String, Option<u64>>,
+    /// Per-tool persistence thresholds in chars.
+    pub per_tool_chars: BTreeMap<String, u64>,
+    /// Tools whose results are never persisted (reference: Read, which limits itself).
+    pub never_persist_tools: Vec<String>,
     /// Threshold of tools not listed (reference: min(100,000 declared, 50,000)).
     pub default_chars: u64,
     /// Preview kept in the replacement (reference: 2,000).
@@ -59,18 +61,13 @@ pub struct ToolResultBudgetConfig {
 
 impl Default for ToolResultBudgetConfig {
     fn default() -> Self {
-        let per_tool_chars = [
-            ("Read", None),
-            ("Bash", Some(30_000)),
-            ("PowerShell", Some(30_000)),
-            ("Grep", Some(20_000)),
-            ("McpAuth", Some(10_000)),
-        ]
+        let per_tool_chars = [("Bash", 30_000), ("PowerShell", 30_000), ("Grep", 20_000), ("McpAuth", 10_000)]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         ToolResultBudgetConfig {
             per_tool_chars,
+            never_persist_tools: vec!["Read".to_owned()],
             default_chars: 50_000,
             preview_chars: 2_000,
             aggregate_enabled: false,
@@ -82,10 +79,10 @@ impl Default for ToolResultBudgetConfig {
 impl ToolResultBudgetConfig {
     /// The persistence threshold of a tool; `None` means never persist.
     pub fn threshold(&self, tool_name: &str) -> Option<u64> {
-        match self.per_tool_chars.get(tool_name) {
-            Some(value) => *value,
-            None => Some(self.default_chars),
+        if self.never_persist_tools.iter().any(|t| t == tool_name) {
+            return None;
         }
+        Some(self.per_tool_chars.get(tool_name).copied().unwrap_or(self.default_chars))
     }
 }
 

@@ -178,7 +178,9 @@ fn candidate_groups(cx: &ChainContext<'_>) -> Vec<Vec<Candidate>> {
         }
         for (b, block) in entry.blocks().iter().enumerate() {
             if let ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } = block {
-                if is_empty(content) || starts_persisted(content) || has_image(content) {
+                // A result microcompact already cleared is out of the budget's hands.
+                let cleared = matches!(content, ToolResultContent::Text(t) if t == super::microcompact::CLEARED_MARKER);
+                if cleared || is_empty(content) || starts_persisted(content) || has_image(content) {
                     continue;
                 }
                 let size = result_size(content);
