@@ -477,14 +477,15 @@ fn compact_post_compact_restores_files_and_skills_within_budgets() {
             other => format!("{other:?}").split([' ', '{']).next().unwrap().to_owned(),
         })
         .collect();
-    // Newest five: big.rs (a reference), f6..f3; then skills (4 of 7 fit 25k at 6k each), delta, hook.
+    // Newest five: big.rs (a reference), f6..f3; then skills (each cut to 5k: 5 of 7 fit 25k), delta, hook.
     assert_eq!(
         kinds,
         vec!["CompactBoundary", "Summary", "compact_file_reference", "file", "file", "file", "file", "invoked_skills", "deferred_tools_delta", "hook_result"]
     );
     let MessageContent::Text(skills) = &cx.entries[7].message.content else { panic!() };
-    assert_eq!(skills.matches("Skill \"").count(), 4);
-    assert!(skills.contains("s6") && !skills.contains("\"s2\""));
+    assert_eq!(skills.matches("Skill \"").count(), 5);
+    assert!(skills.contains("\"s6\"") && skills.contains("\"s2\"") && !skills.contains("\"s1\""));
+    assert_eq!(skills.matches("[skill content truncated after compaction]").count(), 5);
 }
 
 #[test]
