@@ -9,6 +9,7 @@ pub mod instructions;
 pub mod normalize;
 pub mod session;
 pub mod skills;
+pub mod compact;
 pub mod profile;
 pub mod system_prompt;
 pub mod tools;

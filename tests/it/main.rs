@@ -3,6 +3,7 @@ mod agent_layers;
 mod analyze;
 mod cache;
 mod fidelity;
+mod compact;
 mod recording;
 mod requests;
 mod check;

@@ -1,0 +1,219 @@
+//! The ordered list of stages and the one runner that runs them.
+//!
+//! Like a compiler's pass manager: [`STAGES`] is the order (the reference's per-iteration order,
+//! §1.2), each stage is a value implementing [`Stage`], and [`Chain`] runs them, skipping disabled
+//! ones and verifying two invariants after every stage: no tool_use lost its tool_result (or the
+//! reverse), and a stage that promises to shrink the context did not grow it. A broken invariant
+//! is a bug in a stage, so it panics with the values.
+//!
+//! Compaction needs a model call. The runner stops at the stage that asked for one and returns
+//! [`ChainStep::Compact`]; the caller obtains the summary and calls
+//! [`Chain::finish_compaction`], which rebuilds the conversation and runs the remaining stages.
+
+use std::collections::BTreeSet;
+
+use crate::api::ContentBlock;
+use crate::measure::metrics::StageReport;
+
+use super::config::CompactConfig;
+use super::context::{ChainContext, CompactTrigger, CompactionReply, CompactionRequest, Entry};
+use super::counting::rough_entries;
+use super::{autocompact, blocking_limit, context_collapse, microcompact, snip, tool_result_budget};
+
+/// The stages in the reference's order. Session-memory compaction is tried first inside
+/// `autocompact` (its report is then named `session_memory_compact`).
+pub const STAGES: &[&str] = &["tool_result_budget", "snip", "microcompact", "context_collapse", "autocompact", "blocking_limit"];
+
+/// One stage of the chain.
+pub trait Stage {
+    /// Stable snake_case id (traces, flags, reports).
+    fn name(&self) -> &'static str;
+    /// Whether the configuration turns the stage on at all.
+    fn enabled(&self, config: &CompactConfig) -> bool;
+    /// Whether the stage promises never to grow the context.
+    fn shrinks(&self) -> bool {
+        true
+    }
+    /// The size the shrink check compares against. Compaction is judged against the client's
+    /// own count (last usage plus estimate), since that is what it was triggered on.
+    fn size_before(&self, entries: &[Entry]) -> u64 {
+        rough_entries(entries)
+    }
+    fn run(&self, cx: &mut ChainContext<'_>) -> StageReport;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("failed to disable stage `{name}`: no such stage (valid stages: {})", STAGES.join(", "))]
+    UnknownStage { name: String },
+}
+
+/// Where a run of the chain stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChainStep {
+    /// All stages ran; read `cx.output` (blocked? cache edits? context management?) and
+    /// `cx.entries`, then build the request.
+    Ready,
+    /// A compaction summary is needed: send this request in lane `compact`, then call
+    /// [`Chain::finish_compaction`].
+    Compact(CompactionRequest),
+}
+
+/// The runner.
+pub struct Chain {
+    stages: Vec<Box<dyn Stage>>,
+    disabled: BTreeSet<String>,
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Chain::new()
+    }
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chain").field("stages", &STAGES).field("disabled", &self.disabled).finish()
+    }
+}
+
+/// A report of a stage that did not run.
+pub fn skipped(name: &str, reason: &str, tokens: u64) -> StageReport {
+    StageReport {
+        name: name.to_owned(),
+        fired: false,
+        reason: reason.to_owned(),
+        tokens_before: tokens,
+        tokens_after: tokens,
+        invalidated_from: None,
+    }
+}
+
+impl Chain {
+    /// All stages, in [`STAGES`] order.
+    pub fn new() -> Chain {
+        let stages: Vec<Box<dyn Stage>> = vec![
+            Box::new(tool_result_budget::ToolResultBudget),
+            Box::new(snip::Snip),
+            Box::new(microcompact::Microcompact),
+            Box::new(context_collapse::ContextCollapse),
+            Box::new(autocompact::Autocompact),
+            Box::new(blocking_limit::BlockingLimit),
+        ];
+        debug_assert_eq!(stages.iter().map(|s| s.name()).collect::<Vec<_>>(), STAGES);
+        Chain { stages, disabled: BTreeSet::new() }
+    }
+
+    /// All stages but the named ones (`--disable-stage NAME`).
+    pub fn with_disabled<S: AsRef<str>>(names: &[S]) -> Result<Chain, ChainError> {
+        let mut chain = Chain::new();
+        for name in names {
+            let name = name.as_ref();
+            if !STAGES.contains(&name) {
+                return Err(ChainError::UnknownStage { name: name.to_owned() });
+            }
+            chain.disabled.insert(name.to_owned());
+        }
+        Ok(chain)
+    }
+
+    pub fn is_disabled(&self, name: &str) -> bool {
+        self.disabled.contains(name)
+    }
+
+    /// Runs every stage in order on `cx`.
+    pub fn run(&self, cx: &mut ChainContext<'_>) -> ChainStep {
+        self.run_from(cx, 0)
+    }
+
+    fn run_from(&self, cx: &mut ChainContext<'_>, start: usize) -> ChainStep {
+        for stage in &self.stages[start..] {
+            let name = stage.name();
+            if self.disabled.contains(name) || !stage.enabled(cx.config) {
+                let reason = if self.disabled.contains(name) { "disabled_by_flag" } else { "disabled_by_config" };
+                let tokens = rough_entries(&cx.entries);
+                cx.output.reports.push(skipped(name, reason, tokens));
+                continue;
+            }
+            let orphans_before = orphans(&cx.entries);
+            let tokens_before = stage.size_before(&cx.entries);
+            let report = stage.run(cx);
+            verify(name, &cx.entries, &orphans_before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none());
+            cx.output.reports.push(report);
+            if let Some(request) = &cx.output.pending_compaction {
+                return ChainStep::Compact(request.clone());
+            }
+        }
+        ChainStep::Ready
+    }
+
+    /// Hands the summary (or the failure) of the pending compaction back. Returns another
+    /// request when the summary request itself was too long and a retry is allowed; otherwise
+    /// rebuilds the conversation and, for an autocompact, runs the stages after `autocompact`.
+    pub fn finish_compaction(&self, cx: &mut ChainContext<'_>, reply: CompactionReply) -> ChainStep {
+        let request = cx
+            .output
+            .pending_compaction
+            .take()
+            .unwrap_or_else(|| panic!("finish_compaction called with no pending compaction (reply {reply:?})"));
+        let orphans_before = orphans(&cx.entries);
+        let tokens_before = autocompact::Autocompact.size_before(&cx.entries);
+        match autocompact::finish(cx, &request, reply) {
+            autocompact::Finish::Retry(next) => {
+                cx.output.pending_compaction = Some(next.clone());
+                ChainStep::Compact(next)
+            }
+            autocompact::Finish::Done { compacted } => {
+                verify("autocompact", &cx.entries, &orphans_before, tokens_before, compacted);
+                if request.trigger == CompactTrigger::Auto {
+                    let next = STAGES.iter().position(|s| *s == "autocompact").map_or(STAGES.len(), |i| i + 1);
+                    self.run_from(cx, next)
+                } else {
+                    ChainStep::Ready
+                }
+            }
+        }
+    }
+}
+
+/// Tool ids that are not paired: tool_uses without a later tool_result, tool_results without an
+/// earlier tool_use.
+pub fn orphans(entries: &[Entry]) -> BTreeSet<String> {
+    let mut open: BTreeSet<String> = BTreeSet::new();
+    let mut orphans = BTreeSet::new();
+    for entry in entries.iter().filter(|e| e.on_wire()) {
+        for block in entry.blocks() {
+            match block {
+                ContentBlock::ToolUse { id, .. } => {
+                    open.insert(id.clone());
+                }
+                ContentBlock::ToolResult { tool_use_id, .. } => {
+                    if !open.remove(tool_use_id) {
+                        orphans.insert(tool_use_id.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    orphans.extend(open);
+    orphans
+}
+
+fn verify(stage: &str, entries: &[Entry], orphans_before: &BTreeSet<String>, tokens_before: u64, check_shrink: bool) {
+    let orphans_after = orphans(entries);
+    let new: Vec<&String> = orphans_after.difference(orphans_before).collect();
+    assert!(new.is_empty(), "stage `{stage}` separated tool_use from tool_result for ids {new:?}");
+    if check_shrink {
+        let tokens_after = rough_entries(entries);
+        assert!(
+            tokens_after <= tokens_before,
+            "stage `{stage}` grew the context from {tokens_before} to {tokens_after} tokens"
+        );
+    }
+}
+
+/// Convenience for callers and tests: the reason of the request that just came back.
+pub fn summary_reply(text: impl Into<String>) -> CompactionReply {
+    CompactionReply::Summary(text.into())
+}

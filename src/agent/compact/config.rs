@@ -1,0 +1,355 @@
+//! Every knob of the long-context chain, with Claude Code 2.1.88's defaults.
+//!
+//! Values marked "reference" are the client's constants or its remote-flag defaults
+//! (layer-6-and-caching.md); values marked "ours" fill places the reference leaves open (snip's
+//! rule, context collapse, cached microcompact's thresholds) and are documented in
+//! ARCHITECTURE.md. Remote-flag features that default off in the client (aggregate tool result
+//! budget, time-based microcompact, session memory) default off here too.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration of the chain. Loadable from TOML or YAML; unknown fields are errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactConfig {
+    pub tool_result_budget: ToolResultBudgetConfig,
+    pub snip: SnipConfig,
+    pub microcompact: MicrocompactConfig,
+    pub context_editing: ContextEditingConfig,
+    pub context_collapse: ContextCollapseConfig,
+    pub autocompact: AutocompactConfig,
+    pub session_memory: SessionMemoryConfig,
+    pub post_compact: PostCompactConfig,
+    pub recovery: RecoveryConfig,
+}
+
+impl Default for CompactConfig {
+    fn default() -> Self {
+        CompactConfig {
+            tool_result_budget: ToolResultBudgetConfig::default(),
+            snip: SnipConfig::default(),
+            microcompact: MicrocompactConfig::default(),
+            context_editing: ContextEditingConfig::default(),
+            context_collapse: ContextCollapseConfig::default(),
+            autocompact: AutocompactConfig::default(),
+            session_memory: SessionMemoryConfig::default(),
+            post_compact: PostCompactConfig::default(),
+            recovery: RecoveryConfig::default(),
+        }
+    }
+}
+
+/// §2: per-tool persistence and the per-message aggregate budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolResultBudgetConfig {
+    /// Per-tool persistence thresholds in chars.
+    pub per_tool_chars: BTreeMap<String, u64>,
+    /// Tools whose results are never persisted (reference: Read, which limits itself).
+    pub never_persist_tools: Vec<String>,
+    /// Threshold of tools not listed (reference: min(100,000 declared, 50,000)).
+    pub default_chars: u64,
+    /// Preview kept in the replacement (reference: 2,000).
+    pub preview_chars: u64,
+    /// Per-message aggregate budget (reference flag `tengu_hawthorn_steeple`, default off).
+    pub aggregate_enabled: bool,
+    /// Aggregate limit per wire message in chars (reference: 200,000).
+    pub aggregate_chars: u64,
+}
+
+impl Default for ToolResultBudgetConfig {
+    fn default() -> Self {
+        let per_tool_chars = [("Bash", 30_000), ("PowerShell", 30_000), ("Grep", 20_000), ("McpAuth", 10_000)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        ToolResultBudgetConfig {
+            per_tool_chars,
+            never_persist_tools: vec!["Read".to_owned()],
+            default_chars: 50_000,
+            preview_chars: 2_000,
+            aggregate_enabled: false,
+            aggregate_chars: 200_000,
+        }
+    }
+}
+
+impl ToolResultBudgetConfig {
+    /// The persistence threshold of a tool; `None` means never persist.
+    pub fn threshold(&self, tool_name: &str) -> Option<u64> {
+        if self.never_persist_tools.iter().any(|t| t == tool_name) {
+            return None;
+        }
+        Some(self.per_tool_chars.get(tool_name).copied().unwrap_or(self.default_chars))
+    }
+}
+
+/// §4.1 snip (the reference's module is absent; the rule is ours).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnipConfig {
+    /// Ant-only feature in the reference: off.
+    pub enabled: bool,
+    /// Snip when the context reaches this percent of the effective window.
+    pub trigger_pct: u64,
+    /// Drop oldest API rounds until the context is at or below this percent.
+    pub target_pct: u64,
+    /// Never drop the most recent N API rounds.
+    pub keep_recent_groups: usize,
+}
+
+impl Default for SnipConfig {
+    fn default() -> Self {
+        SnipConfig { enabled: false, trigger_pct: 85, target_pct: 60, keep_recent_groups: 4 }
+    }
+}
+
+/// Which microcompact path runs after the time-based one (a Strategy choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CachedMicrocompactMode {
+    Off,
+    CacheEdits,
+}
+
+/// §3: microcompact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MicrocompactConfig {
+    /// Time-based path (reference flag `tengu_slate_heron`: enabled false, 60 min, keep 5).
+    pub time_based_enabled: bool,
+    pub gap_threshold_minutes: u64,
+    pub keep_recent: usize,
+    /// Cached microcompact through `cache_edits` (ant-only in the reference).
+    pub cached: CachedMicrocompactMode,
+    /// Ours (counts of tool results, as the reference's comment says; numbers not in the tree).
+    pub cached_trigger_threshold: usize,
+    pub cached_keep_recent: usize,
+    /// Tools whose results may be cleared (reference `COMPACTABLE_TOOLS`).
+    pub compactable_tools: Vec<String>,
+}
+
+impl Default for MicrocompactConfig {
+    fn default() -> Self {
+        MicrocompactConfig {
+            time_based_enabled: false,
+            gap_threshold_minutes: 60,
+            keep_recent: 5,
+            cached: CachedMicrocompactMode::Off,
+            cached_trigger_threshold: 10,
+            cached_keep_recent: 5,
+            compactable_tools: ["Read", "Bash", "PowerShell", "Grep", "Glob", "WebSearch", "WebFetch", "Edit", "Write"]
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+}
+
+/// §3.5: API-side context editing, sent as `context_management`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextEditingConfig {
+    pub clear_tool_uses: bool,
+    pub clear_thinking: bool,
+    /// `clear_thinking` keeps only the last thinking turn instead of all (the >1h-idle latch).
+    pub clear_all_thinking: bool,
+    pub trigger_input_tokens: u64,
+    pub target_input_tokens: u64,
+    pub clear_tool_inputs: Vec<String>,
+    pub exclude_tools: Vec<String>,
+}
+
+impl Default for ContextEditingConfig {
+    fn default() -> Self {
+        ContextEditingConfig {
+            clear_tool_uses: false,
+            clear_thinking: false,
+            clear_all_thinking: false,
+            trigger_input_tokens: 180_000,
+            target_input_tokens: 40_000,
+            clear_tool_inputs: ["Bash", "PowerShell", "Glob", "Grep", "Read", "WebFetch", "WebSearch"]
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            exclude_tools: ["Edit", "Write", "NotebookEdit"].into_iter().map(str::to_owned).collect(),
+        }
+    }
+}
+
+/// §4.2 context collapse (module absent in the reference; internals ours).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextCollapseConfig {
+    pub enabled: bool,
+    /// Start committing collapses at this percent of the effective window.
+    pub commit_pct: u64,
+    /// Block (the request would not be sent) at this percent.
+    pub block_pct: u64,
+    /// Commit oldest spans until at or below this percent.
+    pub target_pct: u64,
+    /// Never collapse the most recent N API rounds.
+    pub keep_recent_groups: usize,
+    /// Size of a collapse summary in tokens.
+    pub summary_tokens: u64,
+}
+
+impl Default for ContextCollapseConfig {
+    fn default() -> Self {
+        ContextCollapseConfig {
+            enabled: false,
+            commit_pct: 90,
+            block_pct: 95,
+            target_pct: 75,
+            keep_recent_groups: 4,
+            summary_tokens: 300,
+        }
+    }
+}
+
+/// §5.1–5.3 autocompact and the blocking limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AutocompactConfig {
+    pub enabled: bool,
+    /// `DISABLE_COMPACT`: no compaction of any kind (manual included).
+    pub compact_disabled: bool,
+    pub buffer_tokens: u64,
+    pub warning_buffer_tokens: u64,
+    pub error_buffer_tokens: u64,
+    pub blocking_buffer_tokens: u64,
+    pub max_output_reserve_tokens: u64,
+    /// `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` (0 < p ≤ 100).
+    pub pct_override: Option<u64>,
+    /// `CLAUDE_CODE_AUTO_COMPACT_WINDOW` cap on the context window.
+    pub window_override: Option<u64>,
+    /// `CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE`.
+    pub blocking_limit_override: Option<u64>,
+    pub max_consecutive_failures: u32,
+    /// Reactive compact on prompt-too-long (ant-only module in the reference; on here since the
+    /// recovery ladder is part of the simulation).
+    pub reactive_enabled: bool,
+    /// Size of a synthetic summary when the model is not scripted for the `compact` lane.
+    pub synthetic_summary_tokens: u64,
+    /// PTL retries of the summary request (reference `MAX_PTL_RETRIES`).
+    pub max_ptl_retries: u32,
+}
+
+impl Default for AutocompactConfig {
+    fn default() -> Self {
+        AutocompactConfig {
+            enabled: true,
+            compact_disabled: false,
+            buffer_tokens: 13_000,
+            warning_buffer_tokens: 20_000,
+            error_buffer_tokens: 20_000,
+            blocking_buffer_tokens: 3_000,
+            max_output_reserve_tokens: 20_000,
+            pct_override: None,
+            window_override: None,
+            blocking_limit_override: None,
+            max_consecutive_failures: 3,
+            reactive_enabled: false,
+            synthetic_summary_tokens: 2_000,
+            max_ptl_retries: 3,
+        }
+    }
+}
+
+/// §6 and §5.8 session memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionMemoryConfig {
+    /// Extraction (reference flag `tengu_session_memory`, default off).
+    pub enabled: bool,
+    /// Session-memory compaction (reference flags `tengu_session_memory` + `tengu_sm_compact`).
+    pub compact_enabled: bool,
+    pub init_tokens: u64,
+    pub tokens_between_updates: u64,
+    pub tool_calls_between_updates: usize,
+    pub compact_min_tokens: u64,
+    pub compact_max_tokens: u64,
+    pub compact_min_text_messages: usize,
+    /// Per-section cap when the memory becomes a summary (2,000 tokens × 4 chars).
+    pub section_max_chars: usize,
+}
+
+impl Default for SessionMemoryConfig {
+    fn default() -> Self {
+        SessionMemoryConfig {
+            enabled: false,
+            compact_enabled: false,
+            init_tokens: 10_000,
+            tokens_between_updates: 5_000,
+            tool_calls_between_updates: 3,
+            compact_min_tokens: 10_000,
+            compact_max_tokens: 40_000,
+            compact_min_text_messages: 5,
+            section_max_chars: 8_000,
+        }
+    }
+}
+
+/// §5.10 post-compact restoration budgets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostCompactConfig {
+    pub max_files: usize,
+    pub max_tokens_per_file: u64,
+    pub files_token_budget: u64,
+    pub max_tokens_per_skill: u64,
+    pub skills_token_budget: u64,
+}
+
+impl Default for PostCompactConfig {
+    fn default() -> Self {
+        PostCompactConfig {
+            max_files: 5,
+            max_tokens_per_file: 5_000,
+            files_token_budget: 50_000,
+            max_tokens_per_skill: 5_000,
+            skills_token_budget: 25_000,
+        }
+    }
+}
+
+/// §1.4 recovery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecoveryConfig {
+    pub max_output_tokens_recovery_limit: u32,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig { max_output_tokens_recovery_limit: 3 }
+    }
+}
+
+impl CompactConfig {
+    /// Applies the client's environment variables. Invalid values are ignored, as the client does.
+    pub fn apply_env(&mut self, env: &BTreeMap<String, String>) {
+        let positive = |key: &str| env.get(key).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| *v > 0.0);
+        let truthy = |key: &str| {
+            env.get(key).is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        };
+        if let Some(pct) = positive("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE").filter(|p| *p <= 100.0) {
+            self.autocompact.pct_override = Some(pct as u64);
+        }
+        if let Some(window) = positive("CLAUDE_CODE_AUTO_COMPACT_WINDOW") {
+            self.autocompact.window_override = Some(window as u64);
+        }
+        if let Some(limit) = positive("CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE") {
+            self.autocompact.blocking_limit_override = Some(limit as u64);
+        }
+        if truthy("DISABLE_AUTO_COMPACT") {
+            self.autocompact.enabled = false;
+        }
+        if truthy("DISABLE_COMPACT") {
+            self.autocompact.enabled = false;
+            self.autocompact.compact_disabled = true;
+        }
+    }
+}

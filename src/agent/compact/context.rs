@@ -1,0 +1,350 @@
+//! What the chain works on: the conversation as the agent keeps it (messages plus per-record
+//! metadata), the state that persists across requests, and the per-request output.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::api::{ContentBlock, Message, MessageContent, Role, Usage};
+use crate::measure::metrics::StageReport;
+use crate::world::{Clock, VirtualFs};
+
+use super::config::CompactConfig;
+use super::context_collapse::CollapseState;
+use super::microcompact::CachedMicrocompactState;
+use super::session_memory::SessionMemoryState;
+use super::tool_result_budget::ReplacementState;
+
+/// What kind of record an entry is. Only `Message` and `Attachment`/`Summary` reach the wire;
+/// boundaries are system records (dropped by the request builder).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EntryKind {
+    Message,
+    /// A meta user message built from an attachment (`kind` names it: `file`, `invoked_skills`,
+    /// `plan_file_reference`, `deferred_tools_delta`, `hook_result`, ...).
+    Attachment { kind: String },
+    /// The compact summary (`isCompactSummary`).
+    Summary,
+    /// `compact_boundary` system record with its metadata.
+    CompactBoundary { trigger: CompactTrigger, pre_tokens: u64, logical_parent: Option<u64>, preserved: Option<(u64, u64, u64)> },
+    /// Summary of a committed context-collapse span.
+    Collapsed { span: (u64, u64) },
+}
+
+/// One record of the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub message: Message,
+    pub kind: EntryKind,
+    /// Stable per-session id (the reference's uuid).
+    pub uuid: u64,
+    pub timestamp_ms: u64,
+    pub is_meta: bool,
+    /// `message.id` of an assistant record (API-round grouping, sibling walk of §7.1).
+    pub message_id: Option<String>,
+    /// Usage of an assistant record (only the last sibling carries the final usage).
+    pub usage: Option<Usage>,
+    /// True for synthetic assistant records (API errors, interrupts): they never anchor counts.
+    pub synthetic: bool,
+}
+
+impl Entry {
+    pub fn new(message: Message, uuid: u64, timestamp_ms: u64) -> Entry {
+        Entry {
+            message,
+            kind: EntryKind::Message,
+            uuid,
+            timestamp_ms,
+            is_meta: false,
+            message_id: None,
+            usage: None,
+            synthetic: false,
+        }
+    }
+
+    pub fn is_boundary(&self) -> bool {
+        matches!(self.kind, EntryKind::CompactBoundary { .. })
+    }
+
+    /// Whether the record is sent to the API.
+    pub fn on_wire(&self) -> bool {
+        !self.is_boundary()
+    }
+
+    pub fn blocks(&self) -> &[ContentBlock] {
+        match &self.message.content {
+            MessageContent::Blocks(blocks) => blocks,
+            MessageContent::Text(_) => &[],
+        }
+    }
+
+    pub fn tool_use_ids(&self) -> impl Iterator<Item = &str> {
+        self.blocks().iter().filter_map(|b| match b {
+            ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+    }
+
+    pub fn tool_result_ids(&self) -> impl Iterator<Item = &str> {
+        self.blocks().iter().filter_map(|b| match b {
+            ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+            _ => None,
+        })
+    }
+
+    pub fn is_assistant(&self) -> bool {
+        self.message.role == Role::Assistant
+    }
+}
+
+/// Who is asking: the main thread, or one of the forks that never compact themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuerySource {
+    /// `repl_main_thread`.
+    Main,
+    /// `sdk`: not a main-thread source for microcompact or session memory.
+    Sdk,
+    Compact,
+    SessionMemory,
+}
+
+impl QuerySource {
+    pub fn is_main_thread(self) -> bool {
+        self == QuerySource::Main
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactTrigger {
+    Auto,
+    Manual,
+    Reactive,
+}
+
+impl CompactTrigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompactTrigger::Auto => "auto",
+            CompactTrigger::Manual => "manual",
+            CompactTrigger::Reactive => "reactive",
+        }
+    }
+}
+
+/// The model's limits the thresholds derive from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelLimits {
+    pub context_window: u64,
+    pub max_output_tokens: u64,
+}
+
+/// `autoCompactTracking` of the query loop.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AutoCompactTracking {
+    pub compacted: bool,
+    pub turn_counter: u64,
+    pub consecutive_failures: u32,
+}
+
+/// A file the agent has read (the reference's readFileState), for post-compact restoration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadFile {
+    pub path: String,
+    pub timestamp_ms: u64,
+}
+
+/// A skill invoked in this session, for post-compact restoration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvokedSkill {
+    pub name: String,
+    pub content: String,
+    pub invoked_at_ms: u64,
+}
+
+/// What the session tells the rebuild about the world at compaction time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactInputs {
+    pub read_files: Vec<ReadFile>,
+    pub invoked_skills: Vec<InvokedSkill>,
+    pub plan_path: Option<String>,
+    /// Delta attachments re-announced after compaction (deferred tools, agents, MCP instructions),
+    /// already rendered by the session, in the reference's order.
+    pub deltas: Vec<(String, String)>,
+    /// SessionStart(compact) hook outputs, already rendered.
+    pub hook_results: Vec<String>,
+    /// Custom instructions (user, then PreCompact hooks).
+    pub custom_instructions: Option<String>,
+    /// Canonical memory paths that are never restored as files.
+    pub memory_paths: Vec<String>,
+}
+
+/// State that lives as long as the session, across requests.
+#[derive(Debug, Clone)]
+pub struct ChainState {
+    /// Directory of this session's files in the virtual fs (`tool-results/`, `session-memory/`).
+    pub session_dir: String,
+    pub replacements: ReplacementState,
+    pub tracking: AutoCompactTracking,
+    pub session_memory: SessionMemoryState,
+    pub collapse: CollapseState,
+    pub cached_microcompact: CachedMicrocompactState,
+    pub next_uuid: u64,
+}
+
+impl ChainState {
+    pub fn new(session_dir: impl Into<String>) -> ChainState {
+        ChainState {
+            session_dir: session_dir.into(),
+            replacements: ReplacementState::default(),
+            tracking: AutoCompactTracking::default(),
+            session_memory: SessionMemoryState::default(),
+            collapse: CollapseState::default(),
+            cached_microcompact: CachedMicrocompactState::default(),
+            next_uuid: 1_000_000_000,
+        }
+    }
+
+    /// A fresh uuid for records the chain creates (boundaries, summaries, attachments).
+    pub fn uuid(&mut self) -> u64 {
+        self.next_uuid += 1;
+        self.next_uuid
+    }
+
+    pub fn tool_results_dir(&self) -> String {
+        format!("{}/tool-results", self.session_dir.trim_end_matches('/'))
+    }
+
+    pub fn memory_path(&self) -> String {
+        format!("{}/session-memory/summary.md", self.session_dir.trim_end_matches('/'))
+    }
+}
+
+/// A compaction the caller must perform: a cache-sharing fork in lane `compact`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactionRequest {
+    pub lane: &'static str,
+    pub trigger: CompactTrigger,
+    /// The fork's messages: the main thread's messages with the summary instruction merged into
+    /// the last user message (or appended as a new one).
+    pub messages: Vec<Message>,
+    /// Index of the message that carries the fork's cache marker (the second-to-last).
+    pub marker_index: Option<usize>,
+    /// `tokenCountWithEstimation` of the history before compaction.
+    pub pre_tokens: u64,
+    /// 0 for the first request, then 1..=max_ptl_retries after prompt-too-long answers.
+    pub ptl_attempt: u32,
+}
+
+/// What the caller got back for a [`CompactionRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompactionReply {
+    /// The summary's assistant text (may itself be `Prompt is too long…`).
+    Summary(String),
+    /// The request failed (API error, no text).
+    Failed(String),
+}
+
+/// Per-request output of the chain.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChainOutput {
+    pub reports: Vec<StageReport>,
+    /// Cause events for measurement, in order.
+    pub events: Vec<String>,
+    /// Tokens snip freed (subtracted in autocompact's and the blocking check's counts).
+    pub snip_tokens_freed: u64,
+    /// A compaction happened in this iteration (skips the blocking-limit check).
+    pub compacted: bool,
+    /// A compaction waiting for its summary.
+    pub pending_compaction: Option<CompactionRequest>,
+    /// The request must not be sent: the synthetic error text (`Prompt is too long`).
+    pub blocked: Option<String>,
+    /// `cache_edits` block for cached microcompact, to put in the last user message.
+    pub cache_edits: Option<Value>,
+    /// Tool ids the cache edits delete.
+    pub cache_edits_deleted_tool_ids: Vec<String>,
+    /// Body `context_management` for API-side context editing.
+    pub context_management: Option<Value>,
+    /// The fork's input records behind `pending_compaction` (for prompt-too-long retries).
+    pub fork_entries: Vec<Entry>,
+}
+
+/// Everything one run of the chain needs. Owned conversation, borrowed world and state.
+pub struct ChainContext<'a> {
+    /// The conversation from the last compact boundary on (the loop's `messagesForQuery`);
+    /// rewritten in place and flowing forward to the next request.
+    pub entries: Vec<Entry>,
+    pub state: &'a mut ChainState,
+    pub config: &'a CompactConfig,
+    pub fs: &'a mut VirtualFs,
+    pub clock: &'a Clock,
+    pub limits: ModelLimits,
+    pub source: QuerySource,
+    /// Messages the request builder puts before `entries` (the user-context reminder), so
+    /// reported positions match the wire.
+    pub message_offset: usize,
+    pub inputs: CompactInputs,
+    pub output: ChainOutput,
+}
+
+impl<'a> ChainContext<'a> {
+    pub fn new(
+        entries: Vec<Entry>,
+        state: &'a mut ChainState,
+        config: &'a CompactConfig,
+        fs: &'a mut VirtualFs,
+        clock: &'a Clock,
+        limits: ModelLimits,
+    ) -> ChainContext<'a> {
+        ChainContext {
+            entries,
+            state,
+            config,
+            fs,
+            clock,
+            limits,
+            source: QuerySource::Main,
+            message_offset: 0,
+            inputs: CompactInputs::default(),
+            output: ChainOutput::default(),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The messages as they go on the wire (boundaries dropped).
+    pub fn wire_messages(&self) -> Vec<Message> {
+        self.entries.iter().filter(|e| e.on_wire()).map(|e| e.message.clone()).collect()
+    }
+
+    /// Tool names by tool_use_id, from the assistant records (ordered map: no hash order leaks).
+    pub fn tool_names(&self) -> BTreeMap<String, String> {
+        tool_names(&self.entries)
+    }
+
+    /// The wire path (`messages[k].content[l]`) of block `block` of entry `index`.
+    pub fn wire_path(&self, index: usize, block: Option<usize>) -> String {
+        let wire = self.entries[..index].iter().filter(|e| e.on_wire()).count() + self.message_offset;
+        match block {
+            Some(b) => format!("messages[{wire}].content[{b}]"),
+            None => format!("messages[{wire}]"),
+        }
+    }
+
+    pub fn event(&mut self, name: &str) {
+        self.output.events.push(name.to_owned());
+    }
+}
+
+pub fn tool_names(entries: &[Entry]) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    for entry in entries {
+        for block in entry.blocks() {
+            if let ContentBlock::ToolUse { id, name, .. } = block {
+                names.insert(id.clone(), name.clone());
+            }
+        }
+    }
+    names
+}

@@ -1,0 +1,163 @@
+//! The reference client's own token counting (§7.1–7.2, §3.1), used for every decision of the
+//! chain. It is deliberately separate from the measurement estimators in `measure::tokens`.
+
+use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent, Usage};
+use crate::measure::tokens::chars4;
+
+use super::config::CompactConfig;
+use super::context::{Entry, ModelLimits};
+
+/// Flat cost of an image or document block.
+pub const IMAGE_TOKENS: u64 = 2_000;
+
+/// `roughTokenCountEstimation`: `round(len / 4)` in UTF-16 units.
+pub fn rough(text: &str) -> u64 {
+    u64::from(chars4(text))
+}
+
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// `roughTokenCountEstimationForBlock`.
+pub fn rough_block(block: &ContentBlock) -> u64 {
+    match block {
+        ContentBlock::Text { text, .. } => rough(text),
+        ContentBlock::Image(_) | ContentBlock::Document(_) => IMAGE_TOKENS,
+        ContentBlock::ToolResult { content, .. } => match content {
+            None => 0,
+            Some(ToolResultContent::Text(text)) => rough(text),
+            Some(ToolResultContent::Blocks(blocks)) => blocks.iter().map(rough_block).sum(),
+        },
+        ContentBlock::ToolUse { name, input, .. } => rough(&format!("{name}{}", json(input))),
+        ContentBlock::Thinking { thinking, .. } => rough(thinking),
+        ContentBlock::RedactedThinking { data, .. } => rough(data),
+        other => rough(&json(other)),
+    }
+}
+
+/// Rough tokens of one message's content.
+pub fn rough_message(message: &Message) -> u64 {
+    match &message.content {
+        MessageContent::Text(text) => rough(text),
+        MessageContent::Blocks(blocks) => blocks.iter().map(rough_block).sum(),
+    }
+}
+
+/// `roughTokenCountEstimationForMessages` over the records that reach the wire.
+pub fn rough_entries(entries: &[Entry]) -> u64 {
+    entries.iter().filter(|e| e.on_wire()).map(|e| rough_message(&e.message)).sum()
+}
+
+/// `getTokenCountFromUsage`.
+pub fn usage_total(usage: &Usage) -> u64 {
+    usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens + usage.output_tokens
+}
+
+/// `tokenCountWithEstimation`: the last real usage plus a rough estimate of every record after
+/// the first sibling of the record carrying it; no usage anywhere → rough estimate of all.
+pub fn token_count_with_estimation(entries: &[Entry]) -> u64 {
+    let Some(i) = entries.iter().rposition(|e| e.is_assistant() && !e.synthetic && e.usage.is_some()) else {
+        return rough_entries(entries);
+    };
+    let usage = entries[i].usage.as_ref().map(usage_total).unwrap_or(0);
+    let mut j = i;
+    if let Some(id) = &entries[i].message_id {
+        let mut k = i;
+        while k > 0 {
+            k -= 1;
+            let e = &entries[k];
+            if !e.is_assistant() {
+                continue;
+            }
+            if e.message_id.as_ref() == Some(id) {
+                j = k;
+            } else {
+                break;
+            }
+        }
+    }
+    usage + rough_entries(&entries[j + 1..])
+}
+
+/// `tokenCountFromLastAPIResponse`: the last real usage, no estimation.
+pub fn token_count_from_last_response(entries: &[Entry]) -> u64 {
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.is_assistant() && !e.synthetic && e.usage.is_some())
+        .and_then(|e| e.usage.as_ref())
+        .map(usage_total)
+        .unwrap_or(0)
+}
+
+/// `microCompact.estimateMessageTokens`: array-content user/assistant messages only; total
+/// padded by 4/3 and ceiled once.
+pub fn estimate_message_tokens(entries: &[Entry]) -> u64 {
+    let raw: u64 = entries
+        .iter()
+        .filter(|e| e.on_wire())
+        .map(|e| match &e.message.content {
+            MessageContent::Text(_) => 0,
+            MessageContent::Blocks(blocks) => blocks.iter().map(rough_block).sum(),
+        })
+        .sum();
+    (raw * 4).div_ceil(3)
+}
+
+/// The thresholds of §5.1, all derived from one window and one max output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    pub effective_window: u64,
+    pub autocompact: u64,
+    pub warning: u64,
+    pub error: u64,
+    pub blocking: u64,
+    pub autocompact_enabled: bool,
+}
+
+impl Thresholds {
+    pub fn compute(limits: ModelLimits, config: &CompactConfig) -> Thresholds {
+        let auto = &config.autocompact;
+        let window = match auto.window_override {
+            Some(cap) if cap > 0 => limits.context_window.min(cap),
+            _ => limits.context_window,
+        };
+        let effective = window.saturating_sub(limits.max_output_tokens.min(auto.max_output_reserve_tokens));
+        let base = effective.saturating_sub(auto.buffer_tokens);
+        let autocompact = match auto.pct_override {
+            Some(p) if p > 0 && p <= 100 => (effective * p / 100).min(base),
+            _ => base,
+        };
+        let warn_base = if auto.enabled { autocompact } else { effective };
+        let blocking = match auto.blocking_limit_override {
+            Some(limit) if limit > 0 => limit,
+            _ => effective.saturating_sub(auto.blocking_buffer_tokens),
+        };
+        Thresholds {
+            effective_window: effective,
+            autocompact,
+            warning: warn_base.saturating_sub(auto.warning_buffer_tokens),
+            error: warn_base.saturating_sub(auto.error_buffer_tokens),
+            blocking,
+            autocompact_enabled: auto.enabled,
+        }
+    }
+
+    pub fn above_autocompact(&self, tokens: u64) -> bool {
+        self.autocompact_enabled && tokens >= self.autocompact
+    }
+
+    pub fn at_blocking_limit(&self, tokens: u64) -> bool {
+        tokens >= self.blocking
+    }
+
+    /// `percentLeft` of `calculateTokenWarningState`.
+    pub fn percent_left(&self, tokens: u64) -> u64 {
+        let threshold = if self.autocompact_enabled { self.autocompact } else { self.effective_window };
+        if threshold == 0 || tokens >= threshold {
+            return 0;
+        }
+        ((threshold - tokens) * 100 + threshold / 2) / threshold
+    }
+}

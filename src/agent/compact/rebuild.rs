@@ -1,0 +1,190 @@
+//! The post-compact rebuild (§5.9–5.10): boundary with its metadata, summary, kept messages,
+//! attachments (restored files, plan, invoked skills, deltas), then hook results — the
+//! reference's `buildPostCompactMessages` order. Wire reordering of attachments is the request
+//! builder's job, not this one's.
+//!
+//! All text here is ours; the marker strings and budgets are the reference's.
+
+use crate::api::Message;
+
+use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
+use super::counting::{rough, token_count_with_estimation};
+
+/// Which attachments the rebuild restores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachmentMode {
+    /// Full compaction: files, plan, skills, deltas.
+    Full,
+    /// Session-memory compaction: the plan only.
+    PlanOnly,
+}
+
+const SKILL_TRUNCATION_MARKER: &str = "\n[skill content truncated after compaction]";
+
+/// `formatCompactSummary`: drop the first `<analysis>` block, turn `<summary>X</summary>` into
+/// `Summary:\nX`, collapse runs of blank lines, trim.
+pub fn format_compact_summary(text: &str) -> String {
+    let mut s = text.to_owned();
+    if let (Some(a), Some(b)) = (s.find("<analysis>"), s.find("</analysis>")) {
+        if a < b {
+            s.replace_range(a..b + "</analysis>".len(), "");
+        }
+    }
+    if let (Some(a), Some(b)) = (s.find("<summary>"), s.find("</summary>")) {
+        if a < b {
+            let inner = s[a + "<summary>".len()..b].trim().to_owned();
+            s.replace_range(a..b + "</summary>".len(), &format!("Summary:\n{inner}"));
+        }
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut blank_run = 0;
+    for line in s.lines() {
+        if line.trim().is_empty() {
+            blank_run += 1;
+            if blank_run > 1 {
+                continue;
+            }
+        } else {
+            blank_run = 0;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.trim().to_owned()
+}
+
+/// The user message that carries the summary (our wording).
+pub fn summary_message_text(summary: &str, recent_preserved: bool) -> String {
+    let mut text = format!(
+        "This session continues an earlier conversation that outgrew the context window. \
+         What happened before is condensed below.\n\n{}",
+        format_compact_summary(summary)
+    );
+    if recent_preserved {
+        text.push_str("\n\nThe most recent messages follow unchanged after this summary.");
+    }
+    text.push_str(
+        "\n\nPick the work up where it stopped. Do not ask the user anything first and do not restate \
+         the summary; continue with the next step.",
+    );
+    text
+}
+
+fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> Entry {
+    let uuid = cx.state.uuid();
+    let mut entry = Entry::new(Message::user_text(format!("<system-reminder>\n{text}\n</system-reminder>")), uuid, ts);
+    entry.is_meta = true;
+    entry.kind = EntryKind::Attachment { kind: kind.to_owned() };
+    entry
+}
+
+/// Restored files within the budgets: newest first, at most `max_files`, each re-read and
+/// replaced by a reference when over the per-file limit, then kept while the running total
+/// fits the overall budget (skip, not stop).
+pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64) -> Vec<Entry> {
+    let budget = cx.config.post_compact.clone();
+    let mut files = cx.inputs.read_files.clone();
+    let plan = cx.inputs.plan_path.clone();
+    let memory = cx.inputs.memory_paths.clone();
+    files.retain(|f| Some(&f.path) != plan.as_ref() && !memory.contains(&f.path));
+    files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then_with(|| a.path.cmp(&b.path)));
+    files.dedup_by(|a, b| a.path == b.path);
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    for file in files.into_iter().take(budget.max_files) {
+        let Ok(contents) = cx.fs.read(&file.path) else { continue };
+        let contents = contents.to_owned();
+        let (kind, text) = if rough(&contents) > budget.max_tokens_per_file {
+            (
+                "compact_file_reference",
+                format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path),
+            )
+        } else {
+            ("file", format!("Contents of {} as last read, restored after compaction:\n{contents}", file.path))
+        };
+        let entry = attachment(cx, kind, text, ts);
+        let cost = rough(&serde_json::to_string(&entry.message).unwrap_or_default());
+        if total + cost <= budget.files_token_budget {
+            total += cost;
+            out.push(entry);
+        }
+    }
+    out
+}
+
+/// Invoked skills, most recent first, each truncated to its limit, kept while the cumulative
+/// total fits (skip, not stop). One attachment holding all of them, or none.
+pub fn skill_attachment(cx: &mut ChainContext<'_>, ts: u64) -> Option<Entry> {
+    let budget = cx.config.post_compact.clone();
+    let mut skills = cx.inputs.invoked_skills.clone();
+    skills.sort_by(|a, b| b.invoked_at_ms.cmp(&a.invoked_at_ms).then_with(|| a.name.cmp(&b.name)));
+    let max_chars = (budget.max_tokens_per_skill * 4) as usize;
+    let mut total = 0u64;
+    let mut parts = Vec::new();
+    for skill in skills {
+        let mut content = skill.content.clone();
+        if rough(&content) > budget.max_tokens_per_skill {
+            content = content.chars().take(max_chars - SKILL_TRUNCATION_MARKER.len()).collect();
+            content.push_str(SKILL_TRUNCATION_MARKER);
+        }
+        let cost = rough(&content);
+        if total + cost <= budget.skills_token_budget {
+            total += cost;
+            parts.push(format!("Skill \"{}\" (invoked earlier):\n{content}", skill.name));
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(attachment(cx, "invoked_skills", parts.join("\n\n"), ts))
+}
+
+/// Builds the post-compact conversation and installs it in `cx.entries`.
+pub fn rebuild(
+    cx: &mut ChainContext<'_>,
+    trigger: CompactTrigger,
+    pre_tokens: u64,
+    summary: String,
+    kept: Vec<Entry>,
+    mode: AttachmentMode,
+) {
+    let ts = cx.now_ms();
+    let logical_parent = cx.entries.last().map(|e| e.uuid);
+    let boundary_uuid = cx.state.uuid();
+    let summary_uuid = cx.state.uuid();
+    let preserved = match (kept.first(), kept.last()) {
+        (Some(head), Some(tail)) => Some((head.uuid, summary_uuid, tail.uuid)),
+        _ => None,
+    };
+    let mut boundary = Entry::new(Message::user_text("Conversation compacted"), boundary_uuid, ts);
+    boundary.kind = EntryKind::CompactBoundary { trigger, pre_tokens, logical_parent, preserved };
+    let mut summary_entry = Entry::new(Message::user_text(summary_message_text(&summary, !kept.is_empty())), summary_uuid, ts);
+    summary_entry.kind = EntryKind::Summary;
+    let mut out = vec![boundary, summary_entry];
+    out.extend(kept.into_iter().filter(|e| !e.is_boundary()));
+    if mode == AttachmentMode::Full {
+        out.extend(file_attachments(cx, ts));
+    }
+    if let Some(plan) = cx.inputs.plan_path.clone() {
+        if cx.fs.exists(&plan) {
+            out.push(attachment(cx, "plan_file_reference", format!("A plan for this work is kept at {plan}; keep following it."), ts));
+        }
+    }
+    if mode == AttachmentMode::Full {
+        if let Some(skills) = skill_attachment(cx, ts) {
+            out.push(skills);
+        }
+        for (kind, text) in cx.inputs.deltas.clone() {
+            out.push(attachment(cx, &kind, text, ts));
+        }
+    }
+    for text in cx.inputs.hook_results.clone() {
+        out.push(attachment(cx, "hook_result", text, ts));
+    }
+    cx.entries = out;
+}
+
+/// `preCompactTokenCount`.
+pub fn pre_compact_tokens(cx: &ChainContext<'_>) -> u64 {
+    token_count_with_estimation(&cx.entries)
+}

@@ -1,0 +1,299 @@
+//! Stage `tool_result_budget` (§2): large tool results are persisted to the virtual filesystem
+//! and replaced by a `<persisted-output>` preview.
+//!
+//! - **Trigger**: a tool result seen for the first time ("fresh") that is larger than its tool's
+//!   persistence threshold (Read never, Bash 30k, Grep 20k, others 50k chars), or, with the
+//!   aggregate budget on, a wire message whose fresh plus frozen results exceed 200k chars (the
+//!   largest fresh ones are replaced until it fits).
+//! - **Rewrites**: the `content` of the selected tool_result blocks, to the replacement string
+//!   (header line with size and path, 2 KB preview cut at a newline past 1 KB, closing tag).
+//! - **Preserves**: every decision forever. A result once shown replaced is re-shown with the
+//!   byte-identical stored string on every later request (mustReapply); a result once shown
+//!   unreplaced is never touched again (frozen). tool_use/tool_result pairing is untouched.
+//! - **Invalidates**: only fresh results are replaced, and fresh results sit after the last
+//!   request's messages, so the cached prefix is never invalidated; the report names the first
+//!   replaced block anyway.
+//!
+//! Ours, where the reference splits the work: the per-tool threshold, which the client applies at
+//! tool-execution time, is applied here on first sight, so it shares the replay state and the
+//! session needs no second call site. Results not larger than the preview are never selected by
+//! the aggregate budget: replacing them would grow the context.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::api::{ContentBlock, MessageContent, Role, ToolResultContent};
+use crate::measure::metrics::StageReport;
+use crate::world::{Clock, VirtualFs};
+
+use super::chain::Stage;
+use super::config::{CompactConfig, ToolResultBudgetConfig};
+use super::context::ChainContext;
+use super::counting::rough_entries;
+
+pub const PERSISTED_OPEN: &str = "<persisted-output>";
+pub const PERSISTED_CLOSE: &str = "</persisted-output>";
+
+/// `contentReplacementState`: mutated in place, never reset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplacementState {
+    pub seen_ids: BTreeSet<String>,
+    pub replacements: BTreeMap<String, String>,
+}
+
+pub struct ToolResultBudget;
+
+/// Size the way the client measures it: UTF-16 length of the string or of the text blocks.
+pub fn result_size(content: &ToolResultContent) -> u64 {
+    let utf16 = |s: &str| s.chars().map(char::len_utf16).sum::<usize>() as u64;
+    match content {
+        ToolResultContent::Text(text) => utf16(text),
+        ToolResultContent::Blocks(blocks) => blocks
+            .iter()
+            .map(|b| match b {
+                ContentBlock::Text { text, .. } => utf16(text),
+                _ => 0,
+            })
+            .sum(),
+    }
+}
+
+fn has_image(content: &ToolResultContent) -> bool {
+    matches!(content, ToolResultContent::Blocks(blocks) if blocks.iter().any(|b| matches!(b, ContentBlock::Image(_) | ContentBlock::Document(_))))
+}
+
+fn is_empty(content: &ToolResultContent) -> bool {
+    match content {
+        ToolResultContent::Text(text) => text.trim().is_empty(),
+        ToolResultContent::Blocks(blocks) => blocks.iter().all(|b| matches!(b, ContentBlock::Text { text, .. } if text.trim().is_empty())),
+    }
+}
+
+fn starts_persisted(content: &ToolResultContent) -> bool {
+    match content {
+        ToolResultContent::Text(text) => text.starts_with(PERSISTED_OPEN),
+        ToolResultContent::Blocks(blocks) => {
+            matches!(blocks.first(), Some(ContentBlock::Text { text, .. }) if text.starts_with(PERSISTED_OPEN))
+        }
+    }
+}
+
+/// `formatFileSize`: bytes below 1 KiB, else KB/MB/GB with one decimal, `.0` dropped.
+pub fn format_file_size(size: u64) -> String {
+    if size < 1024 {
+        return format!("{size} bytes");
+    }
+    let units = ["KB", "MB", "GB"];
+    let mut value = size as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < units.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    let text = format!("{value:.1}");
+    let text = text.strip_suffix(".0").unwrap_or(&text);
+    format!("{text}{}", units[unit])
+}
+
+/// `generatePreview`: the whole text up to `limit` chars, else the first `limit` chars cut at
+/// the last newline if that is past half of it. Returns the preview and whether more follows.
+pub fn preview(text: &str, limit: usize) -> (String, bool) {
+    if text.chars().count() <= limit {
+        return (text.to_owned(), false);
+    }
+    let slice: String = text.chars().take(limit).collect();
+    match slice.rfind('\n') {
+        Some(cut) if slice[..cut].chars().count() > limit / 2 => (slice[..cut].to_owned(), true),
+        _ => (slice, true),
+    }
+}
+
+/// The replacement string of a persisted result.
+pub fn replacement_text(original: &str, path: &str, preview_chars: usize) -> String {
+    let (preview, has_more) = preview(original, preview_chars);
+    let size = original.chars().map(char::len_utf16).sum::<usize>() as u64;
+    format!(
+        "{PERSISTED_OPEN}\nOutput too large ({}). Full output saved to: {path}\n\nPreview (first {}):\n{preview}{}{PERSISTED_CLOSE}",
+        format_file_size(size),
+        format_file_size(preview_chars as u64),
+        if has_more { "\n...\n" } else { "\n" },
+    )
+}
+
+/// Writes the full result to `<dir>/<id>.txt` (`.json` for block content; an existing file is
+/// kept, like the client's exclusive create) and returns the replacement string. `None` when
+/// the content cannot be persisted (non-text blocks).
+pub fn persist(
+    tool_use_id: &str,
+    content: &ToolResultContent,
+    dir: &str,
+    preview_chars: usize,
+    fs: &mut VirtualFs,
+    clock: &Clock,
+) -> Option<String> {
+    let (text, ext) = match content {
+        ToolResultContent::Text(text) => (text.clone(), "txt"),
+        ToolResultContent::Blocks(blocks) => {
+            if blocks.iter().any(|b| !matches!(b, ContentBlock::Text { .. })) {
+                return None;
+            }
+            (serde_json::to_string_pretty(blocks).ok()?, "json")
+        }
+    };
+    let path = format!("{dir}/{tool_use_id}.{ext}");
+    if !fs.exists(&path) {
+        fs.write(&path, text.clone(), clock).ok()?;
+    }
+    Some(replacement_text(&text, &path, preview_chars))
+}
+
+/// The text an empty result is replaced with at tool-execution time.
+pub fn empty_result_text(tool_name: &str) -> String {
+    format!("({tool_name} completed with no output)")
+}
+
+struct Candidate {
+    entry: usize,
+    block: usize,
+    id: String,
+    size: u64,
+}
+
+/// Candidates grouped by wire message (`collectCandidatesByMessage`).
+fn candidate_groups(cx: &ChainContext<'_>) -> Vec<Vec<Candidate>> {
+    let mut groups: Vec<Vec<Candidate>> = vec![Vec::new()];
+    let mut seen_message_ids: BTreeSet<&str> = BTreeSet::new();
+    for (i, entry) in cx.entries.iter().enumerate() {
+        if !entry.on_wire() {
+            continue;
+        }
+        if entry.message.role == Role::Assistant {
+            let new_id = match &entry.message_id {
+                Some(id) => seen_message_ids.insert(id.as_str()),
+                None => true,
+            };
+            if new_id && !groups.last().is_some_and(Vec::is_empty) {
+                groups.push(Vec::new());
+            }
+            continue;
+        }
+        for (b, block) in entry.blocks().iter().enumerate() {
+            if let ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } = block {
+                // A result microcompact already cleared is out of the budget's hands.
+                let cleared = matches!(content, ToolResultContent::Text(t) if t == super::microcompact::CLEARED_MARKER);
+                if cleared || is_empty(content) || starts_persisted(content) || has_image(content) {
+                    continue;
+                }
+                let size = result_size(content);
+                groups.last_mut().expect("one group").push(Candidate { entry: i, block: b, id: tool_use_id.clone(), size });
+            }
+        }
+    }
+    groups.retain(|g| !g.is_empty());
+    groups
+}
+
+impl Stage for ToolResultBudget {
+    fn name(&self) -> &'static str {
+        "tool_result_budget"
+    }
+
+    fn enabled(&self, _config: &CompactConfig) -> bool {
+        true
+    }
+
+    fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
+        let tokens_before = rough_entries(&cx.entries);
+        let config: &ToolResultBudgetConfig = &cx.config.tool_result_budget;
+        let names = cx.tool_names();
+        let dir = cx.state.tool_results_dir();
+        let mut fresh_replaced: Vec<(usize, usize)> = Vec::new();
+        let mut reapplied = 0usize;
+        let mut apply: Vec<(usize, usize, String)> = Vec::new();
+        for group in candidate_groups(cx) {
+            let mut frozen_size = 0u64;
+            let mut fresh: Vec<&Candidate> = Vec::new();
+            for candidate in &group {
+                if let Some(text) = cx.state.replacements.replacements.get(&candidate.id) {
+                    apply.push((candidate.entry, candidate.block, text.clone()));
+                    reapplied += 1;
+                } else if cx.state.replacements.seen_ids.contains(&candidate.id) {
+                    frozen_size += candidate.size;
+                } else {
+                    fresh.push(candidate);
+                }
+            }
+            let mut selected: Vec<&Candidate> = Vec::new();
+            let mut eligible: Vec<&Candidate> = Vec::new();
+            for candidate in fresh {
+                let tool = names.get(&candidate.id).map(String::as_str).unwrap_or("");
+                match config.threshold(tool) {
+                    None => {
+                        cx.state.replacements.seen_ids.insert(candidate.id.clone());
+                    }
+                    Some(limit) if candidate.size > limit => selected.push(candidate),
+                    Some(_) => eligible.push(candidate),
+                }
+            }
+            if config.aggregate_enabled {
+                let mut total = frozen_size + eligible.iter().map(|c| c.size).sum::<u64>();
+                eligible.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.id.cmp(&b.id)));
+                let mut rest = Vec::new();
+                for candidate in eligible {
+                    if total > config.aggregate_chars && candidate.size > config.preview_chars + 200 {
+                        total -= candidate.size;
+                        selected.push(candidate);
+                    } else {
+                        rest.push(candidate);
+                    }
+                }
+                eligible = rest;
+            }
+            for candidate in eligible {
+                cx.state.replacements.seen_ids.insert(candidate.id.clone());
+            }
+            for candidate in selected {
+                cx.state.replacements.seen_ids.insert(candidate.id.clone());
+                let ContentBlock::ToolResult { content: Some(content), .. } =
+                    &cx.entries[candidate.entry].blocks()[candidate.block]
+                else {
+                    continue;
+                };
+                let content = content.clone();
+                let persisted = persist(&candidate.id, &content, &dir, config.preview_chars as usize, cx.fs, cx.clock);
+                // A replacement that is not smaller than the result would grow the context.
+                if let Some(text) = persisted.filter(|t| (t.chars().count() as u64) < candidate.size) {
+                    cx.state.replacements.replacements.insert(candidate.id.clone(), text.clone());
+                    apply.push((candidate.entry, candidate.block, text));
+                    fresh_replaced.push((candidate.entry, candidate.block));
+                }
+            }
+        }
+        for (entry, block, text) in apply {
+            if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message.content {
+                if let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
+                    *content = Some(ToolResultContent::Text(text));
+                }
+            }
+        }
+        let tokens_after = rough_entries(&cx.entries);
+        let fired = !fresh_replaced.is_empty();
+        if fired {
+            cx.event("tool_result_budget");
+        }
+        let invalidated_from = fresh_replaced.iter().min().map(|(e, b)| cx.wire_path(*e, Some(*b)));
+        StageReport {
+            name: self.name().to_owned(),
+            fired,
+            reason: if fired {
+                format!("persisted {} tool results", fresh_replaced.len())
+            } else if reapplied > 0 {
+                format!("reapplied {reapplied} earlier replacements")
+            } else {
+                "no fresh tool result over budget".to_owned()
+            },
+            tokens_before,
+            tokens_after,
+            invalidated_from,
+        }
+    }
+}
