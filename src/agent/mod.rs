@@ -5,6 +5,7 @@
 //! Every builder takes plain inputs and returns wire types; none does I/O.
 
 pub mod attachments;
+pub mod hooks;
 pub mod instructions;
 pub mod normalize;
 pub mod session;

@@ -127,6 +127,9 @@ pub struct RunArgs {
     /// Write summary.json, summary.csv, trace.jsonl and requests.txt under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Run hook commands of the settings for real when the scenario scripts no answer for them.
+    #[arg(long)]
+    pub run_hooks: bool,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }

@@ -1,0 +1,209 @@
+//! Hooks, skills and plugins: real data loads, matcher semantics, every hook effect through a
+//! session driven by inline scenarios.
+
+use ctxsim::agent::hooks::{HookSource, describe, load_settings_hooks, matches_pattern, parse_hooks};
+use ctxsim::agent::session::Session;
+use ctxsim::runner::{RunOutput, run_scenario};
+use ctxsim::scenario::parse_scenario;
+use ctxsim::strategy::Strategy;
+use ctxsim::world::{Clock, VirtualFs};
+
+use crate::support::{measurer, realdata};
+
+fn run_text(yaml: &str) -> RunOutput {
+    let scenario = parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
+    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn messages(output: &RunOutput, request: usize) -> String {
+    serde_json::to_string(&output.requests[request].messages).unwrap()
+}
+
+// ---- hooks: configuration -------------------------------------------------------------------
+
+#[test]
+fn hooks_realdata_settings_load_with_snapshot() {
+    let dir = realdata().join("hooks_settings");
+    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert!(!names.is_empty());
+    let mut out = String::new();
+    for name in names {
+        let mut fs = VirtualFs::new();
+        fs.load_from_dir(&dir.join(&name), "/proj", &Clock::new(0)).unwrap();
+        let parsed = load_settings_hooks(&fs, "/home/user", "/proj", "/etc/claude-code");
+        assert!(parsed.warnings.is_empty(), "{name}: {:?}", parsed.warnings);
+        out.push_str(&format!("== {name} ({} hooks)\n", parsed.hooks.len()));
+        if !parsed.hooks.is_empty() {
+            out.push_str(&describe(&parsed.hooks));
+            out.push('\n');
+        }
+    }
+    insta::assert_snapshot!("hooks_realdata_settings", out);
+}
+
+#[test]
+fn hooks_matcher_semantics() {
+    assert!(matches_pattern("", "Read"));
+    assert!(matches_pattern("*", "mcp__jira__search"));
+    assert!(matches_pattern("Edit|Write", "Write"));
+    assert!(matches_pattern("Edit, Write", "Edit"));
+    assert!(!matches_pattern("Edit|Write", "Read"));
+    assert!(!matches_pattern("Edit", "EditNotebook"), "exact lists are not substrings");
+    assert!(matches_pattern("Notebook.*", "NotebookEdit"));
+    assert!(matches_pattern("mcp__jira__.*", "mcp__jira__search"));
+    assert!(!matches_pattern("mcp__jira__.*", "mcp__wiki__search"));
+    assert!(matches_pattern("Task", "Agent"), "legacy name");
+    assert!(!matches_pattern("([", "Read"), "an invalid regex matches nothing");
+}
+
+#[test]
+fn hooks_merge_order_and_policy() {
+    let mut fs = VirtualFs::new();
+    let clock = Clock::new(0);
+    let hook = |cmd: &str| format!(r#"{{"hooks":{{"PreToolUse":[{{"matcher":"Bash","hooks":[{{"type":"command","command":"{cmd}"}}]}}]}}}}"#);
+    fs.seed("/etc/claude-code/managed-settings.json", hook("policy"), &clock).unwrap();
+    fs.seed("/home/user/.claude/settings.json", hook("user"), &clock).unwrap();
+    fs.seed("/proj/.claude/settings.json", hook("project"), &clock).unwrap();
+    fs.seed("/proj/.claude/settings.local.json", hook("local"), &clock).unwrap();
+    let parsed = load_settings_hooks(&fs, "/home/user", "/proj", "/etc/claude-code");
+    let order: Vec<&str> = parsed.hooks.iter().map(|h| h.command.as_str()).collect();
+    assert_eq!(order, ["user", "project", "local", "policy"]);
+    fs.write("/proj/.claude/settings.local.json", r#"{"disableAllHooks": true}"#, &clock).unwrap();
+    let parsed = load_settings_hooks(&fs, "/home/user", "/proj", "/etc/claude-code");
+    assert_eq!(parsed.hooks.iter().map(|h| h.source).collect::<Vec<_>>(), [HookSource::Policy]);
+    fs.write("/etc/claude-code/managed-settings.json", r#"{"disableAllHooks": true}"#, &clock).unwrap();
+    assert!(load_settings_hooks(&fs, "/home/user", "/proj", "/etc/claude-code").hooks.is_empty());
+    // Unknown events and types are warnings, never errors.
+    let parsed = parse_hooks(&serde_json::json!({"Nope": [], "Stop": [{"hooks": [{"type": "weird"}]}]}), HookSource::User, None, "x");
+    assert_eq!(parsed.warnings.len(), 2);
+}
+
+// ---- hooks: effects through a session -------------------------------------------------------
+
+const SETTINGS: &str = r#"
+  files:
+    /repo/.claude/settings.json: |
+      {"hooks": {
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "guard.sh"}]}],
+        "PostToolUse": [{"matcher": "Read", "hooks": [{"type": "command", "command": "post.sh"}]}],
+        "Stop": [{"hooks": [{"type": "command", "command": "stop.sh"}]}],
+        "PreCompact": [{"matcher": "auto", "hooks": [{"type": "command", "command": "precompact.sh"}]}]
+      }}
+"#;
+
+#[test]
+fn hooks_pretool_updated_input_and_post_output() {
+    let yaml = format!(
+        r#"
+name: t
+world:
+  model: claude-sonnet-4-5{SETTINGS}    /repo/a.txt: "alpha"
+    /repo/b.txt: "beta"
+  hook_answers:
+    - {{event: PreToolUse, command: guard.sh, decision: allow, updated_input: {{command: "echo rewritten"}}}}
+    - {{event: PostToolUse, matcher: Read, command: post.sh, updated_output: "REDACTED", additional_context: "post ctx"}}
+script:
+  - user: "go"
+  - assistant:
+      - tool_use: {{name: Bash, input: {{command: "rm -rf /"}}}}
+      - tool_use: {{name: Read, input: {{file_path: /repo/a.txt}}}}
+  - assistant:
+      - text: "done"
+"#
+    );
+    let out = run_text(&yaml);
+    let text = messages(&out, 1);
+    assert!(text.contains("rewritten"), "{text}");
+    assert!(text.contains("REDACTED") && !text.contains("alpha"), "{text}");
+    assert!(text.contains("PostToolUse:Read hook additional context: post ctx"), "{text}");
+    // The tool_use keeps what the model sent.
+    assert!(text.contains("rm -rf /"));
+}
+
+#[test]
+fn hooks_exit_code_2_denies_and_ask_runs() {
+    let yaml = format!(
+        r#"
+name: t
+world:
+  model: claude-sonnet-4-5{SETTINGS}
+  hook_answers:
+    - {{event: PreToolUse, command: guard.sh, exit_code: 2, stderr: "no shell"}}
+script:
+  - user: "go"
+  - assistant:
+      - tool_use: {{name: Bash, input: {{command: "ls"}}}}
+  - assistant:
+      - text: "done"
+"#
+    );
+    let out = run_text(&yaml);
+    assert!(messages(&out, 1).contains("PreToolUse:Bash hook error: [guard.sh]: no shell"), "{}", messages(&out, 1));
+}
+
+#[test]
+fn hooks_stop_blocking_continues_with_cap() {
+    let mut replies = String::new();
+    for i in 0..11 {
+        replies.push_str(&format!("  - assistant:\n      - text: \"answer {i}\"\n"));
+    }
+    let yaml = format!(
+        r#"
+name: t
+world:
+  model: claude-sonnet-4-5
+  fallback: {{after_script_ends: true}}{SETTINGS}
+  hook_answers:
+    - {{event: Stop, command: stop.sh, exit_code: 2, stderr: "tests fail"}}
+script:
+  - user: "go"
+{replies}"#
+    );
+    let out = run_text(&yaml);
+    assert!(messages(&out, 1).contains("Stop hook feedback:\\n[stop.sh]: tests fail"), "{}", messages(&out, 1));
+    let feedback = |i: usize| messages(&out, i).matches("Stop hook feedback").count();
+    // Eight continuations, then the ninth block is ignored: requests 9 and 10 see 8.
+    assert_eq!(feedback(8), 8);
+    assert_eq!(feedback(9), 8);
+    assert_eq!(feedback(10), 8);
+}
+
+#[test]
+fn hooks_user_prompt_submit_block_drops_prompt() {
+    let yaml = r#"
+name: t
+world:
+  model: claude-sonnet-4-5
+  hook_answers:
+    - {event: UserPromptSubmit, exit_code: 2, stderr: "not allowed"}
+script:
+  - user: "secret prompt"
+  - user: "second"
+  - assistant:
+      - text: "ok"
+"#;
+    let out = run_text(yaml);
+    assert!(!messages(&out, 0).contains("secret prompt"));
+}
+
+#[test]
+fn hooks_pre_compact_instructions_merge() {
+    let yaml = format!(
+        r#"
+name: t
+world:
+  model: claude-sonnet-4-5{SETTINGS}
+  hook_answers:
+    - {{event: PreCompact, command: precompact.sh, stdout: "keep the API notes\n"}}
+script:
+  - user: "go"
+"#
+    );
+    let scenario = parse_scenario(&yaml, "inline.yaml").unwrap();
+    let world = scenario.into_world();
+    let mut session = Session::new(&Strategy::default(), &world);
+    assert_eq!(session.pre_compact_instructions("auto", Some("be brief"), &world).as_deref(), Some("be brief\n\nkeep the API notes"));
+    assert_eq!(session.pre_compact_instructions("manual", None, &world), None, "matcher = trigger");
+    assert_eq!(session.hook_log().len(), 1);
+}
