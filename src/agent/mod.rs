@@ -8,6 +8,7 @@ pub mod attachments;
 pub mod hooks;
 pub mod instructions;
 pub mod normalize;
+pub mod plugins;
 pub mod session;
 pub mod skills;
 pub mod profile;

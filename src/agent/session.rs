@@ -74,6 +74,13 @@ pub struct Session {
     plugin_hooks: Vec<ConfiguredHook>,
     /// Session hooks registered by invoked skills' frontmatter.
     session_hooks: Vec<ConfiguredHook>,
+    /// Enabled plugins, in enable order.
+    plugins: Vec<crate::agent::plugins::Plugin>,
+    /// Plugin roots enabled so far (reloads re-read them).
+    plugin_roots: Vec<String>,
+    /// `.claude/skills` directories found below the cwd on touch, deepest first per touch.
+    dynamic_skill_dirs: Vec<String>,
+    checked_skill_dirs: BTreeSet<String>,
     /// Every hook run, in order (display-only effects included), for traces and tests.
     hook_log: Vec<HookRun>,
     /// Consecutive Stop-hook continuations of the current turn.
@@ -104,6 +111,10 @@ impl Session {
         Session {
             settings_hooks,
             plugin_hooks: Vec::new(),
+            plugins: Vec::new(),
+            plugin_roots: Vec::new(),
+            dynamic_skill_dirs: Vec::new(),
+            checked_skill_dirs: BTreeSet::new(),
             session_hooks: Vec::new(),
             hook_log: Vec::new(),
             stop_continuations: 0,
@@ -309,8 +320,9 @@ impl Session {
             .filter(|t| t.deferred)
             .map(|t| (t.tool.name.clone(), t.tool.description.clone().unwrap_or_default()))
             .collect();
+        let all_skills = self.skills(world);
         let skills: Vec<(String, String, String)> =
-            self.skills(world).into_iter().map(|s| (s.name.clone(), s.dir.clone(), s.body.clone())).collect();
+            all_skills.iter().map(|s| (s.name.clone(), s.dir.clone(), s.invocation_body(&self.session_id))).collect();
         let cx = ExecContext {
             read_max_lines: self.strategy.read_max_lines,
             read_max_bytes: self.strategy.read_max_bytes,
@@ -351,6 +363,13 @@ impl Session {
                 self.turns_since_todo_write = 0;
             }
             if let Some((skill, dir, body)) = outcome.invoked_skill.clone() {
+                // Frontmatter hooks become session hooks, namespaced by the skill's directory.
+                if let Some(hooks) = all_skills.iter().find(|s| s.name == skill).and_then(|s| s.fields.hooks.clone())
+                    && !self.session_hooks.iter().any(|h| h.root.as_deref() == Some(dir.as_str()))
+                {
+                    let parsed = crate::agent::hooks::parse_hooks(&hooks, crate::agent::hooks::HookSource::Session, Some(&dir), &skill);
+                    self.session_hooks.extend(parsed.hooks);
+                }
                 self.invoked_skills.retain(|s| s.name != skill);
                 self.invoked_skills.push(InvokedSkill { name: skill, path: format!("{dir}/SKILL.md"), content: body });
             }
@@ -618,19 +637,49 @@ impl Session {
         self.memory.as_ref().expect("just set")
     }
 
-    fn skills(&self, world: &World) -> Vec<Skill> {
-        let mut skills = bundled_skills();
-        for skill in load_skills(&world.fs, &Session::config_home(world), &world.cwd) {
+    /// Every skill the listing may show, in the reference's listing order: bundled, skill
+    /// directories, plugin commands, plugin skills, dynamic (nested) skills; first of a name
+    /// wins, conditional skills only once activated, `disable-model-invocation` ones never.
+    pub fn skills(&self, world: &World) -> Vec<Skill> {
+        let mut candidates = bundled_skills();
+        candidates.extend(load_skills(&world.fs, &Session::config_home(world), &world.cwd));
+        for plugin in &self.plugins {
+            candidates.extend(plugin.commands.iter().cloned());
+        }
+        for plugin in &self.plugins {
+            candidates.extend(plugin.skills.iter().cloned());
+        }
+        candidates.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
+        let mut out: Vec<Skill> = Vec::new();
+        for skill in candidates {
+            if !skill.listed() || out.iter().any(|s| s.name == skill.name) {
+                continue;
+            }
             if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
-                skills.push(skill);
+                out.push(skill);
             }
         }
-        skills
+        out
     }
 
     fn activate_conditional_skills(&mut self, path: &str, world: &World) {
+        // Nested `.claude/skills` between the file and the cwd, each checked once; deeper
+        // directories come first and win name conflicts.
+        let mut fresh = Vec::new();
+        for dir in crate::agent::skills::nested_skill_dirs(&world.fs, path, &world.cwd) {
+            if self.checked_skill_dirs.insert(dir.clone()) {
+                fresh.push(dir);
+            }
+        }
+        if !fresh.is_empty() {
+            fresh.extend(std::mem::take(&mut self.dynamic_skill_dirs));
+            self.dynamic_skill_dirs = fresh;
+        }
         let Some(relative) = crate::agent::instructions::relative_to(path, &world.cwd) else { return };
-        for skill in load_skills(&world.fs, &Session::config_home(world), &world.cwd) {
+        let mut all = load_skills(&world.fs, &Session::config_home(world), &world.cwd);
+        all.extend(self.plugins.iter().flat_map(|p| p.skills.iter().cloned()));
+        all.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
+        for skill in all {
             if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
                 continue;
             }
@@ -642,6 +691,45 @@ impl Session {
                 self.activated_skills.insert(skill.name);
             }
         }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Plugins
+    // -----------------------------------------------------------------------------------------
+
+    /// Enables the plugin at `root` (a directory of the virtual filesystem) and refreshes every
+    /// plugin, as `refreshActivePlugins` does.
+    pub fn plugin_enable(&mut self, root: &str, world: &mut World) -> Result<(), String> {
+        let root = root.trim_end_matches('/').to_owned();
+        if !self.plugin_roots.contains(&root) {
+            self.plugin_roots.push(root);
+        }
+        self.plugin_reload(world)
+    }
+
+    /// `refreshActivePlugins`: every enabled plugin re-read from the filesystem; commands,
+    /// skills, hooks and MCP servers replaced as a whole; the sent-skill-names set reset so the
+    /// full listing is sent again. Journals `plugin_reloaded`.
+    pub fn plugin_reload(&mut self, world: &mut World) -> Result<(), String> {
+        let mut plugins = Vec::new();
+        for root in &self.plugin_roots {
+            plugins.push(crate::agent::plugins::load_plugin(&world.fs, root)?);
+        }
+        self.plugin_hooks = plugins.iter().flat_map(|p| p.hooks.iter().cloned()).collect();
+        world.mcp_servers.retain(|s| !s.name.starts_with("plugin:"));
+        for plugin in &plugins {
+            for (name, _) in &plugin.mcp_servers {
+                world.mcp_servers.push(crate::world::McpServer { name: name.clone(), instructions: None, tools: Vec::new(), connected: true });
+            }
+        }
+        self.plugins = plugins;
+        self.sent_skill_names.clear();
+        self.events.push("plugin_reloaded".into());
+        Ok(())
+    }
+
+    pub fn plugins(&self) -> &[crate::agent::plugins::Plugin] {
+        &self.plugins
     }
 
     fn user_context(&mut self, world: &World) -> String {

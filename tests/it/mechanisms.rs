@@ -207,3 +207,90 @@ script:
     assert_eq!(session.pre_compact_instructions("manual", None, &world), None, "matcher = trigger");
     assert_eq!(session.hook_log().len(), 1);
 }
+
+// ---- skills ----------------------------------------------------------------------------------
+
+#[test]
+fn skills_realdata_load_with_listing_snapshot() {
+    use ctxsim::agent::skills::{format_listing, parse_skill};
+    let mut found = Vec::new();
+    for root in ["skills", "plugins"] {
+        for entry in walkdir::WalkDir::new(realdata().join(root)).sort_by_file_name() {
+            let entry = entry.unwrap();
+            if entry.file_name() == "SKILL.md" {
+                found.push(entry.path().to_path_buf());
+            }
+        }
+    }
+    assert!(found.len() >= 10, "{found:?}");
+    let mut skills = Vec::new();
+    let mut out = String::new();
+    for path in &found {
+        let text = std::fs::read_to_string(path).unwrap();
+        let dir = path.parent().unwrap();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let skill = parse_skill(&name, &dir.display().to_string(), &text);
+        assert!(!skill.description.is_empty(), "{}", path.display());
+        let extra: Vec<&String> = skill.extra.keys().collect();
+        out.push_str(&format!(
+            "{} lenient={} model={:?} allowed_tools={:?} extra={extra:?}\n",
+            skill.name, skill.lenient, skill.fields.model, skill.fields.allowed_tools
+        ));
+        skills.push(skill);
+    }
+    let refs: Vec<&_> = skills.iter().collect();
+    // The 1% budget of a 200k window (8,000 chars) and the 250-char cap; then a tight budget.
+    out.push_str("\n== listing, budget 8000\n");
+    out.push_str(&format_listing(&refs, 8000, 250));
+    out.push_str("\n\n== listing, budget 600\n");
+    out.push_str(&format_listing(&refs, 600, 250));
+    insta::assert_snapshot!("skills_realdata_listing", out);
+}
+
+#[test]
+fn skills_frontmatter_lenient_fallback_keeps_everything() {
+    use ctxsim::agent::skills::parse_skill;
+    let text = "---\nname: Deploy\ndescription: Does things: well, mostly\nmodel: inherit\nallowed-tools: Bash, Read\ndisable-model-invocation: true\ncustom-key: kept\n---\n# Body\nRun ${CLAUDE_SKILL_DIR}/go.sh\n";
+    let skill = parse_skill("deploy", "/s/deploy", text);
+    assert!(skill.lenient);
+    assert_eq!(skill.description, "Does things: well, mostly");
+    assert_eq!(skill.fields.display_name.as_deref(), Some("Deploy"));
+    assert_eq!(skill.fields.model, None, "inherit → none");
+    assert_eq!(skill.fields.allowed_tools, ["Bash", "Read"]);
+    assert!(!skill.listed());
+    assert_eq!(skill.extra.get("custom-key"), Some(&serde_json::json!("kept")));
+    assert!(skill.invocation_body("sid").contains("/s/deploy/go.sh"));
+}
+
+// ---- plugins ---------------------------------------------------------------------------------
+
+#[test]
+fn plugins_realdata_load_with_snapshot() {
+    use ctxsim::agent::plugins::{describe, load_plugin};
+    let base = realdata().join("plugins/claude-plugins-official");
+    let mut fs = VirtualFs::new();
+    fs.load_from_dir(&base, "/plugins", &Clock::new(0)).unwrap();
+    let mut out = String::new();
+    for group in ["external_plugins", "plugins"] {
+        for entry in fs.list_dir(&format!("/plugins/{group}")).unwrap().into_iter().filter(|e| e.is_dir) {
+            let plugin = load_plugin(&fs, &entry.path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(plugin.warnings.is_empty(), "{:?}", plugin.warnings);
+            assert!(plugin.hooks.iter().all(|h| !h.command.contains("${CLAUDE_PLUGIN_ROOT}")));
+            out.push_str(&describe(&plugin));
+            out.push('\n');
+        }
+    }
+    insta::assert_snapshot!("plugins_realdata", out);
+}
+
+#[test]
+fn mcp_json_expands_env() {
+    use ctxsim::agent::plugins::project_mcp_servers;
+    let mut fs = VirtualFs::new();
+    fs.seed("/repo/.mcp.json", r#"{"mcpServers": {"gh": {"type": "http", "url": "${BASE:-https://x}/mcp", "headers": {"A": "Bearer ${TOKEN}"}}}}"#, &Clock::new(0)).unwrap();
+    let env = [("TOKEN".to_owned(), "t0k".to_owned())].into_iter().collect();
+    let (servers, missing) = project_mcp_servers(&fs, "/repo", &env);
+    assert_eq!(servers["gh"]["url"], "https://x/mcp");
+    assert_eq!(servers["gh"]["headers"]["A"], "Bearer t0k");
+    assert!(missing.is_empty());
+}

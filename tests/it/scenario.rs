@@ -54,6 +54,8 @@ fn steps(scenario: &Scenario) -> String {
             Step::McpConnect { server } => format!("mcp_connect {server}"),
             Step::McpDisconnect { server } => format!("mcp_disconnect {server}"),
             Step::McpListChanged { server, tools } => format!("mcp_list_changed {server} {}", tools.len()),
+            Step::PluginEnable { root } => format!("plugin_enable {root}"),
+            Step::PluginReload => "plugin_reload".to_owned(),
         })
         .collect::<Vec<_>>()
         .join("\n")
