@@ -294,3 +294,48 @@ fn mcp_json_expands_env() {
     assert_eq!(servers["gh"]["headers"]["A"], "Bearer t0k");
     assert!(missing.is_empty());
 }
+
+// ---- shipped mechanism scenarios --------------------------------------------------------------
+
+fn run_shipped(name: &str) -> RunOutput {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(format!("{name}.yaml"));
+    let scenario = ctxsim::scenario::load_scenario(&path).unwrap_or_else(|e| panic!("{e}"));
+    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn scenario_mcp_list_changed_names_its_cause() {
+    let out = run_shipped("mcp-list-changed");
+    assert!(out.rows[1].events.iter().any(|e| e == "mcp_tools_changed:jira"), "{:?}", out.rows[1].events);
+    assert!(messages(&out, 1).contains("mcp__jira__create_issue"));
+    assert_eq!(out.rows[1].prefix.cause.as_deref().map(|c| c.split(':').next().unwrap()), Some("mcp_tools_changed"));
+}
+
+#[test]
+fn scenario_conditional_skill_appears_after_matching_read() {
+    let out = run_shipped("conditional-skill");
+    assert!(!messages(&out, 0).contains("sql-style"));
+    assert!(messages(&out, 0).contains("release"));
+    assert!(messages(&out, 1).contains("- sql-style: House style for SQL migrations"), "{}", messages(&out, 1));
+    assert_eq!(out.rows[1].prefix.cause, None, "a delta after the tool_result rewrites nothing");
+}
+
+#[test]
+fn scenario_plugin_reload_resends_listing_and_runs_plugin_hook() {
+    let out = run_shipped("plugin-reload");
+    assert!(out.rows[1].events.iter().any(|e| e == "plugin_reloaded"), "{:?}", out.rows[1].events);
+    let second = messages(&out, 1);
+    assert!(second.contains("- demo:lint: Lint the repository the demo way"), "{second}");
+    // The full listing is sent again (sent-names reset): bundled skills appear twice in total.
+    assert_eq!(second.matches("- simplify:").count(), 2, "{second}");
+    assert!(messages(&out, 2).contains("PostToolUse:Read hook additional context: demo plugin saw a read"));
+}
+
+#[test]
+fn scenario_realdata_hooks_tree_and_settings() {
+    let out = run_shipped("realdata-hooks");
+    let first = messages(&out, 0);
+    assert!(first.contains("/proj/CLAUDE.md"), "real CLAUDE.md tree mounted");
+    assert!(messages(&out, 1).contains("PostToolUse:Write hook additional context: formatted notes.md"));
+    assert!(messages(&out, 2).contains("Stop hook feedback:\\n[node \\\"$CLAUDE_PROJECT_DIR\\\"/.claude/hooks/lefthook-check.mts]: lint: notes.md has a trailing space"), "{}", messages(&out, 2));
+}
