@@ -39,7 +39,12 @@ pub enum RunError {
 /// Runs a scenario and measures every request.
 pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<RunOutput, RunError> {
     let mut world = scenario.into_world();
+    crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
+    for root in &scenario.world.plugins {
+        let root = absolute(&world, root);
+        agent.plugin_enable(&root, &mut world).map_err(|e| RunError::Script { file: scenario.file.clone(), step: 0, message: e })?;
+    }
     let mut rows = Vec::new();
     let mut requests = Vec::new();
     let mut turn = 0u32;
@@ -87,6 +92,8 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Str
             Step::McpListChanged { server, tools } => {
                 agent.mcp_list_changed(server, tools.clone(), &mut world).map_err(|e| err(i, e))?
             }
+            Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
+            Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
         }
     }
     let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, 0);

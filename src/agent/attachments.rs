@@ -43,6 +43,10 @@ pub enum Attachment {
     HookAdditionalContext { hook_name: String, lines: Vec<String> },
     /// Plain stdout of a SessionStart / UserPromptSubmit hook.
     HookSuccess { hook_name: String, content: String },
+    /// Exit 2 or a JSON `block` of a Post* hook.
+    HookBlockingError { hook_name: String, command: String, error: String },
+    /// `continue: false` of a hook.
+    HookStoppedContinuation { hook_name: String, message: String },
     /// A file the agent read changed on disk since.
     EditedTextFile { path: String, snippet: String },
     /// The local date differs from the last one seen.
@@ -61,6 +65,8 @@ impl Attachment {
             Attachment::McpInstructionsDelta { .. } => "mcp_instructions_delta",
             Attachment::HookAdditionalContext { .. } => "hook_additional_context",
             Attachment::HookSuccess { .. } => "hook_success",
+            Attachment::HookBlockingError { .. } => "hook_blocking_error",
+            Attachment::HookStoppedContinuation { .. } => "hook_stopped_continuation",
             Attachment::EditedTextFile { .. } => "edited_text_file",
             Attachment::DateChange { .. } => "date_change",
             Attachment::TodoReminder { .. } => "todo_reminder",
@@ -98,6 +104,10 @@ impl Attachment {
                 format!("{hook_name} hook additional context: {}", lines.join("\n"))
             }
             Attachment::HookSuccess { hook_name, content } => format!("{hook_name} hook success: {content}"),
+            Attachment::HookBlockingError { hook_name, command, error } => {
+                format!("{hook_name} hook blocking error from command: \"{command}\": {error}")
+            }
+            Attachment::HookStoppedContinuation { hook_name, message } => format!("{hook_name} hook stopped continuation: {message}"),
             Attachment::EditedTextFile { path, snippet } => format!("{EDITED_FILE_NOTE} {path}\n{snippet}"),
             Attachment::DateChange { date } => format!("{DATE_CHANGE_NOTE} {date}."),
             Attachment::TodoReminder { todos } => {

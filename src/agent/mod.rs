@@ -5,8 +5,10 @@
 //! Every builder takes plain inputs and returns wire types; none does I/O.
 
 pub mod attachments;
+pub mod hooks;
 pub mod instructions;
 pub mod normalize;
+pub mod plugins;
 pub mod session;
 pub mod skills;
 pub mod compact;

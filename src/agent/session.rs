@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 use crate::agent::attachments::{Attachment, InvokedSkill, Todo};
+use crate::agent::hooks::{ConfiguredHook, HookCall, HookRun, ParsedHooks, Permission, load_settings_hooks, run_hooks};
 use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, discover, nested_memory_for};
 use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, mark_last_block, normalize};
 use crate::agent::profile::SizeProfile;
@@ -67,6 +68,23 @@ pub struct Session {
     session_started: bool,
     previous_system: Option<SystemPromptBuild>,
     events: Vec<String>,
+    /// The settings hooks snapshot taken at start (`getHooksFromAllowedSources`).
+    settings_hooks: ParsedHooks,
+    /// Hooks registered by enabled plugins, in plugin order.
+    plugin_hooks: Vec<ConfiguredHook>,
+    /// Session hooks registered by invoked skills' frontmatter.
+    session_hooks: Vec<ConfiguredHook>,
+    /// Enabled plugins, in enable order.
+    plugins: Vec<crate::agent::plugins::Plugin>,
+    /// Plugin roots enabled so far (reloads re-read them).
+    plugin_roots: Vec<String>,
+    /// `.claude/skills` directories found below the cwd on touch, deepest first per touch.
+    dynamic_skill_dirs: Vec<String>,
+    checked_skill_dirs: BTreeSet<String>,
+    /// Every hook run, in order (display-only effects included), for traces and tests.
+    hook_log: Vec<HookRun>,
+    /// Consecutive Stop-hook continuations of the current turn.
+    stop_continuations: u32,
     device_id: String,
     session_id: String,
 }
@@ -89,7 +107,17 @@ impl Session {
             ((b >> 48) & 0x3fff) | 0x8000,
             b & 0xffff_ffff_ffff
         );
+        let settings_hooks = load_settings_hooks(&world.fs, &world.home, &world.cwd, MANAGED_DIR);
         Session {
+            settings_hooks,
+            plugin_hooks: Vec::new(),
+            plugins: Vec::new(),
+            plugin_roots: Vec::new(),
+            dynamic_skill_dirs: Vec::new(),
+            checked_skill_dirs: BTreeSet::new(),
+            session_hooks: Vec::new(),
+            hook_log: Vec::new(),
+            stop_continuations: 0,
             strategy,
             profile: SizeProfile::claude_code_2_1_88(),
             records: Vec::new(),
@@ -164,40 +192,102 @@ impl Session {
             self.run_session_start_hooks(world);
         }
         self.turn_mcp = self.mcp_instructions(world);
-        self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: false });
-        let mut success = Vec::new();
-        let mut context = Vec::new();
-        for answer in world.hook_answers.iter().filter(|a| a.matches("UserPromptSubmit", "")) {
-            if let Some(stdout) = answer.stdout.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
-                success.push(Attachment::HookSuccess { hook_name: "UserPromptSubmit".into(), content: truncate(stdout, 10_000) });
-            }
-            if let Some(ctx) = &answer.additional_context {
-                context.push(truncate(ctx, 10_000));
-            }
+        self.stop_continuations = 0;
+        let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
+        if !run.blocking_errors.is_empty() || run.prevent_continuation {
+            // The prompt is dropped; the user sees a warning that is never sent.
+            return;
         }
+        self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: false });
+        let success: Vec<Attachment> = run
+            .successes
+            .iter()
+            .map(|content| Attachment::HookSuccess { hook_name: "UserPromptSubmit".into(), content: content.clone() })
+            .collect();
         let attachments = self.thread_attachments(world);
         self.push_attachments(attachments);
         self.push_attachments(success);
-        if !context.is_empty() {
-            self.push_attachments(vec![Attachment::HookAdditionalContext { hook_name: "UserPromptSubmit".into(), lines: context }]);
+        if !run.additional_context.is_empty() {
+            self.push_attachments(vec![Attachment::HookAdditionalContext {
+                hook_name: "UserPromptSubmit".into(),
+                lines: run.additional_context.clone(),
+            }]);
         }
     }
 
+    /// Every hook configured now: settings snapshot, plugin hooks, session hooks.
+    pub fn configured_hooks(&self) -> Vec<ConfiguredHook> {
+        let mut all = self.settings_hooks.hooks.clone();
+        all.extend(self.plugin_hooks.iter().cloned());
+        all.extend(self.session_hooks.iter().cloned());
+        all
+    }
+
+    /// Warnings of the settings hooks snapshot (unknown events, bad JSON, ...).
+    pub fn hook_warnings(&self) -> &[String] {
+        &self.settings_hooks.warnings
+    }
+
+    /// Every hook run so far, in order.
+    pub fn hook_log(&self) -> &[HookRun] {
+        &self.hook_log
+    }
+
+    /// Runs the hooks of `event` for `query`; the result is logged and returned.
+    fn hooks(&mut self, world: &World, event: &str, query: &str, input: Value) -> HookRun {
+        let configured = self.configured_hooks();
+        let call = HookCall {
+            event,
+            query,
+            input,
+            session_id: &self.session_id,
+            cwd: &world.cwd,
+            run_real: self.strategy.run_hooks,
+        };
+        let run = run_hooks(&configured, &world.hook_answers, &call);
+        if run.ran > 0 {
+            self.hook_log.push(run.clone());
+        }
+        run
+    }
+
+    /// PreCompact hooks (matcher = trigger `manual`/`auto`): the custom instructions for the
+    /// summary, `{user}\n\n{hook}` or whichever exists. Compaction is never blocked.
+    pub fn pre_compact_instructions(&mut self, trigger: &str, user: Option<&str>, world: &World) -> Option<String> {
+        let run = self.hooks(world, "PreCompact", trigger, json!({"trigger": trigger, "custom_instructions": user}));
+        let hook = (!run.raw_outputs.is_empty()).then(|| run.raw_outputs.join("\n\n"));
+        match (user.filter(|u| !u.trim().is_empty()), hook) {
+            (Some(u), Some(h)) => Some(format!("{u}\n\n{h}")),
+            (Some(u), None) => Some(u.to_owned()),
+            (None, h) => h,
+        }
+    }
+
+    /// PostCompact hooks: display-only; then SessionStart hooks with source `compact`, whose
+    /// messages are returned for the post-compact message list.
+    pub fn post_compact_hooks(&mut self, trigger: &str, summary: &str, world: &World) -> Vec<Attachment> {
+        self.hooks(world, "PostCompact", trigger, json!({"trigger": trigger, "compact_summary": summary}));
+        self.session_start_messages(world, "compact")
+    }
+
     fn run_session_start_hooks(&mut self, world: &World) {
-        let mut context = Vec::new();
-        let mut messages = Vec::new();
-        for answer in world.hook_answers.iter().filter(|a| a.matches("SessionStart", "startup")) {
-            if let Some(stdout) = answer.stdout.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
-                messages.push(Attachment::HookSuccess { hook_name: "SessionStart:startup".into(), content: stdout.to_owned() });
-            }
-            if let Some(ctx) = &answer.additional_context {
-                context.push(ctx.clone());
-            }
-        }
-        if !context.is_empty() {
-            messages.push(Attachment::HookAdditionalContext { hook_name: "SessionStart".into(), lines: context });
-        }
+        let messages = self.session_start_messages(world, "startup");
         self.push_attachments(messages);
+    }
+
+    /// SessionStart: one `hook_success` per plain output (hookName `SessionStart:{source}`),
+    /// then one `hook_additional_context` for all contexts.
+    fn session_start_messages(&mut self, world: &World, source: &str) -> Vec<Attachment> {
+        let run = self.hooks(world, "SessionStart", source, json!({"source": source, "model": world.model_id}));
+        let mut messages: Vec<Attachment> = run
+            .successes
+            .iter()
+            .map(|content| Attachment::HookSuccess { hook_name: format!("SessionStart:{source}"), content: content.clone() })
+            .collect();
+        if !run.additional_context.is_empty() {
+            messages.push(Attachment::HookAdditionalContext { hook_name: "SessionStart".into(), lines: run.additional_context });
+        }
+        messages
     }
 
     fn push_attachments(&mut self, attachments: Vec<Attachment>) {
@@ -220,6 +310,7 @@ impl Session {
             })
             .collect();
         if calls.is_empty() {
+            self.run_stop_hooks(reply, world);
             return self.events[before..].to_vec();
         }
         let pool = self.pool(world);
@@ -229,8 +320,9 @@ impl Session {
             .filter(|t| t.deferred)
             .map(|t| (t.tool.name.clone(), t.tool.description.clone().unwrap_or_default()))
             .collect();
+        let all_skills = self.skills(world);
         let skills: Vec<(String, String, String)> =
-            self.skills(world).into_iter().map(|s| (s.name.clone(), s.dir.clone(), s.body.clone())).collect();
+            all_skills.iter().map(|s| (s.name.clone(), s.dir.clone(), s.invocation_body(&self.session_id))).collect();
         let cx = ExecContext {
             read_max_lines: self.strategy.read_max_lines,
             read_max_bytes: self.strategy.read_max_bytes,
@@ -244,24 +336,20 @@ impl Session {
         let mut hook_context = Vec::new();
         let mut meta_messages = Vec::new();
         for (id, name, input) in &calls {
-            // PreToolUse: deny > ask > allow; additionalContext rides along.
-            let pre: Vec<_> = world.hook_answers.iter().filter(|a| a.matches("PreToolUse", name)).cloned().collect();
-            for answer in &pre {
-                if let Some(ctx) = &answer.additional_context {
-                    hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PreToolUse:{name}"), lines: vec![ctx.clone()] });
-                }
+            // PreToolUse: deny > ask > allow; `updatedInput` replaces the input the tool runs
+            // with (the tool_use block keeps what the model sent); additionalContext rides along.
+            let pre = self.hooks(world, "PreToolUse", name, json!({"tool_name": name, "tool_input": input, "tool_use_id": id}));
+            if !pre.additional_context.is_empty() {
+                hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PreToolUse:{name}"), lines: pre.additional_context.clone() });
             }
-            if let Some(deny) = pre.iter().find(|a| a.decision.as_deref() == Some("deny")) {
-                let reason = deny.reason.clone().unwrap_or_else(|| "Blocked by hook".into());
-                results.push(ContentBlock::tool_result(
-                    id.clone(),
-                    ToolResultContent::Text(format!("PreToolUse:{name} hook error: {reason}")),
-                    Some(true),
-                ));
+            if let Some(text) = pre.denial(name) {
+                results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text), Some(true)));
                 continue;
             }
-            let outcome = execute(id, name, input, world, &cx);
-            if let Some(path) = &outcome.read_path {
+            // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
+            let _ = pre.permission == Some(Permission::Ask);
+            let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
+            let outcome = execute(id, name, &input, world, &cx);            if let Some(path) = &outcome.read_path {
                 self.nested_triggers.push(path.clone());
             }
             for path in &outcome.touched {
@@ -275,6 +363,13 @@ impl Session {
                 self.turns_since_todo_write = 0;
             }
             if let Some((skill, dir, body)) = outcome.invoked_skill.clone() {
+                // Frontmatter hooks become session hooks, namespaced by the skill's directory.
+                if let Some(hooks) = all_skills.iter().find(|s| s.name == skill).and_then(|s| s.fields.hooks.clone())
+                    && !self.session_hooks.iter().any(|h| h.root.as_deref() == Some(dir.as_str()))
+                {
+                    let parsed = crate::agent::hooks::parse_hooks(&hooks, crate::agent::hooks::HookSource::Session, Some(&dir), &skill);
+                    self.session_hooks.extend(parsed.hooks);
+                }
                 self.invoked_skills.retain(|s| s.name != skill);
                 self.invoked_skills.push(InvokedSkill { name: skill, path: format!("{dir}/SKILL.md"), content: body });
             }
@@ -283,13 +378,35 @@ impl Session {
                 meta_messages.push(message);
             }
             let succeeded = !matches!(&outcome.result, ContentBlock::ToolResult { is_error: Some(true), .. });
-            results.push(outcome.result);
-            if succeeded {
-                for answer in world.hook_answers.iter().filter(|a| a.matches("PostToolUse", name)) {
-                    if let Some(ctx) = &answer.additional_context {
-                        hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PostToolUse:{name}"), lines: vec![ctx.clone()] });
-                    }
-                }
+            let mut result = outcome.result;
+            let event = if succeeded { "PostToolUse" } else { "PostToolUseFailure" };
+            let response = match &result {
+                ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(t.clone()),
+                _ => Value::Null,
+            };
+            let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
+            post_input[if succeeded { "tool_response" } else { "error" }] = response;
+            let post = self.hooks(world, event, name, post_input);
+            if let (Some(output), ContentBlock::ToolResult { content, .. }) = (&post.updated_output, &mut result) {
+                let text = match output {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                *content = Some(ToolResultContent::Text(text));
+            }
+            results.push(result);
+            if !post.additional_context.is_empty() {
+                hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("{event}:{name}"), lines: post.additional_context.clone() });
+            }
+            for error in &post.blocking_errors {
+                let (command, error) = split_blocking(error);
+                hook_context.push(Attachment::HookBlockingError { hook_name: format!("{event}:{name}"), command, error });
+            }
+            if post.prevent_continuation {
+                hook_context.push(Attachment::HookStoppedContinuation {
+                    hook_name: format!("{event}:{name}"),
+                    message: post.stop_reason.clone().unwrap_or_default(),
+                });
             }
         }
         self.records.push(Record::User { content: MessageContent::Blocks(results), meta: false });
@@ -300,6 +417,24 @@ impl Session {
         let attachments = self.thread_attachments(world);
         self.push_attachments(attachments);
         self.events[before..].to_vec()
+    }
+
+    /// Stop hooks after a reply without tool calls: a blocking hook adds the meta message
+    /// `Stop hook feedback:\n{err}` and the loop continues (the script's next main-lane reply),
+    /// at most `stop_hook_cap` times in a row.
+    fn run_stop_hooks(&mut self, reply: &Reply, world: &World) {
+        let last = reply.content.iter().rev().find_map(|b| match b {
+            ContentBlock::Text { text, .. } => Some(text.clone()),
+            _ => None,
+        });
+        let active = self.stop_continuations > 0;
+        let run = self.hooks(world, "Stop", "", json!({"stop_hook_active": active, "last_assistant_message": last}));
+        if run.blocking_errors.is_empty() || run.prevent_continuation || self.stop_continuations >= self.strategy.stop_hook_cap {
+            return;
+        }
+        self.stop_continuations += 1;
+        let feedback = format!("Stop hook feedback:\n{}", run.blocking_errors.join("\n"));
+        self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(feedback)]), meta: true });
     }
 
     /// The thread group of `getAttachments`, in the reference order: date_change,
@@ -362,6 +497,8 @@ impl Session {
             let discovery = self.memory(world).clone();
             for target in triggers {
                 for (path, content) in nested_memory_for(&world.fs, &options, &discovery, &target, &mut self.loaded_nested) {
+                    let input = json!({"file_path": path, "memory_type": "Project", "load_reason": "nested_traversal", "trigger_file_path": target});
+                    self.hooks(world, "InstructionsLoaded", "nested_traversal", input);
                     out.push(Attachment::NestedMemory { path, content });
                 }
             }
@@ -490,24 +627,59 @@ impl Session {
     fn memory(&mut self, world: &World) -> &Discovery {
         if self.memory.is_none() {
             let discovery = if self.strategy.claude_md { discover(&world.fs, &self.discovery_options(world)) } else { Discovery::default() };
+            // InstructionsLoaded: display-only, one run per file (matcher = load_reason).
+            for file in &discovery.files {
+                let input = json!({"file_path": file.path, "memory_type": format!("{:?}", file.kind), "load_reason": "session_start"});
+                self.hooks(world, "InstructionsLoaded", "session_start", input);
+            }
             self.memory = Some(discovery);
         }
         self.memory.as_ref().expect("just set")
     }
 
-    fn skills(&self, world: &World) -> Vec<Skill> {
-        let mut skills = bundled_skills();
-        for skill in load_skills(&world.fs, &Session::config_home(world), &world.cwd) {
+    /// Every skill the listing may show, in the reference's listing order: bundled, skill
+    /// directories, plugin commands, plugin skills, dynamic (nested) skills; first of a name
+    /// wins, conditional skills only once activated, `disable-model-invocation` ones never.
+    pub fn skills(&self, world: &World) -> Vec<Skill> {
+        let mut candidates = bundled_skills();
+        candidates.extend(load_skills(&world.fs, &Session::config_home(world), &world.cwd));
+        for plugin in &self.plugins {
+            candidates.extend(plugin.commands.iter().cloned());
+        }
+        for plugin in &self.plugins {
+            candidates.extend(plugin.skills.iter().cloned());
+        }
+        candidates.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
+        let mut out: Vec<Skill> = Vec::new();
+        for skill in candidates {
+            if !skill.listed() || out.iter().any(|s| s.name == skill.name) {
+                continue;
+            }
             if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
-                skills.push(skill);
+                out.push(skill);
             }
         }
-        skills
+        out
     }
 
     fn activate_conditional_skills(&mut self, path: &str, world: &World) {
+        // Nested `.claude/skills` between the file and the cwd, each checked once; deeper
+        // directories come first and win name conflicts.
+        let mut fresh = Vec::new();
+        for dir in crate::agent::skills::nested_skill_dirs(&world.fs, path, &world.cwd) {
+            if self.checked_skill_dirs.insert(dir.clone()) {
+                fresh.push(dir);
+            }
+        }
+        if !fresh.is_empty() {
+            fresh.extend(std::mem::take(&mut self.dynamic_skill_dirs));
+            self.dynamic_skill_dirs = fresh;
+        }
         let Some(relative) = crate::agent::instructions::relative_to(path, &world.cwd) else { return };
-        for skill in load_skills(&world.fs, &Session::config_home(world), &world.cwd) {
+        let mut all = load_skills(&world.fs, &Session::config_home(world), &world.cwd);
+        all.extend(self.plugins.iter().flat_map(|p| p.skills.iter().cloned()));
+        all.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
+        for skill in all {
             if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
                 continue;
             }
@@ -519,6 +691,45 @@ impl Session {
                 self.activated_skills.insert(skill.name);
             }
         }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Plugins
+    // -----------------------------------------------------------------------------------------
+
+    /// Enables the plugin at `root` (a directory of the virtual filesystem) and refreshes every
+    /// plugin, as `refreshActivePlugins` does.
+    pub fn plugin_enable(&mut self, root: &str, world: &mut World) -> Result<(), String> {
+        let root = root.trim_end_matches('/').to_owned();
+        if !self.plugin_roots.contains(&root) {
+            self.plugin_roots.push(root);
+        }
+        self.plugin_reload(world)
+    }
+
+    /// `refreshActivePlugins`: every enabled plugin re-read from the filesystem; commands,
+    /// skills, hooks and MCP servers replaced as a whole; the sent-skill-names set reset so the
+    /// full listing is sent again. Journals `plugin_reloaded`.
+    pub fn plugin_reload(&mut self, world: &mut World) -> Result<(), String> {
+        let mut plugins = Vec::new();
+        for root in &self.plugin_roots {
+            plugins.push(crate::agent::plugins::load_plugin(&world.fs, root)?);
+        }
+        self.plugin_hooks = plugins.iter().flat_map(|p| p.hooks.iter().cloned()).collect();
+        world.mcp_servers.retain(|s| !s.name.starts_with("plugin:"));
+        for plugin in &plugins {
+            for (name, _) in &plugin.mcp_servers {
+                world.mcp_servers.push(crate::world::McpServer { name: name.clone(), instructions: None, tools: Vec::new(), connected: true });
+            }
+        }
+        self.plugins = plugins;
+        self.sent_skill_names.clear();
+        self.events.push("plugin_reloaded".into());
+        Ok(())
+    }
+
+    pub fn plugins(&self) -> &[crate::agent::plugins::Plugin] {
+        &self.plugins
     }
 
     fn user_context(&mut self, world: &World) -> String {
@@ -665,6 +876,11 @@ pub fn marketing_name(model_id: &str) -> Option<String> {
     Some(name)
 }
 
-fn truncate(text: &str, max: usize) -> String {
-    if text.chars().count() <= max { text.to_owned() } else { text.chars().take(max).collect::<String>() + "… [output truncated]" }
+/// `[{command}]: {err}` → (command, err).
+fn split_blocking(error: &str) -> (String, String) {
+    error
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("]: "))
+        .map(|(c, e)| (c.to_owned(), e.to_owned()))
+        .unwrap_or_else(|| (String::new(), error.to_owned()))
 }

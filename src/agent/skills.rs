@@ -1,12 +1,17 @@
 //! Skills: bundled ones, SKILL.md directories over the virtual filesystem, and the
 //! `skill_listing` text within its budget (reference layers-1-5 §5.2, §6.1–6.2).
 
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
 use crate::agent::instructions::{ancestors_outermost_first, split_frontmatter};
 use crate::world::VirtualFs;
 
 /// A skill the Skill tool can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skill {
+    /// The listing name: the directory name (`{plugin}:{dir}` for plugin skills).
     pub name: String,
     pub description: String,
     pub when_to_use: Option<String>,
@@ -15,6 +20,69 @@ pub struct Skill {
     pub bundled: bool,
     /// `paths` frontmatter: listed only once a matching file is touched.
     pub paths: Vec<String>,
+    /// Every frontmatter field of the reference, as read.
+    pub fields: SkillFields,
+    /// Frontmatter keys the reference does not know, kept as read.
+    pub extra: BTreeMap<String, Value>,
+    /// The frontmatter was not valid YAML and was read line by line (`key: value`).
+    pub lenient: bool,
+}
+
+/// The frontmatter fields of `parseSkillFrontmatterFields`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SkillFields {
+    /// `name` → displayName.
+    pub display_name: Option<String>,
+    /// `description` as written (the listing falls back to the first body line).
+    pub description: Option<String>,
+    pub allowed_tools: Vec<String>,
+    pub argument_hint: Option<String>,
+    pub arguments: Option<Value>,
+    pub version: Option<String>,
+    /// `model`; `inherit` → none.
+    pub model: Option<String>,
+    pub disable_model_invocation: bool,
+    /// Default true.
+    pub user_invocable: bool,
+    /// `hooks` (the settings shape), registered as session hooks when the skill is invoked.
+    pub hooks: Option<Value>,
+    /// `context: fork`.
+    pub context: Option<String>,
+    pub agent: Option<String>,
+    pub effort: Option<String>,
+    pub shell: Option<String>,
+}
+
+const KNOWN_KEYS: [&str; 16] = [
+    "name",
+    "description",
+    "when_to_use",
+    "allowed-tools",
+    "argument-hint",
+    "arguments",
+    "version",
+    "model",
+    "disable-model-invocation",
+    "user-invocable",
+    "hooks",
+    "context",
+    "agent",
+    "effort",
+    "shell",
+    "paths",
+];
+
+impl Skill {
+    /// Whether the Skill tool lists it (`getSkillToolCommands`): model invocation allowed.
+    pub fn listed(&self) -> bool {
+        !self.fields.disable_model_invocation
+    }
+
+    /// What the Skill tool injects (`getPromptForCommand`): the base-directory line, then the
+    /// body with `${CLAUDE_SKILL_DIR}` and `${CLAUDE_SESSION_ID}` replaced.
+    pub fn invocation_body(&self, session_id: &str) -> String {
+        self.body.replace("${CLAUDE_SKILL_DIR}", &self.dir).replace("${CLAUDE_SESSION_ID}", session_id)
+    }
 }
 
 /// The bundled skills of 2.1.88 by name, in listing order, with our own descriptions.
@@ -34,46 +102,177 @@ pub fn bundled_skills() -> Vec<Skill> {
         body: format!("Follow the {name} procedure step by step."),
         bundled: true,
         paths: Vec::new(),
+        fields: SkillFields { user_invocable: true, ..SkillFields::default() },
+        extra: BTreeMap::new(),
+        lenient: false,
     })
     .collect()
 }
 
-/// Loads `{config_home}/skills/*/SKILL.md`, then `.claude/skills/*/SKILL.md` from the cwd
-/// upward; the first skill of a name wins. Unknown frontmatter keys are ignored, never fatal.
-pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
-    let mut dirs = vec![format!("{config_home}/skills")];
+/// The skill directories in the reference's source order: managed `{managed}/.claude/skills`,
+/// user `{config_home}/skills`, then `.claude/skills` of every directory from the cwd upward.
+pub fn skill_roots(config_home: &str, cwd: &str, managed_dir: &str) -> Vec<String> {
+    let mut dirs = vec![format!("{managed_dir}/.claude/skills"), format!("{config_home}/skills")];
     for dir in ancestors_outermost_first(cwd).into_iter().rev() {
-        dirs.push(format!("{dir}/.claude/skills"));
+        dirs.push(format!("{}/.claude/skills", dir.trim_end_matches('/')));
     }
+    dirs
+}
+
+/// Loads `{root}/*/SKILL.md` of every root in order; the first skill of a name wins.
+pub fn load_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> Vec<Skill> {
     let mut out: Vec<Skill> = Vec::new();
-    for root in dirs {
-        let Ok(entries) = fs.list_dir(&root) else { continue };
+    for root in roots {
+        let Ok(entries) = fs.list_dir(root) else { continue };
         for entry in entries.into_iter().filter(|e| e.is_dir) {
             let path = format!("{}/SKILL.md", entry.path);
             let Ok(text) = fs.read(&path) else { continue };
-            if out.iter().any(|s| s.name == entry.name) {
+            let name = match prefix {
+                Some(p) => format!("{p}:{}", entry.name),
+                None => entry.name.clone(),
+            };
+            if out.iter().any(|s| s.name == name) {
                 continue;
             }
-            out.push(parse_skill(&entry.name, &entry.path, text));
+            out.push(parse_skill(&name, &entry.path, text));
         }
     }
     out
 }
 
+/// User and project skills (see [`skill_roots`]).
+pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
+    load_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None)
+}
+
+/// The `.claude/skills` directories between a touched file and the cwd (the cwd excluded),
+/// deepest first (`discoverSkillDirsForPaths`).
+pub fn nested_skill_dirs(fs: &VirtualFs, file: &str, cwd: &str) -> Vec<String> {
+    let cwd = cwd.trim_end_matches('/');
+    let mut out = Vec::new();
+    let mut dir = file.rsplit_once('/').map(|(d, _)| d.to_owned()).unwrap_or_default();
+    while dir.len() > cwd.len() && dir.starts_with(&format!("{cwd}/")) {
+        let candidate = format!("{dir}/.claude/skills");
+        if fs.is_dir(&candidate) {
+            out.push(candidate);
+        }
+        dir = dir.rsplit_once('/').map(|(d, _)| d.to_owned()).unwrap_or_default();
+    }
+    out
+}
+
+/// Frontmatter as a JSON object: YAML first; when YAML rejects it (an unquoted `: ` inside a
+/// value is common in hand-written files), a lenient `key: value` line reading. Never fails.
+pub fn read_frontmatter(frontmatter: &str) -> (serde_json::Map<String, Value>, bool) {
+    match serde_norway::from_str::<Value>(frontmatter) {
+        Ok(Value::Object(map)) => (map, false),
+        Ok(Value::Null) => (serde_json::Map::new(), false),
+        _ => {
+            let mut map = serde_json::Map::new();
+            let mut last: Option<String> = None;
+            for line in frontmatter.lines() {
+                if line.trim().is_empty() || line.trim_start().starts_with('#') {
+                    continue;
+                }
+                let indented = line.starts_with(' ') || line.starts_with('\t');
+                if let (true, Some(key)) = (indented, &last) {
+                    // A continuation line or a list item of the previous key.
+                    let item = line.trim();
+                    let entry = map.entry(key.clone()).or_insert(Value::Null);
+                    if let Some(item) = item.strip_prefix("- ") {
+                        match entry {
+                            Value::Array(items) => items.push(Value::String(unquote(item))),
+                            _ => *entry = Value::Array(vec![Value::String(unquote(item))]),
+                        }
+                    } else if let Value::String(s) = entry {
+                        if !s.is_empty() {
+                            s.push(' ');
+                        }
+                        s.push_str(item);
+                    } else if entry.is_null() {
+                        *entry = Value::String(item.to_owned());
+                    }
+                    continue;
+                }
+                let Some((key, value)) = line.split_once(':') else { continue };
+                let key = key.trim().to_owned();
+                let value = value.trim();
+                let value = match value {
+                    "" | "|" | ">" | "|-" | ">-" => Value::Null,
+                    "true" => Value::Bool(true),
+                    "false" => Value::Bool(false),
+                    other => Value::String(unquote(other)),
+                };
+                map.insert(key.clone(), value);
+                last = Some(key);
+            }
+            (map, true)
+        }
+    }
+}
+
+fn unquote(text: &str) -> String {
+    let t = text.trim();
+    for q in ['"', '\''] {
+        if t.len() >= 2 && t.starts_with(q) && t.ends_with(q) {
+            return t[1..t.len() - 1].to_owned();
+        }
+    }
+    t.to_owned()
+}
+
+fn string_of(value: Option<&Value>) -> Option<String> {
+    match value? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn bool_of(value: Option<&Value>, default: bool) -> bool {
+    match value {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => matches!(s.as_str(), "true" | "yes" | "on"),
+        _ => default,
+    }
+}
+
+fn list_of(value: Option<&Value>) -> Vec<String> {
+    match value {
+        Some(Value::String(s)) => s.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
+        Some(Value::Array(items)) => items.iter().filter_map(|v| string_of(Some(v))).collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// One SKILL.md: the directory name is the skill name; `description` falls back to the first
-/// line of the body.
+/// line of the body. Unknown keys are kept in `extra`; nothing here is fatal.
 pub fn parse_skill(name: &str, dir: &str, text: &str) -> Skill {
     let (frontmatter, body) = split_frontmatter(text);
-    let meta: serde_json::Value =
-        frontmatter.as_deref().and_then(|f| serde_norway::from_str(f).ok()).unwrap_or(serde_json::Value::Null);
-    let get = |key: &str| meta.get(key).and_then(|v| v.as_str()).map(str::to_owned);
-    let description = get("description")
-        .unwrap_or_else(|| body.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim_start_matches('#').trim().to_owned());
-    let paths = match meta.get("paths") {
-        Some(serde_json::Value::String(s)) => s.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
-        Some(serde_json::Value::Array(items)) => items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
-        _ => Vec::new(),
+    let (meta, lenient) = frontmatter.as_deref().map(read_frontmatter).unwrap_or_default();
+    let get = |key: &str| string_of(meta.get(key));
+    let fields = SkillFields {
+        display_name: get("name"),
+        description: get("description"),
+        allowed_tools: list_of(meta.get("allowed-tools")),
+        argument_hint: get("argument-hint"),
+        arguments: meta.get("arguments").cloned(),
+        version: get("version"),
+        model: get("model").filter(|m| m != "inherit"),
+        disable_model_invocation: bool_of(meta.get("disable-model-invocation"), false),
+        user_invocable: bool_of(meta.get("user-invocable"), true),
+        hooks: meta.get("hooks").filter(|h| h.is_object()).cloned(),
+        context: get("context"),
+        agent: get("agent"),
+        effort: get("effort"),
+        shell: get("shell"),
     };
+    let description = fields
+        .description
+        .clone()
+        .unwrap_or_else(|| body.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim_start_matches('#').trim().to_owned());
+    let extra = meta.iter().filter(|(k, _)| !KNOWN_KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
     Skill {
         name: name.to_owned(),
         description,
@@ -81,7 +280,10 @@ pub fn parse_skill(name: &str, dir: &str, text: &str) -> Skill {
         dir: dir.to_owned(),
         body: body.trim().to_owned(),
         bundled: false,
-        paths,
+        paths: list_of(meta.get("paths")),
+        fields,
+        extra,
+        lenient,
     }
 }
 

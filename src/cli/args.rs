@@ -207,6 +207,9 @@ pub struct RunArgs {
     /// plots (index.html, *.png) under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Run hook commands of the settings for real when the scenario scripts no answer for them.
+    #[arg(long)]
+    pub run_hooks: bool,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }

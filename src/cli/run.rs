@@ -42,7 +42,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut all_rows = Vec::new();
     let mut rendering = String::new();
     let mut failed_determinism = false;
-    let strategy = crate::strategy::Strategy::resolve(&args.strategy)?;
+    let mut strategy = crate::strategy::Strategy::resolve(&args.strategy)?;
+    strategy.run_hooks |= args.run_hooks;
     let mut report_inputs = Vec::new();
     for file in &files {
         let mut scenario = load_scenario(file)?;

@@ -52,7 +52,19 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 9] = ["user", "assistant", "tool_output", "wait", "write_file", "remove_file", "mcp_connect", "mcp_disconnect", "mcp_list_changed"];
+const KINDS: [&str; 11] = [
+    "user",
+    "assistant",
+    "tool_output",
+    "wait",
+    "write_file",
+    "remove_file",
+    "mcp_connect",
+    "mcp_disconnect",
+    "mcp_list_changed",
+    "plugin_enable",
+    "plugin_reload",
+];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
 pub(crate) fn check(mut raw: RawScenario, file: &str) -> Result<Scenario, Problem> {
@@ -161,6 +173,8 @@ fn check_step(
         step.mcp_connect.is_some(),
         step.mcp_disconnect.is_some(),
         step.mcp_list_changed.is_some(),
+        step.plugin_enable.is_some(),
+        step.plugin_reload.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -210,6 +224,13 @@ fn check_step(
     if let Some(spec) = step.mcp_list_changed {
         known_server(&spec.server, "mcp_list_changed")?;
         return Ok(Step::McpListChanged { server: spec.server, tools: spec.tools });
+    }
+    if let Some(raw_path) = step.plugin_enable {
+        let root = resolve(world, &raw_path).ok_or_else(|| problem(here("plugin_enable"), "not a valid path"))?;
+        return Ok(Step::PluginEnable { root });
+    }
+    if step.plugin_reload.is_some() {
+        return Ok(Step::PluginReload);
     }
     if let Some(spec) = step.write_file {
         let path = resolve(world, &spec.path).ok_or_else(|| problem(here("write_file"), "not a valid path"))?;

@@ -15,7 +15,20 @@ use super::schema::Scenario;
 pub fn load_scenario(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
     let path = path.as_ref();
     let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: path.to_path_buf(), source })?;
-    parse_scenario(&text, &path.display().to_string())
+    let mut scenario = parse_scenario(&text, &path.display().to_string())?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    for mount in scenario.world.mount.clone() {
+        let real = base.join(&mount.from);
+        let mut fs = crate::world::VirtualFs::new();
+        fs.load_from_dir(&real, &mount.at, &crate::world::Clock::new(0))
+            .map_err(|e| ScenarioError::Io { path: real.clone(), source: std::io::Error::other(e.to_string()) })?;
+        for (file, entry) in fs.files() {
+            if !scenario.world.files.contains_key(file) {
+                scenario.world.files.insert(file.to_owned(), entry.contents.clone());
+            }
+        }
+    }
+    Ok(scenario)
 }
 
 /// Parses and validates scenario text; `file_name` is used in messages only.

@@ -24,8 +24,13 @@
 //!   mcp_servers:                   # scripted servers, configuration order
 //!     - {name: jira, instructions: "...", connected: false,
 //!        tools: [{name: search, description: "...", input_schema: {...}, always_load: false}]}
-//!   hook_answers:                  # scripted hooks: SessionStart, UserPromptSubmit, Pre/PostToolUse
-//!     - {event: PostToolUse, matcher: Read, additional_context: "..."}   # also stdout, decision, reason
+//!   hook_answers:                  # answers of hooks; any of the 27 events
+//!     - {event: PostToolUse, matcher: Read, additional_context: "..."}   # standalone (no command)
+//!     - {event: Stop, command: "check.sh", exit_code: 2, stderr: "..."}  # answers that configured hook
+//!       # also: stdout, json, decision (allow/deny/ask/block), reason, updated_input, updated_output
+//!   plugins: [/plugins/demo]       # plugin folders (virtual paths) enabled at start
+//!   mount:                         # real directories loaded into the virtual fs
+//!     - {from: ../data/tree, at: /repo}   # from: relative to the scenario file
 //! script:                          # ordered steps; each has exactly one kind key
 //!   - user: "Read main.rs"         # a prompt: the agent runs a turn
 //!   - assistant:                   # the model's next reply on a lane
@@ -46,6 +51,8 @@
 //!   - mcp_connect: jira            # a server of world.mcp_servers connects (late)
 //!   - mcp_disconnect: jira         # it disconnects
 //!   - mcp_list_changed: {server: jira, tools: [{name: search, description: ...}]}
+//!   - plugin_enable: /plugins/demo # enable a plugin folder; every plugin refreshes (plugin_reloaded)
+//!   - plugin_reload: true          # /reload-plugins: re-read every enabled plugin
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

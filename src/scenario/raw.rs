@@ -42,6 +42,8 @@ pub(crate) struct RawStep {
     pub mcp_connect: Option<String>,
     pub mcp_disconnect: Option<String>,
     pub mcp_list_changed: Option<McpListChangedSpec>,
+    pub plugin_enable: Option<String>,
+    pub plugin_reload: Option<bool>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,

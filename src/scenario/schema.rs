@@ -68,6 +68,21 @@ pub struct WorldSpec {
     /// Scripted hook answers, in settings order.
     #[serde(default)]
     pub hook_answers: Vec<HookAnswer>,
+    /// Plugin folders (virtual paths) enabled at start.
+    #[serde(default)]
+    pub plugins: Vec<String>,
+    /// Real directories loaded into the virtual fs: `from` relative to the scenario file,
+    /// mounted `at` a virtual path. Resolved by `load_scenario` into `files` (explicit files win).
+    #[serde(default)]
+    pub mount: Vec<MountSpec>,
+}
+
+/// `world.mount[i]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountSpec {
+    pub from: String,
+    pub at: String,
 }
 
 fn default_home() -> String {
@@ -136,6 +151,10 @@ pub enum Step {
     McpDisconnect { server: String },
     /// `mcp_list_changed: {server, tools}` — a server replaces its tools.
     McpListChanged { server: String, tools: Vec<McpToolDef> },
+    /// `plugin_enable: path` — the plugin folder at `path` is enabled; all plugins refresh.
+    PluginEnable { root: String },
+    /// `plugin_reload: true` — `/reload-plugins`: every enabled plugin is re-read.
+    PluginReload,
 }
 
 impl Step {
@@ -151,6 +170,8 @@ impl Step {
             Step::McpConnect { .. } => "mcp_connect",
             Step::McpDisconnect { .. } => "mcp_disconnect",
             Step::McpListChanged { .. } => "mcp_list_changed",
+            Step::PluginEnable { .. } => "plugin_enable",
+            Step::PluginReload => "plugin_reload",
         }
     }
 }

@@ -89,6 +89,11 @@ pub struct Strategy {
     pub nested_memory: bool,
     /// Auto memory (`memory` system section and MEMORY.md).
     pub auto_memory: bool,
+    /// Run hook commands for real (`sh -c`, stdin = the hook input JSON) when the scenario has no
+    /// scripted answer for them. Off by default: a simulation never touches the OS.
+    pub run_hooks: bool,
+    /// Consecutive Stop-hook continuations before the loop stops anyway (reference: 8).
+    pub stop_hook_cap: u32,
     // Layer 6: `pub compact: crate::agent::compact::CompactConfig` goes here when that module
     // lands (issue 4); its keys then nest under `compact.` in files and `--set`.
 }
@@ -125,6 +130,8 @@ impl Default for Strategy {
             claude_md: true,
             nested_memory: true,
             auto_memory: true,
+            run_hooks: false,
+            stop_hook_cap: 8,
         }
     }
 }
