@@ -483,7 +483,8 @@ fn damage(text: &str, garbage: Option<(usize, String)>, cut: Option<usize>) -> (
     }
     let line = kept.matches('\n').count() + 1;
     let partial = &kept[kept.rfind('\n').map_or(0, |i| i + 1)..];
-    if partial.trim().is_empty() {
+    // A cut just before a newline leaves a complete last line: nothing is damaged.
+    if partial.trim().is_empty() || serde_json::from_str::<serde_json::Value>(partial).is_ok() {
         return (kept.to_owned(), None);
     }
     (kept.to_owned(), Some((line, WarningKind::TruncatedTail)))
