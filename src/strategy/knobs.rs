@@ -1,5 +1,5 @@
-//! The [`Strategy`] struct and its loading. Layers 1–5 here; the layer-6 compaction knobs join
-//! as `compact` once `agent::compact` exists (see the marked place below).
+//! The [`Strategy`] struct and its loading: every knob of layers 1–5, and the layer-6 chain's
+//! knobs under `compact`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -94,8 +94,8 @@ pub struct Strategy {
     pub run_hooks: bool,
     /// Consecutive Stop-hook continuations before the loop stops anyway (reference: 8).
     pub stop_hook_cap: u32,
-    // Layer 6: `pub compact: crate::agent::compact::CompactConfig` goes here when that module
-    // lands (issue 4); its keys then nest under `compact.` in files and `--set`.
+    /// Layer 6: the long-context chain's knobs, nested under `compact.` in files and `--set`.
+    pub compact: crate::agent::compact::CompactConfig,
 }
 
 impl Default for Strategy {
@@ -132,6 +132,7 @@ impl Default for Strategy {
             auto_memory: true,
             run_hooks: false,
             stop_hook_cap: 8,
+            compact: crate::agent::compact::CompactConfig::default(),
         }
     }
 }
@@ -246,6 +247,7 @@ impl Strategy {
                 _ => {}
             }
         }
+        self.compact.apply_env(env);
         Ok(())
     }
 
