@@ -18,6 +18,7 @@ use crate::scenario::{Scenario, Step};
 use crate::world::World;
 
 use crate::agent::session::Session;
+use crate::agent::compact::Chain;
 use crate::strategy::Strategy;
 
 /// Everything a run produced.
@@ -38,6 +39,11 @@ pub enum RunError {
 
 /// Runs a scenario and measures every request.
 pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<RunOutput, RunError> {
+    run_scenario_with(scenario, measurer, strategy, &Chain::new())
+}
+
+/// Runs a scenario with a given long-context chain (e.g. with stages disabled by name).
+pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain) -> Result<RunOutput, RunError> {
     let mut world = scenario.into_world();
     crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
@@ -49,6 +55,7 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Str
     let mut requests = Vec::new();
     let mut turn = 0u32;
     let mut pending_events: Vec<String> = Vec::new();
+    let mut blocked = 0u64;
     let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
 
     for (i, step) in scenario.script.iter().enumerate() {
@@ -58,8 +65,34 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Str
                 agent.user_prompt(text, &mut world);
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
-                let (request, events) = agent.build_request(&world);
+                // The long-context chain runs first; its compaction forks are measured on
+                // their own lane before the main request.
+                let mut side_calls = Vec::new();
+                let chain_run = agent.run_chain(chain, &mut world, &mut side_calls);
+                pending_events.extend(chain_run.events.iter().cloned());
+                for call in side_calls {
+                    let mut input = MeasureInput::new(&call.lane, call.time_ms, &call.request);
+                    input.turn = turn;
+                    input.output_tokens = call.reply.output_tokens;
+                    input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
+                    let row = measurer.measure(input).map_err(|e| err(i, e.to_string()))?;
+                    rows.push(row);
+                    requests.push(call.request);
+                    world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+                }
+                if let Some(reason) = &chain_run.blocked {
+                    // The blocking limit ends the turn before the request is sent; the
+                    // scripted reply for it is skipped.
+                    blocked += 1;
+                    let _ = world.model.next_reply("main");
+                    pending_events.push(format!("blocked:{reason}"));
+                    continue;
+                }
+                let (mut request, events) = agent.build_request(&world);
                 pending_events.extend(events);
+                if let Some(edits) = &chain_run.context_management {
+                    request.context_management = Some(edits.clone());
+                }
                 let reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
                 let first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
                 let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
@@ -68,12 +101,26 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Str
                 input.output_tokens = reply.output_tokens;
                 input.first_token_ms = first_token_ms;
                 input.recorded_usage = reply.usage.clone().filter(|u| *u != Usage::default());
+                input.stages = chain_run.reports;
                 let row = measurer.measure(input).map_err(|e| err(i, e.to_string()))?;
+                // The client trusts the usage the API reports: a scripted usage that states the
+                // input side wins over the simulated one (that is how a scenario claims a big
+                // context cheaply, as the real client's oracle does).
+                let scripted = reply.usage.clone().filter(|u| u.prompt_tokens() > 0);
+                let usage = scripted.unwrap_or(Usage {
+                    input_tokens: row.input_tokens,
+                    cache_creation_input_tokens: row.cache_creation_input_tokens,
+                    cache_read_input_tokens: row.cache_read_input_tokens,
+                    output_tokens: row.output_tokens,
+                    ..Usage::default()
+                });
+                let message_id = format!("msg_{:04}", row.index);
                 rows.push(row);
                 requests.push(request);
                 world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
                 // Events of the reply's tools are kept by the session for the next request.
                 agent.apply_reply(&reply, &mut world);
+                agent.note_usage(usage, message_id, world.clock.now_ms());
             }
             Step::Assistant(_) => {}
             Step::ToolOutput(_) => {}
@@ -96,7 +143,7 @@ pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Str
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
         }
     }
-    let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, 0);
+    let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, blocked);
     Ok(RunOutput { scenario: scenario.file.clone(), rows, requests, summary })
 }
 

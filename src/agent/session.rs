@@ -87,7 +87,15 @@ pub struct Session {
     stop_continuations: u32,
     device_id: String,
     session_id: String,
+    /// Chain bookkeeping per record (uuid, time, message id, usage), parallel to `records`.
+    record_meta: Vec<chain_glue::RecordMeta>,
+    /// State of the long-context chain that persists across requests.
+    chain_state: crate::agent::compact::ChainState,
 }
+
+#[path = "session_chain.rs"]
+mod chain_glue;
+pub use chain_glue::{ChainRun, RecordMeta, SideCall};
 
 impl Session {
     /// A fresh session. The scenario's env overrides the strategy's env-backed knobs.
@@ -142,10 +150,42 @@ impl Session {
             session_started: false,
             previous_system: None,
             events: Vec::new(),
+            record_meta: Vec::new(),
+            chain_state: crate::agent::compact::ChainState::new(format!(
+                "{}/.claude/projects/{}/{}",
+                world.home.trim_end_matches('/'),
+                world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect::<String>(),
+                session_id
+            )),
             device_id,
             session_id,
         }
     }
+
+    /// Events produced while building a side request go back to the queue of the next one.
+    fn requeue_events(&mut self, events: Vec<String>) {
+        for event in events.into_iter().rev() {
+            if !self.events.contains(&event) {
+                self.events.insert(0, event);
+            }
+        }
+    }
+
+    /// The message marker a request on `lane` carries.
+    fn marker_for(&self, lane: &str) -> Option<CacheControl> {
+        self.strategy.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(self.strategy.ttl_for(lane)))
+    }
+
+    /// The post-compact cleanup (`runPostCompactCleanup`): memoized system sections, the user
+    /// context and the memory files are computed afresh on the next request; the skill listing
+    /// is not sent again; PostCompact and SessionStart(compact) hooks run.
+    fn after_compaction(&mut self) {
+        self.system_cache.clear_sections();
+        self.user_context = None;
+        self.memory = None;
+        self.loaded_nested.clear();
+    }
+
 
     pub fn strategy(&self) -> &Strategy {
         &self.strategy

@@ -57,6 +57,9 @@ pub const CAUSES: &[(&str, Option<Region>, &str)] = &[
     ("unexplained", None, "the read fell short with no structural or journalled reason"),
 ];
 
+/// Causes that explain the derived changes they bring along, named first when journalled.
+pub const ROOT_CAUSES: &[&str] = &["compaction", "session_memory_compaction", "session_resumed", "plugin_reloaded"];
+
 /// The id part of an event or cause (`mcp_connected:jira` → `mcp_connected`).
 pub fn cause_id(event: &str) -> &str {
     event.split(':').next().unwrap_or(event)
@@ -154,7 +157,10 @@ pub fn attribute(
             Some(block) => block.path.to_string(),
             None => format!("{}[end]", region.as_str()),
         });
-        let matching = events.iter().find(|e| is_known_cause(e) && cause_region(e) == Some(region));
+        // Root causes ripple into derived changes (a compaction also changes the billing
+        // fingerprint and messages[0]); name the root when it was journalled.
+        let root = events.iter().find(|e| ROOT_CAUSES.contains(&cause_id(e)));
+        let matching = root.or_else(|| events.iter().find(|e| is_known_cause(e) && cause_region(e) == Some(region)));
         let regionless = events.iter().find(|e| is_known_cause(e) && cause_region(e).is_none() && !matches!(cause_id(e), "ttl_expired"));
         report.cause = matching.or(regionless).cloned().or_else(|| {
             Some(match region {

@@ -1,0 +1,263 @@
+//! The long-context chain (layer 6) run from the session before each main-thread request.
+//!
+//! The session keeps its transcript as [`Record`]s; the chain works on [`Entry`]s (a message
+//! plus uuid, timestamp, message id and usage). Before a request the records become entries,
+//! the chain runs (tool result budget, snip, microcompact, context collapse, autocompact with
+//! session-memory compaction first, blocking limit), compaction requests are sent in lane
+//! `compact` as cache-sharing forks of the main request, and the entries become records again.
+//! Attachments the chain kept come back as the attachment records they were (matched by uuid);
+//! what compaction rebuilt (summary, restored files, skills, deltas) comes back as meta user
+//! messages. Boundaries are dropped: the session's transcript starts after the last one.
+
+use std::collections::BTreeMap;
+
+use crate::agent::compact::chain::summary_reply;
+use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill, ReadFile};
+use crate::agent::compact::generator::synthetic_summary;
+use crate::agent::compact::{Chain, ChainStep, Entry, EntryKind, ModelLimits, QuerySource};
+use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
+use crate::agent::normalize::Record;
+use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, Usage};
+use crate::measure::StageReport;
+use crate::world::{Reply, World};
+
+use super::Session;
+
+/// Per-record bookkeeping the chain needs, parallel to the session's records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordMeta {
+    pub uuid: u64,
+    pub timestamp_ms: u64,
+    pub message_id: Option<String>,
+    pub usage: Option<Usage>,
+}
+
+/// What one run of the chain did before a main-thread request.
+#[derive(Debug, Clone, Default)]
+pub struct ChainRun {
+    pub reports: Vec<StageReport>,
+    pub events: Vec<String>,
+    /// The blocking limit stopped the turn: the request must not be sent.
+    pub blocked: Option<String>,
+    pub compacted: bool,
+    /// `cache_edits` block to insert (cached microcompact) and `context_management` edits.
+    pub cache_edits: Option<serde_json::Value>,
+    pub context_management: Option<serde_json::Value>,
+}
+
+/// A request the chain made on another lane (a compaction fork), with the reply it got.
+#[derive(Debug, Clone)]
+pub struct SideCall {
+    pub lane: String,
+    pub request: Request,
+    pub reply: Reply,
+    pub time_ms: u64,
+}
+
+fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
+    let (message, kind, is_meta) = match record {
+        Record::User { content, meta } => (Message { role: Role::User, content: content.clone(), extra: Default::default() }, EntryKind::Message, *meta),
+        Record::Assistant { content } => (Message::assistant_blocks(content.clone()), EntryKind::Message, false),
+        Record::Attachment { attachment, .. } => {
+            (Message::user_blocks(attachment.render()), EntryKind::Attachment { kind: attachment.kind().to_owned() }, true)
+        }
+    };
+    let mut entry = Entry::new(message, meta.uuid, meta.timestamp_ms);
+    entry.kind = kind;
+    entry.is_meta = is_meta;
+    entry.message_id = meta.message_id.clone();
+    entry.usage = meta.usage.clone();
+    entry
+}
+
+/// Entries back to records: kept attachments as they were, everything else by role.
+fn entries_to_records(entries: Vec<Entry>, originals: &BTreeMap<u64, Record>) -> (Vec<Record>, Vec<RecordMeta>) {
+    let mut records = Vec::with_capacity(entries.len());
+    let mut metas = Vec::with_capacity(entries.len());
+    for entry in entries {
+        if entry.is_boundary() {
+            continue;
+        }
+        let record = match (&entry.kind, originals.get(&entry.uuid)) {
+            (EntryKind::Attachment { .. }, Some(original @ Record::Attachment { .. })) => original.clone(),
+            _ => match entry.message.role {
+                Role::Assistant => Record::Assistant { content: entry.message.content.to_blocks() },
+                Role::User => Record::User { content: entry.message.content.clone(), meta: entry.is_meta },
+            },
+        };
+        records.push(record);
+        metas.push(RecordMeta { uuid: entry.uuid, timestamp_ms: entry.timestamp_ms, message_id: entry.message_id, usage: entry.usage });
+    }
+    (records, metas)
+}
+
+/// Moves the single message marker to the last block of message `index` (or drops it).
+fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<CacheControl>) {
+    for message in messages.iter_mut() {
+        if let MessageContent::Blocks(blocks) = &mut message.content {
+            for block in blocks.iter_mut() {
+                block.set_cache_control(None);
+            }
+        }
+    }
+    let (Some(i), Some(marker)) = (index, marker) else { return };
+    let Some(message) = messages.get_mut(i) else { return };
+    let mut blocks = message.content.to_blocks();
+    if let Some(last) = blocks.last_mut()
+        && !last.is_thinking()
+    {
+        last.set_cache_control(Some(marker));
+        message.content = MessageContent::Blocks(blocks);
+    }
+}
+
+impl Session {
+    /// Brings the chain bookkeeping up to date with records appended since the last call.
+    pub(crate) fn sync_meta(&mut self, now_ms: u64) {
+        while self.record_meta.len() < self.records.len() {
+            let uuid = self.chain_state.uuid();
+            self.record_meta.push(RecordMeta { uuid, timestamp_ms: now_ms, ..RecordMeta::default() });
+        }
+    }
+
+    /// Notes the usage the API reported for the last reply (the chain's token counting
+    /// anchors on it).
+    pub fn note_usage(&mut self, usage: Usage, message_id: String, now_ms: u64) {
+        self.sync_meta(now_ms);
+        if let Some(i) = self.records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) {
+            self.record_meta[i].usage = Some(usage);
+            self.record_meta[i].message_id = Some(message_id);
+        }
+        self.chain_state.cached_microcompact.mark_sent();
+    }
+
+    fn model_limits(&self, world: &World) -> ModelLimits {
+        let context_window = world.context_window.unwrap_or(if world.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
+        ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) }
+    }
+
+    fn compact_inputs(&self, world: &World) -> CompactInputs {
+        let mut inputs = CompactInputs::default();
+        for (path, mtime) in &self.read_state {
+            inputs.read_files.push(ReadFile { path: path.clone(), timestamp_ms: *mtime });
+        }
+        inputs.read_files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then(a.path.cmp(&b.path)));
+        for skill in &self.invoked_skills {
+            inputs.invoked_skills.push(CompactSkill {
+                name: skill.name.clone(),
+                content: skill.content.clone(),
+                invoked_at_ms: world.clock.now_ms(),
+            });
+        }
+        inputs
+    }
+
+    /// Runs the long-context chain before a main-thread request. Each compaction fork is built
+    /// as the main request would be from the conversation as the chain left it, with the
+    /// summary instruction appended to the last user message and the marker on the
+    /// second-to-last message; it and its reply (scripted on lane `compact`, else a
+    /// deterministic synthetic summary) are pushed to `side_calls` for the caller to measure.
+    pub fn run_chain(&mut self, chain: &Chain, world: &mut World, side_calls: &mut Vec<SideCall>) -> ChainRun {
+        let now = world.clock.now_ms();
+        self.sync_meta(now);
+        let limits = self.model_limits(world);
+        let inputs = self.compact_inputs(world);
+        let originals: BTreeMap<u64, Record> = self
+            .record_meta
+            .iter()
+            .zip(&self.records)
+            .filter(|(_, r)| matches!(r, Record::Attachment { .. }))
+            .map(|(m, r)| (m.uuid, r.clone()))
+            .collect();
+        let mut entries: Vec<Entry> = self.records.iter().zip(&self.record_meta).map(|(r, m)| record_to_entry(r, m)).collect();
+        let config = self.strategy.compact.clone();
+        let mut output = crate::agent::compact::ChainOutput::default();
+        let mut pending_reply = None;
+        let mut custom: Option<Option<String>> = None;
+        let mut summary_text = String::new();
+        loop {
+            let step = {
+                let World { fs, clock, .. } = &mut *world;
+                let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
+                cx.source = QuerySource::Main;
+                cx.message_offset = 1;
+                cx.inputs = inputs.clone();
+                cx.output = output;
+                let step = match pending_reply.take() {
+                    None => chain.run(&mut cx),
+                    Some(reply) => chain.finish_compaction(&mut cx, reply),
+                };
+                output = std::mem::take(&mut cx.output);
+                entries = std::mem::take(&mut cx.entries);
+                step
+            };
+            let ChainStep::Compact(_request) = step else { break };
+            if custom.is_none() {
+                custom = Some(self.pre_compact_instructions("auto", None, world));
+            }
+            // The fork sees the conversation as the stages before autocompact left it.
+            let (records, metas) = entries_to_records(entries.clone(), &originals);
+            let saved_records = std::mem::replace(&mut self.records, records);
+            let saved_meta = std::mem::replace(&mut self.record_meta, metas);
+            let fork = self.compaction_fork(world, custom.clone().flatten().as_deref());
+            self.records = saved_records;
+            self.record_meta = saved_meta;
+            let reply = world.model.next_reply("compact").unwrap_or_else(|_| Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens)));
+            let text = reply
+                .content
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text { text, .. } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms() });
+            summary_text = text.clone();
+            pending_reply = Some(summary_reply(text));
+        }
+        let run = ChainRun {
+            reports: output.reports,
+            events: output.events,
+            blocked: output.blocked,
+            compacted: output.compacted,
+            cache_edits: output.cache_edits,
+            context_management: output.context_management,
+        };
+        let (records, metas) = entries_to_records(entries, &originals);
+        self.records = records;
+        self.record_meta = metas;
+        if run.compacted {
+            self.after_compaction();
+            let messages = self.post_compact_hooks("auto", &summary_text, world);
+            self.push_attachments(messages);
+            self.sync_meta(now);
+        }
+        run
+    }
+
+    /// The fork request of a compaction: the main request built from the records as they are
+    /// now, the summary instruction appended to the last user message, the marker moved to the
+    /// second-to-last message.
+    pub fn compaction_fork(&mut self, world: &World, custom_instructions: Option<&str>) -> Request {
+        let (mut request, events) = self.build_request(world);
+        self.requeue_events(events);
+        let mut instruction = SUMMARY_INSTRUCTION.to_owned();
+        if let Some(custom) = custom_instructions {
+            instruction.push_str("\n\nAdditional instructions:\n");
+            instruction.push_str(custom);
+        }
+        match request.messages.last_mut() {
+            Some(last) if last.role == Role::User => {
+                let mut blocks = last.content.to_blocks();
+                blocks.push(ContentBlock::text(instruction));
+                last.content = MessageContent::Blocks(blocks);
+            }
+            _ => request.messages.push(Message::user_text(instruction)),
+        }
+        let index = request.messages.len().checked_sub(2);
+        let marker = self.marker_for("compact");
+        place_marker(&mut request.messages, index, marker);
+        request
+    }
+}
