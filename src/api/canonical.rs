@@ -14,8 +14,12 @@
 //! - a message whose `content` is a string is the same as one text block with that text (the
 //!   real client flips the last user message between the two forms).
 //!
-//! Whole request bodies (`body_sha256`, run fingerprints) use the same bytes with every
-//! marker in place: a marker moving *is* a change of the body.
+//! Whole request bodies (`body_sha256`, run fingerprints) are hashed over the same structure
+//! with every marker in place: a marker moving *is* a change of the body.
+//!
+//! Hashing does not produce this text: [`super::structural`] feeds the serde data model of a
+//! value straight into the hasher, which gives equal hashes exactly for equal canonical bytes
+//! without paying for JSON string escaping.
 
 use serde::Serialize;
 
@@ -47,31 +51,6 @@ pub fn chain(previous: u128, next: u128) -> u128 {
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for byte in digest.iter() {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
-}
-
-/// Lower-case hex SHA-256 of a value's canonical bytes, streamed into the hasher without an
-/// intermediate buffer.
-pub fn sha256_json_hex<T: Serialize + ?Sized>(value: &T) -> String {
-    use sha2::Digest;
-    struct HashWriter(sha2::Sha256);
-    impl std::io::Write for HashWriter {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.update(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut writer = std::io::BufWriter::with_capacity(64 * 1024, HashWriter(sha2::Sha256::new()));
-    serde_json::to_writer(&mut writer, value).expect("wire types always serialize to JSON");
-    let hasher = writer.into_inner().unwrap_or_else(|_| panic!("flushing into a hasher cannot fail"));
-    let digest = hasher.0.finalize();
     let mut out = String::with_capacity(64);
     for byte in digest.iter() {
         out.push_str(&format!("{byte:02x}"));

@@ -19,7 +19,8 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::api::canonical::{chain, hash128, to_canonical_bytes, write_canonical};
+use crate::api::canonical::{chain, hash128, to_canonical_bytes};
+use crate::api::structural::block_hash;
 use crate::api::{CacheControl, ContentBlock, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
 
 use super::tokens::{TokenCounter, TokenUnit};
@@ -118,23 +119,6 @@ fn tagged_hash(tag: &[u8], bytes: &[u8]) -> u128 {
     hash128(&buf)
 }
 
-/// Writes `tag`, a separator and the block's canonical bytes (without its marker) into `buf`,
-/// returning the hash and the length of the block's bytes.
-fn block_hash<T: serde::Serialize + Clone>(buf: &mut Vec<u8>, tag: &[u8], block: &T, marked: bool, unmark: impl FnOnce(&mut T)) -> (u128, u32) {
-    buf.clear();
-    buf.extend_from_slice(tag);
-    buf.push(0);
-    let start = buf.len();
-    if marked {
-        let mut copy = block.clone();
-        unmark(&mut copy);
-        write_canonical(&copy, buf);
-    } else {
-        write_canonical(block, buf);
-    }
-    (hash128(buf), (buf.len() - start) as u32)
-}
-
 /// The strings and flat counts whose estimate is a content block's token count.
 pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
     match block {
@@ -157,97 +141,21 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
     }
 }
 
-/// Flattens a request into block positions, counting tokens with `counter`.
+/// Flattens a request into block positions, counting tokens with `counter`. Blocks are hashed
+/// structurally ([`crate::api::structural`]): no JSON text is produced, so a long session costs
+/// about one pass over its bytes per request plus one tokenization per unique block.
 pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> FlatRequest {
-    flatten_reusing(request, counter, family, None)
-}
-
-/// A request flattened before, whose unchanged blocks need not be serialized again.
-#[derive(Clone, Copy)]
-pub struct Previous<'a> {
-    pub request: &'a Request,
-    pub flat: &'a FlatRequest,
-}
-
-/// The (hash, tokens, bytes) of a block that is equal (including its marker) to the block at
-/// the same path of the previous request.
-type Known = (u128, u32, u32);
-
-struct Reuse<'a> {
-    previous: Option<Previous<'a>>,
-    /// Index into `previous.flat.blocks` of each previous message's first block.
-    message_starts: Vec<usize>,
-}
-
-impl<'a> Reuse<'a> {
-    fn new(previous: Option<Previous<'a>>) -> Self {
-        let mut message_starts = Vec::new();
-        if let Some(p) = previous {
-            let mut position = p.flat.counts.tools + p.flat.counts.system;
-            for message in &p.request.messages {
-                message_starts.push(position);
-                position += message.content.block_count();
-            }
-        }
-        Reuse { previous, message_starts }
-    }
-
-    fn known(&self, position: usize) -> Option<Known> {
-        let block = &self.previous?.flat.blocks[position];
-        Some((block.hash, block.tokens, block.bytes))
-    }
-
-    fn tool(&self, i: usize, tool: &crate::api::Tool) -> Option<Known> {
-        let p = self.previous?;
-        (p.request.tools().get(i)? == tool).then(|| self.known(i)).flatten()
-    }
-
-    fn system(&self, i: usize, block: &crate::api::SystemBlock) -> Option<Known> {
-        let p = self.previous?;
-        let same = match &p.request.system {
-            Some(SystemPrompt::Blocks(blocks)) => blocks.get(i) == Some(block),
-            Some(SystemPrompt::Text(text)) => i == 0 && block.cache_control.is_none() && block.extra.is_empty() && *text == block.text,
-            None => false,
-        };
-        same.then(|| self.known(p.flat.counts.tools + i)).flatten()
-    }
-
-    fn content(&self, m: usize, c: usize, role: Role, block: &ContentBlock) -> Option<Known> {
-        let p = self.previous?;
-        let message = p.request.messages.get(m)?;
-        if message.role != role {
-            return None;
-        }
-        let same = match &message.content {
-            MessageContent::Blocks(blocks) => blocks.get(c) == Some(block),
-            MessageContent::Text(text) => {
-                c == 0 && matches!(block, ContentBlock::Text { text: t, cache_control: None, extra } if t == text && extra.is_empty())
-            }
-        };
-        same.then(|| self.known(self.message_starts[m] + c)).flatten()
-    }
-}
-
-/// Flattens a request, taking the hash and token count of every block that is unchanged from
-/// `previous` (same path, equal value) instead of serializing it again. The result is the same
-/// as [`flatten`]'s; only the work differs.
-pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &str, previous: Option<Previous<'_>>) -> FlatRequest {
-    let reuse = Reuse::new(previous);
-    let mut blocks = Vec::with_capacity(previous.map_or(64, |p| p.flat.blocks.len() + 8));
+    let mut blocks = Vec::with_capacity(64);
     let mut state = hash128(SEED);
     let mut counts = RegionCounts::default();
 
-    let mut buf = Vec::with_capacity(4096);
     for (i, tool) in request.tools().iter().enumerate() {
-        let (hash, tokens, bytes) = match reuse.tool(i, tool) {
-            Some(known) => known,
-            None => {
-                let (hash, bytes) = block_hash(&mut buf, b"tool", tool, tool.cache_control.is_some(), |t| t.cache_control = None);
-                // The tool's JSON follows the 5-byte tag ("tool" and a separator) in `buf`.
-                let tokens = counter.count(hash, family, || vec![TokenUnit::Text(String::from_utf8_lossy(&buf[5..]).into_owned())]);
-                (hash, tokens, bytes)
-            }
-        };
+        let (hash, bytes) = block_hash(b"tool", tool);
+        let tokens = counter.count(hash, family, || {
+            let mut unmarked = tool.clone();
+            unmarked.cache_control = None;
+            vec![TokenUnit::Text(serde_json::to_string(&unmarked).unwrap_or_default())]
+        });
         state = chain(state, hash);
         blocks.push(PromptBlock {
             path: BlockPath { region: Region::Tools, index: i, content: None },
@@ -276,14 +184,8 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
         Some(SystemPrompt::Blocks(blocks)) => blocks,
     };
     for (i, block) in system.iter().enumerate() {
-        let (hash, tokens, bytes) = match reuse.system(i, block) {
-            Some(known) => known,
-            None => {
-                let (hash, bytes) = block_hash(&mut buf, b"system", block, block.cache_control.is_some(), |b| b.cache_control = None);
-                let tokens = counter.count(hash, family, || vec![TokenUnit::Text(block.text.clone())]);
-                (hash, tokens, bytes)
-            }
-        };
+        let (hash, bytes) = block_hash(b"system", block);
+        let tokens = counter.count(hash, family, || vec![TokenUnit::Text(block.text.clone())]);
         state = chain(state, hash);
         blocks.push(PromptBlock {
             path: BlockPath { region: Region::System, index: i, content: None },
@@ -313,20 +215,8 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
         };
         for (c, block) in content.iter().enumerate() {
             let marker = block.raw_cache_control();
-            let (hash, tokens, bytes) = match reuse.content(m, c, message.role, block) {
-                Some(known) => known,
-                None => {
-                    let (hash, bytes) = block_hash(&mut buf, message.role.as_str().as_bytes(), block, marker.is_some(), |b| {
-                        if !b.set_cache_control(None)
-                            && let ContentBlock::Other(Value::Object(map)) = b
-                        {
-                            map.remove("cache_control");
-                        }
-                    });
-                    let tokens = counter.count(hash, family, || content_token_units(block));
-                    (hash, tokens, bytes)
-                }
-            };
+            let (hash, bytes) = block_hash(message.role.as_str().as_bytes(), block);
+            let tokens = counter.count(hash, family, || content_token_units(block));
             state = chain(state, hash);
             let empty_text = matches!(block, ContentBlock::Text { text, .. } if text.is_empty());
             blocks.push(PromptBlock {

@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::canonical::{sha256_hex, sha256_json_hex};
+use crate::api::canonical::sha256_hex;
 use crate::api::{Request, Usage};
 
-use super::blocks::{FlatRequest, Previous, RegionCounts, flatten_reusing};
+use super::blocks::{FlatRequest, RegionCounts, flatten};
 use super::cache::{CacheError, CacheSim};
 use super::models::{ModelTable, UnknownModel};
 use super::prefix::{LaneMemory, PrefixReport, attribute};
@@ -107,14 +107,11 @@ pub struct Measurer {
     cache: CacheSim,
     lanes: BTreeMap<String, LaneState>,
     next_index: usize,
-    /// The last request measured and its blocks: unchanged blocks of the next request reuse
-    /// their hashes and counts instead of being serialized again.
-    last: Option<(Request, FlatRequest)>,
 }
 
 impl Measurer {
     pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
-        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, last: None }
+        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0 }
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -137,12 +134,7 @@ impl Measurer {
     /// of a body without measuring it as sent).
     pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {
         let family = self.table.lookup(&body.model)?.family.clone();
-        let previous = self
-            .last
-            .as_ref()
-            .filter(|(request, _)| request.model == body.model)
-            .map(|(request, flat)| Previous { request, flat });
-        Ok(flatten_reusing(body, &mut self.counter, &family, previous))
+        Ok(flatten(body, &mut self.counter, &family))
     }
 
     /// Journals an event that happened between requests, for every lane's next attribution.
@@ -168,7 +160,7 @@ impl Measurer {
             }
         }
         let hashes: Vec<u128> = flat.blocks.iter().map(|b| b.prefix_hash).collect();
-        let body_sha256 = sha256_json_hex(input.body);
+        let body_sha256 = crate::api::structural::sha256_hex(input.body);
         let index = self.next_index;
         self.next_index += 1;
 
@@ -209,7 +201,6 @@ impl Measurer {
             outcome.ephemeral_1h_input_tokens,
         ));
         let blocks = flat.counts;
-        self.last = Some((input.body.clone(), flat));
         Ok(RequestMetrics {
             index,
             lane: input.lane.to_owned(),

@@ -265,9 +265,8 @@ fn every_estimator_counts_a_real_request() {
 }
 
 #[test]
-fn reusing_unchanged_blocks_gives_the_same_flattening() {
-    // The measurer reuses hashes of blocks unchanged since the previous request; the result
-    // must equal a fresh flattening of every request.
+fn the_measurer_flattens_as_a_fresh_flattening_does() {
+    // The measurer's memoized counts must give what a fresh counter gives for every request.
     let session = ctxsim::synth::growing_session(3, 60, 20_000, MODEL);
     let mut m = measurer();
     for entry in &session {

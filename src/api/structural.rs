@@ -1,0 +1,494 @@
+//! A structural hash of any serializable value: the serde data model fed straight into xxh3,
+//! without producing JSON text.
+//!
+//! Two values hash alike exactly when they would serialize to the same JSON (same fields in the
+//! same order, same scalars, same strings): every scalar is written with a type tag and every
+//! string with its length, so no two different serializations share a byte stream. Skipping the
+//! JSON writer (its string escaping and allocation) makes hashing a prompt block cost about as
+//! much as reading its text once, which is what keeps measurement of long sessions cheap.
+//!
+//! A block's own `cache_control` (the field at depth 1) is left out, as in
+//! [`super::canonical`].
+
+use serde::ser::{self, Serialize};
+use xxhash_rust::xxh3::Xxh3;
+
+/// The structural hash of `value` and the number of content bytes it covered, leaving out the
+/// top-level `cache_control` field.
+pub fn block_hash<T: Serialize + ?Sized>(tag: &[u8], value: &T) -> (u128, u32) {
+    let mut hasher = StructHasher { state: Xxh3::new(), depth: 0, bytes: 0, skip_next_value: false, skip_markers: true };
+    hasher.state.update(tag);
+    hasher.state.update(&[0xff]);
+    value.serialize(&mut hasher).expect("hashing never fails");
+    (hasher.state.digest128(), hasher.bytes.min(u64::from(u32::MAX)) as u32)
+}
+
+/// Lower-case hex SHA-256 of a whole value's structural encoding (every field, markers
+/// included): the `body_sha256` of a request. Equal exactly when the JSON bodies are equal.
+pub fn sha256_hex<T: Serialize + ?Sized>(value: &T) -> String {
+    use sha2::Digest;
+    let mut hasher = StructHasher { state: Sha256Sink { hasher: sha2::Sha256::new(), buf: Vec::with_capacity(8192) }, depth: 0, bytes: 0, skip_next_value: false, skip_markers: false };
+    value.serialize(&mut hasher).expect("hashing never fails");
+    let mut sink = hasher.state;
+    sink.flush();
+    let digest = sink.hasher.finalize();
+    let mut out = String::with_capacity(64);
+    for byte in digest.iter() {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// Where the structural stream goes.
+trait Sink {
+    fn update(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Xxh3 {
+    fn update(&mut self, bytes: &[u8]) {
+        Xxh3::update(self, bytes);
+    }
+}
+
+/// SHA-256 fed in 8 KiB chunks (its per-call overhead is high for the many tiny tags).
+struct Sha256Sink {
+    hasher: sha2::Sha256,
+    buf: Vec<u8>,
+}
+
+impl Sha256Sink {
+    fn flush(&mut self) {
+        use sha2::Digest;
+        self.hasher.update(&self.buf);
+        self.buf.clear();
+    }
+}
+
+impl Sink for Sha256Sink {
+    fn update(&mut self, bytes: &[u8]) {
+        if self.buf.len() + bytes.len() > 8192 {
+            self.flush();
+        }
+        if bytes.len() >= 8192 {
+            use sha2::Digest;
+            self.hasher.update(bytes);
+        } else {
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+}
+
+struct StructHasher<S: Sink> {
+    state: S,
+    depth: u32,
+    bytes: u64,
+    /// The next map value belongs to a skipped key.
+    skip_next_value: bool,
+    /// Leave out the top-level `cache_control` (block hashes) or keep it (body hashes).
+    skip_markers: bool,
+}
+
+#[derive(Debug)]
+struct Never;
+
+impl std::fmt::Display for Never {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("structural hashing failed")
+    }
+}
+
+impl std::error::Error for Never {}
+
+impl ser::Error for Never {
+    fn custom<M: std::fmt::Display>(_: M) -> Self {
+        Never
+    }
+}
+
+impl<S: Sink> StructHasher<S> {
+    fn tag(&mut self, tag: u8) {
+        self.state.update(&[tag]);
+    }
+
+    fn bytes(&mut self, tag: u8, bytes: &[u8]) {
+        self.state.update(&[tag]);
+        self.state.update(&(bytes.len() as u64).to_le_bytes());
+        self.state.update(bytes);
+        self.bytes += bytes.len() as u64 + 1;
+    }
+}
+
+/// A sink for the value of a skipped field.
+struct Skip;
+
+macro_rules! skip_compound {
+    ($($trait:ident, $method:ident $(, $extra:ident)?);*) => {
+        $(impl ser::$trait for Skip {
+            type Ok = ();
+            type Error = Never;
+            fn $method<T: Serialize + ?Sized>(&mut self, $($extra: &'static str,)? _value: &T) -> Result<(), Never> {
+                Ok(())
+            }
+            fn end(self) -> Result<(), Never> {
+                Ok(())
+            }
+        })*
+    };
+}
+
+skip_compound!(SerializeSeq, serialize_element; SerializeTuple, serialize_element; SerializeTupleStruct, serialize_field;
+    SerializeTupleVariant, serialize_field; SerializeStruct, serialize_field, _key; SerializeStructVariant, serialize_field, _key);
+
+impl ser::SerializeMap for Skip {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, _key: &T) -> Result<(), Never> {
+        Ok(())
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, _value: &T) -> Result<(), Never> {
+        Ok(())
+    }
+    fn end(self) -> Result<(), Never> {
+        Ok(())
+    }
+}
+
+/// Catches a map key to decide whether its value is skipped.
+struct KeyCatcher<'a, S: Sink> {
+    hasher: &'a mut StructHasher<S>,
+}
+
+impl<'a, S: Sink> KeyCatcher<'a, S> {
+    fn key(self, key: &str) -> Result<(), Never> {
+        if self.hasher.skip_markers && self.hasher.depth == 1 && key == "cache_control" {
+            self.hasher.skip_next_value = true;
+            return Ok(());
+        }
+        self.hasher.bytes(b'k', key.as_bytes());
+        Ok(())
+    }
+}
+
+macro_rules! key_not_string {
+    ($($method:ident($($arg:ident: $ty:ty),*));*) => {
+        $(fn $method(self, $($arg: $ty),*) -> Result<(), Never> {
+            $(let _ = $arg;)*
+            Err(Never)
+        })*
+    };
+}
+
+impl<'a, S: Sink> ser::Serializer for KeyCatcher<'a, S> {
+    type Ok = ();
+    type Error = Never;
+    type SerializeSeq = Skip;
+    type SerializeTuple = Skip;
+    type SerializeTupleStruct = Skip;
+    type SerializeTupleVariant = Skip;
+    type SerializeMap = Skip;
+    type SerializeStruct = Skip;
+    type SerializeStructVariant = Skip;
+
+    fn serialize_str(self, v: &str) -> Result<(), Never> {
+        self.key(v)
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), Never> {
+        self.key(variant)
+    }
+    key_not_string!(serialize_bool(v: bool); serialize_i8(v: i8); serialize_i16(v: i16); serialize_i32(v: i32); serialize_i64(v: i64);
+        serialize_u8(v: u8); serialize_u16(v: u16); serialize_u32(v: u32); serialize_u64(v: u64); serialize_f32(v: f32);
+        serialize_f64(v: f64); serialize_char(v: char); serialize_bytes(v: &[u8]); serialize_none(); serialize_unit();
+        serialize_unit_struct(n: &'static str));
+    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<(), Never> {
+        Err(Never)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), Never> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(self, _: &'static str, _: u32, _: &'static str, _: &T) -> Result<(), Never> {
+        Err(Never)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Skip, Never> {
+        Err(Never)
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Skip, Never> {
+        Err(Never)
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Skip, Never> {
+        Err(Never)
+    }
+    fn serialize_tuple_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Skip, Never> {
+        Err(Never)
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Skip, Never> {
+        Err(Never)
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Skip, Never> {
+        Err(Never)
+    }
+    fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Skip, Never> {
+        Err(Never)
+    }
+}
+
+impl<'a, S: Sink> ser::Serializer for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = Self;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    fn serialize_bool(self, v: bool) -> Result<(), Never> {
+        self.tag(if v { b'T' } else { b'F' });
+        self.bytes += 1;
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), Never> {
+        self.serialize_i64(i64::from(v))
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), Never> {
+        self.serialize_i64(i64::from(v))
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), Never> {
+        self.serialize_i64(i64::from(v))
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), Never> {
+        // Non-negative integers hash as unsigned, as JSON cannot tell them apart.
+        if v >= 0 {
+            return self.serialize_u64(v as u64);
+        }
+        self.tag(b'i');
+        self.state.update(&v.to_le_bytes());
+        self.bytes += 1;
+        Ok(())
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), Never> {
+        self.serialize_u64(u64::from(v))
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), Never> {
+        self.serialize_u64(u64::from(v))
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), Never> {
+        self.serialize_u64(u64::from(v))
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), Never> {
+        self.tag(b'u');
+        self.state.update(&v.to_le_bytes());
+        self.bytes += 1;
+        Ok(())
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), Never> {
+        self.serialize_f64(f64::from(v))
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), Never> {
+        self.tag(b'f');
+        self.state.update(&v.to_bits().to_le_bytes());
+        self.bytes += 1;
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> Result<(), Never> {
+        let mut buf = [0u8; 4];
+        self.serialize_str(v.encode_utf8(&mut buf))
+    }
+    fn serialize_str(self, v: &str) -> Result<(), Never> {
+        self.bytes(b's', v.as_bytes());
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), Never> {
+        self.bytes(b'b', v);
+        Ok(())
+    }
+    fn serialize_none(self) -> Result<(), Never> {
+        self.serialize_unit()
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Never> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), Never> {
+        self.tag(b'n');
+        self.bytes += 1;
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), Never> {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), Never> {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), Never> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(self, _: &'static str, _: u32, variant: &'static str, value: &T) -> Result<(), Never> {
+        self.tag(b'{');
+        self.depth += 1;
+        self.bytes(b'k', variant.as_bytes());
+        value.serialize(&mut *self)?;
+        self.depth -= 1;
+        self.tag(b'}');
+        Ok(())
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Never> {
+        self.tag(b'[');
+        self.depth += 1;
+        Ok(self)
+    }
+    fn serialize_tuple(self, len: usize) -> Result<Self, Never> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_struct(self, _: &'static str, len: usize) -> Result<Self, Never> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_variant(self, _: &'static str, _: u32, variant: &'static str, _: usize) -> Result<Self, Never> {
+        self.tag(b'{');
+        self.bytes(b'k', variant.as_bytes());
+        self.tag(b'[');
+        self.depth += 1;
+        Ok(self)
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, Never> {
+        self.tag(b'{');
+        self.depth += 1;
+        Ok(self)
+    }
+    fn serialize_struct(self, _: &'static str, len: usize) -> Result<Self, Never> {
+        self.serialize_map(Some(len))
+    }
+    fn serialize_struct_variant(self, _: &'static str, _: u32, variant: &'static str, _: usize) -> Result<Self, Never> {
+        self.tag(b'{');
+        self.bytes(b'k', variant.as_bytes());
+        self.tag(b'{');
+        self.depth += 1;
+        Ok(self)
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeSeq for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        self.depth -= 1;
+        self.tag(b']');
+        Ok(())
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeTuple for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        ser::SerializeSeq::end(self)
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeTupleStruct for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        ser::SerializeSeq::end(self)
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeTupleVariant for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        self.depth -= 1;
+        self.tag(b']');
+        self.tag(b'}');
+        Ok(())
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeMap for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Never> {
+        key.serialize(KeyCatcher { hasher: &mut **self })
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
+        if std::mem::take(&mut self.skip_next_value) {
+            return Ok(());
+        }
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        self.depth -= 1;
+        self.tag(b'}');
+        Ok(())
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeStruct for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Never> {
+        if self.skip_markers && self.depth == 1 && key == "cache_control" {
+            return Ok(());
+        }
+        self.bytes(b'k', key.as_bytes());
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        ser::SerializeMap::end(self)
+    }
+}
+
+impl<'a, S: Sink> ser::SerializeStructVariant for &'a mut StructHasher<S> {
+    type Ok = ();
+    type Error = Never;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Never> {
+        self.bytes(b'k', key.as_bytes());
+        value.serialize(&mut **self)
+    }
+    fn end(self) -> Result<(), Never> {
+        self.depth -= 1;
+        self.tag(b'}');
+        self.tag(b'}');
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CacheControl, ContentBlock};
+    use serde_json::json;
+
+    #[test]
+    fn equal_json_hashes_alike_and_markers_are_ignored() {
+        let mut a = ContentBlock::text("hello");
+        let b = ContentBlock::text("hello");
+        a.set_cache_control(Some(CacheControl::ephemeral()));
+        assert_eq!(block_hash(b"user", &a).0, block_hash(b"user", &b).0);
+        // The same block as an untyped JSON value hashes alike too.
+        let value = json!({"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}});
+        assert_eq!(block_hash(b"user", &value).0, block_hash(b"user", &b).0);
+    }
+
+    #[test]
+    fn key_order_strings_and_tags_matter() {
+        let h = |v: serde_json::Value| block_hash(b"t", &v).0;
+        assert_ne!(h(json!({"a": 1, "b": 2})), h(json!({"b": 2, "a": 1})));
+        assert_ne!(h(json!({"a": "1"})), h(json!({"a": 1})));
+        assert_ne!(h(json!(["ab", "c"])), h(json!(["a", "bc"])));
+        assert_ne!(block_hash(b"user", &json!("x")).0, block_hash(b"assistant", &json!("x")).0);
+        // A nested cache_control is content, not a marker.
+        assert_ne!(h(json!({"a": {"cache_control": 1}})), h(json!({"a": {}})));
+    }
+}
