@@ -76,6 +76,10 @@ pub struct PromptBlock {
     pub cache_control: Option<CacheControl>,
     /// Whether the automatic (top-level) marker may land here: not thinking, not an empty text.
     pub auto_eligible: bool,
+    /// A tool_result's `cache_reference` (cached microcompact: the server may delete it).
+    pub cache_reference: Option<String>,
+    /// The `cache_reference`s a `cache_edits` block deletes.
+    pub cache_deletes: Vec<String>,
 }
 
 /// The block view of one request.
@@ -259,6 +263,8 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
             bytes,
             cache_control: tool.cache_control.clone(),
             auto_eligible: true,
+            cache_reference: None,
+            cache_deletes: Vec::new(),
         });
         counts.tools += 1;
     }
@@ -295,6 +301,8 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
             bytes,
             cache_control: block.cache_control.clone(),
             auto_eligible: !block.text.is_empty(),
+            cache_reference: None,
+            cache_deletes: Vec::new(),
         });
         counts.system += 1;
     }
@@ -313,10 +321,17 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
         };
         for (c, block) in content.iter().enumerate() {
             let marker = block.raw_cache_control();
+            let (cache_reference, cache_deletes) = cache_edit_fields(block);
             let (hash, tokens, bytes) = match reuse.content(m, c, message.role, block) {
                 Some(known) => known,
                 None => {
-                    let (hash, bytes) = block_hash(&mut buf, message.role.as_str().as_bytes(), block, marker.is_some(), |b| {
+                    // Like `cache_control`, a tool_result's `cache_reference` is an address for
+                    // the server, not prompt content: the prefix key leaves it out.
+                    let unmark = marker.is_some() || cache_reference.is_some();
+                    let (hash, bytes) = block_hash(&mut buf, message.role.as_str().as_bytes(), block, unmark, |b| {
+                        if let ContentBlock::ToolResult { extra, .. } = b {
+                            extra.remove("cache_reference");
+                        }
                         if !b.set_cache_control(None)
                             && let ContentBlock::Other(Value::Object(map)) = b
                         {
@@ -339,6 +354,8 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
                 bytes,
                 cache_control: marker,
                 auto_eligible: !block.is_thinking() && !empty_text,
+                cache_reference,
+                cache_deletes,
             });
             counts.messages += 1;
         }
@@ -351,6 +368,28 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
         auto_cache_control: request.cache_control.clone(),
         total_tokens,
         counts,
+    }
+}
+
+/// A tool_result's `cache_reference`, and the references a `cache_edits` block deletes.
+fn cache_edit_fields(block: &ContentBlock) -> (Option<String>, Vec<String>) {
+    match block {
+        ContentBlock::ToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new()),
+        ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("cache_edits") => {
+            let deletes = value
+                .get("edits")
+                .and_then(Value::as_array)
+                .map(|edits| {
+                    edits
+                        .iter()
+                        .filter(|e| e.get("type").and_then(Value::as_str) == Some("delete"))
+                        .filter_map(|e| e.get("cache_reference").and_then(Value::as_str).map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (None, deletes)
+        }
+        _ => (None, Vec::new()),
     }
 }
 

@@ -75,6 +75,9 @@ pub struct MeasureInput<'a> {
     pub first_token_ms: u64,
     pub stages: Vec<StageReport>,
     pub recorded_usage: Option<Usage>,
+    /// The simulated API rejected the request before any caching (`prompt is too long: …`):
+    /// the row carries the error, reads and writes nothing.
+    pub rejected: Option<String>,
 }
 
 impl<'a> MeasureInput<'a> {
@@ -89,6 +92,7 @@ impl<'a> MeasureInput<'a> {
             first_token_ms: 0,
             stages: Vec::new(),
             recorded_usage: None,
+            rejected: None,
         }
     }
 }
@@ -178,11 +182,14 @@ impl Measurer {
             // A new lane has seen only the events of this call.
             events = input.events.clone();
         }
-        let (outcome, error) = match self.cache.process(&flat, info.min_cacheable_tokens, input.time_ms, input.first_token_ms) {
+        let (outcome, error) = match input.rejected.clone() {
+            Some(rejected) => (None, Some(rejected)),
+            None => match self.cache.process(&flat, info.min_cacheable_tokens, input.time_ms, input.first_token_ms) {
             Ok(outcome) => (Some(outcome), None),
             Err(e @ (CacheError::TooManyBreakpoints { .. } | CacheError::TtlOrder { .. } | CacheError::AutoTtlConflict { .. })) => {
                 (None, Some(e.to_string()))
             }
+            },
         };
         let lane = self.lanes.get_mut(input.lane).expect("lane inserted above");
         let outcome = outcome.unwrap_or_default();
@@ -191,7 +198,7 @@ impl Measurer {
             None => false,
         };
         let prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
-        let context_tokens = if error.is_some() { 0 } else { flat.total_tokens };
+        let context_tokens = if error.is_some() { 0 } else { flat.total_tokens - outcome.cache_deleted_input_tokens };
         if error.is_none() {
             lane.memory = Some(LaneMemory {
                 prefix_hashes: hashes,
