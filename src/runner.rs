@@ -256,7 +256,8 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
         let Some(message) = request.messages.get_mut(*index).filter(|m| m.role == Role::User) else { continue };
         let mut blocks = message.content.to_blocks();
         let edit = ContentBlock::Other(edits.clone());
-        match blocks.iter().rposition(|b| matches!(b, ContentBlock::ToolResult { .. })) {
+        // A block carrying the marker may be held as raw JSON: match on the wire type.
+        match blocks.iter().rposition(|b| b.kind() == "tool_result") {
             Some(i) => {
                 blocks.insert(i + 1, edit);
                 if i + 2 == blocks.len() {
@@ -278,8 +279,16 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
     for message in request.messages[..marked].iter_mut().filter(|m| m.role == Role::User) {
         if let MessageContent::Blocks(blocks) = &mut message.content {
             for block in blocks.iter_mut() {
-                if let ContentBlock::ToolResult { tool_use_id, extra, .. } = block {
-                    extra.insert("cache_reference".to_owned(), serde_json::Value::String(tool_use_id.clone()));
+                match block {
+                    ContentBlock::ToolResult { tool_use_id, extra, .. } => {
+                        extra.insert("cache_reference".to_owned(), serde_json::Value::String(tool_use_id.clone()));
+                    }
+                    ContentBlock::Other(serde_json::Value::Object(map)) if map.get("type").and_then(|t| t.as_str()) == Some("tool_result") => {
+                        if let Some(id) = map.get("tool_use_id").cloned() {
+                            map.insert("cache_reference".to_owned(), id);
+                        }
+                    }
+                    _ => {}
                 }
             }
         }

@@ -329,8 +329,14 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
                     // the server, not prompt content: the prefix key leaves it out.
                     let unmark = marker.is_some() || cache_reference.is_some();
                     let (hash, bytes) = block_hash(&mut buf, message.role.as_str().as_bytes(), block, unmark, |b| {
-                        if let ContentBlock::ToolResult { extra, .. } = b {
-                            extra.remove("cache_reference");
+                        match b {
+                            ContentBlock::ToolResult { extra, .. } => {
+                                extra.remove("cache_reference");
+                            }
+                            ContentBlock::Other(Value::Object(map)) => {
+                                map.remove("cache_reference");
+                            }
+                            _ => {}
                         }
                         if !b.set_cache_control(None)
                             && let ContentBlock::Other(Value::Object(map)) = b
@@ -375,6 +381,9 @@ pub fn flatten_reusing(request: &Request, counter: &mut TokenCounter, family: &s
 fn cache_edit_fields(block: &ContentBlock) -> (Option<String>, Vec<String>) {
     match block {
         ContentBlock::ToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new()),
+        ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("tool_result") => {
+            (value.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new())
+        }
         ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("cache_edits") => {
             let deletes = value
                 .get("edits")

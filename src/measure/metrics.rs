@@ -194,7 +194,12 @@ impl Measurer {
         let lane = self.lanes.get_mut(input.lane).expect("lane inserted above");
         let outcome = outcome.unwrap_or_default();
         let is_break = match &lane.memory {
-            Some(previous) => is_cache_break(previous.cached_after, outcome.cache_read_input_tokens),
+            // Tokens `cache_edits` deleted since the lane's previous request were expected to go
+            // (the client's detector skips a check while deletions are pending).
+            Some(previous) => is_cache_break(
+                previous.cached_after.saturating_sub(outcome.cache_deleted_input_tokens.saturating_sub(previous.deleted_tokens)),
+                outcome.cache_read_input_tokens,
+            ),
             None => false,
         };
         let prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
@@ -205,6 +210,7 @@ impl Measurer {
                 model: flat.model.clone(),
                 cached_after: outcome.cached_after(),
                 time_ms: input.time_ms,
+                deleted_tokens: outcome.cache_deleted_input_tokens,
             });
         }
         let output_tokens = if error.is_some() { 0 } else { input.output_tokens };
