@@ -17,8 +17,10 @@ use crate::measure::{FlatRequest, MeasureInput, Measurer, RequestMetrics, Summar
 use crate::scenario::{Scenario, Step};
 use crate::world::World;
 
-use crate::agent::session::Session;
 use crate::agent::compact::Chain;
+use crate::agent::compact::recovery::{MaxOutputAction, RESUME_MESSAGE, RecoveryState, on_max_output_tokens, simulated_api_error};
+use crate::agent::session::{Recovery, Session, SideCall};
+use crate::api::StopReason;
 use crate::strategy::Strategy;
 
 /// Everything a run produced.
@@ -56,71 +58,139 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
     let mut turn = 0u32;
     let mut pending_events: Vec<String> = Vec::new();
     let mut blocked = 0u64;
+    let mut surfaced = 0u64;
+    // Cached microcompact's pinned `cache_edits` blocks: (wire message index, block).
+    let mut pinned_edits: Vec<(usize, serde_json::Value)> = Vec::new();
+    let mut recovery = RecoveryState::default();
+    // Stage reports of a chain run that ended in a retry, shown on the retried request.
+    let mut pending_stages: Vec<crate::measure::StageReport> = Vec::new();
     let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
 
     for (i, step) in scenario.script.iter().enumerate() {
         match step {
             Step::User { text } => {
                 turn += 1;
+                recovery = RecoveryState::default();
                 agent.user_prompt(text, &mut world);
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
-                // The long-context chain runs first; its compaction forks are measured on
-                // their own lane before the main request.
-                let mut side_calls = Vec::new();
-                let chain_run = agent.run_chain(chain, &mut world, &mut side_calls);
-                pending_events.extend(chain_run.events.iter().cloned());
-                for call in side_calls {
-                    let mut input = MeasureInput::new(&call.lane, call.time_ms, &call.request);
+                let mut reply = None;
+                // One model call, retried after a successful rung of the prompt-too-long ladder.
+                loop {
+                    // The long-context chain runs first; its compaction forks are measured on
+                    // their own lane before the main request.
+                    let mut side_calls = Vec::new();
+                    let chain_run = agent.run_chain(chain, &mut world, &mut side_calls);
+                    pending_events.extend(chain_run.events.iter().cloned());
+                    measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                    if let Some(reason) = &chain_run.blocked {
+                        // The blocking limit ends the turn before the request is sent; the
+                        // scripted reply for it is skipped.
+                        blocked += 1;
+                        let _ = world.model.next_reply("main");
+                        pending_events.push(format!("blocked:{reason}"));
+                        break;
+                    }
+                    let (mut request, events) = agent.build_request(&world);
+                    pending_events.extend(events);
+                    if let Some(edits) = &chain_run.context_management {
+                        request.context_management = Some(edits.clone());
+                    }
+                    let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
+                    if chain_run.compacted || time_based {
+                        pinned_edits.clear();
+                    }
+                    if let Some(edits) = &chain_run.cache_edits
+                        && let Some(last_user) = request.messages.iter().rposition(|m| m.role == crate::api::Role::User)
+                    {
+                        pinned_edits.push((last_user, edits.clone()));
+                    }
+                    insert_cache_edits(&mut request, &pinned_edits);
+                    let flat = measurer.flatten(&request).map_err(|e| err(i, e.to_string()))?;
+                    let window = agent.model_limits(&world).context_window;
+                    if let Some(error) = simulated_api_error(flat.total_tokens, window) {
+                        // The API rejects the request: an error row, then the ladder.
+                        let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
+                        input.turn = turn;
+                        input.events = std::mem::take(&mut pending_events);
+                        input.stages = chain_run.reports;
+                        input.rejected = Some(error.clone());
+                        rows.push(measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?);
+                        requests.push(request);
+                        let mut side_calls = Vec::new();
+                        let recovery_outcome = agent.recover_prompt_too_long(chain, &mut world, &mut side_calls, &mut recovery, &error);
+                        measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                        match recovery_outcome {
+                            Recovery::Retry(run) => {
+                                if run.compacted {
+                                    pinned_edits.clear();
+                                }
+                                pending_events.extend(run.events);
+                                pending_stages = run.reports;
+                                continue;
+                            }
+                            Recovery::Surface { run, .. } => {
+                                // The error is shown and the turn ends (`prompt_too_long`); the
+                                // scripted reply is never sampled.
+                                pending_events.extend(run.events);
+                                pending_events.push("prompt_too_long_surfaced".to_owned());
+                                surfaced += 1;
+                                let _ = world.model.next_reply("main");
+                                break;
+                            }
+                        }
+                    }
+                    let this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
+                    let first_token_ms = this_reply.latency.map_or(0, |l| l.first_token_ms);
+                    let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                     input.turn = turn;
-                    input.output_tokens = call.reply.output_tokens;
-                    input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
-                    let row = measurer.measure(input).map_err(|e| err(i, e.to_string()))?;
+                    input.events = std::mem::take(&mut pending_events);
+                    input.output_tokens = this_reply.output_tokens;
+                    input.first_token_ms = first_token_ms;
+                    input.recorded_usage = this_reply.usage.clone().filter(|u| *u != Usage::default());
+                    let mut stages = std::mem::take(&mut pending_stages);
+                    stages.extend(chain_run.reports);
+                    input.stages = stages;
+                    let row = measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?;
+                    // The client trusts the usage the API reports: a scripted usage that states the
+                    // input side wins over the simulated one (that is how a scenario claims a big
+                    // context cheaply, as the real client's oracle does).
+                    let scripted = this_reply.usage.clone().filter(|u| u.prompt_tokens() > 0);
+                    let usage = scripted.unwrap_or(Usage {
+                        input_tokens: row.input_tokens,
+                        cache_creation_input_tokens: row.cache_creation_input_tokens,
+                        cache_read_input_tokens: row.cache_read_input_tokens,
+                        output_tokens: row.output_tokens,
+                        ..Usage::default()
+                    });
+                    let message_id = format!("msg_{:04}", row.index);
                     rows.push(row);
-                    requests.push(call.request);
-                    world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+                    requests.push(request);
+                    world.clock.advance(this_reply.latency.map_or(0, |l| l.total_ms));
+                    reply = Some((this_reply, usage, message_id));
+                    break;
                 }
-                if let Some(reason) = &chain_run.blocked {
-                    // The blocking limit ends the turn before the request is sent; the
-                    // scripted reply for it is skipped.
-                    blocked += 1;
-                    let _ = world.model.next_reply("main");
-                    pending_events.push(format!("blocked:{reason}"));
-                    continue;
-                }
-                let (mut request, events) = agent.build_request(&world);
-                pending_events.extend(events);
-                if let Some(edits) = &chain_run.context_management {
-                    request.context_management = Some(edits.clone());
-                }
-                let reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
-                let first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
-                let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
-                input.turn = turn;
-                input.events = std::mem::take(&mut pending_events);
-                input.output_tokens = reply.output_tokens;
-                input.first_token_ms = first_token_ms;
-                input.recorded_usage = reply.usage.clone().filter(|u| *u != Usage::default());
-                input.stages = chain_run.reports;
-                let row = measurer.measure(input).map_err(|e| err(i, e.to_string()))?;
-                // The client trusts the usage the API reports: a scripted usage that states the
-                // input side wins over the simulated one (that is how a scenario claims a big
-                // context cheaply, as the real client's oracle does).
-                let scripted = reply.usage.clone().filter(|u| u.prompt_tokens() > 0);
-                let usage = scripted.unwrap_or(Usage {
-                    input_tokens: row.input_tokens,
-                    cache_creation_input_tokens: row.cache_creation_input_tokens,
-                    cache_read_input_tokens: row.cache_read_input_tokens,
-                    output_tokens: row.output_tokens,
-                    ..Usage::default()
-                });
-                let message_id = format!("msg_{:04}", row.index);
-                rows.push(row);
-                requests.push(request);
-                world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+                let Some((reply, usage, message_id)) = reply else { continue };
                 // Events of the reply's tools are kept by the session for the next request.
                 agent.apply_reply(&reply, &mut world);
                 agent.note_usage(usage, message_id, world.clock.now_ms());
+                if reply.stop_reason == StopReason::MaxTokens {
+                    // max_output_tokens recovery: the partial reply stays, a meta message asks
+                    // the model to resume (at most the configured number of times per turn).
+                    match on_max_output_tokens(strategy.compact.recovery.max_output_tokens_recovery_limit, &mut recovery) {
+                        MaxOutputAction::Resume { attempt, .. } => {
+                            agent.push_meta_user(RESUME_MESSAGE);
+                            pending_events.push(format!("max_output_tokens_recovery:{attempt}"));
+                        }
+                        MaxOutputAction::Surface => pending_events.push("max_output_tokens_surfaced".to_owned()),
+                    }
+                } else if reply.content.iter().any(|b| matches!(b, crate::api::ContentBlock::ToolUse { .. })) {
+                    recovery.next_turn();
+                }
+                // Session memory is extracted after sampling, on its own lane.
+                let mut side_calls = Vec::new();
+                agent.extract_session_memory(&mut world, &mut side_calls);
+                measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
             }
             Step::Assistant(_) => {}
             Step::ToolOutput(_) => {}
@@ -143,8 +213,86 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
         }
     }
-    let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, blocked);
+    // A surfaced prompt-too-long ends its turn like a blocked one.
+    let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, blocked + surfaced);
     Ok(RunOutput { scenario: scenario.file.clone(), rows, requests, summary })
+}
+
+/// Measures the side calls (compaction and session-memory forks) in order, advancing the clock
+/// by each reply's latency.
+fn measure_side_calls(
+    measurer: &mut Measurer,
+    world: &mut World,
+    side_calls: Vec<SideCall>,
+    turn: u32,
+    rows: &mut Vec<RequestMetrics>,
+    requests: &mut Vec<Request>,
+) -> Result<(), String> {
+    for call in side_calls {
+        let mut input = MeasureInput::new(&call.lane, call.time_ms, &call.request);
+        input.turn = turn;
+        input.output_tokens = call.reply.output_tokens;
+        input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
+        rows.push(measurer.measure(input).map_err(|e| e.to_string())?);
+        requests.push(call.request);
+        world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+    }
+    Ok(())
+}
+
+/// Cached microcompact on the wire (§8.4). Every pinned `cache_edits` block goes back into the
+/// user message it was first sent in, right after that message's last tool_result (a `.` text
+/// block follows when that would make it last; with no tool_result, before the last block), so
+/// the bytes the server cached stay the same. Then every tool_result of a user message before
+/// the last message holding a marker gets `cache_reference` = its tool_use_id, so the server
+/// can address it. Ours: pins are indexed by wire message, and dropped on any compaction (the
+/// reference resets cached-microcompact state there too).
+pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::Value)]) {
+    use crate::api::{ContentBlock, MessageContent, Role};
+    if pinned.is_empty() {
+        return;
+    }
+    for (index, edits) in pinned {
+        let Some(message) = request.messages.get_mut(*index).filter(|m| m.role == Role::User) else { continue };
+        let mut blocks = message.content.to_blocks();
+        let edit = ContentBlock::Other(edits.clone());
+        // A block carrying the marker may be held as raw JSON: match on the wire type.
+        match blocks.iter().rposition(|b| b.kind() == "tool_result") {
+            Some(i) => {
+                blocks.insert(i + 1, edit);
+                if i + 2 == blocks.len() {
+                    blocks.push(ContentBlock::text("."));
+                }
+            }
+            None => {
+                let at = blocks.len().saturating_sub(1);
+                blocks.insert(at, edit);
+            }
+        }
+        message.content = MessageContent::Blocks(blocks);
+    }
+    let marked = request.messages.iter().rposition(|m| match &m.content {
+        MessageContent::Blocks(blocks) => blocks.iter().any(|b| b.cache_control().is_some()),
+        MessageContent::Text(_) => false,
+    });
+    let Some(marked) = marked else { return };
+    for message in request.messages[..marked].iter_mut().filter(|m| m.role == Role::User) {
+        if let MessageContent::Blocks(blocks) = &mut message.content {
+            for block in blocks.iter_mut() {
+                match block {
+                    ContentBlock::ToolResult { tool_use_id, extra, .. } => {
+                        extra.insert("cache_reference".to_owned(), serde_json::Value::String(tool_use_id.clone()));
+                    }
+                    ContentBlock::Other(serde_json::Value::Object(map)) if map.get("type").and_then(|t| t.as_str()) == Some("tool_result") => {
+                        if let Some(id) = map.get("tool_use_id").cloned() {
+                            map.insert("cache_reference".to_owned(), id);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
 }
 
 fn absolute(world: &World, path: &str) -> String {
@@ -153,8 +301,18 @@ fn absolute(world: &World, path: &str) -> String {
 
 /// Runs a scenario twice and names the first request whose bytes differ.
 pub fn check_determinism(scenario: &Scenario, make_measurer: &dyn Fn() -> Measurer, strategy: &Strategy) -> Result<Option<String>, RunError> {
-    let a = run_scenario(scenario, &mut make_measurer(), strategy)?;
-    let b = run_scenario(scenario, &mut make_measurer(), strategy)?;
+    check_determinism_with(scenario, make_measurer, strategy, &Chain::new())
+}
+
+/// [`check_determinism`] with a given long-context chain.
+pub fn check_determinism_with(
+    scenario: &Scenario,
+    make_measurer: &dyn Fn() -> Measurer,
+    strategy: &Strategy,
+    chain: &Chain,
+) -> Result<Option<String>, RunError> {
+    let a = run_scenario_with(scenario, &mut make_measurer(), strategy, chain)?;
+    let b = run_scenario_with(scenario, &mut make_measurer(), strategy, chain)?;
     for (i, (x, y)) in a.rows.iter().zip(&b.rows).enumerate() {
         if x.body_sha256 != y.body_sha256 {
             return Ok(Some(format!("{}: request {i} differs between two runs ({} vs {})", scenario.file, x.body_sha256, y.body_sha256)));

@@ -95,7 +95,7 @@ pub struct Session {
 
 #[path = "session_chain.rs"]
 mod chain_glue;
-pub use chain_glue::{ChainRun, RecordMeta, SideCall};
+pub use chain_glue::{ChainRun, RecordMeta, Recovery, SideCall};
 
 impl Session {
     /// A fresh session. The scenario's env overrides the strategy's env-backed knobs.

@@ -16,6 +16,8 @@ use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill
 use crate::agent::compact::generator::synthetic_summary;
 use crate::agent::compact::{Chain, ChainStep, Entry, EntryKind, ModelLimits, QuerySource};
 use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
+use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, on_prompt_too_long};
+use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
 use crate::agent::normalize::Record;
 use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, Usage};
 use crate::measure::StageReport;
@@ -131,7 +133,7 @@ impl Session {
         self.chain_state.cached_microcompact.mark_sent();
     }
 
-    fn model_limits(&self, world: &World) -> ModelLimits {
+    pub fn model_limits(&self, world: &World) -> ModelLimits {
         let context_window = world.context_window.unwrap_or(if world.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
         ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) }
     }
@@ -158,6 +160,35 @@ impl Session {
     /// second-to-last message; it and its reply (scripted on lane `compact`, else a
     /// deterministic synthetic summary) are pushed to `side_calls` for the caller to measure.
     pub fn run_chain(&mut self, chain: &Chain, world: &mut World, side_calls: &mut Vec<SideCall>) -> ChainRun {
+        self.drive_chain(chain, world, side_calls, None).0
+    }
+
+    /// The prompt-too-long ladder (§1.4) after the simulated API rejected the main request:
+    /// drain context collapse, else compact reactively once (a fork in lane `compact`, pushed
+    /// to `side_calls`), else surface the error.
+    pub fn recover_prompt_too_long(
+        &mut self,
+        chain: &Chain,
+        world: &mut World,
+        side_calls: &mut Vec<SideCall>,
+        state: &mut RecoveryState,
+        error: &str,
+    ) -> Recovery {
+        let (run, action) = self.drive_chain(chain, world, side_calls, Some((state, error)));
+        match action {
+            Some(RecoveryAction::CollapseDrainRetry { .. }) => Recovery::Retry(run),
+            Some(RecoveryAction::ReactiveCompact(_)) if run.compacted => Recovery::Retry(run),
+            _ => Recovery::Surface { error: error.to_owned(), run },
+        }
+    }
+
+    fn drive_chain(
+        &mut self,
+        chain: &Chain,
+        world: &mut World,
+        side_calls: &mut Vec<SideCall>,
+        mut recover: Option<(&mut RecoveryState, &str)>,
+    ) -> (ChainRun, Option<RecoveryAction>) {
         let now = world.clock.now_ms();
         self.sync_meta(now);
         let limits = self.model_limits(world);
@@ -175,6 +206,8 @@ impl Session {
         let mut pending_reply = None;
         let mut custom: Option<Option<String>> = None;
         let mut summary_text = String::new();
+        let mut action = None;
+        let mut trigger = "auto";
         loop {
             let step = {
                 let World { fs, clock, .. } = &mut *world;
@@ -183,17 +216,27 @@ impl Session {
                 cx.message_offset = 1;
                 cx.inputs = inputs.clone();
                 cx.output = output;
-                let step = match pending_reply.take() {
-                    None => chain.run(&mut cx),
-                    Some(reply) => chain.finish_compaction(&mut cx, reply),
+                let step = match (pending_reply.take(), recover.take()) {
+                    (Some(reply), _) => chain.finish_compaction(&mut cx, reply),
+                    (None, Some((state, error))) => {
+                        let taken = on_prompt_too_long(&mut cx, state, error);
+                        let step = match &taken {
+                            RecoveryAction::ReactiveCompact(request) => ChainStep::Compact(request.clone()),
+                            _ => ChainStep::Ready,
+                        };
+                        action = Some(taken);
+                        step
+                    }
+                    (None, None) => chain.run(&mut cx),
                 };
                 output = std::mem::take(&mut cx.output);
                 entries = std::mem::take(&mut cx.entries);
                 step
             };
-            let ChainStep::Compact(_request) = step else { break };
+            let ChainStep::Compact(request) = step else { break };
+            trigger = request.trigger.as_str();
             if custom.is_none() {
-                custom = Some(self.pre_compact_instructions("auto", None, world));
+                custom = Some(self.pre_compact_instructions(trigger, None, world));
             }
             // The fork sees the conversation as the stages before autocompact left it.
             let (records, metas) = entries_to_records(entries.clone(), &originals);
@@ -203,15 +246,7 @@ impl Session {
             self.records = saved_records;
             self.record_meta = saved_meta;
             let reply = world.model.next_reply("compact").unwrap_or_else(|_| Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens)));
-            let text = reply
-                .content
-                .iter()
-                .filter_map(|b| match b {
-                    ContentBlock::Text { text, .. } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
+            let text = reply_text(&reply);
             side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms() });
             summary_text = text.clone();
             pending_reply = Some(summary_reply(text));
@@ -229,24 +264,77 @@ impl Session {
         self.record_meta = metas;
         if run.compacted {
             self.after_compaction();
-            let messages = self.post_compact_hooks("auto", &summary_text, world);
+            let messages = self.post_compact_hooks(trigger, &summary_text, world);
             self.push_attachments(messages);
             self.sync_meta(now);
         }
-        run
+        (run, action)
+    }
+
+    /// Session-memory extraction after sampling (§6): when the trigger holds, a fork in lane
+    /// `session_memory` (same system and tools, the conversation, our update instruction with
+    /// the current notes; marker on the last message, since this fork writes the cache) is
+    /// pushed to `side_calls`, and the reply (scripted, else synthesized notes) becomes the
+    /// memory file.
+    pub fn extract_session_memory(&mut self, world: &mut World, side_calls: &mut Vec<SideCall>) -> bool {
+        if !self.strategy.compact.session_memory.enabled {
+            return false;
+        }
+        let now = world.clock.now_ms();
+        self.sync_meta(now);
+        let limits = self.model_limits(world);
+        let entries: Vec<Entry> = self.records.iter().zip(&self.record_meta).map(|(r, m)| record_to_entry(r, m)).collect();
+        let config = self.strategy.compact.clone();
+        let instruction = {
+            let World { fs, clock, .. } = &mut *world;
+            let mut cx = crate::agent::compact::ChainContext::new(entries.clone(), &mut self.chain_state, &config, fs, clock, limits);
+            if !should_extract(&mut cx) {
+                return false;
+            }
+            let request = extraction_request(&mut cx);
+            request.messages.last().map(|m| m.content.to_blocks()).unwrap_or_default()
+        };
+        let instruction = instruction
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let fork = self.fork_request(world, instruction, ForkMarker::Last, "session_memory");
+        let extraction = self.chain_state.session_memory.extractions + 1;
+        let reply = world.model.next_reply("session_memory").unwrap_or_else(|_| Reply::text(synthetic_notes(extraction, &entries)));
+        let notes = reply_text(&reply);
+        side_calls.push(SideCall { lane: "session_memory".to_owned(), request: fork, reply, time_ms: now });
+        let World { fs, clock, .. } = &mut *world;
+        let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
+        finish_extraction(&mut cx, &notes);
+        true
+    }
+
+    /// Appends the meta user message of max_output_tokens recovery.
+    pub fn push_meta_user(&mut self, text: &str) {
+        self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: true });
     }
 
     /// The fork request of a compaction: the main request built from the records as they are
     /// now, the summary instruction appended to the last user message, the marker moved to the
     /// second-to-last message.
     pub fn compaction_fork(&mut self, world: &World, custom_instructions: Option<&str>) -> Request {
-        let (mut request, events) = self.build_request(world);
-        self.requeue_events(events);
         let mut instruction = SUMMARY_INSTRUCTION.to_owned();
         if let Some(custom) = custom_instructions {
             instruction.push_str("\n\nAdditional instructions:\n");
             instruction.push_str(custom);
         }
+        self.fork_request(world, instruction, ForkMarker::SecondToLast, "compact")
+    }
+
+    /// A cache-sharing fork: the main request built from the records as they are now, with
+    /// `instruction` merged into the last user message (or appended as one).
+    fn fork_request(&mut self, world: &World, instruction: String, marker_at: ForkMarker, lane: &str) -> Request {
+        let (mut request, events) = self.build_request(world);
+        self.requeue_events(events);
         match request.messages.last_mut() {
             Some(last) if last.role == Role::User => {
                 let mut blocks = last.content.to_blocks();
@@ -255,9 +343,61 @@ impl Session {
             }
             _ => request.messages.push(Message::user_text(instruction)),
         }
-        let index = request.messages.len().checked_sub(2);
-        let marker = self.marker_for("compact");
+        let index = match marker_at {
+            ForkMarker::SecondToLast => request.messages.len().checked_sub(2),
+            ForkMarker::Last => request.messages.len().checked_sub(1),
+        };
+        let marker = self.marker_for(lane);
         place_marker(&mut request.messages, index, marker);
         request
     }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ForkMarker {
+    /// `skipCacheWrite` forks (compact).
+    SecondToLast,
+    Last,
+}
+
+/// Where the prompt-too-long ladder left the turn.
+#[derive(Debug, Clone)]
+pub enum Recovery {
+    /// Collapses were drained or a reactive compaction succeeded: send the request again.
+    Retry(ChainRun),
+    /// Nothing helped: the error is shown and the turn ends (`prompt_too_long`).
+    Surface { error: String, run: ChainRun },
+}
+
+fn reply_text(reply: &Reply) -> String {
+    reply
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Deterministic notes when lane `session_memory` is not scripted: the template with the
+/// state and a worklog line per user prompt so far.
+fn synthetic_notes(extraction: u64, entries: &[Entry]) -> String {
+    let mut notes = String::new();
+    for line in TEMPLATE.lines() {
+        notes.push_str(line);
+        notes.push('\n');
+        if line == "# Current State" {
+            notes.push_str(&format!("Notes update {extraction}: {} messages so far.\n", entries.len()));
+        }
+    }
+    notes.push_str("Prompts so far:\n");
+    for entry in entries.iter().filter(|e| !e.is_assistant() && !e.is_meta) {
+        if let MessageContent::Text(text) = &entry.message.content {
+            let short: String = text.chars().take(80).collect();
+            notes.push_str(&format!("- {short}\n"));
+        }
+    }
+    notes
 }

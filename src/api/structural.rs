@@ -7,8 +7,8 @@
 //! JSON writer (its string escaping and allocation) makes hashing a prompt block cost about as
 //! much as reading its text once, which is what keeps measurement of long sessions cheap.
 //!
-//! A block's own `cache_control` (the field at depth 1) is left out, as in
-//! [`super::canonical`].
+//! A block's own `cache_control` and `cache_reference` (fields at depth 1) are left out, as in
+//! [`super::canonical`]: both address the server's cache, neither is prompt content.
 
 use serde::ser::{self, Serialize};
 use xxhash_rust::xxh3::Xxh3;
@@ -160,7 +160,7 @@ struct KeyCatcher<'a, S: Sink> {
 
 impl<'a, S: Sink> KeyCatcher<'a, S> {
     fn key(self, key: &str) -> Result<(), Never> {
-        if self.hasher.skip_markers && self.hasher.depth == 1 && key == "cache_control" {
+        if self.hasher.skip_markers && self.hasher.depth == 1 && (key == "cache_control" || key == "cache_reference") {
             self.hasher.skip_next_value = true;
             return Ok(());
         }
@@ -438,7 +438,7 @@ impl<'a, S: Sink> ser::SerializeStruct for &'a mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Never> {
-        if self.skip_markers && self.depth == 1 && key == "cache_control" {
+        if self.skip_markers && self.depth == 1 && (key == "cache_control" || key == "cache_reference") {
             return Ok(());
         }
         self.bytes(b'k', key.as_bytes());

@@ -210,6 +210,10 @@ pub struct RunArgs {
     /// Run hook commands of the settings for real when the scenario scripts no answer for them.
     #[arg(long)]
     pub run_hooks: bool,
+    /// Skip a stage of the long-context chain by name (repeatable). An unknown name is an
+    /// error that lists the valid ones.
+    #[arg(long = "disable-stage", value_name = "NAME")]
+    pub disable_stage: Vec<String>,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }

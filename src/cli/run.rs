@@ -4,7 +4,8 @@ use anyhow::{Context, bail};
 
 use crate::report::output::{summary_csv, trace_jsonl, write_atomic};
 use crate::report::render::render_request;
-use crate::runner::{check_determinism, dump_requests, flatten_all, run_scenario};
+use crate::agent::compact::Chain;
+use crate::runner::{check_determinism_with, dump_requests, flatten_all, run_scenario_with};
 use crate::scenario::load_scenario;
 
 use super::args::RunArgs;
@@ -45,6 +46,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut strategy = crate::strategy::Strategy::resolve(&args.strategy)?;
     strategy.run_hooks |= args.run_hooks;
     let mut report_inputs = Vec::new();
+    let chain = Chain::with_disabled(&args.disable_stage)?;
     for file in &files {
         let mut scenario = load_scenario(file)?;
         if let Some(seed) = args.seed {
@@ -53,13 +55,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         if args.check_determinism {
             let make = || measurer(&args.measure).expect("options were checked by the first run");
             measurer(&args.measure)?;
-            if let Some(difference) = check_determinism(&scenario, &make, &strategy)? {
+            if let Some(difference) = check_determinism_with(&scenario, &make, &strategy, &chain)? {
                 eprintln!("determinism: {difference}");
                 failed_determinism = true;
             }
         }
         let mut measurer = measurer(&args.measure)?;
-        let output = run_scenario(&scenario, &mut measurer, &strategy)?;
+        let output = run_scenario_with(&scenario, &mut measurer, &strategy, &chain)?;
         if let Some(dir) = &args.dump_requests {
             let dir = dir.join(stem(file));
             for (name, bytes) in dump_requests(&output) {

@@ -77,6 +77,10 @@ pub struct PromptBlock {
     pub cache_control: Option<CacheControl>,
     /// Whether the automatic (top-level) marker may land here: not thinking, not an empty text.
     pub auto_eligible: bool,
+    /// A tool_result's `cache_reference` (cached microcompact: the server may delete it).
+    pub cache_reference: Option<String>,
+    /// The `cache_reference`s a `cache_edits` block deletes.
+    pub cache_deletes: Vec<String>,
 }
 
 /// The block view of one request.
@@ -167,6 +171,8 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
             bytes,
             cache_control: tool.cache_control.clone(),
             auto_eligible: true,
+            cache_reference: None,
+            cache_deletes: Vec::new(),
         });
         counts.tools += 1;
     }
@@ -197,6 +203,8 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
             bytes,
             cache_control: block.cache_control.clone(),
             auto_eligible: !block.text.is_empty(),
+            cache_reference: None,
+            cache_deletes: Vec::new(),
         });
         counts.system += 1;
     }
@@ -215,6 +223,9 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
         };
         for (c, block) in content.iter().enumerate() {
             let marker = block.raw_cache_control();
+            let (cache_reference, cache_deletes) = cache_edit_fields(block);
+            // Like `cache_control`, a tool_result's `cache_reference` is an address for the
+            // server, not prompt content: the structural hash leaves both out.
             let (hash, bytes) = block_hash(message.role.as_str().as_bytes(), block);
             let tokens = counter.count(hash, family, || content_token_units(block));
             state = chain(state, hash);
@@ -229,6 +240,8 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
                 bytes,
                 cache_control: marker,
                 auto_eligible: !block.is_thinking() && !empty_text,
+                cache_reference,
+                cache_deletes,
             });
             counts.messages += 1;
         }
@@ -241,6 +254,31 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
         auto_cache_control: request.cache_control.clone(),
         total_tokens,
         counts,
+    }
+}
+
+/// A tool_result's `cache_reference`, and the references a `cache_edits` block deletes.
+fn cache_edit_fields(block: &ContentBlock) -> (Option<String>, Vec<String>) {
+    match block {
+        ContentBlock::ToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new()),
+        ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("tool_result") => {
+            (value.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new())
+        }
+        ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("cache_edits") => {
+            let deletes = value
+                .get("edits")
+                .and_then(Value::as_array)
+                .map(|edits| {
+                    edits
+                        .iter()
+                        .filter(|e| e.get("type").and_then(Value::as_str) == Some("delete"))
+                        .filter_map(|e| e.get("cache_reference").and_then(Value::as_str).map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (None, deletes)
+        }
+        _ => (None, Vec::new()),
     }
 }
 

@@ -18,6 +18,12 @@
 //! - `input_tokens` is what follows the last breakpoint (total − C).
 //! - Each model has its own namespace.
 //!
+//! - `cache_edits` (cached microcompact): a request's `cache_edits` block deletes the tool
+//!   results it names by `cache_reference` from the server's copy. The prefix key ignores
+//!   `cache_reference`, so entries stay readable; from the next request on, a tool_result that
+//!   carries a deleted `cache_reference` counts 0 tokens (reported as
+//!   `cache_deleted_input_tokens`). Ours: deletions are per model namespace and permanent.
+//!
 //! Where the documentation is silent we choose, and say so: a refreshed entry keeps the longer
 //! of its own TTL and the reading breakpoint's; a breakpoint at or before the hit writes its
 //! entry for free (its tokens were read); when B lies below the minimum length there is no 1h
@@ -77,6 +83,8 @@ pub struct CacheOutcome {
     pub beyond_lookback_position: Option<usize>,
     /// The prefix was shorter than the model's minimum cacheable length at every breakpoint.
     pub below_minimum: bool,
+    /// Tokens of tool results an earlier `cache_edits` deleted (not counted anywhere above).
+    pub cache_deleted_input_tokens: u64,
 }
 
 impl CacheOutcome {
@@ -91,12 +99,15 @@ impl CacheOutcome {
 pub struct CacheSim {
     namespaces: BTreeMap<String, u32>,
     entries: HashMap<(u32, u128), Entry>,
+    /// `cache_reference`s deleted by `cache_edits`, per namespace (looked up, never iterated
+    /// into output).
+    deleted: BTreeMap<u32, std::collections::BTreeSet<String>>,
     pub lookback: usize,
 }
 
 impl CacheSim {
     pub fn new() -> Self {
-        CacheSim { namespaces: BTreeMap::new(), entries: HashMap::new(), lookback: LOOKBACK }
+        CacheSim { namespaces: BTreeMap::new(), entries: HashMap::new(), deleted: BTreeMap::new(), lookback: LOOKBACK }
     }
 
     fn namespace(&mut self, model: &str) -> u32 {
@@ -161,12 +172,22 @@ impl CacheSim {
         let ns = self.namespace(&flat.model);
         let mut cumulative = Vec::with_capacity(flat.blocks.len());
         let mut running = 0u64;
+        let mut deleted_tokens = 0u64;
+        let deleted = self.deleted.get(&ns);
         for block in &flat.blocks {
-            running += u64::from(block.tokens);
+            let gone = block.cache_reference.as_ref().is_some_and(|r| deleted.is_some_and(|d| d.contains(r)));
+            if gone {
+                deleted_tokens += u64::from(block.tokens);
+            } else {
+                running += u64::from(block.tokens);
+            }
             cumulative.push(running);
         }
         let total = running;
-        let mut outcome = CacheOutcome::default();
+        let mut outcome = CacheOutcome { cache_deleted_input_tokens: deleted_tokens, ..CacheOutcome::default() };
+        for block in flat.blocks.iter().filter(|b| !b.cache_deletes.is_empty()) {
+            self.deleted.entry(ns).or_default().extend(block.cache_deletes.iter().cloned());
+        }
 
         // Read: walk the breakpoints from the last one back.
         let mut hit: Option<usize> = None;

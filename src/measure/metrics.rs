@@ -75,6 +75,9 @@ pub struct MeasureInput<'a> {
     pub first_token_ms: u64,
     pub stages: Vec<StageReport>,
     pub recorded_usage: Option<Usage>,
+    /// The simulated API rejected the request before any caching (`prompt is too long: …`):
+    /// the row carries the error, reads and writes nothing.
+    pub rejected: Option<String>,
 }
 
 impl<'a> MeasureInput<'a> {
@@ -89,6 +92,7 @@ impl<'a> MeasureInput<'a> {
             first_token_ms: 0,
             stages: Vec::new(),
             recorded_usage: None,
+            rejected: None,
         }
     }
 }
@@ -170,26 +174,35 @@ impl Measurer {
             // A new lane has seen only the events of this call.
             events = input.events.clone();
         }
-        let (outcome, error) = match self.cache.process(&flat, info.min_cacheable_tokens, input.time_ms, input.first_token_ms) {
+        let (outcome, error) = match input.rejected.clone() {
+            Some(rejected) => (None, Some(rejected)),
+            None => match self.cache.process(&flat, info.min_cacheable_tokens, input.time_ms, input.first_token_ms) {
             Ok(outcome) => (Some(outcome), None),
             Err(e @ (CacheError::TooManyBreakpoints { .. } | CacheError::TtlOrder { .. } | CacheError::AutoTtlConflict { .. })) => {
                 (None, Some(e.to_string()))
             }
+            },
         };
         let lane = self.lanes.get_mut(input.lane).expect("lane inserted above");
         let outcome = outcome.unwrap_or_default();
         let is_break = match &lane.memory {
-            Some(previous) => is_cache_break(previous.cached_after, outcome.cache_read_input_tokens),
+            // Tokens `cache_edits` deleted since the lane's previous request were expected to go
+            // (the client's detector skips a check while deletions are pending).
+            Some(previous) => is_cache_break(
+                previous.cached_after.saturating_sub(outcome.cache_deleted_input_tokens.saturating_sub(previous.deleted_tokens)),
+                outcome.cache_read_input_tokens,
+            ),
             None => false,
         };
         let prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
-        let context_tokens = if error.is_some() { 0 } else { flat.total_tokens };
+        let context_tokens = if error.is_some() { 0 } else { flat.total_tokens - outcome.cache_deleted_input_tokens };
         if error.is_none() {
             lane.memory = Some(LaneMemory {
                 prefix_hashes: hashes,
                 model: flat.model.clone(),
                 cached_after: outcome.cached_after(),
                 time_ms: input.time_ms,
+                deleted_tokens: outcome.cache_deleted_input_tokens,
             });
         }
         let output_tokens = if error.is_some() { 0 } else { input.output_tokens };

@@ -109,6 +109,8 @@ pub struct LaneMemory {
     pub model: String,
     pub cached_after: u64,
     pub time_ms: u64,
+    /// Tokens `cache_edits` had deleted from this request's prefix (cached microcompact).
+    pub deleted_tokens: u64,
 }
 
 /// Attributes a cause to a request given the lane's previous request and the events journalled

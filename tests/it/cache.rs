@@ -276,3 +276,49 @@ fn the_measurer_flattens_as_a_fresh_flattening_does() {
         m.measure_flat(MeasureInput::new("main", entry.time_ms, &entry.body), reused).unwrap();
     }
 }
+
+/// Cached microcompact: a `cache_edits` block deletes a tool result by `cache_reference`
+/// without breaking the prefix; from the next request on its tokens stop counting.
+#[test]
+fn cache_edits_delete_a_referenced_tool_result_without_breaking_the_prefix() {
+    let big = text_of("result", 3000);
+    let body = |edits: bool, reference: bool, tail: usize| -> Request {
+        let mut result = serde_json::json!({"type": "tool_result", "tool_use_id": "toolu_a", "content": big});
+        if reference {
+            result["cache_reference"] = serde_json::json!("toolu_a");
+        }
+        let mut last = vec![serde_json::json!({"type": "text", "text": text_of("ask", 1200)})];
+        if edits {
+            last.insert(0, serde_json::json!({"type": "cache_edits", "edits": [{"type": "delete", "cache_reference": "toolu_a"}]}));
+        }
+        let mut messages = vec![
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": text_of("prompt", 1200)}]}),
+            serde_json::json!({"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "Read", "input": {}}]}),
+            serde_json::json!({"role": "user", "content": [result]}),
+            serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": "ok"}]}),
+            serde_json::json!({"role": "user", "content": last}),
+        ];
+        for i in 0..tail {
+            messages.push(serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": format!("reply {i}")}]}));
+            messages.push(serde_json::json!({"role": "user", "content": [{"type": "text", "text": format!("more {i}")}]}));
+        }
+        let n = messages.len();
+        let content = messages[n - 1]["content"].as_array_mut().unwrap();
+        let at = content.len() - 1;
+        content[at]["cache_control"] = serde_json::json!({"type": "ephemeral"});
+        serde_json::from_value(serde_json::json!({"model": MODEL, "max_tokens": 1024, "messages": messages})).unwrap()
+    };
+    // Request 1 caches the prompt and the result; request 2 adds the edit (result referenced);
+    // request 3 repeats the pinned edit and goes one turn further.
+    let mut before = body(false, false, 0);
+    // Request 1 ends at the result's message: drop the last two messages.
+    before.messages.truncate(3);
+    mark(&mut before, 3, None);
+    let rows = measure_all(&[(0, before), (1000, body(true, true, 0)), (2000, body(true, true, 1))]);
+    assert!(rows[1].cache_read_input_tokens >= 4200, "the edit request reads the cached prefix: {:?}", split(&rows[1]));
+    assert!(!rows[1].cache_break && !rows[2].cache_break);
+    // The deleted result (3,000 tokens) no longer counts: not read, not written, not in context.
+    assert!(rows[2].context_tokens + 2900 < rows[1].context_tokens + 20, "{} vs {}", rows[2].context_tokens, rows[1].context_tokens);
+    assert!(rows[2].cache_read_input_tokens > 0);
+    assert!(rows[2].cache_read_input_tokens + 2900 < rows[1].cache_read_input_tokens + rows[1].cache_creation_input_tokens);
+}

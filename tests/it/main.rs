@@ -2,6 +2,7 @@
 mod agent_layers;
 mod analyze;
 mod mechanisms;
+mod layer6;
 mod cache;
 mod fidelity;
 mod compact;

@@ -347,6 +347,33 @@ impl CompactConfig {
         if truthy("DISABLE_AUTO_COMPACT") {
             self.autocompact.enabled = false;
         }
+        // The reference's own switches for features behind remote flags.
+        if truthy("ENABLE_CLAUDE_CODE_SM_COMPACT") {
+            self.session_memory.enabled = true;
+            self.session_memory.compact_enabled = true;
+        }
+        if truthy("DISABLE_CLAUDE_CODE_SM_COMPACT") {
+            self.session_memory.compact_enabled = false;
+        }
+        if truthy("CLAUDE_CONTEXT_COLLAPSE") {
+            self.context_collapse.enabled = true;
+        }
+        // Ours: remote-flag features a scenario can turn on (`CTXSIM_*`, never read by the client).
+        if truthy("CTXSIM_TOOL_RESULT_BUDGET") {
+            self.tool_result_budget.aggregate_enabled = true;
+        }
+        if truthy("CTXSIM_TIME_MICROCOMPACT") {
+            self.microcompact.time_based_enabled = true;
+        }
+        if truthy("CTXSIM_CACHED_MICROCOMPACT") {
+            self.microcompact.cached = CachedMicrocompactMode::CacheEdits;
+        }
+        if truthy("CTXSIM_SESSION_MEMORY") {
+            self.session_memory.enabled = true;
+        }
+        if truthy("CTXSIM_REACTIVE_COMPACT") {
+            self.autocompact.reactive_enabled = true;
+        }
         if truthy("DISABLE_COMPACT") {
             self.autocompact.enabled = false;
             self.autocompact.compact_disabled = true;

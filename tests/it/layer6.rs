@@ -1,0 +1,157 @@
+//! Layer 6 end to end: every shipped long-context scenario trips its stage, asserted on the
+//! stage reports, lanes and cache figures of its run; `--disable-stage` through the binary.
+
+use ctxsim::agent::compact::recovery::RESUME_MESSAGE;
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, RequestMetrics, TokenCounter};
+use ctxsim::runner::{RunOutput, run_scenario};
+use ctxsim::scenario::load_scenario;
+use ctxsim::strategy::Strategy;
+
+fn run(name: &str) -> RunOutput {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(format!("{name}.yaml"));
+    let scenario = load_scenario(&path).unwrap();
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe));
+    let output = run_scenario(&scenario, &mut measurer, &Strategy::default()).unwrap();
+    // Each scenario's `expect.compactions` holds.
+    if let Some(expected) = &scenario.expect.compactions {
+        let pairs = [
+            ("tool_result_budget", expected.tool_result_budget),
+            ("snip", expected.snip),
+            ("microcompact", expected.microcompact),
+            ("collapse", expected.collapse),
+            ("session_memory", expected.session_memory),
+            ("auto", expected.auto),
+            ("reactive", expected.reactive),
+            ("manual", expected.manual),
+        ];
+        for (key, want) in pairs {
+            let got = output.summary.compactions[key];
+            assert_eq!(got, want.unwrap_or(0), "{name}: compactions.{key}");
+        }
+    }
+    output
+}
+
+/// The fired stage reports of a row, as `name: reason`.
+fn fired(row: &RequestMetrics) -> Vec<String> {
+    row.stages.iter().filter(|s| s.fired).map(|s| format!("{}: {}", s.name, s.reason)).collect()
+}
+
+fn lanes(output: &RunOutput) -> Vec<&str> {
+    output.rows.iter().map(|r| r.lane.as_str()).collect()
+}
+
+#[test]
+fn tool_result_budget_persists_a_large_bash_output_and_replays_it() {
+    let out = run("tool-result-budget");
+    assert_eq!(fired(&out.rows[1]), ["tool_result_budget: persisted 1 tool results"]);
+    let body = serde_json::to_string(&out.requests[1]).unwrap();
+    assert!(body.contains("<persisted-output>"), "the preview replaces the result");
+    // The next request replays the replacement byte for byte: its prefix is read in full.
+    assert_eq!(out.rows[2].cache_read_input_tokens, out.rows[1].cache_read_input_tokens + out.rows[1].cache_creation_input_tokens);
+}
+
+#[test]
+fn time_microcompact_clears_old_results_after_a_61_minute_gap() {
+    let out = run("time-microcompact");
+    let reports = fired(&out.rows[2]);
+    assert_eq!(reports.len(), 1);
+    assert!(reports[0].starts_with("microcompact: time_based: 61 min"), "{reports:?}");
+    assert!(serde_json::to_string(&out.requests[2]).unwrap().contains("[Old tool result content cleared]"));
+}
+
+#[test]
+fn cached_microcompact_deletes_through_cache_edits_and_keeps_the_prefix() {
+    let out = run("cached-microcompact");
+    assert_eq!(fired(&out.rows[2]), ["microcompact: cache_edits: deleting 6 tool results server-side"]);
+    let edit_request = serde_json::to_value(&out.requests[2]).unwrap().to_string();
+    assert!(edit_request.contains("\"cache_edits\""));
+    let next = serde_json::to_value(&out.requests[3]).unwrap().to_string();
+    assert!(next.contains("\"cache_edits\"") && next.contains("\"cache_reference\":\"toolu_read_0\""), "pinned edit and references");
+    assert!(out.rows.iter().all(|r| !r.cache_break));
+    // The edit request reads everything the previous one cached; the one after it reads a
+    // prefix without the deleted results, so its context shrank.
+    assert_eq!(out.rows[2].cache_read_input_tokens, out.rows[1].cache_read_input_tokens + out.rows[1].cache_creation_input_tokens);
+    assert!(out.rows[3].context_tokens + 1000 < out.rows[2].context_tokens);
+    assert!(out.rows[3].cache_read_input_tokens > 0);
+}
+
+#[test]
+fn session_memory_is_extracted_on_its_lane_and_compacts_first() {
+    let out = run("session-memory-compact");
+    assert_eq!(lanes(&out), ["main", "main", "session_memory", "main", "session_memory", "main"]);
+    // The extraction fork shares the main lane's cache.
+    assert_eq!(out.rows[2].cache_read_input_tokens, out.rows[1].cache_read_input_tokens + out.rows[1].cache_creation_input_tokens);
+    let last = out.rows.last().unwrap();
+    assert!(fired(last).iter().any(|r| r.starts_with("session_memory_compact:")), "{:?}", fired(last));
+    // The notes became the summary; no compaction fork was needed.
+    assert!(!lanes(&out).contains(&"compact"));
+    assert!(serde_json::to_string(out.requests.last().unwrap()).unwrap().contains("Notes update 2"), "the latest notes are the summary");
+}
+
+#[test]
+fn reactive_compact_recovers_from_prompt_too_long() {
+    let out = run("reactive-compact");
+    assert_eq!(lanes(&out), ["main", "main", "compact", "main"]);
+    let error = out.rows[1].error.as_deref().unwrap();
+    assert!(error.starts_with("prompt is too long: ") && error.ends_with(" tokens > 16000 maximum"), "{error}");
+    assert!(fired(&out.rows[3]).iter().any(|r| r.starts_with("reactive_compact:")));
+    assert!(out.rows[3].error.is_none());
+    assert_eq!(out.summary.api_errors, 1);
+}
+
+#[test]
+fn blocking_limit_ends_the_turn_without_a_request() {
+    let out = run("blocking-limit");
+    assert_eq!(out.rows.len(), 1);
+    assert_eq!(out.summary.blocked, 1);
+}
+
+#[test]
+fn max_output_recovery_resumes_twice() {
+    let out = run("max-output-recovery");
+    assert_eq!(out.rows.len(), 3);
+    assert_eq!(out.rows[1].events, ["max_output_tokens_recovery:1"]);
+    assert_eq!(out.rows[2].events, ["max_output_tokens_recovery:2"]);
+    let body = serde_json::to_string(&out.requests[2]).unwrap();
+    assert_eq!(body.matches(&RESUME_MESSAGE[..40]).count(), 2);
+    assert!(out.rows.iter().skip(1).all(|r| r.cache_read_input_tokens > 0 && !r.cache_break));
+}
+
+#[test]
+fn compaction_fork_reads_the_main_lanes_prefix_from_cache() {
+    let out = run("compaction-fork-shares-cache");
+    let fork = out.rows.iter().position(|r| r.lane == "compact").unwrap();
+    let main = &out.rows[fork - 1];
+    assert_eq!(main.lane, "main");
+    assert_eq!(out.rows[fork].cache_read_input_tokens, main.cache_read_input_tokens + main.cache_creation_input_tokens);
+    assert!(fired(&out.rows[fork + 1]).iter().any(|r| r.starts_with("autocompact: auto compaction")));
+}
+
+#[test]
+fn circuit_breaker_stops_after_three_failed_compactions() {
+    let out = run("circuit-breaker");
+    assert_eq!(lanes(&out), ["main", "compact", "main", "compact", "main", "compact", "main", "main"]);
+    let reasons: Vec<&str> =
+        out.rows[7].stages.iter().filter(|s| s.name == "autocompact").map(|s| s.reason.as_str()).collect();
+    assert!(reasons.iter().any(|r| r.contains("circuit breaker open after 3 consecutive failures")), "{reasons:?}");
+}
+
+fn ctxsim(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+}
+
+#[test]
+fn disable_stage_skips_autocompact_and_rejects_unknown_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    let ok = ctxsim(&["run", "scenarios/autocompact-200k.yaml", "--disable-stage", "autocompact", "--out", out_dir]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let trace = std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap();
+    assert!(!trace.contains("\"lane\":\"compact\""));
+    assert!(trace.contains("disabled_by_flag"));
+    let bad = ctxsim(&["run", "scenarios/autocompact-200k.yaml", "--disable-stage", "autocompaction"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("autocompaction") && stderr.contains("tool_result_budget, snip, microcompact"), "{stderr}");
+}
