@@ -63,13 +63,13 @@ pub struct ReplayOptions {
 }
 
 impl ReplayOptions {
-    /// The knobs of `strategy` a replay honours: the main lane's TTL (when it is not the 5m
-    /// default, which leaves the recorded TTL in force), the recorded microcompacts, a peer
+    /// The knobs of `strategy` a replay honours: the main lane's TTL (replacing the recorded
+    /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
     /// mechanism and API context editing. Everything else the recording fixes.
     pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
         let editing = &strategy.compact.context_editing;
         ReplayOptions {
-            ttl_main: (strategy.ttl_main == CacheTtl::OneHour).then_some(CacheTtl::OneHour),
+            ttl_main: Some(strategy.ttl_main),
             recorded_microcompact: strategy.replay_recorded_microcompact,
             peer: strategy.compact.peer.clone(),
             clear_tool_uses: editing.clear_tool_uses.then_some((editing.trigger_input_tokens, strategy.compact.peer.keep_recent)),
