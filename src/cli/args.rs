@@ -31,6 +31,12 @@ pub enum Command {
     Check(super::check::CheckArgs),
     /// HTML report with plots (inline SVG, and PNG files) from traces.
     Report(super::report::ReportArgs),
+    /// List the strategy presets, their sources, and every knob with its default.
+    Strategies(super::strategies::StrategiesArgs),
+    /// The same inputs under several strategies: table, CSV, JSON, plots.
+    Compare(super::compare::CompareArgs),
+    /// A grid over strategy knobs: CSV of every point, Pareto front, recommendation.
+    Sweep(super::sweep::SweepArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -62,9 +68,13 @@ pub struct ReplayArgs {
     /// Recordings or Claude Code transcripts.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
-    /// Strategy; only `as-recorded` (the client's own behaviour) is available in replay so far.
+    /// Strategy: `as-recorded` (the client's own behaviour), a preset or a file. A replay honours
+    /// the main lane's TTL, recorded microcompacts, peer mechanisms and context editing.
     #[arg(long, default_value = "as-recorded")]
     pub strategy: String,
+    /// `key=value` knob overrides (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }
@@ -194,6 +204,9 @@ pub struct RunArgs {
     /// Strategy preset name or a TOML/YAML file of knob overrides.
     #[arg(long, default_value = "claude-code")]
     pub strategy: String,
+    /// `key=value` knob overrides (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
     /// Override the scenarios' seeds.
     #[arg(long)]
     pub seed: Option<u64>,

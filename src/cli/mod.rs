@@ -2,6 +2,7 @@
 mod analyze;
 mod args;
 mod check;
+mod compare;
 mod common;
 mod fidelity;
 mod import;
@@ -9,6 +10,8 @@ mod replay;
 pub mod exit;
 mod report;
 mod run;
+mod strategies;
+mod sweep;
 mod tokens;
 
 pub use args::Cli;
@@ -24,6 +27,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Fidelity(a) => fidelity::run(a),
         args::Command::Check(a) => check::run(a),
         args::Command::Report(a) => report::run(a),
+        args::Command::Strategies(a) => strategies::run(a),
+        args::Command::Compare(a) => compare::run(a),
+        args::Command::Sweep(a) => sweep::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

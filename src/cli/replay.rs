@@ -1,5 +1,3 @@
-use anyhow::bail;
-
 use crate::measure::Summary;
 use crate::replay::{ReplayOptions, load_session, replay_session};
 
@@ -7,18 +5,28 @@ use super::args::ReplayArgs;
 use super::common::{emit, measurer};
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
-    if args.strategy != "as-recorded" && args.strategy != "claude-code" {
-        bail!("replay under strategy `{}` is not available yet; use `as-recorded`", args.strategy);
-    }
+    let (name, options) = if args.strategy == "as-recorded" && args.sets.is_empty() {
+        ("as-recorded".to_owned(), ReplayOptions::default())
+    } else {
+        let base = if args.strategy == "as-recorded" { "claude-code" } else { args.strategy.as_str() };
+        let strategy = crate::strategy::Strategy::resolve_with(base, &args.sets)?;
+        (strategy.name.clone(), ReplayOptions::from_strategy(&strategy))
+    };
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
     for path in &args.inputs {
-        let name = path.display().to_string();
         let session = load_session(path)?;
         let mut measurer = measurer(&args.measure)?;
-        let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+        let replay = replay_session(&session, &mut measurer, &options);
         let rows = replay.rows();
-        summaries.push(Summary::from_rows(&name, "as-recorded", measurer.counter().kind().name(), &rows, 0));
+        let mut summary = Summary::from_rows(&path.display().to_string(), &name, measurer.counter().kind().name(), &rows, 0);
+        summary.info_loss = replay.info_loss.clone();
+        if let Some((call, why)) = &replay.first_divergence
+            && !args.measure.quiet
+        {
+            eprintln!("{}: replies diverge from call {call}: {why}; the replies are replayed as recorded", path.display());
+        }
+        summaries.push(summary);
         all_rows.extend(rows);
     }
     emit(&args.measure, &summaries, &all_rows)?;

@@ -43,7 +43,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut all_rows = Vec::new();
     let mut rendering = String::new();
     let mut failed_determinism = false;
-    let mut strategy = crate::strategy::Strategy::resolve(&args.strategy)?;
+    let mut strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
     strategy.run_hooks |= args.run_hooks;
     let mut report_inputs = Vec::new();
     let chain = Chain::with_disabled(&args.disable_stage)?;
@@ -61,7 +61,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
         }
         let mut measurer = measurer(&args.measure)?;
-        let output = run_scenario_with(&scenario, &mut measurer, &strategy, &chain)?;
+        let mut output = run_scenario_with(&scenario, &mut measurer, &strategy, &chain)?;
+        output.summary.info_loss = crate::measure::loss::info_loss(&output.requests, &output.rows);
         if let Some(dir) = &args.dump_requests {
             let dir = dir.join(stem(file));
             for (name, bytes) in dump_requests(&output) {

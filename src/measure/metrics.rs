@@ -273,6 +273,12 @@ pub fn compaction_key(stage: &str) -> Option<&'static str> {
         "autocompact" | "auto" => "auto",
         "reactive_compact" | "reactive" => "reactive",
         "manual_compact" | "manual" => "manual",
+        // Peers' mechanisms (agent/compact/peers.rs), under the key of the stage they resemble:
+        // clearing old tool results is a microcompact, a summary rebuild an autocompact, dropping
+        // old rounds a snip.
+        "observation_masking" | "opencode_prune" | "context_editing" => "microcompact",
+        "codex_compact" | "opencode_summary" | "server_compaction" => "auto",
+        "cline_truncate" => "snip",
         _ => return None,
     })
 }
@@ -297,6 +303,10 @@ pub struct Summary {
     /// Requests the API would have rejected (400), with their reasons in the trace.
     #[serde(default)]
     pub api_errors: usize,
+    /// Information loss (tokens dropped from view, recall misses, re-reads); filled by callers
+    /// that hold the request bodies ([`super::loss::info_loss`]).
+    #[serde(default)]
+    pub info_loss: super::loss::InfoLoss,
 }
 
 impl Summary {
@@ -338,6 +348,7 @@ impl Summary {
             peak_context_tokens: rows.iter().map(|r| r.context_tokens).max().unwrap_or(0),
             fingerprint: sha256_hex(fingerprint_input.as_bytes()),
             api_errors: rows.iter().filter(|r| r.error.is_some()).count(),
+            info_loss: Default::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod blocks;
 pub mod cache;
+pub mod loss;
 pub mod metrics;
 pub mod models;
 pub mod prefix;

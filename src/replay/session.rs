@@ -52,11 +52,49 @@ pub struct ReplayOptions {
     pub rerender_rate: bool,
     /// Restore recently read files after a compaction.
     pub restore_files: bool,
+    /// The TTL of the main lane's markers; `None` = the one the recording shows per call.
+    pub ttl_main: Option<CacheTtl>,
+    /// Apply the microcompacts the recording shows (clear the results they cleared).
+    pub recorded_microcompact: bool,
+    /// A peer mechanism applied to every call's messages (`strategy: none` = as recorded).
+    pub peer: crate::agent::compact::peers::PeerConfig,
+    /// API context editing `clear_tool_uses`: `(trigger input tokens, tool uses kept)`.
+    pub clear_tool_uses: Option<(u64, usize)>,
+}
+
+impl ReplayOptions {
+    /// The knobs of `strategy` a replay honours: the main lane's TTL (replacing the recorded
+    /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
+    /// mechanism and API context editing. Everything else the recording fixes.
+    pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
+        let editing = &strategy.compact.context_editing;
+        ReplayOptions {
+            ttl_main: Some(strategy.ttl_main),
+            recorded_microcompact: strategy.replay_recorded_microcompact,
+            peer: strategy.compact.peer.clone(),
+            clear_tool_uses: editing.clear_tool_uses.then_some((editing.trigger_input_tokens, strategy.compact.peer.keep_recent)),
+            ..ReplayOptions::default()
+        }
+    }
+
+    /// Whether these options change what the model would have seen (beyond the cache).
+    pub fn changes_view(&self) -> bool {
+        !self.recorded_microcompact
+            || self.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
+            || self.clear_tool_uses.is_some()
+    }
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { rerender_rate: true, restore_files: true }
+        ReplayOptions {
+            rerender_rate: true,
+            restore_files: true,
+            ttl_main: None,
+            recorded_microcompact: true,
+            peer: Default::default(),
+            clear_tool_uses: None,
+        }
     }
 }
 
@@ -110,6 +148,13 @@ pub struct SessionReplay {
     pub input: String,
     pub estimator: String,
     pub calls: Vec<CallReplay>,
+    /// Information loss over the replayed requests.
+    pub info_loss: crate::measure::loss::InfoLoss,
+    /// Calls whose messages the options changed from what the recorded client sent: the
+    /// recorded replies were answers to something else from there on.
+    pub diverged_calls: usize,
+    /// The first such call and why.
+    pub first_divergence: Option<(usize, String)>,
 }
 
 impl SessionReplay {
@@ -158,6 +203,7 @@ struct LaneState {
     hidden_saved: u64,
     /// A compaction dropped the unrecorded history of a mid-conversation segment.
     compacted: bool,
+    peer: crate::agent::compact::peers::PeerState,
 }
 
 /// The most user context (CLAUDE.md files, date, git status) the replay keeps after a
@@ -311,6 +357,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
     let mut out = Vec::with_capacity(session.calls.len());
     let mut turn = 0u32;
+    let mut loss = crate::measure::loss::LossTracker::new();
+    let mut diverged_calls = 0usize;
+    let mut first_divergence: Option<(usize, String)> = None;
 
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
@@ -345,8 +394,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     if !ids.is_empty() {
                         state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
                     }
-                    for id in ids {
-                        state.cleared.insert(id.to_owned());
+                    if options.recorded_microcompact {
+                        for id in ids {
+                            state.cleared.insert(id.to_owned());
+                        }
                     }
                 }
                 EventKind::SystemEvent(sys) => {
@@ -425,7 +476,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         if let Some(ttl) = ttl_of(&call.usage) {
             state.ttl = Some(ttl);
         }
-        let ttl = state.ttl.unwrap_or(CacheTtl::FiveMinutes);
+        let ttl = match options.ttl_main {
+            Some(ttl) if call.lane == LANE_MAIN => ttl,
+            _ => state.ttl.unwrap_or(CacheTtl::FiveMinutes),
+        };
         if state.model.as_ref().is_some_and(|m| m != &call.model) {
             call_events.push("model_switch".into());
         }
@@ -462,6 +516,40 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             let mut blocks = first.content.to_blocks();
             blocks.extend(state.restored.iter().cloned());
             first.content = MessageContent::Blocks(blocks);
+        }
+        // The strategy's own mechanisms on what the recorded client sent.
+        let mut peer_stages = Vec::new();
+        if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
+            let window = measurer.table().lookup(&call.model).map_or(200_000, |m| m.context_window);
+            let base = groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
+            let before = crate::agent::compact::peers::estimate_tokens(&messages);
+            let mut outcomes = state.peer.apply(&options.peer, &mut messages, window, base);
+            if let Some((trigger, keep)) = options.clear_tool_uses {
+                outcomes.push(crate::agent::compact::peers::clear_tool_uses(&mut messages, trigger, keep, base));
+            }
+            let changed = crate::agent::compact::peers::estimate_tokens(&messages) != before;
+            if changed {
+                diverged_calls += 1;
+                if first_divergence.is_none() {
+                    let fired: Vec<&str> = outcomes.iter().filter(|o| o.fired).map(|o| o.stage).collect();
+                    first_divergence = Some((call.index, format!("{} rewrote the recorded messages", fired.join("+"))));
+                }
+            }
+            peer_stages = outcomes
+                .into_iter()
+                .filter(|o| o.fired)
+                .map(|o| crate::measure::StageReport {
+                    name: o.stage.to_owned(),
+                    fired: true,
+                    reason: o.reason,
+                    tokens_before: o.tokens_before,
+                    tokens_after: o.tokens_after,
+                    invalidated_from: None,
+                })
+                .collect();
+        }
+        if !options.recorded_microcompact && first_divergence.is_none() && call_events.iter().any(|e| e == "microcompact") {
+            first_divergence = Some((call.index, "the recorded microcompact was not applied: its cleared tool results stay visible".to_owned()));
         }
         let new_turn = is_new_user_turn(&messages);
         if new_turn {
@@ -567,6 +655,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         measure_input.output_tokens = call.usage.output_tokens;
         measure_input.events = call_events.iter().filter(|e| *e != "new_user_turn").cloned().collect();
         measure_input.recorded_usage = Some(call.usage.clone());
+        measure_input.stages = peer_stages;
         let metrics = match measurer.measure_flat(measure_input, flat) {
             Ok(m) => m,
             Err(e) => {
@@ -574,6 +663,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 continue;
             }
         };
+        loss.observe(&request, &metrics);
         let read = metrics.cache_read_input_tokens as f64;
         let shortfall = (read - landing as f64).max(0.0) * probability;
         if shortfall == 0.0 {
@@ -599,7 +689,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             user_context_tokens: sizes.context_tokens,
         });
     }
-    SessionReplay { input, estimator: kind.name().to_owned(), calls: out }
+    if first_divergence.is_some() && diverged_calls == 0 {
+        diverged_calls = 1;
+    }
+    SessionReplay { input, estimator: kind.name().to_owned(), calls: out, info_loss: loss.finish(), diverged_calls, first_divergence }
 }
 
 fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> CallReplay {

@@ -230,6 +230,19 @@ pub fn evaluate_budgets(scenario: &Scenario, output: &RunOutput) -> Vec<CheckRes
         }
         checks.push(c);
     }
+    if let Some(want) = &expect.break_causes {
+        let got: Vec<String> =
+            output.rows.iter().filter(|r| r.cache_break).map(|r| r.prefix.cause.clone().unwrap_or_else(|| "unknown".to_owned())).collect();
+        let mut c = CheckResult::new(
+            "budget.break_causes",
+            got != *want,
+            format!("cache breaks caused by [{}], expected [{}]", got.join(", "), want.join(", ")),
+        );
+        if c.status == Status::Fail {
+            c.details = breaks.clone();
+        }
+        checks.push(c);
+    }
     if let Some(max) = expect.max_requests {
         checks.push(CheckResult::new("budget.max_requests", s.requests as u64 > max, format!("{} requests, budget at most {max}", s.requests)));
     }

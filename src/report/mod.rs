@@ -1,9 +1,11 @@
 //! Reports: trace and summary writers, plots, the HTML report, the CI check (more to come:
 //! compare, sweep).
 pub mod check;
+pub mod compare;
 pub mod html;
 pub mod output;
 pub mod plots;
 pub mod render;
+pub mod sweep;
 
 pub use html::{ReportInput, write_report};

@@ -60,6 +60,7 @@
 //!   compactions: {auto: 0}         # exactly, per stage id
 //!   peak_context_tokens: 50000     # at most
 //!   max_requests: 10               # at most
+//!   break_causes: [ttl_expired]    # exactly these causes of cache breaks, in order
 //! ```
 //!
 //! Unknown keys are errors. Every error names the file, line, column and field:

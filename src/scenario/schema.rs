@@ -243,6 +243,9 @@ pub struct Expect {
     /// Maximum number of requests.
     #[serde(default)]
     pub max_requests: Option<u64>,
+    /// The exact causes of the run's cache breaks, in order (`[]` = no break at all).
+    #[serde(default)]
+    pub break_causes: Option<Vec<String>>,
 }
 
 /// `expect.compactions:` — keys are the stage ids of the summary JSON.

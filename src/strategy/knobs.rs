@@ -94,6 +94,10 @@ pub struct Strategy {
     pub run_hooks: bool,
     /// Consecutive Stop-hook continuations before the loop stops anyway (reference: 8).
     pub stop_hook_cap: u32,
+    /// Replays apply the microcompacts the recording shows (the recorded client's own flags).
+    /// Off: the cleared tool results stay visible — what the model would have seen without
+    /// microcompact (its replies are still the recorded ones).
+    pub replay_recorded_microcompact: bool,
     /// Layer 6: the long-context chain's knobs, nested under `compact.` in files and `--set`.
     pub compact: crate::agent::compact::CompactConfig,
 }
@@ -132,6 +136,7 @@ impl Default for Strategy {
             auto_memory: true,
             run_hooks: false,
             stop_hook_cap: 8,
+            replay_recorded_microcompact: true,
             compact: crate::agent::compact::CompactConfig::default(),
         }
     }
@@ -145,26 +150,30 @@ pub enum StrategyError {
     Parse { path: String, message: String },
     #[error("failed to set `{key}`: {message}")]
     Set { key: String, message: String },
-    #[error("unknown strategy preset `{0}` (known: claude-code, no-boundary, mcp-in-system, mcp-delta, eager-tools, one-hour)")]
+    #[error("unknown strategy preset `{0}` (see `ctxsim strategies`)")]
     UnknownPreset(String),
     #[error("environment variable {name}={value}: {message}")]
     Env { name: String, value: String, message: String },
 }
 
 impl Strategy {
-    /// A named preset.
+    /// A named preset (id or alias; see [`super::presets::PRESETS`]). `claude-code-env` reads
+    /// the process environment.
     pub fn preset(name: &str) -> Result<Strategy, StrategyError> {
-        let mut s = Strategy { name: name.to_owned(), ..Strategy::default() };
-        match name {
-            "claude-code" | "claude-code-2.1.88" | "default" => {}
-            "no-boundary" => s.dynamic_boundary = false,
-            "mcp-in-system" => s.mcp_instructions = McpInstructionsMode::System,
-            "mcp-delta" => s.mcp_instructions = McpInstructionsMode::Delta,
-            "eager-tools" => s.enable_tool_search = Some("false".into()),
-            "one-hour" => s.ttl_main = CacheTtl::OneHour,
-            other => return Err(StrategyError::UnknownPreset(other.to_owned())),
+        let env: BTreeMap<String, String> = if name == "claude-code-env" { std::env::vars().collect() } else { BTreeMap::new() };
+        super::presets::build(name, &env)
+    }
+
+    /// `resolve` then every `key=value` of `--set`.
+    pub fn resolve_with(name_or_path: &str, sets: &[String]) -> Result<Strategy, StrategyError> {
+        let mut strategy = Strategy::resolve(name_or_path)?;
+        for set in sets {
+            let (key, value) = set
+                .split_once('=')
+                .ok_or_else(|| StrategyError::Set { key: set.clone(), message: "expected key=value".into() })?;
+            strategy.set(key.trim(), value.trim())?;
         }
-        Ok(s)
+        Ok(strategy)
     }
 
     /// A preset name, or a TOML/YAML file of knob overrides on top of the default.

@@ -2,5 +2,6 @@
 //! `--set key=value` overrides. The default is Claude Code 2.1.88 as the reference measured it.
 
 mod knobs;
+pub mod presets;
 
 pub use knobs::{BaseUrl, McpInstructionsMode, Strategy, StrategyError};

@@ -23,6 +23,8 @@ pub struct CompactConfig {
     pub session_memory: SessionMemoryConfig,
     pub post_compact: PostCompactConfig,
     pub recovery: RecoveryConfig,
+    /// Other agents' mechanisms (`peers.rs`); `strategy: none` keeps Claude Code's chain only.
+    pub peer: super::peers::PeerConfig,
 }
 
 impl Default for CompactConfig {
@@ -37,6 +39,7 @@ impl Default for CompactConfig {
             session_memory: SessionMemoryConfig::default(),
             post_compact: PostCompactConfig::default(),
             recovery: RecoveryConfig::default(),
+            peer: super::peers::PeerConfig::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod counting;
 pub mod generator;
 pub mod grouping;
 pub mod microcompact;
+pub mod peers;
 pub mod rebuild;
 pub mod recovery;
 pub mod session_memory;

@@ -1,0 +1,568 @@
+//! Other agents' context strategies (../shared/reference/peers.md §1), as pure functions over the
+//! conversation's wire messages.
+//!
+//! Trigger: each mechanism has its own (a count of tool results, a token threshold of the
+//! window). What it rewrites: tool result contents (masking, pruning), or the whole history
+//! (Codex rebuild, Cline truncation). What it must preserve: every `tool_use` keeps its
+//! `tool_result` (results are replaced by a placeholder, never removed on their own; truncation
+//! drops whole user/assistant pairs). Which prefix it invalidates: from the first rewritten
+//! message on — masking and pruning move their cut every time they fire, which is why
+//! SWE-agent's docstring warns that they "break prompt caching".
+//!
+//! Tokens are estimated as characters / 4: the functions are pure and need no estimator; the
+//! callers report the measured tokens before and after.
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ContentBlock, Message, MessageContent, Role, ToolResultContent};
+
+/// Placeholder for a masked or pruned tool result (opencode's text; SWE-agent says
+/// "Old environment output").
+pub const CLEARED_PLACEHOLDER: &str = "[Old tool result content cleared]";
+
+/// Which peer mechanism runs on top of (or instead of) Claude Code's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerStrategy {
+    /// None: Claude Code's own chain only.
+    None,
+    /// Codex: at `trigger_pct` of the window, rebuild as initial context + the last
+    /// `user_message_max_tokens` of user messages + the summary.
+    Codex,
+    /// opencode: prune old tool outputs protecting the last `protect_tokens` when at least
+    /// `minimum_tokens` can be freed; at the window minus `buffer_tokens`, summary + recent tail.
+    Opencode,
+    /// SWE-agent / "The Complexity Trap": all but the last `keep_recent` tool results masked.
+    ObservationMasking,
+    /// Cline: at window − `buffer_tokens`, drop half of the user/assistant pairs after the first.
+    Cline,
+    /// API server-side compaction (`context_management.edits: [{type: compact_20260112,
+    /// trigger}]`): at `server_trigger_tokens` input tokens the API replaces the history before
+    /// the request with a compaction block the client sends back from then on. Modelled as a
+    /// summary with no tail.
+    ServerCompaction,
+}
+
+/// The knobs of [`PeerStrategy`]; each mechanism reads the ones it names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeerConfig {
+    pub strategy: PeerStrategy,
+    /// Codex `auto_compact_token_limit` = window × 9 / 10.
+    pub trigger_pct: u64,
+    /// Codex `COMPACT_USER_MESSAGE_MAX_TOKENS`.
+    pub user_message_max_tokens: u64,
+    /// opencode `PRUNE_PROTECT`.
+    pub protect_tokens: u64,
+    /// opencode `PRUNE_MINIMUM`.
+    pub minimum_tokens: u64,
+    /// opencode `COMPACTION_BUFFER` / Cline's reserve below the window (40k at 200k).
+    pub buffer_tokens: u64,
+    /// opencode's preserved recent tail after a summary (clamp(25% usable, 2k..15k)).
+    pub tail_tokens: u64,
+    /// Observation masking: tool results kept verbatim.
+    pub keep_recent: usize,
+    /// Size of a summary (Codex, opencode, server compaction) in tokens.
+    pub summary_tokens: u64,
+    /// Server compaction's `trigger` in input tokens (the API's default: 150,000).
+    pub server_trigger_tokens: u64,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig {
+            strategy: PeerStrategy::None,
+            trigger_pct: 90,
+            user_message_max_tokens: 20_000,
+            protect_tokens: 40_000,
+            minimum_tokens: 20_000,
+            buffer_tokens: 20_000,
+            tail_tokens: 15_000,
+            keep_recent: 5,
+            summary_tokens: 2_000,
+            server_trigger_tokens: 150_000,
+        }
+    }
+}
+
+/// What one application did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerOutcome {
+    /// Stage id for traces (`observation_masking`, `opencode_prune`, `opencode_summary`,
+    /// `codex_compact`, `cline_truncate`); empty when nothing fired.
+    pub stage: &'static str,
+    pub fired: bool,
+    pub reason: String,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+}
+
+/// Estimated tokens of messages (characters / 4, rounded up per block).
+pub fn estimate_tokens(messages: &[Message]) -> u64 {
+    messages.iter().map(message_tokens).sum()
+}
+
+fn message_tokens(message: &Message) -> u64 {
+    match &message.content {
+        MessageContent::Text(t) => chars4(t.len()),
+        MessageContent::Blocks(blocks) => blocks.iter().map(block_tokens).sum(),
+    }
+}
+
+fn block_tokens(block: &ContentBlock) -> u64 {
+    match block {
+        ContentBlock::Text { text, .. } => chars4(text.len()),
+        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(input.to_string().len()),
+        ContentBlock::ToolResult { content, .. } => chars4(content.as_ref().map_or(0, ToolResultContent::text_len)),
+        ContentBlock::Thinking { thinking, .. } => chars4(thinking.len()),
+        ContentBlock::RedactedThinking { data, .. } => chars4(data.len()),
+        _ => 0,
+    }
+}
+
+fn chars4(len: usize) -> u64 {
+    (len as u64).div_ceil(4)
+}
+
+/// Positions `(message, block)` of every tool result, oldest first.
+fn tool_results(messages: &[Message]) -> Vec<(usize, usize, u64)> {
+    let mut out = Vec::new();
+    for (m, message) in messages.iter().enumerate() {
+        if let MessageContent::Blocks(blocks) = &message.content {
+            for (b, block) in blocks.iter().enumerate() {
+                if let ContentBlock::ToolResult { content, .. } = block {
+                    let is_placeholder = matches!(content, Some(ToolResultContent::Text(t)) if t == CLEARED_PLACEHOLDER);
+                    if !is_placeholder {
+                        out.push((m, b, block_tokens(block)));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn clear_result(messages: &mut [Message], m: usize, b: usize) {
+    if let MessageContent::Blocks(blocks) = &mut messages[m].content
+        && let ContentBlock::ToolResult { content, .. } = &mut blocks[b]
+    {
+        *content = Some(ToolResultContent::Text(CLEARED_PLACEHOLDER.to_owned()));
+    }
+}
+
+/// SWE-agent `last_n_observations`: every tool result but the last `keep_recent` becomes the
+/// placeholder.
+pub fn observation_masking(messages: &mut [Message], keep_recent: usize) -> PeerOutcome {
+    let before = estimate_tokens(messages);
+    let results = tool_results(messages);
+    let cut = results.len().saturating_sub(keep_recent);
+    for &(m, b, _) in &results[..cut] {
+        clear_result(messages, m, b);
+    }
+    let after = estimate_tokens(messages);
+    PeerOutcome {
+        stage: "observation_masking",
+        fired: cut > 0,
+        reason: format!("{cut} of {} tool results masked (keep {keep_recent})", results.len()),
+        tokens_before: before,
+        tokens_after: after,
+    }
+}
+
+/// opencode prune: walking back from the newest, skip the last two user turns, protect
+/// `protect` tokens of tool output, and clear older outputs — only when at least `minimum`
+/// tokens would be freed.
+pub fn opencode_prune(messages: &mut [Message], protect: u64, minimum: u64) -> PeerOutcome {
+    let before = estimate_tokens(messages);
+    // The last two user turns: user messages carrying text (not only tool results).
+    let mut user_turns = 0;
+    let mut boundary = messages.len();
+    for (i, message) in messages.iter().enumerate().rev() {
+        if message.role == Role::User && is_prompt(message) {
+            user_turns += 1;
+            if user_turns == 2 {
+                boundary = i;
+                break;
+            }
+        }
+    }
+    if user_turns < 2 {
+        boundary = 0;
+    }
+    let mut protected = 0u64;
+    let mut victims = Vec::new();
+    let mut freed = 0u64;
+    for &(m, b, tokens) in tool_results(messages).iter().rev() {
+        if m >= boundary {
+            continue;
+        }
+        if protected < protect {
+            protected += tokens;
+            continue;
+        }
+        victims.push((m, b));
+        freed += tokens;
+    }
+    let fire = freed >= minimum && !victims.is_empty();
+    if fire {
+        for (m, b) in victims.iter().copied() {
+            clear_result(messages, m, b);
+        }
+    }
+    PeerOutcome {
+        stage: "opencode_prune",
+        fired: fire,
+        reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"),
+        tokens_before: before,
+        tokens_after: estimate_tokens(messages),
+    }
+}
+
+/// Whether a user message is a prompt (has text) rather than only tool results.
+fn is_prompt(message: &Message) -> bool {
+    match &message.content {
+        MessageContent::Text(_) => true,
+        MessageContent::Blocks(blocks) => blocks.iter().any(|b| matches!(b, ContentBlock::Text { .. })),
+    }
+}
+
+/// A summary message of about `tokens` tokens (deterministic text).
+fn summary_message(label: &str, tokens: u64) -> Message {
+    let mut text = format!("<summary source=\"{label}\">\n");
+    let filler = "The conversation so far: goals, progress, constraints and next steps. ";
+    while (text.len() as u64) < tokens * 4 {
+        text.push_str(filler);
+    }
+    text.push_str("</summary>");
+    Message { role: Role::User, content: MessageContent::Text(text), extra: Default::default() }
+}
+
+/// Codex `build_compacted_history`: initial context (the first message, rebuilt) + the most
+/// recent user messages up to `user_max` tokens (newest kept, the oldest one truncated) + the
+/// summary as a user message. Assistant and tool items are dropped.
+pub fn codex_rebuild(messages: &[Message], user_max: u64, summary_tokens: u64) -> Vec<Message> {
+    let mut out = Vec::new();
+    let Some(first) = messages.first() else { return out };
+    out.push(first.clone());
+    let mut kept: Vec<Message> = Vec::new();
+    let mut budget = user_max;
+    for message in messages[1..].iter().rev() {
+        if message.role != Role::User || !is_prompt(message) || budget == 0 {
+            continue;
+        }
+        let text: String = match &message.content {
+            MessageContent::Text(t) => t.clone(),
+            MessageContent::Blocks(blocks) => blocks
+                .iter()
+                .filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        };
+        let tokens = chars4(text.len());
+        let text = if tokens > budget {
+            // Keep the newest part of a too-long message.
+            let keep = (budget * 4) as usize;
+            let start = text.len() - keep.min(text.len());
+            let start = (start..=text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(text.len());
+            text[start..].to_owned()
+        } else {
+            text
+        };
+        budget = budget.saturating_sub(tokens);
+        kept.push(Message { role: Role::User, content: MessageContent::Text(text), extra: Default::default() });
+    }
+    kept.reverse();
+    out.extend(kept);
+    out.push(summary_message("codex", summary_tokens));
+    merge_consecutive_users(out)
+}
+
+/// opencode summary checkpoint: the first message, the summary, and the most recent tail of
+/// whole rounds up to `tail_tokens` (never starting on a tool result whose use was dropped).
+pub fn opencode_summary(messages: &[Message], tail_tokens: u64, summary_tokens: u64) -> Vec<Message> {
+    let Some(first) = messages.first() else { return Vec::new() };
+    let mut start = messages.len();
+    let mut tokens = 0u64;
+    for i in (1..messages.len()).rev() {
+        tokens += message_tokens(&messages[i]);
+        if tokens > tail_tokens {
+            break;
+        }
+        start = i;
+    }
+    // Start the tail on a user prompt so that no tool_result loses its tool_use.
+    while start < messages.len() && !(messages[start].role == Role::User && is_prompt(&messages[start]) && !has_tool_result(&messages[start])) {
+        start += 1;
+    }
+    let mut out = vec![first.clone(), summary_message("opencode", summary_tokens)];
+    out.extend(messages[start..].iter().cloned());
+    merge_consecutive_users(out)
+}
+
+fn has_tool_result(message: &Message) -> bool {
+    matches!(&message.content, MessageContent::Blocks(b) if b.iter().any(|b| matches!(b, ContentBlock::ToolResult { .. })))
+}
+
+/// Cline: keep the first user/assistant pair, drop half of the pairs after it (the oldest), and
+/// insert a truncation notice. Returns the number of messages dropped.
+pub fn cline_truncate(messages: &mut Vec<Message>) -> usize {
+    if messages.len() <= 3 {
+        return 0;
+    }
+    let rest = messages.len() - 2;
+    let mut drop = (rest / 2) & !1; // an even count: whole pairs
+    // The message after the cut must be an assistant's reply to a dropped user message? No:
+    // it must not be a user message made only of tool results whose uses were dropped.
+    while drop > 0 && 2 + drop < messages.len() && messages[2 + drop].role == Role::User && has_tool_result(&messages[2 + drop]) {
+        drop -= 2;
+    }
+    if drop == 0 {
+        return 0;
+    }
+    messages.drain(2..2 + drop);
+    if let MessageContent::Blocks(blocks) = &mut messages[0].content {
+        blocks.push(ContentBlock::text("[NOTE] Some previous conversation history has been removed to keep the context window manageable."));
+    } else if let MessageContent::Text(t) = &messages[0].content {
+        messages[0].content = MessageContent::Blocks(vec![
+            ContentBlock::text(t.clone()),
+            ContentBlock::text("[NOTE] Some previous conversation history has been removed to keep the context window manageable."),
+        ]);
+    }
+    drop
+}
+
+fn merge_consecutive_users(messages: Vec<Message>) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len());
+    for message in messages {
+        match out.last_mut() {
+            Some(last) if last.role == Role::User && message.role == Role::User => {
+                let mut blocks = last.content.to_blocks();
+                blocks.extend(message.content.to_blocks());
+                last.content = MessageContent::Blocks(blocks);
+            }
+            _ => out.push(message),
+        }
+    }
+    out
+}
+
+/// State a peer keeps across requests: the rewrite of history done by its last compaction,
+/// applied again to later requests that extend the same history (append-only).
+#[derive(Debug, Clone, Default)]
+pub struct PeerState {
+    /// Length of the original history the replacement stands for, and the replacement.
+    compacted: Option<(usize, Vec<Message>)>,
+    /// Messages of the original history seen last (to notice a history that shrank).
+    last_len: usize,
+}
+
+impl PeerState {
+    /// Applies the peer to the messages of one request (the history as the recorded client
+    /// saw it) with a context window of `window` tokens and `base_tokens` outside the messages
+    /// (system, tools). Returns what fired (possibly several stages).
+    pub fn apply(&mut self, config: &PeerConfig, messages: &mut Vec<Message>, window: u64, base_tokens: u64) -> Vec<PeerOutcome> {
+        let mut out = Vec::new();
+        if config.strategy == PeerStrategy::None {
+            return out;
+        }
+        if messages.len() < self.last_len {
+            // The recorded history was itself compacted: start over.
+            self.compacted = None;
+        }
+        self.last_len = messages.len();
+        if let Some((len, replacement)) = &self.compacted
+            && messages.len() >= *len
+        {
+            let tail = messages.split_off(*len);
+            *messages = replacement.clone();
+            messages.extend(tail);
+            *messages = merge_consecutive_users(std::mem::take(messages));
+        }
+        let original_len = self.last_len;
+        let tokens = || base_tokens;
+        match config.strategy {
+            PeerStrategy::None => {}
+            PeerStrategy::ObservationMasking => out.push(observation_masking(messages, config.keep_recent)),
+            PeerStrategy::Codex => {
+                let threshold = window * config.trigger_pct / 100;
+                let before = estimate_tokens(messages) + tokens();
+                if before >= threshold {
+                    let rebuilt = codex_rebuild(messages, config.user_message_max_tokens, config.summary_tokens);
+                    self.compacted = Some((original_len, rebuilt.clone()));
+                    *messages = rebuilt;
+                    out.push(outcome("codex_compact", true, format!("{before} ≥ {threshold}"), before, estimate_tokens(messages) + tokens()));
+                }
+            }
+            PeerStrategy::Opencode => {
+                out.push(opencode_prune(messages, config.protect_tokens, config.minimum_tokens));
+                let threshold = window.saturating_sub(config.buffer_tokens);
+                let before = estimate_tokens(messages) + tokens();
+                if before >= threshold {
+                    let rebuilt = opencode_summary(messages, config.tail_tokens, config.summary_tokens);
+                    // The tail of the replacement is original history: keep only the head.
+                    self.compacted = Some((original_len, rebuilt.clone()));
+                    *messages = rebuilt;
+                    out.push(outcome("opencode_summary", true, format!("{before} ≥ {threshold}"), before, estimate_tokens(messages) + tokens()));
+                }
+            }
+            PeerStrategy::ServerCompaction => {
+                let before = estimate_tokens(messages) + tokens();
+                if before >= config.server_trigger_tokens {
+                    let rebuilt = opencode_summary(messages, 0, config.summary_tokens);
+                    self.compacted = Some((original_len, rebuilt.clone()));
+                    *messages = rebuilt;
+                    out.push(outcome("server_compaction", true, format!("{before} ≥ {}", config.server_trigger_tokens), before, estimate_tokens(messages) + tokens()));
+                }
+            }
+            PeerStrategy::Cline => {
+                let threshold = window.saturating_sub(config.buffer_tokens).max(window * 8 / 10);
+                let before = estimate_tokens(messages) + tokens();
+                if before >= threshold {
+                    let dropped = cline_truncate(messages);
+                    if dropped > 0 {
+                        self.compacted = Some((original_len, messages.clone()));
+                        out.push(outcome("cline_truncate", true, format!("{dropped} messages dropped at {before} ≥ {threshold}"), before, estimate_tokens(messages) + tokens()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// API context editing `clear_tool_uses_20250919`: once the input reaches `trigger` tokens,
+/// the oldest tool results are cleared server-side, keeping the last `keep` tool uses.
+pub fn clear_tool_uses(messages: &mut [Message], trigger: u64, keep: usize, base_tokens: u64) -> PeerOutcome {
+    let before = estimate_tokens(messages) + base_tokens;
+    if before < trigger {
+        return outcome("context_editing", false, format!("{before} < trigger {trigger}"), before, before);
+    }
+    let mut o = observation_masking(messages, keep);
+    o.stage = "context_editing";
+    o.tokens_before += base_tokens;
+    o.tokens_after += base_tokens;
+    o
+}
+
+fn outcome(stage: &'static str, fired: bool, reason: String, before: u64, after: u64) -> PeerOutcome {
+    PeerOutcome { stage, fired, reason, tokens_before: before, tokens_after: after }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn user(text: &str) -> Message {
+        Message { role: Role::User, content: MessageContent::Text(text.into()), extra: Default::default() }
+    }
+    fn call(id: &str, n: usize) -> [Message; 2] {
+        [
+            Message { role: Role::Assistant, content: MessageContent::Blocks(vec![ContentBlock::tool_use(id, "Read", json!({"file_path": format!("/{id}")}))]), extra: Default::default() },
+            Message {
+                role: Role::User,
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("x".repeat(n)), None)]),
+                extra: Default::default(),
+            },
+        ]
+    }
+    fn conversation(results: usize, size: usize) -> Vec<Message> {
+        let mut m = vec![user("start")];
+        for i in 0..results {
+            m.extend(call(&format!("t{i}"), size));
+        }
+        m
+    }
+    fn uses_have_results(messages: &[Message]) -> bool {
+        let mut uses = Vec::new();
+        let mut results = Vec::new();
+        for m in messages {
+            for b in m.content.to_blocks() {
+                match b {
+                    ContentBlock::ToolUse { id, .. } => uses.push(id),
+                    ContentBlock::ToolResult { tool_use_id, .. } => results.push(tool_use_id),
+                    _ => {}
+                }
+            }
+        }
+        uses == results
+    }
+
+    #[test]
+    fn masking_keeps_the_last_n() {
+        let mut m = conversation(6, 400);
+        let o = observation_masking(&mut m, 2);
+        assert!(o.fired);
+        assert_eq!(tool_results(&m).len(), 2);
+        assert!(o.tokens_after < o.tokens_before);
+        assert!(uses_have_results(&m));
+        let again = observation_masking(&mut m, 2);
+        assert!(!again.fired, "masking is idempotent");
+    }
+
+    #[test]
+    fn prune_needs_the_minimum() {
+        let mut m = conversation(10, 40_000); // 10k tokens each
+        m.push(user("next"));
+        m.push(user("last"));
+        let o = opencode_prune(&mut m.clone(), 40_000, 200_000);
+        assert!(!o.fired);
+        let o = opencode_prune(&mut m, 40_000, 20_000);
+        assert!(o.fired, "{o:?}");
+        assert_eq!(tool_results(&m).len(), 4, "40k tokens protected = 4 results");
+    }
+
+    #[test]
+    fn codex_keeps_initial_context_user_messages_and_summary() {
+        let mut m = vec![user("initial context")];
+        for i in 0..5 {
+            m.push(user(&format!("prompt {i} {}", "y".repeat(40_000))));
+            m.extend(call(&format!("t{i}"), 100));
+        }
+        let rebuilt = codex_rebuild(&m, 20_000, 500);
+        assert!(uses_have_results(&rebuilt));
+        assert!(rebuilt.iter().all(|x| x.role == Role::User));
+        let text = serde_json::to_string(&rebuilt).unwrap();
+        assert!(text.contains("initial context") && text.contains("prompt 4") && text.contains("<summary"));
+        assert!(!text.contains("prompt 0"), "older prompts beyond 20k tokens are dropped");
+        assert!(estimate_tokens(&rebuilt) <= 20_000 + 600 + 10);
+    }
+
+    #[test]
+    fn cline_drops_half_of_the_pairs_keeping_pairs_whole() {
+        let mut m = vec![user("task"), Message { role: Role::Assistant, content: MessageContent::Text("ok".into()), extra: Default::default() }];
+        for i in 0..8 {
+            m.extend(call(&format!("t{i}"), 10));
+        }
+        let n = m.len();
+        let dropped = cline_truncate(&mut m);
+        assert_eq!(dropped, 8);
+        assert_eq!(m.len(), n - 8);
+        assert!(uses_have_results(&m));
+    }
+
+    #[test]
+    fn state_reapplies_the_rewrite_to_later_requests() {
+        let config = PeerConfig { strategy: PeerStrategy::Codex, summary_tokens: 10, ..PeerConfig::default() };
+        let mut state = PeerState::default();
+        let mut first = conversation(4, 4000);
+        let fired = state.apply(&config, &mut first, 4000, 0);
+        assert!(fired.iter().any(|o| o.fired));
+        let mut second = conversation(4, 4000);
+        second.push(user("more"));
+        state.apply(&config, &mut second, 1_000_000, 0);
+        assert_eq!(first.len(), 1);
+        assert_eq!(second.len(), 1, "the rebuilt head and the new prompt merge into one user message");
+        assert!(serde_json::to_string(&second).unwrap().contains("more"));
+    }
+
+    #[test]
+    fn opencode_summary_keeps_a_tail_of_whole_rounds() {
+        let mut m = conversation(6, 4000);
+        m.push(user("latest prompt"));
+        m.extend(call("z", 100));
+        let out = opencode_summary(&m, 2_000, 100);
+        assert!(uses_have_results(&out));
+        assert!(serde_json::to_string(&out).unwrap().contains("latest prompt"));
+    }
+}

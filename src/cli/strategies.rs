@@ -1,0 +1,63 @@
+use clap::Args;
+
+use crate::strategy::presets::{PRESETS, knob_table};
+
+use super::args::FidelityFormat;
+
+#[derive(Debug, Args)]
+pub struct StrategiesArgs {
+    /// Also list the closed list of cache-break causes.
+    #[arg(long)]
+    pub causes: bool,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: FidelityFormat,
+}
+
+pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let knobs = knob_table(&env);
+    match args.format {
+        FidelityFormat::Json => {
+            let presets: Vec<serde_json::Value> = PRESETS
+                .iter()
+                .map(|p| serde_json::json!({"id": p.id, "aliases": p.aliases, "source": p.source}))
+                .collect();
+            let knobs: Vec<serde_json::Value> = knobs
+                .iter()
+                .map(|k| {
+                    let presets: serde_json::Map<String, serde_json::Value> = k.presets.iter().cloned().collect();
+                    serde_json::json!({"key": k.key, "default": k.default, "presets": presets})
+                })
+                .collect();
+            let mut out = serde_json::json!({"presets": presets, "knobs": knobs});
+            if args.causes {
+                out["causes"] = crate::measure::CAUSES
+                    .iter()
+                    .map(|(id, region, description)| serde_json::json!({"id": id, "region": region.map(|r| r.as_str()), "description": description}))
+                    .collect();
+            }
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        FidelityFormat::Table => {
+            println!("Presets:");
+            for p in PRESETS {
+                let aliases = if p.aliases.is_empty() { String::new() } else { format!(" (alias: {})", p.aliases.join(", ")) };
+                println!("  {:<30}{aliases}\n      {}", p.id, p.source);
+            }
+            println!("\nKnobs (dotted key = default; presets that differ):");
+            for k in &knobs {
+                println!("  {} = {}", k.key, k.default);
+                for (id, value) in &k.presets {
+                    println!("      {id}: {value}");
+                }
+            }
+            if args.causes {
+                println!("\nCauses:");
+                for (id, region, description) in crate::measure::CAUSES {
+                    println!("  {id:<34} {:<9} {description}", region.map(|r| r.as_str()).unwrap_or("any"));
+                }
+            }
+        }
+    }
+    Ok(super::exit::OK)
+}

@@ -1,0 +1,245 @@
+//! `ctxsim compare` (and the evaluation `sweep` shares): the same inputs under several
+//! strategies.
+//!
+//! An input is a scenario (YAML: the agent runs under the strategy) or a recorded session (a
+//! Claude Code transcript or a ctxsim recording: replayed, honouring the knobs a replay can —
+//! see [`ReplayOptions::from_strategy`]). A replay keeps the model's recorded replies; when a
+//! strategy changes what the model would have seen, the row says so (`replies_diverge`, with
+//! the reason) instead of pretending the replies would be the same.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::measure::loss::{InfoLoss, info_loss};
+use crate::measure::metrics::COMPACTION_KEYS;
+use crate::measure::{Measurer, RequestMetrics, Summary};
+use crate::recording::ImportedSession;
+use crate::replay::{ReplayOptions, load_session, replay_session};
+use crate::runner::run_scenario;
+use crate::scenario::Scenario;
+use crate::strategy::Strategy;
+
+/// An input loaded once, evaluated under many strategies.
+#[derive(Debug)]
+pub enum LoadedInput {
+    Scenario(Box<Scenario>),
+    Session(Box<ImportedSession>),
+}
+
+/// A named loaded input.
+#[derive(Debug)]
+pub struct Input {
+    pub name: String,
+    pub loaded: LoadedInput,
+}
+
+/// Expands directories (sorted; `*.yaml`/`*.yml` scenarios and `*.jsonl` sessions, not
+/// recursive) and loads every input.
+pub fn load_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(path)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "jsonl"))
+                .collect();
+            inside.sort();
+            if inside.is_empty() {
+                anyhow::bail!("{}: no scenarios (*.yaml) or sessions (*.jsonl) in this directory", path.display());
+            }
+            files.extend(inside);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    files
+        .into_iter()
+        .map(|file| {
+            let name = file.display().to_string();
+            let loaded = if file.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                LoadedInput::Scenario(Box::new(crate::scenario::load_scenario(&file)?))
+            } else {
+                LoadedInput::Session(Box::new(load_session(&file)?))
+            };
+            Ok(Input { name, loaded })
+        })
+        .collect()
+}
+
+/// One input under one strategy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    pub input: String,
+    pub strategy: String,
+    /// `scenario` or `recording`.
+    pub kind: &'static str,
+    pub summary: Summary,
+    /// Compactions by summary key, recorded ones included (a replay's `compaction` and
+    /// `microcompact` events count as `auto` and `microcompact` when no stage reported them).
+    pub compactions: std::collections::BTreeMap<String, u64>,
+    /// The model's replies are the recorded ones, but the strategy changed what it saw.
+    pub replies_diverge: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<String>,
+    #[serde(skip)]
+    pub rows: Vec<RequestMetrics>,
+}
+
+impl Evaluation {
+    pub fn info_loss(&self) -> &InfoLoss {
+        &self.summary.info_loss
+    }
+}
+
+/// Runs or replays one input under one strategy with a fresh measurer.
+pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
+    match &input.loaded {
+        LoadedInput::Scenario(scenario) => {
+            let output = run_scenario(scenario, measurer, strategy)?;
+            let mut summary = output.summary;
+            summary.input = input.name.clone();
+            summary.info_loss = info_loss(&output.requests, &output.rows);
+            let compactions = summary.compactions.clone();
+            let note = (strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None)
+                .then(|| "the peer mechanism runs in the agent once the chain calls peers.rs; until then this row is claude-code's chain".to_owned());
+            Ok(Evaluation {
+                input: input.name.clone(),
+                strategy: strategy.name.clone(),
+                kind: "scenario",
+                summary,
+                compactions,
+                replies_diverge: false,
+                divergence: note,
+                rows: if keep_rows { output.rows } else { Vec::new() },
+            })
+        }
+        LoadedInput::Session(session) => {
+            let options = ReplayOptions::from_strategy(strategy);
+            let replay = replay_session(session, measurer, &options);
+            let rows = replay.rows();
+            let mut summary = Summary::from_rows(&input.name, &strategy.name, measurer.counter().kind().name(), &rows, 0);
+            summary.info_loss = replay.info_loss.clone();
+            let mut compactions = summary.compactions.clone();
+            for row in rows.iter().filter(|r| r.stages.is_empty()) {
+                for event in &row.events {
+                    let key = match event.as_str() {
+                        "compaction" => "auto",
+                        "microcompact" if options.recorded_microcompact => "microcompact",
+                        _ => continue,
+                    };
+                    *compactions.entry(key.to_owned()).or_default() += 1;
+                }
+            }
+            let divergence = replay.first_divergence.as_ref().map(|(call, why)| {
+                format!("from call {call}: {why} ({} calls changed); the replies are replayed as recorded", replay.diverged_calls)
+            });
+            Ok(Evaluation {
+                input: input.name.clone(),
+                strategy: strategy.name.clone(),
+                kind: "recording",
+                summary,
+                compactions,
+                replies_diverge: divergence.is_some(),
+                divergence,
+                rows: if keep_rows { rows } else { Vec::new() },
+            })
+        }
+    }
+}
+
+/// Table, CSV and JSON of a comparison.
+pub fn compare_table(evaluations: &[Evaluation]) -> String {
+    use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+    let mut table = Table::new();
+    table.load_style(UTF8_FULL_CONDENSED);
+    table.set_header(vec![
+        "input", "strategy", "requests", "hit ratio", "cost $", "breaks", "compactions", "peak ctx", "dropped", "recall miss", "re-reads", "note",
+    ]);
+    for e in evaluations {
+        let s = &e.summary;
+        let compactions: Vec<String> = e.compactions.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}:{n}")).collect();
+        let note = if e.replies_diverge { "replies diverge".to_owned() } else { String::new() };
+        table.add_row(vec![
+            short_name(&e.input),
+            e.strategy.clone(),
+            s.requests.to_string(),
+            format!("{:.3}", s.cache_hit_ratio),
+            format!("{:.4}", s.cost_usd),
+            s.cache_breaks.to_string(),
+            if compactions.is_empty() { "-".to_owned() } else { compactions.join(" ") },
+            s.peak_context_tokens.to_string(),
+            s.info_loss.tokens_dropped.to_string(),
+            s.info_loss.recall_misses.to_string(),
+            s.info_loss.rereads_after_compaction.to_string(),
+            note,
+        ]);
+    }
+    let mut text = table.to_string();
+    let notes: Vec<String> = evaluations
+        .iter()
+        .filter_map(|e| e.divergence.as_ref().map(|d| format!("- {} under {}: {d}", short_name(&e.input), e.strategy)))
+        .collect();
+    if !notes.is_empty() {
+        text.push_str("\nNotes:\n");
+        text.push_str(&notes.join("\n"));
+    }
+    text
+}
+
+fn short_name(name: &str) -> String {
+    Path::new(name).file_name().map_or_else(|| name.to_owned(), |n| n.to_string_lossy().into_owned())
+}
+
+/// The CSV header of a comparison row.
+pub fn compare_csv(evaluations: &[Evaluation]) -> Vec<u8> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    let mut header: Vec<String> = [
+        "input", "strategy", "kind", "requests", "cache_hit_ratio", "cost_usd", "cache_breaks", "peak_context_tokens",
+        "tokens_dropped", "recall_misses", "rereads_after_compaction", "replies_diverge", "divergence",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    header.extend(COMPACTION_KEYS.iter().map(|k| format!("compactions_{k}")));
+    writer.write_record(&header).expect("csv to memory");
+    for e in evaluations {
+        let s = &e.summary;
+        let mut record = vec![
+            e.input.clone(),
+            e.strategy.clone(),
+            e.kind.to_owned(),
+            s.requests.to_string(),
+            format!("{:.6}", s.cache_hit_ratio),
+            format!("{:.6}", s.cost_usd),
+            s.cache_breaks.to_string(),
+            s.peak_context_tokens.to_string(),
+            s.info_loss.tokens_dropped.to_string(),
+            s.info_loss.recall_misses.to_string(),
+            s.info_loss.rereads_after_compaction.to_string(),
+            e.replies_diverge.to_string(),
+            e.divergence.clone().unwrap_or_default(),
+        ];
+        record.extend(COMPACTION_KEYS.iter().map(|k| e.compactions.get(*k).copied().unwrap_or(0).to_string()));
+        writer.write_record(&record).expect("csv to memory");
+    }
+    writer.into_inner().expect("csv to memory")
+}
+
+/// Evaluates every input under every strategy in parallel; results in (input, strategy) order.
+pub fn compare(
+    inputs: &[Input],
+    strategies: &[Strategy],
+    make_measurer: &(dyn Fn() -> Measurer + Sync),
+    keep_rows: bool,
+) -> anyhow::Result<Vec<Evaluation>> {
+    use rayon::prelude::*;
+    let jobs: Vec<(usize, usize)> = (0..inputs.len()).flat_map(|i| (0..strategies.len()).map(move |s| (i, s))).collect();
+    jobs.par_iter()
+        .map(|&(i, s)| {
+            let mut measurer = make_measurer();
+            evaluate(&inputs[i], &strategies[s], &mut measurer, keep_rows)
+                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))
+        })
+        .collect()
+}

@@ -1,0 +1,328 @@
+//! `ctxsim sweep`: a grid over strategy knobs, evaluated over every input, with the Pareto
+//! front of cost against information loss and a recommendation.
+//!
+//! Determinism: the grid is the cartesian product of the `--param`s in the order given (the
+//! first one outermost); every (point, input) job runs on its own measurer; results are
+//! collected in job order and formatted into CSV cells before anything is derived from them, so
+//! the outputs are byte-identical whatever the thread count, and a merge of shards (parsed back
+//! from their CSVs) produces the same bytes as the unsharded run.
+//!
+//! Information loss of a point = tokens dropped from view + 5,000 × recall misses (a recall
+//! miss is priced as a re-read of a typical file). The recommendation is the cheapest point on
+//! the Pareto front whose loss is at most the bound (`--max-loss`; by default the front's
+//! lowest loss plus a quarter of the front's loss range).
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use crate::measure::Measurer;
+use crate::report::compare::{Input, evaluate};
+use crate::report::plots::{ParetoPoint, pareto_chart, pareto_front, render_svg, write_png};
+use crate::strategy::Strategy;
+
+/// Tokens a recall miss weighs in the information-loss scalar.
+pub const RECALL_MISS_TOKENS: f64 = 5_000.0;
+
+/// One `--param`: a dotted key and its values (as `--set` reads them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Param {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+impl Param {
+    /// `KEY=LO..HI:STEP` (inclusive) or `KEY=a,b,c`.
+    pub fn parse(text: &str) -> anyhow::Result<Param> {
+        let (key, spec) = text.split_once('=').with_context(|| format!("--param {text}: expected KEY=LO..HI:STEP or KEY=a,b,c"))?;
+        let key = key.trim().to_owned();
+        let values: Vec<String> = if let Some((range, step)) = spec.split_once(':').filter(|(r, _)| r.contains("..")) {
+            let (lo, hi) = range.split_once("..").expect("checked above");
+            let integer = [lo, hi, step].iter().all(|v| v.trim().parse::<i64>().is_ok());
+            if integer {
+                let (lo, hi, step): (i64, i64, i64) = (lo.trim().parse()?, hi.trim().parse()?, step.trim().parse()?);
+                if step <= 0 || hi < lo {
+                    bail!("--param {text}: need LO ≤ HI and STEP > 0");
+                }
+                (0..).map(|i| lo + i * step).take_while(|v| *v <= hi).map(|v| v.to_string()).collect()
+            } else {
+                let (lo, hi, step): (f64, f64, f64) = (lo.trim().parse()?, hi.trim().parse()?, step.trim().parse()?);
+                if step <= 0.0 || hi < lo {
+                    bail!("--param {text}: need LO ≤ HI and STEP > 0");
+                }
+                let n = ((hi - lo) / step + 1e-9).floor() as i64;
+                (0..=n).map(|i| format!("{}", ((lo + i as f64 * step) * 1e9).round() / 1e9)).collect()
+            }
+        } else {
+            spec.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect()
+        };
+        if values.is_empty() {
+            bail!("--param {text}: no values");
+        }
+        Ok(Param { key, values })
+    }
+}
+
+/// The grid: points in deterministic order.
+#[derive(Debug, Clone)]
+pub struct Grid {
+    pub params: Vec<Param>,
+    pub base: String,
+    pub inputs: Vec<String>,
+}
+
+impl Grid {
+    pub fn len(&self) -> usize {
+        self.params.iter().map(|p| p.values.len()).product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The knob values of point `index` (first param outermost).
+    pub fn point(&self, mut index: usize) -> Vec<&str> {
+        let mut out = vec![""; self.params.len()];
+        for (slot, param) in self.params.iter().enumerate().rev() {
+            out[slot] = &param.values[index % param.values.len()];
+            index /= param.values.len();
+        }
+        out
+    }
+
+    /// A line naming the grid, written at the top of every CSV; merges compare it.
+    pub fn signature(&self) -> String {
+        let params: Vec<String> = self.params.iter().map(|p| format!("{}={}", p.key, p.values.join(","))).collect();
+        let text = format!("base={} params={} inputs={}", self.base, params.join(" "), self.inputs.join(","));
+        format!("# ctxsim sweep grid {} points={}", &crate::api::canonical::sha256_hex(text.as_bytes())[..16], self.len())
+    }
+
+    pub fn strategy(&self, base: &Strategy, index: usize) -> anyhow::Result<Strategy> {
+        let mut strategy = base.clone();
+        for (param, value) in self.params.iter().zip(self.point(index)) {
+            strategy.set(&param.key, value).with_context(|| format!("--param {}", param.key))?;
+        }
+        strategy.name = format!("p{index}");
+        Ok(strategy)
+    }
+
+    pub fn header(&self) -> Vec<String> {
+        let mut header = vec!["point".to_owned()];
+        header.extend(self.params.iter().map(|p| p.key.clone()));
+        header.extend(METRIC_COLUMNS.iter().map(|s| (*s).to_owned()));
+        header
+    }
+}
+
+const METRIC_COLUMNS: [&str; 11] = [
+    "cost_usd", "cache_hit_ratio", "cache_breaks", "compactions", "tokens_dropped", "recall_misses",
+    "rereads_after_compaction", "information_loss", "peak_context_tokens", "requests", "replies_diverge_inputs",
+];
+
+/// Evaluates the points `indices` of the grid; one CSV row (cells) per point, in index order.
+pub fn run_points(
+    grid: &Grid,
+    base: &Strategy,
+    inputs: &[Input],
+    indices: &[usize],
+    make_measurer: &(dyn Fn() -> Measurer + Sync),
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<Vec<String>>> {
+    use rayon::prelude::*;
+    let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
+    let jobs: Vec<(usize, usize)> = (0..indices.len()).flat_map(|p| (0..inputs.len()).map(move |i| (p, i))).collect();
+    let results: Vec<anyhow::Result<crate::report::compare::Evaluation>> = jobs
+        .par_iter()
+        .map(|&(p, i)| {
+            let mut measurer = make_measurer();
+            let out = evaluate(&inputs[i], &strategies[p], &mut measurer, false);
+            progress.inc(1);
+            out
+        })
+        .collect();
+    let mut rows = Vec::with_capacity(indices.len());
+    let mut results = results.into_iter();
+    for (p, &index) in indices.iter().enumerate() {
+        let (mut cost, mut read, mut denominator, mut breaks, mut compactions) = (0.0, 0u64, 0u64, 0usize, 0u64);
+        let (mut dropped, mut misses, mut rereads, mut peak, mut requests, mut diverge) = (0u64, 0u64, 0u64, 0u64, 0usize, 0usize);
+        for _ in 0..inputs.len() {
+            let e = results.next().expect("one result per job")?;
+            let s = &e.summary;
+            cost += s.cost_usd;
+            read += s.tokens.cache_read;
+            denominator += s.tokens.input + s.tokens.cache_read + s.tokens.cache_creation;
+            breaks += s.cache_breaks;
+            compactions += e.compactions.values().sum::<u64>();
+            dropped += s.info_loss.tokens_dropped;
+            misses += s.info_loss.recall_misses;
+            rereads += s.info_loss.rereads_after_compaction;
+            peak = peak.max(s.peak_context_tokens);
+            requests += s.requests;
+            diverge += usize::from(e.replies_diverge);
+        }
+        let _ = p;
+        let loss = dropped as f64 + RECALL_MISS_TOKENS * misses as f64;
+        let mut row = vec![index.to_string()];
+        row.extend(grid.point(index).iter().map(|v| (*v).to_owned()));
+        row.extend([
+            format!("{cost:.6}"),
+            format!("{:.6}", if denominator == 0 { 0.0 } else { read as f64 / denominator as f64 }),
+            breaks.to_string(),
+            compactions.to_string(),
+            dropped.to_string(),
+            misses.to_string(),
+            rereads.to_string(),
+            format!("{loss:.0}"),
+            peak.to_string(),
+            requests.to_string(),
+            diverge.to_string(),
+        ]);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// A CSV of rows under the grid's signature line.
+pub fn rows_csv(grid: &Grid, shard: Option<(usize, usize)>, rows: &[Vec<String>]) -> Vec<u8> {
+    let mut out = grid.signature().into_bytes();
+    if let Some((i, n)) = shard {
+        out.extend(format!(" shard={i}/{n}").bytes());
+    }
+    out.push(b'\n');
+    let mut writer = csv::Writer::from_writer(out);
+    writer.write_record(grid.header()).expect("csv to memory");
+    for row in rows {
+        writer.write_record(row).expect("csv to memory");
+    }
+    writer.into_inner().expect("csv to memory")
+}
+
+/// Parses a CSV written by [`rows_csv`]: (signature without the shard, header, rows).
+pub fn parse_csv(path: &Path) -> anyhow::Result<(String, Vec<String>, Vec<Vec<String>>)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))?;
+    let (first, rest) = text.split_once('\n').with_context(|| format!("{}: empty", path.display()))?;
+    if !first.starts_with("# ctxsim sweep grid ") {
+        bail!("{}: line 1: not a ctxsim sweep CSV (no grid signature)", path.display());
+    }
+    let signature = first.split(" shard=").next().unwrap_or(first).to_owned();
+    let mut reader = csv::Reader::from_reader(rest.as_bytes());
+    let header: Vec<String> = reader.headers()?.iter().map(str::to_owned).collect();
+    let rows = reader
+        .records()
+        .map(|r| r.map(|r| r.iter().map(str::to_owned).collect::<Vec<String>>()))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("failed to parse {}", path.display()))?;
+    Ok((signature, header, rows))
+}
+
+/// Joins partial CSVs into the rows of the whole grid, verifying they share one grid and cover
+/// every point exactly once. Returns (signature, header, rows in point order).
+pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<(String, Vec<String>, Vec<Vec<String>>)> {
+    let mut signature: Option<String> = None;
+    let mut header: Option<Vec<String>> = None;
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for path in paths {
+        let (sig, head, part) = parse_csv(path)?;
+        match &signature {
+            Some(s) if *s != sig => bail!("{}: a different grid ({sig}) from the first file ({s})", path.display()),
+            _ => signature = Some(sig),
+        }
+        match &header {
+            Some(h) if *h != head => bail!("{}: columns differ from the first file", path.display()),
+            _ => header = Some(head),
+        }
+        rows.extend(part);
+    }
+    let signature = signature.context("no partial CSV given")?;
+    let points: usize = signature.rsplit("points=").next().and_then(|n| n.trim().parse().ok()).context("grid signature without points=")?;
+    rows.sort_by_key(|r| r[0].parse::<usize>().unwrap_or(usize::MAX));
+    for (expected, row) in rows.iter().enumerate() {
+        let got: usize = row[0].parse().with_context(|| format!("bad point index {}", row[0]))?;
+        if got != expected {
+            bail!("point {expected} is {} (shards overlap or one is missing)", if got < expected { "duplicated" } else { "missing" });
+        }
+    }
+    if rows.len() != points {
+        bail!("the shards hold {} of the grid's {points} points", rows.len());
+    }
+    Ok((signature, header.expect("set with the signature"), rows))
+}
+
+/// The recommendation and the front, from the rows.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    pub front: Vec<usize>,
+    pub points: Vec<ParetoPoint>,
+    pub bound: f64,
+    pub recommended: Option<usize>,
+    pub text: String,
+}
+
+pub fn analyze(header: &[String], rows: &[Vec<String>], max_loss: Option<f64>) -> Analysis {
+    let col = |name: &str| header.iter().position(|h| h == name).expect("metric column present");
+    let (cost, loss, hit, breaks, misses) = (col("cost_usd"), col("information_loss"), col("cache_hit_ratio"), col("cache_breaks"), col("recall_misses"));
+    let knobs = &header[1..cost];
+    let label = |row: &Vec<String>| knobs.iter().zip(&row[1..cost]).map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+    let points: Vec<ParetoPoint> = rows
+        .iter()
+        .map(|r| ParetoPoint { label: format!("p{}", r[0]), cost_usd: r[cost].parse().unwrap_or(0.0), information_loss: r[loss].parse().unwrap_or(0.0) })
+        .collect();
+    let front = pareto_front(&points);
+    let losses: Vec<f64> = front.iter().map(|&i| points[i].information_loss).collect();
+    let lo = losses.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = losses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let bound = max_loss.unwrap_or(if front.is_empty() { 0.0 } else { lo + 0.25 * (hi - lo) });
+    let recommended = front
+        .iter()
+        .copied()
+        .filter(|&i| points[i].information_loss <= bound)
+        .min_by(|&a, &b| points[a].cost_usd.total_cmp(&points[b].cost_usd).then(a.cmp(&b)));
+    let mut text = format!(
+        "{} points, {} on the Pareto front of cost against information loss (tokens dropped + {} × recall misses).\n",
+        rows.len(),
+        front.len(),
+        RECALL_MISS_TOKENS
+    );
+    text.push_str(&format!("Rule: the cheapest point on the front with information loss ≤ {bound:.0}{}.\n", if max_loss.is_some() { " (--max-loss)" } else { " (front's lowest loss + 25% of its range)" }));
+    match recommended {
+        Some(i) => {
+            let r = &rows[i];
+            text.push_str(&format!(
+                "Recommended: point {} ({}): cost ${}, hit ratio {}, {} cache breaks, information loss {} ({} recall misses).\n",
+                r[0], label(r), r[cost], r[hit], r[breaks], r[loss], r[misses]
+            ));
+        }
+        None => text.push_str("Recommended: none (no point on the front within the bound).\n"),
+    }
+    text.push_str("Front:\n");
+    for &i in &front {
+        let r = &rows[i];
+        text.push_str(&format!("  point {:>4}  cost ${}  loss {:>10}  {}\n", r[0], r[cost], r[loss], label(r)));
+    }
+    Analysis { front, points, bound, recommended, text }
+}
+
+/// Writes sweep.csv, recommendation.txt, pareto.svg, pareto.png and sweep.html under `dir`.
+pub fn write_outputs(dir: &Path, signature: &str, header: &[String], rows: &[Vec<String>], max_loss: Option<f64>) -> anyhow::Result<Analysis> {
+    use crate::report::output::write_atomic;
+    let mut out = signature.as_bytes().to_vec();
+    out.push(b'\n');
+    let mut writer = csv::Writer::from_writer(out);
+    writer.write_record(header)?;
+    for row in rows {
+        writer.write_record(row)?;
+    }
+    write_atomic(&dir.join("sweep.csv"), &writer.into_inner()?)?;
+    let analysis = analyze(header, rows, max_loss);
+    write_atomic(&dir.join("recommendation.txt"), analysis.text.as_bytes())?;
+    let chart = pareto_chart("Cost against information loss", &analysis.points, "information loss (tokens)");
+    let svg = render_svg(&chart).map_err(|e| anyhow::anyhow!("{}: {}", e.chart, e.message))?;
+    write_atomic(&dir.join("pareto.svg"), svg.as_bytes())?;
+    write_png(&chart, &dir.join("pareto.png")).map_err(|e| anyhow::anyhow!("{}: {}", e.chart, e.message))?;
+    let html = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>ctxsim sweep</title></head><body><h1>Sweep</h1><section id=\"pareto\">{svg}</section><pre>{}</pre></body></html>\n",
+        crate::report::html::escape(&analysis.text)
+    );
+    write_atomic(&dir.join("sweep.html"), html.as_bytes())?;
+    Ok(analysis)
+}
