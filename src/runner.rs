@@ -114,6 +114,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         input.turn = turn;
                         input.events = std::mem::take(&mut pending_events);
                         input.stages = chain_run.reports;
+                        input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
                         rows.push(measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?);
                         requests.push(request);
@@ -150,6 +151,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     input.recorded_usage = this_reply.usage.clone().filter(|u| *u != Usage::default());
                     let mut stages = std::mem::take(&mut pending_stages);
                     stages.extend(chain_run.reports);
+                    stages.extend(agent.take_peer_reports());
                     input.stages = stages;
                     let row = measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?;
                     // The client trusts the usage the API reports: a scripted usage that states the

@@ -91,6 +91,10 @@ pub struct Session {
     record_meta: Vec<chain_glue::RecordMeta>,
     /// State of the long-context chain that persists across requests.
     chain_state: crate::agent::compact::ChainState,
+    /// A peer agent's mechanism (Codex, opencode, masking, Cline, server compaction) applied
+    /// to the wire messages, and what it did on the last request.
+    peer_state: crate::agent::compact::peers::PeerState,
+    peer_reports: Vec<crate::measure::StageReport>,
 }
 
 #[path = "session_chain.rs"]
@@ -151,6 +155,8 @@ impl Session {
             previous_system: None,
             events: Vec::new(),
             record_meta: Vec::new(),
+            peer_state: Default::default(),
+            peer_reports: Vec::new(),
             chain_state: crate::agent::compact::ChainState::new(format!(
                 "{}/.claude/projects/{}/{}",
                 world.home.trim_end_matches('/'),
@@ -160,6 +166,47 @@ impl Session {
             device_id,
             session_id,
         }
+    }
+
+    /// Applies the strategy's peer mechanism to the wire messages (a view: the transcript is
+    /// kept, the peer remembers its rewrite and applies it again as the history grows).
+    fn apply_peer(&mut self, messages: &mut Vec<Message>, world: &World, system: &[crate::api::SystemBlock], tools: &[crate::api::Tool]) {
+        use crate::agent::compact::peers::PeerStrategy;
+        let config = &self.strategy.compact.peer;
+        if config.strategy == PeerStrategy::None {
+            return;
+        }
+        let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>()
+            + tools.iter().map(|t| serde_json::to_string(t).map_or(0, |j| j.len())).sum::<usize>();
+        let window = world.context_window.unwrap_or(200_000);
+        for outcome in self.peer_state.apply(config, messages, window, (base_chars / 4) as u64) {
+            if outcome.stage.is_empty() {
+                continue;
+            }
+            if outcome.fired {
+                let event = match outcome.stage {
+                    "codex_compact" | "opencode_summary" | "server_compaction" => "compaction",
+                    "cline_truncate" => "truncation",
+                    _ => "context_editing",
+                };
+                if !self.events.iter().any(|e| e == event) {
+                    self.events.push(event.to_owned());
+                }
+            }
+            self.peer_reports.push(crate::measure::StageReport {
+                name: outcome.stage.to_owned(),
+                fired: outcome.fired,
+                reason: outcome.reason,
+                tokens_before: outcome.tokens_before,
+                tokens_after: outcome.tokens_after,
+                invalidated_from: None,
+            });
+        }
+    }
+
+    /// What the peer mechanism did while the last request was built.
+    pub fn take_peer_reports(&mut self) -> Vec<crate::measure::StageReport> {
+        std::mem::take(&mut self.peer_reports)
     }
 
     /// Events produced while building a side request go back to the queue of the next one.
@@ -834,6 +881,8 @@ impl Session {
                 }
             }
         }
+
+        self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
 
         if !self.strategy.deferred_tools_delta
             && let Some(listing) = pool.deferred_listing()

@@ -101,8 +101,14 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
             summary.input = input.name.clone();
             summary.info_loss = info_loss(&output.requests, &output.rows);
             let compactions = summary.compactions.clone();
-            let note = (strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None)
-                .then(|| "the peer mechanism runs in the agent once the chain calls peers.rs; until then this row is claude-code's chain".to_owned());
+            // A peer that rewrote the context changes what the model saw; the scripted replies
+            // are kept as they are, which the note says.
+            const PEER_STAGES: [&str; 7] =
+                ["observation_masking", "opencode_prune", "opencode_summary", "codex_compact", "cline_truncate", "server_compaction", "clear_tool_uses"];
+            let first_rewrite = output.rows.iter().find(|r| r.stages.iter().any(|s| s.fired && PEER_STAGES.contains(&s.name.as_str())));
+            let note = first_rewrite.map(|r| {
+                format!("from request {} the peer rewrote what the model saw; the scripted replies are kept as written", r.index)
+            });
             Ok(Evaluation {
                 input: input.name.clone(),
                 strategy: strategy.name.clone(),

@@ -64,3 +64,17 @@ fn strategies_command_prints_json() {
     assert_eq!(v["presets"].as_array().unwrap().len(), PRESETS.len());
     assert!(v["causes"].as_array().unwrap().len() > 5);
 }
+
+#[test]
+fn peer_presets_change_what_the_agent_sends() {
+    // Observation masking hides all but the last N tool results in every request it builds.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/time-microcompact.yaml");
+    let scenario = ctxsim::scenario::load_scenario(&path).unwrap();
+    let mut strategy = ctxsim::strategy::Strategy::resolve("observation-masking").unwrap();
+    strategy.set("compact.peer.keep_recent", "0").unwrap();
+    let mut m = ctxsim::measure::Measurer::new(ctxsim::measure::ModelTable::shipped(), ctxsim::measure::TokenCounter::new(ctxsim::measure::EstimatorKind::Chars4));
+    let out = ctxsim::runner::run_scenario(&scenario, &mut m, &strategy).unwrap();
+    let fired: Vec<_> = out.rows.iter().flat_map(|r| r.stages.iter()).filter(|s| s.fired && s.name == "observation_masking").collect();
+    assert!(!fired.is_empty(), "{:?}", out.rows.iter().map(|r| &r.stages).collect::<Vec<_>>());
+    assert!(fired.iter().all(|s| s.tokens_after < s.tokens_before));
+}
