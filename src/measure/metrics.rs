@@ -185,7 +185,10 @@ impl Measurer {
         };
         let lane = self.lanes.get_mut(input.lane).expect("lane inserted above");
         let outcome = outcome.unwrap_or_default();
+        // A rejected request (an API error) caches nothing and reads nothing: it is an error
+        // row, not a cache break.
         let is_break = match &lane.memory {
+            _ if error.is_some() => false,
             // Tokens `cache_edits` deleted since the lane's previous request were expected to go
             // (the client's detector skips a check while deletions are pending).
             Some(previous) => is_cache_break(

@@ -140,3 +140,13 @@ fn junit_escapes_markup_and_control_characters() {
     assert_eq!(xml_escape("a<b>&\"c'\n"), "a&lt;b&gt;&amp;&quot;c&apos;&#10;");
     assert_eq!(xml_escape_text("x\u{1}\ny"), "x\u{FFFD}\ny");
 }
+
+#[test]
+fn the_shipped_suite_meets_its_budgets_and_break_classes() {
+    // Every shipped scenario's `expect:` holds, including the cache-break classes users report
+    // (`break_causes`: exactly which breaks the claude-code strategy has, with their causes).
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).current_dir(env!("CARGO_MANIFEST_DIR")).args(["check", "scenarios"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("break-resume-after-ttl"), "{stdout}");
+}
