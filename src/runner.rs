@@ -213,6 +213,10 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             }
             Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
+            Step::ModelSwitch { model } => {
+                world.model_id = model.clone();
+                pending_events.push(format!("model_changed:{model}"));
+            }
         }
     }
     // A surfaced prompt-too-long ends its turn like a blocked one.

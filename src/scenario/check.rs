@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 11] = [
+const KINDS: [&str; 12] = [
     "user",
     "assistant",
     "tool_output",
@@ -64,6 +64,7 @@ const KINDS: [&str; 11] = [
     "mcp_list_changed",
     "plugin_enable",
     "plugin_reload",
+    "model_switch",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -175,6 +176,7 @@ fn check_step(
         step.mcp_list_changed.is_some(),
         step.plugin_enable.is_some(),
         step.plugin_reload.is_some(),
+        step.model_switch.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -231,6 +233,12 @@ fn check_step(
     }
     if step.plugin_reload.is_some() {
         return Ok(Step::PluginReload);
+    }
+    if let Some(model) = step.model_switch {
+        if model.trim().is_empty() {
+            return Err(problem(here("model_switch"), "the model id is empty"));
+        }
+        return Ok(Step::ModelSwitch { model });
     }
     if let Some(spec) = step.write_file {
         let path = resolve(world, &spec.path).ok_or_else(|| problem(here("write_file"), "not a valid path"))?;

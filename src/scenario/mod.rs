@@ -53,6 +53,7 @@
 //!   - mcp_list_changed: {server: jira, tools: [{name: search, description: ...}]}
 //!   - plugin_enable: /plugins/demo # enable a plugin folder; every plugin refreshes (plugin_reloaded)
 //!   - plugin_reload: true          # /reload-plugins: re-read every enabled plugin
+//!   - model_switch: claude-opus-4-5  # /model: later requests go to another model
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

@@ -44,6 +44,7 @@ pub(crate) struct RawStep {
     pub mcp_list_changed: Option<McpListChangedSpec>,
     pub plugin_enable: Option<String>,
     pub plugin_reload: Option<bool>,
+    pub model_switch: Option<String>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,

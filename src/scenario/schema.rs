@@ -155,6 +155,8 @@ pub enum Step {
     PluginEnable { root: String },
     /// `plugin_reload: true` — `/reload-plugins`: every enabled plugin is re-read.
     PluginReload,
+    /// `model_switch: claude-opus-4-5` — `/model`: later requests go to another model.
+    ModelSwitch { model: String },
 }
 
 impl Step {
@@ -172,6 +174,7 @@ impl Step {
             Step::McpListChanged { .. } => "mcp_list_changed",
             Step::PluginEnable { .. } => "plugin_enable",
             Step::PluginReload => "plugin_reload",
+            Step::ModelSwitch { .. } => "model_switch",
         }
     }
 }

@@ -51,6 +51,7 @@ fn steps(scenario: &Scenario) -> String {
             Step::Wait { ms } => format!("wait {ms}ms"),
             Step::WriteFile { path, content } => format!("write_file {path} {content:?}"),
             Step::RemoveFile { path } => format!("remove_file {path}"),
+            Step::ModelSwitch { model } => format!("model_switch {model}"),
             Step::McpConnect { server } => format!("mcp_connect {server}"),
             Step::McpDisconnect { server } => format!("mcp_disconnect {server}"),
             Step::McpListChanged { server, tools } => format!("mcp_list_changed {server} {}", tools.len()),
