@@ -392,7 +392,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 _ => {}
             }
         }
-        state.scanned_to = call.event_index + 1;
+        // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
+        // ToolSearch) and the results that follow belong to what the next call sees.
+        state.scanned_to = call.event_index;
         // Read results of the previous reply arrive after it: keep unmatched ones for later.
         if !pending_reads.is_empty() {
             for (i, event) in events.iter().enumerate().skip(call.event_index) {
