@@ -260,7 +260,9 @@ fn is_new_user_turn(messages: &[Message]) -> bool {
 fn previous_prompt_position(request: &Request, flat: &FlatRequest) -> Option<usize> {
     let n = request.messages.len();
     let mut target = None;
-    for m in (1..n.saturating_sub(1)).rev() {
+    // `messages[0]` counts too: the first prompt of the session, or the compaction summary
+    // that opens the turn after a compaction (its re-render drops the read to the prefix).
+    for m in (0..n.saturating_sub(1)).rev() {
         let message = &request.messages[m];
         if message.role == Role::User
             && !message.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))

@@ -45,11 +45,11 @@ fn fidelity_holds_its_floors_on_every_real_session() {
         let r = fidelity(path, EstimatorKind::Calibrated);
         let name = path.display();
         assert!(r.requests_compared >= 10, "{name}: {r:?}");
-        assert!(r.context_tokens_mape <= 0.20, "{name}: context MAPE {}", r.context_tokens_mape);
-        assert!(r.hit_agreement >= 0.95, "{name}: hit agreement {}", r.hit_agreement);
-        assert!(r.cache_read_total_error.abs() <= 0.20, "{name}: cache read {}", r.cache_read_total_error);
-        assert!(r.cache_creation_total_error.abs() <= 0.50, "{name}: cache creation {}", r.cache_creation_total_error);
-        assert!(r.cost_error.abs() <= 0.25, "{name}: cost {}", r.cost_error);
+        assert!(r.context_tokens_mape <= 0.16, "{name}: context MAPE {}", r.context_tokens_mape);
+        assert!(r.hit_agreement >= 0.965, "{name}: hit agreement {}", r.hit_agreement);
+        assert!(r.cache_read_total_error.abs() <= 0.08, "{name}: cache read {}", r.cache_read_total_error);
+        assert!(r.cache_creation_total_error.abs() <= 0.35, "{name}: cache creation {}", r.cache_creation_total_error);
+        assert!(r.cost_error.abs() <= 0.18, "{name}: cost {}", r.cost_error);
         assert_eq!(r.estimator, "calibrated");
     }
 }
@@ -135,4 +135,20 @@ fn fidelity_chart_has_one_recorded_and_one_simulated_point_per_call() {
             assert_eq!(*point, (call.index as f64, y as f64));
         }
     }
+}
+
+#[test]
+fn files_read_before_a_compaction_are_restored_after_it() {
+    // cd95 reads 13 files before its first compaction; the first call after it re-attaches
+    // them (the replay used to skip each call's own reply, so no Read was ever seen).
+    let path = realdata().join("transcripts/entireio-cli/cd95adddad32-0.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+    let after = replay.calls.iter().find(|c| c.events.iter().any(|e| e == "compaction")).unwrap();
+    let before = replay.calls.iter().filter(|c| c.index < after.index && c.compared()).last().unwrap();
+    let dropped = before.simulated_context() - after.simulated_context();
+    // Recorded: 154,445 before, 66,549 after. Without restored files the replay showed 40k after.
+    assert!(after.simulated_context() > 50_000, "{} after the compaction", after.simulated_context());
+    assert!(dropped > 80_000, "{dropped}");
 }
