@@ -148,7 +148,8 @@ fn files_read_before_a_compaction_are_restored_after_it() {
     let after = replay.calls.iter().find(|c| c.events.iter().any(|e| e == "compaction")).unwrap();
     let before = replay.calls.iter().filter(|c| c.index < after.index && c.compared()).last().unwrap();
     let dropped = before.simulated_context() - after.simulated_context();
-    // Recorded: 154,445 before, 66,549 after. Without restored files the replay showed 40k after.
+    // Recorded: 154,445 before, 66,549 after; without restored files the replay (calibrated)
+    // showed 40k after.
     assert!(after.simulated_context() > 50_000, "{} after the compaction", after.simulated_context());
-    assert!(dropped > 80_000, "{dropped}");
+    assert!(dropped > 60_000, "{dropped}");
 }
