@@ -146,7 +146,7 @@ fn files_read_before_a_compaction_are_restored_after_it() {
     let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
     let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
     let after = replay.calls.iter().find(|c| c.events.iter().any(|e| e == "compaction")).unwrap();
-    let before = replay.calls.iter().filter(|c| c.index < after.index && c.compared()).last().unwrap();
+    let before = replay.calls.iter().rfind(|c| c.index < after.index && c.compared()).unwrap();
     let dropped = before.simulated_context() - after.simulated_context();
     // Recorded: 154,445 before, 66,549 after; without restored files the replay (calibrated)
     // showed 40k after.
