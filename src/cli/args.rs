@@ -107,6 +107,9 @@ pub struct FidelityArgs {
     /// Keep per-call rows in the JSON output.
     #[arg(long)]
     pub calls: bool,
+    /// Write `<session>.svg` and `<session>.png` (simulated vs recorded context per call) here.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     /// Do not apply the N-pattern rate of 2.0.76–2.1.39.
     #[arg(long)]
     pub no_rerender_rate: bool,

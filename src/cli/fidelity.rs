@@ -3,7 +3,7 @@ use anyhow::Context;
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::{
     ReplayOptions, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session,
-    replay_session,
+    replay_session, write_fidelity_plots,
 };
 use crate::report::output::write_atomic;
 
@@ -47,7 +47,17 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
-        reports.push(fidelity_for_session(&replay, &table, args.calls));
+        reports.push(fidelity_for_session(&replay, &table, args.calls || args.plot.is_some()));
+    }
+    if let Some(dir) = &args.plot {
+        for path in write_fidelity_plots(dir, &reports)? {
+            eprintln!("wrote {}", path.display());
+        }
+        if !args.calls {
+            for report in &mut reports {
+                report.calls.clear();
+            }
+        }
     }
     match args.format {
         FidelityFormat::Json => {

@@ -5,10 +5,12 @@
 //! - [`session`]: rebuilds, for every recorded API call, the request the client would have
 //!   sent, and measures it.
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
+//! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
 
 pub mod breaks;
 pub mod fidelity;
+pub mod plot;
 pub mod profile;
 pub mod session;
 
@@ -16,5 +18,6 @@ pub use breaks::{BreakRow, find_breaks};
 pub use fidelity::{
     CallComparison, FidelityReport, FitSample, fidelity_for_session, fidelity_table, fit_calibration, fit_samples,
 };
+pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use profile::{ClientProfile, parse_version};
 pub use session::{CallReplay, ReplayOptions, SessionReplay, load_session, replay_session};

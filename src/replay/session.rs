@@ -306,7 +306,9 @@ fn is_new_user_turn(messages: &[Message]) -> bool {
 fn previous_prompt_position(request: &Request, flat: &FlatRequest) -> Option<usize> {
     let n = request.messages.len();
     let mut target = None;
-    for m in (1..n.saturating_sub(1)).rev() {
+    // `messages[0]` counts too: the first prompt of the session, or the compaction summary
+    // that opens the turn after a compaction (its re-render drops the read to the prefix).
+    for m in (0..n.saturating_sub(1)).rev() {
         let message = &request.messages[m];
         if message.role == Role::User
             && !message.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
@@ -443,7 +445,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 _ => {}
             }
         }
-        state.scanned_to = call.event_index + 1;
+        // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
+        // ToolSearch) and the results that follow belong to what the next call sees.
+        state.scanned_to = call.event_index;
         // Read results of the previous reply arrive after it: keep unmatched ones for later.
         if !pending_reads.is_empty() {
             for (i, event) in events.iter().enumerate().skip(call.event_index) {
