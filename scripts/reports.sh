@@ -15,6 +15,6 @@ if [ -d "$realdata" ]; then
   "$bin" analyze "$realdata/api_captures/claude-trace/test-traffic.jsonl" --from claude-trace \
     --trace reports/claude-trace/trace.jsonl --format json > reports/claude-trace/summary.json
   "$bin" fidelity "$realdata"/transcripts/entireio-cli/*.full.jsonl "$realdata"/transcripts/spotter/*.jsonl \
-    --format json > reports/fidelity.json
+    --format json --plot reports/fidelity > reports/fidelity.json
 fi
 "$bin" run scenarios --format table
