@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::report::check::{Baseline, Tolerances, check_suite};
+use crate::report::check::{Baseline, Tolerances, check_suite_with};
 use crate::report::output::write_atomic;
 use crate::scenario::load_scenario;
 
@@ -38,6 +38,10 @@ pub struct CheckArgs {
     /// Token estimator.
     #[arg(long, value_enum, default_value = "bpe")]
     pub estimator: Estimator,
+    /// Skip a stage of the long-context chain by name (repeatable); unknown names are an error
+    /// listing the valid ones.
+    #[arg(long = "disable-stage", value_name = "NAME")]
+    pub disable_stage: Vec<String>,
     /// A model table replacing the shipped one.
     #[arg(long, value_name = "FILE")]
     pub model_table: Option<PathBuf>,
@@ -74,7 +78,8 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
         _ => None,
     };
     let tolerances = Tolerances { relative: args.tolerance, extra_cache_breaks: args.extra_cache_breaks, hit_ratio: args.hit_ratio_tolerance };
-    let report = check_suite(&scenarios, &make, baseline.as_ref(), &tolerances)?;
+    let chain = crate::agent::compact::Chain::with_disabled(&args.disable_stage)?;
+    let report = check_suite_with(&scenarios, &make, baseline.as_ref(), &tolerances, &chain)?;
 
     if let Some(path) = &args.junit {
         write_atomic(path, report.junit_xml().as_bytes()).with_context(|| format!("failed to write {}", path.display()))?;

@@ -13,7 +13,7 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::{Measurer, RequestMetrics, Summary};
-use crate::runner::{RunError, RunOutput, run_scenario};
+use crate::runner::{RunError, RunOutput, run_scenario_with};
 use crate::scenario::Scenario;
 
 /// The strategy `check` runs scenarios with.
@@ -383,6 +383,17 @@ pub fn check_suite(
     baseline: Option<&Baseline>,
     tolerances: &Tolerances,
 ) -> Result<SuiteReport, CheckError> {
+    check_suite_with(scenarios, make_measurer, baseline, tolerances, &crate::agent::compact::Chain::new())
+}
+
+/// [`check_suite`] with a given long-context chain (e.g. stages disabled by name).
+pub fn check_suite_with(
+    scenarios: &[Scenario],
+    make_measurer: &dyn Fn() -> Measurer,
+    baseline: Option<&Baseline>,
+    tolerances: &Tolerances,
+    chain: &crate::agent::compact::Chain,
+) -> Result<SuiteReport, CheckError> {
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     for scenario in scenarios {
         if let Some(first) = seen.insert(&scenario.name, &scenario.file) {
@@ -391,7 +402,7 @@ pub fn check_suite(
     }
     let mut reports = Vec::with_capacity(scenarios.len());
     for scenario in scenarios {
-        let output = run_scenario(scenario, &mut make_measurer(), &crate::strategy::Strategy::default())?;
+        let output = run_scenario_with(scenario, &mut make_measurer(), &crate::strategy::Strategy::default(), chain)?;
         reports.push(check_run(scenario, &output, baseline, tolerances));
     }
     Ok(SuiteReport { scenarios: reports })

@@ -150,3 +150,20 @@ fn the_shipped_suite_meets_its_budgets_and_break_classes() {
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("break-resume-after-ttl"), "{stdout}");
 }
+
+#[test]
+fn disabling_a_stage_breaks_the_budget_that_needs_it() {
+    let run = |stage: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["check", "scenarios/autocompact-200k.yaml", "--disable-stage", stage])
+            .output()
+            .unwrap()
+    };
+    let off = run("autocompact");
+    assert_eq!(off.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&off.stdout).contains("auto fired 0 times, expected exactly 1"));
+    let unknown = run("autocompactt");
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("valid stages: tool_result_budget"));
+}
