@@ -21,6 +21,18 @@ impl MessageContent {
         }
     }
 
+    /// The text the content carries: the string, or its text blocks joined by newlines.
+    pub fn joined_text(&self) -> String {
+        match self {
+            MessageContent::Text(text) => text.clone(),
+            MessageContent::Blocks(blocks) => blocks
+                .iter()
+                .filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
     pub fn block_count(&self) -> usize {
         match self {
             MessageContent::Text(_) => 1,

@@ -154,14 +154,7 @@ impl LossTracker {
 
         // A new user prompt (the last user message with text) naming a path no longer visible.
         if let Some(last) = request.messages.iter().rev().find(|m| m.role == Role::User) {
-            let text: String = match &last.content {
-                MessageContent::Text(t) => t.clone(),
-                MessageContent::Blocks(blocks) => blocks
-                    .iter()
-                    .filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None })
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            };
+            let text = last.content.joined_text();
             if !text.is_empty() {
                 let key = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
                 if self.judged_prompt.get(lane) != Some(&key) {

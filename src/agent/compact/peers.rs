@@ -250,14 +250,7 @@ pub fn codex_rebuild(messages: &[Message], user_max: u64, summary_tokens: u64) -
         if message.role != Role::User || !is_prompt(message) || budget == 0 {
             continue;
         }
-        let text: String = match &message.content {
-            MessageContent::Text(t) => t.clone(),
-            MessageContent::Blocks(blocks) => blocks
-                .iter()
-                .filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None })
-                .collect::<Vec<_>>()
-                .join("\n"),
-        };
+        let text = message.content.joined_text();
         let tokens = chars4(text.len());
         let text = if tokens > budget {
             // Keep the newest part of a too-long message.
