@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::api::canonical::sha256_hex;
 use crate::api::{Request, Usage};
 
-use super::blocks::{FlatRequest, RegionCounts, flatten};
+use super::blocks::{FlatRequest, RegionCounts};
+use super::incremental::Flattener;
 use super::cache::{CacheError, CacheSim};
 use super::models::{ModelTable, UnknownModel};
 use super::prefix::{LaneMemory, PrefixReport, attribute};
@@ -111,11 +112,12 @@ pub struct Measurer {
     cache: CacheSim,
     lanes: BTreeMap<String, LaneState>,
     next_index: usize,
+    flattener: Flattener,
 }
 
 impl Measurer {
     pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
-        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0 }
+        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener: Flattener::new() }
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -134,11 +136,17 @@ impl Measurer {
         &self.cache
     }
 
+    /// The incremental flattener (its counters say how much was reused).
+    pub fn flattener(&self) -> &Flattener {
+        &self.flattener
+    }
+
     /// Flattens a request with this measurer's estimator (for callers that need token counts
-    /// of a body without measuring it as sent).
+    /// of a body without measuring it as sent). Incremental: what the request repeats of an
+    /// earlier one is compared, not hashed again ([`Flattener`]).
     pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {
-        let family = self.table.lookup(&body.model)?.family.clone();
-        Ok(flatten(body, &mut self.counter, &family))
+        let family = &self.table.lookup(&body.model)?.family;
+        Ok(self.flattener.flatten(body, &mut self.counter, family))
     }
 
     /// Journals an event that happened between requests, for every lane's next attribution.
@@ -164,7 +172,7 @@ impl Measurer {
             }
         }
         let hashes: Vec<u128> = flat.blocks.iter().map(|b| b.prefix_hash).collect();
-        let body_sha256 = crate::api::structural::sha256_hex(input.body);
+        let body_sha256 = flat.body_sha256.clone();
         let index = self.next_index;
         self.next_index += 1;
 

@@ -3,6 +3,7 @@
 
 pub mod blocks;
 pub mod cache;
+pub mod incremental;
 pub mod loss;
 pub mod metrics;
 pub mod models;

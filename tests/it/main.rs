@@ -4,6 +4,7 @@ mod analyze;
 mod mechanisms;
 mod layer6;
 mod cache;
+mod incremental;
 mod fidelity;
 mod compact;
 mod recording;
