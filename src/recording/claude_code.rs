@@ -133,13 +133,32 @@ pub struct ImportedSession {
     pub report: ImportReport,
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
-    chain: BTreeMap<String, ChainNode>,
+    chain: Chain,
 }
 
 #[derive(Debug, Clone, Default)]
 struct ChainNode {
     parent: Option<String>,
     events: Vec<usize>,
+}
+
+/// The `parentUuid` graph with parents resolved to node numbers once, so that walking it
+/// (every call of a replay does) follows numbers instead of looking up uuids.
+#[derive(Debug, Clone, Default)]
+struct Chain {
+    /// Node number of each uuid.
+    index: BTreeMap<String, usize>,
+    /// Per node: its parent's number (`None` when it has none or the parent is not in the
+    /// file), and its event indices.
+    nodes: Vec<(Option<usize>, Vec<usize>)>,
+}
+
+impl Chain {
+    fn new(chain: BTreeMap<String, ChainNode>) -> Chain {
+        let index: BTreeMap<String, usize> = chain.keys().enumerate().map(|(i, uuid)| (uuid.clone(), i)).collect();
+        let nodes = chain.into_values().map(|node| (node.parent.and_then(|p| index.get(&p).copied()), node.events)).collect();
+        Chain { index, nodes }
+    }
 }
 
 impl ImportedSession {
@@ -150,7 +169,7 @@ impl ImportedSession {
         let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, chain: BTreeMap::new() }
+        ImportedSession { recording, calls, report, chain: Chain::default() }
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -168,28 +187,30 @@ impl ImportedSession {
     pub fn view_event_indices(&self, call: &RecordedCall) -> Vec<usize> {
         let events = &self.recording.events;
         let start = events.get(call.event_index).and_then(|e| e.uuid.clone());
-        let on_chain = call.lane == LANE_MAIN && start.as_ref().is_some_and(|u| self.chain.contains_key(u));
-        if !on_chain {
-            return view_in_file_order(&self.recording, call);
-        }
-        let mut indices = BTreeSet::new();
-        let mut visited = BTreeSet::new();
-        let mut cursor = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
-        while let Some(uuid) = cursor {
+        let start = match start.as_ref().and_then(|u| self.chain.index.get(u)) {
+            Some(&node) if call.lane == LANE_MAIN => node,
+            _ => return view_in_file_order(&self.recording, call),
+        };
+        let mut indices = Vec::new();
+        let mut visited = vec![false; self.chain.nodes.len()];
+        let mut cursor = self.chain.nodes[start].0;
+        while let Some(node) = cursor {
             // A cycle cannot happen in a well-formed transcript; the visited set keeps a
             // malformed one from looping forever.
-            if !visited.insert(uuid.clone()) {
+            if std::mem::replace(&mut visited[node], true) {
                 break;
             }
-            let Some(node) = self.chain.get(&uuid) else { break };
-            for &i in &node.events {
+            let (parent, node_events) = &self.chain.nodes[node];
+            for &i in node_events {
                 if i < call.event_index && is_message_event(&events[i].kind) {
-                    indices.insert(i);
+                    indices.push(i);
                 }
             }
-            cursor = node.parent.clone();
+            cursor = *parent;
         }
-        indices.into_iter().collect()
+        indices.sort_unstable();
+        indices.dedup();
+        indices
     }
 
     /// The message list the model saw for `call`, rebuilt from [`Self::view_event_indices`]:
@@ -199,6 +220,27 @@ impl ImportedSession {
     pub fn messages_for_call(&self, call: &RecordedCall) -> Vec<Message> {
         build_messages(&self.recording, &self.view_event_indices(call))
     }
+
+    /// [`Self::messages_for_call`], reusing the messages built for the previous call of the
+    /// same lane when this call's view extends that call's view (the usual case: a call sees
+    /// what the one before it saw, plus its reply and the results that followed).
+    pub fn messages_for_call_cached(&self, call: &RecordedCall, cache: &mut ViewCache) -> Vec<Message> {
+        let view = self.view_event_indices(call);
+        let (last_view, messages) = cache.lanes.entry(call.lane.clone()).or_default();
+        if view.starts_with(last_view) {
+            append_messages(&self.recording, &view[last_view.len()..], messages);
+        } else {
+            *messages = build_messages(&self.recording, &view);
+        }
+        *last_view = view;
+        messages.clone()
+    }
+}
+
+/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]).
+#[derive(Debug, Default)]
+pub struct ViewCache {
+    lanes: BTreeMap<String, (Vec<usize>, Vec<Message>)>,
 }
 
 fn is_message_event(kind: &EventKind) -> bool {
@@ -223,6 +265,13 @@ fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> 
 /// Builds API messages from message events, merging consecutive same-role content.
 pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> {
     let mut messages: Vec<Message> = Vec::new();
+    append_messages(recording, indices, &mut messages);
+    messages
+}
+
+/// Appends message events to `messages` as [`build_messages`] does (the first may merge into
+/// the last message).
+fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<Message>) {
     for &i in indices {
         let Some(event) = recording.events.get(i) else { continue };
         let (role, blocks) = match &event.kind {
@@ -235,15 +284,17 @@ pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> 
             _ => continue,
         };
         match messages.last_mut() {
-            Some(last) if last.role == role => {
-                let mut merged = last.content.to_blocks();
-                merged.extend(blocks);
-                last.content = MessageContent::Blocks(merged);
-            }
+            Some(last) if last.role == role => match &mut last.content {
+                MessageContent::Blocks(merged) => merged.extend(blocks),
+                MessageContent::Text(_) => {
+                    let mut merged = last.content.to_blocks();
+                    merged.extend(blocks);
+                    last.content = MessageContent::Blocks(merged);
+                }
+            },
             _ => messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
         }
     }
-    messages
 }
 
 /// Imports a session transcript and the subagent transcripts beside it
@@ -382,7 +433,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
         report.totals_all.add(&call.usage, call.is_synthetic);
     }
     report.totals_by_lane = by_lane;
-    ImportedSession { recording, calls, report, chain }
+    ImportedSession { recording, calls, report, chain: Chain::new(chain) }
 }
 
 /// Stable k-way merge by `time_ms`; returns the merged events and, for lane 0, old → new index.

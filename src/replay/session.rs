@@ -236,6 +236,18 @@ fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: 
     text
 }
 
+/// [`filler`], memoized: a replay asks for the same texts at every call (the prefix level, the
+/// user context, the thinking of every earlier reply).
+#[derive(Default)]
+struct Fillers(BTreeMap<(String, u64, EstimatorKind, u64, u64), String>);
+
+impl Fillers {
+    fn get(&mut self, label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
+        let key = (label.to_owned(), target, kind, scale.to_bits(), per_block.to_bits());
+        self.0.entry(key).or_insert_with(|| filler(label, target, kind, scale, per_block)).clone()
+    }
+}
+
 fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
     let split = usage.cache_creation.as_ref()?;
     if split.ephemeral_1h_input_tokens > 0 {
@@ -356,6 +368,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     }
 
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
+    let mut fillers = Fillers::default();
+    let mut views = crate::recording::ViewCache::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
     let mut out = Vec::with_capacity(session.calls.len());
     let mut turn = 0u32;
@@ -496,7 +510,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         state.last_time_ms = Some(call.time_ms);
 
         // The messages the call saw, with what the client changed in them.
-        let mut messages = session.messages_for_call(call);
+        let mut messages = session.messages_for_call_cached(call, &mut views);
         for message in &mut messages {
             let MessageContent::Blocks(blocks) = &mut message.content else { continue };
             for block in blocks.iter_mut() {
@@ -506,7 +520,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                     ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
                         if let Some(&tokens) = thinking_estimate.get(signature.as_str()) {
-                            *thinking = filler("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
+                            *thinking = fillers.get("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
                         }
                     }
                     _ => {}
@@ -592,7 +606,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
 
         let label = if group == LANE_MAIN { "system".to_owned() } else { format!("system {group}") };
         request.system = Some(SystemPrompt::Blocks(vec![
-            SystemBlock::text(filler(&label, sizes.prefix_tokens, kind, params.scale, params.per_block))
+            SystemBlock::text(fillers.get(&label, sizes.prefix_tokens, kind, params.scale, params.per_block))
                 .with_cache_control(Some(cache_control.clone())),
         ]));
         if !state.loaded_tools.is_empty() {
@@ -600,13 +614,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 state
                     .loaded_tools
                     .iter()
-                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
+                    .map(|name| Tool::custom(name.clone(), fillers.get(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
                     .collect(),
             );
         }
         if sizes.context_tokens > 0 {
             let label = format!("user-context {group} {} {}", state.rerender_epoch, sizes.context_tokens);
-            let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, kind, params.scale, params.per_block));
+            let reminder = ContentBlock::text(fillers.get(&label, sizes.context_tokens, kind, params.scale, params.per_block));
             match request.messages.first_mut() {
                 Some(first) if first.role == Role::User => {
                     let mut blocks = vec![reminder];
