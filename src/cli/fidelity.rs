@@ -19,7 +19,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     if let Some(out) = &args.fit {
         let mut samples = std::collections::BTreeMap::new();
         for session in &sessions {
-            let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Bpe));
+            let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Bpe)).without_body_hashes();
             let replay = replay_session(session, &mut measurer, &options);
             for (family, s) in fit_samples(&replay, &table) {
                 samples.entry(family).or_insert_with(Vec::new).extend(s);
@@ -42,7 +42,8 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     let mut breaks = Vec::new();
     for session in &sessions {
         let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone());
-        let mut measurer = Measurer::new(table.clone(), counter);
+        // Fidelity outputs compare usage; no trace rows, no fingerprints.
+        let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
         let replay = replay_session(session, &mut measurer, &options);
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));

@@ -40,10 +40,12 @@ use super::tokens::TokenCounter;
 pub const MAX_TRACKS: usize = 8;
 
 /// Flattens requests reusing the work done for earlier ones (see the module documentation).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Flattener {
     tracks: Vec<Track>,
     tick: u64,
+    /// Whether flat requests carry their `body_sha256` (see [`Flattener::without_body_hashes`]).
+    body_hashes: bool,
     /// Requests flattened, and message blocks taken from a track rather than hashed.
     pub requests: u64,
     pub reused_blocks: u64,
@@ -110,9 +112,23 @@ fn message_key(message: &Message) -> (Role, usize, usize) {
     (message.role, count, length)
 }
 
+impl Default for Flattener {
+    fn default() -> Self {
+        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, requests: 0, reused_blocks: 0 }
+    }
+}
+
 impl Flattener {
     pub fn new() -> Self {
         Flattener::default()
+    }
+
+    /// A flattener whose flat requests carry an empty `body_sha256`. The body hash reads every
+    /// byte after the first changed message, the system prompt and tools included, on every
+    /// request; callers that output neither trace rows nor summary fingerprints (fidelity,
+    /// sweep) skip it.
+    pub fn without_body_hashes() -> Self {
+        Flattener { body_hashes: false, ..Flattener::default() }
     }
 
     /// The track a request most likely extends, or a new one (the least recently used goes).
@@ -201,7 +217,7 @@ impl Flattener {
         track.messages.truncate(reuse);
         track.messages.extend_from_slice(&request.messages[reuse..]);
 
-        let body_sha256 = track.body.sha256_hex(request, reuse);
+        let body_sha256 = if self.body_hashes { track.body.sha256_hex(request, reuse) } else { String::new() };
         finish(request, Arc::clone(&track.blocks), track.head, body_sha256)
     }
 }

@@ -136,6 +136,14 @@ impl Measurer {
         &self.cache
     }
 
+    /// This measurer without body hashes: its rows carry an empty `body_sha256` and its
+    /// summaries a fingerprint of nothing. For callers that output neither (fidelity, sweep);
+    /// everything else it measures is the same.
+    pub fn without_body_hashes(mut self) -> Self {
+        self.flattener = Flattener::without_body_hashes();
+        self
+    }
+
     /// The incremental flattener (its counters say how much was reused).
     pub fn flattener(&self) -> &Flattener {
         &self.flattener

@@ -294,3 +294,19 @@ fn real_captured_requests_measure_as_from_scratch() {
         assert!(reused > 0.5, "{kind:?}: reused {reused}");
     }
 }
+
+/// A measurer without body hashes (fidelity, sweep) measures everything else the same.
+#[test]
+fn without_body_hashes_only_the_body_hash_is_left_out() {
+    let session = ctxsim::synth::growing_session(9, 40, 20_000, MODEL);
+    let mut with = measurer();
+    let mut without = measurer().without_body_hashes();
+    for entry in &session {
+        let a = with.measure(MeasureInput::new("main", entry.time_ms, &entry.body)).unwrap();
+        let mut b = without.measure(MeasureInput::new("main", entry.time_ms, &entry.body)).unwrap();
+        assert_eq!(a.body_sha256.len(), 64);
+        assert_eq!(b.body_sha256, "");
+        b.body_sha256 = a.body_sha256.clone();
+        assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+    }
+}
