@@ -125,6 +125,8 @@ pub struct TokenCounter {
     /// Number of blocks actually tokenized (memo misses); the rest were memo hits.
     pub tokenized_blocks: u64,
     pub memo_hits: u64,
+    /// The texts tokenized, in order, when asked for ([`TokenCounter::keep_tokenized_texts`]).
+    kept_texts: Option<Vec<String>>,
 }
 
 impl TokenCounter {
@@ -133,7 +135,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: HashMap::new(), tokenized_blocks: 0, memo_hits: 0 }
+        TokenCounter { kind, calibration, memo: HashMap::new(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
     }
 
     pub fn kind(&self) -> EstimatorKind {
@@ -144,6 +146,17 @@ impl TokenCounter {
         &self.calibration
     }
 
+    /// Keeps a copy of every text tokenized from now on: the benches time tokenizing exactly
+    /// these (each unique block once, the floor of any measurement).
+    pub fn keep_tokenized_texts(&mut self) {
+        self.kept_texts.get_or_insert_with(Vec::new);
+    }
+
+    /// The texts kept since [`TokenCounter::keep_tokenized_texts`] (empty when not asked for).
+    pub fn tokenized_texts(&self) -> &[String] {
+        self.kept_texts.as_deref().unwrap_or(&[])
+    }
+
     /// The raw count of a block (chars4 or bpe; calibrated memoizes the bpe count), computed
     /// once per content hash. `units` is only called on a memo miss.
     fn raw_count(&mut self, key: u128, units: impl FnOnce() -> Vec<TokenUnit>) -> u32 {
@@ -152,7 +165,11 @@ impl TokenCounter {
             return count;
         }
         self.tokenized_blocks += 1;
-        let count = units()
+        let units = units();
+        if let Some(kept) = &mut self.kept_texts {
+            kept.extend(units.iter().filter_map(|u| if let TokenUnit::Text(text) = u { Some(text.clone()) } else { None }));
+        }
+        let count = units
             .iter()
             .map(|unit| match unit {
                 TokenUnit::Fixed(n) => *n,
