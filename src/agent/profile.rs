@@ -65,7 +65,7 @@ impl SizeProfile {
 
 /// Length as the reference measures it: JS string length (UTF-16 code units).
 pub fn js_len(text: &str) -> usize {
-    text.encode_utf16().count()
+    crate::measure::tokens::utf16_len(text)
 }
 
 /// How filler is laid out: on the same line (for one-line pieces such as a bullet) or as extra

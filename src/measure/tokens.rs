@@ -107,8 +107,27 @@ impl Calibration {
 
 /// JavaScript `Math.round(len / 4)` over UTF-16 code units.
 pub fn chars4(text: &str) -> u32 {
-    let units: usize = text.chars().map(char::len_utf16).sum();
-    ((units + 2) / 4) as u32
+    ((utf16_len(text) + 2) / 4) as u32
+}
+
+/// The length of `text` in UTF-16 code units, counted over its bytes without decoding (the
+/// long-context chain counts whole histories several times per request): every character is
+/// one unit except those of four UTF-8 bytes, which are two. Characters are the bytes that are
+/// not continuation bytes (`0b10xx_xxxx`); four-byte characters are those whose lead byte is
+/// at least `0xF0`.
+pub fn utf16_len(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let mut units = bytes.len();
+    // Byte counters in chunks of 255 (a chunk cannot overflow them) vectorize well.
+    for chunk in bytes.chunks(255) {
+        let (mut continuation, mut four) = (0u8, 0u8);
+        for &b in chunk {
+            continuation += u8::from((b as i8) < -0x40);
+            four += u8::from(b >= 0xF0);
+        }
+        units = units - usize::from(continuation) + usize::from(four);
+    }
+    units
 }
 
 /// o200k_base token count of a string (special-token text counted as ordinary text).
@@ -220,6 +239,20 @@ mod tests {
         assert_eq!(chars4("abcdef"), 2);
         // U+1F600 is two UTF-16 code units, as JavaScript counts it.
         assert_eq!(chars4("\u{1F600}"), 1);
+    }
+
+    #[test]
+    fn utf16_length_from_bytes_is_the_decoded_length() {
+        for text in ["", "ascii only", "café", "日本語のテキスト", "\u{1F600} emoji \u{1F680}", "mixed é 漢 \u{10FFFF} \u{7F} \u{80} \u{7FF} \u{800} \u{FFFF} \u{10000}"] {
+            assert_eq!(utf16_len(text), text.chars().map(char::len_utf16).sum::<usize>(), "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn utf16_length_of_any_text(text in ".*") {
+            proptest::prop_assert_eq!(utf16_len(&text), text.chars().map(char::len_utf16).sum::<usize>());
+        }
     }
 
     #[test]
