@@ -228,6 +228,7 @@ impl ImportedSession {
         let view = self.view_event_indices(call);
         let (last_view, messages) = cache.lanes.entry(call.lane.clone()).or_default();
         if view.starts_with(last_view) {
+            cache.appended += 1;
             append_messages(&self.recording, &view[last_view.len()..], messages);
         } else {
             *messages = build_messages(&self.recording, &view);
@@ -241,6 +242,8 @@ impl ImportedSession {
 #[derive(Debug, Default)]
 pub struct ViewCache {
     lanes: BTreeMap<String, (Vec<usize>, Vec<Message>)>,
+    /// Calls whose messages were appended to the previous call's rather than rebuilt.
+    pub appended: u64,
 }
 
 fn is_message_event(kind: &EventKind) -> bool {
