@@ -111,35 +111,22 @@ by_fields!(Message { role, content, extra });
 by_fields!(SystemBlock { kind, text, cache_control, extra });
 by_fields!(Tool { kind, name, description, input_schema, cache_control, defer_loading, extra });
 
-impl Identical for MessageContent {
-    fn identical(&self, other: &Self) -> bool {
-        match (self, other) {
-            (MessageContent::Text(a), MessageContent::Text(b)) => a == b,
-            (MessageContent::Blocks(a), MessageContent::Blocks(b)) => a.identical(b),
-            _ => false,
-        }
-    }
+/// Implements [`Identical`] for the string-or-list enums (`Text(String)` or `Blocks(Vec<_>)`).
+macro_rules! text_or_blocks {
+    ($($ty:ident),*) => {
+        $(impl Identical for $ty {
+            fn identical(&self, other: &Self) -> bool {
+                match (self, other) {
+                    ($ty::Text(a), $ty::Text(b)) => a == b,
+                    ($ty::Blocks(a), $ty::Blocks(b)) => a.identical(b),
+                    _ => false,
+                }
+            }
+        })*
+    };
 }
 
-impl Identical for ToolResultContent {
-    fn identical(&self, other: &Self) -> bool {
-        match (self, other) {
-            (ToolResultContent::Text(a), ToolResultContent::Text(b)) => a == b,
-            (ToolResultContent::Blocks(a), ToolResultContent::Blocks(b)) => a.identical(b),
-            _ => false,
-        }
-    }
-}
-
-impl Identical for SystemPrompt {
-    fn identical(&self, other: &Self) -> bool {
-        match (self, other) {
-            (SystemPrompt::Text(a), SystemPrompt::Text(b)) => a == b,
-            (SystemPrompt::Blocks(a), SystemPrompt::Blocks(b)) => a.identical(b),
-            _ => false,
-        }
-    }
-}
+text_or_blocks!(MessageContent, ToolResultContent, SystemPrompt);
 
 impl Identical for ContentBlock {
     fn identical(&self, other: &Self) -> bool {
