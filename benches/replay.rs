@@ -23,11 +23,15 @@ fn transcripts() -> Vec<PathBuf> {
     files
 }
 
-fn replay_all(kind: EstimatorKind, files: &[PathBuf]) -> usize {
+/// Imports and replays every session; `body_hashes: false` is what `fidelity` and `sweep` do.
+fn replay_all(kind: EstimatorKind, files: &[PathBuf], body_hashes: bool) -> usize {
     let mut rows = 0;
     for path in files {
         let session = load_session(path).unwrap();
         let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(kind));
+        if !body_hashes {
+            measurer = measurer.without_body_hashes();
+        }
         rows += replay_session(&session, &mut measurer, &ReplayOptions::default()).rows().len();
     }
     rows
@@ -54,8 +58,9 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.bench_function("floor_tokenize_unique_blocks_once", |b| b.iter(|| texts.iter().map(|t| bpe(t) as u64).sum::<u64>()));
     group.bench_function("import_only", |b| b.iter(|| files.iter().map(|p| load_session(p).unwrap().calls.len()).sum::<usize>()));
-    group.bench_function("all_realdata_chars4", |b| b.iter(|| replay_all(EstimatorKind::Chars4, &files)));
-    group.bench_function("all_realdata_bpe", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files)));
+    group.bench_function("all_realdata_chars4", |b| b.iter(|| replay_all(EstimatorKind::Chars4, &files, true)));
+    group.bench_function("all_realdata_bpe", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files, true)));
+    group.bench_function("all_realdata_bpe_no_body_hashes", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files, false)));
     group.finish();
 }
 
