@@ -24,6 +24,7 @@ use crate::agent::profile::SizeProfile;
 use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
 use crate::agent::system_prompt::{
     McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
+    build_subagent_system_prompt,
 };
 use crate::agent::tools::exec::{ExecContext, absolute, execute};
 use crate::agent::tools::{McpToolSpec, PoolInputs, ToolPool, assemble_pool};
@@ -95,11 +96,27 @@ pub struct Session {
     /// to the wire messages, and what it did on the last request.
     peer_state: crate::agent::compact::peers::PeerState,
     peer_reports: Vec<crate::measure::StageReport>,
+    /// The main thread, or the subagent this session runs for.
+    thread: subagent_glue::Thread,
+    /// Agents started by this thread so far (agent ids derive from it).
+    agents_started: u64,
+    /// The Agent tool's listing as first rendered: the tool schema is memoized for the session,
+    /// so agents added later do not reach the description.
+    agent_listing: Option<crate::agent::tools::AgentToolListing>,
+    /// Agent types announced by `agent_listing_delta` (delta mode).
+    announced_agents: std::collections::BTreeMap<String, String>,
+    /// The last reply ended without tool calls but a Stop (SubagentStop) hook sent it back to
+    /// work.
+    stop_continued: bool,
 }
 
 #[path = "session_chain.rs"]
 mod chain_glue;
 pub use chain_glue::{ChainRun, RecordMeta, Recovery, SideCall};
+
+#[path = "session_subagent.rs"]
+mod subagent_glue;
+pub use subagent_glue::ModelCalls;
 
 impl Session {
     /// A fresh session. The scenario's env overrides the strategy's env-backed knobs.
@@ -157,14 +174,14 @@ impl Session {
             record_meta: Vec::new(),
             peer_state: Default::default(),
             peer_reports: Vec::new(),
-            chain_state: crate::agent::compact::ChainState::new(format!(
-                "{}/.claude/projects/{}/{}",
-                world.home.trim_end_matches('/'),
-                world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect::<String>(),
-                session_id
-            )),
+            chain_state: crate::agent::compact::ChainState::new(session_dir(world, &session_id)),
             device_id,
             session_id,
+            thread: subagent_glue::Thread::Main,
+            agents_started: 0,
+            agent_listing: None,
+            announced_agents: std::collections::BTreeMap::new(),
+            stop_continued: false,
         }
     }
 
@@ -321,8 +338,13 @@ impl Session {
     }
 
     /// Runs the hooks of `event` for `query`; the result is logged and returned.
-    fn hooks(&mut self, world: &World, event: &str, query: &str, input: Value) -> HookRun {
+    fn hooks(&mut self, world: &World, event: &str, query: &str, mut input: Value) -> HookRun {
         let configured = self.configured_hooks();
+        if let (Some((agent_id, agent)), Some(fields)) = (self.thread.agent_id_and_definition(), input.as_object_mut()) {
+            // Base fields of every hook input inside a subagent.
+            fields.entry("agent_id").or_insert_with(|| Value::String(agent_id.to_owned()));
+            fields.entry("agent_type").or_insert_with(|| Value::String(agent.agent_type.clone()));
+        }
         let call = HookCall {
             event,
             query,
@@ -382,13 +404,16 @@ impl Session {
     }
 
     /// Appends the model's reply, runs its tools and records what they produced. Returns the
-    /// events it journalled (also kept for the next request).
-    pub fn apply_reply(&mut self, reply: &Reply, world: &mut World) -> Vec<String> {
+    /// events it journalled (also kept for the next request). An Agent call runs a whole
+    /// subagent, whose requests go through `calls`; a failure there (its lane has no reply
+    /// left) is the error.
+    pub fn apply_reply(&mut self, reply: &Reply, world: &mut World, calls: &mut dyn ModelCalls) -> Result<Vec<String>, String> {
         let before = self.events.len();
+        self.stop_continued = false;
         self.records.push(Record::Assistant { content: reply.content.clone() });
         self.turns_since_todo_write += 1;
         self.turns_since_todo_reminder += 1;
-        let calls: Vec<(String, String, Value)> = reply
+        let tool_calls: Vec<(String, String, Value)> = reply
             .content
             .iter()
             .filter_map(|block| match block {
@@ -396,9 +421,9 @@ impl Session {
                 _ => None,
             })
             .collect();
-        if calls.is_empty() {
+        if tool_calls.is_empty() {
             self.run_stop_hooks(reply, world);
-            return self.events[before..].to_vec();
+            return Ok(self.events[before..].to_vec());
         }
         let pool = self.pool(world);
         let deferred: Vec<(String, String)> = pool
@@ -422,7 +447,7 @@ impl Session {
         let mut results = Vec::new();
         let mut hook_context = Vec::new();
         let mut meta_messages = Vec::new();
-        for (id, name, input) in &calls {
+        for (id, name, input) in &tool_calls {
             // PreToolUse: deny > ask > allow; `updatedInput` replaces the input the tool runs
             // with (the tool_use block keeps what the model sent); additionalContext rides along.
             let pre = self.hooks(world, "PreToolUse", name, json!({"tool_name": name, "tool_input": input, "tool_use_id": id}));
@@ -436,7 +461,12 @@ impl Session {
             // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
             let _ = pre.permission == Some(Permission::Ask);
             let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
-            let outcome = execute(id, name, &input, world, &cx);            if let Some(path) = &outcome.read_path {
+            let outcome = if name == "Agent" && !world.tool_outputs.contains_key(id) && pool.all.iter().any(|t| t.tool.name == "Agent") {
+                self.run_agent(id, &input, world, calls)?
+            } else {
+                execute(id, name, &input, world, &cx)
+            };
+            if let Some(path) = &outcome.read_path {
                 self.nested_triggers.push(path.clone());
             }
             for path in &outcome.touched {
@@ -503,24 +533,34 @@ impl Session {
         }
         let attachments = self.thread_attachments(world);
         self.push_attachments(attachments);
-        self.events[before..].to_vec()
+        Ok(self.events[before..].to_vec())
     }
 
-    /// Stop hooks after a reply without tool calls: a blocking hook adds the meta message
-    /// `Stop hook feedback:\n{err}` and the loop continues (the script's next main-lane reply),
-    /// at most `stop_hook_cap` times in a row.
+    /// Stop hooks after a reply without tool calls (`SubagentStop` inside a subagent, matched
+    /// on its agent type): a blocking hook adds the meta message `{event} hook feedback:\n{err}`
+    /// and the loop continues (the script's next reply on the thread's lane), at most
+    /// `stop_hook_cap` times in a row.
     fn run_stop_hooks(&mut self, reply: &Reply, world: &World) {
         let last = reply.content.iter().rev().find_map(|b| match b {
             ContentBlock::Text { text, .. } => Some(text.clone()),
             _ => None,
         });
         let active = self.stop_continuations > 0;
-        let run = self.hooks(world, "Stop", "", json!({"stop_hook_active": active, "last_assistant_message": last}));
+        let mut input = json!({"stop_hook_active": active, "last_assistant_message": last});
+        let (event, query) = match self.thread.agent_id_and_definition() {
+            None => ("Stop", String::new()),
+            Some((agent_id, agent)) => {
+                input["agent_transcript_path"] = Value::String(format!("{}/subagents/agent-{agent_id}.jsonl", session_dir(world, &self.session_id)));
+                ("SubagentStop", agent.agent_type.clone())
+            }
+        };
+        let run = self.hooks(world, event, &query, input);
         if run.blocking_errors.is_empty() || run.prevent_continuation || self.stop_continuations >= self.strategy.stop_hook_cap {
             return;
         }
         self.stop_continuations += 1;
-        let feedback = format!("Stop hook feedback:\n{}", run.blocking_errors.join("\n"));
+        self.stop_continued = true;
+        let feedback = format!("{event} hook feedback:\n{}", run.blocking_errors.join("\n"));
         self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(feedback)]), meta: true });
     }
 
@@ -657,13 +697,13 @@ impl Session {
     // -----------------------------------------------------------------------------------------
 
     fn pool(&self, world: &World) -> ToolPool {
-        let inputs = PoolInputs {
+        let mut inputs = PoolInputs {
             todo_v2: self.strategy.interactive,
             enable_tool_search: self.strategy.enable_tool_search.clone(),
             disable_experimental_betas: self.strategy.disable_experimental_betas,
             first_party: self.strategy.first_party,
             custom_base_url: self.strategy.base_url == BaseUrl::Custom,
-            model_id: world.model_id.clone(),
+            model_id: self.model_id(world).to_owned(),
             context_window: world.context_window.unwrap_or(200_000),
             mcp_tools: world
                 .mcp_servers
@@ -683,9 +723,22 @@ impl Session {
             mcp_pending: world.mcp_servers.iter().any(|s| !s.connected),
             discovered: self.discovered_tools.clone(),
             denied: BTreeSet::new(),
+            allowed: None,
+            agent_listing: self.agent_listing.clone().unwrap_or_else(|| self.current_agent_listing(world)),
             padding: self.strategy.size_profile_padding,
         };
+        if let Some(agent) = self.thread.agent() {
+            // The subagent's tools: the pool the parent would have, filtered by its definition.
+            let mcp_names = inputs.mcp_tools.iter().map(|t| crate::agent::tools::mcp_tool_name(&t.server, &t.tool));
+            let candidates = crate::agent::tools::all_builtin_names().into_iter().map(str::to_owned).chain(mcp_names);
+            inputs.allowed = Some(candidates.filter(|name| agent.allows_tool(name)).collect());
+        }
         assemble_pool(&inputs, &self.profile)
+    }
+
+    /// The model this thread's requests go to.
+    pub fn model_id<'a>(&'a self, world: &'a World) -> &'a str {
+        self.thread.model().unwrap_or(&world.model_id)
     }
 
     fn config_home(world: &World) -> String {
@@ -833,13 +886,13 @@ impl Session {
         self.user_context.clone().expect("just set")
     }
 
-    fn marker(&self) -> Option<CacheControl> {
-        self.strategy.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(self.strategy.ttl_for("main")))
-    }
-
     /// The request body for the conversation as it stands, and the events journalled since the
     /// previous request.
     pub fn build_request(&mut self, world: &World) -> (Request, Vec<String>) {
+        if self.agent_listing.is_none() {
+            self.agent_listing = Some(self.current_agent_listing(world));
+        }
+        let lane = self.lane();
         let pool = self.pool(world);
         for tool in &pool.tools {
             if tool.defer_loading == Some(true) && self.sent_tools.insert(tool.name.clone()) {
@@ -864,11 +917,14 @@ impl Session {
             global_cache_scope: self.strategy.global_cache_scope && self.strategy.first_party && !self.strategy.disable_experimental_betas,
             boundary: self.strategy.dynamic_boundary,
             padding: self.strategy.size_profile_padding,
-            ttl: self.strategy.ttl_for("main"),
+            ttl: self.strategy.ttl_for(&lane),
             prompt_caching: self.strategy.prompt_caching,
             attribution_header: self.strategy.attribution_header,
         };
-        let system = self.system_cache.build(&inputs, &system_options, &self.profile);
+        let system = match self.thread.agent() {
+            None => self.system_cache.build(&inputs, &system_options, &self.profile),
+            Some(agent) => build_subagent_system_prompt(&inputs, &agent.prompt, &system_options, &self.profile),
+        };
         if let Some(previous) = &self.previous_system {
             for name in system.changed_sections(previous) {
                 let event = if name == SECTION_ATTRIBUTION {
@@ -882,29 +938,46 @@ impl Session {
             }
         }
 
-        self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
+        if !self.thread.is_subagent() {
+            self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
+        }
 
         if !self.strategy.deferred_tools_delta
             && let Some(listing) = pool.deferred_listing()
         {
             messages.insert(0, Message::user_text(listing));
         }
-        if let Some(marker) = self.marker() {
+        if let Some(marker) = self.marker_for(&lane) {
             mark_last_block(&mut messages, marker);
         }
         finalize_tool_results(&mut messages);
 
+        let model_id = self.model_id(world).to_owned();
         let max_tokens = world.max_output_tokens.unwrap_or(32_000);
-        let mut request = Request::new(world.model_id.clone(), max_tokens);
+        let mut request = Request::new(model_id.clone(), max_tokens);
         request.messages = messages;
         request.system = Some(SystemPrompt::Blocks(system.blocks.clone()));
         request.tools = Some(pool.tools.clone());
         let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
         request.metadata = Some(json!({"user_id": user_id}));
-        if adaptive_thinking(&world.model_id) {
-            request.thinking = Some(json!({"type": "adaptive"}));
-            request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
-            request.output_config = Some(json!({"effort": "medium"}));
+        match self.thread.agent() {
+            None if adaptive_thinking(&model_id) => {
+                request.thinking = Some(json!({"type": "adaptive"}));
+                request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
+                request.output_config = Some(json!({"effort": "medium"}));
+            }
+            None => {}
+            Some(agent) => {
+                // A subagent runs with thinking off, so no thinking-clearing edit either, and
+                // the temperature the client sets when thinking is off. The effort stays the
+                // model's (or the definition's `effort`).
+                request.temperature = Some(json!(1));
+                if let Some(effort) = &agent.effort {
+                    request.output_config = Some(json!({"effort": effort}));
+                } else if adaptive_thinking(&model_id) {
+                    request.output_config = Some(json!({"effort": "medium"}));
+                }
+            }
         }
         request.stream = Some(true);
         self.previous_system = Some(system);
@@ -921,14 +994,21 @@ impl Session {
         inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
         inputs.cwd = world.cwd.clone();
         inputs.is_git_repo = world.fs.is_dir(&absolute(&world.cwd, ".git"));
-        inputs.model_id = world.model_id.clone();
-        inputs.model_marketing_name = marketing_name(&world.model_id);
+        inputs.model_id = self.model_id(world).to_owned();
+        inputs.model_marketing_name = marketing_name(&inputs.model_id);
         inputs.auto_memory_dir = self.auto_memory_dir(world);
         inputs.mcp_servers = self.turn_mcp.clone();
         inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
         inputs.inline_mcp_tools = pool.inline_mcp;
         inputs
     }
+}
+
+/// `{home}/.claude/projects/{cwd with every non-alphanumeric as -}/{session id}`: where the
+/// client keeps a session's transcript and its side files.
+fn session_dir(world: &World, session_id: &str) -> String {
+    let project: String = world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    format!("{}/.claude/projects/{project}/{session_id}", world.home.trim_end_matches('/'))
 }
 
 fn first_text(messages: &[Message]) -> String {

@@ -37,7 +37,8 @@
 //!       - thinking: "..."          # blocks: text, thinking, redacted_thinking, tool_use
 //!       - text: "Let me look."
 //!       - tool_use: {name: Read, input: {file_path: /repo/src/main.rs}, id: toolu_x}  # id optional
-//!     lane: main                   # default main; compact, session_memory, subagent:<name>, side
+//!     lane: main                   # default main; compact, session_memory, side, or
+//!                                  # subagent:<type>: replies of the agents Agent calls start
 //!     stop_reason: tool_use        # default: tool_use if a tool is called, else end_turn
 //!     usage: {output_tokens: 40}   # optional: input_tokens, output_tokens, cache_*_input_tokens
 //!     output_tokens: 40            # optional; else usage.output_tokens, else chars/4

@@ -94,6 +94,9 @@ pub struct Strategy {
     pub run_hooks: bool,
     /// Consecutive Stop-hook continuations before the loop stops anyway (reference: 8).
     pub stop_hook_cap: u32,
+    /// `CLAUDE_CODE_AGENT_LIST_IN_MESSAGES` (gate `tengu_agent_list_attach`): the agent types
+    /// travel in `agent_listing_delta` attachments instead of the Agent tool's description.
+    pub agent_list_in_messages: bool,
     /// Replays apply the microcompacts the recording shows (the recorded client's own flags).
     /// Off: the cleared tool results stay visible — what the model would have seen without
     /// microcompact (its replies are still the recorded ones).
@@ -136,6 +139,7 @@ impl Default for Strategy {
             auto_memory: true,
             run_hooks: false,
             stop_hook_cap: 8,
+            agent_list_in_messages: false,
             replay_recorded_microcompact: true,
             compact: crate::agent::compact::CompactConfig::default(),
         }
@@ -253,6 +257,7 @@ impl Strategy {
                 "CLAUDE_CODE_MCP_INSTR_DELTA" if truthy(value) => self.mcp_instructions = McpInstructionsMode::Delta,
                 "CLAUDE_CODE_DISABLE_CLAUDE_MDS" if truthy(value) => self.claude_md = false,
                 "CLAUDE_CODE_DISABLE_AUTO_MEMORY" if truthy(value) => self.auto_memory = false,
+                "CLAUDE_CODE_AGENT_LIST_IN_MESSAGES" if truthy(value) => self.agent_list_in_messages = true,
                 _ => {}
             }
         }

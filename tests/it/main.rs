@@ -15,5 +15,6 @@ mod sweep;
 mod report;
 mod scenario;
 mod session;
+mod subagents;
 mod support;
 mod world;
