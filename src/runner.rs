@@ -72,6 +72,10 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 turn += 1;
                 recovery = RecoveryState::default();
                 agent.user_prompt(text, &mut world);
+                // The relevant-memory prefetch's selection request, when the gate is on.
+                let mut side_calls = Vec::new();
+                agent.prefetch_relevant_memories(text, &mut world, &mut side_calls);
+                measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
                 let mut reply = None;
@@ -260,8 +264,8 @@ impl ModelCalls for MeasuredCalls<'_> {
     }
 }
 
-/// Measures the side calls (compaction and session-memory forks) in order, advancing the clock
-/// by each reply's latency.
+/// Measures the side calls (compaction and session-memory forks, memory selection) in order,
+/// advancing the clock by each blocking reply's latency.
 fn measure_side_calls(
     measurer: &mut Measurer,
     world: &mut World,
@@ -271,13 +275,20 @@ fn measure_side_calls(
     requests: &mut Vec<Request>,
 ) -> Result<(), String> {
     for call in side_calls {
+        if call.concurrent {
+            // A prefetch's side query is a conversation of its own, not a continuation of the
+            // previous one on its lane.
+            measurer.restart_lane(&call.lane);
+        }
         let mut input = MeasureInput::new(&call.lane, call.time_ms, &call.request);
         input.turn = turn;
         input.output_tokens = call.reply.output_tokens;
         input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
         rows.push(measurer.measure(input).map_err(|e| e.to_string())?);
         requests.push(call.request);
-        world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+        if !call.concurrent {
+            world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+        }
     }
     Ok(())
 }

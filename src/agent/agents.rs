@@ -332,7 +332,7 @@ impl AgentCatalog {
         self.agents.iter().map(AgentDefinition::listing_line).collect()
     }
 
-    /// Agent types sorted by code unit, with their listing lines (`agent_listing_delta`).
+    /// Listing lines by agent type (`agent_listing_delta` compares the types).
     pub fn sorted_lines(&self) -> BTreeMap<String, String> {
         self.agents.iter().map(|a| (a.agent_type.clone(), a.listing_line())).collect()
     }

@@ -8,6 +8,7 @@ pub mod agents;
 pub mod attachments;
 pub mod hooks;
 pub mod instructions;
+pub mod memories;
 pub mod normalize;
 pub mod plugins;
 pub mod session;

@@ -33,6 +33,9 @@ use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, R
 use crate::strategy::{BaseUrl, McpInstructionsMode, Strategy};
 use crate::world::{Reply, World};
 
+/// `max_tokens` of the memory selection request (ours).
+const SELECTION_MAX_TOKENS: u64 = 256;
+
 /// Client version written into the billing header.
 pub const CLIENT_VERSION: &str = "2.1.88";
 
@@ -104,10 +107,12 @@ pub struct Session {
     /// so agents added later do not reach the description.
     agent_listing: Option<crate::agent::tools::AgentToolListing>,
     /// Agent types announced by `agent_listing_delta` (delta mode).
-    announced_agents: std::collections::BTreeMap<String, String>,
+    announced_agents: BTreeMap<String, String>,
     /// The last reply ended without tool calls but a Stop (SubagentStop) hook sent it back to
     /// work.
     stop_continued: bool,
+    /// Relevant memories: surfaced paths, bytes, the turn's prefetch.
+    memories: crate::agent::memories::MemoryState,
 }
 
 #[path = "session_chain.rs"]
@@ -180,8 +185,9 @@ impl Session {
             thread: subagent_glue::Thread::Main,
             agents_started: 0,
             agent_listing: None,
-            announced_agents: std::collections::BTreeMap::new(),
+            announced_agents: BTreeMap::new(),
             stop_continued: false,
+            memories: Default::default(),
         }
     }
 
@@ -242,12 +248,14 @@ impl Session {
 
     /// The post-compact cleanup (`runPostCompactCleanup`): memoized system sections, the user
     /// context and the memory files are computed afresh on the next request; the skill listing
-    /// is not sent again; PostCompact and SessionStart(compact) hooks run.
+    /// is not sent again; the relevant-memory count starts again; PostCompact and
+    /// SessionStart(compact) hooks run.
     fn after_compaction(&mut self) {
         self.system_cache.clear_sections();
         self.user_context = None;
         self.memory = None;
         self.loaded_nested.clear();
+        self.memories.reset();
     }
 
 
@@ -297,6 +305,7 @@ impl Session {
         }
         self.turn_mcp = self.mcp_instructions(world);
         self.stop_continuations = 0;
+        self.memories.pending = None;
         let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
         if !run.blocking_errors.is_empty() || run.prevent_continuation {
             // The prompt is dropped; the user sees a warning that is never sent.
@@ -533,6 +542,14 @@ impl Session {
         }
         let attachments = self.thread_attachments(world);
         self.push_attachments(attachments);
+        // The turn's memory prefetch is consumed after its first tool round, deduplicated
+        // against the files read by then.
+        if let Some(chosen) = self.memories.pending.take() {
+            let read_state = &self.read_state;
+            let admitted = self.memories.admit(chosen, &|path| read_state.contains_key(path));
+            let memories = admitted.into_iter().map(|m| Attachment::RelevantMemory { path: m.path, header: m.header, content: m.content }).collect();
+            self.push_attachments(memories);
+        }
         Ok(self.events[before..].to_vec())
     }
 
@@ -565,8 +582,85 @@ impl Session {
     }
 
     /// The thread group of `getAttachments`, in the reference order: date_change,
-    /// deferred_tools_delta, mcp_instructions_delta, edited_text_file, nested_memory,
-    /// skill_listing, todo_reminder.
+    /// deferred_tools_delta, agent_listing_delta, mcp_instructions_delta, edited_text_file,
+    /// nested_memory, skill_listing, todo_reminder.
+    /// Starts the turn's relevant-memory prefetch (gate on, main thread, a prompt of two words
+    /// or more, memory files to choose from): the selection request goes to `side_calls` on
+    /// lane `side`, and the chosen memories wait for the turn's first tool round. A reply that
+    /// is not scripted is the deterministic word-overlap choice.
+    pub fn prefetch_relevant_memories(&mut self, prompt: &str, world: &mut World, side_calls: &mut Vec<SideCall>) {
+        use crate::agent::memories;
+        if !self.strategy.relevant_memories || self.thread.is_subagent() || !memories::prompt_qualifies(prompt) {
+            return;
+        }
+        let Some(dir) = self.auto_memory_dir(world) else { return };
+        let candidates = memories::scan(&world.fs, &dir);
+        if candidates.is_empty() {
+            return;
+        }
+        let model = crate::agent::agents::alias_model("sonnet", &world.env).unwrap_or_else(|| world.model_id.clone());
+        let mut request = Request::new(model, SELECTION_MAX_TOKENS);
+        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(memories::SELECTION_INSTRUCTION)]));
+        request.messages = vec![Message::user_text(memories::selection_message(prompt, &candidates))];
+        let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
+        request.metadata = Some(json!({"user_id": user_id}));
+        let reply = match world.model.next_reply("side") {
+            Ok(reply) if !reply.synthetic => reply,
+            _ => {
+                let chosen = memories::select_by_words(prompt, &candidates);
+                Reply::text(json!({"selected_memories": chosen}).to_string())
+            }
+        };
+        let text: String = reply
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        let now = world.clock.now_ms();
+        let chosen = memories::parse_selection(&text, &candidates)
+            .into_iter()
+            .filter_map(|name| candidates.iter().find(|c| c.name == name))
+            .filter_map(|c| {
+                let content = world.fs.read(&c.path).ok()?;
+                Some(memories::SurfacedMemory { path: c.path.clone(), header: memories::header(&c.path, c.mtime_ms, now), content: memories::clip(content) })
+            })
+            .collect();
+        self.memories.pending = Some(chosen);
+        side_calls.push(SideCall { lane: "side".to_owned(), request, reply, time_ms: now, concurrent: true });
+    }
+
+    /// The delta attachments compaction re-injects (§5.1), each announcing everything current,
+    /// in the thread group's order, with the announced sets they leave behind.
+    pub(crate) fn compaction_deltas(&self, world: &World) -> (Vec<Attachment>, AnnouncedSets) {
+        let pool = self.pool(world);
+        let mut out = Vec::new();
+        let mut sets = AnnouncedSets::default();
+        if self.strategy.deferred_tools_delta && pool.tool_search {
+            sets.deferred = pool.deferred_names.iter().cloned().collect();
+            if !sets.deferred.is_empty() {
+                out.push(Attachment::DeferredToolsDelta { added: sets.deferred.iter().cloned().collect(), removed: Vec::new() });
+            }
+        }
+        if self.strategy.agent_list_in_messages && pool.all.iter().any(|t| t.tool.name == "Agent") {
+            sets.agents = self.agent_catalog(world).sorted_lines();
+            let mut lines: Vec<(&String, &String)> = sets.agents.iter().collect();
+            lines.sort_by(|a, b| crate::agent::tools::locale_compare(a.0, b.0));
+            out.push(Attachment::AgentListingDelta { added: lines.into_iter().map(|(_, l)| l.clone()).collect(), removed: Vec::new(), initial: true });
+        }
+        if self.strategy.mcp_instructions == McpInstructionsMode::Delta {
+            let mut now: Vec<(String, String)> = self.mcp_instructions(world).into_iter().map(|s| (s.name, s.instructions)).collect();
+            now.sort();
+            sets.mcp = now.iter().map(|(n, _)| n.clone()).collect();
+            if !now.is_empty() {
+                out.push(Attachment::McpInstructionsDelta { added: now, removed: Vec::new() });
+            }
+        }
+        (out, sets)
+    }
+
     fn thread_attachments(&mut self, world: &World) -> Vec<Attachment> {
         let mut out = Vec::new();
         let today = world.clock.date_string();
@@ -589,6 +683,22 @@ impl Session {
             if !added.is_empty() || !removed.is_empty() {
                 out.push(Attachment::DeferredToolsDelta { added, removed });
                 self.announced_deferred = now;
+            }
+        }
+        if self.strategy.agent_list_in_messages && pool.all.iter().any(|t| t.tool.name == "Agent") {
+            // Announced by type: a redefinition of a known type is not announced again.
+            let now = self.agent_catalog(world).sorted_lines();
+            let mut added: Vec<(&String, &String)> = now.iter().filter(|(t, _)| !self.announced_agents.contains_key(*t)).collect();
+            let mut removed: Vec<&String> = self.announced_agents.keys().filter(|t| !now.contains_key(*t)).collect();
+            added.sort_by(|a, b| crate::agent::tools::locale_compare(a.0, b.0));
+            removed.sort_by(|a, b| crate::agent::tools::locale_compare(a, b));
+            if !added.is_empty() || !removed.is_empty() {
+                out.push(Attachment::AgentListingDelta {
+                    added: added.into_iter().map(|(_, line)| line.clone()).collect(),
+                    removed: removed.into_iter().cloned().collect(),
+                    initial: self.announced_agents.is_empty(),
+                });
+                self.announced_agents = now;
             }
         }
         if self.strategy.mcp_instructions == McpInstructionsMode::Delta {
@@ -874,7 +984,11 @@ impl Session {
 
     fn user_context(&mut self, world: &World) -> String {
         if self.user_context.is_none() {
-            let files = self.memory(world).files.clone();
+            let mut files = self.memory(world).files.clone();
+            if self.strategy.relevant_memories {
+                // `filterInjectedMemoryFiles`: the index gives way to relevant memories.
+                files.retain(|f| f.kind != crate::agent::user_context::MemoryKind::AutoMem);
+            }
             let inputs = UserContextInputs {
                 memory_files: files,
                 claude_md_disabled: !self.strategy.claude_md,
@@ -1001,6 +1115,22 @@ impl Session {
         inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
         inputs.inline_mcp_tools = pool.inline_mcp;
         inputs
+    }
+}
+
+/// What the delta attachments have announced, as compaction leaves it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AnnouncedSets {
+    deferred: BTreeSet<String>,
+    agents: BTreeMap<String, String>,
+    mcp: BTreeSet<String>,
+}
+
+impl Session {
+    pub(crate) fn set_announced(&mut self, sets: AnnouncedSets) {
+        self.announced_deferred = sets.deferred;
+        self.announced_agents = sets.agents;
+        self.announced_mcp = sets.mcp;
     }
 }
 

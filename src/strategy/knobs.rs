@@ -97,6 +97,10 @@ pub struct Strategy {
     /// `CLAUDE_CODE_AGENT_LIST_IN_MESSAGES` (gate `tengu_agent_list_attach`): the agent types
     /// travel in `agent_listing_delta` attachments instead of the Agent tool's description.
     pub agent_list_in_messages: bool,
+    /// Relevant memories (gate `tengu_moth_copse`, off by default; ours: `CTXSIM_RELEVANT_MEMORIES`):
+    /// memory files chosen per prompt arrive as `relevant_memories` attachments, and MEMORY.md
+    /// leaves the user context.
+    pub relevant_memories: bool,
     /// Replays apply the microcompacts the recording shows (the recorded client's own flags).
     /// Off: the cleared tool results stay visible — what the model would have seen without
     /// microcompact (its replies are still the recorded ones).
@@ -140,6 +144,7 @@ impl Default for Strategy {
             run_hooks: false,
             stop_hook_cap: 8,
             agent_list_in_messages: false,
+            relevant_memories: false,
             replay_recorded_microcompact: true,
             compact: crate::agent::compact::CompactConfig::default(),
         }
@@ -258,6 +263,7 @@ impl Strategy {
                 "CLAUDE_CODE_DISABLE_CLAUDE_MDS" if truthy(value) => self.claude_md = false,
                 "CLAUDE_CODE_DISABLE_AUTO_MEMORY" if truthy(value) => self.auto_memory = false,
                 "CLAUDE_CODE_AGENT_LIST_IN_MESSAGES" if truthy(value) => self.agent_list_in_messages = true,
+                "CTXSIM_RELEVANT_MEMORIES" if truthy(value) => self.relevant_memories = true,
                 _ => {}
             }
         }

@@ -2,6 +2,7 @@
 mod agent_layers;
 mod analyze;
 mod mechanisms;
+mod memories;
 mod layer6;
 mod cache;
 mod fidelity;

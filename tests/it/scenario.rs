@@ -77,7 +77,7 @@ fn shipped_scenarios_load_cleanly() {
         let scenario = load_scenario(&path).unwrap_or_else(|e| panic!("{e}"));
         let world = scenario.into_world();
         // Replies are scripted for the main lane and the lanes the agent opens itself.
-        assert!(world.model.unconsumed().iter().all(|(lane, _)| ["main", "compact", "session_memory"].contains(&lane.as_str()) || lane.starts_with("subagent:")));
+        assert!(world.model.unconsumed().iter().all(|(lane, _)| ["main", "compact", "session_memory", "side"].contains(&lane.as_str()) || lane.starts_with("subagent:")));
         names.push(scenario.name);
     }
     assert!(names.len() >= 3, "{names:?}");

@@ -351,3 +351,86 @@ proptest! {
         check_reads_previous(&output, 0, n + 1);
     }
 }
+
+// ---- agent_listing_delta ---------------------------------------------------------------------
+
+#[test]
+fn agent_listing_delta_announces_initial_new_and_removed_types() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/agent-listing-delta.yaml");
+    let output = run_scenario(&load_scenario(&path).unwrap(), &mut measurer(), &Strategy::default()).unwrap();
+    check_lanes(&output, &["main", "main", "subagent:reviewer", "subagent:reviewer", "main", "main"]);
+    assert_eq!(output.summary.cache_breaks, 0);
+    // The description no longer lists the types; it says where they are.
+    let description = output.requests[0].tools().iter().find(|t| t.name == "Agent").unwrap().description.clone().unwrap();
+    assert!(description.ends_with("The agent types you can start are listed in system reminders in the conversation."));
+    assert!(!description.contains("- general-purpose:"));
+    // Turn 1: every type, sorted as localeCompare sorts, with the concurrency note.
+    let first = json_of(&output.requests[0].messages[1]);
+    let initial = first.split("Agent types you can start with Agent tool:\\n").nth(1).expect("initial header").split("\\n</system-reminder>").next().unwrap();
+    let types: Vec<&str> = initial.split("\\n").take_while(|l| l.starts_with("- ")).map(|l| l[2..].split(':').next().unwrap()).collect();
+    assert_eq!(types, ["Explore", "general-purpose", "Plan", "statusline-setup"]);
+    assert!(initial.ends_with("launch independent agents in one message so they run in parallel, and dependent ones one after the other."));
+    // Turn 2: the agent written between turns is new; the others are not repeated.
+    let second = json_of(&output.requests[1].messages);
+    assert!(second.contains("More agent types can now be started with the Agent tool:\\n- reviewer: Reviews a diff for bugs and style (Tools: Read, Grep, Glob)"), "{second}");
+    assert_eq!(second.matches("Agent types you can start with Agent tool:").count(), 1);
+    // It can be started at once, with its tools and the parent's model (`inherit`).
+    assert_eq!(tool_names(&output.requests[2]), ["Glob", "Grep", "Read"]);
+    assert_eq!(output.requests[2].model, "claude-sonnet-4-6");
+    // A subagent without the Agent tool gets no listing.
+    assert!(!json_of(&output.requests[2].messages).contains("Agent types you can start"));
+    // Turn 3: removed.
+    let last = json_of(output.requests[5].messages.last().unwrap());
+    assert!(last.contains("These agent types are gone; do not start them:\\n- reviewer"), "{last}");
+}
+
+#[test]
+fn agent_description_is_frozen_at_first_request_and_compaction_reannounces_the_listing() {
+    // Default mode: the description keeps its first listing, the new agent still runs.
+    let yaml = r#"name: t
+world:
+  model: claude-sonnet-4-5
+script:
+  - user: "hello there"
+  - assistant:
+      - text: "Hi."
+  - write_file: {path: /repo/.claude/agents/late.md, content: "---\nname: late\ndescription: Arrives late\n---\nYou arrived late.\n"}
+  - user: "start the late agent"
+  - assistant:
+      - tool_use: {name: Agent, input: {description: late, prompt: "Say hi.", subagent_type: late}}
+  - assistant:
+      - text: "hi"
+    lane: subagent:late
+  - assistant:
+      - text: "It said hi."
+"#;
+    let output = check_run(yaml);
+    check_lanes(&output, &["main", "main", "subagent:late", "main"]);
+    let agent_json = |i: usize| json_of(output.requests[i].tools().iter().find(|t| t.name == "Agent").unwrap());
+    assert_eq!(agent_json(0), agent_json(3));
+    assert!(!agent_json(3).contains("- late:"));
+    assert_eq!(output.rows[1].prefix.diverged_at, None);
+
+    // Delta mode: a full compaction re-announces every type in the rebuilt history.
+    let yaml = r#"name: t
+world:
+  model: claude-sonnet-4-5
+  env: {CLAUDE_CODE_AGENT_LIST_IN_MESSAGES: 1}
+script:
+  - user: "first question"
+  - assistant:
+      - text: "First answer."
+    usage: {input_tokens: 10, cache_read_input_tokens: 166000, cache_creation_input_tokens: 1000, output_tokens: 100}
+  - user: "second question"
+  - assistant:
+      - text: "<summary>The user asked two questions.</summary>"
+    lane: compact
+  - assistant:
+      - text: "Second answer."
+"#;
+    let output = check_run(yaml);
+    check_lanes(&output, &["main", "compact", "main"]);
+    let after = json_of(&output.requests[2].messages);
+    assert_eq!(after.matches("Agent types you can start with Agent tool:").count(), 1, "{after}");
+    assert!(after.contains("- statusline-setup:"));
+}
