@@ -209,6 +209,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             }
             Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
+            Step::Git(state) => world.git = Some(state.clone()),
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
                 pending_events.push(format!("model_changed:{model}"));

@@ -23,7 +23,7 @@ use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, m
 use crate::agent::profile::SizeProfile;
 use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
 use crate::agent::system_prompt::{
-    McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
+    GitStatus, McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
     build_subagent_system_prompt,
 };
 use crate::agent::tools::exec::{ExecContext, absolute, execute};
@@ -113,6 +113,9 @@ pub struct Session {
     stop_continued: bool,
     /// Relevant memories: surfaced paths, bytes, the turn's prefetch.
     memories: crate::agent::memories::MemoryState,
+    /// `getSystemContext`'s git snapshot, taken at the first request and kept (compaction
+    /// included) until `/clear` or a resume; `Some(None)` when there is none to show.
+    git_snapshot: Option<Option<GitStatus>>,
 }
 
 #[path = "session_chain.rs"]
@@ -188,6 +191,7 @@ impl Session {
             announced_agents: BTreeMap::new(),
             stop_continued: false,
             memories: Default::default(),
+            git_snapshot: None,
         }
     }
 
@@ -1007,6 +1011,9 @@ impl Session {
             self.agent_listing = Some(self.current_agent_listing(world));
         }
         let lane = self.lane();
+        if self.git_snapshot.is_none() {
+            self.git_snapshot = Some(self.git_status(world));
+        }
         let pool = self.pool(world);
         for tool in &pool.tools {
             if tool.defer_loading == Some(true) && self.sent_tools.insert(tool.name.clone()) {
@@ -1098,6 +1105,19 @@ impl Session {
         (request, std::mem::take(&mut self.events))
     }
 
+    /// The git snapshot as the world's repository stands (`getGitStatus`): `None` outside a
+    /// scripted repository or when git instructions are off. `git log` gives five commits.
+    fn git_status(&self, world: &World) -> Option<GitStatus> {
+        let git = world.git.as_ref().filter(|_| self.strategy.git_status && world.include_git_instructions)?;
+        Some(GitStatus {
+            branch: git.branch.clone(),
+            main_branch: git.main_branch.clone(),
+            user_name: git.user_name.clone(),
+            status: git.status.join("\n"),
+            recent_commits: git.recent_commits.iter().take(5).cloned().collect::<Vec<_>>().join("\n"),
+        })
+    }
+
     fn system_inputs(&self, world: &World, pool: &ToolPool, first_user_text: String) -> SystemPromptInputs {
         let mut inputs = SystemPromptInputs::baseline_m0();
         inputs.version = CLIENT_VERSION.into();
@@ -1107,7 +1127,11 @@ impl Session {
         inputs.enabled_tools = pool.enabled_names();
         inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
         inputs.cwd = world.cwd.clone();
-        inputs.is_git_repo = world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        inputs.is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        // The read-only built-in agents leave the snapshot out.
+        if !self.thread.agent().is_some_and(|a| a.omit_git_status) {
+            inputs.git_status = self.git_snapshot.clone().flatten();
+        }
         inputs.model_id = self.model_id(world).to_owned();
         inputs.model_marketing_name = marketing_name(&inputs.model_id);
         inputs.auto_memory_dir = self.auto_memory_dir(world);

@@ -20,7 +20,13 @@
 //!     summary_tokens: 2000         # default 2000, for lanes compact / session_memory
 //!     after_script_ends: false     # default false
 //!   home: /home/user               # config home is {home}/.claude (CLAUDE.md, skills, rules)
-//!   settings: {claudeMdExcludes: ["**/vendor/**"]}
+//!   settings: {claudeMdExcludes: ["**/vendor/**"], includeGitInstructions: true}
+//!   git:                           # the repository at the cwd (gitStatus in the system prompt)
+//!     branch: feature/parser       # required
+//!     main_branch: main            # default main
+//!     user_name: Ada               # optional
+//!     status: [" M src/lib.rs", "?? notes.md"]        # `git status --short` lines; [] = clean
+//!     recent_commits: ["1a2b3c4 Fix the parser"]      # `git log --oneline`, newest first
 //!   mcp_servers:                   # scripted servers, configuration order
 //!     - {name: jira, instructions: "...", connected: false,
 //!        tools: [{name: search, description: "...", input_schema: {...}, always_load: false}]}
@@ -55,6 +61,7 @@
 //!   - plugin_enable: /plugins/demo # enable a plugin folder; every plugin refreshes (plugin_reloaded)
 //!   - plugin_reload: true          # /reload-plugins: re-read every enabled plugin
 //!   - model_switch: claude-opus-4-5  # /model: later requests go to another model
+//!   - git: {branch: main, status: []}  # the repository changes; the prompt keeps its snapshot
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

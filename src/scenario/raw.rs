@@ -45,6 +45,7 @@ pub(crate) struct RawStep {
     pub plugin_enable: Option<String>,
     pub plugin_reload: Option<bool>,
     pub model_switch: Option<String>,
+    pub git: Option<crate::world::GitState>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,

@@ -101,6 +101,9 @@ pub struct Strategy {
     /// memory files chosen per prompt arrive as `relevant_memories` attachments, and MEMORY.md
     /// leaves the user context.
     pub relevant_memories: bool,
+    /// The git snapshot (`gitStatus`) in the system prompt; `CLAUDE_CODE_REMOTE` and
+    /// `CLAUDE_CODE_DISABLE_GIT_INSTRUCTIONS` turn it off (so does `includeGitInstructions: false`).
+    pub git_status: bool,
     /// Replays apply the microcompacts the recording shows (the recorded client's own flags).
     /// Off: the cleared tool results stay visible — what the model would have seen without
     /// microcompact (its replies are still the recorded ones).
@@ -145,6 +148,7 @@ impl Default for Strategy {
             stop_hook_cap: 8,
             agent_list_in_messages: false,
             relevant_memories: false,
+            git_status: true,
             replay_recorded_microcompact: true,
             compact: crate::agent::compact::CompactConfig::default(),
         }
@@ -264,6 +268,7 @@ impl Strategy {
                 "CLAUDE_CODE_DISABLE_AUTO_MEMORY" if truthy(value) => self.auto_memory = false,
                 "CLAUDE_CODE_AGENT_LIST_IN_MESSAGES" if truthy(value) => self.agent_list_in_messages = true,
                 "CTXSIM_RELEVANT_MEMORIES" if truthy(value) => self.relevant_memories = true,
+                "CLAUDE_CODE_REMOTE" | "CLAUDE_CODE_DISABLE_GIT_INSTRUCTIONS" if truthy(value) => self.git_status = false,
                 _ => {}
             }
         }

@@ -21,6 +21,27 @@ fn empty_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
+/// The repository as `git` would report it when the session starts (`getGitStatus`): the
+/// branch, the main branch, the user, `git status --short` lines and `git log --oneline` lines
+/// (newest first; the client asks for five).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitState {
+    pub branch: String,
+    #[serde(default = "main_branch")]
+    pub main_branch: String,
+    #[serde(default)]
+    pub user_name: Option<String>,
+    #[serde(default)]
+    pub status: Vec<String>,
+    #[serde(default)]
+    pub recent_commits: Vec<String>,
+}
+
+fn main_branch() -> String {
+    "main".to_owned()
+}
+
 /// A scripted MCP server.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -6,6 +6,7 @@ mod memories;
 mod layer6;
 mod cache;
 mod fidelity;
+mod git_status;
 mod compact;
 mod recording;
 mod requests;
