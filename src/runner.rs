@@ -73,9 +73,9 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 recovery = RecoveryState::default();
                 agent.user_prompt(text, &mut world);
                 // The relevant-memory prefetch's selection request, when the gate is on.
-                let mut side_calls = Vec::new();
-                agent.prefetch_relevant_memories(text, &mut world, &mut side_calls);
-                measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                agent.prefetch_relevant_memories(text, &mut world);
+                // Side requests of the turn's start: prompt/agent hooks, the memory selection.
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
                 let mut reply = None;
@@ -171,6 +171,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 // Agent call runs its subagent here, each of its requests measured on its lane.
                 let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
                 agent.apply_reply(&reply, &mut world, &mut calls).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
                 agent.note_usage(usage, message_id, world.clock.now_ms());
                 if reply.stop_reason == StopReason::MaxTokens {
                     // max_output_tokens recovery: the partial reply stays, a meta message asks
@@ -210,6 +211,14 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
             Step::Git(state) => world.git = Some(state.clone()),
+            Step::Clear => {
+                agent.clear(&mut world);
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+            }
+            Step::Resume => {
+                agent.resume(&mut world);
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+            }
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
                 pending_events.push(format!("model_changed:{model}"));
@@ -246,6 +255,10 @@ struct MeasuredCalls<'a> {
 impl ModelCalls for MeasuredCalls<'_> {
     fn lane_started(&mut self, lane: &str) {
         self.measurer.restart_lane(lane);
+    }
+
+    fn side(&mut self, calls: Vec<SideCall>, world: &mut World) -> Result<(), String> {
+        measure_side_calls(self.measurer, world, calls, self.turn, self.rows, self.requests)
     }
 
     fn call(&mut self, lane: &str, request: Request, events: Vec<String>, world: &mut World) -> Result<(Reply, Usage), String> {

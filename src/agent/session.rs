@@ -36,6 +36,13 @@ use crate::world::{Reply, World};
 /// `max_tokens` of the memory selection request (ours).
 const SELECTION_MAX_TOKENS: u64 = 256;
 
+/// `max_tokens` of a prompt or agent hook's request (ours).
+const HOOK_MAX_TOKENS: u64 = 512;
+
+const PROMPT_HOOK_INSTRUCTION: &str = "You check a condition for a coding assistant's hook. Read the condition and the event data, and reply with JSON only: {\"ok\": true} when the condition holds, or {\"ok\": false, \"reason\": \"…\"} saying what is wrong.";
+
+const AGENT_HOOK_INSTRUCTION: &str = "You verify a coding assistant's work for a hook. Inspect the files you need with the read-only tools, then reply with JSON only: {\"ok\": true} when the condition holds, or {\"ok\": false, \"reason\": \"…\"} saying what is wrong.";
+
 /// Client version written into the billing header.
 pub const CLIENT_VERSION: &str = "2.1.88";
 
@@ -116,6 +123,14 @@ pub struct Session {
     /// `getSystemContext`'s git snapshot, taken at the first request and kept (compaction
     /// included) until `/clear` or a resume; `Some(None)` when there is none to show.
     git_snapshot: Option<Option<GitStatus>>,
+    /// Hook time not yet on the clock: hooks run where the session only reads the World, and
+    /// the time is added at the next point it holds the World mutably.
+    hook_wait_ms: u64,
+    /// Side requests made since the caller last took them (prompt/agent hooks, the memory
+    /// selection), in order.
+    pending_side_calls: Vec<SideCall>,
+    /// `/clear`s so far (each starts a new session id).
+    clears: u64,
 }
 
 #[path = "session_chain.rs"]
@@ -134,16 +149,7 @@ impl Session {
         let _ = strategy.apply_env(&world.env);
         let mut rng = world.rng.fork("session");
         let device_id = format!("{:016x}{:016x}{:016x}{:016x}", rng.next_u64(), rng.next_u64(), rng.next_u64(), rng.next_u64());
-        let a = rng.next_u64();
-        let b = rng.next_u64();
-        let session_id = format!(
-            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-            a >> 32,
-            (a >> 16) & 0xffff,
-            a & 0xfff,
-            ((b >> 48) & 0x3fff) | 0x8000,
-            b & 0xffff_ffff_ffff
-        );
+        let session_id = uuid_v4(rng.next_u64(), rng.next_u64());
         let settings_hooks = load_settings_hooks(&world.fs, &world.home, &world.cwd, MANAGED_DIR);
         Session {
             settings_hooks,
@@ -192,6 +198,9 @@ impl Session {
             stop_continued: false,
             memories: Default::default(),
             git_snapshot: None,
+            hook_wait_ms: 0,
+            pending_side_calls: Vec::new(),
+            clears: 0,
         }
     }
 
@@ -248,6 +257,88 @@ impl Session {
     /// The message marker a request on `lane` carries.
     fn marker_for(&self, lane: &str) -> Option<CacheControl> {
         self.strategy.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(self.strategy.ttl_for(lane)))
+    }
+
+    /// `/clear`: SessionEnd hooks (reason `clear`), then a new conversation under a new session
+    /// id. The transcript goes, and with it every session cache (`clearSessionCaches`): the
+    /// system sections and the git snapshot, the user context and memory files, the sent skill
+    /// names, read files, nested memory, todos, discovered tools, announced deltas, relevant
+    /// memories and the long-context chain's state. SessionStart hooks with source `clear` open
+    /// the new conversation. Journals `conversation_cleared`.
+    pub fn clear(&mut self, world: &mut World) {
+        self.hooks(world, "SessionEnd", "clear", json!({"reason": "clear"}));
+        self.clears += 1;
+        let mut rng = world.rng.fork("session").fork(&format!("clear{}", self.clears));
+        self.session_id = uuid_v4(rng.next_u64(), rng.next_u64());
+        self.records.clear();
+        self.record_meta.clear();
+        self.chain_state = crate::agent::compact::ChainState::new(session_dir(world, &self.session_id));
+        self.peer_state = Default::default();
+        self.system_cache.clear_session();
+        self.git_snapshot = None;
+        self.user_context = None;
+        self.memory = None;
+        self.sent_skill_names.clear();
+        self.read_state.clear();
+        self.nested_triggers.clear();
+        self.loaded_nested.clear();
+        self.todos.clear();
+        self.turns_since_todo_write = 0;
+        self.turns_since_todo_reminder = 0;
+        self.discovered_tools.clear();
+        self.invoked_skills.clear();
+        self.announced_deferred.clear();
+        self.announced_agents.clear();
+        self.announced_mcp.clear();
+        self.memories.reset();
+        self.stop_continuations = 0;
+        self.events.push("conversation_cleared".into());
+        let messages = self.session_start_messages(world, "clear");
+        self.push_attachments(messages);
+        self.settle_hook_time(world);
+    }
+
+    /// `--resume` in a new process: SessionEnd hooks (reason `other`) close the process that
+    /// ended; the transcript stays, but every per-process cache starts afresh: the memoized
+    /// system sections and git snapshot, the user context and memory files, the Agent tool's
+    /// frozen listing, read files, nested memory and the date last seen. The skill listing does
+    /// not come back from the transcript: as the oracle saw, it is attached again to the next
+    /// prompt. SessionStart hooks with source `resume` follow the resumed messages. Journals
+    /// `session_resumed`.
+    pub fn resume(&mut self, world: &mut World) {
+        self.hooks(world, "SessionEnd", "other", json!({"reason": "other"}));
+        self.system_cache.clear_session();
+        self.git_snapshot = None;
+        self.user_context = None;
+        self.memory = None;
+        self.agent_listing = None;
+        self.read_state.clear();
+        self.nested_triggers.clear();
+        self.loaded_nested.clear();
+        self.last_date = None;
+        self.stop_continuations = 0;
+        let mut kept_records = Vec::with_capacity(self.records.len());
+        let mut kept_meta = Vec::with_capacity(self.record_meta.len());
+        for (i, record) in std::mem::take(&mut self.records).into_iter().enumerate() {
+            if matches!(&record, Record::Attachment { attachment: Attachment::SkillListing { .. }, .. }) {
+                continue;
+            }
+            if let Some(meta) = self.record_meta.get(i) {
+                kept_meta.push(meta.clone());
+            }
+            kept_records.push(match record {
+                // Hook context written inside a tool loop is a plain attachment once re-read.
+                Record::Attachment { attachment, .. } => Record::Attachment { attachment, in_loop: false },
+                other => other,
+            });
+        }
+        self.records = kept_records;
+        self.record_meta = kept_meta;
+        self.sent_skill_names.clear();
+        self.events.push("session_resumed".into());
+        let messages = self.session_start_messages(world, "resume");
+        self.push_attachments(messages);
+        self.settle_hook_time(world);
     }
 
     /// The post-compact cleanup (`runPostCompactCleanup`): memoized system sections, the user
@@ -313,6 +404,7 @@ impl Session {
         let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
         if !run.blocking_errors.is_empty() || run.prevent_continuation {
             // The prompt is dropped; the user sees a warning that is never sent.
+            self.settle_hook_time(world);
             return;
         }
         self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: false });
@@ -330,6 +422,7 @@ impl Session {
                 lines: run.additional_context.clone(),
             }]);
         }
+        self.settle_hook_time(world);
     }
 
     /// Every hook configured now: settings snapshot, plugin hooks, session hooks.
@@ -365,12 +458,58 @@ impl Session {
             session_id: &self.session_id,
             cwd: &world.cwd,
             run_real: self.strategy.run_hooks,
+            session_end_timeout_ms: world
+                .env_var("CLAUDE_CODE_SESSIONEND_HOOKS_TIMEOUT_MS")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(crate::agent::hooks::SESSION_END_TIMEOUT_MS),
         };
         let run = run_hooks(&configured, &world.hook_answers, &call);
+        self.hook_wait_ms += run.elapsed_ms;
+        for model_call in &run.model_calls {
+            let side = self.hook_model_request(world, model_call);
+            self.pending_side_calls.push(side);
+        }
         if run.ran > 0 {
             self.hook_log.push(run.clone());
         }
         run
+    }
+
+    /// The request a `prompt` hook (one question) or an `agent` hook (a verifier with the
+    /// read-only file tools) sends, with the scripted verdict as its reply; lane `side`, run
+    /// alongside (its time is the hook's). Only the verifier's first request is modelled.
+    fn hook_model_request(&self, world: &World, call: &crate::agent::hooks::HookModelCall) -> SideCall {
+        use crate::agent::agents::alias_model;
+        let model = match call.model.as_deref() {
+            Some(model) => alias_model(model, &world.env).unwrap_or_else(|| model.to_owned()),
+            None => alias_model("haiku", &world.env).unwrap_or_else(|| world.model_id.clone()),
+        };
+        let mut request = Request::new(model, HOOK_MAX_TOKENS);
+        let instruction = if call.kind == "agent" { AGENT_HOOK_INSTRUCTION } else { PROMPT_HOOK_INSTRUCTION };
+        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(instruction)]));
+        if call.kind == "agent" {
+            let tools = ["Glob", "Grep", "Read"]
+                .iter()
+                .filter_map(|name| crate::agent::tools::builtin_tool(name, &self.profile, self.strategy.size_profile_padding))
+                .map(|tool| tool.to_api())
+                .collect();
+            request.tools = Some(tools);
+        }
+        request.messages = vec![Message::user_text(call.prompt.clone())];
+        let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
+        request.metadata = Some(json!({"user_id": user_id}));
+        SideCall { lane: "side".to_owned(), request, reply: Reply::text(call.verdict.clone()), time_ms: world.clock.now_ms(), concurrent: true }
+    }
+
+    /// Puts the time hooks took on the clock.
+    pub(crate) fn settle_hook_time(&mut self, world: &mut World) {
+        world.clock.advance(std::mem::take(&mut self.hook_wait_ms));
+    }
+
+    /// The side requests made since the last call (hook questions, the memory selection), for
+    /// the caller to measure in order.
+    pub fn take_side_calls(&mut self) -> Vec<SideCall> {
+        std::mem::take(&mut self.pending_side_calls)
     }
 
     /// PreCompact hooks (matcher = trigger `manual`/`auto`): the custom instructions for the
@@ -436,6 +575,7 @@ impl Session {
             .collect();
         if tool_calls.is_empty() {
             self.run_stop_hooks(reply, world);
+            self.settle_hook_time(world);
             return Ok(self.events[before..].to_vec());
         }
         let pool = self.pool(world);
@@ -468,12 +608,14 @@ impl Session {
                 hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PreToolUse:{name}"), lines: pre.additional_context.clone() });
             }
             if let Some(text) = pre.denial(name) {
+                self.settle_hook_time(world);
                 results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text), Some(true)));
                 continue;
             }
             // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
             let _ = pre.permission == Some(Permission::Ask);
             let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
+            self.settle_hook_time(world);
             let outcome = if name == "Agent" && !world.tool_outputs.contains_key(id) && pool.all.iter().any(|t| t.tool.name == "Agent") {
                 self.run_agent(id, &input, world, calls)?
             } else {
@@ -517,6 +659,7 @@ impl Session {
             let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
             post_input[if succeeded { "tool_response" } else { "error" }] = response;
             let post = self.hooks(world, event, name, post_input);
+            self.settle_hook_time(world);
             if let (Some(output), ContentBlock::ToolResult { content, .. }) = (&post.updated_output, &mut result) {
                 let text = match output {
                     Value::String(s) => s.clone(),
@@ -554,6 +697,7 @@ impl Session {
             let memories = admitted.into_iter().map(|m| Attachment::RelevantMemory { path: m.path, header: m.header, content: m.content }).collect();
             self.push_attachments(memories);
         }
+        self.settle_hook_time(world);
         Ok(self.events[before..].to_vec())
     }
 
@@ -561,7 +705,7 @@ impl Session {
     /// on its agent type): a blocking hook adds the meta message `{event} hook feedback:\n{err}`
     /// and the loop continues (the script's next reply on the thread's lane), at most
     /// `stop_hook_cap` times in a row.
-    fn run_stop_hooks(&mut self, reply: &Reply, world: &World) {
+    fn run_stop_hooks(&mut self, reply: &Reply, world: &mut World) {
         let last = reply.content.iter().rev().find_map(|b| match b {
             ContentBlock::Text { text, .. } => Some(text.clone()),
             _ => None,
@@ -589,10 +733,10 @@ impl Session {
     /// deferred_tools_delta, agent_listing_delta, mcp_instructions_delta, edited_text_file,
     /// nested_memory, skill_listing, todo_reminder.
     /// Starts the turn's relevant-memory prefetch (gate on, main thread, a prompt of two words
-    /// or more, memory files to choose from): the selection request goes to `side_calls` on
-    /// lane `side`, and the chosen memories wait for the turn's first tool round. A reply that
+    /// or more, memory files to choose from): the selection request joins the side calls (lane
+    /// `side`, see [`Session::take_side_calls`]), and the chosen memories wait for the turn's first tool round. A reply that
     /// is not scripted is the deterministic word-overlap choice.
-    pub fn prefetch_relevant_memories(&mut self, prompt: &str, world: &mut World, side_calls: &mut Vec<SideCall>) {
+    pub fn prefetch_relevant_memories(&mut self, prompt: &str, world: &mut World) {
         use crate::agent::memories;
         if !self.strategy.relevant_memories || self.thread.is_subagent() || !memories::prompt_qualifies(prompt) {
             return;
@@ -633,7 +777,7 @@ impl Session {
             })
             .collect();
         self.memories.pending = Some(chosen);
-        side_calls.push(SideCall { lane: "side".to_owned(), request, reply, time_ms: now, concurrent: true });
+        self.pending_side_calls.push(SideCall { lane: "side".to_owned(), request, reply, time_ms: now, concurrent: true });
     }
 
     /// The delta attachments compaction re-injects (§5.1), each announcing everything current,
@@ -1140,6 +1284,11 @@ impl Session {
         inputs.inline_mcp_tools = pool.inline_mcp;
         inputs
     }
+}
+
+/// A version-4 UUID from two random words.
+fn uuid_v4(a: u64, b: u64) -> String {
+    format!("{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xfff, ((b >> 48) & 0x3fff) | 0x8000, b & 0xffff_ffff_ffff)
 }
 
 /// What the delta attachments have announced, as compaction leaves it.

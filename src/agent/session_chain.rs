@@ -241,6 +241,8 @@ impl Session {
             trigger = request.trigger.as_str();
             if custom.is_none() {
                 custom = Some(self.pre_compact_instructions(trigger, None, world));
+                self.settle_hook_time(world);
+                side_calls.extend(self.take_side_calls());
             }
             // The fork sees the conversation as the stages before autocompact left it.
             let (records, metas) = entries_to_records(entries.clone(), &originals);
@@ -274,6 +276,8 @@ impl Session {
             self.set_announced(if session_memory { Default::default() } else { announced });
             let messages = self.post_compact_hooks(trigger, &summary_text, world);
             self.push_attachments(messages);
+            self.settle_hook_time(world);
+            side_calls.extend(self.take_side_calls());
             self.sync_meta(now);
         }
         (run, action)

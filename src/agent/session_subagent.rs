@@ -44,6 +44,10 @@ pub trait ModelCalls {
     /// time; returns the reply and the usage the API reported. The clock moves on by the reply's
     /// latency.
     fn call(&mut self, lane: &str, request: Request, events: Vec<String>, world: &mut World) -> Result<(Reply, Usage), String>;
+
+    /// Measures side requests made inside the agent's tool loop (its hooks' questions) before
+    /// its next request.
+    fn side(&mut self, calls: Vec<super::SideCall>, world: &mut World) -> Result<(), String>;
 }
 
 /// Which thread a session is.
@@ -135,6 +139,9 @@ impl Session {
         let started_ms = world.clock.now_ms();
 
         let start = self.hooks(world, "SubagentStart", &agent.agent_type, json!({"agent_id": agent_id, "agent_type": agent.agent_type}));
+        self.settle_hook_time(world);
+        // What this thread asked before the agent starts is measured first.
+        calls.side(self.take_side_calls(), world)?;
         let mut child = self.spawn_subagent(agent.clone(), agent_id.clone(), model, world);
         child.records.push(Record::User { content: MessageContent::Text(prompt), meta: false });
         if !start.additional_context.is_empty() {
@@ -159,6 +166,7 @@ impl Session {
             let called = reply.content.iter().filter(|b| matches!(b, ContentBlock::ToolUse { .. })).count();
             tool_uses += called;
             child.apply_reply(&reply, world, calls)?;
+            calls.side(child.take_side_calls(), world)?;
             let more = called > 0 || child.stop_continued;
             if !more || agent.max_turns.is_some_and(|max| turns >= max) {
                 break (reply, usage);

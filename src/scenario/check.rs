@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 13] = [
+const KINDS: [&str; 15] = [
     "user",
     "assistant",
     "tool_output",
@@ -66,6 +66,8 @@ const KINDS: [&str; 13] = [
     "plugin_reload",
     "model_switch",
     "git",
+    "clear",
+    "resume",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -196,6 +198,8 @@ fn check_step(
         step.plugin_reload.is_some(),
         step.model_switch.is_some(),
         step.git.is_some(),
+        step.clear.is_some(),
+        step.resume.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -258,6 +262,13 @@ fn check_step(
             return Err(problem(here("model_switch"), "the model id is empty"));
         }
         return Ok(Step::ModelSwitch { model });
+    }
+    for (value, field, step) in [(step.clear, "clear", Step::Clear), (step.resume, "resume", Step::Resume)] {
+        match value {
+            Some(true) => return Ok(step),
+            Some(false) => return Err(problem(here(field), format!("write `{field}: true`, or leave the step out"))),
+            None => {}
+        }
     }
     if let Some(git) = step.git {
         check_git(&git, here("git"))?;

@@ -62,6 +62,8 @@
 //!   - plugin_reload: true          # /reload-plugins: re-read every enabled plugin
 //!   - model_switch: claude-opus-4-5  # /model: later requests go to another model
 //!   - git: {branch: main, status: []}  # the repository changes; the prompt keeps its snapshot
+//!   - clear: true                  # /clear: new conversation (SessionEnd, SessionStart clear)
+//!   - resume: true                 # --resume in a new process (SessionStart resume)
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

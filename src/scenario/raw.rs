@@ -46,6 +46,8 @@ pub(crate) struct RawStep {
     pub plugin_reload: Option<bool>,
     pub model_switch: Option<String>,
     pub git: Option<crate::world::GitState>,
+    pub clear: Option<bool>,
+    pub resume: Option<bool>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,

@@ -167,6 +167,11 @@ pub enum Step {
     /// `git: {branch, status, recent_commits}` — the repository changes behind the agent's back
     /// (a commit, a checkout); the prompt keeps its snapshot until `/clear` or a resume.
     Git(GitState),
+    /// `clear: true` — `/clear`: a new conversation (SessionEnd, then SessionStart `clear`).
+    Clear,
+    /// `resume: true` — `--resume` in a new process: the transcript continues, every
+    /// per-process cache starts afresh (SessionStart `resume`).
+    Resume,
 }
 
 impl Step {
@@ -186,6 +191,8 @@ impl Step {
             Step::PluginReload => "plugin_reload",
             Step::ModelSwitch { .. } => "model_switch",
             Step::Git(_) => "git",
+            Step::Clear => "clear",
+            Step::Resume => "resume",
         }
     }
 }
