@@ -34,7 +34,7 @@ pub const AGENT_DISALLOWED_TOOLS: [&str; 6] = ["Agent", "AskUserQuestion", "Ente
 const READ_ONLY_DISALLOWED: [&str; 5] = ["Agent", "ExitPlanMode", "Edit", "Write", "NotebookEdit"];
 
 /// Frontmatter keys this module reads; any other key is kept in `extra`.
-const KNOWN_KEYS: [&str; 15] = [
+const KNOWN_KEYS: [&str; 14] = [
     "name",
     "description",
     "tools",
@@ -49,7 +49,6 @@ const KNOWN_KEYS: [&str; 15] = [
     "memory",
     "background",
     "isolation",
-    "mcpServers",
 ];
 
 /// Where a definition came from, in priority order (later wins).

@@ -270,32 +270,54 @@ impl Session {
         self.clears += 1;
         let mut rng = world.rng.fork("session").fork(&format!("clear{}", self.clears));
         self.session_id = uuid_v4(rng.next_u64(), rng.next_u64());
-        self.records.clear();
-        self.record_meta.clear();
+        self.start_new_conversation();
         self.chain_state = crate::agent::compact::ChainState::new(session_dir(world, &self.session_id));
         self.peer_state = Default::default();
+        self.clear_session_caches();
+        self.start_again(world, "clear", "conversation_cleared");
+    }
+
+    /// Journals `event` and runs the SessionStart hooks of `source`, whose messages open (or
+    /// follow) the conversation.
+    fn start_again(&mut self, world: &mut World, source: &str, event: &str) {
+        self.events.push(event.into());
+        let messages = self.session_start_messages(world, source);
+        self.push_attachments(messages);
+        self.settle_hook_time(world);
+    }
+
+    /// `clearSessionCaches` (`/clear` and a resume): the system sections and the git snapshot,
+    /// the user context and memory files, the read files and the nested memory loaded.
+    fn clear_session_caches(&mut self) {
         self.system_cache.clear_session();
         self.git_snapshot = None;
         self.user_context = None;
         self.memory = None;
-        self.sent_skill_names.clear();
         self.read_state.clear();
         self.nested_triggers.clear();
         self.loaded_nested.clear();
+    }
+
+    /// Forgets the conversation and what the client keeps per conversation: the transcript,
+    /// the sent skill names, discovered tools, invoked skills, todos, nested memory, announced
+    /// deltas, relevant memories, the Stop-hook count (`/clear` and a new subagent).
+    fn start_new_conversation(&mut self) {
+        self.records.clear();
+        self.record_meta.clear();
+        self.sent_skill_names.clear();
+        self.discovered_tools.clear();
+        self.sent_tools.clear();
+        self.invoked_skills.clear();
         self.todos.clear();
         self.turns_since_todo_write = 0;
         self.turns_since_todo_reminder = 0;
-        self.discovered_tools.clear();
-        self.invoked_skills.clear();
+        self.nested_triggers.clear();
+        self.loaded_nested.clear();
         self.announced_deferred.clear();
         self.announced_agents.clear();
         self.announced_mcp.clear();
         self.memories.reset();
         self.stop_continuations = 0;
-        self.events.push("conversation_cleared".into());
-        let messages = self.session_start_messages(world, "clear");
-        self.push_attachments(messages);
-        self.settle_hook_time(world);
     }
 
     /// `--resume` in a new process: SessionEnd hooks (reason `other`) close the process that
@@ -307,14 +329,8 @@ impl Session {
     /// `session_resumed`.
     pub fn resume(&mut self, world: &mut World) {
         self.hooks(world, "SessionEnd", "other", json!({"reason": "other"}));
-        self.system_cache.clear_session();
-        self.git_snapshot = None;
-        self.user_context = None;
-        self.memory = None;
+        self.clear_session_caches();
         self.agent_listing = None;
-        self.read_state.clear();
-        self.nested_triggers.clear();
-        self.loaded_nested.clear();
         self.last_date = None;
         self.stop_continuations = 0;
         let mut kept_records = Vec::with_capacity(self.records.len());
@@ -335,10 +351,7 @@ impl Session {
         self.records = kept_records;
         self.record_meta = kept_meta;
         self.sent_skill_names.clear();
-        self.events.push("session_resumed".into());
-        let messages = self.session_start_messages(world, "resume");
-        self.push_attachments(messages);
-        self.settle_hook_time(world);
+        self.start_again(world, "resume", "session_resumed");
     }
 
     /// The post-compact cleanup (`runPostCompactCleanup`): memoized system sections, the user

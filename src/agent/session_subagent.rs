@@ -223,27 +223,13 @@ impl Session {
             child.session_hooks.extend(parsed.hooks);
         }
         child.thread = Thread::Subagent(Box::new(SubagentThread { agent, agent_id, model }));
-        child.records.clear();
-        child.record_meta.clear();
+        child.start_new_conversation();
         child.system_cache = crate::agent::system_prompt::SystemPromptCache::new();
         child.previous_system = None;
         child.user_context = Some(user_context);
         child.events.clear();
-        child.sent_skill_names.clear();
-        child.discovered_tools.clear();
-        child.sent_tools.clear();
-        child.invoked_skills.clear();
-        child.todos.clear();
-        child.turns_since_todo_write = 0;
-        child.turns_since_todo_reminder = 0;
-        child.announced_mcp.clear();
-        child.announced_deferred.clear();
-        child.announced_agents.clear();
         child.last_date = None;
-        child.nested_triggers.clear();
-        child.loaded_nested.clear();
         child.hook_log.clear();
-        child.stop_continuations = 0;
         child.stop_continued = false;
         child.session_started = true;
         child.agents_started = 0;

@@ -9,8 +9,7 @@ use ctxsim::strategy::Strategy;
 use crate::support::measurer;
 
 fn check_run(yaml: &str) -> RunOutput {
-    let scenario = parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
-    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+    crate::support::run_yaml(yaml)
 }
 
 /// The `gitStatus: …` element of a request's last system block, if any.

@@ -11,8 +11,7 @@ use ctxsim::world::{Clock, VirtualFs};
 use crate::support::{measurer, realdata};
 
 fn run_text(yaml: &str) -> RunOutput {
-    let scenario = parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
-    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+    crate::support::run_yaml(yaml)
 }
 
 fn messages(output: &RunOutput, request: usize) -> String {

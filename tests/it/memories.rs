@@ -3,19 +3,17 @@
 
 use ctxsim::agent::memories::{self, MemoryCandidate, MemoryState, SurfacedMemory};
 use ctxsim::runner::{RunOutput, run_scenario};
-use ctxsim::scenario::{load_scenario, parse_scenario};
+use ctxsim::scenario::load_scenario;
 use ctxsim::strategy::Strategy;
 
 use crate::support::measurer;
 
 fn check_run(yaml: &str) -> RunOutput {
-    let scenario = parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
-    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+    crate::support::run_yaml(yaml)
 }
 
 fn check_lanes(output: &RunOutput, expected: &[&str]) {
-    let lanes: Vec<&str> = output.rows.iter().map(|r| r.lane.as_str()).collect();
-    assert_eq!(lanes, expected);
+    assert_eq!(crate::support::lanes(output), expected);
 }
 
 fn messages(output: &RunOutput, request: usize) -> String {

@@ -14,8 +14,7 @@ use serde_json::Value;
 use crate::support::{measurer, realdata};
 
 fn check_run(yaml: &str) -> RunOutput {
-    let scenario = parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
-    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+    crate::support::run_yaml(yaml)
 }
 
 /// An inline scenario that mounts real directories: written under the test target's scratch
@@ -30,8 +29,7 @@ fn check_run_mounted(name: &str, yaml: &str) -> RunOutput {
 }
 
 fn check_lanes(output: &RunOutput, expected: &[&str]) {
-    let lanes: Vec<&str> = output.rows.iter().map(|r| r.lane.as_str()).collect();
-    assert_eq!(lanes, expected);
+    assert_eq!(crate::support::lanes(output), expected);
 }
 
 /// Row `later` extends row `earlier` of the same conversation: no divergence, and it reads at
