@@ -54,6 +54,8 @@ pub struct SideCall {
     pub request: Request,
     pub reply: Reply,
     pub time_ms: u64,
+    /// The call runs alongside the conversation (a prefetch): the clock does not wait for it.
+    pub concurrent: bool,
 }
 
 fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
@@ -192,7 +194,9 @@ impl Session {
         let now = world.clock.now_ms();
         self.sync_meta(now);
         let limits = self.model_limits(world);
-        let inputs = self.compact_inputs(world);
+        let mut inputs = self.compact_inputs(world);
+        let (deltas, announced) = self.compaction_deltas(world);
+        inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         let originals: BTreeMap<u64, Record> = self
             .record_meta
             .iter()
@@ -237,6 +241,8 @@ impl Session {
             trigger = request.trigger.as_str();
             if custom.is_none() {
                 custom = Some(self.pre_compact_instructions(trigger, None, world));
+                self.settle_hook_time(world);
+                side_calls.extend(self.take_side_calls());
             }
             // The fork sees the conversation as the stages before autocompact left it.
             let (records, metas) = entries_to_records(entries.clone(), &originals);
@@ -247,7 +253,7 @@ impl Session {
             self.record_meta = saved_meta;
             let reply = world.model.next_reply("compact").unwrap_or_else(|_| Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens)));
             let text = reply_text(&reply);
-            side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms() });
+            side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms(), concurrent: false });
             summary_text = text.clone();
             pending_reply = Some(summary_reply(text));
         }
@@ -264,8 +270,14 @@ impl Session {
         self.record_meta = metas;
         if run.compacted {
             self.after_compaction();
+            // A full compaction re-announces every delta; session-memory compaction keeps no
+            // attachments, so the next turn announces everything again.
+            let session_memory = run.reports.iter().any(|r| r.fired && r.name == "session_memory_compact");
+            self.set_announced(if session_memory { Default::default() } else { announced });
             let messages = self.post_compact_hooks(trigger, &summary_text, world);
             self.push_attachments(messages);
+            self.settle_hook_time(world);
+            side_calls.extend(self.take_side_calls());
             self.sync_meta(now);
         }
         (run, action)
@@ -306,7 +318,7 @@ impl Session {
         let extraction = self.chain_state.session_memory.extractions + 1;
         let reply = world.model.next_reply("session_memory").unwrap_or_else(|_| Reply::text(synthetic_notes(extraction, &entries)));
         let notes = reply_text(&reply);
-        side_calls.push(SideCall { lane: "session_memory".to_owned(), request: fork, reply, time_ms: now });
+        side_calls.push(SideCall { lane: "session_memory".to_owned(), request: fork, reply, time_ms: now, concurrent: false });
         let World { fs, clock, .. } = &mut *world;
         let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
         finish_extraction(&mut cx, &notes);

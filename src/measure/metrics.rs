@@ -149,6 +149,12 @@ impl Measurer {
         }
     }
 
+    /// A new conversation starts on `lane` (another subagent of the same type): its next
+    /// request is compared with nothing, as the client tracks each agent id on its own.
+    pub fn restart_lane(&mut self, lane: &str) {
+        self.lanes.remove(lane);
+    }
+
     /// Measures one request.
     pub fn measure(&mut self, input: MeasureInput<'_>) -> Result<RequestMetrics, UnknownModel> {
         let flat = self.flatten(input.body)?;
@@ -310,6 +316,19 @@ pub struct Summary {
     /// that hold the request bodies ([`super::loss::info_loss`]).
     #[serde(default)]
     pub info_loss: super::loss::InfoLoss,
+    /// The same totals per lane (`main`, `compact`, `subagent:Explore`, ...), sorted by lane.
+    #[serde(default)]
+    pub lanes: BTreeMap<String, LaneSummary>,
+}
+
+/// A lane's share of a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaneSummary {
+    pub requests: usize,
+    pub tokens: TokenTotals,
+    pub cache_hit_ratio: f64,
+    pub cost_usd: f64,
+    pub cache_breaks: usize,
 }
 
 impl Summary {
@@ -335,6 +354,24 @@ impl Summary {
             }
         }
         let denominator = tokens.input + tokens.cache_read + tokens.cache_creation;
+        let mut lanes: BTreeMap<String, LaneSummary> = BTreeMap::new();
+        for row in rows {
+            let lane = lanes.entry(row.lane.clone()).or_default();
+            lane.requests += 1;
+            lane.tokens.input += row.input_tokens;
+            lane.tokens.cache_read += row.cache_read_input_tokens;
+            lane.tokens.cache_creation += row.cache_creation_input_tokens;
+            lane.tokens.cache_creation_5m += row.cache_creation.ephemeral_5m_input_tokens;
+            lane.tokens.cache_creation_1h += row.cache_creation.ephemeral_1h_input_tokens;
+            lane.tokens.output += row.output_tokens;
+            lane.cost_usd += row.cost_usd;
+            lane.cache_breaks += usize::from(row.cache_break);
+        }
+        for lane in lanes.values_mut() {
+            let denominator = lane.tokens.input + lane.tokens.cache_read + lane.tokens.cache_creation;
+            lane.cache_hit_ratio = if denominator == 0 { 0.0 } else { round6(lane.tokens.cache_read as f64 / denominator as f64) };
+            lane.cost_usd = round6(lane.cost_usd);
+        }
         Summary {
             input: input.to_owned(),
             strategy: strategy.to_owned(),
@@ -352,6 +389,7 @@ impl Summary {
             fingerprint: sha256_hex(fingerprint_input.as_bytes()),
             api_errors: rows.iter().filter(|r| r.error.is_some()).count(),
             info_loss: Default::default(),
+            lanes,
         }
     }
 }

@@ -63,6 +63,8 @@ impl Scenario {
             mcp_servers: spec.mcp_servers.clone(),
             hook_answers: spec.hook_answers.clone(),
             claude_md_excludes: spec.settings.claude_md_excludes.clone(),
+            include_git_instructions: spec.settings.include_git_instructions.unwrap_or(true),
+            git: spec.git.clone(),
             home: spec.home.clone(),
         }
     }

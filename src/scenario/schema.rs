@@ -7,7 +7,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 
 use crate::api::{ContentBlock, StopReason, Usage};
-use crate::world::{HookAnswer, Latency, McpServer, McpToolDef, Reply};
+use crate::world::{GitState, HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
 use super::values::{EnvValue, Rfc3339, TimeZoneName};
 
@@ -71,6 +71,10 @@ pub struct WorldSpec {
     /// Plugin folders (virtual paths) enabled at start.
     #[serde(default)]
     pub plugins: Vec<String>,
+    /// The git repository at the cwd (branch, status lines, recent commits); absent means not a
+    /// scripted repository.
+    #[serde(default)]
+    pub git: Option<GitState>,
     /// Real directories loaded into the virtual fs: `from` relative to the scenario file,
     /// mounted `at` a virtual path. Resolved by `load_scenario` into `files` (explicit files win).
     #[serde(default)]
@@ -96,6 +100,9 @@ pub struct SettingsSpec {
     /// `claudeMdExcludes`: globs of memory files to skip.
     #[serde(default)]
     pub claude_md_excludes: Vec<String>,
+    /// `includeGitInstructions`: `false` leaves the git status out of the system prompt.
+    #[serde(default)]
+    pub include_git_instructions: Option<bool>,
 }
 
 fn default_clock_start() -> Rfc3339 {
@@ -157,6 +164,14 @@ pub enum Step {
     PluginReload,
     /// `model_switch: claude-opus-4-5` — `/model`: later requests go to another model.
     ModelSwitch { model: String },
+    /// `git: {branch, status, recent_commits}` — the repository changes behind the agent's back
+    /// (a commit, a checkout); the prompt keeps its snapshot until `/clear` or a resume.
+    Git(GitState),
+    /// `clear: true` — `/clear`: a new conversation (SessionEnd, then SessionStart `clear`).
+    Clear,
+    /// `resume: true` — `--resume` in a new process: the transcript continues, every
+    /// per-process cache starts afresh (SessionStart `resume`).
+    Resume,
 }
 
 impl Step {
@@ -175,6 +190,9 @@ impl Step {
             Step::PluginEnable { .. } => "plugin_enable",
             Step::PluginReload => "plugin_reload",
             Step::ModelSwitch { .. } => "model_switch",
+            Step::Git(_) => "git",
+            Step::Clear => "clear",
+            Step::Resume => "resume",
         }
     }
 }

@@ -2,9 +2,11 @@
 mod agent_layers;
 mod analyze;
 mod mechanisms;
+mod memories;
 mod layer6;
 mod cache;
 mod fidelity;
+mod git_status;
 mod compact;
 mod recording;
 mod requests;
@@ -15,5 +17,6 @@ mod sweep;
 mod report;
 mod scenario;
 mod session;
+mod subagents;
 mod support;
 mod world;
