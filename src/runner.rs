@@ -93,9 +93,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     }
                     let (mut request, events) = agent.build_request(&world);
                     pending_events.extend(events);
-                    if let Some(edits) = &chain_run.context_management {
-                        request.context_management = Some(edits.clone());
-                    }
+                    request.context_management = crate::agent::compact::microcompact::merge_context_management(
+                        request.context_management.as_ref(),
+                        chain_run.context_management.as_ref(),
+                        chain_run.thinking_clear_latched,
+                    );
                     let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
                     if chain_run.compacted || time_based {
                         pinned_edits.clear();
@@ -106,9 +108,10 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         pinned_edits.push((last_user, edits.clone()));
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
-                    let flat = measurer.flatten(&request).map_err(|e| err(i, e.to_string()))?;
+                    // The server applies `context_management` before it counts or caches.
+                    let served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(&world).context_window;
-                    if let Some(error) = simulated_api_error(flat.total_tokens, window) {
+                    if let Some(error) = simulated_api_error(served.flat.total_tokens, window) {
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                         input.turn = turn;
@@ -116,7 +119,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         input.stages = chain_run.reports;
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
-                        rows.push(measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?);
+                        rows.push(measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?);
                         requests.push(request);
                         let mut side_calls = Vec::new();
                         let recovery_outcome = agent.recover_prompt_too_long(chain, &mut world, &mut side_calls, &mut recovery, &error);
@@ -153,7 +156,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
-                    let row = measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?;
+                    let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     // The client trusts the usage the API reports: a scripted usage that states the
                     // input side wins over the simulated one (that is how a scenario claims a big
                     // context cheaply, as the real client's oracle does).
@@ -213,6 +216,16 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             }
             Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
+            Step::Git(change) => {
+                if let Some(git) = world.git.as_mut() {
+                    for (slot, value) in [(&mut git.branch, &change.branch), (&mut git.status, &change.status), (&mut git.recent_commits, &change.recent_commits)] {
+                        if let Some(value) = value {
+                            slot.clone_from(value);
+                        }
+                    }
+                }
+            }
+            Step::Resume => agent.resume(&mut world),
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
                 pending_events.push(format!("model_changed:{model}"));

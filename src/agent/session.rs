@@ -357,6 +357,19 @@ impl Session {
         self.session_start_messages(world, "compact")
     }
 
+    /// `claude --resume` in a new process: the transcript is loaded as it was, the session's
+    /// snapshots are taken afresh (memoized system sections and the git snapshot, the user
+    /// context, the memory files), SessionStart hooks run with source `resume`, and
+    /// `session_resumed` is journalled.
+    pub fn resume(&mut self, world: &mut World) {
+        self.system_cache.clear_session();
+        self.user_context = None;
+        self.memory = None;
+        self.events.push("session_resumed".into());
+        let messages = self.session_start_messages(world, "resume");
+        self.push_attachments(messages);
+    }
+
     fn run_session_start_hooks(&mut self, world: &World) {
         let messages = self.session_start_messages(world, "startup");
         self.push_attachments(messages);
@@ -920,7 +933,15 @@ impl Session {
         inputs.enabled_tools = pool.enabled_names();
         inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
         inputs.cwd = world.cwd.clone();
-        inputs.is_git_repo = world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        inputs.is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        // The scenario's repository state (`world.git`), read when the snapshot is taken.
+        inputs.git_status = world.git.as_ref().map(|git| crate::agent::system_prompt::GitStatus {
+            branch: git.branch.clone(),
+            main_branch: git.main_branch.clone(),
+            user_name: git.user_name.clone(),
+            status: git.status.clone(),
+            recent_commits: git.recent_commits.clone(),
+        });
         inputs.model_id = world.model_id.clone();
         inputs.model_marketing_name = marketing_name(&world.model_id);
         inputs.auto_memory_dir = self.auto_memory_dir(world);

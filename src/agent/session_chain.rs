@@ -45,6 +45,8 @@ pub struct ChainRun {
     /// `cache_edits` block to insert (cached microcompact) and `context_management` edits.
     pub cache_edits: Option<serde_json::Value>,
     pub context_management: Option<serde_json::Value>,
+    /// The thinking-clear latch is on: `clear_thinking` keeps one turn.
+    pub thinking_clear_latched: bool,
 }
 
 /// A request the chain made on another lane (a compaction fork), with the reply it got.
@@ -251,6 +253,10 @@ impl Session {
             summary_text = text.clone();
             pending_reply = Some(summary_reply(text));
         }
+        if output.compacted {
+            // `clearBetaHeaderLatches` (§8.6): compaction drops the thinking-clear latch.
+            self.chain_state.thinking_clear_latched = false;
+        }
         let run = ChainRun {
             reports: output.reports,
             events: output.events,
@@ -258,6 +264,7 @@ impl Session {
             compacted: output.compacted,
             cache_edits: output.cache_edits,
             context_management: output.context_management,
+            thinking_clear_latched: self.chain_state.thinking_clear_latched,
         };
         let (records, metas) = entries_to_records(entries, &originals);
         self.records = records;

@@ -64,6 +64,7 @@ impl Scenario {
             hook_answers: spec.hook_answers.clone(),
             claude_md_excludes: spec.settings.claude_md_excludes.clone(),
             home: spec.home.clone(),
+            git: spec.git.clone(),
         }
     }
 }

@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 12] = [
+const KINDS: [&str; 14] = [
     "user",
     "assistant",
     "tool_output",
@@ -65,6 +65,8 @@ const KINDS: [&str; 12] = [
     "plugin_enable",
     "plugin_reload",
     "model_switch",
+    "git",
+    "resume",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -177,6 +179,8 @@ fn check_step(
         step.plugin_enable.is_some(),
         step.plugin_reload.is_some(),
         step.model_switch.is_some(),
+        step.git.is_some(),
+        step.resume.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -239,6 +243,18 @@ fn check_step(
             return Err(problem(here("model_switch"), "the model id is empty"));
         }
         return Ok(Step::ModelSwitch { model });
+    }
+    if let Some(change) = step.git {
+        if world.git.is_none() {
+            return Err(problem(here("git"), "the cwd is no git repository: set `world.git` first"));
+        }
+        return Ok(Step::Git(change));
+    }
+    if let Some(resume) = step.resume {
+        if !resume {
+            return Err(problem(here("resume"), "write `resume: true` or leave the step out"));
+        }
+        return Ok(Step::Resume);
     }
     if let Some(spec) = step.write_file {
         let path = resolve(world, &spec.path).ok_or_else(|| problem(here("write_file"), "not a valid path"))?;

@@ -31,6 +31,8 @@
 //!   plugins: [/plugins/demo]       # plugin folders (virtual paths) enabled at start
 //!   mount:                         # real directories loaded into the virtual fs
 //!     - {from: ../data/tree, at: /repo}   # from: relative to the scenario file
+//!   git:                           # the cwd is a repository (the system prompt's git snapshot)
+//!     {branch: main, main_branch: main, user_name: Ada, status: "", recent_commits: "a1b2c3d Init"}
 //! script:                          # ordered steps; each has exactly one kind key
 //!   - user: "Read main.rs"         # a prompt: the agent runs a turn
 //!   - assistant:                   # the model's next reply on a lane
@@ -54,6 +56,8 @@
 //!   - plugin_enable: /plugins/demo # enable a plugin folder; every plugin refreshes (plugin_reloaded)
 //!   - plugin_reload: true          # /reload-plugins: re-read every enabled plugin
 //!   - model_switch: claude-opus-4-5  # /model: later requests go to another model
+//!   - git: {status: " M src/lib.rs"} # the repository changes (needs `world.git`)
+//!   - resume: true                   # `claude --resume` in a new process
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

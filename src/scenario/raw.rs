@@ -45,6 +45,8 @@ pub(crate) struct RawStep {
     pub plugin_enable: Option<String>,
     pub plugin_reload: Option<bool>,
     pub model_switch: Option<String>,
+    pub git: Option<super::schema::GitChange>,
+    pub resume: Option<bool>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,

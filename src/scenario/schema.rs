@@ -7,7 +7,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 
 use crate::api::{ContentBlock, StopReason, Usage};
-use crate::world::{HookAnswer, Latency, McpServer, McpToolDef, Reply};
+use crate::world::{GitRepo, HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
 use super::values::{EnvValue, Rfc3339, TimeZoneName};
 
@@ -75,6 +75,9 @@ pub struct WorldSpec {
     /// mounted `at` a virtual path. Resolved by `load_scenario` into `files` (explicit files win).
     #[serde(default)]
     pub mount: Vec<MountSpec>,
+    /// The cwd is a git repository in this state (the system prompt's git snapshot).
+    #[serde(default)]
+    pub git: Option<GitRepo>,
 }
 
 /// `world.mount[i]`.
@@ -157,6 +160,24 @@ pub enum Step {
     PluginReload,
     /// `model_switch: claude-opus-4-5` — `/model`: later requests go to another model.
     ModelSwitch { model: String },
+    /// `git: {status: ..., recent_commits: ...}` — the repository changes behind the agent's
+    /// back (fields given replace `world.git`'s).
+    Git(GitChange),
+    /// `resume: true` — the user quits and runs `claude --resume`: a new process loads the
+    /// transcript, takes fresh snapshots (git, memory files) and runs SessionStart(resume).
+    Resume,
+}
+
+/// The `git:` step: the fields of `world.git` that change.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitChange {
+    #[serde(default)]
+    pub branch: Option<String>,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub recent_commits: Option<String>,
 }
 
 impl Step {
@@ -175,6 +196,8 @@ impl Step {
             Step::PluginEnable { .. } => "plugin_enable",
             Step::PluginReload => "plugin_reload",
             Step::ModelSwitch { .. } => "model_switch",
+            Step::Git(_) => "git",
+            Step::Resume => "resume",
         }
     }
 }

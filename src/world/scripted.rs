@@ -21,6 +21,30 @@ fn empty_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
+/// The repository state `git` would report (`world.git`): what the system prompt's git snapshot
+/// is read from. Changed by the `git` script step (the user commits or edits behind the
+/// agent's back); the agent reads it when it takes its snapshot (session start, `--resume`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitRepo {
+    #[serde(default = "default_branch")]
+    pub branch: String,
+    #[serde(default = "default_branch")]
+    pub main_branch: String,
+    #[serde(default)]
+    pub user_name: Option<String>,
+    /// `git status --short`; empty means clean.
+    #[serde(default)]
+    pub status: String,
+    /// `git log --oneline -n 5`.
+    #[serde(default)]
+    pub recent_commits: String,
+}
+
+fn default_branch() -> String {
+    "main".to_owned()
+}
+
 /// A scripted MCP server.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -8,7 +8,7 @@ use super::clock::Clock;
 use super::fs::VirtualFs;
 use super::model::ScriptedModel;
 use super::rng::Rng;
-use super::scripted::{HookAnswer, McpServer};
+use super::scripted::{GitRepo, HookAnswer, McpServer};
 
 /// A scripted output for a tool the simulator does not execute itself (Bash, WebFetch, MCP
 /// tools), keyed by tool_use id in [`World::tool_outputs`].
@@ -45,6 +45,8 @@ pub struct World {
     pub claude_md_excludes: Vec<String>,
     /// The user's home directory (config home is `{home}/.claude`).
     pub home: String,
+    /// The repository's state as `git` reports it, when the cwd is a repository.
+    pub git: Option<GitRepo>,
 }
 
 impl World {
@@ -66,6 +68,7 @@ impl World {
             hook_answers: Vec::new(),
             claude_md_excludes: Vec::new(),
             home: "/home/user".to_owned(),
+            git: None,
         }
     }
 

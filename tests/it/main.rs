@@ -10,6 +10,7 @@ mod recording;
 mod requests;
 mod check;
 mod compare;
+mod context_editing;
 mod strategies;
 mod sweep;
 mod report;

@@ -57,6 +57,8 @@ fn steps(scenario: &Scenario) -> String {
             Step::McpListChanged { server, tools } => format!("mcp_list_changed {server} {}", tools.len()),
             Step::PluginEnable { root } => format!("plugin_enable {root}"),
             Step::PluginReload => "plugin_reload".to_owned(),
+            Step::Git(change) => format!("git branch={:?} status={:?} commits={:?}", change.branch, change.status, change.recent_commits),
+            Step::Resume => "resume".to_owned(),
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -230,7 +232,28 @@ fn error_unknown_block_kind() {
 
 #[test]
 fn error_unknown_step_key() {
-    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
+    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `git`, `resume`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
+}
+
+#[test]
+fn error_git_step_needs_a_repository() {
+    insta::assert_snapshot!(err(&doc("- git: {status: \" M a.rs\"}\n")), @"scenarios/bad.yaml:5:8: script[0].git: the cwd is no git repository: set `world.git` first");
+}
+
+#[test]
+fn error_resume_false() {
+    insta::assert_snapshot!(err(&doc("- user: hi\n- resume: false\n")), @"scenarios/bad.yaml:6:11: script[1].resume: write `resume: true` or leave the step out");
+}
+
+#[test]
+fn git_and_resume_steps_load() {
+    let text = "name: t\nworld:\n  model: m\n  git: {branch: dev, status: \"\"}\nscript:\n  - git: {status: \" M a.rs\"}\n  - resume: true\n";
+    let scenario = parse_scenario(text, "scenarios/ok.yaml").unwrap();
+    assert_eq!(scenario.world.git.as_ref().map(|g| (g.branch.as_str(), g.main_branch.as_str())), Some(("dev", "main")));
+    insta::assert_snapshot!(steps(&scenario), @r#"
+git branch=None status=Some(" M a.rs") commits=None
+resume
+"#);
 }
 
 #[test]
