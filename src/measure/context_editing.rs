@@ -30,7 +30,9 @@
 //!   strictly greater than the value (`exceeds`).
 //! - `keep` counts the tool uses that may be cleared (excluded tools are not counted).
 //! - A cleared result's content becomes [`CLEARED_TOOL_RESULT`] (our wording; the docs only say
-//!   "placeholder text"); a cleared input becomes `{}`.
+//!   "placeholder text"); a cleared input becomes `{}`. Content no larger than its replacement
+//!   is left as it is, so clearing never grows the prompt; `cleared_tool_uses` counts the pairs
+//!   actually changed and `cleared_input_tokens` the tokens that left the prompt.
 //! - An assistant turn (for `thinking_turns`) is the assistant messages between two user
 //!   messages that do not start with a tool_result: a tool loop is one turn.
 //! - Edit types the simulator does not model (server compaction `compact_*`) are left alone.
@@ -388,7 +390,7 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                 }
                 let clear: BTreeMap<&str, &str> = uses[..cut].iter().map(|(_, _, id, name)| (id.as_str(), name.as_str())).collect();
                 let mut next = current.to_vec();
-                let mut freed_by: BTreeMap<String, i64> = BTreeMap::new();
+                let mut freed_by: BTreeMap<String, u64> = BTreeMap::new();
                 let mut positions = Vec::new();
                 for (m, message) in next.iter_mut().enumerate() {
                     let role = message.role;
@@ -400,26 +402,33 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                             _ => continue,
                         };
                         let before = count(role, block);
-                        clear_block(block);
-                        let edited = before as i64 - count(role, block) as i64;
+                        let mut cleared_block = block.clone();
+                        clear_block(&mut cleared_block);
+                        let after = count(role, &cleared_block);
+                        // Ours: content no larger than what replaces it stays (never grows).
+                        if after >= before {
+                            continue;
+                        }
+                        *block = cleared_block;
+                        let edited = before - after;
                         let key = format!("tool_use:{id}");
                         *freed_by.entry(key.clone()).or_default() += edited;
                         positions.push((m, c, key));
                     }
                 }
-                let freed: u64 = freed_by.values().sum::<i64>().max(0) as u64;
-                if clear_at_least.is_some_and(|min| freed < min) {
+                let freed: u64 = freed_by.values().sum();
+                if freed_by.is_empty() || clear_at_least.is_some_and(|min| freed < min) {
                     continue;
                 }
                 tokens_now = tokens_now.saturating_sub(freed);
-                for (key, tokens) in freed_by {
-                    cleared.insert(key, tokens.max(0) as u64);
-                }
+                let touched: Vec<String> = freed_by.keys().filter_map(|k| k.strip_prefix("tool_use:")).map(str::to_owned).collect();
+                let touched_count = touched.len() as u64;
+                response.cleared_tool_use_ids.extend(touched);
+                cleared.extend(freed_by);
                 tool_at.extend(positions);
-                response.cleared_tool_use_ids.extend(clear.keys().map(|id| (*id).to_owned()));
                 response.applied_edits.push(AppliedEdit {
                     kind: CLEAR_TOOL_USES.to_owned(),
-                    cleared_tool_uses: Some(cut as u64),
+                    cleared_tool_uses: Some(touched_count),
                     cleared_thinking_turns: None,
                     cleared_input_tokens: freed,
                 });

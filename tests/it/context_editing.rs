@@ -249,3 +249,53 @@ fn malformed_edits_are_the_apis_400_naming_the_field() {
     // Edit types the simulator does not model are left alone.
     assert!(run(&[body(&[("Read", 100)], json!({"edits": [{"type": "compact_20260112"}]}))])[0].error.is_none());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Whatever the history and the edit: the served prompt is never larger, the tokens the
+    /// response reports as cleared are exactly what left the prompt, every tool_use keeps its
+    /// tool_result, and the blocks before the first edited one are byte-identical (the cached
+    /// prefix up to there stays readable).
+    #[test]
+    fn server_editing_only_shrinks_and_keeps_the_prefix_before_the_first_edit(
+        calls in proptest::collection::vec((0usize..4, proptest::prop_oneof![1usize..30, 30usize..1500]), 1..14),
+        trigger in 0u64..20_000,
+        keep in 0u64..5,
+        at_least in proptest::option::of(0u64..6000),
+        exclude_edit in proptest::bool::ANY,
+        inputs in 0usize..3,
+    ) {
+        let tools = ["Read", "Bash", "Edit", "Grep"];
+        let calls: Vec<(&str, usize)> = calls.iter().map(|(t, n)| (tools[*t], *n)).collect();
+        let mut edit = json!({"trigger": {"type": "input_tokens", "value": trigger}, "keep": {"type": "tool_uses", "value": keep}});
+        if let Some(min) = at_least {
+            edit["clear_at_least"] = json!({"type": "input_tokens", "value": min});
+        }
+        if exclude_edit {
+            edit["exclude_tools"] = json!(["Edit"]);
+        }
+        edit["clear_tool_inputs"] = [json!(false), json!(true), json!(["Bash"])][inputs].clone();
+        let request = body(&calls, clear_tool_uses(edit));
+        let served = measurer().serve(&request).unwrap();
+        let sent = served.as_sent();
+        proptest::prop_assert!(served.flat.total_tokens <= sent.total_tokens);
+        proptest::prop_assert_eq!(served.flat.blocks.len(), sent.blocks.len());
+        let kinds = |f: &ctxsim::measure::FlatRequest| f.blocks.iter().map(|b| b.kind.clone()).collect::<Vec<_>>();
+        proptest::prop_assert_eq!(kinds(&served.flat), kinds(sent));
+        match &served.edited {
+            None => proptest::prop_assert_eq!(served.flat.total_tokens, sent.total_tokens),
+            Some(edited) => {
+                let cleared: u64 = edited.response.applied_edits.iter().map(|e| e.cleared_input_tokens).sum();
+                proptest::prop_assert_eq!(cleared, sent.total_tokens - served.flat.total_tokens);
+                let first = served.flat.blocks.iter().zip(&sent.blocks).position(|(a, b)| a.hash != b.hash).unwrap();
+                let first_path = served.flat.blocks[first].path.to_string();
+                let (m, c) = *edited.edited_at.iter().next().unwrap();
+                proptest::prop_assert_eq!(first_path, format!("messages[{m}].content[{c}]"));
+                proptest::prop_assert_eq!(served.flat.blocks[first - 1].prefix_hash, sent.blocks[first - 1].prefix_hash);
+                if let Some(min) = at_least {
+                    proptest::prop_assert!(cleared >= min);
+                }
+            }
+        }
+    }
+}

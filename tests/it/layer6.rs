@@ -155,3 +155,31 @@ fn disable_stage_skips_autocompact_and_rejects_unknown_names() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("autocompaction") && stderr.contains("tool_result_budget, snip, microcompact"), "{stderr}");
 }
+
+#[test]
+fn context_editing_is_applied_server_side_where_the_trigger_and_clear_at_least_allow() {
+    let out = run("context-editing");
+    let applied = |i: usize| out.rows[i].context_management.as_ref().map(|cm| cm.applied_edits[0].cleared_tool_uses);
+    // Request 4 is past the 20,000-token trigger but could clear only one result (< 4,000).
+    assert!(out.rows[4].context_tokens > 20_000);
+    assert_eq!((applied(3), applied(4), applied(5), applied(6), applied(7)), (None, None, Some(Some(2)), Some(Some(3)), Some(Some(3))));
+    let reports = fired(&out.rows[5]);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert!(reports[0].starts_with("context_editing: newly cleared server-side: 2 tool uses, 0 thinking blocks (clear_tool_uses_20250919: 2 tool uses, "), "{reports:?}");
+    assert_eq!(out.rows[5].stages.iter().find(|s| s.name == "context_editing").unwrap().invalidated_from.as_deref(), Some("messages[3].content[0]"));
+    // Breaks at the first newly cleared result; the next turn reads the whole edited prefix.
+    let causes: Vec<(usize, &str)> = out.rows.iter().filter(|r| r.cache_break).map(|r| (r.index, r.prefix.cause.as_deref().unwrap())).collect();
+    assert_eq!(causes, [(5, "context_editing"), (6, "context_editing")]);
+    assert_eq!(out.rows[7].cache_read_input_tokens, out.rows[6].cache_read_input_tokens + out.rows[6].cache_creation_input_tokens);
+    // The client sent the whole history every time; the server's view is what was counted.
+    let sent = serde_json::to_string(&out.requests[7]).unwrap();
+    assert_eq!(sent.matches("line 019").count(), 36, "six untouched results of six copies each");
+    assert!(out.rows[7].context_tokens < out.rows[4].context_tokens);
+    // Information loss counts what left the model's view once, not again on every request.
+    assert_eq!(out.summary.compactions["microcompact"], 2);
+    let loss = ctxsim::measure::loss::info_loss(&out.requests, &out.rows);
+    let dropped: u64 = out.rows.iter().flat_map(|r| &r.stages).filter(|s| s.name == "context_editing").map(|s| s.tokens_before - s.tokens_after).sum();
+    let cleared_once = out.rows[6].context_management.as_ref().unwrap().applied_edits[0].cleared_input_tokens;
+    assert_eq!((loss.compactions, loss.tokens_dropped), (2, dropped));
+    assert_eq!(dropped, cleared_once, "three results, each counted when it left the view");
+}

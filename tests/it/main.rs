@@ -3,6 +3,7 @@ mod agent_layers;
 mod analyze;
 mod mechanisms;
 mod layer6;
+mod breaks;
 mod cache;
 mod fidelity;
 mod compact;
