@@ -18,7 +18,10 @@ use crate::scenario::{Scenario, Step};
 use crate::world::World;
 
 use crate::agent::compact::Chain;
-use crate::agent::compact::recovery::{MaxOutputAction, RESUME_MESSAGE, RecoveryState, on_max_output_tokens, simulated_api_error};
+use crate::agent::compact::recovery::{
+    API_MAX_MEDIA_PER_REQUEST, MaxOutputAction, RESUME_MESSAGE, RecoveryState, is_media_size_error, on_max_output_tokens, simulated_api_error,
+    simulated_media_error, strip_excess_media,
+};
 use crate::agent::session::{Recovery, Session, SideCall};
 use crate::api::StopReason;
 use crate::strategy::Strategy;
@@ -108,15 +111,23 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         pinned_edits.push((last_user, edits.clone()));
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
-                    // The server applies `context_management` before it counts or caches.
+                    // `stripExcessMediaItems`: at most 100 images and documents per request.
+                    let stripped = strip_excess_media(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
+                    if stripped > 0 {
+                        pending_events.push(format!("message_rewritten:excess_media_stripped:{stripped}"));
+                    }
+                    // The server applies `context_management` before it counts or caches; it
+                    // refuses oversized media first, then an over-long prompt.
                     let served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(&world).context_window;
-                    if let Some(error) = simulated_api_error(served.flat.total_tokens, window) {
+                    let rejection = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    if let Some(error) = rejection {
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                         input.turn = turn;
                         input.events = std::mem::take(&mut pending_events);
-                        input.stages = chain_run.reports;
+                        input.stages = std::mem::take(&mut pending_stages);
+                        input.stages.extend(chain_run.reports);
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
                         rows.push(measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?);
@@ -134,10 +145,22 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                                 continue;
                             }
                             Recovery::Surface { run, .. } => {
-                                // The error is shown and the turn ends (`prompt_too_long`); the
-                                // scripted reply is never sampled.
+                                // The error is shown and the turn ends (`prompt_too_long`, or
+                                // `image_error` for media, whose offending blocks the next
+                                // request no longer carries); the scripted reply is never
+                                // sampled. What the ladder's stages did is reported on the next
+                                // main request.
                                 pending_events.extend(run.events);
-                                pending_events.push("prompt_too_long_surfaced".to_owned());
+                                pending_stages = run.reports;
+                                if is_media_size_error(&error) {
+                                    let stripped = agent.strip_media_after_error();
+                                    pending_events.push(format!("image_error_surfaced:{stripped}"));
+                                    if stripped > 0 {
+                                        pending_events.push("message_rewritten:oversized_media_stripped".to_owned());
+                                    }
+                                } else {
+                                    pending_events.push("prompt_too_long_surfaced".to_owned());
+                                }
                                 surfaced += 1;
                                 let _ = world.model.next_reply("main");
                                 break;
