@@ -231,6 +231,33 @@ pub fn stages_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
     chart
 }
 
+/// Context tokens per main-lane request of one input, one series per strategy (`compare`).
+pub fn compare_context_chart(input: &str, runs: &[(&str, &[RequestMetrics])]) -> Chart {
+    let mut chart = Chart::new("context", format!("Context tokens per request by strategy: {input}"), "main-lane request", "context tokens", AxisFormat::Tokens);
+    for (i, (strategy, rows)) in runs.iter().enumerate() {
+        let points = rows.iter().filter(|r| r.lane == "main").enumerate().map(|(n, r)| (n as f64, r.context_tokens as f64)).collect();
+        chart.series.push(Series::new(*strategy, SeriesKind::LinePoints, i, points));
+    }
+    chart
+}
+
+/// Cumulative cost over all requests of one input (every lane), one series per strategy.
+pub fn compare_cost_chart(input: &str, runs: &[(&str, &[RequestMetrics])]) -> Chart {
+    let mut chart = Chart::new("cost", format!("Cumulative cost by strategy: {input}"), "request", "cost (USD)", AxisFormat::Usd);
+    for (i, (strategy, rows)) in runs.iter().enumerate() {
+        let mut total = 0.0;
+        let points = rows
+            .iter()
+            .map(|r| {
+                total += r.cost_usd;
+                (r.index as f64, total)
+            })
+            .collect();
+        chart.series.push(Series::new(*strategy, SeriesKind::LinePoints, i, points));
+    }
+    chart
+}
+
 /// The four charts of one trace, in report order.
 pub fn trace_charts(name: &str, rows: &[RequestMetrics], thresholds: Thresholds) -> Vec<Chart> {
     vec![context_chart(name, rows, thresholds), cost_chart(name, rows), cache_chart(name, rows), stages_chart(name, rows)]
