@@ -164,23 +164,9 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
         "input", "strategy", "requests", "hit ratio", "cost $", "breaks", "compactions", "peak ctx", "dropped", "recall miss", "re-reads", "note",
     ]);
     for e in evaluations {
-        let s = &e.summary;
-        let compactions: Vec<String> = e.compactions.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}:{n}")).collect();
-        let note = if e.replies_diverge { "replies diverge".to_owned() } else { String::new() };
-        table.add_row(vec![
-            short_name(&e.input),
-            e.strategy.clone(),
-            s.requests.to_string(),
-            format!("{:.3}", s.cache_hit_ratio),
-            format!("{:.4}", s.cost_usd),
-            s.cache_breaks.to_string(),
-            if compactions.is_empty() { "-".to_owned() } else { compactions.join(" ") },
-            s.peak_context_tokens.to_string(),
-            s.info_loss.tokens_dropped.to_string(),
-            s.info_loss.recall_misses.to_string(),
-            s.info_loss.rereads_after_compaction.to_string(),
-            note,
-        ]);
+        let mut cells = summary_cells(e, ":", " ");
+        cells.push(if e.replies_diverge { "replies diverge".to_owned() } else { String::new() });
+        table.add_row(cells);
     }
     let mut text = table.to_string();
     let notes: Vec<String> = evaluations
@@ -192,6 +178,26 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
         text.push_str(&notes.join("\n"));
     }
     text
+}
+
+/// The cells both comparison tables share: input, strategy, requests, hit ratio, cost, breaks,
+/// compactions (`stage{kv}n`, joined by `join`), peak context and the information loss.
+fn summary_cells(e: &Evaluation, kv: &str, join: &str) -> Vec<String> {
+    let s = &e.summary;
+    let compactions: Vec<String> = e.compactions.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}{kv}{n}")).collect();
+    vec![
+        short_name(&e.input),
+        e.strategy.clone(),
+        s.requests.to_string(),
+        format!("{:.3}", s.cache_hit_ratio),
+        format!("{:.4}", s.cost_usd),
+        s.cache_breaks.to_string(),
+        if compactions.is_empty() { "-".to_owned() } else { compactions.join(join) },
+        s.peak_context_tokens.to_string(),
+        s.info_loss.tokens_dropped.to_string(),
+        s.info_loss.recall_misses.to_string(),
+        s.info_loss.rereads_after_compaction.to_string(),
+    ]
 }
 
 fn short_name(name: &str) -> String {
@@ -210,22 +216,8 @@ pub fn write_compare_report(dir: &Path, evaluations: &[Evaluation]) -> Result<Ve
     }
     intro.push_str("</tr>\n");
     for e in evaluations {
-        let s = &e.summary;
-        let compactions: Vec<String> = e.compactions.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();
-        let cells = [
-            short_name(&e.input),
-            e.strategy.clone(),
-            s.requests.to_string(),
-            format!("{:.3}", s.cache_hit_ratio),
-            format!("{:.4}", s.cost_usd),
-            s.cache_breaks.to_string(),
-            if compactions.is_empty() { "-".to_owned() } else { compactions.join(", ") },
-            s.peak_context_tokens.to_string(),
-            s.info_loss.tokens_dropped.to_string(),
-            s.info_loss.recall_misses.to_string(),
-            s.info_loss.rereads_after_compaction.to_string(),
-            e.divergence.clone().unwrap_or_default(),
-        ];
+        let mut cells = summary_cells(e, " ", ", ");
+        cells.push(e.divergence.clone().unwrap_or_default());
         intro.push_str("<tr>");
         for cell in cells {
             let _ = write!(intro, "<td>{}</td>", escape(&cell));

@@ -179,18 +179,21 @@ pub fn context_chart(name: &str, rows: &[RequestMetrics], thresholds: Thresholds
     chart
 }
 
-/// Cumulative cost over the requests.
-pub fn cost_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
-    let mut chart = Chart::new("cost", format!("Cumulative cost: {name}"), "request", "cost (USD)", AxisFormat::Usd);
+/// `(request index, cost so far)` over the rows.
+fn cumulative_cost(rows: &[RequestMetrics]) -> Vec<(f64, f64)> {
     let mut total = 0.0;
-    let points = rows
-        .iter()
+    rows.iter()
         .map(|r| {
             total += r.cost_usd;
             (r.index as f64, total)
         })
-        .collect();
-    chart.series.push(Series::new("cumulative cost", SeriesKind::LinePoints, 0, points));
+        .collect()
+}
+
+/// Cumulative cost over the requests.
+pub fn cost_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
+    let mut chart = Chart::new("cost", format!("Cumulative cost: {name}"), "request", "cost (USD)", AxisFormat::Usd);
+    chart.series.push(Series::new("cumulative cost", SeriesKind::LinePoints, 0, cumulative_cost(rows)));
     chart
 }
 
@@ -245,15 +248,7 @@ pub fn compare_context_chart(input: &str, runs: &[(&str, &[RequestMetrics])]) ->
 pub fn compare_cost_chart(input: &str, runs: &[(&str, &[RequestMetrics])]) -> Chart {
     let mut chart = Chart::new("cost", format!("Cumulative cost by strategy: {input}"), "request", "cost (USD)", AxisFormat::Usd);
     for (i, (strategy, rows)) in runs.iter().enumerate() {
-        let mut total = 0.0;
-        let points = rows
-            .iter()
-            .map(|r| {
-                total += r.cost_usd;
-                (r.index as f64, total)
-            })
-            .collect();
-        chart.series.push(Series::new(*strategy, SeriesKind::LinePoints, i, points));
+        chart.series.push(Series::new(*strategy, SeriesKind::LinePoints, i, cumulative_cost(rows)));
     }
     chart
 }
