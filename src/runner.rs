@@ -18,7 +18,10 @@ use crate::scenario::{Scenario, Step};
 use crate::world::{Reply, World};
 
 use crate::agent::compact::Chain;
-use crate::agent::compact::recovery::{MaxOutputAction, RESUME_MESSAGE, RecoveryState, on_max_output_tokens, simulated_api_error};
+use crate::agent::compact::recovery::{
+    API_MAX_MEDIA_PER_REQUEST, MaxOutputAction, RESUME_MESSAGE, RecoveryState, is_media_size_error, on_max_output_tokens, simulated_api_error,
+    simulated_media_error, strip_excess_media,
+};
 use crate::agent::session::{ModelCalls, Recovery, Session, SideCall};
 use crate::api::StopReason;
 use crate::strategy::Strategy;
@@ -97,9 +100,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     }
                     let (mut request, events) = agent.build_request(&world);
                     pending_events.extend(events);
-                    if let Some(edits) = &chain_run.context_management {
-                        request.context_management = Some(edits.clone());
-                    }
+                    request.context_management = crate::agent::compact::microcompact::merge_context_management(
+                        request.context_management.as_ref(),
+                        chain_run.context_management.as_ref(),
+                        chain_run.thinking_clear_latched,
+                    );
                     let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
                     if chain_run.compacted || time_based {
                         pinned_edits.clear();
@@ -110,17 +115,26 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         pinned_edits.push((last_user, edits.clone()));
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
-                    let flat = measurer.flatten(&request).map_err(|e| err(i, e.to_string()))?;
+                    // `stripExcessMediaItems`: at most 100 images and documents per request.
+                    let stripped = strip_excess_media(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
+                    if stripped > 0 {
+                        pending_events.push(format!("message_rewritten:excess_media_stripped:{stripped}"));
+                    }
+                    // The server applies `context_management` before it counts or caches; it
+                    // refuses oversized media first, then an over-long prompt.
+                    let served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(&world).context_window;
-                    if let Some(error) = simulated_api_error(flat.total_tokens, window) {
+                    let rejection = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    if let Some(error) = rejection {
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                         input.turn = turn;
                         input.events = std::mem::take(&mut pending_events);
-                        input.stages = chain_run.reports;
+                        input.stages = std::mem::take(&mut pending_stages);
+                        input.stages.extend(chain_run.reports);
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
-                        rows.push(measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?);
+                        rows.push(measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?);
                         requests.push(request);
                         let mut side_calls = Vec::new();
                         let recovery_outcome = agent.recover_prompt_too_long(chain, &mut world, &mut side_calls, &mut recovery, &error);
@@ -135,10 +149,22 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                                 continue;
                             }
                             Recovery::Surface { run, .. } => {
-                                // The error is shown and the turn ends (`prompt_too_long`); the
-                                // scripted reply is never sampled.
+                                // The error is shown and the turn ends (`prompt_too_long`, or
+                                // `image_error` for media, whose offending blocks the next
+                                // request no longer carries); the scripted reply is never
+                                // sampled. What the ladder's stages did is reported on the next
+                                // main request.
                                 pending_events.extend(run.events);
-                                pending_events.push("prompt_too_long_surfaced".to_owned());
+                                pending_stages = run.reports;
+                                if is_media_size_error(&error) {
+                                    let stripped = agent.strip_media_after_error();
+                                    pending_events.push(format!("image_error_surfaced:{stripped}"));
+                                    if stripped > 0 {
+                                        pending_events.push("message_rewritten:oversized_media_stripped".to_owned());
+                                    }
+                                } else {
+                                    pending_events.push("prompt_too_long_surfaced".to_owned());
+                                }
                                 surfaced += 1;
                                 let _ = world.model.next_reply("main");
                                 break;
@@ -157,7 +183,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
-                    let row = measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?;
+                    let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     let usage = reported_usage(&this_reply, &row);
                     let message_id = format!("msg_{:04}", row.index);
                     rows.push(row);

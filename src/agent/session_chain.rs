@@ -16,7 +16,7 @@ use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill
 use crate::agent::compact::generator::synthetic_summary;
 use crate::agent::compact::{Chain, ChainStep, Entry, EntryKind, ModelLimits, QuerySource};
 use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
-use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, on_prompt_too_long};
+use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, is_media_size_error, on_media_too_large, on_prompt_too_long, strip_oversized_media};
 use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
 use crate::agent::normalize::Record;
 use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, Usage};
@@ -45,6 +45,8 @@ pub struct ChainRun {
     /// `cache_edits` block to insert (cached microcompact) and `context_management` edits.
     pub cache_edits: Option<serde_json::Value>,
     pub context_management: Option<serde_json::Value>,
+    /// The thinking-clear latch is on: `clear_thinking` keeps one turn.
+    pub thinking_clear_latched: bool,
 }
 
 /// A request the chain made on another lane (a compaction fork), with the reply it got.
@@ -167,7 +169,7 @@ impl Session {
 
     /// The prompt-too-long ladder (§1.4) after the simulated API rejected the main request:
     /// drain context collapse, else compact reactively once (a fork in lane `compact`, pushed
-    /// to `side_calls`), else surface the error.
+    /// to `side_calls`), else surface the error. A media-size error skips the collapse rung.
     pub fn recover_prompt_too_long(
         &mut self,
         chain: &Chain,
@@ -223,7 +225,12 @@ impl Session {
                 let step = match (pending_reply.take(), recover.take()) {
                     (Some(reply), _) => chain.finish_compaction(&mut cx, reply),
                     (None, Some((state, error))) => {
-                        let taken = on_prompt_too_long(&mut cx, state, error);
+                        // The client tells the two apart by the error text (`isMediaSizeError`).
+                        let taken = if is_media_size_error(error) {
+                            on_media_too_large(&mut cx, state, error)
+                        } else {
+                            on_prompt_too_long(&mut cx, state, error)
+                        };
                         let step = match &taken {
                             RecoveryAction::ReactiveCompact(request) => ChainStep::Compact(request.clone()),
                             _ => ChainStep::Ready,
@@ -257,6 +264,10 @@ impl Session {
             summary_text = text.clone();
             pending_reply = Some(summary_reply(text));
         }
+        if output.compacted {
+            // `clearBetaHeaderLatches` (§8.6): compaction drops the thinking-clear latch.
+            self.chain_state.thinking_clear_latched = false;
+        }
         let run = ChainRun {
             reports: output.reports,
             events: output.events,
@@ -264,6 +275,7 @@ impl Session {
             compacted: output.compacted,
             cache_edits: output.cache_edits,
             context_management: output.context_management,
+            thinking_clear_latched: self.chain_state.thinking_clear_latched,
         };
         let (records, metas) = entries_to_records(entries, &originals);
         self.records = records;
@@ -323,6 +335,21 @@ impl Session {
         let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
         finish_extraction(&mut cx, &notes);
         true
+    }
+
+    /// After a media-size error surfaced: the offending images and documents are stripped from
+    /// the last message that carried them, so the next turn can be sent (§5.3 step 3). Returns
+    /// how many were stripped.
+    pub fn strip_media_after_error(&mut self) -> usize {
+        for record in self.records.iter_mut().rev() {
+            if let Record::User { content, .. } = record {
+                let stripped = strip_oversized_media(content);
+                if stripped > 0 {
+                    return stripped;
+                }
+            }
+        }
+        0
     }
 
     /// Appends the meta user message of max_output_tokens recovery.

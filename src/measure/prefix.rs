@@ -59,7 +59,10 @@ pub const CAUSES: &[(&str, Option<Region>, &str)] = &[
 ];
 
 /// Causes that explain the derived changes they bring along, named first when journalled.
-pub const ROOT_CAUSES: &[&str] = &["compaction", "session_memory_compaction", "session_resumed", "conversation_cleared", "plugin_reloaded"];
+/// `session_resumed` is not one: a resume re-reads snapshots, and the snapshot that changed
+/// (`system_section_changed:git_status`, ...) is the cause worth naming; it remains the
+/// fallback when nothing more specific was journalled.
+pub const ROOT_CAUSES: &[&str] = &["compaction", "session_memory_compaction", "conversation_cleared", "plugin_reloaded"];
 
 /// The id part of an event or cause (`mcp_connected:jira` → `mcp_connected`).
 pub fn cause_id(event: &str) -> &str {

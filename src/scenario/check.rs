@@ -318,6 +318,7 @@ fn check_step(
                         tool_name: (*name).to_owned(),
                         content: spec.content.clone(),
                         is_error: spec.is_error,
+                        images: spec.images.clone(),
                     });
                 }
             }

@@ -37,6 +37,8 @@
 //!   plugins: [/plugins/demo]       # plugin folders (virtual paths) enabled at start
 //!   mount:                         # real directories loaded into the virtual fs
 //!     - {from: ../data/tree, at: /repo}   # from: relative to the scenario file
+//!   git:                           # the cwd is a repository (the system prompt's git snapshot)
+//!     {branch: main, main_branch: main, user_name: Ada, status: "", recent_commits: "a1b2c3d Init"}
 //! script:                          # ordered steps; each has exactly one kind key
 //!   - user: "Read main.rs"         # a prompt: the agent runs a turn
 //!   - assistant:                   # the model's next reply on a lane

@@ -240,6 +240,48 @@ pub struct ToolOutput {
     pub tool_name: String,
     pub content: String,
     pub is_error: bool,
+    /// Images the tool returned after the text (a screenshot, an image file read).
+    pub images: Vec<ImageSpec>,
+}
+
+/// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000}]}}` — an image
+/// block whose base64 data has that many bytes (deterministic filler: only the size matters to
+/// the API's limits and to the token count, a flat 2,000 per image).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSpec {
+    #[serde(default = "default_media_type")]
+    pub media_type: String,
+    pub base64_bytes: usize,
+}
+
+impl ToolOutput {
+    /// The tool_result content: the text alone, or the text (when any) followed by the images.
+    pub fn result_content(&self) -> crate::api::ToolResultContent {
+        if self.images.is_empty() {
+            return crate::api::ToolResultContent::Text(self.content.clone());
+        }
+        let text = (!self.content.is_empty()).then(|| ContentBlock::text(self.content.clone()));
+        crate::api::ToolResultContent::Blocks(text.into_iter().chain(self.images.iter().map(ImageSpec::block)).collect())
+    }
+}
+
+fn default_media_type() -> String {
+    "image/png".to_owned()
+}
+
+impl ImageSpec {
+    /// The image block: a PNG signature, then filler up to `base64_bytes`.
+    pub fn block(&self) -> ContentBlock {
+        let mut data = String::with_capacity(self.base64_bytes);
+        data.push_str("iVBORw0KGgo");
+        data.truncate(self.base64_bytes);
+        while data.len() < self.base64_bytes {
+            data.push('A');
+        }
+        let source = serde_json::json!({"type": "base64", "media_type": self.media_type, "data": data});
+        ContentBlock::Image(crate::api::ImageLike { source, cache_control: None, extra: Default::default() })
+    }
 }
 
 /// `expect:` — budgets that `ctxsim check` enforces. All optional.
