@@ -2,7 +2,7 @@ use anyhow::Context;
 
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::{
-    ReplayOptions, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session,
+    ReplayOptions, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session,
     replay_session, write_fidelity_plots,
 };
 use crate::report::output::write_atomic;
@@ -64,7 +64,14 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
             let text = if reports.len() == 1 { serde_json::to_string_pretty(&reports[0])? } else { serde_json::to_string_pretty(&reports)? };
             println!("{text}");
         }
-        FidelityFormat::Table => print!("{}", fidelity_table(&reports)),
+        FidelityFormat::Table => {
+            print!("{}", fidelity_table(&reports));
+            if args.calls {
+                for report in &reports {
+                    print!("\n{}", fidelity_calls_table(report));
+                }
+            }
+        }
     }
     for (input, rows) in &breaks {
         println!("\nbreaks in {input}: {}", rows.len());

@@ -189,6 +189,41 @@ impl ImportedSession {
             }
             cursor = node.parent.clone();
         }
+        // Parallel tool calls: since 2.1 each result record's parent is its own tool_use record,
+        // and the next call hangs off the result recorded last, so the walk misses the results
+        // recorded before it (a branch off the chain). The client sent every one of them (the
+        // API requires a result for each tool_use), so they are added back.
+        let mut answered: BTreeSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ToolResult(result) => Some(result.tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let asked: BTreeSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ModelReply(reply) => Some(reply.content.iter()),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|b| match b {
+                ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let first = indices.first().copied().unwrap_or(call.event_index);
+        let mut orphans = Vec::new();
+        for (i, event) in events.iter().enumerate().take(call.event_index).skip(first) {
+            if let EventKind::ToolResult(result) = &event.kind
+                && event.lane == call.lane
+                && asked.contains(result.tool_use_id.as_str())
+                && answered.insert(result.tool_use_id.as_str())
+            {
+                orphans.push(i);
+            }
+        }
+        indices.extend(orphans);
         indices.into_iter().collect()
     }
 
@@ -342,6 +377,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     header.cwd = main.cwd.clone();
     header.versions = main.versions.clone();
     header.metadata = main.metadata.clone();
+    header.head_truncated = main.first_parent.as_ref().is_some_and(|parent| !main.seen_uuids.contains(parent));
 
     let mut report = ImportReport::new(&main.file, "claude-code");
     main.add_to_report(&mut report);
@@ -423,6 +459,9 @@ struct FileImporter {
     reply_index: BTreeMap<String, usize>,
     seen_uuids: BTreeSet<String>,
     chain: BTreeMap<String, ChainNode>,
+    /// `parentUuid` of the first record that has the field (`None` when it is null).
+    first_parent: Option<String>,
+    saw_parent_field: bool,
     /// The last compaction event, waiting for its summary message.
     pending_compaction: Option<usize>,
     /// `agentId` → the Task tool_use that started it (from `agent_progress` records).
@@ -450,6 +489,8 @@ impl FileImporter {
             reply_index: BTreeMap::new(),
             seen_uuids: BTreeSet::new(),
             chain: BTreeMap::new(),
+            first_parent: None,
+            saw_parent_field: false,
             pending_compaction: None,
             agent_tool_use: BTreeMap::new(),
             session_id: None,
@@ -503,6 +544,10 @@ impl FileImporter {
         *self.records_by_type.entry(key).or_default() += 1;
 
         let uuid = record.get("uuid").and_then(Value::as_str).map(str::to_owned);
+        if !self.saw_parent_field && record.contains_key("parentUuid") {
+            self.saw_parent_field = true;
+            self.first_parent = record.get("parentUuid").and_then(Value::as_str).map(str::to_owned);
+        }
         if let Some(uuid) = &uuid {
             // Resumed sessions can copy earlier records into a file again; count them once.
             if !self.seen_uuids.insert(uuid.clone()) {

@@ -60,6 +60,11 @@ pub struct Header {
     /// wins, keyed by record type.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+    /// The source starts mid-session: its first record's parent is not in it (a segment of a
+    /// longer session, as Entire checkpoints store them). Its first call then carries history
+    /// older than the recording.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub head_truncated: bool,
     /// Fields written by newer versions are kept, not dropped.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -77,6 +82,7 @@ impl Header {
             versions: Vec::new(),
             subagents: Vec::new(),
             metadata: Map::new(),
+            head_truncated: false,
             extra: Map::new(),
         }
     }

@@ -37,13 +37,10 @@ use crate::recording::{
 };
 
 use super::profile::ClientProfile;
+use super::working_set::WorkingSet;
 
 /// Text a microcompact leaves in place of a cleared tool result.
 pub const CLEARED_TOOL_RESULT: &str = "[Old tool result content cleared]";
-/// Post-compaction file restore budgets (reference/layer-6-and-caching.md §5.10).
-const RESTORE_MAX_FILES: usize = 5;
-const RESTORE_MAX_TOKENS_PER_FILE: usize = 5_000;
-const RESTORE_TOKEN_BUDGET: usize = 50_000;
 
 /// Knobs of a replay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -194,8 +191,10 @@ struct LaneState {
     loaded_tools: Vec<String>,
     rerender_epoch: u32,
     restored: Vec<ContentBlock>,
-    /// Read tool results seen, in order: (file path, text).
-    reads: Vec<(String, String)>,
+    /// The files read, edited and written so far (what a compaction restores).
+    working_set: WorkingSet,
+    /// Tool uses waiting for their result: id → (tool name, input).
+    pending: BTreeMap<String, (String, Value)>,
     /// Tool results recorded in this lane so far.
     seen_results: BTreeSet<String>,
     /// Tokens a microcompact freed from history older than the transcript (a session segment
@@ -247,51 +246,6 @@ fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
     }
 }
 
-fn text_of_result(content: &Option<ToolResultContent>) -> String {
-    match content {
-        None => String::new(),
-        Some(ToolResultContent::Text(t)) => t.clone(),
-        Some(ToolResultContent::Blocks(blocks)) => blocks
-            .iter()
-            .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-    }
-}
-
-/// The files the client re-attaches after a compaction: the most recently read files (at most
-/// five, 5,000 tokens each, 50,000 in all, chars/4 as the client counts).
-fn restored_files(reads: &[(String, String)]) -> Vec<ContentBlock> {
-    let mut seen = BTreeSet::new();
-    let mut blocks = Vec::new();
-    let mut total = 0;
-    for (path, text) in reads.iter().rev() {
-        if blocks.len() == RESTORE_MAX_FILES {
-            break;
-        }
-        if !seen.insert(path.clone()) {
-            continue;
-        }
-        let mut body: String = text.chars().take(RESTORE_MAX_TOKENS_PER_FILE * 4).collect();
-        if body.len() < text.len() {
-            body.push_str("\n... (truncated)");
-        }
-        let rendered = format!(
-            "<system-reminder>\nCalled the Read tool with the following input: {{\"file_path\":\"{path}\"}}\nResult of calling the Read tool:\n{body}\n</system-reminder>"
-        );
-        let tokens = chars4(&rendered) as usize;
-        if total + tokens > RESTORE_TOKEN_BUDGET {
-            continue;
-        }
-        total += tokens;
-        blocks.push(ContentBlock::text(rendered));
-    }
-    blocks
-}
-
 fn is_new_user_turn(messages: &[Message]) -> bool {
     let Some(last) = messages.last() else { return false };
     if last.role != Role::User {
@@ -326,6 +280,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
+    let cwd = session.recording.header.cwd.as_deref();
 
     // Estimated thinking of replies whose text was not stored, keyed by signature.
     let mut thinking_estimate: BTreeMap<String, u64> = BTreeMap::new();
@@ -368,10 +323,11 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         let group = group_of(&call.lane).to_owned();
         let state = lanes.entry(call.lane.clone()).or_default();
         let mut call_events: Vec<String> = Vec::new();
+        let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
+        let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
         let from = state.scanned_to;
-        let mut pending_reads: BTreeMap<String, String> = BTreeMap::new();
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -379,7 +335,16 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             match &event.kind {
                 EventKind::Compaction(_) => {
                     call_events.push("compaction".into());
-                    state.restored = if options.restore_files { restored_files(&state.reads) } else { Vec::new() };
+                    state.restored = if options.restore_files {
+                        let counter = measurer.counter();
+                        let restored = state.working_set.compact(cwd, |text| u64::from(counter.count_text(text, &family)));
+                        restored
+                            .iter()
+                            .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block)))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     state.cleared.clear();
                     state.compacted = true;
                 }
@@ -411,12 +376,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 EventKind::ModelReply(reply) if i < call.event_index => {
                     for block in &reply.content {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
+                            state.pending.insert(id.clone(), (name.clone(), input.clone()));
                             match name.as_str() {
-                                "Read" => {
-                                    if let Some(path) = input.get("file_path").and_then(Value::as_str) {
-                                        pending_reads.insert(id.clone(), path.to_owned());
-                                    }
-                                }
                                 "Skill" if profile.skill_rerender => {
                                     call_events.push("skill".into());
                                     state.rerender_epoch += 1;
@@ -438,8 +399,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 }
                 EventKind::ToolResult(result) => {
                     state.seen_results.insert(result.tool_use_id.clone());
-                    if let Some(path) = pending_reads.remove(&result.tool_use_id) {
-                        state.reads.push((path, text_of_result(&result.content)));
+                    if let Some((name, input)) = state.pending.remove(&result.tool_use_id) {
+                        state.working_set.observe(&name, &input, result.tool_use_result.as_ref(), result.is_error);
                     }
                 }
                 _ => {}
@@ -448,20 +409,6 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
         // ToolSearch) and the results that follow belong to what the next call sees.
         state.scanned_to = call.event_index;
-        // Read results of the previous reply arrive after it: keep unmatched ones for later.
-        if !pending_reads.is_empty() {
-            for (i, event) in events.iter().enumerate().skip(call.event_index) {
-                if event.lane != call.lane || pending_reads.is_empty() {
-                    break;
-                }
-                let _ = i;
-                if let EventKind::ToolResult(result) = &event.kind
-                    && let Some(path) = pending_reads.remove(&result.tool_use_id)
-                {
-                    state.reads.push((path, text_of_result(&result.content)));
-                }
-            }
-        }
 
         let skipped = if call.is_synthetic {
             Some("synthetic reply (no API call)")
@@ -561,8 +508,6 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             turn += 1;
         }
 
-        let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
-        let params = measurer.counter().calibration().for_family(&family);
         let cache_control = CacheControl::ephemeral().with_ttl(Some(ttl));
         let mut request = Request::new(call.model.clone(), 32_000);
         request.messages = messages;
@@ -586,7 +531,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         }
         let mut sizes = groups[&group];
         sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
-        if state.compacted {
+        if state.compacted && session.recording.header.head_truncated {
             sizes.context_tokens = sizes.context_tokens.min(USER_CONTEXT_MAX_TOKENS);
         }
 
