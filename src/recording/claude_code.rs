@@ -166,6 +166,14 @@ impl ImportedSession {
     /// view is every message event of the call's lane since that lane's last compaction, in
     /// file order.
     pub fn view_event_indices(&self, call: &RecordedCall) -> Vec<usize> {
+        self.view_event_indices_loaded(call, 0)
+    }
+
+    /// [`Self::view_event_indices`] of a client that was resumed: the events before
+    /// `loaded_until` were not kept in memory but loaded back from the transcript, by the same
+    /// one-chain walk, so the parallel tool results off the chain were lost to it
+    /// (anthropics/claude-code#31330).
+    pub fn view_event_indices_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<usize> {
         let events = &self.recording.events;
         let start = events.get(call.event_index).and_then(|e| e.uuid.clone());
         let on_chain = call.lane == LANE_MAIN && start.as_ref().is_some_and(|u| self.chain.contains_key(u));
@@ -212,7 +220,7 @@ impl ImportedSession {
                 _ => None,
             })
             .collect();
-        let first = indices.first().copied().unwrap_or(call.event_index);
+        let first = indices.first().copied().unwrap_or(call.event_index).max(loaded_until);
         let mut orphans = Vec::new();
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(first) {
             if let EventKind::ToolResult(result) = &event.kind
@@ -233,6 +241,49 @@ impl ImportedSession {
     /// not reconstructed.
     pub fn messages_for_call(&self, call: &RecordedCall) -> Vec<Message> {
         build_messages(&self.recording, &self.view_event_indices(call))
+    }
+
+    /// The message list of a resumed client (see [`Self::view_event_indices_loaded`]): the tool
+    /// uses whose results it lost are left out too, as the client's loader drops unresolved
+    /// tool uses.
+    pub fn messages_for_call_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
+        let mut messages = build_messages(&self.recording, &self.view_event_indices_loaded(call, loaded_until));
+        if loaded_until == 0 {
+            return messages;
+        }
+        let answered: BTreeSet<String> = messages
+            .iter()
+            .flat_map(|m| m.content.to_blocks())
+            .filter_map(|b| match b {
+                ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id),
+                _ => None,
+            })
+            .collect();
+        for message in &mut messages {
+            if message.role != Role::Assistant {
+                continue;
+            }
+            let mut blocks = message.content.to_blocks();
+            let before = blocks.len();
+            blocks.retain(|b| !matches!(b, ContentBlock::ToolUse { id, .. } if !answered.contains(id)));
+            if blocks.len() != before {
+                message.content = MessageContent::Blocks(blocks);
+            }
+        }
+        messages.retain(|m| !m.content.to_blocks().is_empty());
+        // A reply left out entirely joins the user messages around it, as the client merges them.
+        let mut merged: Vec<Message> = Vec::with_capacity(messages.len());
+        for message in messages {
+            match merged.last_mut() {
+                Some(last) if last.role == message.role => {
+                    let mut blocks = last.content.to_blocks();
+                    blocks.extend(message.content.to_blocks());
+                    last.content = MessageContent::Blocks(blocks);
+                }
+                _ => merged.push(message),
+            }
+        }
+        merged
     }
 }
 

@@ -191,6 +191,10 @@ struct LaneState {
     loaded_tools: Vec<String>,
     rerender_epoch: u32,
     restored: Vec<ContentBlock>,
+    /// Events of skipped calls (synthetic replies, errors), passed on to the next call.
+    carried_events: Vec<String>,
+    /// Events before this index were loaded back from the transcript by a resumed client.
+    loaded_until: usize,
     /// The files read, edited and written so far (what a compaction restores).
     working_set: WorkingSet,
     /// Tool uses waiting for their result: id → (tool name, input).
@@ -244,6 +248,56 @@ fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
     } else {
         None
     }
+}
+
+/// Puts the results of parallel tool calls in the order of their tool uses, as the client sends
+/// them, and returns the id of the result its breakpoint goes on when that is not the last
+/// block: the client marks the message that completed last, so results of later tool uses that
+/// completed earlier trail the breakpoint and are billed as uncached input (15 of the 16 calls
+/// after out-of-order parallel results in ../shared/realdata show exactly that tail).
+fn order_tool_results(messages: &mut [Message]) -> Option<String> {
+    let mut marked = None;
+    let n = messages.len();
+    for i in 1..n {
+        if messages[i].role != Role::User || messages[i - 1].role != Role::Assistant {
+            continue;
+        }
+        let order: BTreeMap<String, usize> = messages[i - 1]
+            .content
+            .to_blocks()
+            .into_iter()
+            .filter_map(|b| match b {
+                ContentBlock::ToolUse { id, .. } => Some(id),
+                _ => None,
+            })
+            .enumerate()
+            .map(|(k, id)| (id, k))
+            .collect();
+        let mut blocks = messages[i].content.to_blocks();
+        let run = blocks.iter().take_while(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
+        if run < 2 {
+            continue;
+        }
+        let id_of = |b: &ContentBlock| match b {
+            ContentBlock::ToolResult { tool_use_id, .. } => tool_use_id.clone(),
+            _ => String::new(),
+        };
+        let completed_last = id_of(&blocks[run - 1]);
+        blocks[..run].sort_by_key(|b| order.get(&id_of(b)).copied().unwrap_or(usize::MAX));
+        if i == n - 1 && run == blocks.len() && id_of(&blocks[run - 1]) != completed_last {
+            marked = Some(completed_last);
+        }
+        messages[i].content = MessageContent::Blocks(blocks);
+    }
+    marked
+}
+
+/// A prompt that is the `/exit` (or `/quit`) local command.
+fn is_exit_command(content: &MessageContent) -> bool {
+    content.to_blocks().iter().any(|b| match b {
+        ContentBlock::Text { text, .. } => ["<command-name>/exit</command-name>", "<command-name>/quit</command-name>"].iter().any(|c| text.contains(c)),
+        _ => false,
+    })
 }
 
 fn is_new_user_turn(messages: &[Message]) -> bool {
@@ -322,12 +376,14 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
         let group = group_of(&call.lane).to_owned();
         let state = lanes.entry(call.lane.clone()).or_default();
-        let mut call_events: Vec<String> = Vec::new();
+        // Events seen before a call that was not compared belong to the next one.
+        let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
         let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
         let from = state.scanned_to;
+        let mut resumed_at = None;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -368,11 +424,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                 }
                 EventKind::SystemEvent(sys) => {
-                    if sys.payload.to_string().contains("SessionStart:resume") && profile.resume_rerender {
-                        call_events.push("resume".into());
-                        state.rerender_epoch += 1;
+                    if sys.payload.to_string().contains("SessionStart:resume") {
+                        resumed_at = Some(i);
                     }
                 }
+                // `/exit` ends the process: whatever comes next is a resumed one.
+                EventKind::UserPrompt(prompt) if is_exit_command(&prompt.content) => resumed_at = Some(i),
                 EventKind::ModelReply(reply) if i < call.event_index => {
                     for block in &reply.content {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
@@ -409,6 +466,15 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
         // ToolSearch) and the results that follow belong to what the next call sees.
         state.scanned_to = call.event_index;
+        // A resumed client loaded its history back from the transcript (losing parallel tool
+        // results off the parentUuid chain) and re-renders the start of the conversation.
+        if let Some(i) = resumed_at {
+            state.loaded_until = i;
+            if profile.resume_rerender {
+                call_events.push("resume".into());
+                state.rerender_epoch += 1;
+            }
+        }
 
         let skipped = if call.is_synthetic {
             Some("synthetic reply (no API call)")
@@ -420,6 +486,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             None
         };
         if let Some(reason) = skipped {
+            state.carried_events = call_events.clone();
             out.push(skipped_call(call, call_events, reason.to_owned()));
             continue;
         }
@@ -443,7 +510,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         state.last_time_ms = Some(call.time_ms);
 
         // The messages the call saw, with what the client changed in them.
-        let mut messages = session.messages_for_call(call);
+        let mut messages = session.messages_for_call_loaded(call, state.loaded_until);
         for message in &mut messages {
             let MessageContent::Blocks(blocks) = &mut message.content else { continue };
             for block in blocks.iter_mut() {
@@ -460,6 +527,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 }
             }
         }
+        let marked_result = order_tool_results(&mut messages);
         if !state.restored.is_empty()
             && let Some(first) = messages.first_mut()
             && first.role == Role::User
@@ -563,7 +631,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         }
         if let Some(last) = request.messages.last_mut() {
             let mut blocks = last.content.to_blocks();
-            if let Some(block) = blocks.last_mut()
+            let target = match &marked_result {
+                Some(id) => blocks.iter().position(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id)),
+                None => None,
+            };
+            let at = target.unwrap_or(blocks.len().saturating_sub(1));
+            if let Some(block) = blocks.get_mut(at)
                 && !block.is_thinking()
             {
                 block.set_cache_control(Some(cache_control.clone()));
