@@ -384,6 +384,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // Scan this lane's events since the last call.
         let from = state.scanned_to;
         let mut resumed_at = None;
+        let mut request_start = None;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -428,8 +429,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                         resumed_at = Some(i);
                     }
                 }
-                // `/exit` ends the process: whatever comes next is a resumed one.
-                EventKind::UserPrompt(prompt) if is_exit_command(&prompt.content) => resumed_at = Some(i),
+                EventKind::UserPrompt(prompt) => {
+                    request_start = Some(event.time_ms);
+                    // `/exit` ends the process: whatever comes next is a resumed one.
+                    if is_exit_command(&prompt.content) {
+                        resumed_at = Some(i);
+                    }
+                }
                 EventKind::ModelReply(reply) if i < call.event_index => {
                     for block in &reply.content {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
@@ -455,6 +461,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                 }
                 EventKind::ToolResult(result) => {
+                    request_start = Some(event.time_ms);
                     state.seen_results.insert(result.tool_use_id.clone());
                     if let Some((name, input)) = state.pending.remove(&result.tool_use_id) {
                         state.working_set.observe(&name, &input, result.tool_use_result.as_ref(), result.is_error);
@@ -501,8 +508,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         if state.model.as_ref().is_some_and(|m| m != &call.model) {
             call_events.push("model_switch".into());
         }
+        // The recorded time of a call is its first streamed block; the request went out when
+        // the record that prompted it (a user prompt or tool result) was written. The cache
+        // entry of the previous call lives from its first block on.
+        let start_ms = request_start.filter(|&t| t <= call.time_ms && state.last_time_ms.is_none_or(|last| t >= last)).unwrap_or(call.time_ms);
         if let Some(last) = state.last_time_ms
-            && call.time_ms.saturating_sub(last) >= ttl.millis()
+            && start_ms.saturating_sub(last) >= ttl.millis()
         {
             call_events.push("ttl_expired".into());
         }
@@ -672,7 +683,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         }
 
-        let mut measure_input = MeasureInput::new(&call.lane, call.time_ms, &request);
+        let mut measure_input = MeasureInput::new(&call.lane, start_ms, &request);
+        measure_input.first_token_ms = call.time_ms - start_ms;
         measure_input.turn = turn;
         measure_input.output_tokens = call.usage.output_tokens;
         measure_input.events = call_events.iter().filter(|e| *e != "new_user_turn").cloned().collect();
