@@ -301,10 +301,26 @@ fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
     (scale > 0.0).then(|| FamilyCalibration { scale: round6(scale), per_block: 0.0 })
 }
 
-/// Fits the calibrated estimator on samples from several sessions.
-pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, source: &str) -> Calibration {
+/// The user context a session opened with, when its transcript shows it: the first call's
+/// unrecorded tokens less the prefix level the record showed. Head-truncated segments carry
+/// older history in their first call and give none.
+pub fn user_context_sample(replay: &SessionReplay) -> Option<u64> {
+    let main = replay.unrecorded_main.filter(|m| m.prefix_from_record && !replay.head_truncated)?;
+    Some(main.first_call_tokens.saturating_sub(main.prefix_tokens))
+}
+
+/// Fits the calibrated estimator on samples from several sessions, with the median of their
+/// user-context sizes.
+pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], source: &str) -> Calibration {
     let pooled: Vec<FitSample> = samples.values().flatten().copied().collect();
     let default = solve(&pooled).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
     let families = samples.iter().filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
-    Calibration { source: source.to_owned(), default, families }
+    let mut sorted = user_contexts.to_vec();
+    sorted.sort_unstable();
+    let user_context_tokens = match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[n / 2]),
+        n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
+    };
+    Calibration { source: source.to_owned(), default, families, user_context_tokens }
 }

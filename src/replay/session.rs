@@ -152,6 +152,9 @@ pub struct SessionReplay {
     pub diverged_calls: usize,
     /// The first such call and why.
     pub first_divergence: Option<(usize, String)>,
+    /// The recording starts mid-session (see [`crate::recording::format::Header::head_truncated`]).
+    pub head_truncated: bool,
+    pub unrecorded_main: Option<UnrecordedSizes>,
 }
 
 impl SessionReplay {
@@ -180,6 +183,19 @@ struct GroupSizes {
     context_tokens: u64,
 }
 
+/// The unrecorded part of the main lane group as the replay ended up sizing it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct UnrecordedSizes {
+    /// Tokens of the first call beyond its recorded messages (tools, system, user context, and
+    /// for a head-truncated segment the older history).
+    pub first_call_tokens: u64,
+    /// The prefix level (tools + system) last in force.
+    pub prefix_tokens: u64,
+    /// Whether the record showed the prefix level (a warm first call or a later re-render);
+    /// otherwise it is the replay's own split.
+    pub prefix_from_record: bool,
+}
+
 #[derive(Debug, Default)]
 struct LaneState {
     ttl: Option<CacheTtl>,
@@ -191,6 +207,8 @@ struct LaneState {
     loaded_tools: Vec<String>,
     rerender_epoch: u32,
     restored: Vec<ContentBlock>,
+    /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
+    prev_recorded_cached: Option<u64>,
     /// Events of skipped calls (synthetic replies, errors), passed on to the next call.
     carried_events: Vec<String>,
     /// Events before this index were loaded back from the transcript by a resumed client.
@@ -209,9 +227,70 @@ struct LaneState {
     peer: crate::agent::compact::peers::PeerState,
 }
 
-/// The most user context (CLAUDE.md files, date, git status) the replay keeps after a
-/// compaction: anything the first call showed beyond it was history older than the transcript.
-pub const USER_CONTEXT_MAX_TOKENS: u64 = 12_000;
+/// Events at which the client re-renders the start of the conversation, so that a recorded read
+/// falling into the unrecorded part of the request there shows the prefix level.
+const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "resume", "new_user_turn"];
+
+/// What a transcript does not record, put around the recorded messages of one call: the system
+/// prompt (tools + system, the prefix level) with its breakpoint, deferred tools loaded so far,
+/// the user-context reminder opening `messages[0]`, and the breakpoint on the last block.
+struct Unrecorded<'a> {
+    group: &'a str,
+    /// Re-renders of the conversation start so far (the reminder's text changes with it).
+    epoch: u32,
+    loaded_tools: &'a [String],
+    kind: EstimatorKind,
+    params: crate::measure::tokens::FamilyCalibration,
+    cache_control: CacheControl,
+    /// The tool result the last breakpoint goes on, when not the last block.
+    marked_result: Option<&'a str>,
+}
+
+impl Unrecorded<'_> {
+    fn request(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes) -> Request {
+        let mut request = Request::new(model.to_owned(), 32_000);
+        request.messages = messages;
+        let label = if self.group == LANE_MAIN { "system".to_owned() } else { format!("system {}", self.group) };
+        request.system = Some(SystemPrompt::Blocks(vec![
+            SystemBlock::text(filler(&label, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
+                .with_cache_control(Some(self.cache_control.clone())),
+        ]));
+        if !self.loaded_tools.is_empty() {
+            request.tools = Some(
+                self.loaded_tools
+                    .iter()
+                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
+                    .collect(),
+            );
+        }
+        if sizes.context_tokens > 0 {
+            let label = format!("user-context {} {} {}", self.group, self.epoch, sizes.context_tokens);
+            let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, self.kind, self.params.scale, self.params.per_block));
+            match request.messages.first_mut() {
+                Some(first) if first.role == Role::User => {
+                    let mut blocks = vec![reminder];
+                    blocks.extend(first.content.to_blocks());
+                    first.content = MessageContent::Blocks(blocks);
+                }
+                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
+            }
+        }
+        if let Some(last) = request.messages.last_mut() {
+            let mut blocks = last.content.to_blocks();
+            let target = self.marked_result.and_then(|id| {
+                blocks.iter().position(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id))
+            });
+            let at = target.unwrap_or(blocks.len().saturating_sub(1));
+            if let Some(block) = blocks.get_mut(at)
+                && !block.is_thinking()
+            {
+                block.set_cache_control(Some(self.cache_control.clone()));
+            }
+            last.content = MessageContent::Blocks(blocks);
+        }
+        request
+    }
+}
 
 fn group_of(lane: &str) -> &str {
     if lane == LANE_COMPACT { LANE_MAIN } else { lane }
@@ -335,6 +414,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
     let cwd = session.recording.header.cwd.as_deref();
+    let user_context_prior = measurer.counter().calibration().user_context_tokens.unwrap_or(0);
+    let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
     // Estimated thinking of replies whose text was not stored, keyed by signature.
     let mut thinking_estimate: BTreeMap<String, u64> = BTreeMap::new();
@@ -587,73 +668,74 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             turn += 1;
         }
 
-        let cache_control = CacheControl::ephemeral().with_ttl(Some(ttl));
-        let mut request = Request::new(call.model.clone(), 32_000);
-        request.messages = messages;
+        let unrecorded = Unrecorded {
+            group: &group,
+            epoch: state.rerender_epoch,
+            loaded_tools: &state.loaded_tools,
+            kind,
+            params,
+            cache_control: CacheControl::ephemeral().with_ttl(Some(ttl)),
+            marked_result: marked_result.as_deref(),
+        };
 
         // Sizes of the unrecorded part: inferred from the group's first compared call.
+        let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
         if !groups.contains_key(&group) {
-            let bare = match measurer.flatten(&request) {
+            let mut bare = Request::new(call.model.clone(), 32_000);
+            bare.messages = messages.clone();
+            let bare = match measurer.flatten(&bare) {
                 Ok(flat) => flat,
                 Err(e) => {
                     out.push(skipped_call(call, call_events, e.to_string()));
                     continue;
                 }
             };
-            let unrecorded = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
-            let prefix = if call.usage.cache_read_input_tokens > 0 {
-                call.usage.cache_read_input_tokens.min(unrecorded)
+            let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
+            let warm = call.usage.cache_read_input_tokens;
+            let prefix = if warm > 0 {
+                // A warm start: an earlier session of the same client cached exactly this prefix.
+                warm.min(unrecorded_tokens)
+            } else if group == LANE_MAIN && !truncated {
+                // The whole session is in the transcript: the first call is tools + system +
+                // user context + the first prompt, and the user context is the fitted prior.
+                unrecorded_tokens.saturating_sub(user_context_prior)
             } else {
-                profile.cold_prefix_tokens.min(unrecorded)
+                profile.cold_prefix_tokens.min(unrecorded_tokens)
             };
-            groups.insert(group.clone(), GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded - prefix });
-        }
-        let mut sizes = groups[&group];
-        sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
-        if state.compacted && session.recording.header.head_truncated {
-            sizes.context_tokens = sizes.context_tokens.min(USER_CONTEXT_MAX_TOKENS);
-        }
-
-        let label = if group == LANE_MAIN { "system".to_owned() } else { format!("system {group}") };
-        request.system = Some(SystemPrompt::Blocks(vec![
-            SystemBlock::text(filler(&label, sizes.prefix_tokens, kind, params.scale, params.per_block))
-                .with_cache_control(Some(cache_control.clone())),
-        ]));
-        if !state.loaded_tools.is_empty() {
-            request.tools = Some(
-                state
-                    .loaded_tools
-                    .iter()
-                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
-                    .collect(),
-            );
-        }
-        if sizes.context_tokens > 0 {
-            let label = format!("user-context {group} {} {}", state.rerender_epoch, sizes.context_tokens);
-            let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, kind, params.scale, params.per_block));
-            match request.messages.first_mut() {
-                Some(first) if first.role == Role::User => {
-                    let mut blocks = vec![reminder];
-                    blocks.extend(first.content.to_blocks());
-                    first.content = MessageContent::Blocks(blocks);
+            let sizes = GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix };
+            groups.insert(group.clone(), sizes);
+            if group == LANE_MAIN {
+                unrecorded_main = Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: warm > 0 });
+            }
+            if warm > 0 {
+                let prefix_only = unrecorded.request(&call.model, Vec::new(), GroupSizes { prefix_tokens: prefix, context_tokens: 0 });
+                if let Ok(flat) = measurer.flatten(&prefix_only) {
+                    let _ = measurer.seed_cache(&flat, start_ms.saturating_sub(1), 0);
                 }
-                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
             }
         }
-        if let Some(last) = request.messages.last_mut() {
-            let mut blocks = last.content.to_blocks();
-            let target = match &marked_result {
-                Some(id) => blocks.iter().position(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id)),
-                None => None,
-            };
-            let at = target.unwrap_or(blocks.len().saturating_sub(1));
-            if let Some(block) = blocks.get_mut(at)
-                && !block.is_thinking()
-            {
-                block.set_cache_control(Some(cache_control.clone()));
+        let sizes_now = |g: GroupSizes| {
+            let mut sizes = g;
+            sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
+            if state.compacted && truncated {
+                // The history older than the transcript is gone; what stays is the user context.
+                sizes.context_tokens = user_context_prior;
             }
-            last.content = MessageContent::Blocks(blocks);
-        }
+            sizes
+        };
+        let sizes = sizes_now(groups[&group]);
+        // A read that fell into the unrecorded part at a re-render shows the prefix level (after
+        // a compaction every recorded message is new, so any read there does).
+        let recorded_read = call.usage.cache_read_input_tokens;
+        let has = |e: &str| call_events.iter().any(|x| x == e);
+        let revealed = (recorded_read > 0
+            && state.prev_recorded_cached.is_some_and(|prev| recorded_read + super::breaks::BREAK_MIN_DROP <= prev)
+            && (has("compaction") || recorded_read <= sizes.prefix_tokens + sizes.context_tokens)
+            && recorded_read != sizes.prefix_tokens
+            && REVEALING_EVENTS.iter().any(|e| has(e)))
+        .then_some(recorded_read);
+        let base = revealed.map(|_| messages.clone());
+        let request = unrecorded.request(&call.model, messages, sizes);
 
         let flat = match measurer.flatten(&request) {
             Ok(flat) => flat,
@@ -698,6 +780,26 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         };
         loss.observe(&request, &metrics);
+        // The record has just shown the prefix level: size the unrecorded part by it from now
+        // on, and let the simulated cache hold what the real one does after this call.
+        if let (Some(level), Some(base)) = (revealed, base) {
+            let g = groups.get_mut(&group).expect("sized above");
+            let total = g.prefix_tokens + g.context_tokens;
+            g.prefix_tokens = level;
+            g.context_tokens = total.saturating_sub(level);
+            let corrected = unrecorded.request(&call.model, base, sizes_now(*g));
+            if let Ok(flat) = measurer.flatten(&corrected) {
+                let _ = measurer.seed_cache(&flat, start_ms, call.time_ms - start_ms);
+            }
+            call_events.push("prefix_level".into());
+            if group == LANE_MAIN
+                && let Some(main) = &mut unrecorded_main
+            {
+                main.prefix_tokens = level;
+                main.prefix_from_record = true;
+            }
+        }
+        state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
         let read = metrics.cache_read_input_tokens as f64;
         let shortfall = (read - landing as f64).max(0.0) * probability;
         if shortfall == 0.0 {
@@ -726,7 +828,16 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     if first_divergence.is_some() && diverged_calls == 0 {
         diverged_calls = 1;
     }
-    SessionReplay { input, estimator: kind.name().to_owned(), calls: out, info_loss: loss.finish(), diverged_calls, first_divergence }
+    SessionReplay {
+        input,
+        estimator: kind.name().to_owned(),
+        calls: out,
+        info_loss: loss.finish(),
+        diverged_calls,
+        first_divergence,
+        head_truncated: session.recording.header.head_truncated,
+        unrecorded_main,
+    }
 }
 
 fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> CallReplay {
