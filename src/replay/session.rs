@@ -371,6 +371,29 @@ fn order_tool_results(messages: &mut [Message]) -> Option<String> {
     marked
 }
 
+/// The API's view of a request to a model that drops earlier turns' thinking: the thinking
+/// blocks before the last user message that is not only tool results count no tokens. Their
+/// positions stay, so the cached prefix stays valid: 45 of 51 real new turns after thinking kept
+/// their cache (reference/real-breaks.md), and the context drops by that thinking.
+fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
+    let Some(last_prompt) = request.messages.iter().rposition(|m| {
+        m.role == Role::User && m.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
+    }) else {
+        return;
+    };
+    let mut dropped = 0u64;
+    for block in &mut flat.blocks {
+        if block.path.region == Region::Messages
+            && block.path.index < last_prompt
+            && matches!(block.kind.as_str(), "thinking" | "redacted_thinking")
+        {
+            dropped += u64::from(block.tokens);
+            block.tokens = 0;
+        }
+    }
+    flat.total_tokens -= dropped;
+}
+
 /// A prompt that is the `/exit` (or `/quit`) local command.
 fn is_exit_command(content: &MessageContent) -> bool {
     content.to_blocks().iter().any(|b| match b {
@@ -737,13 +760,16 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         let base = revealed.map(|_| messages.clone());
         let request = unrecorded.request(&call.model, messages, sizes);
 
-        let flat = match measurer.flatten(&request) {
+        let mut flat = match measurer.flatten(&request) {
             Ok(flat) => flat,
             Err(e) => {
                 out.push(skipped_call(call, call_events, e.to_string()));
                 continue;
             }
         };
+        if measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking) {
+            strip_prior_thinking(&request, &mut flat);
+        }
         let synthetic_tokens = flat.region_tokens(Region::Tools)
             + flat.region_tokens(Region::System)
             + if sizes.context_tokens > 0 { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
