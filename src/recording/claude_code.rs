@@ -180,9 +180,31 @@ impl ImportedSession {
         if !on_chain {
             return view_in_file_order(&self.recording, call);
         }
+        let parent = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
+        self.chain_view(parent, call.event_index, loaded_until)
+    }
+
+    /// The main thread's view just before event `end`: what a fork of it (the compaction
+    /// request, whose transcript holds only what it added) was sent on top of.
+    pub fn main_view_before(&self, end: usize, loaded_until: usize) -> Vec<usize> {
+        let events = &self.recording.events;
+        let leaf = events.iter().take(end).rposition(|e| {
+            e.lane == LANE_MAIN && is_message_event(&e.kind) && e.uuid.as_ref().is_some_and(|u| self.chain.contains_key(u))
+        });
+        match leaf {
+            Some(j) => self.chain_view(events[j].uuid.clone(), end, loaded_until),
+            None => Vec::new(),
+        }
+    }
+
+    /// Message events on the main thread's `parentUuid` chain from `from` back to its root,
+    /// before `end`, with the parallel tool results off the chain added back unless they come
+    /// before `loaded_until`.
+    fn chain_view(&self, from: Option<String>, end: usize, loaded_until: usize) -> Vec<usize> {
+        let events = &self.recording.events;
         let mut indices = BTreeSet::new();
         let mut visited = BTreeSet::new();
-        let mut cursor = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
+        let mut cursor = from;
         while let Some(uuid) = cursor {
             // A cycle cannot happen in a well-formed transcript; the visited set keeps a
             // malformed one from looping forever.
@@ -191,7 +213,7 @@ impl ImportedSession {
             }
             let Some(node) = self.chain.get(&uuid) else { break };
             for &i in &node.events {
-                if i < call.event_index && is_message_event(&events[i].kind) {
+                if i < end && is_message_event(&events[i].kind) {
                     indices.insert(i);
                 }
             }
@@ -220,11 +242,11 @@ impl ImportedSession {
                 _ => None,
             })
             .collect();
-        let first = indices.first().copied().unwrap_or(call.event_index).max(loaded_until);
+        let first = indices.first().copied().unwrap_or(end).max(loaded_until);
         let mut orphans = Vec::new();
-        for (i, event) in events.iter().enumerate().take(call.event_index).skip(first) {
+        for (i, event) in events.iter().enumerate().take(end).skip(first) {
             if let EventKind::ToolResult(result) = &event.kind
-                && event.lane == call.lane
+                && event.lane == LANE_MAIN
                 && asked.contains(result.tool_use_id.as_str())
                 && answered.insert(result.tool_use_id.as_str())
             {
@@ -247,7 +269,19 @@ impl ImportedSession {
     /// uses whose results it lost are left out too, as the client's loader drops unresolved
     /// tool uses.
     pub fn messages_for_call_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
-        let mut messages = build_messages(&self.recording, &self.view_event_indices_loaded(call, loaded_until));
+        self.messages_loaded(&self.view_event_indices_loaded(call, loaded_until), loaded_until)
+    }
+
+    /// The messages of a fork of the main thread (`call` in lane `compact`): the main thread's
+    /// view at that point, then what the fork's own transcript adds.
+    pub fn fork_messages(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
+        let mut indices = self.main_view_before(call.event_index, loaded_until);
+        indices.extend(view_in_file_order(&self.recording, call));
+        self.messages_loaded(&indices, loaded_until)
+    }
+
+    fn messages_loaded(&self, indices: &[usize], loaded_until: usize) -> Vec<Message> {
+        let mut messages = build_messages(&self.recording, indices);
         if loaded_until == 0 {
             return messages;
         }

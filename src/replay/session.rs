@@ -479,6 +479,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
         let group = group_of(&call.lane).to_owned();
+        // A compaction request forks the main thread: its transcript holds only what it added.
+        let main_fork = (call.lane == LANE_COMPACT).then(|| {
+            lanes.get(LANE_MAIN).map(|m| (m.cleared.clone(), m.restored.clone(), m.loaded_until)).unwrap_or_default()
+        });
         let state = lanes.entry(call.lane.clone()).or_default();
         // Events seen before a call that was not compared belong to the next one.
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
@@ -625,12 +629,15 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         state.last_time_ms = Some(call.time_ms);
 
         // The messages the call saw, with what the client changed in them.
-        let mut messages = session.messages_for_call_loaded(call, state.loaded_until);
+        let (mut messages, cleared, restored) = match &main_fork {
+            Some((cleared, restored, loaded_until)) => (session.fork_messages(call, *loaded_until), cleared, restored),
+            None => (session.messages_for_call_loaded(call, state.loaded_until), &state.cleared, &state.restored),
+        };
         for message in &mut messages {
             let MessageContent::Blocks(blocks) = &mut message.content else { continue };
             for block in blocks.iter_mut() {
                 match block {
-                    ContentBlock::ToolResult { tool_use_id, content, .. } if state.cleared.contains(tool_use_id) => {
+                    ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
                         *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
                     }
                     ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
@@ -643,12 +650,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         }
         let marked_result = order_tool_results(&mut messages);
-        if !state.restored.is_empty()
+        if !restored.is_empty()
             && let Some(first) = messages.first_mut()
             && first.role == Role::User
         {
             let mut blocks = first.content.to_blocks();
-            blocks.extend(state.restored.iter().cloned());
+            blocks.extend(restored.iter().cloned());
             first.content = MessageContent::Blocks(blocks);
         }
         // The strategy's own mechanisms on what the recorded client sent.
@@ -685,7 +692,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         if !options.recorded_microcompact && first_divergence.is_none() && call_events.iter().any(|e| e == "microcompact") {
             first_divergence = Some((call.index, "the recorded microcompact was not applied: its cleared tool results stay visible".to_owned()));
         }
-        let new_turn = is_new_user_turn(&messages);
+        let new_turn = main_fork.is_none() && is_new_user_turn(&messages);
         if new_turn {
             call_events.push("new_user_turn".into());
             turn += 1;
