@@ -44,6 +44,9 @@ pub struct CallComparison {
     /// Events the replay saw before the call (see [`CallReplay::events`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,
+    /// The N-pattern probability applied (see [`CallReplay::rerender_probability`]).
+    #[serde(default)]
+    pub rerender_probability: f64,
 }
 
 /// The per-session figures (CONTRACT.md "Fidelity JSON", plus a few more).
@@ -179,6 +182,7 @@ fn compare(call: &CallReplay, gap_ms: u64) -> CallComparison {
         user_context_tokens: call.user_context_tokens,
         message_tokens: call.message_tokens,
         events: call.events.clone(),
+        rerender_probability: call.rerender_probability,
     }
 }
 

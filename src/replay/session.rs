@@ -402,13 +402,11 @@ fn is_exit_command(content: &MessageContent) -> bool {
     })
 }
 
+/// Whether the request opens a user turn: its last message carries something besides tool
+/// results (a prompt, or an interruption with what the user sent next).
 fn is_new_user_turn(messages: &[Message]) -> bool {
     let Some(last) = messages.last() else { return false };
-    if last.role != Role::User {
-        return false;
-    }
-    let blocks = last.content.to_blocks();
-    !blocks.iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+    last.role == Role::User && last.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
 }
 
 /// Flat position of the first block of the user prompt that opened the previous turn, if the
