@@ -134,6 +134,17 @@ impl Measurer {
         &self.cache
     }
 
+    /// Writes what `flat` would cache, at `time_ms` with the first token `first_token_ms` later,
+    /// without measuring it: no row, no lane memory. A replay uses it where the record shows
+    /// that something was cached which the replay did not send (a prefix an earlier session
+    /// warmed, or a request whose unrecorded part the record has just sized).
+    pub fn seed_cache(&mut self, flat: &FlatRequest, time_ms: u64, first_token_ms: u64) -> Result<(), UnknownModel> {
+        let min = self.table.lookup(&flat.model)?.min_cacheable_tokens;
+        // A request the simulator rejects caches nothing, seeded or not.
+        let _ = self.cache.process(flat, min, time_ms, first_token_ms);
+        Ok(())
+    }
+
     /// Flattens a request with this measurer's estimator (for callers that need token counts
     /// of a body without measuring it as sent).
     pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {
@@ -150,17 +161,6 @@ impl Measurer {
     }
 
     /// Measures one request.
-    /// Writes what `flat` would cache, at `time_ms` with the first token `first_token_ms` later,
-    /// without measuring it: no row, no lane memory. A replay uses it where the record shows
-    /// that something was cached which the replay did not send (a prefix an earlier session
-    /// warmed, or a request whose unrecorded part the record has just sized).
-    pub fn seed_cache(&mut self, flat: &FlatRequest, time_ms: u64, first_token_ms: u64) -> Result<(), UnknownModel> {
-        let min = self.table.lookup(&flat.model)?.min_cacheable_tokens;
-        // A request the simulator rejects caches nothing, seeded or not.
-        let _ = self.cache.process(flat, min, time_ms, first_token_ms);
-        Ok(())
-    }
-
     pub fn measure(&mut self, input: MeasureInput<'_>) -> Result<RequestMetrics, UnknownModel> {
         let flat = self.flatten(input.body)?;
         self.measure_flat(input, flat)
