@@ -1,5 +1,6 @@
 //! Replays an imported session: for every recorded API call, the request the client would have
-//! sent, measured with [`Measurer`] at the recorded time.
+//! sent, measured with [`Measurer`] at the time it was sent (the time of the user prompt or tool
+//! result recorded before it; its recorded time, the first streamed block, is its first token).
 //!
 //! What each rebuilt request holds, in order:
 //! - `tools`: empty, except deferred tools loaded by ToolSearch (appended on their first load,
@@ -7,15 +8,22 @@
 //! - `system`: one block with the lane's prefix level of tokens (see [`super::profile`]) and a
 //!   breakpoint, as Claude Code marks its system blocks;
 //! - `messages`: the user-context reminder (the unrecorded rest of the first call's size) opening
-//!   `messages[0]`, then the messages the call saw ([`ImportedSession::messages_for_call`]) with
-//!   tool results cleared by a recorded microcompact, thinking whose text was not stored filled
-//!   to its estimate, and the files the client restores after a compaction; one breakpoint on
-//!   the last block.
+//!   `messages[0]`, then the messages the call saw ([`ImportedSession::messages_for_call_loaded`]:
+//!   after a resume, without the parallel results the client lost; for the compaction request, the
+//!   main thread's view plus its own) with tool results cleared by a recorded microcompact,
+//!   thinking whose text was not stored filled to its estimate, parallel tool results in tool_use
+//!   order, and the working set the client restores after a compaction
+//!   ([`super::working_set`]); one breakpoint on the last block, or on the parallel result that
+//!   completed last.
 //!
 //! The TTL of every breakpoint is the one in force for the call, read from the recorded
 //! `cache_creation` split (1h when any 1h tokens were written, 5m when 5m were, else the
 //! lane's last one). Because every request marks its last block, a call reads what the
 //! previous call *cached* (its read + creation), not its whole prompt, as the API does.
+//!
+//! The record also corrects the replay's picture of the cache where it shows what was cached: a
+//! warm first call's prefix is seeded, and a read that falls into the unrecorded part at a
+//! re-render sets the prefix level from then on (`prefix_level`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
