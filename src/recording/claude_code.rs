@@ -233,14 +233,10 @@ impl ImportedSession {
         let asked: BTreeSet<&str> = indices
             .iter()
             .filter_map(|&i| match &events[i].kind {
-                EventKind::ModelReply(reply) => Some(reply.content.iter()),
+                EventKind::ModelReply(reply) => Some(reply.tool_use_ids()),
                 _ => None,
             })
             .flatten()
-            .filter_map(|b| match b {
-                ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
-                _ => None,
-            })
             .collect();
         let first = indices.first().copied().unwrap_or(end).max(loaded_until);
         let mut orphans = Vec::new();

@@ -274,6 +274,16 @@ pub struct ModelReply {
     pub is_api_error: bool,
 }
 
+impl ModelReply {
+    /// Ids of the tool calls in this reply, in order.
+    pub fn tool_use_ids(&self) -> impl Iterator<Item = &str> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+    }
+}
+
 /// A whole recording in memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Recording {
