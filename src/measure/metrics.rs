@@ -163,6 +163,17 @@ impl Measurer {
         &self.cache
     }
 
+    /// Writes what `flat` would cache, at `time_ms` with the first token `first_token_ms` later,
+    /// without measuring it: no row, no lane memory. A replay uses it where the record shows
+    /// that something was cached which the replay did not send (a prefix an earlier session
+    /// warmed, or a request whose unrecorded part the record has just sized).
+    pub fn seed_cache(&mut self, flat: &FlatRequest, time_ms: u64, first_token_ms: u64) -> Result<(), UnknownModel> {
+        let min = self.table.lookup(&flat.model)?.min_cacheable_tokens;
+        // A request the simulator rejects caches nothing, seeded or not.
+        let _ = self.cache.process(flat, min, time_ms, first_token_ms);
+        Ok(())
+    }
+
     /// Flattens a request with this measurer's estimator, as the server sees it (after any
     /// `context_management` edits).
     pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {

@@ -166,15 +166,45 @@ impl ImportedSession {
     /// view is every message event of the call's lane since that lane's last compaction, in
     /// file order.
     pub fn view_event_indices(&self, call: &RecordedCall) -> Vec<usize> {
+        self.view_event_indices_loaded(call, 0)
+    }
+
+    /// [`Self::view_event_indices`] of a client that was resumed: the events before
+    /// `loaded_until` were not kept in memory but loaded back from the transcript, by the same
+    /// one-chain walk, so the parallel tool results off the chain were lost to it
+    /// (anthropics/claude-code#31330).
+    pub fn view_event_indices_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<usize> {
         let events = &self.recording.events;
         let start = events.get(call.event_index).and_then(|e| e.uuid.clone());
         let on_chain = call.lane == LANE_MAIN && start.as_ref().is_some_and(|u| self.chain.contains_key(u));
         if !on_chain {
             return view_in_file_order(&self.recording, call);
         }
+        let parent = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
+        self.chain_view(parent, call.event_index, loaded_until)
+    }
+
+    /// The main thread's view just before event `end`: what a fork of it (the compaction
+    /// request, whose transcript holds only what it added) was sent on top of.
+    pub fn main_view_before(&self, end: usize, loaded_until: usize) -> Vec<usize> {
+        let events = &self.recording.events;
+        let leaf = events.iter().take(end).rposition(|e| {
+            e.lane == LANE_MAIN && is_message_event(&e.kind) && e.uuid.as_ref().is_some_and(|u| self.chain.contains_key(u))
+        });
+        match leaf {
+            Some(j) => self.chain_view(events[j].uuid.clone(), end, loaded_until),
+            None => Vec::new(),
+        }
+    }
+
+    /// Message events on the main thread's `parentUuid` chain from `from` back to its root,
+    /// before `end`, with the parallel tool results off the chain added back unless they come
+    /// before `loaded_until`.
+    fn chain_view(&self, from: Option<String>, end: usize, loaded_until: usize) -> Vec<usize> {
+        let events = &self.recording.events;
         let mut indices = BTreeSet::new();
         let mut visited = BTreeSet::new();
-        let mut cursor = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
+        let mut cursor = from;
         while let Some(uuid) = cursor {
             // A cycle cannot happen in a well-formed transcript; the visited set keeps a
             // malformed one from looping forever.
@@ -183,12 +213,43 @@ impl ImportedSession {
             }
             let Some(node) = self.chain.get(&uuid) else { break };
             for &i in &node.events {
-                if i < call.event_index && is_message_event(&events[i].kind) {
+                if i < end && is_message_event(&events[i].kind) {
                     indices.insert(i);
                 }
             }
             cursor = node.parent.clone();
         }
+        // Parallel tool calls: since 2.1 each result record's parent is its own tool_use record,
+        // and the next call hangs off the result recorded last, so the walk misses the results
+        // recorded before it (a branch off the chain). The client sent every one of them (the
+        // API requires a result for each tool_use), so they are added back.
+        let mut answered: BTreeSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ToolResult(result) => Some(result.tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let asked: BTreeSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ModelReply(reply) => Some(reply.tool_use_ids()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let first = indices.first().copied().unwrap_or(end).max(loaded_until);
+        let mut orphans = Vec::new();
+        for (i, event) in events.iter().enumerate().take(end).skip(first) {
+            if let EventKind::ToolResult(result) = &event.kind
+                && event.lane == LANE_MAIN
+                && asked.contains(result.tool_use_id.as_str())
+                && answered.insert(result.tool_use_id.as_str())
+            {
+                orphans.push(i);
+            }
+        }
+        indices.extend(orphans);
         indices.into_iter().collect()
     }
 
@@ -198,6 +259,61 @@ impl ImportedSession {
     /// not reconstructed.
     pub fn messages_for_call(&self, call: &RecordedCall) -> Vec<Message> {
         build_messages(&self.recording, &self.view_event_indices(call))
+    }
+
+    /// The message list of a resumed client (see [`Self::view_event_indices_loaded`]): the tool
+    /// uses whose results it lost are left out too, as the client's loader drops unresolved
+    /// tool uses.
+    pub fn messages_for_call_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
+        self.messages_loaded(&self.view_event_indices_loaded(call, loaded_until), loaded_until)
+    }
+
+    /// The messages of a fork of the main thread (`call` in lane `compact`): the main thread's
+    /// view at that point, then what the fork's own transcript adds.
+    pub fn fork_messages(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
+        let mut indices = self.main_view_before(call.event_index, loaded_until);
+        indices.extend(view_in_file_order(&self.recording, call));
+        self.messages_loaded(&indices, loaded_until)
+    }
+
+    fn messages_loaded(&self, indices: &[usize], loaded_until: usize) -> Vec<Message> {
+        let mut messages = build_messages(&self.recording, indices);
+        if loaded_until == 0 {
+            return messages;
+        }
+        let answered: BTreeSet<String> = messages
+            .iter()
+            .flat_map(|m| m.content.to_blocks())
+            .filter_map(|b| match b {
+                ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id),
+                _ => None,
+            })
+            .collect();
+        for message in &mut messages {
+            if message.role != Role::Assistant {
+                continue;
+            }
+            let mut blocks = message.content.to_blocks();
+            let before = blocks.len();
+            blocks.retain(|b| !matches!(b, ContentBlock::ToolUse { id, .. } if !answered.contains(id)));
+            if blocks.len() != before {
+                message.content = MessageContent::Blocks(blocks);
+            }
+        }
+        messages.retain(|m| !m.content.to_blocks().is_empty());
+        // A reply left out entirely joins the user messages around it, as the client merges them.
+        let mut merged: Vec<Message> = Vec::with_capacity(messages.len());
+        for message in messages {
+            match merged.last_mut() {
+                Some(last) if last.role == message.role => {
+                    let mut blocks = last.content.to_blocks();
+                    blocks.extend(message.content.to_blocks());
+                    last.content = MessageContent::Blocks(blocks);
+                }
+                _ => merged.push(message),
+            }
+        }
+        merged
     }
 }
 
@@ -342,6 +458,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     header.cwd = main.cwd.clone();
     header.versions = main.versions.clone();
     header.metadata = main.metadata.clone();
+    header.head_truncated = main.first_parent.as_ref().is_some_and(|parent| !main.seen_uuids.contains(parent));
 
     let mut report = ImportReport::new(&main.file, "claude-code");
     main.add_to_report(&mut report);
@@ -423,6 +540,9 @@ struct FileImporter {
     reply_index: BTreeMap<String, usize>,
     seen_uuids: BTreeSet<String>,
     chain: BTreeMap<String, ChainNode>,
+    /// `parentUuid` of the first record that has the field (`None` when it is null).
+    first_parent: Option<String>,
+    saw_parent_field: bool,
     /// The last compaction event, waiting for its summary message.
     pending_compaction: Option<usize>,
     /// `agentId` → the Task tool_use that started it (from `agent_progress` records).
@@ -450,6 +570,8 @@ impl FileImporter {
             reply_index: BTreeMap::new(),
             seen_uuids: BTreeSet::new(),
             chain: BTreeMap::new(),
+            first_parent: None,
+            saw_parent_field: false,
             pending_compaction: None,
             agent_tool_use: BTreeMap::new(),
             session_id: None,
@@ -503,6 +625,10 @@ impl FileImporter {
         *self.records_by_type.entry(key).or_default() += 1;
 
         let uuid = record.get("uuid").and_then(Value::as_str).map(str::to_owned);
+        if !self.saw_parent_field && record.contains_key("parentUuid") {
+            self.saw_parent_field = true;
+            self.first_parent = record.get("parentUuid").and_then(Value::as_str).map(str::to_owned);
+        }
         if let Some(uuid) = &uuid {
             // Resumed sessions can copy earlier records into a file again; count them once.
             if !self.seen_uuids.insert(uuid.clone()) {

@@ -193,6 +193,21 @@ fn entries_are_readable_only_after_the_first_token() {
 }
 
 #[test]
+fn the_ttl_counts_from_the_first_token() {
+    // Written at 0 with the first token at 20 s: still readable 5 minutes after the first
+    // token, not after the start.
+    let r = blocks_request(10, 200, Some((10, None)));
+    let mut m = measurer();
+    let mut first = MeasureInput::new("main", 0, &r);
+    first.first_token_ms = 20_000;
+    m.measure(first).unwrap();
+    let inside = m.measure(MeasureInput::new("main", 310_000, &r)).unwrap();
+    assert_eq!(split(&inside), (2000, 0, 0));
+    let after = m.measure(MeasureInput::new("main", 310_000 + 300_000, &r)).unwrap();
+    assert_eq!(split(&after), (0, 2000, 0));
+}
+
+#[test]
 fn a_string_last_message_reads_as_its_block_form() {
     // The real client flips the last user message from a marked text block to a plain string.
     let mut first = Request::new(MODEL, 1024);

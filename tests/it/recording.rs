@@ -227,14 +227,10 @@ fn recording_claude_code_imports_every_real_transcript() {
         let tool_uses: Vec<&str> = events
             .iter()
             .filter_map(|e| match &e.kind {
-                EventKind::ModelReply(r) => Some(r.content.iter()),
+                EventKind::ModelReply(r) => Some(r.tool_use_ids()),
                 _ => None,
             })
             .flatten()
-            .filter_map(|b| match b {
-                ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
-                _ => None,
-            })
             .collect();
         let unanswered = tool_uses.iter().filter(|id| !answered.contains(**id)).count();
         assert!(unanswered <= 3, "{name}: {unanswered} of {} tool_uses unanswered", tool_uses.len());
