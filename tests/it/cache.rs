@@ -337,3 +337,24 @@ fn cache_edits_delete_a_referenced_tool_result_without_breaking_the_prefix() {
     assert!(rows[2].cache_read_input_tokens > 0);
     assert!(rows[2].cache_read_input_tokens + 2900 < rows[1].cache_read_input_tokens + rows[1].cache_creation_input_tokens);
 }
+
+/// A tool_result the agent keeps in its wire form (`ContentBlock::Other`, for the reference's
+/// key order) counts like the typed block: by its content, without its `cache_control`, and
+/// the same whichever form the memo sees first.
+#[test]
+fn wire_form_tool_results_count_by_content() {
+    use ctxsim::api::ContentBlock;
+    use ctxsim::measure::blocks::content_token_units;
+    let wire = serde_json::json!({
+        "tool_use_id": "toolu_1", "type": "tool_result",
+        "content": "     1\tfn main() {}\n", "cache_control": {"type": "ephemeral"}
+    });
+    let typed = ContentBlock::from_value(wire.clone()).unwrap();
+    assert!(matches!(typed, ContentBlock::ToolResult { .. }));
+    let other = ContentBlock::Other(wire);
+    assert_eq!(content_token_units(&other), content_token_units(&typed));
+    let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+    let units = content_token_units(&other);
+    assert_eq!(units.len(), 1);
+    assert_eq!(counter.count(1, "claude", || units), 5, "\"     1\\tfn main() {{}}\\n\" is 19 UTF-16 units");
+}
