@@ -1,8 +1,10 @@
 //! Importing and replaying every real session in ../shared/realdata/transcripts, with chars4
-//! and bpe. Run with `cargo bench --bench replay -- --noplot`.
+//! and bpe, against the floor: tokenizing (o200k) once each text the bpe replay tokenizes, i.e.
+//! each unique block. Run with `cargo bench --bench replay -- --noplot`.
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use ctxsim::measure::tokens::bpe;
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::replay::{ReplayOptions, load_session, replay_session};
 
@@ -21,22 +23,44 @@ fn transcripts() -> Vec<PathBuf> {
     files
 }
 
-fn replay_all(kind: EstimatorKind, files: &[PathBuf]) -> usize {
+/// Imports and replays every session; `body_hashes: false` is what `fidelity` and `sweep` do.
+fn replay_all(kind: EstimatorKind, files: &[PathBuf], body_hashes: bool) -> usize {
     let mut rows = 0;
     for path in files {
         let session = load_session(path).unwrap();
         let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(kind));
+        if !body_hashes {
+            measurer = measurer.without_body_hashes();
+        }
         rows += replay_session(&session, &mut measurer, &ReplayOptions::default()).rows().len();
     }
     rows
 }
 
+/// Every text the `bpe` replay of all sessions tokenizes (each unique block once).
+fn tokenized_texts(files: &[PathBuf]) -> Vec<String> {
+    let mut texts = Vec::new();
+    for path in files {
+        let session = load_session(path).unwrap();
+        let mut counter = TokenCounter::new(EstimatorKind::Bpe);
+        counter.keep_tokenized_texts();
+        let mut measurer = Measurer::new(ModelTable::shipped(), counter);
+        replay_session(&session, &mut measurer, &ReplayOptions::default());
+        texts.extend(measurer.counter().tokenized_texts().iter().cloned());
+    }
+    texts
+}
+
 fn bench(c: &mut Criterion) {
     let files = transcripts();
+    let texts = tokenized_texts(&files);
     let mut group = c.benchmark_group("replay");
     group.sample_size(10);
-    group.bench_function("all_realdata_chars4", |b| b.iter(|| replay_all(EstimatorKind::Chars4, &files)));
-    group.bench_function("all_realdata_bpe", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files)));
+    group.bench_function("floor_tokenize_unique_blocks_once", |b| b.iter(|| texts.iter().map(|t| bpe(t) as u64).sum::<u64>()));
+    group.bench_function("import_only", |b| b.iter(|| files.iter().map(|p| load_session(p).unwrap().calls.len()).sum::<usize>()));
+    group.bench_function("all_realdata_chars4", |b| b.iter(|| replay_all(EstimatorKind::Chars4, &files, true)));
+    group.bench_function("all_realdata_bpe", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files, true)));
+    group.bench_function("all_realdata_bpe_no_body_hashes", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files, false)));
     group.finish();
 }
 

@@ -39,8 +39,10 @@ pub enum ProfileError {
 impl SizeProfile {
     /// The profile of the reference build (2.1.88).
     pub fn claude_code_2_1_88() -> SizeProfile {
-        // The embedded table is part of the crate; failing to parse it is a build defect.
-        SizeProfile::from_toml(PROFILE_2_1_88).expect("embedded profile-2.1.88.toml parses")
+        // The embedded table is part of the crate; failing to parse it is a build defect. It is
+        // parsed once per process (replays ask for it at every call).
+        static PARSED: std::sync::OnceLock<SizeProfile> = std::sync::OnceLock::new();
+        PARSED.get_or_init(|| SizeProfile::from_toml(PROFILE_2_1_88).expect("embedded profile-2.1.88.toml parses")).clone()
     }
 
     pub fn from_toml(text: &str) -> Result<SizeProfile, ProfileError> {
@@ -63,7 +65,7 @@ impl SizeProfile {
 
 /// Length as the reference measures it: JS string length (UTF-16 code units).
 pub fn js_len(text: &str) -> usize {
-    text.encode_utf16().count()
+    crate::measure::tokens::utf16_len(text)
 }
 
 /// How filler is laid out: on the same line (for one-line pieces such as a bullet) or as extra

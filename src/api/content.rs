@@ -125,6 +125,15 @@ impl ContentBlock {
     /// The wire `type` of the block.
     pub fn kind(&self) -> &str {
         match self {
+            ContentBlock::Other(value) => value.get("type").and_then(Value::as_str).unwrap_or("unknown"),
+            modelled => modelled.modelled_kind().unwrap_or("unknown"),
+        }
+    }
+
+    /// The wire `type` of a modelled kind; `None` for [`ContentBlock::Other`], whose type is
+    /// whatever its JSON says.
+    pub fn modelled_kind(&self) -> Option<&'static str> {
+        Some(match self {
             ContentBlock::Text { .. } => "text",
             ContentBlock::Image(_) => "image",
             ContentBlock::Document(_) => "document",
@@ -134,8 +143,8 @@ impl ContentBlock {
             ContentBlock::Thinking { .. } => "thinking",
             ContentBlock::RedactedThinking { .. } => "redacted_thinking",
             ContentBlock::ToolReference { .. } => "tool_reference",
-            ContentBlock::Other(value) => value.get("type").and_then(Value::as_str).unwrap_or("unknown"),
-        }
+            ContentBlock::Other(_) => return None,
+        })
     }
 
     pub fn cache_control(&self) -> Option<&CacheControl> {

@@ -9,6 +9,7 @@
 //! The canonical serialization used for hashing lives in [`canonical`].
 
 pub mod canonical;
+pub mod identical;
 pub mod structural;
 mod content;
 mod request;

@@ -11,6 +11,8 @@
 //! [`super::canonical`]: both address the server's cache, neither is prompt content.
 
 use serde::ser::{self, Serialize};
+
+use super::Request;
 use xxhash_rust::xxh3::Xxh3;
 
 /// The structural hash of `value` and the number of content bytes it covered, leaving out the
@@ -26,17 +28,115 @@ pub fn block_hash<T: Serialize + ?Sized>(tag: &[u8], value: &T) -> (u128, u32) {
 /// Lower-case hex SHA-256 of a whole value's structural encoding (every field, markers
 /// included): the `body_sha256` of a request. Equal exactly when the JSON bodies are equal.
 pub fn sha256_hex<T: Serialize + ?Sized>(value: &T) -> String {
-    use sha2::Digest;
-    let mut hasher = StructHasher { state: Sha256Sink { hasher: sha2::Sha256::new(), buf: Vec::with_capacity(8192) }, depth: 0, bytes: 0, skip_next_value: false, skip_markers: false };
+    let mut hasher = body_hasher(sha2::Sha256::default());
     value.serialize(&mut hasher).expect("hashing never fails");
-    let mut sink = hasher.state;
-    sink.flush();
-    let digest = sink.hasher.finalize();
-    let mut out = String::with_capacity(64);
-    for byte in digest.iter() {
-        out.push_str(&format!("{byte:02x}"));
+    hasher.state.finish_hex()
+}
+
+fn body_hasher(state: sha2::Sha256) -> StructHasher<Sha256Sink> {
+    StructHasher { state: Sha256Sink { hasher: state, buf: Vec::with_capacity(8192) }, depth: 0, bytes: 0, skip_next_value: false, skip_markers: false }
+}
+
+/// [`sha256_hex`] of request bodies, resumable at message boundaries.
+///
+/// A request's structural stream is `{`, `model`, then `messages` one after the other, then the
+/// other fields. The hasher keeps its SHA-256 state before each message of the last body it
+/// hashed, so a body whose model and first `reuse` messages are identical to that body's
+/// ([`super::identical`]) is hashed from message `reuse` on: the same digest as [`sha256_hex`]
+/// of the whole body, for the bytes of the new tail and the fields after `messages`.
+#[derive(Clone, Debug, Default)]
+pub struct BodyHasher {
+    /// The state before `messages[i]` (and, last, after the final message) of the last body.
+    checkpoints: Vec<sha2::Sha256>,
+}
+
+impl BodyHasher {
+    /// The body hash of `body`. `reuse`: how many leading messages of `body` are identical to
+    /// those of the body this hasher hashed last, whose model was the same (0 when in doubt).
+    pub fn sha256_hex(&mut self, body: &Request, reuse: usize) -> String {
+        use ser::SerializeMap;
+        let Request {
+            model,
+            messages,
+            system,
+            tools,
+            tool_choice,
+            metadata,
+            max_tokens,
+            thinking,
+            temperature,
+            context_management,
+            output_config,
+            cache_control,
+            stream,
+            extra,
+        } = body;
+        let reuse = reuse.min(messages.len()).min(self.checkpoints.len().saturating_sub(1));
+        let mut hasher;
+        if self.checkpoints.is_empty() {
+            // What `#[derive(Serialize)]` on `Request` writes before the first message.
+            hasher = body_hasher(sha2::Sha256::default());
+            let mut map = ser::Serializer::serialize_map(&mut hasher, None).expect("hashing never fails");
+            map.serialize_entry("model", model).expect("hashing never fails");
+            map.serialize_key("messages").expect("hashing never fails");
+            hasher.tag(b'[');
+            hasher.state.flush();
+            self.checkpoints.push(hasher.state.hasher.clone());
+        } else {
+            self.checkpoints.truncate(reuse + 1);
+            hasher = body_hasher(self.checkpoints[reuse].clone());
+        }
+        // Inside the top-level map and the `messages` array.
+        hasher.depth = 2;
+        for message in &messages[reuse..] {
+            message.serialize(&mut hasher).expect("hashing never fails");
+            hasher.state.flush();
+            self.checkpoints.push(hasher.state.hasher.clone());
+        }
+        hasher.depth = 1;
+        hasher.tag(b']');
+        // The rest of the derived serialization: optional fields when present, then `extra`.
+        let fields: [(&str, Option<&dyn erased::Value>); 11] = [
+            ("system", system.as_ref().map(|v| v as _)),
+            ("tools", tools.as_ref().map(|v| v as _)),
+            ("tool_choice", tool_choice.as_ref().map(|v| v as _)),
+            ("metadata", metadata.as_ref().map(|v| v as _)),
+            ("max_tokens", max_tokens.as_ref().map(|v| v as _)),
+            ("thinking", thinking.as_ref().map(|v| v as _)),
+            ("temperature", temperature.as_ref().map(|v| v as _)),
+            ("context_management", context_management.as_ref().map(|v| v as _)),
+            ("output_config", output_config.as_ref().map(|v| v as _)),
+            ("cache_control", cache_control.as_ref().map(|v| v as _)),
+            ("stream", stream.as_ref().map(|v| v as _)),
+        ];
+        let mut map = &mut hasher;
+        for (key, value) in fields {
+            if let Some(value) = value {
+                map.serialize_key(key).expect("hashing never fails");
+                value.hash_into(map);
+            }
+        }
+        for (key, value) in extra {
+            map.serialize_entry(key, value).expect("hashing never fails");
+        }
+        SerializeMap::end(map).expect("hashing never fails");
+        hasher.state.finish_hex()
     }
-    out
+}
+
+/// Object-safe serialization into the body hasher (the optional fields have different types).
+mod erased {
+    use super::{Serialize, Sha256Sink, StructHasher};
+
+    pub trait Value {
+        fn hash_into(&self, hasher: &mut StructHasher<Sha256Sink>);
+    }
+
+    impl<T: Serialize + ?Sized> Value for T {
+        fn hash_into(&self, hasher: &mut StructHasher<Sha256Sink>) {
+            self.serialize(hasher).expect("hashing never fails");
+        }
+    }
 }
 
 /// Where the structural stream goes.
@@ -61,6 +161,17 @@ impl Sha256Sink {
         use sha2::Digest;
         self.hasher.update(&self.buf);
         self.buf.clear();
+    }
+
+    fn finish_hex(mut self) -> String {
+        use sha2::Digest;
+        self.flush();
+        let digest = self.hasher.finalize();
+        let mut out = String::with_capacity(64);
+        for byte in digest.iter() {
+            out.push_str(&format!("{byte:02x}"));
+        }
+        out
     }
 }
 
@@ -479,6 +590,35 @@ mod tests {
         // The same block as an untyped JSON value hashes alike too.
         let value = json!({"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}});
         assert_eq!(block_hash(b"user", &value).0, block_hash(b"user", &b).0);
+    }
+
+    #[test]
+    fn the_resumable_body_hash_is_the_body_hash() {
+        // Every optional field present, unmodelled ones too: the hand-written top level must
+        // write what `#[derive(Serialize)]` writes.
+        let full: Request = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "text", "text": "b"}], "x": 1}],
+            "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": "t", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"},
+            "metadata": {"user_id": "u"}, "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "temperature": 0.5, "context_management": {"edits": []}, "output_config": {"effort": "high"},
+            "cache_control": {"type": "ephemeral"}, "stream": true, "service_tier": "auto", "top_k": 3
+        }))
+        .unwrap();
+        let bare: Request = serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
+        for body in [&full, &bare] {
+            assert_eq!(BodyHasher::default().sha256_hex(body, 0), sha256_hex(body));
+        }
+        // Resumed after the identical first message, and after all of them.
+        let mut hasher = BodyHasher::default();
+        hasher.sha256_hex(&full, 0);
+        let mut longer = full.clone();
+        longer.messages.push(crate::api::Message::user_text("c"));
+        assert_eq!(hasher.sha256_hex(&longer, 2), sha256_hex(&longer));
+        assert_eq!(hasher.sha256_hex(&full, 2), sha256_hex(&full));
+        let mut edited = full.clone();
+        edited.messages[1] = crate::api::Message::user_text("changed");
+        assert_eq!(hasher.sha256_hex(&edited, 1), sha256_hex(&edited));
     }
 
     #[test]

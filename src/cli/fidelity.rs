@@ -23,7 +23,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
             // No prior from the shipped calibration: what is fitted here must come from these
             // transcripts alone.
             let blank = Calibration { user_context_tokens: None, ..Calibration::shipped() };
-            let mut measurer = Measurer::new(table.clone(), TokenCounter::with_calibration(EstimatorKind::Bpe, blank));
+            let mut measurer = Measurer::new(table.clone(), TokenCounter::with_calibration(EstimatorKind::Bpe, blank)).without_body_hashes();
             let replay = replay_session(session, &mut measurer, &options);
             for (family, s) in fit_samples(&replay, &table) {
                 samples.entry(family).or_insert_with(Vec::new).extend(s);
@@ -47,7 +47,8 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     let mut breaks = Vec::new();
     for session in &sessions {
         let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone());
-        let mut measurer = Measurer::new(table.clone(), counter);
+        // Fidelity outputs compare usage; no trace rows, no fingerprints.
+        let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
         let replay = replay_session(session, &mut measurer, &options);
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));

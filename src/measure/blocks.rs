@@ -15,13 +15,15 @@
 //! before the system level, `thinking` before the messages level. The model is not in the
 //! chain: the simulator keeps a separate namespace per model.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::api::canonical::{chain, hash128, to_canonical_bytes};
 use crate::api::structural::block_hash;
-use crate::api::{CacheControl, ContentBlock, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
+use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
 
 use super::tokens::{TokenCounter, TokenUnit};
 
@@ -66,7 +68,7 @@ pub struct PromptBlock {
     pub path: BlockPath,
     pub role: Option<Role>,
     /// `tool`, `system_text`, or the content block's wire type.
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// Hash of the block's canonical bytes (without its `cache_control`), with its role.
     pub hash: u128,
     /// Hash of the whole prefix up to and including this block.
@@ -87,11 +89,16 @@ pub struct PromptBlock {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlatRequest {
     pub model: String,
-    pub blocks: Vec<PromptBlock>,
+    /// Shared with the flattener, which extends it in place for the next request when nothing
+    /// else holds it (copy on write).
+    pub blocks: Arc<Vec<PromptBlock>>,
     /// Top-level automatic `cache_control`, if any.
     pub auto_cache_control: Option<CacheControl>,
     pub total_tokens: u64,
     pub counts: RegionCounts,
+    /// The trace row's `body_sha256`: SHA-256 of the whole body's structural stream, markers
+    /// included ([`crate::api::structural::sha256_hex`]).
+    pub body_sha256: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -114,6 +121,11 @@ impl FlatRequest {
 }
 
 const SEED: &[u8] = b"ctxsim-prefix-v1";
+
+/// The chain state before the first block of any request.
+pub(super) fn initial_state() -> u128 {
+    hash128(SEED)
+}
 
 fn tagged_hash(tag: &[u8], bytes: &[u8]) -> u128 {
     let mut buf = Vec::with_capacity(tag.len() + 1 + bytes.len());
@@ -150,14 +162,32 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
     }
 }
 
-/// Flattens a request into block positions, counting tokens with `counter`. Blocks are hashed
-/// structurally ([`crate::api::structural`]): no JSON text is produced, so a long session costs
-/// about one pass over its bytes per request plus one tokenization per unique block.
+/// Flattens a request into block positions, counting tokens with `counter`, from scratch.
+/// Blocks are hashed structurally ([`crate::api::structural`]): no JSON text is produced.
+/// [`super::incremental::Flattener`] gives the same result reusing an earlier request's work;
+/// this is its reference.
 pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> FlatRequest {
     let mut blocks = Vec::with_capacity(64);
-    let mut state = hash128(SEED);
-    let mut counts = RegionCounts::default();
+    let mut state = head_blocks(request, counter, family, &mut blocks);
+    let head = blocks.len();
+    for (m, message) in request.messages.iter().enumerate() {
+        state = push_message(m, message, counter, family, state, &mut blocks);
+    }
+    finish(request, Arc::new(blocks), head, crate::api::structural::sha256_hex(request))
+}
 
+/// Assembles the flat request from its block records (`head` of them tools and system).
+pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usize, body_sha256: String) -> FlatRequest {
+    let tools = request.tools().len();
+    let counts = RegionCounts { tools, system: head - tools, messages: blocks.len() - head };
+    let total_tokens = blocks.iter().map(|b| u64::from(b.tokens)).sum();
+    FlatRequest { model: request.model.clone(), blocks, auto_cache_control: request.cache_control.clone(), total_tokens, counts, body_sha256 }
+}
+
+/// Appends the records of the tools and system levels, chained, and returns the chain state
+/// where the messages level starts (`tool_choice` and `thinking` folded in).
+pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family: &str, out: &mut Vec<PromptBlock>) -> u128 {
+    let mut state = initial_state();
     for (i, tool) in request.tools().iter().enumerate() {
         let (hash, bytes) = block_hash(b"tool", tool);
         let tokens = counter.count(hash, family, || {
@@ -166,10 +196,10 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
             vec![TokenUnit::Text(serde_json::to_string(&unmarked).unwrap_or_default())]
         });
         state = chain(state, hash);
-        blocks.push(PromptBlock {
+        out.push(PromptBlock {
             path: BlockPath { region: Region::Tools, index: i, content: None },
             role: None,
-            kind: "tool".to_owned(),
+            kind: Cow::Borrowed("tool"),
             hash,
             prefix_hash: state,
             tokens,
@@ -179,7 +209,6 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
             cache_reference: None,
             cache_deletes: Vec::new(),
         });
-        counts.tools += 1;
     }
 
     if let Some(choice) = &request.tool_choice {
@@ -198,10 +227,10 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
         let (hash, bytes) = block_hash(b"system", block);
         let tokens = counter.count(hash, family, || vec![TokenUnit::Text(block.text.clone())]);
         state = chain(state, hash);
-        blocks.push(PromptBlock {
+        out.push(PromptBlock {
             path: BlockPath { region: Region::System, index: i, content: None },
             role: None,
-            kind: "system_text".to_owned(),
+            kind: Cow::Borrowed("system_text"),
             hash,
             prefix_hash: state,
             tokens,
@@ -211,55 +240,51 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
             cache_reference: None,
             cache_deletes: Vec::new(),
         });
-        counts.system += 1;
     }
 
     if let Some(thinking) = &request.thinking {
         state = chain(state, tagged_hash(b"thinking", &to_canonical_bytes(thinking)));
     }
-    for (m, message) in request.messages.iter().enumerate() {
-        let owned;
-        let content: &[ContentBlock] = match &message.content {
-            MessageContent::Text(text) => {
-                owned = [ContentBlock::text(text.clone())];
-                &owned
-            }
-            MessageContent::Blocks(blocks) => blocks,
-        };
-        for (c, block) in content.iter().enumerate() {
-            let marker = block.raw_cache_control();
-            let (cache_reference, cache_deletes) = cache_edit_fields(block);
-            // Like `cache_control`, a tool_result's `cache_reference` is an address for the
-            // server, not prompt content: the structural hash leaves both out.
-            let (hash, bytes) = block_hash(message.role.as_str().as_bytes(), block);
-            let tokens = counter.count(hash, family, || content_token_units(block));
-            state = chain(state, hash);
-            let empty_text = matches!(block, ContentBlock::Text { text, .. } if text.is_empty());
-            blocks.push(PromptBlock {
-                path: BlockPath { region: Region::Messages, index: m, content: Some(c) },
-                role: Some(message.role),
-                kind: block.kind().to_owned(),
-                hash,
-                prefix_hash: state,
-                tokens,
-                bytes,
-                cache_control: marker,
-                auto_eligible: !block.is_thinking() && !empty_text,
-                cache_reference,
-                cache_deletes,
-            });
-            counts.messages += 1;
-        }
-    }
+    state
+}
 
-    let total_tokens = blocks.iter().map(|b| u64::from(b.tokens)).sum();
-    FlatRequest {
-        model: request.model.clone(),
-        blocks,
-        auto_cache_control: request.cache_control.clone(),
-        total_tokens,
-        counts,
+/// Appends the records of `messages[m]`'s blocks chained from `state`; returns the new state.
+pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCounter, family: &str, mut state: u128, out: &mut Vec<PromptBlock>) -> u128 {
+    let owned;
+    let content: &[ContentBlock] = match &message.content {
+        MessageContent::Text(text) => {
+            owned = [ContentBlock::text(text.clone())];
+            &owned
+        }
+        MessageContent::Blocks(blocks) => blocks,
+    };
+    for (c, block) in content.iter().enumerate() {
+        let marker = block.raw_cache_control();
+        let (cache_reference, cache_deletes) = cache_edit_fields(block);
+        // Like `cache_control`, a tool_result's `cache_reference` is an address for the
+        // server, not prompt content: the structural hash leaves both out.
+        let (hash, bytes) = block_hash(message.role.as_str().as_bytes(), block);
+        let tokens = counter.count(hash, family, || content_token_units(block));
+        state = chain(state, hash);
+        let empty_text = matches!(block, ContentBlock::Text { text, .. } if text.is_empty());
+        out.push(PromptBlock {
+            path: BlockPath { region: Region::Messages, index: m, content: Some(c) },
+            role: Some(message.role),
+            kind: match block.modelled_kind() {
+                Some(kind) => Cow::Borrowed(kind),
+                None => Cow::Owned(block.kind().to_owned()),
+            },
+            hash,
+            prefix_hash: state,
+            tokens,
+            bytes,
+            cache_control: marker,
+            auto_eligible: !block.is_thinking() && !empty_text,
+            cache_reference,
+            cache_deletes,
+        });
     }
+    state
 }
 
 /// A tool_result's `cache_reference`, and the references a `cache_edits` block deletes.

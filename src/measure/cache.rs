@@ -175,7 +175,7 @@ impl CacheSim {
         let mut running = 0u64;
         let mut deleted_tokens = 0u64;
         let deleted = self.deleted.get(&ns);
-        for block in &flat.blocks {
+        for block in flat.blocks.iter() {
             let gone = block.cache_reference.as_ref().is_some_and(|r| deleted.is_some_and(|d| d.contains(r)));
             if gone {
                 deleted_tokens += u64::from(block.tokens);

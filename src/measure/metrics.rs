@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::api::canonical::sha256_hex;
 use crate::api::{Request, Usage};
 
-use super::blocks::{FlatRequest, RegionCounts, flatten};
+use super::blocks::{FlatRequest, RegionCounts};
+use super::incremental::Flattener;
 use super::cache::{CacheError, CacheSim};
 use super::context_editing::{self, ContextManagementResponse, Edited};
 use super::models::{ModelTable, UnknownModel};
@@ -140,11 +141,12 @@ pub struct Measurer {
     cache: CacheSim,
     lanes: BTreeMap<String, LaneState>,
     next_index: usize,
+    flattener: Flattener,
 }
 
 impl Measurer {
     pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
-        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0 }
+        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener: Flattener::new() }
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -161,6 +163,19 @@ impl Measurer {
 
     pub fn cache(&self) -> &CacheSim {
         &self.cache
+    }
+
+    /// This measurer without body hashes: its rows carry an empty `body_sha256` and its
+    /// summaries a fingerprint of nothing. For callers that output neither (fidelity, sweep);
+    /// everything else it measures is the same.
+    pub fn without_body_hashes(mut self) -> Self {
+        self.flattener = Flattener::without_body_hashes();
+        self
+    }
+
+    /// The incremental flattener (its counters say how much was reused).
+    pub fn flattener(&self) -> &Flattener {
+        &self.flattener
     }
 
     /// Writes what `flat` would cache, at `time_ms` with the first token `first_token_ms` later,
@@ -183,7 +198,7 @@ impl Measurer {
     /// The request as the server sees it: flattened, with `context_management` applied.
     pub fn serve(&mut self, body: &Request) -> Result<Served, UnknownModel> {
         let family = self.table.lookup(&body.model)?.family.clone();
-        let flat = flatten(body, &mut self.counter, &family);
+        let flat = self.flattener.flatten(body, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
         let edits = match context_editing::parse(value) {
             Ok(edits) => edits,
@@ -200,7 +215,8 @@ impl Measurer {
         match context_editing::apply(body, &edits, flat.total_tokens, &mut count) {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
-                let served = flatten(&edited.body, &mut self.counter, &family);
+                // The edited body is not the next of the track: flattened from scratch.
+                let served = super::blocks::flatten(&edited.body, &mut self.counter, &family);
                 Ok(Served { flat: served, edited: Some(Box::new(edited)), error: None, sent: Some(flat) })
             }
         }
@@ -245,7 +261,7 @@ impl Measurer {
             }
         }
         let hashes: Vec<u128> = flat.blocks.iter().map(|b| b.prefix_hash).collect();
-        let body_sha256 = crate::api::structural::sha256_hex(input.body);
+        let body_sha256 = flat.body_sha256.clone();
         let index = self.next_index;
         self.next_index += 1;
 

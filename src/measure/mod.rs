@@ -4,6 +4,7 @@
 pub mod blocks;
 pub mod cache;
 pub mod context_editing;
+pub mod incremental;
 pub mod loss;
 pub mod metrics;
 pub mod models;

@@ -112,8 +112,27 @@ impl Calibration {
 
 /// JavaScript `Math.round(len / 4)` over UTF-16 code units.
 pub fn chars4(text: &str) -> u32 {
-    let units: usize = text.chars().map(char::len_utf16).sum();
-    ((units + 2) / 4) as u32
+    ((utf16_len(text) + 2) / 4) as u32
+}
+
+/// The length of `text` in UTF-16 code units, counted over its bytes without decoding (the
+/// long-context chain counts whole histories several times per request): every character is
+/// one unit except those of four UTF-8 bytes, which are two. Characters are the bytes that are
+/// not continuation bytes (`0b10xx_xxxx`); four-byte characters are those whose lead byte is
+/// at least `0xF0`.
+pub fn utf16_len(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let mut units = bytes.len();
+    // Byte counters in chunks of 255 (a chunk cannot overflow them) vectorize well.
+    for chunk in bytes.chunks(255) {
+        let (mut continuation, mut four) = (0u8, 0u8);
+        for &b in chunk {
+            continuation += u8::from((b as i8) < -0x40);
+            four += u8::from(b >= 0xF0);
+        }
+        units = units - usize::from(continuation) + usize::from(four);
+    }
+    units
 }
 
 /// o200k_base token count of a string (special-token text counted as ordinary text).
@@ -130,6 +149,8 @@ pub struct TokenCounter {
     /// Number of blocks actually tokenized (memo misses); the rest were memo hits.
     pub tokenized_blocks: u64,
     pub memo_hits: u64,
+    /// The texts tokenized, in order, when asked for ([`TokenCounter::keep_tokenized_texts`]).
+    kept_texts: Option<Vec<String>>,
 }
 
 impl TokenCounter {
@@ -138,7 +159,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: HashMap::new(), tokenized_blocks: 0, memo_hits: 0 }
+        TokenCounter { kind, calibration, memo: HashMap::new(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
     }
 
     pub fn kind(&self) -> EstimatorKind {
@@ -149,6 +170,17 @@ impl TokenCounter {
         &self.calibration
     }
 
+    /// Keeps a copy of every text tokenized from now on: the benches time tokenizing exactly
+    /// these (each unique block once, the floor of any measurement).
+    pub fn keep_tokenized_texts(&mut self) {
+        self.kept_texts.get_or_insert_with(Vec::new);
+    }
+
+    /// The texts kept since [`TokenCounter::keep_tokenized_texts`] (empty when not asked for).
+    pub fn tokenized_texts(&self) -> &[String] {
+        self.kept_texts.as_deref().unwrap_or(&[])
+    }
+
     /// The raw count of a block (chars4 or bpe; calibrated memoizes the bpe count), computed
     /// once per content hash. `units` is only called on a memo miss.
     fn raw_count(&mut self, key: u128, units: impl FnOnce() -> Vec<TokenUnit>) -> u32 {
@@ -157,7 +189,11 @@ impl TokenCounter {
             return count;
         }
         self.tokenized_blocks += 1;
-        let count = units()
+        let units = units();
+        if let Some(kept) = &mut self.kept_texts {
+            kept.extend(units.iter().filter_map(|u| if let TokenUnit::Text(text) = u { Some(text.clone()) } else { None }));
+        }
+        let count = units
             .iter()
             .map(|unit| match unit {
                 TokenUnit::Fixed(n) => *n,
@@ -208,6 +244,20 @@ mod tests {
         assert_eq!(chars4("abcdef"), 2);
         // U+1F600 is two UTF-16 code units, as JavaScript counts it.
         assert_eq!(chars4("\u{1F600}"), 1);
+    }
+
+    #[test]
+    fn utf16_length_from_bytes_is_the_decoded_length() {
+        for text in ["", "ascii only", "café", "日本語のテキスト", "\u{1F600} emoji \u{1F680}", "mixed é 漢 \u{10FFFF} \u{7F} \u{80} \u{7FF} \u{800} \u{FFFF} \u{10000}"] {
+            assert_eq!(utf16_len(text), text.chars().map(char::len_utf16).sum::<usize>(), "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn utf16_length_of_any_text(text in ".*") {
+            proptest::prop_assert_eq!(utf16_len(&text), text.chars().map(char::len_utf16).sum::<usize>());
+        }
     }
 
     #[test]

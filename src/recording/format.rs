@@ -441,6 +441,11 @@ impl RawLine {
 
 /// Deserializes one line, naming the JSON path of the failure.
 pub(crate) fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, (Option<String>, String)> {
+    // Most lines parse: tracking the path costs time on every value, so it runs only to explain
+    // a failure (the same parse, so the same outcome).
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -390,10 +390,10 @@ fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
         return;
     };
     let mut dropped = 0u64;
-    for block in &mut flat.blocks {
+    for block in std::sync::Arc::make_mut(&mut flat.blocks).iter_mut() {
         if block.path.region == Region::Messages
             && block.path.index < last_prompt
-            && matches!(block.kind.as_str(), "thinking" | "redacted_thinking")
+            && matches!(&*block.kind, "thinking" | "redacted_thinking")
         {
             dropped += u64::from(block.tokens);
             block.tokens = 0;

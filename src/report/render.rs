@@ -18,7 +18,7 @@ pub fn render_request(flat: &FlatRequest, row: &RequestMetrics) -> String {
     for (i, block) in flat.blocks.iter().enumerate() {
         let who = match block.role {
             Some(role) => format!("{}/{}", role.as_str(), block.kind),
-            None => block.kind.clone(),
+            None => block.kind.to_string(),
         };
         let cc = match &block.cache_control {
             None => String::new(),

@@ -287,7 +287,7 @@ proptest::proptest! {
             Some(edited) => {
                 let cleared: u64 = edited.response.applied_edits.iter().map(|e| e.cleared_input_tokens).sum();
                 proptest::prop_assert_eq!(cleared, sent.total_tokens - served.flat.total_tokens);
-                let first = served.flat.blocks.iter().zip(&sent.blocks).position(|(a, b)| a.hash != b.hash).unwrap();
+                let first = served.flat.blocks.iter().zip(sent.blocks.iter()).position(|(a, b)| a.hash != b.hash).unwrap();
                 let first_path = served.flat.blocks[first].path.to_string();
                 let (m, c) = *edited.edited_at.iter().next().unwrap();
                 proptest::prop_assert_eq!(first_path, format!("messages[{m}].content[{c}]"));

@@ -6,6 +6,7 @@ mod memories;
 mod layer6;
 mod breaks;
 mod cache;
+mod incremental;
 mod fidelity;
 mod git_status;
 mod compact;

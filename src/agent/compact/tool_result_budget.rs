@@ -44,7 +44,7 @@ pub struct ToolResultBudget;
 
 /// Size the way the client measures it: UTF-16 length of the string or of the text blocks.
 pub fn result_size(content: &ToolResultContent) -> u64 {
-    let utf16 = |s: &str| s.chars().map(char::len_utf16).sum::<usize>() as u64;
+    let utf16 = |s: &str| crate::measure::tokens::utf16_len(s) as u64;
     match content {
         ToolResultContent::Text(text) => utf16(text),
         ToolResultContent::Blocks(blocks) => blocks
@@ -110,7 +110,7 @@ pub fn preview(text: &str, limit: usize) -> (String, bool) {
 /// The replacement string of a persisted result.
 pub fn replacement_text(original: &str, path: &str, preview_chars: usize) -> String {
     let (preview, has_more) = preview(original, preview_chars);
-    let size = original.chars().map(char::len_utf16).sum::<usize>() as u64;
+    let size = crate::measure::tokens::utf16_len(original) as u64;
     format!(
         "{PERSISTED_OPEN}\nOutput too large ({}). Full output saved to: {path}\n\nPreview (first {}):\n{preview}{}{PERSISTED_CLOSE}",
         format_file_size(size),

@@ -1,0 +1,223 @@
+//! Incremental flattening: a request that repeats most of an earlier one is flattened for the
+//! price of comparing what it repeats and hashing what is new.
+//!
+//! Successive requests of a session share almost everything: the tools, the system prompt and
+//! the history, with a few new messages at the end and the message marker moved. Flattening
+//! each from scratch hashes every block of every request (and the body SHA-256 every byte), so a
+//! long session costs its size times its length. The [`Flattener`] keeps, per *track* (one line
+//! of requests that extend each other), the previous request's levels, messages, block records
+//! and body-hash checkpoints, and for a new request:
+//!
+//! - compares the tools, `tool_choice`, system and `thinking` with the track's; identical → their
+//!   records and the chain state entering `messages` are kept, otherwise recomputed;
+//! - counts the leading messages identical to the track's ([`crate::api::identical`]: exact,
+//!   stricter than `==`); their records are kept as they are (prefix hashes too, when the head
+//!   was the same; rechained otherwise);
+//! - for each later message, takes the records of the track's message at the same index when
+//!   the two are identical (rechained: something before them changed), else hashes and counts
+//!   it afresh (token counts still come from the memo);
+//! - resumes the body SHA-256 from its state before the first non-identical message
+//!   ([`BodyHasher`]).
+//!
+//! Identical values hash alike and count alike, so the result equals [`super::flatten`] of the
+//! request (a property test checks it over sessions with rewrites, marker moves and
+//! interleaved lanes). A track is chosen by model and a cheap key of the first message, most
+//! recently used first; choosing badly only costs time. At most [`MAX_TRACKS`] are kept.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::api::canonical::chain;
+use crate::api::identical::Identical;
+use crate::api::structural::BodyHasher;
+use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, Tool, ToolResultContent};
+
+use super::blocks::{FlatRequest, PromptBlock, finish, head_blocks, initial_state, push_message};
+use super::tokens::TokenCounter;
+
+/// Tracks kept at once (main lane, compaction and memory forks, subagents, side requests).
+pub const MAX_TRACKS: usize = 8;
+
+/// Flattens requests reusing the work done for earlier ones (see the module documentation).
+#[derive(Debug)]
+pub struct Flattener {
+    tracks: Vec<Track>,
+    tick: u64,
+    /// Whether flat requests carry their `body_sha256` (see [`Flattener::without_body_hashes`]).
+    body_hashes: bool,
+    /// Requests flattened, and message blocks taken from a track rather than hashed.
+    pub requests: u64,
+    pub reused_blocks: u64,
+}
+
+/// The last request of one line of requests, as flattening left it.
+#[derive(Debug)]
+struct Track {
+    last_used: u64,
+    model: String,
+    family: String,
+    tools: Vec<Tool>,
+    tool_choice: Option<Value>,
+    system: Option<SystemPrompt>,
+    thinking: Option<Value>,
+    messages: Vec<Message>,
+    /// The block records; the first `head` are the tools and system levels. Shared with the
+    /// last [`FlatRequest`] handed out: extended in place once that is dropped.
+    blocks: Arc<Vec<PromptBlock>>,
+    head: usize,
+    /// The chain state where the messages level starts.
+    messages_state: u128,
+    /// `blocks` index of each message's first block, then `blocks.len()`.
+    starts: Vec<usize>,
+    body: BodyHasher,
+}
+
+impl Track {
+    fn new(model: &str, family: &str) -> Track {
+        Track {
+            last_used: 0,
+            model: model.to_owned(),
+            family: family.to_owned(),
+            tools: Vec::new(),
+            tool_choice: None,
+            system: None,
+            thinking: None,
+            messages: Vec::new(),
+            blocks: Arc::new(Vec::new()),
+            head: 0,
+            messages_state: initial_state(),
+            starts: vec![0],
+            body: BodyHasher::default(),
+        }
+    }
+}
+
+/// A cheap key of a message for choosing a track: role, block count, and the length of the
+/// first block's text. Equal keys do not mean equal messages; the comparison decides.
+fn message_key(message: &Message) -> (Role, usize, usize) {
+    let (count, length) = match &message.content {
+        MessageContent::Text(text) => (1, text.len()),
+        MessageContent::Blocks(blocks) => (
+            blocks.len(),
+            blocks.first().map_or(0, |block| match block {
+                ContentBlock::Text { text, .. } => text.len(),
+                ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } => text.len(),
+                ContentBlock::ToolResult { content: Some(content), .. } => content.text_len(),
+                ContentBlock::ToolUse { id, .. } => id.len(),
+                _ => 0,
+            }),
+        ),
+    };
+    (message.role, count, length)
+}
+
+impl Default for Flattener {
+    fn default() -> Self {
+        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, requests: 0, reused_blocks: 0 }
+    }
+}
+
+impl Flattener {
+    pub fn new() -> Self {
+        Flattener::default()
+    }
+
+    /// A flattener whose flat requests carry an empty `body_sha256`. The body hash reads every
+    /// byte after the first changed message, the system prompt and tools included, on every
+    /// request; callers that output neither trace rows nor summary fingerprints (fidelity,
+    /// sweep) skip it.
+    pub fn without_body_hashes() -> Self {
+        Flattener { body_hashes: false, ..Flattener::default() }
+    }
+
+    /// The track a request most likely extends, or a new one (the least recently used goes).
+    fn track_for(&mut self, request: &Request, family: &str) -> usize {
+        let key = request.messages.first().map(message_key);
+        let found = self
+            .tracks
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.model == request.model && t.family == family && t.messages.first().map(message_key) == key)
+            .max_by_key(|(_, t)| t.last_used)
+            .map(|(i, _)| i);
+        if let Some(i) = found {
+            return i;
+        }
+        if self.tracks.len() == MAX_TRACKS
+            && let Some(oldest) = self.tracks.iter().enumerate().min_by_key(|(_, t)| t.last_used).map(|(i, _)| i)
+        {
+            self.tracks.swap_remove(oldest);
+        }
+        self.tracks.push(Track::new(&request.model, family));
+        self.tracks.len() - 1
+    }
+
+    /// Flattens `request` as [`super::flatten`] does, reusing the records of the track it
+    /// extends.
+    pub fn flatten(&mut self, request: &Request, counter: &mut TokenCounter, family: &str) -> FlatRequest {
+        self.tick += 1;
+        self.requests += 1;
+        let t = self.track_for(request, family);
+        let track = &mut self.tracks[t];
+        track.last_used = self.tick;
+
+        let tools = request.tools();
+        let head_same = track.tools.as_slice().identical(tools)
+            && track.tool_choice.identical(&request.tool_choice)
+            && track.system.identical(&request.system)
+            && track.thinking.identical(&request.thinking);
+        let reuse = request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count();
+
+        // Keep messages[..reuse]; set the rest aside (its records may serve again below).
+        let blocks = Arc::make_mut(&mut track.blocks);
+        let old_starts = track.starts.split_off(reuse);
+        let old_tail = blocks.split_off(old_starts[0]);
+        if !head_same {
+            let mut head = Vec::new();
+            let state = head_blocks(request, counter, family, &mut head);
+            let new_head = head.len();
+            blocks.splice(0..track.head, head);
+            for start in &mut track.starts {
+                *start = *start + new_head - track.head;
+            }
+            let mut running = state;
+            for block in &mut blocks[new_head..] {
+                running = chain(running, block.hash);
+                block.prefix_hash = running;
+            }
+            track.head = new_head;
+            track.messages_state = state;
+            track.tools = tools.to_vec();
+            track.tool_choice = request.tool_choice.clone();
+            track.system = request.system.clone();
+            track.thinking = request.thinking.clone();
+        }
+        self.reused_blocks += (blocks.len() - track.head) as u64;
+
+        let mut state = if blocks.len() > track.head { blocks[blocks.len() - 1].prefix_hash } else { track.messages_state };
+        let base = old_starts[0];
+        for (m, message) in request.messages.iter().enumerate().skip(reuse) {
+            track.starts.push(blocks.len());
+            let j = m - reuse;
+            if m < track.messages.len() && message.identical(&track.messages[m]) {
+                let records = &old_tail[old_starts[j] - base..old_starts[j + 1] - base];
+                self.reused_blocks += records.len() as u64;
+                for record in records {
+                    let mut block = record.clone();
+                    state = chain(state, block.hash);
+                    block.prefix_hash = state;
+                    blocks.push(block);
+                }
+            } else {
+                state = push_message(m, message, counter, family, state, blocks);
+            }
+        }
+        track.starts.push(blocks.len());
+        track.messages.truncate(reuse);
+        track.messages.extend_from_slice(&request.messages[reuse..]);
+
+        let body_sha256 = if self.body_hashes { track.body.sha256_hex(request, reuse) } else { String::new() };
+        finish(request, Arc::clone(&track.blocks), track.head, body_sha256)
+    }
+}
