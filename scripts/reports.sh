@@ -4,12 +4,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked --quiet
-bin=target/release/ctxsim
+bin="${CARGO_TARGET_DIR:-target}/release/ctxsim"
 realdata=../shared/realdata
 
 "$bin" run scenarios --out reports/scenarios --quiet
 "$bin" replay recordings/*.jsonl --trace reports/real-session/trace.jsonl --format json > reports/real-session/summary.json
 "$bin" report reports/real-session/trace.jsonl --out reports/real-session --quiet
+
+# Presets side by side on the long-context and cache-break scenarios and on the real session.
+"$bin" compare scenarios/autocompact-200k.yaml scenarios/compaction-fork-shares-cache.yaml \
+  scenarios/context-editing.yaml scenarios/time-microcompact.yaml scenarios/tool-result-budget.yaml \
+  scenarios/break-thinking-cleared-after-idle.yaml scenarios/idle-gap.yaml recordings/*.jsonl \
+  --strategies claude-code,claude-code-1h,claude-code-summary-only,context-editing,codex,opencode,observation-masking,cline \
+  --out reports/compare --quiet --no-progress
+
+# A small grid: main-lane TTL × autocompact buffer × tool uses kept by context editing.
+"$bin" sweep scenarios/autocompact-200k.yaml scenarios/context-editing.yaml recordings/*.jsonl \
+  --param ttl_main=5m,1h --param compact.autocompact.buffer_tokens=10000..16000:3000 \
+  --param compact.context_editing.keep_tool_uses=1,3,5 \
+  --out reports/sweep --quiet --no-progress
+
 if [ -d "$realdata" ]; then
   mkdir -p reports/claude-trace
   "$bin" analyze "$realdata/api_captures/claude-trace/test-traffic.jsonl" --from claude-trace \

@@ -228,16 +228,16 @@ pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<
     let mut inference = LaneInference::default();
     let mut rows = Vec::with_capacity(log.entries.len());
     for entry in &log.entries {
-        let flat = measurer
-            .flatten(&entry.body)
+        let served = measurer
+            .serve(&entry.body)
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
-        let inferred = inference.assign(&flat);
+        let inferred = inference.assign(served.as_sent());
         let lane = entry.lane.clone().unwrap_or(inferred);
         let mut input = MeasureInput::new(&lane, entry.time_ms, &entry.body);
         input.output_tokens = entry.usage.as_ref().map_or(0, |u| u.output_tokens);
         input.recorded_usage = entry.usage.clone();
         let row = measurer
-            .measure_flat(input, flat)
+            .measure_served(input, served)
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
         rows.push(row);
     }

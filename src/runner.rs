@@ -15,11 +15,14 @@ use std::collections::BTreeMap;
 use crate::api::{Request, Usage};
 use crate::measure::{FlatRequest, MeasureInput, Measurer, RequestMetrics, Summary};
 use crate::scenario::{Scenario, Step};
-use crate::world::World;
+use crate::world::{Reply, World};
 
 use crate::agent::compact::Chain;
-use crate::agent::compact::recovery::{MaxOutputAction, RESUME_MESSAGE, RecoveryState, on_max_output_tokens, simulated_api_error};
-use crate::agent::session::{Recovery, Session, SideCall};
+use crate::agent::compact::recovery::{
+    API_MAX_MEDIA_PER_REQUEST, MaxOutputAction, RESUME_MESSAGE, RecoveryState, is_media_size_error, on_max_output_tokens, simulated_api_error,
+    simulated_media_error, strip_excess_media,
+};
+use crate::agent::session::{ModelCalls, Recovery, Session, SideCall};
 use crate::api::StopReason;
 use crate::strategy::Strategy;
 
@@ -72,6 +75,10 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 turn += 1;
                 recovery = RecoveryState::default();
                 agent.user_prompt(text, &mut world);
+                // The relevant-memory prefetch's selection request, when the gate is on.
+                agent.prefetch_relevant_memories(text, &mut world);
+                // Side requests of the turn's start: prompt/agent hooks, the memory selection.
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
                 let mut reply = None;
@@ -93,9 +100,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     }
                     let (mut request, events) = agent.build_request(&world);
                     pending_events.extend(events);
-                    if let Some(edits) = &chain_run.context_management {
-                        request.context_management = Some(edits.clone());
-                    }
+                    request.context_management = crate::agent::compact::microcompact::merge_context_management(
+                        request.context_management.as_ref(),
+                        chain_run.context_management.as_ref(),
+                        chain_run.thinking_clear_latched,
+                    );
                     let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
                     if chain_run.compacted || time_based {
                         pinned_edits.clear();
@@ -106,17 +115,26 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         pinned_edits.push((last_user, edits.clone()));
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
-                    let flat = measurer.flatten(&request).map_err(|e| err(i, e.to_string()))?;
+                    // `stripExcessMediaItems`: at most 100 images and documents per request.
+                    let stripped = strip_excess_media(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
+                    if stripped > 0 {
+                        pending_events.push(format!("message_rewritten:excess_media_stripped:{stripped}"));
+                    }
+                    // The server applies `context_management` before it counts or caches; it
+                    // refuses oversized media first, then an over-long prompt.
+                    let served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(&world).context_window;
-                    if let Some(error) = simulated_api_error(flat.total_tokens, window) {
+                    let rejection = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    if let Some(error) = rejection {
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                         input.turn = turn;
                         input.events = std::mem::take(&mut pending_events);
-                        input.stages = chain_run.reports;
+                        input.stages = std::mem::take(&mut pending_stages);
+                        input.stages.extend(chain_run.reports);
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
-                        rows.push(measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?);
+                        rows.push(measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?);
                         requests.push(request);
                         let mut side_calls = Vec::new();
                         let recovery_outcome = agent.recover_prompt_too_long(chain, &mut world, &mut side_calls, &mut recovery, &error);
@@ -131,10 +149,22 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                                 continue;
                             }
                             Recovery::Surface { run, .. } => {
-                                // The error is shown and the turn ends (`prompt_too_long`); the
-                                // scripted reply is never sampled.
+                                // The error is shown and the turn ends (`prompt_too_long`, or
+                                // `image_error` for media, whose offending blocks the next
+                                // request no longer carries); the scripted reply is never
+                                // sampled. What the ladder's stages did is reported on the next
+                                // main request.
                                 pending_events.extend(run.events);
-                                pending_events.push("prompt_too_long_surfaced".to_owned());
+                                pending_stages = run.reports;
+                                if is_media_size_error(&error) {
+                                    let stripped = agent.strip_media_after_error();
+                                    pending_events.push(format!("image_error_surfaced:{stripped}"));
+                                    if stripped > 0 {
+                                        pending_events.push("message_rewritten:oversized_media_stripped".to_owned());
+                                    }
+                                } else {
+                                    pending_events.push("prompt_too_long_surfaced".to_owned());
+                                }
                                 surfaced += 1;
                                 let _ = world.model.next_reply("main");
                                 break;
@@ -153,18 +183,8 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
-                    let row = measurer.measure_flat(input, flat).map_err(|e| err(i, e.to_string()))?;
-                    // The client trusts the usage the API reports: a scripted usage that states the
-                    // input side wins over the simulated one (that is how a scenario claims a big
-                    // context cheaply, as the real client's oracle does).
-                    let scripted = this_reply.usage.clone().filter(|u| u.prompt_tokens() > 0);
-                    let usage = scripted.unwrap_or(Usage {
-                        input_tokens: row.input_tokens,
-                        cache_creation_input_tokens: row.cache_creation_input_tokens,
-                        cache_read_input_tokens: row.cache_read_input_tokens,
-                        output_tokens: row.output_tokens,
-                        ..Usage::default()
-                    });
+                    let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
+                    let usage = reported_usage(&this_reply, &row);
                     let message_id = format!("msg_{:04}", row.index);
                     rows.push(row);
                     requests.push(request);
@@ -173,8 +193,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     break;
                 }
                 let Some((reply, usage, message_id)) = reply else { continue };
-                // Events of the reply's tools are kept by the session for the next request.
-                agent.apply_reply(&reply, &mut world);
+                // Events of the reply's tools are kept by the session for the next request. An
+                // Agent call runs its subagent here, each of its requests measured on its lane.
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                agent.apply_reply(&reply, &mut world, &mut calls).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
                 agent.note_usage(usage, message_id, world.clock.now_ms());
                 if reply.stop_reason == StopReason::MaxTokens {
                     // max_output_tokens recovery: the partial reply stays, a meta message asks
@@ -213,6 +236,15 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             }
             Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
             Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
+            Step::Git(state) => world.git = Some(state.clone()),
+            Step::Clear => {
+                agent.clear(&mut world);
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+            }
+            Step::Resume => {
+                agent.resume(&mut world);
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+            }
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
                 pending_events.push(format!("model_changed:{model}"));
@@ -224,8 +256,56 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
     Ok(RunOutput { scenario: scenario.file.clone(), rows, requests, summary })
 }
 
-/// Measures the side calls (compaction and session-memory forks) in order, advancing the clock
-/// by each reply's latency.
+/// The usage the API reports for a reply measured as `row`. The client trusts it: a scripted
+/// usage that states the input side wins over the simulated one (that is how a scenario claims
+/// a big context cheaply, as the real client's oracle does).
+fn reported_usage(reply: &Reply, row: &RequestMetrics) -> Usage {
+    reply.usage.clone().filter(|u| u.prompt_tokens() > 0).unwrap_or(Usage {
+        input_tokens: row.input_tokens,
+        cache_creation_input_tokens: row.cache_creation_input_tokens,
+        cache_read_input_tokens: row.cache_read_input_tokens,
+        output_tokens: row.output_tokens,
+        ..Usage::default()
+    })
+}
+
+/// Subagent requests as the runner sends them: measured on their lane at the current virtual
+/// time, answered by the lane's next scripted reply, the clock moved on by its latency.
+struct MeasuredCalls<'a> {
+    measurer: &'a mut Measurer,
+    rows: &'a mut Vec<RequestMetrics>,
+    requests: &'a mut Vec<Request>,
+    turn: u32,
+}
+
+impl ModelCalls for MeasuredCalls<'_> {
+    fn lane_started(&mut self, lane: &str) {
+        self.measurer.restart_lane(lane);
+    }
+
+    fn side(&mut self, calls: Vec<SideCall>, world: &mut World) -> Result<(), String> {
+        measure_side_calls(self.measurer, world, calls, self.turn, self.rows, self.requests)
+    }
+
+    fn call(&mut self, lane: &str, request: Request, events: Vec<String>, world: &mut World) -> Result<(Reply, Usage), String> {
+        let reply = world.model.next_reply(lane).map_err(|e| e.to_string())?;
+        let mut input = MeasureInput::new(lane, world.clock.now_ms(), &request);
+        input.turn = self.turn;
+        input.events = events;
+        input.output_tokens = reply.output_tokens;
+        input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
+        input.recorded_usage = reply.usage.clone().filter(|u| *u != Usage::default());
+        let row = self.measurer.measure(input).map_err(|e| e.to_string())?;
+        let usage = reported_usage(&reply, &row);
+        self.rows.push(row);
+        self.requests.push(request);
+        world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+        Ok((reply, usage))
+    }
+}
+
+/// Measures the side calls (compaction and session-memory forks, memory selection) in order,
+/// advancing the clock by each blocking reply's latency.
 fn measure_side_calls(
     measurer: &mut Measurer,
     world: &mut World,
@@ -235,13 +315,20 @@ fn measure_side_calls(
     requests: &mut Vec<Request>,
 ) -> Result<(), String> {
     for call in side_calls {
+        if call.concurrent {
+            // A prefetch's side query is a conversation of its own, not a continuation of the
+            // previous one on its lane.
+            measurer.restart_lane(&call.lane);
+        }
         let mut input = MeasureInput::new(&call.lane, call.time_ms, &call.request);
         input.turn = turn;
         input.output_tokens = call.reply.output_tokens;
         input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
         rows.push(measurer.measure(input).map_err(|e| e.to_string())?);
         requests.push(call.request);
-        world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+        if !call.concurrent {
+            world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
+        }
     }
     Ok(())
 }

@@ -33,10 +33,17 @@ pub enum Attachment {
     /// A CLAUDE.md or rule injected when a file under its directory (or matching its `paths`)
     /// was read.
     NestedMemory { path: String, content: String },
+    /// A memory file chosen for the turn (`relevant_memories`, one per memory); the header was
+    /// fixed when it was chosen.
+    RelevantMemory { path: String, header: String, content: String },
     /// Skills not yet announced, already formatted within the budget.
     SkillListing { listing: String },
     /// Deferred tool names added to / removed from the announced set (delta mode).
     DeferredToolsDelta { added: Vec<String>, removed: Vec<String> },
+    /// Agent types added to / removed from the announced set (`CLAUDE_CODE_AGENT_LIST_IN_MESSAGES`):
+    /// listing lines and removed type names, each sorted by agent type. `initial` is the first
+    /// announcement of the thread (its own header and the concurrency note).
+    AgentListingDelta { added: Vec<String>, removed: Vec<String>, initial: bool },
     /// MCP server instructions added / removed (delta mode), sorted by server name.
     McpInstructionsDelta { added: Vec<(String, String)>, removed: Vec<String> },
     /// `additionalContext` of a hook; `hook_name` is `PostToolUse:Read`, `SessionStart`, ...
@@ -60,8 +67,10 @@ impl Attachment {
     pub fn kind(&self) -> &'static str {
         match self {
             Attachment::NestedMemory { .. } => "nested_memory",
+            Attachment::RelevantMemory { .. } => "relevant_memories",
             Attachment::SkillListing { .. } => "skill_listing",
             Attachment::DeferredToolsDelta { .. } => "deferred_tools_delta",
+            Attachment::AgentListingDelta { .. } => "agent_listing_delta",
             Attachment::McpInstructionsDelta { .. } => "mcp_instructions_delta",
             Attachment::HookAdditionalContext { .. } => "hook_additional_context",
             Attachment::HookSuccess { .. } => "hook_success",
@@ -76,8 +85,14 @@ impl Attachment {
 
     /// The text blocks this attachment becomes (each a `<system-reminder>`).
     pub fn render(&self) -> Vec<ContentBlock> {
-        let text = match self {
+        vec![ContentBlock::text(system_reminder(&self.text()))]
+    }
+
+    /// The text inside the `<system-reminder>` wrapper.
+    pub fn text(&self) -> String {
+        match self {
             Attachment::NestedMemory { path, content } => format!("Contents of {path}:\n\n{content}"),
+            Attachment::RelevantMemory { header, content, .. } => format!("{header}\n\n{content}"),
             Attachment::SkillListing { listing } => format!("{SKILL_LISTING_HEADER}\n\n{listing}"),
             Attachment::DeferredToolsDelta { added, removed } => {
                 let mut parts = Vec::new();
@@ -86,6 +101,21 @@ impl Attachment {
                 }
                 if !removed.is_empty() {
                     parts.push(format!("{DEFERRED_REMOVED_HEADER}\n{}", removed.join("\n")));
+                }
+                parts.join("\n\n")
+            }
+            Attachment::AgentListingDelta { added, removed, initial } => {
+                let mut parts = Vec::new();
+                if !added.is_empty() {
+                    let header = if *initial { AGENT_LISTING_HEADER } else { AGENT_LISTING_NEW_HEADER };
+                    parts.push(format!("{header}\n{}", added.join("\n")));
+                }
+                if !removed.is_empty() {
+                    let names: Vec<String> = removed.iter().map(|name| format!("- {name}")).collect();
+                    parts.push(format!("{AGENT_LISTING_REMOVED}\n{}", names.join("\n")));
+                }
+                if *initial {
+                    parts.push(AGENT_CONCURRENCY_NOTE.to_owned());
                 }
                 parts.join("\n\n")
             }
@@ -124,14 +154,20 @@ impl Attachment {
                     skills.iter().map(|s| format!("### Skill: {}\nPath: {}\n\n{}", s.name, s.path, s.content)).collect();
                 format!("{INVOKED_SKILLS_HEADER}\n\n{}", parts.join("\n\n---\n\n"))
             }
-        };
-        vec![ContentBlock::text(system_reminder(&text))]
+        }
     }
 }
 
 const SKILL_LISTING_HEADER: &str = "Skills you can run with the Skill tool (name: what it is for):";
 const DEFERRED_ADDED_HEADER: &str = "More tools can now be loaded with ToolSearch before first use:";
 const DEFERRED_REMOVED_HEADER: &str = "These tools are gone and can no longer be loaded; do not call them, even if earlier turns did:";
+/// 42 characters, as the reference's initial header.
+const AGENT_LISTING_HEADER: &str = "Agent types you can start with Agent tool:";
+const AGENT_LISTING_NEW_HEADER: &str = "More agent types can now be started with the Agent tool:";
+const AGENT_LISTING_REMOVED: &str = "These agent types are gone; do not start them:";
+/// 137 characters, as the reference's note for users without a Pro plan (API keys included).
+const AGENT_CONCURRENCY_NOTE: &str =
+    "Several agents can run at once: launch independent agents in one message so they run in parallel, and dependent ones one after the other.";
 const MCP_DELTA_HEADER: &str =
     "# MCP Server Instructions\n\nServers connected to this session describe how to use their tools and resources:";
 const MCP_DELTA_REMOVED: &str = "These MCP servers disconnected; their earlier instructions no longer apply:";

@@ -93,6 +93,8 @@ pub struct ConfiguredHook {
     pub condition: Option<String>,
     pub shell: Option<String>,
     pub timeout_s: Option<u64>,
+    /// `prompt`/`agent` hooks: the model to ask (default: the small fast model, Haiku).
+    pub model: Option<String>,
     pub source: HookSource,
     /// Plugin root or skill directory (namespaces dedup; `CLAUDE_PLUGIN_ROOT` for real runs).
     pub root: Option<String>,
@@ -158,6 +160,7 @@ pub fn parse_hooks(value: &Value, source: HookSource, root: Option<&str>, origin
                     condition: hook.get("if").and_then(Value::as_str).map(str::to_owned),
                     shell: hook.get("shell").and_then(Value::as_str).map(str::to_owned),
                     timeout_s: hook.get("timeout").and_then(Value::as_u64),
+                    model: hook.get("model").and_then(Value::as_str).map(str::to_owned),
                     source,
                     root: root.map(str::to_owned),
                 });
@@ -327,7 +330,42 @@ pub struct HookRun {
     /// `continue: false`.
     pub stop_reason: Option<String>,
     pub prevent_continuation: bool,
+    /// Wall time of the run: the hooks run in parallel, so the longest one, each capped at its
+    /// timeout.
+    pub elapsed_ms: u64,
+    /// Hooks cancelled at their timeout (their output is ignored).
+    pub timed_out: usize,
+    /// The model requests `prompt` and `agent` hooks made, in hook order.
+    pub model_calls: Vec<HookModelCall>,
 }
+
+/// A `prompt` or `agent` hook's question to a model and the verdict it got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookModelCall {
+    /// `prompt` or `agent`.
+    pub kind: String,
+    /// The hook's prompt with `$ARGUMENTS` replaced by the hook input JSON.
+    pub prompt: String,
+    pub model: Option<String>,
+    /// The model's answer, `{"ok": …, "reason": …}` as text.
+    pub verdict: String,
+}
+
+/// Default timeouts by hook type (reference §7.2): command 600 s, prompt 30 s, agent 60 s,
+/// http 600 s; SessionEnd hooks get `session_end_ms` whatever their type.
+pub fn default_timeout_ms(kind: &str, event: &str, session_end_ms: u64) -> u64 {
+    if event == "SessionEnd" {
+        return session_end_ms;
+    }
+    match kind {
+        "prompt" => 30_000,
+        "agent" => 60_000,
+        _ => 600_000,
+    }
+}
+
+/// SessionEnd's default budget (`CLAUDE_CODE_SESSIONEND_HOOKS_TIMEOUT_MS` overrides it).
+pub const SESSION_END_TIMEOUT_MS: u64 = 1_500;
 
 /// What the hook runner needs besides the hooks.
 pub struct HookCall<'a> {
@@ -340,6 +378,8 @@ pub struct HookCall<'a> {
     pub cwd: &'a str,
     /// Run configured command hooks without a scripted answer for real.
     pub run_real: bool,
+    /// SessionEnd's timeout.
+    pub session_end_timeout_ms: u64,
 }
 
 /// Runs the configured hooks matching the call plus the standalone scripted answers, and
@@ -359,18 +399,53 @@ pub fn run_hooks(configured: &[ConfiguredHook], answers: &[HookAnswer], call: &H
     }
     let mut run = HookRun { event: call.event.to_owned(), ..HookRun::default() };
     for hook in matching_hooks(configured, call.event, call.query, &tool_input) {
+        // HTTP hooks never run for SessionStart and Setup.
+        if hook.kind == "http" && matches!(call.event, "SessionStart" | "Setup") {
+            continue;
+        }
         let answer = answers.iter().find(|a| {
             a.event == call.event
                 && a.command.as_deref() == Some(hook.command.as_str())
                 && a.matcher.as_deref().is_none_or(|m| m == hook.matcher)
         });
-        let output = match answer {
-            Some(answer) => answer.output(call.event),
-            None if call.run_real && hook.kind == "command" => execute_command(hook, &input, call.cwd),
-            None => (0, String::new(), String::new()),
-        };
         run.ran += 1;
-        absorb(&mut run, call.event, &hook.command, output);
+        let timeout_ms = hook.timeout_s.map_or_else(|| default_timeout_ms(&hook.kind, call.event, call.session_end_timeout_ms), |s| s * 1000);
+        let duration_ms = answer.map_or(0, HookAnswer::duration_ms);
+        run.elapsed_ms = run.elapsed_ms.max(duration_ms.min(timeout_ms));
+        if duration_ms > timeout_ms {
+            // Cancelled at the timeout: a non-blocking outcome that is never sent to the model.
+            run.timed_out += 1;
+            run.non_blocking_errors.push(format!("[{}]: timed out after {} ms", hook.command, timeout_ms));
+            continue;
+        }
+        match hook.kind.as_str() {
+            "prompt" | "agent" => {
+                let verdict = answer.map_or_else(|| json!({"ok": true}).to_string(), HookAnswer::verdict_text);
+                run.model_calls.push(HookModelCall {
+                    kind: hook.kind.clone(),
+                    prompt: hook.command.replace("$ARGUMENTS", &input.to_string()),
+                    model: hook.model.clone(),
+                    verdict: verdict.clone(),
+                });
+                absorb_verdict(&mut run, call.event, &hook.command, &verdict);
+            }
+            "http" => {
+                let (status, body) = answer.map_or((200, String::new()), |a| (a.status.unwrap_or(200), a.output(call.event).1));
+                if (200..300).contains(&status) {
+                    absorb(&mut run, call.event, &hook.command, (0, body, String::new()));
+                } else {
+                    run.non_blocking_errors.push(format!("[{}]: HTTP {status}", hook.command));
+                }
+            }
+            _ => {
+                let output = match answer {
+                    Some(answer) => answer.output(call.event),
+                    None if call.run_real => execute_command(hook, &input, call.cwd),
+                    None => (0, String::new(), String::new()),
+                };
+                absorb(&mut run, call.event, &hook.command, output);
+            }
+        }
     }
     let query_free = UNMATCHED_EVENTS.contains(&call.event);
     for answer in answers.iter().filter(|a| a.command.is_none() && a.event == call.event) {
@@ -378,9 +453,34 @@ pub fn run_hooks(configured: &[ConfiguredHook], answers: &[HookAnswer], call: &H
             continue;
         }
         run.ran += 1;
+        let timeout_ms = default_timeout_ms("command", call.event, call.session_end_timeout_ms);
+        run.elapsed_ms = run.elapsed_ms.max(answer.duration_ms().min(timeout_ms));
+        if answer.duration_ms() > timeout_ms {
+            run.timed_out += 1;
+            run.non_blocking_errors.push(format!("[scripted]: timed out after {timeout_ms} ms"));
+            continue;
+        }
         absorb(&mut run, call.event, "scripted", answer.output(call.event));
     }
     run
+}
+
+/// A `prompt`/`agent` hook's verdict: `{"ok": false, "reason": …}` blocks with the reason (what
+/// blocking means is the event's: deny the tool, send Stop feedback, drop the prompt, ...);
+/// `ok: true` passes; an answer that is not that JSON is a non-blocking error.
+fn absorb_verdict(run: &mut HookRun, event: &str, hook: &str, verdict: &str) {
+    let parsed = serde_json::from_str::<Value>(verdict.trim()).ok();
+    match parsed.as_ref().and_then(|v| v.get("ok")).and_then(Value::as_bool) {
+        Some(true) => {}
+        Some(false) => {
+            let reason = parsed.as_ref().and_then(|v| v.get("reason")).and_then(Value::as_str).unwrap_or("the condition was not met");
+            if event == "PreToolUse" {
+                merge_permission(run, Permission::Deny, Some(reason.to_owned()));
+            }
+            run.blocking_errors.push(format!("[{hook}]: {reason}"));
+        }
+        None => run.non_blocking_errors.push(format!("[{hook}]: the model's answer is not a verdict")),
+    }
 }
 
 /// The one place a simulation may touch the OS, and only with `run_hooks` on: `sh -c` with the

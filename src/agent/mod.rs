@@ -4,9 +4,11 @@
 //! Layers 1–2 of a request (system blocks, tools) and the user-context message at messages[0].
 //! Every builder takes plain inputs and returns wire types; none does I/O.
 
+pub mod agents;
 pub mod attachments;
 pub mod hooks;
 pub mod instructions;
+pub mod memories;
 pub mod normalize;
 pub mod plugins;
 pub mod session;

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::agent::agents::{AgentDefinition, AgentSource, load_agents_dir};
 use crate::agent::hooks::{ConfiguredHook, HookSource, parse_hooks};
-use crate::agent::instructions::split_frontmatter;
-use crate::agent::skills::{Skill, load_skills_from, parse_skill, read_frontmatter};
+use crate::agent::skills::{Skill, load_skills_from, parse_skill};
 use crate::world::VirtualFs;
 
 /// What one plugin contributes.
@@ -23,8 +23,8 @@ pub struct Plugin {
     pub description: Option<String>,
     /// Commands as skills named `{plugin}:{name}` (listed when they have a description).
     pub commands: Vec<Skill>,
-    /// Agent types `{plugin}:{name}` with their descriptions.
-    pub agents: Vec<(String, String)>,
+    /// Agent types `{plugin}:{name}`.
+    pub agents: Vec<AgentDefinition>,
     /// Skills named `{plugin}:{dir}`.
     pub skills: Vec<Skill>,
     pub hooks: Vec<ConfiguredHook>,
@@ -60,16 +60,8 @@ pub fn load_plugin(fs: &VirtualFs, root: &str) -> Result<Plugin, String> {
         }
         commands.push(skill);
     }
-    let mut agents = Vec::new();
-    for file in markdown_files(fs, &format!("{root}/agents")) {
-        let text = fs.read(&file).unwrap_or_default();
-        let stem = file.rsplit('/').next().unwrap_or(&file).trim_end_matches(".md");
-        let (frontmatter, _) = split_frontmatter(text);
-        let (meta, _) = frontmatter.as_deref().map(read_frontmatter).unwrap_or_default();
-        let agent_name = meta.get("name").and_then(Value::as_str).unwrap_or(stem);
-        let description = meta.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
-        agents.push((format!("{name}:{agent_name}"), description));
-    }
+    let (agents, agent_warnings) = load_agents_dir(fs, &format!("{root}/agents"), AgentSource::Plugin, Some(&name));
+    warnings.extend(agent_warnings);
     let skills = load_skills_from(fs, &[format!("{root}/skills")], Some(&name));
 
     let mut hooks = Vec::new();
@@ -190,8 +182,8 @@ pub fn describe(plugin: &Plugin) -> String {
     for c in &plugin.commands {
         lines.push(format!("  command {}{}", c.name, if c.listed() { "" } else { " (unlisted)" }));
     }
-    for (a, _) in &plugin.agents {
-        lines.push(format!("  agent {a}"));
+    for a in &plugin.agents {
+        lines.push(format!("  agent {} (model {}; tools: {})", a.agent_type, a.model.as_deref().unwrap_or("inherit"), a.tools_description()));
     }
     for s in &plugin.skills {
         lines.push(format!("  skill {}: {}", s.name, s.description.chars().take(60).collect::<String>()));

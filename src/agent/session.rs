@@ -23,7 +23,8 @@ use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, m
 use crate::agent::profile::SizeProfile;
 use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
 use crate::agent::system_prompt::{
-    McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
+    GitStatus, McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
+    build_subagent_system_prompt,
 };
 use crate::agent::tools::exec::{ExecContext, absolute, execute};
 use crate::agent::tools::{McpToolSpec, PoolInputs, ToolPool, assemble_pool};
@@ -31,6 +32,16 @@ use crate::agent::user_context::{UserContextInputs, render_user_context};
 use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
 use crate::strategy::{BaseUrl, McpInstructionsMode, Strategy};
 use crate::world::{Reply, World};
+
+/// `max_tokens` of the memory selection request (ours).
+const SELECTION_MAX_TOKENS: u64 = 256;
+
+/// `max_tokens` of a prompt or agent hook's request (ours).
+const HOOK_MAX_TOKENS: u64 = 512;
+
+const PROMPT_HOOK_INSTRUCTION: &str = "You check a condition for a coding assistant's hook. Read the condition and the event data, and reply with JSON only: {\"ok\": true} when the condition holds, or {\"ok\": false, \"reason\": \"…\"} saying what is wrong.";
+
+const AGENT_HOOK_INSTRUCTION: &str = "You verify a coding assistant's work for a hook. Inspect the files you need with the read-only tools, then reply with JSON only: {\"ok\": true} when the condition holds, or {\"ok\": false, \"reason\": \"…\"} saying what is wrong.";
 
 /// Client version written into the billing header.
 pub const CLIENT_VERSION: &str = "2.1.88";
@@ -95,11 +106,40 @@ pub struct Session {
     /// to the wire messages, and what it did on the last request.
     peer_state: crate::agent::compact::peers::PeerState,
     peer_reports: Vec<crate::measure::StageReport>,
+    /// The main thread, or the subagent this session runs for.
+    thread: subagent_glue::Thread,
+    /// Agents started by this thread so far (agent ids derive from it).
+    agents_started: u64,
+    /// The Agent tool's listing as first rendered: the tool schema is memoized for the session,
+    /// so agents added later do not reach the description.
+    agent_listing: Option<crate::agent::tools::AgentToolListing>,
+    /// Agent types announced by `agent_listing_delta` (delta mode).
+    announced_agents: BTreeMap<String, String>,
+    /// The last reply ended without tool calls but a Stop (SubagentStop) hook sent it back to
+    /// work.
+    stop_continued: bool,
+    /// Relevant memories: surfaced paths, bytes, the turn's prefetch.
+    memories: crate::agent::memories::MemoryState,
+    /// `getSystemContext`'s git snapshot, taken at the first request and kept (compaction
+    /// included) until `/clear` or a resume; `Some(None)` when there is none to show.
+    git_snapshot: Option<Option<GitStatus>>,
+    /// Hook time not yet on the clock: hooks run where the session only reads the World, and
+    /// the time is added at the next point it holds the World mutably.
+    hook_wait_ms: u64,
+    /// Side requests made since the caller last took them (prompt/agent hooks, the memory
+    /// selection), in order.
+    pending_side_calls: Vec<SideCall>,
+    /// `/clear`s so far (each starts a new session id).
+    clears: u64,
 }
 
 #[path = "session_chain.rs"]
 mod chain_glue;
 pub use chain_glue::{ChainRun, RecordMeta, Recovery, SideCall};
+
+#[path = "session_subagent.rs"]
+mod subagent_glue;
+pub use subagent_glue::ModelCalls;
 
 impl Session {
     /// A fresh session. The scenario's env overrides the strategy's env-backed knobs.
@@ -109,16 +149,7 @@ impl Session {
         let _ = strategy.apply_env(&world.env);
         let mut rng = world.rng.fork("session");
         let device_id = format!("{:016x}{:016x}{:016x}{:016x}", rng.next_u64(), rng.next_u64(), rng.next_u64(), rng.next_u64());
-        let a = rng.next_u64();
-        let b = rng.next_u64();
-        let session_id = format!(
-            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-            a >> 32,
-            (a >> 16) & 0xffff,
-            a & 0xfff,
-            ((b >> 48) & 0x3fff) | 0x8000,
-            b & 0xffff_ffff_ffff
-        );
+        let session_id = uuid_v4(rng.next_u64(), rng.next_u64());
         let settings_hooks = load_settings_hooks(&world.fs, &world.home, &world.cwd, MANAGED_DIR);
         Session {
             settings_hooks,
@@ -157,14 +188,19 @@ impl Session {
             record_meta: Vec::new(),
             peer_state: Default::default(),
             peer_reports: Vec::new(),
-            chain_state: crate::agent::compact::ChainState::new(format!(
-                "{}/.claude/projects/{}/{}",
-                world.home.trim_end_matches('/'),
-                world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect::<String>(),
-                session_id
-            )),
+            chain_state: crate::agent::compact::ChainState::new(session_dir(world, &session_id)),
             device_id,
             session_id,
+            thread: subagent_glue::Thread::Main,
+            agents_started: 0,
+            agent_listing: None,
+            announced_agents: BTreeMap::new(),
+            stop_continued: false,
+            memories: Default::default(),
+            git_snapshot: None,
+            hook_wait_ms: 0,
+            pending_side_calls: Vec::new(),
+            clears: 0,
         }
     }
 
@@ -223,14 +259,111 @@ impl Session {
         self.strategy.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(self.strategy.ttl_for(lane)))
     }
 
+    /// `/clear`: SessionEnd hooks (reason `clear`), then a new conversation under a new session
+    /// id. The transcript goes, and with it every session cache (`clearSessionCaches`): the
+    /// system sections and the git snapshot, the user context and memory files, the sent skill
+    /// names, read files, nested memory, todos, discovered tools, announced deltas, relevant
+    /// memories and the long-context chain's state. SessionStart hooks with source `clear` open
+    /// the new conversation. Journals `conversation_cleared`.
+    pub fn clear(&mut self, world: &mut World) {
+        self.hooks(world, "SessionEnd", "clear", json!({"reason": "clear"}));
+        self.clears += 1;
+        let mut rng = world.rng.fork("session").fork(&format!("clear{}", self.clears));
+        self.session_id = uuid_v4(rng.next_u64(), rng.next_u64());
+        self.start_new_conversation();
+        self.chain_state = crate::agent::compact::ChainState::new(session_dir(world, &self.session_id));
+        self.peer_state = Default::default();
+        self.clear_session_caches();
+        self.start_again(world, "clear", "conversation_cleared");
+    }
+
+    /// Journals `event` and runs the SessionStart hooks of `source`, whose messages open (or
+    /// follow) the conversation.
+    fn start_again(&mut self, world: &mut World, source: &str, event: &str) {
+        self.events.push(event.into());
+        let messages = self.session_start_messages(world, source);
+        self.push_attachments(messages);
+        self.settle_hook_time(world);
+    }
+
+    /// `clearSessionCaches` (`/clear` and a resume): the system sections and the git snapshot,
+    /// the user context and memory files, the read files and the nested memory loaded.
+    fn clear_session_caches(&mut self) {
+        self.system_cache.clear_session();
+        self.git_snapshot = None;
+        self.user_context = None;
+        self.memory = None;
+        self.read_state.clear();
+        self.nested_triggers.clear();
+        self.loaded_nested.clear();
+    }
+
+    /// Forgets the conversation and what the client keeps per conversation: the transcript,
+    /// the sent skill names, discovered tools, invoked skills, todos, nested memory, announced
+    /// deltas, relevant memories, the Stop-hook count (`/clear` and a new subagent).
+    fn start_new_conversation(&mut self) {
+        self.records.clear();
+        self.record_meta.clear();
+        self.sent_skill_names.clear();
+        self.discovered_tools.clear();
+        self.sent_tools.clear();
+        self.invoked_skills.clear();
+        self.todos.clear();
+        self.turns_since_todo_write = 0;
+        self.turns_since_todo_reminder = 0;
+        self.nested_triggers.clear();
+        self.loaded_nested.clear();
+        self.announced_deferred.clear();
+        self.announced_agents.clear();
+        self.announced_mcp.clear();
+        self.memories.reset();
+        self.stop_continuations = 0;
+    }
+
+    /// `--resume` in a new process: SessionEnd hooks (reason `other`) close the process that
+    /// ended; the transcript stays, but every per-process cache starts afresh: the memoized
+    /// system sections and git snapshot, the user context and memory files, the Agent tool's
+    /// frozen listing, read files, nested memory and the date last seen. The skill listing does
+    /// not come back from the transcript: as the oracle saw, it is attached again to the next
+    /// prompt. SessionStart hooks with source `resume` follow the resumed messages. Journals
+    /// `session_resumed`.
+    pub fn resume(&mut self, world: &mut World) {
+        self.hooks(world, "SessionEnd", "other", json!({"reason": "other"}));
+        self.clear_session_caches();
+        self.agent_listing = None;
+        self.last_date = None;
+        self.stop_continuations = 0;
+        let mut kept_records = Vec::with_capacity(self.records.len());
+        let mut kept_meta = Vec::with_capacity(self.record_meta.len());
+        for (i, record) in std::mem::take(&mut self.records).into_iter().enumerate() {
+            if matches!(&record, Record::Attachment { attachment: Attachment::SkillListing { .. }, .. }) {
+                continue;
+            }
+            if let Some(meta) = self.record_meta.get(i) {
+                kept_meta.push(meta.clone());
+            }
+            kept_records.push(match record {
+                // Hook context written inside a tool loop is a plain attachment once re-read.
+                Record::Attachment { attachment, .. } => Record::Attachment { attachment, in_loop: false },
+                other => other,
+            });
+        }
+        self.records = kept_records;
+        self.record_meta = kept_meta;
+        self.sent_skill_names.clear();
+        self.start_again(world, "resume", "session_resumed");
+    }
+
     /// The post-compact cleanup (`runPostCompactCleanup`): memoized system sections, the user
     /// context and the memory files are computed afresh on the next request; the skill listing
-    /// is not sent again; PostCompact and SessionStart(compact) hooks run.
+    /// is not sent again; the relevant-memory count starts again; PostCompact and
+    /// SessionStart(compact) hooks run.
     fn after_compaction(&mut self) {
         self.system_cache.clear_sections();
         self.user_context = None;
         self.memory = None;
         self.loaded_nested.clear();
+        self.memories.reset();
     }
 
 
@@ -280,9 +413,11 @@ impl Session {
         }
         self.turn_mcp = self.mcp_instructions(world);
         self.stop_continuations = 0;
+        self.memories.pending = None;
         let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
         if !run.blocking_errors.is_empty() || run.prevent_continuation {
             // The prompt is dropped; the user sees a warning that is never sent.
+            self.settle_hook_time(world);
             return;
         }
         self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: false });
@@ -300,6 +435,7 @@ impl Session {
                 lines: run.additional_context.clone(),
             }]);
         }
+        self.settle_hook_time(world);
     }
 
     /// Every hook configured now: settings snapshot, plugin hooks, session hooks.
@@ -321,8 +457,13 @@ impl Session {
     }
 
     /// Runs the hooks of `event` for `query`; the result is logged and returned.
-    fn hooks(&mut self, world: &World, event: &str, query: &str, input: Value) -> HookRun {
+    fn hooks(&mut self, world: &World, event: &str, query: &str, mut input: Value) -> HookRun {
         let configured = self.configured_hooks();
+        if let (Some((agent_id, agent)), Some(fields)) = (self.thread.agent_id_and_definition(), input.as_object_mut()) {
+            // Base fields of every hook input inside a subagent.
+            fields.entry("agent_id").or_insert_with(|| Value::String(agent_id.to_owned()));
+            fields.entry("agent_type").or_insert_with(|| Value::String(agent.agent_type.clone()));
+        }
         let call = HookCall {
             event,
             query,
@@ -330,12 +471,58 @@ impl Session {
             session_id: &self.session_id,
             cwd: &world.cwd,
             run_real: self.strategy.run_hooks,
+            session_end_timeout_ms: world
+                .env_var("CLAUDE_CODE_SESSIONEND_HOOKS_TIMEOUT_MS")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(crate::agent::hooks::SESSION_END_TIMEOUT_MS),
         };
         let run = run_hooks(&configured, &world.hook_answers, &call);
+        self.hook_wait_ms += run.elapsed_ms;
+        for model_call in &run.model_calls {
+            let side = self.hook_model_request(world, model_call);
+            self.pending_side_calls.push(side);
+        }
         if run.ran > 0 {
             self.hook_log.push(run.clone());
         }
         run
+    }
+
+    /// The request a `prompt` hook (one question) or an `agent` hook (a verifier with the
+    /// read-only file tools) sends, with the scripted verdict as its reply; lane `side`, run
+    /// alongside (its time is the hook's). Only the verifier's first request is modelled.
+    fn hook_model_request(&self, world: &World, call: &crate::agent::hooks::HookModelCall) -> SideCall {
+        use crate::agent::agents::alias_model;
+        let model = match call.model.as_deref() {
+            Some(model) => alias_model(model, &world.env).unwrap_or_else(|| model.to_owned()),
+            None => alias_model("haiku", &world.env).unwrap_or_else(|| world.model_id.clone()),
+        };
+        let mut request = Request::new(model, HOOK_MAX_TOKENS);
+        let instruction = if call.kind == "agent" { AGENT_HOOK_INSTRUCTION } else { PROMPT_HOOK_INSTRUCTION };
+        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(instruction)]));
+        if call.kind == "agent" {
+            let tools = ["Glob", "Grep", "Read"]
+                .iter()
+                .filter_map(|name| crate::agent::tools::builtin_tool(name, &self.profile, self.strategy.size_profile_padding))
+                .map(|tool| tool.to_api())
+                .collect();
+            request.tools = Some(tools);
+        }
+        request.messages = vec![Message::user_text(call.prompt.clone())];
+        let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
+        request.metadata = Some(json!({"user_id": user_id}));
+        SideCall { lane: "side".to_owned(), request, reply: Reply::text(call.verdict.clone()), time_ms: world.clock.now_ms(), concurrent: true }
+    }
+
+    /// Puts the time hooks took on the clock.
+    pub(crate) fn settle_hook_time(&mut self, world: &mut World) {
+        world.clock.advance(std::mem::take(&mut self.hook_wait_ms));
+    }
+
+    /// The side requests made since the last call (hook questions, the memory selection), for
+    /// the caller to measure in order.
+    pub fn take_side_calls(&mut self) -> Vec<SideCall> {
+        std::mem::take(&mut self.pending_side_calls)
     }
 
     /// PreCompact hooks (matcher = trigger `manual`/`auto`): the custom instructions for the
@@ -382,13 +569,16 @@ impl Session {
     }
 
     /// Appends the model's reply, runs its tools and records what they produced. Returns the
-    /// events it journalled (also kept for the next request).
-    pub fn apply_reply(&mut self, reply: &Reply, world: &mut World) -> Vec<String> {
+    /// events it journalled (also kept for the next request). An Agent call runs a whole
+    /// subagent, whose requests go through `calls`; a failure there (its lane has no reply
+    /// left) is the error.
+    pub fn apply_reply(&mut self, reply: &Reply, world: &mut World, calls: &mut dyn ModelCalls) -> Result<Vec<String>, String> {
         let before = self.events.len();
+        self.stop_continued = false;
         self.records.push(Record::Assistant { content: reply.content.clone() });
         self.turns_since_todo_write += 1;
         self.turns_since_todo_reminder += 1;
-        let calls: Vec<(String, String, Value)> = reply
+        let tool_calls: Vec<(String, String, Value)> = reply
             .content
             .iter()
             .filter_map(|block| match block {
@@ -396,9 +586,10 @@ impl Session {
                 _ => None,
             })
             .collect();
-        if calls.is_empty() {
+        if tool_calls.is_empty() {
             self.run_stop_hooks(reply, world);
-            return self.events[before..].to_vec();
+            self.settle_hook_time(world);
+            return Ok(self.events[before..].to_vec());
         }
         let pool = self.pool(world);
         let deferred: Vec<(String, String)> = pool
@@ -422,7 +613,7 @@ impl Session {
         let mut results = Vec::new();
         let mut hook_context = Vec::new();
         let mut meta_messages = Vec::new();
-        for (id, name, input) in &calls {
+        for (id, name, input) in &tool_calls {
             // PreToolUse: deny > ask > allow; `updatedInput` replaces the input the tool runs
             // with (the tool_use block keeps what the model sent); additionalContext rides along.
             let pre = self.hooks(world, "PreToolUse", name, json!({"tool_name": name, "tool_input": input, "tool_use_id": id}));
@@ -430,13 +621,20 @@ impl Session {
                 hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PreToolUse:{name}"), lines: pre.additional_context.clone() });
             }
             if let Some(text) = pre.denial(name) {
+                self.settle_hook_time(world);
                 results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text), Some(true)));
                 continue;
             }
             // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
             let _ = pre.permission == Some(Permission::Ask);
             let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
-            let outcome = execute(id, name, &input, world, &cx);            if let Some(path) = &outcome.read_path {
+            self.settle_hook_time(world);
+            let outcome = if name == "Agent" && !world.tool_outputs.contains_key(id) && pool.all.iter().any(|t| t.tool.name == "Agent") {
+                self.run_agent(id, &input, world, calls)?
+            } else {
+                execute(id, name, &input, world, &cx)
+            };
+            if let Some(path) = &outcome.read_path {
                 self.nested_triggers.push(path.clone());
             }
             for path in &outcome.touched {
@@ -474,6 +672,7 @@ impl Session {
             let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
             post_input[if succeeded { "tool_response" } else { "error" }] = response;
             let post = self.hooks(world, event, name, post_input);
+            self.settle_hook_time(world);
             if let (Some(output), ContentBlock::ToolResult { content, .. }) = (&post.updated_output, &mut result) {
                 let text = match output {
                     Value::String(s) => s.clone(),
@@ -503,30 +702,126 @@ impl Session {
         }
         let attachments = self.thread_attachments(world);
         self.push_attachments(attachments);
-        self.events[before..].to_vec()
+        // The turn's memory prefetch is consumed after its first tool round, deduplicated
+        // against the files read by then.
+        if let Some(chosen) = self.memories.pending.take() {
+            let read_state = &self.read_state;
+            let admitted = self.memories.admit(chosen, &|path| read_state.contains_key(path));
+            let memories = admitted.into_iter().map(|m| Attachment::RelevantMemory { path: m.path, header: m.header, content: m.content }).collect();
+            self.push_attachments(memories);
+        }
+        self.settle_hook_time(world);
+        Ok(self.events[before..].to_vec())
     }
 
-    /// Stop hooks after a reply without tool calls: a blocking hook adds the meta message
-    /// `Stop hook feedback:\n{err}` and the loop continues (the script's next main-lane reply),
-    /// at most `stop_hook_cap` times in a row.
-    fn run_stop_hooks(&mut self, reply: &Reply, world: &World) {
+    /// Stop hooks after a reply without tool calls (`SubagentStop` inside a subagent, matched
+    /// on its agent type): a blocking hook adds the meta message `{event} hook feedback:\n{err}`
+    /// and the loop continues (the script's next reply on the thread's lane), at most
+    /// `stop_hook_cap` times in a row.
+    fn run_stop_hooks(&mut self, reply: &Reply, world: &mut World) {
         let last = reply.content.iter().rev().find_map(|b| match b {
             ContentBlock::Text { text, .. } => Some(text.clone()),
             _ => None,
         });
         let active = self.stop_continuations > 0;
-        let run = self.hooks(world, "Stop", "", json!({"stop_hook_active": active, "last_assistant_message": last}));
+        let mut input = json!({"stop_hook_active": active, "last_assistant_message": last});
+        let (event, query) = match self.thread.agent_id_and_definition() {
+            None => ("Stop", String::new()),
+            Some((agent_id, agent)) => {
+                input["agent_transcript_path"] = Value::String(format!("{}/subagents/agent-{agent_id}.jsonl", session_dir(world, &self.session_id)));
+                ("SubagentStop", agent.agent_type.clone())
+            }
+        };
+        let run = self.hooks(world, event, &query, input);
         if run.blocking_errors.is_empty() || run.prevent_continuation || self.stop_continuations >= self.strategy.stop_hook_cap {
             return;
         }
         self.stop_continuations += 1;
-        let feedback = format!("Stop hook feedback:\n{}", run.blocking_errors.join("\n"));
+        self.stop_continued = true;
+        let feedback = format!("{event} hook feedback:\n{}", run.blocking_errors.join("\n"));
         self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(feedback)]), meta: true });
     }
 
     /// The thread group of `getAttachments`, in the reference order: date_change,
-    /// deferred_tools_delta, mcp_instructions_delta, edited_text_file, nested_memory,
-    /// skill_listing, todo_reminder.
+    /// deferred_tools_delta, agent_listing_delta, mcp_instructions_delta, edited_text_file,
+    /// nested_memory, skill_listing, todo_reminder.
+    /// Starts the turn's relevant-memory prefetch (gate on, main thread, a prompt of two words
+    /// or more, memory files to choose from): the selection request joins the side calls (lane
+    /// `side`, see [`Session::take_side_calls`]), and the chosen memories wait for the turn's first tool round. A reply that
+    /// is not scripted is the deterministic word-overlap choice.
+    pub fn prefetch_relevant_memories(&mut self, prompt: &str, world: &mut World) {
+        use crate::agent::memories;
+        if !self.strategy.relevant_memories || self.thread.is_subagent() || !memories::prompt_qualifies(prompt) {
+            return;
+        }
+        let Some(dir) = self.auto_memory_dir(world) else { return };
+        let candidates = memories::scan(&world.fs, &dir);
+        if candidates.is_empty() {
+            return;
+        }
+        let model = crate::agent::agents::alias_model("sonnet", &world.env).unwrap_or_else(|| world.model_id.clone());
+        let mut request = Request::new(model, SELECTION_MAX_TOKENS);
+        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(memories::SELECTION_INSTRUCTION)]));
+        request.messages = vec![Message::user_text(memories::selection_message(prompt, &candidates))];
+        let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
+        request.metadata = Some(json!({"user_id": user_id}));
+        let reply = match world.model.next_reply("side") {
+            Ok(reply) if !reply.synthetic => reply,
+            _ => {
+                let chosen = memories::select_by_words(prompt, &candidates);
+                Reply::text(json!({"selected_memories": chosen}).to_string())
+            }
+        };
+        let text: String = reply
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        let now = world.clock.now_ms();
+        let chosen = memories::parse_selection(&text, &candidates)
+            .into_iter()
+            .filter_map(|name| candidates.iter().find(|c| c.name == name))
+            .filter_map(|c| {
+                let content = world.fs.read(&c.path).ok()?;
+                Some(memories::SurfacedMemory { path: c.path.clone(), header: memories::header(&c.path, c.mtime_ms, now), content: memories::clip(content) })
+            })
+            .collect();
+        self.memories.pending = Some(chosen);
+        self.pending_side_calls.push(SideCall { lane: "side".to_owned(), request, reply, time_ms: now, concurrent: true });
+    }
+
+    /// The delta attachments compaction re-injects (§5.1), each announcing everything current,
+    /// in the thread group's order, with the announced sets they leave behind.
+    pub(crate) fn compaction_deltas(&self, world: &World) -> (Vec<Attachment>, AnnouncedSets) {
+        let pool = self.pool(world);
+        let mut out = Vec::new();
+        let mut sets = AnnouncedSets::default();
+        if self.strategy.deferred_tools_delta && pool.tool_search {
+            sets.deferred = pool.deferred_names.iter().cloned().collect();
+            if !sets.deferred.is_empty() {
+                out.push(Attachment::DeferredToolsDelta { added: sets.deferred.iter().cloned().collect(), removed: Vec::new() });
+            }
+        }
+        if self.strategy.agent_list_in_messages && pool.all.iter().any(|t| t.tool.name == "Agent") {
+            sets.agents = self.agent_catalog(world).sorted_lines();
+            let mut lines: Vec<(&String, &String)> = sets.agents.iter().collect();
+            lines.sort_by(|a, b| crate::agent::tools::locale_compare(a.0, b.0));
+            out.push(Attachment::AgentListingDelta { added: lines.into_iter().map(|(_, l)| l.clone()).collect(), removed: Vec::new(), initial: true });
+        }
+        if self.strategy.mcp_instructions == McpInstructionsMode::Delta {
+            let mut now: Vec<(String, String)> = self.mcp_instructions(world).into_iter().map(|s| (s.name, s.instructions)).collect();
+            now.sort();
+            sets.mcp = now.iter().map(|(n, _)| n.clone()).collect();
+            if !now.is_empty() {
+                out.push(Attachment::McpInstructionsDelta { added: now, removed: Vec::new() });
+            }
+        }
+        (out, sets)
+    }
+
     fn thread_attachments(&mut self, world: &World) -> Vec<Attachment> {
         let mut out = Vec::new();
         let today = world.clock.date_string();
@@ -549,6 +844,22 @@ impl Session {
             if !added.is_empty() || !removed.is_empty() {
                 out.push(Attachment::DeferredToolsDelta { added, removed });
                 self.announced_deferred = now;
+            }
+        }
+        if self.strategy.agent_list_in_messages && pool.all.iter().any(|t| t.tool.name == "Agent") {
+            // Announced by type: a redefinition of a known type is not announced again.
+            let now = self.agent_catalog(world).sorted_lines();
+            let mut added: Vec<(&String, &String)> = now.iter().filter(|(t, _)| !self.announced_agents.contains_key(*t)).collect();
+            let mut removed: Vec<&String> = self.announced_agents.keys().filter(|t| !now.contains_key(*t)).collect();
+            added.sort_by(|a, b| crate::agent::tools::locale_compare(a.0, b.0));
+            removed.sort_by(|a, b| crate::agent::tools::locale_compare(a, b));
+            if !added.is_empty() || !removed.is_empty() {
+                out.push(Attachment::AgentListingDelta {
+                    added: added.into_iter().map(|(_, line)| line.clone()).collect(),
+                    removed: removed.into_iter().cloned().collect(),
+                    initial: self.announced_agents.is_empty(),
+                });
+                self.announced_agents = now;
             }
         }
         if self.strategy.mcp_instructions == McpInstructionsMode::Delta {
@@ -657,13 +968,13 @@ impl Session {
     // -----------------------------------------------------------------------------------------
 
     fn pool(&self, world: &World) -> ToolPool {
-        let inputs = PoolInputs {
+        let mut inputs = PoolInputs {
             todo_v2: self.strategy.interactive,
             enable_tool_search: self.strategy.enable_tool_search.clone(),
             disable_experimental_betas: self.strategy.disable_experimental_betas,
             first_party: self.strategy.first_party,
             custom_base_url: self.strategy.base_url == BaseUrl::Custom,
-            model_id: world.model_id.clone(),
+            model_id: self.model_id(world).to_owned(),
             context_window: world.context_window.unwrap_or(200_000),
             mcp_tools: world
                 .mcp_servers
@@ -683,9 +994,22 @@ impl Session {
             mcp_pending: world.mcp_servers.iter().any(|s| !s.connected),
             discovered: self.discovered_tools.clone(),
             denied: BTreeSet::new(),
+            allowed: None,
+            agent_listing: self.agent_listing.clone().unwrap_or_else(|| self.current_agent_listing(world)),
             padding: self.strategy.size_profile_padding,
         };
+        if let Some(agent) = self.thread.agent() {
+            // The subagent's tools: the pool the parent would have, filtered by its definition.
+            let mcp_names = inputs.mcp_tools.iter().map(|t| crate::agent::tools::mcp_tool_name(&t.server, &t.tool));
+            let candidates = crate::agent::tools::all_builtin_names().into_iter().map(str::to_owned).chain(mcp_names);
+            inputs.allowed = Some(candidates.filter(|name| agent.allows_tool(name)).collect());
+        }
         assemble_pool(&inputs, &self.profile)
+    }
+
+    /// The model this thread's requests go to.
+    pub fn model_id<'a>(&'a self, world: &'a World) -> &'a str {
+        self.thread.model().unwrap_or(&world.model_id)
     }
 
     fn config_home(world: &World) -> String {
@@ -821,7 +1145,11 @@ impl Session {
 
     fn user_context(&mut self, world: &World) -> String {
         if self.user_context.is_none() {
-            let files = self.memory(world).files.clone();
+            let mut files = self.memory(world).files.clone();
+            if self.strategy.relevant_memories {
+                // `filterInjectedMemoryFiles`: the index gives way to relevant memories.
+                files.retain(|f| f.kind != crate::agent::user_context::MemoryKind::AutoMem);
+            }
             let inputs = UserContextInputs {
                 memory_files: files,
                 claude_md_disabled: !self.strategy.claude_md,
@@ -833,13 +1161,16 @@ impl Session {
         self.user_context.clone().expect("just set")
     }
 
-    fn marker(&self) -> Option<CacheControl> {
-        self.strategy.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(self.strategy.ttl_for("main")))
-    }
-
     /// The request body for the conversation as it stands, and the events journalled since the
     /// previous request.
     pub fn build_request(&mut self, world: &World) -> (Request, Vec<String>) {
+        if self.agent_listing.is_none() {
+            self.agent_listing = Some(self.current_agent_listing(world));
+        }
+        let lane = self.lane();
+        if self.git_snapshot.is_none() {
+            self.git_snapshot = Some(self.git_status(world));
+        }
         let pool = self.pool(world);
         for tool in &pool.tools {
             if tool.defer_loading == Some(true) && self.sent_tools.insert(tool.name.clone()) {
@@ -864,11 +1195,14 @@ impl Session {
             global_cache_scope: self.strategy.global_cache_scope && self.strategy.first_party && !self.strategy.disable_experimental_betas,
             boundary: self.strategy.dynamic_boundary,
             padding: self.strategy.size_profile_padding,
-            ttl: self.strategy.ttl_for("main"),
+            ttl: self.strategy.ttl_for(&lane),
             prompt_caching: self.strategy.prompt_caching,
             attribution_header: self.strategy.attribution_header,
         };
-        let system = self.system_cache.build(&inputs, &system_options, &self.profile);
+        let system = match self.thread.agent() {
+            None => self.system_cache.build(&inputs, &system_options, &self.profile),
+            Some(agent) => build_subagent_system_prompt(&inputs, &agent.prompt, &system_options, &self.profile),
+        };
         if let Some(previous) = &self.previous_system {
             for name in system.changed_sections(previous) {
                 let event = if name == SECTION_ATTRIBUTION {
@@ -882,33 +1216,63 @@ impl Session {
             }
         }
 
-        self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
+        if !self.thread.is_subagent() {
+            self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
+        }
 
         if !self.strategy.deferred_tools_delta
             && let Some(listing) = pool.deferred_listing()
         {
             messages.insert(0, Message::user_text(listing));
         }
-        if let Some(marker) = self.marker() {
+        if let Some(marker) = self.marker_for(&lane) {
             mark_last_block(&mut messages, marker);
         }
         finalize_tool_results(&mut messages);
 
+        let model_id = self.model_id(world).to_owned();
         let max_tokens = world.max_output_tokens.unwrap_or(32_000);
-        let mut request = Request::new(world.model_id.clone(), max_tokens);
+        let mut request = Request::new(model_id.clone(), max_tokens);
         request.messages = messages;
         request.system = Some(SystemPrompt::Blocks(system.blocks.clone()));
         request.tools = Some(pool.tools.clone());
         let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
         request.metadata = Some(json!({"user_id": user_id}));
-        if adaptive_thinking(&world.model_id) {
-            request.thinking = Some(json!({"type": "adaptive"}));
-            request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
-            request.output_config = Some(json!({"effort": "medium"}));
+        match self.thread.agent() {
+            None if adaptive_thinking(&model_id) => {
+                request.thinking = Some(json!({"type": "adaptive"}));
+                request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
+                request.output_config = Some(json!({"effort": "medium"}));
+            }
+            None => {}
+            Some(agent) => {
+                // A subagent runs with thinking off, so no thinking-clearing edit either, and
+                // the temperature the client sets when thinking is off. The effort stays the
+                // model's (or the definition's `effort`).
+                request.temperature = Some(json!(1));
+                if let Some(effort) = &agent.effort {
+                    request.output_config = Some(json!({"effort": effort}));
+                } else if adaptive_thinking(&model_id) {
+                    request.output_config = Some(json!({"effort": "medium"}));
+                }
+            }
         }
         request.stream = Some(true);
         self.previous_system = Some(system);
         (request, std::mem::take(&mut self.events))
+    }
+
+    /// The git snapshot as the world's repository stands (`getGitStatus`): `None` outside a
+    /// scripted repository or when git instructions are off. `git log` gives five commits.
+    fn git_status(&self, world: &World) -> Option<GitStatus> {
+        let git = world.git.as_ref().filter(|_| self.strategy.git_status && world.include_git_instructions)?;
+        Some(GitStatus {
+            branch: git.branch.clone(),
+            main_branch: git.main_branch.clone(),
+            user_name: git.user_name.clone(),
+            status: git.status.join("\n"),
+            recent_commits: git.recent_commits.iter().take(5).cloned().collect::<Vec<_>>().join("\n"),
+        })
     }
 
     fn system_inputs(&self, world: &World, pool: &ToolPool, first_user_text: String) -> SystemPromptInputs {
@@ -920,15 +1284,47 @@ impl Session {
         inputs.enabled_tools = pool.enabled_names();
         inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
         inputs.cwd = world.cwd.clone();
-        inputs.is_git_repo = world.fs.is_dir(&absolute(&world.cwd, ".git"));
-        inputs.model_id = world.model_id.clone();
-        inputs.model_marketing_name = marketing_name(&world.model_id);
+        inputs.is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        // The read-only built-in agents leave the snapshot out.
+        if !self.thread.agent().is_some_and(|a| a.omit_git_status) {
+            inputs.git_status = self.git_snapshot.clone().flatten();
+        }
+        inputs.model_id = self.model_id(world).to_owned();
+        inputs.model_marketing_name = marketing_name(&inputs.model_id);
         inputs.auto_memory_dir = self.auto_memory_dir(world);
         inputs.mcp_servers = self.turn_mcp.clone();
         inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
         inputs.inline_mcp_tools = pool.inline_mcp;
         inputs
     }
+}
+
+/// A version-4 UUID from two random words.
+fn uuid_v4(a: u64, b: u64) -> String {
+    format!("{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xfff, ((b >> 48) & 0x3fff) | 0x8000, b & 0xffff_ffff_ffff)
+}
+
+/// What the delta attachments have announced, as compaction leaves it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AnnouncedSets {
+    deferred: BTreeSet<String>,
+    agents: BTreeMap<String, String>,
+    mcp: BTreeSet<String>,
+}
+
+impl Session {
+    pub(crate) fn set_announced(&mut self, sets: AnnouncedSets) {
+        self.announced_deferred = sets.deferred;
+        self.announced_agents = sets.agents;
+        self.announced_mcp = sets.mcp;
+    }
+}
+
+/// `{home}/.claude/projects/{cwd with every non-alphanumeric as -}/{session id}`: where the
+/// client keeps a session's transcript and its side files.
+fn session_dir(world: &World, session_id: &str) -> String {
+    let project: String = world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    format!("{}/.claude/projects/{project}/{session_id}", world.home.trim_end_matches('/'))
 }
 
 fn first_text(messages: &[Message]) -> String {

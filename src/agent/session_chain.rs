@@ -16,7 +16,7 @@ use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill
 use crate::agent::compact::generator::synthetic_summary;
 use crate::agent::compact::{Chain, ChainStep, Entry, EntryKind, ModelLimits, QuerySource};
 use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
-use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, on_prompt_too_long};
+use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, is_media_size_error, on_media_too_large, on_prompt_too_long, strip_oversized_media};
 use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
 use crate::agent::normalize::Record;
 use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, Usage};
@@ -45,6 +45,8 @@ pub struct ChainRun {
     /// `cache_edits` block to insert (cached microcompact) and `context_management` edits.
     pub cache_edits: Option<serde_json::Value>,
     pub context_management: Option<serde_json::Value>,
+    /// The thinking-clear latch is on: `clear_thinking` keeps one turn.
+    pub thinking_clear_latched: bool,
 }
 
 /// A request the chain made on another lane (a compaction fork), with the reply it got.
@@ -54,6 +56,8 @@ pub struct SideCall {
     pub request: Request,
     pub reply: Reply,
     pub time_ms: u64,
+    /// The call runs alongside the conversation (a prefetch): the clock does not wait for it.
+    pub concurrent: bool,
 }
 
 fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
@@ -165,7 +169,7 @@ impl Session {
 
     /// The prompt-too-long ladder (§1.4) after the simulated API rejected the main request:
     /// drain context collapse, else compact reactively once (a fork in lane `compact`, pushed
-    /// to `side_calls`), else surface the error.
+    /// to `side_calls`), else surface the error. A media-size error skips the collapse rung.
     pub fn recover_prompt_too_long(
         &mut self,
         chain: &Chain,
@@ -192,7 +196,9 @@ impl Session {
         let now = world.clock.now_ms();
         self.sync_meta(now);
         let limits = self.model_limits(world);
-        let inputs = self.compact_inputs(world);
+        let mut inputs = self.compact_inputs(world);
+        let (deltas, announced) = self.compaction_deltas(world);
+        inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         let originals: BTreeMap<u64, Record> = self
             .record_meta
             .iter()
@@ -219,7 +225,12 @@ impl Session {
                 let step = match (pending_reply.take(), recover.take()) {
                     (Some(reply), _) => chain.finish_compaction(&mut cx, reply),
                     (None, Some((state, error))) => {
-                        let taken = on_prompt_too_long(&mut cx, state, error);
+                        // The client tells the two apart by the error text (`isMediaSizeError`).
+                        let taken = if is_media_size_error(error) {
+                            on_media_too_large(&mut cx, state, error)
+                        } else {
+                            on_prompt_too_long(&mut cx, state, error)
+                        };
                         let step = match &taken {
                             RecoveryAction::ReactiveCompact(request) => ChainStep::Compact(request.clone()),
                             _ => ChainStep::Ready,
@@ -237,6 +248,8 @@ impl Session {
             trigger = request.trigger.as_str();
             if custom.is_none() {
                 custom = Some(self.pre_compact_instructions(trigger, None, world));
+                self.settle_hook_time(world);
+                side_calls.extend(self.take_side_calls());
             }
             // The fork sees the conversation as the stages before autocompact left it.
             let (records, metas) = entries_to_records(entries.clone(), &originals);
@@ -247,9 +260,13 @@ impl Session {
             self.record_meta = saved_meta;
             let reply = world.model.next_reply("compact").unwrap_or_else(|_| Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens)));
             let text = reply_text(&reply);
-            side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms() });
+            side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms(), concurrent: false });
             summary_text = text.clone();
             pending_reply = Some(summary_reply(text));
+        }
+        if output.compacted {
+            // `clearBetaHeaderLatches` (§8.6): compaction drops the thinking-clear latch.
+            self.chain_state.thinking_clear_latched = false;
         }
         let run = ChainRun {
             reports: output.reports,
@@ -258,14 +275,21 @@ impl Session {
             compacted: output.compacted,
             cache_edits: output.cache_edits,
             context_management: output.context_management,
+            thinking_clear_latched: self.chain_state.thinking_clear_latched,
         };
         let (records, metas) = entries_to_records(entries, &originals);
         self.records = records;
         self.record_meta = metas;
         if run.compacted {
             self.after_compaction();
+            // A full compaction re-announces every delta; session-memory compaction keeps no
+            // attachments, so the next turn announces everything again.
+            let session_memory = run.reports.iter().any(|r| r.fired && r.name == "session_memory_compact");
+            self.set_announced(if session_memory { Default::default() } else { announced });
             let messages = self.post_compact_hooks(trigger, &summary_text, world);
             self.push_attachments(messages);
+            self.settle_hook_time(world);
+            side_calls.extend(self.take_side_calls());
             self.sync_meta(now);
         }
         (run, action)
@@ -306,11 +330,26 @@ impl Session {
         let extraction = self.chain_state.session_memory.extractions + 1;
         let reply = world.model.next_reply("session_memory").unwrap_or_else(|_| Reply::text(synthetic_notes(extraction, &entries)));
         let notes = reply_text(&reply);
-        side_calls.push(SideCall { lane: "session_memory".to_owned(), request: fork, reply, time_ms: now });
+        side_calls.push(SideCall { lane: "session_memory".to_owned(), request: fork, reply, time_ms: now, concurrent: false });
         let World { fs, clock, .. } = &mut *world;
         let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
         finish_extraction(&mut cx, &notes);
         true
+    }
+
+    /// After a media-size error surfaced: the offending images and documents are stripped from
+    /// the last message that carried them, so the next turn can be sent (§5.3 step 3). Returns
+    /// how many were stripped.
+    pub fn strip_media_after_error(&mut self) -> usize {
+        for record in self.records.iter_mut().rev() {
+            if let Record::User { content, .. } = record {
+                let stripped = strip_oversized_media(content);
+                if stripped > 0 {
+                    return stripped;
+                }
+            }
+        }
+        0
     }
 
     /// Appends the meta user message of max_output_tokens recovery.

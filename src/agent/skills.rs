@@ -221,7 +221,7 @@ fn unquote(text: &str) -> String {
     t.to_owned()
 }
 
-fn string_of(value: Option<&Value>) -> Option<String> {
+pub(crate) fn string_of(value: Option<&Value>) -> Option<String> {
     match value? {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -230,7 +230,7 @@ fn string_of(value: Option<&Value>) -> Option<String> {
     }
 }
 
-fn bool_of(value: Option<&Value>, default: bool) -> bool {
+pub(crate) fn bool_of(value: Option<&Value>, default: bool) -> bool {
     match value {
         Some(Value::Bool(b)) => *b,
         Some(Value::String(s)) => matches!(s.as_str(), "true" | "yes" | "on"),
@@ -238,7 +238,7 @@ fn bool_of(value: Option<&Value>, default: bool) -> bool {
     }
 }
 
-fn list_of(value: Option<&Value>) -> Vec<String> {
+pub(crate) fn list_of(value: Option<&Value>) -> Vec<String> {
     match value {
         Some(Value::String(s)) => s.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect(),
         Some(Value::Array(items)) => items.iter().filter_map(|v| string_of(Some(v))).collect(),

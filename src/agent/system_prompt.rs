@@ -370,6 +370,30 @@ pub fn build_system_prompt(
     SystemPromptCache::new().build(inputs, options, profile)
 }
 
+/// A subagent's system prompt (`getAgentSystemPrompt` + `enhanceSystemPromptWithEnvDetails`,
+/// then the system context): the agent's own prompt, a notes block, the older `<env>` block
+/// (§2.5) and `gitStatus`. Nothing is memoized and there is no boundary, so the blocks are the
+/// three of mode C (mode A's shape when an MCP tool is inline): attribution, identity and the
+/// rest, the last two with org-scoped markers — the 84/62/2.5k split the oracle saw.
+pub fn build_subagent_system_prompt(
+    inputs: &SystemPromptInputs,
+    agent_prompt: &str,
+    options: &SystemPromptOptions,
+    profile: &SizeProfile,
+) -> SystemPromptBuild {
+    let writer = Writer { inputs, options, profile };
+    let mut sections = Vec::new();
+    let prompt = agent_prompt.trim();
+    sections.push(Section { name: "agent_prompt", text: if prompt.is_empty() { AGENT_DEFAULT_PROMPT.to_owned() } else { prompt.to_owned() } });
+    sections.push(Section { name: "agent_notes", text: AGENT_NOTES.to_owned() });
+    sections.push(Section { name: "agent_env", text: writer.agent_env_info() });
+    if let Some(value) = writer.git_status() {
+        sections.push(Section { name: "git_status", text: format!("gitStatus: {value}") });
+    }
+    let options = SystemPromptOptions { boundary: false, ..options.clone() };
+    assemble(inputs, &options, Vec::new(), sections)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SectionKind {
     Memoized,
@@ -412,6 +436,9 @@ pub const SECTION_NAMES: &[&str] = &[
     "summarize_tool_results",
     "brief",
     "append_system_prompt",
+    "agent_prompt",
+    "agent_notes",
+    "agent_env",
     "git_status",
 ];
 
@@ -698,6 +725,29 @@ impl Writer<'_> {
         lines.join("\n")
     }
 
+    /// `computeEnvInfo`, the environment block of subagent prompts: an `<env>` list with the
+    /// git flag as `Yes`/`No`, then the model and its knowledge cutoff.
+    fn agent_env_info(&self) -> String {
+        let inputs = self.inputs;
+        let mut lines = vec![AGENT_ENV_INTRO.to_owned(), "<env>".to_owned(), format!("Working directory: {}", inputs.cwd)];
+        lines.push(format!("Is directory a git repo: {}", if inputs.is_git_repo { "Yes" } else { "No" }));
+        if !inputs.additional_dirs.is_empty() {
+            lines.push(format!("Additional working directories: {}", inputs.additional_dirs.join(", ")));
+        }
+        lines.push(format!("Platform: {}", inputs.platform));
+        lines.push(format!("OS Version: {}", inputs.os_version));
+        lines.push("</env>".to_owned());
+        lines.push(match &inputs.model_marketing_name {
+            Some(marketing) => format!("You run on {marketing}, model ID {}.", inputs.model_id),
+            None => format!("You run on the model {}.", inputs.model_id),
+        });
+        if let Some(cutoff) = knowledge_cutoff(&inputs.model_id) {
+            lines.push(String::new());
+            lines.push(format!("Your training data runs to {cutoff}."));
+        }
+        lines.join("\n")
+    }
+
     fn mcp_instructions(&self) -> Option<String> {
         let inputs = self.inputs;
         if inputs.mcp_instructions_delta || inputs.mcp_servers.is_empty() {
@@ -865,3 +915,13 @@ const SUMMARIZE_TOOL_RESULTS_TEXT: &str = "When a tool result holds something yo
 const BRIEF_TEXT: &str = "# Messages to the user\nSend progress and results to the user with the SendUserMessage tool; text outside it may not be seen.";
 
 const GIT_NOTE: &str = "This is the git status at the start of the conversation. It is a snapshot and is not updated as the conversation goes on.";
+
+const AGENT_DEFAULT_PROMPT: &str = "You are an agent started by a coding assistant. Do the task you are given completely with the tools you have, then report what you did and found.";
+
+const AGENT_NOTES: &str = "Notes:
+- Your shell's working directory is reset between calls, so use absolute file paths.
+- In your final reply, name the files that matter with absolute paths and quote the code that matters; relative paths are no use to whoever started you.
+- Do not use emojis.
+- Do not put a colon right before a tool call.";
+
+const AGENT_ENV_INTRO: &str = "Facts about the environment you are working in:";

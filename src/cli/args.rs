@@ -104,7 +104,7 @@ pub struct FidelityArgs {
     /// Also list the recorded cache breaks with the cause the replay attributes.
     #[arg(long)]
     pub breaks: bool,
-    /// Keep per-call rows in the JSON output.
+    /// Per-call rows: kept in the JSON output, printed as a table per session with `--format table`.
     #[arg(long)]
     pub calls: bool,
     /// Write `<session>.svg` and `<session>.png` (simulated vs recorded context per call) here.

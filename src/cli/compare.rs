@@ -41,11 +41,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     if let Some(dir) = &args.out {
         write_atomic(&dir.join("compare.csv"), &compare_csv(&evaluations))?;
         write_atomic(&dir.join("compare.json"), serde_json::to_string_pretty(&evaluations)?.as_bytes())?;
-        let report: Vec<crate::report::ReportInput> = evaluations
-            .iter()
-            .map(|e| crate::report::ReportInput { name: format!("{} under {}", e.input, e.strategy), summary: e.summary.clone(), rows: e.rows.clone() })
-            .collect();
-        crate::report::write_report(dir, &report, Default::default()).with_context(|| format!("failed to write the report under {}", dir.display()))?;
+        crate::report::compare::write_compare_report(dir, &evaluations).with_context(|| format!("failed to write the report under {}", dir.display()))?;
     }
     if !args.measure.quiet {
         match args.measure.format {

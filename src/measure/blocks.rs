@@ -151,9 +151,14 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
         },
         ContentBlock::Thinking { thinking, .. } => vec![TokenUnit::Text(thinking.clone())],
         ContentBlock::RedactedThinking { data, .. } => vec![TokenUnit::Text(data.clone())],
-        ContentBlock::ToolReference { .. } | ContentBlock::Other(_) => {
-            vec![TokenUnit::Text(serde_json::to_string(block).unwrap_or_default())]
-        }
+        // A block kept in its wire form (the agent writes tool_results with the reference's key
+        // order this way) counts by its kind, like the typed block: its `cache_control` and key
+        // order are not content. Unknown kinds count as their JSON.
+        ContentBlock::Other(value) => match ContentBlock::from_value(value.clone()) {
+            Ok(typed) if !matches!(typed, ContentBlock::Other(_)) => content_token_units(&typed),
+            _ => vec![TokenUnit::Text(serde_json::to_string(block).unwrap_or_default())],
+        },
+        ContentBlock::ToolReference { .. } => vec![TokenUnit::Text(serde_json::to_string(block).unwrap_or_default())],
     }
 }
 

@@ -160,7 +160,8 @@ impl CacheSim {
     }
 
     /// Runs one request through the cache at virtual time `start_ms`. The entries it writes
-    /// become readable at `start_ms + first_token_ms`.
+    /// become readable at `start_ms + first_token_ms`, and their TTL (like the refresh of an
+    /// entry it reads) counts from then: the prompt is processed by the first token.
     pub fn process(
         &mut self,
         flat: &FlatRequest,
@@ -239,7 +240,7 @@ impl CacheSim {
                 let reading_ttl = points.iter().find(|(p, _)| *p >= pos).map(|(_, t)| *t).unwrap_or(CacheTtl::FiveMinutes);
                 if let Some(entry) = self.entries.get_mut(&key) {
                     entry.ttl = entry.ttl.max(reading_ttl);
-                    entry.expires_at = entry.expires_at.max(start_ms + entry.ttl.millis());
+                    entry.expires_at = entry.expires_at.max(start_ms + first_token_ms + entry.ttl.millis());
                 }
                 cumulative[pos]
             }
@@ -258,7 +259,7 @@ impl CacheSim {
                 continue;
             }
             let key = (ns, flat.blocks[position].prefix_hash);
-            let expires_at = start_ms + ttl.millis();
+            let expires_at = start_ms + first_token_ms + ttl.millis();
             let fresh = Entry { ttl, expires_at, available_at: start_ms + first_token_ms };
             self.entries
                 .entry(key)
@@ -266,7 +267,7 @@ impl CacheSim {
                     let live = e.available_at <= start_ms && start_ms < e.expires_at;
                     if live {
                         e.ttl = e.ttl.max(ttl);
-                        e.expires_at = e.expires_at.max(start_ms + e.ttl.millis());
+                        e.expires_at = e.expires_at.max(start_ms + first_token_ms + e.ttl.millis());
                     } else {
                         *e = fresh;
                     }

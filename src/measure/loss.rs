@@ -12,7 +12,8 @@
 //!   (the "compaction death spiral" of openai/codex#13279). Each is also a recall miss.
 //!
 //! Visibility is judged on the request body as sent: a Read result is visible when its
-//! `tool_result` is present and not a cleared placeholder. Files restored as attachments after a
+//! `tool_result` is present, not a cleared placeholder, and not cleared server-side by context
+//! editing (the row's `context_management.cleared_tool_use_ids`). Files restored as attachments after a
 //! compaction are not tracked (their path is not a Read result); this undercounts visibility and
 //! so can only overcount misses for strategies that restore files — documented, not hidden.
 //! The tracker is streaming (one request at a time) and keeps only ids and paths.
@@ -65,7 +66,8 @@ impl LossTracker {
     /// Observes one measured request.
     pub fn observe(&mut self, request: &Request, row: &RequestMetrics) {
         self.count_drops(row);
-        self.judge(request, &row.lane);
+        let cleared: &[String] = row.context_management.as_ref().map_or(&[], |cm| &cm.cleared_tool_use_ids);
+        self.judge(request, &row.lane, cleared);
     }
 
     /// Only the drops (when the body is not at hand).
@@ -97,7 +99,9 @@ impl LossTracker {
         }
     }
 
-    fn judge(&mut self, request: &Request, lane: &str) {
+    /// `cleared`: tool uses whose results the server cleared (context editing) though the body
+    /// still carries them.
+    fn judge(&mut self, request: &Request, lane: &str, cleared: &[String]) {
         // What this request shows.
         let mut read_path_of: BTreeMap<&str, &str> = BTreeMap::new();
         let mut visible_results: BTreeSet<&str> = BTreeSet::new();
@@ -115,7 +119,7 @@ impl LossTracker {
                         uses.push((id, name, input));
                     }
                     ContentBlock::ToolResult { tool_use_id, content, is_error, .. } => {
-                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) {
+                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) && !cleared.contains(tool_use_id) {
                             visible_results.insert(tool_use_id);
                         }
                     }

@@ -10,6 +10,7 @@ use crate::api::{Request, Usage};
 use super::blocks::{FlatRequest, RegionCounts};
 use super::incremental::Flattener;
 use super::cache::{CacheError, CacheSim};
+use super::context_editing::{self, ContextManagementResponse, Edited};
 use super::models::{ModelTable, UnknownModel};
 use super::prefix::{LaneMemory, PrefixReport, attribute};
 use super::tokens::TokenCounter;
@@ -60,6 +61,9 @@ pub struct RequestMetrics {
     /// The usage the API reported for this request, when measuring a recording.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorded_usage: Option<Usage>,
+    /// What server-side context editing did (the response's `context_management`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_management: Option<ContextManagementResponse>,
 }
 
 /// What a caller hands the measurer for one request.
@@ -102,6 +106,31 @@ impl<'a> MeasureInput<'a> {
 struct LaneState {
     memory: Option<LaneMemory>,
     pending_events: Vec<String>,
+    /// What context editing had cleared from the lane's previous request (key → tokens).
+    served_cleared: BTreeMap<String, u64>,
+}
+
+/// A request as the server sees it: the flattened body after `context_management` edits (see
+/// [`context_editing`]), what those edits did, or the API's error for a malformed edit list.
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub flat: FlatRequest,
+    pub edited: Option<Box<Edited>>,
+    pub error: Option<String>,
+    /// The body as sent, flattened, when the edits changed it.
+    pub sent: Option<FlatRequest>,
+}
+
+impl Served {
+    /// A body the server takes as sent.
+    pub fn plain(flat: FlatRequest) -> Served {
+        Served { flat, edited: None, error: None, sent: None }
+    }
+
+    /// The body as the client sent it.
+    pub fn as_sent(&self) -> &FlatRequest {
+        self.sent.as_ref().unwrap_or(&self.flat)
+    }
 }
 
 /// Measures requests in order: tokens, cache, prefix stability, cause, cost.
@@ -149,12 +178,48 @@ impl Measurer {
         &self.flattener
     }
 
-    /// Flattens a request with this measurer's estimator (for callers that need token counts
-    /// of a body without measuring it as sent). Incremental: what the request repeats of an
-    /// earlier one is compared, not hashed again ([`Flattener`]).
+    /// Writes what `flat` would cache, at `time_ms` with the first token `first_token_ms` later,
+    /// without measuring it: no row, no lane memory. A replay uses it where the record shows
+    /// that something was cached which the replay did not send (a prefix an earlier session
+    /// warmed, or a request whose unrecorded part the record has just sized).
+    pub fn seed_cache(&mut self, flat: &FlatRequest, time_ms: u64, first_token_ms: u64) -> Result<(), UnknownModel> {
+        let min = self.table.lookup(&flat.model)?.min_cacheable_tokens;
+        // A request the simulator rejects caches nothing, seeded or not.
+        let _ = self.cache.process(flat, min, time_ms, first_token_ms);
+        Ok(())
+    }
+
+    /// Flattens a request with this measurer's estimator, as the server sees it (after any
+    /// `context_management` edits).
     pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {
-        let family = &self.table.lookup(&body.model)?.family;
-        Ok(self.flattener.flatten(body, &mut self.counter, family))
+        Ok(self.serve(body)?.flat)
+    }
+
+    /// The request as the server sees it: flattened, with `context_management` applied.
+    pub fn serve(&mut self, body: &Request) -> Result<Served, UnknownModel> {
+        let family = self.table.lookup(&body.model)?.family.clone();
+        let flat = self.flattener.flatten(body, &mut self.counter, &family);
+        let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
+        let edits = match context_editing::parse(value) {
+            Ok(edits) => edits,
+            Err(error) => return Ok(Served { error: Some(error), ..Served::plain(flat) }),
+        };
+        if !context_editing::may_edit(&edits) {
+            return Ok(Served::plain(flat));
+        }
+        let counter = &mut self.counter;
+        let mut count = |role: crate::api::Role, block: &crate::api::ContentBlock| -> u64 {
+            let (hash, _) = crate::api::structural::block_hash(role.as_str().as_bytes(), block);
+            u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
+        };
+        match context_editing::apply(body, &edits, flat.total_tokens, &mut count) {
+            None => Ok(Served::plain(flat)),
+            Some(edited) => {
+                // The edited body is not the next of the track: flattened from scratch.
+                let served = super::blocks::flatten(&edited.body, &mut self.counter, &family);
+                Ok(Served { flat: served, edited: Some(Box::new(edited)), error: None, sent: Some(flat) })
+            }
+        }
     }
 
     /// Journals an event that happened between requests, for every lane's next attribution.
@@ -165,14 +230,30 @@ impl Measurer {
         }
     }
 
-    /// Measures one request.
-    pub fn measure(&mut self, input: MeasureInput<'_>) -> Result<RequestMetrics, UnknownModel> {
-        let flat = self.flatten(input.body)?;
-        self.measure_flat(input, flat)
+    /// A new conversation starts on `lane` (another subagent of the same type): its next
+    /// request is compared with nothing, as the client tracks each agent id on its own.
+    pub fn restart_lane(&mut self, lane: &str) {
+        self.lanes.remove(lane);
     }
 
-    /// Measures one request already flattened with [`Measurer::flatten`].
+    /// Measures one request.
+    pub fn measure(&mut self, input: MeasureInput<'_>) -> Result<RequestMetrics, UnknownModel> {
+        let served = self.serve(input.body)?;
+        self.measure_served(input, served)
+    }
+
+    /// Measures one request already flattened with [`Measurer::flatten`] (its context-editing
+    /// report, if any, is not carried: use [`Measurer::serve`] and [`Measurer::measure_served`]).
     pub fn measure_flat(&mut self, input: MeasureInput<'_>, flat: FlatRequest) -> Result<RequestMetrics, UnknownModel> {
+        self.measure_served(input, Served::plain(flat))
+    }
+
+    /// Measures one request as [`Measurer::serve`] prepared it.
+    pub fn measure_served(&mut self, mut input: MeasureInput<'_>, served: Served) -> Result<RequestMetrics, UnknownModel> {
+        let Served { flat, edited, error: edit_error, .. } = served;
+        if input.rejected.is_none() {
+            input.rejected = edit_error;
+        }
         let info = self.table.lookup(&input.body.model)?.clone();
         for event in &input.events {
             for lane in self.lanes.values_mut() {
@@ -213,7 +294,19 @@ impl Measurer {
             ),
             None => false,
         };
-        let prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
+        let mut prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
+        let mut stages = input.stages;
+        let context_management = match (&error, edited) {
+            (None, Some(edited)) => {
+                context_editing_effects(lane, &flat, &edited, &mut prefix, &mut events, &mut stages);
+                Some(edited.response)
+            }
+            (None, None) => {
+                lane.served_cleared.clear();
+                None
+            }
+            (Some(_), _) => None,
+        };
         let context_tokens = if error.is_some() { 0 } else { flat.total_tokens - outcome.cache_deleted_input_tokens };
         if error.is_none() {
             lane.memory = Some(LaneMemory {
@@ -250,15 +343,68 @@ impl Measurer {
             context_tokens,
             blocks,
             prefix,
-            stages: input.stages,
+            stages,
             events,
             cost_usd,
             body_sha256,
             cache_break: is_break,
             error,
             recorded_usage: input.recorded_usage,
+            context_management,
         })
     }
+}
+
+/// What server-side context editing means for one row: the cause where the prefix diverged at
+/// an edited block, and a `context_editing` stage report (with its event) when the server cleared
+/// something it had not cleared from the lane's previous request. The server clears again on
+/// every request, so only the newly cleared tokens count as leaving the model's view.
+fn context_editing_effects(
+    lane: &mut LaneState,
+    flat: &FlatRequest,
+    edited: &Edited,
+    prefix: &mut PrefixReport,
+    events: &mut Vec<String>,
+    stages: &mut Vec<StageReport>,
+) {
+    let path_of = |(m, c): (usize, usize)| super::blocks::BlockPath { region: super::blocks::Region::Messages, index: m, content: Some(c) }.to_string();
+    // An expired cache stays the cause when nothing at all was read (attribution's own rule).
+    if let Some(diverged) = &prefix.diverged_at
+        && prefix.cause.as_deref() != Some("ttl_expired")
+        && let Some((_, cause)) = edited.causes.iter().find(|(position, _)| path_of(**position) == *diverged)
+    {
+        prefix.cause = Some((*cause).to_owned());
+    }
+    let newly: Vec<(&String, &u64)> = edited.cleared.iter().filter(|(key, _)| !lane.served_cleared.contains_key(*key)).collect();
+    if !newly.is_empty() {
+        let freed: u64 = newly.iter().map(|(_, t)| **t).sum();
+        let tools = newly.iter().filter(|(k, _)| k.starts_with("tool_use:")).count();
+        let thinking = newly.len() - tools;
+        let applied: Vec<String> = edited
+            .response
+            .applied_edits
+            .iter()
+            .map(|e| match (e.cleared_tool_uses, e.cleared_thinking_turns) {
+                (Some(n), _) => format!("{}: {n} tool uses, {} tokens", e.kind, e.cleared_input_tokens),
+                (_, Some(n)) => format!("{}: {n} thinking turns, {} tokens", e.kind, e.cleared_input_tokens),
+                _ => e.kind.clone(),
+            })
+            .collect();
+        stages.push(StageReport {
+            name: "context_editing".to_owned(),
+            fired: true,
+            reason: format!("newly cleared server-side: {tools} tool uses, {thinking} thinking blocks ({})", applied.join("; ")),
+            tokens_before: flat.total_tokens + freed,
+            tokens_after: flat.total_tokens,
+            invalidated_from: edited.keys.iter().find(|(_, key)| !lane.served_cleared.contains_key(*key)).map(|(p, _)| path_of(*p)),
+        });
+        for (kind, cause) in [("tool_use:", "context_editing:clear_tool_uses"), ("thinking:", "thinking_cleared")] {
+            if newly.iter().any(|(k, _)| k.starts_with(kind)) && !events.iter().any(|e| e == cause) {
+                events.push(cause.to_owned());
+            }
+        }
+    }
+    lane.served_cleared = edited.cleared.clone();
 }
 
 /// CONTRACT.md: a cache break is a read smaller than what the lane's previous request left
@@ -326,6 +472,19 @@ pub struct Summary {
     /// that hold the request bodies ([`super::loss::info_loss`]).
     #[serde(default)]
     pub info_loss: super::loss::InfoLoss,
+    /// The same totals per lane (`main`, `compact`, `subagent:Explore`, ...), sorted by lane.
+    #[serde(default)]
+    pub lanes: BTreeMap<String, LaneSummary>,
+}
+
+/// A lane's share of a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaneSummary {
+    pub requests: usize,
+    pub tokens: TokenTotals,
+    pub cache_hit_ratio: f64,
+    pub cost_usd: f64,
+    pub cache_breaks: usize,
 }
 
 impl Summary {
@@ -351,6 +510,24 @@ impl Summary {
             }
         }
         let denominator = tokens.input + tokens.cache_read + tokens.cache_creation;
+        let mut lanes: BTreeMap<String, LaneSummary> = BTreeMap::new();
+        for row in rows {
+            let lane = lanes.entry(row.lane.clone()).or_default();
+            lane.requests += 1;
+            lane.tokens.input += row.input_tokens;
+            lane.tokens.cache_read += row.cache_read_input_tokens;
+            lane.tokens.cache_creation += row.cache_creation_input_tokens;
+            lane.tokens.cache_creation_5m += row.cache_creation.ephemeral_5m_input_tokens;
+            lane.tokens.cache_creation_1h += row.cache_creation.ephemeral_1h_input_tokens;
+            lane.tokens.output += row.output_tokens;
+            lane.cost_usd += row.cost_usd;
+            lane.cache_breaks += usize::from(row.cache_break);
+        }
+        for lane in lanes.values_mut() {
+            let denominator = lane.tokens.input + lane.tokens.cache_read + lane.tokens.cache_creation;
+            lane.cache_hit_ratio = if denominator == 0 { 0.0 } else { round6(lane.tokens.cache_read as f64 / denominator as f64) };
+            lane.cost_usd = round6(lane.cost_usd);
+        }
         Summary {
             input: input.to_owned(),
             strategy: strategy.to_owned(),
@@ -368,6 +545,7 @@ impl Summary {
             fingerprint: sha256_hex(fingerprint_input.as_bytes()),
             api_errors: rows.iter().filter(|r| r.error.is_some()).count(),
             info_loss: Default::default(),
+            lanes,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod blocks;
 pub mod cache;
+pub mod context_editing;
 pub mod incremental;
 pub mod loss;
 pub mod metrics;
@@ -12,7 +13,7 @@ pub mod tokens;
 
 pub use blocks::{BlockPath, FlatRequest, PromptBlock, Region, flatten};
 pub use cache::{CacheError, CacheOutcome, CacheSim};
-pub use metrics::{MeasureInput, Measurer, RequestMetrics, StageReport, Summary};
+pub use metrics::{LaneSummary, MeasureInput, Measurer, RequestMetrics, Served, StageReport, Summary};
 pub use models::{ModelInfo, ModelTable, UnknownModel};
 pub use prefix::{CAUSES, PrefixReport};
 pub use tokens::{Calibration, EstimatorKind, TokenCounter};

@@ -30,6 +30,10 @@ pub struct ModelInfo {
     pub min_cacheable_tokens: u64,
     pub context_window: u64,
     pub max_output_tokens: u64,
+    /// At a new user turn the API drops earlier turns' thinking from the context (not counted,
+    /// the cached prefix still valid); Opus 4.5+ and Sonnet 4.6+ keep it.
+    #[serde(default)]
+    pub strips_prior_thinking: bool,
     pub price: Price,
 }
 

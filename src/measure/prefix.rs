@@ -51,6 +51,7 @@ pub const CAUSES: &[(&str, Option<Region>, &str)] = &[
     ("thinking_cleared", Some(Region::Messages), "earlier thinking blocks were cleared"),
     ("truncation", Some(Region::Messages), "older turns were dropped"),
     ("session_resumed", None, "the session was resumed and its start re-rendered"),
+    ("conversation_cleared", None, "/clear started a new conversation"),
     ("unexplained_tools", Some(Region::Tools), "tools diverged with no journalled event"),
     ("unexplained_system", Some(Region::System), "the system prompt diverged with no journalled event"),
     ("unexplained_messages", Some(Region::Messages), "messages diverged with no journalled event"),
@@ -58,7 +59,10 @@ pub const CAUSES: &[(&str, Option<Region>, &str)] = &[
 ];
 
 /// Causes that explain the derived changes they bring along, named first when journalled.
-pub const ROOT_CAUSES: &[&str] = &["compaction", "session_memory_compaction", "session_resumed", "plugin_reloaded"];
+/// `session_resumed` is not one: a resume re-reads snapshots, and the snapshot that changed
+/// (`system_section_changed:git_status`, ...) is the cause worth naming; it remains the
+/// fallback when nothing more specific was journalled.
+pub const ROOT_CAUSES: &[&str] = &["compaction", "session_memory_compaction", "conversation_cleared", "plugin_reloaded"];
 
 /// The id part of an event or cause (`mcp_connected:jira` → `mcp_connected`).
 pub fn cause_id(event: &str) -> &str {

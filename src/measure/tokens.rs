@@ -71,6 +71,11 @@ pub struct Calibration {
     pub default: FamilyCalibration,
     #[serde(default)]
     pub families: BTreeMap<String, FamilyCalibration>,
+    /// Not a tokenizer parameter but fitted with them (`fidelity --fit`): the tokens of the
+    /// user context (CLAUDE.md files, date, reminders) that opens a real session, the median over
+    /// the fitted sessions. A replay takes it where a transcript cannot show it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_context_tokens: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -133,32 +133,13 @@ pub struct ImportedSession {
     pub report: ImportReport,
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
-    chain: Chain,
+    chain: BTreeMap<String, ChainNode>,
 }
 
 #[derive(Debug, Clone, Default)]
 struct ChainNode {
     parent: Option<String>,
     events: Vec<usize>,
-}
-
-/// The `parentUuid` graph with parents resolved to node numbers once, so that walking it
-/// (every call of a replay does) follows numbers instead of looking up uuids.
-#[derive(Debug, Clone, Default)]
-struct Chain {
-    /// Node number of each uuid.
-    index: BTreeMap<String, usize>,
-    /// Per node: its parent's number (`None` when it has none or the parent is not in the
-    /// file), and its event indices.
-    nodes: Vec<(Option<usize>, Vec<usize>)>,
-}
-
-impl Chain {
-    fn new(chain: BTreeMap<String, ChainNode>) -> Chain {
-        let index: BTreeMap<String, usize> = chain.keys().enumerate().map(|(i, uuid)| (uuid.clone(), i)).collect();
-        let nodes = chain.into_values().map(|node| (node.parent.and_then(|p| index.get(&p).copied()), node.events)).collect();
-        Chain { index, nodes }
-    }
 }
 
 impl ImportedSession {
@@ -169,7 +150,7 @@ impl ImportedSession {
         let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, chain: Chain::default() }
+        ImportedSession { recording, calls, report, chain: BTreeMap::new() }
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -185,32 +166,91 @@ impl ImportedSession {
     /// view is every message event of the call's lane since that lane's last compaction, in
     /// file order.
     pub fn view_event_indices(&self, call: &RecordedCall) -> Vec<usize> {
+        self.view_event_indices_loaded(call, 0)
+    }
+
+    /// [`Self::view_event_indices`] of a client that was resumed: the events before
+    /// `loaded_until` were not kept in memory but loaded back from the transcript, by the same
+    /// one-chain walk, so the parallel tool results off the chain were lost to it
+    /// (anthropics/claude-code#31330).
+    pub fn view_event_indices_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<usize> {
         let events = &self.recording.events;
         let start = events.get(call.event_index).and_then(|e| e.uuid.clone());
-        let start = match start.as_ref().and_then(|u| self.chain.index.get(u)) {
-            Some(&node) if call.lane == LANE_MAIN => node,
-            _ => return view_in_file_order(&self.recording, call),
-        };
-        let mut indices = Vec::new();
-        let mut visited = vec![false; self.chain.nodes.len()];
-        let mut cursor = self.chain.nodes[start].0;
-        while let Some(node) = cursor {
+        let on_chain = call.lane == LANE_MAIN && start.as_ref().is_some_and(|u| self.chain.contains_key(u));
+        if !on_chain {
+            return view_in_file_order(&self.recording, call);
+        }
+        let parent = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
+        self.chain_view(parent, call.event_index, loaded_until)
+    }
+
+    /// The main thread's view just before event `end`: what a fork of it (the compaction
+    /// request, whose transcript holds only what it added) was sent on top of.
+    pub fn main_view_before(&self, end: usize, loaded_until: usize) -> Vec<usize> {
+        let events = &self.recording.events;
+        let leaf = events.iter().take(end).rposition(|e| {
+            e.lane == LANE_MAIN && is_message_event(&e.kind) && e.uuid.as_ref().is_some_and(|u| self.chain.contains_key(u))
+        });
+        match leaf {
+            Some(j) => self.chain_view(events[j].uuid.clone(), end, loaded_until),
+            None => Vec::new(),
+        }
+    }
+
+    /// Message events on the main thread's `parentUuid` chain from `from` back to its root,
+    /// before `end`, with the parallel tool results off the chain added back unless they come
+    /// before `loaded_until`.
+    fn chain_view(&self, from: Option<String>, end: usize, loaded_until: usize) -> Vec<usize> {
+        let events = &self.recording.events;
+        let mut indices = BTreeSet::new();
+        let mut visited = BTreeSet::new();
+        let mut cursor = from;
+        while let Some(uuid) = cursor {
             // A cycle cannot happen in a well-formed transcript; the visited set keeps a
             // malformed one from looping forever.
-            if std::mem::replace(&mut visited[node], true) {
+            if !visited.insert(uuid.clone()) {
                 break;
             }
-            let (parent, node_events) = &self.chain.nodes[node];
-            for &i in node_events {
-                if i < call.event_index && is_message_event(&events[i].kind) {
-                    indices.push(i);
+            let Some(node) = self.chain.get(&uuid) else { break };
+            for &i in &node.events {
+                if i < end && is_message_event(&events[i].kind) {
+                    indices.insert(i);
                 }
             }
-            cursor = *parent;
+            cursor = node.parent.clone();
         }
-        indices.sort_unstable();
-        indices.dedup();
-        indices
+        // Parallel tool calls: since 2.1 each result record's parent is its own tool_use record,
+        // and the next call hangs off the result recorded last, so the walk misses the results
+        // recorded before it (a branch off the chain). The client sent every one of them (the
+        // API requires a result for each tool_use), so they are added back.
+        let mut answered: BTreeSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ToolResult(result) => Some(result.tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let asked: BTreeSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ModelReply(reply) => Some(reply.tool_use_ids()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let first = indices.first().copied().unwrap_or(end).max(loaded_until);
+        let mut orphans = Vec::new();
+        for (i, event) in events.iter().enumerate().take(end).skip(first) {
+            if let EventKind::ToolResult(result) = &event.kind
+                && event.lane == LANE_MAIN
+                && asked.contains(result.tool_use_id.as_str())
+                && answered.insert(result.tool_use_id.as_str())
+            {
+                orphans.push(i);
+            }
+        }
+        indices.extend(orphans);
+        indices.into_iter().collect()
     }
 
     /// The message list the model saw for `call`, rebuilt from [`Self::view_event_indices`]:
@@ -221,29 +261,60 @@ impl ImportedSession {
         build_messages(&self.recording, &self.view_event_indices(call))
     }
 
-    /// [`Self::messages_for_call`], reusing the messages built for the previous call of the
-    /// same lane when this call's view extends that call's view (the usual case: a call sees
-    /// what the one before it saw, plus its reply and the results that followed).
-    pub fn messages_for_call_cached(&self, call: &RecordedCall, cache: &mut ViewCache) -> Vec<Message> {
-        let view = self.view_event_indices(call);
-        let (last_view, messages) = cache.lanes.entry(call.lane.clone()).or_default();
-        if view.starts_with(last_view) {
-            cache.appended += 1;
-            append_messages(&self.recording, &view[last_view.len()..], messages);
-        } else {
-            *messages = build_messages(&self.recording, &view);
-        }
-        *last_view = view;
-        messages.clone()
+    /// The message list of a resumed client (see [`Self::view_event_indices_loaded`]): the tool
+    /// uses whose results it lost are left out too, as the client's loader drops unresolved
+    /// tool uses.
+    pub fn messages_for_call_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
+        self.messages_loaded(&self.view_event_indices_loaded(call, loaded_until), loaded_until)
     }
-}
 
-/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]).
-#[derive(Debug, Default)]
-pub struct ViewCache {
-    lanes: BTreeMap<String, (Vec<usize>, Vec<Message>)>,
-    /// Calls whose messages were appended to the previous call's rather than rebuilt.
-    pub appended: u64,
+    /// The messages of a fork of the main thread (`call` in lane `compact`): the main thread's
+    /// view at that point, then what the fork's own transcript adds.
+    pub fn fork_messages(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
+        let mut indices = self.main_view_before(call.event_index, loaded_until);
+        indices.extend(view_in_file_order(&self.recording, call));
+        self.messages_loaded(&indices, loaded_until)
+    }
+
+    fn messages_loaded(&self, indices: &[usize], loaded_until: usize) -> Vec<Message> {
+        let mut messages = build_messages(&self.recording, indices);
+        if loaded_until == 0 {
+            return messages;
+        }
+        let answered: BTreeSet<String> = messages
+            .iter()
+            .flat_map(|m| m.content.to_blocks())
+            .filter_map(|b| match b {
+                ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id),
+                _ => None,
+            })
+            .collect();
+        for message in &mut messages {
+            if message.role != Role::Assistant {
+                continue;
+            }
+            let mut blocks = message.content.to_blocks();
+            let before = blocks.len();
+            blocks.retain(|b| !matches!(b, ContentBlock::ToolUse { id, .. } if !answered.contains(id)));
+            if blocks.len() != before {
+                message.content = MessageContent::Blocks(blocks);
+            }
+        }
+        messages.retain(|m| !m.content.to_blocks().is_empty());
+        // A reply left out entirely joins the user messages around it, as the client merges them.
+        let mut merged: Vec<Message> = Vec::with_capacity(messages.len());
+        for message in messages {
+            match merged.last_mut() {
+                Some(last) if last.role == message.role => {
+                    let mut blocks = last.content.to_blocks();
+                    blocks.extend(message.content.to_blocks());
+                    last.content = MessageContent::Blocks(blocks);
+                }
+                _ => merged.push(message),
+            }
+        }
+        merged
+    }
 }
 
 fn is_message_event(kind: &EventKind) -> bool {
@@ -268,13 +339,6 @@ fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> 
 /// Builds API messages from message events, merging consecutive same-role content.
 pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> {
     let mut messages: Vec<Message> = Vec::new();
-    append_messages(recording, indices, &mut messages);
-    messages
-}
-
-/// Appends message events to `messages` as [`build_messages`] does (the first may merge into
-/// the last message).
-fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<Message>) {
     for &i in indices {
         let Some(event) = recording.events.get(i) else { continue };
         let (role, blocks) = match &event.kind {
@@ -287,17 +351,15 @@ fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<
             _ => continue,
         };
         match messages.last_mut() {
-            Some(last) if last.role == role => match &mut last.content {
-                MessageContent::Blocks(merged) => merged.extend(blocks),
-                MessageContent::Text(_) => {
-                    let mut merged = last.content.to_blocks();
-                    merged.extend(blocks);
-                    last.content = MessageContent::Blocks(merged);
-                }
-            },
+            Some(last) if last.role == role => {
+                let mut merged = last.content.to_blocks();
+                merged.extend(blocks);
+                last.content = MessageContent::Blocks(merged);
+            }
             _ => messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
         }
     }
+    messages
 }
 
 /// Imports a session transcript and the subagent transcripts beside it
@@ -396,6 +458,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     header.cwd = main.cwd.clone();
     header.versions = main.versions.clone();
     header.metadata = main.metadata.clone();
+    header.head_truncated = main.first_parent.as_ref().is_some_and(|parent| !main.seen_uuids.contains(parent));
 
     let mut report = ImportReport::new(&main.file, "claude-code");
     main.add_to_report(&mut report);
@@ -436,7 +499,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
         report.totals_all.add(&call.usage, call.is_synthetic);
     }
     report.totals_by_lane = by_lane;
-    ImportedSession { recording, calls, report, chain: Chain::new(chain) }
+    ImportedSession { recording, calls, report, chain }
 }
 
 /// Stable k-way merge by `time_ms`; returns the merged events and, for lane 0, old → new index.
@@ -477,6 +540,9 @@ struct FileImporter {
     reply_index: BTreeMap<String, usize>,
     seen_uuids: BTreeSet<String>,
     chain: BTreeMap<String, ChainNode>,
+    /// `parentUuid` of the first record that has the field (`None` when it is null).
+    first_parent: Option<String>,
+    saw_parent_field: bool,
     /// The last compaction event, waiting for its summary message.
     pending_compaction: Option<usize>,
     /// `agentId` → the Task tool_use that started it (from `agent_progress` records).
@@ -504,6 +570,8 @@ impl FileImporter {
             reply_index: BTreeMap::new(),
             seen_uuids: BTreeSet::new(),
             chain: BTreeMap::new(),
+            first_parent: None,
+            saw_parent_field: false,
             pending_compaction: None,
             agent_tool_use: BTreeMap::new(),
             session_id: None,
@@ -557,6 +625,10 @@ impl FileImporter {
         *self.records_by_type.entry(key).or_default() += 1;
 
         let uuid = record.get("uuid").and_then(Value::as_str).map(str::to_owned);
+        if !self.saw_parent_field && record.contains_key("parentUuid") {
+            self.saw_parent_field = true;
+            self.first_parent = record.get("parentUuid").and_then(Value::as_str).map(str::to_owned);
+        }
         if let Some(uuid) = &uuid {
             // Resumed sessions can copy earlier records into a file again; count them once.
             if !self.seen_uuids.insert(uuid.clone()) {

@@ -60,6 +60,11 @@ pub struct Header {
     /// wins, keyed by record type.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+    /// The source starts mid-session: its first record's parent is not in it (a segment of a
+    /// longer session, as Entire checkpoints store them). Its first call then carries history
+    /// older than the recording.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub head_truncated: bool,
     /// Fields written by newer versions are kept, not dropped.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -77,6 +82,7 @@ impl Header {
             versions: Vec::new(),
             subagents: Vec::new(),
             metadata: Map::new(),
+            head_truncated: false,
             extra: Map::new(),
         }
     }
@@ -266,6 +272,16 @@ pub struct ModelReply {
     /// The reply stands for a failed API call (Claude Code's `isApiErrorMessage`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_api_error: bool,
+}
+
+impl ModelReply {
+    /// Ids of the tool calls in this reply, in order.
+    pub fn tool_use_ids(&self) -> impl Iterator<Item = &str> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+    }
 }
 
 /// A whole recording in memory.

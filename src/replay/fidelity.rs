@@ -30,6 +30,23 @@ pub struct CallComparison {
     pub simulated_cache_creation: f64,
     pub context_ape: f64,
     pub hit_agrees: bool,
+    /// Milliseconds since the previous compared call of the lane group (0 for the first).
+    #[serde(default)]
+    pub gap_ms: u64,
+    /// What the simulated context is made of: tools + system, the user-context reminder and
+    /// the recorded messages as estimated.
+    #[serde(default)]
+    pub prefix_tokens: u64,
+    #[serde(default)]
+    pub user_context_tokens: u64,
+    #[serde(default)]
+    pub message_tokens: u64,
+    /// Events the replay saw before the call (see [`CallReplay::events`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<String>,
+    /// The N-pattern probability applied (see [`CallReplay::rerender_probability`]).
+    #[serde(default)]
+    pub rerender_probability: f64,
 }
 
 /// The per-session figures (CONTRACT.md "Fidelity JSON", plus a few more).
@@ -74,6 +91,7 @@ fn round6(x: f64) -> f64 {
 pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_calls: bool) -> FidelityReport {
     let mut calls = Vec::new();
     let mut skipped = 0;
+    let mut last_time: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut rec_read, mut rec_creation, mut sim_read, mut sim_creation) = (0u64, 0u64, 0.0, 0.0);
     let (mut rec_cost, mut sim_cost) = (0.0, 0.0);
     for call in &replay.calls {
@@ -81,7 +99,9 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
             skipped += 1;
             continue;
         }
-        let comparison = compare(call);
+        let group = if call.lane == "compact" { "main" } else { call.lane.as_str() };
+        let gap_ms = last_time.insert(group, call.time_ms).map_or(0, |t| call.time_ms.saturating_sub(t));
+        let comparison = compare(call, gap_ms);
         rec_read += comparison.recorded_cache_read;
         rec_creation += comparison.recorded_cache_creation;
         sim_read += comparison.simulated_cache_read;
@@ -137,7 +157,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
     }
 }
 
-fn compare(call: &CallReplay) -> CallComparison {
+fn compare(call: &CallReplay, gap_ms: u64) -> CallComparison {
     let recorded_context = call.recorded_context();
     let simulated_context = call.simulated_context();
     let rec = &call.recorded;
@@ -157,7 +177,47 @@ fn compare(call: &CallReplay) -> CallComparison {
         simulated_cache_creation: call.sim_cache_creation,
         context_ape: relative(simulated_context as f64, recorded_context as f64).abs(),
         hit_agrees: rec_hit == sim_hit && rec_rewritten == sim_rewritten,
+        gap_ms,
+        prefix_tokens: call.prefix_tokens,
+        user_context_tokens: call.user_context_tokens,
+        message_tokens: call.message_tokens,
+        events: call.events.clone(),
+        rerender_probability: call.rerender_probability,
     }
+}
+
+/// Per-call rows of one session report as a fixed-width table (the `--calls` diagnostic):
+/// recorded against simulated context, read and creation, the error, the modelled parts and
+/// the events the replay saw (`turn` = a new user turn).
+pub fn fidelity_calls_table(report: &FidelityReport) -> String {
+    let mut out = format!("calls of {}\n", report.input);
+    out.push_str(&format!(
+        "{:>5} {:<10} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>7} {:>5} {}\n",
+        "#", "lane", "gap_s", "rec_ctx", "sim_ctx", "err%", "rec_rd", "sim_rd", "rec_cr", "sim_cr", "prefix", "uctx", "msgs", "agree", "events"
+    ));
+    for c in &report.calls {
+        let err = relative(c.simulated_context as f64, c.recorded_context as f64);
+        let events: Vec<&str> = c.events.iter().map(|e| if e == "new_user_turn" { "turn" } else { e.as_str() }).collect();
+        out.push_str(&format!(
+            "{:>5} {:<10} {:>7.1} {:>8} {:>8} {:>+7.1} {:>8} {:>8.0} {:>8} {:>8.0} {:>7} {:>6} {:>7} {:>5} {}\n",
+            c.index,
+            c.lane.chars().take(10).collect::<String>(),
+            c.gap_ms as f64 / 1000.0,
+            c.recorded_context,
+            c.simulated_context,
+            err * 100.0,
+            c.recorded_cache_read,
+            c.simulated_cache_read,
+            c.recorded_cache_creation,
+            c.simulated_cache_creation,
+            c.prefix_tokens,
+            c.user_context_tokens,
+            c.message_tokens,
+            if c.hit_agrees { "yes" } else { "NO" },
+            events.join(",")
+        ));
+    }
+    out
 }
 
 /// A fixed-width table of session reports, with a pooled row when there are several.
@@ -245,10 +305,26 @@ fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
     (scale > 0.0).then(|| FamilyCalibration { scale: round6(scale), per_block: 0.0 })
 }
 
-/// Fits the calibrated estimator on samples from several sessions.
-pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, source: &str) -> Calibration {
+/// The user context a session opened with, when its transcript shows it: the first call's
+/// unrecorded tokens less the prefix level the record showed. Head-truncated segments carry
+/// older history in their first call and give none.
+pub fn user_context_sample(replay: &SessionReplay) -> Option<u64> {
+    let main = replay.unrecorded_main.filter(|m| m.prefix_from_record && !replay.head_truncated)?;
+    Some(main.first_call_tokens.saturating_sub(main.prefix_tokens))
+}
+
+/// Fits the calibrated estimator on samples from several sessions, with the median of their
+/// user-context sizes.
+pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], source: &str) -> Calibration {
     let pooled: Vec<FitSample> = samples.values().flatten().copied().collect();
     let default = solve(&pooled).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
     let families = samples.iter().filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
-    Calibration { source: source.to_owned(), default, families }
+    let mut sorted = user_contexts.to_vec();
+    sorted.sort_unstable();
+    let user_context_tokens = match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[n / 2]),
+        n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
+    };
+    Calibration { source: source.to_owned(), default, families, user_context_tokens }
 }

@@ -7,17 +7,19 @@
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
 //! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
+//! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
 pub mod breaks;
 pub mod fidelity;
 pub mod plot;
 pub mod profile;
 pub mod session;
+pub mod working_set;
 
 pub use breaks::{BreakRow, find_breaks};
 pub use fidelity::{
-    CallComparison, FidelityReport, FitSample, fidelity_for_session, fidelity_table, fit_calibration, fit_samples,
+    CallComparison, FidelityReport, FitSample, fidelity_calls_table, fidelity_for_session, fidelity_table, fit_calibration, fit_samples, user_context_sample,
 };
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use profile::{ClientProfile, parse_version};
-pub use session::{CallReplay, ReplayOptions, SessionReplay, load_session, replay_session};
+pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session};

@@ -11,8 +11,10 @@
 //!   minus the estimate of the messages that call saw. The part the API can cache on its own
 //!   (tools + system, the "prefix level" every post-compaction call reads) is that call's
 //!   `cache_read` when it read anything (a warm start: an earlier session of the same client
-//!   wrote exactly that prefix); otherwise the measured 2.1.88 size, capped by the inferred
-//!   total. The rest is the user-context reminder that opens `messages[0]`.
+//!   wrote exactly that prefix); for the main lane of a session recorded from its start, the
+//!   total less the fitted user-context prior; otherwise the measured 2.1.88 size, capped by
+//!   the inferred total. The rest is the user-context reminder that opens `messages[0]`. Later
+//!   reads that fall to the prefix level set it (see `session.rs`).
 //! - **Behaviour.** The first ToolSearch load of a deferred tool changes the tools array (a
 //!   full miss); a Skill call re-renders the start of the conversation (the read falls to the
 //!   prefix level; 4 of 5 real Skill calls did); a resumed session re-renders its start; in

@@ -1,5 +1,6 @@
 //! Replays an imported session: for every recorded API call, the request the client would have
-//! sent, measured with [`Measurer`] at the recorded time.
+//! sent, measured with [`Measurer`] at the time it was sent (the time of the user prompt or tool
+//! result recorded before it; its recorded time, the first streamed block, is its first token).
 //!
 //! What each rebuilt request holds, in order:
 //! - `tools`: empty, except deferred tools loaded by ToolSearch (appended on their first load,
@@ -7,15 +8,22 @@
 //! - `system`: one block with the lane's prefix level of tokens (see [`super::profile`]) and a
 //!   breakpoint, as Claude Code marks its system blocks;
 //! - `messages`: the user-context reminder (the unrecorded rest of the first call's size) opening
-//!   `messages[0]`, then the messages the call saw ([`ImportedSession::messages_for_call`]) with
-//!   tool results cleared by a recorded microcompact, thinking whose text was not stored filled
-//!   to its estimate, and the files the client restores after a compaction; one breakpoint on
-//!   the last block.
+//!   `messages[0]`, then the messages the call saw ([`ImportedSession::messages_for_call_loaded`]:
+//!   after a resume, without the parallel results the client lost; for the compaction request, the
+//!   main thread's view plus its own) with tool results cleared by a recorded microcompact,
+//!   thinking whose text was not stored filled to its estimate, parallel tool results in tool_use
+//!   order, and the working set the client restores after a compaction
+//!   ([`super::working_set`]); one breakpoint on the last block, or on the parallel result that
+//!   completed last.
 //!
 //! The TTL of every breakpoint is the one in force for the call, read from the recorded
 //! `cache_creation` split (1h when any 1h tokens were written, 5m when 5m were, else the
 //! lane's last one). Because every request marks its last block, a call reads what the
 //! previous call *cached* (its read + creation), not its whole prompt, as the API does.
+//!
+//! The record also corrects the replay's picture of the cache where it shows what was cached: a
+//! warm first call's prefix is seeded, and a read that falls into the unrecorded part at a
+//! re-render sets the prefix level from then on (`prefix_level`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -37,13 +45,10 @@ use crate::recording::{
 };
 
 use super::profile::ClientProfile;
+use super::working_set::WorkingSet;
 
 /// Text a microcompact leaves in place of a cleared tool result.
 pub const CLEARED_TOOL_RESULT: &str = "[Old tool result content cleared]";
-/// Post-compaction file restore budgets (reference/layer-6-and-caching.md §5.10).
-const RESTORE_MAX_FILES: usize = 5;
-const RESTORE_MAX_TOKENS_PER_FILE: usize = 5_000;
-const RESTORE_TOKEN_BUDGET: usize = 50_000;
 
 /// Knobs of a replay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -155,6 +160,9 @@ pub struct SessionReplay {
     pub diverged_calls: usize,
     /// The first such call and why.
     pub first_divergence: Option<(usize, String)>,
+    /// The recording starts mid-session (see [`crate::recording::format::Header::head_truncated`]).
+    pub head_truncated: bool,
+    pub unrecorded_main: Option<UnrecordedSizes>,
 }
 
 impl SessionReplay {
@@ -183,6 +191,19 @@ struct GroupSizes {
     context_tokens: u64,
 }
 
+/// The unrecorded part of the main lane group as the replay ended up sizing it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct UnrecordedSizes {
+    /// Tokens of the first call beyond its recorded messages (tools, system, user context, and
+    /// for a head-truncated segment the older history).
+    pub first_call_tokens: u64,
+    /// The prefix level (tools + system) last in force.
+    pub prefix_tokens: u64,
+    /// Whether the record showed the prefix level (a warm first call or a later re-render);
+    /// otherwise it is the replay's own split.
+    pub prefix_from_record: bool,
+}
+
 #[derive(Debug, Default)]
 struct LaneState {
     ttl: Option<CacheTtl>,
@@ -194,8 +215,16 @@ struct LaneState {
     loaded_tools: Vec<String>,
     rerender_epoch: u32,
     restored: Vec<ContentBlock>,
-    /// Read tool results seen, in order: (file path, text).
-    reads: Vec<(String, String)>,
+    /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
+    prev_recorded_cached: Option<u64>,
+    /// Events of skipped calls (synthetic replies, errors), passed on to the next call.
+    carried_events: Vec<String>,
+    /// Events before this index were loaded back from the transcript by a resumed client.
+    loaded_until: usize,
+    /// The files read, edited and written so far (what a compaction restores).
+    working_set: WorkingSet,
+    /// Tool uses waiting for their result: id → (tool name, input).
+    pending: BTreeMap<String, (String, Value)>,
     /// Tool results recorded in this lane so far.
     seen_results: BTreeSet<String>,
     /// Tokens a microcompact freed from history older than the transcript (a session segment
@@ -206,9 +235,70 @@ struct LaneState {
     peer: crate::agent::compact::peers::PeerState,
 }
 
-/// The most user context (CLAUDE.md files, date, git status) the replay keeps after a
-/// compaction: anything the first call showed beyond it was history older than the transcript.
-pub const USER_CONTEXT_MAX_TOKENS: u64 = 12_000;
+/// Events at which the client re-renders the start of the conversation, so that a recorded read
+/// falling into the unrecorded part of the request there shows the prefix level.
+const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "resume", "new_user_turn"];
+
+/// What a transcript does not record, put around the recorded messages of one call: the system
+/// prompt (tools + system, the prefix level) with its breakpoint, deferred tools loaded so far,
+/// the user-context reminder opening `messages[0]`, and the breakpoint on the last block.
+struct Unrecorded<'a> {
+    group: &'a str,
+    /// Re-renders of the conversation start so far (the reminder's text changes with it).
+    epoch: u32,
+    loaded_tools: &'a [String],
+    kind: EstimatorKind,
+    params: crate::measure::tokens::FamilyCalibration,
+    cache_control: CacheControl,
+    /// The tool result the last breakpoint goes on, when not the last block.
+    marked_result: Option<&'a str>,
+}
+
+impl Unrecorded<'_> {
+    fn request(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes) -> Request {
+        let mut request = Request::new(model.to_owned(), 32_000);
+        request.messages = messages;
+        let label = if self.group == LANE_MAIN { "system".to_owned() } else { format!("system {}", self.group) };
+        request.system = Some(SystemPrompt::Blocks(vec![
+            SystemBlock::text(filler(&label, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
+                .with_cache_control(Some(self.cache_control.clone())),
+        ]));
+        if !self.loaded_tools.is_empty() {
+            request.tools = Some(
+                self.loaded_tools
+                    .iter()
+                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
+                    .collect(),
+            );
+        }
+        if sizes.context_tokens > 0 {
+            let label = format!("user-context {} {} {}", self.group, self.epoch, sizes.context_tokens);
+            let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, self.kind, self.params.scale, self.params.per_block));
+            match request.messages.first_mut() {
+                Some(first) if first.role == Role::User => {
+                    let mut blocks = vec![reminder];
+                    blocks.extend(first.content.to_blocks());
+                    first.content = MessageContent::Blocks(blocks);
+                }
+                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
+            }
+        }
+        if let Some(last) = request.messages.last_mut() {
+            let mut blocks = last.content.to_blocks();
+            let target = self.marked_result.and_then(|id| {
+                blocks.iter().position(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id))
+            });
+            let at = target.unwrap_or(blocks.len().saturating_sub(1));
+            if let Some(block) = blocks.get_mut(at)
+                && !block.is_thinking()
+            {
+                block.set_cache_control(Some(self.cache_control.clone()));
+            }
+            last.content = MessageContent::Blocks(blocks);
+        }
+        request
+    }
+}
 
 fn group_of(lane: &str) -> &str {
     if lane == LANE_COMPACT { LANE_MAIN } else { lane }
@@ -236,18 +326,6 @@ fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: 
     text
 }
 
-/// [`filler`], memoized: a replay asks for the same texts at every call (the prefix level, the
-/// user context, the thinking of every earlier reply).
-#[derive(Default)]
-struct Fillers(BTreeMap<(String, u64, EstimatorKind, u64, u64), String>);
-
-impl Fillers {
-    fn get(&mut self, label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
-        let key = (label.to_owned(), target, kind, scale.to_bits(), per_block.to_bits());
-        self.0.entry(key).or_insert_with(|| filler(label, target, kind, scale, per_block)).clone()
-    }
-}
-
 fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
     let split = usage.cache_creation.as_ref()?;
     if split.ephemeral_1h_input_tokens > 0 {
@@ -259,58 +337,84 @@ fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
     }
 }
 
-fn text_of_result(content: &Option<ToolResultContent>) -> String {
-    match content {
-        None => String::new(),
-        Some(ToolResultContent::Text(t)) => t.clone(),
-        Some(ToolResultContent::Blocks(blocks)) => blocks
-            .iter()
+/// Puts the results of parallel tool calls in the order of their tool uses, as the client sends
+/// them, and returns the id of the result its breakpoint goes on when that is not the last
+/// block: the client marks the message that completed last, so results of later tool uses that
+/// completed earlier trail the breakpoint and are billed as uncached input (15 of the 16 calls
+/// after out-of-order parallel results in ../shared/realdata show exactly that tail).
+fn order_tool_results(messages: &mut [Message]) -> Option<String> {
+    let mut marked = None;
+    let n = messages.len();
+    for i in 1..n {
+        if messages[i].role != Role::User || messages[i - 1].role != Role::Assistant {
+            continue;
+        }
+        let order: BTreeMap<String, usize> = messages[i - 1]
+            .content
+            .to_blocks()
+            .into_iter()
             .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                ContentBlock::ToolUse { id, .. } => Some(id),
                 _ => None,
             })
-            .collect::<Vec<_>>()
-            .join("\n"),
-    }
-}
-
-/// The files the client re-attaches after a compaction: the most recently read files (at most
-/// five, 5,000 tokens each, 50,000 in all, chars/4 as the client counts).
-fn restored_files(reads: &[(String, String)]) -> Vec<ContentBlock> {
-    let mut seen = BTreeSet::new();
-    let mut blocks = Vec::new();
-    let mut total = 0;
-    for (path, text) in reads.iter().rev() {
-        if blocks.len() == RESTORE_MAX_FILES {
-            break;
-        }
-        if !seen.insert(path.clone()) {
+            .enumerate()
+            .map(|(k, id)| (id, k))
+            .collect();
+        let mut blocks = messages[i].content.to_blocks();
+        let run = blocks.iter().take_while(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
+        if run < 2 {
             continue;
         }
-        let mut body: String = text.chars().take(RESTORE_MAX_TOKENS_PER_FILE * 4).collect();
-        if body.len() < text.len() {
-            body.push_str("\n... (truncated)");
+        let id_of = |b: &ContentBlock| match b {
+            ContentBlock::ToolResult { tool_use_id, .. } => tool_use_id.clone(),
+            _ => String::new(),
+        };
+        let completed_last = id_of(&blocks[run - 1]);
+        blocks[..run].sort_by_key(|b| order.get(&id_of(b)).copied().unwrap_or(usize::MAX));
+        if i == n - 1 && run == blocks.len() && id_of(&blocks[run - 1]) != completed_last {
+            marked = Some(completed_last);
         }
-        let rendered = format!(
-            "<system-reminder>\nCalled the Read tool with the following input: {{\"file_path\":\"{path}\"}}\nResult of calling the Read tool:\n{body}\n</system-reminder>"
-        );
-        let tokens = chars4(&rendered) as usize;
-        if total + tokens > RESTORE_TOKEN_BUDGET {
-            continue;
-        }
-        total += tokens;
-        blocks.push(ContentBlock::text(rendered));
+        messages[i].content = MessageContent::Blocks(blocks);
     }
-    blocks
+    marked
 }
 
+/// The API's view of a request to a model that drops earlier turns' thinking: the thinking
+/// blocks before the last user message that is not only tool results count no tokens. Their
+/// positions stay, so the cached prefix stays valid: 45 of 51 real new turns after thinking kept
+/// their cache (reference/real-breaks.md), and the context drops by that thinking.
+fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
+    let Some(last_prompt) = request.messages.iter().rposition(|m| {
+        m.role == Role::User && m.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
+    }) else {
+        return;
+    };
+    let mut dropped = 0u64;
+    for block in std::sync::Arc::make_mut(&mut flat.blocks).iter_mut() {
+        if block.path.region == Region::Messages
+            && block.path.index < last_prompt
+            && matches!(&*block.kind, "thinking" | "redacted_thinking")
+        {
+            dropped += u64::from(block.tokens);
+            block.tokens = 0;
+        }
+    }
+    flat.total_tokens -= dropped;
+}
+
+/// A prompt that is the `/exit` (or `/quit`) local command.
+fn is_exit_command(content: &MessageContent) -> bool {
+    content.to_blocks().iter().any(|b| match b {
+        ContentBlock::Text { text, .. } => ["<command-name>/exit</command-name>", "<command-name>/quit</command-name>"].iter().any(|c| text.contains(c)),
+        _ => false,
+    })
+}
+
+/// Whether the request opens a user turn: its last message carries something besides tool
+/// results (a prompt, or an interruption with what the user sent next).
 fn is_new_user_turn(messages: &[Message]) -> bool {
     let Some(last) = messages.last() else { return false };
-    if last.role != Role::User {
-        return false;
-    }
-    let blocks = last.content.to_blocks();
-    !blocks.iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+    last.role == Role::User && last.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
 }
 
 /// Flat position of the first block of the user prompt that opened the previous turn, if the
@@ -338,6 +442,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
+    let cwd = session.recording.header.cwd.as_deref();
+    let user_context_prior = measurer.counter().calibration().user_context_tokens.unwrap_or(0);
+    let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
     // Estimated thinking of replies whose text was not stored, keyed by signature.
     let mut thinking_estimate: BTreeMap<String, u64> = BTreeMap::new();
@@ -368,8 +475,6 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     }
 
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
-    let mut fillers = Fillers::default();
-    let mut views = crate::recording::ViewCache::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
     let mut out = Vec::with_capacity(session.calls.len());
     let mut turn = 0u32;
@@ -380,12 +485,20 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
         let group = group_of(&call.lane).to_owned();
+        // A compaction request forks the main thread: its transcript holds only what it added.
+        let main_fork = (call.lane == LANE_COMPACT).then(|| {
+            lanes.get(LANE_MAIN).map(|m| (m.cleared.clone(), m.restored.clone(), m.loaded_until)).unwrap_or_default()
+        });
         let state = lanes.entry(call.lane.clone()).or_default();
-        let mut call_events: Vec<String> = Vec::new();
+        // Events seen before a call that was not compared belong to the next one.
+        let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
+        let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
+        let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
         let from = state.scanned_to;
-        let mut pending_reads: BTreeMap<String, String> = BTreeMap::new();
+        let mut resumed_at = None;
+        let mut request_start = None;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -393,7 +506,16 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             match &event.kind {
                 EventKind::Compaction(_) => {
                     call_events.push("compaction".into());
-                    state.restored = if options.restore_files { restored_files(&state.reads) } else { Vec::new() };
+                    state.restored = if options.restore_files {
+                        let counter = measurer.counter();
+                        let restored = state.working_set.compact(cwd, |text| u64::from(counter.count_text(text, &family)));
+                        restored
+                            .iter()
+                            .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block)))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     state.cleared.clear();
                     state.compacted = true;
                 }
@@ -417,20 +539,22 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                 }
                 EventKind::SystemEvent(sys) => {
-                    if sys.payload.to_string().contains("SessionStart:resume") && profile.resume_rerender {
-                        call_events.push("resume".into());
-                        state.rerender_epoch += 1;
+                    if sys.payload.to_string().contains("SessionStart:resume") {
+                        resumed_at = Some(i);
+                    }
+                }
+                EventKind::UserPrompt(prompt) => {
+                    request_start = Some(event.time_ms);
+                    // `/exit` ends the process: whatever comes next is a resumed one.
+                    if is_exit_command(&prompt.content) {
+                        resumed_at = Some(i);
                     }
                 }
                 EventKind::ModelReply(reply) if i < call.event_index => {
                     for block in &reply.content {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
+                            state.pending.insert(id.clone(), (name.clone(), input.clone()));
                             match name.as_str() {
-                                "Read" => {
-                                    if let Some(path) = input.get("file_path").and_then(Value::as_str) {
-                                        pending_reads.insert(id.clone(), path.to_owned());
-                                    }
-                                }
                                 "Skill" if profile.skill_rerender => {
                                     call_events.push("skill".into());
                                     state.rerender_epoch += 1;
@@ -451,9 +575,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                 }
                 EventKind::ToolResult(result) => {
+                    request_start = Some(event.time_ms);
                     state.seen_results.insert(result.tool_use_id.clone());
-                    if let Some(path) = pending_reads.remove(&result.tool_use_id) {
-                        state.reads.push((path, text_of_result(&result.content)));
+                    if let Some((name, input)) = state.pending.remove(&result.tool_use_id) {
+                        state.working_set.observe(&name, &input, result.tool_use_result.as_ref(), result.is_error);
                     }
                 }
                 _ => {}
@@ -462,18 +587,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
         // ToolSearch) and the results that follow belong to what the next call sees.
         state.scanned_to = call.event_index;
-        // Read results of the previous reply arrive after it: keep unmatched ones for later.
-        if !pending_reads.is_empty() {
-            for (i, event) in events.iter().enumerate().skip(call.event_index) {
-                if event.lane != call.lane || pending_reads.is_empty() {
-                    break;
-                }
-                let _ = i;
-                if let EventKind::ToolResult(result) = &event.kind
-                    && let Some(path) = pending_reads.remove(&result.tool_use_id)
-                {
-                    state.reads.push((path, text_of_result(&result.content)));
-                }
+        // A resumed client loaded its history back from the transcript (losing parallel tool
+        // results off the parentUuid chain) and re-renders the start of the conversation.
+        if let Some(i) = resumed_at {
+            state.loaded_until = i;
+            if profile.resume_rerender {
+                call_events.push("resume".into());
+                state.rerender_epoch += 1;
             }
         }
 
@@ -487,6 +607,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             None
         };
         if let Some(reason) = skipped {
+            state.carried_events = call_events.clone();
             out.push(skipped_call(call, call_events, reason.to_owned()));
             continue;
         }
@@ -501,8 +622,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         if state.model.as_ref().is_some_and(|m| m != &call.model) {
             call_events.push("model_switch".into());
         }
+        // The recorded time of a call is its first streamed block; the request went out when
+        // the record that prompted it (a user prompt or tool result) was written. The cache
+        // entry of the previous call lives from its first block on.
+        let start_ms = request_start.filter(|&t| t <= call.time_ms && state.last_time_ms.is_none_or(|last| t >= last)).unwrap_or(call.time_ms);
         if let Some(last) = state.last_time_ms
-            && call.time_ms.saturating_sub(last) >= ttl.millis()
+            && start_ms.saturating_sub(last) >= ttl.millis()
         {
             call_events.push("ttl_expired".into());
         }
@@ -510,29 +635,33 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         state.last_time_ms = Some(call.time_ms);
 
         // The messages the call saw, with what the client changed in them.
-        let mut messages = session.messages_for_call_cached(call, &mut views);
+        let (mut messages, cleared, restored) = match &main_fork {
+            Some((cleared, restored, loaded_until)) => (session.fork_messages(call, *loaded_until), cleared, restored),
+            None => (session.messages_for_call_loaded(call, state.loaded_until), &state.cleared, &state.restored),
+        };
         for message in &mut messages {
             let MessageContent::Blocks(blocks) = &mut message.content else { continue };
             for block in blocks.iter_mut() {
                 match block {
-                    ContentBlock::ToolResult { tool_use_id, content, .. } if state.cleared.contains(tool_use_id) => {
+                    ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
                         *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
                     }
                     ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
                         if let Some(&tokens) = thinking_estimate.get(signature.as_str()) {
-                            *thinking = fillers.get("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
+                            *thinking = filler("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
                         }
                     }
                     _ => {}
                 }
             }
         }
-        if !state.restored.is_empty()
+        let marked_result = order_tool_results(&mut messages);
+        if !restored.is_empty()
             && let Some(first) = messages.first_mut()
             && first.role == Role::User
         {
             let mut blocks = first.content.to_blocks();
-            blocks.extend(state.restored.iter().cloned());
+            blocks.extend(restored.iter().cloned());
             first.content = MessageContent::Blocks(blocks);
         }
         // The strategy's own mechanisms on what the recorded client sent.
@@ -569,84 +698,91 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         if !options.recorded_microcompact && first_divergence.is_none() && call_events.iter().any(|e| e == "microcompact") {
             first_divergence = Some((call.index, "the recorded microcompact was not applied: its cleared tool results stay visible".to_owned()));
         }
-        let new_turn = is_new_user_turn(&messages);
+        let new_turn = main_fork.is_none() && is_new_user_turn(&messages);
         if new_turn {
             call_events.push("new_user_turn".into());
             turn += 1;
         }
 
-        let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
-        let params = measurer.counter().calibration().for_family(&family);
-        let cache_control = CacheControl::ephemeral().with_ttl(Some(ttl));
-        let mut request = Request::new(call.model.clone(), 32_000);
-        request.messages = messages;
+        let unrecorded = Unrecorded {
+            group: &group,
+            epoch: state.rerender_epoch,
+            loaded_tools: &state.loaded_tools,
+            kind,
+            params,
+            cache_control: CacheControl::ephemeral().with_ttl(Some(ttl)),
+            marked_result: marked_result.as_deref(),
+        };
 
         // Sizes of the unrecorded part: inferred from the group's first compared call.
+        let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
         if !groups.contains_key(&group) {
-            let bare = match measurer.flatten(&request) {
+            let mut bare = Request::new(call.model.clone(), 32_000);
+            bare.messages = messages.clone();
+            let bare = match measurer.flatten(&bare) {
                 Ok(flat) => flat,
                 Err(e) => {
                     out.push(skipped_call(call, call_events, e.to_string()));
                     continue;
                 }
             };
-            let unrecorded = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
-            let prefix = if call.usage.cache_read_input_tokens > 0 {
-                call.usage.cache_read_input_tokens.min(unrecorded)
+            let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
+            let warm = call.usage.cache_read_input_tokens;
+            let prefix = if warm > 0 {
+                // A warm start: an earlier session of the same client cached exactly this prefix.
+                warm.min(unrecorded_tokens)
+            } else if group == LANE_MAIN && !truncated {
+                // The whole session is in the transcript: the first call is tools + system +
+                // user context + the first prompt, and the user context is the fitted prior.
+                unrecorded_tokens.saturating_sub(user_context_prior)
             } else {
-                profile.cold_prefix_tokens.min(unrecorded)
+                profile.cold_prefix_tokens.min(unrecorded_tokens)
             };
-            groups.insert(group.clone(), GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded - prefix });
-        }
-        let mut sizes = groups[&group];
-        sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
-        if state.compacted {
-            sizes.context_tokens = sizes.context_tokens.min(USER_CONTEXT_MAX_TOKENS);
-        }
-
-        let label = if group == LANE_MAIN { "system".to_owned() } else { format!("system {group}") };
-        request.system = Some(SystemPrompt::Blocks(vec![
-            SystemBlock::text(fillers.get(&label, sizes.prefix_tokens, kind, params.scale, params.per_block))
-                .with_cache_control(Some(cache_control.clone())),
-        ]));
-        if !state.loaded_tools.is_empty() {
-            request.tools = Some(
-                state
-                    .loaded_tools
-                    .iter()
-                    .map(|name| Tool::custom(name.clone(), fillers.get(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
-                    .collect(),
-            );
-        }
-        if sizes.context_tokens > 0 {
-            let label = format!("user-context {group} {} {}", state.rerender_epoch, sizes.context_tokens);
-            let reminder = ContentBlock::text(fillers.get(&label, sizes.context_tokens, kind, params.scale, params.per_block));
-            match request.messages.first_mut() {
-                Some(first) if first.role == Role::User => {
-                    let mut blocks = vec![reminder];
-                    blocks.extend(first.content.to_blocks());
-                    first.content = MessageContent::Blocks(blocks);
+            let sizes = GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix };
+            groups.insert(group.clone(), sizes);
+            if group == LANE_MAIN {
+                unrecorded_main = Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: warm > 0 });
+            }
+            if warm > 0 {
+                let prefix_only = unrecorded.request(&call.model, Vec::new(), GroupSizes { prefix_tokens: prefix, context_tokens: 0 });
+                if let Ok(flat) = measurer.flatten(&prefix_only) {
+                    let _ = measurer.seed_cache(&flat, start_ms.saturating_sub(1), 0);
                 }
-                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
             }
         }
-        if let Some(last) = request.messages.last_mut() {
-            let mut blocks = last.content.to_blocks();
-            if let Some(block) = blocks.last_mut()
-                && !block.is_thinking()
-            {
-                block.set_cache_control(Some(cache_control.clone()));
+        let sizes_now = |g: GroupSizes| {
+            let mut sizes = g;
+            sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
+            if state.compacted && truncated {
+                // The history older than the transcript is gone; what stays is the user context.
+                sizes.context_tokens = user_context_prior;
             }
-            last.content = MessageContent::Blocks(blocks);
-        }
+            sizes
+        };
+        let sizes = sizes_now(groups[&group]);
+        // A read that fell into the unrecorded part at a re-render shows the prefix level (after
+        // a compaction every recorded message is new, so any read there does).
+        let recorded_read = call.usage.cache_read_input_tokens;
+        let has = |e: &str| call_events.iter().any(|x| x == e);
+        let revealed = (recorded_read > 0
+            && state.prev_recorded_cached.is_some_and(|prev| recorded_read + super::breaks::BREAK_MIN_DROP <= prev)
+            && (has("compaction") || recorded_read <= sizes.prefix_tokens + sizes.context_tokens)
+            && recorded_read != sizes.prefix_tokens
+            && REVEALING_EVENTS.iter().any(|e| has(e)))
+        .then_some(recorded_read);
+        let base = revealed.map(|_| messages.clone());
+        let request = unrecorded.request(&call.model, messages, sizes);
 
-        let flat = match measurer.flatten(&request) {
+        let mut flat = match measurer.flatten(&request) {
             Ok(flat) => flat,
             Err(e) => {
                 out.push(skipped_call(call, call_events, e.to_string()));
                 continue;
             }
         };
+        if measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking) {
+            strip_prior_thinking(&request, &mut flat);
+        }
         let synthetic_tokens = flat.region_tokens(Region::Tools)
             + flat.region_tokens(Region::System)
             + if sizes.context_tokens > 0 { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
@@ -668,7 +804,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         }
 
-        let mut measure_input = MeasureInput::new(&call.lane, call.time_ms, &request);
+        let mut measure_input = MeasureInput::new(&call.lane, start_ms, &request);
+        measure_input.first_token_ms = call.time_ms - start_ms;
         measure_input.turn = turn;
         measure_input.output_tokens = call.usage.output_tokens;
         measure_input.events = call_events.iter().filter(|e| *e != "new_user_turn").cloned().collect();
@@ -682,6 +819,26 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         };
         loss.observe(&request, &metrics);
+        // The record has just shown the prefix level: size the unrecorded part by it from now
+        // on, and let the simulated cache hold what the real one does after this call.
+        if let (Some(level), Some(base)) = (revealed, base) {
+            let g = groups.get_mut(&group).expect("sized above");
+            let total = g.prefix_tokens + g.context_tokens;
+            g.prefix_tokens = level;
+            g.context_tokens = total.saturating_sub(level);
+            let corrected = unrecorded.request(&call.model, base, sizes_now(*g));
+            if let Ok(flat) = measurer.flatten(&corrected) {
+                let _ = measurer.seed_cache(&flat, start_ms, call.time_ms - start_ms);
+            }
+            call_events.push("prefix_level".into());
+            if group == LANE_MAIN
+                && let Some(main) = &mut unrecorded_main
+            {
+                main.prefix_tokens = level;
+                main.prefix_from_record = true;
+            }
+        }
+        state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
         let read = metrics.cache_read_input_tokens as f64;
         let shortfall = (read - landing as f64).max(0.0) * probability;
         if shortfall == 0.0 {
@@ -710,7 +867,16 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     if first_divergence.is_some() && diverged_calls == 0 {
         diverged_calls = 1;
     }
-    SessionReplay { input, estimator: kind.name().to_owned(), calls: out, info_loss: loss.finish(), diverged_calls, first_divergence }
+    SessionReplay {
+        input,
+        estimator: kind.name().to_owned(),
+        calls: out,
+        info_loss: loss.finish(),
+        diverged_calls,
+        first_divergence,
+        head_truncated: session.recording.header.head_truncated,
+        unrecorded_main,
+    }
 }
 
 fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> CallReplay {

@@ -103,11 +103,12 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
             let compactions = summary.compactions.clone();
             // A peer that rewrote the context changes what the model saw; the scripted replies
             // are kept as they are, which the note says.
+            // (`context_editing` is the server's clearing, which changes what the model saw too.)
             const PEER_STAGES: [&str; 7] =
-                ["observation_masking", "opencode_prune", "opencode_summary", "codex_compact", "cline_truncate", "server_compaction", "clear_tool_uses"];
+                ["observation_masking", "opencode_prune", "opencode_summary", "codex_compact", "cline_truncate", "server_compaction", "context_editing"];
             let first_rewrite = output.rows.iter().find(|r| r.stages.iter().any(|s| s.fired && PEER_STAGES.contains(&s.name.as_str())));
             let note = first_rewrite.map(|r| {
-                format!("from request {} the peer rewrote what the model saw; the scripted replies are kept as written", r.index)
+                format!("from request {} the strategy rewrote what the model saw; the scripted replies are kept as written", r.index)
             });
             Ok(Evaluation {
                 input: input.name.clone(),
@@ -163,23 +164,9 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
         "input", "strategy", "requests", "hit ratio", "cost $", "breaks", "compactions", "peak ctx", "dropped", "recall miss", "re-reads", "note",
     ]);
     for e in evaluations {
-        let s = &e.summary;
-        let compactions: Vec<String> = e.compactions.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}:{n}")).collect();
-        let note = if e.replies_diverge { "replies diverge".to_owned() } else { String::new() };
-        table.add_row(vec![
-            short_name(&e.input),
-            e.strategy.clone(),
-            s.requests.to_string(),
-            format!("{:.3}", s.cache_hit_ratio),
-            format!("{:.4}", s.cost_usd),
-            s.cache_breaks.to_string(),
-            if compactions.is_empty() { "-".to_owned() } else { compactions.join(" ") },
-            s.peak_context_tokens.to_string(),
-            s.info_loss.tokens_dropped.to_string(),
-            s.info_loss.recall_misses.to_string(),
-            s.info_loss.rereads_after_compaction.to_string(),
-            note,
-        ]);
+        let mut cells = summary_cells(e, ":", " ");
+        cells.push(if e.replies_diverge { "replies diverge".to_owned() } else { String::new() });
+        table.add_row(cells);
     }
     let mut text = table.to_string();
     let notes: Vec<String> = evaluations
@@ -193,8 +180,79 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
     text
 }
 
+/// The cells both comparison tables share: input, strategy, requests, hit ratio, cost, breaks,
+/// compactions (`stage{kv}n`, joined by `join`), peak context and the information loss.
+fn summary_cells(e: &Evaluation, kv: &str, join: &str) -> Vec<String> {
+    let s = &e.summary;
+    let compactions: Vec<String> = e.compactions.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}{kv}{n}")).collect();
+    vec![
+        short_name(&e.input),
+        e.strategy.clone(),
+        s.requests.to_string(),
+        format!("{:.3}", s.cache_hit_ratio),
+        format!("{:.4}", s.cost_usd),
+        s.cache_breaks.to_string(),
+        if compactions.is_empty() { "-".to_owned() } else { compactions.join(join) },
+        s.peak_context_tokens.to_string(),
+        s.info_loss.tokens_dropped.to_string(),
+        s.info_loss.recall_misses.to_string(),
+        s.info_loss.rereads_after_compaction.to_string(),
+    ]
+}
+
 fn short_name(name: &str) -> String {
     Path::new(name).file_name().map_or_else(|| name.to_owned(), |n| n.to_string_lossy().into_owned())
+}
+
+/// The compare report under `dir`: `index.html` with the comparison table, then per input the
+/// strategies side by side (context tokens per main-lane request, cumulative cost), and a PNG
+/// of every chart. The evaluations need their rows (`compare(.., keep_rows: true)`).
+pub fn write_compare_report(dir: &Path, evaluations: &[Evaluation]) -> Result<Vec<PathBuf>, crate::report::html::ReportError> {
+    use crate::report::html::{PageSection, escape, slug, write_sections_page};
+    use std::fmt::Write;
+    let mut intro = String::from("<table class=\"compare\">\n<tr>");
+    for head in ["input", "strategy", "requests", "hit ratio", "cost $", "breaks", "compactions", "peak context", "dropped", "recall misses", "re-reads", "note"] {
+        let _ = write!(intro, "<th>{head}</th>");
+    }
+    intro.push_str("</tr>\n");
+    for e in evaluations {
+        let mut cells = summary_cells(e, " ", ", ");
+        cells.push(e.divergence.clone().unwrap_or_default());
+        intro.push_str("<tr>");
+        for cell in cells {
+            let _ = write!(intro, "<td>{}</td>", escape(&cell));
+        }
+        intro.push_str("</tr>\n");
+    }
+    intro.push_str("</table>\n");
+    let mut inputs: Vec<&str> = Vec::new();
+    for e in evaluations {
+        if !inputs.contains(&e.input.as_str()) {
+            inputs.push(&e.input);
+        }
+    }
+    let mut stems: Vec<String> = Vec::new();
+    let sections = inputs
+        .into_iter()
+        .map(|input| {
+            let runs: Vec<(&str, &[RequestMetrics])> =
+                evaluations.iter().filter(|e| e.input == input).map(|e| (e.strategy.as_str(), e.rows.as_slice())).collect();
+            let name = short_name(input);
+            let mut stem = slug(input);
+            while stems.contains(&stem) {
+                stem.push('_');
+            }
+            stems.push(stem.clone());
+            let kind = evaluations.iter().find(|e| e.input == input).map_or("", |e| e.kind);
+            PageSection {
+                title: name.clone(),
+                stem,
+                html: format!("<p class=\"meta\">{} · {} strategies</p>\n", escape(kind), runs.len()),
+                charts: vec![crate::report::plots::compare_context_chart(&name, &runs), crate::report::plots::compare_cost_chart(&name, &runs)],
+            }
+        })
+        .collect();
+    write_sections_page(dir, "ctxsim compare", &intro, sections)
 }
 
 /// The CSV header of a comparison row.

@@ -67,7 +67,7 @@ pub fn escape(text: &str) -> String {
 }
 
 /// A file-name-safe stem: letters, digits, `-` and `_`; anything else becomes `-`.
-fn slug(name: &str) -> String {
+pub fn slug(name: &str) -> String {
     let base = Path::new(name).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let s: String = base.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
     if s.is_empty() { "trace".to_owned() } else { s }
@@ -91,14 +91,7 @@ fn slugs(inputs: &[ReportInput]) -> Vec<String> {
 
 /// The report page. `charts[i]` are the charts of `inputs[i]`, with their PNG file names.
 fn render_page(title: &str, inputs: &[ReportInput], charts: &[Vec<RenderedChart>]) -> String {
-    let mut h = String::new();
-    let _ = write!(
-        h,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>\n{}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
-        escape(title),
-        STYLE,
-        escape(title)
-    );
+    let mut h = page_head(title);
     h.push_str("<nav><ul>\n");
     for (i, input) in inputs.iter().enumerate() {
         let _ = writeln!(h, "<li><a href=\"#trace-{i}\">{}</a></li>", escape(&input.name));
@@ -161,19 +154,67 @@ fn render_page(title: &str, inputs: &[ReportInput], charts: &[Vec<RenderedChart>
             }
             h.push_str("</table>\n");
         }
-        for (chart, svg, png) in charts {
-            let _ = writeln!(
-                h,
-                "<figure>\n{}\n<figcaption>{} · <a href=\"{}\">PNG</a></figcaption>\n</figure>",
-                strip_xml_declaration(svg),
-                escape(&chart.title),
-                escape(png)
-            );
+        for rendered in charts {
+            h.push_str(&figure(rendered));
         }
         h.push_str("</section>\n");
     }
     h.push_str("</body>\n</html>\n");
     h
+}
+
+/// A chart as a figure: the inline SVG, its title and a link to its PNG.
+fn figure((chart, svg, png): &RenderedChart) -> String {
+    format!(
+        "<figure>\n{}\n<figcaption>{} · <a href=\"{}\">PNG</a></figcaption>\n</figure>\n",
+        strip_xml_declaration(svg),
+        escape(&chart.title),
+        escape(png)
+    )
+}
+
+fn page_head(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>\n{}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
+        escape(title),
+        STYLE,
+        escape(title)
+    )
+}
+
+/// A section of a free-form report page: HTML, then charts (each gets `{stem}-{id}.png`).
+#[derive(Debug, Clone)]
+pub struct PageSection {
+    pub title: String,
+    pub stem: String,
+    pub html: String,
+    pub charts: Vec<Chart>,
+}
+
+/// Writes `index.html` (an introduction, then every section with its inline SVG charts) and a
+/// PNG per chart under `dir`; returns the files written, in order. Used by `compare`.
+pub fn write_sections_page(dir: &Path, title: &str, intro_html: &str, sections: Vec<PageSection>) -> Result<Vec<PathBuf>, ReportError> {
+    let mut h = page_head(title);
+    h.push_str(intro_html);
+    let mut written = Vec::new();
+    for (i, section) in sections.into_iter().enumerate() {
+        let _ = writeln!(h, "<section id=\"section-{i}\">\n<h2>{}</h2>", escape(&section.title));
+        h.push_str(&section.html);
+        for chart in section.charts {
+            let svg = render_svg(&chart)?;
+            let png = format!("{}-{}.png", section.stem, chart.id);
+            let path = dir.join(&png);
+            write_png(&chart, &path)?;
+            written.push(path);
+            h.push_str(&figure(&(chart, svg, png)));
+        }
+        h.push_str("</section>\n");
+    }
+    h.push_str("</body>\n</html>\n");
+    let index = dir.join("index.html");
+    write_atomic(&index, h.as_bytes()).map_err(|source| ReportError::Write { path: index.display().to_string(), source })?;
+    written.push(index);
+    Ok(written)
 }
 
 fn strip_xml_declaration(svg: &str) -> &str {
@@ -188,6 +229,7 @@ table { border-collapse: collapse; margin: 0.5em 0; font-size: 14px; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; }
 table.breaks td:nth-child(4), table.breaks td:nth-child(5) { text-align: left; }
+table.compare td:nth-child(1), table.compare td:nth-child(2), table.compare td:last-child { text-align: left; }
 figure { margin: 1em 0; }
 figure svg { max-width: 100%; height: auto; }
 figcaption { font-size: 13px; color: #555; }

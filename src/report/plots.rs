@@ -179,18 +179,21 @@ pub fn context_chart(name: &str, rows: &[RequestMetrics], thresholds: Thresholds
     chart
 }
 
-/// Cumulative cost over the requests.
-pub fn cost_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
-    let mut chart = Chart::new("cost", format!("Cumulative cost: {name}"), "request", "cost (USD)", AxisFormat::Usd);
+/// `(request index, cost so far)` over the rows.
+fn cumulative_cost(rows: &[RequestMetrics]) -> Vec<(f64, f64)> {
     let mut total = 0.0;
-    let points = rows
-        .iter()
+    rows.iter()
         .map(|r| {
             total += r.cost_usd;
             (r.index as f64, total)
         })
-        .collect();
-    chart.series.push(Series::new("cumulative cost", SeriesKind::LinePoints, 0, points));
+        .collect()
+}
+
+/// Cumulative cost over the requests.
+pub fn cost_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
+    let mut chart = Chart::new("cost", format!("Cumulative cost: {name}"), "request", "cost (USD)", AxisFormat::Usd);
+    chart.series.push(Series::new("cumulative cost", SeriesKind::LinePoints, 0, cumulative_cost(rows)));
     chart
 }
 
@@ -228,6 +231,25 @@ pub fn stages_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
     let mut series = Series::new("cache break", SeriesKind::Points, 3, breaks.iter().map(|r| (r.index as f64, row_of_breaks)).collect());
     series.labels = breaks.iter().map(|r| Some(r.prefix.cause.clone().unwrap_or_else(|| "unexplained".to_owned()))).collect();
     chart.series.push(series);
+    chart
+}
+
+/// Context tokens per main-lane request of one input, one series per strategy (`compare`).
+pub fn compare_context_chart(input: &str, runs: &[(&str, &[RequestMetrics])]) -> Chart {
+    let mut chart = Chart::new("context", format!("Context tokens per request by strategy: {input}"), "main-lane request", "context tokens", AxisFormat::Tokens);
+    for (i, (strategy, rows)) in runs.iter().enumerate() {
+        let points = rows.iter().filter(|r| r.lane == "main").enumerate().map(|(n, r)| (n as f64, r.context_tokens as f64)).collect();
+        chart.series.push(Series::new(*strategy, SeriesKind::LinePoints, i, points));
+    }
+    chart
+}
+
+/// Cumulative cost over all requests of one input (every lane), one series per strategy.
+pub fn compare_cost_chart(input: &str, runs: &[(&str, &[RequestMetrics])]) -> Chart {
+    let mut chart = Chart::new("cost", format!("Cumulative cost by strategy: {input}"), "request", "cost (USD)", AxisFormat::Usd);
+    for (i, (strategy, rows)) in runs.iter().enumerate() {
+        chart.series.push(Series::new(*strategy, SeriesKind::LinePoints, i, cumulative_cost(rows)));
+    }
     chart
 }
 

@@ -57,6 +57,21 @@ pub fn render_request(flat: &FlatRequest, row: &RequestMetrics) -> String {
         row.prefix.cause.as_deref().unwrap_or("-"),
         if row.cache_break { "; CACHE BREAK" } else { "" },
     );
+    if let Some(cm) = &row.context_management {
+        let edits: Vec<String> = cm
+            .applied_edits
+            .iter()
+            .map(|e| {
+                let what = match (e.cleared_tool_uses, e.cleared_thinking_turns) {
+                    (Some(n), _) => format!("{n} tool uses"),
+                    (_, Some(n)) => format!("{n} thinking turns"),
+                    _ => String::new(),
+                };
+                format!("{} {what} {} tokens", e.kind, e.cleared_input_tokens)
+            })
+            .collect();
+        let _ = writeln!(out, "  applied_edits: {}", edits.join("; "));
+    }
     for stage in row.stages.iter().filter(|s| s.fired) {
         let _ = writeln!(out, "  stage {}: {} ({} -> {})", stage.name, stage.reason, stage.tokens_before, stage.tokens_after);
     }

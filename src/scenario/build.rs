@@ -1,7 +1,6 @@
 //! From a validated scenario to a fresh [`World`].
 
 use crate::world::{Clock, Fallback, Rng, ScriptedModel, ScriptedToolOutput, Synthesis, VirtualFs, World};
-use crate::api::ToolResultContent;
 
 use super::check::resolve;
 use super::schema::{Scenario, Step};
@@ -42,7 +41,7 @@ impl Scenario {
                     for output in outputs {
                         tool_outputs.insert(
                             output.tool_use_id.clone(),
-                            ScriptedToolOutput { content: ToolResultContent::Text(output.content.clone()), is_error: output.is_error },
+                            ScriptedToolOutput { content: output.result_content(), is_error: output.is_error },
                         );
                     }
                 }
@@ -63,6 +62,8 @@ impl Scenario {
             mcp_servers: spec.mcp_servers.clone(),
             hook_answers: spec.hook_answers.clone(),
             claude_md_excludes: spec.settings.claude_md_excludes.clone(),
+            include_git_instructions: spec.settings.include_git_instructions.unwrap_or(true),
+            git: spec.git.clone(),
             home: spec.home.clone(),
         }
     }

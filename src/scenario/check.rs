@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 12] = [
+const KINDS: [&str; 15] = [
     "user",
     "assistant",
     "tool_output",
@@ -65,6 +65,9 @@ const KINDS: [&str; 12] = [
     "plugin_enable",
     "plugin_reload",
     "model_switch",
+    "git",
+    "clear",
+    "resume",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -113,6 +116,9 @@ fn check_world(world: &WorldSpec) -> Result<(), Problem> {
     if world.context_window == Some(0) {
         return Err(problem(at("context_window"), "must be positive"));
     }
+    if let Some(git) = &world.git {
+        check_git(git, vec![key("world"), key("git")])?;
+    }
     if world.max_output_tokens == Some(0) {
         return Err(problem(at("max_output_tokens"), "must be positive"));
     }
@@ -133,6 +139,20 @@ fn check_world(world: &WorldSpec) -> Result<(), Problem> {
             return Err(problem(here, format!("names the same file as `{previous}` ({full})")));
         }
         fs.seed(&full, "", &clock).map_err(|e| problem(here, e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn check_git(git: &crate::world::GitState, at: Vec<Seg>) -> Result<(), Problem> {
+    for (field, value) in [("branch", &git.branch), ("main_branch", &git.main_branch)] {
+        if value.trim().is_empty() || value.contains(char::is_whitespace) {
+            return Err(problem([at, vec![key(field)]].concat(), format!("must be a branch name without spaces, found `{value}`")));
+        }
+    }
+    for (field, lines) in [("status", &git.status), ("recent_commits", &git.recent_commits)] {
+        if let Some(i) = lines.iter().position(|l| l.trim().is_empty() || l.contains('\n')) {
+            return Err(problem([at, vec![key(field), Seg::Index(i)]].concat(), "must be one non-empty line"));
+        }
     }
     Ok(())
 }
@@ -177,6 +197,9 @@ fn check_step(
         step.plugin_enable.is_some(),
         step.plugin_reload.is_some(),
         step.model_switch.is_some(),
+        step.git.is_some(),
+        step.clear.is_some(),
+        step.resume.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -240,6 +263,17 @@ fn check_step(
         }
         return Ok(Step::ModelSwitch { model });
     }
+    for (value, field, step) in [(step.clear, "clear", Step::Clear), (step.resume, "resume", Step::Resume)] {
+        match value {
+            Some(true) => return Ok(step),
+            Some(false) => return Err(problem(here(field), format!("write `{field}: true`, or leave the step out"))),
+            None => {}
+        }
+    }
+    if let Some(git) = step.git {
+        check_git(&git, here("git"))?;
+        return Ok(Step::Git(git));
+    }
     if let Some(spec) = step.write_file {
         let path = resolve(world, &spec.path).ok_or_else(|| problem(here("write_file"), "not a valid path"))?;
         return Ok(Step::WriteFile { path, content: spec.content });
@@ -284,6 +318,7 @@ fn check_step(
                         tool_name: (*name).to_owned(),
                         content: spec.content.clone(),
                         is_error: spec.is_error,
+                        images: spec.images.clone(),
                     });
                 }
             }

@@ -20,7 +20,13 @@
 //!     summary_tokens: 2000         # default 2000, for lanes compact / session_memory
 //!     after_script_ends: false     # default false
 //!   home: /home/user               # config home is {home}/.claude (CLAUDE.md, skills, rules)
-//!   settings: {claudeMdExcludes: ["**/vendor/**"]}
+//!   settings: {claudeMdExcludes: ["**/vendor/**"], includeGitInstructions: true}
+//!   git:                           # the repository at the cwd (gitStatus in the system prompt)
+//!     branch: feature/parser       # required
+//!     main_branch: main            # default main
+//!     user_name: Ada               # optional
+//!     status: [" M src/lib.rs", "?? notes.md"]        # `git status --short` lines; [] = clean
+//!     recent_commits: ["1a2b3c4 Fix the parser"]      # `git log --oneline`, newest first
 //!   mcp_servers:                   # scripted servers, configuration order
 //!     - {name: jira, instructions: "...", connected: false,
 //!        tools: [{name: search, description: "...", input_schema: {...}, always_load: false}]}
@@ -31,13 +37,16 @@
 //!   plugins: [/plugins/demo]       # plugin folders (virtual paths) enabled at start
 //!   mount:                         # real directories loaded into the virtual fs
 //!     - {from: ../data/tree, at: /repo}   # from: relative to the scenario file
+//!   git:                           # the cwd is a repository (the system prompt's git snapshot)
+//!     {branch: main, main_branch: main, user_name: Ada, status: "", recent_commits: "a1b2c3d Init"}
 //! script:                          # ordered steps; each has exactly one kind key
 //!   - user: "Read main.rs"         # a prompt: the agent runs a turn
 //!   - assistant:                   # the model's next reply on a lane
 //!       - thinking: "..."          # blocks: text, thinking, redacted_thinking, tool_use
 //!       - text: "Let me look."
 //!       - tool_use: {name: Read, input: {file_path: /repo/src/main.rs}, id: toolu_x}  # id optional
-//!     lane: main                   # default main; compact, session_memory, subagent:<name>, side
+//!     lane: main                   # default main; compact, session_memory, side, or
+//!                                  # subagent:<type>: replies of the agents Agent calls start
 //!     stop_reason: tool_use        # default: tool_use if a tool is called, else end_turn
 //!     usage: {output_tokens: 40}   # optional: input_tokens, output_tokens, cache_*_input_tokens
 //!     output_tokens: 40            # optional; else usage.output_tokens, else chars/4
@@ -54,6 +63,9 @@
 //!   - plugin_enable: /plugins/demo # enable a plugin folder; every plugin refreshes (plugin_reloaded)
 //!   - plugin_reload: true          # /reload-plugins: re-read every enabled plugin
 //!   - model_switch: claude-opus-4-5  # /model: later requests go to another model
+//!   - git: {branch: main, status: []}  # the repository changes; the prompt keeps its snapshot
+//!   - clear: true                  # /clear: new conversation (SessionEnd, SessionStart clear)
+//!   - resume: true                 # --resume in a new process (SessionStart resume)
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

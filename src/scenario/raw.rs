@@ -45,6 +45,9 @@ pub(crate) struct RawStep {
     pub plugin_enable: Option<String>,
     pub plugin_reload: Option<bool>,
     pub model_switch: Option<String>,
+    pub git: Option<crate::world::GitState>,
+    pub clear: Option<bool>,
+    pub resume: Option<bool>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,
@@ -153,14 +156,18 @@ pub(crate) struct LatencySpec {
 pub(crate) struct ToolOutputSpec {
     pub content: String,
     pub is_error: bool,
+    pub images: Vec<super::schema::ImageSpec>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ToolOutputMap {
+    #[serde(default)]
     content: String,
     #[serde(default)]
     is_error: bool,
+    #[serde(default)]
+    images: Vec<super::schema::ImageSpec>,
 }
 
 impl<'de> Deserialize<'de> for ToolOutputSpec {
@@ -171,14 +178,14 @@ impl<'de> Deserialize<'de> for ToolOutputSpec {
         impl<'de> Visitor<'de> for V {
             type Value = ToolOutputSpec;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string or a map with `content` and optional `is_error`")
+                f.write_str("a string or a map with `content` and optional `is_error` and `images`")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ToolOutputSpec, E> {
-                Ok(ToolOutputSpec { content: v.to_owned(), is_error: false })
+                Ok(ToolOutputSpec { content: v.to_owned(), is_error: false, images: Vec::new() })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ToolOutputSpec, A::Error> {
                 let m = ToolOutputMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(ToolOutputSpec { content: m.content, is_error: m.is_error })
+                Ok(ToolOutputSpec { content: m.content, is_error: m.is_error, images: m.images })
             }
         }
         deserializer.deserialize_any(V)

@@ -7,7 +7,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 
 use crate::api::{ContentBlock, StopReason, Usage};
-use crate::world::{HookAnswer, Latency, McpServer, McpToolDef, Reply};
+use crate::world::{GitState, HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
 use super::values::{EnvValue, Rfc3339, TimeZoneName};
 
@@ -71,6 +71,10 @@ pub struct WorldSpec {
     /// Plugin folders (virtual paths) enabled at start.
     #[serde(default)]
     pub plugins: Vec<String>,
+    /// The git repository at the cwd (branch, status lines, recent commits); absent means not a
+    /// scripted repository.
+    #[serde(default)]
+    pub git: Option<GitState>,
     /// Real directories loaded into the virtual fs: `from` relative to the scenario file,
     /// mounted `at` a virtual path. Resolved by `load_scenario` into `files` (explicit files win).
     #[serde(default)]
@@ -96,6 +100,9 @@ pub struct SettingsSpec {
     /// `claudeMdExcludes`: globs of memory files to skip.
     #[serde(default)]
     pub claude_md_excludes: Vec<String>,
+    /// `includeGitInstructions`: `false` leaves the git status out of the system prompt.
+    #[serde(default)]
+    pub include_git_instructions: Option<bool>,
 }
 
 fn default_clock_start() -> Rfc3339 {
@@ -157,6 +164,14 @@ pub enum Step {
     PluginReload,
     /// `model_switch: claude-opus-4-5` — `/model`: later requests go to another model.
     ModelSwitch { model: String },
+    /// `git: {branch, status, recent_commits}` — the repository changes behind the agent's back
+    /// (a commit, a checkout); the prompt keeps its snapshot until `/clear` or a resume.
+    Git(GitState),
+    /// `clear: true` — `/clear`: a new conversation (SessionEnd, then SessionStart `clear`).
+    Clear,
+    /// `resume: true` — `--resume` in a new process: the transcript continues, every
+    /// per-process cache starts afresh (SessionStart `resume`).
+    Resume,
 }
 
 impl Step {
@@ -175,6 +190,9 @@ impl Step {
             Step::PluginEnable { .. } => "plugin_enable",
             Step::PluginReload => "plugin_reload",
             Step::ModelSwitch { .. } => "model_switch",
+            Step::Git(_) => "git",
+            Step::Clear => "clear",
+            Step::Resume => "resume",
         }
     }
 }
@@ -222,6 +240,48 @@ pub struct ToolOutput {
     pub tool_name: String,
     pub content: String,
     pub is_error: bool,
+    /// Images the tool returned after the text (a screenshot, an image file read).
+    pub images: Vec<ImageSpec>,
+}
+
+/// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000}]}}` — an image
+/// block whose base64 data has that many bytes (deterministic filler: only the size matters to
+/// the API's limits and to the token count, a flat 2,000 per image).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSpec {
+    #[serde(default = "default_media_type")]
+    pub media_type: String,
+    pub base64_bytes: usize,
+}
+
+impl ToolOutput {
+    /// The tool_result content: the text alone, or the text (when any) followed by the images.
+    pub fn result_content(&self) -> crate::api::ToolResultContent {
+        if self.images.is_empty() {
+            return crate::api::ToolResultContent::Text(self.content.clone());
+        }
+        let text = (!self.content.is_empty()).then(|| ContentBlock::text(self.content.clone()));
+        crate::api::ToolResultContent::Blocks(text.into_iter().chain(self.images.iter().map(ImageSpec::block)).collect())
+    }
+}
+
+fn default_media_type() -> String {
+    "image/png".to_owned()
+}
+
+impl ImageSpec {
+    /// The image block: a PNG signature, then filler up to `base64_bytes`.
+    pub fn block(&self) -> ContentBlock {
+        let mut data = String::with_capacity(self.base64_bytes);
+        data.push_str("iVBORw0KGgo");
+        data.truncate(self.base64_bytes);
+        while data.len() < self.base64_bytes {
+            data.push('A');
+        }
+        let source = serde_json::json!({"type": "base64", "media_type": self.media_type, "data": data});
+        ContentBlock::Image(crate::api::ImageLike { source, cache_control: None, extra: Default::default() })
+    }
 }
 
 /// `expect:` — budgets that `ctxsim check` enforces. All optional.

@@ -94,6 +94,16 @@ pub struct Strategy {
     pub run_hooks: bool,
     /// Consecutive Stop-hook continuations before the loop stops anyway (reference: 8).
     pub stop_hook_cap: u32,
+    /// `CLAUDE_CODE_AGENT_LIST_IN_MESSAGES` (gate `tengu_agent_list_attach`): the agent types
+    /// travel in `agent_listing_delta` attachments instead of the Agent tool's description.
+    pub agent_list_in_messages: bool,
+    /// Relevant memories (gate `tengu_moth_copse`, off by default; ours: `CTXSIM_RELEVANT_MEMORIES`):
+    /// memory files chosen per prompt arrive as `relevant_memories` attachments, and MEMORY.md
+    /// leaves the user context.
+    pub relevant_memories: bool,
+    /// The git snapshot (`gitStatus`) in the system prompt; `CLAUDE_CODE_REMOTE` and
+    /// `CLAUDE_CODE_DISABLE_GIT_INSTRUCTIONS` turn it off (so does `includeGitInstructions: false`).
+    pub git_status: bool,
     /// Replays apply the microcompacts the recording shows (the recorded client's own flags).
     /// Off: the cleared tool results stay visible — what the model would have seen without
     /// microcompact (its replies are still the recorded ones).
@@ -136,6 +146,9 @@ impl Default for Strategy {
             auto_memory: true,
             run_hooks: false,
             stop_hook_cap: 8,
+            agent_list_in_messages: false,
+            relevant_memories: false,
+            git_status: true,
             replay_recorded_microcompact: true,
             compact: crate::agent::compact::CompactConfig::default(),
         }
@@ -253,6 +266,9 @@ impl Strategy {
                 "CLAUDE_CODE_MCP_INSTR_DELTA" if truthy(value) => self.mcp_instructions = McpInstructionsMode::Delta,
                 "CLAUDE_CODE_DISABLE_CLAUDE_MDS" if truthy(value) => self.claude_md = false,
                 "CLAUDE_CODE_DISABLE_AUTO_MEMORY" if truthy(value) => self.auto_memory = false,
+                "CLAUDE_CODE_AGENT_LIST_IN_MESSAGES" if truthy(value) => self.agent_list_in_messages = true,
+                "CTXSIM_RELEVANT_MEMORIES" if truthy(value) => self.relevant_memories = true,
+                "CLAUDE_CODE_REMOTE" | "CLAUDE_CODE_DISABLE_GIT_INSTRUCTIONS" if truthy(value) => self.git_status = false,
                 _ => {}
             }
         }

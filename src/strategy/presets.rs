@@ -33,7 +33,7 @@ pub const PRESETS: &[Preset] = &[
     Preset { id: "codex", aliases: &[], source: "openai/codex@codex-rs/core/src/compact.rs: auto_compact_token_limit = window*9/10; build_compacted_history = initial context + last 20k tokens of user messages + summary" },
     Preset { id: "opencode", aliases: &[], source: "sst/opencode@packages/opencode/src/session/compaction.ts: prune (PRUNE_PROTECT 40k, PRUNE_MINIMUM 20k), overflow.ts COMPACTION_BUFFER 20k, summary + recent tail (≤15k)" },
     Preset { id: "observation-masking", aliases: &[], source: "SWE-agent history_processors.py last_n_observations; 'The Complexity Trap' (arXiv 2508.21433): all but the last 5 tool results masked" },
-    Preset { id: "context-editing", aliases: &[], source: "Anthropic API context editing clear_tool_uses_20250919: trigger 100k input tokens, keep 3 tool uses (API defaults)" },
+    Preset { id: "context-editing", aliases: &[], source: "Anthropic API context editing clear_tool_uses_20250919 with the documented defaults: trigger 100k input tokens, keep 3 tool uses, no clear_at_least, inputs kept; applied server-side by the cache simulator" },
     Preset { id: "server-compaction", aliases: &[], source: "Anthropic API server-side compaction (compact_20260112 edit): trigger 150k input tokens; history replaced by the compaction block" },
     Preset { id: "cline", aliases: &[], source: "cline/cline@src/core/context/context-management: at max(window − 40k, 0.8·window) drop half of the pairs after the first" },
 ];
@@ -95,8 +95,14 @@ pub fn build(name: &str, env: &BTreeMap<String, String>) -> Result<Strategy, Str
             c.peer.keep_recent = 5;
         }
         "context-editing" => {
-            c.context_editing.clear_tool_uses = true;
-            c.context_editing.trigger_input_tokens = 100_000;
+            let e = &mut c.context_editing;
+            e.clear_tool_uses = true;
+            e.trigger_input_tokens = crate::measure::context_editing::DEFAULT_TRIGGER_INPUT_TOKENS;
+            e.keep_tool_uses = crate::measure::context_editing::DEFAULT_KEEP_TOOL_USES;
+            e.clear_at_least = false;
+            e.clear_tool_inputs.clear();
+            e.exclude_tools.clear();
+            // Replays approximate the server's clearing client-side with the same keep.
             c.peer.keep_recent = 3;
         }
         "server-compaction" => {

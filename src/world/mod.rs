@@ -37,5 +37,5 @@ pub use error::WorldError;
 pub use fs::{Change, ChangeKind, DirEntry, FileEntry, LoadReport, VirtualFs, normalize_path};
 pub use model::{Fallback, Latency, Reply, ScriptedModel, Synthesis, estimate_output_tokens};
 pub use rng::Rng;
-pub use scripted::{HookAnswer, McpServer, McpToolDef};
+pub use scripted::{GitState, HookAnswer, McpServer, McpToolDef};
 pub use state::{ScriptedToolOutput, World};

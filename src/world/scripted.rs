@@ -21,6 +21,27 @@ fn empty_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {}})
 }
 
+/// The repository as `git` would report it when the session starts (`getGitStatus`): the
+/// branch, the main branch, the user, `git status --short` lines and `git log --oneline` lines
+/// (newest first; the client asks for five).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitState {
+    pub branch: String,
+    #[serde(default = "main_branch")]
+    pub main_branch: String,
+    #[serde(default)]
+    pub user_name: Option<String>,
+    #[serde(default)]
+    pub status: Vec<String>,
+    #[serde(default)]
+    pub recent_commits: Vec<String>,
+}
+
+fn main_branch() -> String {
+    "main".to_owned()
+}
+
 /// A scripted MCP server.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,10 +67,14 @@ fn yes() -> bool {
 /// or `*` matches all, `A|B` an exact list, anything else a regex), placed after every
 /// configured hook.
 ///
-/// The answer is turned into what a command hook would have produced: exit code, stdout,
-/// stderr. `json` is printed as stdout; the shortcut fields (`additional_context`, `decision`,
-/// `reason`, `updated_input`, `updated_output`) build the event's `hookSpecificOutput` JSON
-/// when neither `json` nor `stdout` is given.
+/// For a `command` hook (and a standalone answer) the answer is turned into what the command
+/// would have produced: exit code, stdout, stderr. `json` is printed as stdout; the shortcut
+/// fields (`additional_context`, `decision`, `reason`, `updated_input`, `updated_output`) build
+/// the event's `hookSpecificOutput` JSON when neither `json` nor `stdout` is given. An `http`
+/// hook's answer is the response: `status` (default 200) and the body (`json`/`stdout` or the
+/// shortcut fields). A `prompt` or `agent` hook's answer is the model's verdict: `ok` (default
+/// true) and `reason`, or a `json`/`stdout` body holding them. `duration` is how long the hook
+/// takes; beyond its timeout it is cancelled.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HookAnswer {
@@ -86,9 +111,40 @@ pub struct HookAnswer {
     /// PostToolUse `updatedToolOutput`: replaces the tool's result.
     #[serde(default)]
     pub updated_output: Option<Value>,
+    /// `prompt`/`agent` hooks: the verdict (`false` blocks with `reason`).
+    #[serde(default)]
+    pub ok: Option<bool>,
+    /// `http` hooks: the response status.
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// How long the hook runs (`45s`, `2m`); longer than its timeout cancels it.
+    #[serde(default)]
+    pub duration: Option<crate::scenario::DurationMs>,
 }
 
 impl HookAnswer {
+    /// How long the hook runs, in milliseconds.
+    pub fn duration_ms(&self) -> u64 {
+        self.duration.map_or(0, |d| d.0)
+    }
+
+    /// The verdict of a `prompt`/`agent` hook as the model's JSON text: `json`, else `stdout`,
+    /// else `{"ok": ok, "reason": reason}` from the shortcut fields.
+    pub fn verdict_text(&self) -> String {
+        if let Some(json) = &self.json {
+            return json.to_string();
+        }
+        if let Some(stdout) = &self.stdout {
+            return stdout.clone();
+        }
+        let mut verdict = serde_json::Map::new();
+        verdict.insert("ok".into(), Value::Bool(self.ok.unwrap_or(true)));
+        if let Some(reason) = &self.reason {
+            verdict.insert("reason".into(), Value::String(reason.clone()));
+        }
+        Value::Object(verdict).to_string()
+    }
+
     /// Whether this standalone answer applies to `query` (tool name, source, ...).
     pub fn matches(&self, event: &str, query: &str) -> bool {
         self.event == event && crate::agent::hooks::matches_pattern(self.matcher.as_deref().unwrap_or(""), query)

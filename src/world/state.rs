@@ -8,7 +8,7 @@ use super::clock::Clock;
 use super::fs::VirtualFs;
 use super::model::ScriptedModel;
 use super::rng::Rng;
-use super::scripted::{HookAnswer, McpServer};
+use super::scripted::{GitState, HookAnswer, McpServer};
 
 /// A scripted output for a tool the simulator does not execute itself (Bash, WebFetch, MCP
 /// tools), keyed by tool_use id in [`World::tool_outputs`].
@@ -43,6 +43,10 @@ pub struct World {
     pub hook_answers: Vec<HookAnswer>,
     /// `claudeMdExcludes` of the merged settings.
     pub claude_md_excludes: Vec<String>,
+    /// `includeGitInstructions` of the merged settings (default true).
+    pub include_git_instructions: bool,
+    /// The repository's state; `None` when the cwd is not a scripted git repository.
+    pub git: Option<GitState>,
     /// The user's home directory (config home is `{home}/.claude`).
     pub home: String,
 }
@@ -65,6 +69,8 @@ impl World {
             mcp_servers: Vec::new(),
             hook_answers: Vec::new(),
             claude_md_excludes: Vec::new(),
+            include_git_instructions: true,
+            git: None,
             home: "/home/user".to_owned(),
         }
     }

@@ -193,6 +193,21 @@ fn entries_are_readable_only_after_the_first_token() {
 }
 
 #[test]
+fn the_ttl_counts_from_the_first_token() {
+    // Written at 0 with the first token at 20 s: still readable 5 minutes after the first
+    // token, not after the start.
+    let r = blocks_request(10, 200, Some((10, None)));
+    let mut m = measurer();
+    let mut first = MeasureInput::new("main", 0, &r);
+    first.first_token_ms = 20_000;
+    m.measure(first).unwrap();
+    let inside = m.measure(MeasureInput::new("main", 310_000, &r)).unwrap();
+    assert_eq!(split(&inside), (2000, 0, 0));
+    let after = m.measure(MeasureInput::new("main", 310_000 + 300_000, &r)).unwrap();
+    assert_eq!(split(&after), (0, 2000, 0));
+}
+
+#[test]
 fn a_string_last_message_reads_as_its_block_form() {
     // The real client flips the last user message from a marked text block to a plain string.
     let mut first = Request::new(MODEL, 1024);
@@ -321,4 +336,25 @@ fn cache_edits_delete_a_referenced_tool_result_without_breaking_the_prefix() {
     assert!(rows[2].context_tokens + 2900 < rows[1].context_tokens + 20, "{} vs {}", rows[2].context_tokens, rows[1].context_tokens);
     assert!(rows[2].cache_read_input_tokens > 0);
     assert!(rows[2].cache_read_input_tokens + 2900 < rows[1].cache_read_input_tokens + rows[1].cache_creation_input_tokens);
+}
+
+/// A tool_result the agent keeps in its wire form (`ContentBlock::Other`, for the reference's
+/// key order) counts like the typed block: by its content, without its `cache_control`, and
+/// the same whichever form the memo sees first.
+#[test]
+fn wire_form_tool_results_count_by_content() {
+    use ctxsim::api::ContentBlock;
+    use ctxsim::measure::blocks::content_token_units;
+    let wire = serde_json::json!({
+        "tool_use_id": "toolu_1", "type": "tool_result",
+        "content": "     1\tfn main() {}\n", "cache_control": {"type": "ephemeral"}
+    });
+    let typed = ContentBlock::from_value(wire.clone()).unwrap();
+    assert!(matches!(typed, ContentBlock::ToolResult { .. }));
+    let other = ContentBlock::Other(wire);
+    assert_eq!(content_token_units(&other), content_token_units(&typed));
+    let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+    let units = content_token_units(&other);
+    assert_eq!(units.len(), 1);
+    assert_eq!(counter.count(1, "claude", || units), 5, "\"     1\\tfn main() {{}}\\n\" is 19 UTF-16 units");
 }

@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
-use ctxsim::report::compare::{compare, compare_csv, compare_table, load_inputs};
+use ctxsim::report::compare::{LoadedInput, compare, compare_csv, compare_table, load_inputs, write_compare_report};
 use ctxsim::strategy::Strategy;
 use ctxsim::strategy::presets::PRESETS;
 
@@ -43,6 +43,60 @@ fn a_strategy_that_changes_what_the_model_saw_is_flagged_on_a_recording() {
     assert!(out[2].divergence.as_deref().unwrap().contains("replayed as recorded"));
     assert!(out[2].summary.info_loss.tokens_dropped > out[0].summary.info_loss.tokens_dropped);
     assert_ne!(out[0].summary.cost_usd, out[1].summary.cost_usd, "the TTL knob reaches the replay");
+}
+
+/// Calls of each real session replayed by the CI variant of the acceptance test.
+const PREFIX_CALLS: usize = 12;
+
+/// Acceptance, in CI: every preset on the first calls of every real session (the whole
+/// sessions are the ignored test below, too slow for a debug build).
+#[test]
+fn every_preset_runs_on_a_prefix_of_every_real_session() {
+    let mut inputs = load_inputs(&sessions()).unwrap();
+    assert_eq!(inputs.len(), 6);
+    let mut lengths = Vec::new();
+    for input in &mut inputs {
+        let LoadedInput::Session(session) = &mut input.loaded else { panic!("{} is not a session", input.name) };
+        session.calls.truncate(PREFIX_CALLS);
+        lengths.push(session.calls.len());
+    }
+    let strategies = all_presets();
+    let out = compare(&inputs, &strategies, &measurer, false).unwrap();
+    assert_eq!(out.len(), 6 * strategies.len());
+    for (i, chunk) in out.chunks(strategies.len()).enumerate() {
+        for (e, strategy) in chunk.iter().zip(&strategies) {
+            assert_eq!((e.kind, e.strategy.as_str()), ("recording", strategy.name.as_str()));
+            assert!(e.summary.requests > 0 && e.summary.requests <= lengths[i], "{} under {}: {} requests", e.input, e.strategy, e.summary.requests);
+            assert!(e.summary.cost_usd > 0.0);
+        }
+        // The TTL knob reaches every replay: a 1h main lane is priced differently.
+        let cost = |name: &str| chunk.iter().find(|e| e.strategy == name).unwrap().summary.cost_usd;
+        assert_ne!(cost("claude-code"), cost("claude-code-1h"), "{}", chunk[0].input);
+    }
+}
+
+/// The compare report: the table, then per input one chart of each kind with every strategy
+/// on it (not a section per input and strategy), PNGs beside it; written the same twice.
+#[test]
+fn the_compare_report_puts_the_strategies_side_by_side() {
+    let scenarios = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let inputs = load_inputs(&[scenarios.join("context-editing.yaml"), scenarios.join("autocompact-200k.yaml")]).unwrap();
+    let strategies: Vec<Strategy> = ["claude-code", "claude-code-1h", "context-editing"].iter().map(|s| Strategy::resolve(s).unwrap()).collect();
+    let out = compare(&inputs, &strategies, &measurer, true).unwrap();
+    let write = || {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_compare_report(dir.path(), &out).unwrap();
+        let names: Vec<String> = written.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        (names, std::fs::read_to_string(dir.path().join("index.html")).unwrap())
+    };
+    let (names, html) = write();
+    assert_eq!(names, ["context-editing-context.png", "context-editing-cost.png", "autocompact-200k-context.png", "autocompact-200k-cost.png", "index.html"]);
+    assert_eq!(html.matches("<svg").count(), 4);
+    assert_eq!(html.matches("<tr><td>").count(), 6, "one table row per input and strategy");
+    for strategy in ["claude-code", "claude-code-1h", "context-editing"] {
+        assert!(html.matches(&format!(">{strategy}<")).count() >= 2, "{strategy} in the table and in a legend");
+    }
+    assert_eq!(write().1, html);
 }
 
 /// Acceptance: every preset on every real session. Slow in a debug build:

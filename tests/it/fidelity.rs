@@ -1,14 +1,16 @@
 //! Replay and fidelity on the real sessions in ../shared/realdata/transcripts.
 //!
-//! The floors below are the figures the replay achieves today (chars4, the shipped
-//! calibration fitted on these same sessions), rounded outwards: a regression guard, not the
-//! issue's targets.
+//! The floors below are the figures the replay achieves today (the calibrated estimator with the
+//! shipped calibration, fitted on these same sessions), rounded outwards: a regression guard,
+//! not the targets (README and docs/fidelity.md report the leave-one-out figures).
 
 use std::path::PathBuf;
 
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::recording::{import, read_recording, InputFormat};
-use ctxsim::replay::{ReplayOptions, fidelity_for_session, find_breaks, load_session, replay_session, FidelityReport};
+use ctxsim::replay::{
+    CallReplay, FidelityReport, ReplayOptions, SessionReplay, fidelity_for_session, find_breaks, load_session, replay_session,
+};
 
 use crate::support::realdata;
 
@@ -45,11 +47,12 @@ fn fidelity_holds_its_floors_on_every_real_session() {
         let r = fidelity(path, EstimatorKind::Calibrated);
         let name = path.display();
         assert!(r.requests_compared >= 10, "{name}: {r:?}");
-        assert!(r.context_tokens_mape <= 0.16, "{name}: context MAPE {}", r.context_tokens_mape);
-        assert!(r.hit_agreement >= 0.965, "{name}: hit agreement {}", r.hit_agreement);
-        assert!(r.cache_read_total_error.abs() <= 0.08, "{name}: cache read {}", r.cache_read_total_error);
-        assert!(r.cache_creation_total_error.abs() <= 0.35, "{name}: cache creation {}", r.cache_creation_total_error);
-        assert!(r.cost_error.abs() <= 0.18, "{name}: cost {}", r.cost_error);
+        assert!(r.context_tokens_mape <= 0.06, "{name}: context MAPE {}", r.context_tokens_mape);
+        assert!(r.context_tokens_ape_p90 <= 0.115, "{name}: context p90 {}", r.context_tokens_ape_p90);
+        assert!(r.hit_agreement >= 0.985, "{name}: hit agreement {}", r.hit_agreement);
+        assert!(r.cache_read_total_error.abs() <= 0.055, "{name}: cache read {}", r.cache_read_total_error);
+        assert!(r.cache_creation_total_error.abs() <= 0.31, "{name}: cache creation {}", r.cache_creation_total_error);
+        assert!(r.cost_error.abs() <= 0.12, "{name}: cost {}", r.cost_error);
         assert_eq!(r.estimator, "calibrated");
     }
 }
@@ -152,4 +155,129 @@ fn files_read_before_a_compaction_are_restored_after_it() {
     // showed 40k after.
     assert!(after.simulated_context() > 50_000, "{} after the compaction", after.simulated_context());
     assert!(dropped > 60_000, "{dropped}");
+}
+
+/// A real transcript (path under ../shared/realdata/transcripts) replayed with the shipped
+/// calibration.
+fn replayed(transcript: &str) -> SessionReplay {
+    let session = load_session(&realdata().join("transcripts").join(transcript)).unwrap();
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Calibrated));
+    replay_session(&session, &mut measurer, &ReplayOptions::default())
+}
+
+/// Checks call `index` of a replay: compared, its simulated context within `max_ape` of the
+/// record, and every one of `events` seen before it.
+fn check_call<'a>(replay: &'a SessionReplay, index: usize, max_ape: f64, events: &[&str]) -> &'a CallReplay {
+    let call = replay.calls.iter().find(|c| c.index == index).unwrap_or_else(|| panic!("no call #{index}"));
+    assert!(call.compared(), "#{index} skipped: {:?}", call.skipped);
+    let recorded = call.recorded_context() as f64;
+    let ape = (call.simulated_context() as f64 - recorded).abs() / recorded;
+    assert!(ape <= max_ape, "#{index}: simulated {} recorded {recorded} ({:.1}%)", call.simulated_context(), ape * 100.0);
+    for event in events {
+        assert!(call.events.iter().any(|e| e == event), "#{index}: no {event} in {:?}", call.events);
+    }
+    call
+}
+
+const CD95: &str = "entireio-cli/cd95adddad32-0.full.jsonl";
+const S7662: &str = "entireio-cli/7662d755ef9f-2.full.jsonl";
+const SPOTTER: &str = "spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl";
+
+#[test]
+fn parallel_tool_results_are_all_sent_and_the_late_ones_are_an_uncached_tail() {
+    // cd95 #1 follows two parallel Task calls whose results were recorded out of order: the
+    // first-recorded one hangs off the parentUuid chain (it used to be dropped: -9%), and the
+    // client's breakpoint sits on the one that completed last, so the other (4,718 tokens
+    // recorded as input) is not cached.
+    let replay = replayed(CD95);
+    let call = check_call(&replay, 1, 0.02, &[]);
+    let input = call.metrics.as_ref().unwrap().input_tokens;
+    assert_eq!(call.recorded.input_tokens, 4_718);
+    assert!((3_500..6_000).contains(&input), "uncached tail {input}");
+}
+
+#[test]
+fn a_resumed_client_loses_the_parallel_results_off_the_chain() {
+    // After `/exit`, cd95's next process loaded its history by the one-chain walk and lost
+    // ~14k tokens of parallel results (anthropics/claude-code#31330); the replay loses them too.
+    let replay = replayed(CD95);
+    check_call(&replay, 17, 0.03, &[]);
+    check_call(&replay, 19, 0.04, &["resume"]);
+}
+
+#[test]
+fn compactions_restore_the_working_set_and_the_prefix_level_is_read_off_the_record() {
+    let replay = replayed(CD95);
+    // The first compaction shows the prefix level (34,260 tokens); later ones read it exactly.
+    check_call(&replay, 51, 0.05, &["compaction", "prefix_level"]);
+    for index in [128, 221] {
+        let call = check_call(&replay, index, 0.25, &["compaction"]);
+        assert_eq!(call.sim_cache_read, 34_260.0, "#{index}");
+    }
+    check_call(&replayed("entireio-cli/7be20d70c73b-0.full.jsonl"), 82, 0.05, &["compaction"]);
+}
+
+#[test]
+fn a_microcompact_of_older_history_shows_the_prefix_level() {
+    // 7662 starts mid-session; its microcompact clears results older than the transcript and
+    // the read falls to the prefix (19,330), which the compaction later reads again.
+    let replay = replayed(S7662);
+    assert!(replay.head_truncated);
+    check_call(&replay, 6, 0.06, &["microcompact", "prefix_level"]);
+    let after = check_call(&replay, 30, 0.15, &["compaction"]);
+    assert_eq!(after.sim_cache_read, 19_330.0);
+}
+
+#[test]
+fn a_warm_start_reads_the_prefix_an_earlier_session_cached() {
+    let replay = replayed(SPOTTER);
+    let first = check_call(&replay, 0, 0.0, &[]);
+    assert_eq!(first.sim_cache_read, first.recorded.cache_read_input_tokens as f64);
+    assert!(first.sim_cache_read > 10_000.0);
+}
+
+#[test]
+fn sonnet_4_5_drops_earlier_thinking_at_a_new_turn() {
+    // 7662 (Sonnet 4.5) #12 opens a turn after one with thinking: the record shrinks by that
+    // thinking (-268 tokens with the new prompt and reply added) and still reads its cache.
+    let replay = replayed(S7662);
+    let before = check_call(&replay, 11, 0.05, &[]).simulated_context() as i64;
+    let call = check_call(&replay, 12, 0.05, &["new_user_turn"]);
+    assert!((call.simulated_context() as i64) < before, "{} after {before}", call.simulated_context());
+    let read = call.metrics.as_ref().unwrap().cache_read_input_tokens as f64;
+    assert!(read > 0.95 * before as f64, "read {read} after {before}");
+}
+
+#[test]
+fn the_compaction_request_forks_the_main_thread() {
+    // spotter's compaction call (lane `compact`) read the main thread's 166,758 cached tokens;
+    // its own transcript holds only the summary instruction and hook context.
+    let replay = replayed(SPOTTER);
+    let fork = replay.calls.iter().find(|c| c.lane == "compact").unwrap();
+    check_call(&replay, fork.index, 0.03, &[]);
+    assert!(fork.sim_cache_read > 150_000.0, "{}", fork.sim_cache_read);
+}
+
+#[test]
+fn a_cache_entry_lives_five_minutes_from_its_first_token() {
+    // 9878 #37 and cd95 #93 come 300.5 s and 302.3 s after the previous response's first
+    // block, yet read: their requests went out 291 s and 298 s after it.
+    for (transcript, index) in [("entireio-cli/9878b713483d-0.full.jsonl", 37), (CD95, 93)] {
+        let replay = replayed(transcript);
+        let call = check_call(&replay, index, 0.05, &[]);
+        assert!(call.recorded.cache_read_input_tokens > 0);
+        assert!(call.sim_cache_read > 0.0, "{transcript} #{index}");
+        assert!(!call.events.iter().any(|e| e == "ttl_expired"), "{transcript} #{index}");
+    }
+}
+
+#[test]
+fn the_user_context_prior_is_fitted_where_the_record_shows_it() {
+    // cd95 opens with 42k unrecorded tokens; its compaction reads the 34,260-token prefix.
+    let sample = ctxsim::replay::user_context_sample(&replayed(CD95)).unwrap();
+    assert!((7_500..8_700).contains(&sample), "{sample}");
+    // A segment that starts mid-session carries older history: no sample.
+    assert_eq!(ctxsim::replay::user_context_sample(&replayed(S7662)), None);
+    let fitted = ctxsim::replay::fit_calibration(&Default::default(), &[9_000, 5_000, 7_000], "test");
+    assert_eq!(fitted.user_context_tokens, Some(7_000));
 }

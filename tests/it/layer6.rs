@@ -155,3 +155,166 @@ fn disable_stage_skips_autocompact_and_rejects_unknown_names() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("autocompaction") && stderr.contains("tool_result_budget, snip, microcompact"), "{stderr}");
 }
+
+#[test]
+fn context_editing_is_applied_server_side_where_the_trigger_and_clear_at_least_allow() {
+    let out = run("context-editing");
+    let applied = |i: usize| out.rows[i].context_management.as_ref().map(|cm| cm.applied_edits[0].cleared_tool_uses);
+    // Request 4 is past the 20,000-token trigger but could clear only one result (< 4,000).
+    assert!(out.rows[4].context_tokens > 20_000);
+    assert_eq!((applied(3), applied(4), applied(5), applied(6), applied(7)), (None, None, Some(Some(2)), Some(Some(3)), Some(Some(3))));
+    let reports = fired(&out.rows[5]);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert!(reports[0].starts_with("context_editing: newly cleared server-side: 2 tool uses, 0 thinking blocks (clear_tool_uses_20250919: 2 tool uses, "), "{reports:?}");
+    assert_eq!(out.rows[5].stages.iter().find(|s| s.name == "context_editing").unwrap().invalidated_from.as_deref(), Some("messages[3].content[0]"));
+    // Breaks at the first newly cleared result; the next turn reads the whole edited prefix.
+    let causes: Vec<(usize, &str)> = out.rows.iter().filter(|r| r.cache_break).map(|r| (r.index, r.prefix.cause.as_deref().unwrap())).collect();
+    assert_eq!(causes, [(5, "context_editing"), (6, "context_editing")]);
+    assert_eq!(out.rows[7].cache_read_input_tokens, out.rows[6].cache_read_input_tokens + out.rows[6].cache_creation_input_tokens);
+    // The client sent the whole history every time; the server's view is what was counted.
+    let sent = serde_json::to_string(&out.requests[7]).unwrap();
+    assert_eq!(sent.matches("line 019").count(), 36, "six untouched results of six copies each");
+    assert!(out.rows[7].context_tokens < out.rows[4].context_tokens);
+    // Information loss counts what left the model's view once, not again on every request.
+    assert_eq!(out.summary.compactions["microcompact"], 2);
+    let loss = ctxsim::measure::loss::info_loss(&out.requests, &out.rows);
+    let dropped: u64 = out.rows.iter().flat_map(|r| &r.stages).filter(|s| s.name == "context_editing").map(|s| s.tokens_before - s.tokens_after).sum();
+    let cleared_once = out.rows[6].context_management.as_ref().unwrap().applied_edits[0].cleared_input_tokens;
+    assert_eq!((loss.compactions, loss.tokens_dropped), (2, dropped));
+    assert_eq!(dropped, cleared_once, "three results, each counted when it left the view");
+}
+
+// ---- recovery that does not recover, and media -----------------------------------------------
+
+/// Runs a scenario given as text (inline cases of the recovery ladder).
+fn run_yaml(yaml: &str) -> RunOutput {
+    let scenario = ctxsim::scenario::parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe));
+    run_scenario(&scenario, &mut measurer, &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The reactive-compact world (16k window, autocompact off, one Bash call past the window)
+/// with the given env additions and the given reply on lane `compact`; a second turn follows.
+fn overflow_yaml(env: &str, compact_reply: &str) -> String {
+    let reactive = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/reactive-compact.yaml")).unwrap();
+    let files = &reactive[reactive.find("  files:").unwrap()..reactive.find("script:").unwrap()];
+    format!(
+        r#"name: overflow
+world:
+  model: claude-sonnet-4-5
+  context_window: 16000
+  max_output_tokens: 1000
+  env: {{DISABLE_AUTO_COMPACT: "1", CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE: "1000000"{env}}}
+{files}script:
+  - user: "Print the data file a few times"
+  - assistant:
+      - tool_use: {{name: Bash, input: {{command: "cat data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt data.txt", description: Print the data}}}}
+  - assistant:
+      - text: "This reply is never sampled."
+{compact_reply}"#
+    )
+}
+
+#[test]
+fn prompt_too_long_is_surfaced_when_reactive_compact_is_off() {
+    // The external build: no reactive compact, no collapse; the error ends the turn, and the
+    // next turn, still over the window, ends the same way.
+    let again = "  - user: \"Try again\"\n  - assistant:\n      - text: \"This reply is never sampled either.\"\n";
+    let out = run_yaml(&overflow_yaml("", again));
+    assert_eq!(lanes(&out), ["main", "main", "main"]);
+    for row in &out.rows[1..] {
+        assert!(row.error.as_deref().unwrap().starts_with("prompt is too long: "));
+        assert!(row.stages.iter().all(|s| !s.fired), "{:?}", fired(row));
+        let autocompact: Vec<&str> = row.stages.iter().filter(|s| s.name == "autocompact").map(|s| s.reason.as_str()).collect();
+        assert_eq!(autocompact, ["auto-compact disabled"]);
+    }
+    assert_eq!(out.rows[2].events, ["prompt_too_long_surfaced"]);
+    assert_eq!((out.summary.api_errors, out.summary.blocked), (2, 2));
+}
+
+#[test]
+fn prompt_too_long_is_surfaced_when_reactive_compact_fails() {
+    // Reactive compact is tried once; its summary request comes back as an API error, so the
+    // compaction fails and the error is surfaced (`prompt_too_long`). The next turn still
+    // carries the oversized result: a new turn tries reactive compact again (the flag is per
+    // turn), and this time the summary arrives.
+    let compact = "  - assistant:\n      - text: \"API Error: Repeated 529 Overloaded errors\"\n    lane: compact\n  - user: \"Try again\"\n  - assistant:\n      - text: \"Recovered.\"\n  - assistant:\n      - text: \"<summary>The user printed data.txt many times.</summary>\"\n    lane: compact\n";
+    let out = run_yaml(&overflow_yaml(r#", CTXSIM_REACTIVE_COMPACT: "1""#, compact));
+    assert_eq!(lanes(&out), ["main", "main", "compact", "main", "compact", "main"]);
+    assert_eq!(out.summary.blocked, 1);
+    // The failed attempt is reported on the next main request, with the surfaced error.
+    let next = &out.rows[3];
+    assert!(next.error.is_some(), "turn 2 starts over the window again");
+    let failed: Vec<&str> = next.stages.iter().filter(|s| s.name == "reactive_compact").map(|s| s.reason.as_str()).collect();
+    assert_eq!(failed, ["compaction failed (API Error: Repeated 529 Overloaded errors); consecutive failures 0"]);
+    assert!(next.events.contains(&"prompt_too_long_surfaced".to_owned()), "{:?}", next.events);
+    // Turn 2: reactive compact succeeds and the request goes through.
+    assert!(fired(&out.rows[5]).iter().any(|r| r.starts_with("reactive_compact: reactive compaction")));
+    assert!(out.rows[5].error.is_none());
+    assert_eq!(out.summary.compactions["reactive"], 1);
+}
+
+/// A screenshot tool returns `images` (base64 sizes in bytes) after a short text.
+fn media_yaml(env: &str, images: &str, after: &str) -> String {
+    format!(
+        r#"name: media
+world:
+  model: claude-sonnet-4-5
+  context_window: 400000
+  env: {{DISABLE_AUTO_COMPACT: "1"{env}}}
+script:
+  - user: "Take a screenshot of the page"
+  - assistant:
+      - tool_use: {{id: toolu_shot, name: Bash, input: {{command: "screenshot --full-page", description: Capture the page}}}}
+  - tool_output:
+      toolu_shot: {{content: "Captured.", images: [{images}]}}
+  - assistant:
+      - text: "The header overlaps the menu."
+{after}"#
+    )
+}
+
+#[test]
+fn an_oversized_image_is_refused_and_surfaced_then_stripped_from_the_next_request() {
+    let after = "  - user: \"Describe it in words instead\"\n  - assistant:\n      - text: \"The header is too tall.\"\n";
+    let out = run_yaml(&media_yaml("", "{base64_bytes: 6000000}", after));
+    assert_eq!(lanes(&out), ["main", "main", "main"]);
+    assert_eq!(out.rows[1].error.as_deref(), Some("image exceeds 5 MB maximum: 6000000 bytes > 5242880 bytes"));
+    assert_eq!(out.summary.blocked, 1);
+    // The next turn no longer carries the image; the rest of the result stays.
+    let next = serde_json::to_string(&out.requests[2]).unwrap();
+    assert!(!next.contains("iVBORw0KGgo") && next.contains("Captured."));
+    assert!(out.rows[2].error.is_none());
+    assert_eq!(out.rows[2].events, ["image_error_surfaced:1", "message_rewritten:oversized_media_stripped"]);
+}
+
+#[test]
+fn an_oversized_image_goes_through_reactive_compact_when_it_is_on() {
+    let summary = "  - assistant:\n      - text: \"<summary>A screenshot of the page was taken; it was too large to send.</summary>\"\n    lane: compact\n";
+    let out = run_yaml(&media_yaml(r#", CTXSIM_REACTIVE_COMPACT: "1""#, "{base64_bytes: 6000000}", summary));
+    assert_eq!(lanes(&out), ["main", "main", "compact", "main"]);
+    assert!(out.rows[1].error.as_deref().unwrap().starts_with("image exceeds 5 MB maximum"));
+    assert!(fired(&out.rows[3]).iter().any(|r| r.starts_with("reactive_compact: reactive compaction")), "{:?}", fired(&out.rows[3]));
+    assert!(out.rows[3].error.is_none());
+    assert!(!serde_json::to_string(&out.requests[3]).unwrap().contains("iVBORw0KGgo"));
+}
+
+#[test]
+fn more_than_a_hundred_images_lose_the_oldest_before_sending() {
+    let images = vec!["{base64_bytes: 400}"; 104].join(", ");
+    let out = run_yaml(&media_yaml("", &images, ""));
+    assert!(out.rows.iter().all(|r| r.error.is_none()));
+    let sent = serde_json::to_string(&out.requests[1]).unwrap();
+    assert_eq!(sent.matches("\"type\":\"image\"").count(), 100);
+    assert_eq!(out.rows[1].events, ["message_rewritten:excess_media_stripped:4"]);
+}
+
+#[test]
+fn media_size_errors_are_recognized_as_the_client_does() {
+    use ctxsim::agent::compact::recovery::is_media_size_error;
+    assert!(is_media_size_error("messages.3.content.0.image.source.base64: image exceeds 5 MB maximum: 6000000 bytes > 5242880 bytes"));
+    assert!(is_media_size_error("image dimensions exceed max allowed size for many-image requests: 2000 pixels"));
+    assert!(is_media_size_error("A maximum of 100 PDF pages may be provided."));
+    assert!(!is_media_size_error("prompt is too long: 17620 tokens > 16000 maximum"));
+    assert!(!is_media_size_error("maximum of many PDF pages"));
+}

@@ -11,8 +11,7 @@ use ctxsim::world::{Clock, VirtualFs};
 use crate::support::{measurer, realdata};
 
 fn run_text(yaml: &str) -> RunOutput {
-    let scenario = parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
-    run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+    crate::support::run_yaml(yaml)
 }
 
 fn messages(output: &RunOutput, request: usize) -> String {
@@ -338,4 +337,145 @@ fn scenario_realdata_hooks_tree_and_settings() {
     assert!(first.contains("/proj/CLAUDE.md"), "real CLAUDE.md tree mounted");
     assert!(messages(&out, 1).contains("PostToolUse:Write hook additional context: formatted notes.md"));
     assert!(messages(&out, 2).contains("Stop hook feedback:\\n[node \\\"$CLAUDE_PROJECT_DIR\\\"/.claude/hooks/lefthook-check.mts]: lint: notes.md has a trailing space"), "{}", messages(&out, 2));
+}
+
+// ---- hooks: types, timeouts, SessionStart sources -------------------------------------------
+
+fn lanes(output: &RunOutput) -> Vec<(&str, u64)> {
+    output.rows.iter().map(|r| (r.lane.as_str(), r.time_ms)).collect()
+}
+
+fn shipped(name: &str) -> RunOutput {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name);
+    run_scenario(&ctxsim::scenario::load_scenario(&path).unwrap(), &mut measurer(), &Strategy::default()).unwrap()
+}
+
+#[test]
+fn hook_types_http_agent_prompt_and_timeouts() {
+    let out = shipped("hook-types.yaml");
+    // The lint hook's 30 s run is cut at its 5 s timeout; the verifier takes 12 s.
+    assert_eq!(lanes(&out), [("main", 0), ("main", 5_000), ("side", 5_000), ("main", 17_000), ("side", 17_000), ("main", 17_000), ("side", 17_000)]);
+    // http: the 200 response's context arrives; the cancelled command hook's never does.
+    let after_read = messages(&out, 1);
+    assert!(after_read.contains("PostToolUse:Read hook additional context: Audit: notes.md read at 10:00."));
+    assert!(!after_read.contains("never delivered"));
+    // agent: one request to Haiku with the read-only tools and $ARGUMENTS filled in; its "no"
+    // denies the Bash call.
+    let verifier = &out.requests[2];
+    assert_eq!(verifier.model, "claude-haiku-4-5-20251001");
+    assert_eq!(verifier.tools().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["Glob", "Grep", "Read"]);
+    assert!(messages(&out, 2).contains(r#"\"tool_input\":{\"command\":\"rm -rf / build\"}"#));
+    assert!(messages(&out, 3).contains("PreToolUse:Bash hook error: [Check that this command deletes nothing outside build/: $ARGUMENTS]: rm -rf / deletes the whole filesystem"));
+    // prompt: no tools; its verdict blocks Stop, so the loop goes on with feedback.
+    assert!(out.requests[4].tools.is_none());
+    assert!(messages(&out, 4).contains(r#"\"stop_hook_active\":false"#));
+    assert!(messages(&out, 5).contains("Stop hook feedback:\\n[Did the assistant answer every part of the request? $ARGUMENTS]: Say what is in build/."));
+    assert!(messages(&out, 6).contains(r#"\"stop_hook_active\":true"#));
+    assert_eq!(out.summary.cache_breaks, 0);
+}
+
+#[test]
+fn hook_types_edge_cases() {
+    let settings = r#"
+  files:
+    /repo/a.txt: "a"
+    /repo/.claude/settings.json: |
+      {"hooks": {
+        "SessionStart": [{"hooks": [{"type": "http", "url": "https://h.example/start"}]}],
+        "UserPromptSubmit": [{"hooks": [{"type": "prompt", "prompt": "Is this on topic? $ARGUMENTS", "model": "sonnet"}]}],
+        "PostToolUse": [{"hooks": [{"type": "http", "url": "https://h.example/post"}, {"type": "prompt", "prompt": "Judge $ARGUMENTS"}]}],
+        "SessionEnd": [{"hooks": [{"type": "command", "command": "bye.sh"}]}]
+      }}
+"#;
+    let yaml = format!(
+        r#"name: t
+world:
+  model: claude-sonnet-4-5{settings}  hook_answers:
+    - {{event: SessionStart, command: "https://h.example/start", additional_context: "never: http skips SessionStart"}}
+    - {{event: UserPromptSubmit, command: "Is this on topic? $ARGUMENTS", ok: true, duration: 2s}}
+    - {{event: PostToolUse, command: "https://h.example/post", status: 503, additional_context: "never: a 503 is a non-blocking error"}}
+    - {{event: PostToolUse, command: "Judge $ARGUMENTS", stdout: "looks fine to me"}}
+    - {{event: SessionEnd, command: bye.sh, duration: 1m}}
+script:
+  - user: "read a.txt"
+  - assistant:
+      - tool_use: {{name: Read, input: {{file_path: /repo/a.txt}}}}
+  - assistant:
+      - text: "done"
+  - clear: true
+  - user: "again"
+  - assistant:
+      - text: "ok"
+"#
+    );
+    let out = run_text(&yaml);
+    // The prompt asks the prompt hook (its model alias resolved), which passes it after 2 s.
+    assert_eq!((out.rows[0].lane.as_str(), out.requests[0].model.as_str()), ("side", "claude-sonnet-4-6"));
+    assert!(messages(&out, 0).contains(r#"Is this on topic? {\"session_id\""#) && messages(&out, 0).contains(r#"\"prompt\":\"read a.txt\""#));
+    assert_eq!((out.rows[1].lane.as_str(), out.rows[1].time_ms), ("main", 2_000));
+    assert!(messages(&out, 1).contains("read a.txt"));
+    let all: String = (0..out.requests.len()).map(|i| messages(&out, i)).collect();
+    assert!(!all.contains("never:"), "{all}");
+    // A verdict that is not JSON blocks nothing.
+    assert!(!all.contains("hook blocking error"));
+
+    // A prompt hook's "no" on UserPromptSubmit drops the prompt.
+    let blocked = r#"name: t
+world:
+  model: claude-sonnet-4-5
+  files:
+    /repo/.claude/settings.json: '{"hooks": {"UserPromptSubmit": [{"hooks": [{"type": "prompt", "prompt": "On topic? $ARGUMENTS"}]}]}}'
+  hook_answers:
+    - {event: UserPromptSubmit, command: "On topic? $ARGUMENTS", ok: false, reason: "off topic"}
+script:
+  - user: "tell me a joke"
+  - assistant:
+      - text: "no prompt reached me"
+"#;
+    let dropped = run_text(blocked);
+    assert_eq!(dropped.rows[0].lane, "side");
+    assert!(!messages(&dropped, 1).contains("tell me a joke"));
+    // SessionEnd at /clear is cut at its 1.5 s budget: the next prompt's request follows 1.5 s
+    // plus the 2 s of its own prompt hook later.
+    let last = out.rows.last().unwrap();
+    let before = out.rows.iter().rev().find(|r| r.lane == "main" && r.index < last.index).unwrap();
+    assert_eq!(last.time_ms - before.time_ms, 3_500);
+
+    let yaml = yaml.replace("model: claude-sonnet-4-5", "model: claude-sonnet-4-5\n  env: {CLAUDE_CODE_SESSIONEND_HOOKS_TIMEOUT_MS: 20000}");
+    let out = run_text(&yaml);
+    let last = out.rows.last().unwrap();
+    let before = out.rows.iter().rev().find(|r| r.lane == "main" && r.index < last.index).unwrap();
+    assert_eq!(last.time_ms - before.time_ms, 22_000);
+    assert_eq!(ctxsim::agent::hooks::default_timeout_ms("agent", "Stop", 1_500), 60_000);
+    assert_eq!(ctxsim::agent::hooks::default_timeout_ms("prompt", "PreToolUse", 1_500), 30_000);
+    assert_eq!(ctxsim::agent::hooks::default_timeout_ms("http", "SessionEnd", 1_500), 1_500);
+}
+
+#[test]
+fn session_start_fires_for_clear_and_resume() {
+    let out = shipped("session-clear-resume.yaml");
+    let session = |i: usize| {
+        let user_id: serde_json::Value = serde_json::from_str(out.requests[i].metadata.as_ref().unwrap()["user_id"].as_str().unwrap()).unwrap();
+        user_id["session_id"].as_str().unwrap().to_owned()
+    };
+    // /clear starts a new session id; a resume keeps it.
+    assert_ne!(session(0), session(1));
+    assert_eq!(session(1), session(2));
+    assert!(messages(&out, 0).contains("SessionStart:startup hook success: Release freeze until Friday."));
+    // After /clear: none of the first conversation, the clear hook's context first.
+    let cleared = messages(&out, 1);
+    assert!(!cleared.contains("Anything I should know?") && !cleared.contains("Release freeze"));
+    assert!(cleared.contains("SessionStart hook additional context: Open task: finish the parser rewrite."));
+    assert_eq!(out.rows[1].prefix.cause.as_deref(), Some("conversation_cleared"));
+    // The SessionEnd hook's 0.8 s is on the clock.
+    assert_eq!(out.rows[1].time_ms, 800);
+    // After the resume: the listing moved from the first message to the new prompt, the
+    // resume context follows the transcript.
+    let resumed = &out.requests[2].messages;
+    let opening = serde_json::to_string(&resumed[1]).unwrap();
+    assert!(!opening.contains("Skills you can run") && opening.contains("Start over: what is open?"));
+    let last = serde_json::to_string(resumed.last().unwrap()).unwrap();
+    assert!(last.contains("Open task: finish the parser rewrite.") && last.contains("Skills you can run") && last.contains("Continue with the parser."));
+    assert_eq!(out.rows[2].prefix.cause.as_deref(), Some("session_resumed"));
+    assert_eq!(out.summary.cache_breaks, 2);
 }

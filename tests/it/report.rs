@@ -75,6 +75,7 @@ pub fn session() -> Vec<RequestMetrics> {
             cache_break,
             error: None,
             recorded_usage: None,
+            context_management: None,
         });
         if lane == "main" {
             context += 6_200;

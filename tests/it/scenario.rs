@@ -57,6 +57,9 @@ fn steps(scenario: &Scenario) -> String {
             Step::McpListChanged { server, tools } => format!("mcp_list_changed {server} {}", tools.len()),
             Step::PluginEnable { root } => format!("plugin_enable {root}"),
             Step::PluginReload => "plugin_reload".to_owned(),
+            Step::Clear => "clear".to_owned(),
+            Step::Resume => "resume".to_owned(),
+            Step::Git(git) => format!("git {} ({} status lines, {} commits)", git.branch, git.status.len(), git.recent_commits.len()),
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -77,7 +80,7 @@ fn shipped_scenarios_load_cleanly() {
         let scenario = load_scenario(&path).unwrap_or_else(|e| panic!("{e}"));
         let world = scenario.into_world();
         // Replies are scripted for the main lane and the lanes the agent opens itself.
-        assert!(world.model.unconsumed().iter().all(|(lane, _)| ["main", "compact", "session_memory"].contains(&lane.as_str()) || lane.starts_with("subagent:")));
+        assert!(world.model.unconsumed().iter().all(|(lane, _)| ["main", "compact", "session_memory", "side"].contains(&lane.as_str()) || lane.starts_with("subagent:")));
         names.push(scenario.name);
     }
     assert!(names.len() >= 3, "{names:?}");
@@ -230,7 +233,7 @@ fn error_unknown_block_kind() {
 
 #[test]
 fn error_unknown_step_key() {
-    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
+    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `git`, `clear`, `resume`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
 }
 
 #[test]

@@ -65,6 +65,17 @@ pub fn measure_all(requests: &[(u64, Request)]) -> Vec<RequestMetrics> {
     requests.iter().map(|(t, r)| m.measure(MeasureInput::new("main", *t, r)).unwrap()).collect()
 }
 
+/// Runs an inline scenario with the default strategy.
+pub fn run_yaml(yaml: &str) -> ctxsim::runner::RunOutput {
+    let scenario = ctxsim::scenario::parse_scenario(yaml, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
+    ctxsim::runner::run_scenario(&scenario, &mut measurer(), &ctxsim::strategy::Strategy::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The lane of every row of a run, in order.
+pub fn lanes(output: &ctxsim::runner::RunOutput) -> Vec<&str> {
+    output.rows.iter().map(|r| r.lane.as_str()).collect()
+}
+
 /// (read, creation, input) of a row.
 pub fn split(row: &RequestMetrics) -> (u64, u64, u64) {
     (row.cache_read_input_tokens, row.cache_creation_input_tokens, row.input_tokens)

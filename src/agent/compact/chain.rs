@@ -121,8 +121,10 @@ impl Chain {
         self.disabled.contains(name)
     }
 
-    /// Runs every stage in order on `cx`.
+    /// Runs every stage in order on `cx` (after updating the thinking-clear latch, which is
+    /// request state of the API layer rather than a stage).
     pub fn run(&self, cx: &mut ChainContext<'_>) -> ChainStep {
+        microcompact::update_thinking_latch(cx);
         self.run_from(cx, 0)
     }
 

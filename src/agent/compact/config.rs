@@ -151,16 +151,26 @@ impl Default for MicrocompactConfig {
     }
 }
 
-/// §3.5: API-side context editing, sent as `context_management`.
+/// §3.5: API-side context editing, sent as `context_management`; the cache simulator applies
+/// it server-side (`measure::context_editing`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextEditingConfig {
     pub clear_tool_uses: bool,
     pub clear_thinking: bool,
-    /// `clear_thinking` keeps only the last thinking turn instead of all (the >1h-idle latch).
+    /// `clear_thinking` keeps only the last thinking turn instead of all (the >1h-idle latch,
+    /// always on).
     pub clear_all_thinking: bool,
+    /// `thinkingClearLatched`: after this many minutes since the last API completion the client
+    /// switches `clear_thinking` to keep one turn, until the next compaction (`CACHE_TTL_1HOUR_MS`).
+    pub thinking_latch_idle_minutes: u64,
     pub trigger_input_tokens: u64,
+    /// `clear_at_least` = trigger − target (the client's `API_TARGET_INPUT_TOKENS`).
     pub target_input_tokens: u64,
+    /// Send `clear_at_least` at all (the API default is none).
+    pub clear_at_least: bool,
+    /// `keep` in tool uses; the API default (3) is not sent.
+    pub keep_tool_uses: u64,
     pub clear_tool_inputs: Vec<String>,
     pub exclude_tools: Vec<String>,
 }
@@ -171,8 +181,11 @@ impl Default for ContextEditingConfig {
             clear_tool_uses: false,
             clear_thinking: false,
             clear_all_thinking: false,
+            thinking_latch_idle_minutes: 60,
             trigger_input_tokens: 180_000,
             target_input_tokens: 40_000,
+            clear_at_least: true,
+            keep_tool_uses: 3,
             clear_tool_inputs: ["Bash", "PowerShell", "Glob", "Grep", "Read", "WebFetch", "WebSearch"]
                 .into_iter()
                 .map(str::to_owned)
@@ -376,6 +389,26 @@ impl CompactConfig {
         }
         if truthy("CTXSIM_REACTIVE_COMPACT") {
             self.autocompact.reactive_enabled = true;
+        }
+        // The client's own (ant-only) switches for API tool clearing (§3.5): the results strategy
+        // clears these tools' inputs too, the uses strategy excludes the editing tools; with both
+        // set we send one edit carrying both lists.
+        let results = truthy("USE_API_CLEAR_TOOL_RESULTS");
+        let uses = truthy("USE_API_CLEAR_TOOL_USES");
+        if results || uses {
+            self.context_editing.clear_tool_uses = true;
+            if !results {
+                self.context_editing.clear_tool_inputs.clear();
+            }
+            if !uses {
+                self.context_editing.exclude_tools.clear();
+            }
+        }
+        if let Some(max) = positive("API_MAX_INPUT_TOKENS") {
+            self.context_editing.trigger_input_tokens = max as u64;
+        }
+        if let Some(target) = positive("API_TARGET_INPUT_TOKENS") {
+            self.context_editing.target_input_tokens = target as u64;
         }
         if truthy("DISABLE_COMPACT") {
             self.autocompact.enabled = false;

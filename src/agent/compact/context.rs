@@ -188,6 +188,8 @@ pub struct ChainState {
     pub session_memory: SessionMemoryState,
     pub collapse: CollapseState,
     pub cached_microcompact: CachedMicrocompactState,
+    /// `thinkingClearLatched` (§8.6): `clear_thinking` keeps one turn until the next compaction.
+    pub thinking_clear_latched: bool,
     pub next_uuid: u64,
 }
 
@@ -200,6 +202,7 @@ impl ChainState {
             session_memory: SessionMemoryState::default(),
             collapse: CollapseState::default(),
             cached_microcompact: CachedMicrocompactState::default(),
+            thinking_clear_latched: false,
             next_uuid: 1_000_000_000,
         }
     }

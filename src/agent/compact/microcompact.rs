@@ -12,7 +12,10 @@
 //!    `cache_reference` down to `cached_keep_recent`. *Invalidates*: nothing: the server edits the
 //!    cached prefix in place.
 //! 3. **API context editing**: emits the body's `context_management` (`clear_tool_uses`,
-//!    `clear_thinking`); the server applies it when the input passes the trigger.
+//!    `clear_thinking`); the server applies it when the input passes the trigger (the cache
+//!    simulator does: `measure::context_editing`). *Invalidates*: server-side, from the first
+//!    block the server clears. The thinking-clear latch (>1h idle → keep one thinking turn) is
+//!    kept here too ([`update_thinking_latch`]).
 //!
 //! *Preserves* in all paths: every tool_use and its tool_result block (only content changes).
 
@@ -21,6 +24,7 @@ use std::collections::BTreeSet;
 use serde_json::{Value, json};
 
 use crate::api::{ContentBlock, MessageContent, ToolResultContent};
+use crate::measure::context_editing::{CLEAR_THINKING, CLEAR_TOOL_USES, DEFAULT_KEEP_TOOL_USES};
 use crate::measure::metrics::StageReport;
 
 use super::chain::Stage;
@@ -195,22 +199,32 @@ pub fn cached(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<StageRepo
     })
 }
 
-/// API-side context editing: the `context_management` body field.
+/// API-side context editing: the `context_management` body field. The server applies it (the
+/// cache simulator does, in `measure::context_editing`); the chain only decides what to send.
 pub fn context_editing(cx: &mut ChainContext<'_>, tokens: u64) {
     let config = &cx.config.context_editing;
     let mut edits = Vec::new();
     if config.clear_thinking {
-        let keep = if config.clear_all_thinking { json!({"type": "thinking_turns", "value": 1}) } else { json!("all") };
-        edits.push(json!({"type": "clear_thinking_20251015", "keep": keep}));
+        edits.push(clear_thinking_edit(config.clear_all_thinking || cx.state.thinking_clear_latched));
     }
     if config.clear_tool_uses {
-        edits.push(json!({
-            "type": "clear_tool_uses_20250919",
+        let mut edit = json!({
+            "type": CLEAR_TOOL_USES,
             "trigger": {"type": "input_tokens", "value": config.trigger_input_tokens},
-            "clear_at_least": {"type": "input_tokens", "value": config.trigger_input_tokens.saturating_sub(config.target_input_tokens)},
-            "clear_tool_inputs": config.clear_tool_inputs,
-            "exclude_tools": config.exclude_tools,
-        }));
+        });
+        if config.keep_tool_uses != DEFAULT_KEEP_TOOL_USES {
+            edit["keep"] = json!({"type": "tool_uses", "value": config.keep_tool_uses});
+        }
+        if config.clear_at_least {
+            edit["clear_at_least"] = json!({"type": "input_tokens", "value": config.trigger_input_tokens.saturating_sub(config.target_input_tokens)});
+        }
+        if !config.clear_tool_inputs.is_empty() {
+            edit["clear_tool_inputs"] = json!(config.clear_tool_inputs);
+        }
+        if !config.exclude_tools.is_empty() {
+            edit["exclude_tools"] = json!(config.exclude_tools);
+        }
+        edits.push(edit);
     }
     if edits.is_empty() {
         return;
@@ -219,4 +233,47 @@ pub fn context_editing(cx: &mut ChainContext<'_>, tokens: u64) {
         cx.event("context_editing");
     }
     cx.output.context_management = Some(json!({"edits": edits}));
+}
+
+fn clear_thinking_edit(one_turn: bool) -> Value {
+    let keep = if one_turn { json!({"type": "thinking_turns", "value": 1}) } else { json!("all") };
+    json!({"type": CLEAR_THINKING, "keep": keep})
+}
+
+/// `thinkingClearLatched` (§8.6): set when the last API completion was more than
+/// `thinking_latch_idle_minutes` ago (the 1h cache has expired anyway); from then on every
+/// `clear_thinking` edit keeps only the last thinking turn, until the next compaction resets it.
+/// Evaluated before each main-thread request, whether or not a stage runs.
+pub fn update_thinking_latch(cx: &mut ChainContext<'_>) {
+    if cx.state.thinking_clear_latched || !cx.source.is_main_thread() {
+        return;
+    }
+    let Some(last) = cx.entries.iter().rev().find(|e| e.is_assistant() && !e.synthetic) else { return };
+    let idle = cx.now_ms().saturating_sub(last.timestamp_ms);
+    if idle > cx.config.context_editing.thinking_latch_idle_minutes * 60_000 {
+        cx.state.thinking_clear_latched = true;
+    }
+}
+
+/// The body's `context_management`: the session's own edits and the chain's, one per type (the
+/// chain's win), `clear_thinking` first as the API requires. With the latch on, every
+/// `clear_thinking` edit keeps one turn.
+pub fn merge_context_management(session: Option<&Value>, chain: Option<&Value>, latched: bool) -> Option<Value> {
+    let edits_of = |v: Option<&Value>| -> Vec<Value> { v.and_then(|v| v.get("edits")).and_then(Value::as_array).cloned().unwrap_or_default() };
+    let mut edits = edits_of(session);
+    for edit in edits_of(chain) {
+        let kind = edit.get("type").cloned();
+        edits.retain(|e| e.get("type") != kind.as_ref());
+        edits.push(edit);
+    }
+    if edits.is_empty() {
+        return None;
+    }
+    edits.sort_by_key(|e| e.get("type").and_then(Value::as_str) != Some(CLEAR_THINKING));
+    if latched {
+        for edit in edits.iter_mut().filter(|e| e.get("type").and_then(Value::as_str) == Some(CLEAR_THINKING)) {
+            *edit = clear_thinking_edit(true);
+        }
+    }
+    Some(json!({"edits": edits}))
 }

@@ -8,7 +8,9 @@
 //! - **Rewrites**: the drain collapses spans; reactive compact rebuilds the conversation through
 //!   [`super::chain::Chain::finish_compaction`]. **Invalidates**: as those stages do.
 
-use crate::api::Message;
+use serde_json::Value;
+
+use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
 
 use super::autocompact;
 use super::context::{ChainContext, CompactTrigger, CompactionRequest, Entry};
@@ -35,6 +37,137 @@ pub fn parse_prompt_too_long(text: &str) -> Option<(u64, u64)> {
 /// What the simulated API answers for a prompt of `tokens` on a `window`-token model.
 pub fn simulated_api_error(tokens: u64, window: u64) -> Option<String> {
     (tokens > window).then(|| prompt_too_long_message(tokens, window))
+}
+
+/// `API_IMAGE_MAX_BASE64_SIZE` (constants/apiLimits.ts): the API refuses an image whose base64
+/// data is larger.
+pub const API_IMAGE_MAX_BASE64_SIZE: usize = 5 * 1024 * 1024;
+/// `API_MAX_MEDIA_PER_REQUEST`: the client drops the oldest media beyond this many
+/// (`stripExcessMediaItems`).
+pub const API_MAX_MEDIA_PER_REQUEST: usize = 100;
+
+/// `isMediaSizeError` (§9.2): the error texts the client treats as a media-size error.
+pub fn is_media_size_error(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    (t.contains("image exceeds") && t.contains("maximum"))
+        || (t.contains("image dimensions exceed") && t.contains("many-image"))
+        || t.split("maximum of ").skip(1).any(|rest| {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            digits > 0 && rest[digits..].starts_with(" pdf pages")
+        })
+}
+
+/// Size of an image or document block's base64 data (0 for other sources).
+fn media_bytes(source: &Value) -> usize {
+    source.get("data").and_then(Value::as_str).map_or(0, str::len)
+}
+
+/// Visits the media of one content block in wire order (inside a tool_result too, typed or
+/// raw), keeping those for which `keep(bytes)` is true.
+fn retain_media(block: &mut ContentBlock, keep: &mut dyn FnMut(usize) -> bool) {
+    match block {
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => {
+            blocks.retain_mut(|b| match b {
+                ContentBlock::Image(m) | ContentBlock::Document(m) => keep(media_bytes(&m.source)),
+                other => {
+                    retain_media(other, keep);
+                    true
+                }
+            });
+        }
+        ContentBlock::Other(Value::Object(map)) => {
+            if let Some(Value::Array(items)) = map.get_mut("content") {
+                items.retain(|item| match item.get("type").and_then(Value::as_str) {
+                    Some("image" | "document") => keep(item.get("source").map_or(0, media_bytes)),
+                    _ => true,
+                });
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Visits every media item of the messages in order; top-level ones are kept or dropped whole.
+fn retain_all_media(messages: &mut [Message], keep: &mut dyn FnMut(usize) -> bool) {
+    for message in messages {
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        blocks.retain_mut(|block| match block {
+            ContentBlock::Image(m) | ContentBlock::Document(m) => keep(media_bytes(&m.source)),
+            other => {
+                retain_media(other, keep);
+                true
+            }
+        });
+    }
+}
+
+/// `stripExcessMediaItems`: drops the oldest media beyond `limit`; returns how many.
+pub fn strip_excess_media(messages: &mut [Message], limit: usize) -> usize {
+    let mut total = 0usize;
+    for message in messages.iter() {
+        if let MessageContent::Blocks(blocks) = &message.content {
+            blocks.iter().for_each(|b| visit_media(b, &mut |_| total += 1));
+        }
+    }
+    let mut drop = total.saturating_sub(limit);
+    let dropped = drop;
+    if drop > 0 {
+        retain_all_media(messages, &mut |_| {
+            if drop > 0 {
+                drop -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+    dropped
+}
+
+/// What the simulated API answers for an image over [`API_IMAGE_MAX_BASE64_SIZE`], in the shape
+/// the client's matcher reads (`image exceeds … maximum`); `None` when every image fits.
+pub fn simulated_media_error(messages: &[Message]) -> Option<String> {
+    let mut largest = 0usize;
+    for message in messages {
+        let MessageContent::Blocks(blocks) = &message.content else { continue };
+        for block in blocks {
+            visit_media(block, &mut |bytes| largest = largest.max(bytes));
+        }
+    }
+    (largest > API_IMAGE_MAX_BASE64_SIZE)
+        .then(|| format!("image exceeds 5 MB maximum: {largest} bytes > {API_IMAGE_MAX_BASE64_SIZE} bytes"))
+}
+
+/// Read-only [`retain_media`]: the base64 size of every media item of a block.
+fn visit_media(block: &ContentBlock, seen: &mut dyn FnMut(usize)) {
+    match block {
+        ContentBlock::Image(m) | ContentBlock::Document(m) => seen(media_bytes(&m.source)),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| visit_media(b, seen)),
+        ContentBlock::Other(v) => {
+            for item in v.get("content").and_then(Value::as_array).into_iter().flatten() {
+                if matches!(item.get("type").and_then(Value::as_str), Some("image" | "document")) {
+                    seen(item.get("source").map_or(0, media_bytes));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// After a media-size error surfaced, the client strips the offending images and documents from
+/// the message that carried them (§5.3 step 3); returns how many went.
+pub fn strip_oversized_media(content: &mut MessageContent) -> usize {
+    let MessageContent::Blocks(blocks) = content else { return 0 };
+    let mut messages = [Message { role: crate::api::Role::User, content: MessageContent::Blocks(std::mem::take(blocks)), extra: Default::default() }];
+    let mut stripped = 0usize;
+    retain_all_media(&mut messages, &mut |bytes| {
+        let keep = bytes <= API_IMAGE_MAX_BASE64_SIZE;
+        stripped += usize::from(!keep);
+        keep
+    });
+    let [message] = messages;
+    *content = message.content;
+    stripped
 }
 
 /// Why the previous iteration continued (the subset recovery needs).

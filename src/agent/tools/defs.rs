@@ -67,8 +67,56 @@ pub fn all_builtin_names() -> Vec<&'static str> {
     names
 }
 
+/// Where the Agent tool's description gets its list of agent types from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentToolListing {
+    /// The listing lines, embedded in the description (the default; frozen at first render).
+    Inline(Vec<String>),
+    /// `CLAUDE_CODE_AGENT_LIST_IN_MESSAGES`: the list goes to `agent_listing_delta` attachments.
+    InMessages,
+}
+
+impl Default for AgentToolListing {
+    /// The built-in types of print mode, the set the reference measured the description with.
+    fn default() -> Self {
+        AgentToolListing::Inline(crate::agent::agents::built_in_agents(false).iter().map(|a| a.listing_line()).collect())
+    }
+}
+
+fn agent_listing_block(lines: &[String]) -> String {
+    format!("\n\n{AGENT_LISTING_HEADING}\n{}", lines.join("\n"))
+}
+
+/// The Agent tool with `listing`. The reference measured its description with the print-mode
+/// built-ins listed; our own text is padded so that with that listing it has the measured
+/// length, and every other listing changes the length by its own difference.
+pub fn agent_tool(profile: &SizeProfile, padding: bool, listing: &AgentToolListing) -> BuiltinTool {
+    let (name, description, input_schema, should_defer) = raw_tool("Agent").expect("Agent is a built-in");
+    let mut tool = BuiltinTool { name, description: description.to_owned(), input_schema, should_defer };
+    let measured_listing = match AgentToolListing::default() {
+        AgentToolListing::Inline(lines) => js_len(&agent_listing_block(&lines)),
+        AgentToolListing::InMessages => 0,
+    };
+    if let (Some(size), true) = (profile.tool("Agent"), padding) {
+        tool.description = fit(AGENT, size.description.saturating_sub(measured_listing), FillLayout::Paragraphs, "Agent", true);
+        pad_schema(&mut tool.input_schema, size.schema, "Agent");
+    }
+    match listing {
+        AgentToolListing::Inline(lines) => tool.description.push_str(&agent_listing_block(lines)),
+        AgentToolListing::InMessages => {
+            tool.description.push_str("\n\n");
+            tool.description.push_str(AGENT_LISTING_ELSEWHERE);
+        }
+    }
+    tool
+}
+
 /// Builds one built-in by name, padded to the profile when `padding` (and the profile knows it).
+/// The Agent tool comes with the default listing (see [`agent_tool`]).
 pub fn builtin_tool(name: &str, profile: &SizeProfile, padding: bool) -> Option<BuiltinTool> {
+    if name == "Agent" {
+        return Some(agent_tool(profile, padding, &AgentToolListing::default()));
+    }
     let (name, raw_description, schema, should_defer) = raw_tool(name)?;
     let mut description = raw_description.to_owned();
     let mut input_schema = schema;
@@ -414,13 +462,13 @@ fn raw_tool(name: &str) -> Option<(&'static str, &'static str, Value, bool)> {
 
 const AGENT: &str = "Starts a subagent that works on its own with a fresh context and returns one final report.
 
-Agent types:
-- general-purpose: research and multi-step work with every tool.
-- Explore: fast, read-only searching and reading across a codebase.
-- Plan: read-only design of an implementation approach.
-- statusline-setup: configures the status line setting.
-
 Brief the agent completely: it cannot see this conversation. Say what to do, what is known already, and what to return. Independent agents can run in parallel from one message. The report comes back to you, not to the user, so relay what matters.";
+
+/// Heading of the agent listing inside the Agent description.
+const AGENT_LISTING_HEADING: &str = "Agent types and the tools each has:";
+
+/// What the Agent description says when the listing travels in `agent_listing_delta`.
+const AGENT_LISTING_ELSEWHERE: &str = "The agent types you can start are listed in system reminders in the conversation.";
 
 const ASK_USER_QUESTION: &str = "Asks the user one to four multiple-choice questions while you work, to settle a preference, resolve an ambiguity or choose between approaches. Users can always answer in their own words, so do not add an Other choice. Put a recommended choice first and say it is recommended.";
 

@@ -43,7 +43,8 @@ pub struct ExecOutcome {
 }
 
 impl ExecOutcome {
-    fn text(id: &str, text: String, is_error: bool) -> ExecOutcome {
+    /// A text result (`is_error` when the call failed).
+    pub fn text(id: &str, text: String, is_error: bool) -> ExecOutcome {
         ExecOutcome {
             result: ContentBlock::tool_result(id, ToolResultContent::Text(text), is_error.then_some(true)),
             meta_message: None,

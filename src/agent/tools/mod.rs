@@ -4,8 +4,8 @@ mod defs;
 mod pool;
 
 pub use defs::{
-    BuiltinTool, JSON_SCHEMA_DRAFT, LIST_MCP_RESOURCES, READ_MCP_RESOURCE, TOOL_SEARCH, all_builtin_names,
-    base_tool_names, builtin_tool, schema_len,
+    AgentToolListing, BuiltinTool, JSON_SCHEMA_DRAFT, LIST_MCP_RESOURCES, READ_MCP_RESOURCE, TOOL_SEARCH, all_builtin_names,
+    agent_tool, base_tool_names, builtin_tool, schema_len,
 };
 pub use pool::{
     DEFERRED_CLOSE, DEFERRED_OPEN, MCP_DESCRIPTION_MAX, McpToolSpec, PoolInputs, PoolTool, TOOL_SEARCH_AUTO_PERCENT,

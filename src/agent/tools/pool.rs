@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use crate::agent::profile::SizeProfile;
 use crate::agent::tools::defs::{
-    BuiltinTool, LIST_MCP_RESOURCES, READ_MCP_RESOURCE, TOOL_SEARCH, base_tool_names, builtin_tool, schema_len,
+    AgentToolListing, BuiltinTool, LIST_MCP_RESOURCES, READ_MCP_RESOURCE, TOOL_SEARCH, agent_tool, base_tool_names, builtin_tool,
+    schema_len,
 };
 use crate::agent::system_prompt::truncate_marked;
 use crate::api::Tool;
@@ -107,6 +108,10 @@ pub struct PoolInputs {
     pub discovered: BTreeSet<String>,
     /// Blanket-denied tool names: removed from the pool.
     pub denied: BTreeSet<String>,
+    /// A subagent's allowlist: when set, only these tools stay (built-ins and MCP alike).
+    pub allowed: Option<BTreeSet<String>>,
+    /// The agent types listed in the Agent tool's description.
+    pub agent_listing: AgentToolListing,
     /// Pad descriptions and schemas to the size profile.
     pub padding: bool,
 }
@@ -126,6 +131,8 @@ impl Default for PoolInputs {
             mcp_pending: false,
             discovered: BTreeSet::new(),
             denied: BTreeSet::new(),
+            allowed: None,
+            agent_listing: AgentToolListing::default(),
             padding: true,
         }
     }
@@ -239,17 +246,23 @@ pub fn model_supports_tool_reference(model_id: &str) -> bool {
 pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
     let mode = ToolSearchMode::from_env(inputs.enable_tool_search.as_deref(), inputs.disable_experimental_betas);
     // A first-party provider behind a proxy gets no tool search unless the env asks for it.
-    let tool_search_available = mode != ToolSearchMode::Standard
+    let mut tool_search_available = mode != ToolSearchMode::Standard
         && !(inputs.enable_tool_search.is_none() && inputs.first_party && inputs.custom_base_url);
 
     let mut builtins: Vec<BuiltinTool> = base_tool_names(inputs.todo_v2)
         .iter()
-        .filter_map(|name| builtin_tool(name, profile, inputs.padding))
+        .filter_map(|name| match *name {
+            "Agent" => Some(agent_tool(profile, inputs.padding, &inputs.agent_listing)),
+            name => builtin_tool(name, profile, inputs.padding),
+        })
         .collect();
     if tool_search_available {
         builtins.extend(builtin_tool(TOOL_SEARCH, profile, inputs.padding));
     }
-    builtins.retain(|tool| !inputs.denied.contains(tool.name));
+    let kept = |name: &str| !inputs.denied.contains(name) && inputs.allowed.as_ref().is_none_or(|allowed| allowed.contains(name));
+    builtins.retain(|tool| kept(tool.name));
+    // Tool search needs the ToolSearch tool itself in the pool (a subagent may not have it).
+    tool_search_available &= builtins.iter().any(|tool| tool.name == TOOL_SEARCH);
     builtins.sort_by(|a, b| locale_compare(a.name, b.name));
 
     let mut mcp: Vec<PoolTool> = inputs
@@ -269,7 +282,7 @@ pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
             }
         }
     }
-    mcp.retain(|tool| !inputs.denied.contains(&tool.tool.name));
+    mcp.retain(|tool| kept(&tool.tool.name));
     mcp.sort_by(|a, b| locale_compare(&a.tool.name, &b.tool.name));
 
     // uniqBy name: the built-in wins, and the first MCP duplicate wins among MCP tools.

@@ -1,0 +1,239 @@
+//! Subagents: the Agent tool starts a child [`Session`] that runs its own tool loop over the same
+//! World (real-client-oracle §3 "Subagent"; layers-1-5 §2.5, §3.3, §5.1, §7).
+//!
+//! The child shares the parent's settings, hooks, plugins, memoized user context and memory
+//! files, and starts afresh on everything that is per agent in the client: its transcript, its
+//! sent-skill-names set, its discovered tools, its todo list, its nested-memory set, its
+//! announced deltas. Its requests differ from the main thread's:
+//!
+//! - system: `[attribution, identity, agent prompt + notes + <env> block (+ gitStatus)]`, no
+//!   boundary, so the identity and the rest carry org-scoped markers (three blocks);
+//! - tools: the parent's pool filtered by the definition (`tools`, `disallowedTools`) and
+//!   without the tools no subagent gets;
+//! - messages: the user-context reminder (without `claudeMd` for the read-only built-ins) and
+//!   the prompt; the skill listing first arrives after the first tool round, as in the
+//!   oracle;
+//! - no thinking and no context_management, `temperature: 1`; the model from the definition
+//!   or the tool input; markers with the TTL of a non-main lane.
+//!
+//! Every request goes through [`ModelCalls`] on lane `subagent:<type>`: the runner measures it
+//! at the current virtual time and answers with the lane's next scripted reply. The final
+//! reply's text comes back as the Agent tool_result, followed by the agent id and usage line.
+
+use serde_json::{Value, json};
+
+use crate::agent::agents::{AgentCatalog, AgentDefinition, GENERAL_PURPOSE, resolve_model};
+use crate::agent::attachments::Attachment;
+use crate::agent::instructions::MANAGED_DIR;
+use crate::agent::normalize::Record;
+use crate::agent::tools::AgentToolListing;
+use crate::agent::tools::exec::ExecOutcome;
+use crate::agent::user_context::{UserContextInputs, render_user_context};
+use crate::api::{ContentBlock, MessageContent, Request, ToolResultContent, Usage};
+use crate::world::{Reply, World};
+
+use super::Session;
+
+/// How a session sends the requests of the subagents it starts.
+pub trait ModelCalls {
+    /// A new agent starts on `lane`. The reference tracks prefix and cache breaks per agent id,
+    /// so the lane's comparison starts afresh.
+    fn lane_started(&mut self, lane: &str);
+
+    /// Sends `request` on `lane` with the events journalled for it, at the current virtual
+    /// time; returns the reply and the usage the API reported. The clock moves on by the reply's
+    /// latency.
+    fn call(&mut self, lane: &str, request: Request, events: Vec<String>, world: &mut World) -> Result<(Reply, Usage), String>;
+
+    /// Measures side requests made inside the agent's tool loop (its hooks' questions) before
+    /// its next request.
+    fn side(&mut self, calls: Vec<super::SideCall>, world: &mut World) -> Result<(), String>;
+}
+
+/// Which thread a session is.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Thread {
+    #[default]
+    Main,
+    Subagent(Box<SubagentThread>),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SubagentThread {
+    agent: AgentDefinition,
+    agent_id: String,
+    model: String,
+}
+
+impl Thread {
+    pub(crate) fn agent(&self) -> Option<&AgentDefinition> {
+        match self {
+            Thread::Main => None,
+            Thread::Subagent(sub) => Some(&sub.agent),
+        }
+    }
+
+    pub(crate) fn agent_id_and_definition(&self) -> Option<(&str, &AgentDefinition)> {
+        match self {
+            Thread::Main => None,
+            Thread::Subagent(sub) => Some((&sub.agent_id, &sub.agent)),
+        }
+    }
+
+    pub(crate) fn model(&self) -> Option<&str> {
+        match self {
+            Thread::Main => None,
+            Thread::Subagent(sub) => Some(&sub.model),
+        }
+    }
+
+    pub(crate) fn is_subagent(&self) -> bool {
+        matches!(self, Thread::Subagent(_))
+    }
+}
+
+/// What the agent id line of the Agent tool_result says after the id (our wording).
+const AGENT_ID_NOTE: &str = "keep it to send this agent more work later";
+
+impl Session {
+    /// The lane this thread's requests are measured on.
+    pub fn lane(&self) -> String {
+        self.thread.agent().map_or_else(|| "main".to_owned(), AgentDefinition::lane)
+    }
+
+    /// The agent types active now: built-ins, enabled plugins' agents, then the user, project
+    /// and policy agent directories.
+    pub fn agent_catalog(&self, world: &World) -> AgentCatalog {
+        let plugin_agents: Vec<AgentDefinition> = self.plugins.iter().flat_map(|p| p.agents.iter().cloned()).collect();
+        AgentCatalog::load(&world.fs, &Session::config_home(world), &world.cwd, MANAGED_DIR, &plugin_agents, self.strategy.interactive)
+    }
+
+    /// The Agent tool's listing for the catalog as it is now.
+    pub(crate) fn current_agent_listing(&self, world: &World) -> AgentToolListing {
+        if self.strategy.agent_list_in_messages {
+            AgentToolListing::InMessages
+        } else {
+            AgentToolListing::Inline(self.agent_catalog(world).listing_lines())
+        }
+    }
+
+    /// Runs the subagent an Agent tool_use asks for and returns the tool_result for the
+    /// parent: the final reply's text blocks, then `agentId: … <usage>…</usage>`.
+    pub(crate) fn run_agent(&mut self, id: &str, input: &Value, world: &mut World, calls: &mut dyn ModelCalls) -> Result<ExecOutcome, String> {
+        let prompt = input.get("prompt").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let agent_type = input.get("subagent_type").and_then(Value::as_str).filter(|t| !t.trim().is_empty()).unwrap_or(GENERAL_PURPOSE);
+        let catalog = self.agent_catalog(world);
+        let Some(agent) = catalog.find(agent_type).cloned() else {
+            let known: Vec<&str> = catalog.agents.iter().map(|a| a.agent_type.as_str()).collect();
+            let text = format!("There is no agent type `{agent_type}`. The agent types are: {}.", known.join(", "));
+            return Ok(ExecOutcome::text(id, text, true));
+        };
+        if prompt.trim().is_empty() {
+            return Ok(ExecOutcome::text(id, "An agent needs a prompt: say what it should do.".to_owned(), true));
+        }
+        let model = resolve_model(&agent, input.get("model").and_then(Value::as_str), &world.model_id, &world.env);
+        self.agents_started += 1;
+        let mut rng = world.rng.fork("agent_ids").fork(&self.agents_started.to_string());
+        let agent_id = format!("a{:06x}", rng.next_u64() & 0xff_ffff);
+        let lane = agent.lane();
+        let started_ms = world.clock.now_ms();
+
+        let start = self.hooks(world, "SubagentStart", &agent.agent_type, json!({"agent_id": agent_id, "agent_type": agent.agent_type}));
+        self.settle_hook_time(world);
+        // What this thread asked before the agent starts is measured first.
+        calls.side(self.take_side_calls(), world)?;
+        let mut child = self.spawn_subagent(agent.clone(), agent_id.clone(), model, world);
+        child.records.push(Record::User { content: MessageContent::Text(prompt), meta: false });
+        if !start.additional_context.is_empty() {
+            child.push_attachments(vec![Attachment::HookAdditionalContext { hook_name: "SubagentStart".into(), lines: start.additional_context }]);
+        }
+        // Skills named in the definition are preloaded: each body as a meta message.
+        let skills = self.skills(world);
+        for name in &agent.skills {
+            if let Some(skill) = skills.iter().find(|s| &s.name == name) {
+                let body = format!("Base directory for this skill: {}\n\n{}", skill.dir, skill.invocation_body(&self.session_id));
+                child.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(body)]), meta: true });
+            }
+        }
+
+        calls.lane_started(&lane);
+        let mut tool_uses = 0usize;
+        let mut turns = 0u32;
+        let (final_reply, usage) = loop {
+            let (request, events) = child.build_request(world);
+            let (reply, usage) = calls.call(&lane, request, events, world)?;
+            turns += 1;
+            let called = reply.content.iter().filter(|b| matches!(b, ContentBlock::ToolUse { .. })).count();
+            tool_uses += called;
+            child.apply_reply(&reply, world, calls)?;
+            calls.side(child.take_side_calls(), world)?;
+            let more = called > 0 || child.stop_continued;
+            if !more || agent.max_turns.is_some_and(|max| turns >= max) {
+                break (reply, usage);
+            }
+        };
+
+        // What outlives the agent in the parent: its hook runs and the skills it activated.
+        self.hook_log.append(&mut child.hook_log);
+        self.activated_skills.append(&mut child.activated_skills);
+        let total_tokens = usage.prompt_tokens() + usage.output_tokens;
+        let duration_ms = world.clock.now_ms() - started_ms;
+        let mut blocks: Vec<ContentBlock> = final_reply
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(ContentBlock::text(text.clone())),
+                _ => None,
+            })
+            .collect();
+        blocks.push(ContentBlock::text(format!(
+            "agentId: {agent_id} ({AGENT_ID_NOTE})\n<usage>total_tokens: {total_tokens}\ntool_uses: {tool_uses}\nduration_ms: {duration_ms}</usage>"
+        )));
+        let mut outcome = ExecOutcome::text(id, String::new(), false);
+        outcome.result = ContentBlock::tool_result(id, ToolResultContent::Blocks(blocks), None);
+        Ok(outcome)
+    }
+
+    /// A child session for `agent`: the parent's configuration, a fresh conversation.
+    fn spawn_subagent(&mut self, agent: AgentDefinition, agent_id: String, model: String, world: &World) -> Session {
+        // `getUserContext` is memoized for the session; the read-only built-ins leave claudeMd
+        // out of it.
+        let user_context = if agent.omit_claude_md {
+            let inputs = UserContextInputs {
+                memory_files: Vec::new(),
+                claude_md_disabled: true,
+                date: world.clock.date_string(),
+                padding: self.strategy.size_profile_padding,
+            };
+            render_user_context(&inputs, &self.profile)
+        } else {
+            self.user_context(world)
+        };
+        let mut child = self.clone();
+        if let Some(hooks) = &agent.hooks {
+            // Frontmatter hooks live as long as the agent; its `Stop` is the `SubagentStop` event.
+            let mut hooks = hooks.clone();
+            if let Some(map) = hooks.as_object_mut()
+                && let Some(stop) = map.remove("Stop")
+            {
+                map.insert("SubagentStop".into(), stop);
+            }
+            let root = agent.path.clone().unwrap_or_else(|| agent.agent_type.clone());
+            let parsed = crate::agent::hooks::parse_hooks(&hooks, crate::agent::hooks::HookSource::Session, Some(&root), &root);
+            child.session_hooks.extend(parsed.hooks);
+        }
+        child.thread = Thread::Subagent(Box::new(SubagentThread { agent, agent_id, model }));
+        child.start_new_conversation();
+        child.system_cache = crate::agent::system_prompt::SystemPromptCache::new();
+        child.previous_system = None;
+        child.user_context = Some(user_context);
+        child.events.clear();
+        child.last_date = None;
+        child.hook_log.clear();
+        child.stop_continued = false;
+        child.session_started = true;
+        child.agents_started = 0;
+        child.peer_reports.clear();
+        child
+    }
+}

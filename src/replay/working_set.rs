@@ -1,0 +1,311 @@
+//! What Claude Code re-attaches after a compaction, rebuilt from the transcript.
+//!
+//! The client keeps a `readFileState`: every file the model read, edited or wrote, with its
+//! content and when. At a compaction it takes the five most recently touched files (leaving out
+//! the plan file and the CLAUDE.md memory files), re-reads each one whole with a limit of
+//! 5,000 tokens on its text, and attaches it as the Read tool shows it (numbered lines, which
+//! adds about half as much again for code); a file over the limit comes back as a one-line
+//! reference instead, and attachments are kept while their running size stays within 50,000 tokens
+//! (reference/layer-6-and-caching.md §5.10). A plan file, if one exists, is attached with its
+//! content (§5.4 step 9). The state is cleared, and the restored files are its new content.
+//!
+//! A transcript holds enough to rebuild that state: the structured result of every tool call
+//! (`toolUseResult`) carries a Read's text with its line range and the file's total line count,
+//! an Edit's whole original file with the replaced strings, and a Write's content. A file known
+//! only from a partial Read is sized from the lines read, scaled to its total line count.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::api::ContentBlock;
+use crate::measure::tokens::chars4;
+
+/// Post-compaction restore budgets (reference/layer-6-and-caching.md §5.10).
+pub const RESTORE_MAX_FILES: usize = 5;
+pub const RESTORE_MAX_TOKENS_PER_FILE: u64 = 5_000;
+pub const RESTORE_TOKEN_BUDGET: u64 = 50_000;
+/// The Read tool's default line limit: a whole-file re-read shows at most this many lines.
+const READ_MAX_LINES: usize = 2_000;
+/// The Read tool cuts longer lines.
+const READ_MAX_LINE_CHARS: usize = 2_000;
+
+/// What the replay knows of one file's content.
+#[derive(Debug, Clone, PartialEq)]
+enum Content {
+    /// The whole file, as text.
+    Known(String),
+    /// Only part of it was read: `slice` holds `lines` of its `total_lines` lines.
+    Partial { slice: String, lines: usize, total_lines: usize },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct FileEntry {
+    /// Sequence number of the last touch (read, edit or write).
+    touched: u64,
+    content: Content,
+}
+
+/// One attachment the client would send after a compaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Restored {
+    /// A file shown whole: the rendered text.
+    File { path: String, text: String },
+    /// A file known only in part: its estimated size, in tokens and in characters.
+    Sized { path: String, tokens: u64, chars: usize },
+    /// A file too big to show: only its name.
+    Reference { path: String },
+    /// The plan file with its content.
+    Plan { path: String, text: String },
+}
+
+impl Restored {
+    /// The attachment as the text block the replay sends; `sized` makes a text of a given
+    /// number of tokens (the replay's filler).
+    pub fn to_block(&self, sized: impl Fn(&str, u64) -> String) -> ContentBlock {
+        ContentBlock::text(match self {
+            Restored::File { path, text } => read_attachment(path, text),
+            Restored::Sized { path, tokens, .. } => read_attachment(path, &sized(path, *tokens)),
+            Restored::Reference { path } => format!(
+                "<system-reminder>\nNote: {path} was read before the conversation was summarized; it is too large to include again. Read it if it is needed.\n</system-reminder>"
+            ),
+            Restored::Plan { path, text } => format!(
+                "<system-reminder>\nA plan file exists from plan mode at {path}:\n\n{text}\n\nContinue with it if it is relevant and not yet done.\n</system-reminder>"
+            ),
+        })
+    }
+}
+
+fn read_attachment(path: &str, body: &str) -> String {
+    format!(
+        "<system-reminder>\nCalled the Read tool with the following input: {{\"file_path\":\"{path}\"}}\n</system-reminder>\n<system-reminder>\nResult of calling the Read tool:\n{body}\n</system-reminder>"
+    )
+}
+
+/// The Read tool's rendering of a file: numbered lines (`     1→text`), at most 2,000 lines of
+/// at most 2,000 characters each.
+pub fn render_numbered(content: &str) -> String {
+    let mut out = String::with_capacity(content.len() + content.len() / 8);
+    for (i, line) in content.lines().take(READ_MAX_LINES).enumerate() {
+        let line: String = line.chars().take(READ_MAX_LINE_CHARS).collect();
+        out.push_str(&format!("{:>6}\u{2192}{line}\n", i + 1));
+    }
+    out
+}
+
+/// The client's `readFileState` and plan file, as far as a transcript shows them.
+#[derive(Debug, Clone, Default)]
+pub struct WorkingSet {
+    files: BTreeMap<String, FileEntry>,
+    plan: Option<(String, String)>,
+    clock: u64,
+}
+
+fn is_plan_file(path: &str) -> bool {
+    path.contains("/.claude/plans/")
+}
+
+/// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
+/// the working directory and the user's own CLAUDE.md (nested ones are restored like any file).
+fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
+    if path.ends_with("/.claude/CLAUDE.md") {
+        return true;
+    }
+    cwd.is_some_and(|cwd| {
+        let cwd = cwd.trim_end_matches('/');
+        path == format!("{cwd}/CLAUDE.md") || path == format!("{cwd}/CLAUDE.local.md")
+    })
+}
+
+fn replace(original: &str, old: &str, new: &str, all: bool) -> String {
+    if old.is_empty() {
+        return original.to_owned();
+    }
+    if all { original.replace(old, new) } else { original.replacen(old, new, 1) }
+}
+
+impl WorkingSet {
+    /// Follows one finished tool call: `name` and `input` of the tool_use, `structured` the
+    /// client's `toolUseResult`. Calls that touch no file, failed ones and results without a
+    /// structured part leave the state as it is.
+    pub fn observe(&mut self, name: &str, input: &Value, structured: Option<&Value>, is_error: bool) {
+        if is_error {
+            return;
+        }
+        let Some(result) = structured else { return };
+        let path = input.get("file_path").and_then(Value::as_str).or_else(|| result.get("filePath").and_then(Value::as_str));
+        let Some(path) = path.map(str::to_owned) else { return };
+        let content = match name {
+            "Read" => {
+                let Some(file) = result.get("file") else { return };
+                if result.get("type").and_then(Value::as_str).is_some_and(|t| t != "text") {
+                    return;
+                }
+                let Some(text) = file.get("content").and_then(Value::as_str) else { return };
+                let num = |key: &str| file.get(key).and_then(Value::as_u64).map(|n| n as usize);
+                let lines = num("numLines").unwrap_or_else(|| text.lines().count());
+                let start = num("startLine").unwrap_or(1);
+                let total = num("totalLines").unwrap_or(lines);
+                if start <= 1 && lines >= total {
+                    Content::Known(text.to_owned())
+                } else {
+                    match self.files.get(&path).map(|e| &e.content) {
+                        // A partial re-read of a file already known whole changes nothing.
+                        Some(Content::Known(known)) => Content::Known(known.clone()),
+                        _ => Content::Partial { slice: text.to_owned(), lines: lines.max(1), total_lines: total.max(lines) },
+                    }
+                }
+            }
+            "Edit" | "MultiEdit" => {
+                let original = result.get("originalFile").and_then(Value::as_str).map(str::to_owned).or_else(|| match self.files.get(&path) {
+                    Some(FileEntry { content: Content::Known(known), .. }) => Some(known.clone()),
+                    _ => None,
+                });
+                match original {
+                    Some(original) => {
+                        let edits: Vec<(&str, &str, bool)> = match result.get("edits").and_then(Value::as_array) {
+                            Some(edits) => edits
+                                .iter()
+                                .map(|e| {
+                                    (
+                                        e.get("old_string").and_then(Value::as_str).unwrap_or(""),
+                                        e.get("new_string").and_then(Value::as_str).unwrap_or(""),
+                                        e.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
+                                    )
+                                })
+                                .collect(),
+                            None => vec![(
+                                result.get("oldString").and_then(Value::as_str).unwrap_or(""),
+                                result.get("newString").and_then(Value::as_str).unwrap_or(""),
+                                result.get("replaceAll").and_then(Value::as_bool).unwrap_or(false),
+                            )],
+                        };
+                        Content::Known(edits.into_iter().fold(original, |text, (old, new, all)| replace(&text, old, new, all)))
+                    }
+                    None => match self.files.get(&path) {
+                        Some(entry) => entry.content.clone(),
+                        None => return,
+                    },
+                }
+            }
+            "Write" => match result.get("content").and_then(Value::as_str) {
+                Some(text) => Content::Known(text.to_owned()),
+                None => return,
+            },
+            _ => return,
+        };
+        if is_plan_file(&path) {
+            if let Content::Known(text) = &content {
+                self.plan = Some((path, text.clone()));
+            }
+            return;
+        }
+        self.clock += 1;
+        self.files.insert(path, FileEntry { touched: self.clock, content });
+    }
+
+    /// The attachments after a compaction, in the client's order (files, then the plan), and
+    /// the state the compaction leaves: only the restored files. `tokens` estimates a text as
+    /// the API counts it (the client checks the 5,000-token limit with the API's count).
+    pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64) -> Vec<Restored> {
+        let mut recent: Vec<(&String, &FileEntry)> =
+            self.files.iter().filter(|(path, _)| !is_memory_file(path, cwd)).collect();
+        recent.sort_by(|a, b| b.1.touched.cmp(&a.1.touched));
+        let mut out = Vec::new();
+        let mut kept = BTreeMap::new();
+        let mut total = 0u64;
+        for (path, entry) in recent.into_iter().take(RESTORE_MAX_FILES) {
+            let restored = match &entry.content {
+                // The limit applies to the file's text; what is sent is its numbered rendering.
+                Content::Known(text) => {
+                    if tokens(text) > RESTORE_MAX_TOKENS_PER_FILE {
+                        Restored::Reference { path: path.clone() }
+                    } else {
+                        Restored::File { path: path.clone(), text: render_numbered(text) }
+                    }
+                }
+                Content::Partial { slice, lines, total_lines } => {
+                    // The whole file at the density of the part read.
+                    let shown = (*total_lines).min(READ_MAX_LINES) as u64;
+                    let lines = *lines as u64;
+                    if tokens(slice) * shown / lines > RESTORE_MAX_TOKENS_PER_FILE {
+                        Restored::Reference { path: path.clone() }
+                    } else {
+                        let rendered = render_numbered(slice);
+                        Restored::Sized {
+                            path: path.clone(),
+                            tokens: tokens(&rendered) * shown / lines,
+                            chars: (rendered.len() as u64 * shown / lines) as usize,
+                        }
+                    }
+                }
+            };
+            // The client's running total is a chars/4 estimate of each attachment message.
+            let size = match &restored {
+                Restored::File { path, text } => u64::from(chars4(&read_attachment(path, text))),
+                Restored::Sized { chars, .. } => (*chars as u64).div_ceil(4),
+                _ => 0,
+            };
+            if total + size > RESTORE_TOKEN_BUDGET {
+                continue;
+            }
+            total += size;
+            if !matches!(restored, Restored::Reference { .. }) {
+                kept.insert(path.clone(), entry.clone());
+            }
+            out.push(restored);
+        }
+        if let Some((path, text)) = &self.plan {
+            out.push(Restored::Plan { path: path.clone(), text: text.clone() });
+        }
+        self.files = kept;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(set: &mut WorkingSet, path: &str, content: &str, start: u64, lines: u64, total: u64) {
+        let result = json!({"type": "text", "file": {"filePath": path, "content": content, "numLines": lines, "startLine": start, "totalLines": total}});
+        set.observe("Read", &json!({"file_path": path}), Some(&result), false);
+    }
+
+    #[test]
+    fn the_five_most_recent_files_come_back_and_big_ones_as_references() {
+        let mut set = WorkingSet::default();
+        for i in 0..7 {
+            read(&mut set, &format!("/r/f{i}.rs"), "fn main() {}\n", 1, 1, 1);
+        }
+        // A partial read of a long file: too big to restore whole.
+        read(&mut set, "/r/big.rs", &"let x = 1;\n".repeat(50), 100, 50, 5_000);
+        let restored = set.compact(Some("/r"), |t| chars4(t) as u64);
+        assert_eq!(restored.len(), 5);
+        assert_eq!(restored[0], Restored::Reference { path: "/r/big.rs".into() });
+        let paths: Vec<&str> = restored[1..]
+            .iter()
+            .map(|r| match r {
+                Restored::File { path, .. } => path.as_str(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(paths, ["/r/f6.rs", "/r/f5.rs", "/r/f4.rs", "/r/f3.rs"]);
+        // The state is now the restored files only.
+        assert_eq!(set.compact(Some("/r"), |t| chars4(t) as u64).len(), 4);
+    }
+
+    #[test]
+    fn edits_apply_to_the_original_file_and_memory_and_plan_files_are_set_apart() {
+        let mut set = WorkingSet::default();
+        let edit = json!({"filePath": "/r/a.rs", "oldString": "1", "newString": "2", "originalFile": "x = 1\ny = 1\n", "replaceAll": false});
+        set.observe("Edit", &json!({"file_path": "/r/a.rs"}), Some(&edit), false);
+        set.observe("Write", &json!({"file_path": "/r/CLAUDE.md"}), Some(&json!({"content": "rules"})), false);
+        set.observe("Write", &json!({"file_path": "/h/.claude/plans/p.md"}), Some(&json!({"content": "# Plan"})), false);
+        let restored = set.compact(Some("/r"), |t| chars4(t) as u64);
+        assert_eq!(restored.len(), 2, "{restored:?}");
+        assert_eq!(restored[0], Restored::File { path: "/r/a.rs".into(), text: "     1\u{2192}x = 2\n     2\u{2192}y = 1\n".into() });
+        assert!(matches!(&restored[1], Restored::Plan { text, .. } if text == "# Plan"));
+    }
+}
