@@ -21,6 +21,14 @@ impl MessageContent {
         }
     }
 
+    /// The content as blocks, taking it (a string is one text block).
+    pub fn into_blocks(self) -> Vec<ContentBlock> {
+        match self {
+            MessageContent::Text(text) => vec![ContentBlock::text(text)],
+            MessageContent::Blocks(blocks) => blocks,
+        }
+    }
+
     /// The text the content carries: the string, or its text blocks joined by newlines.
     pub fn joined_text(&self) -> String {
         match self {

@@ -140,6 +140,22 @@ pub fn bpe(text: &str) -> u32 {
     tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len() as u32
 }
 
+/// The raw counts a [`TokenCounter`] memoized, to start another counter from
+/// ([`TokenCounter::seed`]).
+#[derive(Debug, Clone)]
+pub struct TokenMemo {
+    /// The estimator the raw counts are of: `chars4` or `bpe` (`calibrated` memoizes `bpe`).
+    raw: EstimatorKind,
+    counts: HashMap<u128, u32>,
+}
+
+fn raw_kind(kind: EstimatorKind) -> EstimatorKind {
+    match kind {
+        EstimatorKind::Chars4 => EstimatorKind::Chars4,
+        EstimatorKind::Bpe | EstimatorKind::Calibrated => EstimatorKind::Bpe,
+    }
+}
+
 /// Counts blocks with one estimator, memoizing by the block's content hash.
 #[derive(Debug)]
 pub struct TokenCounter {
@@ -168,6 +184,24 @@ impl TokenCounter {
 
     pub fn calibration(&self) -> &Calibration {
         &self.calibration
+    }
+
+    /// The raw counts memoized so far.
+    pub fn memo(&self) -> TokenMemo {
+        TokenMemo { raw: raw_kind(self.kind), counts: self.memo.clone() }
+    }
+
+    /// Starts from the counts of `memo` (when it holds the same raw estimator's counts; returns
+    /// whether it did). A count is a function of the block's content and the estimator alone, so
+    /// seeding changes no result, only what is tokenized again: a sweep's points share the
+    /// blocks of their inputs.
+    pub fn seed(&mut self, memo: &TokenMemo) -> bool {
+        if memo.raw != raw_kind(self.kind) {
+            return false;
+        }
+        // Copied map to map: the order of the copy cannot show anywhere.
+        self.memo.extend(memo.counts.iter().map(|(k, v)| (*k, *v)));
+        true
     }
 
     /// Keeps a copy of every text tokenized from now on: the benches time tokenizing exactly
@@ -258,6 +292,20 @@ mod tests {
         fn utf16_length_of_any_text(text in ".*") {
             proptest::prop_assert_eq!(utf16_len(&text), text.chars().map(char::len_utf16).sum::<usize>());
         }
+    }
+
+    #[test]
+    fn a_seeded_counter_counts_as_its_seed_did() {
+        let mut bpe_counter = TokenCounter::new(EstimatorKind::Bpe);
+        let n = bpe_counter.count(7, "sonnet", || vec![TokenUnit::Text("fn main() { println!(\"hi\"); }".into())]);
+        let mut calibrated = TokenCounter::new(EstimatorKind::Calibrated);
+        assert!(calibrated.seed(&bpe_counter.memo()));
+        let seeded = calibrated.count(7, "sonnet", || panic!("a seeded count must not recompute"));
+        let fresh = TokenCounter::new(EstimatorKind::Calibrated).count(7, "sonnet", || vec![TokenUnit::Text("fn main() { println!(\"hi\"); }".into())]);
+        assert_eq!(seeded, fresh);
+        assert!(n > 0);
+        // chars4 counts are not bpe counts.
+        assert!(!TokenCounter::new(EstimatorKind::Chars4).seed(&bpe_counter.memo()));
     }
 
     #[test]

@@ -133,13 +133,44 @@ pub struct ImportedSession {
     pub report: ImportReport,
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
-    chain: BTreeMap<String, ChainNode>,
+    chain: Chain,
 }
 
 #[derive(Debug, Clone, Default)]
 struct ChainNode {
     parent: Option<String>,
     events: Vec<usize>,
+}
+
+/// The `parentUuid` graph with parents resolved to node numbers once, so that walking it
+/// (every call of a replay does) follows numbers instead of looking up uuids.
+#[derive(Debug, Clone, Default)]
+struct Chain {
+    /// Node number of each uuid.
+    index: BTreeMap<String, usize>,
+    /// Per node: its parent's number (`None` when it has none or the parent is not in the
+    /// file), and its event indices.
+    nodes: Vec<(Option<usize>, Vec<usize>)>,
+}
+
+impl Chain {
+    fn new(chain: BTreeMap<String, ChainNode>) -> Chain {
+        let index: BTreeMap<String, usize> = chain.keys().enumerate().map(|(i, uuid)| (uuid.clone(), i)).collect();
+        let nodes = chain.into_values().map(|node| (node.parent.and_then(|p| index.get(&p).copied()), node.events)).collect();
+        Chain { index, nodes }
+    }
+
+    fn node(&self, uuid: Option<&String>) -> Option<usize> {
+        uuid.and_then(|u| self.index.get(u)).copied()
+    }
+}
+
+/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]).
+#[derive(Debug, Default)]
+pub struct ViewCache {
+    lanes: BTreeMap<String, (Vec<usize>, Vec<Message>)>,
+    /// Calls whose messages were appended to the previous call's rather than rebuilt.
+    pub appended: u64,
 }
 
 impl ImportedSession {
@@ -150,7 +181,7 @@ impl ImportedSession {
         let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, chain: BTreeMap::new() }
+        ImportedSession { recording, calls, report, chain: Chain::default() }
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -174,25 +205,22 @@ impl ImportedSession {
     /// one-chain walk, so the parallel tool results off the chain were lost to it
     /// (anthropics/claude-code#31330).
     pub fn view_event_indices_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<usize> {
-        let events = &self.recording.events;
-        let start = events.get(call.event_index).and_then(|e| e.uuid.clone());
-        let on_chain = call.lane == LANE_MAIN && start.as_ref().is_some_and(|u| self.chain.contains_key(u));
-        if !on_chain {
-            return view_in_file_order(&self.recording, call);
+        let start = self.chain.node(self.recording.events.get(call.event_index).and_then(|e| e.uuid.as_ref()));
+        match start {
+            Some(start) if call.lane == LANE_MAIN => self.chain_view(self.chain.nodes[start].0, call.event_index, loaded_until),
+            _ => view_in_file_order(&self.recording, call),
         }
-        let parent = start.and_then(|u| self.chain.get(&u)).and_then(|n| n.parent.clone());
-        self.chain_view(parent, call.event_index, loaded_until)
     }
 
     /// The main thread's view just before event `end`: what a fork of it (the compaction
     /// request, whose transcript holds only what it added) was sent on top of.
     pub fn main_view_before(&self, end: usize, loaded_until: usize) -> Vec<usize> {
         let events = &self.recording.events;
-        let leaf = events.iter().take(end).rposition(|e| {
-            e.lane == LANE_MAIN && is_message_event(&e.kind) && e.uuid.as_ref().is_some_and(|u| self.chain.contains_key(u))
+        let leaf = events.iter().take(end).rev().find_map(|e| {
+            if e.lane == LANE_MAIN && is_message_event(&e.kind) { self.chain.node(e.uuid.as_ref()) } else { None }
         });
         match leaf {
-            Some(j) => self.chain_view(events[j].uuid.clone(), end, loaded_until),
+            Some(node) => self.chain_view(Some(node), end, loaded_until),
             None => Vec::new(),
         }
     }
@@ -200,24 +228,24 @@ impl ImportedSession {
     /// Message events on the main thread's `parentUuid` chain from `from` back to its root,
     /// before `end`, with the parallel tool results off the chain added back unless they come
     /// before `loaded_until`.
-    fn chain_view(&self, from: Option<String>, end: usize, loaded_until: usize) -> Vec<usize> {
+    fn chain_view(&self, from: Option<usize>, end: usize, loaded_until: usize) -> Vec<usize> {
         let events = &self.recording.events;
         let mut indices = BTreeSet::new();
-        let mut visited = BTreeSet::new();
+        let mut visited = vec![false; self.chain.nodes.len()];
         let mut cursor = from;
-        while let Some(uuid) = cursor {
+        while let Some(node) = cursor {
             // A cycle cannot happen in a well-formed transcript; the visited set keeps a
             // malformed one from looping forever.
-            if !visited.insert(uuid.clone()) {
+            if std::mem::replace(&mut visited[node], true) {
                 break;
             }
-            let Some(node) = self.chain.get(&uuid) else { break };
-            for &i in &node.events {
+            let (parent, node_events) = &self.chain.nodes[node];
+            for &i in node_events {
                 if i < end && is_message_event(&events[i].kind) {
                     indices.insert(i);
                 }
             }
-            cursor = node.parent.clone();
+            cursor = *parent;
         }
         // Parallel tool calls: since 2.1 each result record's parent is its own tool_use record,
         // and the next call hangs off the result recorded last, so the walk misses the results
@@ -268,6 +296,27 @@ impl ImportedSession {
         self.messages_loaded(&self.view_event_indices_loaded(call, loaded_until), loaded_until)
     }
 
+    /// [`Self::messages_for_call_loaded`], reusing the messages built for the previous call of
+    /// the same lane when this call's view extends that call's view (the usual case: a call sees
+    /// what the one before it saw, plus its reply and the results that followed). A resumed
+    /// client's messages (`loaded_until > 0`) drop unanswered tool uses anywhere, so they are
+    /// rebuilt.
+    pub fn messages_for_call_cached(&self, call: &RecordedCall, loaded_until: usize, cache: &mut ViewCache) -> Vec<Message> {
+        if loaded_until > 0 {
+            return self.messages_for_call_loaded(call, loaded_until);
+        }
+        let view = self.view_event_indices_loaded(call, 0);
+        let (last_view, messages) = cache.lanes.entry(call.lane.clone()).or_default();
+        if view.starts_with(last_view) {
+            cache.appended += 1;
+            append_messages(&self.recording, &view[last_view.len()..], messages);
+        } else {
+            *messages = build_messages(&self.recording, &view);
+        }
+        *last_view = view;
+        messages.clone()
+    }
+
     /// The messages of a fork of the main thread (`call` in lane `compact`): the main thread's
     /// view at that point, then what the fork's own transcript adds.
     pub fn fork_messages(&self, call: &RecordedCall, loaded_until: usize) -> Vec<Message> {
@@ -281,11 +330,12 @@ impl ImportedSession {
         if loaded_until == 0 {
             return messages;
         }
+        // (`build_messages` writes every content as blocks.)
         let answered: BTreeSet<String> = messages
             .iter()
-            .flat_map(|m| m.content.to_blocks())
+            .flat_map(|m| if let MessageContent::Blocks(blocks) = &m.content { blocks.as_slice() } else { &[] })
             .filter_map(|b| match b {
-                ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id),
+                ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id.clone()),
                 _ => None,
             })
             .collect();
@@ -293,23 +343,16 @@ impl ImportedSession {
             if message.role != Role::Assistant {
                 continue;
             }
-            let mut blocks = message.content.to_blocks();
-            let before = blocks.len();
-            blocks.retain(|b| !matches!(b, ContentBlock::ToolUse { id, .. } if !answered.contains(id)));
-            if blocks.len() != before {
-                message.content = MessageContent::Blocks(blocks);
+            if let MessageContent::Blocks(blocks) = &mut message.content {
+                blocks.retain(|b| !matches!(b, ContentBlock::ToolUse { id, .. } if !answered.contains(id)));
             }
         }
-        messages.retain(|m| !m.content.to_blocks().is_empty());
+        messages.retain(|m| m.content.block_count() > 0);
         // A reply left out entirely joins the user messages around it, as the client merges them.
         let mut merged: Vec<Message> = Vec::with_capacity(messages.len());
         for message in messages {
             match merged.last_mut() {
-                Some(last) if last.role == message.role => {
-                    let mut blocks = last.content.to_blocks();
-                    blocks.extend(message.content.to_blocks());
-                    last.content = MessageContent::Blocks(blocks);
-                }
+                Some(last) if last.role == message.role => merge_into(last, message.content.into_blocks()),
                 _ => merged.push(message),
             }
         }
@@ -339,6 +382,25 @@ fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> 
 /// Builds API messages from message events, merging consecutive same-role content.
 pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> {
     let mut messages: Vec<Message> = Vec::new();
+    append_messages(recording, indices, &mut messages);
+    messages
+}
+
+/// Appends blocks to a message, turning a string content into blocks first.
+fn merge_into(last: &mut Message, blocks: Vec<ContentBlock>) {
+    match &mut last.content {
+        MessageContent::Blocks(merged) => merged.extend(blocks),
+        MessageContent::Text(_) => {
+            let mut merged = last.content.to_blocks();
+            merged.extend(blocks);
+            last.content = MessageContent::Blocks(merged);
+        }
+    }
+}
+
+/// Appends message events to `messages` as [`build_messages`] does (the first may merge into
+/// the last message).
+fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<Message>) {
     for &i in indices {
         let Some(event) = recording.events.get(i) else { continue };
         let (role, blocks) = match &event.kind {
@@ -351,15 +413,10 @@ pub fn build_messages(recording: &Recording, indices: &[usize]) -> Vec<Message> 
             _ => continue,
         };
         match messages.last_mut() {
-            Some(last) if last.role == role => {
-                let mut merged = last.content.to_blocks();
-                merged.extend(blocks);
-                last.content = MessageContent::Blocks(merged);
-            }
+            Some(last) if last.role == role => merge_into(last, blocks),
             _ => messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
         }
     }
-    messages
 }
 
 /// Imports a session transcript and the subagent transcripts beside it
@@ -499,7 +556,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
         report.totals_all.add(&call.usage, call.is_synthetic);
     }
     report.totals_by_lane = by_lane;
-    ImportedSession { recording, calls, report, chain }
+    ImportedSession { recording, calls, report, chain: Chain::new(chain) }
 }
 
 /// Stable k-way merge by `time_ms`; returns the merged events and, for lane 0, old → new index.

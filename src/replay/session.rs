@@ -306,7 +306,35 @@ fn group_of(lane: &str) -> &str {
 
 /// A text whose estimate under `kind` is `target` tokens: a label, then words that are one
 /// token each under both chars/4 (four characters) and o200k (one pre-token per word).
+///
+/// Memoized per thread: a replay asks for the same texts at every call (the prefix level, the
+/// user context, the thinking of every earlier reply), a sweep at every point. The memo holds
+/// at most [`FILLER_MEMO_BYTES`] of text and starts over when full.
 fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
+    type Key = (String, u64, EstimatorKind, u64, u64);
+    thread_local! {
+        static MEMO: std::cell::RefCell<(BTreeMap<Key, String>, usize)> = const { std::cell::RefCell::new((BTreeMap::new(), 0)) };
+    }
+    let key = (label.to_owned(), target, kind, scale.to_bits(), per_block.to_bits());
+    MEMO.with_borrow_mut(|(memo, bytes)| {
+        if let Some(text) = memo.get(&key) {
+            return text.clone();
+        }
+        let text = render_filler(label, target, kind, scale, per_block);
+        if *bytes + text.len() > FILLER_MEMO_BYTES {
+            memo.clear();
+            *bytes = 0;
+        }
+        *bytes += text.len();
+        memo.insert(key, text.clone());
+        text
+    })
+}
+
+/// The most filler text [`filler`] keeps per thread.
+const FILLER_MEMO_BYTES: usize = 64 << 20;
+
+fn render_filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
     let raw_target = match kind {
         EstimatorKind::Calibrated => (((target as f64) - per_block) / scale.max(0.05)).round().clamp(0.0, 4.0 * target as f64) as u64,
         _ => target,
@@ -349,6 +377,12 @@ fn order_tool_results(messages: &mut [Message]) -> Option<String> {
         if messages[i].role != Role::User || messages[i - 1].role != Role::Assistant {
             continue;
         }
+        // Only a message opening with two results or more is reordered (and copied).
+        let MessageContent::Blocks(results) = &messages[i].content else { continue };
+        let run = results.iter().take_while(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
+        if run < 2 {
+            continue;
+        }
         let order: BTreeMap<String, usize> = messages[i - 1]
             .content
             .to_blocks()
@@ -361,10 +395,6 @@ fn order_tool_results(messages: &mut [Message]) -> Option<String> {
             .map(|(k, id)| (id, k))
             .collect();
         let mut blocks = messages[i].content.to_blocks();
-        let run = blocks.iter().take_while(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
-        if run < 2 {
-            continue;
-        }
         let id_of = |b: &ContentBlock| match b {
             ContentBlock::ToolResult { tool_use_id, .. } => tool_use_id.clone(),
             _ => String::new(),
@@ -475,6 +505,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     }
 
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
+    let mut views = crate::recording::ViewCache::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
     let mut out = Vec::with_capacity(session.calls.len());
     let mut turn = 0u32;
@@ -637,7 +668,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // The messages the call saw, with what the client changed in them.
         let (mut messages, cleared, restored) = match &main_fork {
             Some((cleared, restored, loaded_until)) => (session.fork_messages(call, *loaded_until), cleared, restored),
-            None => (session.messages_for_call_loaded(call, state.loaded_until), &state.cleared, &state.restored),
+            None => (session.messages_for_call_cached(call, state.loaded_until, &mut views), &state.cleared, &state.restored),
         };
         for message in &mut messages {
             let MessageContent::Blocks(blocks) = &mut message.content else { continue };

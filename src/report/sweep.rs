@@ -131,10 +131,23 @@ pub fn run_points(
     use rayon::prelude::*;
     let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
     let jobs: Vec<(usize, usize)> = (0..indices.len()).flat_map(|p| (0..inputs.len()).map(move |i| (p, i))).collect();
+    // A token count is a function of a block and the estimator alone: each input is tokenized
+    // once, by a run under the base strategy, and every job starts from those counts (only the
+    // blocks a point rewrites are tokenized again). The results are the same.
+    let memos: Vec<crate::measure::tokens::TokenMemo> = inputs
+        .par_iter()
+        .map(|input| {
+            let mut measurer = make_measurer();
+            // Only the counts matter here; an error shows again in the jobs.
+            let _ = evaluate(input, base, &mut measurer, false);
+            measurer.counter().memo()
+        })
+        .collect();
     let results: Vec<anyhow::Result<crate::report::compare::Evaluation>> = jobs
         .par_iter()
         .map(|&(p, i)| {
             let mut measurer = make_measurer();
+            measurer.counter_mut().seed(&memos[i]);
             let out = evaluate(&inputs[i], &strategies[p], &mut measurer, false);
             progress.inc(1);
             out

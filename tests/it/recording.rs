@@ -197,6 +197,27 @@ fn recording_claude_code_totals_match_entire_metadata() {
     assert_eq!(checked, 3, "three of the Entire sessions carry token_usage");
 }
 
+/// Appending to the previous call's messages (`ViewCache`) gives exactly what rebuilding each
+/// call's view gives, for every call of every real transcript (compactions, rewinds, parallel
+/// results off the chain, subagents).
+#[test]
+fn recording_cached_views_equal_rebuilt_views() {
+    use ctxsim::api::identical::Identical;
+    let (mut calls, mut appended) = (0, 0);
+    for path in transcripts() {
+        let session = recording::import_claude_code(&path).unwrap();
+        let mut cache = recording::ViewCache::default();
+        for call in &session.calls {
+            let cached = session.messages_for_call_cached(call, 0, &mut cache);
+            assert!(cached.identical(&session.messages_for_call_loaded(call, 0)), "{}: call {}", path.display(), call.index);
+        }
+        calls += session.calls.len();
+        appended += cache.appended as usize;
+    }
+    // Most calls extend the view of the call before them in their lane.
+    assert!(appended * 10 > calls * 9, "{appended} of {calls} calls appended");
+}
+
 #[test]
 fn recording_claude_code_imports_every_real_transcript() {
     for path in transcripts() {

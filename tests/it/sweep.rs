@@ -67,3 +67,32 @@ fn params_expand_ranges_and_lists() {
     assert_eq!(grid.point(0), ["1", "x"]);
     assert_eq!(grid.point(4), ["2", "y"]);
 }
+
+/// The sweep starts every point from its input's token counts under the base strategy. A
+/// point that rewrites the context (observation masking, another TTL) must still measure
+/// exactly as with a fresh counter: checked on a real session with `bpe` and `calibrated`.
+#[test]
+fn points_seeded_with_the_base_counts_measure_as_fresh_ones() {
+    use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+    use ctxsim::report::compare::{evaluate, load_inputs};
+    use ctxsim::strategy::Strategy;
+    let session = crate::support::realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
+    let inputs = load_inputs(&[session]).unwrap();
+    let base = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let mut point = Strategy::resolve_with("observation-masking", &[]).unwrap();
+    point.set("compact.peer.keep_recent", "2").unwrap();
+    point.set("ttl_main", "1h").unwrap();
+    for kind in [EstimatorKind::Bpe, EstimatorKind::Calibrated] {
+        let measurer = || Measurer::new(ModelTable::shipped(), TokenCounter::new(kind));
+        let mut warm = measurer();
+        evaluate(&inputs[0], &base, &mut warm, false).unwrap();
+        let mut seeded = measurer();
+        assert!(seeded.counter_mut().seed(&warm.counter().memo()));
+        let a = evaluate(&inputs[0], &point, &mut seeded, true).unwrap();
+        let b = evaluate(&inputs[0], &point, &mut measurer(), true).unwrap();
+        assert!(a.summary.requests > 10 && b.summary.info_loss.tokens_dropped > 0, "{kind:?}: the point rewrites: {:?}", b.summary);
+        assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap(), "{kind:?}");
+        assert_eq!(serde_json::to_string(&a.rows).unwrap(), serde_json::to_string(&b.rows).unwrap(), "{kind:?}");
+        assert!(seeded.counter().tokenized_blocks < warm.counter().tokenized_blocks / 2, "{kind:?}: the seed saved most tokenizing");
+    }
+}
