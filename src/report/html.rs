@@ -50,20 +50,10 @@ pub fn split_runs(rows: Vec<RequestMetrics>) -> Vec<Vec<RequestMetrics>> {
     runs
 }
 
-/// Escapes text for HTML element content and attribute values.
+/// Escapes text for HTML element content and attribute values (the XML rules of
+/// [`crate::report::check::xml_escape_text`]: `'` as `&apos;`, control characters as U+FFFD).
 pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::report::check::xml_escape_text(text)
 }
 
 /// A file-name-safe stem: letters, digits, `-` and `_`; anything else becomes `-`.

@@ -384,6 +384,39 @@ fn ranges(chart: &Chart) -> ((f64, f64), (f64, f64)) {
     ((x0 - x_pad, x1 + x_pad), (y_min, y_max * 1.12))
 }
 
+/// The corner for the legend box: the one whose quarter-sized region holds the fewest data
+/// points (bars count by their top), upper corners first, left before right on a tie. A fixed
+/// corner covered the first points of every growing-context plot.
+fn legend_corner(chart: &Chart, (x0, x1): (f64, f64), (y0, y1): (f64, f64)) -> SeriesLabelPosition {
+    let (w, h) = ((x1 - x0).max(f64::MIN_POSITIVE), (y1 - y0).max(f64::MIN_POSITIVE));
+    let mut points: Vec<(f64, f64)> = chart.series.iter().flat_map(|s| s.points.iter().copied()).collect();
+    // A horizontal line crosses both sides.
+    points.extend(chart.hlines.iter().flat_map(|l| [(x0, l.y), (x1, l.y)]));
+    let count = |left: bool, upper: bool| {
+        points
+            .iter()
+            .filter(|&&(x, y)| {
+                let (fx, fy) = ((x - x0) / w, (y - y0) / h);
+                (if left { fx <= 0.45 } else { fx >= 0.55 }) && (if upper { fy >= 0.6 } else { fy <= 0.4 })
+            })
+            .count()
+    };
+    let corners = [
+        (SeriesLabelPosition::UpperLeft, true, true),
+        (SeriesLabelPosition::UpperRight, false, true),
+        (SeriesLabelPosition::LowerRight, false, false),
+        (SeriesLabelPosition::LowerLeft, true, false),
+    ];
+    let mut best = (usize::MAX, SeriesLabelPosition::UpperLeft);
+    for (pos, left, upper) in corners {
+        let n = count(left, upper);
+        if n < best.0 {
+            best = (n, pos);
+        }
+    }
+    best.1
+}
+
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Result<(), String> {
     let e = |err: DrawingAreaErrorKind<DB::ErrorType>| format!("{err:?}");
     root.fill(&WHITE).map_err(e)?;
@@ -501,7 +534,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Res
 
     if chart.y_categories.is_empty() {
         cc.configure_series_labels()
-            .position(if chart.id == "pareto" { SeriesLabelPosition::UpperRight } else { SeriesLabelPosition::UpperLeft })
+            .position(legend_corner(chart, (x0, x1), (y0, y1)))
             .label_font(("sans-serif", 15))
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(180, 180, 180))
