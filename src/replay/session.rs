@@ -666,6 +666,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // the record that prompted it (a user prompt or tool result) was written. The cache
         // entry of the previous call lives from its first block on.
         let start_ms = request_start.filter(|&t| t <= call.time_ms && state.last_time_ms.is_none_or(|last| t >= last)).unwrap_or(call.time_ms);
+        let previous_time = state.last_time_ms;
         if let Some(last) = state.last_time_ms
             && start_ms.saturating_sub(last) >= ttl.millis()
         {
@@ -749,6 +750,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             state.turns.on_new_turn(&turn_profile, &messages, opens_session, options.side_entries)
         });
         let rerenders_previous = turn_start.is_some_and(|t| t.rerenders_previous);
+        state.turns.compaction_pending = false;
         if rerenders_previous {
             call_events.push("rerendered_prompt".into());
         }
@@ -835,9 +837,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             let side_request = side.request(&call.model, messages[..cut].to_vec(), sizes);
             if let Ok(mut side_flat) = measurer.flatten(&side_request) {
                 shape_flat(&side_request, &mut side_flat, strips_thinking, false);
-                let at = state.turns.turn_end_ms.or(state.last_time_ms).unwrap_or(start_ms).min(start_ms);
+                let at = state.turns.turn_end_ms.or(previous_time).unwrap_or(start_ms).min(start_ms);
                 let _ = measurer.seed_cache(&side_flat, at, 0);
                 call_events.push("side_entry".into());
+                // The side request refreshed what it read: the gap that counts is from it.
+                if start_ms.saturating_sub(at) < ttl.millis() && previous_time.is_some_and(|p| at.saturating_sub(p) < ttl.millis()) {
+                    call_events.retain(|e| e != "ttl_expired");
+                }
             }
         }
         let request = unrecorded.request(&call.model, messages, sizes);

@@ -81,6 +81,8 @@ pub struct TurnState {
     pub turn_end_ms: Option<u64>,
     /// The replay's own read of the lane's previous compared call.
     pub previous_read: Option<u64>,
+    /// A compaction came before the call being built: the previous prompt is gone.
+    pub compaction_pending: bool,
 }
 
 /// What a new user turn brings, decided before its call is measured.
@@ -97,6 +99,7 @@ impl TurnState {
     pub fn on_compaction(&mut self, profile: &ClientProfile) {
         self.transient_prompt = profile.rerender_opening_prompt;
         self.by_notification = false;
+        self.compaction_pending = true;
     }
 
     /// A new user turn whose request ends with `messages` (the last one the new prompt).
@@ -111,7 +114,7 @@ impl TurnState {
             && !interrupted_tool_use
             && !self.by_notification
             && self.previous_read.is_some_and(|read| read > 0);
-        let start = TurnStart { rerenders_previous: self.turns > 0 && self.transient_prompt, side_entry };
+        let start = TurnStart { rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending, side_entry };
         let notification = last.is_some_and(is_task_notification);
         self.transient_prompt = if opens_session {
             profile.rerender_opening_prompt
