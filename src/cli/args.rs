@@ -110,9 +110,12 @@ pub struct FidelityArgs {
     /// Write `<session>.svg` and `<session>.png` (simulated vs recorded context per call) here.
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
-    /// Do not apply the N-pattern rate of 2.0.76–2.1.39.
+    /// Do not render the prompts 2.0.76–2.1.39 re-render at the next turn (the N-pattern).
+    #[arg(long, alias = "no-rerender-rate")]
+    pub no_rerender: bool,
+    /// Do not seed the side entry a finished turn leaves (the conversation through its reply).
     #[arg(long)]
-    pub no_rerender_rate: bool,
+    pub no_side_entry: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

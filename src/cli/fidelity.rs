@@ -11,7 +11,7 @@ use super::args::{FidelityArgs, FidelityFormat};
 
 pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     let table = ModelTable::shipped();
-    let options = ReplayOptions { rerender_rate: !args.no_rerender_rate, ..ReplayOptions::default() };
+    let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
     let mut sessions = Vec::new();
     for path in &args.transcripts {
         sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);

@@ -4,10 +4,10 @@
 //! least 1,000 tokens below what the previous call of its lane *cached* (its read + creation).
 //! The cause is the first of the events the replay saw before the call, in this order:
 //! `ttl_expired`, `model_switch`, `tool_search_load`, `skill`, `microcompact`, `resume`,
-//! `compaction`; failing those, at a new user turn of a version with the N-pattern,
-//! `rerendered_prompt` (modelled as a rate: the trigger is not in the transcript); else
-//! `unexplained`. `predicted` is the share of the drop the replay reproduced (1 when its own
-//! read fell as far, the N-pattern probability for a rate-modelled one, 0 otherwise).
+//! `compaction`, `rerendered_prompt` (the replay re-rendered the previous turn's prompt, see
+//! [`super::turns`]); failing those, at a new user turn of a version with the N-pattern,
+//! `rerendered_prompt` all the same (the inference of reference/real-breaks.md, not predicted);
+//! else `unexplained`. `predicted` is 1 when the replay's own read fell as far, else 0.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +19,7 @@ use super::session::SessionReplay;
 /// The drop below the previous call's cache that counts as a break.
 pub const BREAK_MIN_DROP: u64 = 1_000;
 
-const CAUSE_ORDER: [&str; 7] = ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction"];
+const CAUSE_ORDER: [&str; 8] = ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction", "rerendered_prompt"];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BreakRow {
@@ -53,8 +53,9 @@ pub fn find_breaks(replay: &SessionReplay) -> Vec<BreakRow> {
             let sim_read = call.metrics.as_ref().map_or(0.0, |m| m.cache_read_input_tokens as f64);
             let mut predicted = if sim_read + BREAK_MIN_DROP as f64 <= prev_sim_cached { 1.0 } else { 0.0 };
             if cause.is_none() && has("new_user_turn") && profile.rerenders_prompts() {
+                // Attributed by reference/real-breaks.md's inference, but not by the replay's rule.
                 cause = Some("rerendered_prompt".to_owned());
-                predicted = call.rerender_probability;
+                predicted = 0.0;
             }
             rows.push(BreakRow {
                 index: call.index,

@@ -7,6 +7,7 @@
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
 //! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
+//! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
 pub mod breaks;
@@ -14,6 +15,7 @@ pub mod fidelity;
 pub mod plot;
 pub mod profile;
 pub mod session;
+pub mod turns;
 pub mod working_set;
 
 pub use breaks::{BreakRow, find_breaks};

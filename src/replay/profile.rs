@@ -17,10 +17,11 @@
 //!   reads that fall to the prefix level set it (see `session.rs`).
 //! - **Behaviour.** The first ToolSearch load of a deferred tool changes the tools array (a
 //!   full miss); a Skill call re-renders the start of the conversation (the read falls to the
-//!   prefix level; 4 of 5 real Skill calls did); a resumed session re-renders its start; in
-//!   2.0.76–2.1.39 the previous turn's prompt is re-rendered at some new user turns (the
-//!   "N-pattern"; reference/real-breaks.md), which the transcript does not show, so it is
-//!   applied as an expected value with the measured rates.
+//!   prefix level; 4 of 5 real Skill calls did); a resumed session re-renders its start; after
+//!   a finished turn a side request caches the conversation through the last reply; in
+//!   2.0.76–2.1.39 some prompts are rendered differently during their own turn than afterwards
+//!   (the "N-pattern"; reference/real-breaks.md): the prompt that opened a conversation, and
+//!   from 2.1.37 every prompt the user sent (see [`super::turns`]).
 
 use serde::Serialize;
 
@@ -30,11 +31,16 @@ use crate::agent::profile::SizeProfile;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ClientProfile {
     pub version: String,
-    /// Rate of the N-pattern at a new user turn whose previous prompt is within the 20-position
-    /// lookback of the new request's end (5 of 76 measured turns in 2.0.76–2.1.39).
-    pub rerender_rate_near: f64,
-    /// The same when the previous prompt is further back (10 of 27 measured turns).
-    pub rerender_rate_far: f64,
+    /// The message that opened a conversation (the session's first prompt, or the compaction
+    /// summary the model went on from) is re-rendered at the next user turn (2.0.76–2.1.39:
+    /// 5 of 5 such turns in realdata broke, 6 of 7 second prompts in reference/real-breaks.md).
+    pub rerender_opening_prompt: bool,
+    /// Every prompt the user sent is re-rendered at the next user turn (2.1.37–2.1.39: 3 of 3
+    /// in realdata, where 2.0.76–2.1.14 kept 25 of 25; the two 2.1.37+ sessions are also the
+    /// only Opus 4.6 ones, so version and model are confounded).
+    pub rerender_typed_prompts: bool,
+    /// A side request after a finished turn caches the conversation through the last reply.
+    pub post_turn_side_entry: bool,
     /// A first ToolSearch load of a deferred tool adds it to `tools`: a full miss.
     pub tool_search_full_miss: bool,
     /// A Skill tool call re-renders the conversation start.
@@ -66,8 +72,9 @@ impl ClientProfile {
         let n_pattern = v >= (2, 0, 76) && v <= (2, 1, 39);
         ClientProfile {
             version: version.to_owned(),
-            rerender_rate_near: if n_pattern { 5.0 / 76.0 } else { 0.0 },
-            rerender_rate_far: if n_pattern { 10.0 / 27.0 } else { 0.0 },
+            rerender_opening_prompt: n_pattern,
+            rerender_typed_prompts: v >= (2, 1, 37) && v <= (2, 1, 39),
+            post_turn_side_entry: v >= (2, 0, 76),
             tool_search_full_miss: true,
             skill_rerender: true,
             resume_rerender: true,
@@ -77,7 +84,7 @@ impl ClientProfile {
 
     /// Whether the version shows the N-pattern at all.
     pub fn rerenders_prompts(&self) -> bool {
-        self.rerender_rate_near > 0.0 || self.rerender_rate_far > 0.0
+        self.rerender_opening_prompt || self.rerender_typed_prompts
     }
 }
 
@@ -92,6 +99,9 @@ mod tests {
         assert!(!ClientProfile::for_version("2.1.42").rerenders_prompts());
         assert!(!ClientProfile::for_version("2.0.75").rerenders_prompts());
         assert_eq!(parse_version("2.1.7"), (2, 1, 7));
+        assert!(ClientProfile::for_version("2.1.37").rerender_typed_prompts);
+        assert!(!ClientProfile::for_version("2.1.14").rerender_typed_prompts);
+        assert!(ClientProfile::for_version("2.1.170").post_turn_side_entry);
     }
 
     #[test]

@@ -45,6 +45,7 @@ use crate::recording::{
 };
 
 use super::profile::ClientProfile;
+use super::turns::{TurnState, current_prompt_index, salt_message};
 use super::working_set::WorkingSet;
 
 /// Text a microcompact leaves in place of a cleared tool result.
@@ -53,8 +54,11 @@ pub const CLEARED_TOOL_RESULT: &str = "[Old tool result content cleared]";
 /// Knobs of a replay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayOptions {
-    /// Apply the N-pattern as an expected value at new user turns of the versions that show it.
-    pub rerender_rate: bool,
+    /// Render the prompts the client re-renders at the next user turn (the N-pattern of
+    /// 2.0.76–2.1.39) the transient way during their turn ([`super::turns`]).
+    pub rerender_prompts: bool,
+    /// Seed the side entry a finished turn leaves (the conversation through the last reply).
+    pub side_entries: bool,
     /// Restore recently read files after a compaction.
     pub restore_files: bool,
     /// The TTL of the main lane's markers; `None` = the one the recording shows per call.
@@ -93,7 +97,8 @@ impl ReplayOptions {
 impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
-            rerender_rate: true,
+            rerender_prompts: true,
+            side_entries: true,
             restore_files: true,
             ttl_main: None,
             recorded_microcompact: true,
@@ -123,7 +128,7 @@ pub struct CallReplay {
     /// Events the replay saw before this call: `compaction`, `microcompact`, `model_switch`,
     /// `tool_search_load`, `skill`, `resume`, `ttl_expired`, `new_user_turn`.
     pub events: Vec<String>,
-    /// The N-pattern probability applied to this call (0 when none).
+    /// 1 when this call re-renders the previous turn's prompt (the N-pattern), else 0.
     pub rerender_probability: f64,
     /// Tokens of the recorded messages as estimated (without the synthetic prefix blocks).
     pub message_tokens: u64,
@@ -233,6 +238,8 @@ struct LaneState {
     /// A compaction dropped the unrecorded history of a mid-conversation segment.
     compacted: bool,
     peer: crate::agent::compact::peers::PeerState,
+    /// Turn-level client behaviour (main lane only).
+    turns: TurnState,
 }
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
@@ -242,6 +249,7 @@ const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "res
 /// What a transcript does not record, put around the recorded messages of one call: the system
 /// prompt (tools + system, the prefix level) with its breakpoint, deferred tools loaded so far,
 /// the user-context reminder opening `messages[0]`, and the breakpoint on the last block.
+#[derive(Clone)]
 struct Unrecorded<'a> {
     group: &'a str,
     /// Re-renders of the conversation start so far (the reminder's text changes with it).
@@ -414,11 +422,7 @@ fn order_tool_results(messages: &mut [Message]) -> Option<String> {
 /// positions stay, so the cached prefix stays valid: 45 of 51 real new turns after thinking kept
 /// their cache (reference/real-breaks.md), and the context drops by that thinking.
 fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
-    let Some(last_prompt) = request.messages.iter().rposition(|m| {
-        m.role == Role::User && m.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
-    }) else {
-        return;
-    };
+    let Some(last_prompt) = current_prompt_index(&request.messages) else { return };
     let mut dropped = 0u64;
     for block in std::sync::Arc::make_mut(&mut flat.blocks).iter_mut() {
         if block.path.region == Region::Messages
@@ -443,28 +447,18 @@ fn is_exit_command(content: &MessageContent) -> bool {
 /// Whether the request opens a user turn: its last message carries something besides tool
 /// results (a prompt, or an interruption with what the user sent next).
 fn is_new_user_turn(messages: &[Message]) -> bool {
-    let Some(last) = messages.last() else { return false };
-    last.role == Role::User && last.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
+    messages.last().is_some_and(super::turns::is_prompt)
 }
 
-/// Flat position of the first block of the user prompt that opened the previous turn, if the
-/// request holds one: the last user message before the final one with no tool result in it.
-fn previous_prompt_position(request: &Request, flat: &FlatRequest) -> Option<usize> {
-    let n = request.messages.len();
-    let mut target = None;
-    // `messages[0]` counts too: the first prompt of the session, or the compaction summary
-    // that opens the turn after a compaction (its re-render drops the read to the prefix).
-    for m in (0..n.saturating_sub(1)).rev() {
-        let message = &request.messages[m];
-        if message.role == Role::User
-            && !message.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
-        {
-            target = Some(m);
-            break;
-        }
+/// What the API sees of a built request: earlier turns' thinking dropped for models that do so,
+/// and the current prompt rendered the transient way when the client re-renders it later.
+fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, transient: bool) {
+    if strips_thinking {
+        strip_prior_thinking(request, flat);
     }
-    let target = target?;
-    flat.blocks.iter().position(|b| b.path.region == Region::Messages && b.path.index == target)
+    if transient && let Some(index) = current_prompt_index(&request.messages) {
+        salt_message(flat, index);
+    }
 }
 
 /// Replays every call of `session` through `measurer`.
@@ -520,6 +514,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         let main_fork = (call.lane == LANE_COMPACT).then(|| {
             lanes.get(LANE_MAIN).map(|m| (m.cleared.clone(), m.restored.clone(), m.loaded_until)).unwrap_or_default()
         });
+        // The compaction request forks the main thread as it is rendered during the turn.
+        let fork_transient = main_fork.is_some() && lanes.get(LANE_MAIN).is_some_and(|m| m.turns.transient_prompt);
+        let turn_profile = if options.rerender_prompts {
+            profile.clone()
+        } else {
+            ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, ..profile.clone() }
+        };
         let state = lanes.entry(call.lane.clone()).or_default();
         // Events seen before a call that was not compared belong to the next one.
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
@@ -530,6 +531,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         let from = state.scanned_to;
         let mut resumed_at = None;
         let mut request_start = None;
+        let mut last_record_ms = None;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -537,6 +539,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             match &event.kind {
                 EventKind::Compaction(_) => {
                     call_events.push("compaction".into());
+                    state.turns.on_compaction(&turn_profile);
                     state.restored = if options.restore_files {
                         let counter = measurer.counter();
                         let restored = state.working_set.compact(cwd, |text| u64::from(counter.count_text(text, &family)));
@@ -576,6 +579,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 }
                 EventKind::UserPrompt(prompt) => {
                     request_start = Some(event.time_ms);
+                    if last_record_ms.is_some() {
+                        state.turns.turn_end_ms = last_record_ms;
+                    }
                     // `/exit` ends the process: whatever comes next is a resumed one.
                     if is_exit_command(&prompt.content) {
                         resumed_at = Some(i);
@@ -613,6 +619,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                 }
                 _ => {}
+            }
+            if !matches!(event.kind, EventKind::UserPrompt(_)) {
+                last_record_ms = Some(event.time_ms);
             }
         }
         // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
@@ -657,6 +666,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // the record that prompted it (a user prompt or tool result) was written. The cache
         // entry of the previous call lives from its first block on.
         let start_ms = request_start.filter(|&t| t <= call.time_ms && state.last_time_ms.is_none_or(|last| t >= last)).unwrap_or(call.time_ms);
+        let previous_time = state.last_time_ms;
         if let Some(last) = state.last_time_ms
             && start_ms.saturating_sub(last) >= ttl.millis()
         {
@@ -734,6 +744,19 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             call_events.push("new_user_turn".into());
             turn += 1;
         }
+        let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
+        let turn_start = (new_turn && call.lane == LANE_MAIN).then(|| {
+            let opens_session = state.turns.turns == 0 && !truncated;
+            state.turns.on_new_turn(&turn_profile, &messages, opens_session, options.side_entries)
+        });
+        let rerenders_previous = turn_start.is_some_and(|t| t.rerenders_previous);
+        state.turns.compaction_pending = false;
+        if rerenders_previous {
+            call_events.push("rerendered_prompt".into());
+        }
+        // Whether this call renders its current prompt the transient way.
+        let transient = fork_transient || (call.lane == LANE_MAIN && state.turns.transient_prompt);
+        let strips_thinking = measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking);
 
         let unrecorded = Unrecorded {
             group: &group,
@@ -746,7 +769,6 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         };
 
         // Sizes of the unrecorded part: inferred from the group's first compared call.
-        let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
         if !groups.contains_key(&group) {
             let mut bare = Request::new(call.model.clone(), 32_000);
             bare.messages = messages.clone();
@@ -802,6 +824,28 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             && REVEALING_EVENTS.iter().any(|e| has(e)))
         .then_some(recorded_read);
         let base = revealed.map(|_| messages.clone());
+        // The side request after the previous turn, sent when that turn ended: an entry through
+        // its last reply; when the client re-renders the previous prompt, the entry that counts
+        // ends before that prompt (what the real reads land on; see `turns`).
+        let side_cut = match turn_start {
+            Some(t) if t.side_entry && rerenders_previous => current_prompt_index(&messages[..messages.len() - 1]),
+            Some(t) if t.side_entry => Some(messages.len() - 1),
+            _ => None,
+        };
+        if let Some(cut) = side_cut.filter(|&cut| cut > 0) {
+            let side = Unrecorded { marked_result: None, ..unrecorded.clone() };
+            let side_request = side.request(&call.model, messages[..cut].to_vec(), sizes);
+            if let Ok(mut side_flat) = measurer.flatten(&side_request) {
+                shape_flat(&side_request, &mut side_flat, strips_thinking, false);
+                let at = state.turns.turn_end_ms.or(previous_time).unwrap_or(start_ms).min(start_ms);
+                let _ = measurer.seed_cache(&side_flat, at, 0);
+                call_events.push("side_entry".into());
+                // The side request refreshed what it read: the gap that counts is from it.
+                if start_ms.saturating_sub(at) < ttl.millis() && previous_time.is_some_and(|p| at.saturating_sub(p) < ttl.millis()) {
+                    call_events.retain(|e| e != "ttl_expired");
+                }
+            }
+        }
         let request = unrecorded.request(&call.model, messages, sizes);
 
         let mut flat = match measurer.flatten(&request) {
@@ -811,30 +855,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 continue;
             }
         };
-        if measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking) {
-            strip_prior_thinking(&request, &mut flat);
-        }
+        shape_flat(&request, &mut flat, strips_thinking, transient);
         let synthetic_tokens = flat.region_tokens(Region::Tools)
             + flat.region_tokens(Region::System)
             + if sizes.context_tokens > 0 { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
         let message_tokens = flat.total_tokens - synthetic_tokens;
         let message_blocks = (flat.counts.messages - usize::from(sizes.context_tokens > 0)) as u64;
-        // The N-pattern: where the read lands if the previous prompt was re-rendered.
-        let mut probability = 0.0;
-        let mut landing = 0u64;
-        if options.rerender_rate && new_turn && profile.rerenders_prompts() {
-            if let Some(position) = previous_prompt_position(&request, &flat) {
-                let distance = flat.blocks.len() - position;
-                if distance <= crate::measure::cache::LOOKBACK {
-                    probability = profile.rerender_rate_near;
-                    landing = if position == 0 { 0 } else { flat.tokens_through(position - 1) };
-                } else {
-                    probability = profile.rerender_rate_far;
-                    landing = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
-                }
-            }
-        }
-
         let mut measure_input = MeasureInput::new(&call.lane, start_ms, &request);
         measure_input.first_token_ms = call.time_ms - start_ms;
         measure_input.turn = turn;
@@ -858,7 +884,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             g.prefix_tokens = level;
             g.context_tokens = total.saturating_sub(level);
             let corrected = unrecorded.request(&call.model, base, sizes_now(*g));
-            if let Ok(flat) = measurer.flatten(&corrected) {
+            if let Ok(mut flat) = measurer.flatten(&corrected) {
+                shape_flat(&corrected, &mut flat, strips_thinking, transient);
                 let _ = measurer.seed_cache(&flat, start_ms, call.time_ms - start_ms);
             }
             call_events.push("prefix_level".into());
@@ -870,11 +897,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         }
         state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
+        state.turns.previous_read = Some(metrics.cache_read_input_tokens);
         let read = metrics.cache_read_input_tokens as f64;
-        let shortfall = (read - landing as f64).max(0.0) * probability;
-        if shortfall == 0.0 {
-            probability = 0.0;
-        }
         out.push(CallReplay {
             index: call.index,
             lane: call.lane.clone(),
@@ -883,12 +907,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             version: call.version.clone(),
             recorded: call.usage.clone(),
             skipped: None,
-            sim_cache_read: read - shortfall,
-            sim_cache_creation: metrics.cache_creation_input_tokens as f64 + shortfall,
+            sim_cache_read: read,
+            sim_cache_creation: metrics.cache_creation_input_tokens as f64,
             sim_input: metrics.input_tokens as f64,
             metrics: Some(metrics),
             events: call_events,
-            rerender_probability: probability,
+            rerender_probability: if rerenders_previous { 1.0 } else { 0.0 },
             message_tokens,
             message_blocks,
             prefix_tokens: sizes.prefix_tokens,

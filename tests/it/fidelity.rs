@@ -49,10 +49,10 @@ fn fidelity_holds_its_floors_on_every_real_session() {
         assert!(r.requests_compared >= 10, "{name}: {r:?}");
         assert!(r.context_tokens_mape <= 0.06, "{name}: context MAPE {}", r.context_tokens_mape);
         assert!(r.context_tokens_ape_p90 <= 0.115, "{name}: context p90 {}", r.context_tokens_ape_p90);
-        assert!(r.hit_agreement >= 0.985, "{name}: hit agreement {}", r.hit_agreement);
+        assert!(r.hit_agreement >= 0.995, "{name}: hit agreement {}", r.hit_agreement);
         assert!(r.cache_read_total_error.abs() <= 0.055, "{name}: cache read {}", r.cache_read_total_error);
-        assert!(r.cache_creation_total_error.abs() <= 0.31, "{name}: cache creation {}", r.cache_creation_total_error);
-        assert!(r.cost_error.abs() <= 0.12, "{name}: cost {}", r.cost_error);
+        assert!(r.cache_creation_total_error.abs() <= 0.04, "{name}: cache creation {}", r.cache_creation_total_error);
+        assert!(r.cost_error.abs() <= 0.03, "{name}: cost {}", r.cost_error);
         assert_eq!(r.estimator, "calibrated");
     }
 }
@@ -280,4 +280,60 @@ fn the_user_context_prior_is_fitted_where_the_record_shows_it() {
     assert_eq!(ctxsim::replay::user_context_sample(&replayed(S7662)), None);
     let fitted = ctxsim::replay::fit_calibration(&Default::default(), &[9_000, 5_000, 7_000], "test");
     assert_eq!(fitted.user_context_tokens, Some(7_000));
+}
+
+/// Checks that call `index` of a replay reads within `max_err` of its recorded read, with
+/// every one of `events` seen before it.
+fn check_read(replay: &SessionReplay, index: usize, max_err: f64, events: &[&str]) -> f64 {
+    let call = check_call(replay, index, 0.05, events);
+    let recorded = call.recorded.cache_read_input_tokens as f64;
+    let err = (call.sim_cache_read - recorded).abs() / recorded.max(1.0);
+    assert!(err <= max_err, "#{index}: simulated read {} recorded {recorded}", call.sim_cache_read);
+    call.sim_cache_read
+}
+
+#[test]
+fn a_finished_turn_leaves_a_side_entry_through_its_last_reply() {
+    // cd95 (2.1.7) #21-#25 read the previous call's cache plus the last reply; #138 read 334 s
+    // after the previous request because the side request refreshed the entry at the turn's end.
+    let replay = replayed(CD95);
+    for index in [21, 22, 23, 24, 25, 138] {
+        check_read(&replay, index, 0.05, &["new_user_turn", "side_entry"]);
+    }
+    let refreshed = replay.calls.iter().find(|c| c.index == 138).unwrap();
+    assert!(!refreshed.events.iter().any(|e| e == "ttl_expired"), "{:?}", refreshed.events);
+    // No side entry after a turn whose only call read nothing (#19, #143: exactly what the
+    // previous call cached was read).
+    for index in [20, 144] {
+        let call = check_call(&replay, index, 0.05, &["new_user_turn"]);
+        assert!(!call.events.iter().any(|e| e == "side_entry"), "#{index}: {:?}", call.events);
+    }
+    // Without the side entry the TTL of #138 runs out.
+    let session = load_session(&realdata().join("transcripts").join(CD95)).unwrap();
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Calibrated));
+    let without = replay_session(&session, &mut measurer, &ReplayOptions { side_entries: false, ..ReplayOptions::default() });
+    assert_eq!(without.calls.iter().find(|c| c.index == 138).unwrap().sim_cache_read, 0.0);
+}
+
+#[test]
+fn re_rendered_prompts_land_where_the_record_does() {
+    // 7be2 (2.1.37) re-renders every prompt at the next turn: #60 falls to the prefix level (the
+    // first prompt is far back), #65, #70 and #74 land on the side entry before the previous
+    // prompt (within the 20-position lookback).
+    let replay = replayed("entireio-cli/7be20d70c73b-0.full.jsonl");
+    assert_eq!(check_read(&replay, 60, 0.01, &["rerendered_prompt"]), 16_590.0);
+    for index in [65, 70, 74] {
+        check_read(&replay, index, 0.015, &["rerendered_prompt", "side_entry"]);
+    }
+    let breaks = find_breaks(&replay);
+    assert_eq!(breaks.len(), 5, "{breaks:?}");
+    assert!(breaks.iter().all(|b| b.predicted == 1.0), "{breaks:?}");
+    // 2.1.7 keeps typed prompts: no cd95 turn re-renders one (only its session's opening prompt).
+    let cd95 = replayed(CD95);
+    let rerendered: Vec<usize> = cd95.calls.iter().filter(|c| c.events.iter().any(|e| e == "rerendered_prompt")).map(|c| c.index).collect();
+    assert_eq!(rerendered, vec![2]);
+    // spotter (2.1.39): the first prompt and the compaction summary are re-rendered, the task
+    // notification that opened a turn is not.
+    let spotter = find_breaks(&replayed(SPOTTER));
+    assert!(spotter.iter().filter(|b| b.cause == "rerendered_prompt").all(|b| b.predicted == 1.0), "{spotter:?}");
 }

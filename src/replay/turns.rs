@@ -1,0 +1,196 @@
+//! What the real client does around a new user turn that the transcript does not record.
+//!
+//! Two mechanisms, both seen only through the billed usage (reference/real-breaks.md; per turn
+//! in docs/fidelity.md "What happens at a new user turn"):
+//!
+//! - **The post-turn side entry.** After a turn that ended with the model's reply (no tool use
+//!   pending: the stop hook ran), the client sends a side request that forks the main
+//!   conversation through that reply; its cache entry ends right after the last assistant
+//!   message. The next turn reads through it (21 of cd95's 24 new turns read the previous call's
+//!   cache plus 1.0–1.6× the chars/4 of the last reply). None follows a turn whose last call
+//!   read nothing (cd95 #19, #70, #143, 7662 #24: 4 of 4), a turn ended by an interruption
+//!   during a tool use (cd95 #121), or a turn a background task's notification opened (spotter
+//!   #151). The entry also refreshes the TTL of the prefix it reads.
+//! - **The transient prompt rendering** (the "N-pattern", 2.0.76–2.1.39). Some prompts are sent
+//!   differently during their own turn than afterwards, so at the next turn the read stops at
+//!   the boundary before that prompt: the side entry of the turn before, when it is within the
+//!   20-position lookback, else the prefix level. Which prompts: in every version of that range,
+//!   the message that opened a conversation (the session's first prompt, or the compaction
+//!   summary the model went on from without a new prompt); from 2.1.37, every prompt the user
+//!   sent (task notifications excepted). In the six realdata sessions this predicts all eight
+//!   such breaks and no other (see docs/fidelity.md).
+//!
+//! The replay renders such a prompt with a salted block hash during its turn (same tokens,
+//! different bytes to the cache) and seeds the side entry with [`crate::measure::Measurer::seed_cache`].
+
+use crate::api::{ContentBlock, Message, Role};
+use crate::measure::FlatRequest;
+use crate::measure::blocks::Region;
+
+use super::profile::ClientProfile;
+
+/// Mixed into the block hashes of a prompt rendered the transient way.
+const TRANSIENT_SALT: u128 = 0x7472_616e_7369_656e_7420_7072_6f6d_7074;
+
+/// Index of the message that opened the current turn: the last user message with more than tool
+/// results (the final message at a new turn; `messages[0]` when a compaction summary opened it).
+pub fn current_prompt_index(messages: &[Message]) -> Option<usize> {
+    messages.iter().rposition(is_prompt)
+}
+
+/// A user message with anything besides tool results.
+pub fn is_prompt(message: &Message) -> bool {
+    message.role == Role::User && message.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
+}
+
+fn is_task_notification(message: &Message) -> bool {
+    message.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::Text { text, .. } if text.trim_start().starts_with("<task-notification>")))
+}
+
+/// Gives the blocks of `messages[message_index]` different cache identities (same tokens), and
+/// carries the change into every later prefix hash.
+pub fn salt_message(flat: &mut FlatRequest, message_index: usize) {
+    let Some(first) = flat.blocks.iter().position(|b| b.path.region == Region::Messages && b.path.index == message_index) else {
+        return;
+    };
+    if first == 0 {
+        return;
+    }
+    let blocks = std::sync::Arc::make_mut(&mut flat.blocks);
+    let mut state = blocks[first - 1].prefix_hash;
+    for block in &mut blocks[first..] {
+        if block.path.region == Region::Messages && block.path.index == message_index {
+            block.hash ^= TRANSIENT_SALT;
+        }
+        state = crate::api::canonical::chain(state, block.hash);
+        block.prefix_hash = state;
+    }
+}
+
+/// The turn-level state of the main lane.
+#[derive(Debug, Default, Clone)]
+pub struct TurnState {
+    /// New user turns seen so far.
+    pub turns: u32,
+    /// The prompt that opened the current turn is rendered the transient way (re-rendered at
+    /// the next turn).
+    pub transient_prompt: bool,
+    /// A background task's notification opened the current turn.
+    pub by_notification: bool,
+    /// Time of the last record before the current prompt (the previous turn's end).
+    pub turn_end_ms: Option<u64>,
+    /// The replay's own read of the lane's previous compared call.
+    pub previous_read: Option<u64>,
+    /// A compaction came before the call being built: the previous prompt is gone.
+    pub compaction_pending: bool,
+}
+
+/// What a new user turn brings, decided before its call is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnStart {
+    /// The previous turn's prompt was rendered the transient way: this call re-renders it.
+    pub rerenders_previous: bool,
+    /// Seed the side entry of the previous turn (at `turn_end_ms`).
+    pub side_entry: bool,
+}
+
+impl TurnState {
+    /// A compaction the model continued from: the summary opens the conversation.
+    pub fn on_compaction(&mut self, profile: &ClientProfile) {
+        self.transient_prompt = profile.rerender_opening_prompt;
+        self.by_notification = false;
+        self.compaction_pending = true;
+    }
+
+    /// A new user turn whose request ends with `messages` (the last one the new prompt).
+    /// `opens_session`: the first turn of a session recorded from its start.
+    pub fn on_new_turn(&mut self, profile: &ClientProfile, messages: &[Message], opens_session: bool, side_entries: bool) -> TurnStart {
+        let last = messages.last();
+        let interrupted_tool_use = last.is_some_and(|m| m.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::ToolResult { .. })));
+        let side_entry = side_entries
+            && profile.post_turn_side_entry
+            && self.turns > 0
+            && messages.len() >= 2
+            && !interrupted_tool_use
+            && !self.by_notification
+            && self.previous_read.is_some_and(|read| read > 0);
+        let start = TurnStart { rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending, side_entry };
+        let notification = last.is_some_and(is_task_notification);
+        self.transient_prompt = if opens_session {
+            profile.rerender_opening_prompt
+        } else {
+            profile.rerender_typed_prompts && !notification
+        };
+        self.by_notification = notification;
+        self.turns += 1;
+        start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{MessageContent, Request};
+    use crate::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+
+    fn text(role: Role, text: &str) -> Message {
+        Message { role, content: MessageContent::Text(text.to_owned()), extra: Default::default() }
+    }
+
+    fn flat(messages: Vec<Message>) -> FlatRequest {
+        let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+        let mut request = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
+        request.system = Some(crate::api::SystemPrompt::Text("system prompt".to_owned()));
+        request.messages = messages;
+        measurer.flatten(&request).expect("known model")
+    }
+
+    #[test]
+    fn salting_changes_identities_from_the_message_on_and_keeps_tokens() {
+        let messages = vec![text(Role::User, "first prompt"), text(Role::Assistant, "reply"), text(Role::User, "second")];
+        let plain = flat(messages.clone());
+        let mut salted = plain.clone();
+        salt_message(&mut salted, 1);
+        assert_eq!(plain.total_tokens, salted.total_tokens);
+        let same: Vec<bool> = plain.blocks.iter().zip(salted.blocks.iter()).map(|(a, b)| a.prefix_hash == b.prefix_hash).collect();
+        assert_eq!(same, vec![true, true, false, false]);
+    }
+
+    #[test]
+    fn opening_and_typed_prompts_follow_the_version() {
+        let turn = |version: &str, opens: bool, prompt: &str| {
+            let mut state = TurnState::default();
+            state.on_new_turn(&ClientProfile::for_version(version), &[text(Role::User, prompt)], opens, true);
+            state.transient_prompt
+        };
+        assert!(turn("2.0.76", true, "fix it"));
+        assert!(!turn("2.0.76", false, "fix it"));
+        assert!(!turn("2.1.7", false, "fix it"));
+        assert!(turn("2.1.37", false, "fix it"));
+        assert!(!turn("2.1.37", false, "<task-notification>\n<task-id>b0</task-id>"));
+        assert!(!turn("2.1.42", true, "fix it"));
+    }
+
+    #[test]
+    fn side_entry_needs_a_warm_finished_turn() {
+        let profile = ClientProfile::for_version("2.1.7");
+        let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
+        let start = |previous_read: Option<u64>, turns: u32| {
+            let mut state = TurnState { turns, previous_read, ..TurnState::default() };
+            state.on_new_turn(&profile, &messages, false, true).side_entry
+        };
+        assert!(start(Some(10_000), 1));
+        assert!(!start(Some(0), 1), "a cold last call leaves no side entry");
+        assert!(!start(Some(10_000), 0), "no turn before the first");
+        let interrupted = Message {
+            role: Role::User,
+            content: MessageContent::Blocks(vec![
+                ContentBlock::ToolResult { tool_use_id: "t".into(), content: None, is_error: None, cache_control: None, extra: Default::default() },
+                ContentBlock::text("[Request interrupted by user for tool use]".to_owned()),
+            ]),
+            extra: Default::default(),
+        };
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
+        assert!(!state.on_new_turn(&profile, &[text(Role::User, "a"), text(Role::Assistant, "b"), interrupted], false, true).side_entry);
+    }
+}
