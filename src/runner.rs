@@ -388,7 +388,8 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
     }
 }
 
-fn absolute(world: &World, path: &str) -> String {
+/// A scenario path made absolute against the session's working directory.
+pub fn absolute(world: &World, path: &str) -> String {
     if path.starts_with('/') { path.to_owned() } else { format!("{}/{}", world.cwd.trim_end_matches('/'), path) }
 }
 
