@@ -16,6 +16,7 @@ mod check;
 mod compare;
 mod context_editing;
 mod strategies;
+mod serve;
 mod sweep;
 mod report;
 mod scenario;
