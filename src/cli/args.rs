@@ -39,6 +39,8 @@ pub enum Command {
     Sweep(super::sweep::SweepArgs),
     /// Loopback Messages API (SSE and JSON) answering from a script; measures every request.
     Serve(super::serve::ServeArgs),
+    /// The agent against the real Messages API (`ANTHROPIC_API_KEY`); records; compares estimate with actual.
+    Live(super::live::LiveArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -6,6 +6,7 @@ mod compare;
 mod common;
 mod fidelity;
 mod import;
+mod live;
 mod replay;
 pub mod exit;
 mod report;
@@ -32,6 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Compare(a) => compare::run(a),
         args::Command::Sweep(a) => sweep::run(a),
         args::Command::Serve(a) => serve::run(a),
+        args::Command::Live(a) => live::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

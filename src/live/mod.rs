@@ -2,6 +2,8 @@
 //! streaming format (`sse`), and the HTTP client the agent uses against the real API (`client`).
 //! Only this module and `cli/` open sockets.
 
+pub mod client;
+pub mod run;
 pub mod script;
 pub mod serve;
 pub mod sse;

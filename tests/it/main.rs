@@ -4,6 +4,7 @@ mod analyze;
 mod mechanisms;
 mod memories;
 mod layer6;
+mod live;
 mod breaks;
 mod cache;
 mod incremental;
