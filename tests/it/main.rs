@@ -11,6 +11,7 @@ mod incremental;
 mod fidelity;
 mod git_status;
 mod compact;
+mod real_client;
 mod recording;
 mod requests;
 mod check;
