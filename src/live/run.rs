@@ -20,7 +20,7 @@ use crate::agent::session::{ModelCalls, Session, SideCall};
 use crate::api::{ContentBlock, MessageContent, Request, Role, StopReason, Usage};
 use crate::measure::{MeasureInput, Measurer, RequestMetrics, Summary};
 use crate::recording::format::{Event, EventKind, Header, ModelReply, Recording, SystemEvent, TimeAdvance, ToolResult, UserPrompt};
-use crate::runner::absolute;
+use crate::runner::{absolute, apply_world_step};
 use crate::scenario::{Scenario, Step};
 use crate::strategy::Strategy;
 use crate::world::{Fallback, ScriptedModel, Synthesis};
@@ -259,21 +259,14 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                 world.clock.advance(*ms);
                 live.events.push(Event::new(EventKind::Time(TimeAdvance { advance_ms: *ms }), world.clock.now_ms()));
             }
-            Step::WriteFile { path, content } => {
-                let path = absolute(&world, path);
-                world.fs.write(&path, content.clone(), &world.clock).map_err(|e| script_err(i, e.to_string()))?;
-                pending_events.push(format!("file_edited_by_user:{path}"));
-            }
-            Step::RemoveFile { path } => {
-                let path = absolute(&world, path);
-                world.fs.remove(&path, &world.clock).map_err(|e| script_err(i, e.to_string()))?;
-            }
-            Step::McpConnect { server } => agent.mcp_connect(server, &mut world).map_err(|e| script_err(i, e))?,
-            Step::McpDisconnect { server } => agent.mcp_disconnect(server, &mut world).map_err(|e| script_err(i, e))?,
-            Step::McpListChanged { server, tools } => agent.mcp_list_changed(server, tools.clone(), &mut world).map_err(|e| script_err(i, e))?,
-            Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| script_err(i, e))?,
-            Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| script_err(i, e))?,
-            Step::Git(state) => world.git = Some(state.clone()),
+            Step::WriteFile { .. }
+            | Step::RemoveFile { .. }
+            | Step::McpConnect { .. }
+            | Step::McpDisconnect { .. }
+            | Step::McpListChanged { .. }
+            | Step::PluginEnable { .. }
+            | Step::PluginReload
+            | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| script_err(i, e))?,
             Step::Clear => {
                 agent.clear(&mut world);
                 let side_calls = agent.take_side_calls();
