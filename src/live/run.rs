@@ -259,14 +259,6 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                 world.clock.advance(*ms);
                 live.events.push(Event::new(EventKind::Time(TimeAdvance { advance_ms: *ms }), world.clock.now_ms()));
             }
-            Step::WriteFile { .. }
-            | Step::RemoveFile { .. }
-            | Step::McpConnect { .. }
-            | Step::McpDisconnect { .. }
-            | Step::McpListChanged { .. }
-            | Step::PluginEnable { .. }
-            | Step::PluginReload
-            | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| script_err(i, e))?,
             Step::Clear => {
                 agent.clear(&mut world);
                 let side_calls = agent.take_side_calls();
@@ -283,8 +275,9 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                     pending_events.push(format!("model_changed:{model}"));
                 }
             }
-            // The API answers; scripted replies and tool outputs are not used.
-            Step::Assistant(_) | Step::ToolOutput(_) => {}
+            // File, MCP, plugin and git steps act on the World as in a simulation; the API answers
+            // instead of `assistant` steps, and scripted tool outputs are not used.
+            other => apply_world_step(other, &mut agent, &mut world, &mut pending_events).map_err(|e| script_err(i, e))?,
         }
     }
     let rows: Vec<RequestMetrics> = live.calls.iter().map(|c| c.row.clone()).collect();
