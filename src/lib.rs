@@ -5,6 +5,7 @@ pub mod agent;
 pub mod analyze;
 pub mod api;
 pub mod cli;
+pub mod live;
 pub mod measure;
 pub mod recording;
 pub mod replay;

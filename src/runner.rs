@@ -220,23 +220,14 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             Step::Assistant(_) => {}
             Step::ToolOutput(_) => {}
             Step::Wait { ms } => world.clock.advance(*ms),
-            Step::WriteFile { path, content } => {
-                let path = absolute(&world, path);
-                world.fs.write(&path, content.clone(), &world.clock).map_err(|e| err(i, e.to_string()))?;
-                pending_events.push(format!("file_edited_by_user:{path}"));
-            }
-            Step::RemoveFile { path } => {
-                let path = absolute(&world, path);
-                world.fs.remove(&path, &world.clock).map_err(|e| err(i, e.to_string()))?;
-            }
-            Step::McpConnect { server } => agent.mcp_connect(server, &mut world).map_err(|e| err(i, e))?,
-            Step::McpDisconnect { server } => agent.mcp_disconnect(server, &mut world).map_err(|e| err(i, e))?,
-            Step::McpListChanged { server, tools } => {
-                agent.mcp_list_changed(server, tools.clone(), &mut world).map_err(|e| err(i, e))?
-            }
-            Step::PluginEnable { root } => agent.plugin_enable(root, &mut world).map_err(|e| err(i, e))?,
-            Step::PluginReload => agent.plugin_reload(&mut world).map_err(|e| err(i, e))?,
-            Step::Git(state) => world.git = Some(state.clone()),
+            Step::WriteFile { .. }
+            | Step::RemoveFile { .. }
+            | Step::McpConnect { .. }
+            | Step::McpDisconnect { .. }
+            | Step::McpListChanged { .. }
+            | Step::PluginEnable { .. }
+            | Step::PluginReload
+            | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
                 agent.clear(&mut world);
                 measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
@@ -388,7 +379,33 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
     }
 }
 
-fn absolute(world: &World, path: &str) -> String {
+/// Applies a step that changes the World or the session's capabilities without a model call
+/// (file edits by the user, MCP and plugin steps, git state); other steps are left alone.
+/// Events for the next request go to `pending_events`.
+pub fn apply_world_step(step: &Step, agent: &mut Session, world: &mut World, pending_events: &mut Vec<String>) -> Result<(), String> {
+    match step {
+        Step::WriteFile { path, content } => {
+            let path = absolute(world, path);
+            world.fs.write(&path, content.clone(), &world.clock).map_err(|e| e.to_string())?;
+            pending_events.push(format!("file_edited_by_user:{path}"));
+        }
+        Step::RemoveFile { path } => {
+            let path = absolute(world, path);
+            world.fs.remove(&path, &world.clock).map_err(|e| e.to_string())?;
+        }
+        Step::McpConnect { server } => agent.mcp_connect(server, world)?,
+        Step::McpDisconnect { server } => agent.mcp_disconnect(server, world)?,
+        Step::McpListChanged { server, tools } => agent.mcp_list_changed(server, tools.clone(), world)?,
+        Step::PluginEnable { root } => agent.plugin_enable(root, world)?,
+        Step::PluginReload => agent.plugin_reload(world)?,
+        Step::Git(state) => world.git = Some(state.clone()),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A scenario path made absolute against the session's working directory.
+pub fn absolute(world: &World, path: &str) -> String {
     if path.starts_with('/') { path.to_owned() } else { format!("{}/{}", world.cwd.trim_end_matches('/'), path) }
 }
 

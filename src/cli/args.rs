@@ -37,6 +37,10 @@ pub enum Command {
     Compare(super::compare::CompareArgs),
     /// A grid over strategy knobs: CSV of every point, Pareto front, recommendation.
     Sweep(super::sweep::SweepArgs),
+    /// Loopback Messages API (SSE and JSON) answering from a script; measures every request.
+    Serve(super::serve::ServeArgs),
+    /// The agent against the real Messages API (`ANTHROPIC_API_KEY`); records; compares estimate with actual.
+    Live(super::live::LiveArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

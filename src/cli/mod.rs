@@ -6,10 +6,12 @@ mod compare;
 mod common;
 mod fidelity;
 mod import;
+mod live;
 mod replay;
 pub mod exit;
 mod report;
 mod run;
+mod serve;
 mod strategies;
 mod sweep;
 mod tokens;
@@ -30,6 +32,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Strategies(a) => strategies::run(a),
         args::Command::Compare(a) => compare::run(a),
         args::Command::Sweep(a) => sweep::run(a),
+        args::Command::Serve(a) => serve::run(a),
+        args::Command::Live(a) => live::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

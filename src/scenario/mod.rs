@@ -85,7 +85,7 @@ mod duration;
 mod error;
 mod load;
 mod locate;
-mod raw;
+pub(crate) mod raw;
 mod schema;
 mod values;
 
