@@ -86,9 +86,9 @@ fn entries_to_records(entries: Vec<Entry>, originals: &BTreeMap<u64, Record>) ->
         }
         let record = match (&entry.kind, originals.get(&entry.uuid)) {
             (EntryKind::Attachment { .. }, Some(original @ Record::Attachment { .. })) => original.clone(),
-            _ => match entry.message.role {
-                Role::Assistant => Record::Assistant { content: entry.message.content.to_blocks() },
-                Role::User => Record::User { content: entry.message.content.clone(), meta: entry.is_meta },
+            _ => match entry.message().role {
+                Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
+                Role::User => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
             },
         };
         records.push(record);
@@ -433,7 +433,7 @@ fn synthetic_notes(extraction: u64, entries: &[Entry]) -> String {
     }
     notes.push_str("Prompts so far:\n");
     for entry in entries.iter().filter(|e| !e.is_assistant() && !e.is_meta) {
-        if let MessageContent::Text(text) = &entry.message.content {
+        if let MessageContent::Text(text) = &entry.message().content {
             let short: String = text.chars().take(80).collect();
             notes.push_str(&format!("- {short}\n"));
         }

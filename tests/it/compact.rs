@@ -168,7 +168,7 @@ fn compact_autocompact_fires_at_exactly_167000() {
     assert_eq!(step, ChainStep::Ready);
     assert!(matches!(cx.entries[0].kind, EntryKind::CompactBoundary { pre_tokens: 167_000, .. }));
     assert_eq!(cx.entries[1].kind, EntryKind::Summary);
-    let MessageContent::Text(summary) = &cx.entries[1].message.content else { panic!() };
+    let MessageContent::Text(summary) = &cx.entries[1].message().content else { panic!() };
     assert!(summary.contains("Summary:\nsummary line 0") && !summary.contains("<analysis>"));
     let r = report(&cx, "autocompact");
     assert!(r.fired && r.invalidated_from.as_deref() == Some("messages[0]"), "{r:?}");
@@ -429,7 +429,7 @@ fn compact_session_memory_compaction_keeps_whole_pairs_and_minimums() {
     assert!((10_000..=48_000).contains(&kept_tokens), "{kept_tokens}");
     assert!(ctxsim::agent::compact::chain::orphans(&cx.entries).is_empty());
     assert!(matches!(cx.entries[0].kind, EntryKind::CompactBoundary { preserved: Some(_), .. }));
-    let MessageContent::Text(summary) = &cx.entries[1].message.content else { panic!() };
+    let MessageContent::Text(summary) = &cx.entries[1].message().content else { panic!() };
     assert!(summary.contains("Fixing the parser"));
 }
 
@@ -482,7 +482,7 @@ fn compact_post_compact_restores_files_and_skills_within_budgets() {
         kinds,
         vec!["CompactBoundary", "Summary", "compact_file_reference", "file", "file", "file", "file", "invoked_skills", "deferred_tools_delta", "hook_result"]
     );
-    let MessageContent::Text(skills) = &cx.entries[7].message.content else { panic!() };
+    let MessageContent::Text(skills) = &cx.entries[7].message().content else { panic!() };
     assert_eq!(skills.matches("Skill \"").count(), 5);
     assert!(skills.contains("\"s6\"") && skills.contains("\"s2\"") && !skills.contains("\"s1\""));
     assert_eq!(skills.matches("[skill content truncated after compaction]").count(), 5);

@@ -110,7 +110,7 @@ impl Stage for Autocompact {
 
 /// Builds the fork request over `fork_entries` and remembers them for retries.
 pub fn request(cx: &mut ChainContext<'_>, trigger: CompactTrigger, fork_entries: Vec<Entry>, pre_tokens: u64, ptl_attempt: u32) -> CompactionRequest {
-    let mut messages: Vec<Message> = fork_entries.iter().filter(|e| e.on_wire()).map(|e| e.message.clone()).collect();
+    let mut messages: Vec<Message> = fork_entries.iter().filter(|e| e.on_wire()).map(|e| e.message().clone()).collect();
     let mut instruction = SUMMARY_INSTRUCTION.to_owned();
     if let Some(custom) = &cx.inputs.custom_instructions {
         instruction.push_str("\n\nAdditional instructions:\n");

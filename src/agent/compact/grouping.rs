@@ -44,7 +44,7 @@ pub fn group_by_api_round(entries: &[Entry]) -> Vec<Range<usize>> {
 
 /// `truncateHeadForPTLRetry`. `gap` is actual − limit from the error when known.
 pub fn truncate_head_for_ptl_retry(entries: &[Entry], gap: Option<u64>, marker_uuid: u64) -> Option<Vec<Entry>> {
-    let skip = usize::from(entries.first().is_some_and(|e| e.is_meta && is_retry_marker(&e.message)));
+    let skip = usize::from(entries.first().is_some_and(|e| e.is_meta && is_retry_marker(e.message())));
     let entries = &entries[skip..];
     let groups = group_by_api_round(entries);
     if groups.len() < 2 {
