@@ -246,7 +246,7 @@ fn prompt_too_long_is_surfaced_when_reactive_compact_fails() {
     let next = &out.rows[3];
     assert!(next.error.is_some(), "turn 2 starts over the window again");
     let failed: Vec<&str> = next.stages.iter().filter(|s| s.name == "reactive_compact").map(|s| s.reason.as_str()).collect();
-    assert_eq!(failed, ["compaction failed (API Error: Repeated 529 Overloaded errors); consecutive failures 0"]);
+    assert_eq!(failed, ["compaction failed (error: API Error: Repeated 529 Overloaded errors); consecutive failures 0"]);
     assert!(next.events.contains(&"prompt_too_long_surfaced".to_owned()), "{:?}", next.events);
     // Turn 2: reactive compact succeeds and the request goes through.
     assert!(fired(&out.rows[5]).iter().any(|r| r.starts_with("reactive_compact: reactive compaction")));

@@ -284,6 +284,10 @@ pub struct CompactionRequest {
     pub pre_tokens: u64,
     /// 0 for the first request, then 1..=max_ptl_retries after prompt-too-long answers.
     pub ptl_attempt: u32,
+    /// API-round groups removed from the fork's input so far (the oldest for a proactive
+    /// compaction, the newest for a reactive one), and their rough tokens.
+    pub trimmed_groups: usize,
+    pub trimmed_tokens: u64,
 }
 
 /// What the caller got back for a [`CompactionRequest`].
@@ -293,6 +297,9 @@ pub enum CompactionReply {
     Summary(String),
     /// The request failed (API error, no text).
     Failed(String),
+    /// The simulated API refused the request before sampling (`prompt is too long: N tokens > M
+    /// maximum`, or a media-size error); the text is the API's error.
+    Refused(String),
 }
 
 /// Per-request output of the chain.
@@ -317,6 +324,9 @@ pub struct ChainOutput {
     pub context_management: Option<Value>,
     /// The fork's input records behind `pending_compaction` (for prompt-too-long retries).
     pub fork_entries: Vec<Entry>,
+    /// The newest API rounds a reactive compaction peeled off the fork's input, in order
+    /// (dropped or re-appended after the summary: `autocompact.reactive_peeled_tail`).
+    pub peeled_tail: Vec<Entry>,
 }
 
 /// Everything one run of the chain needs. Owned conversation, borrowed world and state.
