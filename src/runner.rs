@@ -22,7 +22,7 @@ use crate::agent::compact::recovery::{
     API_MAX_MEDIA_PER_REQUEST, MaxOutputAction, RESUME_MESSAGE, RecoveryState, is_media_size_error, on_max_output_tokens, simulated_api_error,
     simulated_media_error, strip_excess_media,
 };
-use crate::agent::session::{ModelCalls, Recovery, Session, SideCall};
+use crate::agent::session::{ForkAnswer, ModelCalls, Recovery, Session, SideCall};
 use crate::api::StopReason;
 use crate::strategy::Strategy;
 
@@ -86,10 +86,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 loop {
                     // The long-context chain runs first; its compaction forks are measured on
                     // their own lane before the main request.
-                    let mut side_calls = Vec::new();
-                    let chain_run = agent.run_chain(chain, &mut world, &mut side_calls);
+                    let chain_run = {
+                        let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                        agent.run_chain(chain, &mut world, &mut calls).map_err(|e| err(i, e))?
+                    };
                     pending_events.extend(chain_run.events.iter().cloned());
-                    measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
                     if let Some(reason) = &chain_run.blocked {
                         // The blocking limit ends the turn before the request is sent; the
                         // scripted reply for it is skipped.
@@ -136,9 +137,10 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         input.rejected = Some(error.clone());
                         rows.push(measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?);
                         requests.push(request);
-                        let mut side_calls = Vec::new();
-                        let recovery_outcome = agent.recover_prompt_too_long(chain, &mut world, &mut side_calls, &mut recovery, &error);
-                        measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                        let recovery_outcome = {
+                            let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                            agent.recover_prompt_too_long(chain, &mut world, &mut calls, &mut recovery, &error).map_err(|e| err(i, e))?
+                        };
                         match recovery_outcome {
                             Recovery::Retry(run) => {
                                 if run.compacted {
@@ -213,9 +215,8 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     recovery.next_turn();
                 }
                 // Session memory is extracted after sampling, on its own lane.
-                let mut side_calls = Vec::new();
-                agent.extract_session_memory(&mut world, &mut side_calls);
-                measure_side_calls(measurer, &mut world, side_calls, turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                agent.extract_session_memory(&mut world, &mut calls).map_err(|e| err(i, e))?;
             }
             Step::Assistant(_) => {}
             Step::ToolOutput(_) => {}
@@ -292,6 +293,33 @@ impl ModelCalls for MeasuredCalls<'_> {
         self.requests.push(request);
         world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
         Ok((reply, usage))
+    }
+
+    fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
+        let served = self.measurer.serve(&request).map_err(|e| e.to_string())?;
+        let mut input = MeasureInput::new(lane, world.clock.now_ms(), &request);
+        input.turn = self.turn;
+        input.events = events;
+        // The API refuses before sampling, as it does on the main lane.
+        let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+        let answer = match refusal {
+            Some(error) => {
+                input.rejected = Some(error.clone());
+                ForkAnswer::Refused(error)
+            }
+            None => {
+                let reply = world.model.next_reply(lane).unwrap_or(fallback);
+                input.output_tokens = reply.output_tokens;
+                input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
+                ForkAnswer::Answered(reply)
+            }
+        };
+        self.rows.push(self.measurer.measure_served(input, served).map_err(|e| e.to_string())?);
+        self.requests.push(request);
+        if let ForkAnswer::Answered(reply) = &answer {
+            world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+        }
+        Ok(answer)
     }
 }
 

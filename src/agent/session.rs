@@ -135,7 +135,7 @@ pub struct Session {
 
 #[path = "session_chain.rs"]
 mod chain_glue;
-pub use chain_glue::{ChainRun, RecordMeta, Recovery, SideCall};
+pub use chain_glue::{ChainRun, ForkAnswer, RecordMeta, Recovery, SideCall};
 
 #[path = "session_subagent.rs"]
 mod subagent_glue;

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::agent::compact::chain::summary_reply;
 use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill, ReadFile};
 use crate::agent::compact::generator::synthetic_summary;
-use crate::agent::compact::{Chain, ChainStep, Entry, EntryKind, ModelLimits, QuerySource};
+use crate::agent::compact::{Chain, ChainStep, CompactionReply, Entry, EntryKind, ModelLimits, QuerySource};
 use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
 use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, is_media_size_error, on_media_too_large, on_prompt_too_long, strip_oversized_media};
 use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
@@ -23,7 +23,7 @@ use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, R
 use crate::measure::StageReport;
 use crate::world::{Reply, World};
 
-use super::Session;
+use super::{ModelCalls, Session};
 
 /// Per-record bookkeeping the chain needs, parallel to the session's records.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -49,7 +49,15 @@ pub struct ChainRun {
     pub thinking_clear_latched: bool,
 }
 
-/// A request the chain made on another lane (a compaction fork), with the reply it got.
+/// What the simulated API did with a fork.
+#[derive(Debug, Clone)]
+pub enum ForkAnswer {
+    /// Refused before sampling: the API's error text (`prompt is too long: N tokens > M maximum`).
+    Refused(String),
+    Answered(Reply),
+}
+
+/// A request the chain made on another lane, with the reply it got.
 #[derive(Debug, Clone)]
 pub struct SideCall {
     pub lane: String,
@@ -86,9 +94,9 @@ fn entries_to_records(entries: Vec<Entry>, originals: &BTreeMap<u64, Record>) ->
         }
         let record = match (&entry.kind, originals.get(&entry.uuid)) {
             (EntryKind::Attachment { .. }, Some(original @ Record::Attachment { .. })) => original.clone(),
-            _ => match entry.message.role {
-                Role::Assistant => Record::Assistant { content: entry.message.content.to_blocks() },
-                Role::User => Record::User { content: entry.message.content.clone(), meta: entry.is_meta },
+            _ => match entry.message().role {
+                Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
+                Role::User => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
             },
         };
         records.push(record);
@@ -159,40 +167,42 @@ impl Session {
     }
 
     /// Runs the long-context chain before a main-thread request. Each compaction fork is built
-    /// as the main request would be from the conversation as the chain left it, with the
-    /// summary instruction appended to the last user message and the marker on the
-    /// second-to-last message; it and its reply (scripted on lane `compact`, else a
-    /// deterministic synthetic summary) are pushed to `side_calls` for the caller to measure.
-    pub fn run_chain(&mut self, chain: &Chain, world: &mut World, side_calls: &mut Vec<SideCall>) -> ChainRun {
-        self.drive_chain(chain, world, side_calls, None).0
+    /// as the main request would be from the fork's input (the conversation as the chain left
+    /// it, less what a prompt-too-long retry dropped), with the summary instruction appended to
+    /// the last user message and the marker on the second-to-last message, and sent through
+    /// `api` on lane `compact`: the simulated API refuses it when it is too long (the chain then
+    /// drops rounds and asks again), else the lane's scripted reply or a deterministic synthetic
+    /// summary answers it. Hook requests around it go through `api` too, in order.
+    pub fn run_chain(&mut self, chain: &Chain, world: &mut World, api: &mut dyn ModelCalls) -> Result<ChainRun, String> {
+        Ok(self.drive_chain(chain, world, api, None)?.0)
     }
 
     /// The prompt-too-long ladder (§1.4) after the simulated API rejected the main request:
-    /// drain context collapse, else compact reactively once (a fork in lane `compact`, pushed
-    /// to `side_calls`), else surface the error. A media-size error skips the collapse rung.
+    /// drain context collapse, else compact reactively once (a fork in lane `compact` sent
+    /// through `api`), else surface the error. A media-size error skips the collapse rung.
     pub fn recover_prompt_too_long(
         &mut self,
         chain: &Chain,
         world: &mut World,
-        side_calls: &mut Vec<SideCall>,
+        api: &mut dyn ModelCalls,
         state: &mut RecoveryState,
         error: &str,
-    ) -> Recovery {
-        let (run, action) = self.drive_chain(chain, world, side_calls, Some((state, error)));
-        match action {
+    ) -> Result<Recovery, String> {
+        let (run, action) = self.drive_chain(chain, world, api, Some((state, error)))?;
+        Ok(match action {
             Some(RecoveryAction::CollapseDrainRetry { .. }) => Recovery::Retry(run),
             Some(RecoveryAction::ReactiveCompact(_)) if run.compacted => Recovery::Retry(run),
             _ => Recovery::Surface { error: error.to_owned(), run },
-        }
+        })
     }
 
     fn drive_chain(
         &mut self,
         chain: &Chain,
         world: &mut World,
-        side_calls: &mut Vec<SideCall>,
+        api: &mut dyn ModelCalls,
         mut recover: Option<(&mut RecoveryState, &str)>,
-    ) -> (ChainRun, Option<RecoveryAction>) {
+    ) -> Result<(ChainRun, Option<RecoveryAction>), String> {
         let now = world.clock.now_ms();
         self.sync_meta(now);
         let limits = self.model_limits(world);
@@ -249,20 +259,28 @@ impl Session {
             if custom.is_none() {
                 custom = Some(self.pre_compact_instructions(trigger, None, world));
                 self.settle_hook_time(world);
-                side_calls.extend(self.take_side_calls());
+                api.side(self.take_side_calls(), world)?;
             }
-            // The fork sees the conversation as the stages before autocompact left it.
-            let (records, metas) = entries_to_records(entries.clone(), &originals);
+            // The fork sees its input as the chain chose it: the conversation as the stages
+            // before autocompact left it, less what peeling or a retry removed.
+            let (records, metas) = entries_to_records(output.fork_entries.clone(), &originals);
             let saved_records = std::mem::replace(&mut self.records, records);
             let saved_meta = std::mem::replace(&mut self.record_meta, metas);
             let fork = self.compaction_fork(world, custom.clone().flatten().as_deref());
             self.records = saved_records;
             self.record_meta = saved_meta;
-            let reply = world.model.next_reply("compact").unwrap_or_else(|_| Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens)));
-            let text = reply_text(&reply);
-            side_calls.push(SideCall { lane: "compact".to_owned(), request: fork, reply, time_ms: world.clock.now_ms(), concurrent: false });
-            summary_text = text.clone();
-            pending_reply = Some(summary_reply(text));
+            // What the chain removed from this fork's input is journalled on the fork's row.
+            let (fork_events, main_events): (Vec<String>, Vec<String>) =
+                std::mem::take(&mut output.events).into_iter().partition(|e| e.starts_with("truncation:"));
+            output.events = main_events;
+            let fallback = Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens));
+            pending_reply = Some(match api.fork("compact", fork, fork_events, limits.context_window, fallback, world)? {
+                ForkAnswer::Refused(error) => CompactionReply::Refused(error),
+                ForkAnswer::Answered(reply) => {
+                    summary_text = reply_text(&reply);
+                    summary_reply(summary_text.clone())
+                }
+            });
         }
         if output.compacted {
             // `clearBetaHeaderLatches` (§8.6): compaction drops the thinking-clear latch.
@@ -289,20 +307,21 @@ impl Session {
             let messages = self.post_compact_hooks(trigger, &summary_text, world);
             self.push_attachments(messages);
             self.settle_hook_time(world);
-            side_calls.extend(self.take_side_calls());
+            api.side(self.take_side_calls(), world)?;
             self.sync_meta(now);
         }
-        (run, action)
+        Ok((run, action))
     }
 
     /// Session-memory extraction after sampling (§6): when the trigger holds, a fork in lane
     /// `session_memory` (same system and tools, the conversation, our update instruction with
     /// the current notes; marker on the last message, since this fork writes the cache) is
-    /// pushed to `side_calls`, and the reply (scripted, else synthesized notes) becomes the
-    /// memory file.
-    pub fn extract_session_memory(&mut self, world: &mut World, side_calls: &mut Vec<SideCall>) -> bool {
+    /// sent through `api`, and the reply (scripted, else synthesized notes) becomes the memory
+    /// file. A fork the API refuses as too long extracts nothing (the reference's extraction
+    /// runs fire-and-forget and only logs its failure).
+    pub fn extract_session_memory(&mut self, world: &mut World, api: &mut dyn ModelCalls) -> Result<bool, String> {
         if !self.strategy.compact.session_memory.enabled {
-            return false;
+            return Ok(false);
         }
         let now = world.clock.now_ms();
         self.sync_meta(now);
@@ -313,7 +332,7 @@ impl Session {
             let World { fs, clock, .. } = &mut *world;
             let mut cx = crate::agent::compact::ChainContext::new(entries.clone(), &mut self.chain_state, &config, fs, clock, limits);
             if !should_extract(&mut cx) {
-                return false;
+                return Ok(false);
             }
             let request = extraction_request(&mut cx);
             request.messages.last().map(|m| m.content.to_blocks()).unwrap_or_default()
@@ -328,13 +347,15 @@ impl Session {
             .join("\n");
         let fork = self.fork_request(world, instruction, ForkMarker::Last, "session_memory");
         let extraction = self.chain_state.session_memory.extractions + 1;
-        let reply = world.model.next_reply("session_memory").unwrap_or_else(|_| Reply::text(synthetic_notes(extraction, &entries)));
+        let fallback = Reply::text(synthetic_notes(extraction, &entries));
+        let ForkAnswer::Answered(reply) = api.fork("session_memory", fork, Vec::new(), limits.context_window, fallback, world)? else {
+            return Ok(false);
+        };
         let notes = reply_text(&reply);
-        side_calls.push(SideCall { lane: "session_memory".to_owned(), request: fork, reply, time_ms: now, concurrent: false });
         let World { fs, clock, .. } = &mut *world;
         let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
         finish_extraction(&mut cx, &notes);
-        true
+        Ok(true)
     }
 
     /// After a media-size error surfaced: the offending images and documents are stripped from
@@ -433,7 +454,7 @@ fn synthetic_notes(extraction: u64, entries: &[Entry]) -> String {
     }
     notes.push_str("Prompts so far:\n");
     for entry in entries.iter().filter(|e| !e.is_assistant() && !e.is_meta) {
-        if let MessageContent::Text(text) = &entry.message.content {
+        if let MessageContent::Text(text) = &entry.message().content {
             let short: String = text.chars().take(80).collect();
             notes.push_str(&format!("- {short}\n"));
         }

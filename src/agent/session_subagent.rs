@@ -48,6 +48,13 @@ pub trait ModelCalls {
     /// Measures side requests made inside the agent's tool loop (its hooks' questions) before
     /// its next request.
     fn side(&mut self, calls: Vec<super::SideCall>, world: &mut World) -> Result<(), String>;
+
+    /// Sends a fork of the conversation (a compaction or session-memory request) on `lane` with
+    /// `events`, at the current virtual time. The simulated API refuses it when it does not fit
+    /// `window` or carries an oversized image (an error row; no reply is used and the clock
+    /// stays); otherwise the lane's next scripted reply answers it, else `fallback`, and the
+    /// clock moves on by the reply's latency.
+    fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<super::ForkAnswer, String>;
 }
 
 /// Which thread a session is.

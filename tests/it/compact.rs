@@ -5,8 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ctxsim::agent::compact::autocompact::SUMMARY_INSTRUCTION;
 use ctxsim::agent::compact::context::{InvokedSkill, ReadFile};
-use ctxsim::agent::compact::counting::{Thresholds, token_count_with_estimation};
+use ctxsim::agent::compact::counting::{Thresholds, rough_entries, token_count_with_estimation};
+use ctxsim::agent::compact::chain::orphans;
+use ctxsim::agent::compact::config::PeeledTail;
 use ctxsim::agent::compact::generator::{Driver, filler, generate, synthetic_summary};
+use ctxsim::agent::compact::grouping::{PTL_RETRY_MARKER, Trimmed, group_by_api_round, peel_tail_for_ptl, truncate_head};
 use ctxsim::agent::compact::microcompact::CLEARED_MARKER;
 use ctxsim::agent::compact::recovery::{self, MaxOutputAction, RecoveryAction, RecoveryState};
 use ctxsim::agent::compact::{
@@ -168,7 +171,7 @@ fn compact_autocompact_fires_at_exactly_167000() {
     assert_eq!(step, ChainStep::Ready);
     assert!(matches!(cx.entries[0].kind, EntryKind::CompactBoundary { pre_tokens: 167_000, .. }));
     assert_eq!(cx.entries[1].kind, EntryKind::Summary);
-    let MessageContent::Text(summary) = &cx.entries[1].message.content else { panic!() };
+    let MessageContent::Text(summary) = &cx.entries[1].message().content else { panic!() };
     assert!(summary.contains("Summary:\nsummary line 0") && !summary.contains("<analysis>"));
     let r = report(&cx, "autocompact");
     assert!(r.fired && r.invalidated_from.as_deref() == Some("messages[0]"), "{r:?}");
@@ -429,7 +432,7 @@ fn compact_session_memory_compaction_keeps_whole_pairs_and_minimums() {
     assert!((10_000..=48_000).contains(&kept_tokens), "{kept_tokens}");
     assert!(ctxsim::agent::compact::chain::orphans(&cx.entries).is_empty());
     assert!(matches!(cx.entries[0].kind, EntryKind::CompactBoundary { preserved: Some(_), .. }));
-    let MessageContent::Text(summary) = &cx.entries[1].message.content else { panic!() };
+    let MessageContent::Text(summary) = &cx.entries[1].message().content else { panic!() };
     assert!(summary.contains("Fixing the parser"));
 }
 
@@ -482,7 +485,7 @@ fn compact_post_compact_restores_files_and_skills_within_budgets() {
         kinds,
         vec!["CompactBoundary", "Summary", "compact_file_reference", "file", "file", "file", "file", "invoked_skills", "deferred_tools_delta", "hook_result"]
     );
-    let MessageContent::Text(skills) = &cx.entries[7].message.content else { panic!() };
+    let MessageContent::Text(skills) = &cx.entries[7].message().content else { panic!() };
     assert_eq!(skills.matches("Skill \"").count(), 5);
     assert!(skills.contains("\"s6\"") && skills.contains("\"s2\"") && !skills.contains("\"s1\""));
     assert_eq!(skills.matches("[skill content truncated after compaction]").count(), 5);
@@ -614,5 +617,144 @@ proptest! {
         let mut driver = Driver::new(config, LIMITS);
         let stats = driver.play(&generate(seed, 120), &mut budget_replay_checker());
         prop_assert_eq!(stats.requests, 120);
+    }
+}
+
+// ---- compaction under prompt-too-long: head truncation, tail peel ---------------------------
+
+/// The refusals of a fork: each is the simulated API's text for `actual` tokens on a 200k window.
+fn refusal(actual: u64) -> CompactionReply {
+    CompactionReply::Refused(recovery::prompt_too_long_message(actual, 200_000))
+}
+
+/// Checks a fork input after a cut: not empty, user first, no tool pair split, and `removed` +
+/// `kept` (less a marker) is the input in order.
+fn check_cut(input: &[Entry], trimmed: &Trimmed, head: bool) {
+    assert!(!trimmed.kept.is_empty() && !trimmed.removed.is_empty());
+    let kept: Vec<&Entry> = trimmed.kept.iter().filter(|e| !(e.is_meta && matches!(&e.message().content, MessageContent::Text(t) if t == PTL_RETRY_MARKER))).collect();
+    let joined: Vec<u64> = if head {
+        trimmed.removed.iter().chain(kept.iter().copied()).map(|e| e.uuid).collect()
+    } else {
+        kept.iter().copied().chain(trimmed.removed.iter()).map(|e| e.uuid).collect()
+    };
+    assert_eq!(joined, input.iter().map(|e| e.uuid).collect::<Vec<_>>());
+    assert!(!trimmed.kept[0].is_assistant(), "a cut history starts with a user message");
+    assert!(orphans(&trimmed.kept).is_empty() && orphans(&trimmed.removed).is_empty(), "a cut separated a tool pair");
+}
+
+#[test]
+fn compact_refused_fork_is_head_truncated_three_times_then_fails_with_the_breaker_counting() {
+    let mut convo = Convo::new().prompt("start");
+    for _ in 0..12 {
+        convo = convo.tool("Bash", 4_000);
+    }
+    let mut w = World::new(CompactConfig::default());
+    let mut cx = w.cx(convo.answer("ok", 175_000).prompt("next").entries);
+    let chain = Chain::new();
+    let ChainStep::Compact(first) = chain.run(&mut cx) else { panic!() };
+    assert_eq!((first.ptl_attempt, first.trimmed_groups), (0, 0));
+    // Each refusal 1,500 tokens over: one 1,000-token round does not cover it, two do.
+    let mut dropped = 0;
+    for attempt in 1..=3 {
+        let ChainStep::Compact(next) = chain.finish_compaction(&mut cx, refusal(201_500)) else { panic!("attempt {attempt}") };
+        assert_eq!(next.ptl_attempt, attempt);
+        let MessageContent::Text(first) = &next.messages[0].content else { panic!() };
+        assert_eq!(first, PTL_RETRY_MARKER);
+        // Attempt 1 drops the preamble (the prompt) and two rounds; later ones two rounds each.
+        dropped += if attempt == 1 { 3 } else { 2 };
+        assert_eq!(next.trimmed_groups, dropped, "attempt {attempt}");
+    }
+    assert_eq!(chain.finish_compaction(&mut cx, refusal(200_100)), ChainStep::Ready);
+    let reason = &report(&cx, "autocompact").reason;
+    assert!(reason.starts_with("compaction failed (exhausted: The conversation is too long to summarize"), "{reason}");
+    assert!(reason.ends_with("consecutive failures 1"), "{reason}");
+    assert_eq!(cx.state.tracking.consecutive_failures, 1);
+    let events = &cx.output.events;
+    assert_eq!(events.iter().filter(|e| e.starts_with("truncation:compaction_ptl_retry:")).count(), 3, "{events:?}");
+    assert!(events.contains(&"compaction_failed:exhausted".to_owned()), "{events:?}");
+    assert!(!cx.output.compacted);
+}
+
+#[test]
+fn compact_reactive_peels_the_newest_rounds_by_the_gap_and_drops_them_by_default() {
+    let convo = Convo::new().prompt("go").tool("Bash", 8_000).tool("Bash", 8_000).tool("Bash", 40_000);
+    for (mode, kept_results) in [(PeeledTail::Drop, 0), (PeeledTail::Keep, 1)] {
+        let mut config = CompactConfig::default();
+        config.autocompact.reactive_enabled = true;
+        config.autocompact.reactive_peeled_tail = mode;
+        let mut w = World::new(config);
+        let mut cx = w.cx(convo.entries.clone());
+        let mut state = RecoveryState::default();
+        // 9,000 over: the 10,000-token last round covers it alone.
+        let error = recovery::prompt_too_long_message(209_000, 200_000);
+        let RecoveryAction::ReactiveCompact(request) = recovery::on_prompt_too_long(&mut cx, &mut state, &error) else { panic!() };
+        let groups = group_by_api_round(&convo.entries);
+        let last = rough_entries(&convo.entries[groups[3].clone()]);
+        let before_last = rough_entries(&convo.entries[groups[2].clone()]);
+        assert_eq!((request.trimmed_groups, request.trimmed_tokens), (1, last));
+        // The fork ends before the oversized round: its tool_use is not in the summary request.
+        let last_id = convo.entries[groups[3].start].tool_use_ids().next().unwrap().to_owned();
+        assert!(!serde_json::to_string(&request.messages).unwrap().contains(&last_id));
+        assert_eq!(cx.output.events, ["truncation:reactive_peel:1"]);
+        let chain = Chain::new();
+        // The first fork is still refused: peel again by the new gap.
+        let ChainStep::Compact(next) = chain.finish_compaction(&mut cx, CompactionReply::Refused(recovery::prompt_too_long_message(200_500, 200_000))) else {
+            panic!()
+        };
+        assert_eq!((next.ptl_attempt, next.trimmed_groups), (1, 2));
+        assert_eq!(chain.finish_compaction(&mut cx, CompactionReply::Summary("<summary>s</summary>".into())), ChainStep::Ready);
+        let r = report(&cx, "reactive_compact");
+        assert!(r.fired);
+        let fate = if mode == PeeledTail::Keep { "re-appended" } else { "dropped" };
+        let peeled = format!("peeled the newest 2 API-round groups ({} rough tokens), {fate})", last + before_last);
+        assert!(r.reason.starts_with("reactive compaction (summary after 1 retries; ") && r.reason.ends_with(&peeled), "{}", r.reason);
+        let results = cx.entries.iter().filter(|e| e.tool_result_ids().next().is_some()).count();
+        assert_eq!(results, kept_results * 2, "{mode:?}");
+        assert!(orphans(&cx.entries).is_empty());
+    }
+}
+
+#[test]
+fn compact_reactive_fails_with_the_reference_reason_codes() {
+    let mut config = CompactConfig::default();
+    config.autocompact.reactive_enabled = true;
+    let mut w = World::new(config);
+    // One API round: nothing can be peeled.
+    let mut cx = w.cx(Convo::new().prompt(&filler("Paste", 900_000)).entries);
+    let error = recovery::prompt_too_long_message(230_000, 200_000);
+    let action = recovery::on_prompt_too_long(&mut cx, &mut RecoveryState::default(), &error);
+    assert_eq!(action, RecoveryAction::Surface { error: error.clone() });
+    assert!(report(&cx, "reactive_compact").reason.starts_with("compaction failed (too_few_groups: "));
+    // A media error with no media in the conversation.
+    let mut cx = w.cx(Convo::new().prompt("go").tool("Bash", 100).entries);
+    let media = "image exceeds 5 MB maximum: 6000000 bytes > 5242880 bytes";
+    let action = recovery::on_media_too_large(&mut cx, &mut RecoveryState::default(), media);
+    assert!(matches!(action, RecoveryAction::Surface { .. }));
+    assert!(report(&cx, "reactive_compact").reason.starts_with("compaction failed (media_unstrippable: "));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Head truncation and tail peel never split a tool pair, never return an empty or
+    /// assistant-first history, never remove every group, and only ever cut whole rounds.
+    #[test]
+    fn compact_ptl_cuts_keep_whole_rounds(sizes in proptest::collection::vec(1usize..20_000, 0..12), gap in proptest::option::of(0u64..60_000)) {
+        let mut convo = Convo::new().prompt("start");
+        for (i, size) in sizes.iter().enumerate() {
+            convo = if i % 3 == 2 { convo.answer("ok", 0).prompt("more") } else { convo.tool("Bash", *size) };
+        }
+        let input = convo.entries;
+        let groups = group_by_api_round(&input).len();
+        let head = truncate_head(&input, gap, 99_999);
+        let tail = peel_tail_for_ptl(&input, gap);
+        prop_assert_eq!(head.is_some(), groups >= 2 && gap != Some(0));
+        prop_assert_eq!(tail.is_some(), groups >= 2 && gap != Some(0));
+        for (cut, is_head) in [(head, true), (tail, false)] {
+            let Some(cut) = cut else { continue };
+            check_cut(&input, &cut, is_head);
+            prop_assert!(cut.groups >= 1 && cut.groups < groups);
+            prop_assert_eq!(cut.groups, group_by_api_round(&cut.removed).len());
+        }
     }
 }

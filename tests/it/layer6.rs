@@ -95,9 +95,59 @@ fn reactive_compact_recovers_from_prompt_too_long() {
     assert_eq!(lanes(&out), ["main", "main", "compact", "main"]);
     let error = out.rows[1].error.as_deref().unwrap();
     assert!(error.starts_with("prompt is too long: ") && error.ends_with(" tokens > 16000 maximum"), "{error}");
-    assert!(fired(&out.rows[3]).iter().any(|r| r.starts_with("reactive_compact:")));
+    // The simulated API measures the fork too: peeled of the oversized round by the gap, it fits.
+    let gap = {
+        let (actual, limit) = ctxsim::agent::compact::recovery::parse_prompt_too_long(error).unwrap();
+        actual - limit
+    };
+    assert!(out.rows[2].error.is_none() && out.rows[2].context_tokens <= 16_000);
+    assert_eq!(out.rows[2].events, ["truncation:reactive_peel:1"]);
+    let fork = serde_json::to_string(&out.requests[2]).unwrap();
+    assert!(!fork.contains("\"tool_result\"") && !fork.contains("line 019"), "the peeled round is not summarized");
+    let reasons = fired(&out.rows[3]);
+    let reactive = reasons.iter().find(|r| r.starts_with("reactive_compact:")).unwrap();
+    assert!(reactive.ends_with("API-round groups (5040 rough tokens), dropped)") && reactive.contains("peeled the newest 1 "), "{reactive}");
+    assert!(5040 >= gap, "the peel covers the gap of {gap}");
+    // Dropped: the retried request holds the summary, not the oversized result.
+    assert!(!serde_json::to_string(&out.requests[3]).unwrap().contains("line 019"));
     assert!(out.rows[3].error.is_none());
     assert_eq!(out.summary.api_errors, 1);
+}
+
+#[test]
+fn an_autocompact_fork_longer_than_the_window_is_refused_and_head_truncated() {
+    let out = run("compaction-fork-ptl-retry");
+    let forks: Vec<usize> = out.rows.iter().enumerate().filter(|(_, r)| r.lane == "compact").map(|(i, _)| i).collect();
+    assert_eq!(forks.len(), 2, "{:?}", lanes(&out));
+    let (refused, retried) = (&out.rows[forks[0]], &out.rows[forks[1]]);
+    // The first fork is the whole conversation plus the instruction: the API refuses it.
+    let error = refused.error.as_deref().unwrap();
+    assert!(error.starts_with("prompt is too long: ") && error.ends_with(" tokens > 30000 maximum"), "{error}");
+    assert_eq!((refused.cache_read_input_tokens, refused.cache_creation_input_tokens), (0, 0));
+    // One retry, behind the marker, without the two oldest groups (the prompt and the first
+    // round), fits.
+    assert!(retried.error.is_none() && retried.context_tokens <= 30_000);
+    assert_eq!(retried.events, ["truncation:compaction_ptl_retry:1"]);
+    let body = serde_json::to_value(&out.requests[forks[1]]).unwrap();
+    let text = body["messages"].to_string();
+    assert!(text.contains("[earlier conversation truncated for compaction retry]"));
+    assert!(!text.contains("Run the build log check") && !text.contains("Print the log, run 1\""), "oldest groups dropped");
+    assert!(text.contains("Print the log, run 2\""));
+    let main = &out.rows[forks[1] + 1];
+    assert_eq!(main.lane, "main");
+    let reasons = fired(main);
+    assert!(
+        reasons.iter().any(|r| r.starts_with("autocompact: auto compaction (summary after 1 retries; dropped the oldest 2 API-round groups")),
+        "{reasons:?}"
+    );
+    // Where the retry can read the main lane's cache: the tools and system[1..] are the main
+    // lane's bytes, but the billing fingerprint in system[0] follows the fork's first user
+    // message, which the truncation changed, and tools carry no breakpoint: nothing is read.
+    let previous_main = serde_json::to_value(&out.requests[forks[0] - 1]).unwrap();
+    assert_eq!(body["tools"], previous_main["tools"]);
+    assert_eq!(body["system"].as_array().unwrap()[1..], previous_main["system"].as_array().unwrap()[1..]);
+    assert_ne!(body["system"][0], previous_main["system"][0]);
+    assert_eq!(retried.cache_read_input_tokens, 0);
 }
 
 #[test]
@@ -246,7 +296,7 @@ fn prompt_too_long_is_surfaced_when_reactive_compact_fails() {
     let next = &out.rows[3];
     assert!(next.error.is_some(), "turn 2 starts over the window again");
     let failed: Vec<&str> = next.stages.iter().filter(|s| s.name == "reactive_compact").map(|s| s.reason.as_str()).collect();
-    assert_eq!(failed, ["compaction failed (API Error: Repeated 529 Overloaded errors); consecutive failures 0"]);
+    assert_eq!(failed, ["compaction failed (error: API Error: Repeated 529 Overloaded errors); consecutive failures 0"]);
     assert!(next.events.contains(&"prompt_too_long_surfaced".to_owned()), "{:?}", next.events);
     // Turn 2: reactive compact succeeds and the request goes through.
     assert!(fired(&out.rows[5]).iter().any(|r| r.starts_with("reactive_compact: reactive compaction")));

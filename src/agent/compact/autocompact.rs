@@ -8,8 +8,9 @@
 //!   a summary: a cache-sharing fork in lane `compact` whose messages are the main thread's with
 //!   our summary instruction merged into the last user message and the cache marker on the
 //!   second-to-last. [`finish`] takes the summary and rebuilds: boundary, summary, restored
-//!   attachments, hook results; a summary that is itself `Prompt is too long` drops the oldest
-//!   API rounds and asks again (up to 3 times).
+//!   attachments, hook results. A summary request the API refuses as too long drops the oldest
+//!   API rounds and asks again (up to 3 times); a reactive one peels the newest rounds instead
+//!   (`grouping`), and strips media after a media-size error.
 //! - **Preserves**: nothing of the old messages but what the summary and attachments carry; no
 //!   tool pair is split (the rebuild keeps none, or whole pairs for session memory).
 //! - **Invalidates**: the cached prefix from `messages[0]` (and the billing fingerprint, which is
@@ -22,9 +23,10 @@ use super::chain::Stage;
 use super::config::CompactConfig;
 use super::context::{AutoCompactTracking, ChainContext, CompactTrigger, CompactionReply, CompactionRequest, Entry, QuerySource};
 use super::counting::{Thresholds, rough_entries, token_count_with_estimation};
-use super::grouping::truncate_head_for_ptl_retry;
+use super::config::PeeledTail;
+use super::grouping::{Trimmed, peel_tail_for_ptl, truncate_head};
 use super::rebuild::{AttachmentMode, rebuild};
-use super::recovery::parse_prompt_too_long;
+use super::recovery::{is_media_size_error, parse_prompt_too_long, strip_media_to_text};
 use super::session_memory;
 
 /// Our summary instruction, appended to the last user message of the fork.
@@ -101,16 +103,29 @@ impl Stage for Autocompact {
             return report;
         }
         let pre_tokens = token_count_with_estimation(&cx.entries);
-        let request = request(cx, CompactTrigger::Auto, cx.entries.clone(), pre_tokens, 0);
+        let request = request(cx, CompactTrigger::Auto, cx.entries.clone(), pre_tokens, 0, (0, 0));
         cx.output.pending_compaction = Some(request);
         report.reason = format!("requested summary at {counted} ≥ {}", thresholds.autocompact);
         report
     }
 }
 
-/// Builds the fork request over `fork_entries` and remembers them for retries.
-pub fn request(cx: &mut ChainContext<'_>, trigger: CompactTrigger, fork_entries: Vec<Entry>, pre_tokens: u64, ptl_attempt: u32) -> CompactionRequest {
-    let mut messages: Vec<Message> = fork_entries.iter().filter(|e| e.on_wire()).map(|e| e.message.clone()).collect();
+/// Our error when the summary request stays too long after every retry (the reference's
+/// `ERROR_MESSAGE_PROMPT_TOO_LONG`, in our words).
+pub const CONVERSATION_TOO_LONG: &str = "The conversation is too long to summarize, even without its oldest rounds. \
+Go back a few messages and try again.";
+
+/// Builds the fork request over `fork_entries` and remembers them for retries. `trimmed` is
+/// (groups, rough tokens) removed from the conversation so far.
+pub fn request(
+    cx: &mut ChainContext<'_>,
+    trigger: CompactTrigger,
+    fork_entries: Vec<Entry>,
+    pre_tokens: u64,
+    ptl_attempt: u32,
+    trimmed: (usize, u64),
+) -> CompactionRequest {
+    let mut messages: Vec<Message> = fork_entries.iter().filter(|e| e.on_wire()).map(|e| e.message().clone()).collect();
     let mut instruction = SUMMARY_INSTRUCTION.to_owned();
     if let Some(custom) = &cx.inputs.custom_instructions {
         instruction.push_str("\n\nAdditional instructions:\n");
@@ -141,7 +156,16 @@ pub fn request(cx: &mut ChainContext<'_>, trigger: CompactTrigger, fork_entries:
         }
     }
     cx.output.fork_entries = fork_entries;
-    CompactionRequest { lane: "compact", trigger, messages, marker_index, pre_tokens, ptl_attempt }
+    CompactionRequest {
+        lane: "compact",
+        trigger,
+        messages,
+        marker_index,
+        pre_tokens,
+        ptl_attempt,
+        trimmed_groups: trimmed.0,
+        trimmed_tokens: trimmed.1,
+    }
 }
 
 fn after_success(cx: &mut ChainContext<'_>) {
@@ -163,37 +187,102 @@ fn report_mut<'c>(cx: &'c mut ChainContext<'_>, trigger: CompactTrigger) -> &'c 
     cx.output.reports.iter_mut().rev().find(|r| r.name == name).expect("report just ensured")
 }
 
+/// How the removed rounds are described in reports.
+fn trimmed_note(trigger: CompactTrigger, groups: usize, tokens: u64, peeled: PeeledTail) -> String {
+    match (trigger, groups) {
+        (_, 0) => String::new(),
+        (CompactTrigger::Reactive, _) => {
+            let fate = if peeled == PeeledTail::Keep { "re-appended" } else { "dropped" };
+            format!("; peeled the newest {groups} API-round groups ({tokens} rough tokens), {fate}")
+        }
+        _ => format!("; dropped the oldest {groups} API-round groups ({tokens} rough tokens)"),
+    }
+}
+
+/// A failure: the reactive path's reason code (§4.3) and a detail.
+fn failed(code: &str, detail: impl std::fmt::Display) -> String {
+    format!("{code}: {detail}")
+}
+
+/// The next fork after the API refused `request` as too long: the oldest groups dropped
+/// (proactive) or the newest peeled (reactive), or why not.
+fn retry_after_ptl(cx: &mut ChainContext<'_>, request: &CompactionRequest, error: &str) -> Result<CompactionRequest, String> {
+    let trigger = request.trigger;
+    let attempt = request.ptl_attempt + 1;
+    let max = cx.config.autocompact.max_ptl_retries;
+    if attempt > max {
+        return Err(match trigger {
+            CompactTrigger::Reactive => failed("exhausted", format_args!("still too long after {max} retries ({error})")),
+            _ => failed("exhausted", format_args!("{CONVERSATION_TOO_LONG} ({max} retries; {error})")),
+        });
+    }
+    let gap = parse_prompt_too_long(error).map(|(actual, limit)| actual.saturating_sub(limit));
+    let fork = std::mem::take(&mut cx.output.fork_entries);
+    let trimmed: Option<Trimmed> = match trigger {
+        CompactTrigger::Reactive => peel_tail_for_ptl(&fork, gap),
+        _ => {
+            let uuid = cx.state.uuid();
+            truncate_head(&fork, gap, uuid)
+        }
+    };
+    let Some(trimmed) = trimmed else {
+        return Err(failed("too_few_groups", format_args!("nothing left to drop after {} retries ({error})", request.ptl_attempt)));
+    };
+    if trigger == CompactTrigger::Reactive {
+        let mut peeled = trimmed.removed;
+        peeled.append(&mut cx.output.peeled_tail);
+        cx.output.peeled_tail = peeled;
+    }
+    let total = (request.trimmed_groups + trimmed.groups, request.trimmed_tokens + trimmed.tokens);
+    cx.event(&format!("truncation:compaction_ptl_retry:{attempt}"));
+    Ok(self::request(cx, trigger, trimmed.kept, request.pre_tokens, attempt, total))
+}
+
 /// Takes the fork's reply to `request` (see the module docs).
 pub fn finish(cx: &mut ChainContext<'_>, request: &CompactionRequest, reply: CompactionReply) -> Finish {
     let trigger = request.trigger;
     let failure = match reply {
-        CompactionReply::Summary(text) if text.starts_with("Prompt is too long") || text.starts_with("prompt is too long") => {
-            let attempt = request.ptl_attempt + 1;
-            if attempt <= cx.config.autocompact.max_ptl_retries {
-                let gap = parse_prompt_too_long(&text).map(|(actual, limit)| actual.saturating_sub(limit));
-                let uuid = cx.state.uuid();
-                let fork = std::mem::take(&mut cx.output.fork_entries);
-                if let Some(truncated) = truncate_head_for_ptl_retry(&fork, gap, uuid) {
-                    let next = self::request(cx, trigger, truncated, request.pre_tokens, attempt);
+        CompactionReply::Refused(error) if is_media_size_error(&error) => {
+            if trigger == CompactTrigger::Reactive {
+                let mut fork = std::mem::take(&mut cx.output.fork_entries);
+                if strip_media_to_text(&mut fork) > 0 {
+                    let next = self::request(cx, trigger, fork, request.pre_tokens, request.ptl_attempt, (request.trimmed_groups, request.trimmed_tokens));
                     return Finish::Retry(next);
                 }
+                failed("media_unstrippable", error)
+            } else {
+                failed("error", error)
             }
-            "conversation too long to summarize, even after dropping its oldest rounds".to_owned()
         }
-        CompactionReply::Summary(text) if text.trim().is_empty() => "summary had no text".to_owned(),
-        CompactionReply::Summary(text) if text.starts_with("API Error") => text,
-        CompactionReply::Failed(error) => error,
+        CompactionReply::Refused(text) | CompactionReply::Summary(text)
+            if text.starts_with("Prompt is too long") || text.starts_with("prompt is too long") =>
+        {
+            match retry_after_ptl(cx, request, &text) {
+                Ok(next) => return Finish::Retry(next),
+                Err(failure) => failure,
+            }
+        }
+        CompactionReply::Summary(text) if text.trim().is_empty() => failed("error", "summary had no text"),
+        CompactionReply::Summary(text) if text.starts_with("API Error") => failed("error", text),
+        CompactionReply::Failed(error) | CompactionReply::Refused(error) => failed("error", error),
         CompactionReply::Summary(text) => {
             let tokens_before = rough_entries(&cx.entries);
-            rebuild(cx, trigger, request.pre_tokens, text, Vec::new(), AttachmentMode::Full);
+            let peeled = cx.config.autocompact.reactive_peeled_tail;
+            let kept = match peeled {
+                PeeledTail::Keep => std::mem::take(&mut cx.output.peeled_tail),
+                PeeledTail::Drop => Vec::new(),
+            };
+            rebuild(cx, trigger, request.pre_tokens, text, kept, AttachmentMode::Full);
             after_success(cx);
             cx.output.fork_entries.clear();
+            cx.output.peeled_tail.clear();
             cx.event("compaction");
             let tokens_after = rough_entries(&cx.entries);
             let path = cx.wire_path(0, None);
+            let note = trimmed_note(trigger, request.trimmed_groups, request.trimmed_tokens, peeled);
             let report = report_mut(cx, trigger);
             report.fired = true;
-            report.reason = format!("{} compaction (summary after {} retries)", trigger.as_str(), request.ptl_attempt);
+            report.reason = format!("{} compaction (summary after {} retries{note})", trigger.as_str(), request.ptl_attempt);
             report.tokens_before = tokens_before;
             report.tokens_after = tokens_after;
             report.invalidated_from = Some(path);
@@ -201,9 +290,11 @@ pub fn finish(cx: &mut ChainContext<'_>, request: &CompactionRequest, reply: Com
         }
     };
     cx.output.fork_entries.clear();
+    cx.output.peeled_tail.clear();
     if trigger == CompactTrigger::Auto {
         cx.state.tracking.consecutive_failures += 1;
     }
+    cx.event(&format!("compaction_failed:{}", failure.split(':').next().unwrap_or("error")));
     let failures = cx.state.tracking.consecutive_failures;
     let report = report_mut(cx, trigger);
     report.reason = format!("compaction failed ({failure}); consecutive failures {failures}");

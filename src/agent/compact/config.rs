@@ -251,6 +251,20 @@ pub struct AutocompactConfig {
     pub synthetic_summary_tokens: u64,
     /// PTL retries of the summary request (reference `MAX_PTL_RETRIES`).
     pub max_ptl_retries: u32,
+    /// What becomes of the newest API rounds reactive compaction peeled off before summarizing
+    /// (ours; the reference is silent): `drop` (default: they are what overflowed the window,
+    /// and a full compaction keeps no messages) or `keep` (re-appended verbatim after the
+    /// summary, like preserved messages).
+    pub reactive_peeled_tail: PeeledTail,
+}
+
+/// See [`AutocompactConfig::reactive_peeled_tail`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeeledTail {
+    #[default]
+    Drop,
+    Keep,
 }
 
 impl Default for AutocompactConfig {
@@ -270,6 +284,7 @@ impl Default for AutocompactConfig {
             reactive_enabled: false,
             synthetic_summary_tokens: 2_000,
             max_ptl_retries: 3,
+            reactive_peeled_tail: PeeledTail::Drop,
         }
     }
 }

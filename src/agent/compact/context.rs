@@ -32,9 +32,13 @@ pub enum EntryKind {
 }
 
 /// One record of the conversation.
+///
+/// The message is reached through [`Entry::message`] and [`Entry::message_mut`] so that its
+/// rough token count ([`Entry::rough`]) is computed once and forgotten whenever the message
+/// may have been rewritten.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
-    pub message: Message,
+    message: Message,
     pub kind: EntryKind,
     /// Stable per-session id (the reference's uuid).
     pub uuid: u64,
@@ -46,6 +50,24 @@ pub struct Entry {
     pub usage: Option<Usage>,
     /// True for synthetic assistant records (API errors, interrupts): they never anchor counts.
     pub synthetic: bool,
+    rough: RoughMemo,
+}
+
+/// The memoized rough count of an entry's message. It is not part of the entry's value: two
+/// entries with the same message are equal whether or not either has been counted.
+#[derive(Clone, Default)]
+struct RoughMemo(std::cell::Cell<Option<u64>>);
+
+impl PartialEq for RoughMemo {
+    fn eq(&self, _: &RoughMemo) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for RoughMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("_")
+    }
 }
 
 impl Entry {
@@ -59,7 +81,33 @@ impl Entry {
             message_id: None,
             usage: None,
             synthetic: false,
+            rough: RoughMemo::default(),
         }
+    }
+
+    pub fn message(&self) -> &Message {
+        &self.message
+    }
+
+    /// The message for rewriting; forgets the memoized rough count.
+    pub fn message_mut(&mut self) -> &mut Message {
+        self.rough.0.set(None);
+        &mut self.message
+    }
+
+    pub fn into_message(self) -> Message {
+        self.message
+    }
+
+    /// `roughTokenCountEstimationForMessages` of this one message, counted once per version of
+    /// the message.
+    pub fn rough(&self) -> u64 {
+        if let Some(tokens) = self.rough.0.get() {
+            return tokens;
+        }
+        let tokens = super::counting::rough_message(&self.message);
+        self.rough.0.set(Some(tokens));
+        tokens
     }
 
     pub fn is_boundary(&self) -> bool {
@@ -236,6 +284,10 @@ pub struct CompactionRequest {
     pub pre_tokens: u64,
     /// 0 for the first request, then 1..=max_ptl_retries after prompt-too-long answers.
     pub ptl_attempt: u32,
+    /// API-round groups removed from the fork's input so far (the oldest for a proactive
+    /// compaction, the newest for a reactive one), and their rough tokens.
+    pub trimmed_groups: usize,
+    pub trimmed_tokens: u64,
 }
 
 /// What the caller got back for a [`CompactionRequest`].
@@ -245,6 +297,9 @@ pub enum CompactionReply {
     Summary(String),
     /// The request failed (API error, no text).
     Failed(String),
+    /// The simulated API refused the request before sampling (`prompt is too long: N tokens > M
+    /// maximum`, or a media-size error); the text is the API's error.
+    Refused(String),
 }
 
 /// Per-request output of the chain.
@@ -269,6 +324,9 @@ pub struct ChainOutput {
     pub context_management: Option<Value>,
     /// The fork's input records behind `pending_compaction` (for prompt-too-long retries).
     pub fork_entries: Vec<Entry>,
+    /// The newest API rounds a reactive compaction peeled off the fork's input, in order
+    /// (dropped or re-appended after the summary: `autocompact.reactive_peeled_tail`).
+    pub peeled_tail: Vec<Entry>,
 }
 
 /// Everything one run of the chain needs. Owned conversation, borrowed world and state.
@@ -318,7 +376,7 @@ impl<'a> ChainContext<'a> {
 
     /// The messages as they go on the wire (boundaries dropped).
     pub fn wire_messages(&self) -> Vec<Message> {
-        self.entries.iter().filter(|e| e.on_wire()).map(|e| e.message.clone()).collect()
+        self.entries.iter().filter(|e| e.on_wire()).map(|e| e.message().clone()).collect()
     }
 
     /// Tool names by tool_use_id, from the assistant records (ordered map: no hash order leaks).

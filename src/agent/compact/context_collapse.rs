@@ -41,7 +41,7 @@ pub struct ContextCollapse;
 fn digest(entries: &[Entry], max_chars: usize) -> String {
     let mut text = format!("[Collapsed {} earlier messages. Digest:]\n", entries.len());
     'outer: for entry in entries {
-        let parts: Vec<String> = match &entry.message.content {
+        let parts: Vec<String> = match &entry.message().content {
             MessageContent::Text(t) => vec![t.clone()],
             MessageContent::Blocks(blocks) => blocks
                 .iter()
@@ -97,7 +97,7 @@ fn commit_until(cx: &mut ChainContext<'_>, mut keep_going: impl FnMut(u64) -> bo
     let mut collapsed = Entry::new(Message::user_text(text), uuid, ts);
     collapsed.is_meta = true;
     collapsed.kind = EntryKind::Collapsed { span: (first_uuid, last_uuid) };
-    let tokens_after = super::counting::rough_message(&collapsed.message);
+    let tokens_after = collapsed.rough();
     cx.entries.splice(range.clone(), [collapsed]);
     cx.state.collapse.commits.push(CollapseCommit { first_uuid, last_uuid, messages, tokens_before: span_tokens, tokens_after });
     (1, Some(range.start))

@@ -46,7 +46,7 @@ pub fn rough_message(message: &Message) -> u64 {
 
 /// `roughTokenCountEstimationForMessages` over the records that reach the wire.
 pub fn rough_entries(entries: &[Entry]) -> u64 {
-    entries.iter().filter(|e| e.on_wire()).map(|e| rough_message(&e.message)).sum()
+    entries.iter().filter(|e| e.on_wire()).map(Entry::rough).sum()
 }
 
 /// `getTokenCountFromUsage`.
@@ -97,9 +97,9 @@ pub fn estimate_message_tokens(entries: &[Entry]) -> u64 {
     let raw: u64 = entries
         .iter()
         .filter(|e| e.on_wire())
-        .map(|e| match &e.message.content {
+        .map(|e| match &e.message().content {
             MessageContent::Text(_) => 0,
-            MessageContent::Blocks(blocks) => blocks.iter().map(rough_block).sum(),
+            MessageContent::Blocks(_) => e.rough(),
         })
         .sum();
     (raw * 4).div_ceil(3)

@@ -121,7 +121,7 @@ pub fn time_based(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<Stage
     let mut cleared = 0usize;
     let mut saved = 0u64;
     for (i, entry) in cx.entries.iter_mut().enumerate() {
-        let MessageContent::Blocks(blocks) = &mut entry.message.content else { continue };
+        let MessageContent::Blocks(blocks) = &mut entry.message_mut().content else { continue };
         for (b, block) in blocks.iter_mut().enumerate() {
             let ContentBlock::ToolResult { tool_use_id, content, .. } = block else { continue };
             if !clear.contains(tool_use_id) {

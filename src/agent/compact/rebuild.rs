@@ -103,7 +103,7 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64) -> Vec<Entry> {
             ("file", format!("Contents of {} as last read, restored after compaction:\n{contents}", file.path))
         };
         let entry = attachment(cx, kind, text, ts);
-        let cost = rough(&serde_json::to_string(&entry.message).unwrap_or_default());
+        let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
         if total + cost <= budget.files_token_budget {
             total += cost;
             out.push(entry);

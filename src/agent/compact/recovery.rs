@@ -15,7 +15,8 @@ use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
 use super::autocompact;
 use super::context::{ChainContext, CompactTrigger, CompactionRequest, Entry};
 use super::context_collapse;
-use super::counting::token_count_with_estimation;
+use super::counting::{rough_entries, token_count_with_estimation};
+use super::grouping::peel_tail_for_ptl;
 
 /// The API's error text for an over-long prompt.
 pub fn prompt_too_long_message(actual: u64, limit: u64) -> String {
@@ -205,17 +206,88 @@ pub enum RecoveryAction {
     Surface { error: String },
 }
 
-fn reactive(cx: &mut ChainContext<'_>, state: &mut RecoveryState, error: &str) -> RecoveryAction {
-    if cx.config.autocompact.reactive_enabled && !cx.config.autocompact.compact_disabled && !state.has_attempted_reactive_compact {
-        state.has_attempted_reactive_compact = true;
-        state.last_transition = Some(Transition::ReactiveCompactRetry);
-        let pre = token_count_with_estimation(&cx.entries);
-        let entries: Vec<Entry> = cx.entries.clone();
-        let request = autocompact::request(cx, CompactTrigger::Reactive, entries, pre, 0);
-        cx.output.pending_compaction = Some(request.clone());
-        return RecoveryAction::ReactiveCompact(request);
+/// `stripImagesFromMessages` over a fork's input: every image and document (top level or in a
+/// tool_result) becomes the text `[image]` / `[document]`. Returns how many were replaced.
+pub fn strip_media_to_text(entries: &mut [Entry]) -> usize {
+    fn placeholder(kind: &str) -> ContentBlock {
+        ContentBlock::text(if kind == "document" { "[document]" } else { "[image]" })
     }
+    fn strip(block: &mut ContentBlock, count: &mut usize) {
+        match block {
+            ContentBlock::Image(_) | ContentBlock::Document(_) => {
+                *count += 1;
+                *block = placeholder(block.kind());
+            }
+            ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => {
+                blocks.iter_mut().for_each(|b| strip(b, count));
+            }
+            ContentBlock::Other(Value::Object(map)) => {
+                for item in map.get_mut("content").and_then(Value::as_array_mut).into_iter().flatten() {
+                    if let Some(kind @ ("image" | "document")) = item.get("type").and_then(Value::as_str) {
+                        let text = if kind == "document" { "[document]" } else { "[image]" };
+                        *item = serde_json::json!({"type": "text", "text": text});
+                        *count += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut count = 0;
+    for entry in entries.iter_mut() {
+        let mut found = 0;
+        if let MessageContent::Blocks(blocks) = &entry.message().content {
+            blocks.iter().for_each(|b| visit_media(b, &mut |_| found += 1));
+        }
+        if found == 0 {
+            continue;
+        }
+        if let MessageContent::Blocks(blocks) = &mut entry.message_mut().content {
+            blocks.iter_mut().for_each(|b| strip(b, &mut count));
+        }
+    }
+    count
+}
+
+/// A reactive compaction that could not start: its report and the surfaced error.
+fn reactive_failed(cx: &mut ChainContext<'_>, code: &str, detail: &str, error: &str) -> RecoveryAction {
+    let tokens = rough_entries(&cx.entries);
+    let mut report = super::chain::skipped("reactive_compact", "", tokens);
+    report.reason = format!("compaction failed ({code}: {detail}); consecutive failures {}", cx.state.tracking.consecutive_failures);
+    cx.output.reports.push(report);
+    cx.event(&format!("compaction_failed:{code}"));
     RecoveryAction::Surface { error: error.to_owned() }
+}
+
+/// `tryReactiveCompact` (§1.4 step 2, §4.3): once per turn. The fork's input is the
+/// conversation with the newest API-round groups peeled off until they cover the error's token
+/// gap (what overflowed), or, after a media-size error, with its media replaced by text.
+fn reactive(cx: &mut ChainContext<'_>, state: &mut RecoveryState, error: &str) -> RecoveryAction {
+    if !cx.config.autocompact.reactive_enabled || cx.config.autocompact.compact_disabled || state.has_attempted_reactive_compact {
+        return RecoveryAction::Surface { error: error.to_owned() };
+    }
+    state.has_attempted_reactive_compact = true;
+    state.last_transition = Some(Transition::ReactiveCompactRetry);
+    let pre = token_count_with_estimation(&cx.entries);
+    let mut fork: Vec<Entry> = cx.entries.clone();
+    let mut trimmed = (0, 0);
+    if is_media_size_error(error) {
+        if strip_media_to_text(&mut fork) == 0 {
+            return reactive_failed(cx, "media_unstrippable", "no image or document to strip", error);
+        }
+    } else {
+        let gap = parse_prompt_too_long(error).map(|(actual, limit)| actual.saturating_sub(limit));
+        let Some(peel) = peel_tail_for_ptl(&fork, gap) else {
+            return reactive_failed(cx, "too_few_groups", "a single API round cannot be peeled", error);
+        };
+        trimmed = (peel.groups, peel.tokens);
+        fork = peel.kept;
+        cx.output.peeled_tail = peel.removed;
+        cx.event(&format!("truncation:reactive_peel:{}", peel.groups));
+    }
+    let request = autocompact::request(cx, CompactTrigger::Reactive, fork, pre, 0, trimmed);
+    cx.output.pending_compaction = Some(request.clone());
+    RecoveryAction::ReactiveCompact(request)
 }
 
 /// The prompt-too-long ladder.

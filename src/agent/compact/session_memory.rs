@@ -111,7 +111,7 @@ pub fn finish_extraction(cx: &mut ChainContext<'_>, notes: &str) {
 
 /// `hasTextBlocks`.
 fn has_text(entry: &Entry) -> bool {
-    match &entry.message.content {
+    match &entry.message().content {
         MessageContent::Text(t) => !entry.is_assistant() && !t.is_empty(),
         MessageContent::Blocks(blocks) => blocks.iter().any(|b| matches!(b, ContentBlock::Text { .. })),
     }

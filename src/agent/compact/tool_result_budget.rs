@@ -166,7 +166,7 @@ fn candidate_groups(cx: &ChainContext<'_>) -> Vec<Vec<Candidate>> {
         if !entry.on_wire() {
             continue;
         }
-        if entry.message.role == Role::Assistant {
+        if entry.message().role == Role::Assistant {
             let new_id = match &entry.message_id {
                 Some(id) => seen_message_ids.insert(id.as_str()),
                 None => true,
@@ -269,7 +269,7 @@ impl Stage for ToolResultBudget {
             }
         }
         for (entry, block, text) in apply {
-            if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message.content {
+            if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content {
                 if let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
                     *content = Some(ToolResultContent::Text(text));
                 }
