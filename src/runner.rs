@@ -296,31 +296,51 @@ impl ModelCalls for MeasuredCalls<'_> {
     }
 
     fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let served = self.measurer.serve(&request).map_err(|e| e.to_string())?;
-        let mut input = MeasureInput::new(lane, world.clock.now_ms(), &request);
-        input.turn = self.turn;
-        input.events = events;
-        // The API refuses before sampling, as it does on the main lane.
-        let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
-        let answer = match refusal {
-            Some(error) => {
-                input.rejected = Some(error.clone());
-                ForkAnswer::Refused(error)
-            }
-            None => {
-                let reply = world.model.next_reply(lane).unwrap_or(fallback);
-                input.output_tokens = reply.output_tokens;
-                input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
-                ForkAnswer::Answered(reply)
-            }
-        };
-        self.rows.push(self.measurer.measure_served(input, served).map_err(|e| e.to_string())?);
+        let (answer, row) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
+        self.rows.push(row);
         self.requests.push(request);
-        if let ForkAnswer::Answered(reply) = &answer {
-            world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
-        }
         Ok(answer)
     }
+}
+
+/// Measures a fork of the conversation (compaction, session memory) on `lane` as the simulated
+/// API answers it: refused when it does not fit `window` or carries an oversized image (an
+/// error row, no reply used, the clock stays), else answered by the lane's next scripted reply
+/// or `fallback`, the clock moved on by its latency.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn measure_fork(
+    measurer: &mut Measurer,
+    lane: &str,
+    request: &Request,
+    events: Vec<String>,
+    window: u64,
+    fallback: Reply,
+    world: &mut World,
+    turn: u32,
+) -> Result<(ForkAnswer, RequestMetrics), String> {
+    let served = measurer.serve(request).map_err(|e| e.to_string())?;
+    let mut input = MeasureInput::new(lane, world.clock.now_ms(), request);
+    input.turn = turn;
+    input.events = events;
+    // The API refuses before sampling, as it does on the main lane.
+    let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+    let answer = match refusal {
+        Some(error) => {
+            input.rejected = Some(error.clone());
+            ForkAnswer::Refused(error)
+        }
+        None => {
+            let reply = world.model.next_reply(lane).unwrap_or(fallback);
+            input.output_tokens = reply.output_tokens;
+            input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
+            ForkAnswer::Answered(reply)
+        }
+    };
+    let row = measurer.measure_served(input, served).map_err(|e| e.to_string())?;
+    if let ForkAnswer::Answered(reply) = &answer {
+        world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+    }
+    Ok((answer, row))
 }
 
 /// Measures the side calls (compaction and session-memory forks, memory selection) in order,

@@ -16,11 +16,11 @@
 use serde::Serialize;
 
 use crate::agent::compact::Chain;
-use crate::agent::session::{ModelCalls, Session, SideCall};
+use crate::agent::session::{ForkAnswer, ModelCalls, Session, SideCall};
 use crate::api::{ContentBlock, MessageContent, Request, Role, StopReason, Usage};
 use crate::measure::{MeasureInput, Measurer, RequestMetrics, Summary};
 use crate::recording::format::{Event, EventKind, Header, ModelReply, Recording, SystemEvent, TimeAdvance, ToolResult, UserPrompt};
-use crate::runner::{absolute, apply_world_step};
+use crate::runner::{absolute, apply_world_step, measure_fork};
 use crate::scenario::{Scenario, Step};
 use crate::strategy::Strategy;
 use crate::world::{Fallback, ScriptedModel, Synthesis};
@@ -179,6 +179,12 @@ impl ModelCalls for Live<'_> {
     fn side(&mut self, calls: Vec<SideCall>, world: &mut World) -> Result<(), String> {
         Live::side(self, calls, world)
     }
+
+    fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
+        let (answer, row) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
+        self.calls.push(LiveCall { row, actual: None });
+        Ok(answer)
+    }
 }
 
 /// Runs `scenario` live against `api`.
@@ -214,10 +220,8 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                         live.events.push(Event::new(EventKind::SystemEvent(SystemEvent { subtype: "turn_cut".to_owned(), payload: serde_json::json!({"calls": call}) }), world.clock.now_ms()));
                         break;
                     }
-                    let mut side_calls = Vec::new();
-                    let chain_run = agent.run_chain(&chain, &mut world, &mut side_calls);
+                    let chain_run = agent.run_chain(&chain, &mut world, &mut live).map_err(|e| script_err(i, e))?;
                     pending_events.extend(chain_run.events.iter().cloned());
-                    live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
                     if chain_run.blocked.is_some() {
                         break;
                     }
@@ -247,9 +251,7 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                     let side_calls = agent.take_side_calls();
                     live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
                     agent.note_usage(usage, message_id.unwrap_or_default(), world.clock.now_ms());
-                    let mut side_calls = Vec::new();
-                    agent.extract_session_memory(&mut world, &mut side_calls);
-                    live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
+                    agent.extract_session_memory(&mut world, &mut live).map_err(|e| script_err(i, e))?;
                     if !calls_tools || reply.stop_reason != StopReason::ToolUse {
                         break;
                     }
