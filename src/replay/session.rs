@@ -860,12 +860,19 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         // a compaction every recorded message is new, so any read there does).
         let recorded_read = call.usage.cache_read_input_tokens;
         let has = |e: &str| call_events.iter().any(|x| x == e);
-        let revealed = (recorded_read > 0
+        let shows_level = recorded_read > 0
             && state.prev_recorded_cached.is_some_and(|prev| recorded_read + super::breaks::BREAK_MIN_DROP <= prev)
             && (has("compaction") || recorded_read <= sizes.prefix_tokens + sizes.context_tokens)
-            && recorded_read != sizes.prefix_tokens
-            && REVEALING_EVENTS.iter().any(|e| has(e)))
-        .then_some(recorded_read);
+            && REVEALING_EVENTS.iter().any(|e| has(e));
+        // A read at the level in force confirms it (a fitted per-version level can be exact).
+        if shows_level
+            && recorded_read == sizes.prefix_tokens
+            && group == LANE_MAIN
+            && let Some(main) = &mut unrecorded_main
+        {
+            main.prefix_from_record = true;
+        }
+        let revealed = (shows_level && recorded_read != sizes.prefix_tokens).then_some(recorded_read);
         let base = revealed.map(|_| messages.clone());
         // The side request after the previous turn, sent when that turn ended: an entry through
         // its last reply; when the client re-renders the previous prompt, the entry that counts
