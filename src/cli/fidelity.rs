@@ -2,7 +2,7 @@ use anyhow::Context;
 
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::{
-    ReplayOptions, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session, user_context_sample,
+    ReplayOptions, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session, user_context_sample, prefix_sample,
     replay_session, write_fidelity_plots,
 };
 use crate::report::output::write_atomic;
@@ -19,23 +19,25 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     if let Some(out) = &args.fit {
         let mut samples = std::collections::BTreeMap::new();
         let mut user_contexts = Vec::new();
+        let mut prefixes = Vec::new();
         for session in &sessions {
             // No prior from the shipped calibration: what is fitted here must come from these
             // transcripts alone.
-            let blank = Calibration { user_context_tokens: None, ..Calibration::shipped() };
+            let blank = Calibration { user_context_tokens: None, prefix_tokens: Default::default(), ..Calibration::shipped() };
             let mut measurer = Measurer::new(table.clone(), TokenCounter::with_calibration(EstimatorKind::Bpe, blank)).without_body_hashes();
             let replay = replay_session(session, &mut measurer, &options);
             for (family, s) in fit_samples(&replay, &table) {
                 samples.entry(family).or_insert_with(Vec::new).extend(s);
             }
             user_contexts.extend(user_context_sample(&replay));
+            prefixes.extend(prefix_sample(&replay));
         }
         let names: Vec<String> = args
             .transcripts
             .iter()
             .map(|p| p.file_name().map_or(p.display().to_string(), |n| n.to_string_lossy().into_owned()))
             .collect();
-        let calibration = fit_calibration(&samples, &user_contexts, &format!("fitted by `ctxsim fidelity --fit` on {}", names.join(", ")));
+        let calibration = fit_calibration(&samples, &user_contexts, &prefixes, &format!("fitted by `ctxsim fidelity --fit` on {}", names.join(", ")));
         let text = serde_json::to_string_pretty(&calibration)? + "\n";
         write_atomic(out, text.as_bytes()).with_context(|| format!("failed to write {}", out.display()))?;
     }

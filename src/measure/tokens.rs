@@ -76,6 +76,11 @@ pub struct Calibration {
     /// the fitted sessions. A replay takes it where a transcript cannot show it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_context_tokens: Option<u64>,
+    /// Also fitted with them: per Claude Code version, the tools + system prefix level the
+    /// record of the fitted sessions showed (the median where several show one). A replay of a
+    /// segment whose first call cannot show it takes it from here (nearest version).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prefix_tokens: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -313,18 +313,37 @@ pub fn user_context_sample(replay: &SessionReplay) -> Option<u64> {
     Some(main.first_call_tokens.saturating_sub(main.prefix_tokens))
 }
 
-/// Fits the calibrated estimator on samples from several sessions, with the median of their
-/// user-context sizes.
-pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], source: &str) -> Calibration {
-    let pooled: Vec<FitSample> = samples.values().flatten().copied().collect();
-    let default = solve(&pooled).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
-    let families = samples.iter().filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
-    let mut sorted = user_contexts.to_vec();
+/// The prefix level (tools + system) the record of a session showed, with the Claude Code
+/// version of its first main-lane call: the level last in force, when a warm first call or a
+/// later re-render showed it (head-truncated segments included: the level does not depend on
+/// where the transcript starts).
+pub fn prefix_sample(replay: &SessionReplay) -> Option<(String, u64)> {
+    let main = replay.unrecorded_main.filter(|m| m.prefix_from_record)?;
+    let version = replay.calls.iter().find(|c| c.compared() && c.lane == crate::recording::format::LANE_MAIN)?.version.clone()?;
+    Some((version, main.prefix_tokens))
+}
+
+fn median(values: &[u64]) -> Option<u64> {
+    let mut sorted = values.to_vec();
     sorted.sort_unstable();
-    let user_context_tokens = match sorted.len() {
+    match sorted.len() {
         0 => None,
         n if n % 2 == 1 => Some(sorted[n / 2]),
         n => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
-    };
-    Calibration { source: source.to_owned(), default, families, user_context_tokens }
+    }
+}
+
+/// Fits the calibrated estimator on samples from several sessions, with the median of their
+/// user-context sizes and, per Claude Code version, of the prefix levels they showed.
+pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], prefixes: &[(String, u64)], source: &str) -> Calibration {
+    let pooled: Vec<FitSample> = samples.values().flatten().copied().collect();
+    let default = solve(&pooled).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
+    let families = samples.iter().filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
+    let user_context_tokens = median(user_contexts);
+    let mut by_version: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (version, tokens) in prefixes {
+        by_version.entry(version.clone()).or_default().push(*tokens);
+    }
+    let prefix_tokens = by_version.into_iter().filter_map(|(v, t)| median(&t).map(|m| (v, m))).collect();
+    Calibration { source: source.to_owned(), default, families, user_context_tokens, prefix_tokens }
 }

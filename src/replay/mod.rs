@@ -20,7 +20,7 @@ pub mod working_set;
 
 pub use breaks::{BreakRow, find_breaks};
 pub use fidelity::{
-    CallComparison, FidelityReport, FitSample, fidelity_calls_table, fidelity_for_session, fidelity_table, fit_calibration, fit_samples, user_context_sample,
+    CallComparison, FidelityReport, FitSample, fidelity_calls_table, fidelity_for_session, fidelity_table, fit_calibration, fit_samples, prefix_sample, user_context_sample,
 };
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use profile::{ClientProfile, parse_version};

@@ -66,6 +66,16 @@ pub fn measured_prefix_tokens_2_1_88() -> u64 {
     ((sections + tools) / 4) as u64
 }
 
+/// The prefix level of `version` in a fitted per-version profile (`Calibration::prefix_tokens`):
+/// that version's, else the nearest version's (same major and minor first, then the closest
+/// patch; a tie goes to the older). The level is sizes only; it differs between setups of one
+/// version too (MCP tools), so a replay uses it only where its own record shows none.
+pub fn fitted_prefix_tokens(profile: &std::collections::BTreeMap<String, u64>, version: &str) -> Option<u64> {
+    let want = parse_version(version);
+    let distance = |v: (u32, u32, u32)| (want.0.abs_diff(v.0), want.1.abs_diff(v.1), want.2.abs_diff(v.2), v);
+    profile.iter().min_by_key(|(v, _)| distance(parse_version(v))).map(|(_, &tokens)| tokens)
+}
+
 impl ClientProfile {
     pub fn for_version(version: &str) -> ClientProfile {
         let v = parse_version(version);
@@ -102,6 +112,17 @@ mod tests {
         assert!(ClientProfile::for_version("2.1.37").rerender_typed_prompts);
         assert!(!ClientProfile::for_version("2.1.14").rerender_typed_prompts);
         assert!(ClientProfile::for_version("2.1.170").post_turn_side_entry);
+    }
+
+    #[test]
+    fn fitted_prefix_falls_back_to_the_nearest_version() {
+        let profile: std::collections::BTreeMap<String, u64> =
+            [("2.0.76", 33_865), ("2.1.7", 34_260), ("2.1.37", 16_589), ("2.1.39", 17_842)].map(|(v, t)| (v.to_owned(), t)).into();
+        assert_eq!(fitted_prefix_tokens(&profile, "2.0.76"), Some(33_865));
+        assert_eq!(fitted_prefix_tokens(&profile, "2.1.14"), Some(34_260));
+        assert_eq!(fitted_prefix_tokens(&profile, "2.1.38"), Some(16_589));
+        assert_eq!(fitted_prefix_tokens(&profile, "2.0.70"), Some(33_865));
+        assert_eq!(fitted_prefix_tokens(&Default::default(), "2.1.14"), None);
     }
 
     #[test]

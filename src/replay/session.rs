@@ -44,7 +44,7 @@ use crate::recording::{
     read_recording,
 };
 
-use super::profile::ClientProfile;
+use super::profile::{ClientProfile, fitted_prefix_tokens};
 use super::turns::{TurnState, current_prompt_index, salt_message};
 use super::working_set::WorkingSet;
 
@@ -237,6 +237,13 @@ struct LaneState {
     hidden_saved: u64,
     /// A compaction dropped the unrecorded history of a mid-conversation segment.
     compacted: bool,
+    /// The unrecorded part changed by an amount the transcript does not give (a compaction of a
+    /// head-truncated segment, a microcompact of history older than the transcript): the next
+    /// compared call's recorded total sizes the user context of the new segment.
+    anchor_pending: bool,
+    /// The user context (with any older history) of the current segment, as its first call
+    /// showed it.
+    segment_context: Option<u64>,
     peer: crate::agent::compact::peers::PeerState,
     /// Turn-level client behaviour (main lane only).
     turns: TurnState,
@@ -468,6 +475,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
     let events = &session.recording.events;
     let cwd = session.recording.header.cwd.as_deref();
     let user_context_prior = measurer.counter().calibration().user_context_tokens.unwrap_or(0);
+    let fitted_prefixes = measurer.counter().calibration().prefix_tokens.clone();
     let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
     // Estimated thinking of replies whose text was not stored, keyed by signature.
@@ -552,6 +560,8 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     };
                     state.cleared.clear();
                     state.compacted = true;
+                    state.segment_context = None;
+                    state.anchor_pending = true;
                 }
                 EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
                     call_events.push("microcompact".into());
@@ -565,6 +575,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     let saved = sys.payload.get("microcompactMetadata").and_then(|m| m.get("tokensSaved")).and_then(Value::as_u64).unwrap_or(0);
                     if !ids.is_empty() {
                         state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
+                    }
+                    if hidden > 0 {
+                        state.anchor_pending = true;
                     }
                     if options.recorded_microcompact {
                         for id in ids {
@@ -789,7 +802,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 // user context + the first prompt, and the user context is the fitted prior.
                 unrecorded_tokens.saturating_sub(user_context_prior)
             } else {
-                profile.cold_prefix_tokens.min(unrecorded_tokens)
+                // A cold start that cannot show its prefix: the fitted level of this version
+                // (or the nearest) for the main thread, else the measured 2.1.88 size.
+                let fitted = if group == LANE_MAIN { fitted_prefix_tokens(&fitted_prefixes, call.version.as_deref().unwrap_or("")) } else { None };
+                fitted.unwrap_or(profile.cold_prefix_tokens).min(unrecorded_tokens)
             };
             let sizes = GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix };
             groups.insert(group.clone(), sizes);
@@ -803,8 +819,32 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 }
             }
         }
+        // The first call of a segment whose unrecorded part changed by an unknown amount: its
+        // recorded total less the prefix level (its read when it read the prefix, a warm start
+        // on what was cached before the segment; else the level in force) and its messages is
+        // the segment's user context. Only the record of this one call is used.
+        let mut anchored_call_context = None;
+        if std::mem::take(&mut state.anchor_pending) && truncated && call.lane == LANE_MAIN {
+            let mut bare = Request::new(call.model.clone(), 32_000);
+            bare.messages = messages.clone();
+            if let Ok(mut flat) = measurer.flatten(&bare) {
+                shape_flat(&bare, &mut flat, strips_thinking, false);
+                let read = call.usage.cache_read_input_tokens;
+                let total = call.usage.prompt_tokens();
+                let level = if read > 0 && read + flat.total_tokens <= total { read } else { groups[&group].prefix_tokens };
+                state.segment_context = Some(total.saturating_sub(level + flat.total_tokens));
+                // This call itself is measured with the prefix in force (a read that shows a
+                // new level resizes the prefix after it), so its own total agrees too.
+                anchored_call_context = Some(total.saturating_sub(groups[&group].prefix_tokens + flat.total_tokens));
+                call_events.push("segment_anchor".into());
+            }
+        }
         let sizes_now = |g: GroupSizes| {
             let mut sizes = g;
+            if let Some(context) = state.segment_context {
+                sizes.context_tokens = context;
+                return sizes;
+            }
             sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
             if state.compacted && truncated {
                 // The history older than the transcript is gone; what stays is the user context.
@@ -812,17 +852,27 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
             sizes
         };
-        let sizes = sizes_now(groups[&group]);
+        let mut sizes = sizes_now(groups[&group]);
+        if let Some(context) = anchored_call_context {
+            sizes.context_tokens = context;
+        }
         // A read that fell into the unrecorded part at a re-render shows the prefix level (after
         // a compaction every recorded message is new, so any read there does).
         let recorded_read = call.usage.cache_read_input_tokens;
         let has = |e: &str| call_events.iter().any(|x| x == e);
-        let revealed = (recorded_read > 0
+        let shows_level = recorded_read > 0
             && state.prev_recorded_cached.is_some_and(|prev| recorded_read + super::breaks::BREAK_MIN_DROP <= prev)
             && (has("compaction") || recorded_read <= sizes.prefix_tokens + sizes.context_tokens)
-            && recorded_read != sizes.prefix_tokens
-            && REVEALING_EVENTS.iter().any(|e| has(e)))
-        .then_some(recorded_read);
+            && REVEALING_EVENTS.iter().any(|e| has(e));
+        // A read at the level in force confirms it (a fitted per-version level can be exact).
+        if shows_level
+            && recorded_read == sizes.prefix_tokens
+            && group == LANE_MAIN
+            && let Some(main) = &mut unrecorded_main
+        {
+            main.prefix_from_record = true;
+        }
+        let revealed = (shows_level && recorded_read != sizes.prefix_tokens).then_some(recorded_read);
         let base = revealed.map(|_| messages.clone());
         // The side request after the previous turn, sent when that turn ended: an entry through
         // its last reply; when the client re-renders the previous prompt, the entry that counts
