@@ -16,7 +16,8 @@
 use serde::Serialize;
 
 use crate::agent::compact::Chain;
-use crate::agent::session::{ModelCalls, Session, SideCall};
+use crate::agent::compact::recovery::{simulated_api_error, simulated_media_error};
+use crate::agent::session::{ForkAnswer, ModelCalls, Session, SideCall};
 use crate::api::{ContentBlock, MessageContent, Request, Role, StopReason, Usage};
 use crate::measure::{MeasureInput, Measurer, RequestMetrics, Summary};
 use crate::recording::format::{Event, EventKind, Header, ModelReply, Recording, SystemEvent, TimeAdvance, ToolResult, UserPrompt};
@@ -179,6 +180,34 @@ impl ModelCalls for Live<'_> {
     fn side(&mut self, calls: Vec<SideCall>, world: &mut World) -> Result<(), String> {
         Live::side(self, calls, world)
     }
+
+    /// Chain forks stay simulated: measured here, refused like the runner's, answered by the
+    /// lane's script or `fallback`.
+    fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
+        let served = self.measurer.serve(&request).map_err(|e| e.to_string())?;
+        let mut input = MeasureInput::new(lane, world.clock.now_ms(), &request);
+        input.turn = self.turn;
+        input.events = events;
+        let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+        let answer = match refusal {
+            Some(error) => {
+                input.rejected = Some(error.clone());
+                ForkAnswer::Refused(error)
+            }
+            None => {
+                let reply = world.model.next_reply(lane).unwrap_or(fallback);
+                input.output_tokens = reply.output_tokens;
+                input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
+                ForkAnswer::Answered(reply)
+            }
+        };
+        let row = self.measurer.measure_served(input, served).map_err(|e| e.to_string())?;
+        self.calls.push(LiveCall { row, actual: None });
+        if let ForkAnswer::Answered(reply) = &answer {
+            world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+        }
+        Ok(answer)
+    }
 }
 
 /// Runs `scenario` live against `api`.
@@ -214,10 +243,12 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                         live.events.push(Event::new(EventKind::SystemEvent(SystemEvent { subtype: "turn_cut".to_owned(), payload: serde_json::json!({"calls": call}) }), world.clock.now_ms()));
                         break;
                     }
-                    let mut side_calls = Vec::new();
-                    let chain_run = agent.run_chain(&chain, &mut world, &mut side_calls);
+                    let chain_run = agent.run_chain(&chain, &mut world, &mut live);
+                    if let Some(error) = live.api_error.take() {
+                        return Err(api_err(error));
+                    }
+                    let chain_run = chain_run.map_err(|e| script_err(i, e))?;
                     pending_events.extend(chain_run.events.iter().cloned());
-                    live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
                     if chain_run.blocked.is_some() {
                         break;
                     }
@@ -247,9 +278,11 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                     let side_calls = agent.take_side_calls();
                     live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
                     agent.note_usage(usage, message_id.unwrap_or_default(), world.clock.now_ms());
-                    let mut side_calls = Vec::new();
-                    agent.extract_session_memory(&mut world, &mut side_calls);
-                    live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
+                    let extracted = agent.extract_session_memory(&mut world, &mut live);
+                    if let Some(error) = live.api_error.take() {
+                        return Err(api_err(error));
+                    }
+                    extracted.map_err(|e| script_err(i, e))?;
                     if !calls_tools || reply.stop_reason != StopReason::ToolUse {
                         break;
                     }
