@@ -296,31 +296,49 @@ impl ModelCalls for MeasuredCalls<'_> {
     }
 
     fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let served = self.measurer.serve(&request).map_err(|e| e.to_string())?;
-        let mut input = MeasureInput::new(lane, world.clock.now_ms(), &request);
-        input.turn = self.turn;
-        input.events = events;
-        // The API refuses before sampling, as it does on the main lane.
-        let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
-        let answer = match refusal {
-            Some(error) => {
-                input.rejected = Some(error.clone());
-                ForkAnswer::Refused(error)
-            }
-            None => {
-                let reply = world.model.next_reply(lane).unwrap_or(fallback);
-                input.output_tokens = reply.output_tokens;
-                input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
-                ForkAnswer::Answered(reply)
-            }
-        };
-        self.rows.push(self.measurer.measure_served(input, served).map_err(|e| e.to_string())?);
+        let (row, answer) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
+        self.rows.push(row);
         self.requests.push(request);
-        if let ForkAnswer::Answered(reply) = &answer {
-            world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
-        }
         Ok(answer)
     }
+}
+
+/// A chain fork measured in simulation: the API refuses it before sampling as it does on the
+/// main lane (an error row, the clock stays), else the lane's next scripted reply or `fallback`
+/// answers it and the clock moves on by its latency. Shared by the runner and `live`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn measure_fork(
+    measurer: &mut Measurer,
+    lane: &str,
+    request: &Request,
+    events: Vec<String>,
+    window: u64,
+    fallback: Reply,
+    world: &mut World,
+    turn: u32,
+) -> Result<(RequestMetrics, ForkAnswer), String> {
+    let served = measurer.serve(request).map_err(|e| e.to_string())?;
+    let mut input = MeasureInput::new(lane, world.clock.now_ms(), request);
+    input.turn = turn;
+    input.events = events;
+    let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+    let answer = match refusal {
+        Some(error) => {
+            input.rejected = Some(error.clone());
+            ForkAnswer::Refused(error)
+        }
+        None => {
+            let reply = world.model.next_reply(lane).unwrap_or(fallback);
+            input.output_tokens = reply.output_tokens;
+            input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
+            ForkAnswer::Answered(reply)
+        }
+    };
+    let row = measurer.measure_served(input, served).map_err(|e| e.to_string())?;
+    if let ForkAnswer::Answered(reply) = &answer {
+        world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
+    }
+    Ok((row, answer))
 }
 
 /// Measures the side calls (compaction and session-memory forks, memory selection) in order,

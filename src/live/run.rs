@@ -16,7 +16,6 @@
 use serde::Serialize;
 
 use crate::agent::compact::Chain;
-use crate::agent::compact::recovery::{simulated_api_error, simulated_media_error};
 use crate::agent::session::{ForkAnswer, ModelCalls, Session, SideCall};
 use crate::api::{ContentBlock, MessageContent, Request, Role, StopReason, Usage};
 use crate::measure::{MeasureInput, Measurer, RequestMetrics, Summary};
@@ -181,31 +180,10 @@ impl ModelCalls for Live<'_> {
         Live::side(self, calls, world)
     }
 
-    /// Chain forks stay simulated: measured here, refused like the runner's, answered by the
-    /// lane's script or `fallback`.
+    /// Chain forks stay simulated (`runner::measure_fork`).
     fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let served = self.measurer.serve(&request).map_err(|e| e.to_string())?;
-        let mut input = MeasureInput::new(lane, world.clock.now_ms(), &request);
-        input.turn = self.turn;
-        input.events = events;
-        let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
-        let answer = match refusal {
-            Some(error) => {
-                input.rejected = Some(error.clone());
-                ForkAnswer::Refused(error)
-            }
-            None => {
-                let reply = world.model.next_reply(lane).unwrap_or(fallback);
-                input.output_tokens = reply.output_tokens;
-                input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
-                ForkAnswer::Answered(reply)
-            }
-        };
-        let row = self.measurer.measure_served(input, served).map_err(|e| e.to_string())?;
+        let (row, answer) = crate::runner::measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
         self.calls.push(LiveCall { row, actual: None });
-        if let ForkAnswer::Answered(reply) = &answer {
-            world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
-        }
         Ok(answer)
     }
 }
