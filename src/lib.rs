@@ -6,6 +6,7 @@ pub mod analyze;
 pub mod api;
 pub mod cli;
 pub mod live;
+pub mod shape;
 pub mod measure;
 pub mod recording;
 pub mod replay;

@@ -296,17 +296,16 @@ impl ModelCalls for MeasuredCalls<'_> {
     }
 
     fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let (answer, row) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
+        let (row, answer) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
         self.rows.push(row);
         self.requests.push(request);
         Ok(answer)
     }
 }
 
-/// Measures a fork of the conversation (compaction, session memory) on `lane` as the simulated
-/// API answers it: refused when it does not fit `window` or carries an oversized image (an
-/// error row, no reply used, the clock stays), else answered by the lane's next scripted reply
-/// or `fallback`, the clock moved on by its latency.
+/// A chain fork measured in simulation: the API refuses it before sampling as it does on the
+/// main lane (an error row, the clock stays), else the lane's next scripted reply or `fallback`
+/// answers it and the clock moves on by its latency. Shared by the runner and `live`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn measure_fork(
     measurer: &mut Measurer,
@@ -317,12 +316,11 @@ pub(crate) fn measure_fork(
     fallback: Reply,
     world: &mut World,
     turn: u32,
-) -> Result<(ForkAnswer, RequestMetrics), String> {
+) -> Result<(RequestMetrics, ForkAnswer), String> {
     let served = measurer.serve(request).map_err(|e| e.to_string())?;
     let mut input = MeasureInput::new(lane, world.clock.now_ms(), request);
     input.turn = turn;
     input.events = events;
-    // The API refuses before sampling, as it does on the main lane.
     let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
     let answer = match refusal {
         Some(error) => {
@@ -340,7 +338,7 @@ pub(crate) fn measure_fork(
     if let ForkAnswer::Answered(reply) = &answer {
         world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
     }
-    Ok((answer, row))
+    Ok((row, answer))
 }
 
 /// Measures the side calls (compaction and session-memory forks, memory selection) in order,

@@ -200,7 +200,9 @@ impl Loader<'_> {
             && let Some(patterns) = frontmatter.as_deref().and_then(frontmatter_paths)
         {
             if let Some(matcher) = build_matcher(&patterns) {
-                let content = strip_block_comments(body).trim().to_owned();
+                // Sent as read, trailing newline included (the real client's nested_memory
+                // reminder ends `pure.\n\n</system-reminder>`).
+                let content = strip_block_comments(body).trim_start().to_owned();
                 self.conditional.push(ConditionalRule { path, kind, base: base.to_owned(), patterns, content, matcher });
             }
             return;

@@ -110,7 +110,14 @@ fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<C
     for message in messages.iter_mut() {
         if let MessageContent::Blocks(blocks) = &mut message.content {
             for block in blocks.iter_mut() {
-                block.set_cache_control(None);
+                // Normalized tool_results are raw values (client key order): their marker is a
+                // key. Left in place, the compaction fork carried two message markers where the
+                // real client sends one (real-client conformance test).
+                if !block.set_cache_control(None)
+                    && let ContentBlock::Other(serde_json::Value::Object(map)) = block
+                {
+                    map.remove("cache_control");
+                }
             }
         }
     }

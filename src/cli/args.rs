@@ -41,6 +41,8 @@ pub enum Command {
     Serve(super::serve::ServeArgs),
     /// The agent against the real Messages API (`ANTHROPIC_API_KEY`); records; compares estimate with actual.
     Live(super::live::LiveArgs),
+    /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
+    DiffRequests(super::diff_requests::DiffRequestsArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

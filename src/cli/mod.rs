@@ -3,6 +3,7 @@ mod analyze;
 mod args;
 mod check;
 mod compare;
+mod diff_requests;
 mod common;
 mod fidelity;
 mod import;
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Sweep(a) => sweep::run(a),
         args::Command::Serve(a) => serve::run(a),
         args::Command::Live(a) => live::run(a),
+        args::Command::DiffRequests(a) => diff_requests::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

@@ -20,7 +20,7 @@ use crate::agent::session::{ForkAnswer, ModelCalls, Session, SideCall};
 use crate::api::{ContentBlock, MessageContent, Request, Role, StopReason, Usage};
 use crate::measure::{MeasureInput, Measurer, RequestMetrics, Summary};
 use crate::recording::format::{Event, EventKind, Header, ModelReply, Recording, SystemEvent, TimeAdvance, ToolResult, UserPrompt};
-use crate::runner::{absolute, apply_world_step, measure_fork};
+use crate::runner::{absolute, apply_world_step};
 use crate::scenario::{Scenario, Step};
 use crate::strategy::Strategy;
 use crate::world::{Fallback, ScriptedModel, Synthesis};
@@ -180,8 +180,9 @@ impl ModelCalls for Live<'_> {
         Live::side(self, calls, world)
     }
 
+    /// Chain forks stay simulated (`runner::measure_fork`).
     fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let (answer, row) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
+        let (row, answer) = crate::runner::measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
         self.calls.push(LiveCall { row, actual: None });
         Ok(answer)
     }
@@ -220,7 +221,11 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                         live.events.push(Event::new(EventKind::SystemEvent(SystemEvent { subtype: "turn_cut".to_owned(), payload: serde_json::json!({"calls": call}) }), world.clock.now_ms()));
                         break;
                     }
-                    let chain_run = agent.run_chain(&chain, &mut world, &mut live).map_err(|e| script_err(i, e))?;
+                    let chain_run = agent.run_chain(&chain, &mut world, &mut live);
+                    if let Some(error) = live.api_error.take() {
+                        return Err(api_err(error));
+                    }
+                    let chain_run = chain_run.map_err(|e| script_err(i, e))?;
                     pending_events.extend(chain_run.events.iter().cloned());
                     if chain_run.blocked.is_some() {
                         break;
@@ -251,7 +256,11 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                     let side_calls = agent.take_side_calls();
                     live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
                     agent.note_usage(usage, message_id.unwrap_or_default(), world.clock.now_ms());
-                    agent.extract_session_memory(&mut world, &mut live).map_err(|e| script_err(i, e))?;
+                    let extracted = agent.extract_session_memory(&mut world, &mut live);
+                    if let Some(error) = live.api_error.take() {
+                        return Err(api_err(error));
+                    }
+                    extracted.map_err(|e| script_err(i, e))?;
                     if !calls_tools || reply.stop_reason != StopReason::ToolUse {
                         break;
                     }

@@ -66,3 +66,70 @@ fn real_client_compacts_when_the_served_usage_says_the_context_is_full() {
     // After it, the conversation starts over from the summary.
     assert!(log[2]["body"]["messages"].as_array().unwrap().len() < log[1]["body"]["messages"].as_array().unwrap().len());
 }
+
+// ---- Conformance: our agent's requests against the real client's, structurally ----------------
+
+use ctxsim::shape::{Difference, RequestShape, Tolerance, diff, read_file, shapes_of};
+
+/// Our agent on the scenario that reproduces a real-client session (tests/conformance/*.yaml).
+fn our_shapes(scenario: &str) -> Vec<RequestShape> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance").join(scenario);
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    let out = crate::support::run_yaml(&yaml);
+    let lanes = crate::support::lanes(&out).into_iter().map(str::to_owned);
+    shapes_of(&lanes.zip(out.requests.iter().cloned()).collect::<Vec<_>>())
+}
+
+/// Compares our agent's requests with the real client's shapes (the committed fixture, and the
+/// real client run now where it is installed). Every difference must be an accepted one (a path
+/// prefix and its reason), and every accepted one must still occur, so the list stays true.
+fn check_conformance(name: &str, script: &str, prompt: &str, scenario: &str, accepted: &[(&str, &str)]) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fixture = read_file(&repo.join("tests/conformance").join(scenario.replace(".yaml", ".real-shapes.json"))).unwrap();
+    let mut references = vec![("fixture", fixture)];
+    if let Some((_, log)) = check_real_client(name, script, prompt) {
+        let live: Vec<(String, Value)> = log.iter().map(|l| (l["lane"].as_str().unwrap().to_owned(), l["body"].clone())).collect();
+        let live = ctxsim::shape::shapes(live.iter().map(|(lane, body)| (lane.as_str(), body.clone())));
+        // The fixture is still what the client sends.
+        assert_eq!(diff(&references[0].1, &live, Tolerance { fraction: 0.02, slack: 64 }), Vec::<Difference>::new());
+        references.push(("real client", live));
+    }
+    let ours = our_shapes(scenario);
+    for (what, reference) in &references {
+        let differences = diff(reference, &ours, Tolerance::default());
+        // An accepted path is a prefix of the difference's path, or of `#{request} {path}`.
+        let matches = |d: &Difference, p: &str| d.path.starts_with(p) || format!("#{} {}", d.request, d.path).starts_with(p);
+        let unexplained: Vec<String> = differences.iter().filter(|d| !accepted.iter().any(|(p, _)| matches(d, p))).map(ToString::to_string).collect();
+        assert!(unexplained.is_empty(), "{scenario} vs {what}: structural differences:\n{}", unexplained.join("\n"));
+        for (path, reason) in accepted {
+            assert!(differences.iter().any(|d| matches(d, path)), "{scenario}: accepted difference `{path}` ({reason}) no longer occurs: drop it");
+        }
+    }
+}
+
+#[test]
+fn our_agent_sends_the_real_clients_requests_in_a_multi_tool_session() {
+    check_conformance(
+        "multi-conform",
+        "multi-tool.json",
+        "Add a mul function to calc.py",
+        "multi-tool.yaml",
+        &[("messages[0].content[0].chars", "skill listing: our bundled skills' descriptions are shorter than the 2.1.88 ones (989 vs 471 chars); not yet profiled")],
+    );
+}
+
+#[test]
+fn our_agent_sends_the_real_clients_requests_around_a_compaction() {
+    check_conformance(
+        "compact-conform",
+        "compact.json",
+        "What is in calc.py?",
+        "compact.yaml",
+        &[
+            ("messages[0].content[0].chars", "skill listing: our descriptions are shorter (not yet profiled)"),
+            ("#1 messages[2].content[1].chars", "compaction fork: our summary instruction is ~0.5k chars, the client's ~5.6k (not yet profiled)"),
+            ("#2 messages.len", "post-compact: the client restores the read file as its own string message first (Called/Result of calling the Read tool); we restore it after the summary in one message"),
+            ("#2 messages[0].", "post-compact: same restoration difference (our messages[0] is the claudeMd/summary message)"),
+        ],
+    );
+}

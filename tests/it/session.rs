@@ -84,12 +84,13 @@ fn session_plain_read_has_reference_structure() {
         let last = value["messages"].as_array().unwrap().last().unwrap();
         assert!(last["content"].as_array().unwrap().last().unwrap().get("cache_control").is_some());
     }
-    // The tool_result keeps the reference's key order and the cat -n numbering.
+    // The tool_result keeps the reference's key order and the 2.1.88 numbering (`{n}\t`, no
+    // padding, as the real client's request log shows).
     let value = json(&output.requests[1]);
     let result = &value["messages"][3]["content"][0];
     let keys: Vec<&str> = result.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["tool_use_id", "type", "content", "cache_control"]);
-    assert!(result["content"].as_str().unwrap().starts_with("     1\tfn main() {\n"));
+    assert!(result["content"].as_str().unwrap().starts_with("1\tfn main() {\n2\t"));
     // The first request's prompt is a marked block; in the second it is still a block (merged).
     assert_eq!(output.requests[1].messages[2].role, Role::Assistant);
 }

@@ -1,0 +1,52 @@
+//! `ctxsim diff-requests A B`: two request sequences compared structurally (src/shape.rs).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::shape::{Tolerance, diff, read_file, render};
+
+#[derive(Debug, Args)]
+pub struct DiffRequestsArgs {
+    /// Left input: a request log (`analyze` format) or a shapes file.
+    pub left: PathBuf,
+    /// Right input, the same kinds.
+    pub right: PathBuf,
+    /// Size tolerance as a fraction of the larger size.
+    #[arg(long, default_value_t = 0.25)]
+    pub tolerance: f64,
+    /// Size differences up to this many characters always agree.
+    #[arg(long, default_value_t = 64)]
+    pub slack: usize,
+    /// Print both renderings before the differences.
+    #[arg(long)]
+    pub show: bool,
+    /// Write the left input's shapes (no texts) as JSON, e.g. as a test fixture.
+    #[arg(long)]
+    pub shapes_out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: super::args::Format,
+}
+
+pub fn run(args: DiffRequestsArgs) -> anyhow::Result<i32> {
+    let left = read_file(&args.left).map_err(anyhow::Error::msg)?;
+    let right = read_file(&args.right).map_err(anyhow::Error::msg)?;
+    if let Some(path) = &args.shapes_out {
+        let mut text = serde_json::to_string_pretty(&left)?;
+        text.push('\n');
+        crate::report::output::write_atomic(path, text.as_bytes())?;
+    }
+    let differences = diff(&left, &right, Tolerance { fraction: args.tolerance, slack: args.slack });
+    if args.show {
+        println!("== {}\n{}== {}\n{}", args.left.display(), render(&left), args.right.display(), render(&right));
+    }
+    if matches!(args.format, super::args::Format::Json) {
+        println!("{}", serde_json::to_string_pretty(&differences)?);
+    } else {
+        for d in &differences {
+            println!("{d}");
+        }
+        println!("{} requests vs {}: {} structural differences", left.len(), right.len(), differences.len());
+    }
+    Ok(if differences.is_empty() { super::exit::OK } else { super::exit::CHECK_FAILED })
+}
