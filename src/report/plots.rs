@@ -422,8 +422,14 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Res
     root.fill(&WHITE).map_err(e)?;
     let ((x0, x1), (y0, y1)) = ranges(chart);
     let y_area = if chart.y_categories.is_empty() { 70 } else { 150 };
+    // The caption shrinks until it fits the width (a long session name cut it off at 24 px).
+    let width = root.dim_in_pixel().0.saturating_sub(40);
+    let caption_size = [24u32, 22, 20, 18, 16, 14]
+        .into_iter()
+        .find(|&size| root.estimate_text_size(&chart.title, &TextStyle::from(("sans-serif", size).into_font())).is_ok_and(|(w, _)| w <= width))
+        .unwrap_or(14);
     let mut cc = ChartBuilder::on(root)
-        .caption(&chart.title, ("sans-serif", 24))
+        .caption(&chart.title, ("sans-serif", caption_size))
         .margin(14)
         .x_label_area_size(46)
         .y_label_area_size(y_area)
