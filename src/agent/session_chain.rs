@@ -15,7 +15,7 @@ use crate::agent::compact::chain::summary_reply;
 use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill, ReadFile};
 use crate::agent::compact::generator::synthetic_summary;
 use crate::agent::compact::{Chain, ChainStep, CompactionReply, Entry, EntryKind, ModelLimits, QuerySource};
-use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
+use crate::agent::compact::autocompact::summary_instruction;
 use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, is_media_size_error, on_media_too_large, on_prompt_too_long, strip_oversized_media};
 use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
 use crate::agent::normalize::Record;
@@ -389,11 +389,7 @@ impl Session {
     /// now, the summary instruction appended to the last user message, the marker moved to the
     /// second-to-last message.
     pub fn compaction_fork(&mut self, world: &World, custom_instructions: Option<&str>) -> Request {
-        let mut instruction = SUMMARY_INSTRUCTION.to_owned();
-        if let Some(custom) = custom_instructions {
-            instruction.push_str("\n\nAdditional instructions:\n");
-            instruction.push_str(custom);
-        }
+        let instruction = summary_instruction(custom_instructions);
         self.fork_request(world, instruction, ForkMarker::SecondToLast, "compact")
     }
 

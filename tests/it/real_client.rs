@@ -127,7 +127,6 @@ fn our_agent_sends_the_real_clients_requests_around_a_compaction() {
         "compact.yaml",
         &[
             ("messages[0].content[0].chars", "skill listing: our descriptions are shorter (not yet profiled)"),
-            ("#1 messages[2].content[1].chars", "compaction fork: our summary instruction is ~0.5k chars, the client's ~5.6k (not yet profiled)"),
             ("#2 messages.len", "post-compact: the client restores the read file as its own string message first (Called/Result of calling the Read tool); we restore it after the summary in one message"),
             ("#2 messages[0].", "post-compact: same restoration difference (our messages[0] is the claudeMd/summary message)"),
         ],
