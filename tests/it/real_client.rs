@@ -126,8 +126,7 @@ fn our_agent_sends_the_real_clients_requests_around_a_compaction() {
         "What is in calc.py?",
         "compact.yaml",
         &[
-            ("#2 messages.len", "post-compact: the client restores the read file as its own string message first (Called/Result of calling the Read tool); we restore it after the summary in one message"),
-            ("#2 messages[0].", "post-compact: same restoration difference (our messages[0] is the claudeMd/summary message)"),
+            ("#2 messages[1].content", "post-compact: the client also restores the path-scoped rule .claude/rules/python.md as a second Read call and result (its nested-memory load enters readFileState); we restore only what the Read tool read"),
         ],
     );
 }

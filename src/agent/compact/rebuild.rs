@@ -5,7 +5,7 @@
 //!
 //! All text here is ours; the marker strings and budgets are the reference's.
 
-use crate::api::Message;
+use crate::api::{ContentBlock, Message};
 
 use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
 use super::counting::{rough, token_count_with_estimation};
@@ -78,6 +78,21 @@ fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> E
     entry
 }
 
+/// A restored file as the client sends it: the Read call and the Read result (numbered lines
+/// and the read caution), each a `<system-reminder>`.
+fn restored_file(cx: &mut ChainContext<'_>, path: &str, contents: &str, ts: u64) -> Entry {
+    let uuid = cx.state.uuid();
+    let input = serde_json::json!({ "file_path": path });
+    let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
+    let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
+    let caution = crate::agent::tools::exec::READ_CAUTION;
+    let result = format!("<system-reminder>\nResult of calling the Read tool:\n{numbered}\n{caution}\n</system-reminder>");
+    let mut entry = Entry::new(Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]), uuid, ts);
+    entry.is_meta = true;
+    entry.kind = EntryKind::Attachment { kind: "file".to_owned() };
+    entry
+}
+
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
 /// replaced by a reference when over the per-file limit, then kept while the running total
 /// fits the overall budget (skip, not stop).
@@ -100,9 +115,9 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64) -> Vec<Entry> {
                 format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path),
             )
         } else {
-            ("file", format!("Contents of {} as last read, restored after compaction:\n{contents}", file.path))
+            ("file", String::new())
         };
-        let entry = attachment(cx, kind, text, ts);
+        let entry = if kind == "file" { restored_file(cx, &file.path, &contents, ts) } else { attachment(cx, kind, text, ts) };
         let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
         if total + cost <= budget.files_token_budget {
             total += cost;
