@@ -53,19 +53,26 @@ pub fn format_compact_summary(text: &str) -> String {
     out.trim().to_owned()
 }
 
-/// The user message that carries the summary (our wording).
-pub fn summary_message_text(summary: &str, recent_preserved: bool) -> String {
+/// The user message that carries the summary (our wording; the reference's parts: opening,
+/// summary, the transcript's path when known, the preserved-messages note, the continuation).
+pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: Option<&str>) -> String {
     let mut text = format!(
         "This session continues an earlier conversation that outgrew the context window. \
          What happened before is condensed below.\n\n{}",
         format_compact_summary(summary)
     );
+    if let Some(path) = transcript {
+        text.push_str(&format!(
+            "\n\nThe complete transcript of the earlier conversation, every message and tool result verbatim, is saved \
+             at {path}; read it when you need something the summary leaves out, such as exact code, error output or wording."
+        ));
+    }
     if recent_preserved {
         text.push_str("\n\nThe most recent messages follow unchanged after this summary.");
     }
     text.push_str(
-        "\n\nPick the work up where it stopped. Do not ask the user anything first and do not restate \
-         the summary; continue with the next step.",
+        "\n\nPick the work up where it stopped and carry on with the last task as if nothing had interrupted it. \
+         Do not ask the user anything first, do not mention the summary and do not restate it; continue with the next step.",
     );
     text
 }
@@ -173,7 +180,7 @@ pub fn rebuild(
     };
     let mut boundary = Entry::new(Message::user_text("Conversation compacted"), boundary_uuid, ts);
     boundary.kind = EntryKind::CompactBoundary { trigger, pre_tokens, logical_parent, preserved };
-    let mut summary_entry = Entry::new(Message::user_text(summary_message_text(&summary, !kept.is_empty())), summary_uuid, ts);
+    let mut summary_entry = Entry::new(Message::user_text(summary_message_text(&summary, !kept.is_empty(), Some(&format!("{}.jsonl", cx.state.session_dir)))), summary_uuid, ts);
     summary_entry.kind = EntryKind::Summary;
     let mut out = vec![boundary, summary_entry];
     out.extend(kept.into_iter().filter(|e| !e.is_boundary()));
