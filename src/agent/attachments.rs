@@ -5,7 +5,7 @@
 //! Wrapper shapes (`<system-reminder>`, `Contents of {path}:`, `{hookName} hook additional
 //! context:`, `### Skill: {name}`) are the reference's; every sentence is our own writing.
 
-use crate::api::ContentBlock;
+use crate::api::{ContentBlock, MessageContent};
 
 /// `<system-reminder>\n{x}\n</system-reminder>` (37 characters of overhead).
 pub fn system_reminder(text: &str) -> String {
@@ -60,6 +60,11 @@ pub enum Attachment {
     DateChange { date: String },
     TodoReminder { todos: Vec<Todo> },
     InvokedSkills { skills: Vec<InvokedSkill> },
+    /// An attachment a compaction rebuilt (restored file, plan, invoked skills, deltas), as the
+    /// messages it becomes on the wire: a restored file is the Read call (a string message) and
+    /// its result; the others one message.
+    /// `call` is that string message, `texts` the blocks of the (other) message.
+    PostCompact { call: Option<String>, texts: Vec<String> },
 }
 
 impl Attachment {
@@ -80,12 +85,28 @@ impl Attachment {
             Attachment::DateChange { .. } => "date_change",
             Attachment::TodoReminder { .. } => "todo_reminder",
             Attachment::InvokedSkills { .. } => "invoked_skills",
+            Attachment::PostCompact { .. } => "post_compact",
         }
     }
 
     /// The text blocks this attachment becomes (each a `<system-reminder>`).
     pub fn render(&self) -> Vec<ContentBlock> {
-        vec![ContentBlock::text(system_reminder(&self.text()))]
+        match self {
+            Attachment::PostCompact { call, texts } => call.iter().chain(texts).map(|t| ContentBlock::text(t.clone())).collect(),
+            _ => vec![ContentBlock::text(system_reminder(&self.text()))],
+        }
+    }
+
+    /// The messages a post-compact attachment of several messages becomes (`None` for every
+    /// other attachment: one message, [`Self::render`]).
+    pub fn split_messages(&self) -> Option<Vec<MessageContent>> {
+        match self {
+            Attachment::PostCompact { call: Some(call), texts } => Some(vec![
+                MessageContent::Text(call.clone()),
+                MessageContent::Blocks(texts.iter().map(|t| ContentBlock::text(t.clone())).collect()),
+            ]),
+            _ => None,
+        }
     }
 
     /// The text inside the `<system-reminder>` wrapper.
@@ -149,6 +170,7 @@ impl Attachment {
                 }
                 text
             }
+            Attachment::PostCompact { call, texts } => call.iter().chain(texts).cloned().collect::<Vec<_>>().join("\n"),
             Attachment::InvokedSkills { skills } => {
                 let parts: Vec<String> =
                     skills.iter().map(|s| format!("### Skill: {}\nPath: {}\n\n{}", s.name, s.path, s.content)).collect();

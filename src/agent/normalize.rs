@@ -91,6 +91,19 @@ pub fn normalize(records: &[Record], options: NormalizeOptions) -> Vec<Message> 
                 let blocks: Vec<ContentBlock> = content.iter().map(normalize_tool_input).collect();
                 out.push(Message::assistant_blocks(blocks));
             }
+            Record::Attachment { attachment, .. } if attachment.split_messages().is_some() => {
+                let messages = attachment.split_messages().unwrap_or_default();
+                // Several messages (a restored file's Read call, then its result): merged into a
+                // user message before them, or else sent as they are, the call a string message.
+                match out.last_mut() {
+                    Some(last) if last.role == Role::User => {
+                        for content in &messages {
+                            merge_attachment(last, content.to_blocks(), options);
+                        }
+                    }
+                    _ => out.extend(messages.into_iter().map(|content| Message { role: Role::User, content, extra: Map::new() })),
+                }
+            }
             Record::Attachment { attachment, in_loop } => {
                 let blocks = attachment.render();
                 match out.last_mut() {

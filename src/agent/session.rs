@@ -897,6 +897,11 @@ impl Session {
                 for (path, content) in nested_memory_for(&world.fs, &options, &discovery, &target, &mut self.loaded_nested) {
                     let input = json!({"file_path": path, "memory_type": "Project", "load_reason": "nested_traversal", "trigger_file_path": target});
                     self.hooks(world, "InstructionsLoaded", "nested_traversal", input);
+                    // An injected file enters the read state (layers-1-5 §5: so a compaction can
+                    // restore it, and a later change to it is announced).
+                    if let Ok(entry) = world.fs.entry(&path) {
+                        self.read_state.insert(path.clone(), entry.mtime_ms);
+                    }
                     out.push(Attachment::NestedMemory { path, content });
                 }
             }

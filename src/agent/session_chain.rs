@@ -15,9 +15,10 @@ use crate::agent::compact::chain::summary_reply;
 use crate::agent::compact::context::{CompactInputs, InvokedSkill as CompactSkill, ReadFile};
 use crate::agent::compact::generator::synthetic_summary;
 use crate::agent::compact::{Chain, ChainStep, CompactionReply, Entry, EntryKind, ModelLimits, QuerySource};
-use crate::agent::compact::autocompact::SUMMARY_INSTRUCTION;
+use crate::agent::compact::autocompact::summary_instruction;
 use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, is_media_size_error, on_media_too_large, on_prompt_too_long, strip_oversized_media};
 use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
+use crate::agent::attachments::Attachment;
 use crate::agent::normalize::Record;
 use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, Usage};
 use crate::measure::StageReport;
@@ -94,6 +95,16 @@ fn entries_to_records(entries: Vec<Entry>, originals: &BTreeMap<u64, Record>) ->
         }
         let record = match (&entry.kind, originals.get(&entry.uuid)) {
             (EntryKind::Attachment { .. }, Some(original @ Record::Attachment { .. })) => original.clone(),
+            // An attachment the compaction rebuilt: it bubbles like any attachment (§5.9), a
+            // restored file as its Read call (a string message) and its result.
+            (EntryKind::Attachment { kind }, None) => {
+                let mut texts: Vec<String> = entry.message().content.to_blocks().into_iter().filter_map(|b| match b {
+                    ContentBlock::Text { text, .. } => Some(text),
+                    _ => None,
+                }).collect();
+                let call = (kind == "file" && texts.len() == 2).then(|| texts.remove(0));
+                Record::Attachment { attachment: Attachment::PostCompact { call, texts }, in_loop: false }
+            }
             _ => match entry.message().role {
                 Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
                 Role::User => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
@@ -389,11 +400,7 @@ impl Session {
     /// now, the summary instruction appended to the last user message, the marker moved to the
     /// second-to-last message.
     pub fn compaction_fork(&mut self, world: &World, custom_instructions: Option<&str>) -> Request {
-        let mut instruction = SUMMARY_INSTRUCTION.to_owned();
-        if let Some(custom) = custom_instructions {
-            instruction.push_str("\n\nAdditional instructions:\n");
-            instruction.push_str(custom);
-        }
+        let instruction = summary_instruction(custom_instructions);
         self.fork_request(world, instruction, ForkMarker::SecondToLast, "compact")
     }
 

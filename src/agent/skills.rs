@@ -85,13 +85,26 @@ impl Skill {
     }
 }
 
-/// The bundled skills of 2.1.88 by name, in listing order, with our own descriptions.
+/// The bundled skills of 2.1.88 by name, in listing order, with our own descriptions, sized so
+/// that the listing is the client's size (989 characters with its reminder wrapper).
 pub fn bundled_skills() -> Vec<Skill> {
     [
-        ("update-config", "Change Claude Code settings (permissions, hooks, env) in settings.json files."),
-        ("simplify", "Review recently changed code for reuse, quality and efficiency, then fix what it finds."),
-        ("loop", "Run a prompt or command again and again on an interval until stopped."),
-        ("claude-api", "Build programs on the Claude API or Anthropic SDKs, including agents and tool use."),
+        (
+            "update-config",
+            "Change how Claude Code is set up through its settings.json files: permissions, hooks, environment variables and more. Use it when the user wants something to happen automatically, or asks to allow, deny or configure a behaviour.",
+        ),
+        (
+            "simplify",
+            "Look over the code that was changed recently for duplicated logic, needless complexity and wasted work, then fix the problems it finds. Use it after a feature is finished, or when the user asks for a cleanup pass.",
+        ),
+        (
+            "loop",
+            "Run a prompt or slash command again and again on a fixed interval (ten minutes by default) until it is stopped. Use it to poll for a status, keep an eye on a long job, or repeat a check.",
+        ),
+        (
+            "claude-api",
+            "Write programs against the Claude API or the Anthropic SDKs: messages, streaming, tool use, agents and prompt caching. Use it when the code imports an Anthropic SDK or the user asks to build an app on Claude.",
+        ),
     ]
     .into_iter()
     .map(|(name, description)| Skill {

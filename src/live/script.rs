@@ -24,8 +24,8 @@ use crate::api::{ContentBlock, Message, MessageContent, Request, Role, StopReaso
 use crate::scenario::raw::BlockSpec;
 
 /// The real client's compaction instruction contains the first; ours
-/// (`agent::compact::autocompact::SUMMARY_INSTRUCTION`) the second.
-const DEFAULT_COMPACT_MARKERS: &[&str] = &["create a detailed summary of the conversation", "write a handover summary of this conversation"];
+/// (`agent::compact::autocompact::SUMMARY_MARKER`) the second.
+const DEFAULT_COMPACT_MARKERS: &[&str] = &["create a detailed summary of the conversation", crate::agent::compact::autocompact::SUMMARY_MARKER];
 const DEFAULT_SIDE_TEXT: &str = "Noted.";
 const DEFAULT_SUMMARY_TEXT: &str = "<summary>\nThe user asked for changes to the project; the work so far is done and checked. Nothing is pending.\n</summary>";
 const DEFAULT_TEXT: &str = "The script has no more replies, so this is where the conversation ends.";

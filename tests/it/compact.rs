@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ctxsim::agent::compact::autocompact::SUMMARY_INSTRUCTION;
+use ctxsim::agent::compact::autocompact::{SUMMARY_MARKER, summary_instruction};
 use ctxsim::agent::compact::context::{InvokedSkill, ReadFile};
 use ctxsim::agent::compact::counting::{Thresholds, rough_entries, token_count_with_estimation};
 use ctxsim::agent::compact::chain::orphans;
@@ -162,7 +162,7 @@ fn compact_autocompact_fires_at_exactly_167000() {
     assert_eq!(request.pre_tokens, 167_000);
     // Ends with an assistant message, so the instruction is a new user message after it.
     let last = request.messages.last().unwrap();
-    assert!(matches!(&last.content, MessageContent::Text(t) if t == SUMMARY_INSTRUCTION));
+    assert!(matches!(&last.content, MessageContent::Text(t) if *t == summary_instruction(None)));
     assert_eq!(request.marker_index, Some(request.messages.len() - 2));
     // blocking_limit has not run yet: the chain stopped at autocompact.
     assert!(cx.output.reports.iter().all(|r| r.name != "blocking_limit"));
@@ -188,7 +188,7 @@ fn compact_summary_instruction_merges_into_a_trailing_user_message() {
     let mut cx = w.cx(entries);
     let ChainStep::Compact(request) = Chain::new().run(&mut cx) else { panic!() };
     let MessageContent::Text(t) = &request.messages.last().unwrap().content else { panic!() };
-    assert_eq!(t, &format!("next please\n{SUMMARY_INSTRUCTION}"));
+    assert_eq!(t, &format!("next please\n{}", summary_instruction(None)));
     // The marker sits on the last assistant message (second-to-last).
     let marked = &request.messages[request.marker_index.unwrap()];
     let MessageContent::Blocks(blocks) = &marked.content else { panic!() };
@@ -757,4 +757,25 @@ proptest! {
             prop_assert_eq!(cut.groups, group_by_api_round(&cut.removed).len());
         }
     }
+}
+
+#[test]
+fn compact_summary_instruction_has_the_reference_structure_and_size() {
+    let plain = summary_instruction(None);
+    // 2.1.88's is 5,581 characters in tests/conformance/compact.real-shapes.json.
+    assert_eq!(plain.chars().count(), 5_534);
+    assert!(plain.contains(SUMMARY_MARKER));
+    let sections = ["Primary Request and Intent", "Key Technical Concepts", "Files and Code Sections", "Errors and fixes", "Problem Solving", "All user messages", "Pending Tasks", "Current Work", "Optional Next Step"];
+    let mut at = 0;
+    for (i, name) in sections.iter().enumerate() {
+        let found = plain[at..].find(&format!("{}. {name}:", i + 1)).unwrap_or_else(|| panic!("section {name}"));
+        at += found;
+    }
+    assert!(plain.find("<analysis>").unwrap() < plain.find("<summary>").unwrap());
+    assert!(plain.starts_with("IMPORTANT: answer in plain text only") && plain.contains("\n\nREMINDER: no tool calls."));
+    assert!(!plain.contains("Additional Instructions:"));
+    let custom = summary_instruction(Some("Focus on the tests."));
+    let (body, trailer) = custom.split_once("\n\nREMINDER").unwrap();
+    assert!(body.ends_with("\n\nAdditional Instructions:\nFocus on the tests."), "{body}");
+    assert!(trailer.starts_with(": no tool calls."));
 }

@@ -114,7 +114,7 @@ fn our_agent_sends_the_real_clients_requests_in_a_multi_tool_session() {
         "multi-tool.json",
         "Add a mul function to calc.py",
         "multi-tool.yaml",
-        &[("messages[0].content[0].chars", "skill listing: our bundled skills' descriptions are shorter than the 2.1.88 ones (989 vs 471 chars); not yet profiled")],
+        &[],
     );
 }
 
@@ -125,11 +125,6 @@ fn our_agent_sends_the_real_clients_requests_around_a_compaction() {
         "compact.json",
         "What is in calc.py?",
         "compact.yaml",
-        &[
-            ("messages[0].content[0].chars", "skill listing: our descriptions are shorter (not yet profiled)"),
-            ("#1 messages[2].content[1].chars", "compaction fork: our summary instruction is ~0.5k chars, the client's ~5.6k (not yet profiled)"),
-            ("#2 messages.len", "post-compact: the client restores the read file as its own string message first (Called/Result of calling the Read tool); we restore it after the summary in one message"),
-            ("#2 messages[0].", "post-compact: same restoration difference (our messages[0] is the claudeMd/summary message)"),
-        ],
+        &[],
     );
 }

@@ -29,12 +29,124 @@ use super::rebuild::{AttachmentMode, rebuild};
 use super::recovery::{is_media_size_error, parse_prompt_too_long, strip_media_to_text};
 use super::session_memory;
 
-/// Our summary instruction, appended to the last user message of the fork.
-pub const SUMMARY_INSTRUCTION: &str = "Stop here and write a handover summary of this conversation instead of continuing it. \
-Do not call any tools. First think it through inside <analysis> tags, then give the summary inside <summary> tags with \
-these parts: what the user asked for and why; key technical ideas; files and code touched, with the important snippets; \
-errors met and how they were fixed; problems solved; every message the user wrote, briefly; open tasks; exactly what was \
-being worked on last; and the next step, if one is clearly implied.";
+/// What marks a request as our compaction fork (`live::script` classifies lanes by it).
+pub const SUMMARY_MARKER: &str = "write a handover summary of this conversation";
+
+/// The summary instruction's no-tools preamble (§5.6; our words, the 2.1.88 sizes).
+const SUMMARY_PREAMBLE: &str = r#"IMPORTANT: answer in plain text only and do not use any tool. Every tool is off for this turn: a tool call would be refused, and this is your single chance to reply, so the whole reply must be the written summary described below.
+
+"#;
+
+/// The base template: the `<analysis>` scratchpad, the nine sections, the output layout.
+const SUMMARY_BASE: &str = r#"Your job now is to write a handover summary of this conversation so far, and a thorough one. Pay close attention to what the user explicitly asked for and to everything you did in response. Another session will pick the work up from your summary alone, without the conversation, so it has to carry every technical detail, code pattern and design decision that the work depends on.
+
+Before the summary, think inside <analysis> tags and make sure nothing is missed. In that analysis:
+
+1. Go through the conversation from its start, message by message and section by section. For each part, work out:
+   - what the user asked for and what they were trying to achieve;
+   - how you went about it;
+   - the decisions taken and the code patterns chosen;
+   - the concrete details: file names, whole code snippets, function signatures, the edits made;
+   - the errors you hit and how each one was resolved;
+   - any feedback the user gave, above all where they told you to do something another way.
+   - the state each piece of work was left in: finished and verified, finished but untested, half done, or only planned. Tests that were run, with their outcome, belong here too, since the next session will otherwise run them again.
+2. Re-check that every point is accurate and complete, one by one. Where the conversation changed direction, say which direction won and why, so that an abandoned approach is not taken up again by mistake.
+3. Note anything the user said they did not want, such as libraries to avoid, files to leave alone or styles they rejected, so that those preferences survive the handover.
+
+The summary itself then has these sections:
+
+1. Primary Request and Intent: everything the user explicitly asked for, in full detail.
+2. Key Technical Concepts: the technologies, frameworks and technical ideas the discussion relied on.
+3. Files and Code Sections: each file looked at, changed or created. Say why it matters and what was done to it; quote the full code where it is significant, and add a line on why the change was made.
+4. Errors and fixes: each error you met and how it was fixed, including any correction from the user.
+5. Problem Solving: the problems that were solved, and any troubleshooting still under way.
+6. All user messages: every message the user wrote that is not a tool result, listed in order. They record how the user's requests and feedback evolved, so none may be left out.
+7. Pending Tasks: the tasks you were explicitly asked to do that are not finished yet.
+8. Current Work: what was being worked on right before this request, precisely, with file names and code snippets where relevant, paying most attention to the latest messages of both the user and you.
+9. Optional Next Step: the next step, only if it follows directly from the latest explicit request and the work just described. If the last task was finished, name a next step only when the user clearly asked for it; do not start on side requests or old, already settled ones without asking the user first. When you name a next step, quote the latest conversation verbatim to show which task was under way and where it stopped, so the work goes on without drift.
+
+Lay your reply out like this:
+
+<example>
+<analysis>
+[Your reasoning, making sure every point above is covered thoroughly and correctly]
+</analysis>
+
+<summary>
+1. Primary Request and Intent:
+   [A detailed account]
+
+2. Key Technical Concepts:
+   - [Concept 1]
+   - [Concept 2]
+   - [...]
+
+3. Files and Code Sections:
+   - [File name 1]
+      - [Why this file matters]
+      - [What changed in it, if anything]
+      - [Key code snippet]
+   - [File name 2]
+      - [Key code snippet]
+   - [...]
+
+4. Errors and fixes:
+    - [Error 1 and how it was fixed]:
+      - [How the user reacted to it, if they did]
+    - [...]
+
+5. Problem Solving:
+   [The problems solved and the troubleshooting still going on]
+
+6. All user messages:
+    - [The user's messages that are not tool results, in order]
+    - [...]
+
+7. Pending Tasks:
+   - [Task 1]
+   - [Task 2]
+   - [...]
+
+8. Current Work:
+   [A precise description of the work in progress]
+
+9. Optional Next Step:
+   [The next step, if there is one]
+
+</summary>
+</example>
+
+Write the summary from the conversation so far along these lines, precise and complete, so that it can stand in for the conversation itself. Prefer exact names, paths, commands and error messages over paraphrase: the next session cannot look back at what was said, and a vague summary forces it to redo work that was already done. Keep the sections in the order given and keep their names, even when one of them has nothing to report; write "None" under it in that case rather than leaving it out.
+
+The context you were given may contain extra summarization instructions. If it does, follow them while writing the summary as well. For example:
+<example>
+## Compact Instructions
+When summarizing, put the emphasis on the TypeScript code changes, and also record the mistakes you made and how you fixed them.
+</example>
+
+<example>
+# Summary instructions
+When you are using compact - please concentrate on test output and code changes. Quote file reads verbatim.
+</example>
+"#;
+
+/// The no-tools trailer.
+const SUMMARY_TRAILER: &str = r#"
+
+REMINDER: no tool calls. Your reply is plain text: one <analysis> block, then one <summary> block. A tool call would be rejected and would waste this turn."#;
+
+/// Our summary instruction, appended to the last user message of the compaction fork:
+/// preamble, base template, `Additional Instructions:` with the custom ones when given, trailer
+/// (the structure of the reference's `getCompactPrompt`, ~5.5k characters like 2.1.88's).
+pub fn summary_instruction(custom: Option<&str>) -> String {
+    let mut text = format!("{SUMMARY_PREAMBLE}{SUMMARY_BASE}");
+    if let Some(custom) = custom.map(str::trim).filter(|c| !c.is_empty()) {
+        text.push_str("\n\nAdditional Instructions:\n");
+        text.push_str(custom);
+    }
+    text.push_str(SUMMARY_TRAILER);
+    text
+}
 
 /// What [`finish`] decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,11 +238,7 @@ pub fn request(
     trimmed: (usize, u64),
 ) -> CompactionRequest {
     let mut messages: Vec<Message> = fork_entries.iter().filter(|e| e.on_wire()).map(|e| e.message().clone()).collect();
-    let mut instruction = SUMMARY_INSTRUCTION.to_owned();
-    if let Some(custom) = &cx.inputs.custom_instructions {
-        instruction.push_str("\n\nAdditional instructions:\n");
-        instruction.push_str(custom);
-    }
+    let instruction = summary_instruction(cx.inputs.custom_instructions.as_deref());
     match messages.last_mut() {
         Some(last) if last.role == Role::User => match &mut last.content {
             MessageContent::Text(text) => {

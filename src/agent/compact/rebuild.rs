@@ -5,7 +5,7 @@
 //!
 //! All text here is ours; the marker strings and budgets are the reference's.
 
-use crate::api::Message;
+use crate::api::{ContentBlock, Message};
 
 use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
 use super::counting::{rough, token_count_with_estimation};
@@ -53,19 +53,26 @@ pub fn format_compact_summary(text: &str) -> String {
     out.trim().to_owned()
 }
 
-/// The user message that carries the summary (our wording).
-pub fn summary_message_text(summary: &str, recent_preserved: bool) -> String {
+/// The user message that carries the summary (our wording; the reference's parts: opening,
+/// summary, the transcript's path when known, the preserved-messages note, the continuation).
+pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: Option<&str>) -> String {
     let mut text = format!(
         "This session continues an earlier conversation that outgrew the context window. \
          What happened before is condensed below.\n\n{}",
         format_compact_summary(summary)
     );
+    if let Some(path) = transcript {
+        text.push_str(&format!(
+            "\n\nThe complete transcript of the earlier conversation, every message and tool result verbatim, is saved \
+             at {path}; read it when you need something the summary leaves out, such as exact code, error output or wording."
+        ));
+    }
     if recent_preserved {
         text.push_str("\n\nThe most recent messages follow unchanged after this summary.");
     }
     text.push_str(
-        "\n\nPick the work up where it stopped. Do not ask the user anything first and do not restate \
-         the summary; continue with the next step.",
+        "\n\nPick the work up where it stopped and carry on with the last task as if nothing had interrupted it. \
+         Do not ask the user anything first, do not mention the summary and do not restate it; continue with the next step.",
     );
     text
 }
@@ -75,6 +82,21 @@ fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> E
     let mut entry = Entry::new(Message::user_text(format!("<system-reminder>\n{text}\n</system-reminder>")), uuid, ts);
     entry.is_meta = true;
     entry.kind = EntryKind::Attachment { kind: kind.to_owned() };
+    entry
+}
+
+/// A restored file as the client sends it: the Read call and the Read result (numbered lines
+/// and the read caution), each a `<system-reminder>`.
+fn restored_file(cx: &mut ChainContext<'_>, path: &str, contents: &str, ts: u64) -> Entry {
+    let uuid = cx.state.uuid();
+    let input = serde_json::json!({ "file_path": path });
+    let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
+    let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
+    let caution = crate::agent::tools::exec::READ_CAUTION;
+    let result = format!("<system-reminder>\nResult of calling the Read tool:\n{numbered}\n{caution}\n</system-reminder>");
+    let mut entry = Entry::new(Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]), uuid, ts);
+    entry.is_meta = true;
+    entry.kind = EntryKind::Attachment { kind: "file".to_owned() };
     entry
 }
 
@@ -100,9 +122,9 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64) -> Vec<Entry> {
                 format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path),
             )
         } else {
-            ("file", format!("Contents of {} as last read, restored after compaction:\n{contents}", file.path))
+            ("file", String::new())
         };
-        let entry = attachment(cx, kind, text, ts);
+        let entry = if kind == "file" { restored_file(cx, &file.path, &contents, ts) } else { attachment(cx, kind, text, ts) };
         let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
         if total + cost <= budget.files_token_budget {
             total += cost;
@@ -158,7 +180,7 @@ pub fn rebuild(
     };
     let mut boundary = Entry::new(Message::user_text("Conversation compacted"), boundary_uuid, ts);
     boundary.kind = EntryKind::CompactBoundary { trigger, pre_tokens, logical_parent, preserved };
-    let mut summary_entry = Entry::new(Message::user_text(summary_message_text(&summary, !kept.is_empty())), summary_uuid, ts);
+    let mut summary_entry = Entry::new(Message::user_text(summary_message_text(&summary, !kept.is_empty(), Some(&format!("{}.jsonl", cx.state.session_dir)))), summary_uuid, ts);
     summary_entry.kind = EntryKind::Summary;
     let mut out = vec![boundary, summary_entry];
     out.extend(kept.into_iter().filter(|e| !e.is_boundary()));
