@@ -99,13 +99,8 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         pending_events.push(format!("blocked:{reason}"));
                         break;
                     }
-                    let (mut request, events) = agent.build_request(&world);
+                    let (mut request, events) = agent.build_request_after_chain(&world, &chain_run);
                     pending_events.extend(events);
-                    request.context_management = crate::agent::compact::microcompact::merge_context_management(
-                        request.context_management.as_ref(),
-                        chain_run.context_management.as_ref(),
-                        chain_run.thinking_clear_latched,
-                    );
                     let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
                     if chain_run.compacted || time_based {
                         pinned_edits.clear();

@@ -1166,6 +1166,19 @@ impl Session {
         self.user_context.clone().expect("just set")
     }
 
+    /// The main request after a run of the long-context chain: [`Session::build_request`] with
+    /// the chain's API-side context management (cached microcompact's edits, the thinking-clear
+    /// latch) merged into the body.
+    pub fn build_request_after_chain(&mut self, world: &World, chain_run: &ChainRun) -> (Request, Vec<String>) {
+        let (mut request, events) = self.build_request(world);
+        request.context_management = crate::agent::compact::microcompact::merge_context_management(
+            request.context_management.as_ref(),
+            chain_run.context_management.as_ref(),
+            chain_run.thinking_clear_latched,
+        );
+        (request, events)
+    }
+
     /// The request body for the conversation as it stands, and the events journalled since the
     /// previous request.
     pub fn build_request(&mut self, world: &World) -> (Request, Vec<String>) {

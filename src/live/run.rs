@@ -230,13 +230,8 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
                     if chain_run.blocked.is_some() {
                         break;
                     }
-                    let (mut request, events) = agent.build_request(&world);
+                    let (request, events) = agent.build_request_after_chain(&world, &chain_run);
                     pending_events.extend(events);
-                    request.context_management = crate::agent::compact::microcompact::merge_context_management(
-                        request.context_management.as_ref(),
-                        chain_run.context_management.as_ref(),
-                        chain_run.thinking_clear_latched,
-                    );
                     live.record_tool_results(&request, &mut pending_tools, world.clock.now_ms());
                     let (reply, usage) = live.call("main", &request, std::mem::take(&mut pending_events), &mut world).map_err(api_err)?;
                     let message_id = live.events.iter().rev().find_map(|e| match &e.kind {
