@@ -418,11 +418,10 @@ pub fn include_paths(text: &str, dir: &str) -> Vec<String> {
             continue; // indented code block
         }
         for raw in mentions_outside_code_spans(line) {
-            if let Some(path) = resolve_include(&raw, dir) {
-                if !out.contains(&path) {
+            if let Some(path) = resolve_include(&raw, dir)
+                && !out.contains(&path) {
                     out.push(path);
                 }
-            }
         }
     }
     out

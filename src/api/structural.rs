@@ -342,7 +342,7 @@ impl<'a, S: Sink> ser::Serializer for KeyCatcher<'a, S> {
     }
 }
 
-impl<'a, S: Sink> ser::Serializer for &'a mut StructHasher<S> {
+impl<S: Sink> ser::Serializer for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     type SerializeSeq = Self;
@@ -477,7 +477,7 @@ impl<'a, S: Sink> ser::Serializer for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeSeq for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeSeq for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
@@ -490,7 +490,7 @@ impl<'a, S: Sink> ser::SerializeSeq for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeTuple for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeTuple for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
@@ -501,7 +501,7 @@ impl<'a, S: Sink> ser::SerializeTuple for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeTupleStruct for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeTupleStruct for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
@@ -512,7 +512,7 @@ impl<'a, S: Sink> ser::SerializeTupleStruct for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeTupleVariant for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeTupleVariant for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Never> {
@@ -526,7 +526,7 @@ impl<'a, S: Sink> ser::SerializeTupleVariant for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeMap for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeMap for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Never> {
@@ -545,7 +545,7 @@ impl<'a, S: Sink> ser::SerializeMap for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeStruct for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeStruct for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Never> {
@@ -560,7 +560,7 @@ impl<'a, S: Sink> ser::SerializeStruct for &'a mut StructHasher<S> {
     }
 }
 
-impl<'a, S: Sink> ser::SerializeStructVariant for &'a mut StructHasher<S> {
+impl<S: Sink> ser::SerializeStructVariant for &mut StructHasher<S> {
     type Ok = ();
     type Error = Never;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Never> {

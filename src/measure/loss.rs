@@ -118,11 +118,10 @@ impl LossTracker {
                         }
                         uses.push((id, name, input));
                     }
-                    ContentBlock::ToolResult { tool_use_id, content, is_error, .. } => {
-                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) && !cleared.contains(tool_use_id) {
+                    ContentBlock::ToolResult { tool_use_id, content, is_error, .. }
+                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) && !cleared.contains(tool_use_id) => {
                             visible_results.insert(tool_use_id);
                         }
-                    }
                     _ => {}
                 }
             }

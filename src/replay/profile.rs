@@ -79,11 +79,11 @@ pub fn fitted_prefix_tokens(profile: &std::collections::BTreeMap<String, u64>, v
 impl ClientProfile {
     pub fn for_version(version: &str) -> ClientProfile {
         let v = parse_version(version);
-        let n_pattern = v >= (2, 0, 76) && v <= (2, 1, 39);
+        let n_pattern = ((2, 0, 76)..=(2, 1, 39)).contains(&v);
         ClientProfile {
             version: version.to_owned(),
             rerender_opening_prompt: n_pattern,
-            rerender_typed_prompts: v >= (2, 1, 37) && v <= (2, 1, 39),
+            rerender_typed_prompts: ((2, 1, 37)..=(2, 1, 39)).contains(&v),
             post_turn_side_entry: v >= (2, 0, 76),
             tool_search_full_miss: true,
             skill_rerender: true,

@@ -488,8 +488,7 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 .content
                 .iter()
                 .filter(|b| !b.is_thinking())
-                .map(|b| crate::measure::blocks::content_token_units(b))
-                .flatten()
+                .flat_map(crate::measure::blocks::content_token_units)
                 .map(|u| match u {
                     crate::measure::tokens::TokenUnit::Text(t) => u64::from(chars4(&t)),
                     crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
@@ -585,11 +584,10 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                         }
                     }
                 }
-                EventKind::SystemEvent(sys) => {
-                    if sys.payload.to_string().contains("SessionStart:resume") {
+                EventKind::SystemEvent(sys)
+                    if sys.payload.to_string().contains("SessionStart:resume") => {
                         resumed_at = Some(i);
                     }
-                }
                 EventKind::UserPrompt(prompt) => {
                     request_start = Some(event.time_ms);
                     if last_record_ms.is_some() {

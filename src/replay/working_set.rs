@@ -210,7 +210,7 @@ impl WorkingSet {
     pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64) -> Vec<Restored> {
         let mut recent: Vec<(&String, &FileEntry)> =
             self.files.iter().filter(|(path, _)| !is_memory_file(path, cwd)).collect();
-        recent.sort_by(|a, b| b.1.touched.cmp(&a.1.touched));
+        recent.sort_by_key(|r| std::cmp::Reverse(r.1.touched));
         let mut out = Vec::new();
         let mut kept = BTreeMap::new();
         let mut total = 0u64;

@@ -14,7 +14,7 @@ fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<St
 }
 
 fn check_error(text: &str, expect: &str) {
-    let err = check_log(text).err().expect("the log must be rejected");
+    let err = check_log(text).expect_err("the log must be rejected");
     assert_eq!(err, expect);
 }
 

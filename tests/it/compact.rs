@@ -88,11 +88,10 @@ fn report<'a>(cx: &'a ChainContext<'_>, name: &str) -> &'a ctxsim::measure::metr
 fn result_text(entries: &[Entry], id: &str) -> String {
     for e in entries {
         for b in e.blocks() {
-            if let ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(t)), .. } = b {
-                if tool_use_id == id {
+            if let ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(t)), .. } = b
+                && tool_use_id == id {
                     return t.clone();
                 }
-            }
         }
     }
     panic!("no result {id}")

@@ -86,9 +86,7 @@ fn git_status_is_absent_outside_a_repo_when_turned_off_and_for_explore() {
         assert_eq!(check_git_status(&output.requests[0]), None, "{extra}");
     }
     // Explore leaves it out; a clean tree reads `(clean)`.
-    let yaml = format!(
-        "name: t\nworld:\n  model: claude-sonnet-4-5\n  git: {{branch: topic}}\nscript:\n  - user: look\n  - assistant:\n      - tool_use: {{name: Agent, input: {{description: d, prompt: \"Look around.\", subagent_type: Explore}}}}\n  - assistant:\n      - text: nothing\n    lane: subagent:Explore\n  - assistant:\n      - text: done\n"
-    );
+    let yaml = "name: t\nworld:\n  model: claude-sonnet-4-5\n  git: {branch: topic}\nscript:\n  - user: look\n  - assistant:\n      - tool_use: {name: Agent, input: {description: d, prompt: \"Look around.\", subagent_type: Explore}}\n  - assistant:\n      - text: nothing\n    lane: subagent:Explore\n  - assistant:\n      - text: done\n".to_string();
     let output = check_run(&yaml);
     assert!(check_git_status(&output.requests[0]).unwrap().contains("Status:\n(clean)"));
     assert_eq!(check_git_status(&output.requests[1]), None);

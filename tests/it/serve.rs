@@ -284,7 +284,7 @@ fn max_requests_stops_the_server_and_the_time_header_sets_virtual_time() {
 }
 
 fn check_script_error(text: &str, expect: &str) {
-    let error = Script::parse(text, "s.json").err().expect("the script must be rejected").to_string();
+    let error = Script::parse(text, "s.json").expect_err("the script must be rejected").to_string();
     assert_eq!(error, expect);
 }
 

@@ -189,11 +189,10 @@ pub fn orphans(entries: &[Entry]) -> BTreeSet<String> {
                 ContentBlock::ToolUse { id, .. } => {
                     open.insert(id.clone());
                 }
-                ContentBlock::ToolResult { tool_use_id, .. } => {
-                    if !open.remove(tool_use_id) {
+                ContentBlock::ToolResult { tool_use_id, .. }
+                    if !open.remove(tool_use_id) => {
                         orphans.insert(tool_use_id.clone());
                     }
-                }
                 _ => {}
             }
         }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 /// The whole configuration of the chain. Loadable from TOML or YAML; unknown fields are errors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[derive(Default)]
 pub struct CompactConfig {
     pub tool_result_budget: ToolResultBudgetConfig,
     pub snip: SnipConfig,
@@ -27,22 +28,6 @@ pub struct CompactConfig {
     pub peer: super::peers::PeerConfig,
 }
 
-impl Default for CompactConfig {
-    fn default() -> Self {
-        CompactConfig {
-            tool_result_budget: ToolResultBudgetConfig::default(),
-            snip: SnipConfig::default(),
-            microcompact: MicrocompactConfig::default(),
-            context_editing: ContextEditingConfig::default(),
-            context_collapse: ContextCollapseConfig::default(),
-            autocompact: AutocompactConfig::default(),
-            session_memory: SessionMemoryConfig::default(),
-            post_compact: PostCompactConfig::default(),
-            recovery: RecoveryConfig::default(),
-            peer: super::peers::PeerConfig::default(),
-        }
-    }
-}
 
 /// §2: per-tool persistence and the per-message aggregate budget.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -92,11 +92,10 @@ fn compactable_ids(cx: &ChainContext<'_>) -> Vec<String> {
     let mut ids = Vec::new();
     for entry in &cx.entries {
         for block in entry.blocks() {
-            if let ContentBlock::ToolUse { id, name, .. } = block {
-                if tools.iter().any(|t| t == name) {
+            if let ContentBlock::ToolUse { id, name, .. } = block
+                && tools.iter().any(|t| t == name) {
                     ids.push(id.clone());
                 }
-            }
         }
     }
     ids

@@ -25,17 +25,15 @@ const SKILL_TRUNCATION_MARKER: &str = "\n[skill content truncated after compacti
 /// `Summary:\nX`, collapse runs of blank lines, trim.
 pub fn format_compact_summary(text: &str) -> String {
     let mut s = text.to_owned();
-    if let (Some(a), Some(b)) = (s.find("<analysis>"), s.find("</analysis>")) {
-        if a < b {
+    if let (Some(a), Some(b)) = (s.find("<analysis>"), s.find("</analysis>"))
+        && a < b {
             s.replace_range(a..b + "</analysis>".len(), "");
         }
-    }
-    if let (Some(a), Some(b)) = (s.find("<summary>"), s.find("</summary>")) {
-        if a < b {
+    if let (Some(a), Some(b)) = (s.find("<summary>"), s.find("</summary>"))
+        && a < b {
             let inner = s[a + "<summary>".len()..b].trim().to_owned();
             s.replace_range(a..b + "</summary>".len(), &format!("Summary:\n{inner}"));
         }
-    }
     let mut out = String::with_capacity(s.len());
     let mut blank_run = 0;
     for line in s.lines() {
@@ -187,11 +185,10 @@ pub fn rebuild(
     if mode == AttachmentMode::Full {
         out.extend(file_attachments(cx, ts));
     }
-    if let Some(plan) = cx.inputs.plan_path.clone() {
-        if cx.fs.exists(&plan) {
+    if let Some(plan) = cx.inputs.plan_path.clone()
+        && cx.fs.exists(&plan) {
             out.push(attachment(cx, "plan_file_reference", format!("A plan for this work is kept at {plan}; keep following it."), ts));
         }
-    }
     if mode == AttachmentMode::Full {
         if let Some(skills) = skill_attachment(cx, ts) {
             out.push(skills);

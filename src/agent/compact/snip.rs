@@ -51,11 +51,11 @@ impl Stage for Snip {
         let last_droppable = groups.len().saturating_sub(config.keep_recent_groups);
         let mut tokens = tokens_before;
         let mut dropped = first_droppable..first_droppable;
-        for g in first_droppable..last_droppable {
+        for (g, group) in groups.iter().enumerate().take(last_droppable).skip(first_droppable) {
             if tokens <= target {
                 break;
             }
-            tokens -= rough_entries(&cx.entries[groups[g].clone()]);
+            tokens -= rough_entries(&cx.entries[group.clone()]);
             dropped.end = g + 1;
         }
         if dropped.is_empty() {

@@ -269,11 +269,10 @@ impl Stage for ToolResultBudget {
             }
         }
         for (entry, block, text) in apply {
-            if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content {
-                if let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
+            if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content
+                && let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
                     *content = Some(ToolResultContent::Text(text));
                 }
-            }
         }
         let tokens_after = rough_entries(&cx.entries);
         let fired = !fresh_replaced.is_empty();
