@@ -62,6 +62,8 @@ struct Track {
     system: Option<SystemPrompt>,
     thinking: Option<Value>,
     messages: Vec<Message>,
+    /// The keys of `messages` ([`Flattener::flatten_keyed`]), when the request carried them.
+    keys: Option<Vec<u128>>,
     /// The block records; the first `head` are the tools and system levels. Shared with the
     /// last [`FlatRequest`] handed out: extended in place once that is dropped.
     blocks: Arc<Vec<PromptBlock>>,
@@ -84,6 +86,7 @@ impl Track {
             system: None,
             thinking: None,
             messages: Vec::new(),
+            keys: None,
             blocks: Arc::new(Vec::new()),
             head: 0,
             messages_state: initial_state(),
@@ -156,6 +159,17 @@ impl Flattener {
     /// Flattens `request` as [`super::flatten`] does, reusing the records of the track it
     /// extends.
     pub fn flatten(&mut self, request: &Request, counter: &mut TokenCounter, family: &str) -> FlatRequest {
+        self.flatten_keyed(request, None, counter, family)
+    }
+
+    /// [`Self::flatten`] with a key per message (`keys.len() == request.messages.len()`, else
+    /// they are ignored): two messages with equal keys are identical, so where the request and
+    /// the track both carry keys the messages are compared by key instead of by content. Keys
+    /// are computed where the bytes pass anyway: a log reader hashes each message's JSON text
+    /// ([`crate::analyze::read_log`]). Unequal keys only cost time: the message is hashed and
+    /// counted afresh, to the same records.
+    pub fn flatten_keyed(&mut self, request: &Request, keys: Option<&[u128]>, counter: &mut TokenCounter, family: &str) -> FlatRequest {
+        let keys = keys.filter(|k| k.len() == request.messages.len());
         self.tick += 1;
         self.requests += 1;
         let t = self.track_for(request, family);
@@ -167,7 +181,13 @@ impl Flattener {
             && track.tool_choice.identical(&request.tool_choice)
             && track.system.identical(&request.system)
             && track.thinking.identical(&request.thinking);
-        let reuse = request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count();
+        let same = |m: usize, old: &[Message], old_keys: Option<&Vec<u128>>| match (keys, old_keys) {
+            (Some(new), Some(old_keys)) => new[m] == old_keys[m],
+            _ => request.messages[m].identical(&old[m]),
+        };
+        let reuse = (0..request.messages.len().min(track.messages.len()))
+            .take_while(|&m| same(m, &track.messages, track.keys.as_ref()))
+            .count();
 
         // Keep messages[..reuse]; set the rest aside (its records may serve again below).
         let blocks = Arc::make_mut(&mut track.blocks);
@@ -200,7 +220,7 @@ impl Flattener {
         for (m, message) in request.messages.iter().enumerate().skip(reuse) {
             track.starts.push(blocks.len());
             let j = m - reuse;
-            if m < track.messages.len() && message.identical(&track.messages[m]) {
+            if m < track.messages.len() && same(m, &track.messages, track.keys.as_ref()) {
                 let records = &old_tail[old_starts[j] - base..old_starts[j + 1] - base];
                 self.reused_blocks += records.len() as u64;
                 for record in records {
@@ -216,6 +236,7 @@ impl Flattener {
         track.starts.push(blocks.len());
         track.messages.truncate(reuse);
         track.messages.extend_from_slice(&request.messages[reuse..]);
+        track.keys = keys.map(<[u128]>::to_vec);
 
         let body_sha256 = if self.body_hashes { track.body.sha256_hex(request, reuse) } else { String::new() };
         finish(request, Arc::clone(&track.blocks), track.head, body_sha256)

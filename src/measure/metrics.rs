@@ -197,8 +197,13 @@ impl Measurer {
 
     /// The request as the server sees it: flattened, with `context_management` applied.
     pub fn serve(&mut self, body: &Request) -> Result<Served, UnknownModel> {
+        self.serve_keyed(body, None)
+    }
+
+    /// [`Self::serve`] with a key per message ([`Flattener::flatten_keyed`]).
+    pub fn serve_keyed(&mut self, body: &Request, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
         let family = self.table.lookup(&body.model)?.family.clone();
-        let flat = self.flattener.flatten(body, &mut self.counter, &family);
+        let flat = self.flattener.flatten_keyed(body, keys, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
         let edits = match context_editing::parse(value) {
             Ok(edits) => edits,
