@@ -15,7 +15,9 @@
 //!   real client flips the last user message between the two forms).
 //!
 //! Whole request bodies (`body_sha256`, run fingerprints) are hashed over the same structure
-//! with every marker in place: a marker moving *is* a change of the body.
+//! with every marker in place (a marker moving *is* a change of the body) and `messages` moved
+//! after the other fields, so that a body is hashed for the price of its new messages
+//! ([`super::structural::body_sha256`]).
 //!
 //! Hashing does not produce this text: [`super::structural`] feeds the serde data model of a
 //! value straight into the hasher, which gives equal hashes exactly for equal canonical bytes

@@ -97,7 +97,7 @@ pub struct FlatRequest {
     pub total_tokens: u64,
     pub counts: RegionCounts,
     /// The trace row's `body_sha256`: SHA-256 of the whole body's structural stream, markers
-    /// included ([`crate::api::structural::sha256_hex`]).
+    /// included ([`crate::api::structural::body_sha256`]).
     pub body_sha256: String,
 }
 
@@ -173,7 +173,7 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
     for (m, message) in request.messages.iter().enumerate() {
         state = push_message(m, message, counter, family, state, &mut blocks);
     }
-    finish(request, Arc::new(blocks), head, crate::api::structural::sha256_hex(request))
+    finish(request, Arc::new(blocks), head, crate::api::structural::body_sha256(request))
 }
 
 /// Assembles the flat request from its block records (`head` of them tools and system).
