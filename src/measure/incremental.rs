@@ -33,7 +33,7 @@ use crate::api::identical::Identical;
 use crate::api::structural::BodyHasher;
 use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, Tool, ToolResultContent};
 
-use super::blocks::{FlatRequest, PromptBlock, finish, head_blocks, initial_state, push_message};
+use super::blocks::{FlatRequest, Positions, PromptBlock, finish, head_blocks, initial_state, push_message, sum_tokens_from};
 use super::tokens::TokenCounter;
 
 /// Tracks kept at once (main lane, compaction and memory forks, subagents, side requests).
@@ -72,6 +72,8 @@ struct Track {
     messages_state: u128,
     /// `blocks` index of each message's first block, then `blocks.len()`.
     starts: Vec<usize>,
+    /// The marker and `cache_edits` positions of `blocks`.
+    positions: Positions,
     body: BodyHasher,
 }
 
@@ -91,6 +93,7 @@ impl Track {
             head: 0,
             messages_state: initial_state(),
             starts: vec![0],
+            positions: Positions::default(),
             body: BodyHasher::default(),
         }
     }
@@ -214,6 +217,9 @@ impl Flattener {
             track.thinking = request.thinking.clone();
         }
         self.reused_blocks += (blocks.len() - track.head) as u64;
+        // Blocks from here on are new or rechained; before it, records (prefix tokens and
+        // positions included) are as they were, unless the head changed.
+        let fresh_from = if head_same { blocks.len() } else { 0 };
 
         let mut state = if blocks.len() > track.head { blocks[blocks.len() - 1].prefix_hash } else { track.messages_state };
         let base = old_starts[0];
@@ -234,11 +240,13 @@ impl Flattener {
             }
         }
         track.starts.push(blocks.len());
+        sum_tokens_from(blocks, fresh_from);
+        track.positions.scan(blocks, fresh_from);
         track.messages.truncate(reuse);
         track.messages.extend_from_slice(&request.messages[reuse..]);
         track.keys = keys.map(<[u128]>::to_vec);
 
         let body_sha256 = if self.body_hashes { track.body.sha256_hex(request, reuse) } else { String::new() };
-        finish(request, Arc::clone(&track.blocks), track.head, body_sha256)
+        finish(request, Arc::clone(&track.blocks), track.head, track.positions.clone(), body_sha256)
     }
 }

@@ -265,7 +265,6 @@ impl Measurer {
                 lane.pending_events.push(event.clone());
             }
         }
-        let hashes: Vec<u128> = flat.blocks.iter().map(|b| b.prefix_hash).collect();
         let body_sha256 = flat.body_sha256.clone();
         let index = self.next_index;
         self.next_index += 1;
@@ -299,7 +298,7 @@ impl Measurer {
             ),
             None => false,
         };
-        let mut prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
+        let mut prefix = attribute(lane.memory.as_ref(), &flat, &outcome, &events, is_break);
         let mut stages = input.stages;
         let context_management = match (&error, edited) {
             (None, Some(edited)) => {
@@ -315,7 +314,7 @@ impl Measurer {
         let context_tokens = if error.is_some() { 0 } else { flat.total_tokens - outcome.cache_deleted_input_tokens };
         if error.is_none() {
             lane.memory = Some(LaneMemory {
-                prefix_hashes: hashes,
+                prefix_hashes: LaneMemory::take_prefix_hashes(lane.memory.as_mut(), &flat),
                 model: flat.model.clone(),
                 cached_after: outcome.cached_after(),
                 time_ms: input.time_ms,
