@@ -32,15 +32,18 @@ pub struct LogEntry {
     pub usage: Option<Usage>,
     /// A key per message of `body`: the xxh3-128 of the message's JSON text as read. Equal
     /// keys mean byte-equal JSON, hence identical messages, so the measurement compares a
-    /// request with the previous one by key ([`crate::measure::Flattener::flatten_keyed`])
+    /// request with the previous one by key ([`crate::measure::incremental::Flattener::flatten_keyed`])
     /// instead of walking both. `None` when the entry was not read from JSON text.
     pub message_keys: Option<Vec<u128>>,
+    /// A key of every field but `messages` (names and JSON texts, in order), alike: equal
+    /// keys mean identical tools, system prompt and parameters.
+    pub head_key: Option<u128>,
 }
 
 impl LogEntry {
     /// An entry built in memory (no message keys).
     pub fn new(line: usize, time_ms: u64, body: Request) -> LogEntry {
-        LogEntry { line, time_ms, body, lane: None, usage: None, message_keys: None }
+        LogEntry { line, time_ms, body, lane: None, usage: None, message_keys: None, head_key: None }
     }
 }
 
@@ -76,11 +79,48 @@ struct RawLine<'a> {
     usage: Option<Value>,
 }
 
-/// A body's messages as JSON text, the other fields skipped.
-#[derive(Deserialize)]
-struct RawMessages<'a> {
-    #[serde(borrow)]
-    messages: Vec<&'a RawValue>,
+/// A JSON object's fields as JSON text, in order (names without escapes only).
+struct RawFields<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for RawFields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = RawFields<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawFields<'de>, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    fields.push(field);
+                }
+                Ok(RawFields(fields))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// The keys of a body read from `text` ([`LogEntry::head_key`], [`LogEntry::message_keys`]).
+fn body_keys(text: &str) -> Option<(u128, Vec<u128>)> {
+    let RawFields(fields) = serde_json::from_str(text).ok()?;
+    let mut head = xxhash_rust::xxh3::Xxh3::new();
+    let mut messages = None;
+    for (name, raw) in fields {
+        if name == "messages" {
+            let raws: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+            messages = Some(raws.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.get().as_bytes())).collect());
+        } else {
+            head.update(name.as_bytes());
+            head.update(&[0]);
+            head.update(raw.get().as_bytes());
+            head.update(&[0xff]);
+        }
+    }
+    Some((head.digest128(), messages?))
 }
 
 fn line_error(path: &str, line: usize, message: impl Into<String>) -> AnalyzeError {
@@ -107,8 +147,9 @@ fn without_position(e: &serde_json::Error) -> String {
     text.strip_suffix(&suffix).map_or(text.clone(), str::to_owned)
 }
 
-/// Reads a body from its JSON text, with a key per message ([`LogEntry::message_keys`]).
-fn parse_body_text(raw: &RawValue) -> Result<(Request, Option<Vec<u128>>), String> {
+/// Reads a body from its JSON text, with its keys ([`LogEntry::head_key`],
+/// [`LogEntry::message_keys`]).
+fn parse_body_text(raw: &RawValue) -> Result<(Request, Option<(u128, Vec<u128>)>), String> {
     let text = raw.get();
     if !text.trim_start().starts_with('{') {
         return Err("body: not a Messages API request (expected an object)".to_owned());
@@ -119,10 +160,7 @@ fn parse_body_text(raw: &RawValue) -> Result<(Request, Option<Vec<u128>>), Strin
         let message = without_position(e.inner());
         if path == "." { format!("body: {message}") } else { format!("body.{}: {message}", path.trim_start_matches('.')) }
     })?;
-    let keys = serde_json::from_str::<RawMessages>(text)
-        .ok()
-        .map(|raw| raw.messages.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.get().as_bytes())).collect::<Vec<u128>>())
-        .filter(|keys| keys.len() == body.messages.len());
+    let keys = body_keys(text).filter(|(_, messages)| messages.len() == body.messages.len());
     Ok((body, keys))
 }
 
@@ -133,14 +171,18 @@ fn parse_line(raw: RawLine<'_>, line: usize) -> Result<LogEntry, String> {
         (None, Some(text)) => parse_time(&text)?,
         (None, None) => return Err("missing field `time_ms` (or `time`)".to_owned()),
     };
-    let (body, message_keys) = parse_body_text(raw.body)?;
+    let (body, keys) = parse_body_text(raw.body)?;
+    let (head_key, message_keys) = match keys {
+        Some((head, messages)) => (Some(head), Some(messages)),
+        None => (None, None),
+    };
     let usage = match raw.usage {
         None | Some(Value::Null) => None,
         Some(value) => Some(
             serde_path_to_error::deserialize(value).map_err(|e| format!("usage.{}: {}", e.path(), e.inner()))?,
         ),
     };
-    Ok(LogEntry { line, time_ms, body, lane: raw.lane, usage, message_keys })
+    Ok(LogEntry { line, time_ms, body, lane: raw.lane, usage, message_keys, head_key })
 }
 
 /// Reads a request log from a reader. A malformed line is an error naming the line; a
@@ -273,7 +315,7 @@ pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<
     let mut rows = Vec::with_capacity(log.entries.len());
     for entry in &log.entries {
         let served = measurer
-            .serve_keyed(&entry.body, entry.message_keys.as_deref())
+            .serve_with_keys(&entry.body, entry.head_key, entry.message_keys.as_deref())
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
         let inferred = inference.assign(served.as_sent(), entry.body.messages.len());
         let lane = entry.lane.clone().unwrap_or(inferred);

@@ -58,6 +58,8 @@ fn body_hasher(state: sha2::Sha256) -> StructHasher<Sha256Sink> {
 pub struct BodyHasher {
     /// The last body without its messages.
     head: Option<Request>,
+    /// The caller's key of that head ([`BodyHasher::sha256_hex_keyed`]).
+    head_key: Option<u128>,
     /// The state before `messages[i]` (and, last, after the final message) of the last body.
     checkpoints: Vec<sha2::Sha256>,
 }
@@ -100,8 +102,16 @@ impl BodyHasher {
     /// The body hash of `body`. `reuse`: how many leading messages of `body` are identical to
     /// those of the body this hasher hashed last (0 when in doubt); the head is compared here.
     pub fn sha256_hex(&mut self, body: &Request, reuse: usize) -> String {
+        self.sha256_hex_keyed(body, reuse, None)
+    }
+
+    /// [`Self::sha256_hex`] given a key of the body's fields other than `messages`: equal keys
+    /// mean identical heads, so the head is compared only when the keys differ.
+    pub fn sha256_hex_keyed(&mut self, body: &Request, reuse: usize, head_key: Option<u128>) -> String {
         use ser::SerializeMap;
-        let head_same = self.head.as_ref().is_some_and(|head| same_head(head, body));
+        let keyed_same = head_key.is_some() && head_key == self.head_key && self.head.is_some();
+        let head_same = keyed_same || self.head.as_ref().is_some_and(|head| same_head(head, body));
+        self.head_key = head_key;
         let Request {
             model,
             messages,

@@ -64,6 +64,8 @@ struct Track {
     messages: Vec<Message>,
     /// The keys of `messages` ([`Flattener::flatten_keyed`]), when the request carried them.
     keys: Option<Vec<u128>>,
+    /// The key of the last request's other fields ([`Flattener::flatten_with_keys`]).
+    head_key: Option<u128>,
     /// The block records; the first `head` are the tools and system levels. Shared with the
     /// last [`FlatRequest`] handed out: extended in place once that is dropped.
     blocks: Arc<Vec<PromptBlock>>,
@@ -89,6 +91,7 @@ impl Track {
             thinking: None,
             messages: Vec::new(),
             keys: None,
+            head_key: None,
             blocks: Arc::new(Vec::new()),
             head: 0,
             messages_state: initial_state(),
@@ -172,6 +175,20 @@ impl Flattener {
     /// ([`crate::analyze::read_log`]). Unequal keys only cost time: the message is hashed and
     /// counted afresh, to the same records.
     pub fn flatten_keyed(&mut self, request: &Request, keys: Option<&[u128]>, counter: &mut TokenCounter, family: &str) -> FlatRequest {
+        self.flatten_with_keys(request, None, keys, counter, family)
+    }
+
+    /// [`Self::flatten_keyed`] with a key of the request's fields other than `messages`, too:
+    /// equal head keys mean identical tools, system prompt and parameters, so neither the
+    /// flattener nor the body hash compares them (unequal ones are compared as usual).
+    pub fn flatten_with_keys(
+        &mut self,
+        request: &Request,
+        head_key: Option<u128>,
+        keys: Option<&[u128]>,
+        counter: &mut TokenCounter,
+        family: &str,
+    ) -> FlatRequest {
         let keys = keys.filter(|k| k.len() == request.messages.len());
         self.tick += 1;
         self.requests += 1;
@@ -180,7 +197,8 @@ impl Flattener {
         track.last_used = self.tick;
 
         let tools = request.tools();
-        let head_same = track.tools.as_slice().identical(tools)
+        let head_same = (head_key.is_some() && head_key == track.head_key)
+            || track.tools.as_slice().identical(tools)
             && track.tool_choice.identical(&request.tool_choice)
             && track.system.identical(&request.system)
             && track.thinking.identical(&request.thinking);
@@ -245,8 +263,9 @@ impl Flattener {
         track.messages.truncate(reuse);
         track.messages.extend_from_slice(&request.messages[reuse..]);
         track.keys = keys.map(<[u128]>::to_vec);
+        track.head_key = head_key;
 
-        let body_sha256 = if self.body_hashes { track.body.sha256_hex(request, reuse) } else { String::new() };
+        let body_sha256 = if self.body_hashes { track.body.sha256_hex_keyed(request, reuse, head_key) } else { String::new() };
         finish(request, Arc::clone(&track.blocks), track.head, track.positions.clone(), body_sha256)
     }
 }

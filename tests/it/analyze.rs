@@ -151,15 +151,16 @@ fn lanes_are_inferred_from_message_prefixes() {
     assert_eq!(rows.iter().map(|r| r.lane.as_str()).collect::<Vec<_>>(), vec!["main", "side:1", "main", "main"]);
 }
 
-/// Measures a log as read (message keys on) and with its keys dropped (every message compared
-/// by content): the rows must be the same, byte for byte.
+/// Measures a log as read (head and message keys on) and with its keys dropped (everything
+/// compared by content): the rows must be the same, byte for byte.
 fn check_keys_change_nothing(text: &str) -> usize {
     let log = read_log(std::io::Cursor::new(text), "log.jsonl").unwrap();
-    assert!(log.entries.iter().all(|e| e.message_keys.as_ref().is_some_and(|k| k.len() == e.body.messages.len())));
+    assert!(log.entries.iter().all(|e| e.head_key.is_some() && e.message_keys.as_ref().is_some_and(|k| k.len() == e.body.messages.len())));
     let keyed = analyze(&log, &mut measurer(), "log.jsonl").unwrap();
     let mut unkeyed_log = read_log(std::io::Cursor::new(text), "log.jsonl").unwrap();
     for entry in &mut unkeyed_log.entries {
         entry.message_keys = None;
+        entry.head_key = None;
     }
     let unkeyed = analyze(&unkeyed_log, &mut measurer(), "log.jsonl").unwrap();
     assert_eq!(serde_json::to_string(&keyed).unwrap(), serde_json::to_string(&unkeyed).unwrap());
@@ -169,12 +170,17 @@ fn check_keys_change_nothing(text: &str) -> usize {
 #[test]
 fn message_keys_change_nothing() {
     // A generated session with an earlier message rewritten now and then, the same message
-    // written with other whitespace (other bytes, same content) and a side lane in between.
+    // written with other whitespace (other bytes, same content), the system prompt changed
+    // and changed back, and a side lane in between.
     let mut text = String::new();
     for (i, entry) in ctxsim::synth::growing_session(3, 120, 30_000, "claude-sonnet-4-5").into_iter().enumerate() {
         let mut body = serde_json::to_value(&entry.body).unwrap();
         if i % 17 == 5 {
             body["messages"][0]["content"] = json!("rewritten opening prompt");
+        }
+        if i % 23 == 9 {
+            body["system"][0]["text"] = json!("another system prompt");
+            body["max_tokens"] = json!(1000);
         }
         let mut line = serde_json::to_string(&json!({"time_ms": entry.time_ms, "body": body})).unwrap();
         if i % 11 == 3 {
