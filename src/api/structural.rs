@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::Xxh3;
 /// The structural hash of `value` and the number of content bytes it covered, leaving out the
 /// top-level `cache_control` field.
 pub fn block_hash<T: Serialize + ?Sized>(tag: &[u8], value: &T) -> (u128, u32) {
-    let mut hasher = StructHasher { state: Xxh3::new(), depth: 0, bytes: 0, skip_next_value: false, skip_markers: true };
+    let mut hasher = StructHasher { state: XxhSink::default(), depth: 0, bytes: 0, skip_next_value: false, skip_markers: true };
     hasher.state.update(tag);
     hasher.state.update(&[0xff]);
     value.serialize(&mut hasher).expect("hashing never fails");
@@ -216,9 +216,43 @@ trait Sink {
     fn update(&mut self, bytes: &[u8]);
 }
 
-impl Sink for Xxh3 {
+/// xxh3 fed through a small buffer: the stream is mostly tags and lengths of a few bytes each,
+/// and each call into the streaming hasher costs more than copying them. The digest depends on
+/// the bytes only, not on how they were cut.
+struct XxhSink {
+    state: Xxh3,
+    buf: [u8; XxhSink::CAPACITY],
+    len: usize,
+}
+
+impl Default for XxhSink {
+    fn default() -> Self {
+        XxhSink { state: Xxh3::new(), buf: [0; XxhSink::CAPACITY], len: 0 }
+    }
+}
+
+impl XxhSink {
+    const CAPACITY: usize = 512;
+
+    fn digest128(&mut self) -> u128 {
+        self.state.update(&self.buf[..self.len]);
+        self.len = 0;
+        self.state.digest128()
+    }
+}
+
+impl Sink for XxhSink {
     fn update(&mut self, bytes: &[u8]) {
-        Xxh3::update(self, bytes);
+        if self.len + bytes.len() > Self::CAPACITY {
+            self.state.update(&self.buf[..self.len]);
+            self.len = 0;
+            if bytes.len() >= Self::CAPACITY {
+                self.state.update(bytes);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
     }
 }
 
@@ -238,12 +272,7 @@ impl Sha256Sink {
     fn finish_hex(mut self) -> String {
         use sha2::Digest;
         self.flush();
-        let digest = self.hasher.finalize();
-        let mut out = String::with_capacity(64);
-        for byte in digest.iter() {
-            out.push_str(&format!("{byte:02x}"));
-        }
-        out
+        super::canonical::hex(&self.hasher.finalize())
     }
 }
 

@@ -61,9 +61,14 @@ struct Track {
     tool_choice: Option<Value>,
     system: Option<SystemPrompt>,
     thinking: Option<Value>,
+    /// The last request's messages when it carried no keys (compared by content), else empty.
     messages: Vec<Message>,
-    /// The keys of `messages` ([`Flattener::flatten_keyed`]), when the request carried them.
+    /// The keys of the last request's messages ([`Flattener::flatten_keyed`]), when it carried
+    /// them.
     keys: Option<Vec<u128>>,
+    /// How many messages the last request had, and the cheap key of its first.
+    len: usize,
+    first: Option<(Role, usize, usize)>,
     /// The key of the last request's other fields ([`Flattener::flatten_with_keys`]).
     head_key: Option<u128>,
     /// The block records; the first `head` are the tools and system levels. Shared with the
@@ -91,6 +96,8 @@ impl Track {
             thinking: None,
             messages: Vec::new(),
             keys: None,
+            len: 0,
+            first: None,
             head_key: None,
             blocks: Arc::new(Vec::new()),
             head: 0,
@@ -147,7 +154,7 @@ impl Flattener {
             .tracks
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.model == request.model && t.family == family && t.messages.first().map(message_key) == key)
+            .filter(|(_, t)| t.model == request.model && t.family == family && t.first == key)
             .max_by_key(|(_, t)| t.last_used)
             .map(|(i, _)| i);
         if let Some(i) = found {
@@ -202,13 +209,19 @@ impl Flattener {
             && track.tool_choice.identical(&request.tool_choice)
             && track.system.identical(&request.system)
             && track.thinking.identical(&request.thinking);
-        let same = |m: usize, old: &[Message], old_keys: Option<&Vec<u128>>| match (keys, old_keys) {
-            (Some(new), Some(old_keys)) => new[m] == old_keys[m],
-            _ => request.messages[m].identical(&old[m]),
+        // The previous request's messages are compared by key where both carry keys, else by
+        // content where they were kept (an unkeyed request's are; a keyed one's need not be).
+        let old_len = track.len;
+        let kept = track.messages.len() == old_len;
+        let reuse = match (keys, track.keys.as_deref()) {
+            (Some(new), Some(old)) => new.iter().zip(old).position(|(a, b)| a != b).unwrap_or(new.len().min(old.len())),
+            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count(),
+            _ => 0,
         };
-        let reuse = (0..request.messages.len().min(track.messages.len()))
-            .take_while(|&m| same(m, &track.messages, track.keys.as_ref()))
-            .count();
+        let same = |m: usize, old_messages: &[Message], old_keys: Option<&[u128]>| match (keys, old_keys) {
+            (Some(new), Some(old)) => new[m] == old[m],
+            _ => old_messages.get(m).is_some_and(|old| request.messages[m].identical(old)),
+        };
 
         // Keep messages[..reuse]; set the rest aside (its records may serve again below).
         let blocks = Arc::make_mut(&mut track.blocks);
@@ -244,7 +257,7 @@ impl Flattener {
         for (m, message) in request.messages.iter().enumerate().skip(reuse) {
             track.starts.push(blocks.len());
             let j = m - reuse;
-            if m < track.messages.len() && same(m, &track.messages, track.keys.as_ref()) {
+            if m < old_len && same(m, &track.messages, track.keys.as_deref()) {
                 let records = &old_tail[old_starts[j] - base..old_starts[j + 1] - base];
                 self.reused_blocks += records.len() as u64;
                 for record in records {
@@ -260,9 +273,22 @@ impl Flattener {
         track.starts.push(blocks.len());
         sum_tokens_from(blocks, fresh_from);
         track.positions.scan(blocks, fresh_from);
-        track.messages.truncate(reuse);
-        track.messages.extend_from_slice(&request.messages[reuse..]);
-        track.keys = keys.map(<[u128]>::to_vec);
+        match keys {
+            Some(keys) => {
+                // Keyed: the keys stand for the messages (`reuse` was counted on them).
+                let kept_keys = track.keys.get_or_insert_with(Vec::new);
+                kept_keys.truncate(reuse);
+                kept_keys.extend_from_slice(&keys[kept_keys.len()..]);
+                track.messages.clear();
+            }
+            None => {
+                track.keys = None;
+                track.messages.truncate(reuse);
+                track.messages.extend_from_slice(&request.messages[reuse..]);
+            }
+        }
+        track.len = request.messages.len();
+        track.first = request.messages.first().map(message_key);
         track.head_key = head_key;
 
         let body_sha256 = if self.body_hashes { track.body.sha256_hex_keyed(request, reuse, head_key) } else { String::new() };
