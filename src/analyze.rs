@@ -11,6 +11,7 @@
 //! first message but does not extend it is the main lane re-rendered; anything else opens a
 //! new lane `side:N`.
 
+use std::collections::HashSet;
 use std::io::BufRead;
 use std::path::Path;
 
@@ -20,7 +21,7 @@ use serde_json::value::RawValue;
 
 use crate::api::{Request, Usage};
 use crate::measure::blocks::{FlatRequest, parse_request};
-use crate::measure::{MeasureInput, Measurer, RequestMetrics, UnknownModel};
+use crate::measure::{EstimatorKind, MeasureInput, Measurer, RequestMetrics, UnknownModel};
 
 /// One entry of a request log.
 #[derive(Debug, Clone)]
@@ -309,8 +310,26 @@ impl LaneInference {
     }
 }
 
+/// Tokenizes the new parts of every keyed entry (a head or message whose key was not seen
+/// before) ahead of the measurement ([`Measurer::count_ahead`]). With `chars4` counting costs
+/// no more than the lookup, so nothing is done.
+fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
+    if measurer.counter().kind() == EstimatorKind::Chars4 {
+        return;
+    }
+    let mut heads: HashSet<u128> = HashSet::new();
+    let mut messages: HashSet<u128> = HashSet::new();
+    for entry in &log.entries {
+        let (Some(head), Some(keys)) = (entry.head_key, &entry.message_keys) else { continue };
+        let new_messages: Vec<usize> = keys.iter().enumerate().filter(|(_, key)| messages.insert(**key)).map(|(m, _)| m).collect();
+        // An unknown model is the measurement's error to report, with its line.
+        let _ = measurer.count_ahead(&entry.body, heads.insert(head), new_messages);
+    }
+}
+
 /// Measures every entry of a log in order.
 pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
+    count_ahead(log, measurer);
     let mut inference = LaneInference::default();
     let mut rows = Vec::with_capacity(log.entries.len());
     for entry in &log.entries {

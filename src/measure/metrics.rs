@@ -202,6 +202,23 @@ impl Measurer {
         self.serve_keyed(body, None)
     }
 
+    /// Counts the blocks of `body`'s tools and system (when `head`) and of the messages at
+    /// `messages` into the memo, without measuring anything: a reader that knows which parts
+    /// of a log are new ([`crate::analyze`]'s keys) tokenizes them all in one run, with the
+    /// tokenizer's tables warm, before the measurement looks every count up.
+    pub fn count_ahead(&mut self, body: &Request, head: bool, messages: impl IntoIterator<Item = usize>) -> Result<(), UnknownModel> {
+        let family = self.model_info(&body.model)?.family.clone();
+        let mut scratch = Vec::new();
+        if head {
+            super::blocks::head_blocks(body, &mut self.counter, &family, &mut scratch);
+        }
+        for m in messages {
+            scratch.clear();
+            super::blocks::push_message(m, &body.messages[m], &mut self.counter, &family, 0, &mut scratch);
+        }
+        Ok(())
+    }
+
     /// The table entry of `model`, the last one remembered.
     fn model_info(&mut self, model: &str) -> Result<&ModelInfo, UnknownModel> {
         let index = match &self.last_model {
