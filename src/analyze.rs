@@ -319,9 +319,14 @@ fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
     }
     let mut heads: HashSet<u128> = HashSet::new();
     let mut messages: HashSet<u128> = HashSet::new();
+    let mut previous: &[u128] = &[];
     for entry in &log.entries {
         let (Some(head), Some(keys)) = (entry.head_key, &entry.message_keys) else { continue };
-        let new_messages: Vec<usize> = keys.iter().enumerate().filter(|(_, key)| messages.insert(**key)).map(|(m, _)| m).collect();
+        // What the previous entry repeats was seen: only the rest is looked up.
+        let repeated = crate::measure::incremental::common_keys(keys, previous);
+        previous = keys;
+        let new_messages: Vec<usize> =
+            keys.iter().enumerate().skip(repeated).filter(|(_, key)| messages.insert(**key)).map(|(m, _)| m).collect();
         // An unknown model is the measurement's error to report, with its line.
         let _ = measurer.count_ahead(&entry.body, heads.insert(head), new_messages);
     }

@@ -29,7 +29,9 @@
 //! entry for free (its tokens were read); when B lies below the minimum length there is no 1h
 //! entry and the whole write is billed at C's 5m rate.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use crate::api::{CacheControl, CacheTtl};
 
@@ -98,7 +100,8 @@ impl CacheOutcome {
 #[derive(Debug, Default)]
 pub struct CacheSim {
     namespaces: BTreeMap<String, u32>,
-    entries: HashMap<(u32, u128), Entry>,
+    /// Keyed by namespace and prefix hash (already uniform: the fast hasher suffices).
+    entries: FxHashMap<(u32, u128), Entry>,
     /// `cache_reference`s deleted by `cache_edits`, per namespace (looked up, never iterated
     /// into output).
     deleted: BTreeMap<u32, std::collections::BTreeSet<String>>,
@@ -107,7 +110,7 @@ pub struct CacheSim {
 
 impl CacheSim {
     pub fn new() -> Self {
-        CacheSim { namespaces: BTreeMap::new(), entries: HashMap::new(), deleted: BTreeMap::new(), lookback: LOOKBACK }
+        CacheSim { namespaces: BTreeMap::new(), entries: FxHashMap::default(), deleted: BTreeMap::new(), lookback: LOOKBACK }
     }
 
     fn namespace(&mut self, model: &str) -> u32 {

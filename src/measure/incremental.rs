@@ -128,6 +128,18 @@ fn message_key(message: &Message) -> (Role, usize, usize) {
     (message.role, count, length)
 }
 
+/// How many leading keys two key lists share: compared 64 at a time (a `memcmp`), then one
+/// by one inside the first chunk that differs.
+pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
+    const CHUNK: usize = 64;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    i + a[i..n].iter().zip(&b[i..n]).position(|(x, y)| x != y).unwrap_or(n - i)
+}
+
 impl Default for Flattener {
     fn default() -> Self {
         Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, requests: 0, reused_blocks: 0 }
@@ -214,7 +226,7 @@ impl Flattener {
         let old_len = track.len;
         let kept = track.messages.len() == old_len;
         let reuse = match (keys, track.keys.as_deref()) {
-            (Some(new), Some(old)) => new.iter().zip(old).position(|(a, b)| a != b).unwrap_or(new.len().min(old.len())),
+            (Some(new), Some(old)) => common_keys(new, old),
             _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count(),
             _ => 0,
         };
@@ -293,5 +305,24 @@ impl Flattener {
 
         let body_sha256 = if self.body_hashes { track.body.sha256_hex_keyed(request, reuse, head_key) } else { String::new() };
         finish(request, Arc::clone(&track.blocks), track.head, track.positions.clone(), body_sha256)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_keys;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn common_keys_is_the_first_difference(len in 0usize..300, other in 0usize..300, at in 0usize..300, small in any::<bool>()) {
+            let a: Vec<u128> = (0..len as u128).map(|i| if small { i % 3 } else { i * 7919 }).collect();
+            let mut b: Vec<u128> = (0..other as u128).map(|i| if small { i % 3 } else { i * 7919 }).collect();
+            if at < b.len() {
+                b[at] = u128::MAX;
+            }
+            let naive = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(common_keys(&a, &b), naive);
+        }
     }
 }
