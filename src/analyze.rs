@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::api::{Request, Usage};
+use crate::api::{Message, Request, Usage};
 use crate::measure::blocks::{FlatRequest, parse_request};
 use crate::measure::{EstimatorKind, MeasureInput, Measurer, RequestMetrics, UnknownModel};
 
@@ -105,25 +105,6 @@ impl<'de> Deserialize<'de> for RawFields<'de> {
     }
 }
 
-/// The keys of a body read from `text` ([`LogEntry::head_key`], [`LogEntry::message_keys`]).
-fn body_keys(text: &str) -> Option<(u128, Vec<u128>)> {
-    let RawFields(fields) = serde_json::from_str(text).ok()?;
-    let mut head = xxhash_rust::xxh3::Xxh3::new();
-    let mut messages = None;
-    for (name, raw) in fields {
-        if name == "messages" {
-            let raws: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
-            messages = Some(raws.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.get().as_bytes())).collect());
-        } else {
-            head.update(name.as_bytes());
-            head.update(&[0]);
-            head.update(raw.get().as_bytes());
-            head.update(&[0xff]);
-        }
-    }
-    Some((head.digest128(), messages?))
-}
-
 fn line_error(path: &str, line: usize, message: impl Into<String>) -> AnalyzeError {
     AnalyzeError::Line { path: path.to_owned(), line, message: message.into() }
 }
@@ -148,31 +129,79 @@ fn without_position(e: &serde_json::Error) -> String {
     text.strip_suffix(&suffix).map_or(text.clone(), str::to_owned)
 }
 
+/// Deserializes `text` as a `T`, the error naming the JSON path under `at` (`body`,
+/// `body.messages[3]`).
+fn parse_at<'a, T: Deserialize<'a>>(text: &'a str, at: &str) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let message = without_position(e.inner());
+        if path == "." { format!("{at}: {message}") } else { format!("{at}.{}: {message}", path.trim_start_matches('.')) }
+    })
+}
+
+/// The messages read so far by the xxh3 of their JSON text: a message a log repeats (each
+/// request repeats the whole history) is parsed once and cloned after that.
+#[derive(Default)]
+struct Interner {
+    messages: rustc_hash::FxHashMap<u128, Message>,
+}
+
 /// Reads a body from its JSON text, with its keys ([`LogEntry::head_key`],
-/// [`LogEntry::message_keys`]).
-fn parse_body_text(raw: &RawValue) -> Result<(Request, Option<(u128, Vec<u128>)>), String> {
+/// [`LogEntry::message_keys`]). The fields other than `messages` are parsed as one object;
+/// each message is looked up by key and parsed only the first time it is seen.
+fn parse_body_text(raw: &RawValue, interner: &mut Interner) -> Result<(Request, Option<(u128, Vec<u128>)>), String> {
     let text = raw.get();
     if !text.trim_start().starts_with('{') {
         return Err("body: not a Messages API request (expected an object)".to_owned());
     }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let body: Request = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let message = without_position(e.inner());
-        if path == "." { format!("body: {message}") } else { format!("body.{}: {message}", path.trim_start_matches('.')) }
-    })?;
-    let keys = body_keys(text).filter(|(_, messages)| messages.len() == body.messages.len());
-    Ok((body, keys))
+    // Field names with escapes cannot be borrowed: such a body is parsed whole, without keys.
+    let Ok(RawFields(fields)) = serde_json::from_str(text) else { return Ok((parse_at(text, "body")?, None)) };
+    let mut listed = fields.iter().filter(|(name, _)| *name == "messages").map(|(_, raw)| serde_json::from_str::<Vec<&RawValue>>(raw.get()));
+    let (Some(Ok(messages)), None) = (listed.next(), listed.next()) else { return Ok((parse_at(text, "body")?, None)) };
+
+    let mut head = xxhash_rust::xxh3::Xxh3::new();
+    let mut rest = String::with_capacity(text.len().min(1 << 16));
+    rest.push('{');
+    for (name, raw) in fields.iter().filter(|(name, _)| *name != "messages") {
+        head.update(name.as_bytes());
+        head.update(&[0]);
+        head.update(raw.get().as_bytes());
+        head.update(&[0xff]);
+        rest.push('"');
+        rest.push_str(name);
+        rest.push_str("\":");
+        rest.push_str(raw.get());
+        rest.push(',');
+    }
+    rest.push_str("\"messages\":[]}");
+    let mut body: Request = parse_at(&rest, "body")?;
+    let mut keys = Vec::with_capacity(messages.len());
+    body.messages.reserve_exact(messages.len());
+    for (i, raw) in messages.iter().enumerate() {
+        let key = xxhash_rust::xxh3::xxh3_128(raw.get().as_bytes());
+        let message = match interner.messages.get(&key) {
+            Some(message) => message.clone(),
+            None => {
+                let message: Message = parse_at(raw.get(), &format!("body.messages[{i}]"))?;
+                interner.messages.insert(key, message.clone());
+                message
+            }
+        };
+        body.messages.push(message);
+        keys.push(key);
+    }
+    Ok((body, Some((head.digest128(), keys))))
 }
 
 /// Parses one log line's fields into an entry.
-fn parse_line(raw: RawLine<'_>, line: usize) -> Result<LogEntry, String> {
+fn parse_line(raw: RawLine<'_>, line: usize, interner: &mut Interner) -> Result<LogEntry, String> {
     let time_ms = match (raw.time_ms, raw.time) {
         (Some(ms), _) => ms,
         (None, Some(text)) => parse_time(&text)?,
         (None, None) => return Err("missing field `time_ms` (or `time`)".to_owned()),
     };
-    let (body, keys) = parse_body_text(raw.body)?;
+    let (body, keys) = parse_body_text(raw.body, interner)?;
     let (head_key, message_keys) = match keys {
         Some((head, messages)) => (Some(head), Some(messages)),
         None => (None, None),
@@ -192,6 +221,7 @@ pub fn read_log(reader: impl BufRead, path: &str) -> Result<RequestLog, AnalyzeE
     let mut log = RequestLog::default();
     let mut lines = reader.lines().enumerate().peekable();
     let mut first_content: Option<String> = None;
+    let mut interner = Interner::default();
     while let Some((i, line)) = lines.next() {
         let line = line.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?;
         let number = i + 1;
@@ -226,7 +256,7 @@ pub fn read_log(reader: impl BufRead, path: &str) -> Result<RequestLog, AnalyzeE
             }
             Err((_, e)) => return Err(line_error(path, number, format!("malformed JSON: {e}"))),
         };
-        let entry = parse_line(raw, number).map_err(|m| line_error(path, number, m))?;
+        let entry = parse_line(raw, number, &mut interner).map_err(|m| line_error(path, number, m))?;
         log.entries.push(entry);
     }
     normalize_times(&mut log.entries);

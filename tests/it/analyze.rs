@@ -203,3 +203,14 @@ fn message_keys_change_nothing() {
     ctxsim::recording::claude_trace::write_request_log_to(&converted.entries, &mut log).unwrap();
     assert_eq!(check_keys_change_nothing(&String::from_utf8(log).unwrap()), 64);
 }
+
+#[test]
+fn an_error_inside_a_message_names_its_path() {
+    // The second request repeats the first message (parsed once, then reused) and adds a bad one.
+    let ok = json!({"role": "user", "content": "hello"});
+    let bad = json!({"role": "user", "content": [{"type": "text", "text": 5}]});
+    let line = |messages: Value| serde_json::to_string(&json!({"time_ms": 0, "body": {"model": "claude-sonnet-4-5", "messages": messages}})).unwrap();
+    let text = format!("{}\n{}\n", line(json!([ok])), line(json!([ok, {"role": "assistant", "content": "hi"}, bad])));
+    let err = check_log(&text).expect_err("the log must be rejected");
+    assert!(err.starts_with("log.jsonl:2: body.messages[2].content"), "{err}");
+}
