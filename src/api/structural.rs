@@ -112,22 +112,7 @@ impl BodyHasher {
         let keyed_same = head_key.is_some() && head_key == self.head_key && self.head.is_some();
         let head_same = keyed_same || self.head.as_ref().is_some_and(|head| same_head(head, body));
         self.head_key = head_key;
-        let Request {
-            model,
-            messages,
-            system,
-            tools,
-            tool_choice,
-            metadata,
-            max_tokens,
-            thinking,
-            temperature,
-            context_management,
-            output_config,
-            cache_control,
-            stream,
-            extra,
-        } = body;
+        let messages = &body.messages;
         let mut hasher;
         if head_same && !self.checkpoints.is_empty() {
             let reuse = reuse.min(messages.len()).min(self.checkpoints.len() - 1);
@@ -136,20 +121,20 @@ impl BodyHasher {
         } else {
             hasher = body_hasher(sha2::Sha256::default());
             let mut map = ser::Serializer::serialize_map(&mut hasher, None).expect("hashing never fails");
-            map.serialize_entry("model", model).expect("hashing never fails");
+            map.serialize_entry("model", &body.model).expect("hashing never fails");
             // The optional fields when present, then `extra`, as `#[derive(Serialize)]` writes them.
             let fields: [(&str, Option<&dyn erased::Value>); 11] = [
-                ("system", system.as_ref().map(|v| v as _)),
-                ("tools", tools.as_ref().map(|v| v as _)),
-                ("tool_choice", tool_choice.as_ref().map(|v| v as _)),
-                ("metadata", metadata.as_ref().map(|v| v as _)),
-                ("max_tokens", max_tokens.as_ref().map(|v| v as _)),
-                ("thinking", thinking.as_ref().map(|v| v as _)),
-                ("temperature", temperature.as_ref().map(|v| v as _)),
-                ("context_management", context_management.as_ref().map(|v| v as _)),
-                ("output_config", output_config.as_ref().map(|v| v as _)),
-                ("cache_control", cache_control.as_ref().map(|v| v as _)),
-                ("stream", stream.as_ref().map(|v| v as _)),
+                ("system", body.system.as_ref().map(|v| v as _)),
+                ("tools", body.tools.as_ref().map(|v| v as _)),
+                ("tool_choice", body.tool_choice.as_ref().map(|v| v as _)),
+                ("metadata", body.metadata.as_ref().map(|v| v as _)),
+                ("max_tokens", body.max_tokens.as_ref().map(|v| v as _)),
+                ("thinking", body.thinking.as_ref().map(|v| v as _)),
+                ("temperature", body.temperature.as_ref().map(|v| v as _)),
+                ("context_management", body.context_management.as_ref().map(|v| v as _)),
+                ("output_config", body.output_config.as_ref().map(|v| v as _)),
+                ("cache_control", body.cache_control.as_ref().map(|v| v as _)),
+                ("stream", body.stream.as_ref().map(|v| v as _)),
             ];
             for (key, value) in fields {
                 if let Some(value) = value {
@@ -157,7 +142,7 @@ impl BodyHasher {
                     value.hash_into(map);
                 }
             }
-            for (key, value) in extra {
+            for (key, value) in &body.extra {
                 map.serialize_entry(key, value).expect("hashing never fails");
             }
             map.serialize_key("messages").expect("hashing never fails");
@@ -165,21 +150,22 @@ impl BodyHasher {
             hasher.state.flush();
             self.checkpoints.clear();
             self.checkpoints.push(hasher.state.hasher.clone());
+            // Every field listed (no `..`): a new field is a compile error until it is hashed.
             self.head = Some(Request {
-                model: model.clone(),
+                model: body.model.clone(),
                 messages: Vec::new(),
-                system: system.clone(),
-                tools: tools.clone(),
-                tool_choice: tool_choice.clone(),
-                metadata: metadata.clone(),
-                max_tokens: *max_tokens,
-                thinking: thinking.clone(),
-                temperature: temperature.clone(),
-                context_management: context_management.clone(),
-                output_config: output_config.clone(),
-                cache_control: cache_control.clone(),
-                stream: *stream,
-                extra: extra.clone(),
+                system: body.system.clone(),
+                tools: body.tools.clone(),
+                tool_choice: body.tool_choice.clone(),
+                metadata: body.metadata.clone(),
+                max_tokens: body.max_tokens,
+                thinking: body.thinking.clone(),
+                temperature: body.temperature.clone(),
+                context_management: body.context_management.clone(),
+                output_config: body.output_config.clone(),
+                cache_control: body.cache_control.clone(),
+                stream: body.stream,
+                extra: body.extra.clone(),
             });
         }
         // Inside the top-level map and the `messages` array.
