@@ -34,6 +34,7 @@ use super::format::{
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::report::{ImportError, ImportReport, UsageTotals};
+use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, StopReason, ToolResultContent, Usage};
 
 /// Record types that carry session metadata (last value wins); they go to the header.
@@ -165,13 +166,28 @@ impl Chain {
     }
 }
 
-/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]).
+/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]),
+/// each message with a *serial*: a number given when the message is built and renewed whenever
+/// it changes (merged into, or rebuilt with different content), so that two messages with the
+/// same serial from one cache are identical ([`ImportedSession::messages_for_call_view`]).
 #[derive(Debug, Default)]
 pub struct ViewCache {
-    lanes: BTreeMap<String, (Vec<usize>, Vec<Message>)>,
+    lanes: BTreeMap<String, LaneView>,
+    /// The next serial to give.
+    next_serial: u64,
     /// Calls whose messages were appended to the previous call's rather than rebuilt.
     pub appended: u64,
 }
+
+#[derive(Debug, Default)]
+struct LaneView {
+    /// The event indices `messages` were built from; `None` after a resumed client's rebuild
+    /// (`loaded_until > 0`), which no later view extends.
+    view: Option<Vec<usize>>,
+    messages: Vec<Message>,
+    serials: Vec<u64>,
+}
+
 
 impl ImportedSession {
     /// A session from a recording read back from disk: no `parentUuid` graph, so every call's
@@ -302,19 +318,51 @@ impl ImportedSession {
     /// client's messages (`loaded_until > 0`) drop unanswered tool uses anywhere, so they are
     /// rebuilt.
     pub fn messages_for_call_cached(&self, call: &RecordedCall, loaded_until: usize, cache: &mut ViewCache) -> Vec<Message> {
-        if loaded_until > 0 {
-            return self.messages_for_call_loaded(call, loaded_until);
-        }
-        let view = self.view_event_indices_loaded(call, 0);
-        let (last_view, messages) = cache.lanes.entry(call.lane.clone()).or_default();
-        if view.starts_with(last_view) {
-            cache.appended += 1;
-            append_messages(&self.recording, &view[last_view.len()..], messages);
+        self.messages_for_call_view(call, loaded_until, cache).0.to_vec()
+    }
+
+    /// [`Self::messages_for_call_cached`] without the copy: the lane's messages as the cache
+    /// holds them, with their serials (equal serials from one cache = identical messages).
+    /// Appending renews the serial of the message merged into (conservatively, the last one
+    /// whenever anything is appended) and gives new messages new serials; a rebuild keeps the
+    /// serial of a message only where it is identical to the one at its index before.
+    pub fn messages_for_call_view<'c>(&self, call: &RecordedCall, loaded_until: usize, cache: &'c mut ViewCache) -> (&'c [Message], &'c [u64]) {
+        let next = &mut cache.next_serial;
+        let mut fresh = || {
+            *next += 1;
+            *next
+        };
+        let lane = cache.lanes.entry(call.lane.clone()).or_default();
+        let (messages, view) = if loaded_until > 0 {
+            (self.messages_for_call_loaded(call, loaded_until), None)
         } else {
-            *messages = build_messages(&self.recording, &view);
-        }
-        *last_view = view;
-        messages.clone()
+            let view = self.view_event_indices_loaded(call, 0);
+            if let Some(last_view) = &lane.view
+                && view.starts_with(last_view)
+            {
+                cache.appended += 1;
+                if view.len() > last_view.len() {
+                    let renew = lane.messages.len().saturating_sub(1);
+                    append_messages(&self.recording, &view[last_view.len()..], &mut lane.messages);
+                    lane.serials.truncate(renew);
+                    lane.serials.resize_with(lane.messages.len(), &mut fresh);
+                    lane.view = Some(view);
+                }
+                return (&lane.messages, &lane.serials);
+            }
+            (build_messages(&self.recording, &view), Some(view))
+        };
+        // Rebuilt: a serial is kept where the message at the same index is identical.
+        let serials = messages
+            .iter()
+            .enumerate()
+            .map(|(i, message)| match (lane.messages.get(i), lane.serials.get(i)) {
+                (Some(old), Some(&serial)) if old.identical(message) => serial,
+                _ => fresh(),
+            })
+            .collect();
+        *lane = LaneView { view, messages, serials };
+        (&lane.messages, &lane.serials)
     }
 
     /// The messages of a fork of the main thread (`call` in lane `compact`): the main thread's
