@@ -252,6 +252,7 @@ struct LaneState {
     restored_version: u64,
     /// The lane's messages as last built ([`BuiltView`]).
     built: BuiltView,
+    parts: Parts,
 }
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
@@ -276,13 +277,26 @@ struct Unrecorded<'a> {
 
 impl Unrecorded<'_> {
     fn request(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes) -> Request {
+        self.request_with(model, messages, sizes, &mut Parts::default())
+    }
+
+    /// [`Self::request`] taking its system prompt and reminder from `parts` where they are the
+    /// ones it needs (the filler texts are tens to hundreds of KB); [`Parts::recover`] takes
+    /// them back.
+    fn request_with(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes, parts: &mut Parts) -> Request {
         let mut request = Request::new(model.to_owned(), 32_000);
         request.messages = messages;
         let label = if self.group == LANE_MAIN { "system".to_owned() } else { format!("system {}", self.group) };
-        request.system = Some(SystemPrompt::Blocks(vec![
-            SystemBlock::text(filler(&label, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
-                .with_cache_control(Some(self.cache_control.clone())),
-        ]));
+        let key = (label, sizes.prefix_tokens, self.kind, self.params.scale.to_bits(), self.params.per_block.to_bits(), self.cache_control.clone());
+        let system = match parts.system.take() {
+            Some((k, system)) if k == key => system,
+            _ => SystemPrompt::Blocks(vec![
+                SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
+                    .with_cache_control(Some(self.cache_control.clone())),
+            ]),
+        };
+        request.system = Some(system);
+        parts.system_key = Some(key);
         if !self.loaded_tools.is_empty() {
             request.tools = Some(
                 self.loaded_tools
@@ -291,8 +305,12 @@ impl Unrecorded<'_> {
                     .collect(),
             );
         }
-        if let Some((label, target)) = self.reminder(sizes) {
-            let reminder = ContentBlock::text(filler(&label, target, self.kind, self.params.scale, self.params.per_block));
+        parts.reminder_key = self.reminder(sizes).map(|(label, target)| (label, target, self.kind, self.params.scale.to_bits(), self.params.per_block.to_bits()));
+        if let Some(key) = &parts.reminder_key {
+            let reminder = match parts.reminder.take() {
+                Some((k, reminder)) if k == *key => reminder,
+                _ => ContentBlock::text(filler(&key.0, key.1, self.kind, self.params.scale, self.params.per_block)),
+            };
             match request.messages.first_mut() {
                 Some(first) if first.role == Role::User => first.content.blocks_mut().insert(0, reminder),
                 _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
@@ -426,20 +444,51 @@ impl BuiltView {
 /// as built, which the request changes.
 struct Lent {
     built: BuiltView,
-    first: Option<Message>,
+    first: FirstUndo,
     last: Option<Message>,
 }
 
+/// How the first message is put back as built.
+enum FirstUndo {
+    /// Keep its first `n` blocks (the request only added blocks around them).
+    Truncate(usize),
+    /// Put this copy back (it is also the last message, or not blocks).
+    Restore(Message),
+    None,
+}
+
 impl Lent {
-    /// The view again, from the messages of the request built around it.
-    fn give_back(self, mut messages: Vec<Message>) -> BuiltView {
+    fn new(built: BuiltView, messages: &[Message]) -> Lent {
+        let first = match messages.first() {
+            Some(Message { content: MessageContent::Blocks(blocks), .. }) if messages.len() > 1 => FirstUndo::Truncate(blocks.len()),
+            Some(first) => FirstUndo::Restore(first.clone()),
+            None => FirstUndo::None,
+        };
+        let last = messages.last().filter(|_| messages.len() > 1).cloned();
+        Lent { built, first, last }
+    }
+
+    /// The view again, from the request built around it ([`Unrecorded::request_with`]), and
+    /// the system prompt and reminder kept in `parts` for the next request.
+    fn give_back(self, request: Request, parts: &mut Parts) -> BuiltView {
         let Lent { mut built, first, last } = self;
-        if messages.len() > built.keys.len() {
+        let Request { mut messages, system, .. } = request;
+        parts.system = parts.system_key.take().zip(system);
+        let reminder_key = parts.reminder_key.take();
+        let reminder = if messages.len() > built.keys.len() {
             // The reminder opened the request as a message of its own.
-            messages.remove(0);
-        }
-        if let Some(first) = first {
-            messages[0] = first;
+            Some(messages.remove(0).content.into_blocks().remove(0))
+        } else if reminder_key.is_some() {
+            Some(messages[0].content.blocks_mut().remove(0))
+        } else {
+            None
+        };
+        // (A reminder that took the marker, as the only block of the request, is not kept.)
+        parts.reminder = reminder_key.zip(reminder.filter(|block| block.cache_control().is_none()));
+        match first {
+            FirstUndo::Truncate(n) => messages[0].content.blocks_mut().truncate(n),
+            FirstUndo::Restore(first) => messages[0] = first,
+            FirstUndo::None => {}
         }
         if let Some(last) = last {
             let n = messages.len();
@@ -448,6 +497,19 @@ impl Lent {
         built.messages = messages;
         built
     }
+}
+
+type FillerKey = (String, u64, EstimatorKind, u64, u64);
+
+/// The filler parts of a lane's last request ([`Unrecorded::request_with`]), with what they were
+/// made from.
+#[derive(Debug, Default)]
+struct Parts {
+    system: Option<((String, u64, EstimatorKind, u64, u64, CacheControl), SystemPrompt)>,
+    reminder: Option<(FillerKey, ContentBlock)>,
+    /// What the request in flight was given.
+    system_key: Option<(String, u64, EstimatorKind, u64, u64, CacheControl)>,
+    reminder_key: Option<FillerKey>,
 }
 
 /// What the client changes in a recorded message before sending it: the results a recorded
@@ -876,10 +938,8 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             let mut built = std::mem::take(&mut state.built);
             let messages = std::mem::take(&mut built.messages);
             let marked = built.marked.last().cloned().flatten();
-            // The two messages the request changes (reminder and restored files; marker), as built.
-            let first = messages.first().cloned();
-            let last = messages.last().filter(|_| messages.len() > 1).cloned();
-            (messages, marked, Some(Lent { built, first, last }))
+            let lent = Lent::new(built, &messages);
+            (messages, marked, Some(lent))
         } else {
             let (mut messages, cleared) = match &main_fork {
                 Some((cleared, _, loaded_until)) => (session.fork_messages(call, *loaded_until), cleared),
@@ -1078,7 +1138,10 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             }
         }
         let request_keys = lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes));
-        let request = unrecorded.request(&call.model, messages, sizes);
+        let request = match &lent {
+            Some(_) => unrecorded.request_with(&call.model, messages, sizes, &mut state.parts),
+            None => unrecorded.request(&call.model, messages, sizes),
+        };
 
         let mut flat = match measurer.flatten_keyed(&request, request_keys.as_deref()) {
             Ok(flat) => flat,
@@ -1109,7 +1172,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         };
         loss.observe(&request, &metrics);
         if let Some(lent) = lent.take() {
-            state.built = lent.give_back(request.messages);
+            state.built = lent.give_back(request, &mut state.parts);
         }
         // The record has just shown the prefix level: size the unrecorded part by it from now
         // on, and let the simulated cache hold what the real one does after this call.
