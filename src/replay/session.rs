@@ -744,6 +744,8 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
     let mut views = crate::recording::ViewCache::default();
     let mut keys = MessageKeys { space: measurer.new_key_space(), fresh: 0 };
+    // Estimates of file texts a compaction restores, by content hash and model family.
+    let file_tokens: std::cell::RefCell<BTreeMap<(u128, String), u64>> = Default::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
     let mut out = Vec::with_capacity(session.calls.len());
     let mut turn = 0u32;
@@ -786,7 +788,12 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                     state.turns.on_compaction(&turn_profile);
                     state.restored = if options.restore_files {
                         let counter = measurer.counter();
-                        let restored = state.working_set.compact(cwd, |text| u64::from(counter.count_text(text, &family)));
+                        // The files of one compaction are mostly those of the one before.
+                        let count = |text: &str| {
+                            let key = (xxhash_rust::xxh3::xxh3_128(text.as_bytes()), family.clone());
+                            *file_tokens.borrow_mut().entry(key).or_insert_with(|| u64::from(counter.count_text(text, &family)))
+                        };
+                        let restored = state.working_set.compact(cwd, count);
                         restored
                             .iter()
                             .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block)))
