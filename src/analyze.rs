@@ -11,15 +11,17 @@
 //! first message but does not extend it is the main lane re-rendered; anything else opens a
 //! new lane `side:N`.
 
+use std::collections::HashSet;
 use std::io::BufRead;
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::api::{Request, Usage};
-use crate::measure::blocks::{FlatRequest, Region, parse_request};
-use crate::measure::{MeasureInput, Measurer, RequestMetrics, UnknownModel};
+use crate::measure::blocks::{FlatRequest, parse_request};
+use crate::measure::{EstimatorKind, MeasureInput, Measurer, RequestMetrics, UnknownModel};
 
 /// One entry of a request log.
 #[derive(Debug, Clone)]
@@ -29,6 +31,21 @@ pub struct LogEntry {
     pub body: Request,
     pub lane: Option<String>,
     pub usage: Option<Usage>,
+    /// A key per message of `body`: the xxh3-128 of the message's JSON text as read. Equal
+    /// keys mean byte-equal JSON, hence identical messages, so the measurement compares a
+    /// request with the previous one by key ([`crate::measure::incremental::Flattener::flatten_keyed`])
+    /// instead of walking both. `None` when the entry was not read from JSON text.
+    pub message_keys: Option<Vec<u128>>,
+    /// A key of every field but `messages` (names and JSON texts, in order), alike: equal
+    /// keys mean identical tools, system prompt and parameters.
+    pub head_key: Option<u128>,
+}
+
+impl LogEntry {
+    /// An entry built in memory (no message keys).
+    pub fn new(line: usize, time_ms: u64, body: Request) -> LogEntry {
+        LogEntry { line, time_ms, body, lane: None, usage: None, message_keys: None, head_key: None }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,16 +67,61 @@ pub struct RequestLog {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawLine {
+struct RawLine<'a> {
     #[serde(default)]
     time_ms: Option<u64>,
     #[serde(default)]
     time: Option<String>,
-    body: Value,
+    #[serde(borrow)]
+    body: &'a RawValue,
     #[serde(default)]
     lane: Option<String>,
     #[serde(default)]
     usage: Option<Value>,
+}
+
+/// A JSON object's fields as JSON text, in order (names without escapes only).
+struct RawFields<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for RawFields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = RawFields<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawFields<'de>, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    fields.push(field);
+                }
+                Ok(RawFields(fields))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// The keys of a body read from `text` ([`LogEntry::head_key`], [`LogEntry::message_keys`]).
+fn body_keys(text: &str) -> Option<(u128, Vec<u128>)> {
+    let RawFields(fields) = serde_json::from_str(text).ok()?;
+    let mut head = xxhash_rust::xxh3::Xxh3::new();
+    let mut messages = None;
+    for (name, raw) in fields {
+        if name == "messages" {
+            let raws: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+            messages = Some(raws.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.get().as_bytes())).collect());
+        } else {
+            head.update(name.as_bytes());
+            head.update(&[0]);
+            head.update(raw.get().as_bytes());
+            head.update(&[0xff]);
+        }
+    }
+    Some((head.digest128(), messages?))
 }
 
 fn line_error(path: &str, line: usize, message: impl Into<String>) -> AnalyzeError {
@@ -78,25 +140,50 @@ fn parse_body(value: Value) -> Result<Request, String> {
     parse_request(value).map_err(|e| format!("body.{}", e.trim_start_matches('.')))
 }
 
-/// Parses one log line (already JSON) into an entry.
-fn parse_line(value: Value, line: usize) -> Result<LogEntry, String> {
-    let raw: RawLine = serde_path_to_error::deserialize(value).map_err(|e| {
+/// A JSON error's message without serde_json's position suffix (positions inside a body or a
+/// line are not the file's; the line is named by the caller).
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&suffix).map_or(text.clone(), str::to_owned)
+}
+
+/// Reads a body from its JSON text, with its keys ([`LogEntry::head_key`],
+/// [`LogEntry::message_keys`]).
+fn parse_body_text(raw: &RawValue) -> Result<(Request, Option<(u128, Vec<u128>)>), String> {
+    let text = raw.get();
+    if !text.trim_start().starts_with('{') {
+        return Err("body: not a Messages API request (expected an object)".to_owned());
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let body: Request = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) }
+        let message = without_position(e.inner());
+        if path == "." { format!("body: {message}") } else { format!("body.{}: {message}", path.trim_start_matches('.')) }
     })?;
+    let keys = body_keys(text).filter(|(_, messages)| messages.len() == body.messages.len());
+    Ok((body, keys))
+}
+
+/// Parses one log line's fields into an entry.
+fn parse_line(raw: RawLine<'_>, line: usize) -> Result<LogEntry, String> {
     let time_ms = match (raw.time_ms, raw.time) {
         (Some(ms), _) => ms,
         (None, Some(text)) => parse_time(&text)?,
         (None, None) => return Err("missing field `time_ms` (or `time`)".to_owned()),
     };
-    let body = parse_body(raw.body)?;
+    let (body, keys) = parse_body_text(raw.body)?;
+    let (head_key, message_keys) = match keys {
+        Some((head, messages)) => (Some(head), Some(messages)),
+        None => (None, None),
+    };
     let usage = match raw.usage {
         None | Some(Value::Null) => None,
         Some(value) => Some(
             serde_path_to_error::deserialize(value).map_err(|e| format!("usage.{}: {}", e.path(), e.inner()))?,
         ),
     };
-    Ok(LogEntry { line, time_ms, body, lane: raw.lane, usage })
+    Ok(LogEntry { line, time_ms, body, lane: raw.lane, usage, message_keys, head_key })
 }
 
 /// Reads a request log from a reader. A malformed line is an error naming the line; a
@@ -122,15 +209,24 @@ pub fn read_log(reader: impl BufRead, path: &str) -> Result<RequestLog, AnalyzeE
         }
         first_content.get_or_insert_with(|| line.clone());
         let is_last = lines.peek().is_none();
-        let value: Value = match serde_json::from_str(&line) {
-            Ok(value) => value,
-            Err(e) if is_last && e.is_eof() => {
+        let mut de = serde_json::Deserializer::from_str(&line);
+        let parsed = match serde_path_to_error::deserialize::<_, RawLine>(&mut de) {
+            Ok(raw) => de.end().map(|()| raw).map_err(|e| (".".to_owned(), e)),
+            Err(e) => Err((e.path().to_string(), e.into_inner())),
+        };
+        let raw = match parsed {
+            Ok(raw) => raw,
+            Err((_, e)) if is_last && e.is_eof() => {
                 log.warnings.push(format!("{path}:{number}: the last line is truncated ({e}); measured the {} lines before it", log.entries.len()));
                 break;
             }
-            Err(e) => return Err(line_error(path, number, format!("malformed JSON: {e}"))),
+            Err((field, e)) if e.is_data() => {
+                let message = without_position(&e);
+                return Err(line_error(path, number, if field == "." { message } else { format!("{field}: {message}") }));
+            }
+            Err((_, e)) => return Err(line_error(path, number, format!("malformed JSON: {e}"))),
         };
-        let entry = parse_line(value, number).map_err(|m| line_error(path, number, m))?;
+        let entry = parse_line(raw, number).map_err(|m| line_error(path, number, m))?;
         log.entries.push(entry);
     }
     normalize_times(&mut log.entries);
@@ -142,7 +238,7 @@ fn read_array(text: &str, path: &str) -> Result<RequestLog, AnalyzeError> {
     let mut log = RequestLog::default();
     for (i, item) in items.into_iter().enumerate() {
         let body = parse_body(item).map_err(|m| line_error(path, 1, format!("[{i}].{m}")))?;
-        log.entries.push(LogEntry { line: 1, time_ms: i as u64 * 1000, body, lane: None, usage: None });
+        log.entries.push(LogEntry::new(1, i as u64 * 1000, body));
     }
     Ok(log)
 }
@@ -163,23 +259,10 @@ pub fn read_log_file(path: &Path) -> Result<RequestLog, AnalyzeError> {
 
 struct LaneTrack {
     name: String,
-    /// Prefix hash at the last block of each message of the lane's last request.
-    boundaries: Vec<u128>,
+    /// Messages of the lane's last request, and the prefix hash where the last one ends.
+    messages: usize,
+    last_boundary: Option<u128>,
     first_message: Option<u128>,
-}
-
-fn message_boundaries(flat: &FlatRequest) -> Vec<u128> {
-    let mut out: Vec<u128> = Vec::new();
-    let mut current: Option<usize> = None;
-    for block in flat.blocks.iter().filter(|b| b.path.region == Region::Messages) {
-        if current == Some(block.path.index) {
-            *out.last_mut().expect("a message was opened") = block.prefix_hash;
-        } else {
-            current = Some(block.path.index);
-            out.push(block.prefix_hash);
-        }
-    }
-    out
 }
 
 /// Infers lanes for entries that do not name one.
@@ -190,13 +273,15 @@ struct LaneInference {
 }
 
 impl LaneInference {
-    fn assign(&mut self, flat: &FlatRequest) -> String {
-        let boundaries = message_boundaries(flat);
-        let first = boundaries.first().copied();
+    /// The lane of a request with `messages` messages, flattened as `flat`. A lane continues
+    /// when the request's prefix through the lane's last message count equals the lane's
+    /// (compared by the chained prefix hash where that message ends).
+    fn assign(&mut self, flat: &FlatRequest, messages: usize) -> String {
+        let first = if messages > 0 { flat.message_boundary(0) } else { None };
         let mut best: Option<(usize, usize)> = None;
         for (i, lane) in self.lanes.iter().enumerate() {
-            let n = lane.boundaries.len();
-            if n > 0 && n <= boundaries.len() && boundaries[n - 1] == lane.boundaries[n - 1] && best.is_none_or(|(_, len)| n > len) {
+            let n = lane.messages;
+            if n > 0 && n <= messages && flat.message_boundary(n - 1) == lane.last_boundary && best.is_none_or(|(_, len)| n > len) {
                 best = Some((i, n));
             }
         }
@@ -206,32 +291,57 @@ impl LaneInference {
                 let main_rerender = self.lanes.first().is_some_and(|main| main.first_message.is_some() && main.first_message == first);
                 if main_rerender || self.lanes.is_empty() {
                     if self.lanes.is_empty() {
-                        self.lanes.push(LaneTrack { name: "main".to_owned(), boundaries: Vec::new(), first_message: first });
+                        self.lanes.push(LaneTrack { name: "main".to_owned(), messages: 0, last_boundary: None, first_message: first });
                     }
                     0
                 } else {
                     self.side_count += 1;
-                    self.lanes.push(LaneTrack { name: format!("side:{}", self.side_count), boundaries: Vec::new(), first_message: first });
+                    let name = format!("side:{}", self.side_count);
+                    self.lanes.push(LaneTrack { name, messages: 0, last_boundary: None, first_message: first });
                     self.lanes.len() - 1
                 }
             }
         };
         let lane = &mut self.lanes[index];
-        lane.boundaries = boundaries;
+        lane.messages = messages;
+        lane.last_boundary = if messages > 0 { flat.message_boundary(messages - 1) } else { None };
         lane.first_message = first;
         lane.name.clone()
     }
 }
 
+/// Tokenizes the new parts of every keyed entry (a head or message whose key was not seen
+/// before) ahead of the measurement ([`Measurer::count_ahead`]). With `chars4` counting costs
+/// no more than the lookup, so nothing is done.
+fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
+    if measurer.counter().kind() == EstimatorKind::Chars4 {
+        return;
+    }
+    let mut heads: HashSet<u128> = HashSet::new();
+    let mut messages: HashSet<u128> = HashSet::new();
+    let mut previous: &[u128] = &[];
+    for entry in &log.entries {
+        let (Some(head), Some(keys)) = (entry.head_key, &entry.message_keys) else { continue };
+        // What the previous entry repeats was seen: only the rest is looked up.
+        let repeated = crate::measure::incremental::common_keys(keys, previous);
+        previous = keys;
+        let new_messages: Vec<usize> =
+            keys.iter().enumerate().skip(repeated).filter(|(_, key)| messages.insert(**key)).map(|(m, _)| m).collect();
+        // An unknown model is the measurement's error to report, with its line.
+        let _ = measurer.count_ahead(&entry.body, heads.insert(head), new_messages);
+    }
+}
+
 /// Measures every entry of a log in order.
 pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
+    count_ahead(log, measurer);
     let mut inference = LaneInference::default();
     let mut rows = Vec::with_capacity(log.entries.len());
     for entry in &log.entries {
         let served = measurer
-            .serve(&entry.body)
+            .serve_with_keys(&entry.body, entry.head_key, entry.message_keys.as_deref())
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
-        let inferred = inference.assign(served.as_sent());
+        let inferred = inference.assign(served.as_sent(), entry.body.messages.len());
         let lane = entry.lane.clone().unwrap_or(inferred);
         let mut input = MeasureInput::new(&lane, entry.time_ms, &entry.body);
         input.output_tokens = entry.usage.as_ref().map_or(0, |u| u.output_tokens);

@@ -66,7 +66,7 @@ pub fn growing_session(seed: u64, requests: usize, peak_tokens: u64, model: &str
         request.tools = Some(tools.clone());
         request.messages = messages.clone();
         crate::agent::normalize::mark_last_block(&mut request.messages, CacheControl::ephemeral());
-        entries.push(LogEntry { line: i + 1, time_ms, body: request, lane: None, usage: None });
+        entries.push(LogEntry::new(i + 1, time_ms, request));
 
         // The model answers with a tool call (or, every tenth request, ends the turn and the user
         // writes again); the result size varies widely around the average.

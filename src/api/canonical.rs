@@ -15,7 +15,9 @@
 //!   real client flips the last user message between the two forms).
 //!
 //! Whole request bodies (`body_sha256`, run fingerprints) are hashed over the same structure
-//! with every marker in place: a marker moving *is* a change of the body.
+//! with every marker in place (a marker moving *is* a change of the body) and `messages` moved
+//! after the other fields, so that a body is hashed for the price of its new messages
+//! ([`super::structural::body_sha256`]).
 //!
 //! Hashing does not produce this text: [`super::structural`] feeds the serde data model of a
 //! value straight into the hasher, which gives equal hashes exactly for equal canonical bytes
@@ -50,10 +52,16 @@ pub fn chain(previous: u128, next: u128) -> u128 {
 /// external tools).
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for byte in digest.iter() {
-        out.push_str(&format!("{byte:02x}"));
+    hex(&sha2::Sha256::digest(bytes))
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 15)]));
     }
     out
 }

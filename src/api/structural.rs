@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::Xxh3;
 /// The structural hash of `value` and the number of content bytes it covered, leaving out the
 /// top-level `cache_control` field.
 pub fn block_hash<T: Serialize + ?Sized>(tag: &[u8], value: &T) -> (u128, u32) {
-    let mut hasher = StructHasher { state: Xxh3::new(), depth: 0, bytes: 0, skip_next_value: false, skip_markers: true };
+    let mut hasher = StructHasher { state: XxhSink::default(), depth: 0, bytes: 0, skip_next_value: false, skip_markers: true };
     hasher.state.update(tag);
     hasher.state.update(&[0xff]);
     value.serialize(&mut hasher).expect("hashing never fails");
@@ -26,35 +26,92 @@ pub fn block_hash<T: Serialize + ?Sized>(tag: &[u8], value: &T) -> (u128, u32) {
 }
 
 /// Lower-case hex SHA-256 of a whole value's structural encoding (every field, markers
-/// included): the `body_sha256` of a request. Equal exactly when the JSON bodies are equal.
+/// included, in serialization order). Request bodies use [`body_sha256`], which puts
+/// `messages` last.
 pub fn sha256_hex<T: Serialize + ?Sized>(value: &T) -> String {
     let mut hasher = body_hasher(sha2::Sha256::default());
     value.serialize(&mut hasher).expect("hashing never fails");
     hasher.state.finish_hex()
 }
 
+/// The `body_sha256` of a request: SHA-256 of its structural stream with `messages` moved to
+/// the end: `{`, `model`, the other fields present in declaration order, the unmodelled fields
+/// in arrival order, then `messages`. Equal exactly when the JSON bodies are equal (field order
+/// aside: the stream names every field, so moving one changes no equality). Messages go last
+/// because they are what changes between the requests of a session; everything before them,
+/// the system prompt and tools included, is hashed once per change ([`BodyHasher`]).
+pub fn body_sha256(body: &Request) -> String {
+    BodyHasher::default().sha256_hex(body, 0)
+}
+
 fn body_hasher(state: sha2::Sha256) -> StructHasher<Sha256Sink> {
     StructHasher { state: Sha256Sink { hasher: state, buf: Vec::with_capacity(8192) }, depth: 0, bytes: 0, skip_next_value: false, skip_markers: false }
 }
 
-/// [`sha256_hex`] of request bodies, resumable at message boundaries.
+/// [`body_sha256`] of request bodies, resumable at message boundaries.
 ///
-/// A request's structural stream is `{`, `model`, then `messages` one after the other, then the
-/// other fields. The hasher keeps its SHA-256 state before each message of the last body it
-/// hashed, so a body whose model and first `reuse` messages are identical to that body's
-/// ([`super::identical`]) is hashed from message `reuse` on: the same digest as [`sha256_hex`]
-/// of the whole body, for the bytes of the new tail and the fields after `messages`.
+/// The hasher keeps the last body's fields other than `messages` (its *head*) and its SHA-256
+/// state before each of its messages. A body whose head is identical ([`super::identical`]) and
+/// whose first `reuse` messages are identical to that body's is hashed from message `reuse` on:
+/// the same digest as [`body_sha256`] of the whole body, for the bytes of the new messages.
 #[derive(Clone, Debug, Default)]
 pub struct BodyHasher {
+    /// The last body without its messages.
+    head: Option<Request>,
+    /// The caller's key of that head ([`BodyHasher::sha256_hex_keyed`]).
+    head_key: Option<u128>,
     /// The state before `messages[i]` (and, last, after the final message) of the last body.
     checkpoints: Vec<sha2::Sha256>,
 }
 
+/// The fields of a request other than `messages`, identical.
+fn same_head(a: &Request, b: &Request) -> bool {
+    use super::identical::Identical;
+    let Request {
+        model,
+        messages: _,
+        system,
+        tools,
+        tool_choice,
+        metadata,
+        max_tokens,
+        thinking,
+        temperature,
+        context_management,
+        output_config,
+        cache_control,
+        stream,
+        extra,
+    } = a;
+    *model == b.model
+        && system.identical(&b.system)
+        && tools.identical(&b.tools)
+        && tool_choice.identical(&b.tool_choice)
+        && metadata.identical(&b.metadata)
+        && *max_tokens == b.max_tokens
+        && thinking.identical(&b.thinking)
+        && temperature.identical(&b.temperature)
+        && context_management.identical(&b.context_management)
+        && output_config.identical(&b.output_config)
+        && cache_control.identical(&b.cache_control)
+        && *stream == b.stream
+        && extra.identical(&b.extra)
+}
+
 impl BodyHasher {
     /// The body hash of `body`. `reuse`: how many leading messages of `body` are identical to
-    /// those of the body this hasher hashed last, whose model was the same (0 when in doubt).
+    /// those of the body this hasher hashed last (0 when in doubt); the head is compared here.
     pub fn sha256_hex(&mut self, body: &Request, reuse: usize) -> String {
+        self.sha256_hex_keyed(body, reuse, None)
+    }
+
+    /// [`Self::sha256_hex`] given a key of the body's fields other than `messages`: equal keys
+    /// mean identical heads, so the head is compared only when the keys differ.
+    pub fn sha256_hex_keyed(&mut self, body: &Request, reuse: usize, head_key: Option<u128>) -> String {
         use ser::SerializeMap;
+        let keyed_same = head_key.is_some() && head_key == self.head_key && self.head.is_some();
+        let head_same = keyed_same || self.head.as_ref().is_some_and(|head| same_head(head, body));
+        self.head_key = head_key;
         let Request {
             model,
             messages,
@@ -71,55 +128,70 @@ impl BodyHasher {
             stream,
             extra,
         } = body;
-        let reuse = reuse.min(messages.len()).min(self.checkpoints.len().saturating_sub(1));
         let mut hasher;
-        if self.checkpoints.is_empty() {
-            // What `#[derive(Serialize)]` on `Request` writes before the first message.
+        if head_same && !self.checkpoints.is_empty() {
+            let reuse = reuse.min(messages.len()).min(self.checkpoints.len() - 1);
+            self.checkpoints.truncate(reuse + 1);
+            hasher = body_hasher(self.checkpoints[reuse].clone());
+        } else {
             hasher = body_hasher(sha2::Sha256::default());
             let mut map = ser::Serializer::serialize_map(&mut hasher, None).expect("hashing never fails");
             map.serialize_entry("model", model).expect("hashing never fails");
+            // The optional fields when present, then `extra`, as `#[derive(Serialize)]` writes them.
+            let fields: [(&str, Option<&dyn erased::Value>); 11] = [
+                ("system", system.as_ref().map(|v| v as _)),
+                ("tools", tools.as_ref().map(|v| v as _)),
+                ("tool_choice", tool_choice.as_ref().map(|v| v as _)),
+                ("metadata", metadata.as_ref().map(|v| v as _)),
+                ("max_tokens", max_tokens.as_ref().map(|v| v as _)),
+                ("thinking", thinking.as_ref().map(|v| v as _)),
+                ("temperature", temperature.as_ref().map(|v| v as _)),
+                ("context_management", context_management.as_ref().map(|v| v as _)),
+                ("output_config", output_config.as_ref().map(|v| v as _)),
+                ("cache_control", cache_control.as_ref().map(|v| v as _)),
+                ("stream", stream.as_ref().map(|v| v as _)),
+            ];
+            for (key, value) in fields {
+                if let Some(value) = value {
+                    map.serialize_key(key).expect("hashing never fails");
+                    value.hash_into(map);
+                }
+            }
+            for (key, value) in extra {
+                map.serialize_entry(key, value).expect("hashing never fails");
+            }
             map.serialize_key("messages").expect("hashing never fails");
             hasher.tag(b'[');
             hasher.state.flush();
+            self.checkpoints.clear();
             self.checkpoints.push(hasher.state.hasher.clone());
-        } else {
-            self.checkpoints.truncate(reuse + 1);
-            hasher = body_hasher(self.checkpoints[reuse].clone());
+            self.head = Some(Request {
+                model: model.clone(),
+                messages: Vec::new(),
+                system: system.clone(),
+                tools: tools.clone(),
+                tool_choice: tool_choice.clone(),
+                metadata: metadata.clone(),
+                max_tokens: *max_tokens,
+                thinking: thinking.clone(),
+                temperature: temperature.clone(),
+                context_management: context_management.clone(),
+                output_config: output_config.clone(),
+                cache_control: cache_control.clone(),
+                stream: *stream,
+                extra: extra.clone(),
+            });
         }
         // Inside the top-level map and the `messages` array.
         hasher.depth = 2;
-        for message in &messages[reuse..] {
+        for message in &messages[self.checkpoints.len() - 1..] {
             message.serialize(&mut hasher).expect("hashing never fails");
             hasher.state.flush();
             self.checkpoints.push(hasher.state.hasher.clone());
         }
         hasher.depth = 1;
         hasher.tag(b']');
-        // The rest of the derived serialization: optional fields when present, then `extra`.
-        let fields: [(&str, Option<&dyn erased::Value>); 11] = [
-            ("system", system.as_ref().map(|v| v as _)),
-            ("tools", tools.as_ref().map(|v| v as _)),
-            ("tool_choice", tool_choice.as_ref().map(|v| v as _)),
-            ("metadata", metadata.as_ref().map(|v| v as _)),
-            ("max_tokens", max_tokens.as_ref().map(|v| v as _)),
-            ("thinking", thinking.as_ref().map(|v| v as _)),
-            ("temperature", temperature.as_ref().map(|v| v as _)),
-            ("context_management", context_management.as_ref().map(|v| v as _)),
-            ("output_config", output_config.as_ref().map(|v| v as _)),
-            ("cache_control", cache_control.as_ref().map(|v| v as _)),
-            ("stream", stream.as_ref().map(|v| v as _)),
-        ];
-        let mut map = &mut hasher;
-        for (key, value) in fields {
-            if let Some(value) = value {
-                map.serialize_key(key).expect("hashing never fails");
-                value.hash_into(map);
-            }
-        }
-        for (key, value) in extra {
-            map.serialize_entry(key, value).expect("hashing never fails");
-        }
-        SerializeMap::end(map).expect("hashing never fails");
+        SerializeMap::end(&mut hasher).expect("hashing never fails");
         hasher.state.finish_hex()
     }
 }
@@ -144,9 +216,43 @@ trait Sink {
     fn update(&mut self, bytes: &[u8]);
 }
 
-impl Sink for Xxh3 {
+/// xxh3 fed through a small buffer: the stream is mostly tags and lengths of a few bytes each,
+/// and each call into the streaming hasher costs more than copying them. The digest depends on
+/// the bytes only, not on how they were cut.
+struct XxhSink {
+    state: Xxh3,
+    buf: [u8; XxhSink::CAPACITY],
+    len: usize,
+}
+
+impl Default for XxhSink {
+    fn default() -> Self {
+        XxhSink { state: Xxh3::new(), buf: [0; XxhSink::CAPACITY], len: 0 }
+    }
+}
+
+impl XxhSink {
+    const CAPACITY: usize = 512;
+
+    fn digest128(&mut self) -> u128 {
+        self.state.update(&self.buf[..self.len]);
+        self.len = 0;
+        self.state.digest128()
+    }
+}
+
+impl Sink for XxhSink {
     fn update(&mut self, bytes: &[u8]) {
-        Xxh3::update(self, bytes);
+        if self.len + bytes.len() > Self::CAPACITY {
+            self.state.update(&self.buf[..self.len]);
+            self.len = 0;
+            if bytes.len() >= Self::CAPACITY {
+                self.state.update(bytes);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
     }
 }
 
@@ -166,12 +272,7 @@ impl Sha256Sink {
     fn finish_hex(mut self) -> String {
         use sha2::Digest;
         self.flush();
-        let digest = self.hasher.finalize();
-        let mut out = String::with_capacity(64);
-        for byte in digest.iter() {
-            out.push_str(&format!("{byte:02x}"));
-        }
-        out
+        super::canonical::hex(&self.hasher.finalize())
     }
 }
 
@@ -579,7 +680,7 @@ impl<S: Sink> ser::SerializeStructVariant for &mut StructHasher<S> {
 mod tests {
     use super::*;
     use crate::api::{CacheControl, ContentBlock};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     #[test]
     fn equal_json_hashes_alike_and_markers_are_ignored() {
@@ -606,19 +707,34 @@ mod tests {
         }))
         .unwrap();
         let bare: Request = serde_json::from_value(json!({"model": "m", "messages": []})).unwrap();
+        // The definition: the body's JSON with `messages` moved to the end, hashed whole.
+        let reference = |body: &Request| {
+            let Value::Object(mut map) = serde_json::to_value(body).unwrap() else { unreachable!() };
+            let messages = map.shift_remove("messages").unwrap();
+            map.insert("messages".into(), messages);
+            sha256_hex(&Value::Object(map))
+        };
         for body in [&full, &bare] {
-            assert_eq!(BodyHasher::default().sha256_hex(body, 0), sha256_hex(body));
+            assert_eq!(body_sha256(body), reference(body));
         }
         // Resumed after the identical first message, and after all of them.
         let mut hasher = BodyHasher::default();
         hasher.sha256_hex(&full, 0);
         let mut longer = full.clone();
         longer.messages.push(crate::api::Message::user_text("c"));
-        assert_eq!(hasher.sha256_hex(&longer, 2), sha256_hex(&longer));
-        assert_eq!(hasher.sha256_hex(&full, 2), sha256_hex(&full));
+        assert_eq!(hasher.sha256_hex(&longer, 2), reference(&longer));
+        assert_eq!(hasher.sha256_hex(&full, 2), reference(&full));
         let mut edited = full.clone();
         edited.messages[1] = crate::api::Message::user_text("changed");
-        assert_eq!(hasher.sha256_hex(&edited, 1), sha256_hex(&edited));
+        assert_eq!(hasher.sha256_hex(&edited, 1), reference(&edited));
+        // A changed head (system, an unmodelled field) is hashed again whatever `reuse` says.
+        let mut new_system = edited.clone();
+        new_system.system = Some(crate::api::SystemPrompt::Text("other".into()));
+        assert_eq!(hasher.sha256_hex(&new_system, 2), reference(&new_system));
+        let mut new_extra = new_system.clone();
+        new_extra.extra.insert("top_k".into(), json!(4));
+        assert_eq!(hasher.sha256_hex(&new_extra, 2), reference(&new_extra));
+        assert_ne!(reference(&new_extra), reference(&new_system));
     }
 
     #[test]

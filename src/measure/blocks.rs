@@ -73,6 +73,8 @@ pub struct PromptBlock {
     pub hash: u128,
     /// Hash of the whole prefix up to and including this block.
     pub prefix_hash: u128,
+    /// Tokens of the whole prefix up to and including this block (see [`FlatRequest::recount`]).
+    pub prefix_tokens: u64,
     pub tokens: u32,
     /// Length of the block's canonical bytes.
     pub bytes: u32,
@@ -96,8 +98,12 @@ pub struct FlatRequest {
     pub auto_cache_control: Option<CacheControl>,
     pub total_tokens: u64,
     pub counts: RegionCounts,
+    /// Positions of the blocks that carry a `cache_control` marker, ascending.
+    pub markers: Vec<usize>,
+    /// Positions of the `cache_edits` blocks (those with `cache_deletes`), ascending.
+    pub edit_blocks: Vec<usize>,
     /// The trace row's `body_sha256`: SHA-256 of the whole body's structural stream, markers
-    /// included ([`crate::api::structural::sha256_hex`]).
+    /// included ([`crate::api::structural::body_sha256`]).
     pub body_sha256: String,
 }
 
@@ -111,7 +117,21 @@ pub struct RegionCounts {
 impl FlatRequest {
     /// Cumulative tokens through position `i` (inclusive).
     pub fn tokens_through(&self, i: usize) -> u64 {
-        self.blocks[..=i].iter().map(|b| u64::from(b.tokens)).sum()
+        self.blocks[i].prefix_tokens
+    }
+
+    /// Recomputes the blocks' `prefix_tokens` and `total_tokens` after blocks' `tokens` were
+    /// changed in place.
+    pub fn recount(&mut self) {
+        sum_tokens_from(Arc::make_mut(&mut self.blocks).as_mut_slice(), 0);
+        self.total_tokens = self.blocks.last().map_or(0, |b| b.prefix_tokens);
+    }
+
+    /// The prefix hash where `messages[index]` ends: that of its last block, or of the last
+    /// block before it when it has none (binary search: blocks are in body order).
+    pub fn message_boundary(&self, index: usize) -> Option<u128> {
+        let end = self.blocks.partition_point(|b| (b.path.region, b.path.index) <= (Region::Messages, index));
+        end.checked_sub(1).map(|last| self.blocks[last].prefix_hash)
     }
 
     /// Context tokens in a region.
@@ -173,15 +193,61 @@ pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> F
     for (m, message) in request.messages.iter().enumerate() {
         state = push_message(m, message, counter, family, state, &mut blocks);
     }
-    finish(request, Arc::new(blocks), head, crate::api::structural::sha256_hex(request))
+    sum_tokens_from(&mut blocks, 0);
+    let mut positions = Positions::default();
+    positions.scan(&blocks, 0);
+    finish(request, Arc::new(blocks), head, positions, crate::api::structural::body_sha256(request))
 }
 
-/// Assembles the flat request from its block records (`head` of them tools and system).
-pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usize, body_sha256: String) -> FlatRequest {
+/// Sets `prefix_tokens` of `blocks[start..]`, running on from `blocks[start - 1]`.
+pub(super) fn sum_tokens_from(blocks: &mut [PromptBlock], start: usize) {
+    let mut running = if start == 0 { 0 } else { blocks[start - 1].prefix_tokens };
+    for block in &mut blocks[start..] {
+        running += u64::from(block.tokens);
+        block.prefix_tokens = running;
+    }
+}
+
+/// The positions a flat request lists ([`FlatRequest::markers`], [`FlatRequest::edit_blocks`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Positions {
+    pub markers: Vec<usize>,
+    pub edit_blocks: Vec<usize>,
+}
+
+impl Positions {
+    /// Forgets the positions from `start` on and lists those of `blocks[start..]`.
+    pub fn scan(&mut self, blocks: &[PromptBlock], start: usize) {
+        self.markers.retain(|&p| p < start);
+        self.edit_blocks.retain(|&p| p < start);
+        for (i, block) in blocks.iter().enumerate().skip(start) {
+            if block.cache_control.is_some() {
+                self.markers.push(i);
+            }
+            if !block.cache_deletes.is_empty() {
+                self.edit_blocks.push(i);
+            }
+        }
+    }
+}
+
+/// Assembles the flat request from its block records (`head` of them tools and system), whose
+/// `prefix_tokens` are set.
+pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usize, positions: Positions, body_sha256: String) -> FlatRequest {
     let tools = request.tools().len();
     let counts = RegionCounts { tools, system: head - tools, messages: blocks.len() - head };
-    let total_tokens = blocks.iter().map(|b| u64::from(b.tokens)).sum();
-    FlatRequest { model: request.model.clone(), blocks, auto_cache_control: request.cache_control.clone(), total_tokens, counts, body_sha256 }
+    let total_tokens = blocks.last().map_or(0, |b| b.prefix_tokens);
+    let Positions { markers, edit_blocks } = positions;
+    FlatRequest {
+        model: request.model.clone(),
+        blocks,
+        auto_cache_control: request.cache_control.clone(),
+        total_tokens,
+        counts,
+        markers,
+        edit_blocks,
+        body_sha256,
+    }
 }
 
 /// Appends the records of the tools and system levels, chained, and returns the chain state
@@ -202,6 +268,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
             kind: Cow::Borrowed("tool"),
             hash,
             prefix_hash: state,
+            prefix_tokens: 0,
             tokens,
             bytes,
             cache_control: tool.cache_control.clone(),
@@ -233,6 +300,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
             kind: Cow::Borrowed("system_text"),
             hash,
             prefix_hash: state,
+            prefix_tokens: 0,
             tokens,
             bytes,
             cache_control: block.cache_control.clone(),
@@ -276,6 +344,7 @@ pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCount
             },
             hash,
             prefix_hash: state,
+            prefix_tokens: 0,
             tokens,
             bytes,
             cache_control: marker,

@@ -29,7 +29,9 @@
 //! entry for free (its tokens were read); when B lies below the minimum length there is no 1h
 //! entry and the whole write is billed at C's 5m rate.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use crate::api::{CacheControl, CacheTtl};
 
@@ -98,7 +100,8 @@ impl CacheOutcome {
 #[derive(Debug, Default)]
 pub struct CacheSim {
     namespaces: BTreeMap<String, u32>,
-    entries: HashMap<(u32, u128), Entry>,
+    /// Keyed by namespace and prefix hash (already uniform: the fast hasher suffices).
+    entries: FxHashMap<(u32, u128), Entry>,
     /// `cache_reference`s deleted by `cache_edits`, per namespace (looked up, never iterated
     /// into output).
     deleted: BTreeMap<u32, std::collections::BTreeSet<String>>,
@@ -107,7 +110,7 @@ pub struct CacheSim {
 
 impl CacheSim {
     pub fn new() -> Self {
-        CacheSim { namespaces: BTreeMap::new(), entries: HashMap::new(), deleted: BTreeMap::new(), lookback: LOOKBACK }
+        CacheSim { namespaces: BTreeMap::new(), entries: FxHashMap::default(), deleted: BTreeMap::new(), lookback: LOOKBACK }
     }
 
     fn namespace(&mut self, model: &str) -> u32 {
@@ -132,10 +135,9 @@ impl CacheSim {
     /// The breakpoints of a request: explicit markers plus the automatic one.
     pub fn breakpoints(flat: &FlatRequest) -> Result<Vec<(usize, CacheTtl)>, CacheError> {
         let mut points: Vec<(usize, CacheTtl)> = flat
-            .blocks
+            .markers
             .iter()
-            .enumerate()
-            .filter_map(|(i, b)| b.cache_control.as_ref().map(|cc| (i, cc.ttl_or_default())))
+            .filter_map(|&i| flat.blocks[i].cache_control.as_ref().map(|cc| (i, cc.ttl_or_default())))
             .collect();
         if let Some(auto) = &flat.auto_cache_control {
             place_automatic(flat, auto, &mut points)?;
@@ -171,23 +173,30 @@ impl CacheSim {
     ) -> Result<CacheOutcome, CacheError> {
         let points = Self::breakpoints(flat)?;
         let ns = self.namespace(&flat.model);
-        let mut cumulative = Vec::with_capacity(flat.blocks.len());
-        let mut running = 0u64;
+        // Tokens through each position, less the blocks `cache_edits` deleted: the blocks'
+        // own running sums unless something of this namespace was deleted.
         let mut deleted_tokens = 0u64;
-        let deleted = self.deleted.get(&ns);
-        for block in flat.blocks.iter() {
-            let gone = block.cache_reference.as_ref().is_some_and(|r| deleted.is_some_and(|d| d.contains(r)));
-            if gone {
-                deleted_tokens += u64::from(block.tokens);
-            } else {
-                running += u64::from(block.tokens);
+        let deleted = self.deleted.get(&ns).filter(|d| !d.is_empty());
+        let cumulative: Cumulative = match deleted {
+            None => Cumulative::Blocks(flat),
+            Some(deleted) => {
+                let mut sums = Vec::with_capacity(flat.blocks.len());
+                let mut running = 0u64;
+                for block in flat.blocks.iter() {
+                    if block.cache_reference.as_ref().is_some_and(|r| deleted.contains(r)) {
+                        deleted_tokens += u64::from(block.tokens);
+                    } else {
+                        running += u64::from(block.tokens);
+                    }
+                    sums.push(running);
+                }
+                Cumulative::Sums(sums)
             }
-            cumulative.push(running);
-        }
-        let total = running;
+        };
+        let total = flat.total_tokens - deleted_tokens;
         let mut outcome = CacheOutcome { cache_deleted_input_tokens: deleted_tokens, ..CacheOutcome::default() };
-        for block in flat.blocks.iter().filter(|b| !b.cache_deletes.is_empty()) {
-            self.deleted.entry(ns).or_default().extend(block.cache_deletes.iter().cloned());
+        for &i in &flat.edit_blocks {
+            self.deleted.entry(ns).or_default().extend(flat.blocks[i].cache_deletes.iter().cloned());
         }
 
         // Read: walk the breakpoints from the last one back.
@@ -316,4 +325,23 @@ fn place_automatic(flat: &FlatRequest, auto: &CacheControl, points: &mut Vec<(us
     points.push((position, ttl));
     points.sort_by_key(|(p, _)| *p);
     Ok(())
+}
+
+/// Tokens through each position of a request ([`CacheSim::process`]).
+enum Cumulative<'a> {
+    /// The blocks' own running sums (nothing deleted).
+    Blocks(&'a FlatRequest),
+    /// Running sums without the deleted blocks.
+    Sums(Vec<u64>),
+}
+
+impl std::ops::Index<usize> for Cumulative<'_> {
+    type Output = u64;
+
+    fn index(&self, position: usize) -> &u64 {
+        match self {
+            Cumulative::Blocks(flat) => &flat.blocks[position].prefix_tokens,
+            Cumulative::Sums(sums) => &sums[position],
+        }
+    }
 }

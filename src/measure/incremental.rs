@@ -33,7 +33,7 @@ use crate::api::identical::Identical;
 use crate::api::structural::BodyHasher;
 use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, Tool, ToolResultContent};
 
-use super::blocks::{FlatRequest, PromptBlock, finish, head_blocks, initial_state, push_message};
+use super::blocks::{FlatRequest, Positions, PromptBlock, finish, head_blocks, initial_state, push_message, sum_tokens_from};
 use super::tokens::TokenCounter;
 
 /// Tracks kept at once (main lane, compaction and memory forks, subagents, side requests).
@@ -61,9 +61,16 @@ struct Track {
     tool_choice: Option<Value>,
     system: Option<SystemPrompt>,
     thinking: Option<Value>,
+    /// The last request's messages when it carried no keys (compared by content), else empty.
     messages: Vec<Message>,
-    /// The keys of `messages` ([`Flattener::flatten_keyed`]), when the request carried them.
+    /// The keys of the last request's messages ([`Flattener::flatten_keyed`]), when it carried
+    /// them.
     keys: Option<Vec<u128>>,
+    /// How many messages the last request had, and the cheap key of its first.
+    len: usize,
+    first: Option<(Role, usize, usize)>,
+    /// The key of the last request's other fields ([`Flattener::flatten_with_keys`]).
+    head_key: Option<u128>,
     /// The block records; the first `head` are the tools and system levels. Shared with the
     /// last [`FlatRequest`] handed out: extended in place once that is dropped.
     blocks: Arc<Vec<PromptBlock>>,
@@ -72,6 +79,8 @@ struct Track {
     messages_state: u128,
     /// `blocks` index of each message's first block, then `blocks.len()`.
     starts: Vec<usize>,
+    /// The marker and `cache_edits` positions of `blocks`.
+    positions: Positions,
     body: BodyHasher,
 }
 
@@ -87,10 +96,14 @@ impl Track {
             thinking: None,
             messages: Vec::new(),
             keys: None,
+            len: 0,
+            first: None,
+            head_key: None,
             blocks: Arc::new(Vec::new()),
             head: 0,
             messages_state: initial_state(),
             starts: vec![0],
+            positions: Positions::default(),
             body: BodyHasher::default(),
         }
     }
@@ -113,6 +126,18 @@ fn message_key(message: &Message) -> (Role, usize, usize) {
         ),
     };
     (message.role, count, length)
+}
+
+/// How many leading keys two key lists share: compared 64 at a time (a `memcmp`), then one
+/// by one inside the first chunk that differs.
+pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
+    const CHUNK: usize = 64;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    i + a[i..n].iter().zip(&b[i..n]).position(|(x, y)| x != y).unwrap_or(n - i)
 }
 
 impl Default for Flattener {
@@ -141,7 +166,7 @@ impl Flattener {
             .tracks
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.model == request.model && t.family == family && t.messages.first().map(message_key) == key)
+            .filter(|(_, t)| t.model == request.model && t.family == family && t.first == key)
             .max_by_key(|(_, t)| t.last_used)
             .map(|(i, _)| i);
         if let Some(i) = found {
@@ -169,6 +194,20 @@ impl Flattener {
     /// ([`crate::analyze::read_log`]). Unequal keys only cost time: the message is hashed and
     /// counted afresh, to the same records.
     pub fn flatten_keyed(&mut self, request: &Request, keys: Option<&[u128]>, counter: &mut TokenCounter, family: &str) -> FlatRequest {
+        self.flatten_with_keys(request, None, keys, counter, family)
+    }
+
+    /// [`Self::flatten_keyed`] with a key of the request's fields other than `messages`, too:
+    /// equal head keys mean identical tools, system prompt and parameters, so neither the
+    /// flattener nor the body hash compares them (unequal ones are compared as usual).
+    pub fn flatten_with_keys(
+        &mut self,
+        request: &Request,
+        head_key: Option<u128>,
+        keys: Option<&[u128]>,
+        counter: &mut TokenCounter,
+        family: &str,
+    ) -> FlatRequest {
         let keys = keys.filter(|k| k.len() == request.messages.len());
         self.tick += 1;
         self.requests += 1;
@@ -177,17 +216,24 @@ impl Flattener {
         track.last_used = self.tick;
 
         let tools = request.tools();
-        let head_same = track.tools.as_slice().identical(tools)
+        let head_same = (head_key.is_some() && head_key == track.head_key)
+            || track.tools.as_slice().identical(tools)
             && track.tool_choice.identical(&request.tool_choice)
             && track.system.identical(&request.system)
             && track.thinking.identical(&request.thinking);
-        let same = |m: usize, old: &[Message], old_keys: Option<&Vec<u128>>| match (keys, old_keys) {
-            (Some(new), Some(old_keys)) => new[m] == old_keys[m],
-            _ => request.messages[m].identical(&old[m]),
+        // The previous request's messages are compared by key where both carry keys, else by
+        // content where they were kept (an unkeyed request's are; a keyed one's need not be).
+        let old_len = track.len;
+        let kept = track.messages.len() == old_len;
+        let reuse = match (keys, track.keys.as_deref()) {
+            (Some(new), Some(old)) => common_keys(new, old),
+            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count(),
+            _ => 0,
         };
-        let reuse = (0..request.messages.len().min(track.messages.len()))
-            .take_while(|&m| same(m, &track.messages, track.keys.as_ref()))
-            .count();
+        let same = |m: usize, old_messages: &[Message], old_keys: Option<&[u128]>| match (keys, old_keys) {
+            (Some(new), Some(old)) => new[m] == old[m],
+            _ => old_messages.get(m).is_some_and(|old| request.messages[m].identical(old)),
+        };
 
         // Keep messages[..reuse]; set the rest aside (its records may serve again below).
         let blocks = Arc::make_mut(&mut track.blocks);
@@ -214,13 +260,16 @@ impl Flattener {
             track.thinking = request.thinking.clone();
         }
         self.reused_blocks += (blocks.len() - track.head) as u64;
+        // Blocks from here on are new or rechained; before it, records (prefix tokens and
+        // positions included) are as they were, unless the head changed.
+        let fresh_from = if head_same { blocks.len() } else { 0 };
 
         let mut state = if blocks.len() > track.head { blocks[blocks.len() - 1].prefix_hash } else { track.messages_state };
         let base = old_starts[0];
         for (m, message) in request.messages.iter().enumerate().skip(reuse) {
             track.starts.push(blocks.len());
             let j = m - reuse;
-            if m < track.messages.len() && same(m, &track.messages, track.keys.as_ref()) {
+            if m < old_len && same(m, &track.messages, track.keys.as_deref()) {
                 let records = &old_tail[old_starts[j] - base..old_starts[j + 1] - base];
                 self.reused_blocks += records.len() as u64;
                 for record in records {
@@ -234,11 +283,46 @@ impl Flattener {
             }
         }
         track.starts.push(blocks.len());
-        track.messages.truncate(reuse);
-        track.messages.extend_from_slice(&request.messages[reuse..]);
-        track.keys = keys.map(<[u128]>::to_vec);
+        sum_tokens_from(blocks, fresh_from);
+        track.positions.scan(blocks, fresh_from);
+        match keys {
+            Some(keys) => {
+                // Keyed: the keys stand for the messages (`reuse` was counted on them).
+                let kept_keys = track.keys.get_or_insert_with(Vec::new);
+                kept_keys.truncate(reuse);
+                kept_keys.extend_from_slice(&keys[kept_keys.len()..]);
+                track.messages.clear();
+            }
+            None => {
+                track.keys = None;
+                track.messages.truncate(reuse);
+                track.messages.extend_from_slice(&request.messages[reuse..]);
+            }
+        }
+        track.len = request.messages.len();
+        track.first = request.messages.first().map(message_key);
+        track.head_key = head_key;
 
-        let body_sha256 = if self.body_hashes { track.body.sha256_hex(request, reuse) } else { String::new() };
-        finish(request, Arc::clone(&track.blocks), track.head, body_sha256)
+        let body_sha256 = if self.body_hashes { track.body.sha256_hex_keyed(request, reuse, head_key) } else { String::new() };
+        finish(request, Arc::clone(&track.blocks), track.head, track.positions.clone(), body_sha256)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_keys;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn common_keys_is_the_first_difference(len in 0usize..300, other in 0usize..300, at in 0usize..300, small in any::<bool>()) {
+            let a: Vec<u128> = (0..len as u128).map(|i| if small { i % 3 } else { i * 7919 }).collect();
+            let mut b: Vec<u128> = (0..other as u128).map(|i| if small { i % 3 } else { i * 7919 }).collect();
+            if at < b.len() {
+                b[at] = u128::MAX;
+            }
+            let naive = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(common_keys(&a, &b), naive);
+        }
     }
 }

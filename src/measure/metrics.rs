@@ -11,7 +11,7 @@ use super::blocks::{FlatRequest, RegionCounts};
 use super::incremental::Flattener;
 use super::cache::{CacheError, CacheSim};
 use super::context_editing::{self, ContextManagementResponse, Edited};
-use super::models::{ModelTable, UnknownModel};
+use super::models::{ModelInfo, ModelTable, UnknownModel};
 use super::prefix::{LaneMemory, PrefixReport, attribute};
 use super::tokens::TokenCounter;
 
@@ -142,13 +142,24 @@ pub struct Measurer {
     lanes: BTreeMap<String, LaneState>,
     next_index: usize,
     flattener: Flattener,
+    /// The last model looked up and its index in the table (a session names one or two).
+    last_model: Option<(String, usize)>,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
     key_spaces: u64,
 }
 
 impl Measurer {
     pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
-        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener: Flattener::new(), key_spaces: 0 }
+        Measurer {
+            table,
+            counter,
+            cache: CacheSim::new(),
+            lanes: BTreeMap::new(),
+            next_index: 0,
+            flattener: Flattener::new(),
+            last_model: None,
+            key_spaces: 0,
+        }
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -215,10 +226,46 @@ impl Measurer {
         self.serve_keyed(body, None)
     }
 
+    /// Counts the blocks of `body`'s tools and system (when `head`) and of the messages at
+    /// `messages` into the memo, without measuring anything: a reader that knows which parts
+    /// of a log are new ([`crate::analyze`]'s keys) tokenizes them all in one run, with the
+    /// tokenizer's tables warm, before the measurement looks every count up.
+    pub fn count_ahead(&mut self, body: &Request, head: bool, messages: impl IntoIterator<Item = usize>) -> Result<(), UnknownModel> {
+        let family = self.model_info(&body.model)?.family.clone();
+        let mut scratch = Vec::new();
+        if head {
+            super::blocks::head_blocks(body, &mut self.counter, &family, &mut scratch);
+        }
+        for m in messages {
+            scratch.clear();
+            super::blocks::push_message(m, &body.messages[m], &mut self.counter, &family, 0, &mut scratch);
+        }
+        Ok(())
+    }
+
+    /// The table entry of `model`, the last one remembered.
+    fn model_info(&mut self, model: &str) -> Result<&ModelInfo, UnknownModel> {
+        let index = match &self.last_model {
+            Some((last, index)) if last == model => *index,
+            _ => {
+                let index = self.table.lookup_index(model)?;
+                self.last_model = Some((model.to_owned(), index));
+                index
+            }
+        };
+        Ok(&self.table.models[index])
+    }
+
     /// [`Self::serve`] with a key per message ([`Flattener::flatten_keyed`]).
     pub fn serve_keyed(&mut self, body: &Request, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
-        let family = self.table.lookup(&body.model)?.family.clone();
-        let flat = self.flattener.flatten_keyed(body, keys, &mut self.counter, &family);
+        self.serve_with_keys(body, None, keys)
+    }
+
+    /// [`Self::serve`] with a key of the fields other than `messages` and a key per message
+    /// ([`Flattener::flatten_with_keys`]).
+    pub fn serve_with_keys(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
+        let family = self.model_info(&body.model)?.family.clone();
+        let flat = self.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
         let edits = match context_editing::parse(value) {
             Ok(edits) => edits,
@@ -274,13 +321,13 @@ impl Measurer {
         if input.rejected.is_none() {
             input.rejected = edit_error;
         }
-        let info = self.table.lookup(&input.body.model)?.clone();
+        let info = self.model_info(&input.body.model)?;
+        let (min_cacheable_tokens, price) = (info.min_cacheable_tokens, info.price);
         for event in &input.events {
             for lane in self.lanes.values_mut() {
                 lane.pending_events.push(event.clone());
             }
         }
-        let hashes: Vec<u128> = flat.blocks.iter().map(|b| b.prefix_hash).collect();
         let body_sha256 = flat.body_sha256.clone();
         let index = self.next_index;
         self.next_index += 1;
@@ -293,7 +340,7 @@ impl Measurer {
         }
         let (outcome, error) = match input.rejected.clone() {
             Some(rejected) => (None, Some(rejected)),
-            None => match self.cache.process(&flat, info.min_cacheable_tokens, input.time_ms, input.first_token_ms) {
+            None => match self.cache.process(&flat, min_cacheable_tokens, input.time_ms, input.first_token_ms) {
             Ok(outcome) => (Some(outcome), None),
             Err(e @ (CacheError::TooManyBreakpoints { .. } | CacheError::TtlOrder { .. } | CacheError::AutoTtlConflict { .. })) => {
                 (None, Some(e.to_string()))
@@ -314,7 +361,7 @@ impl Measurer {
             ),
             None => false,
         };
-        let mut prefix = attribute(lane.memory.as_ref(), &flat, &hashes, &outcome, &events, is_break);
+        let mut prefix = attribute(lane.memory.as_ref(), &flat, &outcome, &events, is_break);
         let mut stages = input.stages;
         let context_management = match (&error, edited) {
             (None, Some(edited)) => {
@@ -330,7 +377,7 @@ impl Measurer {
         let context_tokens = if error.is_some() { 0 } else { flat.total_tokens - outcome.cache_deleted_input_tokens };
         if error.is_none() {
             lane.memory = Some(LaneMemory {
-                prefix_hashes: hashes,
+                prefix_hashes: LaneMemory::take_prefix_hashes(lane.memory.as_mut(), &flat),
                 model: flat.model.clone(),
                 cached_after: outcome.cached_after(),
                 time_ms: input.time_ms,
@@ -338,7 +385,7 @@ impl Measurer {
             });
         }
         let output_tokens = if error.is_some() { 0 } else { input.output_tokens };
-        let cost_usd = round9(info.price.cost(
+        let cost_usd = round9(price.cost(
             outcome.input_tokens,
             output_tokens,
             outcome.cache_read_input_tokens,

@@ -77,16 +77,21 @@ impl ModelTable {
 
     /// Resolves a wire model id to its entry.
     pub fn lookup(&self, model: &str) -> Result<&ModelInfo, UnknownModel> {
+        self.lookup_index(model).map(|i| &self.models[i])
+    }
+
+    /// The index in [`Self::models`] of the entry [`Self::lookup`] finds.
+    pub fn lookup_index(&self, model: &str) -> Result<usize, UnknownModel> {
         let normalized = normalize_model_id(model);
-        let mut best: Option<(&ModelInfo, usize)> = None;
-        for info in &self.models {
+        let mut best: Option<(usize, usize)> = None;
+        for (i, info) in self.models.iter().enumerate() {
             for fragment in &info.fragments {
                 if normalized.contains(fragment.as_str()) && best.is_none_or(|(_, len)| fragment.len() > len) {
-                    best = Some((info, fragment.len()));
+                    best = Some((i, fragment.len()));
                 }
             }
         }
-        best.map(|(info, _)| info).ok_or_else(|| UnknownModel {
+        best.map(|(i, _)| i).ok_or_else(|| UnknownModel {
             model: model.to_owned(),
             known: self.models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>().join(", "),
         })

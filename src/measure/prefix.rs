@@ -94,10 +94,19 @@ pub struct PrefixReport {
 
 /// Longest common prefix of two requests, in blocks.
 pub fn common_prefix(previous: &[u128], current: &[u128]) -> usize {
-    let (mut lo, mut hi) = (0usize, previous.len().min(current.len()));
+    common_prefix_by(previous, current.len(), |i| current[i])
+}
+
+/// [`common_prefix`] against a request's blocks, read in place.
+pub fn common_prefix_with(previous: &[u128], current: &FlatRequest) -> usize {
+    common_prefix_by(previous, current.blocks.len(), |i| current.blocks[i].prefix_hash)
+}
+
+fn common_prefix_by(previous: &[u128], len: usize, current: impl Fn(usize) -> u128) -> usize {
+    let (mut lo, mut hi) = (0usize, previous.len().min(len));
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if previous[mid - 1] == current[mid - 1] {
+        if previous[mid - 1] == current(mid - 1) {
             lo = mid;
         } else {
             hi = mid - 1;
@@ -117,12 +126,24 @@ pub struct LaneMemory {
     pub deleted_tokens: u64,
 }
 
+impl LaneMemory {
+    /// `prefix_hashes` made those of `current`: the common prefix kept, the rest replaced (the
+    /// cost of what changed, not of the whole request).
+    pub fn take_prefix_hashes(previous: Option<&mut LaneMemory>, current: &FlatRequest) -> Vec<u128> {
+        let Some(previous) = previous else { return current.blocks.iter().map(|b| b.prefix_hash).collect() };
+        let mut hashes = std::mem::take(&mut previous.prefix_hashes);
+        let common = common_prefix_with(&hashes, current);
+        hashes.truncate(common);
+        hashes.extend(current.blocks[common..].iter().map(|b| b.prefix_hash));
+        hashes
+    }
+}
+
 /// Attributes a cause to a request given the lane's previous request and the events journalled
 /// since then. `is_break` is the contract's cache-break test on the read.
 pub fn attribute(
     previous: Option<&LaneMemory>,
     current: &FlatRequest,
-    hashes: &[u128],
     outcome: &CacheOutcome,
     events: &[String],
     is_break: bool,
@@ -140,9 +161,9 @@ pub fn attribute(
         report.cause = Some(events.iter().find(|e| cause_id(e) == "model_changed").cloned().unwrap_or_else(|| "model_changed".to_owned()));
         return report;
     }
-    let common = common_prefix(&previous.prefix_hashes, hashes);
+    let common = common_prefix_with(&previous.prefix_hashes, current);
     report.common_blocks = common;
-    report.common_tokens = current.blocks[..common].iter().map(|b| u64::from(b.tokens)).sum();
+    report.common_tokens = if common == 0 { 0 } else { current.blocks[common - 1].prefix_tokens };
     let diverged = common < previous.prefix_hashes.len();
     let structural = || -> Option<String> {
         if outcome.expired_position.is_some() && outcome.read_position.is_none_or(|r| outcome.expired_position > Some(r)) {

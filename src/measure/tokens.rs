@@ -18,7 +18,9 @@
 //! Counts are memoized by content hash: a block is tokenized once per run.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::path::Path;
 
 const SHIPPED_CALIBRATION: &str = include_str!("../../data/calibration.json");
@@ -151,7 +153,7 @@ pub fn bpe(text: &str) -> u32 {
 pub struct TokenMemo {
     /// The estimator the raw counts are of: `chars4` or `bpe` (`calibrated` memoizes `bpe`).
     raw: EstimatorKind,
-    counts: HashMap<u128, u32>,
+    counts: FxHashMap<u128, u32>,
 }
 
 fn raw_kind(kind: EstimatorKind) -> EstimatorKind {
@@ -166,7 +168,8 @@ fn raw_kind(kind: EstimatorKind) -> EstimatorKind {
 pub struct TokenCounter {
     kind: EstimatorKind,
     calibration: Calibration,
-    memo: HashMap<u128, u32>,
+    /// Keyed by content hash (already uniform: the fast hasher suffices).
+    memo: FxHashMap<u128, u32>,
     /// Number of blocks actually tokenized (memo misses); the rest were memo hits.
     pub tokenized_blocks: u64,
     pub memo_hits: u64,
@@ -180,7 +183,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: HashMap::new(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
+        TokenCounter { kind, calibration, memo: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
     }
 
     pub fn kind(&self) -> EstimatorKind {

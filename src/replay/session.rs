@@ -653,17 +653,19 @@ fn order_message(previous: &Message, message: &mut Message) -> Option<String> {
 /// their cache (reference/real-breaks.md), and the context drops by that thinking.
 fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
     let Some(last_prompt) = current_prompt_index(&request.messages) else { return };
-    let mut dropped = 0u64;
+    let mut dropped = false;
     for block in std::sync::Arc::make_mut(&mut flat.blocks).iter_mut() {
         if block.path.region == Region::Messages
             && block.path.index < last_prompt
             && matches!(&*block.kind, "thinking" | "redacted_thinking")
         {
-            dropped += u64::from(block.tokens);
+            dropped |= block.tokens > 0;
             block.tokens = 0;
         }
     }
-    flat.total_tokens -= dropped;
+    if dropped {
+        flat.recount();
+    }
 }
 
 /// A prompt that is the `/exit` (or `/quit`) local command.

@@ -100,7 +100,7 @@ fn a_body_that_is_not_a_request_names_the_field() {
         "log.jsonl:1: body.messages[0].role: unknown variant `robot`, expected `user` or `assistant`",
     );
     check_error("{\"time_ms\": 0, \"body\": [1]}\n", "log.jsonl:1: body: not a Messages API request (expected an object)");
-    check_error("{\"time_ms\": 0, \"body\": {\"messages\": []}}\n", "log.jsonl:1: body.missing field `model`");
+    check_error("{\"time_ms\": 0, \"body\": {\"messages\": []}}\n", "log.jsonl:1: body: missing field `model`");
     check_error("{\"tim_ms\": 0, \"body\": {}}\n", "log.jsonl:1: tim_ms: unknown field `tim_ms`, expected one of `time_ms`, `time`, `body`, `lane`, `usage`");
 }
 
@@ -149,4 +149,57 @@ fn lanes_are_inferred_from_message_prefixes() {
     let text: String = lines.iter().enumerate().map(|(i, b)| format!("{}\n", json!({"time_ms": i * 1000, "body": b}))).collect();
     let (rows, _) = check_log(&text).unwrap();
     assert_eq!(rows.iter().map(|r| r.lane.as_str()).collect::<Vec<_>>(), vec!["main", "side:1", "main", "main"]);
+}
+
+/// Measures a log as read (head and message keys on) and with its keys dropped (everything
+/// compared by content): the rows must be the same, byte for byte.
+fn check_keys_change_nothing(text: &str) -> usize {
+    let log = read_log(std::io::Cursor::new(text), "log.jsonl").unwrap();
+    assert!(log.entries.iter().all(|e| e.head_key.is_some() && e.message_keys.as_ref().is_some_and(|k| k.len() == e.body.messages.len())));
+    let keyed = analyze(&log, &mut measurer(), "log.jsonl").unwrap();
+    let mut unkeyed_log = read_log(std::io::Cursor::new(text), "log.jsonl").unwrap();
+    for entry in &mut unkeyed_log.entries {
+        entry.message_keys = None;
+        entry.head_key = None;
+    }
+    let unkeyed = analyze(&unkeyed_log, &mut measurer(), "log.jsonl").unwrap();
+    assert_eq!(serde_json::to_string(&keyed).unwrap(), serde_json::to_string(&unkeyed).unwrap());
+    keyed.len()
+}
+
+#[test]
+fn message_keys_change_nothing() {
+    // A generated session with an earlier message rewritten now and then, the same message
+    // written with other whitespace (other bytes, same content), the system prompt changed
+    // and changed back, and a side lane in between.
+    let mut text = String::new();
+    for (i, entry) in ctxsim::synth::growing_session(3, 120, 30_000, "claude-sonnet-4-5").into_iter().enumerate() {
+        let mut body = serde_json::to_value(&entry.body).unwrap();
+        if i % 17 == 5 {
+            body["messages"][0]["content"] = json!("rewritten opening prompt");
+        }
+        if i % 23 == 9 {
+            body["system"][0]["text"] = json!("another system prompt");
+            body["max_tokens"] = json!(1000);
+        }
+        let mut line = serde_json::to_string(&json!({"time_ms": entry.time_ms, "body": body})).unwrap();
+        if i % 11 == 3 {
+            line = serde_json::to_string_pretty(&json!({"time_ms": entry.time_ms, "body": body})).unwrap().replace('\n', " ");
+        }
+        text.push_str(&line);
+        text.push('\n');
+        if i % 29 == 7 {
+            let side = json!({"model": "claude-haiku-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": format!("summarize {i}")}]});
+            text.push_str(&serde_json::to_string(&json!({"time_ms": entry.time_ms + 1, "body": side})).unwrap());
+            text.push('\n');
+        }
+    }
+    assert_eq!(check_keys_change_nothing(&text), 124);
+
+    // The 64 real request bodies of the claude-trace capture, as an analyze log.
+    let path = realdata().join("api_captures/claude-trace/test-traffic.jsonl");
+    let converted = ctxsim::recording::claude_trace::convert_claude_trace(std::io::BufReader::new(std::fs::File::open(&path).unwrap()), "capture").unwrap();
+    let mut log = Vec::new();
+    ctxsim::recording::claude_trace::write_request_log_to(&converted.entries, &mut log).unwrap();
+    assert_eq!(check_keys_change_nothing(&String::from_utf8(log).unwrap()), 64);
 }

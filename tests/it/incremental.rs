@@ -16,6 +16,9 @@ fn check_incremental_matches_fresh(kind: EstimatorKind, requests: &[(String, u64
     let table = ModelTable::shipped();
     let mut incremental = Measurer::new(table.clone(), TokenCounter::new(kind));
     let mut reference = Measurer::new(table.clone(), TokenCounter::new(kind));
+    // A third measurer is given keys, as a log reader computes them (the JSON text of each
+    // message and of the other fields), for two requests in three: keyed and unkeyed mixed.
+    let mut keyed = Measurer::new(table.clone(), TokenCounter::new(kind));
     let mut rows = Vec::new();
     let mut message_blocks = 0u64;
     for (i, (lane, time_ms, body)) in requests.iter().enumerate() {
@@ -23,6 +26,15 @@ fn check_incremental_matches_fresh(kind: EstimatorKind, requests: &[(String, u64
         let fresh: FlatRequest = flatten(body, &mut TokenCounter::new(kind), &family);
         let reused = incremental.flatten(body).unwrap();
         assert_eq!(reused, fresh, "request {i} ({lane}) flattens differently");
+        let key = |text: String| xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+        let message_keys: Vec<u128> = body.messages.iter().map(|m| key(serde_json::to_string(m).unwrap())).collect();
+        let head_key = key(serde_json::to_string(&Request { messages: Vec::new(), ..body.clone() }).unwrap());
+        let served = if i % 3 == 2 {
+            keyed.serve(body).unwrap()
+        } else {
+            keyed.serve_with_keys(body, Some(head_key), Some(&message_keys)).unwrap()
+        };
+        assert_eq!(served.as_sent(), &fresh, "request {i} ({lane}) flattens differently with keys");
         message_blocks += fresh.counts.messages as u64;
         let a = incremental.measure_flat(MeasureInput::new(lane, *time_ms, body), reused).unwrap();
         let b = reference.measure_flat(MeasureInput::new(lane, *time_ms, body), fresh).unwrap();
