@@ -499,16 +499,19 @@ impl Lent {
     }
 }
 
+/// What a filler text is made from: label, tokens, estimator, scale and per-block bits.
 type FillerKey = (String, u64, EstimatorKind, u64, u64);
+/// A system prompt's filler, and its breakpoint.
+type SystemKey = (String, u64, EstimatorKind, u64, u64, CacheControl);
 
 /// The filler parts of a lane's last request ([`Unrecorded::request_with`]), with what they were
 /// made from.
 #[derive(Debug, Default)]
 struct Parts {
-    system: Option<((String, u64, EstimatorKind, u64, u64, CacheControl), SystemPrompt)>,
+    system: Option<(SystemKey, SystemPrompt)>,
     reminder: Option<(FillerKey, ContentBlock)>,
     /// What the request in flight was given.
-    system_key: Option<(String, u64, EstimatorKind, u64, u64, CacheControl)>,
+    system_key: Option<SystemKey>,
     reminder_key: Option<FillerKey>,
 }
 
