@@ -21,6 +21,17 @@ impl MessageContent {
         }
     }
 
+    /// The content as blocks, in place: a string becomes one text block first.
+    pub fn blocks_mut(&mut self) -> &mut Vec<ContentBlock> {
+        if let MessageContent::Text(text) = self {
+            *self = MessageContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+        }
+        match self {
+            MessageContent::Blocks(blocks) => blocks,
+            MessageContent::Text(_) => unreachable!("turned into blocks above"),
+        }
+    }
+
     /// The content as blocks, taking it (a string is one text block).
     pub fn into_blocks(self) -> Vec<ContentBlock> {
         match self {

@@ -144,11 +144,22 @@ pub struct Measurer {
     flattener: Flattener,
     /// The last model looked up and its index in the table (a session names one or two).
     last_model: Option<(String, usize)>,
+    /// Key spaces handed out ([`Measurer::new_key_space`]).
+    key_spaces: u64,
 }
 
 impl Measurer {
     pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
-        Measurer { table, counter, cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener: Flattener::new(), last_model: None }
+        Measurer {
+            table,
+            counter,
+            cache: CacheSim::new(),
+            lanes: BTreeMap::new(),
+            next_index: 0,
+            flattener: Flattener::new(),
+            last_model: None,
+            key_spaces: 0,
+        }
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -195,6 +206,19 @@ impl Measurer {
     /// `context_management` edits).
     pub fn flatten(&mut self, body: &Request) -> Result<FlatRequest, UnknownModel> {
         Ok(self.serve(body)?.flat)
+    }
+
+    /// [`Self::flatten`] with a key per message ([`Flattener::flatten_keyed`]).
+    pub fn flatten_keyed(&mut self, body: &Request, keys: Option<&[u128]>) -> Result<FlatRequest, UnknownModel> {
+        Ok(self.serve_keyed(body, keys)?.flat)
+    }
+
+    /// A number no earlier call on this measurer returned: a caller deriving message keys
+    /// ([`Self::serve_keyed`]) from its own serials mixes it in, so that keys of two runs
+    /// through one measurer never meet.
+    pub fn new_key_space(&mut self) -> u64 {
+        self.key_spaces += 1;
+        self.key_spaces
     }
 
     /// The request as the server sees it: flattened, with `context_management` applied.

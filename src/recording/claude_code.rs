@@ -34,6 +34,7 @@ use super::format::{
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::report::{ImportError, ImportReport, UsageTotals};
+use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, StopReason, ToolResultContent, Usage};
 
 /// Record types that carry session metadata (last value wins); they go to the header.
@@ -165,13 +166,33 @@ impl Chain {
     }
 }
 
-/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]).
+/// The last view of each lane and its messages ([`ImportedSession::messages_for_call_cached`]),
+/// each message with a *serial*: a number given when the message is built and renewed whenever
+/// it changes (merged into, or rebuilt with different content), so that two messages with the
+/// same serial from one cache are identical ([`ImportedSession::messages_for_call_view`]).
 #[derive(Debug, Default)]
 pub struct ViewCache {
-    lanes: BTreeMap<String, (Vec<usize>, Vec<Message>)>,
+    lanes: BTreeMap<String, LaneView>,
+    /// The next serial to give.
+    next_serial: u64,
     /// Calls whose messages were appended to the previous call's rather than rebuilt.
     pub appended: u64,
 }
+
+#[derive(Debug, Default)]
+struct LaneView {
+    /// The event indices `messages` were built from.
+    view: Option<Vec<usize>>,
+    /// The `loaded_until` they were built with.
+    loaded_until: usize,
+    messages: Vec<Message>,
+    serials: Vec<u64>,
+    /// For a resumed client's view (`loaded_until > 0`): the tool uses answered in it, and
+    /// those left out because they are not.
+    answered: BTreeSet<String>,
+    unanswered: BTreeSet<String>,
+}
+
 
 impl ImportedSession {
     /// A session from a recording read back from disk: no `parentUuid` graph, so every call's
@@ -302,19 +323,70 @@ impl ImportedSession {
     /// client's messages (`loaded_until > 0`) drop unanswered tool uses anywhere, so they are
     /// rebuilt.
     pub fn messages_for_call_cached(&self, call: &RecordedCall, loaded_until: usize, cache: &mut ViewCache) -> Vec<Message> {
+        self.messages_for_call_view(call, loaded_until, cache).0.to_vec()
+    }
+
+    /// [`Self::messages_for_call_cached`] without the copy: the lane's messages as the cache
+    /// holds them, with their serials (equal serials from one cache = identical messages).
+    /// Appending renews the serial of the message merged into (conservatively, the last one
+    /// whenever anything is appended) and gives new messages new serials; a rebuild keeps the
+    /// serial of a message only where it is identical to the one at its index before.
+    pub fn messages_for_call_view<'c>(&self, call: &RecordedCall, loaded_until: usize, cache: &'c mut ViewCache) -> (&'c [Message], &'c [u64]) {
+        let next = &mut cache.next_serial;
+        let mut fresh = || {
+            *next += 1;
+            *next
+        };
+        let lane = cache.lanes.entry(call.lane.clone()).or_default();
+        let view = self.view_event_indices_loaded(call, loaded_until);
+        if let Some(last_view) = &lane.view
+            && lane.loaded_until == loaded_until
+            && view.starts_with(last_view)
+        {
+            let tail = &view[last_view.len()..];
+            // A resumed client's messages leave out unanswered tool uses: they extend only while
+            // no new result answers one left out.
+            let answers_left_out = loaded_until > 0
+                && tail.iter().any(|&i| {
+                    let mut hit = false;
+                    visit_tool_ids(&self.recording.events[i].kind, |id| hit |= lane.unanswered.contains(id), |_| {});
+                    hit
+                });
+            if !answers_left_out {
+                cache.appended += 1;
+                if !tail.is_empty() {
+                    let renew = lane.messages.len().saturating_sub(1);
+                    if loaded_until == 0 {
+                        append_messages(&self.recording, tail, &mut lane.messages);
+                    } else {
+                        append_loaded(&self.recording, tail, lane);
+                    }
+                    lane.serials.truncate(renew);
+                    lane.serials.resize_with(lane.messages.len(), &mut fresh);
+                    lane.view = Some(view);
+                }
+                return (&lane.messages, &lane.serials);
+            }
+        }
+        let messages = self.messages_loaded(&view, loaded_until);
+        let (mut answered, mut uses) = (BTreeSet::new(), BTreeSet::new());
         if loaded_until > 0 {
-            return self.messages_for_call_loaded(call, loaded_until);
+            for &i in &view {
+                visit_tool_ids(&self.recording.events[i].kind, |id| { answered.insert(id.to_owned()); }, |id| { uses.insert(id.to_owned()); });
+            }
         }
-        let view = self.view_event_indices_loaded(call, 0);
-        let (last_view, messages) = cache.lanes.entry(call.lane.clone()).or_default();
-        if view.starts_with(last_view) {
-            cache.appended += 1;
-            append_messages(&self.recording, &view[last_view.len()..], messages);
-        } else {
-            *messages = build_messages(&self.recording, &view);
-        }
-        *last_view = view;
-        messages.clone()
+        let unanswered = uses.into_iter().filter(|id| !answered.contains(id)).collect();
+        // Rebuilt: a serial is kept where the message at the same index is identical.
+        let serials = messages
+            .iter()
+            .enumerate()
+            .map(|(i, message)| match (lane.messages.get(i), lane.serials.get(i)) {
+                (Some(old), Some(&serial)) if old.identical(message) => serial,
+                _ => fresh(),
+            })
+            .collect();
+        *lane = LaneView { view: Some(view), loaded_until, messages, serials, answered, unanswered };
+        (&lane.messages, &lane.serials)
     }
 
     /// The messages of a fork of the main thread (`call` in lane `compact`): the main thread's
@@ -402,19 +474,74 @@ fn merge_into(last: &mut Message, blocks: Vec<ContentBlock>) {
 /// the last message).
 fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<Message>) {
     for &i in indices {
-        let Some(event) = recording.events.get(i) else { continue };
-        let (role, blocks) = match &event.kind {
-            EventKind::UserPrompt(UserPrompt { content, .. }) => (Role::User, content.to_blocks()),
-            EventKind::ToolResult(ToolResult { tool_use_id, content, is_error, .. }) => {
-                let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new()));
-                (Role::User, vec![ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true))])
-            }
-            EventKind::ModelReply(reply) => (Role::Assistant, reply.content.clone()),
-            _ => continue,
-        };
+        let Some((role, blocks)) = recording.events.get(i).and_then(|e| event_blocks(&e.kind)) else { continue };
         match messages.last_mut() {
             Some(last) if last.role == role => merge_into(last, blocks),
             _ => messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
+        }
+    }
+}
+
+/// The role and content blocks a message event contributes.
+fn event_blocks(kind: &EventKind) -> Option<(Role, Vec<ContentBlock>)> {
+    match kind {
+        EventKind::UserPrompt(UserPrompt { content, .. }) => Some((Role::User, content.to_blocks())),
+        EventKind::ToolResult(ToolResult { tool_use_id, content, is_error, .. }) => {
+            let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new()));
+            Some((Role::User, vec![ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true))]))
+        }
+        EventKind::ModelReply(reply) => Some((Role::Assistant, reply.content.clone())),
+        _ => None,
+    }
+}
+
+/// The tool ids in the blocks a message event contributes ([`event_blocks`], without building
+/// them): `result` for every tool result's, `assistant_use` for every tool use of a reply.
+fn visit_tool_ids<'e>(kind: &'e EventKind, mut result: impl FnMut(&'e str), mut assistant_use: impl FnMut(&'e str)) {
+    let blocks: &[ContentBlock] = match kind {
+        EventKind::UserPrompt(UserPrompt { content: MessageContent::Blocks(blocks), .. }) => blocks,
+        EventKind::ToolResult(ToolResult { tool_use_id, .. }) => return result(tool_use_id),
+        EventKind::ModelReply(reply) => &reply.content,
+        _ => &[],
+    };
+    let assistant = matches!(kind, EventKind::ModelReply(_));
+    for block in blocks {
+        match block {
+            ContentBlock::ToolResult { tool_use_id, .. } => result(tool_use_id),
+            ContentBlock::ToolUse { id, .. } if assistant => assistant_use(id),
+            _ => {}
+        }
+    }
+}
+
+/// Appends message events to a resumed client's messages ([`ImportedSession::messages_loaded`]
+/// of the view so far, whose answered and left-out tool uses `lane` holds; no event appended
+/// answers one left out): tool uses without a result in the view are left out, events left
+/// empty add nothing, and an event joins the last message when their roles agree. That is what
+/// rebuilding gives: its messages are the view's events so filtered, without the empty ones,
+/// merged where consecutive roles agree.
+fn append_loaded(recording: &Recording, indices: &[usize], lane: &mut LaneView) {
+    let events = || indices.iter().filter_map(|&i| recording.events.get(i));
+    for event in events() {
+        visit_tool_ids(&event.kind, |id| { lane.answered.insert(id.to_owned()); }, |_| {});
+    }
+    for event in events() {
+        let Some((role, mut blocks)) = event_blocks(&event.kind) else { continue };
+        if role == Role::Assistant {
+            blocks.retain(|b| match b {
+                ContentBlock::ToolUse { id, .. } if !lane.answered.contains(id) => {
+                    lane.unanswered.insert(id.clone());
+                    false
+                }
+                _ => true,
+            });
+        }
+        if blocks.is_empty() {
+            continue;
+        }
+        match lane.messages.last_mut() {
+            Some(last) if last.role == role => merge_into(last, blocks),
+            _ => lane.messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
         }
     }
 }

@@ -24,4 +24,4 @@ pub use fidelity::{
 };
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use profile::{ClientProfile, parse_version};
-pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session};
+pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session, replay_session_reference};

@@ -60,10 +60,13 @@ pub fn parse_version(version: &str) -> (u32, u32, u32) {
 /// Tokens (chars/4) of the system prompt and built-in tools measured for 2.1.88: every section
 /// and every tool's description, compact schema and ~40 characters of JSON framing per tool.
 pub fn measured_prefix_tokens_2_1_88() -> u64 {
-    let profile = SizeProfile::claude_code_2_1_88();
-    let sections: usize = profile.sections.values().sum();
-    let tools: usize = profile.tools.values().map(|t| t.description + t.schema + 40).sum();
-    ((sections + tools) / 4) as u64
+    static TOKENS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOKENS.get_or_init(|| {
+        let profile = SizeProfile::claude_code_2_1_88();
+        let sections: usize = profile.sections.values().sum();
+        let tools: usize = profile.tools.values().map(|t| t.description + t.schema + 40).sum();
+        ((sections + tools) / 4) as u64
+    })
 }
 
 /// The prefix level of `version` in a fitted per-version profile (`Calibration::prefix_tokens`):

@@ -247,6 +247,12 @@ struct LaneState {
     peer: crate::agent::compact::peers::PeerState,
     /// Turn-level client behaviour (main lane only).
     turns: TurnState,
+    /// Bumped whenever `cleared` changes, and `restored`.
+    cleared_version: u64,
+    restored_version: u64,
+    /// The lane's messages as last built ([`BuiltView`]).
+    built: BuiltView,
+    parts: Parts,
 }
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
@@ -271,13 +277,26 @@ struct Unrecorded<'a> {
 
 impl Unrecorded<'_> {
     fn request(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes) -> Request {
+        self.request_with(model, messages, sizes, &mut Parts::default())
+    }
+
+    /// [`Self::request`] taking its system prompt and reminder from `parts` where they are the
+    /// ones it needs (the filler texts are tens to hundreds of KB); [`Parts::recover`] takes
+    /// them back.
+    fn request_with(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes, parts: &mut Parts) -> Request {
         let mut request = Request::new(model.to_owned(), 32_000);
         request.messages = messages;
         let label = if self.group == LANE_MAIN { "system".to_owned() } else { format!("system {}", self.group) };
-        request.system = Some(SystemPrompt::Blocks(vec![
-            SystemBlock::text(filler(&label, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
-                .with_cache_control(Some(self.cache_control.clone())),
-        ]));
+        let key = (label, sizes.prefix_tokens, self.kind, self.params.scale.to_bits(), self.params.per_block.to_bits(), self.cache_control.clone());
+        let system = match parts.system.take() {
+            Some((k, system)) if k == key => system,
+            _ => SystemPrompt::Blocks(vec![
+                SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
+                    .with_cache_control(Some(self.cache_control.clone())),
+            ]),
+        };
+        request.system = Some(system);
+        parts.system_key = Some(key);
         if !self.loaded_tools.is_empty() {
             request.tools = Some(
                 self.loaded_tools
@@ -286,20 +305,19 @@ impl Unrecorded<'_> {
                     .collect(),
             );
         }
-        if sizes.context_tokens > 0 {
-            let label = format!("user-context {} {} {}", self.group, self.epoch, sizes.context_tokens);
-            let reminder = ContentBlock::text(filler(&label, sizes.context_tokens, self.kind, self.params.scale, self.params.per_block));
+        parts.reminder_key = self.reminder(sizes).map(|(label, target)| (label, target, self.kind, self.params.scale.to_bits(), self.params.per_block.to_bits()));
+        if let Some(key) = &parts.reminder_key {
+            let reminder = match parts.reminder.take() {
+                Some((k, reminder)) if k == *key => reminder,
+                _ => ContentBlock::text(filler(&key.0, key.1, self.kind, self.params.scale, self.params.per_block)),
+            };
             match request.messages.first_mut() {
-                Some(first) if first.role == Role::User => {
-                    let mut blocks = vec![reminder];
-                    blocks.extend(first.content.to_blocks());
-                    first.content = MessageContent::Blocks(blocks);
-                }
+                Some(first) if first.role == Role::User => first.content.blocks_mut().insert(0, reminder),
                 _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
             }
         }
         if let Some(last) = request.messages.last_mut() {
-            let mut blocks = last.content.to_blocks();
+            let blocks = last.content.blocks_mut();
             let target = self.marked_result.and_then(|id| {
                 blocks.iter().position(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id))
             });
@@ -309,9 +327,210 @@ impl Unrecorded<'_> {
             {
                 block.set_cache_control(Some(self.cache_control.clone()));
             }
-            last.content = MessageContent::Blocks(blocks);
         }
         request
+    }
+
+    /// The label and size of the user-context reminder opening `messages[0]`, if any.
+    fn reminder(&self, sizes: GroupSizes) -> Option<(String, u64)> {
+        (sizes.context_tokens > 0).then(|| (format!("user-context {} {} {}", self.group, self.epoch, sizes.context_tokens), sizes.context_tokens))
+    }
+
+    /// The keys of [`Self::request`]'s messages when it is built around `messages` (a prefix of
+    /// the lane's [`BuiltView`], whose keys are `built`) with `sizes`: the reminder and the
+    /// restored files (`restored_version`) are folded into the first message's key, a message
+    /// the reminder opens on its own has a key of the reminder, and the last message (it
+    /// carries the marker) a fresh key.
+    fn request_keys(&self, keys: &mut MessageKeys, messages: &[Message], built: &[u128], restored_version: u64, sizes: GroupSizes) -> Vec<u128> {
+        let reminder = self.reminder(sizes).map(|(label, target)| {
+            let mut bytes = label.into_bytes();
+            for word in [target, self.kind as u64, self.params.scale.to_bits(), self.params.per_block.to_bits()] {
+                bytes.extend_from_slice(&word.to_le_bytes());
+            }
+            xxhash_rust::xxh3::xxh3_128(&bytes)
+        });
+        let (has, r) = (u64::from(reminder.is_some()), reminder.unwrap_or(0));
+        let mut out = Vec::with_capacity(built.len() + 1);
+        if reminder.is_some() && messages.first().is_none_or(|m| m.role != Role::User) {
+            out.push(keys.derive(KeyTag::Reminder, &[r as u64, (r >> 64) as u64]));
+        }
+        for (i, &key) in built.iter().enumerate() {
+            out.push(if i == 0 { keys.derive(KeyTag::First, &[key as u64, (key >> 64) as u64, restored_version, has, r as u64, (r >> 64) as u64]) } else { key });
+        }
+        if let Some(last) = out.last_mut() {
+            *last = keys.fresh();
+        }
+        out
+    }
+}
+
+/// Keys of the messages a replay builds, for [`Measurer::flatten_keyed`]: equal keys mean
+/// identical messages. A key is derived (xxh3-128) from everything its message is built from;
+/// `space` ([`Measurer::new_key_space`]) keeps the keys of two replays through one measurer
+/// apart.
+#[derive(Debug)]
+struct MessageKeys {
+    space: u64,
+    fresh: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum KeyTag {
+    Built = 1,
+    First = 2,
+    Reminder = 3,
+    Fresh = 4,
+}
+
+impl MessageKeys {
+    fn derive(&self, tag: KeyTag, words: &[u64]) -> u128 {
+        assert!(words.len() <= 6, "a message key has at most six inputs");
+        let mut bytes = [0u8; 64];
+        let mut n = 0;
+        for word in [tag as u64, self.space].into_iter().chain(words.iter().copied()) {
+            bytes[n..n + 8].copy_from_slice(&word.to_le_bytes());
+            n += 8;
+        }
+        xxhash_rust::xxh3::xxh3_128(&bytes[..n])
+    }
+
+    /// A key no other message has.
+    fn fresh(&mut self) -> u128 {
+        self.fresh += 1;
+        self.derive(KeyTag::Fresh, &[self.fresh])
+    }
+}
+
+/// A lane's messages as the client changed them (cleared results, filled thinking, ordered
+/// parallel results), kept from call to call, each with the key of what it was built from: its
+/// serial and the previous message's in the [`crate::recording::ViewCache`] (equal serials =
+/// identical raw messages) and the version of the lane's cleared set. A message whose key did
+/// not change is identical to what rebuilding it would give, so it is kept, and its key goes to
+/// the flattener.
+#[derive(Debug, Default)]
+struct BuiltView {
+    messages: Vec<Message>,
+    keys: Vec<u128>,
+    /// Per message: the tool result its breakpoint goes on were it the last ([`order_message`]).
+    marked: Vec<Option<String>>,
+}
+
+impl BuiltView {
+    fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, u64>) {
+        self.messages.truncate(raw.len());
+        self.keys.truncate(raw.len());
+        self.marked.truncate(raw.len());
+        for (i, source) in raw.iter().enumerate() {
+            let previous = if i > 0 { serials[i - 1] } else { 0 };
+            let key = keys.derive(KeyTag::Built, &[serials[i], previous, cleared.1]);
+            if self.keys.get(i) == Some(&key) {
+                continue;
+            }
+            let mut message = source.clone();
+            client_view(&mut message, cleared.0, thinking);
+            let marked = if i > 0 { order_message(&raw[i - 1], &mut message) } else { None };
+            if i < self.messages.len() {
+                (self.messages[i], self.keys[i], self.marked[i]) = (message, key, marked);
+            } else {
+                self.messages.push(message);
+                self.keys.push(key);
+                self.marked.push(marked);
+            }
+        }
+    }
+}
+
+/// A lane's [`BuiltView`] while its messages are out in a request: the first and last message
+/// as built, which the request changes.
+struct Lent {
+    built: BuiltView,
+    first: FirstUndo,
+    last: Option<Message>,
+}
+
+/// How the first message is put back as built.
+enum FirstUndo {
+    /// Keep its first `n` blocks (the request only added blocks around them).
+    Truncate(usize),
+    /// Put this copy back (it is also the last message, or not blocks).
+    Restore(Message),
+    None,
+}
+
+impl Lent {
+    fn new(built: BuiltView, messages: &[Message]) -> Lent {
+        let first = match messages.first() {
+            Some(Message { content: MessageContent::Blocks(blocks), .. }) if messages.len() > 1 => FirstUndo::Truncate(blocks.len()),
+            Some(first) => FirstUndo::Restore(first.clone()),
+            None => FirstUndo::None,
+        };
+        let last = messages.last().filter(|_| messages.len() > 1).cloned();
+        Lent { built, first, last }
+    }
+
+    /// The view again, from the request built around it ([`Unrecorded::request_with`]), and
+    /// the system prompt and reminder kept in `parts` for the next request.
+    fn give_back(self, request: Request, parts: &mut Parts) -> BuiltView {
+        let Lent { mut built, first, last } = self;
+        let Request { mut messages, system, .. } = request;
+        parts.system = parts.system_key.take().zip(system);
+        let reminder_key = parts.reminder_key.take();
+        let reminder = if messages.len() > built.keys.len() {
+            // The reminder opened the request as a message of its own.
+            Some(messages.remove(0).content.into_blocks().remove(0))
+        } else if reminder_key.is_some() {
+            Some(messages[0].content.blocks_mut().remove(0))
+        } else {
+            None
+        };
+        // (A reminder that took the marker, as the only block of the request, is not kept.)
+        parts.reminder = reminder_key.zip(reminder.filter(|block| block.cache_control().is_none()));
+        match first {
+            FirstUndo::Truncate(n) => messages[0].content.blocks_mut().truncate(n),
+            FirstUndo::Restore(first) => messages[0] = first,
+            FirstUndo::None => {}
+        }
+        if let Some(last) = last {
+            let n = messages.len();
+            messages[n - 1] = last;
+        }
+        built.messages = messages;
+        built
+    }
+}
+
+/// What a filler text is made from: label, tokens, estimator, scale and per-block bits.
+type FillerKey = (String, u64, EstimatorKind, u64, u64);
+/// A system prompt's filler, and its breakpoint.
+type SystemKey = (String, u64, EstimatorKind, u64, u64, CacheControl);
+
+/// The filler parts of a lane's last request ([`Unrecorded::request_with`]), with what they were
+/// made from.
+#[derive(Debug, Default)]
+struct Parts {
+    system: Option<(SystemKey, SystemPrompt)>,
+    reminder: Option<(FillerKey, ContentBlock)>,
+    /// What the request in flight was given.
+    system_key: Option<SystemKey>,
+    reminder_key: Option<FillerKey>,
+}
+
+/// What the client changes in a recorded message before sending it: the results a recorded
+/// microcompact cleared, and thinking whose text was not stored filled to its estimate.
+fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, u64>) {
+    let MessageContent::Blocks(blocks) = &mut message.content else { return };
+    for block in blocks.iter_mut() {
+        match block {
+            ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
+                *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
+            }
+            ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
+                if let Some(&tokens) = thinking_estimate.get(signature.as_str()) {
+                    *thinking = filler("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -387,41 +606,48 @@ fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
 /// after out-of-order parallel results in ../shared/realdata show exactly that tail).
 fn order_tool_results(messages: &mut [Message]) -> Option<String> {
     let mut marked = None;
-    let n = messages.len();
-    for i in 1..n {
-        if messages[i].role != Role::User || messages[i - 1].role != Role::Assistant {
-            continue;
+    for i in 1..messages.len() {
+        let (before, rest) = messages.split_at_mut(i);
+        let m = order_message(&before[i - 1], &mut rest[0]);
+        if rest.len() == 1 {
+            marked = m;
         }
-        // Only a message opening with two results or more is reordered (and copied).
-        let MessageContent::Blocks(results) = &messages[i].content else { continue };
-        let run = results.iter().take_while(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
-        if run < 2 {
-            continue;
-        }
-        let order: BTreeMap<String, usize> = messages[i - 1]
-            .content
-            .to_blocks()
-            .into_iter()
-            .filter_map(|b| match b {
-                ContentBlock::ToolUse { id, .. } => Some(id),
-                _ => None,
-            })
-            .enumerate()
-            .map(|(k, id)| (id, k))
-            .collect();
-        let mut blocks = messages[i].content.to_blocks();
-        let id_of = |b: &ContentBlock| match b {
-            ContentBlock::ToolResult { tool_use_id, .. } => tool_use_id.clone(),
-            _ => String::new(),
-        };
-        let completed_last = id_of(&blocks[run - 1]);
-        blocks[..run].sort_by_key(|b| order.get(&id_of(b)).copied().unwrap_or(usize::MAX));
-        if i == n - 1 && run == blocks.len() && id_of(&blocks[run - 1]) != completed_last {
-            marked = Some(completed_last);
-        }
-        messages[i].content = MessageContent::Blocks(blocks);
     }
     marked
+}
+
+/// [`order_tool_results`] for one message after `previous`: the id of the result that completed
+/// last when it no longer ends the message and only results follow it.
+fn order_message(previous: &Message, message: &mut Message) -> Option<String> {
+    if message.role != Role::User || previous.role != Role::Assistant {
+        return None;
+    }
+    // Only a message opening with two results or more is reordered.
+    let MessageContent::Blocks(blocks) = &mut message.content else { return None };
+    let run = blocks.iter().take_while(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
+    if run < 2 {
+        return None;
+    }
+    let uses: &[ContentBlock] = match &previous.content {
+        MessageContent::Blocks(uses) => uses,
+        MessageContent::Text(_) => &[],
+    };
+    let order: BTreeMap<&str, usize> = uses
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+        .enumerate()
+        .map(|(k, id)| (id, k))
+        .collect();
+    let id_of = |b: &ContentBlock| match b {
+        ContentBlock::ToolResult { tool_use_id, .. } => tool_use_id.clone(),
+        _ => String::new(),
+    };
+    let completed_last = id_of(&blocks[run - 1]);
+    blocks[..run].sort_by_key(|b| order.get(id_of(b).as_str()).copied().unwrap_or(usize::MAX));
+    (run == blocks.len() && id_of(&blocks[run - 1]) != completed_last).then_some(completed_last)
 }
 
 /// The API's view of a request to a model that drops earlier turns' thinking: the thinking
@@ -472,6 +698,19 @@ fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, 
 
 /// Replays every call of `session` through `measurer`.
 pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
+    replay_session_with(session, measurer, options, true)
+}
+
+/// [`replay_session`] the slow way, the reference the fast one must equal: every call's
+/// messages rebuilt from its view and changed as the client did, the flattener comparing them by
+/// content with the previous request's.
+pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
+    replay_session_with(session, measurer, options, false)
+}
+
+/// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
+/// request's messages carry keys for the flattener.
+fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
@@ -509,6 +748,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
 
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
     let mut views = crate::recording::ViewCache::default();
+    let mut keys = MessageKeys { space: measurer.new_key_space(), fresh: 0 };
+    // Estimates of file texts a compaction restores, by content hash and model family.
+    let file_tokens: std::cell::RefCell<BTreeMap<(u128, String), u64>> = Default::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
     let mut out = Vec::with_capacity(session.calls.len());
     let mut turn = 0u32;
@@ -551,7 +793,12 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     state.turns.on_compaction(&turn_profile);
                     state.restored = if options.restore_files {
                         let counter = measurer.counter();
-                        let restored = state.working_set.compact(cwd, |text| u64::from(counter.count_text(text, &family)));
+                        // The files of one compaction are mostly those of the one before.
+                        let count = |text: &str| {
+                            let key = (xxhash_rust::xxh3::xxh3_128(text.as_bytes()), family.clone());
+                            *file_tokens.borrow_mut().entry(key).or_insert_with(|| u64::from(counter.count_text(text, &family)))
+                        };
+                        let restored = state.working_set.compact(cwd, count);
                         restored
                             .iter()
                             .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block)))
@@ -559,7 +806,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     } else {
                         Vec::new()
                     };
+                    state.restored_version += 1;
                     state.cleared.clear();
+                    state.cleared_version += 1;
                     state.compacted = true;
                     state.segment_context = None;
                     state.anchor_pending = true;
@@ -582,7 +831,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                     }
                     if options.recorded_microcompact {
                         for id in ids {
-                            state.cleared.insert(id.to_owned());
+                            if state.cleared.insert(id.to_owned()) {
+                                state.cleared_version += 1;
+                            }
                         }
                     }
                 }
@@ -688,39 +939,40 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         state.model = Some(call.model.clone());
         state.last_time_ms = Some(call.time_ms);
 
-        // The messages the call saw, with what the client changed in them.
-        let (mut messages, cleared, restored) = match &main_fork {
-            Some((cleared, restored, loaded_until)) => (session.fork_messages(call, *loaded_until), cleared, restored),
-            None => (session.messages_for_call_cached(call, state.loaded_until, &mut views), &state.cleared, &state.restored),
-        };
-        for message in &mut messages {
-            let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-            for block in blocks.iter_mut() {
-                match block {
-                    ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
-                        *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
-                    }
-                    ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
-                        if let Some(&tokens) = thinking_estimate.get(signature.as_str()) {
-                            *thinking = filler("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
-                        }
-                    }
-                    _ => {}
-                }
+        // The messages the call saw, with what the client changed in them. A call of its own
+        // lane without a peer mechanism updates the lane's built view and borrows its messages
+        // for the request (given back after the measurement, with keys for the flattener); a
+        // fork or a peer-rewritten call builds its own.
+        let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some();
+        let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
+            let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
+            state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate);
+            let mut built = std::mem::take(&mut state.built);
+            let messages = std::mem::take(&mut built.messages);
+            let marked = built.marked.last().cloned().flatten();
+            let lent = Lent::new(built, &messages);
+            (messages, marked, Some(lent))
+        } else {
+            let (mut messages, cleared) = match &main_fork {
+                Some((cleared, _, loaded_until)) => (session.fork_messages(call, *loaded_until), cleared),
+                None => (session.messages_for_call_cached(call, state.loaded_until, &mut views), &state.cleared),
+            };
+            for message in &mut messages {
+                client_view(message, cleared, &thinking_estimate);
             }
-        }
-        let marked_result = order_tool_results(&mut messages);
+            let marked = order_tool_results(&mut messages);
+            (messages, marked, None)
+        };
+        let restored = main_fork.as_ref().map_or(&state.restored, |(_, restored, _)| restored);
         if !restored.is_empty()
             && let Some(first) = messages.first_mut()
             && first.role == Role::User
         {
-            let mut blocks = first.content.to_blocks();
-            blocks.extend(restored.iter().cloned());
-            first.content = MessageContent::Blocks(blocks);
+            first.content.blocks_mut().extend(restored.iter().cloned());
         }
         // The strategy's own mechanisms on what the recorded client sent.
         let mut peer_stages = Vec::new();
-        if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
+        if peer_active {
             let window = measurer.table().lookup(&call.model).map_or(200_000, |m| m.context_window);
             let base = groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
             let before = crate::agent::compact::peers::estimate_tokens(&messages);
@@ -884,8 +1136,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
         };
         if let Some(cut) = side_cut.filter(|&cut| cut > 0) {
             let side = Unrecorded { marked_result: None, ..unrecorded.clone() };
+            let side_keys = lent.as_ref().map(|l| side.request_keys(&mut keys, &messages[..cut], &l.built.keys[..cut], state.restored_version, sizes));
             let side_request = side.request(&call.model, messages[..cut].to_vec(), sizes);
-            if let Ok(mut side_flat) = measurer.flatten(&side_request) {
+            if let Ok(mut side_flat) = measurer.flatten_keyed(&side_request, side_keys.as_deref()) {
                 shape_flat(&side_request, &mut side_flat, strips_thinking, false);
                 let at = state.turns.turn_end_ms.or(previous_time).unwrap_or(start_ms).min(start_ms);
                 let _ = measurer.seed_cache(&side_flat, at, 0);
@@ -896,9 +1149,13 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
                 }
             }
         }
-        let request = unrecorded.request(&call.model, messages, sizes);
+        let request_keys = lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes));
+        let request = match &lent {
+            Some(_) => unrecorded.request_with(&call.model, messages, sizes, &mut state.parts),
+            None => unrecorded.request(&call.model, messages, sizes),
+        };
 
-        let mut flat = match measurer.flatten(&request) {
+        let mut flat = match measurer.flatten_keyed(&request, request_keys.as_deref()) {
             Ok(flat) => flat,
             Err(e) => {
                 out.push(skipped_call(call, call_events, e.to_string()));
@@ -926,6 +1183,9 @@ pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, option
             }
         };
         loss.observe(&request, &metrics);
+        if let Some(lent) = lent.take() {
+            state.built = lent.give_back(request, &mut state.parts);
+        }
         // The record has just shown the prefix level: size the unrecorded part by it from now
         // on, and let the simulated cache hold what the real one does after this call.
         if let (Some(level), Some(base)) = (revealed, base) {

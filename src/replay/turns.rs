@@ -23,7 +23,7 @@
 //! The replay renders such a prompt with a salted block hash during its turn (same tokens,
 //! different bytes to the cache) and seeds the side entry with [`crate::measure::Measurer::seed_cache`].
 
-use crate::api::{ContentBlock, Message, Role};
+use crate::api::{ContentBlock, Message, MessageContent, Role};
 use crate::measure::FlatRequest;
 use crate::measure::blocks::Region;
 
@@ -40,11 +40,19 @@ pub fn current_prompt_index(messages: &[Message]) -> Option<usize> {
 
 /// A user message with anything besides tool results.
 pub fn is_prompt(message: &Message) -> bool {
-    message.role == Role::User && message.content.to_blocks().iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }))
+    message.role == Role::User
+        && match &message.content {
+            MessageContent::Text(_) => true,
+            MessageContent::Blocks(blocks) => blocks.iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. })),
+        }
 }
 
 fn is_task_notification(message: &Message) -> bool {
-    message.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::Text { text, .. } if text.trim_start().starts_with("<task-notification>")))
+    let opens = |text: &str| text.trim_start().starts_with("<task-notification>");
+    match &message.content {
+        MessageContent::Text(text) => opens(text),
+        MessageContent::Blocks(blocks) => blocks.iter().any(|b| matches!(b, ContentBlock::Text { text, .. } if opens(text))),
+    }
 }
 
 /// Gives the blocks of `messages[message_index]` different cache identities (same tokens), and

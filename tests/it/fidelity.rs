@@ -379,3 +379,112 @@ fn re_rendered_prompts_land_where_the_record_does() {
     let spotter = find_breaks(&replayed(SPOTTER));
     assert!(spotter.iter().filter(|b| b.cause == "rerendered_prompt").all(|b| b.predicted == 1.0), "{spotter:?}");
 }
+
+/// Replays `paths` one after the other through one measurer, the fast way (lanes keep their
+/// built messages, keyed for the flattener) and the reference way (every call rebuilt and
+/// compared by content), and checks that every call replays the same: rows (with body hashes
+/// and block hashes), events, sizes, information loss.
+fn check_keyed_equals_reference(paths: &[PathBuf], kind: EstimatorKind, options: &ReplayOptions) -> usize {
+    let run = |reference: bool| {
+        let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(kind));
+        let mut out = Vec::new();
+        for path in paths {
+            let session = load_session(path).unwrap();
+            let replay = if reference {
+                ctxsim::replay::replay_session_reference(&session, &mut measurer, options)
+            } else {
+                replay_session(&session, &mut measurer, options)
+            };
+            out.push(serde_json::to_value(&replay).unwrap());
+        }
+        out
+    };
+    let (fast, reference) = (run(false), run(true));
+    let mut calls = 0;
+    for ((path, fast), reference) in paths.iter().zip(&fast).zip(&reference) {
+        let (a, b) = (fast["calls"].as_array().unwrap(), reference["calls"].as_array().unwrap());
+        assert_eq!(a.len(), b.len(), "{}", path.display());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x, y, "{}: call {} differs from the reference replay", path.display(), y["index"]);
+        }
+        assert_eq!(fast, reference, "{}", path.display());
+        assert!(a.iter().any(|c| c["metrics"]["body_sha256"].as_str().is_some_and(|h| h.len() == 64)), "{}: no body hashes", path.display());
+        calls += a.len();
+    }
+    calls
+}
+
+/// The keys the replay hands the flattener never call two different messages equal: on every
+/// real session (compactions, microcompacts, resumes, parallel results, subagents, side entries,
+/// re-rendered prompts) the keyed replay equals the reference, and so do two sessions replayed
+/// through one measurer (key spaces), a peer mechanism (the copying path) and the other knobs.
+#[test]
+fn fidelity_keyed_replay_equals_the_reference_replay() {
+    let files = transcripts();
+    let calls = check_keyed_equals_reference(&files, EstimatorKind::Chars4, &ReplayOptions::default());
+    assert!(calls > 600, "{calls} calls");
+    let spotter: Vec<PathBuf> = files.iter().filter(|p| p.display().to_string().contains("spotter")).cloned().collect();
+    check_keyed_equals_reference(&spotter, EstimatorKind::Bpe, &ReplayOptions::default());
+    let knobs = ReplayOptions { rerender_prompts: false, side_entries: false, restore_files: false, ..ReplayOptions::default() };
+    check_keyed_equals_reference(&files[..2], EstimatorKind::Chars4, &knobs);
+    let masking = ctxsim::strategy::Strategy::resolve_with("observation-masking", &[]).unwrap();
+    check_keyed_equals_reference(&files[..2], EstimatorKind::Chars4, &ReplayOptions::from_strategy(&masking));
+}
+
+/// The real session with a microcompact, changed so that its microcompacts clear results the
+/// transcript shows (the recorded one cleared only older history): the recorded one also clears
+/// the first results before it, and two more are added later, each clearing more of them.
+fn with_visible_microcompacts(dir: &std::path::Path) -> PathBuf {
+    let text = std::fs::read_to_string(realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let boundary = lines.iter().find(|l| l["subtype"] == "microcompact_boundary").unwrap().clone();
+    let mut seen: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let mut added = 0;
+    for (n, line) in lines.iter().enumerate() {
+        let mut line = line.clone();
+        if line["subtype"] == "microcompact_boundary" {
+            let ids = line["microcompactMetadata"]["compactedToolIds"].as_array_mut().unwrap();
+            ids.extend(seen.iter().take(3).map(|id| serde_json::json!(id)));
+        }
+        let text = line.to_string();
+        for (at, _) in text.match_indices("\"tool_use_id\":\"") {
+            let id: String = text[at + 15..].chars().take_while(|c| *c != '"').collect();
+            if !seen.contains(&id) {
+                seen.push(id);
+            }
+        }
+        out.push(text);
+        if n > 60 && n % 70 == 0 && seen.len() > 6 {
+            added += 1;
+            let mut extra = boundary.clone();
+            extra["uuid"] = serde_json::json!(format!("00000000-0000-4000-8000-00000000000{added}"));
+            extra["parentUuid"] = line["uuid"].clone();
+            extra["timestamp"] = line["timestamp"].clone();
+            extra["microcompactMetadata"]["compactedToolIds"] = serde_json::json!(seen[..seen.len() / 2]);
+            out.push(extra.to_string());
+        }
+    }
+    assert!(added >= 2, "{added} microcompacts added");
+    let path = dir.join("visible-microcompacts.jsonl");
+    std::fs::write(&path, out.join("\n") + "\n").unwrap();
+    path
+}
+
+/// Microcompacts that clear results the replay sends (the cleared set changes under the kept
+/// messages): the keyed replay still equals the reference, and the clearing shows.
+#[test]
+fn fidelity_keyed_replay_equals_the_reference_over_visible_microcompacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = with_visible_microcompacts(dir.path());
+    check_keyed_equals_reference(std::slice::from_ref(&path), EstimatorKind::Chars4, &ReplayOptions::default());
+    let session = load_session(&path).unwrap();
+    let context = |options: &ReplayOptions| {
+        let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+        let replay = replay_session(&session, &mut measurer, options);
+        assert!(replay.calls.iter().filter(|c| c.events.iter().any(|e| e == "microcompact")).count() >= 3);
+        replay.calls.iter().map(|c| c.message_tokens).sum::<u64>()
+    };
+    let kept = ReplayOptions { recorded_microcompact: false, ..ReplayOptions::default() };
+    assert!(context(&ReplayOptions::default()) < context(&kept), "the microcompacts cleared nothing the replay sends");
+}

@@ -218,6 +218,49 @@ fn recording_cached_views_equal_rebuilt_views() {
     assert!(appended * 10 > calls * 9, "{appended} of {calls} calls appended");
 }
 
+/// Checks the serials of one view against every message seen with them so far: one serial,
+/// one content.
+fn check_serials(seen: &mut std::collections::BTreeMap<u64, ctxsim::api::Message>, messages: &[ctxsim::api::Message], serials: &[u64], what: &str) {
+    use ctxsim::api::identical::Identical;
+    assert_eq!(messages.len(), serials.len(), "{what}");
+    for (message, serial) in messages.iter().zip(serials) {
+        let first = seen.entry(*serial).or_insert_with(|| message.clone());
+        assert!(first.identical(message), "{what}: serial {serial} names two different messages");
+    }
+}
+
+/// The serials `ViewCache` gives (the keys a replay derives its message keys from) name one
+/// content each, over appends, merges, rebuilds and resumed clients' rebuilds, in every lane of
+/// every real transcript; and most messages keep theirs from call to call.
+#[test]
+fn recording_view_serials_name_one_message_each() {
+    use ctxsim::api::identical::Identical;
+    let (mut kept, mut total) = (0usize, 0usize);
+    for path in transcripts() {
+        let session = recording::import_claude_code(&path).unwrap();
+        for resumed in [false, true] {
+            let mut cache = recording::ViewCache::default();
+            let mut seen = std::collections::BTreeMap::new();
+            let mut previous: std::collections::BTreeMap<String, Vec<u64>> = std::collections::BTreeMap::new();
+            // A client resumed half-way: from there on it loaded its history back.
+            let resume_at = session.calls[session.calls.len() / 2].event_index;
+            for call in &session.calls {
+                let loaded_until = if resumed && call.event_index > resume_at { resume_at } else { 0 };
+                let (messages, serials) = session.messages_for_call_view(call, loaded_until, &mut cache);
+                let what = format!("{}: call {} (loaded until {loaded_until})", path.display(), call.index);
+                assert!(messages.identical(&session.messages_for_call_loaded(call, loaded_until)[..]), "{what}");
+                check_serials(&mut seen, messages, serials, &what);
+                let before = previous.insert(call.lane.clone(), serials.to_vec()).unwrap_or_default();
+                kept += serials.iter().zip(&before).take_while(|(a, b)| a == b).count();
+                total += serials.len();
+            }
+            // Resumed or not, most calls extend their lane's previous view.
+            assert!(cache.appended * 10 > session.calls.len() as u64 * 8, "{}: {} of {} appended", path.display(), cache.appended, session.calls.len());
+        }
+    }
+    assert!(kept * 10 > total * 8, "{kept} of {total} message serials kept from the lane's previous call");
+}
+
 #[test]
 fn recording_claude_code_imports_every_real_transcript() {
     for path in transcripts() {
