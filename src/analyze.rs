@@ -140,6 +140,9 @@ fn parse_at<'a, T: Deserialize<'a>>(text: &'a str, at: &str) -> Result<T, String
     })
 }
 
+/// A body's head key and message keys ([`LogEntry::head_key`], [`LogEntry::message_keys`]).
+type BodyKeys = (u128, Vec<u128>);
+
 /// The messages read so far by the xxh3 of their JSON text: a message a log repeats (each
 /// request repeats the whole history) is parsed once and cloned after that.
 #[derive(Default)]
@@ -150,7 +153,7 @@ struct Interner {
 /// Reads a body from its JSON text, with its keys ([`LogEntry::head_key`],
 /// [`LogEntry::message_keys`]). The fields other than `messages` are parsed as one object;
 /// each message is looked up by key and parsed only the first time it is seen.
-fn parse_body_text(raw: &RawValue, interner: &mut Interner) -> Result<(Request, Option<(u128, Vec<u128>)>), String> {
+fn parse_body_text(raw: &RawValue, interner: &mut Interner) -> Result<(Request, Option<BodyKeys>), String> {
     let text = raw.get();
     if !text.trim_start().starts_with('{') {
         return Err("body: not a Messages API request (expected an object)".to_owned());
