@@ -170,6 +170,9 @@ pub struct TokenCounter {
     calibration: Calibration,
     /// Keyed by content hash (already uniform: the fast hasher suffices).
     memo: FxHashMap<u128, u32>,
+    /// `bpe` counts of texts by their xxh3: blocks that differ outside their texts (a
+    /// tool_use's id) or hold a text another block held are not tokenized again.
+    texts: FxHashMap<u128, u32>,
     /// Number of blocks actually tokenized (memo misses); the rest were memo hits.
     pub tokenized_blocks: u64,
     pub memo_hits: u64,
@@ -183,7 +186,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
+        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
     }
 
     pub fn kind(&self) -> EstimatorKind {
@@ -231,20 +234,32 @@ impl TokenCounter {
             return count;
         }
         self.tokenized_blocks += 1;
-        let units = units();
-        if let Some(kept) = &mut self.kept_texts {
-            kept.extend(units.iter().filter_map(|u| if let TokenUnit::Text(text) = u { Some(text.clone()) } else { None }));
+        let mut count = 0;
+        for unit in units() {
+            count += match unit {
+                TokenUnit::Fixed(n) => n,
+                TokenUnit::Text(text) => {
+                    let (n, tokenized) = match self.kind {
+                        EstimatorKind::Chars4 => (chars4(&text), true),
+                        EstimatorKind::Bpe | EstimatorKind::Calibrated => {
+                            let key = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+                            match self.texts.get(&key) {
+                                Some(&n) => (n, false),
+                                None => {
+                                    let n = bpe(&text);
+                                    self.texts.insert(key, n);
+                                    (n, true)
+                                }
+                            }
+                        }
+                    };
+                    if tokenized && let Some(kept) = &mut self.kept_texts {
+                        kept.push(text);
+                    }
+                    n
+                }
+            };
         }
-        let count = units
-            .iter()
-            .map(|unit| match unit {
-                TokenUnit::Fixed(n) => *n,
-                TokenUnit::Text(text) => match self.kind {
-                    EstimatorKind::Chars4 => chars4(text),
-                    EstimatorKind::Bpe | EstimatorKind::Calibrated => bpe(text),
-                },
-            })
-            .sum();
         self.memo.insert(key, count);
         count
     }
