@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ctxsim::analyze::{RequestLog, analyze, read_log};
+use ctxsim::analyze::{RequestLog, analyze, count_ahead, read_log};
 use ctxsim::measure::blocks::content_token_units;
 use ctxsim::measure::tokens::{TokenUnit, bpe};
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
@@ -104,6 +104,14 @@ fn benches(c: &mut Criterion) {
                 same += pair[1].iter().zip(&pair[0]).filter(|(a, b)| a == b).count();
             }
             black_box(same)
+        })
+    });
+    // The first part of `analyze_bpe`: tokenizing the log's new parts in one run.
+    group.bench_function("count_ahead_bpe", |b| {
+        b.iter(|| {
+            let mut m = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe));
+            count_ahead(&log, &mut m);
+            black_box(m.counter().tokenized_blocks)
         })
     });
     group.bench_function("analyze_bpe", |b| {

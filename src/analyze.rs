@@ -346,7 +346,7 @@ impl LaneInference {
 /// Tokenizes the new parts of every keyed entry (a head or message whose key was not seen
 /// before) ahead of the measurement ([`Measurer::count_ahead`]). With `chars4` counting costs
 /// no more than the lookup, so nothing is done.
-fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
+pub fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
     if measurer.counter().kind() == EstimatorKind::Chars4 {
         return;
     }
@@ -361,7 +361,7 @@ fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
         let new_messages: Vec<usize> =
             keys.iter().enumerate().skip(repeated).filter(|(_, key)| messages.insert(**key)).map(|(m, _)| m).collect();
         // An unknown model is the measurement's error to report, with its line.
-        let _ = measurer.count_ahead(&entry.body, heads.insert(head), new_messages);
+        let _ = measurer.count_ahead(&entry.body, heads.insert(head), new_messages, Some(keys));
     }
 }
 

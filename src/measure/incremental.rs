@@ -26,6 +26,8 @@
 
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use serde_json::Value;
 
 use crate::api::canonical::chain;
@@ -49,6 +51,9 @@ pub struct Flattener {
     /// Requests flattened, and message blocks taken from a track rather than hashed.
     pub requests: u64,
     pub reused_blocks: u64,
+    /// Records of keyed messages hashed ahead ([`Flattener::prepare`]): by message key, with
+    /// the family they were counted for. Taken (removed) by the first request that needs them.
+    prepared: FxHashMap<u128, (String, Vec<PromptBlock>)>,
 }
 
 /// The last request of one line of requests, as flattening left it.
@@ -142,7 +147,7 @@ pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
 
 impl Default for Flattener {
     fn default() -> Self {
-        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, requests: 0, reused_blocks: 0 }
+        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, requests: 0, reused_blocks: 0, prepared: FxHashMap::default() }
     }
 }
 
@@ -157,6 +162,19 @@ impl Flattener {
     /// sweep) skip it.
     pub fn without_body_hashes() -> Self {
         Flattener { body_hashes: false, ..Flattener::default() }
+    }
+
+    /// Hashes and counts `message` (at index `m` of its request) ahead of the request that
+    /// brings it, keeping its records under `key` (a key as [`Self::flatten_keyed`] takes):
+    /// that request takes them instead of hashing the message again. Tokenizing the new
+    /// messages of a whole log this way, in one run, keeps the tokenizer's tables warm.
+    pub fn prepare(&mut self, key: u128, m: usize, message: &Message, counter: &mut TokenCounter, family: &str) {
+        if self.prepared.get(&key).is_some_and(|(f, _)| f == family) {
+            return;
+        }
+        let mut records = Vec::new();
+        push_message(m, message, counter, family, 0, &mut records);
+        self.prepared.insert(key, (family.to_owned(), records));
     }
 
     /// The track a request most likely extends, or a new one (the least recently used goes).
@@ -212,6 +230,7 @@ impl Flattener {
         self.tick += 1;
         self.requests += 1;
         let t = self.track_for(request, family);
+        let prepared = &mut self.prepared;
         let track = &mut self.tracks[t];
         track.last_used = self.tick;
 
@@ -274,6 +293,16 @@ impl Flattener {
                 self.reused_blocks += records.len() as u64;
                 for record in records {
                     let mut block = record.clone();
+                    state = chain(state, block.hash);
+                    block.prefix_hash = state;
+                    blocks.push(block);
+                }
+            } else if let Some((_, records)) =
+                keys.and_then(|keys| prepared.remove(&keys[m])).filter(|(prepared_for, _)| prepared_for == family)
+            {
+                // Hashed ahead at another index, perhaps: the same records at this one.
+                for mut block in records {
+                    block.path.index = m;
                     state = chain(state, block.hash);
                     block.prefix_hash = state;
                     blocks.push(block);

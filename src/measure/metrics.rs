@@ -230,15 +230,30 @@ impl Measurer {
     /// `messages` into the memo, without measuring anything: a reader that knows which parts
     /// of a log are new ([`crate::analyze`]'s keys) tokenizes them all in one run, with the
     /// tokenizer's tables warm, before the measurement looks every count up.
-    pub fn count_ahead(&mut self, body: &Request, head: bool, messages: impl IntoIterator<Item = usize>) -> Result<(), UnknownModel> {
+    ///
+    /// With `keys` (a key per message, as [`Self::serve_keyed`] takes them) the messages' block
+    /// records are kept for the request that brings them ([`Flattener::prepare`]).
+    pub fn count_ahead(
+        &mut self,
+        body: &Request,
+        head: bool,
+        messages: impl IntoIterator<Item = usize>,
+        keys: Option<&[u128]>,
+    ) -> Result<(), UnknownModel> {
         let family = self.model_info(&body.model)?.family.clone();
+        let keys = keys.filter(|k| k.len() == body.messages.len());
         let mut scratch = Vec::new();
         if head {
             super::blocks::head_blocks(body, &mut self.counter, &family, &mut scratch);
         }
         for m in messages {
-            scratch.clear();
-            super::blocks::push_message(m, &body.messages[m], &mut self.counter, &family, 0, &mut scratch);
+            match keys {
+                Some(keys) => self.flattener.prepare(keys[m], m, &body.messages[m], &mut self.counter, &family),
+                None => {
+                    scratch.clear();
+                    super::blocks::push_message(m, &body.messages[m], &mut self.counter, &family, 0, &mut scratch);
+                }
+            }
         }
         Ok(())
     }
