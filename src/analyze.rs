@@ -11,7 +11,6 @@
 //! first message but does not extend it is the main lane re-rendered; anything else opens a
 //! new lane `side:N`.
 
-use std::collections::HashSet;
 use std::io::BufRead;
 use std::path::Path;
 
@@ -350,8 +349,9 @@ pub fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
     if measurer.counter().kind() == EstimatorKind::Chars4 {
         return;
     }
-    let mut heads: HashSet<u128> = HashSet::new();
-    let mut messages: HashSet<u128> = HashSet::new();
+    // Membership only (never iterated); keys are hashes already, so the fast hasher suffices.
+    let mut heads: rustc_hash::FxHashSet<u128> = Default::default();
+    let mut messages: rustc_hash::FxHashSet<u128> = Default::default();
     let mut previous: &[u128] = &[];
     for entry in &log.entries {
         let (Some(head), Some(keys)) = (entry.head_key, &entry.message_keys) else { continue };
