@@ -9,6 +9,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use ctxsim::analyze::{RequestLog, analyze, count_ahead, read_log};
 use ctxsim::measure::blocks::content_token_units;
+use ctxsim::measure::o200k::count_by_tiktoken;
 use ctxsim::measure::tokens::{TokenUnit, bpe};
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::synth::growing_session;
@@ -91,6 +92,11 @@ fn benches(c: &mut Criterion) {
     let per_request = request_texts(&log);
     let mut group = c.benchmark_group("analyze_1000_requests_150k");
     group.sample_size(10);
+    // The floor: tiktoken-rs's own `encode_ordinary` over each unique block once.
+    group.bench_function("floor_tiktoken_unique_blocks_once", |b| {
+        b.iter(|| black_box(texts.iter().map(|t| count_by_tiktoken(t) as u64).sum::<u64>()))
+    });
+    // The same counts by `bpe` (the same tokenizer, split by a DFA): the stricter floor.
     group.bench_function("floor_tokenize_unique_blocks_once", |b| {
         b.iter(|| black_box(texts.iter().map(|t| bpe(t) as u64).sum::<u64>()))
     });

@@ -8,6 +8,7 @@ pub mod incremental;
 pub mod loss;
 pub mod metrics;
 pub mod models;
+pub mod o200k;
 pub mod prefix;
 pub mod tokens;
 

@@ -25,4 +25,5 @@ mod scenario;
 mod session;
 mod subagents;
 mod support;
+mod tokenizer;
 mod world;

@@ -1,0 +1,158 @@
+//! The `bpe` count: tiktoken-rs `o200k_base`, with its pre-tokenizing split run by a DFA.
+//!
+//! tiktoken splits a text into pieces with one regular expression, then byte-pair-encodes each
+//! piece that is not itself a token. Its `o200k_base` expression has one look-ahead,
+//! `\s+(?!\S)`, so tiktoken-rs runs the whole expression in fancy-regex's backtracking VM,
+//! which is about 70% of its encoding time. Counting here gives exactly
+//! `o200k_base_singleton().encode_ordinary(text).len()` (tests compare the two on every text of
+//! `realdata/` and on generated text) at several times the speed:
+//!
+//! - **Split.** The alternatives run as the patterns of one regex-automata lazy DFA, searched
+//!   forward from each piece's start, anchored, leftmost-first (so the first alternative that
+//!   matches wins, as in the backtracking VM); the match names its pattern. The sixth and seventh alternatives,
+//!   `\s+(?!\S)` and `\s+`, are one pattern `\s+`, and its look-ahead is applied to the match:
+//!   the pattern takes the whole whitespace run (the fifth alternative has already taken any
+//!   run holding a line break); when text follows the run, the look-ahead would have given the
+//!   last whitespace character back, so a run of two or more characters loses its last one
+//!   (a single character stays: that is the seventh alternative).
+//! - **Merge.** A piece that is a token counts one; any other piece is split by tiktoken-rs's
+//!   own `byte_pair_split` over its own ranks (read back from the encoder once per process).
+//!   That function is the merge tiktoken uses for pieces under 100 bytes; a text with a longer
+//!   piece (a rule of dashes, a long run of spaces) is counted by tiktoken-rs itself, whose
+//!   merge for long pieces is linear.
+
+use regex_automata::hybrid::dfa::{Cache, DFA};
+use regex_automata::{Anchored, Input};
+use rustc_hash::FxHashMap;
+use std::cell::RefCell;
+use std::sync::LazyLock;
+use tiktoken_rs::{CoreBPE, Rank};
+
+/// The alternatives of tiktoken-rs's `O200K_BASE_PAT_STR`, in order, the look-ahead
+/// alternative merged with the last (see the module documentation).
+const PATTERNS: [&str; 6] = [
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+",
+];
+/// The pattern whose match gets the look-ahead of `\s+(?!\S)`.
+const WHITESPACE_RUN: usize = 5;
+/// tiktoken's merge switches to its linear variant at this piece length.
+const LONG_PIECE: usize = 100;
+
+struct O200k {
+    split: DFA,
+    ranks: FxHashMap<Vec<u8>, Rank>,
+    core: &'static CoreBPE,
+}
+
+static O200K: LazyLock<O200k> = LazyLock::new(O200k::new);
+
+thread_local! {
+    /// The lazy DFA's states, built as texts need them (one cache per thread).
+    static SPLIT_CACHE: RefCell<Cache> = RefCell::new(O200K.split.create_cache());
+}
+
+impl O200k {
+    fn new() -> O200k {
+        let core = tiktoken_rs::o200k_base_singleton();
+        let split = DFA::builder()
+            .configure(DFA::config().cache_capacity(8 << 20))
+            .build_many(&PATTERNS)
+            .expect("the o200k split patterns compile");
+        // The ordinary tokens are the ranks below the first special token that decode;
+        // o200k numbers them densely from 0.
+        let specials: Vec<&[u8]> = core.special_tokens().into_iter().map(str::as_bytes).collect();
+        let mut ranks = FxHashMap::default();
+        ranks.reserve(200_000);
+        for rank in 0..200_000 {
+            if let Ok(bytes) = core.decode_bytes(&[rank])
+                && !specials.contains(&bytes.as_slice())
+            {
+                ranks.insert(bytes, rank);
+            }
+        }
+        O200k { split, ranks, core }
+    }
+
+    fn count(&self, text: &str, cache: &mut Cache) -> u32 {
+        let bytes = text.as_bytes();
+        let mut input = Input::new(text).anchored(Anchored::Yes);
+        let mut at = 0;
+        let mut tokens = 0u32;
+        while at < bytes.len() {
+            input.set_start(at);
+            let Ok(Some(m)) = self.split.try_search_fwd(cache, &input) else {
+                // Unreachable: every character starts a match of one of the patterns, and
+                // the lazy DFA is not configured to give up.
+                return self.core.encode_ordinary(text).len() as u32;
+            };
+            let mut end = m.offset();
+            if m.pattern().as_usize() == WHITESPACE_RUN && end < bytes.len() {
+                let last = text[at..end].chars().next_back().map_or(0, char::len_utf8);
+                if end - at > last {
+                    end -= last;
+                }
+            }
+            let piece = &bytes[at..end];
+            if self.ranks.contains_key(piece) {
+                tokens += 1;
+            } else if piece.len() >= LONG_PIECE {
+                return self.core.encode_ordinary(text).len() as u32;
+            } else {
+                tokens += tiktoken_rs::byte_pair_split(piece, &self.ranks).len() as u32;
+            }
+            at = end;
+        }
+        tokens
+    }
+}
+
+/// o200k_base token count of `text`, special-token text counted as ordinary text: exactly
+/// `o200k_base_singleton().encode_ordinary(text).len()`.
+pub fn count(text: &str) -> u32 {
+    SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut()))
+}
+
+/// The same count by tiktoken-rs alone, the reference [`count`] is tested against.
+pub fn count_by_tiktoken(text: &str) -> u32 {
+    tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_equal_tiktoken_on_edge_cases() {
+        let cases = [
+            "",
+            " ",
+            "  ",
+            "a",
+            "a  b",
+            "a   b",
+            "a \n b",
+            "  \n  b",
+            "x\t\t\ty",
+            "end with spaces   ",
+            "\n\n\n",
+            "\r\n  \r\n",
+            "don't WE'LL they'RE",
+            "123456789 12 1",
+            "  1",
+            "fn main() {\n    println!(\"hi\");\n}\n",
+            "👋🏽 héllo wörld — ünïcödé",
+            "日本語のテキスト。",
+            "\u{0085}\u{00a0} x\u{2003}\u{2003}y",
+            "---------------------------------------------------------------------------------------------------------",
+            "<|endoftext|> and <|endofprompt|>",
+        ];
+        for text in cases {
+            assert_eq!(count(text), count_by_tiktoken(text), "{text:?}");
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The `bpe` count (tiktoken-rs `o200k_base` with a DFA split, `measure::o200k`) equals
+//! tiktoken-rs's own `encode_ordinary(..).len()` on every text of the real data and on
+//! generated text built from the characters the split treats specially.
+
+use std::path::Path;
+
+use ctxsim::measure::o200k::{count, count_by_tiktoken};
+use proptest::prelude::*;
+use serde_json::Value;
+
+fn strings(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| strings(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn bpe_counts_equal_tiktoken_on_every_real_text() {
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/realdata"));
+    let mut files: Vec<_> = walkdir::WalkDir::new(root).into_iter().filter_map(Result::ok).filter(|e| e.file_type().is_file()).map(|e| e.into_path()).collect();
+    files.sort();
+    let (mut texts, mut tokens) = (0u64, 0u64);
+    for file in &files {
+        let Ok(bytes) = std::fs::read(file) else { continue };
+        let text = String::from_utf8_lossy(&bytes);
+        let mut pieces: Vec<String> = vec![text.to_string()];
+        for line in text.lines() {
+            pieces.push(line.to_owned());
+            if let Ok(value) = serde_json::from_str::<Value>(line) {
+                strings(&value, &mut pieces);
+            }
+        }
+        for piece in pieces {
+            let expected = count_by_tiktoken(&piece);
+            assert_eq!(count(&piece), expected, "{}: {:?}", file.display(), piece.chars().take(200).collect::<String>());
+            texts += 1;
+            tokens += u64::from(expected);
+        }
+    }
+    assert!(files.len() > 100 && texts > 10_000 && tokens > 5_000_000, "{} files, {texts} texts, {tokens} tokens", files.len());
+}
+
+/// Characters from every class the split distinguishes: cased and uncased letters, marks,
+/// digits of several scripts, punctuation, the apostrophe suffixes, line breaks, other
+/// whitespace (tab, no-break space, em space, next line), and a few four-byte characters.
+fn tricky_text() -> impl Strategy<Value = String> {
+    let atoms = prop::sample::select(vec![
+        "a", "Z", "é", "É", "ß", "ǅ", "ʰ", "日", "\u{0301}", "1", "٣", "Ⅻ", "'", "'s", "'LL", "’", "-", "/", ".", "{", "}", "\"",
+        "_", "😀", "👋🏽", " ", "  ", "\t", "\n", "\r\n", "\r", "\u{00a0}", "\u{2003}", "\u{0085}", "<|endoftext|>", "------",
+    ]);
+    prop::collection::vec(atoms, 0..60).prop_map(|parts| parts.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #[test]
+    fn bpe_counts_equal_tiktoken_on_generated_text(text in tricky_text()) {
+        prop_assert_eq!(count(&text), count_by_tiktoken(&text));
+    }
+
+    #[test]
+    fn bpe_counts_equal_tiktoken_on_arbitrary_strings(text in any::<String>()) {
+        prop_assert_eq!(count(&text), count_by_tiktoken(&text));
+    }
+}
