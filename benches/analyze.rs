@@ -9,8 +9,8 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use ctxsim::analyze::{RequestLog, analyze, count_ahead, read_log};
 use ctxsim::measure::blocks::content_token_units;
-use ctxsim::measure::o200k::count_by_tiktoken;
-use ctxsim::measure::tokens::{TokenUnit, bpe};
+use ctxsim::measure::o200k::{Counter, count_by_tiktoken};
+use ctxsim::measure::tokens::TokenUnit;
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::synth::growing_session;
 
@@ -98,7 +98,7 @@ fn benches(c: &mut Criterion) {
     });
     // The same counts by `bpe` (the same tokenizer, split by a DFA): the stricter floor.
     group.bench_function("floor_tokenize_unique_blocks_once", |b| {
-        b.iter(|| black_box(texts.iter().map(|t| bpe(t) as u64).sum::<u64>()))
+        b.iter(|| black_box({ let mut counter = Counter::new(); texts.iter().map(|t| counter.count(t) as u64).sum::<u64>() }))
     });
     // A second reference: reading every request once, as the memcmp of each text with the one
     // at the same place in the previous request (no structure walked, pointers collected

@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ctxsim::measure::o200k::count_by_tiktoken;
-use ctxsim::measure::tokens::bpe;
+use ctxsim::measure::o200k::{Counter, count_by_tiktoken};
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::replay::{ReplayOptions, load_session, replay_session};
 
@@ -58,7 +57,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("replay");
     group.sample_size(10);
     group.bench_function("floor_tiktoken_unique_blocks_once", |b| b.iter(|| texts.iter().map(|t| count_by_tiktoken(t) as u64).sum::<u64>()));
-    group.bench_function("floor_tokenize_unique_blocks_once", |b| b.iter(|| texts.iter().map(|t| bpe(t) as u64).sum::<u64>()));
+    group.bench_function("floor_tokenize_unique_blocks_once", |b| b.iter(|| { let mut counter = Counter::new(); texts.iter().map(|t| counter.count(t) as u64).sum::<u64>() }));
     group.bench_function("import_only", |b| b.iter(|| files.iter().map(|p| load_session(p).unwrap().calls.len()).sum::<usize>()));
     group.bench_function("all_realdata_chars4", |b| b.iter(|| replay_all(EstimatorKind::Chars4, &files, true)));
     group.bench_function("all_realdata_bpe", |b| b.iter(|| replay_all(EstimatorKind::Bpe, &files, true)));

@@ -20,10 +20,14 @@
 //!   That function is the merge tiktoken uses for pieces under 100 bytes; a text with a longer
 //!   piece (a rule of dashes, a long run of spaces) is counted by tiktoken-rs itself, whose
 //!   merge for long pieces is linear.
+//! - **Short pieces by value.** A piece of at most 15 bytes is looked up as one `u128` (its
+//!   bytes and its length), not as a byte string: whether it is a token, and, in a
+//!   [`Counter`] (one per run, held by the `TokenCounter`), the count of each short piece that
+//!   is not one. A piece's count never changes, so that memo is a pure cache, capped in size.
 
 use regex_automata::hybrid::dfa::{Cache, DFA};
 use regex_automata::{Anchored, Input};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
 use std::sync::LazyLock;
 use tiktoken_rs::{CoreBPE, Rank};
@@ -43,17 +47,60 @@ const WHITESPACE_RUN: usize = 5;
 /// tiktoken's merge switches to its linear variant at this piece length.
 const LONG_PIECE: usize = 100;
 
+/// Pieces up to this length are handled as a packed `u128`.
+const SHORT_PIECE: usize = 15;
+/// At most this many short non-token pieces are memoized per thread.
+const MEMO_CAP: usize = 1 << 20;
+
 struct O200k {
     split: DFA,
     ranks: FxHashMap<Vec<u8>, Rank>,
+    /// The tokens of at most [`SHORT_PIECE`] bytes, packed.
+    short_tokens: FxHashSet<u128>,
     core: &'static CoreBPE,
+}
+
+/// A counting run's state: the counts of the short pieces that are not tokens.
+#[derive(Default)]
+pub struct Counter {
+    memo: FxHashMap<u128, u32>,
+}
+
+impl std::fmt::Debug for Counter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counter").field("memoized_pieces", &self.memo.len()).finish()
+    }
+}
+
+impl Counter {
+    pub fn new() -> Counter {
+        Counter::default()
+    }
+
+    /// The o200k_base token count of `text`, as [`count`].
+    pub fn count(&mut self, text: &str) -> u32 {
+        SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut(), Some(&mut self.memo)))
+    }
 }
 
 static O200K: LazyLock<O200k> = LazyLock::new(O200k::new);
 
 thread_local! {
-    /// The lazy DFA's states, built as texts need them (one cache per thread).
+    /// The lazy DFA's states, built as texts need them, like the regex caches tiktoken-rs keeps
+    /// per thread (the piece memo, in contrast, belongs to a run: [`Counter`]).
     static SPLIT_CACHE: RefCell<Cache> = RefCell::new(O200K.split.create_cache());
+}
+
+/// A piece of at most [`SHORT_PIECE`] bytes as one value: its bytes, zero-padded, and its
+/// length in the last byte (so two pieces pack equal only when they are equal).
+fn pack(piece: &[u8]) -> Option<u128> {
+    if piece.len() > SHORT_PIECE {
+        return None;
+    }
+    let mut buf = [0u8; 16];
+    buf[..piece.len()].copy_from_slice(piece);
+    buf[15] = piece.len() as u8;
+    Some(u128::from_le_bytes(buf))
 }
 
 impl O200k {
@@ -75,10 +122,11 @@ impl O200k {
                 ranks.insert(bytes, rank);
             }
         }
-        O200k { split, ranks, core }
+        let short_tokens = ranks.keys().filter_map(|bytes| pack(bytes)).collect();
+        O200k { split, ranks, short_tokens, core }
     }
 
-    fn count(&self, text: &str, cache: &mut Cache) -> u32 {
+    fn count(&self, text: &str, cache: &mut Cache, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
         let bytes = text.as_bytes();
         let mut input = Input::new(text).anchored(Anchored::Yes);
         let mut at = 0;
@@ -98,14 +146,28 @@ impl O200k {
                 }
             }
             let piece = &bytes[at..end];
-            if self.ranks.contains_key(piece) {
+            at = end;
+            if let Some(packed) = pack(piece) {
+                if self.short_tokens.contains(&packed) {
+                    tokens += 1;
+                } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
+                    tokens += n;
+                } else {
+                    let n = tiktoken_rs::byte_pair_split(piece, &self.ranks).len() as u32;
+                    if let Some(memo) = memo.as_mut()
+                        && memo.len() < MEMO_CAP
+                    {
+                        memo.insert(packed, n);
+                    }
+                    tokens += n;
+                }
+            } else if self.ranks.contains_key(piece) {
                 tokens += 1;
             } else if piece.len() >= LONG_PIECE {
                 return self.core.encode_ordinary(text).len() as u32;
             } else {
                 tokens += tiktoken_rs::byte_pair_split(piece, &self.ranks).len() as u32;
             }
-            at = end;
         }
         tokens
     }
@@ -114,7 +176,7 @@ impl O200k {
 /// o200k_base token count of `text`, special-token text counted as ordinary text: exactly
 /// `o200k_base_singleton().encode_ordinary(text).len()`.
 pub fn count(text: &str) -> u32 {
-    SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut()))
+    SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut(), None))
 }
 
 /// The same count by tiktoken-rs alone, the reference [`count`] is tested against.
@@ -151,8 +213,12 @@ mod tests {
             "---------------------------------------------------------------------------------------------------------",
             "<|endoftext|> and <|endofprompt|>",
         ];
-        for text in cases {
-            assert_eq!(count(text), count_by_tiktoken(text), "{text:?}");
+        let mut counter = Counter::new();
+        for _ in 0..2 {
+            for text in cases {
+                assert_eq!(count(text), count_by_tiktoken(text), "{text:?}");
+                assert_eq!(counter.count(text), count_by_tiktoken(text), "{text:?}");
+            }
         }
     }
 }

@@ -179,6 +179,8 @@ pub struct TokenCounter {
     pub memo_hits: u64,
     /// The texts tokenized, in order, when asked for ([`TokenCounter::keep_tokenized_texts`]).
     kept_texts: Option<Vec<String>>,
+    /// The `bpe` tokenizer's state for this run, made on first use.
+    o200k: Option<super::o200k::Counter>,
 }
 
 impl TokenCounter {
@@ -187,7 +189,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None }
+        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, o200k: None }
     }
 
     pub fn kind(&self) -> EstimatorKind {
@@ -247,7 +249,7 @@ impl TokenCounter {
                             match self.texts.get(&key) {
                                 Some(&n) => (n, false),
                                 None => {
-                                    let n = bpe(&text);
+                                    let n = self.o200k.get_or_insert_with(Default::default).count(&text);
                                     self.texts.insert(key, n);
                                     (n, true)
                                 }
