@@ -6,6 +6,7 @@ use super::args::{AnalyzeArgs, LogSource};
 use super::common::{emit, measurer};
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
+    super::common::warm_tokenizer(args.measure.estimator);
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
     for path in &args.logs {

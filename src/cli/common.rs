@@ -6,6 +6,13 @@ use crate::report::output::{summary_csv, summary_table, trace_csv, trace_jsonl, 
 use super::args::{Format, MeasureOpts};
 
 
+/// Starts building the `bpe` tokenizer while the inputs are read, when the estimator needs it.
+pub fn warm_tokenizer(estimator: super::args::Estimator) {
+    if estimator != super::args::Estimator::Chars4 {
+        crate::measure::o200k::warm_up_in_background();
+    }
+}
+
 /// Builds a measurer from the common options.
 pub fn measurer(opts: &MeasureOpts) -> anyhow::Result<Measurer> {
     let table = match &opts.model_table {

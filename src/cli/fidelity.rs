@@ -10,6 +10,8 @@ use crate::report::output::write_atomic;
 use super::args::{FidelityArgs, FidelityFormat};
 
 pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
+    // A fit tokenizes with bpe whatever the estimator.
+    super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
     let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
     let mut sessions = Vec::new();

@@ -5,6 +5,7 @@ use super::args::ReplayArgs;
 use super::common::{emit, measurer};
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
+    super::common::warm_tokenizer(args.measure.estimator);
     let (name, options) = if args.strategy == "as-recorded" && args.sets.is_empty() {
         ("as-recorded".to_owned(), ReplayOptions::default())
     } else {

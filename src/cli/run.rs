@@ -38,6 +38,7 @@ fn stem(path: &Path) -> String {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    super::common::warm_tokenizer(args.measure.estimator);
     let files = expand_inputs(&args.scenarios)?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();

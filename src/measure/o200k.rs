@@ -47,6 +47,9 @@ const WHITESPACE_RUN: usize = 5;
 /// tiktoken's merge switches to its linear variant at this piece length.
 const LONG_PIECE: usize = 100;
 
+/// The number of ordinary tokens of o200k_base, ranked densely from 0 (the special tokens come
+/// after them).
+const O200K_ORDINARY_TOKENS: Rank = 199_998;
 /// Pieces up to this length are handled as a packed `u128`.
 const SHORT_PIECE: usize = 15;
 /// At most this many short non-token pieces are memoized per thread.
@@ -110,19 +113,17 @@ impl O200k {
             .configure(DFA::config().cache_capacity(8 << 20))
             .build_many(&PATTERNS)
             .expect("the o200k split patterns compile");
-        // The ordinary tokens are the ranks below the first special token that decode;
-        // o200k numbers them densely from 0.
-        let specials: Vec<&[u8]> = core.special_tokens().into_iter().map(str::as_bytes).collect();
+        // The ordinary tokens are ranks 0..O200K_ORDINARY_TOKENS (a test checks the bound).
         let mut ranks = FxHashMap::default();
-        ranks.reserve(200_000);
-        for rank in 0..200_000 {
-            if let Ok(bytes) = core.decode_bytes(&[rank])
-                && !specials.contains(&bytes.as_slice())
-            {
-                ranks.insert(bytes, rank);
+        ranks.reserve(O200K_ORDINARY_TOKENS as usize);
+        let mut short_tokens = FxHashSet::default();
+        short_tokens.reserve(O200K_ORDINARY_TOKENS as usize);
+        for (rank, bytes) in core._decode_native_and_split((0..O200K_ORDINARY_TOKENS).collect()).enumerate() {
+            if let Some(packed) = pack(&bytes) {
+                short_tokens.insert(packed);
             }
+            ranks.insert(bytes, rank as Rank);
         }
-        let short_tokens = ranks.keys().filter_map(|bytes| pack(bytes)).collect();
         O200k { split, ranks, short_tokens, core }
     }
 
@@ -179,6 +180,13 @@ pub fn count(text: &str) -> u32 {
     SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut(), None))
 }
 
+/// Builds the tokenizer (tiktoken-rs's encoder, the ranks read back from it, the split DFA:
+/// about 250 ms) on another thread, so that it is ready, or nearly, when the caller has read its
+/// input. Counts do not depend on it; a count asked for sooner waits for the build.
+pub fn warm_up_in_background() {
+    std::thread::spawn(|| LazyLock::force(&O200K));
+}
+
 /// The same count by tiktoken-rs alone, the reference [`count`] is tested against.
 pub fn count_by_tiktoken(text: &str) -> u32 {
     tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len() as u32
@@ -187,6 +195,16 @@ pub fn count_by_tiktoken(text: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ordinary_tokens_are_the_ranks_below_the_bound() {
+        let core = tiktoken_rs::o200k_base_singleton();
+        assert!(core.decode_bytes(&[O200K_ORDINARY_TOKENS - 1]).is_ok());
+        assert!(core.decode_bytes(&[O200K_ORDINARY_TOKENS]).is_err());
+        let specials: Vec<Rank> = core.special_tokens().iter().map(|s| core.encode_with_special_tokens(s)[0]).collect();
+        assert!(specials.iter().all(|&rank| rank > O200K_ORDINARY_TOKENS), "{specials:?}");
+        assert_eq!(O200K.ranks.len(), O200K_ORDINARY_TOKENS as usize, "every ordinary token has distinct bytes");
+    }
 
     #[test]
     fn counts_equal_tiktoken_on_edge_cases() {
