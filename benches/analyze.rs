@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ctxsim::analyze::{RequestLog, analyze, count_ahead, read_log};
+use ctxsim::analyze::{LogReader, RequestLog, analyze, analyze_stream, count_ahead, read_log};
 use ctxsim::measure::blocks::content_token_units;
 use ctxsim::measure::o200k::{Counter, count_by_tiktoken};
 use ctxsim::measure::tokens::TokenUnit;
@@ -138,6 +138,13 @@ fn benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("analyze_1000_requests_150k_from_text");
     group.sample_size(10);
     group.bench_function("read_only", |b| b.iter(|| black_box(session(&text).entries.len())));
+    group.bench_function("stream_and_analyze_bpe", |b| {
+        b.iter(|| {
+            let mut reader = LogReader::new(std::io::Cursor::new(&text), "bench.jsonl");
+            let mut m = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe));
+            black_box(analyze_stream(&mut reader, &mut m, "bench").unwrap().len())
+        })
+    });
     group.bench_function("read_and_analyze_bpe", |b| {
         b.iter(|| {
             let log = session(&text);

@@ -217,76 +217,136 @@ fn parse_line(raw: RawLine<'_>, line: usize, interner: &mut Interner) -> Result<
     Ok(LogEntry { line, time_ms, body, lane: raw.lane, usage, message_keys, head_key })
 }
 
-/// Reads a request log from a reader. A malformed line is an error naming the line; a
-/// truncated *last* line is a warning and the rest is used.
+/// Reads a request log entry by entry, so that a log is measured without holding all of it
+/// ([`analyze_stream`]; [`read_log`] collects it). A malformed line is an error naming the
+/// line; a truncated *last* line is a warning ([`LogReader::warnings`]) and the rest is used.
+/// Times are made relative to the first entry's.
+pub struct LogReader<R: BufRead> {
+    lines: std::iter::Peekable<std::iter::Enumerate<std::io::Lines<R>>>,
+    path: String,
+    interner: Interner,
+    seen_content: bool,
+    /// The entries of a JSON-array log, read whole, handed out in order.
+    pending: std::collections::VecDeque<LogEntry>,
+    first_time: Option<u64>,
+    /// Entries handed out so far.
+    read: usize,
+    warnings: Vec<String>,
+    done: bool,
+}
+
+impl<R: BufRead> LogReader<R> {
+    pub fn new(reader: R, path: &str) -> LogReader<R> {
+        LogReader {
+            lines: reader.lines().enumerate().peekable(),
+            path: path.to_owned(),
+            interner: Interner::default(),
+            seen_content: false,
+            pending: Default::default(),
+            first_time: None,
+            read: 0,
+            warnings: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// What was read with a warning so far (a truncated last line).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The next entry, or `None` at the end of the log.
+    pub fn next_entry(&mut self) -> Result<Option<LogEntry>, AnalyzeError> {
+        let Some(mut entry) = self.next_raw()? else { return Ok(None) };
+        let first = *self.first_time.get_or_insert(entry.time_ms);
+        entry.time_ms = entry.time_ms.saturating_sub(first);
+        self.read += 1;
+        Ok(Some(entry))
+    }
+
+    fn next_raw(&mut self) -> Result<Option<LogEntry>, AnalyzeError> {
+        if let Some(entry) = self.pending.pop_front() {
+            return Ok(Some(entry));
+        }
+        let path = self.path.as_str();
+        while !self.done
+            && let Some((i, line)) = self.lines.next()
+        {
+            let line = line.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?;
+            let number = i + 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            if !self.seen_content && line.trim_start().starts_with('[') {
+                // A JSON array of bare bodies: read the whole rest as one document.
+                let mut text = line;
+                for (_, rest) in self.lines.by_ref() {
+                    text.push('\n');
+                    text.push_str(&rest.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?);
+                }
+                self.done = true;
+                self.pending = read_array(&text, path)?.into();
+                return Ok(self.pending.pop_front());
+            }
+            self.seen_content = true;
+            let is_last = self.lines.peek().is_none();
+            let mut de = serde_json::Deserializer::from_str(&line);
+            let parsed = match serde_path_to_error::deserialize::<_, RawLine>(&mut de) {
+                Ok(raw) => de.end().map(|()| raw).map_err(|e| (".".to_owned(), e)),
+                Err(e) => Err((e.path().to_string(), e.into_inner())),
+            };
+            let raw = match parsed {
+                Ok(raw) => raw,
+                Err((_, e)) if is_last && e.is_eof() => {
+                    self.warnings.push(format!("{path}:{number}: the last line is truncated ({e}); measured the {} lines before it", self.read));
+                    self.done = true;
+                    return Ok(None);
+                }
+                Err((field, e)) if e.is_data() => {
+                    let message = without_position(&e);
+                    return Err(line_error(path, number, if field == "." { message } else { format!("{field}: {message}") }));
+                }
+                Err((_, e)) => return Err(line_error(path, number, format!("malformed JSON: {e}"))),
+            };
+            let entry = parse_line(raw, number, &mut self.interner).map_err(|m| line_error(path, number, m))?;
+            return Ok(Some(entry));
+        }
+        self.done = true;
+        Ok(None)
+    }
+}
+
+/// Reads a whole request log from a reader ([`LogReader`], collected).
 pub fn read_log(reader: impl BufRead, path: &str) -> Result<RequestLog, AnalyzeError> {
+    let mut reader = LogReader::new(reader, path);
     let mut log = RequestLog::default();
-    let mut lines = reader.lines().enumerate().peekable();
-    let mut first_content: Option<String> = None;
-    let mut interner = Interner::default();
-    while let Some((i, line)) = lines.next() {
-        let line = line.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?;
-        let number = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        if first_content.is_none() && line.trim_start().starts_with('[') {
-            // A JSON array of bare bodies: read the whole rest as one document.
-            let mut text = line.clone();
-            for (_, rest) in lines.by_ref() {
-                text.push('\n');
-                text.push_str(&rest.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?);
-            }
-            return read_array(&text, path);
-        }
-        first_content.get_or_insert_with(|| line.clone());
-        let is_last = lines.peek().is_none();
-        let mut de = serde_json::Deserializer::from_str(&line);
-        let parsed = match serde_path_to_error::deserialize::<_, RawLine>(&mut de) {
-            Ok(raw) => de.end().map(|()| raw).map_err(|e| (".".to_owned(), e)),
-            Err(e) => Err((e.path().to_string(), e.into_inner())),
-        };
-        let raw = match parsed {
-            Ok(raw) => raw,
-            Err((_, e)) if is_last && e.is_eof() => {
-                log.warnings.push(format!("{path}:{number}: the last line is truncated ({e}); measured the {} lines before it", log.entries.len()));
-                break;
-            }
-            Err((field, e)) if e.is_data() => {
-                let message = without_position(&e);
-                return Err(line_error(path, number, if field == "." { message } else { format!("{field}: {message}") }));
-            }
-            Err((_, e)) => return Err(line_error(path, number, format!("malformed JSON: {e}"))),
-        };
-        let entry = parse_line(raw, number, &mut interner).map_err(|m| line_error(path, number, m))?;
+    while let Some(entry) = reader.next_entry()? {
         log.entries.push(entry);
     }
-    normalize_times(&mut log.entries);
+    log.warnings = reader.warnings;
     Ok(log)
 }
 
-fn read_array(text: &str, path: &str) -> Result<RequestLog, AnalyzeError> {
+fn read_array(text: &str, path: &str) -> Result<Vec<LogEntry>, AnalyzeError> {
     let items: Vec<Value> = serde_json::from_str(text).map_err(|e| line_error(path, e.line(), format!("malformed JSON: {e}")))?;
-    let mut log = RequestLog::default();
+    let mut entries = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let body = parse_body(item).map_err(|m| line_error(path, 1, format!("[{i}].{m}")))?;
-        log.entries.push(LogEntry::new(1, i as u64 * 1000, body));
+        entries.push(LogEntry::new(1, i as u64 * 1000, body));
     }
-    Ok(log)
-}
-
-fn normalize_times(entries: &mut [LogEntry]) {
-    if let Some(first) = entries.first().map(|e| e.time_ms) {
-        for entry in entries.iter_mut() {
-            entry.time_ms = entry.time_ms.saturating_sub(first);
-        }
-    }
+    Ok(entries)
 }
 
 /// Reads a request log file.
 pub fn read_log_file(path: &Path) -> Result<RequestLog, AnalyzeError> {
     let file = std::fs::File::open(path).map_err(|source| AnalyzeError::Io { path: path.display().to_string(), source })?;
     read_log(std::io::BufReader::new(file), &path.display().to_string())
+}
+
+/// Opens a request log file to read entry by entry ([`analyze_stream`]).
+pub fn open_log_file(path: &Path) -> Result<LogReader<std::io::BufReader<std::fs::File>>, AnalyzeError> {
+    let file = std::fs::File::open(path).map_err(|source| AnalyzeError::Io { path: path.display().to_string(), source })?;
+    Ok(LogReader::new(std::io::BufReader::with_capacity(1 << 20, file), &path.display().to_string()))
 }
 
 struct LaneTrack {
@@ -342,39 +402,69 @@ impl LaneInference {
     }
 }
 
-/// Tokenizes the new parts of every keyed entry (a head or message whose key was not seen
-/// before) ahead of the measurement ([`Measurer::count_ahead`]). With `chars4` counting costs
-/// no more than the lookup, so nothing is done.
-pub fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
-    if measurer.counter().kind() == EstimatorKind::Chars4 {
-        return;
-    }
+/// Tokenizes the new parts of keyed entries (a head or message whose key was not seen before)
+/// ahead of their measurement ([`Measurer::count_ahead`]), batch after batch: what was seen
+/// in earlier batches is remembered. With `chars4` counting costs no more than the lookup, so
+/// nothing is done.
+#[derive(Default)]
+pub struct CountAhead {
     // Membership only (never iterated); keys are hashes already, so the fast hasher suffices.
-    let mut heads: rustc_hash::FxHashSet<u128> = Default::default();
-    let mut messages: rustc_hash::FxHashSet<u128> = Default::default();
-    let mut previous: &[u128] = &[];
-    for entry in &log.entries {
-        let (Some(head), Some(keys)) = (entry.head_key, &entry.message_keys) else { continue };
-        // What the previous entry repeats was seen: only the rest is looked up.
-        let repeated = crate::measure::incremental::common_keys(keys, previous);
-        previous = keys;
-        let new_messages: Vec<usize> =
-            keys.iter().enumerate().skip(repeated).filter(|(_, key)| messages.insert(**key)).map(|(m, _)| m).collect();
-        // An unknown model is the measurement's error to report, with its line.
-        let _ = measurer.count_ahead(&entry.body, heads.insert(head), new_messages, Some(keys));
+    heads: rustc_hash::FxHashSet<u128>,
+    messages: rustc_hash::FxHashSet<u128>,
+    /// The message keys of the last keyed entry.
+    previous: Vec<u128>,
+}
+
+impl CountAhead {
+    pub fn run(&mut self, entries: &[LogEntry], measurer: &mut Measurer) {
+        if measurer.counter().kind() == EstimatorKind::Chars4 {
+            return;
+        }
+        let mut previous: &[u128] = &self.previous;
+        let mut last = None;
+        for entry in entries {
+            let (Some(head), Some(keys)) = (entry.head_key, &entry.message_keys) else { continue };
+            // What the previous entry repeats was seen: only the rest is looked up.
+            let repeated = crate::measure::incremental::common_keys(keys, previous);
+            previous = keys;
+            last = Some(keys);
+            let new_messages: Vec<usize> =
+                keys.iter().enumerate().skip(repeated).filter(|(_, key)| self.messages.insert(**key)).map(|(m, _)| m).collect();
+            // An unknown model is the measurement's error to report, with its line.
+            let _ = measurer.count_ahead(&entry.body, self.heads.insert(head), new_messages, Some(keys));
+        }
+        if let Some(keys) = last {
+            self.previous = keys.clone();
+        }
     }
 }
 
-/// Measures every entry of a log in order.
-pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
-    count_ahead(log, measurer);
-    let mut inference = LaneInference::default();
-    let mut rows = Vec::with_capacity(log.entries.len());
-    for entry in &log.entries {
+/// Tokenizes the new parts of every keyed entry of a log ahead of the measurement
+/// ([`CountAhead`] over the whole log).
+pub fn count_ahead(log: &RequestLog, measurer: &mut Measurer) {
+    CountAhead::default().run(&log.entries, measurer);
+}
+
+/// The measurement of a log's entries in order: lanes inferred as it goes, renamed at the end.
+struct Measuring<'a> {
+    path: &'a str,
+    inference: LaneInference,
+    rows: Vec<RequestMetrics>,
+    /// Per row, whether the log named its lane.
+    named: Vec<bool>,
+}
+
+impl<'a> Measuring<'a> {
+    fn new(path: &'a str) -> Self {
+        Measuring { path, inference: LaneInference::default(), rows: Vec::new(), named: Vec::new() }
+    }
+
+    fn measure(&mut self, entry: &LogEntry, measurer: &mut Measurer) -> Result<(), AnalyzeError> {
+        let path = self.path;
         let served = measurer
             .serve_with_keys(&entry.body, entry.head_key, entry.message_keys.as_deref())
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
-        let inferred = inference.assign(served.as_sent(), entry.body.messages.len());
+        let inferred = self.inference.assign(served.as_sent(), entry.body.messages.len());
         let lane = entry.lane.clone().unwrap_or(inferred);
         let mut input = MeasureInput::new(&lane, entry.time_ms, &entry.body);
         input.output_tokens = entry.usage.as_ref().map_or(0, |u| u.output_tokens);
@@ -382,18 +472,60 @@ pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<
         let row = measurer
             .measure_served(input, served)
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
-        rows.push(row);
+        self.rows.push(row);
+        self.named.push(entry.lane.is_some());
+        Ok(())
     }
-    rename_lanes(&mut rows, log);
-    Ok(rows)
+
+    fn finish(mut self) -> Vec<RequestMetrics> {
+        rename_lanes(&mut self.rows, &self.named);
+        self.rows
+    }
+}
+
+/// Measures every entry of a log in order.
+pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
+    count_ahead(log, measurer);
+    let mut measuring = Measuring::new(path);
+    for entry in &log.entries {
+        measuring.measure(entry, measurer)?;
+    }
+    Ok(measuring.finish())
+}
+
+/// Entries read, tokenized ahead and measured together by [`analyze_stream`].
+const STREAM_BATCH: usize = 64;
+
+/// Measures a log as it is read, holding [`STREAM_BATCH`] entries at a time: the rows equal
+/// [`analyze`]'s of the whole log read first ([`read_log`]), while memory stays that of a
+/// batch plus each distinct message once. The reader's warnings are left in it.
+pub fn analyze_stream<R: BufRead>(reader: &mut LogReader<R>, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
+    let mut ahead = CountAhead::default();
+    let mut measuring = Measuring::new(path);
+    let mut batch = Vec::with_capacity(STREAM_BATCH);
+    loop {
+        batch.clear();
+        while batch.len() < STREAM_BATCH
+            && let Some(entry) = reader.next_entry()?
+        {
+            batch.push(entry);
+        }
+        if batch.is_empty() {
+            return Ok(measuring.finish());
+        }
+        ahead.run(&batch, measurer);
+        for entry in &batch {
+            measuring.measure(entry, measurer)?;
+        }
+    }
 }
 
 /// The inferred lane with the most requests is `main`; the others are `side:N` in order of
 /// first appearance. Lanes the log named are left alone.
-fn rename_lanes(rows: &mut [RequestMetrics], log: &RequestLog) {
+fn rename_lanes(rows: &mut [RequestMetrics], named: &[bool]) {
     let mut order: Vec<(String, usize)> = Vec::new();
-    for (row, entry) in rows.iter().zip(&log.entries) {
-        if entry.lane.is_some() {
+    for (row, named) in rows.iter().zip(named) {
+        if *named {
             continue;
         }
         match order.iter_mut().find(|(name, _)| *name == row.lane) {
@@ -415,8 +547,8 @@ fn rename_lanes(rows: &mut [RequestMetrics], log: &RequestLog) {
         };
         names.push((name.clone(), new));
     }
-    for (row, entry) in rows.iter_mut().zip(&log.entries) {
-        if entry.lane.is_none()
+    for (row, named) in rows.iter_mut().zip(named) {
+        if !*named
             && let Some((_, new)) = names.iter().find(|(old, _)| *old == row.lane)
         {
             row.lane = new.clone();

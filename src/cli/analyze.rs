@@ -1,4 +1,4 @@
-use crate::analyze::{analyze, read_log_file};
+use crate::analyze::{analyze, analyze_stream, open_log_file, read_log_file};
 use crate::measure::Summary;
 use crate::report::render::render_request;
 
@@ -11,18 +11,29 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     let mut all_rows = Vec::new();
     for path in &args.logs {
         let name = path.display().to_string();
-        let log = read_any_log(path, args.from)?;
-        for warning in &log.warnings {
-            eprintln!("warning: {warning}");
-        }
         let mut measurer = measurer(&args.measure)?;
-        let rows = analyze(&log, &mut measurer, &name)?;
-        if args.explain {
-            for (entry, row) in log.entries.iter().zip(&rows) {
-                let flat = measurer.flatten(&entry.body)?;
-                print!("{}", render_request(&flat, row));
+        let rows = if args.explain || is_claude_trace(path, args.from)? {
+            let log = read_any_log(path, args.from)?;
+            for warning in &log.warnings {
+                eprintln!("warning: {warning}");
             }
-        }
+            let rows = analyze(&log, &mut measurer, &name)?;
+            if args.explain {
+                for (entry, row) in log.entries.iter().zip(&rows) {
+                    let flat = measurer.flatten(&entry.body)?;
+                    print!("{}", render_request(&flat, row));
+                }
+            }
+            rows
+        } else {
+            // Measured as it is read: memory is a batch of entries, not the whole log.
+            let mut reader = open_log_file(path)?;
+            let rows = analyze_stream(&mut reader, &mut measurer, &name)?;
+            for warning in reader.warnings() {
+                eprintln!("warning: {warning}");
+            }
+            rows
+        };
         summaries.push(Summary::from_rows(&name, "as-recorded", measurer.counter().kind().name(), &rows, 0));
         all_rows.extend(rows);
     }
@@ -30,15 +41,20 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Reads a request log, converting a claude-trace capture on the fly.
-fn read_any_log(path: &std::path::Path, from: Option<LogSource>) -> anyhow::Result<crate::analyze::RequestLog> {
-    use crate::recording::{InputFormat, convert_claude_trace, detect_format, write_request_log_to};
-    let trace = match from {
+/// Whether `path` is a claude-trace capture (as `--from` says, else detected).
+fn is_claude_trace(path: &std::path::Path, from: Option<LogSource>) -> anyhow::Result<bool> {
+    use crate::recording::{InputFormat, detect_format};
+    Ok(match from {
         Some(LogSource::ClaudeTrace) => true,
         Some(LogSource::RequestLog) => false,
         None => detect_format(path)? == InputFormat::ClaudeTrace,
-    };
-    if !trace {
+    })
+}
+
+/// Reads a request log, converting a claude-trace capture on the fly.
+fn read_any_log(path: &std::path::Path, from: Option<LogSource>) -> anyhow::Result<crate::analyze::RequestLog> {
+    use crate::recording::{convert_claude_trace, write_request_log_to};
+    if !is_claude_trace(path, from)? {
         return Ok(read_log_file(path)?);
     }
     let name = path.display().to_string();

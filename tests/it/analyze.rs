@@ -1,16 +1,33 @@
 //! `analyze` on request logs: real shapes, bad input, truncation.
 
-use ctxsim::analyze::{analyze, read_log};
+use ctxsim::analyze::{LogReader, analyze, analyze_stream, read_log};
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// Reads and measures a log given as text.
+/// Reads and measures a log given as text, whole and as a stream: both give the same rows,
+/// warnings and errors.
 fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String> {
-    let log = read_log(std::io::Cursor::new(text), "log.jsonl").map_err(|e| e.to_string())?;
-    let mut m = measurer();
-    let rows = analyze(&log, &mut m, "log.jsonl").map_err(|e| e.to_string())?;
-    Ok((rows, log.warnings))
+    let whole = (|| {
+        let log = read_log(std::io::Cursor::new(text), "log.jsonl").map_err(|e| e.to_string())?;
+        let rows = analyze(&log, &mut measurer(), "log.jsonl").map_err(|e| e.to_string())?;
+        Ok((rows, log.warnings))
+    })();
+    let streamed = stream_log(text);
+    let show = |r: &Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String>| match r {
+        Ok((rows, warnings)) => format!("{}\n{warnings:?}", serde_json::to_string(rows).unwrap()),
+        Err(e) => e.clone(),
+    };
+    assert_eq!(show(&whole), show(&streamed), "analyze_stream differs from analyze");
+    whole
+}
+
+/// Measures a log as it is read ([`analyze_stream`]).
+fn stream_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String> {
+    let mut reader = LogReader::new(std::io::Cursor::new(text), "log.jsonl");
+    let rows = analyze_stream(&mut reader, &mut measurer(), "log.jsonl").map_err(|e| e.to_string())?;
+    Ok((rows, reader.warnings().to_vec()))
 }
 
 fn check_error(text: &str, expect: &str) {
@@ -164,6 +181,14 @@ fn check_keys_change_nothing(text: &str) -> usize {
     }
     let unkeyed = analyze(&unkeyed_log, &mut measurer(), "log.jsonl").unwrap();
     assert_eq!(serde_json::to_string(&keyed).unwrap(), serde_json::to_string(&unkeyed).unwrap());
+    // Streamed in batches (tokenized ahead batch by batch): the same rows again, with `chars4`
+    // and with `bpe` (which tokenizes ahead).
+    let (streamed, _) = stream_log(text).unwrap();
+    assert_eq!(serde_json::to_string(&keyed).unwrap(), serde_json::to_string(&streamed).unwrap());
+    let bpe = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe));
+    let whole = analyze(&log, &mut bpe(), "log.jsonl").unwrap();
+    let streamed = analyze_stream(&mut LogReader::new(std::io::Cursor::new(text), "log.jsonl"), &mut bpe(), "log.jsonl").unwrap();
+    assert_eq!(serde_json::to_string(&whole).unwrap(), serde_json::to_string(&streamed).unwrap());
     keyed.len()
 }
 
@@ -213,4 +238,43 @@ fn an_error_inside_a_message_names_its_path() {
     let text = format!("{}\n{}\n", line(json!([ok])), line(json!([ok, {"role": "assistant", "content": "hi"}, bad])));
     let err = check_log(&text).expect_err("the log must be rejected");
     assert!(err.starts_with("log.jsonl:2: body.messages[2].content"), "{err}");
+}
+
+/// `ctxsim analyze FILE` measures a log as it reads it: a truncated last line is a warning
+/// (the rest measured, the trace written), a malformed line in the middle exit code 2 naming
+/// file and line, with nothing written.
+#[test]
+fn the_cli_streams_a_log_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = String::new();
+    for entry in ctxsim::synth::growing_session(5, 150, 20_000, "claude-sonnet-4-5") {
+        text.push_str(&serde_json::to_string(&json!({"time_ms": entry.time_ms, "body": entry.body})).unwrap());
+        text.push('\n');
+    }
+    let truncated = format!("{text}{{\"time_ms\": 99999999, \"body\": {{\"model\"");
+    std::fs::write(dir.path().join("log.jsonl"), &truncated).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).current_dir(dir.path()).args(args).output().unwrap();
+        (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (code, stdout, stderr) = run(&["analyze", "log.jsonl", "--estimator", "chars4", "--format", "json", "--trace", "trace.jsonl"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("log.jsonl:151: the last line is truncated"), "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    let requests = summary.pointer("/0/requests").or_else(|| summary.pointer("/requests")).and_then(Value::as_u64);
+    assert_eq!(requests, Some(150), "{stdout}");
+    let trace = std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap();
+    assert_eq!(trace.lines().count(), 150);
+    // The same rows as reading the whole log first.
+    let (rows, warnings) = check_log(&truncated).unwrap();
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(trace, String::from_utf8(ctxsim::report::output::trace_jsonl(&rows)).unwrap());
+
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[100] = "{\"time_ms\": 5, \"body\": [1, 2]}";
+    std::fs::write(dir.path().join("bad.jsonl"), lines.join("\n")).unwrap();
+    let (code, _, stderr) = run(&["analyze", "bad.jsonl", "--estimator", "chars4", "--trace", "bad-trace.jsonl"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("bad.jsonl:101: body"), "{stderr}");
+    assert!(!dir.path().join("bad-trace.jsonl").exists());
 }
