@@ -278,3 +278,47 @@ fn the_cli_streams_a_log_file() {
     assert!(stderr.contains("bad.jsonl:101: body"), "{stderr}");
     assert!(!dir.path().join("bad-trace.jsonl").exists());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+    /// A log cut anywhere, or with a line damaged anywhere, is measured the same whole and
+    /// streamed: the same rows and warnings, or the same error (`check_log` compares them).
+    /// A cut inside the last line is a warning, never an error or a panic.
+    #[test]
+    fn a_cut_or_damaged_log_reads_the_same_whole_and_streamed(cut in 0.0f64..1.0, damage in proptest::option::of((0.0f64..1.0, 0u8..128))) {
+        let text = cut_log_text();
+        let mut bytes = text.as_bytes()[..((text.len() as f64 * cut) as usize)].to_vec();
+        if let Some((at, byte)) = damage {
+            let at = (bytes.len() as f64 * at) as usize;
+            if at < bytes.len() {
+                bytes[at] = byte;
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let result = check_log(&text);
+        if damage.is_none() {
+            let (rows, warnings) = result.expect("a cut log is measured up to the cut");
+            // Every line ended by a newline is measured; a last line without one is measured
+            // when it is whole (the cut fell right after it), else it is the one warning.
+            let complete = text.matches('\n').count();
+            let last_whole = rows.len() == complete + 1 && warnings.is_empty();
+            proptest::prop_assert!(rows.len() == complete || last_whole, "{} rows for {complete} complete lines", rows.len());
+            proptest::prop_assert!(warnings.len() <= 1);
+        }
+    }
+}
+
+/// A short generated log with a side lane (the text the cut-log property cuts).
+fn cut_log_text() -> String {
+    let mut text = String::new();
+    for (i, entry) in ctxsim::synth::growing_session(9, 70, 6_000, "claude-sonnet-4-5").into_iter().enumerate() {
+        text.push_str(&serde_json::to_string(&json!({"time_ms": entry.time_ms, "body": entry.body})).unwrap());
+        text.push('\n');
+        if i % 31 == 4 {
+            let side = json!({"model": "claude-haiku-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": format!("title {i}")}]});
+            text.push_str(&serde_json::to_string(&json!({"time_ms": entry.time_ms + 1, "body": side})).unwrap());
+            text.push('\n');
+        }
+    }
+    text
+}
