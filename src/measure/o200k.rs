@@ -9,17 +9,22 @@
 //!
 //! - **Split.** The alternatives run as the patterns of one regex-automata lazy DFA, searched
 //!   forward from each piece's start, anchored, leftmost-first (so the first alternative that
-//!   matches wins, as in the backtracking VM); the match names its pattern. The sixth and seventh alternatives,
-//!   `\s+(?!\S)` and `\s+`, are one pattern `\s+`, and its look-ahead is applied to the match:
+//!   matches wins, as in the backtracking VM); the match names its pattern. The sixth and
+//!   seventh alternatives, `\s+(?!\S)` and `\s+`, are one pattern `\s+`, and its look-ahead is
+//!   applied to the match:
 //!   the pattern takes the whole whitespace run (the fifth alternative has already taken any
 //!   run holding a line break); when text follows the run, the look-ahead would have given the
 //!   last whitespace character back, so a run of two or more characters loses its last one
 //!   (a single character stays: that is the seventh alternative).
 //! - **Merge.** A piece that is a token counts one; any other piece is split by tiktoken-rs's
-//!   own `byte_pair_split` over its own ranks (read back from the encoder once per process).
-//!   That function is the merge tiktoken uses for pieces under 100 bytes; a text with a longer
-//!   piece (a rule of dashes, a long run of spaces) is counted by tiktoken-rs itself, whose
-//!   merge for long pieces is linear.
+//!   own `byte_pair_split` over its own ranks. build.rs reads those ranks from tiktoken-rs at
+//!   build time and writes them as a table loaded here in about 40 ms, where building
+//!   tiktoken-rs's encoder takes about 170 ms. That function is the merge tiktoken uses for
+//!   pieces under 100 bytes. tiktoken-rs switches to a heap-based merge, with the same result,
+//!   for longer ones. Here `byte_pair_split` also serves pieces up to 1 KiB, where its
+//!   quadratic worst case is still under a millisecond; a tested property holds it to
+//!   tiktoken-rs's count. A text with a longer piece (a long rule of dashes, a run of spaces)
+//!   is counted by tiktoken-rs itself, whose encoder is then built once.
 //! - **Short pieces by value.** A piece of at most 15 bytes is looked up as one `u128` (its
 //!   bytes and its length), not as a byte string: whether it is a token, and, in a
 //!   [`Counter`] (one per run, held by the `TokenCounter`), the count of each short piece that
@@ -44,8 +49,9 @@ const PATTERNS: [&str; 6] = [
 ];
 /// The pattern whose match gets the look-ahead of `\s+(?!\S)`.
 const WHITESPACE_RUN: usize = 5;
-/// tiktoken's merge switches to its linear variant at this piece length.
-const LONG_PIECE: usize = 100;
+/// From this piece length on, a text is counted by tiktoken-rs, whose merge for long pieces is
+/// linear (`byte_pair_split`'s is quadratic in the worst case).
+const LONG_PIECE: usize = 1024;
 
 /// The number of ordinary tokens of o200k_base, ranked densely from 0 (the special tokens come
 /// after them).
@@ -60,7 +66,6 @@ struct O200k {
     ranks: FxHashMap<Vec<u8>, Rank>,
     /// The tokens of at most [`SHORT_PIECE`] bytes, packed.
     short_tokens: FxHashSet<u128>,
-    core: &'static CoreBPE,
 }
 
 /// A counting run's state: the counts of the short pieces that are not tokens.
@@ -106,25 +111,40 @@ fn pack(piece: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
+/// The o200k vocabulary as build.rs wrote it from tiktoken-rs: per ordinary token in rank
+/// order, a little-endian `u16` length and the bytes.
+static TOKEN_TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k.tokens"));
+
 impl O200k {
     fn new() -> O200k {
-        let core = tiktoken_rs::o200k_base_singleton();
         let split = DFA::builder()
             .configure(DFA::config().cache_capacity(8 << 20))
             .build_many(&PATTERNS)
             .expect("the o200k split patterns compile");
-        // The ordinary tokens are ranks 0..O200K_ORDINARY_TOKENS (a test checks the bound).
         let mut ranks = FxHashMap::default();
         ranks.reserve(O200K_ORDINARY_TOKENS as usize);
         let mut short_tokens = FxHashSet::default();
         short_tokens.reserve(O200K_ORDINARY_TOKENS as usize);
-        for (rank, bytes) in core._decode_native_and_split((0..O200K_ORDINARY_TOKENS).collect()).enumerate() {
-            if let Some(packed) = pack(&bytes) {
+        let mut rest = TOKEN_TABLE;
+        let mut rank: Rank = 0;
+        while let [lo, hi, tail @ ..] = rest {
+            let len = usize::from(u16::from_le_bytes([*lo, *hi]));
+            let (bytes, tail) = tail.split_at(len);
+            if let Some(packed) = pack(bytes) {
                 short_tokens.insert(packed);
             }
-            ranks.insert(bytes, rank as Rank);
+            ranks.insert(bytes.to_vec(), rank);
+            rank += 1;
+            rest = tail;
         }
-        O200k { split, ranks, short_tokens, core }
+        assert_eq!(rank, O200K_ORDINARY_TOKENS, "build.rs wrote the whole o200k vocabulary");
+        O200k { split, ranks, short_tokens }
+    }
+
+    /// tiktoken-rs's own encoder, built on first use: only a text holding a piece of
+    /// [`LONG_PIECE`] bytes or more is counted by it.
+    fn core() -> &'static CoreBPE {
+        tiktoken_rs::o200k_base_singleton()
     }
 
     fn count(&self, text: &str, cache: &mut Cache, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
@@ -137,7 +157,7 @@ impl O200k {
             let Ok(Some(m)) = self.split.try_search_fwd(cache, &input) else {
                 // Unreachable: every character starts a match of one of the patterns, and
                 // the lazy DFA is not configured to give up.
-                return self.core.encode_ordinary(text).len() as u32;
+                return Self::core().encode_ordinary(text).len() as u32;
             };
             let mut end = m.offset();
             if m.pattern().as_usize() == WHITESPACE_RUN && end < bytes.len() {
@@ -165,7 +185,7 @@ impl O200k {
             } else if self.ranks.contains_key(piece) {
                 tokens += 1;
             } else if piece.len() >= LONG_PIECE {
-                return self.core.encode_ordinary(text).len() as u32;
+                return Self::core().encode_ordinary(text).len() as u32;
             } else {
                 tokens += tiktoken_rs::byte_pair_split(piece, &self.ranks).len() as u32;
             }
@@ -180,8 +200,8 @@ pub fn count(text: &str) -> u32 {
     SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut(), None))
 }
 
-/// Builds the tokenizer (tiktoken-rs's encoder, the ranks read back from it, the split DFA:
-/// about 250 ms) on another thread, so that it is ready, or nearly, when the caller has read its
+/// Builds the tokenizer (the rank tables from build.rs's table and the split DFA: about 40 ms)
+/// on another thread, so that it is ready, or nearly, when the caller has read its
 /// input. Counts do not depend on it; a count asked for sooner waits for the build.
 pub fn warm_up_in_background() {
     std::thread::spawn(|| LazyLock::force(&O200K));
@@ -204,6 +224,10 @@ mod tests {
         let specials: Vec<Rank> = core.special_tokens().iter().map(|s| core.encode_with_special_tokens(s)[0]).collect();
         assert!(specials.iter().all(|&rank| rank > O200K_ORDINARY_TOKENS), "{specials:?}");
         assert_eq!(O200K.ranks.len(), O200K_ORDINARY_TOKENS as usize, "every ordinary token has distinct bytes");
+        // The table build.rs wrote holds tiktoken-rs's tokens, rank for rank.
+        for (bytes, &rank) in &O200K.ranks {
+            assert_eq!(&core.decode_bytes(&[rank]).unwrap(), bytes);
+        }
     }
 
     #[test]

@@ -61,6 +61,21 @@ proptest! {
         prop_assert_eq!(count(&text), count_by_tiktoken(&text));
     }
 
+    /// Long pieces (a run of letters, of punctuation, of spaces, of one repeated syllable)
+    /// around the lengths where the merge changes: tiktoken-rs's heap merge from 100 bytes,
+    /// tiktoken-rs itself from 1 KiB.
+    #[test]
+    fn bpe_counts_equal_tiktoken_on_long_pieces(unit in prop::sample::select(vec!["a", "xq", "ab", "=", "-*", " ", "\t", "é", "na", "Zz"]), len in 40usize..1400, prefix in "[a-z ]{0,5}") {
+        let text = format!("{prefix}{}", unit.repeat(len / unit.len().max(1)));
+        prop_assert_eq!(count(&text), count_by_tiktoken(&text));
+    }
+
+    /// Long pieces of random letters (one piece each: no case change, no space).
+    #[test]
+    fn bpe_counts_equal_tiktoken_on_long_random_words(text in "[a-z]{90,1200}|[A-Z]{90,1200}|[!-/]{90,1200}") {
+        prop_assert_eq!(count(&text), count_by_tiktoken(&text));
+    }
+
     #[test]
     fn bpe_counts_equal_tiktoken_on_arbitrary_strings(text in any::<String>()) {
         prop_assert_eq!(count(&text), count_by_tiktoken(&text));
