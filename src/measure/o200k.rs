@@ -58,7 +58,7 @@ const LONG_PIECE: usize = 1024;
 const O200K_ORDINARY_TOKENS: Rank = 199_998;
 /// Pieces up to this length are handled as a packed `u128`.
 const SHORT_PIECE: usize = 15;
-/// At most this many short non-token pieces are memoized per thread.
+/// At most this many short non-token pieces are memoized per run ([`Counter`]).
 const MEMO_CAP: usize = 1 << 20;
 
 struct O200k {
