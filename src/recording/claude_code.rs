@@ -51,6 +51,8 @@ const METADATA_TYPES: &[&str] = &[
     "agent-setting",
     "tag",
     "worktree-state",
+    // Links the session to a remote bridge (claude.ai / desktop); account ids, no model context.
+    "bridge-session",
 ];
 
 /// Envelope fields every conversation record carries; they are left out of event payloads
@@ -642,7 +644,8 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     header.cwd = main.cwd.clone();
     header.versions = main.versions.clone();
     header.metadata = main.metadata.clone();
-    header.head_truncated = main.first_parent.as_ref().is_some_and(|parent| !main.seen_uuids.contains(parent));
+    header.head_truncated =
+        main.opens_with_compaction || main.first_parent.as_ref().is_some_and(|parent| !main.seen_uuids.contains(parent));
 
     let mut report = ImportReport::new(&main.file, "claude-code");
     main.add_to_report(&mut report);
@@ -686,24 +689,39 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     ImportedSession { recording, calls, report, chain: Chain::new(chain) }
 }
 
-/// Stable k-way merge by `time_ms`; returns the merged events and, for lane 0, old → new index.
+/// Stable k-way merge by time; returns the merged events and, for lane 0, old → new index.
+///
+/// Each lane keeps its own order. A record a file holds out of time order (a checkpoint that
+/// writes late queue operations at its top) is merged by the earliest time at or after it in its
+/// lane, so it cannot hold back the records that follow it.
 fn merge_by_time(lanes: Vec<Vec<Event>>) -> (Vec<Event>, Vec<usize>) {
     let total: usize = lanes.iter().map(Vec::len).sum();
     let first_len = lanes.first().map_or(0, Vec::len);
-    let mut iters: Vec<std::iter::Peekable<std::vec::IntoIter<Event>>> =
-        lanes.into_iter().map(|l| l.into_iter().peekable()).collect();
+    let keys: Vec<Vec<u64>> = lanes
+        .iter()
+        .map(|lane| {
+            let mut keys: Vec<u64> = lane.iter().map(|e| e.time_ms).collect();
+            for i in (0..keys.len().saturating_sub(1)).rev() {
+                keys[i] = keys[i].min(keys[i + 1]);
+            }
+            keys
+        })
+        .collect();
+    let mut iters: Vec<std::vec::IntoIter<Event>> = lanes.into_iter().map(Vec::into_iter).collect();
+    let mut next = vec![0usize; iters.len()];
     let mut out = Vec::with_capacity(total);
     let mut map = Vec::with_capacity(first_len);
     loop {
         let mut best: Option<(usize, u64)> = None;
-        for (lane, it) in iters.iter_mut().enumerate() {
-            if let Some(event) = it.peek()
-                && best.is_none_or(|(_, t)| event.time_ms < t) {
-                    best = Some((lane, event.time_ms));
+        for (lane, lane_keys) in keys.iter().enumerate() {
+            if let Some(&key) = lane_keys.get(next[lane])
+                && best.is_none_or(|(_, t)| key < t) {
+                    best = Some((lane, key));
                 }
         }
         let Some((lane, _)) = best else { break };
         let Some(event) = iters[lane].next() else { break };
+        next[lane] += 1;
         if lane == 0 {
             map.push(out.len());
         }
@@ -718,8 +736,13 @@ struct FileImporter {
     /// Lane of every record of a subagent file; `None` for the main file.
     file_lane: Option<String>,
     origin_ms: Option<i64>,
-    last_time_ms: u64,
+    /// Time of the last timestamped record, in ms after `origin_ms` (negative when earlier).
+    last_time_ms: i64,
     events: Vec<Event>,
+    /// Each event's time in ms after `origin_ms`, signed until the file is read.
+    event_times: Vec<i64>,
+    /// The origin was given (a subagent file takes its main file's) rather than provisional.
+    origin_fixed: bool,
     /// `message.id` → index of its merged `model_reply`.
     reply_index: BTreeMap<String, usize>,
     seen_uuids: BTreeSet<String>,
@@ -727,6 +750,9 @@ struct FileImporter {
     /// `parentUuid` of the first record that has the field (`None` when it is null).
     first_parent: Option<String>,
     saw_parent_field: bool,
+    /// The file opens with a compaction whose history is not in it (the conversation it
+    /// summarized was written to an earlier file).
+    opens_with_compaction: bool,
     /// The last compaction event, waiting for its summary message.
     pending_compaction: Option<usize>,
     /// `agentId` → the Task tool_use that started it (from `agent_progress` records).
@@ -751,11 +777,14 @@ impl FileImporter {
             origin_ms,
             last_time_ms: 0,
             events: Vec::new(),
+            event_times: Vec::new(),
+            origin_fixed: origin_ms.is_some(),
             reply_index: BTreeMap::new(),
             seen_uuids: BTreeSet::new(),
             chain: BTreeMap::new(),
             first_parent: None,
             saw_parent_field: false,
+            opens_with_compaction: false,
             pending_compaction: None,
             agent_tool_use: BTreeMap::new(),
             session_id: None,
@@ -789,6 +818,7 @@ impl FileImporter {
                 Err((path, message)) => self.warn(line.failure_kind(), line.number, path, message),
             }
         }
+        self.settle_times();
         Ok(())
     }
 
@@ -857,9 +887,22 @@ impl FileImporter {
             }
             "progress" => {
                 // Hook and bash progress are UI updates that never reach the model. Agent
-                // progress is kept only for the link from a subagent to its Task call.
+                // progress is kept only for the link from a subagent to its Task call, and the
+                // SessionStart hook's progress because its source (`startup`, `resume`, `clear`,
+                // `compact`) is, in some transcripts, the only trace of a new client process.
                 let data = record.get("data");
-                if data.and_then(|d| d.get("type")).and_then(Value::as_str) == Some("agent_progress") {
+                let data_type = data.and_then(|d| d.get("type")).and_then(Value::as_str);
+                if data_type == Some("hook_progress")
+                    && data.and_then(|d| d.get("hookEvent")).and_then(Value::as_str) == Some("SessionStart")
+                {
+                    let payload = data.cloned().unwrap_or(Value::Null);
+                    self.push(
+                        EventKind::SystemEvent(SystemEvent { subtype: "session_start".into(), payload }),
+                        time_ms,
+                        &lane,
+                        uuid.as_deref(),
+                    );
+                } else if data_type == Some("agent_progress") {
                     let agent = data.and_then(|d| d.get("agentId")).and_then(Value::as_str);
                     let tool_use = record.get("parentToolUseID").and_then(Value::as_str);
                     if let (Some(agent), Some(tool_use)) = (agent, tool_use) {
@@ -867,8 +910,9 @@ impl FileImporter {
                     }
                 }
             }
-            // File-history snapshots back up edited files for /rewind; not model context.
-            "file-history-snapshot" => {}
+            // File-history snapshots and deltas back up edited files for /rewind; not model
+            // context.
+            "file-history-snapshot" | "file-history-delta" => {}
             other if METADATA_TYPES.contains(&other) => {
                 self.metadata.insert(other.to_owned(), strip_envelope(&record));
             }
@@ -888,7 +932,7 @@ impl FileImporter {
         }
     }
 
-    fn time_of(&mut self, record: &Map<String, Value>, line: usize) -> u64 {
+    fn time_of(&mut self, record: &Map<String, Value>, line: usize) -> i64 {
         let Some(text) = record.get("timestamp").and_then(Value::as_str) else { return self.last_time_ms };
         let ms = match text.parse::<jiff::Timestamp>() {
             Ok(ts) => ts.as_millisecond(),
@@ -897,12 +941,25 @@ impl FileImporter {
                 return self.last_time_ms;
             }
         };
+        // Until the file is read the origin is provisional: its first timestamp. Records can
+        // come out of order (queued operations written at the top of a checkpoint, subagents
+        // that started before the main file's first record), so times stay signed here.
         let origin = *self.origin_ms.get_or_insert(ms);
-        // Records can be slightly out of order (queued operations, subagents that started
-        // before the main file's first record); time never goes below zero.
-        let time = u64::try_from(ms.saturating_sub(origin)).unwrap_or(0);
-        self.last_time_ms = time;
-        time
+        self.last_time_ms = ms.saturating_sub(origin);
+        self.last_time_ms
+    }
+
+    /// Fixes every event's time once the file is read. The main file's origin becomes its
+    /// earliest record, so no record sits before time zero and none is clamped onto another;
+    /// a subagent file keeps its main file's origin, and anything earlier is clamped to zero.
+    fn settle_times(&mut self) {
+        let shift = if self.origin_fixed { 0 } else { self.event_times.iter().copied().min().unwrap_or(0).min(0) };
+        if let Some(origin) = &mut self.origin_ms {
+            *origin += shift;
+        }
+        for (event, &time) in self.events.iter_mut().zip(&self.event_times) {
+            event.time_ms = u64::try_from(time - shift).unwrap_or(0);
+        }
     }
 
     fn lane_of(&self, record: &Map<String, Value>) -> String {
@@ -917,12 +974,15 @@ impl FileImporter {
         LANE_MAIN.to_owned()
     }
 
-    fn push(&mut self, kind: EventKind, time_ms: u64, lane: &str, uuid: Option<&str>) -> usize {
-        self.events.push(Event { kind, time_ms, lane: lane.to_owned(), uuid: uuid.map(str::to_owned) });
+    /// Adds an event at `time_ms` after the provisional origin (negative when earlier); its
+    /// `time_ms` is set when the file has been read ([`FileImporter::settle_times`]).
+    fn push(&mut self, kind: EventKind, time_ms: i64, lane: &str, uuid: Option<&str>) -> usize {
+        self.event_times.push(time_ms);
+        self.events.push(Event { kind, time_ms: 0, lane: lane.to_owned(), uuid: uuid.map(str::to_owned) });
         self.events.len() - 1
     }
 
-    fn user(&mut self, record: &Map<String, Value>, line: usize, time_ms: u64, lane: &str, uuid: Option<&str>) {
+    fn user(&mut self, record: &Map<String, Value>, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
         let is_meta = record.get("isMeta").and_then(Value::as_bool).unwrap_or(false);
         let is_compact_summary = record.get("isCompactSummary").and_then(Value::as_bool).unwrap_or(false);
         let Some(content) = record.get("message").and_then(|m| m.get("content")) else {
@@ -975,7 +1035,7 @@ impl FileImporter {
         pending: &mut Vec<ContentBlock>,
         is_meta: bool,
         is_compact_summary: bool,
-        time_ms: u64,
+        time_ms: i64,
         lane: &str,
         uuid: Option<&str>,
     ) {
@@ -1005,7 +1065,7 @@ impl FileImporter {
         &mut self,
         record: &Map<String, Value>,
         line: usize,
-        time_ms: u64,
+        time_ms: i64,
         lane: &str,
         uuid: Option<&str>,
         version: Option<String>,
@@ -1086,7 +1146,7 @@ impl FileImporter {
         None
     }
 
-    fn system(&mut self, record: &Map<String, Value>, subtype: &str, time_ms: u64, lane: &str, uuid: Option<&str>) {
+    fn system(&mut self, record: &Map<String, Value>, subtype: &str, time_ms: i64, lane: &str, uuid: Option<&str>) {
         if subtype == "compact_boundary" {
             let metadata = record.get("compactMetadata").cloned().unwrap_or(Value::Null);
             let number = |key: &str| metadata.get(key).and_then(Value::as_u64);
@@ -1097,6 +1157,13 @@ impl FileImporter {
                 summary: None,
                 metadata: metadata.clone(),
             });
+            let logical_parent = record.get("logicalParentUuid").and_then(Value::as_str);
+            if self.file_lane.is_none()
+                && !self.events.iter().any(|e| is_message_event(&e.kind))
+                && logical_parent.is_some_and(|parent| !self.seen_uuids.contains(parent))
+            {
+                self.opens_with_compaction = true;
+            }
             let index = self.push(kind, time_ms, lane, uuid);
             self.pending_compaction = Some(index);
             return;

@@ -61,8 +61,8 @@ pub struct Header {
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
     /// The source starts mid-session: its first record's parent is not in it (a segment of a
-    /// longer session, as Entire checkpoints store them). Its first call then carries history
-    /// older than the recording.
+    /// longer session, as Entire checkpoints store them), or it opens with a compaction whose
+    /// history is not in it. Its first call then carries history older than the recording.
     #[serde(default, skip_serializing_if = "is_false")]
     pub head_truncated: bool,
     /// Fields written by newer versions are kept, not dropped.
