@@ -837,8 +837,14 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                         }
                     }
                 }
+                // The SessionStart hook's source names a new client process: as a hook
+                // progress record (2.1.x) or as the hook's attachment (2.1.2xx).
                 EventKind::SystemEvent(sys)
                     if sys.payload.to_string().contains("SessionStart:resume") => {
+                        resumed_at = Some(i);
+                    }
+                EventKind::Attachment(attachment)
+                    if attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume") => {
                         resumed_at = Some(i);
                     }
                 EventKind::UserPrompt(prompt) => {
