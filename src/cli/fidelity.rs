@@ -3,7 +3,7 @@ use anyhow::Context;
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::{
     ReplayOptions, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session, user_context_sample, prefix_sample,
-    replay_session, write_fidelity_plots,
+    replay_session, write_fidelity_plots, compaction_triggers, triggers_table,
 };
 use crate::report::output::write_atomic;
 
@@ -57,7 +57,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
-        reports.push(fidelity_for_session(&replay, &table, args.calls || args.plot.is_some()));
+        let mut report = fidelity_for_session(&replay, &table, args.calls || args.plot.is_some());
+        report.compaction_triggers = Some(compaction_triggers(session, &replay, &table, &Default::default()));
+        reports.push(report);
     }
     if let Some(dir) = &args.plot {
         for path in write_fidelity_plots(dir, &reports)? {
@@ -76,6 +78,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
         }
         FidelityFormat::Table => {
             print!("{}", fidelity_table(&reports));
+            let triggers: Vec<(String, crate::replay::TriggerReport)> =
+                reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
+            print!("\n{}", triggers_table(&triggers));
             if args.calls {
                 for report in &reports {
                     print!("\n{}", fidelity_calls_table(report));

@@ -34,6 +34,10 @@ pub struct ModelInfo {
     /// the cached prefix still valid); Opus 4.5+ and Sonnet 4.6+ keep it.
     #[serde(default)]
     pub strips_prior_thinking: bool,
+    /// Claude Code runs the model with a 200k window unless 1M is asked for (`[1m]`, or the
+    /// `/model` picker's "1M context" entry); `context_window` is then the most it can have.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub window_1m_opt_in: bool,
     pub price: Price,
 }
 

@@ -73,6 +73,10 @@ pub struct FidelityReport {
     pub user_context_tokens: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallComparison>,
+    /// Where the agent's autocompact threshold fires against the recorded compactions
+    /// ([`super::triggers`]); filled by `ctxsim fidelity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction_triggers: Option<super::triggers::TriggerReport>,
 }
 
 fn mostly_rewritten(creation: f64, context: f64) -> bool {
@@ -154,6 +158,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         prefix_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.prefix_tokens),
         user_context_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.user_context_tokens),
         calls: if with_calls { calls } else { Vec::new() },
+        compaction_triggers: None,
     }
 }
 

@@ -8,6 +8,8 @@
 //! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
 //! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
+//! - [`triggers`]: where the agent's autocompact threshold fires on a real session, against
+//!   the recorded `compact_boundary` records.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
 pub mod breaks;
@@ -15,6 +17,7 @@ pub mod fidelity;
 pub mod plot;
 pub mod profile;
 pub mod session;
+pub mod triggers;
 pub mod turns;
 pub mod working_set;
 
@@ -25,3 +28,4 @@ pub use fidelity::{
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use profile::{ClientProfile, parse_version};
 pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session, replay_session_reference};
+pub use triggers::{TriggerReport, TriggerRow, compaction_triggers, triggers_table};

@@ -49,6 +49,11 @@ pub struct ClientProfile {
     pub resume_rerender: bool,
     /// Tokens of tools + system to assume when the first call read nothing (cold start).
     pub cold_prefix_tokens: u64,
+    /// The output reserve of the autocompact threshold (`window − min(max output, reserve) −
+    /// buffer`): 32,000 up to 2.1.14 (5 automatic compactions of 2.0.76–2.1.14 at
+    /// 155.0k–156.7k on 200k windows), 20,000 from 2.1.37 (5 of 2.1.37–2.1.49 at 167.1k–167.6k,
+    /// the reference's value). Versions between take the earlier value.
+    pub autocompact_output_reserve: u64,
 }
 
 /// `"2.1.39"` → `(2, 1, 39)`; missing or non-numeric parts count as 0.
@@ -92,6 +97,7 @@ impl ClientProfile {
             skill_rerender: true,
             resume_rerender: true,
             cold_prefix_tokens: measured_prefix_tokens_2_1_88(),
+            autocompact_output_reserve: if v < (2, 1, 37) { 32_000 } else { 20_000 },
         }
     }
 

@@ -488,3 +488,45 @@ fn fidelity_keyed_replay_equals_the_reference_over_visible_microcompacts() {
     let kept = ReplayOptions { recorded_microcompact: false, ..ReplayOptions::default() };
     assert!(context(&ReplayOptions::default()) < context(&kept), "the microcompacts cleared nothing the replay sends");
 }
+
+/// Every real transcript under ../shared/realdata/transcripts (subagent files are reached through
+/// their sessions).
+fn all_transcripts() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = walkdir::WalkDir::new(realdata().join("transcripts"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|e| e.into_path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.components().any(|c| c.as_os_str() == "subagents"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Issue 13: under the recorded version's defaults, the agent's autocompact threshold rule
+/// (`Thresholds::compute` with the version's output reserve) fires at the recorded automatic
+/// compactions: same main-lane call (±1) and preTokens within 3%. The one it misses today
+/// (cipher-box af1dd #161) counts 1.7k tokens short of its recorded preTokens; nothing in the
+/// transcript between its last call and the boundary accounts for them. The table is
+/// snapshotted as it reads in `ctxsim fidelity`.
+#[test]
+fn fidelity_predicts_the_recorded_automatic_compactions() {
+    use ctxsim::replay::{compaction_triggers, triggers_table};
+    let table = ModelTable::shipped();
+    let mut reports = Vec::new();
+    for path in all_transcripts() {
+        let session = load_session(&path).unwrap();
+        let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
+        let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+        let report = compaction_triggers(&session, &replay, &table, &Default::default());
+        let name = path.strip_prefix(realdata().join("transcripts")).unwrap().display().to_string();
+        reports.push((name, report));
+    }
+    assert_eq!(reports.len(), 16);
+    let (total, matched) = reports.iter().map(|(_, r)| r.auto_matched()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    assert_eq!(total, 11, "recorded automatic compactions with their history in the file");
+    assert!(matched >= 10, "{matched} of {total} predicted");
+    // No compaction is predicted where none was recorded.
+    let extra: Vec<_> = reports.iter().flat_map(|(n, r)| r.rows.iter().filter(|row| row.verdict == "extra").map(move |row| (n.clone(), row.simulated_call))).collect();
+    assert!(extra.is_empty(), "{extra:?}");
+    insta::assert_snapshot!(triggers_table(&reports));
+}

@@ -1,0 +1,366 @@
+//! Which calls of a real session the client's automatic compaction fires at, as the agent's own
+//! threshold rule decides it ([`Thresholds::compute`], the rule `run` uses), against the
+//! `compact_boundary` records the session holds.
+//!
+//! Before each main-lane request the client counts its context the way Claude Code does: the
+//! last response's usage (input + cache read + cache creation + output) plus its rough estimate
+//! of the tool results and prompts added since ([`rough_block`], the agent's own counting).
+//! The usage is what the model returned: in a replay the mock model returns the recorded reply
+//! with its recorded usage as long as the replay sends what the client sent, and the simulated
+//! usage once it diverged (another strategy). Automatic compaction fires when the count reaches the
+//! threshold: `window − min(max output, reserve) − buffer` (or the PCT override).
+//!
+//! The output reserve is the one piece the record had to tell: every automatic compaction of
+//! 2.0.76–2.1.14 in ../shared/realdata fired at 155.0k–156.7k tokens on a 200k window (5
+//! compactions, 4 sessions: a 32,000 reserve), every one of 2.1.37–2.1.49 at 167.1k–167.6k (5
+//! compactions, 4 sessions: the 20,000 of the reference). Versions between take the nearest
+//! earlier observed one ([`ClientProfile::for_version`]). The window is the model's, or 1M when
+//! the session's recorded context ever exceeded it (a `[1m]` model).
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::compact::config::AutocompactConfig;
+use crate::agent::compact::context::ModelLimits;
+use crate::agent::compact::counting::{Thresholds, rough, rough_block};
+use crate::measure::ModelTable;
+use crate::recording::format::LANE_MAIN;
+use crate::recording::{EventKind, ImportedSession};
+
+use super::profile::ClientProfile;
+use super::session::SessionReplay;
+
+/// The 1M context window of `[1m]` models.
+pub const WINDOW_1M: u64 = 1_000_000;
+/// The window Claude Code runs a model with unless 1M is asked for.
+pub const DEFAULT_WINDOW: u64 = 200_000;
+
+/// One automatic compaction, recorded or predicted, and how the two line up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TriggerRow {
+    /// Position of the main-lane call the compaction preceded, among the session's main calls
+    /// (recorded side); `None` when the compaction was not recorded.
+    pub recorded_call: Option<usize>,
+    pub recorded_pre_tokens: Option<u64>,
+    /// `auto` or `manual` as recorded; `auto` for a predicted one.
+    pub trigger: String,
+    /// Position of the main-lane call before which the threshold rule fires.
+    pub simulated_call: Option<usize>,
+    /// The count the rule saw there.
+    pub simulated_pre_tokens: Option<u64>,
+    pub threshold: u64,
+    /// `matched` (same call ±1, preTokens within 3%), `late`, `early`, `pre_tokens_off`,
+    /// `missed` (recorded, never predicted), `extra` (predicted, not recorded), `manual` (a user's
+    /// `/compact`: no threshold), `no_history` (the history it compacted is not in the file).
+    pub verdict: String,
+}
+
+/// The compaction-trigger comparison of one session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TriggerReport {
+    pub version: String,
+    pub model: String,
+    pub window: u64,
+    pub output_reserve: u64,
+    pub threshold: u64,
+    pub rows: Vec<TriggerRow>,
+}
+
+impl TriggerReport {
+    /// Recorded automatic compactions with their history in the file, and how many were matched.
+    pub fn auto_matched(&self) -> (usize, usize) {
+        let auto = self.rows.iter().filter(|r| r.trigger == "auto" && r.recorded_call.is_some() && r.verdict != "no_history");
+        let (mut total, mut matched) = (0, 0);
+        for row in auto {
+            total += 1;
+            matched += usize::from(row.verdict == "matched");
+        }
+        (total, matched)
+    }
+}
+
+/// The context window the client ran `model` with. A model whose 1M window is opt-in runs with
+/// 200k unless the record shows 1M was asked for: a `[1m]` id, the `/model` picker's
+/// "1M context" in a local command's output, or a recorded context above 200k.
+pub fn session_window(session: &ImportedSession, replay: &SessionReplay, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
+    let Some(info) = info else { return DEFAULT_WINDOW };
+    if !info.window_1m_opt_in {
+        return info.context_window;
+    }
+    let peak = replay.calls.iter().map(|c| c.recorded_context()).max().unwrap_or(0);
+    let picked_1m = session.recording.events.iter().any(|e| match &e.kind {
+        EventKind::SystemEvent(sys) if sys.subtype == "local_command" => {
+            sys.payload.get("content").and_then(serde_json::Value::as_str).is_some_and(|c| c.contains("1M context"))
+        }
+        _ => false,
+    });
+    if peak > DEFAULT_WINDOW || model.ends_with("[1m]") || picked_1m { info.context_window.max(WINDOW_1M) } else { DEFAULT_WINDOW }
+}
+
+/// The threshold rule of the client that wrote `session`, under `config` (whose reserve, when
+/// left at the default, is the version's).
+pub fn client_thresholds(session: &ImportedSession, replay: &SessionReplay, table: &ModelTable, config: &AutocompactConfig) -> (String, String, u64, u64, Thresholds) {
+    let version = session.calls.iter().find_map(|c| c.version.clone()).unwrap_or_default();
+    let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
+    let info = table.lookup(&model).ok();
+    let window = session_window(session, replay, &model, info);
+    let mut config = config.clone();
+    if config.max_output_reserve_tokens == AutocompactConfig::default().max_output_reserve_tokens {
+        config.max_output_reserve_tokens = ClientProfile::for_version(&version).autocompact_output_reserve;
+    }
+    let limits = ModelLimits { context_window: window, max_output_tokens: info.map_or(64_000, |m| m.max_output_tokens) };
+    let compact = crate::agent::compact::config::CompactConfig { autocompact: config.clone(), ..Default::default() };
+    let thresholds = Thresholds::compute(limits, &compact);
+    (version, model, window, limits.max_output_tokens.min(config.max_output_reserve_tokens), thresholds)
+}
+
+/// Predicts the automatic compactions of a replayed session and lines them up with the
+/// recorded ones.
+pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, table: &ModelTable, config: &AutocompactConfig) -> TriggerReport {
+    let (version, model, window, output_reserve, thresholds) = client_thresholds(session, replay, table, config);
+
+    // Main-lane calls in order, with the compaction recorded before each (if any).
+    // Each entry: the call, the compaction recorded before it, and the client's rough estimate of the results and prompts added after the previous call's
+    // reply and before the boundary or this call.
+    let mut main: Vec<(usize, Option<(String, Option<u64>)>, u64)> = Vec::new();
+    let mut tail_tokens: u64 = 0;
+    let mut tail_at_boundary: Option<u64> = None;
+    // Tool uses of the last main reply not yet answered: at a boundary their results were in
+    // the client's count but never written (the compaction replaced them).
+    let mut open_uses: Vec<(String, String)> = Vec::new();
+    let result_tokens_by_tool = mean_result_tokens(session);
+    let mut reply_tokens: Vec<u64> = vec![0; replay.calls.len()];
+    let mut pending: Option<(String, Option<u64>)> = None;
+    let calls_by_event: std::collections::BTreeMap<usize, usize> =
+        replay.calls.iter().enumerate().map(|(i, c)| (session.calls[c.index].event_index, i)).collect();
+    let mut first_main_seen = false;
+    let mut opening: Vec<(String, Option<u64>)> = Vec::new();
+    for (event_index, event) in session.recording.events.iter().enumerate() {
+        if event.lane != LANE_MAIN {
+            continue;
+        }
+        match &event.kind {
+            EventKind::Compaction(c) => {
+                let entry = (c.trigger.clone(), c.pre_tokens);
+                if first_main_seen { pending = Some(entry) } else { opening.push(entry) }
+                let unanswered: u64 = open_uses.iter().map(|(_, name)| result_tokens_by_tool.get(name.as_str()).copied().unwrap_or(0)).sum();
+                tail_at_boundary.get_or_insert(tail_tokens + unanswered);
+                open_uses.clear();
+            }
+            EventKind::ModelReply(reply) => {
+                if let Some(&i) = calls_by_event.get(&event_index)
+                    && replay.calls[i].compared()
+                {
+                    first_main_seen = true;
+                    let tail = tail_at_boundary.take().unwrap_or(tail_tokens);
+                    main.push((i, pending.take(), tail));
+                    tail_tokens = 0;
+                    reply_tokens[i] = reply.content.iter().map(rough_block).sum();
+                    open_uses = reply
+                        .content
+                        .iter()
+                        .filter_map(|b| match b {
+                            crate::api::ContentBlock::ToolUse { id, name, .. } => Some((id.clone(), name.clone())),
+                            _ => None,
+                        })
+                        .collect();
+                }
+            }
+            EventKind::ToolResult(result) => {
+                tail_tokens += result_tokens(result.content.as_ref());
+                open_uses.retain(|(id, _)| *id != result.tool_use_id);
+            }
+            EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => {
+                tail_tokens += prompt.content.to_blocks().iter().map(rough_block).sum::<u64>();
+            }
+            _ => {}
+        }
+    }
+
+    let mut rows: Vec<TriggerRow> = opening
+        .into_iter()
+        .map(|(trigger, pre)| TriggerRow {
+            recorded_call: Some(0),
+            recorded_pre_tokens: pre,
+            trigger,
+            simulated_call: None,
+            simulated_pre_tokens: None,
+            threshold: thresholds.autocompact,
+            verdict: "no_history".into(),
+        })
+        .collect();
+
+    // The count before each main call, and where the rule fires. After a compaction (recorded
+    // or predicted) the rule is re-armed only once the count falls below the threshold.
+    let mut predicted: Vec<(usize, u64)> = Vec::new();
+    let mut armed = true;
+    for pos in 1..main.len() {
+        let (prev, _, _) = main[pos - 1];
+        let (_, ref recorded, tail) = main[pos];
+        let previous = &replay.calls[prev];
+        // Older clients wrote a placeholder `output_tokens` on a reply's lines; the client
+        // counted the final one, at least the reply's own size.
+        let output = previous.recorded.output_tokens.max(reply_tokens[prev]);
+        // The usage the model returned for the previous call: the recorded one while the
+        // replay sends what the client sent, the simulated one once it diverged.
+        let diverged = replay.first_divergence.as_ref().is_some_and(|(at, _)| previous.index >= *at);
+        let base = if diverged { previous.simulated_context() } else { previous.recorded_context() };
+        let count = base + output + tail;
+        if recorded.is_some() {
+            // The recorded compaction (whatever fired it) reset the context; count it as the
+            // client did before the boundary.
+            if armed && thresholds.above_autocompact(count) {
+                predicted.push((pos, count));
+            }
+            armed = true;
+            continue;
+        }
+        if armed && thresholds.above_autocompact(count) {
+            predicted.push((pos, count));
+            armed = false;
+        } else if !thresholds.above_autocompact(count) {
+            armed = true;
+        }
+    }
+
+    let mut used = vec![false; predicted.len()];
+    for (pos, (_, recorded, _)) in main.iter().enumerate() {
+        let Some((trigger, pre)) = recorded else { continue };
+        let mut row = TriggerRow {
+            recorded_call: Some(pos),
+            recorded_pre_tokens: *pre,
+            trigger: trigger.clone(),
+            simulated_call: None,
+            simulated_pre_tokens: None,
+            threshold: thresholds.autocompact,
+            verdict: String::new(),
+        };
+        if trigger != "auto" {
+            row.verdict = "manual".into();
+            rows.push(row);
+            continue;
+        }
+        // The nearest unused prediction within the segment before this boundary or at it.
+        let candidate = predicted
+            .iter()
+            .enumerate()
+            .filter(|(k, (p, _))| !used[*k] && p.abs_diff(pos) <= 3)
+            .min_by_key(|(_, (p, _))| p.abs_diff(pos));
+        match candidate {
+            Some((k, &(p, count))) => {
+                used[k] = true;
+                row.simulated_call = Some(p);
+                row.simulated_pre_tokens = Some(count);
+                let pre_ok = pre.is_some_and(|pre| (count as f64 - pre as f64).abs() <= 0.03 * pre as f64);
+                row.verdict = if p.abs_diff(pos) > 1 {
+                    if p < pos { "early" } else { "late" }.into()
+                } else if !pre_ok {
+                    "pre_tokens_off".into()
+                } else {
+                    "matched".into()
+                };
+            }
+            None => row.verdict = "missed".into(),
+        }
+        rows.push(row);
+    }
+    for (k, &(p, count)) in predicted.iter().enumerate() {
+        if !used[k] {
+            rows.push(TriggerRow {
+                recorded_call: None,
+                recorded_pre_tokens: None,
+                trigger: "auto".into(),
+                simulated_call: Some(p),
+                simulated_pre_tokens: Some(count),
+                threshold: thresholds.autocompact,
+                verdict: "extra".into(),
+            });
+        }
+    }
+    rows.sort_by_key(|r| (r.recorded_call.or(r.simulated_call), r.simulated_call));
+    TriggerReport { version, model, window, output_reserve, threshold: thresholds.autocompact, rows }
+}
+
+/// Rough tokens of a recorded result's content, as the client estimates them.
+fn result_tokens(content: Option<&crate::api::ToolResultContent>) -> u64 {
+    use crate::api::ToolResultContent;
+    match content {
+        None => 0,
+        Some(ToolResultContent::Text(text)) => rough(text),
+        Some(ToolResultContent::Blocks(blocks)) => blocks.iter().map(rough_block).sum(),
+    }
+}
+
+/// Mean rough tokens of a recorded result, per tool, over the session.
+fn mean_result_tokens(session: &ImportedSession) -> std::collections::BTreeMap<String, u64> {
+    let mut names: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+    let mut sums: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+    for event in &session.recording.events {
+        match &event.kind {
+            EventKind::ModelReply(reply) => {
+                for block in &reply.content {
+                    if let crate::api::ContentBlock::ToolUse { id, name, .. } = block {
+                        names.insert(id, name);
+                    }
+                }
+            }
+            EventKind::ToolResult(result) => {
+                if let Some(name) = names.get(result.tool_use_id.as_str()) {
+                    let entry = sums.entry((*name).to_owned()).or_default();
+                    entry.0 += result_tokens(result.content.as_ref());
+                    entry.1 += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    sums.into_iter().map(|(name, (sum, n))| (name, sum / n.max(1))).collect()
+}
+
+/// The compaction-trigger table of several sessions, for reading.
+pub fn triggers_table(reports: &[(String, TriggerReport)]) -> String {
+    let mut out = String::from("compaction triggers (main-lane call positions; recorded vs the agent's threshold rule)\n");
+    out.push_str(&format!(
+        "{:<30} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8} {:>5} {:>8} {:>7}  {}\n",
+        "session", "version", "window", "threshold", "trigger", "rec#", "rec pre", "sim#", "sim pre", "pre err", "verdict"
+    ));
+    for (name, report) in reports {
+        if report.rows.is_empty() {
+            out.push_str(&format!("{:<30} {:>8} {:>8} {:>9}  (no compaction recorded or predicted)\n", short(name), report.version, report.window, report.threshold));
+        }
+        for row in &report.rows {
+            let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+            let pos = |v: Option<usize>| v.map_or("-".to_owned(), |v| v.to_string());
+            let err = match (row.recorded_pre_tokens, row.simulated_pre_tokens) {
+                (Some(r), Some(s)) if r > 0 => format!("{:+.1}%", (s as f64 - r as f64) / r as f64 * 100.0),
+                _ => "-".into(),
+            };
+            out.push_str(&format!(
+                "{:<30} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8} {:>5} {:>8} {:>7}  {}\n",
+                short(name),
+                report.version,
+                report.window,
+                row.threshold,
+                row.trigger,
+                pos(row.recorded_call),
+                opt(row.recorded_pre_tokens),
+                pos(row.simulated_call),
+                opt(row.simulated_pre_tokens),
+                err,
+                row.verdict
+            ));
+        }
+    }
+    let (total, matched) = reports.iter().map(|(_, r)| r.auto_matched()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    out.push_str(&format!("recorded automatic compactions with their history: {total}, predicted at the same call (±1) with preTokens within 3%: {matched}\n"));
+    out
+}
+
+/// `dir/session` without the transcript suffix, at most 30 characters.
+fn short(name: &str) -> String {
+    let path = std::path::Path::new(name);
+    let file = path.file_name().map_or(name.to_owned(), |f| f.to_string_lossy().into_owned());
+    let stem = file.trim_end_matches(".jsonl").trim_end_matches(".full").to_owned();
+    let parent = path.parent().and_then(|p| p.file_name()).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let text = if parent.is_empty() { stem } else { format!("{parent}/{stem}") };
+    text.chars().take(30).collect()
+}
