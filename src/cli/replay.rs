@@ -22,6 +22,19 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
         let rows = replay.rows();
         let mut summary = Summary::from_rows(&path.display().to_string(), &name, measurer.counter().kind().name(), &rows, 0);
         summary.info_loss = replay.info_loss.clone();
+        if let Some(whatif) = &replay.compaction_whatif
+            && !args.measure.quiet
+        {
+            let moved: Vec<String> = whatif.changes.iter().map(|c| format!("{} before main call {} at {}", c.change, c.call, c.pre_tokens)).collect();
+            eprintln!(
+                "{}: autocompact threshold {}: {} ({} replays{})",
+                path.display(),
+                whatif.threshold,
+                if moved.is_empty() { "compactions where recorded".to_owned() } else { moved.join(", ") },
+                whatif.iterations,
+                if whatif.converged { "" } else { ", not settled: the last plan is used" }
+            );
+        }
         if let Some((call, why)) = &replay.first_divergence
             && !args.measure.quiet
         {

@@ -164,6 +164,11 @@ impl Flattener {
         Flattener { body_hashes: false, ..Flattener::default() }
     }
 
+    /// A new flattener with this one's settings and none of its tracks.
+    pub fn fresh_like(&self) -> Self {
+        Flattener { body_hashes: self.body_hashes, ..Flattener::default() }
+    }
+
     /// Hashes and counts `message` (at index `m` of its request) ahead of the request that
     /// brings it, keeping its records under `key` (a key as [`Self::flatten_keyed`] takes):
     /// that request takes them instead of hashing the message again. Tokenizing the new

@@ -186,6 +186,18 @@ impl Measurer {
         self
     }
 
+    /// Forgets every request measured (cache, lanes, tracks, row numbering) and keeps the model
+    /// table, the estimator and its memo of counts: the next request is measured as by a new
+    /// measurer, only faster.
+    pub fn reset(&mut self) {
+        self.cache = CacheSim::new();
+        self.lanes.clear();
+        self.next_index = 0;
+        self.flattener = self.flattener.fresh_like();
+        self.last_model = None;
+        self.key_spaces = 0;
+    }
+
     /// The incremental flattener (its counters say how much was reused).
     pub fn flattener(&self) -> &Flattener {
         &self.flattener

@@ -434,6 +434,179 @@ impl ImportedSession {
     }
 }
 
+/// One change to where a session compacted, for replaying it under another strategy
+/// ([`ImportedSession::with_compaction_edits`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompactionEdit {
+    /// A compaction before main-lane event `before` (a model reply): a boundary, the summary
+    /// request on lane `compact` (replying `summary`, billed `summary_output_tokens`) and the
+    /// summary message the conversation continues from.
+    Insert { before: usize, pre_tokens: u64, summary: String, summary_output_tokens: u64, model: String },
+    /// No compaction at the recorded boundary event `boundary`: the boundary, its summary
+    /// message and the summary request go, and the conversation continues from the history.
+    Remove { boundary: usize },
+}
+
+impl ImportedSession {
+    /// The same session with its compactions moved as `edits` say: the events, calls and the
+    /// `parentUuid` chain are rebuilt so that every view the replay takes of it is the one the
+    /// client would have had (after an inserted compaction: the summary, then what came after;
+    /// after a removed one: the whole history, then what came after).
+    pub fn with_compaction_edits(&self, edits: &[CompactionEdit]) -> ImportedSession {
+        let events = &self.recording.events;
+        let mut node_of: BTreeMap<usize, usize> = BTreeMap::new();
+        for (node, (_, node_events)) in self.chain.nodes.iter().enumerate() {
+            for &i in node_events {
+                node_of.insert(i, node);
+            }
+        }
+        let mut nodes: Vec<(Option<usize>, Vec<usize>)> = self.chain.nodes.clone();
+        let mut index = self.chain.index.clone();
+        let mut removed: BTreeSet<usize> = BTreeSet::new();
+        let mut inserts: BTreeMap<usize, Vec<Event>> = BTreeMap::new();
+        // Nodes whose parent becomes another (`None`: a new root).
+        let mut reparent: Vec<(usize, usize)> = Vec::new();
+        let last_main_message = |end: usize| {
+            events.iter().enumerate().take(end).rev().find(|(_, e)| e.lane == LANE_MAIN && is_message_event(&e.kind)).map(|(i, _)| i)
+        };
+        for edit in edits {
+            match edit {
+                CompactionEdit::Remove { boundary } => {
+                    let boundary = *boundary;
+                    let mut this_edit: BTreeSet<usize> = BTreeSet::new();
+                    this_edit.insert(boundary);
+                    let next_reply = events
+                        .iter()
+                        .enumerate()
+                        .skip(boundary + 1)
+                        .find(|(_, e)| e.lane == LANE_MAIN && matches!(e.kind, EventKind::ModelReply(_)))
+                        .map_or(events.len(), |(i, _)| i);
+                    for (i, event) in events.iter().enumerate().take(next_reply).skip(boundary + 1) {
+                        if event.lane == LANE_MAIN && matches!(&event.kind, EventKind::UserPrompt(p) if p.is_compact_summary) {
+                            this_edit.insert(i);
+                        }
+                    }
+                    let previous_reply = events
+                        .iter()
+                        .enumerate()
+                        .take(boundary)
+                        .rev()
+                        .find(|(_, e)| e.lane == LANE_MAIN && matches!(e.kind, EventKind::ModelReply(_)))
+                        .map_or(0, |(i, _)| i);
+                    for (i, event) in events.iter().enumerate().take(boundary).skip(previous_reply) {
+                        if event.lane == LANE_COMPACT && matches!(event.kind, EventKind::ModelReply(_)) {
+                            this_edit.insert(i);
+                        }
+                    }
+                    // What hung off the boundary or its summary hangs off the history again.
+                    if let Some(leaf) = last_main_message(boundary).and_then(|i| node_of.get(&i).copied()) {
+                        let dropped: BTreeSet<usize> = this_edit.iter().filter_map(|i| node_of.get(i).copied()).collect();
+                        for (node, (parent, _)) in self.chain.nodes.iter().enumerate() {
+                            if parent.is_some_and(|p| dropped.contains(&p)) && !dropped.contains(&node) {
+                                reparent.push((node, leaf));
+                            }
+                        }
+                    }
+                    removed.extend(this_edit);
+                }
+                CompactionEdit::Insert { before, pre_tokens, summary, summary_output_tokens, model } => {
+                    let time_ms = last_main_message(*before).map_or(events[*before].time_ms, |i| events[i].time_ms);
+                    let boundary_uuid = format!("ctxsim-compaction-{before}");
+                    let summary_uuid = format!("ctxsim-summary-{before}");
+                    let reply = ModelReply {
+                        content: vec![ContentBlock::text(summary.clone())],
+                        stop_reason: Some(StopReason::EndTurn),
+                        model: model.clone(),
+                        version: self.calls.iter().find_map(|c| c.version.clone()),
+                        // Not a record: the prompt size is the client's count (so the replay
+                        // measures the call rather than skipping it as unbilled), the output the
+                        // summary's size.
+                        usage: Usage { input_tokens: *pre_tokens, output_tokens: *summary_output_tokens, ..Usage::default() },
+                        request_id: None,
+                        message_id: Some(format!("ctxsim-summary-request-{before}")),
+                        thinking_text_stored: true,
+                        is_synthetic: false,
+                        is_api_error: false,
+                    };
+                    let text = format!("{SUMMARY_OPENING}\n\n{summary}");
+                    let new_events = vec![
+                        Event {
+                            kind: EventKind::Compaction(Compaction {
+                                trigger: "auto".into(),
+                                pre_tokens: Some(*pre_tokens),
+                                post_tokens: None,
+                                summary: Some(text.clone()),
+                                metadata: Value::Null,
+                            }),
+                            time_ms,
+                            lane: LANE_MAIN.into(),
+                            uuid: Some(boundary_uuid.clone()),
+                        },
+                        Event { kind: EventKind::ModelReply(reply), time_ms, lane: LANE_COMPACT.into(), uuid: None },
+                        Event {
+                            kind: EventKind::UserPrompt(UserPrompt {
+                                content: MessageContent::Text(text),
+                                is_meta: false,
+                                is_compact_summary: true,
+                            }),
+                            time_ms,
+                            lane: LANE_MAIN.into(),
+                            uuid: Some(summary_uuid.clone()),
+                        },
+                    ];
+                    inserts.insert(*before, new_events);
+                    // Nodes for the boundary and the summary; the reply continues from the
+                    // summary. Their event indices are filled in below.
+                    let boundary_node = nodes.len();
+                    nodes.push((None, Vec::new()));
+                    nodes.push((Some(boundary_node), Vec::new()));
+                    index.insert(boundary_uuid, boundary_node);
+                    index.insert(summary_uuid, boundary_node + 1);
+                    if let Some(&reply_node) = node_of.get(before) {
+                        reparent.push((reply_node, boundary_node + 1));
+                    }
+                }
+            }
+        }
+        for (node, parent) in reparent {
+            nodes[node].0 = Some(parent);
+        }
+
+        // The new event list, and old index → new index.
+        let mut out: Vec<Event> = Vec::with_capacity(events.len() + 3 * inserts.len());
+        let mut map: Vec<Option<usize>> = vec![None; events.len()];
+        for (i, event) in events.iter().enumerate() {
+            if let Some(new_events) = inserts.get(&i) {
+                for event in new_events {
+                    if let Some(node) = event.uuid.as_ref().and_then(|u| index.get(u)) {
+                        nodes[*node].1 = vec![out.len()];
+                    }
+                    out.push(event.clone());
+                }
+            }
+            if !removed.contains(&i) {
+                map[i] = Some(out.len());
+                out.push(event.clone());
+            }
+        }
+        for (node, (_, node_events)) in nodes.iter_mut().enumerate() {
+            if node < self.chain.nodes.len() {
+                *node_events = node_events.iter().filter_map(|&i| map[i]).collect();
+            }
+        }
+        let recording = Recording { header: self.recording.header.clone(), events: out };
+        let calls = recorded_calls(&recording);
+        let mut report = self.report.clone();
+        report.events = recording.events.len();
+        report.calls = calls.len();
+        ImportedSession { recording, calls, report, chain: Chain { index, nodes } }
+    }
+}
+
+/// The sentence a compaction summary message opens with (our wording).
+pub const SUMMARY_OPENING: &str =
+    "This session continues an earlier conversation that no longer fits in the context. What follows summarizes that earlier part.";
+
 fn is_message_event(kind: &EventKind) -> bool {
     matches!(kind, EventKind::UserPrompt(_) | EventKind::ToolResult(_) | EventKind::ModelReply(_))
 }

@@ -10,6 +10,8 @@
 //! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
 //! - [`triggers`]: where the agent's autocompact threshold fires on a real session, against
 //!   the recorded `compact_boundary` records.
+//! - [`whatif`]: the session replayed with its compactions where another autocompact setting
+//!   puts them.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
 pub mod breaks;
@@ -18,6 +20,7 @@ pub mod plot;
 pub mod profile;
 pub mod session;
 pub mod triggers;
+pub mod whatif;
 pub mod turns;
 pub mod working_set;
 

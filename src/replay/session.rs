@@ -69,6 +69,9 @@ pub struct ReplayOptions {
     pub peer: crate::agent::compact::peers::PeerConfig,
     /// API context editing `clear_tool_uses`: `(trigger input tokens, tool uses kept)`.
     pub clear_tool_uses: Option<(u64, usize)>,
+    /// Autocompact settings to replay the session under (`None`: where the recording
+    /// compacted). See [`super::whatif`].
+    pub autocompact: Option<crate::agent::compact::config::AutocompactConfig>,
 }
 
 impl ReplayOptions {
@@ -82,6 +85,9 @@ impl ReplayOptions {
             recorded_microcompact: strategy.replay_recorded_microcompact,
             peer: strategy.compact.peer.clone(),
             clear_tool_uses: editing.clear_tool_uses.then_some((editing.trigger_input_tokens, strategy.compact.peer.keep_recent)),
+            // The defaults are the recorded client's own rule (its version's reserve): the
+            // recording's compactions stand. Any other setting moves them.
+            autocompact: (strategy.compact.autocompact != Default::default()).then(|| strategy.compact.autocompact.clone()),
             ..ReplayOptions::default()
         }
     }
@@ -89,6 +95,7 @@ impl ReplayOptions {
     /// Whether these options change what the model would have seen (beyond the cache).
     pub fn changes_view(&self) -> bool {
         !self.recorded_microcompact
+            || self.autocompact.is_some()
             || self.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
             || self.clear_tool_uses.is_some()
     }
@@ -104,6 +111,7 @@ impl Default for ReplayOptions {
             recorded_microcompact: true,
             peer: Default::default(),
             clear_tool_uses: None,
+            autocompact: None,
         }
     }
 }
@@ -168,6 +176,10 @@ pub struct SessionReplay {
     /// The recording starts mid-session (see [`crate::recording::format::Header::head_truncated`]).
     pub head_truncated: bool,
     pub unrecorded_main: Option<UnrecordedSizes>,
+    /// Where another autocompact setting moved the session's compactions
+    /// ([`ReplayOptions::autocompact`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction_whatif: Option<super::whatif::CompactionWhatIf>,
 }
 
 impl SessionReplay {
@@ -698,6 +710,18 @@ fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, 
 
 /// Replays every call of `session` through `measurer`.
 pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
+    match &options.autocompact {
+        Some(config) => {
+            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config);
+            replay.compaction_whatif = Some(whatif);
+            replay
+        }
+        None => replay_session_with(session, measurer, options, true),
+    }
+}
+
+/// [`replay_session`] with the session's compactions where they are.
+pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
     replay_session_with(session, measurer, options, true)
 }
 
@@ -1247,6 +1271,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         first_divergence,
         head_truncated: session.recording.header.head_truncated,
         unrecorded_main,
+        compaction_whatif: None,
     }
 }
 

@@ -113,57 +113,87 @@ pub fn client_thresholds(session: &ImportedSession, replay: &SessionReplay, tabl
     (version, model, window, limits.max_output_tokens.min(config.max_output_reserve_tokens), thresholds)
 }
 
-/// Predicts the automatic compactions of a replayed session and lines them up with the
-/// recorded ones.
-pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, table: &ModelTable, config: &AutocompactConfig) -> TriggerReport {
-    let (version, model, window, output_reserve, thresholds) = client_thresholds(session, replay, table, config);
+/// A compaction boundary of the session: its trigger, recorded preTokens, event and uuid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedBoundary {
+    pub trigger: String,
+    pub pre_tokens: Option<u64>,
+    pub event_index: usize,
+    pub uuid: Option<String>,
+}
 
-    // Main-lane calls in order, with the compaction recorded before each (if any).
-    // Each entry: the call, the compaction recorded before it, and the client's rough estimate of the results and prompts added after the previous call's
-    // reply and before the boundary or this call.
-    let mut main: Vec<(usize, Option<(String, Option<u64>)>, u64)> = Vec::new();
+/// A compared main-lane call and the client's count before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MainPoint {
+    /// Index into [`SessionReplay::calls`].
+    pub call: usize,
+    pub event_index: usize,
+    pub message_id: Option<String>,
+    /// What the client counted before sending this call (0 for the first): the previous
+    /// reply's usage plus its rough estimate of what was added since.
+    pub count: u64,
+    /// The compaction between the previous call and this one, if any.
+    pub compaction: Option<RecordedBoundary>,
+}
+
+/// The main-lane calls of a replayed session in order, with the client's count before each
+/// and the compactions between them; and the compactions before the first call (whose
+/// history is not in the file). The count takes the previous call's recorded usage, or its
+/// simulated one from replay call `diverged_from` on.
+pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_from: Option<usize>) -> (Vec<RecordedBoundary>, Vec<MainPoint>) {
+    let mut main: Vec<MainPoint> = Vec::new();
     let mut tail_tokens: u64 = 0;
     let mut tail_at_boundary: Option<u64> = None;
     // Tool uses of the last main reply not yet answered: at a boundary their results were in
     // the client's count but never written (the compaction replaced them).
     let mut open_uses: Vec<(String, String)> = Vec::new();
     let result_tokens_by_tool = mean_result_tokens(session);
-    let mut reply_tokens: Vec<u64> = vec![0; replay.calls.len()];
-    let mut pending: Option<(String, Option<u64>)> = None;
+    let mut reply_tokens: u64 = 0;
+    let mut pending: Option<RecordedBoundary> = None;
     let calls_by_event: std::collections::BTreeMap<usize, usize> =
         replay.calls.iter().enumerate().map(|(i, c)| (session.calls[c.index].event_index, i)).collect();
-    let mut first_main_seen = false;
-    let mut opening: Vec<(String, Option<u64>)> = Vec::new();
+    let mut opening: Vec<RecordedBoundary> = Vec::new();
     for (event_index, event) in session.recording.events.iter().enumerate() {
         if event.lane != LANE_MAIN {
             continue;
         }
         match &event.kind {
             EventKind::Compaction(c) => {
-                let entry = (c.trigger.clone(), c.pre_tokens);
-                if first_main_seen { pending = Some(entry) } else { opening.push(entry) }
+                let boundary = RecordedBoundary { trigger: c.trigger.clone(), pre_tokens: c.pre_tokens, event_index, uuid: event.uuid.clone() };
+                if main.is_empty() { opening.push(boundary) } else { pending = Some(boundary) }
                 let unanswered: u64 = open_uses.iter().map(|(_, name)| result_tokens_by_tool.get(name.as_str()).copied().unwrap_or(0)).sum();
                 tail_at_boundary.get_or_insert(tail_tokens + unanswered);
                 open_uses.clear();
             }
             EventKind::ModelReply(reply) => {
-                if let Some(&i) = calls_by_event.get(&event_index)
-                    && replay.calls[i].compared()
-                {
-                    first_main_seen = true;
-                    let tail = tail_at_boundary.take().unwrap_or(tail_tokens);
-                    main.push((i, pending.take(), tail));
-                    tail_tokens = 0;
-                    reply_tokens[i] = reply.content.iter().map(rough_block).sum();
-                    open_uses = reply
-                        .content
-                        .iter()
-                        .filter_map(|b| match b {
-                            crate::api::ContentBlock::ToolUse { id, name, .. } => Some((id.clone(), name.clone())),
-                            _ => None,
-                        })
-                        .collect();
+                let Some(&i) = calls_by_event.get(&event_index) else { continue };
+                if !replay.calls[i].compared() {
+                    continue;
                 }
+                let tail = tail_at_boundary.take().unwrap_or(tail_tokens);
+                let count = main.last().map_or(0, |previous_point| {
+                    let previous = &replay.calls[previous_point.call];
+                    // Older clients wrote a placeholder `output_tokens` on a reply's lines; the
+                    // client counted the final one, at least the reply's own size.
+                    let output = previous.recorded.output_tokens.max(reply_tokens);
+                    // The usage the model returned for the previous call: the recorded one
+                    // while the replay sends what the client sent, the simulated one after.
+                    let diverged = diverged_from.is_some_and(|at| previous.index >= at);
+                    let base = if diverged { previous.simulated_context() } else { previous.recorded_context() };
+                    base + output + tail
+                });
+                let message_id = session.calls[replay.calls[i].index].message_id.clone();
+                main.push(MainPoint { call: i, event_index, message_id, count, compaction: pending.take() });
+                tail_tokens = 0;
+                reply_tokens = reply.content.iter().map(rough_block).sum();
+                open_uses = reply
+                    .content
+                    .iter()
+                    .filter_map(|b| match b {
+                        crate::api::ContentBlock::ToolUse { id, name, .. } => Some((id.clone(), name.clone())),
+                        _ => None,
+                    })
+                    .collect();
             }
             EventKind::ToolResult(result) => {
                 tail_tokens += result_tokens(result.content.as_ref());
@@ -175,6 +205,17 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
             _ => {}
         }
     }
+    (opening, main)
+}
+
+/// Predicts the automatic compactions of a replayed session and lines them up with the
+/// recorded ones.
+pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, table: &ModelTable, config: &AutocompactConfig) -> TriggerReport {
+    let (version, model, window, output_reserve, thresholds) = client_thresholds(session, replay, table, config);
+
+    let diverged_from = replay.first_divergence.as_ref().map(|(at, _)| *at);
+    let (opening, main) = main_points(session, replay, diverged_from);
+    let opening: Vec<(String, Option<u64>)> = opening.into_iter().map(|b| (b.trigger, b.pre_tokens)).collect();
 
     let mut rows: Vec<TriggerRow> = opening
         .into_iter()
@@ -193,19 +234,9 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
     // or predicted) the rule is re-armed only once the count falls below the threshold.
     let mut predicted: Vec<(usize, u64)> = Vec::new();
     let mut armed = true;
-    for pos in 1..main.len() {
-        let (prev, _, _) = main[pos - 1];
-        let (_, ref recorded, tail) = main[pos];
-        let previous = &replay.calls[prev];
-        // Older clients wrote a placeholder `output_tokens` on a reply's lines; the client
-        // counted the final one, at least the reply's own size.
-        let output = previous.recorded.output_tokens.max(reply_tokens[prev]);
-        // The usage the model returned for the previous call: the recorded one while the
-        // replay sends what the client sent, the simulated one once it diverged.
-        let diverged = replay.first_divergence.as_ref().is_some_and(|(at, _)| previous.index >= *at);
-        let base = if diverged { previous.simulated_context() } else { previous.recorded_context() };
-        let count = base + output + tail;
-        if recorded.is_some() {
+    for (pos, point) in main.iter().enumerate().skip(1) {
+        let count = point.count;
+        if point.compaction.is_some() {
             // The recorded compaction (whatever fired it) reset the context; count it as the
             // client did before the boundary.
             if armed && thresholds.above_autocompact(count) {
@@ -223,8 +254,8 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
     }
 
     let mut used = vec![false; predicted.len()];
-    for (pos, (_, recorded, _)) in main.iter().enumerate() {
-        let Some((trigger, pre)) = recorded else { continue };
+    for (pos, point) in main.iter().enumerate() {
+        let Some(RecordedBoundary { trigger, pre_tokens: pre, .. }) = &point.compaction else { continue };
         let mut row = TriggerRow {
             recorded_call: Some(pos),
             recorded_pre_tokens: *pre,

@@ -227,13 +227,31 @@ impl Strategy {
             slot = map.get_mut(part).ok_or_else(|| err(format!("unknown key `{part}` (known: {})", known.join(", "))))?;
         }
         let parsed = serde_json::from_str::<Value>(value).unwrap_or_else(|_| Value::String(value.to_owned()));
-        // A knob that holds a string keeps `true`/`5` as text.
+        // A knob that holds a string keeps `true`/`5` as text. An unset optional knob (null)
+        // takes the value as parsed, or as text when that is what it holds.
+        let unset = slot.is_null();
+        let as_text = match &parsed {
+            Value::Bool(b) => Some(Value::String(b.to_string())),
+            Value::Number(n) => Some(Value::String(n.to_string())),
+            _ => None,
+        };
         *slot = match (&*slot, parsed) {
-            (Value::String(_) | Value::Null, Value::Bool(b)) => Value::String(b.to_string()),
-            (Value::String(_) | Value::Null, Value::Number(n)) => Value::String(n.to_string()),
+            (Value::String(_), Value::Bool(b)) => Value::String(b.to_string()),
+            (Value::String(_), Value::Number(n)) => Value::String(n.to_string()),
             (_, parsed) => parsed,
         };
-        *self = serde_json::from_value(root).map_err(|e| err(e.to_string()))?;
+        match serde_json::from_value(root.clone()) {
+            Ok(strategy) => *self = strategy,
+            Err(first) => {
+                let Some(text) = as_text.filter(|_| unset) else { return Err(err(first.to_string())) };
+                let mut slot = &mut root;
+                for part in key.split('.') {
+                    slot = slot.get_mut(part).ok_or_else(|| err(first.to_string()))?;
+                }
+                *slot = text;
+                *self = serde_json::from_value(root).map_err(|_| err(first.to_string()))?;
+            }
+        }
         Ok(())
     }
 

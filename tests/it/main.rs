@@ -26,4 +26,5 @@ mod session;
 mod subagents;
 mod support;
 mod tokenizer;
+mod whatif;
 mod world;

@@ -1,0 +1,266 @@
+//! Compaction what-ifs on a real session: the session replayed with compactions where another
+//! autocompact setting (buffer, `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`, `CLAUDE_CODE_AUTO_COMPACT_WINDOW`,
+//! `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`, the window) would have put them.
+//!
+//! The decision is the agent's own: before each main-lane call the client's count
+//! ([`super::triggers::main_points`], the agent's rough counting on top of the last usage) is
+//! held against [`Thresholds::compute`](crate::agent::compact::counting::Thresholds::compute).
+//! Where the setting compacts and the recording did not, a compaction is inserted
+//! ([`CompactionEdit::Insert`]): the summary request forks the main lane and its reply is a
+//! deterministic stand-in of the fitted summary length ([`SUMMARY_CHARS`]); the working set the
+//! client restores is the replay's own. Where the recording compacted and the setting does too,
+//! the recorded summary stays; where it would not, the boundary goes
+//! ([`CompactionEdit::Remove`]) and the history stays in view.
+//!
+//! The model's replies after the first change are the recorded ones (the same work is assumed
+//! to happen), and the replay says so ([`super::SessionReplay::first_divergence`]).
+//!
+//! Counts after a change depend on what the changed session sends, so the plan is found by
+//! replaying: plan from the session as it stands (counts after the first change estimated),
+//! apply, replay, plan again from the replayed counts, until the plan stops changing
+//! ([`MAX_ITERATIONS`] at most).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::agent::compact::config::AutocompactConfig;
+use crate::measure::Measurer;
+use crate::recording::{CompactionEdit, EventKind, ImportedSession};
+
+use super::session::{ReplayOptions, SessionReplay, replay_session_plain};
+use super::triggers::{client_thresholds, main_points};
+
+/// Characters of a stand-in summary: the median of the 12 automatic compaction summaries in
+/// ../shared/realdata (8,462–21,205 characters; fitted on all 16 sessions, no dependence on
+/// preTokens visible in them).
+pub const SUMMARY_CHARS: usize = 13_647;
+
+/// Tokens the client restores after a compaction (files, plan, skills), as the plan estimates
+/// it before the replay measures it: the median over the 10 recorded automatic compactions of
+/// the first call's context less its prefix level and summary (8.9k–39k).
+pub const RESTORE_TOKENS_ESTIMATE: u64 = 21_000;
+
+/// Replays of one session the planner makes at most.
+pub const MAX_ITERATIONS: usize = 8;
+
+/// One change to where the session compacted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompactionChange {
+    /// Position of the main-lane call the compaction precedes, among the recording's main
+    /// calls.
+    pub call: usize,
+    /// `inserted`: the setting compacts here, the recording did not; `removed`: the recording
+    /// compacted here, the setting does not.
+    pub change: String,
+    /// The client's count there.
+    pub pre_tokens: u64,
+}
+
+/// What the what-if did to a session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompactionWhatIf {
+    pub threshold: u64,
+    pub changes: Vec<CompactionChange>,
+    /// Replays it took to settle the plan.
+    pub iterations: usize,
+    /// False when [`MAX_ITERATIONS`] replays did not settle it (the last plan is used).
+    pub converged: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    /// Compact before the main reply with this message id.
+    Insert(String),
+    /// Drop the recorded boundary at this event index of the recording.
+    Remove(usize),
+}
+
+/// Replays `original` with its compactions where `config` puts them.
+pub fn replay_with_autocompact(original: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, config: &AutocompactConfig) -> (SessionReplay, CompactionWhatIf) {
+    let table = measurer.table().clone();
+    // Original event index of each main reply, by message id.
+    let event_of: BTreeMap<String, usize> =
+        original.calls.iter().filter_map(|c| c.message_id.clone().map(|id| (id, c.event_index))).collect();
+    let main_position: BTreeMap<usize, usize> = original
+        .calls
+        .iter()
+        .filter(|c| c.lane == crate::recording::format::LANE_MAIN && !c.is_synthetic)
+        .enumerate()
+        .map(|(pos, c)| (c.event_index, pos))
+        .collect();
+
+    // The recording's compactions, by the main reply that follows each: (boundary event,
+    // trigger, preTokens).
+    let mut recorded_boundaries: BTreeMap<String, (usize, String, Option<u64>)> = BTreeMap::new();
+    let mut last_boundary: Option<(usize, String, Option<u64>)> = None;
+    for (i, event) in original.recording.events.iter().enumerate() {
+        if event.lane != crate::recording::format::LANE_MAIN {
+            continue;
+        }
+        match &event.kind {
+            EventKind::Compaction(c) => last_boundary = Some((i, c.trigger.clone(), c.pre_tokens)),
+            EventKind::ModelReply(reply) => {
+                if let (Some(boundary), Some(id)) = (last_boundary.take(), &reply.message_id) {
+                    recorded_boundaries.insert(id.clone(), boundary);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut plan: BTreeMap<Step, u64> = BTreeMap::new();
+    let mut iterations = 0;
+    let mut converged = false;
+    let mut threshold;
+    let mut session_store: Option<ImportedSession> = None;
+    let mut replay;
+    loop {
+        iterations += 1;
+        measurer.reset();
+        let session = session_store.as_ref().unwrap_or(original);
+        replay = replay_session_plain(session, measurer, options);
+        let (.., thresholds) = client_thresholds(session, &replay, &table, config);
+        threshold = thresholds.autocompact;
+        // Where the session first differs from the recording, in replay call indices.
+        let first_edit_event = plan.keys().map(|step| match step {
+            Step::Insert(id) => event_of.get(id).copied().unwrap_or(usize::MAX),
+            Step::Remove(boundary) => *boundary,
+        }).min();
+        let (_, points) = main_points(session, &replay, None);
+        let original_event = |point: &super::triggers::MainPoint| point.message_id.as_ref().and_then(|id| event_of.get(id)).copied();
+        let diverged_from = first_edit_event.and_then(|first| {
+            points.iter().find(|p| original_event(p).is_some_and(|e| e >= first)).map(|p| replay.calls[p.call].index)
+        });
+        let (_, points) = main_points(session, &replay, diverged_from);
+        let diverged_at = |p: &super::triggers::MainPoint| diverged_from.is_some_and(|at| replay.calls[p.call].index > at);
+
+        let mut next: BTreeMap<Step, u64> = BTreeMap::new();
+        // What this pass changed relative to `session`, added to its later counts.
+        let mut offset: i64 = 0;
+        for point in points.iter().skip(1) {
+            let count = (point.count as i64 + offset).max(0) as u64;
+            let context = |p: &super::triggers::MainPoint| {
+                let call = &replay.calls[p.call];
+                if diverged_at(p) || diverged_from.is_some_and(|at| call.index >= at) { call.simulated_context() } else { call.recorded_context() }
+            };
+            let call = &replay.calls[point.call];
+            let after_compaction = call.prefix_tokens + call.user_context_tokens + (SUMMARY_CHARS / 4) as u64 + RESTORE_TOKENS_ESTIMATE;
+            // A compaction the recording holds before this call, whether or not the session
+            // as it stands still holds it.
+            let recorded = point.message_id.as_ref().and_then(|id| recorded_boundaries.get(id));
+            if let Some(&(boundary_event, ref trigger, pre_tokens)) = recorded {
+                let present = point.compaction.is_some();
+                // A recorded boundary shows what the client counted there.
+                let counted = if !diverged_at(point) { count.max(pre_tokens.unwrap_or(0)) } else { count };
+                let keep = if trigger == "auto" { thresholds.above_autocompact(counted) } else { !config.compact_disabled };
+                if keep {
+                    offset = if present { 0 } else { after_compaction as i64 - point.count as i64 };
+                } else {
+                    next.insert(Step::Remove(boundary_event), counted);
+                    if present {
+                        // The history stays: later counts grow from where this one was.
+                        offset = counted as i64 - context(point) as i64;
+                    }
+                }
+                continue;
+            }
+            if point.compaction.is_some() {
+                // One this plan inserted earlier.
+                if thresholds.above_autocompact(count)
+                    && let Some(id) = &point.message_id
+                {
+                    next.insert(Step::Insert(id.clone()), count);
+                    offset = 0;
+                } else {
+                    offset = count as i64 - context(point) as i64;
+                }
+                continue;
+            }
+            if thresholds.above_autocompact(count)
+                && let Some(id) = &point.message_id
+            {
+                next.insert(Step::Insert(id.clone()), count);
+                offset = after_compaction as i64 - point.count as i64;
+            }
+        }
+        if next == plan {
+            converged = true;
+            break;
+        }
+        plan = next;
+        if iterations >= MAX_ITERATIONS {
+            // Replay the last plan so the result is the plan reported.
+            let session = original.with_compaction_edits(&edits(original, &plan, &event_of));
+            measurer.reset();
+            replay = replay_session_plain(&session, measurer, options);
+            iterations += 1;
+            break;
+        }
+        session_store = Some(original.with_compaction_edits(&edits(original, &plan, &event_of)));
+    }
+
+    let mut changes: Vec<CompactionChange> = plan
+        .iter()
+        .filter_map(|(step, &pre_tokens)| {
+            let (event, change) = match step {
+                Step::Insert(id) => (*event_of.get(id)?, "inserted"),
+                Step::Remove(boundary) => {
+                    let next_reply = original.calls.iter().find(|c| c.lane == "main" && c.event_index > *boundary)?;
+                    (next_reply.event_index, "removed")
+                }
+            };
+            Some(CompactionChange { call: *main_position.get(&event)?, change: change.to_owned(), pre_tokens })
+        })
+        .collect();
+    changes.sort_by_key(|c| c.call);
+    if let Some(first) = changes.first() {
+        let call_index = original.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic).nth(first.call).map_or(0, |c| c.index);
+        let why = match first.change.as_str() {
+            "inserted" => format!("the setting compacts before main call {} ({} ≥ {threshold}), where the recording did not", first.call, first.pre_tokens),
+            _ => format!("the recording compacted before main call {} ({} counted), the setting does not (threshold {threshold})", first.call, first.pre_tokens),
+        };
+        if replay.first_divergence.as_ref().is_none_or(|(at, _)| *at > call_index) {
+            replay.first_divergence = Some((call_index, why));
+        }
+    }
+    (replay, CompactionWhatIf { threshold, changes, iterations, converged })
+}
+
+fn edits(original: &ImportedSession, plan: &BTreeMap<Step, u64>, event_of: &BTreeMap<String, usize>) -> Vec<CompactionEdit> {
+    let model = original.calls.iter().find(|c| c.lane == "main" && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
+    plan.iter()
+        .filter_map(|(step, &pre_tokens)| match step {
+            Step::Insert(id) => Some(CompactionEdit::Insert {
+                before: *event_of.get(id)?,
+                pre_tokens,
+                summary: summary_stand_in(pre_tokens),
+                summary_output_tokens: (SUMMARY_CHARS / 4) as u64,
+                model: model.clone(),
+            }),
+            Step::Remove(boundary) => Some(CompactionEdit::Remove { boundary: *boundary }),
+        })
+        .collect()
+}
+
+/// A summary of [`SUMMARY_CHARS`] characters: numbered sections of plain words, the same for
+/// the same count, so a replay with it is deterministic and tokenizes like prose.
+pub fn summary_stand_in(pre_tokens: u64) -> String {
+    const WORDS: [&str; 16] = [
+        "the", "request", "changed", "files", "tests", "error", "fixed", "module", "next", "step", "remains", "pending", "review",
+        "function", "config", "output",
+    ];
+    let mut text = format!("Summary of {pre_tokens} tokens of earlier work.\n");
+    let mut section = 0;
+    let mut k = pre_tokens as usize;
+    while text.len() < SUMMARY_CHARS {
+        if text.len() / 1200 >= section {
+            section += 1;
+            text.push_str(&format!("\n{section}. Section {section}:\n"));
+        }
+        k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        text.push_str(WORDS[(k >> 60) as usize]);
+        text.push(' ');
+    }
+    text.truncate(SUMMARY_CHARS);
+    text
+}

@@ -1,0 +1,136 @@
+//! Issue 13: what-ifs on real sessions. Another autocompact setting moves the compactions of a
+//! recorded session: the session is replayed with a compaction inserted where the setting's
+//! threshold fires and the recording's removed where it does not.
+
+use ctxsim::api::Role;
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::recording::{CompactionEdit, EventKind, ImportedSession, SUMMARY_OPENING};
+use ctxsim::replay::{ReplayOptions, SessionReplay, load_session, replay_session};
+use ctxsim::strategy::Strategy;
+
+use crate::support::realdata;
+
+const SPOTTER: &str = "transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl";
+const CD95: &str = "transcripts/entireio-cli/cd95adddad32-0.full.jsonl";
+
+fn session(path: &str) -> ImportedSession {
+    load_session(&realdata().join(path)).unwrap()
+}
+
+/// Replays `session` under the default strategy with `sets` (`key=value`).
+fn check(session: &ImportedSession, sets: &[&str]) -> SessionReplay {
+    let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+    let strategy = Strategy::resolve_with("claude-code", &sets).unwrap();
+    let options = ReplayOptions::from_strategy(&strategy);
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+    replay_session(session, &mut measurer, &options)
+}
+
+fn cost(replay: &SessionReplay) -> f64 {
+    replay.calls.iter().filter_map(|c| c.metrics.as_ref()).map(|m| m.cost_usd).sum()
+}
+
+fn main_compactions(replay: &SessionReplay) -> usize {
+    replay.calls.iter().filter(|c| c.lane == "main" && c.events.iter().any(|e| e == "compaction")).count()
+}
+
+#[test]
+fn whatif_default_setting_replays_the_recorded_compactions() {
+    let session = session(SPOTTER);
+    let replay = check(&session, &[]);
+    assert!(replay.compaction_whatif.is_none());
+    assert!(replay.first_divergence.is_none());
+    assert_eq!(main_compactions(&replay), 1);
+}
+
+/// The issue's target: sweeping the buffer on a session with a recorded auto compaction moves
+/// the compaction point monotonically and gives at least three distinct outcomes.
+#[test]
+fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
+    let session = session(SPOTTER);
+    let mut first_points = Vec::new();
+    let mut costs = Vec::new();
+    for buffer in [30_000, 60_000, 100_000] {
+        let replay = check(&session, &[&format!("compact.autocompact.buffer_tokens={buffer}")]);
+        let whatif = replay.compaction_whatif.as_ref().expect("a what-if");
+        assert!(whatif.converged, "buffer {buffer}: {whatif:?}");
+        assert_eq!(whatif.threshold, 200_000 - 20_000 - buffer);
+        let first = whatif.changes.first().expect("a change");
+        assert_eq!(first.change, "inserted", "{whatif:?}");
+        assert!(first.pre_tokens >= whatif.threshold);
+        // The recorded compaction at main call 102 is no longer needed there.
+        assert!(whatif.changes.iter().any(|c| c.change == "removed" && c.call == 102), "{whatif:?}");
+        let (at, why) = replay.first_divergence.clone().expect("replies diverge");
+        assert!(why.contains("compacts before main call"), "{why}");
+        assert!(at > 0);
+        first_points.push(first.call);
+        costs.push((cost(&replay) * 1e6).round() as i64);
+    }
+    assert!(first_points.windows(2).all(|w| w[0] > w[1]), "compaction points {first_points:?}");
+    let recorded = (cost(&check(&session, &[])) * 1e6).round() as i64;
+    costs.push(recorded);
+    costs.sort_unstable();
+    costs.dedup();
+    assert!(costs.len() >= 3, "{costs:?}");
+}
+
+#[test]
+fn whatif_disabled_autocompact_keeps_the_history() {
+    let session = session(CD95);
+    let recorded = check(&session, &[]);
+    let replay = check(&session, &["compact.autocompact.enabled=false"]);
+    let whatif = replay.compaction_whatif.as_ref().unwrap();
+    let removed: Vec<usize> = whatif.changes.iter().filter(|c| c.change == "removed").map(|c| c.call).collect();
+    assert_eq!(removed, vec![50, 127, 220], "{whatif:?}");
+    assert_eq!(main_compactions(&replay), 0);
+    let peak = |r: &SessionReplay| r.calls.iter().map(|c| c.simulated_context()).max().unwrap();
+    assert!(peak(&replay) > peak(&recorded) + 100_000, "{} vs {}", peak(&replay), peak(&recorded));
+    // DISABLE_COMPACT removes manual ones too; the percentage override lowers the threshold.
+    let pct = check(&session, &["compact.autocompact.pct_override=50"]);
+    let whatif = pct.compaction_whatif.as_ref().unwrap();
+    assert_eq!(whatif.threshold, 84_000);
+    assert!(whatif.changes.iter().any(|c| c.change == "inserted" && c.call < 50), "{whatif:?}");
+}
+
+/// The edited session's views are the client's: after an inserted compaction the conversation
+/// restarts from the summary; after a removed one it carries the whole history on.
+#[test]
+fn whatif_compaction_edits_rebuild_the_views() {
+    let session = session(SPOTTER);
+    let main: Vec<_> = session.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic).collect();
+    let at = main[40];
+    let edited = session.with_compaction_edits(&[CompactionEdit::Insert {
+        before: at.event_index,
+        pre_tokens: 123_456,
+        summary: "stand-in".into(),
+        summary_output_tokens: 3_000,
+        model: at.model.clone(),
+    }]);
+    assert_eq!(edited.calls.len(), session.calls.len() + 1, "the summary request is a call");
+    let moved = edited.calls.iter().find(|c| c.message_id == at.message_id).unwrap();
+    let messages = edited.messages_for_call(moved);
+    assert_eq!(messages.len(), 1, "the call after the compaction sees the summary only");
+    let text = serde_json::to_string(&messages[0].content).unwrap();
+    assert!(text.contains(SUMMARY_OPENING) && text.contains("stand-in"), "{text}");
+    let next = edited.calls.iter().find(|c| c.message_id == main[41].message_id).unwrap();
+    let messages = edited.messages_for_call(next);
+    assert!(serde_json::to_string(&messages[0].content).unwrap().contains(SUMMARY_OPENING));
+    assert!(messages.windows(2).all(|w| w[0].role != w[1].role));
+    let summary_request = edited.calls.iter().find(|c| c.lane == "compact" && c.message_id.as_deref().is_some_and(|m| m.starts_with("ctxsim-"))).unwrap();
+    assert_eq!(summary_request.usage.output_tokens, 3_000);
+
+    // Removing the recorded boundary: the first call after it sees the history again.
+    let boundary = session.recording.events.iter().position(|e| e.lane == "main" && matches!(e.kind, EventKind::Compaction(_))).unwrap();
+    let after = session.calls.iter().find(|c| c.lane == "main" && c.event_index > boundary).unwrap();
+    let before = session.calls.iter().rfind(|c| c.lane == "main" && c.event_index < boundary).unwrap();
+    let edited = session.with_compaction_edits(&[CompactionEdit::Remove { boundary }]);
+    assert!(edited.calls.iter().all(|c| !(c.lane == "compact" && c.event_index > before.event_index && c.event_index < boundary)));
+    let view_before = session.messages_for_call(before);
+    let after = edited.calls.iter().find(|c| c.message_id == after.message_id).unwrap();
+    let view_after = edited.messages_for_call(after);
+    assert!(view_after.len() > view_before.len(), "{} vs {}", view_after.len(), view_before.len());
+    assert_eq!(view_after[0], view_before[0]);
+    assert_eq!(view_after[0].role, Role::User);
+    assert!(view_after.windows(2).all(|w| w[0].role != w[1].role));
+}
+
