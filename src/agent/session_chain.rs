@@ -164,7 +164,13 @@ impl Session {
     }
 
     pub fn model_limits(&self, world: &World) -> ModelLimits {
-        let context_window = world.context_window.unwrap_or(if world.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
+        let context_window = self
+            .strategy
+            .compact
+            .autocompact
+            .context_window
+            .or(world.context_window)
+            .unwrap_or(if world.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
         ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) }
     }
 

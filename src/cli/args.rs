@@ -75,7 +75,8 @@ pub struct ReplayArgs {
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// Strategy: `as-recorded` (the client's own behaviour), a preset or a file. A replay honours
-    /// the main lane's TTL, recorded microcompacts, peer mechanisms and context editing.
+    /// the main lane's TTL, recorded microcompacts, peer mechanisms, context editing and every
+    /// autocompact setting (compactions move where the setting puts them).
     #[arg(long, default_value = "as-recorded")]
     pub strategy: String,
     /// `key=value` knob overrides (repeatable).

@@ -77,7 +77,11 @@ pub struct ReplayOptions {
 impl ReplayOptions {
     /// The knobs of `strategy` a replay honours: the main lane's TTL (replacing the recorded
     /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
-    /// mechanism and API context editing. Everything else the recording fixes.
+    /// mechanism, API context editing, and every autocompact setting (buffer, percentage
+    /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]). The
+    /// other stages of the chain (tool result budget, snip, collapse, session memory) and the
+    /// request layout (tool search, MCP placement, the boundary) are still the recording's:
+    /// a sweep over them says it changes nothing.
     pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
         let editing = &strategy.compact.context_editing;
         ReplayOptions {
@@ -710,26 +714,32 @@ fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, 
 
 /// Replays every call of `session` through `measurer`.
 pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
+    replay_dispatch(session, measurer, options, true)
+}
+
+/// With another autocompact setting the compactions move first ([`super::whatif`]).
+fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
     match &options.autocompact {
         Some(config) => {
-            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config);
+            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config, incremental);
             replay.compaction_whatif = Some(whatif);
             replay
         }
-        None => replay_session_with(session, measurer, options, true),
+        None => replay_session_with(session, measurer, options, incremental),
     }
 }
 
-/// [`replay_session`] with the session's compactions where they are.
-pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_session_with(session, measurer, options, true)
+/// [`replay_session`] with the session's compactions where they are; `incremental` as in
+/// [`replay_session_with`].
+pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
+    replay_session_with(session, measurer, options, incremental)
 }
 
 /// [`replay_session`] the slow way, the reference the fast one must equal: every call's
 /// messages rebuilt from its view and changed as the client did, the flattener comparing them by
 /// content with the previous request's.
 pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_session_with(session, measurer, options, false)
+    replay_dispatch(session, measurer, options, false)
 }
 
 /// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the

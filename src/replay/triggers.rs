@@ -102,7 +102,11 @@ pub fn client_thresholds(session: &ImportedSession, replay: &SessionReplay, tabl
     let version = session.calls.iter().find_map(|c| c.version.clone()).unwrap_or_default();
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
     let info = table.lookup(&model).ok();
-    let window = session_window(session, replay, &model, info);
+    // A window asked for is capped at what the model offers.
+    let window = match config.context_window {
+        Some(asked) => asked.min(info.map_or(asked, |m| m.context_window)),
+        None => session_window(session, replay, &model, info),
+    };
     let mut config = config.clone();
     if config.max_output_reserve_tokens == AutocompactConfig::default().max_output_reserve_tokens {
         config.max_output_reserve_tokens = ClientProfile::for_version(&version).autocompact_output_reserve;

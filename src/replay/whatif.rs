@@ -76,8 +76,15 @@ enum Step {
     Remove(usize),
 }
 
-/// Replays `original` with its compactions where `config` puts them.
-pub fn replay_with_autocompact(original: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, config: &AutocompactConfig) -> (SessionReplay, CompactionWhatIf) {
+/// Replays `original` with its compactions where `config` puts them. Each replay starts from a
+/// reset `measurer` ([`Measurer::reset`]): the session is measured as by a new measurer.
+pub fn replay_with_autocompact(
+    original: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    config: &AutocompactConfig,
+    incremental: bool,
+) -> (SessionReplay, CompactionWhatIf) {
     let table = measurer.table().clone();
     // Original event index of each main reply, by message id.
     let event_of: BTreeMap<String, usize> =
@@ -118,7 +125,7 @@ pub fn replay_with_autocompact(original: &ImportedSession, measurer: &mut Measur
         iterations += 1;
         measurer.reset();
         let session = session_store.as_ref().unwrap_or(original);
-        replay = replay_session_plain(session, measurer, options);
+        replay = replay_session_plain(session, measurer, options, incremental);
         let (.., thresholds) = client_thresholds(session, &replay, &table, config);
         threshold = thresholds.autocompact;
         // Where the session first differs from the recording, in replay call indices.
@@ -192,7 +199,7 @@ pub fn replay_with_autocompact(original: &ImportedSession, measurer: &mut Measur
             // Replay the last plan so the result is the plan reported.
             let session = original.with_compaction_edits(&edits(original, &plan, &event_of));
             measurer.reset();
-            replay = replay_session_plain(&session, measurer, options);
+            replay = replay_session_plain(&session, measurer, options, incremental);
             iterations += 1;
             break;
         }

@@ -226,6 +226,9 @@ pub struct AutocompactConfig {
     pub pct_override: Option<u64>,
     /// `CLAUDE_CODE_AUTO_COMPACT_WINDOW` cap on the context window.
     pub window_override: Option<u64>,
+    /// The window the client runs the model with (1,000,000 for a `[1m]` model); `None`: the
+    /// scenario's, or for a replayed session the one its record shows.
+    pub context_window: Option<u64>,
     /// `CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE`.
     pub blocking_limit_override: Option<u64>,
     pub max_consecutive_failures: u32,
@@ -264,6 +267,7 @@ impl Default for AutocompactConfig {
             max_output_reserve_tokens: 20_000,
             pct_override: None,
             window_override: None,
+            context_window: None,
             blocking_limit_override: None,
             max_consecutive_failures: 3,
             reactive_enabled: false,
