@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use crate::report::output::{summary_csv, trace_jsonl, write_atomic};
 use crate::report::render::render_request;
 use crate::agent::compact::Chain;
-use crate::runner::{check_determinism_with, dump_requests, flatten_all, run_scenario_with};
+use crate::runner::{RunOptions, check_determinism_with, run_scenario_opts};
 use crate::scenario::load_scenario;
 
 use super::args::RunArgs;
@@ -62,19 +62,37 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
         }
         let mut measurer = measurer(&args.measure)?;
-        let mut output = run_scenario_with(&scenario, &mut measurer, &strategy, &chain)?;
-        output.summary.info_loss = crate::measure::loss::info_loss(&output.requests, &output.rows);
-        if let Some(dir) = &args.dump_requests {
-            let dir = dir.join(stem(file));
-            for (name, bytes) in dump_requests(&output) {
-                write_atomic(&dir.join(name), &bytes).with_context(|| format!("failed to write requests under {}", dir.display()))?;
+        // Each body is dumped and rendered as the run produces it and then dropped: a body holds
+        // the conversation so far, so keeping them all would grow with the square of the
+        // script's length. The rendering flattens on a measurer of its own (same estimator, so
+        // the same blocks and counts as the run's).
+        let dump_dir = args.dump_requests.as_ref().map(|dir| dir.join(stem(file)));
+        let mut render = if args.out.is_some() { Some((super::common::measurer(&args.measure)?, format!("## {}\n", scenario.file))) } else { None };
+        let mut failure: Option<anyhow::Error> = None;
+        let mut index = 0usize;
+        let mut observer = |request: &crate::api::Request, row: &crate::measure::RequestMetrics| {
+            if failure.is_some() {
+                return;
             }
+            if let Some(dir) = &dump_dir {
+                let bytes = serde_json::to_vec_pretty(request).expect("requests serialize");
+                if let Err(e) = write_atomic(&dir.join(format!("{index:04}.json")), &bytes) {
+                    failure = Some(anyhow::Error::new(e).context(format!("failed to write requests under {}", dir.display())));
+                }
+            }
+            if let Some((render_measurer, text)) = &mut render {
+                let flat = render_measurer.flatten(request).expect("the run already resolved this model");
+                text.push_str(&render_request(&flat, row));
+            }
+            index += 1;
+        };
+        let options = RunOptions { keep_requests: false, info_loss: true, observer: Some(&mut observer) };
+        let output = run_scenario_opts(&scenario, &mut measurer, &strategy, &chain, options)?;
+        if let Some(e) = failure {
+            return Err(e);
         }
-        if args.out.is_some() {
-            rendering.push_str(&format!("## {}\n", output.scenario));
-            for (flat, row) in flatten_all(&output, &mut measurer).iter().zip(&output.rows) {
-                rendering.push_str(&render_request(flat, row));
-            }
+        if let Some((_, text)) = render {
+            rendering.push_str(&text);
             rendering.push('\n');
             report_inputs.push(crate::report::ReportInput { name: output.scenario.clone(), summary: output.summary.clone(), rows: output.rows.clone() });
         }

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::measure::loss::{InfoLoss, info_loss};
+use crate::measure::loss::InfoLoss;
 use crate::measure::metrics::COMPACTION_KEYS;
 use crate::measure::{Measurer, RequestMetrics, Summary};
 use crate::recording::ImportedSession;
 use crate::replay::{ReplayOptions, load_session, replay_session};
-use crate::runner::run_scenario;
+use crate::runner::{RunOptions, run_scenario_opts};
 use crate::scenario::Scenario;
 use crate::strategy::Strategy;
 
@@ -105,10 +105,11 @@ impl Evaluation {
 pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
     match &input.loaded {
         LoadedInput::Scenario(scenario) => {
-            let output = run_scenario(scenario, measurer, strategy)?;
+            // The loss is tracked as the bodies pass; none is kept.
+            let options = RunOptions { info_loss: true, ..RunOptions::default() };
+            let output = run_scenario_opts(scenario, measurer, strategy, &crate::agent::compact::Chain::new(), options)?;
             let mut summary = output.summary;
             summary.input = input.name.clone();
-            summary.info_loss = info_loss(&output.requests, &output.rows);
             let compactions = summary.compactions.clone();
             // A peer that rewrote the context changes what the model saw; the scripted replies
             // are kept as they are, which the note says.

@@ -86,7 +86,7 @@ pub fn param_effects(grid: &Grid, outcomes: &[Vec<String>]) -> Vec<ParamEffect> 
             // that differ from it in param k only.
             let stride: usize = grid.params[k + 1..].iter().map(|p| p.values.len()).product();
             let distinct = (0..outcomes.len())
-                .filter(|p| (p / stride) % n == 0)
+                .filter(|p| (p / stride).is_multiple_of(n))
                 .map(|first| {
                     let mut seen: Vec<&str> = (0..n).map(|d| outcomes[first + d * stride][input].as_str()).collect();
                     seen.sort_unstable();
@@ -210,7 +210,7 @@ pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
