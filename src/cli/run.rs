@@ -1,3 +1,4 @@
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -42,7 +43,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let files = expand_inputs(&args.scenarios)?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
-    let mut rendering = String::new();
+    // requests.txt renders every request in full, so it grows with the square of a script's
+    // length: it is written as the runs go, to a temporary file renamed into place at the end.
+    let mut rendering = match &args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+            Some(std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir).with_context(|| format!("failed to write under {}", dir.display()))?))
+        }
+        None => None,
+    };
     let mut failed_determinism = false;
     let mut strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
     strategy.run_hooks |= args.run_hooks;
@@ -67,7 +76,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         // script's length. The rendering flattens on a measurer of its own (same estimator, so
         // the same blocks and counts as the run's).
         let dump_dir = args.dump_requests.as_ref().map(|dir| dir.join(stem(file)));
-        let mut render = if args.out.is_some() { Some((super::common::measurer(&args.measure)?, format!("## {}\n", scenario.file))) } else { None };
+        let mut render = match &mut rendering {
+            Some(out) => {
+                out.write_all(format!("## {}\n", scenario.file).as_bytes())?;
+                Some((super::common::measurer(&args.measure)?, out))
+            }
+            None => None,
+        };
         let mut failure: Option<anyhow::Error> = None;
         let mut index = 0usize;
         let mut observer = |request: &crate::api::Request, row: &crate::measure::RequestMetrics| {
@@ -80,9 +95,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     failure = Some(anyhow::Error::new(e).context(format!("failed to write requests under {}", dir.display())));
                 }
             }
-            if let Some((render_measurer, text)) = &mut render {
+            if let Some((render_measurer, out)) = &mut render {
                 let flat = render_measurer.flatten(request).expect("the run already resolved this model");
-                text.push_str(&render_request(&flat, row));
+                if let Err(e) = out.write_all(render_request(&flat, row).as_bytes()) {
+                    failure = Some(anyhow::Error::new(e).context("failed to write requests.txt"));
+                }
             }
             index += 1;
         };
@@ -91,9 +108,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         if let Some(e) = failure {
             return Err(e);
         }
-        if let Some((_, text)) = render {
-            rendering.push_str(&text);
-            rendering.push('\n');
+        if let Some(out) = &mut rendering {
+            out.write_all(b"\n")?;
             report_inputs.push(crate::report::ReportInput { name: output.scenario.clone(), summary: output.summary.clone(), rows: output.rows.clone() });
         }
         summaries.push(output.summary);
@@ -103,7 +119,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(&summaries)?.as_bytes())?;
         write_atomic(&dir.join("summary.csv"), &summary_csv(&summaries))?;
         write_atomic(&dir.join("trace.jsonl"), &trace_jsonl(&all_rows))?;
-        write_atomic(&dir.join("requests.txt"), rendering.as_bytes())?;
+        let file = rendering.take().expect("opened with --out").into_inner().map_err(|e| e.into_error())?;
+        crate::report::output::persist_with_mode(file, &dir.join("requests.txt"))?;
         crate::report::write_report(dir, &report_inputs, Default::default())?;
     }
     emit(&args.measure, &summaries, &all_rows)?;
