@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::{Request, Usage};
+use crate::measure::loss::LossTracker;
 use crate::measure::{FlatRequest, MeasureInput, Measurer, RequestMetrics, Summary};
 use crate::scenario::{Scenario, Step};
 use crate::world::{Reply, World};
@@ -42,13 +43,69 @@ pub enum RunError {
     Script { file: String, step: usize, message: String },
 }
 
-/// Runs a scenario and measures every request.
+/// Called with every body a run measures and its row.
+pub type RequestObserver<'o> = &'o mut dyn FnMut(&Request, &RequestMetrics);
+
+/// What a run does with each request body once it is measured.
+#[derive(Default)]
+pub struct RunOptions<'o> {
+    /// Keep every body in [`RunOutput::requests`]. Each body holds the conversation so far, so
+    /// keeping them all costs memory quadratic in the script's length; `run`, `compare` and
+    /// `check` hand bodies to `observer` instead and keep none.
+    pub keep_requests: bool,
+    /// Fill `summary.info_loss` from the bodies as they pass ([`LossTracker`]).
+    pub info_loss: bool,
+    /// Called with every body and its row, in order, before the body is dropped or kept.
+    pub observer: Option<RequestObserver<'o>>,
+}
+
+/// The rows of a run and, as the options say, its bodies and its information loss.
+struct Collected<'o> {
+    rows: Vec<RequestMetrics>,
+    requests: Vec<Request>,
+    keep_requests: bool,
+    loss: Option<LossTracker>,
+    observer: Option<RequestObserver<'o>>,
+}
+
+impl<'o> Collected<'o> {
+    fn new(options: RunOptions<'o>) -> Self {
+        Collected {
+            rows: Vec::new(),
+            requests: Vec::new(),
+            keep_requests: options.keep_requests,
+            loss: options.info_loss.then(LossTracker::new),
+            observer: options.observer,
+        }
+    }
+
+    fn push(&mut self, row: RequestMetrics, request: Request) {
+        if let Some(loss) = &mut self.loss {
+            loss.observe(&request, &row);
+        }
+        if let Some(observer) = &mut self.observer {
+            observer(&request, &row);
+        }
+        self.rows.push(row);
+        if self.keep_requests {
+            self.requests.push(request);
+        }
+    }
+}
+
+/// Runs a scenario and measures every request (the bodies kept).
 pub fn run_scenario(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<RunOutput, RunError> {
     run_scenario_with(scenario, measurer, strategy, &Chain::new())
 }
 
-/// Runs a scenario with a given long-context chain (e.g. with stages disabled by name).
+/// Runs a scenario with a given long-context chain (e.g. with stages disabled by name); the
+/// bodies kept.
 pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain) -> Result<RunOutput, RunError> {
+    run_scenario_opts(scenario, measurer, strategy, chain, RunOptions { keep_requests: true, ..RunOptions::default() })
+}
+
+/// Runs a scenario; what becomes of each body is up to `options`.
+pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain, options: RunOptions<'_>) -> Result<RunOutput, RunError> {
     let mut world = scenario.into_world();
     crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
@@ -56,8 +113,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
         let root = absolute(&world, root);
         agent.plugin_enable(&root, &mut world).map_err(|e| RunError::Script { file: scenario.file.clone(), step: 0, message: e })?;
     }
-    let mut rows = Vec::new();
-    let mut requests = Vec::new();
+    let mut out = Collected::new(options);
     let mut turn = 0u32;
     let mut pending_events: Vec<String> = Vec::new();
     let mut blocked = 0u64;
@@ -78,7 +134,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 // The relevant-memory prefetch's selection request, when the gate is on.
                 agent.prefetch_relevant_memories(text, &mut world);
                 // Side requests of the turn's start: prompt/agent hooks, the memory selection.
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
                 let mut reply = None;
@@ -87,7 +143,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     // The long-context chain runs first; its compaction forks are measured on
                     // their own lane before the main request.
                     let chain_run = {
-                        let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                        let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
                         agent.run_chain(chain, &mut world, &mut calls).map_err(|e| err(i, e))?
                     };
                     pending_events.extend(chain_run.events.iter().cloned());
@@ -130,10 +186,10 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                         input.stages.extend(chain_run.reports);
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
-                        rows.push(measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?);
-                        requests.push(request);
+                        let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
+                        out.push(row, request);
                         let recovery_outcome = {
-                            let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                            let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
                             agent.recover_prompt_too_long(chain, &mut world, &mut calls, &mut recovery, &error).map_err(|e| err(i, e))?
                         };
                         match recovery_outcome {
@@ -183,8 +239,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     let usage = reported_usage(&this_reply, &row);
                     let message_id = format!("msg_{:04}", row.index);
-                    rows.push(row);
-                    requests.push(request);
+                    out.push(row, request);
                     world.clock.advance(this_reply.latency.map_or(0, |l| l.total_ms));
                     reply = Some((this_reply, usage, message_id));
                     break;
@@ -192,9 +247,9 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 let Some((reply, usage, message_id)) = reply else { continue };
                 // Events of the reply's tools are kept by the session for the next request. An
                 // Agent call runs its subagent here, each of its requests measured on its lane.
-                let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
                 agent.apply_reply(&reply, &mut world, &mut calls).map_err(|e| err(i, e))?;
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
                 agent.note_usage(usage, message_id, world.clock.now_ms());
                 if reply.stop_reason == StopReason::MaxTokens {
                     // max_output_tokens recovery: the partial reply stays, a meta message asks
@@ -210,7 +265,7 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     recovery.next_turn();
                 }
                 // Session memory is extracted after sampling, on its own lane.
-                let mut calls = MeasuredCalls { measurer: &mut *measurer, rows: &mut rows, requests: &mut requests, turn };
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
                 agent.extract_session_memory(&mut world, &mut calls).map_err(|e| err(i, e))?;
             }
             Step::Assistant(_) => {}
@@ -226,11 +281,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
             | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
                 agent.clear(&mut world);
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
             }
             Step::Resume => {
                 agent.resume(&mut world);
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut rows, &mut requests).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
             }
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
@@ -239,8 +294,11 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
         }
     }
     // A surfaced prompt-too-long ends its turn like a blocked one.
-    let summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, blocked + surfaced);
-    Ok(RunOutput { scenario: scenario.file.clone(), rows, requests, summary })
+    let mut summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &out.rows, blocked + surfaced);
+    if let Some(loss) = out.loss {
+        summary.info_loss = loss.finish();
+    }
+    Ok(RunOutput { scenario: scenario.file.clone(), rows: out.rows, requests: out.requests, summary })
 }
 
 /// The usage the API reports for a reply measured as `row`. The client trusts it: a scripted
@@ -258,20 +316,19 @@ fn reported_usage(reply: &Reply, row: &RequestMetrics) -> Usage {
 
 /// Subagent requests as the runner sends them: measured on their lane at the current virtual
 /// time, answered by the lane's next scripted reply, the clock moved on by its latency.
-struct MeasuredCalls<'a> {
+struct MeasuredCalls<'a, 'o> {
     measurer: &'a mut Measurer,
-    rows: &'a mut Vec<RequestMetrics>,
-    requests: &'a mut Vec<Request>,
+    out: &'a mut Collected<'o>,
     turn: u32,
 }
 
-impl ModelCalls for MeasuredCalls<'_> {
+impl ModelCalls for MeasuredCalls<'_, '_> {
     fn lane_started(&mut self, lane: &str) {
         self.measurer.restart_lane(lane);
     }
 
     fn side(&mut self, calls: Vec<SideCall>, world: &mut World) -> Result<(), String> {
-        measure_side_calls(self.measurer, world, calls, self.turn, self.rows, self.requests)
+        measure_side_calls(self.measurer, world, calls, self.turn, self.out)
     }
 
     fn call(&mut self, lane: &str, request: Request, events: Vec<String>, world: &mut World) -> Result<(Reply, Usage), String> {
@@ -284,16 +341,14 @@ impl ModelCalls for MeasuredCalls<'_> {
         input.recorded_usage = reply.usage.clone().filter(|u| *u != Usage::default());
         let row = self.measurer.measure(input).map_err(|e| e.to_string())?;
         let usage = reported_usage(&reply, &row);
-        self.rows.push(row);
-        self.requests.push(request);
+        self.out.push(row, request);
         world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
         Ok((reply, usage))
     }
 
     fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
         let (row, answer) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
-        self.rows.push(row);
-        self.requests.push(request);
+        self.out.push(row, request);
         Ok(answer)
     }
 }
@@ -343,8 +398,7 @@ fn measure_side_calls(
     world: &mut World,
     side_calls: Vec<SideCall>,
     turn: u32,
-    rows: &mut Vec<RequestMetrics>,
-    requests: &mut Vec<Request>,
+    out: &mut Collected<'_>,
 ) -> Result<(), String> {
     for call in side_calls {
         if call.concurrent {
@@ -356,8 +410,8 @@ fn measure_side_calls(
         input.turn = turn;
         input.output_tokens = call.reply.output_tokens;
         input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
-        rows.push(measurer.measure(input).map_err(|e| e.to_string())?);
-        requests.push(call.request);
+        let row = measurer.measure(input).map_err(|e| e.to_string())?;
+        out.push(row, call.request);
         if !call.concurrent {
             world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));
         }
@@ -462,8 +516,9 @@ pub fn check_determinism_with(
     strategy: &Strategy,
     chain: &Chain,
 ) -> Result<Option<String>, RunError> {
-    let a = run_scenario_with(scenario, &mut make_measurer(), strategy, chain)?;
-    let b = run_scenario_with(scenario, &mut make_measurer(), strategy, chain)?;
+    // Rows and fingerprints are compared; the bodies are not kept.
+    let a = run_scenario_opts(scenario, &mut make_measurer(), strategy, chain, RunOptions::default())?;
+    let b = run_scenario_opts(scenario, &mut make_measurer(), strategy, chain, RunOptions::default())?;
     for (i, (x, y)) in a.rows.iter().zip(&b.rows).enumerate() {
         if x.body_sha256 != y.body_sha256 {
             return Ok(Some(format!("{}: request {i} differs between two runs ({} vs {})", scenario.file, x.body_sha256, y.body_sha256)));

@@ -88,3 +88,42 @@ pub fn growing_session(seed: u64, requests: usize, peak_tokens: u64, model: &str
     }
     entries
 }
+
+/// A scenario (YAML text) of `turns` scripted turns on one main lane: each turn a user prompt,
+/// a Bash call with a scripted output of varying size, and a text answer; every fiftieth turn
+/// the user edits a file and waits past the cache TTL now and then. The context grows by about
+/// 150 tokens (chars/4) a turn, so a long script crosses the autocompaction threshold and the
+/// chain compacts (its summary falls back to the synthesized one). For the `run` memory bench
+/// and the tests that `run` stays linear in script length. Same seed, same bytes.
+pub fn scripted_scenario(seed: u64, turns: usize) -> String {
+    use std::fmt::Write;
+    let mut rng = Rng::new(seed).fork("synth-scenario");
+    let mut out = format!(
+        "name: synth-{turns}-turns\ndescription: {turns} generated turns (ctxsim::synth::scripted_scenario, seed {seed})\nworld:\n  model: claude-sonnet-4-5\n  seed: {seed}\n  cwd: /repo\n  files:\n    src/lib.rs: \"pub fn add(a: i32, b: i32) -> i32 {{ a + b }}\\n\"\nscript:\n"
+    );
+    // YAML double-quoted scalars: the generated text has no quotes or backslashes to escape
+    // beyond these.
+    let quote = |text: &str| format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"));
+    for turn in 0..turns {
+        let len = 60 + (rng.next_u64() % 120) as usize;
+        let prompt = code_like_text(&mut rng, len);
+        let _ = writeln!(out, "  - user: {}", quote(&prompt));
+        let _ = writeln!(
+            out,
+            "  - assistant:\n      - tool_use: {{id: toolu_{turn:06}, name: Bash, input: {{command: {}, description: step {turn}}}}}",
+            quote(&format!("cargo test --test t{}", turn % 37))
+        );
+        let len = 100 + (rng.next_u64() % 700) as usize;
+        let output = code_like_text(&mut rng, len);
+        let _ = writeln!(out, "  - tool_output:\n      Bash: {}", quote(&output));
+        let len = 40 + (rng.next_u64() % 160) as usize;
+        let answer = code_like_text(&mut rng, len);
+        let _ = writeln!(out, "  - assistant:\n      - text: {}", quote(&answer));
+        if turn % 50 == 49 {
+            let _ = writeln!(out, "  - write_file: {{path: src/lib.rs, content: {}}}", quote(&format!("// turn {turn}\npub fn add(a: i32, b: i32) -> i32 {{ a + b }}\n")));
+        }
+        let wait = if rng.chance(0.02) { 400 } else { 5 + rng.next_u64() % 60 };
+        let _ = writeln!(out, "  - wait: {wait}s");
+    }
+    out
+}

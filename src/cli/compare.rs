@@ -38,6 +38,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
     let evaluations = pool.install(|| compare(&inputs, &strategies, &make, args.out.is_some()))?;
+    for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
+        eprintln!("warning: {line}");
+    }
     if let Some(dir) = &args.out {
         write_atomic(&dir.join("compare.csv"), &compare_csv(&evaluations))?;
         write_atomic(&dir.join("compare.json"), serde_json::to_string_pretty(&evaluations)?.as_bytes())?;

@@ -1,3 +1,4 @@
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -5,7 +6,7 @@ use anyhow::{Context, bail};
 use crate::report::output::{summary_csv, trace_jsonl, write_atomic};
 use crate::report::render::render_request;
 use crate::agent::compact::Chain;
-use crate::runner::{check_determinism_with, dump_requests, flatten_all, run_scenario_with};
+use crate::runner::{RunOptions, check_determinism_with, run_scenario_opts};
 use crate::scenario::load_scenario;
 
 use super::args::RunArgs;
@@ -42,7 +43,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let files = expand_inputs(&args.scenarios)?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
-    let mut rendering = String::new();
+    // requests.txt renders every request in full, so it grows with the square of a script's
+    // length: it is written as the runs go, to a temporary file renamed into place at the end.
+    let mut rendering = match &args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+            Some(std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir).with_context(|| format!("failed to write under {}", dir.display()))?))
+        }
+        None => None,
+    };
     let mut failed_determinism = false;
     let mut strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
     strategy.run_hooks |= args.run_hooks;
@@ -62,20 +71,45 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
         }
         let mut measurer = measurer(&args.measure)?;
-        let mut output = run_scenario_with(&scenario, &mut measurer, &strategy, &chain)?;
-        output.summary.info_loss = crate::measure::loss::info_loss(&output.requests, &output.rows);
-        if let Some(dir) = &args.dump_requests {
-            let dir = dir.join(stem(file));
-            for (name, bytes) in dump_requests(&output) {
-                write_atomic(&dir.join(name), &bytes).with_context(|| format!("failed to write requests under {}", dir.display()))?;
+        // Each body is dumped and rendered as the run produces it and then dropped: a body holds
+        // the conversation so far, so keeping them all would grow with the square of the
+        // script's length. The rendering flattens on a measurer of its own (same estimator, so
+        // the same blocks and counts as the run's).
+        let dump_dir = args.dump_requests.as_ref().map(|dir| dir.join(stem(file)));
+        let mut render = match &mut rendering {
+            Some(out) => {
+                out.write_all(format!("## {}\n", scenario.file).as_bytes())?;
+                Some((super::common::measurer(&args.measure)?, out))
             }
+            None => None,
+        };
+        let mut failure: Option<anyhow::Error> = None;
+        let mut index = 0usize;
+        let mut observer = |request: &crate::api::Request, row: &crate::measure::RequestMetrics| {
+            if failure.is_some() {
+                return;
+            }
+            if let Some(dir) = &dump_dir {
+                let bytes = serde_json::to_vec_pretty(request).expect("requests serialize");
+                if let Err(e) = write_atomic(&dir.join(format!("{index:04}.json")), &bytes) {
+                    failure = Some(anyhow::Error::new(e).context(format!("failed to write requests under {}", dir.display())));
+                }
+            }
+            if let Some((render_measurer, out)) = &mut render {
+                let flat = render_measurer.flatten(request).expect("the run already resolved this model");
+                if let Err(e) = out.write_all(render_request(&flat, row).as_bytes()) {
+                    failure = Some(anyhow::Error::new(e).context("failed to write requests.txt"));
+                }
+            }
+            index += 1;
+        };
+        let options = RunOptions { keep_requests: false, info_loss: true, observer: Some(&mut observer) };
+        let output = run_scenario_opts(&scenario, &mut measurer, &strategy, &chain, options)?;
+        if let Some(e) = failure {
+            return Err(e);
         }
-        if args.out.is_some() {
-            rendering.push_str(&format!("## {}\n", output.scenario));
-            for (flat, row) in flatten_all(&output, &mut measurer).iter().zip(&output.rows) {
-                rendering.push_str(&render_request(flat, row));
-            }
-            rendering.push('\n');
+        if let Some(out) = &mut rendering {
+            out.write_all(b"\n")?;
             report_inputs.push(crate::report::ReportInput { name: output.scenario.clone(), summary: output.summary.clone(), rows: output.rows.clone() });
         }
         summaries.push(output.summary);
@@ -85,7 +119,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(&summaries)?.as_bytes())?;
         write_atomic(&dir.join("summary.csv"), &summary_csv(&summaries))?;
         write_atomic(&dir.join("trace.jsonl"), &trace_jsonl(&all_rows))?;
-        write_atomic(&dir.join("requests.txt"), rendering.as_bytes())?;
+        let file = rendering.take().expect("opened with --out").into_inner().map_err(|e| e.into_error())?;
+        crate::report::output::persist_with_mode(file, &dir.join("requests.txt"))?;
         crate::report::write_report(dir, &report_inputs, Default::default())?;
     }
     emit(&args.measure, &summaries, &all_rows)?;

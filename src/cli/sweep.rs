@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::report::compare::load_inputs;
 use crate::report::output::write_atomic;
-use crate::report::sweep::{Grid, Param, merge, rows_csv, run_points, write_outputs};
+use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points, write_outputs};
 use crate::strategy::Strategy;
 
 use super::args::MeasureOpts;
@@ -47,11 +47,9 @@ pub struct SweepArgs {
 pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
-        let (signature, header, rows) = merge(&args.merge)?;
-        let analysis = write_outputs(&dir, &signature, &header, &rows, args.max_loss)?;
-        if !args.measure.quiet {
-            print!("{}", analysis.text);
-        }
+        let (signature, notes, header, rows) = merge(&args.merge)?;
+        let analysis = write_outputs(&dir, &signature, &header, &rows, args.max_loss, no_effect(&header, &rows, &notes))?;
+        report(&analysis, args.measure.quiet);
         return Ok(super::exit::OK);
     }
     if args.inputs.is_empty() || args.params.is_empty() {
@@ -81,20 +79,30 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress))?;
+    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress))?.rows;
     progress.finish_and_clear();
+    let notes = InputNotes::new(&grid, &base, &inputs)?;
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));
     if let Some((i, n)) = shard {
         let path = dir.join(format!("sweep.part{i}.csv"));
-        write_atomic(&path, &rows_csv(&grid, shard, &rows))?;
+        write_atomic(&path, &rows_csv(&grid, shard, &rows, &notes))?;
         if !args.measure.quiet {
             println!("shard {i}/{n}: {} points written to {}", rows.len(), path.display());
         }
         return Ok(super::exit::OK);
     }
-    let analysis = write_outputs(&dir, &grid.signature(), &grid.header(), &rows, args.max_loss)?;
-    if !args.measure.quiet {
+    let header = grid.header();
+    let analysis = write_outputs(&dir, &grid.signature(), &header, &rows, args.max_loss, no_effect(&header, &rows, &notes))?;
+    report(&analysis, args.measure.quiet);
+    Ok(super::exit::OK)
+}
+
+/// The warnings on stderr (always), the recommendation on stdout (unless quiet).
+fn report(analysis: &crate::report::sweep::Analysis, quiet: bool) {
+    for warning in &analysis.no_effect {
+        eprintln!("warning: {}", warning.line());
+    }
+    if !quiet {
         print!("{}", analysis.text);
     }
-    Ok(super::exit::OK)
 }

@@ -13,7 +13,7 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::{Measurer, RequestMetrics, Summary};
-use crate::runner::{RunError, RunOutput, run_scenario_with};
+use crate::runner::{RunError, RunOutput, run_scenario_opts};
 use crate::scenario::Scenario;
 
 /// The strategy `check` runs scenarios with.
@@ -402,7 +402,9 @@ pub fn check_suite_with(
     }
     let mut reports = Vec::with_capacity(scenarios.len());
     for scenario in scenarios {
-        let output = run_scenario_with(scenario, &mut make_measurer(), &crate::strategy::Strategy::default(), chain)?;
+        // The checks read rows and the summary; no body is kept.
+        let options = crate::runner::RunOptions::default();
+        let output = run_scenario_opts(scenario, &mut make_measurer(), &crate::strategy::Strategy::default(), chain, options)?;
         reports.push(check_run(scenario, &output, baseline, tolerances));
     }
     Ok(SuiteReport { scenarios: reports })

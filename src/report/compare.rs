@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::measure::loss::{InfoLoss, info_loss};
+use crate::measure::loss::InfoLoss;
 use crate::measure::metrics::COMPACTION_KEYS;
 use crate::measure::{Measurer, RequestMetrics, Summary};
 use crate::recording::ImportedSession;
 use crate::replay::{ReplayOptions, load_session, replay_session};
-use crate::runner::run_scenario;
+use crate::runner::{RunOptions, run_scenario_opts};
 use crate::scenario::Scenario;
 use crate::strategy::Strategy;
 
@@ -82,6 +82,10 @@ pub struct Evaluation {
     pub replies_diverge: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub divergence: Option<String>,
+    /// The first strategy given that had exactly the same results on this input, and why when
+    /// known ([`crate::report::effects::outcome_digest`] decides, not the knobs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_results_as: Option<String>,
     #[serde(skip)]
     pub rows: Vec<RequestMetrics>,
 }
@@ -90,16 +94,22 @@ impl Evaluation {
     pub fn info_loss(&self) -> &InfoLoss {
         &self.summary.info_loss
     }
+
+    /// `no difference on X: S gave the same results as T (why)`, when it did.
+    pub fn same_results_line(&self) -> Option<String> {
+        self.same_results_as.as_ref().map(|same| format!("no difference on {}: {} gave the same results as {same}", short_name(&self.input), self.strategy))
+    }
 }
 
 /// Runs or replays one input under one strategy with a fresh measurer.
 pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
     match &input.loaded {
         LoadedInput::Scenario(scenario) => {
-            let output = run_scenario(scenario, measurer, strategy)?;
+            // The loss is tracked as the bodies pass; none is kept.
+            let options = RunOptions { info_loss: true, ..RunOptions::default() };
+            let output = run_scenario_opts(scenario, measurer, strategy, &crate::agent::compact::Chain::new(), options)?;
             let mut summary = output.summary;
             summary.input = input.name.clone();
-            summary.info_loss = info_loss(&output.requests, &output.rows);
             let compactions = summary.compactions.clone();
             // A peer that rewrote the context changes what the model saw; the scripted replies
             // are kept as they are, which the note says.
@@ -118,6 +128,7 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
                 compactions,
                 replies_diverge: false,
                 divergence: note,
+                same_results_as: None,
                 rows: if keep_rows { output.rows } else { Vec::new() },
             })
         }
@@ -149,6 +160,7 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
                 compactions,
                 replies_diverge: divergence.is_some(),
                 divergence,
+                same_results_as: None,
                 rows: if keep_rows { rows } else { Vec::new() },
             })
         }
@@ -165,13 +177,23 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
     ]);
     for e in evaluations {
         let mut cells = summary_cells(e, ":", " ");
-        cells.push(if e.replies_diverge { "replies diverge".to_owned() } else { String::new() });
+        let mut note: Vec<&str> = Vec::new();
+        if e.replies_diverge {
+            note.push("replies diverge");
+        }
+        if e.same_results_as.is_some() {
+            note.push("same results");
+        }
+        cells.push(note.join(", "));
         table.add_row(cells);
     }
     let mut text = table.to_string();
     let notes: Vec<String> = evaluations
         .iter()
-        .filter_map(|e| e.divergence.as_ref().map(|d| format!("- {} under {}: {d}", short_name(&e.input), e.strategy)))
+        .flat_map(|e| {
+            let divergence = e.divergence.as_ref().map(|d| format!("- {} under {}: {d}", short_name(&e.input), e.strategy));
+            divergence.into_iter().chain(e.same_results_line().map(|l| format!("- {l}")))
+        })
         .collect();
     if !notes.is_empty() {
         text.push_str("\nNotes:\n");
@@ -217,7 +239,8 @@ pub fn write_compare_report(dir: &Path, evaluations: &[Evaluation]) -> Result<Ve
     intro.push_str("</tr>\n");
     for e in evaluations {
         let mut cells = summary_cells(e, " ", ", ");
-        cells.push(e.divergence.clone().unwrap_or_default());
+        let note: Vec<String> = e.divergence.iter().cloned().chain(e.same_results_line()).collect();
+        cells.push(note.join("; "));
         intro.push_str("<tr>");
         for cell in cells {
             let _ = write!(intro, "<td>{}</td>", escape(&cell));
@@ -260,7 +283,7 @@ pub fn compare_csv(evaluations: &[Evaluation]) -> Vec<u8> {
     let mut writer = csv::Writer::from_writer(Vec::new());
     let mut header: Vec<String> = [
         "input", "strategy", "kind", "requests", "cache_hit_ratio", "cost_usd", "cache_breaks", "peak_context_tokens",
-        "tokens_dropped", "recall_misses", "rereads_after_compaction", "replies_diverge", "divergence",
+        "tokens_dropped", "recall_misses", "rereads_after_compaction", "replies_diverge", "divergence", "same_results_as",
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -283,6 +306,7 @@ pub fn compare_csv(evaluations: &[Evaluation]) -> Vec<u8> {
             s.info_loss.rereads_after_compaction.to_string(),
             e.replies_diverge.to_string(),
             e.divergence.clone().unwrap_or_default(),
+            e.same_results_as.clone().unwrap_or_default(),
         ];
         record.extend(COMPACTION_KEYS.iter().map(|k| e.compactions.get(*k).copied().unwrap_or(0).to_string()));
         writer.write_record(&record).expect("csv to memory");
@@ -291,6 +315,8 @@ pub fn compare_csv(evaluations: &[Evaluation]) -> Vec<u8> {
 }
 
 /// Evaluates every input under every strategy in parallel; results in (input, strategy) order.
+/// A strategy whose results on an input equal an earlier strategy's is marked
+/// (`same_results_as`, with the reason when the replay of a recording explains it).
 pub fn compare(
     inputs: &[Input],
     strategies: &[Strategy],
@@ -299,11 +325,35 @@ pub fn compare(
 ) -> anyhow::Result<Vec<Evaluation>> {
     use rayon::prelude::*;
     let jobs: Vec<(usize, usize)> = (0..inputs.len()).flat_map(|i| (0..strategies.len()).map(move |s| (i, s))).collect();
-    jobs.par_iter()
+    let results: Vec<(Evaluation, String)> = jobs
+        .par_iter()
         .map(|&(i, s)| {
             let mut measurer = make_measurer();
-            evaluate(&inputs[i], &strategies[s], &mut measurer, keep_rows)
-                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))
+            let mut e = evaluate(&inputs[i], &strategies[s], &mut measurer, true)
+                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))?;
+            let digest = crate::report::effects::outcome_digest(&e);
+            if !keep_rows {
+                e.rows = Vec::new();
+            }
+            Ok((e, digest))
         })
-        .collect()
+        .collect::<anyhow::Result<_>>()?;
+    let (mut evaluations, digests): (Vec<Evaluation>, Vec<String>) = results.into_iter().unzip();
+    for (job, e) in evaluations.iter_mut().enumerate() {
+        let (i, s) = jobs[job];
+        let first = (0..s).find(|&t| digests[job - s + t] == digests[job]);
+        if let Some(t) = first {
+            let why = matches!(inputs[i].loaded, LoadedInput::Session(_))
+                && ReplayOptions::from_strategy(&strategies[s]) == ReplayOptions::from_strategy(&strategies[t]);
+            e.same_results_as = Some(if why {
+                format!(
+                    "{} (a replay of a recording honours only the main lane's TTL, the recorded microcompacts, the peer mechanisms and API context editing, and these two agree on them)",
+                    strategies[t].name
+                )
+            } else {
+                strategies[t].name.clone()
+            });
+        }
+    }
+    Ok(evaluations)
 }

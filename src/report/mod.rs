@@ -2,6 +2,7 @@
 //! compare, sweep).
 pub mod check;
 pub mod compare;
+pub mod effects;
 pub mod html;
 pub mod output;
 pub mod plots;

@@ -15,9 +15,11 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use serde::Serialize;
 
 use crate::measure::Measurer;
 use crate::report::compare::{Input, evaluate};
+use crate::report::effects::{NoEffect, Reason};
 use crate::report::plots::{ParetoPoint, pareto_chart, pareto_front, render_svg, write_png};
 use crate::strategy::Strategy;
 
@@ -110,16 +112,48 @@ impl Grid {
         let mut header = vec!["point".to_owned()];
         header.extend(self.params.iter().map(|p| p.key.clone()));
         header.extend(METRIC_COLUMNS.iter().map(|s| (*s).to_owned()));
+        header.push(OUTCOMES_COLUMN.to_owned());
         header
     }
+
+    /// The grid a sweep CSV's header and rows describe (each parameter's values in the order of
+    /// their first appearance, which is the grid's order since the rows are in point order).
+    pub fn from_rows(header: &[String], rows: &[Vec<String>], inputs: usize) -> Grid {
+        let cost = header.iter().position(|h| h == "cost_usd").unwrap_or(header.len());
+        let params = (1..cost)
+            .map(|c| {
+                let mut values: Vec<String> = Vec::new();
+                for row in rows {
+                    if let Some(v) = row.get(c).filter(|v| !values.contains(v)) {
+                        values.push(v.clone());
+                    }
+                }
+                Param { key: header[c].clone(), values }
+            })
+            .collect();
+        Grid { params, base: String::new(), inputs: (0..inputs).map(|i| format!("input {i}")).collect() }
+    }
 }
+
+/// The last column: per input (in the grid's order, space-separated), `DIGEST/PEAK`: the digest
+/// of its results under the point ([`crate::report::effects::outcome_digest`]; equal digests,
+/// equal results) and its peak context.
+pub const OUTCOMES_COLUMN: &str = "outcomes";
 
 const METRIC_COLUMNS: [&str; 11] = [
     "cost_usd", "cache_hit_ratio", "cache_breaks", "compactions", "tokens_dropped", "recall_misses",
     "rereads_after_compaction", "information_loss", "peak_context_tokens", "requests", "replies_diverge_inputs",
 ];
 
-/// Evaluates the points `indices` of the grid; one CSV row (cells) per point, in index order.
+/// What [`run_points`] produced: one CSV row (cells) per point, in index order, and per point
+/// and input the peak context (for the reasons of [`crate::report::effects::explain`]).
+#[derive(Debug, Clone)]
+pub struct PointResults {
+    pub rows: Vec<Vec<String>>,
+    pub peaks: Vec<Vec<u64>>,
+}
+
+/// Evaluates the points `indices` of the grid.
 pub fn run_points(
     grid: &Grid,
     base: &Strategy,
@@ -127,7 +161,7 @@ pub fn run_points(
     indices: &[usize],
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     progress: &indicatif::ProgressBar,
-) -> anyhow::Result<Vec<Vec<String>>> {
+) -> anyhow::Result<PointResults> {
     use rayon::prelude::*;
     let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
     let jobs: Vec<(usize, usize)> = (0..indices.len()).flat_map(|p| (0..inputs.len()).map(move |i| (p, i))).collect();
@@ -143,23 +177,33 @@ pub fn run_points(
             measurer.counter().memo()
         })
         .collect();
-    let results: Vec<anyhow::Result<crate::report::compare::Evaluation>> = jobs
+    // Each job's rows are reduced to its outcome digest at once and dropped.
+    let results: Vec<anyhow::Result<(crate::report::compare::Evaluation, String)>> = jobs
         .par_iter()
         .map(|&(p, i)| {
             let mut measurer = make_measurer();
             measurer.counter_mut().seed(&memos[i]);
-            let out = evaluate(&inputs[i], &strategies[p], &mut measurer, false);
+            let out = evaluate(&inputs[i], &strategies[p], &mut measurer, true).map(|mut e| {
+                let digest = crate::report::effects::outcome_digest(&e);
+                e.rows = Vec::new();
+                (e, digest)
+            });
             progress.inc(1);
             out
         })
         .collect();
     let mut rows = Vec::with_capacity(indices.len());
+    let mut peaks = Vec::with_capacity(indices.len());
     let mut results = results.into_iter();
     for (p, &index) in indices.iter().enumerate() {
         let (mut cost, mut read, mut denominator, mut breaks, mut compactions) = (0.0, 0u64, 0u64, 0usize, 0u64);
         let (mut dropped, mut misses, mut rereads, mut peak, mut requests, mut diverge) = (0u64, 0u64, 0u64, 0u64, 0usize, 0usize);
+        let mut digests = Vec::with_capacity(inputs.len());
+        let mut input_peaks = Vec::with_capacity(inputs.len());
         for _ in 0..inputs.len() {
-            let e = results.next().expect("one result per job")?;
+            let (e, digest) = results.next().expect("one result per job")?;
+            digests.push(format!("{digest}/{}", e.summary.peak_context_tokens));
+            input_peaks.push(e.summary.peak_context_tokens);
             let s = &e.summary;
             cost += s.cost_usd;
             read += s.tokens.cache_read;
@@ -189,19 +233,82 @@ pub fn run_points(
             peak.to_string(),
             requests.to_string(),
             diverge.to_string(),
+            digests.join(" "),
         ]);
         rows.push(row);
+        peaks.push(input_peaks);
     }
-    Ok(rows)
+    Ok(PointResults { rows, peaks })
 }
 
-/// A CSV of rows under the grid's signature line.
-pub fn rows_csv(grid: &Grid, shard: Option<(usize, usize)>, rows: &[Vec<String>]) -> Vec<u8> {
+/// What the inputs tell the analysis besides the rows: their names and, per input and
+/// parameter, the reason it would have had no effect ([`Reason::find`]). A partial CSV carries
+/// them in `# input` and `# reason` lines, so a merge of shards says what the whole run says.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InputNotes {
+    pub names: Vec<String>,
+    /// `reasons[input][param]`.
+    pub reasons: Vec<Vec<Reason>>,
+}
+
+impl InputNotes {
+    pub fn new(grid: &Grid, base: &Strategy, inputs: &[Input]) -> anyhow::Result<InputNotes> {
+        let strategies: Vec<Strategy> = (0..grid.len()).map(|i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
+        let reasons = inputs.iter().map(|input| (0..grid.params.len()).map(|k| Reason::find(grid, &strategies, k, input)).collect()).collect();
+        Ok(InputNotes { names: inputs.iter().map(|i| i.name.clone()).collect(), reasons })
+    }
+
+    fn lines(&self) -> String {
+        let mut out = String::new();
+        for (i, name) in self.names.iter().enumerate() {
+            out.push_str(&format!("# input {i} {}\n", name.replace('\n', " ")));
+            for (k, reason) in self.reasons[i].iter().enumerate() {
+                out.push_str(&format!("# reason {i} {k} {}\n", reason.encode()));
+            }
+        }
+        out
+    }
+
+    /// Reads the `# input` / `# reason` lines back (line numbers from 2, after the signature).
+    fn parse(path: &Path, lines: &[&str]) -> anyhow::Result<InputNotes> {
+        let mut notes = InputNotes::default();
+        for (n, line) in lines.iter().enumerate() {
+            let bad = || anyhow::anyhow!("{}: line {}: not an `# input I NAME` or `# reason I K REASON` line", path.display(), n + 2);
+            if let Some(rest) = line.strip_prefix("# input ") {
+                let (i, name) = rest.split_once(' ').ok_or_else(bad)?;
+                if i.parse::<usize>().ok() != Some(notes.names.len()) {
+                    return Err(bad());
+                }
+                notes.names.push(name.to_owned());
+                notes.reasons.push(Vec::new());
+            } else if let Some(rest) = line.strip_prefix("# reason ") {
+                let mut parts = rest.splitn(3, ' ');
+                let (i, k, reason) = (parts.next(), parts.next(), parts.next().and_then(Reason::decode));
+                let (Some(i), Some(k), Some(reason)) = (i.and_then(|i| i.parse::<usize>().ok()), k.and_then(|k| k.parse::<usize>().ok()), reason) else {
+                    return Err(bad());
+                };
+                match notes.reasons.get_mut(i) {
+                    Some(list) if list.len() == k => list.push(reason),
+                    _ => return Err(bad()),
+                }
+            } else {
+                return Err(bad());
+            }
+        }
+        Ok(notes)
+    }
+}
+
+/// A CSV of rows under the grid's signature line; a partial one (`shard`) carries the notes.
+pub fn rows_csv(grid: &Grid, shard: Option<(usize, usize)>, rows: &[Vec<String>], notes: &InputNotes) -> Vec<u8> {
     let mut out = grid.signature().into_bytes();
     if let Some((i, n)) = shard {
         out.extend(format!(" shard={i}/{n}").bytes());
     }
     out.push(b'\n');
+    if shard.is_some() {
+        out.extend(notes.lines().bytes());
+    }
     let mut writer = csv::Writer::from_writer(out);
     writer.write_record(grid.header()).expect("csv to memory");
     for row in rows {
@@ -210,14 +317,24 @@ pub fn rows_csv(grid: &Grid, shard: Option<(usize, usize)>, rows: &[Vec<String>]
     writer.into_inner().expect("csv to memory")
 }
 
-/// Parses a CSV written by [`rows_csv`]: (signature without the shard, header, rows).
-pub fn parse_csv(path: &Path) -> anyhow::Result<(String, Vec<String>, Vec<Vec<String>>)> {
+/// A sweep CSV read back: signature (without the shard), notes, header, rows.
+pub type ParsedCsv = (String, InputNotes, Vec<String>, Vec<Vec<String>>);
+
+/// Parses a CSV written by [`rows_csv`].
+pub fn parse_csv(path: &Path) -> anyhow::Result<ParsedCsv> {
     let text = std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))?;
-    let (first, rest) = text.split_once('\n').with_context(|| format!("{}: empty", path.display()))?;
+    let (first, mut rest) = text.split_once('\n').with_context(|| format!("{}: empty", path.display()))?;
     if !first.starts_with("# ctxsim sweep grid ") {
         bail!("{}: line 1: not a ctxsim sweep CSV (no grid signature)", path.display());
     }
     let signature = first.split(" shard=").next().unwrap_or(first).to_owned();
+    let mut note_lines = Vec::new();
+    while rest.starts_with('#') {
+        let (line, tail) = rest.split_once('\n').unwrap_or((rest, ""));
+        note_lines.push(line);
+        rest = tail;
+    }
+    let notes = InputNotes::parse(path, &note_lines)?;
     let mut reader = csv::Reader::from_reader(rest.as_bytes());
     let header: Vec<String> = reader.headers()?.iter().map(str::to_owned).collect();
     let rows = reader
@@ -225,17 +342,22 @@ pub fn parse_csv(path: &Path) -> anyhow::Result<(String, Vec<String>, Vec<Vec<St
         .map(|r| r.map(|r| r.iter().map(str::to_owned).collect::<Vec<String>>()))
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("failed to parse {}", path.display()))?;
-    Ok((signature, header, rows))
+    Ok((signature, notes, header, rows))
 }
 
 /// Joins partial CSVs into the rows of the whole grid, verifying they share one grid and cover
-/// every point exactly once. Returns (signature, header, rows in point order).
-pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<(String, Vec<String>, Vec<Vec<String>>)> {
+/// every point exactly once. Returns (signature, notes, header, rows in point order).
+pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<ParsedCsv> {
     let mut signature: Option<String> = None;
     let mut header: Option<Vec<String>> = None;
+    let mut notes: Option<InputNotes> = None;
     let mut rows: Vec<Vec<String>> = Vec::new();
     for path in paths {
-        let (sig, head, part) = parse_csv(path)?;
+        let (sig, part_notes, head, part) = parse_csv(path)?;
+        match &notes {
+            Some(n) if *n != part_notes => bail!("{}: its inputs' notes differ from the first file's", path.display()),
+            _ => notes = Some(part_notes),
+        }
         match &signature {
             Some(s) if *s != sig => bail!("{}: a different grid ({sig}) from the first file ({s})", path.display()),
             _ => signature = Some(sig),
@@ -258,20 +380,53 @@ pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<(String, Vec<String
     if rows.len() != points {
         bail!("the shards hold {} of the grid's {points} points", rows.len());
     }
-    Ok((signature, header.expect("set with the signature"), rows))
+    Ok((signature, notes.expect("set with the signature"), header.expect("set with the signature"), rows))
 }
 
 /// The recommendation and the front, from the rows.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Analysis {
+    /// Row positions of the Pareto front.
     pub front: Vec<usize>,
+    #[serde(skip)]
     pub points: Vec<ParetoPoint>,
     pub bound: f64,
+    /// The recommended row; `None` when no point is within the bound or when the points do not
+    /// differ on the objectives (then `equal` says how).
     pub recommended: Option<usize>,
+    /// The other rows tied with the recommended one on cost and information loss.
+    pub tied: Vec<usize>,
+    /// Set when the grid gives nothing to choose from: every point's results are identical, or
+    /// every point ties on both objectives.
+    pub equal: Option<String>,
+    /// Per input, the parameters that changed no result there.
+    pub no_effect: Vec<NoEffect>,
+    #[serde(skip)]
     pub text: String,
 }
 
-pub fn analyze(header: &[String], rows: &[Vec<String>], max_loss: Option<f64>) -> Analysis {
+/// Per input, the parameters that changed no result there, with their reasons: the outcome
+/// digests of the rows' last column compared by [`crate::report::effects::param_effects`].
+pub fn no_effect(header: &[String], rows: &[Vec<String>], notes: &InputNotes) -> Vec<NoEffect> {
+    let Some(column) = header.iter().position(|h| h == OUTCOMES_COLUMN) else { return Vec::new() };
+    let cells: Vec<Vec<(&str, u64)>> = rows
+        .iter()
+        .map(|r| r[column].split(' ').map(|c| c.split_once('/').map_or((c, 0), |(d, p)| (d, p.parse().unwrap_or(0)))).collect())
+        .collect();
+    let outcomes: Vec<Vec<String>> = cells.iter().map(|r| r.iter().map(|(d, _)| (*d).to_owned()).collect()).collect();
+    let grid = Grid::from_rows(header, rows, notes.names.len());
+    crate::report::effects::param_effects(&grid, &outcomes)
+        .into_iter()
+        .filter(|e| e.distinct == 1)
+        .map(|e| {
+            let peak = cells.iter().filter_map(|r| r.get(e.input).map(|c| c.1)).max().unwrap_or(0);
+            let reason = notes.reasons.get(e.input).and_then(|r| r.get(e.param)).map_or_else(String::new, |r| r.text(peak));
+            NoEffect { input: notes.names.get(e.input).cloned().unwrap_or_default(), param: grid.params[e.param].key.clone(), reason }
+        })
+        .collect()
+}
+
+pub fn analyze(header: &[String], rows: &[Vec<String>], max_loss: Option<f64>, no_effect: Vec<NoEffect>) -> Analysis {
     let col = |name: &str| header.iter().position(|h| h == name).expect("metric column present");
     let (cost, loss, hit, breaks, misses) = (col("cost_usd"), col("information_loss"), col("cache_hit_ratio"), col("cache_breaks"), col("recall_misses"));
     let knobs = &header[1..cost];
@@ -285,38 +440,106 @@ pub fn analyze(header: &[String], rows: &[Vec<String>], max_loss: Option<f64>) -
     let lo = losses.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = losses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let bound = max_loss.unwrap_or(if front.is_empty() { 0.0 } else { lo + 0.25 * (hi - lo) });
-    let recommended = front
-        .iter()
-        .copied()
-        .filter(|&i| points[i].information_loss <= bound)
-        .min_by(|&a, &b| points[a].cost_usd.total_cmp(&points[b].cost_usd).then(a.cmp(&b)));
-    let mut text = format!(
+    let same_objectives = |a: usize, b: usize| points[a].cost_usd == points[b].cost_usd && points[a].information_loss == points[b].information_loss;
+    // Nothing to choose from: every result identical (every metric cell, the outcome digests
+    // included), or every point tied on both objectives.
+    let equal = if rows.len() < 2 {
+        None
+    } else if rows.iter().all(|r| r[cost..] == rows[0][cost..]) {
+        Some(format!("every one of the {} points gave the same results on every input: the swept knobs changed nothing here", rows.len()))
+    } else if (1..rows.len()).all(|i| same_objectives(0, i)) {
+        Some(format!(
+            "all {} points tie on cost (${}) and information loss ({}); they differ only in other metrics, so the objectives cannot choose",
+            rows.len(),
+            rows[0][cost],
+            rows[0][loss]
+        ))
+    } else {
+        None
+    };
+    let recommended = if equal.is_some() {
+        None
+    } else {
+        front
+            .iter()
+            .copied()
+            .filter(|&i| points[i].information_loss <= bound)
+            .min_by(|&a, &b| points[a].cost_usd.total_cmp(&points[b].cost_usd).then(a.cmp(&b)))
+    };
+    let tied: Vec<usize> = recommended.map_or_else(Vec::new, |r| (0..rows.len()).filter(|&i| i != r && same_objectives(r, i)).collect());
+    let mut text = String::new();
+    for warning in &no_effect {
+        text.push_str(&format!("warning: {}\n", warning.line()));
+    }
+    text.push_str(&format!(
         "{} points, {} on the Pareto front of cost against information loss (tokens dropped + {} × recall misses).\n",
         rows.len(),
         front.len(),
         RECALL_MISS_TOKENS
-    );
+    ));
     text.push_str(&format!("Rule: the cheapest point on the front with information loss ≤ {bound:.0}{}.\n", if max_loss.is_some() { " (--max-loss)" } else { " (front's lowest loss + 25% of its range)" }));
-    match recommended {
-        Some(i) => {
+    match (recommended, &equal) {
+        (_, Some(why)) => text.push_str(&format!("Recommended: none ({why}).\n")),
+        (Some(i), None) => {
             let r = &rows[i];
             text.push_str(&format!(
                 "Recommended: point {} ({}): cost ${}, hit ratio {}, {} cache breaks, information loss {} ({} recall misses).\n",
                 r[0], label(r), r[cost], r[hit], r[breaks], r[loss], r[misses]
             ));
+            if !tied.is_empty() {
+                let names: Vec<&str> = tied.iter().map(|&t| rows[t][0].as_str()).collect();
+                text.push_str(&format!(
+                    "Tie: points {} have the same cost and information loss as point {}; the recommendation is over these {} tied points (the lowest index is shown), not a choice between them.\n",
+                    names.join(", "),
+                    r[0],
+                    tied.len() + 1
+                ));
+            }
         }
-        None => text.push_str("Recommended: none (no point on the front within the bound).\n"),
+        (None, None) => text.push_str("Recommended: none (no point on the front within the bound).\n"),
     }
     text.push_str("Front:\n");
     for &i in &front {
         let r = &rows[i];
         text.push_str(&format!("  point {:>4}  cost ${}  loss {:>10}  {}\n", r[0], r[cost], r[loss], label(r)));
     }
-    Analysis { front, points, bound, recommended, text }
+    Analysis { front, points, bound, recommended, tied, equal, no_effect, text }
 }
 
-/// Writes sweep.csv, recommendation.txt, pareto.svg, pareto.png and sweep.html under `dir`.
-pub fn write_outputs(dir: &Path, signature: &str, header: &[String], rows: &[Vec<String>], max_loss: Option<f64>) -> anyhow::Result<Analysis> {
+/// `sweep.json`: the grid's signature, every point's cells by column, and the analysis.
+fn sweep_json(signature: &str, header: &[String], rows: &[Vec<String>], analysis: &Analysis) -> anyhow::Result<Vec<u8>> {
+    let points: Vec<serde_json::Map<String, serde_json::Value>> =
+        rows.iter().map(|r| header.iter().zip(r).map(|(h, v)| (h.clone(), serde_json::Value::String(v.clone()))).collect()).collect();
+    let label = |i: usize| rows[i][0].parse::<usize>().unwrap_or(i);
+    let json = serde_json::json!({
+        "grid": signature,
+        "points": points,
+        "front": analysis.front.iter().map(|&i| label(i)).collect::<Vec<_>>(),
+        "bound": analysis.bound,
+        "recommended": analysis.recommended.map(label),
+        "tied_with_recommended": analysis.tied.iter().map(|&i| label(i)).collect::<Vec<_>>(),
+        "no_recommendation_because": analysis.equal,
+        "no_effect": analysis.no_effect,
+        "warnings": analysis.no_effect.iter().map(NoEffect::line).collect::<Vec<_>>(),
+    });
+    let mut out = serde_json::to_vec_pretty(&json)?;
+    out.push(b'\n');
+    Ok(out)
+}
+
+/// `no_effect.csv`: one line per input and parameter that changed no result there.
+fn no_effect_csv(no_effect: &[NoEffect]) -> anyhow::Result<Vec<u8>> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    writer.write_record(["input", "param", "reason"])?;
+    for n in no_effect {
+        writer.write_record([n.input.as_str(), n.param.as_str(), n.reason.as_str()])?;
+    }
+    Ok(writer.into_inner()?)
+}
+
+/// Writes sweep.csv, sweep.json, no_effect.csv, recommendation.txt, pareto.svg, pareto.png and
+/// sweep.html under `dir`.
+pub fn write_outputs(dir: &Path, signature: &str, header: &[String], rows: &[Vec<String>], max_loss: Option<f64>, no_effect: Vec<NoEffect>) -> anyhow::Result<Analysis> {
     use crate::report::output::write_atomic;
     let mut out = signature.as_bytes().to_vec();
     out.push(b'\n');
@@ -326,14 +549,22 @@ pub fn write_outputs(dir: &Path, signature: &str, header: &[String], rows: &[Vec
         writer.write_record(row)?;
     }
     write_atomic(&dir.join("sweep.csv"), &writer.into_inner()?)?;
-    let analysis = analyze(header, rows, max_loss);
+    let analysis = analyze(header, rows, max_loss, no_effect);
+    write_atomic(&dir.join("sweep.json"), &sweep_json(signature, header, rows, &analysis)?)?;
+    write_atomic(&dir.join("no_effect.csv"), &no_effect_csv(&analysis.no_effect)?)?;
     write_atomic(&dir.join("recommendation.txt"), analysis.text.as_bytes())?;
     let chart = pareto_chart("Cost against information loss", &analysis.points, "information loss (tokens)");
     let svg = render_svg(&chart).map_err(|e| anyhow::anyhow!("{}: {}", e.chart, e.message))?;
     write_atomic(&dir.join("pareto.svg"), svg.as_bytes())?;
     write_png(&chart, &dir.join("pareto.png")).map_err(|e| anyhow::anyhow!("{}: {}", e.chart, e.message))?;
+    let warnings: String = analysis
+        .no_effect
+        .iter()
+        .map(|n| format!("<li class=\"warning\">{}</li>", crate::report::html::escape(&n.line())))
+        .collect();
+    let warnings = if warnings.is_empty() { String::new() } else { format!("<section id=\"no-effect\"><h2>Parameters without effect</h2><ul>{warnings}</ul></section>") };
     let html = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>ctxsim sweep</title></head><body><h1>Sweep</h1><section id=\"pareto\">{svg}</section><pre>{}</pre></body></html>\n",
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>ctxsim sweep</title></head><body><h1>Sweep</h1>{warnings}<section id=\"pareto\">{svg}</section><pre>{}</pre></body></html>\n",
         crate::report::html::escape(&analysis.text)
     );
     write_atomic(&dir.join("sweep.html"), html.as_bytes())?;

@@ -111,3 +111,28 @@ fn every_preset_runs_on_every_real_session() {
     assert_eq!(out.len(), 6 * strategies.len());
     assert!(out.iter().all(|e| e.kind == "recording" && e.summary.requests > 0));
 }
+
+/// Strategies that give exactly the same results on an input are named as such (table note,
+/// CSV column, JSON field) instead of being ranked as if they differed; the reason is given when
+/// the replay of a recording explains it.
+#[test]
+fn strategies_with_the_same_results_are_named() {
+    let multi = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/multi-turn.yaml");
+    let spotter = super::support::realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let inputs = load_inputs(&[multi, spotter]).unwrap();
+    let mut buffer = Strategy::resolve("claude-code").unwrap();
+    buffer.set("compact.autocompact.buffer_tokens", "40000").unwrap();
+    buffer.name = "buffer-40k".into();
+    let strategies = vec![Strategy::resolve("claude-code").unwrap(), Strategy::resolve("claude-code-1h").unwrap(), buffer];
+    let out = compare(&inputs, &strategies, &measurer, false).unwrap();
+    // multi-turn never nears the threshold: the buffer changes nothing; the TTL does.
+    assert_eq!(out[1].same_results_as, None);
+    assert_eq!(out[2].same_results_as.as_deref(), Some("claude-code"));
+    // The replay does not honour the buffer, and says why.
+    assert!(out[5].same_results_as.as_deref().unwrap().starts_with("claude-code (a replay of a recording honours only"), "{:?}", out[5].same_results_as);
+    assert!(compare_table(&out).contains("- no difference on multi-turn.yaml: buffer-40k gave the same results as claude-code"));
+    let csv = String::from_utf8(compare_csv(&out)).unwrap();
+    assert!(csv.lines().next().unwrap().contains(",same_results_as,"));
+    assert!(serde_json::to_string(&out[2]).unwrap().contains("\"same_results_as\":\"claude-code\""));
+    assert!(!serde_json::to_string(&out[1]).unwrap().contains("same_results_as"));
+}

@@ -12,7 +12,7 @@ fn scenario(name: &str) -> String {
 }
 
 fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    ["sweep.csv", "recommendation.txt", "pareto.svg", "sweep.html"]
+    ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt", "pareto.svg", "sweep.html"]
         .iter()
         .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"))))
         .collect()
@@ -95,4 +95,119 @@ fn points_seeded_with_the_base_counts_measure_as_fresh_ones() {
         assert_eq!(serde_json::to_string(&a.rows).unwrap(), serde_json::to_string(&b.rows).unwrap(), "{kind:?}");
         assert!(seeded.counter().tokenized_blocks < warm.counter().tokenized_blocks / 2, "{kind:?}: the seed saved most tokenizing");
     }
+}
+
+/// Runs `ctxsim sweep ARGS --out DIR`, expecting success: (stdout, stderr).
+fn sweep_output(args: &[&str], out: &Path) -> (String, String) {
+    let out_arg = out.display().to_string();
+    let mut all: Vec<&str> = vec!["sweep", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str()];
+    all.extend_from_slice(args);
+    let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(&all).output().unwrap();
+    assert!(run.status.success(), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
+    (String::from_utf8(run.stdout).unwrap(), String::from_utf8(run.stderr).unwrap())
+}
+
+/// The issue's case: on a real session the replay does not honour the autocompact buffer, so
+/// the 12 points are equal. The sweep says so per input (stderr, recommendation, JSON, CSV,
+/// HTML) and recommends nothing instead of point 0.
+#[test]
+fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = crate::support::realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let session = session.display().to_string();
+    let (stdout, stderr) = sweep_output(&[session.as_str(), "--param", "compact.autocompact.buffer_tokens=5000..60000:5000"], dir.path());
+    let warning = "warning: no effect on 258c7280-ae70-4798-800f-63464d01a85d.jsonl: compact.autocompact.buffer_tokens changed no result \
+                   (the replay of a recording does not honour this knob";
+    assert!(stderr.contains(warning), "stderr: {stderr}");
+    assert!(stdout.contains(warning), "stdout: {stdout}");
+    assert!(stdout.contains("Recommended: none (every one of the 12 points gave the same results on every input"), "{stdout}");
+    assert!(!stdout.contains("Recommended: point"), "{stdout}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["recommended"], serde_json::Value::Null);
+    assert_eq!(json["no_effect"][0]["param"], "compact.autocompact.buffer_tokens");
+    assert_eq!(json["points"].as_array().unwrap().len(), 12);
+    let csv = std::fs::read_to_string(dir.path().join("no_effect.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 2, "{csv}");
+    assert!(std::fs::read_to_string(dir.path().join("sweep.html")).unwrap().contains("id=\"no-effect\""));
+}
+
+/// A knob that does matter gives no warning: the autocompact buffer moves the threshold across
+/// the scenario's reported 167,110 tokens.
+#[test]
+fn a_knob_with_effect_gives_no_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = scenario("autocompact-200k.yaml");
+    let (stdout, stderr) = sweep_output(&[input.as_str(), "--param", "compact.autocompact.buffer_tokens=10000,13000,20000"], dir.path());
+    assert!(!stderr.contains("no effect"), "{stderr}");
+    assert!(!stdout.contains("warning"), "{stdout}");
+    assert!(stdout.contains("Recommended: point 0"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("no_effect.csv")).unwrap(), "input,param,reason\n");
+    // Points 1 and 2 both compact, with the same results: their outcome digests are equal.
+    let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();
+    let outcomes: Vec<&str> = csv.lines().skip(2).map(|l| l.rsplit(',').next().unwrap()).collect();
+    assert_ne!(outcomes[0], outcomes[1]);
+    assert_eq!(outcomes[1], outcomes[2]);
+}
+
+/// The rendered recommendation of a grid with one knob that matters (the TTL) and one that does
+/// not (the autocompact buffer, far above these scenarios' context): a warning per input with
+/// the peak against the lowest threshold, and the tie the recommendation is over.
+#[test]
+fn recommendation_with_warnings_and_ties_renders() {
+    let dir = tempfile::tempdir().unwrap();
+    sweep(dir.path(), &[]);
+    let text = std::fs::read_to_string(dir.path().join("recommendation.txt")).unwrap();
+    insta::assert_snapshot!("sweep_recommendation_no_effect_and_tie", text);
+}
+
+fn rows(cells: &[[&str; 2]]) -> (Vec<String>, Vec<Vec<String>>) {
+    use ctxsim::report::sweep::{Grid, Param};
+    let grid = Grid { params: vec![Param::parse("k=a,b,c").unwrap()], base: "claude-code".into(), inputs: vec!["x".into()] };
+    let header = grid.header();
+    let rows = cells
+        .iter()
+        .enumerate()
+        .map(|(i, [cost, breaks])| {
+            let mut row = vec![i.to_string(), grid.point(i)[0].to_owned(), (*cost).to_owned(), "0.5".into(), (*breaks).to_owned()];
+            row.extend(["0", "100", "0", "0", "100", "1000", "10", "0"].map(str::to_owned));
+            row.push(format!("{cost}{breaks}/1000"));
+            row
+        })
+        .collect();
+    (header, rows)
+}
+
+/// Points equal on both objectives but not in every metric: no recommendation, and the text
+/// says the objectives cannot choose. Points tied for best: the recommendation names the tie.
+#[test]
+fn ties_on_the_objectives_are_named() {
+    use ctxsim::report::sweep::analyze;
+    let (header, all_tied) = rows(&[["1.000000", "0"], ["1.000000", "2"], ["1.000000", "1"]]);
+    let analysis = analyze(&header, &all_tied, None, Vec::new());
+    assert_eq!(analysis.recommended, None);
+    assert!(analysis.text.contains("Recommended: none (all 3 points tie on cost ($1.000000) and information loss (100)"), "{}", analysis.text);
+    let (header, two_tied) = rows(&[["2.000000", "0"], ["1.000000", "2"], ["1.000000", "1"]]);
+    let analysis = analyze(&header, &two_tied, None, Vec::new());
+    assert_eq!((analysis.recommended, analysis.tied.clone()), (Some(1), vec![2]));
+    assert!(analysis.text.contains("Tie: points 2 have the same cost and information loss as point 1"), "{}", analysis.text);
+    let (header, distinct) = rows(&[["2.000000", "0"], ["1.000000", "2"], ["3.000000", "1"]]);
+    let analysis = analyze(&header, &distinct, None, Vec::new());
+    assert_eq!((analysis.recommended, analysis.tied.len(), analysis.equal.is_none()), (Some(1), 0, true));
+}
+
+/// No effect is decided per parameter with the others held fixed: a knob that changes results
+/// under one value of another knob has an effect.
+#[test]
+fn param_effects_hold_the_other_params_fixed() {
+    use ctxsim::report::effects::param_effects;
+    use ctxsim::report::sweep::{Grid, Param};
+    let grid = Grid { params: vec![Param::parse("a=1,2").unwrap(), Param::parse("b=x,y,z").unwrap()], base: "claude-code".into(), inputs: vec![] };
+    // Outcomes per point (a outer, b inner) for two inputs: on input 0 only `a` matters, on
+    // input 1 `b` matters only when a=2.
+    let outcomes: Vec<Vec<String>> = [["A", "P"], ["A", "P"], ["A", "P"], ["B", "P"], ["B", "Q"], ["B", "P"]]
+        .iter()
+        .map(|r| r.iter().map(|s| (*s).to_owned()).collect())
+        .collect();
+    let effects: Vec<(usize, usize, usize)> = param_effects(&grid, &outcomes).iter().map(|e| (e.input, e.param, e.distinct)).collect();
+    assert_eq!(effects, [(0, 0, 2), (0, 1, 1), (1, 0, 2), (1, 1, 2)]);
 }

@@ -1,0 +1,7 @@
+//! Prints a generated scenario of N scripted turns (`ctxsim::synth::scripted_scenario`), for
+//! measuring `ctxsim run` on long scripts: `cargo run --example synth_scenario -- 2000 > s.yaml`.
+fn main() {
+    let turns: usize = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(1_000);
+    let seed: u64 = std::env::args().nth(2).and_then(|n| n.parse().ok()).unwrap_or(7);
+    print!("{}", ctxsim::synth::scripted_scenario(seed, turns));
+}

@@ -1,0 +1,248 @@
+//! Knobs that change nothing, and strategies that give the same results: `sweep` and `compare`
+//! say so per input instead of ranking equal results as if they had been weighed.
+//!
+//! "No effect" is decided by comparing results, never guessed: every (point, input) result is
+//! reduced to an [`outcome_digest`] (an xxh3 of every measured row, the information loss, the
+//! compactions and the divergence note), and a parameter has no effect on an input when every
+//! set of grid points that differ only in that parameter's value gives one digest. The reason
+//! shown is then looked up, in this order: the replay of a recording does not honour the knob
+//! (the replay options of every value are equal); the knob's stage is disabled at every point;
+//! the session never reaches the autocompaction threshold (its peak context against the lowest
+//! threshold of the grid); otherwise no reason is claimed.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::agent::compact::counting::Thresholds;
+use crate::agent::compact::ModelLimits;
+use crate::report::compare::{Evaluation, Input, LoadedInput};
+use crate::report::sweep::Grid;
+use crate::strategy::Strategy;
+
+/// A digest of everything measured about one input under one strategy (16 hex digits; equal
+/// digests = equal results). Needs the evaluation's rows (`keep_rows`).
+pub fn outcome_digest(evaluation: &Evaluation) -> String {
+    use std::hash::Hasher;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for row in &evaluation.rows {
+        // Everything measured, but of the stages only those that fired: a stage that did not
+        // fire reports the threshold it checked against, which is the knob, not a result.
+        let mut row = row.clone();
+        row.stages.retain(|s| s.fired);
+        hasher.write(&serde_json::to_vec(&row).expect("rows serialize"));
+        hasher.write_u8(b'\n');
+    }
+    hasher.write(&serde_json::to_vec(&evaluation.summary.info_loss).expect("info loss serializes"));
+    hasher.write(&serde_json::to_vec(&evaluation.compactions).expect("compactions serialize"));
+    hasher.write(evaluation.divergence.as_deref().unwrap_or("").as_bytes());
+    format!("{:016x}", hasher.finish())
+}
+
+/// One parameter that changed no result on one input.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NoEffect {
+    pub input: String,
+    pub param: String,
+    /// Why, when it could be established; else "".
+    pub reason: String,
+}
+
+impl NoEffect {
+    /// The warning line: `no effect on X: KEY changed no result (REASON)`.
+    pub fn line(&self) -> String {
+        let name = Path::new(&self.input).file_name().map_or_else(|| self.input.clone(), |n| n.to_string_lossy().into_owned());
+        if self.reason.is_empty() {
+            format!("no effect on {name}: {} changed no result", self.param)
+        } else {
+            format!("no effect on {name}: {} changed no result ({})", self.param, self.reason)
+        }
+    }
+}
+
+/// How much one parameter changed the results of one input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamEffect {
+    pub input: usize,
+    pub param: usize,
+    /// The most distinct results the parameter's values gave with the other parameters held
+    /// fixed (1 = no effect).
+    pub distinct: usize,
+}
+
+/// Per input and parameter with at least two values: how many distinct results its values gave
+/// (the most over the settings of the other parameters). `outcomes[point][input]` is the digest
+/// of that job; points are the grid's, in order, all of them.
+pub fn param_effects(grid: &Grid, outcomes: &[Vec<String>]) -> Vec<ParamEffect> {
+    let mut out = Vec::new();
+    let inputs = outcomes.first().map_or(0, Vec::len);
+    for input in 0..inputs {
+        for (k, param) in grid.params.iter().enumerate() {
+            let n = param.values.len();
+            if n < 2 {
+                continue;
+            }
+            // The points where param k takes its first value; each with its n − 1 siblings
+            // that differ from it in param k only.
+            let stride: usize = grid.params[k + 1..].iter().map(|p| p.values.len()).product();
+            let distinct = (0..outcomes.len())
+                .filter(|p| (p / stride).is_multiple_of(n))
+                .map(|first| {
+                    let mut seen: Vec<&str> = (0..n).map(|d| outcomes[first + d * stride][input].as_str()).collect();
+                    seen.sort_unstable();
+                    seen.dedup();
+                    seen.len()
+                })
+                .max()
+                .unwrap_or(1);
+            out.push(ParamEffect { input, param: k, distinct });
+        }
+    }
+    out
+}
+
+/// The model limits an input runs under (the window a `[1m]` model id implies, 200k otherwise;
+/// the scenario's overrides).
+fn limits(input: &Input) -> ModelLimits {
+    let window_of = |model: &str| if model.contains("[1m]") { 1_000_000 } else { 200_000 };
+    match &input.loaded {
+        LoadedInput::Scenario(s) => ModelLimits {
+            context_window: s.world.context_window.unwrap_or_else(|| window_of(&s.world.model)),
+            max_output_tokens: s.world.max_output_tokens.unwrap_or(32_000),
+        },
+        LoadedInput::Session(s) => ModelLimits {
+            context_window: s.calls.iter().find(|c| c.lane == "main").map_or(200_000, |c| window_of(&c.model)),
+            max_output_tokens: 32_000,
+        },
+    }
+}
+
+/// The value at a dotted key of a strategy's JSON form.
+fn knob(strategy: &Strategy, key: &str) -> Option<serde_json::Value> {
+    let root = serde_json::to_value(strategy).ok()?;
+    key.split('.').try_fold(&root, |slot, part| slot.get(part)).cloned()
+}
+
+/// Why a parameter would have changed nothing on an input, as far as the grid's strategies and
+/// the input tell before any result: written into partial CSVs so that a merge of shards says
+/// what the unsharded run says. [`Reason::text`] completes it with the input's peak context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// A reason that holds whatever the results.
+    Known(String),
+    /// The knob moves the autocompaction threshold, lowest at this many tokens over the grid:
+    /// the reason holds when the input's peak context stays below it.
+    BelowThreshold(u64),
+    None,
+}
+
+impl Reason {
+    /// The reason for `param` on `input`: the replay of a recording does not honour the knob
+    /// (every value gives the same replay options); the knob's stage is disabled at every point;
+    /// the knob moves the autocompaction threshold. `strategies` are every point's.
+    pub fn find(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input) -> Reason {
+        let key = &grid.params[param].key;
+        if matches!(input.loaded, LoadedInput::Session(_)) {
+            let options: Vec<_> = strategies.iter().map(crate::replay::ReplayOptions::from_strategy).collect();
+            if options.windows(2).all(|w| w[0] == w[1]) {
+                return Reason::Known(
+                    "the replay of a recording does not honour this knob: it honours the main lane's TTL, the recorded microcompacts, \
+                     the peer mechanisms and API context editing, and the recording fixes the rest"
+                        .to_owned(),
+                );
+            }
+        }
+        let mut parts = key.split('.');
+        if let (Some("compact"), Some(stage)) = (parts.next(), parts.next()) {
+            let disabled = |s: &Strategy| {
+                knob(s, &format!("compact.{stage}.enabled")) == Some(serde_json::Value::Bool(false))
+                    || (stage == "autocompact" && s.compact.autocompact.compact_disabled)
+            };
+            if !key.ends_with(".enabled") && strategies.iter().all(disabled) {
+                return Reason::Known(format!("the stage {stage} is disabled at every point of the grid"));
+            }
+        }
+        if key.starts_with("compact.autocompact.") {
+            let limits = limits(input);
+            let lowest = strategies.iter().map(|s| Thresholds::compute(limits, &s.compact).autocompact).min();
+            if let Some(lowest) = lowest {
+                return Reason::BelowThreshold(lowest);
+            }
+        }
+        Reason::None
+    }
+
+    /// The reason shown, given the input's peak context over the grid ("" for none).
+    pub fn text(&self, peak: u64) -> String {
+        match self {
+            Reason::Known(text) => text.clone(),
+            Reason::BelowThreshold(lowest) if peak < *lowest => format!(
+                "the session never reaches the autocompaction threshold: its peak context is {} tokens, the lowest threshold in the grid is {}",
+                thousands(peak),
+                thousands(*lowest)
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// One line of text (for the partial CSVs' header lines).
+    pub fn encode(&self) -> String {
+        match self {
+            Reason::Known(text) => format!("known {}", text.replace('\n', " ")),
+            Reason::BelowThreshold(lowest) => format!("threshold {lowest}"),
+            Reason::None => "none".to_owned(),
+        }
+    }
+
+    pub fn decode(line: &str) -> Option<Reason> {
+        let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match kind {
+            "known" => Some(Reason::Known(rest.to_owned())),
+            "threshold" => rest.parse().ok().map(Reason::BelowThreshold),
+            "none" => Some(Reason::None),
+            _ => None,
+        }
+    }
+}
+
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Per input, strategies of a comparison that gave exactly the same results as an earlier one:
+/// (input, the strategies of one group, in the order given), for groups of two or more.
+pub fn equal_strategies(evaluations: &[Evaluation], digests: &[String]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    let mut inputs: Vec<&str> = Vec::new();
+    for e in evaluations {
+        if !inputs.contains(&e.input.as_str()) {
+            inputs.push(&e.input);
+        }
+    }
+    for input in inputs {
+        let of_input: Vec<usize> = (0..evaluations.len()).filter(|&i| evaluations[i].input == input).collect();
+        let mut grouped = vec![false; of_input.len()];
+        for (a, &i) in of_input.iter().enumerate() {
+            if grouped[a] {
+                continue;
+            }
+            let group: Vec<usize> = (a..of_input.len()).filter(|&b| digests[of_input[b]] == digests[i]).collect();
+            if group.len() > 1 {
+                for &b in &group {
+                    grouped[b] = true;
+                }
+                out.push((input.to_owned(), group.iter().map(|&b| evaluations[of_input[b]].strategy.clone()).collect()));
+            }
+        }
+    }
+    out
+}
