@@ -147,7 +147,7 @@ impl Reason {
             if options.windows(2).all(|w| w[0] == w[1]) {
                 return Reason::Known(
                     "the replay of a recording does not honour this knob: it honours the main lane's TTL, the recorded microcompacts, \
-                     the peer mechanisms and API context editing, and the recording fixes the rest"
+                     the peer mechanisms, API context editing and the autocompact settings, and the recording fixes the rest"
                         .to_owned(),
                 );
             }
