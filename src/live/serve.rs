@@ -193,7 +193,9 @@ impl Service {
             Ok(served) => served,
             Err(e) => return HttpReply::error(404, "not_found_error", format!("model: {e}")),
         };
-        let rejected = simulated_api_error(served.flat.total_tokens, info.context_window);
+        // The API's 400s (a misplaced system message, a malformed edit list) and a prompt over
+        // the window are rejected before any sampling.
+        let rejected = served.error.clone().or_else(|| simulated_api_error(served.flat.total_tokens, info.context_window));
         // A rejected request samples nothing: the reply stays for the next request of its lane.
         let reply = rejected.is_none().then(|| self.script.next(lane));
         let mut input = MeasureInput::new(lane, time_ms, &body);

@@ -278,7 +278,17 @@ impl Measurer {
 
     /// [`Self::serve`] with a key of the fields other than `messages` and a key per message
     /// ([`Flattener::flatten_with_keys`]).
+    /// A misplaced `role:"system"` message ([`crate::api::system_messages::check`]) is the API's
+    /// 400: the request is served with that error.
     pub fn serve_with_keys(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
+        let mut served = self.serve_edited(body, head_key, keys)?;
+        if let Err(error) = crate::api::system_messages::check(body) {
+            served.error = Some(error);
+        }
+        Ok(served)
+    }
+
+    fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
         let family = self.model_info(&body.model)?.family.clone();
         let flat = self.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
@@ -337,7 +347,8 @@ impl Measurer {
             input.rejected = edit_error;
         }
         let info = self.model_info(&input.body.model)?;
-        let (min_cacheable_tokens, price) = (info.min_cacheable_tokens, info.price);
+        let min_cacheable_tokens = info.min_cacheable_tokens;
+        let info_index = self.last_model.as_ref().map(|(_, i)| *i).expect("model_info remembers the model");
         for event in &input.events {
             for lane in self.lanes.values_mut() {
                 lane.pending_events.push(event.clone());
@@ -400,7 +411,7 @@ impl Measurer {
             });
         }
         let output_tokens = if error.is_some() { 0 } else { input.output_tokens };
-        let cost_usd = round9(price.cost(
+        let cost_usd = round9(self.table.models[info_index].cost(
             outcome.input_tokens,
             output_tokens,
             outcome.cache_read_input_tokens,
