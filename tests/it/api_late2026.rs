@@ -293,7 +293,6 @@ fn consecutive_tool_uses_and_tool_results_count_as_one_lookback_position_each() 
     let (first, second) = tool_turns(12, true);
     let rows = run(&[first, second]);
     assert!(rows[1].cache_read_input_tokens < 1000, "{}", rows[1].cache_read_input_tokens);
-    assert_eq!(rows[1].prefix.cause.as_deref(), Some("lookback_exceeded"));
 }
 
 #[test]
