@@ -146,6 +146,9 @@ pub struct Measurer {
     last_model: Option<(String, usize)>,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
     key_spaces: u64,
+    /// Divergences no journalled event explains get their cause from the bodies
+    /// ([`super::structure`]) instead of `unexplained_*`.
+    structural_causes: bool,
 }
 
 impl Measurer {
@@ -159,7 +162,21 @@ impl Measurer {
             flattener: Flattener::new(),
             last_model: None,
             key_spaces: 0,
+            structural_causes: false,
         }
+    }
+
+    /// This measurer reading causes from the request structure where nothing was journalled
+    /// (a client's log: `serve`, `analyze`): a change in tools, system or an earlier message
+    /// gets its class instead of `unexplained_*` ([`super::structure::cause`]).
+    pub fn with_structural_causes(mut self) -> Self {
+        self.structural_causes = true;
+        self
+    }
+
+    /// [`Self::with_structural_causes`] on a measurer held by reference.
+    pub fn set_structural_causes(&mut self, on: bool) {
+        self.structural_causes = on;
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -388,6 +405,13 @@ impl Measurer {
             None => false,
         };
         let mut prefix = attribute(lane.memory.as_ref(), &flat, &outcome, &events, is_break);
+        let structure = self.structural_causes.then(|| super::structure::Structure::of(input.body));
+        if let (Some(current), Some(previous)) = (&structure, lane.memory.as_ref().and_then(|m| m.structure.as_ref()))
+            && prefix.diverged_at.is_some()
+            && prefix.cause.as_deref().is_some_and(|c| c.starts_with("unexplained_"))
+        {
+            prefix.cause = Some(super::structure::cause(previous, current, &flat, prefix.common_blocks).to_owned());
+        }
         let mut stages = input.stages;
         let context_management = match (&error, edited) {
             (None, Some(edited)) => {
@@ -408,6 +432,7 @@ impl Measurer {
                 cached_after: outcome.cached_after(),
                 time_ms: input.time_ms,
                 deleted_tokens: outcome.cache_deleted_input_tokens,
+                structure,
             });
         }
         let output_tokens = if error.is_some() { 0 } else { input.output_tokens };
