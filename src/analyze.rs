@@ -375,7 +375,8 @@ impl LaneInference {
     /// when the request's prefix through the lane's last message count equals the lane's
     /// (compared by the chained prefix hash where that message ends).
     fn assign(&mut self, request: &Request, flat: &FlatRequest, messages: usize) -> String {
-        let first = if messages > 0 { flat.message_boundary(0) } else { None };
+        // The first message's own key: the same conversation under a changed head matches.
+        let first = if messages > 0 { crate::measure::structure::first_message_key(flat) } else { None };
         let signature = crate::measure::structure::signature(request, flat);
         let mut best: Option<(usize, usize)> = None;
         for (i, lane) in self.lanes.iter().enumerate() {

@@ -10,8 +10,9 @@
 //! - system: the billing-header block changed → `billing_fingerprint_changed`; `tool_choice`
 //!   changed → `tool_choice_changed`; else `system_changed`.
 //! - messages: `thinking` changed → `thinking_changed`; the top-level effort changed →
-//!   `effort_changed`; the conversation restarts from a compaction summary at or after the
-//!   divergence → `compaction`; else an earlier message was re-rendered → `message_rewritten`.
+//!   `effort_changed`; else an earlier message was re-rendered → `message_rewritten`.
+//! - anywhere: the conversation restarts from a new compaction summary (a user message opening
+//!   as the real client's or our summary does) → `compaction`, whatever else changed with it.
 //!
 //! **Lanes** ([`LaneRecognizer`]): a request continues the lane whose conversation it carries
 //! (the same first message, compared by block hashes, so markers and the string/list flip do not
@@ -42,8 +43,8 @@ pub struct Structure {
     pub tool_choice: Option<u128>,
     pub thinking: Option<u128>,
     pub effort: Option<String>,
-    /// Index of the first message carrying a compaction summary.
-    pub summary: Option<usize>,
+    /// Index of the first message carrying a compaction summary, and a hash of its text.
+    pub summary: Option<(usize, u128)>,
     /// A tool defined by value opens the rendered prompt ([`super::blocks::opens_with_inline_tool`]).
     pub inline_start: bool,
 }
@@ -77,7 +78,11 @@ impl Structure {
             tool_choice: value_hash(&request.tool_choice),
             thinking: value_hash(&request.thinking),
             effort: request.output_config.as_ref().and_then(|c| c.get("effort")).map(|e| e.to_string()),
-            summary: request.messages.iter().position(|m| m.role == Role::User && is_summary(&m.content)),
+            summary: request
+                .messages
+                .iter()
+                .position(|m| m.role == Role::User && is_summary(&m.content))
+                .map(|i| (i, hash128(request.messages[i].content.joined_text().as_bytes()))),
             inline_start: super::blocks::opens_with_inline_tool(request),
         }
     }
@@ -87,6 +92,11 @@ impl Structure {
 pub fn cause(previous: &Structure, current: &Structure, flat: &FlatRequest, common: usize) -> &'static str {
     if current.inline_start != previous.inline_start {
         return "tool_defined_inline";
+    }
+    // A new summary explains whatever else changed with it (the billing fingerprint, the
+    // restored files, the system message): the root cause, as when it is journalled.
+    if current.summary.is_some() && current.summary.map(|(_, h)| h) != previous.summary.map(|(_, h)| h) {
+        return "compaction";
     }
     let Some(block) = flat.blocks.get(common) else { return "message_rewritten" };
     match block.path.region {
@@ -107,14 +117,13 @@ pub fn cause(previous: &Structure, current: &Structure, flat: &FlatRequest, comm
         Region::System => "system_changed",
         Region::Messages if current.thinking != previous.thinking => "thinking_changed",
         Region::Messages if current.effort != previous.effort => "effort_changed",
-        Region::Messages if current.summary.is_some_and(|s| s >= block.path.index) && previous.summary != current.summary => "compaction",
         Region::Messages => "message_rewritten",
     }
 }
 
 /// A key of a request's first message: its blocks' hashes (markers and the string/list form
-/// left out, as the cache leaves them out).
-fn first_message_key(flat: &FlatRequest) -> Option<u128> {
+/// left out, as the cache leaves them out; the tools and system before it left out too).
+pub fn first_message_key(flat: &FlatRequest) -> Option<u128> {
     let start = flat.counts.tools + flat.counts.system;
     let blocks = flat.blocks[start..].iter().take_while(|b| b.path.region == Region::Messages && b.path.index == 0);
     let mut key = None;

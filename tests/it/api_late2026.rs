@@ -417,3 +417,188 @@ fn cache_reads_cost_per_model_and_haiku_5_5_has_a_prompt_length_tier() {
     assert!((write - (100_001.0 * 0.625 + 1_000.0 * 2.5) / 1e6).abs() < 1e-12, "{write}");
     assert!((read - (100_001.0 * 0.05 + 1_000.0 * 2.5) / 1e6).abs() < 1e-12, "{read}");
 }
+
+// ---- serve and analyze: lanes and causes from the request structure ----------------------------
+
+/// A client's request: a billing block, a system prompt, tools, messages (Opus 5.5).
+fn client_request(billing: &str, system: &str, tools: &[(&str, bool)], messages: Value) -> Value {
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|(name, deferred)| {
+            let mut t = json!({"name": name, "description": text_of(name, 150), "input_schema": {"type": "object"}});
+            if *deferred {
+                t["defer_loading"] = json!(true);
+            }
+            t
+        })
+        .collect();
+    json!({
+        "model": OPUS55, "max_tokens": 1000, "tools": tools,
+        "system": [
+            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.332.{billing}; cc_entrypoint=sdk-cli;")},
+            {"type": "text", "text": text_of(system, 800), "cache_control": cc()}
+        ],
+        "messages": messages,
+    })
+}
+
+const MAIN_TOOLS: &[(&str, bool)] = &[("Agent", false), ("Bash", false), ("Read", false), ("Placeholder", true)];
+
+/// A conversation of `turns` user prompts (the last one marked) with answers between.
+fn conversation(tag: &str, turns: usize) -> Value {
+    let mut messages = Vec::new();
+    for t in 0..turns {
+        if t > 0 {
+            messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": text_of(&format!("{tag}-a{t}"), 200)}]}));
+        }
+        let text = text_of(&format!("{tag}-u{t}"), 300);
+        messages.push(if t + 1 == turns { json!({"role": "user", "content": [{"type": "text", "text": text, "cache_control": cc()}]}) } else { json!({"role": "user", "content": text}) });
+    }
+    Value::Array(messages)
+}
+
+/// A main thread with a subagent between its turns, then one structural change per request.
+fn client_log() -> Vec<Value> {
+    let main = |turns| client_request("fp1", "main", MAIN_TOOLS, conversation("m", turns));
+    let subagent = |tag: &str, turns| client_request("fp1", "explore", &[("Bash", false), ("Read", false)], conversation(tag, turns));
+    let mut rewritten = conversation("m", 5);
+    rewritten[0]["content"] = json!(text_of("m-u0-edited", 300));
+    let summary = json!([{"role": "user", "content": [{"type": "text", "text": format!("This session is being continued from a previous conversation that ran out of context. {}", text_of("sum", 300)), "cache_control": cc()}]}]);
+    let mut loaded: Vec<(&str, bool)> = MAIN_TOOLS.to_vec();
+    loaded.push(("mcp__demo__echo", true));
+    let mut added = loaded.clone();
+    added.push(("Write", false));
+    vec![
+        main(1),
+        subagent("s", 1),
+        subagent("s", 2),
+        main(2),
+        client_request("fp1", "main", &loaded, conversation("m", 3)),
+        client_request("fp1", "main", &added, conversation("m", 4)),
+        client_request("fp1", "main-2", &added, conversation("m", 5)),
+        client_request("fp2", "main-2", &added, conversation("m", 6)),
+        client_request("fp2", "main-2", &added, rewritten),
+        client_request("fp3", "main-2", &added, summary),
+        // Another subagent of the same kind: a new conversation on its lane.
+        subagent("t", 1),
+    ]
+}
+
+const EXPECTED_LANES: &[&str] = &["main", "subagent:1", "subagent:1", "main", "main", "main", "main", "main", "main", "main", "subagent:1"];
+const EXPECTED_CAUSES: &[Option<&str>] = &[
+    Some("cold_start"),
+    None, // the subagent's first request reads nothing of its own: a cold start, counted as none
+    None,
+    None,
+    Some("tool_loaded"),
+    Some("tools_changed"),
+    Some("system_changed"),
+    Some("billing_fingerprint_changed"),
+    Some("message_rewritten"),
+    Some("compaction"),
+    None,
+];
+
+#[test]
+fn serve_keeps_subagents_apart_and_reads_causes_from_the_structure() {
+    use ctxsim::live::serve::{HttpRequest, ServeOptions, Service};
+    let script = ctxsim::live::script::Script::parse(r#"{}"#, "inline.json").unwrap();
+    let measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let mut service = Service::new(script, measurer, ServeOptions::default()).unwrap();
+    for body in client_log() {
+        let reply = service.handle(&HttpRequest { method: "POST".to_owned(), url: "/v1/messages".to_owned(), headers: Vec::new(), body: serde_json::to_vec(&body).unwrap() });
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+    }
+    let rows = service.rows();
+    let lanes: Vec<&str> = rows.iter().map(|r| r.lane.as_str()).collect();
+    assert_eq!(lanes, EXPECTED_LANES);
+    // The main thread resumes after the subagent: it extends its own previous request.
+    assert_eq!(rows[3].prefix.diverged_at, None);
+    assert!(!rows[3].cache_break);
+    let causes: Vec<Option<&str>> = rows.iter().map(|r| r.prefix.cause.as_deref()).collect();
+    assert_eq!(causes[4..10], EXPECTED_CAUSES[4..10]);
+    assert!(rows.iter().all(|r| !r.prefix.cause.as_deref().unwrap_or_default().starts_with("unexplained")), "{causes:?}");
+    // The second subagent is compared with nothing: no divergence from the first one's history.
+    assert_eq!(rows[10].prefix.diverged_at, None);
+}
+
+#[test]
+fn analyze_recognizes_subagents_and_reads_causes_from_the_structure() {
+    let text: String = client_log().iter().enumerate().map(|(i, body)| format!("{}\n", json!({"time_ms": i * 1000, "body": body}))).collect();
+    let log = ctxsim::analyze::read_log(text.as_bytes(), "log.jsonl").unwrap();
+    let mut m = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let rows = ctxsim::analyze::analyze(&log, &mut m, "log.jsonl").unwrap();
+    let lanes: Vec<&str> = rows.iter().map(|r| r.lane.as_str()).collect();
+    // Each subagent conversation is a lane of its own in a log.
+    assert_eq!(lanes, ["main", "subagent:1", "subagent:1", "main", "main", "main", "main", "main", "main", "main", "subagent:2"]);
+    let causes: Vec<Option<&str>> = rows.iter().map(|r| r.prefix.cause.as_deref()).collect();
+    assert_eq!(causes[4..10], EXPECTED_CAUSES[4..10]);
+    // Without the structure (a journalled run's measurer) the same divergences are unexplained.
+    let mut plain = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+    let rows: Vec<RequestMetrics> = log
+        .entries
+        .iter()
+        .zip(&lanes)
+        .map(|(entry, lane)| plain.measure(MeasureInput::new(lane, entry.time_ms, &entry.body)).unwrap())
+        .collect();
+    assert_eq!(rows[4].prefix.cause.as_deref(), Some("unexplained_tools"));
+    assert_eq!(rows[8].prefix.cause.as_deref(), Some("unexplained_messages"));
+}
+
+#[test]
+fn the_new_causes_are_in_the_closed_list() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies", "--causes", "--format", "json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<String> = v["causes"].as_array().unwrap().iter().map(|c| c["id"].as_str().or(c.as_str()).unwrap_or_default().to_owned()).collect();
+    for cause in ["effort_changed", "tool_defined_inline", "tool_loaded", "billing_fingerprint_changed", "message_rewritten", "compaction"] {
+        assert!(listed.iter().any(|c| c == cause), "{cause} not in {listed:?}");
+    }
+}
+
+#[test]
+fn the_structure_names_effort_thinking_and_inline_definition_changes() {
+    // Effort at the top level, then thinking, each a divergence at the messages level.
+    let mut base = request(json!([{"role": "user", "content": marked("u1", 1000)}]));
+    base.output_config = Some(json!({"effort": "medium"}));
+    let mut effort = base.clone();
+    effort.output_config = Some(json!({"effort": "high"}));
+    let mut thinking = effort.clone();
+    thinking.thinking = Some(json!({"type": "adaptive"}));
+    let mut m = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).with_structural_causes();
+    let causes: Vec<Option<String>> = [base, effort, thinking].iter().enumerate().map(|(i, r)| m.measure(MeasureInput::new("main", i as u64, r)).unwrap().prefix.cause).collect();
+    assert_eq!(causes[1].as_deref(), Some("effort_changed"));
+    assert_eq!(causes[2].as_deref(), Some("thinking_changed"));
+}
+
+// ---- diff-requests: tool_use names, tool_result is_error and content form -----------------------
+
+#[test]
+fn diff_requests_compares_tool_names_error_flags_and_result_forms() {
+    use ctxsim::shape::{Tolerance, diff, shapes};
+    let turn = |name: &str, is_error: bool, content: Value| {
+        json!({"model": OPUS55, "max_tokens": 10, "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": name, "input": {"p": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": content, "is_error": is_error}]}
+        ]})
+    };
+    let base = shapes([("main", turn("Read", false, json!("file text")))]);
+    let paths = |other: Value| diff(&base, &shapes([("main", other)]), Tolerance::default()).into_iter().map(|d| d.path).collect::<Vec<_>>();
+    assert_eq!(paths(turn("Read", false, json!("file text"))), Vec::<String>::new());
+    assert_eq!(paths(turn("Grep", false, json!("file text"))), ["messages[1].content[0].name"]);
+    assert_eq!(paths(turn("Read", true, json!("file text"))), ["messages[2].content[0].is_error"]);
+    assert_eq!(paths(turn("Read", false, json!([{"type": "text", "text": "file text"}]))), ["messages[2].content[0].content_form"]);
+    // Shapes written before these fields existed are compared without them.
+    let mut old = base.clone();
+    for message in &mut old[0].messages {
+        for block in &mut message.blocks {
+            (block.name, block.is_error, block.content_form) = (None, None, None);
+        }
+    }
+    assert!(diff(&old, &shapes([("main", turn("Grep", true, json!([])))]), Tolerance::default()).is_empty());
+    // The rendering shows them.
+    let text = ctxsim::shape::render(&shapes([("main", turn("Grep", true, json!([])))]));
+    assert!(text.contains("tool_use(Grep):7"), "{text}");
+    assert!(text.contains("tool_result:0 (blocks, error)"), "{text}");
+}
