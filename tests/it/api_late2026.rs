@@ -602,3 +602,49 @@ fn diff_requests_compares_tool_names_error_flags_and_result_forms() {
     assert!(text.contains("tool_use(Grep):7"), "{text}");
     assert!(text.contains("tool_result:0 (blocks, error)"), "{text}");
 }
+
+#[test]
+fn the_agents_subagent_runs_on_its_own_lane_in_serve() {
+    // The agent (live) with a general-purpose subagent on the main model, against serve: the
+    // script answers both from `main`, the measurement keeps the subagent apart.
+    use ctxsim::live::client::{ClientConfig, HttpClient};
+    use ctxsim::live::run::{LiveOptions, run_live};
+    let yaml = r#"
+name: live-subagent
+world:
+  model: claude-sonnet-4-6
+  clock_start: "2026-03-02T10:00:00Z"
+  cwd: /repo
+  files:
+    /repo/src/config.rs: "pub fn parse_config() {}\n"
+script:
+  - user: "Have an agent look at src/config.rs."
+"#;
+    let script = json!({"main": [
+        {"content": [{"text": "Sending an agent."}, {"tool_use": {"name": "Agent", "input": {"description": "Look", "prompt": "Read /repo/src/config.rs and summarize it.", "subagent_type": "general-purpose"}}}]},
+        {"content": [{"tool_use": {"name": "Read", "input": {"file_path": "/repo/src/config.rs"}}}]},
+        {"content": "It defines parse_config."},
+        {"content": "The agent says: it defines parse_config."}
+    ]});
+    let scenario = ctxsim::scenario::parse_scenario(yaml, "live.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let script = ctxsim::live::Script::parse(&script.to_string(), "script.json").unwrap();
+    let handle = ctxsim::live::start(0, ctxsim::live::Service::new(script, measurer(), ctxsim::live::ServeOptions::default()).unwrap()).unwrap();
+    let base_url = handle.base_url();
+    let env = |name: &str| match name {
+        "ANTHROPIC_API_KEY" => Some("test-key".to_owned()),
+        "ANTHROPIC_BASE_URL" => Some(base_url.clone()),
+        _ => None,
+    };
+    let mut client = HttpClient::new(ClientConfig { max_retries: 0, ..ClientConfig::from_env(env).unwrap() });
+    let output = run_live(&scenario, &mut measurer(), &ctxsim::strategy::Strategy::default(), &mut client, &LiveOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let served = handle.stop().unwrap();
+    let agent_lanes: Vec<&str> = output.calls.iter().map(|c| c.row.lane.as_str()).collect();
+    let served_lanes: Vec<&str> = served.rows.iter().map(|r| r.lane.as_str()).filter(|l| *l != "side").collect();
+    assert_eq!(agent_lanes.iter().filter(|l| l.starts_with("subagent")).count(), 2, "{agent_lanes:?}");
+    assert_eq!(served_lanes, ["main", "subagent:1", "subagent:1", "main"], "agent: {agent_lanes:?}");
+    for row in &served.rows {
+        let cause = row.prefix.cause.as_deref().unwrap_or_default();
+        assert!(!cause.starts_with("unexplained"), "{}: {cause}", row.lane);
+        assert!(!row.cache_break || row.lane != "main", "main broke at {}: {cause}", row.index);
+    }
+}
