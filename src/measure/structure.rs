@@ -33,6 +33,10 @@ pub const BILLING_PREFIX: &str = "x-anthropic-billing-header";
 /// How a compaction summary message opens: the real client's wording, then ours.
 pub const SUMMARY_OPENINGS: &[&str] = &["This session is being continued from a previous conversation", "This session continues an earlier conversation"];
 
+/// How many leading messages may carry a compaction summary (the real client puts restored
+/// file reads before it: 2.1.88 sends it in `messages[1]`).
+const SUMMARY_WITHIN: usize = 3;
+
 /// What structural attribution keeps of a request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Structure {
@@ -78,9 +82,12 @@ impl Structure {
             tool_choice: value_hash(&request.tool_choice),
             thinking: value_hash(&request.thinking),
             effort: request.output_config.as_ref().and_then(|c| c.get("effort")).map(|e| e.to_string()),
+            // A summary opens the conversation it restarts: only the first messages are read
+            // (a log repeats the whole history on every request).
             summary: request
                 .messages
                 .iter()
+                .take(SUMMARY_WITHIN)
                 .position(|m| m.role == Role::User && is_summary(&m.content))
                 .map(|i| (i, hash128(request.messages[i].content.joined_text().as_bytes()))),
             inline_start: super::blocks::opens_with_inline_tool(request),
