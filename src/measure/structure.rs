@@ -145,7 +145,8 @@ pub fn first_message_key(flat: &FlatRequest) -> Option<u128> {
 pub fn signature(request: &Request, flat: &FlatRequest) -> (u128, u128) {
     let texts = system_texts(request);
     let mut system = 0;
-    for block in flat.blocks.iter().filter(|b| b.path.region == Region::System) {
+    let start = flat.counts.tools;
+    for block in &flat.blocks[start..start + flat.counts.system] {
         if !texts.get(block.path.index).is_some_and(|t| t.starts_with(BILLING_PREFIX)) {
             system = chain(system, block.hash);
         }
