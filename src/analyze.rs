@@ -8,8 +8,11 @@
 //! Lanes not given are inferred: a request that extends the messages of an earlier lane's last
 //! request (same tools and system, that lane's messages as a prefix of its own) continues that
 //! lane, the longest such lane winning; a request whose first message equals the main lane's
-//! first message but does not extend it is the main lane re-rendered; anything else opens a
-//! new lane `side:N`.
+//! first message, or whose system prompt (the billing block aside) is the main lane's, but does
+//! not extend it is the main lane re-rendered or restarted (a compaction, a resume); a request
+//! with tools and another system prompt or tool set opens a subagent lane `subagent:N`;
+//! anything else opens a new lane `side:N`. No journal comes with a log: a divergence's cause
+//! is read from the bodies ([`crate::measure::structure`]).
 
 use std::io::BufRead;
 use std::path::Path;
@@ -355,6 +358,8 @@ struct LaneTrack {
     messages: usize,
     last_boundary: Option<u128>,
     first_message: Option<u128>,
+    /// The system prompt and tool set of its last request ([`crate::measure::structure::signature`]).
+    signature: (u128, u128),
 }
 
 /// Infers lanes for entries that do not name one.
@@ -362,14 +367,17 @@ struct LaneTrack {
 struct LaneInference {
     lanes: Vec<LaneTrack>,
     side_count: usize,
+    subagent_count: usize,
 }
 
 impl LaneInference {
     /// The lane of a request with `messages` messages, flattened as `flat`. A lane continues
     /// when the request's prefix through the lane's last message count equals the lane's
     /// (compared by the chained prefix hash where that message ends).
-    fn assign(&mut self, flat: &FlatRequest, messages: usize) -> String {
-        let first = if messages > 0 { flat.message_boundary(0) } else { None };
+    fn assign(&mut self, request: &Request, flat: &FlatRequest, messages: usize) -> String {
+        // The first message's own key: the same conversation under a changed head matches.
+        let first = if messages > 0 { crate::measure::structure::first_message_key(flat) } else { None };
+        let signature = crate::measure::structure::signature(request, flat);
         let mut best: Option<(usize, usize)> = None;
         for (i, lane) in self.lanes.iter().enumerate() {
             let n = lane.messages;
@@ -380,16 +388,23 @@ impl LaneInference {
         let index = match best {
             Some((i, _)) => i,
             None => {
-                let main_rerender = self.lanes.first().is_some_and(|main| main.first_message.is_some() && main.first_message == first);
+                let main_rerender = self.lanes.first().is_some_and(|main| {
+                    (main.first_message.is_some() && main.first_message == first) || (!request.tools().is_empty() && main.signature.0 == signature.0)
+                });
                 if main_rerender || self.lanes.is_empty() {
                     if self.lanes.is_empty() {
-                        self.lanes.push(LaneTrack { name: "main".to_owned(), messages: 0, last_boundary: None, first_message: first });
+                        self.lanes.push(LaneTrack { name: "main".to_owned(), messages: 0, last_boundary: None, first_message: first, signature });
                     }
                     0
                 } else {
-                    self.side_count += 1;
-                    let name = format!("side:{}", self.side_count);
-                    self.lanes.push(LaneTrack { name, messages: 0, last_boundary: None, first_message: first });
+                    let name = if request.tools().is_empty() {
+                        self.side_count += 1;
+                        format!("side:{}", self.side_count)
+                    } else {
+                        self.subagent_count += 1;
+                        format!("subagent:{}", self.subagent_count)
+                    };
+                    self.lanes.push(LaneTrack { name, messages: 0, last_boundary: None, first_message: first, signature });
                     self.lanes.len() - 1
                 }
             }
@@ -398,6 +413,7 @@ impl LaneInference {
         lane.messages = messages;
         lane.last_boundary = if messages > 0 { flat.message_boundary(messages - 1) } else { None };
         lane.first_message = first;
+        lane.signature = signature;
         lane.name.clone()
     }
 }
@@ -464,7 +480,7 @@ impl<'a> Measuring<'a> {
         let served = measurer
             .serve_with_keys(&entry.body, entry.head_key, entry.message_keys.as_deref())
             .map_err(|source| AnalyzeError::Model { path: path.to_owned(), line: entry.line, source })?;
-        let inferred = self.inference.assign(served.as_sent(), entry.body.messages.len());
+        let inferred = self.inference.assign(&entry.body, served.as_sent(), entry.body.messages.len());
         let lane = entry.lane.clone().unwrap_or(inferred);
         let mut input = MeasureInput::new(&lane, entry.time_ms, &entry.body);
         input.output_tokens = entry.usage.as_ref().map_or(0, |u| u.output_tokens);
@@ -485,6 +501,7 @@ impl<'a> Measuring<'a> {
 
 /// Measures every entry of a log in order.
 pub fn analyze(log: &RequestLog, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
+    measurer.set_structural_causes(true);
     count_ahead(log, measurer);
     let mut measuring = Measuring::new(path);
     for entry in &log.entries {
@@ -500,6 +517,7 @@ const STREAM_BATCH: usize = 64;
 /// [`analyze`]'s of the whole log read first ([`read_log`]), while memory stays that of a
 /// batch plus each distinct message once. The reader's warnings are left in it.
 pub fn analyze_stream<R: BufRead>(reader: &mut LogReader<R>, measurer: &mut Measurer, path: &str) -> Result<Vec<RequestMetrics>, AnalyzeError> {
+    measurer.set_structural_causes(true);
     let mut ahead = CountAhead::default();
     let mut measuring = Measuring::new(path);
     let mut batch = Vec::with_capacity(STREAM_BATCH);
@@ -521,11 +539,11 @@ pub fn analyze_stream<R: BufRead>(reader: &mut LogReader<R>, measurer: &mut Meas
 }
 
 /// The inferred lane with the most requests is `main`; the others are `side:N` in order of
-/// first appearance. Lanes the log named are left alone.
+/// first appearance. Lanes the log named, and subagent lanes, are left alone.
 fn rename_lanes(rows: &mut [RequestMetrics], named: &[bool]) {
     let mut order: Vec<(String, usize)> = Vec::new();
     for (row, named) in rows.iter().zip(named) {
-        if *named {
+        if *named || row.lane.starts_with("subagent:") {
             continue;
         }
         match order.iter_mut().find(|(name, _)| *name == row.lane) {
@@ -549,6 +567,7 @@ fn rename_lanes(rows: &mut [RequestMetrics], named: &[bool]) {
     }
     for (row, named) in rows.iter_mut().zip(named) {
         if !*named
+            && !row.lane.starts_with("subagent:")
             && let Some((_, new)) = names.iter().find(|(old, _)| *old == row.lane)
         {
             row.lane = new.clone();

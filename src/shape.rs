@@ -34,6 +34,22 @@ pub struct BlockShape {
     pub cache_control: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub markers: Vec<String>,
+    /// A tool_use's (or server_tool_use's) tool name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A tool_result's `is_error` (absent on the wire: false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_error: Option<bool>,
+    /// A tool_result's content form: `string`, `blocks`, or `none` (no content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_form: Option<String>,
+}
+
+impl BlockShape {
+    /// A text block of `text` (a string system prompt or string content).
+    fn text(text: &str) -> BlockShape {
+        BlockShape { kind: "text".to_owned(), chars: text.chars().count(), cache_control: None, markers: markers(text), name: None, is_error: None, content_form: None }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,7 +118,18 @@ fn block_shape(block: &Value) -> BlockShape {
         "thinking" => block.get("thinking").map(text_of).unwrap_or_default(),
         _ => block.to_string(),
     };
-    BlockShape { kind, chars: text.chars().count(), cache_control: cache_control(block), markers: markers(&text) }
+    let name = matches!(kind.as_str(), "tool_use" | "server_tool_use").then(|| block.get("name").and_then(Value::as_str).unwrap_or("?").to_owned());
+    let (is_error, content_form) = if kind == "tool_result" {
+        let form = match block.get("content") {
+            None | Some(Value::Null) => "none",
+            Some(Value::String(_)) => "string",
+            Some(_) => "blocks",
+        };
+        (Some(block.get("is_error").and_then(Value::as_bool).unwrap_or(false)), Some(form.to_owned()))
+    } else {
+        (None, None)
+    };
+    BlockShape { kind, chars: text.chars().count(), cache_control: cache_control(block), markers: markers(&text), name, is_error, content_form }
 }
 
 fn without_cache_control(value: &Value) -> Value {
@@ -152,7 +179,7 @@ pub fn shapes<'a>(requests: impl IntoIterator<Item = (&'a str, Value)>) -> Vec<R
     for (lane, body) in requests {
         let keys = body.as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
         let system = match body.get("system") {
-            Some(Value::String(s)) => vec![BlockShape { kind: "text".to_owned(), chars: s.chars().count(), cache_control: None, markers: markers(s) }],
+            Some(Value::String(s)) => vec![BlockShape::text(s)],
             Some(Value::Array(items)) => items.iter().map(block_shape).collect(),
             _ => Vec::new(),
         };
@@ -173,7 +200,7 @@ pub fn shapes<'a>(requests: impl IntoIterator<Item = (&'a str, Value)>) -> Vec<R
                 .map(|m| {
                     let role = m.get("role").and_then(Value::as_str).unwrap_or("?").to_owned();
                     match m.get("content") {
-                        Some(Value::String(s)) => MessageShape { role, string: true, blocks: vec![BlockShape { kind: "text".to_owned(), chars: s.chars().count(), cache_control: None, markers: markers(s) }] },
+                        Some(Value::String(s)) => MessageShape { role, string: true, blocks: vec![BlockShape::text(s)] },
                         Some(Value::Array(items)) => MessageShape { role, string: false, blocks: items.iter().map(block_shape).collect() },
                         _ => MessageShape { role, string: false, blocks: Vec::new() },
                     }
@@ -241,6 +268,17 @@ fn blocks(out: &mut Vec<Difference>, request: usize, path: &str, a: &[BlockShape
         same(out, request, format!("{path}[{i}].kind"), &x.kind, &y.kind);
         same(out, request, format!("{path}[{i}].cache_control"), &x.cache_control, &y.cache_control);
         same(out, request, format!("{path}[{i}].markers"), &x.markers, &y.markers);
+        // Compared where both sides know them: shapes written before these fields existed
+        // (older fixtures) carry none.
+        if let (Some(a), Some(b)) = (&x.name, &y.name) {
+            same(out, request, format!("{path}[{i}].name"), a, b);
+        }
+        if let (Some(a), Some(b)) = (&x.is_error, &y.is_error) {
+            same(out, request, format!("{path}[{i}].is_error"), a, b);
+        }
+        if let (Some(a), Some(b)) = (&x.content_form, &y.content_form) {
+            same(out, request, format!("{path}[{i}].content_form"), a, b);
+        }
         if !tol.sizes_agree(x.chars, y.chars) {
             out.push(Difference { request, path: format!("{path}[{i}].chars"), left: x.chars.to_string(), right: y.chars.to_string() });
         }
@@ -277,7 +315,13 @@ pub fn diff(left: &[RequestShape], right: &[RequestShape], tol: Tolerance) -> Ve
 /// One line per request, for people: lane, system, tools, messages with their blocks.
 pub fn render(shapes: &[RequestShape]) -> String {
     let block = |b: &BlockShape| {
-        let mut s = format!("{}:{}", b.kind, b.chars);
+        let mut s = match &b.name {
+            Some(name) => format!("{}({name}):{}", b.kind, b.chars),
+            None => format!("{}:{}", b.kind, b.chars),
+        };
+        if let Some(form) = &b.content_form {
+            s.push_str(&format!(" ({form}{})", if b.is_error == Some(true) { ", error" } else { "" }));
+        }
         if let Some(cc) = &b.cache_control {
             s.push_str(&format!(" [{cc}]"));
         }

@@ -107,7 +107,7 @@ fn entries_to_records(entries: Vec<Entry>, originals: &BTreeMap<u64, Record>) ->
             }
             _ => match entry.message().role {
                 Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
-                Role::User => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
+                Role::User | Role::System => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
             },
         };
         records.push(record);

@@ -11,6 +11,7 @@
 pub mod canonical;
 pub mod identical;
 pub mod structural;
+pub mod system_messages;
 mod content;
 mod request;
 mod response;

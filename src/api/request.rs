@@ -98,6 +98,10 @@ impl Request {
 pub enum Role {
     User,
     Assistant,
+    /// A mid-conversation system message (`{"role": "system", ...}` inside `messages`): operator
+    /// instructions from its position on, cached like any other message (see
+    /// [`crate::api::system_messages`] for where the API accepts one).
+    System,
 }
 
 impl Role {
@@ -105,6 +109,7 @@ impl Role {
         match self {
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::System => "system",
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct Service {
     messages: usize,
     tool_ids: usize,
     log: Option<RequestLogFile>,
+    /// Main and subagent lanes of the requests the script answers on `main`.
+    lanes: crate::measure::structure::LaneRecognizer,
 }
 
 impl Service {
@@ -128,7 +130,22 @@ impl Service {
             }
             None => None,
         };
-        Ok(Service { script, measurer, options, rows: Vec::new(), clock_ms: 0, last_time_ms: None, requests: 0, messages: 0, tool_ids: 0, log })
+        // No journal comes with a client's requests: causes are read from their structure.
+        let mut measurer = measurer;
+        measurer.set_structural_causes(true);
+        Ok(Service {
+            script,
+            measurer,
+            options,
+            rows: Vec::new(),
+            clock_ms: 0,
+            last_time_ms: None,
+            requests: 0,
+            messages: 0,
+            tool_ids: 0,
+            log,
+            lanes: Default::default(),
+        })
     }
 
     /// The rows measured so far.
@@ -188,15 +205,29 @@ impl Service {
             Ok(info) => info.clone(),
             Err(e) => return HttpReply::error(404, "not_found_error", format!("model: {e}")),
         };
-        let lane = self.script.classify(&body);
+        let script_lane = self.script.classify(&body);
         let served = match self.measurer.serve(&body) {
             Ok(served) => served,
             Err(e) => return HttpReply::error(404, "not_found_error", format!("model: {e}")),
         };
-        let rejected = simulated_api_error(served.flat.total_tokens, info.context_window);
+        // The script answers subagent turns from `main` (as the oracle did); the measurement
+        // keeps them apart, recognized by their system prompt and tool set.
+        let lane = match script_lane {
+            "main" => {
+                let assigned = self.lanes.assign(&body, served.as_sent());
+                if assigned.new_conversation {
+                    self.measurer.restart_lane(&assigned.lane);
+                }
+                assigned.lane
+            }
+            other => other.to_owned(),
+        };
+        // The API's 400s (a misplaced system message, a malformed edit list) and a prompt over
+        // the window are rejected before any sampling.
+        let rejected = served.error.clone().or_else(|| simulated_api_error(served.flat.total_tokens, info.context_window));
         // A rejected request samples nothing: the reply stays for the next request of its lane.
-        let reply = rejected.is_none().then(|| self.script.next(lane));
-        let mut input = MeasureInput::new(lane, time_ms, &body);
+        let reply = rejected.is_none().then(|| self.script.next(script_lane));
+        let mut input = MeasureInput::new(&lane, time_ms, &body);
         input.rejected = rejected;
         input.output_tokens = reply.as_ref().map_or(0, |r| estimate_output_tokens(&r.content));
         let row = match self.measurer.measure_served(input, served) {
@@ -220,7 +251,7 @@ impl Service {
                 (answer, Some(usage))
             }
         };
-        self.append_log(time_ms, raw, lane, usage);
+        self.append_log(time_ms, raw, &lane, usage);
         self.rows.push(row);
         answer
     }

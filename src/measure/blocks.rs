@@ -14,6 +14,16 @@
 //! invalidating a level are folded into the chain where that level starts: `tool_choice`
 //! before the system level, `thinking` before the messages level. The model is not in the
 //! chain: the simulator keeps a separate namespace per model.
+//!
+//! Late-2026 API (reference/current-client-and-api.md §1.1–§1.4), also folded in
+//! ([`HeadFolds`]): the top-level `output_config.effort`, where the messages level starts (an
+//! effort change invalidates the messages like a thinking change; effort carried by a
+//! `role:"system"` message is message content and changes nothing before it); and, at the very
+//! start, whether a tool is defined by value in a system message while `tools` holds no
+//! non-deferred tool (the definition then opens the rendered prompt: one full miss on the
+//! request that first carries it). A `role:"system"` message's blocks are positions like any
+//! message's (its role is part of their hash); one with empty content (an effort-only message)
+//! renders nothing and has none.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -250,10 +260,47 @@ pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usi
     }
 }
 
+/// Request-level facts folded into the prefix chain besides `tool_choice` and `thinking` (see
+/// the module documentation). The incremental flattener keeps a track's head only while these
+/// are equal too: the first is derived from the messages, not from the head's own fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct HeadFolds {
+    /// A tool is defined by value in a system message and `tools` has no non-deferred tool.
+    pub inline_start: bool,
+    /// The top-level `output_config.effort`, as sent.
+    pub effort: Option<String>,
+}
+
+impl HeadFolds {
+    pub fn of(request: &Request) -> HeadFolds {
+        let effort = request.output_config.as_ref().and_then(|c| c.get("effort")).map(|e| match e {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+        HeadFolds { inline_start: opens_with_inline_tool(request), effort }
+    }
+}
+
+/// Whether a tool defined by value in a system message opens the rendered prompt: `tools` has
+/// no non-deferred tool (a tool-search tool counts as one) and a definition was sent.
+pub fn opens_with_inline_tool(request: &Request) -> bool {
+    if request.tools().iter().any(|t| t.defer_loading != Some(true)) {
+        return false;
+    }
+    request.messages.iter().filter(|m| m.role == Role::System).any(|m| match &m.content {
+        MessageContent::Text(_) => false,
+        MessageContent::Blocks(blocks) => blocks.iter().any(|b| crate::api::system_messages::inline_definition(b).is_some()),
+    })
+}
+
 /// Appends the records of the tools and system levels, chained, and returns the chain state
-/// where the messages level starts (`tool_choice` and `thinking` folded in).
+/// where the messages level starts (`tool_choice`, `thinking` and the [`HeadFolds`] folded in).
 pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family: &str, out: &mut Vec<PromptBlock>) -> u128 {
+    let folds = HeadFolds::of(request);
     let mut state = initial_state();
+    if folds.inline_start {
+        state = chain(state, tagged_hash(b"inline_tool_start", &[]));
+    }
     for (i, tool) in request.tools().iter().enumerate() {
         let (hash, bytes) = block_hash(b"tool", tool);
         let tokens = counter.count(hash, family, || {
@@ -313,6 +360,9 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
     if let Some(thinking) = &request.thinking {
         state = chain(state, tagged_hash(b"thinking", &to_canonical_bytes(thinking)));
     }
+    if let Some(effort) = &folds.effort {
+        state = chain(state, tagged_hash(b"effort", effort.as_bytes()));
+    }
     state
 }
 
@@ -320,6 +370,8 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
 pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCounter, family: &str, mut state: u128, out: &mut Vec<PromptBlock>) -> u128 {
     let owned;
     let content: &[ContentBlock] = match &message.content {
+        // An effort-only system message renders nothing.
+        _ if crate::api::system_messages::renders_nothing(message) => &[],
         MessageContent::Text(text) => {
             owned = [ContentBlock::text(text.clone())];
             &owned

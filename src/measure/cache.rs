@@ -7,6 +7,9 @@
 //! - Reads: for the last breakpoint, the positions from the breakpoint back are checked, the
 //!   breakpoint itself first, at most 20 positions. The first live entry found is the hit. With
 //!   no hit in that window, checking resumes at the next earlier breakpoint, and so on.
+//!   On the Claude API a run of consecutive `tool_use` blocks counts as one of the 20, and so
+//!   does a run of consecutive `tool_result` blocks (reference/current-client-and-api.md §1.1;
+//!   [`CacheSim::group_tool_runs`], off for a provider where that is not stated).
 //! - An entry exists only when the prefix up to its breakpoint has at least the model's minimum
 //!   cacheable length; below it nothing is cached and both cache fields are 0.
 //! - TTL is 5m or 1h, counted from the start of the request that writes or reads the entry, and
@@ -97,7 +100,7 @@ impl CacheOutcome {
 }
 
 /// The simulated cache of one provider workspace.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CacheSim {
     namespaces: BTreeMap<String, u32>,
     /// Keyed by namespace and prefix hash (already uniform: the fast hasher suffices).
@@ -106,11 +109,41 @@ pub struct CacheSim {
     /// into output).
     deleted: BTreeMap<u32, std::collections::BTreeSet<String>>,
     pub lookback: usize,
+    /// A run of consecutive `tool_use` blocks, and one of consecutive `tool_result` blocks,
+    /// count as one lookback position each (the Claude API's rule since late 2026).
+    pub group_tool_runs: bool,
+}
+
+impl Default for CacheSim {
+    fn default() -> Self {
+        CacheSim::new()
+    }
 }
 
 impl CacheSim {
     pub fn new() -> Self {
-        CacheSim { namespaces: BTreeMap::new(), entries: FxHashMap::default(), deleted: BTreeMap::new(), lookback: LOOKBACK }
+        CacheSim { namespaces: BTreeMap::new(), entries: FxHashMap::default(), deleted: BTreeMap::new(), lookback: LOOKBACK, group_tool_runs: true }
+    }
+
+    /// The lowest position the lookback from breakpoint `bp` reaches: `lookback` positions,
+    /// the breakpoint first, where a run of tool_use blocks or of tool_result blocks is one.
+    pub fn lookback_floor(&self, flat: &FlatRequest, bp: usize) -> usize {
+        let mut counted = 1;
+        let mut pos = bp;
+        while pos > 0 {
+            let grouped = self.group_tool_runs && {
+                let (a, b) = (&flat.blocks[pos - 1].kind, &flat.blocks[pos].kind);
+                a == b && (a == "tool_use" || a == "tool_result")
+            };
+            if !grouped {
+                if counted == self.lookback {
+                    break;
+                }
+                counted += 1;
+            }
+            pos -= 1;
+        }
+        pos
     }
 
     fn namespace(&mut self, model: &str) -> u32 {
@@ -203,7 +236,7 @@ impl CacheSim {
         let mut hit: Option<usize> = None;
         let mut checked_floor = usize::MAX;
         for &(bp, _) in points.iter().rev() {
-            let lowest = bp.saturating_sub(self.lookback - 1);
+            let lowest = self.lookback_floor(flat, bp);
             let mut pos = bp;
             loop {
                 // Positions already checked under a later breakpoint need no second look.

@@ -35,7 +35,7 @@ use crate::api::identical::Identical;
 use crate::api::structural::BodyHasher;
 use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, Tool, ToolResultContent};
 
-use super::blocks::{FlatRequest, Positions, PromptBlock, finish, head_blocks, initial_state, push_message, sum_tokens_from};
+use super::blocks::{FlatRequest, HeadFolds, Positions, PromptBlock, finish, head_blocks, initial_state, push_message, sum_tokens_from};
 use super::tokens::TokenCounter;
 
 /// Tracks kept at once (main lane, compaction and memory forks, subagents, side requests).
@@ -66,6 +66,7 @@ struct Track {
     tool_choice: Option<Value>,
     system: Option<SystemPrompt>,
     thinking: Option<Value>,
+    folds: HeadFolds,
     /// The last request's messages when it carried no keys (compared by content), else empty.
     messages: Vec<Message>,
     /// The keys of the last request's messages ([`Flattener::flatten_keyed`]), when it carried
@@ -99,6 +100,7 @@ impl Track {
             tool_choice: None,
             system: None,
             thinking: None,
+            folds: HeadFolds::default(),
             messages: Vec::new(),
             keys: None,
             len: 0,
@@ -240,11 +242,13 @@ impl Flattener {
         track.last_used = self.tick;
 
         let tools = request.tools();
-        let head_same = (head_key.is_some() && head_key == track.head_key)
-            || track.tools.as_slice().identical(tools)
-            && track.tool_choice.identical(&request.tool_choice)
-            && track.system.identical(&request.system)
-            && track.thinking.identical(&request.thinking);
+        let folds = HeadFolds::of(request);
+        let head_same = track.folds == folds
+            && ((head_key.is_some() && head_key == track.head_key)
+                || track.tools.as_slice().identical(tools)
+                    && track.tool_choice.identical(&request.tool_choice)
+                    && track.system.identical(&request.system)
+                    && track.thinking.identical(&request.thinking));
         // The previous request's messages are compared by key where both carry keys, else by
         // content where they were kept (an unkeyed request's are; a keyed one's need not be).
         let old_len = track.len;
@@ -282,6 +286,7 @@ impl Flattener {
             track.tool_choice = request.tool_choice.clone();
             track.system = request.system.clone();
             track.thinking = request.thinking.clone();
+            track.folds = folds;
         }
         self.reused_blocks += (blocks.len() - track.head) as u64;
         // Blocks from here on are new or rechained; before it, records (prefix tokens and

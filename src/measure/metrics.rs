@@ -146,6 +146,9 @@ pub struct Measurer {
     last_model: Option<(String, usize)>,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
     key_spaces: u64,
+    /// Divergences no journalled event explains get their cause from the bodies
+    /// ([`super::structure`]) instead of `unexplained_*`.
+    structural_causes: bool,
 }
 
 impl Measurer {
@@ -159,7 +162,21 @@ impl Measurer {
             flattener: Flattener::new(),
             last_model: None,
             key_spaces: 0,
+            structural_causes: false,
         }
+    }
+
+    /// This measurer reading causes from the request structure where nothing was journalled
+    /// (a client's log: `serve`, `analyze`): a change in tools, system or an earlier message
+    /// gets its class instead of `unexplained_*` ([`super::structure::cause`]).
+    pub fn with_structural_causes(mut self) -> Self {
+        self.structural_causes = true;
+        self
+    }
+
+    /// [`Self::with_structural_causes`] on a measurer held by reference.
+    pub fn set_structural_causes(&mut self, on: bool) {
+        self.structural_causes = on;
     }
 
     pub fn counter(&self) -> &TokenCounter {
@@ -290,7 +307,17 @@ impl Measurer {
 
     /// [`Self::serve`] with a key of the fields other than `messages` and a key per message
     /// ([`Flattener::flatten_with_keys`]).
+    /// A misplaced `role:"system"` message ([`crate::api::system_messages::check`]) is the API's
+    /// 400: the request is served with that error.
     pub fn serve_with_keys(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
+        let mut served = self.serve_edited(body, head_key, keys)?;
+        if let Err(error) = crate::api::system_messages::check(body) {
+            served.error = Some(error);
+        }
+        Ok(served)
+    }
+
+    fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
         let family = self.model_info(&body.model)?.family.clone();
         let flat = self.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
@@ -349,7 +376,8 @@ impl Measurer {
             input.rejected = edit_error;
         }
         let info = self.model_info(&input.body.model)?;
-        let (min_cacheable_tokens, price) = (info.min_cacheable_tokens, info.price);
+        let min_cacheable_tokens = info.min_cacheable_tokens;
+        let info_index = self.last_model.as_ref().map(|(_, i)| *i).expect("model_info remembers the model");
         for event in &input.events {
             for lane in self.lanes.values_mut() {
                 lane.pending_events.push(event.clone());
@@ -389,6 +417,13 @@ impl Measurer {
             None => false,
         };
         let mut prefix = attribute(lane.memory.as_ref(), &flat, &outcome, &events, is_break);
+        let structure = self.structural_causes.then(|| super::structure::Structure::of(input.body));
+        if let (Some(current), Some(previous)) = (&structure, lane.memory.as_ref().and_then(|m| m.structure.as_ref()))
+            && prefix.diverged_at.is_some()
+            && prefix.cause.as_deref().is_some_and(|c| c.starts_with("unexplained_"))
+        {
+            prefix.cause = Some(super::structure::cause(previous, current, &flat, prefix.common_blocks).to_owned());
+        }
         let mut stages = input.stages;
         let context_management = match (&error, edited) {
             (None, Some(edited)) => {
@@ -409,10 +444,11 @@ impl Measurer {
                 cached_after: outcome.cached_after(),
                 time_ms: input.time_ms,
                 deleted_tokens: outcome.cache_deleted_input_tokens,
+                structure,
             });
         }
         let output_tokens = if error.is_some() { 0 } else { input.output_tokens };
-        let cost_usd = round9(price.cost(
+        let cost_usd = round9(self.table.models[info_index].cost(
             outcome.input_tokens,
             output_tokens,
             outcome.cache_read_input_tokens,

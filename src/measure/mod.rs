@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod models;
 pub mod o200k;
 pub mod prefix;
+pub mod structure;
 pub mod tokens;
 
 pub use blocks::{BlockPath, FlatRequest, PromptBlock, Region, flatten};

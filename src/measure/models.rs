@@ -39,6 +39,40 @@ pub struct ModelInfo {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub window_1m_opt_in: bool,
     pub price: Price,
+    /// Prices that replace `price` for a whole request once its prompt (input + cache reads +
+    /// cache writes) exceeds `above_prompt_tokens`, output included (Haiku 5.5's tier). The
+    /// highest tier exceeded applies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub price_tiers: Vec<PriceTier>,
+    /// Where a value of this entry comes from, by field name (`min_cacheable_tokens`,
+    /// `price`, ...), and what about it is uncertain: the table is data to be corrected.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sources: std::collections::BTreeMap<String, String>,
+}
+
+/// A prompt-length price tier ([`ModelInfo::price_tiers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceTier {
+    pub above_prompt_tokens: u64,
+    pub price: Price,
+}
+
+impl ModelInfo {
+    /// The prices of a request whose prompt (input + cache read + cache write tokens) is
+    /// `prompt_tokens` long.
+    pub fn price_for(&self, prompt_tokens: u64) -> Price {
+        self.price_tiers
+            .iter()
+            .filter(|tier| prompt_tokens > tier.above_prompt_tokens)
+            .max_by_key(|tier| tier.above_prompt_tokens)
+            .map_or(self.price, |tier| tier.price)
+    }
+
+    /// Cost in USD of one request's usage, at the tier its prompt length reaches.
+    pub fn cost(&self, input: u64, output: u64, read: u64, write_5m: u64, write_1h: u64) -> f64 {
+        self.price_for(input + read + write_5m + write_1h).cost(input, output, read, write_5m, write_1h)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -36,6 +36,8 @@ pub const CAUSES: &[(&str, Option<Region>, &str)] = &[
     ("billing_fingerprint_changed", Some(Region::System), "the billing header's first-message fingerprint changed"),
     ("tool_choice_changed", Some(Region::System), "tool_choice changed (invalidates system and messages)"),
     ("thinking_changed", Some(Region::Messages), "thinking parameters changed (invalidates messages)"),
+    ("effort_changed", Some(Region::Messages), "the top-level output_config.effort changed (invalidates messages; effort in a system message does not)"),
+    ("tool_defined_inline", None, "a tool defined by value in a system message opened the rendered prompt (no non-deferred tool in tools): one full miss"),
     ("date_changed", Some(Region::Messages), "the date rolled over and the user context was re-rendered"),
     ("claude_md_changed", Some(Region::Messages), "the memory files in messages[0] changed"),
     ("message_rewritten", Some(Region::Messages), "an earlier message was re-rendered"),
@@ -124,6 +126,9 @@ pub struct LaneMemory {
     pub time_ms: u64,
     /// Tokens `cache_edits` had deleted from this request's prefix (cached microcompact).
     pub deleted_tokens: u64,
+    /// The request's structure, kept when causes are read from the structure
+    /// ([`super::Measurer::with_structural_causes`]).
+    pub structure: Option<super::structure::Structure>,
 }
 
 impl LaneMemory {

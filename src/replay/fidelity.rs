@@ -112,7 +112,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         sim_creation += comparison.simulated_cache_creation;
         if let Ok(info) = table.lookup(&call.model) {
             let split = call.recorded.creation_split();
-            rec_cost += info.price.cost(
+            rec_cost += info.cost(
                 call.recorded.input_tokens,
                 call.recorded.output_tokens,
                 call.recorded.cache_read_input_tokens,
@@ -122,7 +122,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
             let metrics = call.metrics.as_ref().expect("compared calls are measured");
             let creation = metrics.cache_creation_input_tokens as f64;
             let share_1h = if creation > 0.0 { metrics.cache_creation.ephemeral_1h_input_tokens as f64 / creation } else { 0.0 };
-            let p = &info.price;
+            let p = &info.price_for((call.sim_input + call.sim_cache_read + call.sim_cache_creation).round() as u64);
             sim_cost += (call.sim_input * p.input
                 + call.recorded.output_tokens as f64 * p.output
                 + call.sim_cache_read * p.cache_read

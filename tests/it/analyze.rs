@@ -114,7 +114,7 @@ fn malformed_json_names_file_and_line() {
 fn a_body_that_is_not_a_request_names_the_field() {
     check_error(
         "{\"time_ms\": 0, \"body\": {\"model\": \"claude-sonnet-4-5\", \"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}}\n",
-        "log.jsonl:1: body.messages[0].role: unknown variant `robot`, expected `user` or `assistant`",
+        "log.jsonl:1: body.messages[0].role: unknown variant `robot`, expected one of `user`, `assistant`, `system`",
     );
     check_error("{\"time_ms\": 0, \"body\": [1]}\n", "log.jsonl:1: body: not a Messages API request (expected an object)");
     check_error("{\"time_ms\": 0, \"body\": {\"messages\": []}}\n", "log.jsonl:1: body: missing field `model`");

@@ -1,6 +1,7 @@
 //! The one integration-test binary: features tested through a few `check` helpers.
 mod agent_layers;
 mod analyze;
+mod api_late2026;
 mod mechanisms;
 mod memories;
 mod layer6;
