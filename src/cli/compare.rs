@@ -33,21 +33,25 @@ pub struct CompareArgs {
 
 pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
+    let guarded = super::common::inputs_with(&args.measure, args.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
+    let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &guarded)).transpose()?;
     let inputs = load_inputs(&args.inputs)?;
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
     let evaluations = pool.install(|| compare(&inputs, &strategies, &make, args.out.is_some()))?;
-    if let Some(dir) = &args.out {
+    if let Some(out) = out_dir {
+        let dir = out.path();
         write_atomic(&dir.join("compare.csv"), &compare_csv(&evaluations))?;
         write_atomic(&dir.join("compare.json"), serde_json::to_string_pretty(&evaluations)?.as_bytes())?;
         crate::report::compare::write_compare_report(dir, &evaluations).with_context(|| format!("failed to write the report under {}", dir.display()))?;
+        out.commit()?;
     }
     if !args.measure.quiet {
         match args.measure.format {
-            Format::Table => println!("{}", compare_table(&evaluations)),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&evaluations)?),
-            Format::Csv => print!("{}", String::from_utf8_lossy(&compare_csv(&evaluations))),
+            Format::Table => outln!("{}", compare_table(&evaluations)),
+            Format::Json => outln!("{}", serde_json::to_string_pretty(&evaluations)?),
+            Format::Csv => out!("{}", String::from_utf8_lossy(&compare_csv(&evaluations))),
         }
     }
     Ok(super::exit::OK)

@@ -49,6 +49,11 @@ pub fn run(args: LiveArgs) -> anyhow::Result<i32> {
         config.betas = betas.into_iter().filter(|b| !b.trim().is_empty()).collect();
     }
     config.max_retries = args.max_retries;
+    let inputs = super::common::inputs_with(&args.measure, [args.scenario.clone(), PathBuf::from(&args.strategy)]);
+    super::common::guard_trace(&args.measure, &inputs)?;
+    if let Some(path) = &args.record {
+        inputs.refuse_file("--record", path)?;
+    }
     let scenario = load_scenario(&args.scenario)?;
     let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
     let mut measurer = measurer(&args.measure)?;
@@ -59,7 +64,7 @@ pub fn run(args: LiveArgs) -> anyhow::Result<i32> {
         write_recording(path, &output.recording).with_context(|| format!("failed to write the recording {}", path.display()))?;
     }
     if !args.measure.quiet {
-        print!("{}", live_table(&output.calls));
+        out!("{}", live_table(&output.calls));
     }
     let rows: Vec<_> = output.calls.iter().map(|c| c.row.clone()).collect();
     emit(&args.measure, std::slice::from_ref(&output.summary), &rows)?;

@@ -10,6 +10,7 @@ use crate::scenario::load_scenario;
 
 use super::args::RunArgs;
 use super::common::{emit, measurer};
+use super::guard::GuardedDir;
 
 /// Expands directories into their sorted *.yaml files.
 pub fn expand_inputs(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -40,12 +41,16 @@ fn stem(path: &Path) -> String {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
     let files = expand_inputs(&args.scenarios)?;
+    let inputs = super::common::inputs_with(&args.measure, files.iter().cloned().chain([PathBuf::from(&args.strategy)]));
+    super::common::guard_trace(&args.measure, &inputs)?;
+    let dump_dir = args.dump_requests.as_deref().map(|d| GuardedDir::begin("--dump-requests", d, &inputs)).transpose()?;
+    let out_dir = args.out.as_deref().map(|d| GuardedDir::begin("--out", d, &inputs)).transpose()?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
     let mut rendering = String::new();
     let mut failed_determinism = false;
     let mut strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
-    strategy.run_hooks |= args.run_hooks;
+    strategy.run_hooks = args.allow_host_commands;
     let mut report_inputs = Vec::new();
     let chain = Chain::with_disabled(&args.disable_stage)?;
     for file in &files {
@@ -64,8 +69,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         let mut measurer = measurer(&args.measure)?;
         let mut output = run_scenario_with(&scenario, &mut measurer, &strategy, &chain)?;
         output.summary.info_loss = crate::measure::loss::info_loss(&output.requests, &output.rows);
-        if let Some(dir) = &args.dump_requests {
-            let dir = dir.join(stem(file));
+        if let Some(dump) = &dump_dir {
+            let dir = dump.path().join(stem(file));
             for (name, bytes) in dump_requests(&output) {
                 write_atomic(&dir.join(name), &bytes).with_context(|| format!("failed to write requests under {}", dir.display()))?;
             }
@@ -81,12 +86,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         summaries.push(output.summary);
         all_rows.extend(output.rows);
     }
-    if let Some(dir) = &args.out {
+    if let Some(out) = out_dir {
+        let dir = out.path();
         write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(&summaries)?.as_bytes())?;
         write_atomic(&dir.join("summary.csv"), &summary_csv(&summaries))?;
         write_atomic(&dir.join("trace.jsonl"), &trace_jsonl(&all_rows))?;
         write_atomic(&dir.join("requests.txt"), rendering.as_bytes())?;
         crate::report::write_report(dir, &report_inputs, Default::default())?;
+        out.commit()?;
+    }
+    if let Some(dump) = dump_dir {
+        dump.commit()?;
     }
     emit(&args.measure, &summaries, &all_rows)?;
     Ok(if failed_determinism { 1 } else { 0 })

@@ -37,6 +37,9 @@ pub struct SweepArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The largest grid run (points × inputs); a bigger one is an error before anything runs.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub max_points: u64,
     /// The loss bound of the recommendation (default: see `ctxsim sweep --help` docs).
     #[arg(long)]
     pub max_loss: Option<f64>,
@@ -45,19 +48,27 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
+    let guarded = super::common::inputs_with(&args.measure, args.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
         let (signature, header, rows) = merge(&args.merge)?;
-        let analysis = write_outputs(&dir, &signature, &header, &rows, args.max_loss)?;
+        let out = super::guard::GuardedDir::begin("--out", &dir, &guarded)?;
+        let analysis = write_outputs(out.path(), &signature, &header, &rows, args.max_loss)?;
+        out.commit()?;
         if !args.measure.quiet {
-            print!("{}", analysis.text);
+            out!("{}", analysis.text);
         }
         return Ok(super::exit::OK);
     }
     if args.inputs.is_empty() || args.params.is_empty() {
         bail!("sweep needs inputs and at least one --param (or --merge PARTIAL.csv...)");
     }
-    let params: Vec<Param> = args.params.iter().map(|p| Param::parse(p)).collect::<anyhow::Result<_>>()?;
+    let params: Vec<Param> = args.params.iter().map(|p| Param::parse_limited(p, args.max_points)).collect::<anyhow::Result<_>>()?;
+    let points = params.iter().try_fold(1u64, |n, p| n.checked_mul(p.values.len() as u64)).unwrap_or(u64::MAX);
+    let runs = points.saturating_mul(args.inputs.len().max(1) as u64);
+    if runs > args.max_points {
+        bail!("the grid has {points} points × {} inputs = {runs} runs, more than --max-points {}; narrow the --param ranges or raise --max-points", args.inputs.len(), args.max_points);
+    }
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
     let inputs = load_inputs(&args.inputs)?;
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
@@ -86,15 +97,18 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));
     if let Some((i, n)) = shard {
         let path = dir.join(format!("sweep.part{i}.csv"));
+        guarded.refuse_file("--out", &path)?;
         write_atomic(&path, &rows_csv(&grid, shard, &rows))?;
         if !args.measure.quiet {
-            println!("shard {i}/{n}: {} points written to {}", rows.len(), path.display());
+            outln!("shard {i}/{n}: {} points written to {}", rows.len(), path.display());
         }
         return Ok(super::exit::OK);
     }
-    let analysis = write_outputs(&dir, &grid.signature(), &grid.header(), &rows, args.max_loss)?;
+    let out = super::guard::GuardedDir::begin("--out", &dir, &guarded)?;
+    let analysis = write_outputs(out.path(), &grid.signature(), &grid.header(), &rows, args.max_loss)?;
+    out.commit()?;
     if !args.measure.quiet {
-        print!("{}", analysis.text);
+        out!("{}", analysis.text);
     }
     Ok(super::exit::OK)
 }
