@@ -217,6 +217,9 @@ impl Strategy {
         let mut strategy: Strategy = if path.extension().is_some_and(|e| e == "toml") {
             toml::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
         } else {
+            if let Err((line, message)) = crate::scenario::check_yaml_depth(&text) {
+                return Err(StrategyError::Parse { path: shown, message: format!("line {line}: {message}") });
+            }
             serde_norway::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
         };
         if strategy.name == Strategy::default().name {

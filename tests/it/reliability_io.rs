@@ -471,3 +471,51 @@ fn a_client_stalled_inside_its_body_blocks_neither_others_nor_the_shutdown() {
     assert_eq!(std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap().lines().count(), 1);
     drop(stalled);
 }
+
+#[test]
+fn a_mount_into_proc_or_a_special_file_is_refused_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |from: &str| format!("name: m\nworld:\n  model: claude-sonnet-4-5\n  mount:\n    - {{from: {from}, at: /proj}}\nscript:\n  - user: hi\n");
+    for from in ["/proc/self/environ", "/proc/self", "/dev/null", "../../../../../../../../proc/self/environ"] {
+        std::fs::write(dir.path().join("m.yaml"), yaml(from)).unwrap();
+        let err = ctxsim::scenario::load_scenario(dir.path().join("m.yaml")).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("m.yaml:5:") && err.contains("world.mount[0].from"), "{from}: {err}");
+        assert!(err.contains("system directory"), "{from}: {err}");
+    }
+    // With a root, a mount must stay inside it: an absolute path or `..` leading out is refused.
+    std::fs::create_dir_all(dir.path().join("suite/project")).unwrap();
+    std::fs::write(dir.path().join("suite/project/CLAUDE.md"), "# rules\n").unwrap();
+    std::fs::write(dir.path().join("outside.md"), "secret\n").unwrap();
+    let root = dir.path().join("suite");
+    std::fs::write(root.join("ok.yaml"), yaml("project")).unwrap();
+    let scenario = ctxsim::scenario::load_scenario_confined(root.join("ok.yaml"), Some(&root)).unwrap();
+    assert!(scenario.world.files.contains_key("/proj/CLAUDE.md"));
+    let outside = dir.path().join("outside.md");
+    for from in ["../outside.md", outside.to_str().unwrap()] {
+        std::fs::write(root.join("escape.yaml"), yaml(from)).unwrap();
+        let err = ctxsim::scenario::load_scenario_confined(root.join("escape.yaml"), Some(&root)).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("escape.yaml:5:") && err.contains("outside the mount root"), "{from}: {err}");
+    }
+}
+
+#[test]
+fn deeply_nested_yaml_is_refused_fast() {
+    let dir = with_scenario();
+    // 128 KB of nested flow lists, and of nested block lists.
+    let flow = format!("name: deep\nworld: {}{}\n", "[".repeat(64 * 1024), "]".repeat(64 * 1024));
+    let block: String = (0..3000).map(|i| format!("{}- \n", " ".repeat(i % 40 * 2))).collect::<String>() + &"- - ".repeat(20_000);
+    for (name, text) in [("flow.yaml", flow.clone()), ("block.yaml", format!("name: deep\nworld:\n  files:\n{block}"))] {
+        std::fs::write(dir.path().join(name), &text).unwrap();
+        let start = std::time::Instant::now();
+        let out = check_ctxsim(dir.path(), &["run", name, "--estimator", "chars4"]);
+        let (code, stderr) = code_and_stderr(&out);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(name) && stderr.contains("levels deep"), "{stderr}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "{name}: {:?}", start.elapsed());
+    }
+    std::fs::write(dir.path().join("deep-strategy.yaml"), flow.replace("name: deep\n", "")).unwrap();
+    let out = check_ctxsim(dir.path(), &["run", "a.yaml", "--estimator", "chars4", "--strategy", "deep-strategy.yaml"]);
+    let (code, stderr) = code_and_stderr(&out);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("deep-strategy.yaml") && stderr.contains("levels deep"), "{stderr}");
+}
