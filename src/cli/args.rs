@@ -232,6 +232,9 @@ pub struct RunArgs {
     /// plots (index.html, *.png) under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
     /// Run hook commands of the settings for real (`sh -c` on this machine) when the scenario
     /// scripts no answer for them. Only this flag turns it on: a strategy file or `--set` cannot.
     #[arg(long, alias = "run-hooks")]

@@ -5,7 +5,7 @@ use clap::Args;
 
 use crate::report::check::{Baseline, Tolerances, check_suite_with};
 use crate::report::output::write_atomic;
-use crate::scenario::load_scenario;
+use crate::scenario::load_scenario_confined;
 
 use super::args::{Estimator, Format, MeasureOpts};
 use super::common::measurer;
@@ -45,6 +45,9 @@ pub struct CheckArgs {
     /// A model table replacing the shipped one.
     #[arg(long, value_name = "FILE")]
     pub model_table: Option<PathBuf>,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
     /// Print a GitHub Actions `::error` annotation per failed check (on by itself when
     /// `GITHUB_ACTIONS=true`); names are escaped per the workflow-command rules.
     #[arg(long)]
@@ -86,7 +89,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     if args.update_baseline && let Some(path) = &args.baseline {
         inputs.refuse_file("--baseline (with --update-baseline)", path)?;
     }
-    let scenarios = files.iter().map(load_scenario).collect::<Result<Vec<_>, _>>()?;
+    let scenarios = files.iter().map(|f| load_scenario_confined(f, args.mount_root.as_deref())).collect::<Result<Vec<_>, _>>()?;
     let estimator = crate::measure::EstimatorKind::from(args.estimator).name();
     let mut disabled = args.disable_stage.clone();
     disabled.sort();

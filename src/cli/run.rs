@@ -6,7 +6,6 @@ use crate::report::output::{summary_csv, trace_jsonl, write_atomic};
 use crate::report::render::render_request;
 use crate::agent::compact::Chain;
 use crate::runner::{check_determinism_with, dump_requests, flatten_all, run_scenario_with};
-use crate::scenario::load_scenario;
 
 use super::args::RunArgs;
 use super::common::{emit, measurer};
@@ -54,7 +53,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut report_inputs = Vec::new();
     let chain = Chain::with_disabled(&args.disable_stage)?;
     for file in &files {
-        let mut scenario = load_scenario(file)?;
+        let mut scenario = crate::scenario::load_scenario_confined(file, args.mount_root.as_deref())?;
         if let Some(seed) = args.seed {
             scenario.world.seed = seed;
         }

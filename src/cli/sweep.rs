@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::report::compare::load_inputs;
+use crate::report::compare::load_inputs_confined;
 use crate::report::output::write_atomic;
 use crate::report::sweep::{Grid, Param, merge, rows_csv, run_points, write_outputs};
 use crate::strategy::Strategy;
@@ -34,6 +34,9 @@ pub struct SweepArgs {
     /// Join partial CSVs (written by --shard) into the outputs of the whole grid.
     #[arg(long, value_name = "PARTIAL.csv", num_args = 1..)]
     pub merge: Vec<PathBuf>,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -70,7 +73,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
         bail!("the grid has {points} points × {} inputs = {runs} runs, more than --max-points {}; narrow the --param ranges or raise --max-points", args.inputs.len(), args.max_points);
     }
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
-    let inputs = load_inputs(&args.inputs)?;
+    let inputs = load_inputs_confined(&args.inputs, args.mount_root.as_deref())?;
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {

@@ -496,6 +496,14 @@ fn a_mount_into_proc_or_a_special_file_is_refused_with_file_line_and_field() {
         let err = ctxsim::scenario::load_scenario_confined(root.join("escape.yaml"), Some(&root)).map(|_| ()).unwrap_err().to_string();
         assert!(err.contains("escape.yaml:5:") && err.contains("outside the mount root"), "{from}: {err}");
     }
+    // The same through the command line's --mount-root.
+    std::fs::write(root.join("escape.yaml"), yaml("../outside.md")).unwrap();
+    let out = check_ctxsim(&root, &["run", "escape.yaml", "--estimator", "chars4", "--mount-root", "."]);
+    let (code, stderr) = code_and_stderr(&out);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("escape.yaml:5:") && stderr.contains("world.mount[0].from") && stderr.contains("outside the mount root"), "{stderr}");
+    let out = check_ctxsim(&root, &["run", "ok.yaml", "--estimator", "chars4", "--quiet", "--mount-root", "."]);
+    assert_eq!(code_and_stderr(&out).0, 0, "{}", code_and_stderr(&out).1);
 }
 
 #[test]
@@ -518,4 +526,70 @@ fn deeply_nested_yaml_is_refused_fast() {
     let (code, stderr) = code_and_stderr(&out);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("deep-strategy.yaml") && stderr.contains("levels deep"), "{stderr}");
+}
+
+/// A local Messages API on 127.0.0.1 that answers the first request with a finished reply and
+/// then does what `then` says: stall (never answer) or cut its stream off before `message_stop`.
+fn check_flaky_server(then: &'static str) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let thread = std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { return };
+            // The request: headers, then content-length bytes.
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let length: usize = text.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
+            let mut body = vec![0u8; length];
+            let _ = stream.read_exact(&mut body);
+            if n == 0 {
+                let reply = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+                    "content": [{"type": "text", "text": "Done."}], "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 12, "output_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}})
+                .to_string();
+                let _ = write!(stream, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}", reply.len());
+            } else if then == "cut" {
+                let events = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":20,\"output_tokens\":1}}}\n\nevent: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Half a rep\"}}\n\n";
+                let _ = write!(stream, "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{events}");
+                // The connection closes here, mid-reply.
+            } else {
+                std::thread::sleep(std::time::Duration::from_secs(30));
+            }
+            if n >= 1 {
+                return;
+            }
+        }
+    });
+    (addr, thread)
+}
+
+#[test]
+fn live_ends_a_stalled_or_cut_off_call_with_an_error_and_keeps_the_calls_already_paid() {
+    for then in ["stall", "cut"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("l.yaml"), "name: l\nworld:\n  model: claude-sonnet-4-5\nscript:\n  - user: \"first\"\n  - user: \"second\"\n").unwrap();
+        let (addr, _server) = check_flaky_server(then);
+        let start = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+            .current_dir(dir.path())
+            .args(["live", "l.yaml", "--estimator", "chars4", "--quiet", "--record", "rec.jsonl", "--trace", "trace.jsonl", "--read-timeout", "2", "--max-retries", "0"])
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .env("ANTHROPIC_BASE_URL", format!("http://{addr}"))
+            .output()
+            .unwrap();
+        let (code, stderr) = code_and_stderr(&out);
+        assert_eq!(code, 2, "{then}: {stderr}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "{then}: {:?}", start.elapsed());
+        let expected = if then == "cut" { "without message_stop" } else { "imeout" };
+        assert!(stderr.contains(expected) && stderr.contains("script[1]"), "{then}: {stderr}");
+        // The first, answered call is on disk: in the recording and the trace.
+        let recording = std::fs::read_to_string(dir.path().join("rec.jsonl")).unwrap();
+        assert!(recording.contains("\"Done.\""), "{then}: {recording}");
+        assert!(!recording.contains("Half a rep"), "{then}: {recording}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap().lines().count(), 1, "{then}");
+    }
 }
