@@ -67,6 +67,8 @@ pub enum LiveRunError {
     Script { file: String, step: usize, message: String },
     #[error("{file}: script[{step}]: {source}")]
     Api { file: String, step: usize, source: LiveError },
+    #[error("{file}: strategy `{strategy}`: {message}")]
+    Strategy { file: String, strategy: String, message: String },
 }
 
 /// Called after every answered API call with the recording and the calls so far, so what was
@@ -219,6 +221,8 @@ pub fn run_live_with(
         .with_fallback(Fallback::Synthesize(Synthesis { after_script_ends: true, ..Synthesis::default() }));
     crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
+    crate::runner::check_strategy_for(agent.model_limits(&world), strategy)
+        .map_err(|message| LiveRunError::Strategy { file: scenario.file.clone(), strategy: strategy.name.clone(), message })?;
     let script_err = |step: usize, message: String| LiveRunError::Script { file: scenario.file.clone(), step, message };
     for root in &scenario.world.plugins {
         agent.plugin_enable(&absolute(&world, root), &mut world).map_err(|e| script_err(0, e))?;

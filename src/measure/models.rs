@@ -93,7 +93,7 @@ impl ModelTable {
                 ("price.cache_write_1h", p.cache_write_1h),
                 ("price.cache_read", p.cache_read),
             ] {
-                if !(value.is_finite() && value >= 0.0 && value <= 1e6) {
+                if !(value.is_finite() && (0.0..=1e6).contains(&value)) {
                     return fail(field, format!("{value} is not a price (a finite number of USD per million tokens, from 0 to 1e6)"));
                 }
             }

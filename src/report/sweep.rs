@@ -60,7 +60,7 @@ impl Param {
                     bail!("--param {text}: need finite LO ≤ HI and STEP > 0");
                 }
                 let count = ((hi - lo) / step + 1e-9).floor() + 1.0;
-                if !(count <= max as f64) {
+                if count.is_nan() || count > max as f64 {
                     bail!("--param {text}: {count} values, more than --max-points {max}");
                 }
                 let n = count as i64 - 1;

@@ -9,24 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::json;
 
-const WORLD: &str = "world:
-  model: claude-sonnet-4-5
-  seed: 7
-  files:
-    /repo/src/main.rs: |
-      fn main() {}
-script:
-  - user: \"Read main.rs\"
-  - assistant:
-      - text: \"Let me look.\"
-      - tool_use: {name: Read, input: {file_path: /repo/src/main.rs}}
-  - assistant:
-      - text: \"It does nothing.\"
-";
-
-fn scenario(name: &str, expect: &str) -> String {
-    format!("name: {name}\n{WORLD}expect:\n{expect}")
-}
+use crate::support::scenario;
 
 /// Runs ctxsim in `dir`; the output.
 fn check_ctxsim(dir: &Path, args: &[&str]) -> Output {
@@ -256,6 +239,8 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
         (vec!["run", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--out", "out"], "out"),
         (vec!["run", "a.yaml", "--estimator", "chars4", "--quiet", "--dump-requests", "dump"], "dump"),
         (vec!["report", "trace-in.jsonl", "--out", "rep", "--quiet"], "rep"),
+        (vec!["compare", "a.yaml", "--strategies", "claude-code,codex", "--estimator", "chars4", "--quiet", "--out", "cmp"], "cmp"),
+        (vec!["sweep", "a.yaml", "--param", "ttl_main=5m,1h", "--estimator", "chars4", "--quiet", "--threads", "1", "--out", "swp"], "swp"),
     ];
     let made = check_ctxsim(dir.path(), &["run", "a.yaml", "--estimator", "chars4", "--quiet", "--trace", "trace-in.jsonl"]);
     assert!(made.status.success());
@@ -292,7 +277,7 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
         let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 6), &observe, &complete);
         total += old + new;
     }
-    assert_eq!(total, 3 * 8 + 3 * 6);
+    assert_eq!(total, 5 * 8 + 3 * 6);
     // No temporary file or fresh generation left where a kill did not interrupt a write... the
     // ones a kill did leave are hidden siblings, never the output itself.
     for entry in std::fs::read_dir(dir.path()).unwrap().filter_map(Result::ok) {
