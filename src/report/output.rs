@@ -31,6 +31,9 @@ pub fn output_target(path: &Path) -> std::io::Result<OutputTarget> {
             Err(std::io::Error::new(std::io::ErrorKind::IsADirectory, format!("{} is a directory, not a file", path.display())))
         }
         Ok(meta) if !meta.is_file() => Ok(OutputTarget::InPlace(path.to_path_buf())),
+        // `/dev/stdout` redirected to a file, `/proc/self/fd/N`: the file is the one the shell
+        // opened; replacing it would cut it off from the process's own output.
+        Ok(_) if path.starts_with("/dev") || path.starts_with("/proc") => Ok(OutputTarget::InPlace(path.to_path_buf())),
         _ => Ok(OutputTarget::Replace(resolve_links(path)?)),
     }
 }
@@ -58,6 +61,28 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// Opens an output that is written in place. The process's own stdout and stderr
+/// (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`, and the same for 2) are the streams
+/// themselves, so the output lands where the stream stands, after what was printed; any other
+/// regular file reached through `/dev` or `/proc` is appended to; a device or FIFO is opened
+/// for writing.
+fn open_in_place(path: &Path) -> std::io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        let given = path.as_os_str();
+        if ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"].iter().any(|p| given == *p) {
+            std::io::stdout().flush()?;
+            return Ok(File::from(std::io::stdout().as_fd().try_clone_to_owned()?));
+        }
+        if ["/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"].iter().any(|p| given == *p) {
+            return Ok(File::from(std::io::stderr().as_fd().try_clone_to_owned()?));
+        }
+    }
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    std::fs::OpenOptions::new().write(true).append(regular).open(path)
+}
+
 /// The one way every command writes an output file. A regular (or new) file is written to a
 /// temporary file in the same directory, synced, then renamed onto it, so a reader or a killed
 /// run sees the old file or the whole new one, never half of one. An existing output that is not
@@ -66,7 +91,7 @@ fn parent_dir(path: &Path) -> PathBuf {
 pub fn write_output_with(path: &Path, fill: impl FnOnce(&mut BufWriter<&mut File>) -> std::io::Result<()>) -> std::io::Result<()> {
     match output_target(path)? {
         OutputTarget::InPlace(path) => {
-            let mut file = std::fs::OpenOptions::new().write(true).open(&path)?;
+            let mut file = open_in_place(&path)?;
             let mut writer = BufWriter::new(&mut file);
             fill(&mut writer)?;
             writer.flush()
@@ -93,7 +118,7 @@ pub fn persist_with_mode(tmp: tempfile::NamedTempFile, path: &Path) -> std::io::
     let path = match output_target(path)? {
         OutputTarget::InPlace(path) => {
             let mut source = tmp.reopen()?;
-            let mut file = std::fs::OpenOptions::new().write(true).open(&path)?;
+            let mut file = open_in_place(&path)?;
             std::io::copy(&mut source, &mut file)?;
             return file.flush();
         }

@@ -578,3 +578,21 @@ fn live_ends_a_stalled_or_cut_off_call_with_an_error_and_keeps_the_calls_already
         assert_eq!(std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap().lines().count(), 1, "{then}");
     }
 }
+
+#[test]
+fn a_trace_to_dev_stdout_follows_the_printed_output_into_a_redirected_file() {
+    let dir = with_scenario();
+    let file = std::fs::File::create(dir.path().join("out.txt")).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .current_dir(dir.path())
+        .args(["run", "a.yaml", "--estimator", "chars4", "--format", "csv", "--trace", "/dev/stdout"])
+        .stdout(file)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(dir.path().join("out.txt")).unwrap();
+    // The trace lines and the summary are both there: the file was neither replaced nor
+    // overwritten from its start.
+    assert!(text.lines().filter(|l| l.starts_with('{') && l.contains("\"lane\"")).count() >= 2, "{text}");
+    assert!(text.contains("input,strategy,model"), "{text}");
+}
