@@ -232,6 +232,8 @@ pub struct LogReader<R: BufRead> {
     /// The entries of a JSON-array log, read whole, handed out in order.
     pending: std::collections::VecDeque<LogEntry>,
     first_time: Option<u64>,
+    /// The time of the previous entry (relative to the first), which no later entry goes before.
+    last_time: u64,
     /// Entries handed out so far.
     read: usize,
     warnings: Vec<String>,
@@ -247,6 +249,7 @@ impl<R: BufRead> LogReader<R> {
             seen_content: false,
             pending: Default::default(),
             first_time: None,
+            last_time: 0,
             read: 0,
             warnings: Vec::new(),
             done: false,
@@ -262,7 +265,19 @@ impl<R: BufRead> LogReader<R> {
     pub fn next_entry(&mut self) -> Result<Option<LogEntry>, AnalyzeError> {
         let Some(mut entry) = self.next_raw()? else { return Ok(None) };
         let first = *self.first_time.get_or_insert(entry.time_ms);
-        entry.time_ms = entry.time_ms.saturating_sub(first);
+        let time = entry.time_ms.saturating_sub(first);
+        if time < self.last_time || entry.time_ms < first {
+            // Time going backwards is not a log a client wrote in order: said, with the line.
+            self.warnings.push(format!(
+                "{}:{}: time_ms: {} goes back before the previous entry's time ({} ms earlier)",
+                self.path,
+                entry.line,
+                entry.time_ms,
+                (self.last_time + first).saturating_sub(entry.time_ms)
+            ));
+        }
+        entry.time_ms = time;
+        self.last_time = self.last_time.max(time);
         self.read += 1;
         Ok(Some(entry))
     }

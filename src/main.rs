@@ -4,6 +4,8 @@ fn main() {
     let cli = ctxsim::cli::Cli::parse();
     let code = match ctxsim::cli::run(cli) {
         Ok(code) => code,
+        // The reader of stdout went away (`| head`): what it read was complete; not a failure.
+        Err(error) if ctxsim::cli::is_broken_pipe(&error) => ctxsim::cli::exit::OK,
         Err(error) => {
             eprintln!("error: {error:#}");
             ctxsim::cli::exit::BAD_INPUT

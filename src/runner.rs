@@ -41,6 +41,30 @@ pub struct RunOutput {
 pub enum RunError {
     #[error("{file}: script[{step}]: {message}")]
     Script { file: String, step: usize, message: String },
+    #[error("{file}: strategy `{strategy}`: {message}")]
+    Strategy { file: String, strategy: String, message: String },
+}
+
+/// The knobs that depend on the scenario's model: an autocompact buffer at or above the
+/// effective window (window − min(max output, `max_output_reserve_tokens`)) would compact at
+/// every request, and the compacted context would grow instead of shrink.
+pub fn check_strategy_for(limits: crate::agent::compact::context::ModelLimits, strategy: &Strategy) -> Result<(), String> {
+    let auto = &strategy.compact.autocompact;
+    let thresholds = crate::agent::compact::counting::Thresholds::compute(limits, &strategy.compact);
+    let effective = thresholds.effective_window;
+    if auto.enabled && !auto.compact_disabled && auto.buffer_tokens >= effective {
+        return Err(format!(
+            "compact.autocompact.buffer_tokens = {} must be below the effective window of {effective} tokens (context window {} − min(max output {}, compact.autocompact.max_output_reserve_tokens {}))",
+            auto.buffer_tokens, limits.context_window, limits.max_output_tokens, auto.max_output_reserve_tokens
+        ));
+    }
+    if auto.blocking_limit_override.is_none() && auto.blocking_buffer_tokens >= effective {
+        return Err(format!(
+            "compact.autocompact.blocking_buffer_tokens = {} must be below the effective window of {effective} tokens",
+            auto.blocking_buffer_tokens
+        ));
+    }
+    Ok(())
 }
 
 /// Called with every body a run measures and its row.
@@ -109,6 +133,8 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
     let mut world = scenario.into_world();
     crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
+    check_strategy_for(agent.model_limits(&world), strategy)
+        .map_err(|message| RunError::Strategy { file: scenario.file.clone(), strategy: strategy.name.clone(), message })?;
     for root in &scenario.world.plugins {
         let root = absolute(&world, root);
         agent.plugin_enable(&root, &mut world).map_err(|e| RunError::Script { file: scenario.file.clone(), step: 0, message: e })?;

@@ -7,6 +7,8 @@ use super::common::{emit, measurer};
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
+    let inputs = super::common::inputs_with(&args.measure, args.logs.iter().cloned());
+    super::common::guard_trace(&args.measure, &inputs)?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
     for path in &args.logs {
@@ -21,7 +23,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
             if args.explain {
                 for (entry, row) in log.entries.iter().zip(&rows) {
                     let flat = measurer.flatten(&entry.body)?;
-                    print!("{}", render_request(&flat, row));
+                    out!("{}", render_request(&flat, row));
                 }
             }
             rows

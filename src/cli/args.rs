@@ -233,9 +233,13 @@ pub struct RunArgs {
     /// plots (index.html, *.png) under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Run hook commands of the settings for real when the scenario scripts no answer for them.
-    #[arg(long)]
-    pub run_hooks: bool,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
+    /// Run hook commands of the settings for real (`sh -c` on this machine) when the scenario
+    /// scripts no answer for them. Only this flag turns it on: a strategy file or `--set` cannot.
+    #[arg(long, alias = "run-hooks")]
+    pub allow_host_commands: bool,
     /// Skip a stage of the long-context chain by name (repeatable). An unknown name is an
     /// error that lists the valid ones.
     #[arg(long = "disable-stage", value_name = "NAME")]

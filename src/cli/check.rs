@@ -5,7 +5,7 @@ use clap::Args;
 
 use crate::report::check::{Baseline, Tolerances, check_suite_with};
 use crate::report::output::write_atomic;
-use crate::scenario::load_scenario;
+use crate::scenario::load_scenario_confined;
 
 use super::args::{Estimator, Format, MeasureOpts};
 use super::common::measurer;
@@ -45,6 +45,13 @@ pub struct CheckArgs {
     /// A model table replacing the shipped one.
     #[arg(long, value_name = "FILE")]
     pub model_table: Option<PathBuf>,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
+    /// Print a GitHub Actions `::error` annotation per failed check (on by itself when
+    /// `GITHUB_ACTIONS=true`); names are escaped per the workflow-command rules.
+    #[arg(long)]
+    pub github_annotations: bool,
     /// Print the result as JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -69,14 +76,35 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     measurer(&opts)?;
     let make = || measurer(&opts).expect("options were checked above");
     let files = expand_inputs(&args.suite)?;
-    let scenarios = files.iter().map(load_scenario).collect::<Result<Vec<_>, _>>()?;
-    let baseline = match (&args.baseline, args.update_baseline) {
-        (Some(path), false) => {
+    let mut inputs = super::guard::Inputs::of(files.iter().cloned().chain(args.model_table.iter().cloned()));
+    if !args.update_baseline {
+        inputs.add_all(args.baseline.iter());
+    }
+    if let Some(path) = &args.junit {
+        inputs.refuse_file("--junit", path)?;
+        if args.baseline.as_ref().is_some_and(|b| super::guard::same_file(b, path)) {
+            bail!("--junit {}: this is the --baseline file", path.display());
+        }
+    }
+    if args.update_baseline && let Some(path) = &args.baseline {
+        inputs.refuse_file("--baseline (with --update-baseline)", path)?;
+    }
+    let scenarios = files.iter().map(|f| load_scenario_confined(f, args.mount_root.as_deref())).collect::<Result<Vec<_>, _>>()?;
+    let estimator = crate::measure::EstimatorKind::from(args.estimator).name();
+    let mut disabled = args.disable_stage.clone();
+    disabled.sort();
+    let strategy = std::iter::once(crate::report::check::CHECK_STRATEGY.to_owned()).chain(disabled.iter().map(|s| format!("-{s}"))).collect::<Vec<_>>().join(" ");
+    // The baseline as it is: compared with, or merged into by --update-baseline.
+    let existing = match &args.baseline {
+        Some(path) if !args.update_baseline || path.exists() => {
             let text = std::fs::read_to_string(path).with_context(|| format!("failed to read baseline {}", path.display()))?;
-            Some(Baseline::parse(&text, &path.display().to_string())?)
+            let baseline = Baseline::parse(&text, &path.display().to_string())?;
+            baseline.check_measured_with(&path.display().to_string(), estimator, &strategy)?;
+            Some(baseline)
         }
         _ => None,
     };
+    let baseline = if args.update_baseline { None } else { existing.clone() };
     let tolerances = Tolerances { relative: args.tolerance, extra_cache_breaks: args.extra_cache_breaks, hit_ratio: args.hit_ratio_tolerance };
     let chain = crate::agent::compact::Chain::with_disabled(&args.disable_stage)?;
     let report = check_suite_with(&scenarios, &make, baseline.as_ref(), &tolerances, &chain)?;
@@ -87,16 +115,33 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     if args.update_baseline
         && let Some(path) = &args.baseline
     {
-        write_atomic(path, &report.to_baseline().to_json()).with_context(|| format!("failed to write {}", path.display()))?;
-        if !args.quiet {
-            eprintln!("baseline written: {} ({} scenarios)", path.display(), report.scenarios.len());
+        if report.passed() {
+            let mut update = report.to_baseline();
+            update.estimator = Some(estimator.to_owned());
+            update.strategy = Some(strategy.clone());
+            let merged = match existing {
+                Some(mut baseline) => {
+                    baseline.merge(update);
+                    baseline
+                }
+                None => update,
+            };
+            write_atomic(path, &merged.to_json()).with_context(|| format!("failed to write {}", path.display()))?;
+            if !args.quiet {
+                eprintln!("baseline written: {} ({} scenarios updated, {} in the file)", path.display(), report.scenarios.len(), merged.scenarios.len());
+            }
+        } else {
+            eprintln!("baseline not written: the run failed its checks; {} is unchanged", path.display());
         }
+    }
+    if args.github_annotations || std::env::var_os("GITHUB_ACTIONS").is_some_and(|v| v == "true") {
+        out!("{}", report.github_annotations());
     }
     if !args.quiet {
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            outln!("{}", serde_json::to_string_pretty(&report)?);
         } else {
-            print!("{}", report.render_text());
+            out!("{}", report.render_text());
         }
     }
     Ok(if report.passed() { exit::OK } else { exit::CHECK_FAILED })

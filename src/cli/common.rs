@@ -26,6 +26,22 @@ pub fn measurer(opts: &MeasureOpts) -> anyhow::Result<Measurer> {
     Ok(Measurer::new(table, TokenCounter::with_calibration(opts.estimator.into(), calibration)))
 }
 
+/// The inputs of the measuring options themselves (model table, calibration) plus `paths`.
+pub fn inputs_with(opts: &MeasureOpts, paths: impl IntoIterator<Item = std::path::PathBuf>) -> super::guard::Inputs {
+    let mut all: Vec<std::path::PathBuf> = paths.into_iter().collect();
+    all.extend(opts.model_table.iter().cloned());
+    all.extend(opts.calibration.iter().cloned());
+    super::guard::Inputs::of(all)
+}
+
+/// Refuses a `--trace` that is one of `inputs` (call before any work).
+pub fn guard_trace(opts: &MeasureOpts, inputs: &super::guard::Inputs) -> anyhow::Result<()> {
+    match &opts.trace {
+        Some(path) => inputs.refuse_file("--trace", path),
+        None => Ok(()),
+    }
+}
+
 /// Prints the summaries and writes the trace, as the options say.
 pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) -> anyhow::Result<()> {
     if let Some(path) = &opts.trace {
@@ -36,16 +52,16 @@ pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) 
         return Ok(());
     }
     match opts.format {
-        Format::Table => println!("{}", summary_table(summaries)),
+        Format::Table => outln!("{}", summary_table(summaries)),
         Format::Json => {
             let text = if summaries.len() == 1 {
                 serde_json::to_string_pretty(&summaries[0])?
             } else {
                 serde_json::to_string_pretty(summaries)?
             };
-            println!("{text}");
+            outln!("{text}");
         }
-        Format::Csv => print!("{}", String::from_utf8_lossy(&summary_csv(summaries))),
+        Format::Csv => out!("{}", String::from_utf8_lossy(&summary_csv(summaries))),
     }
     Ok(())
 }

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::report::compare::{compare, compare_csv, compare_table, load_inputs};
+use crate::report::compare::{compare, compare_csv, compare_table, load_inputs_confined};
 use crate::report::output::write_atomic;
 use crate::strategy::Strategy;
 
@@ -24,6 +24,9 @@ pub struct CompareArgs {
     /// Write compare.csv, compare.json and the HTML report with plots under DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -33,7 +36,9 @@ pub struct CompareArgs {
 
 pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
-    let inputs = load_inputs(&args.inputs)?;
+    let guarded = super::common::inputs_with(&args.measure, args.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
+    let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &guarded)).transpose()?;
+    let inputs = load_inputs_confined(&args.inputs, args.mount_root.as_deref())?;
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
@@ -41,16 +46,18 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
         eprintln!("warning: {line}");
     }
-    if let Some(dir) = &args.out {
+    if let Some(out) = out_dir {
+        let dir = out.path();
         write_atomic(&dir.join("compare.csv"), &compare_csv(&evaluations))?;
         write_atomic(&dir.join("compare.json"), serde_json::to_string_pretty(&evaluations)?.as_bytes())?;
         crate::report::compare::write_compare_report(dir, &evaluations).with_context(|| format!("failed to write the report under {}", dir.display()))?;
+        out.commit()?;
     }
     if !args.measure.quiet {
         match args.measure.format {
-            Format::Table => println!("{}", compare_table(&evaluations)),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&evaluations)?),
-            Format::Csv => print!("{}", String::from_utf8_lossy(&compare_csv(&evaluations))),
+            Format::Table => outln!("{}", compare_table(&evaluations)),
+            Format::Json => outln!("{}", serde_json::to_string_pretty(&evaluations)?),
+            Format::Csv => out!("{}", String::from_utf8_lossy(&compare_csv(&evaluations))),
         }
     }
     Ok(super::exit::OK)

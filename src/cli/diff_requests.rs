@@ -32,21 +32,22 @@ pub fn run(args: DiffRequestsArgs) -> anyhow::Result<i32> {
     let left = read_file(&args.left).map_err(anyhow::Error::msg)?;
     let right = read_file(&args.right).map_err(anyhow::Error::msg)?;
     if let Some(path) = &args.shapes_out {
+        super::guard::Inputs::of([&args.left, &args.right]).refuse_file("--shapes-out", path)?;
         let mut text = serde_json::to_string_pretty(&left)?;
         text.push('\n');
         crate::report::output::write_atomic(path, text.as_bytes())?;
     }
     let differences = diff(&left, &right, Tolerance { fraction: args.tolerance, slack: args.slack });
     if args.show {
-        println!("== {}\n{}== {}\n{}", args.left.display(), render(&left), args.right.display(), render(&right));
+        outln!("== {}\n{}== {}\n{}", args.left.display(), render(&left), args.right.display(), render(&right));
     }
     if matches!(args.format, super::args::Format::Json) {
-        println!("{}", serde_json::to_string_pretty(&differences)?);
+        outln!("{}", serde_json::to_string_pretty(&differences)?);
     } else {
         for d in &differences {
-            println!("{d}");
+            outln!("{d}");
         }
-        println!("{} requests vs {}: {} structural differences", left.len(), right.len(), differences.len());
+        outln!("{} requests vs {}: {} structural differences", left.len(), right.len(), differences.len());
     }
     Ok(if differences.is_empty() { super::exit::OK } else { super::exit::CHECK_FAILED })
 }

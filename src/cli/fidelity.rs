@@ -14,6 +14,11 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
     let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
+    let guarded = super::guard::Inputs::of(args.transcripts.iter().chain(args.calibration.iter()));
+    if let Some(out) = &args.fit {
+        guarded.refuse_file("--fit", out)?;
+    }
+    let plot_dir = args.plot.as_deref().map(|d| super::guard::GuardedDir::begin("--plot", d, &guarded)).transpose()?;
     let mut sessions = Vec::new();
     for path in &args.transcripts {
         sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);
@@ -61,9 +66,12 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
         report.compaction_triggers = Some(compaction_triggers(session, &replay, &table, &Default::default()));
         reports.push(report);
     }
-    if let Some(dir) = &args.plot {
-        for path in write_fidelity_plots(dir, &reports)? {
-            eprintln!("wrote {}", path.display());
+    if let Some(plot) = plot_dir {
+        let written = write_fidelity_plots(plot.path(), &reports)?;
+        let target = args.plot.clone().unwrap_or_default();
+        plot.commit()?;
+        for path in written {
+            eprintln!("wrote {}", target.join(path.file_name().unwrap_or_default()).display());
         }
         if !args.calls {
             for report in &mut reports {
@@ -74,24 +82,24 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     match args.format {
         FidelityFormat::Json => {
             let text = if reports.len() == 1 { serde_json::to_string_pretty(&reports[0])? } else { serde_json::to_string_pretty(&reports)? };
-            println!("{text}");
+            outln!("{text}");
         }
         FidelityFormat::Table => {
-            print!("{}", fidelity_table(&reports));
+            out!("{}", fidelity_table(&reports));
             let triggers: Vec<(String, crate::replay::TriggerReport)> =
                 reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
-            print!("\n{}", triggers_table(&triggers));
+            out!("\n{}", triggers_table(&triggers));
             if args.calls {
                 for report in &reports {
-                    print!("\n{}", fidelity_calls_table(report));
+                    out!("\n{}", fidelity_calls_table(report));
                 }
             }
         }
     }
     for (input, rows) in &breaks {
-        println!("\nbreaks in {input}: {}", rows.len());
+        outln!("\nbreaks in {input}: {}", rows.len());
         for row in rows {
-            println!(
+            outln!(
                 "  #{:<4} {:<12} gap {:>6.1}s  cached {:>7} read {:>7} drop {:>7}  {:<18} predicted {:.2}",
                 row.index,
                 row.lane,

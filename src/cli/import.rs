@@ -8,6 +8,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<i32> {
         ImportSource::RequestLog => InputFormat::Recording,
         ImportSource::ClaudeTrace => InputFormat::ClaudeTrace,
     });
+    super::guard::Inputs::of([&args.input]).refuse_file("-o", &args.output)?;
     let report = import(&args.input, from, &args.output)?;
     if !args.quiet {
         eprintln!("{}", serde_json::to_string_pretty(&report)?);

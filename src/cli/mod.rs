@@ -1,5 +1,28 @@
 //! The command line: one file per subcommand, all of them thin over the library.
+
+/// `println!` to stdout that returns an error instead of panicking when the reader went away
+/// (`ctxsim strategies | head -1`); `main` ends such a run quietly with exit 0.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+/// `print!` to stdout, as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+/// Whether an error is a closed stdout (`EPIPE`): the reader stopped reading, nothing failed.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+}
 mod analyze;
+mod guard;
 mod args;
 mod check;
 mod compare;
@@ -39,7 +62,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");
-                println!("{id:<34} {region:<9} {description}");
+                outln!("{id:<34} {region:<9} {description}");
             }
             Ok(exit::OK)
         }

@@ -29,11 +29,14 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
+    let guarded = super::guard::Inputs::of(&args.traces);
+    let out = super::guard::GuardedDir::begin("--out", &args.out, &guarded)?;
     let mut inputs = Vec::new();
     for path in &args.traces {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).with_context(|| format!("failed to read trace {name}"))?;
         let rows = read_trace(&text, &name).map_err(anyhow::Error::msg)?;
+        crate::report::output::check_finite(&rows, &name).map_err(anyhow::Error::msg)?;
         // A trace of several runs (run --out over a suite) restarts its index at every run.
         let runs = split_runs(rows);
         let several = runs.len() > 1;
@@ -43,9 +46,10 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
         }
     }
     let thresholds = Thresholds { autocompact: args.autocompact_threshold, blocking_limit: args.blocking_limit };
-    let written = write_report(&args.out, &inputs, thresholds)?;
+    let written = write_report(out.path(), &inputs, thresholds)?;
+    out.commit()?;
     if !args.quiet {
-        println!("{}", args.out.join("index.html").display());
+        outln!("{}", args.out.join("index.html").display());
         eprintln!("{} files written under {}", written.len(), args.out.display());
     }
     Ok(exit::OK)

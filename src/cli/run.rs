@@ -7,10 +7,10 @@ use crate::report::output::{summary_csv, trace_jsonl, write_atomic};
 use crate::report::render::render_request;
 use crate::agent::compact::Chain;
 use crate::runner::{RunOptions, check_determinism_with, run_scenario_opts};
-use crate::scenario::load_scenario;
 
 use super::args::RunArgs;
 use super::common::{emit, measurer};
+use super::guard::GuardedDir;
 
 /// Expands directories into their sorted *.yaml files.
 pub fn expand_inputs(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -41,12 +41,17 @@ fn stem(path: &Path) -> String {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
     let files = expand_inputs(&args.scenarios)?;
+    let inputs = super::common::inputs_with(&args.measure, files.iter().cloned().chain([PathBuf::from(&args.strategy)]));
+    super::common::guard_trace(&args.measure, &inputs)?;
+    let dump_dir = args.dump_requests.as_deref().map(|d| GuardedDir::begin("--dump-requests", d, &inputs)).transpose()?;
+    let out_dir = args.out.as_deref().map(|d| GuardedDir::begin("--out", d, &inputs)).transpose()?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
     // requests.txt renders every request in full, so it grows with the square of a script's
     // length: it is written as the runs go, to a temporary file renamed into place at the end.
-    let mut rendering = match &args.out {
-        Some(dir) => {
+    let mut rendering = match &out_dir {
+        Some(out) => {
+            let dir = out.path();
             std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
             Some(std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir).with_context(|| format!("failed to write under {}", dir.display()))?))
         }
@@ -54,11 +59,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     };
     let mut failed_determinism = false;
     let mut strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
-    strategy.run_hooks |= args.run_hooks;
+    strategy.run_hooks = args.allow_host_commands;
     let mut report_inputs = Vec::new();
     let chain = Chain::with_disabled(&args.disable_stage)?;
     for file in &files {
-        let mut scenario = load_scenario(file)?;
+        let mut scenario = crate::scenario::load_scenario_confined(file, args.mount_root.as_deref())?;
         if let Some(seed) = args.seed {
             scenario.world.seed = seed;
         }
@@ -75,7 +80,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         // the conversation so far, so keeping them all would grow with the square of the
         // script's length. The rendering flattens on a measurer of its own (same estimator, so
         // the same blocks and counts as the run's).
-        let dump_dir = args.dump_requests.as_ref().map(|dir| dir.join(stem(file)));
+        let scenario_dump = dump_dir.as_ref().map(|dump| dump.path().join(stem(file)));
         let mut render = match &mut rendering {
             Some(out) => {
                 out.write_all(format!("## {}\n", scenario.file).as_bytes())?;
@@ -89,7 +94,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             if failure.is_some() {
                 return;
             }
-            if let Some(dir) = &dump_dir {
+            if let Some(dir) = &scenario_dump {
                 let bytes = serde_json::to_vec_pretty(request).expect("requests serialize");
                 if let Err(e) = write_atomic(&dir.join(format!("{index:04}.json")), &bytes) {
                     failure = Some(anyhow::Error::new(e).context(format!("failed to write requests under {}", dir.display())));
@@ -115,13 +120,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         summaries.push(output.summary);
         all_rows.extend(output.rows);
     }
-    if let Some(dir) = &args.out {
+    if let Some(out) = out_dir {
+        let dir = out.path();
         write_atomic(&dir.join("summary.json"), serde_json::to_string_pretty(&summaries)?.as_bytes())?;
         write_atomic(&dir.join("summary.csv"), &summary_csv(&summaries))?;
         write_atomic(&dir.join("trace.jsonl"), &trace_jsonl(&all_rows))?;
         let file = rendering.take().expect("opened with --out").into_inner().map_err(|e| e.into_error())?;
         crate::report::output::persist_with_mode(file, &dir.join("requests.txt"))?;
         crate::report::write_report(dir, &report_inputs, Default::default())?;
+        out.commit()?;
+    }
+    if let Some(dump) = dump_dir {
+        dump.commit()?;
     }
     emit(&args.measure, &summaries, &all_rows)?;
     Ok(if failed_determinism { 1 } else { 0 })

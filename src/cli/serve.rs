@@ -38,6 +38,13 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
+    let inputs = super::common::inputs_with(&args.measure, [args.script.clone()]);
+    super::common::guard_trace(&args.measure, &inputs)?;
+    if let Some(dir) = &args.log {
+        for name in ["requests.jsonl", "trace.jsonl", "summary.json"] {
+            inputs.refuse_file("--log", &dir.join(name))?;
+        }
+    }
     let script = Script::load(&args.script)?;
     let options = ServeOptions {
         step_ms: args.step_ms,
@@ -50,7 +57,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     let service = Service::new(script, measurer(&args.measure)?, options)
         .with_context(|| format!("failed to create the request log in {}", args.log.as_ref().map_or(String::new(), |d| d.display().to_string())))?;
     let handle = start(args.port, service).with_context(|| format!("failed to listen on 127.0.0.1:{}", args.port))?;
-    println!("listening on {}", handle.base_url());
+    outln!("listening on {}", handle.base_url());
     std::io::stdout().flush()?;
     let stopper = handle.stopper();
     ctrlc::set_handler(move || stopper.stop()).context("failed to install the SIGINT/SIGTERM handler")?;

@@ -36,25 +36,25 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                     .map(|(id, region, description)| serde_json::json!({"id": id, "region": region.map(|r| r.as_str()), "description": description}))
                     .collect();
             }
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            outln!("{}", serde_json::to_string_pretty(&out)?);
         }
         FidelityFormat::Table => {
-            println!("Presets:");
+            outln!("Presets:");
             for p in PRESETS {
                 let aliases = if p.aliases.is_empty() { String::new() } else { format!(" (alias: {})", p.aliases.join(", ")) };
-                println!("  {:<30}{aliases}\n      {}", p.id, p.source);
+                outln!("  {:<30}{aliases}\n      {}", p.id, p.source);
             }
-            println!("\nKnobs (dotted key = default; presets that differ):");
+            outln!("\nKnobs (dotted key = default; presets that differ):");
             for k in &knobs {
-                println!("  {} = {}", k.key, k.default);
+                outln!("  {} = {}", k.key, k.default);
                 for (id, value) in &k.presets {
-                    println!("      {id}: {value}");
+                    outln!("      {id}: {value}");
                 }
             }
             if args.causes {
-                println!("\nCauses:");
+                outln!("\nCauses:");
                 for (id, region, description) in crate::measure::CAUSES {
-                    println!("  {id:<34} {:<9} {description}", region.map(|r| r.as_str()).unwrap_or("any"));
+                    outln!("  {id:<34} {:<9} {description}", region.map(|r| r.as_str()).unwrap_or("any"));
                 }
             }
         }

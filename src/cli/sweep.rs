@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::report::compare::load_inputs;
+use crate::report::compare::load_inputs_confined;
 use crate::report::output::write_atomic;
 use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points, write_outputs};
 use crate::strategy::Strategy;
@@ -34,9 +34,15 @@ pub struct SweepArgs {
     /// Join partial CSVs (written by --shard) into the outputs of the whole grid.
     #[arg(long, value_name = "PARTIAL.csv", num_args = 1..)]
     pub merge: Vec<PathBuf>,
+    /// Every scenario's `world.mount[].from` must resolve inside this directory.
+    #[arg(long, value_name = "DIR")]
+    pub mount_root: Option<PathBuf>,
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The largest grid run (points × inputs); a bigger one is an error before anything runs.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub max_points: u64,
     /// The loss bound of the recommendation (default: see `ctxsim sweep --help` docs).
     #[arg(long)]
     pub max_loss: Option<f64>,
@@ -45,19 +51,27 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
+    let guarded = super::common::inputs_with(&args.measure, args.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
         let (signature, notes, header, rows) = merge(&args.merge)?;
-        let analysis = write_outputs(&dir, &signature, &header, &rows, args.max_loss, no_effect(&header, &rows, &notes))?;
-        report(&analysis, args.measure.quiet);
+        let out = super::guard::GuardedDir::begin("--out", &dir, &guarded)?;
+        let analysis = write_outputs(out.path(), &signature, &header, &rows, args.max_loss, no_effect(&header, &rows, &notes))?;
+        out.commit()?;
+        report(&analysis, args.measure.quiet)?;
         return Ok(super::exit::OK);
     }
     if args.inputs.is_empty() || args.params.is_empty() {
         bail!("sweep needs inputs and at least one --param (or --merge PARTIAL.csv...)");
     }
-    let params: Vec<Param> = args.params.iter().map(|p| Param::parse(p)).collect::<anyhow::Result<_>>()?;
+    let params: Vec<Param> = args.params.iter().map(|p| Param::parse_limited(p, args.max_points)).collect::<anyhow::Result<_>>()?;
+    let points = params.iter().try_fold(1u64, |n, p| n.checked_mul(p.values.len() as u64)).unwrap_or(u64::MAX);
+    let runs = points.saturating_mul(args.inputs.len().max(1) as u64);
+    if runs > args.max_points {
+        bail!("the grid has {points} points × {} inputs = {runs} runs, more than --max-points {}; narrow the --param ranges or raise --max-points", args.inputs.len(), args.max_points);
+    }
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
-    let inputs = load_inputs(&args.inputs)?;
+    let inputs = load_inputs_confined(&args.inputs, args.mount_root.as_deref())?;
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {
@@ -85,24 +99,28 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));
     if let Some((i, n)) = shard {
         let path = dir.join(format!("sweep.part{i}.csv"));
+        guarded.refuse_file("--out", &path)?;
         write_atomic(&path, &rows_csv(&grid, shard, &rows, &notes))?;
         if !args.measure.quiet {
-            println!("shard {i}/{n}: {} points written to {}", rows.len(), path.display());
+            outln!("shard {i}/{n}: {} points written to {}", rows.len(), path.display());
         }
         return Ok(super::exit::OK);
     }
     let header = grid.header();
-    let analysis = write_outputs(&dir, &grid.signature(), &header, &rows, args.max_loss, no_effect(&header, &rows, &notes))?;
-    report(&analysis, args.measure.quiet);
+    let out = super::guard::GuardedDir::begin("--out", &dir, &guarded)?;
+    let analysis = write_outputs(out.path(), &grid.signature(), &header, &rows, args.max_loss, no_effect(&header, &rows, &notes))?;
+    out.commit()?;
+    report(&analysis, args.measure.quiet)?;
     Ok(super::exit::OK)
 }
 
 /// The warnings on stderr (always), the recommendation on stdout (unless quiet).
-fn report(analysis: &crate::report::sweep::Analysis, quiet: bool) {
+fn report(analysis: &crate::report::sweep::Analysis, quiet: bool) -> std::io::Result<()> {
     for warning in &analysis.no_effect {
         eprintln!("warning: {}", warning.line());
     }
     if !quiet {
-        print!("{}", analysis.text);
+        out!("{}", analysis.text);
     }
+    Ok(())
 }

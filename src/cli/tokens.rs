@@ -11,10 +11,10 @@ pub fn run(args: TokensArgs) -> anyhow::Result<i32> {
         let text = std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))?;
         let n = counter.count_text(&text, &args.family);
         total += u64::from(n);
-        println!("{n:>10}  {}", path.display());
+        outln!("{n:>10}  {}", path.display());
     }
     if args.files.len() > 1 {
-        println!("{total:>10}  total");
+        outln!("{total:>10}  total");
     }
     Ok(0)
 }

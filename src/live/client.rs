@@ -28,6 +28,24 @@ pub struct ClientConfig {
     pub betas: Vec<String>,
     /// Retries of a 429/529 before the error is returned.
     pub max_retries: u32,
+    pub timeouts: Timeouts,
+}
+
+/// How long a call may take: a stalled server ends the run with an error instead of hanging it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// To open the connection.
+    pub connect: Duration,
+    /// Of silence while waiting for the answer or any part of its body.
+    pub read: Duration,
+    /// Of one call, from connecting to the last byte of the body (each retry anew).
+    pub total: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { connect: Duration::from_secs(10), read: Duration::from_secs(120), total: Duration::from_secs(600) }
+    }
 }
 
 impl ClientConfig {
@@ -36,7 +54,7 @@ impl ClientConfig {
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<ClientConfig, LiveError> {
         let api_key = get("ANTHROPIC_API_KEY").filter(|k| !k.trim().is_empty()).ok_or(LiveError::NoApiKey)?;
         let base_url = get("ANTHROPIC_BASE_URL").filter(|u| !u.trim().is_empty()).unwrap_or_else(|| "https://api.anthropic.com".to_owned());
-        Ok(ClientConfig { base_url, api_key, betas: DEFAULT_BETAS.iter().map(|b| (*b).to_owned()).collect(), max_retries: 4 })
+        Ok(ClientConfig { base_url, api_key, betas: DEFAULT_BETAS.iter().map(|b| (*b).to_owned()).collect(), max_retries: 4, timeouts: Timeouts::default() })
     }
 }
 
@@ -52,6 +70,8 @@ pub enum LiveError {
     Api { status: u16, kind: String, message: String },
     #[error("failed to read the API's answer: {0}")]
     Malformed(String),
+    #[error("failed to write the run so far (--record, --trace): {0}")]
+    Checkpoint(String),
 }
 
 /// One answered request.
@@ -80,7 +100,14 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn new(config: ClientConfig) -> HttpClient {
-        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let t = config.timeouts;
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(t.connect))
+            .timeout_per_read(Some(t.read))
+            .timeout_per_call(Some(t.total))
+            .build()
+            .into();
         HttpClient { config, agent }
     }
 

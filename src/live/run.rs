@@ -67,10 +67,18 @@ pub enum LiveRunError {
     Script { file: String, step: usize, message: String },
     #[error("{file}: script[{step}]: {source}")]
     Api { file: String, step: usize, source: LiveError },
+    #[error("{file}: strategy `{strategy}`: {message}")]
+    Strategy { file: String, strategy: String, message: String },
 }
+
+/// Called after every answered API call with the recording and the calls so far, so what was
+/// paid for is on disk before the next call can fail.
+pub type Checkpoint<'a> = &'a mut dyn FnMut(&Recording, &[LiveCall]) -> std::io::Result<()>;
 
 /// The run's state shared by the main loop and the subagent calls.
 struct Live<'a> {
+    checkpoint: Checkpoint<'a>,
+    header: Header,
     api: &'a mut dyn MessagesApi,
     measurer: &'a mut Measurer,
     options: &'a LiveOptions,
@@ -113,6 +121,8 @@ impl Live<'_> {
         event.lane = lane.to_owned();
         self.events.push(event);
         self.calls.push(LiveCall { row, actual: Some(actual.clone()) });
+        let so_far = Recording { header: self.header.clone(), events: self.events.clone() };
+        (self.checkpoint)(&so_far, &self.calls).map_err(|e| LiveError::Checkpoint(e.to_string()))?;
         world.clock.advance(self.options.call_ms);
         let reply = Reply { content: response.content, stop_reason, usage: Some(actual.clone()), latency: None, output_tokens: actual.output_tokens, synthetic: false };
         Ok((reply, actual))
@@ -190,6 +200,18 @@ impl ModelCalls for Live<'_> {
 
 /// Runs `scenario` live against `api`.
 pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, api: &mut dyn MessagesApi, options: &LiveOptions) -> Result<LiveOutput, LiveRunError> {
+    run_live_with(scenario, measurer, strategy, api, options, &mut |_, _| Ok(()))
+}
+
+/// [`run_live`], calling `checkpoint` after every answered call.
+pub fn run_live_with(
+    scenario: &Scenario,
+    measurer: &mut Measurer,
+    strategy: &Strategy,
+    api: &mut dyn MessagesApi,
+    options: &LiveOptions,
+    checkpoint: Checkpoint<'_>,
+) -> Result<LiveOutput, LiveRunError> {
     let mut world = scenario.into_world();
     if let Some(model) = &options.model {
         world.model_id = model.clone();
@@ -199,12 +221,18 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
         .with_fallback(Fallback::Synthesize(Synthesis { after_script_ends: true, ..Synthesis::default() }));
     crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
+    crate::runner::check_strategy_for(agent.model_limits(&world), strategy)
+        .map_err(|message| LiveRunError::Strategy { file: scenario.file.clone(), strategy: strategy.name.clone(), message })?;
     let script_err = |step: usize, message: String| LiveRunError::Script { file: scenario.file.clone(), step, message };
     for root in &scenario.world.plugins {
         agent.plugin_enable(&absolute(&world, root), &mut world).map_err(|e| script_err(0, e))?;
     }
     let chain = Chain::new();
-    let mut live = Live { api, measurer, options, calls: Vec::new(), events: Vec::new(), turn: 0, api_error: None };
+    let mut header = Header::new("live");
+    header.input = Some(scenario.file.clone());
+    header.cwd = Some(world.cwd.clone());
+    header.start_epoch_ms = Some(world.clock.epoch_unix_ms());
+    let mut live = Live { checkpoint, header, api, measurer, options, calls: Vec::new(), events: Vec::new(), turn: 0, api_error: None };
     let mut pending_events: Vec<String> = Vec::new();
     for (i, step) in scenario.script.iter().enumerate() {
         let api_err = |source: LiveError| LiveRunError::Api { file: scenario.file.clone(), step: i, source };
@@ -288,11 +316,7 @@ pub fn run_live(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strateg
     }
     let rows: Vec<RequestMetrics> = live.calls.iter().map(|c| c.row.clone()).collect();
     let summary = Summary::from_rows(&scenario.file, &strategy.name, live.measurer.counter().kind().name(), &rows, 0);
-    let mut header = Header::new("live");
-    header.input = Some(scenario.file.clone());
-    header.cwd = Some(world.cwd.clone());
-    header.start_epoch_ms = Some(world.clock.epoch_unix_ms());
-    let recording = Recording { header, events: live.events };
+    let recording = Recording { header: live.header, events: live.events };
     Ok(LiveOutput { calls: live.calls, recording, summary })
 }
 

@@ -2,8 +2,10 @@
 //! request it gets with the project's cache simulator (docs/serve.md).
 //!
 //! [`Service`] is the whole API without sockets: a request in, a reply out, in arrival order.
-//! [`start`] puts it behind a tiny_http listener on 127.0.0.1 with one thread handling
-//! requests one at a time, so the measurement sees them in the order they arrived.
+//! [`start`] puts it behind a tiny_http listener on 127.0.0.1: every request is read on a
+//! thread of its own (a client stalled inside its body holds only that thread, never the
+//! others nor the shutdown), and the service answers them one at a time, in the order their
+//! bodies arrived.
 //!
 //! **Time.** The server never reads the wall clock. Each `/v1/messages` request happens at a
 //! virtual time: the `x-ctxsim-time-ms` header when the client sends one (ms, never going back),
@@ -13,7 +15,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use serde_json::{Value, json};
@@ -31,6 +33,9 @@ use super::sse;
 
 /// The header that sets a request's virtual time.
 pub const TIME_HEADER: &str = "x-ctxsim-time-ms";
+/// The largest virtual time a request may carry (2^53 − 1 ms, the largest integer a JSON
+/// client represents exactly): later times would overflow the clock's arithmetic.
+pub const MAX_TIME_MS: u64 = (1 << 53) - 1;
 /// The API's request size limit (32 MB).
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
@@ -121,15 +126,10 @@ pub struct Service {
 }
 
 impl Service {
-    /// A service; with a log directory, the request log is created (truncated) there now.
+    /// A service. The request log of a log directory is created by [`Service::open_log`] (which
+    /// [`start`] calls once the port is bound), so a server that cannot start leaves the
+    /// previous log as it was.
     pub fn new(script: Script, measurer: Measurer, options: ServeOptions) -> std::io::Result<Service> {
-        let log = match &options.log_dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir)?;
-                Some(RequestLogFile { file: std::fs::File::create(dir.join("requests.jsonl"))? })
-            }
-            None => None,
-        };
         // No journal comes with a client's requests: causes are read from their structure.
         let mut measurer = measurer;
         measurer.set_structural_causes(true);
@@ -143,9 +143,23 @@ impl Service {
             requests: 0,
             messages: 0,
             tool_ids: 0,
-            log,
+            log: None,
             lanes: Default::default(),
         })
+    }
+
+    /// Creates (truncates) `requests.jsonl` in the log directory, if there is one.
+    pub fn open_log(&mut self) -> std::io::Result<()> {
+        if let Some(dir) = &self.options.log_dir
+            && self.log.is_none()
+        {
+            std::fs::create_dir_all(dir)?;
+            let path = dir.join("requests.jsonl");
+            // A FIFO or device given as the log is written in place (never replaced).
+            let file = std::fs::OpenOptions::new().write(true).create(true).truncate(std::fs::metadata(&path).map_or(true, |m| m.is_file())).open(&path)?;
+            self.log = Some(RequestLogFile { file });
+        }
+        Ok(())
     }
 
     /// The rows measured so far.
@@ -196,6 +210,9 @@ impl Service {
         let time_ms = match request.headers.iter().find(|(name, _)| name == TIME_HEADER) {
             None => self.clock_ms,
             Some((_, value)) => match value.trim().parse::<u64>() {
+                Ok(ms) if ms > MAX_TIME_MS => {
+                    return HttpReply::error(400, "invalid_request_error", format!("header {TIME_HEADER}: {ms} is beyond the largest virtual time {MAX_TIME_MS}"));
+                }
                 Ok(ms) if self.last_time_ms.is_none_or(|last| ms >= last) => ms,
                 Ok(ms) => return HttpReply::error(400, "invalid_request_error", format!("header {TIME_HEADER}: {ms} goes back before the previous request's time")),
                 Err(_) => return HttpReply::error(400, "invalid_request_error", format!("header {TIME_HEADER}: not a whole number of milliseconds: `{value}`")),
@@ -236,7 +253,7 @@ impl Service {
         };
         let delay_ms = reply.as_ref().map_or(0, |r| r.delay_ms);
         self.last_time_ms = Some(time_ms);
-        self.clock_ms = time_ms + self.options.step_ms + delay_ms;
+        self.clock_ms = time_ms.saturating_add(self.options.step_ms).saturating_add(delay_ms).min(MAX_TIME_MS);
         let (answer, usage) = match (&row.error, reply) {
             (Some(error), _) => (HttpReply::error(400, "invalid_request_error", error.clone()), None),
             (None, None) => unreachable!("a request that was not rejected has a reply"),
@@ -389,34 +406,63 @@ impl ServerHandle {
     }
 }
 
-/// Binds 127.0.0.1:`port` (0 picks a free port) and serves `service` on one thread.
-pub fn start(port: u16, service: Service) -> std::io::Result<ServerHandle> {
+/// Binds 127.0.0.1:`port` (0 picks a free port), then opens the service's request log, and
+/// serves: one thread accepts, one thread per request reads and answers it.
+pub fn start(port: u16, mut service: Service) -> std::io::Result<ServerHandle> {
     let server = tiny_http::Server::http(("127.0.0.1", port)).map_err(std::io::Error::other)?;
     let addr = server.server_addr().to_ip().ok_or_else(|| std::io::Error::other("the listener has no IP address"))?;
+    service.open_log()?;
     let server = Arc::new(server);
     let listener = Arc::clone(&server);
-    let thread = std::thread::Builder::new().name("ctxsim-serve".to_owned()).spawn(move || serve_loop(&listener, service))?;
+    let thread = std::thread::Builder::new().name("ctxsim-serve".to_owned()).spawn(move || serve_loop(listener, service))?;
     Ok(ServerHandle { addr, server, thread })
 }
 
-fn serve_loop(server: &tiny_http::Server, mut service: Service) -> std::io::Result<ServeReport> {
-    for mut request in server.incoming_requests() {
-        let reply = match read_request(&mut request) {
-            Ok(http) => service.handle(&http),
-            Err(reply) => reply,
-        };
-        let content_type = tiny_http::Header::from_bytes("content-type", reply.content_type).expect("static header is valid");
-        let request_id = tiny_http::Header::from_bytes("request-id", format!("req_{}_{:04}", service.options.id_tag, service.requests)).expect("ids are ASCII");
-        let length = (reply.content_type != "text/event-stream").then_some(reply.body.len());
-        let response = tiny_http::Response::new(tiny_http::StatusCode(reply.status), vec![content_type, request_id], reply.body.as_slice(), length, None);
-        if let Err(e) = request.respond(response) {
-            eprintln!("warning: failed to send a response: {e}");
-        }
-        if service.finished() {
-            break;
+/// The service between request threads; `None` once the server has stopped.
+type Shared = Arc<Mutex<Option<Service>>>;
+
+fn serve_loop(server: Arc<tiny_http::Server>, service: Service) -> std::io::Result<ServeReport> {
+    let shared: Shared = Arc::new(Mutex::new(Some(service)));
+    for request in server.incoming_requests() {
+        let (shared, server) = (Arc::clone(&shared), Arc::clone(&server));
+        let spawned = std::thread::Builder::new().name("ctxsim-serve-request".to_owned()).spawn(move || answer(request, &shared, &server));
+        if let Err(e) = spawned {
+            eprintln!("warning: failed to start a request thread: {e}");
         }
     }
-    service.finish()
+    // Stopped: requests still being read find no service and get a 503; the one being
+    // answered finishes first (it holds the lock).
+    let service = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    service.ok_or_else(|| std::io::Error::other("the service was taken twice"))?.finish()
+}
+
+/// Reads one request's body (on its own thread), answers it under the service's lock, and
+/// stops the server when the service is finished.
+fn answer(mut request: tiny_http::Request, shared: &Shared, server: &tiny_http::Server) {
+    let read = read_request(&mut request);
+    let (reply, request_id, stop) = {
+        let mut guard = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match guard.as_mut() {
+            Some(service) if !service.finished() => {
+                let reply = match &read {
+                    Ok(http) => service.handle(http),
+                    Err(reply) => reply.clone(),
+                };
+                (reply, format!("req_{}_{:04}", service.options.id_tag, service.requests), service.finished())
+            }
+            _ => (HttpReply::error(503, "overloaded_error", "the server is shutting down"), "req_closed".to_owned(), false),
+        }
+    };
+    let content_type = tiny_http::Header::from_bytes("content-type", reply.content_type).expect("static header is valid");
+    let request_id = tiny_http::Header::from_bytes("request-id", request_id).expect("ids are ASCII");
+    let length = (reply.content_type != "text/event-stream").then_some(reply.body.len());
+    let response = tiny_http::Response::new(tiny_http::StatusCode(reply.status), vec![content_type, request_id], reply.body.as_slice(), length, None);
+    if let Err(e) = request.respond(response) {
+        eprintln!("warning: failed to send a response: {e}");
+    }
+    if stop {
+        server.unblock();
+    }
 }
 
 fn read_request(request: &mut tiny_http::Request) -> Result<HttpRequest, HttpReply> {

@@ -138,11 +138,13 @@ pub enum StreamError {
 }
 
 /// Assembles the message a stream describes. Unknown event types are skipped (the API may add
-/// new ones); a stream without `message_start` is malformed.
+/// new ones); a stream without `message_start` is malformed, and so is one that ends without
+/// `message_stop` (a reply cut off by the network is not a finished reply).
 pub fn assemble(events: &[SseEvent]) -> Result<Response, StreamError> {
     let mut message: Option<Map<String, Value>> = None;
     let mut blocks: Vec<Value> = Vec::new();
     let mut partial_json: Vec<String> = Vec::new();
+    let mut stopped = false;
     for (index, event) in events.iter().enumerate() {
         let malformed = |message: String| StreamError::Malformed { index, event: event.event.clone(), message };
         let value: Value = serde_json::from_str(&event.data).map_err(|e| malformed(format!("data is not JSON: {e}")))?;
@@ -206,6 +208,7 @@ pub fn assemble(events: &[SseEvent]) -> Result<Response, StreamError> {
                     }
                 }
             }
+            "message_stop" => stopped = true,
             "error" => {
                 let error = value.get("error");
                 let field = |key: &str| error.and_then(|e| e.get(key)).and_then(Value::as_str).unwrap_or("").to_owned();
@@ -217,6 +220,13 @@ pub fn assemble(events: &[SseEvent]) -> Result<Response, StreamError> {
     let Some(mut message) = message else {
         return Err(StreamError::Malformed { index: events.len(), event: String::new(), message: "no message_start event".to_owned() });
     };
+    if !stopped {
+        return Err(StreamError::Malformed {
+            index: events.len(),
+            event: events.last().map_or_else(String::new, |e| e.event.clone()),
+            message: format!("the stream ended after {} events without message_stop: the reply was cut off", events.len()),
+        });
+    }
     message.insert("content".to_owned(), Value::Array(blocks));
     serde_json::from_value(Value::Object(message))
         .map_err(|e| StreamError::Malformed { index: events.len(), event: "message_stop".to_owned(), message: e.to_string() })

@@ -104,7 +104,48 @@ impl ModelTable {
     }
 
     pub fn parse(text: &str, path: &str) -> Result<ModelTable, ModelTableError> {
-        toml::from_str(text).map_err(|e| ModelTableError::Parse { path: path.to_owned(), message: e.to_string() })
+        let table: ModelTable = toml::from_str(text).map_err(|e| ModelTableError::Parse { path: path.to_owned(), message: e.to_string() })?;
+        table.validate(text, path)?;
+        Ok(table)
+    }
+
+    /// Range checks: prices finite and ≥ 0, windows and max output above 0, match fragments
+    /// not empty. The message names the file, the line of the entry and the field.
+    fn validate(&self, text: &str, path: &str) -> Result<(), ModelTableError> {
+        if self.models.is_empty() {
+            return Err(ModelTableError::Parse { path: path.to_owned(), message: "no [[model]] entries".to_owned() });
+        }
+        // The line of each entry's `[[model]]` header, in order.
+        let headers: Vec<usize> = text.lines().enumerate().filter(|(_, l)| l.trim_start().starts_with("[[model]]")).map(|(i, _)| i + 1).collect();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = match headers.get(i) {
+                Some(line) => format!("{path}:{line}: model[{i}] ({})", m.id),
+                None => format!("{path}: model[{i}] ({})", m.id),
+            };
+            let fail = |field: &str, message: String| Err(ModelTableError::Parse { path: path.to_owned(), message: format!("{at}: {field}: {message}") });
+            let p = &m.price;
+            for (field, value) in [
+                ("price.input", p.input),
+                ("price.output", p.output),
+                ("price.cache_write_5m", p.cache_write_5m),
+                ("price.cache_write_1h", p.cache_write_1h),
+                ("price.cache_read", p.cache_read),
+            ] {
+                if !(value.is_finite() && (0.0..=1e6).contains(&value)) {
+                    return fail(field, format!("{value} is not a price (a finite number of USD per million tokens, from 0 to 1e6)"));
+                }
+            }
+            if m.context_window == 0 {
+                return fail("context_window", "must be above 0".to_owned());
+            }
+            if m.max_output_tokens == 0 {
+                return fail("max_output_tokens", "must be above 0".to_owned());
+            }
+            if m.fragments.iter().any(|f| f.is_empty()) || m.fragments.is_empty() {
+                return fail("match", "needs at least one non-empty fragment".to_owned());
+            }
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<ModelTable, ModelTableError> {

@@ -86,6 +86,12 @@ pub struct Calibration {
     pub prefix_tokens: BTreeMap<String, u64>,
 }
 
+/// The scales a calibration may hold: a tokenizer differs from `bpe` by tens of percent, not by
+/// orders of magnitude (1e300 once gave a $187k cost for a $0.39 log).
+pub const SCALE_RANGE: std::ops::RangeInclusive<f64> = 0.1..=10.0;
+/// The largest flat per-block correction a calibration may hold, in tokens.
+pub const PER_BLOCK_LIMIT: f64 = 10_000.0;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CalibrationError {
     #[error("failed to read calibration {path}: {source}")]
@@ -101,10 +107,28 @@ impl Calibration {
 
     pub fn parse(text: &str, path: &str) -> Result<Calibration, CalibrationError> {
         let mut de = serde_json::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(&mut de).map_err(|e| CalibrationError::Parse {
+        let calibration: Calibration = serde_path_to_error::deserialize(&mut de).map_err(|e| CalibrationError::Parse {
             path: path.to_owned(),
-            message: format!("{}: {}", e.path(), e.inner()),
-        })
+            message: format!("line {}: {}: {}", e.inner().line(), e.path(), e.inner()),
+        })?;
+        calibration.validate(path)?;
+        Ok(calibration)
+    }
+
+    /// Range checks: every scale in [`SCALE_RANGE`], every `per_block` finite and within
+    /// ±[`PER_BLOCK_LIMIT`] tokens; the message names the field.
+    pub fn validate(&self, path: &str) -> Result<(), CalibrationError> {
+        let families = std::iter::once(("default".to_owned(), &self.default)).chain(self.families.iter().map(|(k, v)| (format!("families.{k}"), v)));
+        for (field, family) in families {
+            let fail = |message: String| Err(CalibrationError::Parse { path: path.to_owned(), message });
+            if !(family.scale.is_finite() && SCALE_RANGE.contains(&family.scale)) {
+                return fail(format!("{field}.scale: {} is outside the sane range {}..={} (tokens per bpe token)", family.scale, SCALE_RANGE.start(), SCALE_RANGE.end()));
+            }
+            if !(family.per_block.is_finite() && family.per_block.abs() <= PER_BLOCK_LIMIT) {
+                return fail(format!("{field}.per_block: {} is not a finite number of tokens within ±{PER_BLOCK_LIMIT}", family.per_block));
+            }
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<Calibration, CalibrationError> {

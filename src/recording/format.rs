@@ -13,7 +13,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -580,28 +580,5 @@ pub fn write_atomically(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<&mut File>) -> std::io::Result<()>,
 ) -> Result<(), RecordingError> {
-    let file_name = path.display().to_string();
-    let write_err = |source| RecordingError::Write { file: file_name.clone(), source };
-    let dir: PathBuf = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(write_err)?;
-    let mut temp = tempfile::NamedTempFile::new_in(&dir).map_err(write_err)?;
-    {
-        let mut writer = BufWriter::new(temp.as_file_mut());
-        fill(&mut writer).map_err(write_err)?;
-        writer.flush().map_err(write_err)?;
-    }
-    // A temporary file is created owner-only (0600); an output file should get the ordinary
-    // mode a user expects of a file they asked for, or keep the mode of the file it replaces.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o644);
-        temp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(write_err)?;
-    }
-    temp.as_file().sync_all().map_err(write_err)?;
-    temp.persist(path).map_err(|e| write_err(e.error))?;
-    Ok(())
+    crate::report::output::write_output_with(path, fill).map_err(|source| RecordingError::Write { file: path.display().to_string(), source })
 }

@@ -27,6 +27,14 @@ pub const BASELINE_VERSION: u32 = 1;
 #[serde(deny_unknown_fields)]
 pub struct Baseline {
     pub version: u32,
+    /// The token estimator the numbers were measured with (`bpe`, `chars4`, `calibrated`);
+    /// absent in baselines written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimator: Option<String>,
+    /// The strategy and chain the numbers were measured with (`claude-code`, plus
+    /// `-stage` for every stage disabled); absent in older baselines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
     pub scenarios: BTreeMap<String, BaselineEntry>,
 }
 
@@ -86,6 +94,31 @@ impl Baseline {
             });
         }
         Ok(baseline)
+    }
+
+    /// Refuses to compare with (or merge into) numbers measured another way: a different
+    /// estimator or strategy changes every number, which is not a regression.
+    pub fn check_measured_with(&self, path: &str, estimator: &str, strategy: &str) -> Result<(), CheckError> {
+        for (field, recorded, now) in [("estimator", &self.estimator, estimator), ("strategy", &self.strategy, strategy)] {
+            if let Some(recorded) = recorded
+                && recorded != now
+            {
+                return Err(CheckError::Baseline {
+                    path: path.to_owned(),
+                    message: format!(
+                        "{field}: the baseline was measured with {field} `{recorded}`, this run uses `{now}`; run with the same {field}, or refresh the baseline with --update-baseline"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `update`'s entries replace this baseline's entries of the same scenario; the others stay.
+    pub fn merge(&mut self, update: Baseline) {
+        self.estimator = update.estimator;
+        self.strategy = update.strategy;
+        self.scenarios.extend(update.scenarios);
     }
 
     /// Pretty JSON with a final newline (keys sorted: the map is a BTreeMap).
@@ -436,7 +469,7 @@ impl SuiteReport {
                 (r.name.clone(), entry)
             })
             .collect();
-        Baseline { version: BASELINE_VERSION, scenarios }
+        Baseline { version: BASELINE_VERSION, estimator: None, strategy: None, scenarios }
     }
 
     /// The readable diff: every failed scenario with its failed checks and the requests behind
@@ -467,6 +500,23 @@ impl SuiteReport {
             let _ = writeln!(out, "check passed: {} scenarios", self.scenarios.len());
         } else {
             let _ = writeln!(out, "check failed: {failed} of {} scenarios, {checks_failed} failed checks", self.scenarios.len());
+        }
+        out
+    }
+
+    /// One GitHub Actions `::error` line per failed check, every name escaped.
+    pub fn github_annotations(&self) -> String {
+        let mut out = String::new();
+        for r in &self.scenarios {
+            for c in r.checks.iter().filter(|c| c.status == Status::Fail) {
+                let _ = writeln!(
+                    out,
+                    "::error file={},title={}::{}",
+                    github_escape_property(&r.file),
+                    github_escape_property(&format!("ctxsim check {}: {}", r.name, c.name)),
+                    github_escape_data(&format!("{}: {}", r.name, c.message))
+                );
+            }
         }
         out
     }
@@ -517,6 +567,18 @@ impl SuiteReport {
         x.push_str("</testsuites>\n");
         x
     }
+}
+
+/// Escapes the message of a GitHub Actions workflow command (`::error ...::MESSAGE`): `%`,
+/// carriage return and newline, so a name cannot end the command and start another.
+pub fn github_escape_data(text: &str) -> String {
+    text.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+}
+
+/// Escapes a property value of a workflow command (`file=`, `title=`): the message rules plus
+/// `:` and `,`, which would end the value.
+pub fn github_escape_property(text: &str) -> String {
+    github_escape_data(text).replace(':', "%3A").replace(',', "%2C")
 }
 
 /// Escapes text for an XML 1.0 attribute value (newlines and tabs as character references).

@@ -37,6 +37,12 @@ pub struct Input {
 /// Expands directories (sorted; `*.yaml`/`*.yml` scenarios and `*.jsonl` sessions, not
 /// recursive) and loads every input.
 pub fn load_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
+    load_inputs_confined(paths, None)
+}
+
+/// [`load_inputs`] with scenario mounts confined to `mount_root`
+/// ([`crate::scenario::load_scenario_confined`]).
+pub fn load_inputs_confined(paths: &[PathBuf], mount_root: Option<&std::path::Path>) -> anyhow::Result<Vec<Input>> {
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
@@ -58,7 +64,7 @@ pub fn load_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
         .map(|file| {
             let name = file.display().to_string();
             let loaded = if file.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-                LoadedInput::Scenario(Box::new(crate::scenario::load_scenario(&file)?))
+                LoadedInput::Scenario(Box::new(crate::scenario::load_scenario_confined(&file, mount_root)?))
             } else {
                 LoadedInput::Session(Box::new(load_session(&file)?))
             };

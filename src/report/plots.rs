@@ -311,13 +311,10 @@ pub fn render_svg(chart: &Chart) -> Result<String, PlotError> {
 pub fn write_png(chart: &Chart, path: &Path) -> Result<(), PlotError> {
     ensure_font()?;
     let fail = |message: String| PlotError { chart: chart.id.clone(), message };
-    let dir = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+    let dir = super::output::temp_dir_for(path).map_err(|e| fail(e.to_string()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
     // plotters picks the encoder from the extension, so the temporary name ends in .png.
-    let tmp = tempfile::Builder::new().prefix(".plot").suffix(".png").tempfile_in(dir).map_err(|e| fail(e.to_string()))?;
+    let tmp = tempfile::Builder::new().prefix(".plot").suffix(".png").tempfile_in(&dir).map_err(|e| fail(e.to_string()))?;
     {
         let root = BitMapBackend::new(tmp.path(), CHART_SIZE).into_drawing_area();
         draw(&root, chart).map_err(&fail)?;

@@ -36,6 +36,11 @@ pub struct Param {
 impl Param {
     /// `KEY=LO..HI:STEP` (inclusive) or `KEY=a,b,c`.
     pub fn parse(text: &str) -> anyhow::Result<Param> {
+        Self::parse_limited(text, u64::MAX)
+    }
+
+    /// [`Param::parse`], refusing a range of more than `max` values before making them.
+    pub fn parse_limited(text: &str, max: u64) -> anyhow::Result<Param> {
         let (key, spec) = text.split_once('=').with_context(|| format!("--param {text}: expected KEY=LO..HI:STEP or KEY=a,b,c"))?;
         let key = key.trim().to_owned();
         let values: Vec<String> = if let Some((range, step)) = spec.split_once(':').filter(|(r, _)| r.contains("..")) {
@@ -46,13 +51,21 @@ impl Param {
                 if step <= 0 || hi < lo {
                     bail!("--param {text}: need LO ≤ HI and STEP > 0");
                 }
+                let count = ((hi as i128 - lo as i128) / step as i128 + 1) as u128;
+                if count > u128::from(max) {
+                    bail!("--param {text}: {count} values, more than --max-points {max}");
+                }
                 (0..).map(|i| lo + i * step).take_while(|v| *v <= hi).map(|v| v.to_string()).collect()
             } else {
                 let (lo, hi, step): (f64, f64, f64) = (lo.trim().parse()?, hi.trim().parse()?, step.trim().parse()?);
-                if step <= 0.0 || hi < lo {
-                    bail!("--param {text}: need LO ≤ HI and STEP > 0");
+                if !(lo.is_finite() && hi.is_finite() && step.is_finite()) || step <= 0.0 || hi < lo {
+                    bail!("--param {text}: need finite LO ≤ HI and STEP > 0");
                 }
-                let n = ((hi - lo) / step + 1e-9).floor() as i64;
+                let count = ((hi - lo) / step + 1e-9).floor() + 1.0;
+                if count.is_nan() || count > max as f64 {
+                    bail!("--param {text}: {count} values, more than --max-points {max}");
+                }
+                let n = count as i64 - 1;
                 (0..=n).map(|i| format!("{}", ((lo + i as f64 * step) * 1e9).round() / 1e9)).collect()
             }
         } else {

@@ -91,6 +91,6 @@ mod values;
 
 pub use duration::{DurationMs, parse_duration};
 pub use error::{Diagnostic, ScenarioError};
-pub use load::{load_scenario, parse_scenario};
+pub use load::{MAX_YAML_DEPTH, check_yaml_depth, load_scenario, load_scenario_confined, parse_scenario};
 pub use schema::{AssistantStep, CompactionCounts, Expect, FallbackSpec, Scenario, SettingsSpec, Step, ToolOutput, WorldSpec};
 pub use values::{EnvValue, Rfc3339, TimeZoneName};

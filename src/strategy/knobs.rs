@@ -165,6 +165,12 @@ pub enum StrategyError {
     Set { key: String, message: String },
     #[error("unknown strategy preset `{0}` (see `ctxsim strategies`)")]
     UnknownPreset(String),
+    #[error(
+        "strategy `{0}`: run_hooks = true would run the scenario's hook commands on this machine; a strategy file or --set cannot turn that on: pass --allow-host-commands to `ctxsim run`"
+    )]
+    HostCommands(String),
+    #[error("strategy `{name}`: {key} = {value}: {message}")]
+    Invalid { name: String, key: String, value: String, message: String },
     #[error("environment variable {name}={value}: {message}")]
     Env { name: String, value: String, message: String },
 }
@@ -186,6 +192,10 @@ impl Strategy {
                 .ok_or_else(|| StrategyError::Set { key: set.clone(), message: "expected key=value".into() })?;
             strategy.set(key.trim(), value.trim())?;
         }
+        if strategy.run_hooks {
+            return Err(StrategyError::HostCommands(strategy.name.clone()));
+        }
+        strategy.validate()?;
         Ok(strategy)
     }
 
@@ -207,6 +217,9 @@ impl Strategy {
         let mut strategy: Strategy = if path.extension().is_some_and(|e| e == "toml") {
             toml::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
         } else {
+            if let Err((line, message)) = crate::scenario::check_yaml_depth(&text) {
+                return Err(StrategyError::Parse { path: shown, message: format!("line {line}: {message}") });
+            }
             serde_norway::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
         };
         if strategy.name == Strategy::default().name {
@@ -250,6 +263,55 @@ impl Strategy {
                 }
                 *slot = text;
                 *self = serde_json::from_value(root).map_err(|_| err(first.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Range checks of the numeric knobs (fractions in range, percentages in 0..=100, limits
+    /// above zero); the message names the knob. Knobs that depend on the model (the autocompact
+    /// buffer against the window) are checked when a run knows its model
+    /// ([`crate::runner::check_strategy_for`]).
+    pub fn validate(&self) -> Result<(), StrategyError> {
+        let invalid = |key: &str, value: String, message: &str| {
+            Err(StrategyError::Invalid { name: self.name.clone(), key: key.to_owned(), value, message: message.to_owned() })
+        };
+        let f = self.skill_listing_budget_fraction;
+        if !(f.is_finite() && (0.0..=1.0).contains(&f)) {
+            return invalid("skill_listing_budget_fraction", f.to_string(), "must be a fraction between 0 and 1");
+        }
+        let c = &self.compact;
+        let percentages = [
+            ("compact.snip.trigger_pct", Some(c.snip.trigger_pct)),
+            ("compact.snip.target_pct", Some(c.snip.target_pct)),
+            ("compact.context_collapse.commit_pct", Some(c.context_collapse.commit_pct)),
+            ("compact.context_collapse.block_pct", Some(c.context_collapse.block_pct)),
+            ("compact.context_collapse.target_pct", Some(c.context_collapse.target_pct)),
+            ("compact.autocompact.pct_override", c.autocompact.pct_override),
+        ];
+        for (key, value) in percentages {
+            if let Some(v) = value
+                && v > 100
+            {
+                return invalid(key, v.to_string(), "must be a percentage from 0 to 100");
+            }
+        }
+        if c.snip.target_pct > c.snip.trigger_pct {
+            return invalid("compact.snip.target_pct", c.snip.target_pct.to_string(), "must not be above compact.snip.trigger_pct (snipping would grow the context)");
+        }
+        if c.context_collapse.target_pct > c.context_collapse.commit_pct {
+            return invalid(
+                "compact.context_collapse.target_pct",
+                c.context_collapse.target_pct.to_string(),
+                "must not be above compact.context_collapse.commit_pct (collapsing would grow the context)",
+            );
+        }
+        if c.session_memory.compact_min_tokens > c.session_memory.compact_max_tokens {
+            return invalid("compact.session_memory.compact_min_tokens", c.session_memory.compact_min_tokens.to_string(), "must not be above compact.session_memory.compact_max_tokens");
+        }
+        for (key, value) in [("read_max_lines", self.read_max_lines as u64), ("read_max_bytes", self.read_max_bytes as u64), ("read_max_tokens", self.read_max_tokens)] {
+            if value == 0 {
+                return invalid(key, value.to_string(), "must be above 0");
             }
         }
         Ok(())

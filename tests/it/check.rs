@@ -8,25 +8,7 @@ use ctxsim::report::check::{Baseline, Tolerances, check_run};
 use ctxsim::runner::RunOutput;
 use ctxsim::scenario::parse_scenario;
 
-const WORLD: &str = "world:
-  model: claude-sonnet-4-5
-  seed: 7
-  files:
-    /repo/src/main.rs: |
-      fn main() {}
-script:
-  - user: \"Read main.rs & explain <it>\"
-  - assistant:
-      - text: \"Let me look.\"
-      - tool_use: {name: Read, input: {file_path: /repo/src/main.rs}}
-  - assistant:
-      - text: \"It does nothing.\"
-";
-
-/// A scenario file's text: the shared world and script, a name, and an `expect:` block.
-fn scenario(name: &str, expect: &str) -> String {
-    format!("name: {name}\n{WORLD}expect:\n{expect}")
-}
+use crate::support::scenario;
 
 /// Writes `suite/<name>.yaml` files under a new temporary directory.
 fn suite(files: &[(&str, String)]) -> tempfile::TempDir {

@@ -23,6 +23,7 @@ mod strategies;
 mod serve;
 mod sweep;
 mod report;
+mod reliability_io;
 mod scenario;
 mod session;
 mod subagents;

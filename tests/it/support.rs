@@ -80,3 +80,25 @@ pub fn lanes(output: &ctxsim::runner::RunOutput) -> Vec<&str> {
 pub fn split(row: &RequestMetrics) -> (u64, u64, u64) {
     (row.cache_read_input_tokens, row.cache_creation_input_tokens, row.input_tokens)
 }
+
+/// The world and script of [`scenario`]: one Read and a reply.
+pub const CHECK_WORLD: &str = "world:
+  model: claude-sonnet-4-5
+  seed: 7
+  files:
+    /repo/src/main.rs: |
+      fn main() {}
+script:
+  - user: \"Read main.rs & explain <it>\"
+  - assistant:
+      - text: \"Let me look.\"
+      - tool_use: {name: Read, input: {file_path: /repo/src/main.rs}}
+  - assistant:
+      - text: \"It does nothing.\"
+";
+
+/// A scenario file's text (for `check` and the command-line tests): the shared world and
+/// script, a name, and an `expect:` block.
+pub fn scenario(name: &str, expect: &str) -> String {
+    format!("name: {name}\n{CHECK_WORLD}expect:\n{expect}")
+}
