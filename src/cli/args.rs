@@ -41,6 +41,9 @@ pub enum Command {
     Serve(super::serve::ServeArgs),
     /// The agent against the real Messages API (`ANTHROPIC_API_KEY`); records; compares estimate with actual.
     Live(super::live::LiveArgs),
+    /// Your real sessions: billed cost (as ccusage), cache breaks by cause and their dollars, TTL,
+    /// compactions, and what a setting the replay honours would have saved.
+    Audit(super::audit::AuditArgs),
     /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
     DiffRequests(super::diff_requests::DiffRequestsArgs),
 }
@@ -71,9 +74,8 @@ pub struct ImportArgs {
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Recordings or Claude Code transcripts.
-    #[arg(required = true)]
-    pub inputs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     /// Strategy: `as-recorded` (the client's own behaviour), a preset or a file. A replay honours
     /// the main lane's TTL, recorded microcompacts, peer mechanisms and context editing.
     #[arg(long, default_value = "as-recorded")]
@@ -93,9 +95,8 @@ pub enum FidelityFormat {
 
 #[derive(Debug, Args)]
 pub struct FidelityArgs {
-    /// Claude Code transcripts (or recordings of them).
-    #[arg(required = true)]
-    pub transcripts: Vec<PathBuf>,
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     #[arg(long, value_enum, default_value = "table")]
     pub format: FidelityFormat,
     /// Token estimator.

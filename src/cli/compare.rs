@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::report::compare::{compare, compare_csv, compare_table, load_inputs};
+use crate::report::compare::{compare, compare_csv, compare_table, load_inputs_filtered};
 use crate::report::output::write_atomic;
 use crate::strategy::Strategy;
 
@@ -12,9 +12,10 @@ use super::common::measurer;
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Scenarios (YAML), recordings or Claude Code transcripts, or directories of them.
-    #[arg(required = true)]
-    pub inputs: Vec<PathBuf>,
+    /// Scenarios (YAML), recordings or Claude Code transcripts, or directories of them; the
+    /// session filters apply to sessions.
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     /// Comma-separated presets or strategy files.
     #[arg(long, value_delimiter = ',', required = true)]
     pub strategies: Vec<String>,
@@ -33,7 +34,7 @@ pub struct CompareArgs {
 
 pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
-    let inputs = load_inputs(&args.inputs)?;
+    let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter())?;
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;

@@ -14,8 +14,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
     let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
+    let files: Vec<std::path::PathBuf> = args.sessions.files()?.into_iter().map(|f| f.path).collect();
     let mut sessions = Vec::new();
-    for path in &args.transcripts {
+    for path in &files {
         sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);
     }
     if let Some(out) = &args.fit {
@@ -34,8 +35,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
             user_contexts.extend(user_context_sample(&replay));
             prefixes.extend(prefix_sample(&replay));
         }
-        let names: Vec<String> = args
-            .transcripts
+        let names: Vec<String> = files
             .iter()
             .map(|p| p.file_name().map_or(p.display().to_string(), |n| n.to_string_lossy().into_owned()))
             .collect();

@@ -1,5 +1,6 @@
 //! The command line: one file per subcommand, all of them thin over the library.
 mod analyze;
+mod audit;
 mod args;
 mod check;
 mod compare;
@@ -13,6 +14,7 @@ pub mod exit;
 mod report;
 mod run;
 mod serve;
+mod sessions;
 mod strategies;
 mod sweep;
 mod tokens;
@@ -35,6 +37,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Sweep(a) => sweep::run(a),
         args::Command::Serve(a) => serve::run(a),
         args::Command::Live(a) => live::run(a),
+        args::Command::Audit(a) => audit::run(a),
         args::Command::DiffRequests(a) => diff_requests::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {

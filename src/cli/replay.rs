@@ -15,7 +15,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
     };
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
-    for path in &args.inputs {
+    for file in args.sessions.files()? {
+        let path = &file.path;
         let session = load_session(path)?;
         let mut measurer = measurer(&args.measure)?;
         let replay = replay_session(&session, &mut measurer, &options);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::report::compare::load_inputs;
+use crate::report::compare::load_inputs_filtered;
 use crate::report::output::write_atomic;
 use crate::report::sweep::{Grid, Param, merge, rows_csv, run_points, write_outputs};
 use crate::strategy::Strategy;
@@ -14,8 +14,10 @@ use super::common::measurer;
 
 #[derive(Debug, Args)]
 pub struct SweepArgs {
-    /// Scenarios, recordings or transcripts, or directories of them.
-    pub inputs: Vec<PathBuf>,
+    /// Scenarios, recordings or transcripts, or directories of them; the session filters apply
+    /// to sessions.
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     /// `KEY=LO..HI:STEP` or `KEY=a,b,c` (repeatable; the grid is their cartesian product).
     #[arg(long = "param", value_name = "KEY=VALUES")]
     pub params: Vec<String>,
@@ -54,12 +56,12 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
         }
         return Ok(super::exit::OK);
     }
-    if args.inputs.is_empty() || args.params.is_empty() {
-        bail!("sweep needs inputs and at least one --param (or --merge PARTIAL.csv...)");
+    if args.params.is_empty() {
+        bail!("sweep needs at least one --param (or --merge PARTIAL.csv...)");
     }
     let params: Vec<Param> = args.params.iter().map(|p| Param::parse(p)).collect::<anyhow::Result<_>>()?;
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
-    let inputs = load_inputs(&args.inputs)?;
+    let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter())?;
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {

@@ -10,7 +10,9 @@
 //! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
+pub mod audit;
 pub mod breaks;
+pub mod discover;
 pub mod fidelity;
 pub mod plot;
 pub mod profile;

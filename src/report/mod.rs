@@ -1,5 +1,6 @@
 //! Reports: trace and summary writers, plots, the HTML report, the CI check (more to come:
 //! compare, sweep).
+pub mod audit;
 pub mod check;
 pub mod compare;
 pub mod html;
