@@ -147,6 +147,15 @@ fn break_cost(table: &ModelTable, model: &str, usage: &Usage, tokens: u64, ttl: 
     }
 }
 
+/// The billed tokens and cost of a session's calls (synthetic replies left out).
+pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
+    let mut bill = Bill::default();
+    for call in session.calls.iter().filter(|c| !c.is_synthetic) {
+        bill.add_call(table, &call.model, &call.usage);
+    }
+    bill
+}
+
 /// Audits one imported session: bills it, replays it as recorded and under each what-if.
 pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer) -> SessionAudit {
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);

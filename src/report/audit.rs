@@ -47,9 +47,14 @@ fn tokens(n: u64) -> String {
     }
 }
 
+/// Dollars with the sign in front: `$1.20`, `-$0.11`.
+fn usd(v: f64) -> String {
+    if v < 0.0 { format!("-${:.2}", -v) } else { format!("${v:.2}") }
+}
+
 fn whatif_cell(row: &AuditRow) -> String {
     match &row.best_whatif {
-        Some(w) => format!("{} -${:.2} {:.1}%", w.name.trim_start_matches("ttl_main="), w.saving_usd, w.saving_pct),
+        Some(w) => format!("{} ${:.2} {:.1}%", w.name.trim_start_matches("ttl_main="), w.saving_usd, w.saving_pct),
         None => "-".to_owned(),
     }
 }
@@ -57,8 +62,28 @@ fn whatif_cell(row: &AuditRow) -> String {
 /// Wraps `items` joined by `sep` into lines of at most `width` characters, each starting with
 /// `indent`.
 fn wrap(out: &mut String, indent: &str, items: &[String], width: usize) {
-    let mut line = indent.to_owned();
+    // An item wider than a line is cut after its commas.
+    let avail = width - indent.chars().count();
+    let mut pieces = Vec::new();
     for item in items {
+        if item.chars().count() <= avail {
+            pieces.push(item.clone());
+            continue;
+        }
+        let mut piece = String::new();
+        for part in item.split_inclusive(',') {
+            if !piece.is_empty() && piece.chars().count() + part.chars().count() > avail {
+                pieces.push(std::mem::take(&mut piece));
+            }
+            piece.push_str(part);
+        }
+        pieces.push(piece);
+        for p in &mut pieces {
+            *p = p.trim().to_owned();
+        }
+    }
+    let mut line = indent.to_owned();
+    for item in &pieces {
         let sep = if line.len() > indent.len() { " · " } else { "" };
         if line.chars().count() + sep.chars().count() + item.chars().count() > width && line.len() > indent.len() {
             out.push_str(line.trim_end());
@@ -97,7 +122,7 @@ fn details(row: &AuditRow, by: GroupBy, breakdown: bool) -> Vec<String> {
         items.push(format!("compactions {} auto {} manual{pre}", row.compactions_auto, row.compactions_manual));
     }
     for (name, saving) in &row.whatif_savings {
-        items.push(format!("what-if {name}: ${saving:.2}"));
+        items.push(format!("what-if {name}: {}", usd(*saving)));
     }
     items
 }
@@ -115,8 +140,8 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
     };
     let _ = writeln!(
         out,
-        "{} {:>5} {:>5} {:>8} {:>10} {:>4} {:>8} {:>9} {:>6} {:<5} {}",
-        fit(key, 20),
+        "{} {:>4} {:>5} {:>7} {:>9} {:>4} {:>7} {:>8} {:>6} {:<5} {}",
+        fit(key, 18),
         "sess",
         "calls",
         "tokens",
@@ -133,8 +158,8 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         let lost_pct = if row.cost_usd > 0.0 { 100.0 * row.lost.cost_usd / row.cost_usd } else { 0.0 };
         let _ = writeln!(
             out,
-            "{} {:>5} {:>5} {:>8} {:>10.2} {:>4} {:>8} {:>9.2} {:>5.1}% {:<5} {}",
-            fit(name, 20),
+            "{} {:>4} {:>5} {:>7} {:>9.2} {:>4} {:>7} {:>8.2} {:>5.1}% {:<5} {}",
+            fit(name, 18),
             row.sessions,
             row.calls,
             tokens(row.tokens.total()),
@@ -152,7 +177,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         wrap(&mut out, "    ", &details(row, by, breakdown), WIDTH);
         if breakdown {
             for (label, m) in &row.by_model {
-                let _ = writeln!(out, "    └ {} {:>5} {:>8} {:>10.2}", fit(label, 24), m.calls, tokens(m.tokens.total()), m.cost_usd);
+                let _ = writeln!(out, "    └ {} {:>5} {:>8} {:>10.2}", fit(label, 28), m.calls, tokens(m.tokens.total()), m.cost_usd);
             }
         }
     }
@@ -161,7 +186,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
     wrap(&mut out, "    ", &details(total, GroupBy::Project, breakdown), WIDTH);
     if breakdown {
         for (label, m) in &total.by_model {
-            let _ = writeln!(out, "    └ {} {:>5} {:>8} {:>10.2}", fit(label, 24), m.calls, tokens(m.tokens.total()), m.cost_usd);
+            let _ = writeln!(out, "    └ {} {:>5} {:>8} {:>10.2}", fit(label, 28), m.calls, tokens(m.tokens.total()), m.cost_usd);
         }
     }
     let mut note = String::new();
@@ -169,7 +194,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         &mut note,
         "",
         &[
-            "re-made: tokens written again after a cache break; lost $: their write price minus the read they would have been".to_owned(),
+            "re-made: tokens cached again after a cache break; lost $: their write price minus read price".to_owned(),
             format!("what-ifs replayed: {WHATIFS_AVAILABLE}"),
             format!("awaiting the agent-driven replay of real sessions: {WHATIFS_AWAITING}"),
         ],
@@ -442,7 +467,7 @@ pub fn context_svg(audit: &SessionAudit) -> String {
 const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:960px}table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}";
 
 fn page(title: &str, body: &str) -> String {
-    format!("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body>\n{body}\n</body></html>\n", escape(title))
+    format!("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>{}</title><style>{STYLE}</style></head><body>\n{body}\n</body></html>\n", escape(title))
 }
 
 /// The page name of a session: its project and id, file-name safe, unique.

@@ -1,6 +1,7 @@
 //! The one integration-test binary: features tested through a few `check` helpers.
 mod agent_layers;
 mod analyze;
+mod audit;
 mod mechanisms;
 mod memories;
 mod layer6;
