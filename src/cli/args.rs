@@ -164,7 +164,7 @@ pub struct MeasureOpts {
     /// Output format of the summary.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Write one JSON line per request here.
+    /// Write one JSON line per request here (`.csv`: CSV, `.parquet`: Parquet).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Print nothing but errors.

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::measure::{Calibration, Measurer, ModelTable, TokenCounter};
 use crate::replay::audit::{GroupBy, SessionAudit, audit_session, group, sort_audits};
 use crate::replay::load_session;
-use crate::report::audit::{AuditJson, audit_csv, audit_table, by_name};
+use crate::report::audit::{AuditJson, audit_columns, audit_csv, audit_table, by_name};
 use crate::report::output::write_atomic;
 
 use super::args::Estimator;
@@ -28,6 +28,8 @@ pub enum AuditFormat {
     Table,
     Json,
     Csv,
+    /// The rows (no total row) as one Parquet file; needs `--output`.
+    Parquet,
 }
 
 #[derive(Debug, Args)]
@@ -63,6 +65,13 @@ pub struct AuditArgs {
     /// Never draw the progress bar (drawn on a terminal when the run takes over a second).
     #[arg(long)]
     pub no_progress: bool,
+    /// Write the table (in `--format`) to this file instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Only sessions I, I+N, I+2N, ... of the sorted list (0 ≤ I < N): one shard of a fleet run
+    /// (docs/fleet.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
     /// Write index.html (and a page per session) here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -70,7 +79,22 @@ pub struct AuditArgs {
 
 pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.estimator);
-    let files = args.sessions.files()?;
+    let mut files = args.sessions.files()?;
+    if let Some(text) = &args.shard {
+        let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+        let Some((i, n)) = parsed.filter(|(i, n)| i < n) else { anyhow::bail!("--shard {text}: expected I/N with 0 ≤ I < N") };
+        files = files.into_iter().enumerate().filter(|(k, _)| k % n == i).map(|(_, f)| f).collect();
+    }
+    let format = if args.json {
+        AuditFormat::Json
+    } else if args.csv {
+        AuditFormat::Csv
+    } else {
+        args.format
+    };
+    if format == AuditFormat::Parquet && args.output.is_none() {
+        anyhow::bail!("--format parquet needs --output FILE");
+    }
     let table = match &args.model_table {
         Some(path) => ModelTable::load(path)?,
         None => ModelTable::shipped(),
@@ -121,16 +145,10 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         By::Day => GroupBy::Day,
     };
     let (rows, totals) = group(&audits, by);
-    let format = if args.json {
-        AuditFormat::Json
-    } else if args.csv {
-        AuditFormat::Csv
-    } else {
-        args.format
-    };
-    match format {
-        AuditFormat::Table => print!("{}", audit_table(&rows, &totals, by, args.breakdown)),
-        AuditFormat::Csv => print!("{}", String::from_utf8_lossy(&audit_csv(&rows, &totals, by))),
+    let text: Vec<u8> = match format {
+        AuditFormat::Table => audit_table(&rows, &totals, by, args.breakdown).into_bytes(),
+        AuditFormat::Csv => audit_csv(&rows, &totals, by),
+        AuditFormat::Parquet => audit_columns(&rows, None, by).to_parquet().context("failed to encode the Parquet table")?,
         AuditFormat::Json => {
             let json = AuditJson {
                 by: by_name(by),
@@ -140,13 +158,18 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
                 whatifs_awaiting: crate::replay::audit::WHATIFS_AWAITING,
                 sessions: (by == GroupBy::Session).then_some(audits.as_slice()),
             };
-            println!("{}", serde_json::to_string_pretty(&json)?);
+            (serde_json::to_string_pretty(&json)? + "\n").into_bytes()
+        }
+    };
+    match &args.output {
+        Some(path) => write_atomic(path, &text).with_context(|| format!("failed to write {}", path.display()))?,
+        None => {
+            use std::io::Write;
+            std::io::stdout().write_all(&text)?;
         }
     }
     if let Some(dir) = &args.out {
-        for path in crate::report::audit::write_audit_html(dir, &audits)? {
-            let _ = path;
-        }
+        crate::report::audit::write_audit_html(dir, &audits).with_context(|| format!("failed to write the report under {}", dir.display()))?;
         write_atomic(&dir.join("audit.csv"), &audit_csv(&rows, &totals, by)).with_context(|| format!("failed to write under {}", dir.display()))?;
         eprintln!("wrote {}", dir.join("index.html").display());
     }

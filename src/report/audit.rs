@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::columns::{Columns, Values};
 use crate::replay::audit::{AuditRow, GroupBy, SessionAudit, WHATIFS_AVAILABLE, WHATIFS_AWAITING};
 
 /// The whole audit as `--json` prints it.
@@ -205,90 +206,56 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
     out
 }
 
-fn csv_escape(s: &str) -> String {
-    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_owned() }
-}
-
-/// The cause columns every CSV has, whatever the data: the closed list of `find_breaks`.
+/// The cause columns every table has, whatever the data: the closed list of `find_breaks`.
 pub fn break_causes() -> impl Iterator<Item = &'static str> {
     crate::replay::breaks::CAUSE_ORDER.iter().copied().chain(["unexplained"])
 }
 
-/// One CSV line per row, then the total; the columns are fixed.
-pub fn audit_csv(rows: &[AuditRow], total: &AuditRow, by: GroupBy) -> Vec<u8> {
-    let mut out = String::new();
-    let mut header = vec![
-        by_name(by).to_owned(),
-        "project".into(),
-        "sessions".into(),
-        "first".into(),
-        "last".into(),
-        "versions".into(),
-        "models".into(),
-        "calls".into(),
-        "input_tokens".into(),
-        "output_tokens".into(),
-        "cache_write_5m_tokens".into(),
-        "cache_write_1h_tokens".into(),
-        "cache_read_tokens".into(),
-        "total_tokens".into(),
-        "cost_usd".into(),
-        "breaks".into(),
-        "remade_tokens".into(),
-        "lost_usd".into(),
-    ];
+/// The rows (and the total, when given, as a last row keyed `total`) as typed columns: the CSV
+/// and the Parquet table. The columns are fixed, whatever the data.
+pub fn audit_columns(rows: &[AuditRow], total: Option<&AuditRow>, by: GroupBy) -> Columns {
+    let all: Vec<&AuditRow> = rows.iter().chain(total).collect();
+    let text = |f: &dyn Fn(&AuditRow) -> String| Values::Str(all.iter().map(|r| f(r)).collect());
+    let int = |f: &dyn Fn(&AuditRow) -> u64| Values::Int(all.iter().map(|r| f(r) as i64).collect());
+    let usd = |f: &dyn Fn(&AuditRow) -> f64| Values::Float(all.iter().map(|r| f(r)).collect(), Some(6));
+    let mut c = Columns::default();
+    c.push(by_name(by), text(&|r| r.key.clone()));
+    c.push("project", text(&|r| r.project.clone()));
+    c.push("sessions", int(&|r| r.sessions));
+    c.push("first", text(&|r| r.first.clone().unwrap_or_default()));
+    c.push("last", text(&|r| r.last.clone().unwrap_or_default()));
+    c.push("versions", text(&|r| r.versions.join(" ")));
+    c.push("models", text(&|r| r.models.join(" ")));
+    c.push("calls", int(&|r| r.calls));
+    c.push("input_tokens", int(&|r| r.tokens.input));
+    c.push("output_tokens", int(&|r| r.tokens.output));
+    c.push("cache_write_5m_tokens", int(&|r| r.tokens.cache_write_5m));
+    c.push("cache_write_1h_tokens", int(&|r| r.tokens.cache_write_1h));
+    c.push("cache_read_tokens", int(&|r| r.tokens.cache_read));
+    c.push("total_tokens", int(&|r| r.tokens.total()));
+    c.push("cost_usd", usd(&|r| r.cost_usd));
+    c.push("breaks", int(&|r| r.breaks.values().map(|b| b.breaks).sum()));
+    c.push("remade_tokens", int(&|r| r.lost.tokens));
+    c.push("lost_usd", usd(&|r| r.lost.cost_usd));
     for cause in break_causes() {
-        header.push(format!("{cause}_breaks"));
-        header.push(format!("{cause}_tokens"));
-        header.push(format!("{cause}_usd"));
+        let of = move |r: &AuditRow| r.breaks.get(cause).cloned().unwrap_or_default();
+        c.push(format!("{cause}_breaks"), int(&|r| of(r).breaks));
+        c.push(format!("{cause}_tokens"), int(&|r| of(r).tokens));
+        c.push(format!("{cause}_usd"), usd(&|r| of(r).cost_usd));
     }
-    header.extend(["ttl", "compactions_auto", "compactions_manual", "compaction_max_pre_tokens", "best_whatif", "best_whatif_saving_usd", "best_whatif_saving_pct"].map(String::from));
-    out.push_str(&header.join(","));
-    out.push('\n');
-    for row in rows.iter().chain(std::iter::once(total)) {
-        let brk: u64 = row.breaks.values().map(|b| b.breaks).sum();
-        let mut cells = vec![
-            csv_escape(&row.key),
-            csv_escape(&row.project),
-            row.sessions.to_string(),
-            row.first.clone().unwrap_or_default(),
-            row.last.clone().unwrap_or_default(),
-            csv_escape(&row.versions.join(" ")),
-            csv_escape(&row.models.join(" ")),
-            row.calls.to_string(),
-            row.tokens.input.to_string(),
-            row.tokens.output.to_string(),
-            row.tokens.cache_write_5m.to_string(),
-            row.tokens.cache_write_1h.to_string(),
-            row.tokens.cache_read.to_string(),
-            row.tokens.total().to_string(),
-            format!("{:.6}", row.cost_usd),
-            brk.to_string(),
-            row.lost.tokens.to_string(),
-            format!("{:.6}", row.lost.cost_usd),
-        ];
-        for cause in break_causes() {
-            let loss = row.breaks.get(cause).cloned().unwrap_or_default();
-            cells.push(loss.breaks.to_string());
-            cells.push(loss.tokens.to_string());
-            cells.push(format!("{:.6}", loss.cost_usd));
-        }
-        cells.push(row.ttl.clone());
-        cells.push(row.compactions_auto.to_string());
-        cells.push(row.compactions_manual.to_string());
-        cells.push(row.compaction_max_pre_tokens.map(|p| p.to_string()).unwrap_or_default());
-        match &row.best_whatif {
-            Some(w) => {
-                cells.push(w.name.clone());
-                cells.push(format!("{:.6}", w.saving_usd));
-                cells.push(format!("{:.3}", w.saving_pct));
-            }
-            None => cells.extend([String::new(), String::new(), String::new()]),
-        }
-        out.push_str(&cells.join(","));
-        out.push('\n');
-    }
-    out.into_bytes()
+    c.push("ttl", text(&|r| r.ttl.clone()));
+    c.push("compactions_auto", int(&|r| r.compactions_auto));
+    c.push("compactions_manual", int(&|r| r.compactions_manual));
+    c.push("compaction_max_pre_tokens", int(&|r| r.compaction_max_pre_tokens.unwrap_or(0)));
+    c.push("best_whatif", text(&|r| r.best_whatif.as_ref().map(|w| w.name.clone()).unwrap_or_default()));
+    c.push("best_whatif_saving_usd", usd(&|r| r.best_whatif.as_ref().map_or(0.0, |w| w.saving_usd)));
+    c.push("best_whatif_saving_pct", Values::Float(all.iter().map(|r| r.best_whatif.as_ref().map_or(0.0, |w| w.saving_pct)).collect(), Some(3)));
+    c
+}
+
+/// One CSV line per row, then the total.
+pub fn audit_csv(rows: &[AuditRow], total: &AuditRow, by: GroupBy) -> Vec<u8> {
+    audit_columns(rows, Some(total), by).to_csv()
 }
 
 // ---------------------------------------------------------------------------------------------

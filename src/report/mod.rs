@@ -2,6 +2,7 @@
 //! compare, sweep).
 pub mod audit;
 pub mod check;
+pub mod columns;
 pub mod compare;
 pub mod html;
 pub mod output;

@@ -252,3 +252,59 @@ fn audit_output_is_the_same_for_one_and_two_threads() {
     assert_eq!(json["rows"].as_array().unwrap().len(), 5);
     assert!(json["whatifs_awaiting"].as_str().unwrap().contains("autocompact"));
 }
+
+/// A Parquet file read back: column names and rows as (name → value) maps.
+fn read_parquet(path: &Path) -> (Vec<String>, Vec<BTreeMap<String, parquet::record::Field>>) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let names = reader.metadata().file_metadata().schema_descr().columns().iter().map(|c| c.name().to_owned()).collect();
+    let rows = reader.get_row_iter(None).unwrap().map(|row| row.unwrap().get_column_iter().map(|(n, f)| (n.clone(), f.clone())).collect()).collect();
+    (names, rows)
+}
+
+#[test]
+fn parquet_shards_read_back_as_the_whole_table() {
+    use parquet::record::Field;
+    let dir = tempfile::tempdir().unwrap();
+    let input = transcripts();
+    let common = ["audit", input.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--no-progress"];
+    let csv_out = ctxsim(&[&common[..], &["--csv"]].concat(), &[]);
+    assert!(csv_out.status.success());
+    let csv_text = String::from_utf8(csv_out.stdout).unwrap();
+    let header: Vec<&str> = csv_text.lines().next().unwrap().split(',').collect();
+    let mut shard_rows = Vec::new();
+    for shard in ["0/2", "1/2"] {
+        let path = dir.path().join(format!("audit-{}.parquet", &shard[..1]));
+        let out = ctxsim(&[&common[..], &["--format", "parquet", "-o", path.to_str().unwrap(), "--shard", shard]].concat(), &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let (names, rows) = read_parquet(&path);
+        assert_eq!(names, header, "the Parquet columns are the CSV's");
+        shard_rows.extend(rows);
+    }
+    // Five sessions over two shards (3 + 2), no total row; the cost adds up to the CSV's total.
+    assert_eq!(shard_rows.len(), 5);
+    let cost: f64 = shard_rows.iter().map(|r| match r["cost_usd"] { Field::Double(v) => v, ref f => panic!("{f:?}") }).sum();
+    let total_line = csv_text.lines().last().unwrap();
+    let total: f64 = total_line.split(',').nth(header.iter().position(|h| *h == "cost_usd").unwrap()).unwrap().parse().unwrap();
+    assert!((cost - total).abs() < 1e-5, "{cost} vs {total}");
+    assert!(shard_rows.iter().all(|r| matches!(&r["project"], Field::Str(p) if p == "entireio-cli")));
+    // --format parquet without a file is a usage error.
+    let out = ctxsim(&[&common[..], &["--format", "parquet"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_trace_is_written_as_parquet_with_the_csv_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = transcripts().join("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl");
+    let (pq, csv) = (dir.path().join("t.parquet"), dir.path().join("t.csv"));
+    for trace in [&pq, &csv] {
+        let out = ctxsim(&["replay", session.to_str().unwrap(), "--estimator", "chars4", "--quiet", "--trace", trace.to_str().unwrap()], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (names, rows) = read_parquet(&pq);
+    let csv_text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(names.join(","), csv_text.lines().next().unwrap());
+    assert_eq!(rows.len(), csv_text.lines().count() - 1);
+    assert!(rows.len() >= 30);
+}
