@@ -220,6 +220,8 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     // The replay as recorded: breaks with causes, and the baseline of the what-ifs.
     let mut measurer = make();
     let replay = replay_session(session, &mut measurer, &ReplayOptions::default());
+    // The what-ifs count the same blocks: they start from these counts.
+    let memo = measurer.counter().memo();
     drop(measurer);
     let by_index: BTreeMap<usize, &super::session::CallReplay> = replay.calls.iter().map(|c| (c.index, c)).collect();
     let mut breaks: BTreeMap<String, CauseLoss> = BTreeMap::new();
@@ -259,6 +261,7 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     let mut whatifs = Vec::new();
     for (name, ttl) in candidates {
         let mut measurer = make();
+        measurer.counter_mut().seed(&memo);
         let options = ReplayOptions { ttl_main: Some(ttl), ..ReplayOptions::default() };
         let replay = replay_session(session, &mut measurer, &options);
         let cost = fidelity_for_session(&replay, table, false).simulated_cost_usd;
