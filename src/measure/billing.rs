@@ -74,7 +74,7 @@ pub fn bill_call(table: &ModelTable, model: &str, usage: &Usage) -> Result<CallB
     let info = &table.models[index];
     let tokens = BilledTokens::from_usage(usage);
     let field = |name: &str| usage.extra.get(name).and_then(|v| v.as_str());
-    let applies = |models: &[String]| models.is_empty() || models.iter().any(|m| *m == info.id);
+    let applies = |models: &[String]| models.is_empty() || models.contains(&info.id);
     let mut label = model.to_owned();
     let mut modifiers = Vec::new();
     let mut factor = 1.0;

@@ -141,7 +141,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
     };
     let _ = writeln!(
         out,
-        "{} {:>4} {:>5} {:>7} {:>9} {:>4} {:>7} {:>8} {:>6} {:<5} {}",
+        "{} {:>4} {:>5} {:>7} {:>9} {:>4} {:>7} {:>8} {:>6} {:<5} best what-if",
         fit(key, 18),
         "sess",
         "calls",
@@ -152,7 +152,6 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         "lost $",
         "lost%",
         "ttl",
-        "best what-if"
     );
     let line = |out: &mut String, name: &str, row: &AuditRow| {
         let brk: u64 = row.breaks.values().map(|b| b.breaks).sum();
