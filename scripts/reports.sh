@@ -25,9 +25,11 @@ realdata=../shared/realdata
   --out reports/sweep --quiet --no-progress
 
 if [ -d "$realdata" ]; then
-  mkdir -p reports/claude-trace
+  mkdir -p reports/claude-trace reports/audit
   "$bin" analyze "$realdata/api_captures/claude-trace/test-traffic.jsonl" --from claude-trace \
     --trace reports/claude-trace/trace.jsonl --format json > reports/claude-trace/summary.json
+  # The audit of every shipped real session: table, CSV and the HTML report.
+  "$bin" audit "$realdata/transcripts" --out reports/audit --no-progress > reports/audit/audit.txt
   "$bin" fidelity "$realdata"/transcripts/entireio-cli/*.full.jsonl "$realdata"/transcripts/spotter/*.jsonl \
     --format json --plot reports/fidelity > reports/fidelity.json
 fi

@@ -41,6 +41,9 @@ pub enum Command {
     Serve(super::serve::ServeArgs),
     /// The agent against the real Messages API (`ANTHROPIC_API_KEY`); records; compares estimate with actual.
     Live(super::live::LiveArgs),
+    /// Your real sessions: billed cost (as ccusage), cache breaks by cause and their dollars, TTL,
+    /// compactions, and what a setting the replay honours would have saved.
+    Audit(super::audit::AuditArgs),
     /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
     DiffRequests(super::diff_requests::DiffRequestsArgs),
 }
@@ -71,9 +74,8 @@ pub struct ImportArgs {
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Recordings or Claude Code transcripts.
-    #[arg(required = true)]
-    pub inputs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     /// Strategy: `as-recorded` (the client's own behaviour), a preset or a file. A replay honours
     /// the main lane's TTL, recorded microcompacts, peer mechanisms, context editing and every
     /// autocompact setting (compactions move where the setting puts them).
@@ -94,9 +96,8 @@ pub enum FidelityFormat {
 
 #[derive(Debug, Args)]
 pub struct FidelityArgs {
-    /// Claude Code transcripts (or recordings of them).
-    #[arg(required = true)]
-    pub transcripts: Vec<PathBuf>,
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     #[arg(long, value_enum, default_value = "table")]
     pub format: FidelityFormat,
     /// Token estimator.
@@ -164,7 +165,7 @@ pub struct MeasureOpts {
     /// Output format of the summary.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Write one JSON line per request here.
+    /// Write one JSON line per request here (`.csv`: CSV, `.parquet`: Parquet).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Print nothing but errors.

@@ -45,7 +45,11 @@ pub fn guard_trace(opts: &MeasureOpts, inputs: &super::guard::Inputs) -> anyhow:
 /// Prints the summaries and writes the trace, as the options say.
 pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) -> anyhow::Result<()> {
     if let Some(path) = &opts.trace {
-        let bytes = if path.extension().is_some_and(|e| e == "csv") { trace_csv(rows) } else { trace_jsonl(rows) };
+        let bytes = match path.extension().and_then(|e| e.to_str()) {
+            Some("csv") => trace_csv(rows),
+            Some("parquet") => crate::report::output::trace_columns(rows).to_parquet().with_context(|| format!("failed to encode trace {}", path.display()))?,
+            _ => trace_jsonl(rows),
+        };
         write_atomic(path, &bytes).with_context(|| format!("failed to write trace {}", path.display()))?;
     }
     if opts.quiet {

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::report::compare::{compare, compare_csv, compare_table, load_inputs_confined};
+use crate::report::compare::{compare, compare_csv, compare_table, load_inputs_filtered};
 use crate::report::output::write_atomic;
 use crate::strategy::Strategy;
 
@@ -12,9 +12,10 @@ use super::common::measurer;
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Scenarios (YAML), recordings or Claude Code transcripts, or directories of them.
-    #[arg(required = true)]
-    pub inputs: Vec<PathBuf>,
+    /// Scenarios (YAML), recordings or Claude Code transcripts, or directories of them; the
+    /// session filters apply to sessions.
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     /// Comma-separated presets or strategy files.
     #[arg(long, value_delimiter = ',', required = true)]
     pub strategies: Vec<String>,
@@ -36,9 +37,9 @@ pub struct CompareArgs {
 
 pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
-    let guarded = super::common::inputs_with(&args.measure, args.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
+    let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &guarded)).transpose()?;
-    let inputs = load_inputs_confined(&args.inputs, args.mount_root.as_deref())?;
+    let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter(), args.mount_root.as_deref())?;
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;

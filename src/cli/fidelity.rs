@@ -14,13 +14,14 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
     let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
-    let guarded = super::guard::Inputs::of(args.transcripts.iter().chain(args.calibration.iter()));
+    let files: Vec<std::path::PathBuf> = args.sessions.files()?.into_iter().map(|f| f.path).collect();
+    let guarded = super::guard::Inputs::of(files.iter().chain(args.calibration.iter()));
     if let Some(out) = &args.fit {
         guarded.refuse_file("--fit", out)?;
     }
     let plot_dir = args.plot.as_deref().map(|d| super::guard::GuardedDir::begin("--plot", d, &guarded)).transpose()?;
     let mut sessions = Vec::new();
-    for path in &args.transcripts {
+    for path in &files {
         sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);
     }
     if let Some(out) = &args.fit {
@@ -39,8 +40,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
             user_contexts.extend(user_context_sample(&replay));
             prefixes.extend(prefix_sample(&replay));
         }
-        let names: Vec<String> = args
-            .transcripts
+        let names: Vec<String> = files
             .iter()
             .map(|p| p.file_name().map_or(p.display().to_string(), |n| n.to_string_lossy().into_owned()))
             .collect();

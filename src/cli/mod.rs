@@ -23,6 +23,7 @@ pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
 }
 mod analyze;
 mod guard;
+mod audit;
 mod args;
 mod check;
 mod compare;
@@ -36,6 +37,7 @@ pub mod exit;
 mod report;
 mod run;
 mod serve;
+mod sessions;
 mod strategies;
 mod sweep;
 mod tokens;
@@ -58,6 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         args::Command::Sweep(a) => sweep::run(a),
         args::Command::Serve(a) => serve::run(a),
         args::Command::Live(a) => live::run(a),
+        args::Command::Audit(a) => audit::run(a),
         args::Command::DiffRequests(a) => diff_requests::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {

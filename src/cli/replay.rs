@@ -13,11 +13,12 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
         let strategy = crate::strategy::Strategy::resolve_with(base, &args.sets)?;
         (strategy.name.clone(), ReplayOptions::from_strategy(&strategy))
     };
-    let inputs = super::common::inputs_with(&args.measure, args.inputs.iter().cloned().chain([std::path::PathBuf::from(&args.strategy)]));
+    let inputs = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain([std::path::PathBuf::from(&args.strategy)]));
     super::common::guard_trace(&args.measure, &inputs)?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
-    for path in &args.inputs {
+    for file in args.sessions.files()? {
+        let path = &file.path;
         let session = load_session(path)?;
         let mut measurer = measurer(&args.measure)?;
         let replay = replay_session(&session, &mut measurer, &options);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::report::compare::load_inputs_confined;
+use crate::report::compare::load_inputs_filtered;
 use crate::report::output::write_atomic;
 use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points, write_outputs};
 use crate::strategy::Strategy;
@@ -14,8 +14,10 @@ use super::common::measurer;
 
 #[derive(Debug, Args)]
 pub struct SweepArgs {
-    /// Scenarios, recordings or transcripts, or directories of them.
-    pub inputs: Vec<PathBuf>,
+    /// Scenarios, recordings or transcripts, or directories of them; the session filters apply
+    /// to sessions.
+    #[command(flatten)]
+    pub sessions: super::sessions::SessionInputs,
     /// `KEY=LO..HI:STEP` or `KEY=a,b,c` (repeatable; the grid is their cartesian product).
     #[arg(long = "param", value_name = "KEY=VALUES")]
     pub params: Vec<String>,
@@ -51,7 +53,7 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
-    let guarded = super::common::inputs_with(&args.measure, args.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
+    let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
         let (signature, notes, header, rows) = merge(&args.merge)?;
@@ -61,17 +63,17 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
         report(&analysis, args.measure.quiet)?;
         return Ok(super::exit::OK);
     }
-    if args.inputs.is_empty() || args.params.is_empty() {
-        bail!("sweep needs inputs and at least one --param (or --merge PARTIAL.csv...)");
+    if args.params.is_empty() {
+        bail!("sweep needs at least one --param (or --merge PARTIAL.csv...)");
     }
     let params: Vec<Param> = args.params.iter().map(|p| Param::parse_limited(p, args.max_points)).collect::<anyhow::Result<_>>()?;
     let points = params.iter().try_fold(1u64, |n, p| n.checked_mul(p.values.len() as u64)).unwrap_or(u64::MAX);
-    let runs = points.saturating_mul(args.inputs.len().max(1) as u64);
+    let runs = points.saturating_mul(args.sessions.inputs.len().max(1) as u64);
     if runs > args.max_points {
-        bail!("the grid has {points} points × {} inputs = {runs} runs, more than --max-points {}; narrow the --param ranges or raise --max-points", args.inputs.len(), args.max_points);
+        bail!("the grid has {points} points × {} inputs = {runs} runs, more than --max-points {}; narrow the --param ranges or raise --max-points", args.sessions.inputs.len(), args.max_points);
     }
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
-    let inputs = load_inputs_confined(&args.inputs, args.mount_root.as_deref())?;
+    let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter(), args.mount_root.as_deref())?;
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {

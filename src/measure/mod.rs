@@ -1,6 +1,7 @@
 //! Measurement: token estimators, the provider cache simulator, prefix stability with cause
 //! attribution, pricing, and the per-request metrics they produce.
 
+pub mod billing;
 pub mod blocks;
 pub mod cache;
 pub mod context_editing;

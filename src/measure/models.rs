@@ -80,6 +80,43 @@ impl ModelInfo {
 pub struct ModelTable {
     #[serde(rename = "model")]
     pub models: Vec<ModelInfo>,
+    /// Price changes a call's usage object asks for (fast mode, data residency, batch); used by
+    /// the billed cost ([`super::billing`]).
+    #[serde(default, rename = "price_modifier", skip_serializing_if = "Vec::is_empty")]
+    pub price_modifiers: Vec<PriceModifier>,
+    /// Long-context rates of the models that have them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub long_context: Vec<LongContext>,
+}
+
+/// A price multiplier applied when a string field of the usage object has a value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceModifier {
+    pub id: String,
+    /// The usage field (`speed`, `inference_geo`, `service_tier`).
+    pub field: String,
+    pub equals: String,
+    /// Model ids of the table it applies to; empty: every model.
+    #[serde(default)]
+    pub models: Vec<String>,
+    pub multiplier: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_suffix: Option<String>,
+    pub source: String,
+}
+
+/// Higher rates for a whole request whose prompt passes a length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LongContext {
+    pub models: Vec<String>,
+    /// input + cache writes + cache reads above this: the request is billed at the higher rates.
+    pub above_prompt_tokens: u64,
+    /// Applies to input, cache writes and cache reads.
+    pub input_multiplier: f64,
+    pub output_multiplier: f64,
+    pub source: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +143,16 @@ impl ModelTable {
     pub fn parse(text: &str, path: &str) -> Result<ModelTable, ModelTableError> {
         let table: ModelTable = toml::from_str(text).map_err(|e| ModelTableError::Parse { path: path.to_owned(), message: e.to_string() })?;
         table.validate(text, path)?;
+        let named = table.price_modifiers.iter().map(|m| (format!("price_modifier `{}`", m.id), &m.models));
+        let long = table.long_context.iter().map(|l| ("long_context".to_owned(), &l.models));
+        for (what, models) in named.chain(long) {
+            if let Some(unknown) = models.iter().find(|id| !table.models.iter().any(|m| &m.id == *id)) {
+                return Err(ModelTableError::Parse {
+                    path: path.to_owned(),
+                    message: format!("{what}: models: `{unknown}` is not the id of a [[model]] entry"),
+                });
+            }
+        }
         Ok(table)
     }
 

@@ -19,7 +19,8 @@ use super::session::SessionReplay;
 /// The drop below the previous call's cache that counts as a break.
 pub const BREAK_MIN_DROP: u64 = 1_000;
 
-const CAUSE_ORDER: [&str; 8] = ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction", "rerendered_prompt"];
+/// The causes in the order they are tried; `unexplained` when none applies.
+pub const CAUSE_ORDER: [&str; 8] = ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction", "rerendered_prompt"];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BreakRow {

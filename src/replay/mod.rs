@@ -14,7 +14,9 @@
 //!   puts them.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
+pub mod audit;
 pub mod breaks;
+pub mod discover;
 pub mod fidelity;
 pub mod plot;
 pub mod profile;

@@ -15,6 +15,7 @@ use crate::measure::loss::InfoLoss;
 use crate::measure::metrics::COMPACTION_KEYS;
 use crate::measure::{Measurer, RequestMetrics, Summary};
 use crate::recording::ImportedSession;
+use crate::replay::discover::{SessionFile, SessionFilter, apply, discover, walk};
 use crate::replay::{ReplayOptions, load_session, replay_session};
 use crate::runner::{RunOptions, run_scenario_opts};
 use crate::scenario::Scenario;
@@ -34,36 +35,42 @@ pub struct Input {
     pub loaded: LoadedInput,
 }
 
-/// Expands directories (sorted; `*.yaml`/`*.yml` scenarios and `*.jsonl` sessions, not
-/// recursive) and loads every input.
+/// Expands directories (sorted; `*.yaml`/`*.yml` scenarios at their top, sessions found as
+/// [`crate::replay::discover`] finds them) and loads every input.
 pub fn load_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
-    load_inputs_confined(paths, None)
+    load_inputs_filtered(paths, &SessionFilter::default(), None)
 }
 
-/// [`load_inputs`] with scenario mounts confined to `mount_root`
-/// ([`crate::scenario::load_scenario_confined`]).
-pub fn load_inputs_confined(paths: &[PathBuf], mount_root: Option<&std::path::Path>) -> anyhow::Result<Vec<Input>> {
+/// [`load_inputs`] with the session filters (no paths: the user's Claude Code projects) and
+/// scenario mounts confined to `mount_root` ([`crate::scenario::load_scenario_confined`]).
+pub fn load_inputs_filtered(paths: &[PathBuf], filter: &SessionFilter, mount_root: Option<&std::path::Path>) -> anyhow::Result<Vec<Input>> {
+    let is_yaml = |p: &Path| p.extension().is_some_and(|e| e == "yaml" || e == "yml");
     let mut files = Vec::new();
+    if paths.is_empty() {
+        files.extend(discover(&[], filter)?.into_iter().map(|f| f.path));
+    }
     for path in paths {
         if path.is_dir() {
-            let mut inside: Vec<PathBuf> = std::fs::read_dir(path)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "jsonl"))
-                .collect();
-            inside.sort();
-            if inside.is_empty() {
+            // Scenarios at the top of the directory, sessions anywhere under it.
+            let mut scenarios: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file() && is_yaml(p)).collect();
+            scenarios.sort();
+            let sessions = walk(path)?;
+            if scenarios.is_empty() && sessions.is_empty() {
                 anyhow::bail!("{}: no scenarios (*.yaml) or sessions (*.jsonl) in this directory", path.display());
             }
-            files.extend(inside);
-        } else {
+            files.extend(scenarios);
+            files.extend(apply(sessions, filter)?.into_iter().map(|f| f.path));
+        } else if is_yaml(path) {
             files.push(path.clone());
+        } else {
+            files.extend(apply(vec![SessionFile::new(path.clone())], filter)?.into_iter().map(|f| f.path));
         }
     }
     files
         .into_iter()
         .map(|file| {
             let name = file.display().to_string();
-            let loaded = if file.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            let loaded = if is_yaml(&file) {
                 LoadedInput::Scenario(Box::new(crate::scenario::load_scenario_confined(&file, mount_root)?))
             } else {
                 LoadedInput::Session(Box::new(load_session(&file)?))

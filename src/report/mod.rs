@@ -1,6 +1,8 @@
 //! Reports: trace and summary writers, plots, the HTML report, the CI check (more to come:
 //! compare, sweep).
+pub mod audit;
 pub mod check;
+pub mod columns;
 pub mod compare;
 pub mod effects;
 pub mod html;

@@ -254,39 +254,34 @@ pub fn summary_csv(summaries: &[Summary]) -> Vec<u8> {
 
 /// Per-request CSV of a trace.
 pub fn trace_csv(rows: &[RequestMetrics]) -> Vec<u8> {
-    let mut writer = csv::Writer::from_writer(Vec::new());
-    writer
-        .write_record([
-            "index", "lane", "turn", "time_ms", "model", "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-            "cache_creation_5m", "cache_creation_1h", "output_tokens", "context_tokens", "common_blocks", "diverged_at", "cause",
-            "cache_break", "cost_usd", "error",
-        ])
-        .expect("csv to memory");
-    for r in rows {
-        writer
-            .write_record([
-                r.index.to_string(),
-                r.lane.clone(),
-                r.turn.to_string(),
-                r.time_ms.to_string(),
-                r.model.clone(),
-                r.input_tokens.to_string(),
-                r.cache_read_input_tokens.to_string(),
-                r.cache_creation_input_tokens.to_string(),
-                r.cache_creation.ephemeral_5m_input_tokens.to_string(),
-                r.cache_creation.ephemeral_1h_input_tokens.to_string(),
-                r.output_tokens.to_string(),
-                r.context_tokens.to_string(),
-                r.prefix.common_blocks.to_string(),
-                r.prefix.diverged_at.clone().unwrap_or_default(),
-                r.prefix.cause.clone().unwrap_or_default(),
-                r.cache_break.to_string(),
-                r.cost_usd.to_string(),
-                r.error.clone().unwrap_or_default(),
-            ])
-            .expect("csv to memory");
-    }
-    writer.into_inner().expect("csv to memory")
+    trace_columns(rows).to_csv()
+}
+
+/// The trace's columns (one row per request): the CSV trace and the Parquet trace.
+pub fn trace_columns(rows: &[RequestMetrics]) -> super::columns::Columns {
+    use super::columns::{Columns, Values};
+    let text = |f: &dyn Fn(&RequestMetrics) -> String| Values::Str(rows.iter().map(f).collect());
+    let int = |f: &dyn Fn(&RequestMetrics) -> u64| Values::Int(rows.iter().map(|r| f(r) as i64).collect());
+    let mut c = Columns::default();
+    c.push("index", int(&|r| r.index as u64));
+    c.push("lane", text(&|r| r.lane.clone()));
+    c.push("turn", int(&|r| u64::from(r.turn)));
+    c.push("time_ms", int(&|r| r.time_ms));
+    c.push("model", text(&|r| r.model.clone()));
+    c.push("input_tokens", int(&|r| r.input_tokens));
+    c.push("cache_read_input_tokens", int(&|r| r.cache_read_input_tokens));
+    c.push("cache_creation_input_tokens", int(&|r| r.cache_creation_input_tokens));
+    c.push("cache_creation_5m", int(&|r| r.cache_creation.ephemeral_5m_input_tokens));
+    c.push("cache_creation_1h", int(&|r| r.cache_creation.ephemeral_1h_input_tokens));
+    c.push("output_tokens", int(&|r| r.output_tokens));
+    c.push("context_tokens", int(&|r| r.context_tokens));
+    c.push("common_blocks", int(&|r| r.prefix.common_blocks as u64));
+    c.push("diverged_at", text(&|r| r.prefix.diverged_at.clone().unwrap_or_default()));
+    c.push("cause", text(&|r| r.prefix.cause.clone().unwrap_or_default()));
+    c.push("cache_break", Values::Bool(rows.iter().map(|r| r.cache_break).collect()));
+    c.push("cost_usd", Values::Float(rows.iter().map(|r| r.cost_usd).collect(), None));
+    c.push("error", text(&|r| r.error.clone().unwrap_or_default()));
+    c
 }
 
 /// A directory output (`--out DIR`, `--dump-requests DIR`, `--plot DIR`) written as a new

@@ -2,6 +2,7 @@
 mod agent_layers;
 mod analyze;
 mod api_late2026;
+mod audit;
 mod mechanisms;
 mod memories;
 mod layer6;

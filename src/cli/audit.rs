@@ -1,0 +1,180 @@
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use rayon::prelude::*;
+
+use crate::measure::{Calibration, Measurer, ModelTable, TokenCounter};
+use crate::replay::audit::{GroupBy, SessionAudit, audit_session, group, sort_audits};
+use crate::replay::load_session;
+use crate::report::audit::{AuditJson, audit_columns, audit_csv, audit_table, by_name};
+use crate::report::output::write_atomic;
+
+use super::args::Estimator;
+use super::sessions::SessionInputs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum By {
+    Session,
+    Project,
+    Day,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuditFormat {
+    Table,
+    Json,
+    Csv,
+    /// The rows (no total row) as one Parquet file; needs `--output`.
+    Parquet,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub sessions: SessionInputs,
+    /// Rows per session, project or UTC day.
+    #[arg(long, value_enum, default_value = "session")]
+    pub by: By,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: AuditFormat,
+    /// Same as `--format json`.
+    #[arg(long, conflicts_with_all = ["format", "csv"])]
+    pub json: bool,
+    /// Same as `--format csv`.
+    #[arg(long, conflicts_with = "format")]
+    pub csv: bool,
+    /// Per-model rows under each row.
+    #[arg(long)]
+    pub breakdown: bool,
+    /// Price with the shipped model table (the default and the only mode: never a network call).
+    #[arg(long)]
+    pub offline: bool,
+    /// A model table replacing the shipped one (same shape as data/models.toml).
+    #[arg(long, value_name = "FILE")]
+    pub model_table: Option<PathBuf>,
+    /// Token estimator of the replay (the what-ifs).
+    #[arg(long, value_enum, default_value = "calibrated")]
+    pub estimator: Estimator,
+    /// Sessions replayed at once (default: every core).
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Never draw the progress bar (drawn on a terminal when the run takes over a second).
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Write the table (in `--format`) to this file instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Only sessions I, I+N, I+2N, ... of the sorted list (0 ≤ I < N): one shard of a fleet run
+    /// (docs/fleet.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
+    /// Write index.html (and a page per session) here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
+    super::common::warm_tokenizer(args.estimator);
+    let mut files = args.sessions.files()?;
+    if let Some(text) = &args.shard {
+        let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+        let Some((i, n)) = parsed.filter(|(i, n)| i < n) else { anyhow::bail!("--shard {text}: expected I/N with 0 ≤ I < N") };
+        files = files.into_iter().enumerate().filter(|(k, _)| k % n == i).map(|(_, f)| f).collect();
+    }
+    let format = if args.json {
+        AuditFormat::Json
+    } else if args.csv {
+        AuditFormat::Csv
+    } else {
+        args.format
+    };
+    if format == AuditFormat::Parquet && args.output.is_none() {
+        anyhow::bail!("--format parquet needs --output FILE");
+    }
+    let table = match &args.model_table {
+        Some(path) => ModelTable::load(path)?,
+        None => ModelTable::shipped(),
+    };
+    let calibration = Calibration::shipped();
+    let make = || Measurer::new(table.clone(), TokenCounter::with_calibration(args.estimator.into(), calibration.clone())).without_body_hashes();
+    let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
+    let may_draw = !args.no_progress && std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let drawing = AtomicBool::new(false);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(args.jobs.unwrap_or(0)).build()?;
+    // One session per worker at a time: memory is bounded by the largest sessions, not the sum.
+    let results: Vec<Result<SessionAudit, String>> = pool.install(|| {
+        files
+            .par_iter()
+            .map(|file| {
+                let out = match load_session(&file.path) {
+                    Ok(session) => Ok(audit_session(file, &session, &table, &make)),
+                    Err(e) => Err(format!("{}: skipped: {e}", file.path.display())),
+                };
+                progress.inc(1);
+                if may_draw && started.elapsed() > Duration::from_secs(1) && !drawing.swap(true, Ordering::Relaxed) {
+                    progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                }
+                out
+            })
+            .collect()
+    });
+    progress.finish_and_clear();
+    let mut audits = Vec::new();
+    let mut problems = Vec::new();
+    for result in results {
+        match result {
+            Ok(audit) => audits.push(audit),
+            Err(message) => problems.push(message),
+        }
+    }
+    sort_audits(&mut audits);
+    for audit in &audits {
+        problems.extend(audit.warnings.iter().cloned());
+        for (model, calls) in &audit.billed.unpriced {
+            problems.push(format!("{}: {calls} calls of model `{model}` not priced (not in the model table; pass --model-table FILE)", audit.path));
+        }
+    }
+    let by = match args.by {
+        By::Session => GroupBy::Session,
+        By::Project => GroupBy::Project,
+        By::Day => GroupBy::Day,
+    };
+    let (rows, totals) = group(&audits, by);
+    let text: Vec<u8> = match format {
+        AuditFormat::Table => audit_table(&rows, &totals, by, args.breakdown).into_bytes(),
+        AuditFormat::Csv => audit_csv(&rows, &totals, by),
+        AuditFormat::Parquet => audit_columns(&rows, None, by).to_parquet().context("failed to encode the Parquet table")?,
+        AuditFormat::Json => {
+            let json = AuditJson {
+                by: by_name(by),
+                rows: &rows,
+                totals: &totals,
+                whatifs_available: crate::replay::audit::WHATIFS_AVAILABLE,
+                whatifs_awaiting: crate::replay::audit::WHATIFS_AWAITING,
+                sessions: (by == GroupBy::Session).then_some(audits.as_slice()),
+            };
+            (serde_json::to_string_pretty(&json)? + "\n").into_bytes()
+        }
+    };
+    match &args.output {
+        Some(path) => write_atomic(path, &text).with_context(|| format!("failed to write {}", path.display()))?,
+        None => {
+            use std::io::Write;
+            std::io::stdout().write_all(&text)?;
+        }
+    }
+    if let Some(dir) = &args.out {
+        crate::report::audit::write_audit_html(dir, &audits).with_context(|| format!("failed to write the report under {}", dir.display()))?;
+        write_atomic(&dir.join("audit.csv"), &audit_csv(&rows, &totals, by)).with_context(|| format!("failed to write under {}", dir.display()))?;
+        eprintln!("wrote {}", dir.join("index.html").display());
+    }
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    Ok(if problems.is_empty() { super::exit::OK } else { super::exit::BAD_INPUT })
+}

@@ -1,0 +1,476 @@
+//! `ctxsim audit`: per real session, what was billed, where the cache money went and what a
+//! setting the replay honours would have saved.
+//!
+//! Per session ([`SessionAudit`]):
+//! - the billed tokens and cost of every recorded call ([`crate::measure::billing`]: the usage's
+//!   own sums, priced with the model table and the modifiers the usage names);
+//! - the recorded cache breaks ([`super::breaks::find_breaks`]) by cause, with the tokens the
+//!   break made the client write again and their dollars: those tokens priced as the cache
+//!   write they were (5m or 1h, the call's own TTL and modifiers) minus the read they would have
+//!   been;
+//! - the TTL the client actually wrote with, the compactions (trigger, tokens before);
+//! - the what-ifs the replay honours today ([`WHATIFS_AVAILABLE`]): the session replayed again
+//!   with the main lane's TTL changed, saving = simulated cost as recorded − simulated cost of
+//!   the what-if. Other what-ifs (another autocompact threshold, presets) change what the
+//!   model saw and await the agent-driven replay of real sessions ([`WHATIFS_AWAITING`]).
+//!
+//! Everything reaching output is sorted (sessions: largest loss first, then path), so the
+//! result does not depend on the order sessions were processed in.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::api::{CacheCreation, CacheTtl, Usage};
+use crate::measure::billing::{Bill, BilledTokens, bill_call};
+use crate::measure::{Measurer, ModelTable};
+use crate::recording::format::WarningKind;
+use crate::recording::{EventKind, ImportedSession};
+
+use super::discover::SessionFile;
+use super::fidelity::fidelity_for_session;
+use super::session::{ReplayOptions, replay_session};
+
+/// What-ifs the replay of a real session honours today.
+pub const WHATIFS_AVAILABLE: &str = "main-lane cache TTL (1h or 5m)";
+/// What-ifs that change what the model saw; they need the agent-driven replay.
+pub const WHATIFS_AWAITING: &str = "another autocompact threshold, the cheapest preset at no more information loss";
+
+/// Breaks of one cause.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CauseLoss {
+    pub breaks: u64,
+    /// Tokens written again that were cached before the break.
+    pub tokens: u64,
+    pub cost_usd: f64,
+}
+
+impl CauseLoss {
+    fn add(&mut self, other: &CauseLoss) {
+        self.breaks += other.breaks;
+        self.tokens += other.tokens;
+        self.cost_usd += other.cost_usd;
+    }
+}
+
+/// A recorded compaction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompactionRow {
+    pub time: String,
+    /// `auto` or `manual`.
+    pub trigger: String,
+    pub pre_tokens: Option<u64>,
+}
+
+/// A what-if and what it would have changed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WhatIf {
+    /// `ttl_main=1h`, ...
+    pub name: String,
+    /// Simulated cost as recorded minus simulated cost under the what-if (positive: cheaper).
+    pub saving_usd: f64,
+    /// Of the billed cost.
+    pub saving_pct: f64,
+}
+
+/// One day's share of a session (UTC days).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DayShare {
+    pub calls: u64,
+    pub tokens: BilledTokens,
+    pub cost_usd: f64,
+    /// Breaks by cause.
+    pub breaks: BTreeMap<String, CauseLoss>,
+}
+
+/// One call of the main lane, for the context-per-call plot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlotPoint {
+    pub call: usize,
+    pub context_tokens: u64,
+    /// The cause, when the call is a recorded break.
+    pub break_cause: Option<String>,
+}
+
+/// The audit of one session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionAudit {
+    pub project: String,
+    pub session_id: String,
+    pub path: String,
+    pub first: Option<String>,
+    pub last: Option<String>,
+    pub versions: Vec<String>,
+    pub models: Vec<String>,
+    /// Calls the API billed (synthetic replies left out).
+    pub calls: u64,
+    pub billed: Bill,
+    pub breaks: BTreeMap<String, CauseLoss>,
+    pub lost: CauseLoss,
+    /// Cache-write tokens by TTL, over every call.
+    pub ttl_written: CacheCreation,
+    /// `1h`, `5m`, `1h+5m` or `none`: the TTLs the client wrote with.
+    pub ttl: String,
+    pub compactions: Vec<CompactionRow>,
+    /// Every what-if evaluated, and the best one (largest saving) when any saves.
+    pub whatifs: Vec<WhatIf>,
+    pub best_whatif: Option<WhatIf>,
+    pub days: BTreeMap<String, DayShare>,
+    /// Import warnings (file, line, field), to be reported.
+    pub warnings: Vec<String>,
+    #[serde(skip)]
+    pub plot: Vec<PlotPoint>,
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 { 100.0 * part / whole } else { 0.0 }
+}
+
+fn iso(epoch_ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(epoch_ms).map(|t| t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()).unwrap_or_default()
+}
+
+/// The cost of `tokens` re-created as cache writes instead of read, at the call's prices.
+fn break_cost(table: &ModelTable, model: &str, usage: &Usage, tokens: u64, ttl: CacheTtl) -> f64 {
+    let extra = usage.extra.clone();
+    let (w5, w1) = if ttl == CacheTtl::OneHour { (0, tokens) } else { (tokens, 0) };
+    let written = Usage {
+        cache_creation_input_tokens: tokens,
+        cache_creation: Some(CacheCreation { ephemeral_5m_input_tokens: w5, ephemeral_1h_input_tokens: w1 }),
+        extra: extra.clone(),
+        ..Usage::default()
+    };
+    let read = Usage { cache_read_input_tokens: tokens, extra, ..Usage::default() };
+    match (bill_call(table, model, &written), bill_call(table, model, &read)) {
+        (Ok(w), Ok(r)) => w.cost_usd - r.cost_usd,
+        _ => 0.0,
+    }
+}
+
+/// The billed tokens and cost of a session's calls (synthetic replies left out).
+pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
+    let mut bill = Bill::default();
+    for call in session.calls.iter().filter(|c| !c.is_synthetic) {
+        bill.add_call(table, &call.model, &call.usage);
+    }
+    bill
+}
+
+/// Audits one imported session: bills it, replays it as recorded and under each what-if.
+pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer) -> SessionAudit {
+    let start = session.recording.header.start_epoch_ms.unwrap_or(0);
+    // Calls at their written time; the importer's virtual time never goes below the first record's.
+    let written = super::discover::call_times(&file.path);
+    let epoch_of = |call: &crate::recording::RecordedCall| {
+        let key = (call.message_id.clone().unwrap_or_default(), call.request_id.clone().unwrap_or_default());
+        written.get(&key).copied().unwrap_or(start + call.time_ms as i64)
+    };
+    let call_epoch: BTreeMap<usize, i64> = session.calls.iter().map(|c| (c.index, epoch_of(c))).collect();
+    let day_of = |index: usize| iso(call_epoch.get(&index).copied().unwrap_or(start)).get(..10).unwrap_or("").to_owned();
+    let mut billed = Bill::default();
+    let mut days: BTreeMap<String, DayShare> = BTreeMap::new();
+    let mut versions = Vec::new();
+    let mut models = Vec::new();
+    let mut ttl_written = CacheCreation::default();
+    let mut first_last: Option<(i64, i64)> = None;
+    for call in session.calls.iter().filter(|c| !c.is_synthetic) {
+        let mut one = Bill::default();
+        one.add_call(table, &call.model, &call.usage);
+        billed.merge(&one);
+        let day = days.entry(day_of(call.index)).or_default();
+        day.calls += 1;
+        day.tokens.add(&one.tokens);
+        day.cost_usd += one.cost_usd;
+        if let Some(v) = &call.version
+            && !versions.contains(v)
+        {
+            versions.push(v.clone());
+        }
+        let nested = crate::measure::billing::nested_usages(&call.usage).into_iter().map(|(m, _)| m);
+        for model in std::iter::once(call.model.clone()).chain(nested) {
+            if !models.contains(&model) {
+                models.push(model);
+            }
+        }
+        let tokens = BilledTokens::from_usage(&call.usage);
+        ttl_written.ephemeral_5m_input_tokens += tokens.cache_write_5m;
+        ttl_written.ephemeral_1h_input_tokens += tokens.cache_write_1h;
+        let t = epoch_of(call);
+        first_last = Some(first_last.map_or((t, t), |(f, l)| (f.min(t), l.max(t))));
+    }
+    versions.sort_by_key(|v| super::profile::parse_version(v));
+    models.sort();
+    let ttl = match (ttl_written.ephemeral_1h_input_tokens > 0, ttl_written.ephemeral_5m_input_tokens > 0) {
+        (true, true) => "1h+5m",
+        (true, false) => "1h",
+        (false, true) => "5m",
+        (false, false) => "none",
+    }
+    .to_owned();
+    let compactions = session
+        .recording
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Compaction(c) => Some(CompactionRow { time: iso(start + e.time_ms as i64), trigger: c.trigger.clone(), pre_tokens: c.pre_tokens }),
+            _ => None,
+        })
+        .collect();
+
+    // The replay as recorded: breaks with causes, and the baseline of the what-ifs.
+    let mut measurer = make();
+    let replay = replay_session(session, &mut measurer, &ReplayOptions::default());
+    // The what-ifs count the same blocks: they start from these counts.
+    let memo = measurer.counter().memo();
+    drop(measurer);
+    let by_index: BTreeMap<usize, &super::session::CallReplay> = replay.calls.iter().map(|c| (c.index, c)).collect();
+    let mut breaks: BTreeMap<String, CauseLoss> = BTreeMap::new();
+    let mut lost = CauseLoss::default();
+    let mut break_at: BTreeMap<usize, String> = BTreeMap::new();
+    for row in super::breaks::find_breaks(&replay) {
+        let Some(call) = by_index.get(&row.index) else { continue };
+        let ttl = if call.recorded.creation_split().ephemeral_1h_input_tokens > 0 { CacheTtl::OneHour } else { CacheTtl::FiveMinutes };
+        let cost = break_cost(table, &call.model, &call.recorded, row.drop, ttl);
+        let loss = CauseLoss { breaks: 1, tokens: row.drop, cost_usd: cost };
+        breaks.entry(row.cause.clone()).or_default().add(&loss);
+        lost.add(&loss);
+        days.entry(day_of(row.index)).or_default().breaks.entry(row.cause.clone()).or_default().add(&loss);
+        break_at.insert(row.index, row.cause);
+    }
+    let plot = replay
+        .calls
+        .iter()
+        .filter(|c| c.compared() && (c.lane == "main" || c.lane == "compact"))
+        .map(|c| PlotPoint { call: c.index, context_tokens: c.recorded_context(), break_cause: break_at.get(&c.index).cloned() })
+        .collect();
+    let baseline = fidelity_for_session(&replay, table, false).simulated_cost_usd;
+    drop(replay);
+
+    // The what-ifs: the main lane's TTL changed, when the client wrote with the other one.
+    let mut candidates = Vec::new();
+    let main_split = session.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic).fold((0u64, 0u64), |(a, b), c| {
+        let s = c.usage.creation_split();
+        (a + s.ephemeral_5m_input_tokens, b + s.ephemeral_1h_input_tokens)
+    });
+    if main_split.0 > 0 {
+        candidates.push(("ttl_main=1h", CacheTtl::OneHour));
+    }
+    if main_split.1 > 0 {
+        candidates.push(("ttl_main=5m", CacheTtl::FiveMinutes));
+    }
+    let mut whatifs = Vec::new();
+    for (name, ttl) in candidates {
+        let mut measurer = make();
+        measurer.counter_mut().seed(&memo);
+        let options = ReplayOptions { ttl_main: Some(ttl), ..ReplayOptions::default() };
+        let replay = replay_session(session, &mut measurer, &options);
+        let cost = fidelity_for_session(&replay, table, false).simulated_cost_usd;
+        let saving = baseline - cost;
+        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd) });
+    }
+    let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
+    let warnings = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
+    SessionAudit {
+        project: file.project.clone(),
+        session_id: file.session_id.clone(),
+        path: file.path.display().to_string(),
+        first: first_last.map(|(f, _)| iso(f)),
+        last: first_last.map(|(_, l)| iso(l)),
+        versions,
+        models,
+        calls: billed.calls,
+        billed,
+        breaks,
+        lost,
+        ttl_written,
+        ttl,
+        compactions,
+        whatifs,
+        best_whatif,
+        days,
+        warnings,
+        plot,
+    }
+}
+
+/// Largest loss first, then by path: the order of every output.
+pub fn sort_audits(audits: &mut [SessionAudit]) {
+    audits.sort_by(|a, b| b.lost.cost_usd.total_cmp(&a.lost.cost_usd).then_with(|| a.path.cmp(&b.path)));
+}
+
+/// How rows are grouped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupBy {
+    Session,
+    Project,
+    Day,
+}
+
+/// A row of the audit table: one session, project or day.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AuditRow {
+    /// Session id, project name or day.
+    pub key: String,
+    pub project: String,
+    pub sessions: u64,
+    pub first: Option<String>,
+    pub last: Option<String>,
+    pub versions: Vec<String>,
+    pub models: Vec<String>,
+    pub calls: u64,
+    pub tokens: BilledTokens,
+    pub cost_usd: f64,
+    pub breaks: BTreeMap<String, CauseLoss>,
+    pub lost: CauseLoss,
+    pub ttl: String,
+    pub compactions_auto: u64,
+    pub compactions_manual: u64,
+    /// Largest `preTokens` of the compactions.
+    pub compaction_max_pre_tokens: Option<u64>,
+    /// Per what-if: summed saving over the rows' sessions.
+    pub whatif_savings: BTreeMap<String, f64>,
+    pub best_whatif: Option<WhatIf>,
+    pub by_model: BTreeMap<String, crate::measure::billing::ModelBill>,
+}
+
+fn push_unique(list: &mut Vec<String>, items: &[String]) {
+    for item in items {
+        if !list.contains(item) {
+            list.push(item.clone());
+        }
+    }
+}
+
+fn row_of(audit: &SessionAudit) -> AuditRow {
+    let mut row = AuditRow {
+        key: audit.session_id.clone(),
+        project: audit.project.clone(),
+        sessions: 1,
+        first: audit.first.clone(),
+        last: audit.last.clone(),
+        versions: audit.versions.clone(),
+        models: audit.models.clone(),
+        calls: audit.calls,
+        tokens: audit.billed.tokens,
+        cost_usd: audit.billed.cost_usd,
+        breaks: audit.breaks.clone(),
+        lost: audit.lost.clone(),
+        ttl: audit.ttl.clone(),
+        by_model: audit.billed.by_model.clone(),
+        ..AuditRow::default()
+    };
+    for c in &audit.compactions {
+        if c.trigger == "manual" {
+            row.compactions_manual += 1;
+        } else {
+            row.compactions_auto += 1;
+        }
+        row.compaction_max_pre_tokens = row.compaction_max_pre_tokens.max(c.pre_tokens);
+    }
+    for w in &audit.whatifs {
+        *row.whatif_savings.entry(w.name.clone()).or_default() += w.saving_usd;
+    }
+    row.best_whatif = audit.best_whatif.clone();
+    row
+}
+
+fn merge_into(into: &mut AuditRow, row: &AuditRow) {
+    into.sessions += row.sessions;
+    into.first = match (into.first.take(), &row.first) {
+        (Some(a), Some(b)) => Some(a.min(b.clone())),
+        (a, b) => a.or(b.clone()),
+    };
+    into.last = match (into.last.take(), &row.last) {
+        (Some(a), Some(b)) => Some(a.max(b.clone())),
+        (a, b) => a.or(b.clone()),
+    };
+    push_unique(&mut into.versions, &row.versions);
+    push_unique(&mut into.models, &row.models);
+    into.versions.sort_by_key(|v| super::profile::parse_version(v));
+    into.models.sort();
+    into.calls += row.calls;
+    into.tokens.add(&row.tokens);
+    into.cost_usd += row.cost_usd;
+    for (cause, loss) in &row.breaks {
+        into.breaks.entry(cause.clone()).or_default().add(loss);
+    }
+    into.lost.add(&row.lost);
+    into.ttl = match (into.ttl.as_str(), row.ttl.as_str()) {
+        ("", t) | (t, "none") => t.to_owned(),
+        ("none", t) => t.to_owned(),
+        (a, b) if a == b => a.to_owned(),
+        _ => "1h+5m".to_owned(),
+    };
+    into.compactions_auto += row.compactions_auto;
+    into.compactions_manual += row.compactions_manual;
+    into.compaction_max_pre_tokens = into.compaction_max_pre_tokens.max(row.compaction_max_pre_tokens);
+    for (name, saving) in &row.whatif_savings {
+        *into.whatif_savings.entry(name.clone()).or_default() += saving;
+    }
+    for (label, m) in &row.by_model {
+        let e = into.by_model.entry(label.clone()).or_default();
+        e.tokens.add(&m.tokens);
+        e.cost_usd += m.cost_usd;
+        e.calls += m.calls;
+    }
+}
+
+fn best_of(row: &mut AuditRow, base_cost: f64) {
+    row.best_whatif = row
+        .whatif_savings
+        .iter()
+        .filter(|(_, s)| **s > 0.0)
+        .max_by(|a, b| a.1.total_cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        .map(|(name, s)| WhatIf { name: name.clone(), saving_usd: *s, saving_pct: pct(*s, base_cost) });
+}
+
+/// The rows of the table (sorted largest loss first, then key) and the total row.
+pub fn group(audits: &[SessionAudit], by: GroupBy) -> (Vec<AuditRow>, AuditRow) {
+    let mut rows: Vec<AuditRow> = match by {
+        GroupBy::Session => audits.iter().map(row_of).collect(),
+        GroupBy::Project => {
+            let mut map: BTreeMap<String, AuditRow> = BTreeMap::new();
+            for a in audits {
+                let row = row_of(a);
+                let into = map.entry(a.project.clone()).or_insert_with(|| AuditRow { key: a.project.clone(), project: a.project.clone(), ..AuditRow::default() });
+                merge_into(into, &row);
+            }
+            map.into_values().collect()
+        }
+        GroupBy::Day => {
+            // A session's calls, cost and breaks go to the day they happened on; what-ifs are
+            // per session and not split over days.
+            let mut map: BTreeMap<String, AuditRow> = BTreeMap::new();
+            for a in audits {
+                for (day, share) in &a.days {
+                    let into = map.entry(day.clone()).or_insert_with(|| AuditRow { key: day.clone(), ..AuditRow::default() });
+                    into.sessions += 1;
+                    into.calls += share.calls;
+                    into.tokens.add(&share.tokens);
+                    into.cost_usd += share.cost_usd;
+                    for (cause, loss) in &share.breaks {
+                        into.breaks.entry(cause.clone()).or_default().add(loss);
+                        into.lost.add(loss);
+                    }
+                    push_unique(&mut into.models, &a.models);
+                    into.models.sort();
+                }
+            }
+            map.into_values().collect()
+        }
+    };
+    if by == GroupBy::Project {
+        for row in &mut rows {
+            let base = row.cost_usd;
+            best_of(row, base);
+        }
+    }
+    rows.sort_by(|a, b| b.lost.cost_usd.total_cmp(&a.lost.cost_usd).then_with(|| a.key.cmp(&b.key)).then_with(|| a.project.cmp(&b.project)));
+    let mut total = AuditRow { key: "total".to_owned(), ..AuditRow::default() };
+    for a in audits {
+        merge_into(&mut total, &row_of(a));
+    }
+    let base = total.cost_usd;
+    best_of(&mut total, base);
+    (rows, total)
+}

@@ -1,0 +1,310 @@
+//! `ctxsim audit` and the session inputs every session command shares.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use ctxsim::api::Usage;
+use ctxsim::measure::billing::bill_call;
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::replay::audit::{GroupBy, SessionAudit, audit_session, bill_session, group, sort_audits};
+use ctxsim::replay::discover::{SessionFilter, discover, parse_date};
+use ctxsim::replay::load_session;
+use ctxsim::report::audit::{audit_csv, audit_table, write_audit_html};
+use rayon::prelude::*;
+use serde_json::Value;
+
+use super::support::realdata;
+
+fn transcripts() -> PathBuf {
+    realdata().join("transcripts")
+}
+
+fn ccusage() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ccusage/session.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ctxsim(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ctxsim"));
+    cmd.args(args).env_remove("CLAUDE_CONFIG_DIR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn a_directory_is_walked_for_sessions_with_subagents_attached_to_their_parent() {
+    let files = discover(&[transcripts()], &SessionFilter::default()).unwrap();
+    let ids: Vec<&str> = files.iter().map(|f| f.session_id.as_str()).collect();
+    assert_eq!(files.len(), 16, "{ids:?}");
+    assert!(ids.contains(&"258c7280-ae70-4798-800f-63464d01a85d") && !ids.iter().any(|i| i.starts_with("agent-")), "{ids:?}");
+    assert!(ids.contains(&"af1dd25ebb3e-8"), "Entire checkpoints are named by their id: {ids:?}");
+    let mut sorted = files.clone();
+    sorted.sort();
+    assert_eq!(files, sorted);
+    // The same file through its directory and by name is one session.
+    let again = discover(&[transcripts().join("spotter"), transcripts().join("spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl")], &SessionFilter::default()).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].project, "spotter");
+}
+
+#[test]
+fn filters_by_project_session_and_day() {
+    let only = |filter: SessionFilter| -> Vec<String> { discover(&[transcripts()], &filter).unwrap().into_iter().map(|f| f.session_id).collect() };
+    assert_eq!(only(SessionFilter { project: Some("cipher".into()), ..Default::default() }), ["af1dd25ebb3e-8", "c644f3afc869-1", "e89fb6a2d646-0"]);
+    assert_eq!(only(SessionFilter { session: Some("cd95adddad32-0".into()), ..Default::default() }), ["cd95adddad32-0"]);
+    // 2026-02-21: af1dd25ebb3e-8 (22:34–23:25 UTC) and c644f3afc869-1 (05:22–06:25 UTC).
+    let day = parse_date("20260221").unwrap();
+    assert_eq!(only(SessionFilter { since: Some(day), until: Some(day), ..Default::default() }), ["af1dd25ebb3e-8", "c644f3afc869-1"]);
+    let after = only(SessionFilter { since: Some(parse_date("2026-08-12").unwrap()), ..Default::default() });
+    assert_eq!(after, ["01M0EE5721NRN8FGE1238MD50T-0", "01M0FWRPX72AX3CYC2HMV1W2SN-1"]);
+}
+
+/// A tree shaped like `~/.claude/projects` (links to two shipped sessions).
+fn config_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("projects/-home-me-numwordify");
+    std::fs::create_dir_all(&project).unwrap();
+    let src = transcripts().join("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl");
+    std::os::unix::fs::symlink(&src, project.join("01KZRVZ8V3GCEFGVQHVV9WP86W.jsonl")).unwrap();
+    dir
+}
+
+#[test]
+fn without_inputs_sessions_come_from_claude_config_dir() {
+    let tree = config_tree();
+    let empty = tempfile::tempdir().unwrap();
+    // Each entry of the comma-separated list; one without `projects` is passed over.
+    let list = format!("{},{}", empty.path().display(), tree.path().display());
+    let out = ctxsim(&["replay", "--estimator", "chars4", "--format", "json"], &[("CLAUDE_CONFIG_DIR", Path::new(&list))]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(summary["input"].as_str().unwrap().ends_with("01KZRVZ8V3GCEFGVQHVV9WP86W.jsonl"), "{summary}");
+    // A directory given to fidelity is walked too.
+    let out = ctxsim(&["fidelity", "--estimator", "chars4", "--format", "json", tree.path().to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Nothing to read: exit 2 with a message.
+    let out = ctxsim(&["audit"], &[("CLAUDE_CONFIG_DIR", empty.path()), ("HOME", empty.path())]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CLAUDE_CONFIG_DIR"));
+}
+
+#[test]
+fn billed_tokens_and_cost_equal_ccusage_per_session() {
+    let table = ModelTable::shipped();
+    let expected = ccusage();
+    let by_id: BTreeMap<&str, &Value> = expected["session"].as_array().unwrap().iter().map(|s| (s["period"].as_str().unwrap(), s)).collect();
+    let files = discover(&[transcripts()], &SessionFilter::default()).unwrap();
+    assert_eq!(files.len(), by_id.len());
+    for file in &files {
+        let bill = bill_session(&load_session(&file.path).unwrap(), &table);
+        let cc = by_id[file.session_id.as_str()];
+        let n = |k: &str| cc[k].as_u64().unwrap();
+        let got = (bill.tokens.input, bill.tokens.output, bill.tokens.cache_creation(), bill.tokens.cache_read, bill.tokens.total());
+        let want = (n("inputTokens"), n("outputTokens"), n("cacheCreationTokens"), n("cacheReadTokens"), n("totalTokens"));
+        assert_eq!(got, want, "{}: tokens", file.session_id);
+        let cost = cc["totalCost"].as_f64().unwrap();
+        assert!((bill.cost_usd - cost).abs() < 1e-9, "{}: cost {} vs ccusage {cost}", file.session_id, bill.cost_usd);
+        // Per model too (ccusage names models by their recorded id).
+        for m in cc["modelBreakdowns"].as_array().unwrap() {
+            let name = m["modelName"].as_str().unwrap();
+            let ours = &bill.by_model[name];
+            assert!((ours.cost_usd - m["cost"].as_f64().unwrap()).abs() < 1e-9, "{}: {name}", file.session_id);
+            assert_eq!(ours.tokens.input, m["inputTokens"].as_u64().unwrap(), "{}: {name}", file.session_id);
+        }
+        assert!(bill.unpriced.is_empty());
+    }
+}
+
+#[test]
+fn prices_agree_with_the_ccusage_probe_where_ccusage_applies_the_modifier() {
+    let table = ModelTable::shipped();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ccusage/probe-costs.json");
+    let probe: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut compared = 0;
+    for (model, costs) in probe["costs"].as_object().unwrap() {
+        // Models ccusage 20.0.24 does not know cost 0 there; models of another branch's table.
+        if costs["in"].as_f64() == Some(0.0) || table.lookup(model).is_err() || model.contains("-5-1") {
+            continue;
+        }
+        for (variant, usage) in probe["usages"].as_object().unwrap() {
+            let mut usage = usage.clone();
+            for k in ["input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"] {
+                usage.as_object_mut().unwrap().entry(k).or_insert(0.into());
+            }
+            let usage: Usage = serde_json::from_value(usage).unwrap();
+            let ours = bill_call(&table, model, &usage).unwrap().cost_usd;
+            let theirs = costs[variant].as_f64().unwrap();
+            let long = model.contains("sonnet-4-5") || model.contains("sonnet-4-2");
+            match variant.as_str() {
+                // ccusage ignores data residency and batch.
+                "geo_us" => assert!((ours - 1.1 * theirs).abs() < 1e-9, "{model} {variant}"),
+                "batch" => assert!((ours - 0.5 * theirs).abs() < 1e-9, "{model} {variant}"),
+                // ccusage splits each token kind at 200k; the provider bills the whole request
+                // at the higher rates once its prompt passes 200k.
+                "in" | "w5m" | "w1h" | "wnosplit" | "rd" | "mix" if long => assert!(ours > theirs, "{model} {variant}"),
+                "out" if long => assert!(ours < theirs, "{model} {variant}"),
+                _ => {
+                    assert!((ours - theirs).abs() < 1e-9, "{model} {variant}: {ours} vs ccusage {theirs}");
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(compared > 200, "{compared}");
+}
+
+fn audits() -> &'static Vec<SessionAudit> {
+    static AUDITS: OnceLock<Vec<SessionAudit>> = OnceLock::new();
+    AUDITS.get_or_init(|| {
+        let table = ModelTable::shipped();
+        let make = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+        let files = discover(&[transcripts()], &SessionFilter::default()).unwrap();
+        let mut audits: Vec<SessionAudit> = files.par_iter().map(|f| audit_session(f, &load_session(&f.path).unwrap(), &table, &make)).collect();
+        sort_audits(&mut audits);
+        audits
+    })
+}
+
+#[test]
+fn audit_table_of_the_shipped_sessions() {
+    let audits = audits();
+    let (rows, total) = group(audits, GroupBy::Session);
+    let table = audit_table(&rows, &total, GroupBy::Session, false);
+    for line in table.lines() {
+        assert!(line.chars().count() <= 100, "wider than 100 columns: {line}");
+    }
+    // Largest loss first.
+    assert!(rows.windows(2).all(|w| w[0].lost.cost_usd >= w[1].lost.cost_usd));
+    insta::assert_snapshot!("audit_table", table);
+    let (rows, total) = group(audits, GroupBy::Project);
+    insta::assert_snapshot!("audit_table_by_project_breakdown", audit_table(&rows, &total, GroupBy::Project, true));
+}
+
+#[test]
+fn grouped_rows_add_up_to_the_total() {
+    let audits = audits();
+    let billed: f64 = audits.iter().map(|a| a.billed.cost_usd).sum();
+    for by in [GroupBy::Session, GroupBy::Project, GroupBy::Day] {
+        let (rows, total) = group(audits, by);
+        let cost: f64 = rows.iter().map(|r| r.cost_usd).sum();
+        let lost: f64 = rows.iter().map(|r| r.lost.cost_usd).sum();
+        let tokens: u64 = rows.iter().map(|r| r.tokens.total()).sum();
+        let calls: u64 = rows.iter().map(|r| r.calls).sum();
+        assert!((cost - total.cost_usd).abs() < 1e-6 && (total.cost_usd - billed).abs() < 1e-6, "{by:?}");
+        assert!((lost - total.lost.cost_usd).abs() < 1e-6, "{by:?}");
+        assert_eq!((tokens, calls), (total.tokens.total(), total.calls), "{by:?}");
+        let csv = String::from_utf8(audit_csv(&rows, &total, by)).unwrap();
+        let widths: Vec<usize> = csv.lines().map(|l| l.split(',').count()).collect();
+        assert_eq!(widths.len(), rows.len() + 2);
+        assert!(widths.iter().all(|w| *w == widths[0]), "{by:?}: {widths:?}");
+    }
+    // Breaks cost what their tokens cost written instead of read: never more than the bill.
+    for a in audits {
+        assert!(a.lost.cost_usd <= a.billed.cost_usd, "{}", a.session_id);
+        let by_cause: u64 = a.breaks.values().map(|b| b.tokens).sum();
+        assert_eq!(by_cause, a.lost.tokens);
+    }
+}
+
+#[test]
+fn html_report_has_every_plot_and_every_link_resolves() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_audit_html(dir.path(), audits()).unwrap();
+    let index = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
+    let doc = roxmltree::Document::parse_with_options(&index, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).unwrap();
+    let svg_ids: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("svg")).filter_map(|n| n.attribute("id")).collect();
+    assert_eq!(svg_ids, ["cost-per-day", "whatifs"]);
+    let bars = doc.descendants().filter(|n| n.has_tag_name("rect") && n.attribute("class") == Some("bar")).count();
+    assert!(bars > 10, "{bars}");
+    let links: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("a")).filter_map(|n| n.attribute("href")).collect();
+    assert_eq!(links.len(), 16);
+    for link in &links {
+        let page = dir.path().join(link);
+        assert!(written.contains(&page), "{link}");
+        let text = std::fs::read_to_string(&page).unwrap();
+        let doc = roxmltree::Document::parse_with_options(&text, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).unwrap();
+        assert!(doc.descendants().any(|n| n.has_tag_name("svg") && n.attribute("id") == Some("context-per-call")), "{link}");
+        assert!(doc.descendants().any(|n| n.has_tag_name("a") && n.attribute("href") == Some("index.html")));
+    }
+    // Breaks are marked and named on the pages of sessions that had them.
+    let top = &audits()[0];
+    assert!(top.lost.breaks > 0);
+    let page = std::fs::read_to_string(dir.path().join(links[0])).unwrap();
+    let marks = page.matches("class=\"break\"").count() as u64;
+    assert!(marks > 0 && marks <= top.lost.breaks, "{marks}");
+}
+
+#[test]
+fn audit_output_is_the_same_for_one_and_two_threads() {
+    let dir = transcripts();
+    let run = |jobs: &str| {
+        let out = ctxsim(&["audit", dir.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--json", "--jobs", jobs], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let one = run("1");
+    assert_eq!(one, run("2"));
+    let json: Value = serde_json::from_slice(&one).unwrap();
+    assert_eq!(json["rows"].as_array().unwrap().len(), 5);
+    assert!(json["whatifs_awaiting"].as_str().unwrap().contains("autocompact"));
+}
+
+/// A Parquet file read back: column names and rows as (name → value) maps.
+fn read_parquet(path: &Path) -> (Vec<String>, Vec<BTreeMap<String, parquet::record::Field>>) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let names = reader.metadata().file_metadata().schema_descr().columns().iter().map(|c| c.name().to_owned()).collect();
+    let rows = reader.get_row_iter(None).unwrap().map(|row| row.unwrap().get_column_iter().map(|(n, f)| (n.clone(), f.clone())).collect()).collect();
+    (names, rows)
+}
+
+#[test]
+fn parquet_shards_read_back_as_the_whole_table() {
+    use parquet::record::Field;
+    let dir = tempfile::tempdir().unwrap();
+    let input = transcripts();
+    let common = ["audit", input.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--no-progress"];
+    let csv_out = ctxsim(&[&common[..], &["--csv"]].concat(), &[]);
+    assert!(csv_out.status.success());
+    let csv_text = String::from_utf8(csv_out.stdout).unwrap();
+    let header: Vec<&str> = csv_text.lines().next().unwrap().split(',').collect();
+    let mut shard_rows = Vec::new();
+    for shard in ["0/2", "1/2"] {
+        let path = dir.path().join(format!("audit-{}.parquet", &shard[..1]));
+        let out = ctxsim(&[&common[..], &["--format", "parquet", "-o", path.to_str().unwrap(), "--shard", shard]].concat(), &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let (names, rows) = read_parquet(&path);
+        assert_eq!(names, header, "the Parquet columns are the CSV's");
+        shard_rows.extend(rows);
+    }
+    // Five sessions over two shards (3 + 2), no total row; the cost adds up to the CSV's total.
+    assert_eq!(shard_rows.len(), 5);
+    let cost: f64 = shard_rows.iter().map(|r| match r["cost_usd"] { Field::Double(v) => v, ref f => panic!("{f:?}") }).sum();
+    let total_line = csv_text.lines().last().unwrap();
+    let total: f64 = total_line.split(',').nth(header.iter().position(|h| *h == "cost_usd").unwrap()).unwrap().parse().unwrap();
+    assert!((cost - total).abs() < 1e-5, "{cost} vs {total}");
+    assert!(shard_rows.iter().all(|r| matches!(&r["project"], Field::Str(p) if p == "entireio-cli")));
+    // --format parquet without a file is a usage error.
+    let out = ctxsim(&[&common[..], &["--format", "parquet"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_trace_is_written_as_parquet_with_the_csv_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = transcripts().join("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl");
+    let (pq, csv) = (dir.path().join("t.parquet"), dir.path().join("t.csv"));
+    for trace in [&pq, &csv] {
+        let out = ctxsim(&["replay", session.to_str().unwrap(), "--estimator", "chars4", "--quiet", "--trace", trace.to_str().unwrap()], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (names, rows) = read_parquet(&pq);
+    let csv_text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(names.join(","), csv_text.lines().next().unwrap());
+    assert_eq!(rows.len(), csv_text.lines().count() - 1);
+    assert!(rows.len() >= 30);
+}
