@@ -289,15 +289,20 @@ impl Measurer {
 
     /// The table entry of `model`, the last one remembered.
     fn model_info(&mut self, model: &str) -> Result<&ModelInfo, UnknownModel> {
-        let index = match &self.last_model {
+        let index = self.model_index(model)?;
+        Ok(&self.table.models[index])
+    }
+
+    /// The table index of `model`'s entry, the last one remembered.
+    fn model_index(&mut self, model: &str) -> Result<usize, UnknownModel> {
+        Ok(match &self.last_model {
             Some((last, index)) if last == model => *index,
             _ => {
                 let index = self.table.lookup_index(model)?;
                 self.last_model = Some((model.to_owned(), index));
                 index
             }
-        };
-        Ok(&self.table.models[index])
+        })
     }
 
     /// [`Self::serve`] with a key per message ([`Flattener::flatten_keyed`]).
@@ -375,9 +380,8 @@ impl Measurer {
         if input.rejected.is_none() {
             input.rejected = edit_error;
         }
-        let info = self.model_info(&input.body.model)?;
-        let min_cacheable_tokens = info.min_cacheable_tokens;
-        let info_index = self.last_model.as_ref().map(|(_, i)| *i).expect("model_info remembers the model");
+        let info_index = self.model_index(&input.body.model)?;
+        let min_cacheable_tokens = self.table.models[info_index].min_cacheable_tokens;
         for event in &input.events {
             for lane in self.lanes.values_mut() {
                 lane.pending_events.push(event.clone());
