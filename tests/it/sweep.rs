@@ -107,16 +107,16 @@ fn sweep_output(args: &[&str], out: &Path) -> (String, String) {
     (String::from_utf8(run.stdout).unwrap(), String::from_utf8(run.stderr).unwrap())
 }
 
-/// The issue's case: on a real session the replay does not honour the autocompact buffer, so
-/// the 12 points are equal. The sweep says so per input (stderr, recommendation, JSON, CSV,
-/// HTML) and recommends nothing instead of point 0.
+/// On a real session the replay does not honour the tool result budget (the recorded results
+/// are what the client sent), so the 12 points are equal. The sweep says so per input (stderr,
+/// recommendation, JSON, CSV, HTML) and recommends nothing instead of point 0.
 #[test]
 fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
     let dir = tempfile::tempdir().unwrap();
     let session = crate::support::realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
     let session = session.display().to_string();
-    let (stdout, stderr) = sweep_output(&[session.as_str(), "--param", "compact.autocompact.buffer_tokens=5000..60000:5000"], dir.path());
-    let warning = "warning: no effect on 258c7280-ae70-4798-800f-63464d01a85d.jsonl: compact.autocompact.buffer_tokens changed no result \
+    let (stdout, stderr) = sweep_output(&[session.as_str(), "--param", "compact.tool_result_budget.default_chars=5000..60000:5000"], dir.path());
+    let warning = "warning: no effect on 258c7280-ae70-4798-800f-63464d01a85d.jsonl: compact.tool_result_budget.default_chars changed no result \
                    (the replay of a recording does not honour this knob";
     assert!(stderr.contains(warning), "stderr: {stderr}");
     assert!(stdout.contains(warning), "stdout: {stdout}");
@@ -124,11 +124,31 @@ fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
     assert!(!stdout.contains("Recommended: point"), "{stdout}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("sweep.json")).unwrap()).unwrap();
     assert_eq!(json["recommended"], serde_json::Value::Null);
-    assert_eq!(json["no_effect"][0]["param"], "compact.autocompact.buffer_tokens");
+    assert_eq!(json["no_effect"][0]["param"], "compact.tool_result_budget.default_chars");
     assert_eq!(json["points"].as_array().unwrap().len(), 12);
     let csv = std::fs::read_to_string(dir.path().join("no_effect.csv")).unwrap();
     assert_eq!(csv.lines().count(), 2, "{csv}");
     assert!(std::fs::read_to_string(dir.path().join("sweep.html")).unwrap().contains("id=\"no-effect\""));
+}
+
+/// Issue 13's case: the autocompact buffer on a real session with a recorded automatic
+/// compaction. The replay now moves the compaction (tests/it/whatif.rs), so the 12 points differ,
+/// no warning is given, and the recommendation weighs real differences.
+#[test]
+fn the_autocompact_buffer_changes_a_real_session_in_a_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = crate::support::realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let session = session.display().to_string();
+    let (stdout, stderr) = sweep_output(&[session.as_str(), "--param", "compact.autocompact.buffer_tokens=5000..60000:5000"], dir.path());
+    assert!(!stderr.contains("no effect"), "stderr: {stderr}");
+    assert!(stdout.contains("Recommended: point"), "{stdout}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("sweep.json")).unwrap()).unwrap();
+    let points = json["points"].as_array().unwrap();
+    assert_eq!(points.len(), 12);
+    let mut costs: Vec<&str> = points.iter().map(|p| p["cost_usd"].as_str().unwrap()).collect();
+    costs.sort_unstable();
+    costs.dedup();
+    assert!(costs.len() >= 3, "{costs:?}");
 }
 
 /// A knob that does matter gives no warning: the autocompact buffer moves the threshold across
