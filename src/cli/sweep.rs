@@ -27,7 +27,8 @@ pub struct SweepArgs {
     /// `key=value` applied to the base strategy (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
-    /// Output directory (sweep.csv, recommendation.txt, pareto.svg/png, sweep.html).
+    /// Output directory (sweep.csv, sweep.json, no_effect.csv, recommendation.txt, pareto.svg/png,
+    /// sweep.html). Parameters that changed no result on an input are also warned about on stderr.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Run only grid points ≡ I (mod N) and write a partial CSV (`sweep.partI.csv`).

@@ -143,8 +143,12 @@ impl Reason {
     pub fn find(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input) -> Reason {
         let key = &grid.params[param].key;
         if matches!(input.loaded, LoadedInput::Session(_)) {
+            // Every point against the one that differs from it in this knob only, set to its
+            // first value.
             let options: Vec<_> = strategies.iter().map(crate::replay::ReplayOptions::from_strategy).collect();
-            if options.windows(2).all(|w| w[0] == w[1]) {
+            let n = grid.params[param].values.len();
+            let stride: usize = grid.params[param + 1..].iter().map(|p| p.values.len()).product();
+            if (0..options.len()).all(|p| options[p] == options[p - ((p / stride) % n) * stride]) {
                 return Reason::Known(
                     "the replay of a recording does not honour this knob: it honours the main lane's TTL, the recorded microcompacts, \
                      the peer mechanisms, API context editing and the autocompact settings, and the recording fixes the rest"

@@ -231,3 +231,15 @@ fn param_effects_hold_the_other_params_fixed() {
     let effects: Vec<(usize, usize, usize)> = param_effects(&grid, &outcomes).iter().map(|e| (e.input, e.param, e.distinct)).collect();
     assert_eq!(effects, [(0, 0, 2), (0, 1, 1), (1, 0, 2), (1, 1, 2)]);
 }
+
+/// The replay reason is judged between points that differ in the knob only: a second knob the
+/// replay honours (the TTL) does not hide it.
+#[test]
+fn the_replay_reason_holds_beside_a_knob_that_matters() {
+    let dir = tempfile::tempdir().unwrap();
+    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recordings/entireio-7662d755ef9f-2.jsonl").display().to_string();
+    let (_, stderr) =
+        sweep_output(&[recording.as_str(), "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.autocompact.buffer_tokens=10000,40000"], dir.path());
+    assert!(stderr.contains("compact.autocompact.buffer_tokens changed no result (the replay of a recording does not honour this knob"), "{stderr}");
+    assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
+}
