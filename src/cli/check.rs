@@ -72,8 +72,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     let scenarios = files.iter().map(load_scenario).collect::<Result<Vec<_>, _>>()?;
     let baseline = match (&args.baseline, args.update_baseline) {
         (Some(path), false) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("failed to read baseline {}", path.display()))?;
-            Some(Baseline::parse(&text, &path.display().to_string())?)
+            Some(Baseline::load(path)?)
         }
         _ => None,
     };

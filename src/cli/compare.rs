@@ -31,9 +31,12 @@ pub struct CompareArgs {
     pub measure: MeasureOpts,
 }
 
-pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
+pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let inputs = load_inputs(&args.inputs)?;
+    for input in &inputs {
+        diag.report(&input.warnings);
+    }
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;

@@ -9,14 +9,16 @@ use crate::report::output::write_atomic;
 
 use super::args::{FidelityArgs, FidelityFormat};
 
-pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
+pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     // A fit tokenizes with bpe whatever the estimator.
     super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
     let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
     let mut sessions = Vec::new();
     for path in &args.transcripts {
-        sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);
+        let session = load_session(path).with_context(|| format!("failed to read {}", path.display()))?;
+        diag.report(&session.report.warnings);
+        sessions.push(session);
     }
     if let Some(out) = &args.fit {
         let mut samples = std::collections::BTreeMap::new();
@@ -57,7 +59,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
-        reports.push(fidelity_for_session(&replay, &table, args.calls || args.plot.is_some()));
+        let mut report = fidelity_for_session(&replay, &table, args.calls || args.plot.is_some());
+        report.warnings = session.report.warnings.list.clone();
+        reports.push(report);
     }
     if let Some(dir) = &args.plot {
         for path in write_fidelity_plots(dir, &reports)? {

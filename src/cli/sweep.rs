@@ -44,7 +44,7 @@ pub struct SweepArgs {
     pub measure: MeasureOpts,
 }
 
-pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
+pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
         let (signature, header, rows) = merge(&args.merge)?;
@@ -60,6 +60,9 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
     let params: Vec<Param> = args.params.iter().map(|p| Param::parse(p)).collect::<anyhow::Result<_>>()?;
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
     let inputs = load_inputs(&args.inputs)?;
+    for input in &inputs {
+        diag.report(&input.warnings);
+    }
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {

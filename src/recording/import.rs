@@ -64,6 +64,9 @@ pub fn detect_format_from<R: BufRead>(mut reader: R, file: &str) -> Result<Input
             return Err(ImportError::Detect { file: file.to_owned(), message: "the file is empty".into() });
         }
         number += 1;
+        if number == 1 && bytes.starts_with(crate::input::BOM) {
+            bytes.drain(..crate::input::BOM.len());
+        }
         if !bytes.iter().all(u8::is_ascii_whitespace) {
             break;
         }
@@ -73,9 +76,12 @@ pub fn detect_format_from<R: BufRead>(mut reader: R, file: &str) -> Result<Input
         // A JSON array of bare request bodies: the alternative form of a request log.
         return Ok(InputFormat::RequestLog);
     }
+    if let Some(column) = crate::input::invalid_utf8_column(&bytes) {
+        return Err(ImportError::Detect { file: file.to_owned(), message: format!("line {number}: invalid UTF-8 at byte column {column}") });
+    }
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| ImportError::Detect {
         file: file.to_owned(),
-        message: format!("line {number} is not JSON: {e}"),
+        message: format!("line {number} is not JSON: {}", crate::input::cap_message(&e.to_string())),
     })?;
     let Value::Object(map) = value else {
         return Err(ImportError::Detect { file: file.to_owned(), message: format!("line {number} is not a JSON object") });
@@ -117,6 +123,9 @@ pub fn import(input: &Path, from: Option<InputFormat>, output: &Path) -> Result<
     match format {
         InputFormat::ClaudeCode => {
             let session = import_claude_code(input)?;
+            if session.report.records_by_type.is_empty() {
+                return Err(session.report.nothing_read("transcript record"));
+            }
             write_recording(output, &session.recording)?;
             Ok(session.report)
         }

@@ -73,6 +73,10 @@ pub struct FidelityReport {
     pub user_context_tokens: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallComparison>,
+    /// Lines or records of the input that were skipped (file, line, field); filled by the
+    /// caller that read the input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<crate::recording::LineWarning>,
 }
 
 fn mostly_rewritten(creation: f64, context: f64) -> bool {
@@ -154,6 +158,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         prefix_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.prefix_tokens),
         user_context_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.user_context_tokens),
         calls: if with_calls { calls } else { Vec::new() },
+        warnings: Vec::new(),
     }
 }
 

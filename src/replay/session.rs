@@ -178,10 +178,25 @@ impl SessionReplay {
 }
 
 /// Reads a Claude Code transcript (with its subagent files) or a ctxsim recording.
+///
+/// Nothing is dropped silently: the lines skipped are in `report.warnings` (the caller prints
+/// them), and an input with no record at all is an error.
 pub fn load_session(path: &Path) -> Result<ImportedSession, ImportError> {
     match detect_format(path)? {
-        InputFormat::ClaudeCode => import_claude_code(path),
-        InputFormat::Recording => Ok(ImportedSession::from_recording(read_recording(path)?.recording)),
+        InputFormat::ClaudeCode => {
+            let session = import_claude_code(path)?;
+            if session.report.records_by_type.is_empty() {
+                return Err(session.report.nothing_read("transcript record"));
+            }
+            Ok(session)
+        }
+        InputFormat::Recording => {
+            let read = read_recording(path)?;
+            let mut session = ImportedSession::from_recording(read.recording);
+            session.report.input = path.display().to_string();
+            session.report.warnings = read.warnings;
+            Ok(session)
+        }
         other => Err(ImportError::Unsupported {
             file: path.display().to_string(),
             message: format!("replay reads transcripts and recordings, not a {}", other.as_str()),

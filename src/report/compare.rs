@@ -32,6 +32,9 @@ pub enum LoadedInput {
 pub struct Input {
     pub name: String,
     pub loaded: LoadedInput,
+    /// Lines or records skipped while reading it (a session's bad lines); every evaluation's
+    /// summary carries them.
+    pub warnings: crate::recording::Warnings,
 }
 
 /// Expands directories (sorted; `*.yaml`/`*.yml` scenarios and `*.jsonl` sessions, not
@@ -57,12 +60,15 @@ pub fn load_inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
         .into_iter()
         .map(|file| {
             let name = file.display().to_string();
+            let mut warnings = crate::recording::Warnings::default();
             let loaded = if file.extension().is_some_and(|e| e == "yaml" || e == "yml") {
                 LoadedInput::Scenario(Box::new(crate::scenario::load_scenario(&file)?))
             } else {
-                LoadedInput::Session(Box::new(load_session(&file)?))
+                let session = load_session(&file)?;
+                warnings = session.report.warnings.clone();
+                LoadedInput::Session(Box::new(session))
             };
-            Ok(Input { name, loaded })
+            Ok(Input { name, loaded, warnings })
         })
         .collect()
 }
@@ -127,6 +133,7 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
             let rows = replay.rows();
             let mut summary = Summary::from_rows(&input.name, &strategy.name, measurer.counter().kind().name(), &rows, 0);
             summary.info_loss = replay.info_loss.clone();
+            summary.warnings = input.warnings.list.clone();
             let mut compactions = summary.compactions.clone();
             for row in rows.iter().filter(|r| r.stages.is_empty()) {
                 for event in &row.events {

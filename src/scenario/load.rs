@@ -14,7 +14,19 @@ use super::schema::Scenario;
 /// Loads and validates a scenario file.
 pub fn load_scenario(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: path.to_path_buf(), source })?;
+    let text = crate::input::read_text(path).map_err(|e| match e {
+        crate::input::TextError::Read { source, .. } => ScenarioError::Io { path: path.to_path_buf(), source },
+        crate::input::TextError::Empty { file } => {
+            ScenarioError::Invalid(Diagnostic { file, line: None, column: None, field: String::new(), message: "the file is empty".into() })
+        }
+        crate::input::TextError::Utf8 { file, line, column, byte } => ScenarioError::Invalid(Diagnostic {
+            file,
+            line: Some(line),
+            column: Some(column),
+            field: String::new(),
+            message: format!("invalid UTF-8 (byte 0x{byte:02x})"),
+        }),
+    })?;
     let mut scenario = parse_scenario(&text, &path.display().to_string())?;
     let base = path.parent().unwrap_or(Path::new("."));
     for mount in scenario.world.mount.clone() {
@@ -33,6 +45,7 @@ pub fn load_scenario(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> 
 
 /// Parses and validates scenario text; `file_name` is used in messages only.
 pub fn parse_scenario(text: &str, file_name: &str) -> Result<Scenario, ScenarioError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let deserializer = serde_norway::Deserializer::from_str(text);
     let raw: RawScenario = serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let mut path: Vec<Seg> = err
@@ -91,6 +104,6 @@ fn from_yaml_error(err: &serde_norway::Error, file_name: &str) -> Diagnostic {
         line: location.as_ref().map(|l| l.line()),
         column: location.as_ref().map(|l| l.column()),
         field: String::new(),
-        message,
+        message: crate::input::cap_message(&message),
     }
 }

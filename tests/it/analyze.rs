@@ -12,7 +12,7 @@ fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<St
     let whole = (|| {
         let log = read_log(std::io::Cursor::new(text), "log.jsonl").map_err(|e| e.to_string())?;
         let rows = analyze(&log, &mut measurer(), "log.jsonl").map_err(|e| e.to_string())?;
-        Ok((rows, log.warnings))
+        Ok((rows, log.warnings.iter().map(ToString::to_string).collect()))
     })();
     let streamed = stream_log(text);
     let show = |r: &Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String>| match r {
@@ -27,7 +27,7 @@ fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<St
 fn stream_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String> {
     let mut reader = LogReader::new(std::io::Cursor::new(text), "log.jsonl");
     let rows = analyze_stream(&mut reader, &mut measurer(), "log.jsonl").map_err(|e| e.to_string())?;
-    Ok((rows, reader.warnings().to_vec()))
+    Ok((rows, reader.warnings().iter().map(ToString::to_string).collect()))
 }
 
 fn check_error(text: &str, expect: &str) {
@@ -135,7 +135,7 @@ fn a_truncated_last_line_is_reported_and_the_rest_measured() {
     let (rows, warnings) = check_log(&text).unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(warnings.len(), 1);
-    assert!(warnings[0].starts_with("log.jsonl:3: the last line is truncated"), "{}", warnings[0]);
+    assert!(warnings[0].starts_with("log.jsonl:3: skipped truncated last line"), "{}", warnings[0]);
 }
 
 #[test]
@@ -259,7 +259,7 @@ fn the_cli_streams_a_log_file() {
     };
     let (code, stdout, stderr) = run(&["analyze", "log.jsonl", "--estimator", "chars4", "--format", "json", "--trace", "trace.jsonl"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("log.jsonl:151: the last line is truncated"), "{stderr}");
+    assert!(stderr.contains("log.jsonl:151: skipped truncated last line"), "{stderr}");
     let summary: Value = serde_json::from_str(&stdout).unwrap();
     let requests = summary.pointer("/0/requests").or_else(|| summary.pointer("/requests")).and_then(Value::as_u64);
     assert_eq!(requests, Some(150), "{stdout}");

@@ -14,6 +14,7 @@ mod compact;
 mod real_client;
 mod recording;
 mod requests;
+mod robustness;
 mod check;
 mod compare;
 mod context_editing;
