@@ -42,8 +42,11 @@ impl Outcome {
     }
 }
 
+/// A reader's harness.
+pub type Harness = fn(&[u8]) -> Outcome;
+
 /// The readers, by name (the names of the fuzz targets).
-pub const READERS: &[(&str, fn(&[u8]) -> Outcome)] = &[
+pub const READERS: &[(&str, Harness)] = &[
     ("recording", recording),
     ("transcript", transcript),
     ("request_log", request_log),
@@ -60,7 +63,7 @@ pub const READERS: &[(&str, fn(&[u8]) -> Outcome)] = &[
 ];
 
 /// The harness of a reader by name.
-pub fn reader(name: &str) -> Option<fn(&[u8]) -> Outcome> {
+pub fn reader(name: &str) -> Option<Harness> {
     READERS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
