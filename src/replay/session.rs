@@ -40,7 +40,7 @@ use crate::measure::tokens::{bpe, chars4};
 use crate::measure::{EstimatorKind, FlatRequest, MeasureInput, Measurer, RequestMetrics};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
 use crate::recording::{
-    EventKind, ImportError, ImportedSession, InputFormat, RecordedCall, detect_format, import_claude_code,
+    EventKind, ImportError, ImportedSession, InputFormat, RecordedCall, detect_format_at, import_claude_code,
     read_recording,
 };
 
@@ -182,7 +182,8 @@ impl SessionReplay {
 /// Nothing is dropped silently: the lines skipped are in `report.warnings` (the caller prints
 /// them), and an input with no record at all is an error.
 pub fn load_session(path: &Path) -> Result<ImportedSession, ImportError> {
-    match detect_format(path)? {
+    let (format, line) = detect_format_at(path)?;
+    match format {
         InputFormat::ClaudeCode => {
             let session = import_claude_code(path)?;
             if session.report.records_by_type.is_empty() {
@@ -199,7 +200,7 @@ pub fn load_session(path: &Path) -> Result<ImportedSession, ImportError> {
         }
         other => Err(ImportError::Unsupported {
             file: path.display().to_string(),
-            message: format!("replay reads transcripts and recordings, not a {}", other.as_str()),
+            message: format!("line {line} is the start of a {}; replay reads transcripts and recordings", other.as_str()),
         }),
     }
 }

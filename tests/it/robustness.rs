@@ -443,7 +443,7 @@ fn robustness_the_binary_exits_2_naming_the_line_of_what_it_dropped() {
         };
         let file = dir.path().join(format!("input-{}.{extension}", seed.reader));
         let Some(args) = cli_args(seed.reader, &file, dir.path()) else { continue };
-        let per_seed = 30 / seeds.iter().filter(|s| s.reader == seed.reader).count();
+        let per_seed = 30_usize.div_ceil(seeds.iter().filter(|s| s.reader == seed.reader).count());
         for i in 0..per_seed {
             // The classes whose reading is certain (the others' outcome depends on which
             // field changed, which the in-process suite covers).
