@@ -283,7 +283,8 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
     /// A log cut anywhere, or with a line damaged anywhere, is measured the same whole and
     /// streamed: the same rows and warnings, or the same error (`check_log` compares them).
-    /// A cut inside the last line is a warning, never an error or a panic.
+    /// A cut inside the last line is a warning, never a panic; a cut before the end of the
+    /// first line leaves no request, which is an error.
     #[test]
     fn a_cut_or_damaged_log_reads_the_same_whole_and_streamed(cut in 0.0f64..1.0, damage in proptest::option::of((0.0f64..1.0, 0u8..128))) {
         let text = cut_log_text();
@@ -297,10 +298,15 @@ proptest::proptest! {
         let text = String::from_utf8_lossy(&bytes);
         let result = check_log(&text);
         if damage.is_none() {
+            let complete = text.matches('\n').count();
+            // A cut that leaves no request at all is an error (issue 14: never "0 requests").
+            if let Err(e) = &result {
+                proptest::prop_assert!(complete == 0 && e.starts_with("log.jsonl: no request in it"), "{e}");
+                return Ok(());
+            }
             let (rows, warnings) = result.expect("a cut log is measured up to the cut");
             // Every line ended by a newline is measured; a last line without one is measured
             // when it is whole (the cut fell right after it), else it is the one warning.
-            let complete = text.matches('\n').count();
             let last_whole = rows.len() == complete + 1 && warnings.is_empty();
             proptest::prop_assert!(rows.len() == complete || last_whole, "{} rows for {complete} complete lines", rows.len());
             proptest::prop_assert!(warnings.len() <= 1);
