@@ -22,6 +22,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::api::{Message, Request, Usage};
+use crate::recording::format::{RawLines, LineWarning, WarningKind};
 use crate::measure::blocks::{FlatRequest, parse_request};
 use crate::measure::{EstimatorKind, MeasureInput, Measurer, RequestMetrics, UnknownModel};
 
@@ -58,13 +59,16 @@ pub enum AnalyzeError {
     Line { path: String, line: usize, message: String },
     #[error("{path}:{line}: {source}")]
     Model { path: String, line: usize, source: UnknownModel },
+    /// No request at all: an empty file, or its only line cut.
+    #[error("{path}: no request in it ({message})")]
+    Empty { path: String, message: String },
 }
 
 /// A log, read: the entries and the warnings (a truncated last line).
 #[derive(Debug, Default)]
 pub struct RequestLog {
     pub entries: Vec<LogEntry>,
-    pub warnings: Vec<String>,
+    pub warnings: Vec<LineWarning>,
 }
 
 #[derive(Deserialize)]
@@ -108,7 +112,7 @@ impl<'de> Deserialize<'de> for RawFields<'de> {
 }
 
 fn line_error(path: &str, line: usize, message: impl Into<String>) -> AnalyzeError {
-    AnalyzeError::Line { path: path.to_owned(), line, message: message.into() }
+    AnalyzeError::Line { path: path.to_owned(), line, message: crate::input::cap_message(&message.into()) }
 }
 
 fn parse_time(text: &str) -> Result<u64, String> {
@@ -223,9 +227,10 @@ fn parse_line(raw: RawLine<'_>, line: usize, interner: &mut Interner) -> Result<
 /// Reads a request log entry by entry, so that a log is measured without holding all of it
 /// ([`analyze_stream`]; [`read_log`] collects it). A malformed line is an error naming the
 /// line; a truncated *last* line is a warning ([`LogReader::warnings`]) and the rest is used.
-/// Times are made relative to the first entry's.
+/// A log without any request (empty, blank, or only a cut line) is an error
+/// ([`AnalyzeError::Empty`]). Times are made relative to the first entry's.
 pub struct LogReader<R: BufRead> {
-    lines: std::iter::Peekable<std::iter::Enumerate<std::io::Lines<R>>>,
+    lines: std::iter::Peekable<RawLines<R>>,
     path: String,
     interner: Interner,
     seen_content: bool,
@@ -236,14 +241,16 @@ pub struct LogReader<R: BufRead> {
     last_time: u64,
     /// Entries handed out so far.
     read: usize,
-    warnings: Vec<String>,
+    warnings: Vec<LineWarning>,
     done: bool,
+    /// Lines read so far (blank ones included), for the message of an empty log.
+    lines_read: usize,
 }
 
 impl<R: BufRead> LogReader<R> {
     pub fn new(reader: R, path: &str) -> LogReader<R> {
         LogReader {
-            lines: reader.lines().enumerate().peekable(),
+            lines: RawLines::new(reader).peekable(),
             path: path.to_owned(),
             interner: Interner::default(),
             seen_content: false,
@@ -253,28 +260,43 @@ impl<R: BufRead> LogReader<R> {
             read: 0,
             warnings: Vec::new(),
             done: false,
+            lines_read: 0,
         }
     }
 
     /// What was read with a warning so far (a truncated last line).
-    pub fn warnings(&self) -> &[String] {
+    pub fn warnings(&self) -> &[LineWarning] {
         &self.warnings
     }
 
     /// The next entry, or `None` at the end of the log.
     pub fn next_entry(&mut self) -> Result<Option<LogEntry>, AnalyzeError> {
-        let Some(mut entry) = self.next_raw()? else { return Ok(None) };
+        let Some(mut entry) = self.next_raw()? else {
+            if self.read == 0 {
+                let message = match self.warnings.first() {
+                    Some(first) => format!("{} lines; {first}", self.lines_read),
+                    None if self.lines_read > 0 => format!("the file is empty: {} blank lines", self.lines_read),
+                    None => "the file is empty".to_owned(),
+                };
+                return Err(AnalyzeError::Empty { path: self.path.clone(), message });
+            }
+            return Ok(None);
+        };
         let first = *self.first_time.get_or_insert(entry.time_ms);
         let time = entry.time_ms.saturating_sub(first);
         if time < self.last_time || entry.time_ms < first {
             // Time going backwards is not a log a client wrote in order: said, with the line.
-            self.warnings.push(format!(
-                "{}:{}: time_ms: {} goes back before the previous entry's time ({} ms earlier)",
-                self.path,
-                entry.line,
-                entry.time_ms,
-                (self.last_time + first).saturating_sub(entry.time_ms)
-            ));
+            self.warnings.push(LineWarning {
+                kind: crate::recording::WarningKind::Suspect,
+                file: self.path.clone(),
+                line: entry.line,
+                path: Some("time_ms".into()),
+                message: format!(
+                    "{} goes back before the previous entry's time ({} ms earlier); the entry is kept at its own time",
+                    entry.time_ms,
+                    (self.last_time + first).saturating_sub(entry.time_ms)
+                ),
+            });
         }
         entry.time_ms = time;
         self.last_time = self.last_time.max(time);
@@ -288,19 +310,23 @@ impl<R: BufRead> LogReader<R> {
         }
         let path = self.path.as_str();
         while !self.done
-            && let Some((i, line)) = self.lines.next()
+            && let Some(line) = self.lines.next()
         {
             let line = line.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?;
-            let number = i + 1;
-            if line.trim().is_empty() {
+            let number = line.number;
+            self.lines_read = number;
+            if line.is_blank() {
                 continue;
             }
+            let line = utf8_line(line.bytes, path, number)?;
             if !self.seen_content && line.trim_start().starts_with('[') {
                 // A JSON array of bare bodies: read the whole rest as one document.
                 let mut text = line;
-                for (_, rest) in self.lines.by_ref() {
+                for rest in self.lines.by_ref() {
+                    let rest = rest.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?;
+                    self.lines_read = rest.number;
                     text.push('\n');
-                    text.push_str(&rest.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?);
+                    text.push_str(&utf8_line(rest.bytes, path, rest.number)?);
                 }
                 self.done = true;
                 self.pending = read_array(&text, path)?.into();
@@ -316,15 +342,21 @@ impl<R: BufRead> LogReader<R> {
             let raw = match parsed {
                 Ok(raw) => raw,
                 Err((_, e)) if is_last && e.is_eof() => {
-                    self.warnings.push(format!("{path}:{number}: the last line is truncated ({e}); measured the {} lines before it", self.read));
+                    self.warnings.push(LineWarning {
+                        kind: WarningKind::TruncatedTail,
+                        file: path.to_owned(),
+                        line: number,
+                        path: None,
+                        message: format!("cut before its end ({e}); measured the {} requests before it", self.read),
+                    });
                     self.done = true;
                     return Ok(None);
                 }
                 Err((field, e)) if e.is_data() => {
-                    let message = without_position(&e);
+                    let message = crate::input::cap_message(&without_position(&e));
                     return Err(line_error(path, number, if field == "." { message } else { format!("{field}: {message}") }));
                 }
-                Err((_, e)) => return Err(line_error(path, number, format!("malformed JSON: {e}"))),
+                Err((_, e)) => return Err(line_error(path, number, format!("malformed JSON: {}", crate::input::cap_message(&e.to_string())))),
             };
             let entry = parse_line(raw, number, &mut self.interner).map_err(|m| line_error(path, number, m))?;
             return Ok(Some(entry));
@@ -345,8 +377,17 @@ pub fn read_log(reader: impl BufRead, path: &str) -> Result<RequestLog, AnalyzeE
     Ok(log)
 }
 
+/// A line as text; invalid UTF-8 is an error naming the line and byte column.
+fn utf8_line(bytes: Vec<u8>, path: &str, number: usize) -> Result<String, AnalyzeError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let column = e.utf8_error().valid_up_to() + 1;
+        line_error(path, number, format!("invalid UTF-8 at byte column {column}"))
+    })
+}
+
 fn read_array(text: &str, path: &str) -> Result<Vec<LogEntry>, AnalyzeError> {
-    let items: Vec<Value> = serde_json::from_str(text).map_err(|e| line_error(path, e.line(), format!("malformed JSON: {e}")))?;
+    let items: Vec<Value> = serde_json::from_str(text)
+        .map_err(|e| line_error(path, e.line(), format!("malformed JSON: {}", crate::input::cap_message(&e.to_string()))))?;
     let mut entries = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let body = parse_body(item).map_err(|m| line_error(path, 1, format!("[{i}].{m}")))?;

@@ -5,6 +5,8 @@ pub mod agent;
 pub mod analyze;
 pub mod api;
 pub mod cli;
+pub mod fuzzing;
+pub mod input;
 pub mod live;
 pub mod shape;
 pub mod measure;

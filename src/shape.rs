@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::api::Request;
+use crate::recording::format::{LineWarning, RawLines, WarningKind, Warnings};
 
 /// Marker strings that name a reminder or attachment kind (facts of the wire format, first
 /// match per marker kept; a block may carry several).
@@ -347,23 +348,60 @@ pub fn render(shapes: &[RequestShape]) -> String {
 
 /// Reads shapes from a file: a JSON array of shapes (as `diff-requests --shapes-out` writes),
 /// or a request log (`analyze` format: one `{"body": …, "lane": …}` per line; a missing lane
-/// is `main`; a truncated last line is left out). A loader: the one place this module reads.
+/// is `main`). A loader: the one place this module reads. See [`read_bytes`].
 pub fn read_file(path: &std::path::Path) -> Result<Vec<RequestShape>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Ok(shapes) = serde_json::from_str::<Vec<RequestShape>>(&text) {
-        return Ok(shapes);
+    read_file_warned(path).map(|(shapes, _)| shapes)
+}
+
+/// [`read_file`] with the lines it skipped (a truncated last line of a request log).
+pub fn read_file_warned(path: &std::path::Path) -> Result<(Vec<RequestShape>, Warnings), String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("failed to read {}: {e}", path.display()))?;
+    read_bytes(&bytes, &path.display().to_string())
+}
+
+/// Shapes from a file's bytes; `file` names it in messages. Nothing is dropped silently: a
+/// bad line is an error naming it, a truncated last line (no newline, not JSON) is a warning,
+/// and an input without any request is an error.
+pub fn read_bytes(bytes: &[u8], file: &str) -> Result<(Vec<RequestShape>, Warnings), String> {
+    let text = crate::input::decode(bytes, file).map_err(|e| e.to_string())?;
+    let mut warnings = Warnings::default();
+    if text.trim_start().starts_with('[') {
+        let shapes: Vec<RequestShape> = serde_json::from_str(text).map_err(|e| {
+            format!("{file}:{}: not a JSON array of request shapes: {}", e.line(), crate::input::cap_message(&e.to_string()))
+        })?;
+        if shapes.is_empty() {
+            return Err(format!("{file}:1: no request shapes in it (an empty array)"));
+        }
+        return Ok((shapes, warnings));
     }
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let mut bodies = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        let value: Value = match serde_json::from_str(line) {
+    for line in RawLines::new(text.as_bytes()) {
+        let line = line.map_err(|e| format!("failed to read {file}: {e}"))?;
+        if line.is_blank() {
+            continue;
+        }
+        let number = line.number;
+        let value: Value = match crate::recording::format::parse_line(&line.bytes) {
             Ok(v) => v,
-            Err(_) if i + 1 == lines.len() => break,
-            Err(e) => return Err(format!("{}:{}: {e}", path.display(), i + 1)),
+            Err((_, message)) if !line.terminated => {
+                warnings.push(LineWarning { kind: WarningKind::TruncatedTail, file: file.to_owned(), line: number, path: None, message });
+                continue;
+            }
+            Err((_, message)) => return Err(format!("{file}:{number}: {message}")),
         };
-        let Some(body) = value.get("body").cloned() else { return Err(format!("{}:{}: body: missing", path.display(), i + 1)) };
-        let lane = value.get("lane").and_then(Value::as_str).unwrap_or("main").to_owned();
+        let Some(body) = value.get("body").filter(|b| b.is_object()).cloned() else {
+            return Err(format!("{file}:{number}: body: missing or not an object (expected a request log line `{{\"body\": {{...}}}}`)"));
+        };
+        let lane = match value.get("lane") {
+            None | Some(Value::Null) => "main".to_owned(),
+            Some(Value::String(lane)) => lane.clone(),
+            Some(_) => return Err(format!("{file}:{number}: lane: expected a string")),
+        };
         bodies.push((lane, body));
     }
-    Ok(shapes(bodies.iter().map(|(lane, body)| (lane.as_str(), body.clone()))))
+    if bodies.is_empty() {
+        let why = warnings.list.first().map_or(String::new(), |w| format!("; {w}"));
+        return Err(format!("{file}: no request in it{why}"));
+    }
+    Ok((shapes(bodies.iter().map(|(lane, body)| (lane.as_str(), body.clone()))), warnings))
 }

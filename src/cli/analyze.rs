@@ -5,7 +5,7 @@ use crate::report::render::render_request;
 use super::args::{AnalyzeArgs, LogSource};
 use super::common::{emit, measurer};
 
-pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
+pub fn run(args: AnalyzeArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
     let inputs = super::common::inputs_with(&args.measure, args.logs.iter().cloned());
     super::common::guard_trace(&args.measure, &inputs)?;
@@ -14,11 +14,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     for path in &args.logs {
         let name = path.display().to_string();
         let mut measurer = measurer(&args.measure)?;
+        let warnings;
         let rows = if args.explain || is_claude_trace(path, args.from)? {
             let log = read_any_log(path, args.from)?;
-            for warning in &log.warnings {
-                eprintln!("warning: {warning}");
-            }
+            warnings = diag.report_list(&log.warnings);
             let rows = analyze(&log, &mut measurer, &name)?;
             if args.explain {
                 for (entry, row) in log.entries.iter().zip(&rows) {
@@ -31,12 +30,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
             // Measured as it is read: memory is a batch of entries, not the whole log.
             let mut reader = open_log_file(path)?;
             let rows = analyze_stream(&mut reader, &mut measurer, &name)?;
-            for warning in reader.warnings() {
-                eprintln!("warning: {warning}");
-            }
+            warnings = diag.report_list(reader.warnings());
             rows
         };
-        summaries.push(Summary::from_rows(&name, "as-recorded", measurer.counter().kind().name(), &rows, 0));
+        let mut summary = Summary::from_rows(&name, "as-recorded", measurer.counter().kind().name(), &rows, 0);
+        summary.warnings = warnings;
+        summaries.push(summary);
         all_rows.extend(rows);
     }
     emit(&args.measure, &summaries, &all_rows)?;
@@ -64,5 +63,8 @@ fn read_any_log(path: &std::path::Path, from: Option<LogSource>) -> anyhow::Resu
     let converted = convert_claude_trace(std::io::BufReader::new(file), &name)?;
     let mut bytes = Vec::new();
     write_request_log_to(&converted.entries, &mut bytes)?;
-    Ok(crate::analyze::read_log(std::io::Cursor::new(bytes), &name)?)
+    let mut log = crate::analyze::read_log(std::io::Cursor::new(bytes), &name)?;
+    // The converted log's lines are not the capture's: what was skipped is the capture's.
+    log.warnings = converted.report.warnings.list;
+    Ok(log)
 }

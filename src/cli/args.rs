@@ -9,6 +9,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Treat every input warning (a skipped line or record) as an error: exit 2.
+    #[arg(long, global = true)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -97,8 +97,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     // The baseline as it is: compared with, or merged into by --update-baseline.
     let existing = match &args.baseline {
         Some(path) if !args.update_baseline || path.exists() => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("failed to read baseline {}", path.display()))?;
-            let baseline = Baseline::parse(&text, &path.display().to_string())?;
+            let baseline = Baseline::load(path)?;
             baseline.check_measured_with(&path.display().to_string(), estimator, &strategy)?;
             Some(baseline)
         }

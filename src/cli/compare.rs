@@ -35,11 +35,14 @@ pub struct CompareArgs {
     pub measure: MeasureOpts,
 }
 
-pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
+pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &guarded)).transpose()?;
     let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter(), args.mount_root.as_deref())?;
+    for input in &inputs {
+        diag.report(&input.warnings);
+    }
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::shape::{Tolerance, diff, read_file, render};
+use crate::shape::{Tolerance, diff, read_file_warned, render};
 
 #[derive(Debug, Args)]
 pub struct DiffRequestsArgs {
@@ -28,9 +28,11 @@ pub struct DiffRequestsArgs {
     pub format: super::args::Format,
 }
 
-pub fn run(args: DiffRequestsArgs) -> anyhow::Result<i32> {
-    let left = read_file(&args.left).map_err(anyhow::Error::msg)?;
-    let right = read_file(&args.right).map_err(anyhow::Error::msg)?;
+pub fn run(args: DiffRequestsArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    let (left, left_warnings) = read_file_warned(&args.left).map_err(anyhow::Error::msg)?;
+    let (right, right_warnings) = read_file_warned(&args.right).map_err(anyhow::Error::msg)?;
+    diag.report(&left_warnings);
+    diag.report(&right_warnings);
     if let Some(path) = &args.shapes_out {
         super::guard::Inputs::of([&args.left, &args.right]).refuse_file("--shapes-out", path)?;
         let mut text = serde_json::to_string_pretty(&left)?;

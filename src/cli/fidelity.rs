@@ -9,7 +9,7 @@ use crate::report::output::write_atomic;
 
 use super::args::{FidelityArgs, FidelityFormat};
 
-pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
+pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     // A fit tokenizes with bpe whatever the estimator.
     super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
@@ -22,7 +22,9 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
     let plot_dir = args.plot.as_deref().map(|d| super::guard::GuardedDir::begin("--plot", d, &guarded)).transpose()?;
     let mut sessions = Vec::new();
     for path in &files {
-        sessions.push(load_session(path).with_context(|| format!("failed to read {}", path.display()))?);
+        let session = load_session(path).with_context(|| format!("failed to read {}", path.display()))?;
+        diag.report(&session.report.warnings);
+        sessions.push(session);
     }
     if let Some(out) = &args.fit {
         let mut samples = std::collections::BTreeMap::new();
@@ -64,6 +66,7 @@ pub fn run(args: FidelityArgs) -> anyhow::Result<i32> {
         }
         let mut report = fidelity_for_session(&replay, &table, args.calls || args.plot.is_some());
         report.compaction_triggers = Some(compaction_triggers(session, &replay, &table, &Default::default()));
+        report.warnings = session.report.warnings.list.clone();
         reports.push(report);
     }
     if let Some(plot) = plot_dir {

@@ -29,6 +29,7 @@ mod check;
 mod compare;
 mod diff_requests;
 mod common;
+mod diag;
 mod fidelity;
 mod import;
 mod live;
@@ -46,22 +47,28 @@ pub use args::Cli;
 
 /// Runs the parsed command line; returns the process exit code (0 ok, 1 a check failed).
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    match cli.command {
+    let mut diag = diag::Diagnostics::new(cli.strict);
+    let code = run_command(cli.command, &mut diag)?;
+    Ok(diag.finish(code))
+}
+
+fn run_command(command: args::Command, diag: &mut diag::Diagnostics) -> anyhow::Result<i32> {
+    match command {
         args::Command::Run(a) => run::run(a),
-        args::Command::Analyze(a) => analyze::run(a),
+        args::Command::Analyze(a) => analyze::run(a, diag),
         args::Command::Tokens(a) => tokens::run(a),
-        args::Command::Import(a) => import::run(a),
-        args::Command::Replay(a) => replay::run(a),
-        args::Command::Fidelity(a) => fidelity::run(a),
+        args::Command::Import(a) => import::run(a, diag),
+        args::Command::Replay(a) => replay::run(a, diag),
+        args::Command::Fidelity(a) => fidelity::run(a, diag),
         args::Command::Check(a) => check::run(a),
         args::Command::Report(a) => report::run(a),
         args::Command::Strategies(a) => strategies::run(a),
-        args::Command::Compare(a) => compare::run(a),
-        args::Command::Sweep(a) => sweep::run(a),
+        args::Command::Compare(a) => compare::run(a, diag),
+        args::Command::Sweep(a) => sweep::run(a, diag),
         args::Command::Serve(a) => serve::run(a),
         args::Command::Live(a) => live::run(a),
         args::Command::Audit(a) => audit::run(a),
-        args::Command::DiffRequests(a) => diff_requests::run(a),
+        args::Command::DiffRequests(a) => diff_requests::run(a, diag),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

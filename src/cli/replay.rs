@@ -4,7 +4,7 @@ use crate::replay::{ReplayOptions, load_session, replay_session};
 use super::args::ReplayArgs;
 use super::common::{emit, measurer};
 
-pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
+pub fn run(args: ReplayArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
     let (name, options) = if args.strategy == "as-recorded" && args.sets.is_empty() {
         ("as-recorded".to_owned(), ReplayOptions::default())
@@ -20,11 +20,13 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
     for file in args.sessions.files()? {
         let path = &file.path;
         let session = load_session(path)?;
+        let warnings = diag.report(&session.report.warnings);
         let mut measurer = measurer(&args.measure)?;
         let replay = replay_session(&session, &mut measurer, &options);
         let rows = replay.rows();
         let mut summary = Summary::from_rows(&path.display().to_string(), &name, measurer.counter().kind().name(), &rows, 0);
         summary.info_loss = replay.info_loss.clone();
+        summary.warnings = warnings;
         if let Some(whatif) = &replay.compaction_whatif
             && !args.measure.quiet
         {

@@ -1,10 +1,9 @@
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 
 use crate::report::html::{ReportInput, split_runs, write_report};
-use crate::report::output::read_trace;
+use crate::report::output::read_trace_file;
 use crate::report::plots::Thresholds;
 
 use super::exit;
@@ -34,8 +33,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
     let mut inputs = Vec::new();
     for path in &args.traces {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).with_context(|| format!("failed to read trace {name}"))?;
-        let rows = read_trace(&text, &name).map_err(anyhow::Error::msg)?;
+        let rows = read_trace_file(path).map_err(anyhow::Error::msg)?;
         crate::report::output::check_finite(&rows, &name).map_err(anyhow::Error::msg)?;
         // A trace of several runs (run --out over a suite) restarts its index at every run.
         let runs = split_runs(rows);

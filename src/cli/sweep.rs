@@ -53,7 +53,7 @@ pub struct SweepArgs {
     pub measure: MeasureOpts,
 }
 
-pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
+pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
@@ -75,6 +75,9 @@ pub fn run(args: SweepArgs) -> anyhow::Result<i32> {
     }
     let base = Strategy::resolve_with(&args.strategy, &args.sets)?;
     let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter(), args.mount_root.as_deref())?;
+    for input in &inputs {
+        diag.report(&input.warnings);
+    }
     let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {

@@ -609,6 +609,10 @@ pub struct Summary {
     /// The same totals per lane (`main`, `compact`, `subagent:Explore`, ...), sorted by lane.
     #[serde(default)]
     pub lanes: BTreeMap<String, LaneSummary>,
+    /// Lines or records of the input that were skipped, each with file, line and field (left
+    /// out when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<crate::recording::LineWarning>,
 }
 
 /// A lane's share of a run.
@@ -680,6 +684,7 @@ impl Summary {
             api_errors: rows.iter().filter(|r| r.error.is_some()).count(),
             info_loss: Default::default(),
             lanes,
+            warnings: Vec::new(),
         }
     }
 }

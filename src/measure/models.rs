@@ -125,6 +125,8 @@ pub enum ModelTableError {
     Read { path: String, source: std::io::Error },
     #[error("failed to parse model table {path}: {message}")]
     Parse { path: String, message: String },
+    #[error("failed to read model table: {0}")]
+    Text(crate::input::TextError),
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -141,7 +143,8 @@ impl ModelTable {
     }
 
     pub fn parse(text: &str, path: &str) -> Result<ModelTable, ModelTableError> {
-        let table: ModelTable = toml::from_str(text).map_err(|e| ModelTableError::Parse { path: path.to_owned(), message: e.to_string() })?;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let table: ModelTable = toml::from_str(text).map_err(|e| ModelTableError::Parse { path: path.to_owned(), message: crate::input::toml_message(&e, text) })?;
         table.validate(text, path)?;
         let named = table.price_modifiers.iter().map(|m| (format!("price_modifier `{}`", m.id), &m.models));
         let long = table.long_context.iter().map(|l| ("long_context".to_owned(), &l.models));
@@ -195,9 +198,10 @@ impl ModelTable {
         Ok(())
     }
 
+    /// Reads a table file: a byte-order mark is dropped; an empty file and invalid UTF-8 (with
+    /// its line and byte column) are errors, as is any key the table does not know.
     pub fn load(path: &Path) -> Result<ModelTable, ModelTableError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ModelTableError::Read { path: path.display().to_string(), source })?;
+        let text = crate::input::read_text(path).map_err(ModelTableError::Text)?;
         Self::parse(&text, &path.display().to_string())
     }
 

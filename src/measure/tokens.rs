@@ -98,6 +98,8 @@ pub enum CalibrationError {
     Read { path: String, source: std::io::Error },
     #[error("failed to parse calibration {path}: {message}")]
     Parse { path: String, message: String },
+    #[error("failed to read calibration: {0}")]
+    Text(crate::input::TextError),
 }
 
 impl Calibration {
@@ -106,10 +108,15 @@ impl Calibration {
     }
 
     pub fn parse(text: &str, path: &str) -> Result<Calibration, CalibrationError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut de = serde_json::Deserializer::from_str(text);
         let calibration: Calibration = serde_path_to_error::deserialize(&mut de).map_err(|e| CalibrationError::Parse {
             path: path.to_owned(),
-            message: format!("line {}: {}: {}", e.inner().line(), e.path(), e.inner()),
+            message: format!("line {}: {}: {}", e.inner().line(), e.path(), crate::input::cap_message(&e.inner().to_string())),
+        })?;
+        de.end().map_err(|e| CalibrationError::Parse {
+            path: path.to_owned(),
+            message: format!("line {}: {}", e.line(), crate::input::cap_message(&e.to_string())),
         })?;
         calibration.validate(path)?;
         Ok(calibration)
@@ -131,9 +138,10 @@ impl Calibration {
         Ok(())
     }
 
+    /// Reads a calibration file: a byte-order mark is dropped; an empty file and invalid UTF-8
+    /// (with its line and byte column) are errors.
     pub fn load(path: &Path) -> Result<Calibration, CalibrationError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| CalibrationError::Read { path: path.display().to_string(), source })?;
+        let text = crate::input::read_text(path).map_err(CalibrationError::Text)?;
         Self::parse(&text, &path.display().to_string())
     }
 

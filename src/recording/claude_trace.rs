@@ -122,6 +122,10 @@ pub fn convert_claude_trace<R: BufRead>(reader: R, file: &str) -> Result<Convert
     }
     report.totals_main_file = report.totals_all;
     report.warnings = warnings;
+    if entries.is_empty() {
+        // An empty or garbage capture must not read as "0 requests".
+        return Err(report.nothing_read("`POST /v1/messages` exchange"));
+    }
     Ok(ConvertedLog { entries, report })
 }
 

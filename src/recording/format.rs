@@ -301,6 +301,9 @@ pub enum WarningKind {
     TruncatedTail,
     /// The line is valid but of a kind the reader does not use; it was counted and skipped.
     Ignored,
+    /// The line was used, but a field holds a value a well-formed input would not (time going
+    /// backwards).
+    Suspect,
 }
 
 /// A problem with one line, named by file, line number (1-based) and JSON path.
@@ -309,8 +312,9 @@ pub struct LineWarning {
     pub kind: WarningKind,
     pub file: String,
     pub line: usize,
-    /// JSON path of the offending field (`content[2].text`), when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// JSON path of the offending field (`content[2].text`), when known. Written as `field`
+    /// (the name every reader's warnings use); `path` is still read.
+    #[serde(default, rename = "field", alias = "path", skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     pub message: String,
 }
@@ -321,6 +325,7 @@ impl fmt::Display for LineWarning {
             WarningKind::BadLine => "skipped bad line",
             WarningKind::TruncatedTail => "skipped truncated last line",
             WarningKind::Ignored => "ignored line",
+            WarningKind::Suspect => "suspect value",
         };
         write!(f, "{}:{}: {what}", self.file, self.line)?;
         if let Some(path) = &self.path {
@@ -340,8 +345,12 @@ pub struct Warnings {
 }
 
 impl Warnings {
-    pub fn push(&mut self, warning: LineWarning) {
+    /// Keeps `warning` (its message and field capped, so a huge value of the input is never
+    /// echoed whole: [`crate::input::cap_message`]) or counts it past [`MAX_WARNINGS`].
+    pub fn push(&mut self, mut warning: LineWarning) {
         if self.list.len() < MAX_WARNINGS {
+            warning.message = crate::input::cap_message(&warning.message);
+            warning.path = warning.path.map(|p| crate::input::excerpt(&p));
             self.list.push(warning);
         } else {
             self.suppressed += 1;
@@ -414,6 +423,10 @@ impl<R: BufRead> Iterator for RawLines<R> {
             Ok(0) => None,
             Ok(_) => {
                 self.number += 1;
+                // A byte-order mark opens the file, not its first record.
+                if self.number == 1 && bytes.starts_with(crate::input::BOM) {
+                    bytes.drain(..crate::input::BOM.len());
+                }
                 let terminated = bytes.last() == Some(&b'\n');
                 if terminated {
                     bytes.pop();
@@ -446,13 +459,16 @@ pub(crate) fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result
     if let Ok(value) = serde_json::from_slice(bytes) {
         return Ok(value);
     }
+    if let Some(column) = crate::input::invalid_utf8_column(bytes) {
+        return Err((None, format!("invalid UTF-8 at byte column {column} (byte 0x{:02x})", bytes[column - 1])));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let path = if path == "." { None } else { Some(path) };
-        (path, e.into_inner().to_string())
+        (path, crate::input::cap_message(&e.into_inner().to_string()))
     })?;
-    de.end().map_err(|e| (None, e.to_string()))?;
+    de.end().map_err(|e| (None, crate::input::cap_message(&e.to_string())))?;
     Ok(value)
 }
 
@@ -516,7 +532,9 @@ pub fn diagnose_event(bytes: &[u8]) -> Option<(Option<String>, String)> {
         uuid: Option<String>,
     }
     fn check<T: serde::de::DeserializeOwned>(value: Value) -> Option<(Option<String>, String)> {
-        serde_path_to_error::deserialize::<_, T>(value).err().map(|e| (Some(e.path().to_string()), e.into_inner().to_string()))
+        serde_path_to_error::deserialize::<_, T>(value)
+            .err()
+            .map(|e| (Some(e.path().to_string()), crate::input::cap_message(&e.into_inner().to_string())))
     }
     let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(bytes) else { return None };
     if let Some(found) = check::<Common>(Value::Object(map.clone())) {

@@ -52,7 +52,18 @@ pub fn detect_format(path: &Path) -> Result<InputFormat, ImportError> {
 }
 
 /// Detects the format of a reader from its first non-blank line.
-pub fn detect_format_from<R: BufRead>(mut reader: R, file: &str) -> Result<InputFormat, ImportError> {
+pub fn detect_format_from<R: BufRead>(reader: R, file: &str) -> Result<InputFormat, ImportError> {
+    detect_format_line(reader, file).map(|(format, _)| format)
+}
+
+/// Detects the format of `path`, with the number of the line it was told by.
+pub fn detect_format_at(path: &Path) -> Result<(InputFormat, usize), ImportError> {
+    let file_name = path.display().to_string();
+    let file = File::open(path).map_err(|source| ImportError::Read { file: file_name.clone(), source })?;
+    detect_format_line(BufReader::new(file), &file_name)
+}
+
+fn detect_format_line<R: BufRead>(mut reader: R, file: &str) -> Result<(InputFormat, usize), ImportError> {
     let mut bytes = Vec::new();
     let mut number = 0;
     loop {
@@ -64,6 +75,9 @@ pub fn detect_format_from<R: BufRead>(mut reader: R, file: &str) -> Result<Input
             return Err(ImportError::Detect { file: file.to_owned(), message: "the file is empty".into() });
         }
         number += 1;
+        if number == 1 && bytes.starts_with(crate::input::BOM) {
+            bytes.drain(..crate::input::BOM.len());
+        }
         if !bytes.iter().all(u8::is_ascii_whitespace) {
             break;
         }
@@ -71,30 +85,33 @@ pub fn detect_format_from<R: BufRead>(mut reader: R, file: &str) -> Result<Input
     let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
     if first == Some(b'[') {
         // A JSON array of bare request bodies: the alternative form of a request log.
-        return Ok(InputFormat::RequestLog);
+        return Ok((InputFormat::RequestLog, number));
+    }
+    if let Some(column) = crate::input::invalid_utf8_column(&bytes) {
+        return Err(ImportError::Detect { file: file.to_owned(), message: format!("line {number}: invalid UTF-8 at byte column {column}") });
     }
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| ImportError::Detect {
         file: file.to_owned(),
-        message: format!("line {number} is not JSON: {e}"),
+        message: format!("line {number} is not JSON: {}", crate::input::cap_message(&e.to_string())),
     })?;
     let Value::Object(map) = value else {
         return Err(ImportError::Detect { file: file.to_owned(), message: format!("line {number} is not a JSON object") });
     };
     if map.contains_key("ctxsim_recording") {
-        return Ok(InputFormat::Recording);
+        return Ok((InputFormat::Recording, number));
     }
     if map.contains_key("request") && map.contains_key("response") {
-        return Ok(InputFormat::ClaudeTrace);
+        return Ok((InputFormat::ClaudeTrace, number));
     }
     if map.contains_key("body") && (map.contains_key("time_ms") || map.contains_key("time")) {
-        return Ok(InputFormat::RequestLog);
+        return Ok((InputFormat::RequestLog, number));
     }
     let kind = map.get("type").and_then(Value::as_str);
     if kind.is_some_and(|k| TRANSCRIPT_TYPES.contains(&k))
         || map.contains_key("parentUuid")
         || map.contains_key("sessionId")
     {
-        return Ok(InputFormat::ClaudeCode);
+        return Ok((InputFormat::ClaudeCode, number));
     }
     Err(ImportError::Detect {
         file: file.to_owned(),
@@ -117,6 +134,9 @@ pub fn import(input: &Path, from: Option<InputFormat>, output: &Path) -> Result<
     match format {
         InputFormat::ClaudeCode => {
             let session = import_claude_code(input)?;
+            if session.report.records_by_type.is_empty() {
+                return Err(session.report.nothing_read("transcript record"));
+            }
             write_recording(output, &session.recording)?;
             Ok(session.report)
         }

@@ -21,5 +21,5 @@ pub use format::{
     RecordingError, SubagentInfo, SystemEvent, TimeAdvance, ToolResult, UserPrompt, WarningKind, Warnings,
     diagnose_event, read_recording, read_recording_from, write_atomically, write_recording, write_recording_to,
 };
-pub use import::{InputFormat, detect_format, detect_format_from, import};
+pub use import::{InputFormat, detect_format, detect_format_at, detect_format_from, import};
 pub use report::{ImportError, ImportReport, UsageTotals};

@@ -63,6 +63,19 @@ pub struct ImportReport {
 }
 
 impl ImportReport {
+    /// The error for an input of which nothing usable was read: names the file, the lines
+    /// read and the first skipped line, so the user knows where to look.
+    pub fn nothing_read(&self, what: &str) -> ImportError {
+        let message = match self.warnings.first_bad_line().or(self.warnings.list.first()) {
+            Some(first) if self.lines > 0 => {
+                format!("no {what} in its {} lines; {} skipped, the first: {first}", self.lines, self.warnings.len())
+            }
+            _ if self.lines > 0 => format!("the file is empty ({} blank lines, no {what})", self.lines),
+            _ => "the file is empty".to_owned(),
+        };
+        ImportError::NothingRead { file: self.input.clone(), message }
+    }
+
     pub fn new(input: &str, format: &str) -> Self {
         ImportReport { input: input.to_owned(), format: format.to_owned(), ..ImportReport::default() }
     }
@@ -93,6 +106,9 @@ pub enum ImportError {
     Detect { file: String, message: String },
     #[error("failed to import {file}: {message}")]
     Unsupported { file: String, message: String },
+    /// Nothing usable was read: an empty file, or every line skipped.
+    #[error("failed to read {file}: {message}")]
+    NothingRead { file: String, message: String },
     #[error(transparent)]
     Recording(#[from] RecordingError),
 }

@@ -77,6 +77,10 @@ pub struct FidelityReport {
     /// ([`super::triggers`]); filled by `ctxsim fidelity`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction_triggers: Option<super::triggers::TriggerReport>,
+    /// Lines or records of the input that were skipped (file, line, field); filled by the
+    /// caller that read the input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<crate::recording::LineWarning>,
 }
 
 fn mostly_rewritten(creation: f64, context: f64) -> bool {
@@ -159,6 +163,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         user_context_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.user_context_tokens),
         calls: if with_calls { calls } else { Vec::new() },
         compaction_triggers: None,
+        warnings: Vec::new(),
     }
 }
 

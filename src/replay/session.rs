@@ -40,7 +40,7 @@ use crate::measure::tokens::{bpe, chars4};
 use crate::measure::{EstimatorKind, FlatRequest, MeasureInput, Measurer, RequestMetrics};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
 use crate::recording::{
-    EventKind, ImportError, ImportedSession, InputFormat, RecordedCall, detect_format, import_claude_code,
+    EventKind, ImportError, ImportedSession, InputFormat, RecordedCall, detect_format_at, import_claude_code,
     read_recording,
 };
 
@@ -194,13 +194,29 @@ impl SessionReplay {
 }
 
 /// Reads a Claude Code transcript (with its subagent files) or a ctxsim recording.
+///
+/// Nothing is dropped silently: the lines skipped are in `report.warnings` (the caller prints
+/// them), and an input with no record at all is an error.
 pub fn load_session(path: &Path) -> Result<ImportedSession, ImportError> {
-    match detect_format(path)? {
-        InputFormat::ClaudeCode => import_claude_code(path),
-        InputFormat::Recording => Ok(ImportedSession::from_recording(read_recording(path)?.recording)),
+    let (format, line) = detect_format_at(path)?;
+    match format {
+        InputFormat::ClaudeCode => {
+            let session = import_claude_code(path)?;
+            if session.report.records_by_type.is_empty() {
+                return Err(session.report.nothing_read("transcript record"));
+            }
+            Ok(session)
+        }
+        InputFormat::Recording => {
+            let read = read_recording(path)?;
+            let mut session = ImportedSession::from_recording(read.recording);
+            session.report.input = path.display().to_string();
+            session.report.warnings = read.warnings;
+            Ok(session)
+        }
         other => Err(ImportError::Unsupported {
             file: path.display().to_string(),
-            message: format!("replay reads transcripts and recordings, not a {}", other.as_str()),
+            message: format!("line {line} is the start of a {}; replay reads transcripts and recordings", other.as_str()),
         }),
     }
 }

@@ -81,12 +81,22 @@ impl BreakRecord {
 }
 
 impl Baseline {
+    /// Reads a baseline file: a byte-order mark is dropped; an empty file and invalid UTF-8
+    /// (with its line and byte column) are errors.
+    pub fn load(path: &std::path::Path) -> Result<Baseline, CheckError> {
+        let shown = path.display().to_string();
+        let text = crate::input::read_text(path).map_err(|e| CheckError::Baseline { path: shown.clone(), message: e.to_string() })?;
+        Baseline::parse(&text, &shown)
+    }
+
     pub fn parse(text: &str, path: &str) -> Result<Baseline, CheckError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut de = serde_json::Deserializer::from_str(text);
         let baseline: Baseline = serde_path_to_error::deserialize(&mut de).map_err(|e| CheckError::Baseline {
             path: path.to_owned(),
-            message: format!("line {}: {}: {}", e.inner().line(), e.path(), e.inner()),
+            message: format!("line {}: {}: {}", e.inner().line(), e.path(), crate::input::cap_message(&e.inner().to_string())),
         })?;
+        de.end().map_err(|e| CheckError::Baseline { path: path.to_owned(), message: format!("line {}: {}", e.line(), crate::input::cap_message(&e.to_string())) })?;
         if baseline.version != BASELINE_VERSION {
             return Err(CheckError::Baseline {
                 path: path.to_owned(),

@@ -33,6 +33,9 @@ pub enum LoadedInput {
 pub struct Input {
     pub name: String,
     pub loaded: LoadedInput,
+    /// Lines or records skipped while reading it (a session's bad lines); every evaluation's
+    /// summary carries them.
+    pub warnings: crate::recording::Warnings,
 }
 
 /// Expands directories (sorted; `*.yaml`/`*.yml` scenarios at their top, sessions found as
@@ -70,12 +73,15 @@ pub fn load_inputs_filtered(paths: &[PathBuf], filter: &SessionFilter, mount_roo
         .into_iter()
         .map(|file| {
             let name = file.display().to_string();
+            let mut warnings = crate::recording::Warnings::default();
             let loaded = if is_yaml(&file) {
                 LoadedInput::Scenario(Box::new(crate::scenario::load_scenario_confined(&file, mount_root)?))
             } else {
-                LoadedInput::Session(Box::new(load_session(&file)?))
+                let session = load_session(&file)?;
+                warnings = session.report.warnings.clone();
+                LoadedInput::Session(Box::new(session))
             };
-            Ok(Input { name, loaded })
+            Ok(Input { name, loaded, warnings })
         })
         .collect()
 }
@@ -151,6 +157,7 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
             let rows = replay.rows();
             let mut summary = Summary::from_rows(&input.name, &strategy.name, measurer.counter().kind().name(), &rows, 0);
             summary.info_loss = replay.info_loss.clone();
+            summary.warnings = input.warnings.list.clone();
             let mut compactions = summary.compactions.clone();
             for row in rows.iter().filter(|r| r.stages.is_empty()) {
                 for event in &row.events {

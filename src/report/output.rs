@@ -155,7 +155,11 @@ pub fn trace_jsonl(rows: &[RequestMetrics]) -> Vec<u8> {
 }
 
 /// Reads a trace JSONL back.
+///
+/// A trace is our own output, so nothing in it is skipped: a bad line is an error naming the
+/// line and field, and a trace without any row is an error.
 pub fn read_trace(text: &str, path: &str) -> Result<Vec<RequestMetrics>, String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -163,8 +167,12 @@ pub fn read_trace(text: &str, path: &str) -> Result<Vec<RequestMetrics>, String>
         }
         let mut de = serde_json::Deserializer::from_str(line);
         let row: RequestMetrics = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| format!("{path}:{}: {}: {}", i + 1, e.path(), e.inner()))?;
+            .map_err(|e| format!("{path}:{}: {}: {}", i + 1, e.path(), crate::input::cap_message(&e.inner().to_string())))?;
+        de.end().map_err(|e| format!("{path}:{}: {}", i + 1, crate::input::cap_message(&e.to_string())))?;
         rows.push(row);
+    }
+    if rows.is_empty() {
+        return Err(format!("{path}: no trace row in it (the file is empty)"));
     }
     Ok(rows)
 }
@@ -183,6 +191,14 @@ pub fn check_finite(rows: &[RequestMetrics], path: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Reads a trace file ([`read_trace`]); a byte-order mark is dropped, invalid UTF-8 is an
+/// error naming the line and byte column.
+pub fn read_trace_file(path: &Path) -> Result<Vec<RequestMetrics>, String> {
+    let name = path.display().to_string();
+    let text = crate::input::read_text(path).map_err(|e| e.to_string())?;
+    read_trace(&text, &name)
 }
 
 /// The summaries as a human table.

@@ -330,70 +330,124 @@ pub fn rows_csv(grid: &Grid, shard: Option<(usize, usize)>, rows: &[Vec<String>]
     writer.into_inner().expect("csv to memory")
 }
 
-/// A sweep CSV read back: signature (without the shard), notes, header, rows.
+/// A CSV written by [`rows_csv`], parsed: the grid signature without the shard, the inputs'
+/// notes, the header, and the rows, each with the line it was read from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartialCsv {
+    pub signature: String,
+    pub notes: InputNotes,
+    pub header: Vec<String>,
+    pub rows: Vec<(usize, Vec<String>)>,
+}
+
+/// A sweep CSV joined back: signature (without the shard), notes, header, rows.
 pub type ParsedCsv = (String, InputNotes, Vec<String>, Vec<Vec<String>>);
 
-/// Parses a CSV written by [`rows_csv`].
-pub fn parse_csv(path: &Path) -> anyhow::Result<ParsedCsv> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))?;
-    let (first, mut rest) = text.split_once('\n').with_context(|| format!("{}: empty", path.display()))?;
+/// Parses a CSV written by [`rows_csv`] from a file ([`parse_csv_text`]).
+pub fn parse_csv(path: &Path) -> anyhow::Result<PartialCsv> {
+    let text = crate::input::read_text(path)?;
+    parse_csv_text(&text, &path.display().to_string())
+}
+
+/// Parses the text of a partial CSV; `file` names it in messages, every one of which names the
+/// line. A row whose point index is not a number, or whose width is not the header's, is an
+/// error: a merge must not lose a point.
+pub fn parse_csv_text(text: &str, file: &str) -> anyhow::Result<PartialCsv> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let (first, mut rest) = text.split_once('\n').unwrap_or((text, ""));
     if !first.starts_with("# ctxsim sweep grid ") {
-        bail!("{}: line 1: not a ctxsim sweep CSV (no grid signature)", path.display());
+        bail!("{file}:1: not a ctxsim sweep CSV (no grid signature `# ctxsim sweep grid ...`)");
     }
-    let signature = first.split(" shard=").next().unwrap_or(first).to_owned();
+    let signature = first.trim_end_matches('\r').split(" shard=").next().unwrap_or(first).to_owned();
     let mut note_lines = Vec::new();
     while rest.starts_with('#') {
         let (line, tail) = rest.split_once('\n').unwrap_or((rest, ""));
-        note_lines.push(line);
+        note_lines.push(line.trim_end_matches('\r'));
         rest = tail;
     }
-    let notes = InputNotes::parse(path, &note_lines)?;
+    let notes = InputNotes::parse(Path::new(file), &note_lines)?;
+    // The header's line: after the signature and the notes.
+    let header_line = 2 + note_lines.len();
     let mut reader = csv::Reader::from_reader(rest.as_bytes());
-    let header: Vec<String> = reader.headers()?.iter().map(str::to_owned).collect();
-    let rows = reader
-        .records()
-        .map(|r| r.map(|r| r.iter().map(str::to_owned).collect::<Vec<String>>()))
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("failed to parse {}", path.display()))?;
-    Ok((signature, notes, header, rows))
+    let header: Vec<String> = match reader.headers() {
+        Ok(h) if !h.is_empty() && h.iter().next() != Some("") => h.iter().map(str::to_owned).collect(),
+        Ok(_) => bail!("{file}:{header_line}: no header row"),
+        Err(e) => bail!("{file}:{header_line}: bad header row: {}", crate::input::cap_message(&e.to_string())),
+    };
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record = record.map_err(|e| {
+            // The csv crate counts lines from the text it was given, which starts at the header.
+            let line = e.position().map_or(0, |p| p.line() as usize + header_line - 1);
+            anyhow::anyhow!("{file}:{line}: {}", crate::input::cap_message(&e.to_string()))
+        })?;
+        let line = record.position().map_or(0, |p| p.line() as usize + header_line - 1);
+        if record.get(0).is_none_or(|index| index.parse::<usize>().is_err()) {
+            bail!("{file}:{line}: point: `{}` is not a point index", crate::input::excerpt(record.get(0).unwrap_or("")));
+        }
+        rows.push((line, record.iter().map(str::to_owned).collect()));
+    }
+    Ok(PartialCsv { signature, notes, header, rows })
 }
 
 /// Joins partial CSVs into the rows of the whole grid, verifying they share one grid and cover
-/// every point exactly once. Returns (signature, notes, header, rows in point order).
+/// every point exactly once. Returns (signature, notes, header, rows in point order). Every
+/// message names the file (and the line) at fault: a duplicated point both of its places, a
+/// missing point the files given.
 pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<ParsedCsv> {
-    let mut signature: Option<String> = None;
-    let mut header: Option<Vec<String>> = None;
-    let mut notes: Option<InputNotes> = None;
-    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut first: Option<(String, PartialCsv)> = None;
+    let mut rows: Vec<(usize, String, usize, Vec<String>)> = Vec::new();
     for path in paths {
-        let (sig, part_notes, head, part) = parse_csv(path)?;
-        match &notes {
-            Some(n) if *n != part_notes => bail!("{}: its inputs' notes differ from the first file's", path.display()),
-            _ => notes = Some(part_notes),
+        let name = path.display().to_string();
+        let part = parse_csv(path)?;
+        if let Some((first_name, first)) = &first {
+            if first.signature != part.signature {
+                bail!("{name}:1: a different grid ({}) from the first file {first_name} ({})", part.signature, first.signature);
+            }
+            if first.notes != part.notes {
+                bail!("{name}:2: its inputs' notes differ from the first file {first_name}'s");
+            }
+            if first.header != part.header {
+                bail!("{name}: columns differ from the first file {first_name}");
+            }
         }
-        match &signature {
-            Some(s) if *s != sig => bail!("{}: a different grid ({sig}) from the first file ({s})", path.display()),
-            _ => signature = Some(sig),
+        for (line, row) in &part.rows {
+            let index: usize = row[0].parse().expect("checked by parse_csv");
+            rows.push((index, name.clone(), *line, row.clone()));
         }
-        match &header {
-            Some(h) if *h != head => bail!("{}: columns differ from the first file", path.display()),
-            _ => header = Some(head),
+        if first.is_none() {
+            first = Some((name, part));
         }
-        rows.extend(part);
     }
-    let signature = signature.context("no partial CSV given")?;
-    let points: usize = signature.rsplit("points=").next().and_then(|n| n.trim().parse().ok()).context("grid signature without points=")?;
-    rows.sort_by_key(|r| r[0].parse::<usize>().unwrap_or(usize::MAX));
-    for (expected, row) in rows.iter().enumerate() {
-        let got: usize = row[0].parse().with_context(|| format!("bad point index {}", row[0]))?;
-        if got != expected {
-            bail!("point {expected} is {} (shards overlap or one is missing)", if got < expected { "duplicated" } else { "missing" });
+    let (_, first) = first.context("no partial CSV given")?;
+    let signature = first.signature;
+    let points: usize = signature
+        .rsplit("points=")
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .with_context(|| format!("{}:1: grid signature without points=", paths[0].display()))?;
+    rows.sort_by_key(|(index, ..)| *index);
+    for (i, (index, file, line, _)) in rows.iter().enumerate() {
+        if i > 0 && rows[i - 1].0 == *index {
+            let (_, first_file, first_line, _) = &rows[i - 1];
+            bail!("{file}:{line}: point {index} is duplicated (also at {first_file}:{first_line}; shards overlap)");
         }
+        if *index >= points {
+            bail!("{file}:{line}: point {index} is outside the grid of {points} points");
+        }
+    }
+    let mut expected = 0;
+    for (index, ..) in &rows {
+        if *index != expected {
+            break;
+        }
+        expected += 1;
     }
     if rows.len() != points {
-        bail!("the shards hold {} of the grid's {points} points", rows.len());
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        bail!("point {expected} is missing: the shards {} hold {} of the grid's {points} points", names.join(", "), rows.len());
     }
-    Ok((signature, notes.expect("set with the signature"), header.expect("set with the signature"), rows))
+    Ok((signature, first.notes, first.header, rows.into_iter().map(|(.., row)| row).collect()))
 }
 
 /// The recommendation and the front, from the rows.

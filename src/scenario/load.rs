@@ -23,7 +23,19 @@ pub fn load_scenario(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> 
 /// path elsewhere, a `..` or a link leading out is an error).
 pub fn load_scenario_confined(path: impl AsRef<Path>, root: Option<&Path>) -> Result<Scenario, ScenarioError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io { path: path.to_path_buf(), source })?;
+    let text = crate::input::read_text(path).map_err(|e| match e {
+        crate::input::TextError::Read { source, .. } => ScenarioError::Io { path: path.to_path_buf(), source },
+        crate::input::TextError::Empty { file } => {
+            ScenarioError::Invalid(Diagnostic { file, line: None, column: None, field: String::new(), message: "the file is empty".into() })
+        }
+        crate::input::TextError::Utf8 { file, line, column, byte } => ScenarioError::Invalid(Diagnostic {
+            file,
+            line: Some(line),
+            column: Some(column),
+            field: String::new(),
+            message: format!("invalid UTF-8 (byte 0x{byte:02x})"),
+        }),
+    })?;
     let file_name = path.display().to_string();
     let mut scenario = parse_scenario(&text, &file_name)?;
     let base = match path.parent() {
@@ -124,6 +136,7 @@ pub fn check_yaml_depth(text: &str) -> Result<(), (usize, String)> {
 
 /// Parses and validates scenario text; `file_name` is used in messages only.
 pub fn parse_scenario(text: &str, file_name: &str) -> Result<Scenario, ScenarioError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if let Err((line, message)) = check_yaml_depth(text) {
         return Err(ScenarioError::Invalid(Diagnostic { file: file_name.to_owned(), line: Some(line), column: None, field: String::new(), message }));
     }
@@ -185,6 +198,6 @@ fn from_yaml_error(err: &serde_norway::Error, file_name: &str) -> Diagnostic {
         line: location.as_ref().map(|l| l.line()),
         column: location.as_ref().map(|l| l.column()),
         field: String::new(),
-        message,
+        message: crate::input::cap_message(&message),
     }
 }

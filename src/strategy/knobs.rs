@@ -161,6 +161,8 @@ pub enum StrategyError {
     Io { path: String, source: std::io::Error },
     #[error("failed to parse strategy file {path}: {message}")]
     Parse { path: String, message: String },
+    #[error("failed to read strategy file: {1}")]
+    Text(String, crate::input::TextError),
     #[error("failed to set `{key}`: {message}")]
     Set { key: String, message: String },
     #[error("unknown strategy preset `{0}` (see `ctxsim strategies`)")]
@@ -209,19 +211,27 @@ impl Strategy {
         }
     }
 
+    /// Parses strategy text, TOML or YAML; `shown` names it in messages, which give the line
+    /// and never quote more than a short excerpt of the input.
+    pub fn parse(text: &str, shown: &str, toml: bool) -> Result<Strategy, StrategyError> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        if toml {
+            toml::from_str(text).map_err(|e| StrategyError::Parse { path: shown.to_owned(), message: crate::input::toml_message(&e, text) })
+        } else {
+            if let Err((line, message)) = crate::scenario::check_yaml_depth(text) {
+                return Err(StrategyError::Parse { path: shown.to_owned(), message: format!("line {line}: {message}") });
+            }
+            serde_norway::from_str(text)
+                .map_err(|e| StrategyError::Parse { path: shown.to_owned(), message: crate::input::cap_message(&e.to_string()) })
+        }
+    }
+
     /// Loads a TOML (`.toml`) or YAML file; missing keys keep the default.
     pub fn load(path: impl AsRef<Path>) -> Result<Strategy, StrategyError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| StrategyError::Io { path: shown.clone(), source })?;
-        let mut strategy: Strategy = if path.extension().is_some_and(|e| e == "toml") {
-            toml::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
-        } else {
-            if let Err((line, message)) = crate::scenario::check_yaml_depth(&text) {
-                return Err(StrategyError::Parse { path: shown, message: format!("line {line}: {message}") });
-            }
-            serde_norway::from_str(&text).map_err(|e| StrategyError::Parse { path: shown.clone(), message: e.to_string() })?
-        };
+        let text = crate::input::read_text(path).map_err(|e| StrategyError::Text(shown.clone(), e))?;
+        let mut strategy = Strategy::parse(&text, &shown, path.extension().is_some_and(|e| e == "toml"))?;
         if strategy.name == Strategy::default().name {
             strategy.name = path.file_stem().map_or(shown, |s| s.to_string_lossy().into_owned());
         }

@@ -12,7 +12,7 @@ fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<St
     let whole = (|| {
         let log = read_log(std::io::Cursor::new(text), "log.jsonl").map_err(|e| e.to_string())?;
         let rows = analyze(&log, &mut measurer(), "log.jsonl").map_err(|e| e.to_string())?;
-        Ok((rows, log.warnings))
+        Ok((rows, log.warnings.iter().map(ToString::to_string).collect()))
     })();
     let streamed = stream_log(text);
     let show = |r: &Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String>| match r {
@@ -27,7 +27,7 @@ fn check_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<St
 fn stream_log(text: &str) -> Result<(Vec<ctxsim::measure::RequestMetrics>, Vec<String>), String> {
     let mut reader = LogReader::new(std::io::Cursor::new(text), "log.jsonl");
     let rows = analyze_stream(&mut reader, &mut measurer(), "log.jsonl").map_err(|e| e.to_string())?;
-    Ok((rows, reader.warnings().to_vec()))
+    Ok((rows, reader.warnings().iter().map(ToString::to_string).collect()))
 }
 
 fn check_error(text: &str, expect: &str) {
@@ -135,7 +135,7 @@ fn a_truncated_last_line_is_reported_and_the_rest_measured() {
     let (rows, warnings) = check_log(&text).unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(warnings.len(), 1);
-    assert!(warnings[0].starts_with("log.jsonl:3: the last line is truncated"), "{}", warnings[0]);
+    assert!(warnings[0].starts_with("log.jsonl:3: skipped truncated last line"), "{}", warnings[0]);
 }
 
 #[test]
@@ -259,7 +259,7 @@ fn the_cli_streams_a_log_file() {
     };
     let (code, stdout, stderr) = run(&["analyze", "log.jsonl", "--estimator", "chars4", "--format", "json", "--trace", "trace.jsonl"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("log.jsonl:151: the last line is truncated"), "{stderr}");
+    assert!(stderr.contains("log.jsonl:151: skipped truncated last line"), "{stderr}");
     let summary: Value = serde_json::from_str(&stdout).unwrap();
     let requests = summary.pointer("/0/requests").or_else(|| summary.pointer("/requests")).and_then(Value::as_u64);
     assert_eq!(requests, Some(150), "{stdout}");
@@ -283,7 +283,8 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
     /// A log cut anywhere, or with a line damaged anywhere, is measured the same whole and
     /// streamed: the same rows and warnings, or the same error (`check_log` compares them).
-    /// A cut inside the last line is a warning, never an error or a panic.
+    /// A cut inside the last line is a warning, never a panic; a cut before the end of the
+    /// first line leaves no request, which is an error.
     #[test]
     fn a_cut_or_damaged_log_reads_the_same_whole_and_streamed(cut in 0.0f64..1.0, damage in proptest::option::of((0.0f64..1.0, 0u8..128))) {
         let text = cut_log_text();
@@ -297,10 +298,15 @@ proptest::proptest! {
         let text = String::from_utf8_lossy(&bytes);
         let result = check_log(&text);
         if damage.is_none() {
+            let complete = text.matches('\n').count();
+            // A cut that leaves no request at all is an error (issue 14: never "0 requests").
+            if let Err(e) = &result {
+                proptest::prop_assert!(complete == 0 && e.starts_with("log.jsonl: no request in it"), "{e}");
+                return Ok(());
+            }
             let (rows, warnings) = result.expect("a cut log is measured up to the cut");
             // Every line ended by a newline is measured; a last line without one is measured
             // when it is whole (the cut fell right after it), else it is the one warning.
-            let complete = text.matches('\n').count();
             let last_whole = rows.len() == complete + 1 && warnings.is_empty();
             proptest::prop_assert!(rows.len() == complete || last_whole, "{} rows for {complete} complete lines", rows.len());
             proptest::prop_assert!(warnings.len() <= 1);

@@ -17,6 +17,7 @@ mod real_client;
 mod recording;
 mod requests;
 mod run_memory;
+mod robustness;
 mod check;
 mod compare;
 mod context_editing;

@@ -360,7 +360,7 @@ fn analyze_warns_with_the_line_when_time_goes_backwards() {
     std::fs::write(dir.path().join("log.jsonl"), [line(5000, "a"), line(9000, "b"), line(2000, "c")].join("\n") + "\n").unwrap();
     let out = check_ctxsim(dir.path(), &["analyze", "log.jsonl", "--estimator", "chars4", "--quiet"]);
     let (_, stderr) = code_and_stderr(&out);
-    assert!(stderr.contains("log.jsonl:3: time_ms: 2000 goes back"), "{stderr}");
+    assert!(stderr.contains("log.jsonl:3: suspect value at `time_ms`: 2000 goes back"), "{stderr}");
 }
 
 #[test]

@@ -1,0 +1,31 @@
+#!/bin/sh
+# Fills fuzz/corpus/<target>/ with the seeds the robustness suite mutates: heads of the real
+# transcripts and the claude-trace capture in ../shared/realdata, and the shipped files.
+# Run from the repository root: sh fuzz/seed-corpus.sh
+set -eu
+realdata=../shared/realdata
+c=fuzz/corpus
+mkdir -p "$c"
+for t in recording transcript request_log claude_trace shapes model_table calibration strategy_toml strategy_yaml baseline sweep_csv trace scenario; do
+  mkdir -p "$c/$t"
+done
+head -c 24000 recordings/entireio-7662d755ef9f-2.jsonl > "$c/recording/entireio"
+for f in "$realdata"/transcripts/*/*.full.jsonl; do
+  head -n 40 "$f" | head -c 64000 > "$c/transcript/$(basename "$f")"
+done
+head -n 6 "$realdata/api_captures/claude-trace/test-traffic.jsonl" > "$c/claude_trace/test-traffic"
+head -n 20 reports/claude-trace/trace.jsonl > "$c/trace/claude-trace"
+head -n 20 reports/real-session/trace.jsonl > "$c/trace/real-session"
+cp tests/conformance/*.real-shapes.json "$c/shapes/"
+cp data/models.toml "$c/model_table/"
+cp data/calibration.json "$c/calibration/"
+cp reports/sweep/sweep.csv "$c/sweep_csv/"
+cp scenarios/*.yaml "$c/scenario/"
+printf 'name = "seed"\nttl_main = "1h"\n' > "$c/strategy_toml/seed.toml"
+printf 'name: seed\nttl_main: 1h\n' > "$c/strategy_yaml/seed.yaml"
+printf '{"version": 1, "scenarios": {}}\n' > "$c/baseline/empty.json"
+# A request log: `ctxsim import` of the capture writes one.
+if [ -x target/debug/ctxsim ]; then
+  target/debug/ctxsim import --quiet --from claude-trace "$c/claude_trace/test-traffic" -o "$c/request_log/test-traffic.jsonl"
+  cp "$c/request_log/test-traffic.jsonl" "$c/shapes/"
+fi
