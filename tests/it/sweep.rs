@@ -239,7 +239,7 @@ fn the_replay_reason_holds_beside_a_knob_that_matters() {
     let dir = tempfile::tempdir().unwrap();
     let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recordings/entireio-7662d755ef9f-2.jsonl").display().to_string();
     let (_, stderr) =
-        sweep_output(&[recording.as_str(), "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.autocompact.buffer_tokens=10000,40000"], dir.path());
-    assert!(stderr.contains("compact.autocompact.buffer_tokens changed no result (the replay of a recording does not honour this knob"), "{stderr}");
+        sweep_output(&[recording.as_str(), "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.tool_result_budget.default_chars=20000,40000"], dir.path());
+    assert!(stderr.contains("compact.tool_result_budget.default_chars changed no result (the replay of a recording does not honour this knob"), "{stderr}");
     assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
 }
