@@ -489,19 +489,6 @@ fn fidelity_keyed_replay_equals_the_reference_over_visible_microcompacts() {
     assert!(context(&ReplayOptions::default()) < context(&kept), "the microcompacts cleared nothing the replay sends");
 }
 
-/// Every real transcript under ../shared/realdata/transcripts (subagent files are reached through
-/// their sessions).
-fn all_transcripts() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = walkdir::WalkDir::new(realdata().join("transcripts"))
-        .into_iter()
-        .filter_map(Result::ok)
-        .map(|e| e.into_path())
-        .filter(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.components().any(|c| c.as_os_str() == "subagents"))
-        .collect();
-    files.sort();
-    files
-}
-
 /// Issue 13: under the recorded version's defaults, the agent's autocompact threshold rule
 /// (`Thresholds::compute` with the version's output reserve) fires at the recorded automatic
 /// compactions: same main-lane call (±1) and preTokens within 3%. The one it misses today
@@ -513,7 +500,7 @@ fn fidelity_predicts_the_recorded_automatic_compactions() {
     use ctxsim::replay::{compaction_triggers, triggers_table};
     let table = ModelTable::shipped();
     let mut reports = Vec::new();
-    for path in all_transcripts() {
+    for path in crate::support::real_transcripts() {
         let session = load_session(&path).unwrap();
         let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
         let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());

@@ -18,13 +18,7 @@ fn realdata() -> PathBuf {
 
 /// Every main session transcript of the real data (subagent files are reached through them).
 fn transcripts() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = walkdir::WalkDir::new(realdata().join("transcripts"))
-        .into_iter()
-        .filter_map(Result::ok)
-        .map(|e| e.into_path())
-        .filter(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.components().any(|c| c.as_os_str() == "subagents"))
-        .collect();
-    files.sort();
+    let files = crate::support::real_transcripts();
     assert!(files.len() >= 6, "expected the real transcripts, found {files:?}");
     files
 }

@@ -102,3 +102,16 @@ script:
 pub fn scenario(name: &str, expect: &str) -> String {
     format!("name: {name}\n{CHECK_WORLD}expect:\n{expect}")
 }
+
+/// Every main session transcript under ../shared/realdata/transcripts, sorted (subagent files are
+/// reached through their sessions).
+pub fn real_transcripts() -> Vec<std::path::PathBuf> {
+    let mut files: Vec<std::path::PathBuf> = walkdir::WalkDir::new(realdata().join("transcripts"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|e| e.into_path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.components().any(|c| c.as_os_str() == "subagents"))
+        .collect();
+    files.sort();
+    files
+}
