@@ -265,7 +265,7 @@ pub fn summary_stand_in(pre_tokens: u64) -> String {
             text.push_str(&format!("\n{section}. Section {section}:\n"));
         }
         k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        text.push_str(WORDS[(k >> 60) as usize]);
+        text.push_str(WORDS[k >> 60]);
         text.push(' ');
     }
     text.truncate(SUMMARY_CHARS);
