@@ -133,10 +133,13 @@ pub fn replay_with_autocompact(
             Step::Insert(id) => event_of.get(id).copied().unwrap_or(usize::MAX),
             Step::Remove(boundary) => *boundary,
         }).min();
-        let (_, points) = main_points(session, &replay, None);
-        let original_event = |point: &super::triggers::MainPoint| point.message_id.as_ref().and_then(|id| event_of.get(id)).copied();
+        let original_event = |message_id: Option<&String>| message_id.and_then(|id| event_of.get(id)).copied();
         let diverged_from = first_edit_event.and_then(|first| {
-            points.iter().find(|p| original_event(p).is_some_and(|e| e >= first)).map(|p| replay.calls[p.call].index)
+            replay
+                .calls
+                .iter()
+                .find(|c| c.lane == crate::recording::format::LANE_MAIN && original_event(session.calls[c.index].message_id.as_ref()).is_some_and(|e| e >= first))
+                .map(|c| c.index)
         });
         let (_, points) = main_points(session, &replay, diverged_from);
         let diverged_at = |p: &super::triggers::MainPoint| diverged_from.is_some_and(|at| replay.calls[p.call].index > at);
