@@ -41,7 +41,7 @@ pub struct MemoryCandidate {
     pub path: String,
     /// `description` of the frontmatter, else the first non-empty body line.
     pub description: String,
-    pub mtime_ms: u64,
+    pub mtime_ms: i64,
 }
 
 /// One memory to surface, with the header fixed when it was chosen (so its bytes stay the
@@ -127,8 +127,8 @@ pub fn select_by_words(prompt: &str, candidates: &[MemoryCandidate]) -> Vec<Stri
 
 /// The header of a memory saved at `mtime_ms`, seen at `now_ms`: a one-line label for a file
 /// at most a day old, else a paragraph on its age before the label.
-pub fn header(path: &str, mtime_ms: u64, now_ms: u64) -> String {
-    match now_ms.saturating_sub(mtime_ms) / DAY_MS {
+pub fn header(path: &str, mtime_ms: i64, now_ms: i64) -> String {
+    match now_ms.saturating_sub(mtime_ms).max(0) as u64 / DAY_MS {
         0 => format!("Memory (saved today): {path}:"),
         1 => format!("Memory (saved yesterday): {path}:"),
         days => format!(

@@ -26,7 +26,7 @@ use crate::agent::system_prompt::{
     GitStatus, McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
     build_subagent_system_prompt,
 };
-use crate::agent::tools::exec::{ExecContext, absolute, execute};
+use crate::agent::tools::exec::{ExecContext, ExecOutcome, absolute, execute};
 use crate::agent::tools::{McpToolSpec, PoolInputs, ToolPool, assemble_pool};
 use crate::agent::user_context::{UserContextInputs, render_user_context};
 use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, ToolResultContent};
@@ -71,7 +71,7 @@ pub struct Session {
     announced_deferred: BTreeSet<String>,
     last_date: Option<String>,
     /// Files the agent has seen, with the mtime it saw.
-    read_state: BTreeMap<String, u64>,
+    read_state: BTreeMap<String, i64>,
     nested_triggers: Vec<String>,
     /// MCP servers as connected at the start of the current user turn (the system prompt is
     /// built once per turn).
@@ -629,7 +629,12 @@ impl Session {
             let _ = pre.permission == Some(Permission::Ask);
             let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
             self.settle_hook_time(world);
-            let outcome = if name == "Agent" && !world.tool_outputs.contains_key(id) && pool.all.iter().any(|t| t.tool.name == "Agent") {
+            let in_pool = pool.all.iter().any(|t| t.tool.name == *name);
+            let outcome = if !in_pool && !name.starts_with("mcp__") && !world.tool_outputs.contains_key(id) {
+                // A built-in the pool does not hold (ToolSearch with tool search off, a
+                // disallowed tool): the client answers with an error result and runs nothing.
+                ExecOutcome::text(id, format!("No such tool available: {name}"), true)
+            } else if name == "Agent" && !world.tool_outputs.contains_key(id) && in_pool {
                 self.run_agent(id, &input, world, calls)?
             } else {
                 execute(id, name, &input, world, &cx)
@@ -786,7 +791,7 @@ impl Session {
             .filter_map(|name| candidates.iter().find(|c| c.name == name))
             .filter_map(|c| {
                 let content = world.fs.read(&c.path).ok()?;
-                Some(memories::SurfacedMemory { path: c.path.clone(), header: memories::header(&c.path, c.mtime_ms, now), content: memories::clip(content) })
+                Some(memories::SurfacedMemory { path: c.path.clone(), header: memories::header(&c.path, c.mtime_ms, now as i64), content: memories::clip(content) })
             })
             .collect();
         self.memories.pending = Some(chosen);

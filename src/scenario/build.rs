@@ -19,9 +19,10 @@ impl Scenario {
             .unwrap_or_else(|e| panic!("time zone `{}` passed validation but failed: {e}", spec.timezone.0));
         let rng = Rng::new(spec.seed);
         let mut fs = VirtualFs::new();
-        for (path, contents) in &spec.files {
+        for (path, file) in &spec.files {
             let full = resolve(spec, path).unwrap_or_else(|| panic!("file path `{path}` passed validation but does not resolve"));
-            fs.seed(&full, contents.clone(), &clock)
+            let mtime_ms = file.mtime.map_or(clock.now_ms() as i64, |t| t.unix_ms().saturating_sub(clock.epoch_unix_ms()));
+            fs.seed_at(&full, file.contents.clone(), mtime_ms)
                 .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
         }
         let fallback = match &spec.fallback {

@@ -14,6 +14,7 @@
 //!   files:                         # initial files; keys absolute or relative to cwd
 //!     /repo/src/main.rs: |
 //!       fn main() {}
+//!     /repo/NOTES.md: {contents: "...", mtime: "2026-02-27T18:00:00Z"}  # optional mtime
 //!   env: {DISABLE_AUTO_COMPACT: 1} # values may be strings, numbers or booleans
 //!   fallback:                      # optional: synthesize replies for unscripted lanes
 //!     reply_tokens: 40             # default 40

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::api::{ContentBlock, StopReason, Usage};
 use crate::world::{GitState, HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
-use super::values::{EnvValue, Rfc3339, TimeZoneName};
+use super::values::{EnvValue, FileSpec, Rfc3339, TimeZoneName};
 
 /// A loaded, validated scenario.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,9 +47,10 @@ pub struct WorldSpec {
     /// Working directory (absolute). Default `/repo`.
     #[serde(default = "default_cwd")]
     pub cwd: String,
-    /// Initial files: path (absolute, or relative to `cwd`) → contents. Not journaled.
+    /// Initial files: path (absolute, or relative to `cwd`) → contents, or `{contents, mtime}`.
+    /// Not journaled.
     #[serde(default)]
-    pub files: IndexMap<String, String>,
+    pub files: IndexMap<String, FileSpec>,
     /// Environment variables the agent honours (`DISABLE_AUTO_COMPACT`, ...).
     #[serde(default)]
     pub env: BTreeMap<String, EnvValue>,

@@ -95,3 +95,48 @@ impl<'de> Deserialize<'de> for EnvValue {
         deserializer.deserialize_any(V)
     }
 }
+
+/// An initial file of `world.files`: its contents as a string, or `{contents, mtime}` when the
+/// scenario needs a modification time (the client orders post-compaction restores by the time a
+/// file had when it was read). Without `mtime` the file dates from the clock's start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileSpec {
+    pub contents: String,
+    pub mtime: Option<Rfc3339>,
+}
+
+impl From<String> for FileSpec {
+    fn from(contents: String) -> Self {
+        FileSpec { contents, mtime: None }
+    }
+}
+
+impl<'de> Deserialize<'de> for FileSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Full {
+            contents: String,
+            #[serde(default)]
+            mtime: Option<Rfc3339>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FileSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the file's contents, or a map with `contents` and `mtime`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<FileSpec, E> {
+                Ok(FileSpec::from(v.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<FileSpec, E> {
+                Ok(FileSpec::from(v))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<FileSpec, A::Error> {
+                let full = Full::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(FileSpec { contents: full.contents, mtime: full.mtime })
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}

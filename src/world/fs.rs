@@ -14,7 +14,8 @@ use super::error::WorldError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileEntry {
     pub contents: String,
-    pub mtime_ms: u64,
+    /// Virtual ms relative to the clock's start; negative for files older than the session.
+    pub mtime_ms: i64,
 }
 
 /// One entry of a directory listing or a walk.
@@ -70,7 +71,14 @@ impl VirtualFs {
     /// starting tree never shows up as "changed".
     pub fn seed(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
         let path = self.writable_path(path)?;
-        self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() });
+        self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() as i64 });
+        Ok(())
+    }
+
+    /// [`Self::seed`] with a given modification time (a scenario's `world.files[].mtime`).
+    pub fn seed_at(&mut self, path: &str, contents: impl Into<String>, mtime_ms: i64) -> Result<(), WorldError> {
+        let path = self.writable_path(path)?;
+        self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms });
         Ok(())
     }
 
@@ -92,7 +100,7 @@ impl VirtualFs {
     pub fn write(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
-        self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms });
+        self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
         self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
         Ok(())
     }

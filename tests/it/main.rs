@@ -31,5 +31,6 @@ mod session;
 mod subagents;
 mod support;
 mod tokenizer;
+mod tool_results;
 mod whatif;
 mod world;

@@ -117,7 +117,7 @@ fn without_the_gate_memory_md_stays_and_no_selection_is_sent() {
     assert!(!messages(&output, 1).contains("Memory (saved"));
 }
 
-fn candidate(name: &str, description: &str, mtime_ms: u64) -> MemoryCandidate {
+fn candidate(name: &str, description: &str, mtime_ms: i64) -> MemoryCandidate {
     MemoryCandidate { name: name.into(), path: format!("{MEMORY_DIR}/{name}"), description: description.into(), mtime_ms }
 }
 

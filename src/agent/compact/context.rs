@@ -198,7 +198,7 @@ pub struct AutoCompactTracking {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadFile {
     pub path: String,
-    pub timestamp_ms: u64,
+    pub timestamp_ms: i64,
 }
 
 /// A skill invoked in this session, for post-compact restoration.

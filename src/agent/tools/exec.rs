@@ -69,6 +69,11 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
         let mut content = scripted.content.clone();
         if name.starts_with("mcp__") {
             content = truncate_tool_content(content, (cx.max_mcp_output_tokens * 4) as usize);
+            // The client passes an MCP result on as the server's content list: a string
+            // becomes one text block (2.1.88 request logs).
+            if let ToolResultContent::Text(text) = content {
+                content = ToolResultContent::Blocks(vec![ContentBlock::text(text)]);
+            }
         } else if name == "Bash" {
             content = truncate_tool_content(content, cx.bash_max_output_length);
         }
@@ -135,7 +140,7 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
                 Ok(mut paths) => {
                     let truncated = paths.len() > 100;
                     paths.truncate(100);
-                    let mut text = paths.join("\n");
+                    let mut text = paths.iter().map(|p| relative_to(&world.cwd, p)).collect::<Vec<_>>().join("\n");
                     if truncated {
                         text.push_str("\n(Results are truncated. Consider using a more specific path or pattern.)");
                     }
@@ -196,6 +201,16 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
             ExecOutcome::text(id, format!("The MCP tool {other} has no scripted output for this call."), true)
         }
         other => ExecOutcome::text(id, format!("No such tool available: {other}"), true),
+    }
+}
+
+/// A path as Glob and Grep print it (2.1.88 request logs): relative to the working directory
+/// when it lies under it, absolute otherwise. Shorter results, the same information.
+pub fn relative_to<'a>(cwd: &str, path: &'a str) -> &'a str {
+    let cwd = cwd.trim_end_matches('/');
+    match path.strip_prefix(cwd).and_then(|rest| rest.strip_prefix('/')) {
+        Some(rest) if !cwd.is_empty() && !rest.is_empty() => rest,
+        _ => path,
     }
 }
 
@@ -283,11 +298,11 @@ fn grep(id: &str, input: &Value, world: &World) -> ExecOutcome {
             if regex.is_match(line) {
                 hit = true;
                 count += 1;
-                lines.push(format!("{path}:{}:{line}", i + 1));
+                lines.push(format!("{}:{}:{line}", relative_to(&world.cwd, path), i + 1));
             }
         }
         if hit {
-            files.push(path.to_owned());
+            files.push(relative_to(&world.cwd, path).to_owned());
         }
     }
     files.sort();
