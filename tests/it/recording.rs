@@ -57,7 +57,7 @@ fn sample_recording() -> Recording {
         header,
         events: vec![
             Event::new(
-                EventKind::UserPrompt(UserPrompt { content: MessageContent::Text("read a.rs".into()), is_meta: false, is_compact_summary: false }),
+                EventKind::UserPrompt(UserPrompt { content: MessageContent::Text("read a.rs".into()), is_meta: false, is_compact_summary: false, permission_mode: None }),
                 0,
             ),
             Event::new(EventKind::ModelReply(reply), 1000),
