@@ -127,6 +127,10 @@ pub struct FidelityArgs {
     /// Do not seed the side entry a finished turn leaves (the conversation through its reply).
     #[arg(long)]
     pub no_side_entry: bool,
+    /// Also give a range for Σcache_creation and cost from the observed hit rates of the rules
+    /// the calls' outcome rested on (JSON: `interval`; table: the columns of the rules section).
+    #[arg(long)]
+    pub interval: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -3,7 +3,7 @@ use anyhow::Context;
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::{
     ReplayOptions, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session, user_context_sample, prefix_sample,
-    replay_session, write_fidelity_plots, compaction_triggers, triggers_table,
+    replay_session, write_fidelity_plots, compaction_triggers, triggers_table, modelled_table,
 };
 use crate::report::output::write_atomic;
 
@@ -65,6 +65,9 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
         let mut report = fidelity_for_session(&replay, &table, args.calls || args.plot.is_some());
+        if !args.interval {
+            report.interval = None;
+        }
         report.compaction_triggers = Some(compaction_triggers(session, &replay, &table, &Default::default()));
         report.warnings = session.report.warnings.list.clone();
         reports.push(report);
@@ -92,6 +95,7 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             let triggers: Vec<(String, crate::replay::TriggerReport)> =
                 reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
             out!("\n{}", triggers_table(&triggers));
+            out!("\n{}", modelled_table(&reports));
             if args.calls {
                 for report in &reports {
                     out!("\n{}", fidelity_calls_table(report));

@@ -548,6 +548,7 @@ impl ImportedSession {
                                 content: MessageContent::Text(text),
                                 is_meta: false,
                                 is_compact_summary: true,
+                                permission_mode: None,
                             }),
                             time_ms,
                             lane: LANE_MAIN.into(),
@@ -940,6 +941,8 @@ struct FileImporter {
     duplicates: usize,
     chunks_merged: usize,
     warnings: Warnings,
+    /// `permissionMode` of the user record being read.
+    prompt_mode: Option<String>,
 }
 
 impl FileImporter {
@@ -970,6 +973,7 @@ impl FileImporter {
             duplicates: 0,
             chunks_merged: 0,
             warnings: Warnings::default(),
+            prompt_mode: None,
         }
     }
 
@@ -1158,6 +1162,7 @@ impl FileImporter {
     fn user(&mut self, record: &Map<String, Value>, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
         let is_meta = record.get("isMeta").and_then(Value::as_bool).unwrap_or(false);
         let is_compact_summary = record.get("isCompactSummary").and_then(Value::as_bool).unwrap_or(false);
+        self.prompt_mode = record.get("permissionMode").and_then(Value::as_str).map(str::to_owned);
         let Some(content) = record.get("message").and_then(|m| m.get("content")) else {
             self.warn(WarningKind::BadLine, line, Some("message.content".into()), "user record without message content; skipped".into());
             return;
@@ -1169,7 +1174,8 @@ impl FileImporter {
                 }
         let items = match content {
             Value::String(text) => {
-                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary });
+                let permission_mode = self.prompt_mode.clone();
+                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary, permission_mode });
                 self.push(kind, time_ms, lane, uuid);
                 return;
             }
@@ -1216,7 +1222,8 @@ impl FileImporter {
             return;
         }
         let content = MessageContent::Blocks(std::mem::take(pending));
-        self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary }), time_ms, lane, uuid);
+        let permission_mode = self.prompt_mode.clone();
+        self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary, permission_mode }), time_ms, lane, uuid);
     }
 
     /// Parses content blocks one by one so one bad block costs only itself.

@@ -169,6 +169,10 @@ pub struct UserPrompt {
     /// The summary message that opens the conversation after a compaction.
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_compact_summary: bool,
+    /// The permission mode the record of the prompt names (`default`, `acceptEdits`, `plan`,
+    /// `bypassPermissions`, `auto`), when it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission_mode: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

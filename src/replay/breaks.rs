@@ -5,7 +5,8 @@
 //! The cause is the first of the events the replay saw before the call, in this order:
 //! `ttl_expired`, `model_switch`, `tool_search_load`, `skill`, `microcompact`, `resume`,
 //! `compaction`, `rerendered_prompt` (the replay re-rendered the previous turn's prompt, see
-//! [`super::turns`]); failing those, at a new user turn of a version with the N-pattern,
+//! [`super::turns`]), `turn_rerender` (2.1.200+: the new prompt re-rendered the conversation
+//! start and no side entry kept it); failing those, at a new user turn of a version with the N-pattern,
 //! `rerendered_prompt` all the same (the inference of reference/real-breaks.md, not predicted);
 //! else `unexplained`. `predicted` is 1 when the replay's own read fell as far, else 0.
 
@@ -20,7 +21,8 @@ use super::session::SessionReplay;
 pub const BREAK_MIN_DROP: u64 = 1_000;
 
 /// The causes in the order they are tried; `unexplained` when none applies.
-pub const CAUSE_ORDER: [&str; 8] = ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction", "rerendered_prompt"];
+pub const CAUSE_ORDER: [&str; 9] =
+    ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction", "rerendered_prompt", "turn_rerender"];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BreakRow {

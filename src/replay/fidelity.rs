@@ -47,6 +47,10 @@ pub struct CallComparison {
     /// The N-pattern probability applied (see [`CallReplay::rerender_probability`]).
     #[serde(default)]
     pub rerender_probability: f64,
+    /// The modelled rule this call's cache outcome rests on, if not on the record
+    /// ([`super::uncertainty`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 /// The per-session figures (CONTRACT.md "Fidelity JSON", plus a few more).
@@ -73,6 +77,13 @@ pub struct FidelityReport {
     pub user_context_tokens: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallComparison>,
+    /// The calls whose outcome rests on a modelled rule, and their share of the creation.
+    #[serde(default)]
+    pub modelled: super::uncertainty::Modelled,
+    /// The range of Σcreation and cost the rules leave open; filled by `ctxsim fidelity
+    /// --interval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<super::uncertainty::Interval>,
     /// Where the agent's autocompact threshold fires against the recorded compactions
     /// ([`super::triggers`]); filled by `ctxsim fidelity`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,6 +113,9 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
     let mut last_time: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut rec_read, mut rec_creation, mut sim_read, mut sim_creation) = (0u64, 0u64, 0.0, 0.0);
     let (mut rec_cost, mut sim_cost) = (0.0, 0.0);
+    let mut rules = super::uncertainty::Accumulator::default();
+    // The simulated read + creation of the previous compared call, per lane group.
+    let mut last_cached: BTreeMap<&str, f64> = BTreeMap::new();
     for call in &replay.calls {
         if !call.compared() {
             skipped += 1;
@@ -109,7 +123,16 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         }
         let group = if call.lane == "compact" { "main" } else { call.lane.as_str() };
         let gap_ms = last_time.insert(group, call.time_ms).map_or(0, |t| call.time_ms.saturating_sub(t));
+        let previous_cached = last_cached.insert(group, call.sim_cache_read + call.sim_cache_creation);
         let comparison = compare(call, gap_ms);
+        let rule = comparison.rule.as_deref().and_then(|r| super::uncertainty::MODELLED_RULES.into_iter().find(|m| *m == r));
+        // The other outcome: a predicted read falls to the prefix level; a predicted break reads
+        // what the previous call cached.
+        let delta_creation = match rule {
+            Some("side_entry") => (call.sim_cache_read - call.prefix_tokens as f64).max(0.0),
+            Some(_) => -(previous_cached.unwrap_or(0.0) - call.sim_cache_read).clamp(0.0, call.sim_cache_creation),
+            None => 0.0,
+        };
         rec_read += comparison.recorded_cache_read;
         rec_creation += comparison.recorded_cache_creation;
         sim_read += comparison.simulated_cache_read;
@@ -133,6 +156,14 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
                 + call.sim_cache_creation * (1.0 - share_1h) * p.cache_write_5m
                 + call.sim_cache_creation * share_1h * p.cache_write_1h)
                 / 1_000_000.0;
+            let write = (1.0 - share_1h) * p.cache_write_5m + share_1h * p.cache_write_1h;
+            rules.add(
+                call.index,
+                call.sim_cache_creation,
+                rule.map(|rule| super::uncertainty::Flip { rule, delta_creation, price_delta: (write - p.cache_read) / 1_000_000.0 }),
+            );
+        } else {
+            rules.add(call.index, call.sim_cache_creation, None);
         }
         calls.push(comparison);
     }
@@ -162,6 +193,8 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         prefix_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.prefix_tokens),
         user_context_tokens: replay.calls.iter().find(|c| c.compared()).map_or(0, |c| c.user_context_tokens),
         calls: if with_calls { calls } else { Vec::new() },
+        modelled: rules.modelled(),
+        interval: Some(rules.interval(sim_creation, sim_cost, rec_creation as f64, round6(rec_cost))),
         compaction_triggers: None,
         warnings: Vec::new(),
     }
@@ -193,6 +226,7 @@ fn compare(call: &CallReplay, gap_ms: u64) -> CallComparison {
         message_tokens: call.message_tokens,
         events: call.events.clone(),
         rerender_probability: call.rerender_probability,
+        rule: super::uncertainty::modelled_rule(&call.events).map(str::to_owned),
     }
 }
 

@@ -13,6 +13,8 @@
 //! - [`whatif`]: the session replayed with its compactions where another autocompact setting
 //!   puts them.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
+//! - [`uncertainty`]: which calls' outcome rests on a modelled rule, and the range of
+//!   Σcreation and cost the rules' observed hit rates leave open.
 
 pub mod audit;
 pub mod breaks;
@@ -24,6 +26,7 @@ pub mod session;
 pub mod triggers;
 pub mod whatif;
 pub mod turns;
+pub mod uncertainty;
 pub mod working_set;
 
 pub use breaks::{BreakRow, find_breaks};
@@ -31,6 +34,7 @@ pub use fidelity::{
     CallComparison, FidelityReport, FitSample, fidelity_calls_table, fidelity_for_session, fidelity_table, fit_calibration, fit_samples, prefix_sample, user_context_sample,
 };
 pub use plot::{fidelity_chart, write_fidelity_plots};
+pub use uncertainty::{Interval, Modelled, modelled_table};
 pub use profile::{ClientProfile, parse_version};
 pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session, replay_session_reference};
 pub use triggers::{TriggerReport, TriggerRow, compaction_triggers, triggers_table};

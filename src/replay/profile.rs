@@ -39,11 +39,27 @@ pub struct ClientProfile {
     /// in realdata, where 2.0.76–2.1.14 kept 25 of 25; the two 2.1.37+ sessions are also the
     /// only Opus 4.6 ones, so version and model are confounded).
     pub rerender_typed_prompts: bool,
+    /// Typed prompts are re-rendered only when the prompt's record names a permission mode
+    /// other than `bypassPermissions` (2.1.37–2.1.39: 3 of 3 in acceptEdits mode, 0 of 25 in
+    /// bypassPermissions; one session each, see docs/fidelity.md "Break rules").
+    pub typed_rerender_skips_bypass: bool,
     /// A side request after a finished turn caches the conversation through the last reply.
     pub post_turn_side_entry: bool,
-    /// A first ToolSearch load of a deferred tool adds it to `tools`: a full miss.
+    /// The side request is sent only after a turn the record shows ending normally (a
+    /// `stop_hook_summary` between the turn's last call and the next prompt), whoever opened the
+    /// turn (2.1.170+).
+    pub side_entry_needs_stop_summary: bool,
+    /// A new prompt after a turn that ended with the model's reply re-renders the start of the
+    /// conversation; only the side request's entry (which renders it the same way) keeps the
+    /// history cached (2.1.200+: 6 of 6 turns without a stop summary fell to the prefix level,
+    /// see docs/fidelity.md).
+    pub turn_rerenders_start: bool,
+    /// The first ToolSearch load of the session adds the loaded tools to `tools`: a full miss
+    /// (later loads do not move the tools array; from 2.1.200 no load does, 0 of 7 real loads
+    /// in 2.1.205–2.1.232 broke).
     pub tool_search_full_miss: bool,
-    /// A Skill tool call re-renders the conversation start.
+    /// A Skill tool call re-renders the conversation start (before 2.1.200; 0 of 9 Skill calls
+    /// of 2.1.205–2.1.232 did).
     pub skill_rerender: bool,
     /// A resumed session re-renders its start.
     pub resume_rerender: bool,
@@ -55,6 +71,11 @@ pub struct ClientProfile {
     /// the reference's value). Versions between take the earlier value.
     pub autocompact_output_reserve: u64,
 }
+
+/// The first version of the request layout seen in 2.1.205–2.1.232 (deferred tools as message
+/// attachments, a re-rendered conversation start at each new prompt). No session between
+/// 2.1.49 and 2.1.205 is in the data: 2.1.200 is the boundary assumed.
+pub const CURRENT_LAYOUT: (u32, u32, u32) = (2, 1, 200);
 
 /// `"2.1.39"` → `(2, 1, 39)`; missing or non-numeric parts count as 0.
 pub fn parse_version(version: &str) -> (u32, u32, u32) {
@@ -92,9 +113,12 @@ impl ClientProfile {
             version: version.to_owned(),
             rerender_opening_prompt: n_pattern,
             rerender_typed_prompts: ((2, 1, 37)..=(2, 1, 39)).contains(&v),
+            typed_rerender_skips_bypass: true,
             post_turn_side_entry: v >= (2, 0, 76),
-            tool_search_full_miss: true,
-            skill_rerender: true,
+            side_entry_needs_stop_summary: v >= (2, 1, 170),
+            turn_rerenders_start: v >= CURRENT_LAYOUT,
+            tool_search_full_miss: v < CURRENT_LAYOUT,
+            skill_rerender: v < CURRENT_LAYOUT,
             resume_rerender: true,
             cold_prefix_tokens: measured_prefix_tokens_2_1_88(),
             autocompact_output_reserve: if v < (2, 1, 37) { 32_000 } else { 20_000 },

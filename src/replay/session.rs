@@ -250,6 +250,10 @@ struct LaneState {
     scanned_to: usize,
     cleared: BTreeSet<String>,
     loaded_tools: Vec<String>,
+    /// A ToolSearch load already changed the tools array.
+    tool_search_loaded: bool,
+    /// The permission mode the last prompt record named.
+    permission_mode: Option<String>,
     rerender_epoch: u32,
     restored: Vec<ContentBlock>,
     /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
@@ -833,6 +837,10 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         let mut resumed_at = None;
         let mut request_start = None;
         let mut last_record_ms = None;
+        // The record shows the previous turn ending normally (its stop hooks ran).
+        let mut stop_summary = false;
+        let mut stop_summary_ms = None;
+        let mut ended_with_reply = true;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -897,8 +905,15 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                     if attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume") => {
                         resumed_at = Some(i);
                     }
+                EventKind::SystemEvent(sys) if sys.subtype == "stop_hook_summary" => {
+                    stop_summary = true;
+                    stop_summary_ms = Some(event.time_ms);
+                }
                 EventKind::UserPrompt(prompt) => {
                     request_start = Some(event.time_ms);
+                    if !prompt.is_meta && prompt.permission_mode.is_some() {
+                        state.permission_mode.clone_from(&prompt.permission_mode);
+                    }
                     if last_record_ms.is_some() {
                         state.turns.turn_end_ms = last_record_ms;
                     }
@@ -908,6 +923,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                     }
                 }
                 EventKind::ModelReply(reply) if i < call.event_index => {
+                    ended_with_reply = reply.stop_reason.as_ref().is_none_or(|r| *r == crate::api::StopReason::EndTurn);
                     for block in &reply.content {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
                             state.pending.insert(id.clone(), (name.clone(), input.clone()));
@@ -916,7 +932,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                                     call_events.push("skill".into());
                                     state.rerender_epoch += 1;
                                 }
-                                "ToolSearch" if profile.tool_search_full_miss => {
+                                // Only the session's first load moves the tools array.
+                                "ToolSearch" if profile.tool_search_full_miss && !state.tool_search_loaded => {
+                                    state.tool_search_loaded = true;
                                     let query = input.get("query").and_then(Value::as_str).unwrap_or("");
                                     for tool in query.trim_start_matches("select:").split(',') {
                                         let tool = tool.trim();
@@ -1066,11 +1084,23 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             turn += 1;
         }
         let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
+        let model_switched = call_events.iter().any(|e| e == "model_switch");
         let turn_start = (new_turn && call.lane == LANE_MAIN).then(|| {
-            let opens_session = state.turns.turns == 0 && !truncated;
-            state.turns.on_new_turn(&turn_profile, &messages, opens_session, options.side_entries)
+            let record = super::turns::TurnRecord {
+                opens_session: state.turns.turns == 0 && !truncated,
+                side_entries: options.side_entries,
+                ended_normally: stop_summary,
+                ended_with_reply,
+                permission_mode: state.permission_mode.as_deref(),
+                model_switched,
+            };
+            state.turns.on_new_turn(&turn_profile, &messages, record)
         });
         let rerenders_previous = turn_start.is_some_and(|t| t.rerenders_previous);
+        if turn_start.is_some_and(|t| t.rerenders_start) && options.rerender_prompts {
+            call_events.push("turn_rerender".into());
+            state.rerender_epoch += 1;
+        }
         state.turns.compaction_pending = false;
         if rerenders_previous {
             call_events.push("rerendered_prompt".into());
@@ -1196,7 +1226,10 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             let side_request = side.request(&call.model, messages[..cut].to_vec(), sizes);
             if let Ok(mut side_flat) = measurer.flatten_keyed(&side_request, side_keys.as_deref()) {
                 shape_flat(&side_request, &mut side_flat, strips_thinking, false);
-                let at = state.turns.turn_end_ms.or(previous_time).unwrap_or(start_ms).min(start_ms);
+                // From 2.1.170 the side request goes out when the stop hooks ran (records written
+                // later, such as a resumed process's, do not move it).
+                let turn_end = if profile.side_entry_needs_stop_summary { stop_summary_ms.or(state.turns.turn_end_ms) } else { state.turns.turn_end_ms };
+                let at = turn_end.or(previous_time).unwrap_or(start_ms).min(start_ms);
                 let _ = measurer.seed_cache(&side_flat, at, 0);
                 call_events.push("side_entry".into());
                 // The side request refreshed what it read: the gap that counts is from it.
@@ -1263,7 +1296,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             }
         }
         state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
-        state.turns.previous_read = Some(metrics.cache_read_input_tokens);
+        // Either read counts: the record's (a prefix another process kept warm) or the replay's
+        // own (a what-if that keeps what the recording lost).
+        state.turns.previous_read = Some(call.usage.cache_read_input_tokens.max(metrics.cache_read_input_tokens));
         let read = metrics.cache_read_input_tokens as f64;
         out.push(CallReplay {
             index: call.index,

@@ -87,7 +87,8 @@ pub struct TurnState {
     pub by_notification: bool,
     /// Time of the last record before the current prompt (the previous turn's end).
     pub turn_end_ms: Option<u64>,
-    /// The replay's own read of the lane's previous compared call.
+    /// The read of the lane's previous compared call (the larger of the recorded and the
+    /// replayed one).
     pub previous_read: Option<u64>,
     /// A compaction came before the call being built: the previous prompt is gone.
     pub compaction_pending: bool,
@@ -100,6 +101,27 @@ pub struct TurnStart {
     pub rerenders_previous: bool,
     /// Seed the side entry of the previous turn (at `turn_end_ms`).
     pub side_entry: bool,
+    /// The start of the conversation is rendered anew for this prompt (2.1.200+).
+    pub rerenders_start: bool,
+}
+
+/// What the record shows around a new prompt, beyond its messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TurnRecord<'a> {
+    /// The first turn of a session recorded from its start.
+    pub opens_session: bool,
+    /// Side entries are modelled at all (`--no-side-entry` turns them off).
+    pub side_entries: bool,
+    /// A `stop_hook_summary` came after the previous turn's last call: it ended normally.
+    pub ended_normally: bool,
+    /// The previous turn's last reply ended the turn (`stop_reason` `end_turn`, or none
+    /// recorded), rather than being cut off.
+    pub ended_with_reply: bool,
+    /// The permission mode the prompt's record names (else the last one a prompt named).
+    pub permission_mode: Option<&'a str>,
+    /// The call goes to another model than the lane's previous call: the side request of the
+    /// previous turn went to the old model and cached nothing this call can read.
+    pub model_switched: bool,
 }
 
 impl TurnState {
@@ -111,23 +133,29 @@ impl TurnState {
     }
 
     /// A new user turn whose request ends with `messages` (the last one the new prompt).
-    /// `opens_session`: the first turn of a session recorded from its start.
-    pub fn on_new_turn(&mut self, profile: &ClientProfile, messages: &[Message], opens_session: bool, side_entries: bool) -> TurnStart {
+    pub fn on_new_turn(&mut self, profile: &ClientProfile, messages: &[Message], record: TurnRecord<'_>) -> TurnStart {
         let last = messages.last();
         let interrupted_tool_use = last.is_some_and(|m| m.content.to_blocks().iter().any(|b| matches!(b, ContentBlock::ToolResult { .. })));
-        let side_entry = side_entries
+        // Up to 2.1.169 a turn a notification opened leaves no side entry (spotter #151); from
+        // 2.1.170 the record says whether the turn ended normally.
+        let turn_ended = if profile.side_entry_needs_stop_summary { record.ended_normally } else { !self.by_notification };
+        let side_entry = record.side_entries
             && profile.post_turn_side_entry
             && self.turns > 0
             && messages.len() >= 2
             && !interrupted_tool_use
-            && !self.by_notification
+            && turn_ended
+            && !record.model_switched
             && self.previous_read.is_some_and(|read| read > 0);
-        let start = TurnStart { rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending, side_entry };
+        let rerenders_start =
+            profile.turn_rerenders_start && self.turns > 0 && !interrupted_tool_use && record.ended_with_reply && !self.compaction_pending;
+        let start = TurnStart { rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending, side_entry, rerenders_start };
         let notification = last.is_some_and(is_task_notification);
-        self.transient_prompt = if opens_session {
+        let bypass = profile.typed_rerender_skips_bypass && record.permission_mode == Some("bypassPermissions");
+        self.transient_prompt = if record.opens_session {
             profile.rerender_opening_prompt
         } else {
-            profile.rerender_typed_prompts && !notification
+            profile.rerender_typed_prompts && !notification && !bypass
         };
         self.by_notification = notification;
         self.turns += 1;
@@ -168,7 +196,7 @@ mod tests {
     fn opening_and_typed_prompts_follow_the_version() {
         let turn = |version: &str, opens: bool, prompt: &str| {
             let mut state = TurnState::default();
-            state.on_new_turn(&ClientProfile::for_version(version), &[text(Role::User, prompt)], opens, true);
+            state.on_new_turn(&ClientProfile::for_version(version), &[text(Role::User, prompt)], TurnRecord { opens_session: opens, side_entries: true, ..TurnRecord::default() });
             state.transient_prompt
         };
         assert!(turn("2.0.76", true, "fix it"));
@@ -185,7 +213,7 @@ mod tests {
         let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
         let start = |previous_read: Option<u64>, turns: u32| {
             let mut state = TurnState { turns, previous_read, ..TurnState::default() };
-            state.on_new_turn(&profile, &messages, false, true).side_entry
+            state.on_new_turn(&profile, &messages, TurnRecord { side_entries: true, ..TurnRecord::default() }).side_entry
         };
         assert!(start(Some(10_000), 1));
         assert!(!start(Some(0), 1), "a cold last call leaves no side entry");
@@ -199,6 +227,50 @@ mod tests {
             extra: Default::default(),
         };
         let mut state = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
-        assert!(!state.on_new_turn(&profile, &[text(Role::User, "a"), text(Role::Assistant, "b"), interrupted], false, true).side_entry);
+        assert!(!state.on_new_turn(&profile, &[text(Role::User, "a"), text(Role::Assistant, "b"), interrupted], TurnRecord { side_entries: true, ..TurnRecord::default() }).side_entry);
+    }
+
+    fn warm_turn(version: &str, record: TurnRecord<'_>) -> TurnStart {
+        let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
+        state.on_new_turn(&ClientProfile::for_version(version), &messages, TurnRecord { side_entries: true, ..record })
+    }
+
+    #[test]
+    fn from_2_1_170_the_side_entry_needs_a_stop_summary() {
+        assert!(warm_turn("2.1.205", TurnRecord { ended_normally: true, ..TurnRecord::default() }).side_entry);
+        assert!(!warm_turn("2.1.205", TurnRecord::default()).side_entry, "no stop summary, no side request");
+        assert!(warm_turn("2.1.14", TurnRecord::default()).side_entry, "before 2.1.170 the record is not asked");
+    }
+
+    #[test]
+    fn from_2_1_200_a_new_prompt_rerenders_the_start() {
+        let ended = TurnRecord { ended_with_reply: true, ..TurnRecord::default() };
+        assert!(warm_turn("2.1.215", ended).rerenders_start);
+        assert!(!warm_turn("2.1.215", TurnRecord::default()).rerenders_start, "a reply cut off re-renders nothing");
+        assert!(!warm_turn("2.1.49", ended).rerenders_start);
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), compaction_pending: true, ..TurnState::default() };
+        let messages = [text(Role::User, "summary"), text(Role::User, "c")];
+        assert!(!state.on_new_turn(&ClientProfile::for_version("2.1.215"), &messages, ended).rerenders_start);
+    }
+
+    #[test]
+    fn a_model_switch_seeds_no_side_entry() {
+        let record = TurnRecord { ended_normally: true, model_switched: true, ..TurnRecord::default() };
+        assert!(!warm_turn("2.1.205", record).side_entry);
+        assert!(!warm_turn("2.1.14", record).side_entry);
+    }
+
+    #[test]
+    fn typed_prompts_in_bypass_mode_are_not_rerendered() {
+        let turn = |mode: Option<&str>| {
+            let mut state = TurnState::default();
+            let record = TurnRecord { permission_mode: mode, ..TurnRecord::default() };
+            state.on_new_turn(&ClientProfile::for_version("2.1.39"), &[text(Role::User, "fix it")], record);
+            state.transient_prompt
+        };
+        assert!(turn(Some("acceptEdits")));
+        assert!(turn(None));
+        assert!(!turn(Some("bypassPermissions")));
     }
 }

@@ -8,6 +8,7 @@ mod memories;
 mod layer6;
 mod live;
 mod breaks;
+mod break_rules;
 mod cache;
 mod incremental;
 mod fidelity;

@@ -57,7 +57,7 @@ fn sample_recording() -> Recording {
         header,
         events: vec![
             Event::new(
-                EventKind::UserPrompt(UserPrompt { content: MessageContent::Text("read a.rs".into()), is_meta: false, is_compact_summary: false }),
+                EventKind::UserPrompt(UserPrompt { content: MessageContent::Text("read a.rs".into()), is_meta: false, is_compact_summary: false, permission_mode: None }),
                 0,
             ),
             Event::new(EventKind::ModelReply(reply), 1000),
@@ -645,4 +645,39 @@ fn recording_claude_code_out_of_order_top_records_keep_real_times() {
     let origin = "2026-07-28T21:08:59Z".parse::<jiff::Timestamp>().unwrap().as_millisecond();
     assert_eq!(session.recording.header.start_epoch_ms, Some(origin));
     assert_eq!(session.calls[0].time_ms, 11_000);
+}
+
+#[test]
+fn the_importer_keeps_what_shows_what_happened_around_a_turn() {
+    use ctxsim::recording::{EventKind, import_claude_code};
+    // entirecontext 01M0FWRP (2.1.232): away summaries, local commands (a `/model` that kept
+    // the model), stop summaries, prompts with their permission mode, and the usage's speed and
+    // service tier.
+    let path = crate::support::realdata().join("transcripts/entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    let session = import_claude_code(&path).unwrap();
+    let mut systems: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut modes = std::collections::BTreeSet::new();
+    let mut model_command = false;
+    for event in &session.recording.events {
+        match &event.kind {
+            EventKind::SystemEvent(sys) => {
+                *systems.entry(sys.subtype.clone()).or_default() += 1;
+                model_command |= sys.subtype == "local_command" && sys.payload.to_string().contains("Kept model as");
+            }
+            EventKind::UserPrompt(prompt) => {
+                modes.extend(prompt.permission_mode.clone());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(systems.get("away_summary"), Some(&3), "{systems:?}");
+    assert_eq!(systems.get("local_command"), Some(&3), "{systems:?}");
+    assert_eq!(systems.get("stop_hook_summary"), Some(&10), "{systems:?}");
+    assert!(model_command);
+    assert_eq!(modes.into_iter().collect::<Vec<_>>(), vec!["auto".to_owned()]);
+    let call = &session.calls[1];
+    assert_eq!(call.usage.extra.get("speed").and_then(|v| v.as_str()), Some("standard"));
+    assert_eq!(call.usage.extra.get("service_tier").and_then(|v| v.as_str()), Some("standard"));
+    // Nothing the importer does not know is dropped silently.
+    assert!(session.report.unknown_by_type.is_empty(), "{:?}", session.report.unknown_by_type);
 }

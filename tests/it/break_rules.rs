@@ -1,0 +1,172 @@
+//! The break rules of the replay (src/replay/profile.rs, turns.rs; docs/fidelity.md "Break
+//! rules") on the real sessions whose record decides them: each test names the calls a rule
+//! decides and fails when the rule is dropped.
+
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::replay::{CallComparison, ReplayOptions, SessionReplay, fidelity_for_session, load_session, replay_session};
+
+use crate::support::realdata;
+
+fn replay_path(path: &std::path::Path) -> (SessionReplay, Vec<CallComparison>) {
+    let session = load_session(path).unwrap();
+    let table = ModelTable::shipped();
+    let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated));
+    let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+    let calls = fidelity_for_session(&replay, &table, true).calls;
+    (replay, calls)
+}
+
+fn replay(transcript: &str) -> (SessionReplay, Vec<CallComparison>) {
+    replay_path(&realdata().join("transcripts").join(transcript))
+}
+
+/// Checks that call `index` agrees with the record on hit and rewrite, has every event of
+/// `with` and none of `without`; returns it.
+fn check<'a>(calls: &'a [CallComparison], index: usize, with: &[&str], without: &[&str]) -> &'a CallComparison {
+    let call = calls.iter().find(|c| c.index == index).unwrap_or_else(|| panic!("no compared call #{index}"));
+    let summary = format!(
+        "#{index}: recorded read {} creation {}, simulated read {:.0} creation {:.0}, events {:?}",
+        call.recorded_cache_read, call.recorded_cache_creation, call.simulated_cache_read, call.simulated_cache_creation, call.events
+    );
+    assert!(call.hit_agrees, "{summary}");
+    for event in with {
+        assert!(call.events.iter().any(|e| e == event), "no {event}: {summary}");
+    }
+    for event in without {
+        assert!(!call.events.iter().any(|e| e == event), "{event}: {summary}");
+    }
+    call
+}
+
+const E89F: &str = "cipher-box/e89fb6a2d646-0.full.jsonl";
+const D847: &str = "oh-my-posh/d84718082c10-3.full.jsonl";
+
+#[test]
+fn typed_prompts_in_bypass_permissions_mode_are_not_rerendered() {
+    // e89f (2.1.39, bypassPermissions): 25 typed prompts, none re-rendered at the next turn; the
+    // rule of 2.1.37-2.1.39 would break each of these eight.
+    let (_, calls) = replay(E89F);
+    for index in [17, 35, 44, 58, 85, 96, 202, 217] {
+        check(&calls, index, &["new_user_turn", "side_entry"], &["rerendered_prompt"]);
+    }
+}
+
+#[test]
+fn skill_calls_from_2_1_200_rerender_nothing() {
+    // eea3 (2.1.205): both Skill calls are followed by a full read.
+    let (_, calls) = replay("oh-my-posh/eea3a34195eb-0.full.jsonl");
+    for index in [35, 91] {
+        check(&calls, index, &[], &["skill"]);
+    }
+}
+
+#[test]
+fn tool_search_loads_from_2_1_200_keep_the_cache() {
+    for (transcript, indices) in [
+        ("entirecontext/01M0EE5721NRN8FGE1238MD50T-0.full.jsonl", &[10][..]),
+        ("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl", &[65][..]),
+        ("oh-my-posh/6d449f3da816-0.full.jsonl", &[1, 25, 71][..]),
+        ("oh-my-posh/0254bffa0c17-1.full.jsonl", &[602][..]),
+    ] {
+        let (_, calls) = replay(transcript);
+        for &index in indices {
+            check(&calls, index, &[], &["tool_search_load"]);
+        }
+    }
+}
+
+#[test]
+fn before_2_1_200_only_the_first_tool_search_load_is_a_full_miss() {
+    // 6d44 has three ToolSearch calls; rewritten as a 2.1.49 session, only the first changes
+    // the tools array.
+    let text = std::fs::read_to_string(realdata().join("transcripts/oh-my-posh/6d449f3da816-0.full.jsonl")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.jsonl");
+    std::fs::write(&path, text.replace("\"version\":\"2.1.209\"", "\"version\":\"2.1.49\"")).unwrap();
+    let (replay, _) = replay_path(&path);
+    let loads: Vec<usize> =
+        replay.calls.iter().filter(|c| c.events.iter().any(|e| e == "tool_search_load")).map(|c| c.index).collect();
+    assert_eq!(loads, vec![1], "{loads:?}");
+    let first = replay.calls.iter().find(|c| c.index == 1).unwrap();
+    assert!(first.sim_cache_read < 1.0, "the first load is a full miss: read {}", first.sim_cache_read);
+}
+
+#[test]
+fn from_2_1_200_a_turn_without_a_stop_summary_falls_to_the_prefix_level() {
+    // d847 (2.1.215): the three turns whose previous turn shows no stop_hook_summary read only
+    // the prefix level (32,436); a turn after one that does reads the side entry.
+    let (_, calls) = replay(D847);
+    for index in [63, 157, 211] {
+        let call = check(&calls, index, &["turn_rerender"], &["side_entry"]);
+        assert_eq!(call.recorded_cache_read, 32_436);
+        assert!((call.simulated_cache_read - 32_436.0).abs() < 500.0, "#{index}: {}", call.simulated_cache_read);
+    }
+    check(&calls, 83, &["turn_rerender", "side_entry"], &[]);
+    // A prompt after a reply that was cut off (no end_turn) re-renders nothing.
+    check(&calls, 226, &["new_user_turn"], &["turn_rerender"]);
+}
+
+#[test]
+fn a_side_entry_is_sent_when_the_stop_hooks_ran_not_when_the_process_resumed() {
+    // NumWordify #6 (2.1.227) resumes 2 h 56 min after the turn ended: the side entry dates
+    // from the stop summary, long expired, and the call reads nothing.
+    let (_, calls) = replay("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl");
+    let call = check(&calls, 6, &["resume", "ttl_expired"], &[]);
+    assert_eq!(call.simulated_cache_read, 0.0);
+}
+
+#[test]
+fn a_model_command_that_keeps_the_model_is_no_break() {
+    // entirecontext 01M0FWRP #12: `/model` answered "Kept model as Opus 4.6 (1M context)"; the
+    // next call read everything the previous one cached (the only /model in the data).
+    let (_, calls) = replay("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    let call = check(&calls, 12, &["new_user_turn"], &["model_switch"]);
+    assert_eq!(call.recorded_cache_read, 105_731);
+}
+
+fn fidelity_cli(args: &[&str]) -> (String, i32) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).arg("fidelity").args(args).output().unwrap();
+    (String::from_utf8(out.stdout).unwrap(), out.status.code().unwrap_or(-1))
+}
+
+#[test]
+fn fidelity_names_the_calls_that_rest_on_a_rule_and_their_share() {
+    let path = realdata().join("transcripts").join(D847);
+    let (json, code) = fidelity_cli(&[path.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 0);
+    let report: ctxsim::replay::FidelityReport = serde_json::from_str(&json).unwrap();
+    // Without --interval, no range.
+    assert!(report.interval.is_none());
+    let calls = &report.modelled.calls;
+    assert!(calls["turn_rerender"].contains(&63) && calls["turn_rerender"].contains(&211), "{calls:?}");
+    assert!(calls["side_entry"].contains(&83), "{calls:?}");
+    // The record decides a TTL gap: #54 rests on no rule.
+    assert!(calls.values().all(|c| !c.contains(&54)), "{calls:?}");
+    assert!((0.2..0.9).contains(&report.modelled.creation_share), "{}", report.modelled.creation_share);
+    // The same list, call by call.
+    let (json, _) = fidelity_cli(&[path.to_str().unwrap(), "--format", "json", "--calls"]);
+    let report: ctxsim::replay::FidelityReport = serde_json::from_str(&json).unwrap();
+    let by_call: usize = report.calls.iter().filter(|c| c.rule.is_some()).count();
+    assert_eq!(by_call, report.modelled.count());
+    // The table prints the section.
+    let (table, _) = fidelity_cli(&[path.to_str().unwrap()]);
+    assert!(table.contains("rests on a modelled rule") && table.contains("turn_rerender: #63"), "{table}");
+}
+
+#[test]
+fn the_interval_holds_the_replay_and_is_wider_where_more_rests_on_rules() {
+    let interval = |transcript: &str| {
+        let path = realdata().join("transcripts").join(transcript);
+        let (json, code) = fidelity_cli(&[path.to_str().unwrap(), "--format", "json", "--interval"]);
+        assert_eq!(code, 0);
+        let report: ctxsim::replay::FidelityReport = serde_json::from_str(&json).unwrap();
+        let i = report.interval.expect("--interval fills it");
+        assert!(i.creation_low <= report.simulated_cache_creation && report.simulated_cache_creation <= i.creation_high, "{i:?}");
+        assert!(i.cost_low_usd <= report.simulated_cost_usd && report.simulated_cost_usd <= i.cost_high_usd, "{i:?}");
+        (i.creation_high - i.creation_low) / report.simulated_cache_creation
+    };
+    // d847 rests on rules for half its creation, 7662 for none of it.
+    let wide = interval(D847);
+    let narrow = interval("entireio-cli/7662d755ef9f-2.full.jsonl");
+    assert!(wide > 0.3 && narrow < wide / 2.0, "{wide} {narrow}");
+}
