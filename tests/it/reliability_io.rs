@@ -428,32 +428,95 @@ fn check_annotations_escape_names() {
     assert!(line.contains("::evil%250A::error::injected, a:b: "), "{line}");
 }
 
-#[test]
-fn a_client_stalled_inside_its_body_blocks_neither_others_nor_the_shutdown() {
-    let dir = tempfile::tempdir().unwrap();
-    let script = ctxsim::live::Script::parse(&json!({"main": [{"content": "one"}, {"content": "two"}]}).to_string(), "script.json").unwrap();
-    let options = ctxsim::live::ServeOptions { log_dir: Some(dir.path().to_owned()), ..Default::default() };
-    let handle = ctxsim::live::start(0, ctxsim::live::Service::new(script, super::support::measurer(), options).unwrap()).unwrap();
-    // A client announces 1000 bytes and sends 10.
-    let mut stalled = std::net::TcpStream::connect(handle.addr()).unwrap();
+/// Sends a POST that announces 1000 bytes of body and sends 10, then stalls.
+fn check_stalled_client(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
     write!(stalled, "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"model\":").unwrap();
     stalled.flush().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    // Another client is answered meanwhile.
+    stalled
+}
+
+/// One `/v1/messages` request on a connection of its own; the raw answer.
+fn check_one_request(addr: std::net::SocketAddr) -> String {
     let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let mut other = std::net::TcpStream::connect(handle.addr()).unwrap();
+    let mut other = std::net::TcpStream::connect(addr).unwrap();
     other.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
     write!(other, "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut answer = String::new();
     other.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn a_client_stalled_inside_its_body_blocks_neither_others_nor_the_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = ctxsim::live::Script::parse(&json!({"main": [{"content": "one"}, {"content": "two"}]}).to_string(), "script.json").unwrap();
+    let options = ctxsim::live::ServeOptions { log_dir: Some(dir.path().to_owned()), read_timeout: std::time::Duration::from_secs(1), ..Default::default() };
+    let handle = ctxsim::live::start(0, ctxsim::live::Service::new(script, super::support::measurer(), options).unwrap()).unwrap();
+    let stalled = check_stalled_client(handle.addr());
+    let mut timed_out = check_stalled_client(handle.addr());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Another client is answered meanwhile.
+    let answer = check_one_request(handle.addr());
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    // And the server stops (as on SIGTERM) with the stalled client still connected, writing
-    // its trace.
+    // After a second of silence the stalled connection gets a 408 and is closed.
+    timed_out.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = String::new();
+    timed_out.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("timeout_error"), "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    // And the server stops (as on SIGTERM) with a stalled client still connected, writing its
+    // trace.
+    let stalled_again = check_stalled_client(handle.addr());
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || done_tx.send(handle.stop().map(|r| r.rows.len())).unwrap());
     let rows = done_rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the server stopped").unwrap();
     assert_eq!(rows, 1);
     assert_eq!(std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap().lines().count(), 1);
+    drop((stalled, stalled_again));
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_ends_serve_with_a_stalled_client_connected_and_writes_the_trace() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("script.json"), json!({"main": [{"content": "one"}, {"content": "two"}]}).to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .current_dir(dir.path())
+        .args(["serve", "--script", "script.json", "--log", "log", "--estimator", "chars4", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr: std::net::SocketAddr = first.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("{first}")).parse().unwrap();
+    // One client stalls inside its body (the default read timeout, 60 s, is far away); another
+    // is answered.
+    let stalled = check_stalled_client(addr);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let answer = check_one_request(addr);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // SIGTERM ends the server at once, with its trace and summary written.
+    let started = std::time::Instant::now();
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("serve did not end within 20 s of SIGTERM with a stalled client connected");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(dir.path().join("log/trace.jsonl")).unwrap().lines().count(), 1);
+    assert!(dir.path().join("log/summary.json").exists());
+    assert_eq!(std::fs::read_to_string(dir.path().join("log/requests.jsonl")).unwrap().lines().count(), 1);
     drop(stalled);
 }
 
