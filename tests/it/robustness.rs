@@ -629,7 +629,8 @@ fn robustness_issue_14_empty_and_garbage_inputs_exit_2() {
     assert!(message.len() < 400 && message.contains("line 2"), "{}", ctxsim::input::excerpt(&message));
 }
 
-/// `sweep --merge` names the file and line of a duplicated point, and the files of a missing one.
+/// `sweep --merge` names the file and line of a duplicated point, and of the row a missing one
+/// should follow (and the files given).
 #[test]
 fn robustness_sweep_merge_blames_the_right_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -644,7 +645,7 @@ fn robustness_sweep_merge_blames_the_right_file() {
     lines.remove(7);
     std::fs::write(&a, lines.join("\n") + "\n").unwrap();
     let err = ctxsim::report::sweep::merge(std::slice::from_ref(&a)).unwrap_err().to_string();
-    assert!(err.starts_with("point 5 is missing") && err.contains(&a.display().to_string()), "{err}");
+    assert!(err.starts_with(&format!("{}:7: point 5 is missing after point 4 here: the shards {}", a.display(), a.display())), "{err}");
     std::fs::write(&b, format!("{}\n{}\nfive,1\n", lines[0], lines[1])).unwrap();
     let err = ctxsim::report::sweep::merge(&[a, b.clone()]).unwrap_err().to_string();
     assert!(err.starts_with(&format!("{}:3:", b.display())), "{err}");
