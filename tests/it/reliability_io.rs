@@ -87,6 +87,7 @@ fn no_command_writes_over_its_own_input() {
         vec!["fidelity", "session.jsonl", "--fit", "session.jsonl"],
         vec!["check", "a.yaml", "--estimator", "chars4", "--junit", "a.yaml"],
         vec!["report", "log.jsonl", "--out", "."],
+        vec!["audit", "session.jsonl", "--estimator", "chars4", "--no-progress", "--csv", "--output", "session.jsonl"],
     ];
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     for args in cases {
