@@ -172,6 +172,9 @@ fn serve_opens_its_log_only_after_binding() {
     assert_eq!(std::fs::read_to_string(dir.path().join("log/requests.jsonl")).unwrap(), "previous run\n");
 }
 
+/// Files by relative path, with their bytes.
+type Files = BTreeMap<String, Vec<u8>>;
+
 /// Every file under `dir` (relative path → bytes).
 fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
@@ -200,8 +203,8 @@ fn check_killed_runs_with(
     dir: &Path,
     args: &[&str],
     delays_ms: &[u64],
-    observe: &dyn Fn() -> BTreeMap<String, Vec<u8>>,
-    whole: &dyn Fn(&BTreeMap<String, Vec<u8>>) -> bool,
+    observe: &dyn Fn() -> Files,
+    whole: &dyn Fn(&Files) -> bool,
     setup: &dyn Fn(&mut Command) -> Box<dyn std::any::Any>,
 ) -> (usize, usize) {
     let (mut old_seen, mut new_seen) = (0, 0);
