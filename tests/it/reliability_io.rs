@@ -251,6 +251,49 @@ fn timed(dir: &Path, args: &[&str]) -> u64 {
     start.elapsed().as_millis() as u64
 }
 
+/// Kills each directory writer (`args`, output directory) at `kills` moments over its run
+/// time; its previous generation holds a file of its own, which must survive too. The number
+/// of kills.
+fn check_killed_dir_writers(dir: &Path, writers: &[(Vec<&str>, &str)], kills: usize) -> usize {
+    let mut total = 0;
+    for (args, out) in writers {
+        let path = dir.join(out);
+        let previous = || {
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
+        };
+        previous();
+        let span = timed(dir, args);
+        let complete = tree(&path);
+        assert!(complete.contains_key("kept.txt") && complete.len() > 1, "{args:?}: {:?}", complete.keys());
+        // Back to an older generation, then killed runs.
+        previous();
+        let (old, new) = check_killed_runs(dir, args, &kill_moments(span + span / 4, kills), &|| tree(&path), &complete);
+        total += old + new;
+        // No stale generation is left beside the output when the run finished.
+        assert!(timed(dir, args) > 0);
+        assert_eq!(tree(&path), complete);
+    }
+    total
+}
+
+/// Kills each file writer (`args`, output file) at `kills` moments over its run time. The
+/// number of kills.
+fn check_killed_file_writers(dir: &Path, writers: &[(Vec<&str>, &str)], kills: usize) -> usize {
+    let mut total = 0;
+    for (args, out) in writers {
+        let path = dir.join(out);
+        let span = timed(dir, args);
+        let complete = BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
+        std::fs::write(&path, "previous\n").unwrap();
+        let observe = || BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
+        let (old, new) = check_killed_runs(dir, args, &kill_moments(span + span / 4, kills), &observe, &complete);
+        total += old + new;
+    }
+    total
+}
+
 #[test]
 fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
     let dir = with_scenario();
@@ -267,23 +310,7 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
     ];
     let made = check_ctxsim(dir.path(), &["run", "a.yaml", "--estimator", "chars4", "--quiet", "--trace", "trace-in.jsonl"]);
     assert!(made.status.success());
-    for (args, out) in &writers {
-        let path = dir.path().join(out);
-        std::fs::create_dir_all(&path).unwrap();
-        std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
-        let span = timed(dir.path(), args);
-        let complete = tree(&path);
-        assert!(complete.contains_key("kept.txt") && complete.len() > 1, "{args:?}: {:?}", complete.keys());
-        // Back to an older generation, then killed runs.
-        std::fs::remove_dir_all(&path).unwrap();
-        std::fs::create_dir_all(&path).unwrap();
-        std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
-        let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 8), &|| tree(&path), &complete);
-        total += old + new;
-        // No stale generation is left beside the output when the run finished.
-        assert!(timed(dir.path(), args) > 0);
-        assert_eq!(tree(&path), complete);
-    }
+    total += check_killed_dir_writers(dir.path(), &writers, 8);
     // File outputs: the trace, import's recording, the baseline.
     let file_writers: Vec<(Vec<&str>, &str)> = vec![
         (vec!["run", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--trace", "t.jsonl"], "t.jsonl"),
@@ -291,15 +318,7 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
         (vec!["check", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--baseline", "base.json", "--update-baseline"], "base.json"),
     ];
     std::fs::copy(super::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl"), dir.path().join("session.jsonl")).unwrap();
-    for (args, out) in &file_writers {
-        let path = dir.path().join(out);
-        let span = timed(dir.path(), args);
-        let complete = BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
-        std::fs::write(&path, "previous\n").unwrap();
-        let observe = || BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
-        let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 6), &observe, &complete);
-        total += old + new;
-    }
+    total += check_killed_file_writers(dir.path(), &file_writers, 6);
     assert_eq!(total, 5 * 8 + 3 * 6);
     // No temporary file or fresh generation left where a kill did not interrupt a write... the
     // ones a kill did leave are hidden siblings, never the output itself.
@@ -317,43 +336,19 @@ fn killed_plot_fit_shapes_junit_and_audit_writers_leave_the_previous_output_or_t
     let capture = super::support::realdata().join("api_captures/claude-trace/test-traffic.jsonl");
     let made = check_ctxsim(dir.path(), &["import", "--quiet", "--from", "claude-trace", capture.to_str().unwrap(), "-o", "log.jsonl"]);
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let mut total = 0;
     // Directory outputs, each with a file of the previous generation that must survive.
     let dir_writers: Vec<(Vec<&str>, &str)> = vec![
         (vec!["fidelity", "s.jsonl", "--estimator", "chars4", "--plot", "plots"], "plots"),
         (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--out", "aud"], "aud"),
     ];
-    for (args, out) in &dir_writers {
-        let path = dir.path().join(out);
-        std::fs::create_dir_all(&path).unwrap();
-        std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
-        let span = timed(dir.path(), args);
-        let complete = tree(&path);
-        assert!(complete.contains_key("kept.txt") && complete.len() > 1, "{args:?}: {:?}", complete.keys());
-        std::fs::remove_dir_all(&path).unwrap();
-        std::fs::create_dir_all(&path).unwrap();
-        std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
-        let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 8), &|| tree(&path), &complete);
-        total += old + new;
-        assert!(timed(dir.path(), args) > 0);
-        assert_eq!(tree(&path), complete);
-    }
-    // File outputs.
+    let mut total = check_killed_dir_writers(dir.path(), &dir_writers, 8);
     let file_writers: Vec<(Vec<&str>, &str)> = vec![
         (vec!["fidelity", "s.jsonl", "--estimator", "chars4", "--fit", "fit.json"], "fit.json"),
         (vec!["diff-requests", "log.jsonl", "log.jsonl", "--shapes-out", "shapes.json"], "shapes.json"),
         (vec!["check", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--junit", "junit.xml"], "junit.xml"),
         (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--csv", "--output", "audit.csv"], "audit.csv"),
     ];
-    for (args, out) in &file_writers {
-        let path = dir.path().join(out);
-        let span = timed(dir.path(), args);
-        let complete = BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
-        std::fs::write(&path, "previous\n").unwrap();
-        let observe = || BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
-        let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 6), &observe, &complete);
-        total += old + new;
-    }
+    total += check_killed_file_writers(dir.path(), &file_writers, 6);
     assert_eq!(total, 2 * 8 + 4 * 6);
 }
 
