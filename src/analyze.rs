@@ -321,6 +321,7 @@ impl<R: BufRead> LogReader<R> {
             let line = utf8_line(line.bytes, path, number)?;
             if !self.seen_content && line.trim_start().starts_with('[') {
                 // A JSON array of bare bodies: read the whole rest as one document.
+                let first_line = number;
                 let mut text = line;
                 for rest in self.lines.by_ref() {
                     let rest = rest.map_err(|source| AnalyzeError::Io { path: path.to_owned(), source })?;
@@ -329,7 +330,7 @@ impl<R: BufRead> LogReader<R> {
                     text.push_str(&utf8_line(rest.bytes, path, rest.number)?);
                 }
                 self.done = true;
-                self.pending = read_array(&text, path)?.into();
+                self.pending = read_array(&text, path, first_line)?.into();
                 return Ok(self.pending.pop_front());
             }
             self.seen_content = true;
@@ -385,13 +386,22 @@ fn utf8_line(bytes: Vec<u8>, path: &str, number: usize) -> Result<String, Analyz
     })
 }
 
-fn read_array(text: &str, path: &str) -> Result<Vec<LogEntry>, AnalyzeError> {
-    let items: Vec<Value> = serde_json::from_str(text)
-        .map_err(|e| line_error(path, e.line(), format!("malformed JSON: {}", crate::input::cap_message(&e.to_string()))))?;
+/// A JSON-array log (`text` begins at line `first_line` of the file): one entry per element,
+/// each with the line its element starts on, which every message about it names.
+fn read_array(text: &str, path: &str, first_line: usize) -> Result<Vec<LogEntry>, AnalyzeError> {
+    let file_line = |line: usize| first_line + line.saturating_sub(1);
+    let items: Vec<&serde_json::value::RawValue> = serde_json::from_str(text)
+        .map_err(|e| line_error(path, file_line(e.line()), format!("malformed JSON at column {}: {}", e.column(), crate::input::cap_message(&without_position(&e)))))?;
     let mut entries = Vec::with_capacity(items.len());
+    // Line of each element: the newlines before where it starts (elements come in order).
+    let (mut line, mut counted) = (first_line, 0);
     for (i, item) in items.into_iter().enumerate() {
-        let body = parse_body(item).map_err(|m| line_error(path, 1, format!("[{i}].{m}")))?;
-        entries.push(LogEntry::new(1, i as u64 * 1000, body));
+        let start = (item.get().as_ptr() as usize).saturating_sub(text.as_ptr() as usize).min(text.len());
+        line += text.as_bytes()[counted..start.max(counted)].iter().filter(|&&b| b == b'\n').count();
+        counted = start.max(counted);
+        let value: Value = serde_json::from_str(item.get()).map_err(|e| line_error(path, line, format!("[{i}]: {}", crate::input::cap_message(&without_position(&e)))))?;
+        let body = parse_body(value).map_err(|m| line_error(path, line, format!("[{i}].{m}")))?;
+        entries.push(LogEntry::new(line, i as u64 * 1000, body));
     }
     Ok(entries)
 }

@@ -100,6 +100,13 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         None => ModelTable::shipped(),
     };
     let calibration = Calibration::shipped();
+    // No output over an input; `--out` is written as a new generation swapped in at the end.
+    let mut inputs = super::guard::Inputs::of(files.iter().map(|f| f.path.clone()));
+    inputs.add_all(args.model_table.iter());
+    if let Some(path) = &args.output {
+        inputs.refuse_file("--output", path)?;
+    }
+    let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &inputs)).transpose()?;
     let make = || Measurer::new(table.clone(), TokenCounter::with_calibration(args.estimator.into(), calibration.clone())).without_body_hashes();
     let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
     let may_draw = !args.no_progress && std::io::stderr().is_terminal();
@@ -168,9 +175,10 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
             std::io::stdout().write_all(&text)?;
         }
     }
-    if let Some(dir) = &args.out {
-        crate::report::audit::write_audit_html(dir, &audits).with_context(|| format!("failed to write the report under {}", dir.display()))?;
-        write_atomic(&dir.join("audit.csv"), &audit_csv(&rows, &totals, by)).with_context(|| format!("failed to write under {}", dir.display()))?;
+    if let (Some(dir), Some(out_dir)) = (&args.out, out_dir) {
+        crate::report::audit::write_audit_html(out_dir.path(), &audits).with_context(|| format!("failed to write the report under {}", dir.display()))?;
+        write_atomic(&out_dir.path().join("audit.csv"), &audit_csv(&rows, &totals, by)).with_context(|| format!("failed to write under {}", dir.display()))?;
+        out_dir.commit()?;
         eprintln!("wrote {}", dir.join("index.html").display());
     }
     for p in &problems {

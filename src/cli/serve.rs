@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// Virtual milliseconds between two requests without an `x-ctxsim-time-ms` header.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     pub step_ms: u64,
+    /// Seconds of silence after which a connection whose request is unfinished gets a 408 and is
+    /// closed (an idle kept-alive connection is closed then too); a whole request must arrive
+    /// within 600 s.
+    #[arg(long, default_value_t = 60, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub read_timeout: u64,
     /// Tag in generated message and tool ids (distinct per process when a run resumes another).
     #[arg(long, default_value = "ctxsim")]
     pub id_tag: String,
@@ -53,6 +58,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         max_requests: args.max_requests,
         exit_when_done: args.exit_when_done,
         input_name: args.script.display().to_string(),
+        read_timeout: std::time::Duration::from_secs(args.read_timeout),
+        ..ServeOptions::default()
     };
     let service = Service::new(script, measurer(&args.measure)?, options)
         .with_context(|| format!("failed to create the request log in {}", args.log.as_ref().map_or(String::new(), |d| d.display().to_string())))?;

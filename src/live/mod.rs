@@ -3,6 +3,7 @@
 //! Only this module and `cli/` open sockets.
 
 pub mod client;
+pub mod http;
 pub mod run;
 pub mod script;
 pub mod serve;

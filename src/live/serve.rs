@@ -2,21 +2,24 @@
 //! request it gets with the project's cache simulator (docs/serve.md).
 //!
 //! [`Service`] is the whole API without sockets: a request in, a reply out, in arrival order.
-//! [`start`] puts it behind a tiny_http listener on 127.0.0.1: every request is read on a
-//! thread of its own (a client stalled inside its body holds only that thread, never the
-//! others nor the shutdown), and the service answers them one at a time, in the order their
-//! bodies arrived.
+//! [`start`] puts it behind a listener on 127.0.0.1 (the HTTP/1.1 layer is [`super::http`]):
+//! every connection is read on a thread of its own, each read waiting at most the read
+//! timeout (a client stalled inside its body holds only its thread, and only until then; never
+//! the others nor the shutdown), and the service answers the requests one at a time, in the
+//! order their bodies arrived.
 //!
 //! **Time.** The server never reads the wall clock. Each `/v1/messages` request happens at a
 //! virtual time: the `x-ctxsim-time-ms` header when the client sends one (ms, never going back),
 //! else the previous request's time plus `step_ms` plus the previous reply's scripted `delay`.
 //! The same sequence of requests gives byte-identical responses, logs, traces and summaries.
 
-use std::io::{Read, Write};
-use std::net::SocketAddr;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -28,6 +31,7 @@ use crate::recording::RequestLogEntry;
 use crate::report::output::{trace_jsonl, write_atomic};
 use crate::world::estimate_output_tokens;
 
+use super::http::{Connection, Incoming, Timeouts};
 use super::script::{ScriptedReply, Script};
 use super::sse;
 
@@ -38,6 +42,10 @@ pub const TIME_HEADER: &str = "x-ctxsim-time-ms";
 pub const MAX_TIME_MS: u64 = (1 << 53) - 1;
 /// The API's request size limit (32 MB).
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// `--read-timeout`'s default.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a whole request may take to arrive.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -55,11 +63,24 @@ pub struct ServeOptions {
     pub exit_when_done: bool,
     /// Name of the input in the summary (the script's path).
     pub input_name: String,
+    /// The longest silence while a connection's request is read (or the next one awaited).
+    pub read_timeout: Duration,
+    /// The longest a whole request may take to arrive.
+    pub request_timeout: Duration,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { step_ms: 1000, id_tag: "ctxsim".to_owned(), log_dir: None, max_requests: None, exit_when_done: false, input_name: "serve".to_owned() }
+        ServeOptions {
+            step_ms: 1000,
+            id_tag: "ctxsim".to_owned(),
+            log_dir: None,
+            max_requests: None,
+            exit_when_done: false,
+            input_name: "serve".to_owned(),
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
     }
 }
 
@@ -365,17 +386,30 @@ fn parse_body(bytes: &[u8]) -> Result<(Request, Value), HttpReply> {
 /// A running server.
 pub struct ServerHandle {
     addr: SocketAddr,
-    server: Arc<tiny_http::Server>,
+    stopper: Stopper,
     thread: JoinHandle<std::io::Result<ServeReport>>,
 }
 
-/// Stops a running server from anywhere (a signal handler, a test).
+/// Stops a running server from anywhere (a signal handler, a test): raises the stop flag and
+/// wakes the accepting thread with a connection of its own.
 #[derive(Clone)]
-pub struct Stopper(Arc<tiny_http::Server>);
+pub struct Stopper(Arc<StopState>);
+
+struct StopState {
+    stopped: AtomicBool,
+    addr: SocketAddr,
+}
 
 impl Stopper {
     pub fn stop(&self) {
-        self.0.unblock();
+        if !self.0.stopped.swap(true, Ordering::SeqCst) {
+            // The accept loop is parked in accept(); a connection wakes it to see the flag.
+            let _ = TcpStream::connect_timeout(&self.0.addr, Duration::from_secs(1));
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.0.stopped.load(Ordering::SeqCst)
     }
 }
 
@@ -390,12 +424,12 @@ impl ServerHandle {
     }
 
     pub fn stopper(&self) -> Stopper {
-        Stopper(Arc::clone(&self.server))
+        self.stopper.clone()
     }
 
     /// Stops accepting requests (the one being answered is finished) and returns the report.
     pub fn stop(self) -> std::io::Result<ServeReport> {
-        self.server.unblock();
+        self.stopper.stop();
         self.wait()
     }
 
@@ -407,75 +441,106 @@ impl ServerHandle {
 }
 
 /// Binds 127.0.0.1:`port` (0 picks a free port), then opens the service's request log, and
-/// serves: one thread accepts, one thread per request reads and answers it.
+/// serves: one thread accepts, one thread per connection (at most [`MAX_CONNECTIONS`] at once)
+/// reads its requests, each read waiting at most `options.read_timeout`.
 pub fn start(port: u16, mut service: Service) -> std::io::Result<ServerHandle> {
-    let server = tiny_http::Server::http(("127.0.0.1", port)).map_err(std::io::Error::other)?;
-    let addr = server.server_addr().to_ip().ok_or_else(|| std::io::Error::other("the listener has no IP address"))?;
+    let listener = TcpListener::bind(("127.0.0.1", port))?;
+    let addr = listener.local_addr()?;
     service.open_log()?;
-    let server = Arc::new(server);
-    let listener = Arc::clone(&server);
-    let thread = std::thread::Builder::new().name("ctxsim-serve".to_owned()).spawn(move || serve_loop(listener, service))?;
-    Ok(ServerHandle { addr, server, thread })
+    let stopper = Stopper(Arc::new(StopState { stopped: AtomicBool::new(false), addr }));
+    let timeouts = Timeouts { read: service.options.read_timeout, request: service.options.request_timeout };
+    let accepting = stopper.clone();
+    let thread = std::thread::Builder::new().name("ctxsim-serve".to_owned()).spawn(move || serve_loop(&listener, service, &accepting, timeouts))?;
+    Ok(ServerHandle { addr, stopper, thread })
 }
 
-/// The service between request threads; `None` once the server has stopped.
+/// The most connections served at once; one more is answered 503 and closed.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// The service between connection threads; `None` once the server has stopped.
 type Shared = Arc<Mutex<Option<Service>>>;
 
-fn serve_loop(server: Arc<tiny_http::Server>, service: Service) -> std::io::Result<ServeReport> {
+fn serve_loop(listener: &TcpListener, service: Service, stopper: &Stopper, timeouts: Timeouts) -> std::io::Result<ServeReport> {
     let shared: Shared = Arc::new(Mutex::new(Some(service)));
-    for request in server.incoming_requests() {
-        let (shared, server) = (Arc::clone(&shared), Arc::clone(&server));
-        let spawned = std::thread::Builder::new().name("ctxsim-serve-request".to_owned()).spawn(move || answer(request, &shared, &server));
+    let open = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        if stopper.stopped() {
+            break;
+        }
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                eprintln!("warning: failed to accept a connection: {e}");
+                // Out of file descriptors and the like: do not spin.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let mut connection = match Connection::new(stream, timeouts, MAX_BODY_BYTES) {
+            Ok(connection) => connection,
+            Err(e) => {
+                eprintln!("warning: failed to set up a connection: {e}");
+                continue;
+            }
+        };
+        if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::SeqCst);
+            let reply = HttpReply::error(503, "overloaded_error", format!("more than {MAX_CONNECTIONS} connections at once"));
+            let _ = connection.respond(&reply, "req_busy", false, false);
+            connection.close();
+            continue;
+        }
+        let (shared, stopper, count) = (Arc::clone(&shared), stopper.clone(), Arc::clone(&open));
+        let spawned = std::thread::Builder::new().name("ctxsim-serve-connection".to_owned()).spawn(move || {
+            serve_connection(&mut connection, &shared, &stopper);
+            connection.close();
+            count.fetch_sub(1, Ordering::SeqCst);
+        });
         if let Err(e) = spawned {
-            eprintln!("warning: failed to start a request thread: {e}");
+            open.fetch_sub(1, Ordering::SeqCst);
+            eprintln!("warning: failed to start a connection thread: {e}");
         }
     }
-    // Stopped: requests still being read find no service and get a 503; the one being
+    // Stopped: connections still reading find no service and get a 503; the request being
     // answered finishes first (it holds the lock).
     let service = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     service.ok_or_else(|| std::io::Error::other("the service was taken twice"))?.finish()
 }
 
-/// Reads one request's body (on its own thread), answers it under the service's lock, and
-/// stops the server when the service is finished.
-fn answer(mut request: tiny_http::Request, shared: &Shared, server: &tiny_http::Server) {
-    let read = read_request(&mut request);
-    let (reply, request_id, stop) = {
-        let mut guard = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match guard.as_mut() {
-            Some(service) if !service.finished() => {
-                let reply = match &read {
-                    Ok(http) => service.handle(http),
-                    Err(reply) => reply.clone(),
-                };
-                (reply, format!("req_{}_{:04}", service.options.id_tag, service.requests), service.finished())
+/// Answers the requests of one connection, each under the service's lock, until the client
+/// closes it, a read times out, or the server stops; stops the server when the service is
+/// finished.
+fn serve_connection(connection: &mut Connection, shared: &Shared, stopper: &Stopper) {
+    loop {
+        let (read, keep_alive) = match connection.next_request() {
+            Incoming::Request { request, keep_alive } => (Ok(request), keep_alive),
+            Incoming::Refused(reply) => (Err(reply), false),
+            Incoming::Closed => return,
+        };
+        let head_only = read.as_ref().is_ok_and(|r| r.method == "HEAD");
+        let (reply, request_id, stop, open) = {
+            let mut guard = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match guard.as_mut() {
+                Some(service) if !service.finished() && !stopper.stopped() => {
+                    let reply = match &read {
+                        Ok(http) => service.handle(http),
+                        Err(reply) => reply.clone(),
+                    };
+                    (reply, format!("req_{}_{:04}", service.options.id_tag, service.requests), service.finished(), true)
+                }
+                _ => (HttpReply::error(503, "overloaded_error", "the server is shutting down"), "req_closed".to_owned(), false, false),
             }
-            _ => (HttpReply::error(503, "overloaded_error", "the server is shutting down"), "req_closed".to_owned(), false),
+        };
+        let keep_alive = keep_alive && open && !stop;
+        if let Err(e) = connection.respond(&reply, &request_id, head_only, keep_alive) {
+            eprintln!("warning: failed to send a response: {e}");
+            return;
         }
-    };
-    let content_type = tiny_http::Header::from_bytes("content-type", reply.content_type).expect("static header is valid");
-    let request_id = tiny_http::Header::from_bytes("request-id", request_id).expect("ids are ASCII");
-    let length = (reply.content_type != "text/event-stream").then_some(reply.body.len());
-    let response = tiny_http::Response::new(tiny_http::StatusCode(reply.status), vec![content_type, request_id], reply.body.as_slice(), length, None);
-    if let Err(e) = request.respond(response) {
-        eprintln!("warning: failed to send a response: {e}");
+        if stop {
+            stopper.stop();
+        }
+        if !keep_alive {
+            return;
+        }
     }
-    if stop {
-        server.unblock();
-    }
-}
-
-fn read_request(request: &mut tiny_http::Request) -> Result<HttpRequest, HttpReply> {
-    let mut body = Vec::new();
-    let limit = MAX_BODY_BYTES as u64 + 1;
-    request
-        .as_reader()
-        .take(limit)
-        .read_to_end(&mut body)
-        .map_err(|e| HttpReply::error(400, "invalid_request_error", format!("failed to read the request body: {e}")))?;
-    if body.len() > MAX_BODY_BYTES {
-        return Err(HttpReply::error(413, "request_too_large", format!("request body exceeds {MAX_BODY_BYTES} bytes")));
-    }
-    let headers = request.headers().iter().map(|h| (h.field.as_str().as_str().to_ascii_lowercase(), h.value.as_str().to_owned())).collect();
-    Ok(HttpRequest { method: request.method().as_str().to_owned(), url: request.url().to_owned(), headers, body })
 }

@@ -337,6 +337,8 @@ pub struct PartialCsv {
     pub signature: String,
     pub notes: InputNotes,
     pub header: Vec<String>,
+    /// The header's line in the file.
+    pub header_line: usize,
     pub rows: Vec<(usize, Vec<String>)>,
 }
 
@@ -387,7 +389,7 @@ pub fn parse_csv_text(text: &str, file: &str) -> anyhow::Result<PartialCsv> {
         }
         rows.push((line, record.iter().map(str::to_owned).collect()));
     }
-    Ok(PartialCsv { signature, notes, header, rows })
+    Ok(PartialCsv { signature, notes, header, header_line, rows })
 }
 
 /// Joins partial CSVs into the rows of the whole grid, verifying they share one grid and cover
@@ -408,7 +410,7 @@ pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<ParsedCsv> {
                 bail!("{name}:2: its inputs' notes differ from the first file {first_name}'s");
             }
             if first.header != part.header {
-                bail!("{name}: columns differ from the first file {first_name}");
+                bail!("{name}:{}: columns differ from the first file {first_name}", part.header_line);
             }
         }
         for (line, row) in &part.rows {
@@ -445,7 +447,15 @@ pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<ParsedCsv> {
     }
     if rows.len() != points {
         let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        bail!("point {expected} is missing: the shards {} hold {} of the grid's {points} points", names.join(", "), rows.len());
+        // Where the point is missing: after the row of the point before it (or before the first).
+        let place = match expected.checked_sub(1).and_then(|before| rows.get(before)) {
+            Some((before, file, line, _)) => format!("{file}:{line}: point {expected} is missing after point {before} here"),
+            None => match rows.first() {
+                Some((_, file, line, _)) => format!("{file}:{line}: point {expected} is missing before this row"),
+                None => format!("{}: point {expected} is missing (no rows)", names.join(", ")),
+            },
+        };
+        bail!("{place}: the shards {} hold {} of the grid's {points} points", names.join(", "), rows.len());
     }
     Ok((signature, first.notes, first.header, rows.into_iter().map(|(.., row)| row).collect()))
 }

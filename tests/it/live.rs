@@ -115,26 +115,32 @@ fn the_recording_is_a_valid_v1_recording_of_the_conversation() {
     assert!(first.usage.cache_creation_input_tokens > 0);
 }
 
-/// A stand-in API that answers with the statuses given, then 200.
+/// A stand-in API that answers with the statuses given, then 200 (one connection per request,
+/// read by serve's HTTP layer).
 fn flaky_server(statuses: Vec<(u16, &'static str)>) -> (String, std::thread::JoinHandle<usize>) {
-    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", server.server_addr().to_ip().unwrap());
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
     let thread = std::thread::spawn(move || {
         let mut served = 0;
+        let timeouts = ctxsim::live::http::Timeouts { read: std::time::Duration::from_secs(20), request: std::time::Duration::from_secs(20) };
         for answer in statuses.iter().copied().map(Some).chain(std::iter::once(None)) {
-            let request = server.recv().unwrap();
-            assert_eq!(request.headers().iter().find(|h| h.field.equiv("x-api-key")).unwrap().value.as_str(), "test-key");
+            let (mut stream, request) = loop {
+                let (stream, _) = listener.accept().unwrap();
+                let mut connection = ctxsim::live::http::Connection::new(stream.try_clone().unwrap(), timeouts, 1 << 20).unwrap();
+                if let ctxsim::live::http::Incoming::Request { request, .. } = connection.next_request() {
+                    break (stream, request);
+                }
+            };
+            assert_eq!(request.headers.iter().find(|(name, _)| name == "x-api-key").unwrap().1, "test-key");
             served += 1;
             let (code, body) = match answer {
                 Some((code, kind)) => (code, json!({"type": "error", "error": {"type": kind, "message": "try later"}})),
                 None => (200, json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [{"type": "text", "text": "hi"}],
                                      "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 1}})),
             };
-            let response = tiny_http::Response::from_string(body.to_string())
-                .with_status_code(code)
-                .with_header(tiny_http::Header::from_bytes("retry-after", "0").unwrap())
-                .with_header(tiny_http::Header::from_bytes("content-type", "application/json").unwrap());
-            request.respond(response).unwrap();
+            let body = body.to_string();
+            write!(stream, "HTTP/1.1 {code} Status\r\nretry-after: 0\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
         }
         served
     });

@@ -87,6 +87,7 @@ fn no_command_writes_over_its_own_input() {
         vec!["fidelity", "session.jsonl", "--fit", "session.jsonl"],
         vec!["check", "a.yaml", "--estimator", "chars4", "--junit", "a.yaml"],
         vec!["report", "log.jsonl", "--out", "."],
+        vec!["audit", "session.jsonl", "--estimator", "chars4", "--no-progress", "--csv", "--output", "session.jsonl"],
     ];
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     for args in cases {
@@ -171,6 +172,9 @@ fn serve_opens_its_log_only_after_binding() {
     assert_eq!(std::fs::read_to_string(dir.path().join("log/requests.jsonl")).unwrap(), "previous run\n");
 }
 
+/// Files by relative path, with their bytes.
+type Files = BTreeMap<String, Vec<u8>>;
+
 /// Every file under `dir` (relative path → bytes).
 fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
@@ -188,18 +192,37 @@ fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 /// Starts `args` in `dir`, kills it (SIGKILL) after each of `delays_ms` in turn, and checks
 /// after every kill that `observe` shows the previous output or the complete new one.
 fn check_killed_runs(dir: &Path, args: &[&str], delays_ms: &[u64], observe: &dyn Fn() -> BTreeMap<String, Vec<u8>>, complete: &BTreeMap<String, Vec<u8>>) -> (usize, usize) {
+    let whole = |after: &BTreeMap<String, Vec<u8>>| after == complete;
+    check_killed_runs_with(dir, args, delays_ms, observe, &whole, &|_| Box::new(()))
+}
+
+/// [`check_killed_runs`] with the new output judged by `whole` (an output written as the run
+/// goes may be one of several whole generations) and each command prepared by `setup` (its
+/// result lives until the kill).
+fn check_killed_runs_with(
+    dir: &Path,
+    args: &[&str],
+    delays_ms: &[u64],
+    observe: &dyn Fn() -> Files,
+    whole: &dyn Fn(&Files) -> bool,
+    setup: &dyn Fn(&mut Command) -> Box<dyn std::any::Any>,
+) -> (usize, usize) {
     let (mut old_seen, mut new_seen) = (0, 0);
     for &delay in delays_ms {
         let before = observe();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ctxsim")).current_dir(dir).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ctxsim"));
+        command.current_dir(dir).args(args).stdout(Stdio::null()).stderr(Stdio::null());
+        let guard = setup(&mut command);
+        let mut child = command.spawn().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(delay));
         let _ = child.kill();
         let _ = child.wait();
+        drop(guard);
         let after = observe();
         if after == before {
             old_seen += 1;
         } else {
-            assert_eq!(&after, complete, "{args:?} killed after {delay} ms left a half-written output");
+            assert!(whole(&after), "{args:?} killed after {delay} ms left a half-written output: {:?}", after.keys());
             new_seen += 1;
         }
     }
@@ -228,6 +251,49 @@ fn timed(dir: &Path, args: &[&str]) -> u64 {
     start.elapsed().as_millis() as u64
 }
 
+/// Kills each directory writer (`args`, output directory) at `kills` moments over its run
+/// time; its previous generation holds a file of its own, which must survive too. The number
+/// of kills.
+fn check_killed_dir_writers(dir: &Path, writers: &[(Vec<&str>, &str)], kills: usize) -> usize {
+    let mut total = 0;
+    for (args, out) in writers {
+        let path = dir.join(out);
+        let previous = || {
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
+        };
+        previous();
+        let span = timed(dir, args);
+        let complete = tree(&path);
+        assert!(complete.contains_key("kept.txt") && complete.len() > 1, "{args:?}: {:?}", complete.keys());
+        // Back to an older generation, then killed runs.
+        previous();
+        let (old, new) = check_killed_runs(dir, args, &kill_moments(span + span / 4, kills), &|| tree(&path), &complete);
+        total += old + new;
+        // No stale generation is left beside the output when the run finished.
+        assert!(timed(dir, args) > 0);
+        assert_eq!(tree(&path), complete);
+    }
+    total
+}
+
+/// Kills each file writer (`args`, output file) at `kills` moments over its run time. The
+/// number of kills.
+fn check_killed_file_writers(dir: &Path, writers: &[(Vec<&str>, &str)], kills: usize) -> usize {
+    let mut total = 0;
+    for (args, out) in writers {
+        let path = dir.join(out);
+        let span = timed(dir, args);
+        let complete = BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
+        std::fs::write(&path, "previous\n").unwrap();
+        let observe = || BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
+        let (old, new) = check_killed_runs(dir, args, &kill_moments(span + span / 4, kills), &observe, &complete);
+        total += old + new;
+    }
+    total
+}
+
 #[test]
 fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
     let dir = with_scenario();
@@ -244,23 +310,7 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
     ];
     let made = check_ctxsim(dir.path(), &["run", "a.yaml", "--estimator", "chars4", "--quiet", "--trace", "trace-in.jsonl"]);
     assert!(made.status.success());
-    for (args, out) in &writers {
-        let path = dir.path().join(out);
-        std::fs::create_dir_all(&path).unwrap();
-        std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
-        let span = timed(dir.path(), args);
-        let complete = tree(&path);
-        assert!(complete.contains_key("kept.txt") && complete.len() > 1, "{args:?}: {:?}", complete.keys());
-        // Back to an older generation, then killed runs.
-        std::fs::remove_dir_all(&path).unwrap();
-        std::fs::create_dir_all(&path).unwrap();
-        std::fs::write(path.join("kept.txt"), "a file of the previous generation\n").unwrap();
-        let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 8), &|| tree(&path), &complete);
-        total += old + new;
-        // No stale generation is left beside the output when the run finished.
-        assert!(timed(dir.path(), args) > 0);
-        assert_eq!(tree(&path), complete);
-    }
+    total += check_killed_dir_writers(dir.path(), &writers, 8);
     // File outputs: the trace, import's recording, the baseline.
     let file_writers: Vec<(Vec<&str>, &str)> = vec![
         (vec!["run", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--trace", "t.jsonl"], "t.jsonl"),
@@ -268,15 +318,7 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
         (vec!["check", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--baseline", "base.json", "--update-baseline"], "base.json"),
     ];
     std::fs::copy(super::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl"), dir.path().join("session.jsonl")).unwrap();
-    for (args, out) in &file_writers {
-        let path = dir.path().join(out);
-        let span = timed(dir.path(), args);
-        let complete = BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
-        std::fs::write(&path, "previous\n").unwrap();
-        let observe = || BTreeMap::from([(out.to_string(), std::fs::read(&path).unwrap())]);
-        let (old, new) = check_killed_runs(dir.path(), args, &kill_moments(span + span / 4, 6), &observe, &complete);
-        total += old + new;
-    }
+    total += check_killed_file_writers(dir.path(), &file_writers, 6);
     assert_eq!(total, 5 * 8 + 3 * 6);
     // No temporary file or fresh generation left where a kill did not interrupt a write... the
     // ones a kill did leave are hidden siblings, never the output itself.
@@ -284,6 +326,169 @@ fn killed_writers_leave_the_previous_output_or_the_whole_new_one() {
         let name = entry.file_name().to_string_lossy().into_owned();
         assert!(!name.ends_with(".tmp"), "{name}");
     }
+}
+
+#[test]
+fn killed_plot_fit_shapes_junit_and_audit_writers_leave_the_previous_output_or_the_whole_new_one() {
+    let dir = with_scenario();
+    std::fs::write(dir.path().join("b.yaml"), scenario("b", "  max_requests: 5\n").replace("seed: 7", "seed: 8")).unwrap();
+    std::fs::copy(super::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl"), dir.path().join("s.jsonl")).unwrap();
+    let capture = super::support::realdata().join("api_captures/claude-trace/test-traffic.jsonl");
+    let made = check_ctxsim(dir.path(), &["import", "--quiet", "--from", "claude-trace", capture.to_str().unwrap(), "-o", "log.jsonl"]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    // Directory outputs, each with a file of the previous generation that must survive.
+    let dir_writers: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["fidelity", "s.jsonl", "--estimator", "chars4", "--plot", "plots"], "plots"),
+        (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--out", "aud"], "aud"),
+    ];
+    let mut total = check_killed_dir_writers(dir.path(), &dir_writers, 8);
+    let file_writers: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["fidelity", "s.jsonl", "--estimator", "chars4", "--fit", "fit.json"], "fit.json"),
+        (vec!["diff-requests", "log.jsonl", "log.jsonl", "--shapes-out", "shapes.json"], "shapes.json"),
+        (vec!["check", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--junit", "junit.xml"], "junit.xml"),
+        (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--csv", "--output", "audit.csv"], "audit.csv"),
+    ];
+    total += check_killed_file_writers(dir.path(), &file_writers, 6);
+    assert_eq!(total, 2 * 8 + 4 * 6);
+}
+
+#[test]
+fn killed_live_runs_leave_a_whole_recording_and_trace_of_the_calls_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let turns = 6;
+    let yaml: String = (0..turns).fold("name: l\nworld:\n  model: claude-sonnet-4-5\nscript:\n".to_owned(), |acc, i| acc + &format!("  - user: \"turn {i}\"\n"));
+    std::fs::write(dir.path().join("l.yaml"), yaml).unwrap();
+    let replies: Vec<serde_json::Value> = (0..turns).map(|i| json!({"content": format!("reply {i}")})).collect();
+    let script = json!({"main": replies}).to_string();
+    // Each run talks to a fresh server on 127.0.0.1 (its script is consumed as it answers).
+    let setup = |command: &mut Command| -> Box<dyn std::any::Any> {
+        let script = ctxsim::live::Script::parse(&script, "script.json").unwrap();
+        let handle = ctxsim::live::start(0, ctxsim::live::Service::new(script, super::support::measurer(), ctxsim::live::ServeOptions::default()).unwrap()).unwrap();
+        command.env("ANTHROPIC_API_KEY", "test-key").env("ANTHROPIC_BASE_URL", handle.base_url());
+        Box::new(handle)
+    };
+    let args = ["live", "l.yaml", "--estimator", "chars4", "--quiet", "--max-retries", "0", "--record", "rec.jsonl", "--trace", "trace.jsonl"];
+    let started = std::time::Instant::now();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ctxsim"));
+    command.current_dir(dir.path()).args(args);
+    let _server = setup(&mut command);
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let span = started.elapsed().as_millis() as u64;
+    let observe = || tree(dir.path()).into_iter().filter(|(name, _)| name == "rec.jsonl" || name == "trace.jsonl").collect::<BTreeMap<_, _>>();
+    let complete = observe();
+    let events = |bytes: &[u8]| {
+        let read = ctxsim::recording::format::read_recording_from(std::io::Cursor::new(bytes), "rec.jsonl").unwrap();
+        assert!(read.warnings.list.is_empty() && read.warnings.suppressed == 0, "{:?}", read.warnings);
+        read.recording.events
+    };
+    let complete_events = events(&complete["rec.jsonl"]);
+    let complete_trace: Vec<&[u8]> = complete["trace.jsonl"].split_inclusive(|&b| b == b'\n').collect();
+    assert_eq!(complete_trace.len(), turns);
+    // A generation is whole when the recording reads without a warning and holds the first
+    // events of the complete run, and the trace is the complete trace's first lines.
+    let whole = |after: &BTreeMap<String, Vec<u8>>| {
+        let recording_whole = match after.get("rec.jsonl") {
+            Some(bytes) if bytes.as_slice() == b"previous\n" => true,
+            Some(bytes) => {
+                let got = events(bytes);
+                got.len() <= complete_events.len() && got[..] == complete_events[..got.len()]
+            }
+            None => false,
+        };
+        let trace_whole = match after.get("trace.jsonl") {
+            Some(bytes) if bytes.as_slice() == b"previous\n" => true,
+            Some(bytes) => {
+                let lines: Vec<&[u8]> = bytes.split_inclusive(|&b| b == b'\n').collect();
+                lines.len() <= complete_trace.len() && lines[..] == complete_trace[..lines.len()]
+            }
+            None => false,
+        };
+        recording_whole && trace_whole
+    };
+    let mut seen = (0, 0);
+    for delay in kill_moments(span + span / 4, 8) {
+        std::fs::write(dir.path().join("rec.jsonl"), "previous\n").unwrap();
+        std::fs::write(dir.path().join("trace.jsonl"), "previous\n").unwrap();
+        let (old, new) = check_killed_runs_with(dir.path(), &args, &[delay], &observe, &whole, &setup);
+        seen = (seen.0 + old, seen.1 + new);
+    }
+    assert_eq!(seen.0 + seen.1, 8);
+}
+
+#[test]
+fn killed_serve_leaves_whole_log_lines_and_the_previous_trace() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let requests = 8;
+    let replies: Vec<serde_json::Value> = (0..requests).map(|i| json!({"content": format!("reply {i}")})).collect();
+    std::fs::write(dir.path().join("script.json"), json!({"main": replies}).to_string()).unwrap();
+    let args = ["serve", "--script", "script.json", "--log", "log", "--estimator", "chars4", "--quiet", "--max-requests", "8"];
+    // Starts serve, sends the requests one after the other (on a thread, giving up when the
+    // server is gone) and returns the child.
+    let spawn = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ctxsim")).current_dir(dir.path()).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        let addr: Option<std::net::SocketAddr> = first.trim().strip_prefix("listening on http://").and_then(|a| a.parse().ok());
+        let client = std::thread::spawn(move || {
+            let Some(addr) = addr else { return };
+            let mut messages = Vec::new();
+            for i in 0..requests {
+                messages.push(json!({"role": "user", "content": format!("question {i}")}));
+                let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": messages}).to_string();
+                let Ok(mut stream) = std::net::TcpStream::connect(addr) else { return };
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                let sent = write!(stream, "POST /v1/messages HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                let mut answer = String::new();
+                if sent.is_err() || stream.read_to_string(&mut answer).is_err() || !answer.starts_with("HTTP/1.1 200") {
+                    return;
+                }
+                messages.push(json!({"role": "assistant", "content": format!("reply {i}")}));
+            }
+        });
+        (child, client)
+    };
+    let started = std::time::Instant::now();
+    let (mut child, client) = spawn();
+    assert!(child.wait().unwrap().success());
+    client.join().unwrap();
+    let span = started.elapsed().as_millis() as u64;
+    let complete = tree(&dir.path().join("log"));
+    let complete_log: Vec<Vec<u8>> = complete["requests.jsonl"].split_inclusive(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+    assert_eq!(complete_log.len(), requests);
+    assert!(complete.contains_key("trace.jsonl") && complete.contains_key("summary.json"));
+    let previous = BTreeMap::from([
+        ("requests.jsonl".to_owned(), b"previous log\n".to_vec()),
+        ("trace.jsonl".to_owned(), b"previous trace\n".to_vec()),
+        ("summary.json".to_owned(), b"previous summary\n".to_vec()),
+    ]);
+    let mut seen_lines = Vec::new();
+    for delay in kill_moments(span + span / 4, 8) {
+        for (name, bytes) in &previous {
+            std::fs::write(dir.path().join("log").join(name), bytes).unwrap();
+        }
+        let (mut child, client) = spawn();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        let _ = child.kill();
+        let _ = child.wait();
+        client.join().unwrap();
+        let after = tree(&dir.path().join("log"));
+        // The trace and summary are the previous ones or the complete new ones, never a part.
+        for name in ["trace.jsonl", "summary.json"] {
+            assert!(after[name] == previous[name] || after[name] == complete[name], "{name} after a kill at {delay} ms: {:?}", String::from_utf8_lossy(&after[name]));
+        }
+        // The request log is the previous one (killed before it was opened) or whole lines, the
+        // first ones of the complete log.
+        let log = &after["requests.jsonl"];
+        if *log != previous["requests.jsonl"] {
+            let lines: Vec<Vec<u8>> = log.split_inclusive(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+            assert!(log.is_empty() || log.ends_with(b"\n"), "a half-written log line after a kill at {delay} ms");
+            assert!(lines.len() <= complete_log.len() && lines[..] == complete_log[..lines.len()], "kill at {delay} ms");
+            seen_lines.push(lines.len());
+        }
+    }
+    assert!(!seen_lines.is_empty(), "no kill landed after the log was opened");
 }
 
 #[test]
@@ -428,32 +633,95 @@ fn check_annotations_escape_names() {
     assert!(line.contains("::evil%250A::error::injected, a:b: "), "{line}");
 }
 
-#[test]
-fn a_client_stalled_inside_its_body_blocks_neither_others_nor_the_shutdown() {
-    let dir = tempfile::tempdir().unwrap();
-    let script = ctxsim::live::Script::parse(&json!({"main": [{"content": "one"}, {"content": "two"}]}).to_string(), "script.json").unwrap();
-    let options = ctxsim::live::ServeOptions { log_dir: Some(dir.path().to_owned()), ..Default::default() };
-    let handle = ctxsim::live::start(0, ctxsim::live::Service::new(script, super::support::measurer(), options).unwrap()).unwrap();
-    // A client announces 1000 bytes and sends 10.
-    let mut stalled = std::net::TcpStream::connect(handle.addr()).unwrap();
+/// Sends a POST that announces 1000 bytes of body and sends 10, then stalls.
+fn check_stalled_client(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
     write!(stalled, "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"model\":").unwrap();
     stalled.flush().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    // Another client is answered meanwhile.
+    stalled
+}
+
+/// One `/v1/messages` request on a connection of its own; the raw answer.
+fn check_one_request(addr: std::net::SocketAddr) -> String {
     let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let mut other = std::net::TcpStream::connect(handle.addr()).unwrap();
+    let mut other = std::net::TcpStream::connect(addr).unwrap();
     other.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
     write!(other, "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut answer = String::new();
     other.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn a_client_stalled_inside_its_body_blocks_neither_others_nor_the_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = ctxsim::live::Script::parse(&json!({"main": [{"content": "one"}, {"content": "two"}]}).to_string(), "script.json").unwrap();
+    let options = ctxsim::live::ServeOptions { log_dir: Some(dir.path().to_owned()), read_timeout: std::time::Duration::from_secs(1), ..Default::default() };
+    let handle = ctxsim::live::start(0, ctxsim::live::Service::new(script, super::support::measurer(), options).unwrap()).unwrap();
+    let stalled = check_stalled_client(handle.addr());
+    let mut timed_out = check_stalled_client(handle.addr());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Another client is answered meanwhile.
+    let answer = check_one_request(handle.addr());
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    // And the server stops (as on SIGTERM) with the stalled client still connected, writing
-    // its trace.
+    // After a second of silence the stalled connection gets a 408 and is closed.
+    timed_out.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = String::new();
+    timed_out.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("timeout_error"), "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    // And the server stops (as on SIGTERM) with a stalled client still connected, writing its
+    // trace.
+    let stalled_again = check_stalled_client(handle.addr());
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || done_tx.send(handle.stop().map(|r| r.rows.len())).unwrap());
     let rows = done_rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the server stopped").unwrap();
     assert_eq!(rows, 1);
     assert_eq!(std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap().lines().count(), 1);
+    drop((stalled, stalled_again));
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_ends_serve_with_a_stalled_client_connected_and_writes_the_trace() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("script.json"), json!({"main": [{"content": "one"}, {"content": "two"}]}).to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .current_dir(dir.path())
+        .args(["serve", "--script", "script.json", "--log", "log", "--estimator", "chars4", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let addr: std::net::SocketAddr = first.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("{first}")).parse().unwrap();
+    // One client stalls inside its body (the default read timeout, 60 s, is far away); another
+    // is answered.
+    let stalled = check_stalled_client(addr);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let answer = check_one_request(addr);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // SIGTERM ends the server at once, with its trace and summary written.
+    let started = std::time::Instant::now();
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("serve did not end within 20 s of SIGTERM with a stalled client connected");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(dir.path().join("log/trace.jsonl")).unwrap().lines().count(), 1);
+    assert!(dir.path().join("log/summary.json").exists());
+    assert_eq!(std::fs::read_to_string(dir.path().join("log/requests.jsonl")).unwrap().lines().count(), 1);
     drop(stalled);
 }
 

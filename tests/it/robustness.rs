@@ -99,6 +99,7 @@ fn seeds() -> Vec<Seed> {
     let mut log = Vec::new();
     ctxsim::recording::write_request_log_to(&converted.entries, &mut log).unwrap();
     add("request_log", Kind::Jsonl, "request log converted from the capture".into(), log.clone());
+    add("request_log", Kind::Json, ARRAY_LOG.into(), array_log(&converted.entries));
     add("shapes", Kind::Jsonl, "request log converted from the capture".into(), log);
     for name in ["compact", "multi-tool"] {
         let path = repo().join(format!("tests/conformance/{name}.real-shapes.json"));
@@ -118,6 +119,23 @@ fn seeds() -> Vec<Seed> {
         add("scenario", Kind::Yaml, path.display().to_string(), std::fs::read(&path).unwrap());
     }
     seeds
+}
+
+/// The name of the request-log seed in its other form, a JSON array of bodies.
+const ARRAY_LOG: &str = "request log converted from the capture, as a JSON array";
+
+/// A request log as a pretty-printed JSON array of bodies (an element spans many lines).
+fn array_log(entries: &[ctxsim::recording::RequestLogEntry]) -> Vec<u8> {
+    let bodies: Vec<&Value> = entries.iter().map(|e| &e.body).collect();
+    let mut text = serde_json::to_vec_pretty(&bodies).unwrap();
+    text.push(b'\n');
+    text
+}
+
+/// Whether the reader's input is line-oriented (JSONL, CSV, a JSON-array log whose elements
+/// are named by their line): then every error names the line.
+fn line_oriented(seed: &Seed) -> bool {
+    matches!(seed.kind, Kind::Jsonl | Kind::Csv) || seed.name == ARRAY_LOG
 }
 
 fn baseline_seed() -> Vec<u8> {
@@ -432,7 +450,7 @@ fn robustness_the_binary_exits_2_naming_the_line_of_what_it_dropped() {
     let log = seeds.iter().find(|s| s.reader == "request_log").unwrap();
     std::fs::write(dir.path().join("log.jsonl"), &log.bytes).unwrap();
     let mut rng = Rng(0x0c71_0014);
-    let (mut runs, mut dropped) = (0, 0);
+    let (mut runs, mut dropped, mut exit_2_lines) = (0, 0, 0);
     for seed in &seeds {
         let extension = match seed.kind {
             Kind::Jsonl => "jsonl",
@@ -442,12 +460,18 @@ fn robustness_the_binary_exits_2_naming_the_line_of_what_it_dropped() {
             Kind::Csv => "csv",
         };
         let file = dir.path().join(format!("input-{}.{extension}", seed.reader));
+        // The array log also goes through the classes that change a field (its elements' lines).
+        let classes: &[&str] = if seed.name == ARRAY_LOG {
+            &["wrong_type", "truncate", "garbage_line", "invalid_utf8", "deep_nesting", "wrong_type", "bom"]
+        } else {
+            &["truncate", "invalid_utf8", "bom", "garbage_line", "empty", "duplicate_line", "deep_nesting"]
+        };
         let Some(args) = cli_args(seed.reader, &file, dir.path()) else { continue };
         let per_seed = 30_usize.div_ceil(seeds.iter().filter(|s| s.reader == seed.reader).count());
         for i in 0..per_seed {
             // The classes whose reading is certain (the others' outcome depends on which
             // field changed, which the in-process suite covers).
-            let class = ["truncate", "invalid_utf8", "bom", "garbage_line", "empty", "duplicate_line", "deep_nesting"][i % 7];
+            let class = classes[i % classes.len()];
             let mutant = mutate(seed, class, &mut rng);
             // The file is named in messages by its path, not by the harness's name.
             let outcome = fuzzing::reader(seed.reader).unwrap()(&mutant.bytes);
@@ -459,12 +483,17 @@ fn robustness_the_binary_exits_2_naming_the_line_of_what_it_dropped() {
             let context = || format!("{} on a `{class}` mutant of {} ({args:?}): exit {code:?}\n{}", seed.reader, seed.name, ctxsim::input::excerpt(&stderr));
             assert!(stderr.len() < 20_000, "stderr too long: {}", context());
             runs += 1;
+            let names_line = stderr.match_indices(&format!("{name}:")).any(|(i, m)| stderr[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
+                || (stderr.contains(&name) && stderr.contains("line "))
+                || stderr.contains("empty");
+            if code == Some(2) && line_oriented(seed) {
+                // Every exit 2 about a line-oriented input names its line, dropped or not.
+                exit_2_lines += 1;
+                assert!(names_line, "an exit-2 message about a line-oriented input names no line: {}", context());
+            }
             if outcome.dropped_something() {
                 dropped += 1;
                 assert_eq!(code, Some(2), "{}", context());
-                let names_line = stderr.match_indices(&format!("{name}:")).any(|(i, m)| stderr[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
-                    || (stderr.contains(&name) && stderr.contains("line "))
-                    || stderr.contains("empty");
                 assert!(names_line, "the message names no file and line: {}", context());
             } else {
                 assert!(matches!(code, Some(0..=2)), "{}", context());
@@ -479,8 +508,48 @@ fn robustness_the_binary_exits_2_naming_the_line_of_what_it_dropped() {
             }
         }
     }
-    println!("robustness (binary): {runs} runs, {dropped} with input dropped and exit 2");
+    println!("robustness (binary): {runs} runs, {dropped} with input dropped and exit 2, {exit_2_lines} exit-2 messages about line-oriented inputs (each naming the line)");
     assert!(runs >= 300, "only {runs} runs");
+}
+
+/// A JSON-array request log: an error about an element names the line the element starts on
+/// (and its index), for every element, in the library and through the binary.
+#[test]
+fn robustness_a_json_array_log_names_the_line_of_each_element() {
+    let capture = head(&realdata().join("api_captures/claude-trace/test-traffic.jsonl"), 40_000);
+    let converted = ctxsim::recording::convert_claude_trace(std::io::Cursor::new(&capture), "capture").unwrap();
+    let text = String::from_utf8(array_log(&converted.entries)).unwrap();
+    // The line each element starts on: two spaces of indent and a `{` in the pretty printing.
+    let starts: Vec<usize> = text.lines().enumerate().filter(|(_, l)| *l == "  {").map(|(n, _)| n + 1).collect();
+    assert_eq!(starts.len(), converted.entries.len());
+    assert!(starts.len() >= 3 && starts[1] > 2, "{starts:?}");
+    let mut bodies: Vec<Value> = converted.entries.iter().map(|e| e.body.clone()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    for (i, &line) in starts.iter().enumerate() {
+        let kept = std::mem::replace(&mut bodies[i]["messages"], Value::from(5));
+        let mut bad = serde_json::to_vec_pretty(&bodies).unwrap();
+        bad.push(b'\n');
+        bodies[i]["messages"] = kept;
+        let ctxsim::fuzzing::Outcome::Rejected(message) = fuzzing::request_log(&bad) else { panic!("element {i}: not refused") };
+        assert!(message.contains(&format!("{}:{line}:", fuzzing::FILE)) && message.contains(&format!("[{i}]")), "element {i} at line {line}: {message}");
+        // Through the binary, with blank lines before the array (the lines count from the file's
+        // first line).
+        if i == starts.len() - 1 {
+            let file = dir.path().join("array.json");
+            let mut shifted = b"\n\n".to_vec();
+            shifted.extend(&bad);
+            std::fs::write(&file, &shifted).unwrap();
+            let output = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["analyze", file.to_str().unwrap(), "--estimator", "chars4"]).output().unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{stderr}");
+            assert!(stderr.contains(&format!("{}:{}:", file.display(), line + 2)) && stderr.contains(&format!("[{i}]")), "{stderr}");
+        }
+    }
+    // A malformed array names the line (and column) where the JSON breaks.
+    let cut = format!("\n{}", &text[..text.len() / 2]);
+    let ctxsim::fuzzing::Outcome::Rejected(message) = fuzzing::request_log(cut.as_bytes()) else { panic!("a cut array was read") };
+    let last_line = cut.lines().count();
+    assert!(message.contains(&format!("{}:{last_line}:", fuzzing::FILE)) && message.contains("column"), "{message}");
 }
 
 /// The JSON summary carries what was skipped, with file, line and field.
@@ -560,7 +629,8 @@ fn robustness_issue_14_empty_and_garbage_inputs_exit_2() {
     assert!(message.len() < 400 && message.contains("line 2"), "{}", ctxsim::input::excerpt(&message));
 }
 
-/// `sweep --merge` names the file and line of a duplicated point, and the files of a missing one.
+/// `sweep --merge` names the file and line of a duplicated point, and of the row a missing one
+/// should follow (and the files given).
 #[test]
 fn robustness_sweep_merge_blames_the_right_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -575,7 +645,7 @@ fn robustness_sweep_merge_blames_the_right_file() {
     lines.remove(7);
     std::fs::write(&a, lines.join("\n") + "\n").unwrap();
     let err = ctxsim::report::sweep::merge(std::slice::from_ref(&a)).unwrap_err().to_string();
-    assert!(err.starts_with("point 5 is missing") && err.contains(&a.display().to_string()), "{err}");
+    assert!(err.starts_with(&format!("{}:7: point 5 is missing after point 4 here: the shards {}", a.display(), a.display())), "{err}");
     std::fs::write(&b, format!("{}\n{}\nfive,1\n", lines[0], lines[1])).unwrap();
     let err = ctxsim::report::sweep::merge(&[a, b.clone()]).unwrap_err().to_string();
     assert!(err.starts_with(&format!("{}:3:", b.display())), "{err}");

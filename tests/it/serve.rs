@@ -383,3 +383,46 @@ fn an_error_event_is_an_api_error() {
     let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"x\",\"usage\":{}}}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
     assert_eq!(read_stream(stream).unwrap_err().to_string(), "the API sent an error event: overloaded_error: Overloaded");
 }
+
+/// Writes `raw` on a fresh connection, half-closes it, and reads everything the server sends.
+fn check_raw(handle: &ServerHandle, raw: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(handle.addr()).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    stream.write_all(raw).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn the_http_layer_reads_kept_alive_chunked_and_100_continue_requests_and_refuses_bad_ones() {
+    let handle = check_server(&json!({"main": [{"content": "one"}, {"content": "two"}, {"content": "three"}]}), ServeOptions::default());
+    let body = main_body(1, false).to_string();
+    let (half_a, half_b) = body.split_at(body.len() / 2);
+    // Two requests on one kept-alive connection, the second with a chunked body, then a third
+    // that waits for `100 Continue`.
+    let mut raw = format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    raw += &format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{half_a}\r\n{:x};ext=1\r\n{half_b}\r\n0\r\n\r\n", half_a.len(), half_b.len());
+    raw += &format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let answer = check_raw(&handle, raw.as_bytes());
+    let statuses: Vec<&str> = answer.match_indices("HTTP/1.1 ").map(|(at, _)| &answer[at + 9..at + 12]).collect();
+    assert_eq!(statuses, ["200", "200", "100", "200"], "{answer}");
+    assert!(answer.contains("\"one\"") && answer.contains("\"two\"") && answer.contains("\"three\""), "{answer}");
+    // A HEAD gets the head only.
+    let head = check_raw(&handle, b"HEAD / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"), "{head}");
+    // Refused: a body announced beyond the API's 32 MB, a malformed head, a bad chunk size,
+    // a content-length that is not a number.
+    let too_large = check_raw(&handle, b"POST /v1/messages HTTP/1.1\r\ncontent-length: 40000000\r\n\r\n{");
+    assert!(too_large.starts_with("HTTP/1.1 413 ") && too_large.contains("request_too_large"), "{too_large}");
+    let malformed = check_raw(&handle, b"POST /v1/messages HTTP/1.1\r\nbad header line\r\n\r\n");
+    assert!(malformed.starts_with("HTTP/1.1 400 ") && malformed.contains("malformed request head"), "{malformed}");
+    let chunk = check_raw(&handle, b"POST /v1/messages HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n");
+    assert!(chunk.starts_with("HTTP/1.1 400 ") && chunk.contains("chunk size"), "{chunk}");
+    let length = check_raw(&handle, b"POST /v1/messages HTTP/1.1\r\ncontent-length: ten\r\n\r\n");
+    assert!(length.starts_with("HTTP/1.1 400 ") && length.contains("content-length"), "{length}");
+    // Only the three whole requests were measured.
+    assert_eq!(stop(handle).rows.len(), 3);
+}
