@@ -49,6 +49,8 @@ pub enum Command {
     Audit(super::audit::AuditArgs),
     /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
     DiffRequests(super::diff_requests::DiffRequestsArgs),
+    /// Version profiles of the real client: `profile capture --client PATH` drives it through the probes.
+    Profile(super::profile::ProfileArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

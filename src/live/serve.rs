@@ -38,6 +38,9 @@ pub const TIME_HEADER: &str = "x-ctxsim-time-ms";
 pub const MAX_TIME_MS: u64 = (1 << 53) - 1;
 /// The API's request size limit (32 MB).
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Headers kept in the request log: they describe the client (its betas, its version) and
+/// carry no session id or key.
+const LOGGED_HEADERS: &[&str] = &["anthropic-beta", "anthropic-version", "user-agent", "x-app"];
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -268,7 +271,7 @@ impl Service {
                 (answer, Some(usage))
             }
         };
-        self.append_log(time_ms, raw, &lane, usage);
+        self.append_log(time_ms, raw, &lane, usage, &request.headers);
         self.rows.push(row);
         answer
     }
@@ -325,9 +328,10 @@ impl Service {
         }
     }
 
-    fn append_log(&mut self, time_ms: u64, body: Value, lane: &str, usage: Option<Usage>) {
+    fn append_log(&mut self, time_ms: u64, body: Value, lane: &str, usage: Option<Usage>, headers: &[(String, String)]) {
         let Some(log) = &mut self.log else { return };
-        let entry = RequestLogEntry { time_ms, body, lane: Some(lane.to_owned()), usage };
+        let headers = headers.iter().filter(|(name, _)| LOGGED_HEADERS.contains(&name.as_str())).cloned().collect();
+        let entry = RequestLogEntry { time_ms, body, lane: Some(lane.to_owned()), usage, headers };
         let mut line = serde_json::to_vec(&entry).expect("log entries serialize");
         line.push(b'\n');
         // One write per line, flushed: a killed server leaves every answered request logged.
