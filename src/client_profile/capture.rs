@@ -4,6 +4,7 @@
 //! a working ripgrep on PATH for the `cli.js` build, the date pinned where a preload can pin it.
 //! Every request the client sends lands in `serve`'s request log with its headers.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,6 +62,8 @@ pub struct CaptureOptions {
 pub struct ProbeLog {
     pub probe: String,
     pub entries: Vec<RequestLogEntry>,
+    /// Per entry, the headers `serve` kept (`headers.jsonl`).
+    pub headers: Vec<BTreeMap<String, String>>,
     pub notes: Vec<String>,
 }
 
@@ -114,7 +117,7 @@ pub fn capture(options: &CaptureOptions) -> Result<(ClientKind, String, Vec<Prob
     let mut logs = Vec::new();
     for probe in all.iter().filter(|p| options.only.is_empty() || options.only.iter().any(|o| o == p.name)) {
         if probe.mcp && !python {
-            logs.push(ProbeLog { probe: probe.name.to_owned(), entries: Vec::new(), notes: vec!["skipped: python3 (the MCP test server) is not installed".to_owned()] });
+            logs.push(ProbeLog { probe: probe.name.to_owned(), entries: Vec::new(), headers: Vec::new(), notes: vec!["skipped: python3 (the MCP test server) is not installed".to_owned()] });
             continue;
         }
         logs.push(run_probe(options, &kind, probe)?);
@@ -296,7 +299,19 @@ fn run_probe(options: &CaptureOptions, kind: &ClientKind, probe: &Probe) -> Resu
             Err(e) => notes.push(format!("{}:{}: skipped: {e}", log.display(), number + 1)),
         }
     }
-    Ok(ProbeLog { probe: probe.name.to_owned(), entries, notes })
+    let header_log = dir.join("log/headers.jsonl");
+    let mut headers = Vec::new();
+    for (number, line) in std::fs::read_to_string(&header_log).unwrap_or_default().lines().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(h) => headers.push(h),
+            Err(e) => notes.push(format!("{}:{}: skipped: {e}", header_log.display(), number + 1)),
+        }
+    }
+    if headers.len() != entries.len() {
+        notes.push(format!("{}: {} header lines for {} requests", header_log.display(), headers.len(), entries.len()));
+        headers.resize(entries.len(), BTreeMap::new());
+    }
+    Ok(ProbeLog { probe: probe.name.to_owned(), entries, headers, notes })
 }
 
 /// Runs one client process; for stream-json turns, each prompt is written after the previous

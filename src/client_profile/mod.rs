@@ -191,7 +191,7 @@ fn kind_of(shape: &crate::shape::BlockShape, fallback: &str) -> String {
     if shape.markers.is_empty() { fallback.to_owned() } else { shape.markers.join("+") }
 }
 
-fn params(entry: &crate::recording::claude_trace::RequestLogEntry) -> Params {
+fn params(entry: &crate::recording::claude_trace::RequestLogEntry, headers: &BTreeMap<String, String>) -> Params {
     let body = entry.body.as_object().cloned().unwrap_or_default();
     let fields = body
         .iter()
@@ -204,8 +204,8 @@ fn params(entry: &crate::recording::claude_trace::RequestLogEntry) -> Params {
     {
         keys.push(format!("metadata.user_id{{{}}}", inner.keys().cloned().collect::<Vec<_>>().join(",")));
     }
-    let betas = entry.headers.get("anthropic-beta").map(|b| b.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
-    Params { keys, fields, betas, user_agent: entry.headers.get("user-agent").cloned().unwrap_or_default() }
+    let betas = headers.get("anthropic-beta").map(|b| b.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
+    Params { keys, fields, betas, user_agent: headers.get("user-agent").cloned().unwrap_or_default() }
 }
 
 /// Whether a probe's log shows a compaction: a request in the `compact` lane.
@@ -240,7 +240,8 @@ impl VersionProfile {
     pub fn derive(version: &str, client: &ClientKind, work_dir: &str, logs: &[ProbeLog]) -> Result<VersionProfile, String> {
         let mut counters = Counters::default();
         let read = logs.iter().find(|l| l.probe == "read").ok_or("the `read` probe did not run")?;
-        let first = read.entries.iter().find(|e| e.lane.as_deref() == Some("main")).ok_or("the `read` probe sent no main request")?;
+        let first_index = read.entries.iter().position(|e| e.lane.as_deref() == Some("main")).ok_or("the `read` probe sent no main request")?;
+        let first = &read.entries[first_index];
         let body = &first.body;
         let model = body.get("model").and_then(Value::as_str).unwrap_or_default().to_owned();
         let shape = crate::shape::shapes([("main", body.clone())]).remove(0);
@@ -318,12 +319,12 @@ impl VersionProfile {
             *sum = add(*sum, entry.size);
         }
 
-        let subagent = logs
-            .iter()
-            .find(|l| l.probe == "subagent")
-            .and_then(|l| l.entries.iter().find(|e| e.lane.as_deref().is_some_and(|lane| lane.starts_with("subagent"))))
-            .map(params);
-        let compaction = logs.iter().flat_map(|l| &l.entries).find(|e| e.lane.as_deref() == Some("compact")).map(params);
+        // The first request of a lane (`subagent:*`, `compact`) over the probes, with its headers.
+        let first_of = |wanted: &dyn Fn(&str) -> bool| {
+            logs.iter().flat_map(|l| l.entries.iter().zip(&l.headers)).find(|(e, _)| e.lane.as_deref().is_some_and(wanted)).map(|(e, h)| params(e, h))
+        };
+        let subagent = first_of(&|lane| lane.starts_with("subagent"));
+        let compaction = first_of(&|lane| lane == "compact");
 
         let mut thresholds = Vec::new();
         for probe in probes::probes() {
@@ -359,7 +360,7 @@ impl VersionProfile {
             client: client.name().to_owned(),
             date_pinned: *client == ClientKind::NodeScript,
             work_dir: work_dir.to_owned(),
-            main: params(first),
+            main: params(first, &read.headers[first_index]),
             subagent,
             compaction,
             layout,

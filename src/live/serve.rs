@@ -38,7 +38,7 @@ pub const TIME_HEADER: &str = "x-ctxsim-time-ms";
 pub const MAX_TIME_MS: u64 = (1 << 53) - 1;
 /// The API's request size limit (32 MB).
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// Headers kept in the request log: they describe the client (its betas, its version) and
+/// Headers kept beside the request log (`headers.jsonl`): they describe the client (its betas, its version) and
 /// carry no session id or key.
 const LOGGED_HEADERS: &[&str] = &["anthropic-beta", "anthropic-version", "user-agent", "x-app"];
 
@@ -108,6 +108,8 @@ pub struct ServeReport {
 #[derive(Debug)]
 struct RequestLogFile {
     file: std::fs::File,
+    /// `headers.jsonl`: line N holds the client-describing headers of `requests.jsonl`'s line N.
+    headers: std::fs::File,
 }
 
 /// The Messages API over a script, without sockets.
@@ -160,7 +162,8 @@ impl Service {
             let path = dir.join("requests.jsonl");
             // A FIFO or device given as the log is written in place (never replaced).
             let file = std::fs::OpenOptions::new().write(true).create(true).truncate(std::fs::metadata(&path).map_or(true, |m| m.is_file())).open(&path)?;
-            self.log = Some(RequestLogFile { file });
+            let headers = std::fs::File::create(dir.join("headers.jsonl"))?;
+            self.log = Some(RequestLogFile { file, headers });
         }
         Ok(())
     }
@@ -330,8 +333,13 @@ impl Service {
 
     fn append_log(&mut self, time_ms: u64, body: Value, lane: &str, usage: Option<Usage>, headers: &[(String, String)]) {
         let Some(log) = &mut self.log else { return };
-        let headers = headers.iter().filter(|(name, _)| LOGGED_HEADERS.contains(&name.as_str())).cloned().collect();
-        let entry = RequestLogEntry { time_ms, body, lane: Some(lane.to_owned()), usage, headers };
+        let headers: std::collections::BTreeMap<&str, &str> = headers.iter().filter(|(name, _)| LOGGED_HEADERS.contains(&name.as_str())).map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let mut header_line = serde_json::to_vec(&headers).expect("headers serialize");
+        header_line.push(b'\n');
+        if let Err(e) = log.headers.write_all(&header_line).and_then(|()| log.headers.flush()) {
+            eprintln!("warning: failed to append to the headers log: {e}");
+        }
+        let entry = RequestLogEntry { time_ms, body, lane: Some(lane.to_owned()), usage };
         let mut line = serde_json::to_vec(&entry).expect("log entries serialize");
         line.push(b'\n');
         // One write per line, flushed: a killed server leaves every answered request logged.

@@ -30,10 +30,6 @@ pub struct RequestLogEntry {
     pub lane: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// The request headers that describe the client without identifying a session
-    /// (`anthropic-beta`, `anthropic-version`, `user-agent`, `x-app`), as `serve` received them.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// A converted capture with the report of what was kept and skipped.
@@ -100,7 +96,7 @@ pub fn convert_claude_trace<R: BufRead>(reader: R, file: &str) -> Result<Convert
             warn(WarningKind::BadLine, Some("request.timestamp"), "missing or bad timestamp; using the previous request's time".into());
         }
         let usage = record.get("response").and_then(|r| response_usage(r, &mut warn));
-        timed.push((epoch_ms, RequestLogEntry { time_ms: 0, body: body.clone(), lane: None, usage, headers: Default::default() }));
+        timed.push((epoch_ms, RequestLogEntry { time_ms: 0, body: body.clone(), lane: None, usage }));
     }
     // claude-trace writes an exchange when its response ends, so parallel requests appear out
     // of start order. Time zero is the earliest request start, and entries are put in start
