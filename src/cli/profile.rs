@@ -19,6 +19,9 @@ pub enum ProfileCommand {
     /// Drive a real Claude Code client (native binary or cli.js) through the probes and write
     /// its version profile and request snapshots.
     Capture(CaptureArgs),
+    /// Run the probes through the agent speaking each shipped version and compare its requests
+    /// with the real client's snapshots: structural identity, cache-deciding agreement, tokens.
+    Check(CheckArgs),
 }
 
 #[derive(Debug, Args)]
@@ -47,6 +50,7 @@ pub struct CaptureArgs {
 pub fn run(args: ProfileArgs) -> anyhow::Result<i32> {
     match args.command {
         ProfileCommand::Capture(a) => run_capture(a),
+        ProfileCommand::Check(a) => run_check(a),
     }
 }
 
@@ -87,4 +91,57 @@ fn run_capture(args: CaptureArgs) -> anyhow::Result<i32> {
     }
     outln!("Claude Code {version} ({} build): wrote {} and {}", kind.name(), out.display(), shapes_path.display());
     Ok(if noted == 0 { super::exit::OK } else { super::exit::CHECK_FAILED })
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The versions to check (default: every shipped profile).
+    #[arg(long = "version")]
+    pub versions: Vec<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: super::args::FidelityFormat,
+    /// Print each structural difference.
+    #[arg(long)]
+    pub differences: bool,
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn run_check(args: CheckArgs) -> anyhow::Result<i32> {
+    let versions: Vec<String> = if args.versions.is_empty() { crate::client_profile::SHIPPED.iter().map(|(v, _, _)| (*v).to_owned()).collect() } else { args.versions.clone() };
+    let mut scores = Vec::new();
+    for version in &versions {
+        let Some((profile, shapes)) = crate::client_profile::shipped(version) else {
+            eprintln!("profile check: --version {version}: no shipped profile (known: {})", crate::client_profile::SHIPPED.iter().map(|(v, _, _)| *v).collect::<Vec<_>>().join(", "));
+            return Ok(super::exit::BAD_INPUT);
+        };
+        scores.push(crate::client_profile::conformance::score(&profile, &shapes).map_err(anyhow::Error::msg)?);
+    }
+    if matches!(args.format, super::args::FidelityFormat::Json) {
+        outln!("{}", serde_json::to_string_pretty(&scores)?);
+        return Ok(super::exit::OK);
+    }
+    for score in &scores {
+        outln!("Claude Code {}: the agent (client_version = {}) against the real client's probes", score.version, score.version);
+        outln!("{:<14} {:>9} {:>9} {:>9} {:>11} {:>9} {:>12} {:>12}", "probe", "requests", "identical", "cache ok", "real o200k", "ours", "real calib.", "ours");
+        for p in &score.probes {
+            outln!(
+                "{:<14} {:>4}/{:<4} {:>9} {:>9} {:>11} {:>9} {:>12} {:>12}",
+                p.probe, p.our_requests, p.real_requests, p.identical, p.cache_agree, p.real_tokens.o200k, p.our_tokens.o200k, p.real_tokens.calibrated, p.our_tokens.calibrated
+            );
+            if args.differences {
+                for d in &p.differences {
+                    outln!("    {d}");
+                }
+            }
+        }
+        let (o, c) = score.token_deviation();
+        outln!(
+            "structurally identical {}/{} ({}); cache-deciding agreement {}/{} ({}); tokens o200k {:+.1}%, calibrated {:+.1}%\n",
+            score.identical, score.requests, pct(score.structural_share()), score.cache_agree, score.requests, pct(score.cache_share()), o * 100.0, c * 100.0
+        );
+    }
+    Ok(super::exit::OK)
 }

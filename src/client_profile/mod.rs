@@ -9,6 +9,7 @@
 //! structure-only snapshot of every request (`crate::shape`): what the agent is compared with.
 
 pub mod capture;
+pub mod conformance;
 pub mod probes;
 
 use std::collections::BTreeMap;
