@@ -139,17 +139,21 @@ fn sized_tool(name: &str, description: &str, schema: Value, defer: bool, chars: 
 
 /// The names ToolSearch has loaded in the conversation so far (its `tool_reference` results).
 fn loaded_tools(messages: &[Message]) -> Vec<String> {
+    // Tool results may already be in their wire key order (plain JSON): read them as JSON.
     let mut names = Vec::new();
     for message in messages {
         let MessageContent::Blocks(blocks) = &message.content else { continue };
         for block in blocks {
-            if let ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(items)), .. } = block {
-                for item in items {
-                    if let ContentBlock::ToolReference { tool_name, .. } = item
-                        && !names.contains(tool_name)
-                    {
-                        names.push(tool_name.clone());
-                    }
+            let value = serde_json::to_value(block).expect("blocks serialize");
+            if value.get("type").and_then(Value::as_str) != Some("tool_result") {
+                continue;
+            }
+            for item in value.get("content").and_then(Value::as_array).into_iter().flatten() {
+                if item.get("type").and_then(Value::as_str) == Some("tool_reference")
+                    && let Some(name) = item.get("tool_name").and_then(Value::as_str)
+                    && !names.iter().any(|n| n == name)
+                {
+                    names.push(name.to_owned());
                 }
             }
         }
@@ -244,38 +248,45 @@ pub fn params() -> (Option<u64>, Option<Value>, Option<Value>, Option<Value>) {
     (field("max_tokens").and_then(|v| v.as_u64()), field("thinking"), field("output_config"), field("context_management"))
 }
 
+/// MCP tool results as the client sends them (both versions): a list of text blocks, never a
+/// string.
+pub fn mcp_results_as_blocks(messages: &mut [Message]) {
+    let mut mcp_ids = std::collections::BTreeSet::new();
+    for message in messages.iter_mut() {
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        for block in blocks.iter_mut() {
+            match block {
+                ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
+                    mcp_ids.insert(id.clone());
+                }
+                ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } if mcp_ids.contains(tool_use_id.as_str()) => {
+                    if let ToolResultContent::Text(text) = content {
+                        *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Tool results as 2.1.332 sends them: Read results without the caution reminder the 2.1.88
 /// layout appends (gone since 2.1.126), Edit results with the note that the file in context is
-/// current (our words), MCP results as a list of text blocks; and no skill listing beside a
-/// prompt (it lives in the system message).
+/// current (our words); and no skill listing beside a prompt (it lives in the system message).
 pub fn rewrite_results(messages: &mut [Message]) {
     let caution = format!("\n{}\n", crate::agent::attachments::system_reminder(crate::agent::tools::exec::READ_CAUTION));
-    let mut mcp_ids = std::collections::BTreeSet::new();
     for message in messages.iter_mut() {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
         if message.role == Role::User {
             blocks.retain(|b| !matches!(b, ContentBlock::Text { text, .. } if text.contains(crate::agent::attachments::SKILL_LISTING_HEADER)));
         }
         for block in blocks.iter_mut() {
-            match block {
-                ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
-                    mcp_ids.insert(id.clone());
+            if let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), is_error, .. } = block {
+                if let Some(kept) = text.strip_suffix(&caution) {
+                    *text = kept.to_owned();
+                } else if is_error.is_none_or(|e| !e) && text.starts_with("The file ") && text.ends_with(" has been updated.") {
+                    text.push_str(" Your context already holds the file as it is now; there is no need to read it again.");
                 }
-                ContentBlock::ToolResult { tool_use_id, content: Some(content), is_error, .. } => {
-                    if let ToolResultContent::Text(text) = content {
-                        if let Some(kept) = text.strip_suffix(&caution) {
-                            *text = kept.to_owned();
-                        } else if is_error.is_none_or(|e| !e) && text.starts_with("The file ") && text.ends_with(" has been updated.") {
-                            text.push_str(" Your context already holds the file as it is now; there is no need to read it again.");
-                        }
-                    }
-                    if mcp_ids.contains(tool_use_id.as_str())
-                        && let ToolResultContent::Text(text) = content
-                    {
-                        *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
-                    }
-                }
-                _ => {}
             }
         }
     }

@@ -609,6 +609,7 @@ impl Session {
             max_mcp_output_tokens: self.strategy.max_mcp_output_tokens,
             deferred: &deferred,
             skills: &skills,
+            tool_search: pool.tool_search || self.strategy.client_version == crate::agent::dialect::VERSION,
         };
         let mut results = Vec::new();
         let mut hook_context = Vec::new();
@@ -1240,6 +1241,7 @@ impl Session {
             self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
         }
 
+        crate::agent::dialect::mcp_results_as_blocks(&mut messages);
         // Claude Code 2.1.332's layout on the main thread (src/agent/dialect.rs).
         let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION && !self.thread.is_subagent()).then(|| self.dialect_inputs(world, &pool));
         if let Some(inputs) = &dialect {

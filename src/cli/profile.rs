@@ -103,6 +103,10 @@ pub struct CheckArgs {
     /// Print each structural difference.
     #[arg(long)]
     pub differences: bool,
+    /// Also write each probe as a ctxsim scenario here (`<version>/probe-<name>.yaml`), to run
+    /// with `ctxsim run --set client_version=<version>`.
+    #[arg(long, value_name = "DIR")]
+    pub scenarios: Option<PathBuf>,
 }
 
 fn pct(x: f64) -> String {
@@ -117,6 +121,14 @@ fn run_check(args: CheckArgs) -> anyhow::Result<i32> {
             eprintln!("profile check: --version {version}: no shipped profile (known: {})", crate::client_profile::SHIPPED.iter().map(|(v, _, _)| *v).collect::<Vec<_>>().join(", "));
             return Ok(super::exit::BAD_INPUT);
         };
+        if let Some(dir) = &args.scenarios {
+            let dir = dir.join(version);
+            std::fs::create_dir_all(&dir)?;
+            for probe in crate::client_profile::probes::probes() {
+                let text = serde_json::to_string_pretty(&crate::client_profile::conformance::scenario(&probe, &profile))? + "\n";
+                crate::report::output::write_atomic(&dir.join(format!("probe-{}.yaml", probe.name)), text.as_bytes())?;
+            }
+        }
         scores.push(crate::client_profile::conformance::score(&profile, &shapes).map_err(anyhow::Error::msg)?);
     }
     if matches!(args.format, super::args::FidelityFormat::Json) {
