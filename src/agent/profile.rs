@@ -129,7 +129,8 @@ const DENSE_FILLER: &[&str] = &[
 pub fn pad_to_size(base: &str, chars: usize, tokens: u64, seed: &str) -> String {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    static MEMO: std::sync::OnceLock<Mutex<HashMap<(u64, usize, u64), String>>> = std::sync::OnceLock::new();
+    type Memo = Mutex<HashMap<(u64, usize, u64), String>>;
+    static MEMO: std::sync::OnceLock<Memo> = std::sync::OnceLock::new();
     let key = (xxhash_rust::xxh3::xxh3_64(format!("{seed}\u{0}{base}").as_bytes()), chars, tokens);
     let memo = MEMO.get_or_init(Default::default);
     if let Some(hit) = memo.lock().expect("memo lock").get(&key) {

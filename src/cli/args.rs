@@ -226,6 +226,10 @@ pub struct RunArgs {
     /// `key=value` knob overrides (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
+    /// The Claude Code release whose requests the agent builds: 2.1.88 (the default) or 2.1.332
+    /// (the strategy knob `client_version`; docs/profiles.md).
+    #[arg(long, value_name = "VERSION")]
+    pub client_version: Option<String>,
     /// Override the scenarios' seeds.
     #[arg(long)]
     pub seed: Option<u64>,

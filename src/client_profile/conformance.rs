@@ -203,8 +203,7 @@ impl Score {
 
 /// Runs every probe of `profile` through the agent speaking `profile.version` and compares.
 pub fn score(profile: &VersionProfile, snapshots: &BTreeMap<String, Vec<RequestShape>>) -> Result<Score, String> {
-    let mut strategy = crate::strategy::Strategy::default();
-    strategy.client_version = profile.version.clone();
+    let strategy = crate::strategy::Strategy { client_version: profile.version.clone(), ..Default::default() };
     strategy.validate().map_err(|e| e.to_string())?;
     let mut counters = Counters::default();
     let mut probes_out = Vec::new();
