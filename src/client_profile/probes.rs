@@ -199,14 +199,4 @@ for line in sys.stdin:
 
 /// The `Date` preload for the `cli.js` build: the clock shifted to [`DATE`] (the client's own
 /// override variable is stripped from release builds).
-pub const FAKE_DATE: &str = r#"const pinned = Date.parse(`${process.env.CC_FAKE_DATE}T09:00:00Z`);
-if (!Number.isNaN(pinned)) {
-  const Real = Date;
-  const offset = pinned - Real.now();
-  class Pinned extends Real {
-    constructor(...args) { if (args.length === 0) { super(Real.now() + offset); } else { super(...args); } }
-    static now() { return Real.now() + offset; }
-  }
-  globalThis.Date = Pinned;
-}
-"#;
+pub const FAKE_DATE: &str = include_str!("../../scripts/fakedate.cjs");
