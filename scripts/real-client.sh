@@ -35,18 +35,7 @@ printf '{"userID":"%064d","hasCompletedOnboarding":true}\n' 1 > "$out/home/.clau
 rg_src="$cc_dir/vendor/ripgrep/x64-linux/rg"
 if [ -f "$rg_src" ]; then cp "$rg_src" "$out/bin/rg"; chmod +x "$out/bin/rg"; fi
 # `Date` shifted to the pinned day (the client's own override variable is stripped from builds).
-cat > "$out/bin/fakedate.cjs" <<'JS'
-const pinned = Date.parse(`${process.env.CC_FAKE_DATE}T09:00:00Z`);
-if (!Number.isNaN(pinned)) {
-  const Real = Date;
-  const offset = pinned - Real.now();
-  class Pinned extends Real {
-    constructor(...args) { if (args.length === 0) { super(Real.now() + offset); } else { super(...args); } }
-    static now() { return Real.now() + offset; }
-  }
-  globalThis.Date = Pinned;
-}
-JS
+cp "$repo/scripts/fakedate.cjs" "$out/bin/fakedate.cjs"
 # The project: our own small files, a git repository with fixed dates.
 cat > "$out/proj/CLAUDE.md" <<'MD'
 # demo

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod analyze;
 pub mod api;
 pub mod cli;
+pub mod client_profile;
 pub mod fuzzing;
 pub mod input;
 pub mod live;

@@ -133,7 +133,8 @@ fn block_shape(block: &Value) -> BlockShape {
     BlockShape { kind, chars: text.chars().count(), cache_control: cache_control(block), markers: markers(&text), name, is_error, content_form }
 }
 
-fn without_cache_control(value: &Value) -> Value {
+/// A value with every `cache_control` key left out, at any depth.
+pub fn without_cache_control(value: &Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(map.iter().filter(|(k, _)| *k != "cache_control").map(|(k, v)| (k.clone(), without_cache_control(v))).collect()),
         Value::Array(items) => Value::Array(items.iter().map(without_cache_control).collect()),

@@ -180,7 +180,7 @@ impl Attachment {
     }
 }
 
-const SKILL_LISTING_HEADER: &str = "Skills you can run with the Skill tool (name: what it is for):";
+pub(crate) const SKILL_LISTING_HEADER: &str = "Skills you can run with the Skill tool (name: what it is for):";
 const DEFERRED_ADDED_HEADER: &str = "More tools can now be loaded with ToolSearch before first use:";
 const DEFERRED_REMOVED_HEADER: &str = "These tools are gone and can no longer be loaded; do not call them, even if earlier turns did:";
 /// 42 characters, as the reference's initial header.

@@ -14,6 +14,7 @@ pub mod plugins;
 pub mod session;
 pub mod skills;
 pub mod compact;
+pub mod dialect;
 pub mod profile;
 pub mod system_prompt;
 pub mod tools;

@@ -105,15 +105,70 @@ const FILLER: &[&str] = &[
 /// `seed` picks where in the filler cycle to start, so different pieces do not all open with the
 /// same sentence; it is derived from the piece's stable name, never from anything random.
 pub fn pad_to(base: &str, target: usize, layout: FillLayout, seed: &str) -> String {
+    pad_with(base, target, layout, seed, FILLER)
+}
+
+/// Filler that tokenizes densely (identifiers, paths, flags, punctuation): about twice the
+/// tokens per character of [`FILLER`]. Mixed with it by [`pad_to_size`] to reach a token count
+/// as well as a length. ASCII, free of quotes and backslashes; our own generic examples.
+const DENSE_FILLER: &[&str] = &[
+    "Paths: src/main.rs, src/lib.rs, tests/it/*.rs; run cargo test --locked -q.",
+    "Flags: -p, --print, --json, --max-turns=3, --cwd=./app; exit 0/1/2.",
+    "Keys: tool_use_id, is_error, cache_control, max_tokens, stop_reason.",
+    "Types: Vec<String>, Option<u64>, Result<(), Error>, Map<K, V>.",
+    "Globs: **/*.ts, src/**/*.py, !node_modules/**, *.{json,yaml,toml}.",
+    "Units: 5m, 1h, 200k, 1M, 0.1x, 1.25x, 2x; ids: toolu_01, msg_02.",
+    "Calls: fs.readFile(p), git diff --stat HEAD~1, npm run lint -- --fix.",
+    "Fields: {id, name, input}, [a, b, c], (x, y) => x + y; i += 1.",
+];
+
+/// Pads `base` to exactly `chars` characters (as [`pad_to`]) and, as closely as the filler
+/// allows, to `tokens` o200k tokens: the padding is neutral filler followed by dense filler, the
+/// split chosen by bisection on the token count. `tokens` of 0 means characters only. Results
+/// are memoized per (text, targets, seed): request building asks for the same pieces every call.
+pub fn pad_to_size(base: &str, chars: usize, tokens: u64, seed: &str) -> String {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    type Memo = Mutex<HashMap<(u64, usize, u64), String>>;
+    static MEMO: std::sync::OnceLock<Memo> = std::sync::OnceLock::new();
+    let key = (xxhash_rust::xxh3::xxh3_64(format!("{seed}\u{0}{base}").as_bytes()), chars, tokens);
+    let memo = MEMO.get_or_init(Default::default);
+    if let Some(hit) = memo.lock().expect("memo lock").get(&key) {
+        return hit.clone();
+    }
+    let base_len = js_len(base);
+    let build = |dense: usize| {
+        let light = pad_with(base, chars.saturating_sub(dense).max(base_len), FillLayout::Paragraphs, seed, FILLER);
+        pad_with(&light, chars, FillLayout::Paragraphs, seed, DENSE_FILLER)
+    };
+    let count = |text: &str| u64::from(crate::measure::tokens::bpe(text));
+    let room = chars.saturating_sub(base_len);
+    let mut best = build(0);
+    if tokens > 0 && room > 0 && count(&best) < tokens {
+        // More dense filler, more tokens (monotone up to the filler's granularity).
+        let (mut lo, mut hi) = (0usize, room);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if count(&build(mid)) < tokens { lo = mid + 1 } else { hi = mid }
+        }
+        let candidates = [lo.saturating_sub(1), lo];
+        best = candidates.iter().map(|&d| build(d)).min_by_key(|t| count(t).abs_diff(tokens)).expect("two candidates");
+    }
+    memo.lock().expect("memo lock").insert(key, best.clone());
+    best
+}
+
+/// [`pad_to`] with a given set of filler sentences.
+fn pad_with(base: &str, target: usize, layout: FillLayout, seed: &str, filler: &[&str]) -> String {
     let mut out = base.to_owned();
     let mut len = js_len(&out);
     if len >= target {
         return out;
     }
-    let start = (xxhash_rust::xxh3::xxh3_64(seed.as_bytes()) % FILLER.len() as u64) as usize;
+    let start = (xxhash_rust::xxh3::xxh3_64(seed.as_bytes()) % filler.len() as u64) as usize;
     let mut index = 0usize;
     loop {
-        let sentence = FILLER[(start + index) % FILLER.len()];
+        let sentence = filler[(start + index) % filler.len()];
         // Paragraph layout starts a new paragraph every four sentences and before the first one.
         let separator = match layout {
             FillLayout::Line => " ",

@@ -609,6 +609,7 @@ impl Session {
             max_mcp_output_tokens: self.strategy.max_mcp_output_tokens,
             deferred: &deferred,
             skills: &skills,
+            tool_search: pool.tool_search || self.strategy.client_version == crate::agent::dialect::VERSION,
         };
         let mut results = Vec::new();
         let mut hook_context = Vec::new();
@@ -630,9 +631,11 @@ impl Session {
             let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
             self.settle_hook_time(world);
             let in_pool = pool.all.iter().any(|t| t.tool.name == *name);
-            let outcome = if !in_pool && !name.starts_with("mcp__") && !world.tool_outputs.contains_key(id) {
-                // A built-in the pool does not hold (ToolSearch with tool search off, a
-                // disallowed tool): the client answers with an error result and runs nothing.
+            // ToolSearch's presence is the executor's call (`ExecContext::tool_search`).
+            let refused = !in_pool && name != "ToolSearch" && !name.starts_with("mcp__");
+            let outcome = if refused && !world.tool_outputs.contains_key(id) {
+                // A built-in the pool does not hold (a disallowed tool): the client answers
+                // with an error result and runs nothing.
                 ExecOutcome::text(id, format!("No such tool available: {name}"), true)
             } else if name == "Agent" && !world.tool_outputs.contains_key(id) && in_pool {
                 self.run_agent(id, &input, world, calls)?
@@ -1206,9 +1209,11 @@ impl Session {
         records.push(Record::User { content: MessageContent::Text(context), meta: true });
         records.extend(self.records.iter().cloned());
         let options = NormalizeOptions {
-            smoosh_into_tool_result: self.strategy.smoosh_into_tool_result,
+            // 2.1.332 keeps attachments beside a tool result (the smoosh gate is off there).
+            smoosh_into_tool_result: self.strategy.smoosh_into_tool_result && self.strategy.client_version != crate::agent::dialect::VERSION,
             tool_loaded_sibling: self.strategy.tool_loaded_sibling,
-            strip_tool_references: !pool.tool_search,
+            // 2.1.332 has tool search on even behind a custom base URL.
+            strip_tool_references: !pool.tool_search && self.strategy.client_version != crate::agent::dialect::VERSION,
         };
         let mut messages = normalize(&records, options);
         let first_user_text = first_text(&messages);
@@ -1243,7 +1248,13 @@ impl Session {
             self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
         }
 
-        if !self.strategy.deferred_tools_delta
+        crate::agent::dialect::mcp_results_as_blocks(&mut messages);
+        // Claude Code 2.1.332's layout on the main thread (src/agent/dialect.rs).
+        let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION && !self.thread.is_subagent()).then(|| self.dialect_inputs(world, &pool));
+        if let Some(inputs) = &dialect {
+            crate::agent::dialect::rewrite_results(&mut messages);
+            crate::agent::dialect::relayout(&mut messages, inputs);
+        } else if !self.strategy.deferred_tools_delta
             && let Some(listing) = pool.deferred_listing()
         {
             messages.insert(0, Message::user_text(listing));
@@ -1280,9 +1291,43 @@ impl Session {
                 }
             }
         }
+        if dialect.is_some() {
+            let marker = self.marker_for(&lane);
+            request.system = Some(SystemPrompt::Blocks(crate::agent::dialect::system_blocks(&system.blocks, marker, &request.messages)));
+            request.tools = Some(crate::agent::dialect::tools(&request.messages, self.agent_listing.as_ref()));
+            let (max_tokens, thinking, output_config, context_management) = crate::agent::dialect::params();
+            request.max_tokens = world.max_output_tokens.or(max_tokens).or(request.max_tokens);
+            request.thinking = thinking;
+            request.output_config = output_config;
+            request.context_management = context_management;
+        }
         request.stream = Some(true);
         self.previous_system = Some(system);
         (request, std::mem::take(&mut self.events))
+    }
+
+    /// What the 2.1.332 layout takes from the session (src/agent/dialect.rs).
+    fn dialect_inputs(&mut self, world: &World, pool: &ToolPool) -> crate::agent::dialect::Inputs {
+        let files = self.memory(world).files.clone();
+        let claude_md = if self.strategy.claude_md { crate::agent::user_context::render_claude_md(&files, &self.profile, false) } else { None };
+        let model_id = self.model_id(world).to_owned();
+        let agent_types = match &self.agent_listing {
+            Some(crate::agent::tools::AgentToolListing::Inline(lines)) => lines.clone(),
+            _ => Vec::new(),
+        };
+        crate::agent::dialect::Inputs {
+            claude_md,
+            git: self.git_snapshot.clone().flatten(),
+            cwd: world.cwd.clone(),
+            is_git_repo: world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git")),
+            marketing_name: marketing_name(&model_id),
+            model_id,
+            date: world.clock.date_string(),
+            mcp_tools: pool.all.iter().filter(|t| t.tool.name.starts_with("mcp__")).map(|t| t.tool.name.clone()).collect(),
+            mcp_instructions: self.turn_mcp.iter().map(|m| (m.name.clone(), m.instructions.clone())).collect(),
+            agent_types,
+            skills: self.skills(world).iter().map(|s| format!("- {}: {}", s.name, s.description)).collect(),
+        }
     }
 
     /// The git snapshot as the world's repository stands (`getGitStatus`): `None` outside a

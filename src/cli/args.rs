@@ -49,6 +49,8 @@ pub enum Command {
     Audit(super::audit::AuditArgs),
     /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
     DiffRequests(super::diff_requests::DiffRequestsArgs),
+    /// Version profiles of the real client: `profile capture --client PATH` drives it through the probes.
+    Profile(super::profile::ProfileArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -228,6 +230,10 @@ pub struct RunArgs {
     /// `key=value` knob overrides (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
+    /// The Claude Code release whose requests the agent builds: 2.1.88 (the default) or 2.1.332
+    /// (the strategy knob `client_version`; docs/profiles.md).
+    #[arg(long, value_name = "VERSION")]
+    pub client_version: Option<String>,
     /// Override the scenarios' seeds.
     #[arg(long)]
     pub seed: Option<u64>,

@@ -33,6 +33,7 @@ mod diag;
 mod fidelity;
 mod import;
 mod live;
+mod profile;
 mod replay;
 pub mod exit;
 mod report;
@@ -69,6 +70,7 @@ fn run_command(command: args::Command, diag: &mut diag::Diagnostics) -> anyhow::
         args::Command::Live(a) => live::run(a),
         args::Command::Audit(a) => audit::run(a),
         args::Command::DiffRequests(a) => diff_requests::run(a, diag),
+        args::Command::Profile(a) => profile::run(a),
         args::Command::Causes => {
             for (id, region, description) in crate::measure::CAUSES {
                 let region = region.map(|r| r.as_str()).unwrap_or("any");

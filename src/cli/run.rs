@@ -60,6 +60,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut failed_determinism = false;
     let mut strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &args.sets)?;
     strategy.run_hooks = args.allow_host_commands;
+    if let Some(version) = &args.client_version {
+        strategy.client_version = version.clone();
+        strategy.validate()?;
+    }
+    // Which client the agent speaks is part of every result: said where it is not chosen too.
+    let chosen = if args.client_version.is_some() || strategy.client_version != crate::agent::dialect::VERSIONS[0] { "chosen" } else { "the default" };
+    eprintln!("client: Claude Code {} ({chosen}; --client-version {})", strategy.client_version, crate::agent::dialect::VERSIONS.join(" | "));
     let mut report_inputs = Vec::new();
     let chain = Chain::with_disabled(&args.disable_stage)?;
     for file in &files {

@@ -46,6 +46,9 @@ const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a whole request may take to arrive.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// Headers kept beside the request log (`headers.jsonl`): they describe the client (its betas, its version) and
+/// carry no session id or key.
+const LOGGED_HEADERS: &[&str] = &["anthropic-beta", "anthropic-version", "user-agent", "x-app"];
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -126,6 +129,8 @@ pub struct ServeReport {
 #[derive(Debug)]
 struct RequestLogFile {
     file: std::fs::File,
+    /// `headers.jsonl`: line N holds the client-describing headers of `requests.jsonl`'s line N.
+    headers: std::fs::File,
 }
 
 /// The Messages API over a script, without sockets.
@@ -178,7 +183,8 @@ impl Service {
             let path = dir.join("requests.jsonl");
             // A FIFO or device given as the log is written in place (never replaced).
             let file = std::fs::OpenOptions::new().write(true).create(true).truncate(std::fs::metadata(&path).map_or(true, |m| m.is_file())).open(&path)?;
-            self.log = Some(RequestLogFile { file });
+            let headers = std::fs::File::create(dir.join("headers.jsonl"))?;
+            self.log = Some(RequestLogFile { file, headers });
         }
         Ok(())
     }
@@ -289,7 +295,7 @@ impl Service {
                 (answer, Some(usage))
             }
         };
-        self.append_log(time_ms, raw, &lane, usage);
+        self.append_log(time_ms, raw, &lane, usage, &request.headers);
         self.rows.push(row);
         answer
     }
@@ -346,8 +352,14 @@ impl Service {
         }
     }
 
-    fn append_log(&mut self, time_ms: u64, body: Value, lane: &str, usage: Option<Usage>) {
+    fn append_log(&mut self, time_ms: u64, body: Value, lane: &str, usage: Option<Usage>, headers: &[(String, String)]) {
         let Some(log) = &mut self.log else { return };
+        let headers: std::collections::BTreeMap<&str, &str> = headers.iter().filter(|(name, _)| LOGGED_HEADERS.contains(&name.as_str())).map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let mut header_line = serde_json::to_vec(&headers).expect("headers serialize");
+        header_line.push(b'\n');
+        if let Err(e) = log.headers.write_all(&header_line).and_then(|()| log.headers.flush()) {
+            eprintln!("warning: failed to append to the headers log: {e}");
+        }
         let entry = RequestLogEntry { time_ms, body, lane: Some(lane.to_owned()), usage };
         let mut line = serde_json::to_vec(&entry).expect("log entries serialize");
         line.push(b'\n');

@@ -108,6 +108,9 @@ pub struct Strategy {
     /// Off: the cleared tool results stay visible — what the model would have seen without
     /// microcompact (its replies are still the recorded ones).
     pub replay_recorded_microcompact: bool,
+    /// The Claude Code release whose requests the agent builds (`--client-version`):
+    /// `2.1.88` (the default) or `2.1.332` (src/agent/dialect.rs, data/profiles/2.1.332.toml).
+    pub client_version: String,
     /// Layer 6: the long-context chain's knobs, nested under `compact.` in files and `--set`.
     pub compact: crate::agent::compact::CompactConfig,
 }
@@ -150,6 +153,7 @@ impl Default for Strategy {
             relevant_memories: false,
             git_status: true,
             replay_recorded_microcompact: true,
+            client_version: crate::agent::dialect::VERSIONS[0].to_owned(),
             compact: crate::agent::compact::CompactConfig::default(),
         }
     }
@@ -289,6 +293,9 @@ impl Strategy {
         let f = self.skill_listing_budget_fraction;
         if !(f.is_finite() && (0.0..=1.0).contains(&f)) {
             return invalid("skill_listing_budget_fraction", f.to_string(), "must be a fraction between 0 and 1");
+        }
+        if !crate::agent::dialect::VERSIONS.contains(&self.client_version.as_str()) {
+            return invalid("client_version", self.client_version.clone(), &format!("the agent speaks {}", crate::agent::dialect::VERSIONS.join(" and ")));
         }
         let c = &self.compact;
         let percentages = [

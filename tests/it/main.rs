@@ -4,6 +4,7 @@ mod analyze;
 mod api_late2026;
 mod audit;
 mod mechanisms;
+mod profiles;
 mod memories;
 mod layer6;
 mod live;

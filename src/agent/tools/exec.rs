@@ -23,6 +23,9 @@ pub struct ExecContext<'a> {
     pub deferred: &'a [(String, String)],
     /// Skills the Skill tool can run: (name, directory, body).
     pub skills: &'a [(String, String, String)],
+    /// ToolSearch is one of the request's tools (tool search on). When it is not, a call to it
+    /// gets the error any unknown tool gets, as the real client answers.
+    pub tool_search: bool,
 }
 
 /// What executing one tool_use produced.
@@ -69,11 +72,6 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
         let mut content = scripted.content.clone();
         if name.starts_with("mcp__") {
             content = truncate_tool_content(content, (cx.max_mcp_output_tokens * 4) as usize);
-            // The client passes an MCP result on as the server's content list: a string
-            // becomes one text block (2.1.88 request logs).
-            if let ToolResultContent::Text(text) = content {
-                content = ToolResultContent::Blocks(vec![ContentBlock::text(text)]);
-            }
         } else if name == "Bash" {
             content = truncate_tool_content(content, cx.bash_max_output_length);
         }
@@ -182,7 +180,7 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
             outcome.todos = Some(todos);
             outcome
         }
-        "ToolSearch" => tool_search(id, &arg("query"), cx),
+        "ToolSearch" if cx.tool_search => tool_search(id, &arg("query"), cx),
         "Skill" => {
             let skill = arg("skill");
             let skill = skill.trim_start_matches('/');

@@ -1,0 +1,305 @@
+//! Claude Code 2.1.332's request layout (`client_version = "2.1.332"`), built from the agent's
+//! own request and the version profile `data/profiles/2.1.332.toml` (docs/profiles.md).
+//!
+//! What changes against 2.1.88: three system blocks (billing without `cch`, the identity line
+//! and a short prompt, both marked); twelve tools in the profile's order with
+//! `DeferredToolPlaceholder` deferred; `messages[0]` holds the project instructions, the git
+//! snapshot and the attribution note as reminders before the prompt, and a `role:"system"`
+//! message after it carries the environment, the deferred tool names, the agent types, the
+//! skills and the date (the message marker while it is last, a string afterwards); Read results
+//! carry no caution reminder; adaptive thinking with display omitted, effort, 128k output.
+//!
+//! Every text is ours, sized from the profile in characters and o200k tokens
+//! ([`crate::agent::profile::pad_to_size`]); only names and wire formats are the client's.
+
+use serde_json::{Value, json};
+
+use crate::agent::profile::{js_len, pad_to_size};
+use crate::agent::system_prompt::GitStatus;
+use crate::agent::user_context::{REMINDER_CLOSE, REMINDER_OPEN};
+use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Role, SystemBlock, Tool, ToolResultContent};
+use crate::client_profile::VersionProfile;
+
+/// The version this layout is.
+pub const VERSION: &str = "2.1.332";
+
+/// The versions the agent can speak; the first is the default.
+pub const VERSIONS: &[&str] = &["2.1.88", VERSION];
+
+/// The tools 2.1.332 defers and names in its system message (base-URL mode, no MCP), from the
+/// capture; MCP tools are added after them.
+const DEFERRED: &[&str] = &["CronCreate", "CronDelete", "CronList", "EnterWorktree", "ExitWorktree", "Monitor", "NotebookEdit", "SendMessage", "TaskStop", "WebFetch", "WebSearch"];
+
+/// The shipped 2.1.332 profile, parsed once.
+pub fn profile() -> &'static VersionProfile {
+    static PARSED: std::sync::OnceLock<VersionProfile> = std::sync::OnceLock::new();
+    PARSED.get_or_init(|| crate::client_profile::shipped(VERSION).expect("2.1.332 is shipped").0)
+}
+
+/// What the layout needs from the session beyond the request it built.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// The `claudeMd` text (files with their paths), unpadded.
+    pub claude_md: Option<String>,
+    pub git: Option<GitStatus>,
+    pub cwd: String,
+    pub is_git_repo: bool,
+    pub model_id: String,
+    pub marketing_name: Option<String>,
+    pub date: String,
+    /// MCP tool names (deferred in 2.1.332).
+    pub mcp_tools: Vec<String>,
+    /// MCP server instructions (name, text).
+    pub mcp_instructions: Vec<(String, String)>,
+    pub agent_types: Vec<String>,
+    pub skills: Vec<String>,
+}
+
+fn block(path: &str) -> Option<&'static crate::client_profile::BlockEntry> {
+    profile().system.iter().chain(&profile().messages).find(|b| b.path == path)
+}
+
+/// A reminder of our own words padded so the whole block has the profile's size at `path`.
+fn reminder(body: &str, path: &str, seed: &str) -> String {
+    let wrap = js_len(REMINDER_OPEN) + js_len(REMINDER_CLOSE) + 2;
+    let (chars, tokens) = block(path).map_or((0, 0), |b| (b.size.chars.saturating_sub(wrap), b.size.o200k.saturating_sub(4)));
+    format!("{REMINDER_OPEN}\n{}\n{REMINDER_CLOSE}", pad_to_size(body, chars, tokens, seed))
+}
+
+const PROMPT: &str = "You are a coding assistant working in the user's repository through the tools in this request. \
+Work on what the user asks, read before you change, and keep changes as small as the request allows. \
+Text inside <system-reminder> tags comes from the harness, not from the user.\n\n\
+# Working style\n\
+- Look at the relevant files first; follow the conventions you find there.\n\
+- After a change, run the narrowest check that covers it and report what it showed.\n\
+- Say plainly when something failed or is uncertain, with the exact error text.\n\
+- Ask before actions that are hard to undo or that reach beyond the repository.\n\n\
+# Tools\n\
+Use the dedicated tools for files (Read, Edit, Write) and Bash for commands. Tools listed as deferred \
+must be loaded with ToolSearch before they are called. Independent calls can go in one message.\n\n\
+# Answers\n\
+Keep answers short and concrete; refer to code as path:line.";
+
+/// The three system blocks: the billing block (version and entry point, no `cch`), the identity
+/// line and the prompt, the last two marked.
+/// The fingerprint is taken over the first text of the relaid `messages[0]` (so it survives a
+/// resume, as in the client).
+pub fn system_blocks(agent_blocks: &[SystemBlock], marker: Option<CacheControl>, messages: &[Message]) -> Vec<SystemBlock> {
+    let first_text = messages.first().and_then(|m| m.content.to_blocks().into_iter().find_map(|b| match b {
+        ContentBlock::Text { text, .. } => Some(text),
+        _ => None,
+    }));
+    let entrypoint = agent_blocks.first().and_then(|b| b.text.split("cc_entrypoint=").nth(1)).and_then(|rest| rest.split(';').next()).unwrap_or("sdk-cli");
+    let fingerprint = crate::agent::system_prompt::fingerprint(first_text.as_deref().unwrap_or(""), VERSION);
+    let billing = format!("x-anthropic-billing-header: cc_version={VERSION}.{fingerprint}; cc_entrypoint={entrypoint};");
+    let identity = agent_blocks.get(1).map(|b| b.text.clone()).unwrap_or_default();
+    let prompt = block("system[2]").map_or_else(|| PROMPT.to_owned(), |b| pad_to_size(PROMPT, b.size.chars, b.size.o200k, "prompt_2_1_332"));
+    vec![SystemBlock::text(billing), SystemBlock::text(identity).with_cache_control(marker.clone()), SystemBlock::text(prompt).with_cache_control(marker)]
+}
+
+/// Our own description and schema of a tool the 2.1.88 agent does not have.
+fn new_tool(name: &str) -> (String, Value) {
+    let object = |props: Value, required: &[&str]| json!({"type": "object", "properties": props, "required": required, "additionalProperties": false});
+    match name {
+        "ListAgents" => ("Lists the agents running in the background with their status.".to_owned(), object(json!({"status": {"type": "string", "enum": ["running", "done", "all"]}}), &[])),
+        "ReportFindings" => ("Reports findings of a review as a structured list.".to_owned(), object(json!({"findings": {"type": "array", "items": {"type": "object", "properties": {"file": {"type": "string"}, "line": {"type": "integer"}, "note": {"type": "string"}}}}}), &["findings"])),
+        "ScheduleWakeup" => ("Schedules the session to resume work after a delay.".to_owned(), object(json!({"delay_seconds": {"type": "integer"}, "reason": {"type": "string"}}), &["delay_seconds"])),
+        "Workflow" => ("Runs a named multi-step workflow defined for the project.".to_owned(), object(json!({"name": {"type": "string"}, "arguments": {"type": "object"}}), &["name"])),
+        "DeferredToolPlaceholder" => ("Stands for the deferred tools; never call it.".to_owned(), json!({"type": "object", "properties": {}})),
+        _ => (format!("The {name} tool."), object(json!({}), &[])),
+    }
+}
+
+/// A tool's unpadded definition: the agent's own words for the tools it has (the Agent tool
+/// with its listing), else [`new_tool`].
+fn base_tool(name: &str, listing: Option<&crate::agent::tools::AgentToolListing>) -> (String, Value) {
+    let sizes = crate::agent::profile::SizeProfile::claude_code_2_1_88();
+    let built = if name == "Agent" {
+        Some(crate::agent::tools::agent_tool(&sizes, false, &listing.cloned().unwrap_or_default()))
+    } else {
+        crate::agent::tools::builtin_tool(name, &sizes, false)
+    };
+    match built {
+        Some(tool) => (tool.description, tool.input_schema),
+        None => new_tool(name),
+    }
+}
+
+/// A tool padded so that its JSON has `chars` characters and about `tokens` o200k tokens.
+fn sized_tool(name: &str, description: &str, schema: Value, defer: bool, chars: usize, tokens: u64) -> Tool {
+    let mut tool = Tool { kind: None, name: name.to_owned(), description: Some(String::new()), input_schema: Some(schema), cache_control: None, defer_loading: defer.then_some(true), extra: Default::default() };
+    // The description's share of the tool's size: what the rest of the JSON leaves.
+    let frame = serde_json::to_string(&tool).expect("tools serialize");
+    let escaped = js_len(&serde_json::to_string(description).expect("strings serialize")) - 2;
+    let room = chars.saturating_sub(js_len(&frame) + escaped.saturating_sub(js_len(description)));
+    let room_tokens = tokens.saturating_sub(u64::from(crate::measure::tokens::bpe(&frame)));
+    tool.description = Some(pad_to_size(description, room, room_tokens, name));
+    tool
+}
+
+/// The names ToolSearch has loaded in the conversation so far (its `tool_reference` results).
+fn loaded_tools(messages: &[Message]) -> Vec<String> {
+    // Tool results may already be in their wire key order (plain JSON): read them as JSON.
+    let mut names = Vec::new();
+    for message in messages {
+        let MessageContent::Blocks(blocks) = &message.content else { continue };
+        for block in blocks {
+            let value = serde_json::to_value(block).expect("blocks serialize");
+            if value.get("type").and_then(Value::as_str) != Some("tool_result") {
+                continue;
+            }
+            for item in value.get("content").and_then(Value::as_array).into_iter().flatten() {
+                if item.get("type").and_then(Value::as_str) == Some("tool_reference")
+                    && let Some(name) = item.get("tool_name").and_then(Value::as_str)
+                    && !names.iter().any(|n| n == name)
+                {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The tools: the profile's, in its order (alphabetical, the placeholder before the last one),
+/// each padded to its measured size; tools loaded by ToolSearch join the alphabetical order
+/// with `defer_loading` (the API leaves them out of the prefix), at their 2.1.88 size.
+pub fn tools(messages: &[Message], listing: Option<&crate::agent::tools::AgentToolListing>) -> Vec<Tool> {
+    let entries = &profile().tools;
+    let mut out: Vec<Tool> = entries
+        .iter()
+        .filter(|e| e.name != "DeferredToolPlaceholder")
+        .map(|e| {
+            let (description, schema) = base_tool(&e.name, listing);
+            sized_tool(&e.name, &description, schema, e.defer_loading, e.size.chars, e.size.o200k)
+        })
+        .collect();
+    let sizes = crate::agent::profile::SizeProfile::claude_code_2_1_88();
+    for name in loaded_tools(messages) {
+        if out.iter().any(|t| t.name == name) {
+            continue;
+        }
+        let (description, schema) = base_tool(&name, listing);
+        let chars = sizes.tool(&name).map_or(0, |s| s.description + s.schema);
+        out.push(sized_tool(&name, &description, schema, true, chars, 0));
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(placeholder) = entries.iter().find(|e| e.name == "DeferredToolPlaceholder") {
+        let (description, schema) = new_tool(&placeholder.name);
+        let at = out.len().saturating_sub(1);
+        out.insert(at, sized_tool(&placeholder.name, &description, schema, true, placeholder.size.chars, placeholder.size.o200k));
+    }
+    out
+}
+
+/// `messages[0]`'s reminders: project instructions, the git snapshot, the attribution note.
+pub fn first_reminders(inputs: &Inputs) -> Vec<ContentBlock> {
+    let mut out = Vec::new();
+    if let Some(claude_md) = &inputs.claude_md {
+        out.push(ContentBlock::text(reminder(&format!("Project instructions for this session:\n\n{claude_md}"), "messages[0].content[0]", "claude_md_2_1_332")));
+    }
+    if let Some(git) = &inputs.git {
+        let status = if git.status.is_empty() { "(clean)" } else { git.status.as_str() };
+        let body = format!(
+            "Repository state when the session started (a snapshot; it does not update):\nCurrent branch: {}\nMain branch: {}\nStatus:\n{status}\n\nRecent commits:\n{}",
+            git.branch, git.main_branch, git.recent_commits
+        );
+        out.push(ContentBlock::text(reminder(&body, "messages[0].content[1]", "git_2_1_332")));
+    }
+    let attribution = "When you write a commit message or a pull request description, end it with a line saying it was written with the assistant.";
+    out.push(ContentBlock::text(reminder(attribution, "messages[0].content[2]", "attribution_2_1_332")));
+    out
+}
+
+/// The `role:"system"` message after the first prompt.
+pub fn system_message(inputs: &Inputs) -> Message {
+    let model = match &inputs.marketing_name {
+        Some(name) => format!("Model: {name} ({})", inputs.model_id),
+        None => format!("Model: {}", inputs.model_id),
+    };
+    let environment = format!(
+        "# Environment\nWorking directory: {}\nGit repository: {}\nPlatform: linux\nShell: bash\n{model}",
+        inputs.cwd,
+        if inputs.is_git_repo { "yes" } else { "no" }
+    );
+    let mut deferred: Vec<String> = DEFERRED.iter().map(|s| (*s).to_owned()).collect();
+    deferred.extend(inputs.mcp_tools.iter().cloned());
+    let mut rest = format!("\n\n# Deferred tools\nLoad one with ToolSearch (query select:<name>) before calling it:\n{}", deferred.join("\n"));
+    for (name, text) in &inputs.mcp_instructions {
+        rest.push_str(&format!("\n\n# Instructions of the {name} server\n{text}"));
+    }
+    rest.push_str(&format!("\n\n# Agent types\n{}", inputs.agent_types.join("\n")));
+    rest.push_str(&format!("\n\n# Skills\nRun one with the Skill tool:\n{}", inputs.skills.join("\n")));
+    rest.push_str(&format!("\n\nToday's date is {}.", inputs.date));
+    // The read probe's message sets the size of the fixed part; what the session adds (MCP
+    // tools and instructions) comes on top, as in the client.
+    let (chars, tokens) = block("messages[1].content[0]").map_or((0, 0), |b| (b.size.chars, b.size.o200k));
+    let base_rest = js_len(&rest) - inputs.mcp_tools.iter().map(|t| js_len(t) + 1).sum::<usize>()
+        - inputs.mcp_instructions.iter().map(|(n, t)| js_len(&format!("\n\n# Instructions of the {n} server\n{t}"))).sum::<usize>();
+    let rest_tokens = u64::from(crate::measure::tokens::bpe(&rest));
+    let head = pad_to_size(&environment, chars.saturating_sub(base_rest), tokens.saturating_sub(rest_tokens), "environment_2_1_332");
+    Message { role: Role::System, content: MessageContent::Text(format!("{head}{rest}")), extra: Default::default() }
+}
+
+/// The request parameters of the profile's main lane: `max_tokens`, `thinking`,
+/// `output_config`, `context_management` (as the capture shows them).
+pub fn params() -> (Option<u64>, Option<Value>, Option<Value>, Option<Value>) {
+    let field = |name: &str| profile().main.fields.get(name).and_then(|v| serde_json::from_str::<Value>(v).ok());
+    (field("max_tokens").and_then(|v| v.as_u64()), field("thinking"), field("output_config"), field("context_management"))
+}
+
+/// MCP tool results as the client sends them (both versions): a list of text blocks, never a
+/// string.
+pub fn mcp_results_as_blocks(messages: &mut [Message]) {
+    let mut mcp_ids = std::collections::BTreeSet::new();
+    for message in messages.iter_mut() {
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        for block in blocks.iter_mut() {
+            match block {
+                ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
+                    mcp_ids.insert(id.clone());
+                }
+                ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } if mcp_ids.contains(tool_use_id.as_str()) => {
+                    if let ToolResultContent::Text(text) = content {
+                        *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Tool results as 2.1.332 sends them: Read results without the caution reminder the 2.1.88
+/// layout appends (gone since 2.1.126), Edit results with the note that the file in context is
+/// current (our words); and no skill listing beside a prompt (it lives in the system message).
+pub fn rewrite_results(messages: &mut [Message]) {
+    let caution = format!("\n{}\n", crate::agent::attachments::system_reminder(crate::agent::tools::exec::READ_CAUTION));
+    for message in messages.iter_mut() {
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        if message.role == Role::User {
+            blocks.retain(|b| !matches!(b, ContentBlock::Text { text, .. } if text.contains(crate::agent::attachments::SKILL_LISTING_HEADER)));
+        }
+        for block in blocks.iter_mut() {
+            if let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), is_error, .. } = block {
+                if let Some(kept) = text.strip_suffix(&caution) {
+                    *text = kept.to_owned();
+                } else if is_error.is_none_or(|e| !e) && text.starts_with("The file ") && text.ends_with(" has been updated.") {
+                    text.push_str(" Your context already holds the file as it is now; there is no need to read it again.");
+                }
+            }
+        }
+    }
+}
+
+/// `messages[0]` rebuilt: the agent's leading reminders (skill listing, user context) give way
+/// to [`first_reminders`]; the prompt and anything after it stay. The system message follows.
+pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
+    let Some(first) = messages.first_mut() else { return };
+    let blocks = std::mem::replace(&mut first.content, MessageContent::Text(String::new())).into_blocks();
+    let kept: Vec<ContentBlock> = blocks.into_iter().skip_while(|b| matches!(b, ContentBlock::Text { text, .. } if text.starts_with(REMINDER_OPEN))).collect();
+    let mut content = first_reminders(inputs);
+    content.extend(kept);
+    first.content = MessageContent::Blocks(content);
+    messages.insert(1, system_message(inputs));
+}
