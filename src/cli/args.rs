@@ -47,6 +47,9 @@ pub enum Command {
     /// Your real sessions: billed cost (as ccusage), cache breaks by cause and their dollars, TTL,
     /// compactions, and what a setting the replay honours would have saved.
     Audit(super::audit::AuditArgs),
+    /// Fit the `calibrated` estimator on your sessions' texts against the real `count_tokens`
+    /// endpoint (`--from-api`; key from `ANTHROPIC_API_KEY`, never written).
+    Calibrate(super::calibrate::CalibrateArgs),
     /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
     DiffRequests(super::diff_requests::DiffRequestsArgs),
 }

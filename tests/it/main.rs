@@ -3,6 +3,7 @@ mod agent_layers;
 mod analyze;
 mod api_late2026;
 mod audit;
+mod calibrate;
 mod mechanisms;
 mod memories;
 mod layer6;
