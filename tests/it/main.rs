@@ -9,6 +9,7 @@ mod memories;
 mod layer6;
 mod live;
 mod breaks;
+mod browser;
 mod cache;
 mod incremental;
 mod fidelity;
