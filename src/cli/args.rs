@@ -106,7 +106,7 @@ pub struct FidelityArgs {
     pub sessions: super::sessions::SessionInputs,
     #[arg(long, value_enum, default_value = "table")]
     pub format: FidelityFormat,
-    /// Token estimator.
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family).
     #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// Calibration parameters for the calibrated estimator (JSON).
@@ -141,8 +141,13 @@ pub enum Format {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Estimator {
+    /// The client's own rough count: UTF-16 length / 4.
     Chars4,
+    /// o200k_base tokens: under-counts what Claude bills.
     Bpe,
+    /// o200k_base tokens scaled per model family to Claude's billed tokens
+    /// (data/calibration.json): the closest to the bill, the default of every measuring command
+    /// but `check`.
     Calibrated,
 }
 
@@ -159,8 +164,8 @@ impl From<Estimator> for crate::measure::EstimatorKind {
 /// Options shared by every measuring command.
 #[derive(Debug, Clone, Args)]
 pub struct MeasureOpts {
-    /// Token estimator.
-    #[arg(long, value_enum, default_value = "bpe")]
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family).
+    #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// A model table replacing the shipped one (same shape as data/models.toml).
     #[arg(long, value_name = "FILE")]
@@ -209,7 +214,8 @@ pub struct AnalyzeArgs {
 pub struct TokensArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
-    #[arg(long, value_enum, default_value = "bpe")]
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family).
+    #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// Model family for the calibrated estimator.
     #[arg(long, default_value = "sonnet")]
