@@ -18,19 +18,11 @@ ccusage="$tools/node_modules/.bin/ccusage"
 [ -x "$ccusage" ] || { echo "no ccusage at $ccusage: npm install ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24 in $tools" >&2; exit 2; }
 [ -n "${CTXSIM_BIN:-}" ] || cargo build --release --locked --quiet
 bin="${CTXSIM_BIN:-${CARGO_TARGET_DIR:-target}/release/ctxsim}"
-data="../shared/realdata/transcripts"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/home" "$work/config/projects"
-for project in NumWordify cipher-box entirecontext entireio-cli oh-my-posh; do
-  mkdir -p "$work/config/projects/$project"
-  for f in "$data/$project"/*.full.jsonl; do
-    cp "$f" "$work/config/projects/$project/$(basename "$f" .full.jsonl).jsonl"
-  done
-done
-mkdir -p "$work/config/projects/spotter"
-cp -r "$data/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl" "$data/spotter/258c7280-ae70-4798-800f-63464d01a85d" "$work/config/projects/spotter/"
+mkdir -p "$work/home"
+tests/data/ccusage/tree.sh "$work/config"
 
 export HOME="$work/home" CLAUDE_CONFIG_DIR="$work/config" TZ=UTC
 # Seconds of wall time of one command (output discarded; a failure stops the script).
