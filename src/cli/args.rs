@@ -47,6 +47,9 @@ pub enum Command {
     /// Your real sessions: billed cost (as ccusage), cache breaks by cause and their dollars, TTL,
     /// compactions, and what a setting the replay honours would have saved.
     Audit(super::audit::AuditArgs),
+    /// Fit the `calibrated` estimator on your sessions' texts against the real `count_tokens`
+    /// endpoint (`--from-api`; key from `ANTHROPIC_API_KEY`, never written).
+    Calibrate(super::calibrate::CalibrateArgs),
     /// Two request logs compared structurally, request by request (kinds, sizes, markers, cache_control).
     DiffRequests(super::diff_requests::DiffRequestsArgs),
     /// Version profiles of the real client: `profile capture --client PATH` drives it through the probes.
@@ -105,7 +108,7 @@ pub struct FidelityArgs {
     pub sessions: super::sessions::SessionInputs,
     #[arg(long, value_enum, default_value = "table")]
     pub format: FidelityFormat,
-    /// Token estimator.
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family).
     #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// Calibration parameters for the calibrated estimator (JSON).
@@ -144,8 +147,13 @@ pub enum Format {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Estimator {
+    /// The client's own rough count: UTF-16 length / 4.
     Chars4,
+    /// o200k_base tokens: under-counts what Claude bills.
     Bpe,
+    /// o200k_base tokens scaled per model family to Claude's billed tokens
+    /// (data/calibration.json): the closest to the bill, the default of every measuring command
+    /// but `check`.
     Calibrated,
 }
 
@@ -162,8 +170,8 @@ impl From<Estimator> for crate::measure::EstimatorKind {
 /// Options shared by every measuring command.
 #[derive(Debug, Clone, Args)]
 pub struct MeasureOpts {
-    /// Token estimator.
-    #[arg(long, value_enum, default_value = "bpe")]
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family).
+    #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// A model table replacing the shipped one (same shape as data/models.toml).
     #[arg(long, value_name = "FILE")]
@@ -212,7 +220,8 @@ pub struct AnalyzeArgs {
 pub struct TokensArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
-    #[arg(long, value_enum, default_value = "bpe")]
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family).
+    #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// Model family for the calibrated estimator.
     #[arg(long, default_value = "sonnet")]

@@ -56,7 +56,8 @@ pub struct AuditArgs {
     /// A model table replacing the shipped one (same shape as data/models.toml).
     #[arg(long, value_name = "FILE")]
     pub model_table: Option<PathBuf>,
-    /// Token estimator of the replay (the what-ifs).
+    /// Token estimator of the replay (the what-ifs; default `calibrated`: the closest to
+    /// billed tokens, per model family).
     #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// Sessions replayed at once (default: every core).
@@ -114,10 +115,16 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
     let drawing = AtomicBool::new(false);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.jobs.unwrap_or(0)).build()?;
     // One session per worker at a time: memory is bounded by the largest sessions, not the sum.
+    // Largest files first, one session per task: the last session to finish is a small one.
+    // Results are put back in file order, so the output does not depend on the schedule.
+    let mut order: Vec<(u64, usize)> = files.iter().enumerate().map(|(k, f)| (std::fs::metadata(&f.path).map_or(0, |m| m.len()), k)).collect();
+    order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let results: Vec<Result<SessionAudit, String>> = pool.install(|| {
-        files
+        let mut done: Vec<(usize, Result<SessionAudit, String>)> = order
             .par_iter()
-            .map(|file| {
+            .with_max_len(1)
+            .map(|&(_, k)| (k, &files[k]))
+            .map(|(k, file)| {
                 let out = match load_session(&file.path) {
                     Ok(session) => Ok(audit_session(file, &session, &table, &make)),
                     Err(e) => Err(format!("{}: skipped: {e}", file.path.display())),
@@ -126,9 +133,11 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
                 if may_draw && started.elapsed() > Duration::from_secs(1) && !drawing.swap(true, Ordering::Relaxed) {
                     progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
                 }
-                out
+                (k, out)
             })
-            .collect()
+            .collect();
+        done.sort_by_key(|(k, _)| *k);
+        done.into_iter().map(|(_, r)| r).collect()
     });
     progress.finish_and_clear();
     let mut audits = Vec::new();

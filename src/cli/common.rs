@@ -42,6 +42,15 @@ pub fn guard_trace(opts: &MeasureOpts, inputs: &super::guard::Inputs) -> anyhow:
     }
 }
 
+/// The line under a table that says which estimator counted its tokens.
+pub fn estimator_line<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut names: Vec<&str> = names.into_iter().collect();
+    names.sort_unstable();
+    names.dedup();
+    let note = if names == ["calibrated"] { " (o200k scaled per model family to billed tokens, the default)" } else { "" };
+    format!("estimator: {}{note}", names.join(", "))
+}
+
 /// Prints the summaries and writes the trace, as the options say.
 pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) -> anyhow::Result<()> {
     if let Some(path) = &opts.trace {
@@ -56,7 +65,10 @@ pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) 
         return Ok(());
     }
     match opts.format {
-        Format::Table => outln!("{}", summary_table(summaries)),
+        Format::Table => {
+            outln!("{}", summary_table(summaries));
+            outln!("{}", estimator_line(summaries.iter().map(|s| s.estimator.as_str())));
+        }
         Format::Json => {
             let text = if summaries.len() == 1 {
                 serde_json::to_string_pretty(&summaries[0])?

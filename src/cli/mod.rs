@@ -24,6 +24,7 @@ pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
 mod analyze;
 mod guard;
 mod audit;
+mod calibrate;
 mod args;
 mod check;
 mod compare;
@@ -69,6 +70,7 @@ fn run_command(command: args::Command, diag: &mut diag::Diagnostics) -> anyhow::
         args::Command::Serve(a) => serve::run(a),
         args::Command::Live(a) => live::run(a),
         args::Command::Audit(a) => audit::run(a),
+        args::Command::Calibrate(a) => calibrate::run(a),
         args::Command::DiffRequests(a) => diff_requests::run(a, diag),
         args::Command::Profile(a) => profile::run(a),
         args::Command::Causes => {

@@ -16,5 +16,6 @@ pub fn run(args: TokensArgs) -> anyhow::Result<i32> {
     if args.files.len() > 1 {
         outln!("{total:>10}  total");
     }
+    outln!("estimator: {}, family {}", crate::measure::EstimatorKind::from(args.estimator).name(), args.family);
     Ok(0)
 }

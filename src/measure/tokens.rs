@@ -188,6 +188,8 @@ pub struct TokenMemo {
     /// The estimator the raw counts are of: `chars4` or `bpe` (`calibrated` memoizes `bpe`).
     raw: EstimatorKind,
     counts: FxHashMap<u128, u32>,
+    /// The `bpe` counts by text ([`TokenCounter`]'s `texts`).
+    texts: FxHashMap<u128, u32>,
 }
 
 fn raw_kind(kind: EstimatorKind) -> EstimatorKind {
@@ -235,7 +237,7 @@ impl TokenCounter {
 
     /// The raw counts memoized so far.
     pub fn memo(&self) -> TokenMemo {
-        TokenMemo { raw: raw_kind(self.kind), counts: self.memo.clone() }
+        TokenMemo { raw: raw_kind(self.kind), counts: self.memo.clone(), texts: self.texts.clone() }
     }
 
     /// Starts from the counts of `memo` (when it holds the same raw estimator's counts; returns
@@ -248,6 +250,7 @@ impl TokenCounter {
         }
         // Copied map to map: the order of the copy cannot show anywhere.
         self.memo.extend(memo.counts.iter().map(|(k, v)| (*k, *v)));
+        self.texts.extend(memo.texts.iter().map(|(k, v)| (*k, *v)));
         true
     }
 

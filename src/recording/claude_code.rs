@@ -253,7 +253,8 @@ impl ImportedSession {
     /// before `loaded_until`.
     fn chain_view(&self, from: Option<usize>, end: usize, loaded_until: usize) -> Vec<usize> {
         let events = &self.recording.events;
-        let mut indices = BTreeSet::new();
+        // A sorted vector, not a set: this runs once per call over the whole chain.
+        let mut indices = Vec::new();
         let mut visited = vec![false; self.chain.nodes.len()];
         let mut cursor = from;
         while let Some(node) = cursor {
@@ -263,25 +264,16 @@ impl ImportedSession {
                 break;
             }
             let (parent, node_events) = &self.chain.nodes[node];
-            for &i in node_events {
-                if i < end && is_message_event(&events[i].kind) {
-                    indices.insert(i);
-                }
-            }
+            indices.extend(node_events.iter().copied().filter(|&i| i < end && is_message_event(&events[i].kind)));
             cursor = *parent;
         }
+        indices.sort_unstable();
+        indices.dedup();
         // Parallel tool calls: since 2.1 each result record's parent is its own tool_use record,
         // and the next call hangs off the result recorded last, so the walk misses the results
         // recorded before it (a branch off the chain). The client sent every one of them (the
         // API requires a result for each tool_use), so they are added back.
-        let mut answered: BTreeSet<&str> = indices
-            .iter()
-            .filter_map(|&i| match &events[i].kind {
-                EventKind::ToolResult(result) => Some(result.tool_use_id.as_str()),
-                _ => None,
-            })
-            .collect();
-        let asked: BTreeSet<&str> = indices
+        let asked: rustc_hash::FxHashSet<&str> = indices
             .iter()
             .filter_map(|&i| match &events[i].kind {
                 EventKind::ModelReply(reply) => Some(reply.tool_use_ids()),
@@ -289,19 +281,32 @@ impl ImportedSession {
             })
             .flatten()
             .collect();
+        if asked.is_empty() {
+            return indices;
+        }
+        let mut answered: rustc_hash::FxHashSet<&str> = indices
+            .iter()
+            .filter_map(|&i| match &events[i].kind {
+                EventKind::ToolResult(result) => Some(result.tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
         let first = indices.first().copied().unwrap_or(end).max(loaded_until);
-        let mut orphans = Vec::new();
+        let before = indices.len();
         for (i, event) in events.iter().enumerate().take(end).skip(first) {
             if let EventKind::ToolResult(result) = &event.kind
                 && event.lane == LANE_MAIN
                 && asked.contains(result.tool_use_id.as_str())
                 && answered.insert(result.tool_use_id.as_str())
             {
-                orphans.push(i);
+                indices.push(i);
             }
         }
-        indices.extend(orphans);
-        indices.into_iter().collect()
+        if indices.len() > before {
+            indices.sort_unstable();
+            indices.dedup();
+        }
+        indices
     }
 
     /// The message list the model saw for `call`, rebuilt from [`Self::view_event_indices`]:

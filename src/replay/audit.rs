@@ -29,7 +29,7 @@ use crate::recording::{EventKind, ImportedSession};
 
 use super::discover::SessionFile;
 use super::fidelity::fidelity_for_session;
-use super::session::{ReplayOptions, replay_session};
+use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_shadowed};
 
 /// What-ifs the replay of a real session honours today.
 pub const WHATIFS_AVAILABLE: &str = "main-lane cache TTL (1h or 5m)";
@@ -217,10 +217,28 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         })
         .collect();
 
-    // The replay as recorded: breaks with causes, and the baseline of the what-ifs.
+    // The what-ifs: the main lane's TTL changed, when the client wrote with the other one.
+    let main_split = session.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic).fold((0u64, 0u64), |(a, b), c| {
+        let s = c.usage.creation_split();
+        (a + s.ephemeral_5m_input_tokens, b + s.ephemeral_1h_input_tokens)
+    });
+    let mut candidates = Vec::new();
+    if main_split.0 > 0 {
+        candidates.push(("ttl_main=1h", CacheTtl::OneHour));
+    }
+    if main_split.1 > 0 {
+        candidates.push(("ttl_main=5m", CacheTtl::FiveMinutes));
+    }
+
+    // The replay as recorded: breaks with causes, and the baseline of the what-ifs. Each
+    // what-if's cache is simulated alongside it; only a what-if whose shadow is not exact is
+    // replayed again.
     let mut measurer = make();
-    let replay = replay_session(session, &mut measurer, &ReplayOptions::default());
-    // The what-ifs count the same blocks: they start from these counts.
+    // The audit reports no information loss: the replays skip judging it.
+    let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
+    let mut shadows: Vec<TtlShadow> = candidates.iter().map(|(_, ttl)| TtlShadow::new(*ttl)).collect();
+    let mut replay = replay_session_shadowed(session, &mut measurer, &plain, &mut shadows);
+    // A what-if replayed again counts the same blocks: it starts from these counts.
     let memo = measurer.counter().memo();
     drop(measurer);
     let by_index: BTreeMap<usize, &super::session::CallReplay> = replay.calls.iter().map(|c| (c.index, c)).collect();
@@ -244,30 +262,23 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         .map(|c| PlotPoint { call: c.index, context_tokens: c.recorded_context(), break_cause: break_at.get(&c.index).cloned() })
         .collect();
     let baseline = fidelity_for_session(&replay, table, false).simulated_cost_usd;
-    drop(replay);
 
-    // The what-ifs: the main lane's TTL changed, when the client wrote with the other one.
-    let mut candidates = Vec::new();
-    let main_split = session.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic).fold((0u64, 0u64), |(a, b), c| {
-        let s = c.usage.creation_split();
-        (a + s.ephemeral_5m_input_tokens, b + s.ephemeral_1h_input_tokens)
-    });
-    if main_split.0 > 0 {
-        candidates.push(("ttl_main=1h", CacheTtl::OneHour));
-    }
-    if main_split.1 > 0 {
-        candidates.push(("ttl_main=5m", CacheTtl::FiveMinutes));
-    }
     let mut whatifs = Vec::new();
-    for (name, ttl) in candidates {
-        let mut measurer = make();
-        measurer.counter_mut().seed(&memo);
-        let options = ReplayOptions { ttl_main: Some(ttl), ..ReplayOptions::default() };
-        let replay = replay_session(session, &mut measurer, &options);
-        let cost = fidelity_for_session(&replay, table, false).simulated_cost_usd;
+    for ((name, ttl), shadow) in candidates.into_iter().zip(&shadows) {
+        let cost = if shadow.exact() {
+            shadow.apply(&mut replay);
+            fidelity_for_session(&replay, table, false).simulated_cost_usd
+        } else {
+            let mut measurer = make();
+            measurer.counter_mut().seed(&memo);
+            let options = ReplayOptions { ttl_main: Some(ttl), ..plain.clone() };
+            let replay = replay_session(session, &mut measurer, &options);
+            fidelity_for_session(&replay, table, false).simulated_cost_usd
+        };
         let saving = baseline - cost;
         whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd) });
     }
+    drop(replay);
     let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
     let warnings = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
     SessionAudit {

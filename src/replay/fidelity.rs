@@ -349,6 +349,14 @@ fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
     (scale > 0.0).then(|| FamilyCalibration { scale: round6(scale), per_block: 0.0 })
 }
 
+/// A family's calibration from what single blocks cost: `(bpe tokens of the block's text,
+/// tokens the provider counted for the block)` pairs, fitted as `scale × bpe + per_block`
+/// (`calibrate --from-api`). `None` with fewer than three pairs.
+pub fn fit_block_costs(costs: &[(u64, u64)]) -> Option<FamilyCalibration> {
+    let samples: Vec<FitSample> = costs.iter().map(|&(raw, counted)| FitSample { recorded_growth: counted as f64, raw_growth: raw as f64, block_growth: 1.0 }).collect();
+    solve(&samples)
+}
+
 /// The user context a session opened with, when its transcript shows it: the first call's
 /// unrecorded tokens less the prefix level the record showed. Head-truncated segments carry
 /// older history in their first call and give none.

@@ -72,6 +72,10 @@ pub struct ReplayOptions {
     /// Autocompact settings to replay the session under (`None`: where the recording
     /// compacted). See [`super::whatif`].
     pub autocompact: Option<crate::agent::compact::config::AutocompactConfig>,
+    /// Judge the information lost ([`SessionReplay::info_loss`]); callers that do not report it
+    /// (`audit`) skip the walk of every request it costs.
+    #[serde(skip)]
+    pub info_loss: bool,
 }
 
 impl ReplayOptions {
@@ -116,6 +120,7 @@ impl Default for ReplayOptions {
             peer: Default::default(),
             clear_tool_uses: None,
             autocompact: None,
+            info_loss: true,
         }
     }
 }
@@ -745,14 +750,112 @@ fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: 
             replay.compaction_whatif = Some(whatif);
             replay
         }
-        None => replay_session_with(session, measurer, options, incremental),
+        None => replay_session_with(session, measurer, options, incremental, &mut []),
     }
 }
 
 /// [`replay_session`] with the session's compactions where they are; `incremental` as in
 /// [`replay_session_with`].
 pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
-    replay_session_with(session, measurer, options, incremental)
+    replay_session_with(session, measurer, options, incremental, &mut [])
+}
+
+/// A what-if of the main lane's TTL simulated alongside a replay ([`replay_session_shadowed`]):
+/// a second cache fed the same requests, the main lane's markers at [`TtlShadow::ttl`].
+///
+/// The what-if replay ([`ReplayOptions::ttl_main`]) builds the same requests but for their
+/// markers' TTL, as long as nothing the replay decides from the simulated cache comes out
+/// otherwise: whether a new turn seeds the previous turn's side entry (it does when the main
+/// lane's previous call read anything) and whether the simulator accepted the request. When either differs at some call, or a
+/// request carries an automatic marker, the shadow is not [`TtlShadow::exact`] and the what-if
+/// must be replayed in full.
+#[derive(Debug)]
+pub struct TtlShadow {
+    pub ttl: CacheTtl,
+    cache: crate::measure::CacheSim,
+    /// The outcome of every measured call, by call index.
+    outcomes: BTreeMap<usize, crate::measure::CacheOutcome>,
+    /// This cache's read of the main lane's previous measured call.
+    previous_read_main: Option<u64>,
+    exact: bool,
+}
+
+impl TtlShadow {
+    pub fn new(ttl: CacheTtl) -> TtlShadow {
+        TtlShadow { ttl, cache: crate::measure::CacheSim::new(), outcomes: BTreeMap::new(), previous_read_main: None, exact: true }
+    }
+
+    /// Whether [`Self::apply`] gives the what-if replay's figures exactly.
+    pub fn exact(&self) -> bool {
+        self.exact
+    }
+
+    /// Runs one request of the replay through this cache (`main`: a call of the main lane,
+    /// whose markers take [`Self::ttl`]).
+    fn process(&mut self, measurer: &Measurer, flat: &FlatRequest, main: bool, start_ms: u64, first_token_ms: u64) -> Option<crate::measure::CacheOutcome> {
+        // The measurer caches nothing for a model it does not know.
+        let min = measurer.table().lookup(&flat.model).ok()?.min_cacheable_tokens;
+        if flat.auto_cache_control.is_some() {
+            self.exact = false;
+        }
+        match self.cache.process_as(flat, min, start_ms, first_token_ms, main.then_some(self.ttl)) {
+            Ok(outcome) => Some(outcome),
+            Err(_) => {
+                self.exact = false;
+                None
+            }
+        }
+    }
+
+    /// The measured call `index` as the baseline measured it (`metrics`) and as this cache did.
+    fn measured(&mut self, index: usize, main: bool, outcome: Option<crate::measure::CacheOutcome>, metrics: &RequestMetrics) {
+        match outcome {
+            Some(outcome) if metrics.error.is_none() => {
+                if main {
+                    self.previous_read_main = Some(outcome.cache_read_input_tokens);
+                }
+                self.outcomes.insert(index, outcome);
+            }
+            _ => self.exact = false,
+        }
+    }
+
+    /// A new user turn of the main lane: whether it seeds the previous turn's side entry
+    /// depends on whether the previous call read anything, which this cache may answer
+    /// otherwise (`turns` as before the turn, the arguments of [`TurnState::on_new_turn`]).
+    fn new_turn(&mut self, turns: &TurnState, profile: &ClientProfile, messages: &[Message], record: super::turns::TurnRecord<'_>) {
+        let side_entry = |previous_read| {
+            let mut turns = turns.clone();
+            turns.previous_read = previous_read;
+            turns.on_new_turn(profile, messages, record).side_entry
+        };
+        if side_entry(turns.previous_read) != side_entry(self.previous_read_main) {
+            self.exact = false;
+        }
+    }
+
+    /// `replay` (the baseline this shadow ran alongside) turned into the what-if replay: every
+    /// measured call's simulated input, cache read and cache writes as this cache had them.
+    pub fn apply(&self, replay: &mut SessionReplay) {
+        for call in &mut replay.calls {
+            let (Some(outcome), Some(metrics)) = (self.outcomes.get(&call.index), call.metrics.as_mut()) else { continue };
+            metrics.input_tokens = outcome.input_tokens;
+            metrics.cache_read_input_tokens = outcome.cache_read_input_tokens;
+            metrics.cache_creation_input_tokens = outcome.cache_creation_input_tokens;
+            metrics.cache_creation.ephemeral_5m_input_tokens = outcome.ephemeral_5m_input_tokens;
+            metrics.cache_creation.ephemeral_1h_input_tokens = outcome.ephemeral_1h_input_tokens;
+            call.sim_input = outcome.input_tokens as f64;
+            call.sim_cache_read = outcome.cache_read_input_tokens as f64;
+            call.sim_cache_creation = outcome.cache_creation_input_tokens as f64;
+        }
+    }
+}
+
+/// [`replay_session`] with what-ifs of the main lane's TTL simulated alongside (`shadows`);
+/// `options` must not move compactions (`autocompact: None`).
+pub fn replay_session_shadowed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, shadows: &mut [TtlShadow]) -> SessionReplay {
+    assert!(options.autocompact.is_none(), "a TTL shadow runs alongside a replay with the recorded compactions");
+    replay_session_with(session, measurer, options, true, shadows)
 }
 
 /// [`replay_session`] the slow way, the reference the fast one must equal: every call's
@@ -764,7 +867,7 @@ pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measur
 
 /// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
 /// request's messages carry keys for the flattener.
-fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
+fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
@@ -1094,6 +1197,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                 permission_mode: state.permission_mode.as_deref(),
                 model_switched,
             };
+            for shadow in shadows.iter_mut() {
+                shadow.new_turn(&state.turns, &turn_profile, &messages, record);
+            }
             state.turns.on_new_turn(&turn_profile, &messages, record)
         });
         let rerenders_previous = turn_start.is_some_and(|t| t.rerenders_previous);
@@ -1153,6 +1259,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             if warm > 0 {
                 let prefix_only = unrecorded.request(&call.model, Vec::new(), GroupSizes { prefix_tokens: prefix, context_tokens: 0 });
                 if let Ok(flat) = measurer.flatten(&prefix_only) {
+                    for shadow in shadows.iter_mut() {
+                        shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms.saturating_sub(1), 0);
+                    }
                     let _ = measurer.seed_cache(&flat, start_ms.saturating_sub(1), 0);
                 }
             }
@@ -1230,6 +1339,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                 // later, such as a resumed process's, do not move it).
                 let turn_end = if profile.side_entry_needs_stop_summary { stop_summary_ms.or(state.turns.turn_end_ms) } else { state.turns.turn_end_ms };
                 let at = turn_end.or(previous_time).unwrap_or(start_ms).min(start_ms);
+                for shadow in shadows.iter_mut() {
+                    shadow.process(measurer, &side_flat, call.lane == LANE_MAIN, at, 0);
+                }
                 let _ = measurer.seed_cache(&side_flat, at, 0);
                 call_events.push("side_entry".into());
                 // The side request refreshed what it read: the gap that counts is from it.
@@ -1264,6 +1376,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         measure_input.events = call_events.iter().filter(|e| *e != "new_user_turn").cloned().collect();
         measure_input.recorded_usage = Some(call.usage.clone());
         measure_input.stages = peer_stages;
+        let shadowed: Vec<_> = shadows.iter_mut().map(|shadow| shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms, call.time_ms - start_ms)).collect();
         let metrics = match measurer.measure_flat(measure_input, flat) {
             Ok(m) => m,
             Err(e) => {
@@ -1271,7 +1384,12 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                 continue;
             }
         };
-        loss.observe(&request, &metrics);
+        for (shadow, outcome) in shadows.iter_mut().zip(shadowed) {
+            shadow.measured(call.index, call.lane == LANE_MAIN, outcome, &metrics);
+        }
+        if options.info_loss {
+            loss.observe(&request, &metrics);
+        }
         if let Some(lent) = lent.take() {
             state.built = lent.give_back(request, &mut state.parts);
         }
@@ -1285,6 +1403,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             let corrected = unrecorded.request(&call.model, base, sizes_now(*g));
             if let Ok(mut flat) = measurer.flatten(&corrected) {
                 shape_flat(&corrected, &mut flat, strips_thinking, transient);
+                for shadow in shadows.iter_mut() {
+                    shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms, call.time_ms - start_ms);
+                }
                 let _ = measurer.seed_cache(&flat, start_ms, call.time_ms - start_ms);
             }
             call_events.push("prefix_level".into());

@@ -308,3 +308,48 @@ fn a_trace_is_written_as_parquet_with_the_csv_columns() {
     assert_eq!(rows.len(), csv_text.lines().count() - 1);
     assert!(rows.len() >= 30);
 }
+
+/// The TTL what-ifs simulated alongside the baseline replay (`TtlShadow`) give exactly what the
+/// what-if replayed in full gives, per call, on every real session where the shadow says it is
+/// exact; and it is exact on most of them (else `audit` would replay every what-if again).
+#[test]
+fn a_ttl_shadow_equals_the_what_if_replayed_in_full() {
+    use ctxsim::api::CacheTtl;
+    use ctxsim::replay::fidelity::fidelity_for_session;
+    use ctxsim::replay::session::{ReplayOptions, TtlShadow, replay_session, replay_session_shadowed};
+    let table = ModelTable::shipped();
+    let make = || Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
+    let files = super::support::real_transcripts();
+    let exact: Vec<bool> = files
+        .par_iter()
+        .flat_map_iter(|path| {
+            let session = load_session(path).unwrap();
+            let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
+            let mut shadows = vec![TtlShadow::new(CacheTtl::OneHour), TtlShadow::new(CacheTtl::FiveMinutes)];
+            let baseline = replay_session_shadowed(&session, &mut make(), &plain, &mut shadows);
+            let mut out = Vec::new();
+            for shadow in &shadows {
+                if shadow.exact() {
+                    let mut shadowed = baseline.clone();
+                    shadow.apply(&mut shadowed);
+                    let options = ReplayOptions { ttl_main: Some(shadow.ttl), ..plain.clone() };
+                    let full = replay_session(&session, &mut make(), &options);
+                    assert_eq!(shadowed.calls.len(), full.calls.len());
+                    for (s, f) in shadowed.calls.iter().zip(&full.calls) {
+                        let figures = |c: &ctxsim::replay::session::CallReplay| {
+                            let m = c.metrics.as_ref();
+                            (c.index, c.sim_input, c.sim_cache_read, c.sim_cache_creation, m.map(|m| (m.input_tokens, m.cache_read_input_tokens, m.cache_creation)))
+                        };
+                        assert_eq!(figures(s), figures(f), "{} ttl_main={:?}", path.display(), shadow.ttl);
+                    }
+                    let cost = |r| fidelity_for_session(r, &table, false).simulated_cost_usd;
+                    assert_eq!(cost(&shadowed).to_bits(), cost(&full).to_bits(), "{}", path.display());
+                }
+                out.push(shadow.exact());
+            }
+            out
+        })
+        .collect();
+    let n = exact.iter().filter(|e| **e).count();
+    assert!(n * 4 >= exact.len() * 3, "the shadow is exact for {n} of {} what-ifs", exact.len());
+}

@@ -81,3 +81,31 @@ proptest! {
         prop_assert_eq!(count(&text), count_by_tiktoken(&text));
     }
 }
+
+/// Every measuring command but `check` counts with `calibrated` unless told otherwise, and says
+/// so: in `--help`, under a table, in the JSON summary.
+#[test]
+fn measuring_commands_default_to_the_calibrated_estimator_and_say_so() {
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/compaction-fork-shares-cache.yaml");
+    let ctxsim = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let summary = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["run", scenario, "--format", "json"];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&ctxsim(&args)).unwrap()
+    };
+    let default = summary(&[]);
+    assert_eq!(default["estimator"], "calibrated");
+    assert_eq!(default, summary(&["--estimator", "calibrated"]));
+    assert_ne!(default["tokens"], summary(&["--estimator", "bpe"])["tokens"]);
+    let table = ctxsim(&["run", scenario]);
+    assert!(table.trim_end().ends_with("estimator: calibrated (o200k scaled per model family to billed tokens, the default)"), "{table}");
+    for command in ["run", "analyze", "replay", "compare", "sweep", "serve", "live", "tokens", "audit", "fidelity"] {
+        let help = ctxsim(&[command, "--help"]);
+        assert!(help.contains("default `calibrated`") || help.contains("[default: calibrated]"), "{command} --help:\n{help}");
+    }
+    assert!(ctxsim(&["check", "--help"]).contains("[default: bpe]"));
+}

@@ -6,19 +6,10 @@
 # Needs npm. Usage: tests/data/ccusage/make.sh   (from the repository root)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
-data="$root/../shared/realdata/transcripts"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 (cd "$work" && npm init -y >/dev/null && npm install --silent ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24 >/dev/null)
-mkdir -p "$work/home" "$work/config/projects"
-for project in NumWordify cipher-box entirecontext entireio-cli oh-my-posh; do
-  mkdir -p "$work/config/projects/$project"
-  for f in "$data/$project"/*.full.jsonl; do
-    cp "$f" "$work/config/projects/$project/$(basename "$f" .full.jsonl).jsonl"
-  done
-done
-mkdir -p "$work/config/projects/spotter"
-cp -r "$data/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl" "$data/spotter/258c7280-ae70-4798-800f-63464d01a85d" "$work/config/projects/spotter/"
+mkdir -p "$work/home"
+"$here/tree.sh" "$work/config"
 HOME="$work/home" CLAUDE_CONFIG_DIR="$work/config" TZ=UTC "$work/node_modules/.bin/ccusage" session --json --offline > "$here/session.json"
 echo "wrote $here/session.json"
