@@ -127,6 +127,18 @@ pub struct FidelityArgs {
     /// Do not seed the side entry a finished turn leaves (the conversation through its reply).
     #[arg(long)]
     pub no_side_entry: bool,
+    /// Score every session with a calibration fitted on the others: leaving out one session,
+    /// or its whole project (the transcript's directory), at a time.
+    #[arg(long, value_enum, value_name = "session|project")]
+    pub cross_validate: Option<CrossValidate>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CrossValidate {
+    /// Leave one session out.
+    Session,
+    /// Leave one project out.
+    Project,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -282,7 +282,7 @@ fn the_user_context_prior_is_fitted_where_the_record_shows_it() {
     // A segment that starts mid-session carries older history: no sample.
     assert_eq!(ctxsim::replay::user_context_sample(&replayed(S7662)), None);
     let prefixes = [("2.0.76".to_owned(), 33_865), ("2.0.76".to_owned(), 34_858), ("2.1.7".to_owned(), 34_260)];
-    let fitted = ctxsim::replay::fit_calibration(&Default::default(), &[9_000, 5_000, 7_000], &prefixes, "test");
+    let fitted = ctxsim::replay::fit_parameters(&Default::default(), &[9_000, 5_000, 7_000], &prefixes, "test");
     assert_eq!(fitted.user_context_tokens, Some(7_000));
     assert_eq!(fitted.prefix_tokens.get("2.0.76"), Some(&34_361));
     assert_eq!(fitted.prefix_tokens.get("2.1.7"), Some(&34_260));
