@@ -154,7 +154,8 @@ pub struct CallReplay {
     pub thinking_filled: bool,
     /// Characters (JSON) of the attachment records since the lane's previous call that the
     /// client sends as reminders (2.1.2xx: listings, hook context, token and task reminders,
-    /// changed files). The replay does not render them yet; a fit leaves these steps out.
+    /// changed files). The replay sizes them by their record's text (the client's wording is
+    /// not recorded); a fit leaves these steps out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attachment_chars: u64,
 }
@@ -163,10 +164,7 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// Attachment records that are not sent to the model: a hook's raw output (what it adds to
-/// the context is a `hook_additional_context` record), a hook's message to the user, the
-/// permission rules of a command.
-const ATTACHMENTS_NOT_SENT: [&str; 3] = ["hook_success", "hook_system_message", "command_permissions"];
+use crate::recording::claude_code::ATTACHMENTS_NOT_SENT;
 
 impl CallReplay {
     pub fn recorded_context(&self) -> u64 {
