@@ -363,7 +363,8 @@ fn re_rendered_prompts_land_where_the_record_does() {
     // first prompt is far back), #65, #70 and #74 land on the side entry before the previous
     // prompt (within the 20-position lookback).
     let replay = replayed("entireio-cli/7be20d70c73b-0.full.jsonl");
-    assert_eq!(check_read(&replay, 60, 0.01, &["rerendered_prompt"]), 16_590.0);
+    // (the 2.1.37 level 16,589, within the filler's rounding)
+    assert!((check_read(&replay, 60, 0.01, &["rerendered_prompt"]) - 16_589.0).abs() <= 1.0);
     for index in [65, 70, 74] {
         check_read(&replay, index, 0.015, &["rerendered_prompt", "side_entry"]);
     }

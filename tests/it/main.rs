@@ -11,6 +11,7 @@ mod breaks;
 mod cache;
 mod incremental;
 mod fidelity;
+mod fidelity_fit;
 mod git_status;
 mod compact;
 mod real_client;
