@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::measure::tokens::FittedSession;
 
-use super::fidelity::{FidelityReport, SessionFit, fit_calibration};
+use super::fidelity::{FidelityReport, SessionFit, figure_columns, fit_calibration};
 
 /// What a fold leaves out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -127,27 +127,20 @@ pub fn cross_validation_table(scored: &[Scored], leave: Leave) -> String {
     };
     let mut out = format!("{what}: each session scored with a calibration fitted (`--fit`) on the sessions of the other folds\n");
     out.push_str(&format!(
-        "{:<10} {:<14} {:<32} {:>8} {:>6} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}  {}\n",
+        "{:<10} {:<14} {:<32} {:>8} {:>6} {:>7} {:>7} {:>7} {:>9} {:>9} {:>8}  {}\n",
         "group", "project", "session", "version", "calls", "mape%", "p90%", "hit%", "read%", "create%", "cost%", "fitted on"
     ));
     let all: BTreeSet<&str> = scored.iter().map(|s| s.session.project.as_str()).collect();
     for s in scored {
         let projects: BTreeSet<&str> = s.fitted_on.iter().map(|f| f.project.as_str()).collect();
         let missing: Vec<&str> = all.difference(&projects).copied().collect();
-        let r = &s.report;
         out.push_str(&format!(
-            "{:<10} {:<14} {:<32} {:>8} {:>6} {:>7.2} {:>7.2} {:>7.2} {:>+8.2} {:>+8.2} {:>+8.2}  {} sessions of {} projects (not {})\n",
+            "{:<10} {:<14} {:<32} {:>8} {}  {} sessions of {} projects (not {})\n",
             s.group,
             s.session.project.chars().take(14).collect::<String>(),
             s.session.session.chars().take(32).collect::<String>(),
             s.version,
-            r.requests_compared,
-            r.context_tokens_mape * 100.0,
-            r.context_tokens_ape_p90 * 100.0,
-            r.hit_agreement * 100.0,
-            r.cache_read_total_error * 100.0,
-            r.cache_creation_total_error * 100.0,
-            r.cost_error * 100.0,
+            figure_columns(&s.report),
             s.fitted_on.len(),
             projects.len(),
             if missing.is_empty() { "-".to_owned() } else { missing.join(", ") },

@@ -235,6 +235,21 @@ pub fn fidelity_calls_table(report: &FidelityReport) -> String {
     out
 }
 
+/// The figures of a session report as the tables print them: calls, MAPE, p90 and hit
+/// agreement (%), the summed read, creation and cost errors (signed %).
+pub fn figure_columns(r: &FidelityReport) -> String {
+    format!(
+        "{:>6} {:>7.2} {:>7.2} {:>7.2} {:>+9.2} {:>+9.2} {:>+8.2}",
+        r.requests_compared,
+        r.context_tokens_mape * 100.0,
+        r.context_tokens_ape_p90 * 100.0,
+        r.hit_agreement * 100.0,
+        r.cache_read_total_error * 100.0,
+        r.cache_creation_total_error * 100.0,
+        r.cost_error * 100.0
+    )
+}
+
 /// A fixed-width table of session reports, with a pooled row when there are several.
 pub fn fidelity_table(reports: &[FidelityReport]) -> String {
     let mut out = String::new();
@@ -244,17 +259,7 @@ pub fn fidelity_table(reports: &[FidelityReport]) -> String {
     ));
     for r in reports {
         let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());
-        out.push_str(&format!(
-            "{:<44} {:>6} {:>7.2} {:>7.2} {:>7.2} {:>+9.2} {:>+9.2} {:>+8.2}\n",
-            name,
-            r.requests_compared,
-            r.context_tokens_mape * 100.0,
-            r.context_tokens_ape_p90 * 100.0,
-            r.hit_agreement * 100.0,
-            r.cache_read_total_error * 100.0,
-            r.cache_creation_total_error * 100.0,
-            r.cost_error * 100.0
-        ));
+        out.push_str(&format!("{:<44} {}\n", name, figure_columns(r)));
     }
     for r in reports {
         let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());

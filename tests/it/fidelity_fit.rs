@@ -98,7 +98,7 @@ fn a_model_of_the_newer_tokenizer_generation_takes_its_generation_scale() {
     assert_eq!(calibration.for_family("opus/v2"), FamilyCalibration { scale: 1.8, per_block: 50.0 });
     assert_eq!(calibration.for_family("opus").scale, 1.1);
     // The same text counts more under a model of the newer generation.
-    let mut counter = TokenCounter::with_calibration(EstimatorKind::Calibrated, calibration);
+    let counter = TokenCounter::with_calibration(EstimatorKind::Calibrated, calibration);
     let text = "fn main() { println!(\"the same text on both generations\"); }";
     let old = counter.count_text(text, &key("claude-opus-4-6"));
     let new = counter.count_text(text, &key("claude-opus-5"));
