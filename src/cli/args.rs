@@ -136,6 +136,18 @@ pub struct FidelityArgs {
     /// the calls' outcome rested on (JSON: `interval`; table: the columns of the rules section).
     #[arg(long)]
     pub interval: bool,
+    /// Score every session with a calibration fitted on the others: leaving out one session,
+    /// or its whole project (the transcript's directory), at a time.
+    #[arg(long, value_enum, value_name = "session|project")]
+    pub cross_validate: Option<CrossValidate>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CrossValidate {
+    /// Leave one session out.
+    Session,
+    /// Leave one project out.
+    Project,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,9 +1,10 @@
 use anyhow::Context;
 
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
+use crate::replay::crossval::{Leave, cross_validate, cross_validation_table, group_figures};
 use crate::replay::{
-    ReplayOptions, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, fit_samples, load_session, user_context_sample, prefix_sample,
-    replay_session, write_fidelity_plots, compaction_triggers, triggers_table, modelled_table,
+    ReplayOptions, SessionFit, compaction_triggers, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, load_session,
+    replay_session, session_fit, triggers_table, write_fidelity_plots, modelled_table,
 };
 use crate::report::output::write_atomic;
 
@@ -11,7 +12,7 @@ use super::args::{FidelityArgs, FidelityFormat};
 
 pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     // A fit tokenizes with bpe whatever the estimator.
-    super::common::warm_tokenizer(if args.fit.is_some() { super::args::Estimator::Bpe } else { args.estimator });
+    super::common::warm_tokenizer(if args.fit.is_some() || args.cross_validate.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
     let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
     let files: Vec<std::path::PathBuf> = args.sessions.files()?.into_iter().map(|f| f.path).collect();
@@ -26,29 +27,47 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
         diag.report(&session.report.warnings);
         sessions.push(session);
     }
+    // What each session gives a fit: replayed once, shared by `--fit` and every fold.
+    let fits: Vec<SessionFit> = if args.fit.is_some() || args.cross_validate.is_some() {
+        files.iter().zip(&sessions).map(|(path, session)| session_fit(session, path, &table, &options)).collect()
+    } else {
+        Vec::new()
+    };
     if let Some(out) = &args.fit {
-        let mut samples = std::collections::BTreeMap::new();
-        let mut user_contexts = Vec::new();
-        let mut prefixes = Vec::new();
-        for session in &sessions {
-            // No prior from the shipped calibration: what is fitted here must come from these
-            // transcripts alone.
-            let blank = Calibration { user_context_tokens: None, prefix_tokens: Default::default(), ..Calibration::shipped() };
-            let mut measurer = Measurer::new(table.clone(), TokenCounter::with_calibration(EstimatorKind::Bpe, blank)).without_body_hashes();
-            let replay = replay_session(session, &mut measurer, &options);
-            for (family, s) in fit_samples(&replay, &table) {
-                samples.entry(family).or_insert_with(Vec::new).extend(s);
-            }
-            user_contexts.extend(user_context_sample(&replay));
-            prefixes.extend(prefix_sample(&replay));
-        }
-        let names: Vec<String> = files
-            .iter()
-            .map(|p| p.file_name().map_or(p.display().to_string(), |n| n.to_string_lossy().into_owned()))
-            .collect();
-        let calibration = fit_calibration(&samples, &user_contexts, &prefixes, &format!("fitted by `ctxsim fidelity --fit` on {}", names.join(", ")));
+        let calibration = fit_calibration(&fits.iter().collect::<Vec<_>>());
         let text = serde_json::to_string_pretty(&calibration)? + "\n";
         write_atomic(out, text.as_bytes()).with_context(|| format!("failed to write {}", out.display()))?;
+    }
+    if let Some(leave) = args.cross_validate {
+        let leave = match leave {
+            super::args::CrossValidate::Session => Leave::Session,
+            super::args::CrossValidate::Project => Leave::Project,
+        };
+        let versions: Vec<String> = sessions
+            .iter()
+            .map(|s| s.calls.iter().find(|c| c.lane == crate::recording::format::LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default())
+            .collect();
+        let scored = cross_validate(&fits, &versions, leave, |i, calibration| {
+            let counter = TokenCounter::with_calibration(EstimatorKind::Calibrated, calibration.clone());
+            let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
+            fidelity_for_session(&replay_session(&sessions[i], &mut measurer, &options), &table, true)
+        });
+        match args.format {
+            FidelityFormat::Json => {
+                let groups = group_figures(&scored);
+                let rows: Vec<serde_json::Value> = scored
+                    .iter()
+                    .map(|s| {
+                        let mut report = s.report.clone();
+                        report.calls.clear();
+                        serde_json::json!({"session": s.session, "version": s.version, "group": s.group, "fitted_on": s.fitted_on, "report": report})
+                    })
+                    .collect();
+                outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"leave": leave, "scored": rows, "groups": groups}))?);
+            }
+            FidelityFormat::Table => out!("{}", cross_validation_table(&scored, leave)),
+        }
+        return Ok(0);
     }
     let calibration = match &args.calibration {
         Some(path) => Calibration::load(path)?,

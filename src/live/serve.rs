@@ -221,7 +221,7 @@ impl Service {
             Err(reply) => return reply,
         };
         let family = match self.measurer.table().lookup(&body.model) {
-            Ok(info) => info.family.clone(),
+            Ok(info) => info.estimator_key(),
             Err(e) => return HttpReply::error(404, "not_found_error", e.to_string()),
         };
         // From scratch: a count is not a request of any track.

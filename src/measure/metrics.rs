@@ -269,7 +269,7 @@ impl Measurer {
         messages: impl IntoIterator<Item = usize>,
         keys: Option<&[u128]>,
     ) -> Result<(), UnknownModel> {
-        let family = self.model_info(&body.model)?.family.clone();
+        let family = self.model_info(&body.model)?.estimator_key();
         let keys = keys.filter(|k| k.len() == body.messages.len());
         let mut scratch = Vec::new();
         if head {
@@ -323,7 +323,7 @@ impl Measurer {
     }
 
     fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
-        let family = self.model_info(&body.model)?.family.clone();
+        let family = self.model_info(&body.model)?.estimator_key();
         let flat = self.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
         let edits = match context_editing::parse(value) {

@@ -27,6 +27,13 @@ pub struct ModelInfo {
     #[serde(rename = "match")]
     pub fragments: Vec<String>,
     pub family: String,
+    /// The tokenizer generation of the model ([`BASE_TOKENIZER`] unless the table says
+    /// otherwise): Opus 4.7 and later, Fable, Mythos, Sonnet 5 and Haiku 5.5 use a newer
+    /// tokenizer that makes the same text ~30% more tokens (reference/current-client-and-api.md
+    /// §2). The calibrated estimator keys its parameters on family and generation
+    /// ([`ModelInfo::estimator_key`]).
+    #[serde(default = "base_tokenizer", skip_serializing_if = "is_base_tokenizer")]
+    pub tokenizer: String,
     pub min_cacheable_tokens: u64,
     pub context_window: u64,
     pub max_output_tokens: u64,
@@ -58,7 +65,25 @@ pub struct PriceTier {
     pub price: Price,
 }
 
+/// The tokenizer generation of Claude 3.x through Opus 4.6, Sonnet 4.6 and Haiku 4.5.
+pub const BASE_TOKENIZER: &str = "v1";
+
+fn base_tokenizer() -> String {
+    BASE_TOKENIZER.to_owned()
+}
+
+fn is_base_tokenizer(generation: &String) -> bool {
+    generation == BASE_TOKENIZER
+}
+
 impl ModelInfo {
+    /// What the calibrated estimator looks its parameters up by
+    /// ([`super::tokens::Calibration::for_family`]): the family for a model of the base
+    /// tokenizer generation, `family/generation` otherwise.
+    pub fn estimator_key(&self) -> String {
+        if is_base_tokenizer(&self.tokenizer) { self.family.clone() } else { format!("{}/{}", self.family, self.tokenizer) }
+    }
+
     /// The prices of a request whose prompt (input + cache read + cache write tokens) is
     /// `prompt_tokens` long.
     pub fn price_for(&self, prompt_tokens: u64) -> Price {
@@ -190,6 +215,9 @@ impl ModelTable {
             }
             if m.max_output_tokens == 0 {
                 return fail("max_output_tokens", "must be above 0".to_owned());
+            }
+            if m.tokenizer.is_empty() || m.tokenizer.contains('/') {
+                return fail("tokenizer", format!("`{}` is not a generation name (not empty, no `/`)", m.tokenizer));
             }
             if m.fragments.iter().any(|f| f.is_empty()) || m.fragments.is_empty() {
                 return fail("match", "needs at least one non-empty fragment".to_owned());

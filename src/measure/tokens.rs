@@ -84,7 +84,41 @@ pub struct Calibration {
     /// segment whose first call cannot show it takes it from here (nearest version).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub prefix_tokens: BTreeMap<String, u64>,
+    /// Per tokenizer generation other than the base one (`tokenizer` in the model table): the
+    /// parameters fitted on the calls of its models, families pooled. A model of a generation
+    /// with no entry takes its family's parameters with the scale times
+    /// [`UNFITTED_GENERATION_RATIO`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub generations: BTreeMap<String, FamilyCalibration>,
+    /// Per Claude Code version, the user context (CLAUDE.md, hooks' context, listings) a
+    /// session of it opened with, the median over the fitted sessions that show it; a version
+    /// without one takes the nearest earlier version's, else [`Self::user_context_tokens`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub user_context_by_version: BTreeMap<String, u64>,
+    /// Per Claude Code version, thinking tokens per token of `output − visible` in replies
+    /// whose thinking text was stored (fitted); a reply whose thinking text was not stored is
+    /// filled to that share of its output beyond the visible part (nearest earlier version;
+    /// 1 when none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub thinking_fill: BTreeMap<String, f64>,
+    /// The sessions the parameters were fitted on (`fidelity --fit`), with their projects:
+    /// a score on one of them is in-sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fitted_on: Vec<FittedSession>,
 }
+
+/// One session a calibration was fitted on: its file name and its project (the transcript's
+/// directory).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FittedSession {
+    pub session: String,
+    pub project: String,
+}
+
+/// The scale of a newer tokenizer generation against its family's, where no fit gives one:
+/// "about 30% more tokens" (reference/current-client-and-api.md §2).
+pub const UNFITTED_GENERATION_RATIO: f64 = 1.30;
 
 /// The scales a calibration may hold: a tokenizer differs from `bpe` by tens of percent, not by
 /// orders of magnitude (1e300 once gave a $187k cost for a $0.39 log).
@@ -125,7 +159,9 @@ impl Calibration {
     /// Range checks: every scale in [`SCALE_RANGE`], every `per_block` finite and within
     /// ±[`PER_BLOCK_LIMIT`] tokens; the message names the field.
     pub fn validate(&self, path: &str) -> Result<(), CalibrationError> {
-        let families = std::iter::once(("default".to_owned(), &self.default)).chain(self.families.iter().map(|(k, v)| (format!("families.{k}"), v)));
+        let families = std::iter::once(("default".to_owned(), &self.default))
+            .chain(self.families.iter().map(|(k, v)| (format!("families.{k}"), v)))
+            .chain(self.generations.iter().map(|(k, v)| (format!("generations.{k}"), v)));
         for (field, family) in families {
             let fail = |message: String| Err(CalibrationError::Parse { path: path.to_owned(), message });
             if !(family.scale.is_finite() && SCALE_RANGE.contains(&family.scale)) {
@@ -145,8 +181,21 @@ impl Calibration {
         Self::parse(&text, &path.display().to_string())
     }
 
-    pub fn for_family(&self, family: &str) -> FamilyCalibration {
-        self.families.get(family).copied().unwrap_or(self.default)
+    /// The parameters for an estimator key ([`super::ModelInfo::estimator_key`]): `family`, or
+    /// `family/generation` for a model of a newer tokenizer generation, which takes the
+    /// generation's fitted parameters, else its family's with the scale times
+    /// [`UNFITTED_GENERATION_RATIO`].
+    pub fn for_family(&self, key: &str) -> FamilyCalibration {
+        if let Some(params) = self.families.get(key) {
+            return *params;
+        }
+        match key.split_once('/') {
+            Some((family, generation)) => self.generations.get(generation).copied().unwrap_or_else(|| {
+                let base = self.families.get(family).copied().unwrap_or(self.default);
+                FamilyCalibration { scale: base.scale * UNFITTED_GENERATION_RATIO, per_block: base.per_block }
+            }),
+            None => self.default,
+        }
     }
 }
 

@@ -264,7 +264,7 @@ impl ImportedSession {
                 break;
             }
             let (parent, node_events) = &self.chain.nodes[node];
-            indices.extend(node_events.iter().copied().filter(|&i| i < end && is_message_event(&events[i].kind)));
+            indices.extend(node_events.iter().copied().filter(|&i| i < end && (is_message_event(&events[i].kind) || is_sent_attachment(&events[i].kind))));
             cursor = *parent;
         }
         indices.sort_unstable();
@@ -617,6 +617,48 @@ fn is_message_event(kind: &EventKind) -> bool {
     matches!(kind, EventKind::UserPrompt(_) | EventKind::ToolResult(_) | EventKind::ModelReply(_))
 }
 
+/// Attachment records the client does not send to the model: a hook's raw output (what it adds
+/// to the context is a `hook_additional_context` record), a hook's message to the user, the
+/// permission rules of a command.
+pub const ATTACHMENTS_NOT_SENT: [&str; 3] = ["hook_success", "hook_system_message", "command_permissions"];
+
+/// The opening of the text block an attachment record is rendered as ([`attachment_text`]).
+pub const ATTACHMENT_REMINDER: &str = "<system-reminder attachment=";
+
+/// An attachment record on the main thread's chain that the client sends (2.1.2xx: skill,
+/// agent and deferred-tool listings, hook context, token and task reminders, changed and
+/// restored files),
+/// as a reminder in the user message it hangs off.
+fn is_sent_attachment(kind: &EventKind) -> bool {
+    matches!(kind, EventKind::Attachment(a) if !ATTACHMENTS_NOT_SENT.contains(&a.attachment_type.as_str()))
+}
+
+/// The text an attachment is sized as: every string in its record (lines of listings, hook
+/// context, file contents) but its type, ids, paths and times, in a reminder naming its type.
+/// The client's own wording around them is not in the transcript.
+pub fn attachment_text(attachment: &Attachment) -> String {
+    fn strings(value: &Value, key: &str, out: &mut String) {
+        match value {
+            Value::String(s)
+                if !matches!(
+                    key,
+                    "type" | "toolUseID" | "uuid" | "source_uuid" | "hookName" | "hookEvent" | "filename" | "filePath" | "displayPath" | "timestamp" | "commandMode" | "kind"
+                ) =>
+            {
+                out.push_str(s);
+                out.push('\n');
+            }
+            Value::Array(items) => items.iter().for_each(|v| strings(v, key, out)),
+            Value::Object(map) => map.iter().for_each(|(k, v)| strings(v, k, out)),
+            _ => {}
+        }
+    }
+    let mut text = format!("{ATTACHMENT_REMINDER}\"{}\">\n", attachment.attachment_type);
+    strings(&attachment.payload, "", &mut text);
+    text.push_str("</system-reminder>");
+    text
+}
+
 fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> {
     let mut indices = Vec::new();
     for (i, event) in recording.events.iter().enumerate().take(call.event_index) {
@@ -672,6 +714,7 @@ fn event_blocks(kind: &EventKind) -> Option<(Role, Vec<ContentBlock>)> {
             Some((Role::User, vec![ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true))]))
         }
         EventKind::ModelReply(reply) => Some((Role::Assistant, reply.content.clone())),
+        EventKind::Attachment(attachment) if is_sent_attachment(kind) => Some((Role::User, vec![ContentBlock::text(attachment_text(attachment))])),
         _ => None,
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::measure::tokens::{Calibration, FamilyCalibration};
+use crate::measure::tokens::{Calibration, FamilyCalibration, FittedSession};
 use crate::measure::ModelTable;
 
 use super::session::{CallReplay, SessionReplay};
@@ -92,6 +92,10 @@ pub struct FidelityReport {
     /// caller that read the input.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<crate::recording::LineWarning>,
+    /// Per-version profile entries the replay took from another version than the session's
+    /// ([`SessionReplay::profile_notes`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub profile_notes: Vec<String>,
 }
 
 fn mostly_rewritten(creation: f64, context: f64) -> bool {
@@ -197,6 +201,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         interval: Some(rules.interval(sim_creation, sim_cost, rec_creation as f64, round6(rec_cost))),
         compaction_triggers: None,
         warnings: Vec::new(),
+        profile_notes: replay.profile_notes.clone(),
     }
 }
 
@@ -264,6 +269,21 @@ pub fn fidelity_calls_table(report: &FidelityReport) -> String {
     out
 }
 
+/// The figures of a session report as the tables print them: calls, MAPE, p90 and hit
+/// agreement (%), the summed read, creation and cost errors (signed %).
+pub fn figure_columns(r: &FidelityReport) -> String {
+    format!(
+        "{:>6} {:>7.2} {:>7.2} {:>7.2} {:>+9.2} {:>+9.2} {:>+8.2}",
+        r.requests_compared,
+        r.context_tokens_mape * 100.0,
+        r.context_tokens_ape_p90 * 100.0,
+        r.hit_agreement * 100.0,
+        r.cache_read_total_error * 100.0,
+        r.cache_creation_total_error * 100.0,
+        r.cost_error * 100.0
+    )
+}
+
 /// A fixed-width table of session reports, with a pooled row when there are several.
 pub fn fidelity_table(reports: &[FidelityReport]) -> String {
     let mut out = String::new();
@@ -273,17 +293,13 @@ pub fn fidelity_table(reports: &[FidelityReport]) -> String {
     ));
     for r in reports {
         let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());
-        out.push_str(&format!(
-            "{:<44} {:>6} {:>7.2} {:>7.2} {:>7.2} {:>+9.2} {:>+9.2} {:>+8.2}\n",
-            name,
-            r.requests_compared,
-            r.context_tokens_mape * 100.0,
-            r.context_tokens_ape_p90 * 100.0,
-            r.hit_agreement * 100.0,
-            r.cache_read_total_error * 100.0,
-            r.cache_creation_total_error * 100.0,
-            r.cost_error * 100.0
-        ));
+        out.push_str(&format!("{:<44} {}\n", name, figure_columns(r)));
+    }
+    for r in reports {
+        let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());
+        for note in &r.profile_notes {
+            out.push_str(&format!("note: {name}: {note}\n"));
+        }
     }
     out
 }
@@ -299,20 +315,26 @@ pub struct FitSample {
     pub block_growth: f64,
 }
 
-/// Samples of a replay made with the `bpe` estimator, grouped by model family.
+/// Samples of a replay made with the `bpe` estimator, grouped by estimator key (model family,
+/// and tokenizer generation when not the base one: [`ModelInfo::estimator_key`]).
+///
+/// [`ModelInfo::estimator_key`]: crate::measure::ModelInfo::estimator_key
 pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<String, Vec<FitSample>> {
-    let mut last: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    let mut last: BTreeMap<String, (f64, f64, f64, bool)> = BTreeMap::new();
     let mut samples: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
     for call in replay.calls.iter().filter(|c| c.compared()) {
         let rec = call.recorded_context() as f64;
-        let now = (rec, call.message_tokens as f64, call.message_blocks as f64);
+        let now = (rec, call.message_tokens as f64, call.message_blocks as f64, call.thinking_filled);
         let previous = last.insert(call.lane.clone(), now);
         let disturbed = call.events.iter().any(|e| matches!(e.as_str(), "compaction" | "microcompact" | "resume" | "skill" | "tool_search_load"));
         let Some(previous) = previous else { continue };
-        if disturbed || now.1 < previous.1 {
+        // A step that brings a reply whose thinking was filled grows by the fill, an estimate
+        // of its own ([`ThinkingSample`]), and one with attachments by what the replay does not
+        // render: left out.
+        if disturbed || now.1 < previous.1 || previous.3 || call.attachment_chars > 0 {
             continue;
         }
-        let family = table.lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
+        let family = table.lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
         samples.entry(family).or_default().push(FitSample {
             recorded_growth: now.0 - previous.0,
             raw_growth: now.1 - previous.1,
@@ -385,17 +407,157 @@ fn median(values: &[u64]) -> Option<u64> {
     }
 }
 
-/// Fits the calibrated estimator on samples from several sessions, with the median of their
-/// user-context sizes and, per Claude Code version, of the prefix levels they showed.
-pub fn fit_calibration(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], prefixes: &[(String, u64)], source: &str) -> Calibration {
-    let pooled: Vec<FitSample> = samples.values().flatten().copied().collect();
-    let default = solve(&pooled).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
-    let families = samples.iter().filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
-    let user_context_tokens = median(user_contexts);
-    let mut by_version: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (version, tokens) in prefixes {
-        by_version.entry(version.clone()).or_default().push(*tokens);
+/// What one session gives a fit ([`session_fit`]): its growth samples by estimator key, the
+/// user context (with the session's version) and prefix level its record showed, and its
+/// replies whose thinking text was stored.
+#[derive(Debug, Clone)]
+pub struct SessionFit {
+    pub session: FittedSession,
+    pub samples: BTreeMap<String, Vec<FitSample>>,
+    pub user_context: Option<(String, u64)>,
+    pub prefix: Option<(String, u64)>,
+    /// (version, estimator key, sample).
+    pub thinking: Vec<(String, String, ThinkingSample)>,
+}
+
+/// A reply whose thinking text was stored: its billed output and the raw (`bpe`) tokens of its
+/// thinking and of its visible part.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThinkingSample {
+    pub output_tokens: u64,
+    pub thinking_raw: u64,
+    pub visible_raw: u64,
+}
+
+/// The replies of `session` whose thinking text was stored ([`ThinkingSample`]).
+pub fn thinking_samples(session: &crate::recording::ImportedSession, table: &ModelTable) -> Vec<(String, String, ThinkingSample)> {
+    use crate::measure::tokens::{TokenUnit, bpe};
+    let raw = |units: Vec<TokenUnit>| -> u64 {
+        units
+            .into_iter()
+            .map(|u| match u {
+                TokenUnit::Text(t) => u64::from(bpe(&t)),
+                TokenUnit::Fixed(n) => u64::from(n),
+            })
+            .sum()
+    };
+    let mut out = Vec::new();
+    for event in &session.recording.events {
+        let crate::recording::EventKind::ModelReply(reply) = &event.kind else { continue };
+        let stored = reply.content.iter().any(|b| matches!(b, crate::api::ContentBlock::Thinking { thinking, .. } if !thinking.is_empty()));
+        if reply.is_synthetic || reply.is_api_error || !reply.thinking_text_stored || !stored || reply.usage.output_tokens == 0 {
+            continue;
+        }
+        let Ok(info) = table.lookup(&reply.model) else { continue };
+        let (thinking, visible): (Vec<_>, Vec<_>) = reply.content.iter().partition(|b| b.is_thinking());
+        let sample = ThinkingSample {
+            output_tokens: reply.usage.output_tokens,
+            thinking_raw: raw(thinking.into_iter().flat_map(crate::measure::blocks::content_token_units).collect()),
+            visible_raw: raw(visible.into_iter().flat_map(crate::measure::blocks::content_token_units).collect()),
+        };
+        out.push((reply.version.clone().unwrap_or_default(), info.estimator_key(), sample));
     }
-    let prefix_tokens = by_version.into_iter().filter_map(|(v, t)| median(&t).map(|m| (v, m))).collect();
-    Calibration { source: source.to_owned(), default, families, user_context_tokens, prefix_tokens }
+    out
+}
+
+/// The project of a transcript: the name of the directory it is in.
+pub fn fitted_session(path: &std::path::Path) -> FittedSession {
+    let name = |p: Option<&std::path::Path>| p.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    FittedSession { session: name(Some(path)), project: name(path.parent()) }
+}
+
+/// Replays `session` for a fit: the `bpe` estimator, no fitted prior (what is fitted must come
+/// from the fitted transcripts alone).
+pub fn session_fit(session: &crate::recording::ImportedSession, path: &std::path::Path, table: &ModelTable, options: &super::ReplayOptions) -> SessionFit {
+    let blank = Calibration {
+        user_context_tokens: None,
+        prefix_tokens: BTreeMap::new(),
+        generations: BTreeMap::new(),
+        user_context_by_version: BTreeMap::new(),
+        thinking_fill: BTreeMap::new(),
+        fitted_on: Vec::new(),
+        ..Calibration::shipped()
+    };
+    let counter = crate::measure::TokenCounter::with_calibration(crate::measure::EstimatorKind::Bpe, blank);
+    let mut measurer = crate::measure::Measurer::new(table.clone(), counter).without_body_hashes();
+    let replay = super::replay_session(session, &mut measurer, options);
+    let version = replay.calls.iter().find(|c| c.compared() && c.lane == crate::recording::format::LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    SessionFit {
+        session: fitted_session(path),
+        samples: fit_samples(&replay, table),
+        user_context: user_context_sample(&replay).map(|t| (version, t)),
+        prefix: prefix_sample(&replay),
+        thinking: thinking_samples(session, table),
+    }
+}
+
+/// Fits the calibrated estimator on several sessions ([`session_fit`]): per estimator key of
+/// the base tokenizer generation a scale and per-block overhead (pooled over them, the
+/// default), per newer generation one pooled over its families; the median user context; per
+/// Claude Code version the median prefix level. The sessions are recorded in `fitted_on`.
+pub fn fit_calibration(fits: &[&SessionFit]) -> Calibration {
+    let mut samples: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
+    for fit in fits {
+        for (key, s) in &fit.samples {
+            samples.entry(key.clone()).or_default().extend(s.iter().copied());
+        }
+    }
+    let user_contexts: Vec<u64> = fits.iter().filter_map(|f| f.user_context.as_ref().map(|u| u.1)).collect();
+    let prefixes: Vec<(String, u64)> = fits.iter().filter_map(|f| f.prefix.clone()).collect();
+    let mut fitted_on: Vec<FittedSession> = fits.iter().map(|f| f.session.clone()).collect();
+    fitted_on.sort();
+    let projects: std::collections::BTreeSet<&str> = fitted_on.iter().map(|f| f.project.as_str()).collect();
+    let source = format!("fitted by `ctxsim fidelity --fit` on {} sessions of {} projects ({})", fitted_on.len(), projects.len(), projects.into_iter().collect::<Vec<_>>().join(", "));
+    let mut calibration = fit_parameters(&samples, &user_contexts, &prefixes, &source);
+    calibration.user_context_by_version = per_version(fits.iter().filter_map(|f| f.user_context.clone()));
+    // Thinking per token of `output − visible`, in the model's tokens under the fitted scales.
+    let mut fill: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for (version, key, t) in fits.iter().flat_map(|f| f.thinking.iter()) {
+        let scale = calibration.for_family(key).scale;
+        let beyond = t.output_tokens as f64 - t.visible_raw as f64 * scale;
+        if beyond > 0.0 {
+            let entry = fill.entry(version.clone()).or_default();
+            entry.0 += t.thinking_raw as f64 * scale;
+            entry.1 += beyond;
+        }
+    }
+    calibration.thinking_fill = fill.into_iter().filter(|(_, (_, x))| *x > 0.0).map(|(v, (y, x))| (v, (y / x * 1e4).round() / 1e4)).collect();
+    calibration.fitted_on = fitted_on;
+    calibration
+}
+
+/// The median per version of `(version, tokens)` samples.
+fn per_version(samples: impl Iterator<Item = (String, u64)>) -> BTreeMap<String, u64> {
+    let mut by_version: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (version, tokens) in samples {
+        by_version.entry(version).or_default().push(tokens);
+    }
+    by_version.into_iter().filter_map(|(v, t)| median(&t).map(|m| (v, m))).collect()
+}
+
+/// [`fit_calibration`] from the pooled parts.
+pub fn fit_parameters(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], prefixes: &[(String, u64)], source: &str) -> Calibration {
+    let base: Vec<FitSample> = samples.iter().filter(|(k, _)| !k.contains('/')).flat_map(|(_, s)| s.iter().copied()).collect();
+    let default = solve(&base).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
+    let families = samples.iter().filter(|(k, _)| !k.contains('/')).filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
+    let mut by_generation: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
+    for (key, s) in samples {
+        if let Some((_, generation)) = key.split_once('/') {
+            by_generation.entry(generation.to_owned()).or_default().extend(s.iter().copied());
+        }
+    }
+    let generations = by_generation.into_iter().filter_map(|(g, s)| solve(&s).map(|p| (g, p))).collect();
+    let user_context_tokens = median(user_contexts);
+    let prefix_tokens = per_version(prefixes.iter().cloned());
+    Calibration {
+        source: source.to_owned(),
+        default,
+        families,
+        user_context_tokens,
+        prefix_tokens,
+        generations,
+        user_context_by_version: BTreeMap::new(),
+        thinking_fill: BTreeMap::new(),
+        fitted_on: Vec::new(),
+    }
 }

@@ -5,6 +5,8 @@
 //! - [`session`]: rebuilds, for every recorded API call, the request the client would have
 //!   sent, and measures it.
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
+//! - [`crossval`]: leave-one-session-out and leave-one-project-out scores of the fit, per
+//!   version group.
 //! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
 //! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
@@ -18,6 +20,7 @@
 
 pub mod audit;
 pub mod breaks;
+pub mod crossval;
 pub mod discover;
 pub mod fidelity;
 pub mod plot;
@@ -31,7 +34,7 @@ pub mod working_set;
 
 pub use breaks::{BreakRow, find_breaks};
 pub use fidelity::{
-    CallComparison, FidelityReport, FitSample, fidelity_calls_table, fidelity_for_session, fidelity_table, fit_calibration, fit_samples, prefix_sample, user_context_sample,
+    CallComparison, FidelityReport, FitSample, fidelity_calls_table, fidelity_for_session, fidelity_table, fit_calibration, fit_parameters, fit_samples, fitted_session, prefix_sample, session_fit, thinking_samples, user_context_sample, SessionFit, ThinkingSample,
 };
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use uncertainty::{Interval, Modelled, modelled_table};

@@ -95,14 +95,33 @@ pub fn measured_prefix_tokens_2_1_88() -> u64 {
     })
 }
 
-/// The prefix level of `version` in a fitted per-version profile (`Calibration::prefix_tokens`):
-/// that version's, else the nearest version's (same major and minor first, then the closest
-/// patch; a tie goes to the older). The level is sizes only; it differs between setups of one
-/// version too (MCP tools), so a replay uses it only where its own record shows none.
+/// The prefix level of `version` in a fitted per-version profile (`Calibration::prefix_tokens`)
+/// ([`fitted_for_version`]). The level is sizes only; it differs between setups of one version
+/// too (MCP tools), so a replay uses it only where its own record shows none.
 pub fn fitted_prefix_tokens(profile: &std::collections::BTreeMap<String, u64>, version: &str) -> Option<u64> {
+    fitted_for_version(profile, version).map(|(tokens, _)| *tokens)
+}
+
+/// The entry of `version` in a fitted per-version profile: its own, else the nearest earlier
+/// version's, else (older than every fitted version) the earliest one's; with the version
+/// whose entry it is.
+pub fn fitted_for_version<'a, T>(profile: &'a std::collections::BTreeMap<String, T>, version: &str) -> Option<(&'a T, &'a str)> {
     let want = parse_version(version);
-    let distance = |v: (u32, u32, u32)| (want.0.abs_diff(v.0), want.1.abs_diff(v.1), want.2.abs_diff(v.2), v);
-    profile.iter().min_by_key(|(v, _)| distance(parse_version(v))).map(|(_, &tokens)| tokens)
+    let mut versions: Vec<((u32, u32, u32), &'a String, &'a T)> = profile.iter().map(|(v, t)| (parse_version(v), v, t)).collect();
+    versions.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let earlier = versions.iter().rev().find(|(v, _, _)| *v <= want);
+    earlier.or(versions.first()).map(|(_, v, t)| (*t, v.as_str()))
+}
+
+/// [`fitted_for_version`], with a note when the entry is another version's: what `what` of
+/// `version` was taken from.
+pub fn fitted_with_note<'a, T>(profile: &'a std::collections::BTreeMap<String, T>, version: &str, what: &str, notes: &mut std::collections::BTreeSet<String>) -> Option<&'a T> {
+    let (value, from) = fitted_for_version(profile, version)?;
+    if parse_version(from) != parse_version(version) {
+        let how = if parse_version(from) < parse_version(version) { "the nearest earlier fitted version" } else { "no earlier version is fitted" };
+        notes.insert(format!("{what} of {version} taken from {from} ({how})"));
+    }
+    Some(value)
 }
 
 impl ClientProfile {

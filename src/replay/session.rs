@@ -44,7 +44,7 @@ use crate::recording::{
     read_recording,
 };
 
-use super::profile::{ClientProfile, fitted_prefix_tokens};
+use super::profile::{ClientProfile, fitted_with_note};
 use super::turns::{TurnState, current_prompt_index, salt_message};
 use super::working_set::WorkingSet;
 
@@ -153,7 +153,23 @@ pub struct CallReplay {
     /// Tokens of tools + system (the prefix level) and of the user-context reminder in force.
     pub prefix_tokens: u64,
     pub user_context_tokens: u64,
+    /// The call's reply holds thinking whose text was not stored (the next call's messages
+    /// carry it filled to its estimate).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub thinking_filled: bool,
+    /// Characters (JSON) of the attachment records since the lane's previous call that the
+    /// client sends as reminders (2.1.2xx: listings, hook context, token and task reminders,
+    /// changed files). The replay sizes them by their record's text (the client's wording is
+    /// not recorded); a fit leaves these steps out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attachment_chars: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+use crate::recording::claude_code::ATTACHMENTS_NOT_SENT;
 
 impl CallReplay {
     pub fn recorded_context(&self) -> u64 {
@@ -189,6 +205,10 @@ pub struct SessionReplay {
     /// ([`ReplayOptions::autocompact`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compaction_whatif: Option<super::whatif::CompactionWhatIf>,
+    /// Per-version profile entries (prefix level, user context, thinking fill) the replay took
+    /// from another version than the session's, one sentence each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub profile_notes: Vec<String>,
 }
 
 impl SessionReplay {
@@ -457,7 +477,7 @@ struct BuiltView {
 }
 
 impl BuiltView {
-    fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, u64>) {
+    fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, ThinkingFill>) {
         self.messages.truncate(raw.len());
         self.keys.truncate(raw.len());
         self.marked.truncate(raw.len());
@@ -556,9 +576,19 @@ struct Parts {
     reminder_key: Option<FillerKey>,
 }
 
+/// The thinking of a reply whose text was not stored: its estimated tokens, and the estimator
+/// parameters of its model, under which the filler counts that many.
+#[derive(Debug, Clone, Copy)]
+struct ThinkingFill {
+    tokens: u64,
+    kind: EstimatorKind,
+    scale: f64,
+    per_block: f64,
+}
+
 /// What the client changes in a recorded message before sending it: the results a recorded
 /// microcompact cleared, and thinking whose text was not stored filled to its estimate.
-fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, u64>) {
+fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, ThinkingFill>) {
     let MessageContent::Blocks(blocks) = &mut message.content else { return };
     for block in blocks.iter_mut() {
         match block {
@@ -566,8 +596,8 @@ fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estim
                 *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
             }
             ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
-                if let Some(&tokens) = thinking_estimate.get(signature.as_str()) {
-                    *thinking = filler("thinking", tokens, EstimatorKind::Chars4, 1.0, 0.0);
+                if let Some(fill) = thinking_estimate.get(signature.as_str()) {
+                    *thinking = filler("thinking", fill.tokens, fill.kind, fill.scale, fill.per_block);
                 }
             }
             _ => {}
@@ -872,32 +902,46 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
     let cwd = session.recording.header.cwd.as_deref();
-    let user_context_prior = measurer.counter().calibration().user_context_tokens.unwrap_or(0);
-    let fitted_prefixes = measurer.counter().calibration().prefix_tokens.clone();
+    let calibration = measurer.counter().calibration().clone();
+    let fitted_prefixes = calibration.prefix_tokens.clone();
+    // Notes on per-version profile entries taken from another version.
+    let mut profile_notes: BTreeSet<String> = BTreeSet::new();
+    let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let user_context_prior = fitted_with_note(&calibration.user_context_by_version, &main_version, "user context", &mut profile_notes)
+        .copied()
+        .or(calibration.user_context_tokens)
+        .unwrap_or(0);
     let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
-    // Estimated thinking of replies whose text was not stored, keyed by signature.
-    let mut thinking_estimate: BTreeMap<String, u64> = BTreeMap::new();
+    // Estimated thinking of replies whose text was not stored, keyed by signature: the fitted
+    // share of the output beyond the visible part (counted in the model's tokens), rendered to
+    // count that many tokens under the model's estimator parameters.
+    let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();
     for event in events {
         if let EventKind::ModelReply(reply) = &event.kind
             && !reply.thinking_text_stored
         {
+            let key = measurer.table().lookup(&reply.model).map(|m| m.estimator_key()).unwrap_or_default();
+            let counter = measurer.counter();
             let visible: u64 = reply
                 .content
                 .iter()
                 .filter(|b| !b.is_thinking())
                 .flat_map(crate::measure::blocks::content_token_units)
                 .map(|u| match u {
-                    crate::measure::tokens::TokenUnit::Text(t) => u64::from(chars4(&t)),
+                    crate::measure::tokens::TokenUnit::Text(t) => u64::from(counter.count_text(&t, &key)),
                     crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
                 })
                 .sum();
-            let estimate = reply.usage.output_tokens.saturating_sub(visible);
+            let version = reply.version.as_deref().unwrap_or(&main_version);
+            let ratio = fitted_with_note(&calibration.thinking_fill, version, "thinking fill", &mut profile_notes).copied().unwrap_or(1.0);
+            let tokens = (ratio * reply.usage.output_tokens.saturating_sub(visible) as f64).round() as u64;
+            let params = calibration.for_family(&key);
             for block in &reply.content {
                 if let ContentBlock::Thinking { thinking, signature, .. } = block
                     && thinking.is_empty()
                 {
-                    thinking_estimate.insert(signature.clone(), estimate);
+                    thinking_estimate.insert(signature.clone(), ThinkingFill { tokens, kind, scale: params.scale, per_block: params.per_block });
                 }
             }
         }
@@ -932,7 +976,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         let state = lanes.entry(call.lane.clone()).or_default();
         // Events seen before a call that was not compared belong to the next one.
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
-        let family = measurer.table().lookup(&call.model).map(|m| m.family.clone()).unwrap_or_default();
+        let family = measurer.table().lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
@@ -944,6 +988,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         let mut stop_summary = false;
         let mut stop_summary_ms = None;
         let mut ended_with_reply = true;
+        let mut attachment_chars = 0u64;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -1011,6 +1056,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
                 EventKind::SystemEvent(sys) if sys.subtype == "stop_hook_summary" => {
                     stop_summary = true;
                     stop_summary_ms = Some(event.time_ms);
+                }
+                EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
+                    attachment_chars += attachment.payload.to_string().len() as u64;
                 }
                 EventKind::UserPrompt(prompt) => {
                     request_start = Some(event.time_ms);
@@ -1248,7 +1296,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             } else {
                 // A cold start that cannot show its prefix: the fitted level of this version
                 // (or the nearest) for the main thread, else the measured 2.1.88 size.
-                let fitted = if group == LANE_MAIN { fitted_prefix_tokens(&fitted_prefixes, call.version.as_deref().unwrap_or("")) } else { None };
+                let fitted = if group == LANE_MAIN { fitted_with_note(&fitted_prefixes, call.version.as_deref().unwrap_or(""), "prefix level", &mut profile_notes).copied() } else { None };
                 fitted.unwrap_or(profile.cold_prefix_tokens).min(unrecorded_tokens)
             };
             let sizes = GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix };
@@ -1439,6 +1487,8 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             message_blocks,
             prefix_tokens: sizes.prefix_tokens,
             user_context_tokens: sizes.context_tokens,
+            thinking_filled: !call.thinking_text_stored,
+            attachment_chars,
         });
     }
     if first_divergence.is_some() && diverged_calls == 0 {
@@ -1454,6 +1504,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         head_truncated: session.recording.header.head_truncated,
         unrecorded_main,
         compaction_whatif: None,
+        profile_notes: profile_notes.into_iter().collect(),
     }
 }
 
@@ -1476,6 +1527,8 @@ fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> Cal
         message_blocks: 0,
         prefix_tokens: 0,
         user_context_tokens: 0,
+        thinking_filled: !call.thinking_text_stored,
+        attachment_chars: 0,
     }
 }
 

@@ -38,12 +38,14 @@ pub fn current_prompt_index(messages: &[Message]) -> Option<usize> {
     messages.iter().rposition(is_prompt)
 }
 
-/// A user message with anything besides tool results.
+/// A user message with anything besides tool results and the reminders attachment records
+/// are rendered as.
 pub fn is_prompt(message: &Message) -> bool {
+    let reminder = |b: &ContentBlock| matches!(b, ContentBlock::Text { text, .. } if text.starts_with(crate::recording::claude_code::ATTACHMENT_REMINDER));
     message.role == Role::User
         && match &message.content {
             MessageContent::Text(_) => true,
-            MessageContent::Blocks(blocks) => blocks.iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. })),
+            MessageContent::Blocks(blocks) => blocks.iter().any(|b| !matches!(b, ContentBlock::ToolResult { .. }) && !reminder(b)),
         }
 }
 

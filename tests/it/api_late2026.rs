@@ -365,8 +365,8 @@ fn the_late_2026_models_have_their_minimum_lengths_and_say_where_they_come_from(
     // The value is the table's: a user's table with another minimum changes the result.
     let shipped = include_str!("../../data/models.toml");
     let edited = shipped.replacen(
-        "id = \"claude-sonnet-5-5\"\nmatch = [\"claude-sonnet-5-5\", \"sonnet-5-5\"]\nfamily = \"sonnet\"\nmin_cacheable_tokens = 512",
-        "id = \"claude-sonnet-5-5\"\nmatch = [\"claude-sonnet-5-5\", \"sonnet-5-5\"]\nfamily = \"sonnet\"\nmin_cacheable_tokens = 1024",
+        "id = \"claude-sonnet-5-5\"\nmatch = [\"claude-sonnet-5-5\", \"sonnet-5-5\"]\nfamily = \"sonnet\"\ntokenizer = \"v2\"\nmin_cacheable_tokens = 512",
+        "id = \"claude-sonnet-5-5\"\nmatch = [\"claude-sonnet-5-5\", \"sonnet-5-5\"]\nfamily = \"sonnet\"\ntokenizer = \"v2\"\nmin_cacheable_tokens = 1024",
         1,
     );
     assert_ne!(edited, shipped);

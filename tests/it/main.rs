@@ -15,6 +15,7 @@ mod browser;
 mod cache;
 mod incremental;
 mod fidelity;
+mod fidelity_fit;
 mod git_status;
 mod compact;
 mod real_client;
