@@ -730,18 +730,25 @@ fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, 
 
 /// Replays every call of `session` through `measurer`.
 pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_dispatch(session, measurer, options, true)
+    replay_dispatch(session, measurer, options, true, None)
+}
+
+/// [`replay_session`] sharing replays with other calls on the same session through `memo`
+/// (the points of a sweep): the same result, each distinct replay made once.
+pub fn replay_session_shared(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, memo: &super::whatif::ReplayMemo) -> SessionReplay {
+    replay_dispatch(session, measurer, options, true, Some(memo))
 }
 
 /// With another autocompact setting the compactions move first ([`super::whatif`]).
-fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
-    match &options.autocompact {
-        Some(config) => {
-            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config, incremental);
+fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, memo: Option<&super::whatif::ReplayMemo>) -> SessionReplay {
+    match (&options.autocompact, memo) {
+        (Some(config), _) => {
+            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config, incremental, memo);
             replay.compaction_whatif = Some(whatif);
             replay
         }
-        None => replay_session_with(session, measurer, options, incremental),
+        (None, Some(memo)) => super::whatif::replay_memoized(session, measurer, options, incremental, memo),
+        (None, None) => replay_session_with(session, measurer, options, incremental),
     }
 }
 
@@ -755,7 +762,7 @@ pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, 
 /// messages rebuilt from its view and changed as the client did, the flattener comparing them by
 /// content with the previous request's.
 pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_dispatch(session, measurer, options, false)
+    replay_dispatch(session, measurer, options, false, None)
 }
 
 /// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the

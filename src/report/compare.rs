@@ -122,6 +122,12 @@ impl Evaluation {
 
 /// Runs or replays one input under one strategy with a fresh measurer.
 pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
+    evaluate_shared(input, strategy, measurer, keep_rows, None)
+}
+
+/// [`evaluate`] with the replays of a session shared through `memo` (one per input, across
+/// strategies or sweep points): the same evaluation.
+pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool, memo: Option<&crate::replay::whatif::ReplayMemo>) -> anyhow::Result<Evaluation> {
     match &input.loaded {
         LoadedInput::Scenario(scenario) => {
             // The loss is tracked as the bodies pass; none is kept.
@@ -153,7 +159,10 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
         }
         LoadedInput::Session(session) => {
             let options = ReplayOptions::from_strategy(strategy);
-            let replay = replay_session(session, measurer, &options);
+            let replay = match memo {
+                Some(memo) => crate::replay::session::replay_session_shared(session, measurer, &options, memo),
+                None => replay_session(session, measurer, &options),
+            };
             let rows = replay.rows();
             let mut summary = Summary::from_rows(&input.name, &strategy.name, measurer.counter().kind().name(), &rows, 0);
             summary.info_loss = replay.info_loss.clone();
@@ -345,11 +354,13 @@ pub fn compare(
 ) -> anyhow::Result<Vec<Evaluation>> {
     use rayon::prelude::*;
     let jobs: Vec<(usize, usize)> = (0..inputs.len()).flat_map(|i| (0..strategies.len()).map(move |s| (i, s))).collect();
+    // Strategies that make the same replay of a session share it.
+    let memos: Vec<crate::replay::whatif::ReplayMemo> = inputs.iter().map(|_| Default::default()).collect();
     let results: Vec<(Evaluation, String)> = jobs
         .par_iter()
         .map(|&(i, s)| {
             let mut measurer = make_measurer();
-            let mut e = evaluate(&inputs[i], &strategies[s], &mut measurer, true)
+            let mut e = evaluate_shared(&inputs[i], &strategies[s], &mut measurer, true, Some(&memos[i]))
                 .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))?;
             let digest = crate::report::effects::outcome_digest(&e);
             if !keep_rows {

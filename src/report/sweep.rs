@@ -190,13 +190,15 @@ pub fn run_points(
             measurer.counter().memo()
         })
         .collect();
+    // The replays of each session, shared between the points that make the same one.
+    let replay_memos: Vec<crate::replay::whatif::ReplayMemo> = inputs.iter().map(|_| Default::default()).collect();
     // Each job's rows are reduced to its outcome digest at once and dropped.
     let results: Vec<anyhow::Result<(crate::report::compare::Evaluation, String)>> = jobs
         .par_iter()
         .map(|&(p, i)| {
             let mut measurer = make_measurer();
             measurer.counter_mut().seed(&memos[i]);
-            let out = evaluate(&inputs[i], &strategies[p], &mut measurer, true).map(|mut e| {
+            let out = crate::report::compare::evaluate_shared(&inputs[i], &strategies[p], &mut measurer, true, Some(&replay_memos[i])).map(|mut e| {
                 let digest = crate::report::effects::outcome_digest(&e);
                 e.rows = Vec::new();
                 (e, digest)

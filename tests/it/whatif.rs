@@ -134,3 +134,37 @@ fn whatif_compaction_edits_rebuild_the_views() {
     assert!(view_after.windows(2).all(|w| w[0].role != w[1].role));
 }
 
+
+/// The output reserve left unset is the recorded version's (32,000 before 2.1.37); set to any
+/// value, including the 2.1.88 default of 20,000, it is that value and moves the compactions.
+#[test]
+fn whatif_output_reserve_unset_is_the_versions_and_set_is_honoured() {
+    let session = session(CD95);
+    let config = ctxsim::agent::compact::config::AutocompactConfig::default();
+    assert_eq!(config.max_output_reserve_tokens, None);
+    let replay = check(&session, &["compact.autocompact.max_output_reserve_tokens=20000"]);
+    let whatif = replay.compaction_whatif.as_ref().expect("a set reserve is a what-if");
+    assert_eq!(whatif.threshold, 200_000 - 20_000 - 13_000);
+    // Unset, the version's reserve: the threshold the recorded compactions fired at.
+    let table = ModelTable::shipped();
+    let unset = ctxsim::replay::triggers::client_thresholds(&session, &check(&session, &[]), &table, &config).4;
+    assert_eq!(unset.autocompact, 200_000 - 32_000 - 13_000);
+}
+
+/// Replays shared between strategies (a sweep's points) give what each replay alone gives.
+#[test]
+fn whatif_shared_replays_equal_separate_ones() {
+    let session = session(SPOTTER);
+    let memo = ctxsim::replay::whatif::ReplayMemo::new();
+    let measurer = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+    let digest = |r: &SessionReplay| serde_json::to_string(&(r.rows(), &r.compaction_whatif, &r.first_divergence)).unwrap();
+    for sets in [&["compact.autocompact.buffer_tokens=60000"][..], &["compact.autocompact.buffer_tokens=60000", "ttl_main=1h"], &["ttl_main=1h"], &[]] {
+        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+        let options = ReplayOptions::from_strategy(&Strategy::resolve_with("claude-code", &sets).unwrap());
+        let alone = replay_session(&session, &mut measurer(), &options);
+        let shared = ctxsim::replay::session::replay_session_shared(&session, &mut measurer(), &options, &memo);
+        assert_eq!(digest(&alone), digest(&shared), "{sets:?}");
+    }
+    let (made, asked) = memo.counts();
+    assert!(made < asked, "the two buffer points share their plan search: {made} of {asked}");
+}
