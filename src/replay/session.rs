@@ -72,16 +72,21 @@ pub struct ReplayOptions {
     /// Autocompact settings to replay the session under (`None`: where the recording
     /// compacted). See [`super::whatif`].
     pub autocompact: Option<crate::agent::compact::config::AutocompactConfig>,
+    /// Per-tool persistence thresholds other than the client's (`None`: the recorded results
+    /// as the client sent them): a larger recorded result becomes its preview.
+    pub tool_result_budget: Option<crate::agent::compact::config::ToolResultBudgetConfig>,
 }
 
 impl ReplayOptions {
     /// The knobs of `strategy` a replay honours: the main lane's TTL (replacing the recorded
     /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
     /// mechanism, API context editing, and every autocompact setting (buffer, percentage
-    /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]). The
-    /// other stages of the chain (tool result budget, snip, collapse, session memory) and the
-    /// request layout (tool search, MCP placement, the boundary) are still the recording's:
-    /// a sweep over them says it changes nothing.
+    /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]), and
+    /// the tool result budget's per-tool thresholds. The other stages of the chain (the
+    /// aggregate budget, snip, time-based and cached microcompact, collapse, session memory)
+    /// and the request layout (tool search, MCP placement, the boundary) are still the
+    /// recording's: a sweep over them says it changes nothing, and `ctxsim strategies` marks
+    /// them ([`knob_on_real_sessions`]).
     pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
         let editing = &strategy.compact.context_editing;
         ReplayOptions {
@@ -92,6 +97,9 @@ impl ReplayOptions {
             // The defaults are the recorded client's own rule (its version's reserve): the
             // recording's compactions stand. Any other setting moves them.
             autocompact: (strategy.compact.autocompact != Default::default()).then(|| strategy.compact.autocompact.clone()),
+            // The recorded results are what the client's own thresholds left; other thresholds
+            // are applied to them (a higher one cannot restore what the client persisted).
+            tool_result_budget: (strategy.compact.tool_result_budget != Default::default()).then(|| strategy.compact.tool_result_budget.clone()),
             ..ReplayOptions::default()
         }
     }
@@ -102,7 +110,36 @@ impl ReplayOptions {
             || self.autocompact.is_some()
             || self.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
             || self.clear_tool_uses.is_some()
+            || self.tool_result_budget.is_some()
     }
+}
+
+/// Knobs a replay of a real session honours ([`ReplayOptions::from_strategy`]), as dotted keys
+/// or key prefixes (a prefix ends with `.`).
+pub const REPLAYED_KNOBS: [&str; 14] = [
+    "ttl_main",
+    "replay_recorded_microcompact",
+    "compact.peer.",
+    "compact.context_editing.clear_tool_uses",
+    "compact.context_editing.trigger_input_tokens",
+    "compact.autocompact.enabled",
+    "compact.autocompact.compact_disabled",
+    "compact.autocompact.buffer_tokens",
+    "compact.autocompact.max_output_reserve_tokens",
+    "compact.autocompact.pct_override",
+    "compact.autocompact.window_override",
+    "compact.autocompact.context_window",
+    "compact.tool_result_budget.per_tool_chars",
+    "compact.tool_result_budget.",
+];
+
+/// Whether a replay of a real session honours the knob `key` (see [`REPLAYED_KNOBS`]); the
+/// aggregate tool result budget is not replayed.
+pub fn knob_on_real_sessions(key: &str) -> bool {
+    if key.starts_with("compact.tool_result_budget.aggregate") {
+        return false;
+    }
+    REPLAYED_KNOBS.iter().any(|k| if k.ends_with('.') { key.starts_with(k) } else { key == *k || key.starts_with(&format!("{k}.")) })
 }
 
 impl Default for ReplayOptions {
@@ -116,6 +153,7 @@ impl Default for ReplayOptions {
             peer: Default::default(),
             clear_tool_uses: None,
             autocompact: None,
+            tool_result_budget: None,
         }
     }
 }
@@ -1006,7 +1044,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         // lane without a peer mechanism updates the lane's built view and borrows its messages
         // for the request (given back after the measurement, with keys for the flattener); a
         // fork or a peer-rewritten call builds its own.
-        let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some();
+        let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
+            || options.clear_tool_uses.is_some()
+            || options.tool_result_budget.is_some();
         let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
             let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
             state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate);
@@ -1035,7 +1075,16 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         }
         // The strategy's own mechanisms on what the recorded client sent.
         let mut peer_stages = Vec::new();
-        if peer_active {
+        if let Some(budget) = &options.tool_result_budget {
+            let replaced = crate::agent::compact::tool_result_budget::apply_to_messages(&mut messages, budget, "tool-results");
+            if !replaced.is_empty() && call.lane == LANE_MAIN {
+                diverged_calls += 1;
+                if first_divergence.is_none() {
+                    first_divergence = Some((call.index, format!("the tool result budget replaced the recorded result {} by its preview", replaced[0])));
+                }
+            }
+        }
+        if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
             let window = measurer.table().lookup(&call.model).map_or(200_000, |m| m.context_window);
             let base = groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
             let before = crate::agent::compact::peers::estimate_tokens(&messages);

@@ -378,7 +378,7 @@ pub fn compare(
                 && ReplayOptions::from_strategy(&strategies[s]) == ReplayOptions::from_strategy(&strategies[t]);
             e.same_results_as = Some(if why {
                 format!(
-                    "{} (a replay of a recording honours only the main lane's TTL, the recorded microcompacts, the peer mechanisms, API context editing and the autocompact settings, and these two agree on them)",
+                    "{} (a replay of a recording honours only the main lane's TTL, the recorded microcompacts, the peer mechanisms, API context editing, the autocompact settings and the tool result budget's thresholds, and these two agree on them)",
                     strategies[t].name
                 )
             } else {

@@ -161,7 +161,7 @@ impl Reason {
             if (0..options.len()).all(|p| options[p] == options[p - ((p / stride) % n) * stride]) {
                 return Reason::Known(
                     "the replay of a recording does not honour this knob: it honours the main lane's TTL, the recorded microcompacts, \
-                     the peer mechanisms, API context editing and the autocompact settings, and the recording fixes the rest"
+                     the peer mechanisms, API context editing, the autocompact settings and the tool result budget's thresholds, and the recording fixes the rest"
                         .to_owned(),
                 );
             }

@@ -168,3 +168,44 @@ fn whatif_shared_replays_equal_separate_ones() {
     let (made, asked) = memo.counts();
     assert!(made < asked, "the two buffer points share their plan search: {made} of {asked}");
 }
+
+/// The environment variables users set reach real sessions as `env.NAME` keys, exactly as the
+/// knobs they set.
+#[test]
+fn whatif_client_env_vars_reach_real_sessions() {
+    let session = session(CD95);
+    let by_env = check(&session, &["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"]);
+    let by_knob = check(&session, &["compact.autocompact.pct_override=50"]);
+    assert_eq!(by_env.compaction_whatif, by_knob.compaction_whatif);
+    assert_eq!(by_env.compaction_whatif.as_ref().unwrap().threshold, 84_000);
+    let window = check(&session, &["env.CLAUDE_CODE_AUTO_COMPACT_WINDOW=120000"]);
+    assert_eq!(window.compaction_whatif.as_ref().unwrap().threshold, 120_000 - 32_000 - 13_000);
+    for var in ["env.DISABLE_AUTO_COMPACT=1", "env.DISABLE_COMPACT=1"] {
+        let replay = check(&session, &[var]);
+        let whatif = replay.compaction_whatif.as_ref().unwrap();
+        assert!(whatif.changes.iter().filter(|c| c.change == "removed").count() >= 3, "{var}: {whatif:?}");
+        assert_eq!(main_compactions(&replay), 0, "{var}");
+        assert!(replay.first_divergence.is_some(), "{var}");
+    }
+    let err = Strategy::resolve_with("claude-code", &["env.NOT_A_CLIENT_VAR=1".to_owned()]).unwrap_err();
+    assert!(err.to_string().contains("NOT_A_CLIENT_VAR"), "{err}");
+}
+
+/// Lower tool result thresholds replace the large recorded results by their previews: the
+/// context shrinks from the first one on and the replies diverge there.
+#[test]
+fn whatif_tool_result_budget_reaches_real_sessions() {
+    let session = session(SPOTTER);
+    let recorded = check(&session, &[]);
+    let replay = check(&session, &["compact.tool_result_budget.default_chars=3000", "compact.tool_result_budget.per_tool_chars={}"]);
+    let (at, why) = replay.first_divergence.clone().expect("the budget fired");
+    assert!(why.contains("tool result budget"), "{why}");
+    let total = |r: &SessionReplay| r.calls.iter().map(|c| c.simulated_context()).sum::<u64>();
+    assert!(total(&replay) < total(&recorded), "{} vs {}", total(&replay), total(&recorded));
+    let before: Vec<u64> = recorded.calls.iter().take_while(|c| c.index < at).map(|c| c.simulated_context()).collect();
+    let after: Vec<u64> = replay.calls.iter().take_while(|c| c.index < at).map(|c| c.simulated_context()).collect();
+    assert_eq!(before, after, "nothing changes before the first replaced result");
+    assert!(ctxsim::replay::session::knob_on_real_sessions("compact.tool_result_budget.default_chars"));
+    assert!(!ctxsim::replay::session::knob_on_real_sessions("compact.snip.enabled"));
+    assert!(!ctxsim::replay::session::knob_on_real_sessions("compact.tool_result_budget.aggregate_enabled"));
+}
