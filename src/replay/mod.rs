@@ -12,12 +12,14 @@
 //!   the recorded `compact_boundary` records.
 //! - [`whatif`]: the session replayed with its compactions where another autocompact setting
 //!   puts them.
+//! - [`loss`]: the information loss of each compaction (tokens, references lost, re-reads).
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 
 pub mod audit;
 pub mod breaks;
 pub mod discover;
 pub mod fidelity;
+pub mod loss;
 pub mod plot;
 pub mod profile;
 pub mod session;

@@ -222,6 +222,9 @@ pub struct SessionReplay {
     /// ([`ReplayOptions::autocompact`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compaction_whatif: Option<super::whatif::CompactionWhatIf>,
+    /// The information loss of each main-lane compaction ([`super::loss`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compaction_losses: Vec<super::loss::CompactionLoss>,
 }
 
 impl SessionReplay {
@@ -803,9 +806,25 @@ pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measur
     replay_dispatch(session, measurer, options, false, None)
 }
 
+/// [`replay_session`] without a what-if, handing `observe` every request it builds (the index
+/// of its recorded call and the body, before measurement).
+pub fn replay_session_observed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, observe: &mut dyn FnMut(usize, &Request)) -> SessionReplay {
+    replay_session_observing(session, measurer, options, true, Some(observe))
+}
+
 /// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
 /// request's messages carry keys for the flattener.
 fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
+    replay_session_observing(session, measurer, options, incremental, None)
+}
+
+fn replay_session_observing(
+    session: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    mut observe: Option<&mut dyn FnMut(usize, &Request)>,
+) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
@@ -852,6 +871,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
     let mut loss = crate::measure::loss::LossTracker::new();
     let mut diverged_calls = 0usize;
     let mut first_divergence: Option<(usize, String)> = None;
+    // The previous compared main call and its context; the loss of each main compaction.
+    let mut previous_main: Option<(usize, u64)> = None;
+    let mut compaction_losses = Vec::new();
 
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
@@ -1267,6 +1289,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             None => unrecorded.request(&call.model, messages, sizes),
         };
 
+        if let Some(observe) = observe.as_mut() {
+            observe(call.index, &request);
+        }
         let mut flat = match measurer.flatten_keyed(&request, request_keys.as_deref()) {
             Ok(flat) => flat,
             Err(e) => {
@@ -1295,6 +1320,14 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             }
         };
         loss.observe(&request, &metrics);
+        if call.lane == LANE_MAIN {
+            if let Some((previous, context_before)) = previous_main
+                && metrics.events.iter().any(|e| e == "compaction")
+            {
+                compaction_losses.push(super::loss::compaction_loss(session, call.index, previous, &request.messages, context_before, metrics.context_tokens));
+            }
+            previous_main = Some((call.index, metrics.context_tokens));
+        }
         if let Some(lent) = lent.take() {
             state.built = lent.give_back(request, &mut state.parts);
         }
@@ -1354,6 +1387,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         head_truncated: session.recording.header.head_truncated,
         unrecorded_main,
         compaction_whatif: None,
+        compaction_losses,
     }
 }
 

@@ -105,6 +105,10 @@ pub struct Evaluation {
     /// known ([`crate::report::effects::outcome_digest`] decides, not the knobs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub same_results_as: Option<String>,
+    /// A real session's compactions under the strategy and what each lost
+    /// ([`crate::replay::loss`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
     #[serde(skip)]
     pub rows: Vec<RequestMetrics>,
 }
@@ -112,6 +116,31 @@ pub struct Evaluation {
 impl Evaluation {
     pub fn info_loss(&self) -> &InfoLoss {
         &self.summary.info_loss
+    }
+
+    /// References the compactions lost, over all of them.
+    pub fn references_lost(&self) -> usize {
+        self.compaction_losses.iter().map(|l| l.references_lost).sum()
+    }
+
+    /// One line per compaction of a real session: `X under S: compaction before call N: …`.
+    pub fn compaction_loss_lines(&self) -> Vec<String> {
+        self.compaction_losses
+            .iter()
+            .map(|l| {
+                let names = if l.lost.is_empty() { String::new() } else { format!(" ({}{})", l.lost.join(", "), if l.references_lost > l.lost.len() { ", …" } else { "" }) };
+                format!(
+                    "{} under {}: compaction before call {}: {} tokens dropped, {} of {} dropped references used later{names}, {} re-reads",
+                    short_name(&self.input),
+                    self.strategy,
+                    l.call,
+                    l.tokens_dropped,
+                    l.references_lost,
+                    l.references_dropped,
+                    l.rereads
+                )
+            })
+            .collect()
     }
 
     /// `no difference on X: S gave the same results as T (why)`, when it did.
@@ -154,6 +183,7 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
                 replies_diverge: false,
                 divergence: note,
                 same_results_as: None,
+                compaction_losses: Vec::new(),
                 rows: if keep_rows { output.rows } else { Vec::new() },
             })
         }
@@ -190,6 +220,7 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
                 replies_diverge: divergence.is_some(),
                 divergence,
                 same_results_as: None,
+                compaction_losses: replay.compaction_losses.clone(),
                 rows: if keep_rows { rows } else { Vec::new() },
             })
         }
@@ -221,7 +252,10 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
         .iter()
         .flat_map(|e| {
             let divergence = e.divergence.as_ref().map(|d| format!("- {} under {}: {d}", short_name(&e.input), e.strategy));
-            divergence.into_iter().chain(e.same_results_line().map(|l| format!("- {l}")))
+            divergence
+                .into_iter()
+                .chain(e.compaction_loss_lines().into_iter().map(|l| format!("- {l}")))
+                .chain(e.same_results_line().map(|l| format!("- {l}")))
         })
         .collect();
     if !notes.is_empty() {
