@@ -806,6 +806,9 @@ pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measur
     replay_dispatch(session, measurer, options, false, None)
 }
 
+/// Called with each request a replay builds: its recorded call's index and the body.
+pub type RequestObserver<'a> = dyn FnMut(usize, &Request) + 'a;
+
 /// [`replay_session`] without a what-if, handing `observe` every request it builds (the index
 /// of its recorded call and the body, before measurement).
 pub fn replay_session_observed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, observe: &mut dyn FnMut(usize, &Request)) -> SessionReplay {
@@ -823,7 +826,7 @@ fn replay_session_observing(
     measurer: &mut Measurer,
     options: &ReplayOptions,
     incremental: bool,
-    mut observe: Option<&mut dyn FnMut(usize, &Request)>,
+    mut observe: Option<&mut RequestObserver<'_>>,
 ) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();

@@ -260,7 +260,7 @@ fn whatif_information_loss_per_compaction_on_a_real_session() {
 
 /// A projection of a message list that the replay must keep: per message its role and its
 /// blocks' kinds and ids (parallel results as a set: the client sends them in tool_use order).
-fn projection(messages: &[ctxsim::api::Message]) -> Vec<(String, Vec<String>)> {
+fn projection(messages: &[ctxsim::api::Message]) -> Projected {
     use ctxsim::api::ContentBlock;
     messages
         .iter()
@@ -286,9 +286,11 @@ fn projection(messages: &[ctxsim::api::Message]) -> Vec<(String, Vec<String>)> {
 
 /// Per real session: its as-recorded replay's main-lane requests, projected, and the recorded
 /// views of the same calls, projected; replayed once per session.
-fn as_recorded_views(k: usize) -> &'static Vec<(usize, Vec<(String, Vec<String>)>, Vec<(String, Vec<String>)>)> {
+type Projected = Vec<(String, Vec<String>)>;
+type Views = Vec<(usize, Projected, Projected)>;
+
+fn as_recorded_views(k: usize) -> &'static Views {
     use std::sync::{Mutex, OnceLock};
-    type Views = Vec<(usize, Vec<(String, Vec<String>)>, Vec<(String, Vec<String>)>)>;
     static CACHE: OnceLock<Mutex<std::collections::BTreeMap<usize, &'static Views>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(views) = cache.lock().unwrap().get(&k) {

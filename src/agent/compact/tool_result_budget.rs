@@ -168,14 +168,7 @@ pub fn apply_to_messages(messages: &mut [crate::api::Message], config: &ToolResu
                     }
                     let text = match content {
                         ToolResultContent::Text(text) => text.clone(),
-                        ToolResultContent::Blocks(parts) => parts
-                            .iter()
-                            .filter_map(|b| match b {
-                                ContentBlock::Text { text, .. } => Some(text.as_str()),
-                                _ => None,
-                            })
-                            .collect::<Vec<_>>()
-                            .join("\n"),
+                        ToolResultContent::Blocks(parts) => crate::api::joined_text(parts),
                     };
                     let path = format!("{dir}/{tool_use_id}.txt");
                     *content = ToolResultContent::Text(replacement_text(&text, &path, config.preview_chars as usize));
