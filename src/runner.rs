@@ -55,7 +55,7 @@ pub fn check_strategy_for(limits: crate::agent::compact::context::ModelLimits, s
     if auto.enabled && !auto.compact_disabled && auto.buffer_tokens >= effective {
         return Err(format!(
             "compact.autocompact.buffer_tokens = {} must be below the effective window of {effective} tokens (context window {} − min(max output {}, compact.autocompact.max_output_reserve_tokens {}))",
-            auto.buffer_tokens, limits.context_window, limits.max_output_tokens, auto.max_output_reserve_tokens
+            auto.buffer_tokens, limits.context_window, limits.max_output_tokens, auto.output_reserve(crate::agent::compact::config::DEFAULT_OUTPUT_RESERVE)
         ));
     }
     if auto.blocking_limit_override.is_none() && auto.blocking_buffer_tokens >= effective {

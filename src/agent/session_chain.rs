@@ -450,15 +450,7 @@ pub enum Recovery {
 }
 
 fn reply_text(reply: &Reply) -> String {
-    reply
-        .content
-        .iter()
-        .filter_map(|b| match b {
-            ContentBlock::Text { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    crate::api::joined_text(&reply.content)
 }
 
 /// Deterministic notes when lane `session_memory` is not scripted: the template with the

@@ -69,6 +69,18 @@ pub enum ToolResultContent {
     Blocks(Vec<ContentBlock>),
 }
 
+/// The text blocks of `blocks` joined with newlines (other blocks left out).
+pub fn joined_text(blocks: &[ContentBlock]) -> String {
+    blocks
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl ToolResultContent {
     /// Total characters of the text it carries (strings and text blocks).
     pub fn text_len(&self) -> usize {

@@ -16,7 +16,7 @@ mod content;
 mod request;
 mod response;
 
-pub use content::{ContentBlock, ImageLike, MessageContent, ToolResultContent};
+pub use content::{ContentBlock, ImageLike, MessageContent, ToolResultContent, joined_text};
 pub use request::{
     CacheControl, CacheScope, CacheTtl, Message, Request, Role, SystemBlock, SystemPrompt, Tool,
 };

@@ -227,13 +227,6 @@ impl Script {
 fn message_text(message: &Message) -> String {
     match &message.content {
         MessageContent::Text(text) => text.clone(),
-        MessageContent::Blocks(blocks) => blocks
-            .iter()
-            .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
+        MessageContent::Blocks(blocks) => crate::api::joined_text(blocks),
     }
 }

@@ -14,6 +14,7 @@
 //!   the recorded `compact_boundary` records.
 //! - [`whatif`]: the session replayed with its compactions where another autocompact setting
 //!   puts them.
+//! - [`loss`]: the information loss of each compaction (tokens, references lost, re-reads).
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 //! - [`uncertainty`]: which calls' outcome rests on a modelled rule, and the range of
 //!   Σcreation and cost the rules' observed hit rates leave open.
@@ -23,6 +24,7 @@ pub mod breaks;
 pub mod crossval;
 pub mod discover;
 pub mod fidelity;
+pub mod loss;
 pub mod plot;
 pub mod profile;
 pub mod session;

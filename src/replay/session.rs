@@ -76,16 +76,21 @@ pub struct ReplayOptions {
     /// (`audit`) skip the walk of every request it costs.
     #[serde(skip)]
     pub info_loss: bool,
+    /// Per-tool persistence thresholds other than the client's (`None`: the recorded results
+    /// as the client sent them): a larger recorded result becomes its preview.
+    pub tool_result_budget: Option<crate::agent::compact::config::ToolResultBudgetConfig>,
 }
 
 impl ReplayOptions {
     /// The knobs of `strategy` a replay honours: the main lane's TTL (replacing the recorded
     /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
     /// mechanism, API context editing, and every autocompact setting (buffer, percentage
-    /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]). The
-    /// other stages of the chain (tool result budget, snip, collapse, session memory) and the
-    /// request layout (tool search, MCP placement, the boundary) are still the recording's:
-    /// a sweep over them says it changes nothing.
+    /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]), and
+    /// the tool result budget's per-tool thresholds. The other stages of the chain (the
+    /// aggregate budget, snip, time-based and cached microcompact, collapse, session memory)
+    /// and the request layout (tool search, MCP placement, the boundary) are still the
+    /// recording's: a sweep over them says it changes nothing, and `ctxsim strategies` marks
+    /// them ([`knob_on_real_sessions`]).
     pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
         let editing = &strategy.compact.context_editing;
         ReplayOptions {
@@ -96,6 +101,9 @@ impl ReplayOptions {
             // The defaults are the recorded client's own rule (its version's reserve): the
             // recording's compactions stand. Any other setting moves them.
             autocompact: (strategy.compact.autocompact != Default::default()).then(|| strategy.compact.autocompact.clone()),
+            // The recorded results are what the client's own thresholds left; other thresholds
+            // are applied to them (a higher one cannot restore what the client persisted).
+            tool_result_budget: (strategy.compact.tool_result_budget != Default::default()).then(|| strategy.compact.tool_result_budget.clone()),
             ..ReplayOptions::default()
         }
     }
@@ -106,7 +114,36 @@ impl ReplayOptions {
             || self.autocompact.is_some()
             || self.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
             || self.clear_tool_uses.is_some()
+            || self.tool_result_budget.is_some()
     }
+}
+
+/// Knobs a replay of a real session honours ([`ReplayOptions::from_strategy`]), as dotted keys
+/// or key prefixes (a prefix ends with `.`).
+pub const REPLAYED_KNOBS: [&str; 14] = [
+    "ttl_main",
+    "replay_recorded_microcompact",
+    "compact.peer.",
+    "compact.context_editing.clear_tool_uses",
+    "compact.context_editing.trigger_input_tokens",
+    "compact.autocompact.enabled",
+    "compact.autocompact.compact_disabled",
+    "compact.autocompact.buffer_tokens",
+    "compact.autocompact.max_output_reserve_tokens",
+    "compact.autocompact.pct_override",
+    "compact.autocompact.window_override",
+    "compact.autocompact.context_window",
+    "compact.tool_result_budget.per_tool_chars",
+    "compact.tool_result_budget.",
+];
+
+/// Whether a replay of a real session honours the knob `key` (see [`REPLAYED_KNOBS`]); the
+/// aggregate tool result budget is not replayed.
+pub fn knob_on_real_sessions(key: &str) -> bool {
+    if key.starts_with("compact.tool_result_budget.aggregate") {
+        return false;
+    }
+    REPLAYED_KNOBS.iter().any(|k| if k.ends_with('.') { key.starts_with(k) } else { key == *k || key.starts_with(&format!("{k}.")) })
 }
 
 impl Default for ReplayOptions {
@@ -121,6 +158,7 @@ impl Default for ReplayOptions {
             clear_tool_uses: None,
             autocompact: None,
             info_loss: true,
+            tool_result_budget: None,
         }
     }
 }
@@ -209,6 +247,9 @@ pub struct SessionReplay {
     /// from another version than the session's, one sentence each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub profile_notes: Vec<String>,
+    /// The information loss of each main-lane compaction ([`super::loss`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compaction_losses: Vec<super::loss::CompactionLoss>,
 }
 
 impl SessionReplay {
@@ -769,18 +810,25 @@ fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, 
 
 /// Replays every call of `session` through `measurer`.
 pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_dispatch(session, measurer, options, true)
+    replay_dispatch(session, measurer, options, true, None)
+}
+
+/// [`replay_session`] sharing replays with other calls on the same session through `memo`
+/// (the points of a sweep): the same result, each distinct replay made once.
+pub fn replay_session_shared(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, memo: &super::whatif::ReplayMemo) -> SessionReplay {
+    replay_dispatch(session, measurer, options, true, Some(memo))
 }
 
 /// With another autocompact setting the compactions move first ([`super::whatif`]).
-fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
-    match &options.autocompact {
-        Some(config) => {
-            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config, incremental);
+fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, memo: Option<&super::whatif::ReplayMemo>) -> SessionReplay {
+    match (&options.autocompact, memo) {
+        (Some(config), _) => {
+            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config, incremental, memo);
             replay.compaction_whatif = Some(whatif);
             replay
         }
-        None => replay_session_with(session, measurer, options, incremental, &mut []),
+        (None, Some(memo)) => super::whatif::replay_memoized(session, measurer, options, incremental, memo),
+        (None, None) => replay_session_with(session, measurer, options, incremental, &mut []),
     }
 }
 
@@ -892,12 +940,32 @@ pub fn replay_session_shadowed(session: &ImportedSession, measurer: &mut Measure
 /// messages rebuilt from its view and changed as the client did, the flattener comparing them by
 /// content with the previous request's.
 pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_dispatch(session, measurer, options, false)
+    replay_dispatch(session, measurer, options, false, None)
+}
+
+/// Called with each request a replay builds: its recorded call's index and the body.
+pub type RequestObserver<'a> = dyn FnMut(usize, &Request) + 'a;
+
+/// [`replay_session`] without a what-if, handing `observe` every request it builds (the index
+/// of its recorded call and the body, before measurement).
+pub fn replay_session_observed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, observe: &mut dyn FnMut(usize, &Request)) -> SessionReplay {
+    replay_session_observing(session, measurer, options, true, &mut [], Some(observe))
 }
 
 /// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
 /// request's messages carry keys for the flattener.
 fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> SessionReplay {
+    replay_session_observing(session, measurer, options, incremental, shadows, None)
+}
+
+fn replay_session_observing(
+    session: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    shadows: &mut [TtlShadow],
+    mut observe: Option<&mut RequestObserver<'_>>,
+) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     let events = &session.recording.events;
@@ -958,6 +1026,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
     let mut loss = crate::measure::loss::LossTracker::new();
     let mut diverged_calls = 0usize;
     let mut first_divergence: Option<(usize, String)> = None;
+    // The previous compared main call and its context; the loss of each main compaction.
+    let mut previous_main: Option<(usize, u64)> = None;
+    let mut compaction_losses = Vec::new();
 
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
@@ -1168,7 +1239,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         // lane without a peer mechanism updates the lane's built view and borrows its messages
         // for the request (given back after the measurement, with keys for the flattener); a
         // fork or a peer-rewritten call builds its own.
-        let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some();
+        let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
+            || options.clear_tool_uses.is_some()
+            || options.tool_result_budget.is_some();
         let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
             let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
             state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate);
@@ -1197,7 +1270,16 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         }
         // The strategy's own mechanisms on what the recorded client sent.
         let mut peer_stages = Vec::new();
-        if peer_active {
+        if let Some(budget) = &options.tool_result_budget {
+            let replaced = crate::agent::compact::tool_result_budget::apply_to_messages(&mut messages, budget, "tool-results");
+            if !replaced.is_empty() && call.lane == LANE_MAIN {
+                diverged_calls += 1;
+                if first_divergence.is_none() {
+                    first_divergence = Some((call.index, format!("the tool result budget replaced the recorded result {} by its preview", replaced[0])));
+                }
+            }
+        }
+        if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
             let window = measurer.table().lookup(&call.model).map_or(200_000, |m| m.context_window);
             let base = groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
             let before = crate::agent::compact::peers::estimate_tokens(&messages);
@@ -1404,6 +1486,9 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
             None => unrecorded.request(&call.model, messages, sizes),
         };
 
+        if let Some(observe) = observe.as_mut() {
+            observe(call.index, &request);
+        }
         let mut flat = match measurer.flatten_keyed(&request, request_keys.as_deref()) {
             Ok(flat) => flat,
             Err(e) => {
@@ -1437,6 +1522,14 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         }
         if options.info_loss {
             loss.observe(&request, &metrics);
+        }
+        if call.lane == LANE_MAIN {
+            if let Some((previous, context_before)) = previous_main
+                && metrics.events.iter().any(|e| e == "compaction")
+            {
+                compaction_losses.push(super::loss::compaction_loss(session, call.index, previous, &request.messages, context_before, metrics.context_tokens));
+            }
+            previous_main = Some((call.index, metrics.context_tokens));
         }
         if let Some(lent) = lent.take() {
             state.built = lent.give_back(request, &mut state.parts);
@@ -1505,6 +1598,7 @@ fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, optio
         unrecorded_main,
         compaction_whatif: None,
         profile_notes: profile_notes.into_iter().collect(),
+        compaction_losses,
     }
 }
 

@@ -97,7 +97,7 @@ pub fn session_window(session: &ImportedSession, replay: &SessionReplay, model: 
 }
 
 /// The threshold rule of the client that wrote `session`, under `config` (whose reserve, when
-/// left at the default, is the version's).
+/// unset, is the version's: [`ClientProfile::autocompact_output_reserve`]).
 pub fn client_thresholds(session: &ImportedSession, replay: &SessionReplay, table: &ModelTable, config: &AutocompactConfig) -> (String, String, u64, u64, Thresholds) {
     let version = session.calls.iter().find_map(|c| c.version.clone()).unwrap_or_default();
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
@@ -107,14 +107,11 @@ pub fn client_thresholds(session: &ImportedSession, replay: &SessionReplay, tabl
         Some(asked) => asked.min(info.map_or(asked, |m| m.context_window)),
         None => session_window(session, replay, &model, info),
     };
-    let mut config = config.clone();
-    if config.max_output_reserve_tokens == AutocompactConfig::default().max_output_reserve_tokens {
-        config.max_output_reserve_tokens = ClientProfile::for_version(&version).autocompact_output_reserve;
-    }
+    let reserve = config.output_reserve(ClientProfile::for_version(&version).autocompact_output_reserve);
     let limits = ModelLimits { context_window: window, max_output_tokens: info.map_or(64_000, |m| m.max_output_tokens) };
     let compact = crate::agent::compact::config::CompactConfig { autocompact: config.clone(), ..Default::default() };
-    let thresholds = Thresholds::compute(limits, &compact);
-    (version, model, window, limits.max_output_tokens.min(config.max_output_reserve_tokens), thresholds)
+    let thresholds = Thresholds::compute_with_reserve(limits, &compact, reserve);
+    (version, model, window, limits.max_output_tokens.min(reserve), thresholds)
 }
 
 /// A compaction boundary of the session: its trigger, recorded preTokens, event and uuid.

@@ -20,7 +20,9 @@
 //! apply, replay, plan again from the replayed counts, until the plan stops changing
 //! ([`MAX_ITERATIONS`] at most).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
 
@@ -76,16 +78,95 @@ enum Step {
     Remove(usize),
 }
 
+/// Replays of one session shared between the points of a sweep (or the strategies of a
+/// comparison): a replay is a function of the session's compaction plan and the replay options
+/// alone (every replay starts from a reset measurer whose token counts are the estimator's), so
+/// each distinct pair is replayed once, keyed by a content hash of both. Two threads asking for
+/// one key wait for one replay. The outputs are the same with or without it.
+#[derive(Debug, Default)]
+pub struct ReplayMemo {
+    replays: Mutex<HashMap<u128, Arc<OnceLock<Arc<SessionReplay>>>>>,
+    /// Replays made, and replays asked for (for the bench notes).
+    made: AtomicUsize,
+    asked: AtomicUsize,
+}
+
+impl ReplayMemo {
+    pub fn new() -> ReplayMemo {
+        ReplayMemo::default()
+    }
+
+    /// `(replays made, replays asked for)` so far.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.made.load(Ordering::Relaxed), self.asked.load(Ordering::Relaxed))
+    }
+
+    fn get_or_replay(&self, key: u128, replay: impl FnOnce() -> SessionReplay) -> Arc<SessionReplay> {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let slot = {
+            let mut map = self.replays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.entry(key).or_default().clone()
+        };
+        slot.get_or_init(|| {
+            self.made.fetch_add(1, Ordering::Relaxed);
+            Arc::new(replay())
+        })
+        .clone()
+    }
+}
+
+/// The content hash of a replay's inputs: the compaction plan and the options.
+fn replay_key(plan: &BTreeMap<Step, u64>, options: &ReplayOptions, incremental: bool) -> u128 {
+    let mut text = format!("{plan:?}\n{incremental}\n");
+    text.push_str(&serde_json::to_string(options).unwrap_or_default());
+    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
+}
+
+/// One replay of `session` (the original edited by `plan`), from `memo` when it holds it.
+fn replay_planned(
+    session: &ImportedSession,
+    plan: &BTreeMap<Step, u64>,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    memo: Option<&ReplayMemo>,
+) -> Arc<SessionReplay> {
+    let mut run = || {
+        measurer.reset();
+        replay_session_plain(session, measurer, options, incremental)
+    };
+    match memo {
+        Some(memo) => memo.get_or_replay(replay_key(plan, options, incremental), run),
+        None => Arc::new(run()),
+    }
+}
+
+/// A replay of `session` as it is under `options` (no what-if), through `memo`.
+pub fn replay_memoized(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, memo: &ReplayMemo) -> SessionReplay {
+    SessionReplay::clone(&replay_planned(session, &BTreeMap::new(), measurer, options, incremental, Some(memo)))
+}
+
+/// The options the plan is searched under: the counts the plan reads (recorded usage, the
+/// simulated context of a call) do not depend on the main lane's TTL, so every TTL shares one
+/// search (under 5m, `claude-code`'s); the what-if itself is what the search decides.
+fn planning_options(options: &ReplayOptions) -> ReplayOptions {
+    ReplayOptions { ttl_main: Some(crate::api::CacheTtl::FiveMinutes), autocompact: None, ..options.clone() }
+}
+
 /// Replays `original` with its compactions where `config` puts them. Each replay starts from a
 /// reset `measurer` ([`Measurer::reset`]): the session is measured as by a new measurer.
+/// `memo` shares replays between calls on the same session.
 pub fn replay_with_autocompact(
     original: &ImportedSession,
     measurer: &mut Measurer,
     options: &ReplayOptions,
     config: &AutocompactConfig,
     incremental: bool,
+    memo: Option<&ReplayMemo>,
 ) -> (SessionReplay, CompactionWhatIf) {
     let table = measurer.table().clone();
+    let plan_options = planning_options(options);
+    let final_options = ReplayOptions { autocompact: None, ..options.clone() };
     // Original event index of each main reply, by message id.
     let event_of: BTreeMap<String, usize> =
         original.calls.iter().filter_map(|c| c.message_id.clone().map(|id| (id, c.event_index))).collect();
@@ -120,13 +201,12 @@ pub fn replay_with_autocompact(
     let mut converged = false;
     let mut threshold;
     let mut session_store: Option<ImportedSession> = None;
-    let mut replay;
     loop {
         iterations += 1;
-        measurer.reset();
         let session = session_store.as_ref().unwrap_or(original);
-        replay = replay_session_plain(session, measurer, options, incremental);
-        let (.., thresholds) = client_thresholds(session, &replay, &table, config);
+        let replay = replay_planned(session, &plan, measurer, &plan_options, incremental, memo);
+        let replay = replay.as_ref();
+        let (.., thresholds) = client_thresholds(session, replay, &table, config);
         threshold = thresholds.autocompact;
         // Where the session first differs from the recording, in replay call indices.
         let first_edit_event = plan.keys().map(|step| match step {
@@ -141,9 +221,8 @@ pub fn replay_with_autocompact(
                 .find(|c| c.lane == crate::recording::format::LANE_MAIN && original_event(session.calls[c.index].message_id.as_ref()).is_some_and(|e| e >= first))
                 .map(|c| c.index)
         });
-        let (_, points) = main_points(session, &replay, diverged_from);
+        let (_, points) = main_points(session, replay, diverged_from);
         let diverged_at = |p: &super::triggers::MainPoint| diverged_from.is_some_and(|at| replay.calls[p.call].index > at);
-
         let mut next: BTreeMap<Step, u64> = BTreeMap::new();
         // What this pass changed relative to `session`, added to its later counts.
         let mut offset: i64 = 0;
@@ -199,14 +278,25 @@ pub fn replay_with_autocompact(
         }
         plan = next;
         if iterations >= MAX_ITERATIONS {
-            // Replay the last plan so the result is the plan reported.
-            let session = original.with_compaction_edits(&edits(original, &plan, &event_of));
-            measurer.reset();
-            replay = replay_session_plain(&session, measurer, options, incremental);
-            iterations += 1;
             break;
         }
         session_store = Some(original.with_compaction_edits(&edits(original, &plan, &event_of)));
+    }
+    // The plan's session under the options asked for (the same replay as the last search step
+    // when the TTL is the recorded one).
+    let edited;
+    let session = if plan.is_empty() {
+        original
+    } else {
+        if !converged || session_store.is_none() {
+            session_store = Some(original.with_compaction_edits(&edits(original, &plan, &event_of)));
+        }
+        edited = session_store.take().expect("set above");
+        &edited
+    };
+    let mut replay = SessionReplay::clone(&replay_planned(session, &plan, measurer, &final_options, incremental, memo));
+    if !converged {
+        iterations += 1;
     }
 
     let mut changes: Vec<CompactionChange> = plan

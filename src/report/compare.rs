@@ -105,6 +105,10 @@ pub struct Evaluation {
     /// known ([`crate::report::effects::outcome_digest`] decides, not the knobs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub same_results_as: Option<String>,
+    /// A real session's compactions under the strategy and what each lost
+    /// ([`crate::replay::loss`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
     #[serde(skip)]
     pub rows: Vec<RequestMetrics>,
 }
@@ -112,6 +116,31 @@ pub struct Evaluation {
 impl Evaluation {
     pub fn info_loss(&self) -> &InfoLoss {
         &self.summary.info_loss
+    }
+
+    /// References the compactions lost, over all of them.
+    pub fn references_lost(&self) -> usize {
+        self.compaction_losses.iter().map(|l| l.references_lost).sum()
+    }
+
+    /// One line per compaction of a real session: `X under S: compaction before call N: …`.
+    pub fn compaction_loss_lines(&self) -> Vec<String> {
+        self.compaction_losses
+            .iter()
+            .map(|l| {
+                let names = if l.lost.is_empty() { String::new() } else { format!(" ({}{})", l.lost.join(", "), if l.references_lost > l.lost.len() { ", …" } else { "" }) };
+                format!(
+                    "{} under {}: compaction before call {}: {} tokens dropped, {} of {} dropped references used later{names}, {} re-reads",
+                    short_name(&self.input),
+                    self.strategy,
+                    l.call,
+                    l.tokens_dropped,
+                    l.references_lost,
+                    l.references_dropped,
+                    l.rereads
+                )
+            })
+            .collect()
     }
 
     /// `no difference on X: S gave the same results as T (why)`, when it did.
@@ -122,6 +151,12 @@ impl Evaluation {
 
 /// Runs or replays one input under one strategy with a fresh measurer.
 pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
+    evaluate_shared(input, strategy, measurer, keep_rows, None)
+}
+
+/// [`evaluate`] with the replays of a session shared through `memo` (one per input, across
+/// strategies or sweep points): the same evaluation.
+pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool, memo: Option<&crate::replay::whatif::ReplayMemo>) -> anyhow::Result<Evaluation> {
     match &input.loaded {
         LoadedInput::Scenario(scenario) => {
             // The loss is tracked as the bodies pass; none is kept.
@@ -148,12 +183,16 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
                 replies_diverge: false,
                 divergence: note,
                 same_results_as: None,
+                compaction_losses: Vec::new(),
                 rows: if keep_rows { output.rows } else { Vec::new() },
             })
         }
         LoadedInput::Session(session) => {
             let options = ReplayOptions::from_strategy(strategy);
-            let replay = replay_session(session, measurer, &options);
+            let replay = match memo {
+                Some(memo) => crate::replay::session::replay_session_shared(session, measurer, &options, memo),
+                None => replay_session(session, measurer, &options),
+            };
             let rows = replay.rows();
             let mut summary = Summary::from_rows(&input.name, &strategy.name, measurer.counter().kind().name(), &rows, 0);
             summary.info_loss = replay.info_loss.clone();
@@ -181,6 +220,7 @@ pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, kee
                 replies_diverge: divergence.is_some(),
                 divergence,
                 same_results_as: None,
+                compaction_losses: replay.compaction_losses.clone(),
                 rows: if keep_rows { rows } else { Vec::new() },
             })
         }
@@ -212,7 +252,10 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
         .iter()
         .flat_map(|e| {
             let divergence = e.divergence.as_ref().map(|d| format!("- {} under {}: {d}", short_name(&e.input), e.strategy));
-            divergence.into_iter().chain(e.same_results_line().map(|l| format!("- {l}")))
+            divergence
+                .into_iter()
+                .chain(e.compaction_loss_lines().into_iter().map(|l| format!("- {l}")))
+                .chain(e.same_results_line().map(|l| format!("- {l}")))
         })
         .collect();
     if !notes.is_empty() {
@@ -345,11 +388,13 @@ pub fn compare(
 ) -> anyhow::Result<Vec<Evaluation>> {
     use rayon::prelude::*;
     let jobs: Vec<(usize, usize)> = (0..inputs.len()).flat_map(|i| (0..strategies.len()).map(move |s| (i, s))).collect();
+    // Strategies that make the same replay of a session share it.
+    let memos: Vec<crate::replay::whatif::ReplayMemo> = inputs.iter().map(|_| Default::default()).collect();
     let results: Vec<(Evaluation, String)> = jobs
         .par_iter()
         .map(|&(i, s)| {
             let mut measurer = make_measurer();
-            let mut e = evaluate(&inputs[i], &strategies[s], &mut measurer, true)
+            let mut e = evaluate_shared(&inputs[i], &strategies[s], &mut measurer, true, Some(&memos[i]))
                 .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))?;
             let digest = crate::report::effects::outcome_digest(&e);
             if !keep_rows {
@@ -367,7 +412,7 @@ pub fn compare(
                 && ReplayOptions::from_strategy(&strategies[s]) == ReplayOptions::from_strategy(&strategies[t]);
             e.same_results_as = Some(if why {
                 format!(
-                    "{} (a replay of a recording honours only the main lane's TTL, the recorded microcompacts, the peer mechanisms, API context editing and the autocompact settings, and these two agree on them)",
+                    "{} (a replay of a recording honours only the main lane's TTL, the recorded microcompacts, the peer mechanisms, API context editing, the autocompact settings and the tool result budget's thresholds, and these two agree on them)",
                     strategies[t].name
                 )
             } else {

@@ -102,18 +102,28 @@ pub fn param_effects(grid: &Grid, outcomes: &[Vec<String>]) -> Vec<ParamEffect> 
 }
 
 /// The model limits an input runs under (the window a `[1m]` model id implies, 200k otherwise;
-/// the scenario's overrides).
-fn limits(input: &Input) -> ModelLimits {
+/// the scenario's overrides), and the client's own output reserve (the agent's, or the recorded
+/// version's for a session).
+fn limits(input: &Input) -> (ModelLimits, u64) {
     let window_of = |model: &str| if model.contains("[1m]") { 1_000_000 } else { 200_000 };
     match &input.loaded {
-        LoadedInput::Scenario(s) => ModelLimits {
-            context_window: s.world.context_window.unwrap_or_else(|| window_of(&s.world.model)),
-            max_output_tokens: s.world.max_output_tokens.unwrap_or(32_000),
-        },
-        LoadedInput::Session(s) => ModelLimits {
-            context_window: s.calls.iter().find(|c| c.lane == "main").map_or(200_000, |c| window_of(&c.model)),
-            max_output_tokens: 32_000,
-        },
+        LoadedInput::Scenario(s) => (
+            ModelLimits {
+                context_window: s.world.context_window.unwrap_or_else(|| window_of(&s.world.model)),
+                max_output_tokens: s.world.max_output_tokens.unwrap_or(32_000),
+            },
+            crate::agent::compact::config::DEFAULT_OUTPUT_RESERVE,
+        ),
+        LoadedInput::Session(s) => {
+            let version = s.calls.iter().find_map(|c| c.version.as_deref()).unwrap_or("");
+            (
+                ModelLimits {
+                    context_window: s.calls.iter().find(|c| c.lane == "main").map_or(200_000, |c| window_of(&c.model)),
+                    max_output_tokens: 32_000,
+                },
+                crate::replay::ClientProfile::for_version(version).autocompact_output_reserve,
+            )
+        }
     }
 }
 
@@ -151,7 +161,7 @@ impl Reason {
             if (0..options.len()).all(|p| options[p] == options[p - ((p / stride) % n) * stride]) {
                 return Reason::Known(
                     "the replay of a recording does not honour this knob: it honours the main lane's TTL, the recorded microcompacts, \
-                     the peer mechanisms, API context editing and the autocompact settings, and the recording fixes the rest"
+                     the peer mechanisms, API context editing, the autocompact settings and the tool result budget's thresholds, and the recording fixes the rest"
                         .to_owned(),
                 );
             }
@@ -167,8 +177,8 @@ impl Reason {
             }
         }
         if key.starts_with("compact.autocompact.") {
-            let limits = limits(input);
-            let lowest = strategies.iter().map(|s| Thresholds::compute(limits, &s.compact).autocompact).min();
+            let (limits, reserve) = limits(input);
+            let lowest = strategies.iter().map(|s| Thresholds::compute_with_reserve(limits, &s.compact, reserve).autocompact).min();
             if let Some(lowest) = lowest {
                 return Reason::BelowThreshold(lowest);
             }

@@ -153,9 +153,10 @@ impl Grid {
 /// equal results) and its peak context.
 pub const OUTCOMES_COLUMN: &str = "outcomes";
 
-const METRIC_COLUMNS: [&str; 11] = [
+const METRIC_COLUMNS: [&str; 12] = [
     "cost_usd", "cache_hit_ratio", "cache_breaks", "compactions", "tokens_dropped", "recall_misses",
     "rereads_after_compaction", "information_loss", "peak_context_tokens", "requests", "replies_diverge_inputs",
+    "references_lost",
 ];
 
 /// What [`run_points`] produced: one CSV row (cells) per point, in index order, and per point
@@ -190,13 +191,15 @@ pub fn run_points(
             measurer.counter().memo()
         })
         .collect();
+    // The replays of each session, shared between the points that make the same one.
+    let replay_memos: Vec<crate::replay::whatif::ReplayMemo> = inputs.iter().map(|_| Default::default()).collect();
     // Each job's rows are reduced to its outcome digest at once and dropped.
     let results: Vec<anyhow::Result<(crate::report::compare::Evaluation, String)>> = jobs
         .par_iter()
         .map(|&(p, i)| {
             let mut measurer = make_measurer();
             measurer.counter_mut().seed(&memos[i]);
-            let out = evaluate(&inputs[i], &strategies[p], &mut measurer, true).map(|mut e| {
+            let out = crate::report::compare::evaluate_shared(&inputs[i], &strategies[p], &mut measurer, true, Some(&replay_memos[i])).map(|mut e| {
                 let digest = crate::report::effects::outcome_digest(&e);
                 e.rows = Vec::new();
                 (e, digest)
@@ -211,6 +214,7 @@ pub fn run_points(
     for (p, &index) in indices.iter().enumerate() {
         let (mut cost, mut read, mut denominator, mut breaks, mut compactions) = (0.0, 0u64, 0u64, 0usize, 0u64);
         let (mut dropped, mut misses, mut rereads, mut peak, mut requests, mut diverge) = (0u64, 0u64, 0u64, 0u64, 0usize, 0usize);
+        let mut references_lost = 0usize;
         let mut digests = Vec::with_capacity(inputs.len());
         let mut input_peaks = Vec::with_capacity(inputs.len());
         for _ in 0..inputs.len() {
@@ -229,6 +233,7 @@ pub fn run_points(
             peak = peak.max(s.peak_context_tokens);
             requests += s.requests;
             diverge += usize::from(e.replies_diverge);
+            references_lost += e.references_lost();
         }
         let _ = p;
         let loss = dropped as f64 + RECALL_MISS_TOKENS * misses as f64;
@@ -246,6 +251,7 @@ pub fn run_points(
             peak.to_string(),
             requests.to_string(),
             diverge.to_string(),
+            references_lost.to_string(),
             digests.join(" "),
         ]);
         rows.push(row);

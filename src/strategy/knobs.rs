@@ -244,8 +244,17 @@ impl Strategy {
 
     /// `--set key=value`: a dotted key walked through the JSON form; the value is read as JSON
     /// when it parses (numbers, booleans, null, quoted strings), else taken as a string.
+    /// `env.NAME=value` applies the client's environment variable `NAME` as Claude Code reads
+    /// it (`env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=60`, `env.DISABLE_AUTO_COMPACT=1`, ...), so a
+    /// sweep or comparison can vary what users set in their shell.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), StrategyError> {
         let err = |message: String| StrategyError::Set { key: key.to_owned(), message };
+        if let Some(name) = key.strip_prefix("env.") {
+            if !ENV_VARS.contains(&name) {
+                return Err(err(format!("unknown client environment variable `{name}` (known: {})", ENV_VARS.join(", "))));
+            }
+            return self.apply_env(&BTreeMap::from([(name.to_owned(), value.to_owned())]));
+        }
         let mut root = serde_json::to_value(&*self).map_err(|e| err(e.to_string()))?;
         let mut slot = &mut root;
         for part in key.split('.') {
@@ -379,6 +388,40 @@ impl Strategy {
         (ttl == CacheTtl::OneHour).then_some(ttl)
     }
 }
+
+/// The environment variables [`Strategy::apply_env`] reads (`--set env.NAME=value`).
+pub const ENV_VARS: [&str; 30] = [
+    "ANTHROPIC_BASE_URL",
+    "API_MAX_INPUT_TOKENS",
+    "API_TARGET_INPUT_TOKENS",
+    "BASH_MAX_OUTPUT_LENGTH",
+    "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE",
+    "CLAUDE_CODE_AGENT_LIST_IN_MESSAGES",
+    "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
+    "CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE",
+    "CLAUDE_CODE_DISABLE_AUTO_MEMORY",
+    "CLAUDE_CODE_DISABLE_CLAUDE_MDS",
+    "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS",
+    "CLAUDE_CODE_DISABLE_GIT_INSTRUCTIONS",
+    "CLAUDE_CODE_MCP_INSTR_DELTA",
+    "CLAUDE_CODE_REMOTE",
+    "CLAUDE_CONTEXT_COLLAPSE",
+    "CTXSIM_CACHED_MICROCOMPACT",
+    "CTXSIM_REACTIVE_COMPACT",
+    "CTXSIM_RELEVANT_MEMORIES",
+    "CTXSIM_SESSION_MEMORY",
+    "CTXSIM_TIME_MICROCOMPACT",
+    "CTXSIM_TOOL_RESULT_BUDGET",
+    "DISABLE_AUTO_COMPACT",
+    "DISABLE_CLAUDE_CODE_SM_COMPACT",
+    "DISABLE_COMPACT",
+    "DISABLE_PROMPT_CACHING",
+    "ENABLE_CLAUDE_CODE_SM_COMPACT",
+    "ENABLE_TOOL_SEARCH",
+    "MAX_MCP_OUTPUT_TOKENS",
+    "USE_API_CLEAR_TOOL_RESULTS",
+    "USE_API_CLEAR_TOOL_USES",
+];
 
 fn truthy(value: &str) -> bool {
     matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")

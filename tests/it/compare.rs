@@ -126,16 +126,21 @@ fn strategies_with_the_same_results_are_named() {
     let mut budget = Strategy::resolve("claude-code").unwrap();
     budget.set("compact.tool_result_budget.default_chars", "20000").unwrap();
     budget.name = "budget-20k".into();
-    let strategies = vec![Strategy::resolve("claude-code").unwrap(), Strategy::resolve("claude-code-1h").unwrap(), buffer, budget];
+    let mut snip = Strategy::resolve("claude-code").unwrap();
+    snip.set("compact.snip.enabled", "true").unwrap();
+    snip.name = "snip".into();
+    let strategies = vec![Strategy::resolve("claude-code").unwrap(), Strategy::resolve("claude-code-1h").unwrap(), buffer, budget, snip];
     let out = compare(&inputs, &strategies, &measurer, false).unwrap();
     // multi-turn never nears the threshold: the buffer changes nothing; the TTL does.
     assert_eq!(out[1].same_results_as, None);
     assert_eq!(out[2].same_results_as.as_deref(), Some("claude-code"));
-    // On the real session the buffer moves the recorded compaction; the tool result budget is
-    // not honoured by a replay, which says why.
-    assert_eq!(out[6].same_results_as, None, "{:?}", out[6].divergence);
-    assert!(out[6].divergence.as_deref().is_some_and(|d| d.contains("compacts before main call")), "{:?}", out[6].divergence);
-    assert!(out[7].same_results_as.as_deref().unwrap().starts_with("claude-code (a replay of a recording honours only"), "{:?}", out[7].same_results_as);
+    // On the real session the buffer moves the recorded compaction and the tool result budget
+    // replaces large results; snip is not honoured by a replay, which says why.
+    assert_eq!(out[7].same_results_as, None, "{:?}", out[7].divergence);
+    assert!(out[7].divergence.as_deref().is_some_and(|d| d.contains("compacts before main call")), "{:?}", out[7].divergence);
+    assert_eq!(out[8].same_results_as, None, "{:?}", out[8].divergence);
+    assert!(out[8].divergence.as_deref().is_some_and(|d| d.contains("tool result budget")), "{:?}", out[8].divergence);
+    assert!(out[9].same_results_as.as_deref().unwrap().starts_with("claude-code (a replay of a recording honours only"), "{:?}", out[9].same_results_as);
     assert!(compare_table(&out).contains("- no difference on multi-turn.yaml: buffer-40k gave the same results as claude-code"));
     let csv = String::from_utf8(compare_csv(&out)).unwrap();
     assert!(csv.lines().next().unwrap().contains(",same_results_as,"));

@@ -107,16 +107,16 @@ fn sweep_output(args: &[&str], out: &Path) -> (String, String) {
     (String::from_utf8(run.stdout).unwrap(), String::from_utf8(run.stderr).unwrap())
 }
 
-/// On a real session the replay does not honour the tool result budget (the recorded results
-/// are what the client sent), so the 12 points are equal. The sweep says so per input (stderr,
+/// On a real session the replay does not honour time-based microcompact yet (the recording's
+/// microcompacts stand), so the 12 points are equal. The sweep says so per input (stderr,
 /// recommendation, JSON, CSV, HTML) and recommends nothing instead of point 0.
 #[test]
 fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
     let dir = tempfile::tempdir().unwrap();
     let session = crate::support::realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
     let session = session.display().to_string();
-    let (stdout, stderr) = sweep_output(&[session.as_str(), "--param", "compact.tool_result_budget.default_chars=5000..60000:5000"], dir.path());
-    let warning = "warning: no effect on 258c7280-ae70-4798-800f-63464d01a85d.jsonl: compact.tool_result_budget.default_chars changed no result \
+    let (stdout, stderr) = sweep_output(&[session.as_str(), "--param", "compact.microcompact.gap_threshold_minutes=5..60:5"], dir.path());
+    let warning = "warning: no effect on 258c7280-ae70-4798-800f-63464d01a85d.jsonl: compact.microcompact.gap_threshold_minutes changed no result \
                    (the replay of a recording does not honour this knob";
     assert!(stderr.contains(warning), "stderr: {stderr}");
     assert!(stdout.contains(warning), "stdout: {stdout}");
@@ -124,7 +124,7 @@ fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
     assert!(!stdout.contains("Recommended: point"), "{stdout}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("sweep.json")).unwrap()).unwrap();
     assert_eq!(json["recommended"], serde_json::Value::Null);
-    assert_eq!(json["no_effect"][0]["param"], "compact.tool_result_budget.default_chars");
+    assert_eq!(json["no_effect"][0]["param"], "compact.microcompact.gap_threshold_minutes");
     assert_eq!(json["points"].as_array().unwrap().len(), 12);
     let csv = std::fs::read_to_string(dir.path().join("no_effect.csv")).unwrap();
     assert_eq!(csv.lines().count(), 2, "{csv}");
@@ -239,7 +239,7 @@ fn the_replay_reason_holds_beside_a_knob_that_matters() {
     let dir = tempfile::tempdir().unwrap();
     let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recordings/entireio-7662d755ef9f-2.jsonl").display().to_string();
     let (_, stderr) =
-        sweep_output(&[recording.as_str(), "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.tool_result_budget.default_chars=20000,40000"], dir.path());
-    assert!(stderr.contains("compact.tool_result_budget.default_chars changed no result (the replay of a recording does not honour this knob"), "{stderr}");
+        sweep_output(&[recording.as_str(), "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.microcompact.gap_threshold_minutes=30,60"], dir.path());
+    assert!(stderr.contains("compact.microcompact.gap_threshold_minutes changed no result (the replay of a recording does not honour this knob"), "{stderr}");
     assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
 }

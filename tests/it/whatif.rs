@@ -134,3 +134,214 @@ fn whatif_compaction_edits_rebuild_the_views() {
     assert!(view_after.windows(2).all(|w| w[0].role != w[1].role));
 }
 
+
+/// The output reserve left unset is the recorded version's (32,000 before 2.1.37); set to any
+/// value, including the 2.1.88 default of 20,000, it is that value and moves the compactions.
+#[test]
+fn whatif_output_reserve_unset_is_the_versions_and_set_is_honoured() {
+    let session = session(CD95);
+    let config = ctxsim::agent::compact::config::AutocompactConfig::default();
+    assert_eq!(config.max_output_reserve_tokens, None);
+    let replay = check(&session, &["compact.autocompact.max_output_reserve_tokens=20000"]);
+    let whatif = replay.compaction_whatif.as_ref().expect("a set reserve is a what-if");
+    assert_eq!(whatif.threshold, 200_000 - 20_000 - 13_000);
+    // Unset, the version's reserve: the threshold the recorded compactions fired at.
+    let table = ModelTable::shipped();
+    let unset = ctxsim::replay::triggers::client_thresholds(&session, &check(&session, &[]), &table, &config).4;
+    assert_eq!(unset.autocompact, 200_000 - 32_000 - 13_000);
+}
+
+/// Replays shared between strategies (a sweep's points) give what each replay alone gives.
+#[test]
+fn whatif_shared_replays_equal_separate_ones() {
+    let session = session(SPOTTER);
+    let memo = ctxsim::replay::whatif::ReplayMemo::new();
+    let measurer = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+    let digest = |r: &SessionReplay| serde_json::to_string(&(r.rows(), &r.compaction_whatif, &r.first_divergence)).unwrap();
+    for sets in [&["compact.autocompact.buffer_tokens=60000"][..], &["compact.autocompact.buffer_tokens=60000", "ttl_main=1h"], &["ttl_main=1h"], &[]] {
+        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+        let options = ReplayOptions::from_strategy(&Strategy::resolve_with("claude-code", &sets).unwrap());
+        let alone = replay_session(&session, &mut measurer(), &options);
+        let shared = ctxsim::replay::session::replay_session_shared(&session, &mut measurer(), &options, &memo);
+        assert_eq!(digest(&alone), digest(&shared), "{sets:?}");
+    }
+    let (made, asked) = memo.counts();
+    assert!(made < asked, "the two buffer points share their plan search: {made} of {asked}");
+}
+
+/// The environment variables users set reach real sessions as `env.NAME` keys, exactly as the
+/// knobs they set.
+#[test]
+fn whatif_client_env_vars_reach_real_sessions() {
+    let session = session(CD95);
+    let by_env = check(&session, &["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"]);
+    let by_knob = check(&session, &["compact.autocompact.pct_override=50"]);
+    assert_eq!(by_env.compaction_whatif, by_knob.compaction_whatif);
+    assert_eq!(by_env.compaction_whatif.as_ref().unwrap().threshold, 84_000);
+    let window = check(&session, &["env.CLAUDE_CODE_AUTO_COMPACT_WINDOW=120000"]);
+    assert_eq!(window.compaction_whatif.as_ref().unwrap().threshold, 120_000 - 32_000 - 13_000);
+    for var in ["env.DISABLE_AUTO_COMPACT=1", "env.DISABLE_COMPACT=1"] {
+        let replay = check(&session, &[var]);
+        let whatif = replay.compaction_whatif.as_ref().unwrap();
+        assert!(whatif.changes.iter().filter(|c| c.change == "removed").count() >= 3, "{var}: {whatif:?}");
+        assert_eq!(main_compactions(&replay), 0, "{var}");
+        assert!(replay.first_divergence.is_some(), "{var}");
+    }
+    let err = Strategy::resolve_with("claude-code", &["env.NOT_A_CLIENT_VAR=1".to_owned()]).unwrap_err();
+    assert!(err.to_string().contains("NOT_A_CLIENT_VAR"), "{err}");
+}
+
+/// Lower tool result thresholds replace the large recorded results by their previews: the
+/// context shrinks from the first one on and the replies diverge there.
+#[test]
+fn whatif_tool_result_budget_reaches_real_sessions() {
+    let session = session(SPOTTER);
+    let recorded = check(&session, &[]);
+    let replay = check(&session, &["compact.tool_result_budget.default_chars=3000", "compact.tool_result_budget.per_tool_chars={}"]);
+    let (at, why) = replay.first_divergence.clone().expect("the budget fired");
+    assert!(why.contains("tool result budget"), "{why}");
+    let total = |r: &SessionReplay| r.calls.iter().map(|c| c.simulated_context()).sum::<u64>();
+    assert!(total(&replay) < total(&recorded), "{} vs {}", total(&replay), total(&recorded));
+    let before: Vec<u64> = recorded.calls.iter().take_while(|c| c.index < at).map(|c| c.simulated_context()).collect();
+    let after: Vec<u64> = replay.calls.iter().take_while(|c| c.index < at).map(|c| c.simulated_context()).collect();
+    assert_eq!(before, after, "nothing changes before the first replaced result");
+    assert!(ctxsim::replay::session::knob_on_real_sessions("compact.tool_result_budget.default_chars"));
+    assert!(!ctxsim::replay::session::knob_on_real_sessions("compact.snip.enabled"));
+    assert!(!ctxsim::replay::session::knob_on_real_sessions("compact.tool_result_budget.aggregate_enabled"));
+}
+
+/// References: paths hold a `/` and a letter; identifiers are snake_case or camelCase.
+#[test]
+fn whatif_loss_references_are_paths_and_identifiers() {
+    let mut refs = std::collections::BTreeSet::new();
+    ctxsim::replay::loss::references("Edit src/replay/loss.rs: call compaction_loss and parseVersion, not the word Compaction (or 12/3).", &mut refs);
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    assert_eq!(refs, ["compaction_loss", "parseVersion", "src/replay/loss.rs"]);
+}
+
+/// Each compaction of a real session says what it lost: the recorded one, and the ones a what-if
+/// inserts (whose stand-in summary names none of the files and identifiers the later turns use).
+#[test]
+fn whatif_information_loss_per_compaction_on_a_real_session() {
+    let session = session(SPOTTER);
+    let recorded = check(&session, &[]);
+    assert_eq!(recorded.compaction_losses.len(), 1, "{:?}", recorded.compaction_losses);
+    let loss = &recorded.compaction_losses[0];
+    assert!(loss.tokens_dropped > 50_000, "{loss:?}");
+    assert!(loss.references_lost <= loss.references_dropped && loss.lost.len() <= loss.references_lost.min(5), "{loss:?}");
+    // The lost references are used later and are not in the request after the compaction.
+    let after = session.messages_for_call(&session.calls[loss.call]);
+    let text = serde_json::to_string(&after).unwrap();
+    assert!(loss.lost.iter().all(|r| !text.contains(r.as_str()) || r.len() < 6), "{loss:?}");
+
+    let whatif = check(&session, &["compact.autocompact.buffer_tokens=60000"]);
+    let inserted = whatif.compaction_whatif.as_ref().unwrap().changes.iter().filter(|c| c.change == "inserted").count();
+    assert_eq!(whatif.compaction_losses.len(), inserted, "{:?}", whatif.compaction_losses);
+    let first = &whatif.compaction_losses[0];
+    assert!(first.references_lost > 0 && first.tokens_dropped > 0, "{first:?}");
+    assert!(first.lost.windows(2).all(|w| w[0] < w[1]));
+    // Shown per strategy in compare's notes and the sweep's columns.
+    let e = ctxsim::report::compare::Evaluation {
+        input: "spotter.jsonl".into(),
+        strategy: "buffer-60k".into(),
+        kind: "recording",
+        summary: ctxsim::measure::Summary::from_rows("spotter.jsonl", "buffer-60k", "chars4", &[], 0),
+        compactions: Default::default(),
+        replies_diverge: true,
+        divergence: None,
+        same_results_as: None,
+        compaction_losses: whatif.compaction_losses.clone(),
+        rows: Vec::new(),
+    };
+    let lines = e.compaction_loss_lines();
+    assert_eq!(lines.len(), inserted);
+    assert!(lines[0].contains(&format!("{} tokens dropped, {} of {} dropped references used later", first.tokens_dropped, first.references_lost, first.references_dropped)), "{}", lines[0]);
+}
+
+/// A projection of a message list that the replay must keep: per message its role and its
+/// blocks' kinds and ids (parallel results as a set: the client sends them in tool_use order).
+fn projection(messages: &[ctxsim::api::Message]) -> Projected {
+    use ctxsim::api::ContentBlock;
+    messages
+        .iter()
+        .map(|m| {
+            let mut blocks: Vec<String> = m
+                .content
+                .to_blocks()
+                .iter()
+                .map(|b| match b {
+                    ContentBlock::ToolUse { id, .. } => format!("use {id}"),
+                    ContentBlock::ToolResult { tool_use_id, .. } => format!("result {tool_use_id}"),
+                    ContentBlock::Text { text, .. } => format!("text {}", text.len()),
+                    other => other.kind().to_owned(),
+                })
+                .collect();
+            blocks.sort_by_key(|b| !b.starts_with("result"));
+            let results = blocks.iter().take_while(|b| b.starts_with("result")).count();
+            blocks[..results].sort();
+            (format!("{:?}", m.role), blocks)
+        })
+        .collect()
+}
+
+/// Per real session: its as-recorded replay's main-lane requests, projected, and the recorded
+/// views of the same calls, projected; replayed once per session.
+type Projected = Vec<(String, Vec<String>)>;
+type Views = Vec<(usize, Projected, Projected)>;
+
+fn as_recorded_views(k: usize) -> &'static Views {
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<std::collections::BTreeMap<usize, &'static Views>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(views) = cache.lock().unwrap().get(&k) {
+        return views;
+    }
+    let path = &crate::support::real_transcripts()[k];
+    let session = load_session(path).unwrap();
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+    let mut requests = Vec::new();
+    let replay = ctxsim::replay::session::replay_session_observed(&session, &mut measurer, &ReplayOptions::default(), &mut |call, request| {
+        if session.calls[call].lane == "main" {
+            requests.push((call, projection(&request.messages)));
+        }
+    });
+    assert!(replay.first_divergence.is_none(), "{}: an as-recorded replay does not diverge", path.display());
+    // A resumed client loads its history back from the transcript and loses parallel tool
+    // uses that are off the parentUuid chain: its view is no longer the transcript's. The
+    // property covers the calls before the first new process.
+    let resumed = session.recording.events.iter().position(|e| {
+        let text = format!("{:?}", e.kind);
+        text.contains("SessionStart:resume") || text.contains("<command-name>/exit") || text.contains("<command-name>/quit")
+    });
+    requests.retain(|(call, _)| resumed.is_none_or(|r| session.calls[*call].event_index < r));
+    let views: Views = requests.into_iter().map(|(call, built)| (call, built, projection(&session.messages_for_call(&session.calls[call])))).collect();
+    let views: &'static Views = Box::leak(Box::new(views));
+    cache.lock().unwrap().insert(k, views);
+    views
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// An as-recorded replay with no divergence builds requests whose messages are the
+    /// recorded ones in order: the same roles, tool uses, results and texts, message for
+    /// message; only the first message carries more (the unrecorded user context and the files a
+    /// compaction restores, around the recorded blocks).
+    #[test]
+    fn whatif_as_recorded_requests_hold_the_recorded_messages_in_order(k in 0usize..16, at in 0.0f64..1.0) {
+        let k = k % crate::support::real_transcripts().len();
+        let views = as_recorded_views(k);
+        proptest::prop_assume!(!views.is_empty());
+        let (call, built, recorded) = &views[((views.len() as f64 * at) as usize).min(views.len() - 1)];
+        proptest::prop_assert_eq!(built.len(), recorded.len(), "call {}", call);
+        for (i, (b, r)) in built.iter().zip(recorded).enumerate() {
+            proptest::prop_assert_eq!(&b.0, &r.0, "call {} message {}", call, i);
+            if i == 0 {
+                let found = (0..=b.1.len().saturating_sub(r.1.len())).any(|o| b.1[o..o + r.1.len()] == r.1[..]);
+                proptest::prop_assert!(found, "call {} first message {:?} holds {:?}", call, b.1, r.1);
+            } else {
+                proptest::prop_assert_eq!(&b.1, &r.1, "call {} message {}", call, i);
+            }
+        }
+    }
+}

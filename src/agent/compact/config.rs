@@ -221,7 +221,10 @@ pub struct AutocompactConfig {
     pub warning_buffer_tokens: u64,
     pub error_buffer_tokens: u64,
     pub blocking_buffer_tokens: u64,
-    pub max_output_reserve_tokens: u64,
+    /// The output reserve of the effective window (`window − min(max output, reserve)`);
+    /// `None`: the client's own, [`DEFAULT_OUTPUT_RESERVE`] for the agent (2.1.88) and the
+    /// recorded version's for a replayed session (32,000 before 2.1.37).
+    pub max_output_reserve_tokens: Option<u64>,
     /// `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` (0 < p ≤ 100).
     pub pct_override: Option<u64>,
     /// `CLAUDE_CODE_AUTO_COMPACT_WINDOW` cap on the context window.
@@ -246,6 +249,16 @@ pub struct AutocompactConfig {
     pub reactive_peeled_tail: PeeledTail,
 }
 
+/// The output reserve of Claude Code 2.1.88 (reference `MAX_OUTPUT_TOKENS_FOR_SUMMARY`).
+pub const DEFAULT_OUTPUT_RESERVE: u64 = 20_000;
+
+impl AutocompactConfig {
+    /// The output reserve in force: the one set, else `client_default`.
+    pub fn output_reserve(&self, client_default: u64) -> u64 {
+        self.max_output_reserve_tokens.unwrap_or(client_default)
+    }
+}
+
 /// See [`AutocompactConfig::reactive_peeled_tail`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -264,7 +277,7 @@ impl Default for AutocompactConfig {
             warning_buffer_tokens: 20_000,
             error_buffer_tokens: 20_000,
             blocking_buffer_tokens: 3_000,
-            max_output_reserve_tokens: 20_000,
+            max_output_reserve_tokens: None,
             pct_override: None,
             window_override: None,
             context_window: None,

@@ -117,13 +117,21 @@ pub struct Thresholds {
 }
 
 impl Thresholds {
+    /// The thresholds of the agent (Claude Code 2.1.88): an unset output reserve is
+    /// [`DEFAULT_OUTPUT_RESERVE`](super::config::DEFAULT_OUTPUT_RESERVE).
     pub fn compute(limits: ModelLimits, config: &CompactConfig) -> Thresholds {
+        Thresholds::compute_with_reserve(limits, config, super::config::DEFAULT_OUTPUT_RESERVE)
+    }
+
+    /// The thresholds of a client whose own output reserve is `client_reserve` (used when the
+    /// config leaves the reserve unset).
+    pub fn compute_with_reserve(limits: ModelLimits, config: &CompactConfig, client_reserve: u64) -> Thresholds {
         let auto = &config.autocompact;
         let window = match auto.window_override {
             Some(cap) if cap > 0 => limits.context_window.min(cap),
             _ => limits.context_window,
         };
-        let effective = window.saturating_sub(limits.max_output_tokens.min(auto.max_output_reserve_tokens));
+        let effective = window.saturating_sub(limits.max_output_tokens.min(auto.output_reserve(client_reserve)));
         let base = effective.saturating_sub(auto.buffer_tokens);
         let autocompact = match auto.pct_override {
             Some(p) if p > 0 && p <= 100 => (effective * p / 100).min(base),

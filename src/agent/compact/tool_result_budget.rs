@@ -146,6 +146,41 @@ pub fn persist(
     Some(replacement_text(&text, &path, preview_chars))
 }
 
+/// The per-tool thresholds applied to a recorded conversation (a replayed session under another
+/// budget): every text result larger than its tool's threshold, not already a preview, becomes
+/// the replacement string with its full text "saved" under `dir`. Deterministic: the same
+/// message gets the same replacement on every call, as the client's re-applied decisions do.
+/// Returns the ids replaced, in message order.
+pub fn apply_to_messages(messages: &mut [crate::api::Message], config: &ToolResultBudgetConfig, dir: &str) -> Vec<String> {
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    let mut replaced = Vec::new();
+    for message in messages.iter_mut() {
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        for block in blocks.iter_mut() {
+            match block {
+                ContentBlock::ToolUse { id, name, .. } => {
+                    names.insert(id.clone(), name.clone());
+                }
+                ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } => {
+                    let Some(limit) = names.get(tool_use_id.as_str()).and_then(|name| config.threshold(name)) else { continue };
+                    if starts_persisted(content) || has_image(content) || result_size(content) <= limit {
+                        continue;
+                    }
+                    let text = match content {
+                        ToolResultContent::Text(text) => text.clone(),
+                        ToolResultContent::Blocks(parts) => crate::api::joined_text(parts),
+                    };
+                    let path = format!("{dir}/{tool_use_id}.txt");
+                    *content = ToolResultContent::Text(replacement_text(&text, &path, config.preview_chars as usize));
+                    replaced.push(tool_use_id.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    replaced
+}
+
 /// The text an empty result is replaced with at tool-execution time.
 pub fn empty_result_text(tool_name: &str) -> String {
     format!("({tool_name} completed with no output)")

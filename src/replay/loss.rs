@@ -1,0 +1,172 @@
+//! Information loss of each compaction of a replayed real session (recorded, inserted by a
+//! what-if, or kept where the recording had one):
+//!
+//! - **tokens dropped**: the main lane's context before the compaction (the previous main
+//!   call's simulated context) less the first call after it;
+//! - **references lost**: file paths and identifiers that later recorded turns use (the string
+//!   inputs of the model's tool calls and the user's prompts, up to the next compaction) and that
+//!   were in the conversation before the compaction but are in neither the summary (recorded,
+//!   or the stand-in of a what-if) nor the files the client restores — what the model would
+//!   have to find again;
+//! - **re-reads**: later recorded `Read` calls (up to the next compaction) of a file a `Read`
+//!   before the compaction had shown.
+//!
+//! A reference is a token of `[A-Za-z0-9_./-]` characters: a path when it holds a `/` and a
+//! letter, an identifier when it is at least 5 characters, starts with a letter or `_` and is
+//! `snake_case` or `camelCase` (holds a `_` or a lower-to-upper change). Later recorded turns
+//! are the ones the recording holds, whatever the strategy: the same work is assumed to happen.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
+use crate::recording::format::LANE_MAIN;
+use crate::recording::{EventKind, ImportedSession};
+
+/// References of a lost list shown by name (the rest are counted).
+pub const SHOWN_REFERENCES: usize = 5;
+
+/// The information loss of one compaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CompactionLoss {
+    /// Index of the first call after the compaction (the session's call list).
+    pub call: usize,
+    pub tokens_dropped: u64,
+    /// Distinct references in the conversation before and not after.
+    pub references_dropped: usize,
+    /// Of those, the ones later recorded turns use.
+    pub references_lost: usize,
+    /// The first [`SHOWN_REFERENCES`] lost, sorted.
+    pub lost: Vec<String>,
+    pub rereads: usize,
+}
+
+/// Adds the references of `text` to `out`.
+pub fn references(text: &str, out: &mut BTreeSet<String>) {
+    for token in text.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))) {
+        let token = token.trim_matches(|c: char| matches!(c, '.' | '-'));
+        if token.len() < 4 {
+            continue;
+        }
+        if token.contains('/') {
+            if token.chars().any(|c| c.is_ascii_alphabetic()) {
+                out.insert(token.trim_end_matches('/').to_owned());
+            }
+            continue;
+        }
+        if is_identifier(token) {
+            out.insert(token.to_owned());
+        }
+    }
+}
+
+fn is_identifier(token: &str) -> bool {
+    let bytes = token.as_bytes();
+    token.len() >= 5
+        && (bytes[0].is_ascii_alphabetic() || bytes[0] == b'_')
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        && (token.contains('_') || bytes.windows(2).any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase()))
+}
+
+fn value_references(value: &Value, out: &mut BTreeSet<String>) {
+    match value {
+        Value::String(s) => references(s, out),
+        Value::Array(items) => items.iter().for_each(|v| value_references(v, out)),
+        Value::Object(map) => map.values().for_each(|v| value_references(v, out)),
+        _ => {}
+    }
+}
+
+fn block_references(block: &ContentBlock, out: &mut BTreeSet<String>) {
+    match block {
+        ContentBlock::Text { text, .. } => references(text, out),
+        ContentBlock::Thinking { thinking, .. } => references(thinking, out),
+        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value_references(input, out),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } => references(text, out),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| block_references(b, out)),
+        _ => {}
+    }
+}
+
+/// The references of a conversation.
+pub fn message_references(messages: &[Message]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for message in messages {
+        match &message.content {
+            MessageContent::Text(text) => references(text, &mut out),
+            MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block_references(b, &mut out)),
+        }
+    }
+    out
+}
+
+/// The paths `Read` calls in a conversation read.
+fn read_paths(messages: &[Message]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for message in messages {
+        for block in message.content.to_blocks().iter() {
+            if let ContentBlock::ToolUse { name, input, .. } = block
+                && name == "Read"
+                && let Some(path) = input.get("file_path").and_then(Value::as_str)
+            {
+                out.insert(path.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The loss of the compaction before the main-lane call at `call_index` of `session`, whose
+/// request holds `after` (summary, restored files and what follows) and whose previous main
+/// call is `previous`; `context_before` and `context_after` are the two calls' contexts.
+pub fn compaction_loss(
+    session: &ImportedSession,
+    call_index: usize,
+    previous: usize,
+    after: &[Message],
+    context_before: u64,
+    context_after: u64,
+) -> CompactionLoss {
+    let before_view = session.messages_for_call(&session.calls[previous]);
+    let before = message_references(&before_view);
+    let kept = message_references(after);
+    let dropped: BTreeSet<&String> = before.difference(&kept).collect();
+    let read_before = read_paths(&before_view);
+    // What later recorded turns use, up to the next compaction of the main lane.
+    let mut used = BTreeSet::new();
+    let mut rereads = 0;
+    let start = session.calls[call_index].event_index;
+    for event in session.recording.events.iter().skip(start) {
+        if event.lane != LANE_MAIN {
+            continue;
+        }
+        match &event.kind {
+            EventKind::Compaction(_) => break,
+            EventKind::ModelReply(reply) => {
+                for block in &reply.content {
+                    if let ContentBlock::ToolUse { name, input, .. } = block {
+                        value_references(input, &mut used);
+                        if name == "Read" && input.get("file_path").and_then(Value::as_str).is_some_and(|p| read_before.contains(p)) {
+                            rereads += 1;
+                        }
+                    }
+                }
+            }
+            EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => {
+                prompt.content.to_blocks().iter().for_each(|b| block_references(b, &mut used));
+            }
+            _ => {}
+        }
+    }
+    let lost: Vec<String> = dropped.iter().filter(|r| used.contains(**r)).map(|r| (*r).clone()).collect();
+    CompactionLoss {
+        call: session.calls[call_index].index,
+        tokens_dropped: context_before.saturating_sub(context_after),
+        references_dropped: dropped.len(),
+        references_lost: lost.len(),
+        lost: lost.iter().take(SHOWN_REFERENCES).cloned().collect(),
+        rereads,
+    }
+}
