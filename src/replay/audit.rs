@@ -11,8 +11,8 @@
 //! - the TTL the client actually wrote with, the compactions (trigger, tokens before);
 //! - the what-ifs the replay honours today ([`WHATIFS_AVAILABLE`]): the session replayed again
 //!   with the main lane's TTL changed, saving = simulated cost as recorded − simulated cost of
-//!   the what-if. Other what-ifs (another autocompact threshold, presets) change what the
-//!   model saw and await the agent-driven replay of real sessions ([`WHATIFS_AWAITING`]).
+//!   the what-if. Other what-ifs (another autocompact threshold, presets) move compactions and
+//!   are left to `compare` and `sweep` on the same sessions ([`WHATIFS_AWAITING`]).
 //!
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
@@ -33,7 +33,8 @@ use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_sh
 
 /// What-ifs the replay of a real session honours today.
 pub const WHATIFS_AVAILABLE: &str = "main-lane cache TTL (1h or 5m)";
-/// What-ifs that change what the model saw; they need the agent-driven replay.
+/// What-ifs the audit does not replay: they move compactions, a full what-if replay per session
+/// and setting (`ctxsim compare` or `sweep` with `compact.autocompact.*` on the same sessions).
 pub const WHATIFS_AWAITING: &str = "another autocompact threshold, the cheapest preset at no more information loss";
 
 /// Breaks of one cause.

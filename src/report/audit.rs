@@ -196,7 +196,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         &[
             "re-made: tokens cached again after a cache break; lost $: their write price minus read price".to_owned(),
             format!("what-ifs replayed: {WHATIFS_AVAILABLE}"),
-            format!("awaiting the agent-driven replay of real sessions: {WHATIFS_AWAITING}"),
+            format!("not in the audit (ctxsim compare or sweep on these sessions): {WHATIFS_AWAITING}"),
         ],
         WIDTH,
     );
@@ -485,7 +485,7 @@ pub fn write_audit_html(dir: &Path, audits: &[SessionAudit]) -> std::io::Result<
     body.push_str("</table>");
     body.push_str("<h2>What-ifs</h2>");
     body.push_str(&whatif_svg(audits));
-    let _ = write!(body, "<p>Replayed: {}. Awaiting the agent-driven replay of real sessions: {}.</p>", escape(WHATIFS_AVAILABLE), escape(WHATIFS_AWAITING));
+    let _ = write!(body, "<p>Replayed: {}. Not in the audit (<code>ctxsim compare</code> or <code>sweep</code> on these sessions): {}.</p>", escape(WHATIFS_AVAILABLE), escape(WHATIFS_AWAITING));
     let index = dir.join("index.html");
     write_atomic(&index, page("ctxsim audit", &body).as_bytes())?;
     written.push(index);
