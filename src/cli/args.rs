@@ -164,8 +164,7 @@ pub enum Estimator {
     /// o200k_base tokens: under-counts what Claude bills.
     Bpe,
     /// o200k_base tokens scaled per model family to Claude's billed tokens
-    /// (data/calibration.json): the closest to the bill, the default of every measuring command
-    /// but `check`.
+    /// (data/calibration.json): the closest to the bill, the default of every measuring command.
     Calibrated,
 }
 

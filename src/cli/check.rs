@@ -35,10 +35,10 @@ pub struct CheckArgs {
     /// Cache breaks allowed beyond the baseline's.
     #[arg(long, default_value_t = 0)]
     pub extra_cache_breaks: u64,
-    /// Token estimator. `check` alone defaults to `bpe`: the shipped suite's budgets
-    /// (`expect:`) and baselines are sized in `bpe` counts; every other measuring command
-    /// defaults to `calibrated`, the closest to billed tokens.
-    #[arg(long, value_enum, default_value = "bpe")]
+    /// Token estimator (default `calibrated`: the closest to billed tokens, per model family, as
+    /// in every measuring command; the shipped suite's budgets (`expect:`) are sized in it). A
+    /// baseline records its estimator: one measured with another is refused until refreshed.
+    #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
     /// Skip a stage of the long-context chain by name (repeatable); unknown names are an error
     /// listing the valid ones.

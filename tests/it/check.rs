@@ -134,6 +134,24 @@ fn the_shipped_suite_meets_its_budgets_and_break_classes() {
 }
 
 #[test]
+fn check_measures_with_calibrated_by_default_and_records_it_in_the_baseline() {
+    // The scenario whose budget the estimator decides: sized so that autocompact's fork is
+    // refused and retried in `calibrated` counts.
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["check", "scenarios/compaction-fork-ptl-retry.yaml", "--update-baseline", "--baseline"])
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let baseline: serde_json::Value = serde_json::from_slice(&std::fs::read(&base).unwrap()).unwrap();
+    assert_eq!(baseline["estimator"], "calibrated");
+    assert_eq!(baseline["scenarios"]["compaction-fork-ptl-retry"]["compactions"]["auto"], 1, "{baseline:#}");
+}
+
+#[test]
 fn disabling_a_stage_breaks_the_budget_that_needs_it() {
     let run = |stage: &str| {
         Command::new(env!("CARGO_BIN_EXE_ctxsim"))

@@ -82,8 +82,8 @@ proptest! {
     }
 }
 
-/// Every measuring command but `check` counts with `calibrated` unless told otherwise, and says
-/// so: in `--help`, under a table, in the JSON summary.
+/// Every measuring command, `check` included, counts with `calibrated` unless told otherwise, and
+/// says so: in `--help`, under a table, in the JSON summary.
 #[test]
 fn measuring_commands_default_to_the_calibrated_estimator_and_say_so() {
     let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/compaction-fork-shares-cache.yaml");
@@ -103,9 +103,9 @@ fn measuring_commands_default_to_the_calibrated_estimator_and_say_so() {
     assert_ne!(default["tokens"], summary(&["--estimator", "bpe"])["tokens"]);
     let table = ctxsim(&["run", scenario]);
     assert!(table.trim_end().ends_with("estimator: calibrated (o200k scaled per model family to billed tokens, the default)"), "{table}");
-    for command in ["run", "analyze", "replay", "compare", "sweep", "serve", "live", "tokens", "audit", "fidelity"] {
+    for command in ["run", "analyze", "replay", "compare", "sweep", "serve", "live", "tokens", "audit", "fidelity", "check"] {
         let help = ctxsim(&[command, "--help"]);
         assert!(help.contains("default `calibrated`") || help.contains("[default: calibrated]"), "{command} --help:\n{help}");
     }
-    assert!(ctxsim(&["check", "--help"]).contains("[default: bpe]"));
+    assert!(ctxsim(&["check", "--help"]).contains("[default: calibrated]"));
 }
