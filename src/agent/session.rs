@@ -1229,7 +1229,10 @@ impl Session {
         };
         let system = match self.thread.agent() {
             None => self.system_cache.build(&inputs, &system_options, &self.profile),
-            Some(agent) => build_subagent_system_prompt(&inputs, &agent.prompt, &system_options, &self.profile),
+            Some(agent) => {
+                let sized_as = (agent.source == crate::agent::agents::AgentSource::BuiltIn).then_some(agent.agent_type.as_str());
+                build_subagent_system_prompt(&inputs, &agent.prompt, sized_as, &system_options, &self.profile)
+            }
         };
         if let Some(previous) = &self.previous_system {
             for name in system.changed_sections(previous) {

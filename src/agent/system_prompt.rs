@@ -375,9 +375,16 @@ pub fn build_system_prompt(
 /// (§2.5) and `gitStatus`. Nothing is memoized and there is no boundary, so the blocks are the
 /// three of mode C (mode A's shape when an MCP tool is inline): attribution, identity and the
 /// rest, the last two with org-scoped markers — the 84/62/2.5k split the oracle saw.
+///
+/// `sized_as` names a built-in agent type whose block the profile measured
+/// (`subagent_<type>_fixed`, e.g. `subagent_general-purpose_fixed`): its prompt is then padded so
+/// the block has the measured input-independent length plus the lengths of the inputs it embeds
+/// (working directory, platform, OS version, model names, cutoff, the git snapshot). A user's own
+/// agent prompt is sent as written.
 pub fn build_subagent_system_prompt(
     inputs: &SystemPromptInputs,
     agent_prompt: &str,
+    sized_as: Option<&str>,
     options: &SystemPromptOptions,
     profile: &SizeProfile,
 ) -> SystemPromptBuild {
@@ -387,8 +394,21 @@ pub fn build_subagent_system_prompt(
     sections.push(Section { name: "agent_prompt", text: if prompt.is_empty() { AGENT_DEFAULT_PROMPT.to_owned() } else { prompt.to_owned() } });
     sections.push(Section { name: "agent_notes", text: AGENT_NOTES.to_owned() });
     sections.push(Section { name: "agent_env", text: writer.agent_env_info() });
-    if let Some(value) = writer.git_status() {
-        sections.push(Section { name: "git_status", text: format!("gitStatus: {value}") });
+    let git_status = writer.git_status().map(|value| format!("gitStatus: {value}"));
+    let fixed = sized_as.and_then(|agent_type| profile.sections.get(&format!("subagent_{agent_type}_fixed")).copied());
+    if let Some(fixed) = fixed {
+        let mut variable = [&inputs.cwd, &inputs.platform, &inputs.os_version, &inputs.model_id].iter().map(|v| js_len(v)).sum::<usize>();
+        variable += inputs.model_marketing_name.as_deref().map_or(0, js_len);
+        variable += knowledge_cutoff(&inputs.model_id).map_or(0, js_len);
+        variable += inputs.additional_dirs.iter().map(|dir| js_len(dir) + 2).sum::<usize>();
+        variable += git_status.as_deref().map_or(0, |git| js_len(git) + 2);
+        let others: usize = sections[1..].iter().map(|section| js_len(&section.text) + 2).sum::<usize>() + git_status.as_deref().map_or(0, |git| js_len(git) + 2);
+        if let Some(target) = (fixed + variable).checked_sub(others) {
+            sections[0].text = writer.pad(&sections[0].text, target, FillLayout::Paragraphs, "agent_prompt");
+        }
+    }
+    if let Some(text) = git_status {
+        sections.push(Section { name: "git_status", text });
     }
     let options = SystemPromptOptions { boundary: false, ..options.clone() };
     assemble(inputs, &options, Vec::new(), sections)
