@@ -22,6 +22,49 @@ pub struct SizeProfile {
     pub fragments: BTreeMap<String, usize>,
     /// Per built-in tool: description length and compact `input_schema` JSON length.
     pub tools: BTreeMap<String, ToolSize>,
+    /// o200k token targets from the version's capture (`data/profiles/<version>.toml`); empty
+    /// (characters only) for a profile read with [`SizeProfile::from_toml`].
+    #[serde(skip)]
+    pub tokens: TokenTargets,
+}
+
+/// A token density as captured: `tokens` o200k tokens over `chars` characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Density {
+    pub tokens: u64,
+    pub chars: usize,
+}
+
+impl Density {
+    /// The tokens `chars` characters hold at this density (0 when nothing was captured, which
+    /// [`pad_to_size`] reads as characters only).
+    pub fn of(self, chars: usize) -> u64 {
+        if self.chars == 0 { 0 } else { (chars as u64 * self.tokens + self.chars as u64 / 2) / self.chars as u64 }
+    }
+}
+
+/// What the capture of the real client measured in tokens, for padding to tokens as well as
+/// characters: the static and the dynamic system block (each section of ours is padded to its
+/// share at the block's density), and each tool as sent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TokenTargets {
+    pub static_block: Density,
+    pub dynamic_block: Density,
+    /// A tool's whole definition as sent (compact JSON), by name.
+    pub tools: BTreeMap<String, u64>,
+    /// All captured tools together: the density for a tool the capture did not see.
+    pub all_tools: Density,
+}
+
+impl TokenTargets {
+    /// The targets of the 2.1.88 capture: `system[2]` is the static block (the global marker),
+    /// `system[3]` the dynamic one.
+    fn from_capture(profile: &crate::client_profile::VersionProfile) -> TokenTargets {
+        let density = |path: &str| profile.system.iter().find(|b| b.path == path).map_or_else(Density::default, |b| Density { tokens: b.size.o200k, chars: b.size.chars });
+        let tools: BTreeMap<String, u64> = profile.tools.iter().map(|t| (t.name.clone(), t.size.o200k)).collect();
+        let all_tools = Density { tokens: profile.tools.iter().map(|t| t.size.o200k).sum(), chars: profile.tools.iter().map(|t| t.size.chars).sum() };
+        TokenTargets { static_block: density("system[2]"), dynamic_block: density("system[3]"), tools, all_tools }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -42,7 +85,15 @@ impl SizeProfile {
         // The embedded table is part of the crate; failing to parse it is a build defect. It is
         // parsed once per process (replays ask for it at every call).
         static PARSED: std::sync::OnceLock<SizeProfile> = std::sync::OnceLock::new();
-        PARSED.get_or_init(|| SizeProfile::from_toml(PROFILE_2_1_88).expect("embedded profile-2.1.88.toml parses")).clone()
+        PARSED
+            .get_or_init(|| {
+                let mut profile = SizeProfile::from_toml(PROFILE_2_1_88).expect("embedded profile-2.1.88.toml parses");
+                if let Some((capture, _)) = crate::client_profile::shipped("2.1.88") {
+                    profile.tokens = TokenTargets::from_capture(&capture);
+                }
+                profile
+            })
+            .clone()
     }
 
     pub fn from_toml(text: &str) -> Result<SizeProfile, ProfileError> {
@@ -127,11 +178,21 @@ const DENSE_FILLER: &[&str] = &[
 /// split chosen by bisection on the token count. `tokens` of 0 means characters only. Results
 /// are memoized per (text, targets, seed): request building asks for the same pieces every call.
 pub fn pad_to_size(base: &str, chars: usize, tokens: u64, seed: &str) -> String {
+    pad_to_size_as(base, chars, tokens, seed, false)
+}
+
+/// [`pad_to_size`] for a text sent as a JSON string (a tool description): the tokens counted
+/// are those of the escaped string (a paragraph break is `\n\n` there), as the request holds it.
+pub fn pad_to_size_escaped(base: &str, chars: usize, tokens: u64, seed: &str) -> String {
+    pad_to_size_as(base, chars, tokens, seed, true)
+}
+
+fn pad_to_size_as(base: &str, chars: usize, tokens: u64, seed: &str, escaped: bool) -> String {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    type Memo = Mutex<HashMap<(u64, usize, u64), String>>;
+    type Memo = Mutex<HashMap<(u64, usize, u64, bool), String>>;
     static MEMO: std::sync::OnceLock<Memo> = std::sync::OnceLock::new();
-    let key = (xxhash_rust::xxh3::xxh3_64(format!("{seed}\u{0}{base}").as_bytes()), chars, tokens);
+    let key = (xxhash_rust::xxh3::xxh3_64(format!("{seed}\u{0}{base}").as_bytes()), chars, tokens, escaped);
     let memo = MEMO.get_or_init(Default::default);
     if let Some(hit) = memo.lock().expect("memo lock").get(&key) {
         return hit.clone();
@@ -141,7 +202,13 @@ pub fn pad_to_size(base: &str, chars: usize, tokens: u64, seed: &str) -> String 
         let light = pad_with(base, chars.saturating_sub(dense).max(base_len), FillLayout::Paragraphs, seed, FILLER);
         pad_with(&light, chars, FillLayout::Paragraphs, seed, DENSE_FILLER)
     };
-    let count = |text: &str| u64::from(crate::measure::tokens::bpe(text));
+    let count = |text: &str| {
+        if escaped {
+            u64::from(crate::measure::tokens::bpe(&serde_json::to_string(text).expect("strings serialize")))
+        } else {
+            u64::from(crate::measure::tokens::bpe(text))
+        }
+    };
     let room = chars.saturating_sub(base_len);
     let mut best = build(0);
     if tokens > 0 && room > 0 && count(&best) < tokens {
@@ -203,6 +270,11 @@ fn pad_with(base: &str, target: usize, layout: FillLayout, seed: &str, filler: &
         }
         return out;
     }
+}
+
+/// [`pad_to_size`] when `enabled`, else the raw text.
+pub fn fit_size(base: &str, chars: usize, tokens: u64, seed: &str, enabled: bool) -> String {
+    if enabled { pad_to_size(base, chars, tokens, seed) } else { base.to_owned() }
 }
 
 /// Pads when `enabled`, else returns the raw text: the one switch for "padding off".

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::agent::profile::{FillLayout, SizeProfile, fit, js_len};
+use crate::agent::profile::{Density, FillLayout, SizeProfile, fit, fit_size, js_len};
 use crate::api::canonical::sha256_hex;
 use crate::api::{CacheControl, CacheScope, CacheTtl, SystemBlock};
 
@@ -585,8 +585,16 @@ impl Writer<'_> {
         fit(base, target, layout, seed, self.options.padding)
     }
 
+    /// Pads to `target` characters and to the tokens that many characters hold at `density`
+    /// (the captured block's, so the block's token count matches as well as its length).
+    fn pad_sized(&self, base: &str, target: usize, density: Density, seed: &str) -> String {
+        fit_size(base, target, density.of(target), seed, self.options.padding)
+    }
+
+    /// A static section: padded to its length and its share of the static block's tokens.
     fn section(&self, name: &'static str, base: &str) -> Section {
-        Section { name, text: self.pad(base, self.profile.section(name), FillLayout::Paragraphs, name) }
+        let target = self.profile.section(name);
+        Section { name, text: self.pad_sized(base, target, self.profile.tokens.static_block, name) }
     }
 
     fn static_sections(&self) -> Vec<Section> {
@@ -610,7 +618,7 @@ impl Writer<'_> {
         let target = self.profile.section("using_your_tools_fixed") + task_tool.map_or(0, js_len);
         out.push(Section {
             name: "using_your_tools",
-            text: self.pad(&tools_text, target, FillLayout::Paragraphs, "using_your_tools"),
+            text: self.pad_sized(&tools_text, target, self.profile.tokens.static_block, "using_your_tools"),
         });
         out.push(self.section("tone_and_style", TONE_TEXT));
         out.push(self.section("output_efficiency", OUTPUT_EFFICIENCY_TEXT));
@@ -625,7 +633,7 @@ impl Writer<'_> {
                 let base = format!("{MEMORY_HEAD}{dir}{MEMORY_BODY}");
                 let target = self.profile.section("memory_fixed") + js_len(dir);
                 // The reference text ends with two empty lines; keep that shape after padding.
-                let padded = self.pad(&base, target.saturating_sub(2), FillLayout::Paragraphs, "memory");
+                let padded = self.pad_sized(&base, target.saturating_sub(2), self.profile.tokens.dynamic_block, "memory");
                 format!("{padded}\n\n")
             }),
             "env_info_simple" => Some(self.env_info()),

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::agent::profile::{FillLayout, SizeProfile, fit, js_len, pad_to};
+use crate::agent::profile::{FillLayout, SizeProfile, ToolSize, js_len, pad_to, pad_to_size_escaped};
 use crate::api::Tool;
 
 /// The `$schema` key zod-to-json-schema writes first in every built-in schema.
@@ -98,8 +98,13 @@ pub fn agent_tool(profile: &SizeProfile, padding: bool, listing: &AgentToolListi
         AgentToolListing::InMessages => 0,
     };
     if let (Some(size), true) = (profile.tool("Agent"), padding) {
-        tool.description = fit(AGENT, size.description.saturating_sub(measured_listing), FillLayout::Paragraphs, "Agent", true);
         pad_schema(&mut tool.input_schema, size.schema, "Agent");
+        let listing_tokens = match AgentToolListing::default() {
+            AgentToolListing::Inline(lines) => u64::from(crate::measure::tokens::bpe(&agent_listing_block(&lines))),
+            AgentToolListing::InMessages => 0,
+        };
+        let tokens = description_tokens(profile, "Agent", size, &tool.input_schema).saturating_sub(listing_tokens);
+        tool.description = pad_to_size_escaped(AGENT, size.description.saturating_sub(measured_listing), tokens, "Agent");
     }
     match listing {
         AgentToolListing::Inline(lines) => tool.description.push_str(&agent_listing_block(lines)),
@@ -121,10 +126,27 @@ pub fn builtin_tool(name: &str, profile: &SizeProfile, padding: bool) -> Option<
     let mut description = raw_description.to_owned();
     let mut input_schema = schema;
     if let (Some(size), true) = (profile.tool(name), padding) {
-        description = fit(&description, size.description, FillLayout::Paragraphs, name, true);
         pad_schema(&mut input_schema, size.schema, name);
+        description = pad_to_size_escaped(&description, size.description, description_tokens(profile, name, size, &input_schema), name);
     }
     Some(BuiltinTool { name, description, input_schema, should_defer })
+}
+
+/// The o200k tokens a tool's description is padded to: the captured tokens of the whole tool as
+/// sent (for a tool the capture did not see, its length at the density of the captured tools)
+/// less what the rest of its JSON (name, schema, keys) holds. 0 (characters only) without a
+/// capture.
+fn description_tokens(profile: &SizeProfile, name: &str, size: ToolSize, schema: &Value) -> u64 {
+    let whole = match profile.tokens.tools.get(name) {
+        Some(&tokens) => tokens,
+        None => profile.tokens.all_tools.of(size.description + size.schema),
+    };
+    if whole == 0 {
+        return 0;
+    }
+    // The empty description's quotes are counted with the escaped description.
+    let frame = json!({"name": name, "description": "", "input_schema": schema});
+    (whole + 1).saturating_sub(u64::from(crate::measure::tokens::bpe(&frame.to_string())))
 }
 
 /// Compact JSON length of a schema, as `JSON.stringify` writes it (non-ASCII not escaped).
