@@ -309,6 +309,14 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                 agent.clear(&mut world);
                 measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
             }
+            Step::Compact => {
+                let run = {
+                    let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
+                    agent.manual_compact(chain, &mut world, &mut calls).map_err(|e| err(i, e))?
+                };
+                pending_events.extend(run.events);
+                pending_stages.extend(run.reports);
+            }
             Step::Resume => {
                 agent.resume(&mut world);
                 measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;

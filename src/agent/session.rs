@@ -1366,6 +1366,7 @@ impl Session {
         inputs.mcp_servers = self.turn_mcp.clone();
         inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
         inputs.inline_mcp_tools = pool.inline_mcp;
+        inputs.append_system_prompt = world.append_system_prompt.clone();
         inputs
     }
 }

@@ -198,7 +198,14 @@ impl Session {
     /// drops rounds and asks again), else the lane's scripted reply or a deterministic synthetic
     /// summary answers it. Hook requests around it go through `api` too, in order.
     pub fn run_chain(&mut self, chain: &Chain, world: &mut World, api: &mut dyn ModelCalls) -> Result<ChainRun, String> {
-        Ok(self.drive_chain(chain, world, api, None)?.0)
+        Ok(self.drive_chain(chain, world, api, None, false)?.0)
+    }
+
+    /// `/compact`: a summary of the whole conversation now (trigger `manual`), through the same
+    /// fork, hooks and rebuild as an automatic one; no other stage runs. The run's report is
+    /// named `manual_compact`.
+    pub fn manual_compact(&mut self, chain: &Chain, world: &mut World, api: &mut dyn ModelCalls) -> Result<ChainRun, String> {
+        Ok(self.drive_chain(chain, world, api, None, true)?.0)
     }
 
     /// The prompt-too-long ladder (§1.4) after the simulated API rejected the main request:
@@ -212,7 +219,7 @@ impl Session {
         state: &mut RecoveryState,
         error: &str,
     ) -> Result<Recovery, String> {
-        let (run, action) = self.drive_chain(chain, world, api, Some((state, error)))?;
+        let (run, action) = self.drive_chain(chain, world, api, Some((state, error)), false)?;
         Ok(match action {
             Some(RecoveryAction::CollapseDrainRetry { .. }) => Recovery::Retry(run),
             Some(RecoveryAction::ReactiveCompact(_)) if run.compacted => Recovery::Retry(run),
@@ -226,6 +233,7 @@ impl Session {
         world: &mut World,
         api: &mut dyn ModelCalls,
         mut recover: Option<(&mut RecoveryState, &str)>,
+        mut manual: bool,
     ) -> Result<(ChainRun, Option<RecoveryAction>), String> {
         let now = world.clock.now_ms();
         self.sync_meta(now);
@@ -271,6 +279,21 @@ impl Session {
                         };
                         action = Some(taken);
                         step
+                    }
+                    (None, None) if manual => {
+                        manual = false;
+                        let pre_tokens = crate::agent::compact::counting::token_count_with_estimation(&cx.entries);
+                        let fork_entries = cx.entries.clone();
+                        let request = crate::agent::compact::autocompact::request(
+                            &mut cx,
+                            crate::agent::compact::CompactTrigger::Manual,
+                            fork_entries,
+                            pre_tokens,
+                            0,
+                            (0, 0),
+                        );
+                        cx.output.pending_compaction = Some(request.clone());
+                        ChainStep::Compact(request)
                     }
                     (None, None) => chain.run(&mut cx),
                 };

@@ -66,6 +66,14 @@ pub enum ImportSource {
     ClaudeTrace,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImportTarget {
+    /// Recording format v1.
+    Recording,
+    /// Scenario format v1 (YAML): the session as a workload for the agent.
+    Scenario,
+}
+
 #[derive(Debug, Args)]
 pub struct ImportArgs {
     pub input: PathBuf,
@@ -75,6 +83,10 @@ pub struct ImportArgs {
     /// Input format; detected from the first line when not given.
     #[arg(long, value_enum)]
     pub from: Option<ImportSource>,
+    /// What to write: a recording (default), or a scenario that drives the agent through the
+    /// session (`ctxsim run` takes it; sized filler stands for what the agent does not model).
+    #[arg(long, value_enum, default_value = "recording")]
+    pub to: ImportTarget,
     /// Do not print the import report.
     #[arg(long)]
     pub quiet: bool,
@@ -140,6 +152,22 @@ pub struct FidelityArgs {
     /// or its whole project (the transcript's directory), at a time.
     #[arg(long, value_enum, value_name = "session|project")]
     pub cross_validate: Option<CrossValidate>,
+    /// What rebuilds each recorded request: `replay` (the recorded messages with the version's
+    /// size profile) or `agent` (the agent itself, driven by the session as a workload: its own
+    /// system prompt, tools, attachments and compactions; `ctxsim import --to scenario`).
+    #[arg(long, value_enum, default_value = "replay")]
+    pub engine: Engine,
+    /// The strategy the agent runs under with `--engine agent` (preset name or file).
+    #[arg(long, default_value = "claude-code")]
+    pub strategy: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// The recorded messages, rebuilt per call with the version's size profile.
+    Replay,
+    /// The agent, driven by the recorded session.
+    Agent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

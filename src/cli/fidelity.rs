@@ -6,6 +6,7 @@ use crate::replay::{
     ReplayOptions, SessionFit, compaction_triggers, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, load_session,
     replay_session, session_fit, triggers_table, write_fidelity_plots, modelled_table,
 };
+use crate::replay::workload::agent_replay;
 use crate::report::output::write_atomic;
 
 use super::args::{FidelityArgs, FidelityFormat};
@@ -79,7 +80,15 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
         let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone());
         // Fidelity outputs compare usage; no trace rows, no fingerprints.
         let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
-        let replay = replay_session(session, &mut measurer, &options);
+        let (replay, driven) = match args.engine {
+            super::args::Engine::Replay => (replay_session(session, &mut measurer, &options), None),
+            super::args::Engine::Agent => {
+                let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
+                let input = session.recording.header.input.clone().unwrap_or_default();
+                let driven = agent_replay(session, &input, &mut measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+                (driven.replay.clone(), Some(driven))
+            }
+        };
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
@@ -88,6 +97,14 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             report.interval = None;
         }
         report.compaction_triggers = Some(compaction_triggers(session, &replay, &table, &Default::default()));
+        if let Some(driven) = driven {
+            report.agent = Some(crate::replay::fidelity::AgentDriven {
+                workload: driven.report,
+                compactions: driven.compactions,
+                unpaired: driven.unpaired,
+                sizing: driven.sizing,
+            });
+        }
         report.warnings = session.report.warnings.list.clone();
         reports.push(report);
     }

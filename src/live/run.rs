@@ -303,6 +303,14 @@ pub fn run_live_with(
                 let side_calls = agent.take_side_calls();
                 live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;
             }
+            Step::Compact => {
+                // `/compact`: the summary request goes to the API like an automatic one.
+                let run = agent.manual_compact(&chain, &mut world, &mut live);
+                if let Some(error) = live.api_error.take() {
+                    return Err(api_err(error));
+                }
+                pending_events.extend(run.map_err(|e| script_err(i, e))?.events);
+            }
             Step::ModelSwitch { model } => {
                 if options.model.is_none() {
                     world.model_id = model.clone();

@@ -96,6 +96,22 @@ pub struct FidelityReport {
     /// ([`SessionReplay::profile_notes`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub profile_notes: Vec<String>,
+    /// Filled when the agent itself was driven by the session (`ctxsim fidelity --engine agent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentDriven>,
+}
+
+/// What driving the agent with a session gave, besides the usage compared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentDriven {
+    /// What the workload carried over from the recording and what it left to the agent.
+    pub workload: super::workload::WorkloadReport,
+    /// The compactions the agent made, by the recorded call they came before.
+    pub compactions: Vec<super::workload::AgentCompaction>,
+    /// Main requests not paired with a recorded call, or recorded calls not answered.
+    pub unpaired: usize,
+    /// The sizes the agent does not model and the filler standing for them.
+    pub sizing: super::workload::Sizing,
 }
 
 fn mostly_rewritten(creation: f64, context: f64) -> bool {
@@ -202,6 +218,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         compaction_triggers: None,
         warnings: Vec::new(),
         profile_notes: replay.profile_notes.clone(),
+        agent: None,
     }
 }
 

@@ -15,6 +15,7 @@
 //! - [`whatif`]: the session replayed with its compactions where another autocompact setting
 //!   puts them.
 //! - [`loss`]: the information loss of each compaction (tokens, references lost, re-reads).
+//! - [`workload`]: a recorded session as the scenario that drives the agent through it.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
 //! - [`uncertainty`]: which calls' outcome rests on a modelled rule, and the range of
 //!   Σcreation and cost the rules' observed hit rates leave open.
@@ -30,6 +31,7 @@ pub mod profile;
 pub mod session;
 pub mod triggers;
 pub mod whatif;
+pub mod workload;
 pub mod turns;
 pub mod uncertainty;
 pub mod working_set;

@@ -656,7 +656,7 @@ fn group_of(lane: &str) -> &str {
 /// Memoized per thread: a replay asks for the same texts at every call (the prefix level, the
 /// user context, the thinking of every earlier reply), a sweep at every point. The memo holds
 /// at most [`FILLER_MEMO_BYTES`] of text and starts over when full.
-fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
+pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
     type Key = (String, u64, EstimatorKind, u64, u64);
     thread_local! {
         static MEMO: std::cell::RefCell<(BTreeMap<Key, String>, usize)> = const { std::cell::RefCell::new((BTreeMap::new(), 0)) };

@@ -66,6 +66,7 @@ impl Scenario {
             include_git_instructions: spec.settings.include_git_instructions.unwrap_or(true),
             git: spec.git.clone(),
             home: spec.home.clone(),
+            append_system_prompt: spec.append_system_prompt.clone(),
         }
     }
 }

@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 15] = [
+const KINDS: [&str; 16] = [
     "user",
     "assistant",
     "tool_output",
@@ -68,6 +68,7 @@ const KINDS: [&str; 15] = [
     "git",
     "clear",
     "resume",
+    "compact",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -200,6 +201,7 @@ fn check_step(
         step.git.is_some(),
         step.clear.is_some(),
         step.resume.is_some(),
+        step.compact.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -263,7 +265,7 @@ fn check_step(
         }
         return Ok(Step::ModelSwitch { model });
     }
-    for (value, field, step) in [(step.clear, "clear", Step::Clear), (step.resume, "resume", Step::Resume)] {
+    for (value, field, step) in [(step.clear, "clear", Step::Clear), (step.resume, "resume", Step::Resume), (step.compact, "compact", Step::Compact)] {
         match value {
             Some(true) => return Ok(step),
             Some(false) => return Err(problem(here(field), format!("write `{field}: true`, or leave the step out"))),

@@ -47,6 +47,7 @@ pub(crate) struct RawStep {
     pub model_switch: Option<String>,
     pub git: Option<crate::world::GitState>,
     pub clear: Option<bool>,
+    pub compact: Option<bool>,
     pub resume: Option<bool>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,

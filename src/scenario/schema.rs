@@ -80,6 +80,11 @@ pub struct WorldSpec {
     /// mounted `at` a virtual path. Resolved by `load_scenario` into `files` (explicit files win).
     #[serde(default)]
     pub mount: Vec<MountSpec>,
+    /// `claude --append-system-prompt TEXT`: text appended to the system prompt's dynamic part
+    /// (after the boundary). `ctxsim import --to scenario` puts there, as sized filler, what the
+    /// recorded client's prompt held that the agent does not model.
+    #[serde(default)]
+    pub append_system_prompt: Option<String>,
 }
 
 /// `world.mount[i]`.
@@ -173,6 +178,8 @@ pub enum Step {
     /// `resume: true` — `--resume` in a new process: the transcript continues, every
     /// per-process cache starts afresh (SessionStart `resume`).
     Resume,
+    /// `compact: true` — `/compact`: the user compacts the conversation now (trigger `manual`).
+    Compact,
 }
 
 impl Step {
@@ -194,6 +201,7 @@ impl Step {
             Step::Git(_) => "git",
             Step::Clear => "clear",
             Step::Resume => "resume",
+            Step::Compact => "compact",
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct World {
     pub git: Option<GitState>,
     /// The user's home directory (config home is `{home}/.claude`).
     pub home: String,
+    /// `claude --append-system-prompt TEXT`: appended to the system prompt's dynamic part.
+    pub append_system_prompt: Option<String>,
 }
 
 impl World {
@@ -72,6 +74,7 @@ impl World {
             include_git_instructions: true,
             git: None,
             home: "/home/user".to_owned(),
+            append_system_prompt: None,
         }
     }
 

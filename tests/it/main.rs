@@ -38,4 +38,5 @@ mod support;
 mod tokenizer;
 mod tool_results;
 mod whatif;
+mod workload;
 mod world;

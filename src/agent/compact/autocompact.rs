@@ -287,7 +287,11 @@ fn after_success(cx: &mut ChainContext<'_>) {
 }
 
 fn report_mut<'c>(cx: &'c mut ChainContext<'_>, trigger: CompactTrigger) -> &'c mut StageReport {
-    let name = if trigger == CompactTrigger::Reactive { "reactive_compact" } else { "autocompact" };
+    let name = match trigger {
+        CompactTrigger::Reactive => "reactive_compact",
+        CompactTrigger::Manual => "manual_compact",
+        CompactTrigger::Auto => "autocompact",
+    };
     if !cx.output.reports.iter().any(|r| r.name == name) {
         let tokens = rough_entries(&cx.entries);
         cx.output.reports.push(super::chain::skipped(name, "", tokens));

@@ -1,0 +1,550 @@
+//! A recorded session as a workload for the agent: the scenario that drives
+//! [`crate::agent`] through what the recording shows, so that the agent's own pipeline builds
+//! every request (system, tools, messages, markers, TTL) and decides when each long-context
+//! stage fires.
+//!
+//! What the recording gives the workload, step by step:
+//! - each typed user prompt, with the time before it (`wait`);
+//! - each main-lane model reply in order: its text, its thinking (the stored text, or a filler
+//!   of the size the reply's output tokens leave for it when the text was not stored), its
+//!   tool calls with their recorded ids, its stop reason and output tokens;
+//! - each tool result as recorded, bound to its tool_use id (`tool_output`), so the agent's
+//!   tool executor returns what the real tool returned;
+//! - the recorded compaction summaries, queued on the `compact` lane: where the agent compacts,
+//!   it takes the next recorded summary, and once they are used up its own stand-in;
+//! - `/model` switches, `/clear`, and `/compact` (a `compact: true` step: the agent compacts
+//!   there, trigger `manual`).
+//!
+//! What the agent produces itself, not the recording: the system prompt, the tools, CLAUDE.md
+//! and the user context, every attachment and reminder, and the compactions (when they fire
+//! and how the conversation is rebuilt). The workload counts what it leaves to the agent
+//! ([`WorkloadReport`]): meta prompts and attachment records, subagent calls (the Agent tool's
+//! recorded result stands for the subagent's work), the recorded compaction boundaries.
+//!
+//! The scenario is built as its JSON text and loaded through the scenario loader, so a workload
+//! obeys every rule a written scenario does, and `ctxsim import --to scenario` writes the same
+//! document for a user to read or edit.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::api::{ContentBlock, MessageContent, StopReason, ToolResultContent};
+use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
+use crate::recording::{EventKind, ImportedSession};
+use crate::scenario::Scenario;
+
+/// What a workload carries over from the recording and what it leaves to the agent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadReport {
+    /// Typed user prompts driven.
+    pub user_prompts: usize,
+    /// Main-lane replies driven (one model call each).
+    pub main_replies: usize,
+    /// Recorded tool results returned by the agent's executor.
+    pub tool_outputs: usize,
+    /// Recorded compaction summaries queued for the agent's compactions.
+    pub compaction_summaries: usize,
+    /// Recorded `/compact` commands driven (`compact: true` steps).
+    #[serde(default)]
+    pub manual_compactions: usize,
+    /// Thinking blocks recorded without their text, filled to the size the reply leaves.
+    pub thinking_filled: usize,
+    /// Recorded items the agent produces itself or that do not drive it, by kind.
+    pub left_to_agent: BTreeMap<String, usize>,
+}
+
+/// A session as a scenario, with the recorded main calls the scenario's main requests stand for.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub scenario: Scenario,
+    /// The scenario as JSON (what `import --to scenario` writes).
+    pub document: Value,
+    /// Per main reply of the script, in order: the index of the recorded call
+    /// ([`crate::recording::RecordedCall::index`]).
+    pub main_calls: Vec<usize>,
+    pub report: WorkloadReport,
+}
+
+/// Errors building a workload: the recording has nothing to drive, or the scenario the
+/// recording gives does not load (a bug or a recording the scenario format cannot express).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("{file}: no main-lane model reply to drive the agent with")]
+    Empty { file: String },
+    #[error("{0}")]
+    Scenario(#[from] crate::scenario::ScenarioError),
+}
+
+/// The text of a prompt: its string, or its text blocks joined by blank lines.
+fn prompt_text(content: &MessageContent) -> String {
+    match content {
+        MessageContent::Text(text) => text.clone(),
+        MessageContent::Blocks(blocks) => blocks
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+    }
+}
+
+/// The text of a tool result and the byte sizes of its images.
+fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<usize>) {
+    match content {
+        None => (String::new(), Vec::new()),
+        Some(ToolResultContent::Text(text)) => (text.clone(), Vec::new()),
+        Some(ToolResultContent::Blocks(blocks)) => {
+            let mut texts = Vec::new();
+            let mut images = Vec::new();
+            for block in blocks {
+                match block {
+                    ContentBlock::Text { text, .. } => texts.push(text.as_str()),
+                    ContentBlock::Image(image) | ContentBlock::Document(image) => {
+                        images.push(image.source.get("data").and_then(Value::as_str).map_or(0, str::len));
+                    }
+                    _ => {}
+                }
+            }
+            (texts.join("\n"), images)
+        }
+    }
+}
+
+/// Deterministic prose of `chars` characters standing for thinking whose text was not stored.
+fn thinking_filler(chars: usize) -> String {
+    crate::agent::compact::generator::filler("thinking", chars)
+}
+
+fn stop_reason_name(reason: StopReason) -> Value {
+    serde_json::to_value(reason).unwrap_or(Value::Null)
+}
+
+/// Builds the workload of `session` (read from `file`, named in messages and in the scenario).
+/// `window` is the context window the client ran with (see
+/// [`super::triggers::session_window`]); `None` keeps the model's.
+pub fn workload_from_session(session: &ImportedSession, file: &str, window: Option<u64>) -> Result<Workload, WorkloadError> {
+    let recording = &session.recording;
+    let mut report = WorkloadReport::default();
+    let mut script: Vec<Value> = Vec::new();
+    let mut main_calls = Vec::new();
+    let mut compact_replies: Vec<Value> = Vec::new();
+    // Tool results wait until the reply that called them is in the script.
+    let mut pending_outputs: Map<String, Value> = Map::new();
+    let mut called: BTreeMap<String, ()> = BTreeMap::new();
+    let mut model: Option<String> = None;
+    let mut last_time = 0u64;
+    let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
+    let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
+
+    let flush = |script: &mut Vec<Value>, pending: &mut Map<String, Value>| {
+        if !pending.is_empty() {
+            script.push(json!({ "tool_output": Value::Object(std::mem::take(pending)) }));
+        }
+    };
+
+    for (event_index, event) in recording.events.iter().enumerate() {
+        let main = event.lane == LANE_MAIN;
+        match &event.kind {
+            EventKind::Time(advance) => {
+                // Time is recorded per event; the wait before a step is the gap since the last
+                // step driven.
+                let _ = advance;
+            }
+            EventKind::UserPrompt(prompt) if main => {
+                if prompt.is_compact_summary {
+                    leave(&mut report, "compact_summary_message");
+                    continue;
+                }
+                if prompt.is_meta {
+                    leave(&mut report, "meta_prompt");
+                    continue;
+                }
+                let text = prompt_text(&prompt.content);
+                if text.is_empty() {
+                    leave(&mut report, "prompt_without_text");
+                    continue;
+                }
+                flush(&mut script, &mut pending_outputs);
+                push_wait(&mut script, &mut last_time, event.time_ms);
+                script.push(json!({ "user": text }));
+                report.user_prompts += 1;
+            }
+            EventKind::ModelReply(reply) if main => {
+                if reply.is_synthetic || reply.is_api_error {
+                    leave(&mut report, if reply.is_synthetic { "synthetic_reply" } else { "api_error_reply" });
+                    continue;
+                }
+                if reply.content.is_empty() {
+                    leave(&mut report, "empty_reply");
+                    continue;
+                }
+                if script.iter().all(|s| s.get("user").is_none()) {
+                    // A session that opens mid-turn (a resumed or compacted file): the agent needs a
+                    // turn to answer in.
+                    script.push(json!({ "user": "(the recorded session opens here)" }));
+                    leave(&mut report, "opening_prompt_added");
+                }
+                flush(&mut script, &mut pending_outputs);
+                push_wait(&mut script, &mut last_time, event.time_ms);
+                let switched = !reply.model.is_empty() && model.as_deref().is_some_and(|m| m != reply.model);
+                if switched {
+                    script.push(json!({ "model_switch": reply.model }));
+                }
+                if model.is_none() && !reply.model.is_empty() {
+                    model = Some(reply.model.clone());
+                }
+                let visible_chars: usize = reply
+                    .content
+                    .iter()
+                    .map(|b| match b {
+                        ContentBlock::Text { text, .. } => text.len(),
+                        ContentBlock::ToolUse { input, .. } => input.to_string().len(),
+                        _ => 0,
+                    })
+                    .sum();
+                let thinking_blocks = reply.content.iter().filter(|b| matches!(b, ContentBlock::Thinking { thinking, .. } if thinking.is_empty())).count();
+                // Output tokens not spent on the visible part, at four characters a token.
+                let thinking_chars = (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1);
+                let mut blocks = Vec::new();
+                for block in &reply.content {
+                    match block {
+                        ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
+                        ContentBlock::Thinking { thinking, .. } => {
+                            if thinking.is_empty() {
+                                report.thinking_filled += 1;
+                                blocks.push(json!({ "thinking": thinking_filler(thinking_chars.max(1)) }));
+                            } else {
+                                blocks.push(json!({ "thinking": thinking }));
+                            }
+                        }
+                        ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
+                        ContentBlock::ToolUse { id, name, input, .. } => {
+                            called.insert(id.clone(), ());
+                            blocks.push(json!({ "tool_use": { "id": id, "name": name, "input": input } }));
+                        }
+                        _ => leave(&mut report, "other_reply_block"),
+                    }
+                }
+                if blocks.is_empty() {
+                    leave(&mut report, "empty_reply");
+                    continue;
+                }
+                let mut step = Map::new();
+                step.insert("assistant".into(), Value::Array(blocks));
+                if let Some(reason) = reply.stop_reason {
+                    step.insert("stop_reason".into(), stop_reason_name(reason));
+                }
+                step.insert("output_tokens".into(), json!(reply.usage.output_tokens));
+                script.push(Value::Object(step));
+                main_calls.push(call_index.get(&event_index).copied().unwrap_or(event_index));
+                report.main_replies += 1;
+            }
+            EventKind::ToolResult(result) if main => {
+                if !called.contains_key(&result.tool_use_id) {
+                    leave(&mut report, "tool_result_without_call");
+                    continue;
+                }
+                let (text, images) = result_parts(result.content.as_ref());
+                let mut output = Map::new();
+                output.insert("content".into(), Value::String(text));
+                if result.is_error {
+                    output.insert("is_error".into(), Value::Bool(true));
+                }
+                if !images.is_empty() {
+                    output.insert("images".into(), Value::Array(images.into_iter().map(|n| json!({ "base64_bytes": n })).collect()));
+                }
+                pending_outputs.insert(result.tool_use_id.clone(), Value::Object(output));
+                report.tool_outputs += 1;
+            }
+            EventKind::Compaction(compaction) if main => {
+                if compaction.trigger == "manual" {
+                    // `/compact`: the user asked for it here; the agent compacts now.
+                    flush(&mut script, &mut pending_outputs);
+                    push_wait(&mut script, &mut last_time, event.time_ms);
+                    script.push(json!({ "compact": true }));
+                    report.manual_compactions += 1;
+                } else {
+                    leave(&mut report, &format!("compaction_{}", compaction.trigger));
+                }
+                if let Some(summary) = compaction.summary.as_ref().filter(|s| !s.is_empty()) {
+                    compact_replies.push(json!({ "assistant": [{ "text": format!("<summary>\n{summary}\n</summary>") }], "lane": "compact" }));
+                    report.compaction_summaries += 1;
+                }
+            }
+            EventKind::ModelReply(_) if event.lane == LANE_COMPACT => leave(&mut report, "compact_lane_reply"),
+            EventKind::SystemEvent(sys) if main && sys.subtype == "local_command" => {
+                let content = sys.payload.get("content").and_then(Value::as_str).unwrap_or_default();
+                if content.contains("<command-name>/clear</command-name>") {
+                    flush(&mut script, &mut pending_outputs);
+                    script.push(json!({ "clear": true }));
+                } else {
+                    leave(&mut report, "local_command");
+                }
+            }
+            EventKind::Attachment(_) => leave(&mut report, "attachment"),
+            _ if !main => leave(&mut report, "subagent_or_side_event"),
+            _ => leave(&mut report, event.name()),
+        }
+    }
+    flush(&mut script, &mut pending_outputs);
+    if main_calls.is_empty() {
+        return Err(WorkloadError::Empty { file: file.to_owned() });
+    }
+    script.extend(compact_replies);
+
+    let mut world = Map::new();
+    world.insert("model".into(), Value::String(model.unwrap_or_default()));
+    // Compactions past the recorded ones get a stand-in of the fitted summary length; the
+    // agent's side calls (session memory, hooks) get synthesized replies.
+    world.insert(
+        "fallback".into(),
+        json!({ "summary_tokens": (super::whatif::SUMMARY_CHARS / 4) as u64, "after_script_ends": true }),
+    );
+    if let Some(window) = window {
+        world.insert("context_window".into(), json!(window));
+    }
+    if let Some(cwd) = recording.header.cwd.as_ref().filter(|c| c.starts_with('/')) {
+        world.insert("cwd".into(), Value::String(cwd.clone()));
+    }
+    if let Some(start) = recording.header.start_epoch_ms.and_then(rfc3339) {
+        world.insert("clock_start".into(), Value::String(start));
+    }
+    let name = recording.header.session_id.clone().unwrap_or_else(|| file.to_owned());
+    let document = json!({
+        "name": name,
+        "description": format!("The recorded session {file} as a workload for the agent (ctxsim import --to scenario)."),
+        "world": Value::Object(world),
+        "script": script,
+    });
+    let text = serde_json::to_string(&document).expect("a JSON value serializes");
+    let scenario = crate::scenario::parse_scenario(&text, file)?;
+    Ok(Workload { scenario, document, main_calls, report })
+}
+
+/// A `wait` step for the time between the last step driven and `time_ms`, when any passed.
+fn push_wait(script: &mut Vec<Value>, last: &mut u64, time_ms: u64) {
+    if time_ms > *last {
+        script.push(json!({ "wait": time_ms - *last }));
+        *last = time_ms;
+    }
+}
+
+/// Milliseconds since the epoch as RFC 3339 (UTC).
+fn rfc3339(epoch_ms: i64) -> Option<String> {
+    jiff::Timestamp::from_millisecond(epoch_ms).ok().map(|t| t.to_string())
+}
+
+/// One compaction the agent made while driven by a workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentCompaction {
+    /// The recorded main call whose request came after it.
+    pub before_call: usize,
+    /// The stage that compacted (`autocompact`, `session_memory_compact`, ...) and why.
+    pub stage: String,
+    pub reason: String,
+    /// The context the stage saw, by the agent's own count.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+}
+
+/// A recorded session driven through the agent, as a replay (one row per recorded main call the
+/// agent answered), so the fidelity report scores it like any replay.
+#[derive(Debug, Clone)]
+pub struct AgentReplay {
+    pub replay: super::SessionReplay,
+    pub report: WorkloadReport,
+    pub compactions: Vec<AgentCompaction>,
+    /// Main requests of the run not paired with a recorded call (or the reverse): the agent made
+    /// a different number of main calls than the recording (a blocked turn, a retry).
+    pub unpaired: usize,
+    pub sizing: Sizing,
+}
+
+/// What the recorded client's first request held that the agent does not model, and where the
+/// workload put it. The recording does not hold the client's system prompt, tools, CLAUDE.md or
+/// the history before a file that continues a session; the replay infers their size from the
+/// first call's billed prompt ([`super::session::UnrecordedSizes`]). The agent builds its own and
+/// the difference is added as sized filler: to the system prompt (`--append-system-prompt`), to
+/// CLAUDE.md, and, for a file that continues a session, as the opening history.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sizing {
+    /// Tools + system of the recorded client (the replay's prefix level) and of the agent.
+    pub recorded_prefix_tokens: u64,
+    pub agent_prefix_tokens: u64,
+    /// The first call's part before the recorded messages, beyond the prefix (user context, and
+    /// the history of a file that continues a session), and the agent's own opening message.
+    pub recorded_context_tokens: u64,
+    pub agent_context_tokens: u64,
+    /// Filler added: to the system prompt, to CLAUDE.md, as opening history.
+    pub system_filler_tokens: u64,
+    pub claude_md_filler_tokens: u64,
+    pub history_filler_tokens: u64,
+}
+
+/// The workload of `session` with the window the client ran with and the filler of [`Sizing`].
+pub fn sized_workload(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+) -> Result<(Workload, Sizing), String> {
+    let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
+    let peak = session.calls.iter().filter(|c| c.lane == LANE_MAIN).map(|c| c.usage.prompt_tokens()).max().unwrap_or(0);
+    let info = measurer.table().lookup(&model).ok().cloned();
+    let window = super::triggers::window_for(session, peak, &model, info.as_ref());
+    let mut workload = workload_from_session(session, file, Some(window)).map_err(|e| e.to_string())?;
+    let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy)?;
+    Ok((workload, sizing))
+}
+
+/// Drives the agent through `session` under `strategy`, measuring with `measurer`.
+pub fn agent_replay(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &mut crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+) -> Result<AgentReplay, String> {
+    let (workload, sizing) = sized_workload(session, file, measurer, strategy)?;
+    let output = crate::runner::run_scenario(&workload.scenario, measurer, strategy).map_err(|e| e.to_string())?;
+    let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
+    let main_rows: Vec<&crate::measure::RequestMetrics> = output.rows.iter().filter(|r| r.lane == LANE_MAIN && r.error.is_none()).collect();
+    let unpaired = main_rows.len().abs_diff(workload.main_calls.len());
+    let mut calls = Vec::new();
+    let mut compactions = Vec::new();
+    for (row, index) in main_rows.iter().zip(&workload.main_calls) {
+        let Some(call) = by_index.get(index) else { continue };
+        for stage in row.stages.iter().filter(|s| s.fired && matches!(s.name.as_str(), "autocompact" | "session_memory_compact" | "manual_compact" | "reactive_compact")) {
+            compactions.push(AgentCompaction {
+                before_call: call.index,
+                stage: stage.name.clone(),
+                reason: stage.reason.clone(),
+                tokens_before: stage.tokens_before,
+                tokens_after: stage.tokens_after,
+            });
+        }
+        let metrics = (*row).clone();
+        calls.push(super::CallReplay {
+            index: call.index,
+            lane: call.lane.clone(),
+            time_ms: call.time_ms,
+            model: call.model.clone(),
+            version: call.version.clone(),
+            recorded: call.usage.clone(),
+            skipped: None,
+            sim_cache_read: metrics.cache_read_input_tokens as f64,
+            sim_cache_creation: metrics.cache_creation_input_tokens as f64,
+            sim_input: metrics.input_tokens as f64,
+            events: metrics.events.clone(),
+            rerender_probability: 0.0,
+            message_tokens: metrics.context_tokens,
+            message_blocks: 0,
+            prefix_tokens: 0,
+            user_context_tokens: 0,
+            thinking_filled: !call.thinking_text_stored,
+            attachment_chars: 0,
+            metrics: Some(metrics),
+        });
+    }
+    let replay = super::SessionReplay {
+        input: file.to_owned(),
+        estimator: measurer.counter().kind().name().to_owned(),
+        calls,
+        info_loss: output.summary.info_loss.clone(),
+        diverged_calls: 0,
+        first_divergence: None,
+        head_truncated: session.recording.header.head_truncated,
+        unrecorded_main: None,
+        compaction_whatif: None,
+        profile_notes: Vec::new(),
+        compaction_losses: Vec::new(),
+    };
+    Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
+}
+
+/// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: a probe run of the
+/// workload's first request gives the agent's own sizes.
+pub fn size_unmodelled(
+    session: &ImportedSession,
+    file: &str,
+    workload: &mut Workload,
+    measurer: &crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+) -> Result<Sizing, String> {
+    use crate::measure::{Measurer, TokenCounter, blocks::Region};
+    let fresh = || {
+        let counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+        Measurer::new(measurer.table().clone(), counter).without_body_hashes()
+    };
+    let options = super::ReplayOptions { info_loss: false, ..super::ReplayOptions::default() };
+    let replay = super::replay_session(session, &mut fresh(), &options);
+    let Some(unrecorded) = replay.unrecorded_main else { return Ok(Sizing::default()) };
+    let mut sizing = Sizing {
+        recorded_prefix_tokens: unrecorded.prefix_tokens,
+        recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(unrecorded.prefix_tokens),
+        ..Sizing::default()
+    };
+    // The agent's own first request.
+    let first = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN));
+    let mut probe = workload.scenario.clone();
+    probe.script.truncate(first.map_or(0, |i| i + 1));
+    let mut probe_measurer = fresh();
+    let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
+    let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
+        .map_err(|e| e.to_string())?;
+    let Some(request) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == LANE_MAIN).map(|(_, q)| q.clone()) else {
+        return Ok(sizing);
+    };
+    let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
+    let mut counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+    let flat = crate::measure::blocks::flatten(&request, &mut counter, &key);
+    sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
+    // The opening message without the typed prompt (the replay counts that as recorded).
+    let mut opening = request.clone();
+    opening.messages.truncate(1);
+    let opening_tokens = crate::measure::blocks::flatten(&opening, &mut counter, &key).region_tokens(Region::Messages);
+    let prompt_tokens = workload
+        .scenario
+        .script
+        .iter()
+        .find_map(|s| match s {
+            crate::scenario::Step::User { text } => Some(u64::from(counter.count_text(text, &key))),
+            _ => None,
+        })
+        .unwrap_or(0);
+    sizing.agent_context_tokens = opening_tokens.saturating_sub(prompt_tokens);
+
+    let params = measurer.counter().calibration().for_family(&key);
+    let kind = measurer.counter().kind();
+    let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block);
+    sizing.system_filler_tokens = sizing.recorded_prefix_tokens.saturating_sub(sizing.agent_prefix_tokens);
+    let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
+    if session.recording.header.head_truncated {
+        // A file that continues a session: the gap is mostly the conversation before the file,
+        // which a compaction drops; it opens the script as one prompt of that size.
+        sizing.history_filler_tokens = context_gap;
+    } else {
+        sizing.claude_md_filler_tokens = context_gap;
+    }
+    let doc = &mut workload.document;
+    let cwd = workload.scenario.world.cwd.trim_end_matches('/').to_owned();
+    if sizing.system_filler_tokens > 0 {
+        doc["world"]["append_system_prompt"] = Value::String(sized("recorded client prompt not modelled", sizing.system_filler_tokens));
+    }
+    if sizing.claude_md_filler_tokens > 0 {
+        let text = sized("recorded memory and context not modelled", sizing.claude_md_filler_tokens);
+        doc["world"]["files"] = json!({ format!("{cwd}/CLAUDE.md"): text });
+    }
+    if sizing.history_filler_tokens > 0
+        && let Some(first) = doc["script"].as_array_mut().and_then(|steps| steps.iter_mut().find(|s| s.get("user").is_some()))
+    {
+        let text = first["user"].as_str().unwrap_or_default().to_owned();
+        first["user"] = Value::String(format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens)));
+    }
+    let text = serde_json::to_string(&workload.document).expect("a JSON value serializes");
+    workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;
+    Ok(sizing)
+}

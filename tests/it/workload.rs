@@ -1,0 +1,139 @@
+//! A recorded session drives the agent (issue 13, "one model of the client"): the workload
+//! built from every shared transcript loads as a scenario, the agent answers every recorded main
+//! call, what it leaves to the agent is counted, and the CLI paths (`import --to scenario`, `run`
+//! on the result, `fidelity --engine agent`) work end to end.
+
+use std::collections::BTreeMap;
+
+use ctxsim::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::recording::format::LANE_MAIN;
+use ctxsim::replay::load_session;
+use ctxsim::replay::workload::{agent_replay, workload_from_session};
+use ctxsim::scenario::Step;
+use ctxsim::strategy::Strategy;
+
+use crate::support::{real_transcripts, realdata};
+
+fn measurer() -> Measurer {
+    Measurer::new(ModelTable::shipped(), TokenCounter::with_calibration(EstimatorKind::Calibrated, Calibration::shipped())).without_body_hashes()
+}
+
+fn ctxsim(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+}
+
+/// Every shared transcript becomes a scenario whose main replies are the recorded main calls
+/// (synthetic and failed calls aside), in order, each tool result bound to a call of the script.
+#[test]
+fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
+    let files = real_transcripts();
+    assert_eq!(files.len(), 16, "the shared transcripts");
+    for path in files {
+        let session = load_session(&path).unwrap();
+        let workload = workload_from_session(&session, &path.display().to_string(), None).unwrap();
+        let replies: Vec<&Step> = workload.scenario.script.iter().filter(|s| matches!(s, Step::Assistant(a) if a.lane == LANE_MAIN)).collect();
+        assert_eq!(replies.len(), workload.main_calls.len(), "{}", path.display());
+        assert_eq!(replies.len(), workload.report.main_replies, "{}", path.display());
+        // The recorded calls, in order, and only main-lane calls that reached the API.
+        let by_index: BTreeMap<usize, _> = session.calls.iter().map(|c| (c.index, c)).collect();
+        assert!(workload.main_calls.windows(2).all(|w| w[0] < w[1]), "{}", path.display());
+        for index in &workload.main_calls {
+            let call = by_index[index];
+            assert_eq!(call.lane, LANE_MAIN);
+            assert!(!call.is_synthetic && !call.is_api_error, "{}: call {index}", path.display());
+        }
+        // Each recorded reply's tool calls keep their ids, and every output answers one of them.
+        let called: std::collections::BTreeSet<&str> = replies
+            .iter()
+            .flat_map(|s| match s {
+                Step::Assistant(a) => a.tool_uses().map(|(id, _)| id).collect::<Vec<_>>(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let outputs: Vec<&str> = workload
+            .scenario
+            .script
+            .iter()
+            .flat_map(|s| match s {
+                Step::ToolOutput(outputs) => outputs.iter().map(|o| o.tool_use_id.as_str()).collect::<Vec<_>>(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(outputs.len(), workload.report.tool_outputs, "{}", path.display());
+        assert!(outputs.iter().all(|id| called.contains(id)), "{}", path.display());
+        assert!(workload.report.user_prompts > 0, "{}", path.display());
+    }
+}
+
+/// The agent, driven by a recorded session, answers every recorded main call with one request,
+/// and the sizes it does not model are filled to the replay's: its first request is the
+/// recorded first call's size within a few percent.
+#[test]
+fn the_agent_answers_every_recorded_main_call_of_a_session() {
+    let path = realdata().join("transcripts/entireio-cli/7be20d70c73b-0.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    assert_eq!(driven.unpaired, 0);
+    assert_eq!(driven.replay.calls.len(), driven.report.main_replies);
+    assert!(driven.sizing.system_filler_tokens > 0 && driven.sizing.claude_md_filler_tokens > 0, "{:?}", driven.sizing);
+    let first = &driven.replay.calls[0];
+    let (simulated, recorded) = (first.simulated_context() as f64, first.recorded_context() as f64);
+    assert!((simulated - recorded).abs() / recorded < 0.05, "first call: agent {simulated} vs recorded {recorded}");
+    // The recorded compaction's summary is the agent's, where it compacts.
+    assert_eq!(driven.report.compaction_summaries, 1);
+    assert_eq!(driven.compactions.len(), 1, "{:?}", driven.compactions);
+}
+
+/// `import --to scenario` writes a scenario `run` accepts; `fidelity --engine agent` reports the
+/// workload and the agent's compactions.
+#[test]
+fn import_to_scenario_then_run_and_fidelity_through_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let transcript = "../shared/realdata/transcripts/oh-my-posh/eea3a34195eb-0.full.jsonl";
+    let scenario = dir.path().join("session.yaml");
+    let out = ctxsim(&["import", transcript, "--to", "scenario", "-o", scenario.to_str().unwrap(), "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = ctxsim(&["run", scenario.to_str().unwrap(), "--format", "json"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let summary = if summary.is_array() { summary[0].clone() } else { summary };
+    assert!(summary["requests"].as_u64().unwrap() >= 94, "{summary}");
+
+    let fidelity = ctxsim(&["fidelity", transcript, "--engine", "agent", "--format", "json"]);
+    assert!(fidelity.status.success(), "{}", String::from_utf8_lossy(&fidelity.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&fidelity.stdout).unwrap();
+    assert_eq!(report["requests_compared"], 94);
+    assert_eq!(report["agent"]["workload"]["main_replies"], 94);
+    assert_eq!(report["agent"]["unpaired"], 0);
+    assert!(report["context_tokens_mape"].as_f64().unwrap() < 0.5, "{}", report["context_tokens_mape"]);
+}
+
+/// `compact: true` is `/compact`: the agent compacts at that point (trigger `manual`) through the
+/// compaction fork on its own lane, and the next request starts from the summary.
+#[test]
+fn a_compact_step_compacts_there_with_trigger_manual() {
+    let out = crate::support::run_yaml(
+        r#"
+name: manual-compact
+world:
+  model: claude-sonnet-4-6
+script:
+  - user: "Read the notes."
+  - assistant:
+      - text: "The notes say to ship on Friday."
+  - compact: true
+  - user: "And after that?"
+  - assistant:
+      - text: "Then we rest."
+  - assistant:
+      - text: "<summary>The user asked about the notes; they say to ship on Friday.</summary>"
+    lane: compact
+"#,
+    );
+    assert_eq!(crate::support::lanes(&out), ["main", "compact", "main"]);
+    assert_eq!(out.summary.compactions["manual"], 1);
+    let fired: Vec<&str> = out.rows[2].stages.iter().filter(|s| s.fired).map(|s| s.name.as_str()).collect();
+    assert_eq!(fired, ["manual_compact"]);
+    assert!(out.rows[2].events.iter().any(|e| e.contains("compact")), "{:?}", out.rows[2].events);
+}
