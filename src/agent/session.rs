@@ -602,11 +602,7 @@ impl Session {
         let skills: Vec<(String, String, String)> =
             all_skills.iter().map(|s| (s.name.clone(), s.dir.clone(), s.invocation_body(&self.session_id))).collect();
         let cx = ExecContext {
-            read_max_lines: self.strategy.read_max_lines,
-            read_max_bytes: self.strategy.read_max_bytes,
-            read_max_tokens: self.strategy.read_max_tokens,
-            bash_max_output_length: self.strategy.bash_max_output_length,
-            max_mcp_output_tokens: self.strategy.max_mcp_output_tokens,
+            limits: crate::agent::tools::exec::OutputLimits::from_strategy(&self.strategy),
             deferred: &deferred,
             skills: &skills,
             tool_search: pool.tool_search || self.strategy.client_version == crate::agent::dialect::VERSION,

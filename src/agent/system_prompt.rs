@@ -502,6 +502,61 @@ pub fn identity_line(interactive: bool, has_append: bool) -> &'static str {
 // Block assembly (§2.7)
 // ---------------------------------------------------------------------------------------------
 
+/// The block mode of a system prompt under `options` (§2.7), and whether the boundary is in force:
+/// global scope with an inline MCP tool is mode A, global scope with the boundary mode B,
+/// anything else mode C.
+pub fn block_mode(options: &SystemPromptOptions, inline_mcp_tools: bool) -> (BlockMode, bool) {
+    let boundary = options.global_cache_scope && options.boundary;
+    let mode = if options.global_cache_scope && inline_mcp_tools {
+        BlockMode::ToolBased
+    } else if boundary {
+        BlockMode::SystemPromptGlobal
+    } else {
+        BlockMode::Default
+    };
+    (mode, boundary)
+}
+
+/// The system array as wire blocks with their markers, from its parts: the attribution text, the
+/// identity line, and the static and dynamic parts (each its sections joined by a blank line;
+/// empty when there are none). Mode B marks the static block with the global scope and leaves the
+/// dynamic one to the message-level breakpoint; modes A and C mark the identity line and the rest
+/// (static and dynamic joined), org-scoped. No marker at all without prompt caching. A replay of
+/// a real session lays its sized parts out through this too ([`crate::replay::session`]).
+pub fn layout_blocks(attribution: Option<&str>, identity: &str, statics: &str, dynamics: &str, mode: BlockMode, options: &SystemPromptOptions) -> Vec<SystemBlock> {
+    let marker = |scope: Option<CacheScope>| options.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(options.ttl).with_scope(scope));
+    let mut blocks = Vec::new();
+    if let Some(text) = attribution {
+        blocks.push(SystemBlock::text(text.to_owned()));
+    }
+    match mode {
+        BlockMode::SystemPromptGlobal => {
+            blocks.push(SystemBlock::text(identity.to_owned()));
+            if !statics.is_empty() {
+                blocks.push(SystemBlock::text(statics.to_owned()).with_cache_control(marker(Some(CacheScope::Global))));
+            }
+            if !dynamics.is_empty() {
+                // No marker: the dynamic block is covered by the message-level breakpoint.
+                blocks.push(SystemBlock::text(dynamics.to_owned()));
+            }
+        }
+        BlockMode::ToolBased | BlockMode::Default => {
+            // The org scope is not serialized: it becomes a plain `{type: ephemeral}`.
+            blocks.push(SystemBlock::text(identity.to_owned()).with_cache_control(marker(None)));
+            let rest = match (statics.is_empty(), dynamics.is_empty()) {
+                (true, true) => None,
+                (false, true) => Some(statics.to_owned()),
+                (true, false) => Some(dynamics.to_owned()),
+                (false, false) => Some(format!("{statics}\n\n{dynamics}")),
+            };
+            if let Some(rest) = rest {
+                blocks.push(SystemBlock::text(rest).with_cache_control(marker(None)));
+            }
+        }
+    }
+    blocks
+}
+
 fn assemble(
     inputs: &SystemPromptInputs,
     options: &SystemPromptOptions,
@@ -513,50 +568,9 @@ fn assemble(
         .attribution_header
         .then(|| attribution_text(&inputs.version, &fingerprint, &inputs.entrypoint));
     let identity = identity_line(inputs.interactive, inputs.append_system_prompt.is_some()).to_owned();
-    let boundary = options.global_cache_scope && options.boundary;
-    let mode = if options.global_cache_scope && inputs.inline_mcp_tools {
-        BlockMode::ToolBased
-    } else if boundary {
-        BlockMode::SystemPromptGlobal
-    } else {
-        BlockMode::Default
-    };
-
-    let marker = |scope: Option<CacheScope>| {
-        options
-            .prompt_caching
-            .then(|| CacheControl::ephemeral().with_ttl(options.ttl).with_scope(scope))
-    };
-    let join = |sections: &[&Section]| {
-        sections.iter().map(|section| section.text.as_str()).collect::<Vec<_>>().join("\n\n")
-    };
-
-    let mut blocks = Vec::new();
-    if let Some(text) = &attribution {
-        blocks.push(SystemBlock::text(text.clone()));
-    }
-    match mode {
-        BlockMode::SystemPromptGlobal => {
-            blocks.push(SystemBlock::text(identity.clone()));
-            let statics: Vec<&Section> = static_sections.iter().collect();
-            let dynamics: Vec<&Section> = dynamic_sections.iter().collect();
-            if !statics.is_empty() {
-                blocks.push(SystemBlock::text(join(&statics)).with_cache_control(marker(Some(CacheScope::Global))));
-            }
-            if !dynamics.is_empty() {
-                // No marker: the dynamic block is covered by the message-level breakpoint.
-                blocks.push(SystemBlock::text(join(&dynamics)));
-            }
-        }
-        BlockMode::ToolBased | BlockMode::Default => {
-            // The org scope is not serialized: it becomes a plain `{type: ephemeral}`.
-            blocks.push(SystemBlock::text(identity.clone()).with_cache_control(marker(None)));
-            let rest: Vec<&Section> = static_sections.iter().chain(&dynamic_sections).collect();
-            if !rest.is_empty() {
-                blocks.push(SystemBlock::text(join(&rest)).with_cache_control(marker(None)));
-            }
-        }
-    }
+    let (mode, boundary) = block_mode(options, inputs.inline_mcp_tools);
+    let join = |sections: &[Section]| sections.iter().map(|section| section.text.as_str()).collect::<Vec<_>>().join("\n\n");
+    let blocks = layout_blocks(attribution.as_deref(), &identity, &join(&static_sections), &join(&dynamic_sections), mode, options);
 
     SystemPromptBuild {
         static_sections,

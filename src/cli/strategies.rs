@@ -26,7 +26,11 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 .iter()
                 .map(|k| {
                     let presets: serde_json::Map<String, serde_json::Value> = k.presets.iter().cloned().collect();
-                    serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": crate::replay::session::knob_on_real_sessions(&k.key)})
+                    let mut row = serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": crate::replay::session::knob_on_real_sessions(&k.key)});
+                    if let Some(why) = crate::replay::layout::knob_not_replayed_reason(&k.key) {
+                        row["not_replayed"] = why.into();
+                    }
+                    row
                 })
                 .collect();
             let mut out = serde_json::json!({"presets": presets, "knobs": knobs});
@@ -44,10 +48,12 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 let aliases = if p.aliases.is_empty() { String::new() } else { format!(" (alias: {})", p.aliases.join(", ")) };
                 outln!("  {:<30}{aliases}\n      {}", p.id, p.source);
             }
-            outln!("\nKnobs (dotted key = default; presets that differ; `*` = not replayed on real sessions: the recording fixes it):");
+            outln!("\nKnobs (dotted key = default; presets that differ; `*` = not replayed on real sessions, and why):");
             for k in &knobs {
-                let mark = if crate::replay::session::knob_on_real_sessions(&k.key) { "" } else { "  *" };
-                outln!("  {} = {}{mark}", k.key, k.default);
+                match crate::replay::layout::knob_not_replayed_reason(&k.key) {
+                    Some(why) => outln!("  {} = {}  * {why}", k.key, k.default),
+                    None => outln!("  {} = {}", k.key, k.default),
+                }
                 for (id, value) in &k.presets {
                     outln!("      {id}: {value}");
                 }

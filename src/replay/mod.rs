@@ -4,6 +4,8 @@
 //! - [`profile`]: per-version client behaviour and sizes the transcript does not contain.
 //! - [`session`]: rebuilds, for every recorded API call, the request the client would have
 //!   sent, and measures it.
+//! - [`layout`]: the request-layout and tool-output knobs on real sessions; why a knob cannot
+//!   reach a recording, or changed nothing on one.
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
 //! - [`crossval`]: leave-one-session-out and leave-one-project-out scores of the fit, per
 //!   version group.
@@ -25,6 +27,7 @@ pub mod breaks;
 pub mod crossval;
 pub mod discover;
 pub mod fidelity;
+pub mod layout;
 pub mod loss;
 pub mod plot;
 pub mod profile;

@@ -44,6 +44,7 @@ use crate::recording::{
     read_recording,
 };
 
+use super::layout::{ReplayLayout, drop_deferred_listings, tool_search_selections};
 use super::profile::{ClientProfile, fitted_with_note};
 use super::turns::{TurnState, current_prompt_index, salt_message};
 use super::working_set::WorkingSet;
@@ -79,6 +80,15 @@ pub struct ReplayOptions {
     /// Per-tool persistence thresholds other than the client's (`None`: the recorded results
     /// as the client sent them): a larger recorded result becomes its preview.
     pub tool_result_budget: Option<crate::agent::compact::config::ToolResultBudgetConfig>,
+    /// Tool-output limits other than the client's (`None`: the recorded results as sent): a
+    /// recorded Bash, MCP or Read result beyond them becomes what the client's executor returns
+    /// instead ([`crate::agent::tools::exec::limit_recorded_results`]).
+    pub output_limits: Option<crate::agent::tools::exec::OutputLimits>,
+    /// A request layout other than the recorded client's (`None`: as recorded); see
+    /// [`ReplayLayout`].
+    pub layout: Option<super::layout::ReplayLayout>,
+    /// The TTL of the markers of every lane but the main one (`None`: the recorded one).
+    pub ttl_other: Option<CacheTtl>,
 }
 
 impl ReplayOptions {
@@ -104,6 +114,17 @@ impl ReplayOptions {
             // The recorded results are what the client's own thresholds left; other thresholds
             // are applied to them (a higher one cannot restore what the client persisted).
             tool_result_budget: (strategy.compact.tool_result_budget != Default::default()).then(|| strategy.compact.tool_result_budget.clone()),
+            // Like the thresholds: the defaults are the recorded client's, other limits apply
+            // to what it sent.
+            output_limits: {
+                let limits = crate::agent::tools::exec::OutputLimits::from_strategy(strategy);
+                (limits != crate::agent::tools::exec::OutputLimits::from_strategy(&crate::strategy::Strategy::default())).then_some(limits)
+            },
+            layout: {
+                let layout = ReplayLayout::of(strategy);
+                (layout != ReplayLayout::of(&crate::strategy::Strategy::default())).then_some(layout)
+            },
+            ttl_other: (strategy.ttl_other != crate::strategy::Strategy::default().ttl_other).then_some(strategy.ttl_other),
             ..ReplayOptions::default()
         }
     }
@@ -115,6 +136,8 @@ impl ReplayOptions {
             || self.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
             || self.clear_tool_uses.is_some()
             || self.tool_result_budget.is_some()
+            || self.output_limits.is_some()
+            || self.layout.as_ref().is_some_and(|l| l.eager_tools)
     }
 }
 
@@ -137,13 +160,16 @@ pub const REPLAYED_KNOBS: [&str; 14] = [
     "compact.tool_result_budget.",
 ];
 
-/// Whether a replay of a real session honours the knob `key` (see [`REPLAYED_KNOBS`]); the
-/// aggregate tool result budget is not replayed.
+/// Whether a replay of a real session honours the knob `key` (see [`REPLAYED_KNOBS`] and
+/// [`super::layout::LAYOUT_KNOBS`]); the aggregate tool result budget is not replayed.
 pub fn knob_on_real_sessions(key: &str) -> bool {
     if key.starts_with("compact.tool_result_budget.aggregate") {
         return false;
     }
-    REPLAYED_KNOBS.iter().any(|k| if k.ends_with('.') { key.starts_with(k) } else { key == *k || key.starts_with(&format!("{k}.")) })
+    REPLAYED_KNOBS
+        .iter()
+        .chain(&super::layout::LAYOUT_KNOBS)
+        .any(|k| if k.ends_with('.') { key.starts_with(k) } else { key == *k || key.starts_with(&format!("{k}.")) })
 }
 
 impl Default for ReplayOptions {
@@ -159,6 +185,9 @@ impl Default for ReplayOptions {
             autocompact: None,
             info_loss: true,
             tool_result_budget: None,
+            output_limits: None,
+            layout: None,
+            ttl_other: None,
         }
     }
 }
@@ -355,6 +384,10 @@ struct LaneState {
     /// The lane's messages as last built ([`BuiltView`]).
     built: BuiltView,
     parts: Parts,
+    /// Under a layout what-if: new client processes so far (each recomputes the dynamic system
+    /// part), and the deferred tools the lane's `deferred_tools_delta` attachments announce.
+    dynamic_epoch: u32,
+    announced_deferred: BTreeSet<String>,
 }
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
@@ -375,7 +408,23 @@ struct Unrecorded<'a> {
     cache_control: CacheControl,
     /// The tool result the last breakpoint goes on, when not the last block.
     marked_result: Option<&'a str>,
+    /// The layout what-if in force ([`ReplayOptions::layout`]).
+    layout: Option<LayoutCall<'a>>,
 }
+
+/// A layout what-if at one call: the layout, the re-computations of the dynamic system part so
+/// far, the deferred tools sent up front (name, tokens) and the client version.
+#[derive(Clone, Copy)]
+struct LayoutCall<'a> {
+    layout: &'a ReplayLayout,
+    dynamic_epoch: u32,
+    up_front: &'a [(String, u64)],
+    version: &'a str,
+}
+
+/// Tokens of the filler tool each deferred tool sent up front or loaded is sized as when the size
+/// profile does not know it (MCP tools).
+const DEFERRED_TOOL_TOKENS: u64 = 80;
 
 impl Unrecorded<'_> {
     fn request(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes) -> Request {
@@ -388,18 +437,33 @@ impl Unrecorded<'_> {
     fn request_with(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes, parts: &mut Parts) -> Request {
         let mut request = Request::new(model.to_owned(), 32_000);
         request.messages = messages;
+        if let Some(layout) = &self.layout {
+            let (tools, system) = self.laid_out(layout, sizes);
+            request.tools = Some(tools);
+            request.system = Some(system);
+            parts.system_key = None;
+        }
         let label = if self.group == LANE_MAIN { "system".to_owned() } else { format!("system {}", self.group) };
         let key = (label, sizes.prefix_tokens, self.kind, self.params.scale.to_bits(), self.params.per_block.to_bits(), self.cache_control.clone());
-        let system = match parts.system.take() {
-            Some((k, system)) if k == key => system,
-            _ => SystemPrompt::Blocks(vec![
-                SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
-                    .with_cache_control(Some(self.cache_control.clone())),
-            ]),
-        };
-        request.system = Some(system);
-        parts.system_key = Some(key);
-        if !self.loaded_tools.is_empty() {
+        if self.layout.is_none() {
+            let system = match parts.system.take() {
+                Some((k, system)) if k == key => system,
+                _ => SystemPrompt::Blocks(vec![
+                    SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
+                        .with_cache_control(Some(self.cache_control.clone())),
+                ]),
+            };
+            request.system = Some(system);
+            parts.system_key = Some(key);
+        }
+        if self.layout.is_some() {
+            let tools = request.tools.get_or_insert_with(Vec::new);
+            tools.extend(
+                self.loaded_tools
+                    .iter()
+                    .map(|name| Tool::custom(name.clone(), filler(name, DEFERRED_TOOL_TOKENS, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"}))),
+            );
+        } else if !self.loaded_tools.is_empty() {
             request.tools = Some(
                 self.loaded_tools
                     .iter()
@@ -426,6 +490,7 @@ impl Unrecorded<'_> {
             let at = target.unwrap_or(blocks.len().saturating_sub(1));
             if let Some(block) = blocks.get_mut(at)
                 && !block.is_thinking()
+                && self.layout.is_none_or(|l| l.layout.prompt_caching)
             {
                 block.set_cache_control(Some(self.cache_control.clone()));
             }
@@ -435,7 +500,54 @@ impl Unrecorded<'_> {
 
     /// The label and size of the user-context reminder opening `messages[0]`, if any.
     fn reminder(&self, sizes: GroupSizes) -> Option<(String, u64)> {
-        (sizes.context_tokens > 0).then(|| (format!("user-context {} {} {}", self.group, self.epoch, sizes.context_tokens), sizes.context_tokens))
+        let tokens = sizes.context_tokens - self.dynamic_tokens(sizes);
+        (tokens > 0).then(|| (format!("user-context {} {} {}", self.group, self.epoch, tokens), tokens))
+    }
+
+    /// Tokens of the dynamic system part under a layout what-if: the main thread's, taken from
+    /// the user-context share (see [`ReplayLayout`]); 0 otherwise.
+    fn dynamic_tokens(&self, sizes: GroupSizes) -> u64 {
+        match self.layout {
+            Some(_) if self.group == LANE_MAIN => super::profile::layout_shares().dynamic_tokens.min(sizes.context_tokens),
+            _ => 0,
+        }
+    }
+
+    /// The tools and system prompt of a request under a layout what-if: the parts the prefix
+    /// level is cut into ([`ReplayLayout`]), laid out by the agent's block layout.
+    fn laid_out(&self, call: &LayoutCall<'_>, sizes: GroupSizes) -> (Vec<Tool>, SystemPrompt) {
+        use crate::agent::system_prompt::{attribution_text, block_mode, fingerprint, identity_line, layout_blocks};
+        let fill = |label: &str, tokens: u64| if tokens == 0 { String::new() } else { filler(label, tokens, self.kind, self.params.scale, self.params.per_block) };
+        let shares = super::profile::layout_shares();
+        let attribution = attribution_text(call.version, &fingerprint("", call.version), "cli");
+        let attribution_tokens = u64::from(chars4(&attribution));
+        let identity_tokens = u64::from(chars4(identity_line(true, false)));
+        let prefix = sizes.prefix_tokens;
+        let tools_tokens = (prefix as f64 * shares.tools_share).round() as u64;
+        let static_tokens = prefix.saturating_sub(tools_tokens + attribution_tokens + identity_tokens);
+        // The tool is counted as its JSON: the filler makes up what its framing does not.
+        let name = format!("tools_{}", self.group);
+        let schema = serde_json::json!({"type": "object"});
+        let framing = serde_json::to_string(&Tool::custom(name.clone(), String::new(), schema.clone())).unwrap_or_default();
+        let framing = u64::from(match self.kind {
+            EstimatorKind::Chars4 => chars4(&framing),
+            _ => bpe(&framing),
+        });
+        let framing = if self.kind == EstimatorKind::Calibrated { (framing as f64 * self.params.scale).round() as u64 } else { framing };
+        let mut tools = vec![Tool::custom(name, fill(&format!("tools {}", self.group), tools_tokens.saturating_sub(framing)), schema)];
+        tools.extend(
+            call.up_front
+                .iter()
+                .map(|(name, tokens)| Tool::custom(name.clone(), filler(name, *tokens, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"}))),
+        );
+        let options = call.layout.system_options(self.group, self.cache_control.ttl.unwrap_or(CacheTtl::FiveMinutes));
+        let inline_mcp = call.up_front.iter().any(|(name, _)| name.starts_with("mcp__"));
+        let (mode, _) = block_mode(&options, inline_mcp);
+        let attribution = call.layout.attribution.then(|| fill("attribution", attribution_tokens));
+        let statics = fill(&format!("system static {}", self.group), static_tokens);
+        let dynamics = fill(&format!("system dynamic {} {}", self.group, call.dynamic_epoch), self.dynamic_tokens(sizes));
+        let blocks = layout_blocks(attribution.as_deref(), &fill("identity", identity_tokens), &statics, &dynamics, mode, &options);
+        (tools, SystemPrompt::Blocks(blocks))
     }
 
     /// The keys of [`Self::request`]'s messages when it is built around `messages` (a prefix of
@@ -1015,6 +1127,11 @@ fn replay_session_observing(
         }
     }
 
+    // Tool search off: the deferred tools the session's ToolSearch calls load are sent from the
+    // start.
+    let eager = options.layout.as_ref().is_some_and(|l| l.eager_tools);
+    let searched_tools: BTreeSet<String> = if eager { tool_search_selections(session) } else { BTreeSet::new() };
+
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
     let mut views = crate::recording::ViewCache::default();
     let mut keys = MessageKeys { space: measurer.new_key_space(), fresh: 0 };
@@ -1130,6 +1247,17 @@ fn replay_session_observing(
                 }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     attachment_chars += attachment.payload.to_string().len() as u64;
+                    if attachment.attachment_type == "deferred_tools_delta" {
+                        let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
+                        let before = state.announced_deferred.clone();
+                        for name in names("removedNames").collect::<Vec<_>>() {
+                            state.announced_deferred.remove(&name);
+                        }
+                        state.announced_deferred.extend(names("addedNames"));
+                        if eager && state.announced_deferred != before && state.last_time_ms.is_some() {
+                            call_events.push("deferred_tools_changed".into());
+                        }
+                    }
                 }
                 EventKind::UserPrompt(prompt) => {
                     request_start = Some(event.time_ms);
@@ -1155,7 +1283,7 @@ fn replay_session_observing(
                                     state.rerender_epoch += 1;
                                 }
                                 // Only the session's first load moves the tools array.
-                                "ToolSearch" if profile.tool_search_full_miss && !state.tool_search_loaded => {
+                                "ToolSearch" if profile.tool_search_full_miss && !state.tool_search_loaded && !eager => {
                                     state.tool_search_loaded = true;
                                     let query = input.get("query").and_then(Value::as_str).unwrap_or("");
                                     for tool in query.trim_start_matches("select:").split(',') {
@@ -1191,6 +1319,7 @@ fn replay_session_observing(
         // results off the parentUuid chain) and re-renders the start of the conversation.
         if let Some(i) = resumed_at {
             state.loaded_until = i;
+            state.dynamic_epoch += 1;
             if profile.resume_rerender {
                 call_events.push("resume".into());
                 state.rerender_epoch += 1;
@@ -1215,8 +1344,9 @@ fn replay_session_observing(
         if let Some(ttl) = ttl_of(&call.usage) {
             state.ttl = Some(ttl);
         }
-        let ttl = match options.ttl_main {
-            Some(ttl) if call.lane == LANE_MAIN => ttl,
+        let ttl = match (options.ttl_main, options.ttl_other) {
+            (Some(ttl), _) if call.lane == LANE_MAIN => ttl,
+            (_, Some(ttl)) if call.lane != LANE_MAIN => ttl,
             _ => state.ttl.unwrap_or(CacheTtl::FiveMinutes),
         };
         if state.model.as_ref().is_some_and(|m| m != &call.model) {
@@ -1241,7 +1371,9 @@ fn replay_session_observing(
         // fork or a peer-rewritten call builds its own.
         let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
             || options.clear_tool_uses.is_some()
-            || options.tool_result_budget.is_some();
+            || options.tool_result_budget.is_some()
+            || options.output_limits.is_some()
+            || eager;
         let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
             let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
             state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate);
@@ -1277,6 +1409,21 @@ fn replay_session_observing(
                 if first_divergence.is_none() {
                     first_divergence = Some((call.index, format!("the tool result budget replaced the recorded result {} by its preview", replaced[0])));
                 }
+            }
+        }
+        if let Some(limits) = &options.output_limits {
+            let changed = crate::agent::tools::exec::limit_recorded_results(&mut messages, limits);
+            if !changed.is_empty() && call.lane == LANE_MAIN {
+                diverged_calls += 1;
+                if first_divergence.is_none() {
+                    first_divergence = Some((call.index, format!("the tool-output limits replaced the recorded result {} by what the client's executor returns", changed[0])));
+                }
+            }
+        }
+        if eager && drop_deferred_listings(&mut messages) && call.lane == LANE_MAIN {
+            diverged_calls += 1;
+            if first_divergence.is_none() {
+                first_divergence = Some((call.index, "tool search off: the deferred-tools listing the recorded client sent is not sent, every deferred tool is".to_owned()));
             }
         }
         if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
@@ -1345,6 +1492,16 @@ fn replay_session_observing(
         let transient = fork_transient || (call.lane == LANE_MAIN && state.turns.transient_prompt);
         let strips_thinking = measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking);
 
+        let up_front: Vec<(String, u64)> = if eager {
+            state
+                .announced_deferred
+                .union(&searched_tools)
+                .map(|name| (name.clone(), super::profile::builtin_tool_tokens(name).unwrap_or(DEFERRED_TOOL_TOKENS)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let version = call.version.as_deref().unwrap_or("");
         let unrecorded = Unrecorded {
             group: &group,
             epoch: state.rerender_epoch,
@@ -1353,6 +1510,7 @@ fn replay_session_observing(
             params,
             cache_control: CacheControl::ephemeral().with_ttl(Some(ttl)),
             marked_result: marked_result.as_deref(),
+            layout: options.layout.as_ref().map(|layout| LayoutCall { layout, dynamic_epoch: state.dynamic_epoch, up_front: &up_front, version }),
         };
 
         // Sizes of the unrecorded part: inferred from the group's first compared call.
@@ -1497,11 +1655,12 @@ fn replay_session_observing(
             }
         };
         shape_flat(&request, &mut flat, strips_thinking, transient);
+        let has_reminder = unrecorded.reminder(sizes).is_some();
         let synthetic_tokens = flat.region_tokens(Region::Tools)
             + flat.region_tokens(Region::System)
-            + if sizes.context_tokens > 0 { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
+            + if has_reminder { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
         let message_tokens = flat.total_tokens - synthetic_tokens;
-        let message_blocks = (flat.counts.messages - usize::from(sizes.context_tokens > 0)) as u64;
+        let message_blocks = (flat.counts.messages - usize::from(has_reminder)) as u64;
         let mut measure_input = MeasureInput::new(&call.lane, start_ms, &request);
         measure_input.first_token_ms = call.time_ms - start_ms;
         measure_input.turn = turn;

@@ -408,15 +408,13 @@ pub fn compare(
         let (i, s) = jobs[job];
         let first = (0..s).find(|&t| digests[job - s + t] == digests[job]);
         if let Some(t) = first {
-            let why = matches!(inputs[i].loaded, LoadedInput::Session(_))
-                && ReplayOptions::from_strategy(&strategies[s]) == ReplayOptions::from_strategy(&strategies[t]);
-            e.same_results_as = Some(if why {
-                format!(
-                    "{} (a replay of a recording honours only the main lane's TTL, the recorded microcompacts, the peer mechanisms, API context editing, the autocompact settings and the tool result budget's thresholds, and these two agree on them)",
-                    strategies[t].name
-                )
-            } else {
-                strategies[t].name.clone()
+            let why = match &inputs[i].loaded {
+                LoadedInput::Session(session) => crate::replay::layout::same_results_reason(&strategies[s], &strategies[t], session),
+                _ => None,
+            };
+            e.same_results_as = Some(match why {
+                Some(why) => format!("{} ({why})", strategies[t].name),
+                None => strategies[t].name.clone(),
             });
         }
     }

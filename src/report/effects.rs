@@ -159,11 +159,14 @@ impl Reason {
             let n = grid.params[param].values.len();
             let stride: usize = grid.params[param + 1..].iter().map(|p| p.values.len()).product();
             if (0..options.len()).all(|p| options[p] == options[p - ((p / stride) % n) * stride]) {
-                return Reason::Known(
-                    "the replay of a recording does not honour this knob: it honours the main lane's TTL, the recorded microcompacts, \
-                     the peer mechanisms, API context editing, the autocompact settings and the tool result budget's thresholds, and the recording fixes the rest"
-                        .to_owned(),
-                );
+                let why = crate::replay::layout::knob_not_replayed_reason(key)
+                    .unwrap_or("the knob's values give the same replay (a default that stands for what the recording shows)");
+                return Reason::Known(format!("the replay of a recording does not honour this knob: {why}"));
+            }
+            if let LoadedInput::Session(session) = &input.loaded
+                && let Some(why) = crate::replay::layout::knob_no_effect_reason(key, strategies, session)
+            {
+                return Reason::Known(why);
             }
         }
         let mut parts = key.split('.');

@@ -14,11 +14,7 @@ use crate::world::World;
 /// Limits and lookups an execution needs from the session.
 #[derive(Debug, Clone)]
 pub struct ExecContext<'a> {
-    pub read_max_lines: usize,
-    pub read_max_bytes: usize,
-    pub read_max_tokens: u64,
-    pub bash_max_output_length: usize,
-    pub max_mcp_output_tokens: u64,
+    pub limits: OutputLimits,
     /// Names of deferred tools ToolSearch can load, with descriptions.
     pub deferred: &'a [(String, String)],
     /// Skills the Skill tool can run: (name, directory, body).
@@ -26,6 +22,118 @@ pub struct ExecContext<'a> {
     /// ToolSearch is one of the request's tools (tool search on). When it is not, a call to it
     /// gets the error any unknown tool gets, as the real client answers.
     pub tool_search: bool,
+}
+
+/// The client's limits on what a tool returns (`BASH_MAX_OUTPUT_LENGTH`, `MAX_MCP_OUTPUT_TOKENS`,
+/// Read's line, byte and token limits). The executors apply them to what they produce; a replay of
+/// a real session applies them to the recorded results ([`limit_recorded_results`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct OutputLimits {
+    pub read_max_lines: usize,
+    pub read_max_bytes: usize,
+    pub read_max_tokens: u64,
+    pub bash_max_output_length: usize,
+    pub max_mcp_output_tokens: u64,
+}
+
+impl OutputLimits {
+    pub fn from_strategy(strategy: &crate::strategy::Strategy) -> OutputLimits {
+        OutputLimits {
+            read_max_lines: strategy.read_max_lines,
+            read_max_bytes: strategy.read_max_bytes,
+            read_max_tokens: strategy.read_max_tokens,
+            bash_max_output_length: strategy.bash_max_output_length,
+            max_mcp_output_tokens: strategy.max_mcp_output_tokens,
+        }
+    }
+
+    /// An MCP or Bash result's content cut as the client cuts it (other tools' unchanged).
+    pub fn cut_output(&self, name: &str, content: ToolResultContent) -> ToolResultContent {
+        if name.starts_with("mcp__") {
+            truncate_tool_content(content, (self.max_mcp_output_tokens * 4) as usize)
+        } else if name == "Bash" {
+            truncate_tool_content(content, self.bash_max_output_length)
+        } else {
+            content
+        }
+    }
+}
+
+/// Read's answer to a whole-file read of a file larger than `max_bytes`.
+pub fn read_size_error(bytes: usize, max_bytes: usize) -> String {
+    format!(
+        "File content ({} KB) exceeds the maximum allowed size ({} KB). Read it in parts with offset and limit, or search it with Grep.",
+        bytes / 1024,
+        max_bytes / 1024
+    )
+}
+
+/// Read's answer to a result of more than `max_tokens` tokens (chars/4).
+pub fn read_tokens_error(tokens: usize, max_tokens: u64) -> String {
+    format!("File content ({tokens} tokens) exceeds the maximum allowed tokens ({max_tokens}). Read it in parts with offset and limit, or search it with Grep.")
+}
+
+/// The recorded tool results of `messages` as the client would have sent them under `limits`:
+/// a Bash or MCP result longer than its limit is cut as the executors cut it; a Read without
+/// offset and limit keeps its first `read_max_lines` numbered lines, and becomes Read's error
+/// when its text is larger than `read_max_bytes` (the file's size is not recorded; the numbered
+/// text stands for it) or its numbered lines count more than `read_max_tokens` (chars/4).
+/// Results already within the limits are unchanged: a limit above the recorded client's cannot
+/// restore what it cut. Returns the ids of the results changed, in message order.
+pub fn limit_recorded_results(messages: &mut [crate::api::Message], limits: &OutputLimits) -> Vec<String> {
+    use std::collections::BTreeMap;
+    let mut uses: BTreeMap<String, (String, Value)> = BTreeMap::new();
+    let mut changed = Vec::new();
+    for message in messages.iter_mut() {
+        let crate::api::MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        for block in blocks.iter_mut() {
+            match block {
+                ContentBlock::ToolUse { id, name, input, .. } => {
+                    uses.insert(id.clone(), (name.clone(), input.clone()));
+                }
+                ContentBlock::ToolResult { tool_use_id, content: Some(content), is_error, .. } => {
+                    let Some((name, input)) = uses.get(tool_use_id.as_str()) else { continue };
+                    let (limited, error) = if name == "Read" {
+                        match limit_read(content, input, limits) {
+                            Some(result) => result,
+                            None => continue,
+                        }
+                    } else {
+                        (limits.cut_output(name, content.clone()), *is_error == Some(true))
+                    };
+                    if limited != *content {
+                        *content = limited;
+                        if error {
+                            *is_error = Some(true);
+                        }
+                        changed.push(tool_use_id.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    changed
+}
+
+/// A recorded Read result under `limits` (`None`: unchanged), with whether it is an error.
+fn limit_read(content: &ToolResultContent, input: &Value, limits: &OutputLimits) -> Option<(ToolResultContent, bool)> {
+    let ToolResultContent::Text(text) = content else { return None };
+    let whole = input.get("offset").is_none() && input.get("limit").is_none();
+    // The numbered lines, then the reminders the client appends.
+    let body_end = text.find("\n<system-reminder>").map_or(text.len(), |at| at + 1);
+    let (body, tail) = text.split_at(body_end);
+    if whole && body.len() > limits.read_max_bytes {
+        return Some((ToolResultContent::Text(read_size_error(body.len(), limits.read_max_bytes)), true));
+    }
+    let mut kept = body;
+    if whole && let Some((at, _)) = body.match_indices('\n').nth(limits.read_max_lines.saturating_sub(1)) {
+        kept = &body[..=at];
+    }
+    if (kept.len() as u64) / 4 > limits.read_max_tokens {
+        return Some((ToolResultContent::Text(read_tokens_error(kept.len() / 4, limits.read_max_tokens)), true));
+    }
+    (kept.len() < body.len()).then(|| (ToolResultContent::Text(format!("{kept}{tail}")), false))
 }
 
 /// What executing one tool_use produced.
@@ -69,12 +177,7 @@ what it does, how it spreads, how to detect it. Do not improve, extend or repair
 pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &ExecContext<'_>) -> ExecOutcome {
     if let Some(scripted) = world.tool_outputs.get(id) {
         let mut outcome = ExecOutcome::text(id, String::new(), false);
-        let mut content = scripted.content.clone();
-        if name.starts_with("mcp__") {
-            content = truncate_tool_content(content, (cx.max_mcp_output_tokens * 4) as usize);
-        } else if name == "Bash" {
-            content = truncate_tool_content(content, cx.bash_max_output_length);
-        }
+        let content = cx.limits.cut_output(name, scripted.content.clone());
         let is_error = if scripted.is_error { Some(true) } else if name == "Bash" { Some(false) } else { None };
         outcome.result = ContentBlock::tool_result(id, content, is_error);
         return outcome;
@@ -150,7 +253,7 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
         "Grep" => grep(id, input, world),
         "Bash" => {
             let text = bash(&arg("command"), world);
-            let mut text = truncate_chars(&text, cx.bash_max_output_length);
+            let mut text = truncate_chars(&text, cx.limits.bash_max_output_length);
             if text.is_empty() {
                 text = "(Bash completed with no output)".into();
             }
@@ -226,25 +329,17 @@ fn read(world: &World, path: &str, input: &Value, cx: &ExecContext<'_>) -> Resul
     let text = world.fs.read(path).map_err(|_| format!("File does not exist. Current working directory: {}", world.cwd))?;
     let offset = input.get("offset").and_then(Value::as_u64);
     let limit = input.get("limit").and_then(Value::as_u64);
-    if offset.is_none() && limit.is_none() && text.len() > cx.read_max_bytes {
-        return Err(format!(
-            "File content ({} KB) exceeds the maximum allowed size ({} KB). Read it in parts with offset and limit, or search it with Grep.",
-            text.len() / 1024,
-            cx.read_max_bytes / 1024
-        ));
+    if offset.is_none() && limit.is_none() && text.len() > cx.limits.read_max_bytes {
+        return Err(read_size_error(text.len(), cx.limits.read_max_bytes));
     }
     if text.is_empty() {
         return Ok(system_reminder("The file exists but is empty."));
     }
     let start = offset.unwrap_or(1).saturating_sub(1) as usize;
-    let limit = limit.map_or(cx.read_max_lines, |l| l as usize);
+    let limit = limit.map_or(cx.limits.read_max_lines, |l| l as usize);
     let numbered = number_lines(text, start, limit);
-    if (numbered.len() as u64) / 4 > cx.read_max_tokens {
-        return Err(format!(
-            "File content ({} tokens) exceeds the maximum allowed tokens ({}). Read it in parts with offset and limit, or search it with Grep.",
-            numbered.len() / 4,
-            cx.read_max_tokens
-        ));
+    if (numbered.len() as u64) / 4 > cx.limits.read_max_tokens {
+        return Err(read_tokens_error(numbered.len() / 4, cx.limits.read_max_tokens));
     }
     Ok(format!("{numbered}\n{}\n", system_reminder(READ_CAUTION)))
 }
@@ -401,10 +496,33 @@ fn tool_search(id: &str, query: &str, cx: &ExecContext<'_>) -> ExecOutcome {
     outcome
 }
 
+/// A result's text cut at `max_chars`; in a result of blocks, the text blocks count together
+/// (the one that crosses the limit is cut, later ones go; images stay).
 fn truncate_tool_content(content: ToolResultContent, max_chars: usize) -> ToolResultContent {
     match content {
         ToolResultContent::Text(t) => ToolResultContent::Text(truncate_chars(&t, max_chars)),
-        other => other,
+        ToolResultContent::Blocks(blocks) => {
+            let mut left = max_chars;
+            let mut out = Vec::with_capacity(blocks.len());
+            let mut cut = false;
+            for block in blocks {
+                match block {
+                    ContentBlock::Text { text, .. } if cut => drop(text),
+                    ContentBlock::Text { text, .. } => {
+                        let n = text.chars().count();
+                        if n > left {
+                            cut = true;
+                            out.push(ContentBlock::text(truncate_chars(&text, left)));
+                        } else {
+                            left -= n;
+                            out.push(ContentBlock::text(text));
+                        }
+                    }
+                    other => out.push(other),
+                }
+            }
+            ToolResultContent::Blocks(out)
+        }
     }
 }
 

@@ -10,7 +10,7 @@ pub use defs::{
 pub use pool::{
     DEFERRED_CLOSE, DEFERRED_OPEN, MCP_DESCRIPTION_MAX, McpToolSpec, PoolInputs, PoolTool, TOOL_SEARCH_AUTO_PERCENT,
     ToolPool, ToolSearchMode, assemble_pool, code_unit_compare, deferred_tools_listing, locale_compare, mcp_tool_name,
-    model_supports_tool_reference, normalize_name_for_mcp,
+    model_supports_tool_reference, normalize_name_for_mcp, tool_search_allowed,
 };
 
 pub mod exec;

@@ -242,12 +242,19 @@ pub fn model_supports_tool_reference(model_id: &str) -> bool {
     !model_id.to_ascii_lowercase().contains("haiku")
 }
 
+/// Whether the client can defer tools at all (`ENABLE_TOOL_SEARCH` not `false`, experimental
+/// betas allowed): a first-party provider behind a proxy gets no tool search unless the env asks
+/// for it.
+pub fn tool_search_allowed(enable_tool_search: Option<&str>, disable_experimental_betas: bool, first_party: bool, custom_base_url: bool) -> bool {
+    ToolSearchMode::from_env(enable_tool_search, disable_experimental_betas) != ToolSearchMode::Standard
+        && !(enable_tool_search.is_none() && first_party && custom_base_url)
+}
+
 /// Builds the pool and the request's `tools` array.
 pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
     let mode = ToolSearchMode::from_env(inputs.enable_tool_search.as_deref(), inputs.disable_experimental_betas);
-    // A first-party provider behind a proxy gets no tool search unless the env asks for it.
-    let mut tool_search_available = mode != ToolSearchMode::Standard
-        && !(inputs.enable_tool_search.is_none() && inputs.first_party && inputs.custom_base_url);
+    let mut tool_search_available =
+        tool_search_allowed(inputs.enable_tool_search.as_deref(), inputs.disable_experimental_betas, inputs.first_party, inputs.custom_base_url);
 
     let mut builtins: Vec<BuiltinTool> = base_tool_names(inputs.todo_v2)
         .iter()
