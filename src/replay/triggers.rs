@@ -82,11 +82,21 @@ impl TriggerReport {
 /// 200k unless the record shows 1M was asked for: a `[1m]` id, the `/model` picker's
 /// "1M context" in a local command's output, or a recorded context above 200k.
 pub fn session_window(session: &ImportedSession, replay: &SessionReplay, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
+    let peak = replay.calls.iter().map(|c| c.recorded_context()).max().unwrap_or(0);
+    window_with_peak(session, peak, model, info)
+}
+
+/// [`session_window`] before any replay: the recorded context peak read from the calls' usage.
+pub fn recorded_window(session: &ImportedSession, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
+    let peak = session.calls.iter().map(|c| c.usage.prompt_tokens()).max().unwrap_or(0);
+    window_with_peak(session, peak, model, info)
+}
+
+fn window_with_peak(session: &ImportedSession, peak: u64, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
     let Some(info) = info else { return DEFAULT_WINDOW };
     if !info.window_1m_opt_in {
         return info.context_window;
     }
-    let peak = replay.calls.iter().map(|c| c.recorded_context()).max().unwrap_or(0);
     let picked_1m = session.recording.events.iter().any(|e| match &e.kind {
         EventKind::SystemEvent(sys) if sys.subtype == "local_command" => {
             sys.payload.get("content").and_then(serde_json::Value::as_str).is_some_and(|c| c.contains("1M context"))
