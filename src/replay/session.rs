@@ -108,8 +108,10 @@ impl ReplayOptions {
             autocompact: (strategy.compact.autocompact != Default::default()).then(|| strategy.compact.autocompact.clone()),
             // The recorded results are what the client's own thresholds left; other thresholds
             // are applied to them (a higher one cannot restore what the client persisted).
-            tool_result_budget: (strategy.compact.tool_result_budget != Default::default()).then(|| strategy.compact.tool_result_budget.clone()),
-            stages: super::stages::configured(&strategy.compact).then(|| strategy.compact.clone()),
+            // (The aggregate budget is a stage of its own: [`Self::stages`].)
+            tool_result_budget: (per_tool_budget(&strategy.compact.tool_result_budget) != per_tool_budget(&Default::default()))
+                .then(|| strategy.compact.tool_result_budget.clone()),
+            stages: super::stages::configured(&strategy.compact).then(|| super::stages::chain_config(&strategy.compact)),
             ..ReplayOptions::default()
         }
     }
@@ -123,6 +125,12 @@ impl ReplayOptions {
             || self.tool_result_budget.is_some()
             || self.stages.is_some()
     }
+}
+
+/// The per-tool part of a tool result budget (the aggregate settings left at their defaults).
+fn per_tool_budget(config: &crate::agent::compact::config::ToolResultBudgetConfig) -> crate::agent::compact::config::ToolResultBudgetConfig {
+    let defaults = crate::agent::compact::config::ToolResultBudgetConfig::default();
+    crate::agent::compact::config::ToolResultBudgetConfig { aggregate_enabled: defaults.aggregate_enabled, aggregate_chars: defaults.aggregate_chars, ..config.clone() }
 }
 
 /// Knobs a replay of a real session honours ([`ReplayOptions::from_strategy`]), as dotted keys

@@ -41,6 +41,18 @@ pub fn configured(config: &CompactConfig) -> bool {
     microcompact || config.snip.enabled || config.context_collapse.enabled || config.tool_result_budget.aggregate_enabled
 }
 
+/// The configuration the chain runs with on a real session: `config`, but for the tool result
+/// budget's per-tool thresholds, which the recorded results already went through (the
+/// recording's client applied its own; other thresholds are applied before the chain:
+/// [`super::session::ReplayOptions::tool_result_budget`]), so that only the aggregate budget
+/// persists results here.
+pub fn chain_config(config: &CompactConfig) -> CompactConfig {
+    let mut config = config.clone();
+    config.tool_result_budget.per_tool_chars.clear();
+    config.tool_result_budget.default_chars = u64::MAX;
+    config
+}
+
 /// Uuids of records the chain creates start here ([`ChainState::uuid`]); below it an entry's
 /// uuid is its index in the lane's recorded view.
 const CREATED: u64 = 1_000_000_000;

@@ -19,6 +19,7 @@ mod fidelity_fit;
 mod git_status;
 mod compact;
 mod real_client;
+mod real_stages;
 mod recording;
 mod requests;
 mod run_memory;
