@@ -151,17 +151,24 @@ impl StagesState {
         }
         let n = messages.len();
         let mut entries = Vec::with_capacity(n);
+        // Assistant messages in a row are one API round (the results of all their tool uses
+        // follow them), so a stage that drops rounds never parts a tool use from its result.
+        let (mut round, mut previous_assistant) = (0, false);
         for (i, message) in messages.into_iter().enumerate() {
+            let assistant = message.role == Role::Assistant;
+            if assistant && !previous_assistant {
+                round = i;
+            }
+            previous_assistant = assistant;
             if let Some(records) = self.inserted.get(&i) {
                 entries.extend(records.iter().cloned());
             }
             if self.dropped.contains(&i) {
                 continue;
             }
-            let assistant = message.role == Role::Assistant;
             let mut entry = Entry::new(message, i as u64, timestamp_ms);
             if assistant {
-                entry.message_id = Some(format!("recorded-{i}"));
+                entry.message_id = Some(format!("recorded-{round}"));
             }
             entries.push(entry);
         }
