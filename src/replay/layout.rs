@@ -120,7 +120,6 @@ pub fn knob_not_replayed_reason(key: &str) -> Option<&'static str> {
         "relevant_memories" => "the memory files and the selection side call are not in the transcript",
         "client_version" => "the recording fixes the client version (its size profile and behaviour are the recorded one's)",
         "size_profile_padding" => "the replay sizes the unrecorded prefix from the record itself, not from padded texts",
-        _ if key.starts_with("compact.tool_result_budget.aggregate") => "the aggregate budget needs the client's per-message accounting, which the transcript does not record",
         _ if key.starts_with("compact.") => "a long-context stage the replay does not run: the recording's own compactions and clearings stand",
         _ => "the recording fixes it",
     })

@@ -11,6 +11,8 @@
 //!   version group.
 //! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
+//! - [`stages`]: the agent's long-context stages (microcompact, the aggregate tool result
+//!   budget, snip, context collapse) run on a real session's main lane before every call.
 //! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
 //! - [`triggers`]: where the agent's autocompact threshold fires on a real session, against
 //!   the recorded `compact_boundary` records.
@@ -32,6 +34,7 @@ pub mod loss;
 pub mod plot;
 pub mod profile;
 pub mod session;
+pub mod stages;
 pub mod triggers;
 pub mod whatif;
 pub mod workload;

@@ -89,6 +89,10 @@ pub struct ReplayOptions {
     pub layout: Option<super::layout::ReplayLayout>,
     /// The TTL of the markers of every lane but the main one (`None`: the recorded one).
     pub ttl_other: Option<CacheTtl>,
+    /// The agent's long-context stages run on the main lane's messages before every recorded
+    /// main call ([`super::stages`]: time-based and cached microcompact, the aggregate tool result
+    /// budget, snip, context collapse); `None`: the recording's messages as its client sent them.
+    pub stages: Option<crate::agent::compact::CompactConfig>,
 }
 
 impl ReplayOptions {
@@ -96,11 +100,12 @@ impl ReplayOptions {
     /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
     /// mechanism, API context editing, and every autocompact setting (buffer, percentage
     /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]), and
-    /// the tool result budget's per-tool thresholds. The other stages of the chain (the
-    /// aggregate budget, snip, time-based and cached microcompact, collapse, session memory)
-    /// and the request layout (tool search, MCP placement, the boundary) are still the
-    /// recording's: a sweep over them says it changes nothing, and `ctxsim strategies` marks
-    /// them ([`knob_on_real_sessions`]).
+    /// the tool result budget's per-tool thresholds, and the chain's other stages where the
+    /// strategy turns them on or changes them (time-based and cached microcompact, the
+    /// aggregate budget, snip, collapse: [`super::stages`]). Session-memory compaction and the
+    /// request layout (tool search, MCP placement, the boundary) are still the recording's: a
+    /// sweep over them says it changes nothing, and `ctxsim strategies` marks them
+    /// ([`knob_on_real_sessions`]).
     pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
         let editing = &strategy.compact.context_editing;
         ReplayOptions {
@@ -113,7 +118,9 @@ impl ReplayOptions {
             autocompact: (strategy.compact.autocompact != Default::default()).then(|| strategy.compact.autocompact.clone()),
             // The recorded results are what the client's own thresholds left; other thresholds
             // are applied to them (a higher one cannot restore what the client persisted).
-            tool_result_budget: (strategy.compact.tool_result_budget != Default::default()).then(|| strategy.compact.tool_result_budget.clone()),
+            // (The aggregate budget is a stage of its own: [`Self::stages`].)
+            tool_result_budget: (per_tool_budget(&strategy.compact.tool_result_budget) != per_tool_budget(&Default::default()))
+                .then(|| strategy.compact.tool_result_budget.clone()),
             // Like the thresholds: the defaults are the recorded client's, other limits apply
             // to what it sent.
             output_limits: {
@@ -125,6 +132,7 @@ impl ReplayOptions {
                 (layout != ReplayLayout::of(&crate::strategy::Strategy::default())).then_some(layout)
             },
             ttl_other: (strategy.ttl_other != crate::strategy::Strategy::default().ttl_other).then_some(strategy.ttl_other),
+            stages: super::stages::configured(&strategy.compact).then(|| super::stages::chain_config(&strategy.compact)),
             ..ReplayOptions::default()
         }
     }
@@ -138,12 +146,19 @@ impl ReplayOptions {
             || self.tool_result_budget.is_some()
             || self.output_limits.is_some()
             || self.layout.as_ref().is_some_and(|l| l.eager_tools)
+            || self.stages.is_some()
     }
+}
+
+/// The per-tool part of a tool result budget (the aggregate settings left at their defaults).
+fn per_tool_budget(config: &crate::agent::compact::config::ToolResultBudgetConfig) -> crate::agent::compact::config::ToolResultBudgetConfig {
+    let defaults = crate::agent::compact::config::ToolResultBudgetConfig::default();
+    crate::agent::compact::config::ToolResultBudgetConfig { aggregate_enabled: defaults.aggregate_enabled, aggregate_chars: defaults.aggregate_chars, ..config.clone() }
 }
 
 /// Knobs a replay of a real session honours ([`ReplayOptions::from_strategy`]), as dotted keys
 /// or key prefixes (a prefix ends with `.`).
-pub const REPLAYED_KNOBS: [&str; 14] = [
+pub const REPLAYED_KNOBS: [&str; 17] = [
     "ttl_main",
     "replay_recorded_microcompact",
     "compact.peer.",
@@ -158,14 +173,14 @@ pub const REPLAYED_KNOBS: [&str; 14] = [
     "compact.autocompact.context_window",
     "compact.tool_result_budget.per_tool_chars",
     "compact.tool_result_budget.",
+    "compact.microcompact.",
+    "compact.snip.",
+    "compact.context_collapse.",
 ];
 
 /// Whether a replay of a real session honours the knob `key` (see [`REPLAYED_KNOBS`] and
-/// [`super::layout::LAYOUT_KNOBS`]); the aggregate tool result budget is not replayed.
+/// [`super::layout::LAYOUT_KNOBS`]).
 pub fn knob_on_real_sessions(key: &str) -> bool {
-    if key.starts_with("compact.tool_result_budget.aggregate") {
-        return false;
-    }
     REPLAYED_KNOBS
         .iter()
         .chain(&super::layout::LAYOUT_KNOBS)
@@ -188,6 +203,7 @@ impl Default for ReplayOptions {
             output_limits: None,
             layout: None,
             ttl_other: None,
+            stages: None,
         }
     }
 }
@@ -1146,6 +1162,9 @@ fn replay_session_observing(
     // The previous compared main call and its context; the loss of each main compaction.
     let mut previous_main: Option<(usize, u64)> = None;
     let mut compaction_losses = Vec::new();
+    // The agent's long-context stages on the main lane ([`super::stages`]).
+    let mut stages = super::stages::StagesState::default();
+    let mut windows: BTreeMap<String, u64> = BTreeMap::new();
 
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
@@ -1184,6 +1203,9 @@ fn replay_session_observing(
             match &event.kind {
                 EventKind::Compaction(_) => {
                     call_events.push("compaction".into());
+                    if call.lane == LANE_MAIN {
+                        stages.on_compaction();
+                    }
                     state.turns.on_compaction(&turn_profile);
                     state.restored = if options.restore_files {
                         let counter = measurer.counter();
@@ -1373,7 +1395,8 @@ fn replay_session_observing(
             || options.clear_tool_uses.is_some()
             || options.tool_result_budget.is_some()
             || options.output_limits.is_some()
-            || eager;
+            || eager
+            || options.stages.is_some();
         let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
             let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
             state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate);
@@ -1390,6 +1413,9 @@ fn replay_session_observing(
             for message in &mut messages {
                 client_view(message, cleared, &thinking_estimate);
             }
+            if main_fork.is_some() && options.stages.is_some() {
+                stages.fork_view(&mut messages);
+            }
             let marked = order_tool_results(&mut messages);
             (messages, marked, None)
         };
@@ -1402,6 +1428,35 @@ fn replay_session_observing(
         }
         // The strategy's own mechanisms on what the recorded client sent.
         let mut peer_stages = Vec::new();
+        // The agent's long-context stages, on the main thread.
+        if let Some(config) = &options.stages
+            && call.lane == LANE_MAIN
+        {
+            // The window the client ran with (200k unless the record shows 1M), or the one asked
+            // for, capped at what the model offers.
+            let info = measurer.table().lookup(&call.model).ok();
+            let window = *windows.entry(call.model.clone()).or_insert_with(|| super::triggers::recorded_window(session, &call.model, info));
+            let limits = crate::agent::compact::ModelLimits {
+                context_window: config.autocompact.context_window.map_or(window, |asked| asked.min(info.map_or(asked, |m| m.context_window))),
+                max_output_tokens: info.map_or(32_000, |m| m.max_output_tokens),
+            };
+            let run = stages.run(config, &mut messages, limits, start_ms, previous_time);
+            for id in run.cleared {
+                if state.cleared.insert(id) {
+                    state.cleared_version += 1;
+                }
+            }
+            if run.changed {
+                diverged_calls += 1;
+                if first_divergence.is_none() {
+                    let fired: Vec<String> = run.reports.iter().map(|r| format!("{} ({})", r.name, r.reason)).collect();
+                    let why = if fired.is_empty() { "the agent's stages changed the recorded messages".to_owned() } else { format!("{} changed the recorded messages", fired.join(", ")) };
+                    first_divergence = Some((call.index, why));
+                }
+            }
+            call_events.extend(run.events);
+            peer_stages.extend(run.reports);
+        }
         if let Some(budget) = &options.tool_result_budget {
             let replaced = crate::agent::compact::tool_result_budget::apply_to_messages(&mut messages, budget, "tool-results");
             if !replaced.is_empty() && call.lane == LANE_MAIN {
@@ -1442,7 +1497,7 @@ fn replay_session_observing(
                     first_divergence = Some((call.index, format!("{} rewrote the recorded messages", fired.join("+"))));
                 }
             }
-            peer_stages = outcomes
+            peer_stages.extend(outcomes
                 .into_iter()
                 .filter(|o| o.fired)
                 .map(|o| crate::measure::StageReport {
@@ -1452,8 +1507,7 @@ fn replay_session_observing(
                     tokens_before: o.tokens_before,
                     tokens_after: o.tokens_after,
                     invalidated_from: None,
-                })
-                .collect();
+                }));
         }
         if !options.recorded_microcompact && first_divergence.is_none() && call_events.iter().any(|e| e == "microcompact") {
             first_divergence = Some((call.index, "the recorded microcompact was not applied: its cleared tool results stay visible".to_owned()));
@@ -1639,10 +1693,15 @@ fn replay_session_observing(
             }
         }
         let request_keys = lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes));
-        let request = match &lent {
+        let own_messages = messages.len();
+        let mut request = match &lent {
             Some(_) => unrecorded.request_with(&call.model, messages, sizes, &mut state.parts),
             None => unrecorded.request(&call.model, messages, sizes),
         };
+        if options.stages.is_some() && call.lane == LANE_MAIN {
+            let offset = request.messages.len() - own_messages;
+            stages.insert_cache_edits(&mut request, offset);
+        }
 
         if let Some(observe) = observe.as_mut() {
             observe(call.index, &request);
@@ -1678,6 +1737,9 @@ fn replay_session_observing(
         };
         for (shadow, outcome) in shadows.iter_mut().zip(shadowed) {
             shadow.measured(call.index, call.lane == LANE_MAIN, outcome, &metrics);
+        }
+        if options.stages.is_some() && call.lane == LANE_MAIN {
+            stages.sent();
         }
         if options.info_loss {
             loss.observe(&request, &metrics);

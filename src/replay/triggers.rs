@@ -86,6 +86,12 @@ pub fn session_window(session: &ImportedSession, replay: &SessionReplay, model: 
     window_for(session, peak, model, info)
 }
 
+/// [`session_window`] before any replay: the recorded context peak read from the calls' usage.
+pub fn recorded_window(session: &ImportedSession, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
+    let peak = session.calls.iter().map(|c| c.usage.prompt_tokens()).max().unwrap_or(0);
+    window_for(session, peak, model, info)
+}
+
 /// [`session_window`] given the session's largest recorded context (`peak`).
 pub fn window_for(session: &ImportedSession, peak: u64, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
     let Some(info) = info else { return DEFAULT_WINDOW };

@@ -127,6 +127,21 @@ fn limits(input: &Input) -> (ModelLimits, u64) {
     }
 }
 
+/// "the stage S is disabled at every point of the grid" when `key` is a setting of a stage of
+/// the chain that no strategy of the grid turns on (microcompact is on with its time-based or
+/// its cached path).
+fn stage_disabled(key: &str, strategies: &[Strategy]) -> Option<String> {
+    let mut parts = key.split('.');
+    let (Some("compact"), Some(stage)) = (parts.next(), parts.next()) else { return None };
+    let disabled = |s: &Strategy| match stage {
+        "microcompact" => !s.compact.microcompact.time_based_enabled && s.compact.microcompact.cached == crate::agent::compact::config::CachedMicrocompactMode::Off,
+        "autocompact" => s.compact.autocompact.compact_disabled || !s.compact.autocompact.enabled,
+        _ => knob(s, &format!("compact.{stage}.enabled")) == Some(serde_json::Value::Bool(false)),
+    };
+    let own_switch = key.ends_with(".enabled") || key.ends_with(".time_based_enabled") || key.ends_with(".cached") || key.ends_with(".compact_disabled");
+    (!own_switch && strategies.iter().all(disabled)).then(|| format!("the stage {stage} is disabled at every point of the grid"))
+}
+
 /// The value at a dotted key of a strategy's JSON form.
 fn knob(strategy: &Strategy, key: &str) -> Option<serde_json::Value> {
     let root = serde_json::to_value(strategy).ok()?;
@@ -152,6 +167,9 @@ impl Reason {
     /// the knob moves the autocompaction threshold. `strategies` are every point's.
     pub fn find(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input) -> Reason {
         let key = &grid.params[param].key;
+        if let Some(reason) = stage_disabled(key, strategies) {
+            return Reason::Known(reason);
+        }
         if matches!(input.loaded, LoadedInput::Session(_)) {
             // Every point against the one that differs from it in this knob only, set to its
             // first value.
@@ -167,16 +185,6 @@ impl Reason {
                 && let Some(why) = crate::replay::layout::knob_no_effect_reason(key, strategies, session)
             {
                 return Reason::Known(why);
-            }
-        }
-        let mut parts = key.split('.');
-        if let (Some("compact"), Some(stage)) = (parts.next(), parts.next()) {
-            let disabled = |s: &Strategy| {
-                knob(s, &format!("compact.{stage}.enabled")) == Some(serde_json::Value::Bool(false))
-                    || (stage == "autocompact" && s.compact.autocompact.compact_disabled)
-            };
-            if !key.ends_with(".enabled") && strategies.iter().all(disabled) {
-                return Reason::Known(format!("the stage {stage} is disabled at every point of the grid"));
             }
         }
         if key.starts_with("compact.autocompact.") {

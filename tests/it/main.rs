@@ -20,6 +20,7 @@ mod git_status;
 mod compact;
 mod real_client;
 mod real_layout;
+mod real_stages;
 mod recording;
 mod requests;
 mod run_memory;

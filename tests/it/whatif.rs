@@ -206,8 +206,6 @@ fn whatif_tool_result_budget_reaches_real_sessions() {
     let after: Vec<u64> = replay.calls.iter().take_while(|c| c.index < at).map(|c| c.simulated_context()).collect();
     assert_eq!(before, after, "nothing changes before the first replaced result");
     assert!(ctxsim::replay::session::knob_on_real_sessions("compact.tool_result_budget.default_chars"));
-    assert!(!ctxsim::replay::session::knob_on_real_sessions("compact.snip.enabled"));
-    assert!(!ctxsim::replay::session::knob_on_real_sessions("compact.tool_result_budget.aggregate_enabled"));
 }
 
 /// References: paths hold a `/` and a letter; identifiers are snake_case or camelCase.
