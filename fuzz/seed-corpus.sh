@@ -28,4 +28,13 @@ printf '{"version": 1, "scenarios": {}}\n' > "$c/baseline/empty.json"
 if [ -x target/debug/ctxsim ]; then
   target/debug/ctxsim import --quiet --from claude-trace "$c/claude_trace/test-traffic" -o "$c/request_log/test-traffic.jsonl"
   cp "$c/request_log/test-traffic.jsonl" "$c/shapes/"
+  # The JSON-array form of a request log (bare bodies, pretty-printed, as `analyze` reads it
+  # with `analyze::read_array`, which names each element's line).
+  if command -v jq >/dev/null; then
+    jq -s '[.[].body]' "$c/request_log/test-traffic.jsonl" > "$c/request_log/test-traffic-array.json"
+  else
+    echo "seed-corpus.sh: jq not found, no JSON-array request log seed" >&2
+  fi
+else
+  echo "seed-corpus.sh: target/debug/ctxsim not built, no request log seeds" >&2
 fi

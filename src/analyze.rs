@@ -140,7 +140,7 @@ fn without_position(e: &serde_json::Error) -> String {
 fn parse_at<'a, T: Deserialize<'a>>(text: &'a str, at: &str) -> Result<T, String> {
     let mut de = serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
+        let path = crate::input::json_path(e.path());
         let message = without_position(e.inner());
         if path == "." { format!("{at}: {message}") } else { format!("{at}.{}: {message}", path.trim_start_matches('.')) }
     })
@@ -218,7 +218,7 @@ fn parse_line(raw: RawLine<'_>, line: usize, interner: &mut Interner) -> Result<
     let usage = match raw.usage {
         None | Some(Value::Null) => None,
         Some(value) => Some(
-            serde_path_to_error::deserialize(value).map_err(|e| format!("usage.{}: {}", e.path(), e.inner()))?,
+            serde_path_to_error::deserialize(value).map_err(|e| format!("usage.{}: {}", crate::input::json_path(e.path()), crate::input::cap_message(&e.inner().to_string())))?,
         ),
     };
     Ok(LogEntry { line, time_ms, body, lane: raw.lane, usage, message_keys, head_key })
@@ -338,7 +338,7 @@ impl<R: BufRead> LogReader<R> {
             let mut de = serde_json::Deserializer::from_str(&line);
             let parsed = match serde_path_to_error::deserialize::<_, RawLine>(&mut de) {
                 Ok(raw) => de.end().map(|()| raw).map_err(|e| (".".to_owned(), e)),
-                Err(e) => Err((e.path().to_string(), e.into_inner())),
+                Err(e) => Err((crate::input::json_path(e.path()), e.into_inner())),
             };
             let raw = match parsed {
                 Ok(raw) => raw,

@@ -79,6 +79,12 @@ fn first_non_blank_byte(data: &[u8]) -> Option<u8> {
     data.iter().copied().find(|b| !b.is_ascii_whitespace())
 }
 
+/// The line (from 1) of the first non-blank byte, or 1 when there is none.
+fn first_content_line(data: &[u8]) -> usize {
+    let blank = data.iter().take_while(|b| b.is_ascii_whitespace()).filter(|&&b| b == b'\n').count();
+    blank + 1
+}
+
 /// Checks the warnings and wraps them.
 fn read(reader: &str, records: usize, warnings: &Warnings) -> Outcome {
     for w in &warnings.list {
@@ -162,6 +168,15 @@ pub fn request_log(data: &[u8]) -> Outcome {
             if first_non_blank_byte(data) != Some(b'[') {
                 let lines = non_blank_lines(data);
                 assert_eq!(log.entries.len() + log.warnings.len(), lines, "request_log: {lines} lines, {} entries", log.entries.len());
+            } else {
+                // A JSON array: each element names the line it starts on, in the file and in
+                // order (two elements may share a line).
+                let (first, last) = (first_content_line(data), data.iter().filter(|&&b| b == b'\n').count() + 1);
+                let lines: Vec<usize> = log.entries.iter().map(|e| e.line).collect();
+                assert!(
+                    lines.iter().all(|&l| (first..=last).contains(&l)) && lines.is_sorted(),
+                    "request_log: array elements on lines {lines:?}, the array spans lines {first}..={last}"
+                );
             }
             read("request_log", log.entries.len(), &warnings_of(&log.warnings))
         }

@@ -64,6 +64,13 @@ pub fn invalid_utf8_column(line: &[u8]) -> Option<usize> {
     std::str::from_utf8(line).err().map(|e| e.valid_up_to() + 1)
 }
 
+/// A JSON path of a parse error (`scenarios.<name>.requests`) as a message shows it: a path
+/// holds the input's map keys, and a key can be as long as the input, so it is cut like a
+/// quote ([`excerpt`]).
+pub fn json_path(path: &serde_path_to_error::Path) -> String {
+    excerpt(&path.to_string())
+}
+
 /// `text` cut to [`EXCERPT_CHARS`] characters, with `…` and the length when it was cut.
 pub fn excerpt(text: &str) -> String {
     let mut chars = text.char_indices();

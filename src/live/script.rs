@@ -159,7 +159,7 @@ impl Script {
             path: path.to_owned(),
             line: e.inner().line(),
             column: e.inner().column(),
-            field: e.path().to_string(),
+            field: crate::input::json_path(e.path()),
             message: e.inner().to_string().split(" at line ").next().unwrap_or_default().to_owned(),
         })?;
         let lanes: BTreeMap<String, VecDeque<ScriptedReply>> =

@@ -436,7 +436,8 @@ fn cache_edit_fields(block: &ContentBlock) -> (Option<String>, Vec<String>) {
 /// Reads a request body from JSON with a JSON path in the error.
 pub fn parse_request(value: Value) -> Result<Request, String> {
     serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) }
+        let path = crate::input::json_path(e.path());
+        let message = crate::input::cap_message(&e.inner().to_string());
+        if path == "." { message } else { format!("{path}: {message}") }
     })
 }

@@ -146,7 +146,7 @@ impl Calibration {
         let mut de = serde_json::Deserializer::from_str(text);
         let calibration: Calibration = serde_path_to_error::deserialize(&mut de).map_err(|e| CalibrationError::Parse {
             path: path.to_owned(),
-            message: format!("line {}: {}: {}", e.inner().line(), e.path(), crate::input::cap_message(&e.inner().to_string())),
+            message: format!("line {}: {}: {}", e.inner().line(), crate::input::json_path(e.path()), crate::input::cap_message(&e.inner().to_string())),
         })?;
         de.end().map_err(|e| CalibrationError::Parse {
             path: path.to_owned(),

@@ -1312,7 +1312,7 @@ impl FileImporter {
             Some(value) => match serde_path_to_error::deserialize::<_, Usage>(value.clone()) {
                 Ok(usage) => usage,
                 Err(e) => {
-                    let path = format!("message.usage.{}", e.path());
+                    let path = format!("message.usage.{}", crate::input::json_path(e.path()));
                     self.warn(WarningKind::BadLine, line, Some(path), format!("{}; usage taken as zero", e.into_inner()));
                     Usage::default()
                 }

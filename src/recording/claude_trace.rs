@@ -87,7 +87,7 @@ pub fn convert_claude_trace<R: BufRead>(reader: R, file: &str) -> Result<Convert
         };
         // Check the body is a Messages request now, so `analyze` never meets a bad one later.
         if let Err(e) = serde_path_to_error::deserialize::<_, Request>(body.clone()) {
-            let path = format!("request.body.{}", e.path());
+            let path = format!("request.body.{}", crate::input::json_path(e.path()));
             warn(WarningKind::BadLine, Some(&path), format!("not a Messages API request: {}", e.into_inner()));
             continue;
         }
@@ -167,7 +167,7 @@ fn response_usage(response: &Value, warn: &mut impl FnMut(WarningKind, Option<&s
         return match serde_path_to_error::deserialize::<_, Usage>(usage.clone()) {
             Ok(usage) => Some(usage),
             Err(e) => {
-                let path = format!("response.body.usage.{}", e.path());
+                let path = format!("response.body.usage.{}", crate::input::json_path(e.path()));
                 warn(WarningKind::BadLine, Some(&path), format!("{}; usage left out", e.into_inner()));
                 None
             }

@@ -468,7 +468,7 @@ pub(crate) fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
+        let path = crate::input::json_path(e.path());
         let path = if path == "." { None } else { Some(path) };
         (path, crate::input::cap_message(&e.into_inner().to_string()))
     })?;
@@ -538,7 +538,7 @@ pub fn diagnose_event(bytes: &[u8]) -> Option<(Option<String>, String)> {
     fn check<T: serde::de::DeserializeOwned>(value: Value) -> Option<(Option<String>, String)> {
         serde_path_to_error::deserialize::<_, T>(value)
             .err()
-            .map(|e| (Some(e.path().to_string()), crate::input::cap_message(&e.into_inner().to_string())))
+            .map(|e| (Some(crate::input::json_path(e.path())), crate::input::cap_message(&e.into_inner().to_string())))
     }
     let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(bytes) else { return None };
     if let Some(found) = check::<Common>(Value::Object(map.clone())) {

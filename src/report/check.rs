@@ -94,7 +94,7 @@ impl Baseline {
         let mut de = serde_json::Deserializer::from_str(text);
         let baseline: Baseline = serde_path_to_error::deserialize(&mut de).map_err(|e| CheckError::Baseline {
             path: path.to_owned(),
-            message: format!("line {}: {}: {}", e.inner().line(), e.path(), crate::input::cap_message(&e.inner().to_string())),
+            message: format!("line {}: {}: {}", e.inner().line(), crate::input::json_path(e.path()), crate::input::cap_message(&e.inner().to_string())),
         })?;
         de.end().map_err(|e| CheckError::Baseline { path: path.to_owned(), message: format!("line {}: {}", e.line(), crate::input::cap_message(&e.to_string())) })?;
         if baseline.version != BASELINE_VERSION {

@@ -167,7 +167,7 @@ pub fn read_trace(text: &str, path: &str) -> Result<Vec<RequestMetrics>, String>
         }
         let mut de = serde_json::Deserializer::from_str(line);
         let row: RequestMetrics = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| format!("{path}:{}: {}: {}", i + 1, e.path(), crate::input::cap_message(&e.inner().to_string())))?;
+            .map_err(|e| format!("{path}:{}: {}: {}", i + 1, crate::input::json_path(e.path()), crate::input::cap_message(&e.inner().to_string())))?;
         de.end().map_err(|e| format!("{path}:{}: {}", i + 1, crate::input::cap_message(&e.to_string())))?;
         rows.push(row);
     }

@@ -650,3 +650,21 @@ fn robustness_sweep_merge_blames_the_right_file() {
     let err = ctxsim::report::sweep::merge(&[a, b.clone()]).unwrap_err().to_string();
     assert!(err.starts_with(&format!("{}:3:", b.display())), "{err}");
 }
+
+/// A parse error's JSON path holds the input's map keys: a key as long as the input is cut in
+/// the message like a quote (found by the `baseline` fuzz target, 2026-12-02: a 1 KB key made a
+/// 2 KB message).
+#[test]
+fn robustness_a_huge_map_key_is_cut_in_the_error_path() {
+    let key = "k".repeat(5_000);
+    let cases: [(&str, String, &str); 2] = [
+        ("baseline", format!(r#"{{"version": 1, "scenarios": {{"{key}": 5}}}}"#), "scenarios.kkk"),
+        ("calibration", format!(r#"{{"families": {{"{key}": 5}}}}"#), "families.kkk"),
+    ];
+    for (reader, input, path) in cases {
+        // The harness itself panics on a message over fuzzing::MAX_MESSAGE.
+        let Outcome::Rejected(message) = fuzzing::reader(reader).unwrap()(input.as_bytes()) else { panic!("{reader}: read") };
+        assert!(message.len() <= 600, "{reader}: {} bytes: {}", message.len(), ctxsim::input::excerpt(&message));
+        assert!(message.contains(path) && message.contains("bytes in all"), "{reader}: {message}");
+    }
+}
