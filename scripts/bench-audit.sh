@@ -4,8 +4,11 @@
 #
 # The shipped real transcripts are laid out as ~/.claude/projects (tests/data/ccusage/make.sh's
 # tree of copies: ccusage does not follow symbolic links to files); both tools read that tree
-# through CLAUDE_CONFIG_DIR. The runs alternate (ccusage, audit, ccusage, audit, ...) so a load
-# change on the shared machine hits both; each figure is the median of RUNS runs.
+# through CLAUDE_CONFIG_DIR. The runs alternate (ccusage, audit cold, audit warm, ccusage, ...) so
+# a load change on the shared machine hits all; each figure is the median of RUNS runs. "Cold" is
+# `audit --no-token-cache` (every text tokenized); "warm" reads the token-count cache a first
+# run wrote (CTXSIM_CACHE_DIR, a temporary directory). CTXSIM_BIN_BEFORE=PATH adds a column for
+# another binary (cold; e.g. the commit before a change).
 #
 # Needs ccusage 20.0.24: `npm install ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24` in a
 # directory outside the repository, given as CCUSAGE_DIR (default /work/tools).
@@ -24,7 +27,8 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/home"
 tests/data/ccusage/tree.sh "$work/config"
 
-export HOME="$work/home" CLAUDE_CONFIG_DIR="$work/config" TZ=UTC
+export HOME="$work/home" CLAUDE_CONFIG_DIR="$work/config" CTXSIM_CACHE_DIR="$work/cache" TZ=UTC
+before="${CTXSIM_BIN_BEFORE:-}"
 # Seconds of wall time of one command (output discarded; a failure stops the script).
 wall() {
   local t0 t1
@@ -35,18 +39,29 @@ wall() {
 }
 median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-# One warm-up each (page cache, node's compile cache).
+# One warm-up each (page cache, node's compile cache); the audit's also writes the token cache.
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 wall "$ccusage" session --json --offline > /dev/null
 wall "$bin" audit --no-progress > /dev/null
+[ -z "$before" ] || wall "$before" audit --no-progress > /dev/null
 : > "$work/ccusage.times"
-: > "$work/audit.times"
+: > "$work/cold.times"
+: > "$work/warm.times"
+: > "$work/before.times"
 for _ in $(seq "$runs"); do
   wall "$ccusage" session --json --offline >> "$work/ccusage.times"
-  wall "$bin" audit --no-progress >> "$work/audit.times"
+  wall "$bin" audit --no-progress --no-token-cache >> "$work/cold.times"
+  wall "$bin" audit --no-progress >> "$work/warm.times"
+  [ -z "$before" ] || wall "$before" audit --no-progress >> "$work/before.times"
 done
 c=$(median < "$work/ccusage.times")
-a=$(median < "$work/audit.times")
-echo "cores: $(nproc), load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "cores: $(nproc), load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "ccusage session --json --offline: $(tr '\n' ' ' < "$work/ccusage.times")-> median ${c}s"
-echo "ctxsim audit (default estimator): $(tr '\n' ' ' < "$work/audit.times")-> median ${a}s"
-echo "ratio audit / ccusage: $(echo "scale=2; $a / $c" | bc)"
+report() {
+  local a
+  a=$(median < "$work/$2.times")
+  echo "$1: $(tr '\n' ' ' < "$work/$2.times")-> median ${a}s, ratio to ccusage $(echo "scale=2; $a / $c" | bc)"
+}
+report "ctxsim audit, cold (--no-token-cache)" cold
+report "ctxsim audit, warm (token cache)" warm
+[ -z "$before" ] || report "CTXSIM_BIN_BEFORE audit" before

@@ -7,6 +7,9 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use rayon::prelude::*;
 
+use std::sync::Arc;
+
+use crate::measure::token_cache::{self, SharedCounts, TokenCache};
 use crate::measure::{Calibration, Measurer, ModelTable, TokenCounter};
 use crate::replay::audit::{GroupBy, SessionAudit, audit_session, group, sort_audits};
 use crate::replay::load_session;
@@ -76,10 +79,25 @@ pub struct AuditArgs {
     /// Write index.html (and a page per session) here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Neither read nor write the token-count cache (`o200k-counts-v1.bin` in
+    /// `$CTXSIM_CACHE_DIR`, else the user's cache directory + `ctxsim`): every text is
+    /// tokenized again. The counts, hence the output, are the same either way.
+    #[arg(long)]
+    pub no_token_cache: bool,
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
-    super::common::warm_tokenizer(args.estimator);
+    // Texts' `bpe` counts, shared by every replay of the run and kept across runs.
+    let cache = (!args.no_token_cache && args.estimator != Estimator::Chars4).then(token_cache::default_dir).flatten().map(|dir| TokenCache::open(&dir));
+    let (cache, shared) = match cache {
+        Some((cache, shared)) => (Some(cache), shared),
+        None => (None, SharedCounts::default()),
+    };
+    // With counts from an earlier run, the tokenizer is built only if a text misses them.
+    if shared.loaded() == 0 {
+        super::common::warm_tokenizer(args.estimator);
+    }
+    let shared = Arc::new(shared);
     let mut files = args.sessions.files()?;
     if let Some(text) = &args.shard {
         let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
@@ -108,7 +126,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         inputs.refuse_file("--output", path)?;
     }
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &inputs)).transpose()?;
-    let make = || Measurer::new(table.clone(), TokenCounter::with_calibration(args.estimator.into(), calibration.clone())).without_body_hashes();
+    let make = || Measurer::new(table.clone(), TokenCounter::with_calibration(args.estimator.into(), calibration.clone()).with_shared(shared.clone())).without_body_hashes();
     let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
     let may_draw = !args.no_progress && std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -140,6 +158,15 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         done.into_iter().map(|(_, r)| r).collect()
     });
     progress.finish_and_clear();
+    if let Some(cache) = &cache {
+        if let token_cache::Loaded::Ignored(reason) = &cache.loaded {
+            eprintln!("note: token-count cache {} ignored ({reason}); rewritten", cache.path().display());
+        }
+        // A cache that cannot be written costs the next run time, not this run its result.
+        if let Err(e) = cache.save(&shared) {
+            eprintln!("note: token-count cache {} not written: {e}", cache.path().display());
+        }
+    }
     let mut audits = Vec::new();
     let mut problems = Vec::new();
     for result in results {

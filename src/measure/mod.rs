@@ -12,6 +12,7 @@ pub mod models;
 pub mod o200k;
 pub mod prefix;
 pub mod structure;
+pub mod token_cache;
 pub mod tokens;
 
 pub use blocks::{BlockPath, FlatRequest, PromptBlock, Region, flatten};

@@ -23,6 +23,9 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 use std::path::Path;
+use std::sync::Arc;
+
+use super::token_cache::SharedCounts;
 
 const SHIPPED_CALIBRATION: &str = include_str!("../../data/calibration.json");
 
@@ -265,6 +268,9 @@ pub struct TokenCounter {
     kept_texts: Option<Vec<String>>,
     /// The `bpe` tokenizer's state for this run, made on first use.
     o200k: Option<super::o200k::Counter>,
+    /// `bpe` text counts shared with the run's other counters and earlier runs
+    /// ([`super::token_cache`]), consulted before tokenizing and given every count made.
+    shared: Option<Arc<SharedCounts>>,
 }
 
 impl TokenCounter {
@@ -273,7 +279,17 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, o200k: None }
+        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, o200k: None, shared: None }
+    }
+
+    /// Shares `bpe` text counts with `shared` (ignored by `chars4`): a text another counter of
+    /// the run, or an earlier run through the cache file, counted is not tokenized again. The
+    /// counts are the same either way.
+    pub fn with_shared(mut self, shared: Arc<SharedCounts>) -> Self {
+        if raw_kind(self.kind) == EstimatorKind::Bpe {
+            self.shared = Some(shared);
+        }
+        self
     }
 
     pub fn kind(&self) -> EstimatorKind {
@@ -334,9 +350,19 @@ impl TokenCounter {
                             match self.texts.get(&key) {
                                 Some(&n) => (n, false),
                                 None => {
-                                    let n = self.o200k.get_or_insert_with(Default::default).count(&text);
+                                    let known = self.shared.as_ref().and_then(|s| s.get(key));
+                                    let n = match known {
+                                        Some(n) => n,
+                                        None => {
+                                            let n = self.o200k.get_or_insert_with(Default::default).count(&text);
+                                            if let Some(shared) = &self.shared {
+                                                shared.insert(key, n);
+                                            }
+                                            n
+                                        }
+                                    };
                                     self.texts.insert(key, n);
-                                    (n, true)
+                                    (n, known.is_none())
                                 }
                             }
                         }
@@ -364,16 +390,29 @@ impl TokenCounter {
         }
     }
 
-    /// Estimate of a free-standing string (not memoized).
+    /// Estimate of a free-standing string (memoized in the shared counts only, when the
+    /// counter has them).
     pub fn count_text(&self, text: &str, family: &str) -> u32 {
         match self.kind {
             EstimatorKind::Chars4 => chars4(text),
-            EstimatorKind::Bpe => bpe(text),
+            EstimatorKind::Bpe => self.bpe_shared(text),
             EstimatorKind::Calibrated => {
                 let params = self.calibration.for_family(family);
-                (bpe(text) as f64 * params.scale).round() as u32
+                (self.bpe_shared(text) as f64 * params.scale).round() as u32
             }
         }
+    }
+
+    /// `bpe(text)`, looked up in this counter's and the shared counts first.
+    fn bpe_shared(&self, text: &str) -> u32 {
+        let Some(shared) = &self.shared else { return bpe(text) };
+        let key = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+        if let Some(n) = self.texts.get(&key).copied().or_else(|| shared.get(key)) {
+            return n;
+        }
+        let n = bpe(text);
+        shared.insert(key, n);
+        n
     }
 }
 

@@ -29,6 +29,8 @@ fn ccusage() -> Value {
 fn ctxsim(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ctxsim"));
     cmd.args(args).env_remove("CLAUDE_CONFIG_DIR");
+    // The token-count cache of these runs, shared by them, never the user's.
+    cmd.env("CTXSIM_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("token-cache"));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -352,4 +354,60 @@ fn a_ttl_shadow_equals_the_what_if_replayed_in_full() {
         .collect();
     let n = exact.iter().filter(|e| **e).count();
     assert!(n * 4 >= exact.len() * 3, "the shadow is exact for {n} of {} what-ifs", exact.len());
+}
+
+/// The token-count cache file (`measure::token_cache`): created by a run, read by the next
+/// (its counts are used: a file with every count doubled changes the replay's figures),
+/// ignored and rewritten when damaged, never touched with `--no-token-cache`; the output is the
+/// same with and without it.
+#[test]
+fn the_token_count_cache_is_created_reused_ignored_when_damaged_and_optional() {
+    let session = transcripts().join("NumWordify");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(ctxsim::measure::token_cache::FILE_NAME);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["audit", session.to_str().unwrap(), "--json", "--no-progress"];
+        args.extend_from_slice(extra);
+        let out = ctxsim(&args, &[("CTXSIM_CACHE_DIR", dir.path())]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // Disabled: the same output, no file.
+    let (plain, _) = run(&["--no-token-cache"]);
+    assert!(!file.exists());
+    // Created.
+    let (cold, _) = run(&[]);
+    assert_eq!(cold, plain);
+    let written = std::fs::read(&file).unwrap();
+    assert!(written.len() > 1000, "{} bytes", written.len());
+    // Reused: nothing new to add, so not rewritten; the same output.
+    let (warm, _) = run(&[]);
+    assert_eq!(warm, plain);
+    assert_eq!(std::fs::read(&file).unwrap(), written);
+    // Its counts are the ones used: every count doubled (checksum recomputed) changes the figures.
+    let mut doubled = written.clone();
+    let body_end = doubled.len() - 16;
+    for entry in doubled[16..body_end].chunks_exact_mut(20) {
+        let n = u32::from_le_bytes(entry[16..].try_into().unwrap());
+        entry[16..].copy_from_slice(&(n * 2).to_le_bytes());
+    }
+    let sum = xxhash_rust::xxh3::xxh3_128(&doubled[..body_end]).to_le_bytes();
+    doubled[body_end..].copy_from_slice(&sum);
+    std::fs::write(&file, &doubled).unwrap();
+    let (skewed, _) = run(&[]);
+    assert_ne!(skewed, plain, "the doubled counts were not read");
+    // Damaged (one flipped byte): ignored with a note, the output as without a cache, and the
+    // file rewritten as a clean run writes it.
+    let mut damaged = written.clone();
+    damaged[100] ^= 0x40;
+    std::fs::write(&file, &damaged).unwrap();
+    let (repaired, stderr) = run(&[]);
+    assert_eq!(repaired, plain);
+    assert!(stderr.contains("ignored (checksum mismatch)"), "{stderr}");
+    assert_eq!(std::fs::read(&file).unwrap(), written);
+    // Disabled with a file present: neither read (the doubled counts would show) nor written.
+    std::fs::write(&file, &doubled).unwrap();
+    let (off, _) = run(&["--no-token-cache"]);
+    assert_eq!(off, plain);
+    assert_eq!(std::fs::read(&file).unwrap(), doubled);
 }

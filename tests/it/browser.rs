@@ -37,7 +37,7 @@ fn browser_dir() -> Option<PathBuf> {
 }
 
 fn ctxsim(args: &[&std::ffi::OsStr]) {
-    let output = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).env_remove("CLAUDE_CONFIG_DIR").output().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).env_remove("CLAUDE_CONFIG_DIR").env("CTXSIM_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("token-cache")).output().unwrap();
     assert!(output.status.code().is_some_and(|c| c <= 2), "ctxsim {args:?}: {}", String::from_utf8_lossy(&output.stderr));
 }
 
