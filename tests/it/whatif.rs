@@ -12,6 +12,7 @@ use crate::support::realdata;
 
 const SPOTTER: &str = "transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl";
 const CD95: &str = "transcripts/entireio-cli/cd95adddad32-0.full.jsonl";
+const CIPHER_BOX: &str = "transcripts/cipher-box/e89fb6a2d646-0.full.jsonl";
 const E7662: &str = "transcripts/entireio-cli/7662d755ef9f-2.full.jsonl";
 
 fn session(path: &str) -> ImportedSession {
@@ -44,11 +45,11 @@ fn whatif_default_setting_replays_the_recorded_compactions() {
     assert_eq!(main_compactions(&replay), 1);
 }
 
-/// The target: sweeping the buffer on a session with a recorded auto compaction moves
-/// the compaction point monotonically and gives at least three distinct outcomes.
-#[test]
-fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
-    let session = session(SPOTTER);
+/// The target: sweeping the buffer on a session with a recorded auto compaction (at main
+/// call `recorded_call`) moves the compaction point monotonically and gives at least three
+/// distinct outcomes.
+fn check_buffer_moves_the_compaction(path: &str, recorded_call: usize) {
+    let session = session(path);
     let mut first_points = Vec::new();
     let mut costs = Vec::new();
     for buffer in [30_000, 60_000, 100_000] {
@@ -59,20 +60,32 @@ fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
         let first = whatif.changes.first().expect("a change");
         assert_eq!(first.change, "inserted", "{whatif:?}");
         assert!(first.pre_tokens >= whatif.threshold);
-        // The recorded compaction at main call 102 is no longer needed there.
-        assert!(whatif.changes.iter().any(|c| c.change == "removed" && c.call == 102), "{whatif:?}");
+        assert!(first.call < recorded_call, "{whatif:?}");
+        // The recorded compaction is no longer needed there.
+        assert!(whatif.changes.iter().any(|c| c.change == "removed" && c.call == recorded_call), "{whatif:?}");
         let (at, why) = replay.first_divergence.clone().expect("replies diverge");
         assert!(why.contains("compacts before main call"), "{why}");
         assert!(at > 0);
         first_points.push(first.call);
         costs.push((cost(&replay) * 1e6).round() as i64);
     }
-    assert!(first_points.windows(2).all(|w| w[0] > w[1]), "compaction points {first_points:?}");
+    assert!(first_points.windows(2).all(|w| w[0] > w[1]), "{path}: compaction points {first_points:?}");
     let recorded = (cost(&check(&session, &[])) * 1e6).round() as i64;
     costs.push(recorded);
     costs.sort_unstable();
     costs.dedup();
-    assert!(costs.len() >= 3, "{costs:?}");
+    assert!(costs.len() >= 3, "{path}: {costs:?}");
+}
+
+#[test]
+fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
+    check_buffer_moves_the_compaction(SPOTTER, 102);
+}
+
+/// The same on a cipher-box session (2.1.39, its recorded auto compaction before main call 155).
+#[test]
+fn whatif_autocompact_buffer_moves_the_compaction_of_a_cipher_box_session() {
+    check_buffer_moves_the_compaction(CIPHER_BOX, 155);
 }
 
 #[test]
