@@ -452,6 +452,15 @@ pub enum CompactionEdit {
     Remove { boundary: usize },
 }
 
+/// The uuid prefix of a compaction boundary [`CompactionEdit::Insert`] put in: a compaction the
+/// recording does not hold, so the recorded usage after it does not show what it left.
+pub const INSERTED_COMPACTION_UUID: &str = "ctxsim-compaction-";
+
+/// Whether `event` is a compaction boundary a what-if inserted ([`CompactionEdit::Insert`]).
+pub fn is_inserted_compaction(event: &Event) -> bool {
+    matches!(event.kind, EventKind::Compaction(_)) && event.uuid.as_deref().is_some_and(|u| u.starts_with(INSERTED_COMPACTION_UUID))
+}
+
 impl ImportedSession {
     /// The same session with its compactions moved as `edits` say: the events, calls and the
     /// `parentUuid` chain are rebuilt so that every view the replay takes of it is the one the
@@ -516,7 +525,7 @@ impl ImportedSession {
                 }
                 CompactionEdit::Insert { before, pre_tokens, summary, summary_output_tokens, model } => {
                     let time_ms = last_main_message(*before).map_or(events[*before].time_ms, |i| events[i].time_ms);
-                    let boundary_uuid = format!("ctxsim-compaction-{before}");
+                    let boundary_uuid = format!("{INSERTED_COMPACTION_UUID}{before}");
                     let summary_uuid = format!("ctxsim-summary-{before}");
                     let reply = ModelReply {
                         content: vec![ContentBlock::text(summary.clone())],
@@ -568,7 +577,11 @@ impl ImportedSession {
                     nodes.push((Some(boundary_node), Vec::new()));
                     index.insert(boundary_uuid, boundary_node);
                     index.insert(summary_uuid, boundary_node + 1);
-                    if let Some(&reply_node) = node_of.get(before) {
+                    // The reply's own record: a reply streamed as several records is one event
+                    // that every record's node holds, and the view of the call starts from the
+                    // first record's parent (the node `node_of` keeps is any of them).
+                    let reply_node = self.chain.node(events.get(*before).and_then(|e| e.uuid.as_ref())).or_else(|| node_of.get(before).copied());
+                    if let Some(reply_node) = reply_node {
                         reparent.push((reply_node, boundary_node + 1));
                     }
                 }

@@ -9,10 +9,13 @@
 //!   write they were (5m or 1h, the call's own TTL and modifiers) minus the read they would have
 //!   been;
 //! - the TTL the client actually wrote with, the compactions (trigger, tokens before);
-//! - the what-ifs the replay honours today ([`WHATIFS_AVAILABLE`]): the session replayed again
-//!   with the main lane's TTL changed, saving = simulated cost as recorded − simulated cost of
-//!   the what-if. Other what-ifs (another autocompact threshold, presets) move compactions and
-//!   are left to `compare` and `sweep` on the same sessions ([`WHATIFS_AWAITING`]).
+//! - the what-ifs ([`WHATIFS_AVAILABLE`]), saving = simulated cost as recorded − simulated cost
+//!   of the what-if: the main lane's TTL changed; another autocompact threshold
+//!   ([`AUTOCOMPACT_PCTS`], the compactions moved by [`super::whatif`]); the cheapest preset at no
+//!   more information loss ([`LOSS_JUDGED_PRESETS`], loss from [`super::loss`]). A what-if that
+//!   cannot change a session is decided without a replay (the session never reaches the
+//!   threshold, or holds no recorded microcompact) and reported as changing nothing. Presets
+//!   whose clearing the loss measure does not judge are left to `compare` ([`WHATIFS_AWAITING`]).
 //!
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
@@ -31,11 +34,23 @@ use super::discover::SessionFile;
 use super::fidelity::fidelity_for_session;
 use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_shadowed};
 
-/// What-ifs the replay of a real session honours today.
-pub const WHATIFS_AVAILABLE: &str = "main-lane cache TTL (1h or 5m)";
-/// What-ifs the audit does not replay: they move compactions, a full what-if replay per session
-/// and setting (`ctxsim compare` or `sweep` with `compact.autocompact.*` on the same sessions).
-pub const WHATIFS_AWAITING: &str = "another autocompact threshold, the cheapest preset at no more information loss";
+/// What-ifs the audit replays.
+pub const WHATIFS_AVAILABLE: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (claude-code-no-microcompact, claude-code-summary-only)";
+/// What-ifs the audit does not replay: presets that clear tool results outside a compaction,
+/// whose information loss the per-compaction measure ([`super::loss`]) does not judge.
+pub const WHATIFS_AWAITING: &str = "codex, opencode, observation-masking, context-editing, server-compaction, cline (presets that clear tool results outside a compaction)";
+
+/// The `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` values the audit tries: the threshold at that share of
+/// the window less the output reserve, capped at the client's own (so each one compacts
+/// earlier than the default; 90 is just under it on a 200k window, 50 is the value users ask
+/// about for 1M windows).
+pub const AUTOCOMPACT_PCTS: [u64; 3] = [50, 70, 90];
+
+/// Presets the audit weighs for "the cheapest preset at no more information loss": those that
+/// change what a replay of a real session sends only through its compactions and
+/// microcompacts, whose loss [`super::loss`] judges. Presets with equal replay options are one
+/// replay.
+pub const LOSS_JUDGED_PRESETS: [&str; 2] = ["claude-code-no-microcompact", "claude-code-summary-only"];
 
 /// Breaks of one cause.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -72,6 +87,39 @@ pub struct WhatIf {
     pub saving_usd: f64,
     /// Of the billed cost.
     pub saving_pct: f64,
+    /// Why the what-if changes nothing on the session (then the saving is 0 and nothing was
+    /// replayed for it, or the replay moved nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_effect: Option<String>,
+    /// The what-if's information loss (references lost + re-reads over its compactions,
+    /// [`super::loss`]) less the recording's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub info_loss_delta: Option<i64>,
+}
+
+impl WhatIf {
+    fn unchanged(name: String, why: String) -> WhatIf {
+        WhatIf { name, saving_usd: 0.0, saving_pct: 0.0, no_effect: Some(why), info_loss_delta: None }
+    }
+}
+
+/// References lost and re-reads over a replay's main-lane compactions.
+fn info_loss_of(replay: &super::session::SessionReplay) -> i64 {
+    replay.compaction_losses.iter().map(|l| (l.references_lost + l.rereads) as i64).sum()
+}
+
+/// Why `config` cannot move the compactions of `session`, decided from the replay as recorded
+/// without replaying: no recorded automatic compaction and the client's count never reaches
+/// the setting's threshold.
+fn autocompact_unchanged(session: &ImportedSession, replay: &super::session::SessionReplay, table: &ModelTable, config: &crate::agent::compact::config::AutocompactConfig) -> Option<String> {
+    let recorded_auto = session.recording.events.iter().any(|e| matches!(&e.kind, EventKind::Compaction(c) if c.trigger == "auto"));
+    if recorded_auto {
+        return None;
+    }
+    let (.., thresholds) = super::triggers::client_thresholds(session, replay, table, config);
+    let (_, points) = super::triggers::main_points(session, replay, None);
+    let peak = points.iter().map(|p| p.count).max().unwrap_or(0);
+    (!thresholds.above_autocompact(peak)).then(|| format!("the session never reaches the threshold (peak {peak} < {})", thresholds.autocompact))
 }
 
 /// One day's share of a session (UTC days).
@@ -263,6 +311,17 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         .map(|c| PlotPoint { call: c.index, context_tokens: c.recorded_context(), break_cause: break_at.get(&c.index).cloned() })
         .collect();
     let baseline = fidelity_for_session(&replay, table, false).simulated_cost_usd;
+    let baseline_loss = info_loss_of(&replay);
+    // The autocompact what-ifs a session cannot feel, decided before the TTL shadows change the
+    // replay.
+    let autocompact: Vec<(String, crate::agent::compact::config::AutocompactConfig, Option<String>)> = AUTOCOMPACT_PCTS
+        .iter()
+        .map(|&pct| {
+            let config = crate::agent::compact::config::AutocompactConfig { pct_override: Some(pct), ..Default::default() };
+            let unchanged = autocompact_unchanged(session, &replay, table, &config);
+            (format!("autocompact_pct={pct}"), config, unchanged)
+        })
+        .collect();
 
     let mut whatifs = Vec::new();
     for ((name, ttl), shadow) in candidates.into_iter().zip(&shadows) {
@@ -277,10 +336,60 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
             fidelity_for_session(&replay, table, false).simulated_cost_usd
         };
         let saving = baseline - cost;
-        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd) });
+        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None });
     }
     drop(replay);
-    let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
+    // The what-ifs that move compactions: replayed only where they can change something, their
+    // replays shared (equal plans or options are one replay).
+    let shared = super::whatif::ReplayMemo::new();
+    let replayed = |options: &ReplayOptions| {
+        let mut measurer = make();
+        measurer.counter_mut().seed(&memo);
+        super::session::replay_session_shared(session, &mut measurer, options, &shared)
+    };
+    let priced = |name: String, replay: &super::session::SessionReplay| {
+        let saving = baseline - fidelity_for_session(replay, table, false).simulated_cost_usd;
+        WhatIf { name, saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: Some(info_loss_of(replay) - baseline_loss) }
+    };
+    for (name, config, unchanged) in autocompact {
+        let whatif = match unchanged {
+            Some(why) => WhatIf::unchanged(name, why),
+            None => {
+                let replay = replayed(&ReplayOptions { autocompact: Some(config), ..plain.clone() });
+                if replay.compaction_whatif.as_ref().is_none_or(|w| w.changes.is_empty()) {
+                    WhatIf::unchanged(name, "the setting compacts where the recording did".to_owned())
+                } else {
+                    priced(name, &replay)
+                }
+            }
+        };
+        whatifs.push(whatif);
+    }
+    // The presets: the cheapest whose information loss is no more than the recording's.
+    let microcompacts = session.recording.events.iter().any(|e| matches!(&e.kind, EventKind::SystemEvent(s) if s.subtype == "microcompact_boundary"));
+    let preset_whatif = if microcompacts {
+        let mut best: Option<WhatIf> = None;
+        let mut considered = Vec::new();
+        for id in LOSS_JUDGED_PRESETS {
+            let Ok(strategy) = crate::strategy::Strategy::resolve_with(id, &[]) else { continue };
+            // The TTL is its own what-if: the preset's other knobs on the recorded TTLs.
+            let options = ReplayOptions { ttl_main: None, info_loss: false, ..ReplayOptions::from_strategy(&strategy) };
+            considered.push(id);
+            let whatif = priced(format!("preset={id}"), &replayed(&options));
+            if whatif.saving_usd == 0.0 && whatif.info_loss_delta == Some(0) {
+                // The same requests (the microcompacts cleared only results older than the file).
+                continue;
+            }
+            if whatif.info_loss_delta.is_some_and(|d| d <= 0) && best.as_ref().is_none_or(|b| whatif.saving_usd > b.saving_usd) {
+                best = Some(whatif);
+            }
+        }
+        best.unwrap_or_else(|| WhatIf::unchanged("preset".to_owned(), format!("no preset of {} changes the session at no more information loss", considered.join(", "))))
+    } else {
+        WhatIf::unchanged("preset".to_owned(), "the presets weighed change only recorded microcompacts, and the session holds none".to_owned())
+    };
+    whatifs.push(preset_whatif);
+    let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0 && w.no_effect.is_none()).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
     let warnings = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
     SessionAudit {
         project: file.project.clone(),
@@ -339,8 +448,10 @@ pub struct AuditRow {
     pub compactions_manual: u64,
     /// Largest `preTokens` of the compactions.
     pub compaction_max_pre_tokens: Option<u64>,
-    /// Per what-if: summed saving over the rows' sessions.
+    /// Per what-if: summed saving over the rows' sessions it changes.
     pub whatif_savings: BTreeMap<String, f64>,
+    /// Per what-if: the rows' sessions it changes nothing on.
+    pub whatifs_no_effect: BTreeMap<String, u64>,
     pub best_whatif: Option<WhatIf>,
     pub by_model: BTreeMap<String, crate::measure::billing::ModelBill>,
 }
@@ -380,7 +491,11 @@ fn row_of(audit: &SessionAudit) -> AuditRow {
         row.compaction_max_pre_tokens = row.compaction_max_pre_tokens.max(c.pre_tokens);
     }
     for w in &audit.whatifs {
-        *row.whatif_savings.entry(w.name.clone()).or_default() += w.saving_usd;
+        if w.no_effect.is_some() {
+            *row.whatifs_no_effect.entry(w.name.clone()).or_default() += 1;
+        } else {
+            *row.whatif_savings.entry(w.name.clone()).or_default() += w.saving_usd;
+        }
     }
     row.best_whatif = audit.best_whatif.clone();
     row
@@ -419,6 +534,9 @@ fn merge_into(into: &mut AuditRow, row: &AuditRow) {
     for (name, saving) in &row.whatif_savings {
         *into.whatif_savings.entry(name.clone()).or_default() += saving;
     }
+    for (name, n) in &row.whatifs_no_effect {
+        *into.whatifs_no_effect.entry(name.clone()).or_default() += n;
+    }
     for (label, m) in &row.by_model {
         let e = into.by_model.entry(label.clone()).or_default();
         e.tokens.add(&m.tokens);
@@ -433,7 +551,7 @@ fn best_of(row: &mut AuditRow, base_cost: f64) {
         .iter()
         .filter(|(_, s)| **s > 0.0)
         .max_by(|a, b| a.1.total_cmp(b.1).then_with(|| b.0.cmp(a.0)))
-        .map(|(name, s)| WhatIf { name: name.clone(), saving_usd: *s, saving_pct: pct(*s, base_cost) });
+        .map(|(name, s)| WhatIf { name: name.clone(), saving_usd: *s, saving_pct: pct(*s, base_cost), no_effect: None, info_loss_delta: None });
 }
 
 /// The rows of the table (sorted largest loss first, then key) and the total row.

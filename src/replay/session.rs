@@ -295,6 +295,10 @@ pub struct SessionReplay {
     /// The information loss of each main-lane compaction ([`super::loss`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub compaction_losses: Vec<super::loss::CompactionLoss>,
+    /// The user context a compaction leaves in the main lane (the fitted one of the session's
+    /// version): for a session that starts mid-conversation, what stays of the unrecorded part.
+    #[serde(skip)]
+    pub user_context_after_compaction: u64,
 }
 
 impl SessionReplay {
@@ -384,6 +388,9 @@ struct LaneState {
     hidden_saved: u64,
     /// A compaction dropped the unrecorded history of a mid-conversation segment.
     compacted: bool,
+    /// The last compaction was one a what-if inserted: the recorded totals after it are not
+    /// anchors for the segment's size.
+    inserted_compaction: bool,
     /// The unrecorded part changed by an amount the transcript does not give (a compaction of a
     /// head-truncated segment, a microcompact of history older than the transcript): the next
     /// compared call's recorded total sizes the user context of the new segment.
@@ -1180,7 +1187,14 @@ fn replay_session_observing(
         } else {
             ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, ..profile.clone() }
         };
+        // It sends what the main thread holds now: after a compaction (a what-if's included)
+        // the older history of a mid-conversation segment is gone from it too.
+        let main_segment = (call.lane == LANE_COMPACT)
+            .then(|| lanes.get(LANE_MAIN).map(|m| (m.segment_context, m.hidden_saved, m.compacted)).unwrap_or_default());
         let state = lanes.entry(call.lane.clone()).or_default();
+        if let Some((segment_context, hidden_saved, compacted)) = main_segment {
+            (state.segment_context, state.hidden_saved, state.compacted) = (segment_context, hidden_saved, compacted);
+        }
         // Events seen before a call that was not compared belong to the next one.
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
         let family = measurer.table().lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
@@ -1227,7 +1241,12 @@ fn replay_session_observing(
                     state.cleared_version += 1;
                     state.compacted = true;
                     state.segment_context = None;
-                    state.anchor_pending = true;
+                    // The recorded usage after a compaction the recording holds shows what the
+                    // new segment carries; after one a what-if inserted it shows the session
+                    // uncompacted (the older history still in it), so the replay's own size
+                    // stands: the user context alone.
+                    state.inserted_compaction = crate::recording::claude_code::is_inserted_compaction(event);
+                    state.anchor_pending = !state.inserted_compaction;
                 }
                 EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
                     call_events.push("microcompact".into());
@@ -1242,7 +1261,7 @@ fn replay_session_observing(
                     if !ids.is_empty() {
                         state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
                     }
-                    if hidden > 0 {
+                    if hidden > 0 && !state.inserted_compaction {
                         state.anchor_pending = true;
                     }
                     if options.recorded_microcompact {
@@ -1820,6 +1839,7 @@ fn replay_session_observing(
         compaction_whatif: None,
         profile_notes: profile_notes.into_iter().collect(),
         compaction_losses,
+        user_context_after_compaction: user_context_prior,
     }
 }
 

@@ -233,7 +233,10 @@ pub fn replay_with_autocompact(
                 if diverged_at(p) || diverged_from.is_some_and(|at| call.index >= at) { call.simulated_context() } else { call.recorded_context() }
             };
             let call = &replay.calls[point.call];
-            let after_compaction = call.prefix_tokens + call.user_context_tokens + (SUMMARY_CHARS / 4) as u64 + RESTORE_TOKENS_ESTIMATE;
+            // A session that starts mid-conversation carries its older history in the call's
+            // user context; a compaction leaves only the user context itself.
+            let user_context = if replay.head_truncated { replay.user_context_after_compaction } else { call.user_context_tokens };
+            let after_compaction = call.prefix_tokens + user_context + (SUMMARY_CHARS / 4) as u64 + RESTORE_TOKENS_ESTIMATE;
             // A compaction the recording holds before this call, whether or not the session
             // as it stands still holds it.
             let recorded = point.message_id.as_ref().and_then(|id| recorded_boundaries.get(id));

@@ -53,9 +53,19 @@ fn usd(v: f64) -> String {
     if v < 0.0 { format!("-${:.2}", -v) } else { format!("${v:.2}") }
 }
 
+/// A what-if's name in the table's last column (17 characters): `1h`, `pct50`, `no-mc`, ...
+fn whatif_label(name: &str) -> String {
+    let name = name.trim_start_matches("ttl_main=").replace("autocompact_pct=", "pct");
+    match name.trim_start_matches("preset=") {
+        "claude-code-no-microcompact" => "no-mc".to_owned(),
+        "claude-code-summary-only" => "sum-only".to_owned(),
+        _ => name,
+    }
+}
+
 fn whatif_cell(row: &AuditRow) -> String {
     match &row.best_whatif {
-        Some(w) => format!("{} ${:.2} {:.1}%", w.name.trim_start_matches("ttl_main="), w.saving_usd, w.saving_pct),
+        Some(w) => format!("{} ${:.2} {:.1}%", whatif_label(&w.name), w.saving_usd, w.saving_pct),
         None => "-".to_owned(),
     }
 }
@@ -124,6 +134,10 @@ fn details(row: &AuditRow, by: GroupBy, breakdown: bool) -> Vec<String> {
     }
     for (name, saving) in &row.whatif_savings {
         items.push(format!("what-if {name}: {}", usd(*saving)));
+    }
+    let unchanged: Vec<&str> = row.whatifs_no_effect.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
+    if !unchanged.is_empty() {
+        items.push(format!("no effect: {}", unchanged.join(", ")));
     }
     items
 }
@@ -196,7 +210,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         &[
             "re-made: tokens cached again after a cache break; lost $: their write price minus read price".to_owned(),
             format!("what-ifs replayed: {WHATIFS_AVAILABLE}"),
-            format!("not in the audit (ctxsim compare or sweep on these sessions): {WHATIFS_AWAITING}"),
+            format!("not in the audit (ctxsim compare on these sessions): {WHATIFS_AWAITING}"),
         ],
         WIDTH,
     );
@@ -350,10 +364,13 @@ pub fn cost_per_day_svg(audits: &[SessionAudit]) -> String {
 
 /// Summed saving of each what-if over the sessions, as horizontal bars.
 pub fn whatif_svg(audits: &[SessionAudit]) -> String {
+    // Per what-if: the summed saving and the sessions it changed.
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    let mut changed: BTreeMap<String, usize> = BTreeMap::new();
     for a in audits {
         for w in &a.whatifs {
             *sums.entry(w.name.clone()).or_default() += w.saving_usd;
+            *changed.entry(w.name.clone()).or_default() += usize::from(w.no_effect.is_none());
         }
     }
     let (w, left) = (900u32, 160.0);
@@ -375,13 +392,17 @@ pub fn whatif_svg(audits: &[SessionAudit]) -> String {
         let color = if *v >= 0.0 { PALETTE[4] } else { PALETTE[2] };
         let _ = write!(
             out,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect class="bar" data-series="{}" x="{x:.1}" y="{y:.1}" width="{len:.1}" height="20" fill="{color}"/><text x="{:.1}" y="{:.1}">${v:.2}</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect class="bar" data-series="{}" x="{x:.1}" y="{y:.1}" width="{len:.1}" height="20" fill="{color}"/><text x="{:.1}" y="{:.1}">${v:.2} ({})</text>"#,
             left - 6.0,
             y + 14.0,
             escape(name),
             escape(name),
             zero.max(x + len) + 6.0,
-            y + 14.0
+            y + 14.0,
+            match changed.get(name).copied().unwrap_or(0) {
+                0 => "no effect".to_owned(),
+                n => format!("changes {n} of {} sessions", audits.len()),
+            }
         );
     }
     out.push_str("</svg>");
@@ -485,7 +506,7 @@ pub fn write_audit_html(dir: &Path, audits: &[SessionAudit]) -> std::io::Result<
     body.push_str("</table>");
     body.push_str("<h2>What-ifs</h2>");
     body.push_str(&whatif_svg(audits));
-    let _ = write!(body, "<p>Replayed: {}. Not in the audit (<code>ctxsim compare</code> or <code>sweep</code> on these sessions): {}.</p>", escape(WHATIFS_AVAILABLE), escape(WHATIFS_AWAITING));
+    let _ = write!(body, "<p>Replayed: {}. A what-if a session cannot feel (it never reaches the threshold, holds no recorded microcompact) is not replayed and counts as no effect. Not in the audit (<code>ctxsim compare</code> on these sessions): {}.</p>", escape(WHATIFS_AVAILABLE), escape(WHATIFS_AWAITING));
     let index = dir.join("index.html");
     write_atomic(&index, page("ctxsim audit", &body).as_bytes())?;
     written.push(index);

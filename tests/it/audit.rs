@@ -252,7 +252,66 @@ fn audit_output_is_the_same_for_one_and_two_threads() {
     assert_eq!(one, run("2"));
     let json: Value = serde_json::from_slice(&one).unwrap();
     assert_eq!(json["rows"].as_array().unwrap().len(), 5);
-    assert!(json["whatifs_awaiting"].as_str().unwrap().contains("autocompact"));
+    assert!(json["whatifs_available"].as_str().unwrap().contains("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"));
+    assert!(json["whatifs_awaiting"].as_str().unwrap().contains("observation-masking"));
+}
+
+/// Issue 15: the audit weighs another autocompact threshold and the cheapest preset at no more
+/// information loss on every session. A what-if a session cannot feel is decided without a
+/// replay and said to change nothing; the decision is right (the full what-if replay moves no
+/// compaction there); sessions with a recorded automatic compaction are replayed and priced.
+#[test]
+fn audit_weighs_autocompact_thresholds_and_presets() {
+    use ctxsim::replay::audit::{AUTOCOMPACT_PCTS, WhatIf};
+    let audits = audits();
+    let find = |a: &SessionAudit, name: &str| -> WhatIf { a.whatifs.iter().find(|w| w.name == name).cloned().unwrap_or_else(|| panic!("{}: no {name}", a.session_id)) };
+    let mut gated = Vec::new();
+    for a in audits {
+        for pct in AUTOCOMPACT_PCTS {
+            let w = find(a, &format!("autocompact_pct={pct}"));
+            match &w.no_effect {
+                Some(why) => {
+                    assert_eq!(w.saving_usd, 0.0, "{}", a.session_id);
+                    if why.contains("never reaches the threshold") {
+                        gated.push((a.path.clone(), pct));
+                    }
+                }
+                None => assert!(w.info_loss_delta.is_some(), "{}", a.session_id),
+            }
+        }
+        assert!(a.whatifs.iter().any(|w| w.name.starts_with("preset")), "{}", a.session_id);
+        if let Some(best) = &a.best_whatif {
+            assert!(best.no_effect.is_none() && best.saving_usd > 0.0);
+            let max = a.whatifs.iter().filter(|w| w.no_effect.is_none()).map(|w| w.saving_usd).fold(f64::MIN, f64::max);
+            assert_eq!(best.saving_usd, max, "{}", a.session_id);
+        }
+    }
+    // Every session with a recorded automatic compaction (cipher-box, spotter, entireio-cli) is
+    // replayed under the lower thresholds and the 50% one moves its compactions.
+    let with_auto: Vec<&SessionAudit> = audits.iter().filter(|a| a.compactions.iter().any(|c| c.trigger == "auto")).collect();
+    assert!(with_auto.len() >= 8, "{}", with_auto.len());
+    for a in &with_auto {
+        assert!(find(a, "autocompact_pct=50").no_effect.is_none(), "{}", a.session_id);
+    }
+    // The sessions that never reach a threshold are decided without a replay, and rightly.
+    assert!(gated.len() >= 6, "{gated:?}");
+    let (path, pct) = gated.iter().find(|(p, _)| p.contains("NumWordify")).expect("the small 1M-window session is gated").clone();
+    let session = load_session(Path::new(&path)).unwrap();
+    let strategy = ctxsim::strategy::Strategy::resolve_with("claude-code", &[format!("compact.autocompact.pct_override={pct}")]).unwrap();
+    let options = ctxsim::replay::ReplayOptions { ttl_main: None, ..ctxsim::replay::ReplayOptions::from_strategy(&strategy) };
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+    let replay = ctxsim::replay::replay_session(&session, &mut measurer, &options);
+    assert!(replay.compaction_whatif.as_ref().is_some_and(|w| w.changes.is_empty()), "{:?}", replay.compaction_whatif);
+    // The table says which what-ifs changed nothing.
+    let (rows, total) = group(audits, GroupBy::Session);
+    let table = audit_table(&rows, &total, GroupBy::Session, false);
+    assert!(table.contains("no effect: autocompact_pct=50, autocompact_pct=70, autocompact_pct=90"), "{table}");
+    // The CSV's best what-if is the total's best saving.
+    let csv = String::from_utf8(audit_csv(&rows, &total, GroupBy::Session)).unwrap();
+    let last = csv.lines().last().unwrap();
+    let best = total.best_whatif.as_ref().expect("a what-if saves over all sessions");
+    assert!(last.contains(&best.name), "{last}");
+    assert!(total.whatif_savings.values().all(|s| *s <= best.saving_usd));
 }
 
 /// A Parquet file read back: column names and rows as (name → value) maps.

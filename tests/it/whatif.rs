@@ -12,6 +12,8 @@ use crate::support::realdata;
 
 const SPOTTER: &str = "transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl";
 const CD95: &str = "transcripts/entireio-cli/cd95adddad32-0.full.jsonl";
+const CIPHER_BOX: &str = "transcripts/cipher-box/e89fb6a2d646-0.full.jsonl";
+const E7662: &str = "transcripts/entireio-cli/7662d755ef9f-2.full.jsonl";
 
 fn session(path: &str) -> ImportedSession {
     load_session(&realdata().join(path)).unwrap()
@@ -43,11 +45,11 @@ fn whatif_default_setting_replays_the_recorded_compactions() {
     assert_eq!(main_compactions(&replay), 1);
 }
 
-/// The target: sweeping the buffer on a session with a recorded auto compaction moves
-/// the compaction point monotonically and gives at least three distinct outcomes.
-#[test]
-fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
-    let session = session(SPOTTER);
+/// The target: sweeping the buffer on a session with a recorded auto compaction (at main
+/// call `recorded_call`) moves the compaction point monotonically and gives at least three
+/// distinct outcomes.
+fn check_buffer_moves_the_compaction(path: &str, recorded_call: usize) {
+    let session = session(path);
     let mut first_points = Vec::new();
     let mut costs = Vec::new();
     for buffer in [30_000, 60_000, 100_000] {
@@ -58,20 +60,32 @@ fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
         let first = whatif.changes.first().expect("a change");
         assert_eq!(first.change, "inserted", "{whatif:?}");
         assert!(first.pre_tokens >= whatif.threshold);
-        // The recorded compaction at main call 102 is no longer needed there.
-        assert!(whatif.changes.iter().any(|c| c.change == "removed" && c.call == 102), "{whatif:?}");
+        assert!(first.call < recorded_call, "{whatif:?}");
+        // The recorded compaction is no longer needed there.
+        assert!(whatif.changes.iter().any(|c| c.change == "removed" && c.call == recorded_call), "{whatif:?}");
         let (at, why) = replay.first_divergence.clone().expect("replies diverge");
         assert!(why.contains("compacts before main call"), "{why}");
         assert!(at > 0);
         first_points.push(first.call);
         costs.push((cost(&replay) * 1e6).round() as i64);
     }
-    assert!(first_points.windows(2).all(|w| w[0] > w[1]), "compaction points {first_points:?}");
+    assert!(first_points.windows(2).all(|w| w[0] > w[1]), "{path}: compaction points {first_points:?}");
     let recorded = (cost(&check(&session, &[])) * 1e6).round() as i64;
     costs.push(recorded);
     costs.sort_unstable();
     costs.dedup();
-    assert!(costs.len() >= 3, "{costs:?}");
+    assert!(costs.len() >= 3, "{path}: {costs:?}");
+}
+
+#[test]
+fn whatif_autocompact_buffer_moves_the_compaction_of_a_real_session() {
+    check_buffer_moves_the_compaction(SPOTTER, 102);
+}
+
+/// The same on a cipher-box session (2.1.39, its recorded auto compaction before main call 155).
+#[test]
+fn whatif_autocompact_buffer_moves_the_compaction_of_a_cipher_box_session() {
+    check_buffer_moves_the_compaction(CIPHER_BOX, 155);
 }
 
 #[test]
@@ -134,6 +148,62 @@ fn whatif_compaction_edits_rebuild_the_views() {
     assert!(view_after.windows(2).all(|w| w[0].role != w[1].role));
 }
 
+/// A reply streamed as several records is one event held by every record's node; a compaction
+/// inserted before it restarts the conversation from the summary whichever record's uuid sorts
+/// first (the call's view starts from its first record's parent).
+#[test]
+fn whatif_compaction_before_a_multi_record_reply_drops_the_history() {
+    let session = session(E7662);
+    let main: Vec<_> = session.calls.iter().filter(|c| c.lane == "main" && !c.is_synthetic).collect();
+    // Main call 41 of this file is a thinking record then a text record whose uuid sorts after it.
+    for at in [main[1], main[41]] {
+        let edited = session.with_compaction_edits(&[CompactionEdit::Insert {
+            before: at.event_index,
+            pre_tokens: 90_000,
+            summary: "stand-in".into(),
+            summary_output_tokens: 3_000,
+            model: at.model.clone(),
+        }]);
+        let moved = edited.calls.iter().find(|c| c.message_id == at.message_id).unwrap();
+        let messages = edited.messages_for_call(moved);
+        assert_eq!(messages.len(), 1, "main call {}: the call after the compaction sees the summary only", at.index);
+        assert!(serde_json::to_string(&messages[0].content).unwrap().contains(SUMMARY_OPENING));
+    }
+}
+
+/// A session that starts mid-conversation (146k tokens of history older than the file) under a
+/// threshold it is already over: the what-if compacts once per fill of the window, not at every
+/// call. After each compaction the context is under the threshold (the recorded usage after an
+/// inserted compaction is not taken as the new segment's size), each summary request forks the
+/// main thread as it stands, and the cost stays near the recorded session's.
+#[test]
+fn whatif_lower_threshold_on_a_mid_conversation_session_compacts_once_per_fill() {
+    let session = session(E7662);
+    assert!(session.recording.header.head_truncated);
+    let recorded = check(&session, &[]);
+    for pct in [50, 60] {
+        let replay = check(&session, &[&format!("compact.autocompact.pct_override={pct}")]);
+        let whatif = replay.compaction_whatif.as_ref().expect("a what-if");
+        assert!(whatif.converged, "{whatif:?}");
+        let inserted = whatif.changes.iter().filter(|c| c.change == "inserted").count();
+        // The file grows the context by about 90k after a first compaction at its start.
+        assert!((1..=3).contains(&inserted), "pct {pct}: {whatif:?}");
+        assert_eq!(whatif.changes[0].call, 1, "{whatif:?}");
+        let mut last_main = None;
+        for call in replay.calls.iter().filter(|c| c.compared()) {
+            if call.lane == "main" {
+                if call.events.iter().any(|e| e == "compaction") {
+                    assert!(call.simulated_context() < whatif.threshold, "pct {pct}: call {} after a compaction at {}", call.index, call.simulated_context());
+                }
+                last_main = Some(call.simulated_context());
+            } else if call.lane == "compact" {
+                let main = last_main.expect("a main call before the summary request");
+                assert!(call.simulated_context() <= main + main / 10 + 5_000, "pct {pct}: summary request {} at {} after main at {main}", call.index, call.simulated_context());
+            }
+        }
+        assert!(cost(&replay) < 1.5 * cost(&recorded), "pct {pct}: {} vs {}", cost(&replay), cost(&recorded));
+    }
+}
 
 /// The output reserve left unset is the recorded version's (32,000 before 2.1.37); set to any
 /// value, including the 2.1.88 default of 20,000, it is that value and moves the compactions.
