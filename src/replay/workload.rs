@@ -467,6 +467,7 @@ pub fn agent_replay(
         compaction_whatif: None,
         profile_notes: Vec::new(),
         compaction_losses: Vec::new(),
+        user_context_after_compaction: 0,
     };
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
 }
