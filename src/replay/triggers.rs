@@ -93,7 +93,7 @@ pub fn recorded_window(session: &ImportedSession, model: &str, info: Option<&cra
 }
 
 /// [`session_window`] given the session's largest recorded context (`peak`).
-pub fn window_for(session: &ImportedSession, peak: u64, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
+fn window_for(session: &ImportedSession, peak: u64, model: &str, info: Option<&crate::measure::models::ModelInfo>) -> u64 {
     let Some(info) = info else { return DEFAULT_WINDOW };
     if !info.window_1m_opt_in {
         return info.context_window;

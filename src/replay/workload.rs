@@ -149,11 +149,9 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
     for (event_index, event) in recording.events.iter().enumerate() {
         let main = event.lane == LANE_MAIN;
         match &event.kind {
-            EventKind::Time(advance) => {
-                // Time is recorded per event; the wait before a step is the gap since the last
-                // step driven.
-                let _ = advance;
-            }
+            // Every event carries its time; the wait before a step is the gap since the last
+            // step driven (`push_wait`).
+            EventKind::Time(_) => {}
             EventKind::UserPrompt(prompt) if main => {
                 if prompt.is_compact_summary {
                     leave(&mut report, "compact_summary_message");
@@ -393,9 +391,8 @@ pub fn sized_workload(
     strategy: &crate::strategy::Strategy,
 ) -> Result<(Workload, Sizing), String> {
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
-    let peak = session.calls.iter().filter(|c| c.lane == LANE_MAIN).map(|c| c.usage.prompt_tokens()).max().unwrap_or(0);
     let info = measurer.table().lookup(&model).ok().cloned();
-    let window = super::triggers::window_for(session, peak, &model, info.as_ref());
+    let window = super::triggers::recorded_window(session, &model, info.as_ref());
     let mut workload = workload_from_session(session, file, Some(window)).map_err(|e| e.to_string())?;
     let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy)?;
     Ok((workload, sizing))
