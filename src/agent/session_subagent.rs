@@ -19,6 +19,12 @@
 //! Every request goes through [`ModelCalls`] on lane `subagent:<type>`: the runner measures it
 //! at the current virtual time and answers with the lane's next scripted reply. The final
 //! reply's text comes back as the Agent tool_result, followed by the agent id and usage line.
+//!
+//! Speaking 2.1.332 (`client_version`), the main thread's Agent call runs in the background: the
+//! call returns a short "launched" result at once, the agent runs when the main thread's turn
+//! ends (deterministic: to its end, at the virtual time then), and its result comes back as a
+//! user message holding a `<task-notification>`; its requests take 2.1.332's subagent layout
+//! (`crate::agent::dialect`). docs/profiles.md, "Background subagents".
 
 use serde_json::{Value, json};
 
@@ -145,17 +151,17 @@ impl Session {
 
     /// Checks an Agent call and gives the agent its id: the definition, model and prompt it
     /// runs with, or the error result the call gets.
-    fn start_agent(&mut self, id: &str, input: &Value, world: &World) -> Result<AgentStart, ExecOutcome> {
+    fn start_agent(&mut self, id: &str, input: &Value, world: &World) -> Result<AgentStart, Box<ExecOutcome>> {
         let prompt = input.get("prompt").and_then(Value::as_str).unwrap_or_default().to_owned();
         let agent_type = input.get("subagent_type").and_then(Value::as_str).filter(|t| !t.trim().is_empty()).unwrap_or(GENERAL_PURPOSE);
         let catalog = self.agent_catalog(world);
         let Some(agent) = catalog.find(agent_type).cloned() else {
             let known: Vec<&str> = catalog.agents.iter().map(|a| a.agent_type.as_str()).collect();
             let text = format!("There is no agent type `{agent_type}`. The agent types are: {}.", known.join(", "));
-            return Err(ExecOutcome::text(id, text, true));
+            return Err(Box::new(ExecOutcome::text(id, text, true)));
         };
         if prompt.trim().is_empty() {
-            return Err(ExecOutcome::text(id, "An agent needs a prompt: say what it should do.".to_owned(), true));
+            return Err(Box::new(ExecOutcome::text(id, "An agent needs a prompt: say what it should do.".to_owned(), true)));
         }
         let model = resolve_model(&agent, input.get("model").and_then(Value::as_str), &world.model_id, &world.env);
         self.agents_started += 1;
@@ -170,7 +176,7 @@ impl Session {
     pub(crate) fn run_agent(&mut self, id: &str, input: &Value, world: &mut World, calls: &mut dyn ModelCalls) -> Result<ExecOutcome, String> {
         let start = match self.start_agent(id, input, world) {
             Ok(start) => start,
-            Err(outcome) => return Ok(outcome),
+            Err(outcome) => return Ok(*outcome),
         };
         let run = self.run_started(&start, world, calls)?;
         let mut blocks: Vec<ContentBlock> = run.texts.iter().map(|t| ContentBlock::text(t.clone())).collect();
@@ -188,7 +194,7 @@ impl Session {
     pub(crate) fn launch_agent(&mut self, id: &str, input: &Value, world: &World) -> ExecOutcome {
         let start = match self.start_agent(id, input, world) {
             Ok(start) => start,
-            Err(outcome) => return outcome,
+            Err(outcome) => return *outcome,
         };
         let text = crate::agent::dialect::launched_result(&start.agent_id, &start.description);
         self.background.push(start);
