@@ -53,6 +53,8 @@ pub struct Inputs {
     pub mcp_instructions: Vec<(String, String)>,
     pub agent_types: Vec<String>,
     pub skills: Vec<String>,
+    /// The request is a subagent's: its system message has the subagent's size.
+    pub subagent: bool,
 }
 
 fn block(path: &str) -> Option<&'static crate::client_profile::BlockEntry> {
@@ -228,12 +230,18 @@ pub fn system_message(inputs: &Inputs) -> Message {
     for (name, text) in &inputs.mcp_instructions {
         rest.push_str(&format!("\n\n# Instructions of the {name} server\n{text}"));
     }
-    rest.push_str(&format!("\n\n# Agent types\n{}", inputs.agent_types.join("\n")));
+    if !inputs.subagent {
+        rest.push_str(&format!("\n\n# Agent types\n{}", inputs.agent_types.join("\n")));
+    }
     rest.push_str(&format!("\n\n# Skills\nRun one with the Skill tool:\n{}", inputs.skills.join("\n")));
     rest.push_str(&format!("\n\nToday's date is {}.", inputs.date));
     // The read probe's message sets the size of the fixed part; what the session adds (MCP
     // tools and instructions) comes on top, as in the client.
-    let (chars, tokens) = block("messages[1].content[0]").map_or((0, 0), |b| (b.size.chars, b.size.o200k));
+    let (chars, tokens) = if inputs.subagent {
+        (subagent_sizes().system_message, density("messages[1].content[0]", subagent_sizes().system_message))
+    } else {
+        block("messages[1].content[0]").map_or((0, 0), |b| (b.size.chars, b.size.o200k))
+    };
     let base_rest = js_len(&rest) - inputs.mcp_tools.iter().map(|t| js_len(t) + 1).sum::<usize>()
         - inputs.mcp_instructions.iter().map(|(n, t)| js_len(&format!("\n\n# Instructions of the {n} server\n{t}"))).sum::<usize>();
     let rest_tokens = u64::from(crate::measure::tokens::bpe(&rest));
@@ -302,4 +310,124 @@ pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
     content.extend(kept);
     first.content = MessageContent::Blocks(content);
     messages.insert(1, system_message(inputs));
+}
+
+// ---- Background subagents (2.1.332) -------------------------------------------------------
+//
+// The Agent tool returns at once with a short "launched" result; the main thread goes on; the
+// subagent's result comes back later as a user message holding a `<task-notification>` inside a
+// system reminder. The subagent's own requests have three system blocks (the billing block
+// with `cc_is_subagent=true;`, the identity line, the agent's prompt, the last two marked), the
+// main thread's tools without the four the main thread alone has, the main lane's parameters,
+// and the `messages[0]` + system-message layout of the main thread (no agent types). The sizes
+// come from the shipped snapshot of the `subagent` probe (characters; tokens at the density of
+// the main thread's matching block).
+
+/// Tools of the main thread that a 2.1.332 subagent does not get (capture: 12 tools on the main
+/// thread, 8 in the subagent's request).
+pub const MAIN_ONLY_TOOLS: &[&str] = &["ListAgents", "ReportFindings", "ScheduleWakeup", "Workflow"];
+
+/// Whether the agent speaking `version` runs Agent calls of the main thread in the background.
+pub fn background_agents(version: &str) -> bool {
+    version == VERSION
+}
+
+/// The sizes of the subagent probe's blocks that the layout pads to (characters).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SubagentSizes {
+    /// The subagent's `system[2]` (a built-in agent's prompt block).
+    pub prompt: usize,
+    /// The subagent's system message.
+    pub system_message: usize,
+    /// The Agent tool's "launched" result on the main thread.
+    pub launched: usize,
+    /// The task notification's frame: the whole block less the result it carries.
+    pub notification_frame: usize,
+}
+
+/// [`SubagentSizes`] read once from the shipped snapshot of the `subagent` probe.
+pub fn subagent_sizes() -> SubagentSizes {
+    static SIZES: std::sync::OnceLock<SubagentSizes> = std::sync::OnceLock::new();
+    *SIZES.get_or_init(|| {
+        let shapes = crate::client_profile::shipped(VERSION).map(|(_, s)| s).unwrap_or_default();
+        let probe = shapes.get("subagent").cloned().unwrap_or_default();
+        let mut sizes = SubagentSizes::default();
+        if let Some(sub) = probe.iter().find(|r| r.lane.starts_with("subagent")) {
+            sizes.prompt = sub.system.get(2).map_or(0, |b| b.chars);
+            sizes.system_message = sub.messages.get(1).and_then(|m| m.blocks.first()).map_or(0, |b| b.chars);
+        }
+        let main: Vec<_> = probe.iter().filter(|r| r.lane == "main").collect();
+        // The launched result: the tool_result answering the Agent call.
+        sizes.launched = main
+            .iter()
+            .flat_map(|r| r.messages.windows(2))
+            .find(|w| w[0].blocks.iter().any(|b| b.name.as_deref() == Some("Agent")))
+            .and_then(|w| w[1].blocks.iter().find(|b| b.kind == "tool_result"))
+            .map_or(0, |b| b.chars);
+        // The notification: the last main request's last block, less the subagent's reply that
+        // the probe scripted (its result).
+        let result = crate::client_profile::probes::probes()
+            .into_iter()
+            .find(|p| p.name == "subagent")
+            .and_then(|p| p.script["main"].get(1).and_then(|r| r["content"].as_str()).map(js_len))
+            .unwrap_or(0);
+        let notification = main.last().and_then(|r| r.messages.last()).and_then(|m| m.blocks.last()).map_or(0, |b| b.chars);
+        sizes.notification_frame = notification.saturating_sub(result);
+        sizes
+    })
+}
+
+/// The o200k tokens `chars` characters have at the density of the profile's block at `path`.
+fn density(path: &str, chars: usize) -> u64 {
+    block(path).map_or(0, |b| (chars as u64 * b.size.o200k) / b.size.chars.max(1) as u64)
+}
+
+/// What a 2.1.332 subagent's prompt block adds to the agent's own prompt (our words).
+const SUBAGENT_NOTE: &str = "You run in the background for the main conversation, which sees only your final message. \
+Finish the task you were given without asking questions, then end with a short report: what you found or changed, \
+with file paths, and anything left undone.";
+
+/// A 2.1.332 subagent's three system blocks: the billing block marked as a subagent's, the
+/// identity line and the agent's prompt with our note, the last two marked. A built-in agent's
+/// prompt is padded to the capture's size; a user's own agent prompt is sent as written.
+pub fn subagent_system_blocks(agent_blocks: &[SystemBlock], marker: Option<CacheControl>, messages: &[Message], agent_prompt: &str, built_in: bool) -> Vec<SystemBlock> {
+    let mut blocks = system_blocks(agent_blocks, marker.clone(), messages);
+    blocks[0].text.push_str(" cc_is_subagent=true;");
+    let prompt = format!("{}\n\n{SUBAGENT_NOTE}", agent_prompt.trim());
+    let sizes = subagent_sizes();
+    let prompt = if built_in && sizes.prompt > 0 { pad_to_size(&prompt, sizes.prompt, density("system[2]", sizes.prompt), "subagent_prompt_2_1_332") } else { prompt };
+    blocks[2] = SystemBlock::text(prompt).with_cache_control(marker);
+    blocks
+}
+
+/// The request parameters of the profile's subagent lane (as [`params`] for the main lane).
+pub fn subagent_params() -> (Option<u64>, Option<Value>, Option<Value>, Option<Value>) {
+    let Some(lane) = &profile().subagent else { return params() };
+    let field = |name: &str| lane.fields.get(name).and_then(|v| serde_json::from_str::<Value>(v).ok());
+    (field("max_tokens").and_then(|v| v.as_u64()), field("thinking"), field("output_config"), field("context_management"))
+}
+
+/// The Agent tool's immediate result for a background agent (our words), padded to the
+/// capture's size.
+pub fn launched_result(agent_id: &str, description: &str) -> String {
+    let text = format!(
+        "Started agent \"{description}\" in the background (agentId: {agent_id}). It works on its own; its result arrives in a task notification once it finishes. \
+Go on with other work meanwhile, do not start it again, and do not guess its findings."
+    );
+    pad_to_size(&text, subagent_sizes().launched.max(js_len(&text)), 0, "launched_2_1_332")
+}
+
+/// The user message block that brings a background agent's result back to the main thread: a
+/// `<task-notification>` (id, status, summary, result, usage) inside a system reminder, the
+/// frame padded to the capture's size (our words).
+pub fn task_notification(agent_id: &str, description: &str, result: &str, total_tokens: u64, tool_uses: usize, duration_ms: u64) -> String {
+    let head = format!(
+        "{REMINDER_OPEN}\n<task-notification>\n<task-id>{agent_id}</task-id>\n<status>completed</status>\n<summary>Agent \"{description}\" finished</summary>\n<result>"
+    );
+    let tail_notification = format!("</result>\n<usage>total_tokens: {total_tokens}\ntool_uses: {tool_uses}\nduration_ms: {duration_ms}</usage>\n</task-notification>\n");
+    let note = "The user does not see this notification. Use the result above to continue; tell the user what the agent found if it matters to their request.";
+    let close = format!("\n{REMINDER_CLOSE}");
+    let frame = js_len(&head) + js_len(&tail_notification) + js_len(&close);
+    let note = pad_to_size(note, subagent_sizes().notification_frame.saturating_sub(frame).max(js_len(note)), 0, "notification_2_1_332");
+    format!("{head}{result}{tail_notification}{note}{close}")
 }

@@ -110,6 +110,11 @@ pub struct Session {
     thread: subagent_glue::Thread,
     /// Agents started by this thread so far (agent ids derive from it).
     agents_started: u64,
+    /// Agents launched in the background (2.1.332) that have not run yet; they run when the
+    /// main thread's turn ends, and their results come back as task notifications.
+    background: Vec<subagent_glue::AgentStart>,
+    /// Task notifications added since [`Session::take_notifications`] last asked.
+    notifications: Vec<String>,
     /// The Agent tool's listing as first rendered: the tool schema is memoized for the session,
     /// so agents added later do not reach the description.
     agent_listing: Option<crate::agent::tools::AgentToolListing>,
@@ -193,6 +198,8 @@ impl Session {
             session_id,
             thread: subagent_glue::Thread::Main,
             agents_started: 0,
+            background: Vec::new(),
+            notifications: Vec::new(),
             agent_listing: None,
             announced_agents: BTreeMap::new(),
             stop_continued: false,
@@ -333,6 +340,8 @@ impl Session {
         self.agent_listing = None;
         self.last_date = None;
         self.stop_continuations = 0;
+        // A new process: background agents of the old one never report.
+        self.background.clear();
         let mut kept_records = Vec::with_capacity(self.records.len());
         let mut kept_meta = Vec::with_capacity(self.record_meta.len());
         for (i, record) in std::mem::take(&mut self.records).into_iter().enumerate() {
@@ -589,6 +598,10 @@ impl Session {
         if tool_calls.is_empty() {
             self.run_stop_hooks(reply, world);
             self.settle_hook_time(world);
+            if !self.stop_continued {
+                // The turn ends: background agents run now and report back.
+                self.run_background_agents(world, calls)?;
+            }
             return Ok(self.events[before..].to_vec());
         }
         let pool = self.pool(world);
@@ -634,7 +647,11 @@ impl Session {
                 // with an error result and runs nothing.
                 ExecOutcome::text(id, format!("No such tool available: {name}"), true)
             } else if name == "Agent" && !world.tool_outputs.contains_key(id) && in_pool {
-                self.run_agent(id, &input, world, calls)?
+                if crate::agent::dialect::background_agents(&self.strategy.client_version) && !self.thread.is_subagent() {
+                    self.launch_agent(id, &input, world)
+                } else {
+                    self.run_agent(id, &input, world, calls)?
+                }
             } else {
                 execute(id, name, &input, world, &cx)
             };
@@ -1248,8 +1265,8 @@ impl Session {
         }
 
         crate::agent::dialect::mcp_results_as_blocks(&mut messages);
-        // Claude Code 2.1.332's layout on the main thread (src/agent/dialect.rs).
-        let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION && !self.thread.is_subagent()).then(|| self.dialect_inputs(world, &pool));
+        // Claude Code 2.1.332's layout, main thread and subagents (src/agent/dialect.rs).
+        let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION).then(|| self.dialect_inputs(world, &pool));
         if let Some(inputs) = &dialect {
             crate::agent::dialect::rewrite_results(&mut messages);
             crate::agent::dialect::relayout(&mut messages, inputs);
@@ -1292,9 +1309,31 @@ impl Session {
         }
         if dialect.is_some() {
             let marker = self.marker_for(&lane);
-            request.system = Some(SystemPrompt::Blocks(crate::agent::dialect::system_blocks(&system.blocks, marker, &request.messages)));
-            request.tools = Some(crate::agent::dialect::tools(&request.messages, self.agent_listing.as_ref()));
-            let (max_tokens, thinking, output_config, context_management) = crate::agent::dialect::params();
+            let mut tools = crate::agent::dialect::tools(&request.messages, self.agent_listing.as_ref());
+            let (max_tokens, thinking, mut output_config, context_management) = match self.thread.agent() {
+                None => {
+                    request.system = Some(SystemPrompt::Blocks(crate::agent::dialect::system_blocks(&system.blocks, marker, &request.messages)));
+                    crate::agent::dialect::params()
+                }
+                Some(agent) => {
+                    let built_in = agent.source == crate::agent::agents::AgentSource::BuiltIn;
+                    let blocks = crate::agent::dialect::subagent_system_blocks(&system.blocks, marker, &request.messages, &agent.prompt, built_in);
+                    request.system = Some(SystemPrompt::Blocks(blocks));
+                    // The main thread's tools without its own four, then the definition's filter.
+                    tools.retain(|t| {
+                        !crate::agent::dialect::MAIN_ONLY_TOOLS.contains(&t.name.as_str())
+                            && (t.defer_loading == Some(true)
+                                || t.name == "ToolSearch"
+                                || (!agent.disallowed_tools.contains(&t.name) && agent.tools.as_ref().is_none_or(|names| names.contains(&t.name))))
+                    });
+                    request.temperature = None;
+                    crate::agent::dialect::subagent_params()
+                }
+            };
+            if let Some(effort) = self.thread.agent().and_then(|a| a.effort.as_ref()) {
+                output_config = Some(json!({"effort": effort}));
+            }
+            request.tools = Some(tools);
             request.max_tokens = world.max_output_tokens.or(max_tokens).or(request.max_tokens);
             request.thinking = thinking;
             request.output_config = output_config;
@@ -1326,6 +1365,7 @@ impl Session {
             mcp_instructions: self.turn_mcp.iter().map(|m| (m.name.clone(), m.instructions.clone())).collect(),
             agent_types,
             skills: self.skills(world).iter().map(|s| format!("- {}: {}", s.name, s.description)).collect(),
+            subagent: self.thread.is_subagent(),
         }
     }
 

@@ -19,6 +19,12 @@
 //! Every request goes through [`ModelCalls`] on lane `subagent:<type>`: the runner measures it
 //! at the current virtual time and answers with the lane's next scripted reply. The final
 //! reply's text comes back as the Agent tool_result, followed by the agent id and usage line.
+//!
+//! Speaking 2.1.332 (`client_version`), the main thread's Agent call runs in the background: the
+//! call returns a short "launched" result at once, the agent runs when the main thread's turn
+//! ends (deterministic: to its end, at the virtual time then), and its result comes back as a
+//! user message holding a `<task-notification>`; its requests take 2.1.332's subagent layout
+//! (`crate::agent::dialect`). docs/profiles.md, "Background subagents".
 
 use serde_json::{Value, json};
 
@@ -99,6 +105,25 @@ impl Thread {
     }
 }
 
+/// An Agent call checked and given its id, before it runs.
+#[derive(Debug, Clone)]
+pub(crate) struct AgentStart {
+    agent: AgentDefinition,
+    agent_id: String,
+    model: String,
+    prompt: String,
+    /// The call's `description` (the agent type when it has none).
+    description: String,
+}
+
+/// What a finished agent hands back: its final reply's texts and its usage line.
+struct AgentRun {
+    texts: Vec<String>,
+    total_tokens: u64,
+    tool_uses: usize,
+    duration_ms: u64,
+}
+
 /// What the agent id line of the Agent tool_result says after the id (our wording).
 const AGENT_ID_NOTE: &str = "keep it to send this agent more work later";
 
@@ -124,35 +149,96 @@ impl Session {
         }
     }
 
-    /// Runs the subagent an Agent tool_use asks for and returns the tool_result for the
-    /// parent: the final reply's text blocks, then `agentId: … <usage>…</usage>`.
-    pub(crate) fn run_agent(&mut self, id: &str, input: &Value, world: &mut World, calls: &mut dyn ModelCalls) -> Result<ExecOutcome, String> {
+    /// Checks an Agent call and gives the agent its id: the definition, model and prompt it
+    /// runs with, or the error result the call gets.
+    fn start_agent(&mut self, id: &str, input: &Value, world: &World) -> Result<AgentStart, Box<ExecOutcome>> {
         let prompt = input.get("prompt").and_then(Value::as_str).unwrap_or_default().to_owned();
         let agent_type = input.get("subagent_type").and_then(Value::as_str).filter(|t| !t.trim().is_empty()).unwrap_or(GENERAL_PURPOSE);
         let catalog = self.agent_catalog(world);
         let Some(agent) = catalog.find(agent_type).cloned() else {
             let known: Vec<&str> = catalog.agents.iter().map(|a| a.agent_type.as_str()).collect();
             let text = format!("There is no agent type `{agent_type}`. The agent types are: {}.", known.join(", "));
-            return Ok(ExecOutcome::text(id, text, true));
+            return Err(Box::new(ExecOutcome::text(id, text, true)));
         };
         if prompt.trim().is_empty() {
-            return Ok(ExecOutcome::text(id, "An agent needs a prompt: say what it should do.".to_owned(), true));
+            return Err(Box::new(ExecOutcome::text(id, "An agent needs a prompt: say what it should do.".to_owned(), true)));
         }
         let model = resolve_model(&agent, input.get("model").and_then(Value::as_str), &world.model_id, &world.env);
         self.agents_started += 1;
         let mut rng = world.rng.fork("agent_ids").fork(&self.agents_started.to_string());
         let agent_id = format!("a{:06x}", rng.next_u64() & 0xff_ffff);
+        let description = input.get("description").and_then(Value::as_str).unwrap_or(&agent.agent_type).to_owned();
+        Ok(AgentStart { agent, agent_id, model, prompt, description })
+    }
+
+    /// Runs the subagent an Agent tool_use asks for and returns the tool_result for the
+    /// parent: the final reply's text blocks, then `agentId: … <usage>…</usage>`.
+    pub(crate) fn run_agent(&mut self, id: &str, input: &Value, world: &mut World, calls: &mut dyn ModelCalls) -> Result<ExecOutcome, String> {
+        let start = match self.start_agent(id, input, world) {
+            Ok(start) => start,
+            Err(outcome) => return Ok(*outcome),
+        };
+        let run = self.run_started(&start, world, calls)?;
+        let mut blocks: Vec<ContentBlock> = run.texts.iter().map(|t| ContentBlock::text(t.clone())).collect();
+        blocks.push(ContentBlock::text(format!(
+            "agentId: {} ({AGENT_ID_NOTE})\n<usage>total_tokens: {}\ntool_uses: {}\nduration_ms: {}</usage>",
+            start.agent_id, run.total_tokens, run.tool_uses, run.duration_ms
+        )));
+        let mut outcome = ExecOutcome::text(id, String::new(), false);
+        outcome.result = ContentBlock::tool_result(id, ToolResultContent::Blocks(blocks), None);
+        Ok(outcome)
+    }
+
+    /// Claude Code 2.1.332's Agent call: the agent is queued to run in the background and the
+    /// call returns at once with a short "launched" result (a list of one text block).
+    pub(crate) fn launch_agent(&mut self, id: &str, input: &Value, world: &World) -> ExecOutcome {
+        let start = match self.start_agent(id, input, world) {
+            Ok(start) => start,
+            Err(outcome) => return *outcome,
+        };
+        let text = crate::agent::dialect::launched_result(&start.agent_id, &start.description);
+        self.background.push(start);
+        let mut outcome = ExecOutcome::text(id, String::new(), false);
+        outcome.result = ContentBlock::tool_result(id, ToolResultContent::Blocks(vec![ContentBlock::text(text)]), None);
+        outcome
+    }
+
+    /// Runs the background agents launched so far, in launch order, each to its end at the
+    /// current virtual time (the main thread's turn has ended, so nothing else asks meanwhile),
+    /// and adds one task notification per agent as a user message: the main thread's next
+    /// request carries them.
+    pub(crate) fn run_background_agents(&mut self, world: &mut World, calls: &mut dyn ModelCalls) -> Result<(), String> {
+        for start in std::mem::take(&mut self.background) {
+            let run = self.run_started(&start, world, calls)?;
+            let result = run.texts.join("\n");
+            let text = crate::agent::dialect::task_notification(&start.agent_id, &start.description, &result, run.total_tokens, run.tool_uses, run.duration_ms);
+            self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text.clone())]), meta: false });
+            self.events.push(format!("task_notification:{}", start.agent.agent_type));
+            self.notifications.push(text);
+        }
+        Ok(())
+    }
+
+    /// The task notifications added since the last call (a client's loop records them and
+    /// asks the model again).
+    pub fn take_notifications(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notifications)
+    }
+
+    /// Runs a started agent's tool loop to its end: its final reply's texts and usage line.
+    fn run_started(&mut self, start: &AgentStart, world: &mut World, calls: &mut dyn ModelCalls) -> Result<AgentRun, String> {
+        let AgentStart { agent, agent_id, model, prompt, .. } = start;
         let lane = agent.lane();
         let started_ms = world.clock.now_ms();
 
-        let start = self.hooks(world, "SubagentStart", &agent.agent_type, json!({"agent_id": agent_id, "agent_type": agent.agent_type}));
+        let hook = self.hooks(world, "SubagentStart", &agent.agent_type, json!({"agent_id": agent_id, "agent_type": agent.agent_type}));
         self.settle_hook_time(world);
         // What this thread asked before the agent starts is measured first.
         calls.side(self.take_side_calls(), world)?;
-        let mut child = self.spawn_subagent(agent.clone(), agent_id.clone(), model, world);
-        child.records.push(Record::User { content: MessageContent::Text(prompt), meta: false });
-        if !start.additional_context.is_empty() {
-            child.push_attachments(vec![Attachment::HookAdditionalContext { hook_name: "SubagentStart".into(), lines: start.additional_context }]);
+        let mut child = self.spawn_subagent(agent.clone(), agent_id.clone(), model.clone(), world);
+        child.records.push(Record::User { content: MessageContent::Text(prompt.clone()), meta: false });
+        if !hook.additional_context.is_empty() {
+            child.push_attachments(vec![Attachment::HookAdditionalContext { hook_name: "SubagentStart".into(), lines: hook.additional_context }]);
         }
         // Skills named in the definition are preloaded: each body as a meta message.
         let skills = self.skills(world);
@@ -183,22 +269,15 @@ impl Session {
         // What outlives the agent in the parent: its hook runs and the skills it activated.
         self.hook_log.append(&mut child.hook_log);
         self.activated_skills.append(&mut child.activated_skills);
-        let total_tokens = usage.prompt_tokens() + usage.output_tokens;
-        let duration_ms = world.clock.now_ms() - started_ms;
-        let mut blocks: Vec<ContentBlock> = final_reply
+        let texts = final_reply
             .content
             .iter()
             .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(ContentBlock::text(text.clone())),
+                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(text.clone()),
                 _ => None,
             })
             .collect();
-        blocks.push(ContentBlock::text(format!(
-            "agentId: {agent_id} ({AGENT_ID_NOTE})\n<usage>total_tokens: {total_tokens}\ntool_uses: {tool_uses}\nduration_ms: {duration_ms}</usage>"
-        )));
-        let mut outcome = ExecOutcome::text(id, String::new(), false);
-        outcome.result = ContentBlock::tool_result(id, ToolResultContent::Blocks(blocks), None);
-        Ok(outcome)
+        Ok(AgentRun { texts, total_tokens: usage.prompt_tokens() + usage.output_tokens, tool_uses, duration_ms: world.clock.now_ms() - started_ms })
     }
 
     /// A child session for `agent`: the parent's configuration, a fresh conversation.
@@ -240,6 +319,8 @@ impl Session {
         child.stop_continued = false;
         child.session_started = true;
         child.agents_started = 0;
+        child.background.clear();
+        child.notifications.clear();
         child.peer_reports.clear();
         child
     }

@@ -112,6 +112,10 @@ pub fn scenario(probe: &Probe, profile: &VersionProfile) -> Value {
         for prompt in prompts {
             steps.push(json!({"user": prompt}));
             assistant_until_text(&mut steps, &mut replies);
+            if probe.name == "subagent" && crate::agent::dialect::background_agents(&profile.version) {
+                // The background agent's task notification asks the main thread again.
+                assistant_until_text(&mut steps, &mut replies);
+            }
         }
     }
     json!({"name": format!("probe-{}", probe.name), "description": probe.what, "world": world, "script": steps})

@@ -285,7 +285,16 @@ pub fn run_live_with(
                     }
                     extracted.map_err(|e| script_err(i, e))?;
                     if !calls_tools || reply.stop_reason != StopReason::ToolUse {
-                        break;
+                        // Background agents (2.1.332) that finished report back as user
+                        // messages, and the model is asked again.
+                        let notifications = agent.take_notifications();
+                        if notifications.is_empty() {
+                            break;
+                        }
+                        for text in notifications {
+                            let content = MessageContent::Blocks(vec![ContentBlock::text(text)]);
+                            live.events.push(Event::new(EventKind::UserPrompt(UserPrompt { content, is_meta: false, is_compact_summary: false, permission_mode: None }), world.clock.now_ms()));
+                        }
                     }
                 }
             }

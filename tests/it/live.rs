@@ -37,11 +37,16 @@ fn config(base_url: String, max_retries: u32) -> ClientConfig {
 
 /// Runs the scenario live against a served script; the output and the server's report.
 fn check_live(script: Value, yaml: &str) -> (LiveOutput, ctxsim::live::ServeReport) {
+    check_live_as(script, yaml, &ctxsim::strategy::Strategy::default())
+}
+
+/// [`check_live`] with the agent on `strategy`.
+fn check_live_as(script: Value, yaml: &str, strategy: &ctxsim::strategy::Strategy) -> (LiveOutput, ctxsim::live::ServeReport) {
     let scenario = ctxsim::scenario::parse_scenario(yaml, "live.yaml").unwrap_or_else(|e| panic!("{e}"));
     let script = Script::parse(&script.to_string(), "script.json").unwrap();
     let handle = start(0, Service::new(script, measurer(), ServeOptions::default()).unwrap()).unwrap();
     let mut client = HttpClient::new(config(handle.base_url(), 0));
-    let output = run_live(&scenario, &mut measurer(), &ctxsim::strategy::Strategy::default(), &mut client, &LiveOptions::default())
+    let output = run_live(&scenario, &mut measurer(), strategy, &mut client, &LiveOptions::default())
         .unwrap_or_else(|e| panic!("{e}"));
     (output, handle.stop().unwrap())
 }
@@ -174,4 +179,29 @@ fn retries_are_bounded_and_errors_keep_the_apis_message() {
 fn live_needs_an_api_key() {
     let error = ClientConfig::from_env(|_| None).unwrap_err();
     assert!(error.to_string().starts_with("ANTHROPIC_API_KEY is not set"));
+}
+
+#[test]
+fn live_speaking_2_1_332_runs_a_background_agent_after_the_turn_and_asks_again_for_its_notification() {
+    // `serve` answers the agent's requests from `main` too: launch, the turn's end, the
+    // agent's answer, the reply to the notification.
+    let script = json!({"main": [
+        {"content": [{"tool_use": {"name": "Agent", "input": {"description": "Summarize lib.rs", "prompt": "Summarize src/lib.rs.", "subagent_type": "general-purpose"}}}]},
+        {"content": "Started an agent on it."},
+        {"content": "lib.rs defines add."},
+        {"content": "The agent says lib.rs defines add."}
+    ]});
+    let yaml = "name: live-bg\nworld:\n  model: claude-opus-5-5\n  context_window: 1000000\n  cwd: /repo\n  files:\n    src/lib.rs: \"pub fn add() {}\\n\"\nscript:\n  - user: Summarize lib.rs with an agent.\n";
+    let strategy = ctxsim::strategy::Strategy { client_version: "2.1.332".to_owned(), ..Default::default() };
+    let (output, served) = check_live_as(script, yaml, &strategy);
+    let lanes: Vec<&str> = output.calls.iter().map(|c| c.row.lane.as_str()).collect();
+    assert_eq!(lanes, ["main", "main", "subagent:general-purpose", "main"], "{}", live_table(&output.calls));
+    let served_lanes: Vec<&str> = served.rows.iter().map(|r| r.lane.as_str()).collect();
+    assert_eq!(served_lanes, ["main", "main", "subagent:1", "main"]);
+    // The notification is in the recording, as the user message that started the last call.
+    let notification = output.recording.events.iter().find_map(|e| match &e.kind {
+        EventKind::UserPrompt(p) => serde_json::to_string(&p.content).ok().filter(|t| t.contains("task-notification")),
+        _ => None,
+    });
+    assert!(notification.is_some_and(|t| t.contains("lib.rs defines add.")));
 }

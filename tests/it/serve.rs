@@ -426,3 +426,25 @@ fn the_http_layer_reads_kept_alive_chunked_and_100_continue_requests_and_refuses
     // Only the three whole requests were measured.
     assert_eq!(stop(handle).rows.len(), 3);
 }
+
+#[test]
+fn serve_puts_a_2_1_332_background_agents_requests_on_a_subagent_lane_without_false_breaks() {
+    // The agent speaking 2.1.332 launches a background agent (tests/it/subagents.rs); its
+    // bodies, sent to `serve` in order, are recognized from the structure alone: the agent's
+    // requests (their own system prompt and tool set) on `subagent:1`, the main thread's
+    // notification request continuing `main`.
+    let output = crate::subagents::check_run_332(crate::subagents::BACKGROUND_332);
+    let handle = check_server(&json!({}), ServeOptions::default());
+    for request in &output.requests {
+        check_message(&handle, &serde_json::to_value(request).unwrap());
+    }
+    let report = stop(handle);
+    let lanes: Vec<&str> = report.rows.iter().map(|r| r.lane.as_str()).collect();
+    assert_eq!(lanes, ["main", "main", "main", "subagent:1", "subagent:1", "main"]);
+    for row in &report.rows {
+        assert!(!row.cache_break, "row {} ({}): {:?}", row.index, row.lane, row.prefix);
+        assert_eq!(row.prefix.diverged_at, None, "row {} ({})", row.index, row.lane);
+    }
+    // The agent's second request and the notification request read what came before them.
+    assert!(report.rows[4].cache_read_input_tokens > 0 && report.rows[5].cache_read_input_tokens >= report.rows[2].context_tokens);
+}

@@ -432,3 +432,97 @@ script:
     assert_eq!(after.matches("Agent types you can start with Agent tool:").count(), 1, "{after}");
     assert!(after.contains("- statusline-setup:"));
 }
+
+/// A 2.1.332 session whose main thread launches a general-purpose agent, runs the tests while
+/// it works, and ends its turn; the agent reads calc.py and answers.
+pub(crate) const BACKGROUND_332: &str = r##"
+name: background-332
+world:
+  model: claude-opus-5-5
+  context_window: 1000000
+  cwd: /proj
+  env: {ANTHROPIC_BASE_URL: "http://127.0.0.1:8080"}
+  git: {branch: main, recent_commits: ["4f1c2d9 calc helpers"]}
+  files:
+    /proj/CLAUDE.md: "# demo\nRun the tests after a change.\n"
+    /proj/calc.py: "def add(a, b):\n    return a + b\n"
+script:
+  - user: Have an agent summarize calc.py and run the tests meanwhile.
+  - assistant:
+      - tool_use: {name: Agent, input: {description: Summarize calc.py, prompt: Summarize calc.py in one sentence., subagent_type: general-purpose}}
+  - assistant:
+      - text: Started it; running the tests meanwhile.
+      - tool_use: {name: Bash, input: {command: python3 -m unittest}}
+  - tool_output: {Bash: ok}
+  - assistant: [{text: Tests pass; waiting for the agent.}]
+  - lane: subagent:general-purpose
+    assistant: [{tool_use: {name: Read, input: {file_path: /proj/calc.py}}}]
+  - lane: subagent:general-purpose
+    assistant: [{text: calc.py defines add.}]
+  - assistant: [{text: The agent says calc.py defines add.}]
+"##;
+
+pub(crate) fn check_run_332(yaml: &str) -> RunOutput {
+    let scenario = parse_scenario(yaml, "background-332.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let strategy = Strategy { client_version: "2.1.332".to_owned(), ..Strategy::default() };
+    run_scenario(&scenario, &mut measurer(), &strategy).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_2_1_332_agent_runs_in_the_background_and_reports_through_a_task_notification() {
+    let output = check_run_332(BACKGROUND_332);
+    let sub = "subagent:general-purpose";
+    // The main thread goes on after the launch (two more requests in its turn); the agent runs
+    // once the turn has ended; its notification asks the main thread once more.
+    check_lanes(&output, &["main", "main", "main", sub, sub, "main"]);
+    let body = |i: usize| serde_json::to_value(&output.requests[i]).unwrap();
+
+    // 1. The Agent call returns at once: one text block, sized as the capture's launched result.
+    let launched = agent_result(&output.requests[1]);
+    assert_eq!(launched.len(), 1);
+    assert!(launched[0].contains("in the background (agentId: a"), "{}", launched[0]);
+    assert_eq!(ctxsim::measure::tokens::utf16_len(&launched[0]), ctxsim::agent::dialect::subagent_sizes().launched);
+    // The follow-up request extends the first; the test run's extends that.
+    check_reads_previous(&output, 0, 1);
+    check_reads_previous(&output, 1, 2);
+
+    // 2. The agent's own requests: the billing block marked as a subagent's, identity and
+    //    prompt marked, the eight tools, the main thread's parameters, a system message.
+    let first = body(3);
+    let system = first["system"].as_array().unwrap();
+    assert_eq!(system.len(), 3);
+    assert!(system[0]["text"].as_str().unwrap().ends_with("cc_is_subagent=true;"));
+    assert_eq!(system_markers(&output.requests[3]).iter().filter(|m| m.is_some()).count(), 2);
+    assert_eq!(ctxsim::measure::tokens::utf16_len(system[2]["text"].as_str().unwrap()), ctxsim::agent::dialect::subagent_sizes().prompt);
+    assert_eq!(tool_names(&output.requests[3]), ["Agent", "Bash", "Edit", "Read", "Skill", "ToolSearch", "DeferredToolPlaceholder", "Write"]);
+    assert_eq!(first["thinking"], serde_json::json!({"type": "adaptive", "display": "omitted"}));
+    assert!(first.get("temperature").is_none() && first["context_management"].is_object());
+    let roles: Vec<&str> = first["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "system"]);
+    check_reads_previous(&output, 3, 4);
+
+    // 3. The notification: a user message after the main thread's last reply, one marked text
+    //    block with the result inside a system reminder; the request extends the turn's last.
+    let last = body(5);
+    let messages = last["messages"].as_array().unwrap();
+    let note = messages.last().unwrap();
+    assert_eq!(note["role"], "user");
+    let text = note["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("<system-reminder>\n<task-notification>"), "{text}");
+    assert!(text.contains("<status>completed</status>") && text.contains("<result>calc.py defines add.</result>"), "{text}");
+    assert!(note["content"][0]["cache_control"].is_object());
+    assert_eq!(messages[messages.len() - 2]["content"][0]["text"], "Tests pass; waiting for the agent.");
+    check_reads_previous(&output, 2, 5);
+    assert!(output.rows[5].events.iter().any(|e| e == "task_notification:general-purpose"), "{:?}", output.rows[5].events);
+
+    // The same session speaking 2.1.88 runs the agent in the foreground: its result is the
+    // Agent tool_result, no notification.
+    let scenario = parse_scenario(BACKGROUND_332, "b.yaml").unwrap();
+    let foreground = run_scenario(&scenario, &mut measurer(), &Strategy::default()).unwrap();
+    assert_eq!(crate::support::lanes(&foreground)[..4], ["main", sub, sub, "main"]);
+    assert!(agent_result(&foreground.requests[3]).iter().any(|t| t.contains("calc.py defines add.")));
+    assert!(!json_of(&foreground.requests).contains("task-notification"));
+
+    // Deterministic: the same bodies on a second run.
+    assert_eq!(json_of(&check_run_332(BACKGROUND_332).requests), json_of(&output.requests));
+}
