@@ -57,6 +57,9 @@ pub struct Session {
     user_context: Option<String>,
     memory: Option<Discovery>,
     loaded_nested: BTreeSet<String>,
+    /// Compactions so far that rebuilt the conversation (2.1.332 keeps the newest round on the
+    /// first one only).
+    pub(crate) compactions: u32,
     discovered_tools: BTreeSet<String>,
     sent_tools: BTreeSet<String>,
     sent_skill_names: BTreeSet<String>,
@@ -168,6 +171,7 @@ impl Session {
             user_context: None,
             memory: None,
             loaded_nested: BTreeSet::new(),
+            compactions: 0,
             discovered_tools: BTreeSet::new(),
             sent_tools: BTreeSet::new(),
             sent_skill_names: BTreeSet::new(),
@@ -359,6 +363,7 @@ impl Session {
     /// is not sent again; the relevant-memory count starts again; PostCompact and
     /// SessionStart(compact) hooks run.
     fn after_compaction(&mut self) {
+        self.compactions += 1;
         self.system_cache.clear_sections();
         self.user_context = None;
         self.memory = None;
