@@ -87,10 +87,13 @@ Keep answers short and concrete; refer to code as path:line.";
 /// The fingerprint is taken over the first text of the relaid `messages[0]` (so it survives a
 /// resume, as in the client).
 pub fn system_blocks(agent_blocks: &[SystemBlock], marker: Option<CacheControl>, messages: &[Message]) -> Vec<SystemBlock> {
-    let first_text = messages.first().and_then(|m| m.content.to_blocks().into_iter().find_map(|b| match b {
+    // The first text of `messages[0]` that is not a reminder: the prompt, after a compaction
+    // the summary (the capture's fingerprint changes there and survives a resume).
+    let texts: Vec<String> = messages.first().map(|m| m.content.to_blocks().into_iter().filter_map(|b| match b {
         ContentBlock::Text { text, .. } => Some(text),
         _ => None,
-    }));
+    }).collect()).unwrap_or_default();
+    let first_text = texts.iter().find(|t| !t.starts_with(REMINDER_OPEN)).or(texts.first()).cloned();
     let entrypoint = agent_blocks.first().and_then(|b| b.text.split("cc_entrypoint=").nth(1)).and_then(|rest| rest.split(';').next()).unwrap_or("sdk-cli");
     let fingerprint = crate::agent::system_prompt::fingerprint(first_text.as_deref().unwrap_or(""), VERSION);
     let billing = format!("x-anthropic-billing-header: cc_version={VERSION}.{fingerprint}; cc_entrypoint={entrypoint};");
@@ -215,6 +218,45 @@ pub fn first_reminders(inputs: &Inputs) -> Vec<ContentBlock> {
 
 /// The `role:"system"` message after the first prompt.
 pub fn system_message(inputs: &Inputs) -> Message {
+    let (chars, tokens) = if inputs.subagent {
+        (subagent_sizes().system_message, density("messages[1].content[0]", subagent_sizes().system_message))
+    } else {
+        block("messages[1].content[0]").map_or((0, 0), |b| (b.size.chars, b.size.o200k))
+    };
+    system_message_sized(inputs, true, chars, tokens)
+}
+
+/// The capture's request after a compaction that kept a round (probe `compact-970k`): its
+/// messages are the summary's, a date system message, the kept assistant turn, its user
+/// message, the trailing system message. The trailing message's size in characters, and o200k
+/// tokens at the density of the first system message.
+fn kept_round_system_size() -> (usize, u64) {
+    static SIZE: std::sync::OnceLock<(usize, u64)> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
+        let shapes = crate::client_profile::shipped(VERSION).map(|(_, s)| s).unwrap_or_default();
+        let roles = ["user", "system", "assistant", "user", "system"];
+        let chars = shapes
+            .values()
+            .flatten()
+            .find(|s| s.lane == "main" && s.messages.len() == roles.len() && s.messages.iter().zip(roles).all(|(m, r)| m.role == r))
+            .and_then(|s| s.messages.last().and_then(|m| m.blocks.first()).map(|b| b.chars))
+            .unwrap_or(0);
+        let (first_chars, first_tokens) = block("messages[1].content[0]").map_or((1, 0), |b| (b.size.chars.max(1), b.size.o200k));
+        (chars, (first_tokens as f64 * chars as f64 / first_chars as f64).round() as u64)
+    })
+}
+
+/// The date system message after a summary that kept a round.
+fn date_message(inputs: &Inputs) -> Message {
+    Message { role: Role::System, content: MessageContent::Text(date_line(inputs)), extra: Default::default() }
+}
+
+fn date_line(inputs: &Inputs) -> String {
+    format!("Today's date is {}.", inputs.date)
+}
+
+/// The system message with or without the date, padded to `chars` and about `tokens`.
+fn system_message_sized(inputs: &Inputs, with_date: bool, chars: usize, tokens: u64) -> Message {
     let model = match &inputs.marketing_name {
         Some(name) => format!("Model: {name} ({})", inputs.model_id),
         None => format!("Model: {}", inputs.model_id),
@@ -234,14 +276,11 @@ pub fn system_message(inputs: &Inputs) -> Message {
         rest.push_str(&format!("\n\n# Agent types\n{}", inputs.agent_types.join("\n")));
     }
     rest.push_str(&format!("\n\n# Skills\nRun one with the Skill tool:\n{}", inputs.skills.join("\n")));
-    rest.push_str(&format!("\n\nToday's date is {}.", inputs.date));
+    if with_date {
+        rest.push_str(&format!("\n\n{}", date_line(inputs)));
+    }
     // The read probe's message sets the size of the fixed part; what the session adds (MCP
     // tools and instructions) comes on top, as in the client.
-    let (chars, tokens) = if inputs.subagent {
-        (subagent_sizes().system_message, density("messages[1].content[0]", subagent_sizes().system_message))
-    } else {
-        block("messages[1].content[0]").map_or((0, 0), |b| (b.size.chars, b.size.o200k))
-    };
     let base_rest = js_len(&rest) - inputs.mcp_tools.iter().map(|t| js_len(t) + 1).sum::<usize>()
         - inputs.mcp_instructions.iter().map(|(n, t)| js_len(&format!("\n\n# Instructions of the {n} server\n{t}"))).sum::<usize>();
     let rest_tokens = u64::from(crate::measure::tokens::bpe(&rest));
@@ -279,16 +318,24 @@ pub fn mcp_results_as_blocks(messages: &mut [Message]) {
 }
 
 /// Tool results as 2.1.332 sends them: Read results without the caution reminder the 2.1.88
-/// layout appends (gone since 2.1.126), Edit results with the note that the file in context is
-/// current (our words); and no skill listing beside a prompt (it lives in the system message).
+/// layout appends (gone since 2.1.126; files restored after a compaction lose it too), Edit
+/// results with the note that the file in context is current (our words); and no skill listing
+/// beside a prompt (it lives in the system message).
 pub fn rewrite_results(messages: &mut [Message]) {
     let caution = format!("\n{}\n", crate::agent::attachments::system_reminder(crate::agent::tools::exec::READ_CAUTION));
+    let restored_caution = format!("\n{}\n{REMINDER_CLOSE}", crate::agent::tools::exec::READ_CAUTION);
     for message in messages.iter_mut() {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
         if message.role == Role::User {
             blocks.retain(|b| !matches!(b, ContentBlock::Text { text, .. } if text.contains(crate::agent::attachments::SKILL_LISTING_HEADER)));
         }
         for block in blocks.iter_mut() {
+            if let ContentBlock::Text { text, .. } = block
+                && text.starts_with(&format!("{REMINDER_OPEN}\n{}", crate::agent::compact::rebuild::RESTORED_RESULT_HEAD))
+                && let Some(kept) = text.strip_suffix(&restored_caution)
+            {
+                *text = format!("{kept}\n{REMINDER_CLOSE}");
+            }
             if let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), is_error, .. } = block {
                 if let Some(kept) = text.strip_suffix(&caution) {
                     *text = kept.to_owned();
@@ -300,16 +347,45 @@ pub fn rewrite_results(messages: &mut [Message]) {
     }
 }
 
+/// The summary message's note on the messages kept after it, 2.1.332's longer form, a reminder
+/// in the capture (our words, about the capture's length).
+pub const PRESERVED_NOTE: &str = "<system-reminder>\nThe messages after this summary are the latest part of the conversation, \
+kept word for word. They were not shown to the model that wrote the summary, so what they hold (the last tool calls, their \
+results, the files they read) is recorded only there. Where they and the summary disagree, they are right.\n</system-reminder>";
+
 /// `messages[0]` rebuilt: the agent's leading reminders (skill listing, user context) give way
 /// to [`first_reminders`]; the prompt and anything after it stay. The system message follows.
+///
+/// After a compaction that kept the newest round (the summary in `messages[0]`, an assistant
+/// turn next) the capture's layout is: `messages[0]` with the project instructions, the git
+/// snapshot and the summary; a system message with the date; the kept assistant turn; its user
+/// message with the results, the restored files and then the attribution note; the system
+/// message without the date.
 pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
     let Some(first) = messages.first_mut() else { return };
     let blocks = std::mem::replace(&mut first.content, MessageContent::Text(String::new())).into_blocks();
-    let kept: Vec<ContentBlock> = blocks.into_iter().skip_while(|b| matches!(b, ContentBlock::Text { text, .. } if text.starts_with(REMINDER_OPEN))).collect();
+    let mut kept: Vec<ContentBlock> = blocks.into_iter().skip_while(|b| matches!(b, ContentBlock::Text { text, .. } if text.starts_with(REMINDER_OPEN))).collect();
     let mut content = first_reminders(inputs);
+    let summary_first = matches!(kept.first(), Some(ContentBlock::Text { text, .. }) if text.starts_with(crate::agent::compact::rebuild::SUMMARY_OPENING));
+    let answer = messages.get(1).filter(|m| m.role == Role::Assistant).and_then(|_| messages.iter().skip(2).position(|m| m.role == Role::User)).map(|i| i + 2);
+    let Some(answer) = answer.filter(|_| summary_first) else {
+        content.extend(kept);
+        messages[0].content = MessageContent::Blocks(content);
+        messages.insert(1, system_message(inputs));
+        return;
+    };
+    if let Some(ContentBlock::Text { text, .. }) = kept.first_mut() {
+        *text = text.replace(crate::agent::compact::rebuild::PRESERVED_NOTE, PRESERVED_NOTE);
+    }
+    let attribution = content.pop();
     content.extend(kept);
-    first.content = MessageContent::Blocks(content);
-    messages.insert(1, system_message(inputs));
+    messages[0].content = MessageContent::Blocks(content);
+    let mut answer_blocks = std::mem::replace(&mut messages[answer].content, MessageContent::Text(String::new())).into_blocks();
+    answer_blocks.extend(attribution);
+    messages[answer].content = MessageContent::Blocks(answer_blocks);
+    let (chars, tokens) = kept_round_system_size();
+    messages.insert(answer + 1, system_message_sized(inputs, false, chars, tokens));
+    messages.insert(1, date_message(inputs));
 }
 
 // ---- Background subagents (2.1.332) -------------------------------------------------------

@@ -57,6 +57,9 @@ pub struct Session {
     user_context: Option<String>,
     memory: Option<Discovery>,
     loaded_nested: BTreeSet<String>,
+    /// Compactions so far that rebuilt the conversation (2.1.332 keeps the newest round on the
+    /// first one only).
+    pub(crate) compactions: u32,
     discovered_tools: BTreeSet<String>,
     sent_tools: BTreeSet<String>,
     sent_skill_names: BTreeSet<String>,
@@ -173,6 +176,7 @@ impl Session {
             user_context: None,
             memory: None,
             loaded_nested: BTreeSet::new(),
+            compactions: 0,
             discovered_tools: BTreeSet::new(),
             sent_tools: BTreeSet::new(),
             sent_skill_names: BTreeSet::new(),
@@ -293,6 +297,24 @@ impl Session {
         self.settle_hook_time(world);
     }
 
+    /// The read state a resumed client rebuilds from its transcript: each Read call's path, read
+    /// at the time of the record holding the call (not at the file's modification time).
+    fn reads_in_transcript(&self) -> BTreeMap<String, i64> {
+        let mut out = BTreeMap::new();
+        for (record, meta) in self.records.iter().zip(&self.record_meta) {
+            let Record::Assistant { content } = record else { continue };
+            for block in content {
+                if let ContentBlock::ToolUse { name, input, .. } = block
+                    && name == "Read"
+                    && let Some(path) = input.get("file_path").and_then(Value::as_str)
+                {
+                    out.insert(path.to_owned(), meta.timestamp_ms as i64);
+                }
+            }
+        }
+        out
+    }
+
     /// `clearSessionCaches` (`/clear` and a resume): the system sections and the git snapshot,
     /// the user context and memory files, the read files and the nested memory loaded.
     fn clear_session_caches(&mut self) {
@@ -330,22 +352,30 @@ impl Session {
     /// `--resume` in a new process: SessionEnd hooks (reason `other`) close the process that
     /// ended; the transcript stays, but every per-process cache starts afresh: the memoized
     /// system sections and git snapshot, the user context and memory files, the Agent tool's
-    /// frozen listing, read files, nested memory and the date last seen. The skill listing does
-    /// not come back from the transcript: as the oracle saw, it is attached again to the next
-    /// prompt. SessionStart hooks with source `resume` follow the resumed messages. Journals
-    /// `session_resumed`.
+    /// frozen listing, nested memory and the date last seen. The skill listing does not come
+    /// back from the transcript: as the oracle saw, it is attached again to the next prompt;
+    /// 2.1.88 drops the path-scoped rules sent beside a Read result too (the capture's resumed
+    /// request). The read files are rebuilt from the transcript's Read calls, each read at the
+    /// time of its record, so a file modified after that time is announced with the next prompt
+    /// (`edited_text_file`, before the skill listing, as the capture shows). SessionStart hooks
+    /// with source `resume` follow the resumed messages. Journals `session_resumed`.
     pub fn resume(&mut self, world: &mut World) {
         self.hooks(world, "SessionEnd", "other", json!({"reason": "other"}));
         self.clear_session_caches();
+        self.read_state = self.reads_in_transcript();
         self.agent_listing = None;
         self.last_date = None;
         self.stop_continuations = 0;
         // A new process: background agents of the old one never report.
         self.background.clear();
+        let drop_rules = self.strategy.client_version != crate::agent::dialect::VERSION;
         let mut kept_records = Vec::with_capacity(self.records.len());
         let mut kept_meta = Vec::with_capacity(self.record_meta.len());
         for (i, record) in std::mem::take(&mut self.records).into_iter().enumerate() {
             if matches!(&record, Record::Attachment { attachment: Attachment::SkillListing { .. }, .. }) {
+                continue;
+            }
+            if drop_rules && matches!(&record, Record::Attachment { attachment: Attachment::NestedMemory { .. }, .. }) {
                 continue;
             }
             if let Some(meta) = self.record_meta.get(i) {
@@ -368,6 +398,7 @@ impl Session {
     /// is not sent again; the relevant-memory count starts again; PostCompact and
     /// SessionStart(compact) hooks run.
     fn after_compaction(&mut self) {
+        self.compactions += 1;
         self.system_cache.clear_sections();
         self.user_context = None;
         self.memory = None;

@@ -180,6 +180,12 @@ impl Session {
             inputs.read_files.push(ReadFile { path: path.clone(), timestamp_ms: *mtime });
         }
         inputs.read_files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then(a.path.cmp(&b.path)));
+        // Claude Code 2.1.332 routes a threshold compaction through its reactive compactor,
+        // which keeps the newest API round verbatim; the captures show it on the first
+        // compaction of a session and not on the second (docs/profiles.md).
+        if self.strategy.client_version == crate::agent::dialect::VERSION && !self.thread.is_subagent() && self.compactions == 0 {
+            inputs.threshold_keeps_rounds = 1;
+        }
         for skill in &self.invoked_skills {
             inputs.invoked_skills.push(CompactSkill {
                 name: skill.name.clone(),

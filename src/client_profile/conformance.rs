@@ -39,7 +39,11 @@ pub fn scenario(probe: &Probe, profile: &VersionProfile) -> Value {
     let proj = format!("{root}/proj");
     let model: String = profile.main.fields.get("model").and_then(|m| serde_json::from_str(m).ok()).unwrap_or_else(|| "claude-sonnet-4-6".to_owned());
     let max_tokens: u64 = profile.main.fields.get("max_tokens").and_then(|m| m.parse().ok()).unwrap_or(32_000);
-    let files: serde_json::Map<String, Value> = probes::PROJECT_FILES.iter().map(|(p, t)| (format!("{proj}/{p}"), json!(t))).collect();
+    // A capture whose clock is pinned writes the project at the wall-clock time, after the
+    // pinned day: its files are newer than every read the client records (what a resumed client
+    // sees as modified files).
+    let file = |text: &str| if profile.date_pinned { json!({"contents": text, "mtime": probes::FILES_WRITTEN}) } else { json!(text) };
+    let files: serde_json::Map<String, Value> = probes::PROJECT_FILES.iter().map(|(p, t)| (format!("{proj}/{p}"), file(t))).collect();
     // The window the client used: the standard one (200k or 1M) whose threshold (window −
     // 20,000 reserve − 13,000) the compaction probes bracket.
     let window = profile.threshold_between.and_then(|[below, above]| [200_000u64, 1_000_000].into_iter().find(|w| (below + 1..=above).contains(&(w - 33_000))));

@@ -20,6 +20,11 @@ pub const COMMIT: (&str, &str) = ("calc helpers", "2026-01-14T10:00:00Z");
 /// The day the clients' clock is pinned to where a preload can pin it (the `cli.js` build).
 pub const DATE: &str = "2026-01-15";
 
+/// When the shipped captures wrote the probes' project (the capture day, `[CAP]` in
+/// current-client-and-api.md): later than [`DATE`], so files of a pinned capture are newer
+/// than the pinned clock. The conformance scenarios give the files this modification time.
+pub const FILES_WRITTEN: &str = "2026-12-01T12:00:00Z";
+
 /// The session id every first run uses (a resume names it).
 pub const SESSION_ID: &str = "00000000-0000-4000-8000-000000000001";
 

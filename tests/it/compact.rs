@@ -778,3 +778,58 @@ fn compact_summary_instruction_has_the_reference_structure_and_size() {
     assert!(body.ends_with("\n\nAdditional Instructions:\nFocus on the tests."), "{body}");
     assert!(trailer.starts_with(": no tool calls."));
 }
+
+#[test]
+fn compact_threshold_keeping_the_newest_round_summarizes_before_it_and_keeps_it_verbatim() {
+    // Claude Code 2.1.332's threshold compaction through the reactive path (docs/profiles.md):
+    // the fork ends before the newest API round, which follows the summary unchanged; a file
+    // that round read is not restored again, older ones are.
+    let mut entries = Convo::new().prompt("look at both").tool("Read", 300).tool("Read", 200).entries;
+    let last_round_start = entries.iter().rposition(|e| e.is_assistant()).unwrap();
+    // The newest round reads new.py and reports the usage that crosses the threshold.
+    let round = &mut entries[last_round_start];
+    round.usage = Some(Usage { input_tokens: 170_000, ..Usage::default() });
+    if let MessageContent::Blocks(blocks) = &mut round.message_mut().content
+        && let Some(ContentBlock::ToolUse { input, .. }) = blocks.last_mut()
+    {
+        *input = json!({"file_path": "/p/new.py"});
+    }
+    let mut w = World::new(CompactConfig::default());
+    w.fs.write("/p/old.py", "x = 1\n", &w.clock).unwrap();
+    w.fs.write("/p/new.py", "y = 2\n", &w.clock).unwrap();
+    let mut cx = w.cx(entries.clone());
+    cx.inputs.threshold_keeps_rounds = 1;
+    cx.inputs.read_files = vec![ReadFile { path: "/p/old.py".into(), timestamp_ms: 1 }, ReadFile { path: "/p/new.py".into(), timestamp_ms: 2 }];
+    let kept_entries = entries.clone();
+    let chain = Chain::new();
+    let ChainStep::Compact(request) = chain.run(&mut cx) else { panic!("expected a compaction request") };
+    // The fork: every message before the newest round, the instruction appended to its last
+    // user message (the previous round's tool_result), the marker on the message before it.
+    assert_eq!(request.messages.len(), last_round_start);
+    let MessageContent::Blocks(last) = &request.messages.last().unwrap().content else { panic!() };
+    assert!(matches!(&last[0], ContentBlock::ToolResult { .. }));
+    assert!(matches!(last.last().unwrap(), ContentBlock::Text { text, .. } if text.contains(SUMMARY_MARKER)));
+    assert_eq!(request.marker_index, Some(request.messages.len() - 2));
+    assert_eq!(chain.finish_compaction(&mut cx, CompactionReply::Summary(synthetic_summary(200))), ChainStep::Ready);
+    // Boundary, summary (saying what follows), the kept round as it was, then old.py only.
+    assert_eq!(cx.entries[1].kind, EntryKind::Summary);
+    let MessageContent::Text(summary) = &cx.entries[1].message().content else { panic!() };
+    assert!(summary.contains(ctxsim::agent::compact::rebuild::PRESERVED_NOTE));
+    let kept: Vec<_> = kept_entries[last_round_start..].iter().map(|e| e.message().clone()).collect();
+    assert_eq!(cx.entries[2..2 + kept.len()].iter().map(|e| e.message().clone()).collect::<Vec<_>>(), kept);
+    let restored: Vec<String> = cx.entries[2 + kept.len()..].iter().map(|e| serde_json::to_string(e.message()).unwrap()).collect();
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    assert!(restored[0].contains("/p/old.py"));
+    assert!(report(&cx, "autocompact").reason.contains("kept the newest 1 API round(s) verbatim"), "{:?}", report(&cx, "autocompact"));
+
+    // Without the setting (2.1.88), or with nothing before the round to summarize, nothing is kept.
+    for (entries, rounds) in [(entries.clone(), 0), (Convo::new().answer("hi", 170_000).entries, 1)] {
+        let mut w = World::new(CompactConfig::default());
+        let mut cx = w.cx(entries.clone());
+        cx.inputs.threshold_keeps_rounds = rounds;
+        let ChainStep::Compact(request) = chain.run(&mut cx) else { panic!() };
+        assert_eq!(request.messages.len(), entries.len() + usize::from(entries.last().unwrap().is_assistant()));
+        chain.finish_compaction(&mut cx, CompactionReply::Summary(synthetic_summary(200)));
+        assert!(cx.entries.iter().all(|e| !e.is_assistant()));
+    }
+}

@@ -179,6 +179,91 @@ fn the_agent_speaking_2_1_332_compacts_at_the_1m_threshold() {
 }
 
 #[test]
+fn the_agent_speaking_2_1_332_keeps_the_newest_round_verbatim_after_a_threshold_compaction() {
+    // Probe compact-970k: the prompt, a Read of calc.py, a Read of test_calc.py whose reply
+    // claims 970,000 tokens. The real client (data/profiles/2.1.332.shapes.json) summarizes
+    // up to the first Read's result and keeps the second round verbatim.
+    let sent = check_agent("2.1.332", "compact-970k");
+    assert_eq!(sent.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>(), ["main", "main", "compact", "main"]);
+    let roles = |body: &Value| body["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    // The compact request ends before the newest round: prompt, system message, first round;
+    // the instruction follows the first Read's result, the marker on the message before it.
+    let fork = &sent[2].1;
+    assert_eq!(roles(fork), ["user", "system", "assistant", "user"]);
+    let fork_last = fork["messages"][3]["content"].as_array().unwrap();
+    assert_eq!(fork_last[0]["type"], "tool_result");
+    assert!(fork_last.last().unwrap()["text"].as_str().unwrap().contains(ctxsim::agent::compact::autocompact::SUMMARY_MARKER));
+    assert!(fork["messages"][2]["content"].as_array().unwrap().last().unwrap()["cache_control"].is_object());
+    assert!(!fork.to_string().contains("test_calc.py\"}"), "the second Read is not summarized");
+    // After it: the summary, the date, the kept round, its user message, the system message.
+    let after = &sent[3].1;
+    let messages = after["messages"].as_array().unwrap();
+    assert_eq!(roles(after), ["user", "system", "assistant", "user", "system"]);
+    let first: Vec<&str> = messages[0]["content"].as_array().unwrap().iter().map(|b| b["text"].as_str().unwrap()).collect();
+    assert_eq!(first.len(), 3);
+    assert!(first[0].contains("CLAUDE.md") && first[1].contains("Current branch: main"));
+    assert!(first[2].starts_with(ctxsim::agent::compact::rebuild::SUMMARY_OPENING) && first[2].contains(ctxsim::agent::dialect::PRESERVED_NOTE));
+    assert_eq!(messages[1]["content"], "Today's date is 2026-01-15.");
+    // The kept round is the one sent before the compaction, unchanged.
+    let kept_call = &messages[2]["content"][0];
+    assert_eq!(kept_call["name"], "Read");
+    assert!(kept_call["input"]["file_path"].as_str().unwrap().ends_with("/test_calc.py"));
+    let answer = messages[3]["content"].as_array().unwrap();
+    assert_eq!(answer[0]["type"], "tool_result");
+    assert_eq!(answer[0]["tool_use_id"], kept_call["id"]);
+    // Restored files after the result, without the Read caution, not test_calc.py (the kept
+    // round shows it); the attribution note last.
+    let texts: Vec<&str> = answer[1..].iter().map(|b| b["text"].as_str().unwrap()).collect();
+    assert!(texts.iter().any(|t| t.contains("Called the Read tool") && t.contains("/calc.py")));
+    assert!(!texts.iter().any(|t| t.contains("test_calc.py")));
+    assert!(!after.to_string().contains("malware"));
+    assert!(texts.last().unwrap().contains("written with the assistant"));
+    // The trailing system message holds the marker, no date, at the capture's size.
+    let (_, shapes) = shipped("2.1.332").unwrap();
+    let real = &shapes["compact-970k"][3];
+    let trailing = messages[4]["content"][0]["text"].as_str().unwrap();
+    assert!(messages[4]["content"][0]["cache_control"].is_object());
+    assert!(!trailing.contains("Today's date"));
+    assert_eq!(ctxsim::measure::tokens::utf16_len(trailing), real.messages[4].blocks[0].chars);
+    // The billing fingerprint changes with the summary (the real request diverges at system[0]).
+    assert_ne!(after["system"][0], sent[1].1["system"][0]);
+    // 2.1.88 still summarizes everything: no assistant message after its compaction.
+    let old = check_agent("2.1.88", "compact-970k");
+    assert!(roles(&old[3].1).iter().all(|r| r == "user"));
+}
+
+#[test]
+fn a_resumed_2_1_88_session_announces_files_modified_after_their_read_and_drops_the_rules() {
+    // Probe resume: calc.py read, then `--resume`. The pinned capture's files are newer than
+    // the read its transcript records, so the resumed client announces calc.py as modified
+    // before the re-attached skill listing; the rule sent beside the Read result is gone.
+    let (profile, _) = shipped("2.1.88").unwrap();
+    assert!(profile.date_pinned);
+    let resumed = |profile: &ctxsim::client_profile::VersionProfile| {
+        let probe = probes().into_iter().find(|p| p.name == "resume").unwrap();
+        let scenario = ctxsim::scenario::parse_scenario(&scenario(&probe, profile).to_string(), "probe.yaml").unwrap();
+        let strategy = ctxsim::strategy::Strategy { client_version: profile.version.clone(), ..Default::default() };
+        let out = ctxsim::runner::run_scenario(&scenario, &mut crate::support::measurer(), &strategy).unwrap();
+        serde_json::to_value(out.requests.last().unwrap()).unwrap()
+    };
+    let body = resumed(&profile);
+    let messages = body["messages"].as_array().unwrap();
+    let result = messages[2]["content"][0]["content"].as_str().unwrap();
+    assert!(result.contains("def add") && !result.contains("Contents of"), "{result}");
+    let last: Vec<&str> = messages.last().unwrap()["content"].as_array().unwrap().iter().map(|b| b["text"].as_str().unwrap()).collect();
+    assert_eq!(last.len(), 3, "{last:?}");
+    assert!(last[0].contains("/resume/proj/calc.py") && last[0].contains("def sub(a, b):"), "{}", last[0]);
+    assert!(last[1].contains("Skill tool"));
+    assert_eq!(last[2], "What do its functions take?");
+    // Files older than the read (a capture with the real clock): no such reminder.
+    let mut unpinned = profile.clone();
+    unpinned.date_pinned = false;
+    let body = resumed(&unpinned);
+    let last = body["messages"].as_array().unwrap().last().unwrap()["content"].as_array().unwrap().len();
+    assert_eq!(last, 2);
+}
+
+#[test]
 fn tool_search_off_refuses_tool_search_and_mcp_results_are_text_blocks() {
     let refused = check_agent("2.1.88", "tool-search");
     let result = &refused[1].1["messages"].as_array().unwrap().last().unwrap()["content"][0];
@@ -238,8 +323,8 @@ fn the_agent_matches_the_real_clients_probes_structurally_and_on_what_decides_ca
         eprintln!("{version}: {}/{} identical, {}/{} cache-deciding, tokens {:+.1}% / {:+.1}%", s.identical, s.requests, s.cache_agree, s.requests, o200k * 100.0, calibrated * 100.0);
         // Floors at what this branch reaches (docs/profiles.md has the figures and the gaps).
         let (structural, cache, tokens) = match version {
-            "2.1.88" => (0.97, 1.0, 0.03),
-            _ => (0.94, 0.97, 0.03),
+            "2.1.88" => (1.0, 1.0, 0.03),
+            _ => (0.97, 1.0, 0.03),
         };
         // The subagent probe in full on both versions (2.1.332: the background agent, its
         // task notification and the subagent's own layout).

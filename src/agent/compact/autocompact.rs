@@ -11,8 +11,9 @@
 //!   attachments, hook results. A summary request the API refuses as too long drops the oldest
 //!   API rounds and asks again (up to 3 times); a reactive one peels the newest rounds instead
 //!   (`grouping`), and strips media after a media-size error.
-//! - **Preserves**: nothing of the old messages but what the summary and attachments carry; no
-//!   tool pair is split (the rebuild keeps none, or whole pairs for session memory).
+//! - **Preserves**: nothing of the old messages but what the summary and attachments carry
+//!   (Claude Code 2.1.332: the newest API round verbatim on the first compaction,
+//!   [`split_recent_rounds`]); no tool pair is split (whole rounds are kept or none).
 //! - **Invalidates**: the cached prefix from `messages[0]` (and the billing fingerprint, which is
 //!   derived from the first user text).
 
@@ -215,11 +216,29 @@ impl Stage for Autocompact {
             return report;
         }
         let pre_tokens = token_count_with_estimation(&cx.entries);
-        let request = request(cx, CompactTrigger::Auto, cx.entries.clone(), pre_tokens, 0, (0, 0));
+        let (fork, kept) = split_recent_rounds(&cx.entries, cx.inputs.threshold_keeps_rounds);
+        let request = request(cx, CompactTrigger::Auto, fork, pre_tokens, 0, (0, 0));
+        cx.output.peeled_tail = kept;
         cx.output.pending_compaction = Some(request);
         report.reason = format!("requested summary at {counted} ≥ {}", thresholds.autocompact);
         report
     }
+}
+
+/// The conversation split for a threshold compaction that keeps the newest `rounds` API rounds
+/// verbatim (`groupMessagesByApiRound`: a round starts at an assistant message): what the fork
+/// summarizes and what follows the summary. Something must remain to summarize, so at most
+/// every round but the first group is kept; `rounds` 0 (or a single group) keeps nothing.
+pub fn split_recent_rounds(entries: &[Entry], rounds: usize) -> (Vec<Entry>, Vec<Entry>) {
+    let groups = super::grouping::group_by_api_round(entries);
+    let keep = rounds.min(groups.len().saturating_sub(1));
+    let Some(first_kept) = groups.len().checked_sub(keep).and_then(|i| groups.get(i)).filter(|_| keep > 0) else {
+        return (entries.to_vec(), Vec::new());
+    };
+    if !entries[first_kept.start].is_assistant() {
+        return (entries.to_vec(), Vec::new());
+    }
+    (entries[..first_kept.start].to_vec(), entries[first_kept.start..].to_vec())
 }
 
 /// Our error when the summary request stays too long after every retry (the reference's
@@ -380,9 +399,16 @@ pub fn finish(cx: &mut ChainContext<'_>, request: &CompactionRequest, reply: Com
         CompactionReply::Summary(text) => {
             let tokens_before = rough_entries(&cx.entries);
             let peeled = cx.config.autocompact.reactive_peeled_tail;
-            let kept = match peeled {
-                PeeledTail::Keep => std::mem::take(&mut cx.output.peeled_tail),
-                PeeledTail::Drop => Vec::new(),
+            // A reactive fork's peeled rounds follow the knob; a threshold compaction's kept
+            // rounds (`split_recent_rounds`) always follow the summary.
+            let kept = match (trigger, peeled) {
+                (CompactTrigger::Reactive, PeeledTail::Drop) => Vec::new(),
+                _ => std::mem::take(&mut cx.output.peeled_tail),
+            };
+            let kept_note = if trigger == CompactTrigger::Auto && !kept.is_empty() {
+                format!("; kept the newest {} API round(s) verbatim", super::grouping::group_by_api_round(&kept).len())
+            } else {
+                String::new()
             };
             rebuild(cx, trigger, request.pre_tokens, text, kept, AttachmentMode::Full);
             after_success(cx);
@@ -391,7 +417,7 @@ pub fn finish(cx: &mut ChainContext<'_>, request: &CompactionRequest, reply: Com
             cx.event("compaction");
             let tokens_after = rough_entries(&cx.entries);
             let path = cx.wire_path(0, None);
-            let note = trimmed_note(trigger, request.trimmed_groups, request.trimmed_tokens, peeled);
+            let note = format!("{}{kept_note}", trimmed_note(trigger, request.trimmed_groups, request.trimmed_tokens, peeled));
             let report = report_mut(cx, trigger);
             report.fired = true;
             report.reason = format!("{} compaction (summary after {} retries{note})", trigger.as_str(), request.ptl_attempt);

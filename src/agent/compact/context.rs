@@ -224,6 +224,10 @@ pub struct CompactInputs {
     pub custom_instructions: Option<String>,
     /// Canonical memory paths that are never restored as files.
     pub memory_paths: Vec<String>,
+    /// API rounds a threshold compaction keeps verbatim after the summary (Claude Code
+    /// 2.1.332 routes it through the reactive compactor, which keeps the newest round on a
+    /// session's first compaction: docs/profiles.md); 0 summarizes everything (2.1.88).
+    pub threshold_keeps_rounds: usize,
 }
 
 /// State that lives as long as the session, across requests.

@@ -51,14 +51,19 @@ pub fn format_compact_summary(text: &str) -> String {
     out.trim().to_owned()
 }
 
+/// How a restored file's Read result opens (the client's marker string).
+pub const RESTORED_RESULT_HEAD: &str = "Result of calling the Read tool:";
+
+/// How the summary message opens (our words).
+pub const SUMMARY_OPENING: &str = "This session continues an earlier conversation that outgrew the context window.";
+
+/// The summary message's note when recent messages follow it verbatim (our words).
+pub const PRESERVED_NOTE: &str = "The most recent messages follow unchanged after this summary.";
+
 /// The user message that carries the summary (our wording; the reference's parts: opening,
 /// summary, the transcript's path when known, the preserved-messages note, the continuation).
 pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: Option<&str>) -> String {
-    let mut text = format!(
-        "This session continues an earlier conversation that outgrew the context window. \
-         What happened before is condensed below.\n\n{}",
-        format_compact_summary(summary)
-    );
+    let mut text = format!("{SUMMARY_OPENING} What happened before is condensed below.\n\n{}", format_compact_summary(summary));
     if let Some(path) = transcript {
         text.push_str(&format!(
             "\n\nThe complete transcript of the earlier conversation, every message and tool result verbatim, is saved \
@@ -66,7 +71,8 @@ pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: O
         ));
     }
     if recent_preserved {
-        text.push_str("\n\nThe most recent messages follow unchanged after this summary.");
+        text.push_str("\n\n");
+        text.push_str(PRESERVED_NOTE);
     }
     text.push_str(
         "\n\nPick the work up where it stopped and carry on with the last task as if nothing had interrupted it. \
@@ -91,7 +97,7 @@ fn restored_file(cx: &mut ChainContext<'_>, path: &str, contents: &str, ts: u64)
     let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
     let caution = crate::agent::tools::exec::READ_CAUTION;
-    let result = format!("<system-reminder>\nResult of calling the Read tool:\n{numbered}\n{caution}\n</system-reminder>");
+    let result = format!("<system-reminder>\n{RESTORED_RESULT_HEAD}\n{numbered}\n{caution}\n</system-reminder>");
     let mut entry = Entry::new(Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]), uuid, ts);
     entry.is_meta = true;
     entry.kind = EntryKind::Attachment { kind: "file".to_owned() };
@@ -101,12 +107,14 @@ fn restored_file(cx: &mut ChainContext<'_>, path: &str, contents: &str, ts: u64)
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
 /// replaced by a reference when over the per-file limit, then kept while the running total
 /// fits the overall budget (skip, not stop).
-pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64) -> Vec<Entry> {
+/// A file the kept messages already show (their Read calls) is not restored again.
+pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> Vec<Entry> {
     let budget = cx.config.post_compact.clone();
     let mut files = cx.inputs.read_files.clone();
     let plan = cx.inputs.plan_path.clone();
     let memory = cx.inputs.memory_paths.clone();
-    files.retain(|f| Some(&f.path) != plan.as_ref() && !memory.contains(&f.path));
+    let shown = read_paths(kept);
+    files.retain(|f| Some(&f.path) != plan.as_ref() && !memory.contains(&f.path) && !shown.contains(&f.path));
     files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then_with(|| a.path.cmp(&b.path)));
     files.dedup_by(|a, b| a.path == b.path);
     let mut out = Vec::new();
@@ -130,6 +138,18 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64) -> Vec<Entry> {
         }
     }
     out
+}
+
+/// The `file_path`s of the Read calls in `entries`.
+fn read_paths(entries: &[Entry]) -> Vec<String> {
+    entries
+        .iter()
+        .flat_map(|e| e.message().content.to_blocks())
+        .filter_map(|b| match b {
+            ContentBlock::ToolUse { name, input, .. } if name == "Read" => input.get("file_path").and_then(|p| p.as_str()).map(str::to_owned),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Invoked skills, most recent first, each truncated to its limit, kept while the cumulative
@@ -181,10 +201,9 @@ pub fn rebuild(
     let mut summary_entry = Entry::new(Message::user_text(summary_message_text(&summary, !kept.is_empty(), Some(&format!("{}.jsonl", cx.state.session_dir)))), summary_uuid, ts);
     summary_entry.kind = EntryKind::Summary;
     let mut out = vec![boundary, summary_entry];
+    let restored = if mode == AttachmentMode::Full { file_attachments(cx, ts, &kept) } else { Vec::new() };
     out.extend(kept.into_iter().filter(|e| !e.is_boundary()));
-    if mode == AttachmentMode::Full {
-        out.extend(file_attachments(cx, ts));
-    }
+    out.extend(restored);
     if let Some(plan) = cx.inputs.plan_path.clone()
         && cx.fs.exists(&plan) {
             out.push(attachment(cx, "plan_file_reference", format!("A plan for this work is kept at {plan}; keep following it."), ts));
