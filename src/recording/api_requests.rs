@@ -108,16 +108,7 @@ fn string_field(record: &Map<String, Value>, name: &str) -> Result<String, Field
     }
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+use crate::api::json_kind as kind;
 
 /// A value with its object keys sorted at every depth (the crate keeps insertion order).
 fn sorted(value: &Value) -> Value {

@@ -1907,6 +1907,11 @@ fn replay_session_observing(
 impl SessionReplay {
     fn with_record_count(mut self) -> SessionReplay {
         self.calls_from_records = self.calls.iter().filter(|c| c.from_record).count();
+        // Every compared call measured as recorded: no per-version size entered.
+        let compared = self.calls.iter().filter(|c| c.compared()).count();
+        if compared > 0 && self.calls_from_records == compared {
+            self.profile_notes.clear();
+        }
         self
     }
 }
