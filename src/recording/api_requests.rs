@@ -357,11 +357,14 @@ impl RebuiltRequest {
     }
 }
 
+/// A request's messages in their hashed form, shared with the requests that extend it.
+type Messages = Rc<Vec<Rc<Value>>>;
+
 /// Rebuilds requests from [`ApiRequests`], keeping each request's messages for the requests
 /// that extend it.
 pub struct Rebuilder<'a> {
     records: &'a ApiRequests,
-    memo: BTreeMap<String, Result<Rc<Vec<Rc<Value>>>, String>>,
+    memo: BTreeMap<String, Result<Messages, String>>,
 }
 
 impl<'a> Rebuilder<'a> {
@@ -374,7 +377,7 @@ impl<'a> Rebuilder<'a> {
     }
 
     /// The messages of request `id` in their hashed form (block lists, no markers).
-    fn messages(&mut self, id: &str) -> Result<Rc<Vec<Rc<Value>>>, String> {
+    fn messages(&mut self, id: &str) -> Result<Messages, String> {
         // The chain back to a request already known (or to one without a base), then forward.
         let mut chain: Vec<&'a RecordedApiRequest> = Vec::new();
         let mut at = id.to_owned();
@@ -401,7 +404,7 @@ impl<'a> Rebuilder<'a> {
         self.memo.get(id).cloned().unwrap_or_else(|| Err(format!("request {id} is not recorded")))
     }
 
-    fn extend(&self, request: &RecordedApiRequest) -> Result<Rc<Vec<Rc<Value>>>, String> {
+    fn extend(&self, request: &RecordedApiRequest) -> Result<Messages, String> {
         let mut messages: Vec<Rc<Value>> = match &request.base {
             Some(base) => {
                 let earlier = self.memo.get(base).cloned().unwrap_or_else(|| Err(format!("base request {base} is not recorded")));

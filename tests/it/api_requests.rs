@@ -164,7 +164,8 @@ fn with_line(probe: &str, kind: &str, edit: impl Fn(&mut serde_json::Map<String,
 
 #[test]
 fn malformed_recorded_requests_name_file_line_and_field() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Map<String, Value>)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Map<String, Value>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         ("api-request", Box::new(|r| {
             r.insert("keep".into(), Value::String("two".into()));
         }), "keep"),
