@@ -13,6 +13,10 @@ head -c 24000 recordings/entireio-7662d755ef9f-2.jsonl > "$c/recording/entireio"
 for f in "$realdata"/transcripts/*/*.full.jsonl; do
   head -n 40 "$f" | head -c 64000 > "$c/transcript/$(basename "$f")"
 done
+# 2.1.332 transcripts with recorded wire requests (api-request, -shape, -blob records).
+for d in tests/data/api-requests/*/; do
+  cp "$d"00000000-0000-4000-8000-000000000001.jsonl "$c/transcript/api-requests-$(basename "$d")"
+done
 head -n 6 "$realdata/api_captures/claude-trace/test-traffic.jsonl" > "$c/claude_trace/test-traffic"
 head -n 20 reports/claude-trace/trace.jsonl > "$c/trace/claude-trace"
 head -n 20 reports/real-session/trace.jsonl > "$c/trace/real-session"

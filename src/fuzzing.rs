@@ -154,6 +154,11 @@ pub fn transcript(data: &[u8]) -> Outcome {
                 "transcript: {lines} lines but {records} records and {} warnings",
                 session.report.warnings.len()
             );
+            // The recorded wire requests rebuild or say why not; never a panic.
+            let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
+            for id in session.api_requests.requests.keys() {
+                let _ = rebuilder.rebuild(id).and_then(|r| r.request());
+            }
             read("transcript", session.recording.events.len(), &session.report.warnings)
         }
         Err(e) => rejected("transcript", e.to_string(), true),

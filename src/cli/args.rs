@@ -144,6 +144,10 @@ pub struct FidelityArgs {
     /// Do not seed the side entry a finished turn leaves (the conversation through its reply).
     #[arg(long)]
     pub no_side_entry: bool,
+    /// Reconstruct every request, also where a 2.1.2xx/3xx transcript recorded the request it
+    /// sent (`api-request` records, measured by default).
+    #[arg(long)]
+    pub no_recorded_requests: bool,
     /// Also give a range for Σcache_creation and cost from the observed hit rates of the rules
     /// the calls' outcome rested on (JSON: `interval`; table: the columns of the rules section).
     #[arg(long)]

@@ -15,7 +15,12 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     // A fit tokenizes with bpe whatever the estimator.
     super::common::warm_tokenizer(if args.fit.is_some() || args.cross_validate.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
-    let options = ReplayOptions { rerender_prompts: !args.no_rerender, side_entries: !args.no_side_entry, ..ReplayOptions::default() };
+    let options = ReplayOptions {
+        rerender_prompts: !args.no_rerender,
+        side_entries: !args.no_side_entry,
+        recorded_requests: !args.no_recorded_requests,
+        ..ReplayOptions::default()
+    };
     let files: Vec<std::path::PathBuf> = args.sessions.files()?.into_iter().map(|f| f.path).collect();
     let guarded = super::guard::Inputs::of(files.iter().chain(args.calibration.iter()));
     if let Some(out) = &args.fit {

@@ -111,6 +111,7 @@ impl Live<'_> {
                 version: None,
                 usage: actual.clone(),
                 request_id: answer.request_id,
+                request_ref: None,
                 message_id: Some(response.id.clone()),
                 thinking_text_stored: true,
                 is_synthetic: false,

@@ -33,6 +33,7 @@ use super::format::{
     parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording,
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
+use super::api_requests::{self, ApiRequests};
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, StopReason, ToolResultContent, Usage};
@@ -90,6 +91,9 @@ pub struct RecordedCall {
     pub request_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
+    /// The `api-request` record of the call (2.1.2xx/3xx `requestRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_ref: Option<String>,
     pub usage: Usage,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<StopReason>,
@@ -115,6 +119,7 @@ pub fn recorded_calls(recording: &Recording) -> Vec<RecordedCall> {
                 version: reply.version.clone(),
                 request_id: reply.request_id.clone(),
                 message_id: reply.message_id.clone(),
+                request_ref: reply.request_ref.clone(),
                 usage: reply.usage.clone(),
                 stop_reason: reply.stop_reason,
                 content_blocks: reply.content.len(),
@@ -134,6 +139,9 @@ pub struct ImportedSession {
     pub recording: Recording,
     pub calls: Vec<RecordedCall>,
     pub report: ImportReport,
+    /// The wire requests the transcript recorded (2.1.2xx/3xx `api-request*` records), over
+    /// every file of the session; empty for older transcripts.
+    pub api_requests: ApiRequests,
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
     chain: Chain,
@@ -204,7 +212,7 @@ impl ImportedSession {
         let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, chain: Chain::default() }
+        ImportedSession { recording, calls, report, api_requests: ApiRequests::default(), chain: Chain::default() }
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -537,6 +545,7 @@ impl ImportedSession {
                         // summary's size.
                         usage: Usage { input_tokens: *pre_tokens, output_tokens: *summary_output_tokens, ..Usage::default() },
                         request_id: None,
+                        request_ref: None,
                         message_id: Some(format!("ctxsim-summary-request-{before}")),
                         thinking_text_stored: true,
                         is_synthetic: false,
@@ -618,7 +627,7 @@ impl ImportedSession {
         let mut report = self.report.clone();
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, chain: Chain { index, nodes } }
+        ImportedSession { recording, calls, report, api_requests: self.api_requests.clone(), chain: Chain { index, nodes } }
     }
 }
 
@@ -667,7 +676,13 @@ pub fn attachment_text(attachment: &Attachment) -> String {
         }
     }
     let mut text = format!("{ATTACHMENT_REMINDER}\"{}\">\n", attachment.attachment_type);
-    strings(&attachment.payload, "", &mut text);
+    // 2.1.2xx/3xx record the exact text sent (`rendered`): that alone, not the record's fields.
+    if let Some(rendered) = attachment.payload.get("rendered").and_then(Value::as_str) {
+        text.push_str(rendered);
+        text.push('\n');
+    } else {
+        strings(&attachment.payload, "", &mut text);
+    }
     text.push_str("</system-reminder>");
     text
 }
@@ -893,8 +908,14 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
         header.subagents.push(info.clone());
         report.subagent_files.push(sub.file.clone());
     }
+    let mut api = main.api;
     let mut sub_reports = Vec::new();
-    for (_, sub) in subagents {
+    for (_, mut sub) in subagents {
+        let sub_api = std::mem::take(&mut sub.api);
+        api.shapes.extend(sub_api.shapes);
+        api.blobs.extend(sub_api.blobs);
+        api.requests.extend(sub_api.requests);
+        api.record_messages.extend(sub_api.record_messages);
         let mut sub_report = ImportReport::new(&sub.file, "claude-code");
         sub.add_to_report(&mut sub_report);
         sub_reports.push(sub_report);
@@ -921,7 +942,9 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
         report.totals_all.add(&call.usage, call.is_synthetic);
     }
     report.totals_by_lane = by_lane;
-    ImportedSession { recording, calls, report, chain: Chain::new(chain) }
+    report.api_requests = api.requests.len();
+    report.api_requests_of_calls = calls.iter().filter(|c| c.request_ref.as_ref().is_some_and(|r| api.requests.contains_key(r))).count();
+    ImportedSession { recording, calls, report, api_requests: api, chain: Chain::new(chain) }
 }
 
 /// Stable k-way merge by time; returns the merged events and, for lane 0, old → new index.
@@ -1004,6 +1027,18 @@ struct FileImporter {
     warnings: Warnings,
     /// `permissionMode` of the user record being read.
     prompt_mode: Option<String>,
+    /// The wire requests the file recorded (`api-request*` records), and the ordinary
+    /// records' messages by hash once the first of them was read.
+    api: ApiRequests,
+    api_seen: bool,
+    /// Assistant records' raw content by `message.id`, in file order (hashed when the file is read).
+    assistant_raw: Vec<Vec<Value>>,
+    assistant_raw_index: BTreeMap<String, usize>,
+    /// The client's `entrypoint` (the first record naming one).
+    entrypoint: Option<String>,
+    /// Attachment records carrying `rendered`, by `renderedRole`.
+    rendered_attachments: BTreeMap<String, usize>,
+    not_used_by_type: BTreeMap<String, usize>,
 }
 
 impl FileImporter {
@@ -1035,6 +1070,13 @@ impl FileImporter {
             chunks_merged: 0,
             warnings: Warnings::default(),
             prompt_mode: None,
+            api: ApiRequests::default(),
+            api_seen: false,
+            assistant_raw: Vec::new(),
+            assistant_raw_index: BTreeMap::new(),
+            entrypoint: None,
+            rendered_attachments: BTreeMap::new(),
+            not_used_by_type: BTreeMap::new(),
         }
     }
 
@@ -1057,7 +1099,67 @@ impl FileImporter {
             }
         }
         self.settle_times();
+        self.hash_assistant_messages();
         Ok(())
+    }
+
+    /// The merged assistant messages, by hash, for `tail` hashes without a blob.
+    fn hash_assistant_messages(&mut self) {
+        if !self.api_seen {
+            return;
+        }
+        for content in std::mem::take(&mut self.assistant_raw) {
+            let message = serde_json::json!({"role": "assistant", "content": content});
+            self.api.record_messages.insert(api_requests::message_hash(&message), message);
+        }
+    }
+
+    /// A user record's message by hash, for `tail` hashes without a blob.
+    fn index_user_message(&mut self, record: &Map<String, Value>) {
+        if let Some(content) = record.get("message").and_then(|m| m.get("content")) {
+            let message = serde_json::json!({"role": "user", "content": content});
+            self.api.record_messages.insert(api_requests::message_hash(&message), message);
+        }
+    }
+
+    /// An assistant record's content blocks, merged with the earlier lines of its message.
+    fn collect_assistant_content(&mut self, record: &Map<String, Value>) {
+        let Some(message) = record.get("message") else { return };
+        let blocks: Vec<Value> = match message.get("content") {
+            Some(Value::Array(items)) => items.clone(),
+            Some(Value::String(text)) => vec![serde_json::json!({"type": "text", "text": text})],
+            _ => return,
+        };
+        match message.get("id").and_then(Value::as_str) {
+            Some(id) => match self.assistant_raw_index.get(id) {
+                Some(&i) => self.assistant_raw[i].extend(blocks),
+                None => {
+                    self.assistant_raw_index.insert(id.to_owned(), self.assistant_raw.len());
+                    self.assistant_raw.push(blocks);
+                }
+            },
+            None => self.assistant_raw.push(blocks),
+        }
+    }
+
+    /// Reads an `api-request`, `api-request-shape` or `api-request-blob` record; a malformed
+    /// one is reported with its line and field and skipped.
+    fn api_record(&mut self, kind: &str, record: &Map<String, Value>, line: usize) {
+        self.api_seen = true;
+        let outcome = match kind {
+            "api-request-shape" => api_requests::parse_shape(record).map(|(hash, shape)| {
+                self.api.shapes.insert(hash, shape);
+            }),
+            "api-request-blob" => api_requests::parse_blob(record).map(|(hash, message)| {
+                self.api.blobs.insert(hash, message);
+            }),
+            _ => api_requests::parse_request(record, &self.file, line, self.entrypoint.clone()).map(|request| {
+                self.api.requests.insert(request.id.clone(), request);
+            }),
+        };
+        if let Err((path, message)) = outcome {
+            self.warn(WarningKind::BadLine, line, Some(path), format!("{kind} record: {message}; skipped"));
+        }
     }
 
     fn warn(&mut self, kind: WarningKind, line: usize, path: Option<String>, message: String) {
@@ -1095,6 +1197,9 @@ impl FileImporter {
         if self.cwd.is_none() {
             self.cwd = record.get("cwd").and_then(Value::as_str).map(str::to_owned);
         }
+        if self.entrypoint.is_none() {
+            self.entrypoint = record.get("entrypoint").and_then(Value::as_str).map(str::to_owned);
+        }
         let version = record.get("version").and_then(Value::as_str).map(str::to_owned);
         if let Some(v) = &version
             && !self.versions.contains(v) {
@@ -1105,13 +1210,27 @@ impl FileImporter {
         let mut merged_into: Option<usize> = None;
 
         match kind.as_str() {
-            "user" => self.user(&record, line, time_ms, &lane, uuid.as_deref()),
-            "assistant" => merged_into = self.assistant(&record, line, time_ms, &lane, uuid.as_deref(), version),
+            "user" => {
+                if self.api_seen {
+                    self.index_user_message(&record);
+                }
+                self.user(&record, line, time_ms, &lane, uuid.as_deref());
+            }
+            "assistant" => {
+                if self.api_seen {
+                    self.collect_assistant_content(&record);
+                }
+                merged_into = self.assistant(&record, line, time_ms, &lane, uuid.as_deref(), version);
+            }
             "system" => self.system(&record, subtype.unwrap_or(""), time_ms, &lane, uuid.as_deref()),
             "attachment" => {
                 let attachment = record.get("attachment").cloned().unwrap_or(Value::Null);
                 let attachment_type =
                     attachment.get("type").and_then(Value::as_str).unwrap_or("unknown").to_owned();
+                if attachment.get("rendered").is_some() {
+                    let role = attachment.get("renderedRole").and_then(Value::as_str).unwrap_or("unstated").to_owned();
+                    *self.rendered_attachments.entry(role).or_default() += 1;
+                }
                 self.push(EventKind::Attachment(Attachment { attachment_type, payload: attachment }), time_ms, &lane, uuid.as_deref());
             }
             "queue-operation" => {
@@ -1151,6 +1270,10 @@ impl FileImporter {
             // File-history snapshots and deltas back up edited files for /rewind; not model
             // context.
             "file-history-snapshot" | "file-history-delta" => {}
+            other if api_requests::API_REQUEST_KINDS.contains(&other) => self.api_record(other, &record, line),
+            other if api_requests::NOT_USED_KINDS.contains(&other) => {
+                *self.not_used_by_type.entry(other.to_owned()).or_default() += 1;
+            }
             other if METADATA_TYPES.contains(&other) => {
                 self.metadata.insert(other.to_owned(), strip_envelope(&record));
             }
@@ -1344,6 +1467,7 @@ impl FileImporter {
         let model = message.get("model").and_then(Value::as_str).unwrap_or("").to_owned();
         let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
         let request_id = record.get("requestId").and_then(Value::as_str).map(str::to_owned);
+        let request_ref = record.get("requestRef").and_then(Value::as_str).map(str::to_owned);
         let thinking_text_stored = !content.iter().any(thinking_without_text);
         let is_api_error = record.get("isApiErrorMessage").and_then(Value::as_bool).unwrap_or(false);
 
@@ -1365,6 +1489,9 @@ impl FileImporter {
                     if reply.request_id.is_none() {
                         reply.request_id = request_id;
                     }
+                    if reply.request_ref.is_none() {
+                        reply.request_ref = request_ref;
+                    }
                 }
                 return Some(index);
             }
@@ -1376,6 +1503,7 @@ impl FileImporter {
             version,
             usage,
             request_id,
+            request_ref,
             message_id: message_id.clone(),
             thinking_text_stored,
             is_api_error,
@@ -1437,6 +1565,12 @@ impl FileImporter {
         }
         report.duplicate_records += self.duplicates;
         report.chunks_merged += self.chunks_merged;
+        for (k, v) in &self.not_used_by_type {
+            *report.not_used_by_type.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &self.rendered_attachments {
+            *report.rendered_attachments.entry(k.clone()).or_default() += v;
+        }
         for w in &self.warnings.list {
             report.warnings.push(w.clone());
         }

@@ -266,6 +266,9 @@ pub struct ModelReply {
     pub request_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
+    /// The transcript's `requestRef`: the id of the `api-request` record of this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_ref: Option<String>,
     /// False when a thinking block was recorded without its text (empty `thinking` with a
     /// signature): the block's size in the next request cannot be known from the recording.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]

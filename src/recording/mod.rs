@@ -5,9 +5,12 @@
 //!   (atomic).
 //! - [`claude_code`]: Claude Code session transcripts → recording, per-call summaries and the
 //!   message list each call saw.
+//! - [`api_requests`]: the wire requests 2.1.2xx/3xx transcripts record, and each request
+//!   rebuilt from them.
 //! - [`claude_trace`]: claude-trace captures → `analyze` request log.
 //! - [`import`](mod@import): format detection and the `import` entry point.
 
+pub mod api_requests;
 pub mod claude_code;
 pub mod claude_trace;
 pub mod format;

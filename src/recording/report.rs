@@ -44,6 +44,20 @@ pub struct ImportReport {
     pub records_by_type: BTreeMap<String, usize>,
     /// Record types the importer does not know; counted and skipped.
     pub unknown_by_type: BTreeMap<String, usize>,
+    /// Record types read and counted but not used for measurement (2.1.2xx/3xx bookkeeping:
+    /// `atis-latch`, `cost-state`, `tools-used`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub not_used_by_type: BTreeMap<String, usize>,
+    /// Attachment records carrying `rendered` (the exact text sent), by `renderedRole`; the
+    /// reconstruction sizes such an attachment by that text.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rendered_attachments: BTreeMap<String, usize>,
+    /// `api-request` records read (the wire requests of 2.1.2xx/3xx transcripts).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub api_requests: usize,
+    /// Calls whose reply names (`requestRef`) an `api-request` record that was read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub api_requests_of_calls: usize,
     /// Records whose `uuid` had been seen before in the same file; skipped.
     pub duplicate_records: usize,
     /// Transcript lines folded into an earlier line's call (streamed chunks).
@@ -89,6 +103,12 @@ impl ImportReport {
         for (k, v) in other.unknown_by_type {
             *self.unknown_by_type.entry(k).or_default() += v;
         }
+        for (k, v) in other.not_used_by_type {
+            *self.not_used_by_type.entry(k).or_default() += v;
+        }
+        for (k, v) in other.rendered_attachments {
+            *self.rendered_attachments.entry(k).or_default() += v;
+        }
         self.duplicate_records += other.duplicate_records;
         self.chunks_merged += other.chunks_merged;
         for w in other.warnings.list {
@@ -96,6 +116,10 @@ impl ImportReport {
         }
         self.warnings.suppressed += other.warnings.suppressed;
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -51,6 +51,22 @@ pub struct CallComparison {
     /// ([`super::uncertainty`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// The simulated figures are of the request the transcript recorded sending
+    /// (`api-request` records), not of a reconstruction.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_record: bool,
+}
+
+/// For a transcript that recorded its wire requests (2.1.2xx/3xx `api-request` records): how
+/// many calls were measured on them, and why the others were reconstructed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequests {
+    /// Compared calls measured on the recorded request: their figures measure the cache
+    /// simulator alone.
+    pub calls_from_records: usize,
+    /// Compared calls whose request was reconstructed, one line each: `call N: why`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reconstructed: Vec<String>,
 }
 
 /// The per-session figures (CONTRACT.md "Fidelity JSON", plus a few more).
@@ -99,6 +115,9 @@ pub struct FidelityReport {
     /// Filled when the agent itself was driven by the session (`ctxsim fidelity --engine agent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentDriven>,
+    /// Filled when the transcript recorded its wire requests ([`RecordedRequests`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_requests: Option<RecordedRequests>,
 }
 
 /// What driving the agent with a session gave, besides the usage compared.
@@ -219,6 +238,15 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         warnings: Vec::new(),
         profile_notes: replay.profile_notes.clone(),
         agent: None,
+        recorded_requests: replay.records_requests.then(|| RecordedRequests {
+            calls_from_records: replay.calls.iter().filter(|c| c.compared() && c.from_record).count(),
+            reconstructed: replay
+                .calls
+                .iter()
+                .filter(|c| c.compared() && !c.from_record)
+                .map(|c| format!("call {}: {}", c.index, c.reconstructed_because.as_deref().unwrap_or("the replay's options change what was sent")))
+                .collect(),
+        }),
     }
 }
 
@@ -249,6 +277,7 @@ fn compare(call: &CallReplay, gap_ms: u64) -> CallComparison {
         events: call.events.clone(),
         rerender_probability: call.rerender_probability,
         rule: super::uncertainty::modelled_rule(&call.events).map(str::to_owned),
+        from_record: call.from_record,
     }
 }
 
@@ -316,6 +345,15 @@ pub fn fidelity_table(reports: &[FidelityReport]) -> String {
         let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());
         for note in &r.profile_notes {
             out.push_str(&format!("note: {name}: {note}\n"));
+        }
+        if let Some(recorded) = &r.recorded_requests {
+            out.push_str(&format!(
+                "note: {name}: {} of {} calls measured on the requests the transcript recorded (api-request records)\n",
+                recorded.calls_from_records, r.requests_compared
+            ));
+            for line in &recorded.reconstructed {
+                out.push_str(&format!("note: {name}: reconstructed {line}\n"));
+            }
         }
     }
     out

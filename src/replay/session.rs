@@ -93,6 +93,10 @@ pub struct ReplayOptions {
     /// main call ([`super::stages`]: time-based and cached microcompact, the aggregate tool result
     /// budget, snip, context collapse); `None`: the recording's messages as its client sent them.
     pub stages: Option<crate::agent::compact::CompactConfig>,
+    /// Measure the request a 2.1.2xx/3xx transcript recorded sending (`api-request` records,
+    /// [`crate::recording::api_requests`]) instead of reconstructing it, wherever it can be
+    /// rebuilt exactly and the options leave the recorded requests as they were.
+    pub recorded_requests: bool,
 }
 
 impl ReplayOptions {
@@ -204,6 +208,7 @@ impl Default for ReplayOptions {
             layout: None,
             ttl_other: None,
             stages: None,
+            recorded_requests: true,
         }
     }
 }
@@ -246,6 +251,13 @@ pub struct CallReplay {
     /// not recorded); a fit leaves these steps out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attachment_chars: u64,
+    /// The measured request is the one the transcript recorded sending (`api-request`
+    /// records), not a reconstruction.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_record: bool,
+    /// In a session that recorded its requests, why this call's request was reconstructed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconstructed_because: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -299,6 +311,16 @@ pub struct SessionReplay {
     /// version): for a session that starts mid-conversation, what stays of the unrecorded part.
     #[serde(skip)]
     pub user_context_after_compaction: u64,
+    /// Calls measured on the request the transcript recorded sending ([`CallReplay::from_record`]).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub calls_from_records: usize,
+    /// The transcript recorded its requests (`api-request` records).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub records_requests: bool,
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
 }
 
 impl SessionReplay {
@@ -1172,6 +1194,10 @@ fn replay_session_observing(
     // The agent's long-context stages on the main lane ([`super::stages`]).
     let mut stages = super::stages::StagesState::default();
     let mut windows: BTreeMap<String, u64> = BTreeMap::new();
+    // The requests the transcript recorded sending, used where the options leave them as sent.
+    let records_requests = !session.api_requests.requests.is_empty();
+    let use_records = records_requests && options.recorded_requests && !options.changes_view() && options.layout.is_none();
+    let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
 
     for call in &session.calls {
         let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
@@ -1586,6 +1612,28 @@ fn replay_session_observing(
             layout: options.layout.as_ref().map(|layout| LayoutCall { layout, dynamic_epoch: state.dynamic_epoch, up_front: &up_front, version }),
         };
 
+        // The request as recorded, where the transcript has it and it rebuilds exactly.
+        let mut reconstructed_because = None;
+        let rebuilt: Option<Request> = if !use_records {
+            None
+        } else if let Some(id) = &call.request_ref {
+            let what_if_ttl = if call.lane == LANE_MAIN { options.ttl_main } else { options.ttl_other };
+            match rebuilder.rebuild(id).and_then(|r| r.request_with_ttl(what_if_ttl)) {
+                Ok(request) => Some(request),
+                Err(why) => {
+                    reconstructed_because = Some(why);
+                    None
+                }
+            }
+        } else {
+            reconstructed_because = Some(if call.lane == LANE_COMPACT {
+                "a compaction request (the client records main-thread and subagent requests only)".to_owned()
+            } else {
+                "the reply names no api-request record (no requestRef)".to_owned()
+            });
+            None
+        };
+
         // Sizes of the unrecorded part: inferred from the group's first compared call.
         if !groups.contains_key(&group) {
             let mut bare = Request::new(call.model.clone(), 32_000);
@@ -1680,7 +1728,7 @@ fn replay_session_observing(
         {
             main.prefix_from_record = true;
         }
-        let revealed = (shows_level && recorded_read != sizes.prefix_tokens).then_some(recorded_read);
+        let revealed = (shows_level && recorded_read != sizes.prefix_tokens && rebuilt.is_none()).then_some(recorded_read);
         let base = revealed.map(|_| messages.clone());
         // The side request after the previous turn, sent when that turn ended: an entry through
         // its last reply; when the client re-renders the previous prompt, the entry that counts
@@ -1690,7 +1738,7 @@ fn replay_session_observing(
             Some(t) if t.side_entry => Some(messages.len() - 1),
             _ => None,
         };
-        if let Some(cut) = side_cut.filter(|&cut| cut > 0) {
+        if let Some(cut) = side_cut.filter(|&cut| cut > 0 && rebuilt.is_none()) {
             let side = Unrecorded { marked_result: None, ..unrecorded.clone() };
             let side_keys = lent.as_ref().map(|l| side.request_keys(&mut keys, &messages[..cut], &l.built.keys[..cut], state.restored_version, sizes));
             let side_request = side.request(&call.model, messages[..cut].to_vec(), sizes);
@@ -1711,7 +1759,7 @@ fn replay_session_observing(
                 }
             }
         }
-        let request_keys = lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes));
+        let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };
         let own_messages = messages.len();
         let mut request = match &lent {
             Some(_) => unrecorded.request_with(&call.model, messages, sizes, &mut state.parts),
@@ -1721,6 +1769,13 @@ fn replay_session_observing(
             let offset = request.messages.len() - own_messages;
             stages.insert_cache_edits(&mut request, offset);
         }
+        // The recorded request is measured; the reconstruction still updates the lane's view.
+        let from_record = rebuilt.is_some();
+        let (request, reconstructed) = match rebuilt {
+            Some(recorded) => (recorded, Some(request)),
+            None => (request, None),
+        };
+        let transient = transient && !from_record;
 
         if let Some(observe) = observe.as_mut() {
             observe(call.index, &request);
@@ -1733,7 +1788,7 @@ fn replay_session_observing(
             }
         };
         shape_flat(&request, &mut flat, strips_thinking, transient);
-        let has_reminder = unrecorded.reminder(sizes).is_some();
+        let has_reminder = !from_record && unrecorded.reminder(sizes).is_some();
         let synthetic_tokens = flat.region_tokens(Region::Tools)
             + flat.region_tokens(Region::System)
             + if has_reminder { flat.blocks.get(flat.counts.tools + flat.counts.system).map_or(0, |b| u64::from(b.tokens)) } else { 0 };
@@ -1772,7 +1827,7 @@ fn replay_session_observing(
             previous_main = Some((call.index, metrics.context_tokens));
         }
         if let Some(lent) = lent.take() {
-            state.built = lent.give_back(request, &mut state.parts);
+            state.built = lent.give_back(reconstructed.unwrap_or(request), &mut state.parts);
         }
         // The record has just shown the prefix level: size the unrecorded part by it from now
         // on, and let the simulated cache hold what the real one does after this call.
@@ -1818,10 +1873,13 @@ fn replay_session_observing(
             rerender_probability: if rerenders_previous { 1.0 } else { 0.0 },
             message_tokens,
             message_blocks,
-            prefix_tokens: sizes.prefix_tokens,
-            user_context_tokens: sizes.context_tokens,
+            // A recorded request has no unrecorded part: its prefix is its tools and system.
+            prefix_tokens: if from_record { synthetic_tokens } else { sizes.prefix_tokens },
+            user_context_tokens: if from_record { 0 } else { sizes.context_tokens },
             thinking_filled: !call.thinking_text_stored,
             attachment_chars,
+            from_record,
+            reconstructed_because,
         });
     }
     if first_divergence.is_some() && diverged_calls == 0 {
@@ -1840,6 +1898,21 @@ fn replay_session_observing(
         profile_notes: profile_notes.into_iter().collect(),
         compaction_losses,
         user_context_after_compaction: user_context_prior,
+        calls_from_records: 0,
+        records_requests,
+    }
+    .with_record_count()
+}
+
+impl SessionReplay {
+    fn with_record_count(mut self) -> SessionReplay {
+        self.calls_from_records = self.calls.iter().filter(|c| c.from_record).count();
+        // Every compared call measured as recorded: no per-version size entered.
+        let compared = self.calls.iter().filter(|c| c.compared()).count();
+        if compared > 0 && self.calls_from_records == compared {
+            self.profile_notes.clear();
+        }
+        self
     }
 }
 
@@ -1864,6 +1937,8 @@ fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> Cal
         user_context_tokens: 0,
         thinking_filled: !call.thinking_text_stored,
         attachment_chars: 0,
+        from_record: false,
+        reconstructed_because: None,
     }
 }
 

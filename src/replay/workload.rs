@@ -449,6 +449,8 @@ pub fn agent_replay(
             user_context_tokens: 0,
             thinking_filled: !call.thinking_text_stored,
             attachment_chars: 0,
+            from_record: false,
+            reconstructed_because: None,
             metrics: Some(metrics),
         });
     }
@@ -465,6 +467,8 @@ pub fn agent_replay(
         profile_notes: Vec::new(),
         compaction_losses: Vec::new(),
         user_context_after_compaction: 0,
+        calls_from_records: 0,
+        records_requests: !session.api_requests.requests.is_empty(),
     };
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
 }

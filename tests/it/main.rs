@@ -2,6 +2,7 @@
 mod agent_layers;
 mod analyze;
 mod api_late2026;
+mod api_requests;
 mod audit;
 mod calibrate;
 mod mechanisms;

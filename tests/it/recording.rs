@@ -46,6 +46,7 @@ fn sample_recording() -> Recording {
         version: Some("2.1.39".into()),
         usage: Usage { input_tokens: 3, cache_read_input_tokens: 100, output_tokens: 9, ..Usage::default() },
         request_id: Some("req_1".into()),
+        request_ref: None,
         message_id: Some("msg_1".into()),
         thinking_text_stored: true,
         is_synthetic: false,

@@ -92,6 +92,10 @@ fn seeds() -> Vec<Seed> {
         files.sort();
         add("transcript", Kind::Jsonl, files[0].display().to_string(), head(&files[0], 16_000));
     }
+    // A 2.1.332 transcript with recorded wire requests (api-request, -shape, -blob records),
+    // whole: its shape record alone is larger than the heads above.
+    let recorded = repo().join("tests/data/api-requests/resume/00000000-0000-4000-8000-000000000001.jsonl");
+    add("transcript", Kind::Jsonl, recorded.display().to_string(), std::fs::read(&recorded).unwrap());
     let capture = realdata().join("api_captures/claude-trace/test-traffic.jsonl");
     let capture_head = head(&capture, 40_000);
     add("claude_trace", Kind::Jsonl, capture.display().to_string(), capture_head.clone());

@@ -1,0 +1,214 @@
+//! Transcripts of Claude Code 2.1.2xx/3xx record the wire requests (`api-request`,
+//! `api-request-shape`, `api-request-blob`). The fixtures in tests/data/api-requests/ are real
+//! 2.1.332 runs against `ctxsim serve` (scripts/api-request-fixtures.sh); `serve`'s request
+//! log of the same run is the ground truth of what was sent.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::recording::api_requests::Rebuilder;
+use ctxsim::recording::{ImportedSession, RequestLogEntry};
+use ctxsim::replay::{ReplayOptions, fidelity_for_session, fidelity_table, load_session, replay_session};
+use ctxsim::shape::{Tolerance, diff, shapes};
+
+const PROBES: [&str; 4] = ["multi-turn", "resume", "compact-970k", "subagent"];
+
+fn fixture(probe: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/api-requests").join(probe)
+}
+
+fn session(probe: &str) -> ImportedSession {
+    let dir = fixture(probe);
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.ends_with("serve-requests.jsonl"))
+        .expect("a transcript");
+    load_session(&file).unwrap()
+}
+
+fn serve_log(probe: &str) -> Vec<RequestLogEntry> {
+    let text = std::fs::read_to_string(fixture(probe).join("serve-requests.jsonl")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The `serve` log entry that answered a call: `serve` numbers its replies `msg_<tag>_<n>`,
+/// `n` the request's position in its log.
+fn served<'l>(log: &'l [RequestLogEntry], message_id: &str) -> &'l RequestLogEntry {
+    let n: usize = message_id.rsplit('_').next().unwrap().parse().unwrap();
+    &log[n - 1]
+}
+
+/// The wire body as the transcript can know it: `metadata.user_id` is not recorded.
+fn recordable(body: &Value) -> Value {
+    let mut body = body.clone();
+    body.as_object_mut().unwrap().shift_remove("metadata");
+    body
+}
+
+/// Rebuilds every recorded call of `probe` and compares it with what `serve` received.
+/// Returns (calls rebuilt, served requests).
+fn check_rebuilt(probe: &str) -> (usize, usize) {
+    let session = session(probe);
+    let log = serve_log(probe);
+    assert!(session.report.warnings.is_empty(), "{probe}: {:?}", session.report.warnings);
+    let mut rebuilder = Rebuilder::new(&session.api_requests);
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for call in &session.calls {
+        let id = call.request_ref.as_deref().unwrap_or_else(|| panic!("{probe}: call {} names no api-request", call.index));
+        let rebuilt = rebuilder.rebuild(id).unwrap_or_else(|why| panic!("{probe}: call {}: {why}", call.index));
+        let wire = recordable(&served(&log, call.message_id.as_deref().unwrap()).body);
+        // Exact: messages (markers and the string/list form included), system, tools, params.
+        for key in ["messages", "system", "tools", "model", "max_tokens", "thinking", "context_management", "output_config", "stream"] {
+            assert_eq!(rebuilt.body.get(key), wire.get(key), "{probe}: call {}: `{key}` differs", call.index);
+        }
+        assert_eq!(rebuilt.body, wire, "{probe}: call {}", call.index);
+        // And the typed request round-trips to the same body.
+        assert_eq!(serde_json::to_value(rebuilt.request().unwrap()).unwrap(), wire, "{probe}: call {}", call.index);
+        ours.push(("main".to_owned(), rebuilt.body));
+        theirs.push(("main".to_owned(), wire));
+    }
+    let strict = Tolerance { fraction: 0.0, slack: 0 };
+    let differences = diff(&shapes(ours.iter().map(|(l, b)| (l.as_str(), b.clone()))), &shapes(theirs.iter().map(|(l, b)| (l.as_str(), b.clone()))), strict);
+    assert!(differences.is_empty(), "{probe}: {differences:?}");
+    (ours.len(), log.len())
+}
+
+#[test]
+fn recorded_requests_rebuild_what_serve_received() {
+    // Every main-thread and subagent request; the compaction request is not recorded.
+    assert_eq!(check_rebuilt("multi-turn"), (5, 5));
+    assert_eq!(check_rebuilt("resume"), (3, 3));
+    assert_eq!(check_rebuilt("compact-970k"), (3, 4));
+    assert_eq!(check_rebuilt("subagent"), (4, 4));
+}
+
+#[test]
+fn import_reports_the_new_record_kinds() {
+    for probe in PROBES {
+        let session = session(probe);
+        let report = &session.report;
+        assert!(report.unknown_by_type.is_empty(), "{probe}: {:?}", report.unknown_by_type);
+        assert_eq!(report.api_requests, session.calls.len(), "{probe}");
+        assert_eq!(report.api_requests_of_calls, session.calls.len(), "{probe}");
+        assert!(report.not_used_by_type.contains_key("atis-latch"), "{probe}: {:?}", report.not_used_by_type);
+        // Counted, and the count is every such record.
+        let counted: usize = report.not_used_by_type.values().sum();
+        let seen: usize = ["atis-latch", "cost-state", "tools-used"].iter().filter_map(|k| report.records_by_type.get(*k)).sum();
+        assert_eq!(counted, seen, "{probe}");
+    }
+}
+
+fn replayed(probe: &str, options: &ReplayOptions) -> ctxsim::replay::SessionReplay {
+    let table = ModelTable::shipped();
+    let mut measurer = Measurer::new(table, TokenCounter::new(EstimatorKind::Calibrated));
+    replay_session(&session(probe), &mut measurer, options)
+}
+
+#[test]
+fn fidelity_measures_the_recorded_requests() {
+    let table = ModelTable::shipped();
+    for probe in PROBES {
+        let replay = replayed(probe, &ReplayOptions::default());
+        let report = fidelity_for_session(&replay, &table, true);
+        let recorded = report.recorded_requests.as_ref().unwrap_or_else(|| panic!("{probe}: no recorded_requests"));
+        assert_eq!(recorded.calls_from_records, report.requests_compared, "{probe}: {recorded:?}");
+        assert!(recorded.reconstructed.is_empty(), "{probe}: {recorded:?}");
+        assert!(report.calls.iter().all(|c| c.from_record), "{probe}");
+        let table_text = fidelity_table(std::slice::from_ref(&report));
+        assert!(table_text.contains(&format!("{} of {} calls measured on the requests the transcript recorded", report.requests_compared, report.requests_compared)), "{table_text}");
+        // `serve` counted the same bodies with the same estimator: the context of every call
+        // agrees to the token, except where the script claimed a usage (the compaction probe).
+        if probe != "compact-970k" {
+            for c in &report.calls {
+                assert_eq!(c.simulated_context, c.recorded_context, "{probe}: call {}", c.index);
+            }
+            assert_eq!(report.hit_agreement, 1.0, "{probe}");
+        }
+    }
+    // The same sessions reconstructed: the option that turns the records off does.
+    let replay = replayed("multi-turn", &ReplayOptions { recorded_requests: false, ..ReplayOptions::default() });
+    assert_eq!(replay.calls_from_records, 0);
+    let report = fidelity_for_session(&replay, &table, false);
+    let recorded = report.recorded_requests.unwrap();
+    assert_eq!(recorded.reconstructed.len(), report.requests_compared);
+}
+
+fn with_line(probe: &str, kind: &str, edit: impl Fn(&mut serde_json::Map<String, Value>)) -> (String, usize) {
+    let dir = fixture(probe);
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.ends_with("serve-requests.jsonl"))
+        .unwrap();
+    let mut line_no = 0;
+    let lines: Vec<String> = std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut record: serde_json::Map<String, Value> = serde_json::from_str(l).unwrap();
+            if line_no == 0 && record.get("type").and_then(Value::as_str) == Some(kind) {
+                line_no = i + 1;
+                edit(&mut record);
+                return serde_json::to_string(&record).unwrap();
+            }
+            l.to_owned()
+        })
+        .collect();
+    (lines.join("\n") + "\n", line_no)
+}
+
+#[test]
+fn malformed_recorded_requests_name_file_line_and_field() {
+    type Edit = Box<dyn Fn(&mut serde_json::Map<String, Value>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        ("api-request", Box::new(|r| {
+            r.insert("keep".into(), Value::String("two".into()));
+        }), "keep"),
+        ("api-request", Box::new(|r| {
+            r["tail"][0] = Value::from(7);
+        }), "tail[0]"),
+        ("api-request", Box::new(|r| {
+            r["cacheControl"][0]["path"] = serde_json::json!(["nowhere", 0]);
+        }), "cacheControl[0].path"),
+        ("api-request", Box::new(|r| {
+            r.remove("params");
+        }), "params"),
+        ("api-request-blob", Box::new(|r| {
+            r["message"]["content"] = Value::from(3);
+        }), "message.content"),
+        ("api-request-blob", Box::new(|r| {
+            r["message"]["content"][0]["text"] = Value::String("changed".into());
+        }), "hash"),
+        ("api-request-shape", Box::new(|r| {
+            r["shape"]["tools"] = Value::Null;
+        }), "shape.tools"),
+    ];
+    for (kind, edit, field) in cases {
+        let (text, line) = with_line("multi-turn", kind, edit);
+        let session = ctxsim::recording::import_claude_code_from(std::io::Cursor::new(text), "edited.jsonl").unwrap();
+        let warning = session
+            .report
+            .warnings
+            .list
+            .iter()
+            .find(|w| w.line == line)
+            .unwrap_or_else(|| panic!("{kind} {field}: no warning on line {line}: {:?}", session.report.warnings));
+        assert_eq!(warning.file, "edited.jsonl");
+        assert_eq!(warning.path.as_deref(), Some(field), "{warning:?}");
+        assert!(warning.to_string().contains(&format!("edited.jsonl:{line}")), "{warning}");
+        // The replay says which calls it could not rebuild, and why, and reconstructs them.
+        let table = ModelTable::shipped();
+        let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated));
+        let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
+        let report = fidelity_for_session(&replay, &table, false);
+        if let Some(recorded) = report.recorded_requests {
+            assert_eq!(recorded.calls_from_records + recorded.reconstructed.len(), report.requests_compared);
+            assert!(!recorded.reconstructed.is_empty(), "{kind} {field}: every call still rebuilt");
+        }
+    }
+}
