@@ -331,7 +331,8 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         } else {
             let mut measurer = make();
             measurer.counter_mut().seed(&memo);
-            let options = ReplayOptions { ttl_main: Some(ttl), ..plain.clone() };
+            // Priced only: no compaction's information loss is read.
+            let options = ReplayOptions { ttl_main: Some(ttl), compaction_losses: false, ..plain.clone() };
             let replay = replay_session(session, &mut measurer, &options);
             fidelity_for_session(&replay, table, false).simulated_cost_usd
         };

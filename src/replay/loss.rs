@@ -45,6 +45,13 @@ pub struct CompactionLoss {
 
 /// Adds the references of `text` to `out`.
 pub fn references(text: &str, out: &mut BTreeSet<String>) {
+    each_reference(text, &mut |r| {
+        out.insert(r.to_owned());
+    });
+}
+
+/// Calls `f` with each reference of `text` (in order, repeats included), borrowed from it.
+fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(&'a str)) {
     for token in text.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))) {
         let token = token.trim_matches(|c: char| matches!(c, '.' | '-'));
         if token.len() < 4 {
@@ -52,12 +59,12 @@ pub fn references(text: &str, out: &mut BTreeSet<String>) {
         }
         if token.contains('/') {
             if token.chars().any(|c| c.is_ascii_alphabetic()) {
-                out.insert(token.trim_end_matches('/').to_owned());
+                f(token.trim_end_matches('/'));
             }
             continue;
         }
         if is_identifier(token) {
-            out.insert(token.to_owned());
+            f(token);
         }
     }
 }
@@ -70,21 +77,32 @@ fn is_identifier(token: &str) -> bool {
         && (token.contains('_') || bytes.windows(2).any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase()))
 }
 
-fn value_references(value: &Value, out: &mut BTreeSet<String>) {
+/// A set of references borrowed from the texts they were found in (membership only: nothing
+/// reaches output in its order).
+type RefSet<'a> = rustc_hash::FxHashSet<&'a str>;
+
+fn value_references<'a>(value: &'a Value, out: &mut RefSet<'a>) {
     match value {
-        Value::String(s) => references(s, out),
+        Value::String(s) => each_reference(s, &mut |r| {
+            out.insert(r);
+        }),
         Value::Array(items) => items.iter().for_each(|v| value_references(v, out)),
         Value::Object(map) => map.values().for_each(|v| value_references(v, out)),
         _ => {}
     }
 }
 
-fn block_references(block: &ContentBlock, out: &mut BTreeSet<String>) {
+fn block_references<'a>(block: &'a ContentBlock, out: &mut RefSet<'a>) {
+    let mut text = |t: &'a str| {
+        each_reference(t, &mut |r| {
+            out.insert(r);
+        })
+    };
     match block {
-        ContentBlock::Text { text, .. } => references(text, out),
-        ContentBlock::Thinking { thinking, .. } => references(thinking, out),
+        ContentBlock::Text { text: t, .. } => text(t),
+        ContentBlock::Thinking { thinking, .. } => text(thinking),
         ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value_references(input, out),
-        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } => references(text, out),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => text(t),
         ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| block_references(b, out)),
         _ => {}
     }
@@ -92,10 +110,16 @@ fn block_references(block: &ContentBlock, out: &mut BTreeSet<String>) {
 
 /// The references of a conversation.
 pub fn message_references(messages: &[Message]) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+    borrowed_references(messages).into_iter().map(str::to_owned).collect()
+}
+
+fn borrowed_references(messages: &[Message]) -> RefSet<'_> {
+    let mut out = RefSet::default();
     for message in messages {
         match &message.content {
-            MessageContent::Text(text) => references(text, &mut out),
+            MessageContent::Text(text) => each_reference(text, &mut |r| {
+                out.insert(r);
+            }),
             MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block_references(b, &mut out)),
         }
     }
@@ -130,12 +154,13 @@ pub fn compaction_loss(
     context_after: u64,
 ) -> CompactionLoss {
     let before_view = session.messages_for_call(&session.calls[previous]);
-    let before = message_references(&before_view);
-    let kept = message_references(after);
-    let dropped: BTreeSet<&String> = before.difference(&kept).collect();
+    let before = borrowed_references(&before_view);
+    let kept = borrowed_references(after);
+    // Sorted: the first lost ones are shown.
+    let dropped: BTreeSet<&str> = before.difference(&kept).copied().collect();
     let read_before = read_paths(&before_view);
     // What later recorded turns use, up to the next compaction of the main lane.
-    let mut used = BTreeSet::new();
+    let mut used = RefSet::default();
     let mut rereads = 0;
     let start = session.calls[call_index].event_index;
     for event in session.recording.events.iter().skip(start) {
@@ -155,12 +180,17 @@ pub fn compaction_loss(
                 }
             }
             EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => {
-                prompt.content.to_blocks().iter().for_each(|b| block_references(b, &mut used));
+                match &prompt.content {
+                    MessageContent::Text(text) => each_reference(text, &mut |r| {
+                        used.insert(r);
+                    }),
+                    MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block_references(b, &mut used)),
+                }
             }
             _ => {}
         }
     }
-    let lost: Vec<String> = dropped.iter().filter(|r| used.contains(**r)).map(|r| (*r).clone()).collect();
+    let lost: Vec<String> = dropped.iter().filter(|r| used.contains(**r)).map(|r| (*r).to_owned()).collect();
     CompactionLoss {
         call: session.calls[call_index].index,
         tokens_dropped: context_before.saturating_sub(context_after),

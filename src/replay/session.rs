@@ -77,6 +77,11 @@ pub struct ReplayOptions {
     /// (`audit`) skip the walk of every request it costs.
     #[serde(skip)]
     pub info_loss: bool,
+    /// Judge the information each main-lane compaction loses
+    /// ([`SessionReplay::compaction_losses`]); a replay that only plans where compactions go
+    /// ([`super::whatif`]) reads counts and skips it.
+    #[serde(skip)]
+    pub compaction_losses: bool,
     /// Per-tool persistence thresholds other than the client's (`None`: the recorded results
     /// as the client sent them): a larger recorded result becomes its preview.
     pub tool_result_budget: Option<crate::agent::compact::config::ToolResultBudgetConfig>,
@@ -203,6 +208,7 @@ impl Default for ReplayOptions {
             clear_tool_uses: None,
             autocompact: None,
             info_loss: true,
+            compaction_losses: true,
             tool_result_budget: None,
             output_limits: None,
             layout: None,
@@ -1820,6 +1826,7 @@ fn replay_session_observing(
         }
         if call.lane == LANE_MAIN {
             if let Some((previous, context_before)) = previous_main
+                && options.compaction_losses
                 && metrics.events.iter().any(|e| e == "compaction")
             {
                 compaction_losses.push(super::loss::compaction_loss(session, call.index, previous, &request.messages, context_before, metrics.context_tokens));

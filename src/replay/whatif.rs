@@ -117,7 +117,8 @@ impl ReplayMemo {
 
 /// The content hash of a replay's inputs: the compaction plan and the options.
 fn replay_key(plan: &BTreeMap<Step, u64>, options: &ReplayOptions, incremental: bool) -> u128 {
-    let mut text = format!("{plan:?}\n{incremental}\n");
+    // `compaction_losses` is not serialized; a replay without them answers no other.
+    let mut text = format!("{plan:?}\n{incremental}\n{}\n", options.compaction_losses);
     text.push_str(&serde_json::to_string(options).unwrap_or_default());
     xxhash_rust::xxh3::xxh3_128(text.as_bytes())
 }
@@ -165,8 +166,11 @@ pub fn replay_with_autocompact(
     memo: Option<&ReplayMemo>,
 ) -> (SessionReplay, CompactionWhatIf) {
     let table = measurer.table().clone();
-    let plan_options = planning_options(options);
     let final_options = ReplayOptions { autocompact: None, ..options.clone() };
+    let mut plan_options = planning_options(options);
+    // The plan reads counts, not the compactions' information loss: its replays skip judging
+    // it, unless the final replay is one of them (its options are the planning ones).
+    plan_options.compaction_losses = plan_options == final_options;
     // Original event index of each main reply, by message id.
     let event_of: BTreeMap<String, usize> =
         original.calls.iter().filter_map(|c| c.message_id.clone().map(|id| (id, c.event_index))).collect();

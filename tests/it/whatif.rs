@@ -413,3 +413,33 @@ proptest::proptest! {
         }
     }
 }
+
+/// The plan of a compaction what-if reads counts only, so its search replays skip judging the
+/// compactions' information loss (`ReplayOptions::compaction_losses`): a replay without it
+/// equals one with it but for the losses, and the what-if's own replay still carries them,
+/// also when it is the search's last replay (the planning options, main TTL 5m) and shared.
+#[test]
+fn whatif_plan_search_skips_the_loss_judging_and_the_result_keeps_it() {
+    let measurer = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
+    let digest = |r: &SessionReplay| serde_json::to_string(&(r.rows(), &r.compaction_whatif, &r.first_divergence, &r.compaction_losses)).unwrap();
+    for path in [SPOTTER] {
+        let session = session(path);
+        let recorded = ReplayOptions::from_strategy(&Strategy::resolve_with("claude-code", &[]).unwrap());
+        let judged = replay_session(&session, &mut measurer(), &recorded);
+        let plain = replay_session(&session, &mut measurer(), &ReplayOptions { compaction_losses: false, ..recorded.clone() });
+        assert!(!judged.compaction_losses.is_empty(), "{path}");
+        assert!(plain.compaction_losses.is_empty(), "{path}");
+        let counts = |r: &SessionReplay| serde_json::to_string(&(r.rows(), &r.first_divergence)).unwrap();
+        assert_eq!(counts(&judged), counts(&plain), "{path}");
+        for sets in [&["compact.autocompact.pct_override=50"][..], &["compact.autocompact.pct_override=50", "ttl_main=1h"]] {
+            let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+            let options = ReplayOptions::from_strategy(&Strategy::resolve_with("claude-code", &sets).unwrap());
+            let alone = replay_session(&session, &mut measurer(), &options);
+            let inserted = alone.compaction_whatif.as_ref().unwrap().changes.iter().filter(|c| c.change == "inserted").count();
+            assert!(inserted > 0 && alone.compaction_losses.len() >= inserted, "{path} {sets:?}: {:?}", alone.compaction_losses);
+            let memo = ctxsim::replay::whatif::ReplayMemo::new();
+            let shared = ctxsim::replay::session::replay_session_shared(&session, &mut measurer(), &options, &memo);
+            assert_eq!(digest(&alone), digest(&shared), "{path} {sets:?}");
+        }
+    }
+}
