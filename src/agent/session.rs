@@ -131,6 +131,8 @@ pub struct Session {
     pending_side_calls: Vec<SideCall>,
     /// `/clear`s so far (each starts a new session id).
     clears: u64,
+    /// The last pool assembled and the inputs it was assembled from ([`Session::pool`]).
+    pool_memo: std::cell::RefCell<Option<(PoolInputs, ToolPool)>>,
 }
 
 #[path = "session_chain.rs"]
@@ -201,6 +203,7 @@ impl Session {
             hook_wait_ms: 0,
             pending_side_calls: Vec::new(),
             clears: 0,
+            pool_memo: Default::default(),
         }
     }
 
@@ -1013,7 +1016,17 @@ impl Session {
             let candidates = crate::agent::tools::all_builtin_names().into_iter().map(str::to_owned).chain(mcp_names);
             inputs.allowed = Some(candidates.filter(|name| agent.allows_tool(name)).collect());
         }
-        assemble_pool(&inputs, &self.profile)
+        // Assembly pads every built-in tool to the size profile (token counts of each
+        // description): the same inputs give the same pool, so it is assembled once per change.
+        let mut memo = self.pool_memo.borrow_mut();
+        if let Some((key, pool)) = memo.as_ref()
+            && *key == inputs
+        {
+            return pool.clone();
+        }
+        let pool = assemble_pool(&inputs, &self.profile);
+        *memo = Some((inputs, pool.clone()));
+        pool
     }
 
     /// The model this thread's requests go to.
