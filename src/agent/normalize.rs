@@ -57,9 +57,14 @@ pub struct NormalizeOptions {
 
 /// `reorderAttachmentsForAPI`.
 pub fn reorder_attachments(records: &[Record]) -> Vec<&Record> {
+    reorder_attachment_refs(records.iter().collect())
+}
+
+/// [`reorder_attachments`] over records the caller holds in several places.
+fn reorder_attachment_refs(records: Vec<&Record>) -> Vec<&Record> {
     let mut reversed: Vec<&Record> = Vec::with_capacity(records.len());
     let mut pending: Vec<&Record> = Vec::new();
-    for record in records.iter().rev() {
+    for record in records.into_iter().rev() {
         if record.bubbles() {
             pending.push(record);
         } else if record.is_stop_point() {
@@ -76,8 +81,14 @@ pub fn reorder_attachments(records: &[Record]) -> Vec<&Record> {
 
 /// The records as API messages.
 pub fn normalize(records: &[Record], options: NormalizeOptions) -> Vec<Message> {
+    normalize_refs(records.iter().collect(), options)
+}
+
+/// [`normalize`] of records the caller holds in several places (the session's user context
+/// before its transcript), so that none is copied to make one slice.
+pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<Message> {
     let mut out: Vec<Message> = Vec::new();
-    for record in reorder_attachments(records) {
+    for record in reorder_attachment_refs(records) {
         match record {
             Record::User { content, .. } => {
                 let mut message = Message { role: Role::User, content: content.clone(), extra: Map::new() };

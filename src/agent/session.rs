@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::agent::attachments::{Attachment, InvokedSkill, Todo};
 use crate::agent::hooks::{ConfiguredHook, HookCall, HookRun, ParsedHooks, Permission, load_settings_hooks, run_hooks};
 use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, discover, nested_memory_for};
-use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, mark_last_block, normalize};
+use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, mark_last_block, normalize_refs};
 use crate::agent::profile::SizeProfile;
 use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
 use crate::agent::system_prompt::{
@@ -139,6 +139,12 @@ pub struct Session {
     pending_side_calls: Vec<SideCall>,
     /// `/clear`s so far (each starts a new session id).
     clears: u64,
+    /// The last pool assembled and the inputs it was assembled from ([`Session::pool`]).
+    pool_memo: std::cell::RefCell<Option<(PoolInputs, ToolPool)>>,
+    /// The chain's entries for `records[..n]` as the last chain run left them (each what
+    /// `record_to_entry` makes of its record and meta), so the next run makes only the new
+    /// ones; emptied wherever records change other than by appending.
+    entry_cache: Vec<crate::agent::compact::Entry>,
 }
 
 #[path = "session_chain.rs"]
@@ -212,6 +218,8 @@ impl Session {
             hook_wait_ms: 0,
             pending_side_calls: Vec::new(),
             clears: 0,
+            pool_memo: Default::default(),
+            entry_cache: Vec::new(),
         }
     }
 
@@ -333,6 +341,7 @@ impl Session {
     fn start_new_conversation(&mut self) {
         self.records.clear();
         self.record_meta.clear();
+        self.forget_entries();
         self.sent_skill_names.clear();
         self.discovered_tools.clear();
         self.sent_tools.clear();
@@ -389,6 +398,7 @@ impl Session {
         }
         self.records = kept_records;
         self.record_meta = kept_meta;
+        self.forget_entries();
         self.sent_skill_names.clear();
         self.start_again(world, "resume", "session_resumed");
     }
@@ -1061,7 +1071,17 @@ impl Session {
             let candidates = crate::agent::tools::all_builtin_names().into_iter().map(str::to_owned).chain(mcp_names);
             inputs.allowed = Some(candidates.filter(|name| agent.allows_tool(name)).collect());
         }
-        assemble_pool(&inputs, &self.profile)
+        // Assembly pads every built-in tool to the size profile (token counts of each
+        // description): the same inputs give the same pool, so it is assembled once per change.
+        let mut memo = self.pool_memo.borrow_mut();
+        if let Some((key, pool)) = memo.as_ref()
+            && *key == inputs
+        {
+            return pool.clone();
+        }
+        let pool = assemble_pool(&inputs, &self.profile);
+        *memo = Some((inputs, pool.clone()));
+        pool
     }
 
     /// The model this thread's requests go to.
@@ -1249,9 +1269,10 @@ impl Session {
         }
 
         let context = self.user_context(world);
+        let context = Record::User { content: MessageContent::Text(context), meta: true };
         let mut records = Vec::with_capacity(self.records.len() + 1);
-        records.push(Record::User { content: MessageContent::Text(context), meta: true });
-        records.extend(self.records.iter().cloned());
+        records.push(&context);
+        records.extend(self.records.iter());
         let options = NormalizeOptions {
             // 2.1.332 keeps attachments beside a tool result (the smoosh gate is off there).
             smoosh_into_tool_result: self.strategy.smoosh_into_tool_result && self.strategy.client_version != crate::agent::dialect::VERSION,
@@ -1259,7 +1280,7 @@ impl Session {
             // 2.1.332 has tool search on even behind a custom base URL.
             strip_tool_references: !pool.tool_search && self.strategy.client_version != crate::agent::dialect::VERSION,
         };
-        let mut messages = normalize(&records, options);
+        let mut messages = normalize_refs(records, options);
         let first_user_text = first_text(&messages);
 
         let inputs = self.system_inputs(world, &pool, first_user_text);

@@ -82,38 +82,92 @@ fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
     entry.is_meta = is_meta;
     entry.message_id = meta.message_id.clone();
     entry.usage = meta.usage.clone();
+    entry.mark_pristine();
     entry
 }
 
-/// Entries back to records: kept attachments as they were, everything else by role.
-fn entries_to_records(entries: Vec<Entry>, originals: &BTreeMap<u64, Record>) -> (Vec<Record>, Vec<RecordMeta>) {
-    let mut records = Vec::with_capacity(entries.len());
-    let mut metas = Vec::with_capacity(entries.len());
-    for entry in entries {
+/// Whether `entry`, still pristine, is what [`record_to_entry`] makes of `record` under the
+/// entry's own meta: then the record is what [`entry_to_record`] would give back, and the entry
+/// is what the next run would make of it.
+fn made_from(entry: &Entry, record: &Record) -> bool {
+    if !entry.is_pristine() || entry.synthetic {
+        return false;
+    }
+    match (record, &entry.kind) {
+        (Record::User { meta, .. }, EntryKind::Message) => entry.is_meta == *meta,
+        (Record::Assistant { .. }, EntryKind::Message) => !entry.is_meta,
+        (Record::Attachment { attachment, .. }, EntryKind::Attachment { kind }) => entry.is_meta && kind == attachment.kind(),
+        _ => false,
+    }
+}
+
+fn meta_of(entry: &Entry) -> RecordMeta {
+    RecordMeta { uuid: entry.uuid, timestamp_ms: entry.timestamp_ms, message_id: entry.message_id.clone(), usage: entry.usage.clone() }
+}
+
+/// The record an entry becomes: a kept attachment as it was (`original`, the record the
+/// entry's uuid had), everything else by role.
+fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
+    match (&entry.kind, original) {
+        (EntryKind::Attachment { .. }, Some(original @ Record::Attachment { .. })) => original.clone(),
+        // An attachment the compaction rebuilt: it bubbles like any attachment (§5.9), a
+        // restored file as its Read call (a string message) and its result.
+        (EntryKind::Attachment { kind }, _) => {
+            let mut texts: Vec<String> = entry.message().content.to_blocks().into_iter().filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text),
+                _ => None,
+            }).collect();
+            let call = (kind == "file" && texts.len() == 2).then(|| texts.remove(0));
+            Record::Attachment { attachment: Attachment::PostCompact { call, texts }, in_loop: false }
+        }
+        _ => match entry.message().role {
+            Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
+            Role::User | Role::System => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
+        },
+    }
+}
+
+/// Entries back to records (boundaries dropped), copying: `records` are the records the
+/// entries' uuids were made from (`index`: uuid → position).
+fn entries_to_records(entries: &[Entry], records: &[Record], index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>) {
+    entries
+        .iter()
+        .filter(|entry| !entry.is_boundary())
+        .map(|entry| (entry_to_record(entry, index.get(&entry.uuid).map(|&j| &records[j])), meta_of(entry)))
+        .unzip()
+}
+
+/// What the chain left, as the session's records, their metas and the entries the next run
+/// starts from (each equal to [`record_to_entry`] of its record). `records` are the records the
+/// run started from, moved into the result where the chain left their entry as it made it; the
+/// others are copied from their entry, and only their entries are made again.
+fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>) {
+    let sources: Vec<Option<usize>> = entries.iter().map(|entry| index.get(&entry.uuid).copied()).collect();
+    // A record whose uuid several entries carry is copied for each, never moved.
+    let mut uses = vec![0u32; records.len()];
+    for &j in sources.iter().flatten() {
+        uses[j] += 1;
+    }
+    let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
+    let kept = entries.iter().filter(|entry| !entry.is_boundary()).count();
+    let (mut out, mut metas, mut next) = (Vec::with_capacity(kept), Vec::with_capacity(kept), Vec::with_capacity(kept));
+    for (entry, source) in entries.into_iter().zip(sources) {
         if entry.is_boundary() {
             continue;
         }
-        let record = match (&entry.kind, originals.get(&entry.uuid)) {
-            (EntryKind::Attachment { .. }, Some(original @ Record::Attachment { .. })) => original.clone(),
-            // An attachment the compaction rebuilt: it bubbles like any attachment (§5.9), a
-            // restored file as its Read call (a string message) and its result.
-            (EntryKind::Attachment { kind }, None) => {
-                let mut texts: Vec<String> = entry.message().content.to_blocks().into_iter().filter_map(|b| match b {
-                    ContentBlock::Text { text, .. } => Some(text),
-                    _ => None,
-                }).collect();
-                let call = (kind == "file" && texts.len() == 2).then(|| texts.remove(0));
-                Record::Attachment { attachment: Attachment::PostCompact { call, texts }, in_loop: false }
-            }
-            _ => match entry.message().role {
-                Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
-                Role::User | Role::System => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
-            },
-        };
-        records.push(record);
-        metas.push(RecordMeta { uuid: entry.uuid, timestamp_ms: entry.timestamp_ms, message_id: entry.message_id, usage: entry.usage });
+        let meta = meta_of(&entry);
+        let reusable = source.filter(|&j| uses[j] == 1 && records[j].as_ref().is_some_and(|record| made_from(&entry, record)));
+        if let Some(record) = reusable.and_then(|j| records[j].take()) {
+            out.push(record);
+            next.push(entry);
+        } else {
+            let record = entry_to_record(&entry, source.and_then(|j| records[j].as_ref()));
+            next.push(record_to_entry(&record, &meta));
+            out.push(record);
+        }
+        metas.push(meta);
     }
-    (records, metas)
+    (out, metas, next)
 }
 
 /// Moves the single message marker to the last block of message `index` (or drops it).
@@ -152,11 +206,30 @@ impl Session {
         }
     }
 
+    /// The records as chain entries: those the last run left (kept in step with the records,
+    /// their rough counts memoized) and the records appended since, made now.
+    fn entries(&mut self) -> Vec<Entry> {
+        let mut entries = std::mem::take(&mut self.entry_cache);
+        entries.truncate(self.records.len());
+        let start = entries.len();
+        entries.extend(self.records[start..].iter().zip(&self.record_meta[start..]).map(|(r, m)| record_to_entry(r, m)));
+        entries
+    }
+
+    /// Forgets the entries kept for the next run (the records changed other than by appending).
+    pub(crate) fn forget_entries(&mut self) {
+        self.entry_cache.clear();
+    }
+
     /// Notes the usage the API reported for the last reply (the chain's token counting
     /// anchors on it).
     pub fn note_usage(&mut self, usage: Usage, message_id: String, now_ms: u64) {
         self.sync_meta(now_ms);
         if let Some(i) = self.records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) {
+            if let Some(entry) = self.entry_cache.get_mut(i) {
+                entry.usage = Some(usage.clone());
+                entry.message_id = Some(message_id.clone());
+            }
             self.record_meta[i].usage = Some(usage);
             self.record_meta[i].message_id = Some(message_id);
         }
@@ -247,14 +320,8 @@ impl Session {
         let mut inputs = self.compact_inputs(world);
         let (deltas, announced) = self.compaction_deltas(world);
         inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
-        let originals: BTreeMap<u64, Record> = self
-            .record_meta
-            .iter()
-            .zip(&self.records)
-            .filter(|(_, r)| matches!(r, Record::Attachment { .. }))
-            .map(|(m, r)| (m.uuid, r.clone()))
-            .collect();
-        let mut entries: Vec<Entry> = self.records.iter().zip(&self.record_meta).map(|(r, m)| record_to_entry(r, m)).collect();
+        let index: BTreeMap<u64, usize> = self.record_meta.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+        let mut entries = self.entries();
         let config = self.strategy.compact.clone();
         let mut output = crate::agent::compact::ChainOutput::default();
         let mut pending_reply = None;
@@ -316,7 +383,7 @@ impl Session {
             }
             // The fork sees its input as the chain chose it: the conversation as the stages
             // before autocompact left it, less what peeling or a retry removed.
-            let (records, metas) = entries_to_records(output.fork_entries.clone(), &originals);
+            let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &index);
             let saved_records = std::mem::replace(&mut self.records, records);
             let saved_meta = std::mem::replace(&mut self.record_meta, metas);
             let fork = self.compaction_fork(world, custom.clone().flatten().as_deref());
@@ -348,9 +415,10 @@ impl Session {
             context_management: output.context_management,
             thinking_clear_latched: self.chain_state.thinking_clear_latched,
         };
-        let (records, metas) = entries_to_records(entries, &originals);
+        let (records, metas, next) = entries_into_records(entries, std::mem::take(&mut self.records), &index);
         self.records = records;
         self.record_meta = metas;
+        self.entry_cache = next;
         if run.compacted {
             self.after_compaction();
             // A full compaction re-announces every delta; session-memory compaction keeps no
@@ -419,6 +487,7 @@ impl Session {
             if let Record::User { content, .. } = record {
                 let stripped = strip_oversized_media(content);
                 if stripped > 0 {
+                    self.entry_cache.clear();
                     return stripped;
                 }
             }
@@ -501,4 +570,68 @@ fn synthetic_notes(extraction: u64, entries: &[Entry]) -> String {
         }
     }
     notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::compact::CompactTrigger;
+    use proptest::prelude::*;
+
+    fn record(kind: u8, text: String, flag: bool) -> Record {
+        match kind % 4 {
+            0 => Record::User { content: MessageContent::Text(text), meta: flag },
+            1 => Record::Assistant { content: vec![ContentBlock::text(text)] },
+            2 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
+            _ => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)]), meta: flag },
+        }
+    }
+
+    proptest! {
+        /// Moving the records the chain left alone and keeping their entries gives what copying
+        /// every record back and making every entry again gives, whatever the chain did.
+        #[test]
+        fn entries_into_records_equals_copying(
+            records in proptest::collection::vec((any::<u8>(), "[a-c]{0,3}", any::<bool>()), 0..24),
+            edits in proptest::collection::vec(0u8..9, 0..24),
+        ) {
+            let records: Vec<Record> = records.into_iter().map(|(k, t, f)| record(k, t, f)).collect();
+            let metas: Vec<RecordMeta> = (0..records.len() as u64).map(|i| RecordMeta { uuid: 2 * i + 1, timestamp_ms: i, ..RecordMeta::default() }).collect();
+            let index: BTreeMap<u64, usize> = metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+            let mut entries = Vec::new();
+            for (i, (r, m)) in records.iter().zip(&metas).enumerate() {
+                let mut entry = record_to_entry(r, m);
+                match edits.get(i).copied().unwrap_or(0) {
+                    1 => entry.message_mut().content = MessageContent::Text("rewritten".into()),
+                    2 => continue,
+                    3 => entries.push(entry.clone()),
+                    4 => entry.is_meta = !entry.is_meta,
+                    5 => {
+                        let mut rebuilt = Entry::new(Message::user_blocks(vec![ContentBlock::text("Read"), ContentBlock::text("body")]), 1000 + i as u64, 0);
+                        rebuilt.kind = EntryKind::Attachment { kind: "file".into() };
+                        rebuilt.is_meta = true;
+                        entries.push(rebuilt);
+                    }
+                    6 => {
+                        let mut boundary = Entry::new(Message::user_text("boundary"), 2000 + i as u64, 0);
+                        boundary.kind = EntryKind::CompactBoundary { trigger: CompactTrigger::Auto, pre_tokens: 0, logical_parent: None, preserved: None };
+                        entries.push(boundary);
+                    }
+                    7 => {
+                        entry.usage = Some(Usage { input_tokens: 7, ..Usage::default() });
+                        entry.message_id = Some(format!("msg_{i}"));
+                    }
+                    8 => entry.kind = EntryKind::Attachment { kind: "other".into() },
+                    _ => {}
+                }
+                entries.push(entry);
+            }
+            let (want_records, want_metas) = entries_to_records(&entries, &records, &index);
+            let want_next: Vec<Entry> = want_records.iter().zip(&want_metas).map(|(r, m)| record_to_entry(r, m)).collect();
+            let (got_records, got_metas, got_next) = entries_into_records(entries, records, &index);
+            prop_assert_eq!(got_records, want_records);
+            prop_assert_eq!(got_metas, want_metas);
+            prop_assert_eq!(got_next, want_next);
+        }
+    }
 }

@@ -412,7 +412,9 @@ pub fn agent_replay(
         let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
-    let output = crate::runner::run_scenario(&workload.scenario, measurer, &strategy).map_err(|e| e.to_string())?;
+    // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
+    let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), Default::default())
+        .map_err(|e| e.to_string())?;
     let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
     let main_rows: Vec<&crate::measure::RequestMetrics> = output.rows.iter().filter(|r| r.lane == LANE_MAIN && r.error.is_none()).collect();
     let unpaired = main_rows.len().abs_diff(workload.main_calls.len());

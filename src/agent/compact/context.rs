@@ -51,6 +51,25 @@ pub struct Entry {
     /// True for synthetic assistant records (API errors, interrupts): they never anchor counts.
     pub synthetic: bool,
     rough: RoughMemo,
+    pristine: Pristine,
+}
+
+/// Whether the message is still the one the entry was made with: set by the caller that made
+/// it ([`Entry::mark_pristine`]), cleared by [`Entry::message_mut`]. Like [`RoughMemo`], not
+/// part of the entry's value.
+#[derive(Clone, Copy, Default)]
+struct Pristine(bool);
+
+impl PartialEq for Pristine {
+    fn eq(&self, _: &Pristine) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Pristine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("_")
+    }
 }
 
 /// The memoized rough count of an entry's message. It is not part of the entry's value: two
@@ -82,6 +101,7 @@ impl Entry {
             usage: None,
             synthetic: false,
             rough: RoughMemo::default(),
+            pristine: Pristine::default(),
         }
     }
 
@@ -92,7 +112,19 @@ impl Entry {
     /// The message for rewriting; forgets the memoized rough count.
     pub fn message_mut(&mut self) -> &mut Message {
         self.rough.0.set(None);
+        self.pristine.0 = false;
         &mut self.message
+    }
+
+    /// Notes that the message is the one its maker built (the session glue: an entry made
+    /// from a transcript record); [`Entry::message_mut`] forgets it.
+    pub fn mark_pristine(&mut self) {
+        self.pristine.0 = true;
+    }
+
+    /// The message has not been reached mutably since [`Entry::mark_pristine`].
+    pub fn is_pristine(&self) -> bool {
+        self.pristine.0
     }
 
     pub fn into_message(self) -> Message {
