@@ -260,14 +260,18 @@ fn workload_with(
                 let usage = &reply.usage;
                 if recorded_usage && usage.prompt_tokens() > 0 {
                     // What the API returned to the recorded client: the agent counts its context
-                    // from it, as the client did (`tokenCountWithEstimation`).
+                    // from it, as the client did (`tokenCountWithEstimation`). Older clients wrote
+                    // a placeholder `output_tokens` on a reply's lines; the client counted the
+                    // final one, at least the reply's own size (as `triggers::main_points` does).
+                    // Fidelity prices the recorded output, not this one.
+                    let output = usage.output_tokens.max(reply.content.iter().map(crate::agent::compact::counting::rough_block).sum());
                     step.insert(
                         "usage".into(),
                         json!({
                             "input_tokens": usage.input_tokens,
                             "cache_creation_input_tokens": usage.cache_creation_input_tokens,
                             "cache_read_input_tokens": usage.cache_read_input_tokens,
-                            "output_tokens": usage.output_tokens,
+                            "output_tokens": output,
                         }),
                     );
                     report.recorded_usage += 1;
