@@ -106,7 +106,9 @@ fn import_to_scenario_then_run_and_fidelity_through_the_agent() {
     assert_eq!(report["requests_compared"], 94);
     assert_eq!(report["agent"]["workload"]["main_replies"], 94);
     assert_eq!(report["agent"]["unpaired"], 0);
-    assert!(report["context_tokens_mape"].as_f64().unwrap() < 0.5, "{}", report["context_tokens_mape"]);
+    // Unstored thinking filled to the replay's fitted estimate (12.1% at four characters per
+    // output token).
+    assert!(report["context_tokens_mape"].as_f64().unwrap() < 0.08, "{}", report["context_tokens_mape"]);
 }
 
 /// `compact: true` is `/compact`: the agent compacts at that point (trigger `manual`) through the
