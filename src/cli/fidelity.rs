@@ -3,7 +3,7 @@ use anyhow::Context;
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::crossval::{Leave, cross_validate, cross_validation_table, group_figures};
 use crate::replay::{
-    ReplayOptions, SessionFit, compaction_triggers, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, load_session,
+    ReplayOptions, SessionFit, agent_triggers, agent_triggers_table, compaction_triggers, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, load_session,
     replay_session, session_fit, triggers_table, write_fidelity_plots, modelled_table,
 };
 use crate::replay::workload::agent_replay;
@@ -101,7 +101,11 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
         if !args.interval {
             report.interval = None;
         }
-        report.compaction_triggers = Some(compaction_triggers(session, &replay, &table, &Default::default()));
+        // Through the agent, the compactions are the agent's own, not the threshold rule's.
+        report.compaction_triggers = Some(match &driven {
+            Some(driven) => agent_triggers(session, &replay, &driven.compactions, driven.report.recorded_usage > 0, &table, &Default::default()),
+            None => compaction_triggers(session, &replay, &table, &Default::default()),
+        });
         if let Some(driven) = driven {
             report.agent = Some(crate::replay::fidelity::AgentDriven {
                 workload: driven.report,
@@ -135,7 +139,11 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             out!("{}", fidelity_table(&reports));
             let triggers: Vec<(String, crate::replay::TriggerReport)> =
                 reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
-            out!("\n{}", triggers_table(&triggers));
+            let engine_table = match args.engine {
+                super::args::Engine::Agent => agent_triggers_table,
+                super::args::Engine::Replay => triggers_table,
+            };
+            out!("\n{}", engine_table(&triggers));
             out!("\n{}", modelled_table(&reports));
             if args.calls {
                 for report in &reports {

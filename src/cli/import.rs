@@ -32,7 +32,7 @@ fn to_scenario(args: &ImportArgs, diag: &mut super::diag::Diagnostics) -> anyhow
         crate::measure::TokenCounter::with_calibration(crate::measure::EstimatorKind::Calibrated, crate::measure::Calibration::shipped()),
     );
     let strategy = crate::strategy::Strategy::resolve_with("claude-code", &[])?;
-    let (workload, sizing) = crate::replay::workload::sized_workload(&session, &file, &measurer, &strategy).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+    let (workload, sizing) = crate::replay::workload::sized_workload(&session, &file, &measurer, &strategy, false).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
     let yaml = serde_norway::to_string(&workload.document)?;
     crate::report::output::write_atomic(&args.output, yaml.as_bytes()).with_context(|| format!("failed to write {}", args.output.display()))?;
     if !args.quiet {

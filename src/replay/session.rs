@@ -273,6 +273,46 @@ fn is_zero(n: &u64) -> bool {
 use crate::recording::claude_code::ATTACHMENTS_NOT_SENT;
 
 impl CallReplay {
+    /// `call` with nothing measured: no metrics, no simulated usage, no sizes; `events` seen
+    /// before it.
+    pub fn unmeasured(call: &RecordedCall, events: Vec<String>) -> Self {
+        CallReplay {
+            index: call.index,
+            lane: call.lane.clone(),
+            time_ms: call.time_ms,
+            model: call.model.clone(),
+            version: call.version.clone(),
+            recorded: call.usage.clone(),
+            skipped: None,
+            metrics: None,
+            sim_cache_read: 0.0,
+            sim_cache_creation: 0.0,
+            sim_input: 0.0,
+            events,
+            rerender_probability: 0.0,
+            message_tokens: 0,
+            message_blocks: 0,
+            prefix_tokens: 0,
+            user_context_tokens: 0,
+            thinking_filled: !call.thinking_text_stored,
+            attachment_chars: 0,
+            from_record: false,
+            reconstructed_because: None,
+        }
+    }
+
+    /// `call` answered by the measured request `metrics`: its simulated usage is the measured
+    /// one. The sizes the replay knows (messages, prefix, user context) are the caller's to set.
+    pub fn measured(call: &RecordedCall, metrics: RequestMetrics, events: Vec<String>) -> Self {
+        CallReplay {
+            sim_cache_read: metrics.cache_read_input_tokens as f64,
+            sim_cache_creation: metrics.cache_creation_input_tokens as f64,
+            sim_input: metrics.input_tokens as f64,
+            metrics: Some(metrics),
+            ..Self::unmeasured(call, events)
+        }
+    }
+
     pub fn recorded_context(&self) -> u64 {
         self.recorded.prompt_tokens()
     }
@@ -783,11 +823,113 @@ struct Parts {
 /// The thinking of a reply whose text was not stored: its estimated tokens, and the estimator
 /// parameters of its model, under which the filler counts that many.
 #[derive(Debug, Clone, Copy)]
-struct ThinkingFill {
+pub(crate) struct ThinkingFill {
     tokens: u64,
     kind: EstimatorKind,
     scale: f64,
     per_block: f64,
+}
+
+impl ThinkingFill {
+    /// The filler standing for the thinking: counts [`ThinkingFill::tokens`] under its estimator.
+    pub(crate) fn text(&self) -> String {
+        filler("thinking", self.tokens, self.kind, self.scale, self.per_block)
+    }
+}
+
+/// Estimated thinking of the replies of `session` whose text was not stored, keyed by the
+/// thinking block's signature: the fitted share (per version, [`crate::measure::Calibration`]'s
+/// `thinking_fill`) of the output beyond the visible part, counted in the model's tokens, to be
+/// rendered to count that many tokens under the model's estimator parameters. The replay and the
+/// agent-driven workload ([`super::workload`]) fill thinking from this one estimate.
+pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, main_version: &str, notes: &mut BTreeSet<String>) -> BTreeMap<String, ThinkingFill> {
+    let calibration = measurer.counter().calibration();
+    let kind = measurer.counter().kind();
+    let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();
+    for event in &session.recording.events {
+        if let EventKind::ModelReply(reply) = &event.kind
+            && !reply.thinking_text_stored
+        {
+            let key = measurer.table().lookup(&reply.model).map(|m| m.estimator_key()).unwrap_or_default();
+            let counter = measurer.counter();
+            let visible: u64 = reply
+                .content
+                .iter()
+                .filter(|b| !b.is_thinking())
+                .flat_map(crate::measure::blocks::content_token_units)
+                .map(|u| match u {
+                    crate::measure::tokens::TokenUnit::Text(t) => u64::from(counter.count_text(&t, &key)),
+                    crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
+                })
+                .sum();
+            let version = reply.version.as_deref().unwrap_or(main_version);
+            let ratio = fitted_with_note(&calibration.thinking_fill, version, "thinking fill", notes).copied().unwrap_or(1.0);
+            let tokens = (ratio * reply.usage.output_tokens.saturating_sub(visible) as f64).round() as u64;
+            let params = calibration.for_family(&key);
+            for block in &reply.content {
+                if let ContentBlock::Thinking { thinking, signature, .. } = block
+                    && thinking.is_empty()
+                {
+                    thinking_estimate.insert(signature.clone(), ThinkingFill { tokens, kind, scale: params.scale, per_block: params.per_block });
+                }
+            }
+        }
+    }
+    thinking_estimate
+}
+
+/// The prefix level (tools + system) of a lane group's first compared call, whose
+/// `unrecorded_tokens` are its billed prompt beyond its recorded messages. `main`: the call is
+/// the main thread's; `truncated`: its file continues a session.
+fn first_call_prefix(
+    call: &RecordedCall,
+    unrecorded_tokens: u64,
+    main: bool,
+    truncated: bool,
+    user_context_prior: u64,
+    fitted_prefixes: &BTreeMap<String, u64>,
+    notes: &mut BTreeSet<String>,
+) -> u64 {
+    let warm = call.usage.cache_read_input_tokens;
+    if warm > 0 {
+        // A warm start: an earlier session of the same client cached exactly this prefix.
+        warm.min(unrecorded_tokens)
+    } else if main && !truncated {
+        // The whole session is in the transcript: the first call is tools + system +
+        // user context + the first prompt, and the user context is the fitted prior.
+        unrecorded_tokens.saturating_sub(user_context_prior)
+    } else {
+        // A cold start that cannot show its prefix: the fitted level of this version
+        // (or the nearest) for the main thread, else the measured 2.1.88 size.
+        let version = call.version.as_deref().unwrap_or("");
+        let fitted = if main { fitted_with_note(fitted_prefixes, version, "prefix level", notes).copied() } else { None };
+        fitted.unwrap_or(ClientProfile::for_version(version).cold_prefix_tokens).min(unrecorded_tokens)
+    }
+}
+
+/// The unrecorded part of the main thread's first compared call, as the replay sizes it when it
+/// reaches that call ([`SessionReplay::unrecorded_main`] before any later call revealed another
+/// prefix level), without replaying the session: the call's billed prompt less its recorded
+/// messages (unstored thinking filled to the replay's estimate), split by [`first_call_prefix`].
+pub fn first_call_sizes(session: &ImportedSession, measurer: &mut Measurer) -> Option<UnrecordedSizes> {
+    let call = session.calls.iter().find(|c| group_of(&c.lane) == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0)?;
+    let calibration = measurer.counter().calibration().clone();
+    let mut notes = BTreeSet::new();
+    let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let user_context_prior =
+        fitted_with_note(&calibration.user_context_by_version, &main_version, "user context", &mut notes).copied().or(calibration.user_context_tokens).unwrap_or(0);
+    let thinking = unstored_thinking(session, measurer, &main_version, &mut notes);
+    let mut messages = session.messages_for_call(call);
+    for message in &mut messages {
+        client_view(message, &BTreeSet::new(), &thinking);
+    }
+    let mut bare = Request::new(call.model.clone(), 32_000);
+    bare.messages = messages;
+    let flat = measurer.flatten(&bare).ok()?;
+    let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(flat.total_tokens);
+    let truncated = session.recording.header.head_truncated;
+    let prefix = first_call_prefix(call, unrecorded_tokens, true, truncated, user_context_prior, &calibration.prefix_tokens, &mut notes);
+    Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: call.usage.cache_read_input_tokens > 0 })
 }
 
 /// What the client changes in a recorded message before sending it: the results a recorded
@@ -801,7 +943,7 @@ fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estim
             }
             ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
                 if let Some(fill) = thinking_estimate.get(signature.as_str()) {
-                    *thinking = filler("thinking", fill.tokens, fill.kind, fill.scale, fill.per_block);
+                    *thinking = fill.text();
                 }
             }
             _ => {}
@@ -1144,39 +1286,7 @@ fn replay_session_observing(
         .unwrap_or(0);
     let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
-    // Estimated thinking of replies whose text was not stored, keyed by signature: the fitted
-    // share of the output beyond the visible part (counted in the model's tokens), rendered to
-    // count that many tokens under the model's estimator parameters.
-    let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();
-    for event in events {
-        if let EventKind::ModelReply(reply) = &event.kind
-            && !reply.thinking_text_stored
-        {
-            let key = measurer.table().lookup(&reply.model).map(|m| m.estimator_key()).unwrap_or_default();
-            let counter = measurer.counter();
-            let visible: u64 = reply
-                .content
-                .iter()
-                .filter(|b| !b.is_thinking())
-                .flat_map(crate::measure::blocks::content_token_units)
-                .map(|u| match u {
-                    crate::measure::tokens::TokenUnit::Text(t) => u64::from(counter.count_text(&t, &key)),
-                    crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
-                })
-                .sum();
-            let version = reply.version.as_deref().unwrap_or(&main_version);
-            let ratio = fitted_with_note(&calibration.thinking_fill, version, "thinking fill", &mut profile_notes).copied().unwrap_or(1.0);
-            let tokens = (ratio * reply.usage.output_tokens.saturating_sub(visible) as f64).round() as u64;
-            let params = calibration.for_family(&key);
-            for block in &reply.content {
-                if let ContentBlock::Thinking { thinking, signature, .. } = block
-                    && thinking.is_empty()
-                {
-                    thinking_estimate.insert(signature.clone(), ThinkingFill { tokens, kind, scale: params.scale, per_block: params.per_block });
-                }
-            }
-        }
-    }
+    let thinking_estimate = unstored_thinking(session, measurer, &main_version, &mut profile_notes);
 
     // Tool search off: the deferred tools the session's ToolSearch calls load are sent from the
     // start.
@@ -1653,19 +1763,7 @@ fn replay_session_observing(
             };
             let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
             let warm = call.usage.cache_read_input_tokens;
-            let prefix = if warm > 0 {
-                // A warm start: an earlier session of the same client cached exactly this prefix.
-                warm.min(unrecorded_tokens)
-            } else if group == LANE_MAIN && !truncated {
-                // The whole session is in the transcript: the first call is tools + system +
-                // user context + the first prompt, and the user context is the fitted prior.
-                unrecorded_tokens.saturating_sub(user_context_prior)
-            } else {
-                // A cold start that cannot show its prefix: the fitted level of this version
-                // (or the nearest) for the main thread, else the measured 2.1.88 size.
-                let fitted = if group == LANE_MAIN { fitted_with_note(&fitted_prefixes, call.version.as_deref().unwrap_or(""), "prefix level", &mut profile_notes).copied() } else { None };
-                fitted.unwrap_or(profile.cold_prefix_tokens).min(unrecorded_tokens)
-            };
+            let prefix = first_call_prefix(call, unrecorded_tokens, group == LANE_MAIN, truncated, user_context_prior, &fitted_prefixes, &mut profile_notes);
             let sizes = GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix };
             groups.insert(group.clone(), sizes);
             if group == LANE_MAIN {
@@ -1863,30 +1961,17 @@ fn replay_session_observing(
         // Either read counts: the record's (a prefix another process kept warm) or the replay's
         // own (a what-if that keeps what the recording lost).
         state.turns.previous_read = Some(call.usage.cache_read_input_tokens.max(metrics.cache_read_input_tokens));
-        let read = metrics.cache_read_input_tokens as f64;
         out.push(CallReplay {
-            index: call.index,
-            lane: call.lane.clone(),
-            time_ms: call.time_ms,
-            model: call.model.clone(),
-            version: call.version.clone(),
-            recorded: call.usage.clone(),
-            skipped: None,
-            sim_cache_read: read,
-            sim_cache_creation: metrics.cache_creation_input_tokens as f64,
-            sim_input: metrics.input_tokens as f64,
-            metrics: Some(metrics),
-            events: call_events,
             rerender_probability: if rerenders_previous { 1.0 } else { 0.0 },
             message_tokens,
             message_blocks,
             // A recorded request has no unrecorded part: its prefix is its tools and system.
             prefix_tokens: if from_record { synthetic_tokens } else { sizes.prefix_tokens },
             user_context_tokens: if from_record { 0 } else { sizes.context_tokens },
-            thinking_filled: !call.thinking_text_stored,
             attachment_chars,
             from_record,
             reconstructed_because,
+            ..CallReplay::measured(call, metrics, call_events)
         });
     }
     if first_divergence.is_some() && diverged_calls == 0 {
@@ -1924,29 +2009,7 @@ impl SessionReplay {
 }
 
 fn skipped_call(call: &RecordedCall, events: Vec<String>, reason: String) -> CallReplay {
-    CallReplay {
-        index: call.index,
-        lane: call.lane.clone(),
-        time_ms: call.time_ms,
-        model: call.model.clone(),
-        version: call.version.clone(),
-        recorded: call.usage.clone(),
-        skipped: Some(reason),
-        metrics: None,
-        sim_cache_read: 0.0,
-        sim_cache_creation: 0.0,
-        sim_input: 0.0,
-        events,
-        rerender_probability: 0.0,
-        message_tokens: 0,
-        message_blocks: 0,
-        prefix_tokens: 0,
-        user_context_tokens: 0,
-        thinking_filled: !call.thinking_text_stored,
-        attachment_chars: 0,
-        from_record: false,
-        reconstructed_because: None,
-    }
+    CallReplay { skipped: Some(reason), ..CallReplay::unmeasured(call, events) }
 }
 
 /// Convenience for callers holding a [`RecordedCall`] list only.

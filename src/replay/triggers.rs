@@ -227,20 +227,6 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
 
     let diverged_from = replay.first_divergence.as_ref().map(|(at, _)| *at);
     let (opening, main) = main_points(session, replay, diverged_from);
-    let opening: Vec<(String, Option<u64>)> = opening.into_iter().map(|b| (b.trigger, b.pre_tokens)).collect();
-
-    let mut rows: Vec<TriggerRow> = opening
-        .into_iter()
-        .map(|(trigger, pre)| TriggerRow {
-            recorded_call: Some(0),
-            recorded_pre_tokens: pre,
-            trigger,
-            simulated_call: None,
-            simulated_pre_tokens: None,
-            threshold: thresholds.autocompact,
-            verdict: "no_history".into(),
-        })
-        .collect();
 
     // The count before each main call, and where the rule fires. After a compaction (recorded
     // or predicted) the rule is re-armed only once the count falls below the threshold.
@@ -264,6 +250,58 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
             armed = true;
         }
     }
+    let rows = line_up(opening, &main, &predicted, thresholds.autocompact);
+    TriggerReport { version, model, window, output_reserve, threshold: thresholds.autocompact, rows }
+}
+
+/// The automatic compactions the agent itself made while driven by a recorded session
+/// ([`super::workload::agent_replay`]), lined up with the recorded ones like
+/// [`compaction_triggers`]'s predictions: each agent compaction is placed at the main call whose
+/// request came after it. Its preTokens is the count before that call the client's way (the
+/// previous reply's usage plus the rough estimate of what was added since, [`main_points`]):
+/// the usage is the recorded one when the workload scripted it (`recorded_usage`, as the agent
+/// counted), else the agent's simulated one. `/compact` (`manual_compact`) is the user's, not a
+/// prediction.
+pub fn agent_triggers(
+    session: &ImportedSession,
+    replay: &SessionReplay,
+    compactions: &[super::workload::AgentCompaction],
+    recorded_usage: bool,
+    table: &ModelTable,
+    config: &AutocompactConfig,
+) -> TriggerReport {
+    let (version, model, window, output_reserve, thresholds) = client_thresholds(session, replay, table, config);
+    let (opening, main) = main_points(session, replay, if recorded_usage { None } else { Some(0) });
+    let position: std::collections::BTreeMap<usize, usize> =
+        main.iter().enumerate().map(|(pos, point)| (replay.calls[point.call].index, pos)).collect();
+    let predicted: Vec<(usize, u64)> = compactions
+        .iter()
+        .filter(|c| c.stage != "manual_compact")
+        .filter_map(|c| {
+            let pos = *position.get(&c.before_call)?;
+            Some((pos, main[pos].count))
+        })
+        .collect();
+    let rows = line_up(opening, &main, &predicted, thresholds.autocompact);
+    TriggerReport { version, model, window, output_reserve, threshold: thresholds.autocompact, rows }
+}
+
+/// Rows of a trigger report: the compactions before the first call (no history), each recorded
+/// boundary with the nearest unused prediction (`predicted`: main-call position and count), and
+/// the predictions no boundary took.
+fn line_up(opening: Vec<RecordedBoundary>, main: &[MainPoint], predicted: &[(usize, u64)], threshold: u64) -> Vec<TriggerRow> {
+    let mut rows: Vec<TriggerRow> = opening
+        .into_iter()
+        .map(|b| TriggerRow {
+            recorded_call: Some(0),
+            recorded_pre_tokens: b.pre_tokens,
+            trigger: b.trigger,
+            simulated_call: None,
+            simulated_pre_tokens: None,
+            threshold,
+            verdict: "no_history".into(),
+        })
+        .collect();
 
     let mut used = vec![false; predicted.len()];
     for (pos, point) in main.iter().enumerate() {
@@ -274,7 +312,7 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
             trigger: trigger.clone(),
             simulated_call: None,
             simulated_pre_tokens: None,
-            threshold: thresholds.autocompact,
+            threshold,
             verdict: String::new(),
         };
         if trigger != "auto" {
@@ -314,13 +352,13 @@ pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, ta
                 trigger: "auto".into(),
                 simulated_call: Some(p),
                 simulated_pre_tokens: Some(count),
-                threshold: thresholds.autocompact,
+                threshold,
                 verdict: "extra".into(),
             });
         }
     }
     rows.sort_by_key(|r| (r.recorded_call.or(r.simulated_call), r.simulated_call));
-    TriggerReport { version, model, window, output_reserve, threshold: thresholds.autocompact, rows }
+    rows
 }
 
 /// Rough tokens of a recorded result's content, as the client estimates them.
@@ -361,7 +399,17 @@ fn mean_result_tokens(session: &ImportedSession) -> std::collections::BTreeMap<S
 
 /// The compaction-trigger table of several sessions, for reading.
 pub fn triggers_table(reports: &[(String, TriggerReport)]) -> String {
-    let mut out = String::from("compaction triggers (main-lane call positions; recorded vs the agent's threshold rule)\n");
+    titled_table(reports, "the agent's threshold rule")
+}
+
+/// [`triggers_table`] of reports from [`agent_triggers`]: the simulated side is where the agent,
+/// driven by the session, compacted.
+pub fn agent_triggers_table(reports: &[(String, TriggerReport)]) -> String {
+    titled_table(reports, "the agent's own compactions, driven by the session")
+}
+
+fn titled_table(reports: &[(String, TriggerReport)], simulated: &str) -> String {
+    let mut out = format!("compaction triggers (main-lane call positions; recorded vs {simulated})\n");
     out.push_str(&format!(
         "{:<30} {:>8} {:>8} {:>9} {:>7} {:>5} {:>8} {:>5} {:>8} {:>7}  {}\n",
         "session", "version", "window", "threshold", "trigger", "rec#", "rec pre", "sim#", "sim pre", "pre err", "verdict"

@@ -51,6 +51,10 @@ pub struct WorkloadReport {
     pub manual_compactions: usize,
     /// Thinking blocks recorded without their text, filled to the size the reply leaves.
     pub thinking_filled: usize,
+    /// Replies scripted with their recorded usage (the agent counts its context from it, as the
+    /// recorded client did); 0 when the simulated usage is the agent's (`import --to scenario`).
+    #[serde(default)]
+    pub recorded_usage: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
 }
@@ -125,8 +129,24 @@ fn stop_reason_name(reason: StopReason) -> Value {
 
 /// Builds the workload of `session` (read from `file`, named in messages and in the scenario).
 /// `window` is the context window the client ran with (see
-/// [`super::triggers::session_window`]); `None` keeps the model's.
+/// [`super::triggers::session_window`]); `None` keeps the model's. Thinking whose text was not
+/// stored is filled at four characters per output token left by the visible part;
+/// [`sized_workload`] fills it to the replay's fitted estimate instead.
 pub fn workload_from_session(session: &ImportedSession, file: &str, window: Option<u64>) -> Result<Workload, WorkloadError> {
+    workload_with(session, file, window, &BTreeMap::new(), false)
+}
+
+/// [`workload_from_session`] with the texts standing for unstored thinking given per thinking
+/// signature (`thinking_texts`, from the replay's estimate: [`super::session::unstored_thinking`];
+/// a block whose signature is not there is filled at four characters per output token), and with
+/// each reply's recorded usage scripted when `recorded_usage` ([`sized_workload`]).
+fn workload_with(
+    session: &ImportedSession,
+    file: &str,
+    window: Option<u64>,
+    thinking_texts: &BTreeMap<String, String>,
+    recorded_usage: bool,
+) -> Result<Workload, WorkloadError> {
     let recording = &session.recording;
     let mut report = WorkloadReport::default();
     let mut script: Vec<Value> = Vec::new();
@@ -211,10 +231,11 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
                 for block in &reply.content {
                     match block {
                         ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
-                        ContentBlock::Thinking { thinking, .. } => {
+                        ContentBlock::Thinking { thinking, signature, .. } => {
                             if thinking.is_empty() {
                                 report.thinking_filled += 1;
-                                blocks.push(json!({ "thinking": thinking_filler(thinking_chars.max(1)) }));
+                                let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
+                                blocks.push(json!({ "thinking": text }));
                             } else {
                                 blocks.push(json!({ "thinking": thinking }));
                             }
@@ -236,7 +257,27 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
                 if let Some(reason) = reply.stop_reason {
                     step.insert("stop_reason".into(), stop_reason_name(reason));
                 }
-                step.insert("output_tokens".into(), json!(reply.usage.output_tokens));
+                let usage = &reply.usage;
+                if recorded_usage && usage.prompt_tokens() > 0 {
+                    // What the API returned to the recorded client: the agent counts its context
+                    // from it, as the client did (`tokenCountWithEstimation`). Older clients wrote
+                    // a placeholder `output_tokens` on a reply's lines; the client counted the
+                    // final one, at least the reply's own size (as `triggers::main_points` does).
+                    // Fidelity prices the recorded output, not this one.
+                    let output = usage.output_tokens.max(reply.content.iter().map(crate::agent::compact::counting::rough_block).sum());
+                    step.insert(
+                        "usage".into(),
+                        json!({
+                            "input_tokens": usage.input_tokens,
+                            "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+                            "cache_read_input_tokens": usage.cache_read_input_tokens,
+                            "output_tokens": output,
+                        }),
+                    );
+                    report.recorded_usage += 1;
+                } else {
+                    step.insert("output_tokens".into(), json!(usage.output_tokens));
+                }
                 script.push(Value::Object(step));
                 main_calls.push(call_index.get(&event_index).copied().unwrap_or(event_index));
                 report.main_replies += 1;
@@ -365,7 +406,7 @@ pub struct AgentReplay {
 /// What the recorded client's first request held that the agent does not model, and where the
 /// workload put it. The recording does not hold the client's system prompt, tools, CLAUDE.md or
 /// the history before a file that continues a session; the replay infers their size from the
-/// first call's billed prompt ([`super::session::UnrecordedSizes`]). The agent builds its own and
+/// first call's billed prompt ([`super::session::first_call_sizes`]). The agent builds its own and
 /// the difference is added as sized filler: to the system prompt (`--append-system-prompt`), to
 /// CLAUDE.md, and, for a file that continues a session, as the opening history.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -383,17 +424,26 @@ pub struct Sizing {
     pub history_filler_tokens: u64,
 }
 
-/// The workload of `session` with the window the client ran with and the filler of [`Sizing`].
+/// The workload of `session` with the window the client ran with, the filler of [`Sizing`], and
+/// unstored thinking filled to the replay's estimate. `recorded_usage`: each reply carries the
+/// usage the API returned to the recorded client, so that the agent counts its context (and
+/// decides its automatic compactions) from what the client counted; right only while the agent
+/// sends what the client sent (as recorded), so a scenario for other strategies leaves it out.
 pub fn sized_workload(
     session: &ImportedSession,
     file: &str,
     measurer: &crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
+    recorded_usage: bool,
 ) -> Result<(Workload, Sizing), String> {
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
     let info = measurer.table().lookup(&model).ok().cloned();
     let window = super::triggers::recorded_window(session, &model, info.as_ref());
-    let mut workload = workload_from_session(session, file, Some(window)).map_err(|e| e.to_string())?;
+    // Unstored thinking as the replay estimates it: the fitted share of the output, per version.
+    let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let thinking: BTreeMap<String, String> =
+        super::session::unstored_thinking(session, measurer, &main_version, &mut Default::default()).into_iter().map(|(k, fill)| (k, fill.text())).collect();
+    let mut workload = workload_with(session, file, Some(window), &thinking, recorded_usage).map_err(|e| e.to_string())?;
     let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy)?;
     Ok((workload, sizing))
 }
@@ -405,7 +455,7 @@ pub fn agent_replay(
     measurer: &mut crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<AgentReplay, String> {
-    let (workload, sizing) = sized_workload(session, file, measurer, strategy)?;
+    let (workload, sizing) = sized_workload(session, file, measurer, strategy, true)?;
     // The recorded version's autocompact reserve, unless the strategy sets one.
     let mut strategy = strategy.clone();
     if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
@@ -431,30 +481,9 @@ pub fn agent_replay(
                 tokens_after: stage.tokens_after,
             });
         }
-        let metrics = (*row).clone();
-        calls.push(super::CallReplay {
-            index: call.index,
-            lane: call.lane.clone(),
-            time_ms: call.time_ms,
-            model: call.model.clone(),
-            version: call.version.clone(),
-            recorded: call.usage.clone(),
-            skipped: None,
-            sim_cache_read: metrics.cache_read_input_tokens as f64,
-            sim_cache_creation: metrics.cache_creation_input_tokens as f64,
-            sim_input: metrics.input_tokens as f64,
-            events: metrics.events.clone(),
-            rerender_probability: 0.0,
-            message_tokens: metrics.context_tokens,
-            message_blocks: 0,
-            prefix_tokens: 0,
-            user_context_tokens: 0,
-            thinking_filled: !call.thinking_text_stored,
-            attachment_chars: 0,
-            from_record: false,
-            reconstructed_because: None,
-            metrics: Some(metrics),
-        });
+        let message_tokens = row.context_tokens;
+        let events = row.events.clone();
+        calls.push(super::CallReplay { message_tokens, ..super::CallReplay::measured(call, (*row).clone(), events) });
     }
     let replay = super::SessionReplay {
         input: file.to_owned(),
@@ -475,8 +504,9 @@ pub fn agent_replay(
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
 }
 
-/// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: a probe run of the
-/// workload's first request gives the agent's own sizes.
+/// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
+/// are the replay's of the first main call ([`super::session::first_call_sizes`], no replay
+/// run), and a probe run of the workload's first request gives the agent's own sizes.
 pub fn size_unmodelled(
     session: &ImportedSession,
     file: &str,
@@ -489,9 +519,7 @@ pub fn size_unmodelled(
         let counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
-    let options = super::ReplayOptions { info_loss: false, ..super::ReplayOptions::default() };
-    let replay = super::replay_session(session, &mut fresh(), &options);
-    let Some(unrecorded) = replay.unrecorded_main else { return Ok(Sizing::default()) };
+    let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
     let mut sizing = Sizing {
         recorded_prefix_tokens: unrecorded.prefix_tokens,
         recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(unrecorded.prefix_tokens),
