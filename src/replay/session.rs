@@ -93,6 +93,11 @@ pub struct ReplayOptions {
     /// main call ([`super::stages`]: time-based and cached microcompact, the aggregate tool result
     /// budget, snip, context collapse); `None`: the recording's messages as its client sent them.
     pub stages: Option<crate::agent::compact::CompactConfig>,
+    /// The first main call after a compaction the recording holds sizes the new segment's
+    /// unrecorded part (its recorded total less the prefix level and its messages), in whole
+    /// sessions as in head-truncated ones (docs/fidelity.md, "Compaction anchor").
+    #[serde(skip)]
+    pub compaction_anchor: bool,
 }
 
 impl ReplayOptions {
@@ -204,6 +209,7 @@ impl Default for ReplayOptions {
             layout: None,
             ttl_other: None,
             stages: None,
+            compaction_anchor: true,
         }
     }
 }
@@ -395,6 +401,10 @@ struct LaneState {
     /// head-truncated segment, a microcompact of history older than the transcript): the next
     /// compared call's recorded total sizes the user context of the new segment.
     anchor_pending: bool,
+    /// The pending anchor follows a compaction the recording holds: it sizes the new segment
+    /// of a whole session too (what the client restored or dropped beyond the transcript,
+    /// e.g. the `@`-files a slash command attached, shows only in that call's total).
+    anchor_after_compaction: bool,
     /// The user context (with any older history) of the current segment, as its first call
     /// showed it.
     segment_context: Option<u64>,
@@ -1247,6 +1257,7 @@ fn replay_session_observing(
                     // stands: the user context alone.
                     state.inserted_compaction = crate::recording::claude_code::is_inserted_compaction(event);
                     state.anchor_pending = !state.inserted_compaction;
+                    state.anchor_after_compaction = state.anchor_pending;
                 }
                 EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
                     call_events.push("microcompact".into());
@@ -1632,7 +1643,8 @@ fn replay_session_observing(
         // on what was cached before the segment; else the level in force) and its messages is
         // the segment's user context. Only the record of this one call is used.
         let mut anchored_call_context = None;
-        if std::mem::take(&mut state.anchor_pending) && truncated && call.lane == LANE_MAIN {
+        let after_compaction = std::mem::take(&mut state.anchor_after_compaction) && options.compaction_anchor;
+        if std::mem::take(&mut state.anchor_pending) && (truncated || after_compaction) && call.lane == LANE_MAIN {
             let mut bare = Request::new(call.model.clone(), 32_000);
             bare.messages = messages.clone();
             if let Ok(mut flat) = measurer.flatten(&bare) {
