@@ -656,7 +656,8 @@ fn is_sent_attachment(kind: &EventKind) -> bool {
 }
 
 /// The text an attachment is sized as: every string in its record (lines of listings, hook
-/// context, file contents) but its type, ids, paths and times, in a reminder naming its type.
+/// context, file contents) but its type, ids, paths and times, and but the names a listing
+/// also renders as lines, in a reminder naming its type.
 /// The client's own wording around them is not in the transcript.
 pub fn attachment_text(attachment: &Attachment) -> String {
     fn strings(value: &Value, key: &str, out: &mut String) {
@@ -681,7 +682,25 @@ pub fn attachment_text(attachment: &Attachment) -> String {
         text.push_str(rendered);
         text.push('\n');
     } else {
-        strings(&attachment.payload, "", &mut text);
+        match attachment.payload.as_object() {
+            // A listing record keeps its entries twice: the lines the client renders (`addedLines`,
+            // `content`) and the names it diffs the next listing against (`addedNames`,
+            // `addedTypes`, `names`). Only the rendered lines are sent.
+            Some(map) => {
+                let rendered = |k: &str| map.get(k).is_some_and(|v| !v.is_null());
+                for (k, v) in map {
+                    let state = match k.as_str() {
+                        "addedNames" | "addedTypes" => rendered("addedLines"),
+                        "names" => rendered("content"),
+                        _ => false,
+                    };
+                    if !state {
+                        strings(v, k, &mut text);
+                    }
+                }
+            }
+            None => strings(&attachment.payload, "", &mut text),
+        }
     }
     text.push_str("</system-reminder>");
     text

@@ -102,6 +102,11 @@ pub struct ReplayOptions {
     /// [`crate::recording::api_requests`]) instead of reconstructing it, wherever it can be
     /// rebuilt exactly and the options leave the recorded requests as they were.
     pub recorded_requests: bool,
+    /// The first main call after a compaction the recording holds sizes the new segment's
+    /// unrecorded part (its recorded total less the prefix level and its messages), in whole
+    /// sessions as in head-truncated ones (docs/fidelity.md, "Compaction anchor").
+    #[serde(skip)]
+    pub compaction_anchor: bool,
 }
 
 impl ReplayOptions {
@@ -215,6 +220,7 @@ impl Default for ReplayOptions {
             ttl_other: None,
             stages: None,
             recorded_requests: true,
+            compaction_anchor: true,
         }
     }
 }
@@ -463,6 +469,10 @@ struct LaneState {
     /// head-truncated segment, a microcompact of history older than the transcript): the next
     /// compared call's recorded total sizes the user context of the new segment.
     anchor_pending: bool,
+    /// The pending anchor follows a compaction the recording holds: it sizes the new segment
+    /// of a whole session too (what the client restored or dropped beyond the transcript,
+    /// e.g. the `@`-files a slash command attached, shows only in that call's total).
+    anchor_after_compaction: bool,
     /// The user context (with any older history) of the current segment, as its first call
     /// showed it.
     segment_context: Option<u64>,
@@ -1389,6 +1399,7 @@ fn replay_session_observing(
                     // stands: the user context alone.
                     state.inserted_compaction = crate::recording::claude_code::is_inserted_compaction(event);
                     state.anchor_pending = !state.inserted_compaction;
+                    state.anchor_after_compaction = state.anchor_pending;
                 }
                 EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
                     call_events.push("microcompact".into());
@@ -1784,7 +1795,8 @@ fn replay_session_observing(
         // on what was cached before the segment; else the level in force) and its messages is
         // the segment's user context. Only the record of this one call is used.
         let mut anchored_call_context = None;
-        if std::mem::take(&mut state.anchor_pending) && truncated && call.lane == LANE_MAIN {
+        let after_compaction = std::mem::take(&mut state.anchor_after_compaction) && options.compaction_anchor;
+        if std::mem::take(&mut state.anchor_pending) && (truncated || after_compaction) && call.lane == LANE_MAIN {
             let mut bare = Request::new(call.model.clone(), 32_000);
             bare.messages = messages.clone();
             if let Ok(mut flat) = measurer.flatten(&bare) {

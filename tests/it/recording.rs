@@ -682,3 +682,23 @@ fn the_importer_keeps_what_shows_what_happened_around_a_turn() {
     // Nothing the importer does not know is dropped silently.
     assert!(session.report.unknown_by_type.is_empty(), "{:?}", session.report.unknown_by_type);
 }
+
+/// A listing attachment is sent as its rendered lines only: the names the client keeps to diff
+/// the next listing against (`addedNames`, `addedTypes`, `names`) are not text it sends.
+#[test]
+fn listing_attachments_send_their_lines_once() {
+    let text = |payload: Value| {
+        let kind = payload["type"].as_str().unwrap_or_default().to_owned();
+        recording::claude_code::attachment_text(&Attachment { attachment_type: kind, payload })
+    };
+    let deferred = text(json!({"type": "deferred_tools_delta", "addedNames": ["CronCreate"], "addedLines": ["CronCreate"], "removedNames": ["mcp__x__gone"]}));
+    assert_eq!(deferred.matches("CronCreate").count(), 1, "{deferred}");
+    assert!(deferred.contains("mcp__x__gone"), "{deferred}");
+    let agents = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"]}));
+    assert_eq!(agents.matches("Explore").count(), 1, "{agents}");
+    let skills = text(json!({"type": "skill_listing", "content": "- init: set up", "names": ["init"], "skillCount": 1}));
+    assert_eq!(skills.matches("init").count(), 1, "{skills}");
+    // Without the rendered lines the names are all the record has: they are sent.
+    let bare = text(json!({"type": "deferred_tools_delta", "addedNames": ["CronCreate"]}));
+    assert!(bare.contains("CronCreate"), "{bare}");
+}
