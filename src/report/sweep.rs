@@ -405,9 +405,12 @@ pub fn parse_csv_text(text: &str, file: &str) -> anyhow::Result<PartialCsv> {
 pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<ParsedCsv> {
     let mut first: Option<(String, PartialCsv)> = None;
     let mut rows: Vec<(usize, String, usize, Vec<String>)> = Vec::new();
+    // Where each file's rows would start (the line after its header), for a grid with no rows.
+    let mut row_starts: Vec<String> = Vec::new();
     for path in paths {
         let name = path.display().to_string();
         let part = parse_csv(path)?;
+        row_starts.push(format!("{name}:{}", part.header_line + 1));
         if let Some((first_name, first)) = &first {
             if first.signature != part.signature {
                 bail!("{name}:1: a different grid ({}) from the first file {first_name} ({})", part.signature, first.signature);
@@ -458,7 +461,7 @@ pub fn merge(paths: &[std::path::PathBuf]) -> anyhow::Result<ParsedCsv> {
             Some((before, file, line, _)) => format!("{file}:{line}: point {expected} is missing after point {before} here"),
             None => match rows.first() {
                 Some((_, file, line, _)) => format!("{file}:{line}: point {expected} is missing before this row"),
-                None => format!("{}: point {expected} is missing (no rows)", names.join(", ")),
+                None => format!("{}: point {expected} is missing (no rows after the header)", row_starts.join(", ")),
             },
         };
         bail!("{place}: the shards {} hold {} of the grid's {points} points", names.join(", "), rows.len());

@@ -53,6 +53,16 @@ fn merged_shards_equal_the_unsharded_run() {
     // A missing shard is an error.
     let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["sweep", "--merge", p0.as_str(), "--out", m.as_str()]).output().unwrap();
     assert!(!out.status.success());
+    // A shard cut after its header holds no rows: the error names the line where they would start.
+    let text = std::fs::read_to_string(&p0).unwrap();
+    let header_only: String = text.lines().take_while(|l| !l.starts_with(|c: char| c.is_ascii_digit())).map(|l| format!("{l}\n")).collect();
+    let cut = dir.path().join("cut.csv");
+    std::fs::write(&cut, &header_only).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["sweep", "--merge", cut.to_str().unwrap(), "--out", m.as_str()]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let line = header_only.lines().count() + 1;
+    assert!(stderr.contains(&format!("{}:{line}: point 0 is missing (no rows after the header)", cut.display())), "{stderr}");
 }
 
 #[test]
