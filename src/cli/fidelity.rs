@@ -31,6 +31,9 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     for path in &files {
         let session = load_session(path).with_context(|| format!("failed to read {}", path.display()))?;
         diag.report(&session.report.warnings);
+        if args.no_recorded_requests && session.api_requests.requests.is_empty() {
+            eprintln!("note: --no-recorded-requests has no effect on {}: the transcript records no requests (no api-request records)", path.display());
+        }
         sessions.push(session);
     }
     // What each session gives a fit: replayed once, shared by `--fit` and every fold.

@@ -212,3 +212,20 @@ fn malformed_recorded_requests_name_file_line_and_field() {
         }
     }
 }
+
+/// The option that turns the records off says so where there are none to turn off.
+#[test]
+fn no_recorded_requests_says_when_a_transcript_records_none() {
+    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/realdata/transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let multi = std::fs::read_dir(fixture("multi-turn"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.ends_with("serve-requests.jsonl"))
+        .unwrap();
+    let run = |file: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--no-recorded-requests"]).arg(file).output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(run(&real).contains("--no-recorded-requests has no effect on"), "{}", run(&real));
+    assert!(!run(&multi).contains("has no effect"));
+}
