@@ -687,12 +687,15 @@ impl Session {
                 // A built-in the pool does not hold (a disallowed tool): the client answers
                 // with an error result and runs nothing.
                 ExecOutcome::text(id, format!("No such tool available: {name}"), true)
-            } else if name == "Agent" && !world.tool_outputs.contains_key(id) && in_pool {
-                if crate::agent::dialect::background_agents(&self.strategy.client_version) && !self.thread.is_subagent() {
+            } else if (name == "Agent" && !world.tool_outputs.contains_key(id) && in_pool) || world.tool_outputs.get(id).is_some_and(|o| o.runs_subagent) {
+                let outcome = if crate::agent::dialect::background_agents(&self.strategy.client_version) && !self.thread.is_subagent() {
                     self.launch_agent(id, &input, world)
                 } else {
                     self.run_agent(id, &input, world, calls)?
-                }
+                };
+                // A recorded subagent (a workload's, `subagent: true`): the agent ran it on its
+                // lane; the call returns what the recorded one returned.
+                if world.tool_outputs.contains_key(id) { execute(id, name, &input, world, &cx) } else { outcome }
             } else {
                 execute(id, name, &input, world, &cx)
             };

@@ -155,7 +155,11 @@ impl Session {
         let prompt = input.get("prompt").and_then(Value::as_str).unwrap_or_default().to_owned();
         let agent_type = input.get("subagent_type").and_then(Value::as_str).filter(|t| !t.trim().is_empty()).unwrap_or(GENERAL_PURPOSE);
         let catalog = self.agent_catalog(world);
-        let Some(agent) = catalog.find(agent_type).cloned() else {
+        // A recorded subagent (a workload's `subagent: true` output) ran in the recorded client,
+        // which may have been interactive: its built-in type is found among every built-in.
+        let recorded = world.tool_outputs.get(id).is_some_and(|o| o.runs_subagent);
+        let built_in = || crate::agent::agents::built_in_agents(true).into_iter().find(|a| a.agent_type == agent_type);
+        let Some(agent) = catalog.find(agent_type).cloned().or_else(|| if recorded { built_in() } else { None }) else {
             let known: Vec<&str> = catalog.agents.iter().map(|a| a.agent_type.as_str()).collect();
             let text = format!("There is no agent type `{agent_type}`. The agent types are: {}.", known.join(", "));
             return Err(Box::new(ExecOutcome::text(id, text, true)));

@@ -115,6 +115,7 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
                 compactions: driven.compactions,
                 unpaired: driven.unpaired,
                 sizing: driven.sizing,
+                lanes: crate::replay::fidelity::lane_figures(&replay, &table),
             });
         }
         report.warnings = session.report.warnings.list.clone();
@@ -147,6 +148,9 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
                 super::args::Engine::Replay => triggers_table,
             };
             out!("\n{}", engine_table(&triggers));
+            if matches!(args.engine, super::args::Engine::Agent) {
+                out!("\n{}", crate::replay::fidelity::agent_lanes_table(&reports));
+            }
             out!("\n{}", modelled_table(&reports));
             if args.calls {
                 for report in &reports {

@@ -131,6 +131,109 @@ pub struct AgentDriven {
     pub unpaired: usize,
     /// The sizes the agent does not model and the filler standing for them.
     pub sizing: super::workload::Sizing,
+    /// The figures per lane group (`main`, `subagent`): each scored on its own calls
+    /// ([`lane_figures`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lanes: BTreeMap<String, LaneFigures>,
+}
+
+/// One lane group's figures: the session's, over that group's compared calls only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaneFigures {
+    pub requests_compared: usize,
+    pub context_tokens_mape: f64,
+    pub context_tokens_ape_p90: f64,
+    pub hit_agreement: f64,
+    pub cache_read_total_error: f64,
+    pub cache_creation_total_error: f64,
+    pub cost_error: f64,
+    pub recorded_cost_usd: f64,
+    pub simulated_cost_usd: f64,
+}
+
+/// The lane group of a call: `subagent` for every `subagent:*` lane, else `main` (the
+/// compaction fork's calls count with the main thread, as the gap and cache figures do).
+pub fn lane_group(lane: &str) -> &'static str {
+    if lane.starts_with("subagent:") { "subagent" } else { "main" }
+}
+
+/// The figures of `replay` per lane group ([`lane_group`]), each scored as a session of that
+/// group's calls alone.
+pub fn lane_figures(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<String, LaneFigures> {
+    let mut groups: BTreeMap<&str, Vec<CallReplay>> = BTreeMap::new();
+    for call in &replay.calls {
+        groups.entry(lane_group(&call.lane)).or_default().push(call.clone());
+    }
+    groups
+        .into_iter()
+        .map(|(group, calls)| {
+            let part = SessionReplay { calls, ..replay.clone() };
+            let r = fidelity_for_session(&part, table, false);
+            let figures = LaneFigures {
+                requests_compared: r.requests_compared,
+                context_tokens_mape: r.context_tokens_mape,
+                context_tokens_ape_p90: r.context_tokens_ape_p90,
+                hit_agreement: r.hit_agreement,
+                cache_read_total_error: r.cache_read_total_error,
+                cache_creation_total_error: r.cache_creation_total_error,
+                cost_error: r.cost_error,
+                recorded_cost_usd: r.recorded_cost_usd,
+                simulated_cost_usd: r.simulated_cost_usd,
+            };
+            (group.to_owned(), figures)
+        })
+        .collect()
+}
+
+/// Through the agent: each session's figures per lane group, and its Agent calls whose recorded
+/// subagent was not driven, with why (none silently left out).
+pub fn agent_lanes_table(reports: &[FidelityReport]) -> String {
+    let mut out = format!(
+        "{:<44} {:<9} {:>6} {:>7} {:>7} {:>7} {:>9} {:>9} {:>8}\n",
+        "session (through the agent)", "lane", "calls", "mape%", "p90%", "hit%", "read%", "create%", "cost%"
+    );
+    for r in reports {
+        let Some(agent) = &r.agent else { continue };
+        let name = std::path::Path::new(&r.input).file_name().map_or(r.input.clone(), |n| n.to_string_lossy().into_owned());
+        for (lane, f) in &agent.lanes {
+            out.push_str(&format!(
+                "{:<44} {:<9} {}\n",
+                name,
+                lane,
+                columns(f.requests_compared, f.context_tokens_mape, f.context_tokens_ape_p90, f.hit_agreement, f.cache_read_total_error, f.cache_creation_total_error, f.cost_error)
+            ));
+        }
+        let runs = &agent.workload.subagents;
+        let driven = runs.iter().filter(|s| s.not_driven.is_none()).count();
+        if !runs.is_empty() || !agent.workload.unbound_subagent_lanes.is_empty() {
+            out.push_str(&format!("  {name}: {driven} of {} Agent calls drive their recorded subagent\n", runs.len()));
+        }
+        for run in runs.iter().filter(|r| r.not_driven.is_none()) {
+            out.push_str(&format!(
+                "    {} ({}): driven from {} (bound by {}), {} replies, {} tool results\n",
+                run.tool_use_id,
+                run.agent_type,
+                run.recorded_lane.as_deref().unwrap_or_default(),
+                run.bound_by.as_deref().unwrap_or_default(),
+                run.replies,
+                run.tool_outputs
+            ));
+        }
+        // The calls not driven, by reason (each call is listed in the JSON report).
+        let mut reasons: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for run in runs {
+            if let Some(why) = &run.not_driven {
+                *reasons.entry((why.as_str(), run.agent_type.as_str())).or_default() += 1;
+            }
+        }
+        for ((why, agent_type), n) in reasons {
+            out.push_str(&format!("    {n} × {agent_type}: not driven: {why}\n"));
+        }
+        for lane in &agent.workload.unbound_subagent_lanes {
+            out.push_str(&format!("    {lane}\n"));
+        }
+    }
+    out
 }
 
 fn mostly_rewritten(creation: f64, context: f64) -> bool {
@@ -318,15 +421,20 @@ pub fn fidelity_calls_table(report: &FidelityReport) -> String {
 /// The figures of a session report as the tables print them: calls, MAPE, p90 and hit
 /// agreement (%), the summed read, creation and cost errors (signed %).
 pub fn figure_columns(r: &FidelityReport) -> String {
+    columns(r.requests_compared, r.context_tokens_mape, r.context_tokens_ape_p90, r.hit_agreement, r.cache_read_total_error, r.cache_creation_total_error, r.cost_error)
+}
+
+/// The figure columns of [`figure_columns`] from the figures themselves (fractions, shown in %).
+fn columns(calls: usize, mape: f64, p90: f64, hit: f64, read: f64, creation: f64, cost: f64) -> String {
     format!(
         "{:>6} {:>7.2} {:>7.2} {:>7.2} {:>+9.2} {:>+9.2} {:>+8.2}",
-        r.requests_compared,
-        r.context_tokens_mape * 100.0,
-        r.context_tokens_ape_p90 * 100.0,
-        r.hit_agreement * 100.0,
-        r.cache_read_total_error * 100.0,
-        r.cache_creation_total_error * 100.0,
-        r.cost_error * 100.0
+        calls,
+        mape * 100.0,
+        p90 * 100.0,
+        hit * 100.0,
+        read * 100.0,
+        creation * 100.0,
+        cost * 100.0
     )
 }
 

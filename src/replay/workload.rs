@@ -25,6 +25,8 @@
 //! obeys every rule a written scenario does, and `ctxsim import --to scenario` writes the same
 //! document for a user to read or edit.
 
+mod subagents;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +36,8 @@ use crate::api::{ContentBlock, MessageContent, StopReason, ToolResultContent};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
 use crate::recording::{EventKind, ImportedSession};
 use crate::scenario::Scenario;
+
+pub use subagents::SubagentRun;
 
 /// What a workload carries over from the recording and what it leaves to the agent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -57,6 +61,13 @@ pub struct WorkloadReport {
     pub recorded_usage: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
+    /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
+    /// not ([`subagents`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subagents: Vec<SubagentRun>,
+    /// Recorded subagent lanes no Agent call binds (not driven), with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unbound_subagent_lanes: Vec<String>,
 }
 
 /// A session as a scenario, with the recorded main calls the scenario's main requests stand for.
@@ -68,6 +79,9 @@ pub struct Workload {
     /// Per main reply of the script, in order: the index of the recorded call
     /// ([`crate::recording::RecordedCall::index`]).
     pub main_calls: Vec<usize>,
+    /// Per scripted subagent reply, in the order the agent runs them: the agent's lane
+    /// (`subagent:<type>`) and the recorded call it stands for.
+    pub subagent_calls: Vec<(String, usize)>,
     pub report: WorkloadReport,
 }
 
@@ -118,6 +132,20 @@ fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<usize>) {
     }
 }
 
+/// A recorded tool result as a scenario tool output: its text, `is_error`, and its images' sizes.
+fn result_output(result: &crate::recording::format::ToolResult) -> Value {
+    let (text, images) = result_parts(result.content.as_ref());
+    let mut output = Map::new();
+    output.insert("content".into(), Value::String(text));
+    if result.is_error {
+        output.insert("is_error".into(), Value::Bool(true));
+    }
+    if !images.is_empty() {
+        output.insert("images".into(), Value::Array(images.into_iter().map(|n| json!({ "base64_bytes": n })).collect()));
+    }
+    Value::Object(output)
+}
+
 /// Deterministic prose of `chars` characters standing for thinking whose text was not stored.
 fn thinking_filler(chars: usize) -> String {
     crate::agent::compact::generator::filler("thinking", chars)
@@ -133,19 +161,23 @@ fn stop_reason_name(reason: StopReason) -> Value {
 /// stored is filled at four characters per output token left by the visible part;
 /// [`sized_workload`] fills it to the replay's fitted estimate instead.
 pub fn workload_from_session(session: &ImportedSession, file: &str, window: Option<u64>) -> Result<Workload, WorkloadError> {
-    workload_with(session, file, window, &BTreeMap::new(), false)
+    let background = crate::agent::dialect::background_agents(&crate::strategy::Strategy::default().client_version);
+    workload_with(session, file, window, &BTreeMap::new(), false, background)
 }
 
 /// [`workload_from_session`] with the texts standing for unstored thinking given per thinking
 /// signature (`thinking_texts`, from the replay's estimate: [`super::session::unstored_thinking`];
 /// a block whose signature is not there is filled at four characters per output token), and with
 /// each reply's recorded usage scripted when `recorded_usage` ([`sized_workload`]).
+/// `background`: the agent runs subagents in the background, so the recorded task notifications
+/// of the subagents it drives are its own ([`subagents`]).
 fn workload_with(
     session: &ImportedSession,
     file: &str,
     window: Option<u64>,
     thinking_texts: &BTreeMap<String, String>,
     recorded_usage: bool,
+    background: bool,
 ) -> Result<Workload, WorkloadError> {
     let recording = &session.recording;
     let mut report = WorkloadReport::default();
@@ -159,6 +191,7 @@ fn workload_with(
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
     let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
+    let mut subagents = subagents::Subagents::bind(session);
 
     let flush = |script: &mut Vec<Value>, pending: &mut Map<String, Value>| {
         if !pending.is_empty() {
@@ -184,6 +217,12 @@ fn workload_with(
                 let text = prompt_text(&prompt.content);
                 if text.is_empty() {
                     leave(&mut report, "prompt_without_text");
+                    continue;
+                }
+                if background && subagents.notifies(&text) {
+                    // A driven background agent's `<task-notification>`: the agent running it in
+                    // the background adds its own at the end of the turn.
+                    leave(&mut report, "task_notification_of_driven_subagent");
                     continue;
                 }
                 flush(&mut script, &mut pending_outputs);
@@ -215,69 +254,10 @@ fn workload_with(
                 if model.is_none() && !reply.model.is_empty() {
                     model = Some(reply.model.clone());
                 }
-                let visible_chars: usize = reply
-                    .content
-                    .iter()
-                    .map(|b| match b {
-                        ContentBlock::Text { text, .. } => text.len(),
-                        ContentBlock::ToolUse { input, .. } => input.to_string().len(),
-                        _ => 0,
-                    })
-                    .sum();
-                let thinking_blocks = reply.content.iter().filter(|b| matches!(b, ContentBlock::Thinking { thinking, .. } if thinking.is_empty())).count();
-                // Output tokens not spent on the visible part, at four characters a token.
-                let thinking_chars = (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1);
-                let mut blocks = Vec::new();
-                for block in &reply.content {
-                    match block {
-                        ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
-                        ContentBlock::Thinking { thinking, signature, .. } => {
-                            if thinking.is_empty() {
-                                report.thinking_filled += 1;
-                                let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
-                                blocks.push(json!({ "thinking": text }));
-                            } else {
-                                blocks.push(json!({ "thinking": thinking }));
-                            }
-                        }
-                        ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
-                        ContentBlock::ToolUse { id, name, input, .. } => {
-                            called.insert(id.clone(), ());
-                            blocks.push(json!({ "tool_use": { "id": id, "name": name, "input": input } }));
-                        }
-                        _ => leave(&mut report, "other_reply_block"),
-                    }
-                }
-                if blocks.is_empty() {
+                let Some(step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
                     continue;
-                }
-                let mut step = Map::new();
-                step.insert("assistant".into(), Value::Array(blocks));
-                if let Some(reason) = reply.stop_reason {
-                    step.insert("stop_reason".into(), stop_reason_name(reason));
-                }
-                let usage = &reply.usage;
-                if recorded_usage && usage.prompt_tokens() > 0 {
-                    // What the API returned to the recorded client: the agent counts its context
-                    // from it, as the client did (`tokenCountWithEstimation`). Older clients wrote
-                    // a placeholder `output_tokens` on a reply's lines; the client counted the
-                    // final one, at least the reply's own size (as `triggers::main_points` does).
-                    // Fidelity prices the recorded output, not this one.
-                    let output = usage.output_tokens.max(reply.content.iter().map(crate::agent::compact::counting::rough_block).sum());
-                    step.insert(
-                        "usage".into(),
-                        json!({
-                            "input_tokens": usage.input_tokens,
-                            "cache_creation_input_tokens": usage.cache_creation_input_tokens,
-                            "cache_read_input_tokens": usage.cache_read_input_tokens,
-                            "output_tokens": output,
-                        }),
-                    );
-                    report.recorded_usage += 1;
-                } else {
-                    step.insert("output_tokens".into(), json!(usage.output_tokens));
-                }
+                };
                 script.push(Value::Object(step));
                 main_calls.push(call_index.get(&event_index).copied().unwrap_or(event_index));
                 report.main_replies += 1;
@@ -287,16 +267,12 @@ fn workload_with(
                     leave(&mut report, "tool_result_without_call");
                     continue;
                 }
-                let (text, images) = result_parts(result.content.as_ref());
-                let mut output = Map::new();
-                output.insert("content".into(), Value::String(text));
-                if result.is_error {
-                    output.insert("is_error".into(), Value::Bool(true));
+                let mut output = result_output(result);
+                if subagents.drives_call(&result.tool_use_id) {
+                    // The agent runs the recorded subagent; the call returns the recorded result.
+                    output["subagent"] = Value::Bool(true);
                 }
-                if !images.is_empty() {
-                    output.insert("images".into(), Value::Array(images.into_iter().map(|n| json!({ "base64_bytes": n })).collect()));
-                }
-                pending_outputs.insert(result.tool_use_id.clone(), Value::Object(output));
+                pending_outputs.insert(result.tool_use_id.clone(), output);
                 report.tool_outputs += 1;
             }
             EventKind::Compaction(compaction) if main => {
@@ -325,6 +301,8 @@ fn workload_with(
                 }
             }
             EventKind::Attachment(_) => leave(&mut report, "attachment"),
+            // A driven subagent's events are scripted on its lane below.
+            _ if subagents.drives_lane(&event.lane) => {}
             _ if !main => leave(&mut report, "subagent_or_side_event"),
             _ => leave(&mut report, event.name()),
         }
@@ -334,6 +312,10 @@ fn workload_with(
         return Err(WorkloadError::Empty { file: file.to_owned() });
     }
     script.extend(compact_replies);
+    let (subagent_steps, subagent_calls) = subagents.script(session, thinking_texts, recorded_usage, &mut report);
+    script.extend(subagent_steps);
+    report.subagents = subagents.runs;
+    report.unbound_subagent_lanes = subagents.unbound;
 
     let mut world = Map::new();
     world.insert("model".into(), Value::String(model.unwrap_or_default()));
@@ -361,7 +343,84 @@ fn workload_with(
     });
     let text = serde_json::to_string(&document).expect("a JSON value serializes");
     let scenario = crate::scenario::parse_scenario(&text, file)?;
-    Ok(Workload { scenario, document, main_calls, report })
+    Ok(Workload { scenario, document, main_calls, subagent_calls, report })
+}
+
+/// The script step of one recorded reply, on any lane: its text, its thinking (the stored text;
+/// else `thinking_texts`' text for its signature, else a filler of the size the reply's output
+/// tokens leave), its tool calls with their recorded ids (noted in `called`), its stop reason,
+/// and its recorded usage when `recorded_usage` (else its output tokens). `None` when the reply
+/// has no block to script.
+fn reply_step(
+    reply: &crate::recording::format::ModelReply,
+    thinking_texts: &BTreeMap<String, String>,
+    recorded_usage: bool,
+    report: &mut WorkloadReport,
+    called: &mut BTreeMap<String, ()>,
+) -> Option<Map<String, Value>> {
+    let visible_chars: usize = reply
+        .content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text { text, .. } => text.len(),
+            ContentBlock::ToolUse { input, .. } => input.to_string().len(),
+            _ => 0,
+        })
+        .sum();
+    let thinking_blocks = reply.content.iter().filter(|b| matches!(b, ContentBlock::Thinking { thinking, .. } if thinking.is_empty())).count();
+    // Output tokens not spent on the visible part, at four characters a token.
+    let thinking_chars = (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1);
+    let mut blocks = Vec::new();
+    for block in &reply.content {
+        match block {
+            ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
+            ContentBlock::Thinking { thinking, signature, .. } => {
+                if thinking.is_empty() {
+                    report.thinking_filled += 1;
+                    let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
+                    blocks.push(json!({ "thinking": text }));
+                } else {
+                    blocks.push(json!({ "thinking": thinking }));
+                }
+            }
+            ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
+            ContentBlock::ToolUse { id, name, input, .. } => {
+                called.insert(id.clone(), ());
+                blocks.push(json!({ "tool_use": { "id": id, "name": name, "input": input } }));
+            }
+            _ => *report.left_to_agent.entry("other_reply_block".to_owned()).or_default() += 1,
+        }
+    }
+    if blocks.is_empty() {
+        return None;
+    }
+    let mut step = Map::new();
+    step.insert("assistant".into(), Value::Array(blocks));
+    if let Some(reason) = reply.stop_reason {
+        step.insert("stop_reason".into(), stop_reason_name(reason));
+    }
+    let usage = &reply.usage;
+    if recorded_usage && usage.prompt_tokens() > 0 {
+        // What the API returned to the recorded client: the agent counts its context
+        // from it, as the client did (`tokenCountWithEstimation`). Older clients wrote
+        // a placeholder `output_tokens` on a reply's lines; the client counted the
+        // final one, at least the reply's own size (as `triggers::main_points` does).
+        // Fidelity prices the recorded output, not this one.
+        let output = usage.output_tokens.max(reply.content.iter().map(crate::agent::compact::counting::rough_block).sum());
+        step.insert(
+            "usage".into(),
+            json!({
+                "input_tokens": usage.input_tokens,
+                "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+                "cache_read_input_tokens": usage.cache_read_input_tokens,
+                "output_tokens": output,
+            }),
+        );
+        report.recorded_usage += 1;
+    } else {
+        step.insert("output_tokens".into(), json!(usage.output_tokens));
+    }
+    Some(step)
 }
 
 /// A `wait` step for the time between the last step driven and `time_ms`, when any passed.
@@ -443,7 +502,8 @@ pub fn sized_workload(
     let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
     let thinking: BTreeMap<String, String> =
         super::session::unstored_thinking(session, measurer, &main_version, &mut Default::default()).into_iter().map(|(k, fill)| (k, fill.text())).collect();
-    let mut workload = workload_with(session, file, Some(window), &thinking, recorded_usage).map_err(|e| e.to_string())?;
+    let background = crate::agent::dialect::background_agents(&strategy.client_version);
+    let mut workload = workload_with(session, file, Some(window), &thinking, recorded_usage, background).map_err(|e| e.to_string())?;
     let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy)?;
     Ok((workload, sizing))
 }
@@ -461,6 +521,17 @@ pub fn agent_replay(
     if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
         let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
+    }
+    // The recorded TTL outside the main lane, where the strategy leaves it at its default and
+    // the driven subagents' recorded calls, like every other call outside the main lane, wrote
+    // their cache at 1h (what the agent cannot know; the replay takes each call's from the record).
+    let outside_main: Vec<&crate::recording::RecordedCall> =
+        session.calls.iter().filter(|c| c.lane != LANE_MAIN && !c.is_synthetic && c.usage.cache_creation_input_tokens > 0).collect();
+    if !workload.subagent_calls.is_empty()
+        && strategy.ttl_other == crate::strategy::Strategy::default().ttl_other
+        && outside_main.iter().all(|c| c.usage.creation_split().ephemeral_1h_input_tokens > 0)
+    {
+        strategy.ttl_other = crate::api::CacheTtl::OneHour;
     }
     // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
     let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), Default::default())
@@ -485,6 +556,26 @@ pub fn agent_replay(
         let events = row.events.clone();
         calls.push(super::CallReplay { message_tokens, ..super::CallReplay::measured(call, (*row).clone(), events) });
     }
+    // The driven subagents' requests, paired per agent lane in the order the agent made them
+    // with the recorded calls their replies came from.
+    let mut recorded: BTreeMap<&str, std::collections::VecDeque<usize>> = BTreeMap::new();
+    for (lane, index) in &workload.subagent_calls {
+        recorded.entry(lane.as_str()).or_default().push_back(*index);
+    }
+    let mut unpaired = unpaired;
+    let mut made: BTreeMap<&str, usize> = BTreeMap::new();
+    for row in output.rows.iter().filter(|r| r.lane.starts_with("subagent:") && r.error.is_none()) {
+        *made.entry(row.lane.as_str()).or_default() += 1;
+        let Some(call) = recorded.get_mut(row.lane.as_str()).and_then(|q| q.pop_front()).and_then(|index| by_index.get(&index)) else { continue };
+        calls.push(super::CallReplay { message_tokens: row.context_tokens, ..super::CallReplay::measured(call, row.clone(), row.events.clone()) });
+    }
+    for (lane, scripted) in workload.subagent_calls.iter().fold(BTreeMap::<&str, usize>::new(), |mut m, (l, _)| {
+        *m.entry(l.as_str()).or_default() += 1;
+        m
+    }) {
+        unpaired += scripted.abs_diff(made.get(lane).copied().unwrap_or(0));
+    }
+    calls.sort_by_key(|c| c.index);
     let replay = super::SessionReplay {
         input: file.to_owned(),
         estimator: measurer.counter().kind().name().to_owned(),

@@ -321,6 +321,7 @@ fn check_step(
                         content: spec.content.clone(),
                         is_error: spec.is_error,
                         images: spec.images.clone(),
+                        subagent: spec.subagent,
                     });
                 }
             }

@@ -54,7 +54,9 @@
 //!     latency: {first_token: 800ms, total: 3s}   # optional; first_token defaults to total
 //!   - tool_output: {Bash: "ok"}    # outputs for the previous tool-calling assistant step,
 //!                                  # keyed by tool_use id or tool name; a value is a string or
-//!                                  # {content: ..., is_error: true}
+//!                                  # {content: ..., is_error: true}; on an Agent call,
+//!                                  # {content: ..., subagent: true} runs the subagent (its
+//!                                  # lane's replies) and returns this content
 //!   - wait: 10m                    # virtual time passes: ms, or 250ms / 90s / 10m / 2h / 1h30m / 1d
 //!   - write_file: {path: src/lib.rs, content: "..."}   # the user edits a file
 //!   - remove_file: src/old.rs      # the user deletes a file or directory

@@ -251,6 +251,11 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// Images the tool returned after the text (a screenshot, an image file read).
     pub images: Vec<ImageSpec>,
+    /// `subagent: true` on an Agent call's output: the agent runs the subagent with its own
+    /// machinery (its requests answered by the scripted replies of lane `subagent:<type>`), and
+    /// the call's result is this output, not the subagent's. A recorded session's workload
+    /// drives its recorded subagents this way.
+    pub subagent: bool,
 }
 
 /// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000}]}}` — an image

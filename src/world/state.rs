@@ -16,6 +16,9 @@ use super::scripted::{GitState, HookAnswer, McpServer};
 pub struct ScriptedToolOutput {
     pub content: ToolResultContent,
     pub is_error: bool,
+    /// An Agent call's recorded output whose subagent the agent still runs (its requests are
+    /// measured, answered by its lane's scripted replies); the call returns this output.
+    pub runs_subagent: bool,
 }
 
 /// Everything outside the agent. Built by `Scenario::into_world`; the agent takes `&mut World`.

@@ -42,4 +42,5 @@ mod tokenizer;
 mod tool_results;
 mod whatif;
 mod workload;
+mod workload_subagents;
 mod world;

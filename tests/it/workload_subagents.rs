@@ -1,0 +1,237 @@
+//! Recorded subagents drive the agent (issue 13, Deliver 1, "subagent files included"): each
+//! Agent call of the main thread binds to the transcript that recorded its subagent, the agent
+//! runs that subagent with its own machinery answered by the recorded replies, and
+//! `fidelity --engine agent` scores its requests on their own lane.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ctxsim::api::{ContentBlock, MessageContent, Role};
+use ctxsim::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
+use ctxsim::recording::EventKind;
+use ctxsim::replay::load_session;
+use ctxsim::replay::workload::{agent_replay, sized_workload, workload_from_session};
+use ctxsim::scenario::Step;
+use ctxsim::strategy::Strategy;
+
+use crate::support::{real_transcripts, realdata};
+
+fn measurer() -> Measurer {
+    Measurer::new(ModelTable::shipped(), TokenCounter::with_calibration(EstimatorKind::Calibrated, Calibration::shipped())).without_body_hashes()
+}
+
+fn spotter() -> PathBuf {
+    realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl")
+}
+
+/// The real 2.1.332 run whose Agent call launched a background subagent (tests/data/api-requests).
+const BACKGROUND: &str = "tests/data/api-requests/subagent/00000000-0000-4000-8000-000000000001.jsonl";
+
+fn background() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(BACKGROUND)
+}
+
+/// What a recorded lane holds, in order: each reply's texts and tool_use ids, each result's id.
+fn recorded_items(session: &ctxsim::recording::ImportedSession, lane: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    for event in session.recording.events.iter().filter(|e| e.lane == lane) {
+        match &event.kind {
+            EventKind::ModelReply(reply) => {
+                for block in &reply.content {
+                    match block {
+                        ContentBlock::Text { text, .. } => items.push(format!("text:{text}")),
+                        ContentBlock::ToolUse { id, .. } => items.push(format!("tool_use:{id}")),
+                        _ => {}
+                    }
+                }
+            }
+            EventKind::ToolResult(result) => items.push(format!("tool_result:{}", result.tool_use_id)),
+            _ => {}
+        }
+    }
+    items
+}
+
+/// The same items of a request's messages.
+fn request_items(messages: &[ctxsim::api::Message]) -> Vec<String> {
+    let mut items = Vec::new();
+    for message in messages {
+        let MessageContent::Blocks(blocks) = &message.content else { continue };
+        for block in blocks {
+            match block {
+                ContentBlock::Text { text, .. } if message.role == Role::Assistant => items.push(format!("text:{text}")),
+                ContentBlock::ToolUse { id, .. } => items.push(format!("tool_use:{id}")),
+                ContentBlock::ToolResult { tool_use_id, .. } => items.push(format!("tool_result:{tool_use_id}")),
+                _ => {}
+            }
+        }
+    }
+    items
+}
+
+/// Every recorded subagent of the shipped data is bound to the Agent call that started it (none
+/// left over), and every Agent call of the main threads is either driven or says why not.
+#[test]
+fn every_recorded_subagent_of_the_shipped_data_is_bound() {
+    let mut files = real_transcripts();
+    files.push(background());
+    let (mut calls, mut driven, mut lanes) = (0, 0, 0);
+    for path in &files {
+        let session = load_session(path).unwrap();
+        let workload = workload_from_session(&session, &path.display().to_string(), None).unwrap();
+        let report = &workload.report;
+        assert!(report.unbound_subagent_lanes.is_empty(), "{}: {:?}", path.display(), report.unbound_subagent_lanes);
+        let recorded: Vec<&str> = session.recording.header.subagents.iter().filter(|s| s.lane.starts_with("subagent:")).map(|s| s.lane.as_str()).collect();
+        lanes += recorded.len();
+        for lane in &recorded {
+            assert!(report.subagents.iter().any(|r| r.recorded_lane.as_deref() == Some(*lane)), "{}: {lane} unbound", path.display());
+        }
+        for run in &report.subagents {
+            assert!(run.not_driven.is_some() || (run.replies > 0 && run.recorded_lane.is_some()), "{}: {run:?}", path.display());
+        }
+        calls += report.subagents.len();
+        driven += report.subagents.iter().filter(|r| r.not_driven.is_none()).count();
+        // A driven subagent's replies are scripted on the agent's lane for its type.
+        let scripted = workload.scenario.script.iter().filter(|s| matches!(s, Step::Assistant(a) if a.lane.starts_with("subagent:"))).count();
+        assert_eq!(scripted, workload.subagent_calls.len(), "{}", path.display());
+    }
+    // 52 Agent/Task calls in the 16 sessions (spotter's has its subagent file; the others'
+    // transcripts were shipped without theirs), one in the 2.1.332 run.
+    assert_eq!((calls, lanes, driven), (53, 2, 2));
+
+    let session = load_session(&spotter()).unwrap();
+    let workload = workload_from_session(&session, "spotter", None).unwrap();
+    let run = &workload.report.subagents[0];
+    assert_eq!(run.recorded_lane.as_deref(), Some("subagent:a881341"));
+    assert_eq!(run.bound_by.as_deref(), Some("tool_use_id"));
+    assert_eq!((run.agent_type.as_str(), run.replies, run.tool_outputs), ("claude-code-guide", 3, 2));
+}
+
+/// A call whose subagent file has no `.meta.json` binds by the agentId its result names, and with
+/// neither by the prompt the subagent's transcript opens with.
+#[test]
+fn a_subagent_binds_by_agent_id_then_by_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = background();
+    let stem = source.file_stem().unwrap().to_owned();
+    let subagents = source.with_file_name(&stem).join("subagents");
+    let copy_dir = dir.path().join(&stem).join("subagents");
+    std::fs::create_dir_all(&copy_dir).unwrap();
+    let sub = std::fs::read_dir(&subagents).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "jsonl")).unwrap();
+    std::fs::copy(&sub, copy_dir.join(sub.file_name().unwrap())).unwrap();
+    let main = std::fs::read_to_string(&source).unwrap();
+    let copy = dir.path().join(source.file_name().unwrap());
+    let bound_by = |text: &str| {
+        std::fs::write(&copy, text).unwrap();
+        let session = load_session(&copy).unwrap();
+        let workload = workload_from_session(&session, "copy", None).unwrap();
+        assert!(workload.report.unbound_subagent_lanes.is_empty());
+        workload.report.subagents[0].bound_by.clone()
+    };
+    assert_eq!(bound_by(&main).as_deref(), Some("agent_id"));
+    let without_id: String = main.lines().map(|l| l.replace("\"agentId\":\"a05e8493a347f5203\",", "") + "\n").collect();
+    assert_ne!(without_id, main);
+    assert_eq!(bound_by(&without_id).as_deref(), Some("prompt"));
+}
+
+/// A driven subagent's requests carry its recorded messages in order: the agent builds them (its
+/// own system prompt and tools for the subagent), the recorded replies answer them, and its tool
+/// results come back by id. The main thread's call keeps its recorded result.
+#[test]
+fn a_driven_subagent_sends_its_recorded_messages_in_order() {
+    let path = spotter();
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let (workload, _) = sized_workload(&session, &path.display().to_string(), &measurer(), &strategy, false).unwrap();
+    let options = ctxsim::runner::RunOptions { keep_requests: true, ..Default::default() };
+    let output = ctxsim::runner::run_scenario_opts(&workload.scenario, &mut measurer(), &strategy, &ctxsim::agent::compact::chain::Chain::new(), options).unwrap();
+    let requests: Vec<&ctxsim::api::Request> =
+        output.rows.iter().zip(&output.requests).filter(|(r, _)| r.lane == "subagent:claude-code-guide").map(|(_, q)| q).collect();
+    assert_eq!(requests.len(), 3);
+    let recorded = recorded_items(&session, "subagent:a881341");
+    // Request k carries the recorded items before the k-th reply; the last reply answers it.
+    let last = requests.last().unwrap();
+    let mut expected = recorded.clone();
+    while expected.last().is_some_and(|i| i.starts_with("text:")) {
+        expected.pop();
+    }
+    assert_eq!(request_items(&last.messages), expected);
+    assert!(!expected.is_empty());
+    for pair in requests.windows(2) {
+        assert!(pair[1].messages.len() > pair[0].messages.len());
+    }
+    // The subagent's own request: its prompt is the Agent call's, its tools its definition's.
+    let first = &requests[0];
+    let tools: Vec<&str> = first.tools.iter().map(|t| t.name.as_str()).collect();
+    assert!(tools.contains(&"WebFetch") && !tools.contains(&"Agent"), "{tools:?}");
+    // The main thread's Agent call returned the recorded result.
+    let main_after = output.rows.iter().zip(&output.requests).filter(|(r, _)| r.lane == "main").map(|(_, q)| q).find(|q| {
+        q.messages.iter().any(|m| matches!(&m.content, MessageContent::Blocks(b) if b.iter().any(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == "toolu_01VmaERAwhb19LGUwu9GenaK"))))
+    });
+    let text = serde_json::to_string(&main_after.unwrap().messages).unwrap();
+    assert!(text.contains("agentId: a881341"), "the recorded result names the recorded agent");
+}
+
+/// Through the agent, the subagent's requests are paired with the recorded subagent calls and
+/// scored on their own lane; the 1h TTL the recorded subagent wrote at is honoured.
+#[test]
+fn fidelity_through_the_agent_scores_the_subagent_lane() {
+    let path = spotter();
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    assert_eq!(driven.unpaired, 0);
+    let subagent: Vec<_> = driven.replay.calls.iter().filter(|c| c.lane == "subagent:a881341").collect();
+    assert_eq!(subagent.len(), 3);
+    assert!(driven.replay.calls.windows(2).all(|w| w[0].index < w[1].index));
+    let lanes = ctxsim::replay::fidelity::lane_figures(&driven.replay, &ModelTable::shipped());
+    assert_eq!(lanes.keys().map(String::as_str).collect::<Vec<_>>(), ["main", "subagent"]);
+    let sub = &lanes["subagent"];
+    assert_eq!(sub.requests_compared, 3);
+    // The agent's own subagent prefix (system, tools) against the billed one, and the 1h writes.
+    assert!(sub.context_tokens_mape < 0.05, "{sub:?}");
+    assert!(sub.cost_error.abs() < 0.05, "{sub:?}");
+}
+
+/// A 2.1.332 recording: the agent speaking 2.1.332 runs the subagent in the background and adds
+/// its own task notification, so the recorded one is left to it; speaking 2.1.88 it runs it in
+/// the foreground and the recorded notification stays a prompt. Either way its request is paired.
+#[test]
+fn a_background_subagent_of_2_1_332_is_driven() {
+    let path = background();
+    let session = load_session(&path).unwrap();
+    let file = path.display().to_string();
+    for (version, left) in [("2.1.332", 1), ("2.1.88", 0)] {
+        let strategy = Strategy::resolve_with("claude-code", &[format!("client_version={version}")]).unwrap();
+        let (workload, _) = sized_workload(&session, &file, &measurer(), &strategy, true).unwrap();
+        assert_eq!(workload.report.left_to_agent.get("task_notification_of_driven_subagent").copied().unwrap_or(0), left, "{version}");
+        let driven = agent_replay(&session, &file, &mut measurer(), &strategy).unwrap();
+        assert_eq!(driven.unpaired, 0, "{version}");
+        let lanes: BTreeMap<&str, usize> = driven.replay.calls.iter().fold(BTreeMap::new(), |mut m, c| {
+            *m.entry(ctxsim::replay::fidelity::lane_group(&c.lane)).or_default() += 1;
+            m
+        });
+        assert_eq!(lanes, BTreeMap::from([("main", 3), ("subagent", 1)]), "{version}");
+        if version == "2.1.332" {
+            let last = driven.replay.calls.iter().rev().find(|c| c.lane == "main").unwrap();
+            assert!(last.events.iter().any(|e| e.starts_with("task_notification")), "{:?}", last.events);
+        }
+    }
+}
+
+/// `fidelity --engine agent` prints the figures per lane and what became of every Agent call.
+#[test]
+fn the_lane_table_of_fidelity_through_the_agent() {
+    let spotter = spotter();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .args(["fidelity", spotter.to_str().unwrap(), "../shared/realdata/transcripts/cipher-box/c644f3afc869-1.full.jsonl", "--engine", "agent"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let start = text.find("session (through the agent)").expect("the lane table");
+    let table = &text[start..];
+    let table = &table[..table.find("\n\n").unwrap_or(table.len())];
+    insta::assert_snapshot!(table);
+}
