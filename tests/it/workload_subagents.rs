@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ctxsim::api::{ContentBlock, MessageContent, Role};
+use ctxsim::api::{ContentBlock, Role};
 use ctxsim::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::recording::EventKind;
 use ctxsim::replay::load_session;
@@ -52,16 +52,18 @@ fn recorded_items(session: &ctxsim::recording::ImportedSession, lane: &str) -> V
     items
 }
 
-/// The same items of a request's messages.
+/// The same items of a request's messages (read from the wire JSON: the agent may hold a block
+/// in another in-memory form than the importer does).
 fn request_items(messages: &[ctxsim::api::Message]) -> Vec<String> {
     let mut items = Vec::new();
     for message in messages {
-        let MessageContent::Blocks(blocks) = &message.content else { continue };
-        for block in blocks {
-            match block {
-                ContentBlock::Text { text, .. } if message.role == Role::Assistant => items.push(format!("text:{text}")),
-                ContentBlock::ToolUse { id, .. } => items.push(format!("tool_use:{id}")),
-                ContentBlock::ToolResult { tool_use_id, .. } => items.push(format!("tool_result:{tool_use_id}")),
+        let json = serde_json::to_value(&message.content).unwrap();
+        for block in json.as_array().into_iter().flatten() {
+            let field = |key: &str| block[key].as_str().unwrap_or_default().to_owned();
+            match block["type"].as_str() {
+                Some("text") if message.role == Role::Assistant => items.push(format!("text:{}", field("text"))),
+                Some("tool_use") => items.push(format!("tool_use:{}", field("id"))),
+                Some("tool_result") => items.push(format!("tool_result:{}", field("tool_use_id"))),
                 _ => {}
             }
         }
@@ -162,14 +164,19 @@ fn a_driven_subagent_sends_its_recorded_messages_in_order() {
     }
     // The subagent's own request: its prompt is the Agent call's, its tools its definition's.
     let first = &requests[0];
-    let tools: Vec<&str> = first.tools.iter().map(|t| t.name.as_str()).collect();
+    let tools: Vec<&str> = first.tools.iter().flatten().map(|t| t.name.as_str()).collect();
     assert!(tools.contains(&"WebFetch") && !tools.contains(&"Agent"), "{tools:?}");
-    // The main thread's Agent call returned the recorded result.
-    let main_after = output.rows.iter().zip(&output.requests).filter(|(r, _)| r.lane == "main").map(|(_, q)| q).find(|q| {
-        q.messages.iter().any(|m| matches!(&m.content, MessageContent::Blocks(b) if b.iter().any(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == "toolu_01VmaERAwhb19LGUwu9GenaK"))))
-    });
-    let text = serde_json::to_string(&main_after.unwrap().messages).unwrap();
-    assert!(text.contains("agentId: a881341"), "the recorded result names the recorded agent");
+    // The main thread's Agent call returned the recorded result, not the agent's own.
+    let main_after = output
+        .rows
+        .iter()
+        .zip(&output.requests)
+        .filter(|(r, _)| r.lane == "main")
+        .map(|(_, q)| serde_json::to_string(&q.messages).unwrap())
+        .find(|text| text.contains("\"tool_use_id\":\"toolu_01VmaERAwhb19LGUwu9GenaK\""))
+        .expect("a main request after the Agent call");
+    assert!(main_after.contains("agentId: a881341 (for resuming"), "the recorded result names the recorded agent");
+    assert!(!main_after.contains("keep it to send this agent more work later"));
 }
 
 /// Through the agent, the subagent's requests are paired with the recorded subagent calls and
