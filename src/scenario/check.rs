@@ -314,6 +314,12 @@ fn check_step(
                         ),
                     ));
                 }
+                if let Some((_, name)) = matched.iter().find(|(_, name)| spec.subagent && !matches!(*name, "Agent" | "Task")) {
+                    return Err(problem(
+                        [here("tool_output"), vec![key(key_text), key("subagent")]].concat(),
+                        format!("`subagent: true` runs the subagent of an Agent call; `{key_text}` is a {name} call"),
+                    ));
+                }
                 for (id, name) in matched {
                     by_id.entry((*id).to_owned()).or_insert_with(|| ToolOutput {
                         tool_use_id: (*id).to_owned(),

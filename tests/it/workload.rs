@@ -42,8 +42,11 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
             assert_eq!(call.lane, LANE_MAIN);
             assert!(!call.is_synthetic && !call.is_api_error, "{}: call {index}", path.display());
         }
-        // Each recorded reply's tool calls keep their ids, and every output answers one of them.
-        let called: std::collections::BTreeSet<&str> = replies
+        // Each recorded reply's tool calls keep their ids, and every output answers one of them
+        // (a driven subagent's replies and outputs included, tests/it/workload_subagents.rs).
+        let called: std::collections::BTreeSet<&str> = workload
+            .scenario
+            .script
             .iter()
             .flat_map(|s| match s {
                 Step::Assistant(a) => a.tool_uses().map(|(id, _)| id).collect::<Vec<_>>(),
@@ -59,7 +62,8 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
                 _ => Vec::new(),
             })
             .collect();
-        assert_eq!(outputs.len(), workload.report.tool_outputs, "{}", path.display());
+        let subagent_outputs: usize = workload.report.subagents.iter().map(|r| r.tool_outputs).sum();
+        assert_eq!(outputs.len(), workload.report.tool_outputs + subagent_outputs, "{}", path.display());
         assert!(outputs.iter().all(|id| called.contains(id)), "{}", path.display());
         assert!(workload.report.user_prompts > 0, "{}", path.display());
     }

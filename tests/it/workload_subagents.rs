@@ -242,3 +242,41 @@ fn the_lane_table_of_fidelity_through_the_agent() {
     let table = &table[..table.find("\n\n").unwrap_or(table.len())];
     insta::assert_snapshot!(table);
 }
+
+/// In a written scenario, `subagent: true` on an Agent call's output runs the subagent on its
+/// lane (its replies scripted there) and returns the given output; without it the output stands
+/// for the subagent and no subagent request is made. On another tool it is refused.
+#[test]
+fn a_subagent_output_runs_the_subagent_and_returns_the_recorded_result() {
+    let yaml = |flag: &str| {
+        format!(
+            r#"
+name: recorded-subagent
+world:
+  model: claude-sonnet-4-6
+script:
+  - user: "Have a subagent read the notes."
+  - assistant:
+      - tool_use: {{name: Agent, id: toolu_a, input: {{description: Notes, prompt: "Read the notes.", subagent_type: general-purpose}}}}
+  - tool_output:
+      toolu_a: {{content: "The recorded answer: ship on Friday."{flag}}}
+  - assistant:
+      - text: "They say to ship on Friday."
+  - assistant:
+      - text: "The notes say to ship on Friday."
+    lane: subagent:general-purpose
+"#
+        )
+    };
+    let driven = crate::support::run_yaml(&yaml(", subagent: true"));
+    assert_eq!(crate::support::lanes(&driven), ["main", "subagent:general-purpose", "main"]);
+    let text = serde_json::to_string(&driven.requests[2].messages).unwrap();
+    assert!(text.contains("The recorded answer: ship on Friday.") && !text.contains("agentId:"), "{text}");
+    // The output alone stands for the subagent: no subagent request.
+    let plain = crate::support::run_yaml(&yaml(""));
+    assert_eq!(crate::support::lanes(&plain), ["main", "main"]);
+
+    let refused = yaml(", subagent: true").replace("name: Agent", "name: Bash").replace("{description: Notes, prompt: \"Read the notes.\", subagent_type: general-purpose}", "{command: ls}");
+    let error = ctxsim::scenario::parse_scenario(&refused, "inline.yaml").unwrap_err().to_string();
+    assert!(error.contains("subagent") && error.contains("Bash"), "{error}");
+}
