@@ -18,8 +18,13 @@
 //! What the agent produces itself, not the recording: the system prompt, the tools, CLAUDE.md
 //! and the user context, every attachment and reminder, and the compactions (when they fire
 //! and how the conversation is rebuilt). The workload counts what it leaves to the agent
-//! ([`WorkloadReport`]): meta prompts and attachment records, subagent calls (the Agent tool's
-//! recorded result stands for the subagent's work), the recorded compaction boundaries.
+//! ([`WorkloadReport`]): meta prompts and attachment records, the events of subagents it does
+//! not drive, the recorded compaction boundaries.
+//!
+//! Recorded subagents ([`subagents`]): each Agent call of the main thread is bound to the
+//! transcript of its subagent; a bound subagent of a type the agent knows is driven (the agent
+//! runs it, its recorded replies answer it, the call's result stays the recorded one), and every
+//! call or recorded lane not driven is listed with why ([`WorkloadReport::subagents`]).
 //!
 //! The scenario is built as its JSON text and loaded through the scenario loader, so a workload
 //! obeys every rule a written scenario does, and `ctxsim import --to scenario` writes the same
