@@ -67,6 +67,7 @@ impl Scenario {
             git: spec.git.clone(),
             home: spec.home.clone(),
             append_system_prompt: spec.append_system_prompt.clone(),
+            recorded_attachments: spec.recorded_attachments,
         }
     }
 }

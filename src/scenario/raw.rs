@@ -49,6 +49,7 @@ pub(crate) struct RawStep {
     pub clear: Option<bool>,
     pub compact: Option<bool>,
     pub resume: Option<bool>,
+    pub attachment: Option<AttachmentSpec>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,
@@ -123,6 +124,16 @@ pub(crate) struct McpListChangedSpec {
     pub tools: Vec<crate::world::McpToolDef>,
 }
 
+/// `attachment: {type, text}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AttachmentSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: String,
+}
+
+/// `write_file: {path, content}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WriteFileSpec {

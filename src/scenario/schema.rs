@@ -85,6 +85,11 @@ pub struct WorldSpec {
     /// recorded client's prompt held that the agent does not model.
     #[serde(default)]
     pub append_system_prompt: Option<String>,
+    /// The attachments are the script's (`attachment` steps, the ones a recorded client sent):
+    /// the agent adds none of its own per-turn attachments and reminders. `ctxsim fidelity
+    /// --engine agent` sets it for a transcript that records its attachments.
+    #[serde(default)]
+    pub recorded_attachments: bool,
 }
 
 /// `world.mount[i]`.
@@ -180,6 +185,9 @@ pub enum Step {
     Resume,
     /// `compact: true` — `/compact`: the user compacts the conversation now (trigger `manual`).
     Compact,
+    /// `attachment: {type, text}` — an attachment the recorded client sent here, as its text
+    /// (`import --to scenario` of a transcript that records them); the agent sends it as is.
+    Attachment { kind: String, text: String },
 }
 
 impl Step {
@@ -202,6 +210,7 @@ impl Step {
             Step::Clear => "clear",
             Step::Resume => "resume",
             Step::Compact => "compact",
+            Step::Attachment { .. } => "attachment",
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct World {
     pub home: String,
     /// `claude --append-system-prompt TEXT`: appended to the system prompt's dynamic part.
     pub append_system_prompt: Option<String>,
+    /// The script supplies the attachments (`attachment` steps): the agent adds none of its
+    /// own per-turn ones.
+    pub recorded_attachments: bool,
 }
 
 impl World {
@@ -75,6 +78,7 @@ impl World {
             git: None,
             home: "/home/user".to_owned(),
             append_system_prompt: None,
+            recorded_attachments: false,
         }
     }
 
