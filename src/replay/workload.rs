@@ -56,6 +56,10 @@ pub struct WorkloadReport {
     /// recorded client did); 0 when the simulated usage is the agent's (`import --to scenario`).
     #[serde(default)]
     pub recorded_usage: usize,
+    /// Tool outputs carrying the file the call read or wrote, as the record's structured result
+    /// shows it (the agent's fs and read state follow it).
+    #[serde(default)]
+    pub files_shown: usize,
     /// Recorded attachments the agent sends as recorded (`attachment` steps; as recorded only,
     /// with `recorded_usage`): the agent adds none of its own then.
     #[serde(default)]
@@ -163,7 +167,10 @@ fn workload_with(
     let mut compact_replies: Vec<Value> = Vec::new();
     // Tool results wait until the reply that called them is in the script.
     let mut pending_outputs: Map<String, Value> = Map::new();
-    let mut called: BTreeMap<String, ()> = BTreeMap::new();
+    // Tool uses driven so far, by id: name and input.
+    let mut called: BTreeMap<String, (String, Value)> = BTreeMap::new();
+    // The files the record shows (structured results), as the replay's working set follows them.
+    let mut files = super::working_set::WorkingSet::default();
     // Tool uses of the last main reply without a recorded result yet: a compaction that fired
     // between a reply and its results replaced them unwritten, though the client counted them.
     let mut open_uses: Vec<(String, String)> = Vec::new();
@@ -241,13 +248,17 @@ fn workload_with(
                 // Output tokens not spent on the visible part, at four characters a token.
                 let thinking_chars = (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1);
                 let mut blocks = Vec::new();
+                // The reply's rough size as the client held it: unstored thinking at its fill.
+                let mut held_tokens = 0u64;
                 for block in &reply.content {
+                    held_tokens += crate::agent::compact::counting::rough_block(block);
                     match block {
                         ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
                         ContentBlock::Thinking { thinking, signature, .. } => {
                             if thinking.is_empty() {
                                 report.thinking_filled += 1;
                                 let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
+                                held_tokens += crate::agent::compact::counting::rough(&text);
                                 blocks.push(json!({ "thinking": text }));
                             } else {
                                 blocks.push(json!({ "thinking": thinking }));
@@ -255,7 +266,7 @@ fn workload_with(
                         }
                         ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
                         ContentBlock::ToolUse { id, name, input, .. } => {
-                            called.insert(id.clone(), ());
+                            called.insert(id.clone(), (name.clone(), input.clone()));
                             open_uses.push((id.clone(), name.clone()));
                             blocks.push(json!({ "tool_use": { "id": id, "name": name, "input": input } }));
                         }
@@ -277,9 +288,10 @@ fn workload_with(
                     // What the API returned to the recorded client: the agent counts its context
                     // from it, as the client did (`tokenCountWithEstimation`). Older clients wrote
                     // a placeholder `output_tokens` on a reply's lines; the client counted the
-                    // final one, at least the reply's own size (as `triggers::main_points` does).
-                    // Fidelity prices the recorded output, not this one.
-                    let output = usage.output_tokens.max(reply.content.iter().map(crate::agent::compact::counting::rough_block).sum());
+                    // final one, at least the reply's own size as it held it (its thinking too,
+                    // whose text the transcript did not keep: at its fill). Fidelity prices the
+                    // recorded output, not this one.
+                    let output = usage.output_tokens.max(held_tokens);
                     step.insert(
                         "usage".into(),
                         json!({
@@ -298,10 +310,10 @@ fn workload_with(
                 report.main_replies += 1;
             }
             EventKind::ToolResult(result) if main => {
-                if !called.contains_key(&result.tool_use_id) {
+                let Some((name, input)) = called.get(&result.tool_use_id) else {
                     leave(&mut report, "tool_result_without_call");
                     continue;
-                }
+                };
                 let (text, images) = result_parts(result.content.as_ref());
                 let mut output = Map::new();
                 output.insert("content".into(), Value::String(text));
@@ -310,6 +322,16 @@ fn workload_with(
                 }
                 if !images.is_empty() {
                     output.insert("images".into(), Value::Array(images.into_iter().map(|n| json!({ "base64_bytes": n })).collect()));
+                }
+                // The file the call read or wrote, as the record shows it: the agent's executor
+                // leaves it in its fs and counts it read, so its own compaction restores it.
+                files.observe(name, input, result.tool_use_result.as_ref(), result.is_error);
+                if matches!(name.as_str(), "Read" | "Edit" | "MultiEdit" | "Write")
+                    && let Some(path) = input.get("file_path").and_then(Value::as_str)
+                    && let Some(content) = files.content_of(path)
+                {
+                    output.insert("file".into(), json!({ "path": path, "content": content }));
+                    report.files_shown += 1;
                 }
                 pending_outputs.insert(result.tool_use_id.clone(), Value::Object(output));
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);

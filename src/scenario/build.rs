@@ -42,7 +42,11 @@ impl Scenario {
                     for output in outputs {
                         tool_outputs.insert(
                             output.tool_use_id.clone(),
-                            ScriptedToolOutput { content: output.result_content(), is_error: output.is_error },
+                            ScriptedToolOutput {
+                                content: output.result_content(),
+                                is_error: output.is_error,
+                                file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
+                            },
                         );
                     }
                 }

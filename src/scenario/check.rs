@@ -329,6 +329,7 @@ fn check_step(
                         content: spec.content.clone(),
                         is_error: spec.is_error,
                         images: spec.images.clone(),
+                        file: spec.file.clone(),
                     });
                 }
             }

@@ -169,6 +169,7 @@ pub(crate) struct ToolOutputSpec {
     pub content: String,
     pub is_error: bool,
     pub images: Vec<super::schema::ImageSpec>,
+    pub file: Option<super::schema::ToolFile>,
 }
 
 #[derive(Deserialize)]
@@ -180,6 +181,8 @@ struct ToolOutputMap {
     is_error: bool,
     #[serde(default)]
     images: Vec<super::schema::ImageSpec>,
+    #[serde(default)]
+    file: Option<super::schema::ToolFile>,
 }
 
 impl<'de> Deserialize<'de> for ToolOutputSpec {
@@ -190,14 +193,14 @@ impl<'de> Deserialize<'de> for ToolOutputSpec {
         impl<'de> Visitor<'de> for V {
             type Value = ToolOutputSpec;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string or a map with `content` and optional `is_error` and `images`")
+                f.write_str("a string or a map with `content` and optional `is_error`, `images` and `file`")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ToolOutputSpec, E> {
-                Ok(ToolOutputSpec { content: v.to_owned(), is_error: false, images: Vec::new() })
+                Ok(ToolOutputSpec { content: v.to_owned(), is_error: false, images: Vec::new(), file: None })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ToolOutputSpec, A::Error> {
                 let m = ToolOutputMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(ToolOutputSpec { content: m.content, is_error: m.is_error, images: m.images })
+                Ok(ToolOutputSpec { content: m.content, is_error: m.is_error, images: m.images, file: m.file })
             }
         }
         deserializer.deserialize_any(V)

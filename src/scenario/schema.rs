@@ -260,6 +260,19 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// Images the tool returned after the text (a screenshot, an image file read).
     pub images: Vec<ImageSpec>,
+    /// The file the call read or wrote, as recorded ([`ToolFile`]).
+    pub file: Option<ToolFile>,
+}
+
+/// `tool_output: {id: {file: {path, content}}}` — the file the call read or wrote, as the
+/// recording shows it (a transcript's structured result): the executor leaves it in the virtual
+/// fs and counts it read, so the agent's own compaction restores it. Written by `import --to
+/// scenario`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFile {
+    pub path: String,
+    pub content: String,
 }
 
 /// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000}]}}` — an image

@@ -16,6 +16,9 @@ use super::scripted::{GitState, HookAnswer, McpServer};
 pub struct ScriptedToolOutput {
     pub content: ToolResultContent,
     pub is_error: bool,
+    /// The file the call read or wrote, as recorded (path, content): left in the fs and counted
+    /// read, as the real tool would have.
+    pub file: Option<(String, String)>,
 }
 
 /// Everything outside the agent. Built by `Scenario::into_world`; the agent takes `&mut World`.

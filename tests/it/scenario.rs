@@ -60,6 +60,7 @@ fn steps(scenario: &Scenario) -> String {
             Step::Clear => "clear".to_owned(),
             Step::Resume => "resume".to_owned(),
             Step::Compact => "compact".to_owned(),
+            Step::Attachment { kind, text } => format!("attachment {kind} ({} chars)", text.len()),
             Step::Git(git) => format!("git {} ({} status lines, {} commits)", git.branch, git.status.len(), git.recent_commits.len()),
         })
         .collect::<Vec<_>>()
