@@ -304,6 +304,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
             | Step::McpListChanged { .. }
             | Step::PluginEnable { .. }
             | Step::PluginReload
+            | Step::Attachment { .. }
             | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
                 agent.clear(&mut world);
@@ -509,7 +510,8 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
 }
 
 /// Applies a step that changes the World or the session's capabilities without a model call
-/// (file edits by the user, MCP and plugin steps, git state); other steps are left alone.
+/// (file edits by the user, MCP and plugin steps, git state, a recorded attachment); other
+/// steps are left alone.
 /// Events for the next request go to `pending_events`.
 pub fn apply_world_step(step: &Step, agent: &mut Session, world: &mut World, pending_events: &mut Vec<String>) -> Result<(), String> {
     match step {
@@ -528,6 +530,7 @@ pub fn apply_world_step(step: &Step, agent: &mut Session, world: &mut World, pen
         Step::PluginEnable { root } => agent.plugin_enable(root, world)?,
         Step::PluginReload => agent.plugin_reload(world)?,
         Step::Git(state) => world.git = Some(state.clone()),
+        Step::Attachment { kind, text } => agent.recorded_attachment(kind, text),
         _ => {}
     }
     Ok(())

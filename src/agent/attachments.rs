@@ -60,6 +60,9 @@ pub enum Attachment {
     DateChange { date: String },
     TodoReminder { todos: Vec<Todo> },
     InvokedSkills { skills: Vec<InvokedSkill> },
+    /// An attachment a recorded client sent (a workload's `attachment` step): `kind` is the
+    /// record's type, `text` the whole text block sent, wrapper included.
+    Recorded { kind: String, text: String },
     /// An attachment a compaction rebuilt (restored file, plan, invoked skills, deltas), as the
     /// messages it becomes on the wire: a restored file is the Read call (a string message) and
     /// its result; the others one message.
@@ -86,6 +89,7 @@ impl Attachment {
             Attachment::TodoReminder { .. } => "todo_reminder",
             Attachment::InvokedSkills { .. } => "invoked_skills",
             Attachment::PostCompact { .. } => "post_compact",
+            Attachment::Recorded { .. } => "recorded",
         }
     }
 
@@ -93,6 +97,7 @@ impl Attachment {
     pub fn render(&self) -> Vec<ContentBlock> {
         match self {
             Attachment::PostCompact { call, texts } => call.iter().chain(texts).map(|t| ContentBlock::text(t.clone())).collect(),
+            Attachment::Recorded { text, .. } => vec![ContentBlock::text(text.clone())],
             _ => vec![ContentBlock::text(system_reminder(&self.text()))],
         }
     }
@@ -171,6 +176,7 @@ impl Attachment {
                 text
             }
             Attachment::PostCompact { call, texts } => call.iter().chain(texts).cloned().collect::<Vec<_>>().join("\n"),
+            Attachment::Recorded { text, .. } => text.clone(),
             Attachment::InvokedSkills { skills } => {
                 let parts: Vec<String> =
                     skills.iter().map(|s| format!("### Skill: {}\nPath: {}\n\n{}", s.name, s.path, s.content)).collect();

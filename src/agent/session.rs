@@ -614,6 +614,18 @@ impl Session {
         messages
     }
 
+    /// An attachment the recorded client sent at this point of a workload (`attachment` step),
+    /// sent as recorded.
+    pub fn recorded_attachment(&mut self, kind: &str, text: &str) {
+        self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.to_owned() }]);
+    }
+
+    /// The script supplies this thread's attachments (`world.recorded_attachments`): the main
+    /// thread adds none of its own.
+    fn attachments_recorded(&self, world: &World) -> bool {
+        world.recorded_attachments && !self.thread.is_subagent()
+    }
+
     fn push_attachments(&mut self, attachments: Vec<Attachment>) {
         self.records.extend(attachments.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: false }));
     }
@@ -861,9 +873,13 @@ impl Session {
     /// The delta attachments compaction re-injects (§5.1), each announcing everything current,
     /// in the thread group's order, with the announced sets they leave behind.
     pub(crate) fn compaction_deltas(&self, world: &World) -> (Vec<Attachment>, AnnouncedSets) {
-        let pool = self.pool(world);
         let mut out = Vec::new();
         let mut sets = AnnouncedSets::default();
+        if self.attachments_recorded(world) {
+            // The recorded client's own re-announcements follow the boundary in the script.
+            return (out, sets);
+        }
+        let pool = self.pool(world);
         if self.strategy.deferred_tools_delta && pool.tool_search {
             sets.deferred = pool.deferred_names.iter().cloned().collect();
             if !sets.deferred.is_empty() {
@@ -888,6 +904,9 @@ impl Session {
     }
 
     fn thread_attachments(&mut self, world: &World) -> Vec<Attachment> {
+        if self.attachments_recorded(world) {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         let today = world.clock.date_string();
         match &self.last_date {

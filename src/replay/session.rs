@@ -1015,7 +1015,7 @@ fn render_filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_
     text
 }
 
-fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
+pub(crate) fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
     let split = usage.cache_creation.as_ref()?;
     if split.ephemeral_1h_input_tokens > 0 {
         Some(CacheTtl::OneHour)

@@ -372,7 +372,7 @@ fn result_tokens(content: Option<&crate::api::ToolResultContent>) -> u64 {
 }
 
 /// Mean rough tokens of a recorded result, per tool, over the session.
-fn mean_result_tokens(session: &ImportedSession) -> std::collections::BTreeMap<String, u64> {
+pub(crate) fn mean_result_tokens(session: &ImportedSession) -> std::collections::BTreeMap<String, u64> {
     let mut names: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
     let mut sums: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
     for event in &session.recording.events {

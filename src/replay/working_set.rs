@@ -204,6 +204,20 @@ impl WorkingSet {
         self.files.insert(path, FileEntry { touched: self.clock, content });
     }
 
+    /// What the record shows of `path`'s content now: its whole text, or for a file known only
+    /// in part, a stand-in of the whole file's size at the density of the part read (the size
+    /// [`Self::compact`] restores it at). `None` for a file the record does not show (and for
+    /// the plan file, kept apart).
+    pub fn content_of(&self, path: &str) -> Option<String> {
+        match &self.files.get(path)?.content {
+            Content::Known(text) => Some(text.clone()),
+            Content::Partial { slice, lines, total_lines } => {
+                let chars = slice.len() * (*total_lines).min(READ_MAX_LINES) / (*lines).max(1);
+                Some(crate::agent::compact::generator::filler("file known in part", chars))
+            }
+        }
+    }
+
     /// The attachments after a compaction, in the client's order (files, then the plan), and
     /// the state the compaction leaves: only the restored files. `tokens` estimates a text as
     /// the API counts it (the client checks the 5,000-token limit with the API's count).

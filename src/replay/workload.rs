@@ -39,6 +39,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{ContentBlock, MessageContent, StopReason, ToolResultContent};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
+use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
 use crate::recording::{EventKind, ImportedSession};
 use crate::scenario::Scenario;
 
@@ -64,6 +65,18 @@ pub struct WorkloadReport {
     /// recorded client did); 0 when the simulated usage is the agent's (`import --to scenario`).
     #[serde(default)]
     pub recorded_usage: usize,
+    /// Tool outputs carrying the file the call read or wrote, as the record's structured result
+    /// shows it (the agent's fs and read state follow it).
+    #[serde(default)]
+    pub files_shown: usize,
+    /// Recorded attachments the agent sends as recorded (`attachment` steps; as recorded only,
+    /// with `recorded_usage`): the agent adds none of its own then.
+    #[serde(default)]
+    pub recorded_attachments: usize,
+    /// Tool uses whose results a compaction replaced before they were written, answered with a
+    /// stand-in of the session's mean result of that tool.
+    #[serde(default)]
+    pub unwritten_results: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -191,7 +204,14 @@ fn workload_with(
     let mut compact_replies: Vec<Value> = Vec::new();
     // Tool results wait until the reply that called them is in the script.
     let mut pending_outputs: Map<String, Value> = Map::new();
-    let mut called: BTreeMap<String, ()> = BTreeMap::new();
+    // Tool uses driven so far, by id: name and input.
+    let mut called: BTreeMap<String, (String, Value)> = BTreeMap::new();
+    // The files the record shows (structured results), as the replay's working set follows them.
+    let mut files = super::working_set::WorkingSet::default();
+    // Tool uses of the last main reply without a recorded result yet: a compaction that fired
+    // between a reply and its results replaced them unwritten, though the client counted them.
+    let mut open_uses: Vec<(String, String)> = Vec::new();
+    let result_tokens_by_tool = super::triggers::mean_result_tokens(session);
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
@@ -263,24 +283,53 @@ fn workload_with(
                     leave(&mut report, "empty_reply");
                     continue;
                 };
+                // The tool uses of this reply wait for their recorded results.
+                open_uses = reply
+                    .content
+                    .iter()
+                    .filter_map(|b| match b {
+                        ContentBlock::ToolUse { id, name, .. } => Some((id.clone(), name.clone())),
+                        _ => None,
+                    })
+                    .collect();
                 script.push(Value::Object(step));
                 main_calls.push(call_index.get(&event_index).copied().unwrap_or(event_index));
                 report.main_replies += 1;
             }
             EventKind::ToolResult(result) if main => {
-                if !called.contains_key(&result.tool_use_id) {
+                let Some((name, input)) = called.get(&result.tool_use_id) else {
                     leave(&mut report, "tool_result_without_call");
                     continue;
-                }
+                };
                 let mut output = result_output(result);
+                // The file the call read or wrote, as the record shows it: the agent's executor
+                // leaves it in its fs and counts it read, so its own compaction restores it.
+                files.observe(name, input, result.tool_use_result.as_ref(), result.is_error);
+                if matches!(name.as_str(), "Read" | "Edit" | "MultiEdit" | "Write")
+                    && let Some(path) = input.get("file_path").and_then(Value::as_str)
+                    && let Some(content) = files.content_of(path)
+                {
+                    output["file"] = json!({ "path": path, "content": content });
+                    report.files_shown += 1;
+                }
                 if subagents.drives_call(&result.tool_use_id) {
                     // The agent runs the recorded subagent; the call returns the recorded result.
                     output["subagent"] = Value::Bool(true);
                 }
                 pending_outputs.insert(result.tool_use_id.clone(), output);
+                open_uses.retain(|(id, _)| *id != result.tool_use_id);
                 report.tool_outputs += 1;
             }
             EventKind::Compaction(compaction) if main => {
+                // The results the compaction replaced before they were written: the client
+                // counted them, so the agent gets a stand-in of the session's mean result of
+                // that tool (the size `triggers::main_points` counts for them).
+                for (id, name) in std::mem::take(&mut open_uses) {
+                    let tokens = result_tokens_by_tool.get(&name).copied().unwrap_or(0);
+                    let text = crate::agent::compact::generator::filler("tool result the compaction replaced unwritten", (tokens * 4) as usize);
+                    pending_outputs.insert(id, json!({ "content": text }));
+                    report.unwritten_results += 1;
+                }
                 if compaction.trigger == "manual" {
                     // `/compact`: the user asked for it here; the agent compacts now.
                     flush(&mut script, &mut pending_outputs);
@@ -304,6 +353,14 @@ fn workload_with(
                 } else {
                     leave(&mut report, "local_command");
                 }
+            }
+            EventKind::Attachment(attachment) if main && recorded_usage && !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
+                // As recorded, the agent sends the attachment the client sent, here, as the
+                // replay renders it (`attachment_text`: the recorded text where the record holds
+                // it), and none of its own (`world.recorded_attachments`).
+                flush(&mut script, &mut pending_outputs);
+                script.push(json!({ "attachment": { "type": attachment.attachment_type, "text": attachment_text(attachment) } }));
+                report.recorded_attachments += 1;
             }
             EventKind::Attachment(_) => leave(&mut report, "attachment"),
             // A driven subagent's events are scripted on its lane below.
@@ -333,6 +390,9 @@ fn workload_with(
     if let Some(window) = window {
         world.insert("context_window".into(), json!(window));
     }
+    if report.recorded_attachments > 0 {
+        world.insert("recorded_attachments".into(), Value::Bool(true));
+    }
     if let Some(cwd) = recording.header.cwd.as_ref().filter(|c| c.starts_with('/')) {
         world.insert("cwd".into(), Value::String(cwd.clone()));
     }
@@ -361,7 +421,7 @@ fn reply_step(
     thinking_texts: &BTreeMap<String, String>,
     recorded_usage: bool,
     report: &mut WorkloadReport,
-    called: &mut BTreeMap<String, ()>,
+    called: &mut BTreeMap<String, (String, Value)>,
 ) -> Option<Map<String, Value>> {
     let visible_chars: usize = reply
         .content
@@ -376,13 +436,17 @@ fn reply_step(
     // Output tokens not spent on the visible part, at four characters a token.
     let thinking_chars = (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1);
     let mut blocks = Vec::new();
+    // The reply's rough size as the client held it: unstored thinking at its fill.
+    let mut held_tokens = 0u64;
     for block in &reply.content {
+        held_tokens += crate::agent::compact::counting::rough_block(block);
         match block {
             ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
             ContentBlock::Thinking { thinking, signature, .. } => {
                 if thinking.is_empty() {
                     report.thinking_filled += 1;
                     let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
+                    held_tokens += crate::agent::compact::counting::rough(&text);
                     blocks.push(json!({ "thinking": text }));
                 } else {
                     blocks.push(json!({ "thinking": thinking }));
@@ -390,7 +454,7 @@ fn reply_step(
             }
             ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
             ContentBlock::ToolUse { id, name, input, .. } => {
-                called.insert(id.clone(), ());
+                called.insert(id.clone(), (name.clone(), input.clone()));
                 blocks.push(json!({ "tool_use": { "id": id, "name": name, "input": input } }));
             }
             _ => *report.left_to_agent.entry("other_reply_block".to_owned()).or_default() += 1,
@@ -409,9 +473,10 @@ fn reply_step(
         // What the API returned to the recorded client: the agent counts its context
         // from it, as the client did (`tokenCountWithEstimation`). Older clients wrote
         // a placeholder `output_tokens` on a reply's lines; the client counted the
-        // final one, at least the reply's own size (as `triggers::main_points` does).
-        // Fidelity prices the recorded output, not this one.
-        let output = usage.output_tokens.max(reply.content.iter().map(crate::agent::compact::counting::rough_block).sum());
+        // final one, at least the reply's own size as it held it (its thinking too,
+        // whose text the transcript did not keep: at its fill). Fidelity prices the
+        // recorded output, not this one.
+        let output = usage.output_tokens.max(held_tokens);
         step.insert(
             "usage".into(),
             json!({
@@ -486,6 +551,10 @@ pub struct Sizing {
     pub system_filler_tokens: u64,
     pub claude_md_filler_tokens: u64,
     pub history_filler_tokens: u64,
+    /// The agent's prefix (tools + system) written to the cache before its first request, when
+    /// the recorded first call read a prefix an earlier session had cached (0: a cold start).
+    #[serde(default)]
+    pub seeded_prefix_tokens: u64,
 }
 
 /// The workload of `session` with the window the client ran with, the filler of [`Sizing`], and
@@ -520,13 +589,20 @@ pub fn agent_replay(
     measurer: &mut crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<AgentReplay, String> {
-    let (workload, sizing) = sized_workload(session, file, measurer, strategy, true)?;
     // The recorded version's autocompact reserve, unless the strategy sets one.
     let mut strategy = strategy.clone();
     if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
         let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
+    // The recorded TTL of the main lane (the usage's split names it): what the agent cannot
+    // know, taken from the record as the replay takes it; as recorded, its markers carry it.
+    let recorded_ttl = session.calls.iter().filter(|c| c.lane == LANE_MAIN).find_map(|c| super::session::ttl_of(&c.usage));
+    if let Some(ttl) = recorded_ttl {
+        strategy.ttl_main = ttl;
+    }
+    let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
+    sizing.seeded_prefix_tokens = seed_warm_prefix(session, &workload, measurer, &strategy)?;
     // The recorded TTL outside the main lane, where the strategy leaves it at its default and
     // the driven subagents' recorded calls, like every other call outside the main lane, wrote
     // their cache at 1h (what the agent cannot know; the replay takes each call's from the record).
@@ -598,6 +674,51 @@ pub fn agent_replay(
         records_requests: !session.api_requests.requests.is_empty(),
     };
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
+}
+
+/// What the agent cannot know and the record shows: the first recorded main call read a cached
+/// prefix (an earlier session of the project warmed it). As the replay does, the agent's own
+/// prefix (tools and system of its first request, its messages left out) is written to
+/// `measurer`'s cache just before that request, without a row. Returns the prefix's tokens, 0
+/// for a cold start.
+fn seed_warm_prefix(
+    session: &ImportedSession,
+    workload: &Workload,
+    measurer: &mut crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+) -> Result<u64, String> {
+    let warm = session
+        .calls
+        .iter()
+        .find(|c| c.lane == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0)
+        .is_some_and(|c| c.usage.cache_read_input_tokens > 0);
+    if !warm {
+        return Ok(0);
+    }
+    let Some(first) = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN)) else {
+        return Ok(0);
+    };
+    let mut probe = workload.scenario.clone();
+    probe.script.truncate(first + 1);
+    let counter = crate::measure::TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+    let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
+    let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
+    let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
+        .map_err(|e| e.to_string())?;
+    let Some((row, request)) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == LANE_MAIN) else { return Ok(0) };
+    let mut prefix = request.clone();
+    prefix.messages.clear();
+    // The whole prefix was cached (the recorded read covers it): its last system block carries
+    // the marker the request's own markers have.
+    if let Some(crate::api::SystemPrompt::Blocks(blocks)) = &mut prefix.system {
+        let marker = blocks.iter().find_map(|b| b.cache_control.clone());
+        if let (Some(marker), Some(last)) = (marker, blocks.last_mut()) {
+            last.cache_control = Some(marker);
+        }
+    }
+    let flat = measurer.flatten(&prefix).map_err(|e| e.to_string())?;
+    measurer.seed_cache(&flat, row.time_ms.saturating_sub(1), 0).map_err(|e| e.to_string())?;
+    Ok(flat.total_tokens)
 }
 
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes

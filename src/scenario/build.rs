@@ -42,7 +42,12 @@ impl Scenario {
                     for output in outputs {
                         tool_outputs.insert(
                             output.tool_use_id.clone(),
-                            ScriptedToolOutput { content: output.result_content(), is_error: output.is_error, runs_subagent: output.subagent },
+                            ScriptedToolOutput {
+                                content: output.result_content(),
+                                is_error: output.is_error,
+                                file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
+                                runs_subagent: output.subagent,
+                            },
                         );
                     }
                 }
@@ -67,6 +72,7 @@ impl Scenario {
             git: spec.git.clone(),
             home: spec.home.clone(),
             append_system_prompt: spec.append_system_prompt.clone(),
+            recorded_attachments: spec.recorded_attachments,
         }
     }
 }

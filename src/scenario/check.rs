@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 16] = [
+const KINDS: [&str; 17] = [
     "user",
     "assistant",
     "tool_output",
@@ -69,6 +69,7 @@ const KINDS: [&str; 16] = [
     "clear",
     "resume",
     "compact",
+    "attachment",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -202,6 +203,7 @@ fn check_step(
         step.clear.is_some(),
         step.resume.is_some(),
         step.compact.is_some(),
+        step.attachment.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -272,6 +274,12 @@ fn check_step(
             None => {}
         }
     }
+    if let Some(spec) = step.attachment {
+        if spec.text.is_empty() {
+            return Err(problem(here("attachment"), "the attachment's `text` is empty"));
+        }
+        return Ok(Step::Attachment { kind: spec.kind, text: spec.text });
+    }
     if let Some(git) = step.git {
         check_git(&git, here("git"))?;
         return Ok(Step::Git(git));
@@ -328,6 +336,7 @@ fn check_step(
                         is_error: spec.is_error,
                         images: spec.images.clone(),
                         subagent: spec.subagent,
+                        file: spec.file.clone(),
                     });
                 }
             }

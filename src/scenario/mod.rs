@@ -69,6 +69,8 @@
 //!   - git: {branch: main, status: []}  # the repository changes; the prompt keeps its snapshot
 //!   - clear: true                  # /clear: new conversation (SessionEnd, SessionStart clear)
 //!   - resume: true                 # --resume in a new process (SessionStart resume)
+//!   - attachment: {type: task_reminder, text: "<system-reminder>...</system-reminder>"}
+//!                                  # an attachment a recorded client sent here, sent as is
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

@@ -49,6 +49,7 @@ pub(crate) struct RawStep {
     pub clear: Option<bool>,
     pub compact: Option<bool>,
     pub resume: Option<bool>,
+    pub attachment: Option<AttachmentSpec>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,
@@ -123,6 +124,16 @@ pub(crate) struct McpListChangedSpec {
     pub tools: Vec<crate::world::McpToolDef>,
 }
 
+/// `attachment: {type, text}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AttachmentSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: String,
+}
+
+/// `write_file: {path, content}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WriteFileSpec {
@@ -159,6 +170,7 @@ pub(crate) struct ToolOutputSpec {
     pub is_error: bool,
     pub images: Vec<super::schema::ImageSpec>,
     pub subagent: bool,
+    pub file: Option<super::schema::ToolFile>,
 }
 
 #[derive(Deserialize)]
@@ -172,6 +184,7 @@ struct ToolOutputMap {
     images: Vec<super::schema::ImageSpec>,
     #[serde(default)]
     subagent: bool,
+    file: Option<super::schema::ToolFile>,
 }
 
 impl<'de> Deserialize<'de> for ToolOutputSpec {
@@ -182,14 +195,14 @@ impl<'de> Deserialize<'de> for ToolOutputSpec {
         impl<'de> Visitor<'de> for V {
             type Value = ToolOutputSpec;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string or a map with `content` and optional `is_error`, `images` and `subagent`")
+                f.write_str("a string or a map with `content` and optional `is_error`, `images`, `file` and `subagent`")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ToolOutputSpec, E> {
-                Ok(ToolOutputSpec { content: v.to_owned(), is_error: false, images: Vec::new(), subagent: false })
+                Ok(ToolOutputSpec { content: v.to_owned(), is_error: false, images: Vec::new(), subagent: false, file: None })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ToolOutputSpec, A::Error> {
                 let m = ToolOutputMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(ToolOutputSpec { content: m.content, is_error: m.is_error, images: m.images, subagent: m.subagent })
+                Ok(ToolOutputSpec { content: m.content, is_error: m.is_error, images: m.images, subagent: m.subagent, file: m.file })
             }
         }
         deserializer.deserialize_any(V)

@@ -85,6 +85,11 @@ pub struct WorldSpec {
     /// recorded client's prompt held that the agent does not model.
     #[serde(default)]
     pub append_system_prompt: Option<String>,
+    /// The attachments are the script's (`attachment` steps, the ones a recorded client sent):
+    /// the agent adds none of its own per-turn attachments and reminders. `ctxsim fidelity
+    /// --engine agent` sets it for a transcript that records its attachments.
+    #[serde(default)]
+    pub recorded_attachments: bool,
 }
 
 /// `world.mount[i]`.
@@ -180,6 +185,9 @@ pub enum Step {
     Resume,
     /// `compact: true` — `/compact`: the user compacts the conversation now (trigger `manual`).
     Compact,
+    /// `attachment: {type, text}` — an attachment the recorded client sent here, as its text
+    /// (`import --to scenario` of a transcript that records them); the agent sends it as is.
+    Attachment { kind: String, text: String },
 }
 
 impl Step {
@@ -202,6 +210,7 @@ impl Step {
             Step::Clear => "clear",
             Step::Resume => "resume",
             Step::Compact => "compact",
+            Step::Attachment { .. } => "attachment",
         }
     }
 }
@@ -256,6 +265,19 @@ pub struct ToolOutput {
     /// the call's result is this output, not the subagent's. A recorded session's workload
     /// drives its recorded subagents this way.
     pub subagent: bool,
+    /// The file the call read or wrote, as recorded ([`ToolFile`]).
+    pub file: Option<ToolFile>,
+}
+
+/// `tool_output: {id: {file: {path, content}}}` — the file the call read or wrote, as the
+/// recording shows it (a transcript's structured result): the executor leaves it in the virtual
+/// fs and counts it read, so the agent's own compaction restores it. Written by `import --to
+/// scenario`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFile {
+    pub path: String,
+    pub content: String,
 }
 
 /// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000}]}}` — an image

@@ -19,6 +19,9 @@ pub struct ScriptedToolOutput {
     /// An Agent call's recorded output whose subagent the agent still runs (its requests are
     /// measured, answered by its lane's scripted replies); the call returns this output.
     pub runs_subagent: bool,
+    /// The file the call read or wrote, as recorded (path, content): left in the fs and counted
+    /// read, as the real tool would have.
+    pub file: Option<(String, String)>,
 }
 
 /// Everything outside the agent. Built by `Scenario::into_world`; the agent takes `&mut World`.
@@ -54,6 +57,9 @@ pub struct World {
     pub home: String,
     /// `claude --append-system-prompt TEXT`: appended to the system prompt's dynamic part.
     pub append_system_prompt: Option<String>,
+    /// The script supplies the attachments (`attachment` steps): the agent adds none of its
+    /// own per-turn ones.
+    pub recorded_attachments: bool,
 }
 
 impl World {
@@ -78,6 +84,7 @@ impl World {
             git: None,
             home: "/home/user".to_owned(),
             append_system_prompt: None,
+            recorded_attachments: false,
         }
     }
 

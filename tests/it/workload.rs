@@ -62,8 +62,10 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
                 _ => Vec::new(),
             })
             .collect();
+        // Recorded results (the driven subagents' too), and stand-ins for the ones a compaction
+        // replaced unwritten.
         let subagent_outputs: usize = workload.report.subagents.iter().map(|r| r.tool_outputs).sum();
-        assert_eq!(outputs.len(), workload.report.tool_outputs + subagent_outputs, "{}", path.display());
+        assert_eq!(outputs.len(), workload.report.tool_outputs + subagent_outputs + workload.report.unwritten_results, "{}", path.display());
         assert!(outputs.iter().all(|id| called.contains(id)), "{}", path.display());
         assert!(workload.report.user_prompts > 0, "{}", path.display());
     }
@@ -194,4 +196,104 @@ fn the_agent_compacts_at_the_recorded_calls() {
     let (total, matched) = reports.iter().map(|(_, r)| r.auto_matched()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     assert_eq!((total, matched), (2, 2));
     insta::assert_snapshot!(ctxsim::replay::agent_triggers_table(&reports));
+}
+
+/// A compaction that fired between a reply and its tool's result replaced the result before it
+/// was written (af1dd25e-8, call 115: a Read), though the client counted it. The workload answers
+/// that call with a stand-in of the session's mean result of the tool, so the agent's count
+/// reaches the threshold where the client's did: it compacts at the recorded call and answers
+/// the recorded calls after it (without the stand-in it never compacted and ran out of window
+/// after 126 of 224 calls). The files the record shows are in the agent's fs, so its own
+/// compaction restores them: the first call after it is the recorded size within 15% (38% short
+/// without them).
+#[test]
+fn a_result_a_compaction_replaced_unwritten_still_counts() {
+    let path = realdata().join("transcripts/cipher-box/af1dd25ebb3e-8.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    assert_eq!(driven.report.unwritten_results, 1);
+    assert!(driven.report.files_shown > 50, "{:?}", driven.report);
+    assert!(driven.replay.calls.len() > 161, "{} calls answered", driven.replay.calls.len());
+    let after = &driven.replay.calls[115];
+    assert_eq!(after.index, driven.compactions[0].before_call);
+    let (simulated, recorded) = (after.simulated_context() as f64, after.recorded_context() as f64);
+    assert!((simulated - recorded).abs() / recorded < 0.15, "after the compaction: agent {simulated} vs recorded {recorded}");
+    let report = ctxsim::replay::agent_triggers(&session, &driven.replay, &driven.compactions, true, &ModelTable::shipped(), &Default::default());
+    let first = report.rows.iter().find(|r| r.recorded_call == Some(115)).expect("the recorded compaction at call 115");
+    assert_eq!(first.verdict, "matched", "{report:?}");
+}
+
+/// As recorded, a transcript that records its attachments (2.1.2xx) drives them: each sent
+/// attachment record becomes an `attachment` step at its place, rendered as the replay renders
+/// it, and the agent adds none of its own. A scenario for other strategies keeps the agent's.
+/// On NumWordify the context error falls from 28.9% (the agent's own listings and reminders) to
+/// within the target.
+#[test]
+fn as_recorded_the_agent_sends_the_recorded_attachments_and_none_of_its_own() {
+    let path = realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let file = path.display().to_string();
+    let attachments = |w: &ctxsim::replay::workload::Workload| w.scenario.script.iter().filter(|s| matches!(s, Step::Attachment { .. })).count();
+    let (plain, _) = ctxsim::replay::workload::sized_workload(&session, &file, &measurer(), &strategy, false).unwrap();
+    assert_eq!((attachments(&plain), plain.scenario.world.recorded_attachments), (0, false));
+    let (recorded, _) = ctxsim::replay::workload::sized_workload(&session, &file, &measurer(), &strategy, true).unwrap();
+    assert!(recorded.scenario.world.recorded_attachments);
+    assert_eq!(attachments(&recorded), recorded.report.recorded_attachments);
+    assert!(recorded.report.recorded_attachments >= 10, "{:?}", recorded.report);
+    let driven = agent_replay(&session, &file, &mut measurer(), &strategy).unwrap();
+    let mape = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false).context_tokens_mape;
+    assert!(mape < 0.06, "context MAPE {mape}");
+}
+
+/// An `attachment` step is sent as written, where it stands; with `recorded_attachments` the
+/// agent adds no attachment of its own (here the skill listing its skill would get).
+#[test]
+fn an_attachment_step_is_sent_as_written_and_replaces_the_agents_own() {
+    let yaml = |recorded: bool| {
+        format!(
+            r#"
+name: recorded-attachment
+world:
+  model: claude-sonnet-4-6
+  recorded_attachments: {recorded}
+  files:
+    /repo/.claude/skills/deploy/SKILL.md: "---\ndescription: Ship the build to production\n---\nRun the deploy script."
+script:
+  - user: "Ship it."
+  - attachment: {{type: task_reminder, text: "<system-reminder>\nThe recorded reminder.\n</system-reminder>"}}
+  - assistant:
+      - text: "Shipped."
+"#
+        )
+    };
+    let texts = |recorded: bool| {
+        let out = crate::support::run_yaml(&yaml(recorded));
+        serde_json::to_string(&out.requests[0].messages).unwrap()
+    };
+    let recorded = texts(true);
+    assert!(recorded.contains("The recorded reminder."), "{recorded}");
+    assert!(!recorded.contains("deploy"), "the agent's own skill listing: {recorded}");
+    let own = texts(false);
+    assert!(own.contains("The recorded reminder.") && own.contains("deploy"), "{own}");
+}
+
+/// The record shows what the agent cannot know: a first call that read a prefix an earlier
+/// session cached (its prefix is seeded, as the replay seeds it) and the TTL the client's
+/// markers carried (1h on eea3a341, whose 445 s pause before call 79 reads the whole prefix).
+#[test]
+fn a_warm_start_and_the_recorded_ttl_come_from_the_record() {
+    let path = realdata().join("transcripts/oh-my-posh/eea3a34195eb-0.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    assert!(driven.sizing.seeded_prefix_tokens > 20_000, "{:?}", driven.sizing);
+    let first = &driven.replay.calls[0];
+    let read = |c: &ctxsim::replay::CallReplay| (c.recorded.cache_read_input_tokens as f64, c.sim_cache_read);
+    let (recorded, simulated) = read(first);
+    assert!((simulated - recorded).abs() / recorded < 0.02, "first call read: agent {simulated} vs recorded {recorded}");
+    let late = &driven.replay.calls[79];
+    let (recorded, simulated) = read(late);
+    assert!(recorded > 150_000.0 && simulated / recorded > 0.95, "call 79 read: agent {simulated} vs recorded {recorded}");
 }

@@ -180,6 +180,16 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
         let content = cx.limits.cut_output(name, scripted.content.clone());
         let is_error = if scripted.is_error { Some(true) } else if name == "Bash" { Some(false) } else { None };
         outcome.result = ContentBlock::tool_result(id, content, is_error);
+        if let Some((path, text)) = scripted.file.clone() {
+            // The file as the record shows it after the call: in the fs, and read.
+            let path = absolute(&world.cwd, &path);
+            if world.fs.read(&path).ok() != Some(text.as_str()) {
+                let _ = world.fs.write(&path, text, &world.clock);
+            }
+            if world.fs.is_file(&path) {
+                outcome.touched.push(path);
+            }
+        }
         return outcome;
     }
     let arg = |key: &str| input.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
