@@ -166,11 +166,17 @@ impl Reason {
     /// (every value gives the same replay options); the knob's stage is disabled at every point;
     /// the knob moves the autocompaction threshold. `strategies` are every point's.
     pub fn find(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input) -> Reason {
+        Self::find_with(grid, strategies, param, input, crate::report::compare::Engine::Replay)
+    }
+
+    /// [`Reason::find`] with recorded sessions run by `engine`: through the agent every knob
+    /// reaches a session, so only the stage and threshold reasons apply.
+    pub fn find_with(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input, engine: crate::report::compare::Engine) -> Reason {
         let key = &grid.params[param].key;
         if let Some(reason) = stage_disabled(key, strategies) {
             return Reason::Known(reason);
         }
-        if matches!(input.loaded, LoadedInput::Session(_)) {
+        if matches!(input.loaded, LoadedInput::Session(_)) && engine == crate::report::compare::Engine::Replay {
             // Every point against the one that differs from it in this knob only, set to its
             // first value.
             let options: Vec<_> = strategies.iter().map(crate::replay::ReplayOptions::from_strategy).collect();
