@@ -156,3 +156,34 @@ fn a_sweep_through_the_agent_warns_of_a_knob_without_effect_on_a_real_session() 
     let first = |dir: &Path| std::fs::read_to_string(dir.join("sweep.csv")).unwrap().lines().next().unwrap().to_owned();
     assert_ne!(first(one.path()), first(replay.path()));
 }
+
+/// `check` judges a recorded session through the agent against a baseline: written by
+/// `--update-baseline`, passed by the same run, refused under the other engine (the baseline
+/// records it), and a session cannot be combined with `--disable-stage`.
+#[test]
+fn check_takes_a_real_session_through_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let baseline = dir.path().join("baseline.json").display().to_string();
+    let session = a6e4();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["check", session.as_str(), "--estimator", "chars4", "--baseline", baseline.as_str()];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(&args).output().unwrap()
+    };
+    let written = run(&["--engine", "agent", "--update-baseline"]);
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let text = std::fs::read_to_string(&baseline).unwrap();
+    assert!(text.contains("\"strategy\": \"claude-code --engine agent\""), "{text}");
+    assert!(text.contains("a6e4c2a0fbd1-0.full.jsonl"), "{text}");
+    let passed = run(&["--engine", "agent", "--json"]);
+    assert_eq!(passed.status.code(), Some(0), "{}", String::from_utf8_lossy(&passed.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&passed.stdout).unwrap();
+    let checks = report["scenarios"][0]["checks"].as_array().unwrap();
+    assert!(checks.iter().any(|c| c["name"] == "baseline.cost_usd" && c["status"] == "pass"), "{report}");
+    let other = run(&[]);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("the baseline was measured with strategy `claude-code --engine agent`"));
+    let staged = run(&["--engine", "agent", "--disable-stage", "snip"]);
+    assert_eq!(staged.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&staged.stderr).contains("--disable-stage applies to scenarios only"));
+}
