@@ -7,13 +7,16 @@
 //!   agent counts its context (and decides its compactions) from what the client counted — up to
 //!   the first *divergence*: the first main call before which the agent rewrote its conversation
 //!   where the recording did not (a compaction at a call the recording did not compact before, a
-//!   microcompact, snip, collapse, tool result budget or peer rewrite), or did not compact where
-//!   the recording did. From that call on the recorded usage describes another conversation, so
-//!   the agent counts from the simulated usage of what it sent.
+//!   microcompact, snip, collapse, tool result budget, peer rewrite, or a server-side context
+//!   edit the strategy asked for and the client did not), or did not compact where the recording
+//!   did. A stage that fired but removed nothing is no divergence. From that call on the recorded
+//!   usage describes another conversation, so the agent counts from the simulated usage of what
+//!   it sent.
 //! - **Summaries.** A compaction of the agent at the call of a recorded one (±1 call) takes the
 //!   recorded summary; any other takes a deterministic stand-in of the fitted summary length
-//!   ([`super::whatif::SUMMARY_CHARS`]: the median of the automatic compaction summaries of
-//!   ../shared/realdata).
+//!   ([`super::whatif::SUMMARY_CHARS`]: the lower middle value of the 12 automatic compaction
+//!   summaries of ../shared/realdata). A recorded compaction before the first call driven is the
+//!   history the file continues from: the agent has nothing to compact there.
 //! - **Replies.** After a divergence the remaining recorded replies continue (the same work is
 //!   assumed to happen); the outcome says from which call and why.
 //!
@@ -90,7 +93,13 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
         }
         let has_summary = compaction.summary.as_ref().is_some_and(|s| !s.is_empty());
         let summary = if has_summary { summaries.next() } else { None };
-        let Some(&(_, call)) = main_calls.iter().find(|(e, _)| *e > event_index) else { continue };
+        // A compaction before the first call driven is the history the file continues from (the
+        // workload's opening filler stands for it): the agent has nothing to compact there.
+        let Some(position) = main_calls.iter().position(|(e, _)| *e > event_index) else { continue };
+        if position == 0 {
+            continue;
+        }
+        let call = main_calls[position].1;
         recorded.push(RecordedCompaction { call, trigger: compaction.trigger.clone(), summary });
     }
     Ok(Prepared { workload, sizing, recorded, reserve })
@@ -242,11 +251,14 @@ pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, 
     let effective = effective_strategy(strategy, prepared);
     let recorded_lane: Vec<Value> = prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect();
     let mut plan = Plan { usage_before: None, lane: recorded_lane };
+    // The server's context editing under the client's own settings (thinking of idle turns
+    // cleared) is what the recorded client asked for too: its recorded usage counts it.
+    let client_edits = serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok();
     let mut runs = 0;
     loop {
         let run = run_once(prepared, file, measurer, &effective, &plan)?;
         runs += 1;
-        let (compactions, divergence, lane) = read_run(prepared, &run);
+        let (compactions, divergence, lane) = read_run(prepared, &run, client_edits);
         let consumed = lane.len();
         let next = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane };
         let settled = next.usage_before == plan.usage_before && plan.lane.len() >= consumed && plan.lane[..consumed] == next.lane[..];
@@ -263,14 +275,16 @@ pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, 
 
 /// The agent's compactions in a run, the divergence from the recording, and the `compact`-lane
 /// replies its compactions should take.
-fn read_run(prepared: &Prepared, run: &Run) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
+fn read_run(prepared: &Prepared, run: &Run, client_edits: bool) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
     let mut compactions = Vec::new();
     let mut rewrites: Vec<(usize, String)> = Vec::new();
     for &(row, call) in &run.paired {
         for stage in run.output.rows[row].stages.iter().filter(|s| s.fired) {
             if COMPACTION_STAGES.contains(&stage.name.as_str()) {
                 compactions.push(Compacted { call, stage: stage.name.clone(), tokens_before: stage.tokens_before, recorded_summary: false });
-            } else if REWRITE_STAGES.contains(&stage.name.as_str()) {
+            } else if REWRITE_STAGES.contains(&stage.name.as_str()) && stage.tokens_after < stage.tokens_before && !(client_edits && stage.name == "context_editing") {
+                // (A stage that fired but removed nothing, e.g. a context edit that cleared no
+                // tool use, left the conversation as recorded.)
                 rewrites.push((call, format!("the agent's {} stage rewrote the conversation ({})", stage.name, stage.reason)));
             }
         }

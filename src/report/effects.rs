@@ -193,7 +193,10 @@ impl Reason {
                 return Reason::Known(why);
             }
         }
-        if key.starts_with("compact.autocompact.") {
+        // Through the agent the env vars of the threshold are the same knobs under their
+        // users' names (the replay's reasons, and so its outputs, are kept as they were).
+        let threshold_env = engine == crate::report::compare::Engine::Agent && matches!(key.as_str(), "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE" | "env.CLAUDE_CODE_AUTO_COMPACT_WINDOW");
+        if key.starts_with("compact.autocompact.") || threshold_env {
             let (limits, reserve) = limits(input);
             let lowest = strategies.iter().map(|s| Thresholds::compute_with_reserve(limits, &s.compact, reserve).autocompact).min();
             if let Some(lowest) = lowest {

@@ -187,3 +187,24 @@ fn check_takes_a_real_session_through_the_agent() {
     assert_eq!(staged.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&staged.stderr).contains("--disable-stage applies to scenarios only"));
 }
+
+/// What the recorded client did too is no divergence: the server's clearing of idle thinking
+/// under the client's own context-editing settings (entirecontext, 2.1.2xx), and a compaction
+/// recorded before the first call of a file that continues a session (oh-my-posh 0254), which
+/// the workload's opening history stands for.
+#[test]
+fn what_the_recorded_client_did_too_is_no_divergence() {
+    let entirecontext = crate::support::realdata().join("transcripts/entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl").display().to_string();
+    let e = agent_compare(&entirecontext, "claude-code", &[]);
+    assert_eq!(e["divergence"], serde_json::Value::Null, "{e}");
+    assert_eq!(e["agent"]["runs"], 1);
+    // The context-editing preset asks the server for more than the client did: a divergence.
+    let edited = agent_compare(&entirecontext, "context-editing", &[]);
+    assert!(edited["divergence"].as_str().unwrap().contains("context_editing"), "{edited}");
+
+    let posh = crate::support::realdata().join("transcripts/oh-my-posh/0254bffa0c17-1.full.jsonl");
+    let loaded = ctxsim::replay::load_session(&posh).unwrap();
+    let prepared = ctxsim::replay::agent_whatif::prepare(&loaded, &posh.display().to_string(), &crate::support::measurer()).unwrap();
+    let first = prepared.workload.main_calls[0];
+    assert!(prepared.recorded.iter().all(|r| r.call > first), "{:?}", prepared.recorded.iter().map(|r| r.call).collect::<Vec<_>>());
+}
