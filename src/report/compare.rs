@@ -235,18 +235,33 @@ fn agent_evaluation(input: &Input, outcome: crate::replay::agent_whatif::AgentOu
             })
             .collect(),
     };
+    let mut e = recording_evaluation(input, String::new(), summary, compactions, divergence, outcome.compaction_losses, outcome.rows);
+    e.agent = Some(notes);
+    e
+}
+
+/// The evaluation of a recorded session (either engine).
+fn recording_evaluation(
+    input: &Input,
+    strategy: String,
+    summary: Summary,
+    compactions: std::collections::BTreeMap<String, u64>,
+    divergence: Option<String>,
+    compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
+    rows: Vec<RequestMetrics>,
+) -> Evaluation {
     Evaluation {
         input: input.name.clone(),
-        strategy: String::new(),
+        strategy,
         kind: "recording",
         summary,
         compactions,
         replies_diverge: divergence.is_some(),
         divergence,
         same_results_as: None,
-        compaction_losses: outcome.compaction_losses,
-        agent: Some(notes),
-        rows: outcome.rows,
+        compaction_losses,
+        agent: None,
+        rows,
     }
 }
 
@@ -349,19 +364,15 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
             let divergence = replay.first_divergence.as_ref().map(|(call, why)| {
                 format!("from call {call}: {why} ({} calls changed); the replies are replayed as recorded", replay.diverged_calls)
             });
-            Ok(Evaluation {
-                input: input.name.clone(),
-                strategy: strategy.name.clone(),
-                kind: "recording",
+            Ok(recording_evaluation(
+                input,
+                strategy.name.clone(),
                 summary,
                 compactions,
-                replies_diverge: divergence.is_some(),
                 divergence,
-                same_results_as: None,
-                compaction_losses: replay.compaction_losses.clone(),
-                agent: None,
-                rows: if keep_rows { rows } else { Vec::new() },
-            })
+                replay.compaction_losses.clone(),
+                if keep_rows { rows } else { Vec::new() },
+            ))
         }
     }
 }
