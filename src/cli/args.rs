@@ -174,6 +174,15 @@ pub enum Engine {
     Agent,
 }
 
+impl From<Engine> for crate::report::compare::Engine {
+    fn from(engine: Engine) -> Self {
+        match engine {
+            Engine::Replay => crate::report::compare::Engine::Replay,
+            Engine::Agent => crate::report::compare::Engine::Agent,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CrossValidate {
     /// Leave one session out.

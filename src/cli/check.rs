@@ -14,7 +14,8 @@ use super::run::expand_inputs;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Scenario files, or directories of them (every *.yaml inside, sorted).
+    /// Scenario files, or directories of them (every *.yaml inside, sorted), and recorded sessions
+    /// (`.jsonl` transcripts or recordings, named one by one; see `--engine`).
     #[arg(required = true, value_name = "SUITE")]
     pub suite: Vec<PathBuf>,
     /// Baseline file (JSON) to compare every scenario with.
@@ -60,9 +61,14 @@ pub struct CheckArgs {
     /// Print nothing but errors (the exit code says the rest).
     #[arg(long)]
     pub quiet: bool,
+    /// What runs a recorded session of the suite (a `.jsonl` file given by name): `replay` or
+    /// `agent` (the agent itself driven by the session, under the check strategy). A baseline
+    /// records the engine: one written with the other is refused until refreshed.
+    #[arg(long, value_enum, default_value = "replay")]
+    pub engine: super::args::Engine,
 }
 
-pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
+pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     if !(args.tolerance >= 0.0 && args.hit_ratio_tolerance >= 0.0) {
         bail!("--tolerance and --hit-ratio-tolerance must be non-negative numbers");
     }
@@ -91,11 +97,20 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     if args.update_baseline && let Some(path) = &args.baseline {
         inputs.refuse_file("--baseline (with --update-baseline)", path)?;
     }
+    // Recorded sessions (named one by one) are judged beside the scenarios.
+    let is_session = |f: &PathBuf| f.extension().is_some_and(|e| e == "jsonl");
+    let (session_files, files): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(is_session);
+    if !session_files.is_empty() && !args.disable_stage.is_empty() {
+        bail!("--disable-stage applies to scenarios only; a recorded session ({}) is judged under the check strategy as it is", session_files[0].display());
+    }
     let scenarios = files.iter().map(|f| load_scenario_confined(f, args.mount_root.as_deref())).collect::<Result<Vec<_>, _>>()?;
     let estimator = crate::measure::EstimatorKind::from(args.estimator).name();
     let mut disabled = args.disable_stage.clone();
     disabled.sort();
-    let strategy = std::iter::once(crate::report::check::CHECK_STRATEGY.to_owned()).chain(disabled.iter().map(|s| format!("-{s}"))).collect::<Vec<_>>().join(" ");
+    let mut strategy = std::iter::once(crate::report::check::CHECK_STRATEGY.to_owned()).chain(disabled.iter().map(|s| format!("-{s}"))).collect::<Vec<_>>().join(" ");
+    if args.engine == super::args::Engine::Agent {
+        strategy.push_str(" --engine agent");
+    }
     // The baseline as it is: compared with, or merged into by --update-baseline.
     let existing = match &args.baseline {
         Some(path) if !args.update_baseline || path.exists() => {
@@ -108,7 +123,23 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
     let baseline = if args.update_baseline { None } else { existing.clone() };
     let tolerances = Tolerances { relative: args.tolerance, extra_cache_breaks: args.extra_cache_breaks, hit_ratio: args.hit_ratio_tolerance };
     let chain = crate::agent::compact::Chain::with_disabled(&args.disable_stage)?;
-    let report = check_suite_with(&scenarios, &make, baseline.as_ref(), &tolerances, &chain)?;
+    let mut report = check_suite_with(&scenarios, &make, baseline.as_ref(), &tolerances, &chain)?;
+    for path in &session_files {
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        if let Some(clash) = report.scenarios.iter().find(|r| r.name == name) {
+            bail!("{}: the name {name} is also {}'s; names must be unique in a suite", path.display(), clash.file);
+        }
+        let session = crate::replay::load_session(path).with_context(|| format!("failed to read {}", path.display()))?;
+        diag.report(&session.report.warnings);
+        let input = crate::report::compare::Input {
+            name: path.display().to_string(),
+            warnings: session.report.warnings.clone(),
+            loaded: crate::report::compare::LoadedInput::Session(Box::new(session)),
+        };
+        let memo = crate::report::compare::InputMemo::default();
+        let (evaluation, _) = crate::report::compare::evaluate_digest(&input, &crate::strategy::Strategy::default(), &mut make(), true, args.engine.into(), &memo)?;
+        report.scenarios.push(crate::report::check::check_session(&name, &evaluation, baseline.as_ref(), &tolerances));
+    }
 
     if let Some(path) = &args.junit {
         write_atomic(path, report.junit_xml().as_bytes()).with_context(|| format!("failed to write {}", path.display()))?;

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::report::compare::{compare, compare_csv, compare_table, load_inputs_filtered};
+use crate::report::compare::{compare_with, compare_csv, compare_table, load_inputs_filtered};
 use crate::report::output::write_atomic;
 use crate::strategy::Strategy;
 
@@ -31,6 +31,11 @@ pub struct CompareArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// What runs a recorded session under each strategy: `replay` (the recorded messages
+    /// rebuilt per call; the knobs a replay honours) or `agent` (the agent itself, driven by the
+    /// session: every knob applies; docs/fidelity.md, "What-ifs through the agent").
+    #[arg(long, value_enum, default_value = "replay")]
+    pub engine: super::args::Engine,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }
@@ -46,7 +51,7 @@ pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Re
     measurer(&args.measure)?;
     let make = || measurer(&args.measure).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let evaluations = pool.install(|| compare(&inputs, &strategies, &make, args.out.is_some()))?;
+    let evaluations = pool.install(|| compare_with(&inputs, &strategies, &make, args.out.is_some(), args.engine.into()))?;
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
         eprintln!("warning: {line}");
     }

@@ -62,7 +62,7 @@ fn run_command(command: args::Command, diag: &mut diag::Diagnostics) -> anyhow::
         args::Command::Import(a) => import::run(a, diag),
         args::Command::Replay(a) => replay::run(a, diag),
         args::Command::Fidelity(a) => fidelity::run(a, diag),
-        args::Command::Check(a) => check::run(a),
+        args::Command::Check(a) => check::run(a, diag),
         args::Command::Report(a) => report::run(a),
         args::Command::Strategies(a) => strategies::run(a),
         args::Command::Compare(a) => compare::run(a, diag),

@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::report::compare::load_inputs_filtered;
 use crate::report::output::write_atomic;
-use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points, write_outputs};
+use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points_with, write_outputs};
 use crate::strategy::Strategy;
 
 use super::args::MeasureOpts;
@@ -43,6 +43,11 @@ pub struct SweepArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// What runs a recorded session at each point: `replay` (the recorded messages rebuilt per
+    /// call; the knobs a replay honours) or `agent` (the agent itself, driven by the session:
+    /// every knob applies; points whose settings resolve alike share one run).
+    #[arg(long, value_enum, default_value = "replay")]
+    pub engine: super::args::Engine,
     /// The largest grid run (points × inputs); a bigger one is an error before anything runs.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub max_points: u64,
@@ -78,7 +83,12 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     for input in &inputs {
         diag.report(&input.warnings);
     }
-    let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect() };
+    // The engine is part of the grid: shards run with different engines do not merge.
+    let base_name = match args.engine {
+        super::args::Engine::Replay => args.strategy.clone(),
+        super::args::Engine::Agent => format!("{} --engine agent", args.strategy),
+    };
+    let grid = Grid { params, base: base_name, inputs: inputs.iter().map(|i| i.name.clone()).collect() };
     let shard = match &args.shard {
         Some(text) => {
             let (i, n) = text.split_once('/').context("--shard I/N")?;
@@ -99,9 +109,9 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress))?.rows;
+    let rows = pool.install(|| run_points_with(&grid, &base, &inputs, &indices, &make, &progress, args.engine.into()))?.rows;
     progress.finish_and_clear();
-    let notes = InputNotes::new(&grid, &base, &inputs)?;
+    let notes = InputNotes::new_with(&grid, &base, &inputs, args.engine.into())?;
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));
     if let Some((i, n)) = shard {
         let path = dir.join(format!("sweep.part{i}.csv"));

@@ -24,6 +24,7 @@
 //! - [`uncertainty`]: which calls' outcome rests on a modelled rule, and the range of
 //!   Σcreation and cost the rules' observed hit rates leave open.
 
+pub mod agent_whatif;
 pub mod audit;
 pub mod breaks;
 pub mod crossval;

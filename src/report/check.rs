@@ -419,6 +419,27 @@ pub fn check_run(scenario: &Scenario, output: &RunOutput, baseline: Option<&Base
     }
 }
 
+/// Judges a recorded session run under the check strategy (`ctxsim check SESSION.jsonl`,
+/// through the replay or the agent): a recording has no `expect:` budgets, so the checks are the
+/// run, the baseline, and a note when the strategy's requests diverged from the recording.
+pub fn check_session(name: &str, evaluation: &crate::report::compare::Evaluation, baseline: Option<&Baseline>, tolerances: &Tolerances) -> ScenarioReport {
+    let output = RunOutput { scenario: evaluation.input.clone(), rows: evaluation.rows.clone(), requests: Vec::new(), summary: evaluation.summary.clone() };
+    let mut checks = vec![CheckResult::new("run", false, format!("{} requests", output.summary.requests))];
+    if let Some(divergence) = &evaluation.divergence {
+        checks.push(CheckResult { name: "replies_diverge".to_owned(), status: Status::Note, message: divergence.clone(), details: Vec::new() });
+    }
+    if let Some(baseline) = baseline {
+        checks.extend(compare_baseline(&output, baseline.scenarios.get(name), tolerances));
+    }
+    ScenarioReport {
+        name: name.to_owned(),
+        file: evaluation.input.clone(),
+        checks,
+        summary: output.summary.clone(),
+        breaks: output.rows.iter().filter(|r| r.cache_break).map(BreakRecord::from_row).collect(),
+    }
+}
+
 /// Runs every scenario with the check strategy and judges it. Scenario names must be unique.
 pub fn check_suite(
     scenarios: &[Scenario],

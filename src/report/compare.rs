@@ -109,8 +109,160 @@ pub struct Evaluation {
     /// ([`crate::replay::loss`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
+    /// Through the agent (`--engine agent`): how the session drove it. Absent for the replay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentNotes>,
     #[serde(skip)]
     pub rows: Vec<RequestMetrics>,
+}
+
+/// What rebuilds a recorded session's requests under a strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// The recorded messages, rebuilt per call ([`crate::replay::session`]): a strategy reaches
+    /// them as far as [`ReplayOptions::from_strategy`] honours it.
+    #[default]
+    Replay,
+    /// The agent, driven by the session and running under the strategy
+    /// ([`crate::replay::agent_whatif`]): every knob applies.
+    Agent,
+}
+
+/// How a recorded session drove the agent under one strategy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentNotes {
+    /// Runs it took to settle which summary each compaction takes and how far the recorded
+    /// usage holds.
+    pub runs: usize,
+    /// The agent's compactions: the call after each, the stage, the agent's count before it and
+    /// the summary it took (`recorded`, `stand-in`, or `session memory`).
+    pub compactions: Vec<AgentCompactionNote>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentCompactionNote {
+    pub call: usize,
+    pub stage: String,
+    pub tokens_before: u64,
+    pub summary: &'static str,
+}
+
+/// What one input shares between the strategies of a comparison or the points of a sweep: the
+/// replays of the replay engine, and through the agent the prepared workload and every run by a
+/// content hash of its effective strategy (two points that resolve to the same settings make one
+/// run).
+#[derive(Default)]
+pub struct InputMemo {
+    pub replay: crate::replay::whatif::ReplayMemo,
+    prepared: std::sync::OnceLock<Result<crate::replay::agent_whatif::Prepared, String>>,
+    runs: AgentRuns,
+}
+
+/// Agent runs by strategy key: the evaluation (its rows when kept) and its outcome digest.
+type AgentRuns = std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<std::sync::OnceLock<Result<(Evaluation, String), String>>>>>;
+
+impl InputMemo {
+    /// Agent runs made, distinct strategies (for the sweep's report of shared runs).
+    pub fn agent_runs(&self) -> usize {
+        self.runs.lock().map_or(0, |r| r.len())
+    }
+}
+
+/// Evaluates `input` under `strategy` with `engine`, sharing work through `memo`; returns the
+/// evaluation (rows kept when `keep_rows`) and its outcome digest
+/// ([`crate::report::effects::outcome_digest`]).
+pub fn evaluate_digest(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool, engine: Engine, memo: &InputMemo) -> anyhow::Result<(Evaluation, String)> {
+    let session = match (&input.loaded, engine) {
+        (LoadedInput::Session(session), Engine::Agent) => session,
+        _ => {
+            let mut e = evaluate_shared(input, strategy, measurer, true, Some(&memo.replay))?;
+            let digest = crate::report::effects::outcome_digest(&e);
+            if !keep_rows {
+                e.rows = Vec::new();
+            }
+            return Ok((e, digest));
+        }
+    };
+    let prepared = memo
+        .prepared
+        .get_or_init(|| crate::replay::agent_whatif::prepare(session, &input.name, measurer))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", input.name))?;
+    let key = crate::replay::agent_whatif::strategy_key(&crate::replay::agent_whatif::effective_strategy(strategy, prepared), prepared);
+    let cell = memo.runs.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?.entry(key).or_default().clone();
+    let result = cell.get_or_init(|| {
+        let outcome = crate::replay::agent_whatif::agent_whatif(session, &input.name, prepared, measurer, strategy)?;
+        let mut e = agent_evaluation(input, outcome);
+        let digest = crate::report::effects::outcome_digest(&e);
+        if !keep_rows {
+            e.rows = Vec::new();
+        }
+        Ok((e, digest))
+    });
+    let (e, digest) = result.as_ref().map_err(|e| anyhow::anyhow!("{}: {e}", input.name))?;
+    let mut e = e.clone();
+    e.strategy = strategy.name.clone();
+    e.summary.strategy = strategy.name.clone();
+    Ok((e, digest.clone()))
+}
+
+/// The evaluation of a session's run through the agent.
+fn agent_evaluation(input: &Input, outcome: crate::replay::agent_whatif::AgentOutcome) -> Evaluation {
+    let mut summary = outcome.summary;
+    summary.input = input.name.clone();
+    summary.info_loss = outcome.info_loss;
+    summary.warnings = input.warnings.list.clone();
+    let compactions = summary.compactions.clone();
+    let divergence = outcome.divergence.map(|(call, why)| {
+        format!("from call {call}: {why}; the recorded replies continue as recorded (the same work is assumed to happen), the agent counts its own usage from there")
+    });
+    let notes = AgentNotes {
+        runs: outcome.runs,
+        compactions: outcome
+            .compactions
+            .iter()
+            .map(|c| AgentCompactionNote {
+                call: c.call,
+                stage: c.stage.clone(),
+                tokens_before: c.tokens_before,
+                summary: if c.stage == "session_memory_compact" {
+                    "session memory"
+                } else if c.recorded_summary {
+                    "recorded"
+                } else {
+                    "stand-in"
+                },
+            })
+            .collect(),
+    };
+    let mut e = recording_evaluation(input, String::new(), summary, compactions, divergence, outcome.compaction_losses, outcome.rows);
+    e.agent = Some(notes);
+    e
+}
+
+/// The evaluation of a recorded session (either engine).
+fn recording_evaluation(
+    input: &Input,
+    strategy: String,
+    summary: Summary,
+    compactions: std::collections::BTreeMap<String, u64>,
+    divergence: Option<String>,
+    compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
+    rows: Vec<RequestMetrics>,
+) -> Evaluation {
+    Evaluation {
+        input: input.name.clone(),
+        strategy,
+        kind: "recording",
+        summary,
+        compactions,
+        replies_diverge: divergence.is_some(),
+        divergence,
+        same_results_as: None,
+        compaction_losses,
+        agent: None,
+        rows,
+    }
 }
 
 impl Evaluation {
@@ -184,6 +336,7 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
                 divergence: note,
                 same_results_as: None,
                 compaction_losses: Vec::new(),
+                agent: None,
                 rows: if keep_rows { output.rows } else { Vec::new() },
             })
         }
@@ -211,18 +364,15 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
             let divergence = replay.first_divergence.as_ref().map(|(call, why)| {
                 format!("from call {call}: {why} ({} calls changed); the replies are replayed as recorded", replay.diverged_calls)
             });
-            Ok(Evaluation {
-                input: input.name.clone(),
-                strategy: strategy.name.clone(),
-                kind: "recording",
+            Ok(recording_evaluation(
+                input,
+                strategy.name.clone(),
                 summary,
                 compactions,
-                replies_diverge: divergence.is_some(),
                 divergence,
-                same_results_as: None,
-                compaction_losses: replay.compaction_losses.clone(),
-                rows: if keep_rows { rows } else { Vec::new() },
-            })
+                replay.compaction_losses.clone(),
+                if keep_rows { rows } else { Vec::new() },
+            ))
         }
     }
 }
@@ -386,21 +536,27 @@ pub fn compare(
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     keep_rows: bool,
 ) -> anyhow::Result<Vec<Evaluation>> {
+    compare_with(inputs, strategies, make_measurer, keep_rows, Engine::Replay)
+}
+
+/// [`compare`] with recorded sessions run by `engine`.
+pub fn compare_with(
+    inputs: &[Input],
+    strategies: &[Strategy],
+    make_measurer: &(dyn Fn() -> Measurer + Sync),
+    keep_rows: bool,
+    engine: Engine,
+) -> anyhow::Result<Vec<Evaluation>> {
     use rayon::prelude::*;
     let jobs: Vec<(usize, usize)> = (0..inputs.len()).flat_map(|i| (0..strategies.len()).map(move |s| (i, s))).collect();
-    // Strategies that make the same replay of a session share it.
-    let memos: Vec<crate::replay::whatif::ReplayMemo> = inputs.iter().map(|_| Default::default()).collect();
+    // Strategies that make the same replay (or agent run) of a session share it.
+    let memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::default()).collect();
     let results: Vec<(Evaluation, String)> = jobs
         .par_iter()
         .map(|&(i, s)| {
             let mut measurer = make_measurer();
-            let mut e = evaluate_shared(&inputs[i], &strategies[s], &mut measurer, true, Some(&memos[i]))
-                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))?;
-            let digest = crate::report::effects::outcome_digest(&e);
-            if !keep_rows {
-                e.rows = Vec::new();
-            }
-            Ok((e, digest))
+            evaluate_digest(&inputs[i], &strategies[s], &mut measurer, keep_rows, engine, &memos[i])
+                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))
         })
         .collect::<anyhow::Result<_>>()?;
     let (mut evaluations, digests): (Vec<Evaluation>, Vec<String>) = results.into_iter().unzip();
@@ -408,8 +564,8 @@ pub fn compare(
         let (i, s) = jobs[job];
         let first = (0..s).find(|&t| digests[job - s + t] == digests[job]);
         if let Some(t) = first {
-            let why = match &inputs[i].loaded {
-                LoadedInput::Session(session) => crate::replay::layout::same_results_reason(&strategies[s], &strategies[t], session),
+            let why = match (&inputs[i].loaded, engine) {
+                (LoadedInput::Session(session), Engine::Replay) => crate::replay::layout::same_results_reason(&strategies[s], &strategies[t], session),
                 _ => None,
             };
             e.same_results_as = Some(match why {

@@ -166,11 +166,17 @@ impl Reason {
     /// (every value gives the same replay options); the knob's stage is disabled at every point;
     /// the knob moves the autocompaction threshold. `strategies` are every point's.
     pub fn find(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input) -> Reason {
+        Self::find_with(grid, strategies, param, input, crate::report::compare::Engine::Replay)
+    }
+
+    /// [`Reason::find`] with recorded sessions run by `engine`: through the agent every knob
+    /// reaches a session, so only the stage and threshold reasons apply.
+    pub fn find_with(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input, engine: crate::report::compare::Engine) -> Reason {
         let key = &grid.params[param].key;
         if let Some(reason) = stage_disabled(key, strategies) {
             return Reason::Known(reason);
         }
-        if matches!(input.loaded, LoadedInput::Session(_)) {
+        if matches!(input.loaded, LoadedInput::Session(_)) && engine == crate::report::compare::Engine::Replay {
             // Every point against the one that differs from it in this knob only, set to its
             // first value.
             let options: Vec<_> = strategies.iter().map(crate::replay::ReplayOptions::from_strategy).collect();
@@ -187,7 +193,10 @@ impl Reason {
                 return Reason::Known(why);
             }
         }
-        if key.starts_with("compact.autocompact.") {
+        // Through the agent the env vars of the threshold are the same knobs under their
+        // users' names (the replay's reasons, and so its outputs, are kept as they were).
+        let threshold_env = engine == crate::report::compare::Engine::Agent && matches!(key.as_str(), "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE" | "env.CLAUDE_CODE_AUTO_COMPACT_WINDOW");
+        if key.starts_with("compact.autocompact.") || threshold_env {
             let (limits, reserve) = limits(input);
             let lowest = strategies.iter().map(|s| Thresholds::compute_with_reserve(limits, &s.compact, reserve).autocompact).min();
             if let Some(lowest) = lowest {

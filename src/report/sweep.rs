@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::measure::Measurer;
-use crate::report::compare::{Input, evaluate};
+use crate::report::compare::{Engine, Input, InputMemo, evaluate, evaluate_digest};
 use crate::report::effects::{NoEffect, Reason};
 use crate::report::plots::{ParetoPoint, pareto_chart, pareto_front, render_svg, write_png};
 use crate::strategy::Strategy;
@@ -176,34 +176,49 @@ pub fn run_points(
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     progress: &indicatif::ProgressBar,
 ) -> anyhow::Result<PointResults> {
+    run_points_with(grid, base, inputs, indices, make_measurer, progress, Engine::Replay)
+}
+
+/// [`run_points`] with recorded sessions run by `engine`. Through the agent, the points whose
+/// strategies resolve to the same effective settings share one run per input
+/// ([`crate::report::compare::InputMemo`]).
+pub fn run_points_with(
+    grid: &Grid,
+    base: &Strategy,
+    inputs: &[Input],
+    indices: &[usize],
+    make_measurer: &(dyn Fn() -> Measurer + Sync),
+    progress: &indicatif::ProgressBar,
+    engine: Engine,
+) -> anyhow::Result<PointResults> {
     use rayon::prelude::*;
     let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
     let jobs: Vec<(usize, usize)> = (0..indices.len()).flat_map(|p| (0..inputs.len()).map(move |i| (p, i))).collect();
+    // The replays (or agent runs) of each input, shared between the points that make the same one.
+    let input_memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::default()).collect();
     // A token count is a function of a block and the estimator alone: each input is tokenized
     // once, by a run under the base strategy, and every job starts from those counts (only the
     // blocks a point rewrites are tokenized again). The results are the same.
     let memos: Vec<crate::measure::tokens::TokenMemo> = inputs
         .par_iter()
-        .map(|input| {
+        .zip(&input_memos)
+        .map(|(input, memo)| {
             let mut measurer = make_measurer();
             // Only the counts matter here; an error shows again in the jobs.
-            let _ = evaluate(input, base, &mut measurer, false);
+            let _ = match engine {
+                Engine::Replay => evaluate(input, base, &mut measurer, false).map(|_| ()),
+                Engine::Agent => evaluate_digest(input, base, &mut measurer, false, engine, memo).map(|_| ()),
+            };
             measurer.counter().memo()
         })
         .collect();
-    // The replays of each session, shared between the points that make the same one.
-    let replay_memos: Vec<crate::replay::whatif::ReplayMemo> = inputs.iter().map(|_| Default::default()).collect();
     // Each job's rows are reduced to its outcome digest at once and dropped.
     let results: Vec<anyhow::Result<(crate::report::compare::Evaluation, String)>> = jobs
         .par_iter()
         .map(|&(p, i)| {
             let mut measurer = make_measurer();
             measurer.counter_mut().seed(&memos[i]);
-            let out = crate::report::compare::evaluate_shared(&inputs[i], &strategies[p], &mut measurer, true, Some(&replay_memos[i])).map(|mut e| {
-                let digest = crate::report::effects::outcome_digest(&e);
-                e.rows = Vec::new();
-                (e, digest)
-            });
+            let out = evaluate_digest(&inputs[i], &strategies[p], &mut measurer, false, engine, &input_memos[i]);
             progress.inc(1);
             out
         })
@@ -272,8 +287,14 @@ pub struct InputNotes {
 
 impl InputNotes {
     pub fn new(grid: &Grid, base: &Strategy, inputs: &[Input]) -> anyhow::Result<InputNotes> {
+        Self::new_with(grid, base, inputs, Engine::Replay)
+    }
+
+    /// [`InputNotes::new`] for recorded sessions run by `engine` (through the agent, no knob is
+    /// out of a session's reach).
+    pub fn new_with(grid: &Grid, base: &Strategy, inputs: &[Input], engine: Engine) -> anyhow::Result<InputNotes> {
         let strategies: Vec<Strategy> = (0..grid.len()).map(|i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
-        let reasons = inputs.iter().map(|input| (0..grid.params.len()).map(|k| Reason::find(grid, &strategies, k, input)).collect()).collect();
+        let reasons = inputs.iter().map(|input| (0..grid.params.len()).map(|k| Reason::find_with(grid, &strategies, k, input, engine)).collect()).collect();
         Ok(InputNotes { names: inputs.iter().map(|i| i.name.clone()).collect(), reasons })
     }
 

@@ -319,6 +319,7 @@ fn whatif_information_loss_per_compaction_on_a_real_session() {
         divergence: None,
         same_results_as: None,
         compaction_losses: whatif.compaction_losses.clone(),
+        agent: None,
         rows: Vec::new(),
     };
     let lines = e.compaction_loss_lines();

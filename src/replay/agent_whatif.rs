@@ -1,0 +1,348 @@
+//! A what-if on a real session through the agent (`compare`, `sweep --engine agent`): the
+//! session drives the agent as a workload ([`super::workload`]) and the agent runs under the
+//! strategy asked for, so every knob applies the way it applies to a scenario.
+//!
+//! What the recording gives and where it stops standing for the run:
+//! - **Usage.** Each reply carries the usage the API returned to the recorded client, so the
+//!   agent counts its context (and decides its compactions) from what the client counted — up to
+//!   the first *divergence*: the first main call before which the agent rewrote its conversation
+//!   where the recording did not (a compaction at a call the recording did not compact before, a
+//!   microcompact, snip, collapse, tool result budget, peer rewrite, or a server-side context
+//!   edit the strategy asked for and the client did not), or did not compact where the recording
+//!   did. A stage that fired but removed nothing is no divergence. From that call on the recorded
+//!   usage describes another conversation, so the agent counts from the simulated usage of what
+//!   it sent.
+//! - **Summaries.** A compaction of the agent at the call of a recorded one (±1 call) takes the
+//!   recorded summary; any other takes a deterministic stand-in of the fitted summary length
+//!   ([`super::whatif::SUMMARY_CHARS`]: the lower middle value of the 12 automatic compaction
+//!   summaries of ../shared/realdata). A recorded compaction before the first call driven is the
+//!   history the file continues from: the agent has nothing to compact there.
+//! - **Replies.** After a divergence the remaining recorded replies continue (the same work is
+//!   assumed to happen); the outcome says from which call and why.
+//!
+//! The run is planned by running: the first run follows the recording; when it diverges, the
+//! plan (usage up to the divergence, the summary each compaction takes) is corrected and the
+//! session run again, until the plan holds ([`MAX_RUNS`] at most).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::api::Message;
+use crate::measure::loss::InfoLoss;
+use crate::measure::{Measurer, RequestMetrics};
+use crate::recording::format::LANE_MAIN;
+use crate::recording::{EventKind, ImportedSession};
+use crate::strategy::Strategy;
+
+use super::loss::{CompactionLoss, compaction_loss};
+use super::workload::{Sizing, Workload, sized_workload};
+
+/// Runs of one session under one strategy at most, while the plan settles.
+pub const MAX_RUNS: usize = 4;
+
+/// Stages that replace the history with a summary (each takes a reply on the `compact` lane,
+/// except session-memory compaction, which uses the session memory).
+const COMPACTION_STAGES: [&str; 4] = ["autocompact", "session_memory_compact", "manual_compact", "reactive_compact"];
+
+/// Stages that rewrite what the model saw without a compaction.
+const REWRITE_STAGES: [&str; 12] = [
+    "tool_result_budget", "snip", "microcompact", "context_collapse", "observation_masking", "opencode_prune", "opencode_summary", "codex_compact",
+    "cline_truncate", "server_compaction", "context_editing", "blocking_limit",
+];
+
+/// A session prepared once for every strategy: its workload (sized under the default strategy,
+/// so that a knob that changes the agent's own prefix shows instead of being filled away) and
+/// the recorded compactions.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub workload: Workload,
+    pub sizing: Sizing,
+    /// Recorded compactions of the main lane, in order: the call after each, its trigger, and its
+    /// summary as a `compact`-lane step when recorded.
+    pub recorded: Vec<RecordedCompaction>,
+    /// The recorded version's autocompact output reserve.
+    pub reserve: u64,
+}
+
+/// One recorded compaction of the main lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedCompaction {
+    /// [`crate::recording::RecordedCall::index`] of the first main call driven after it.
+    pub call: usize,
+    pub trigger: String,
+    pub summary: Option<Value>,
+}
+
+/// Prepares `session` (read from `file`) for agent what-ifs.
+pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Result<Prepared, String> {
+    let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let reserve = super::ClientProfile::for_version(&version).autocompact_output_reserve;
+    let mut sizing_strategy = Strategy::default();
+    sizing_strategy.compact.autocompact.max_output_reserve_tokens = Some(reserve);
+    let (workload, sizing) = sized_workload(session, file, measurer, &sizing_strategy, true)?;
+    // The recorded summaries, in the order the workload queued them.
+    let mut summaries = workload.document["script"].as_array().into_iter().flatten().filter(|s| is_compact_step(s)).cloned();
+    let driven: std::collections::BTreeSet<usize> = workload.main_calls.iter().copied().collect();
+    let main_calls: Vec<(usize, usize)> = session.calls.iter().filter(|c| c.lane == LANE_MAIN && driven.contains(&c.index)).map(|c| (c.event_index, c.index)).collect();
+    let mut recorded = Vec::new();
+    for (event_index, event) in session.recording.events.iter().enumerate() {
+        let EventKind::Compaction(compaction) = &event.kind else { continue };
+        if event.lane != LANE_MAIN {
+            continue;
+        }
+        let has_summary = compaction.summary.as_ref().is_some_and(|s| !s.is_empty());
+        let summary = if has_summary { summaries.next() } else { None };
+        // A compaction before the first call driven is the history the file continues from (the
+        // workload's opening filler stands for it): the agent has nothing to compact there.
+        let Some(position) = main_calls.iter().position(|(e, _)| *e > event_index) else { continue };
+        if position == 0 {
+            continue;
+        }
+        let call = main_calls[position].1;
+        recorded.push(RecordedCompaction { call, trigger: compaction.trigger.clone(), summary });
+    }
+    Ok(Prepared { workload, sizing, recorded, reserve })
+}
+
+fn is_compact_step(step: &Value) -> bool {
+    step.get("lane").and_then(Value::as_str) == Some("compact")
+}
+
+/// The strategy a session runs under: `strategy` with the recorded version's autocompact reserve
+/// where it sets none (as [`super::workload::agent_replay`] does), named `""` so that two
+/// strategies that differ only in name are one.
+pub fn effective_strategy(strategy: &Strategy, prepared: &Prepared) -> Strategy {
+    let mut strategy = strategy.clone();
+    strategy.name = String::new();
+    if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
+        strategy.compact.autocompact.max_output_reserve_tokens = Some(prepared.reserve);
+    }
+    strategy
+}
+
+/// A content hash of the effective settings: two strategies with one key make one run. The
+/// autocompact knobs that only move the thresholds (`buffer_tokens`, the PCT override, the
+/// window cap) enter as the thresholds they give for this session's window, so a buffer and an
+/// override that put the threshold at the same count share a run.
+pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
+    use crate::agent::compact::counting::Thresholds;
+    let world = &prepared.workload.scenario.world;
+    let auto = &effective.compact.autocompact;
+    let context_window = auto.context_window.or(world.context_window).unwrap_or(if world.model.contains("[1m]") { 1_000_000 } else { 200_000 });
+    let limits = crate::agent::compact::ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) };
+    let thresholds = Thresholds::compute_with_reserve(limits, &effective.compact, prepared.reserve);
+    // The runner refuses a buffer at or above the effective window: such a point keeps its own key.
+    let refused = auto.buffer_tokens >= thresholds.effective_window;
+    let mut normal = effective.clone();
+    let defaults = crate::agent::compact::config::AutocompactConfig::default();
+    if !refused {
+        normal.compact.autocompact.buffer_tokens = defaults.buffer_tokens;
+        normal.compact.autocompact.pct_override = defaults.pct_override;
+        normal.compact.autocompact.window_override = defaults.window_override;
+    }
+    let mut text = serde_json::to_vec(&normal).expect("a strategy serializes");
+    text.extend(format!("{thresholds:?}").bytes());
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+}
+
+/// One compaction of the agent's run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compacted {
+    /// The recorded call whose request followed it.
+    pub call: usize,
+    pub stage: String,
+    pub tokens_before: u64,
+    /// Whether it took the recorded summary (else the stand-in, or none for session memory).
+    pub recorded_summary: bool,
+}
+
+/// What a session gave under one strategy through the agent.
+#[derive(Debug, Clone)]
+pub struct AgentOutcome {
+    /// Every request the agent made (main, compact and other lanes), in order.
+    pub rows: Vec<RequestMetrics>,
+    pub summary: crate::measure::Summary,
+    pub info_loss: InfoLoss,
+    pub compactions: Vec<Compacted>,
+    /// The first main call from which the agent's conversation is no longer the recorded one,
+    /// and why.
+    pub divergence: Option<(usize, String)>,
+    pub compaction_losses: Vec<CompactionLoss>,
+    /// Runs it took to settle the plan.
+    pub runs: usize,
+}
+
+/// How one run uses the recording.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Plan {
+    /// Replies of recorded calls from this one on carry no recorded usage.
+    usage_before: Option<usize>,
+    /// The `compact`-lane replies, in the order the agent's compactions take them.
+    lane: Vec<Value>,
+}
+
+/// The stand-in summary of a compaction the recording did not make.
+fn stand_in() -> Value {
+    let text = format!("<summary>\n{}\n</summary>", crate::agent::compact::generator::filler("summary", super::whatif::SUMMARY_CHARS));
+    json!({ "assistant": [{ "text": text }], "lane": "compact" })
+}
+
+/// The workload's scenario under `plan`.
+fn planned(prepared: &Prepared, file: &str, plan: &Plan) -> Result<crate::scenario::Scenario, String> {
+    let mut document = prepared.workload.document.clone();
+    let steps = document["script"].as_array_mut().ok_or("the workload has no script")?;
+    steps.retain(|s| !is_compact_step(s));
+    if let Some(from) = plan.usage_before {
+        let mut main = 0usize;
+        for step in steps.iter_mut() {
+            let Some(object) = step.as_object_mut() else { continue };
+            if !object.contains_key("assistant") || object.contains_key("lane") {
+                continue;
+            }
+            let call = prepared.workload.main_calls.get(main).copied().unwrap_or(usize::MAX);
+            main += 1;
+            if call >= from
+                && let Some(usage) = object.remove("usage")
+            {
+                object.insert("output_tokens".into(), usage.get("output_tokens").cloned().unwrap_or(json!(0)));
+            }
+        }
+    }
+    steps.extend(plan.lane.iter().cloned());
+    let text = serde_json::to_string(&document).expect("a JSON value serializes");
+    crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())
+}
+
+/// One run's raw results.
+struct Run {
+    output: crate::runner::RunOutput,
+    /// Per main row paired with a recorded call: (row position in `output.rows`, call index).
+    paired: Vec<(usize, usize)>,
+    /// The first main request after each compaction: (call index, its messages).
+    after: BTreeMap<usize, Vec<Message>>,
+}
+
+fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan) -> Result<Run, String> {
+    let scenario = planned(prepared, file, plan)?;
+    let mut kept: Vec<(usize, Vec<Message>)> = Vec::new();
+    let mut main = 0usize;
+    let mut observer = |request: &crate::api::Request, row: &RequestMetrics| {
+        if row.lane != LANE_MAIN || row.error.is_some() {
+            return;
+        }
+        if row.stages.iter().any(|s| s.fired && COMPACTION_STAGES.contains(&s.name.as_str())) {
+            kept.push((main, request.messages.clone()));
+        }
+        main += 1;
+    };
+    let options = crate::runner::RunOptions { info_loss: true, observer: Some(&mut observer), ..Default::default() };
+    // Each run is measured as by a new measurer (the counts of earlier runs kept).
+    measurer.reset();
+    let output = crate::runner::run_scenario_opts(&scenario, measurer, strategy, &crate::agent::compact::chain::Chain::new(), options).map_err(|e| e.to_string())?;
+    let main_rows = output.rows.iter().enumerate().filter(|(_, r)| r.lane == LANE_MAIN && r.error.is_none()).map(|(i, _)| i);
+    let paired: Vec<(usize, usize)> = main_rows.zip(prepared.workload.main_calls.iter().copied()).collect();
+    let after = kept.into_iter().filter_map(|(n, messages)| paired.get(n).map(|(_, call)| (*call, messages))).collect();
+    Ok(Run { output, paired, after })
+}
+
+/// Drives the agent through `session` under `strategy` ([module docs](self)).
+pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, measurer: &mut Measurer, strategy: &Strategy) -> Result<AgentOutcome, String> {
+    let effective = effective_strategy(strategy, prepared);
+    let recorded_lane: Vec<Value> = prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect();
+    let mut plan = Plan { usage_before: None, lane: recorded_lane };
+    // The server's context editing under the client's own settings (thinking of idle turns
+    // cleared) is what the recorded client asked for too: its recorded usage counts it.
+    let client_edits = serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok();
+    let mut runs = 0;
+    loop {
+        let run = run_once(prepared, file, measurer, &effective, &plan)?;
+        runs += 1;
+        let (compactions, divergence, lane) = read_run(prepared, &run, client_edits);
+        let consumed = lane.len();
+        let next = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane };
+        let settled = next.usage_before == plan.usage_before && plan.lane.len() >= consumed && plan.lane[..consumed] == next.lane[..];
+        if settled || runs >= MAX_RUNS {
+            let mut divergence = divergence;
+            if !settled && let Some((_, why)) = &mut divergence {
+                why.push_str(&format!(" (the plan of summaries had not settled after {MAX_RUNS} runs)"));
+            }
+            return Ok(outcome(session, run, compactions, divergence, runs));
+        }
+        plan = next;
+    }
+}
+
+/// The agent's compactions in a run, the divergence from the recording, and the `compact`-lane
+/// replies its compactions should take.
+fn read_run(prepared: &Prepared, run: &Run, client_edits: bool) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
+    let mut compactions = Vec::new();
+    let mut rewrites: Vec<(usize, String)> = Vec::new();
+    for &(row, call) in &run.paired {
+        for stage in run.output.rows[row].stages.iter().filter(|s| s.fired) {
+            if COMPACTION_STAGES.contains(&stage.name.as_str()) {
+                compactions.push(Compacted { call, stage: stage.name.clone(), tokens_before: stage.tokens_before, recorded_summary: false });
+            } else if REWRITE_STAGES.contains(&stage.name.as_str()) && stage.tokens_after < stage.tokens_before && !(client_edits && stage.name == "context_editing") {
+                // (A stage that fired but removed nothing, e.g. a context edit that cleared no
+                // tool use, left the conversation as recorded.)
+                rewrites.push((call, format!("the agent's {} stage rewrote the conversation ({})", stage.name, stage.reason)));
+            }
+        }
+    }
+    // The first call where the agent's history and the recorded one part.
+    let mut candidates = rewrites;
+    for c in &compactions {
+        if !prepared.recorded.iter().any(|r| r.call == c.call) {
+            candidates.push((c.call, format!("the agent compacted ({}, at {} tokens) where the recording did not", c.stage, c.tokens_before)));
+        }
+    }
+    for r in &prepared.recorded {
+        if !compactions.iter().any(|c| c.call == r.call) {
+            candidates.push((r.call, format!("the recording compacted ({}) where the agent did not", r.trigger)));
+        }
+    }
+    candidates.sort_by_key(|(call, _)| *call);
+    let divergence = candidates.into_iter().next();
+    // Each compaction that takes a `compact`-lane reply: the recorded summary of an unused
+    // recorded compaction within one call, else the stand-in.
+    let mut used = vec![false; prepared.recorded.len()];
+    let mut lane = Vec::new();
+    for c in &mut compactions {
+        if c.stage == "session_memory_compact" {
+            continue;
+        }
+        let matched = prepared.recorded.iter().enumerate().find(|(i, r)| !used[*i] && r.summary.is_some() && r.call.abs_diff(c.call) <= 1).map(|(i, _)| i);
+        match matched {
+            Some(i) => {
+                used[i] = true;
+                c.recorded_summary = true;
+                lane.push(prepared.recorded[i].summary.clone().expect("matched on a summary"));
+            }
+            None => lane.push(stand_in()),
+        }
+    }
+    (compactions, divergence, lane)
+}
+
+fn outcome(session: &ImportedSession, run: Run, compactions: Vec<Compacted>, divergence: Option<(usize, String)>, runs: usize) -> AgentOutcome {
+    let position: BTreeMap<usize, usize> = session.calls.iter().enumerate().map(|(p, c)| (c.index, p)).collect();
+    let context_of: BTreeMap<usize, u64> = run.paired.iter().map(|&(row, call)| (call, run.output.rows[row].context_tokens)).collect();
+    let mut compaction_losses = Vec::new();
+    for c in &compactions {
+        let (Some(after), Some(&at)) = (run.after.get(&c.call), position.get(&c.call)) else { continue };
+        // The main call before it that the agent answered.
+        let Some((&previous_call, &before)) = context_of.range(..c.call).next_back() else { continue };
+        let Some(&previous) = position.get(&previous_call) else { continue };
+        let after_tokens = context_of.get(&c.call).copied().unwrap_or(0);
+        compaction_losses.push(compaction_loss(session, at, previous, after, before, after_tokens));
+    }
+    AgentOutcome {
+        info_loss: run.output.summary.info_loss.clone(),
+        summary: run.output.summary,
+        rows: run.output.rows,
+        compactions,
+        divergence,
+        compaction_losses,
+        runs,
+    }
+}

@@ -1,0 +1,210 @@
+//! `compare` and `sweep --engine agent`: what-ifs on real sessions through the agent itself.
+use std::path::Path;
+use std::process::Command;
+
+/// The smallest shared session with a recorded automatic compaction (2.0.76, threshold 155,000,
+/// recorded preTokens 155,250 before its 7th call).
+fn a6e4() -> String {
+    crate::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl").display().to_string()
+}
+
+fn ctxsim_ok(args: &[&str]) -> (String, String) {
+    let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).output().unwrap();
+    assert!(run.status.success(), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
+    (String::from_utf8(run.stdout).unwrap(), String::from_utf8(run.stderr).unwrap())
+}
+
+/// `compare --engine agent --format json` of one session under one strategy with `sets`.
+fn agent_compare(session: &str, strategy: &str, sets: &[&str]) -> serde_json::Value {
+    let mut args = vec!["compare", "--engine", "agent", "--estimator", "chars4", "--format", "json", session, "--strategies", strategy];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let (stdout, _) = ctxsim_ok(&args);
+    let mut all: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    all[0].take()
+}
+
+/// The calls the agent compacted before, in order.
+fn compaction_calls(e: &serde_json::Value) -> Vec<u64> {
+    e["agent"]["compactions"].as_array().unwrap().iter().map(|c| c["call"].as_u64().unwrap()).collect()
+}
+
+/// Issue 13's target: sweeping the autocompact buffer through the agent moves the compaction
+/// point monotonically (a larger buffer, an earlier compaction) with at least 3 distinct outcomes;
+/// the default buffer compacts where the recording did, takes the recorded summary and does not
+/// diverge; the others say from which call and why, and take the stand-in.
+#[test]
+fn the_autocompact_buffer_moves_the_agents_compaction_on_a_real_session() {
+    let session = a6e4();
+    let mut firsts = Vec::new();
+    let mut digests = Vec::new();
+    for buffer in [5_000, 13_000, 15_000, 20_000] {
+        let set = format!("compact.autocompact.buffer_tokens={buffer}");
+        let e = agent_compare(&session, "claude-code", &[set.as_str()]);
+        let calls = compaction_calls(&e);
+        assert!(!calls.is_empty(), "buffer {buffer}: {e}");
+        firsts.push(calls[0]);
+        digests.push((e["summary"]["cost_usd"].clone(), e["summary"]["peak_context_tokens"].clone()));
+        let summaries: Vec<&str> = e["agent"]["compactions"].as_array().unwrap().iter().map(|c| c["summary"].as_str().unwrap()).collect();
+        if buffer == 13_000 {
+            // The recorded version's own setting: the agent compacts where the client did.
+            assert_eq!(e["divergence"], serde_json::Value::Null, "{e}");
+            assert_eq!(e["replies_diverge"], false);
+            assert_eq!(summaries, ["recorded"]);
+        } else {
+            let why = e["divergence"].as_str().unwrap_or_else(|| panic!("buffer {buffer}: no divergence note: {e}"));
+            assert!(why.starts_with("from call ") && why.contains("the recorded replies continue as recorded"), "{why}");
+            assert_eq!(e["replies_diverge"], true);
+        }
+        if buffer >= 15_000 {
+            assert!(e["divergence"].as_str().unwrap().contains("the agent compacted (autocompact"), "{e}");
+            assert_eq!(summaries[0], "stand-in");
+            // The compaction's information loss, from the agent's own request after it.
+            let loss = &e["compaction_losses"][0];
+            assert_eq!(loss["call"], calls[0]);
+            assert!(loss["tokens_dropped"].as_u64().unwrap() > 50_000, "{loss}");
+        }
+    }
+    assert!(firsts.windows(2).all(|w| w[0] >= w[1]), "a larger buffer compacts no later: {firsts:?}");
+    let mut distinct = digests.clone();
+    distinct.sort_by_key(|d| d.0.to_string());
+    distinct.dedup();
+    assert!(distinct.len() >= 3, "{digests:?}");
+    let mut calls = firsts.clone();
+    calls.dedup();
+    assert!(calls.len() >= 3, "{firsts:?}");
+}
+
+/// The PCT override reaches the session through the agent the same way, and an override that
+/// puts the threshold where a buffer does shares that buffer's run: one memo key, same results.
+#[test]
+fn the_pct_override_reaches_a_real_session_and_equal_thresholds_share_a_run() {
+    let session = a6e4();
+    {
+        use ctxsim::replay::agent_whatif::{effective_strategy, prepare, strategy_key};
+        let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+        let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+        let key = |sets: &[&str]| {
+            let strategy = ctxsim::strategy::Strategy::resolve_with("claude-code", &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+            strategy_key(&effective_strategy(&strategy, &prepared), &prepared)
+        };
+        assert_eq!(key(&["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"]), key(&["compact.autocompact.buffer_tokens=84000"]));
+        assert_ne!(key(&["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"]), key(&["compact.autocompact.buffer_tokens=80000"]));
+        assert_ne!(key(&[]), key(&["ttl_main=1h"]));
+    }
+    // 2.0.76: window 200,000 less a 32,000 reserve = 168,000 effective; 50% = 84,000.
+    let pct = agent_compare(&session, "claude-code", &["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"]);
+    let buffer = agent_compare(&session, "claude-code", &["compact.autocompact.buffer_tokens=84000"]);
+    assert_eq!(compaction_calls(&pct), compaction_calls(&buffer));
+    assert_eq!(pct["summary"]["cost_usd"], buffer["summary"]["cost_usd"]);
+    let default = agent_compare(&session, "claude-code", &[]);
+    assert!(compaction_calls(&pct)[0] < compaction_calls(&default)[0], "{pct} vs {default}");
+    // DISABLE_AUTO_COMPACT: no automatic compaction at all, and the note says the recording's
+    // compaction was not made.
+    let off = agent_compare(&session, "claude-code", &["env.DISABLE_AUTO_COMPACT=1"]);
+    assert!(compaction_calls(&off).is_empty(), "{off}");
+    assert!(off["divergence"].as_str().unwrap().contains("the recording compacted (auto) where the agent did not"), "{off}");
+}
+
+/// A knob the replay cannot reach changes the agent's requests: tool schemas sent up front
+/// raise the peak context of the session, and the replay engine is unchanged by `--engine`'s
+/// default (no `agent` notes).
+#[test]
+fn a_layout_knob_reaches_a_real_session_through_the_agent() {
+    let session = a6e4();
+    let base = agent_compare(&session, "claude-code", &[]);
+    let eager = agent_compare(&session, "claude-code-eager-tools", &[]);
+    assert!(eager["summary"]["peak_context_tokens"].as_u64() > base["summary"]["peak_context_tokens"].as_u64(), "{eager} vs {base}");
+    let (stdout, _) = ctxsim_ok(&["compare", "--estimator", "chars4", "--format", "json", session.as_str(), "--strategies", "claude-code"]);
+    let replay: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(replay[0].get("agent").is_none(), "{stdout}");
+}
+
+fn sweep_agent(args: &[&str], out: &Path, threads: &str) -> (String, String) {
+    let out_arg = out.display().to_string();
+    let mut all: Vec<&str> = vec!["sweep", "--engine", "agent", "--estimator", "chars4", "--no-progress", "--threads", threads, "--out", out_arg.as_str()];
+    all.extend_from_slice(args);
+    ctxsim_ok(&all)
+}
+
+/// A sweep through the agent with a knob that changes nothing on a real session warns per input
+/// with the reason (the session never reaches the threshold; the stage is off), recommends
+/// nothing over the equal grid, and writes the same bytes on 1 and 2 threads.
+#[test]
+fn a_sweep_through_the_agent_warns_of_a_knob_without_effect_on_a_real_session() {
+    let session = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
+    let args = [session.as_str(), "--param", "compact.autocompact.buffer_tokens=5000,10000", "--param", "compact.microcompact.gap_threshold_minutes=5,30"];
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (stdout, stderr) = sweep_agent(&args, one.path(), "1");
+    sweep_agent(&args, two.path(), "2");
+    let name = "01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl";
+    assert!(
+        stderr.contains(&format!("warning: no effect on {name}: compact.autocompact.buffer_tokens changed no result (the session never reaches the autocompaction threshold")),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("warning: no effect on {name}: compact.microcompact.gap_threshold_minutes changed no result (the stage microcompact is disabled")), "{stderr}");
+    assert!(!stderr.contains("does not honour"), "through the agent every knob reaches the session: {stderr}");
+    assert!(stdout.contains("Recommended: none (every one of the 4 points gave the same results"), "{stdout}");
+    for file in ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt"] {
+        assert_eq!(std::fs::read(one.path().join(file)).unwrap(), std::fs::read(two.path().join(file)).unwrap(), "{file}");
+    }
+    // The engine is part of the grid's signature: a replay sweep's shards do not merge with it.
+    let replay = tempfile::tempdir().unwrap();
+    let out_arg = replay.path().display().to_string();
+    ctxsim_ok(&["sweep", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), args[0], args[1], args[2], args[3], args[4]]);
+    let first = |dir: &Path| std::fs::read_to_string(dir.join("sweep.csv")).unwrap().lines().next().unwrap().to_owned();
+    assert_ne!(first(one.path()), first(replay.path()));
+}
+
+/// `check` judges a recorded session through the agent against a baseline: written by
+/// `--update-baseline`, passed by the same run, refused under the other engine (the baseline
+/// records it), and a session cannot be combined with `--disable-stage`.
+#[test]
+fn check_takes_a_real_session_through_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let baseline = dir.path().join("baseline.json").display().to_string();
+    let session = a6e4();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["check", session.as_str(), "--estimator", "chars4", "--baseline", baseline.as_str()];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(&args).output().unwrap()
+    };
+    let written = run(&["--engine", "agent", "--update-baseline"]);
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let text = std::fs::read_to_string(&baseline).unwrap();
+    assert!(text.contains("\"strategy\": \"claude-code --engine agent\""), "{text}");
+    assert!(text.contains("a6e4c2a0fbd1-0.full.jsonl"), "{text}");
+    let passed = run(&["--engine", "agent", "--json"]);
+    assert_eq!(passed.status.code(), Some(0), "{}", String::from_utf8_lossy(&passed.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&passed.stdout).unwrap();
+    let checks = report["scenarios"][0]["checks"].as_array().unwrap();
+    assert!(checks.iter().any(|c| c["name"] == "baseline.cost_usd" && c["status"] == "pass"), "{report}");
+    let other = run(&[]);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("the baseline was measured with strategy `claude-code --engine agent`"));
+    let staged = run(&["--engine", "agent", "--disable-stage", "snip"]);
+    assert_eq!(staged.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&staged.stderr).contains("--disable-stage applies to scenarios only"));
+}
+
+/// What the recorded client did too is no divergence: the server's clearing of idle thinking
+/// under the client's own context-editing settings (entirecontext, 2.1.2xx), and a compaction
+/// recorded before the first call of a file that continues a session (oh-my-posh 0254), which
+/// the workload's opening history stands for.
+#[test]
+fn what_the_recorded_client_did_too_is_no_divergence() {
+    let entirecontext = crate::support::realdata().join("transcripts/entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl").display().to_string();
+    let e = agent_compare(&entirecontext, "claude-code", &[]);
+    assert_eq!(e["divergence"], serde_json::Value::Null, "{e}");
+    assert_eq!(e["agent"]["runs"], 1);
+    // The context-editing preset asks the server for more than the client did: a divergence.
+    let edited = agent_compare(&entirecontext, "context-editing", &[]);
+    assert!(edited["divergence"].as_str().unwrap().contains("context_editing"), "{edited}");
+
+    let posh = crate::support::realdata().join("transcripts/oh-my-posh/0254bffa0c17-1.full.jsonl");
+    let loaded = ctxsim::replay::load_session(&posh).unwrap();
+    let prepared = ctxsim::replay::agent_whatif::prepare(&loaded, &posh.display().to_string(), &crate::support::measurer()).unwrap();
+    let first = prepared.workload.main_calls[0];
+    assert!(prepared.recorded.iter().all(|r| r.call > first), "{:?}", prepared.recorded.iter().map(|r| r.call).collect::<Vec<_>>());
+}
