@@ -63,6 +63,8 @@ pub struct Prepared {
     pub recorded: Vec<RecordedCompaction>,
     /// The recorded version's autocompact output reserve.
     pub reserve: u64,
+    /// The recorded TTLs, applied where a strategy keeps the default ones.
+    pub settings: super::workload::RecordedSettings,
 }
 
 /// One recorded compaction of the main lane.
@@ -102,7 +104,8 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
         let call = main_calls[position].1;
         recorded.push(RecordedCompaction { call, trigger: compaction.trigger.clone(), summary });
     }
-    Ok(Prepared { workload, sizing, recorded, reserve })
+    let settings = super::workload::RecordedSettings::of(session, &workload);
+    Ok(Prepared { workload, sizing, recorded, reserve, settings })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -110,7 +113,8 @@ fn is_compact_step(step: &Value) -> bool {
 }
 
 /// The strategy a session runs under: `strategy` with the recorded version's autocompact reserve
-/// where it sets none (as [`super::workload::agent_replay`] does), named `""` so that two
+/// where it sets none and the recorded TTLs where it keeps the default ones (as
+/// [`super::workload::agent_replay`] does), named `""` so that two
 /// strategies that differ only in name are one.
 pub fn effective_strategy(strategy: &Strategy, prepared: &Prepared) -> Strategy {
     let mut strategy = strategy.clone();
@@ -118,6 +122,7 @@ pub fn effective_strategy(strategy: &Strategy, prepared: &Prepared) -> Strategy 
     if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
         strategy.compact.autocompact.max_output_reserve_tokens = Some(prepared.reserve);
     }
+    prepared.settings.apply(&mut strategy);
     strategy
 }
 

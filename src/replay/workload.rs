@@ -582,6 +582,41 @@ pub fn sized_workload(
     Ok((workload, sizing))
 }
 
+/// What the record fixes that the agent cannot know, applied where a strategy leaves the
+/// default: the main lane's TTL as the usage's 5m/1h split names it, and 1h outside the main lane
+/// where subagents are driven and every recorded call outside the main lane wrote its cache at 1h
+/// (the replay takes each call's from the record). One definition for the agent as recorded
+/// ([`agent_replay`]) and for its what-ifs (`agent_whatif`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecordedSettings {
+    pub ttl_main: Option<crate::api::CacheTtl>,
+    pub ttl_other_1h: bool,
+}
+
+impl RecordedSettings {
+    pub fn of(session: &ImportedSession, workload: &Workload) -> RecordedSettings {
+        let ttl_main = session.calls.iter().filter(|c| c.lane == LANE_MAIN).find_map(|c| super::session::ttl_of(&c.usage));
+        let outside_main: Vec<&crate::recording::RecordedCall> =
+            session.calls.iter().filter(|c| c.lane != LANE_MAIN && !c.is_synthetic && c.usage.cache_creation_input_tokens > 0).collect();
+        let ttl_other_1h = !workload.subagent_calls.is_empty() && outside_main.iter().all(|c| c.usage.creation_split().ephemeral_1h_input_tokens > 0);
+        RecordedSettings { ttl_main, ttl_other_1h }
+    }
+
+    /// Sets each recorded TTL where `strategy` keeps the default one: a strategy that names
+    /// another TTL (a what-if) keeps its own.
+    pub fn apply(&self, strategy: &mut crate::strategy::Strategy) {
+        let default = crate::strategy::Strategy::default();
+        if let Some(ttl) = self.ttl_main
+            && strategy.ttl_main == default.ttl_main
+        {
+            strategy.ttl_main = ttl;
+        }
+        if self.ttl_other_1h && strategy.ttl_other == default.ttl_other {
+            strategy.ttl_other = crate::api::CacheTtl::OneHour;
+        }
+    }
+}
+
 /// Drives the agent through `session` under `strategy`, measuring with `measurer`.
 pub fn agent_replay(
     session: &ImportedSession,
@@ -595,25 +630,9 @@ pub fn agent_replay(
         let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
-    // The recorded TTL of the main lane (the usage's split names it): what the agent cannot
-    // know, taken from the record as the replay takes it; as recorded, its markers carry it.
-    let recorded_ttl = session.calls.iter().filter(|c| c.lane == LANE_MAIN).find_map(|c| super::session::ttl_of(&c.usage));
-    if let Some(ttl) = recorded_ttl {
-        strategy.ttl_main = ttl;
-    }
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
+    RecordedSettings::of(session, &workload).apply(&mut strategy);
     sizing.seeded_prefix_tokens = seed_warm_prefix(session, &workload, measurer, &strategy)?;
-    // The recorded TTL outside the main lane, where the strategy leaves it at its default and
-    // the driven subagents' recorded calls, like every other call outside the main lane, wrote
-    // their cache at 1h (what the agent cannot know; the replay takes each call's from the record).
-    let outside_main: Vec<&crate::recording::RecordedCall> =
-        session.calls.iter().filter(|c| c.lane != LANE_MAIN && !c.is_synthetic && c.usage.cache_creation_input_tokens > 0).collect();
-    if !workload.subagent_calls.is_empty()
-        && strategy.ttl_other == crate::strategy::Strategy::default().ttl_other
-        && outside_main.iter().all(|c| c.usage.creation_split().ephemeral_1h_input_tokens > 0)
-    {
-        strategy.ttl_other = crate::api::CacheTtl::OneHour;
-    }
     // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
     let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), Default::default())
         .map_err(|e| e.to_string())?;
