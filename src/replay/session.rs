@@ -493,6 +493,13 @@ struct LaneState {
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
 /// falling into the unrecorded part of the request there shows the prefix level.
+/// A hook of a tool use added context to its result (`hookEvent` PreToolUse, PostToolUse or
+/// PostToolUseFailure); not a prompt's or a session start's.
+fn is_tool_hook_context(attachment: &crate::recording::Attachment) -> bool {
+    attachment.attachment_type == "hook_additional_context"
+        && matches!(attachment.payload.get("hookEvent").and_then(Value::as_str), Some("PreToolUse" | "PostToolUse" | "PostToolUseFailure"))
+}
+
 const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "resume", "new_user_turn"];
 
 /// What a transcript does not record, put around the recorded messages of one call: the system
@@ -1441,6 +1448,9 @@ fn replay_session_observing(
                 }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     attachment_chars += attachment.payload.to_string().len() as u64;
+                    if call.lane == LANE_MAIN && is_tool_hook_context(attachment) {
+                        state.turns.tool_hook_context = true;
+                    }
                     if attachment.attachment_type == "deferred_tools_delta" {
                         let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
                         let before = state.announced_deferred.clone();
@@ -1709,6 +1719,9 @@ fn replay_session_observing(
         if turn_start.is_some_and(|t| t.rerenders_start) && options.rerender_prompts {
             call_events.push("turn_rerender".into());
             state.rerender_epoch += 1;
+        }
+        if turn_start.is_some_and(|t| t.hook_context_lost_side_entry) {
+            call_events.push("tool_hook_context".into());
         }
         state.turns.compaction_pending = false;
         if rerenders_previous {
