@@ -165,11 +165,38 @@ fn tagged_hash(tag: &[u8], bytes: &[u8]) -> u128 {
     hash128(&buf)
 }
 
+/// An image or document whose size the block does not give (a URL or file source, a document):
+/// the client's own flat estimate (reference/internals-crosscheck.md).
+pub const UNSIZED_MEDIA_TOKENS: u32 = 2000;
+
+/// Tokens of an inline (base64) image by the API's documented rule: `width × height / 750`
+/// after the image is scaled down to fit a 1,568-pixel long edge and 1.15 megapixels; `None`
+/// when the data is not an image whose header gives its size.
+pub fn image_tokens(image: &crate::api::ImageLike) -> Option<u32> {
+    use base64::Engine as _;
+    let source = image.source.as_object()?;
+    if source.get("type").and_then(serde_json::Value::as_str) != Some("base64") {
+        return None;
+    }
+    let data = source.get("data").and_then(serde_json::Value::as_str)?;
+    // The header is enough for every format imagesize reads; a JPEG's size can follow its
+    // metadata, so the whole image is decoded (inline images are small).
+    let bytes = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
+    let size = imagesize::blob_size(&bytes).ok()?;
+    let (width, height) = (size.width as f64, size.height as f64);
+    if width < 1.0 || height < 1.0 {
+        return None;
+    }
+    let shrink = (1568.0 / width.max(height)).min((1_150_000.0 / (width * height)).sqrt()).min(1.0);
+    Some(((width * shrink) * (height * shrink) / 750.0).ceil().max(1.0) as u32)
+}
+
 /// The strings and flat counts whose estimate is a content block's token count.
 pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
     match block {
         ContentBlock::Text { text, .. } => vec![TokenUnit::Text(text.clone())],
-        ContentBlock::Image(_) | ContentBlock::Document(_) => vec![TokenUnit::Fixed(2000)],
+        ContentBlock::Image(image) => vec![TokenUnit::Fixed(image_tokens(image).unwrap_or(UNSIZED_MEDIA_TOKENS))],
+        ContentBlock::Document(_) => vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)],
         ContentBlock::ToolUse { name, input, .. } | ContentBlock::ServerToolUse { name, input, .. } => {
             let json = serde_json::to_string(input).unwrap_or_default();
             vec![TokenUnit::Text(format!("{name}{json}"))]
