@@ -468,3 +468,34 @@ pub fn parse_request(value: Value) -> Result<Request, String> {
         if path == "." { message } else { format!("{path}: {message}") }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+
+    /// An inline PNG of `width × height` (signature and IHDR chunk: all its header gives).
+    fn png(width: u32, height: u32) -> crate::api::ImageLike {
+        let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        bytes.extend_from_slice(&width.to_be_bytes());
+        bytes.extend_from_slice(&height.to_be_bytes());
+        bytes.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        crate::api::ImageLike { source: serde_json::json!({"type": "base64", "media_type": "image/png", "data": data}), cache_control: None, extra: Default::default() }
+    }
+
+    #[test]
+    fn an_inline_image_counts_its_pixels_over_750_after_the_downscale() {
+        // d847's 90 x 52 status-line crop: 6.24 -> 7 tokens, not the flat 2,000.
+        assert_eq!(image_tokens(&png(90, 52)), Some(7));
+        // af1d's 1280 x 720 screenshots fit both limits: 921,600 / 750.
+        assert_eq!(image_tokens(&png(1280, 720)), Some(1229));
+        // 4000 x 3000 is scaled to 1.15 megapixels (the tighter limit): 1,150,000 / 750.
+        assert_eq!(image_tokens(&png(4000, 3000)), Some(1534));
+        // A URL source, or data that is no image, keeps the flat estimate.
+        let url = crate::api::ImageLike { source: serde_json::json!({"type": "url", "url": "https://x/y.png"}), cache_control: None, extra: Default::default() };
+        assert_eq!(image_tokens(&url), None);
+        assert_eq!(content_token_units(&ContentBlock::Image(url)), vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)]);
+        assert_eq!(content_token_units(&ContentBlock::Image(png(90, 52))), vec![TokenUnit::Fixed(7)]);
+    }
+}

@@ -575,3 +575,14 @@ fn a_2_1_200_reply_with_thinking_is_sent_back_as_its_billed_output() {
         assert!((simulated - recorded).abs() <= 0.1 * recorded, "{transcript} #{index}: simulated growth {simulated}, recorded {recorded}");
     }
 }
+
+#[test]
+fn an_image_in_a_prompt_counts_its_pixels_not_a_flat_2000() {
+    // d847 #120's prompt carries a 90 x 52 crop (7 tokens by the API's rule): the context grew
+    // by 648 tokens; at a flat 2,000 the replay grew by 3.8k more than the record.
+    let replay = replayed("oh-my-posh/d84718082c10-3.full.jsonl");
+    let at = |i: usize| replay.calls.iter().find(|c| c.index == i).unwrap();
+    let recorded = at(120).recorded_context() as f64 - at(119).recorded_context() as f64;
+    let simulated = at(120).simulated_context() as f64 - at(119).simulated_context() as f64;
+    assert!((simulated - recorded).abs() < 1_000.0, "simulated growth {simulated}, recorded {recorded}");
+}
