@@ -52,7 +52,7 @@ pub const RULE_RATES: [RuleRate; 7] = [
     RuleRate { rule: "skill", hits: 0, cases: 0 },
     RuleRate { rule: "resume", hits: 1, cases: 1 },
     RuleRate { rule: "rerendered_prompt", hits: 7, cases: 7 },
-    RuleRate { rule: "side_entry", hits: 129, cases: 137 },
+    RuleRate { rule: "side_entry", hits: 129, cases: 131 },
     RuleRate { rule: "tool_hook_context", hits: 6, cases: 6 },
     RuleRate { rule: "turn_rerender", hits: 7, cases: 8 },
 ];
