@@ -99,6 +99,8 @@ def calls_of(path):
         elif t == "attachment":
             a = r.get("attachment") or {}
             before["attachment:" + str(a.get("type"))].append(a.get("hookName"))
+            if a.get("type") == "hook_additional_context" and a.get("hookEvent") in ("PreToolUse", "PostToolUse", "PostToolUseFailure"):
+                before["tool_hook_context"].append(a.get("hookName"))
     return calls
 
 
@@ -140,7 +142,13 @@ def candidates(calls):
     v = lambda c: version_tuple(c["version"])
     first_tool_search = True
     previous_turn = {}
+    hook_in_turn = False  # a tool hook added context since the last prompt after a reply
     for i, c in enumerate(calls):
+        hook_before = hook_in_turn
+        if c["turn"] and (c["prev"] or {}).get("stop") in (None, "end_turn"):
+            hook_in_turn = False
+        if c["before"].get("tool_hook_context"):
+            hook_in_turn = True
         if c["prev"] is None or c["ttl_gap"]:
             # The TTL explains whatever happens; the rules are about the rest.
             if any(t == "ToolSearch" for t in (c["prev"] or {}).get("tools", [])):
@@ -185,6 +193,10 @@ def candidates(calls):
                 out.append(("2.1.200+ turn after a cut-off reply", c, False))
             else:
                 out.append(("2.1.200+ turn " + ("with" if ended else "without") + " stop summary", c, not ended))
+                if ended and hook_before:
+                    # The side entry is not read after a turn in which a tool hook added context.
+                    lost = v(c) < (2, 1, 232)
+                    out.append(("tool hook context in the turn, " + ("2.1.200-2.1.231" if lost else "2.1.232+"), c, lost))
         previous_turn[t] = c
     return out
 

@@ -165,11 +165,38 @@ fn tagged_hash(tag: &[u8], bytes: &[u8]) -> u128 {
     hash128(&buf)
 }
 
+/// An image or document whose size the block does not give (a URL or file source, a document):
+/// the client's own flat estimate (reference/internals-crosscheck.md).
+pub const UNSIZED_MEDIA_TOKENS: u32 = 2000;
+
+/// Tokens of an inline (base64) image by the API's documented rule: `width × height / 750`
+/// after the image is scaled down to fit a 1,568-pixel long edge and 1.15 megapixels; `None`
+/// when the data is not an image whose header gives its size.
+pub fn image_tokens(image: &crate::api::ImageLike) -> Option<u32> {
+    use base64::Engine as _;
+    let source = image.source.as_object()?;
+    if source.get("type").and_then(serde_json::Value::as_str) != Some("base64") {
+        return None;
+    }
+    let data = source.get("data").and_then(serde_json::Value::as_str)?;
+    // The header is enough for every format imagesize reads; a JPEG's size can follow its
+    // metadata, so the whole image is decoded (inline images are small).
+    let bytes = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
+    let size = imagesize::blob_size(&bytes).ok()?;
+    let (width, height) = (size.width as f64, size.height as f64);
+    if width < 1.0 || height < 1.0 {
+        return None;
+    }
+    let shrink = (1568.0 / width.max(height)).min((1_150_000.0 / (width * height)).sqrt()).min(1.0);
+    Some(((width * shrink) * (height * shrink) / 750.0).ceil().max(1.0) as u32)
+}
+
 /// The strings and flat counts whose estimate is a content block's token count.
 pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
     match block {
         ContentBlock::Text { text, .. } => vec![TokenUnit::Text(text.clone())],
-        ContentBlock::Image(_) | ContentBlock::Document(_) => vec![TokenUnit::Fixed(2000)],
+        ContentBlock::Image(image) => vec![TokenUnit::Fixed(image_tokens(image).unwrap_or(UNSIZED_MEDIA_TOKENS))],
+        ContentBlock::Document(_) => vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)],
         ContentBlock::ToolUse { name, input, .. } | ContentBlock::ServerToolUse { name, input, .. } => {
             let json = serde_json::to_string(input).unwrap_or_default();
             vec![TokenUnit::Text(format!("{name}{json}"))]
@@ -440,4 +467,35 @@ pub fn parse_request(value: Value) -> Result<Request, String> {
         let message = crate::input::cap_message(&e.inner().to_string());
         if path == "." { message } else { format!("{path}: {message}") }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+
+    /// An inline PNG of `width × height` (signature and IHDR chunk: all its header gives).
+    fn png(width: u32, height: u32) -> crate::api::ImageLike {
+        let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        bytes.extend_from_slice(&width.to_be_bytes());
+        bytes.extend_from_slice(&height.to_be_bytes());
+        bytes.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        crate::api::ImageLike { source: serde_json::json!({"type": "base64", "media_type": "image/png", "data": data}), cache_control: None, extra: Default::default() }
+    }
+
+    #[test]
+    fn an_inline_image_counts_its_pixels_over_750_after_the_downscale() {
+        // d847's 90 x 52 status-line crop: 6.24 -> 7 tokens, not the flat 2,000.
+        assert_eq!(image_tokens(&png(90, 52)), Some(7));
+        // af1d's 1280 x 720 screenshots fit both limits: 921,600 / 750.
+        assert_eq!(image_tokens(&png(1280, 720)), Some(1229));
+        // 4000 x 3000 is scaled to 1.15 megapixels (the tighter limit): 1,150,000 / 750.
+        assert_eq!(image_tokens(&png(4000, 3000)), Some(1534));
+        // A URL source, or data that is no image, keeps the flat estimate.
+        let url = crate::api::ImageLike { source: serde_json::json!({"type": "url", "url": "https://x/y.png"}), cache_control: None, extra: Default::default() };
+        assert_eq!(image_tokens(&url), None);
+        assert_eq!(content_token_units(&ContentBlock::Image(url)), vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)]);
+        assert_eq!(content_token_units(&ContentBlock::Image(png(90, 52))), vec![TokenUnit::Fixed(7)]);
+    }
 }

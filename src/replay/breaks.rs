@@ -5,7 +5,8 @@
 //! The cause is the first of the events the replay saw before the call, in this order:
 //! `ttl_expired`, `model_switch`, `tool_search_load`, `skill`, `microcompact`, `resume`,
 //! `compaction`, `rerendered_prompt` (the replay re-rendered the previous turn's prompt, see
-//! [`super::turns`]), `turn_rerender` (2.1.200+: the new prompt re-rendered the conversation
+//! [`super::turns`]), `tool_hook_context` (2.1.200–2.1.231: a tool hook's context in the previous
+//! turn kept the new prompt from reading the side entry), `turn_rerender` (2.1.200+: the new prompt re-rendered the conversation
 //! start and no side entry kept it); failing those, at a new user turn of a version with the N-pattern,
 //! `rerendered_prompt` all the same (the inference of reference/real-breaks.md, not predicted);
 //! else `unexplained`. `predicted` is 1 when the replay's own read fell as far, else 0.
@@ -21,8 +22,18 @@ use super::session::SessionReplay;
 pub const BREAK_MIN_DROP: u64 = 1_000;
 
 /// The causes in the order they are tried; `unexplained` when none applies.
-pub const CAUSE_ORDER: [&str; 9] =
-    ["ttl_expired", "model_switch", "tool_search_load", "skill", "microcompact", "resume", "compaction", "rerendered_prompt", "turn_rerender"];
+pub const CAUSE_ORDER: [&str; 10] = [
+    "ttl_expired",
+    "model_switch",
+    "tool_search_load",
+    "skill",
+    "microcompact",
+    "resume",
+    "compaction",
+    "rerendered_prompt",
+    "tool_hook_context",
+    "turn_rerender",
+];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BreakRow {

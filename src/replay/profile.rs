@@ -61,6 +61,11 @@ pub struct ClientProfile {
     /// A Skill tool call re-renders the conversation start (before 2.1.200; 0 of 9 Skill calls
     /// of 2.1.205–2.1.232 did).
     pub skill_rerender: bool,
+    /// A new prompt after a turn in which a tool hook added context to a tool result
+    /// (`hook_additional_context` with a tool use id) reads no side entry: the read falls to
+    /// the prefix level (2.1.200–2.1.231: 6 of 6 such turns of oh-my-posh 0254, 2.1.219, inside
+    /// the TTL and ended normally; 2.1.232 kept the cache at 2 of 2, entirecontext).
+    pub tool_hook_context_loses_side_entry: bool,
     /// A resumed session re-renders its start.
     pub resume_rerender: bool,
     /// Tokens of tools + system to assume when the first call read nothing (cold start).
@@ -76,6 +81,11 @@ pub struct ClientProfile {
 /// attachments, a re-rendered conversation start at each new prompt). No session between
 /// 2.1.49 and 2.1.205 is in the data: 2.1.200 is the boundary assumed.
 pub const CURRENT_LAYOUT: (u32, u32, u32) = (2, 1, 200);
+
+/// The first version seen keeping the side entry after a turn with a tool hook's context
+/// (entirecontext, 2.1.232); 2.1.219 is the last seen losing it, versions between take the
+/// earlier behaviour.
+pub const HOOK_CONTEXT_KEEPS_SIDE_ENTRY: (u32, u32, u32) = (2, 1, 232);
 
 /// `"2.1.39"` → `(2, 1, 39)`; missing or non-numeric parts count as 0.
 pub fn parse_version(version: &str) -> (u32, u32, u32) {
@@ -169,6 +179,7 @@ impl ClientProfile {
             turn_rerenders_start: v >= CURRENT_LAYOUT,
             tool_search_full_miss: v < CURRENT_LAYOUT,
             skill_rerender: v < CURRENT_LAYOUT,
+            tool_hook_context_loses_side_entry: (CURRENT_LAYOUT..HOOK_CONTEXT_KEEPS_SIDE_ENTRY).contains(&v),
             resume_rerender: true,
             cold_prefix_tokens: measured_prefix_tokens_2_1_88(),
             autocompact_output_reserve: if v < (2, 1, 37) { 32_000 } else { 20_000 },

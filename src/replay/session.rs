@@ -493,6 +493,13 @@ struct LaneState {
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
 /// falling into the unrecorded part of the request there shows the prefix level.
+/// A hook of a tool use added context to its result (`hookEvent` PreToolUse, PostToolUse or
+/// PostToolUseFailure); not a prompt's or a session start's.
+fn is_tool_hook_context(attachment: &crate::recording::Attachment) -> bool {
+    attachment.attachment_type == "hook_additional_context"
+        && matches!(attachment.payload.get("hookEvent").and_then(Value::as_str), Some("PreToolUse" | "PostToolUse" | "PostToolUseFailure"))
+}
+
 const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "resume", "new_user_turn"];
 
 /// What a transcript does not record, put around the recorded messages of one call: the system
@@ -858,7 +865,7 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
     let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();
     for event in &session.recording.events {
         if let EventKind::ModelReply(reply) = &event.kind
-            && !reply.thinking_text_stored
+            && (!reply.thinking_text_stored || resends_its_output(reply, main_version))
         {
             let key = measurer.table().lookup(&reply.model).map(|m| m.estimator_key()).unwrap_or_default();
             let counter = measurer.counter();
@@ -873,12 +880,19 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
                 })
                 .sum();
             let version = reply.version.as_deref().unwrap_or(main_version);
-            let ratio = fitted_with_note(&calibration.thinking_fill, version, "thinking fill", notes).copied().unwrap_or(1.0);
-            let tokens = (ratio * reply.usage.output_tokens.saturating_sub(visible) as f64).round() as u64;
+            let ratio = if resends_its_output(reply, main_version) {
+                1.0
+            } else {
+                fitted_with_note(&calibration.thinking_fill, version, "thinking fill", notes).copied().unwrap_or(1.0)
+            };
+            let filled = |block: &ContentBlock| matches!(block, ContentBlock::Thinking { thinking, .. } if thinking.is_empty() || resends_its_output(reply, main_version));
+            // Interleaved thinking: the reply's blocks share the estimate.
+            let blocks = reply.content.iter().filter(|b| filled(b)).count().max(1) as f64;
+            let tokens = (ratio * reply.usage.output_tokens.saturating_sub(visible) as f64 / blocks).round() as u64;
             let params = calibration.for_family(&key);
             for block in &reply.content {
-                if let ContentBlock::Thinking { thinking, signature, .. } = block
-                    && thinking.is_empty()
+                if let ContentBlock::Thinking { signature, .. } = block
+                    && filled(block)
                 {
                     thinking_estimate.insert(signature.clone(), ThinkingFill { tokens, kind, scale: params.scale, per_block: params.per_block });
                 }
@@ -886,6 +900,18 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
         }
     }
     thinking_estimate
+}
+
+/// A reply of 2.1.200+ with thinking: the record's `output_tokens` is the final count, and the
+/// reply is sent back whole, its thinking as generated (the stored text, when there is one, is
+/// a summary). Its thinking is filled to the output beyond the visible part, whatever was stored.
+/// Not where the transcript records the request that carried it back (`requestRef`): the
+/// record says what was sent.
+fn resends_its_output(reply: &crate::recording::ModelReply, main_version: &str) -> bool {
+    super::profile::parse_version(reply.version.as_deref().unwrap_or(main_version)) >= super::profile::CURRENT_LAYOUT
+        && reply.request_ref.is_none()
+        && reply.usage.output_tokens > 0
+        && reply.content.iter().any(ContentBlock::is_thinking)
 }
 
 /// The prefix level (tools + system) of a lane group's first compared call, whose
@@ -951,7 +977,7 @@ fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estim
             ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
                 *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
             }
-            ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() => {
+            ContentBlock::Thinking { thinking, signature, .. } => {
                 if let Some(fill) = thinking_estimate.get(signature.as_str()) {
                     *thinking = fill.text();
                 }
@@ -1441,6 +1467,9 @@ fn replay_session_observing(
                 }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     attachment_chars += attachment.payload.to_string().len() as u64;
+                    if call.lane == LANE_MAIN && is_tool_hook_context(attachment) {
+                        state.turns.tool_hook_context = true;
+                    }
                     if attachment.attachment_type == "deferred_tools_delta" {
                         let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
                         let before = state.announced_deferred.clone();
@@ -1710,6 +1739,9 @@ fn replay_session_observing(
             call_events.push("turn_rerender".into());
             state.rerender_epoch += 1;
         }
+        if turn_start.is_some_and(|t| t.hook_context_lost_side_entry) {
+            call_events.push("tool_hook_context".into());
+        }
         state.turns.compaction_pending = false;
         if rerenders_previous {
             call_events.push("rerendered_prompt".into());
@@ -1973,7 +2005,11 @@ fn replay_session_observing(
         // Either read counts: the record's (a prefix another process kept warm) or the replay's
         // own (a what-if that keeps what the recording lost).
         state.turns.previous_read = Some(call.usage.cache_read_input_tokens.max(metrics.cache_read_input_tokens));
+        // A reply whose thinking the replay filled brings an estimate of its own to the next step.
+        let thinking_filled = !call.thinking_text_stored
+            || matches!(&events[call.event_index].kind, EventKind::ModelReply(reply) if resends_its_output(reply, &main_version));
         out.push(CallReplay {
+            thinking_filled,
             rerender_probability: if rerenders_previous { 1.0 } else { 0.0 },
             message_tokens,
             message_blocks,

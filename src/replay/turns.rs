@@ -94,6 +94,9 @@ pub struct TurnState {
     pub previous_read: Option<u64>,
     /// A compaction came before the call being built: the previous prompt is gone.
     pub compaction_pending: bool,
+    /// A tool hook (PreToolUse, PostToolUse, PostToolUseFailure) added context to a tool result
+    /// of the current turn (a `hook_additional_context` record naming a tool use).
+    pub tool_hook_context: bool,
 }
 
 /// What a new user turn brings, decided before its call is measured.
@@ -105,6 +108,9 @@ pub struct TurnStart {
     pub side_entry: bool,
     /// The start of the conversation is rendered anew for this prompt (2.1.200+).
     pub rerenders_start: bool,
+    /// The side entry would have been seeded, but a tool hook's context in the previous turn
+    /// keeps the new prompt from reading it (2.1.200–2.1.231).
+    pub hook_context_lost_side_entry: bool,
 }
 
 /// What the record shows around a new prompt, beyond its messages.
@@ -132,6 +138,7 @@ impl TurnState {
         self.transient_prompt = profile.rerender_opening_prompt;
         self.by_notification = false;
         self.compaction_pending = true;
+        self.tool_hook_context = false;
     }
 
     /// A new user turn whose request ends with `messages` (the last one the new prompt).
@@ -151,7 +158,20 @@ impl TurnState {
             && self.previous_read.is_some_and(|read| read > 0);
         let rerenders_start =
             profile.turn_rerenders_start && self.turns > 0 && !interrupted_tool_use && record.ended_with_reply && !self.compaction_pending;
-        let start = TurnStart { rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending, side_entry, rerenders_start };
+        // The side request renders the turn's hook context otherwise than the next prompt does:
+        // only the re-rendered start matters, so the prompt reads no further than the prefix.
+        // The context stays with the turn until a prompt after its reply (a Skill call's
+        // expansion within it is not one).
+        let hook_context_lost_side_entry = side_entry && rerenders_start && profile.tool_hook_context_loses_side_entry && self.tool_hook_context;
+        if record.ended_with_reply && !interrupted_tool_use {
+            self.tool_hook_context = false;
+        }
+        let start = TurnStart {
+            rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending,
+            side_entry: side_entry && !hook_context_lost_side_entry,
+            rerenders_start,
+            hook_context_lost_side_entry,
+        };
         let notification = last.is_some_and(is_task_notification);
         let bypass = profile.typed_rerender_skips_bypass && record.permission_mode == Some("bypassPermissions");
         self.transient_prompt = if record.opens_session {
@@ -254,6 +274,29 @@ mod tests {
         let mut state = TurnState { turns: 1, previous_read: Some(10_000), compaction_pending: true, ..TurnState::default() };
         let messages = [text(Role::User, "summary"), text(Role::User, "c")];
         assert!(!state.on_new_turn(&ClientProfile::for_version("2.1.215"), &messages, ended).rerenders_start);
+    }
+
+    #[test]
+    fn a_tool_hook_context_loses_the_side_entry_from_2_1_200_to_2_1_231() {
+        let ended = TurnRecord { ended_normally: true, ended_with_reply: true, side_entries: true, ..TurnRecord::default() };
+        let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
+        let turn = |version: &str, hook: bool| {
+            let mut state = TurnState { turns: 1, previous_read: Some(10_000), tool_hook_context: hook, ..TurnState::default() };
+            let start = state.on_new_turn(&ClientProfile::for_version(version), &messages, ended);
+            assert!(!state.tool_hook_context, "a prompt after the reply consumes it");
+            start
+        };
+        let lost = turn("2.1.219", true);
+        assert!(lost.hook_context_lost_side_entry && !lost.side_entry && lost.rerenders_start);
+        assert!(turn("2.1.219", false).side_entry);
+        assert!(turn("2.1.232", true).side_entry, "2.1.232 keeps it");
+        assert!(turn("2.1.49", true).side_entry, "before 2.1.200 nothing is re-rendered");
+        // A turn that re-renders nothing (a Skill expansion, a cut-off reply) keeps the context
+        // for the prompt that does.
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), tool_hook_context: true, ..TurnState::default() };
+        let cut = TurnRecord { ended_with_reply: false, ..ended };
+        assert!(!state.on_new_turn(&ClientProfile::for_version("2.1.219"), &messages, cut).hook_context_lost_side_entry);
+        assert!(state.tool_hook_context);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! A call's outcome *rests on a rule* when one of the replay's modelled client behaviours decided
 //! whether it read the cache: the side entry a finished turn leaves, a prompt or conversation
-//! start re-rendered, a Skill call, a resume, a ToolSearch load ([`MODELLED_RULES`]). Where the
+//! start re-rendered, a side entry a tool hook's context made unreadable, a Skill call, a resume, a
+//! ToolSearch load ([`MODELLED_RULES`]). Where the
 //! record itself explains the call (the TTL ran out between it and the previous call, or a
 //! compaction came before it), it does not.
 //!
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 /// The events that mark a call's outcome as resting on a modelled rule, in the order tried (the
 /// first present names the rule).
-pub const MODELLED_RULES: [&str; 6] = ["tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "turn_rerender"];
+pub const MODELLED_RULES: [&str; 7] = ["tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", "turn_rerender"];
 
 /// Events that put a call's outcome on the record (a TTL gap or a compaction before it).
 const RECORDED_CAUSES: [&str; 2] = ["ttl_expired", "compaction"];
@@ -46,12 +47,13 @@ impl RuleRate {
 
 /// Observed per rule on the sixteen sessions. Skill and ToolSearch have no case left there (the
 /// Skill calls and loads are all 2.1.205+, where the rules do not apply): their rate is 1/2.
-pub const RULE_RATES: [RuleRate; 6] = [
+pub const RULE_RATES: [RuleRate; 7] = [
     RuleRate { rule: "tool_search_load", hits: 0, cases: 0 },
     RuleRate { rule: "skill", hits: 0, cases: 0 },
     RuleRate { rule: "resume", hits: 1, cases: 1 },
     RuleRate { rule: "rerendered_prompt", hits: 7, cases: 7 },
-    RuleRate { rule: "side_entry", hits: 129, cases: 137 },
+    RuleRate { rule: "side_entry", hits: 129, cases: 131 },
+    RuleRate { rule: "tool_hook_context", hits: 6, cases: 6 },
     RuleRate { rule: "turn_rerender", hits: 7, cases: 8 },
 ];
 

@@ -107,6 +107,23 @@ fn from_2_1_200_a_turn_without_a_stop_summary_falls_to_the_prefix_level() {
 }
 
 #[test]
+fn a_tool_hook_context_keeps_the_next_prompt_off_the_side_entry_until_2_1_231() {
+    // 0254 (2.1.219): the six turns after a PostToolUse hook added context read only the prefix
+    // level (37,991-38,231) though the stop hooks ran; the six without one read the side entry.
+    let (_, calls) = replay("oh-my-posh/0254bffa0c17-1.full.jsonl");
+    for index in [117, 241, 374, 461, 512, 576] {
+        let call = check(&calls, index, &["turn_rerender", "tool_hook_context"], &["side_entry"]);
+        assert!(call.recorded_cache_read < 40_000 && call.simulated_cache_read < 40_000.0, "#{index}: {}", call.simulated_cache_read);
+    }
+    for index in [250, 303, 311, 530, 538, 584] {
+        check(&calls, index, &["turn_rerender", "side_entry"], &["tool_hook_context"]);
+    }
+    // 2.1.232 keeps it: entirecontext 01M0FWRP #86 follows a PostToolUse:Edit context.
+    let (_, calls) = replay("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    check(&calls, 86, &["side_entry"], &["tool_hook_context"]);
+}
+
+#[test]
 fn a_side_entry_is_sent_when_the_stop_hooks_ran_not_when_the_process_resumed() {
     // NumWordify #6 (2.1.227) resumes 2 h 56 min after the turn ended: the side entry dates
     // from the stop summary, long expired, and the call reads nothing.

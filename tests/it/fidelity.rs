@@ -555,3 +555,34 @@ fn fidelity_predicts_the_recorded_automatic_compactions() {
     assert!(extra.is_empty(), "{extra:?}");
     insta::assert_snapshot!(triggers_table(&reports));
 }
+
+#[test]
+fn a_2_1_200_reply_with_thinking_is_sent_back_as_its_billed_output() {
+    // 2.1.205-2.1.232 records the final output_tokens; a step grows by the previous reply's
+    // output_tokens and ~1.75 tokens per 4 characters of results (within 300 tokens on every
+    // step of the oh-my-posh sessions), whether the thinking text was stored (a summary, about
+    // half the size: d847) or not (eea3). eea3 #14 has two thinking blocks sharing its 8,040
+    // output tokens; d847 #13 stored a summary of its 7,487.
+    let growth = |replay: &SessionReplay, index: usize| {
+        let at = |i: usize| replay.calls.iter().find(|c| c.index == i).unwrap();
+        let (now, before) = (at(index), at(index - 1));
+        (now.recorded_context() as f64 - before.recorded_context() as f64, now.simulated_context() as f64 - before.simulated_context() as f64)
+    };
+    for (transcript, index) in [("oh-my-posh/eea3a34195eb-0.full.jsonl", 15), ("oh-my-posh/d84718082c10-3.full.jsonl", 14)] {
+        let replay = replayed(transcript);
+        let (recorded, simulated) = growth(&replay, index);
+        assert!(recorded > 7_000.0, "{transcript} #{index}: {recorded}");
+        assert!((simulated - recorded).abs() <= 0.1 * recorded, "{transcript} #{index}: simulated growth {simulated}, recorded {recorded}");
+    }
+}
+
+#[test]
+fn an_image_in_a_prompt_counts_its_pixels_not_a_flat_2000() {
+    // d847 #120's prompt carries a 90 x 52 crop (7 tokens by the API's rule): the context grew
+    // by 648 tokens; at a flat 2,000 the replay grew by 3.8k more than the record.
+    let replay = replayed("oh-my-posh/d84718082c10-3.full.jsonl");
+    let at = |i: usize| replay.calls.iter().find(|c| c.index == i).unwrap();
+    let recorded = at(120).recorded_context() as f64 - at(119).recorded_context() as f64;
+    let simulated = at(120).simulated_context() as f64 - at(119).simulated_context() as f64;
+    assert!((simulated - recorded).abs() < 1_000.0, "simulated growth {simulated}, recorded {recorded}");
+}
