@@ -187,6 +187,44 @@ pub struct ViewCache {
     next_serial: u64,
     /// Calls whose messages were appended to the previous call's rather than rebuilt.
     pub appended: u64,
+    /// The last `parentUuid` walk of the main lane, extended by the next one.
+    chain: ChainMemo,
+}
+
+/// The last walk of the `parentUuid` chain ([`ImportedSession::chain_view`]) kept for the next
+/// one: the next call's chain is usually this one plus the nodes written since, so the next walk
+/// stops where it meets this walk's leaf and takes the rest from here. A walk that meets this one
+/// anywhere else (a rewind, a compaction) is made in full and replaces it. A memo serves one
+/// session (as the [`ViewCache`] that holds it).
+#[derive(Debug, Default)]
+struct ChainMemo {
+    /// The node the walk started from.
+    leaf: Option<usize>,
+    /// The nodes it went through, and per node whether it is one of them ([`ON_PATH`]) or one
+    /// of the walk being made ([`WALKED`]).
+    nodes: Vec<usize>,
+    marks: Vec<u8>,
+    /// Their message and sent-attachment events, sorted, without repeats (not cut at any end).
+    events: Vec<usize>,
+    /// Tool use ids asked (model replies) and answered (tool results) by `events[..scanned]`.
+    scanned: usize,
+    asked: rustc_hash::FxHashSet<String>,
+    answered: rustc_hash::FxHashSet<String>,
+}
+
+/// [`ChainMemo::marks`]: a node of the memo's walk; a node of the walk being made.
+const ON_PATH: u8 = 1;
+const WALKED: u8 = 2;
+
+impl ChainMemo {
+    /// Empties the memo, `walked` being the nodes of an unfinished walk.
+    fn forget(&mut self, walked: &[usize]) {
+        let mut marks = std::mem::take(&mut self.marks);
+        for &node in self.nodes.iter().chain(walked) {
+            marks[node] = 0;
+        }
+        *self = ChainMemo { marks, ..ChainMemo::default() };
+    }
 }
 
 #[derive(Debug, Default)]
@@ -236,9 +274,19 @@ impl ImportedSession {
     /// one-chain walk, so the parallel tool results off the chain were lost to it
     /// (anthropics/claude-code#31330).
     pub fn view_event_indices_loaded(&self, call: &RecordedCall, loaded_until: usize) -> Vec<usize> {
+        self.view_event_indices_memo(call, loaded_until, &mut ChainMemo::default())
+    }
+
+    /// [`Self::view_event_indices_loaded`] continuing the walk of the cache's previous main-lane
+    /// call where this one extends it (the same indices).
+    pub fn view_event_indices_cached(&self, call: &RecordedCall, loaded_until: usize, cache: &mut ViewCache) -> Vec<usize> {
+        self.view_event_indices_memo(call, loaded_until, &mut cache.chain)
+    }
+
+    fn view_event_indices_memo(&self, call: &RecordedCall, loaded_until: usize, memo: &mut ChainMemo) -> Vec<usize> {
         let start = self.chain.node(self.recording.events.get(call.event_index).and_then(|e| e.uuid.as_ref()));
         match start {
-            Some(start) if call.lane == LANE_MAIN => self.chain_view(self.chain.nodes[start].0, call.event_index, loaded_until),
+            Some(start) if call.lane == LANE_MAIN => self.chain_view_memo(self.chain.nodes[start].0, call.event_index, loaded_until, memo),
             _ => view_in_file_order(&self.recording, call),
         }
     }
@@ -260,52 +308,96 @@ impl ImportedSession {
     /// before `end`, with the parallel tool results off the chain added back unless they come
     /// before `loaded_until`.
     fn chain_view(&self, from: Option<usize>, end: usize, loaded_until: usize) -> Vec<usize> {
+        self.chain_view_memo(from, end, loaded_until, &mut ChainMemo::default())
+    }
+
+    /// [`Self::chain_view`] extending the walk `memo` holds when this one meets it at its leaf
+    /// (the same indices as a walk of its own: a test checks every call of every real session).
+    fn chain_view_memo(&self, from: Option<usize>, end: usize, loaded_until: usize, memo: &mut ChainMemo) -> Vec<usize> {
         let events = &self.recording.events;
-        // A sorted vector, not a set: this runs once per call over the whole chain.
-        let mut indices = Vec::new();
-        let mut visited = vec![false; self.chain.nodes.len()];
+        let kept = |i: &usize| is_message_event(&events[*i].kind) || is_sent_attachment(&events[*i].kind);
+        if memo.marks.len() != self.chain.nodes.len() {
+            *memo = ChainMemo { marks: vec![0; self.chain.nodes.len()], ..ChainMemo::default() };
+        }
+        // Walk back until the chain meets the memo's walk (or ends: its root, or a node seen
+        // twice, which a well-formed transcript never has).
+        let mut fresh: Vec<usize> = Vec::new();
+        let mut met = None;
         let mut cursor = from;
         while let Some(node) = cursor {
-            // A cycle cannot happen in a well-formed transcript; the visited set keeps a
-            // malformed one from looping forever.
-            if std::mem::replace(&mut visited[node], true) {
-                break;
+            match memo.marks[node] {
+                ON_PATH => {
+                    met = Some(node);
+                    break;
+                }
+                WALKED => break,
+                _ => {}
             }
-            let (parent, node_events) = &self.chain.nodes[node];
-            indices.extend(node_events.iter().copied().filter(|&i| i < end && (is_message_event(&events[i].kind) || is_sent_attachment(&events[i].kind))));
-            cursor = *parent;
+            memo.marks[node] = WALKED;
+            fresh.push(node);
+            cursor = self.chain.nodes[node].0;
         }
-        indices.sort_unstable();
-        indices.dedup();
+        if met.is_some() && met != memo.leaf {
+            // Another branch of the memo's walk: walk it in full instead.
+            memo.forget(&fresh);
+            return self.chain_view_memo(from, end, loaded_until, memo);
+        }
+        if met.is_none() {
+            // A walk of its own from `from`.
+            memo.forget(&[]);
+        }
+        let mut added: Vec<usize> = fresh.iter().flat_map(|&node| self.chain.nodes[node].1.iter().copied()).filter(kept).collect();
+        added.sort_unstable();
+        added.dedup();
+        if memo.events.last().is_some_and(|&last| added.first().is_some_and(|&first| first <= last)) {
+            memo.events.extend(added);
+            memo.events.sort_unstable();
+            memo.events.dedup();
+            // The sets cover a prefix that may have changed.
+            memo.scanned = 0;
+            memo.asked.clear();
+            memo.answered.clear();
+        } else {
+            memo.events.extend(added);
+        }
+        for &node in &fresh {
+            memo.marks[node] = ON_PATH;
+        }
+        memo.nodes.extend(fresh);
+        memo.leaf = from;
+
+        let mut indices = memo.events[..memo.events.partition_point(|&i| i < end)].to_vec();
         // Parallel tool calls: since 2.1 each result record's parent is its own tool_use record,
         // and the next call hangs off the result recorded last, so the walk misses the results
         // recorded before it (a branch off the chain). The client sent every one of them (the
         // API requires a result for each tool_use), so they are added back.
-        let asked: rustc_hash::FxHashSet<&str> = indices
-            .iter()
-            .filter_map(|&i| match &events[i].kind {
-                EventKind::ModelReply(reply) => Some(reply.tool_use_ids()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        if asked.is_empty() {
+        if memo.scanned > indices.len() {
+            memo.scanned = 0;
+            memo.asked.clear();
+            memo.answered.clear();
+        }
+        for &i in &indices[memo.scanned..] {
+            match &events[i].kind {
+                EventKind::ModelReply(reply) => memo.asked.extend(reply.tool_use_ids().map(str::to_owned)),
+                EventKind::ToolResult(result) => {
+                    memo.answered.insert(result.tool_use_id.clone());
+                }
+                _ => {}
+            }
+        }
+        memo.scanned = indices.len();
+        if memo.asked.is_empty() {
             return indices;
         }
-        let mut answered: rustc_hash::FxHashSet<&str> = indices
-            .iter()
-            .filter_map(|&i| match &events[i].kind {
-                EventKind::ToolResult(result) => Some(result.tool_use_id.as_str()),
-                _ => None,
-            })
-            .collect();
+        let mut added_back: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
         let first = indices.first().copied().unwrap_or(end).max(loaded_until);
         let before = indices.len();
         for (i, event) in events.iter().enumerate().take(end).skip(first) {
             if let EventKind::ToolResult(result) = &event.kind
                 && event.lane == LANE_MAIN
-                && asked.contains(result.tool_use_id.as_str())
-                && answered.insert(result.tool_use_id.as_str())
+                && memo.asked.contains(result.tool_use_id.as_str())
+                && !memo.answered.contains(result.tool_use_id.as_str())
+                && added_back.insert(result.tool_use_id.as_str())
             {
                 indices.push(i);
             }
@@ -352,8 +444,8 @@ impl ImportedSession {
             *next += 1;
             *next
         };
+        let view = self.view_event_indices_memo(call, loaded_until, &mut cache.chain);
         let lane = cache.lanes.entry(call.lane.clone()).or_default();
-        let view = self.view_event_indices_loaded(call, loaded_until);
         if let Some(last_view) = &lane.view
             && lane.loaded_until == loaded_until
             && view.starts_with(last_view)

@@ -766,6 +766,12 @@ impl BuiltView {
 /// as built, which the request changes.
 struct Lent {
     built: BuiltView,
+    undo: Undo,
+}
+
+/// What a request built around a list of messages ([`Unrecorded::request_with`]) changed in
+/// them: the first and last message as they were.
+struct Undo {
     first: FirstUndo,
     last: Option<Message>,
 }
@@ -781,23 +787,37 @@ enum FirstUndo {
 
 impl Lent {
     fn new(built: BuiltView, messages: &[Message]) -> Lent {
+        Lent { built, undo: Undo::new(messages) }
+    }
+
+    /// The view again, from the request built around it ([`Unrecorded::request_with`]), and
+    /// the system prompt and reminder kept in `parts` for the next request.
+    fn give_back(self, request: Request, parts: &mut Parts) -> BuiltView {
+        let Lent { mut built, undo } = self;
+        built.messages = undo.take_back(request, parts, built.keys.len());
+        built
+    }
+}
+
+impl Undo {
+    fn new(messages: &[Message]) -> Undo {
         let first = match messages.first() {
             Some(Message { content: MessageContent::Blocks(blocks), .. }) if messages.len() > 1 => FirstUndo::Truncate(blocks.len()),
             Some(first) => FirstUndo::Restore(first.clone()),
             None => FirstUndo::None,
         };
         let last = messages.last().filter(|_| messages.len() > 1).cloned();
-        Lent { built, first, last }
+        Undo { first, last }
     }
 
-    /// The view again, from the request built around it ([`Unrecorded::request_with`]), and
-    /// the system prompt and reminder kept in `parts` for the next request.
-    fn give_back(self, request: Request, parts: &mut Parts) -> BuiltView {
-        let Lent { mut built, first, last } = self;
+    /// The `own` messages a request was built around, as they were, and the system prompt and
+    /// reminder kept in `parts` for the next request.
+    fn take_back(self, request: Request, parts: &mut Parts, own: usize) -> Vec<Message> {
+        let Undo { first, last } = self;
         let Request { mut messages, system, .. } = request;
         parts.system = parts.system_key.take().zip(system);
         let reminder_key = parts.reminder_key.take();
-        let reminder = if messages.len() > built.keys.len() {
+        let reminder = if messages.len() > own {
             // The reminder opened the request as a message of its own.
             Some(messages.remove(0).content.into_blocks().remove(0))
         } else if reminder_key.is_some() {
@@ -816,8 +836,7 @@ impl Lent {
             let n = messages.len();
             messages[n - 1] = last;
         }
-        built.messages = messages;
-        built
+        messages
     }
 }
 
@@ -1889,9 +1908,17 @@ fn replay_session_observing(
         if let Some(cut) = side_cut.filter(|&cut| cut > 0 && rebuilt.is_none()) {
             let side = Unrecorded { marked_result: None, ..unrecorded.clone() };
             let side_keys = lent.as_ref().map(|l| side.request_keys(&mut keys, &messages[..cut], &l.built.keys[..cut], state.restored_version, sizes));
-            let side_request = side.request(&call.model, messages[..cut].to_vec(), sizes);
-            if let Ok(mut side_flat) = measurer.flatten_keyed(&side_request, side_keys.as_deref()) {
-                shape_flat(&side_request, &mut side_flat, strips_thinking, false);
+            // The request borrows the first `cut` messages and gives them back as they were.
+            let tail = messages.split_off(cut);
+            let undo = Undo::new(&messages);
+            let side_request = side.request_with(&call.model, std::mem::take(&mut messages), sizes, &mut state.parts);
+            let side_flat = measurer.flatten_keyed(&side_request, side_keys.as_deref()).map(|mut flat| {
+                shape_flat(&side_request, &mut flat, strips_thinking, false);
+                flat
+            });
+            messages = undo.take_back(side_request, &mut state.parts, cut);
+            messages.extend(tail);
+            if let Ok(side_flat) = side_flat {
                 // From 2.1.170 the side request goes out when the stop hooks ran (records written
                 // later, such as a resumed process's, do not move it).
                 let turn_end = if profile.side_entry_needs_stop_summary { stop_summary_ms.or(state.turns.turn_end_ms) } else { state.turns.turn_end_ms };

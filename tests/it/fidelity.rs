@@ -586,3 +586,30 @@ fn an_image_in_a_prompt_counts_its_pixels_not_a_flat_2000() {
     let simulated = at(120).simulated_context() as f64 - at(119).simulated_context() as f64;
     assert!((simulated - recorded).abs() < 1_000.0, "simulated growth {simulated}, recorded {recorded}");
 }
+
+/// The side request after a turn borrows the first messages of the call's request and gives
+/// them back as they were (its reminder, system prompt and breakpoint undone): every request
+/// of every real session is the same, byte for byte, with side entries on or off, and many
+/// calls send one.
+#[test]
+fn fidelity_side_requests_leave_the_call_requests_unchanged() {
+    let bodies = |options: &ReplayOptions, session: &ctxsim::recording::ImportedSession| {
+        let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+        let mut out: Vec<(usize, String)> = Vec::new();
+        let replay = ctxsim::replay::session::replay_session_observed(session, &mut measurer, options, &mut |index, request| out.push((index, serde_json::to_string(request).unwrap())));
+        (out, replay.calls.iter().filter(|c| c.events.iter().any(|e| e == "side_entry")).count())
+    };
+    let off = ReplayOptions { side_entries: false, ..ReplayOptions::default() };
+    let mut sides = 0;
+    for path in transcripts() {
+        let session = load_session(&path).unwrap();
+        let (with, n) = bodies(&ReplayOptions::default(), &session);
+        let (without, _) = bodies(&off, &session);
+        assert_eq!(with.len(), without.len(), "{}", path.display());
+        for (a, b) in with.iter().zip(&without) {
+            assert!(a == b, "{}: call {} is sent differently after a side request", path.display(), a.0);
+        }
+        sides += n;
+    }
+    assert!(sides >= 40, "{sides} side requests");
+}

@@ -213,6 +213,34 @@ fn recording_cached_views_equal_rebuilt_views() {
     assert!(appended * 10 > calls * 9, "{appended} of {calls} calls appended");
 }
 
+/// The `parentUuid` walk continued from the previous call's (`view_event_indices_cached`) gives
+/// the indices of a walk of its own, for every call of every real transcript: in order, resumed
+/// half-way, and in orders that meet the previous walk off its leaf (backwards, interleaved).
+#[test]
+fn recording_continued_chain_walks_equal_walks_of_their_own() {
+    let mut checked = 0usize;
+    for path in transcripts() {
+        let session = recording::import_claude_code(&path).unwrap();
+        let n = session.calls.len();
+        let forward: Vec<usize> = (0..n).collect();
+        let backward: Vec<usize> = (0..n).rev().collect();
+        // Every third call, then the others: later walks meet earlier ones anywhere.
+        let strided: Vec<usize> = (0..3).flat_map(|r| (r..n).step_by(3)).collect();
+        let resume_at = session.calls[n / 2].event_index;
+        for (order, resumed) in [(&forward, false), (&forward, true), (&backward, false), (&strided, false), (&strided, true)] {
+            let mut cache = recording::ViewCache::default();
+            for &k in order {
+                let call = &session.calls[k];
+                let loaded_until = if resumed && call.event_index > resume_at { resume_at } else { 0 };
+                let own = session.view_event_indices_loaded(call, loaded_until);
+                assert_eq!(session.view_event_indices_cached(call, loaded_until, &mut cache), own, "{}: call {k} (loaded until {loaded_until})", path.display());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 1000, "{checked} walks checked");
+}
+
 /// Checks the serials of one view against every message seen with them so far: one serial,
 /// one content.
 fn check_serials(seen: &mut std::collections::BTreeMap<u64, ctxsim::api::Message>, messages: &[ctxsim::api::Message], serials: &[u64], what: &str) {
