@@ -315,6 +315,13 @@ impl Stage for ToolResultBudget {
             }
         }
         for (entry, block, text) in apply {
+            // A replacement the entry already shows (re-applied on every request) is not
+            // written again: the entry stays as it was made, so its record is kept as it is.
+            let shown = matches!(cx.entries[entry].blocks().get(block),
+                Some(ContentBlock::ToolResult { content: Some(ToolResultContent::Text(current)), .. }) if *current == text);
+            if shown {
+                continue;
+            }
             if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content
                 && let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
                     *content = Some(ToolResultContent::Text(text));
