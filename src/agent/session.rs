@@ -1328,7 +1328,9 @@ impl Session {
         if !finish {
             crate::agent::dialect::mcp_results_as_blocks(&mut messages);
         }
-        let made = messages.len() - start;
+        // How many messages at the end this request made (a peer mechanism, which may cut the
+        // history, runs only when nothing is finished ahead).
+        let made = if finish { messages.len() - start } else { 0 };
         // Claude Code 2.1.332's layout, main thread and subagents (src/agent/dialect.rs).
         let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION).then(|| self.dialect_inputs(world, &pool));
         if let Some(inputs) = &dialect {
