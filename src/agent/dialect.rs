@@ -298,7 +298,12 @@ pub fn params() -> (Option<u64>, Option<Value>, Option<Value>, Option<Value>) {
 /// MCP tool results as the client sends them (both versions): a list of text blocks, never a
 /// string.
 pub fn mcp_results_as_blocks(messages: &mut [Message]) {
-    let mut mcp_ids = std::collections::BTreeSet::new();
+    mcp_results_as_blocks_after(messages, &mut std::collections::BTreeSet::new());
+}
+
+/// [`mcp_results_as_blocks`] of messages that follow others: `mcp_ids` holds the MCP tool_use
+/// ids of the messages before, and gains those of `messages`.
+pub fn mcp_results_as_blocks_after(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>) {
     for message in messages.iter_mut() {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
         for block in blocks.iter_mut() {

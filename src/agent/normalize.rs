@@ -13,6 +13,8 @@
 //! Invariant: the output alternates user/assistant and starts with a user message when the
 //! records do; nothing here reads the World.
 
+use std::collections::BTreeSet;
+
 use serde_json::{Map, Value};
 
 use crate::agent::attachments::Attachment;
@@ -128,6 +130,103 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
         }
     }
     out
+}
+
+/// The API messages of the settled part of a transcript, kept from request to request, so
+/// that a request normalizes only the records from the last assistant record on.
+///
+/// An assistant record is a stop point that starts a new message: no later record merges into
+/// a message before it and no attachment bubbles past it. So the messages of the user context
+/// and `records[..split]` (with `records[split]` an assistant record) are a prefix of the
+/// messages of the whole transcript, and the rest are the messages of `records[split..]` alone.
+/// The memo keeps that prefix; the session tells it where its records changed other than by
+/// appending ([`MessageMemo::invalidate_from`]), and a prefix whose end is no longer an
+/// assistant record, or made under other options or another user context, is made again.
+///
+/// With `finish`, the prefix is kept as the body sends it (MCP results as blocks, tool results
+/// finalized), so that neither walk visits it again.
+#[derive(Debug, Clone, Default)]
+pub struct MessageMemo {
+    key: Option<(NormalizeOptions, bool, String)>,
+    split: usize,
+    messages: Vec<Message>,
+    mcp_ids: BTreeSet<String>,
+}
+
+impl MessageMemo {
+    /// Forgets the prefix (the records were replaced).
+    pub fn clear(&mut self) {
+        *self = MessageMemo::default();
+    }
+
+    /// The records from `index` on changed other than by appending.
+    pub fn invalidate_from(&mut self, index: usize) {
+        if index < self.split {
+            self.clear();
+        }
+    }
+
+    /// The messages of the user context (a meta user text) then `records`: what
+    /// [`normalize_refs`] gives, and with `finish`, MCP results as blocks
+    /// ([`crate::agent::dialect::mcp_results_as_blocks`]) in every message and
+    /// [`finalize_tool_results`] done on the messages before the returned index (the caller
+    /// finalizes the rest after placing its marker).
+    pub fn messages(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> (Vec<Message>, usize) {
+        let (messages, start) = self.messages_memoized(context, records, options, finish);
+        #[cfg(debug_assertions)]
+        {
+            let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+            let mut scratch = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
+            if finish {
+                crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
+                finalize_tool_results(&mut scratch[..start.min(messages.len())]);
+            }
+            debug_assert!(scratch == messages, "memoized messages differ from normalizing every record");
+        }
+        (messages, start)
+    }
+
+    fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> (Vec<Message>, usize) {
+        let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
+            self.clear();
+            let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+            let mut messages = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
+            if finish {
+                crate::agent::dialect::mcp_results_as_blocks(&mut messages);
+            }
+            return (messages, 0);
+        };
+        let reusable = self.key.as_ref().is_some_and(|(o, f, c)| *o == options && *f == finish && c == context)
+            && self.split <= split
+            && matches!(records.get(self.split), Some(Record::Assistant { .. }));
+        if !reusable {
+            let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+            let mut messages = normalize_refs(std::iter::once(&context_record).chain(&records[..split]).collect(), options);
+            let mut mcp_ids = BTreeSet::new();
+            if finish {
+                crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
+                finalize_tool_results(&mut messages);
+            }
+            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids };
+        } else if self.split < split {
+            let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
+            if finish {
+                crate::agent::dialect::mcp_results_as_blocks_after(&mut more, &mut self.mcp_ids);
+                finalize_tool_results(&mut more);
+            }
+            self.messages.extend(more);
+            self.split = split;
+        }
+        let mut tail = normalize_refs(records[split..].iter().collect(), options);
+        if finish {
+            crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
+        }
+        let mut messages = Vec::with_capacity(self.messages.len() + tail.len());
+        messages.extend_from_slice(&self.messages);
+        let start = messages.len();
+        messages.extend(tail);
+        (messages, start)
+    }
 }
 
 /// `mergeUserMessages`: the seam `\n`, then tool_results hoisted.
@@ -259,6 +358,95 @@ pub fn finalize_tool_results(messages: &mut [Message]) {
                 map.insert("cache_control".into(), serde_json::to_value(cc).expect("cache_control serializes"));
             }
             *block = ContentBlock::Other(Value::Object(map));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// A record of one of the kinds normalization treats apart: prompts, meta text, tool
+    /// results (MCP and Edit too), assistant replies, bubbling, in-loop and split attachments.
+    fn record(kind: u8, n: u8, flag: bool) -> Record {
+        let text = format!("t{n}");
+        match kind % 8 {
+            0 => Record::User { content: MessageContent::Text(text), meta: flag },
+            1 => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)]), meta: true },
+            2 => Record::User {
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))]),
+                meta: false,
+            },
+            3 => Record::Assistant { content: vec![ContentBlock::text(text)] },
+            4 => Record::Assistant {
+                content: vec![ContentBlock::tool_use(format!("id{}", n % 4), if flag { "mcp__s__t" } else { "Edit" }, json!({"file_path": text, "old_string": "a"}))],
+            },
+            5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
+            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },
+            _ => Record::User {
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), None), ContentBlock::text("after")]),
+                meta: false,
+            },
+        }
+    }
+
+    /// Normalizing every record, the way the memo's messages are defined.
+    fn from_scratch(context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> Vec<Message> {
+        let context = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+        let mut messages = normalize_refs(std::iter::once(&context).chain(records).collect(), options);
+        if finish {
+            crate::agent::dialect::mcp_results_as_blocks(&mut messages);
+            finalize_tool_results(&mut messages);
+        }
+        messages
+    }
+
+    proptest! {
+        /// Request after request, the memo gives what normalizing every record gives, while the
+        /// transcript grows, is rewritten in place (the chain's stages), cut and refilled (a
+        /// compaction), has its in-loop attachments folded, or changes user context or options.
+        #[test]
+        fn memoized_messages_equal_normalizing_everything(
+            ops in proptest::collection::vec((0u8..10, any::<u8>(), any::<u8>(), any::<bool>()), 1..60),
+            finish in any::<bool>(),
+        ) {
+            let mut memo = MessageMemo::default();
+            let mut records: Vec<Record> = Vec::new();
+            let mut context = "ctx".to_owned();
+            let mut options = NormalizeOptions { smoosh_into_tool_result: true, tool_loaded_sibling: true, strip_tool_references: false };
+            for (op, a, b, flag) in ops {
+                match op {
+                    0..=4 => records.push(record(a, b, flag)),
+                    5 if !records.is_empty() => {
+                        let i = a as usize % records.len();
+                        records[i] = record(b, a, flag);
+                        memo.invalidate_from(i);
+                    }
+                    6 => {
+                        let keep = if records.is_empty() { 0 } else { a as usize % records.len() };
+                        records.truncate(keep);
+                        records.push(record(0, b, true));
+                        memo.invalidate_from(keep);
+                    }
+                    7 => {
+                        for (i, r) in records.iter_mut().enumerate() {
+                            if let Record::Attachment { in_loop: in_loop @ true, .. } = r {
+                                *in_loop = false;
+                                memo.invalidate_from(i);
+                            }
+                        }
+                    }
+                    8 => context = format!("ctx{}", a % 2),
+                    _ => options.smoosh_into_tool_result = flag,
+                }
+                let (mut got, start) = memo.messages(&context, &records, options, finish);
+                if finish {
+                    finalize_tool_results(&mut got[start..]);
+                }
+                prop_assert_eq!(got, from_scratch(&context, &records, options, finish));
+            }
         }
     }
 }

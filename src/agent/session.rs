@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::agent::attachments::{Attachment, InvokedSkill, Todo};
 use crate::agent::hooks::{ConfiguredHook, HookCall, HookRun, ParsedHooks, Permission, load_settings_hooks, run_hooks};
 use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, discover, nested_memory_for};
-use crate::agent::normalize::{NormalizeOptions, Record, finalize_tool_results, mark_last_block, normalize_refs};
+use crate::agent::normalize::{MessageMemo, NormalizeOptions, Record, finalize_tool_results, mark_last_block};
 use crate::agent::profile::SizeProfile;
 use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
 use crate::agent::system_prompt::{
@@ -140,11 +140,14 @@ pub struct Session {
     /// `/clear`s so far (each starts a new session id).
     clears: u64,
     /// The last pool assembled and the inputs it was assembled from ([`Session::pool`]).
-    pool_memo: std::cell::RefCell<Option<(PoolInputs, ToolPool)>>,
+    pool_memo: std::cell::RefCell<Option<(PoolInputs, std::rc::Rc<ToolPool>)>>,
     /// The chain's entries for `records[..n]` as the last chain run left them (each what
     /// `record_to_entry` makes of its record and meta), so the next run makes only the new
     /// ones; emptied wherever records change other than by appending.
     entry_cache: Vec<crate::agent::compact::Entry>,
+    /// The API messages of the records up to the last assistant record, as the last request
+    /// made them; told wherever records change other than by appending.
+    message_memo: MessageMemo,
 }
 
 #[path = "session_chain.rs"]
@@ -220,6 +223,7 @@ impl Session {
             clears: 0,
             pool_memo: Default::default(),
             entry_cache: Vec::new(),
+            message_memo: MessageMemo::default(),
         }
     }
 
@@ -448,9 +452,12 @@ impl Session {
     /// comes from the transcript as raw attachments and folds into its tool_result.
     pub fn user_prompt(&mut self, text: &str, world: &mut World) {
         let mut folded = false;
-        for record in &mut self.records {
+        for (i, record) in self.records.iter_mut().enumerate() {
             if let Record::Attachment { in_loop: in_loop @ true, .. } = record {
                 *in_loop = false;
+                if !folded {
+                    self.message_memo.invalidate_from(i);
+                }
                 folded = true;
             }
         }
@@ -1056,7 +1063,7 @@ impl Session {
     // Request building
     // -----------------------------------------------------------------------------------------
 
-    fn pool(&self, world: &World) -> ToolPool {
+    fn pool(&self, world: &World) -> std::rc::Rc<ToolPool> {
         let mut inputs = PoolInputs {
             todo_v2: self.strategy.interactive,
             enable_tool_search: self.strategy.enable_tool_search.clone(),
@@ -1099,10 +1106,10 @@ impl Session {
         if let Some((key, pool)) = memo.as_ref()
             && *key == inputs
         {
-            return pool.clone();
+            return std::rc::Rc::clone(pool);
         }
-        let pool = assemble_pool(&inputs, &self.profile);
-        *memo = Some((inputs, pool.clone()));
+        let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
+        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
         pool
     }
 
@@ -1291,10 +1298,6 @@ impl Session {
         }
 
         let context = self.user_context(world);
-        let context = Record::User { content: MessageContent::Text(context), meta: true };
-        let mut records = Vec::with_capacity(self.records.len() + 1);
-        records.push(&context);
-        records.extend(self.records.iter());
         let options = NormalizeOptions {
             // 2.1.332 keeps attachments beside a tool result (the smoosh gate is off there).
             smoosh_into_tool_result: self.strategy.smoosh_into_tool_result && self.strategy.client_version != crate::agent::dialect::VERSION,
@@ -1302,7 +1305,13 @@ impl Session {
             // 2.1.332 has tool search on even behind a custom base URL.
             strip_tool_references: !pool.tool_search && self.strategy.client_version != crate::agent::dialect::VERSION,
         };
-        let mut messages = normalize_refs(records, options);
+        // With no peer mechanism and the 2.1.88 layout, nothing between normalizing and
+        // finalizing rewrites the history: the memo keeps it finished (MCP results as blocks,
+        // tool results finalized) and only the messages from `start` on are finalized here.
+        let dialect_layout = self.strategy.client_version == crate::agent::dialect::VERSION;
+        let peer = !self.thread.is_subagent() && self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None;
+        let finish = !dialect_layout && !peer;
+        let (mut messages, start) = self.message_memo.messages(&context, &self.records, options, finish);
         let first_user_text = first_text(&messages);
 
         let inputs = self.system_inputs(world, &pool, first_user_text);
@@ -1338,7 +1347,12 @@ impl Session {
             self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
         }
 
-        crate::agent::dialect::mcp_results_as_blocks(&mut messages);
+        if !finish {
+            crate::agent::dialect::mcp_results_as_blocks(&mut messages);
+        }
+        // How many messages at the end this request made (a peer mechanism, which may cut the
+        // history, runs only when nothing is finished ahead).
+        let made = if finish { messages.len() - start } else { 0 };
         // Claude Code 2.1.332's layout, main thread and subagents (src/agent/dialect.rs).
         let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION).then(|| self.dialect_inputs(world, &pool));
         if let Some(inputs) = &dialect {
@@ -1352,7 +1366,12 @@ impl Session {
         if let Some(marker) = self.marker_for(&lane) {
             mark_last_block(&mut messages, marker);
         }
-        finalize_tool_results(&mut messages);
+        if finish {
+            let from = messages.len() - made;
+            finalize_tool_results(&mut messages[from..]);
+        } else {
+            finalize_tool_results(&mut messages);
+        }
 
         let model_id = self.model_id(world).to_owned();
         let max_tokens = world.max_output_tokens.unwrap_or(32_000);

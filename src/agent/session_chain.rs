@@ -138,10 +138,11 @@ fn entries_to_records(entries: &[Entry], records: &[Record], index: &BTreeMap<u6
 }
 
 /// What the chain left, as the session's records, their metas and the entries the next run
-/// starts from (each equal to [`record_to_entry`] of its record). `records` are the records the
+/// starts from (each equal to [`record_to_entry`] of its record), and how many leading records
+/// are the ones the run started from, unchanged and in place. `records` are the records the
 /// run started from, moved into the result where the chain left their entry as it made it; the
 /// others are copied from their entry, and only their entries are made again.
-fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>) {
+fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
     let sources: Vec<Option<usize>> = entries.iter().map(|entry| index.get(&entry.uuid).copied()).collect();
     // A record whose uuid several entries carry is copied for each, never moved.
     let mut uses = vec![0u32; records.len()];
@@ -151,6 +152,7 @@ fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTree
     let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
     let kept = entries.iter().filter(|entry| !entry.is_boundary()).count();
     let (mut out, mut metas, mut next) = (Vec::with_capacity(kept), Vec::with_capacity(kept), Vec::with_capacity(kept));
+    let mut unchanged = 0;
     for (entry, source) in entries.into_iter().zip(sources) {
         if entry.is_boundary() {
             continue;
@@ -158,6 +160,9 @@ fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTree
         let meta = meta_of(&entry);
         let reusable = source.filter(|&j| uses[j] == 1 && records[j].as_ref().is_some_and(|record| made_from(&entry, record)));
         if let Some(record) = reusable.and_then(|j| records[j].take()) {
+            if reusable == Some(out.len()) && unchanged == out.len() {
+                unchanged += 1;
+            }
             out.push(record);
             next.push(entry);
         } else {
@@ -167,7 +172,7 @@ fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTree
         }
         metas.push(meta);
     }
-    (out, metas, next)
+    (out, metas, next, unchanged)
 }
 
 /// Moves the single message marker to the last block of message `index` (or drops it).
@@ -219,6 +224,7 @@ impl Session {
     /// Forgets the entries kept for the next run (the records changed other than by appending).
     pub(crate) fn forget_entries(&mut self) {
         self.entry_cache.clear();
+        self.message_memo.clear();
     }
 
     /// Notes the usage the API reported for the last reply (the chain's token counting
@@ -386,9 +392,12 @@ impl Session {
             let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &index);
             let saved_records = std::mem::replace(&mut self.records, records);
             let saved_meta = std::mem::replace(&mut self.record_meta, metas);
+            // The fork's records are not the transcript's: its messages are made without the memo.
+            let saved_memo = std::mem::take(&mut self.message_memo);
             let fork = self.compaction_fork(world, custom.clone().flatten().as_deref());
             self.records = saved_records;
             self.record_meta = saved_meta;
+            self.message_memo = saved_memo;
             // What the chain removed from this fork's input is journalled on the fork's row.
             let (fork_events, main_events): (Vec<String>, Vec<String>) =
                 std::mem::take(&mut output.events).into_iter().partition(|e| e.starts_with("truncation:"));
@@ -415,7 +424,8 @@ impl Session {
             context_management: output.context_management,
             thinking_clear_latched: self.chain_state.thinking_clear_latched,
         };
-        let (records, metas, next) = entries_into_records(entries, std::mem::take(&mut self.records), &index);
+        let (records, metas, next, unchanged) = entries_into_records(entries, std::mem::take(&mut self.records), &index);
+        self.message_memo.invalidate_from(unchanged);
         self.records = records;
         self.record_meta = metas;
         self.entry_cache = next;
@@ -487,7 +497,7 @@ impl Session {
             if let Record::User { content, .. } = record {
                 let stripped = strip_oversized_media(content);
                 if stripped > 0 {
-                    self.entry_cache.clear();
+                    self.forget_entries();
                     return stripped;
                 }
             }
@@ -628,7 +638,11 @@ mod tests {
             }
             let (want_records, want_metas) = entries_to_records(&entries, &records, &index);
             let want_next: Vec<Entry> = want_records.iter().zip(&want_metas).map(|(r, m)| record_to_entry(r, m)).collect();
-            let (got_records, got_metas, got_next) = entries_into_records(entries, records, &index);
+            let original = records.clone();
+            let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, &index);
+            // The records it calls unchanged are the leading records the run started from.
+            prop_assert!(unchanged <= got_records.len() && unchanged <= original.len());
+            prop_assert_eq!(&got_records[..unchanged], &original[..unchanged]);
             prop_assert_eq!(got_records, want_records);
             prop_assert_eq!(got_metas, want_metas);
             prop_assert_eq!(got_next, want_next);

@@ -129,6 +129,9 @@ impl Chain {
     }
 
     fn run_from(&self, cx: &mut ChainContext<'_>, start: usize) -> ChainStep {
+        // The unpaired ids after one stage are those before the next: the entries are walked
+        // once per stage that runs, not twice.
+        let mut orphans_before: Option<BTreeSet<String>> = None;
         for stage in &self.stages[start..] {
             let name = stage.name();
             if self.disabled.contains(name) || !stage.enabled(cx.config) {
@@ -137,10 +140,10 @@ impl Chain {
                 cx.output.reports.push(skipped(name, reason, tokens));
                 continue;
             }
-            let orphans_before = orphans(&cx.entries);
+            let before = orphans_before.take().unwrap_or_else(|| orphans(&cx.entries));
             let tokens_before = stage.size_before(&cx.entries);
             let report = stage.run(cx);
-            verify(name, &cx.entries, &orphans_before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none());
+            orphans_before = Some(verify(name, &cx.entries, &before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none()));
             cx.output.reports.push(report);
             if let Some(request) = &cx.output.pending_compaction {
                 return ChainStep::Compact(request.clone());
@@ -166,7 +169,7 @@ impl Chain {
                 ChainStep::Compact(next)
             }
             autocompact::Finish::Done { compacted } => {
-                verify("autocompact", &cx.entries, &orphans_before, tokens_before, compacted);
+                let _ = verify("autocompact", &cx.entries, &orphans_before, tokens_before, compacted);
                 if request.trigger == CompactTrigger::Auto {
                     let next = STAGES.iter().position(|s| *s == "autocompact").map_or(STAGES.len(), |i| i + 1);
                     self.run_from(cx, next)
@@ -181,27 +184,29 @@ impl Chain {
 /// Tool ids that are not paired: tool_uses without a later tool_result, tool_results without an
 /// earlier tool_use.
 pub fn orphans(entries: &[Entry]) -> BTreeSet<String> {
-    let mut open: BTreeSet<String> = BTreeSet::new();
+    // Borrowed while walking: only the unpaired ids (few) are copied.
+    let mut open: BTreeSet<&str> = BTreeSet::new();
     let mut orphans = BTreeSet::new();
     for entry in entries.iter().filter(|e| e.on_wire()) {
         for block in entry.blocks() {
             match block {
                 ContentBlock::ToolUse { id, .. } => {
-                    open.insert(id.clone());
+                    open.insert(id);
                 }
                 ContentBlock::ToolResult { tool_use_id, .. }
-                    if !open.remove(tool_use_id) => {
+                    if !open.remove(tool_use_id.as_str()) => {
                         orphans.insert(tool_use_id.clone());
                     }
                 _ => {}
             }
         }
     }
-    orphans.extend(open);
+    orphans.extend(open.into_iter().map(str::to_owned));
     orphans
 }
 
-fn verify(stage: &str, entries: &[Entry], orphans_before: &BTreeSet<String>, tokens_before: u64, check_shrink: bool) {
+/// Checks a stage's invariants; returns the unpaired ids after it.
+fn verify(stage: &str, entries: &[Entry], orphans_before: &BTreeSet<String>, tokens_before: u64, check_shrink: bool) -> BTreeSet<String> {
     let orphans_after = orphans(entries);
     let new: Vec<&String> = orphans_after.difference(orphans_before).collect();
     assert!(new.is_empty(), "stage `{stage}` separated tool_use from tool_result for ids {new:?}");
@@ -212,6 +217,7 @@ fn verify(stage: &str, entries: &[Entry], orphans_before: &BTreeSet<String>, tok
             "stage `{stage}` grew the context from {tokens_before} to {tokens_after} tokens"
         );
     }
+    orphans_after
 }
 
 /// Convenience for callers and tests: the reason of the request that just came back.

@@ -186,6 +186,18 @@ pub fn empty_result_text(tool_name: &str) -> String {
     format!("({tool_name} completed with no output)")
 }
 
+/// The name of the tool whose call has id `id` (the last such call, as [`ChainContext::tool_names`]
+/// keeps it), found from the end: a fresh result's call is among the last entries, so the
+/// history is not walked for it.
+fn tool_name<'e>(entries: &'e [super::context::Entry], id: &str) -> Option<&'e str> {
+    entries.iter().rev().find_map(|entry| {
+        entry.blocks().iter().rev().find_map(|block| match block {
+            ContentBlock::ToolUse { id: use_id, name, .. } if use_id == id => Some(name.as_str()),
+            _ => None,
+        })
+    })
+}
+
 struct Candidate {
     entry: usize,
     block: usize,
@@ -239,7 +251,6 @@ impl Stage for ToolResultBudget {
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
         let tokens_before = rough_entries(&cx.entries);
         let config: &ToolResultBudgetConfig = &cx.config.tool_result_budget;
-        let names = cx.tool_names();
         let dir = cx.state.tool_results_dir();
         let mut fresh_replaced: Vec<(usize, usize)> = Vec::new();
         let mut reapplied = 0usize;
@@ -260,7 +271,7 @@ impl Stage for ToolResultBudget {
             let mut selected: Vec<&Candidate> = Vec::new();
             let mut eligible: Vec<&Candidate> = Vec::new();
             for candidate in fresh {
-                let tool = names.get(&candidate.id).map(String::as_str).unwrap_or("");
+                let tool = tool_name(&cx.entries, &candidate.id).unwrap_or("");
                 match config.threshold(tool) {
                     None => {
                         cx.state.replacements.seen_ids.insert(candidate.id.clone());
@@ -304,6 +315,13 @@ impl Stage for ToolResultBudget {
             }
         }
         for (entry, block, text) in apply {
+            // A replacement the entry already shows (re-applied on every request) is not
+            // written again: the entry stays as it was made, so its record is kept as it is.
+            let shown = matches!(cx.entries[entry].blocks().get(block),
+                Some(ContentBlock::ToolResult { content: Some(ToolResultContent::Text(current)), .. }) if *current == text);
+            if shown {
+                continue;
+            }
             if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content
                 && let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
                     *content = Some(ToolResultContent::Text(text));
