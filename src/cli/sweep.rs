@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::report::compare::load_inputs_filtered;
 use crate::report::output::write_atomic;
-use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points_with, write_outputs};
+use crate::report::sweep::{Grid, InputNotes, Param, merge, no_effect, rows_csv, run_points, write_outputs};
 use crate::strategy::Strategy;
 
 use super::args::MeasureOpts;
@@ -109,7 +109,7 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let rows = pool.install(|| run_points_with(&grid, &base, &inputs, &indices, &make, &progress, args.engine.into()))?.rows;
+    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress, args.engine.into()))?.rows;
     progress.finish_and_clear();
     let notes = InputNotes::new_with(&grid, &base, &inputs, args.engine.into())?;
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));

@@ -167,22 +167,11 @@ pub struct PointResults {
     pub peaks: Vec<Vec<u64>>,
 }
 
-/// Evaluates the points `indices` of the grid.
-pub fn run_points(
-    grid: &Grid,
-    base: &Strategy,
-    inputs: &[Input],
-    indices: &[usize],
-    make_measurer: &(dyn Fn() -> Measurer + Sync),
-    progress: &indicatif::ProgressBar,
-) -> anyhow::Result<PointResults> {
-    run_points_with(grid, base, inputs, indices, make_measurer, progress, Engine::Replay)
-}
-
-/// [`run_points`] with recorded sessions run by `engine`. Through the agent, the points whose
-/// strategies resolve to the same effective settings share one run per input
+/// Evaluates the points `indices` of the grid, recorded sessions run by `engine`. Through the
+/// agent, the points whose strategies resolve to the same effective settings share one run per
+/// input
 /// ([`crate::report::compare::InputMemo`]).
-pub fn run_points_with(
+pub fn run_points(
     grid: &Grid,
     base: &Strategy,
     inputs: &[Input],
