@@ -33,7 +33,13 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                     row
                 })
                 .collect();
-            let mut out = serde_json::json!({"presets": presets, "knobs": knobs});
+            // `not_replayed` and `real_sessions` are about the default engine, the replay; through the
+            // agent every knob reaches a recorded session.
+            let engines = serde_json::json!({
+                "replay": "the default engine: a knob with `not_replayed` does not reach a recorded session",
+                "agent": "compare, sweep and check with --engine agent: every knob reaches a recorded session",
+            });
+            let mut out = serde_json::json!({"presets": presets, "knobs": knobs, "engines": engines});
             if args.causes {
                 out["causes"] = crate::measure::CAUSES
                     .iter()
@@ -48,7 +54,11 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 let aliases = if p.aliases.is_empty() { String::new() } else { format!(" (alias: {})", p.aliases.join(", ")) };
                 outln!("  {:<30}{aliases}\n      {}", p.id, p.source);
             }
-            outln!("\nKnobs (dotted key = default; presets that differ; `*` = not replayed on real sessions, and why):");
+            outln!(
+                "\nKnobs (dotted key = default; presets that differ; `*` = does not reach a recorded session through the\n\
+                 replay, the default engine, and why; through the agent (`compare`, `sweep`, `check --engine agent`)\n\
+                 every knob does, the agent running the session under the strategy):"
+            );
             for k in &knobs {
                 match crate::replay::layout::knob_not_replayed_reason(&k.key) {
                     Some(why) => outln!("  {} = {}  * {why}", k.key, k.default),

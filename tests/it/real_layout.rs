@@ -208,6 +208,13 @@ fn strategies_give_a_reason_per_knob_a_replay_cannot_honour() {
     assert!(table.contains(&format!("  run_hooks = false  * {hooks}")), "{table}");
     assert!(table.lines().any(|l| l.starts_with("  dynamic_boundary = true") && !l.contains('*')), "{table}");
     assert!(table.lines().any(|l| l.starts_with("  bash_max_output_length = 30000") && !l.contains('*')), "{table}");
+    // The marks are the default engine's; the table and the JSON say that through the agent every
+    // knob reaches a recorded session.
+    assert!(table.contains("through the agent (`compare`, `sweep`, `check --engine agent`)\nevery knob does"), "{table}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies", "--format", "json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["engines"]["agent"].as_str().unwrap().contains("every knob reaches a recorded session"), "{json}");
+    assert!(json["engines"]["replay"].as_str().unwrap().contains("not_replayed"), "{json}");
 }
 
 /// A limit no recorded result reaches changes nothing, and the sweep says why per input.
