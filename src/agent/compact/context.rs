@@ -50,40 +50,24 @@ pub struct Entry {
     pub usage: Option<Usage>,
     /// True for synthetic assistant records (API errors, interrupts): they never anchor counts.
     pub synthetic: bool,
-    rough: RoughMemo,
-    pristine: Pristine,
+    rough: NotValue<std::cell::Cell<Option<u64>>>,
+    pristine: NotValue<bool>,
 }
 
-/// Whether the message is still the one the entry was made with: set by the caller that made
-/// it ([`Entry::mark_pristine`]), cleared by [`Entry::message_mut`]. Like [`RoughMemo`], not
-/// part of the entry's value.
-#[derive(Clone, Copy, Default)]
-struct Pristine(bool);
-
-impl PartialEq for Pristine {
-    fn eq(&self, _: &Pristine) -> bool {
-        true
-    }
-}
-
-impl std::fmt::Debug for Pristine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("_")
-    }
-}
-
-/// The memoized rough count of an entry's message. It is not part of the entry's value: two
-/// entries with the same message are equal whether or not either has been counted.
+/// Bookkeeping an entry carries that is not part of its value: two entries that differ only
+/// in it are equal, and `Debug` shows `_`. Used for whether the message is still the one the
+/// entry was made with (set by [`Entry::mark_pristine`], cleared by [`Entry::message_mut`]) and
+/// for the memoized rough count of the message.
 #[derive(Clone, Default)]
-struct RoughMemo(std::cell::Cell<Option<u64>>);
+struct NotValue<T>(T);
 
-impl PartialEq for RoughMemo {
-    fn eq(&self, _: &RoughMemo) -> bool {
+impl<T> PartialEq for NotValue<T> {
+    fn eq(&self, _: &NotValue<T>) -> bool {
         true
     }
 }
 
-impl std::fmt::Debug for RoughMemo {
+impl<T> std::fmt::Debug for NotValue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("_")
     }
@@ -100,8 +84,8 @@ impl Entry {
             message_id: None,
             usage: None,
             synthetic: false,
-            rough: RoughMemo::default(),
-            pristine: Pristine::default(),
+            rough: NotValue::default(),
+            pristine: NotValue::default(),
         }
     }
 
