@@ -4,7 +4,9 @@
 # keeping the transcript the client wrote and the request log `serve` kept of the same run.
 # Usage (from the repository root): sh scripts/api-request-fixtures.sh /path/to/claude
 # The work directory is fixed because its paths reach the requests (and so the hashes of the
-# recorded messages); it holds no home directory of this machine.
+# recorded messages); it holds no home directory of this machine. `serve` counts the usage it
+# replies with under the pinned calibration tests/data/api-requests/calibration.json (the tests
+# measure with it too), so refitting data/calibration.json does not invalidate the fixtures.
 set -eu
 client=${1:?usage: sh scripts/api-request-fixtures.sh /path/to/claude}
 work=/tmp/ctxsim-apireq
@@ -14,7 +16,8 @@ args=""
 for p in read $probes; do args="$args --probe $p"; done
 rm -rf "$work"
 # shellcheck disable=SC2086
-target/debug/ctxsim profile capture --client "$client" --work "$work" --out "$work/profile.toml" $args
+target/debug/ctxsim profile capture --client "$client" --work "$work" --out "$work/profile.toml" \
+  --calibration "$out/calibration.json" $args
 for p in $probes; do
   rm -rf "${out:?}/$p"
   mkdir -p "$out/$p"

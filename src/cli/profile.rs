@@ -45,6 +45,10 @@ pub struct CaptureArgs {
     /// Seconds one client process may take.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// The calibration `serve` counts the usage it replies with (default: the shipped one); a
+    /// fixed file keeps captured fixtures valid when the shipped calibration is refitted.
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
 }
 
 pub fn run(args: ProfileArgs) -> anyhow::Result<i32> {
@@ -61,6 +65,7 @@ fn run_capture(args: CaptureArgs) -> anyhow::Result<i32> {
         work: args.work.clone(),
         timeout: Duration::from_secs(args.timeout),
         only: args.probes.clone(),
+        calibration: args.calibration.clone(),
     };
     let (kind, detected, logs) = match capture::capture(&options) {
         Ok(result) => result,

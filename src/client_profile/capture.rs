@@ -54,6 +54,8 @@ pub struct CaptureOptions {
     pub timeout: Duration,
     /// Only these probes (all when empty).
     pub only: Vec<String>,
+    /// The calibration `serve` counts usage with (`--calibration`; the shipped one when `None`).
+    pub calibration: Option<PathBuf>,
 }
 
 /// One probe's outcome: the requests served, in order, and notes (a skipped probe, a client
@@ -194,6 +196,7 @@ fn start_serve(options: &CaptureOptions, dir: &Path, probe: &Probe) -> Result<(C
         .arg("--log")
         .arg(dir.join("log"))
         .args(["--id-tag", &probe.name.replace('-', "")])
+        .args(options.calibration.iter().flat_map(|c| [std::ffi::OsStr::new("--calibration"), c.as_os_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use ctxsim::measure::tokens::Calibration;
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::recording::api_requests::Rebuilder;
 use ctxsim::recording::{ImportedSession, RequestLogEntry};
@@ -27,6 +28,14 @@ fn session(probe: &str) -> ImportedSession {
         .find(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.ends_with("serve-requests.jsonl"))
         .expect("a transcript");
     load_session(&file).unwrap()
+}
+
+/// The calibration `serve` counted the fixtures' usage with (tests/data/api-requests/
+/// calibration.json, passed to `profile capture --calibration` by the script), pinned so that
+/// the shipped calibration can be refitted without re-capturing them.
+fn fixture_counter() -> TokenCounter {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/api-requests/calibration.json");
+    TokenCounter::with_calibration(EstimatorKind::Calibrated, Calibration::load(&path).unwrap())
 }
 
 fn serve_log(probe: &str) -> Vec<RequestLogEntry> {
@@ -104,7 +113,7 @@ fn import_reports_the_new_record_kinds() {
 
 fn replayed(probe: &str, options: &ReplayOptions) -> ctxsim::replay::SessionReplay {
     let table = ModelTable::shipped();
-    let mut measurer = Measurer::new(table, TokenCounter::new(EstimatorKind::Calibrated));
+    let mut measurer = Measurer::new(table, fixture_counter());
     replay_session(&session(probe), &mut measurer, options)
 }
 
@@ -203,7 +212,7 @@ fn malformed_recorded_requests_name_file_line_and_field() {
         assert!(warning.to_string().contains(&format!("edited.jsonl:{line}")), "{warning}");
         // The replay says which calls it could not rebuild, and why, and reconstructs them.
         let table = ModelTable::shipped();
-        let mut measurer = Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated));
+        let mut measurer = Measurer::new(table.clone(), fixture_counter());
         let replay = replay_session(&session, &mut measurer, &ReplayOptions::default());
         let report = fidelity_for_session(&replay, &table, false);
         if let Some(recorded) = report.recorded_requests {
