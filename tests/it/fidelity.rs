@@ -214,11 +214,13 @@ fn a_resumed_client_loses_the_parallel_results_off_the_chain() {
 #[test]
 fn compactions_restore_the_working_set_and_the_prefix_level_is_read_off_the_record() {
     let replay = replayed(CD95);
-    // The first compaction shows the prefix level (34,260 tokens); later ones read it exactly.
+    // The first compaction shows the prefix level (34,260 tokens); later ones read it, to the
+    // calibrated count's step (each o200k token of the filler counts `scale` ≈ 1.12 tokens,
+    // so a level can land one token off).
     check_call(&replay, 51, 0.05, &["compaction", "prefix_level"]);
     for index in [128, 221] {
         let call = check_call(&replay, index, 0.25, &["compaction"]);
-        assert_eq!(call.sim_cache_read, 34_260.0, "#{index}");
+        assert!((call.sim_cache_read - 34_260.0).abs() <= 1.0, "#{index}: {}", call.sim_cache_read);
     }
     check_call(&replayed("entireio-cli/7be20d70c73b-0.full.jsonl"), 82, 0.05, &["compaction"]);
 }
@@ -238,9 +240,10 @@ fn a_microcompact_of_older_history_shows_the_prefix_level() {
 
 #[test]
 fn a_warm_start_reads_the_prefix_an_earlier_session_cached() {
+    // To the token, up to the calibrated count's step (see above).
     let replay = replayed(SPOTTER);
-    let first = check_call(&replay, 0, 0.0, &[]);
-    assert_eq!(first.sim_cache_read, first.recorded.cache_read_input_tokens as f64);
+    let first = check_call(&replay, 0, 1e-4, &[]);
+    assert!((first.sim_cache_read - first.recorded.cache_read_input_tokens as f64).abs() <= 1.0, "{}", first.sim_cache_read);
     assert!(first.sim_cache_read > 10_000.0);
 }
 
