@@ -1004,6 +1004,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     header.input = Some(main.file.clone());
     header.cwd = main.cwd.clone();
     header.versions = main.versions.clone();
+    header.entrypoint = main.entrypoint.clone();
     header.metadata = main.metadata.clone();
     header.head_truncated =
         main.opens_with_compaction || main.first_parent.as_ref().is_some_and(|parent| !main.seen_uuids.contains(parent));

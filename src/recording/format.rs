@@ -53,6 +53,10 @@ pub struct Header {
     /// Claude Code versions seen, in order of first appearance.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<String>,
+    /// The client's `entrypoint` as the source names it (`cli`, `claude-desktop`, `sdk-cli`, ...;
+    /// the first record naming one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<String>,
     /// Subagent transcripts merged into this recording, one per non-main lane.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subagents: Vec<SubagentInfo>,
@@ -80,6 +84,7 @@ impl Header {
             input: None,
             cwd: None,
             versions: Vec::new(),
+            entrypoint: None,
             subagents: Vec::new(),
             metadata: Map::new(),
             head_truncated: false,

@@ -268,10 +268,11 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         let previous_cached = last_cached.insert(group, call.sim_cache_read + call.sim_cache_creation);
         let comparison = compare(call, gap_ms);
         let rule = comparison.rule.as_deref().and_then(|r| super::uncertainty::MODELLED_RULES.into_iter().find(|m| *m == r));
-        // The other outcome: a predicted read falls to the prefix level; a predicted break reads
-        // what the previous call cached.
+        // The other outcome: a predicted read falls to the prefix level (the shared prefix: to
+        // nothing); a predicted break reads what the previous call cached.
         let delta_creation = match rule {
             Some("side_entry") => (call.sim_cache_read - call.prefix_tokens as f64).max(0.0),
+            Some("shared_prefix") => call.sim_cache_read,
             Some(_) => -(previous_cached.unwrap_or(0.0) - call.sim_cache_read).clamp(0.0, call.sim_cache_creation),
             None => 0.0,
         };

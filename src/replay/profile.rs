@@ -66,6 +66,14 @@ pub struct ClientProfile {
     /// the prefix level (2.1.200–2.1.231: 6 of 6 such turns of oh-my-posh 0254, 2.1.219, inside
     /// the TTL and ended normally; 2.1.232 kept the cache at 2 of 2, entirecontext).
     pub tool_hook_context_loses_side_entry: bool,
+    /// The static prefix (tools and the system prompt's static part, which 2.1.2xx/3xx marks
+    /// with a global-scope breakpoint) stays warm across a gap beyond the TTL: other clients send
+    /// the same bytes. Claude Desktop 2.1.200+ only ([`ClientProfile::for_client`]): its 4 of 4
+    /// gaps beyond the 1h TTL read the prefix (oh-my-posh 0254 ×3, d847 ×1; and d847 #232 past
+    /// a 5m TTL); the CLI's 4 of 4 read nothing (entirecontext ×3, NumWordify). Whether the CLI's
+    /// prefix was its own setup's (plugins, MCP servers) or not marked global, the record cannot
+    /// tell (docs/fidelity.md, "Changes in fid16").
+    pub static_prefix_shared: bool,
     /// A resumed session re-renders its start.
     pub resume_rerender: bool,
     /// Tokens of tools + system to assume when the first call read nothing (cold start).
@@ -86,6 +94,9 @@ pub const CURRENT_LAYOUT: (u32, u32, u32) = (2, 1, 200);
 /// (entirecontext, 2.1.232); 2.1.219 is the last seen losing it, versions between take the
 /// earlier behaviour.
 pub const HOOK_CONTEXT_KEEPS_SIDE_ENTRY: (u32, u32, u32) = (2, 1, 232);
+
+/// The `entrypoint` Claude Desktop's transcripts name.
+pub const CLAUDE_DESKTOP: &str = "claude-desktop";
 
 /// `"2.1.39"` → `(2, 1, 39)`; missing or non-numeric parts count as 0.
 pub fn parse_version(version: &str) -> (u32, u32, u32) {
@@ -180,10 +191,19 @@ impl ClientProfile {
             tool_search_full_miss: v < CURRENT_LAYOUT,
             skill_rerender: v < CURRENT_LAYOUT,
             tool_hook_context_loses_side_entry: (CURRENT_LAYOUT..HOOK_CONTEXT_KEEPS_SIDE_ENTRY).contains(&v),
+            static_prefix_shared: false,
             resume_rerender: true,
             cold_prefix_tokens: measured_prefix_tokens_2_1_88(),
             autocompact_output_reserve: if v < (2, 1, 37) { 32_000 } else { 20_000 },
         }
+    }
+
+    /// The profile of `version` as run from `entrypoint` (the transcript's `entrypoint`, e.g.
+    /// `cli` or `claude-desktop`): [`Self::for_version`] plus what depends on the client app.
+    pub fn for_client(version: &str, entrypoint: Option<&str>) -> ClientProfile {
+        let profile = ClientProfile::for_version(version);
+        let desktop = entrypoint == Some(CLAUDE_DESKTOP);
+        ClientProfile { static_prefix_shared: desktop && parse_version(version) >= CURRENT_LAYOUT, ..profile }
     }
 
     /// Whether the version shows the N-pattern at all.
@@ -206,6 +226,15 @@ mod tests {
         assert!(ClientProfile::for_version("2.1.37").rerender_typed_prompts);
         assert!(!ClientProfile::for_version("2.1.14").rerender_typed_prompts);
         assert!(ClientProfile::for_version("2.1.170").post_turn_side_entry);
+    }
+
+    #[test]
+    fn only_claude_desktop_2_1_200_on_shares_its_static_prefix() {
+        assert!(ClientProfile::for_client("2.1.219", Some("claude-desktop")).static_prefix_shared);
+        assert!(!ClientProfile::for_client("2.1.232", Some("cli")).static_prefix_shared);
+        assert!(!ClientProfile::for_client("2.1.219", None).static_prefix_shared);
+        assert!(!ClientProfile::for_client("2.1.49", Some("claude-desktop")).static_prefix_shared);
+        assert!(!ClientProfile::for_version("2.1.219").static_prefix_shared);
     }
 
     #[test]

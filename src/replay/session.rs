@@ -933,6 +933,19 @@ fn resends_its_output(reply: &crate::recording::ModelReply, main_version: &str) 
         && reply.content.iter().any(ContentBlock::is_thinking)
 }
 
+/// Puts the unrecorded prefix alone (tools + system of `prefix_tokens`) in the simulated cache,
+/// and in every TTL shadow's, as written at `at`: what the record shows another process of the
+/// client cached (a warm first call, Claude Desktop's shared static prefix).
+fn seed_prefix(measurer: &mut Measurer, shadows: &mut [TtlShadow], unrecorded: &Unrecorded<'_>, call: &RecordedCall, prefix_tokens: u64, at: u64) {
+    let prefix_only = unrecorded.request(&call.model, Vec::new(), GroupSizes { prefix_tokens, context_tokens: 0 });
+    if let Ok(flat) = measurer.flatten(&prefix_only) {
+        for shadow in shadows.iter_mut() {
+            shadow.process(measurer, &flat, call.lane == LANE_MAIN, at, 0);
+        }
+        let _ = measurer.seed_cache(&flat, at, 0);
+    }
+}
+
 /// The prefix level (tools + system) of a lane group's first compared call, whose
 /// `unrecorded_tokens` are its billed prompt beyond its recorded messages. `main`: the call is
 /// the main thread's; `truncated`: its file continues a session.
@@ -1371,7 +1384,7 @@ fn replay_session_observing(
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
 
     for call in &session.calls {
-        let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
+        let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
         let group = group_of(&call.lane).to_owned();
         // A compaction request forks the main thread: its transcript holds only what it added.
         let main_fork = (call.lane == LANE_COMPACT).then(|| {
@@ -1832,13 +1845,7 @@ fn replay_session_observing(
                 unrecorded_main = Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: warm > 0 });
             }
             if warm > 0 {
-                let prefix_only = unrecorded.request(&call.model, Vec::new(), GroupSizes { prefix_tokens: prefix, context_tokens: 0 });
-                if let Ok(flat) = measurer.flatten(&prefix_only) {
-                    for shadow in shadows.iter_mut() {
-                        shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms.saturating_sub(1), 0);
-                    }
-                    let _ = measurer.seed_cache(&flat, start_ms.saturating_sub(1), 0);
-                }
+                seed_prefix(measurer, shadows, &unrecorded, call, prefix, start_ms.saturating_sub(1));
             }
         }
         // The first call of a segment whose unrecorded part changed by an unknown amount: its
@@ -1933,6 +1940,12 @@ fn replay_session_observing(
                     call_events.retain(|e| e != "ttl_expired");
                 }
             }
+        }
+        // Claude Desktop's static prefix is never cold: past the TTL the call still reads the
+        // prefix level in force (other clients sent the same bytes; see `ClientProfile`).
+        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && call_events.iter().any(|e| e == "ttl_expired") {
+            seed_prefix(measurer, shadows, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
+            call_events.push("shared_prefix".into());
         }
         let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };
         let own_messages = messages.len();

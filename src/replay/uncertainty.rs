@@ -6,7 +6,8 @@
 //! start re-rendered, a side entry a tool hook's context made unreadable, a Skill call, a resume, a
 //! ToolSearch load ([`MODELLED_RULES`]). Where the
 //! record itself explains the call (the TTL ran out between it and the previous call, or a
-//! compaction came before it), it does not.
+//! compaction came before it), it does not, except where a rule overrides the TTL: Claude
+//! Desktop's static prefix read past the TTL (`shared_prefix`).
 //!
 //! Each rule has an observed hit rate ([`RULE_RATES`]): the share of its cases in the sixteen
 //! real sessions where the replay agreed with the record, taken as (hits + 1) / (cases + 2) so a
@@ -23,7 +24,10 @@ use serde::{Deserialize, Serialize};
 
 /// The events that mark a call's outcome as resting on a modelled rule, in the order tried (the
 /// first present names the rule).
-pub const MODELLED_RULES: [&str; 7] = ["tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", "turn_rerender"];
+pub const MODELLED_RULES: [&str; 8] = ["shared_prefix", "tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", "turn_rerender"];
+
+/// The rule that decides a call the TTL gap would otherwise explain: the prefix read after it.
+const OVER_THE_TTL: &str = "shared_prefix";
 
 /// Events that put a call's outcome on the record (a TTL gap or a compaction before it).
 const RECORDED_CAUSES: [&str; 2] = ["ttl_expired", "compaction"];
@@ -47,7 +51,8 @@ impl RuleRate {
 
 /// Observed per rule on the sixteen sessions. Skill and ToolSearch have no case left there (the
 /// Skill calls and loads are all 2.1.205+, where the rules do not apply): their rate is 1/2.
-pub const RULE_RATES: [RuleRate; 7] = [
+pub const RULE_RATES: [RuleRate; 8] = [
+    RuleRate { rule: "shared_prefix", hits: 5, cases: 5 },
     RuleRate { rule: "tool_search_load", hits: 0, cases: 0 },
     RuleRate { rule: "skill", hits: 0, cases: 0 },
     RuleRate { rule: "resume", hits: 1, cases: 1 },
@@ -59,6 +64,9 @@ pub const RULE_RATES: [RuleRate; 7] = [
 
 /// The rule a call's outcome rests on, if any.
 pub fn modelled_rule(events: &[String]) -> Option<&'static str> {
+    if events.iter().any(|e| e == OVER_THE_TTL) {
+        return Some(OVER_THE_TTL);
+    }
     if events.iter().any(|e| RECORDED_CAUSES.contains(&e.as_str())) {
         return None;
     }
@@ -210,6 +218,7 @@ mod tests {
         assert_eq!(modelled_rule(&events(&["new_user_turn", "turn_rerender", "side_entry"])), Some("side_entry"));
         assert_eq!(modelled_rule(&events(&["ttl_expired", "new_user_turn", "side_entry"])), None);
         assert_eq!(modelled_rule(&events(&["new_user_turn"])), None);
+        assert_eq!(modelled_rule(&events(&["ttl_expired", "new_user_turn", "turn_rerender", "shared_prefix"])), Some("shared_prefix"));
     }
 
     #[test]

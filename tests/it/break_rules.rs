@@ -124,6 +124,28 @@ fn a_tool_hook_context_keeps_the_next_prompt_off_the_side_entry_until_2_1_231() 
 }
 
 #[test]
+fn claude_desktop_reads_its_static_prefix_after_a_gap_beyond_the_ttl_and_the_cli_does_not() {
+    // Claude Desktop (2.1.215, 2.1.219): every gap beyond the 1h TTL still read the static prefix
+    // (0254 #72 after 7.6 h, #404 after 61 min, #541 after 69 min: 33,510; d847 #54 after 82 min:
+    // 32,436), which other clients keep warm.
+    for (transcript, indices) in [("oh-my-posh/0254bffa0c17-1.full.jsonl", &[72, 404, 541][..]), (D847, &[54][..])] {
+        let (_, calls) = replay(transcript);
+        for &index in indices {
+            let call = check(&calls, index, &["ttl_expired", "shared_prefix"], &[]);
+            assert!((30_000..40_000).contains(&call.recorded_cache_read), "#{index}: {}", call.recorded_cache_read);
+            assert!((30_000.0..40_000.0).contains(&call.simulated_cache_read), "#{index}: {}", call.simulated_cache_read);
+            assert_eq!(call.rule.as_deref(), Some("shared_prefix"), "#{index}");
+        }
+    }
+    // The CLI (2.1.232): its gaps beyond the TTL read nothing, in the record and the replay.
+    let (_, calls) = replay("entirecontext/01M0EE5721NRN8FGE1238MD50T-0.full.jsonl");
+    for index in [7, 90] {
+        let call = check(&calls, index, &["ttl_expired"], &["shared_prefix"]);
+        assert_eq!((call.recorded_cache_read, call.simulated_cache_read), (0, 0.0), "#{index}");
+    }
+}
+
+#[test]
 fn a_side_entry_is_sent_when_the_stop_hooks_ran_not_when_the_process_resumed() {
     // NumWordify #6 (2.1.227) resumes 2 h 56 min after the turn ended: the side entry dates
     // from the stop summary, long expired, and the call reads nothing.
