@@ -184,8 +184,9 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
 }
 
 /// [`workload_from_session`] with the texts standing for unstored thinking given per thinking
-/// signature (`thinking_texts`, from the replay's estimate: [`super::session::unstored_thinking`];
-/// a block whose signature is not there is filled at four characters per output token), and with
+/// signature (`thinking_texts`, from the replay's estimate: [`super::session::unstored_thinking`],
+/// which also fills a 2.1.200+ reply's stored thinking to its billed output; an unstored block
+/// whose signature is not there is filled at four characters per output token), and with
 /// each reply's recorded usage scripted when `recorded_usage` ([`sized_workload`]).
 /// `background`: the agent runs subagents in the background, so the recorded task notifications
 /// of the subagents it drives are its own ([`subagents`]).
@@ -447,6 +448,10 @@ fn reply_step(
                     report.thinking_filled += 1;
                     let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
                     held_tokens += crate::agent::compact::counting::rough(&text);
+                    blocks.push(json!({ "thinking": text }));
+                } else if let Some(text) = thinking_texts.get(signature) {
+                    // A stored summary of thinking the client re-sends as its billed output
+                    // (2.1.200+): sent at the replay's fill, held as stored.
                     blocks.push(json!({ "thinking": text }));
                 } else {
                     blocks.push(json!({ "thinking": thinking }));
