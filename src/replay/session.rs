@@ -1942,10 +1942,17 @@ fn replay_session_observing(
             }
         }
         // Claude Desktop's static prefix is never cold: past the TTL the call still reads the
-        // prefix level in force (other clients sent the same bytes; see `ClientProfile`).
-        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && call_events.iter().any(|e| e == "ttl_expired") {
+        // prefix level in force (other clients sent the same bytes; see `ClientProfile`). Not
+        // under a layout what-if, whose tools and system no other client sends. Seeded past the
+        // shortest TTL of the replay and its TTL shadows, so each sees it where it expired.
+        let expired = call_events.iter().any(|e| e == "ttl_expired");
+        let shortest_ttl = shadows.iter().map(|s| s.ttl.millis()).fold(ttl.millis(), u64::min);
+        let past_a_ttl = expired || previous_time.is_some_and(|p| start_ms.saturating_sub(p) >= shortest_ttl);
+        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && options.layout.is_none() && past_a_ttl {
             seed_prefix(measurer, shadows, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
-            call_events.push("shared_prefix".into());
+            if expired {
+                call_events.push("shared_prefix".into());
+            }
         }
         let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };
         let own_messages = messages.len();
