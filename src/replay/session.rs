@@ -1942,13 +1942,16 @@ fn replay_session_observing(
             }
         }
         // Claude Desktop's static prefix is never cold: past the TTL the call still reads the
-        // prefix level in force (other clients sent the same bytes; see `ClientProfile`). Not
-        // under a layout what-if, whose tools and system no other client sends. Seeded past the
-        // shortest TTL of the replay and its TTL shadows, so each sees it where it expired.
+        // prefix level in force (other clients sent the same bytes; see `ClientProfile`). Only
+        // where the layout keeps the global-scope marker on the static block (the dynamic
+        // boundary, prompt caching, and no deferred tool listed up front, which makes the
+        // client drop the global scope). Seeded past the shortest TTL of the replay and its TTL
+        // shadows, so each sees it where it expired.
         let expired = call_events.iter().any(|e| e == "ttl_expired");
+        let global_static_block = options.layout.as_ref().is_none_or(|l| l.global_scope && l.boundary && l.prompt_caching && !l.eager_tools);
         let shortest_ttl = shadows.iter().map(|s| s.ttl.millis()).fold(ttl.millis(), u64::min);
         let past_a_ttl = expired || previous_time.is_some_and(|p| start_ms.saturating_sub(p) >= shortest_ttl);
-        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && options.layout.is_none() && past_a_ttl {
+        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && global_static_block && past_a_ttl {
             seed_prefix(measurer, shadows, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
             if expired {
                 call_events.push("shared_prefix".into());
