@@ -1870,7 +1870,7 @@ fn replay_session_observing(
         // The side request after the previous turn, sent when that turn ended: an entry through
         // its last reply; when the client re-renders the previous prompt, the entry that counts
         // ends before that prompt (what the real reads land on; see `turns`).
-        let side_cut = turn_start.and_then(|t| side_cut(&t, &messages));
+        let side_cut = turn_start.and_then(|t| side_cut(&t, messages.len().checked_sub(1)?, current_prompt_index(&messages[..messages.len() - 1])));
         if let Some(cut) = side_cut.filter(|_| rebuilt.is_none()) {
             let side = Unrecorded { marked_result: None, ..unrecorded.clone() };
             let side_keys = lent.as_ref().map(|l| side.request_keys(&mut keys, &messages[..cut], &l.built.keys[..cut], state.restored_version, sizes));

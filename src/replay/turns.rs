@@ -296,14 +296,15 @@ impl TurnScan {
     }
 }
 
-/// Where the side entry of the previous turn ends, in a new turn's `messages` (the last one the
-/// new prompt): through the previous turn's last reply; when the client re-renders the previous
-/// prompt, before that prompt (what the real reads land on). `None`: no side entry.
-pub fn side_cut(start: &TurnStart, messages: &[Message]) -> Option<usize> {
-    if !start.side_entry || messages.is_empty() {
+/// Where the side entry of the previous turn ends, in a new turn's messages whose last one
+/// (index `last`) holds the new prompt: through the previous turn's last reply; when the client
+/// re-renders the previous prompt (at `previous_prompt`), before that prompt (what the real
+/// reads land on). `None`: no side entry.
+pub fn side_cut(start: &TurnStart, last: usize, previous_prompt: Option<usize>) -> Option<usize> {
+    if !start.side_entry {
         return None;
     }
-    let cut = if start.rerenders_previous { current_prompt_index(&messages[..messages.len() - 1]) } else { Some(messages.len() - 1) };
+    let cut = if start.rerenders_previous { previous_prompt } else { Some(last) };
     cut.filter(|&cut| cut > 0)
 }
 
@@ -409,7 +410,9 @@ impl crate::runner::ClientRules for RecordedClient {
             self.prompt_index = Some(0);
         }
         let messages = &call.request.messages;
-        if call.new_turn {
+        // As in the replay, the first call after a compaction opens a turn: the summary (and
+        // what the compaction restored after it) ends its messages.
+        if call.new_turn || call.compacted {
             let opens_session = self.turns.turns == 0 && !self.head_truncated;
             let scan = recorded.scan.clone();
             let at_turns = self.turns.clone();
@@ -425,7 +428,7 @@ impl crate::runner::ClientRules for RecordedClient {
             if start.rerenders_previous {
                 events.push("rerendered_prompt".to_owned());
             }
-            if let Some(cut) = side_cut(&start, messages) {
+            if let Some(cut) = messages.len().checked_sub(1).and_then(|last| side_cut(&start, last, self.prompt_index)) {
                 let at = scan.side_entry_time(&profile, &at_turns, self.previous_ms, call.time_ms);
                 if let Some(side) = self.side_flat(call.request, cut, measurer) {
                     let _ = measurer.seed_cache(&side, at, 0);

@@ -47,6 +47,7 @@ impl Scenario {
                                 is_error: output.is_error,
                                 file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
                                 runs_subagent: output.subagent,
+                                completed: tool_outputs.len(),
                             },
                         );
                     }
