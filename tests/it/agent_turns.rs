@@ -50,11 +50,17 @@ fn from_2_1_200_a_new_prompt_reads_only_what_the_side_entry_kept() {
         assert!((read - recorded as f64).abs() / (recorded as f64) < 0.03, "#{index}: read {read} vs recorded {recorded}");
     }
     for index in [63, 157, 211] {
-        let (ratio, events, read, _) = creation(&calls, index);
-        assert!(events.iter().any(|e| e == "turn_rerender") && !events.iter().any(|e| e == "side_entry"), "#{index}: {events:?}");
-        assert!((0.85..1.2).contains(&ratio), "#{index}: creation {ratio:.3} of the recorded");
-        assert!(read < 40_000.0, "#{index}: read {read} (the prefix level)");
+        assert_prefix_level(&calls, index, "turn_rerender", 0.85..1.2);
     }
+}
+
+/// Call `index` fell to the prefix level with `event` and no side entry, writing `ratio` of
+/// the recorded creation.
+fn assert_prefix_level(calls: &BTreeMap<usize, CallReplay>, index: usize, event: &str, ratio: std::ops::Range<f64>) {
+    let (got, events, read, _) = creation(calls, index);
+    assert!(events.iter().any(|e| e == event) && !events.iter().any(|e| e == "side_entry"), "#{index}: {events:?}");
+    assert!(ratio.contains(&got), "#{index}: creation {got:.3} of the recorded");
+    assert!(read < 40_000.0, "#{index}: read {read} (the prefix level)");
 }
 
 /// 2.1.219 (oh-my-posh 0254): after a turn in which a tool hook added context, the new prompt
@@ -64,10 +70,7 @@ fn from_2_1_200_a_new_prompt_reads_only_what_the_side_entry_kept() {
 fn a_tool_hook_context_loses_the_side_entry_through_the_agent() {
     let calls = drive("oh-my-posh/0254bffa0c17-1.full.jsonl");
     for index in [117, 241, 374, 461, 512, 576] {
-        let (ratio, events, read, _) = creation(&calls, index);
-        assert!(events.iter().any(|e| e == "tool_hook_context") && !events.iter().any(|e| e == "side_entry"), "#{index}: {events:?}");
-        assert!((0.9..1.25).contains(&ratio), "#{index}: creation {ratio:.3} of the recorded");
-        assert!(read < 40_000.0, "#{index}: read {read} (the prefix level)");
+        assert_prefix_level(&calls, index, "tool_hook_context", 0.9..1.25);
     }
 }
 
