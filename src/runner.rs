@@ -70,6 +70,27 @@ pub fn check_strategy_for(limits: crate::agent::compact::context::ModelLimits, s
 /// Called with every body a run measures and its row.
 pub type RequestObserver<'o> = &'o mut dyn FnMut(&Request, &RequestMetrics);
 
+/// What a client does around the main lane's requests beyond what the agent's pipeline builds:
+/// a recorded client's turn rules ([`crate::replay::turns::RecordedClient`]).
+pub trait ClientRules {
+    /// Called with each main-lane request the API accepts, flattened as the server sees it,
+    /// before it is measured: may seed the cache (a side request the client sent before it)
+    /// and change `flat` (bytes the client rendered otherwise). Returns events for its row.
+    fn before_main(&mut self, call: MainCall<'_>, flat: &mut FlatRequest, measurer: &mut Measurer) -> Vec<String>;
+    /// The row of that request, measured.
+    fn after_main(&mut self, row: &RequestMetrics);
+}
+
+/// A main-lane request as [`ClientRules`] sees it.
+pub struct MainCall<'a> {
+    pub request: &'a Request,
+    pub time_ms: u64,
+    /// The first main request since a user prompt.
+    pub new_turn: bool,
+    /// A compaction came before it (since the previous main request).
+    pub compacted: bool,
+}
+
 /// What a run does with each request body once it is measured.
 #[derive(Default)]
 pub struct RunOptions<'o> {
@@ -81,6 +102,8 @@ pub struct RunOptions<'o> {
     pub info_loss: bool,
     /// Called with every body and its row, in order, before the body is dropped or kept.
     pub observer: Option<RequestObserver<'o>>,
+    /// The client's rules around main requests (none: the agent's requests as built).
+    pub client: Option<&'o mut dyn ClientRules>,
 }
 
 /// The rows of a run and, as the options say, its bodies and its information loss.
@@ -129,7 +152,8 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
 }
 
 /// Runs a scenario; what becomes of each body is up to `options`.
-pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain, options: RunOptions<'_>) -> Result<RunOutput, RunError> {
+pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain, mut options: RunOptions<'_>) -> Result<RunOutput, RunError> {
+    let mut client = options.client.take();
     let mut world = scenario.into_world();
     crate::agent::plugins::configure_project_mcp(&mut world);
     let mut agent = Session::new(strategy, &world);
@@ -149,12 +173,15 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
     let mut recovery = RecoveryState::default();
     // Stage reports of a chain run that ended in a retry, shown on the retried request.
     let mut pending_stages: Vec<crate::measure::StageReport> = Vec::new();
+    // For the client's rules: a prompt, a compaction since the last main request.
+    let (mut prompted, mut compacted) = (false, false);
     let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
 
     for (i, step) in scenario.script.iter().enumerate() {
         match step {
             Step::User { text } => {
                 turn += 1;
+                prompted = true;
                 recovery = RecoveryState::default();
                 agent.user_prompt(text, &mut world);
                 // The relevant-memory prefetch's selection request, when the gate is on.
@@ -184,6 +211,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     let (mut request, events) = agent.build_request_after_chain(&world, &chain_run);
                     pending_events.extend(events);
                     let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
+                    compacted |= chain_run.compacted;
                     if chain_run.compacted || time_based {
                         pinned_edits.clear();
                     }
@@ -200,7 +228,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     }
                     // The server applies `context_management` before it counts or caches; it
                     // refuses oversized media first, then an over-long prompt.
-                    let served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
+                    let mut served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(&world).context_window;
                     let rejection = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
                     if let Some(error) = rejection {
@@ -250,6 +278,11 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                             }
                         }
                     }
+                    if let Some(client) = client.as_deref_mut() {
+                        let call = MainCall { request: &request, time_ms: world.clock.now_ms(), new_turn: prompted, compacted };
+                        pending_events.extend(client.before_main(call, &mut served.flat, measurer));
+                    }
+                    (prompted, compacted) = (false, false);
                     let this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
                     let first_token_ms = this_reply.latency.map_or(0, |l| l.first_token_ms);
                     let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
@@ -263,6 +296,9 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
                     let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
+                    if let Some(client) = client.as_deref_mut() {
+                        client.after_main(&row);
+                    }
                     let usage = reported_usage(&this_reply, &row);
                     let message_id = format!("msg_{:04}", row.index);
                     out.push(row, request);
@@ -315,6 +351,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
                     agent.manual_compact(chain, &mut world, &mut calls).map_err(|e| err(i, e))?
                 };
+                compacted |= run.compacted;
                 pending_events.extend(run.events);
                 pending_stages.extend(run.reports);
             }

@@ -1364,7 +1364,14 @@ impl Session {
             messages.insert(0, Message::user_text(listing));
         }
         if let Some(marker) = self.marker_for(&lane) {
-            mark_last_block(&mut messages, marker);
+            match completed_last_result(&messages, world) {
+                Some(k) => {
+                    if let Some(MessageContent::Blocks(blocks)) = messages.last_mut().map(|m| &mut m.content) {
+                        blocks[k].set_cache_control(Some(marker));
+                    }
+                }
+                None => mark_last_block(&mut messages, marker),
+            }
         }
         if finish {
             let from = messages.len() - made;
@@ -1544,6 +1551,28 @@ fn first_text(messages: &[Message]) -> String {
 
 fn adaptive_thinking(model_id: &str) -> bool {
     model_id.contains("-4-6")
+}
+
+/// Where the message marker goes after parallel tool calls whose results completed out of
+/// order: the client appends each result as it completes and marks the message that completed
+/// last; the API request puts the results back in tool_use order, the marker with its result, so
+/// the results of later tool uses that completed earlier trail it (uncached input). The block
+/// of the last message, when that message is only the results (two or more) and the one whose
+/// scripted output comes last in the script (a recorded session's outputs are in completion
+/// order) is not its last block; else `None` (the last block is marked).
+fn completed_last_result(messages: &[Message], world: &World) -> Option<usize> {
+    let last = messages.last().filter(|m| m.role == Role::User)?;
+    let MessageContent::Blocks(blocks) = &last.content else { return None };
+    if blocks.len() < 2 {
+        return None;
+    }
+    let mut completed = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let ContentBlock::ToolResult { tool_use_id, .. } = block else { return None };
+        completed.push(world.tool_outputs.get(tool_use_id)?.completed);
+    }
+    let k = (0..completed.len()).max_by_key(|&k| completed[k])?;
+    (k + 1 < blocks.len()).then_some(k)
 }
 
 /// `claude-sonnet-4-6` → `Sonnet 4.6`; `None` for ids of another shape.

@@ -46,7 +46,7 @@ use crate::recording::{
 
 use super::layout::{ReplayLayout, drop_deferred_listings, tool_search_selections};
 use super::profile::{ClientProfile, fitted_with_note};
-use super::turns::{TurnState, current_prompt_index, salt_message};
+use super::turns::{TurnScan, TurnState, current_prompt_index, salt_message, side_cut};
 use super::working_set::WorkingSet;
 
 /// Text a microcompact leaves in place of a cleared tool result.
@@ -441,8 +441,6 @@ struct LaneState {
     loaded_tools: Vec<String>,
     /// A ToolSearch load already changed the tools array.
     tool_search_loaded: bool,
-    /// The permission mode the last prompt record named.
-    permission_mode: Option<String>,
     rerender_epoch: u32,
     restored: Vec<ContentBlock>,
     /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
@@ -493,13 +491,6 @@ struct LaneState {
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
 /// falling into the unrecorded part of the request there shows the prefix level.
-/// A hook of a tool use added context to its result (`hookEvent` PreToolUse, PostToolUse or
-/// PostToolUseFailure); not a prompt's or a session start's.
-fn is_tool_hook_context(attachment: &crate::recording::Attachment) -> bool {
-    attachment.attachment_type == "hook_additional_context"
-        && matches!(attachment.payload.get("hookEvent").and_then(Value::as_str), Some("PreToolUse" | "PostToolUse" | "PostToolUseFailure"))
-}
-
 const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "resume", "new_user_turn"];
 
 /// What a transcript does not record, put around the recorded messages of one call: the system
@@ -1414,16 +1405,15 @@ fn replay_session_observing(
         let from = state.scanned_to;
         let mut resumed_at = None;
         let mut request_start = None;
-        let mut last_record_ms = None;
-        // The record shows the previous turn ending normally (its stop hooks ran).
-        let mut stop_summary = false;
-        let mut stop_summary_ms = None;
-        let mut ended_with_reply = true;
+        // What the record shows about the turn boundary (whether the previous turn ended
+        // normally, with its reply; the permission mode; a tool hook's context).
+        let mut turn_scan = TurnScan::default();
         let mut attachment_chars = 0u64;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
             }
+            turn_scan.observe(event);
             match &event.kind {
                 EventKind::Compaction(_) => {
                     call_events.push("compaction".into());
@@ -1493,15 +1483,8 @@ fn replay_session_observing(
                     if attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume") => {
                         resumed_at = Some(i);
                     }
-                EventKind::SystemEvent(sys) if sys.subtype == "stop_hook_summary" => {
-                    stop_summary = true;
-                    stop_summary_ms = Some(event.time_ms);
-                }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     attachment_chars += attachment.payload.to_string().len() as u64;
-                    if call.lane == LANE_MAIN && is_tool_hook_context(attachment) {
-                        state.turns.tool_hook_context = true;
-                    }
                     if attachment.attachment_type == "deferred_tools_delta" {
                         let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
                         let before = state.announced_deferred.clone();
@@ -1516,19 +1499,12 @@ fn replay_session_observing(
                 }
                 EventKind::UserPrompt(prompt) => {
                     request_start = Some(event.time_ms);
-                    if !prompt.is_meta && prompt.permission_mode.is_some() {
-                        state.permission_mode.clone_from(&prompt.permission_mode);
-                    }
-                    if last_record_ms.is_some() {
-                        state.turns.turn_end_ms = last_record_ms;
-                    }
                     // `/exit` ends the process: whatever comes next is a resumed one.
                     if is_exit_command(&prompt.content) {
                         resumed_at = Some(i);
                     }
                 }
                 EventKind::ModelReply(reply) if i < call.event_index => {
-                    ended_with_reply = reply.stop_reason.as_ref().is_none_or(|r| *r == crate::api::StopReason::EndTurn);
                     for block in &reply.content {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
                             state.pending.insert(id.clone(), (name.clone(), input.clone()));
@@ -1563,9 +1539,9 @@ fn replay_session_observing(
                 }
                 _ => {}
             }
-            if !matches!(event.kind, EventKind::UserPrompt(_)) {
-                last_record_ms = Some(event.time_ms);
-            }
+        }
+        if call.lane == LANE_MAIN {
+            turn_scan.apply(&mut state.turns);
         }
         // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
         // ToolSearch) and the results that follow belong to what the next call sees.
@@ -1753,14 +1729,8 @@ fn replay_session_observing(
         let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
         let model_switched = call_events.iter().any(|e| e == "model_switch");
         let turn_start = (new_turn && call.lane == LANE_MAIN).then(|| {
-            let record = super::turns::TurnRecord {
-                opens_session: state.turns.turns == 0 && !truncated,
-                side_entries: options.side_entries,
-                ended_normally: stop_summary,
-                ended_with_reply,
-                permission_mode: state.permission_mode.as_deref(),
-                model_switched,
-            };
+            let at_turns = state.turns.clone();
+            let record = turn_scan.record(&at_turns, state.turns.turns == 0 && !truncated, options.side_entries, model_switched);
             for shadow in shadows.iter_mut() {
                 shadow.new_turn(&state.turns, &turn_profile, &messages, record);
             }
@@ -1907,12 +1877,8 @@ fn replay_session_observing(
         // The side request after the previous turn, sent when that turn ended: an entry through
         // its last reply; when the client re-renders the previous prompt, the entry that counts
         // ends before that prompt (what the real reads land on; see `turns`).
-        let side_cut = match turn_start {
-            Some(t) if t.side_entry && rerenders_previous => current_prompt_index(&messages[..messages.len() - 1]),
-            Some(t) if t.side_entry => Some(messages.len() - 1),
-            _ => None,
-        };
-        if let Some(cut) = side_cut.filter(|&cut| cut > 0 && rebuilt.is_none()) {
+        let side_cut = turn_start.and_then(|t| side_cut(&t, messages.len().checked_sub(1)?, current_prompt_index(&messages[..messages.len() - 1])));
+        if let Some(cut) = side_cut.filter(|_| rebuilt.is_none()) {
             let side = Unrecorded { marked_result: None, ..unrecorded.clone() };
             let side_keys = lent.as_ref().map(|l| side.request_keys(&mut keys, &messages[..cut], &l.built.keys[..cut], state.restored_version, sizes));
             // The request borrows the first `cut` messages and gives them back as they were.
@@ -1928,8 +1894,7 @@ fn replay_session_observing(
             if let Ok(side_flat) = side_flat {
                 // From 2.1.170 the side request goes out when the stop hooks ran (records written
                 // later, such as a resumed process's, do not move it).
-                let turn_end = if profile.side_entry_needs_stop_summary { stop_summary_ms.or(state.turns.turn_end_ms) } else { state.turns.turn_end_ms };
-                let at = turn_end.or(previous_time).unwrap_or(start_ms).min(start_ms);
+                let at = turn_scan.side_entry_time(&profile, &state.turns, previous_time, start_ms);
                 for shadow in shadows.iter_mut() {
                     shadow.process(measurer, &side_flat, call.lane == LANE_MAIN, at, 0);
                 }

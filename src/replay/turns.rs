@@ -23,14 +23,21 @@
 //! The replay renders such a prompt with a salted block hash during its turn (same tokens,
 //! different bytes to the cache) and seeds the side entry with [`crate::measure::Measurer::seed_cache`].
 
-use crate::api::{ContentBlock, Message, MessageContent, Role};
-use crate::measure::FlatRequest;
+use serde_json::Value;
+
+use crate::api::{ContentBlock, Message, MessageContent, Request, Role};
 use crate::measure::blocks::Region;
+use crate::measure::{FlatRequest, Measurer, RequestMetrics};
+use crate::recording::format::{Event, EventKind, LANE_MAIN};
+use crate::recording::ImportedSession;
 
 use super::profile::ClientProfile;
 
 /// Mixed into the block hashes of a prompt rendered the transient way.
 const TRANSIENT_SALT: u128 = 0x7472_616e_7369_656e_7420_7072_6f6d_7074;
+/// Mixed (times the epoch) into the block hashes of the conversation's start each time the
+/// client renders it anew at a new prompt (2.1.200+, [`TurnStart::rerenders_start`]).
+const START_SALT: u128 = 0x7374_6172_7420_7265_7265_6e64_6572_6564;
 
 /// Index of the message that opened the current turn: the last user message with more than tool
 /// results (the final message at a new turn; `messages[0]` when a compaction summary opened it).
@@ -60,6 +67,11 @@ fn is_task_notification(message: &Message) -> bool {
 /// Gives the blocks of `messages[message_index]` different cache identities (same tokens), and
 /// carries the change into every later prefix hash.
 pub fn salt_message(flat: &mut FlatRequest, message_index: usize) {
+    salt_message_with(flat, message_index, TRANSIENT_SALT);
+}
+
+/// [`salt_message`] with `salt` mixed in (several salts compose, in any order).
+fn salt_message_with(flat: &mut FlatRequest, message_index: usize, salt: u128) {
     let Some(first) = flat.blocks.iter().position(|b| b.path.region == Region::Messages && b.path.index == message_index) else {
         return;
     };
@@ -70,7 +82,7 @@ pub fn salt_message(flat: &mut FlatRequest, message_index: usize) {
     let mut state = blocks[first - 1].prefix_hash;
     for block in &mut blocks[first..] {
         if block.path.region == Region::Messages && block.path.index == message_index {
-            block.hash ^= TRANSIENT_SALT;
+            block.hash ^= salt;
         }
         state = crate::api::canonical::chain(state, block.hash);
         block.prefix_hash = state;
@@ -97,6 +109,8 @@ pub struct TurnState {
     /// A tool hook (PreToolUse, PostToolUse, PostToolUseFailure) added context to a tool result
     /// of the current turn (a `hook_additional_context` record naming a tool use).
     pub tool_hook_context: bool,
+    /// The permission mode the last prompt record named.
+    pub permission_mode: Option<String>,
 }
 
 /// What a new user turn brings, decided before its call is measured.
@@ -182,6 +196,291 @@ impl TurnState {
         self.by_notification = notification;
         self.turns += 1;
         start
+    }
+}
+
+/// A hook of a tool use added context to its result (`hookEvent` PreToolUse, PostToolUse or
+/// PostToolUseFailure); not a prompt's or a session start's.
+fn is_tool_hook_context(attachment: &crate::recording::Attachment) -> bool {
+    attachment.attachment_type == "hook_additional_context"
+        && matches!(attachment.payload.get("hookEvent").and_then(Value::as_str), Some("PreToolUse" | "PostToolUse" | "PostToolUseFailure"))
+}
+
+/// What the record shows about a turn boundary between two calls of the main lane, read event
+/// by event: the facts [`TurnRecord`] and [`TurnState`] take from the record. One scan for the
+/// replay (alongside its own, per call) and for the agent ([`RecordedClient`]).
+#[derive(Debug, Clone)]
+pub struct TurnScan {
+    /// Time of the `stop_hook_summary` after the previous turn's last call: it ended normally.
+    pub stop_summary_ms: Option<u64>,
+    /// The last reply seen ended its turn (`end_turn`, or no stop reason recorded).
+    pub ended_with_reply: bool,
+    /// Time of the last record that is not a prompt.
+    last_record_ms: Option<u64>,
+    /// Time of the last record before a prompt (the previous turn's end), when one was seen.
+    turn_end_ms: Option<u64>,
+    /// The permission mode a prompt record (not a meta one) named, the last one seen.
+    permission_mode: Option<String>,
+    /// A tool hook added context since the last compaction seen (none seen: since the start).
+    tool_hook_context: bool,
+}
+
+impl Default for TurnScan {
+    fn default() -> Self {
+        TurnScan { stop_summary_ms: None, ended_with_reply: true, last_record_ms: None, turn_end_ms: None, permission_mode: None, tool_hook_context: false }
+    }
+}
+
+impl TurnScan {
+    /// One event of the main lane, in order.
+    pub fn observe(&mut self, event: &Event) {
+        match &event.kind {
+            // A compaction consumes the hook context (`TurnState::on_compaction`).
+            EventKind::Compaction(_) => self.tool_hook_context = false,
+            EventKind::SystemEvent(sys) if sys.subtype == "stop_hook_summary" => self.stop_summary_ms = Some(event.time_ms),
+            EventKind::Attachment(attachment)
+                if !crate::recording::claude_code::ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) && is_tool_hook_context(attachment) =>
+            {
+                self.tool_hook_context = true;
+            }
+            EventKind::UserPrompt(prompt) => {
+                if !prompt.is_meta && prompt.permission_mode.is_some() {
+                    self.permission_mode.clone_from(&prompt.permission_mode);
+                }
+                if self.last_record_ms.is_some() {
+                    self.turn_end_ms = self.last_record_ms;
+                }
+            }
+            EventKind::ModelReply(reply) => {
+                self.ended_with_reply = reply.stop_reason.as_ref().is_none_or(|r| *r == crate::api::StopReason::EndTurn);
+            }
+            _ => {}
+        }
+        if !matches!(event.kind, EventKind::UserPrompt(_)) {
+            self.last_record_ms = Some(event.time_ms);
+        }
+    }
+
+    /// Carries what lasts beyond the call into the lane's turn state: the previous turn's end,
+    /// the permission mode, a tool hook's context. Called after the scan of each call, whether
+    /// or not the call is measured.
+    pub fn apply(&self, turns: &mut TurnState) {
+        if self.turn_end_ms.is_some() {
+            turns.turn_end_ms = self.turn_end_ms;
+        }
+        if self.permission_mode.is_some() {
+            turns.permission_mode.clone_from(&self.permission_mode);
+        }
+        if self.tool_hook_context {
+            turns.tool_hook_context = true;
+        }
+    }
+
+    /// The record of a new turn as this scan (of the turn's first call) and `turns` show it.
+    pub fn record<'a>(&self, turns: &'a TurnState, opens_session: bool, side_entries: bool, model_switched: bool) -> TurnRecord<'a> {
+        TurnRecord {
+            opens_session,
+            side_entries,
+            ended_normally: self.stop_summary_ms.is_some(),
+            ended_with_reply: self.ended_with_reply,
+            permission_mode: turns.permission_mode.as_deref(),
+            model_switched,
+        }
+    }
+
+    /// When the side request of the previous turn went out: from 2.1.170 when its stop hooks
+    /// ran, else at the turn's last record (else the previous call, else now); never after `now_ms`.
+    pub fn side_entry_time(&self, profile: &ClientProfile, turns: &TurnState, previous_ms: Option<u64>, now_ms: u64) -> u64 {
+        let turn_end = if profile.side_entry_needs_stop_summary { self.stop_summary_ms.or(turns.turn_end_ms) } else { turns.turn_end_ms };
+        turn_end.or(previous_ms).unwrap_or(now_ms).min(now_ms)
+    }
+}
+
+/// Where the side entry of the previous turn ends, in a new turn's messages whose last one
+/// (index `last`) holds the new prompt: through the previous turn's last reply; when the client
+/// re-renders the previous prompt (at `previous_prompt`), before that prompt (what the real
+/// reads land on). `None`: no side entry.
+pub fn side_cut(start: &TurnStart, last: usize, previous_prompt: Option<usize>) -> Option<usize> {
+    if !start.side_entry {
+        return None;
+    }
+    let cut = if start.rerenders_previous { previous_prompt } else { Some(last) };
+    cut.filter(|&cut| cut > 0)
+}
+
+/// The recorded client's turn rules applied to the agent driven by its session
+/// ([`super::workload::agent_replay`]): the agent builds each request; at each new user turn
+/// this decides, with [`TurnState::on_new_turn`] as the replay does, whether the side request of
+/// the previous turn cached the conversation through its reply (seeded through the measurer: the
+/// agent's own request cut there, its marker on the last message, at the time the record shows
+/// the turn ended), and renders the prompts and the conversation start the recorded version
+/// rendered otherwise ([`salt_message`]). The record gives what the agent cannot know (each
+/// turn's [`TurnScan`], the version, the models); the messages are the agent's.
+pub struct RecordedClient {
+    /// Per recorded main call, in order: its index, version, model, cache read and the scan of
+    /// the records before it.
+    calls: Vec<RecordedTurnCall>,
+    /// The recorded call of each of the agent's main requests, in order.
+    main_calls: Vec<usize>,
+    /// Main requests seen; scans applied (into `calls`).
+    requests: usize,
+    applied: usize,
+    /// The session file continues an earlier one: its first prompt did not open the session.
+    head_truncated: bool,
+    turns: TurnState,
+    /// Index of the current turn's prompt in the agent's messages.
+    prompt_index: Option<usize>,
+    /// How often the conversation start was rendered anew.
+    start_epoch: u32,
+    /// The recorded model of the previous paired call, and the agent's time of its previous main request.
+    previous_model: Option<String>,
+    previous_ms: Option<u64>,
+    /// The recorded read of the call just measured.
+    recorded_read: u64,
+}
+
+struct RecordedTurnCall {
+    index: usize,
+    version: String,
+    model: String,
+    cache_read: u64,
+    measured: bool,
+    scan: TurnScan,
+}
+
+impl RecordedClient {
+    /// The rules of `session`'s client for an agent whose main requests stand for `main_calls`.
+    pub fn new(session: &ImportedSession, main_calls: &[usize]) -> RecordedClient {
+        let events = &session.recording.events;
+        let mut calls = Vec::new();
+        let mut from = 0;
+        for call in session.calls.iter().filter(|c| c.lane == LANE_MAIN) {
+            let mut scan = TurnScan::default();
+            for event in events.iter().take(call.event_index).skip(from).filter(|e| e.lane == LANE_MAIN) {
+                scan.observe(event);
+            }
+            from = call.event_index;
+            calls.push(RecordedTurnCall {
+                index: call.index,
+                version: call.version.clone().unwrap_or_default(),
+                model: call.model.clone(),
+                cache_read: call.usage.cache_read_input_tokens,
+                measured: !call.is_synthetic && !call.is_api_error && call.usage.prompt_tokens() > 0,
+                scan,
+            });
+        }
+        RecordedClient {
+            calls,
+            main_calls: main_calls.to_vec(),
+            requests: 0,
+            applied: 0,
+            head_truncated: session.recording.header.head_truncated,
+            turns: TurnState::default(),
+            prompt_index: None,
+            start_epoch: 0,
+            previous_model: None,
+            previous_ms: None,
+            recorded_read: 0,
+        }
+    }
+}
+
+impl crate::runner::ClientRules for RecordedClient {
+    fn before_main(&mut self, call: crate::runner::MainCall<'_>, flat: &mut FlatRequest, measurer: &mut Measurer) -> Vec<String> {
+        let mut events = Vec::new();
+        let Some(&index) = self.main_calls.get(self.requests) else { return events };
+        self.requests += 1;
+        // The records up to this call, the calls the agent does not make included.
+        let Some(position) = self.calls.iter().position(|c| c.index == index) else { return events };
+        let mut model_switched = false;
+        for recorded in &self.calls[self.applied..=position.max(self.applied)] {
+            recorded.scan.apply(&mut self.turns);
+            if recorded.measured {
+                model_switched = self.previous_model.as_ref().is_some_and(|m| *m != recorded.model);
+                self.previous_model = Some(recorded.model.clone());
+            }
+        }
+        self.applied = self.applied.max(position + 1);
+        let recorded = &self.calls[position];
+        let profile = ClientProfile::for_version(&recorded.version);
+        self.recorded_read = recorded.cache_read;
+        if call.compacted {
+            self.turns.on_compaction(&profile);
+            // The summary opens the conversation.
+            self.prompt_index = Some(0);
+        }
+        let messages = &call.request.messages;
+        // As in the replay, the first call after a compaction opens a turn: the summary (and
+        // what the compaction restored after it) ends its messages.
+        if call.new_turn || call.compacted {
+            let opens_session = self.turns.turns == 0 && !self.head_truncated;
+            let scan = recorded.scan.clone();
+            let at_turns = self.turns.clone();
+            let record = scan.record(&at_turns, opens_session, true, model_switched);
+            let start = self.turns.on_new_turn(&profile, messages, record);
+            if start.rerenders_start {
+                self.start_epoch += 1;
+                events.push("turn_rerender".to_owned());
+            }
+            if start.hook_context_lost_side_entry {
+                events.push("tool_hook_context".to_owned());
+            }
+            if start.rerenders_previous {
+                events.push("rerendered_prompt".to_owned());
+            }
+            if let Some(cut) = messages.len().checked_sub(1).and_then(|last| side_cut(&start, last, self.prompt_index)) {
+                let at = scan.side_entry_time(&profile, &at_turns, self.previous_ms, call.time_ms);
+                if let Some(side) = self.side_flat(call.request, cut, measurer) {
+                    let _ = measurer.seed_cache(&side, at, 0);
+                    events.push("side_entry".to_owned());
+                }
+            }
+            self.prompt_index = messages.len().checked_sub(1);
+        }
+        self.turns.compaction_pending = false;
+        self.render(flat, self.turns.transient_prompt);
+        self.previous_ms = Some(call.time_ms);
+        events
+    }
+
+    fn after_main(&mut self, row: &RequestMetrics) {
+        self.turns.previous_read = Some(self.recorded_read.max(row.cache_read_input_tokens));
+    }
+}
+
+impl RecordedClient {
+    /// The side request of the previous turn as the server saw it: the request's first `cut`
+    /// messages, its marker on the last of them, the conversation start as now rendered.
+    fn side_flat(&self, request: &Request, cut: usize, measurer: &mut Measurer) -> Option<FlatRequest> {
+        let marker = request.messages.iter().rev().find_map(|m| match &m.content {
+            MessageContent::Blocks(blocks) => blocks.iter().rev().find_map(|b| b.cache_control().cloned()),
+            MessageContent::Text(_) => None,
+        })?;
+        let mut side = Request { messages: request.messages[..cut].to_vec(), ..request.clone() };
+        for message in &mut side.messages {
+            if let MessageContent::Blocks(blocks) = &mut message.content {
+                blocks.iter_mut().for_each(|b| {
+                    b.set_cache_control(None);
+                });
+            }
+        }
+        let last = side.messages.last_mut()?.content.blocks_mut();
+        let _ = last.iter_mut().rev().any(|b| b.set_cache_control(Some(marker.clone())));
+        let mut flat = measurer.flatten(&side).ok()?;
+        self.render(&mut flat, false);
+        Some(flat)
+    }
+
+    /// The bytes the recorded client sent otherwise than the agent builds them: the
+    /// conversation start as rendered since its last re-render, and the current prompt the
+    /// transient way when `transient`.
+    fn render(&self, flat: &mut FlatRequest, transient: bool) {
+        if self.start_epoch > 0 {
+            salt_message_with(flat, 0, START_SALT.wrapping_mul(u128::from(self.start_epoch)));
+        }
+        if transient && let Some(index) = self.prompt_index {
+            salt_message(flat, index);
+        }
     }
 }
 

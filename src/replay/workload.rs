@@ -639,7 +639,10 @@ pub fn agent_replay(
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     sizing.seeded_prefix_tokens = seed_warm_prefix(session, &workload, measurer, &strategy)?;
     // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
-    let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), Default::default())
+    // The recorded client's turn rules apply around the agent's main requests.
+    let mut client = super::turns::RecordedClient::new(session, &workload.main_calls);
+    let options = crate::runner::RunOptions { client: Some(&mut client), ..Default::default() };
+    let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), options)
         .map_err(|e| e.to_string())?;
     let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
     let main_rows: Vec<&crate::measure::RequestMetrics> = output.rows.iter().filter(|r| r.lane == LANE_MAIN && r.error.is_none()).collect();

@@ -39,6 +39,7 @@ impl Scenario {
             match step {
                 Step::Assistant(reply) => model.push(&reply.lane, reply.to_reply()),
                 Step::ToolOutput(outputs) => {
+                    let before = tool_outputs.len();
                     for output in outputs {
                         tool_outputs.insert(
                             output.tool_use_id.clone(),
@@ -47,6 +48,7 @@ impl Scenario {
                                 is_error: output.is_error,
                                 file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
                                 runs_subagent: output.subagent,
+                                completed: before + output.written,
                             },
                         );
                     }

@@ -304,7 +304,7 @@ fn check_step(
         let mut by_id: BTreeMap<String, ToolOutput> = BTreeMap::new();
         // Ids first, then names for the calls no id claimed: an id is the more precise claim.
         for pass in [true, false] {
-            for (key_text, spec) in &outputs {
+            for (written, (key_text, spec)) in outputs.iter().enumerate() {
                 let is_id = calls.iter().any(|(id, _)| id == key_text);
                 if is_id != pass {
                     continue;
@@ -337,6 +337,7 @@ fn check_step(
                         images: spec.images.clone(),
                         subagent: spec.subagent,
                         file: spec.file.clone(),
+                        written,
                     });
                 }
             }

@@ -56,7 +56,9 @@
 //!                                  # keyed by tool_use id or tool name; a value is a string or
 //!                                  # {content: ..., is_error: true}; on an Agent call,
 //!                                  # {content: ..., subagent: true} runs the subagent (its
-//!                                  # lane's replies) and returns this content
+//!                                  # lane's replies) and returns this content; the order
+//!                                  # written is the order the tools completed (the message
+//!                                  # marker goes on the result written last)
 //!   - wait: 10m                    # virtual time passes: ms, or 250ms / 90s / 10m / 2h / 1h30m / 1d
 //!   - write_file: {path: src/lib.rs, content: "..."}   # the user edits a file
 //!   - remove_file: src/old.rs      # the user deletes a file or directory

@@ -267,6 +267,9 @@ pub struct ToolOutput {
     pub subagent: bool,
     /// The file the call read or wrote, as recorded ([`ToolFile`]).
     pub file: Option<ToolFile>,
+    /// Its place among the step's outputs as written (the step lists them in call order): a
+    /// recorded session's workload writes them in the order the tools completed.
+    pub written: usize,
 }
 
 /// `tool_output: {id: {file: {path, content}}}` — the file the call read or wrote, as the

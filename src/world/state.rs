@@ -22,6 +22,9 @@ pub struct ScriptedToolOutput {
     /// The file the call read or wrote, as recorded (path, content): left in the fs and counted
     /// read, as the real tool would have.
     pub file: Option<(String, String)>,
+    /// Its place among the script's outputs as written ([`crate::scenario::ToolOutput::written`]):
+    /// a recorded session's workload writes them in the order the tools completed.
+    pub completed: usize,
 }
 
 /// Everything outside the agent. Built by `Scenario::into_world`; the agent takes `&mut World`.
