@@ -83,6 +83,10 @@ pub struct WorkloadReport {
     /// written.
     #[serde(default)]
     pub unwritten_replies: usize,
+    /// Recorded microcompacts driven (`microcompact` steps): the results they cleared, and
+    /// their share of results from before a continuing file taken from its history stand-in.
+    #[serde(default)]
+    pub recorded_microcompacts: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -225,6 +229,8 @@ fn workload_with(
     // Tool uses of a reply the transcript never wrote, named by an `unwritten_reply` event just
     // before the compaction that followed it.
     let mut unwritten_reply: Option<Vec<String>> = None;
+    // Until the first compaction, a continuing file's opening prompt stands for its history.
+    let mut history_in_context = recording.header.head_truncated;
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
@@ -339,6 +345,7 @@ fn workload_with(
                 report.tool_outputs += 1;
             }
             EventKind::Compaction(compaction) if main => {
+                history_in_context = false;
                 // The results the compaction replaced before they were written: the client
                 // counted them, so the agent gets a stand-in of the session's mean result of
                 // that tool (the size `triggers::main_points` counts for them).
@@ -377,6 +384,24 @@ fn workload_with(
                     compact_replies.push(json!({ "assistant": [{ "text": format!("<summary>\n{summary}\n</summary>") }], "lane": "compact" }));
                     report.compaction_summaries += 1;
                 }
+            }
+            EventKind::SystemEvent(sys) if main && sys.subtype == "microcompact_boundary" => {
+                // The client cleared these results here. Those of this file are cleared by id;
+                // those from before it (not called in the file) are in the history stand-in,
+                // which loses their share of the saved tokens (as the replay counts it) as the
+                // characters they were: the client's rough count is four characters a token.
+                let meta = sys.payload.get("microcompactMetadata");
+                let ids: Vec<&str> = meta.and_then(|m| m.get("compactedToolIds")).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+                let saved = meta.and_then(|m| m.get("tokensSaved")).and_then(Value::as_u64).unwrap_or(0);
+                let (shown, hidden): (Vec<&str>, Vec<&str>) = ids.iter().partition(|id| called.contains_key(**id));
+                let history_tokens = if history_in_context && !ids.is_empty() { saved * hidden.len() as u64 / ids.len() as u64 } else { 0 };
+                if shown.is_empty() && history_tokens == 0 {
+                    leave(&mut report, "microcompact_clearing_nothing_driven");
+                    continue;
+                }
+                flush(&mut script, &mut pending_outputs);
+                script.push(json!({ "microcompact": { "tool_use_ids": shown, "history_chars": history_tokens * 4 } }));
+                report.recorded_microcompacts += 1;
             }
             EventKind::SystemEvent(sys) if main && sys.subtype == UNWRITTEN_REPLY => {
                 let tools = sys.payload.get("tool_uses").and_then(Value::as_array).map(|uses| {
@@ -859,6 +884,14 @@ pub fn size_unmodelled(
     {
         let text = first["user"].as_str().unwrap_or_default().to_owned();
         first["user"] = Value::String(format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens)));
+    } else if let Some(steps) = doc["script"].as_array_mut() {
+        // No history stand-in: a recorded microcompact clears only the file's own results.
+        for step in steps.iter_mut() {
+            if let Some(chars) = step.pointer_mut("/microcompact/history_chars") {
+                *chars = json!(0);
+            }
+        }
+        steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
     }
     let text = serde_json::to_string(&workload.document).expect("a JSON value serializes");
     workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;

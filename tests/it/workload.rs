@@ -264,6 +264,25 @@ fn a_reply_the_transcript_never_wrote_still_counts_before_the_compaction() {
     insta::assert_snapshot!(ctxsim::replay::agent_triggers_table(&[("cipher-box/af1dd25ebb3e-8.full.jsonl".to_owned(), report)]));
 }
 
+/// A microcompact the record shows drives the agent (7662d755-2, 2.1.14, before call 6: 42
+/// results cleared, 21,091 tokens saved, every one of them from before this continuing file).
+/// The workload scripts it as a `microcompact` step: results of the file by id, and the share
+/// from before the file out of the history stand-in. Before, the agent kept them and ran +20%
+/// over the record on every call from 6 to the compaction at 30.
+#[test]
+fn a_recorded_microcompact_clears_what_it_cleared() {
+    let path = realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    assert_eq!(driven.report.recorded_microcompacts, 1, "{:?}", driven.report);
+    let errors: Vec<(usize, f64)> = driven.replay.calls.iter().map(|c| (c.index, c.simulated_context() as f64 / c.recorded_context() as f64 - 1.0)).collect();
+    eprintln!("{errors:?}");
+    let between: Vec<f64> = errors.iter().filter(|(i, _)| (6..30).contains(i)).map(|(_, e)| e.abs()).collect();
+    assert_eq!(between.len(), 24);
+    assert!(between.iter().all(|e| *e < 0.05), "{errors:?}");
+}
+
 /// As recorded, a transcript that records its attachments (2.1.2xx) drives them: each sent
 /// attachment record becomes an `attachment` step at its place, rendered as the replay renders
 /// it, and the agent adds none of its own. A scenario for other strategies keeps the agent's.
