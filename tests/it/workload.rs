@@ -18,6 +18,16 @@ fn measurer() -> Measurer {
     Measurer::new(ModelTable::shipped(), TokenCounter::with_calibration(EstimatorKind::Calibrated, Calibration::shipped())).without_body_hashes()
 }
 
+/// A shared transcript (`dir/file` under `transcripts/`) and the agent driven through it as
+/// recorded under the default strategy.
+fn drive(name: &str) -> (ctxsim::recording::ImportedSession, ctxsim::replay::workload::AgentReplay) {
+    let path = realdata().join("transcripts").join(name);
+    let session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    (session, driven)
+}
+
 fn ctxsim(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
 }
@@ -76,10 +86,7 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
 /// recorded first call's size within a few percent.
 #[test]
 fn the_agent_answers_every_recorded_main_call_of_a_session() {
-    let path = realdata().join("transcripts/entireio-cli/7be20d70c73b-0.full.jsonl");
-    let session = load_session(&path).unwrap();
-    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
-    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    let (_, driven) = drive("entireio-cli/7be20d70c73b-0.full.jsonl");
     assert_eq!(driven.unpaired, 0);
     assert_eq!(driven.replay.calls.len(), driven.report.main_replies);
     assert!(driven.sizing.system_filler_tokens > 0 && driven.sizing.claude_md_filler_tokens > 0, "{:?}", driven.sizing);
@@ -236,8 +243,7 @@ fn a_result_a_compaction_replaced_unwritten_still_counts() {
 /// context is not in the transcript), an open gap.
 #[test]
 fn a_reply_the_transcript_never_wrote_still_counts_before_the_compaction() {
-    let path = realdata().join("transcripts/cipher-box/af1dd25ebb3e-8.full.jsonl");
-    let session = load_session(&path).unwrap();
+    let (session, driven) = drive("cipher-box/af1dd25ebb3e-8.full.jsonl");
     let marks: Vec<&serde_json::Value> = session
         .recording
         .events
@@ -249,8 +255,6 @@ fn a_reply_the_transcript_never_wrote_still_counts_before_the_compaction() {
         .collect();
     assert_eq!(marks.len(), 1, "{marks:?}");
     assert_eq!(marks[0]["tool_uses"][0]["name"], "Edit", "{marks:?}");
-    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
-    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
     assert_eq!(driven.report.unwritten_replies, 1);
     assert_eq!(driven.unpaired, 0, "every recorded main call answered");
     let report = ctxsim::replay::agent_triggers(&session, &driven.replay, &driven.compactions, true, &ModelTable::shipped(), &Default::default());
@@ -271,13 +275,9 @@ fn a_reply_the_transcript_never_wrote_still_counts_before_the_compaction() {
 /// over the record on every call from 6 to the compaction at 30.
 #[test]
 fn a_recorded_microcompact_clears_what_it_cleared() {
-    let path = realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
-    let session = load_session(&path).unwrap();
-    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
-    let driven = agent_replay(&session, &path.display().to_string(), &mut measurer(), &strategy).unwrap();
+    let (_, driven) = drive("entireio-cli/7662d755ef9f-2.full.jsonl");
     assert_eq!(driven.report.recorded_microcompacts, 1, "{:?}", driven.report);
     let errors: Vec<(usize, f64)> = driven.replay.calls.iter().map(|c| (c.index, c.simulated_context() as f64 / c.recorded_context() as f64 - 1.0)).collect();
-    eprintln!("{errors:?}");
     let between: Vec<f64> = errors.iter().filter(|(i, _)| (6..30).contains(i)).map(|(_, e)| e.abs()).collect();
     assert_eq!(between.len(), 24);
     assert!(between.iter().all(|e| *e < 0.05), "{errors:?}");
