@@ -83,7 +83,8 @@ pub struct WorkloadReport {
     /// written.
     #[serde(default)]
     pub unwritten_replies: usize,
-    /// Recorded microcompacts driven (`microcompact` steps): the results they cleared, and
+    /// Recorded microcompacts driven (`microcompact` steps; as recorded only, with
+    /// `recorded_usage`): the results they cleared, and
     /// their share of results from before a continuing file taken from its history stand-in.
     #[serde(default)]
     pub recorded_microcompacts: usize,
@@ -385,8 +386,9 @@ fn workload_with(
                     report.compaction_summaries += 1;
                 }
             }
-            EventKind::SystemEvent(sys) if main && sys.subtype == "microcompact_boundary" => {
-                // The client cleared these results here. Those of this file are cleared by id;
+            EventKind::SystemEvent(sys) if main && recorded_usage && sys.subtype == "microcompact_boundary" => {
+                // As recorded, the client cleared these results here (another strategy's own
+                // microcompact decides for itself). Those of this file are cleared by id;
                 // those from before it (not called in the file) are in the history stand-in,
                 // which loses their share of the saved tokens (as the replay counts it) as the
                 // characters they were: the client's rough count is four characters a token.

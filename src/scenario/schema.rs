@@ -189,7 +189,7 @@ pub enum Step {
     /// (`import --to scenario` of a transcript that records them); the agent sends it as is.
     Attachment { kind: String, text: String },
     /// `microcompact: {tool_use_ids, history_chars}` — a microcompact the recorded client ran
-    /// here (`import --to scenario` of a transcript with a `microcompact_boundary`): the results
+    /// here (a recorded session driven as recorded, `fidelity --engine agent`): the results
     /// of these tool uses are cleared to the marker, and `history_chars` characters leave the
     /// start of the opening prompt (the stand-in for the history before a continuing file,
     /// whose results it cleared).
