@@ -341,6 +341,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
             | Step::PluginEnable { .. }
             | Step::PluginReload
             | Step::Attachment { .. }
+            | Step::Microcompact { .. }
             | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
                 agent.clear(&mut world);
@@ -568,6 +569,7 @@ pub fn apply_world_step(step: &Step, agent: &mut Session, world: &mut World, pen
         Step::PluginReload => agent.plugin_reload(world)?,
         Step::Git(state) => world.git = Some(state.clone()),
         Step::Attachment { kind, text } => agent.recorded_attachment(kind, text),
+        Step::Microcompact { tool_use_ids, history_chars } => agent.recorded_microcompact(tool_use_ids, *history_chars),
         _ => {}
     }
     Ok(())

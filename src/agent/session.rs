@@ -627,6 +627,31 @@ impl Session {
         self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.to_owned() }]);
     }
 
+    /// A microcompact the recorded client ran here (a `microcompact` step, as recorded): the
+    /// results of `tool_use_ids` are cleared to the marker, and `history_chars` characters leave
+    /// the start of the first prompt (the stand-in for the history before a continuing file,
+    /// whose results it cleared). The next request is rebuilt from the changed records.
+    pub fn recorded_microcompact(&mut self, tool_use_ids: &[String], history_chars: usize) {
+        for record in &mut self.records {
+            let Record::User { content: MessageContent::Blocks(blocks), .. } = record else { continue };
+            for block in blocks {
+                if let ContentBlock::ToolResult { tool_use_id, content, .. } = block
+                    && tool_use_ids.contains(tool_use_id)
+                {
+                    *content = Some(crate::api::ToolResultContent::Text(crate::agent::compact::microcompact::CLEARED_MARKER.to_owned()));
+                }
+            }
+        }
+        if history_chars > 0
+            && let Some(Record::User { content: MessageContent::Text(text), .. }) = self.records.iter_mut().find(|r| matches!(r, Record::User { meta: false, .. }))
+        {
+            let cut = text.char_indices().nth(history_chars).map_or(text.len(), |(i, _)| i);
+            text.replace_range(..cut, "");
+        }
+        self.forget_entries();
+        self.events.push("microcompact".into());
+    }
+
     /// The script supplies this thread's attachments (`world.recorded_attachments`): the main
     /// thread adds none of its own.
     fn attachments_recorded(&self, world: &World) -> bool {

@@ -731,6 +731,12 @@ fn is_message_event(kind: &EventKind) -> bool {
     matches!(kind, EventKind::UserPrompt(_) | EventKind::ToolResult(_) | EventKind::ModelReply(_))
 }
 
+/// Subtype of the system event an importer writes just before a compaction that followed a
+/// reply the transcript never holds (only its tool hooks' progress records name it): payload
+/// `parent_uuid` and `tool_uses` (`[{id, name}]`). The client made that call and counted it and
+/// its results before compacting.
+pub const UNWRITTEN_REPLY: &str = "unwritten_reply";
+
 /// Attachment records the client does not send to the model: a hook's raw output (what it adds
 /// to the context is a `hook_additional_context` record), a hook's message to the user, the
 /// permission rules of a command.
@@ -1127,6 +1133,10 @@ struct FileImporter {
     pending_compaction: Option<usize>,
     /// `agentId` → the Task tool_use that started it (from `agent_progress` records).
     agent_tool_use: BTreeMap<String, String>,
+    /// Tool hooks' progress under a parent record the file does not hold: parent uuid → the
+    /// tool uses (id, tool name) the hooks ran for. A reply the client made and counted but
+    /// never wrote (a compaction rewrote the chain first) leaves only these.
+    unwritten_parent_tool_uses: BTreeMap<String, Vec<(String, String)>>,
     session_id: Option<String>,
     cwd: Option<String>,
     versions: Vec<String>,
@@ -1171,6 +1181,7 @@ impl FileImporter {
             opens_with_compaction: false,
             pending_compaction: None,
             agent_tool_use: BTreeMap::new(),
+            unwritten_parent_tool_uses: BTreeMap::new(),
             session_id: None,
             cwd: None,
             versions: Vec::new(),
@@ -1371,6 +1382,20 @@ impl FileImporter {
                         &lane,
                         uuid.as_deref(),
                     );
+                } else if data_type == Some("hook_progress")
+                    && let Some(parent) = record.get("parentUuid").and_then(Value::as_str).filter(|p| !self.seen_uuids.contains(*p))
+                    && let Some(id) = record.get("toolUseID").and_then(Value::as_str)
+                    && let Some(tool) = data.and_then(|d| d.get("hookName")).and_then(Value::as_str).and_then(|n| {
+                        n.strip_prefix("PreToolUse:").or_else(|| n.strip_prefix("PostToolUse:"))
+                    })
+                {
+                    // A tool hook's progress under a record the file does not hold: the only
+                    // trace of a reply that was never written, kept until a compaction names
+                    // that record as its logical parent.
+                    let uses = self.unwritten_parent_tool_uses.entry(parent.to_owned()).or_default();
+                    if !uses.iter().any(|(known, _)| known == id) {
+                        uses.push((id.to_owned(), tool.to_owned()));
+                    }
                 } else if data_type == Some("agent_progress") {
                     let agent = data.and_then(|d| d.get("agentId")).and_then(Value::as_str);
                     let tool_use = record.get("parentToolUseID").and_then(Value::as_str);
@@ -1639,6 +1664,30 @@ impl FileImporter {
                 metadata: metadata.clone(),
             });
             let logical_parent = record.get("logicalParentUuid").and_then(Value::as_str);
+            let unwritten = logical_parent
+                .filter(|p| !self.seen_uuids.contains(*p))
+                .and_then(|p| self.unwritten_parent_tool_uses.remove(p))
+                .map(|uses| {
+                    // A tool use the file holds belongs to a written reply (only its result
+                    // went unwritten).
+                    let written = |id: &str| {
+                        self.events.iter().any(|e| match &e.kind {
+                            EventKind::ModelReply(reply) => reply.content.iter().any(|b| matches!(b, ContentBlock::ToolUse { id: known, .. } if known == id)),
+                            _ => false,
+                        })
+                    };
+                    uses.into_iter().filter(|(id, _)| !written(id)).collect::<Vec<_>>()
+                })
+                .filter(|uses| !uses.is_empty());
+            if let Some(uses) = unwritten {
+                // The compaction followed a reply the file never holds (its tool hooks ran):
+                // the client counted that call and its results before compacting.
+                let payload = serde_json::json!({
+                    "parent_uuid": logical_parent,
+                    "tool_uses": uses.iter().map(|(id, name)| serde_json::json!({ "id": id, "name": name })).collect::<Vec<_>>(),
+                });
+                self.push(EventKind::SystemEvent(SystemEvent { subtype: UNWRITTEN_REPLY.into(), payload }), time_ms, lane, None);
+            }
             if self.file_lane.is_none()
                 && !self.events.iter().any(|e| is_message_event(&e.kind))
                 && logical_parent.is_some_and(|parent| !self.seen_uuids.contains(parent))

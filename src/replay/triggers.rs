@@ -362,7 +362,7 @@ fn line_up(opening: Vec<RecordedBoundary>, main: &[MainPoint], predicted: &[(usi
 }
 
 /// Rough tokens of a recorded result's content, as the client estimates them.
-fn result_tokens(content: Option<&crate::api::ToolResultContent>) -> u64 {
+pub(crate) fn result_tokens(content: Option<&crate::api::ToolResultContent>) -> u64 {
     use crate::api::ToolResultContent;
     match content {
         None => 0,

@@ -39,7 +39,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{ContentBlock, MessageContent, StopReason, ToolResultContent};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
-use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
+use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, UNWRITTEN_REPLY, attachment_text};
 use crate::recording::{EventKind, ImportedSession};
 use crate::scenario::Scenario;
 
@@ -77,6 +77,17 @@ pub struct WorkloadReport {
     /// stand-in of the session's mean result of that tool.
     #[serde(default)]
     pub unwritten_results: usize,
+    /// Replies the client made and counted but never wrote before an automatic compaction
+    /// (only their tool hooks' progress shows them: `unwritten_reply`), each stood in for by an
+    /// attachment of the size the boundary's `preTokens` leaves above the count of what was
+    /// written.
+    #[serde(default)]
+    pub unwritten_replies: usize,
+    /// Recorded microcompacts driven (`microcompact` steps; as recorded only, with
+    /// `recorded_usage`): the results they cleared, and
+    /// their share of results from before a continuing file taken from its history stand-in.
+    #[serde(default)]
+    pub recorded_microcompacts: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -213,6 +224,15 @@ fn workload_with(
     // between a reply and its results replaced them unwritten, though the client counted them.
     let mut open_uses: Vec<(String, String)> = Vec::new();
     let result_tokens_by_tool = super::triggers::mean_result_tokens(session);
+    // The client's count since the last main reply, as `triggers::main_points` counts it: that
+    // reply's usage (prompt and output as scripted) and the rough size of what followed it.
+    let mut count_base = 0u64;
+    let mut count_tail = 0u64;
+    // Tool uses of a reply the transcript never wrote, named by an `unwritten_reply` event just
+    // before the compaction that followed it.
+    let mut unwritten_reply: Option<Vec<String>> = None;
+    // Until the first compaction, a continuing file's opening prompt stands for its history.
+    let mut history_in_context = recording.header.head_truncated;
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
@@ -253,6 +273,7 @@ fn workload_with(
                 }
                 flush(&mut script, &mut pending_outputs);
                 push_wait(&mut script, &mut last_time, event.time_ms);
+                count_tail += crate::agent::compact::counting::rough(&text);
                 script.push(json!({ "user": text }));
                 report.user_prompts += 1;
             }
@@ -293,6 +314,9 @@ fn workload_with(
                         _ => None,
                     })
                     .collect();
+                let output = step.get("usage").and_then(|u| u.get("output_tokens")).or_else(|| step.get("output_tokens"));
+                count_base = reply.usage.prompt_tokens() + output.and_then(Value::as_u64).unwrap_or(0);
+                count_tail = 0;
                 script.push(Value::Object(step));
                 main_calls.push(call_index.get(&event_index).copied().unwrap_or(event_index));
                 report.main_replies += 1;
@@ -318,10 +342,12 @@ fn workload_with(
                     output["subagent"] = Value::Bool(true);
                 }
                 pending_outputs.insert(result.tool_use_id.clone(), output);
+                count_tail += super::triggers::result_tokens(result.content.as_ref());
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);
                 report.tool_outputs += 1;
             }
             EventKind::Compaction(compaction) if main => {
+                history_in_context = false;
                 // The results the compaction replaced before they were written: the client
                 // counted them, so the agent gets a stand-in of the session's mean result of
                 // that tool (the size `triggers::main_points` counts for them).
@@ -329,7 +355,23 @@ fn workload_with(
                     let tokens = result_tokens_by_tool.get(&name).copied().unwrap_or(0);
                     let text = crate::agent::compact::generator::filler("tool result the compaction replaced unwritten", (tokens * 4) as usize);
                     pending_outputs.insert(id, json!({ "content": text }));
+                    count_tail += tokens;
                     report.unwritten_results += 1;
+                }
+                if let (Some(tools), Some(pre)) = (unwritten_reply.take(), compaction.pre_tokens.filter(|_| compaction.trigger == "auto")) {
+                    // The client made one more call and ran its tools before compacting; the
+                    // transcript holds neither. The boundary's preTokens is the only record of
+                    // their size: what it leaves above the count of what was written stands in
+                    // for the reply and its results, so the agent counts what the client did.
+                    let unwritten = pre.saturating_sub(count_base + count_tail);
+                    if unwritten > 0 {
+                        flush(&mut script, &mut pending_outputs);
+                        let label = format!("the call the transcript did not write ({}) and its results", tools.join(", "));
+                        let text = crate::agent::compact::generator::filler(&label, (unwritten * 4) as usize);
+                        script.push(json!({ "attachment": { "type": UNWRITTEN_REPLY, "text": text } }));
+                        count_tail += unwritten;
+                        report.unwritten_replies += 1;
+                    }
                 }
                 if compaction.trigger == "manual" {
                     // `/compact`: the user asked for it here; the agent compacts now.
@@ -344,6 +386,31 @@ fn workload_with(
                     compact_replies.push(json!({ "assistant": [{ "text": format!("<summary>\n{summary}\n</summary>") }], "lane": "compact" }));
                     report.compaction_summaries += 1;
                 }
+            }
+            EventKind::SystemEvent(sys) if main && recorded_usage && sys.subtype == "microcompact_boundary" => {
+                // As recorded, the client cleared these results here (another strategy's own
+                // microcompact decides for itself). Those of this file are cleared by id;
+                // those from before it (not called in the file) are in the history stand-in,
+                // which loses their share of the saved tokens (as the replay counts it) as the
+                // characters they were: the client's rough count is four characters a token.
+                let meta = sys.payload.get("microcompactMetadata");
+                let ids: Vec<&str> = meta.and_then(|m| m.get("compactedToolIds")).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+                let saved = meta.and_then(|m| m.get("tokensSaved")).and_then(Value::as_u64).unwrap_or(0);
+                let (shown, hidden): (Vec<&str>, Vec<&str>) = ids.iter().partition(|id| called.contains_key(**id));
+                let history_tokens = if history_in_context && !ids.is_empty() { saved * hidden.len() as u64 / ids.len() as u64 } else { 0 };
+                if shown.is_empty() && history_tokens == 0 {
+                    leave(&mut report, "microcompact_clearing_nothing_driven");
+                    continue;
+                }
+                flush(&mut script, &mut pending_outputs);
+                script.push(json!({ "microcompact": { "tool_use_ids": shown, "history_chars": history_tokens * 4 } }));
+                report.recorded_microcompacts += 1;
+            }
+            EventKind::SystemEvent(sys) if main && sys.subtype == UNWRITTEN_REPLY => {
+                let tools = sys.payload.get("tool_uses").and_then(Value::as_array).map(|uses| {
+                    uses.iter().filter_map(|u| u.get("name").and_then(Value::as_str).map(str::to_owned)).collect()
+                });
+                unwritten_reply = Some(tools.unwrap_or_default());
             }
             EventKind::ModelReply(_) if event.lane == LANE_COMPACT => leave(&mut report, "compact_lane_reply"),
             EventKind::SystemEvent(sys) if main && sys.subtype == "local_command" => {
@@ -360,7 +427,9 @@ fn workload_with(
                 // replay renders it (`attachment_text`: the recorded text where the record holds
                 // it), and none of its own (`world.recorded_attachments`).
                 flush(&mut script, &mut pending_outputs);
-                script.push(json!({ "attachment": { "type": attachment.attachment_type, "text": attachment_text(attachment) } }));
+                let text = attachment_text(attachment);
+                count_tail += crate::agent::compact::counting::rough(&text);
+                script.push(json!({ "attachment": { "type": attachment.attachment_type, "text": text } }));
                 report.recorded_attachments += 1;
             }
             EventKind::Attachment(_) => leave(&mut report, "attachment"),
@@ -825,6 +894,14 @@ pub fn size_unmodelled(
     {
         let text = first["user"].as_str().unwrap_or_default().to_owned();
         first["user"] = Value::String(format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens)));
+    } else if let Some(steps) = doc["script"].as_array_mut() {
+        // No history stand-in: a recorded microcompact clears only the file's own results.
+        for step in steps.iter_mut() {
+            if let Some(chars) = step.pointer_mut("/microcompact/history_chars") {
+                *chars = json!(0);
+            }
+        }
+        steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
     }
     let text = serde_json::to_string(&workload.document).expect("a JSON value serializes");
     workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;

@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 17] = [
+const KINDS: [&str; 18] = [
     "user",
     "assistant",
     "tool_output",
@@ -70,6 +70,7 @@ const KINDS: [&str; 17] = [
     "resume",
     "compact",
     "attachment",
+    "microcompact",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -204,6 +205,7 @@ fn check_step(
         step.resume.is_some(),
         step.compact.is_some(),
         step.attachment.is_some(),
+        step.microcompact.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -279,6 +281,12 @@ fn check_step(
             return Err(problem(here("attachment"), "the attachment's `text` is empty"));
         }
         return Ok(Step::Attachment { kind: spec.kind, text: spec.text });
+    }
+    if let Some(spec) = step.microcompact {
+        if spec.tool_use_ids.is_empty() && spec.history_chars == 0 {
+            return Err(problem(here("microcompact"), "the microcompact clears nothing: give `tool_use_ids` or `history_chars`"));
+        }
+        return Ok(Step::Microcompact { tool_use_ids: spec.tool_use_ids, history_chars: spec.history_chars });
     }
     if let Some(git) = step.git {
         check_git(&git, here("git"))?;

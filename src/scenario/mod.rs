@@ -73,6 +73,9 @@
 //!   - resume: true                 # --resume in a new process (SessionStart resume)
 //!   - attachment: {type: task_reminder, text: "<system-reminder>...</system-reminder>"}
 //!                                  # an attachment a recorded client sent here, sent as is
+//!   - microcompact: {tool_use_ids: [toolu_1], history_chars: 0}
+//!                                  # a recorded microcompact: these results cleared to the
+//!                                  # marker, history_chars cut from the opening prompt's start
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

@@ -50,6 +50,7 @@ pub(crate) struct RawStep {
     pub compact: Option<bool>,
     pub resume: Option<bool>,
     pub attachment: Option<AttachmentSpec>,
+    pub microcompact: Option<MicrocompactSpec>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,
@@ -131,6 +132,16 @@ pub(crate) struct AttachmentSpec {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: String,
+}
+
+/// `microcompact: {tool_use_ids, history_chars}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MicrocompactSpec {
+    #[serde(default)]
+    pub tool_use_ids: Vec<String>,
+    #[serde(default)]
+    pub history_chars: usize,
 }
 
 /// `write_file: {path, content}`.

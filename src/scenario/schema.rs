@@ -188,6 +188,12 @@ pub enum Step {
     /// `attachment: {type, text}` — an attachment the recorded client sent here, as its text
     /// (`import --to scenario` of a transcript that records them); the agent sends it as is.
     Attachment { kind: String, text: String },
+    /// `microcompact: {tool_use_ids, history_chars}` — a microcompact the recorded client ran
+    /// here (a recorded session driven as recorded, `fidelity --engine agent`): the results
+    /// of these tool uses are cleared to the marker, and `history_chars` characters leave the
+    /// start of the opening prompt (the stand-in for the history before a continuing file,
+    /// whose results it cleared).
+    Microcompact { tool_use_ids: Vec<String>, history_chars: usize },
 }
 
 impl Step {
@@ -211,6 +217,7 @@ impl Step {
             Step::Resume => "resume",
             Step::Compact => "compact",
             Step::Attachment { .. } => "attachment",
+            Step::Microcompact { .. } => "microcompact",
         }
     }
 }
