@@ -7,7 +7,8 @@
 //!
 //! What the record does not hold is the agent's own and is left out of the comparison: the
 //! reminders and attachments it adds (`<system-reminder>` text items, and the CLAUDE.md filler
-//! standing for the client's unrecorded context), and the cache markers.
+//! standing for the client's unrecorded context), the cache markers, and thinking signatures
+//! (opaque, not counted; the agent's replies carry a stand-in).
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -27,15 +28,19 @@ struct Call {
     is_error: bool,
 }
 
-/// One generated reply: optional text before its tool calls (none: the turn's last reply).
+/// One generated reply: optional thinking (its text stored) and text before its tool calls
+/// (none: the turn's last reply).
 #[derive(Debug, Clone)]
 struct Reply {
+    thinking: Option<String>,
     text: Option<String>,
     calls: Vec<Call>,
 }
 
 #[derive(Debug, Clone)]
 struct Turn {
+    /// Minutes the user waited before typing it.
+    wait_minutes: u64,
     prompt: String,
     replies: Vec<Reply>,
 }
@@ -54,27 +59,34 @@ fn call() -> impl Strategy<Value = Call> {
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
-    let working = (proptest::option::of(words(1, 12)), proptest::collection::vec(call(), 1..4)).prop_map(|(text, calls)| Reply { text, calls });
-    (words(1, 20), proptest::collection::vec(working, 0..4), words(1, 15)).prop_map(|(prompt, mut replies, last)| {
-        replies.push(Reply { text: Some(last), calls: Vec::new() });
-        Turn { prompt, replies }
+    let working = (proptest::option::of(words(1, 30)), proptest::option::of(words(1, 12)), proptest::collection::vec(call(), 1..4))
+        .prop_map(|(thinking, text, calls)| Reply { thinking, text, calls });
+    (words(1, 20), proptest::collection::vec(working, 0..4), proptest::option::of(words(1, 30)), words(1, 15)).prop_map(|(prompt, mut replies, thinking, last)| {
+        replies.push(Reply { thinking, text: Some(last), calls: Vec::new() });
+        (prompt, replies)
     })
+    .prop_flat_map(|(prompt, replies)| (prop_oneof![Just(0u64), 1u64..180], Just(prompt), Just(replies)))
+    .prop_map(|(wait_minutes, prompt, replies)| Turn { wait_minutes, prompt, replies })
 }
 
-/// The transcript of `turns` as Claude Code writes it: one record per prompt, reply and tool
-/// result, chained by `parentUuid`, a second apart; each reply with a small usage.
-fn transcript(turns: &[Turn]) -> String {
+/// The transcript of `turns` as Claude Code writes it: one record per prompt and tool result,
+/// and per reply (or, `streamed`, per content block of a reply, each with the reply's id and
+/// usage), chained by `parentUuid`, a second apart (a prompt after the turn's wait); each reply
+/// with a small usage.
+fn transcript(turns: &[Turn], streamed: bool) -> String {
     let mut lines = Vec::new();
     let mut parent = Value::Null;
     let mut n = 0u64;
+    let mut clock = jiff::Timestamp::from_second(1_767_780_000).unwrap();
     let mut context = 12_000u64;
-    let mut record = |kind: &str, message: Value, extra: Value| {
+    let mut record = |kind: &str, message: Value, extra: Value, wait_s: i64| {
         n += 1;
+        clock = clock.checked_add(jiff::SignedDuration::from_secs(wait_s.max(1))).unwrap();
         let uuid = format!("00000000-0000-4000-8000-{n:012}");
         let mut line = json!({
             "parentUuid": parent, "isSidechain": false, "userType": "external", "cwd": "/repo", "sessionId": "prop",
             "version": VERSION, "gitBranch": "main", "type": kind, "message": message, "uuid": uuid,
-            "timestamp": format!("2026-01-07T10:{:02}:{:02}.000Z", n / 60, n % 60),
+            "timestamp": clock.to_string(),
         });
         if let (Value::Object(line), Value::Object(extra)) = (&mut line, extra) {
             line.extend(extra);
@@ -84,9 +96,12 @@ fn transcript(turns: &[Turn]) -> String {
     };
     let (mut ids, mut replies) = (0usize, 0usize);
     for turn in turns {
-        record("user", json!({ "role": "user", "content": turn.prompt }), json!({}));
+        record("user", json!({ "role": "user", "content": turn.prompt }), json!({}), turn.wait_minutes as i64 * 60);
         for reply in &turn.replies {
             let mut content = Vec::new();
+            if let Some(thinking) = &reply.thinking {
+                content.push(json!({ "type": "thinking", "thinking": thinking, "signature": format!("sig{}", replies + 1) }));
+            }
             if let Some(text) = &reply.text {
                 content.push(json!({ "type": "text", "text": text }));
             }
@@ -101,11 +116,14 @@ fn transcript(turns: &[Turn]) -> String {
             let stop = if uses.is_empty() { "end_turn" } else { "tool_use" };
             let usage = json!({ "input_tokens": 3, "cache_creation_input_tokens": 300, "cache_read_input_tokens": context - 303, "output_tokens": 40 });
             replies += 1;
-            let message = json!({ "id": format!("msg_{replies}"), "type": "message", "role": "assistant", "model": MODEL, "content": content, "stop_reason": stop, "usage": usage });
-            record("assistant", message, json!({ "requestId": format!("req_{replies}") }));
+            let chunks = if streamed { content.into_iter().map(|c| vec![c]).collect() } else { vec![content] };
+            for chunk in chunks {
+                let message = json!({ "id": format!("msg_{replies}"), "type": "message", "role": "assistant", "model": MODEL, "content": chunk, "stop_reason": stop, "usage": usage });
+                record("assistant", message, json!({ "requestId": format!("req_{replies}") }), 1);
+            }
             for (id, call) in uses {
                 let result = json!({ "type": "tool_result", "tool_use_id": id, "content": call.result, "is_error": call.is_error });
-                record("user", json!({ "role": "user", "content": [result] }), json!({ "toolUseResult": call.result }));
+                record("user", json!({ "role": "user", "content": [result] }), json!({ "toolUseResult": call.result }), 1);
             }
         }
     }
@@ -138,6 +156,9 @@ fn item(block: &ContentBlock) -> Option<Value> {
     Some(match wire["type"].as_str().unwrap_or_default() {
         "text" if agents_own(wire["text"].as_str().unwrap_or_default()) => return None,
         "text" => json!({ "text": without_reminders(&text_of(&wire["text"])) }),
+        // The signature is opaque and not counted: a workload's reply, as every scenario reply,
+        // carries a stand-in derived from the text.
+        "thinking" => json!({ "thinking": wire["thinking"] }),
         "tool_use" => json!({ "tool_use": wire["id"], "name": wire["name"], "input": wire["input"] }),
         "tool_result" => {
             let content = match &wire["content"] {
@@ -169,8 +190,8 @@ fn conversation(messages: &[Message]) -> Vec<(String, Vec<Value>)> {
 
 /// Drives `turns` through the agent as recorded and returns, per main request, the agent's
 /// conversation and the recorded call's.
-fn driven(turns: &[Turn]) -> Vec<(usize, Vec<(String, Vec<Value>)>, Vec<(String, Vec<Value>)>)> {
-    let text = transcript(turns);
+fn driven(turns: &[Turn], streamed: bool) -> Vec<(usize, Vec<(String, Vec<Value>)>, Vec<(String, Vec<Value>)>)> {
+    let text = transcript(turns, streamed);
     let session = ctxsim::recording::import_claude_code_from(std::io::Cursor::new(text.as_bytes()), "prop.jsonl").unwrap();
     assert!(session.report.warnings.list.is_empty(), "{:#?}", session.report.warnings.list);
     let measurer = crate::support::measurer();
@@ -193,9 +214,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
-    fn as_recorded_the_agent_sends_the_recorded_messages_in_order(turns in proptest::collection::vec(turn(), 1..4)) {
+    fn as_recorded_the_agent_sends_the_recorded_messages_in_order(turns in proptest::collection::vec(turn(), 1..4), streamed in any::<bool>()) {
         let calls: usize = turns.iter().map(|t| t.replies.len()).sum();
-        let requests = driven(&turns);
+        let requests = driven(&turns, streamed);
         prop_assert_eq!(requests.len(), calls);
         for (index, agent, recorded) in requests {
             // The first message where they part, for a readable failure.
