@@ -56,11 +56,14 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             .iter()
             .map(|s| s.calls.iter().find(|c| c.lane == crate::recording::format::LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default())
             .collect();
-        let scored = cross_validate(&fits, &versions, leave, |i, calibration| {
+        // Each session is scored once per fold kind (its own fold's calibration), so the only
+        // work shared across folds is the fits above; through the agent each held-out session
+        // is sized and driven under its fold's calibration, as `--calibration` would.
+        let scored = cross_validate(&fits, &versions, leave, |i, calibration| -> anyhow::Result<_> {
             let counter = TokenCounter::with_calibration(EstimatorKind::Calibrated, calibration.clone());
             let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
-            fidelity_for_session(&replay_session(&sessions[i], &mut measurer, &options), &table, true)
-        });
+            Ok(score_session(&sessions[i], &mut measurer, &args, &options, &table, true)?.1)
+        })?;
         match args.format {
             FidelityFormat::Json => {
                 let groups = group_figures(&scored);
@@ -72,9 +75,16 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
                         serde_json::json!({"session": s.session, "version": s.version, "group": s.group, "fitted_on": s.fitted_on, "report": report})
                     })
                     .collect();
-                outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"leave": leave, "scored": rows, "groups": groups}))?);
+                let engine = engine_name(args.engine);
+                outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"leave": leave, "engine": engine, "scored": rows, "groups": groups}))?);
             }
-            FidelityFormat::Table => out!("{}", cross_validation_table(&scored, leave)),
+            FidelityFormat::Table => {
+                out!("{}", cross_validation_table(&scored, leave, engine_name(args.engine)));
+                // Each session's compactions under its fold's calibration.
+                let triggers: Vec<(String, crate::replay::TriggerReport)> =
+                    scored.iter().filter_map(|s| Some((s.report.input.clone(), s.report.compaction_triggers.clone()?))).collect();
+                out!("\n{}", triggers_table_of(args.engine)(&triggers));
+            }
         }
         return Ok(0);
     }
@@ -88,35 +98,12 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
         let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone());
         // Fidelity outputs compare usage; no trace rows, no fingerprints.
         let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
-        let (replay, driven) = match args.engine {
-            super::args::Engine::Replay => (replay_session(session, &mut measurer, &options), None),
-            super::args::Engine::Agent => {
-                let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
-                let input = session.recording.header.input.clone().unwrap_or_default();
-                let driven = agent_replay(session, &input, &mut measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
-                (driven.replay.clone(), Some(driven))
-            }
-        };
+        let (replay, mut report) = score_session(session, &mut measurer, &args, &options, &table, args.calls || args.plot.is_some())?;
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
-        let mut report = fidelity_for_session(&replay, &table, args.calls || args.plot.is_some());
         if !args.interval {
             report.interval = None;
-        }
-        // Through the agent, the compactions are the agent's own, not the threshold rule's.
-        report.compaction_triggers = Some(match &driven {
-            Some(driven) => agent_triggers(session, &replay, &driven.compactions, driven.report.recorded_usage > 0, &table, &Default::default()),
-            None => compaction_triggers(session, &replay, &table, &Default::default()),
-        });
-        if let Some(driven) = driven {
-            report.agent = Some(crate::replay::fidelity::AgentDriven {
-                workload: driven.report,
-                compactions: driven.compactions,
-                unpaired: driven.unpaired,
-                sizing: driven.sizing,
-                lanes: crate::replay::fidelity::lane_figures(&replay, &table),
-            });
         }
         report.warnings = session.report.warnings.list.clone();
         reports.push(report);
@@ -143,11 +130,7 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             out!("{}", fidelity_table(&reports));
             let triggers: Vec<(String, crate::replay::TriggerReport)> =
                 reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
-            let engine_table = match args.engine {
-                super::args::Engine::Agent => agent_triggers_table,
-                super::args::Engine::Replay => triggers_table,
-            };
-            out!("\n{}", engine_table(&triggers));
+            out!("\n{}", triggers_table_of(args.engine)(&triggers));
             if matches!(args.engine, super::args::Engine::Agent) {
                 out!("\n{}", crate::replay::fidelity::agent_lanes_table(&reports));
             }
@@ -176,4 +159,59 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
         }
     }
     Ok(0)
+}
+
+/// The compaction-trigger table of `engine`'s replays.
+fn triggers_table_of(engine: super::args::Engine) -> fn(&[(String, crate::replay::TriggerReport)]) -> String {
+    match engine {
+        super::args::Engine::Agent => agent_triggers_table,
+        super::args::Engine::Replay => triggers_table,
+    }
+}
+
+/// The engine's name in the cross-validation's outputs.
+fn engine_name(engine: super::args::Engine) -> &'static str {
+    match engine {
+        super::args::Engine::Replay => "replay",
+        super::args::Engine::Agent => "agent",
+    }
+}
+
+/// Replays `session` with `args.engine` measured by `measurer` and scores it: the fidelity
+/// figures, the compaction-trigger table (through the agent, the agent's own compactions; else
+/// the threshold rule's) and, through the agent, how the session drove it. One definition for
+/// `fidelity` and every fold of `--cross-validate`.
+fn score_session(
+    session: &crate::recording::ImportedSession,
+    measurer: &mut Measurer,
+    args: &FidelityArgs,
+    options: &ReplayOptions,
+    table: &ModelTable,
+    with_calls: bool,
+) -> anyhow::Result<(crate::replay::SessionReplay, crate::replay::FidelityReport)> {
+    let (replay, driven) = match args.engine {
+        super::args::Engine::Replay => (replay_session(session, measurer, options), None),
+        super::args::Engine::Agent => {
+            let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
+            let input = session.recording.header.input.clone().unwrap_or_default();
+            let driven = agent_replay(session, &input, measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+            (driven.replay.clone(), Some(driven))
+        }
+    };
+    let mut report = fidelity_for_session(&replay, table, with_calls);
+    // Through the agent, the compactions are the agent's own, not the threshold rule's.
+    report.compaction_triggers = Some(match &driven {
+        Some(driven) => agent_triggers(session, &replay, &driven.compactions, driven.report.recorded_usage > 0, table, &Default::default()),
+        None => compaction_triggers(session, &replay, table, &Default::default()),
+    });
+    if let Some(driven) = driven {
+        report.agent = Some(crate::replay::fidelity::AgentDriven {
+            workload: driven.report,
+            compactions: driven.compactions,
+            unpaired: driven.unpaired,
+            sizing: driven.sizing,
+            lanes: crate::replay::fidelity::lane_figures(&replay, table),
+        });
+    }
+    Ok((replay, report))
 }

@@ -19,6 +19,10 @@
 //!   history the file continues from: the agent has nothing to compact there.
 //! - **Replies.** After a divergence the remaining recorded replies continue (the same work is
 //!   assumed to happen); the outcome says from which call and why.
+//! - **Cache before the session.** Where the first recorded call read a prefix an earlier
+//!   session had cached, each run starts with the prefix the recorded client sent (the agent's
+//!   under the recorded version's defaults) in the cache ([`super::workload::WarmPrefix`]), as
+//!   `fidelity --engine agent` does: a strategy that changes the prefix reads what it still shares.
 //!
 //! The run is planned by running: the first run follows the recording; when it diverges, the
 //! plan (usage up to the divergence, the summary each compaction takes) is corrected and the
@@ -65,6 +69,10 @@ pub struct Prepared {
     pub reserve: u64,
     /// The recorded TTLs, applied where a strategy keeps the default ones.
     pub settings: super::workload::RecordedSettings,
+    /// The prefix an earlier session left cached, as the recorded client sent it (the agent's
+    /// prefix under the recorded version's defaults, whatever strategy a run is under): seeded
+    /// before every run, as `fidelity --engine agent` seeds it.
+    pub warm: Option<super::workload::WarmPrefix>,
 }
 
 /// One recorded compaction of the main lane.
@@ -82,7 +90,7 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let reserve = super::ClientProfile::for_version(&version).autocompact_output_reserve;
     let mut sizing_strategy = Strategy::default();
     sizing_strategy.compact.autocompact.max_output_reserve_tokens = Some(reserve);
-    let (workload, sizing) = sized_workload(session, file, measurer, &sizing_strategy, true)?;
+    let (workload, mut sizing) = sized_workload(session, file, measurer, &sizing_strategy, true)?;
     // The recorded summaries, in the order the workload queued them.
     let mut summaries = workload.document["script"].as_array().into_iter().flatten().filter(|s| is_compact_step(s)).cloned();
     let driven: std::collections::BTreeSet<usize> = workload.main_calls.iter().copied().collect();
@@ -105,7 +113,10 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
         recorded.push(RecordedCompaction { call, trigger: compaction.trigger.clone(), summary });
     }
     let settings = super::workload::RecordedSettings::of(session, &workload);
-    Ok(Prepared { workload, sizing, recorded, reserve, settings })
+    settings.apply(&mut sizing_strategy);
+    let warm = super::workload::warm_prefix(session, &workload, measurer, &sizing_strategy)?;
+    sizing.seeded_prefix_tokens = warm.as_ref().map_or(0, super::workload::WarmPrefix::tokens);
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -242,8 +253,12 @@ fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: 
         main += 1;
     };
     let options = crate::runner::RunOptions { info_loss: true, observer: Some(&mut observer), ..Default::default() };
-    // Each run is measured as by a new measurer (the counts of earlier runs kept).
+    // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
+    // holds what an earlier session left there.
     measurer.reset();
+    if let Some(warm) = &prepared.warm {
+        warm.seed(measurer)?;
+    }
     let output = crate::runner::run_scenario_opts(&scenario, measurer, strategy, &crate::agent::compact::chain::Chain::new(), options).map_err(|e| e.to_string())?;
     let main_rows = output.rows.iter().enumerate().filter(|(_, r)| r.lane == LANE_MAIN && r.error.is_none()).map(|(i, _)| i);
     let paired: Vec<(usize, usize)> = main_rows.zip(prepared.workload.main_calls.iter().copied()).collect();

@@ -62,26 +62,27 @@ pub fn folds(fits: &[SessionFit], leave: Leave) -> Vec<(usize, Vec<usize>)> {
 }
 
 /// Scores every session with a calibration fitted on its fold's training sessions; `score`
-/// replays session `i` with a calibration.
-pub fn cross_validate(
+/// replays session `i` with a calibration (through either engine), and its first error stops
+/// the cross-validation.
+pub fn cross_validate<E>(
     fits: &[SessionFit],
     versions: &[String],
     leave: Leave,
-    mut score: impl FnMut(usize, &crate::measure::Calibration) -> FidelityReport,
-) -> Vec<Scored> {
+    mut score: impl FnMut(usize, &crate::measure::Calibration) -> Result<FidelityReport, E>,
+) -> Result<Vec<Scored>, E> {
     folds(fits, leave)
         .into_iter()
         .map(|(held, train)| {
             let chosen: Vec<&SessionFit> = train.iter().map(|&i| &fits[i]).collect();
             let calibration = fit_calibration(&chosen);
-            let report = score(held, &calibration);
-            Scored {
+            let report = score(held, &calibration)?;
+            Ok(Scored {
                 session: fits[held].session.clone(),
                 version: versions[held].clone(),
                 group: version_group(&versions[held]),
                 fitted_on: calibration.fitted_on,
                 report,
-            }
+            })
         })
         .collect()
 }
@@ -118,14 +119,15 @@ pub fn group_figures(scored: &[Scored]) -> Vec<GroupFigures> {
         .collect()
 }
 
-/// The cross-validation as a table: a row per held-out session (what scored) with what its
-/// calibration was fitted on, then the figures per version group.
-pub fn cross_validation_table(scored: &[Scored], leave: Leave) -> String {
+/// The cross-validation as a table: a row per held-out session (what scored, through `engine`:
+/// `replay` or `agent`) with what its calibration was fitted on, then the figures per version
+/// group.
+pub fn cross_validation_table(scored: &[Scored], leave: Leave, engine: &str) -> String {
     let what = match leave {
         Leave::Session => "leave-one-session-out",
         Leave::Project => "leave-one-project-out",
     };
-    let mut out = format!("{what}: each session scored with a calibration fitted (`--fit`) on the sessions of the other folds\n");
+    let mut out = format!("{what}: each session scored through the {engine} with a calibration fitted (`--fit`) on the sessions of the other folds\n");
     out.push_str(&format!(
         "{:<10} {:<14} {:<32} {:>8} {:>6} {:>7} {:>7} {:>7} {:>9} {:>9} {:>8}  {}\n",
         "group", "project", "session", "version", "calls", "mape%", "p90%", "hit%", "read%", "create%", "cost%", "fitted on"

@@ -706,7 +706,10 @@ pub fn agent_replay(
     }
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
-    sizing.seeded_prefix_tokens = seed_warm_prefix(session, &workload, measurer, &strategy)?;
+    if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
+        warm.seed(measurer)?;
+        sizing.seeded_prefix_tokens = warm.tokens();
+    }
     // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
     // The recorded client's turn rules apply around the agent's main requests.
     let mut client = super::turns::RecordedClient::new(session, &workload.main_calls);
@@ -774,25 +777,47 @@ pub fn agent_replay(
 
 /// What the agent cannot know and the record shows: the first recorded main call read a cached
 /// prefix (an earlier session of the project warmed it). As the replay does, the agent's own
-/// prefix (tools and system of its first request, its messages left out) is written to
-/// `measurer`'s cache just before that request, without a row. Returns the prefix's tokens, 0
-/// for a cold start.
-fn seed_warm_prefix(
+/// prefix (tools and system of its first request under the strategy it was computed for, its
+/// messages left out) is written to the measurer's cache just before that request, without a
+/// row ([`WarmPrefix::seed`]). Computed once per session ([`warm_prefix`]) and seeded before each
+/// run: `fidelity --engine agent` and every what-if through the agent seed the same prefix.
+#[derive(Debug, Clone)]
+pub struct WarmPrefix {
+    flat: crate::measure::FlatRequest,
+    time_ms: u64,
+}
+
+impl WarmPrefix {
+    /// The prefix's tokens.
+    pub fn tokens(&self) -> u64 {
+        self.flat.total_tokens
+    }
+
+    /// Writes the prefix to `measurer`'s cache (a fresh or reset one), 1 ms before the first
+    /// request.
+    pub fn seed(&self, measurer: &mut crate::measure::Measurer) -> Result<(), String> {
+        measurer.seed_cache(&self.flat, self.time_ms, 0).map_err(|e| e.to_string())
+    }
+}
+
+/// The [`WarmPrefix`] of `session` driven as `workload` under `strategy`, measured as by
+/// `measurer`; `None` for a cold start (the first recorded main call read nothing).
+pub fn warm_prefix(
     session: &ImportedSession,
     workload: &Workload,
-    measurer: &mut crate::measure::Measurer,
+    measurer: &crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
-) -> Result<u64, String> {
+) -> Result<Option<WarmPrefix>, String> {
     let warm = session
         .calls
         .iter()
         .find(|c| c.lane == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0)
         .is_some_and(|c| c.usage.cache_read_input_tokens > 0);
     if !warm {
-        return Ok(0);
+        return Ok(None);
     }
     let Some(first) = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN)) else {
-        return Ok(0);
+        return Ok(None);
     };
     let mut probe = workload.scenario.clone();
     probe.script.truncate(first + 1);
@@ -801,7 +826,7 @@ fn seed_warm_prefix(
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
     let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
         .map_err(|e| e.to_string())?;
-    let Some((row, request)) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == LANE_MAIN) else { return Ok(0) };
+    let Some((row, request)) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == LANE_MAIN) else { return Ok(None) };
     let mut prefix = request.clone();
     prefix.messages.clear();
     // The whole prefix was cached (the recorded read covers it): its last system block carries
@@ -812,9 +837,9 @@ fn seed_warm_prefix(
             last.cache_control = Some(marker);
         }
     }
-    let flat = measurer.flatten(&prefix).map_err(|e| e.to_string())?;
-    measurer.seed_cache(&flat, row.time_ms.saturating_sub(1), 0).map_err(|e| e.to_string())?;
-    Ok(flat.total_tokens)
+    probe_measurer.reset();
+    let flat = probe_measurer.flatten(&prefix).map_err(|e| e.to_string())?;
+    Ok(Some(WarmPrefix { flat, time_ms: row.time_ms.saturating_sub(1) }))
 }
 
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes

@@ -208,3 +208,31 @@ fn what_the_recorded_client_did_too_is_no_divergence() {
     let first = prepared.workload.main_calls[0];
     assert!(prepared.recorded.iter().all(|r| r.call > first), "{:?}", prepared.recorded.iter().map(|r| r.call).collect::<Vec<_>>());
 }
+
+/// A session whose first call read a prefix an earlier session had cached (7be20d70, 2.1.37:
+/// 16,589 tokens read) starts every what-if run with that prefix in the cache, as `fidelity
+/// --engine agent` does: the as-recorded what-if's first call reads what fidelity's first call
+/// reads (before, the what-if started cold and read nothing there).
+#[test]
+fn a_what_if_through_the_agent_seeds_the_warm_first_call_prefix_as_fidelity_does() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, prepare};
+    let path = crate::support::realdata().join("transcripts/entireio-cli/7be20d70c73b-0.full.jsonl");
+    let file = path.display().to_string();
+    let session = ctxsim::replay::load_session(&path).unwrap();
+    let strategy = ctxsim::strategy::Strategy::resolve_with("claude-code", &[]).unwrap();
+    let fidelity = ctxsim::replay::workload::agent_replay(&session, &file, &mut crate::support::measurer(), &strategy).unwrap();
+    let first = &fidelity.replay.calls[0];
+    let fidelity_read = first.metrics.as_ref().map(|m| m.cache_read_input_tokens).unwrap();
+    assert!(fidelity_read > 0 && fidelity.sizing.seeded_prefix_tokens > 0, "the recorded first call read {}", first.recorded.cache_read_input_tokens);
+    let mut measurer = crate::support::measurer();
+    let prepared = prepare(&session, &file, &measurer).unwrap();
+    assert_eq!(prepared.sizing.seeded_prefix_tokens, fidelity.sizing.seeded_prefix_tokens);
+    let outcome = agent_whatif(&session, &file, &prepared, &mut measurer, &strategy).unwrap();
+    assert_eq!(outcome.divergence, None);
+    let whatif_first = outcome.rows.iter().find(|r| r.lane == "main").unwrap();
+    assert_eq!(whatif_first.cache_read_input_tokens, fidelity_read);
+    // The whole run is fidelity's: every main call reads what fidelity's read.
+    let fidelity_reads: Vec<u64> = fidelity.replay.calls.iter().filter(|c| c.lane == "main").filter_map(|c| c.metrics.as_ref().map(|m| m.cache_read_input_tokens)).collect();
+    let whatif_reads: Vec<u64> = outcome.rows.iter().filter(|r| r.lane == "main" && r.error.is_none()).map(|r| r.cache_read_input_tokens).collect();
+    assert_eq!(whatif_reads, fidelity_reads);
+}

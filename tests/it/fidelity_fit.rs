@@ -229,3 +229,67 @@ fn fit_and_cross_validation_on_the_command_line_record_what_was_fitted() {
     assert!(stdout.contains("1 sessions of 1 projects (not entireio-cli)") && stdout.contains("1 sessions of 1 projects (not spotter)"), "{stdout}");
     assert!(stdout.contains("<=2.1.199"), "{stdout}");
 }
+
+fn ctxsim_stdout(args: &[&std::ffi::OsStr]) -> String {
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(args).output().unwrap();
+    assert!(run.status.success(), "{args:?}: {}", String::from_utf8_lossy(&run.stderr));
+    String::from_utf8(run.stdout).unwrap()
+}
+
+/// `--cross-validate` through the agent (issue 13): each held-out session is driven through the
+/// agent under its fold's calibration, and scores exactly as `fidelity --engine agent
+/// --calibration` with a calibration `--fit` on the fold's other sessions; the table says what
+/// scored, and adds the agent's compaction triggers per held-out session.
+#[test]
+fn cross_validation_through_the_agent_scores_each_session_under_its_folds_fit() {
+    let a6e4 = path("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let e7662 = path("entireio-cli/7662d755ef9f-2.full.jsonl");
+    let numwordify = path(NUMWORDIFY);
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let mut args = vec![os("fidelity"), a6e4.clone().into(), e7662.clone().into(), numwordify.clone().into()];
+    args.extend(["--engine", "agent", "--cross-validate", "session", "--format", "json"].map(os));
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let cv: serde_json::Value = serde_json::from_str(&ctxsim_stdout(&refs)).unwrap();
+    assert_eq!(cv["engine"], "agent");
+    assert_eq!(cv["leave"], "session");
+    let scored = cv["scored"].as_array().unwrap();
+    assert_eq!(scored.len(), 3);
+    // a6e4 held out: the calibration of its fold is the fit on the other two.
+    let held = scored.iter().find(|s| s["session"]["session"] == "a6e4c2a0fbd1-0.full.jsonl").unwrap();
+    assert_eq!(held["fitted_on"].as_array().unwrap().len(), 2);
+    let report = &held["report"];
+    assert!(report["agent"]["workload"]["main_replies"].as_u64().unwrap() > 0, "driven through the agent: {report}");
+    assert_eq!(report["compaction_triggers"]["rows"][0]["verdict"], "matched", "{report}");
+    let dir = tempfile::tempdir().unwrap();
+    let fold = dir.path().join("fold.json");
+    ctxsim_stdout(&[os("fidelity").as_os_str(), os("--fit").as_os_str(), fold.as_os_str(), e7662.as_os_str(), numwordify.as_os_str()]);
+    let alone: serde_json::Value = serde_json::from_str(&ctxsim_stdout(&[
+        os("fidelity").as_os_str(),
+        a6e4.as_os_str(),
+        os("--engine").as_os_str(),
+        os("agent").as_os_str(),
+        os("--calibration").as_os_str(),
+        fold.as_os_str(),
+        os("--format").as_os_str(),
+        os("json").as_os_str(),
+    ]))
+    .unwrap();
+    for figure in ["requests_compared", "context_tokens_mape", "context_tokens_ape_p90", "hit_agreement", "cache_read_total_error", "cache_creation_total_error", "cost_error"] {
+        assert_eq!(report[figure], alone[figure], "{figure}");
+    }
+    // Per version group, pooled over the held-out sessions' calls.
+    let groups = cv["groups"].as_array().unwrap();
+    let calls: u64 = groups.iter().map(|g| g["calls"].as_u64().unwrap()).sum();
+    let scored_calls: u64 = scored.iter().map(|s| s["report"]["requests_compared"].as_u64().unwrap()).sum();
+    assert_eq!(calls, scored_calls);
+    assert_eq!(groups.iter().map(|g| g["group"].as_str().unwrap()).collect::<Vec<_>>(), ["<=2.1.199", ">=2.1.200"]);
+    // The table: what scored, what it was fitted on, and the agent's compactions per session.
+    let mut args = vec![os("fidelity"), a6e4.into(), e7662.into(), numwordify.into()];
+    args.extend(["--engine", "agent", "--cross-validate", "project"].map(os));
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let table = ctxsim_stdout(&refs);
+    assert!(table.starts_with("leave-one-project-out: each session scored through the agent"), "{table}");
+    assert!(table.contains("1 sessions of 1 projects (not entireio-cli)"), "{table}");
+    assert!(table.contains("recorded vs the agent's own compactions"), "{table}");
+    assert!(table.contains("recorded automatic compactions with their history: 2, predicted at the same call (±1) with preTokens within 3%:"), "{table}");
+}

@@ -44,5 +44,6 @@ mod tokenizer;
 mod tool_results;
 mod whatif;
 mod workload;
+mod workload_messages;
 mod workload_subagents;
 mod world;
