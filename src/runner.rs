@@ -483,7 +483,7 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
                 blocks.insert(at, edit);
             }
         }
-        message.content = MessageContent::Blocks(blocks);
+        message.content = MessageContent::Blocks(blocks.into());
     }
     let marked = request.messages.iter().rposition(|m| match &m.content {
         MessageContent::Blocks(blocks) => blocks.iter().any(|b| b.cache_control().is_some()),
