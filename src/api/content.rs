@@ -535,3 +535,30 @@ impl<'de> Deserialize<'de> for ContentBlock {
         ContentBlock::from_value(value).map_err(D::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod shared_blocks_tests {
+    use super::*;
+    use crate::api::identical::Identical;
+
+    #[test]
+    fn a_change_copies_blocks_another_body_holds() {
+        let original: SharedBlocks = vec![ContentBlock::text("a")].into();
+        let mut changed = original.clone();
+        assert!(changed.same(&original), "a clone shares the allocation");
+        assert!(changed.identical(&original));
+        changed.push(ContentBlock::text("b"));
+        assert!(!changed.same(&original), "the change copied the shared blocks");
+        assert_eq!(original.len(), 1, "the earlier body still holds what it sent");
+        assert_eq!(changed.len(), 2);
+        assert!(!changed.identical(&original));
+        // Equal blocks in two allocations are identical too (compared block by block).
+        let copy: SharedBlocks = vec![ContentBlock::text("a")].into();
+        assert!(!copy.same(&original) && copy.identical(&original) && copy == original);
+        // Serialized as the list it holds, and read back.
+        let json = serde_json::to_string(&MessageContent::Blocks(changed.clone())).unwrap();
+        assert_eq!(json, r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#);
+        let back: MessageContent = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, MessageContent::Blocks(changed));
+    }
+}
