@@ -370,3 +370,25 @@ impl Stage for ToolResultBudget {
         }
     }
 }
+
+#[cfg(test)]
+mod candidate_memo_tests {
+    use super::*;
+    use crate::agent::compact::context::Entry;
+    use crate::api::Message;
+
+    #[test]
+    fn an_entry_finds_its_candidates_again_after_a_rewrite() {
+        let result = |id: &str, text: &str| ContentBlock::tool_result(id, ToolResultContent::Text(text.to_owned()), None);
+        let mut entry = Entry::new(Message::user_blocks(vec![result("a", "x".repeat(10).as_str()), result("b", "  ")]), 1, 0);
+        let first = entry.budget_candidates().to_vec();
+        assert_eq!(first, vec![EntryCandidate { block: 0, id: "a".into(), size: 10 }], "the empty result is not weighed");
+        // Rewritten (as microcompact clears a result): the memo is forgotten, not served stale.
+        if let MessageContent::Blocks(blocks) = &mut entry.message_mut().content {
+            blocks[0] = result("a", super::super::microcompact::CLEARED_MARKER);
+            blocks.push(result("c", "yyy"));
+        }
+        assert_eq!(entry.budget_candidates(), entry_candidates(entry.blocks()));
+        assert_eq!(entry.budget_candidates(), [EntryCandidate { block: 2, id: "c".into(), size: 3 }]);
+    }
+}
