@@ -20,8 +20,8 @@ use crate::world::{Reply, World};
 
 use crate::agent::compact::Chain;
 use crate::agent::compact::recovery::{
-    API_MAX_MEDIA_PER_REQUEST, MaxOutputAction, RESUME_MESSAGE, RecoveryState, is_media_size_error, on_max_output_tokens, simulated_api_error,
-    simulated_media_error, strip_excess_media,
+    API_MAX_MEDIA_PER_REQUEST, MaxOutputAction, MediaMemo, RESUME_MESSAGE, RecoveryState, is_media_size_error, on_max_output_tokens,
+    simulated_api_error, simulated_media_error,
 };
 use crate::agent::session::{ForkAnswer, ModelCalls, Recovery, Session, SideCall};
 use crate::api::StopReason;
@@ -171,6 +171,8 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
     // Cached microcompact's pinned `cache_edits` blocks: (wire message index, block).
     let mut pinned_edits: Vec<(usize, serde_json::Value)> = Vec::new();
     let mut recovery = RecoveryState::default();
+    // The media of the main requests' messages, walked once per message.
+    let mut media = MediaMemo::default();
     // Stage reports of a chain run that ended in a retry, shown on the retried request.
     let mut pending_stages: Vec<crate::measure::StageReport> = Vec::new();
     // For the client's rules: a prompt, a compaction since the last main request.
@@ -222,7 +224,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
                     // `stripExcessMediaItems`: at most 100 images and documents per request.
-                    let stripped = strip_excess_media(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
+                    let stripped = media.strip_excess(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
                     if stripped > 0 {
                         pending_events.push(format!("message_rewritten:excess_media_stripped:{stripped}"));
                     }
@@ -230,7 +232,7 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     // refuses oversized media first, then an over-long prompt.
                     let mut served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(&world).context_window;
-                    let rejection = simulated_media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    let rejection = media.media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
                     if let Some(error) = rejection {
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
@@ -521,7 +523,7 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
                 blocks.insert(at, edit);
             }
         }
-        message.content = MessageContent::Blocks(blocks);
+        message.content = MessageContent::Blocks(blocks.into());
     }
     let marked = request.messages.iter().rposition(|m| match &m.content {
         MessageContent::Blocks(blocks) => blocks.iter().any(|b| b.cache_control().is_some()),

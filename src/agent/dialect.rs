@@ -375,7 +375,7 @@ pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
     let answer = messages.get(1).filter(|m| m.role == Role::Assistant).and_then(|_| messages.iter().skip(2).position(|m| m.role == Role::User)).map(|i| i + 2);
     let Some(answer) = answer.filter(|_| summary_first) else {
         content.extend(kept);
-        messages[0].content = MessageContent::Blocks(content);
+        messages[0].content = MessageContent::Blocks(content.into());
         messages.insert(1, system_message(inputs));
         return;
     };
@@ -384,10 +384,10 @@ pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
     }
     let attribution = content.pop();
     content.extend(kept);
-    messages[0].content = MessageContent::Blocks(content);
+    messages[0].content = MessageContent::Blocks(content.into());
     let mut answer_blocks = std::mem::replace(&mut messages[answer].content, MessageContent::Text(String::new())).into_blocks();
     answer_blocks.extend(attribution);
-    messages[answer].content = MessageContent::Blocks(answer_blocks);
+    messages[answer].content = MessageContent::Blocks(answer_blocks.into());
     let (chars, tokens) = kept_round_system_size();
     messages.insert(answer + 1, system_message_sized(inputs, false, chars, tokens));
     messages.insert(1, date_message(inputs));

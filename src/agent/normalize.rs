@@ -240,7 +240,7 @@ fn merge_user_messages(a: &mut Message, b: Message) {
     let (mut results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =
         left.into_iter().partition(|block| matches!(block, ContentBlock::ToolResult { .. }));
     results.extend(rest);
-    a.content = MessageContent::Blocks(results);
+    a.content = MessageContent::Blocks(results.into());
 }
 
 /// `mergeUserMessagesAndToolResults` with the legacy smoosh.
@@ -261,7 +261,7 @@ fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: Norma
     } else {
         left.extend(incoming);
     }
-    a.content = MessageContent::Blocks(left);
+    a.content = MessageContent::Blocks(left.into());
 }
 
 fn fix_tool_references(message: &mut Message, options: NormalizeOptions) {
@@ -321,7 +321,7 @@ pub fn mark_last_block(messages: &mut [Message], marker: CacheControl) {
         }
         block.set_cache_control(Some(marker));
     }
-    last.content = MessageContent::Blocks(blocks);
+    last.content = MessageContent::Blocks(blocks.into());
 }
 
 /// Writes every tool_result in the reference client's key order: `tool_use_id, type, content
@@ -374,9 +374,9 @@ mod tests {
         let text = format!("t{n}");
         match kind % 8 {
             0 => Record::User { content: MessageContent::Text(text), meta: flag },
-            1 => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)]), meta: true },
+            1 => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: true },
             2 => Record::User {
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))]),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))].into()),
                 meta: false,
             },
             3 => Record::Assistant { content: vec![ContentBlock::text(text)] },
@@ -386,7 +386,7 @@ mod tests {
             5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
             6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },
             _ => Record::User {
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), None), ContentBlock::text("after")]),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), None), ContentBlock::text("after")].into()),
                 meta: false,
             },
         }

@@ -804,10 +804,10 @@ impl Session {
                 });
             }
         }
-        self.records.push(Record::User { content: MessageContent::Blocks(results), meta: false });
+        self.records.push(Record::User { content: MessageContent::Blocks(results.into()), meta: false });
         self.records.extend(hook_context.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: true }));
         for message in meta_messages {
-            self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(message)]), meta: true });
+            self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(message)].into()), meta: true });
         }
         let attachments = self.thread_attachments(world);
         self.push_attachments(attachments);
@@ -848,7 +848,7 @@ impl Session {
         self.stop_continuations += 1;
         self.stop_continued = true;
         let feedback = format!("{event} hook feedback:\n{}", run.blocking_errors.join("\n"));
-        self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(feedback)]), meta: true });
+        self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(feedback)].into()), meta: true });
     }
 
     /// The thread group of `getAttachments`, in the reference order: date_change,

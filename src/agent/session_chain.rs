@@ -198,7 +198,7 @@ fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<C
         && !last.is_thinking()
     {
         last.set_cache_control(Some(marker));
-        message.content = MessageContent::Blocks(blocks);
+        message.content = MessageContent::Blocks(blocks.into());
     }
 }
 
@@ -527,7 +527,7 @@ impl Session {
             Some(last) if last.role == Role::User => {
                 let mut blocks = last.content.to_blocks();
                 blocks.push(ContentBlock::text(instruction));
-                last.content = MessageContent::Blocks(blocks);
+                last.content = MessageContent::Blocks(blocks.into());
             }
             _ => request.messages.push(Message::user_text(instruction)),
         }
@@ -593,7 +593,7 @@ mod tests {
             0 => Record::User { content: MessageContent::Text(text), meta: flag },
             1 => Record::Assistant { content: vec![ContentBlock::text(text)] },
             2 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
-            _ => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)]), meta: flag },
+            _ => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: flag },
         }
     }
 

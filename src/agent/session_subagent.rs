@@ -216,7 +216,7 @@ impl Session {
             let run = self.run_started(&start, world, calls)?;
             let result = run.texts.join("\n");
             let text = crate::agent::dialect::task_notification(&start.agent_id, &start.description, &result, run.total_tokens, run.tool_uses, run.duration_ms);
-            self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text.clone())]), meta: false });
+            self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text.clone())].into()), meta: false });
             self.events.push(format!("task_notification:{}", start.agent.agent_type));
             self.notifications.push(text);
         }
@@ -249,7 +249,7 @@ impl Session {
         for name in &agent.skills {
             if let Some(skill) = skills.iter().find(|s| &s.name == name) {
                 let body = format!("Base directory for this skill: {}\n\n{}", skill.dir, skill.invocation_body(&self.session_id));
-                child.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(body)]), meta: true });
+                child.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(body)].into()), meta: true });
             }
         }
 

@@ -1,3 +1,6 @@
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -9,7 +12,93 @@ use super::request::CacheControl;
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
-    Blocks(Vec<ContentBlock>),
+    Blocks(SharedBlocks),
+}
+
+/// The blocks of a message, shared by every body that sends the message: cloning one is a
+/// reference count, so consecutive requests of a session hold the unchanged history once.
+/// Reading goes through `Deref` (a `Vec<ContentBlock>`); changing through `DerefMut`, which
+/// copies the blocks first when another body still holds them (copy on write), so a change
+/// never reaches an earlier body. Serializes as the list it holds.
+#[derive(Debug, Clone, Default)]
+pub struct SharedBlocks(Arc<Vec<ContentBlock>>);
+
+impl SharedBlocks {
+    /// Whether both hold the same allocation (then they are identical; unequal allocations
+    /// may still hold equal blocks).
+    pub fn same(&self, other: &SharedBlocks) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The blocks, taken without a copy when no other body holds them.
+    pub fn into_vec(self) -> Vec<ContentBlock> {
+        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
+
+impl Deref for SharedBlocks {
+    type Target = Vec<ContentBlock>;
+    fn deref(&self) -> &Vec<ContentBlock> {
+        &self.0
+    }
+}
+
+impl DerefMut for SharedBlocks {
+    fn deref_mut(&mut self) -> &mut Vec<ContentBlock> {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<Vec<ContentBlock>> for SharedBlocks {
+    fn from(blocks: Vec<ContentBlock>) -> Self {
+        SharedBlocks(Arc::new(blocks))
+    }
+}
+
+impl FromIterator<ContentBlock> for SharedBlocks {
+    fn from_iter<I: IntoIterator<Item = ContentBlock>>(iter: I) -> Self {
+        SharedBlocks(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl<'a> IntoIterator for &'a SharedBlocks {
+    type Item = &'a ContentBlock;
+    type IntoIter = std::slice::Iter<'a, ContentBlock>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut SharedBlocks {
+    type Item = &'a mut ContentBlock;
+    type IntoIter = std::slice::IterMut<'a, ContentBlock>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.deref_mut().iter_mut()
+    }
+}
+
+impl PartialEq for SharedBlocks {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other) || *self.0 == *other.0
+    }
+}
+
+impl PartialEq<Vec<ContentBlock>> for SharedBlocks {
+    fn eq(&self, other: &Vec<ContentBlock>) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl Serialize for SharedBlocks {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedBlocks {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<ContentBlock>::deserialize(deserializer).map(SharedBlocks::from)
+    }
 }
 
 impl MessageContent {
@@ -17,14 +106,14 @@ impl MessageContent {
     pub fn to_blocks(&self) -> Vec<ContentBlock> {
         match self {
             MessageContent::Text(text) => vec![ContentBlock::text(text.clone())],
-            MessageContent::Blocks(blocks) => blocks.clone(),
+            MessageContent::Blocks(blocks) => blocks.to_vec(),
         }
     }
 
     /// The content as blocks, in place: a string becomes one text block first.
     pub fn blocks_mut(&mut self) -> &mut Vec<ContentBlock> {
         if let MessageContent::Text(text) = self {
-            *self = MessageContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+            *self = MessageContent::Blocks(vec![ContentBlock::text(std::mem::take(text))].into());
         }
         match self {
             MessageContent::Blocks(blocks) => blocks,
@@ -36,7 +125,7 @@ impl MessageContent {
     pub fn into_blocks(self) -> Vec<ContentBlock> {
         match self {
             MessageContent::Text(text) => vec![ContentBlock::text(text)],
-            MessageContent::Blocks(blocks) => blocks,
+            MessageContent::Blocks(blocks) => blocks.into_vec(),
         }
     }
 
@@ -444,5 +533,32 @@ impl<'de> Deserialize<'de> for ContentBlock {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = Value::deserialize(deserializer)?;
         ContentBlock::from_value(value).map_err(D::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod shared_blocks_tests {
+    use super::*;
+    use crate::api::identical::Identical;
+
+    #[test]
+    fn a_change_copies_blocks_another_body_holds() {
+        let original: SharedBlocks = vec![ContentBlock::text("a")].into();
+        let mut changed = original.clone();
+        assert!(changed.same(&original), "a clone shares the allocation");
+        assert!(changed.identical(&original));
+        changed.push(ContentBlock::text("b"));
+        assert!(!changed.same(&original), "the change copied the shared blocks");
+        assert_eq!(original.len(), 1, "the earlier body still holds what it sent");
+        assert_eq!(changed.len(), 2);
+        assert!(!changed.identical(&original));
+        // Equal blocks in two allocations are identical too (compared block by block).
+        let copy: SharedBlocks = vec![ContentBlock::text("a")].into();
+        assert!(!copy.same(&original) && copy.identical(&original) && copy == original);
+        // Serialized as the list it holds, and read back.
+        let json = serde_json::to_string(&MessageContent::Blocks(changed.clone())).unwrap();
+        assert_eq!(json, r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#);
+        let back: MessageContent = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, MessageContent::Blocks(changed));
     }
 }

@@ -15,8 +15,8 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    CacheControl, CacheScope, CacheTtl, ContentBlock, ImageLike, Message, MessageContent, Role, SystemBlock, SystemPrompt,
-    Tool, ToolResultContent,
+    CacheControl, CacheScope, CacheTtl, ContentBlock, ImageLike, Message, MessageContent, Role, SharedBlocks, SystemBlock,
+    SystemPrompt, Tool, ToolResultContent,
 };
 
 /// Exact structural sameness (see the module documentation).
@@ -55,6 +55,14 @@ impl<T: Identical> Identical for [T] {
 impl<T: Identical> Identical for Vec<T> {
     fn identical(&self, other: &Self) -> bool {
         self.as_slice().identical(other.as_slice())
+    }
+}
+
+/// The same allocation is identical without a look at the blocks: a history shared by two
+/// bodies compares for the price of a pointer.
+impl Identical for SharedBlocks {
+    fn identical(&self, other: &Self) -> bool {
+        self.same(other) || self.as_slice().identical(other.as_slice())
     }
 }
 
@@ -196,7 +204,7 @@ mod tests {
         assert!(!plain.identical(&marked));
         // A string content and one text block hash alike as blocks, but are different bodies.
         let string = MessageContent::Text("hi".into());
-        let blocks = MessageContent::Blocks(vec![ContentBlock::text("hi")]);
+        let blocks = MessageContent::Blocks(vec![ContentBlock::text("hi")].into());
         assert!(!string.identical(&blocks));
     }
 }

@@ -128,11 +128,11 @@ impl Message {
     }
 
     pub fn user_blocks(blocks: Vec<ContentBlock>) -> Self {
-        Message { role: Role::User, content: MessageContent::Blocks(blocks), extra: Map::new() }
+        Message { role: Role::User, content: MessageContent::Blocks(blocks.into()), extra: Map::new() }
     }
 
     pub fn assistant_blocks(blocks: Vec<ContentBlock>) -> Self {
-        Message { role: Role::Assistant, content: MessageContent::Blocks(blocks), extra: Map::new() }
+        Message { role: Role::Assistant, content: MessageContent::Blocks(blocks.into()), extra: Map::new() }
     }
 }
 

@@ -293,7 +293,7 @@ pub fn run_live_with(
                             break;
                         }
                         for text in notifications {
-                            let content = MessageContent::Blocks(vec![ContentBlock::text(text)]);
+                            let content = MessageContent::Blocks(vec![ContentBlock::text(text)].into());
                             live.events.push(Event::new(EventKind::UserPrompt(UserPrompt { content, is_meta: false, is_compact_summary: false, permission_mode: None }), world.clock.now_ms()));
                         }
                     }

@@ -354,7 +354,7 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                             kept.push(block);
                         }
                     }
-                    *blocks = kept;
+                    *blocks = kept.into();
                 }
                 tokens_now = tokens_now.saturating_sub(freed);
                 response.applied_edits.push(AppliedEdit {

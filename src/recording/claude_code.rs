@@ -833,7 +833,7 @@ fn merge_into(last: &mut Message, blocks: Vec<ContentBlock>) {
         MessageContent::Text(_) => {
             let mut merged = last.content.to_blocks();
             merged.extend(blocks);
-            last.content = MessageContent::Blocks(merged);
+            last.content = MessageContent::Blocks(merged.into());
         }
     }
 }
@@ -845,7 +845,7 @@ fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<
         let Some((role, blocks)) = recording.events.get(i).and_then(|e| event_blocks(&e.kind)) else { continue };
         match messages.last_mut() {
             Some(last) if last.role == role => merge_into(last, blocks),
-            _ => messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
+            _ => messages.push(Message { role, content: MessageContent::Blocks(blocks.into()), extra: Map::new() }),
         }
     }
 }
@@ -910,7 +910,7 @@ fn append_loaded(recording: &Recording, indices: &[usize], lane: &mut LaneView) 
         }
         match lane.messages.last_mut() {
             Some(last) if last.role == role => merge_into(last, blocks),
-            _ => lane.messages.push(Message { role, content: MessageContent::Blocks(blocks), extra: Map::new() }),
+            _ => lane.messages.push(Message { role, content: MessageContent::Blocks(blocks.into()), extra: Map::new() }),
         }
     }
 }
@@ -1542,7 +1542,7 @@ impl FileImporter {
         if pending.is_empty() {
             return;
         }
-        let content = MessageContent::Blocks(std::mem::take(pending));
+        let content = MessageContent::Blocks(std::mem::take(pending).into());
         let permission_mode = self.prompt_mode.clone();
         self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary, permission_mode }), time_ms, lane, uuid);
     }

@@ -578,7 +578,7 @@ impl Unrecorded<'_> {
             };
             match request.messages.first_mut() {
                 Some(first) if first.role == Role::User => first.content.blocks_mut().insert(0, reminder),
-                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder]), extra: Map::new() }),
+                _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder].into()), extra: Map::new() }),
             }
         }
         if let Some(last) = request.messages.last_mut() {

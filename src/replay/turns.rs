@@ -544,7 +544,7 @@ mod tests {
             content: MessageContent::Blocks(vec![
                 ContentBlock::ToolResult { tool_use_id: "t".into(), content: None, is_error: None, cache_control: None, extra: Default::default() },
                 ContentBlock::text("[Request interrupted by user for tool use]".to_owned()),
-            ]),
+            ].into()),
             extra: Default::default(),
         };
         let mut state = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };

@@ -128,8 +128,8 @@ fn read_and_mcp_limits_reach_recorded_results() {
     // The forms, on messages of our own.
     let read = |input: serde_json::Value, text: &str| {
         vec![
-            Message { role: Role::Assistant, content: MessageContent::Blocks(vec![ContentBlock::tool_use("r1", "Read", input)]), extra: Default::default() },
-            Message { role: Role::User, content: MessageContent::Blocks(vec![ContentBlock::tool_result("r1", ToolResultContent::Text(text.into()), None)]), extra: Default::default() },
+            Message { role: Role::Assistant, content: MessageContent::Blocks(vec![ContentBlock::tool_use("r1", "Read", input)].into()), extra: Default::default() },
+            Message { role: Role::User, content: MessageContent::Blocks(vec![ContentBlock::tool_result("r1", ToolResultContent::Text(text.into()), None)].into()), extra: Default::default() },
         ]
     };
     let numbered: String = (1..=300).map(|i| format!("{i}\tline {i}\n")).collect();

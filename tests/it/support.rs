@@ -29,7 +29,7 @@ pub fn blocks_request(n: usize, tokens: usize, bp: Option<(usize, Option<CacheTt
         blocks[position - 1].set_cache_control(Some(CacheControl::ephemeral().with_ttl(ttl)));
     }
     let mut request = Request::new(MODEL, 1024);
-    request.messages.push(Message { role: Role::User, content: ctxsim::api::MessageContent::Blocks(blocks), extra: Default::default() });
+    request.messages.push(Message { role: Role::User, content: ctxsim::api::MessageContent::Blocks(blocks.into()), extra: Default::default() });
     request
 }
 

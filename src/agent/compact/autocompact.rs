@@ -272,7 +272,7 @@ pub fn request(
     if let Some(i) = marker_index {
         let message = &mut messages[i];
         if let MessageContent::Text(text) = &message.content {
-            message.content = MessageContent::Blocks(vec![ContentBlock::text(text.clone())]);
+            message.content = MessageContent::Blocks(vec![ContentBlock::text(text.clone())].into());
         }
         if let MessageContent::Blocks(blocks) = &mut message.content {
             for block in blocks.iter_mut().rev() {

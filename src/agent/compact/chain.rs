@@ -184,8 +184,9 @@ impl Chain {
 /// Tool ids that are not paired: tool_uses without a later tool_result, tool_results without an
 /// earlier tool_use.
 pub fn orphans(entries: &[Entry]) -> BTreeSet<String> {
-    // Borrowed while walking: only the unpaired ids (few) are copied.
-    let mut open: BTreeSet<&str> = BTreeSet::new();
+    // Borrowed while walking: only the unpaired ids (few) are copied. Hashed, not ordered:
+    // the walk only inserts and removes; the few left are sorted into the result.
+    let mut open: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
     let mut orphans = BTreeSet::new();
     for entry in entries.iter().filter(|e| e.on_wire()) {
         for block in entry.blocks() {

@@ -52,6 +52,9 @@ pub struct Entry {
     pub synthetic: bool,
     rough: NotValue<std::cell::Cell<Option<u64>>>,
     pristine: NotValue<bool>,
+    /// The tool results `tool_result_budget` may weigh, found once per version of the message
+    /// ([`Entry::budget_candidates`]).
+    candidates: NotValue<std::cell::OnceCell<Vec<super::tool_result_budget::EntryCandidate>>>,
 }
 
 /// Bookkeeping an entry carries that is not part of its value: two entries that differ only
@@ -86,6 +89,7 @@ impl Entry {
             synthetic: false,
             rough: NotValue::default(),
             pristine: NotValue::default(),
+            candidates: NotValue::default(),
         }
     }
 
@@ -96,6 +100,7 @@ impl Entry {
     /// The message for rewriting; forgets the memoized rough count.
     pub fn message_mut(&mut self) -> &mut Message {
         self.rough.0.set(None);
+        self.candidates.0.take();
         self.pristine.0 = false;
         &mut self.message
     }
@@ -124,6 +129,13 @@ impl Entry {
         let tokens = super::counting::rough_message(&self.message);
         self.rough.0.set(Some(tokens));
         tokens
+    }
+
+    /// The tool results of this message `tool_result_budget` may weigh (not cleared, empty,
+    /// persisted or carrying media), with their sizes: found once per version of the message,
+    /// so a request's budget pass reads each old result's size instead of measuring its text.
+    pub fn budget_candidates(&self) -> &[super::tool_result_budget::EntryCandidate] {
+        self.candidates.0.get_or_init(|| super::tool_result_budget::entry_candidates(self.blocks()))
     }
 
     pub fn is_boundary(&self) -> bool {

@@ -319,7 +319,7 @@ pub fn cline_truncate(messages: &mut Vec<Message>) -> usize {
         messages[0].content = MessageContent::Blocks(vec![
             ContentBlock::text(t.clone()),
             ContentBlock::text("[NOTE] Some previous conversation history has been removed to keep the context window manageable."),
-        ]);
+        ].into());
     }
     drop
 }
@@ -331,7 +331,7 @@ fn merge_consecutive_users(messages: Vec<Message>) -> Vec<Message> {
             Some(last) if last.role == Role::User && message.role == Role::User => {
                 let mut blocks = last.content.to_blocks();
                 blocks.extend(message.content.to_blocks());
-                last.content = MessageContent::Blocks(blocks);
+                last.content = MessageContent::Blocks(blocks.into());
             }
             _ => out.push(message),
         }
@@ -451,10 +451,10 @@ mod tests {
     }
     fn call(id: &str, n: usize) -> [Message; 2] {
         [
-            Message { role: Role::Assistant, content: MessageContent::Blocks(vec![ContentBlock::tool_use(id, "Read", json!({"file_path": format!("/{id}")}))]), extra: Default::default() },
+            Message { role: Role::Assistant, content: MessageContent::Blocks(vec![ContentBlock::tool_use(id, "Read", json!({"file_path": format!("/{id}")}))].into()), extra: Default::default() },
             Message {
                 role: Role::User,
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("x".repeat(n)), None)]),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("x".repeat(n)), None)].into()),
                 extra: Default::default(),
             },
         ]

@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
+use crate::api::{ContentBlock, Message, MessageContent, SharedBlocks, ToolResultContent};
 
 use super::autocompact;
 use super::context::{ChainContext, CompactTrigger, CompactionRequest, Entry};
@@ -131,12 +131,80 @@ pub fn simulated_media_error(messages: &[Message]) -> Option<String> {
     let mut largest = 0usize;
     for message in messages {
         let MessageContent::Blocks(blocks) = &message.content else { continue };
-        for block in blocks {
-            visit_media(block, &mut |bytes| largest = largest.max(bytes));
-        }
+        largest = largest.max(media_of(blocks).largest);
     }
+    media_error(largest)
+}
+
+/// The error for a request whose largest media item has `largest` base64 bytes.
+fn media_error(largest: usize) -> Option<String> {
     (largest > API_IMAGE_MAX_BASE64_SIZE)
         .then(|| format!("image exceeds 5 MB maximum: {largest} bytes > {API_IMAGE_MAX_BASE64_SIZE} bytes"))
+}
+
+/// The media items of some blocks: how many, and the base64 size of the largest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Media {
+    pub count: usize,
+    pub largest: usize,
+}
+
+fn media_of(blocks: &[ContentBlock]) -> Media {
+    let mut media = Media::default();
+    for block in blocks {
+        visit_media(block, &mut |bytes| {
+            media.count += 1;
+            media.largest = media.largest.max(bytes);
+        });
+    }
+    media
+}
+
+/// The media of each message of the last request a runner sent, kept with the message's
+/// blocks: a message whose blocks are the same allocation as the kept ones
+/// ([`SharedBlocks::same`]) is not walked again, so a request costs a walk of its new messages
+/// only. Keeping a clone of the blocks keeps the allocation alive and shared, so it cannot be
+/// freed and reused for other blocks, nor changed in place (a change copies shared blocks first).
+#[derive(Debug, Clone, Default)]
+pub struct MediaMemo {
+    kept: Vec<Option<(SharedBlocks, Media)>>,
+}
+
+impl MediaMemo {
+    /// The media of `messages`: how many items in all and the largest (what
+    /// [`strip_excess_media`] counts and [`simulated_media_error`] weighs).
+    pub fn scan(&mut self, messages: &[Message]) -> Media {
+        self.kept.truncate(messages.len());
+        self.kept.resize(messages.len(), None);
+        let mut total = Media::default();
+        for (message, kept) in messages.iter().zip(&mut self.kept) {
+            let MessageContent::Blocks(blocks) = &message.content else {
+                *kept = None;
+                continue;
+            };
+            let media = match kept {
+                Some((previous, media)) if previous.same(blocks) => *media,
+                _ => {
+                    let media = media_of(blocks);
+                    *kept = Some((blocks.clone(), media));
+                    media
+                }
+            };
+            total.count += media.count;
+            total.largest = total.largest.max(media.largest);
+        }
+        total
+    }
+
+    /// [`strip_excess_media`] of `messages`, walking only the messages not seen before.
+    pub fn strip_excess(&mut self, messages: &mut [Message], limit: usize) -> usize {
+        if self.scan(messages).count > limit { strip_excess_media(messages, limit) } else { 0 }
+    }
+
+    /// [`simulated_media_error`] of `messages`, walking only the messages not seen before.
+    pub fn media_error(&mut self, messages: &[Message]) -> Option<String> {
+        media_error(self.scan(messages).largest)
+    }
 }
 
 /// Read-only [`retain_media`]: the base64 size of every media item of a block.
@@ -326,4 +394,68 @@ pub fn on_max_output_tokens(limit: u32, state: &mut RecoveryState) -> MaxOutputA
         return MaxOutputAction::Resume { attempt: state.max_output_recovery_count, message: Message::user_text(RESUME_MESSAGE) };
     }
     MaxOutputAction::Surface
+}
+
+#[cfg(test)]
+mod media_memo_tests {
+    use super::*;
+    use crate::api::ImageLike;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn image(bytes: usize) -> ContentBlock {
+        ContentBlock::Image(ImageLike { source: json!({"type": "base64", "data": "A".repeat(bytes)}), cache_control: None, extra: Default::default() })
+    }
+
+    /// A user message with `images` images of `bytes` each, some inside a tool_result.
+    fn message(images: usize, bytes: usize, n: usize) -> Message {
+        let mut blocks = vec![ContentBlock::text(format!("m{n}"))];
+        for i in 0..images {
+            if i % 2 == 0 {
+                blocks.push(image(bytes + i));
+            } else {
+                blocks.push(ContentBlock::tool_result(format!("t{n}_{i}"), ToolResultContent::Blocks(vec![image(bytes)]), None));
+            }
+        }
+        Message::user_blocks(blocks)
+    }
+
+    proptest! {
+        /// Request after request, the memo counts and weighs what a walk of every message
+        /// does, while messages are appended, replaced, changed in place (copy on write of
+        /// blocks the previous request still holds) and cut, with requests sharing their
+        /// unchanged messages as the agent's do.
+        #[test]
+        fn media_memo_equals_walking_every_message(ops in proptest::collection::vec((0u8..4, 0usize..4, 1usize..40, any::<u8>()), 1..40)) {
+            let mut memo = MediaMemo::default();
+            let mut messages: Vec<Message> = Vec::new();
+            for (n, (op, images, bytes, at)) in ops.into_iter().enumerate() {
+                let mut next = messages.clone();
+                match op {
+                    0 => next.push(message(images, bytes, n)),
+                    1 if !next.is_empty() => {
+                        let i = at as usize % next.len();
+                        next[i] = message(images, bytes, n);
+                    }
+                    2 if !next.is_empty() => {
+                        let i = at as usize % next.len();
+                        if let MessageContent::Blocks(blocks) = &mut next[i].content {
+                            blocks.push(image(bytes));
+                        }
+                    }
+                    _ => next.truncate(at as usize % (next.len() + 1)),
+                }
+                messages = next;
+                let media = memo.scan(&messages);
+                let mut walked = messages.clone();
+                prop_assert_eq!(media.count, strip_excess_media(&mut walked, 0));
+                prop_assert_eq!(memo.media_error(&messages), simulated_media_error(&messages));
+                let largest = messages.iter().filter_map(|m| match &m.content {
+                    MessageContent::Blocks(b) => Some(media_of(b).largest),
+                    MessageContent::Text(_) => None,
+                }).max().unwrap_or(0);
+                prop_assert_eq!(media.largest, largest);
+            }
+        }
+    }
 }

@@ -198,18 +198,44 @@ fn tool_name<'e>(entries: &'e [super::context::Entry], id: &str) -> Option<&'e s
     })
 }
 
-struct Candidate {
+struct Candidate<'e> {
     entry: usize,
     block: usize,
-    id: String,
+    id: &'e str,
     size: u64,
 }
 
-/// Candidates grouped by wire message (`collectCandidatesByMessage`).
-fn candidate_groups(cx: &ChainContext<'_>) -> Vec<Vec<Candidate>> {
+/// A tool result of one message the budget may weigh: its block index, id and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryCandidate {
+    pub block: usize,
+    pub id: String,
+    pub size: u64,
+}
+
+/// The tool results of a message's blocks the budget may weigh: not cleared by microcompact,
+/// not empty, not already a preview, carrying no media.
+pub fn entry_candidates(blocks: &[ContentBlock]) -> Vec<EntryCandidate> {
+    let mut out = Vec::new();
+    for (b, block) in blocks.iter().enumerate() {
+        if let ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } = block {
+            // A result microcompact already cleared is out of the budget's hands.
+            let cleared = matches!(content, ToolResultContent::Text(t) if t == super::microcompact::CLEARED_MARKER);
+            if cleared || is_empty(content) || starts_persisted(content) || has_image(content) {
+                continue;
+            }
+            out.push(EntryCandidate { block: b, id: tool_use_id.clone(), size: result_size(content) });
+        }
+    }
+    out
+}
+
+/// Candidates grouped by wire message (`collectCandidatesByMessage`). Each entry's candidates
+/// are found once per version of its message ([`super::context::Entry::budget_candidates`]).
+fn candidate_groups(entries: &[super::context::Entry]) -> Vec<Vec<Candidate<'_>>> {
     let mut groups: Vec<Vec<Candidate>> = vec![Vec::new()];
-    let mut seen_message_ids: BTreeSet<&str> = BTreeSet::new();
-    for (i, entry) in cx.entries.iter().enumerate() {
+    let mut seen_message_ids: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
+    for (i, entry) in entries.iter().enumerate() {
         if !entry.on_wire() {
             continue;
         }
@@ -223,16 +249,11 @@ fn candidate_groups(cx: &ChainContext<'_>) -> Vec<Vec<Candidate>> {
             }
             continue;
         }
-        for (b, block) in entry.blocks().iter().enumerate() {
-            if let ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } = block {
-                // A result microcompact already cleared is out of the budget's hands.
-                let cleared = matches!(content, ToolResultContent::Text(t) if t == super::microcompact::CLEARED_MARKER);
-                if cleared || is_empty(content) || starts_persisted(content) || has_image(content) {
-                    continue;
-                }
-                let size = result_size(content);
-                groups.last_mut().expect("one group").push(Candidate { entry: i, block: b, id: tool_use_id.clone(), size });
-            }
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(entry.budget_candidates(), entry_candidates(entry.blocks()), "memoized budget candidates differ from the message's");
+        for candidate in entry.budget_candidates() {
+            let EntryCandidate { block, id, size } = candidate;
+            groups.last_mut().expect("one group").push(Candidate { entry: i, block: *block, id, size: *size });
         }
     }
     groups.retain(|g| !g.is_empty());
@@ -255,14 +276,14 @@ impl Stage for ToolResultBudget {
         let mut fresh_replaced: Vec<(usize, usize)> = Vec::new();
         let mut reapplied = 0usize;
         let mut apply: Vec<(usize, usize, String)> = Vec::new();
-        for group in candidate_groups(cx) {
+        for group in candidate_groups(&cx.entries) {
             let mut frozen_size = 0u64;
             let mut fresh: Vec<&Candidate> = Vec::new();
             for candidate in &group {
-                if let Some(text) = cx.state.replacements.replacements.get(&candidate.id) {
+                if let Some(text) = cx.state.replacements.replacements.get(candidate.id) {
                     apply.push((candidate.entry, candidate.block, text.clone()));
                     reapplied += 1;
-                } else if cx.state.replacements.seen_ids.contains(&candidate.id) {
+                } else if cx.state.replacements.seen_ids.contains(candidate.id) {
                     frozen_size += candidate.size;
                 } else {
                     fresh.push(candidate);
@@ -271,10 +292,10 @@ impl Stage for ToolResultBudget {
             let mut selected: Vec<&Candidate> = Vec::new();
             let mut eligible: Vec<&Candidate> = Vec::new();
             for candidate in fresh {
-                let tool = tool_name(&cx.entries, &candidate.id).unwrap_or("");
+                let tool = tool_name(&cx.entries, candidate.id).unwrap_or("");
                 match config.threshold(tool) {
                     None => {
-                        cx.state.replacements.seen_ids.insert(candidate.id.clone());
+                        cx.state.replacements.seen_ids.insert(candidate.id.to_owned());
                     }
                     Some(limit) if candidate.size > limit => selected.push(candidate),
                     Some(_) => eligible.push(candidate),
@@ -295,20 +316,20 @@ impl Stage for ToolResultBudget {
                 eligible = rest;
             }
             for candidate in eligible {
-                cx.state.replacements.seen_ids.insert(candidate.id.clone());
+                cx.state.replacements.seen_ids.insert(candidate.id.to_owned());
             }
             for candidate in selected {
-                cx.state.replacements.seen_ids.insert(candidate.id.clone());
+                cx.state.replacements.seen_ids.insert(candidate.id.to_owned());
                 let ContentBlock::ToolResult { content: Some(content), .. } =
                     &cx.entries[candidate.entry].blocks()[candidate.block]
                 else {
                     continue;
                 };
                 let content = content.clone();
-                let persisted = persist(&candidate.id, &content, &dir, config.preview_chars as usize, cx.fs, cx.clock);
+                let persisted = persist(candidate.id, &content, &dir, config.preview_chars as usize, cx.fs, cx.clock);
                 // A replacement that is not smaller than the result would grow the context.
                 if let Some(text) = persisted.filter(|t| (t.chars().count() as u64) < candidate.size) {
-                    cx.state.replacements.replacements.insert(candidate.id.clone(), text.clone());
+                    cx.state.replacements.replacements.insert(candidate.id.to_owned(), text.clone());
                     apply.push((candidate.entry, candidate.block, text));
                     fresh_replaced.push((candidate.entry, candidate.block));
                 }
@@ -347,5 +368,27 @@ impl Stage for ToolResultBudget {
             tokens_after,
             invalidated_from,
         }
+    }
+}
+
+#[cfg(test)]
+mod candidate_memo_tests {
+    use super::*;
+    use crate::agent::compact::context::Entry;
+    use crate::api::Message;
+
+    #[test]
+    fn an_entry_finds_its_candidates_again_after_a_rewrite() {
+        let result = |id: &str, text: &str| ContentBlock::tool_result(id, ToolResultContent::Text(text.to_owned()), None);
+        let mut entry = Entry::new(Message::user_blocks(vec![result("a", "x".repeat(10).as_str()), result("b", "  ")]), 1, 0);
+        let first = entry.budget_candidates().to_vec();
+        assert_eq!(first, vec![EntryCandidate { block: 0, id: "a".into(), size: 10 }], "the empty result is not weighed");
+        // Rewritten (as microcompact clears a result): the memo is forgotten, not served stale.
+        if let MessageContent::Blocks(blocks) = &mut entry.message_mut().content {
+            blocks[0] = result("a", super::super::microcompact::CLEARED_MARKER);
+            blocks.push(result("c", "yyy"));
+        }
+        assert_eq!(entry.budget_candidates(), entry_candidates(entry.blocks()));
+        assert_eq!(entry.budget_candidates(), [EntryCandidate { block: 2, id: "c".into(), size: 3 }]);
     }
 }
