@@ -240,8 +240,10 @@ impl<'o> RunState<'o> {
         &self.agent
     }
 
-    pub fn agent_mut(&mut self) -> &mut Session {
-        &mut self.agent
+    /// Goes on under `strategy`, which differs from the run's only in where autocompact fires
+    /// ([`Session::retarget_autocompact`]).
+    pub fn retarget_autocompact(&mut self, strategy: &Strategy) -> Result<(), String> {
+        self.agent.retarget_autocompact(strategy, &self.world)
     }
 
     /// Keeps the messages of every main request a compaction stage fired for (the first request

@@ -462,12 +462,12 @@ fn run_from(
         if threshold != trunk_threshold && c.max_checked.is_some_and(|n| n >= threshold.min(trunk_threshold)) {
             continue;
         }
-        let mut state = c.state.checkpoint();
-        if !state.world_mut().model.resume_with(original, model) {
+        if !c.state.world().model.resumable_with(original, model) {
             continue;
         }
-        let world = state.world().clone();
-        state.agent_mut().retarget_autocompact(effective, &world)?;
+        let mut state = c.state.checkpoint();
+        state.world_mut().model.resume_with(original, model);
+        state.retarget_autocompact(effective)?;
         let mut measurer = c.measurer.clone();
         let mut run = finish_run(prepared, state, scenario, &mut measurer, effective)?;
         // The trunk's rows before the checkpoint name the trunk's threshold where autocompact

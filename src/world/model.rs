@@ -147,6 +147,19 @@ impl ScriptedModel {
     /// replies as `original` for everything consumed so far, so that the run so far is one
     /// `fresh` would have made too.
     pub fn resume_with(&mut self, original: &ScriptedModel, fresh: &ScriptedModel) -> bool {
+        if !self.resumable_with(original, fresh) {
+            return false;
+        }
+        let mut lanes_now = BTreeMap::new();
+        for (lane, replies) in &fresh.lanes {
+            lanes_now.insert(lane.clone(), replies.iter().skip(self.consumed(lane)).cloned().collect());
+        }
+        self.lanes = lanes_now;
+        true
+    }
+
+    /// Whether [`ScriptedModel::resume_with`] would go on.
+    pub fn resumable_with(&self, original: &ScriptedModel, fresh: &ScriptedModel) -> bool {
         let lanes: std::collections::BTreeSet<&String> = original.lanes.keys().chain(fresh.lanes.keys()).chain(self.consumed.keys()).collect();
         for lane in &lanes {
             let consumed = self.consumed(lane);
@@ -169,11 +182,6 @@ impl ScriptedModel {
                 return false;
             }
         }
-        let mut lanes_now = BTreeMap::new();
-        for (lane, replies) in &fresh.lanes {
-            lanes_now.insert(lane.clone(), replies.iter().skip(self.consumed(lane)).cloned().collect());
-        }
-        self.lanes = lanes_now;
         true
     }
 
