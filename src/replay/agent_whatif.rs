@@ -404,7 +404,8 @@ pub fn agent_whatif_family(
             let from = latest.clone().ok_or("no checkpoint")?;
             let mut candidates = kept.clone();
             candidates.push(from);
-            results[p] = Some(settle_from(session, &mut scenarios, first, &candidates, thresholds[top], thresholds[p], &effectives[p]));
+            let effective = &effectives[p];
+            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
@@ -421,23 +422,10 @@ pub fn agent_whatif_family(
         _ => run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[top], &effectives[top], plan),
     }));
     for p in pending {
-        results[p] = Some(settle_from(session, &mut scenarios, first, &candidates, thresholds[top], thresholds[p], &effectives[p]));
+        let effective = &effectives[p];
+        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
-}
-
-/// The plan search of one strategy of a family, each run from the last usable checkpoint.
-fn settle_from(
-    session: &ImportedSession,
-    scenarios: &mut Scenarios<'_>,
-    first: usize,
-    candidates: &[std::rc::Rc<Checkpoint>],
-    trunk_threshold: u64,
-    threshold: u64,
-    effective: &Strategy,
-) -> Result<AgentOutcome, String> {
-    let prepared = scenarios.prepared;
-    settle(session, prepared, effective, &mut |plan| run_from(scenarios, first, candidates, trunk_threshold, threshold, effective, plan))
 }
 
 /// A run under `effective` and `plan` from the last of `candidates` it may go on from (else
