@@ -67,6 +67,10 @@ pub fn check_strategy_for(limits: crate::agent::compact::context::ModelLimits, s
     Ok(())
 }
 
+/// Stages that replace the history with a summary (each takes a reply on the `compact` lane,
+/// except session-memory compaction, which uses the session memory).
+pub const COMPACTION_STAGES: [&str; 4] = ["autocompact", "session_memory_compact", "manual_compact", "reactive_compact"];
+
 /// Called with every body a run measures and its row.
 pub type RequestObserver<'o> = &'o mut dyn FnMut(&Request, &RequestMetrics);
 
@@ -113,6 +117,8 @@ struct Collected<'o> {
     keep_requests: bool,
     loss: Option<LossTracker>,
     observer: Option<RequestObserver<'o>>,
+    /// The messages of main requests a compaction stage fired for, by row index, when kept.
+    compacted: Option<Vec<(usize, Vec<crate::api::Message>)>>,
 }
 
 impl<'o> Collected<'o> {
@@ -123,6 +129,18 @@ impl<'o> Collected<'o> {
             keep_requests: options.keep_requests,
             loss: options.info_loss.then(LossTracker::new),
             observer: options.observer,
+            compacted: None,
+        }
+    }
+
+    fn copy_without_observer(&self) -> Collected<'static> {
+        Collected {
+            rows: self.rows.clone(),
+            requests: self.requests.clone(),
+            keep_requests: self.keep_requests,
+            loss: self.loss.clone(),
+            observer: None,
+            compacted: self.compacted.clone(),
         }
     }
 
@@ -132,6 +150,13 @@ impl<'o> Collected<'o> {
         }
         if let Some(observer) = &mut self.observer {
             observer(&request, &row);
+        }
+        if let Some(compacted) = &mut self.compacted
+            && row.lane == crate::recording::format::LANE_MAIN
+            && row.error.is_none()
+            && row.stages.iter().any(|s| s.fired && COMPACTION_STAGES.contains(&s.name.as_str()))
+        {
+            compacted.push((self.rows.len(), request.messages.clone()));
         }
         self.rows.push(row);
         if self.keep_requests {
@@ -152,44 +177,183 @@ pub fn run_scenario_with(scenario: &Scenario, measurer: &mut Measurer, strategy:
 }
 
 /// Runs a scenario; what becomes of each body is up to `options`.
-pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain, mut options: RunOptions<'_>) -> Result<RunOutput, RunError> {
-    let mut client = options.client.take();
-    let mut world = scenario.into_world();
-    crate::agent::plugins::configure_project_mcp(&mut world);
-    let mut agent = Session::new(strategy, &world);
-    check_strategy_for(agent.model_limits(&world), strategy)
-        .map_err(|message| RunError::Strategy { file: scenario.file.clone(), strategy: strategy.name.clone(), message })?;
-    for root in &scenario.world.plugins {
-        let root = absolute(&world, root);
-        agent.plugin_enable(&root, &mut world).map_err(|e| RunError::Script { file: scenario.file.clone(), step: 0, message: e })?;
+pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain, options: RunOptions<'_>) -> Result<RunOutput, RunError> {
+    let mut run = RunState::start(scenario, strategy, options)?;
+    while !run.done(scenario) {
+        run.step(scenario, measurer, strategy, chain)?;
     }
-    let mut out = Collected::new(options);
-    let mut turn = 0u32;
-    let mut pending_events: Vec<String> = Vec::new();
-    let mut blocked = 0u64;
-    let mut surfaced = 0u64;
-    // Cached microcompact's pinned `cache_edits` blocks: (wire message index, block).
-    let mut pinned_edits: Vec<(usize, serde_json::Value)> = Vec::new();
-    let mut recovery = RecoveryState::default();
-    // The media of the main requests' messages, walked once per message.
-    let mut media = MediaMemo::default();
-    // Stage reports of a chain run that ended in a retry, shown on the retried request.
-    let mut pending_stages: Vec<crate::measure::StageReport> = Vec::new();
-    // For the client's rules: a prompt, a compaction since the last main request.
-    let (mut prompted, mut compacted) = (false, false);
-    let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
+    Ok(run.finish(scenario, measurer, strategy))
+}
 
-    for (i, step) in scenario.script.iter().enumerate() {
+/// A run in progress: everything the walk over a scenario's script carries from one step to
+/// the next. [`RunState::checkpoint`] copies it (with a copy of the measurer, a run can go on
+/// from there twice: under another strategy that changes nothing before that step, or with
+/// other scripted replies from there on, [`crate::world::ScriptedModel::resume_with`]).
+pub struct RunState<'o> {
+    world: World,
+    agent: Session,
+    out: Collected<'o>,
+    turn: u32,
+    pending_events: Vec<String>,
+    blocked: u64,
+    surfaced: u64,
+    /// Cached microcompact's pinned `cache_edits` blocks: (wire message index, block).
+    pinned_edits: Vec<(usize, serde_json::Value)>,
+    recovery: RecoveryState,
+    /// Stage reports of a chain run that ended in a retry, shown on the retried request.
+    pending_stages: Vec<crate::measure::StageReport>,
+    /// The next script step.
+    next: usize,
+    /// Every count the autocompact stage compared with its threshold, with the step it ran in.
+    checks: Vec<(usize, u64)>,
+    /// The client's rules around main requests (`RunOptions::client`).
+    client: Option<&'o mut dyn ClientRules>,
+    /// The media of the main requests' messages, walked once per message.
+    media: MediaMemo,
+    /// For the client's rules: a prompt, a compaction since the last main request.
+    prompted: bool,
+    compacted: bool,
+}
+
+impl<'o> RunState<'o> {
+    /// The state before the first step.
+    pub fn start(scenario: &Scenario, strategy: &Strategy, mut options: RunOptions<'o>) -> Result<Self, RunError> {
+        let client = options.client.take();
+        let mut world = scenario.into_world();
+        crate::agent::plugins::configure_project_mcp(&mut world);
+        let mut agent = Session::new(strategy, &world);
+        check_strategy_for(agent.model_limits(&world), strategy)
+            .map_err(|message| RunError::Strategy { file: scenario.file.clone(), strategy: strategy.name.clone(), message })?;
+        for root in &scenario.world.plugins {
+            let root = absolute(&world, root);
+            agent.plugin_enable(&root, &mut world).map_err(|e| RunError::Script { file: scenario.file.clone(), step: 0, message: e })?;
+        }
+        Ok(RunState {
+            world,
+            agent,
+            out: Collected::new(options),
+            turn: 0,
+            pending_events: Vec::new(),
+            blocked: 0,
+            surfaced: 0,
+            pinned_edits: Vec::new(),
+            recovery: RecoveryState::default(),
+            pending_stages: Vec::new(),
+            next: 0,
+            checks: Vec::new(),
+            client,
+            media: MediaMemo::default(),
+            prompted: false,
+            compacted: false,
+        })
+    }
+
+    /// Whether every step has run.
+    pub fn done(&self, scenario: &Scenario) -> bool {
+        self.next >= scenario.script.len()
+    }
+
+    /// The next step to run.
+    pub fn next_step(&self) -> usize {
+        self.next
+    }
+
+    /// Every count the autocompact stage compared with its threshold so far, with the step.
+    pub fn checks(&self) -> &[(usize, u64)] {
+        &self.checks
+    }
+
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    pub fn world_mut(&mut self) -> &mut World {
+        &mut self.world
+    }
+
+    pub fn agent(&self) -> &Session {
+        &self.agent
+    }
+
+    /// Goes on under `strategy`, which differs from the run's only in where autocompact fires
+    /// ([`Session::retarget_autocompact`]).
+    pub fn retarget_autocompact(&mut self, strategy: &Strategy) -> Result<(), String> {
+        self.agent.retarget_autocompact(strategy, &self.world)
+    }
+
+    /// Keeps the messages of every main request a compaction stage fired for (the first request
+    /// after the compaction), by row index: [`RunState::compacted_requests`].
+    pub fn keep_compacted_requests(&mut self) {
+        self.out.compacted.get_or_insert_with(Vec::new);
+    }
+
+    /// The messages kept by [`RunState::keep_compacted_requests`]: (row index, messages).
+    pub fn take_compacted_requests(&mut self) -> Vec<(usize, Vec<crate::api::Message>)> {
+        self.out.compacted.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Rows measured so far.
+    pub fn rows(&self) -> usize {
+        self.out.rows.len()
+    }
+
+    /// A copy of this state to go on from later; its requests go to no observer.
+    pub fn checkpoint(&self) -> RunState<'static> {
+        RunState {
+            world: self.world.clone(),
+            agent: self.agent.clone(),
+            out: self.out.copy_without_observer(),
+            turn: self.turn,
+            pending_events: self.pending_events.clone(),
+            blocked: self.blocked,
+            surfaced: self.surfaced,
+            pinned_edits: self.pinned_edits.clone(),
+            recovery: self.recovery.clone(),
+            pending_stages: self.pending_stages.clone(),
+            next: self.next,
+            checks: self.checks.clone(),
+            // Client rules hold the caller's state and are not copied: a copy goes on with the
+            // agent's requests as built (what-ifs run none; `checkpoint` is theirs).
+            client: None,
+            media: self.media.clone(),
+            prompted: self.prompted,
+            compacted: self.compacted,
+        }
+    }
+
+    /// The run's output once every step has run.
+    pub fn finish(self, scenario: &Scenario, measurer: &Measurer, strategy: &Strategy) -> RunOutput {
+        let out = self.out;
+        // A surfaced prompt-too-long ends its turn like a blocked one.
+        let mut summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &out.rows, self.blocked + self.surfaced);
+        if let Some(loss) = out.loss {
+            summary.info_loss = loss.finish();
+        }
+        RunOutput { scenario: scenario.file.clone(), rows: out.rows, requests: out.requests, summary }
+    }
+
+    /// Runs the next step of `scenario`.
+    pub fn step(&mut self, scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain) -> Result<(), RunError> {
+        let i = self.next;
+        let Some(step) = scenario.script.get(i) else { return Ok(()) };
+        self.next += 1;
+        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, .. } = self;
+        let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
+        let mut note_check = |run: &crate::agent::session::ChainRun| {
+            if let Some(counted) = run.autocompact_checked {
+                checks.push((i, counted));
+            }
+        };
         match step {
             Step::User { text } => {
-                turn += 1;
-                prompted = true;
-                recovery = RecoveryState::default();
-                agent.user_prompt(text, &mut world);
+                *turn += 1;
+                *prompted = true;
+                *recovery = RecoveryState::default();
+                agent.user_prompt(text, world);
                 // The relevant-memory prefetch's selection request, when the gate is on.
-                agent.prefetch_relevant_memories(text, &mut world);
+                agent.prefetch_relevant_memories(text, world);
                 // Side requests of the turn's start: prompt/agent hooks, the memory selection.
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
                 let mut reply = None;
@@ -198,22 +362,23 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     // The long-context chain runs first; its compaction forks are measured on
                     // their own lane before the main request.
                     let chain_run = {
-                        let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
-                        agent.run_chain(chain, &mut world, &mut calls).map_err(|e| err(i, e))?
+                        let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                        agent.run_chain(chain, world, &mut calls).map_err(|e| err(i, e))?
                     };
+                    note_check(&chain_run);
                     pending_events.extend(chain_run.events.iter().cloned());
                     if let Some(reason) = &chain_run.blocked {
                         // The blocking limit ends the turn before the request is sent; the
                         // scripted reply for it is skipped.
-                        blocked += 1;
+                        *blocked += 1;
                         let _ = world.model.next_reply("main");
                         pending_events.push(format!("blocked:{reason}"));
                         break;
                     }
-                    let (mut request, events) = agent.build_request_after_chain(&world, &chain_run);
+                    let (mut request, events) = agent.build_request_after_chain(world, &chain_run);
                     pending_events.extend(events);
                     let time_based = chain_run.reports.iter().any(|r| r.fired && r.name == "microcompact" && r.reason.starts_with("time_based"));
-                    compacted |= chain_run.compacted;
+                    *compacted |= chain_run.compacted;
                     if chain_run.compacted || time_based {
                         pinned_edits.clear();
                     }
@@ -231,40 +396,42 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     // The server applies `context_management` before it counts or caches; it
                     // refuses oversized media first, then an over-long prompt.
                     let mut served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
-                    let window = agent.model_limits(&world).context_window;
+                    let window = agent.model_limits(world).context_window;
                     let rejection = media.media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
                     if let Some(error) = rejection {
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
-                        input.turn = turn;
-                        input.events = std::mem::take(&mut pending_events);
-                        input.stages = std::mem::take(&mut pending_stages);
+                        input.turn = *turn;
+                        input.events = std::mem::take(pending_events);
+                        input.stages = std::mem::take(pending_stages);
                         input.stages.extend(chain_run.reports);
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
                         let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                         out.push(row, request);
                         let recovery_outcome = {
-                            let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
-                            agent.recover_prompt_too_long(chain, &mut world, &mut calls, &mut recovery, &error).map_err(|e| err(i, e))?
+                            let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                            agent.recover_prompt_too_long(chain, world, &mut calls, recovery, &error).map_err(|e| err(i, e))?
                         };
                         match recovery_outcome {
                             Recovery::Retry(run) => {
+                                note_check(&run);
                                 if run.compacted {
                                     pinned_edits.clear();
                                 }
                                 pending_events.extend(run.events);
-                                pending_stages = run.reports;
+                                *pending_stages = run.reports;
                                 continue;
                             }
                             Recovery::Surface { run, .. } => {
+                                note_check(&run);
                                 // The error is shown and the turn ends (`prompt_too_long`, or
                                 // `image_error` for media, whose offending blocks the next
                                 // request no longer carries); the scripted reply is never
                                 // sampled. What the ladder's stages did is reported on the next
                                 // main request.
                                 pending_events.extend(run.events);
-                                pending_stages = run.reports;
+                                *pending_stages = run.reports;
                                 if is_media_size_error(&error) {
                                     let stripped = agent.strip_media_after_error();
                                     pending_events.push(format!("image_error_surfaced:{stripped}"));
@@ -274,26 +441,26 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                                 } else {
                                     pending_events.push("prompt_too_long_surfaced".to_owned());
                                 }
-                                surfaced += 1;
+                                *surfaced += 1;
                                 let _ = world.model.next_reply("main");
                                 break;
                             }
                         }
                     }
                     if let Some(client) = client.as_deref_mut() {
-                        let call = MainCall { request: &request, time_ms: world.clock.now_ms(), new_turn: prompted, compacted };
+                        let call = MainCall { request: &request, time_ms: world.clock.now_ms(), new_turn: *prompted, compacted: *compacted };
                         pending_events.extend(client.before_main(call, &mut served.flat, measurer));
                     }
-                    (prompted, compacted) = (false, false);
+                    (*prompted, *compacted) = (false, false);
                     let this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
                     let first_token_ms = this_reply.latency.map_or(0, |l| l.first_token_ms);
                     let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
-                    input.turn = turn;
-                    input.events = std::mem::take(&mut pending_events);
+                    input.turn = *turn;
+                    input.events = std::mem::take(pending_events);
                     input.output_tokens = this_reply.output_tokens;
                     input.first_token_ms = first_token_ms;
                     input.recorded_usage = this_reply.usage.clone().filter(|u| *u != Usage::default());
-                    let mut stages = std::mem::take(&mut pending_stages);
+                    let mut stages = std::mem::take(pending_stages);
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
@@ -308,17 +475,17 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     reply = Some((this_reply, usage, message_id));
                     break;
                 }
-                let Some((reply, usage, message_id)) = reply else { continue };
+                let Some((reply, usage, message_id)) = reply else { return Ok(()) };
                 // Events of the reply's tools are kept by the session for the next request. An
                 // Agent call runs its subagent here, each of its requests measured on its lane.
-                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
-                agent.apply_reply(&reply, &mut world, &mut calls).map_err(|e| err(i, e))?;
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                agent.apply_reply(&reply, world, &mut calls).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
                 agent.note_usage(usage, message_id, world.clock.now_ms());
                 if reply.stop_reason == StopReason::MaxTokens {
                     // max_output_tokens recovery: the partial reply stays, a meta message asks
                     // the model to resume (at most the configured number of times per turn).
-                    match on_max_output_tokens(strategy.compact.recovery.max_output_tokens_recovery_limit, &mut recovery) {
+                    match on_max_output_tokens(strategy.compact.recovery.max_output_tokens_recovery_limit, recovery) {
                         MaxOutputAction::Resume { attempt, .. } => {
                             agent.push_meta_user(RESUME_MESSAGE);
                             pending_events.push(format!("max_output_tokens_recovery:{attempt}"));
@@ -329,8 +496,8 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
                     recovery.next_turn();
                 }
                 // Session memory is extracted after sampling, on its own lane.
-                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
-                agent.extract_session_memory(&mut world, &mut calls).map_err(|e| err(i, e))?;
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                agent.extract_session_memory(world, &mut calls).map_err(|e| err(i, e))?;
             }
             Step::Assistant(_) => {}
             Step::ToolOutput(_) => {}
@@ -344,36 +511,32 @@ pub fn run_scenario_opts(scenario: &Scenario, measurer: &mut Measurer, strategy:
             | Step::PluginReload
             | Step::Attachment { .. }
             | Step::Microcompact { .. }
-            | Step::Git(_) => apply_world_step(step, &mut agent, &mut world, &mut pending_events).map_err(|e| err(i, e))?,
+            | Step::Git(_) => apply_world_step(step, agent, world, pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
-                agent.clear(&mut world);
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
+                agent.clear(world);
+                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
             }
             Step::Compact => {
                 let run = {
-                    let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut out, turn };
-                    agent.manual_compact(chain, &mut world, &mut calls).map_err(|e| err(i, e))?
+                    let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                    agent.manual_compact(chain, world, &mut calls).map_err(|e| err(i, e))?
                 };
-                compacted |= run.compacted;
+                *compacted |= run.compacted;
+                note_check(&run);
                 pending_events.extend(run.events);
                 pending_stages.extend(run.reports);
             }
             Step::Resume => {
-                agent.resume(&mut world);
-                measure_side_calls(measurer, &mut world, agent.take_side_calls(), turn, &mut out).map_err(|e| err(i, e))?;
+                agent.resume(world);
+                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
             }
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
                 pending_events.push(format!("model_changed:{model}"));
             }
         }
+        Ok(())
     }
-    // A surfaced prompt-too-long ends its turn like a blocked one.
-    let mut summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &out.rows, blocked + surfaced);
-    if let Some(loss) = out.loss {
-        summary.info_loss = loss.finish();
-    }
-    Ok(RunOutput { scenario: scenario.file.clone(), rows: out.rows, requests: out.requests, summary })
 }
 
 /// The usage the API reports for a reply measured as `row`. The client trusts it: a scripted

@@ -48,6 +48,8 @@ pub struct ChainRun {
     pub context_management: Option<serde_json::Value>,
     /// The thinking-clear latch is on: `clear_thinking` keeps one turn.
     pub thinking_clear_latched: bool,
+    /// The count autocompact compared with its threshold, when the check was reached.
+    pub autocompact_checked: Option<u64>,
 }
 
 /// What the simulated API did with a fork.
@@ -253,6 +255,36 @@ impl Session {
         ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) }
     }
 
+    /// The autocompact threshold the chain checks against under `strategy` (the scenario's env
+    /// applied over it, as [`Session::new`] does), with this session's limits.
+    pub fn autocompact_threshold_under(&self, strategy: &crate::strategy::Strategy, world: &World) -> u64 {
+        let mut strategy = strategy.clone();
+        let _ = strategy.apply_env(&world.env);
+        crate::agent::compact::counting::Thresholds::compute(self.model_limits(world), &strategy.compact).autocompact
+    }
+
+    /// Goes on under `strategy`, which may differ from the session's own only in the knobs that
+    /// move the autocompact threshold (`buffer_tokens`, the PCT override) and the name. A run
+    /// checkpointed before the first autocompact check the two thresholds decide differently
+    /// goes on as a run under `strategy` from the start would have. Any other difference is
+    /// refused.
+    pub fn retarget_autocompact(&mut self, strategy: &crate::strategy::Strategy, world: &World) -> Result<(), String> {
+        let mut next = strategy.clone();
+        let _ = next.apply_env(&world.env);
+        let normal = |s: &crate::strategy::Strategy| {
+            let mut s = s.clone();
+            s.name = String::new();
+            s.compact.autocompact.buffer_tokens = 0;
+            s.compact.autocompact.pct_override = None;
+            serde_json::to_value(&s).ok()
+        };
+        if normal(&next) != normal(&self.strategy) {
+            return Err("the strategy differs from the session's in more than the autocompact threshold".to_owned());
+        }
+        self.strategy = next;
+        Ok(())
+    }
+
     fn compact_inputs(&self, world: &World) -> CompactInputs {
         let mut inputs = CompactInputs::default();
         for (path, mtime) in &self.read_state {
@@ -423,6 +455,7 @@ impl Session {
             cache_edits: output.cache_edits,
             context_management: output.context_management,
             thinking_clear_latched: self.chain_state.thinking_clear_latched,
+            autocompact_checked: output.autocompact_checked,
         };
         let (records, metas, next, unchanged) = entries_into_records(entries, std::mem::take(&mut self.records), &index);
         self.message_memo.invalidate_from(unchanged);

@@ -48,6 +48,11 @@ pub struct SweepArgs {
     /// every knob applies; points whose settings resolve alike share one run).
     #[arg(long, value_enum, default_value = "replay")]
     pub engine: super::args::Engine,
+    /// With `--engine agent`, run every point of a session alone from its first call, instead
+    /// of going on from a checkpoint of the run it shares its beginning with (same results;
+    /// slower; for checking that).
+    #[arg(long)]
+    pub no_checkpoints: bool,
     /// The largest grid run (points × inputs); a bigger one is an error before anything runs.
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub max_points: u64,
@@ -109,7 +114,7 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress, args.engine.into()))?.rows;
+    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress, args.engine.into(), !args.no_checkpoints))?.rows;
     progress.finish_and_clear();
     let notes = InputNotes::new_with(&grid, &base, &inputs, args.engine.into())?;
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));

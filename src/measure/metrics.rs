@@ -102,7 +102,7 @@ impl<'a> MeasureInput<'a> {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct LaneState {
     memory: Option<LaneMemory>,
     pending_events: Vec<String>,
@@ -134,7 +134,7 @@ impl Served {
 }
 
 /// Measures requests in order: tokens, cache, prefix stability, cause, cost.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Measurer {
     table: ModelTable,
     counter: TokenCounter,

@@ -69,7 +69,7 @@ struct O200k {
 }
 
 /// A counting run's state: the counts of the short pieces that are not tokens.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Counter {
     memo: FxHashMap<u128, u32>,
 }

@@ -252,7 +252,7 @@ fn raw_kind(kind: EstimatorKind) -> EstimatorKind {
 }
 
 /// Counts blocks with one estimator, memoizing by the block's content hash.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TokenCounter {
     kind: EstimatorKind,
     calibration: Calibration,

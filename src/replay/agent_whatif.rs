@@ -37,6 +37,8 @@ use crate::measure::loss::InfoLoss;
 use crate::measure::{Measurer, RequestMetrics};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::{EventKind, ImportedSession};
+use crate::runner::{RunOptions, RunState};
+use crate::scenario::Scenario;
 use crate::strategy::Strategy;
 
 use super::loss::{CompactionLoss, compaction_loss};
@@ -44,10 +46,6 @@ use super::workload::{Sizing, Workload, sized_workload};
 
 /// Runs of one session under one strategy at most, while the plan settles.
 pub const MAX_RUNS: usize = 4;
-
-/// Stages that replace the history with a summary (each takes a reply on the `compact` lane,
-/// except session-memory compaction, which uses the session memory).
-const COMPACTION_STAGES: [&str; 4] = ["autocompact", "session_memory_compact", "manual_compact", "reactive_compact"];
 
 /// Stages that rewrite what the model saw without a compaction.
 const REWRITE_STAGES: [&str; 12] = [
@@ -142,12 +140,8 @@ pub fn effective_strategy(strategy: &Strategy, prepared: &Prepared) -> Strategy 
 /// window cap) enter as the thresholds they give for this session's window, so a buffer and an
 /// override that put the threshold at the same count share a run.
 pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
-    use crate::agent::compact::counting::Thresholds;
-    let world = &prepared.workload.scenario.world;
     let auto = &effective.compact.autocompact;
-    let context_window = auto.context_window.or(world.context_window).unwrap_or(if world.model.contains("[1m]") { 1_000_000 } else { 200_000 });
-    let limits = crate::agent::compact::ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) };
-    let thresholds = Thresholds::compute_with_reserve(limits, &effective.compact, prepared.reserve);
+    let thresholds = thresholds_of(effective, prepared);
     // The runner refuses a buffer at or above the effective window: such a point keeps its own key.
     let refused = auto.buffer_tokens >= thresholds.effective_window;
     let mut normal = effective.clone();
@@ -160,6 +154,15 @@ pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
     let mut text = serde_json::to_vec(&normal).expect("a strategy serializes");
     text.extend(format!("{thresholds:?}").bytes());
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+}
+
+/// The thresholds `effective` gives for this session's window.
+fn thresholds_of(effective: &Strategy, prepared: &Prepared) -> crate::agent::compact::counting::Thresholds {
+    let world = &prepared.workload.scenario.world;
+    let auto = &effective.compact.autocompact;
+    let context_window = auto.context_window.or(world.context_window).unwrap_or(if world.model.contains("[1m]") { 1_000_000 } else { 200_000 });
+    let limits = crate::agent::compact::ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) };
+    crate::agent::compact::counting::Thresholds::compute_with_reserve(limits, &effective.compact, prepared.reserve)
 }
 
 /// One compaction of the agent's run.
@@ -239,46 +242,63 @@ struct Run {
     after: BTreeMap<usize, Vec<Message>>,
 }
 
-fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan) -> Result<Run, String> {
-    let scenario = planned(prepared, file, plan)?;
-    let mut kept: Vec<(usize, Vec<Message>)> = Vec::new();
-    let mut main = 0usize;
-    let mut observer = |request: &crate::api::Request, row: &RequestMetrics| {
-        if row.lane != LANE_MAIN || row.error.is_some() {
-            return;
-        }
-        if row.stages.iter().any(|s| s.fired && COMPACTION_STAGES.contains(&s.name.as_str())) {
-            kept.push((main, request.messages.clone()));
-        }
-        main += 1;
-    };
-    let options = crate::runner::RunOptions { info_loss: true, observer: Some(&mut observer), ..Default::default() };
-    // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
-    // holds what an earlier session left there.
+/// The rest of `run`'s steps under `strategy`, and what the run gave.
+fn finish_run(prepared: &Prepared, mut run: RunState<'_>, scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<Run, String> {
+    let chain = crate::agent::compact::chain::Chain::new();
+    while !run.done(scenario) {
+        run.step(scenario, measurer, strategy, &chain).map_err(|e| e.to_string())?;
+    }
+    let compacted = run.take_compacted_requests();
+    Ok(read_output(prepared, compacted, run.finish(scenario, measurer, strategy)))
+}
+
+/// A finished run's output with its main rows paired with the recorded calls.
+fn read_output(prepared: &Prepared, compacted: Vec<(usize, Vec<Message>)>, output: crate::runner::RunOutput) -> Run {
+    let main_rows = output.rows.iter().enumerate().filter(|(_, r)| r.lane == LANE_MAIN && r.error.is_none()).map(|(i, _)| i);
+    let paired: Vec<(usize, usize)> = main_rows.zip(prepared.workload.main_calls.iter().copied()).collect();
+    let call_of: BTreeMap<usize, usize> = paired.iter().copied().collect();
+    let after = compacted.into_iter().filter_map(|(row, messages)| call_of.get(&row).map(|call| (*call, messages))).collect();
+    Run { output, paired, after }
+}
+
+/// Resets `measurer` as for a new run: the counts of earlier runs kept, its cache holding what
+/// an earlier session left there (the warm first-call prefix).
+fn fresh_measurer(prepared: &Prepared, measurer: &mut Measurer) -> Result<(), String> {
     measurer.reset();
     if let Some(warm) = &prepared.warm {
         warm.seed(measurer)?;
     }
-    let output = crate::runner::run_scenario_opts(&scenario, measurer, strategy, &crate::agent::compact::chain::Chain::new(), options).map_err(|e| e.to_string())?;
-    let main_rows = output.rows.iter().enumerate().filter(|(_, r)| r.lane == LANE_MAIN && r.error.is_none()).map(|(i, _)| i);
-    let paired: Vec<(usize, usize)> = main_rows.zip(prepared.workload.main_calls.iter().copied()).collect();
-    let after = kept.into_iter().filter_map(|(n, messages)| paired.get(n).map(|(_, call)| (*call, messages))).collect();
-    Ok(Run { output, paired, after })
+    Ok(())
+}
+
+fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan) -> Result<Run, String> {
+    let scenario = planned(prepared, file, plan)?;
+    let options = crate::runner::RunOptions { info_loss: true, ..Default::default() };
+    // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
+    // holds what an earlier session left there.
+    fresh_measurer(prepared, measurer)?;
+    let mut run = RunState::start(&scenario, strategy, options).map_err(|e| e.to_string())?;
+    run.keep_compacted_requests();
+    finish_run(prepared, run, &scenario, measurer, strategy)
 }
 
 /// Drives the agent through `session` under `strategy` ([module docs](self)).
 pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, measurer: &mut Measurer, strategy: &Strategy) -> Result<AgentOutcome, String> {
     let effective = effective_strategy(strategy, prepared);
-    let recorded_lane: Vec<Value> = prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect();
-    let mut plan = Plan { usage_before: None, lane: recorded_lane };
+    settle(session, prepared, &effective, &mut |plan| run_once(prepared, file, measurer, &effective, plan))
+}
+
+/// The plan search of one strategy: runs (by `run`) until the plan holds.
+fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, run: &mut dyn FnMut(&Plan) -> Result<Run, String>) -> Result<AgentOutcome, String> {
+    let mut plan = first_plan(prepared);
     // The server's context editing under the client's own settings (thinking of idle turns
     // cleared) is what the recorded client asked for too: its recorded usage counts it.
     let client_edits = serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok();
     let mut runs = 0;
     loop {
-        let run = run_once(prepared, file, measurer, &effective, &plan)?;
+        let done = run(&plan)?;
         runs += 1;
-        let (compactions, divergence, lane) = read_run(prepared, &run, client_edits);
+        let (compactions, divergence, lane) = read_run(prepared, &done, client_edits);
         let consumed = lane.len();
         let next = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane };
         let settled = next.usage_before == plan.usage_before && plan.lane.len() >= consumed && plan.lane[..consumed] == next.lane[..];
@@ -287,9 +307,212 @@ pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, 
             if !settled && let Some((_, why)) = &mut divergence {
                 why.push_str(&format!(" (the plan of summaries had not settled after {MAX_RUNS} runs)"));
             }
-            return Ok(outcome(session, run, compactions, divergence, runs));
+            return Ok(outcome(session, done, compactions, divergence, runs));
         }
         plan = next;
+    }
+}
+
+/// The first plan: the recording followed throughout, each compaction taking the recorded
+/// summaries in order.
+fn first_plan(prepared: &Prepared) -> Plan {
+    Plan { usage_before: None, lane: prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect() }
+}
+
+/// Strategies that make the same runs up to their first autocompact check at or above the
+/// lower of their thresholds: the effective strategy with the knobs that only move the
+/// autocompact threshold (`buffer_tokens`, the PCT override) cleared. `None` for a strategy
+/// the runner refuses (a buffer at or above the effective window).
+pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
+    let thresholds = thresholds_of(effective, prepared);
+    if effective.compact.autocompact.buffer_tokens >= thresholds.effective_window {
+        return None;
+    }
+    let mut normal = effective.clone();
+    normal.name = String::new();
+    normal.compact.autocompact.buffer_tokens = 0;
+    normal.compact.autocompact.pct_override = None;
+    let text = serde_json::to_vec(&normal).expect("a strategy serializes");
+    Some(format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text)))
+}
+
+/// A run under the family's first plan, checkpointed before a step, with what decides whether
+/// another strategy and plan may go on from there.
+struct Checkpoint {
+    state: RunState<'static>,
+    measurer: Measurer,
+    /// The highest count autocompact compared with its threshold before the step.
+    max_checked: Option<u64>,
+    /// Rows before the step.
+    rows: usize,
+}
+
+/// Every strategy of `effectives` (one [`family_key`], distinct thresholds) through the agent,
+/// as [`agent_whatif`] runs each, with the work they share done once: the run under the
+/// highest threshold (the trunk) is checkpointed as it goes, and every other strategy goes on
+/// from the last checkpoint before its first autocompact check at or above its threshold; a
+/// later run of its plan search goes on from the last checkpoint its plan leaves unchanged
+/// (checkpoints are kept before the main call of each recorded compaction, where a plan
+/// stops following the recorded usage).
+pub fn agent_whatif_family(
+    session: &ImportedSession,
+    file: &str,
+    prepared: &Prepared,
+    measurer: Measurer,
+    effectives: &[Strategy],
+) -> Result<Vec<Result<AgentOutcome, String>>, String> {
+    /// Script steps between two checkpoints of the trunk.
+    const EVERY: usize = 24;
+    let chain = crate::agent::compact::chain::Chain::new();
+    let mut scenarios = Scenarios { prepared, file, list: Vec::new() };
+    let first = scenarios.get(&first_plan(prepared))?;
+    let mut measurer = measurer;
+    fresh_measurer(prepared, &mut measurer)?;
+    let options = crate::runner::RunOptions { info_loss: true, ..Default::default() };
+    // The trunk runs under the highest threshold.
+    let probe = RunState::start(&scenarios.list[first].1, &effectives[0], RunOptions::default()).map_err(|e| e.to_string())?;
+    let thresholds: Vec<u64> = effectives.iter().map(|s| probe.agent().autocompact_threshold_under(s, probe.world())).collect();
+    drop(probe);
+    let top = (0..effectives.len()).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
+    let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
+    trunk.keep_compacted_requests();
+    // The steps of the main calls the recording compacted before.
+    let recorded_steps: std::collections::BTreeSet<usize> = {
+        let calls: std::collections::BTreeSet<usize> = prepared.recorded.iter().map(|r| r.call).collect();
+        let mut main = 0usize;
+        let mut steps = std::collections::BTreeSet::new();
+        for (i, step) in scenarios.list[first].1.script.iter().enumerate() {
+            if let crate::scenario::Step::Assistant(reply) = step
+                && reply.lane == LANE_MAIN
+            {
+                if prepared.workload.main_calls.get(main).is_some_and(|c| calls.contains(c)) {
+                    steps.insert(i);
+                }
+                main += 1;
+            }
+        }
+        steps
+    };
+    let mut results: Vec<Option<Result<AgentOutcome, String>>> = effectives.iter().map(|_| None).collect();
+    let checkpoint = |trunk: &RunState<'_>, measurer: &Measurer, max_checked: Option<u64>| {
+        std::rc::Rc::new(Checkpoint { state: trunk.checkpoint(), measurer: measurer.clone(), max_checked, rows: trunk.rows() })
+    };
+    // The start is a checkpoint every run may go on from.
+    let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&trunk, &measurer, None)];
+    let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
+    let mut max_checked: Option<u64> = None;
+    let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top).collect();
+    let mut since = 0;
+    while !trunk.done(&scenarios.list[first].1) {
+        let step = trunk.next_step();
+        if recorded_steps.contains(&step) {
+            let c = checkpoint(&trunk, &measurer, max_checked);
+            kept.push(c.clone());
+            latest = Some(c);
+            since = 0;
+        } else if since >= EVERY {
+            latest = Some(checkpoint(&trunk, &measurer, max_checked));
+            since = 0;
+        }
+        since += 1;
+        let before = trunk.checks().len();
+        trunk.step(&scenarios.list[first].1, &mut measurer, &effectives[top], &chain).map_err(|e| e.to_string())?;
+        let Some(high) = trunk.checks()[before..].iter().map(|&(_, n)| n).max() else { continue };
+        max_checked = max_checked.max(Some(high));
+        // Strategies whose threshold this step's check reached go on from the last checkpoint.
+        let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| high >= thresholds[p]);
+        pending = rest;
+        for p in reached {
+            let from = latest.clone().ok_or("no checkpoint")?;
+            let mut candidates = kept.clone();
+            candidates.push(from);
+            let effective = &effectives[p];
+            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
+        }
+    }
+    // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
+    // to its end.
+    let end = checkpoint(&trunk, &measurer, max_checked);
+    let compacted = trunk.take_compacted_requests();
+    let trunk_output = trunk.finish(&scenarios.list[first].1, &measurer, &effectives[top]);
+    let trunk_run = read_output(prepared, compacted, trunk_output);
+    let mut candidates = kept.clone();
+    candidates.push(end);
+    let mut trunk_run = Some(trunk_run);
+    results[top] = Some(settle(session, prepared, &effectives[top], &mut |plan| match (plan == &first_plan(prepared), trunk_run.take()) {
+        (true, Some(run)) => Ok(run),
+        _ => run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[top], &effectives[top], plan),
+    }));
+    for p in pending {
+        let effective = &effectives[p];
+        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
+    }
+    Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
+}
+
+/// A run under `effective` and `plan` from the last of `candidates` it may go on from (else
+/// from the start).
+fn run_from(
+    scenarios: &mut Scenarios<'_>,
+    first: usize,
+    candidates: &[std::rc::Rc<Checkpoint>],
+    trunk_threshold: u64,
+    threshold: u64,
+    effective: &Strategy,
+    plan: &Plan,
+) -> Result<Run, String> {
+    let prepared = scenarios.prepared;
+    let index = scenarios.get(plan)?;
+    let (scenario, model) = (&scenarios.list[index].1, &scenarios.list[index].2);
+    let original = &scenarios.list[first].2;
+    let mut ordered: Vec<&std::rc::Rc<Checkpoint>> = candidates.iter().collect();
+    ordered.sort_by_key(|c| std::cmp::Reverse(c.state.next_step()));
+    for c in ordered {
+        // Every check before it below both thresholds: nothing there depended on which.
+        if threshold != trunk_threshold && c.max_checked.is_some_and(|n| n >= threshold.min(trunk_threshold)) {
+            continue;
+        }
+        if !c.state.world().model.resumable_with(original, model) {
+            continue;
+        }
+        let mut state = c.state.checkpoint();
+        state.world_mut().model.resume_with(original, model);
+        state.retarget_autocompact(effective)?;
+        let mut measurer = c.measurer.clone();
+        let mut run = finish_run(prepared, state, scenario, &mut measurer, effective)?;
+        // The trunk's rows before the checkpoint name the trunk's threshold where autocompact
+        // found the count below it; below this strategy's too, they name that one.
+        if threshold != trunk_threshold {
+            let suffix = format!(" < {trunk_threshold})");
+            for row in &mut run.output.rows[..c.rows] {
+                for stage in row.stages.iter_mut().filter(|s| s.name == "autocompact" && !s.fired && s.reason.starts_with("below threshold (")) {
+                    if let Some(head) = stage.reason.strip_suffix(&suffix) {
+                        stage.reason = format!("{head} < {threshold})");
+                    }
+                }
+            }
+        }
+        return Ok(run);
+    }
+    Err("no checkpoint to go on from (the start is one)".to_owned())
+}
+
+/// The scenarios of the plans a family ran, each parsed once, with its model as built.
+struct Scenarios<'p> {
+    prepared: &'p Prepared,
+    file: &'p str,
+    list: Vec<(Plan, Scenario, crate::world::ScriptedModel)>,
+}
+
+impl Scenarios<'_> {
+    fn get(&mut self, plan: &Plan) -> Result<usize, String> {
+        if let Some(i) = self.list.iter().position(|(p, _, _)| p == plan) {
+            return Ok(i);
+        }
+        let scenario = planned(self.prepared, self.file, plan)?;
+        let model = scenario.into_world().model;
+        self.list.push((plan.clone(), scenario, model));
+        Ok(self.list.len() - 1)
     }
 }
 
@@ -300,7 +523,7 @@ fn read_run(prepared: &Prepared, run: &Run, client_edits: bool) -> (Vec<Compacte
     let mut rewrites: Vec<(usize, String)> = Vec::new();
     for &(row, call) in &run.paired {
         for stage in run.output.rows[row].stages.iter().filter(|s| s.fired) {
-            if COMPACTION_STAGES.contains(&stage.name.as_str()) {
+            if crate::runner::COMPACTION_STAGES.contains(&stage.name.as_str()) {
                 compactions.push(Compacted { call, stage: stage.name.clone(), tokens_before: stage.tokens_before, recorded_summary: false });
             } else if REWRITE_STAGES.contains(&stage.name.as_str()) && stage.tokens_after < stage.tokens_before && !(client_edits && stage.name == "context_editing") {
                 // (A stage that fired but removed nothing, e.g. a context edit that cleared no

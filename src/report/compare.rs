@@ -166,6 +166,54 @@ impl InputMemo {
     pub fn agent_runs(&self) -> usize {
         self.runs.lock().map_or(0, |r| r.len())
     }
+
+    /// The session prepared for the agent, once.
+    fn prepared(&self, input: &Input, session: &ImportedSession, measurer: &Measurer) -> anyhow::Result<&crate::replay::agent_whatif::Prepared> {
+        self.prepared
+            .get_or_init(|| crate::replay::agent_whatif::prepare(session, &input.name, measurer))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", input.name))
+    }
+
+    /// The strategies of `strategies` whose agent runs on `input` are not made yet, grouped by
+    /// [`crate::replay::agent_whatif::family_key`] (one per run, sorted by run key), the groups
+    /// of two or more: each group is one [`InputMemo::run_family`]. None for a scenario.
+    pub fn families(&self, input: &Input, strategies: &[Strategy], measurer: &Measurer) -> anyhow::Result<Vec<Vec<Strategy>>> {
+        use crate::replay::agent_whatif::{effective_strategy, family_key, strategy_key};
+        let LoadedInput::Session(session) = &input.loaded else { return Ok(Vec::new()) };
+        let prepared = self.prepared(input, session, measurer)?;
+        let made = self.runs.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?;
+        let mut families: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Strategy>> = Default::default();
+        for strategy in strategies {
+            let key = strategy_key(&effective_strategy(strategy, prepared), prepared);
+            let Some(family) = family_key(&effective_strategy(strategy, prepared), prepared) else { continue };
+            if made.get(&key).is_some_and(|cell| cell.get().is_some()) {
+                continue;
+            }
+            families.entry(family).or_default().entry(key).or_insert_with(|| strategy.clone());
+        }
+        Ok(families.into_values().filter(|f| f.len() > 1).map(|f| f.into_values().collect()).collect())
+    }
+
+    /// Runs `family` (one group of [`InputMemo::families`]) through the agent on `input` with
+    /// the work its strategies share done once
+    /// ([`crate::replay::agent_whatif::agent_whatif_family`]), and keeps each result as
+    /// [`evaluate_digest`] would have made it. A strategy whose run failed is left to
+    /// [`evaluate_digest`], which reports the failure.
+    pub fn run_family(&self, input: &Input, family: &[Strategy], measurer: Measurer, keep_rows: bool) -> anyhow::Result<()> {
+        use crate::replay::agent_whatif::{agent_whatif_family, effective_strategy, strategy_key};
+        let LoadedInput::Session(session) = &input.loaded else { return Ok(()) };
+        let prepared = self.prepared(input, session, &measurer)?;
+        let effectives: Vec<Strategy> = family.iter().map(|s| effective_strategy(s, prepared)).collect();
+        let Ok(outcomes) = agent_whatif_family(session, &input.name, prepared, measurer, &effectives) else { return Ok(()) };
+        for (effective, outcome) in effectives.iter().zip(outcomes) {
+            let Ok(outcome) = outcome else { continue };
+            let key = strategy_key(effective, prepared);
+            let cell = self.runs.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?.entry(key).or_default().clone();
+            let _ = cell.set(Ok(agent_result(input, outcome, keep_rows)));
+        }
+        Ok(())
+    }
 }
 
 /// Evaluates `input` under `strategy` with `engine`, sharing work through `memo`; returns the
@@ -183,27 +231,28 @@ pub fn evaluate_digest(input: &Input, strategy: &Strategy, measurer: &mut Measur
             return Ok((e, digest));
         }
     };
-    let prepared = memo
-        .prepared
-        .get_or_init(|| crate::replay::agent_whatif::prepare(session, &input.name, measurer))
-        .as_ref()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", input.name))?;
+    let prepared = memo.prepared(input, session, measurer)?;
     let key = crate::replay::agent_whatif::strategy_key(&crate::replay::agent_whatif::effective_strategy(strategy, prepared), prepared);
     let cell = memo.runs.lock().map_err(|_| anyhow::anyhow!("a worker panicked"))?.entry(key).or_default().clone();
     let result = cell.get_or_init(|| {
         let outcome = crate::replay::agent_whatif::agent_whatif(session, &input.name, prepared, measurer, strategy)?;
-        let mut e = agent_evaluation(input, outcome);
-        let digest = crate::report::effects::outcome_digest(&e);
-        if !keep_rows {
-            e.rows = Vec::new();
-        }
-        Ok((e, digest))
+        Ok(agent_result(input, outcome, keep_rows))
     });
     let (e, digest) = result.as_ref().map_err(|e| anyhow::anyhow!("{}: {e}", input.name))?;
     let mut e = e.clone();
     e.strategy = strategy.name.clone();
     e.summary.strategy = strategy.name.clone();
     Ok((e, digest.clone()))
+}
+
+/// The memoized evaluation of a session's run through the agent and its outcome digest.
+fn agent_result(input: &Input, outcome: crate::replay::agent_whatif::AgentOutcome, keep_rows: bool) -> (Evaluation, String) {
+    let mut e = agent_evaluation(input, outcome);
+    let digest = crate::report::effects::outcome_digest(&e);
+    if !keep_rows {
+        e.rows = Vec::new();
+    }
+    (e, digest)
 }
 
 /// The evaluation of a session's run through the agent.

@@ -179,6 +179,7 @@ pub fn run_points(
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     progress: &indicatif::ProgressBar,
     engine: Engine,
+    checkpoints: bool,
 ) -> anyhow::Result<PointResults> {
     use rayon::prelude::*;
     let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
@@ -201,6 +202,23 @@ pub fn run_points(
             measurer.counter().memo()
         })
         .collect();
+    // Through the agent, the points of an input that differ only in where autocompact fires
+    // share their runs up to where they part ([`InputMemo::run_family`]), one family at a time;
+    // the jobs below find those runs made. `checkpoints` off (`sweep --no-checkpoints`) runs each
+    // point alone; the results are the same.
+    if engine == Engine::Agent && checkpoints {
+        let mut families = Vec::new();
+        for (i, input) in inputs.iter().enumerate() {
+            // A failure to prepare shows again in the jobs.
+            let found = input_memos[i].families(input, &strategies, &make_measurer()).unwrap_or_default();
+            families.extend(found.into_iter().map(|family| (i, family)));
+        }
+        families.par_iter().try_for_each(|(i, family)| {
+            let mut measurer = make_measurer();
+            measurer.counter_mut().seed(&memos[*i]);
+            input_memos[*i].run_family(&inputs[*i], family, measurer, false)
+        })?;
+    }
     // Each job's rows are reduced to its outcome digest at once and dropped.
     let results: Vec<anyhow::Result<(crate::report::compare::Evaluation, String)>> = jobs
         .par_iter()

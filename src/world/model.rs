@@ -141,6 +141,50 @@ impl ScriptedModel {
         }
     }
 
+    /// Goes on with `fresh`'s replies (a model built from another script) where this one stands:
+    /// each lane continues after as many replies as this one consumed. `original` is this model
+    /// as it was built. Refused (false, nothing changed) unless `fresh` scripted the same
+    /// replies as `original` for everything consumed so far, so that the run so far is one
+    /// `fresh` would have made too.
+    pub fn resume_with(&mut self, original: &ScriptedModel, fresh: &ScriptedModel) -> bool {
+        if !self.resumable_with(original, fresh) {
+            return false;
+        }
+        let mut lanes_now = BTreeMap::new();
+        for (lane, replies) in &fresh.lanes {
+            lanes_now.insert(lane.clone(), replies.iter().skip(self.consumed(lane)).cloned().collect());
+        }
+        self.lanes = lanes_now;
+        true
+    }
+
+    /// Whether [`ScriptedModel::resume_with`] would go on.
+    pub fn resumable_with(&self, original: &ScriptedModel, fresh: &ScriptedModel) -> bool {
+        let lanes: std::collections::BTreeSet<&String> = original.lanes.keys().chain(fresh.lanes.keys()).chain(self.consumed.keys()).collect();
+        for lane in &lanes {
+            let consumed = self.consumed(lane);
+            let (a, b) = (original.lanes.get(*lane), fresh.lanes.get(*lane));
+            if consumed == 0 {
+                continue;
+            }
+            let (Some(a), Some(b)) = (a, b) else {
+                // Answered by the fallback (or refused) in one and scripted in the other.
+                if a.is_some() != b.is_some() {
+                    return false;
+                }
+                continue;
+            };
+            // Past the end of a script the fallback answered: both scripts must end there.
+            if (a.len() < consumed || b.len() < consumed) && a.len() != b.len() {
+                return false;
+            }
+            if !a.iter().take(consumed).eq(b.iter().take(consumed)) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Replies left on `lane`.
     pub fn remaining(&self, lane: &str) -> usize {
         self.lanes.get(lane).map_or(0, VecDeque::len)

@@ -236,3 +236,63 @@ fn a_what_if_through_the_agent_seeds_the_warm_first_call_prefix_as_fidelity_does
     let whatif_reads: Vec<u64> = outcome.rows.iter().filter(|r| r.lane == "main" && r.error.is_none()).map(|r| r.cache_read_input_tokens).collect();
     assert_eq!(whatif_reads, fidelity_reads);
 }
+
+/// The points of a sweep that differ only in where autocompact fires go on from checkpoints of
+/// one trunk run (`agent_whatif_family`): each gives exactly what its own run from the first
+/// call gives — rows (stage reasons included), summary, compactions, divergence, losses and the
+/// number of plan runs — on a session with a recorded automatic compaction, for thresholds
+/// below, at and above the recorded one.
+#[test]
+fn checkpointed_runs_of_a_family_equal_the_runs_made_alone() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, family_key, prepare};
+    let session = a6e4();
+    let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+    let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+    let sets = [
+        "compact.autocompact.buffer_tokens=5000",
+        "compact.autocompact.buffer_tokens=13000",
+        "compact.autocompact.buffer_tokens=20000",
+        "compact.autocompact.buffer_tokens=40000",
+        "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50",
+        "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=70",
+    ];
+    let strategies: Vec<_> = sets.iter().map(|set| ctxsim::strategy::Strategy::resolve_with("claude-code", &[set.to_string()]).unwrap()).collect();
+    let effectives: Vec<_> = strategies.iter().map(|s| effective_strategy(s, &prepared)).collect();
+    let family = family_key(&effectives[0], &prepared).unwrap();
+    assert!(effectives.iter().all(|e| family_key(e, &prepared).as_deref() == Some(family.as_str())));
+    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &effectives).unwrap();
+    let mut compaction_points = std::collections::BTreeSet::new();
+    for ((set, strategy), together) in sets.iter().zip(&strategies).zip(together) {
+        let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), strategy).unwrap();
+        let together = together.unwrap();
+        assert_eq!(format!("{together:?}"), format!("{alone:?}"), "{set}");
+        compaction_points.insert(alone.compactions.iter().map(|c| c.call).collect::<Vec<_>>());
+    }
+    // The family really parts: the points compact at different calls.
+    assert!(compaction_points.len() >= 3, "{compaction_points:?}");
+    // A knob that is not the threshold makes another family.
+    let ttl = ctxsim::strategy::Strategy::resolve_with("claude-code", &["ttl_main=1h".to_string()]).unwrap();
+    assert_ne!(family_key(&effective_strategy(&ttl, &prepared), &prepared), Some(family));
+}
+
+/// `sweep --engine agent` writes the same bytes with the checkpoints and without
+/// (`--no-checkpoints`: every point run alone), and on 1 and 2 threads.
+#[test]
+fn a_sweep_through_the_agent_is_the_same_with_and_without_checkpoints() {
+    let session = a6e4();
+    let args = [session.as_str(), "--param", "compact.autocompact.buffer_tokens=5000,13000,20000", "--param", "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50,80,95"];
+    let (one, two, alone) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    sweep_agent(&args, one.path(), "1");
+    sweep_agent(&args, two.path(), "2");
+    let mut without = args.to_vec();
+    without.push("--no-checkpoints");
+    sweep_agent(&without, alone.path(), "2");
+    let csv = std::fs::read_to_string(one.path().join("sweep.csv")).unwrap();
+    let outcomes: std::collections::BTreeSet<&str> = csv.lines().skip(2).filter_map(|l| l.rsplit(',').next()).collect();
+    assert!(outcomes.len() >= 3, "the grid parts: {csv}");
+    for file in ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt", "pareto.svg", "sweep.html"] {
+        let bytes = std::fs::read(one.path().join(file)).unwrap();
+        assert_eq!(bytes, std::fs::read(two.path().join(file)).unwrap(), "{file}: 1 vs 2 threads");
+        assert_eq!(bytes, std::fs::read(alone.path().join(file)).unwrap(), "{file}: with vs without checkpoints");
+    }
+}

@@ -196,10 +196,9 @@ impl Stage for Autocompact {
             Some("auto-compact disabled".to_owned())
         } else if cx.config.context_collapse.enabled {
             Some("context collapse owns context pressure".to_owned())
-        } else if !thresholds.above_autocompact(counted) {
-            Some(format!("below threshold ({counted} < {})", thresholds.autocompact))
         } else {
-            None
+            cx.output.autocompact_checked = Some(counted);
+            (!thresholds.above_autocompact(counted)).then(|| format!("below threshold ({counted} < {})", thresholds.autocompact))
         };
         if let Some(reason) = skip {
             report.reason = reason;

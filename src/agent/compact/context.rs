@@ -342,6 +342,9 @@ pub struct ChainOutput {
     pub events: Vec<String>,
     /// Tokens snip freed (subtracted in autocompact's and the blocking check's counts).
     pub snip_tokens_freed: u64,
+    /// The count autocompact compared with its threshold, when the check was reached (a sweep
+    /// reads where points with other thresholds part from this run).
+    pub autocompact_checked: Option<u64>,
     /// A compaction happened in this iteration (skips the blocking-limit check).
     pub compacted: bool,
     /// A compaction waiting for its summary.
