@@ -100,7 +100,7 @@ impl CacheOutcome {
 }
 
 /// The simulated cache of one provider workspace.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CacheSim {
     namespaces: BTreeMap<String, u32>,
     /// Keyed by namespace and prefix hash (already uniform: the fast hasher suffices).

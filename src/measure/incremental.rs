@@ -42,7 +42,7 @@ use super::tokens::TokenCounter;
 pub const MAX_TRACKS: usize = 8;
 
 /// Flattens requests reusing the work done for earlier ones (see the module documentation).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Flattener {
     tracks: Vec<Track>,
     tick: u64,
@@ -57,7 +57,7 @@ pub struct Flattener {
 }
 
 /// The last request of one line of requests, as flattening left it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Track {
     last_used: u64,
     model: String,

@@ -43,7 +43,7 @@ pub struct InfoLoss {
 }
 
 /// Follows a run request by request.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LossTracker {
     loss: InfoLoss,
     /// Paths shown by a Read result in some earlier request.
