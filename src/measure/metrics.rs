@@ -133,6 +133,17 @@ impl Served {
     }
 }
 
+/// What a [`Measurer`] carries from one request to the next ([`Measurer::state`]).
+#[derive(Debug, Clone)]
+pub struct MeasurerState {
+    cache: CacheSim,
+    lanes: BTreeMap<String, LaneState>,
+    next_index: usize,
+    flattener: Flattener,
+    last_model: Option<(String, usize)>,
+    key_spaces: u64,
+}
+
 /// Measures requests in order: tokens, cache, prefix stability, cause, cost.
 #[derive(Debug, Clone)]
 pub struct Measurer {
@@ -213,6 +224,31 @@ impl Measurer {
         self.flattener = self.flattener.fresh_like();
         self.last_model = None;
         self.key_spaces = 0;
+    }
+
+    /// What this measurer has measured so far (cache, lanes, tracks, row numbering, key
+    /// spaces), without its model table and estimator: [`Self::restore`] puts it back.
+    pub fn state(&self) -> MeasurerState {
+        MeasurerState {
+            cache: self.cache.clone(),
+            lanes: self.lanes.clone(),
+            next_index: self.next_index,
+            flattener: self.flattener.clone(),
+            last_model: self.last_model.clone(),
+            key_spaces: self.key_spaces,
+        }
+    }
+
+    /// Measures on from `state` ([`Self::state`], taken from a measurer with the same model
+    /// table and estimator): the next request is measured as by that measurer. The token
+    /// counter and its memo stay this one's (counts do not depend on the memo).
+    pub fn restore(&mut self, state: &MeasurerState) {
+        self.cache = state.cache.clone();
+        self.lanes = state.lanes.clone();
+        self.next_index = state.next_index;
+        self.flattener = state.flattener.clone();
+        self.last_model = state.last_model.clone();
+        self.key_spaces = state.key_spaces;
     }
 
     /// The incremental flattener (its counters say how much was reused).

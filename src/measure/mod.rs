@@ -17,7 +17,7 @@ pub mod tokens;
 
 pub use blocks::{BlockPath, FlatRequest, PromptBlock, Region, flatten};
 pub use cache::{CacheError, CacheOutcome, CacheSim};
-pub use metrics::{LaneSummary, MeasureInput, Measurer, RequestMetrics, Served, StageReport, Summary};
+pub use metrics::{LaneSummary, MeasureInput, Measurer, MeasurerState, RequestMetrics, Served, StageReport, Summary};
 pub use models::{ModelInfo, ModelTable, UnknownModel};
 pub use prefix::{CAUSES, PrefixReport};
 pub use tokens::{Calibration, EstimatorKind, TokenCounter};

@@ -145,6 +145,9 @@ pub struct ImportedSession {
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
     chain: Chain,
+    /// For a session made by [`ImportedSession::with_compaction_edits`]: the first event index
+    /// at which it differs from the session it was made from.
+    first_edited_event: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -180,7 +183,7 @@ impl Chain {
 /// each message with a *serial*: a number given when the message is built and renewed whenever
 /// it changes (merged into, or rebuilt with different content), so that two messages with the
 /// same serial from one cache are identical ([`ImportedSession::messages_for_call_view`]).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ViewCache {
     lanes: BTreeMap<String, LaneView>,
     /// The next serial to give.
@@ -191,12 +194,21 @@ pub struct ViewCache {
     chain: ChainMemo,
 }
 
+impl ViewCache {
+    /// A cache that has built nothing and gives serials this one never gave: a reader that
+    /// holds this one's serials (a replay checkpoint's) goes on with it, rebuilding what it
+    /// reads next, without ever seeing a serial of this cache again.
+    pub fn restarted(&self) -> ViewCache {
+        ViewCache { next_serial: self.next_serial, ..ViewCache::default() }
+    }
+}
+
 /// The last walk of the `parentUuid` chain ([`ImportedSession::chain_view`]) kept for the next
 /// one: the next call's chain is usually this one plus the nodes written since, so the next walk
 /// stops where it meets this walk's leaf and takes the rest from here. A walk that meets this one
 /// anywhere else (a rewind, a compaction) is made in full and replaces it. A memo serves one
 /// session (as the [`ViewCache`] that holds it).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct ChainMemo {
     /// The node the walk started from.
     leaf: Option<usize>,
@@ -227,7 +239,7 @@ impl ChainMemo {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct LaneView {
     /// The event indices `messages` were built from.
     view: Option<Vec<usize>>,
@@ -250,7 +262,7 @@ impl ImportedSession {
         let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, api_requests: ApiRequests::default(), chain: Chain::default() }
+        ImportedSession { recording, calls, report, api_requests: ApiRequests::default(), chain: Chain::default(), first_edited_event: None }
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -719,7 +731,17 @@ impl ImportedSession {
         let mut report = self.report.clone();
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, api_requests: self.api_requests.clone(), chain: Chain { index, nodes } }
+        // Events before the first insertion or removal keep their index, content and chain (a
+        // reparented node holds an event at or after one).
+        let first_edited_event = inserts.keys().chain(removed.iter()).min().copied();
+        ImportedSession { recording, calls, report, api_requests: self.api_requests.clone(), chain: Chain { index, nodes }, first_edited_event }
+    }
+
+    /// For a session made by [`Self::with_compaction_edits`] (with at least one edit): the first
+    /// event index at which it differs from the session it was made from; every event, call and
+    /// `parentUuid` link before it is the same in both.
+    pub fn first_edited_event(&self) -> Option<usize> {
+        self.first_edited_event
     }
 }
 
@@ -1062,7 +1084,7 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     report.totals_by_lane = by_lane;
     report.api_requests = api.requests.len();
     report.api_requests_of_calls = calls.iter().filter(|c| c.request_ref.as_ref().is_some_and(|r| api.requests.contains_key(r))).count();
-    ImportedSession { recording, calls, report, api_requests: api, chain: Chain::new(chain) }
+    ImportedSession { recording, calls, report, api_requests: api, chain: Chain::new(chain), first_edited_event: None }
 }
 
 /// Stable k-way merge by time; returns the merged events and, for lane 0, old → new index.

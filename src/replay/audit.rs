@@ -32,7 +32,7 @@ use crate::recording::{EventKind, ImportedSession};
 
 use super::discover::SessionFile;
 use super::fidelity::fidelity_for_session;
-use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_shadowed};
+use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_checkpointed};
 
 /// What-ifs the audit replays.
 pub const WHATIFS_AVAILABLE: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (claude-code-no-microcompact, claude-code-summary-only)";
@@ -207,6 +207,13 @@ pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
 
 /// Audits one imported session: bills it, replays it as recorded and under each what-if.
 pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer) -> SessionAudit {
+    audit_session_with(file, session, table, make, true)
+}
+
+/// [`audit_session`]; `checkpoints`: the autocompact what-ifs replay the session with
+/// compactions moved from the last checkpoint of the replay as recorded before the first moved
+/// one ([`super::whatif::ReplayMemo`]), else from the first call (the same audit, slower).
+pub fn audit_session_with(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer, checkpoints: bool) -> SessionAudit {
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);
     // Calls at their written time; the importer's virtual time never goes below the first record's.
     let written = super::discover::call_times(&file.path);
@@ -286,7 +293,12 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     // The audit reports no information loss: the replays skip judging it.
     let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
     let mut shadows: Vec<TtlShadow> = candidates.iter().map(|(_, ttl)| TtlShadow::new(*ttl)).collect();
-    let mut replay = replay_session_shadowed(session, &mut measurer, &plain, &mut shadows);
+    // The what-ifs that move compactions share their replays (equal plans or options are one
+    // replay) and start from this one's checkpoints.
+    let shared = if checkpoints { super::whatif::ReplayMemo::new() } else { super::whatif::ReplayMemo::without_checkpoints() };
+    let (replay, at) = replay_session_checkpointed(session, &mut measurer, &plain, true, &mut shadows);
+    let replay = std::sync::Arc::new(replay);
+    shared.record_replay(&plain, true, replay.clone(), at);
     // A what-if replayed again counts the same blocks: it starts from these counts.
     let memo = measurer.counter().memo();
     drop(measurer);
@@ -324,10 +336,12 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         .collect();
 
     let mut whatifs = Vec::new();
+    let mut shadowed: Option<super::session::SessionReplay> = None;
     for ((name, ttl), shadow) in candidates.into_iter().zip(&shadows) {
         let cost = if shadow.exact() {
-            shadow.apply(&mut replay);
-            fidelity_for_session(&replay, table, false).simulated_cost_usd
+            let replay = shadowed.get_or_insert_with(|| super::session::SessionReplay::clone(&replay));
+            shadow.apply(replay);
+            fidelity_for_session(replay, table, false).simulated_cost_usd
         } else {
             let mut measurer = make();
             measurer.counter_mut().seed(&memo);
@@ -339,10 +353,8 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         let saving = baseline - cost;
         whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None });
     }
-    drop(replay);
-    // The what-ifs that move compactions: replayed only where they can change something, their
-    // replays shared (equal plans or options are one replay).
-    let shared = super::whatif::ReplayMemo::new();
+    drop((replay, shadowed));
+    // The what-ifs that move compactions: replayed only where they can change something.
     let replayed = |options: &ReplayOptions| {
         let mut measurer = make();
         measurer.counter_mut().seed(&memo);

@@ -430,7 +430,7 @@ pub struct UnrecordedSizes {
     pub prefix_from_record: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct LaneState {
     ttl: Option<CacheTtl>,
     model: Option<String>,
@@ -681,7 +681,7 @@ impl Unrecorded<'_> {
 /// identical messages. A key is derived (xxh3-128) from everything its message is built from;
 /// `space` ([`Measurer::new_key_space`]) keeps the keys of two replays through one measurer
 /// apart.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct MessageKeys {
     space: u64,
     fresh: u64,
@@ -720,7 +720,7 @@ impl MessageKeys {
 /// identical raw messages) and the version of the lane's cleared set. A message whose key did
 /// not change is identical to what rebuilding it would give, so it is kept, and its key goes to
 /// the flattener.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct BuiltView {
     messages: Vec<Message>,
     keys: Vec<u128>,
@@ -838,7 +838,7 @@ type SystemKey = (String, u64, EstimatorKind, u64, u64, CacheControl);
 
 /// The filler parts of a lane's last request ([`Unrecorded::request_with`]), with what they were
 /// made from.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct Parts {
     system: Option<(SystemKey, SystemPrompt)>,
     reminder: Option<(FillerKey, ContentBlock)>,
@@ -1313,13 +1313,128 @@ pub type RequestObserver<'a> = dyn FnMut(usize, &Request) + 'a;
 /// [`replay_session`] without a what-if, handing `observe` every request it builds (the index
 /// of its recorded call and the body, before measurement).
 pub fn replay_session_observed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, observe: &mut dyn FnMut(usize, &Request)) -> SessionReplay {
-    replay_session_observing(session, measurer, options, true, &mut [], Some(observe))
+    replay_session_observing(session, measurer, options, true, &mut [], Some(observe), Checkpointing::Off)
 }
 
 /// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
 /// request's messages carry keys for the flattener.
 fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> SessionReplay {
-    replay_session_observing(session, measurer, options, incremental, shadows, None)
+    replay_session_observing(session, measurer, options, incremental, shadows, None, Checkpointing::Off)
+}
+
+/// Checkpoints a replay takes at most (evenly spaced over its calls).
+pub const CHECKPOINTS: usize = 16;
+/// Calls between two checkpoints at least.
+const CHECKPOINT_MIN_STRIDE: usize = 8;
+
+/// The state of a replay before one of its calls: everything the calls before it left for the
+/// calls after it (the lanes' scan positions and state, the measurer's cache and tracks, the
+/// unrecorded sizes, the notes, the compactions seen), but the lanes' built messages, which the
+/// resumed replay builds again. A replay of the same session with
+/// compactions moved ([`ImportedSession::with_compaction_edits`]) is the same replay up to the
+/// first edited event, so it starts from the last checkpoint before that
+/// ([`replay_session_from`]) instead of from the first call. Taken only when
+/// [`checkpoints_apply`].
+#[derive(Debug, Clone)]
+pub struct ReplayCheckpoint {
+    /// The position in the session's calls of the next call.
+    position: usize,
+    /// The event index of the call before it.
+    last_event: usize,
+    measurer: crate::measure::MeasurerState,
+    /// Notes made by the calls so far (the notes of the set-up are the session's own).
+    notes: BTreeSet<String>,
+    unrecorded_main: Option<UnrecordedSizes>,
+    lanes: BTreeMap<String, LaneState>,
+    views: crate::recording::ViewCache,
+    keys: MessageKeys,
+    file_tokens: BTreeMap<(u128, String), u64>,
+    groups: BTreeMap<String, GroupSizes>,
+    turn: u32,
+    loss: crate::measure::loss::LossTracker,
+    diverged_calls: usize,
+    first_divergence: Option<(usize, String)>,
+    previous_main: Option<(usize, u64)>,
+    compactions: Vec<CompactionSeen>,
+    windows: BTreeMap<String, u64>,
+}
+
+/// A main-lane compaction a replay went through, judged when the replay ends
+/// ([`super::loss::compaction_loss`] reads the session's later turns, which an edit after it
+/// may change): the call after it, the previous main call, the messages after it and the two
+/// calls' contexts.
+#[derive(Debug, Clone)]
+struct CompactionSeen {
+    call: usize,
+    previous: usize,
+    after: Vec<Message>,
+    context_before: u64,
+    context_after: u64,
+}
+
+/// The checkpoints of one replay of a session as recorded ([`replay_session_checkpointed`]),
+/// with the replay (its calls before a checkpoint are the resumed replay's).
+#[derive(Debug)]
+pub struct ReplayCheckpoints {
+    at: Vec<ReplayCheckpoint>,
+    replay: std::sync::Arc<SessionReplay>,
+}
+
+impl ReplayCheckpoint {
+    /// The position in the session's calls of the call the checkpoint precedes.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}
+
+impl ReplayCheckpoints {
+    pub fn new(at: Vec<ReplayCheckpoint>, replay: std::sync::Arc<SessionReplay>) -> ReplayCheckpoints {
+        ReplayCheckpoints { at, replay }
+    }
+
+    /// The replay the checkpoints were taken in.
+    pub fn replay(&self) -> &std::sync::Arc<SessionReplay> {
+        &self.replay
+    }
+
+    /// The last checkpoint whose calls so far all come before event `first_edited` (the first
+    /// event an edited session changes).
+    pub fn before(&self, first_edited: usize) -> Option<&ReplayCheckpoint> {
+        self.at.iter().rev().find(|c| c.last_event < first_edited)
+    }
+}
+
+/// Whether a replay under `options` takes and resumes from checkpoints: not with the agent's
+/// stages on (their state is not kept).
+pub fn checkpoints_apply(options: &ReplayOptions) -> bool {
+    options.stages.is_none() && options.autocompact.is_none()
+}
+
+/// Where a replay starts and what it keeps.
+enum Checkpointing<'a> {
+    Off,
+    /// Take checkpoints into this list.
+    Record(&'a mut Vec<ReplayCheckpoint>),
+    /// Start from this checkpoint, the calls before it as in this replay.
+    Resume(&'a ReplayCheckpoint, &'a SessionReplay),
+}
+
+/// [`replay_session`] (with TTL `shadows` as [`replay_session_shadowed`]) taking up to
+/// [`CHECKPOINTS`] checkpoints on the way, for replays of the session with compactions moved
+/// ([`replay_session_from`]). The replay is the same as without them.
+pub fn replay_session_checkpointed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> (SessionReplay, Vec<ReplayCheckpoint>) {
+    assert!(checkpoints_apply(options), "checkpoints are taken with the recorded compactions and no agent stages");
+    let mut at = Vec::new();
+    let replay = replay_session_observing(session, measurer, options, incremental, shadows, None, Checkpointing::Record(&mut at));
+    (replay, at)
+}
+
+/// The replay of `session` (the session the checkpoints were taken on, its compactions moved by
+/// [`ImportedSession::with_compaction_edits`] after the checkpoint's calls) from `checkpoint` of
+/// `checkpoints` on: the same replay as from the first call, under the options and estimator the
+/// checkpoints were taken with.
+pub fn replay_session_from(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, checkpoints: &ReplayCheckpoints, checkpoint: &ReplayCheckpoint) -> SessionReplay {
+    replay_session_observing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay))
 }
 
 fn replay_session_observing(
@@ -1329,6 +1444,7 @@ fn replay_session_observing(
     incremental: bool,
     shadows: &mut [TtlShadow],
     mut observe: Option<&mut RequestObserver<'_>>,
+    mut checkpointing: Checkpointing<'_>,
 ) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
@@ -1336,16 +1452,18 @@ fn replay_session_observing(
     let cwd = session.recording.header.cwd.as_deref();
     let calibration = measurer.counter().calibration().clone();
     let fitted_prefixes = calibration.prefix_tokens.clone();
-    // Notes on per-version profile entries taken from another version.
+    // Notes on per-version profile entries taken from another version: the set-up's, and the
+    // calls'.
+    let mut setup_notes: BTreeSet<String> = BTreeSet::new();
     let mut profile_notes: BTreeSet<String> = BTreeSet::new();
     let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
-    let user_context_prior = fitted_with_note(&calibration.user_context_by_version, &main_version, "user context", &mut profile_notes)
+    let user_context_prior = fitted_with_note(&calibration.user_context_by_version, &main_version, "user context", &mut setup_notes)
         .copied()
         .or(calibration.user_context_tokens)
         .unwrap_or(0);
     let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
-    let thinking_estimate = unstored_thinking(session, measurer, &main_version, &mut profile_notes);
+    let thinking_estimate = unstored_thinking(session, measurer, &main_version, &mut setup_notes);
 
     // Tool search off: the deferred tools the session's ToolSearch calls load are sent from the
     // start.
@@ -1365,7 +1483,7 @@ fn replay_session_observing(
     let mut first_divergence: Option<(usize, String)> = None;
     // The previous compared main call and its context; the loss of each main compaction.
     let mut previous_main: Option<(usize, u64)> = None;
-    let mut compaction_losses = Vec::new();
+    let mut compactions: Vec<CompactionSeen> = Vec::new();
     // The agent's long-context stages on the main lane ([`super::stages`]).
     let mut stages = super::stages::StagesState::default();
     let mut windows: BTreeMap<String, u64> = BTreeMap::new();
@@ -1374,7 +1492,64 @@ fn replay_session_observing(
     let use_records = records_requests && options.recorded_requests && !options.changes_view() && options.layout.is_none();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
 
-    for call in &session.calls {
+    let mut start = 0;
+    if let Checkpointing::Resume(at, replay) = &checkpointing {
+        assert!(shadows.is_empty() && observe.is_none(), "a resumed replay has no TTL shadow or observer");
+        start = at.position;
+        measurer.restore(&at.measurer);
+        profile_notes.clone_from(&at.notes);
+        unrecorded_main = at.unrecorded_main;
+        lanes.clone_from(&at.lanes);
+        views.clone_from(&at.views);
+        keys = at.keys.clone();
+        file_tokens.borrow_mut().clone_from(&at.file_tokens);
+        groups.clone_from(&at.groups);
+        out.extend(replay.calls[..start].iter().cloned());
+        turn = at.turn;
+        loss.clone_from(&at.loss);
+        diverged_calls = at.diverged_calls;
+        first_divergence.clone_from(&at.first_divergence);
+        previous_main = at.previous_main;
+        compactions.clone_from(&at.compactions);
+        windows.clone_from(&at.windows);
+    }
+    let stride = (session.calls.len() / CHECKPOINTS).max(CHECKPOINT_MIN_STRIDE);
+    for (position, call) in session.calls.iter().enumerate().skip(start) {
+        if let Checkpointing::Record(at) = &mut checkpointing
+            && position > 0
+            && position % stride == 0
+        {
+            at.push(ReplayCheckpoint {
+                position,
+                last_event: session.calls[position - 1].event_index,
+                measurer: measurer.state(),
+                notes: profile_notes.clone(),
+                unrecorded_main,
+                // The lanes' built views and the view cache are not kept (the largest parts):
+                // the resumed replay rebuilds each lane's messages once, with serials the
+                // kept keys never saw.
+                lanes: lanes
+                    .iter_mut()
+                    .map(|(name, lane)| {
+                        let built = std::mem::take(&mut lane.built);
+                        let kept = lane.clone();
+                        lane.built = built;
+                        (name.clone(), kept)
+                    })
+                    .collect(),
+                views: views.restarted(),
+                keys: keys.clone(),
+                file_tokens: file_tokens.borrow().clone(),
+                groups: groups.clone(),
+                turn,
+                loss: loss.clone(),
+                diverged_calls,
+                first_divergence: first_divergence.clone(),
+                previous_main,
+                compactions: compactions.clone(),
+                windows: windows.clone(),
+            });
+        }
         let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
         let group = group_of(&call.lane).to_owned();
         // A compaction request forks the main thread: its transcript holds only what it added.
@@ -1982,11 +2157,12 @@ fn replay_session_observing(
             loss.observe(&request, &metrics);
         }
         if call.lane == LANE_MAIN {
+            // Kept whether or not this replay judges them: a replay resumed from its
+            // checkpoints may.
             if let Some((previous, context_before)) = previous_main
-                && options.compaction_losses
                 && metrics.events.iter().any(|e| e == "compaction")
             {
-                compaction_losses.push(super::loss::compaction_loss(session, call.index, previous, &request.messages, context_before, metrics.context_tokens));
+                compactions.push(CompactionSeen { call: call.index, previous, after: request.messages.clone(), context_before, context_after: metrics.context_tokens });
             }
             previous_main = Some((call.index, metrics.context_tokens));
         }
@@ -2040,6 +2216,12 @@ fn replay_session_observing(
     if first_divergence.is_some() && diverged_calls == 0 {
         diverged_calls = 1;
     }
+    let compaction_losses = if options.compaction_losses {
+        compactions.iter().map(|c| super::loss::compaction_loss(session, c.call, c.previous, &c.after, c.context_before, c.context_after)).collect()
+    } else {
+        Vec::new()
+    };
+    profile_notes.extend(setup_notes);
     SessionReplay {
         input,
         estimator: kind.name().to_owned(),

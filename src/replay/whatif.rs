@@ -30,7 +30,10 @@ use crate::agent::compact::config::AutocompactConfig;
 use crate::measure::Measurer;
 use crate::recording::{CompactionEdit, EventKind, ImportedSession};
 
-use super::session::{ReplayOptions, SessionReplay, replay_session_plain};
+use super::session::{
+    ReplayCheckpoint, ReplayCheckpoints, ReplayOptions, SessionReplay, checkpoints_apply, replay_session_checkpointed, replay_session_from,
+    replay_session_plain,
+};
 use super::triggers::{client_thresholds, main_points};
 
 /// Characters of a stand-in summary: the median of the 12 automatic compaction summaries in
@@ -83,12 +86,35 @@ enum Step {
 /// alone (every replay starts from a reset measurer whose token counts are the estimator's), so
 /// each distinct pair is replayed once, keyed by a content hash of both. Two threads asking for
 /// one key wait for one replay. The outputs are the same with or without it.
-#[derive(Debug, Default)]
+///
+/// A replay of the session as recorded made through the memo keeps checkpoints
+/// ([`ReplayCheckpoints`]); a replay of the session with compactions moved under the same
+/// options starts from the last one before its first edit instead of from the first call (the
+/// same replay: a test compares every what-if of every real session with and without them).
+#[derive(Debug)]
 pub struct ReplayMemo {
     replays: Mutex<HashMap<u128, Arc<OnceLock<Arc<SessionReplay>>>>>,
-    /// Replays made, and replays asked for (for the bench notes).
+    /// Checkpoints of the replays as recorded, by the key of the replay.
+    checkpoints: Mutex<HashMap<u128, Arc<ReplayCheckpoints>>>,
+    use_checkpoints: bool,
+    /// Replays made, and replays asked for (for the bench notes); calls a replay from a
+    /// checkpoint did not replay.
     made: AtomicUsize,
     asked: AtomicUsize,
+    calls_skipped: AtomicUsize,
+}
+
+impl Default for ReplayMemo {
+    fn default() -> Self {
+        ReplayMemo {
+            replays: Mutex::default(),
+            checkpoints: Mutex::default(),
+            use_checkpoints: true,
+            made: AtomicUsize::new(0),
+            asked: AtomicUsize::new(0),
+            calls_skipped: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl ReplayMemo {
@@ -96,12 +122,23 @@ impl ReplayMemo {
         ReplayMemo::default()
     }
 
+    /// A memo that replays every edited session from its first call (no checkpoints): the
+    /// reference the checkpointed replays must equal.
+    pub fn without_checkpoints() -> ReplayMemo {
+        ReplayMemo { use_checkpoints: false, ..ReplayMemo::default() }
+    }
+
     /// `(replays made, replays asked for)` so far.
     pub fn counts(&self) -> (usize, usize) {
         (self.made.load(Ordering::Relaxed), self.asked.load(Ordering::Relaxed))
     }
 
-    fn get_or_replay(&self, key: u128, replay: impl FnOnce() -> SessionReplay) -> Arc<SessionReplay> {
+    /// Calls the replays made from a checkpoint took from it instead of replaying them.
+    pub fn calls_skipped(&self) -> usize {
+        self.calls_skipped.load(Ordering::Relaxed)
+    }
+
+    fn get_or_replay(&self, key: u128, replay: impl FnOnce() -> Arc<SessionReplay>) -> Arc<SessionReplay> {
         self.asked.fetch_add(1, Ordering::Relaxed);
         let slot = {
             let mut map = self.replays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -109,9 +146,41 @@ impl ReplayMemo {
         };
         slot.get_or_init(|| {
             self.made.fetch_add(1, Ordering::Relaxed);
-            Arc::new(replay())
+            replay()
         })
         .clone()
+    }
+
+    fn checkpoints_of(&self, key: u128) -> Option<Arc<ReplayCheckpoints>> {
+        self.checkpoints.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned()
+    }
+
+    fn keep_checkpoints(&self, key: u128, checkpoints: ReplayCheckpoints) {
+        self.checkpoints.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, Arc::new(checkpoints));
+    }
+
+    /// Takes `replay`, a replay of `session` as recorded under `options` made elsewhere (with
+    /// `checkpoints` taken in it, [`replay_session_checkpointed`]), as this memo's replay of it:
+    /// what-ifs under the same options start from its checkpoints.
+    /// The replay serves under `options` without the compactions' losses judged too (a plan
+    /// search's first replay), as that replay.
+    pub fn record_replay(&self, options: &ReplayOptions, incremental: bool, replay: Arc<SessionReplay>, checkpoints: Vec<ReplayCheckpoint>) {
+        let set = |key: u128, replay: Arc<SessionReplay>| {
+            let slot = {
+                let mut map = self.replays.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                map.entry(key).or_default().clone()
+            };
+            let _ = slot.set(replay);
+        };
+        set(replay_key(&BTreeMap::new(), options, incremental), replay.clone());
+        let unjudged = counts_only(options);
+        let key = replay_key(&BTreeMap::new(), &unjudged, incremental);
+        if options.compaction_losses {
+            set(key, Arc::new(SessionReplay { compaction_losses: Vec::new(), ..SessionReplay::clone(&replay) }));
+        }
+        if self.use_checkpoints {
+            self.keep_checkpoints(key, ReplayCheckpoints::new(checkpoints, replay));
+        }
     }
 }
 
@@ -123,7 +192,14 @@ fn replay_key(plan: &BTreeMap<Step, u64>, options: &ReplayOptions, incremental: 
     xxhash_rust::xxh3::xxh3_128(text.as_bytes())
 }
 
+/// `options` without the compactions' losses judged.
+fn counts_only(options: &ReplayOptions) -> ReplayOptions {
+    ReplayOptions { compaction_losses: false, ..options.clone() }
+}
+
 /// One replay of `session` (the original edited by `plan`), from `memo` when it holds it.
+/// `checkpointed` (with a memo): the replay of the session as recorded takes checkpoints, and a
+/// replay of an edited session starts from the last one before its first edit.
 fn replay_planned(
     session: &ImportedSession,
     plan: &BTreeMap<Step, u64>,
@@ -131,27 +207,51 @@ fn replay_planned(
     options: &ReplayOptions,
     incremental: bool,
     memo: Option<&ReplayMemo>,
+    checkpointed: bool,
 ) -> Arc<SessionReplay> {
-    let mut run = || {
+    let Some(memo) = memo else {
         measurer.reset();
-        replay_session_plain(session, measurer, options, incremental)
+        return Arc::new(replay_session_plain(session, measurer, options, incremental));
     };
-    match memo {
-        Some(memo) => memo.get_or_replay(replay_key(plan, options, incremental), run),
-        None => Arc::new(run()),
-    }
+    let checkpointed = checkpointed && memo.use_checkpoints && checkpoints_apply(options);
+    let run = || {
+        measurer.reset();
+        if !checkpointed {
+            return Arc::new(replay_session_plain(session, measurer, options, incremental));
+        }
+        // Checkpoints serve a replay whether or not it judges the compactions' losses.
+        let original = replay_key(&BTreeMap::new(), &counts_only(options), incremental);
+        if plan.is_empty() {
+            let (replay, at) = replay_session_checkpointed(session, measurer, options, incremental, &mut []);
+            let replay = Arc::new(replay);
+            memo.keep_checkpoints(original, ReplayCheckpoints::new(at, replay.clone()));
+            return replay;
+        }
+        if let Some(checkpoints) = memo.checkpoints_of(original)
+            && let Some(first) = session.first_edited_event()
+            && let Some(at) = checkpoints.before(first)
+        {
+            memo.calls_skipped.fetch_add(at.position(), Ordering::Relaxed);
+            return Arc::new(replay_session_from(session, measurer, options, incremental, &checkpoints, at));
+        }
+        Arc::new(replay_session_plain(session, measurer, options, incremental))
+    };
+    memo.get_or_replay(replay_key(plan, options, incremental), run)
 }
 
 /// A replay of `session` as it is under `options` (no what-if), through `memo`.
 pub fn replay_memoized(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, memo: &ReplayMemo) -> SessionReplay {
-    SessionReplay::clone(&replay_planned(session, &BTreeMap::new(), measurer, options, incremental, Some(memo)))
+    SessionReplay::clone(&replay_planned(session, &BTreeMap::new(), measurer, options, incremental, Some(memo), false))
 }
 
 /// The options the plan is searched under: the counts the plan reads (recorded usage, the
-/// simulated context of a call) do not depend on the main lane's TTL, so every TTL shares one
-/// search (under 5m, `claude-code`'s); the what-if itself is what the search decides.
+/// simulated context of a call) do not depend on the main lane's TTL, so every TTL set shares
+/// one search (under 5m, `claude-code`'s); the what-if itself is what the search decides. With
+/// the recorded TTLs (`ttl_main: None`, the audit's) the search runs under them: its first
+/// replay is the session as recorded (the audit's baseline, [`ReplayMemo::record_replay`]) and
+/// its last the what-if's own.
 fn planning_options(options: &ReplayOptions) -> ReplayOptions {
-    ReplayOptions { ttl_main: Some(crate::api::CacheTtl::FiveMinutes), autocompact: None, ..options.clone() }
+    ReplayOptions { ttl_main: options.ttl_main.map(|_| crate::api::CacheTtl::FiveMinutes), autocompact: None, ..options.clone() }
 }
 
 /// Replays `original` with its compactions where `config` puts them. Each replay starts from a
@@ -169,8 +269,8 @@ pub fn replay_with_autocompact(
     let final_options = ReplayOptions { autocompact: None, ..options.clone() };
     let mut plan_options = planning_options(options);
     // The plan reads counts, not the compactions' information loss: its replays skip judging
-    // it, unless the final replay is one of them (its options are the planning ones).
-    plan_options.compaction_losses = plan_options == final_options;
+    // it (the final replay, under the options asked for, starts from their checkpoints).
+    plan_options.compaction_losses = false;
     // Original event index of each main reply, by message id.
     let event_of: BTreeMap<String, usize> =
         original.calls.iter().filter_map(|c| c.message_id.clone().map(|id| (id, c.event_index))).collect();
@@ -208,7 +308,7 @@ pub fn replay_with_autocompact(
     loop {
         iterations += 1;
         let session = session_store.as_ref().unwrap_or(original);
-        let replay = replay_planned(session, &plan, measurer, &plan_options, incremental, memo);
+        let replay = replay_planned(session, &plan, measurer, &plan_options, incremental, memo, true);
         let replay = replay.as_ref();
         let (.., thresholds) = client_thresholds(session, replay, &table, config);
         threshold = thresholds.autocompact;
@@ -301,7 +401,7 @@ pub fn replay_with_autocompact(
         edited = session_store.take().expect("set above");
         &edited
     };
-    let mut replay = SessionReplay::clone(&replay_planned(session, &plan, measurer, &final_options, incremental, memo));
+    let mut replay = SessionReplay::clone(&replay_planned(session, &plan, measurer, &final_options, incremental, memo, true));
     if !converged {
         iterations += 1;
     }
