@@ -140,8 +140,17 @@ pub struct MeasurerState {
     lanes: BTreeMap<String, LaneState>,
     next_index: usize,
     flattener: Flattener,
+    /// The last model looked up and its index in the table (a session names one or two).
     last_model: Option<(String, usize)>,
+    /// Key spaces handed out ([`Measurer::new_key_space`]).
     key_spaces: u64,
+}
+
+impl MeasurerState {
+    /// Nothing measured yet.
+    fn new(flattener: Flattener) -> Self {
+        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, last_model: None, key_spaces: 0 }
+    }
 }
 
 /// Measures requests in order: tokens, cache, prefix stability, cause, cost.
@@ -149,14 +158,8 @@ pub struct MeasurerState {
 pub struct Measurer {
     table: ModelTable,
     counter: TokenCounter,
-    cache: CacheSim,
-    lanes: BTreeMap<String, LaneState>,
-    next_index: usize,
-    flattener: Flattener,
-    /// The last model looked up and its index in the table (a session names one or two).
-    last_model: Option<(String, usize)>,
-    /// Key spaces handed out ([`Measurer::new_key_space`]).
-    key_spaces: u64,
+    /// Everything measured so far ([`Self::state`], [`Self::restore`]).
+    state: MeasurerState,
     /// Divergences no journalled event explains get their cause from the bodies
     /// ([`super::structure`]) instead of `unexplained_*`.
     structural_causes: bool,
@@ -167,12 +170,7 @@ impl Measurer {
         Measurer {
             table,
             counter,
-            cache: CacheSim::new(),
-            lanes: BTreeMap::new(),
-            next_index: 0,
-            flattener: Flattener::new(),
-            last_model: None,
-            key_spaces: 0,
+            state: MeasurerState::new(Flattener::new()),
             structural_causes: false,
         }
     }
@@ -203,14 +201,14 @@ impl Measurer {
     }
 
     pub fn cache(&self) -> &CacheSim {
-        &self.cache
+        &self.state.cache
     }
 
     /// This measurer without body hashes: its rows carry an empty `body_sha256` and its
     /// summaries a fingerprint of nothing. For callers that output neither (fidelity, sweep);
     /// everything else it measures is the same.
     pub fn without_body_hashes(mut self) -> Self {
-        self.flattener = Flattener::without_body_hashes();
+        self.state.flattener = Flattener::without_body_hashes();
         self
     }
 
@@ -218,42 +216,25 @@ impl Measurer {
     /// table, the estimator and its memo of counts: the next request is measured as by a new
     /// measurer, only faster.
     pub fn reset(&mut self) {
-        self.cache = CacheSim::new();
-        self.lanes.clear();
-        self.next_index = 0;
-        self.flattener = self.flattener.fresh_like();
-        self.last_model = None;
-        self.key_spaces = 0;
+        self.state = MeasurerState::new(self.state.flattener.fresh_like());
     }
 
     /// What this measurer has measured so far (cache, lanes, tracks, row numbering, key
     /// spaces), without its model table and estimator: [`Self::restore`] puts it back.
     pub fn state(&self) -> MeasurerState {
-        MeasurerState {
-            cache: self.cache.clone(),
-            lanes: self.lanes.clone(),
-            next_index: self.next_index,
-            flattener: self.flattener.clone(),
-            last_model: self.last_model.clone(),
-            key_spaces: self.key_spaces,
-        }
+        self.state.clone()
     }
 
     /// Measures on from `state` ([`Self::state`], taken from a measurer with the same model
     /// table and estimator): the next request is measured as by that measurer. The token
     /// counter and its memo stay this one's (counts do not depend on the memo).
     pub fn restore(&mut self, state: &MeasurerState) {
-        self.cache = state.cache.clone();
-        self.lanes = state.lanes.clone();
-        self.next_index = state.next_index;
-        self.flattener = state.flattener.clone();
-        self.last_model = state.last_model.clone();
-        self.key_spaces = state.key_spaces;
+        self.state.clone_from(state);
     }
 
     /// The incremental flattener (its counters say how much was reused).
     pub fn flattener(&self) -> &Flattener {
-        &self.flattener
+        &self.state.flattener
     }
 
     /// Writes what `flat` would cache, at `time_ms` with the first token `first_token_ms` later,
@@ -263,7 +244,7 @@ impl Measurer {
     pub fn seed_cache(&mut self, flat: &FlatRequest, time_ms: u64, first_token_ms: u64) -> Result<(), UnknownModel> {
         let min = self.table.lookup(&flat.model)?.min_cacheable_tokens;
         // A request the simulator rejects caches nothing, seeded or not.
-        let _ = self.cache.process(flat, min, time_ms, first_token_ms);
+        let _ = self.state.cache.process(flat, min, time_ms, first_token_ms);
         Ok(())
     }
 
@@ -282,8 +263,8 @@ impl Measurer {
     /// ([`Self::serve_keyed`]) from its own serials mixes it in, so that keys of two runs
     /// through one measurer never meet.
     pub fn new_key_space(&mut self) -> u64 {
-        self.key_spaces += 1;
-        self.key_spaces
+        self.state.key_spaces += 1;
+        self.state.key_spaces
     }
 
     /// The request as the server sees it: flattened, with `context_management` applied.
@@ -313,7 +294,7 @@ impl Measurer {
         }
         for m in messages {
             match keys {
-                Some(keys) => self.flattener.prepare(keys[m], m, &body.messages[m], &mut self.counter, &family),
+                Some(keys) => self.state.flattener.prepare(keys[m], m, &body.messages[m], &mut self.counter, &family),
                 None => {
                     scratch.clear();
                     super::blocks::push_message(m, &body.messages[m], &mut self.counter, &family, 0, &mut scratch);
@@ -331,11 +312,11 @@ impl Measurer {
 
     /// The table index of `model`'s entry, the last one remembered.
     fn model_index(&mut self, model: &str) -> Result<usize, UnknownModel> {
-        Ok(match &self.last_model {
+        Ok(match &self.state.last_model {
             Some((last, index)) if last == model => *index,
             _ => {
                 let index = self.table.lookup_index(model)?;
-                self.last_model = Some((model.to_owned(), index));
+                self.state.last_model = Some((model.to_owned(), index));
                 index
             }
         })
@@ -360,7 +341,7 @@ impl Measurer {
 
     fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
         let family = self.model_info(&body.model)?.estimator_key();
-        let flat = self.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
+        let flat = self.state.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
         let edits = match context_editing::parse(value) {
             Ok(edits) => edits,
@@ -387,7 +368,7 @@ impl Measurer {
     /// Journals an event that happened between requests, for every lane's next attribution.
     pub fn journal(&mut self, event: impl Into<String>) {
         let event = event.into();
-        for lane in self.lanes.values_mut() {
+        for lane in self.state.lanes.values_mut() {
             lane.pending_events.push(event.clone());
         }
     }
@@ -395,7 +376,7 @@ impl Measurer {
     /// A new conversation starts on `lane` (another subagent of the same type): its next
     /// request is compared with nothing, as the client tracks each agent id on its own.
     pub fn restart_lane(&mut self, lane: &str) {
-        self.lanes.remove(lane);
+        self.state.lanes.remove(lane);
     }
 
     /// Measures one request.
@@ -419,15 +400,15 @@ impl Measurer {
         let info_index = self.model_index(&input.body.model)?;
         let min_cacheable_tokens = self.table.models[info_index].min_cacheable_tokens;
         for event in &input.events {
-            for lane in self.lanes.values_mut() {
+            for lane in self.state.lanes.values_mut() {
                 lane.pending_events.push(event.clone());
             }
         }
         let body_sha256 = flat.body_sha256.clone();
-        let index = self.next_index;
-        self.next_index += 1;
+        let index = self.state.next_index;
+        self.state.next_index += 1;
 
-        let lane = self.lanes.entry(input.lane.to_owned()).or_default();
+        let lane = self.state.lanes.entry(input.lane.to_owned()).or_default();
         let mut events = std::mem::take(&mut lane.pending_events);
         if lane.memory.is_none() {
             // A new lane has seen only the events of this call.
@@ -435,14 +416,14 @@ impl Measurer {
         }
         let (outcome, error) = match input.rejected.clone() {
             Some(rejected) => (None, Some(rejected)),
-            None => match self.cache.process(&flat, min_cacheable_tokens, input.time_ms, input.first_token_ms) {
+            None => match self.state.cache.process(&flat, min_cacheable_tokens, input.time_ms, input.first_token_ms) {
             Ok(outcome) => (Some(outcome), None),
             Err(e @ (CacheError::TooManyBreakpoints { .. } | CacheError::TtlOrder { .. } | CacheError::AutoTtlConflict { .. })) => {
                 (None, Some(e.to_string()))
             }
             },
         };
-        let lane = self.lanes.get_mut(input.lane).expect("lane inserted above");
+        let lane = self.state.lanes.get_mut(input.lane).expect("lane inserted above");
         let outcome = outcome.unwrap_or_default();
         // A rejected request (an API error) caches nothing and reads nothing: it is an error
         // row, not a cache break.
