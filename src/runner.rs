@@ -75,8 +75,12 @@ pub const COMPACTION_STAGES: [&str; 4] = ["autocompact", "session_memory_compact
 pub type RequestObserver<'o> = &'o mut dyn FnMut(&Request, &RequestMetrics);
 
 /// What a client does around the main lane's requests beyond what the agent's pipeline builds:
-/// a recorded client's turn rules ([`crate::replay::turns::RecordedClient`]).
+/// a recorded client's turn rules ([`crate::replay::turns::RecordedClient`]). Owned by the run
+/// ([`RunOptions::client`]): a checkpoint copies it ([`ClientRules::clone_box`]), so a run that
+/// goes on from a checkpoint goes on with the client's state of that point.
 pub trait ClientRules {
+    /// A copy of the rules in their present state.
+    fn clone_box(&self) -> Box<dyn ClientRules>;
     /// Called with each main-lane request the API accepts, flattened as the server sees it,
     /// before it is measured: may seed the cache (a side request the client sent before it)
     /// and change `flat` (bytes the client rendered otherwise). Returns events for its row.
@@ -89,6 +93,10 @@ pub trait ClientRules {
 pub struct MainCall<'a> {
     pub request: &'a Request,
     pub time_ms: u64,
+    /// The main-lane reply the request consumes: how many the scripted model answered before
+    /// it (a request the blocking limit stopped, or whose prompt-too-long error surfaced, consumed
+    /// one without being sent).
+    pub reply: usize,
     /// The first main request since a user prompt.
     pub new_turn: bool,
     /// A compaction came before it (since the previous main request).
@@ -106,8 +114,9 @@ pub struct RunOptions<'o> {
     pub info_loss: bool,
     /// Called with every body and its row, in order, before the body is dropped or kept.
     pub observer: Option<RequestObserver<'o>>,
-    /// The client's rules around main requests (none: the agent's requests as built).
-    pub client: Option<&'o mut dyn ClientRules>,
+    /// The client's rules around main requests (none: the agent's requests as built), owned
+    /// by the run.
+    pub client: Option<Box<dyn ClientRules>>,
 }
 
 /// The rows of a run and, as the options say, its bodies and its information loss.
@@ -207,7 +216,7 @@ pub struct RunState<'o> {
     /// Every count the autocompact stage compared with its threshold, with the step it ran in.
     checks: Vec<(usize, u64)>,
     /// The client's rules around main requests (`RunOptions::client`).
-    client: Option<&'o mut dyn ClientRules>,
+    client: Option<Box<dyn ClientRules>>,
     /// The media of the main requests' messages, walked once per message.
     media: MediaMemo,
     /// For the client's rules: a prompt, a compaction since the last main request.
@@ -312,9 +321,7 @@ impl<'o> RunState<'o> {
             pending_stages: self.pending_stages.clone(),
             next: self.next,
             checks: self.checks.clone(),
-            // Client rules hold the caller's state and are not copied: a copy goes on with the
-            // agent's requests as built (what-ifs run none; `checkpoint` is theirs).
-            client: None,
+            client: self.client.as_ref().map(|c| c.clone_box()),
             media: self.media.clone(),
             prompted: self.prompted,
             compacted: self.compacted,
@@ -448,7 +455,8 @@ impl<'o> RunState<'o> {
                         }
                     }
                     if let Some(client) = client.as_deref_mut() {
-                        let call = MainCall { request: &request, time_ms: world.clock.now_ms(), new_turn: *prompted, compacted: *compacted };
+                        let reply = world.model.consumed("main");
+                        let call = MainCall { request: &request, time_ms: world.clock.now_ms(), reply, new_turn: *prompted, compacted: *compacted };
                         pending_events.extend(client.before_main(call, &mut served.flat, measurer));
                     }
                     (*prompted, *compacted) = (false, false);

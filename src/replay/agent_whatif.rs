@@ -23,6 +23,12 @@
 //!   session had cached, each run starts with the prefix the recorded client sent (the agent's
 //!   under the recorded version's defaults) in the cache ([`super::workload::WarmPrefix`]), as
 //!   `fidelity --engine agent` does: a strategy that changes the prefix reads what it still shares.
+//! - **The client's turn rules.** Every run applies the recorded client's rules around the
+//!   agent's main requests ([`super::turns::RecordedClient`]: the post-turn side entry, prompts
+//!   and the conversation start rendered as the recorded version rendered them), as
+//!   `fidelity --engine agent` does, so the run as recorded is fidelity's run and every what-if
+//!   is measured against the client fidelity validated. Each request reads the turn of the
+//!   recorded call whose reply it consumes, also after a divergence.
 //!
 //! The run is planned by running: the first run follows the recording; when it diverges, the
 //! plan (usage up to the divergence, the summary each compaction takes) is corrected and the
@@ -71,6 +77,9 @@ pub struct Prepared {
     /// prefix under the recorded version's defaults, whatever strategy a run is under): seeded
     /// before every run, as `fidelity --engine agent` seeds it.
     pub warm: Option<super::workload::WarmPrefix>,
+    /// The recorded client's turn rules before the first call, a copy of which every run owns
+    /// (as [`super::workload::agent_replay`] applies them).
+    pub client: super::turns::RecordedClient,
 }
 
 /// One recorded compaction of the main lane.
@@ -114,7 +123,8 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     settings.apply(&mut sizing_strategy);
     let warm = super::workload::warm_prefix(session, &workload, measurer, &sizing_strategy)?;
     sizing.seeded_prefix_tokens = warm.as_ref().map_or(0, super::workload::WarmPrefix::tokens);
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm })
+    let client = super::turns::RecordedClient::new(session, &workload.main_calls);
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -271,9 +281,14 @@ fn fresh_measurer(prepared: &Prepared, measurer: &mut Measurer) -> Result<(), St
     Ok(())
 }
 
+/// The options of every run: information loss tracked, the recorded client's rules applied.
+fn run_options(prepared: &Prepared) -> RunOptions<'static> {
+    RunOptions { info_loss: true, client: Some(Box::new(prepared.client.clone())), ..Default::default() }
+}
+
 fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan) -> Result<Run, String> {
     let scenario = planned(prepared, file, plan)?;
-    let options = crate::runner::RunOptions { info_loss: true, ..Default::default() };
+    let options = run_options(prepared);
     // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
     // holds what an earlier session left there.
     fresh_measurer(prepared, measurer)?;
@@ -353,7 +368,9 @@ struct Checkpoint {
 /// from the last checkpoint before its first autocompact check at or above its threshold; a
 /// later run of its plan search goes on from the last checkpoint its plan leaves unchanged
 /// (checkpoints are kept before the main call of each recorded compaction, where a plan
-/// stops following the recorded usage).
+/// stops following the recorded usage). A checkpoint holds the recorded client's rules in their
+/// state at that step ([`RunState::checkpoint`] copies them), so a run that goes on from it
+/// applies them as its own run from the first call would.
 pub fn agent_whatif_family(
     session: &ImportedSession,
     file: &str,
@@ -368,7 +385,7 @@ pub fn agent_whatif_family(
     let first = scenarios.get(&first_plan(prepared))?;
     let mut measurer = measurer;
     fresh_measurer(prepared, &mut measurer)?;
-    let options = crate::runner::RunOptions { info_loss: true, ..Default::default() };
+    let options = run_options(prepared);
     // The trunk runs under the highest threshold.
     let probe = RunState::start(&scenarios.list[first].1, &effectives[0], RunOptions::default()).map_err(|e| e.to_string())?;
     let thresholds: Vec<u64> = effectives.iter().map(|s| probe.agent().autocompact_threshold_under(s, probe.world())).collect();

@@ -309,21 +309,36 @@ pub fn side_cut(start: &TurnStart, last: usize, previous_prompt: Option<usize>) 
 }
 
 /// The recorded client's turn rules applied to the agent driven by its session
-/// ([`super::workload::agent_replay`]): the agent builds each request; at each new user turn
-/// this decides, with [`TurnState::on_new_turn`] as the replay does, whether the side request of
-/// the previous turn cached the conversation through its reply (seeded through the measurer: the
-/// agent's own request cut there, its marker on the last message, at the time the record shows
-/// the turn ended), and renders the prompts and the conversation start the recorded version
-/// rendered otherwise ([`salt_message`]). The record gives what the agent cannot know (each
-/// turn's [`TurnScan`], the version, the models); the messages are the agent's.
+/// ([`super::workload::agent_replay`], and every what-if through the agent,
+/// [`super::agent_whatif`]): the agent builds each request; at each new user turn this decides,
+/// with [`TurnState::on_new_turn`] as the replay does, whether the side request of the previous
+/// turn cached the conversation through its reply (seeded through the measurer: the agent's own
+/// request cut there, its marker on the last message, at the time the record shows the turn
+/// ended), and renders the prompts and the conversation start the recorded version rendered
+/// otherwise ([`salt_message`]). The record gives what the agent cannot know (each turn's
+/// [`TurnScan`], the version, the models); the messages are the agent's.
+///
+/// **Which recorded call a request stands for.** Each of the agent's main requests stands for
+/// the recorded call whose reply it consumes: the workload scripts one main reply per recorded
+/// call driven ([`super::workload::Workload::main_calls`]), and the runner says which of them a
+/// request consumes ([`crate::runner::MainCall::reply`]). Requests are not counted: a request
+/// the blocking limit stopped, or whose prompt-too-long error surfaced, consumed its reply
+/// without being sent, and the next one stands for the call after it; a compaction the recording
+/// did not make (or one it made that the agent does not) takes or leaves a `compact`-lane reply
+/// and moves nothing on the main lane. The scans of the recorded calls no request stood for are
+/// applied, in order, before the next one that is (what the client saw happen in between).
+///
+/// The run owns the rules ([`crate::runner::RunOptions::client`]); a checkpoint copies them
+/// (the record shared, the turn state copied), so a run that goes on from it applies them from
+/// the state of that point.
+#[derive(Debug, Clone)]
 pub struct RecordedClient {
     /// Per recorded main call, in order: its index, version, model, cache read and the scan of
-    /// the records before it.
-    calls: Vec<RecordedTurnCall>,
-    /// The recorded call of each of the agent's main requests, in order.
-    main_calls: Vec<usize>,
-    /// Main requests seen; scans applied (into `calls`).
-    requests: usize,
+    /// the records before it (shared by every copy).
+    calls: std::sync::Arc<[RecordedTurnCall]>,
+    /// Per main reply of the workload's script, in order: the recorded call it came from.
+    main_calls: std::sync::Arc<[usize]>,
+    /// Scans applied so far (into `turns`): the calls before this position in `calls`.
     applied: usize,
     /// The session file continues an earlier one: its first prompt did not open the session.
     head_truncated: bool,
@@ -339,6 +354,7 @@ pub struct RecordedClient {
     recorded_read: u64,
 }
 
+#[derive(Debug)]
 struct RecordedTurnCall {
     index: usize,
     version: String,
@@ -349,7 +365,8 @@ struct RecordedTurnCall {
 }
 
 impl RecordedClient {
-    /// The rules of `session`'s client for an agent whose main requests stand for `main_calls`.
+    /// The rules of `session`'s client for an agent whose main replies come from `main_calls`
+    /// (per scripted main reply, in order, the recorded call's index).
     pub fn new(session: &ImportedSession, main_calls: &[usize]) -> RecordedClient {
         let events = &session.recording.events;
         let mut calls = Vec::new();
@@ -370,9 +387,8 @@ impl RecordedClient {
             });
         }
         RecordedClient {
-            calls,
-            main_calls: main_calls.to_vec(),
-            requests: 0,
+            calls: calls.into(),
+            main_calls: main_calls.into(),
             applied: 0,
             head_truncated: session.recording.header.head_truncated,
             turns: TurnState::default(),
@@ -386,10 +402,14 @@ impl RecordedClient {
 }
 
 impl crate::runner::ClientRules for RecordedClient {
+    fn clone_box(&self) -> Box<dyn crate::runner::ClientRules> {
+        Box::new(self.clone())
+    }
+
     fn before_main(&mut self, call: crate::runner::MainCall<'_>, flat: &mut FlatRequest, measurer: &mut Measurer) -> Vec<String> {
         let mut events = Vec::new();
-        let Some(&index) = self.main_calls.get(self.requests) else { return events };
-        self.requests += 1;
+        // The recorded call whose reply this request consumes.
+        let Some(&index) = self.main_calls.get(call.reply) else { return events };
         // The records up to this call, the calls the agent does not make included.
         let Some(position) = self.calls.iter().position(|c| c.index == index) else { return events };
         let mut model_switched = false;

@@ -712,8 +712,8 @@ pub fn agent_replay(
     }
     // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
     // The recorded client's turn rules apply around the agent's main requests.
-    let mut client = super::turns::RecordedClient::new(session, &workload.main_calls);
-    let options = crate::runner::RunOptions { client: Some(&mut client), ..Default::default() };
+    let client = super::turns::RecordedClient::new(session, &workload.main_calls);
+    let options = crate::runner::RunOptions { client: Some(Box::new(client)), ..Default::default() };
     let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), options)
         .map_err(|e| e.to_string())?;
     let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();

@@ -211,8 +211,11 @@ fn what_the_recorded_client_did_too_is_no_divergence() {
 
 /// A session whose first call read a prefix an earlier session had cached (7be20d70, 2.1.37:
 /// 16,589 tokens read) starts every what-if run with that prefix in the cache, as `fidelity
-/// --engine agent` does: the as-recorded what-if's first call reads what fidelity's first call
-/// reads (before, the what-if started cold and read nothing there).
+/// --engine agent` does, and applies the recorded client's turn rules around the agent's main
+/// requests as fidelity does (`replay::turns::RecordedClient`: the post-turn side entry, the
+/// prompts 2.1.37 renders the transient way): the as-recorded what-if reads what fidelity reads
+/// at every main call (before, the what-if started cold, and from the first new turn on read
+/// through prompts the client had re-rendered).
 #[test]
 fn a_what_if_through_the_agent_seeds_the_warm_first_call_prefix_as_fidelity_does() {
     use ctxsim::replay::agent_whatif::{agent_whatif, prepare};
@@ -231,14 +234,65 @@ fn a_what_if_through_the_agent_seeds_the_warm_first_call_prefix_as_fidelity_does
     assert_eq!(outcome.divergence, None);
     let whatif_first = outcome.rows.iter().find(|r| r.lane == "main").unwrap();
     assert_eq!(whatif_first.cache_read_input_tokens, fidelity_read);
-    // Up to the first new turn the run is fidelity's. After it they part: fidelity applies the
-    // recorded client's turn rules (`replay::turns::RecordedClient`: the post-turn side entry,
-    // re-rendered prompts), which what-ifs through the agent do not apply yet.
-    let fidelity_reads: Vec<u64> = fidelity.replay.calls.iter().filter(|c| c.lane == "main").filter_map(|c| c.metrics.as_ref().map(|m| m.cache_read_input_tokens)).collect();
-    let whatif_reads: Vec<u64> = outcome.rows.iter().filter(|r| r.lane == "main" && r.error.is_none()).map(|r| r.cache_read_input_tokens).collect();
-    assert_eq!(whatif_reads.len(), fidelity_reads.len());
-    let same = whatif_reads.iter().zip(&fidelity_reads).take_while(|(a, b)| a == b).count();
-    assert!(same >= 2, "the runs part at main call {same}: {:?} vs {:?}", &whatif_reads[..4.min(whatif_reads.len())], &fidelity_reads[..4.min(fidelity_reads.len())]);
+    // The whole run is fidelity's: every main call reads what fidelity's reads, the turn rules'
+    // events (side entries, re-rendered prompts) included.
+    let fidelity_main: Vec<(u64, Vec<String>)> = main_rows(&fidelity).iter().map(|m| (m.cache_read_input_tokens, m.events.clone())).collect();
+    let whatif_main: Vec<(u64, Vec<String>)> = outcome.rows.iter().filter(|r| r.lane == "main" && r.error.is_none()).map(|r| (r.cache_read_input_tokens, r.events.clone())).collect();
+    assert_eq!(whatif_main.len(), fidelity_main.len());
+    for (i, (w, f)) in whatif_main.iter().zip(&fidelity_main).enumerate() {
+        assert_eq!(w, f, "main call {i}");
+    }
+    let rules = |rows: &[(u64, Vec<String>)], event: &str| rows.iter().filter(|(_, e)| e.iter().any(|x| x == event)).count();
+    assert!(rules(&whatif_main, "side_entry") > 0 && rules(&whatif_main, "rerendered_prompt") > 0, "the turn rules act in this session");
+}
+
+/// Sessions of ../shared/realdata the as-recorded what-if runs without a divergence (measured:
+/// see the test below; a floor, so that a change that makes more of them diverge fails).
+const MIN_SESSIONS_WITHOUT_DIVERGENCE: usize = 1;
+
+/// The main rows of fidelity's agent run, in the order of the recorded calls.
+fn main_rows(fidelity: &ctxsim::replay::workload::AgentReplay) -> Vec<&ctxsim::measure::RequestMetrics> {
+    fidelity.replay.calls.iter().filter(|c| c.lane == "main").filter_map(|c| c.metrics.as_ref()).collect()
+}
+
+/// On every shared session, the as-recorded point of a checkpointed family through the agent
+/// (`agent_whatif_family`, going on from a checkpoint of a trunk run under a higher threshold)
+/// is fidelity's agent run (`agent_replay`) call by call wherever it does not diverge: the
+/// same rows (reads, writes, events, stages) at every main call, the recorded client's turn
+/// rules applied by both.
+#[test]
+fn the_as_recorded_what_if_is_fidelitys_agent_run_on_every_shared_session() {
+    use ctxsim::replay::agent_whatif::{agent_whatif_family, effective_strategy, prepare};
+    let as_recorded = ctxsim::strategy::Strategy::resolve_with("claude-code", &[]).unwrap();
+    // A threshold above the recorded one: the trunk, from whose checkpoints the as-recorded
+    // point goes on.
+    let higher = ctxsim::strategy::Strategy::resolve_with("claude-code", &["compact.autocompact.buffer_tokens=5000".to_owned()]).unwrap();
+    let (mut compared, mut diverged) = (Vec::new(), Vec::new());
+    let mut side_entries = 0;
+    for path in crate::support::real_transcripts() {
+        let file = path.display().to_string();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let session = ctxsim::replay::load_session(&path).unwrap();
+        let fidelity = ctxsim::replay::workload::agent_replay(&session, &file, &mut crate::support::measurer(), &as_recorded).unwrap();
+        let prepared = prepare(&session, &file, &crate::support::measurer()).unwrap();
+        let effectives = [effective_strategy(&higher, &prepared), effective_strategy(&as_recorded, &prepared)];
+        let mut family = agent_whatif_family(&session, &file, &prepared, crate::support::measurer(), &effectives).unwrap();
+        let outcome = family.pop().unwrap().unwrap();
+        if let Some((call, why)) = &outcome.divergence {
+            diverged.push(format!("{name}: from call {call}: {why}"));
+            continue;
+        }
+        let expected = main_rows(&fidelity);
+        let got: Vec<&ctxsim::measure::RequestMetrics> = outcome.rows.iter().filter(|r| r.lane == "main" && r.error.is_none()).collect();
+        assert_eq!(got.len(), expected.len(), "{name}: main calls");
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, e, "{name}: main call {i} (recorded #{})", prepared.workload.main_calls[i]);
+        }
+        side_entries += got.iter().filter(|r| r.events.iter().any(|e| e == "side_entry")).count();
+        compared.push(name);
+    }
+    assert!(compared.len() >= MIN_SESSIONS_WITHOUT_DIVERGENCE, "compared {compared:?}; diverged: {diverged:#?}");
+    assert!(side_entries > 0, "the turn rules act: {compared:?}");
 }
 
 /// The points of a sweep that differ only in where autocompact fires go on from checkpoints of
@@ -298,5 +352,110 @@ fn a_sweep_through_the_agent_is_the_same_with_and_without_checkpoints() {
         let bytes = std::fs::read(one.path().join(file)).unwrap();
         assert_eq!(bytes, std::fs::read(two.path().join(file)).unwrap(), "{file}: 1 vs 2 threads");
         assert_eq!(bytes, std::fs::read(alone.path().join(file)).unwrap(), "{file}: with vs without checkpoints");
+    }
+}
+
+/// Client rules that say, on each main request, which scripted main reply it consumes and how
+/// many main requests they saw before it: their state is the count.
+#[derive(Clone, Default)]
+struct Probe {
+    seen: usize,
+}
+
+impl ctxsim::runner::ClientRules for Probe {
+    fn clone_box(&self) -> Box<dyn ctxsim::runner::ClientRules> {
+        Box::new(self.clone())
+    }
+
+    fn before_main(&mut self, call: ctxsim::runner::MainCall<'_>, _: &mut ctxsim::measure::FlatRequest, _: &mut ctxsim::measure::Measurer) -> Vec<String> {
+        self.seen += 1;
+        vec![format!("probe:reply {} seen {}", call.reply, self.seen - 1)]
+    }
+
+    fn after_main(&mut self, _: &ctxsim::measure::RequestMetrics) {}
+}
+
+/// Four turns; the second is stopped by the blocking limit (autocompact off, 178,000 tokens
+/// reported on a 200k window), a `/compact` frees the context, and the last two are answered.
+const BLOCKED_THEN_COMPACTED: &str = r#"
+name: blocked-then-compacted
+world:
+  model: claude-sonnet-4-5
+  context_window: 200000
+  max_output_tokens: 32000
+  env:
+    DISABLE_AUTO_COMPACT: "1"
+script:
+  - user: "Summarize the repository"
+  - assistant:
+      - text: "It is a small Rust library."
+    usage: {input_tokens: 10, cache_read_input_tokens: 176990, cache_creation_input_tokens: 1000, output_tokens: 100}
+  - user: "More detail please"
+  - assistant:
+      - text: "This reply is never sampled."
+  - compact: true
+  - user: "Go on"
+  - assistant:
+      - text: "The library parses dates."
+  - user: "And then?"
+  - assistant:
+      - text: "It formats them."
+  - assistant:
+      - text: "<summary>\nThe user asked about the repository.\n</summary>"
+    lane: compact
+"#;
+
+/// The probe's events of a run's main rows.
+fn probe_events(rows: &[ctxsim::measure::RequestMetrics]) -> Vec<String> {
+    rows.iter().filter(|r| r.lane == "main").flat_map(|r| r.events.iter().filter(|e| e.starts_with("probe:")).cloned()).collect()
+}
+
+/// The client's rules are told which scripted main reply each request consumes, not how many
+/// requests came before it: a request the blocking limit stopped consumed its reply unsent, so
+/// the next request stands for the reply after it (the recorded call whose reply it consumes,
+/// `replay::turns::RecordedClient`).
+#[test]
+fn client_rules_see_the_reply_each_main_request_consumes() {
+    let scenario = ctxsim::scenario::parse_scenario(BLOCKED_THEN_COMPACTED, "inline.yaml").unwrap();
+    let options = ctxsim::runner::RunOptions { client: Some(Box::new(Probe::default())), ..Default::default() };
+    let strategy = ctxsim::strategy::Strategy::default();
+    let output = ctxsim::runner::run_scenario_opts(&scenario, &mut crate::support::measurer(), &strategy, &ctxsim::agent::compact::chain::Chain::new(), options).unwrap();
+    assert_eq!(output.summary.blocked, 1);
+    assert_eq!(probe_events(&output.rows), ["probe:reply 0 seen 0", "probe:reply 2 seen 1", "probe:reply 3 seen 2"]);
+}
+
+/// The run owns its client rules and a checkpoint copies them: a run that goes on from a
+/// checkpoint taken at any step applies them from the state of that point, and gives the rows
+/// of the run made from the start.
+#[test]
+fn a_checkpoint_carries_the_client_rules_state() {
+    let scenario = ctxsim::scenario::parse_scenario(BLOCKED_THEN_COMPACTED, "inline.yaml").unwrap();
+    let strategy = ctxsim::strategy::Strategy::default();
+    let chain = ctxsim::agent::compact::chain::Chain::new();
+    let start = || {
+        let options = ctxsim::runner::RunOptions { client: Some(Box::new(Probe::default())), ..Default::default() };
+        ctxsim::runner::RunState::start(&scenario, &strategy, options).unwrap()
+    };
+    let mut measurer = crate::support::measurer();
+    let mut whole = start();
+    while !whole.done(&scenario) {
+        whole.step(&scenario, &mut measurer, &strategy, &chain).unwrap();
+    }
+    let whole = whole.finish(&scenario, &measurer, &strategy);
+    assert_eq!(probe_events(&whole.rows).len(), 3);
+    for at in 0..scenario.script.len() {
+        let mut measurer = crate::support::measurer();
+        let mut run = start();
+        while run.next_step() < at {
+            run.step(&scenario, &mut measurer, &strategy, &chain).unwrap();
+        }
+        let mut resumed = run.checkpoint();
+        let mut measurer = measurer.clone();
+        drop(run);
+        while !resumed.done(&scenario) {
+            resumed.step(&scenario, &mut measurer, &strategy, &chain).unwrap();
+        }
+        let resumed = resumed.finish(&scenario, &measurer, &strategy);
+        assert_eq!(resumed.rows, whole.rows, "from step {at}");
     }
 }
