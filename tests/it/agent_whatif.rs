@@ -246,9 +246,11 @@ fn a_what_if_through_the_agent_seeds_the_warm_first_call_prefix_as_fidelity_does
     assert!(rules(&whatif_main, "side_entry") > 0 && rules(&whatif_main, "rerendered_prompt") > 0, "the turn rules act in this session");
 }
 
-/// Sessions of ../shared/realdata the as-recorded what-if runs without a divergence (measured:
-/// see the test below; a floor, so that a change that makes more of them diverge fails).
-const MIN_SESSIONS_WITHOUT_DIVERGENCE: usize = 1;
+/// Sessions of ../shared/realdata the as-recorded what-if runs without a divergence with
+/// `chars4`: 15 of the 16 (9878b713 diverges from call 3, where the agent's tool result budget
+/// persists a result the recorded client sent whole). A floor: a change that makes more of them
+/// diverge compares fewer, and fails here.
+const MIN_SESSIONS_WITHOUT_DIVERGENCE: usize = 15;
 
 /// The main rows of fidelity's agent run, in the order of the recorded calls.
 fn main_rows(fidelity: &ctxsim::replay::workload::AgentReplay) -> Vec<&ctxsim::measure::RequestMetrics> {
