@@ -649,7 +649,8 @@ pub fn session_fit(session: &crate::recording::ImportedSession, path: &std::path
     SessionFit {
         session: fitted_session(path),
         samples: fit_samples(&replay, table),
-        user_context: user_context_sample(&replay).map(|t| (version, t)),
+        // A first call that attached @-mentioned files shows them with the user context.
+        user_context: user_context_sample(&replay).filter(|_| super::session::first_call_mentions(session).is_empty()).map(|t| (version, t)),
         prefix: prefix_sample(&replay),
         thinking: thinking_samples(session, table),
     }

@@ -991,6 +991,30 @@ pub fn first_call_sizes(session: &ImportedSession, measurer: &mut Measurer) -> O
     Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: call.usage.cache_read_input_tokens > 0 })
 }
 
+/// The files the main thread's first compared call @-mentions in its user messages (a slash
+/// command's text often does: `@.planning/STATE.md`), resolved against the session's working
+/// directory. The client attaches each file to that turn as a Read of it: part of the
+/// conversation, which a compaction drops, and not in the transcript.
+pub fn first_call_mentions(session: &ImportedSession) -> Vec<String> {
+    let Some(call) = session.calls.iter().find(|c| group_of(&c.lane) == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0) else {
+        return Vec::new();
+    };
+    let cwd = session.recording.header.cwd.clone().unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for message in session.messages_for_call(call).iter().filter(|m| m.role == crate::api::Role::User) {
+        let texts: Vec<&str> = match &message.content {
+            MessageContent::Text(text) => vec![text.as_str()],
+            MessageContent::Blocks(blocks) => blocks.iter().filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None }).collect(),
+        };
+        for path in texts.into_iter().flat_map(|t| crate::agent::instructions::include_paths(t, &cwd)) {
+            if !out.contains(&path) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
 /// What the client changes in a recorded message before sending it: the results a recorded
 /// microcompact cleared, and thinking whose text was not stored filled to its estimate.
 fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, ThinkingFill>) {

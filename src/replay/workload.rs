@@ -625,6 +625,12 @@ pub struct Sizing {
     pub system_filler_tokens: u64,
     pub claude_md_filler_tokens: u64,
     pub history_filler_tokens: u64,
+    /// The files the opening prompt @-mentions, attached to its turn, and their filler: what
+    /// the gap holds beyond the version's fitted user context (`Calibration::user_context_by_version`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mentioned_files: Vec<String>,
+    #[serde(default)]
+    pub mention_filler_tokens: u64,
     /// The agent's prefix (tools + system) written to the cache before its first request, when
     /// the recorded first call read a prefix an earlier session had cached (0: a cold start).
     #[serde(default)]
@@ -903,7 +909,22 @@ pub fn size_unmodelled(
         // which a compaction drops; it opens the script as one prompt of that size.
         sizing.history_filler_tokens = context_gap;
     } else {
+        // Files the opening prompt @-mentions (a slash command's text often does) come with it
+        // as attachments, part of the conversation a compaction drops: the gap beyond the
+        // version's fitted user context is theirs, shared equally (the transcript holds neither
+        // the files nor their sizes). Without mentions the whole gap is memory and context.
+        sizing.mentioned_files = super::session::first_call_mentions(session);
         sizing.claude_md_filler_tokens = context_gap;
+        if !sizing.mentioned_files.is_empty() {
+            let calibration = measurer.counter().calibration();
+            let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+            let prior = super::profile::fitted_with_note(&calibration.user_context_by_version, &version, "user context", &mut Default::default())
+                .copied()
+                .or(calibration.user_context_tokens)
+                .unwrap_or(0);
+            sizing.claude_md_filler_tokens = prior.saturating_sub(sizing.agent_context_tokens).min(context_gap);
+            sizing.mention_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
+        }
     }
     let doc = &mut workload.document;
     let cwd = workload.scenario.world.cwd.trim_end_matches('/').to_owned();
@@ -913,6 +934,32 @@ pub fn size_unmodelled(
     if sizing.claude_md_filler_tokens > 0 {
         let text = sized("recorded memory and context not modelled", sizing.claude_md_filler_tokens);
         doc["world"]["files"] = json!({ format!("{cwd}/CLAUDE.md"): text });
+    }
+    if sizing.mention_filler_tokens > 0
+        && let Some(steps) = doc["script"].as_array_mut()
+        && let Some(reply) = steps.iter().position(|s| s.get("assistant").is_some())
+    {
+        let block_text = |block: ContentBlock| match block {
+            ContentBlock::Text { text, .. } => text,
+            _ => String::new(),
+        };
+        // One attachment per file before the first reply, each rendered as the client renders a
+        // file it attached (the Read call and its result), sized to its share.
+        let count = sizing.mentioned_files.len() as u64;
+        let attachments: Vec<Value> = sizing
+            .mentioned_files
+            .iter()
+            .enumerate()
+            .map(|(i, path)| {
+                let share = sizing.mention_filler_tokens / count + u64::from((i as u64) < sizing.mention_filler_tokens % count);
+                let wrapper = super::working_set::Restored::Sized { path: path.clone(), tokens: 0, chars: 0 }.to_block(|_, _| String::new());
+                let wrapper_tokens = u64::from(counter.count_text(&block_text(wrapper), &key));
+                let body = share.saturating_sub(wrapper_tokens);
+                let block = super::working_set::Restored::Sized { path: path.clone(), tokens: body, chars: 0 }.to_block(|label, tokens| sized(label, tokens));
+                json!({ "attachment": { "type": "file", "text": block_text(block) } })
+            })
+            .collect();
+        steps.splice(reply..reply, attachments);
     }
     if sizing.history_filler_tokens > 0
         && let Some(first) = doc["script"].as_array_mut().and_then(|steps| steps.iter_mut().find(|s| s.get("user").is_some()))

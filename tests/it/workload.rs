@@ -368,3 +368,32 @@ fn a_warm_start_and_the_recorded_ttl_come_from_the_record() {
     let (recorded, simulated) = read(late);
     assert!(recorded > 150_000.0 && simulated / recorded > 0.95, "call 79 read: agent {simulated} vs recorded {recorded}");
 }
+
+/// The files an opening prompt @-mentions come with its turn (c644f3af-1: `/gsd:discuss-phase`,
+/// whose text names a workflow, a template, STATE.md and ROADMAP.md; the summary says "the
+/// system loaded several files as context"). They are messages, which the `/compact` at call 45
+/// drops: the workload attaches each before the first reply, sized from the first call's gap
+/// beyond the version's fitted user context, instead of filing the whole gap as CLAUDE.md,
+/// which survives the compaction. Before, every call after it was 26–36% over the record (the
+/// first one 87,538 vs 64,236).
+#[test]
+fn files_the_opening_prompt_mentions_are_dropped_at_compaction() {
+    let (session, driven) = drive("cipher-box/c644f3afc869-1.full.jsonl");
+    let sizing = &driven.sizing;
+    let names: Vec<&str> = sizing.mentioned_files.iter().map(|p| p.rsplit('/').next().unwrap()).collect();
+    assert_eq!(names, ["discuss-phase.md", "context.md", "STATE.md", "ROADMAP.md"]);
+    assert!(sizing.mention_filler_tokens > 10_000, "{sizing:?}");
+    assert_eq!(sizing.claude_md_filler_tokens + sizing.mention_filler_tokens, sizing.recorded_context_tokens - sizing.agent_context_tokens);
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let (workload, _) = ctxsim::replay::workload::sized_workload(&session, "c644", &measurer(), &strategy, true).unwrap();
+    let first_reply = workload.scenario.script.iter().position(|s| matches!(s, Step::Assistant(_))).unwrap();
+    let files = workload.scenario.script[..first_reply].iter().filter(|s| matches!(s, Step::Attachment { kind, .. } if kind == "file")).count();
+    assert_eq!(files, 4);
+    let after = driven.replay.calls.iter().find(|c| c.index == driven.compactions[0].before_call).unwrap();
+    assert_eq!(driven.compactions[0].stage, "manual_compact");
+    let (simulated, recorded) = (after.simulated_context() as f64, after.recorded_context() as f64);
+    assert!((simulated - recorded).abs() / recorded < 0.10, "after the /compact: agent {simulated} vs recorded {recorded}");
+    // A session without mentions files its whole gap as memory and context.
+    let (_, plain) = drive("cipher-box/e89fb6a2d646-0.full.jsonl");
+    assert_eq!((plain.sizing.mentioned_files.len(), plain.sizing.mention_filler_tokens), (0, 0));
+}
