@@ -133,8 +133,7 @@ impl ReplayOptions {
             // The recorded results are what the client's own thresholds left; other thresholds
             // are applied to them (a higher one cannot restore what the client persisted).
             // (The aggregate budget is a stage of its own: [`Self::stages`].)
-            tool_result_budget: (per_tool_budget(&strategy.compact.tool_result_budget) != per_tool_budget(&Default::default()))
-                .then(|| strategy.compact.tool_result_budget.clone()),
+            tool_result_budget: rebudgets_recorded_results(&strategy.compact.tool_result_budget).then(|| strategy.compact.tool_result_budget.clone()),
             // Like the thresholds: the defaults are the recorded client's, other limits apply
             // to what it sent.
             output_limits: {
@@ -165,6 +164,15 @@ impl ReplayOptions {
 }
 
 /// The per-tool part of a tool result budget (the aggregate settings left at their defaults).
+/// Whether `budget`'s per-tool thresholds are other than the defaults. The defaults stand for
+/// the recorded client's own thresholds, which a recorded session's tool results already went
+/// through: under them no recorded result is persisted again, by the replay or by the agent
+/// driving the recording ([`super::workload::keep_recorded_results`]); other thresholds apply
+/// to the recorded results (a higher one cannot restore what the client persisted).
+pub fn rebudgets_recorded_results(budget: &crate::agent::compact::config::ToolResultBudgetConfig) -> bool {
+    per_tool_budget(budget) != per_tool_budget(&Default::default())
+}
+
 fn per_tool_budget(config: &crate::agent::compact::config::ToolResultBudgetConfig) -> crate::agent::compact::config::ToolResultBudgetConfig {
     let defaults = crate::agent::compact::config::ToolResultBudgetConfig::default();
     crate::agent::compact::config::ToolResultBudgetConfig { aggregate_enabled: defaults.aggregate_enabled, aggregate_chars: defaults.aggregate_chars, ..config.clone() }

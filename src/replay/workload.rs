@@ -691,6 +691,20 @@ impl RecordedSettings {
     }
 }
 
+/// The tool results a workload returns are the recorded ones, which already went through the
+/// recorded client's per-tool persistence thresholds: where `strategy` keeps the default
+/// thresholds (they stand for the client's own, as in the replay:
+/// [`super::session::rebudgets_recorded_results`]) the agent persists none of them again.
+/// Before, the agent cut 9878's 2.0.76 results at calls 3 and 59 to their previews (−10k and −7k
+/// tokens the client sent whole, −8% to −25% on every call between). A strategy with other
+/// thresholds applies them. One rule for the agent as recorded ([`agent_replay`]) and its
+/// what-ifs (`agent_whatif`).
+pub fn keep_recorded_results(strategy: &mut crate::strategy::Strategy) {
+    if !super::session::rebudgets_recorded_results(&strategy.compact.tool_result_budget) {
+        super::stages::without_per_tool_thresholds(&mut strategy.compact.tool_result_budget);
+    }
+}
+
 /// Drives the agent through `session` under `strategy`, measuring with `measurer`.
 pub fn agent_replay(
     session: &ImportedSession,
@@ -704,6 +718,8 @@ pub fn agent_replay(
         let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
+    keep_recorded_results(&mut strategy);
+    measurer.set_billing_key(REAL_SESSION_BILLING);
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
@@ -775,6 +791,13 @@ pub fn agent_replay(
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
 }
 
+/// How the server keys the billing block of a real session's requests through the agent: not
+/// at all. Every automatic compaction of the shipped sessions is followed by a call that reads
+/// the whole prefix (a6e4 #7 34,858 of 34,858; 9878 #48, e89f #155, af1d #115, c644 #45,
+/// spotter #103, entirecontext 01M0EE #38 likewise), although the client's billing fingerprint
+/// changed with its first message; keyed, the agent read nothing of it there.
+pub const REAL_SESSION_BILLING: crate::measure::blocks::BillingKey = crate::measure::blocks::BillingKey::Unkeyed;
+
 /// What the agent cannot know and the record shows: the first recorded main call read a cached
 /// prefix (an earlier session of the project warmed it). As the replay does, the agent's own
 /// prefix (tools and system of its first request under the strategy it was computed for, its
@@ -823,6 +846,7 @@ pub fn warm_prefix(
     probe.script.truncate(first + 1);
     let counter = crate::measure::TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
+    probe_measurer.set_billing_key(REAL_SESSION_BILLING);
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
     let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
         .map_err(|e| e.to_string())?;
