@@ -1156,6 +1156,19 @@ fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
 }
 
 /// A prompt that is the `/exit` (or `/quit`) local command.
+/// Whether a recorded event shows a new client process resuming the session: the SessionStart
+/// hook's source `resume` (a hook progress record of 2.1.x, the hook's attachment of 2.1.2xx),
+/// or `/exit` (whatever comes next is a resumed process). One rule for the replay and the
+/// workload ([`super::workload`]'s `resume_lost` step).
+pub fn marks_resume(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::SystemEvent(sys) => sys.payload.to_string().contains("SessionStart:resume"),
+        EventKind::Attachment(attachment) => attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume"),
+        EventKind::UserPrompt(prompt) => is_exit_command(&prompt.content),
+        _ => false,
+    }
+}
+
 fn is_exit_command(content: &MessageContent) -> bool {
     content.to_blocks().iter().any(|b| match b {
         ContentBlock::Text { text, .. } => ["<command-name>/exit</command-name>", "<command-name>/quit</command-name>"].iter().any(|c| text.contains(c)),
@@ -1658,14 +1671,9 @@ fn replay_session_observing(
                 }
                 // The SessionStart hook's source names a new client process: as a hook
                 // progress record (2.1.x) or as the hook's attachment (2.1.2xx).
-                EventKind::SystemEvent(sys)
-                    if sys.payload.to_string().contains("SessionStart:resume") => {
-                        resumed_at = Some(i);
-                    }
-                EventKind::Attachment(attachment)
-                    if attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume") => {
-                        resumed_at = Some(i);
-                    }
+                EventKind::SystemEvent(_) | EventKind::Attachment(_) if marks_resume(&event.kind) => {
+                    resumed_at = Some(i);
+                }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     attachment_chars += attachment.payload.to_string().len() as u64;
                     if attachment.attachment_type == "deferred_tools_delta" {
@@ -1680,10 +1688,10 @@ fn replay_session_observing(
                         }
                     }
                 }
-                EventKind::UserPrompt(prompt) => {
+                EventKind::UserPrompt(_) => {
                     request_start = Some(event.time_ms);
                     // `/exit` ends the process: whatever comes next is a resumed one.
-                    if is_exit_command(&prompt.content) {
+                    if marks_resume(&event.kind) {
                         resumed_at = Some(i);
                     }
                 }

@@ -32,7 +32,7 @@
 
 mod subagents;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -88,6 +88,11 @@ pub struct WorkloadReport {
     /// their share of results from before a continuing file taken from its history stand-in.
     #[serde(default)]
     pub recorded_microcompacts: usize,
+    /// Resumes after which the recorded client's history lacked tool uses the agent holds
+    /// (`resume_lost` steps): the resumed client loaded its history from the `parentUuid`
+    /// chain, which does not hold parallel tool uses written beside it, nor their results.
+    #[serde(default)]
+    pub resume_losses: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -233,6 +238,10 @@ fn workload_with(
     let mut unwritten_reply: Option<Vec<String>> = None;
     // Until the first compaction, a continuing file's opening prompt stands for its history.
     let mut history_in_context = recording.header.head_truncated;
+    // Where a new client process resumed the session, until the first main reply after it; and
+    // the tool uses driven since the last compaction (what a resume can lose).
+    let mut resumed_at: Option<usize> = None;
+    let mut uses_in_context: BTreeSet<String> = BTreeSet::new();
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
@@ -247,6 +256,9 @@ fn workload_with(
 
     for (event_index, event) in recording.events.iter().enumerate() {
         let main = event.lane == LANE_MAIN;
+        if main && super::session::marks_resume(&event.kind) {
+            resumed_at = Some(event_index);
+        }
         match &event.kind {
             // Every event carries its time; the wait before a step is the gap since the last
             // step driven (`push_wait`).
@@ -301,10 +313,34 @@ fn workload_with(
                 if model.is_none() && !reply.model.is_empty() {
                     model = Some(reply.model.clone());
                 }
+                // The first call after a resume: what its loaded history lacks of the tool uses
+                // driven since the last compaction leaves the agent's conversation too.
+                if let Some(at) = resumed_at.take()
+                    && let Some(call) = session.calls.iter().find(|c| c.event_index == event_index)
+                {
+                    let loaded: BTreeSet<String> = session
+                        .messages_for_call_loaded(call, at)
+                        .iter()
+                        .flat_map(|m| m.content.to_blocks())
+                        .filter_map(|b| match b {
+                            ContentBlock::ToolUse { id, .. } => Some(id.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    let lost: Vec<&String> = uses_in_context.difference(&loaded).collect();
+                    if !lost.is_empty() {
+                        script.push(json!({ "resume_lost": { "tool_use_ids": lost } }));
+                        report.resume_losses += 1;
+                    }
+                }
                 let Some(step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
                     continue;
                 };
+                uses_in_context.extend(reply.content.iter().filter_map(|b| match b {
+                    ContentBlock::ToolUse { id, .. } => Some(id.clone()),
+                    _ => None,
+                }));
                 // The tool uses of this reply wait for their recorded results.
                 open_uses = reply
                     .content
@@ -348,6 +384,7 @@ fn workload_with(
             }
             EventKind::Compaction(compaction) if main => {
                 history_in_context = false;
+                uses_in_context.clear();
                 // The results the compaction replaced before they were written: the client
                 // counted them, so the agent gets a stand-in of the session's mean result of
                 // that tool (the size `triggers::main_points` counts for them).

@@ -430,3 +430,36 @@ fn recorded_tool_results_are_not_persisted_again_under_the_default_thresholds() 
     let error = call.simulated_context() as f64 / call.recorded_context() as f64 - 1.0;
     assert!(error.abs() < 0.12, "call 3: {error}");
 }
+
+/// A resumed client loads its history back from the transcript's `parentUuid` chain, which does
+/// not hold parallel tool uses written beside it: cd95 (2.1.7) ran `/exit` before call 19 and
+/// its resumed history lacks 7 tool uses and their results (~13.6k tokens). The workload drives
+/// that as a `resume_lost` step before the first reply after the resume, and the agent drops
+/// them: calls 19–50 ran +13% to +15% before, now within 5%.
+#[test]
+fn a_resume_loses_the_tool_uses_off_the_recorded_chain() {
+    let (session, driven) = drive("entireio-cli/cd95adddad32-0.full.jsonl");
+    assert_eq!(driven.report.resume_losses, 1, "{:?}", driven.report);
+    let path = realdata().join("transcripts/entireio-cli/cd95adddad32-0.full.jsonl");
+    let workload = workload_from_session(&session, &path.display().to_string(), None).unwrap();
+    let lost: Vec<usize> = workload.scenario.script.iter().filter_map(|s| match s {
+        Step::ResumeLost { tool_use_ids } => Some(tool_use_ids.len()),
+        _ => None,
+    }).collect();
+    assert_eq!(lost, vec![7]);
+    let errors: Vec<(usize, f64)> = driven.replay.calls.iter().map(|c| (c.index, c.simulated_context() as f64 / c.recorded_context() as f64 - 1.0)).collect();
+    let between: Vec<f64> = errors.iter().filter(|(i, _)| (19..=50).contains(i)).map(|(_, e)| e.abs()).collect();
+    assert!(!between.is_empty() && between.iter().all(|e| *e < 0.05), "{errors:?}");
+    let events = &driven.replay.calls.iter().find(|c| c.index == 19).expect("call 19").events;
+    assert!(events.iter().any(|e| e == "resume_lost_results"), "{events:?}");
+}
+
+/// The `resume_lost` step names what the resume lost; naming nothing is an error with its place.
+#[test]
+fn a_resume_lost_step_names_tool_uses() {
+    let yaml = |ids: &str| format!("name: lost\nworld:\n  model: claude-sonnet-4-6\nscript:\n  - user: hi\n  - resume_lost: {{tool_use_ids: [{ids}]}}\n");
+    let scenario = ctxsim::scenario::parse_scenario(&yaml("toolu_1"), "lost.yaml").unwrap();
+    assert!(matches!(&scenario.script[1], Step::ResumeLost { tool_use_ids } if tool_use_ids == &["toolu_1".to_owned()]));
+    let error = ctxsim::scenario::parse_scenario(&yaml(""), "lost.yaml").unwrap_err().to_string();
+    assert!(error.contains("lost.yaml") && error.contains("resume_lost") && error.contains("loses nothing"), "{error}");
+}
