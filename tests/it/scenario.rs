@@ -236,7 +236,7 @@ fn error_unknown_block_kind() {
 
 #[test]
 fn error_unknown_step_key() {
-    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `git`, `clear`, `compact`, `resume`, `attachment`, `microcompact`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
+    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `git`, `clear`, `compact`, `resume`, `attachment`, `microcompact`, `resume_lost`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
 }
 
 #[test]
