@@ -519,6 +519,7 @@ impl<'o> RunState<'o> {
             | Step::PluginReload
             | Step::Attachment { .. }
             | Step::Microcompact { .. }
+            | Step::ResumeLost { .. }
             | Step::Git(_) => apply_world_step(step, agent, world, pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
                 agent.clear(world);
@@ -743,6 +744,7 @@ pub fn apply_world_step(step: &Step, agent: &mut Session, world: &mut World, pen
         Step::Git(state) => world.git = Some(state.clone()),
         Step::Attachment { kind, text } => agent.recorded_attachment(kind, text),
         Step::Microcompact { tool_use_ids, history_chars } => agent.recorded_microcompact(tool_use_ids, *history_chars),
+        Step::ResumeLost { tool_use_ids } => agent.recorded_resume_loss(tool_use_ids),
         _ => {}
     }
     Ok(())

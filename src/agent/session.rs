@@ -652,6 +652,32 @@ impl Session {
         self.events.push("microcompact".into());
     }
 
+    /// A recorded resume that lost `tool_use_ids` (a `resume_lost` step, as recorded): the
+    /// resumed client loaded its history from the transcript's `parentUuid` chain, without these
+    /// tool uses and their results. Records left empty go too; the next request is rebuilt.
+    pub fn recorded_resume_loss(&mut self, tool_use_ids: &[String]) {
+        let lost = |block: &ContentBlock| match block {
+            ContentBlock::ToolUse { id, .. } => tool_use_ids.contains(id),
+            ContentBlock::ToolResult { tool_use_id, .. } => tool_use_ids.contains(tool_use_id),
+            _ => false,
+        };
+        self.records.retain_mut(|record| match record {
+            Record::Assistant { content } => {
+                content.retain(|b| !lost(b));
+                !content.is_empty()
+            }
+            Record::User { content: MessageContent::Blocks(blocks), .. } => {
+                if blocks.iter().any(lost) {
+                    blocks.retain(|b| !lost(b));
+                }
+                !blocks.is_empty()
+            }
+            _ => true,
+        });
+        self.forget_entries();
+        self.events.push("resume_lost_results".into());
+    }
+
     /// The script supplies this thread's attachments (`world.recorded_attachments`): the main
     /// thread adds none of its own.
     fn attachments_recorded(&self, world: &World) -> bool {

@@ -224,8 +224,26 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
 /// [`super::incremental::Flattener`] gives the same result reusing an earlier request's work;
 /// this is its reference.
 pub fn flatten(request: &Request, counter: &mut TokenCounter, family: &str) -> FlatRequest {
+    flatten_keyed_by(request, counter, family, BillingKey::Keyed)
+}
+
+/// Whether the billing-header system block (`x-anthropic-billing-header: …`, its first-message
+/// fingerprint inside) is part of the cache key. `Keyed` (the default) hashes it like any
+/// block, so a changed fingerprint misses everything after it. `Unkeyed` is the first-party
+/// server as the shipped real sessions show it: after every recorded compaction the next call
+/// reads the whole prefix although the client's fingerprint changed with its first message
+/// (docs/fidelity.md, "The billing block is not in the cache key"); the block is still counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BillingKey {
+    #[default]
+    Keyed,
+    Unkeyed,
+}
+
+/// [`flatten`] with the billing block keyed as `billing` says.
+pub fn flatten_keyed_by(request: &Request, counter: &mut TokenCounter, family: &str, billing: BillingKey) -> FlatRequest {
     let mut blocks = Vec::with_capacity(64);
-    let mut state = head_blocks(request, counter, family, &mut blocks);
+    let mut state = head_blocks(request, counter, family, billing, &mut blocks);
     let head = blocks.len();
     for (m, message) in request.messages.iter().enumerate() {
         state = push_message(m, message, counter, family, state, &mut blocks);
@@ -322,7 +340,7 @@ pub fn opens_with_inline_tool(request: &Request) -> bool {
 
 /// Appends the records of the tools and system levels, chained, and returns the chain state
 /// where the messages level starts (`tool_choice`, `thinking` and the [`HeadFolds`] folded in).
-pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family: &str, out: &mut Vec<PromptBlock>) -> u128 {
+pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family: &str, billing: BillingKey, out: &mut Vec<PromptBlock>) -> u128 {
     let folds = HeadFolds::of(request);
     let mut state = initial_state();
     if folds.inline_start {
@@ -367,6 +385,12 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
     for (i, block) in system.iter().enumerate() {
         let (hash, bytes) = block_hash(b"system", block);
         let tokens = counter.count(hash, family, || vec![TokenUnit::Text(block.text.clone())]);
+        // Counted as written; keyed as one constant where the server does not key it.
+        let hash = if billing == BillingKey::Unkeyed && block.text.starts_with(super::structure::BILLING_PREFIX) {
+            tagged_hash(b"billing_block_unkeyed", &[])
+        } else {
+            hash
+        };
         state = chain(state, hash);
         out.push(PromptBlock {
             path: BlockPath { region: Region::System, index: i, content: None },

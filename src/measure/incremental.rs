@@ -48,6 +48,8 @@ pub struct Flattener {
     tick: u64,
     /// Whether flat requests carry their `body_sha256` (see [`Flattener::without_body_hashes`]).
     body_hashes: bool,
+    /// Whether the billing block is part of the cache key ([`super::blocks::BillingKey`]).
+    billing: super::blocks::BillingKey,
     /// Requests flattened, and message blocks taken from a track rather than hashed.
     pub requests: u64,
     pub reused_blocks: u64,
@@ -149,7 +151,7 @@ pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
 
 impl Default for Flattener {
     fn default() -> Self {
-        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, requests: 0, reused_blocks: 0, prepared: FxHashMap::default() }
+        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, billing: Default::default(), requests: 0, reused_blocks: 0, prepared: FxHashMap::default() }
     }
 }
 
@@ -168,7 +170,17 @@ impl Flattener {
 
     /// A new flattener with this one's settings and none of its tracks.
     pub fn fresh_like(&self) -> Self {
-        Flattener { body_hashes: self.body_hashes, ..Flattener::default() }
+        Flattener { body_hashes: self.body_hashes, billing: self.billing, ..Flattener::default() }
+    }
+
+    /// This flattener with the billing block keyed as `billing` says.
+    pub fn with_billing_key(self, billing: super::blocks::BillingKey) -> Self {
+        Flattener { billing, ..self }
+    }
+
+    /// How this flattener keys the billing block.
+    pub fn billing_key(&self) -> super::blocks::BillingKey {
+        self.billing
     }
 
     /// Hashes and counts `message` (at index `m` of its request) ahead of the request that
@@ -234,6 +246,7 @@ impl Flattener {
         family: &str,
     ) -> FlatRequest {
         let keys = keys.filter(|k| k.len() == request.messages.len());
+        let billing = self.billing;
         self.tick += 1;
         self.requests += 1;
         let t = self.track_for(request, family);
@@ -269,7 +282,7 @@ impl Flattener {
         let old_tail = blocks.split_off(old_starts[0]);
         if !head_same {
             let mut head = Vec::new();
-            let state = head_blocks(request, counter, family, &mut head);
+            let state = head_blocks(request, counter, family, billing, &mut head);
             let new_head = head.len();
             blocks.splice(0..track.head, head);
             for start in &mut track.starts {

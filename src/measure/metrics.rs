@@ -208,8 +208,18 @@ impl Measurer {
     /// summaries a fingerprint of nothing. For callers that output neither (fidelity, sweep);
     /// everything else it measures is the same.
     pub fn without_body_hashes(mut self) -> Self {
-        self.state.flattener = Flattener::without_body_hashes();
+        let billing = self.state.flattener.billing_key();
+        self.state.flattener = Flattener::without_body_hashes().with_billing_key(billing);
         self
+    }
+
+    /// Keys the billing block as `billing` says ([`super::blocks::BillingKey`]) from the next
+    /// request on; `Unkeyed` for real sessions through the agent. A change forgets the
+    /// flattener's tracks (their records were keyed the other way).
+    pub fn set_billing_key(&mut self, billing: super::blocks::BillingKey) {
+        if self.state.flattener.billing_key() != billing {
+            self.state.flattener = self.state.flattener.fresh_like().with_billing_key(billing);
+        }
     }
 
     /// Forgets every request measured (cache, lanes, tracks, row numbering) and keeps the model
@@ -290,7 +300,7 @@ impl Measurer {
         let keys = keys.filter(|k| k.len() == body.messages.len());
         let mut scratch = Vec::new();
         if head {
-            super::blocks::head_blocks(body, &mut self.counter, &family, &mut scratch);
+            super::blocks::head_blocks(body, &mut self.counter, &family, self.state.flattener.billing_key(), &mut scratch);
         }
         for m in messages {
             match keys {
@@ -359,7 +369,7 @@ impl Measurer {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
                 // The edited body is not the next of the track: flattened from scratch.
-                let served = super::blocks::flatten(&edited.body, &mut self.counter, &family);
+                let served = super::blocks::flatten_keyed_by(&edited.body, &mut self.counter, &family, self.state.flattener.billing_key());
                 Ok(Served { flat: served, edited: Some(Box::new(edited)), error: None, sent: Some(flat) })
             }
         }

@@ -142,6 +142,7 @@ pub fn effective_strategy(strategy: &Strategy, prepared: &Prepared) -> Strategy 
         strategy.compact.autocompact.max_output_reserve_tokens = Some(prepared.reserve);
     }
     prepared.settings.apply(&mut strategy);
+    super::workload::keep_recorded_results(&mut strategy);
     strategy
 }
 
@@ -275,6 +276,7 @@ fn read_output(prepared: &Prepared, compacted: Vec<(usize, Vec<Message>)>, outpu
 /// an earlier session left there (the warm first-call prefix).
 fn fresh_measurer(prepared: &Prepared, measurer: &mut Measurer) -> Result<(), String> {
     measurer.reset();
+    measurer.set_billing_key(super::workload::REAL_SESSION_BILLING);
     if let Some(warm) = &prepared.warm {
         warm.seed(measurer)?;
     }

@@ -133,8 +133,7 @@ impl ReplayOptions {
             // The recorded results are what the client's own thresholds left; other thresholds
             // are applied to them (a higher one cannot restore what the client persisted).
             // (The aggregate budget is a stage of its own: [`Self::stages`].)
-            tool_result_budget: (per_tool_budget(&strategy.compact.tool_result_budget) != per_tool_budget(&Default::default()))
-                .then(|| strategy.compact.tool_result_budget.clone()),
+            tool_result_budget: rebudgets_recorded_results(&strategy.compact.tool_result_budget).then(|| strategy.compact.tool_result_budget.clone()),
             // Like the thresholds: the defaults are the recorded client's, other limits apply
             // to what it sent.
             output_limits: {
@@ -165,6 +164,15 @@ impl ReplayOptions {
 }
 
 /// The per-tool part of a tool result budget (the aggregate settings left at their defaults).
+/// Whether `budget`'s per-tool thresholds are other than the defaults. The defaults stand for
+/// the recorded client's own thresholds, which a recorded session's tool results already went
+/// through: under them no recorded result is persisted again, by the replay or by the agent
+/// driving the recording ([`super::workload::keep_recorded_results`]); other thresholds apply
+/// to the recorded results (a higher one cannot restore what the client persisted).
+pub fn rebudgets_recorded_results(budget: &crate::agent::compact::config::ToolResultBudgetConfig) -> bool {
+    per_tool_budget(budget) != per_tool_budget(&Default::default())
+}
+
 fn per_tool_budget(config: &crate::agent::compact::config::ToolResultBudgetConfig) -> crate::agent::compact::config::ToolResultBudgetConfig {
     let defaults = crate::agent::compact::config::ToolResultBudgetConfig::default();
     crate::agent::compact::config::ToolResultBudgetConfig { aggregate_enabled: defaults.aggregate_enabled, aggregate_chars: defaults.aggregate_chars, ..config.clone() }
@@ -1172,6 +1180,19 @@ fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
 }
 
 /// A prompt that is the `/exit` (or `/quit`) local command.
+/// Whether a recorded event shows a new client process resuming the session: the SessionStart
+/// hook's source `resume` (a hook progress record of 2.1.x, the hook's attachment of 2.1.2xx),
+/// or `/exit` (whatever comes next is a resumed process). One rule for the replay and the
+/// workload ([`super::workload`]'s `resume_lost` step).
+pub fn marks_resume(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::SystemEvent(sys) => sys.payload.to_string().contains("SessionStart:resume"),
+        EventKind::Attachment(attachment) => attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume"),
+        EventKind::UserPrompt(prompt) => is_exit_command(&prompt.content),
+        _ => false,
+    }
+}
+
 fn is_exit_command(content: &MessageContent) -> bool {
     content.to_blocks().iter().any(|b| match b {
         ContentBlock::Text { text, .. } => ["<command-name>/exit</command-name>", "<command-name>/quit</command-name>"].iter().any(|c| text.contains(c)),
@@ -1674,14 +1695,9 @@ fn replay_session_observing(
                 }
                 // The SessionStart hook's source names a new client process: as a hook
                 // progress record (2.1.x) or as the hook's attachment (2.1.2xx).
-                EventKind::SystemEvent(sys)
-                    if sys.payload.to_string().contains("SessionStart:resume") => {
-                        resumed_at = Some(i);
-                    }
-                EventKind::Attachment(attachment)
-                    if attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume") => {
-                        resumed_at = Some(i);
-                    }
+                EventKind::SystemEvent(_) | EventKind::Attachment(_) if marks_resume(&event.kind) => {
+                    resumed_at = Some(i);
+                }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     attachment_chars += attachment.payload.to_string().len() as u64;
                     if attachment.attachment_type == "deferred_tools_delta" {
@@ -1696,10 +1712,10 @@ fn replay_session_observing(
                         }
                     }
                 }
-                EventKind::UserPrompt(prompt) => {
+                EventKind::UserPrompt(_) => {
                     request_start = Some(event.time_ms);
                     // `/exit` ends the process: whatever comes next is a resumed one.
-                    if is_exit_command(&prompt.content) {
+                    if marks_resume(&event.kind) {
                         resumed_at = Some(i);
                     }
                 }

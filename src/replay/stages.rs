@@ -48,9 +48,15 @@ pub fn configured(config: &CompactConfig) -> bool {
 /// persists results here.
 pub fn chain_config(config: &CompactConfig) -> CompactConfig {
     let mut config = config.clone();
-    config.tool_result_budget.per_tool_chars.clear();
-    config.tool_result_budget.default_chars = u64::MAX;
+    without_per_tool_thresholds(&mut config.tool_result_budget);
     config
+}
+
+/// `budget` with no per-tool persistence threshold: no tool's result is persisted for its own
+/// size (the aggregate budget stays as it is).
+pub fn without_per_tool_thresholds(budget: &mut crate::agent::compact::config::ToolResultBudgetConfig) {
+    budget.per_tool_chars.clear();
+    budget.default_chars = u64::MAX;
 }
 
 /// Uuids of records the chain creates start here ([`ChainState::uuid`]); below it an entry's

@@ -32,7 +32,7 @@
 
 mod subagents;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -88,6 +88,11 @@ pub struct WorkloadReport {
     /// their share of results from before a continuing file taken from its history stand-in.
     #[serde(default)]
     pub recorded_microcompacts: usize,
+    /// Resumes after which the recorded client's history lacked tool uses the agent holds
+    /// (`resume_lost` steps): the resumed client loaded its history from the `parentUuid`
+    /// chain, which does not hold parallel tool uses written beside it, nor their results.
+    #[serde(default)]
+    pub resume_losses: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -233,6 +238,10 @@ fn workload_with(
     let mut unwritten_reply: Option<Vec<String>> = None;
     // Until the first compaction, a continuing file's opening prompt stands for its history.
     let mut history_in_context = recording.header.head_truncated;
+    // Where a new client process resumed the session, until the first main reply after it; and
+    // the tool uses driven since the last compaction (what a resume can lose).
+    let mut resumed_at: Option<usize> = None;
+    let mut uses_in_context: BTreeSet<String> = BTreeSet::new();
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
@@ -247,6 +256,9 @@ fn workload_with(
 
     for (event_index, event) in recording.events.iter().enumerate() {
         let main = event.lane == LANE_MAIN;
+        if main && super::session::marks_resume(&event.kind) {
+            resumed_at = Some(event_index);
+        }
         match &event.kind {
             // Every event carries its time; the wait before a step is the gap since the last
             // step driven (`push_wait`).
@@ -301,10 +313,34 @@ fn workload_with(
                 if model.is_none() && !reply.model.is_empty() {
                     model = Some(reply.model.clone());
                 }
+                // The first call after a resume: what its loaded history lacks of the tool uses
+                // driven since the last compaction leaves the agent's conversation too.
+                if let Some(at) = resumed_at.take()
+                    && let Some(call) = session.calls.iter().find(|c| c.event_index == event_index)
+                {
+                    let loaded: BTreeSet<String> = session
+                        .messages_for_call_loaded(call, at)
+                        .iter()
+                        .flat_map(|m| m.content.to_blocks())
+                        .filter_map(|b| match b {
+                            ContentBlock::ToolUse { id, .. } => Some(id.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    let lost: Vec<&String> = uses_in_context.difference(&loaded).collect();
+                    if !lost.is_empty() {
+                        script.push(json!({ "resume_lost": { "tool_use_ids": lost } }));
+                        report.resume_losses += 1;
+                    }
+                }
                 let Some(step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
                     continue;
                 };
+                uses_in_context.extend(reply.content.iter().filter_map(|b| match b {
+                    ContentBlock::ToolUse { id, .. } => Some(id.clone()),
+                    _ => None,
+                }));
                 // The tool uses of this reply wait for their recorded results.
                 open_uses = reply
                     .content
@@ -348,6 +384,7 @@ fn workload_with(
             }
             EventKind::Compaction(compaction) if main => {
                 history_in_context = false;
+                uses_in_context.clear();
                 // The results the compaction replaced before they were written: the client
                 // counted them, so the agent gets a stand-in of the session's mean result of
                 // that tool (the size `triggers::main_points` counts for them).
@@ -697,6 +734,20 @@ impl RecordedSettings {
     }
 }
 
+/// The tool results a workload returns are the recorded ones, which already went through the
+/// recorded client's per-tool persistence thresholds: where `strategy` keeps the default
+/// thresholds (they stand for the client's own, as in the replay:
+/// [`super::session::rebudgets_recorded_results`]) the agent persists none of them again.
+/// Before, the agent cut 9878's 2.0.76 results at calls 3 and 59 to their previews (−10k and −7k
+/// tokens the client sent whole, −8% to −25% on every call between). A strategy with other
+/// thresholds applies them. One rule for the agent as recorded ([`agent_replay`]) and its
+/// what-ifs (`agent_whatif`).
+pub fn keep_recorded_results(strategy: &mut crate::strategy::Strategy) {
+    if !super::session::rebudgets_recorded_results(&strategy.compact.tool_result_budget) {
+        super::stages::without_per_tool_thresholds(&mut strategy.compact.tool_result_budget);
+    }
+}
+
 /// Drives the agent through `session` under `strategy`, measuring with `measurer`.
 pub fn agent_replay(
     session: &ImportedSession,
@@ -710,6 +761,8 @@ pub fn agent_replay(
         let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
+    keep_recorded_results(&mut strategy);
+    measurer.set_billing_key(REAL_SESSION_BILLING);
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
@@ -781,6 +834,13 @@ pub fn agent_replay(
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
 }
 
+/// How the server keys the billing block of a real session's requests through the agent: not
+/// at all. Every automatic compaction of the shipped sessions is followed by a call that reads
+/// the whole prefix (a6e4 #7 34,858 of 34,858; 9878 #48, e89f #155, af1d #115, c644 #45,
+/// spotter #103, entirecontext 01M0EE #38 likewise), although the client's billing fingerprint
+/// changed with its first message; keyed, the agent read nothing of it there.
+pub const REAL_SESSION_BILLING: crate::measure::blocks::BillingKey = crate::measure::blocks::BillingKey::Unkeyed;
+
 /// What the agent cannot know and the record shows: the first recorded main call read a cached
 /// prefix (an earlier session of the project warmed it). As the replay does, the agent's own
 /// prefix (tools and system of its first request under the strategy it was computed for, its
@@ -829,6 +889,7 @@ pub fn warm_prefix(
     probe.script.truncate(first + 1);
     let counter = crate::measure::TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
+    probe_measurer.set_billing_key(REAL_SESSION_BILLING);
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
     let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
         .map_err(|e| e.to_string())?;

@@ -52,7 +52,7 @@ fn problem(path: Vec<Seg>, message: impl Into<String>) -> Problem {
     Problem { path, message: message.into() }
 }
 
-const KINDS: [&str; 18] = [
+const KINDS: [&str; 19] = [
     "user",
     "assistant",
     "tool_output",
@@ -71,6 +71,7 @@ const KINDS: [&str; 18] = [
     "compact",
     "attachment",
     "microcompact",
+    "resume_lost",
 ];
 
 /// Turns the raw document into a [`Scenario`], or reports the first problem.
@@ -206,6 +207,7 @@ fn check_step(
         step.compact.is_some(),
         step.attachment.is_some(),
         step.microcompact.is_some(),
+        step.resume_lost.is_some(),
     ]
     .into_iter()
     .zip(KINDS)
@@ -287,6 +289,12 @@ fn check_step(
             return Err(problem(here("microcompact"), "the microcompact clears nothing: give `tool_use_ids` or `history_chars`"));
         }
         return Ok(Step::Microcompact { tool_use_ids: spec.tool_use_ids, history_chars: spec.history_chars });
+    }
+    if let Some(spec) = step.resume_lost {
+        if spec.tool_use_ids.is_empty() {
+            return Err(problem(here("resume_lost"), "the resume loses nothing: give `tool_use_ids`"));
+        }
+        return Ok(Step::ResumeLost { tool_use_ids: spec.tool_use_ids });
     }
     if let Some(git) = step.git {
         check_git(&git, here("git"))?;

@@ -76,6 +76,8 @@
 //!   - microcompact: {tool_use_ids: [toolu_1], history_chars: 0}
 //!                                  # a recorded microcompact: these results cleared to the
 //!                                  # marker, history_chars cut from the opening prompt's start
+//!   - resume_lost: {tool_use_ids: [toolu_2]}
+//!                                  # a recorded resume lost these tool uses and their results
 //! expect:                          # budgets for `ctxsim check`, all optional
 //!   cache_breaks: 0                # at most
 //!   min_cache_hit_ratio: 0.8       # at least, in [0, 1]

@@ -51,6 +51,7 @@ pub(crate) struct RawStep {
     pub resume: Option<bool>,
     pub attachment: Option<AttachmentSpec>,
     pub microcompact: Option<MicrocompactSpec>,
+    pub resume_lost: Option<ResumeLostSpec>,
     pub lane: Option<String>,
     pub stop_reason: Option<StopReason>,
     pub usage: Option<UsageSpec>,
@@ -142,6 +143,13 @@ pub(crate) struct MicrocompactSpec {
     pub tool_use_ids: Vec<String>,
     #[serde(default)]
     pub history_chars: usize,
+}
+
+/// `resume_lost: {tool_use_ids}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResumeLostSpec {
+    pub tool_use_ids: Vec<String>,
 }
 
 /// `write_file: {path, content}`.

@@ -194,6 +194,10 @@ pub enum Step {
     /// start of the opening prompt (the stand-in for the history before a continuing file,
     /// whose results it cleared).
     Microcompact { tool_use_ids: Vec<String>, history_chars: usize },
+    /// `resume_lost: {tool_use_ids}` — a recorded client resumed here loaded its history back
+    /// from the transcript's `parentUuid` chain, which does not hold these tool uses (parallel
+    /// ones written beside it): they and their results leave the conversation.
+    ResumeLost { tool_use_ids: Vec<String> },
 }
 
 impl Step {
@@ -218,6 +222,7 @@ impl Step {
             Step::Compact => "compact",
             Step::Attachment { .. } => "attachment",
             Step::Microcompact { .. } => "microcompact",
+            Step::ResumeLost { .. } => "resume_lost",
         }
     }
 }

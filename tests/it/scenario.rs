@@ -62,6 +62,7 @@ fn steps(scenario: &Scenario) -> String {
             Step::Compact => "compact".to_owned(),
             Step::Attachment { kind, text } => format!("attachment {kind} ({} chars)", text.len()),
             Step::Microcompact { tool_use_ids, history_chars } => format!("microcompact {} results, {history_chars} history chars", tool_use_ids.len()),
+            Step::ResumeLost { tool_use_ids } => format!("resume_lost {} tool uses", tool_use_ids.len()),
             Step::Git(git) => format!("git {} ({} status lines, {} commits)", git.branch, git.status.len(), git.recent_commits.len()),
         })
         .collect::<Vec<_>>()
@@ -236,7 +237,7 @@ fn error_unknown_block_kind() {
 
 #[test]
 fn error_unknown_step_key() {
-    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `git`, `clear`, `compact`, `resume`, `attachment`, `microcompact`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
+    insta::assert_snapshot!(err(&doc("- user: hi\n- usr: again\n")), @"scenarios/bad.yaml:6:3: script[1]: unknown field `usr`, expected one of `user`, `assistant`, `tool_output`, `wait`, `write_file`, `remove_file`, `mcp_connect`, `mcp_disconnect`, `mcp_list_changed`, `plugin_enable`, `plugin_reload`, `model_switch`, `git`, `clear`, `compact`, `resume`, `attachment`, `microcompact`, `resume_lost`, `lane`, `stop_reason`, `usage`, `output_tokens`, `latency`");
 }
 
 #[test]

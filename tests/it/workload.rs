@@ -397,3 +397,98 @@ fn files_the_opening_prompt_mentions_are_dropped_at_compaction() {
     let (_, plain) = drive("cipher-box/e89fb6a2d646-0.full.jsonl");
     assert_eq!((plain.sizing.mentioned_files.len(), plain.sizing.mention_filler_tokens), (0, 0));
 }
+
+/// The first-party server does not key its cache on the billing block: after every recorded
+/// automatic compaction of the shipped sessions the next call reads the whole prefix, although
+/// the client's fingerprint changed with its first message. Real sessions through the agent are
+/// measured that way (`REAL_SESSION_BILLING`); scenarios keep the block in the key. The block is
+/// counted either way.
+#[test]
+fn a_changed_billing_fingerprint_keeps_the_cached_prefix_of_a_real_session() {
+    use ctxsim::api::{CacheControl, Message, Request, SystemBlock, SystemPrompt};
+    use ctxsim::measure::MeasureInput;
+    use ctxsim::measure::blocks::BillingKey;
+    let request = |fingerprint: &str, prompt: &str| {
+        let mut request = Request::new(crate::support::MODEL.to_owned(), 1024);
+        request.system = Some(SystemPrompt::Blocks(vec![
+            SystemBlock::text(format!("x-anthropic-billing-header: cc_version=2.1.88.{fingerprint}; cc_entrypoint=cli;")),
+            SystemBlock::text(crate::support::text_of("system", 3000)).with_cache_control(Some(CacheControl::ephemeral())),
+        ]));
+        request.messages.push(Message::user_text(prompt));
+        request
+    };
+    let second_read = |billing: BillingKey| {
+        let mut measurer = crate::support::measurer();
+        measurer.set_billing_key(billing);
+        let first = measurer.measure(MeasureInput::new("main", 0, &request("751", "fix the parser"))).unwrap();
+        let second = measurer.measure(MeasureInput::new("main", 60_000, &request("cfc", "summary of the conversation so far"))).unwrap();
+        (first.context_tokens, second.cache_read_input_tokens)
+    };
+    let (keyed_context, keyed_read) = second_read(BillingKey::Keyed);
+    let (unkeyed_context, unkeyed_read) = second_read(BillingKey::Unkeyed);
+    assert_eq!(keyed_context, unkeyed_context, "the block is counted either way");
+    assert_eq!(keyed_read, 0, "keyed: a new fingerprint misses everything after it");
+    assert!(unkeyed_read >= 3000, "unkeyed: the system prompt is read ({unkeyed_read})");
+    assert_eq!(ctxsim::replay::workload::REAL_SESSION_BILLING, BillingKey::Unkeyed);
+    // a6e4 #7, the first call after its automatic compaction, read 34,858 (its prefix): through
+    // the agent it read nothing before (its fingerprint changed), now what the agent marks of it.
+    let (_, driven) = drive("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let call = driven.replay.calls.iter().find(|c| c.index == 7).expect("call 7");
+    let read = call.metrics.as_ref().map_or(0, |m| m.cache_read_input_tokens);
+    assert!(read > 10_000, "call 7 read {read}");
+}
+
+/// The recorded tool results already went through the recorded client's per-tool persistence
+/// thresholds; under the default thresholds (the client's own) the agent driving the record
+/// persists none of them again, as the replay does not. 9878 (2.0.76) sent a large result whole
+/// at calls 3 and 59; the agent cut it to its preview (−10k tokens, −8% to −25% on each call
+/// between). A strategy with other thresholds applies them.
+#[test]
+fn recorded_tool_results_are_not_persisted_again_under_the_default_thresholds() {
+    let mut strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    ctxsim::replay::workload::keep_recorded_results(&mut strategy);
+    assert_eq!(strategy.compact.tool_result_budget.threshold("Bash"), Some(u64::MAX));
+    let mut own = Strategy::resolve_with("claude-code", &["compact.tool_result_budget.default_chars=1000".to_owned()]).unwrap();
+    ctxsim::replay::workload::keep_recorded_results(&mut own);
+    assert_eq!(own.compact.tool_result_budget.threshold("Bash"), Some(30_000));
+    let (_, driven) = drive("entireio-cli/9878b713483d-0.full.jsonl");
+    let fired: Vec<usize> =
+        driven.replay.calls.iter().filter(|c| c.metrics.iter().flat_map(|m| &m.stages).any(|s| s.fired && s.name == "tool_result_budget")).map(|c| c.index).collect();
+    assert!(fired.is_empty(), "persisted again before calls {fired:?}");
+    let call = driven.replay.calls.iter().find(|c| c.index == 3).expect("call 3");
+    let error = call.simulated_context() as f64 / call.recorded_context() as f64 - 1.0;
+    assert!(error.abs() < 0.12, "call 3: {error}");
+}
+
+/// A resumed client loads its history back from the transcript's `parentUuid` chain, which does
+/// not hold parallel tool uses written beside it: cd95 (2.1.7) ran `/exit` before call 19 and
+/// its resumed history lacks 9 tool uses and their results (~13.6k tokens). The workload drives
+/// that as a `resume_lost` step before the first reply after the resume, and the agent drops
+/// them: calls 19–50 ran +13% to +15% before, now within 5%.
+#[test]
+fn a_resume_loses_the_tool_uses_off_the_recorded_chain() {
+    let (session, driven) = drive("entireio-cli/cd95adddad32-0.full.jsonl");
+    assert_eq!(driven.report.resume_losses, 1, "{:?}", driven.report);
+    let path = realdata().join("transcripts/entireio-cli/cd95adddad32-0.full.jsonl");
+    let workload = workload_from_session(&session, &path.display().to_string(), None).unwrap();
+    let lost: Vec<usize> = workload.scenario.script.iter().filter_map(|s| match s {
+        Step::ResumeLost { tool_use_ids } => Some(tool_use_ids.len()),
+        _ => None,
+    }).collect();
+    assert_eq!(lost, vec![9]);
+    let errors: Vec<(usize, f64)> = driven.replay.calls.iter().map(|c| (c.index, c.simulated_context() as f64 / c.recorded_context() as f64 - 1.0)).collect();
+    let between: Vec<f64> = errors.iter().filter(|(i, _)| (19..=50).contains(i)).map(|(_, e)| e.abs()).collect();
+    assert!(!between.is_empty() && between.iter().all(|e| *e < 0.05), "{errors:?}");
+    let events = &driven.replay.calls.iter().find(|c| c.index == 19).expect("call 19").events;
+    assert!(events.iter().any(|e| e == "resume_lost_results"), "{events:?}");
+}
+
+/// The `resume_lost` step names what the resume lost; naming nothing is an error with its place.
+#[test]
+fn a_resume_lost_step_names_tool_uses() {
+    let yaml = |ids: &str| format!("name: lost\nworld:\n  model: claude-sonnet-4-6\nscript:\n  - user: hi\n  - resume_lost: {{tool_use_ids: [{ids}]}}\n");
+    let scenario = ctxsim::scenario::parse_scenario(&yaml("toolu_1"), "lost.yaml").unwrap();
+    assert!(matches!(&scenario.script[1], Step::ResumeLost { tool_use_ids } if tool_use_ids == &["toolu_1".to_owned()]));
+    let error = ctxsim::scenario::parse_scenario(&yaml(""), "lost.yaml").unwrap_err().to_string();
+    assert!(error.contains("lost.yaml") && error.contains("resume_lost") && error.contains("loses nothing"), "{error}");
+}
