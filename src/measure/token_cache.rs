@@ -16,7 +16,7 @@
 //! next time. Using the cache changes no count, only what is tokenized again.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rustc_hash::FxHashMap;
 
@@ -60,6 +60,16 @@ impl SharedCounts {
         self.fresh.lock().unwrap_or_else(|e| e.into_inner()).insert(key, count);
     }
 
+    /// `bpe(text)` (keyed `key`, its xxh3-128) from this table, else tokenized and recorded.
+    pub fn bpe(&self, key: u128, text: &str) -> u32 {
+        if let Some(n) = self.get(key) {
+            return n;
+        }
+        let n = super::tokens::bpe(text);
+        self.insert(key, n);
+        n
+    }
+
     /// Counts loaded from the file.
     pub fn loaded(&self) -> usize {
         self.base.len()
@@ -77,6 +87,24 @@ impl SharedCounts {
         all.sort_unstable_by_key(|(k, _)| *k);
         all.dedup_by_key(|(k, _)| *k);
         all
+    }
+}
+
+/// The run's table, for texts counted outside any counter (the label of a filler text,
+/// [`crate::replay::session`]): set by a command that opened the cache, at most once a process.
+static RUN_COUNTS: OnceLock<Arc<SharedCounts>> = OnceLock::new();
+
+/// Makes `counts` the run's table of [`bpe_of_run`] (a second call changes nothing).
+pub fn share_with_run(counts: &Arc<SharedCounts>) {
+    let _ = RUN_COUNTS.set(counts.clone());
+}
+
+/// `bpe(text)`, from the run's table when a command shared one ([`share_with_run`]): with counts
+/// from an earlier run, a text counted then needs no tokenizer built.
+pub fn bpe_of_run(text: &str) -> u32 {
+    match RUN_COUNTS.get() {
+        Some(counts) => counts.bpe(xxhash_rust::xxh3::xxh3_128(text.as_bytes()), text),
+        None => super::tokens::bpe(text),
     }
 }
 

@@ -407,12 +407,7 @@ impl TokenCounter {
     fn bpe_shared(&self, text: &str) -> u32 {
         let Some(shared) = &self.shared else { return bpe(text) };
         let key = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
-        if let Some(n) = self.texts.get(&key).copied().or_else(|| shared.get(key)) {
-            return n;
-        }
-        let n = bpe(text);
-        shared.insert(key, n);
-        n
+        self.texts.get(&key).copied().unwrap_or_else(|| shared.bpe(key, text))
     }
 }
 

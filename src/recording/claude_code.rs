@@ -1532,7 +1532,7 @@ impl FileImporter {
         let blocks = self.blocks(items, line, "message.content");
         let tool_results = blocks.iter().filter(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
         // The structured result belongs to the tool call when the record answers exactly one.
-        let mut structured = if tool_results == 1 { record.get("toolUseResult").cloned() } else { None };
+        let mut structured = if tool_results == 1 { record.get("toolUseResult").cloned().map(std::sync::Arc::new) } else { None };
         let mut pending: Vec<ContentBlock> = Vec::new();
         for block in blocks {
             match block {

@@ -51,21 +51,44 @@ pub fn references(text: &str, out: &mut BTreeSet<String>) {
 }
 
 /// Calls `f` with each reference of `text` (in order, repeats included), borrowed from it.
+///
+/// One pass over the bytes: the token characters are ASCII, and every byte of a multi-byte
+/// character is at least 0x80, so splitting the bytes splits the text where its characters
+/// split it, and every token is a slice at character boundaries.
 fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(&'a str)) {
-    for token in text.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))) {
-        let token = token.trim_matches(|c: char| matches!(c, '.' | '-'));
-        if token.len() < 4 {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        if !is_token_byte(bytes[at]) {
+            at += 1;
             continue;
         }
-        if token.contains('/') {
-            if token.chars().any(|c| c.is_ascii_alphabetic()) {
-                f(token.trim_end_matches('/'));
-            }
-            continue;
+        let start = at;
+        while at < bytes.len() && is_token_byte(bytes[at]) {
+            at += 1;
         }
-        if is_identifier(token) {
-            f(token);
+        reference_of(&text[start..at], f);
+    }
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b'-')
+}
+
+/// Calls `f` with the reference `token` (a maximal run of token characters) makes, if any.
+fn reference_of<'a>(token: &'a str, f: &mut dyn FnMut(&'a str)) {
+    let token = token.trim_matches(|c: char| matches!(c, '.' | '-'));
+    if token.len() < 4 {
+        return;
+    }
+    if token.contains('/') {
+        if token.bytes().any(|b| b.is_ascii_alphabetic()) {
+            f(token.trim_end_matches('/'));
         }
+        return;
+    }
+    if is_identifier(token) {
+        f(token);
     }
 }
 
@@ -198,5 +221,40 @@ pub fn compaction_loss(
         references_lost: lost.len(),
         lost: lost.iter().take(SHOWN_REFERENCES).cloned().collect(),
         rereads,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The scan by characters [`each_reference`] must equal.
+    fn by_chars(text: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        for token in text.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))) {
+            reference_of(token, &mut |r| out.push(r));
+        }
+        out
+    }
+
+    fn by_bytes(text: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        each_reference(text, &mut |r| out.push(r));
+        out
+    }
+
+    #[test]
+    fn references_split_at_multibyte_characters() {
+        let text = "é src/a.rs→parse_line… «camelCase» ./x/ --flag-name--- 12/3 é/ab ñsnake_caseñ";
+        assert_eq!(by_bytes(text), vec!["src/a.rs", "parse_line", "camelCase", "snake_case"]);
+        assert_eq!(by_bytes(text), by_chars(text));
+    }
+
+    proptest! {
+        #[test]
+        fn the_byte_scan_finds_what_the_character_scan_does(text in "[a-zA-Z0-9_./ é→\\-]{0,60}") {
+            prop_assert_eq!(by_bytes(&text), by_chars(&text));
+        }
     }
 }

@@ -36,7 +36,7 @@ use crate::api::{
     ToolResultContent, Usage,
 };
 use crate::measure::blocks::Region;
-use crate::measure::tokens::{bpe, chars4};
+use crate::measure::tokens::chars4;
 use crate::measure::{EstimatorKind, FlatRequest, MeasureInput, Measurer, RequestMetrics};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
 use crate::recording::{
@@ -638,7 +638,7 @@ impl Unrecorded<'_> {
         let framing = serde_json::to_string(&Tool::custom(name.clone(), String::new(), schema.clone())).unwrap_or_default();
         let framing = u64::from(match self.kind {
             EstimatorKind::Chars4 => chars4(&framing),
-            _ => bpe(&framing),
+            _ => crate::measure::token_cache::bpe_of_run(&framing),
         });
         let framing = if self.kind == EstimatorKind::Calibrated { (framing as f64 * self.params.scale).round() as u64 } else { framing };
         let mut tools = vec![Tool::custom(name, fill(&format!("tools {}", self.group), tools_tokens.saturating_sub(framing)), schema)];
@@ -1084,7 +1084,7 @@ fn render_filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_
     let head = format!("<{label}>");
     let head_tokens = u64::from(match kind {
         EstimatorKind::Chars4 => chars4(&head),
-        _ => bpe(&head),
+        _ => crate::measure::token_cache::bpe_of_run(&head),
     });
     let words = raw_target.saturating_sub(head_tokens) as usize;
     const WORDS: [&str; 6] = [" the", " and", " for", " not", " you", " are"];
@@ -1749,7 +1749,7 @@ fn replay_session_observing(
                     request_start = Some(event.time_ms);
                     state.seen_results.insert(result.tool_use_id.clone());
                     if let Some((name, input)) = state.pending.remove(&result.tool_use_id) {
-                        state.working_set.observe(&name, &input, result.tool_use_result.as_ref(), result.is_error);
+                        state.working_set.observe(&name, &input, result.tool_use_result.as_deref(), result.is_error);
                     }
                 }
                 _ => {}

@@ -85,10 +85,15 @@ fn read_attachment(path: &str, body: &str) -> String {
 /// The Read tool's rendering of a file: numbered lines (`     1→text`), at most 2,000 lines of
 /// at most 2,000 characters each.
 pub fn render_numbered(content: &str) -> String {
+    use std::fmt::Write;
     let mut out = String::with_capacity(content.len() + content.len() / 8);
     for (i, line) in content.lines().take(READ_MAX_LINES).enumerate() {
-        let line: String = line.chars().take(READ_MAX_LINE_CHARS).collect();
-        out.push_str(&format!("{:>6}\u{2192}{line}\n", i + 1));
+        // The first READ_MAX_LINE_CHARS characters, sliced in place (no per-line copy).
+        // A line of at most that many bytes has at most that many characters.
+        let end = if line.len() <= READ_MAX_LINE_CHARS { line.len() } else { line.char_indices().nth(READ_MAX_LINE_CHARS).map_or(line.len(), |(at, _)| at) };
+        let _ = write!(out, "{:>6}\u{2192}", i + 1);
+        out.push_str(&line[..end]);
+        out.push('\n');
     }
     out
 }
@@ -281,6 +286,28 @@ impl WorkingSet {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn numbered_rendering_cuts_lines_at_characters_and_files_at_lines() {
+        // Lines longer than the limit in bytes and in characters (multi-byte), short lines, an
+        // empty line, and more lines than are rendered.
+        let long_ascii = "a".repeat(READ_MAX_LINE_CHARS + 5);
+        let long_wide = "é→".repeat(READ_MAX_LINE_CHARS);
+        let short_wide = "é".repeat(READ_MAX_LINE_CHARS - 1);
+        let mut lines = vec![long_ascii.clone(), long_wide.clone(), short_wide.clone(), String::new()];
+        lines.extend((0..READ_MAX_LINES).map(|i| format!("line {i}")));
+        let text = lines.join("\n");
+        let rendered = render_numbered(&text);
+        let out: Vec<&str> = rendered.lines().collect();
+        assert_eq!(out.len(), READ_MAX_LINES);
+        assert_eq!(out[0], format!("     1\u{2192}{}", "a".repeat(READ_MAX_LINE_CHARS)));
+        let wide: String = long_wide.chars().take(READ_MAX_LINE_CHARS).collect();
+        assert_eq!(out[1], format!("     2\u{2192}{wide}"));
+        assert_eq!(out[2], format!("     3\u{2192}{short_wide}"));
+        assert_eq!(out[3], "     4\u{2192}");
+        assert_eq!(out[READ_MAX_LINES - 1], format!("{READ_MAX_LINES:>6}\u{2192}line {}", READ_MAX_LINES - 5));
+        assert!(rendered.ends_with('\n'));
+    }
 
     fn read(set: &mut WorkingSet, path: &str, content: &str, start: u64, lines: u64, total: u64) {
         let result = json!({"type": "text", "file": {"filePath": path, "content": content, "numLines": lines, "startLine": start, "totalLines": total}});

@@ -365,7 +365,7 @@ fn workload_with(
                 let mut output = result_output(result);
                 // The file the call read or wrote, as the record shows it: the agent's executor
                 // leaves it in its fs and counts it read, so its own compaction restores it.
-                files.observe(name, input, result.tool_use_result.as_ref(), result.is_error);
+                files.observe(name, input, result.tool_use_result.as_deref(), result.is_error);
                 if matches!(name.as_str(), "Read" | "Edit" | "MultiEdit" | "Write")
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                     && let Some(content) = files.content_of(path)
