@@ -368,3 +368,27 @@ fn a_warm_start_and_the_recorded_ttl_come_from_the_record() {
     let (recorded, simulated) = read(late);
     assert!(recorded > 150_000.0 && simulated / recorded > 0.95, "call 79 read: agent {simulated} vs recorded {recorded}");
 }
+
+/// A transcript whose main-lane thinking has no stored text comes from a client that redacts
+/// thinking; that client sends no `clear_thinking` edit, so after its >1h idle gap (call 52,
+/// 651 min) the recorded context keeps the earlier thinking and the next call reads the whole
+/// cache (136,419 tokens). The agent did the same only once the workload said so: before, the
+/// latch kept one thinking turn and calls 53 and 77 read just the static prefix, and Σcreation
+/// was +73% (entirecontext 01M0FW, fitted on neither; docs/fidelity.md).
+#[test]
+fn a_transcript_with_redacted_thinking_drives_an_agent_that_clears_none() {
+    let (session, driven) = drive("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    let file = "fw.jsonl";
+    let (workload, _) = ctxsim::replay::workload::sized_workload(&session, file, &measurer(), &Strategy::resolve_with("claude-code", &[]).unwrap(), true).unwrap();
+    assert!(workload.scenario.world.redact_thinking);
+    for index in [53, 77] {
+        let call = driven.replay.calls.iter().find(|c| c.index == index).unwrap();
+        assert!(call.sim_cache_read > 0.9 * call.recorded.cache_read_input_tokens as f64, "call {index}: read {} of {}", call.sim_cache_read, call.recorded.cache_read_input_tokens);
+    }
+    let fidelity = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false);
+    assert!(fidelity.cache_creation_total_error.abs() < 0.10, "Σcreation {}", fidelity.cache_creation_total_error);
+    // Thinking stored as text (oh-my-posh d847, 2.1.215): not redacted.
+    let path = realdata().join("transcripts/oh-my-posh/d84718082c10-3.full.jsonl");
+    let stored = load_session(&path).unwrap();
+    assert!(!workload_from_session(&stored, "d847.jsonl", None).unwrap().scenario.world.redact_thinking);
+}
