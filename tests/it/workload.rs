@@ -392,3 +392,24 @@ fn a_transcript_with_redacted_thinking_drives_an_agent_that_clears_none() {
     let stored = load_session(&path).unwrap();
     assert!(!workload_from_session(&stored, "d847.jsonl", None).unwrap().scenario.world.redact_thinking);
 }
+
+/// Claude Desktop 2.1.200+ shares its static prefix (`ClientProfile::static_prefix_shared`, a
+/// replay rule): past the TTL the recorded call still reads tools and the static system prompt.
+/// Through the agent the recorded client's rules seed the agent's own global-scope prefix there
+/// (oh-my-posh d847 #54, 82 min after #53: recorded read 32,436; the agent read 0 before). The
+/// CLI's gaps stay cold (entirecontext 01M0FW #52, 651 min: recorded read 0).
+#[test]
+fn past_the_ttl_claude_desktop_reads_its_static_prefix_through_the_agent() {
+    let read = |driven: &ctxsim::replay::workload::AgentReplay, index: usize| {
+        let call = driven.replay.calls.iter().find(|c| c.index == index).unwrap();
+        (call.recorded.cache_read_input_tokens, call.sim_cache_read)
+    };
+    let (_, desktop) = drive("oh-my-posh/d84718082c10-3.full.jsonl");
+    let (recorded, simulated) = read(&desktop, 54);
+    assert_eq!(recorded, 32_436);
+    assert!(simulated > 10_000.0 && simulated <= recorded as f64, "read {simulated}");
+    let call = desktop.replay.calls.iter().find(|c| c.index == 54).unwrap();
+    assert!(call.events.iter().any(|e| e == "shared_prefix"), "{:?}", call.events);
+    let (_, cli) = drive("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    assert_eq!(read(&cli, 52), (0, 0.0));
+}
