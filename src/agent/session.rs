@@ -1442,7 +1442,11 @@ impl Session {
         match self.thread.agent() {
             None if adaptive_thinking(&model_id) => {
                 request.thinking = Some(json!({"type": "adaptive"}));
-                request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
+                // `getAPIContextManagement`: no `clear_thinking` edit while thinking is redacted,
+                // so the >1h-idle latch has nothing to switch to one turn.
+                if !world.redact_thinking {
+                    request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
+                }
                 request.output_config = Some(json!({"effort": "medium"}));
             }
             None => {}

@@ -352,6 +352,11 @@ pub struct RecordedClient {
     previous_ms: Option<u64>,
     /// The recorded read of the call just measured.
     recorded_read: u64,
+    /// The recorded client's `entrypoint` (Claude Desktop shares its static prefix).
+    entrypoint: Option<String>,
+    /// The TTL the recorded main calls wrote with, the last one named up to `ttl_seen` calls.
+    ttl: Option<crate::api::CacheTtl>,
+    ttl_seen: usize,
 }
 
 #[derive(Debug)]
@@ -361,6 +366,7 @@ struct RecordedTurnCall {
     model: String,
     cache_read: u64,
     measured: bool,
+    ttl: Option<crate::api::CacheTtl>,
     scan: TurnScan,
 }
 
@@ -383,6 +389,7 @@ impl RecordedClient {
                 model: call.model.clone(),
                 cache_read: call.usage.cache_read_input_tokens,
                 measured: !call.is_synthetic && !call.is_api_error && call.usage.prompt_tokens() > 0,
+                ttl: super::session::ttl_of(&call.usage),
                 scan,
             });
         }
@@ -397,6 +404,9 @@ impl RecordedClient {
             previous_model: None,
             previous_ms: None,
             recorded_read: 0,
+            entrypoint: session.recording.header.entrypoint.clone(),
+            ttl: None,
+            ttl_seen: 0,
         }
     }
 }
@@ -422,8 +432,24 @@ impl crate::runner::ClientRules for RecordedClient {
         }
         self.applied = self.applied.max(position + 1);
         let recorded = &self.calls[position];
-        let profile = ClientProfile::for_version(&recorded.version);
+        let profile = ClientProfile::for_client(&recorded.version, self.entrypoint.as_deref());
         self.recorded_read = recorded.cache_read;
+        // The static prefix of a client that shares it is never cold: past the TTL the recorded
+        // calls before this one wrote with, the request still reads its global-scope prefix
+        // (other clients sent the same bytes; `ClientProfile::static_prefix_shared`, as the
+        // replay seeds it). Seeded just before the request, without a row.
+        let ttl_ms = self.calls[self.ttl_seen.min(position)..position].iter().rev().find_map(|c| c.ttl).or(self.ttl).unwrap_or(crate::api::CacheTtl::FiveMinutes).millis();
+        if profile.static_prefix_shared
+            && self.previous_ms.is_some_and(|p| call.time_ms.saturating_sub(p) >= ttl_ms)
+            && let Some(prefix) = global_prefix(call.request, measurer)
+        {
+            let _ = measurer.seed_cache(&prefix, call.time_ms.saturating_sub(1), 0);
+            events.push("shared_prefix".to_owned());
+        }
+        if let Some(ttl) = self.calls[self.ttl_seen.min(position)..=position].iter().rev().find_map(|c| c.ttl) {
+            self.ttl = Some(ttl);
+        }
+        self.ttl_seen = self.ttl_seen.max(position + 1);
         if call.compacted {
             self.turns.on_compaction(&profile);
             // The summary opens the conversation.
@@ -466,6 +492,15 @@ impl crate::runner::ClientRules for RecordedClient {
     fn after_main(&mut self, row: &RequestMetrics) {
         self.turns.previous_read = Some(self.recorded_read.max(row.cache_read_input_tokens));
     }
+}
+
+/// The part of `request` up to its last global-scope marker (tools and the system prompt's
+/// static part), as the server caches it; `None` when nothing is marked global.
+fn global_prefix(request: &Request, measurer: &mut Measurer) -> Option<FlatRequest> {
+    let Some(crate::api::SystemPrompt::Blocks(blocks)) = &request.system else { return None };
+    let last = blocks.iter().rposition(|b| b.cache_control.as_ref().is_some_and(|c| c.scope == Some(crate::api::CacheScope::Global)))?;
+    let prefix = Request { messages: Vec::new(), system: Some(crate::api::SystemPrompt::Blocks(blocks[..=last].to_vec())), ..request.clone() };
+    measurer.flatten(&prefix).ok()
 }
 
 impl RecordedClient {

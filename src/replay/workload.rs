@@ -500,6 +500,12 @@ fn workload_with(
     if report.recorded_attachments > 0 {
         world.insert("recorded_attachments".into(), Value::Bool(true));
     }
+    // Main-lane thinking recorded without its text: the client redacted thinking, and sent no
+    // `clear_thinking` edit (after a >1h idle the recorded context keeps the earlier thinking).
+    let redacted = recording.events.iter().any(|e| e.lane == LANE_MAIN && matches!(&e.kind, EventKind::ModelReply(r) if !r.thinking_text_stored));
+    if redacted {
+        world.insert("redact_thinking".into(), Value::Bool(true));
+    }
     if let Some(cwd) = recording.header.cwd.as_ref().filter(|c| c.starts_with('/')) {
         world.insert("cwd".into(), Value::String(cwd.clone()));
     }

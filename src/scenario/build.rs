@@ -75,6 +75,7 @@ impl Scenario {
             home: spec.home.clone(),
             append_system_prompt: spec.append_system_prompt.clone(),
             recorded_attachments: spec.recorded_attachments,
+            redact_thinking: spec.redact_thinking,
         }
     }
 }

@@ -36,6 +36,7 @@
 //!     - {event: Stop, command: "check.sh", exit_code: 2, stderr: "..."}  # answers that configured hook
 //!       # also: stdout, json, decision (allow/deny/ask/block), reason, updated_input, updated_output
 //!   plugins: [/plugins/demo]       # plugin folders (virtual paths) enabled at start
+//!   redact_thinking: false         # the client redacts thinking: no clear_thinking edit of its own
 //!   mount:                         # real directories loaded into the virtual fs
 //!     - {from: ../data/tree, at: /repo}   # from: relative to the scenario file
 //!   git:                           # the cwd is a repository (the system prompt's git snapshot)

@@ -90,6 +90,12 @@ pub struct WorldSpec {
     /// --engine agent` sets it for a transcript that records its attachments.
     #[serde(default)]
     pub recorded_attachments: bool,
+    /// The client runs with redacted thinking (`isRedactThinkingActive`: replies carry their
+    /// thinking without its text): it sends no `clear_thinking` edit of its own, so neither
+    /// `keep: "all"` nor the >1h-idle latch's one turn. `ctxsim fidelity --engine agent` sets it
+    /// for a transcript whose main-lane thinking has no stored text.
+    #[serde(default)]
+    pub redact_thinking: bool,
 }
 
 /// `world.mount[i]`.

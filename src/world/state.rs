@@ -63,6 +63,8 @@ pub struct World {
     /// The script supplies the attachments (`attachment` steps): the agent adds none of its
     /// own per-turn ones.
     pub recorded_attachments: bool,
+    /// The client redacts thinking: no `clear_thinking` edit of its own (`world.redact_thinking`).
+    pub redact_thinking: bool,
 }
 
 impl World {
@@ -88,6 +90,7 @@ impl World {
             home: "/home/user".to_owned(),
             append_system_prompt: None,
             recorded_attachments: false,
+            redact_thinking: false,
         }
     }
 

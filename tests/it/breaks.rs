@@ -71,6 +71,25 @@ fn thinking_cleared_after_an_idle_hour_breaks_every_later_turn() {
 }
 
 #[test]
+fn a_client_that_redacts_thinking_clears_none_after_an_idle_hour() {
+    // The same session with `world.redact_thinking` (the client's replies carry no thinking
+    // text, as in the 2.1.232 entirecontext transcripts): no `clear_thinking` edit is sent, so
+    // the >1h-idle latch switches nothing and only the expired TTL breaks the cache.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/break-thinking-cleared-after-idle.yaml");
+    let text = std::fs::read_to_string(&path).unwrap().replacen("world:\n", "world:\n  redact_thinking: true\n", 1);
+    let scenario = ctxsim::scenario::parse_scenario(&text, "redacted.yaml").unwrap();
+    assert!(scenario.world.redact_thinking);
+    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Bpe));
+    let out = run_scenario(&scenario, &mut measurer, &Strategy::default()).unwrap();
+    assert_eq!(breaks(&out), ["#3: ttl_expired @ -"]);
+    assert!(out.requests.iter().all(|r| r.context_management.is_none()));
+    assert!(out.requests.iter().all(|r| r.thinking.is_some()), "thinking stays on");
+    assert!((4..6).all(|i| reads_everything_cached_before(&out.rows, i)));
+    // Without the flag the same requests clear thinking from request 4 on.
+    assert_eq!(breaks(&run("break-thinking-cleared-after-idle")).len(), 3);
+}
+
+#[test]
 fn a_resume_in_a_new_process_rereads_claude_md() {
     let out = check_breaks("break-session-resume", &["#3: billing_fingerprint_changed @ system[0]"]);
     assert!(out.rows[3].events.contains(&"session_resumed".to_owned()));

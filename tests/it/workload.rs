@@ -492,3 +492,48 @@ fn a_resume_lost_step_names_tool_uses() {
     let error = ctxsim::scenario::parse_scenario(&yaml(""), "lost.yaml").unwrap_err().to_string();
     assert!(error.contains("lost.yaml") && error.contains("resume_lost") && error.contains("loses nothing"), "{error}");
 }
+
+/// A transcript whose main-lane thinking has no stored text comes from a client that redacts
+/// thinking; that client sends no `clear_thinking` edit, so after its >1h idle gap (call 52,
+/// 651 min) the recorded context keeps the earlier thinking and the next call reads the whole
+/// cache (136,419 tokens). The agent did the same only once the workload said so: before, the
+/// latch kept one thinking turn and calls 53 and 77 read just the static prefix, and Σcreation
+/// was +73% (entirecontext 01M0FW, fitted on neither; docs/fidelity.md).
+#[test]
+fn a_transcript_with_redacted_thinking_drives_an_agent_that_clears_none() {
+    let (session, driven) = drive("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    let file = "fw.jsonl";
+    let (workload, _) = ctxsim::replay::workload::sized_workload(&session, file, &measurer(), &Strategy::resolve_with("claude-code", &[]).unwrap(), true).unwrap();
+    assert!(workload.scenario.world.redact_thinking);
+    for index in [53, 77] {
+        let call = driven.replay.calls.iter().find(|c| c.index == index).unwrap();
+        assert!(call.sim_cache_read > 0.9 * call.recorded.cache_read_input_tokens as f64, "call {index}: read {} of {}", call.sim_cache_read, call.recorded.cache_read_input_tokens);
+    }
+    let fidelity = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false);
+    assert!(fidelity.cache_creation_total_error.abs() < 0.10, "Σcreation {}", fidelity.cache_creation_total_error);
+    // Thinking stored as text (oh-my-posh d847, 2.1.215): not redacted.
+    let path = realdata().join("transcripts/oh-my-posh/d84718082c10-3.full.jsonl");
+    let stored = load_session(&path).unwrap();
+    assert!(!workload_from_session(&stored, "d847.jsonl", None).unwrap().scenario.world.redact_thinking);
+}
+
+/// Claude Desktop 2.1.200+ shares its static prefix (`ClientProfile::static_prefix_shared`, a
+/// replay rule): past the TTL the recorded call still reads tools and the static system prompt.
+/// Through the agent the recorded client's rules seed the agent's own global-scope prefix there
+/// (oh-my-posh d847 #54, 82 min after #53: recorded read 32,436; the agent read 0 before). The
+/// CLI's gaps stay cold (entirecontext 01M0FW #52, 651 min: recorded read 0).
+#[test]
+fn past_the_ttl_claude_desktop_reads_its_static_prefix_through_the_agent() {
+    let read = |driven: &ctxsim::replay::workload::AgentReplay, index: usize| {
+        let call = driven.replay.calls.iter().find(|c| c.index == index).unwrap();
+        (call.recorded.cache_read_input_tokens, call.sim_cache_read)
+    };
+    let (_, desktop) = drive("oh-my-posh/d84718082c10-3.full.jsonl");
+    let (recorded, simulated) = read(&desktop, 54);
+    assert_eq!(recorded, 32_436);
+    assert!(simulated > 10_000.0 && simulated <= recorded as f64, "read {simulated}");
+    let call = desktop.replay.calls.iter().find(|c| c.index == 54).unwrap();
+    assert!(call.events.iter().any(|e| e == "shared_prefix"), "{:?}", call.events);
+    let (_, cli) = drive("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    assert_eq!(read(&cli, 52), (0, 0.0));
+}
