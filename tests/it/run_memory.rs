@@ -126,8 +126,9 @@ fn run_bodies_share_their_history_so_distinct_block_lists_grow_linearly() {
     assert_eq!(requests_large, 2 * requests_small, "two main requests a turn");
     // Requests × messages: quadratic in the script.
     assert!(slots_large > 3 * slots_small, "{slots_small} → {slots_large}");
-    // One list per message of the conversation plus at most three new ones per request.
-    assert!(distinct_large <= last_large + 3 * requests_large, "{distinct_large} lists for {last_large} messages and {requests_large} requests");
+    // One list per message of the conversation plus at most two new ones per request (measured:
+    // 860 lists for 480 messages and 240 requests).
+    assert!(distinct_large <= last_large + 2 * requests_large, "{distinct_large} lists for {last_large} messages and {requests_large} requests");
     assert!(distinct_large * 10 < slots_large, "{distinct_large} distinct of {slots_large}");
     let ratio = distinct_large as f64 / distinct_small as f64;
     assert!(ratio < 2.2, "distinct block lists {distinct_small} → {distinct_large} ({ratio:.2}×)");
