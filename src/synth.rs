@@ -96,10 +96,22 @@ pub fn growing_session(seed: u64, requests: usize, peak_tokens: u64, model: &str
 /// chain compacts (its summary falls back to the synthesized one). For the `run` memory bench
 /// and the tests that `run` stays linear in script length. Same seed, same bytes.
 pub fn scripted_scenario(seed: u64, turns: usize) -> String {
+    scripted(seed, turns, false)
+}
+
+/// [`scripted_scenario`]'s script in a 4,000,000-token window with autocompaction off
+/// (`DISABLE_AUTO_COMPACT`): nothing compacts and the conversation grows to the last turn (about
+/// 260 tokens a turn, 2.1M at 8,000 turns), the worst case for a run's cost per request.
+pub fn growing_scripted_scenario(seed: u64, turns: usize) -> String {
+    scripted(seed, turns, true)
+}
+
+fn scripted(seed: u64, turns: usize, growing: bool) -> String {
     use std::fmt::Write;
     let mut rng = Rng::new(seed).fork("synth-scenario");
+    let window = if growing { "  context_window: 4000000\n  env: {DISABLE_AUTO_COMPACT: 1}\n" } else { "" };
     let mut out = format!(
-        "name: synth-{turns}-turns\ndescription: {turns} generated turns (ctxsim::synth::scripted_scenario, seed {seed})\nworld:\n  model: claude-sonnet-4-5\n  seed: {seed}\n  cwd: /repo\n  files:\n    src/lib.rs: \"pub fn add(a: i32, b: i32) -> i32 {{ a + b }}\\n\"\nscript:\n"
+        "name: synth-{turns}-turns\ndescription: {turns} generated turns (ctxsim::synth::scripted_scenario, seed {seed})\nworld:\n  model: claude-sonnet-4-5\n{window}  seed: {seed}\n  cwd: /repo\n  files:\n    src/lib.rs: \"pub fn add(a: i32, b: i32) -> i32 {{ a + b }}\\n\"\nscript:\n"
     );
     // YAML double-quoted scalars: the generated text has no quotes or backslashes to escape
     // beyond these.

@@ -89,3 +89,47 @@ fn run_memory_grows_linearly_with_script_length() {
     assert!(ratio < 2.4, "streamed: {small_peak} → {large_peak} bytes ({ratio:.2}×)");
     assert!(kept_large_peak > 3 * large_peak, "keeping every body costs more: {kept_large_peak} vs {large_peak}");
 }
+
+/// The bodies a run sends share their history: every message's blocks are one allocation from
+/// the request that first sent them on, so the distinct block lists over all the bodies of a
+/// run grow with the conversation plus a few per request (the tail the agent normalizes again,
+/// the message that carries the marker), not with requests × messages. This is what lets a run
+/// hold one conversation, and the measurement compare a request with the previous one by
+/// pointer. Checked on the script where nothing compacts, at two lengths.
+#[test]
+fn run_bodies_share_their_history_so_distinct_block_lists_grow_linearly() {
+    use ctxsim::api::{ContentBlock, MessageContent, SharedBlocks};
+    let strategy = Strategy::default();
+    let count = |turns| {
+        let scenario = parse_scenario(&ctxsim::synth::growing_scripted_scenario(7, turns), "synth.yaml").unwrap();
+        // Kept alive while counting, so that an address cannot be reused by a later list.
+        let mut seen: std::collections::HashMap<*const Vec<ContentBlock>, SharedBlocks> = Default::default();
+        let (mut slots, mut requests, mut last) = (0usize, 0usize, 0usize);
+        let mut observer = |request: &ctxsim::api::Request, _: &ctxsim::measure::RequestMetrics| {
+            requests += 1;
+            last = request.messages.len();
+            for message in &request.messages {
+                if let MessageContent::Blocks(blocks) = &message.content {
+                    slots += 1;
+                    seen.entry(std::ptr::from_ref::<Vec<ContentBlock>>(blocks)).or_insert_with(|| blocks.clone());
+                }
+            }
+        };
+        let options = RunOptions { observer: Some(&mut observer), ..RunOptions::default() };
+        let output = run_scenario_opts(&scenario, &mut measurer(), &strategy, &Chain::new(), options).unwrap();
+        assert!(output.requests.is_empty(), "no body kept");
+        assert!(output.summary.compactions.values().all(|n| *n == 0), "nothing compacts in this script: {:?}", output.summary.compactions);
+        (seen.len(), slots, requests, last)
+    };
+    let (small @ (distinct_small, slots_small, requests_small, _), large @ (distinct_large, slots_large, requests_large, last_large)) = (count(60), count(120));
+    eprintln!("distinct block lists, block-list slots, requests, last body's messages: {small:?} → {large:?}");
+    assert_eq!(requests_large, 2 * requests_small, "two main requests a turn");
+    // Requests × messages: quadratic in the script.
+    assert!(slots_large > 3 * slots_small, "{slots_small} → {slots_large}");
+    // One list per message of the conversation plus at most two new ones per request (measured:
+    // 860 lists for 480 messages and 240 requests).
+    assert!(distinct_large <= last_large + 2 * requests_large, "{distinct_large} lists for {last_large} messages and {requests_large} requests");
+    assert!(distinct_large * 10 < slots_large, "{distinct_large} distinct of {slots_large}");
+    let ratio = distinct_large as f64 / distinct_small as f64;
+    assert!(ratio < 2.2, "distinct block lists {distinct_small} → {distinct_large} ({ratio:.2}×)");
+}

@@ -4,7 +4,10 @@
 //! §1.2), each stage is a value implementing [`Stage`], and [`Chain`] runs them, skipping disabled
 //! ones and verifying two invariants after every stage: no tool_use lost its tool_result (or the
 //! reverse), and a stage that promises to shrink the context did not grow it. A broken invariant
-//! is a bug in a stage, so it panics with the values.
+//! is a bug in a stage, so it panics with the values. The checks walk every entry twice per
+//! stage, so they run where `debug_assertions` are on (every test, the fuzz targets) and not in
+//! release builds, where a request's work must follow what changed, not the conversation's
+//! length (a 4,000-turn growing script spent a fifth of its time in them).
 //!
 //! Compaction needs a model call. The runner stops at the stage that asked for one and returns
 //! [`ChainStep::Compact`]; the caller obtains the summary and calls
@@ -140,10 +143,11 @@ impl Chain {
                 cx.output.reports.push(skipped(name, reason, tokens));
                 continue;
             }
-            let before = orphans_before.take().unwrap_or_else(|| orphans(&cx.entries));
-            let tokens_before = stage.size_before(&cx.entries);
+            let before = CHECK_INVARIANTS.then(|| (orphans_before.take().unwrap_or_else(|| orphans(&cx.entries)), stage.size_before(&cx.entries)));
             let report = stage.run(cx);
-            orphans_before = Some(verify(name, &cx.entries, &before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none()));
+            if let Some((before, tokens_before)) = before {
+                orphans_before = Some(verify(name, &cx.entries, &before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none()));
+            }
             cx.output.reports.push(report);
             if let Some(request) = &cx.output.pending_compaction {
                 return ChainStep::Compact(request.clone());
@@ -161,15 +165,16 @@ impl Chain {
             .pending_compaction
             .take()
             .unwrap_or_else(|| panic!("finish_compaction called with no pending compaction (reply {reply:?})"));
-        let orphans_before = orphans(&cx.entries);
-        let tokens_before = autocompact::Autocompact.size_before(&cx.entries);
+        let before = CHECK_INVARIANTS.then(|| (orphans(&cx.entries), autocompact::Autocompact.size_before(&cx.entries)));
         match autocompact::finish(cx, &request, reply) {
             autocompact::Finish::Retry(next) => {
                 cx.output.pending_compaction = Some(next.clone());
                 ChainStep::Compact(next)
             }
             autocompact::Finish::Done { compacted } => {
-                let _ = verify("autocompact", &cx.entries, &orphans_before, tokens_before, compacted);
+                if let Some((orphans_before, tokens_before)) = before {
+                    let _ = verify("autocompact", &cx.entries, &orphans_before, tokens_before, compacted);
+                }
                 if request.trigger == CompactTrigger::Auto {
                     let next = STAGES.iter().position(|s| *s == "autocompact").map_or(STAGES.len(), |i| i + 1);
                     self.run_from(cx, next)
@@ -180,6 +185,9 @@ impl Chain {
         }
     }
 }
+
+/// Whether the chain checks its invariants after each stage (see the module documentation).
+const CHECK_INVARIANTS: bool = cfg!(debug_assertions);
 
 /// Tool ids that are not paired: tool_uses without a later tool_result, tool_results without an
 /// earlier tool_use.
