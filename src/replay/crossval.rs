@@ -137,7 +137,7 @@ pub fn cross_validation_table(scored: &[Scored], leave: Leave, engine: &str) -> 
         let projects: BTreeSet<&str> = s.fitted_on.iter().map(|f| f.project.as_str()).collect();
         let missing: Vec<&str> = all.difference(&projects).copied().collect();
         out.push_str(&format!(
-            "{:<10} {:<14} {:<32} {:>8} {}  {} sessions of {} projects (not {})\n",
+            "{:<10} {:<14} {:<32} {:>8} {}  {} sessions of {} projects{}\n",
             s.group,
             s.session.project.chars().take(14).collect::<String>(),
             s.session.session.chars().take(32).collect::<String>(),
@@ -145,7 +145,8 @@ pub fn cross_validation_table(scored: &[Scored], leave: Leave, engine: &str) -> 
             figure_columns(&s.report),
             s.fitted_on.len(),
             projects.len(),
-            if missing.is_empty() { "-".to_owned() } else { missing.join(", ") },
+            // Only a fold that holds a project's every session leaves that project out.
+            if missing.is_empty() { String::new() } else { format!(" (not {})", missing.join(", ")) },
         ));
     }
     out.push_str("\nper version group (calls pooled)\n");
