@@ -654,8 +654,28 @@ impl Session {
 
     /// A recorded resume that lost `tool_use_ids` (a `resume_lost` step, as recorded): the
     /// resumed client loaded its history from the transcript's `parentUuid` chain, without these
-    /// tool uses and their results. Records left empty go too; the next request is rebuilt.
+    /// tool uses and their results. Records left empty go too; the next request is rebuilt. An
+    /// id that names no tool use of the conversation is reported (`resume_lost_unknown:ID,...`),
+    /// not passed over in silence.
     pub fn recorded_resume_loss(&mut self, tool_use_ids: &[String]) {
+        let present: std::collections::BTreeSet<&str> = self
+            .records
+            .iter()
+            .filter_map(|record| match record {
+                Record::Assistant { content } => Some(content),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|block| match block {
+                ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let unknown: Vec<&str> = tool_use_ids.iter().map(String::as_str).filter(|id| !present.contains(id)).collect();
+        if !unknown.is_empty() {
+            let event = format!("resume_lost_unknown:{}", unknown.join(","));
+            self.events.push(event);
+        }
         let lost = |block: &ContentBlock| match block {
             ContentBlock::ToolUse { id, .. } => tool_use_ids.contains(id),
             ContentBlock::ToolResult { tool_use_id, .. } => tool_use_ids.contains(tool_use_id),

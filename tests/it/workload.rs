@@ -493,6 +493,27 @@ fn a_resume_lost_step_names_tool_uses() {
     assert!(error.contains("lost.yaml") && error.contains("resume_lost") && error.contains("loses nothing"), "{error}");
 }
 
+/// A `resume_lost` step drops the tool use it names with its result, and says which ids named
+/// no tool use of the conversation instead of passing over them.
+#[test]
+fn a_resume_lost_step_drops_what_it_names_and_reports_ids_it_does_not_find() {
+    let yaml = |ids: &str| {
+        format!(
+            "name: lost\nworld:\n  model: claude-sonnet-4-6\n  cwd: /repo\n  files:\n    /repo/a.rs: \"fn a() {{}}\\n\"\nscript:\n  - user: read it\n  - assistant:\n      - tool_use: {{id: toolu_a, name: Read, input: {{file_path: /repo/a.rs}}}}\n  - assistant:\n      - text: read\n  - resume_lost: {{tool_use_ids: [{ids}]}}\n  - user: next\n  - assistant:\n      - text: done\n"
+        )
+    };
+    let last_events = |ids: &str| {
+        let output = crate::support::run_yaml(&yaml(ids));
+        let last = output.rows.iter().rev().find(|r| r.lane == "main").unwrap();
+        (last.events.clone(), last.context_tokens)
+    };
+    let (found, found_tokens) = last_events("toolu_a");
+    assert!(found.iter().any(|e| e == "resume_lost_results") && !found.iter().any(|e| e.starts_with("resume_lost_unknown")), "{found:?}");
+    let (missing, missing_tokens) = last_events("toolu_zz");
+    assert!(missing.iter().any(|e| e == "resume_lost_unknown:toolu_zz"), "{missing:?}");
+    assert!(found_tokens < missing_tokens, "dropping the read leaves less context: {found_tokens} vs {missing_tokens}");
+}
+
 /// A transcript whose main-lane thinking has no stored text comes from a client that redacts
 /// thinking; that client sends no `clear_thinking` edit, so after its >1h idle gap (call 52,
 /// 651 min) the recorded context keeps the earlier thinking and the next call reads the whole
