@@ -291,7 +291,7 @@ impl<'o> RunState<'o> {
     }
 
     /// Keeps the messages of every main request a compaction stage fired for (the first request
-    /// after the compaction), by row index: [`RunState::compacted_requests`].
+    /// after the compaction), by row index: [`RunState::take_compacted_requests`].
     pub fn keep_compacted_requests(&mut self) {
         self.out.compacted.get_or_insert_with(Vec::new);
     }
@@ -423,6 +423,9 @@ impl<'o> RunState<'o> {
                         match recovery_outcome {
                             Recovery::Retry(run) => {
                                 note_check(&run);
+                                // A reactive compaction is a compaction to the client's rules
+                                // too, as the chain's and `/compact`'s are.
+                                *compacted |= run.compacted;
                                 if run.compacted {
                                     pinned_edits.clear();
                                 }
@@ -432,6 +435,7 @@ impl<'o> RunState<'o> {
                             }
                             Recovery::Surface { run, .. } => {
                                 note_check(&run);
+                                *compacted |= run.compacted;
                                 // The error is shown and the turn ends (`prompt_too_long`, or
                                 // `image_error` for media, whose offending blocks the next
                                 // request no longer carries); the scripted reply is never

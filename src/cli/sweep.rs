@@ -48,9 +48,10 @@ pub struct SweepArgs {
     /// every knob applies; points whose settings resolve alike share one run).
     #[arg(long, value_enum, default_value = "replay")]
     pub engine: super::args::Engine,
-    /// With `--engine agent`, run every point of a session alone from its first call, instead
-    /// of going on from a checkpoint of the run it shares its beginning with (same results;
-    /// slower; for checking that).
+    /// Run every point of a session alone from its first call, instead of going on from a
+    /// checkpoint of the run it shares its beginning with (through the agent: the trunk run of
+    /// its autocompact family; through the replay: the replay an edited session shares its
+    /// first calls with). Same results; slower; for checking that.
     #[arg(long)]
     pub no_checkpoints: bool,
     /// The largest grid run (points × inputs); a bigger one is an error before anything runs.

@@ -93,7 +93,7 @@ pub struct RecordedCompaction {
 
 /// Prepares `session` (read from `file`) for agent what-ifs.
 pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Result<Prepared, String> {
-    let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let version = super::session::main_version(session);
     let reserve = super::ClientProfile::for_version(&version).autocompact_output_reserve;
     let mut sizing_strategy = Strategy::default();
     sizing_strategy.compact.autocompact.max_output_reserve_tokens = Some(reserve);
@@ -429,7 +429,8 @@ pub fn agent_whatif_family(
             kept.push(c.clone());
             latest = Some(c);
             since = 0;
-        } else if since >= EVERY {
+        } else if since >= EVERY && !pending.is_empty() {
+            // (Only a strategy still to branch goes on from these.)
             latest = Some(checkpoint(&trunk, &measurer, max_checked));
             since = 0;
         }

@@ -205,15 +205,10 @@ pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
     bill
 }
 
-/// Audits one imported session: bills it, replays it as recorded and under each what-if.
+/// Audits one imported session: bills it, replays it as recorded and under each what-if (the
+/// autocompact what-ifs go on from the last checkpoint of the replay as recorded before their
+/// first moved compaction, [`super::whatif::ReplayMemo`]).
 pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer) -> SessionAudit {
-    audit_session_with(file, session, table, make, true)
-}
-
-/// [`audit_session`]; `checkpoints`: the autocompact what-ifs replay the session with
-/// compactions moved from the last checkpoint of the replay as recorded before the first moved
-/// one ([`super::whatif::ReplayMemo`]), else from the first call (the same audit, slower).
-pub fn audit_session_with(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer, checkpoints: bool) -> SessionAudit {
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);
     // Calls at their written time; the importer's virtual time never goes below the first record's.
     let written = super::discover::call_times(&file.path);
@@ -295,7 +290,7 @@ pub fn audit_session_with(file: &SessionFile, session: &ImportedSession, table: 
     let mut shadows: Vec<TtlShadow> = candidates.iter().map(|(_, ttl)| TtlShadow::new(*ttl)).collect();
     // The what-ifs that move compactions share their replays (equal plans or options are one
     // replay) and start from this one's checkpoints.
-    let shared = if checkpoints { super::whatif::ReplayMemo::new() } else { super::whatif::ReplayMemo::without_checkpoints() };
+    let shared = super::whatif::ReplayMemo::new();
     let (replay, at) = replay_session_checkpointed(session, &mut measurer, &plain, true, &mut shadows);
     let replay = std::sync::Arc::new(replay);
     shared.record_replay(&plain, true, replay.clone(), at);

@@ -974,6 +974,17 @@ fn first_call_prefix(
     }
 }
 
+/// The Claude Code version of the session's first main-lane call (empty: none recorded).
+pub fn main_version(session: &ImportedSession) -> String {
+    session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default()
+}
+
+/// The user context (CLAUDE.md, rules, memory) the calibration fitted for `version`, the
+/// nearest fitted version's with a note in `notes`, else the fit's overall value.
+pub fn user_context_prior(calibration: &crate::measure::tokens::Calibration, version: &str, notes: &mut BTreeSet<String>) -> u64 {
+    fitted_with_note(&calibration.user_context_by_version, version, "user context", notes).copied().or(calibration.user_context_tokens).unwrap_or(0)
+}
+
 /// The unrecorded part of the main thread's first compared call, as the replay sizes it when it
 /// reaches that call ([`SessionReplay::unrecorded_main`] before any later call revealed another
 /// prefix level), without replaying the session: the call's billed prompt less its recorded
@@ -982,9 +993,8 @@ pub fn first_call_sizes(session: &ImportedSession, measurer: &mut Measurer) -> O
     let call = session.calls.iter().find(|c| group_of(&c.lane) == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0)?;
     let calibration = measurer.counter().calibration().clone();
     let mut notes = BTreeSet::new();
-    let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
-    let user_context_prior =
-        fitted_with_note(&calibration.user_context_by_version, &main_version, "user context", &mut notes).copied().or(calibration.user_context_tokens).unwrap_or(0);
+    let main_version = main_version(session);
+    let user_context_prior = user_context_prior(&calibration, &main_version, &mut notes);
     let thinking = unstored_thinking(session, measurer, &main_version, &mut notes);
     let mut messages = session.messages_for_call(call);
     for message in &mut messages {
@@ -1501,11 +1511,8 @@ fn replay_session_observing(
     // calls'.
     let mut setup_notes: BTreeSet<String> = BTreeSet::new();
     let mut profile_notes: BTreeSet<String> = BTreeSet::new();
-    let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
-    let user_context_prior = fitted_with_note(&calibration.user_context_by_version, &main_version, "user context", &mut setup_notes)
-        .copied()
-        .or(calibration.user_context_tokens)
-        .unwrap_or(0);
+    let main_version = main_version(session);
+    let user_context_prior = user_context_prior(&calibration, &main_version, &mut setup_notes);
     let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
     let thinking_estimate = unstored_thinking(session, measurer, &main_version, &mut setup_notes);

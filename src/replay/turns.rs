@@ -23,6 +23,8 @@
 //! The replay renders such a prompt with a salted block hash during its turn (same tokens,
 //! different bytes to the cache) and seeds the side entry with [`crate::measure::Measurer::seed_cache`].
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::api::{ContentBlock, Message, MessageContent, Request, Role};
@@ -336,8 +338,9 @@ pub struct RecordedClient {
     /// Per recorded main call, in order: its index, version, model, cache read and the scan of
     /// the records before it (shared by every copy).
     calls: std::sync::Arc<[RecordedTurnCall]>,
-    /// Per main reply of the workload's script, in order: the recorded call it came from.
-    main_calls: std::sync::Arc<[usize]>,
+    /// Per main reply of the workload's script, in order: the position in `calls` of the
+    /// recorded call it came from (`None`: not a recorded main call).
+    main_calls: std::sync::Arc<[Option<usize>]>,
     /// Scans applied so far (into `turns`): the calls before this position in `calls`.
     applied: usize,
     /// The session file continues an earlier one: its first prompt did not open the session.
@@ -393,9 +396,10 @@ impl RecordedClient {
                 scan,
             });
         }
+        let position: BTreeMap<usize, usize> = calls.iter().enumerate().map(|(position, c)| (c.index, position)).collect();
         RecordedClient {
             calls: calls.into(),
-            main_calls: main_calls.into(),
+            main_calls: main_calls.iter().map(|index| position.get(index).copied()).collect(),
             applied: 0,
             head_truncated: session.recording.header.head_truncated,
             turns: TurnState::default(),
@@ -419,11 +423,11 @@ impl crate::runner::ClientRules for RecordedClient {
     fn before_main(&mut self, call: crate::runner::MainCall<'_>, flat: &mut FlatRequest, measurer: &mut Measurer) -> Vec<String> {
         let mut events = Vec::new();
         // The recorded call whose reply this request consumes.
-        let Some(&index) = self.main_calls.get(call.reply) else { return events };
-        // The records up to this call, the calls the agent does not make included.
-        let Some(position) = self.calls.iter().position(|c| c.index == index) else { return events };
+        let Some(&Some(position)) = self.main_calls.get(call.reply) else { return events };
+        // The records up to this call, the calls the agent does not make included (none when
+        // they were applied already).
         let mut model_switched = false;
-        for recorded in &self.calls[self.applied..=position.max(self.applied)] {
+        for recorded in self.calls.get(self.applied..=position).unwrap_or_default() {
             recorded.scan.apply(&mut self.turns);
             if recorded.measured {
                 model_switched = self.previous_model.as_ref().is_some_and(|m| *m != recorded.model);

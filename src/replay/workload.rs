@@ -332,6 +332,8 @@ fn workload_with(
                         script.push(json!({ "resume_lost": { "tool_use_ids": lost } }));
                         report.resume_losses += 1;
                     }
+                    // What is lost is gone: a later resume loses only what it lacks anew.
+                    uses_in_context.retain(|id| loaded.contains(id));
                 }
                 let Some(step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
@@ -696,7 +698,7 @@ pub fn sized_workload(
     let info = measurer.table().lookup(&model).ok().cloned();
     let window = super::triggers::recorded_window(session, &model, info.as_ref());
     // Unstored thinking as the replay estimates it: the fitted share of the output, per version.
-    let main_version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let main_version = super::session::main_version(session);
     let thinking: BTreeMap<String, String> =
         super::session::unstored_thinking(session, measurer, &main_version, &mut Default::default()).into_iter().map(|(k, fill)| (k, fill.text())).collect();
     let background = crate::agent::dialect::background_agents(&strategy.client_version);
@@ -764,7 +766,7 @@ pub fn agent_replay(
     // The recorded version's autocompact reserve, unless the strategy sets one.
     let mut strategy = strategy.clone();
     if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
-        let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+        let version = super::session::main_version(session);
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
     keep_recorded_results(&mut strategy);
@@ -984,11 +986,9 @@ pub fn size_unmodelled(
         sizing.claude_md_filler_tokens = context_gap;
         if !sizing.mentioned_files.is_empty() {
             let calibration = measurer.counter().calibration();
-            let version = session.calls.iter().find(|c| c.lane == LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
-            let prior = super::profile::fitted_with_note(&calibration.user_context_by_version, &version, "user context", &mut Default::default())
-                .copied()
-                .or(calibration.user_context_tokens)
-                .unwrap_or(0);
+            // (A version taken from another's fit is noted by the replay's sizing of the same
+            // session, `first_call_sizes`.)
+            let prior = super::session::user_context_prior(calibration, &super::session::main_version(session), &mut Default::default());
             sizing.claude_md_filler_tokens = prior.saturating_sub(sizing.agent_context_tokens).min(context_gap);
             sizing.mention_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
         }

@@ -162,6 +162,13 @@ pub struct InputMemo {
 type AgentRuns = std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<std::sync::OnceLock<Result<(Evaluation, String), String>>>>>;
 
 impl InputMemo {
+    /// A memo whose replays go on from checkpoints or, `checkpoints` off, each start from the
+    /// first call (`sweep --no-checkpoints`; the results are the same).
+    pub fn with_checkpoints(checkpoints: bool) -> InputMemo {
+        let replay = if checkpoints { crate::replay::whatif::ReplayMemo::default() } else { crate::replay::whatif::ReplayMemo::without_checkpoints() };
+        InputMemo { replay, ..InputMemo::default() }
+    }
+
     /// Agent runs made, distinct strategies (for the sweep's report of shared runs).
     pub fn agent_runs(&self) -> usize {
         self.runs.lock().map_or(0, |r| r.len())

@@ -185,7 +185,7 @@ pub fn run_points(
     let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
     let jobs: Vec<(usize, usize)> = (0..indices.len()).flat_map(|p| (0..inputs.len()).map(move |i| (p, i))).collect();
     // The replays (or agent runs) of each input, shared between the points that make the same one.
-    let input_memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::default()).collect();
+    let input_memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::with_checkpoints(checkpoints)).collect();
     // A token count is a function of a block and the estimator alone: each input is tokenized
     // once, by a run under the base strategy, and every job starts from those counts (only the
     // blocks a point rewrites are tokenized again). The results are the same.

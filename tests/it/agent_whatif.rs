@@ -357,6 +357,25 @@ fn a_sweep_through_the_agent_is_the_same_with_and_without_checkpoints() {
     }
 }
 
+/// `sweep --no-checkpoints` reaches the replay engine too: its autocompact points replay each
+/// edited session from the first call, and write the same bytes as from checkpoints.
+#[test]
+fn a_sweep_through_the_replay_is_the_same_with_and_without_checkpoints() {
+    let session = a6e4();
+    let run = |out: &Path, extra: Option<&str>| {
+        let out_arg = out.display().to_string();
+        let mut all: Vec<&str> = vec!["sweep", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), session.as_str(), "--param", "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50,70,90"];
+        all.extend(extra);
+        ctxsim_ok(&all)
+    };
+    let (with, alone) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    run(with.path(), None);
+    run(alone.path(), Some("--no-checkpoints"));
+    for file in ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt"] {
+        assert_eq!(std::fs::read(with.path().join(file)).unwrap(), std::fs::read(alone.path().join(file)).unwrap(), "{file}");
+    }
+}
+
 /// Client rules that say, on each main request, which scripted main reply it consumes and how
 /// many main requests they saw before it: their state is the count.
 #[derive(Clone, Default)]
