@@ -152,7 +152,7 @@ pub struct Session {
 
 #[path = "session_chain.rs"]
 mod chain_glue;
-pub use chain_glue::{ChainRun, ForkAnswer, RecordMeta, Recovery, SideCall};
+pub use chain_glue::{ChainRun, ForkAnswer, RecordMeta, Recovery, SideCall, ThresholdWorld};
 
 #[path = "session_subagent.rs"]
 mod subagent_glue;
@@ -161,9 +161,8 @@ pub use subagent_glue::ModelCalls;
 impl Session {
     /// A fresh session. The scenario's env overrides the strategy's env-backed knobs.
     pub fn new(strategy: &Strategy, world: &World) -> Session {
-        let mut strategy = strategy.clone();
         // The env was validated with the scenario; a bad number keeps the strategy's value.
-        let _ = strategy.apply_env(&world.env);
+        let strategy = ThresholdWorld::of(world).strategy(strategy);
         let mut rng = world.rng.fork("session");
         let device_id = format!("{:016x}{:016x}{:016x}{:016x}", rng.next_u64(), rng.next_u64(), rng.next_u64(), rng.next_u64());
         let session_id = uuid_v4(rng.next_u64(), rng.next_u64());

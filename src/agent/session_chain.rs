@@ -26,6 +26,66 @@ use crate::world::{Reply, World};
 
 use super::{ModelCalls, Session};
 
+/// What of a world decides where a session's autocompact fires: the model (a `[1m]` model has
+/// a 1M window), the scenario's window and output limit, and the env the session applies over
+/// its strategy ([`Session::new`]). One computation for the agent's own thresholds and for
+/// whoever must know them before a run (the what-ifs on real sessions,
+/// [`crate::replay::agent_whatif`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ThresholdWorld<'w> {
+    pub model_id: &'w str,
+    pub context_window: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    pub env: &'w BTreeMap<String, String>,
+}
+
+impl<'w> ThresholdWorld<'w> {
+    pub fn of(world: &'w World) -> ThresholdWorld<'w> {
+        ThresholdWorld { model_id: &world.model_id, context_window: world.context_window, max_output_tokens: world.max_output_tokens, env: &world.env }
+    }
+
+    /// `strategy` as a session of this world runs under it: the env applied over it (a bad
+    /// number keeps the strategy's value; the env was validated with the scenario).
+    pub fn strategy(&self, strategy: &crate::strategy::Strategy) -> crate::strategy::Strategy {
+        let mut strategy = strategy.clone();
+        let _ = strategy.apply_env(self.env);
+        strategy
+    }
+
+    /// The model limits of a session under `applied` (a strategy this world's env is applied to).
+    pub fn limits(&self, applied: &crate::strategy::Strategy) -> ModelLimits {
+        let context_window =
+            applied.compact.autocompact.context_window.or(self.context_window).unwrap_or(if self.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
+        ModelLimits { context_window, max_output_tokens: self.max_output_tokens.unwrap_or(32_000) }
+    }
+
+    /// The thresholds a session of this world checks against under `strategy`.
+    pub fn thresholds(&self, strategy: &crate::strategy::Strategy) -> crate::agent::compact::counting::Thresholds {
+        let applied = self.strategy(strategy);
+        crate::agent::compact::counting::Thresholds::compute(self.limits(&applied), &applied.compact)
+    }
+
+    /// Whether the runner refuses a run under `strategy` here ([`crate::runner::check_strategy_for`]).
+    pub fn refuses(&self, strategy: &crate::strategy::Strategy) -> bool {
+        crate::runner::check_strategy_for(self.limits(&self.strategy(strategy)), strategy).is_err()
+    }
+
+    /// The one decision of which strategies differ only in where autocompact fires: a content
+    /// hash of `strategy` as a session of this world runs under it, with its name and the knobs
+    /// that only move the autocompact threshold (`buffer_tokens`, the PCT override) cleared.
+    /// Strategies with one family make the same run up to their first autocompact check the two
+    /// thresholds decide differently, so one may go on from the other's checkpoint
+    /// ([`Session::retarget_autocompact`] refuses any other).
+    pub fn autocompact_family(&self, strategy: &crate::strategy::Strategy) -> String {
+        let mut normal = self.strategy(strategy);
+        normal.name = String::new();
+        normal.compact.autocompact.buffer_tokens = 0;
+        normal.compact.autocompact.pct_override = None;
+        let text = serde_json::to_vec(&normal).expect("a strategy serializes");
+        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+    }
+}
+
 /// Per-record bookkeeping the chain needs, parallel to the session's records.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RecordMeta {
@@ -245,43 +305,26 @@ impl Session {
     }
 
     pub fn model_limits(&self, world: &World) -> ModelLimits {
-        let context_window = self
-            .strategy
-            .compact
-            .autocompact
-            .context_window
-            .or(world.context_window)
-            .unwrap_or(if world.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
-        ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) }
+        ThresholdWorld::of(world).limits(&self.strategy)
     }
 
     /// The autocompact threshold the chain checks against under `strategy` (the scenario's env
     /// applied over it, as [`Session::new`] does), with this session's limits.
     pub fn autocompact_threshold_under(&self, strategy: &crate::strategy::Strategy, world: &World) -> u64 {
-        let mut strategy = strategy.clone();
-        let _ = strategy.apply_env(&world.env);
-        crate::agent::compact::counting::Thresholds::compute(self.model_limits(world), &strategy.compact).autocompact
+        ThresholdWorld::of(world).thresholds(strategy).autocompact
     }
 
     /// Goes on under `strategy`, which may differ from the session's own only in the knobs that
-    /// move the autocompact threshold (`buffer_tokens`, the PCT override) and the name. A run
-    /// checkpointed before the first autocompact check the two thresholds decide differently
-    /// goes on as a run under `strategy` from the start would have. Any other difference is
-    /// refused.
+    /// move the autocompact threshold (`buffer_tokens`, the PCT override) and the name: the same
+    /// [`ThresholdWorld::autocompact_family`]. A run checkpointed before the first autocompact
+    /// check the two thresholds decide differently goes on as a run under `strategy` from the
+    /// start would have. Any other difference is refused.
     pub fn retarget_autocompact(&mut self, strategy: &crate::strategy::Strategy, world: &World) -> Result<(), String> {
-        let mut next = strategy.clone();
-        let _ = next.apply_env(&world.env);
-        let normal = |s: &crate::strategy::Strategy| {
-            let mut s = s.clone();
-            s.name = String::new();
-            s.compact.autocompact.buffer_tokens = 0;
-            s.compact.autocompact.pct_override = None;
-            serde_json::to_value(&s).ok()
-        };
-        if normal(&next) != normal(&self.strategy) {
+        let limits = ThresholdWorld::of(world);
+        if limits.autocompact_family(strategy) != limits.autocompact_family(&self.strategy) {
             return Err("the strategy differs from the session's in more than the autocompact threshold".to_owned());
         }
-        self.strategy = next;
+        self.strategy = limits.strategy(strategy);
         Ok(())
     }
 

@@ -168,10 +168,19 @@ pub struct FidelityArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
-    /// The recorded messages, rebuilt per call with the version's size profile.
+    /// The record-based measurement: the recorded messages rebuilt per call with the version's
+    /// size profile; a strategy reaches them only where a recording cannot contradict it.
     Replay,
-    /// The agent, driven by the recorded session.
+    /// The agent, driven by the recorded session: every knob applies (the default of `compare`,
+    /// `sweep` and `check`).
     Agent,
+}
+
+impl Engine {
+    /// The engine's name in outputs (`agent`, `replay`).
+    pub fn name(self) -> &'static str {
+        crate::report::compare::Engine::from(self).name()
+    }
 }
 
 impl From<Engine> for crate::report::compare::Engine {

@@ -61,10 +61,11 @@ pub struct CheckArgs {
     /// Print nothing but errors (the exit code says the rest).
     #[arg(long)]
     pub quiet: bool,
-    /// What runs a recorded session of the suite (a `.jsonl` file given by name): `replay` or
-    /// `agent` (the agent itself driven by the session, under the check strategy). A baseline
-    /// records the engine: one written with the other is refused until refreshed.
-    #[arg(long, value_enum, default_value = "replay")]
+    /// What runs a recorded session of the suite (a `.jsonl` file given by name): `agent` (the
+    /// default: the agent itself driven by the session, under the check strategy) or `replay`
+    /// (the record-based measurement). A baseline of a suite with sessions records the engine:
+    /// one written with the other is refused until refreshed.
+    #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
 }
 
@@ -108,7 +109,10 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     let mut disabled = args.disable_stage.clone();
     disabled.sort();
     let mut strategy = std::iter::once(crate::report::check::CHECK_STRATEGY.to_owned()).chain(disabled.iter().map(|s| format!("-{s}"))).collect::<Vec<_>>().join(" ");
-    if args.engine == super::args::Engine::Agent {
+    // The engine of the suite's recorded sessions (scenarios run through the agent either way):
+    // a baseline of sessions through the agent is marked, one through the replay is not (as
+    // baselines were before the agent became the default).
+    if !session_files.is_empty() && args.engine == super::args::Engine::Agent {
         strategy.push_str(" --engine agent");
     }
     // The baseline as it is: compared with, or merged into by --update-baseline.

@@ -31,10 +31,11 @@ pub struct CompareArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What runs a recorded session under each strategy: `replay` (the recorded messages
-    /// rebuilt per call; the knobs a replay honours) or `agent` (the agent itself, driven by the
-    /// session: every knob applies; docs/fidelity.md, "What-ifs through the agent").
-    #[arg(long, value_enum, default_value = "replay")]
+    /// What runs a recorded session under each strategy: `agent` (the default: the agent itself,
+    /// driven by the session; every knob applies; docs/fidelity.md, "What-ifs through the agent")
+    /// or `replay` (the record-based measurement: the recorded messages rebuilt per call,
+    /// honouring only what a recording cannot contradict). Every output names the engine.
+    #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     #[command(flatten)]
     pub measure: MeasureOpts,

@@ -75,11 +75,11 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
                         serde_json::json!({"session": s.session, "version": s.version, "group": s.group, "fitted_on": s.fitted_on, "report": report})
                     })
                     .collect();
-                let engine = engine_name(args.engine);
+                let engine = args.engine.name();
                 outln!("{}", serde_json::to_string_pretty(&serde_json::json!({"leave": leave, "engine": engine, "scored": rows, "groups": groups}))?);
             }
             FidelityFormat::Table => {
-                out!("{}", cross_validation_table(&scored, leave, engine_name(args.engine)));
+                out!("{}", cross_validation_table(&scored, leave, args.engine.name()));
                 // Each session's compactions under its fold's calibration.
                 let triggers: Vec<(String, crate::replay::TriggerReport)> =
                     scored.iter().filter_map(|s| Some((s.report.input.clone(), s.report.compaction_triggers.clone()?))).collect();
@@ -166,14 +166,6 @@ fn triggers_table_of(engine: super::args::Engine) -> fn(&[(String, crate::replay
     match engine {
         super::args::Engine::Agent => agent_triggers_table,
         super::args::Engine::Replay => triggers_table,
-    }
-}
-
-/// The engine's name in the cross-validation's outputs.
-fn engine_name(engine: super::args::Engine) -> &'static str {
-    match engine {
-        super::args::Engine::Replay => "replay",
-        super::args::Engine::Agent => "agent",
     }
 }
 

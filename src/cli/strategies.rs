@@ -26,18 +26,18 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 .iter()
                 .map(|k| {
                     let presets: serde_json::Map<String, serde_json::Value> = k.presets.iter().cloned().collect();
-                    let mut row = serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": crate::replay::session::knob_on_real_sessions(&k.key)});
+                    // Through the agent, the default engine, every knob reaches a recorded session;
+                    // `replay` and `not_replayed` are about `--engine replay`.
+                    let mut row = serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": true, "replay": crate::replay::session::knob_on_real_sessions(&k.key)});
                     if let Some(why) = crate::replay::layout::knob_not_replayed_reason(&k.key) {
                         row["not_replayed"] = why.into();
                     }
                     row
                 })
                 .collect();
-            // `not_replayed` and `real_sessions` are about the default engine, the replay; through the
-            // agent every knob reaches a recorded session.
             let engines = serde_json::json!({
-                "replay": "the default engine: a knob with `not_replayed` does not reach a recorded session",
-                "agent": "compare, sweep and check with --engine agent: every knob reaches a recorded session",
+                "agent": "the default engine of compare, sweep and check: every knob reaches a recorded session (`real_sessions`)",
+                "replay": "--engine replay, the record-based measurement: a knob with `not_replayed` (`replay`: false) does not reach a recorded session",
             });
             let mut out = serde_json::json!({"presets": presets, "knobs": knobs, "engines": engines});
             if args.causes {
@@ -55,13 +55,13 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 outln!("  {:<30}{aliases}\n      {}", p.id, p.source);
             }
             outln!(
-                "\nKnobs (dotted key = default; presets that differ; `*` = does not reach a recorded session through the\n\
-                 replay, the default engine, and why; through the agent (`compare`, `sweep`, `check --engine agent`)\n\
-                 every knob does, the agent running the session under the strategy):"
+                "\nKnobs (dotted key = default; presets that differ). Every knob reaches a recorded session through the\n\
+                 agent, the default engine of `compare`, `sweep` and `check` (the agent runs the session under the\n\
+                 strategy); `(--engine replay: …)` marks a knob the record-based replay does not honour, and why:"
             );
             for k in &knobs {
                 match crate::replay::layout::knob_not_replayed_reason(&k.key) {
-                    Some(why) => outln!("  {} = {}  * {why}", k.key, k.default),
+                    Some(why) => outln!("  {} = {}  (--engine replay: {why})", k.key, k.default),
                     None => outln!("  {} = {}", k.key, k.default),
                 }
                 for (id, value) in &k.presets {

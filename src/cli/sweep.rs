@@ -43,10 +43,11 @@ pub struct SweepArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What runs a recorded session at each point: `replay` (the recorded messages rebuilt per
-    /// call; the knobs a replay honours) or `agent` (the agent itself, driven by the session:
-    /// every knob applies; points whose settings resolve alike share one run).
-    #[arg(long, value_enum, default_value = "replay")]
+    /// What runs a recorded session at each point: `agent` (the default: the agent itself,
+    /// driven by the session; every knob applies; points whose settings resolve alike share one
+    /// run) or `replay` (the record-based measurement: the recorded messages rebuilt per call,
+    /// honouring only what a recording cannot contradict). The outputs name the engine.
+    #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Run every point of a session alone from its first call, instead of going on from a
     /// checkpoint of the run it shares its beginning with (through the agent: the trunk run of
@@ -89,12 +90,11 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     for input in &inputs {
         diag.report(&input.warnings);
     }
-    // The engine is part of the grid: shards run with different engines do not merge.
-    let base_name = match args.engine {
-        super::args::Engine::Replay => args.strategy.clone(),
-        super::args::Engine::Agent => format!("{} --engine agent", args.strategy),
-    };
-    let grid = Grid { params, base: base_name, inputs: inputs.iter().map(|i| i.name.clone()).collect() };
+    // The engine of the recorded sessions is part of the grid (shards run with different
+    // engines do not merge) and named in every output; scenarios run through the agent either way.
+    let has_sessions = inputs.iter().any(|i| matches!(i.loaded, crate::report::compare::LoadedInput::Session(_)));
+    let engine = has_sessions.then(|| args.engine.name());
+    let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect(), engine };
     let shard = match &args.shard {
         Some(text) => {
             let (i, n) = text.split_once('/').context("--shard I/N")?;

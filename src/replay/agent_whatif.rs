@@ -80,6 +80,31 @@ pub struct Prepared {
     /// The recorded client's turn rules before the first call, a copy of which every run owns
     /// (as [`super::workload::agent_replay`] applies them).
     pub client: super::turns::RecordedClient,
+    /// The workload's env (`world.env`), which every run applies over its strategy.
+    env: BTreeMap<String, String>,
+}
+
+impl Prepared {
+    /// What of the workload's world decides the agent's thresholds, as its runs see it.
+    pub fn threshold_world(&self) -> crate::agent::session::ThresholdWorld<'_> {
+        let world = &self.workload.scenario.world;
+        crate::agent::session::ThresholdWorld { model_id: &world.model, context_window: world.context_window, max_output_tokens: world.max_output_tokens, env: &self.env }
+    }
+
+    /// Sets the workload's env (`world.env`, in the document the runs are planned from and in its
+    /// scenario): what a user's environment would be for every run of the session.
+    pub fn set_env(&mut self, env: BTreeMap<String, String>, file: &str) -> Result<(), String> {
+        self.workload.document["world"]["env"] = serde_json::to_value(&env).expect("a map serializes");
+        let text = serde_json::to_string(&self.workload.document).expect("a JSON value serializes");
+        self.workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;
+        self.env = env_of(&self.workload.scenario);
+        Ok(())
+    }
+}
+
+/// A scenario's env as the runtime world holds it.
+fn env_of(scenario: &Scenario) -> BTreeMap<String, String> {
+    scenario.world.env.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect()
 }
 
 /// One recorded compaction of the main lane.
@@ -124,7 +149,8 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let warm = super::workload::warm_prefix(session, &workload, measurer, &sizing_strategy)?;
     sizing.seeded_prefix_tokens = warm.as_ref().map_or(0, super::workload::WarmPrefix::tokens);
     let client = super::turns::RecordedClient::new(session, &workload.main_calls);
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client })
+    let env = env_of(&workload.scenario);
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -148,16 +174,16 @@ pub fn effective_strategy(strategy: &Strategy, prepared: &Prepared) -> Strategy 
 
 /// A content hash of the effective settings: two strategies with one key make one run. The
 /// autocompact knobs that only move the thresholds (`buffer_tokens`, the PCT override, the
-/// window cap) enter as the thresholds they give for this session's window, so a buffer and an
-/// override that put the threshold at the same count share a run.
+/// window cap) enter as the thresholds they give for this session's world (its window and env,
+/// [`Prepared::threshold_world`]), so a buffer and an override that put the threshold at the same
+/// count share a run; the rest enters as the run applies it (the workload's env over it).
 pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
-    let auto = &effective.compact.autocompact;
-    let thresholds = thresholds_of(effective, prepared);
-    // The runner refuses a buffer at or above the effective window: such a point keeps its own key.
-    let refused = auto.buffer_tokens >= thresholds.effective_window;
-    let mut normal = effective.clone();
-    let defaults = crate::agent::compact::config::AutocompactConfig::default();
-    if !refused {
+    let world = prepared.threshold_world();
+    let thresholds = world.thresholds(effective);
+    let mut normal = world.strategy(effective);
+    // A strategy the runner refuses keeps its own key.
+    if !world.refuses(effective) {
+        let defaults = crate::agent::compact::config::AutocompactConfig::default();
         normal.compact.autocompact.buffer_tokens = defaults.buffer_tokens;
         normal.compact.autocompact.pct_override = defaults.pct_override;
         normal.compact.autocompact.window_override = defaults.window_override;
@@ -167,13 +193,10 @@ pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
 }
 
-/// The thresholds `effective` gives for this session's window.
-fn thresholds_of(effective: &Strategy, prepared: &Prepared) -> crate::agent::compact::counting::Thresholds {
-    let world = &prepared.workload.scenario.world;
-    let auto = &effective.compact.autocompact;
-    let context_window = auto.context_window.or(world.context_window).unwrap_or(if world.model.contains("[1m]") { 1_000_000 } else { 200_000 });
-    let limits = crate::agent::compact::ModelLimits { context_window, max_output_tokens: world.max_output_tokens.unwrap_or(32_000) };
-    crate::agent::compact::counting::Thresholds::compute_with_reserve(limits, &effective.compact, prepared.reserve)
+/// The thresholds `effective` gives a run of this session: the agent's own computation
+/// ([`crate::agent::session::ThresholdWorld::thresholds`]), the workload's env applied.
+pub fn thresholds_of(effective: &Strategy, prepared: &Prepared) -> crate::agent::compact::counting::Thresholds {
+    prepared.threshold_world().thresholds(effective)
 }
 
 /// One compaction of the agent's run.
@@ -337,20 +360,13 @@ fn first_plan(prepared: &Prepared) -> Plan {
 }
 
 /// Strategies that make the same runs up to their first autocompact check at or above the
-/// lower of their thresholds: the effective strategy with the knobs that only move the
-/// autocompact threshold (`buffer_tokens`, the PCT override) cleared. `None` for a strategy
-/// the runner refuses (a buffer at or above the effective window).
+/// lower of their thresholds: the agent's own decision
+/// ([`crate::agent::session::ThresholdWorld::autocompact_family`], the one
+/// [`crate::runner::RunState::retarget_autocompact`] goes by) in this session's world. `None`
+/// for a strategy the runner refuses (a buffer at or above the effective window).
 pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
-    let thresholds = thresholds_of(effective, prepared);
-    if effective.compact.autocompact.buffer_tokens >= thresholds.effective_window {
-        return None;
-    }
-    let mut normal = effective.clone();
-    normal.name = String::new();
-    normal.compact.autocompact.buffer_tokens = 0;
-    normal.compact.autocompact.pct_override = None;
-    let text = serde_json::to_vec(&normal).expect("a strategy serializes");
-    Some(format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text)))
+    let world = prepared.threshold_world();
+    (!world.refuses(effective)).then(|| world.autocompact_family(effective))
 }
 
 /// A run under the family's first plan, checkpointed before a step, with what decides whether
@@ -388,10 +404,8 @@ pub fn agent_whatif_family(
     let mut measurer = measurer;
     fresh_measurer(prepared, &mut measurer)?;
     let options = run_options(prepared);
-    // The trunk runs under the highest threshold.
-    let probe = RunState::start(&scenarios.list[first].1, &effectives[0], RunOptions::default()).map_err(|e| e.to_string())?;
-    let thresholds: Vec<u64> = effectives.iter().map(|s| probe.agent().autocompact_threshold_under(s, probe.world())).collect();
-    drop(probe);
+    // The trunk runs under the highest threshold (the agent's own, as each run computes it).
+    let thresholds: Vec<u64> = effectives.iter().map(|s| thresholds_of(s, prepared).autocompact).collect();
     let top = (0..effectives.len()).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
     let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();

@@ -109,6 +109,10 @@ pub struct Evaluation {
     /// ([`crate::replay::loss`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
+    /// What ran a recorded session (`agent` or `replay`); absent for a scenario (the agent runs
+    /// it under either engine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<&'static str>,
     /// Through the agent (`--engine agent`): how the session drove it. Absent for the replay.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentNotes>,
@@ -119,13 +123,35 @@ pub struct Evaluation {
 /// What rebuilds a recorded session's requests under a strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Engine {
-    /// The recorded messages, rebuilt per call ([`crate::replay::session`]): a strategy reaches
-    /// them as far as [`ReplayOptions::from_strategy`] honours it.
-    #[default]
+    /// The record-based measurement: the recorded messages, rebuilt per call
+    /// ([`crate::replay::session`]); a strategy reaches them as far as
+    /// [`ReplayOptions::from_strategy`] honours it (only what a recording cannot contradict).
     Replay,
     /// The agent, driven by the session and running under the strategy
-    /// ([`crate::replay::agent_whatif`]): every knob applies.
+    /// ([`crate::replay::agent_whatif`]): every knob applies. The default of `compare`, `sweep`
+    /// and `check`.
+    #[default]
     Agent,
+}
+
+impl Engine {
+    /// The engine's name in outputs: `agent` or `replay`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Replay => "replay",
+            Engine::Agent => "agent",
+        }
+    }
+
+    /// What ran the recorded sessions, as a sentence of the outputs.
+    pub fn sentence(self) -> &'static str {
+        match self {
+            Engine::Agent => "recorded sessions ran through the agent (`--engine agent`, the default): every knob applies",
+            Engine::Replay => {
+                "recorded sessions ran through the replay (`--engine replay`): the record-based measurement, honouring only what a recording cannot contradict"
+            }
+        }
+    }
 }
 
 /// How a recorded session drove the agent under one strategy.
@@ -292,6 +318,7 @@ fn agent_evaluation(input: &Input, outcome: crate::replay::agent_whatif::AgentOu
             .collect(),
     };
     let mut e = recording_evaluation(input, String::new(), summary, compactions, divergence, outcome.compaction_losses, outcome.rows);
+    e.engine = Some(Engine::Agent.name());
     e.agent = Some(notes);
     e
 }
@@ -316,6 +343,7 @@ fn recording_evaluation(
         divergence,
         same_results_as: None,
         compaction_losses,
+        engine: Some(Engine::Replay.name()),
         agent: None,
         rows,
     }
@@ -392,6 +420,7 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
                 divergence: note,
                 same_results_as: None,
                 compaction_losses: Vec::new(),
+                engine: None,
                 agent: None,
                 rows: if keep_rows { output.rows } else { Vec::new() },
             })
@@ -464,11 +493,21 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
                 .chain(e.same_results_line().map(|l| format!("- {l}")))
         })
         .collect();
+    let notes: Vec<String> = engine_line(evaluations).map(|l| format!("- {l}")).into_iter().chain(notes).collect();
     if !notes.is_empty() {
         text.push_str("\nNotes:\n");
         text.push_str(&notes.join("\n"));
     }
     text
+}
+
+/// `Engine: …` when the comparison has recorded sessions: what ran them.
+fn engine_line(evaluations: &[Evaluation]) -> Option<String> {
+    let engine = match evaluations.iter().find_map(|e| e.engine)? {
+        "agent" => Engine::Agent,
+        _ => Engine::Replay,
+    };
+    Some(format!("Engine: {}", engine.sentence()))
 }
 
 /// The cells both comparison tables share: input, strategy, requests, hit ratio, cost, breaks,
@@ -517,6 +556,9 @@ pub fn write_compare_report(dir: &Path, evaluations: &[Evaluation]) -> Result<Ve
         intro.push_str("</tr>\n");
     }
     intro.push_str("</table>\n");
+    if let Some(line) = engine_line(evaluations) {
+        let _ = writeln!(intro, "<p class=\"meta\">{}</p>", escape(&line));
+    }
     let mut inputs: Vec<&str> = Vec::new();
     for e in evaluations {
         if !inputs.contains(&e.input.as_str()) {
@@ -551,7 +593,7 @@ pub fn write_compare_report(dir: &Path, evaluations: &[Evaluation]) -> Result<Ve
 pub fn compare_csv(evaluations: &[Evaluation]) -> Vec<u8> {
     let mut writer = csv::Writer::from_writer(Vec::new());
     let mut header: Vec<String> = [
-        "input", "strategy", "kind", "requests", "cache_hit_ratio", "cost_usd", "cache_breaks", "peak_context_tokens",
+        "input", "strategy", "kind", "engine", "requests", "cache_hit_ratio", "cost_usd", "cache_breaks", "peak_context_tokens",
         "tokens_dropped", "recall_misses", "rereads_after_compaction", "replies_diverge", "divergence", "same_results_as",
     ]
     .iter()
@@ -565,6 +607,7 @@ pub fn compare_csv(evaluations: &[Evaluation]) -> Vec<u8> {
             e.input.clone(),
             e.strategy.clone(),
             e.kind.to_owned(),
+            e.engine.unwrap_or_default().to_owned(),
             s.requests.to_string(),
             format!("{:.6}", s.cache_hit_ratio),
             format!("{:.6}", s.cost_usd),

@@ -84,6 +84,9 @@ pub struct Grid {
     pub params: Vec<Param>,
     pub base: String,
     pub inputs: Vec<String>,
+    /// What ran the recorded sessions among the inputs (`agent`, `replay`); `None` when every
+    /// input is a scenario. Part of the signature, shown in every output.
+    pub engine: Option<&'static str>,
 }
 
 impl Grid {
@@ -109,7 +112,8 @@ impl Grid {
     pub fn signature(&self) -> String {
         let params: Vec<String> = self.params.iter().map(|p| format!("{}={}", p.key, p.values.join(","))).collect();
         let text = format!("base={} params={} inputs={}", self.base, params.join(" "), self.inputs.join(","));
-        format!("# ctxsim sweep grid {} points={}", &crate::api::canonical::sha256_hex(text.as_bytes())[..16], self.len())
+        let engine = self.engine.map(|e| format!(" engine={e}")).unwrap_or_default();
+        format!("# ctxsim sweep grid {}{engine} points={}", &crate::api::canonical::sha256_hex(text.as_bytes())[..16], self.len())
     }
 
     pub fn strategy(&self, base: &Strategy, index: usize) -> anyhow::Result<Strategy> {
@@ -144,7 +148,7 @@ impl Grid {
                 Param { key: header[c].clone(), values }
             })
             .collect();
-        Grid { params, base: String::new(), inputs: (0..inputs).map(|i| format!("input {i}")).collect() }
+        Grid { params, base: String::new(), inputs: (0..inputs).map(|i| format!("input {i}")).collect(), engine: None }
     }
 }
 
@@ -627,6 +631,7 @@ fn sweep_json(signature: &str, header: &[String], rows: &[Vec<String>], analysis
     let label = |i: usize| rows[i][0].parse::<usize>().unwrap_or(i);
     let json = serde_json::json!({
         "grid": signature,
+        "engine": engine_of(signature).map(Engine::name),
         "points": points,
         "front": analysis.front.iter().map(|&i| label(i)).collect::<Vec<_>>(),
         "bound": analysis.bound,
@@ -639,6 +644,15 @@ fn sweep_json(signature: &str, header: &[String], rows: &[Vec<String>], analysis
     let mut out = serde_json::to_vec_pretty(&json)?;
     out.push(b'\n');
     Ok(out)
+}
+
+/// The engine a grid signature names (`engine=agent`), if its inputs had recorded sessions.
+fn engine_of(signature: &str) -> Option<Engine> {
+    match signature.split_whitespace().find_map(|w| w.strip_prefix("engine="))? {
+        "agent" => Some(Engine::Agent),
+        "replay" => Some(Engine::Replay),
+        _ => None,
+    }
 }
 
 /// `no_effect.csv`: one line per input and parameter that changed no result there.
@@ -663,7 +677,12 @@ pub fn write_outputs(dir: &Path, signature: &str, header: &[String], rows: &[Vec
         writer.write_record(row)?;
     }
     write_atomic(&dir.join("sweep.csv"), &writer.into_inner()?)?;
-    let analysis = analyze(header, rows, max_loss, no_effect);
+    let mut analysis = analyze(header, rows, max_loss, no_effect);
+    if let Some(engine) = engine_of(signature) {
+        // What ran the recorded sessions, after the warnings.
+        let at = analysis.text.lines().take_while(|l| l.starts_with("warning: ")).map(|l| l.len() + 1).sum();
+        analysis.text.insert_str(at, &format!("Engine: {}.\n", engine.sentence()));
+    }
     write_atomic(&dir.join("sweep.json"), &sweep_json(signature, header, rows, &analysis)?)?;
     write_atomic(&dir.join("no_effect.csv"), &no_effect_csv(&analysis.no_effect)?)?;
     write_atomic(&dir.join("recommendation.txt"), analysis.text.as_bytes())?;

@@ -480,3 +480,83 @@ fn a_checkpoint_carries_the_client_rules_state() {
         assert_eq!(resumed.rows, whole.rows, "from step {at}");
     }
 }
+
+/// One decision of which strategies differ only in where autocompact fires: the what-if's
+/// `family_key` and the agent's `retarget_autocompact` (through `RunState`) agree on every pair
+/// of strategies, with the workload's env empty and with an env that makes two strategies one
+/// (`ENABLE_TOOL_SEARCH` set in the world overrides the strategy's).
+#[test]
+fn the_family_key_and_the_agents_retarget_agree() {
+    use ctxsim::replay::agent_whatif::{effective_strategy, family_key, prepare};
+    let session = a6e4();
+    let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+    let mut prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+    let sets: [&[&str]; 8] = [
+        &[],
+        &["compact.autocompact.buffer_tokens=5000"],
+        &["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"],
+        &["compact.autocompact.buffer_tokens=40000", "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=70"],
+        &["ttl_main=1h"],
+        &["env.CLAUDE_CODE_AUTO_COMPACT_WINDOW=150000"],
+        &["env.ENABLE_TOOL_SEARCH=true"],
+        &["env.ENABLE_TOOL_SEARCH=true", "compact.autocompact.buffer_tokens=20000"],
+    ];
+    let strategies: Vec<_> = sets.iter().map(|s| ctxsim::strategy::Strategy::resolve_with("claude-code", &s.iter().map(|x| x.to_string()).collect::<Vec<_>>()).unwrap()).collect();
+    let mut agreed = [0usize; 2];
+    for env in [None, Some("false")] {
+        if let Some(value) = env {
+            prepared.set_env(std::collections::BTreeMap::from([("ENABLE_TOOL_SEARCH".to_owned(), value.to_owned())]), &session).unwrap();
+        }
+        let effectives: Vec<_> = strategies.iter().map(|s| effective_strategy(s, &prepared)).collect();
+        for (i, a) in effectives.iter().enumerate() {
+            for (j, b) in effectives.iter().enumerate() {
+                let same = family_key(a, &prepared).unwrap() == family_key(b, &prepared).unwrap();
+                let mut run = ctxsim::runner::RunState::start(&prepared.workload.scenario, a, ctxsim::runner::RunOptions::default()).unwrap();
+                let retargeted = run.retarget_autocompact(b);
+                assert_eq!(same, retargeted.is_ok(), "env {env:?}: {:?} → {:?}: family {same}, retarget {retargeted:?}", sets[i], sets[j]);
+                agreed[usize::from(same)] += 1;
+            }
+        }
+        // The world's ENABLE_TOOL_SEARCH makes the strategy's own setting no difference.
+        let one = family_key(&effectives[0], &prepared) == family_key(&effectives[6], &prepared);
+        assert_eq!(one, env.is_some(), "env {env:?}");
+    }
+    assert!(agreed[0] > 0 && agreed[1] > 0, "both answers occur: {agreed:?}");
+}
+
+/// The what-if computes a session's thresholds as the agent does, the workload's env included:
+/// `CLAUDE_CODE_AUTO_COMPACT_WINDOW=100000` in the world of a real session (a6e4, 2.0.76: 155,000
+/// without it) lowers the threshold the agent checks to 55,000, the what-if's keys follow it (a
+/// buffer and an override that meet without the env part with it), and the run compacts earlier.
+#[test]
+fn an_env_variable_of_the_world_moves_the_what_ifs_threshold_as_the_agents() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, effective_strategy, prepare, strategy_key, thresholds_of};
+    let session = a6e4();
+    let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+    let mut prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+    let strategy = |sets: &[&str]| ctxsim::strategy::Strategy::resolve_with("claude-code", &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    let default = strategy(&[]);
+    let (buffer, pct) = (strategy(&["compact.autocompact.buffer_tokens=84000"]), strategy(&["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"]));
+    let agents = |prepared: &ctxsim::replay::agent_whatif::Prepared, s: &ctxsim::strategy::Strategy| {
+        let effective = effective_strategy(s, prepared);
+        let run = ctxsim::runner::RunState::start(&prepared.workload.scenario, &effective, ctxsim::runner::RunOptions::default()).unwrap();
+        run.agent().autocompact_threshold_under(&effective, run.world())
+    };
+    let key = |prepared: &ctxsim::replay::agent_whatif::Prepared, s: &ctxsim::strategy::Strategy| strategy_key(&effective_strategy(s, prepared), prepared);
+    assert_eq!(thresholds_of(&effective_strategy(&default, &prepared), &prepared).autocompact, 155_000);
+    assert_eq!(key(&prepared, &buffer), key(&prepared, &pct));
+    let before = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), &default).unwrap();
+
+    prepared.set_env(std::collections::BTreeMap::from([("CLAUDE_CODE_AUTO_COMPACT_WINDOW".to_owned(), "100000".to_owned())]), &session).unwrap();
+    for s in [&default, &buffer, &pct] {
+        assert_eq!(thresholds_of(&effective_strategy(s, &prepared), &prepared).autocompact, agents(&prepared, s));
+    }
+    // 100,000 − 32,000 reserve = 68,000 effective; less the 13,000 buffer.
+    assert_eq!(agents(&prepared, &default), 55_000);
+    // The buffer of 84,000 leaves no threshold above 0 now; 50% of 68,000 is 34,000.
+    assert_ne!(key(&prepared, &buffer), key(&prepared, &pct));
+    let after = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), &default).unwrap();
+    let first = |o: &ctxsim::replay::agent_whatif::AgentOutcome| o.compactions.first().map(|c| c.call);
+    assert!(first(&after).unwrap() < first(&before).unwrap(), "{:?} vs {:?}", after.compactions, before.compactions);
+    assert!(after.divergence.is_some());
+}

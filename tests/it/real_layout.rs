@@ -205,16 +205,22 @@ fn strategies_give_a_reason_per_knob_a_replay_cannot_honour() {
     assert_ne!(hooks, interactive);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies"]).output().unwrap();
     let table = String::from_utf8(out.stdout).unwrap();
-    assert!(table.contains(&format!("  run_hooks = false  * {hooks}")), "{table}");
-    assert!(table.lines().any(|l| l.starts_with("  dynamic_boundary = true") && !l.contains('*')), "{table}");
-    assert!(table.lines().any(|l| l.starts_with("  bash_max_output_length = 30000") && !l.contains('*')), "{table}");
-    // The marks are the default engine's; the table and the JSON say that through the agent every
-    // knob reaches a recorded session.
-    assert!(table.contains("through the agent (`compare`, `sweep`, `check --engine agent`)\nevery knob does"), "{table}");
+    assert!(table.contains(&format!("  run_hooks = false  (--engine replay: {hooks})")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("  dynamic_boundary = true") && !l.contains("--engine replay")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("  bash_max_output_length = 30000") && !l.contains("--engine replay")), "{table}");
+    // Under the default engine, the agent, no knob is listed as ignored on real sessions: the
+    // marks name the replay engine, and the JSON says every knob reaches a recorded session.
+    assert!(table.contains("Every knob reaches a recorded session through the\nagent, the default engine"), "{table}");
+    assert!(!table.contains("  * "), "{table}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies", "--format", "json"]).output().unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(json["engines"]["agent"].as_str().unwrap().contains("every knob reaches a recorded session"), "{json}");
+    assert!(json["engines"]["agent"].as_str().unwrap().contains("the default engine") && json["engines"]["agent"].as_str().unwrap().contains("every knob reaches a recorded session"), "{json}");
     assert!(json["engines"]["replay"].as_str().unwrap().contains("not_replayed"), "{json}");
+    let knobs = json["knobs"].as_array().unwrap();
+    assert!(knobs.iter().all(|k| k["real_sessions"] == true), "{json}");
+    let run_hooks = knobs.iter().find(|k| k["key"] == "run_hooks").unwrap();
+    assert_eq!(run_hooks["replay"], false);
+    assert_eq!(run_hooks["not_replayed"], hooks);
 }
 
 /// A limit no recorded result reaches changes nothing, and the sweep says why per input.

@@ -72,7 +72,7 @@ fn params_expand_ranges_and_lists() {
     assert_eq!(Param::parse("a=0.5..1:0.25").unwrap().values, ["0.5", "0.75", "1"]);
     assert_eq!(Param::parse("ttl_main=5m,1h").unwrap().values, ["5m", "1h"]);
     assert!(Param::parse("a=5..1:1").is_err());
-    let grid = Grid { params: vec![Param::parse("a=1,2").unwrap(), Param::parse("b=x,y,z").unwrap()], base: "claude-code".into(), inputs: vec![] };
+    let grid = Grid { params: vec![Param::parse("a=1,2").unwrap(), Param::parse("b=x,y,z").unwrap()], base: "claude-code".into(), inputs: vec![], engine: None };
     assert_eq!(grid.len(), 6);
     assert_eq!(grid.point(0), ["1", "x"]);
     assert_eq!(grid.point(4), ["2", "y"]);
@@ -192,7 +192,7 @@ fn recommendation_with_warnings_and_ties_renders() {
 
 fn rows(cells: &[[&str; 2]]) -> (Vec<String>, Vec<Vec<String>>) {
     use ctxsim::report::sweep::{Grid, Param};
-    let grid = Grid { params: vec![Param::parse("k=a,b,c").unwrap()], base: "claude-code".into(), inputs: vec!["x".into()] };
+    let grid = Grid { params: vec![Param::parse("k=a,b,c").unwrap()], base: "claude-code".into(), inputs: vec!["x".into()], engine: None };
     let header = grid.header();
     let rows = cells
         .iter()
@@ -231,7 +231,7 @@ fn ties_on_the_objectives_are_named() {
 fn param_effects_hold_the_other_params_fixed() {
     use ctxsim::report::effects::param_effects;
     use ctxsim::report::sweep::{Grid, Param};
-    let grid = Grid { params: vec![Param::parse("a=1,2").unwrap(), Param::parse("b=x,y,z").unwrap()], base: "claude-code".into(), inputs: vec![] };
+    let grid = Grid { params: vec![Param::parse("a=1,2").unwrap(), Param::parse("b=x,y,z").unwrap()], base: "claude-code".into(), inputs: vec![], engine: None };
     // Outcomes per point (a outer, b inner) for two inputs: on input 0 only `a` matters, on
     // input 1 `b` matters only when a=2.
     let outcomes: Vec<Vec<String>> = [["A", "P"], ["A", "P"], ["A", "P"], ["B", "P"], ["B", "Q"], ["B", "P"]]

@@ -319,6 +319,7 @@ fn whatif_information_loss_per_compaction_on_a_real_session() {
         divergence: None,
         same_results_as: None,
         compaction_losses: whatif.compaction_losses.clone(),
+        engine: Some("replay"),
         agent: None,
         rows: Vec::new(),
     };
