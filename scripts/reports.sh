@@ -11,15 +11,18 @@ realdata=../shared/realdata
 "$bin" replay recordings/*.jsonl --trace reports/real-session/trace.jsonl --format json > reports/real-session/summary.json
 "$bin" report reports/real-session/trace.jsonl --out reports/real-session --quiet
 
-# Presets side by side on the long-context and cache-break scenarios and on the real session.
-"$bin" compare scenarios/autocompact-200k.yaml scenarios/compaction-fork-shares-cache.yaml \
+# Presets side by side on the long-context and cache-break scenarios and on the real session
+# (the recorded session runs through the agent under each preset: `--engine agent`, the default;
+# `--engine replay` would replay its recorded messages instead). The outputs name the engine.
+"$bin" compare --engine agent scenarios/autocompact-200k.yaml scenarios/compaction-fork-shares-cache.yaml \
   scenarios/context-editing.yaml scenarios/time-microcompact.yaml scenarios/tool-result-budget.yaml \
   scenarios/break-thinking-cleared-after-idle.yaml scenarios/idle-gap.yaml recordings/*.jsonl \
   --strategies claude-code,claude-code-1h,claude-code-summary-only,context-editing,codex,opencode,observation-masking,cline \
   --out reports/compare --quiet --no-progress
 
-# A small grid: main-lane TTL × autocompact buffer × tool uses kept by context editing.
-"$bin" sweep scenarios/autocompact-200k.yaml scenarios/context-editing.yaml recordings/*.jsonl \
+# A small grid: main-lane TTL × autocompact buffer × tool uses kept by context editing (the
+# recorded session through the agent, the default engine, named in sweep.csv's grid line).
+"$bin" sweep --engine agent scenarios/autocompact-200k.yaml scenarios/context-editing.yaml recordings/*.jsonl \
   --param ttl_main=5m,1h --param compact.autocompact.buffer_tokens=10000..16000:3000 \
   --param compact.context_editing.keep_tool_uses=1,3,5 \
   --out reports/sweep --quiet --no-progress

@@ -424,9 +424,11 @@ pub fn check_run(scenario: &Scenario, output: &RunOutput, baseline: Option<&Base
 /// run, the baseline, and a note when the strategy's requests diverged from the recording.
 pub fn check_session(name: &str, evaluation: &crate::report::compare::Evaluation, baseline: Option<&Baseline>, tolerances: &Tolerances) -> ScenarioReport {
     let output = RunOutput { scenario: evaluation.input.clone(), rows: evaluation.rows.clone(), requests: Vec::new(), summary: evaluation.summary.clone() };
-    // A recorded session's run says what ran it (the engine).
-    let engine = evaluation.engine.map(|e| format!(" through the {e} (--engine {e})")).unwrap_or_default();
-    let mut checks = vec![CheckResult::new("run", false, format!("{} requests{engine}", output.summary.requests))];
+    let mut checks = vec![CheckResult::new("run", false, format!("{} requests", output.summary.requests))];
+    // What ran the recorded session (the engine), in every output.
+    if let Some(engine) = evaluation.engine {
+        checks.push(CheckResult { name: "engine".to_owned(), status: Status::Note, message: format!("the session ran through the {engine} (--engine {engine})"), details: Vec::new() });
+    }
     if let Some(divergence) = &evaluation.divergence {
         checks.push(CheckResult { name: "replies_diverge".to_owned(), status: Status::Note, message: divergence.clone(), details: Vec::new() });
     }

@@ -1,4 +1,5 @@
-//! `compare` and `sweep --engine agent`: what-ifs on real sessions through the agent itself.
+//! `compare`, `sweep` and `check` through the agent (the default engine): what-ifs on real
+//! sessions through the agent itself.
 use std::path::Path;
 use std::process::Command;
 
@@ -108,17 +109,28 @@ fn the_pct_override_reaches_a_real_session_and_equal_thresholds_share_a_run() {
 }
 
 /// A knob the replay cannot reach changes the agent's requests: tool schemas sent up front
-/// raise the peak context of the session, and the replay engine is unchanged by `--engine`'s
-/// default (no `agent` notes).
+/// raise the peak context of the session. The agent is the default engine (no `--engine`: the
+/// `agent` notes, `"engine": "agent"`); `--engine replay` is the record-based measurement (no
+/// `agent` notes, `"engine": "replay"`), and the table names the engine it ran.
 #[test]
 fn a_layout_knob_reaches_a_real_session_through_the_agent() {
     let session = a6e4();
     let base = agent_compare(&session, "claude-code", &[]);
     let eager = agent_compare(&session, "claude-code-eager-tools", &[]);
     assert!(eager["summary"]["peak_context_tokens"].as_u64() > base["summary"]["peak_context_tokens"].as_u64(), "{eager} vs {base}");
+    assert_eq!(base["engine"], "agent");
     let (stdout, _) = ctxsim_ok(&["compare", "--estimator", "chars4", "--format", "json", session.as_str(), "--strategies", "claude-code"]);
+    let default: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(default[0]["agent"], base["agent"], "{stdout}");
+    assert_eq!(default[0]["summary"], base["summary"], "{stdout}");
+    let (stdout, _) = ctxsim_ok(&["compare", "--engine", "replay", "--estimator", "chars4", "--format", "json", session.as_str(), "--strategies", "claude-code"]);
     let replay: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert!(replay[0].get("agent").is_none(), "{stdout}");
+    assert_eq!(replay[0]["engine"], "replay");
+    for (engine, sentence) in [("agent", "recorded sessions ran through the agent (`--engine agent`, the default)"), ("replay", "recorded sessions ran through the replay (`--engine replay`)")] {
+        let (table, _) = ctxsim_ok(&["compare", "--engine", engine, "--estimator", "chars4", session.as_str(), "--strategies", "claude-code"]);
+        assert!(table.contains(&format!("- Engine: {sentence}")), "{table}");
+    }
 }
 
 fn sweep_agent(args: &[&str], out: &Path, threads: &str) -> (String, String) {
@@ -149,12 +161,21 @@ fn a_sweep_through_the_agent_warns_of_a_knob_without_effect_on_a_real_session() 
     for file in ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt"] {
         assert_eq!(std::fs::read(one.path().join(file)).unwrap(), std::fs::read(two.path().join(file)).unwrap(), "{file}");
     }
-    // The engine is part of the grid's signature: a replay sweep's shards do not merge with it.
+    // The engine is part of the grid's signature, named in every output: a replay sweep's shards
+    // do not merge with it.
     let replay = tempfile::tempdir().unwrap();
     let out_arg = replay.path().display().to_string();
-    ctxsim_ok(&["sweep", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), args[0], args[1], args[2], args[3], args[4]]);
+    ctxsim_ok(&["sweep", "--engine", "replay", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), args[0], args[1], args[2], args[3], args[4]]);
     let first = |dir: &Path| std::fs::read_to_string(dir.join("sweep.csv")).unwrap().lines().next().unwrap().to_owned();
     assert_ne!(first(one.path()), first(replay.path()));
+    for (dir, engine) in [(one.path(), "agent"), (replay.path(), "replay")] {
+        assert!(first(dir).contains(&format!(" engine={engine} points=4")), "{}", first(dir));
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("sweep.json")).unwrap()).unwrap();
+        assert_eq!(json["engine"], engine);
+        let text = std::fs::read_to_string(dir.join("recommendation.txt")).unwrap();
+        assert!(text.contains(&format!("Engine: recorded sessions ran through the {engine} (`--engine {engine}`")), "{text}");
+    }
+    assert!(stdout.contains("Engine: recorded sessions ran through the agent (`--engine agent`, the default)"), "{stdout}");
 }
 
 /// `check` judges a recorded session through the agent against a baseline: written by
@@ -180,7 +201,12 @@ fn check_takes_a_real_session_through_the_agent() {
     let report: serde_json::Value = serde_json::from_slice(&passed.stdout).unwrap();
     let checks = report["scenarios"][0]["checks"].as_array().unwrap();
     assert!(checks.iter().any(|c| c["name"] == "baseline.cost_usd" && c["status"] == "pass"), "{report}");
-    let other = run(&[]);
+    // The agent is the default engine: the same baseline passes without `--engine`, and the
+    // run names its engine.
+    let default = run(&[]);
+    assert_eq!(default.status.code(), Some(0), "{}", String::from_utf8_lossy(&default.stderr));
+    assert!(String::from_utf8_lossy(&default.stdout).contains("note engine: the session ran through the agent (--engine agent)"), "{}", String::from_utf8_lossy(&default.stdout));
+    let other = run(&["--engine", "replay"]);
     assert_eq!(other.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&other.stderr).contains("the baseline was measured with strategy `claude-code --engine agent`"));
     let staged = run(&["--engine", "agent", "--disable-stage", "snip"]);
@@ -364,7 +390,8 @@ fn a_sweep_through_the_replay_is_the_same_with_and_without_checkpoints() {
     let session = a6e4();
     let run = |out: &Path, extra: Option<&str>| {
         let out_arg = out.display().to_string();
-        let mut all: Vec<&str> = vec!["sweep", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), session.as_str(), "--param", "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50,70,90"];
+        let mut all: Vec<&str> =
+            vec!["sweep", "--engine", "replay", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), session.as_str(), "--param", "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50,70,90"];
         all.extend(extra);
         ctxsim_ok(&all)
     };
