@@ -1,4 +1,4 @@
-//! `sweep --engine agent` on one real session: a family of points that differ only in where
+//! `sweep` through the agent (the default engine for recorded sessions) on one real session: a family of points that differ only in where
 //! autocompact fires (the buffer and the PCT override), each point run alone from the first call
 //! (`agent_whatif` per point, what `--no-checkpoints` does) against the points going on from
 //! checkpoints of one trunk run (`agent_whatif_family`, the default). The session's loading and

@@ -161,6 +161,9 @@ pub enum Reason {
     None,
 }
 
+/// The tool-output limits, whose no-effect reason is the recording's largest result.
+const OUTPUT_LIMIT_KNOBS: [&str; 5] = ["bash_max_output_length", "max_mcp_output_tokens", "read_max_lines", "read_max_bytes", "read_max_tokens"];
+
 impl Reason {
     /// The reason for `param` on `input`: the replay of a recording does not honour the knob
     /// (every value gives the same replay options); the knob's stage is disabled at every point;
@@ -192,6 +195,16 @@ impl Reason {
             {
                 return Reason::Known(why);
             }
+        }
+        // The tool-output limits' reasons are facts of the recording (no recorded result above
+        // the lowest limit), which hold through the agent too: its executor returns the recorded
+        // results, and a limit cannot restore what the client cut.
+        if let LoadedInput::Session(session) = &input.loaded
+            && engine == crate::report::compare::Engine::Agent
+            && OUTPUT_LIMIT_KNOBS.contains(&key.as_str())
+            && let Some(why) = crate::replay::layout::knob_no_effect_reason(key, strategies, session)
+        {
+            return Reason::Known(why);
         }
         // Through the agent the env vars of the threshold are the same knobs under their
         // users' names (the replay's reasons, and so its outputs, are kept as they were).
