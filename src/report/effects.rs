@@ -14,8 +14,6 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::agent::compact::counting::Thresholds;
-use crate::agent::compact::ModelLimits;
 use crate::report::compare::{Evaluation, Input, LoadedInput};
 use crate::report::sweep::Grid;
 use crate::strategy::Strategy;
@@ -101,28 +99,32 @@ pub fn param_effects(grid: &Grid, outcomes: &[Vec<String>]) -> Vec<ParamEffect> 
     out
 }
 
-/// The model limits an input runs under (the window a `[1m]` model id implies, 200k otherwise;
-/// the scenario's overrides), and the client's own output reserve (the agent's, or the recorded
-/// version's for a session).
-fn limits(input: &Input) -> (ModelLimits, u64) {
-    let window_of = |model: &str| if model.contains("[1m]") { 1_000_000 } else { 200_000 };
+/// The lowest autocompact threshold of `strategies` on `input`, computed as the agent computes
+/// its own ([`crate::agent::session::ThresholdWorld`]): a scenario's model, window, output limit
+/// and env; a session's main model (a `[1m]` id implies the 1M window) with the recorded
+/// version's output reserve where a strategy sets none.
+fn lowest_threshold(input: &Input, strategies: &[Strategy]) -> Option<u64> {
+    use crate::agent::session::ThresholdWorld;
     match &input.loaded {
-        LoadedInput::Scenario(s) => (
-            ModelLimits {
-                context_window: s.world.context_window.unwrap_or_else(|| window_of(&s.world.model)),
-                max_output_tokens: s.world.max_output_tokens.unwrap_or(32_000),
-            },
-            crate::agent::compact::config::DEFAULT_OUTPUT_RESERVE,
-        ),
+        LoadedInput::Scenario(s) => {
+            let env: std::collections::BTreeMap<String, String> = s.world.env.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+            let world = ThresholdWorld { model_id: &s.world.model, context_window: s.world.context_window, max_output_tokens: s.world.max_output_tokens, env: &env };
+            strategies.iter().map(|strategy| world.thresholds(strategy).autocompact).min()
+        }
         LoadedInput::Session(s) => {
             let version = s.calls.iter().find_map(|c| c.version.as_deref()).unwrap_or("");
-            (
-                ModelLimits {
-                    context_window: s.calls.iter().find(|c| c.lane == "main").map_or(200_000, |c| window_of(&c.model)),
-                    max_output_tokens: 32_000,
-                },
-                crate::replay::ClientProfile::for_version(version).autocompact_output_reserve,
-            )
+            let reserve = crate::replay::ClientProfile::for_version(version).autocompact_output_reserve;
+            let model = s.calls.iter().find(|c| c.lane == "main").map_or("", |c| c.model.as_str());
+            let env = std::collections::BTreeMap::new();
+            let world = ThresholdWorld { model_id: model, context_window: None, max_output_tokens: None, env: &env };
+            strategies
+                .iter()
+                .map(|strategy| {
+                    let mut strategy = strategy.clone();
+                    strategy.compact.autocompact.max_output_reserve_tokens.get_or_insert(reserve);
+                    world.thresholds(&strategy).autocompact
+                })
+                .min()
         }
     }
 }
@@ -210,9 +212,7 @@ impl Reason {
         // users' names (the replay's reasons, and so its outputs, are kept as they were).
         let threshold_env = engine == crate::report::compare::Engine::Agent && matches!(key.as_str(), "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE" | "env.CLAUDE_CODE_AUTO_COMPACT_WINDOW");
         if key.starts_with("compact.autocompact.") || threshold_env {
-            let (limits, reserve) = limits(input);
-            let lowest = strategies.iter().map(|s| Thresholds::compute_with_reserve(limits, &s.compact, reserve).autocompact).min();
-            if let Some(lowest) = lowest {
+            if let Some(lowest) = lowest_threshold(input, strategies) {
                 return Reason::BelowThreshold(lowest);
             }
         }

@@ -243,13 +243,15 @@ fn param_effects_hold_the_other_params_fixed() {
 }
 
 /// The replay reason is judged between points that differ in the knob only: a second knob the
-/// replay honours (the TTL) does not hide it.
+/// replay honours (the TTL) does not hide it (`--engine replay`: the reason is the replay's).
 #[test]
 fn the_replay_reason_holds_beside_a_knob_that_matters() {
     let dir = tempfile::tempdir().unwrap();
     let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recordings/entireio-7662d755ef9f-2.jsonl").display().to_string();
-    let (_, stderr) =
-        sweep_output(&[recording.as_str(), "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.post_compact.max_files=3,5"], dir.path());
+    let (_, stderr) = sweep_output(
+        &[recording.as_str(), "--engine", "replay", "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.post_compact.max_files=3,5"],
+        dir.path(),
+    );
     assert!(stderr.contains("compact.post_compact.max_files changed no result (the replay of a recording does not honour this knob"), "{stderr}");
     assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
 }
