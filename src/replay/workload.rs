@@ -971,7 +971,8 @@ pub fn size_unmodelled(
 
     let params = measurer.counter().calibration().for_family(&key);
     let kind = measurer.counter().kind();
-    let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block);
+    let shared = measurer.counter().shared().cloned();
+    let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref());
     sizing.system_filler_tokens = sizing.recorded_prefix_tokens.saturating_sub(sizing.agent_prefix_tokens);
     let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
     if session.recording.header.head_truncated {
