@@ -2149,7 +2149,7 @@ fn replay_session_observing(
         if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && global_static_block && past_a_ttl {
             seed_prefix(measurer, shadows, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
             if expired {
-                call_events.push("shared_prefix".into());
+                call_events.push(super::uncertainty::SHARED_PREFIX.into());
             }
         }
         let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };
