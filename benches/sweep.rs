@@ -1,4 +1,4 @@
-//! `sweep` through the agent (the default engine for recorded sessions) on one real session: a family of points that differ only in where
+//! `sweep` through the agent (the default engine for recorded sessions) on one real session (the recording in `recordings/`): a family of points that differ only in where
 //! autocompact fires (the buffer and the PCT override), each point run alone from the first call
 //! (`agent_whatif` per point, what `--no-checkpoints` does) against the points going on from
 //! checkpoints of one trunk run (`agent_whatif_family`, the default). The session's loading and
@@ -16,8 +16,9 @@ fn measurer() -> Measurer {
 }
 
 fn sweep(c: &mut Criterion) {
-    // 2.0.76, one recorded automatic compaction.
-    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/realdata/transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    // The recording shipped in the repository (entireio-cli/7662d755ef9f-2: 2.1.14, one recorded
+    // automatic compaction), so that the bench runs on a checkout alone.
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/recordings/entireio-7662d755ef9f-2.jsonl");
     let session = ctxsim::replay::load_session(Path::new(file)).unwrap();
     let prepared = prepare(&session, file, &measurer()).unwrap();
     let mut sets = Vec::new();

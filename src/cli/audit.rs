@@ -98,9 +98,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         super::common::warm_tokenizer(args.estimator);
     }
     let shared = Arc::new(shared);
-    if cache.is_some() {
-        token_cache::share_with_run(&shared);
-    }
     let mut files = args.sessions.files()?;
     if let Some(text) = &args.shard {
         let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));

@@ -16,7 +16,7 @@
 //! next time. Using the cache changes no count, only what is tokenized again.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
@@ -90,19 +90,11 @@ impl SharedCounts {
     }
 }
 
-/// The run's table, for texts counted outside any counter (the label of a filler text,
-/// [`crate::replay::session`]): set by a command that opened the cache, at most once a process.
-static RUN_COUNTS: OnceLock<Arc<SharedCounts>> = OnceLock::new();
-
-/// Makes `counts` the run's table of [`bpe_of_run`] (a second call changes nothing).
-pub fn share_with_run(counts: &Arc<SharedCounts>) {
-    let _ = RUN_COUNTS.set(counts.clone());
-}
-
-/// `bpe(text)`, from the run's table when a command shared one ([`share_with_run`]): with counts
-/// from an earlier run, a text counted then needs no tokenizer built.
-pub fn bpe_of_run(text: &str) -> u32 {
-    match RUN_COUNTS.get() {
+/// `bpe(text)`, from `shared` when the run has a table ([`super::TokenCounter::shared`]): for
+/// texts counted outside any counter (the label of a filler text, [`crate::replay::session`]),
+/// so that with counts from an earlier run a text counted then needs no tokenizer built.
+pub fn bpe_shared(shared: Option<&SharedCounts>, text: &str) -> u32 {
+    match shared {
         Some(counts) => counts.bpe(xxhash_rust::xxh3::xxh3_128(text.as_bytes()), text),
         None => super::tokens::bpe(text),
     }

@@ -296,6 +296,11 @@ impl TokenCounter {
         self.kind
     }
 
+    /// The run's shared `bpe` text counts ([`TokenCounter::with_shared`]), if any.
+    pub fn shared(&self) -> Option<&Arc<SharedCounts>> {
+        self.shared.as_ref()
+    }
+
     pub fn calibration(&self) -> &Calibration {
         &self.calibration
     }

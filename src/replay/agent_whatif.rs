@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 use crate::api::Message;
 use crate::measure::loss::InfoLoss;
-use crate::measure::{Measurer, RequestMetrics};
+use crate::measure::{Measurer, MeasurerState, RequestMetrics};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::{EventKind, ImportedSession};
 use crate::runner::{RunOptions, RunState};
@@ -373,7 +373,9 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
 /// another strategy and plan may go on from there.
 struct Checkpoint {
     state: RunState<'static>,
-    measurer: Measurer,
+    /// What the trunk's measurer measured up to the step (its model table and estimator are
+    /// every run's: [`Measurer::restore`] onto the family's branch measurer).
+    measurer: MeasurerState,
     /// The highest count autocompact compared with its threshold before the step.
     max_checked: Option<u64>,
     /// Rows before the step.
@@ -403,6 +405,9 @@ pub fn agent_whatif_family(
     let first = scenarios.get(&first_plan(prepared))?;
     let mut measurer = measurer;
     fresh_measurer(prepared, &mut measurer)?;
+    // The measurer every run that goes on from a checkpoint measures with, from that
+    // checkpoint's state: one for the family, its estimator's memo kept from run to run.
+    let mut branch = measurer.clone();
     let options = run_options(prepared);
     // The trunk runs under the highest threshold (the agent's own, as each run computes it).
     let thresholds: Vec<u64> = effectives.iter().map(|s| thresholds_of(s, prepared).autocompact).collect();
@@ -428,7 +433,7 @@ pub fn agent_whatif_family(
     };
     let mut results: Vec<Option<Result<AgentOutcome, String>>> = effectives.iter().map(|_| None).collect();
     let checkpoint = |trunk: &RunState<'_>, measurer: &Measurer, max_checked: Option<u64>| {
-        std::rc::Rc::new(Checkpoint { state: trunk.checkpoint(), measurer: measurer.clone(), max_checked, rows: trunk.rows() })
+        std::rc::Rc::new(Checkpoint { state: trunk.checkpoint(), measurer: measurer.state(), max_checked, rows: trunk.rows() })
     };
     // The start is a checkpoint every run may go on from.
     let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&trunk, &measurer, None)];
@@ -461,7 +466,7 @@ pub fn agent_whatif_family(
             let mut candidates = kept.clone();
             candidates.push(from);
             let effective = &effectives[p];
-            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
+            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
@@ -475,19 +480,21 @@ pub fn agent_whatif_family(
     let mut trunk_run = Some(trunk_run);
     results[top] = Some(settle(session, prepared, &effectives[top], &mut |plan| match (plan == &first_plan(prepared), trunk_run.take()) {
         (true, Some(run)) => Ok(run),
-        _ => run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[top], &effectives[top], plan),
+        _ => run_from(&mut scenarios, &mut branch, first, &candidates, thresholds[top], thresholds[top], &effectives[top], plan),
     }));
     for p in pending {
         let effective = &effectives[p];
-        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
+        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
 }
 
 /// A run under `effective` and `plan` from the last of `candidates` it may go on from (else
-/// from the start).
+/// from the start), measured by `measurer` from the checkpoint's state.
+#[expect(clippy::too_many_arguments)]
 fn run_from(
     scenarios: &mut Scenarios<'_>,
+    measurer: &mut Measurer,
     first: usize,
     candidates: &[std::rc::Rc<Checkpoint>],
     trunk_threshold: u64,
@@ -512,8 +519,8 @@ fn run_from(
         let mut state = c.state.checkpoint();
         state.world_mut().model.resume_with(original, model);
         state.retarget_autocompact(effective)?;
-        let mut measurer = c.measurer.clone();
-        let mut run = finish_run(prepared, state, scenario, &mut measurer, effective)?;
+        measurer.restore(&c.measurer);
+        let mut run = finish_run(prepared, state, scenario, measurer, effective)?;
         // The trunk's rows before the checkpoint name the trunk's threshold where autocompact
         // found the count below it; below this strategy's too, they name that one.
         if threshold != trunk_threshold {

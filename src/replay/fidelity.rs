@@ -272,7 +272,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         // nothing); a predicted break reads what the previous call cached.
         let delta_creation = match rule {
             Some("side_entry") => (call.sim_cache_read - call.prefix_tokens as f64).max(0.0),
-            Some("shared_prefix") => call.sim_cache_read,
+            Some(super::uncertainty::SHARED_PREFIX) => call.sim_cache_read,
             Some(_) => -(previous_cached.unwrap_or(0.0) - call.sim_cache_read).clamp(0.0, call.sim_cache_creation),
             None => 0.0,
         };

@@ -27,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -36,6 +37,7 @@ use crate::api::{
     ToolResultContent, Usage,
 };
 use crate::measure::blocks::Region;
+use crate::measure::token_cache::{SharedCounts, bpe_shared};
 use crate::measure::tokens::chars4;
 use crate::measure::{EstimatorKind, FlatRequest, MeasureInput, Measurer, RequestMetrics};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
@@ -512,6 +514,8 @@ struct Unrecorded<'a> {
     loaded_tools: &'a [String],
     kind: EstimatorKind,
     params: crate::measure::tokens::FamilyCalibration,
+    /// The run's shared `bpe` text counts, for the fillers' labels.
+    shared: Option<&'a SharedCounts>,
     cache_control: CacheControl,
     /// The tool result the last breakpoint goes on, when not the last block.
     marked_result: Option<&'a str>,
@@ -556,7 +560,7 @@ impl Unrecorded<'_> {
             let system = match parts.system.take() {
                 Some((k, system)) if k == key => system,
                 _ => SystemPrompt::Blocks(vec![
-                    SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block))
+                    SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block, self.shared))
                         .with_cache_control(Some(self.cache_control.clone())),
                 ]),
             };
@@ -568,13 +572,13 @@ impl Unrecorded<'_> {
             tools.extend(
                 self.loaded_tools
                     .iter()
-                    .map(|name| Tool::custom(name.clone(), filler(name, DEFERRED_TOOL_TOKENS, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"}))),
+                    .map(|name| Tool::custom(name.clone(), filler(name, DEFERRED_TOOL_TOKENS, EstimatorKind::Chars4, 1.0, 0.0, None), serde_json::json!({"type": "object"}))),
             );
         } else if !self.loaded_tools.is_empty() {
             request.tools = Some(
                 self.loaded_tools
                     .iter()
-                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"})))
+                    .map(|name| Tool::custom(name.clone(), filler(name, 80, EstimatorKind::Chars4, 1.0, 0.0, None), serde_json::json!({"type": "object"})))
                     .collect(),
             );
         }
@@ -582,7 +586,7 @@ impl Unrecorded<'_> {
         if let Some(key) = &parts.reminder_key {
             let reminder = match parts.reminder.take() {
                 Some((k, reminder)) if k == *key => reminder,
-                _ => ContentBlock::text(filler(&key.0, key.1, self.kind, self.params.scale, self.params.per_block)),
+                _ => ContentBlock::text(filler(&key.0, key.1, self.kind, self.params.scale, self.params.per_block, self.shared)),
             };
             match request.messages.first_mut() {
                 Some(first) if first.role == Role::User => first.content.blocks_mut().insert(0, reminder),
@@ -624,7 +628,7 @@ impl Unrecorded<'_> {
     /// level is cut into ([`ReplayLayout`]), laid out by the agent's block layout.
     fn laid_out(&self, call: &LayoutCall<'_>, sizes: GroupSizes) -> (Vec<Tool>, SystemPrompt) {
         use crate::agent::system_prompt::{attribution_text, block_mode, fingerprint, identity_line, layout_blocks};
-        let fill = |label: &str, tokens: u64| if tokens == 0 { String::new() } else { filler(label, tokens, self.kind, self.params.scale, self.params.per_block) };
+        let fill = |label: &str, tokens: u64| if tokens == 0 { String::new() } else { filler(label, tokens, self.kind, self.params.scale, self.params.per_block, self.shared) };
         let shares = super::profile::layout_shares();
         let attribution = attribution_text(call.version, &fingerprint("", call.version), "cli");
         let attribution_tokens = u64::from(chars4(&attribution));
@@ -638,14 +642,14 @@ impl Unrecorded<'_> {
         let framing = serde_json::to_string(&Tool::custom(name.clone(), String::new(), schema.clone())).unwrap_or_default();
         let framing = u64::from(match self.kind {
             EstimatorKind::Chars4 => chars4(&framing),
-            _ => crate::measure::token_cache::bpe_of_run(&framing),
+            _ => bpe_shared(self.shared, &framing),
         });
         let framing = if self.kind == EstimatorKind::Calibrated { (framing as f64 * self.params.scale).round() as u64 } else { framing };
         let mut tools = vec![Tool::custom(name, fill(&format!("tools {}", self.group), tools_tokens.saturating_sub(framing)), schema)];
         tools.extend(
             call.up_front
                 .iter()
-                .map(|(name, tokens)| Tool::custom(name.clone(), filler(name, *tokens, EstimatorKind::Chars4, 1.0, 0.0), serde_json::json!({"type": "object"}))),
+                .map(|(name, tokens)| Tool::custom(name.clone(), filler(name, *tokens, EstimatorKind::Chars4, 1.0, 0.0, None), serde_json::json!({"type": "object"}))),
         );
         let options = call.layout.system_options(self.group, self.cache_control.ttl.unwrap_or(CacheTtl::FiveMinutes));
         let inline_mcp = call.up_front.iter().any(|(name, _)| name.starts_with("mcp__"));
@@ -857,18 +861,19 @@ struct Parts {
 
 /// The thinking of a reply whose text was not stored: its estimated tokens, and the estimator
 /// parameters of its model, under which the filler counts that many.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct ThinkingFill {
     tokens: u64,
     kind: EstimatorKind,
     scale: f64,
     per_block: f64,
+    shared: Option<Arc<SharedCounts>>,
 }
 
 impl ThinkingFill {
     /// The filler standing for the thinking: counts [`ThinkingFill::tokens`] under its estimator.
     pub(crate) fn text(&self) -> String {
-        filler("thinking", self.tokens, self.kind, self.scale, self.per_block)
+        filler("thinking", self.tokens, self.kind, self.scale, self.per_block, self.shared.as_deref())
     }
 }
 
@@ -912,7 +917,7 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
                 if let ContentBlock::Thinking { signature, .. } = block
                     && filled(block)
                 {
-                    thinking_estimate.insert(signature.clone(), ThinkingFill { tokens, kind, scale: params.scale, per_block: params.per_block });
+                    thinking_estimate.insert(signature.clone(), ThinkingFill { tokens, kind, scale: params.scale, per_block: params.per_block, shared: measurer.counter().shared().cloned() });
                 }
             }
         }
@@ -1062,7 +1067,7 @@ fn group_of(lane: &str) -> &str {
 /// Memoized per thread: a replay asks for the same texts at every call (the prefix level, the
 /// user context, the thinking of every earlier reply), a sweep at every point. The memo holds
 /// at most [`FILLER_MEMO_BYTES`] of text and starts over when full.
-pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
+pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64, shared: Option<&SharedCounts>) -> String {
     type Key = (String, u64, EstimatorKind, u64, u64);
     thread_local! {
         static MEMO: std::cell::RefCell<(BTreeMap<Key, String>, usize)> = const { std::cell::RefCell::new((BTreeMap::new(), 0)) };
@@ -1072,7 +1077,7 @@ pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, 
         if let Some(text) = memo.get(&key) {
             return text.clone();
         }
-        let text = render_filler(label, target, kind, scale, per_block);
+        let text = render_filler(label, target, kind, scale, per_block, shared);
         if *bytes + text.len() > FILLER_MEMO_BYTES {
             memo.clear();
             *bytes = 0;
@@ -1086,7 +1091,7 @@ pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, 
 /// The most filler text [`filler`] keeps per thread.
 const FILLER_MEMO_BYTES: usize = 64 << 20;
 
-fn render_filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64) -> String {
+fn render_filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_block: f64, shared: Option<&SharedCounts>) -> String {
     let raw_target = match kind {
         EstimatorKind::Calibrated => (((target as f64) - per_block) / scale.max(0.05)).round().clamp(0.0, 4.0 * target as f64) as u64,
         _ => target,
@@ -1094,7 +1099,7 @@ fn render_filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, per_
     let head = format!("<{label}>");
     let head_tokens = u64::from(match kind {
         EstimatorKind::Chars4 => chars4(&head),
-        _ => crate::measure::token_cache::bpe_of_run(&head),
+        _ => bpe_shared(shared, &head),
     });
     let words = raw_target.saturating_sub(head_tokens) as usize;
     const WORDS: [&str; 6] = [" the", " and", " for", " not", " you", " are"];
@@ -1503,6 +1508,8 @@ fn replay_session_observing(
 ) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
+    // The run's shared `bpe` text counts (audit's), for the fillers' labels.
+    let shared = measurer.counter().shared().cloned();
     let events = &session.recording.events;
     let cwd = session.recording.header.cwd.as_deref();
     let calibration = measurer.counter().calibration().clone();
@@ -1658,7 +1665,7 @@ fn replay_session_observing(
                         let restored = state.working_set.compact(cwd, count);
                         restored
                             .iter()
-                            .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block)))
+                            .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref())))
                             .collect()
                     } else {
                         Vec::new()
@@ -1990,6 +1997,7 @@ fn replay_session_observing(
             loaded_tools: &state.loaded_tools,
             kind,
             params,
+            shared: shared.as_deref(),
             cache_control: CacheControl::ephemeral().with_ttl(Some(ttl)),
             marked_result: marked_result.as_deref(),
             layout: options.layout.as_ref().map(|layout| LayoutCall { layout, dynamic_epoch: state.dynamic_epoch, up_front: &up_front, version }),
@@ -2141,7 +2149,7 @@ fn replay_session_observing(
         if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && global_static_block && past_a_ttl {
             seed_prefix(measurer, shadows, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
             if expired {
-                call_events.push("shared_prefix".into());
+                call_events.push(super::uncertainty::SHARED_PREFIX.into());
             }
         }
         let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };

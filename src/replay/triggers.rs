@@ -4,7 +4,8 @@
 //!
 //! Before each main-lane request the client counts its context the way Claude Code does: the
 //! last response's usage (input + cache read + cache creation + output) plus its rough estimate
-//! of the tool results and prompts added since ([`rough_block`], the agent's own counting).
+//! of the tool results, prompts and sent attachments added since ([`added_tokens`], with
+//! [`rough_block`], the agent's own counting).
 //! The usage is what the model returned: in a replay the mock model returns the recorded reply
 //! with its recorded usage as long as the replay sends what the client sent, and the simulated
 //! usage once it diverged (another strategy). Automatic compaction fires when the count reaches the
@@ -23,6 +24,7 @@ use crate::agent::compact::config::AutocompactConfig;
 use crate::agent::compact::context::ModelLimits;
 use crate::agent::compact::counting::{Thresholds, rough, rough_block};
 use crate::measure::ModelTable;
+use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::{EventKind, ImportedSession};
 
@@ -208,13 +210,10 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
                     .collect();
             }
             EventKind::ToolResult(result) => {
-                tail_tokens += result_tokens(result.content.as_ref());
+                tail_tokens += added_tokens(&event.kind);
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);
             }
-            EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => {
-                tail_tokens += prompt.content.to_blocks().iter().map(rough_block).sum::<u64>();
-            }
-            _ => {}
+            kind => tail_tokens += added_tokens(kind),
         }
     }
     (opening, main)
@@ -359,6 +358,23 @@ fn line_up(opening: Vec<RecordedBoundary>, main: &[MainPoint], predicted: &[(usi
     }
     rows.sort_by_key(|r| (r.recorded_call.or(r.simulated_call), r.simulated_call));
     rows
+}
+
+/// What a main-lane event the client held adds to its count before the next main call, on top
+/// of the last reply's usage (`tokenCountWithEstimation`, §7.1–7.2: the rough estimate of every
+/// message after the reply): a tool result's content, a prompt's blocks (meta prompts, task
+/// notifications and images too: the client holds and sends them), and an attachment the client
+/// sends, at the size the replay renders it ([`attachment_text`]); nothing for the rest. The
+/// compaction's summary prompt follows its boundary and counts nothing there. One definition
+/// for [`main_points`] and for the workload's stand-in of a reply the transcript never wrote
+/// ([`super::workload`]), which is what the boundary's preTokens leaves above this count.
+pub(crate) fn added_tokens(kind: &EventKind) -> u64 {
+    match kind {
+        EventKind::ToolResult(result) => result_tokens(result.content.as_ref()),
+        EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => prompt.content.to_blocks().iter().map(rough_block).sum(),
+        EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => rough(&attachment_text(attachment)),
+        _ => 0,
+    }
 }
 
 /// Rough tokens of a recorded result's content, as the client estimates them.

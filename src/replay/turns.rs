@@ -448,7 +448,7 @@ impl crate::runner::ClientRules for RecordedClient {
             && let Some(prefix) = global_prefix(call.request, measurer)
         {
             let _ = measurer.seed_cache(&prefix, call.time_ms.saturating_sub(1), 0);
-            events.push("shared_prefix".to_owned());
+            events.push(super::uncertainty::SHARED_PREFIX.to_owned());
         }
         if let Some(ttl) = self.calls[self.ttl_seen.min(position)..=position].iter().rev().find_map(|c| c.ttl) {
             self.ttl = Some(ttl);

@@ -22,12 +22,17 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// The event of a call past the TTL whose static prefix the replay seeded, as other clients kept
+/// it warm (`ClientProfile::static_prefix_shared`): the replay and the agent's recorded client
+/// (`turns`) put it on the call; fidelity and the uncertainty read it as a modelled rule.
+pub const SHARED_PREFIX: &str = "shared_prefix";
+
 /// The events that mark a call's outcome as resting on a modelled rule, in the order tried (the
 /// first present names the rule).
-pub const MODELLED_RULES: [&str; 8] = ["shared_prefix", "tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", "turn_rerender"];
+pub const MODELLED_RULES: [&str; 8] = [SHARED_PREFIX, "tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", "turn_rerender"];
 
 /// The rule that decides a call the TTL gap would otherwise explain: the prefix read after it.
-const OVER_THE_TTL: &str = "shared_prefix";
+const OVER_THE_TTL: &str = SHARED_PREFIX;
 
 /// Events that put a call's outcome on the record (a TTL gap or a compaction before it).
 const RECORDED_CAUSES: [&str; 2] = ["ttl_expired", "compaction"];
@@ -52,7 +57,7 @@ impl RuleRate {
 /// Observed per rule on the sixteen sessions. Skill and ToolSearch have no case left there (the
 /// Skill calls and loads are all 2.1.205+, where the rules do not apply): their rate is 1/2.
 pub const RULE_RATES: [RuleRate; 8] = [
-    RuleRate { rule: "shared_prefix", hits: 5, cases: 5 },
+    RuleRate { rule: SHARED_PREFIX, hits: 5, cases: 5 },
     RuleRate { rule: "tool_search_load", hits: 0, cases: 0 },
     RuleRate { rule: "skill", hits: 0, cases: 0 },
     RuleRate { rule: "resume", hits: 1, cases: 1 },
@@ -218,7 +223,7 @@ mod tests {
         assert_eq!(modelled_rule(&events(&["new_user_turn", "turn_rerender", "side_entry"])), Some("side_entry"));
         assert_eq!(modelled_rule(&events(&["ttl_expired", "new_user_turn", "side_entry"])), None);
         assert_eq!(modelled_rule(&events(&["new_user_turn"])), None);
-        assert_eq!(modelled_rule(&events(&["ttl_expired", "new_user_turn", "turn_rerender", "shared_prefix"])), Some("shared_prefix"));
+        assert_eq!(modelled_rule(&events(&["ttl_expired", "new_user_turn", "turn_rerender", SHARED_PREFIX])), Some(SHARED_PREFIX));
     }
 
     #[test]

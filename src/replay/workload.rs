@@ -229,8 +229,9 @@ fn workload_with(
     // between a reply and its results replaced them unwritten, though the client counted them.
     let mut open_uses: Vec<(String, String)> = Vec::new();
     let result_tokens_by_tool = super::triggers::mean_result_tokens(session);
-    // The client's count since the last main reply, as `triggers::main_points` counts it: that
-    // reply's usage (prompt and output as scripted) and the rough size of what followed it.
+    // The client's count since the last main reply: that reply's usage (prompt and output as
+    // scripted) and what the client held after it, every main-lane event counted as
+    // `triggers::main_points` counts it (`triggers::added_tokens`), driven or left to the agent.
     let mut count_base = 0u64;
     let mut count_tail = 0u64;
     // Tool uses of a reply the transcript never wrote, named by an `unwritten_reply` event just
@@ -259,6 +260,9 @@ fn workload_with(
         if main && super::session::marks_resume(&event.kind) {
             resumed_at = Some(event_index);
         }
+        if main {
+            count_tail += super::triggers::added_tokens(&event.kind);
+        }
         match &event.kind {
             // Every event carries its time; the wait before a step is the gap since the last
             // step driven (`push_wait`).
@@ -285,7 +289,6 @@ fn workload_with(
                 }
                 flush(&mut script, &mut pending_outputs);
                 push_wait(&mut script, &mut last_time, event.time_ms);
-                count_tail += crate::agent::compact::counting::rough(&text);
                 script.push(json!({ "user": text }));
                 report.user_prompts += 1;
             }
@@ -380,7 +383,6 @@ fn workload_with(
                     output["subagent"] = Value::Bool(true);
                 }
                 pending_outputs.insert(result.tool_use_id.clone(), output);
-                count_tail += super::triggers::result_tokens(result.content.as_ref());
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);
                 report.tool_outputs += 1;
             }
@@ -467,7 +469,6 @@ fn workload_with(
                 // it), and none of its own (`world.recorded_attachments`).
                 flush(&mut script, &mut pending_outputs);
                 let text = attachment_text(attachment);
-                count_tail += crate::agent::compact::counting::rough(&text);
                 script.push(json!({ "attachment": { "type": attachment.attachment_type, "text": text } }));
                 report.recorded_attachments += 1;
             }
@@ -970,7 +971,8 @@ pub fn size_unmodelled(
 
     let params = measurer.counter().calibration().for_family(&key);
     let kind = measurer.counter().kind();
-    let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block);
+    let shared = measurer.counter().shared().cloned();
+    let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref());
     sizing.system_filler_tokens = sizing.recorded_prefix_tokens.saturating_sub(sizing.agent_prefix_tokens);
     let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
     if session.recording.header.head_truncated {

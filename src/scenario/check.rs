@@ -288,6 +288,11 @@ fn check_step(
         if spec.tool_use_ids.is_empty() && spec.history_chars == 0 {
             return Err(problem(here("microcompact"), "the microcompact clears nothing: give `tool_use_ids` or `history_chars`"));
         }
+        // It clears results already sent: an id no earlier tool use has would clear nothing.
+        if let Some((i, id)) = spec.tool_use_ids.iter().enumerate().find(|(_, id)| !seen_ids.contains(*id)) {
+            let at = [here("microcompact"), vec![key("tool_use_ids"), Seg::Index(i)]].concat();
+            return Err(problem(at, format!("no earlier tool use has id `{id}`")));
+        }
         return Ok(Step::Microcompact { tool_use_ids: spec.tool_use_ids, history_chars: spec.history_chars });
     }
     if let Some(spec) = step.resume_lost {

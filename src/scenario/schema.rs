@@ -198,7 +198,7 @@ pub enum Step {
     /// here (a recorded session driven as recorded, `fidelity --engine agent`): the results
     /// of these tool uses are cleared to the marker, and `history_chars` characters leave the
     /// start of the opening prompt (the stand-in for the history before a continuing file,
-    /// whose results it cleared).
+    /// whose results it cleared). Each id must be an earlier step's tool use.
     Microcompact { tool_use_ids: Vec<String>, history_chars: usize },
     /// `resume_lost: {tool_use_ids}` — a recorded client resumed here loaded its history back
     /// from the transcript's `parentUuid` chain, which does not hold these tool uses (parallel

@@ -312,6 +312,16 @@ fn error_duplicate_tool_use_id() {
 }
 
 #[test]
+fn error_microcompact_of_an_unknown_tool_use() {
+    insta::assert_snapshot!(err(&doc(r#"
+- user: go
+- assistant: [{tool_use: {id: toolu_a, name: Read}}]
+- tool_output: {toolu_a: ok}
+- microcompact: {tool_use_ids: [toolu_a, toolu_zzz]}
+"#)), @"scenarios/bad.yaml:8:42: script[3].microcompact.tool_use_ids[1]: no earlier tool use has id `toolu_zzz`");
+}
+
+#[test]
 fn error_relative_cwd_and_conflicting_files() {
     insta::assert_snapshot!(err("name: t\nworld:\n  model: m\n  cwd: repo\n"), @"scenarios/bad.yaml:4:8: world.cwd: must be an absolute path, found `repo`");
     insta::assert_snapshot!(err("name: t\nworld:\n  model: m\n  files:\n    /repo/a: x\n    a/b: y\n"), @"scenarios/bad.yaml:6:10: world.files.a/b: failed to access /repo/a/b: a parent path is a file, not a directory");

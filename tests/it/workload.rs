@@ -278,6 +278,62 @@ fn a_reply_the_transcript_never_wrote_still_counts_before_the_compaction() {
     insta::assert_snapshot!(ctxsim::replay::agent_triggers_table(&[("cipher-box/af1dd25ebb3e-8.full.jsonl".to_owned(), report)]));
 }
 
+/// The client's count before a main call is one definition (`triggers::added_tokens`) for the
+/// compaction-trigger table and for the workload's stand-in of a reply the transcript never
+/// wrote (review of issue 13: the workload left out the prompts it does not drive, and the
+/// table left out attachments). A meta prompt and a sent attachment the client held between
+/// af1dd25e-8's last written result and its compaction at call 161 (inserted here) count in
+/// both: the count before call 161 grows by their rough size and the stand-in, what preTokens
+/// leaves above the count of what was written, shrinks by the same.
+#[test]
+fn held_prompts_and_attachments_count_alike_in_triggers_and_the_unwritten_reply() {
+    let path = realdata().join("transcripts/cipher-box/af1dd25ebb3e-8.full.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let boundary = lines.iter().rposition(|l| l.contains("\"compact_boundary\"")).unwrap();
+    let mut envelope: serde_json::Value = serde_json::from_str(lines[boundary - 2]).unwrap();
+    assert_eq!(envelope["type"], "user", "the last written result before the boundary");
+    envelope.as_object_mut().unwrap().remove("toolUseResult");
+    let record = |uuid: &str, fields: serde_json::Value| {
+        let mut r = envelope.clone();
+        r["uuid"] = uuid.into();
+        for (k, v) in fields.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r.to_string()
+    };
+    let meta = record("00000000-0000-4000-8000-00000000000a", serde_json::json!({ "isMeta": true, "message": { "role": "user", "content": "m".repeat(4000) } }));
+    let attachment = record(
+        "00000000-0000-4000-8000-00000000000b",
+        serde_json::json!({ "type": "attachment", "attachment": { "type": "todo_reminder", "content": "a".repeat(4000) } }),
+    );
+    let mut held = lines.clone();
+    held.splice(boundary - 1..boundary - 1, [meta.as_str(), attachment.as_str()]);
+    let held = held.join("\n");
+
+    let measure = |transcript: &str| {
+        let session = ctxsim::recording::claude_code::import_claude_code_from(std::io::Cursor::new(transcript), "af1dd25ebb3e-8.full.jsonl").unwrap();
+        let workload = workload_from_session(&session, "af1dd25ebb3e-8", None).unwrap();
+        let stand_in = workload
+            .scenario
+            .script
+            .iter()
+            .find_map(|s| match s {
+                Step::Attachment { kind, text } if kind == "unwritten_reply" => Some(text.len() as u64 / 4),
+                _ => None,
+            })
+            .expect("the stand-in of the unwritten reply");
+        let replay = ctxsim::replay::replay_session(&session, &mut measurer(), &Default::default());
+        let (_, points) = ctxsim::replay::triggers::main_points(&session, &replay, None);
+        let before = points.iter().find(|p| p.compaction.as_ref().is_some_and(|b| b.pre_tokens == Some(167_602))).expect("call 161");
+        (before.count, stand_in)
+    };
+    let (count, stand_in) = measure(&text);
+    let (count_held, stand_in_held) = measure(&held);
+    assert!(count_held - count >= 2_000, "the count grew by {}", count_held - count);
+    assert_eq!(count_held - count, stand_in - stand_in_held, "what the count gained, the stand-in lost");
+}
+
 /// A microcompact the record shows drives the agent (7662d755-2, 2.1.14, before call 6: 42
 /// results cleared, 21,091 tokens saved, every one of them from before this continuing file).
 /// The workload scripts it as a `microcompact` step: results of the file by id, and the share
