@@ -360,6 +360,9 @@ pub struct RecordedClient {
     /// The TTL the recorded main calls wrote with, the last one named up to `ttl_seen` calls.
     ttl: Option<crate::api::CacheTtl>,
     ttl_seen: usize,
+    /// The TTL the first recorded main call that wrote anything named: the one the agent runs
+    /// under as recorded ([`super::workload::RecordedSettings`]).
+    first_ttl: Option<crate::api::CacheTtl>,
 }
 
 #[derive(Debug)]
@@ -397,6 +400,7 @@ impl RecordedClient {
             });
         }
         let position: BTreeMap<usize, usize> = calls.iter().enumerate().map(|(position, c)| (c.index, position)).collect();
+        let first_ttl = calls.iter().find_map(|c| c.ttl);
         RecordedClient {
             calls: calls.into(),
             main_calls: main_calls.iter().map(|index| position.get(index).copied()).collect(),
@@ -411,6 +415,7 @@ impl RecordedClient {
             entrypoint: session.recording.header.entrypoint.clone(),
             ttl: None,
             ttl_seen: 0,
+            first_ttl,
         }
     }
 }
@@ -454,6 +459,7 @@ impl crate::runner::ClientRules for RecordedClient {
             self.ttl = Some(ttl);
         }
         self.ttl_seen = self.ttl_seen.max(position + 1);
+        self.retime(flat);
         if call.compacted {
             self.turns.on_compaction(&profile);
             // The summary opens the conversation.
@@ -527,7 +533,25 @@ impl RecordedClient {
         let _ = last.iter_mut().rev().any(|b| b.set_cache_control(Some(marker.clone())));
         let mut flat = measurer.flatten(&side).ok()?;
         self.render(&mut flat, false);
+        self.retime(&mut flat);
         Some(flat)
+    }
+
+    /// Writes `flat` with the TTL the recorded calls wrote with at this point, where it departs
+    /// from the session's first one (d847 turned from 1h to 5m at call 227: the client's 1h
+    /// eligibility is not in the record, only the usage's split): every marker at the first TTL
+    /// is moved to the one in force. A what-if's own TTL (markers at another one) is kept.
+    fn retime(&self, flat: &mut FlatRequest) {
+        let (Some(first), Some(now)) = (self.first_ttl, self.ttl) else { return };
+        if first == now || !flat.markers.iter().any(|&i| flat.blocks[i].cache_control.as_ref().is_some_and(|c| c.ttl_or_default() == first)) {
+            return;
+        }
+        let blocks = std::sync::Arc::make_mut(&mut flat.blocks);
+        for &i in &flat.markers {
+            if let Some(marker) = blocks[i].cache_control.as_mut().filter(|c| c.ttl_or_default() == first) {
+                marker.ttl = Some(now);
+            }
+        }
     }
 
     /// The bytes the recorded client sent otherwise than the agent builds them: the

@@ -614,3 +614,43 @@ fn past_the_ttl_claude_desktop_reads_its_static_prefix_through_the_agent() {
     let (_, cli) = drive("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
     assert_eq!(read(&cli, 52), (0, 0.0));
 }
+
+/// What a slash command expanded into is part of the conversation the client sent: the skill's
+/// body after `/compound-loop:reviewing` on entirecontext 01M0FW (a meta prompt of 15.8k chars
+/// after call 1) and after `/compound-loop:retrospective` are driven as recorded (`meta_prompt`
+/// attachment steps); the caveat before `/clear`'s output is left to the agent. Before, the
+/// agent sent the command line only: call 2 grew by 1,007 tokens where the record grew by
+/// 4,532, and every later call was 4–8% short (context MAPE 5.1%).
+#[test]
+fn a_slash_commands_recorded_expansion_is_sent_through_the_agent() {
+    let (_, driven) = drive("entirecontext/01M0FWRPX72AX3CYC2HMV1W2SN-1.full.jsonl");
+    assert_eq!(driven.report.meta_prompts, 2, "{:?}", driven.report);
+    assert_eq!(driven.report.left_to_agent.get("meta_prompt"), Some(&1), "the caveat: {:?}", driven.report.left_to_agent);
+    let context = |index: usize| {
+        let call = driven.replay.calls.iter().find(|c| c.index == index).unwrap();
+        (call.recorded_context() as f64, call.simulated_context() as f64)
+    };
+    let ((rec1, sim1), (rec2, sim2)) = (context(1), context(2));
+    let (recorded, agent) = (rec2 - rec1, sim2 - sim1);
+    assert!((agent - recorded).abs() / recorded < 0.15, "call 2 grew by {agent} where the record grew by {recorded}");
+    let mape = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false).context_tokens_mape;
+    assert!(mape < 0.025, "context MAPE {mape}");
+}
+
+/// The TTL the recorded calls wrote with is the record's, per call: oh-my-posh d847 wrote at 1h
+/// until call 226 and at 5m from call 227 on (the client's 1h eligibility is not in the record,
+/// only the usage's split). Call 232 comes 450 s after 231: past 5m, the record read only the
+/// static prefix (36,389 of 443,957). The agent, whose markers stayed at the first call's 1h,
+/// read everything there (442,399): a hit disagreement. Its markers now follow the recorded TTL
+/// in force (`RecordedClient`), the side request's too.
+#[test]
+fn the_agent_writes_with_the_ttl_the_recorded_call_wrote_with() {
+    let (_, driven) = drive("oh-my-posh/d84718082c10-3.full.jsonl");
+    let call = driven.replay.calls.iter().find(|c| c.index == 232).unwrap();
+    assert_eq!(call.recorded.cache_read_input_tokens, 36_389);
+    assert!(call.sim_cache_read <= 36_389.0, "call 232 read {} past a 5m TTL", call.sim_cache_read);
+    assert!(call.sim_cache_creation > 400_000.0, "call 232 wrote {}", call.sim_cache_creation);
+    // Within the TTL the conversation is still read whole.
+    let next = driven.replay.calls.iter().find(|c| c.index == 233).unwrap();
+    assert!(next.sim_cache_read > 400_000.0, "call 233 read {}", next.sim_cache_read);
+}
