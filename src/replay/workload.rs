@@ -93,6 +93,12 @@ pub struct WorkloadReport {
     /// chain, which does not hold parallel tool uses written beside it, nor their results.
     #[serde(default)]
     pub resume_losses: usize,
+    /// Slash commands whose expansion the record holds (the meta prompt right after a
+    /// `<command-name>` prompt: a custom command's or skill's body), sent as recorded after the
+    /// command (`attachment` steps of type [`COMMAND_BODY`]): the agent has neither the command
+    /// nor its text.
+    #[serde(default)]
+    pub command_bodies: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -103,6 +109,10 @@ pub struct WorkloadReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unbound_subagent_lanes: Vec<String>,
 }
+
+/// The `attachment` type a slash command's recorded expansion is driven as
+/// ([`WorkloadReport::command_bodies`]).
+pub const COMMAND_BODY: &str = "command_body";
 
 /// A session as a scenario, with the recorded main calls the scenario's main requests stand for.
 #[derive(Debug, Clone)]
@@ -243,6 +253,8 @@ fn workload_with(
     let mut resumed_at: Option<usize> = None;
     let mut uses_in_context: BTreeSet<String> = BTreeSet::new();
     let mut model: Option<String> = None;
+    // The last step driven was a typed slash command (its expansion, a meta prompt, follows).
+    let mut after_command = false;
     let mut last_time = 0u64;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
     let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
@@ -268,11 +280,18 @@ fn workload_with(
                     leave(&mut report, "compact_summary_message");
                     continue;
                 }
+                let text = prompt_text(&prompt.content);
+                if prompt.is_meta && std::mem::take(&mut after_command) && !text.is_empty() {
+                    // What the command expanded to, as the client sent it with the command.
+                    count_tail += crate::agent::compact::counting::rough(&text);
+                    script.push(json!({ "attachment": { "type": COMMAND_BODY, "text": text } }));
+                    report.command_bodies += 1;
+                    continue;
+                }
                 if prompt.is_meta {
                     leave(&mut report, "meta_prompt");
                     continue;
                 }
-                let text = prompt_text(&prompt.content);
                 if text.is_empty() {
                     leave(&mut report, "prompt_without_text");
                     continue;
@@ -286,10 +305,12 @@ fn workload_with(
                 flush(&mut script, &mut pending_outputs);
                 push_wait(&mut script, &mut last_time, event.time_ms);
                 count_tail += crate::agent::compact::counting::rough(&text);
+                after_command = text.contains("<command-name>");
                 script.push(json!({ "user": text }));
                 report.user_prompts += 1;
             }
             EventKind::ModelReply(reply) if main => {
+                after_command = false;
                 if reply.is_synthetic || reply.is_api_error {
                     leave(&mut report, if reply.is_synthetic { "synthetic_reply" } else { "api_error_reply" });
                     continue;
