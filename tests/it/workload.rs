@@ -654,3 +654,32 @@ fn the_agent_writes_with_the_ttl_the_recorded_call_wrote_with() {
     let next = driven.replay.calls.iter().find(|c| c.index == 233).unwrap();
     assert!(next.sim_cache_read > 400_000.0, "call 233 read {}", next.sim_cache_read);
 }
+
+/// A typed slash command of a custom command or skill (`/gsd:progress`) is recorded as the
+/// command line and then, as a meta prompt, the text it expanded to, which the client sent with
+/// it. The agent has neither the command nor its text, so the workload sends the recorded
+/// expansion after the command (an `attachment` step of type `meta_prompt`); the agent's own
+/// attachments stay (the 2.1.39 record holds no attachment records). Before, e89fb6a2-0's first
+/// call (the 7.7k-character body of `/gsd:progress`) was 2,016 tokens short (−4.7%), and call
+/// 10 (the second `/gsd:progress`) 3.0k short; now both are within 3%. The caveat a local
+/// command leaves is not a command's expansion and stays left to the agent.
+#[test]
+fn a_slash_commands_recorded_expansion_is_sent_with_it() {
+    let path = realdata().join("transcripts/cipher-box/e89fb6a2d646-0.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let workload = workload_from_session(&session, "e89f", None).unwrap();
+    assert_eq!(workload.report.meta_prompts, 2, "{:?}", workload.report);
+    assert_eq!(workload.report.left_to_agent.get("meta_prompt"), Some(&1), "the /clear caveat: {:?}", workload.report.left_to_agent);
+    let script = &workload.scenario.script;
+    let command = script.iter().position(|s| matches!(s, Step::User { text } if text.contains("<command-name>/gsd:progress</command-name>"))).unwrap();
+    let Step::Attachment { kind, text } = &script[command + 1] else { panic!("after the command: {:?}", script[command + 1]) };
+    assert_eq!(kind, ctxsim::replay::workload::META_PROMPT);
+    assert!(text.starts_with("<objective>\nCheck project progress"), "{}", &text[..80]);
+    assert!(!workload.scenario.world.recorded_attachments, "the agent keeps its own attachments");
+    let (_, driven) = drive("cipher-box/e89fb6a2d646-0.full.jsonl");
+    for index in [0, 10] {
+        let call = driven.replay.calls.iter().find(|c| c.index == index).unwrap();
+        let (simulated, recorded) = (call.simulated_context() as f64, call.recorded_context() as f64);
+        assert!((simulated - recorded).abs() / recorded < 0.03, "call {index}: agent {simulated} vs recorded {recorded}");
+    }
+}
