@@ -654,9 +654,12 @@ pub struct AgentReplay {
 /// What the recorded client's first request held that the agent does not model, and where the
 /// workload put it. The recording does not hold the client's system prompt, tools, CLAUDE.md or
 /// the history before a file that continues a session; the replay infers their size from the
-/// first call's billed prompt ([`super::session::first_call_sizes`]). The agent builds its own and
-/// the difference is added as sized filler: to the system prompt (`--append-system-prompt`), to
-/// CLAUDE.md, and, for a file that continues a session, as the opening history.
+/// first call's billed prompt ([`super::session::first_call_sizes`]), split at the prefix level
+/// the record shows (a warm first call's read, else the first level a later read reveals), and
+/// for a file that continues a session, what a compaction keeps of it from the record after the
+/// file's first compaction. The agent builds its own and the difference is added as sized
+/// filler: to the system prompt (`--append-system-prompt`), to CLAUDE.md, and, for a file that
+/// continues a session, as the opening history.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sizing {
     /// Tools + system of the recorded client (the replay's prefix level) and of the agent.
@@ -771,6 +774,7 @@ pub fn agent_replay(
     }
     keep_recorded_results(&mut strategy);
     measurer.set_billing_key(REAL_SESSION_BILLING);
+    measurer.set_prior_thinking_dropped(true);
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
@@ -917,9 +921,35 @@ pub fn warm_prefix(
     Ok(Some(WarmPrefix { flat, time_ms: row.time_ms.saturating_sub(1) }))
 }
 
+/// What the replay of a session shows of the unrecorded part beyond its first call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct ShownSizes {
+    /// The first prefix level (tools + system) a later call's read revealed to the replay (its
+    /// event `prefix_level`: a read that fell into the unrecorded part at a re-render, a
+    /// microcompact or a compaction).
+    revealed_prefix_tokens: Option<u64>,
+    /// The unrecorded part (prefix and user context) of the first main call after the file's
+    /// first compaction, as the replay anchors that segment on the record (`segment_anchor`:
+    /// the call's billed prompt less the replay's messages, its summary and restored files).
+    kept_after_compaction: Option<u64>,
+}
+
+/// The [`ShownSizes`] of `session`: the replay run under the default options, measured by
+/// `measurer`. One definition of both with the replay, which sizes its later calls by them.
+fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measurer) -> ShownSizes {
+    let options = super::ReplayOptions { info_loss: false, compaction_losses: false, ..Default::default() };
+    let replay = super::replay_session(session, measurer, &options);
+    let has = |c: &super::CallReplay, e: &str| c.events.iter().any(|x| x == e);
+    let main = || replay.calls.iter().filter(|c| c.lane == LANE_MAIN && c.compared());
+    let revealed_prefix_tokens = main().find(|c| has(c, "prefix_level")).map(|c| c.recorded.cache_read_input_tokens);
+    let kept_after_compaction = main().skip(1).find(|c| has(c, "compaction") && has(c, "segment_anchor")).map(|c| c.prefix_tokens + c.user_context_tokens);
+    ShownSizes { revealed_prefix_tokens, kept_after_compaction }
+}
+
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
-/// are the replay's of the first main call ([`super::session::first_call_sizes`], no replay
-/// run), and a probe run of the workload's first request gives the agent's own sizes.
+/// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
+/// replay's run shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
+/// request gives the agent's own sizes.
 pub fn size_unmodelled(
     session: &ImportedSession,
     file: &str,
@@ -933,9 +963,14 @@ pub fn size_unmodelled(
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
     let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
+    let shown = shown_sizes(session, &mut fresh());
+    // A first call that read nothing cannot show the prefix level: the first level a later
+    // call's read reveals replaces the fitted one (or the total less the fitted user context).
+    let revealed = shown.revealed_prefix_tokens.filter(|&p| !unrecorded.prefix_from_record && p <= unrecorded.first_call_tokens);
+    let prefix = revealed.unwrap_or(unrecorded.prefix_tokens);
     let mut sizing = Sizing {
-        recorded_prefix_tokens: unrecorded.prefix_tokens,
-        recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(unrecorded.prefix_tokens),
+        recorded_prefix_tokens: prefix,
+        recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(prefix),
         ..Sizing::default()
     };
     // The agent's own first request.
@@ -975,8 +1010,12 @@ pub fn size_unmodelled(
     let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
     if session.recording.header.head_truncated {
         // A file that continues a session: the gap is mostly the conversation before the file,
-        // which a compaction drops; it opens the script as one prompt of that size.
-        sizing.history_filler_tokens = context_gap;
+        // which a compaction drops; it opens the script as one prompt of that size. What of it
+        // outlives a compaction (the user context, CLAUDE.md) is what the record shows beyond the
+        // prefix after the file's first compaction; it stays as CLAUDE.md.
+        let kept = shown.kept_after_compaction.map_or(0, |kept| kept.saturating_sub(sizing.recorded_prefix_tokens));
+        sizing.claude_md_filler_tokens = kept.saturating_sub(sizing.agent_context_tokens).min(context_gap);
+        sizing.history_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
     } else {
         // Files the opening prompt @-mentions (a slash command's text often does) come with it
         // as attachments, part of the conversation a compaction drops: the gap beyond the
