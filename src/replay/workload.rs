@@ -244,6 +244,9 @@ fn workload_with(
     let mut uses_in_context: BTreeSet<String> = BTreeSet::new();
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
+    // When the main thread's next request went out: the time of the last prompt or tool result
+    // recorded since the last reply (the replay's `request_start`).
+    let mut request_start: Option<u64> = None;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
     let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
     let mut subagents = subagents::Subagents::bind(session);
@@ -264,6 +267,7 @@ fn workload_with(
             // step driven (`push_wait`).
             EventKind::Time(_) => {}
             EventKind::UserPrompt(prompt) if main => {
+                request_start = Some(event.time_ms);
                 if prompt.is_compact_summary {
                     leave(&mut report, "compact_summary_message");
                     continue;
@@ -305,7 +309,13 @@ fn workload_with(
                     leave(&mut report, "opening_prompt_added");
                 }
                 flush(&mut script, &mut pending_outputs);
-                push_wait(&mut script, &mut last_time, event.time_ms);
+                // The request went out when the record that prompted it was written; the reply's
+                // first block (its recorded time) came that much later, so the request is measured
+                // then, its cache entry living from the first token on (as in the replay).
+                let sent = request_start.take().filter(|&t| t <= event.time_ms && t >= last_time).unwrap_or(event.time_ms);
+                push_wait(&mut script, &mut last_time, sent);
+                let first_token = event.time_ms - last_time;
+                last_time = event.time_ms;
                 let switched = !reply.model.is_empty() && model.as_deref().is_some_and(|m| m != reply.model);
                 if switched {
                     script.push(json!({ "model_switch": reply.model }));
@@ -335,10 +345,13 @@ fn workload_with(
                     // What is lost is gone: a later resume loses only what it lacks anew.
                     uses_in_context.retain(|id| loaded.contains(id));
                 }
-                let Some(step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
+                let Some(mut step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
                     continue;
                 };
+                if first_token > 0 {
+                    step.insert("latency".into(), json!({ "first_token": first_token, "total": first_token }));
+                }
                 uses_in_context.extend(reply.content.iter().filter_map(|b| match b {
                     ContentBlock::ToolUse { id, .. } => Some(id.clone()),
                     _ => None,
@@ -360,6 +373,7 @@ fn workload_with(
                 report.main_replies += 1;
             }
             EventKind::ToolResult(result) if main => {
+                request_start = Some(event.time_ms);
                 let Some((name, input)) = called.get(&result.tool_use_id) else {
                     leave(&mut report, "tool_result_without_call");
                     continue;

@@ -646,3 +646,24 @@ script:
     assert_eq!(later.len(), 14, "{errors:?}");
     assert!(later.iter().all(|e| *e < 0.04), "{errors:?}");
 }
+
+/// The client sends a request when the record that prompted it is written (a prompt, a tool
+/// result) and the reply's first block comes later; the replay measures each call so. The agent
+/// was sent each request at its reply's recorded time: on cd95 (2.1.7, 5m TTL) the prompts of
+/// calls 93 and 138 came 296 s and 298 s after their turn's end, whose side entry they read, but
+/// their replies' first blocks 302 s and 334 s after the previous call, so the agent read nothing
+/// there and wrote 126k and 70k tokens (Σcreation +14%). Each reply is now scripted with the
+/// latency from its prompting record to its first block.
+#[test]
+fn a_request_goes_out_when_its_prompt_is_written_not_at_its_replys_first_block() {
+    let (_, driven) = drive("entireio-cli/cd95adddad32-0.full.jsonl");
+    let at = |index: usize| driven.replay.calls.iter().find(|c| c.index == index && c.lane == LANE_MAIN).expect("driven");
+    for index in [93, 138] {
+        let call = at(index);
+        assert!(call.recorded.cache_read_input_tokens > 60_000, "{index}: {:?}", call.recorded);
+        let read = call.metrics.as_ref().map_or(0, |m| m.cache_read_input_tokens);
+        assert!(read > 60_000, "call {index}: read {read}");
+    }
+    let report = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false);
+    assert!(report.cache_creation_total_error.abs() < 0.08, "Σcreation {}", report.cache_creation_total_error);
+}
