@@ -7,7 +7,9 @@
 //! - each typed user prompt, with the time before it (`wait`);
 //! - each main-lane model reply in order: its text, its thinking (the stored text, or a filler
 //!   of the size the reply's output tokens leave for it when the text was not stored), its
-//!   tool calls with their recorded ids, its stop reason and output tokens;
+//!   tool calls with their recorded ids, its stop reason and output tokens, and its latency
+//!   from the prompt or tool result that prompted it to its first block (the request goes out
+//!   when that record was written);
 //! - each tool result as recorded, bound to its tool_use id (`tool_output`), so the agent's
 //!   tool executor returns what the real tool returned;
 //! - the recorded compaction summaries, queued on the `compact` lane: where the agent compacts,
