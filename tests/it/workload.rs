@@ -564,6 +564,15 @@ fn context_errors(driven: &ctxsim::replay::workload::AgentReplay) -> BTreeMap<us
     driven.replay.calls.iter().filter(|c| c.lane == LANE_MAIN).map(|c| (c.index, c.simulated_context() as f64 / c.recorded_context() as f64 - 1.0)).collect()
 }
 
+/// The `calls` main calls from recorded call `from` on are all within `bound` of the recorded
+/// context.
+fn assert_calls_within(driven: &ctxsim::replay::workload::AgentReplay, from: usize, calls: usize, bound: f64) {
+    let errors = context_errors(driven);
+    let later: Vec<f64> = errors.iter().filter(|(i, _)| **i >= from).map(|(_, e)| e.abs()).collect();
+    assert_eq!(later.len(), calls, "{errors:?}");
+    assert!(later.iter().all(|e| *e < bound), "{errors:?}");
+}
+
 /// A file that continues a session and starts cold cannot show its prefix level on its first
 /// call; held out of the fit (no level of its version), the agent took the nearest version's
 /// (7662, 2.1.14: 2.1.7's 34,260) where the record shows 19,330 from call 6 on (the read after
@@ -597,10 +606,7 @@ fn after_its_compaction_a_continuing_file_keeps_the_user_context_its_record_show
     let sizing = &driven.sizing;
     assert!(sizing.claude_md_filler_tokens > 10_000, "{sizing:?}");
     assert_eq!(sizing.claude_md_filler_tokens + sizing.history_filler_tokens, sizing.recorded_context_tokens - sizing.agent_context_tokens, "{sizing:?}");
-    let errors = context_errors(&driven);
-    let after: Vec<f64> = errors.iter().filter(|(i, _)| **i >= 7).map(|(_, e)| e.abs()).collect();
-    assert_eq!(after.len(), 6, "{errors:?}");
-    assert!(after.iter().all(|e| *e < 0.03), "{errors:?}");
+    assert_calls_within(&driven, 7, 6, 0.03);
 }
 
 /// At a new user turn the API drops earlier turns' thinking from what Sonnet 4.5 and earlier
@@ -641,10 +647,7 @@ script:
     let contexts = |rows: Vec<ctxsim::measure::RequestMetrics>| rows.iter().map(|r| r.context_tokens).collect::<Vec<_>>();
     assert_eq!(contexts(run("claude-sonnet-4-6", true)), contexts(run("claude-sonnet-4-6", false)));
     let (_, driven) = drive("entireio-cli/7662d755ef9f-2.full.jsonl");
-    let errors = context_errors(&driven);
-    let later: Vec<f64> = errors.iter().filter(|(i, _)| **i >= 35).map(|(_, e)| e.abs()).collect();
-    assert_eq!(later.len(), 14, "{errors:?}");
-    assert!(later.iter().all(|e| *e < 0.04), "{errors:?}");
+    assert_calls_within(&driven, 35, 14, 0.04);
 }
 
 /// The client sends a request when the record that prompted it is written (a prompt, a tool
