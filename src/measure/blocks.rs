@@ -523,3 +523,37 @@ mod tests {
         assert_eq!(content_token_units(&ContentBlock::Image(png(90, 52))), vec![TokenUnit::Fixed(7)]);
     }
 }
+
+/// Whether `message` opens a user turn, as the API tells turns apart when it drops earlier
+/// thinking: a user message with anything besides tool results and `<system-reminder>` texts
+/// (the client's reminders ride along with tool results inside a turn).
+fn opens_user_turn(message: &crate::api::Message) -> bool {
+    use crate::api::{ContentBlock, MessageContent};
+    let reminder = |text: &str| text.trim_start().starts_with("<system-reminder");
+    message.role == crate::api::Role::User
+        && match &message.content {
+            MessageContent::Text(text) => !reminder(text),
+            MessageContent::Blocks(blocks) => blocks.iter().any(|b| match b {
+                ContentBlock::ToolResult { .. } => false,
+                ContentBlock::Text { text, .. } => !reminder(text),
+                _ => true,
+            }),
+        }
+}
+
+/// Counts no tokens for the thinking blocks of `body` before the message that opened its current
+/// user turn ([`crate::measure::Measurer::set_prior_thinking_dropped`]); positions and hashes
+/// stay.
+pub fn drop_prior_thinking(body: &Request, flat: &mut FlatRequest) {
+    let Some(turn) = body.messages.iter().rposition(opens_user_turn) else { return };
+    let dropped = |b: &PromptBlock| b.path.region == Region::Messages && b.path.index < turn && b.tokens > 0 && matches!(&*b.kind, "thinking" | "redacted_thinking");
+    if !flat.blocks.iter().any(dropped) {
+        return;
+    }
+    for block in Arc::make_mut(&mut flat.blocks).iter_mut() {
+        if dropped(block) {
+            block.tokens = 0;
+        }
+    }
+    flat.recount();
+}

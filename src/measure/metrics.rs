@@ -163,6 +163,9 @@ pub struct Measurer {
     /// Divergences no journalled event explains get their cause from the bodies
     /// ([`super::structure`]) instead of `unexplained_*`.
     structural_causes: bool,
+    /// Thinking of earlier turns counts no tokens for models that drop it
+    /// ([`Self::set_prior_thinking_dropped`]).
+    prior_thinking_dropped: bool,
 }
 
 impl Measurer {
@@ -172,7 +175,18 @@ impl Measurer {
             counter,
             state: MeasurerState::new(Flattener::new()),
             structural_causes: false,
+            prior_thinking_dropped: false,
         }
+    }
+
+    /// Counts, for models the table marks `strips_prior_thinking` (Sonnet 4.5 and earlier), no
+    /// tokens for the thinking blocks before the message that opened the current user turn, as
+    /// the API drops them from the context at a new turn; the blocks keep their place and hashes
+    /// (the cached prefix stays valid). The replay applies the same rule to its requests; real
+    /// sessions driven through the agent turn it on (`replay::workload::agent_replay`).
+    /// Scenarios do not yet: their figures are counted with every thinking block.
+    pub fn set_prior_thinking_dropped(&mut self, on: bool) {
+        self.prior_thinking_dropped = on;
     }
 
     /// This measurer reading causes from the request structure where nothing was journalled
@@ -350,8 +364,14 @@ impl Measurer {
     }
 
     fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
-        let family = self.model_info(&body.model)?.estimator_key();
-        let flat = self.state.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
+        let dropped = self.prior_thinking_dropped;
+        let info = self.model_info(&body.model)?;
+        let family = info.estimator_key();
+        let drops_thinking = dropped && info.strips_prior_thinking;
+        let mut flat = self.state.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
+        if drops_thinking {
+            super::blocks::drop_prior_thinking(body, &mut flat);
+        }
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
         let edits = match context_editing::parse(value) {
             Ok(edits) => edits,
@@ -369,7 +389,10 @@ impl Measurer {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
                 // The edited body is not the next of the track: flattened from scratch.
-                let served = super::blocks::flatten_keyed_by(&edited.body, &mut self.counter, &family, self.state.flattener.billing_key());
+                let mut served = super::blocks::flatten_keyed_by(&edited.body, &mut self.counter, &family, self.state.flattener.billing_key());
+                if drops_thinking {
+                    super::blocks::drop_prior_thinking(&edited.body, &mut served);
+                }
                 Ok(Served { flat: served, edited: Some(Box::new(edited)), error: None, sent: Some(flat) })
             }
         }

@@ -300,6 +300,7 @@ fn read_output(prepared: &Prepared, compacted: Vec<(usize, Vec<Message>)>, outpu
 fn fresh_measurer(prepared: &Prepared, measurer: &mut Measurer) -> Result<(), String> {
     measurer.reset();
     measurer.set_billing_key(super::workload::REAL_SESSION_BILLING);
+    measurer.set_prior_thinking_dropped(true);
     if let Some(warm) = &prepared.warm {
         warm.seed(measurer)?;
     }

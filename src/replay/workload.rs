@@ -7,7 +7,9 @@
 //! - each typed user prompt, with the time before it (`wait`);
 //! - each main-lane model reply in order: its text, its thinking (the stored text, or a filler
 //!   of the size the reply's output tokens leave for it when the text was not stored), its
-//!   tool calls with their recorded ids, its stop reason and output tokens;
+//!   tool calls with their recorded ids, its stop reason and output tokens, and its latency
+//!   from the prompt or tool result that prompted it to its first block (the request goes out
+//!   when that record was written);
 //! - each tool result as recorded, bound to its tool_use id (`tool_output`), so the agent's
 //!   tool executor returns what the real tool returned;
 //! - the recorded compaction summaries, queued on the `compact` lane: where the agent compacts,
@@ -249,6 +251,9 @@ fn workload_with(
     let mut uses_in_context: BTreeSet<String> = BTreeSet::new();
     let mut model: Option<String> = None;
     let mut last_time = 0u64;
+    // When the main thread's next request went out: the time of the last prompt or tool result
+    // recorded since the last reply (the replay's `request_start`).
+    let mut request_start: Option<u64> = None;
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
     let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
     let mut subagents = subagents::Subagents::bind(session);
@@ -272,6 +277,7 @@ fn workload_with(
             // step driven (`push_wait`).
             EventKind::Time(_) => {}
             EventKind::UserPrompt(prompt) if main => {
+                request_start = Some(event.time_ms);
                 if prompt.is_compact_summary {
                     leave(&mut report, "compact_summary_message");
                     continue;
@@ -324,7 +330,13 @@ fn workload_with(
                     leave(&mut report, "opening_prompt_added");
                 }
                 flush(&mut script, &mut pending_outputs);
-                push_wait(&mut script, &mut last_time, event.time_ms);
+                // The request went out when the record that prompted it was written; the reply's
+                // first block (its recorded time) came that much later, so the request is measured
+                // then, its cache entry living from the first token on (as in the replay).
+                let sent = request_start.take().filter(|&t| t <= event.time_ms && t >= last_time).unwrap_or(event.time_ms);
+                push_wait(&mut script, &mut last_time, sent);
+                let first_token = event.time_ms - last_time;
+                last_time = event.time_ms;
                 let switched = !reply.model.is_empty() && model.as_deref().is_some_and(|m| m != reply.model);
                 if switched {
                     script.push(json!({ "model_switch": reply.model }));
@@ -354,10 +366,13 @@ fn workload_with(
                     // What is lost is gone: a later resume loses only what it lacks anew.
                     uses_in_context.retain(|id| loaded.contains(id));
                 }
-                let Some(step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
+                let Some(mut step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
                     continue;
                 };
+                if first_token > 0 {
+                    step.insert("latency".into(), json!({ "first_token": first_token, "total": first_token }));
+                }
                 uses_in_context.extend(reply.content.iter().filter_map(|b| match b {
                     ContentBlock::ToolUse { id, .. } => Some(id.clone()),
                     _ => None,
@@ -379,6 +394,7 @@ fn workload_with(
                 report.main_replies += 1;
             }
             EventKind::ToolResult(result) if main => {
+                request_start = Some(event.time_ms);
                 let Some((name, input)) = called.get(&result.tool_use_id) else {
                     leave(&mut report, "tool_result_without_call");
                     continue;
@@ -671,9 +687,12 @@ pub struct AgentReplay {
 /// What the recorded client's first request held that the agent does not model, and where the
 /// workload put it. The recording does not hold the client's system prompt, tools, CLAUDE.md or
 /// the history before a file that continues a session; the replay infers their size from the
-/// first call's billed prompt ([`super::session::first_call_sizes`]). The agent builds its own and
-/// the difference is added as sized filler: to the system prompt (`--append-system-prompt`), to
-/// CLAUDE.md, and, for a file that continues a session, as the opening history.
+/// first call's billed prompt ([`super::session::first_call_sizes`]), split at the prefix level
+/// the record shows (a warm first call's read, else the first level a later read reveals), and
+/// for a file that continues a session, what a compaction keeps of it from the record after the
+/// file's first compaction. The agent builds its own and the difference is added as sized
+/// filler: to the system prompt (`--append-system-prompt`), to CLAUDE.md, and, for a file that
+/// continues a session, as the opening history.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sizing {
     /// Tools + system of the recorded client (the replay's prefix level) and of the agent.
@@ -788,6 +807,7 @@ pub fn agent_replay(
     }
     keep_recorded_results(&mut strategy);
     measurer.set_billing_key(REAL_SESSION_BILLING);
+    measurer.set_prior_thinking_dropped(true);
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
@@ -945,9 +965,35 @@ pub fn warm_prefix(
     Ok(Some(WarmPrefix { flat, time_ms: row.time_ms.saturating_sub(1) }))
 }
 
+/// What the replay of a session shows of the unrecorded part beyond its first call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct ShownSizes {
+    /// The first prefix level (tools + system) a later call's read revealed to the replay (its
+    /// event `prefix_level`: a read that fell into the unrecorded part at a re-render, a
+    /// microcompact or a compaction).
+    revealed_prefix_tokens: Option<u64>,
+    /// The unrecorded part (prefix and user context) of the first main call after the file's
+    /// first compaction, as the replay anchors that segment on the record (`segment_anchor`:
+    /// the call's billed prompt less the replay's messages, its summary and restored files).
+    kept_after_compaction: Option<u64>,
+}
+
+/// The [`ShownSizes`] of `session`: the replay run under the default options, measured by
+/// `measurer`. One definition of both with the replay, which sizes its later calls by them.
+fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measurer) -> ShownSizes {
+    let options = super::ReplayOptions { info_loss: false, compaction_losses: false, ..Default::default() };
+    let replay = super::replay_session(session, measurer, &options);
+    let has = |c: &super::CallReplay, e: &str| c.events.iter().any(|x| x == e);
+    let main = || replay.calls.iter().filter(|c| c.lane == LANE_MAIN && c.compared());
+    let revealed_prefix_tokens = main().find(|c| has(c, "prefix_level")).map(|c| c.recorded.cache_read_input_tokens);
+    let kept_after_compaction = main().skip(1).find(|c| has(c, "compaction") && has(c, "segment_anchor")).map(|c| c.prefix_tokens + c.user_context_tokens);
+    ShownSizes { revealed_prefix_tokens, kept_after_compaction }
+}
+
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
-/// are the replay's of the first main call ([`super::session::first_call_sizes`], no replay
-/// run), and a probe run of the workload's first request gives the agent's own sizes.
+/// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
+/// replay's run shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
+/// request gives the agent's own sizes.
 pub fn size_unmodelled(
     session: &ImportedSession,
     file: &str,
@@ -961,9 +1007,14 @@ pub fn size_unmodelled(
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
     let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
+    let shown = shown_sizes(session, &mut fresh());
+    // A first call that read nothing cannot show the prefix level: the first level a later
+    // call's read reveals replaces the fitted one (or the total less the fitted user context).
+    let revealed = shown.revealed_prefix_tokens.filter(|&p| !unrecorded.prefix_from_record && p <= unrecorded.first_call_tokens);
+    let prefix = revealed.unwrap_or(unrecorded.prefix_tokens);
     let mut sizing = Sizing {
-        recorded_prefix_tokens: unrecorded.prefix_tokens,
-        recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(unrecorded.prefix_tokens),
+        recorded_prefix_tokens: prefix,
+        recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(prefix),
         ..Sizing::default()
     };
     // The agent's own first request.
@@ -1004,8 +1055,12 @@ pub fn size_unmodelled(
     let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
     if session.recording.header.head_truncated {
         // A file that continues a session: the gap is mostly the conversation before the file,
-        // which a compaction drops; it opens the script as one prompt of that size.
-        sizing.history_filler_tokens = context_gap;
+        // which a compaction drops; it opens the script as one prompt of that size. What of it
+        // outlives a compaction (the user context, CLAUDE.md) is what the record shows beyond the
+        // prefix after the file's first compaction; it stays as CLAUDE.md.
+        let kept = shown.kept_after_compaction.map_or(0, |kept| kept.saturating_sub(sizing.recorded_prefix_tokens));
+        sizing.claude_md_filler_tokens = kept.saturating_sub(sizing.agent_context_tokens).min(context_gap);
+        sizing.history_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
     } else {
         // Files the opening prompt @-mentions (a slash command's text often does) come with it
         // as attachments, part of the conversation a compaction drops: the gap beyond the

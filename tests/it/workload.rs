@@ -683,3 +683,115 @@ fn a_slash_commands_recorded_expansion_is_sent_with_it() {
         assert!((simulated - recorded).abs() / recorded < 0.03, "call {index}: agent {simulated} vs recorded {recorded}");
     }
 }
+
+/// The context error of each main call of a run through the agent, by recorded call index.
+fn context_errors(driven: &ctxsim::replay::workload::AgentReplay) -> BTreeMap<usize, f64> {
+    driven.replay.calls.iter().filter(|c| c.lane == LANE_MAIN).map(|c| (c.index, c.simulated_context() as f64 / c.recorded_context() as f64 - 1.0)).collect()
+}
+
+/// The `calls` main calls from recorded call `from` on are all within `bound` of the recorded
+/// context.
+fn assert_calls_within(driven: &ctxsim::replay::workload::AgentReplay, from: usize, calls: usize, bound: f64) {
+    let errors = context_errors(driven);
+    let later: Vec<f64> = errors.iter().filter(|(i, _)| **i >= from).map(|(_, e)| e.abs()).collect();
+    assert_eq!(later.len(), calls, "{errors:?}");
+    assert!(later.iter().all(|e| *e < bound), "{errors:?}");
+}
+
+/// A file that continues a session and starts cold cannot show its prefix level on its first
+/// call; held out of the fit (no level of its version), the agent took the nearest version's
+/// (7662, 2.1.14: 2.1.7's 34,260) where the record shows 19,330 from call 6 on (the read after
+/// the recorded microcompact). The workload now takes the first level a later call's read
+/// reveals to the replay, so the system filler is that level less the agent's own prefix, and
+/// what the compaction at call 30 leaves is no longer 15k over: call 30 was +30% held out.
+#[test]
+fn held_out_a_continuing_file_is_sized_by_the_prefix_level_its_record_reveals() {
+    let path = realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let mut calibration = Calibration::shipped();
+    assert!(calibration.prefix_tokens.remove("2.1.14").is_some(), "the shipped fit has 7662's level");
+    let mut held_out = Measurer::new(ModelTable::shipped(), TokenCounter::with_calibration(EstimatorKind::Calibrated, calibration)).without_body_hashes();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut held_out, &strategy).unwrap();
+    assert_eq!(driven.sizing.recorded_prefix_tokens, 19_330, "{:?}", driven.sizing);
+    assert_eq!(driven.sizing.system_filler_tokens, 19_330 - driven.sizing.agent_prefix_tokens);
+    let errors = context_errors(&driven);
+    assert!(errors[&30].abs() < 0.06, "call 30: {errors:?}");
+}
+
+/// A file that continues a session puts its first call's gap into the opening history, which a
+/// compaction drops; what of it the client kept (CLAUDE.md, the user context) is what the record
+/// shows after the file's first compaction beyond the prefix, as the replay anchors that
+/// segment. a6e4 (2.0.76) compacts before call 7: the agent's calls 7–12 were 17–24% short
+/// (3.3k of messages beyond the prefix where the record holds 14.9k); now CLAUDE.md carries the
+/// 11.9k the record shows, and the opening history the rest.
+#[test]
+fn after_its_compaction_a_continuing_file_keeps_the_user_context_its_record_shows() {
+    let (_, driven) = drive("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let sizing = &driven.sizing;
+    assert!(sizing.claude_md_filler_tokens > 10_000, "{sizing:?}");
+    assert_eq!(sizing.claude_md_filler_tokens + sizing.history_filler_tokens, sizing.recorded_context_tokens - sizing.agent_context_tokens, "{sizing:?}");
+    assert_calls_within(&driven, 7, 6, 0.03);
+}
+
+/// At a new user turn the API drops earlier turns' thinking from what Sonnet 4.5 and earlier
+/// count (`strips_prior_thinking`); the cached prefix stays valid. The replay counted so, the
+/// agent did not: through the agent, each turn of 7662 (Sonnet 4.5) after the compaction
+/// counted the thinking of the turns before (+8% to +12% on calls 35–48).
+#[test]
+fn through_the_agent_older_models_drop_earlier_turns_thinking() {
+    let yaml = |model: &str| {
+        format!(
+            r#"
+name: prior-thinking
+world:
+  model: {model}
+script:
+  - user: "First question."
+  - assistant:
+      - thinking: "A long chain of thought about the first question, repeated. A long chain of thought about the first question, repeated. A long chain of thought about the first question, repeated. A long chain of thought about the first question, repeated."
+      - text: "First answer."
+  - user: "Second question."
+  - assistant:
+      - text: "Second answer."
+"#
+        )
+    };
+    let run = |model: &str, dropped: bool| {
+        let scenario = ctxsim::scenario::parse_scenario(&yaml(model), "inline.yaml").unwrap();
+        let mut m = measurer();
+        m.set_prior_thinking_dropped(dropped);
+        ctxsim::runner::run_scenario(&scenario, &mut m, &Strategy::default()).unwrap().rows.into_iter().filter(|r| r.lane == LANE_MAIN).collect::<Vec<_>>()
+    };
+    let (kept, dropped) = (run("claude-sonnet-4-5", false), run("claude-sonnet-4-5", true));
+    assert_eq!(kept[0].context_tokens, dropped[0].context_tokens);
+    assert!(dropped[1].context_tokens + 30 < kept[1].context_tokens, "{} vs {}", dropped[1].context_tokens, kept[1].context_tokens);
+    // The blocks keep their place: the second request still reads what the first cached.
+    assert!(dropped[1].cache_read_input_tokens > 0 && dropped[1].cache_read_input_tokens <= dropped[1].context_tokens);
+    // A model that keeps its thinking (Sonnet 4.6) counts it either way.
+    let contexts = |rows: Vec<ctxsim::measure::RequestMetrics>| rows.iter().map(|r| r.context_tokens).collect::<Vec<_>>();
+    assert_eq!(contexts(run("claude-sonnet-4-6", true)), contexts(run("claude-sonnet-4-6", false)));
+    let (_, driven) = drive("entireio-cli/7662d755ef9f-2.full.jsonl");
+    assert_calls_within(&driven, 35, 14, 0.04);
+}
+
+/// The client sends a request when the record that prompted it is written (a prompt, a tool
+/// result) and the reply's first block comes later; the replay measures each call so. The agent
+/// was sent each request at its reply's recorded time: on cd95 (2.1.7, 5m TTL) the prompts of
+/// calls 93 and 138 came 296 s and 298 s after their turn's end, whose side entry they read, but
+/// their replies' first blocks 302 s and 334 s after the previous call, so the agent read nothing
+/// there and wrote 126k and 70k tokens (Σcreation +14%). Each reply is now scripted with the
+/// latency from its prompting record to its first block.
+#[test]
+fn a_request_goes_out_when_its_prompt_is_written_not_at_its_replys_first_block() {
+    let (_, driven) = drive("entireio-cli/cd95adddad32-0.full.jsonl");
+    let at = |index: usize| driven.replay.calls.iter().find(|c| c.index == index && c.lane == LANE_MAIN).expect("driven");
+    for index in [93, 138] {
+        let call = at(index);
+        assert!(call.recorded.cache_read_input_tokens > 60_000, "{index}: {:?}", call.recorded);
+        let read = call.metrics.as_ref().map_or(0, |m| m.cache_read_input_tokens);
+        assert!(read > 60_000, "call {index}: read {read}");
+    }
+    let report = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false);
+    assert!(report.cache_creation_total_error.abs() < 0.08, "Σcreation {}", report.cache_creation_total_error);
+}
