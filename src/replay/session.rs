@@ -1676,7 +1676,7 @@ fn replay_session_seeing(
         }
         // Events seen before a call that was not compared belong to the next one.
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
-        let family = measurer.table().lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
+        let family = measurer.model(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
@@ -2023,7 +2023,7 @@ fn replay_session_seeing(
         }
         // Whether this call renders its current prompt the transient way.
         let transient = fork_transient || (call.lane == LANE_MAIN && state.turns.transient_prompt);
-        let strips_thinking = measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking);
+        let strips_thinking = measurer.model(&call.model).is_ok_and(|m| m.strips_prior_thinking);
 
         let up_front: Vec<(String, u64)> = if eager {
             state
