@@ -151,11 +151,11 @@ fn borrowed_references(messages: &[Message]) -> RefSet<'_> {
 
 /// Calls `f` with every text [`borrowed_references`] reads in `messages`, in order.
 fn each_reference_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
-    fn value<'a>(value: &'a Value, f: &mut dyn FnMut(&'a str)) {
-        match value {
+    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
+        match v {
             Value::String(s) => f(s),
-            Value::Array(items) => items.iter().for_each(|v| value(v, f)),
-            Value::Object(map) => map.values().for_each(|v| value(v, f)),
+            Value::Array(items) => items.iter().for_each(|item| value(item, f)),
+            Value::Object(map) => map.values().for_each(|item| value(item, f)),
             _ => {}
         }
     }
