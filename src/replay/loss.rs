@@ -149,66 +149,6 @@ fn borrowed_references(messages: &[Message]) -> RefSet<'_> {
     out
 }
 
-/// Calls `f` with every text [`borrowed_references`] reads in `messages`, in order.
-fn each_reference_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
-    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
-        match v {
-            Value::String(s) => f(s),
-            Value::Array(items) => items.iter().for_each(|item| value(item, f)),
-            Value::Object(map) => map.values().for_each(|item| value(item, f)),
-            _ => {}
-        }
-    }
-    fn block<'a>(b: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
-        match b {
-            ContentBlock::Text { text, .. } => f(text),
-            ContentBlock::Thinking { thinking, .. } => f(thinking),
-            ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
-            ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t),
-            ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| block(b, f)),
-            _ => {}
-        }
-    }
-    for message in messages {
-        match &message.content {
-            MessageContent::Text(text) => f(text),
-            MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block(b, f)),
-        }
-    }
-}
-
-/// The references of a conversation, owned, by a content hash of the texts they are read from:
-/// a session's what-ifs judge the compactions before their first change again, each on the same
-/// conversation before it. Kept per thread (a session is audited on one), at most
-/// [`BEFORE_MEMO`] conversations.
-fn memoized_references(messages: &[Message]) -> std::sync::Arc<rustc_hash::FxHashSet<Box<str>>> {
-    type Memo = Vec<(u128, std::sync::Arc<rustc_hash::FxHashSet<Box<str>>>)>;
-    thread_local! {
-        static MEMO: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    each_reference_text(messages, &mut |text| {
-        hasher.update(&(text.len() as u64).to_le_bytes());
-        hasher.update(text.as_bytes());
-    });
-    let key = hasher.digest128();
-    if let Some(found) = MEMO.with_borrow(|memo| memo.iter().find(|(k, _)| *k == key).map(|(_, set)| set.clone())) {
-        return found;
-    }
-    let set: rustc_hash::FxHashSet<Box<str>> = borrowed_references(messages).into_iter().map(Box::from).collect();
-    let set = std::sync::Arc::new(set);
-    MEMO.with_borrow_mut(|memo| {
-        if memo.len() == BEFORE_MEMO {
-            memo.remove(0);
-        }
-        memo.push((key, set.clone()));
-    });
-    set
-}
-
-/// Conversations whose references [`memoized_references`] keeps per thread.
-const BEFORE_MEMO: usize = 16;
-
 /// The paths `Read` calls in a conversation read.
 fn read_paths(messages: &[Message]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -239,10 +179,10 @@ pub fn compaction_loss(
     context_after: u64,
 ) -> CompactionLoss {
     let before_view = session.messages_for_call(&session.calls[previous]);
-    let before = memoized_references(&before_view);
+    let before = borrowed_references(&before_view);
     let kept = borrowed_references(after);
     // Sorted: the first lost ones are shown.
-    let dropped: BTreeSet<&str> = before.iter().map(|r| &**r).filter(|r| !kept.contains(r)).collect();
+    let dropped: BTreeSet<&str> = before.difference(&kept).copied().collect();
     let read_before = read_paths(&before_view);
     // What later recorded turns use, up to the next compaction of the main lane.
     let mut used = RefSet::default();
@@ -289,33 +229,6 @@ pub fn compaction_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The memo answers what the scan finds, for the conversation asked about and not another
-    /// (a text moved from one field to the next is another conversation).
-    #[test]
-    fn memoized_references_are_the_conversations_own() {
-        let conversation = |path: &str| {
-            vec![
-                Message::user_text(format!("look at {path} and parse_line")),
-                Message::assistant_blocks(vec![
-                    ContentBlock::text("reading camelCase now"),
-                    ContentBlock::tool_use("t1", "Read", serde_json::json!({"file_path": "src/b.rs", "also": ["snake_case_name", {"k": "x/y/z1"}]})),
-                ]),
-                Message::user_blocks(vec![ContentBlock::tool_result("t1", ToolResultContent::Text("fn other_thing() {}".into()), None)]),
-            ]
-        };
-        for path in ["src/a.rs", "src/c.rs", "src/a.rs"] {
-            let messages = conversation(path);
-            let memo: BTreeSet<String> = memoized_references(&messages).iter().map(|r| r.to_string()).collect();
-            assert_eq!(memo, message_references(&messages), "{path}");
-        }
-        let split = |a: &str, b: &str| vec![Message::user_blocks(vec![ContentBlock::text(a), ContentBlock::text(b)])];
-        let first: BTreeSet<String> = memoized_references(&split("src/ab", "cd.rs")).iter().map(|r| r.to_string()).collect();
-        let second: BTreeSet<String> = memoized_references(&split("src/a", "bcd.rs")).iter().map(|r| r.to_string()).collect();
-        assert_eq!(first, message_references(&split("src/ab", "cd.rs")));
-        assert_eq!(second, message_references(&split("src/a", "bcd.rs")));
-        assert_ne!(first, second);
-    }
     use proptest::prelude::*;
 
     /// The scan by characters [`each_reference`] must equal.
