@@ -118,6 +118,14 @@ impl Track {
     }
 }
 
+/// The records of a track's messages after the kept ones, as the next request finds them.
+enum OldTail {
+    /// Split off the track's own records (nothing else held them).
+    Own(Vec<PromptBlock>),
+    /// All the records, still held by the last flat request: the tail is read in place.
+    Shared(Arc<Vec<PromptBlock>>),
+}
+
 /// A cheap key of a message for choosing a track: role, block count, and the length of the
 /// first block's text. Equal keys do not mean equal messages; the comparison decides.
 fn message_key(message: &Message) -> (Role, usize, usize) {
@@ -276,10 +284,27 @@ impl Flattener {
             _ => old_messages.get(m).is_some_and(|old| request.messages[m].identical(old)),
         };
 
-        // Keep messages[..reuse]; set the rest aside (its records may serve again below).
-        let blocks = Arc::make_mut(&mut track.blocks);
+        // Keep messages[..reuse]; set the rest aside (its records may serve again below). When
+        // the last flat request still holds the records, only the kept ones are copied (with
+        // room for the new ones) and the rest is read where it is.
         let old_starts = track.starts.split_off(reuse);
-        let old_tail = blocks.split_off(old_starts[0]);
+        let base = old_starts[0];
+        let (mut owned, old) = match Arc::try_unwrap(std::mem::take(&mut track.blocks)) {
+            Ok(mut all) => {
+                let tail = all.split_off(base);
+                (all, OldTail::Own(tail))
+            }
+            Err(shared) => {
+                let mut kept = Vec::with_capacity(shared.len() + 32);
+                kept.extend_from_slice(&shared[..base]);
+                (kept, OldTail::Shared(shared))
+            }
+        };
+        let blocks = &mut owned;
+        let old_tail: &[PromptBlock] = match &old {
+            OldTail::Own(tail) => tail,
+            OldTail::Shared(all) => &all[base..],
+        };
         if !head_same {
             let mut head = Vec::new();
             let state = head_blocks(request, counter, family, billing, &mut head);
@@ -307,7 +332,6 @@ impl Flattener {
         let fresh_from = if head_same { blocks.len() } else { 0 };
 
         let mut state = if blocks.len() > track.head { blocks[blocks.len() - 1].prefix_hash } else { track.messages_state };
-        let base = old_starts[0];
         for (m, message) in request.messages.iter().enumerate().skip(reuse) {
             track.starts.push(blocks.len());
             let j = m - reuse;
@@ -337,6 +361,8 @@ impl Flattener {
         track.starts.push(blocks.len());
         sum_tokens_from(blocks, fresh_from);
         track.positions.scan(blocks, fresh_from);
+        drop(old);
+        track.blocks = Arc::new(owned);
         match keys {
             Some(keys) => {
                 // Keyed: the keys stand for the messages (`reuse` was counted on them).

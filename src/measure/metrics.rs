@@ -214,6 +214,13 @@ impl Measurer {
         &self.table
     }
 
+    /// The table's entry for `model` ([`ModelTable::lookup`]), the last model looked up
+    /// remembered (a replay asks per call, nearly always for the same one).
+    pub fn model(&mut self, model: &str) -> Result<&ModelInfo, UnknownModel> {
+        let index = self.model_index(model)?;
+        Ok(&self.table.models[index])
+    }
+
     pub fn cache(&self) -> &CacheSim {
         &self.state.cache
     }

@@ -244,7 +244,7 @@ impl ModelTable {
         let mut best: Option<(usize, usize)> = None;
         for (i, info) in self.models.iter().enumerate() {
             for fragment in &info.fragments {
-                if normalized.contains(fragment.as_str()) && best.is_none_or(|(_, len)| fragment.len() > len) {
+                if best.is_none_or(|(_, len)| fragment.len() > len) && contains_short(&normalized, fragment) {
                     best = Some((i, fragment.len()));
                 }
             }
@@ -254,6 +254,14 @@ impl ModelTable {
             known: self.models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>().join(", "),
         })
     }
+}
+
+/// Whether `haystack` contains `needle`, as `str::contains`, by a plain scan: a model id and a
+/// match fragment are a few dozen bytes, shorter than the set-up of a substring searcher (this is
+/// asked per fragment of the table, per call replayed).
+fn contains_short(haystack: &str, needle: &str) -> bool {
+    let (h, n) = (haystack.as_bytes(), needle.as_bytes());
+    n.is_empty() || h.windows(n.len()).any(|w| w == n)
 }
 
 /// Lower-cases and strips a `[1m]`-style context suffix.
@@ -280,6 +288,15 @@ impl Price {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The plain scan answers as `str::contains` (multi-byte text included).
+        #[test]
+        fn the_short_scan_is_str_contains(haystack in "[a-c4é\\[\\]-]{0,12}", needle in "[a-c4é-]{0,4}") {
+            prop_assert_eq!(contains_short(&haystack, &needle), haystack.contains(needle.as_str()));
+        }
+    }
 
     #[test]
     fn longest_fragment_wins() {

@@ -153,7 +153,9 @@ fn borrowed_references(messages: &[Message]) -> RefSet<'_> {
 fn read_paths(messages: &[Message]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for message in messages {
-        for block in message.content.to_blocks().iter() {
+        // (A text content holds no tool use.)
+        let MessageContent::Blocks(blocks) = &message.content else { continue };
+        for block in blocks.iter() {
             if let ContentBlock::ToolUse { name, input, .. } = block
                 && name == "Read"
                 && let Some(path) = input.get("file_path").and_then(Value::as_str)

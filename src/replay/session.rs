@@ -1042,7 +1042,14 @@ pub fn first_call_mentions(session: &ImportedSession) -> Vec<String> {
 /// microcompact cleared, and thinking whose text was not stored filled to its estimate.
 fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, ThinkingFill>) {
     let MessageContent::Blocks(blocks) = &mut message.content else { return };
-    for block in blocks.iter_mut() {
+    // Blocks shared with the recording are copied only when one of them changes.
+    let changes = |block: &ContentBlock| match block {
+        ContentBlock::ToolResult { tool_use_id, .. } => cleared.contains(tool_use_id),
+        ContentBlock::Thinking { signature, .. } => thinking_estimate.contains_key(signature.as_str()),
+        _ => false,
+    };
+    let Some(first) = blocks.iter().position(changes) else { return };
+    for block in blocks.iter_mut().skip(first) {
         match block {
             ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
                 *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
@@ -1260,6 +1267,12 @@ fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: 
 /// [`replay_session_with`].
 pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
     replay_session_with(session, measurer, options, incremental, &mut [])
+}
+
+/// [`replay_session_plain`], with the compactions it went through (judged or not): a replay
+/// that judges them is this one with [`CompactionsSeen::judge`]'s losses.
+pub fn replay_session_plain_seen(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> (SessionReplay, CompactionsSeen) {
+    replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Off)
 }
 
 /// A what-if of the main lane's TTL simulated alongside a replay ([`replay_session_shadowed`]):
@@ -1494,7 +1507,33 @@ pub fn replay_session_checkpointed(session: &ImportedSession, measurer: &mut Mea
 /// `checkpoints` on: the same replay as from the first call, under the options and estimator the
 /// checkpoints were taken with.
 pub fn replay_session_from(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, checkpoints: &ReplayCheckpoints, checkpoint: &ReplayCheckpoint) -> SessionReplay {
-    replay_session_observing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay))
+    replay_session_from_seen(session, measurer, options, incremental, checkpoints, checkpoint).0
+}
+
+/// [`replay_session_from`], with the compactions it went through (as
+/// [`replay_session_plain_seen`]).
+pub fn replay_session_from_seen(
+    session: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    checkpoints: &ReplayCheckpoints,
+    checkpoint: &ReplayCheckpoint,
+) -> (SessionReplay, CompactionsSeen) {
+    replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay))
+}
+
+/// The main-lane compactions a replay went through, in call order, for judging their
+/// information loss after it ([`super::loss::compaction_loss`]).
+#[derive(Debug, Clone, Default)]
+pub struct CompactionsSeen(Vec<CompactionSeen>);
+
+impl CompactionsSeen {
+    /// Their losses in `session` (the session replayed): what the replay gives as
+    /// [`SessionReplay::compaction_losses`] when its options judge them.
+    pub fn judge(&self, session: &ImportedSession) -> Vec<super::loss::CompactionLoss> {
+        self.0.iter().map(|c| super::loss::compaction_loss(session, c.call, c.previous, &c.after, c.context_before, c.context_after)).collect()
+    }
 }
 
 fn replay_session_observing(
@@ -1503,9 +1542,21 @@ fn replay_session_observing(
     options: &ReplayOptions,
     incremental: bool,
     shadows: &mut [TtlShadow],
+    observe: Option<&mut RequestObserver<'_>>,
+    checkpointing: Checkpointing<'_>,
+) -> SessionReplay {
+    replay_session_seeing(session, measurer, options, incremental, shadows, observe, checkpointing).0
+}
+
+fn replay_session_seeing(
+    session: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    shadows: &mut [TtlShadow],
     mut observe: Option<&mut RequestObserver<'_>>,
     mut checkpointing: Checkpointing<'_>,
-) -> SessionReplay {
+) -> (SessionReplay, CompactionsSeen) {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     // The run's shared `bpe` text counts (audit's), for the fillers' labels.
@@ -1632,7 +1683,7 @@ fn replay_session_observing(
         }
         // Events seen before a call that was not compared belong to the next one.
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
-        let family = measurer.table().lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
+        let family = measurer.model(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
@@ -1979,7 +2030,7 @@ fn replay_session_observing(
         }
         // Whether this call renders its current prompt the transient way.
         let transient = fork_transient || (call.lane == LANE_MAIN && state.turns.transient_prompt);
-        let strips_thinking = measurer.table().lookup(&call.model).is_ok_and(|m| m.strips_prior_thinking);
+        let strips_thinking = measurer.model(&call.model).is_ok_and(|m| m.strips_prior_thinking);
 
         let up_front: Vec<(String, u64)> = if eager {
             state
@@ -2271,13 +2322,10 @@ fn replay_session_observing(
     if first_divergence.is_some() && diverged_calls == 0 {
         diverged_calls = 1;
     }
-    let compaction_losses = if options.compaction_losses {
-        compactions.iter().map(|c| super::loss::compaction_loss(session, c.call, c.previous, &c.after, c.context_before, c.context_after)).collect()
-    } else {
-        Vec::new()
-    };
+    let seen = CompactionsSeen(compactions);
+    let compaction_losses = if options.compaction_losses { seen.judge(session) } else { Vec::new() };
     profile_notes.extend(setup_notes);
-    SessionReplay {
+    let replay = SessionReplay {
         input,
         estimator: kind.name().to_owned(),
         calls: out,
@@ -2293,7 +2341,8 @@ fn replay_session_observing(
         calls_from_records: 0,
         records_requests,
     }
-    .with_record_count()
+    .with_record_count();
+    (replay, seen)
 }
 
 impl SessionReplay {

@@ -31,8 +31,8 @@ use crate::measure::Measurer;
 use crate::recording::{CompactionEdit, EventKind, ImportedSession};
 
 use super::session::{
-    ReplayCheckpoint, ReplayCheckpoints, ReplayOptions, SessionReplay, checkpoints_apply, replay_session_checkpointed, replay_session_from,
-    replay_session_plain,
+    CompactionsSeen, ReplayCheckpoint, ReplayCheckpoints, ReplayOptions, SessionReplay, checkpoints_apply, replay_session_checkpointed,
+    replay_session_from_seen, replay_session_plain, replay_session_plain_seen,
 };
 use super::triggers::{client_thresholds, main_points};
 
@@ -96,12 +96,18 @@ pub struct ReplayMemo {
     replays: Mutex<HashMap<u128, Arc<OnceLock<Arc<SessionReplay>>>>>,
     /// Checkpoints of the replays as recorded, by the key of the replay.
     checkpoints: Mutex<HashMap<u128, Arc<ReplayCheckpoints>>>,
+    /// The compactions each replay of an edited session that judged none went through, by the
+    /// key of the replay: the same replay judging them is that one plus their judgement
+    /// (a plan search's last replay and the what-if's own differ only there).
+    seen: Mutex<HashMap<u128, Arc<CompactionsSeen>>>,
     use_checkpoints: bool,
     /// Replays made, and replays asked for (for the bench notes); calls a replay from a
     /// checkpoint did not replay.
     made: AtomicUsize,
     asked: AtomicUsize,
     calls_skipped: AtomicUsize,
+    /// Replays judging the compactions made from the same replay judging none ([`Self::seen`]).
+    judged_only: AtomicUsize,
 }
 
 impl Default for ReplayMemo {
@@ -109,10 +115,12 @@ impl Default for ReplayMemo {
         ReplayMemo {
             replays: Mutex::default(),
             checkpoints: Mutex::default(),
+            seen: Mutex::default(),
             use_checkpoints: true,
             made: AtomicUsize::new(0),
             asked: AtomicUsize::new(0),
             calls_skipped: AtomicUsize::new(0),
+            judged_only: AtomicUsize::new(0),
         }
     }
 }
@@ -138,6 +146,12 @@ impl ReplayMemo {
         self.calls_skipped.load(Ordering::Relaxed)
     }
 
+    /// Replays made from the same replay judging no compaction (the plan search's last) by
+    /// judging its compactions, without replaying.
+    pub fn judged_only(&self) -> usize {
+        self.judged_only.load(Ordering::Relaxed)
+    }
+
     fn get_or_replay(&self, key: u128, replay: impl FnOnce() -> Arc<SessionReplay>) -> Arc<SessionReplay> {
         self.asked.fetch_add(1, Ordering::Relaxed);
         let slot = {
@@ -153,6 +167,18 @@ impl ReplayMemo {
 
     fn checkpoints_of(&self, key: u128) -> Option<Arc<ReplayCheckpoints>> {
         self.checkpoints.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned()
+    }
+
+    /// The replay under `key` (one that judged no compaction), made, and the compactions it
+    /// went through.
+    fn unjudged(&self, key: u128) -> Option<(Arc<SessionReplay>, Arc<CompactionsSeen>)> {
+        let seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned()?;
+        let replay = self.replays.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key)?.get()?.clone();
+        Some((replay, seen))
+    }
+
+    fn keep_seen(&self, key: u128, seen: CompactionsSeen) {
+        self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, Arc::new(seen));
     }
 
     fn keep_checkpoints(&self, key: u128, checkpoints: ReplayCheckpoints) {
@@ -214,10 +240,26 @@ fn replay_planned(
         return Arc::new(replay_session_plain(session, measurer, options, incremental));
     };
     let checkpointed = checkpointed && memo.use_checkpoints && checkpoints_apply(options);
+    let key = replay_key(plan, options, incremental);
+    // A replay of an edited session judging no compaction keeps the compactions it went through.
+    let kept = |(replay, seen): (SessionReplay, CompactionsSeen)| {
+        if !options.compaction_losses && !plan.is_empty() {
+            memo.keep_seen(key, seen);
+        }
+        Arc::new(replay)
+    };
     let run = || {
+        // The compactions' losses judged: the same replay judging none (the plan search's last),
+        // when made, with its compactions judged. The options differ in nothing else.
+        if options.compaction_losses
+            && let Some((unjudged, seen)) = memo.unjudged(replay_key(plan, &counts_only(options), incremental))
+        {
+            memo.judged_only.fetch_add(1, Ordering::Relaxed);
+            return Arc::new(SessionReplay { compaction_losses: seen.judge(session), ..SessionReplay::clone(&unjudged) });
+        }
         measurer.reset();
         if !checkpointed {
-            return Arc::new(replay_session_plain(session, measurer, options, incremental));
+            return kept(replay_session_plain_seen(session, measurer, options, incremental));
         }
         // Checkpoints serve a replay whether or not it judges the compactions' losses.
         let original = replay_key(&BTreeMap::new(), &counts_only(options), incremental);
@@ -232,11 +274,11 @@ fn replay_planned(
             && let Some(at) = checkpoints.before(first)
         {
             memo.calls_skipped.fetch_add(at.position(), Ordering::Relaxed);
-            return Arc::new(replay_session_from(session, measurer, options, incremental, &checkpoints, at));
+            return kept(replay_session_from_seen(session, measurer, options, incremental, &checkpoints, at));
         }
-        Arc::new(replay_session_plain(session, measurer, options, incremental))
+        kept(replay_session_plain_seen(session, measurer, options, incremental))
     };
-    memo.get_or_replay(replay_key(plan, options, incremental), run)
+    memo.get_or_replay(key, run)
 }
 
 /// A replay of `session` as it is under `options` (no what-if), through `memo`.

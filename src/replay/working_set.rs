@@ -85,17 +85,36 @@ fn read_attachment(path: &str, body: &str) -> String {
 /// The Read tool's rendering of a file: numbered lines (`     1→text`), at most 2,000 lines of
 /// at most 2,000 characters each.
 pub fn render_numbered(content: &str) -> String {
-    use std::fmt::Write;
     let mut out = String::with_capacity(content.len() + content.len() / 8);
     for (i, line) in content.lines().take(READ_MAX_LINES).enumerate() {
         // The first READ_MAX_LINE_CHARS characters, sliced in place (no per-line copy).
         // A line of at most that many bytes has at most that many characters.
         let end = if line.len() <= READ_MAX_LINE_CHARS { line.len() } else { line.char_indices().nth(READ_MAX_LINE_CHARS).map_or(line.len(), |(at, _)| at) };
-        let _ = write!(out, "{:>6}\u{2192}", i + 1);
+        push_line_number(&mut out, i + 1);
         out.push_str(&line[..end]);
         out.push('\n');
     }
     out
+}
+
+/// `{n:>6}→` (the number right-aligned in six columns, wider when it needs more), without the
+/// formatting machinery: it is written once per line of every file a compaction restores.
+fn push_line_number(out: &mut String, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let width = digits.len() - at;
+    out.extend(std::iter::repeat_n(' ', 6usize.saturating_sub(width)));
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    out.push('\u{2192}');
 }
 
 /// The client's `readFileState` and plan file, as far as a transcript shows them.
@@ -286,6 +305,15 @@ impl WorkingSet {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn line_numbers_are_right_aligned_in_six_columns() {
+        for n in [0, 1, 9, 10, 99_999, 100_000, 999_999, 1_000_000, 12_345_678_901, usize::MAX] {
+            let mut out = String::new();
+            push_line_number(&mut out, n);
+            assert_eq!(out, format!("{n:>6}\u{2192}"));
+        }
+    }
 
     #[test]
     fn numbered_rendering_cuts_lines_at_characters_and_files_at_lines() {

@@ -417,45 +417,46 @@ fn a_ttl_shadow_equals_the_what_if_replayed_in_full() {
 
 /// An autocompact what-if replayed from a checkpoint of the replay as recorded (`ReplayMemo`:
 /// the edited session from the last checkpoint before its first edit) is the replay from the
-/// first call: every what-if the audit makes, on every real session, every field of every call;
-/// and the checkpoints do skip calls.
+/// first call: every what-if the audit makes, on every real session, every field of every call
+/// (the compactions' losses included); and the checkpoints do skip calls. The reference shares
+/// nothing: every replay of its plan search and its final replay run from the first call, and
+/// the final one judges the compactions itself, where the memo judges those of the search's
+/// last replay (`judged_only`).
 #[test]
 fn a_checkpointed_what_if_equals_the_replay_from_the_first_call() {
     use ctxsim::agent::compact::config::AutocompactConfig;
     use ctxsim::replay::audit::AUTOCOMPACT_PCTS;
-    use ctxsim::replay::session::{ReplayOptions, replay_session_checkpointed, replay_session_shared};
+    use ctxsim::replay::session::{ReplayOptions, replay_session, replay_session_checkpointed, replay_session_shared};
     use ctxsim::replay::whatif::ReplayMemo;
     let table = ModelTable::shipped();
     let make = || Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
     let files = super::support::real_transcripts();
-    let skipped: Vec<(usize, usize)> = files
+    let skipped: Vec<(usize, usize, usize, usize)> = files
         .par_iter()
         .map(|path| {
             let session = load_session(path).unwrap();
             let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
             let with = ReplayMemo::new();
-            let without = ReplayMemo::without_checkpoints();
             // As the audit does: the replay as recorded is the what-ifs' baseline.
             let (baseline, at) = replay_session_checkpointed(&session, &mut make(), &plain, true, &mut []);
-            let baseline = std::sync::Arc::new(baseline);
-            with.record_replay(&plain, true, baseline.clone(), at);
-            without.record_replay(&plain, true, baseline, Vec::new());
-            let mut changed = 0;
+            with.record_replay(&plain, true, std::sync::Arc::new(baseline), at);
+            let (mut changed, mut judged) = (0, 0);
             for pct in AUTOCOMPACT_PCTS {
                 let config = AutocompactConfig { pct_override: Some(pct), ..Default::default() };
                 let options = ReplayOptions { autocompact: Some(config), ..plain.clone() };
                 let checkpointed = replay_session_shared(&session, &mut make(), &options, &with);
-                let full = replay_session_shared(&session, &mut make(), &options, &without);
+                let full = replay_session(&session, &mut make(), &options);
                 assert_eq!(format!("{checkpointed:?}"), format!("{full:?}"), "{} autocompact_pct={pct}", path.display());
                 changed += full.compaction_whatif.as_ref().map_or(0, |w| w.changes.len());
+                judged += full.compaction_losses.len();
             }
-            assert_eq!(without.calls_skipped(), 0);
-            (changed, with.calls_skipped())
+            (changed, with.calls_skipped(), with.judged_only(), judged)
         })
         .collect();
-    let (changed, skipped): (usize, usize) = skipped.iter().fold((0, 0), |(a, b), (c, s)| (a + c, b + s));
+    let (changed, skipped, judged_only, judged) = skipped.iter().fold((0, 0, 0, 0), |(a, b, c, d), (e, f, g, h)| (a + e, b + f, c + g, d + h));
     assert!(changed >= 10, "the what-ifs moved {changed} compactions");
     assert!(skipped > 0, "the checkpoints skipped no call");
+    assert!(judged_only > 0 && judged > 0, "no what-if judged the compactions of its plan search's last replay ({judged_only}; {judged} judged)");
 }
 
 /// The token-count cache file (`measure::token_cache`): created by a run, read by the next
