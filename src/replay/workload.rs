@@ -293,7 +293,6 @@ fn workload_with(
                         continue;
                     }
                     flush(&mut script, &mut pending_outputs);
-                    count_tail += crate::agent::compact::counting::rough(&text);
                     script.push(json!({ "attachment": { "type": META_PROMPT, "text": text } }));
                     report.meta_prompts += 1;
                     continue;
