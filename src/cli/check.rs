@@ -108,18 +108,22 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     let estimator = crate::measure::EstimatorKind::from(args.estimator).name();
     let mut disabled = args.disable_stage.clone();
     disabled.sort();
-    let mut strategy = std::iter::once(crate::report::check::CHECK_STRATEGY.to_owned()).chain(disabled.iter().map(|s| format!("-{s}"))).collect::<Vec<_>>().join(" ");
-    // The engine of the suite's recorded sessions (scenarios run through the agent either way):
-    // a baseline of sessions through the agent is marked, one through the replay is not (as
-    // baselines were before the agent became the default).
-    if !session_files.is_empty() && args.engine == super::args::Engine::Agent {
-        strategy.push_str(" --engine agent");
-    }
+    let strategy = std::iter::once(crate::report::check::CHECK_STRATEGY.to_owned()).chain(disabled.iter().map(|s| format!("-{s}"))).collect::<Vec<_>>().join(" ");
+    // The engine of the suite's recorded sessions (scenarios run through the agent either way),
+    // recorded and compared apart from the strategy, so that a run of scenarios alone and a run
+    // with sessions share one baseline.
+    let session_engine = match args.engine {
+        super::args::Engine::Agent => "agent",
+        super::args::Engine::Replay => "replay",
+    };
     // The baseline as it is: compared with, or merged into by --update-baseline.
     let existing = match &args.baseline {
         Some(path) if !args.update_baseline || path.exists() => {
             let baseline = Baseline::load(path)?;
             baseline.check_measured_with(&path.display().to_string(), estimator, &strategy)?;
+            if !session_files.is_empty() {
+                baseline.check_session_engine(&path.display().to_string(), session_engine)?;
+            }
             Some(baseline)
         }
         _ => None,
@@ -155,6 +159,9 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
             let mut update = report.to_baseline();
             update.estimator = Some(estimator.to_owned());
             update.strategy = Some(strategy.clone());
+            if !session_files.is_empty() {
+                update.session_engine = Some(session_engine.to_owned());
+            }
             let merged = match existing {
                 Some(mut baseline) => {
                     baseline.merge(update);

@@ -1,4 +1,4 @@
-//! A what-if on a real session through the agent (`compare`, `sweep --engine agent`): the
+//! A what-if on a real session through the agent (`compare`, `sweep`, `check`: the default engine): the
 //! session drives the agent as a workload ([`super::workload`]) and the agent runs under the
 //! strategy asked for, so every knob applies the way it applies to a scenario.
 //!

@@ -35,6 +35,11 @@ pub struct Baseline {
     /// `-stage` for every stage disabled); absent in older baselines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<String>,
+    /// The engine the recorded sessions among the entries were measured with (`agent`,
+    /// `replay`); absent where the baseline holds no session, and in baselines written before
+    /// the agent became the default engine, whose sessions went through the replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_engine: Option<String>,
     pub scenarios: BTreeMap<String, BaselineEntry>,
 }
 
@@ -124,10 +129,37 @@ impl Baseline {
         Ok(())
     }
 
+    /// Whether some entry is a recorded session (a transcript, `.jsonl`) rather than a scenario.
+    pub fn holds_sessions(&self) -> bool {
+        self.scenarios.values().any(|e| e.file.ends_with(".jsonl"))
+    }
+
+    /// Refuses to compare a run's recorded sessions with sessions measured through another
+    /// engine. Scenarios run through the agent under either engine, so a run or a baseline
+    /// without sessions is never refused for it.
+    pub fn check_session_engine(&self, path: &str, engine: &str) -> Result<(), CheckError> {
+        if !self.holds_sessions() {
+            return Ok(());
+        }
+        let recorded = self.session_engine.as_deref().unwrap_or("replay");
+        if recorded != engine {
+            return Err(CheckError::Baseline {
+                path: path.to_owned(),
+                message: format!(
+                    "session_engine: the baseline's recorded sessions were measured through the {recorded} (`--engine {recorded}`), this run uses `--engine {engine}`; run with the same engine, or refresh the baseline with --update-baseline"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// `update`'s entries replace this baseline's entries of the same scenario; the others stay.
     pub fn merge(&mut self, update: Baseline) {
         self.estimator = update.estimator;
         self.strategy = update.strategy;
+        if update.session_engine.is_some() {
+            self.session_engine = update.session_engine;
+        }
         self.scenarios.extend(update.scenarios);
     }
 
@@ -504,7 +536,7 @@ impl SuiteReport {
                 (r.name.clone(), entry)
             })
             .collect();
-        Baseline { version: BASELINE_VERSION, estimator: None, strategy: None, scenarios }
+        Baseline { version: BASELINE_VERSION, estimator: None, strategy: None, session_engine: None, scenarios }
     }
 
     /// The readable diff: every failed scenario with its failed checks and the requests behind

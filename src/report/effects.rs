@@ -101,8 +101,9 @@ pub fn param_effects(grid: &Grid, outcomes: &[Vec<String>]) -> Vec<ParamEffect> 
 
 /// The lowest autocompact threshold of `strategies` on `input`, computed as the agent computes
 /// its own ([`crate::agent::session::ThresholdWorld`]): a scenario's model, window, output limit
-/// and env; a session's main model (a `[1m]` id implies the 1M window) with the recorded
-/// version's output reserve where a strategy sets none.
+/// and env; a session's main model and the window its workload gives the agent
+/// (`triggers::recorded_window`), with the recorded version's output reserve where a strategy
+/// sets none.
 fn lowest_threshold(input: &Input, strategies: &[Strategy]) -> Option<u64> {
     use crate::agent::session::ThresholdWorld;
     match &input.loaded {
@@ -116,7 +117,11 @@ fn lowest_threshold(input: &Input, strategies: &[Strategy]) -> Option<u64> {
             let reserve = crate::replay::ClientProfile::for_version(version).autocompact_output_reserve;
             let model = s.calls.iter().find(|c| c.lane == "main").map_or("", |c| c.model.as_str());
             let env = std::collections::BTreeMap::new();
-            let world = ThresholdWorld { model_id: model, context_window: None, max_output_tokens: None, env: &env };
+            // The window the workload gives the agent: the recorded one (a 1M opt-in the session
+            // shows, or the model table's), not only what the model id says.
+            let table = crate::measure::models::ModelTable::shipped();
+            let window = crate::replay::triggers::recorded_window(s, model, table.lookup(model).ok());
+            let world = ThresholdWorld { model_id: model, context_window: Some(window), max_output_tokens: None, env: &env };
             strategies
                 .iter()
                 .map(|strategy| {

@@ -194,7 +194,8 @@ fn check_takes_a_real_session_through_the_agent() {
     let written = run(&["--engine", "agent", "--update-baseline"]);
     assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
     let text = std::fs::read_to_string(&baseline).unwrap();
-    assert!(text.contains("\"strategy\": \"claude-code --engine agent\""), "{text}");
+    assert!(text.contains("\"strategy\": \"claude-code\""), "{text}");
+    assert!(text.contains("\"session_engine\": \"agent\""), "{text}");
     assert!(text.contains("a6e4c2a0fbd1-0.full.jsonl"), "{text}");
     let passed = run(&["--engine", "agent", "--json"]);
     assert_eq!(passed.status.code(), Some(0), "{}", String::from_utf8_lossy(&passed.stderr));
@@ -208,7 +209,17 @@ fn check_takes_a_real_session_through_the_agent() {
     assert!(String::from_utf8_lossy(&default.stdout).contains("note engine: the session ran through the agent (--engine agent)"), "{}", String::from_utf8_lossy(&default.stdout));
     let other = run(&["--engine", "replay"]);
     assert_eq!(other.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&other.stderr).contains("the baseline was measured with strategy `claude-code --engine agent`"));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("the baseline's recorded sessions were measured through the agent"));
+    // A run of scenarios alone shares the baseline: the engine is the sessions' only.
+    let scenario = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/compaction-fork-shares-cache.yaml").display().to_string();
+    let scenarios_only = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
+        .args(["check", scenario.as_str(), "--estimator", "chars4", "--baseline", baseline.as_str(), "--update-baseline"])
+        .output()
+        .unwrap();
+    assert!(scenarios_only.status.success(), "{}", String::from_utf8_lossy(&scenarios_only.stderr));
+    let text = std::fs::read_to_string(&baseline).unwrap();
+    assert!(text.contains("\"session_engine\": \"agent\"") && text.contains("a6e4c2a0fbd1-0.full.jsonl"), "{text}");
+    assert_eq!(run(&[]).status.code(), Some(0), "the session still passes after the scenarios' update");
     let staged = run(&["--engine", "agent", "--disable-stage", "snip"]);
     assert_eq!(staged.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&staged.stderr).contains("--disable-stage applies to scenarios only"));

@@ -156,7 +156,7 @@ fn baseline_seed() -> Vec<u8> {
         breaks: vec![BreakRecord { index: 2, lane: "main".into(), diverged_at: Some("messages[3]".into()), cause: Some("session_resumed".into()) }],
     };
     let scenarios = [("read-and-answer".to_owned(), entry.clone()), ("git-status".to_owned(), entry)].into_iter().collect();
-    Baseline { version: BASELINE_VERSION, estimator: Some("bpe".into()), strategy: Some("claude-code".into()), scenarios }.to_json()
+    Baseline { version: BASELINE_VERSION, estimator: Some("bpe".into()), strategy: Some("claude-code".into()), session_engine: None, scenarios }.to_json()
 }
 
 /// Line spans (start, end without the `\n`) of the input.
