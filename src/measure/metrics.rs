@@ -189,6 +189,11 @@ impl Measurer {
         self.prior_thinking_dropped = on;
     }
 
+    /// Whether [`Self::set_prior_thinking_dropped`] is on.
+    pub fn prior_thinking_dropped(&self) -> bool {
+        self.prior_thinking_dropped
+    }
+
     /// This measurer reading causes from the request structure where nothing was journalled
     /// (a client's log: `serve`, `analyze`): a change in tools, system or an earlier message
     /// gets its class instead of `unexplained_*` ([`super::structure::cause`]).

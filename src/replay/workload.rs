@@ -334,8 +334,10 @@ fn workload_with(
                 // then, its cache entry living from the first token on (as in the replay).
                 let sent = request_start.take().filter(|&t| t <= event.time_ms && t >= last_time).unwrap_or(event.time_ms);
                 push_wait(&mut script, &mut last_time, sent);
-                let first_token = event.time_ms - last_time;
-                last_time = event.time_ms;
+                // A record timed before the one before it (a clock that went back) gives no
+                // latency and does not move the run's time back.
+                let first_token = event.time_ms.saturating_sub(last_time);
+                last_time = last_time.max(event.time_ms);
                 let switched = !reply.model.is_empty() && model.as_deref().is_some_and(|m| m != reply.model);
                 if switched {
                     script.push(json!({ "model_switch": reply.model }));
@@ -791,8 +793,24 @@ pub fn keep_recorded_results(strategy: &mut crate::strategy::Strategy) {
     }
 }
 
-/// Drives the agent through `session` under `strategy`, measuring with `measurer`.
+/// Drives the agent through `session` under `strategy`, measuring with `measurer`. The
+/// measurer drops earlier turns' thinking for the run, as the API does for models that drop it,
+/// and is given back with the setting it came with (a caller may go on with the replay or a
+/// scenario on it).
 pub fn agent_replay(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &mut crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+) -> Result<AgentReplay, String> {
+    let prior = measurer.prior_thinking_dropped();
+    measurer.set_prior_thinking_dropped(true);
+    let result = agent_replay_dropping_thinking(session, file, measurer, strategy);
+    measurer.set_prior_thinking_dropped(prior);
+    result
+}
+
+fn agent_replay_dropping_thinking(
     session: &ImportedSession,
     file: &str,
     measurer: &mut crate::measure::Measurer,
@@ -806,7 +824,6 @@ pub fn agent_replay(
     }
     keep_recorded_results(&mut strategy);
     measurer.set_billing_key(REAL_SESSION_BILLING);
-    measurer.set_prior_thinking_dropped(true);
     let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {

@@ -85,11 +85,13 @@ pub fn param_effects(grid: &Grid, outcomes: &[Vec<String>]) -> Vec<ParamEffect> 
             let stride: usize = grid.params[k + 1..].iter().map(|p| p.values.len()).product();
             let distinct = (0..outcomes.len())
                 .filter(|p| (p / stride).is_multiple_of(n))
-                .map(|first| {
-                    let mut seen: Vec<&str> = (0..n).map(|d| outcomes[first + d * stride][input].as_str()).collect();
+                // A family with a result missing (a merged shard whose line was dropped) is
+                // left out: what it lacks cannot tell an effect.
+                .filter_map(|first| {
+                    let mut seen: Vec<&str> = (0..n).map(|d| outcomes.get(first + d * stride).and_then(|o| o.get(input)).map(String::as_str)).collect::<Option<_>>()?;
                     seen.sort_unstable();
                     seen.dedup();
-                    seen.len()
+                    Some(seen.len())
                 })
                 .max()
                 .unwrap_or(1);
