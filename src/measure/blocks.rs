@@ -545,7 +545,18 @@ fn opens_user_turn(message: &crate::api::Message) -> bool {
 /// user turn ([`crate::measure::Measurer::set_prior_thinking_dropped`]); positions and hashes
 /// stay.
 pub fn drop_prior_thinking(body: &Request, flat: &mut FlatRequest) {
-    let Some(turn) = body.messages.iter().rposition(opens_user_turn) else { return };
+    if let Some(turn) = body.messages.iter().rposition(opens_user_turn) {
+        drop_thinking_before(flat, turn);
+    }
+}
+
+/// Counts no tokens for the thinking blocks of the messages before `turn` (the message that
+/// opened the current user turn); positions and hashes stay. The one mechanism of the agent's
+/// measurement ([`drop_prior_thinking`]) and the replay's, which finds the turn by the recorded
+/// client's prompt rule (`replay::turns::current_prompt_index`): a recorded attachment is a
+/// reminder only with its `attachment=` tag, while every `<system-reminder>` the agent builds
+/// is one.
+pub fn drop_thinking_before(flat: &mut FlatRequest, turn: usize) {
     let dropped = |b: &PromptBlock| b.path.region == Region::Messages && b.path.index < turn && b.tokens > 0 && matches!(&*b.kind, "thinking" | "redacted_thinking");
     if !flat.blocks.iter().any(dropped) {
         return;

@@ -1185,19 +1185,8 @@ fn order_message(previous: &Message, message: &mut Message) -> Option<String> {
 /// positions stay, so the cached prefix stays valid: 45 of 51 real new turns after thinking kept
 /// their cache (reference/real-breaks.md), and the context drops by that thinking.
 fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
-    let Some(last_prompt) = current_prompt_index(&request.messages) else { return };
-    let mut dropped = false;
-    for block in std::sync::Arc::make_mut(&mut flat.blocks).iter_mut() {
-        if block.path.region == Region::Messages
-            && block.path.index < last_prompt
-            && matches!(&*block.kind, "thinking" | "redacted_thinking")
-        {
-            dropped |= block.tokens > 0;
-            block.tokens = 0;
-        }
-    }
-    if dropped {
-        flat.recount();
+    if let Some(last_prompt) = current_prompt_index(&request.messages) {
+        crate::measure::blocks::drop_thinking_before(flat, last_prompt);
     }
 }
 
