@@ -42,6 +42,7 @@ pub mod workload;
 pub mod turns;
 pub mod uncertainty;
 pub mod working_set;
+pub mod worktree;
 
 pub use breaks::{BreakRow, find_breaks};
 pub use fidelity::{

@@ -54,6 +54,13 @@ pub struct ClientProfile {
     /// history cached (2.1.200+: 6 of 6 turns without a stop summary fell to the prefix level,
     /// see docs/fidelity.md).
     pub turn_rerenders_start: bool,
+    /// ... and renders it differently only when the project's working tree may have changed
+    /// since the prompt it was last rendered for (a write inside the project, a subagent, a
+    /// file edited outside the conversation; [`super::worktree`]): git status is part of the
+    /// start. 2.1.200+: d847's four prompts inside the TTL with no side entry, 3 after a turn
+    /// that wrote the project (fell to the prefix level), 1 after one that did not (#168 read
+    /// through the previous prompt).
+    pub start_render_follows_tree: bool,
     /// The first ToolSearch load of the session adds the loaded tools to `tools`: a full miss
     /// (later loads do not move the tools array; from 2.1.200 no load does, 0 of 7 real loads
     /// in 2.1.205–2.1.232 broke).
@@ -188,6 +195,7 @@ impl ClientProfile {
             post_turn_side_entry: v >= (2, 0, 76),
             side_entry_needs_stop_summary: v >= (2, 1, 170),
             turn_rerenders_start: v >= CURRENT_LAYOUT,
+            start_render_follows_tree: v >= CURRENT_LAYOUT,
             tool_search_full_miss: v < CURRENT_LAYOUT,
             skill_rerender: v < CURRENT_LAYOUT,
             tool_hook_context_loses_side_entry: (CURRENT_LAYOUT..HOOK_CONTEXT_KEEPS_SIDE_ENTRY).contains(&v),

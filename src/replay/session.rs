@@ -1681,7 +1681,7 @@ fn replay_session_seeing(
         let mut request_start = None;
         // What the record shows about the turn boundary (whether the previous turn ended
         // normally, with its reply; the permission mode; a tool hook's context).
-        let mut turn_scan = TurnScan::default();
+        let mut turn_scan = TurnScan::in_project(session.recording.header.cwd.as_deref());
         let mut attachment_chars = 0u64;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {

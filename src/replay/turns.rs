@@ -113,6 +113,9 @@ pub struct TurnState {
     pub tool_hook_context: bool,
     /// The permission mode the last prompt record named.
     pub permission_mode: Option<String>,
+    /// Something since the prompt the conversation start was last rendered for may have
+    /// changed the project's working tree ([`super::worktree`]).
+    pub tree_changed: bool,
 }
 
 /// What a new user turn brings, decided before its call is measured.
@@ -155,6 +158,7 @@ impl TurnState {
         self.by_notification = false;
         self.compaction_pending = true;
         self.tool_hook_context = false;
+        self.tree_changed = false;
     }
 
     /// A new user turn whose request ends with `messages` (the last one the new prompt).
@@ -172,8 +176,12 @@ impl TurnState {
             && turn_ended
             && !record.model_switched
             && self.previous_read.is_some_and(|read| read > 0);
-        let rerenders_start =
-            profile.turn_rerenders_start && self.turns > 0 && !interrupted_tool_use && record.ended_with_reply && !self.compaction_pending;
+        let rerenders_start = profile.turn_rerenders_start
+            && self.turns > 0
+            && !interrupted_tool_use
+            && record.ended_with_reply
+            && !self.compaction_pending
+            && (self.tree_changed || !profile.start_render_follows_tree);
         // The side request renders the turn's hook context otherwise than the next prompt does:
         // only the re-rendered start matters, so the prompt reads no further than the prefix.
         // The context stays with the turn until a prompt after its reply (a Skill call's
@@ -181,6 +189,7 @@ impl TurnState {
         let hook_context_lost_side_entry = side_entry && rerenders_start && profile.tool_hook_context_loses_side_entry && self.tool_hook_context;
         if record.ended_with_reply && !interrupted_tool_use {
             self.tool_hook_context = false;
+            self.tree_changed = false;
         }
         let start = TurnStart {
             rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending,
@@ -225,20 +234,48 @@ pub struct TurnScan {
     permission_mode: Option<String>,
     /// A tool hook added context since the last compaction seen (none seen: since the start).
     tool_hook_context: bool,
+    /// The project's directory, normalized ([`super::worktree::project_dir`]).
+    project: Option<std::sync::Arc<str>>,
+    /// A tool use or record since the last compaction seen may have changed the project's
+    /// working tree ([`super::worktree`]).
+    tree_changed: bool,
 }
 
 impl Default for TurnScan {
     fn default() -> Self {
-        TurnScan { stop_summary_ms: None, ended_with_reply: true, last_record_ms: None, turn_end_ms: None, permission_mode: None, tool_hook_context: false }
+        TurnScan {
+            stop_summary_ms: None,
+            ended_with_reply: true,
+            last_record_ms: None,
+            turn_end_ms: None,
+            permission_mode: None,
+            tool_hook_context: false,
+            project: None,
+            tree_changed: false,
+        }
     }
 }
 
 impl TurnScan {
+    /// A scan of a session run in `cwd` (the recording header's), which tells the tool uses
+    /// that write the project's files from those that write elsewhere.
+    pub fn in_project(cwd: Option<&str>) -> TurnScan {
+        TurnScan { project: super::worktree::project_dir(cwd).map(Into::into), ..TurnScan::default() }
+    }
+
     /// One event of the main lane, in order.
     pub fn observe(&mut self, event: &Event) {
         match &event.kind {
             // A compaction consumes the hook context (`TurnState::on_compaction`).
-            EventKind::Compaction(_) => self.tool_hook_context = false,
+            EventKind::Compaction(_) => {
+                self.tool_hook_context = false;
+                self.tree_changed = false;
+            }
+            EventKind::Attachment(attachment)
+                if attachment.attachment_type == "edited_text_file" && super::worktree::edited_file_in_project(&attachment.payload, self.project.as_deref()) =>
+            {
+                self.tree_changed = true;
+            }
             EventKind::SystemEvent(sys) if sys.subtype == "stop_hook_summary" => self.stop_summary_ms = Some(event.time_ms),
             EventKind::Attachment(attachment)
                 if !crate::recording::claude_code::ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) && is_tool_hook_context(attachment) =>
@@ -255,6 +292,10 @@ impl TurnScan {
             }
             EventKind::ModelReply(reply) => {
                 self.ended_with_reply = reply.stop_reason.as_ref().is_none_or(|r| *r == crate::api::StopReason::EndTurn);
+                let project = self.project.as_deref();
+                if reply.content.iter().any(|b| matches!(b, ContentBlock::ToolUse { name, input, .. } if super::worktree::tool_use_changes_tree(name, input, project))) {
+                    self.tree_changed = true;
+                }
             }
             _ => {}
         }
@@ -275,6 +316,9 @@ impl TurnScan {
         }
         if self.tool_hook_context {
             turns.tool_hook_context = true;
+        }
+        if self.tree_changed {
+            turns.tree_changed = true;
         }
     }
 
@@ -384,7 +428,7 @@ impl RecordedClient {
         let mut calls = Vec::new();
         let mut from = 0;
         for call in session.calls.iter().filter(|c| c.lane == LANE_MAIN) {
-            let mut scan = TurnScan::default();
+            let mut scan = TurnScan::in_project(session.recording.header.cwd.as_deref());
             for event in events.iter().take(call.event_index).skip(from).filter(|e| e.lane == LANE_MAIN) {
                 scan.observe(event);
             }
@@ -636,7 +680,7 @@ mod tests {
 
     fn warm_turn(version: &str, record: TurnRecord<'_>) -> TurnStart {
         let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
-        let mut state = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), tree_changed: true, ..TurnState::default() };
         state.on_new_turn(&ClientProfile::for_version(version), &messages, TurnRecord { side_entries: true, ..record })
     }
 
@@ -653,9 +697,41 @@ mod tests {
         assert!(warm_turn("2.1.215", ended).rerenders_start);
         assert!(!warm_turn("2.1.215", TurnRecord::default()).rerenders_start, "a reply cut off re-renders nothing");
         assert!(!warm_turn("2.1.49", ended).rerenders_start);
-        let mut state = TurnState { turns: 1, previous_read: Some(10_000), compaction_pending: true, ..TurnState::default() };
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), compaction_pending: true, tree_changed: true, ..TurnState::default() };
         let messages = [text(Role::User, "summary"), text(Role::User, "c")];
         assert!(!state.on_new_turn(&ClientProfile::for_version("2.1.215"), &messages, ended).rerenders_start);
+    }
+
+    #[test]
+    fn from_2_1_200_the_start_is_rendered_anew_only_after_the_tree_may_have_changed() {
+        let ended = TurnRecord { ended_with_reply: true, side_entries: true, ..TurnRecord::default() };
+        let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
+        let start = |version: &str, tree_changed: bool| {
+            let mut state = TurnState { turns: 1, previous_read: Some(10_000), tree_changed, ..TurnState::default() };
+            let start = state.on_new_turn(&ClientProfile::for_version(version), &messages, ended);
+            assert!(!state.tree_changed, "the prompt's render takes the change in");
+            start.rerenders_start
+        };
+        assert!(start("2.1.215", true));
+        assert!(!start("2.1.215", false), "nothing written since the last prompt: the start renders the same");
+        // What the scan reads as a change, from the record's events.
+        let mut scan = TurnScan::in_project(Some("D:\\oh-my-posh"));
+        let reply = |name: &str, input: Value| Event {
+            time_ms: 0,
+            lane: LANE_MAIN.to_owned(),
+            uuid: None,
+            kind: EventKind::ModelReply(
+                serde_json::from_value(serde_json::json!({"content": [{"type": "tool_use", "id": "t", "name": name, "input": input}]})).expect("a reply"),
+            ),
+        };
+        scan.observe(&reply("Edit", serde_json::json!({"file_path": "C:\\Users\\me\\.config.json"})));
+        scan.observe(&reply("Bash", serde_json::json!({"command": "go test ./... 2>&1 | tail"})));
+        let mut turns = TurnState::default();
+        scan.apply(&mut turns);
+        assert!(!turns.tree_changed);
+        scan.observe(&reply("Bash", serde_json::json!({"command": "sed -i 's/a/b/' src/x.go"})));
+        scan.apply(&mut turns);
+        assert!(turns.tree_changed);
     }
 
     #[test]
@@ -663,7 +739,7 @@ mod tests {
         let ended = TurnRecord { ended_normally: true, ended_with_reply: true, side_entries: true, ..TurnRecord::default() };
         let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
         let turn = |version: &str, hook: bool| {
-            let mut state = TurnState { turns: 1, previous_read: Some(10_000), tool_hook_context: hook, ..TurnState::default() };
+            let mut state = TurnState { turns: 1, previous_read: Some(10_000), tool_hook_context: hook, tree_changed: true, ..TurnState::default() };
             let start = state.on_new_turn(&ClientProfile::for_version(version), &messages, ended);
             assert!(!state.tool_hook_context, "a prompt after the reply consumes it");
             start
@@ -675,7 +751,7 @@ mod tests {
         assert!(turn("2.1.49", true).side_entry, "before 2.1.200 nothing is re-rendered");
         // A turn that re-renders nothing (a Skill expansion, a cut-off reply) keeps the context
         // for the prompt that does.
-        let mut state = TurnState { turns: 1, previous_read: Some(10_000), tool_hook_context: true, ..TurnState::default() };
+        let mut state = TurnState { turns: 1, previous_read: Some(10_000), tool_hook_context: true, tree_changed: true, ..TurnState::default() };
         let cut = TurnRecord { ended_with_reply: false, ..ended };
         assert!(!state.on_new_turn(&ClientProfile::for_version("2.1.219"), &messages, cut).hook_context_lost_side_entry);
         assert!(state.tool_hook_context);

@@ -64,7 +64,7 @@ pub const RULE_RATES: [RuleRate; 8] = [
     RuleRate { rule: "rerendered_prompt", hits: 7, cases: 7 },
     RuleRate { rule: "side_entry", hits: 129, cases: 131 },
     RuleRate { rule: "tool_hook_context", hits: 6, cases: 6 },
-    RuleRate { rule: "turn_rerender", hits: 7, cases: 8 },
+    RuleRate { rule: "turn_rerender", hits: 7, cases: 7 },
 ];
 
 /// The rule a call's outcome rests on, if any.
