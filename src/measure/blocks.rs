@@ -169,12 +169,11 @@ fn tagged_hash(tag: &[u8], bytes: &[u8]) -> u128 {
 /// the client's own flat estimate (reference/internals-crosscheck.md).
 pub const UNSIZED_MEDIA_TOKENS: u32 = 2000;
 
-/// Tokens of an inline (base64) image by the API's documented rule: `width × height / 750`
-/// after the image is scaled down to fit a 1,568-pixel long edge and 1.15 megapixels; `None`
-/// when the data is not an image whose header gives its size.
-pub fn image_tokens(image: &crate::api::ImageLike) -> Option<u32> {
+/// Width and height in pixels of an inline (base64) image source, read from its header; `None`
+/// for another source, data that is not base64, or bytes whose header gives no positive size.
+pub fn image_dimensions(source: &serde_json::Value) -> Option<(u32, u32)> {
     use base64::Engine as _;
-    let source = image.source.as_object()?;
+    let source = source.as_object()?;
     if source.get("type").and_then(serde_json::Value::as_str) != Some("base64") {
         return None;
     }
@@ -183,10 +182,17 @@ pub fn image_tokens(image: &crate::api::ImageLike) -> Option<u32> {
     // metadata, so the whole image is decoded (inline images are small).
     let bytes = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
     let size = imagesize::blob_size(&bytes).ok()?;
-    let (width, height) = (size.width as f64, size.height as f64);
-    if width < 1.0 || height < 1.0 {
-        return None;
-    }
+    let width = u32::try_from(size.width).ok().filter(|&w| w > 0)?;
+    let height = u32::try_from(size.height).ok().filter(|&h| h > 0)?;
+    Some((width, height))
+}
+
+/// Tokens of an inline (base64) image by the API's documented rule: `width × height / 750`
+/// after the image is scaled down to fit a 1,568-pixel long edge and 1.15 megapixels; `None`
+/// when the data is not an image whose header gives its size.
+pub fn image_tokens(image: &crate::api::ImageLike) -> Option<u32> {
+    let (width, height) = image_dimensions(&image.source)?;
+    let (width, height) = (f64::from(width), f64::from(height));
     let shrink = (1568.0 / width.max(height)).min((1_150_000.0 / (width * height)).sqrt()).min(1.0);
     Some(((width * shrink) * (height * shrink) / 750.0).ceil().max(1.0) as u32)
 }

@@ -150,8 +150,20 @@ fn prompt_text(content: &MessageContent) -> String {
     }
 }
 
-/// The text of a tool result and the byte sizes of its images.
-fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<usize>) {
+/// A recorded image or document as a scenario image: its base64 size and, where its header gives
+/// them, its pixels (what the API counts an image's tokens from).
+fn image_spec(source: &Value) -> Value {
+    let bytes = source.get("data").and_then(Value::as_str).map_or(0, str::len);
+    let mut spec = json!({ "base64_bytes": bytes });
+    if let Some((width, height)) = crate::measure::blocks::image_dimensions(source) {
+        spec["width"] = json!(width);
+        spec["height"] = json!(height);
+    }
+    spec
+}
+
+/// The text of a tool result and its images as scenario images ([`image_spec`]).
+fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<Value>) {
     match content {
         None => (String::new(), Vec::new()),
         Some(ToolResultContent::Text(text)) => (text.clone(), Vec::new()),
@@ -162,7 +174,7 @@ fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<usize>) {
                 match block {
                     ContentBlock::Text { text, .. } => texts.push(text.as_str()),
                     ContentBlock::Image(image) | ContentBlock::Document(image) => {
-                        images.push(image.source.get("data").and_then(Value::as_str).map_or(0, str::len));
+                        images.push(image_spec(&image.source));
                     }
                     _ => {}
                 }
@@ -181,7 +193,7 @@ fn result_output(result: &crate::recording::format::ToolResult) -> Value {
         output.insert("is_error".into(), Value::Bool(true));
     }
     if !images.is_empty() {
-        output.insert("images".into(), Value::Array(images.into_iter().map(|n| json!({ "base64_bytes": n })).collect()));
+        output.insert("images".into(), Value::Array(images));
     }
     Value::Object(output)
 }
@@ -708,7 +720,8 @@ pub struct Sizing {
     pub claude_md_filler_tokens: u64,
     pub history_filler_tokens: u64,
     /// The files the opening prompt @-mentions, attached to its turn, and their filler: what
-    /// the gap holds beyond the version's fitted user context (`Calibration::user_context_by_version`).
+    /// the gap holds beyond what the record shows outliving the file's first compaction, or
+    /// without one, beyond the version's fitted user context (`Calibration::user_context_by_version`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mentioned_files: Vec<String>,
     #[serde(default)]
@@ -1079,17 +1092,22 @@ pub fn size_unmodelled(
         sizing.history_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
     } else {
         // Files the opening prompt @-mentions (a slash command's text often does) come with it
-        // as attachments, part of the conversation a compaction drops: the gap beyond the
-        // version's fitted user context is theirs, shared equally (the transcript holds neither
-        // the files nor their sizes). Without mentions the whole gap is memory and context.
+        // as attachments, part of the conversation a compaction drops: the gap beyond what
+        // outlives a compaction is theirs, shared equally (the transcript holds neither the
+        // files nor their sizes). What outlives it (memory and context) is what the record
+        // shows beyond the prefix after the file's first compaction, as for a continuing file;
+        // the version's fitted user context stands in when the file has no compaction. Without
+        // mentions the whole gap is memory and context.
         sizing.mentioned_files = super::session::first_call_mentions(session);
         sizing.claude_md_filler_tokens = context_gap;
         if !sizing.mentioned_files.is_empty() {
-            let calibration = measurer.counter().calibration();
-            // (A version taken from another's fit is noted by the replay's sizing of the same
-            // session, `first_call_sizes`.)
-            let prior = super::session::user_context_prior(calibration, &super::session::main_version(session), &mut Default::default());
-            sizing.claude_md_filler_tokens = prior.saturating_sub(sizing.agent_context_tokens).min(context_gap);
+            let outlives = match shown.kept_after_compaction {
+                Some(kept) => kept.saturating_sub(sizing.recorded_prefix_tokens),
+                // (A version taken from another's fit is noted by the replay's sizing of the
+                // same session, `first_call_sizes`.)
+                None => super::session::user_context_prior(measurer.counter().calibration(), &super::session::main_version(session), &mut Default::default()),
+            };
+            sizing.claude_md_filler_tokens = outlives.saturating_sub(sizing.agent_context_tokens).min(context_gap);
             sizing.mention_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
         }
     }

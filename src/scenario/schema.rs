@@ -301,15 +301,23 @@ pub struct ToolFile {
     pub content: String,
 }
 
-/// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000}]}}` — an image
-/// block whose base64 data has that many bytes (deterministic filler: only the size matters to
-/// the API's limits and to the token count, a flat 2,000 per image).
+/// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000, width: 512,
+/// height: 320}]}}` — an image block whose base64 data has that many bytes (deterministic
+/// filler). The size is what the API's limits read; `width` and `height`, when both are given,
+/// are written into the filler's PNG header, so the image counts `width × height / 750` tokens
+/// as a real one of those pixels does ([`crate::measure::blocks::image_tokens`]); without them
+/// the header gives no size and the image counts the flat 2,000 of an unsized one. A recorded
+/// session's workload writes the recorded image's pixels.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageSpec {
     #[serde(default = "default_media_type")]
     pub media_type: String,
     pub base64_bytes: usize,
+    #[serde(default)]
+    pub width: Option<u32>,
+    #[serde(default)]
+    pub height: Option<u32>,
 }
 
 impl ToolOutput {
@@ -323,15 +331,48 @@ impl ToolOutput {
     }
 }
 
+/// The first 33 bytes of a PNG of `width` × `height` pixels (8-bit RGBA): the signature and the
+/// `IHDR` chunk with its CRC, all a reader needs for the image's size.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
+    let mut chunk = b"IHDR".to_vec();
+    chunk.extend_from_slice(&width.to_be_bytes());
+    chunk.extend_from_slice(&height.to_be_bytes());
+    chunk.extend_from_slice(&[8, 6, 0, 0, 0]);
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    out.extend_from_slice(&13u32.to_be_bytes());
+    out.extend_from_slice(&chunk);
+    out.extend_from_slice(&crc32(&chunk).to_be_bytes());
+    out
+}
+
+/// CRC-32 (ISO-HDLC, the polynomial PNG chunks use).
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
 fn default_media_type() -> String {
     "image/png".to_owned()
 }
 
 impl ImageSpec {
-    /// The image block: a PNG signature, then filler up to `base64_bytes`.
+    /// The image block: a PNG signature, its `IHDR` chunk when the pixels are known, then
+    /// filler up to `base64_bytes` (a header longer than that is cut, and gives no size).
     pub fn block(&self) -> ContentBlock {
-        let mut data = String::with_capacity(self.base64_bytes);
-        data.push_str("iVBORw0KGgo");
+        use base64::Engine as _;
+        let mut data = String::with_capacity(self.base64_bytes.max(44));
+        match (self.width, self.height) {
+            (Some(width), Some(height)) => {
+                base64::engine::general_purpose::STANDARD.encode_string(png_header(width, height), &mut data);
+            }
+            _ => data.push_str("iVBORw0KGgo"),
+        }
         data.truncate(self.base64_bytes);
         while data.len() < self.base64_bytes {
             data.push('A');

@@ -361,6 +361,20 @@ fn more_than_a_hundred_images_lose_the_oldest_before_sending() {
     assert_eq!(out.rows[1].events, ["message_rewritten:excess_media_stripped:4"]);
 }
 
+/// An image whose pixels the scenario gives counts `width × height / 750` tokens, as the API
+/// counts a real one (its stand-in's PNG header carries them); without them, the flat 2,000 of
+/// an unsized image.
+#[test]
+fn an_image_with_its_pixels_counts_them() {
+    let flat = run_yaml(&media_yaml("", "{base64_bytes: 400}", ""));
+    let sized = run_yaml(&media_yaml("", "{base64_bytes: 400, width: 512, height: 320}", ""));
+    let sent = serde_json::to_string(&sized.requests[1]).unwrap();
+    assert!(sent.contains("\"data\":\"iVBORw0KGgoAAAANSUhEUgAAAgAAAAFACAYAAADKyMQLAAAA"), "{sent}");
+    // 512 × 320 / 750 = 218.5, rounded up.
+    assert_eq!(flat.rows[1].context_tokens - sized.rows[1].context_tokens, 2_000 - 219);
+    assert_eq!(flat.rows[0].context_tokens, sized.rows[0].context_tokens);
+}
+
 #[test]
 fn media_size_errors_are_recognized_as_the_client_does() {
     use ctxsim::agent::compact::recovery::is_media_size_error;

@@ -454,6 +454,57 @@ fn files_the_opening_prompt_mentions_are_dropped_at_compaction() {
     assert_eq!((plain.sizing.mentioned_files.len(), plain.sizing.mention_filler_tokens), (0, 0));
 }
 
+/// A tool result's image counts what the API counts for its pixels (`width × height / 750`).
+/// The workload kept only an image's base64 size, so the agent's stand-in had no header and
+/// counted the flat 2,000 of an unsized image: c644's pencil screenshots are 512 × 320 (219
+/// tokens), and each one stepped the agent's context up by ~2.1k (calls 49, 57, 63, 70, 75;
+/// 8.2k at call 77 after four), from +2.4% at call 48 to +16.9% at call 81. The workload now
+/// writes each recorded image's pixels, which the stand-in's PNG header carries.
+#[test]
+fn a_recorded_screenshot_counts_its_pixels_through_the_agent() {
+    let path = realdata().join("transcripts/cipher-box/c644f3afc869-1.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let workload = workload_from_session(&session, &path.display().to_string(), None).unwrap();
+    let images: Vec<&ctxsim::scenario::ImageSpec> =
+        workload.scenario.script.iter().flat_map(|s| match s {
+            Step::ToolOutput(outputs) => outputs.iter().flat_map(|o| o.images.iter()).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        }).collect();
+    assert_eq!(images.len(), 9);
+    for image in &images {
+        assert_eq!((image.width, image.height), (Some(512), Some(320)), "{image:?}");
+        let ctxsim::api::ContentBlock::Image(block) = image.block() else { panic!("{image:?}") };
+        assert_eq!(ctxsim::measure::blocks::image_tokens(&block), Some(219));
+    }
+    let (_, driven) = drive("cipher-box/c644f3afc869-1.full.jsonl");
+    let errors = context_errors(&driven);
+    // Call 77 follows the four screenshots of call 76: the agent's step is the record's.
+    let calls: BTreeMap<usize, &ctxsim::replay::CallReplay> = driven.replay.calls.iter().filter(|c| c.lane == LANE_MAIN).map(|c| (c.index, c)).collect();
+    let step = |c: &ctxsim::replay::CallReplay| c.simulated_context() as f64 - c.recorded_context() as f64;
+    let (before, at) = (step(calls[&76]), step(calls[&77]));
+    assert!((at - before).abs() < 500.0, "call 76 off by {before}, call 77 by {at}: {errors:?}");
+    assert_calls_within(&driven, 45, 37, 0.04);
+}
+
+/// Held out of the fit, c644's version (2.1.49) has only af1d's user context (6.4k), so the
+/// mentioned files' filler took the rest of the first call's gap (41k) and the `/compact` at call
+/// 45 dropped it all: calls 45–81 were 12–28% short. What outlives a compaction is what the
+/// record shows after the file's first compaction (23.8k beyond the prefix), as for a continuing
+/// file; the mentioned files take the rest.
+#[test]
+fn held_out_the_mentioned_files_are_what_the_record_shows_a_compaction_dropped() {
+    let path = realdata().join("transcripts/cipher-box/c644f3afc869-1.full.jsonl");
+    let session = load_session(&path).unwrap();
+    let mut calibration = Calibration::shipped();
+    calibration.user_context_by_version.insert("2.1.49".into(), 6_435);
+    let mut held_out = Measurer::new(ModelTable::shipped(), TokenCounter::with_calibration(EstimatorKind::Calibrated, calibration)).without_body_hashes();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let driven = agent_replay(&session, &path.display().to_string(), &mut held_out, &strategy).unwrap();
+    let sizing = &driven.sizing;
+    assert!(sizing.claude_md_filler_tokens > 20_000 && sizing.mention_filler_tokens > 20_000, "{sizing:?}");
+    assert_calls_within(&driven, 45, 37, 0.04);
+}
+
 /// The first-party server does not key its cache on the billing block: after every recorded
 /// automatic compaction of the shipped sessions the next call reads the whole prefix, although
 /// the client's fingerprint changed with its first message. Real sessions through the agent are
