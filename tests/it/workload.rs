@@ -802,27 +802,21 @@ fn a_request_goes_out_when_its_prompt_is_written_not_at_its_replys_first_block()
 /// gone with the compaction.
 #[test]
 fn a_commands_recorded_body_marked_as_its_skill_comes_back_after_a_compaction() {
-    let yaml = |skill: &str| {
-        format!(
-            r#"
+    // `MARK` becomes the attachment's `skill` field.
+    const SCENARIO: &str = r#"
 name: command-restored
-world:
-  model: claude-sonnet-4-6
+world: {model: claude-sonnet-4-6}
 script:
   - user: "<command-name>/ship</command-name>"
-  - attachment: {{type: meta_prompt, text: "Ship checklist: build, tag, publish the release notes.", {skill}}}
-  - assistant:
-      - text: "Shipping."
+  - attachment: {type: meta_prompt, text: "Ship checklist: build, tag, publish the release notes.", MARK}
+  - assistant: [{text: "Shipping."}]
   - user: "Go on."
-  - assistant:
-      - text: "Done."
+  - assistant: [{text: "Done."}]
   - compact: true
   - user: "And now?"
-  - assistant:
-      - text: "Nothing left."
-"#
-        )
-    };
+  - assistant: [{text: "Nothing left."}]
+"#;
+    let yaml = |skill: &str| SCENARIO.replace("MARK", skill);
     let last = |skill: &str| {
         let out = crate::support::run_yaml(&yaml(skill));
         serde_json::to_string(&out.requests.last().unwrap().messages).unwrap()
