@@ -622,8 +622,15 @@ impl Session {
 
     /// An attachment the recorded client sent at this point of a workload (`attachment` step),
     /// sent as recorded.
-    pub fn recorded_attachment(&mut self, kind: &str, text: &str) {
+    /// With `skill`, `text` is that skill's or slash command's body as the recorded client
+    /// expanded it: remembered as invoked (the latest invocation of a name wins), so a
+    /// compaction restores it as the client restores invoked skills.
+    pub fn recorded_attachment(&mut self, kind: &str, text: &str, skill: Option<&str>) {
         self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.to_owned() }]);
+        if let Some(name) = skill {
+            self.invoked_skills.retain(|s| s.name != name);
+            self.invoked_skills.push(InvokedSkill { name: name.to_owned(), path: String::new(), content: text.to_owned() });
+        }
     }
 
     /// A microcompact the recorded client ran here (a `microcompact` step, as recorded): the

@@ -97,6 +97,14 @@ pub struct ClientProfile {
 /// 2.1.49 and 2.1.205 is in the data: 2.1.200 is the boundary assumed.
 pub const CURRENT_LAYOUT: (u32, u32, u32) = (2, 1, 200);
 
+/// The first version whose client remembers the body of a slash command it expanded (and of a
+/// Skill call) as an invoked skill, re-attached after a compaction (`invoked_skills`; in the 2.1
+/// line a command in `.claude/commands` is run as a skill). Chosen from the record: a 2.0.76
+/// session (9878, `/workflows:review`, 16k characters) is already 5% over after its compaction
+/// without it, and the 2.1.37–2.1.49 ones are under or level (e89f `/gsd:progress`, c644
+/// `/gsd:discuss-phase`, 7be2 `/github-pr-review`).
+pub const INVOKED_COMMANDS_RESTORED: (u32, u32, u32) = (2, 1, 0);
+
 /// The first version seen keeping the side entry after a turn with a tool hook's context
 /// (entirecontext, 2.1.232); 2.1.219 is the last seen losing it, versions between take the
 /// earlier behaviour.

@@ -99,6 +99,11 @@ pub struct WorkloadReport {
     /// a command's prompt), driven as recorded (`attachment` steps of type `meta_prompt`).
     #[serde(default)]
     pub meta_prompts: usize,
+    /// Of those, the bodies of a slash command or Skill call the recorded client remembered as
+    /// invoked (`attachment.skill`; versions from [`super::profile::INVOKED_COMMANDS_RESTORED`]):
+    /// the agent's compactions restore them.
+    #[serde(default)]
+    pub invoked_commands: usize,
     /// Recorded items the agent produces itself or that do not drive it, by kind.
     pub left_to_agent: BTreeMap<String, usize>,
     /// Each Agent call of the main thread and its recorded subagent: bound how, driven or why
@@ -269,6 +274,10 @@ fn workload_with(
     let leave = |report: &mut WorkloadReport, kind: &str| *report.left_to_agent.entry(kind.to_owned()).or_default() += 1;
     let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
     let mut subagents = subagents::Subagents::bind(session);
+    // The skill or slash command whose body the next meta prompt is (the command just typed, the
+    // Skill call just answered), while the recorded client remembers such bodies as invoked.
+    let remembers_commands = super::profile::parse_version(&super::session::main_version(session)) >= super::profile::INVOKED_COMMANDS_RESTORED;
+    let mut invoked: Option<String> = None;
 
     let flush = |script: &mut Vec<Value>, pending: &mut Map<String, Value>| {
         if !pending.is_empty() {
@@ -305,7 +314,12 @@ fn workload_with(
                         continue;
                     }
                     flush(&mut script, &mut pending_outputs);
-                    script.push(json!({ "attachment": { "type": META_PROMPT, "text": text } }));
+                    let mut attachment = json!({ "type": META_PROMPT, "text": text });
+                    if let Some(name) = invoked.take().filter(|_| remembers_commands) {
+                        attachment["skill"] = Value::String(name);
+                        report.invoked_commands += 1;
+                    }
+                    script.push(json!({ "attachment": attachment }));
                     report.meta_prompts += 1;
                     continue;
                 }
@@ -320,6 +334,7 @@ fn workload_with(
                     leave(&mut report, "task_notification_of_driven_subagent");
                     continue;
                 }
+                invoked = command_name(&text);
                 flush(&mut script, &mut pending_outputs);
                 push_wait(&mut script, &mut last_time, event.time_ms);
                 script.push(json!({ "user": text }));
@@ -340,6 +355,7 @@ fn workload_with(
                     script.push(json!({ "user": "(the recorded session opens here)" }));
                     leave(&mut report, "opening_prompt_added");
                 }
+                invoked = None;
                 flush(&mut script, &mut pending_outputs);
                 // The request went out when the record that prompted it was written; the reply's
                 // first block (its recorded time) came that much later, so the request is measured
@@ -412,6 +428,9 @@ fn workload_with(
                     leave(&mut report, "tool_result_without_call");
                     continue;
                 };
+                if name == "Skill" {
+                    invoked = input.get("skill").and_then(Value::as_str).map(|s| s.trim_start_matches('/').to_owned());
+                }
                 let mut output = result_output(result);
                 // The file the call read or wrote, as the record shows it: the agent's executor
                 // leaves it in its fs and counts it read, so its own compaction restores it.
@@ -547,6 +566,14 @@ fn workload_with(
     }
     if report.recorded_attachments > 0 {
         world.insert("recorded_attachments".into(), Value::Bool(true));
+        // The record carries the client's own `invoked_skills` re-attachments, driven as
+        // recorded: the agent remembers no invocation to restore again.
+        for step in &mut script {
+            if let Some(attachment) = step.get_mut("attachment").and_then(Value::as_object_mut) {
+                attachment.remove("skill");
+            }
+        }
+        report.invoked_commands = 0;
     }
     // Main-lane thinking recorded without its text: the client redacted thinking, and sent no
     // `clear_thinking` edit (after a >1h idle the recorded context keeps the earlier thinking).
@@ -906,6 +933,14 @@ fn agent_replay_dropping_thinking(
         records_requests: !session.api_requests.requests.is_empty(),
     };
     Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
+}
+
+/// The slash command a prompt typed (`<command-name>/NAME</command-name>`), without its slash.
+fn command_name(text: &str) -> Option<String> {
+    let start = text.find("<command-name>")? + "<command-name>".len();
+    let end = start + text[start..].find("</command-name>")?;
+    let name = text[start..end].trim().trim_start_matches('/');
+    (!name.is_empty()).then(|| name.to_owned())
 }
 
 /// The `attachment` type a recorded meta prompt is driven as (a skill's body, a command's

@@ -282,7 +282,10 @@ fn check_step(
         if spec.text.is_empty() {
             return Err(problem(here("attachment"), "the attachment's `text` is empty"));
         }
-        return Ok(Step::Attachment { kind: spec.kind, text: spec.text });
+        if spec.skill.as_deref().is_some_and(|s| s.trim().is_empty()) {
+            return Err(problem(here("attachment"), "the attachment's `skill` is empty: name the skill, or leave `skill` out"));
+        }
+        return Ok(Step::Attachment { kind: spec.kind, text: spec.text, skill: spec.skill });
     }
     if let Some(spec) = step.microcompact {
         if spec.tool_use_ids.is_empty() && spec.history_chars == 0 {

@@ -126,13 +126,15 @@ pub(crate) struct McpListChangedSpec {
     pub tools: Vec<crate::world::McpToolDef>,
 }
 
-/// `attachment: {type, text}`.
+/// `attachment: {type, text, skill?}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AttachmentSpec {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: String,
+    #[serde(default)]
+    pub skill: Option<String>,
 }
 
 /// `microcompact: {tool_use_ids, history_chars}`.

@@ -191,9 +191,12 @@ pub enum Step {
     Resume,
     /// `compact: true` — `/compact`: the user compacts the conversation now (trigger `manual`).
     Compact,
-    /// `attachment: {type, text}` — an attachment the recorded client sent here, as its text
-    /// (`import --to scenario` of a transcript that records them); the agent sends it as is.
-    Attachment { kind: String, text: String },
+    /// `attachment: {type, text, skill?}` — an attachment the recorded client sent here, as its
+    /// text (`import --to scenario` of a transcript that records them); the agent sends it as
+    /// is. With `skill`, the text is the body of that skill or slash command as the client
+    /// expanded it: the agent also remembers it as invoked, so its compactions restore it
+    /// (`invoked_skills`).
+    Attachment { kind: String, text: String, skill: Option<String> },
     /// `microcompact: {tool_use_ids, history_chars}` — a microcompact the recorded client ran
     /// here (a recorded session driven as recorded, `fidelity --engine agent`): the results
     /// of these tool uses are cleared to the marker, and `history_chars` characters leave the

@@ -60,7 +60,7 @@ fn steps(scenario: &Scenario) -> String {
             Step::Clear => "clear".to_owned(),
             Step::Resume => "resume".to_owned(),
             Step::Compact => "compact".to_owned(),
-            Step::Attachment { kind, text } => format!("attachment {kind} ({} chars)", text.len()),
+            Step::Attachment { kind, text, .. } => format!("attachment {kind} ({} chars)", text.len()),
             Step::Microcompact { tool_use_ids, history_chars } => format!("microcompact {} results, {history_chars} history chars", tool_use_ids.len()),
             Step::ResumeLost { tool_use_ids } => format!("resume_lost {} tool uses", tool_use_ids.len()),
             Step::Git(git) => format!("git {} ({} status lines, {} commits)", git.branch, git.status.len(), git.recent_commits.len()),

@@ -319,7 +319,7 @@ fn held_prompts_and_attachments_count_alike_in_triggers_and_the_unwritten_reply(
             .script
             .iter()
             .find_map(|s| match s {
-                Step::Attachment { kind, text } if kind == "unwritten_reply" => Some(text.len() as u64 / 4),
+                Step::Attachment { kind, text, .. } if kind == "unwritten_reply" => Some(text.len() as u64 / 4),
                 _ => None,
             })
             .expect("the stand-in of the unwritten reply");
@@ -723,7 +723,7 @@ fn a_slash_commands_recorded_expansion_is_sent_with_it() {
     assert_eq!(workload.report.left_to_agent.get("meta_prompt"), Some(&1), "the /clear caveat: {:?}", workload.report.left_to_agent);
     let script = &workload.scenario.script;
     let command = script.iter().position(|s| matches!(s, Step::User { text } if text.contains("<command-name>/gsd:progress</command-name>"))).unwrap();
-    let Step::Attachment { kind, text } = &script[command + 1] else { panic!("after the command: {:?}", script[command + 1]) };
+    let Step::Attachment { kind, text, .. } = &script[command + 1] else { panic!("after the command: {:?}", script[command + 1]) };
     assert_eq!(kind, ctxsim::replay::workload::META_PROMPT);
     assert!(text.starts_with("<objective>\nCheck project progress"), "{}", &text[..80]);
     assert!(!workload.scenario.world.recorded_attachments, "the agent keeps its own attachments");
@@ -845,4 +845,74 @@ fn a_request_goes_out_when_its_prompt_is_written_not_at_its_replys_first_block()
     }
     let report = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), false);
     assert!(report.cache_creation_total_error.abs() < 0.08, "Σcreation {}", report.cache_creation_total_error);
+}
+
+/// A slash command's body that the script marks as the command's (`attachment.skill`) is
+/// remembered as invoked: the agent's compaction restores it (`invoked_skills`), as the 2.1
+/// client restores the commands and skills it expanded. Without the mark it is one more message,
+/// gone with the compaction.
+#[test]
+fn a_commands_recorded_body_marked_as_its_skill_comes_back_after_a_compaction() {
+    // `MARK` becomes the attachment's `skill` field.
+    const SCENARIO: &str = r#"
+name: command-restored
+world: {model: claude-sonnet-4-6}
+script:
+  - user: "<command-name>/ship</command-name>"
+  - attachment: {type: meta_prompt, text: "Ship checklist: build, tag, publish the release notes.", MARK}
+  - assistant: [{text: "Shipping."}]
+  - user: "Go on."
+  - assistant: [{text: "Done."}]
+  - compact: true
+  - user: "And now?"
+  - assistant: [{text: "Nothing left."}]
+"#;
+    let yaml = |skill: &str| SCENARIO.replace("MARK", skill);
+    let last = |skill: &str| {
+        let out = crate::support::run_yaml(&yaml(skill));
+        serde_json::to_string(&out.requests.last().unwrap().messages).unwrap()
+    };
+    let marked = last("skill: ship");
+    assert!(marked.contains("Ship checklist: build, tag"), "restored after the compaction: {marked}");
+    let unmarked = last("skill: null");
+    assert!(!unmarked.contains("Ship checklist"), "{unmarked}");
+    let empty = ctxsim::scenario::parse_scenario(&yaml("skill: \" \""), "inline.yaml").map(|_| ()).unwrap_err().to_string();
+    assert!(empty.contains("`skill` is empty"), "{empty}");
+}
+
+/// e89fb6a2-0 (2.1.39) ran `/gsd:progress` twice before its automatic compaction at call 155;
+/// the client restored its body (7.7k characters) after it. The workload marks each expansion
+/// with its command, so the agent's compaction restores it too: the first call after the
+/// compaction was 13.7% short of the record (shipped calibration), now 9.6%. A 2.0.76 session
+/// (9878, `/workflows:review`) gets no mark, nor, as recorded, does one whose record carries the
+/// client's own `invoked_skills` attachment (01M0EE57, 2.1.232: that is driven as recorded).
+#[test]
+fn the_commands_a_session_ran_are_restored_after_its_compaction() {
+    let path = realdata().join("transcripts/cipher-box/e89fb6a2d646-0.full.jsonl");
+    let workload = workload_from_session(&load_session(&path).unwrap(), "e89f", None).unwrap();
+    assert_eq!(workload.report.invoked_commands, 2, "{:?}", workload.report);
+    let marked: Vec<&str> = workload
+        .scenario
+        .script
+        .iter()
+        .filter_map(|s| match s {
+            Step::Attachment { skill: Some(name), text, .. } if text.starts_with("<objective>\nCheck project progress") => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(marked, ["gsd:progress", "gsd:progress"]);
+    let (_, driven) = drive("cipher-box/e89fb6a2d646-0.full.jsonl");
+    assert_eq!(driven.compactions.first().map(|c| c.before_call), Some(155));
+    let after = driven.replay.calls.iter().find(|c| c.index == 155).unwrap();
+    let (simulated, recorded) = (after.simulated_context() as f64, after.recorded_context() as f64);
+    assert!(simulated / recorded - 1.0 > -0.11, "the first call after the compaction: agent {simulated} vs recorded {recorded}");
+    // As recorded (the sized workload `fidelity --engine agent` drives), so 01M0EE57's recorded
+    // attachments are driven.
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    for other in ["entireio-cli/9878b713483d-0.full.jsonl", "entirecontext/01M0EE5721NRN8FGE1238MD50T-0.full.jsonl"] {
+        let session = load_session(&realdata().join("transcripts").join(other)).unwrap();
+        let (workload, _) = ctxsim::replay::workload::sized_workload(&session, other, &measurer(), &strategy, true).unwrap();
+        assert!(workload.report.meta_prompts > 0, "{other}: {:?}", workload.report);
+        assert_eq!(workload.report.invoked_commands, 0, "{other}");
+    }
 }
