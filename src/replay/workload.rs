@@ -555,8 +555,7 @@ fn workload_with(
         "world": Value::Object(world),
         "script": script,
     });
-    let text = serde_json::to_string(&document).expect("a JSON value serializes");
-    let scenario = crate::scenario::parse_scenario(&text, file)?;
+    let scenario = crate::scenario::parse_scenario_document(&document, file)?;
     Ok(Workload { scenario, document, main_calls, subagent_calls, report })
 }
 
@@ -1142,7 +1141,6 @@ pub fn size_unmodelled(
         }
         steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
     }
-    let text = serde_json::to_string(&workload.document).expect("a JSON value serializes");
-    workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;
+    workload.scenario = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
     Ok(sizing)
 }
