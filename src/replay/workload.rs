@@ -958,7 +958,7 @@ pub fn warm_prefix(
     };
     let mut probe = workload.scenario.clone();
     probe.script.truncate(first + 1);
-    let counter = crate::measure::TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+    let counter = measurer.counter().fresh_like();
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
     probe_measurer.set_billing_key(REAL_SESSION_BILLING);
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
@@ -1016,9 +1016,9 @@ pub fn size_unmodelled(
     measurer: &crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<Sizing, String> {
-    use crate::measure::{Measurer, TokenCounter, blocks::Region};
+    use crate::measure::{Measurer, blocks::Region};
     let fresh = || {
-        let counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+        let counter = measurer.counter().fresh_like();
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
     let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
@@ -1044,7 +1044,7 @@ pub fn size_unmodelled(
         return Ok(sizing);
     };
     let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
-    let mut counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+    let mut counter = measurer.counter().fresh_like();
     let flat = crate::measure::blocks::flatten(&request, &mut counter, &key);
     sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
     // The opening message without the typed prompt (the replay counts that as recorded).
