@@ -6,9 +6,11 @@
 # tree of copies: ccusage does not follow symbolic links to files); both tools read that tree
 # through CLAUDE_CONFIG_DIR. The runs alternate (ccusage, audit cold, audit warm, ccusage, ...) so
 # a load change on the shared machine hits all; each figure is the median of RUNS runs. "Cold" is
-# `audit --no-token-cache` (every text tokenized); "warm" reads the token-count cache a first
-# run wrote (CTXSIM_CACHE_DIR, a temporary directory). CTXSIM_BIN_BEFORE=PATH adds a column for
-# another binary (cold; e.g. the commit before a change).
+# `audit --no-cache` (every session replayed, every text tokenized); "warm" is
+# `audit --no-result-cache` (every session replayed, texts' counts from the token-count cache a
+# first run wrote); "cached" is plain `audit`, every session's result read from the result cache
+# the first run wrote (all in CTXSIM_CACHE_DIR, a temporary directory). CTXSIM_BIN_BEFORE=PATH
+# adds a column for another binary (plain `audit`; e.g. the commit before a change).
 #
 # Needs ccusage 20.0.24: `npm install ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24` in a
 # directory outside the repository, given as CCUSAGE_DIR (default /work/tools).
@@ -39,7 +41,7 @@ wall() {
 }
 median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-# One warm-up each (page cache, node's compile cache); the audit's also writes the token cache.
+# One warm-up each (page cache, node's compile cache); the audit's also writes both caches.
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 wall "$ccusage" session --json --offline > /dev/null
 wall "$bin" audit --no-progress > /dev/null
@@ -47,11 +49,13 @@ wall "$bin" audit --no-progress > /dev/null
 : > "$work/ccusage.times"
 : > "$work/cold.times"
 : > "$work/warm.times"
+: > "$work/cached.times"
 : > "$work/before.times"
 for _ in $(seq "$runs"); do
   wall "$ccusage" session --json --offline >> "$work/ccusage.times"
-  wall "$bin" audit --no-progress --no-token-cache >> "$work/cold.times"
-  wall "$bin" audit --no-progress >> "$work/warm.times"
+  wall "$bin" audit --no-progress --no-cache >> "$work/cold.times"
+  wall "$bin" audit --no-progress --no-result-cache >> "$work/warm.times"
+  wall "$bin" audit --no-progress >> "$work/cached.times"
   [ -z "$before" ] || wall "$before" audit --no-progress >> "$work/before.times"
 done
 c=$(median < "$work/ccusage.times")
@@ -62,6 +66,7 @@ report() {
   a=$(median < "$work/$2.times")
   echo "$1: $(tr '\n' ' ' < "$work/$2.times")-> median ${a}s, ratio to ccusage $(echo "scale=2; $a / $c" | bc)"
 }
-report "ctxsim audit, cold (--no-token-cache)" cold
-report "ctxsim audit, warm (token cache)" warm
+report "ctxsim audit, cold (--no-cache)" cold
+report "ctxsim audit, warm (token cache, --no-result-cache)" warm
+report "ctxsim audit, results cached" cached
 [ -z "$before" ] || report "CTXSIM_BIN_BEFORE audit" before

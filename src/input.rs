@@ -137,6 +137,19 @@ pub fn cap_message(message: &str) -> String {
 /// The longest message [`cap_message`] lets through, in characters.
 pub const MAX_MESSAGE_CHARS: usize = 800;
 
+/// An `f64` read from JSON exactly: the number's own text parsed by `str::parse` (correctly
+/// rounded), where serde_json's default parser may land one unit in the last place off for
+/// 17-digit numbers. For values written by serde_json and read back (the audit result cache,
+/// `replay::audit_cache`), so a value read equals the value written; `null` (how serde_json
+/// writes a NaN or an infinity) reads as NaN. Needs a borrowing serde_json deserializer.
+pub fn exact_f64<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    let raw: &serde_json::value::RawValue = serde::Deserialize::deserialize(deserializer)?;
+    match raw.get() {
+        "null" => Ok(f64::NAN),
+        text => text.parse::<f64>().map_err(|e| serde::de::Error::custom(format!("number {}: {e}", excerpt(text)))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::measure::token_cache::{self, SharedCounts, TokenCache};
 use crate::measure::{Calibration, Measurer, ModelTable, TokenCounter};
 use crate::replay::audit::{GroupBy, SessionAudit, audit_session, group, sort_audits};
+use crate::replay::audit_cache::{AuditCache, Lookup, RunKey};
 use crate::replay::load_session;
 use crate::report::audit::{AuditJson, audit_columns, audit_csv, audit_table, by_name};
 use crate::report::output::write_atomic;
@@ -84,20 +85,17 @@ pub struct AuditArgs {
     /// tokenized again. The counts, hence the output, are the same either way.
     #[arg(long)]
     pub no_token_cache: bool,
+    /// Neither read nor write the per-session result cache (`audit-results-v1/` in the same
+    /// directory; keyed by the session's files, the executable and the options that change a
+    /// result): every session is replayed. The output is the same either way.
+    #[arg(long)]
+    pub no_result_cache: bool,
+    /// Neither cache: `--no-token-cache` and `--no-result-cache`.
+    #[arg(long)]
+    pub no_cache: bool,
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
-    // Texts' `bpe` counts, shared by every replay of the run and kept across runs.
-    let cache = (!args.no_token_cache && args.estimator != Estimator::Chars4).then(token_cache::default_dir).flatten().map(|dir| TokenCache::open(&dir));
-    let (cache, shared) = match cache {
-        Some((cache, shared)) => (Some(cache), shared),
-        None => (None, SharedCounts::default()),
-    };
-    // With counts from an earlier run, the tokenizer is built only if a text misses them.
-    if shared.loaded() == 0 {
-        super::common::warm_tokenizer(args.estimator);
-    }
-    let shared = Arc::new(shared);
     let mut files = args.sessions.files()?;
     if let Some(text) = &args.shard {
         let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
@@ -126,7 +124,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         inputs.refuse_file("--output", path)?;
     }
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &inputs)).transpose()?;
-    let make = || Measurer::new(table.clone(), TokenCounter::with_calibration(args.estimator.into(), calibration.clone()).with_shared(shared.clone())).without_body_hashes();
     let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
     let may_draw = !args.no_progress && std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -137,27 +134,81 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
     // Results are put back in file order, so the output does not depend on the schedule.
     let mut order: Vec<(u64, usize)> = files.iter().enumerate().map(|(k, f)| (std::fs::metadata(&f.path).map_or(0, |m| m.len()), k)).collect();
     order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let results: Vec<Result<SessionAudit, String>> = pool.install(|| {
-        let mut done: Vec<(usize, Result<SessionAudit, String>)> = order
+    let step = || {
+        progress.inc(1);
+        if may_draw && started.elapsed() > Duration::from_secs(1) && !drawing.swap(true, Ordering::Relaxed) {
+            progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+    };
+    // Finished sessions' results from earlier runs (`replay::audit_cache`), looked up first:
+    // when every session hits, no token count is loaded and no tokenizer built.
+    let result_cache = if args.no_result_cache || args.no_cache { None } else { result_cache(&args, files.is_empty()) };
+    let mut lookups: Vec<Lookup> = match &result_cache {
+        Some(cache) => pool.install(|| files.par_iter().with_max_len(1).map(|file| cache.lookup(file)).collect()),
+        None => files.iter().map(|_| Lookup::Miss { key: None, note: None }).collect(),
+    };
+    let mut results: Vec<Option<Result<SessionAudit, String>>> = Vec::with_capacity(files.len());
+    let mut cache_notes = Vec::new();
+    for lookup in &mut lookups {
+        match std::mem::replace(lookup, Lookup::Miss { key: None, note: None }) {
+            Lookup::Hit(audit) => {
+                step();
+                results.push(Some(Ok(*audit)));
+            }
+            Lookup::Miss { key, note } => {
+                cache_notes.extend(note);
+                *lookup = Lookup::Miss { key, note: None };
+                results.push(None);
+            }
+        }
+    }
+    let misses: Vec<(u64, usize)> = order.into_iter().filter(|&(_, k)| results[k].is_none()).collect();
+    // Texts' `bpe` counts, shared by every replay of the run and kept across runs.
+    let cache = (!misses.is_empty() && !args.no_token_cache && !args.no_cache && args.estimator != Estimator::Chars4).then(token_cache::default_dir).flatten().map(|dir| TokenCache::open(&dir));
+    let (cache, shared) = match cache {
+        Some((cache, shared)) => (Some(cache), shared),
+        None => (None, SharedCounts::default()),
+    };
+    // With counts from an earlier run, the tokenizer is built only if a text misses them.
+    if !misses.is_empty() && shared.loaded() == 0 {
+        super::common::warm_tokenizer(args.estimator);
+    }
+    let shared = Arc::new(shared);
+    let make = || Measurer::new(table.clone(), TokenCounter::with_calibration(args.estimator.into(), calibration.clone()).with_shared(shared.clone())).without_body_hashes();
+    let computed: Vec<(usize, Result<SessionAudit, String>, Option<String>)> = pool.install(|| {
+        misses
             .par_iter()
             .with_max_len(1)
-            .map(|&(_, k)| (k, &files[k]))
-            .map(|(k, file)| {
+            .map(|&(_, k)| {
+                let file = &files[k];
                 let out = match load_session(&file.path) {
                     Ok(session) => Ok(audit_session(file, &session, &table, &make)),
                     Err(e) => Err(format!("{}: skipped: {e}", file.path.display())),
                 };
-                progress.inc(1);
-                if may_draw && started.elapsed() > Duration::from_secs(1) && !drawing.swap(true, Ordering::Relaxed) {
-                    progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-                }
-                (k, out)
+                // A result that cannot be kept costs the next run time, not this run its result.
+                let stored = match (&result_cache, &lookups[k], &out) {
+                    (Some(cache), Lookup::Miss { key: Some(key), .. }, Ok(audit)) => cache.store(file, *key, audit).err().map(|e| format!("{}: {e}", cache.entry_path(file).display())),
+                    _ => None,
+                };
+                step();
+                (k, out, stored)
             })
-            .collect();
-        done.sort_by_key(|(k, _)| *k);
-        done.into_iter().map(|(_, r)| r).collect()
+            .collect()
     });
+    let mut unwritten = Vec::new();
+    for (k, out, stored) in computed {
+        results[k] = Some(out);
+        unwritten.extend(stored);
+    }
     progress.finish_and_clear();
+    for note in &cache_notes {
+        eprintln!("{note}");
+    }
+    unwritten.sort();
+    if let Some(first) = unwritten.first() {
+        eprintln!("note: audit result cache: {} of {} results not written (first: {first})", unwritten.len(), files.len());
+    }
+    let results = results.into_iter().map(|r| r.expect("every session audited or read from the cache"));
     if let Some(cache) = &cache {
         if let token_cache::Loaded::Ignored(reason) = &cache.loaded {
             eprintln!("note: token-count cache {} ignored ({reason}); rewritten", cache.path().display());
@@ -221,4 +272,23 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         eprintln!("{p}");
     }
     Ok(if problems.is_empty() { super::exit::OK } else { super::exit::BAD_INPUT })
+}
+
+/// The result cache of this run (`replay::audit_cache`): in the token-count cache's directory,
+/// keyed by the executable and the options that change a session's result (the estimator, a
+/// `--model-table` file's bytes). `None`, with a note, when the key cannot be made.
+fn result_cache(args: &AuditArgs, no_files: bool) -> Option<AuditCache> {
+    let dir = token_cache::default_dir().filter(|_| !no_files)?;
+    let table = match &args.model_table {
+        Some(path) => std::fs::read(path).ok()?,
+        None => b"shipped".to_vec(),
+    };
+    let estimator = format!("{:?}", args.estimator);
+    match RunKey::new(&[estimator.as_bytes(), &table]) {
+        Ok(run) => Some(AuditCache::new(&dir, run)),
+        Err(e) => {
+            eprintln!("note: audit result cache not used: the running executable could not be read ({e})");
+            None
+        }
+    }
 }

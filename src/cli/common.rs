@@ -15,6 +15,12 @@ pub fn warm_tokenizer(estimator: super::args::Estimator) {
 
 /// Builds a measurer from the common options.
 pub fn measurer(opts: &MeasureOpts) -> anyhow::Result<Measurer> {
+    measurer_sharing(opts, None)
+}
+
+/// [`measurer`] whose counter shares `bpe` text counts with the run's other measurers
+/// (`TokenCounter::with_shared`; the counts are the same either way).
+pub fn measurer_sharing(opts: &MeasureOpts, shared: Option<&std::sync::Arc<crate::measure::token_cache::SharedCounts>>) -> anyhow::Result<Measurer> {
     let table = match &opts.model_table {
         Some(path) => ModelTable::load(path)?,
         None => ModelTable::shipped(),
@@ -23,7 +29,11 @@ pub fn measurer(opts: &MeasureOpts) -> anyhow::Result<Measurer> {
         Some(path) => Calibration::load(path)?,
         None => Calibration::shipped(),
     };
-    Ok(Measurer::new(table, TokenCounter::with_calibration(opts.estimator.into(), calibration)))
+    let counter = TokenCounter::with_calibration(opts.estimator.into(), calibration);
+    Ok(Measurer::new(table, match shared {
+        Some(shared) => counter.with_shared(shared.clone()),
+        None => counter,
+    }))
 }
 
 /// The inputs of the measuring options themselves (model table, calibration) plus `paths`.

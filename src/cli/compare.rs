@@ -50,7 +50,8 @@ pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Re
         diag.report(&input.warnings);
     }
     measurer(&args.measure)?;
-    let make = || measurer(&args.measure).expect("options were checked");
+    let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
+    let make = || super::common::measurer_sharing(&args.measure, Some(&shared)).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
     let evaluations = pool.install(|| compare_with(&inputs, &strategies, &make, args.out.is_some(), args.engine.into()))?;
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {

@@ -94,8 +94,10 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     };
     let mut reports = Vec::new();
     let mut breaks = Vec::new();
+    // Texts' `bpe` counts shared by every measurer of the run (the counts are the same either way).
+    let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
     for session in &sessions {
-        let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone());
+        let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone()).with_shared(shared.clone());
         // Fidelity outputs compare usage; no trace rows, no fingerprints.
         let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
         let (replay, mut report) = score_session(session, &mut measurer, &args, &options, &table, args.calls || args.plot.is_some())?;

@@ -109,7 +109,8 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     let indices: Vec<usize> = (0..grid.len()).filter(|i| shard.is_none_or(|(s, n)| i % n == s)).collect();
     measurer(&args.measure)?;
     // A sweep point's outputs are totals, never trace rows or fingerprints.
-    let make = || measurer(&args.measure).expect("options were checked").without_body_hashes();
+    let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
+    let make = || super::common::measurer_sharing(&args.measure, Some(&shared)).expect("options were checked").without_body_hashes();
     let progress = indicatif::ProgressBar::new((indices.len() * inputs.len()) as u64);
     if args.measure.no_progress || args.measure.quiet || !std::io::stderr().is_terminal() {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());

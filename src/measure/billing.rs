@@ -8,13 +8,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::models::{ModelTable, Price, UnknownModel};
 use crate::api::Usage;
 
 /// Billed token counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BilledTokens {
     pub input: u64,
     pub output: u64,
@@ -105,9 +105,10 @@ pub fn bill_call(table: &ModelTable, model: &str, usage: &Usage) -> Result<CallB
 }
 
 /// Sums of priced calls, per model label.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Bill {
     pub tokens: BilledTokens,
+    #[serde(deserialize_with = "crate::input::exact_f64")]
     pub cost_usd: f64,
     pub calls: u64,
     /// Per model label: tokens, cost, calls.
@@ -116,9 +117,10 @@ pub struct Bill {
     pub unpriced: BTreeMap<String, u64>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelBill {
     pub tokens: BilledTokens,
+    #[serde(deserialize_with = "crate::input::exact_f64")]
     pub cost_usd: f64,
     pub calls: u64,
 }

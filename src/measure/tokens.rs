@@ -292,6 +292,17 @@ impl TokenCounter {
         self
     }
 
+    /// A new counter (empty memo) of the same estimator and calibration, sharing this one's
+    /// `bpe` text counts: for the extra measurers a replay makes (probe runs, sizing replays), so
+    /// a text one of them counted is not tokenized again by the others.
+    pub fn fresh_like(&self) -> TokenCounter {
+        let counter = TokenCounter::with_calibration(self.kind, self.calibration.clone());
+        match &self.shared {
+            Some(shared) => counter.with_shared(shared.clone()),
+            None => counter,
+        }
+    }
+
     pub fn kind(&self) -> EstimatorKind {
         self.kind
     }

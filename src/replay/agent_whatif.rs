@@ -95,8 +95,7 @@ impl Prepared {
     /// scenario): what a user's environment would be for every run of the session.
     pub fn set_env(&mut self, env: BTreeMap<String, String>, file: &str) -> Result<(), String> {
         self.workload.document["world"]["env"] = serde_json::to_value(&env).expect("a map serializes");
-        let text = serde_json::to_string(&self.workload.document).expect("a JSON value serializes");
-        self.workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;
+        self.workload.scenario = crate::scenario::parse_scenario_document(&self.workload.document, file).map_err(|e| e.to_string())?;
         self.env = env_of(&self.workload.scenario);
         Ok(())
     }
@@ -263,8 +262,7 @@ fn planned(prepared: &Prepared, file: &str, plan: &Plan) -> Result<crate::scenar
         }
     }
     steps.extend(plan.lane.iter().cloned());
-    let text = serde_json::to_string(&document).expect("a JSON value serializes");
-    crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())
+    crate::scenario::parse_scenario_document(&document, file).map_err(|e| e.to_string())
 }
 
 /// One run's raw results.

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::api::{CacheCreation, CacheTtl, Usage};
 use crate::measure::billing::{Bill, BilledTokens, bill_call};
@@ -53,11 +53,12 @@ pub const AUTOCOMPACT_PCTS: [u64; 3] = [50, 70, 90];
 pub const LOSS_JUDGED_PRESETS: [&str; 2] = ["claude-code-no-microcompact", "claude-code-summary-only"];
 
 /// Breaks of one cause.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CauseLoss {
     pub breaks: u64,
     /// Tokens written again that were cached before the break.
     pub tokens: u64,
+    #[serde(deserialize_with = "crate::input::exact_f64")]
     pub cost_usd: f64,
 }
 
@@ -70,7 +71,7 @@ impl CauseLoss {
 }
 
 /// A recorded compaction.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompactionRow {
     pub time: String,
     /// `auto` or `manual`.
@@ -79,13 +80,15 @@ pub struct CompactionRow {
 }
 
 /// A what-if and what it would have changed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WhatIf {
     /// `ttl_main=1h`, ...
     pub name: String,
     /// Simulated cost as recorded minus simulated cost under the what-if (positive: cheaper).
+    #[serde(deserialize_with = "crate::input::exact_f64")]
     pub saving_usd: f64,
     /// Of the billed cost.
+    #[serde(deserialize_with = "crate::input::exact_f64")]
     pub saving_pct: f64,
     /// Why the what-if changes nothing on the session (then the saving is 0 and nothing was
     /// replayed for it, or the replay moved nothing).
@@ -123,17 +126,18 @@ fn autocompact_unchanged(session: &ImportedSession, replay: &super::session::Ses
 }
 
 /// One day's share of a session (UTC days).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DayShare {
     pub calls: u64,
     pub tokens: BilledTokens,
+    #[serde(deserialize_with = "crate::input::exact_f64")]
     pub cost_usd: f64,
     /// Breaks by cause.
     pub breaks: BTreeMap<String, CauseLoss>,
 }
 
 /// One call of the main lane, for the context-per-call plot.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlotPoint {
     pub call: usize,
     pub context_tokens: u64,
@@ -142,7 +146,7 @@ pub struct PlotPoint {
 }
 
 /// The audit of one session.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionAudit {
     pub project: String,
     pub session_id: String,

@@ -21,11 +21,14 @@
 //! - [`loss`]: the information loss of each compaction (tokens, references lost, re-reads).
 //! - [`workload`]: a recorded session as the scenario that drives the agent through it.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
+//! - [`audit_cache`]: `audit`'s per-session results kept across runs, keyed by a hash of
+//!   everything that decides them.
 //! - [`uncertainty`]: which calls' outcome rests on a modelled rule, and the range of
 //!   Σcreation and cost the rules' observed hit rates leave open.
 
 pub mod agent_whatif;
 pub mod audit;
+pub mod audit_cache;
 pub mod breaks;
 pub mod crossval;
 pub mod discover;

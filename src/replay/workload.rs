@@ -594,8 +594,7 @@ fn workload_with(
         "world": Value::Object(world),
         "script": script,
     });
-    let text = serde_json::to_string(&document).expect("a JSON value serializes");
-    let scenario = crate::scenario::parse_scenario(&text, file)?;
+    let scenario = crate::scenario::parse_scenario_document(&document, file)?;
     Ok(Workload { scenario, document, main_calls, subagent_calls, report })
 }
 
@@ -1007,7 +1006,7 @@ pub fn warm_prefix(
     };
     let mut probe = workload.scenario.clone();
     probe.script.truncate(first + 1);
-    let counter = crate::measure::TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+    let counter = measurer.counter().fresh_like();
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
     probe_measurer.set_billing_key(REAL_SESSION_BILLING);
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
@@ -1065,9 +1064,9 @@ pub fn size_unmodelled(
     measurer: &crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<Sizing, String> {
-    use crate::measure::{Measurer, TokenCounter, blocks::Region};
+    use crate::measure::{Measurer, blocks::Region};
     let fresh = || {
-        let counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+        let counter = measurer.counter().fresh_like();
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
     let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
@@ -1093,7 +1092,7 @@ pub fn size_unmodelled(
         return Ok(sizing);
     };
     let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
-    let mut counter = TokenCounter::with_calibration(measurer.counter().kind(), measurer.counter().calibration().clone());
+    let mut counter = measurer.counter().fresh_like();
     let flat = crate::measure::blocks::flatten(&request, &mut counter, &key);
     sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
     // The opening message without the typed prompt (the replay counts that as recorded).
@@ -1195,7 +1194,6 @@ pub fn size_unmodelled(
         }
         steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
     }
-    let text = serde_json::to_string(&workload.document).expect("a JSON value serializes");
-    workload.scenario = crate::scenario::parse_scenario(&text, file).map_err(|e| e.to_string())?;
+    workload.scenario = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
     Ok(sizing)
 }

@@ -175,6 +175,32 @@ pub fn parse_scenario(text: &str, file_name: &str) -> Result<Scenario, ScenarioE
     })
 }
 
+/// [`parse_scenario`] of a scenario held as a JSON document (a recorded session's workload,
+/// `replay::workload`), without writing it out and reading it back as YAML: the document is
+/// deserialized directly. A valid document gives the scenario the text would (JSON is YAML, and
+/// every value type reads the same visitor calls from both; tested on every shipped workload);
+/// anything the direct reading refuses, or a document nested deeper than the text check allows,
+/// goes through the text, so errors are the text's, with their lines and columns.
+pub fn parse_scenario_document(document: &serde_json::Value, file_name: &str) -> Result<Scenario, ScenarioError> {
+    // The text check counts a one-line JSON document's nesting plus its line's level.
+    if json_depth(document) < MAX_YAML_DEPTH
+        && let Ok(raw) = <RawScenario as serde::Deserialize>::deserialize(document)
+        && let Ok(scenario) = check(raw, file_name)
+    {
+        return Ok(scenario);
+    }
+    parse_scenario(&serde_json::to_string(document).expect("a JSON value serializes"), file_name)
+}
+
+/// Levels of arrays and objects in `value` (a scalar is 0).
+fn json_depth(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Array(items) => 1 + items.iter().map(json_depth).max().unwrap_or(0),
+        serde_json::Value::Object(map) => 1 + map.values().map(json_depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// Splits a serde_norway error into our parts. Its Display is `<its path>: <message> at line L
 /// column C`; we print the position and the path ourselves, so both are cut from the message.
 fn from_yaml_error(err: &serde_norway::Error, file_name: &str) -> Diagnostic {

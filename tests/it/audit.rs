@@ -244,7 +244,7 @@ fn html_report_has_every_plot_and_every_link_resolves() {
 fn audit_output_is_the_same_for_one_and_two_threads() {
     let dir = transcripts();
     let run = |jobs: &str| {
-        let out = ctxsim(&["audit", dir.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--json", "--jobs", jobs], &[]);
+        let out = ctxsim(&["audit", dir.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--json", "--no-result-cache", "--jobs", jobs], &[]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out.stdout
     };
@@ -469,7 +469,8 @@ fn the_token_count_cache_is_created_reused_ignored_when_damaged_and_optional() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(ctxsim::measure::token_cache::FILE_NAME);
     let run = |extra: &[&str]| {
-        let mut args = vec!["audit", session.to_str().unwrap(), "--json", "--no-progress"];
+        // The results replayed every time (`--no-result-cache`): the counts decide them.
+        let mut args = vec!["audit", session.to_str().unwrap(), "--json", "--no-progress", "--no-result-cache"];
         args.extend_from_slice(extra);
         let out = ctxsim(&args, &[("CTXSIM_CACHE_DIR", dir.path())]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -513,4 +514,100 @@ fn the_token_count_cache_is_created_reused_ignored_when_damaged_and_optional() {
     let (off, _) = run(&["--no-token-cache"]);
     assert_eq!(off, plain);
     assert_eq!(std::fs::read(&file).unwrap(), doubled);
+}
+
+/// The per-session result cache (`replay::audit_cache`): a second run reads every session's
+/// result from it (an entry edited with a valid checksum shows in the output), with output
+/// byte-identical to a run without it, the HTML report included; a damaged entry is recomputed
+/// with a note naming it and rewritten; a changed session file or a new file in its subagent
+/// directory misses; `--no-result-cache` and `--no-cache` neither read nor write it.
+#[test]
+fn the_result_cache_is_reused_byte_identical_recomputed_when_damaged_and_missed_when_a_session_changes() {
+    let work = tempfile::tempdir().unwrap();
+    let project = work.path().join("sessions/NumWordify");
+    std::fs::create_dir_all(&project).unwrap();
+    let session = project.join("S.jsonl");
+    std::fs::copy(transcripts().join("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl"), &session).unwrap();
+    let cache = work.path().join("cache");
+    let entries = cache.join(ctxsim::replay::audit_cache::DIR_NAME);
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["audit", session.to_str().unwrap(), "--json", "--no-progress", "--out"];
+        let out = work.path().join(out);
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let done = ctxsim(&args, &[("CTXSIM_CACHE_DIR", &cache)]);
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+        let report: BTreeMap<String, Vec<u8>> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().path()).map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())).collect();
+        (done.stdout, report, String::from_utf8_lossy(&done.stderr).into_owned())
+    };
+    let entry = || {
+        let files: Vec<PathBuf> = std::fs::read_dir(&entries).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+        assert!(files.len() <= 1, "{files:?}");
+        files.into_iter().next()
+    };
+    // Off: nothing written.
+    let (plain, plain_report, _) = run(&["--no-cache"], "plain");
+    assert!(entry().is_none());
+    // Written by the first run, read by the second: the same output and report.
+    let (cold, cold_report, _) = run(&[], "cold");
+    assert_eq!((&cold, &cold_report), (&plain, &plain_report));
+    let path = entry().expect("an entry written");
+    let written = std::fs::read(&path).unwrap();
+    let (warm, warm_report, stderr) = run(&[], "warm");
+    assert_eq!((&warm, &warm_report), (&plain, &plain_report));
+    assert!(!stderr.contains("note:"), "{stderr}");
+    assert_eq!(std::fs::read(&path).unwrap(), written);
+    // Its result is the one used: an entry with another call count (checksum recomputed).
+    let header_end = written.iter().position(|&b| b == b'\n').unwrap();
+    let mut payload: Value = serde_json::from_slice(&written[header_end + 1..]).unwrap();
+    payload["audit"]["calls"] = Value::from(987654321u64);
+    let payload = serde_json::to_vec(&payload).unwrap();
+    let header = std::str::from_utf8(&written[..header_end]).unwrap();
+    let key = header.split(' ').nth(1).unwrap();
+    let mut edited = format!("ctxsim-audit-result-v1 {key} {:032x}\n", xxhash_rust::xxh3::xxh3_128(&payload)).into_bytes();
+    edited.extend_from_slice(&payload);
+    std::fs::write(&path, &edited).unwrap();
+    let shows = |out: &[u8]| String::from_utf8_lossy(out).contains("987654321");
+    let (read, ..) = run(&[], "edited");
+    assert!(shows(&read), "the entry was not read");
+    // Not read with the cache off.
+    for off in ["--no-result-cache", "--no-cache"] {
+        let (out, ..) = run(&[off], "off");
+        assert_eq!(out, plain, "{off}");
+        assert_eq!(std::fs::read(&path).unwrap(), edited, "{off} wrote the entry");
+    }
+    // Damaged (a flipped byte of the payload): recomputed with a note naming it, rewritten.
+    let mut damaged = written.clone();
+    let last = damaged.len() - 3;
+    damaged[last] ^= 0x01;
+    std::fs::write(&path, &damaged).unwrap();
+    let (repaired, repaired_report, stderr) = run(&[], "repaired");
+    assert_eq!((&repaired, &repaired_report), (&plain, &plain_report));
+    assert!(stderr.contains(&format!("audit result cache entry {} fails its checksum; the session was audited again", path.display())), "{stderr}");
+    assert_eq!(std::fs::read(&path).unwrap(), written);
+    // Not an entry at all (truncated to nothing): the same.
+    std::fs::write(&path, b"").unwrap();
+    let (_, _, stderr) = run(&[], "empty");
+    assert!(stderr.contains("has no header line"), "{stderr}");
+    assert_eq!(std::fs::read(&path).unwrap(), written);
+    // A changed session file misses (the edited entry is not read) and its entry is replaced.
+    std::fs::write(&path, &edited).unwrap();
+    let mut bytes = std::fs::read(&session).unwrap();
+    bytes.extend_from_slice(b"\n");
+    std::fs::write(&session, &bytes).unwrap();
+    let (changed, ..) = run(&[], "changed");
+    assert!(!shows(&changed), "a changed session read the old entry");
+    assert_eq!(changed, run(&["--no-cache"], "changed-plain").0);
+    assert_ne!(std::fs::read(&path).unwrap(), edited);
+    // So does a new file in its subagent directory.
+    let rewritten = std::fs::read(&path).unwrap();
+    let header_end = rewritten.iter().position(|&b| b == b'\n').unwrap();
+    let key = std::str::from_utf8(&rewritten[..header_end]).unwrap().split(' ').nth(1).unwrap().to_owned();
+    let mut edited = format!("ctxsim-audit-result-v1 {key} {:032x}\n", xxhash_rust::xxh3::xxh3_128(&payload)).into_bytes();
+    edited.extend_from_slice(&payload);
+    std::fs::write(&path, &edited).unwrap();
+    assert!(shows(&run(&[], "edited-again").0), "the entry was not read");
+    std::fs::create_dir_all(project.join("S/subagents")).unwrap();
+    std::fs::write(project.join("S/subagents/agent-a.meta.json"), "{}").unwrap();
+    assert!(!shows(&run(&[], "subagent").0), "a changed subagent directory read the old entry");
 }

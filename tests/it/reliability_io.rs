@@ -339,14 +339,14 @@ fn killed_plot_fit_shapes_junit_and_audit_writers_leave_the_previous_output_or_t
     // Directory outputs, each with a file of the previous generation that must survive.
     let dir_writers: Vec<(Vec<&str>, &str)> = vec![
         (vec!["fidelity", "s.jsonl", "--estimator", "chars4", "--plot", "plots"], "plots"),
-        (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--out", "aud"], "aud"),
+        (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--no-result-cache", "--out", "aud"], "aud"),
     ];
     let mut total = check_killed_dir_writers(dir.path(), &dir_writers, 8);
     let file_writers: Vec<(Vec<&str>, &str)> = vec![
         (vec!["fidelity", "s.jsonl", "--estimator", "chars4", "--fit", "fit.json"], "fit.json"),
         (vec!["diff-requests", "log.jsonl", "log.jsonl", "--shapes-out", "shapes.json"], "shapes.json"),
         (vec!["check", "a.yaml", "b.yaml", "--estimator", "chars4", "--quiet", "--junit", "junit.xml"], "junit.xml"),
-        (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--csv", "--output", "audit.csv"], "audit.csv"),
+        (vec!["audit", "s.jsonl", "--estimator", "chars4", "--no-progress", "--no-result-cache", "--csv", "--output", "audit.csv"], "audit.csv"),
     ];
     total += check_killed_file_writers(dir.path(), &file_writers, 6);
     assert_eq!(total, 2 * 8 + 4 * 6);

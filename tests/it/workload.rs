@@ -78,6 +78,16 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
         assert_eq!(outputs.len(), workload.report.tool_outputs + subagent_outputs + workload.report.unwritten_results, "{}", path.display());
         assert!(outputs.iter().all(|id| called.contains(id)), "{}", path.display());
         assert!(workload.report.user_prompts > 0, "{}", path.display());
+        // Read from its document directly, the scenario is the one its text gives.
+        let file = path.display().to_string();
+        let text = serde_json::to_string(&workload.document).unwrap();
+        assert!(workload.scenario == ctxsim::scenario::parse_scenario(&text, &file).unwrap(), "{file}");
+        // A document the direct reading refuses gives the text's error, lines and all.
+        let mut bad = workload.document.clone();
+        bad["script"][0]["user"] = serde_json::json!({ "not": "a prompt" });
+        let direct = ctxsim::scenario::parse_scenario_document(&bad, &file).unwrap_err().to_string();
+        assert_eq!(direct, ctxsim::scenario::parse_scenario(&serde_json::to_string(&bad).unwrap(), &file).unwrap_err().to_string());
+        assert!(direct.contains(":1:"), "{direct}");
     }
 }
 
