@@ -1150,7 +1150,7 @@ pub fn size_unmodelled(
         doc["world"]["append_system_prompt"] = Value::String(joined("recorded client prompt not modelled", dynamic_filler));
     }
     // The recorded client's system prompt was cached at its end: each of the 13 shipped sessions
-    // whose record shows a read falling into the unrecorded part reads the whole prefix there
+    // whose record shows a read falling into the unrecorded part shows one of the whole prefix
     // (its only level, or the higher of two), which the 2.1.88 layout (the dynamic block
     // unmarked) cannot give after a compaction.
     doc["world"]["dynamic_system_marker"] = Value::Bool(true);
