@@ -1399,6 +1399,7 @@ impl Session {
             ttl: self.strategy.ttl_for(&lane),
             prompt_caching: self.strategy.prompt_caching,
             attribution_header: self.strategy.attribution_header,
+            dynamic_marker: world.dynamic_system_marker,
         };
         let system = match self.thread.agent() {
             None => self.system_cache.build(&inputs, &system_options, &self.profile),
@@ -1584,6 +1585,7 @@ impl Session {
         inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
         inputs.inline_mcp_tools = pool.inline_mcp;
         inputs.append_system_prompt = world.append_system_prompt.clone();
+        inputs.static_system_prompt = world.static_system_prompt.clone();
         inputs
     }
 }

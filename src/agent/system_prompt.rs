@@ -54,6 +54,9 @@ pub struct SystemPromptInputs {
     pub first_user_text: String,
     /// `--append-system-prompt`, pushed as one more element after the dynamic sections.
     pub append_system_prompt: Option<String>,
+    /// Text pushed as one more element after the static sections, before the boundary
+    /// (`world.static_system_prompt`: a real session's sized filler). Not the subagents'.
+    pub static_system_prompt: Option<String>,
     /// Names of the tools enabled this turn (deferred ones included): guidance bullets and the
     /// task tool named in `using_your_tools` depend on them.
     pub enabled_tools: Vec<String>,
@@ -128,6 +131,7 @@ impl SystemPromptInputs {
             interactive: false,
             first_user_text: "<system-reminder>\nThe following skills are available".into(),
             append_system_prompt: None,
+            static_system_prompt: None,
             enabled_tools: crate::agent::tools::base_tool_names(false).iter().map(|s| s.to_string()).collect(),
             skills_present: true,
             explore_agents: true,
@@ -172,6 +176,10 @@ pub struct SystemPromptOptions {
     pub prompt_caching: bool,
     /// Emit the attribution block (`CLAUDE_CODE_ATTRIBUTION_HEADER` / gate).
     pub attribution_header: bool,
+    /// Mode B's dynamic block carries a marker of its own (org scope), as 2.1.332 first party's
+    /// does and as the recorded clients' system prompts were cached at their end
+    /// (`world.dynamic_system_marker`). Off: the 2.1.88 layout, the dynamic block unmarked.
+    pub dynamic_marker: bool,
 }
 
 impl Default for SystemPromptOptions {
@@ -183,6 +191,7 @@ impl Default for SystemPromptOptions {
             ttl: None,
             prompt_caching: true,
             attribution_header: true,
+            dynamic_marker: false,
         }
     }
 }
@@ -328,7 +337,10 @@ impl SystemPromptCache {
         profile: &SizeProfile,
     ) -> SystemPromptBuild {
         let writer = Writer { inputs, options, profile };
-        let static_sections = writer.static_sections();
+        let mut static_sections = writer.static_sections();
+        if let Some(text) = inputs.static_system_prompt.as_ref().filter(|text| !text.is_empty()) {
+            static_sections.push(Section { name: "static_system_prompt", text: text.clone() });
+        }
 
         let mut dynamic_sections = Vec::new();
         for &(name, kind) in DYNAMIC_SECTIONS {
@@ -446,6 +458,7 @@ pub const SECTION_NAMES: &[&str] = &[
     "using_your_tools",
     "tone_and_style",
     "output_efficiency",
+    "static_system_prompt",
     "session_guidance",
     "memory",
     "env_info_simple",
@@ -520,9 +533,10 @@ pub fn block_mode(options: &SystemPromptOptions, inline_mcp_tools: bool) -> (Blo
 /// The system array as wire blocks with their markers, from its parts: the attribution text, the
 /// identity line, and the static and dynamic parts (each its sections joined by a blank line;
 /// empty when there are none). Mode B marks the static block with the global scope and leaves the
-/// dynamic one to the message-level breakpoint; modes A and C mark the identity line and the rest
-/// (static and dynamic joined), org-scoped. No marker at all without prompt caching. A replay of
-/// a real session lays its sized parts out through this too ([`crate::replay::session`]).
+/// dynamic one to the message-level breakpoint (or marks it, org-scoped, with `dynamic_marker`);
+/// modes A and C mark the identity line and the rest (static and dynamic joined), org-scoped. No
+/// marker at all without prompt caching. A replay of a real session lays its sized parts out
+/// through this too ([`crate::replay::session`]).
 pub fn layout_blocks(attribution: Option<&str>, identity: &str, statics: &str, dynamics: &str, mode: BlockMode, options: &SystemPromptOptions) -> Vec<SystemBlock> {
     let marker = |scope: Option<CacheScope>| options.prompt_caching.then(|| CacheControl::ephemeral().with_ttl(options.ttl).with_scope(scope));
     let mut blocks = Vec::new();
@@ -536,8 +550,10 @@ pub fn layout_blocks(attribution: Option<&str>, identity: &str, statics: &str, d
                 blocks.push(SystemBlock::text(statics.to_owned()).with_cache_control(marker(Some(CacheScope::Global))));
             }
             if !dynamics.is_empty() {
-                // No marker: the dynamic block is covered by the message-level breakpoint.
-                blocks.push(SystemBlock::text(dynamics.to_owned()));
+                // No marker (the 2.1.88 layout): the dynamic block is covered by the
+                // message-level breakpoint. With `dynamic_marker`, an org-scoped one.
+                let block = SystemBlock::text(dynamics.to_owned());
+                blocks.push(if options.dynamic_marker { block.with_cache_control(marker(None)) } else { block });
             }
         }
         BlockMode::ToolBased | BlockMode::Default => {

@@ -76,6 +76,8 @@ impl ReplayLayout {
             ttl: Some(ttl),
             prompt_caching: self.prompt_caching,
             attribution_header: self.attribution,
+            // The replay's layout what-if keeps the 2.1.88 layout (its dynamic part unmarked).
+            dynamic_marker: false,
         }
     }
 }

@@ -743,6 +743,16 @@ pub struct Sizing {
     pub agent_context_tokens: u64,
     /// Filler added: to the system prompt, to CLAUDE.md, as opening history.
     pub system_filler_tokens: u64,
+    /// The part of `system_filler_tokens` before the boundary, under the global-scope marker
+    /// (`world.static_system_prompt`); the rest follows the agent's dynamic sections
+    /// (`world.append_system_prompt`), whose block carries a marker of its own.
+    #[serde(default)]
+    pub static_filler_tokens: u64,
+    /// The lower of two levels the record shows in the prefix (the first call's read and the
+    /// first level a later read falls to): the part cached with the global scope, which the
+    /// static filler fills the agent's global-scope part up to (0: one level or none shown).
+    #[serde(default)]
+    pub recorded_global_tokens: u64,
     pub claude_md_filler_tokens: u64,
     pub history_filler_tokens: u64,
     /// The files the opening prompt @-mentions, attached to its turn, and their filler: what
@@ -993,19 +1003,19 @@ pub fn warm_prefix(
     measurer: &crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<Option<WarmPrefix>, String> {
-    let warm = session
+    let Some(first) = session
         .calls
         .iter()
         .find(|c| c.lane == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0)
-        .is_some_and(|c| c.usage.cache_read_input_tokens > 0);
-    if !warm {
+        .filter(|c| c.usage.cache_read_input_tokens > 0)
+    else {
         return Ok(None);
-    }
-    let Some(first) = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN)) else {
+    };
+    let Some(reply) = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN)) else {
         return Ok(None);
     };
     let mut probe = workload.scenario.clone();
-    probe.script.truncate(first + 1);
+    probe.script.truncate(reply + 1);
     let counter = measurer.counter().fresh_like();
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
     probe_measurer.set_billing_key(REAL_SESSION_BILLING);
@@ -1015,12 +1025,22 @@ pub fn warm_prefix(
     let Some((row, request)) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == LANE_MAIN) else { return Ok(None) };
     let mut prefix = request.clone();
     prefix.messages.clear();
-    // The whole prefix was cached (the recorded read covers it): its last system block carries
-    // the marker the request's own markers have.
+    // The recorded read covers the prefix through one of its marked levels (the global-scope
+    // part, or the whole system prompt): the one nearest the read is seeded. Without a marked
+    // level, the last system block carries the marker the request's own markers have.
+    probe_measurer.reset();
+    let whole = probe_measurer.flatten(&prefix).map_err(|e| e.to_string())?;
+    let read = first.usage.cache_read_input_tokens;
+    let level = whole.markers.iter().filter(|&&i| i >= whole.counts.tools).min_by_key(|&&i| (whole.tokens_through(i).abs_diff(read), std::cmp::Reverse(i))).map(|&i| i - whole.counts.tools);
     if let Some(crate::api::SystemPrompt::Blocks(blocks)) = &mut prefix.system {
-        let marker = blocks.iter().find_map(|b| b.cache_control.clone());
-        if let (Some(marker), Some(last)) = (marker, blocks.last_mut()) {
-            last.cache_control = Some(marker);
+        match level {
+            Some(last) => blocks.truncate(last + 1),
+            None => {
+                let marker = blocks.iter().find_map(|b| b.cache_control.clone());
+                if let (Some(marker), Some(last)) = (marker, blocks.last_mut()) {
+                    last.cache_control = Some(marker);
+                }
+            }
         }
     }
     probe_measurer.reset();
@@ -1071,13 +1091,25 @@ pub fn size_unmodelled(
     };
     let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
     let shown = shown_sizes(session, &mut fresh());
-    // A first call that read nothing cannot show the prefix level: the first level a later
-    // call's read reveals replaces the fitted one (or the total less the fitted user context).
-    let revealed = shown.revealed_prefix_tokens.filter(|&p| !unrecorded.prefix_from_record && p <= unrecorded.first_call_tokens);
-    let prefix = revealed.unwrap_or(unrecorded.prefix_tokens);
+    // The levels the record shows in the unrecorded part: a warm first call's read, and the
+    // first level a later read falls to (a compaction, a re-render, a shared prefix past the
+    // TTL). The higher is the whole prefix (tools and system, cached at its end); the lower, when
+    // both are shown, the part cached with the global scope (an earlier session of another git
+    // state wrote it: 8 of the 9 shipped sessions that show both read the lower at their first
+    // call; the ninth, 0254, continues an earlier file of its own session). A first
+    // call that read nothing cannot show a level: the first one a later read reveals replaces
+    // the fitted one (or the total less the fitted user context).
+    let warm = unrecorded.prefix_from_record.then_some(unrecorded.prefix_tokens);
+    let revealed = shown.revealed_prefix_tokens.filter(|&p| p <= unrecorded.first_call_tokens);
+    let (prefix, global_level) = match (warm, revealed) {
+        (Some(warm), Some(revealed)) if warm != revealed => (warm.max(revealed), Some(warm.min(revealed))),
+        (Some(level), _) | (None, Some(level)) => (level, None),
+        (None, None) => (unrecorded.prefix_tokens, None),
+    };
     let mut sizing = Sizing {
         recorded_prefix_tokens: prefix,
         recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(prefix),
+        recorded_global_tokens: global_level.unwrap_or(0),
         ..Sizing::default()
     };
     // The agent's own first request.
@@ -1095,6 +1127,9 @@ pub fn size_unmodelled(
     let mut counter = measurer.counter().fresh_like();
     let flat = crate::measure::blocks::flatten(&request, &mut counter, &key);
     sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
+    // The agent's global-scope part: tools and the system prompt through its static block.
+    let global = |c: &crate::api::CacheControl| c.scope == Some(crate::api::CacheScope::Global);
+    let agent_global_tokens = flat.markers.iter().rev().find(|&&i| flat.blocks[i].cache_control.as_ref().is_some_and(global)).map(|&i| flat.tokens_through(i));
     // The opening message without the typed prompt (the replay counts that as recorded).
     let mut opening = request.clone();
     opening.messages.truncate(1);
@@ -1114,7 +1149,19 @@ pub fn size_unmodelled(
     let kind = measurer.counter().kind();
     let shared = measurer.counter().shared().cloned();
     let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref());
+    // The system filler joins a block of the agent's (its static or dynamic part): it carries no
+    // block overhead of its own (before, both levels fell short of the record by `per_block`).
+    let joined = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, 0.0, shared.as_deref());
     sizing.system_filler_tokens = sizing.recorded_prefix_tokens.saturating_sub(sizing.agent_prefix_tokens);
+    // The filler goes where the recorded client's bytes were: before the boundary up to the
+    // global-scope level the record shows, the rest after the agent's dynamic sections. With one
+    // level shown (or none) all of it is before the boundary: the agent's own dynamic part is
+    // then the part after it. Without a global-scope marker (no boundary) the two parts are one
+    // block anyway.
+    sizing.static_filler_tokens = match (global_level, agent_global_tokens) {
+        (Some(level), Some(agent)) => level.saturating_sub(agent).min(sizing.system_filler_tokens),
+        _ => sizing.system_filler_tokens,
+    };
     let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
     if session.recording.header.head_truncated {
         // A file that continues a session: the gap is mostly the conversation before the file,
@@ -1147,9 +1194,18 @@ pub fn size_unmodelled(
     }
     let doc = &mut workload.document;
     let cwd = workload.scenario.world.cwd.trim_end_matches('/').to_owned();
-    if sizing.system_filler_tokens > 0 {
-        doc["world"]["append_system_prompt"] = Value::String(sized("recorded client prompt not modelled", sizing.system_filler_tokens));
+    if sizing.static_filler_tokens > 0 {
+        doc["world"]["static_system_prompt"] = Value::String(joined("recorded client prompt before the boundary", sizing.static_filler_tokens));
     }
+    let dynamic_filler = sizing.system_filler_tokens - sizing.static_filler_tokens;
+    if dynamic_filler > 0 {
+        doc["world"]["append_system_prompt"] = Value::String(joined("recorded client prompt not modelled", dynamic_filler));
+    }
+    // The recorded client's system prompt was cached at its end: each of the 13 shipped sessions
+    // whose record shows a read falling into the unrecorded part shows one of the whole prefix
+    // (its only level, or the higher of two), which the 2.1.88 layout (the dynamic block
+    // unmarked) cannot give after a compaction.
+    doc["world"]["dynamic_system_marker"] = Value::Bool(true);
     if sizing.claude_md_filler_tokens > 0 {
         let text = sized("recorded memory and context not modelled", sizing.claude_md_filler_tokens);
         doc["world"]["files"] = json!({ format!("{cwd}/CLAUDE.md"): text });

@@ -74,6 +74,8 @@ impl Scenario {
             git: spec.git.clone(),
             home: spec.home.clone(),
             append_system_prompt: spec.append_system_prompt.clone(),
+            static_system_prompt: spec.static_system_prompt.clone(),
+            dynamic_system_marker: spec.dynamic_system_marker,
             recorded_attachments: spec.recorded_attachments,
             redact_thinking: spec.redact_thinking,
         }

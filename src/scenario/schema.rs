@@ -85,6 +85,17 @@ pub struct WorldSpec {
     /// recorded client's prompt held that the agent does not model.
     #[serde(default)]
     pub append_system_prompt: Option<String>,
+    /// Text the system prompt's static part ends with (before the boundary, under its
+    /// global-scope marker). `ctxsim import --to scenario` puts there, as sized filler, the part
+    /// of the recorded client's prompt the record shows cached at its global-scope level.
+    #[serde(default)]
+    pub static_system_prompt: Option<String>,
+    /// The system prompt's dynamic part (after the boundary) carries a marker of its own (org
+    /// scope), so the whole system prompt is cached at its end, as the recorded clients' was:
+    /// every shipped session whose record shows a read falling into its system prompt read all
+    /// of it. Set by `ctxsim import --to scenario`; no effect without the boundary.
+    #[serde(default)]
+    pub dynamic_system_marker: bool,
     /// The attachments are the script's (`attachment` steps, the ones a recorded client sent):
     /// the agent adds none of its own per-turn attachments and reminders. `ctxsim fidelity
     /// --engine agent` sets it for a transcript that records its attachments.

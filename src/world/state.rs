@@ -60,6 +60,10 @@ pub struct World {
     pub home: String,
     /// `claude --append-system-prompt TEXT`: appended to the system prompt's dynamic part.
     pub append_system_prompt: Option<String>,
+    /// Appended to the system prompt's static part, before the boundary (`world.static_system_prompt`).
+    pub static_system_prompt: Option<String>,
+    /// The dynamic part carries its own marker (`world.dynamic_system_marker`).
+    pub dynamic_system_marker: bool,
     /// The script supplies the attachments (`attachment` steps): the agent adds none of its
     /// own per-turn ones.
     pub recorded_attachments: bool,
@@ -89,6 +93,8 @@ impl World {
             git: None,
             home: "/home/user".to_owned(),
             append_system_prompt: None,
+            static_system_prompt: None,
+            dynamic_system_marker: false,
             recorded_attachments: false,
             redact_thinking: false,
         }
