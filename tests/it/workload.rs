@@ -514,7 +514,11 @@ fn held_out_the_mentioned_files_are_what_the_record_shows_a_compaction_dropped()
     let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
     let driven = agent_replay(&session, &path.display().to_string(), &mut held_out, &strategy).unwrap();
     let sizing = &driven.sizing;
-    assert!(sizing.claude_md_filler_tokens > 20_000 && sizing.mention_filler_tokens > 20_000, "{sizing:?}");
+    // What outlives the compaction: the part of the system prompt above the global-scope level
+    // (the ~7k the record reads after the `/compact`, placed there by the filler rule) and the
+    // CLAUDE.md after the summary, together the 23.8k the record shows.
+    let kept = sizing.claude_md_filler_tokens + sizing.recorded_prefix_tokens.saturating_sub(sizing.recorded_global_tokens);
+    assert!((22_000..26_000).contains(&kept) && sizing.mention_filler_tokens > 20_000, "{sizing:?}");
     assert_calls_within(&driven, 45, 37, 0.04);
 }
 
@@ -929,6 +933,7 @@ fn the_commands_a_session_ran_are_restored_after_its_compaction() {
         assert!(workload.report.meta_prompts > 0, "{other}: {:?}", workload.report);
         assert_eq!(workload.report.invoked_commands, 0, "{other}");
     }
+}
 
 /// The agent's filler for the recorded client's prompt sits where the client's bytes were: up to
 /// the level the record shows cached with the global scope before the boundary (under the
