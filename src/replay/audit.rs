@@ -54,7 +54,7 @@ pub const WHATIFS_AVAILABLE: &str = "main-lane TTL (1h, 5m), autocompact thresho
 /// does not judge.
 pub const WHATIFS_AWAITING: &str = "codex, opencode, observation-masking, context-editing, server-compaction, cline (presets that clear tool results outside a compaction)";
 /// What-ifs the audit runs through the agent (the default engine).
-pub const WHATIFS_AGENT: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (every preset of `ctxsim strategies` but claude-code: the run as recorded; claude-code-1h: the 1h TTL; claude-code-env)";
+pub const WHATIFS_AGENT: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (every preset of `ctxsim strategies`, but claude-code, the run as recorded, claude-code-1h, the 1h TTL, and claude-code-env)";
 
 /// The what-ifs the audit runs under `engine`.
 pub fn whatifs_available(engine: Engine) -> &'static str {
@@ -256,7 +256,7 @@ fn agent_whatifs(
     make: &(dyn Fn() -> Measurer + Sync),
     ttls: &[(&str, CacheTtl)],
     billed_usd: f64,
-) -> Result<(Vec<WhatIf>, Vec<WhatIf>, Option<String>), String> {
+) -> Result<AgentWhatIfs, String> {
     use super::agent_whatif::{agent_whatif_family, effective_strategy, family_key, prepare, strategy_key, thresholds_of};
     use crate::strategy::Strategy;
     use rayon::prelude::*;
@@ -364,7 +364,15 @@ fn agent_whatifs(
         WhatIf::unchanged("preset".to_owned(), format!("no preset of the {} weighed changes the session at no more information loss", presets.len()))
     }));
     let divergence = as_recorded.divergence.map(|(call, why)| format!("from call {call}: {why}"));
-    Ok((whatifs, presets, divergence))
+    Ok(AgentWhatIfs { whatifs, presets, divergence })
+}
+
+/// A session's what-ifs through the agent: the what-ifs, every preset weighed, and where the run
+/// as recorded parts from the recording.
+struct AgentWhatIfs {
+    whatifs: Vec<WhatIf>,
+    presets: Vec<WhatIf>,
+    divergence: Option<String>,
 }
 
 /// One day's share of a session (UTC days).
@@ -577,7 +585,7 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     let (whatifs, presets, agent_divergence) = if engine == Engine::Agent {
         drop((replay, shared));
         match agent_whatifs(file, session, make, &candidates, billed.cost_usd) {
-            Ok(judged) => judged,
+            Ok(judged) => (judged.whatifs, judged.presets, judged.divergence),
             Err(e) => {
                 warnings.push(format!("{}: the what-ifs could not run through the agent: {e}", file.path.display()));
                 (Vec::new(), Vec::new(), None)
