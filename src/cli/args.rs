@@ -172,7 +172,7 @@ pub enum Engine {
     /// size profile; a strategy reaches them only where a recording cannot contradict it.
     Replay,
     /// The agent, driven by the recorded session: every knob applies (the default of `compare`,
-    /// `sweep` and `check`).
+    /// `sweep`, `check` and `audit`).
     Agent,
 }
 

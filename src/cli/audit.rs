@@ -60,11 +60,19 @@ pub struct AuditArgs {
     /// A model table replacing the shipped one (same shape as data/models.toml).
     #[arg(long, value_name = "FILE")]
     pub model_table: Option<PathBuf>,
-    /// Token estimator of the replay (the what-ifs; default `calibrated`: the closest to
-    /// billed tokens, per model family).
+    /// Token estimator of the what-ifs (default `calibrated`: the closest to billed tokens, per
+    /// model family).
     #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
-    /// Sessions replayed at once (default: every core).
+    /// What runs the what-ifs: `replay` (the default: the record-based replay; TTL, thresholds
+    /// and the presets whose loss it judges) or `agent` (the agent itself, driven by each
+    /// session, as recorded and under each what-if, as `compare` runs it; every preset is
+    /// weighed, at about 50× the replay's CPU, see benches/README.md). The billed tokens, the
+    /// cost and the breaks come from the recorded usage either way. Every output names the
+    /// engine.
+    #[arg(long, value_enum, default_value = "replay")]
+    pub engine: super::args::Engine,
+    /// Sessions audited at once (default: every core).
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
     /// Never draw the progress bar (drawn on a terminal when the run takes over a second).
@@ -124,6 +132,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         inputs.refuse_file("--output", path)?;
     }
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &inputs)).transpose()?;
+    let engine: crate::replay::audit::Engine = args.engine.into();
     let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
     let may_draw = !args.no_progress && std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -182,7 +191,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
             .map(|&(_, k)| {
                 let file = &files[k];
                 let out = match load_session(&file.path) {
-                    Ok(session) => Ok(audit_session(file, &session, &table, &make)),
+                    Ok(session) => Ok(audit_session(file, &session, &table, &make, engine)),
                     Err(e) => Err(format!("{}: skipped: {e}", file.path.display())),
                 };
                 // A result that cannot be kept costs the next run time, not this run its result.
@@ -246,10 +255,11 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         AuditFormat::Json => {
             let json = AuditJson {
                 by: by_name(by),
+                engine: engine.name(),
                 rows: &rows,
                 totals: &totals,
-                whatifs_available: crate::replay::audit::WHATIFS_AVAILABLE,
-                whatifs_awaiting: crate::replay::audit::WHATIFS_AWAITING,
+                whatifs_available: crate::replay::audit::whatifs_available(engine),
+                whatifs_awaiting: crate::replay::audit::whatifs_awaiting(engine),
                 sessions: (by == GroupBy::Session).then_some(audits.as_slice()),
             };
             (serde_json::to_string_pretty(&json)? + "\n").into_bytes()
@@ -284,7 +294,8 @@ fn result_cache(args: &AuditArgs, no_files: bool) -> Option<AuditCache> {
         None => b"shipped".to_vec(),
     };
     let estimator = format!("{:?}", args.estimator);
-    match RunKey::new(&[estimator.as_bytes(), &table]) {
+    let engine = format!("{:?}", args.engine);
+    match RunKey::new(&[estimator.as_bytes(), &table, engine.as_bytes()]) {
         Ok(run) => Some(AuditCache::new(&dir, run)),
         Err(e) => {
             eprintln!("note: audit result cache not used: the running executable could not be read ({e})");

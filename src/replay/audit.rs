@@ -1,21 +1,33 @@
 //! `ctxsim audit`: per real session, what was billed, where the cache money went and what a
-//! setting the replay honours would have saved.
+//! setting would have saved.
 //!
 //! Per session ([`SessionAudit`]):
 //! - the billed tokens and cost of every recorded call ([`crate::measure::billing`]: the usage's
 //!   own sums, priced with the model table and the modifiers the usage names);
-//! - the recorded cache breaks ([`super::breaks::find_breaks`]) by cause, with the tokens the
-//!   break made the client write again and their dollars: those tokens priced as the cache
-//!   write they were (5m or 1h, the call's own TTL and modifiers) minus the read they would have
-//!   been;
+//! - the recorded cache breaks ([`super::breaks::find_breaks`], from the recorded usage) by
+//!   cause, with the tokens the break made the client write again and their dollars: those
+//!   tokens priced as the cache write they were (5m or 1h, the call's own TTL and modifiers)
+//!   minus the read they would have been;
 //! - the TTL the client actually wrote with, the compactions (trigger, tokens before);
-//! - the what-ifs ([`WHATIFS_AVAILABLE`]), saving = simulated cost as recorded − simulated cost
-//!   of the what-if: the main lane's TTL changed; another autocompact threshold
-//!   ([`AUTOCOMPACT_PCTS`], the compactions moved by [`super::whatif`]); the cheapest preset at no
-//!   more information loss ([`LOSS_JUDGED_PRESETS`], loss from [`super::loss`]). A what-if that
-//!   cannot change a session is decided without a replay (the session never reaches the
-//!   threshold, or holds no recorded microcompact) and reported as changing nothing. Presets
-//!   whose clearing the loss measure does not judge are left to `compare` ([`WHATIFS_AWAITING`]).
+//! - the what-ifs, by [`Engine`]:
+//!   - through the agent (the default, [`WHATIFS_AGENT`]; as `compare`, `sweep` and `check`):
+//!     the session drives the agent ([`super::agent_whatif`]) as recorded (the recorded
+//!     version's defaults) and under each what-if; saving = the run as recorded's simulated
+//!     cost − the what-if run's. The main lane's TTL changed; another autocompact threshold
+//!     ([`AUTOCOMPACT_PCTS`], one family sharing the trunk: a threshold the session never
+//!     reaches is said to change nothing); the preset of lowest cost at no more information loss
+//!     (no more references lost or re-reads over its compactions, [`agent_info_loss`], and no
+//!     more tokens taken from the model's view by any stage) among every preset but
+//!     [`AGENT_PRESETS_LEFT_OUT`]. Each what-if
+//!     whose conversation parts from the recording says from which call and why;
+//!   - with `--engine replay` ([`WHATIFS_AVAILABLE`]): the record-based replay, saving =
+//!     simulated cost as recorded − simulated cost of the what-if: the main lane's TTL changed;
+//!     another autocompact threshold (the compactions moved by [`super::whatif`]); the cheapest
+//!     preset at no more information loss ([`LOSS_JUDGED_PRESETS`], loss from
+//!     [`super::loss`]). A what-if that cannot change a session is decided without a replay (the
+//!     session never reaches the threshold, or holds no recorded microcompact) and reported as
+//!     changing nothing. Presets whose clearing the loss measure does not judge are left to
+//!     `compare` ([`WHATIFS_AWAITING`]).
 //!
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
@@ -33,12 +45,32 @@ use crate::recording::{EventKind, ImportedSession};
 use super::discover::SessionFile;
 use super::fidelity::fidelity_for_session;
 use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_checkpointed};
+pub use crate::report::compare::Engine;
 
-/// What-ifs the audit replays.
+/// What-ifs the audit replays with `--engine replay`.
 pub const WHATIFS_AVAILABLE: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (claude-code-no-microcompact, claude-code-summary-only)";
-/// What-ifs the audit does not replay: presets that clear tool results outside a compaction,
-/// whose information loss the per-compaction measure ([`super::loss`]) does not judge.
+/// What-ifs the audit does not replay with `--engine replay`: presets that clear tool results
+/// outside a compaction, whose information loss the per-compaction measure ([`super::loss`])
+/// does not judge.
 pub const WHATIFS_AWAITING: &str = "codex, opencode, observation-masking, context-editing, server-compaction, cline (presets that clear tool results outside a compaction)";
+/// What-ifs the audit runs through the agent (the default engine).
+pub const WHATIFS_AGENT: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (every preset of `ctxsim strategies`, but claude-code, the run as recorded, claude-code-1h, the 1h TTL, and claude-code-env)";
+
+/// The what-ifs the audit runs under `engine`.
+pub fn whatifs_available(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Agent => WHATIFS_AGENT,
+        Engine::Replay => WHATIFS_AVAILABLE,
+    }
+}
+
+/// The what-ifs the audit cannot judge under `engine` (none through the agent).
+pub fn whatifs_awaiting(engine: Engine) -> Option<&'static str> {
+    match engine {
+        Engine::Agent => None,
+        Engine::Replay => Some(WHATIFS_AWAITING),
+    }
+}
 
 /// The `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` values the audit tries: the threshold at that share of
 /// the window less the output reserve, capped at the client's own (so each one compacts
@@ -80,7 +112,7 @@ pub struct CompactionRow {
 }
 
 /// A what-if and what it would have changed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WhatIf {
     /// `ttl_main=1h`, ...
     pub name: String,
@@ -95,14 +127,30 @@ pub struct WhatIf {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_effect: Option<String>,
     /// The what-if's information loss (references lost + re-reads over its compactions,
-    /// [`super::loss`]) less the recording's.
+    /// [`super::loss`]) less the recording's. Through the agent: the what-if run's loss less the
+    /// run as recorded's ([`agent_info_loss`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub info_loss_delta: Option<i64>,
+    /// Through the agent: the tokens that left the model's view under the what-if (any stage:
+    /// compaction, masking, pruning, clearing) less under the run as recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_dropped_delta: Option<i64>,
+    /// Through the agent: why the what-if's run cannot be priced against the run as recorded
+    /// (it refused requests at the blocking limit); then the saving is 0 and it is not weighed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_comparable: Option<String>,
+    /// Through the agent: the first main call from which the what-if's conversation is no
+    /// longer the recorded one (the recorded replies continue from there)...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diverges_from: Option<usize>,
+    /// ... and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<String>,
 }
 
 impl WhatIf {
     fn unchanged(name: String, why: String) -> WhatIf {
-        WhatIf { name, saving_usd: 0.0, saving_pct: 0.0, no_effect: Some(why), info_loss_delta: None }
+        WhatIf { name, no_effect: Some(why), ..WhatIf::default() }
     }
 }
 
@@ -123,6 +171,211 @@ fn autocompact_unchanged(session: &ImportedSession, replay: &super::session::Ses
     let (_, points) = super::triggers::main_points(session, replay, None);
     let peak = points.iter().map(|p| p.count).max().unwrap_or(0);
     (!thresholds.above_autocompact(peak)).then(|| format!("the session never reaches the threshold (peak {peak} < {})", thresholds.autocompact))
+}
+
+/// Presets the agent engine does not weigh: `claude-code` is the run as recorded (the recorded
+/// version's defaults), `claude-code-1h` is the `ttl_main=1h` what-if, `claude-code-env` takes
+/// the process environment (the audit's output does not depend on it; the autocompact what-ifs
+/// are its thresholds).
+pub const AGENT_PRESETS_LEFT_OUT: [&str; 3] = ["claude-code", "claude-code-1h", "claude-code-env"];
+
+/// A run's information loss through the agent: the references its compactions dropped that the
+/// session used later and the re-reads after them ([`super::loss`], as the replay engine counts
+/// them).
+pub fn agent_info_loss(outcome: &super::agent_whatif::AgentOutcome) -> i64 {
+    outcome.compaction_losses.iter().map(|l| (l.references_lost + l.rereads) as i64).sum()
+}
+
+/// What the audit keeps of one agent run.
+#[derive(Debug, Clone, PartialEq)]
+struct AgentRun {
+    cost_usd: f64,
+    loss: i64,
+    /// Tokens that left the model's view, by any stage ([`crate::measure::loss::InfoLoss`]).
+    tokens_dropped: u64,
+    /// Requests the agent refused at the blocking limit.
+    blocked: u64,
+    /// (call, stage) of each compaction.
+    compactions: Vec<(usize, String)>,
+    divergence: Option<(usize, String)>,
+}
+
+impl AgentRun {
+    fn of(outcome: &super::agent_whatif::AgentOutcome) -> AgentRun {
+        AgentRun {
+            cost_usd: outcome.summary.cost_usd,
+            loss: agent_info_loss(outcome),
+            tokens_dropped: outcome.info_loss.tokens_dropped,
+            blocked: outcome.summary.blocked,
+            compactions: outcome.compactions.iter().map(|c| (c.call, c.stage.clone())).collect(),
+            divergence: outcome.divergence.clone(),
+        }
+    }
+
+    /// The what-if `name` priced against `base` (the run as recorded). A run that refused more
+    /// requests at the blocking limit than `base` did not do the session's work: its cost is
+    /// no saving, and it is said not to be comparable.
+    fn whatif(&self, name: String, base: &AgentRun, billed_usd: f64) -> WhatIf {
+        if self.blocked > base.blocked {
+            let why = format!(
+                "the agent refused {} requests at the blocking limit under it ({} as recorded): the session's work was not done",
+                self.blocked, base.blocked
+            );
+            return WhatIf {
+                name,
+                not_comparable: Some(why),
+                diverges_from: self.divergence.as_ref().map(|(call, _)| *call),
+                divergence: self.divergence.as_ref().map(|(_, why)| why.clone()),
+                ..WhatIf::default()
+            };
+        }
+        let saving = base.cost_usd - self.cost_usd;
+        WhatIf {
+            not_comparable: None,
+            name,
+            saving_usd: saving,
+            saving_pct: pct(saving, billed_usd),
+            no_effect: None,
+            info_loss_delta: Some(self.loss - base.loss),
+            tokens_dropped_delta: Some(self.tokens_dropped as i64 - base.tokens_dropped as i64),
+            diverges_from: self.divergence.as_ref().map(|(call, _)| *call),
+            divergence: self.divergence.as_ref().map(|(_, why)| why.clone()),
+        }
+    }
+}
+
+/// The what-ifs of one session through the agent ([`super::agent_whatif`]), each saving the run
+/// as recorded (the recorded version's defaults, [`super::agent_whatif::effective_strategy`])
+/// less the run under the what-if: the main-lane TTLs of `ttls`, the autocompact thresholds
+/// ([`AUTOCOMPACT_PCTS`]) and every preset but [`AGENT_PRESETS_LEFT_OUT`] (the `preset` what-if:
+/// the cheapest at no more information loss: [`agent_info_loss`] and the tokens dropped). Strategies with one effective
+/// setting are one run; strategies that differ only in their autocompact threshold are one
+/// family ([`super::agent_whatif::agent_whatif_family`]: a threshold the session never reaches
+/// costs no run of its own); families run in parallel. Returns the what-ifs, every preset
+/// weighed, and where the run as recorded parts from the recording.
+fn agent_whatifs(
+    file: &SessionFile,
+    session: &ImportedSession,
+    make: &(dyn Fn() -> Measurer + Sync),
+    ttls: &[(&str, CacheTtl)],
+    billed_usd: f64,
+) -> Result<AgentWhatIfs, String> {
+    use super::agent_whatif::{agent_whatif_family, effective_strategy, family_key, prepare, strategy_key, thresholds_of};
+    use crate::strategy::Strategy;
+    use rayon::prelude::*;
+    let name = file.path.display().to_string();
+    let prepared = prepare(session, &name, &make())?;
+    let base = effective_strategy(&Strategy::default(), &prepared);
+    enum Kind {
+        AsRecorded,
+        Ttl,
+        Autocompact(u64),
+        Preset,
+    }
+    let mut candidates: Vec<(String, Kind, Strategy)> = vec![(String::new(), Kind::AsRecorded, base.clone())];
+    for (label, ttl) in ttls {
+        // Set over the effective strategy: a TTL equal to the default one would otherwise give
+        // way to the recorded one.
+        let mut strategy = base.clone();
+        strategy.ttl_main = *ttl;
+        candidates.push(((*label).to_owned(), Kind::Ttl, strategy));
+    }
+    for pct in AUTOCOMPACT_PCTS {
+        let mut strategy = Strategy::default();
+        strategy.compact.autocompact.pct_override = Some(pct);
+        candidates.push((format!("autocompact_pct={pct}"), Kind::Autocompact(pct), effective_strategy(&strategy, &prepared)));
+    }
+    for preset in crate::strategy::presets::PRESETS.iter().filter(|p| !AGENT_PRESETS_LEFT_OUT.contains(&p.id)) {
+        let strategy = Strategy::preset(preset.id).map_err(|e| format!("preset {}: {e}", preset.id))?;
+        candidates.push((format!("preset={}", preset.id), Kind::Preset, effective_strategy(&strategy, &prepared)));
+    }
+    // One run per effective setting; the runs grouped by family (a refused strategy alone).
+    let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
+    let mut families: BTreeMap<String, BTreeMap<String, &Strategy>> = BTreeMap::new();
+    for ((_, _, strategy), key) in candidates.iter().zip(&keys) {
+        let family = family_key(strategy, &prepared).unwrap_or_else(|| format!("refused {key}"));
+        families.entry(family).or_default().entry(key.clone()).or_insert(strategy);
+    }
+    let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().map(|(k, s)| (k, s.clone())).collect()).collect();
+    let runs: BTreeMap<String, Result<AgentRun, String>> = families
+        .par_iter()
+        .with_max_len(1)
+        .flat_map_iter(|family| {
+            let effectives: Vec<Strategy> = family.iter().map(|(_, s)| s.clone()).collect();
+            let outcomes = agent_whatif_family(session, &name, &prepared, make(), &effectives).unwrap_or_else(|e| family.iter().map(|_| Err(e.clone())).collect());
+            family.iter().zip(outcomes).map(|((key, _), outcome)| (key.clone(), outcome.map(|o| AgentRun::of(&o)))).collect::<Vec<_>>()
+        })
+        .collect();
+    let run_of = |key: &String| runs.get(key).cloned().unwrap_or_else(|| Err("no run".to_owned()));
+    let as_recorded = run_of(&keys[0]).map_err(|e| format!("the run as recorded: {e}"))?;
+    let base_threshold = thresholds_of(&base, &prepared).autocompact;
+    // (Session memory compaction fires at the autocompact threshold too.)
+    let auto_compacted = |run: &AgentRun| run.compactions.iter().any(|(_, stage)| stage == "autocompact" || stage == "session_memory_compact");
+    let mut whatifs = Vec::new();
+    let mut presets = Vec::new();
+    for ((label, kind, strategy), key) in candidates.iter().zip(&keys).skip(1) {
+        if *key == keys[0] {
+            let whatif = WhatIf::unchanged(label.clone(), "the same settings as the run as recorded on this session".to_owned());
+            match kind {
+                Kind::Preset => presets.push(whatif),
+                _ => whatifs.push(whatif),
+            }
+            continue;
+        }
+        let run = match run_of(key) {
+            Ok(run) => run,
+            Err(e) => {
+                let whatif = WhatIf::unchanged(label.clone(), format!("not judged: the agent could not run it ({e})"));
+                match kind {
+                    Kind::Preset => presets.push(whatif),
+                    _ => whatifs.push(whatif),
+                }
+                continue;
+            }
+        };
+        match kind {
+            Kind::AsRecorded => {}
+            Kind::Ttl => whatifs.push(run.whatif(label.clone(), &as_recorded, billed_usd)),
+            Kind::Autocompact(pct) => {
+                let threshold = thresholds_of(strategy, &prepared).autocompact;
+                let whatif = if run.compactions == as_recorded.compactions && run.cost_usd == as_recorded.cost_usd {
+                    let why = if !auto_compacted(&run) {
+                        format!("the session never reaches the threshold ({threshold} tokens at {pct}%; the agent's own is {base_threshold})")
+                    } else {
+                        "the setting compacts where the run as recorded did".to_owned()
+                    };
+                    WhatIf::unchanged(label.clone(), why)
+                } else {
+                    run.whatif(label.clone(), &as_recorded, billed_usd)
+                };
+                whatifs.push(whatif);
+            }
+            Kind::Preset => presets.push(run.whatif(label.clone(), &as_recorded, billed_usd)),
+        }
+    }
+    // The preset of lowest cost at no more information loss: no more references lost or re-reads
+    // over its compactions, and no more tokens taken from the model's view (what a preset that
+    // clears outside a compaction removes). A preset that sent what the run as recorded sent (no
+    // saving, no loss) is no candidate.
+    let no_more_loss = |w: &WhatIf| w.info_loss_delta.is_some_and(|d| d <= 0) && w.tokens_dropped_delta.is_some_and(|d| d <= 0);
+    let best = presets
+        .iter()
+        .filter(|w| w.no_effect.is_none() && w.not_comparable.is_none() && no_more_loss(w) && !(w.saving_usd == 0.0 && w.info_loss_delta == Some(0) && w.tokens_dropped_delta == Some(0)))
+        .max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd).then_with(|| b.name.cmp(&a.name)))
+        .cloned();
+    whatifs.push(best.unwrap_or_else(|| {
+        WhatIf::unchanged("preset".to_owned(), format!("no preset of the {} weighed changes the session at no more information loss", presets.len()))
+    }));
+    let divergence = as_recorded.divergence.map(|(call, why)| format!("from call {call}: {why}"));
+    Ok(AgentWhatIfs { whatifs, presets, divergence })
+}
+
+/// A session's what-ifs through the agent: the what-ifs, every preset weighed, and where the run
+/// as recorded parts from the recording.
+struct AgentWhatIfs {
+    whatifs: Vec<WhatIf>,
+    presets: Vec<WhatIf>,
+    divergence: Option<String>,
 }
 
 /// One day's share of a session (UTC days).
@@ -148,6 +401,8 @@ pub struct PlotPoint {
 /// The audit of one session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionAudit {
+    /// What ran the what-ifs: `agent` or `replay` ([`Engine::name`]).
+    pub engine: &'static str,
     pub project: String,
     pub session_id: String,
     pub path: String,
@@ -168,6 +423,14 @@ pub struct SessionAudit {
     /// Every what-if evaluated, and the best one (largest saving) when any saves.
     pub whatifs: Vec<WhatIf>,
     pub best_whatif: Option<WhatIf>,
+    /// Through the agent: every preset weighed for the `preset` what-if, with its saving,
+    /// information loss and divergence (the what-if is the cheapest at no more loss).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub presets: Vec<WhatIf>,
+    /// Through the agent: where the run as recorded (the recorded version's defaults) itself
+    /// parts from the recording (`from call N: why`), when it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_divergence: Option<String>,
     pub days: BTreeMap<String, DayShare>,
     /// Import warnings (file, line, field), to be reported.
     pub warnings: Vec<String>,
@@ -212,7 +475,7 @@ pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
 /// Audits one imported session: bills it, replays it as recorded and under each what-if (the
 /// autocompact what-ifs go on from the last checkpoint of the replay as recorded before their
 /// first moved compaction, [`super::whatif::ReplayMemo`]).
-pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &dyn Fn() -> Measurer) -> SessionAudit {
+pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &(dyn Fn() -> Measurer + Sync), engine: Engine) -> SessionAudit {
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);
     // Calls at their written time; the importer's virtual time never goes below the first record's.
     let written = super::discover::call_times(&file.path);
@@ -291,7 +554,8 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     let mut measurer = make();
     // The audit reports no information loss: the replays skip judging it.
     let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
-    let mut shadows: Vec<TtlShadow> = candidates.iter().map(|(_, ttl)| TtlShadow::new(*ttl)).collect();
+    // (Through the agent the TTL what-ifs are agent runs: no shadow.)
+    let mut shadows: Vec<TtlShadow> = if engine == Engine::Replay { candidates.iter().map(|(_, ttl)| TtlShadow::new(*ttl)).collect() } else { Vec::new() };
     // The what-ifs that move compactions share their replays (equal plans or options are one
     // replay) and start from this one's checkpoints.
     let shared = super::whatif::ReplayMemo::new();
@@ -321,6 +585,17 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         .filter(|c| c.compared() && (c.lane == "main" || c.lane == "compact"))
         .map(|c| PlotPoint { call: c.index, context_tokens: c.recorded_context(), break_cause: break_at.get(&c.index).cloned() })
         .collect();
+    let mut warnings: Vec<String> = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
+    let (whatifs, presets, agent_divergence) = if engine == Engine::Agent {
+        drop((replay, shared));
+        match agent_whatifs(file, session, make, &candidates, billed.cost_usd) {
+            Ok(judged) => (judged.whatifs, judged.presets, judged.divergence),
+            Err(e) => {
+                warnings.push(format!("{}: the what-ifs could not run through the agent: {e}", file.path.display()));
+                (Vec::new(), Vec::new(), None)
+            }
+        }
+    } else {
     let baseline = fidelity_for_session(&replay, table, false).simulated_cost_usd;
     let baseline_loss = info_loss_of(&replay);
     // The autocompact what-ifs a session cannot feel, decided before the TTL shadows change the
@@ -350,7 +625,7 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
             fidelity_for_session(&replay, table, false).simulated_cost_usd
         };
         let saving = baseline - cost;
-        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None });
+        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None, ..WhatIf::default() });
     }
     drop((replay, shadowed));
     // The what-ifs that move compactions: replayed only where they can change something.
@@ -361,7 +636,7 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     };
     let priced = |name: String, replay: &super::session::SessionReplay| {
         let saving = baseline - fidelity_for_session(replay, table, false).simulated_cost_usd;
-        WhatIf { name, saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: Some(info_loss_of(replay) - baseline_loss) }
+        WhatIf { name, saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: Some(info_loss_of(replay) - baseline_loss), ..WhatIf::default() }
     };
     for (name, config, unchanged) in autocompact {
         let whatif = match unchanged {
@@ -401,9 +676,11 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         WhatIf::unchanged("preset".to_owned(), "the presets weighed change only recorded microcompacts, and the session holds none".to_owned())
     };
     whatifs.push(preset_whatif);
-    let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0 && w.no_effect.is_none()).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
-    let warnings = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
+    (whatifs, Vec::new(), None)
+    };
+    let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0 && w.no_effect.is_none() && w.not_comparable.is_none()).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
     SessionAudit {
+        engine: engine.name(),
         project: file.project.clone(),
         session_id: file.session_id.clone(),
         path: file.path.display().to_string(),
@@ -420,6 +697,8 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         compactions,
         whatifs,
         best_whatif,
+        presets,
+        agent_divergence,
         days,
         warnings,
         plot,
@@ -444,6 +723,8 @@ pub enum GroupBy {
 pub struct AuditRow {
     /// Session id, project name or day.
     pub key: String,
+    /// What ran the what-ifs: `agent` or `replay`.
+    pub engine: &'static str,
     pub project: String,
     pub sessions: u64,
     pub first: Option<String>,
@@ -464,6 +745,14 @@ pub struct AuditRow {
     pub whatif_savings: BTreeMap<String, f64>,
     /// Per what-if: the rows' sessions it changes nothing on.
     pub whatifs_no_effect: BTreeMap<String, u64>,
+    /// Per what-if run through the agent: the rows' sessions where its run is not comparable
+    /// (requests refused at the blocking limit).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub whatifs_not_comparable: BTreeMap<String, u64>,
+    /// Per what-if run through the agent: the first call from which its conversation parts from
+    /// the recording, one per session where it does.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub whatifs_diverging: BTreeMap<String, Vec<usize>>,
     pub best_whatif: Option<WhatIf>,
     pub by_model: BTreeMap<String, crate::measure::billing::ModelBill>,
 }
@@ -479,6 +768,7 @@ fn push_unique(list: &mut Vec<String>, items: &[String]) {
 fn row_of(audit: &SessionAudit) -> AuditRow {
     let mut row = AuditRow {
         key: audit.session_id.clone(),
+        engine: audit.engine,
         project: audit.project.clone(),
         sessions: 1,
         first: audit.first.clone(),
@@ -505,8 +795,13 @@ fn row_of(audit: &SessionAudit) -> AuditRow {
     for w in &audit.whatifs {
         if w.no_effect.is_some() {
             *row.whatifs_no_effect.entry(w.name.clone()).or_default() += 1;
+        } else if w.not_comparable.is_some() {
+            *row.whatifs_not_comparable.entry(w.name.clone()).or_default() += 1;
         } else {
             *row.whatif_savings.entry(w.name.clone()).or_default() += w.saving_usd;
+        }
+        if let Some(call) = w.diverges_from {
+            row.whatifs_diverging.entry(w.name.clone()).or_default().push(call);
         }
     }
     row.best_whatif = audit.best_whatif.clone();
@@ -515,6 +810,9 @@ fn row_of(audit: &SessionAudit) -> AuditRow {
 
 fn merge_into(into: &mut AuditRow, row: &AuditRow) {
     into.sessions += row.sessions;
+    if into.engine.is_empty() {
+        into.engine = row.engine;
+    }
     into.first = match (into.first.take(), &row.first) {
         (Some(a), Some(b)) => Some(a.min(b.clone())),
         (a, b) => a.or(b.clone()),
@@ -549,6 +847,12 @@ fn merge_into(into: &mut AuditRow, row: &AuditRow) {
     for (name, n) in &row.whatifs_no_effect {
         *into.whatifs_no_effect.entry(name.clone()).or_default() += n;
     }
+    for (name, n) in &row.whatifs_not_comparable {
+        *into.whatifs_not_comparable.entry(name.clone()).or_default() += n;
+    }
+    for (name, calls) in &row.whatifs_diverging {
+        into.whatifs_diverging.entry(name.clone()).or_default().extend(calls);
+    }
     for (label, m) in &row.by_model {
         let e = into.by_model.entry(label.clone()).or_default();
         e.tokens.add(&m.tokens);
@@ -563,7 +867,7 @@ fn best_of(row: &mut AuditRow, base_cost: f64) {
         .iter()
         .filter(|(_, s)| **s > 0.0)
         .max_by(|a, b| a.1.total_cmp(b.1).then_with(|| b.0.cmp(a.0)))
-        .map(|(name, s)| WhatIf { name: name.clone(), saving_usd: *s, saving_pct: pct(*s, base_cost), no_effect: None, info_loss_delta: None });
+        .map(|(name, s)| WhatIf { name: name.clone(), saving_usd: *s, saving_pct: pct(*s, base_cost), no_effect: None, info_loss_delta: None, ..WhatIf::default() });
 }
 
 /// The rows of the table (sorted largest loss first, then key) and the total row.
@@ -585,7 +889,7 @@ pub fn group(audits: &[SessionAudit], by: GroupBy) -> (Vec<AuditRow>, AuditRow) 
             let mut map: BTreeMap<String, AuditRow> = BTreeMap::new();
             for a in audits {
                 for (day, share) in &a.days {
-                    let into = map.entry(day.clone()).or_insert_with(|| AuditRow { key: day.clone(), ..AuditRow::default() });
+                    let into = map.entry(day.clone()).or_insert_with(|| AuditRow { key: day.clone(), engine: a.engine, ..AuditRow::default() });
                     into.sessions += 1;
                     into.calls += share.calls;
                     into.tokens.add(&share.tokens);
@@ -608,7 +912,7 @@ pub fn group(audits: &[SessionAudit], by: GroupBy) -> (Vec<AuditRow>, AuditRow) 
         }
     }
     rows.sort_by(|a, b| b.lost.cost_usd.total_cmp(&a.lost.cost_usd).then_with(|| a.key.cmp(&b.key)).then_with(|| a.project.cmp(&b.project)));
-    let mut total = AuditRow { key: "total".to_owned(), ..AuditRow::default() };
+    let mut total = AuditRow { key: "total".to_owned(), engine: audits.first().map_or("", |a| a.engine), ..AuditRow::default() };
     for a in audits {
         merge_into(&mut total, &row_of(a));
     }

@@ -5,16 +5,20 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::columns::{Columns, Values};
-use crate::replay::audit::{AuditRow, GroupBy, SessionAudit, WHATIFS_AVAILABLE, WHATIFS_AWAITING};
+use crate::replay::audit::{AuditRow, Engine, GroupBy, SessionAudit, whatifs_available, whatifs_awaiting};
 
 /// The whole audit as `--json` prints it.
 #[derive(Debug, Serialize)]
 pub struct AuditJson<'a> {
     pub by: &'static str,
+    /// What ran the what-ifs: `agent` or `replay`.
+    pub engine: &'static str,
     pub rows: &'a [AuditRow],
     pub totals: &'a AuditRow,
     pub whatifs_available: &'static str,
-    pub whatifs_awaiting: &'static str,
+    /// What-ifs the engine cannot judge (none through the agent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whatifs_awaiting: Option<&'static str>,
     /// Per session, with every detail (only when grouping by session).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sessions: Option<&'a [SessionAudit]>,
@@ -59,7 +63,16 @@ fn whatif_label(name: &str) -> String {
     match name.trim_start_matches("preset=") {
         "claude-code-no-microcompact" => "no-mc".to_owned(),
         "claude-code-summary-only" => "sum-only".to_owned(),
-        _ => name,
+        "claude-code-no-boundary" => "no-bound".to_owned(),
+        "claude-code-mcp-in-system" => "mcp-sys".to_owned(),
+        "claude-code-mcp-delta" => "mcp-delta".to_owned(),
+        "claude-code-eager-tools" => "eager".to_owned(),
+        "claude-code-no-session-memory" => "no-sm".to_owned(),
+        "claude-code-1h" => "cc-1h".to_owned(),
+        "observation-masking" => "obs-mask".to_owned(),
+        "context-editing" => "ctx-edit".to_owned(),
+        "server-compaction" => "srv-comp".to_owned(),
+        other => other.to_owned(),
     }
 }
 
@@ -133,11 +146,20 @@ fn details(row: &AuditRow, by: GroupBy, breakdown: bool) -> Vec<String> {
         items.push(format!("compactions {} auto {} manual{pre}", row.compactions_auto, row.compactions_manual));
     }
     for (name, saving) in &row.whatif_savings {
-        items.push(format!("what-if {name}: {}", usd(*saving)));
+        let diverging = match row.whatifs_diverging.get(name).map(Vec::as_slice) {
+            None | Some([]) => String::new(),
+            Some([call]) if row.sessions == 1 => format!(" (replies diverge from call {call})"),
+            Some(calls) => format!(" (replies diverge in {} sessions)", calls.len()),
+        };
+        items.push(format!("what-if {name}: {}{diverging}", usd(*saving)));
     }
     let unchanged: Vec<&str> = row.whatifs_no_effect.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
     if !unchanged.is_empty() {
         items.push(format!("no effect: {}", unchanged.join(", ")));
+    }
+    let refused: Vec<&str> = row.whatifs_not_comparable.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
+    if !refused.is_empty() {
+        items.push(format!("not comparable (requests blocked): {}", refused.join(", ")));
     }
     items
 }
@@ -209,14 +231,29 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         "",
         &[
             "re-made: tokens cached again after a cache break; lost $: their write price minus read price".to_owned(),
-            format!("what-ifs replayed: {WHATIFS_AVAILABLE}"),
-            format!("not in the audit (ctxsim compare on these sessions): {WHATIFS_AWAITING}"),
-        ],
+            format!("what-ifs {}: {}", engine_words(total.engine), whatifs_available(engine_of(total.engine))),
+        ]
+        .into_iter()
+        .chain(whatifs_awaiting(engine_of(total.engine)).map(|w| format!("not in the audit (`--engine agent` weighs them): {w}")))
+        .collect::<Vec<_>>(),
         WIDTH,
     );
     out.push('\n');
     out.push_str(&note);
     out
+}
+
+/// The engine named `name` (`agent` unless `replay`).
+fn engine_of(name: &str) -> Engine {
+    if name == Engine::Replay.name() { Engine::Replay } else { Engine::Agent }
+}
+
+/// How the outputs say what ran the what-ifs.
+fn engine_words(name: &str) -> &'static str {
+    match engine_of(name) {
+        Engine::Agent => "through the agent (--engine agent, saving = run as recorded less run under the what-if)",
+        Engine::Replay => "replayed (--engine replay)",
+    }
 }
 
 /// The cause columns every table has, whatever the data: the closed list of `find_breaks`.
@@ -233,6 +270,7 @@ pub fn audit_columns(rows: &[AuditRow], total: Option<&AuditRow>, by: GroupBy) -
     let usd = |f: &dyn Fn(&AuditRow) -> f64| Values::Float(all.iter().map(|r| f(r)).collect(), Some(6));
     let mut c = Columns::default();
     c.push(by_name(by), text(&|r| r.key.clone()));
+    c.push("engine", text(&|r| r.engine.to_owned()));
     c.push("project", text(&|r| r.project.clone()));
     c.push("sessions", int(&|r| r.sessions));
     c.push("first", text(&|r| r.first.clone().unwrap_or_default()));
@@ -370,7 +408,7 @@ pub fn whatif_svg(audits: &[SessionAudit]) -> String {
     for a in audits {
         for w in &a.whatifs {
             *sums.entry(w.name.clone()).or_default() += w.saving_usd;
-            *changed.entry(w.name.clone()).or_default() += usize::from(w.no_effect.is_none());
+            *changed.entry(w.name.clone()).or_default() += usize::from(w.no_effect.is_none() && w.not_comparable.is_none());
         }
     }
     let (w, left) = (900u32, 160.0);
@@ -380,7 +418,8 @@ pub fn whatif_svg(audits: &[SessionAudit]) -> String {
     let half = (w as f64 - left - 80.0) / 2.0;
     let mut out = String::new();
     svg_open(&mut out, "whatifs", w, h, "What-ifs: saving over all sessions");
-    let _ = write!(out, r#"<text x="10" y="18" font-size="13">What-ifs the replay honours: saving over all sessions (USD; right = cheaper)</text>"#);
+    let engine = audits.first().map_or(Engine::Agent.name(), |a| a.engine);
+    let _ = write!(out, r#"<text x="10" y="18" font-size="13">What-ifs ({engine} engine): saving over all sessions (USD; right = cheaper)</text>"#);
     let _ = write!(out, r##"<line x1="{zero}" x2="{zero}" y1="28" y2="{}" stroke="#888"/>"##, h - 10);
     if sums.is_empty() {
         let _ = write!(out, r#"<text x="{left}" y="50">no what-if applies to these sessions</text>"#);
@@ -506,7 +545,15 @@ pub fn write_audit_html(dir: &Path, audits: &[SessionAudit]) -> std::io::Result<
     body.push_str("</table>");
     body.push_str("<h2>What-ifs</h2>");
     body.push_str(&whatif_svg(audits));
-    let _ = write!(body, "<p>Replayed: {}. A what-if a session cannot feel (it never reaches the threshold, holds no recorded microcompact) is not replayed and counts as no effect. Not in the audit (<code>ctxsim compare</code> on these sessions): {}.</p>", escape(WHATIFS_AVAILABLE), escape(WHATIFS_AWAITING));
+    let engine = audits.first().map_or(Engine::Agent.name(), |a| a.engine);
+    match whatifs_awaiting(engine_of(engine)) {
+        Some(awaiting) => {
+            let _ = write!(body, "<p>What-ifs replayed (<code>--engine replay</code>): {}. A what-if a session cannot feel (it never reaches the threshold, holds no recorded microcompact) is not replayed and counts as no effect. Not in the audit (<code>--engine agent</code> weighs them): {}.</p>", escape(whatifs_available(Engine::Replay)), escape(awaiting));
+        }
+        None => {
+            let _ = write!(body, "<p>What-ifs run through the agent (<code>--engine agent</code>), each saving the agent's run as recorded less its run under the what-if: {}. A threshold a session never reaches counts as no effect; a what-if whose conversation parts from the recording says from which call in <code>--json</code>.</p>", escape(whatifs_available(Engine::Agent)));
+        }
+    }
     let index = dir.join("index.html");
     write_atomic(&index, page("ctxsim audit", &body).as_bytes())?;
     written.push(index);

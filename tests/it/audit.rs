@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use ctxsim::api::Usage;
 use ctxsim::measure::billing::bill_call;
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
-use ctxsim::replay::audit::{GroupBy, SessionAudit, audit_session, bill_session, group, sort_audits};
+use ctxsim::replay::audit::{Engine, GroupBy, SessionAudit, audit_session, bill_session, group, sort_audits};
 use ctxsim::replay::discover::{SessionFilter, discover, parse_date};
 use ctxsim::replay::load_session;
 use ctxsim::report::audit::{audit_csv, audit_table, write_audit_html};
@@ -165,7 +165,7 @@ fn audits() -> &'static Vec<SessionAudit> {
         let table = ModelTable::shipped();
         let make = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
         let files = discover(&[transcripts()], &SessionFilter::default()).unwrap();
-        let mut audits: Vec<SessionAudit> = files.par_iter().map(|f| audit_session(f, &load_session(&f.path).unwrap(), &table, &make)).collect();
+        let mut audits: Vec<SessionAudit> = files.par_iter().map(|f| audit_session(f, &load_session(&f.path).unwrap(), &table, &make, Engine::Replay)).collect();
         sort_audits(&mut audits);
         audits
     })
@@ -244,7 +244,7 @@ fn html_report_has_every_plot_and_every_link_resolves() {
 fn audit_output_is_the_same_for_one_and_two_threads() {
     let dir = transcripts();
     let run = |jobs: &str| {
-        let out = ctxsim(&["audit", dir.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--json", "--no-result-cache", "--jobs", jobs], &[]);
+        let out = ctxsim(&["audit", dir.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--json", "--no-result-cache", "--jobs", jobs, "--engine", "replay"], &[]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out.stdout
     };
@@ -254,6 +254,96 @@ fn audit_output_is_the_same_for_one_and_two_threads() {
     assert_eq!(json["rows"].as_array().unwrap().len(), 5);
     assert!(json["whatifs_available"].as_str().unwrap().contains("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"));
     assert!(json["whatifs_awaiting"].as_str().unwrap().contains("observation-masking"));
+    assert_eq!(json["engine"], "replay");
+    assert!(json["rows"].as_array().unwrap().iter().all(|r| r["engine"] == "replay"));
+}
+
+/// `audit --engine agent` runs its what-ifs through the agent (one model of the client): every
+/// preset is weighed, those the replay engine cannot judge (observation-masking, codex, ...)
+/// included, each with its saving against the agent's run as recorded, its information loss,
+/// the tokens it takes from the model's view and where its conversation parts from the
+/// recording. The billed figures and the breaks are the replay engine's (the recorded usage);
+/// the output is the same with one and two threads and names the engine.
+#[test]
+fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
+    let dir = transcripts();
+    let run = |jobs: &str, engine: &[&str]| {
+        let args = [&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--json", "--jobs", jobs][..], engine].concat();
+        let out = ctxsim(&args, &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let one = run("1", &["--engine", "agent"]);
+    assert_eq!(one, run("2", &["--engine", "agent"]), "--jobs 1 and 2 differ");
+    let agent: Value = serde_json::from_slice(&one).unwrap();
+    // The default engine is the replay (the agent's what-ifs cost about 50× its CPU).
+    let replay: Value = serde_json::from_slice(&run("2", &[])).unwrap();
+    assert_eq!(replay["engine"], "replay");
+    assert_eq!(agent["engine"], "agent");
+    assert!(agent.get("whatifs_awaiting").is_none(), "{}", agent["whatifs_awaiting"]);
+    assert!(agent["whatifs_available"].as_str().unwrap().contains("every preset"));
+    let (a, r) = (&agent["sessions"][0], &replay["sessions"][0]);
+    assert_eq!(a["engine"], "agent");
+    // Billed tokens, cost and breaks: from the record, whatever runs the what-ifs.
+    for field in ["billed", "breaks", "lost", "calls", "compactions"] {
+        assert_eq!(a[field], r[field], "{field}");
+    }
+    // The replay engine weighs two presets and leaves observation-masking and codex to compare.
+    assert!(replay["whatifs_awaiting"].as_str().unwrap().contains("observation-masking"));
+    assert!(r.get("presets").is_none());
+    // Through the agent every preset but the run as recorded, the 1h TTL and the env one.
+    let presets = a["presets"].as_array().unwrap();
+    let names: Vec<&str> = presets.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let expected: Vec<String> = ctxsim::strategy::presets::PRESETS
+        .iter()
+        .filter(|p| !ctxsim::replay::audit::AGENT_PRESETS_LEFT_OUT.contains(&p.id))
+        .map(|p| format!("preset={}", p.id))
+        .collect();
+    assert_eq!(names, expected);
+    // Every preset the replay engine leaves to compare is judged: priced, or said not to be
+    // comparable (on a6e4 the peers that do not compact where the client did hit the blocking
+    // limit: the session's work was not done), each saying from which call it parts from the
+    // recording.
+    for id in ["codex", "opencode", "observation-masking", "context-editing", "server-compaction", "cline"] {
+        let p = presets.iter().find(|p| p["name"] == format!("preset={id}")).unwrap();
+        assert!(p.get("no_effect").is_none(), "{p}");
+        let priced = p["info_loss_delta"].is_i64() && p["tokens_dropped_delta"].is_i64();
+        let refused = p["not_comparable"].as_str().is_some_and(|why| why.contains("blocking limit"));
+        assert!(priced != refused, "{p}");
+        assert!(p["diverges_from"].as_u64().is_some() && !p["divergence"].as_str().unwrap().is_empty(), "{p}");
+    }
+    // Context editing (the server clearing old tool uses): a saving against the agent's run as
+    // recorded, its loss, and the call its conversation parts from. It clears more than the
+    // recorded compaction took from the model's view: not "no more information loss".
+    let editing = presets.iter().find(|p| p["name"] == "preset=context-editing").unwrap();
+    assert!(editing["saving_usd"].as_f64().unwrap() != 0.0, "{editing}");
+    assert!(editing["tokens_dropped_delta"].as_i64().unwrap() > 0, "{editing}");
+    assert!(editing["divergence"].as_str().unwrap().contains("context_editing"), "{editing}");
+    // The preset what-if is the cheapest preset at no more loss.
+    let whatifs = a["whatifs"].as_array().unwrap();
+    let preset = whatifs.iter().find(|w| w["name"].as_str().unwrap().starts_with("preset")).unwrap();
+    let no_more_loss = |p: &&Value| p.get("no_effect").is_none() && p.get("not_comparable").is_none() && p["info_loss_delta"].as_i64() <= Some(0) && p["tokens_dropped_delta"].as_i64() <= Some(0);
+    let cheapest = presets.iter().filter(no_more_loss).map(|p| p["saving_usd"].as_f64().unwrap()).fold(f64::MIN, f64::max);
+    if preset.get("no_effect").is_none() {
+        assert_eq!(preset["saving_usd"].as_f64().unwrap(), cheapest, "{preset}");
+        assert!(no_more_loss(&preset), "{preset}");
+    }
+    // The a6e4 session compacted at 155k: the lower thresholds move its compaction, and the
+    // what-if says from which call its conversation is no longer the recorded one.
+    for pct in ctxsim::replay::audit::AUTOCOMPACT_PCTS {
+        let w = whatifs.iter().find(|w| w["name"] == format!("autocompact_pct={pct}")).unwrap();
+        assert!(w.get("no_effect").is_none() && w["diverges_from"].as_u64().is_some(), "{w}");
+    }
+    // The table names the engine and says where the replies diverge.
+    let out = ctxsim(&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--no-progress"], &[]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("--engine agent") && table.contains("(replies diverge from call"), "{table}");
+    assert!(!table.contains("not in the audit"), "{table}");
+    assert!(table.lines().all(|l| l.chars().count() <= 100), "wider than 100 columns:\n{table}");
+    let csv = ctxsim(&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--no-progress", "--csv"], &[]);
+    let csv = String::from_utf8(csv.stdout).unwrap();
+    assert!(csv.lines().next().unwrap().starts_with("session,engine,"), "{csv}");
+    assert!(csv.lines().nth(1).unwrap().contains(",agent,"), "{csv}");
 }
 
 /// Issue 15: the audit weighs another autocompact threshold and the cheapest preset at no more
@@ -328,7 +418,7 @@ fn parquet_shards_read_back_as_the_whole_table() {
     use parquet::record::Field;
     let dir = tempfile::tempdir().unwrap();
     let input = transcripts();
-    let common = ["audit", input.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--no-progress"];
+    let common = ["audit", input.to_str().unwrap(), "--project", "entireio-cli", "--estimator", "chars4", "--no-progress", "--engine", "replay"];
     let csv_out = ctxsim(&[&common[..], &["--csv"]].concat(), &[]);
     assert!(csv_out.status.success());
     let csv_text = String::from_utf8(csv_out.stdout).unwrap();
@@ -470,7 +560,7 @@ fn the_token_count_cache_is_created_reused_ignored_when_damaged_and_optional() {
     let file = dir.path().join(ctxsim::measure::token_cache::FILE_NAME);
     let run = |extra: &[&str]| {
         // The results replayed every time (`--no-result-cache`): the counts decide them.
-        let mut args = vec!["audit", session.to_str().unwrap(), "--json", "--no-progress", "--no-result-cache"];
+        let mut args = vec!["audit", session.to_str().unwrap(), "--json", "--no-progress", "--no-result-cache", "--engine", "replay"];
         args.extend_from_slice(extra);
         let out = ctxsim(&args, &[("CTXSIM_CACHE_DIR", dir.path())]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -62,7 +62,8 @@ fn html_reports_open_in_a_browser_without_errors_with_every_plot_shown() {
     let audit = dir.path().join("audit");
     let report = dir.path().join("report");
     let trace = dir.path().join("trace.jsonl");
-    ctxsim(&["audit".as_ref(), realdata().join("transcripts").as_os_str(), "--no-progress".as_ref(), "--out".as_ref(), audit.as_os_str()]);
+    // (One session: its what-ifs run through the agent, the default engine.)
+    ctxsim(&["audit".as_ref(), realdata().join("transcripts").as_os_str(), "--project".as_ref(), "NumWordify".as_ref(), "--no-progress".as_ref(), "--out".as_ref(), audit.as_os_str()]);
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/compaction-fork-shares-cache.yaml");
     ctxsim(&["run".as_ref(), scenario.as_os_str(), "--trace".as_ref(), trace.as_os_str()]);
     ctxsim(&["report".as_ref(), trace.as_os_str(), "--out".as_ref(), report.as_os_str()]);
