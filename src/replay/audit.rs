@@ -402,6 +402,7 @@ pub struct PlotPoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionAudit {
     /// What ran the what-ifs: `agent` or `replay` ([`Engine::name`]).
+    #[serde(skip_deserializing)]
     pub engine: &'static str,
     pub project: String,
     pub session_id: String,
@@ -425,11 +426,11 @@ pub struct SessionAudit {
     pub best_whatif: Option<WhatIf>,
     /// Through the agent: every preset weighed for the `preset` what-if, with its saving,
     /// information loss and divergence (the what-if is the cheapest at no more loss).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub presets: Vec<WhatIf>,
     /// Through the agent: where the run as recorded (the recorded version's defaults) itself
     /// parts from the recording (`from call N: why`), when it does.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_divergence: Option<String>,
     pub days: BTreeMap<String, DayShare>,
     /// Import warnings (file, line, field), to be reported.

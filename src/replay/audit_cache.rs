@@ -120,20 +120,24 @@ fn session_key(run: &RunKey, file: &SessionFile) -> Option<u128> {
     Some(h.digest128())
 }
 
+// The engine's name is a `&'static str` in `SessionAudit` (not read back by serde, which would
+// borrow it from the entry): it travels beside the audit and is matched to the engine's own name.
 #[derive(Serialize)]
 struct EntryOut<'a> {
+    engine: &'a str,
     audit: &'a SessionAudit,
     plot: &'a [PlotPoint],
 }
 
 #[derive(Deserialize)]
 struct EntryIn {
+    engine: String,
     audit: SessionAudit,
     plot: Vec<PlotPoint>,
 }
 
 fn payload(audit: &SessionAudit) -> Vec<u8> {
-    serde_json::to_vec(&EntryOut { audit, plot: &audit.plot }).expect("an audit serializes")
+    serde_json::to_vec(&EntryOut { engine: audit.engine, audit, plot: &audit.plot }).expect("an audit serializes")
 }
 
 /// What a lookup found.
@@ -224,6 +228,7 @@ fn read_entry(bytes: &[u8], key: u128) -> Result<Option<SessionAudit>, String> {
     let entry: EntryIn = serde_json::from_slice(payload).map_err(|e| format!("does not parse ({e})"))?;
     let mut audit = entry.audit;
     audit.plot = entry.plot;
+    audit.engine = crate::replay::audit::Engine::named(&entry.engine).ok_or_else(|| format!("names an unknown engine `{}`", crate::input::excerpt(&entry.engine)))?.name();
     if self::payload(&audit) != payload {
         return Err("does not read back as written".into());
     }

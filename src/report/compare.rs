@@ -143,6 +143,11 @@ impl Engine {
         }
     }
 
+    /// The engine of an output's name (`agent` or `replay`), if it is one.
+    pub fn named(name: &str) -> Option<Engine> {
+        [Engine::Agent, Engine::Replay].into_iter().find(|e| e.name() == name)
+    }
+
     /// What ran the recorded sessions, as a sentence of the outputs.
     pub fn sentence(self) -> &'static str {
         match self {
