@@ -355,16 +355,17 @@ fn agent_whatifs(
     }
     // The preset of lowest cost at no more information loss: no more references lost or re-reads
     // over its compactions, and no more tokens taken from the model's view (what a preset that
-    // clears outside a compaction removes). A preset that sent what the run as recorded sent (no
-    // saving, no loss) is no candidate.
+    // clears outside a compaction removes). Only a preset that saves is a candidate: one that
+    // costs what the run as recorded cost is no cheaper, one that costs more is dearer than the
+    // default itself.
     let no_more_loss = |w: &WhatIf| w.info_loss_delta.is_some_and(|d| d <= 0) && w.tokens_dropped_delta.is_some_and(|d| d <= 0);
     let best = presets
         .iter()
-        .filter(|w| w.no_effect.is_none() && w.not_comparable.is_none() && no_more_loss(w) && !(w.saving_usd == 0.0 && w.info_loss_delta == Some(0) && w.tokens_dropped_delta == Some(0)))
+        .filter(|w| w.no_effect.is_none() && w.not_comparable.is_none() && no_more_loss(w) && w.saving_usd > 0.0)
         .max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd).then_with(|| b.name.cmp(&a.name)))
         .cloned();
     whatifs.push(best.unwrap_or_else(|| {
-        WhatIf::unchanged("preset".to_owned(), format!("no preset of the {} weighed changes the session at no more information loss", presets.len()))
+        WhatIf::unchanged("preset".to_owned(), format!("no preset of the {} weighed saves at no more information loss", presets.len()))
     }));
     let divergence = as_recorded.divergence.map(|(call, why)| format!("from call {call}: {why}"));
     Ok(AgentWhatIfs { whatifs, presets, divergence })
