@@ -247,7 +247,9 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         By::Project => GroupBy::Project,
         By::Day => GroupBy::Day,
     };
-    let (rows, totals) = group(&audits, by);
+    let (rows, mut totals) = group(&audits, by);
+    // The engine of the run, also when no session was audited (the rows carry their own).
+    totals.engine = engine.name();
     let text: Vec<u8> = match format {
         AuditFormat::Table => audit_table(&rows, &totals, by, args.breakdown).into_bytes(),
         AuditFormat::Csv => audit_csv(&rows, &totals, by),
@@ -273,7 +275,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         }
     }
     if let (Some(dir), Some(out_dir)) = (&args.out, out_dir) {
-        crate::report::audit::write_audit_html(out_dir.path(), &audits).with_context(|| format!("failed to write the report under {}", dir.display()))?;
+        crate::report::audit::write_audit_html(out_dir.path(), &audits, engine).with_context(|| format!("failed to write the report under {}", dir.display()))?;
         write_atomic(&out_dir.path().join("audit.csv"), &audit_csv(&rows, &totals, by)).with_context(|| format!("failed to write under {}", dir.display()))?;
         out_dir.commit()?;
         eprintln!("wrote {}", dir.join("index.html").display());

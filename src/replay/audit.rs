@@ -72,6 +72,9 @@ pub fn whatifs_awaiting(engine: Engine) -> Option<&'static str> {
     }
 }
 
+/// How a what-if the agent could not run says so (`not_comparable`, and a warning).
+const NOT_JUDGED: &str = "not judged";
+
 /// The `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` values the audit tries: the threshold at that share of
 /// the window less the output reserve, capped at the client's own (so each one compacts
 /// earlier than the default; 90 is just under it on a 200k window, 50 is the value users ask
@@ -325,7 +328,9 @@ fn agent_whatifs(
         let run = match run_of(key) {
             Ok(run) => run,
             Err(e) => {
-                let whatif = WhatIf::unchanged(label.clone(), format!("not judged: the agent could not run it ({e})"));
+                // Not judged is no answer: not "no effect" (counted as unchanged), but not
+                // comparable, and a warning of the session (stderr, exit code).
+                let whatif = WhatIf { name: label.clone(), not_comparable: Some(format!("{NOT_JUDGED}: the agent could not run it ({e})")), ..WhatIf::default() };
                 match kind {
                     Kind::Preset => presets.push(whatif),
                     _ => whatifs.push(whatif),
@@ -591,7 +596,14 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     let (whatifs, presets, agent_divergence) = if engine == Engine::Agent {
         drop((replay, shared));
         match agent_whatifs(file, session, make, &candidates, billed.cost_usd) {
-            Ok(judged) => (judged.whatifs, judged.presets, judged.divergence),
+            Ok(judged) => {
+                for w in judged.whatifs.iter().chain(&judged.presets) {
+                    if let Some(why) = w.not_comparable.as_deref().filter(|why| why.starts_with(NOT_JUDGED)) {
+                        warnings.push(format!("{}: what-if {}: {why}", file.path.display(), w.name));
+                    }
+                }
+                (judged.whatifs, judged.presets, judged.divergence)
+            }
             Err(e) => {
                 warnings.push(format!("{}: the what-ifs could not run through the agent: {e}", file.path.display()));
                 (Vec::new(), Vec::new(), None)

@@ -1077,6 +1077,27 @@ fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measure
 /// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
 /// replay's run shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
 /// request gives the agent's own sizes.
+/// Tokens of the command bodies the agent restores after a compaction (`attachment.skill`, the
+/// latest body of each command before the script's first `/compact`), under the post-compact
+/// budget, in the agent's own rough count (`rebuild::skill_attachment`'s rule).
+fn restored_command_tokens(script: &[crate::scenario::Step], budget: &crate::agent::compact::config::PostCompactConfig) -> u64 {
+    use crate::agent::compact::counting::rough;
+    let mut latest: BTreeMap<&str, &str> = BTreeMap::new();
+    for step in script {
+        match step {
+            crate::scenario::Step::Compact => break,
+            crate::scenario::Step::Attachment { skill: Some(name), text, .. } => {
+                latest.insert(name, text);
+            }
+            _ => {}
+        }
+    }
+    latest.values().fold(0, |total, text| {
+        let cost = rough(text).min(budget.max_tokens_per_skill);
+        if total + cost <= budget.skills_token_budget { total + cost } else { total }
+    })
+}
+
 pub fn size_unmodelled(
     session: &ImportedSession,
     file: &str,
@@ -1163,12 +1184,17 @@ pub fn size_unmodelled(
         _ => sizing.system_filler_tokens,
     };
     let context_gap = sizing.recorded_context_tokens.saturating_sub(sizing.agent_context_tokens);
+    // What the record shows outliving the file's first compaction beyond the prefix, less the
+    // command bodies the agent restores there itself (the replay that measured it restores none,
+    // so they are in its count): the rest is memory and context.
+    let restored = restored_command_tokens(&workload.scenario.script, &strategy.compact.post_compact);
+    let outlives_compaction = |kept: u64| kept.saturating_sub(sizing.recorded_prefix_tokens).saturating_sub(restored);
     if session.recording.header.head_truncated {
         // A file that continues a session: the gap is mostly the conversation before the file,
         // which a compaction drops; it opens the script as one prompt of that size. What of it
         // outlives a compaction (the user context, CLAUDE.md) is what the record shows beyond the
         // prefix after the file's first compaction; it stays as CLAUDE.md.
-        let kept = shown.kept_after_compaction.map_or(0, |kept| kept.saturating_sub(sizing.recorded_prefix_tokens));
+        let kept = shown.kept_after_compaction.map_or(0, outlives_compaction);
         sizing.claude_md_filler_tokens = kept.saturating_sub(sizing.agent_context_tokens).min(context_gap);
         sizing.history_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
     } else {
@@ -1183,7 +1209,7 @@ pub fn size_unmodelled(
         sizing.claude_md_filler_tokens = context_gap;
         if !sizing.mentioned_files.is_empty() {
             let outlives = match shown.kept_after_compaction {
-                Some(kept) => kept.saturating_sub(sizing.recorded_prefix_tokens),
+                Some(kept) => outlives_compaction(kept),
                 // (A version taken from another's fit is noted by the replay's sizing of the
                 // same session, `first_call_sizes`.)
                 None => super::session::user_context_prior(measurer.counter().calibration(), &super::session::main_version(session), &mut Default::default()),

@@ -401,7 +401,7 @@ pub fn cost_per_day_svg(audits: &[SessionAudit]) -> String {
 }
 
 /// Summed saving of each what-if over the sessions, as horizontal bars.
-pub fn whatif_svg(audits: &[SessionAudit]) -> String {
+pub fn whatif_svg(audits: &[SessionAudit], engine: Engine) -> String {
     // Per what-if: the summed saving and the sessions it changed.
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();
     let mut changed: BTreeMap<String, usize> = BTreeMap::new();
@@ -418,7 +418,7 @@ pub fn whatif_svg(audits: &[SessionAudit]) -> String {
     let half = (w as f64 - left - 80.0) / 2.0;
     let mut out = String::new();
     svg_open(&mut out, "whatifs", w, h, "What-ifs: saving over all sessions");
-    let engine = audits.first().map_or(Engine::Agent.name(), |a| a.engine);
+    let engine = engine.name();
     let _ = write!(out, r#"<text x="10" y="18" font-size="13">What-ifs ({engine} engine): saving over all sessions (USD; right = cheaper)</text>"#);
     let _ = write!(out, r##"<line x1="{zero}" x2="{zero}" y1="28" y2="{}" stroke="#888"/>"##, h - 10);
     if sums.is_empty() {
@@ -516,7 +516,8 @@ fn page_names(audits: &[SessionAudit]) -> Vec<String> {
 
 /// Writes `index.html` and one page per listed session under `dir`; returns the files written.
 /// `audits` must be sorted ([`crate::replay::audit::sort_audits`]).
-pub fn write_audit_html(dir: &Path, audits: &[SessionAudit]) -> std::io::Result<Vec<PathBuf>> {
+/// `engine`: what ran the what-ifs (named even when no session was audited).
+pub fn write_audit_html(dir: &Path, audits: &[SessionAudit], engine: Engine) -> std::io::Result<Vec<PathBuf>> {
     use super::output::write_atomic;
     let top = &audits[..audits.len().min(TOP_SESSIONS)];
     let names = page_names(top);
@@ -544,9 +545,8 @@ pub fn write_audit_html(dir: &Path, audits: &[SessionAudit]) -> std::io::Result<
     }
     body.push_str("</table>");
     body.push_str("<h2>What-ifs</h2>");
-    body.push_str(&whatif_svg(audits));
-    let engine = audits.first().map_or(Engine::Agent.name(), |a| a.engine);
-    match whatifs_awaiting(engine_of(engine)) {
+    body.push_str(&whatif_svg(audits, engine));
+    match whatifs_awaiting(engine) {
         Some(awaiting) => {
             let _ = write!(body, "<p>What-ifs replayed (<code>--engine replay</code>): {}. A what-if a session cannot feel (it never reaches the threshold, holds no recorded microcompact) is not replayed and counts as no effect. Not in the audit (<code>--engine agent</code> weighs them): {}.</p>", escape(whatifs_available(Engine::Replay)), escape(awaiting));
         }

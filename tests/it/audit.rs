@@ -215,7 +215,7 @@ fn grouped_rows_add_up_to_the_total() {
 #[test]
 fn html_report_has_every_plot_and_every_link_resolves() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write_audit_html(dir.path(), audits()).unwrap();
+    let written = write_audit_html(dir.path(), audits(), Engine::Replay).unwrap();
     let index = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
     let doc = roxmltree::Document::parse_with_options(&index, roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() }).unwrap();
     let svg_ids: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("svg")).filter_map(|n| n.attribute("id")).collect();
@@ -268,7 +268,7 @@ fn audit_output_is_the_same_for_one_and_two_threads() {
 fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
     let dir = transcripts();
     let run = |jobs: &str, engine: &[&str]| {
-        let args = [&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--json", "--jobs", jobs][..], engine].concat();
+        let args = [&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--json", "--no-result-cache", "--jobs", jobs][..], engine].concat();
         let out = ctxsim(&args, &[]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out.stdout

@@ -923,7 +923,7 @@ fn the_commands_a_session_ran_are_restored_after_its_compaction() {
     assert_eq!(driven.compactions.first().map(|c| c.before_call), Some(155));
     let after = driven.replay.calls.iter().find(|c| c.index == 155).unwrap();
     let (simulated, recorded) = (after.simulated_context() as f64, after.recorded_context() as f64);
-    assert!(simulated / recorded - 1.0 > -0.11, "the first call after the compaction: agent {simulated} vs recorded {recorded}");
+    assert!((-0.11..0.05).contains(&(simulated / recorded - 1.0)), "the first call after the compaction: agent {simulated} vs recorded {recorded}");
     // As recorded (the sized workload `fidelity --engine agent` drives), so 01M0EE57's recorded
     // attachments are driven.
     let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
