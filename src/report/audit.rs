@@ -153,9 +153,16 @@ fn details(row: &AuditRow, by: GroupBy, breakdown: bool) -> Vec<String> {
         };
         items.push(format!("what-if {name}: {}{diverging}", usd(*saving)));
     }
-    let unchanged: Vec<&str> = row.whatifs_no_effect.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
+    let mut unchanged: Vec<&str> = row.whatifs_no_effect.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
+    // Through the agent the presets do change the session; "preset" unpriced means none of them
+    // saves at no more information loss, which is not "no effect".
+    let preset_saves_nothing = engine_of(row.engine) == Engine::Agent && unchanged.contains(&"preset");
+    unchanged.retain(|n| !(preset_saves_nothing && *n == "preset"));
     if !unchanged.is_empty() {
         items.push(format!("no effect: {}", unchanged.join(", ")));
+    }
+    if preset_saves_nothing {
+        items.push("no preset saves at no more information loss".to_owned());
     }
     let refused: Vec<&str> = row.whatifs_not_comparable.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
     if !refused.is_empty() {

@@ -342,6 +342,9 @@ fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("--engine agent") && table.contains("(replies diverge from call"), "{table}");
     assert!(!table.contains("not in the audit"), "{table}");
+    // Through the agent the presets change the session: an unpriced preset is "no preset saves",
+    // never "no effect".
+    assert!(!table.lines().any(|l| l.contains("no effect:") && l.contains("preset")), "{table}");
     assert!(table.lines().all(|l| l.chars().count() <= 100), "wider than 100 columns:\n{table}");
     let csv = ctxsim(&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--no-progress", "--csv", "--engine", "agent"], &[]);
     let csv = String::from_utf8(csv.stdout).unwrap();
