@@ -352,6 +352,23 @@ fn check_step(
                         format!("`subagent: true` runs the subagent of an Agent call; `{key_text}` is a {name} call"),
                     ));
                 }
+                // An image's pixels are written as a PNG header inside its base64 data: without
+                // both sides, or with data too short or not whole base64 to hold it, the image
+                // would count the flat size without a word.
+                for (k, image) in spec.images.iter().enumerate() {
+                    let at = |field: &str| [here("tool_output"), vec![key(key_text), key("images"), Seg::Index(k), key(field)]].concat();
+                    match (image.width, image.height) {
+                        (Some(_), None) => return Err(problem(at("height"), "an image with a `width` needs its `height` too")),
+                        (None, Some(_)) => return Err(problem(at("width"), "an image with a `height` needs its `width` too")),
+                        (Some(_), Some(_)) if image.base64_bytes < 44 || image.base64_bytes % 4 != 0 => {
+                            return Err(problem(
+                                at("base64_bytes"),
+                                format!("{} cannot hold the image's PNG header: with `width` and `height` it must be at least 44 and a multiple of 4", image.base64_bytes),
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
                 for (id, name) in matched {
                     by_id.entry((*id).to_owned()).or_insert_with(|| ToolOutput {
                         tool_use_id: (*id).to_owned(),

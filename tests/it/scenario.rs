@@ -393,3 +393,14 @@ fn into_world_is_deterministic() {
     let render = |s: &Scenario| format!("{:?}", s.into_world());
     assert_eq!(render(&parse(&text)), render(&parse(&text)));
 }
+
+#[test]
+fn error_image_pixels_half_given_or_unholdable() {
+    let image = |spec: &str| doc(&format!("- user: go\n- assistant: [{{tool_use: {{id: toolu_a, name: Read}}}}]\n- tool_output: {{toolu_a: {{content: shot, images: [{spec}]}}}}\n"));
+    let half = err(&image("{base64_bytes: 400, width: 512}"));
+    assert!(half.contains("script[2].tool_output.toolu_a.images[0].height: an image with a `width` needs its `height` too"), "{half}");
+    let short = err(&image("{base64_bytes: 30, width: 512, height: 320}"));
+    assert!(short.contains("script[2].tool_output.toolu_a.images[0].base64_bytes: 30 cannot hold"), "{short}");
+    let ragged = err(&image("{base64_bytes: 401, width: 512, height: 320}"));
+    assert!(ragged.contains("images[0].base64_bytes: 401 cannot hold"), "{ragged}");
+}
