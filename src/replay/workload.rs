@@ -1079,7 +1079,8 @@ fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measure
 /// request gives the agent's own sizes.
 /// Tokens of the command bodies the agent restores after a compaction (`attachment.skill`, the
 /// latest body of each command before the script's first `/compact`), under the post-compact
-/// budget, in the agent's own rough count (`rebuild::skill_attachment`'s rule).
+/// budget, in the agent's own rough count (`rebuild::skill_attachment`'s rule, its per-skill cut
+/// `rebuild::restored_skill_content`).
 fn restored_command_tokens(script: &[crate::scenario::Step], budget: &crate::agent::compact::config::PostCompactConfig) -> u64 {
     use crate::agent::compact::counting::rough;
     let mut latest: BTreeMap<&str, &str> = BTreeMap::new();
@@ -1093,7 +1094,7 @@ fn restored_command_tokens(script: &[crate::scenario::Step], budget: &crate::age
         }
     }
     latest.values().fold(0, |total, text| {
-        let cost = rough(text).min(budget.max_tokens_per_skill);
+        let cost = rough(&crate::agent::compact::rebuild::restored_skill_content(text, budget));
         if total + cost <= budget.skills_token_budget { total + cost } else { total }
     })
 }

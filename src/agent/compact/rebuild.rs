@@ -152,21 +152,28 @@ fn read_paths(entries: &[Entry]) -> Vec<String> {
         .collect()
 }
 
+/// A skill's body as a compaction restores it: cut to the per-skill limit, marked when cut.
+/// (`replay::workload` sizes what the agent will restore with the same rule.)
+pub fn restored_skill_content(content: &str, budget: &super::config::PostCompactConfig) -> String {
+    if rough(content) <= budget.max_tokens_per_skill {
+        return content.to_owned();
+    }
+    let max_chars = (budget.max_tokens_per_skill * 4) as usize;
+    let mut cut: String = content.chars().take(max_chars - SKILL_TRUNCATION_MARKER.len()).collect();
+    cut.push_str(SKILL_TRUNCATION_MARKER);
+    cut
+}
+
 /// Invoked skills, most recent first, each truncated to its limit, kept while the cumulative
 /// total fits (skip, not stop). One attachment holding all of them, or none.
 pub fn skill_attachment(cx: &mut ChainContext<'_>, ts: u64) -> Option<Entry> {
     let budget = cx.config.post_compact.clone();
     let mut skills = cx.inputs.invoked_skills.clone();
     skills.sort_by(|a, b| b.invoked_at_ms.cmp(&a.invoked_at_ms).then_with(|| a.name.cmp(&b.name)));
-    let max_chars = (budget.max_tokens_per_skill * 4) as usize;
     let mut total = 0u64;
     let mut parts = Vec::new();
     for skill in skills {
-        let mut content = skill.content.clone();
-        if rough(&content) > budget.max_tokens_per_skill {
-            content = content.chars().take(max_chars - SKILL_TRUNCATION_MARKER.len()).collect();
-            content.push_str(SKILL_TRUNCATION_MARKER);
-        }
+        let content = restored_skill_content(&skill.content, &budget);
         let cost = rough(&content);
         if total + cost <= budget.skills_token_budget {
             total += cost;
