@@ -169,10 +169,11 @@ pub struct FidelityArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
     /// The record-based measurement: the recorded messages rebuilt per call with the version's
-    /// size profile; a strategy reaches them only where a recording cannot contradict it.
+    /// size profile; a strategy reaches them only where a recording cannot contradict it (the
+    /// default of `fidelity` and `audit`).
     Replay,
     /// The agent, driven by the recorded session: every knob applies (the default of `compare`,
-    /// `sweep`, `check` and `audit`).
+    /// `sweep` and `check`).
     Agent,
 }
 
