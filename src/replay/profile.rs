@@ -85,6 +85,29 @@ pub struct ClientProfile {
     pub resume_rerender: bool,
     /// Tokens of tools + system to assume when the first call read nothing (cold start).
     pub cold_prefix_tokens: u64,
+    /// The system prompt is cached at its end: its last block carries a cache marker of its own,
+    /// so tools + the whole system prompt are a cache level (the one a read falls to after a
+    /// compaction or a re-rendered start); else only the part before the dynamic boundary (tools
+    /// and the static sections, global scope) is one. The agent follows it as
+    /// `world.dynamic_system_marker` (the importer sets it, `workload::size_unmodelled`). Per
+    /// version ([`SYSTEM_GLOBAL_SCOPE_BY_DEFAULT`], [`DYNAMIC_SYSTEM_BLOCK_MARKED`]):
+    /// - up to 2.1.87 the global scope is behind a server-side flag, off unless forced: the
+    ///   system prompt goes as `[billing, identity, rest]`, identity and rest each with an
+    ///   org-scoped marker, so it is cached at its end (the agent's boundary layout with the
+    ///   dynamic block marked has the same two levels: the importer sizes the part before the
+    ///   boundary to the lower level the record shows);
+    /// - 2.1.88 to 2.1.114: the global scope is on for first party and the dynamic block after
+    ///   the boundary goes unmarked (the 2.1.88 capture, `data/profiles/2.1.88.toml`: markers
+    ///   on `system[2]` global and the last message only);
+    /// - from 2.1.116 the dynamic block carries an org-scoped marker (2.1.332's first-party
+    ///   capture, reference/current-client-and-api.md §3.5).
+    /// Evidence: the clients' own block splitter (the `cacheScope` it gives each system block,
+    /// read in the npm packages of 2.1.49, 2.1.69, 2.1.78, 2.1.83, 2.1.85–2.1.89, 2.1.105,
+    /// 2.1.112–2.1.114, 2.1.116, 2.1.119, 2.1.148 and 2.1.205; 2.0.76 has no boundary at all),
+    /// and the records: 13 of the 16 shipped sessions (2.0.76–2.1.49 and
+    /// 2.1.205–2.1.232) have a read that falls into the unrecorded part and each reads the
+    /// whole prefix there, which an unmarked dynamic block cannot give (docs/profiles.md).
+    pub system_cached_at_end: bool,
     /// The output reserve of the autocompact threshold (`window − min(max output, reserve) −
     /// buffer`): 32,000 up to 2.1.14 (5 automatic compactions of 2.0.76–2.1.14 at
     /// 155.0k–156.7k on 200k windows), 20,000 from 2.1.37 (5 of 2.1.37–2.1.49 at 167.1k–167.6k,
@@ -109,6 +132,14 @@ pub const INVOKED_COMMANDS_RESTORED: (u32, u32, u32) = (2, 1, 0);
 /// (entirecontext, 2.1.232); 2.1.219 is the last seen losing it, versions between take the
 /// earlier behaviour.
 pub const HOOK_CONTEXT_KEEPS_SIDE_ENTRY: (u32, u32, u32) = (2, 1, 232);
+
+/// The first version whose client puts the system prompt's static part under the global cache
+/// scope without a flag (first party): 2.1.87 still gates it behind the server-side
+/// `tengu_system_prompt_global_cache` flag, default off ([`ClientProfile::system_cached_at_end`]).
+pub const SYSTEM_GLOBAL_SCOPE_BY_DEFAULT: (u32, u32, u32) = (2, 1, 88);
+/// The first version whose dynamic system block (after the boundary) carries a cache marker of
+/// its own: 2.1.114 leaves it unmarked, 2.1.116 marks it (org scope); no 2.1.115 was published.
+pub const DYNAMIC_SYSTEM_BLOCK_MARKED: (u32, u32, u32) = (2, 1, 116);
 
 /// The `entrypoint` Claude Desktop's transcripts name.
 pub const CLAUDE_DESKTOP: &str = "claude-desktop";
@@ -210,6 +241,7 @@ impl ClientProfile {
             static_prefix_shared: false,
             resume_rerender: true,
             cold_prefix_tokens: measured_prefix_tokens_2_1_88(),
+            system_cached_at_end: !(SYSTEM_GLOBAL_SCOPE_BY_DEFAULT..DYNAMIC_SYSTEM_BLOCK_MARKED).contains(&v),
             autocompact_output_reserve: if v < (2, 1, 37) { 32_000 } else { 20_000 },
         }
     }
@@ -251,6 +283,16 @@ mod tests {
         assert!(!ClientProfile::for_client("2.1.219", None).static_prefix_shared);
         assert!(!ClientProfile::for_client("2.1.49", Some("claude-desktop")).static_prefix_shared);
         assert!(!ClientProfile::for_version("2.1.219").static_prefix_shared);
+    }
+
+    #[test]
+    fn the_system_prompt_is_cached_at_its_end_except_from_2_1_88_to_2_1_114() {
+        for version in ["2.0.76", "2.1.7", "2.1.49", "2.1.87", "2.1.116", "2.1.205", "2.1.232", "2.1.332"] {
+            assert!(ClientProfile::for_version(version).system_cached_at_end, "{version}");
+        }
+        for version in ["2.1.88", "2.1.100", "2.1.114"] {
+            assert!(!ClientProfile::for_version(version).system_cached_at_end, "{version}");
+        }
     }
 
     #[test]

@@ -1228,11 +1228,12 @@ pub fn size_unmodelled(
     if dynamic_filler > 0 {
         doc["world"]["append_system_prompt"] = Value::String(joined("recorded client prompt not modelled", dynamic_filler));
     }
-    // The recorded client's system prompt was cached at its end: each of the 13 shipped sessions
-    // whose record shows a read falling into the unrecorded part shows one of the whole prefix
-    // (its only level, or the higher of two), which the 2.1.88 layout (the dynamic block
-    // unmarked) cannot give after a compaction.
-    doc["world"]["dynamic_system_marker"] = Value::Bool(true);
+    // Whether the recorded client's system prompt was cached at its end is its version's
+    // (`ClientProfile::system_cached_at_end`: all but 2.1.88–2.1.114, whose dynamic block went
+    // unmarked). Each of the 13 shipped sessions whose record shows a read falling into the
+    // unrecorded part shows one of the whole prefix (its only level, or the higher of two).
+    let cached_at_end = super::ClientProfile::for_version(&super::session::main_version(session)).system_cached_at_end;
+    doc["world"]["dynamic_system_marker"] = Value::Bool(cached_at_end);
     if sizing.claude_md_filler_tokens > 0 {
         let text = sized("recorded memory and context not modelled", sizing.claude_md_filler_tokens);
         doc["world"]["files"] = json!({ format!("{cwd}/CLAUDE.md"): text });

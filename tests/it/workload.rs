@@ -977,3 +977,23 @@ fn after_a_compaction_the_agent_reads_the_whole_recorded_prefix() {
     assert!(e9878.sizing.static_filler_tokens > 0 && e9878.sizing.static_filler_tokens < e9878.sizing.system_filler_tokens, "{:?}", e9878.sizing);
     check(&comparisons(&e9878), 48, 0.12);
 }
+
+/// Whether the agent's system prompt is cached at its end (`world.dynamic_system_marker`) is the
+/// recorded client version's (`ClientProfile::system_cached_at_end`): spotter's 2.1.39 is; the
+/// same record as written by 2.1.100, whose dynamic block went unmarked (as 2.1.88's capture
+/// shows), is not.
+#[test]
+fn the_dynamic_system_marker_follows_the_recorded_version() {
+    let path = realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let mut session = load_session(&path).unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let marker = |session: &ctxsim::recording::ImportedSession| {
+        let (workload, _) = ctxsim::replay::workload::sized_workload(session, "spotter.jsonl", &measurer(), &strategy, false).unwrap();
+        workload.scenario.world.dynamic_system_marker
+    };
+    assert!(marker(&session));
+    for call in &mut session.calls {
+        call.version = Some("2.1.100".to_owned());
+    }
+    assert!(!marker(&session));
+}
