@@ -746,7 +746,7 @@ pub fn apply_world_step(step: &Step, agent: &mut Session, world: &mut World, pen
         Step::PluginEnable { root } => agent.plugin_enable(root, world)?,
         Step::PluginReload => agent.plugin_reload(world)?,
         Step::Git(state) => world.git = Some(state.clone()),
-        Step::Attachment { kind, text, skill } => agent.recorded_attachment(kind, text, skill.as_deref()),
+        Step::Attachment { kind, text, skill } => agent.recorded_attachment(kind, text, skill.as_deref(), world),
         Step::Microcompact { tool_use_ids, history_chars } => agent.recorded_microcompact(tool_use_ids, *history_chars),
         Step::ResumeLost { tool_use_ids } => agent.recorded_resume_loss(tool_use_ids),
         _ => {}

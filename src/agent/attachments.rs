@@ -25,6 +25,8 @@ pub struct InvokedSkill {
     pub name: String,
     pub path: String,
     pub content: String,
+    /// When it was invoked (virtual time): a compaction restores the most recent first.
+    pub invoked_at_ms: u64,
 }
 
 /// One attachment. Kinds that are not API-visible in the reference are not modelled.

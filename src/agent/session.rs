@@ -625,11 +625,11 @@ impl Session {
     /// With `skill`, `text` is that skill's or slash command's body as the recorded client
     /// expanded it: remembered as invoked (the latest invocation of a name wins), so a
     /// compaction restores it as the client restores invoked skills.
-    pub fn recorded_attachment(&mut self, kind: &str, text: &str, skill: Option<&str>) {
+    pub fn recorded_attachment(&mut self, kind: &str, text: &str, skill: Option<&str>, world: &World) {
         self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.to_owned() }]);
         if let Some(name) = skill {
             self.invoked_skills.retain(|s| s.name != name);
-            self.invoked_skills.push(InvokedSkill { name: name.to_owned(), path: String::new(), content: text.to_owned() });
+            self.invoked_skills.push(InvokedSkill { name: name.to_owned(), path: String::new(), content: text.to_owned(), invoked_at_ms: world.clock.now_ms() });
         }
     }
 
@@ -817,7 +817,7 @@ impl Session {
                     self.session_hooks.extend(parsed.hooks);
                 }
                 self.invoked_skills.retain(|s| s.name != skill);
-                self.invoked_skills.push(InvokedSkill { name: skill, path: format!("{dir}/SKILL.md"), content: body });
+                self.invoked_skills.push(InvokedSkill { name: skill, path: format!("{dir}/SKILL.md"), content: body, invoked_at_ms: world.clock.now_ms() });
             }
             self.discovered_tools.extend(outcome.loaded_tools.iter().cloned());
             if let Some(message) = outcome.meta_message.clone() {

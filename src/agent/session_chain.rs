@@ -328,7 +328,7 @@ impl Session {
         Ok(())
     }
 
-    fn compact_inputs(&self, world: &World) -> CompactInputs {
+    fn compact_inputs(&self) -> CompactInputs {
         let mut inputs = CompactInputs::default();
         for (path, mtime) in &self.read_state {
             inputs.read_files.push(ReadFile { path: path.clone(), timestamp_ms: *mtime });
@@ -344,7 +344,7 @@ impl Session {
             inputs.invoked_skills.push(CompactSkill {
                 name: skill.name.clone(),
                 content: skill.content.clone(),
-                invoked_at_ms: world.clock.now_ms(),
+                invoked_at_ms: skill.invoked_at_ms,
             });
         }
         inputs
@@ -398,7 +398,7 @@ impl Session {
         let now = world.clock.now_ms();
         self.sync_meta(now);
         let limits = self.model_limits(world);
-        let mut inputs = self.compact_inputs(world);
+        let mut inputs = self.compact_inputs();
         let (deltas, announced) = self.compaction_deltas(world);
         inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         let index: BTreeMap<u64, usize> = self.record_meta.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();

@@ -997,3 +997,30 @@ fn the_dynamic_system_marker_follows_the_recorded_version() {
     }
     assert!(!marker(&session));
 }
+
+/// After a compaction the invoked skills come back most recent first, by when each was invoked
+/// (before, every one took the compaction's time and they came back by name).
+#[test]
+fn restored_skills_come_back_most_recent_first() {
+    let out = crate::support::run_yaml(
+        r#"
+name: skills-by-recency
+world: {model: claude-sonnet-4-6, cwd: /repo}
+script:
+  - user: "<command-name>/alpha</command-name>"
+  - attachment: {type: meta_prompt, text: "Alpha steps: lint, test.", skill: alpha}
+  - assistant: [{text: "Alpha done."}]
+  - wait: 1m
+  - user: "<command-name>/zeta</command-name>"
+  - attachment: {type: meta_prompt, text: "Base directory for this skill: /repo/.claude/skills/zeta\n\nZeta steps: build, tag.", skill: zeta}
+  - assistant: [{text: "Zeta done."}]
+  - compact: true
+  - user: "And now?"
+  - assistant: [{text: "Nothing left."}]
+"#,
+    );
+    let last = serde_json::to_string(&out.requests.last().unwrap().messages).unwrap();
+    let restored = &last[last.find("(invoked earlier)").expect("skills restored")..];
+    let (alpha, zeta) = (restored.find("Alpha steps").unwrap(), restored.find("Zeta steps").unwrap());
+    assert!(zeta < alpha, "zeta, invoked last, first: {restored}");
+}

@@ -234,6 +234,7 @@ pub struct ReadFile {
 pub struct InvokedSkill {
     pub name: String,
     pub content: String,
+    /// When the skill was (last) invoked: the rebuild restores the most recent first.
     pub invoked_at_ms: u64,
 }
 
