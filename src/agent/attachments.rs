@@ -23,7 +23,10 @@ pub struct Todo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvokedSkill {
     pub name: String,
-    pub path: String,
+    /// Where the client says it came from, as its `invoked_skills` attachment shows it
+    /// (`{source}:{name}`, [`crate::agent::skills::invoked_path`]); `None` for a slash command
+    /// whose record names no source (the text then has no path line).
+    pub path: Option<String>,
     pub content: String,
     /// When it was invoked (virtual time): a compaction restores the most recent first.
     pub invoked_at_ms: u64,
@@ -181,11 +184,17 @@ impl Attachment {
             Attachment::Recorded { text, .. } => text.clone(),
             Attachment::InvokedSkills { skills } => {
                 let parts: Vec<String> =
-                    skills.iter().map(|s| format!("### Skill: {}\nPath: {}\n\n{}", s.name, s.path, s.content)).collect();
+                    skills.iter().map(|s| format!("### Skill: {}\n{}\n{}", s.name, path_line(s.path.as_deref()), s.content)).collect();
                 format!("{INVOKED_SKILLS_HEADER}\n\n{}", parts.join("\n\n---\n\n"))
             }
         }
     }
+}
+
+/// The line naming an invoked skill's path with the newline after it (and a blank line), or
+/// nothing when the path is unknown.
+pub(crate) fn path_line(path: Option<&str>) -> String {
+    path.map_or_else(String::new, |p| format!("Path: {p}\n"))
 }
 
 pub(crate) const SKILL_LISTING_HEADER: &str = "Skills you can run with the Skill tool (name: what it is for):";

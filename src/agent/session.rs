@@ -629,7 +629,12 @@ impl Session {
         self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.to_owned() }]);
         if let Some(name) = skill {
             self.invoked_skills.retain(|s| s.name != name);
-            self.invoked_skills.push(InvokedSkill { name: name.to_owned(), path: String::new(), content: text.to_owned(), invoked_at_ms: world.clock.now_ms() });
+            self.invoked_skills.push(InvokedSkill {
+                name: name.to_owned(),
+                path: crate::agent::skills::recorded_invoked_path(name, text, &world.cwd),
+                content: text.to_owned(),
+                invoked_at_ms: world.clock.now_ms(),
+            });
         }
     }
 
@@ -816,8 +821,9 @@ impl Session {
                     let parsed = crate::agent::hooks::parse_hooks(&hooks, crate::agent::hooks::HookSource::Session, Some(&dir), &skill);
                     self.session_hooks.extend(parsed.hooks);
                 }
+                let path = all_skills.iter().find(|s| s.name == skill).map(|s| crate::agent::skills::invoked_path(s, &Session::config_home(world)));
                 self.invoked_skills.retain(|s| s.name != skill);
-                self.invoked_skills.push(InvokedSkill { name: skill, path: format!("{dir}/SKILL.md"), content: body, invoked_at_ms: world.clock.now_ms() });
+                self.invoked_skills.push(InvokedSkill { name: skill, path, content: body, invoked_at_ms: world.clock.now_ms() });
             }
             self.discovered_tools.extend(outcome.loaded_tools.iter().cloned());
             if let Some(message) = outcome.meta_message.clone() {

@@ -343,6 +343,7 @@ impl Session {
         for skill in &self.invoked_skills {
             inputs.invoked_skills.push(CompactSkill {
                 name: skill.name.clone(),
+                path: skill.path.clone(),
                 content: skill.content.clone(),
                 invoked_at_ms: skill.invoked_at_ms,
             });

@@ -153,6 +153,52 @@ pub fn load_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) 
     out
 }
 
+/// The path the client records and shows for an invoked skill (its `invoked_skills`
+/// attachment, "Path: …"): the skill's settings source before its name, `{source}:{name}`
+/// (2.1.88 builds it so for every prompt command it runs, a Skill call's included; a 2.1.232
+/// record shows `userSettings:lore-commit`). The source follows where the skill was loaded
+/// from ([`skill_roots`]): bundled, managed (`policySettings`), the user's config home
+/// (`userSettings`), a plugin (a `{plugin}:` name), else the project (`projectSettings`).
+pub fn invoked_path(skill: &Skill, config_home: &str) -> String {
+    let under = |root: &str| skill.dir.starts_with(&format!("{}/", root.trim_end_matches('/')));
+    let source = if skill.bundled {
+        "bundled"
+    } else if under(&format!("{}/.claude/skills", crate::agent::instructions::MANAGED_DIR)) {
+        "policySettings"
+    } else if under(&format!("{config_home}/skills")) {
+        "userSettings"
+    } else if skill.name.contains(':') {
+        "plugin"
+    } else {
+        "projectSettings"
+    };
+    format!("{source}:{}", skill.name)
+}
+
+/// [`invoked_path`] for a skill or slash command a recorded client expanded (a workload's
+/// `attachment.skill`): a skill's body opens with its base directory, which names the source
+/// (a plugin's directory: `plugin`; under the project's `cwd`: `projectSettings`; a
+/// `.claude/skills` elsewhere, the user's: `userSettings`; paths compared as a Windows or MSYS
+/// client writes them too). A command's body names none, and neither does the record, nor does
+/// a skill directory of none of those kinds: `None`, so the restored text has no path line
+/// rather than a made-up one.
+pub fn recorded_invoked_path(name: &str, body: &str, cwd: &str) -> Option<String> {
+    let normalize = |p: &str| p.trim().replace('\\', "/").to_lowercase().trim_end_matches('/').to_owned();
+    let first = body.lines().next()?;
+    let dir = normalize(first.strip_prefix("Base directory for this skill:")?);
+    let cwd = normalize(cwd);
+    let source = if dir.contains("/plugins/") {
+        "plugin"
+    } else if !cwd.is_empty() && (dir == cwd || dir.starts_with(&format!("{cwd}/"))) {
+        "projectSettings"
+    } else if dir.contains("/.claude/skills/") {
+        "userSettings"
+    } else {
+        return None;
+    };
+    Some(format!("{source}:{name}"))
+}
+
 /// User and project skills (see [`skill_roots`]).
 pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
     load_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None)
@@ -345,4 +391,33 @@ fn cap(text: &str, max: usize) -> String {
     let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
     out.push('…');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_skill_is_named_by_its_source_and_a_command_by_none() {
+        let path = |body: &str| recorded_invoked_path("x", body, "/Users/u/proj/");
+        assert_eq!(path("Base directory for this skill: /Users/u/proj/.claude/skills/x\n\nSteps."), Some("projectSettings:x".to_owned()));
+        assert_eq!(path("Base directory for this skill: /Users/u/.claude/skills/x\n\nSteps."), Some("userSettings:x".to_owned()));
+        assert_eq!(path("Base directory for this skill: /Users/u/.claude/plugins/cache/p/skills/x"), Some("plugin:x".to_owned()));
+        // A sibling directory sharing the project's prefix is not the project.
+        assert_eq!(path("Base directory for this skill: /Users/u/project2/.claude/skills/x"), Some("userSettings:x".to_owned()));
+        assert_eq!(recorded_invoked_path("x", "Base directory for this skill: D:\\omp\\.claude\\skills\\x", "D:\\omp"), Some("projectSettings:x".to_owned()));
+        assert_eq!(path("Base directory for this skill: /Users/u/workspace/loop/skills/x"), None);
+        assert_eq!(path("<objective>\nCheck progress.</objective>"), None);
+        assert_eq!(path(""), None);
+    }
+
+    #[test]
+    fn an_invoked_skill_is_named_by_where_it_was_loaded_from() {
+        let mut skill = parse_skill("x", "/home/u/.claude/skills/x", "");
+        assert_eq!(invoked_path(&skill, "/home/u/.claude"), "userSettings:x");
+        skill.dir = "/repo/.claude/skills/x".into();
+        assert_eq!(invoked_path(&skill, "/home/u/.claude"), "projectSettings:x");
+        skill.dir = format!("{}/.claude/skills/x", crate::agent::instructions::MANAGED_DIR);
+        assert_eq!(invoked_path(&skill, "/home/u/.claude"), "policySettings:x");
+    }
 }

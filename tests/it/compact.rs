@@ -462,7 +462,7 @@ fn compact_post_compact_restores_files_and_skills_within_budgets() {
     w.fs.write("/r/big.rs", filler("b", 30_000), &clock).unwrap();
     read_files.push(ReadFile { path: "/r/big.rs".into(), timestamp_ms: 100 });
     let skills: Vec<InvokedSkill> =
-        (0..7).map(|i| InvokedSkill { name: format!("s{i}"), content: filler("s", 24_000), invoked_at_ms: i }).collect();
+        (0..7).map(|i| InvokedSkill { name: format!("s{i}"), path: None, content: filler("s", 24_000), invoked_at_ms: i }).collect();
     let mut cx = w.cx(at_usage(170_000));
     cx.inputs.read_files = read_files;
     cx.inputs.invoked_skills = skills;

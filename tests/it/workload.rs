@@ -999,9 +999,12 @@ fn the_dynamic_system_marker_follows_the_recorded_version() {
 }
 
 /// After a compaction the invoked skills come back most recent first, by when each was invoked
-/// (before, every one took the compaction's time and they came back by name).
+/// (before, every one took the compaction's time and they came back by name), each with the
+/// path the client shows: a skill's body names its base directory (here under the project:
+/// `projectSettings:zeta`); a command's record names no source, so its text has no path line
+/// (never an empty one).
 #[test]
-fn restored_skills_come_back_most_recent_first() {
+fn restored_skills_come_back_most_recent_first_with_the_clients_path() {
     let out = crate::support::run_yaml(
         r#"
 name: skills-by-recency
@@ -1023,4 +1026,6 @@ script:
     let restored = &last[last.find("(invoked earlier)").expect("skills restored")..];
     let (alpha, zeta) = (restored.find("Alpha steps").unwrap(), restored.find("Zeta steps").unwrap());
     assert!(zeta < alpha, "zeta, invoked last, first: {restored}");
+    assert!(restored.contains("Path: projectSettings:zeta"), "{restored}");
+    assert_eq!(restored.matches("Path:").count(), 1, "{restored}");
 }

@@ -233,6 +233,8 @@ pub struct ReadFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvokedSkill {
     pub name: String,
+    /// The path the client shows (`{source}:{name}`); `None` when the record names no source.
+    pub path: Option<String>,
     pub content: String,
     /// When the skill was (last) invoked: the rebuild restores the most recent first.
     pub invoked_at_ms: u64,

@@ -177,7 +177,7 @@ pub fn skill_attachment(cx: &mut ChainContext<'_>, ts: u64) -> Option<Entry> {
         let cost = rough(&content);
         if total + cost <= budget.skills_token_budget {
             total += cost;
-            parts.push(format!("Skill \"{}\" (invoked earlier):\n{content}", skill.name));
+            parts.push(format!("Skill \"{}\" (invoked earlier):\n{}{content}", skill.name, crate::agent::attachments::path_line(skill.path.as_deref())));
         }
     }
     if parts.is_empty() {
