@@ -101,6 +101,7 @@ pub struct ClientProfile {
     ///   on `system[2]` global and the last message only);
     /// - from 2.1.116 the dynamic block carries an org-scoped marker (2.1.332's first-party
     ///   capture, reference/current-client-and-api.md §3.5).
+    ///
     /// Evidence: the clients' own block splitter (the `cacheScope` it gives each system block,
     /// read in the npm packages of 2.1.49, 2.1.69, 2.1.78, 2.1.83, 2.1.85–2.1.89, 2.1.105,
     /// 2.1.112–2.1.114, 2.1.116, 2.1.119, 2.1.148 and 2.1.205; 2.0.76 has no boundary at all),

@@ -434,7 +434,7 @@ fn simple_writes(simple: &Simple, project: Option<&str>) -> bool {
                 .or_else(|| words.iter().find_map(|w| w.strip_prefix("--target-directory=")))
                 .or_else(|| files.last().copied().filter(|_| files.len() >= 2));
             // `mv` also takes its sources out of where they were.
-            target.is_some_and(|t| writes_to(t)) || (name == "mv" && files.iter().any(|f| writes_to(f)))
+            target.is_some_and(writes_to) || (name == "mv" && files.iter().any(|f| writes_to(f)))
         }
         // A formatter or fixer given no path works on the directory it runs in.
         c if FORMATTERS_W.contains(&c) => has("-w") && { let files = operands(words, &[]); files.is_empty() || any_inside(&files) },
