@@ -1003,3 +1003,36 @@ fn a_call_that_reads_what_the_record_read_agrees_whichever_side_of_half_it_write
         assert!(c.hit_agrees, "{summary}");
     }
 }
+
+/// Real sessions are measured by the lookback rule of their time (`LookbackRule::PerBlock` before
+/// September 2026; docs/fidelity.md "The lookback of 2026"). Oh-my-posh 6d44 (2.1.209) #13 and
+/// #14 follow replies of a thinking block and 11 parallel calls and of a text block and 10 (22
+/// and 21 positions after the previous request's marker) and read only the prefix (38,577 of
+/// 75,543 and 78,469): the agent, which read the whole previous request under the grouped
+/// counting, now falls too. #11 (19 positions: a thinking block, 10 calls, the marker on the
+/// result that completed last) and d847 #213 (20: two thinking blocks and 10 calls) read the
+/// whole previous request in record and agent.
+#[test]
+fn parallel_calls_push_the_previous_entry_out_of_the_lookback_as_the_record_shows() {
+    let comparisons = |name: &str| {
+        let (_, driven) = drive(name);
+        ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), true).calls
+    };
+    let check = |calls: &[ctxsim::replay::CallComparison], index: usize, whole: bool| {
+        let c = calls.iter().find(|c| c.index == index && c.lane == LANE_MAIN).unwrap_or_else(|| panic!("no compared call #{index}"));
+        let summary = format!("#{index}: recorded read {} creation {}, agent read {:.0} creation {:.0}", c.recorded_cache_read, c.recorded_cache_creation, c.simulated_cache_read, c.simulated_cache_creation);
+        assert!(c.hit_agrees, "{summary}");
+        let (recorded, simulated) = (c.recorded_cache_read as f64 / c.recorded_context as f64, c.simulated_cache_read / c.simulated_context as f64);
+        if whole {
+            assert!(recorded > 0.9 && simulated > 0.9, "{summary}");
+        } else {
+            assert!(recorded < 0.5 && simulated < 0.5, "{summary}");
+        }
+    };
+    let calls = comparisons("oh-my-posh/6d449f3da816-0.full.jsonl");
+    check(&calls, 11, true);
+    check(&calls, 13, false);
+    check(&calls, 14, false);
+    check(&calls, 15, true);
+    check(&comparisons("oh-my-posh/d84718082c10-3.full.jsonl"), 213, true);
+}
