@@ -9,7 +9,10 @@
 //!   no hit in that window, checking resumes at the next earlier breakpoint, and so on.
 //!   On the Claude API a run of consecutive `tool_use` blocks counts as one of the 20, and so
 //!   does a run of consecutive `tool_result` blocks (reference/current-client-and-api.md §1.1;
-//!   [`CacheSim::group_tool_runs`], off for a provider where that is not stated).
+//!   [`CacheSim::group_tool_runs`], off for a provider where that is not stated). Requests sent
+//!   before that counting was documented are measured by the rule their record shows
+//!   ([`LookbackRule::PerBlock`]: one position per block that can carry a breakpoint, thinking
+//!   blocks none, reaching 20 positions before the breakpoint).
 //! - An entry exists only when the prefix up to its breakpoint has at least the model's minimum
 //!   cacheable length; below it nothing is cached and both cache fields are 0.
 //! - TTL is 5m or 1h, counted from the start of the request that writes or reads the entry, and
@@ -41,6 +44,42 @@ use crate::api::{CacheControl, CacheTtl};
 use super::blocks::FlatRequest;
 
 pub const LOOKBACK: usize = 20;
+
+/// How the read's lookback counts its positions: the API's rule at the time a request was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LookbackRule {
+    /// The Claude API as documented from September 2026 (reference/current-client-and-api.md
+    /// §1.1): 20 positions counting the breakpoint as the first, a run of consecutive
+    /// `tool_use` blocks one position, a run of `tool_result` blocks one.
+    #[default]
+    Grouped,
+    /// What the recorded sessions sent before then show (docs/fidelity.md, "The lookback of
+    /// 2026"): every block that can carry a breakpoint is one position (a thinking block, which
+    /// cannot, is none; tool runs are not grouped), and an entry up to 20 positions before the
+    /// breakpoint is found (the documentation's wording of 2025-12, "up to 20 blocks before each
+    /// explicit breakpoint"). Four calls of Claude Code 2.1.209/2.1.215 (July 2026) after replies
+    /// of 10–11 parallel tool calls decide it: 19 and 20 such positions read the previous
+    /// request's entry, 21 and 22 fell to the system prompt's; counting thinking, or reaching
+    /// only 19 back, gets one of the four wrong, grouping two.
+    PerBlock,
+}
+
+/// The first instant (Unix ms, 2026-09-01T00:00:00Z) whose requests [`LookbackRule::Grouped`]
+/// measures: the documentation snapshot of September 2026 (reference/current-client-and-api.md
+/// §1.1) is the first to state the grouping; the earlier text (revision of 2026-03-20,
+/// reference/api-and-formats.md) does not, and every shared session is older.
+pub const GROUPED_LOOKBACK_FROM_EPOCH_MS: i64 = 1_788_220_800_000;
+
+impl LookbackRule {
+    /// The rule in force for a session that started at `start_epoch_ms` (Unix ms); a session
+    /// of unknown time is measured by the current rule.
+    pub fn for_session_start(start_epoch_ms: Option<i64>) -> Self {
+        match start_epoch_ms {
+            Some(ms) if ms < GROUPED_LOOKBACK_FROM_EPOCH_MS => LookbackRule::PerBlock,
+            _ => LookbackRule::Grouped,
+        }
+    }
+}
 pub const MAX_BREAKPOINTS: usize = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +151,8 @@ pub struct CacheSim {
     /// A run of consecutive `tool_use` blocks, and one of consecutive `tool_result` blocks,
     /// count as one lookback position each (the Claude API's rule since late 2026).
     pub group_tool_runs: bool,
+    /// Thinking blocks count as lookback positions (off under [`LookbackRule::PerBlock`]).
+    pub count_thinking: bool,
 }
 
 impl Default for CacheSim {
@@ -122,20 +163,39 @@ impl Default for CacheSim {
 
 impl CacheSim {
     pub fn new() -> Self {
-        CacheSim { namespaces: BTreeMap::new(), entries: FxHashMap::default(), deleted: BTreeMap::new(), lookback: LOOKBACK, group_tool_runs: true }
+        CacheSim {
+            namespaces: BTreeMap::new(),
+            entries: FxHashMap::default(),
+            deleted: BTreeMap::new(),
+            lookback: LOOKBACK,
+            group_tool_runs: true,
+            count_thinking: true,
+        }
+    }
+
+    /// Counts the lookback by `rule` from the next request on (entries held are kept).
+    pub fn set_lookback_rule(&mut self, rule: LookbackRule) {
+        let (lookback, group_tool_runs, count_thinking) = match rule {
+            LookbackRule::Grouped => (LOOKBACK, true, true),
+            // The breakpoint and the 20 positions before it.
+            LookbackRule::PerBlock => (LOOKBACK + 1, false, false),
+        };
+        self.lookback = lookback;
+        self.group_tool_runs = group_tool_runs;
+        self.count_thinking = count_thinking;
     }
 
     /// The lowest position the lookback from breakpoint `bp` reaches: `lookback` positions,
-    /// the breakpoint first, where a run of tool_use blocks or of tool_result blocks is one.
+    /// the breakpoint first, where a run of tool_use blocks or of tool_result blocks is one
+    /// ([`Self::group_tool_runs`]) and a thinking block none unless [`Self::count_thinking`].
     pub fn lookback_floor(&self, flat: &FlatRequest, bp: usize) -> usize {
         let mut counted = 1;
         let mut pos = bp;
         while pos > 0 {
-            let grouped = self.group_tool_runs && {
-                let (a, b) = (&flat.blocks[pos - 1].kind, &flat.blocks[pos].kind);
-                a == b && (a == "tool_use" || a == "tool_result")
-            };
-            if !grouped {
+            let (below, at) = (&flat.blocks[pos - 1].kind, &flat.blocks[pos].kind);
+            let grouped = self.group_tool_runs && below == at && (below == "tool_use" || below == "tool_result");
+            let uncounted = !self.count_thinking && matches!(&**below, "thinking" | "redacted_thinking");
+            if !grouped && !uncounted {
                 if counted == self.lookback {
                     break;
                 }

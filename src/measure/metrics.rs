@@ -166,6 +166,8 @@ pub struct Measurer {
     /// Thinking of earlier turns counts no tokens for models that drop it
     /// ([`Self::set_prior_thinking_dropped`]).
     prior_thinking_dropped: bool,
+    /// How the cache's lookback counts ([`Self::set_lookback_rule`]); kept across [`Self::reset`].
+    lookback: super::cache::LookbackRule,
 }
 
 impl Measurer {
@@ -176,6 +178,7 @@ impl Measurer {
             state: MeasurerState::new(Flattener::new()),
             structural_causes: false,
             prior_thinking_dropped: false,
+            lookback: super::cache::LookbackRule::Grouped,
         }
     }
 
@@ -187,6 +190,20 @@ impl Measurer {
     /// Scenarios do not yet: their figures are counted with every thinking block.
     pub fn set_prior_thinking_dropped(&mut self, on: bool) {
         self.prior_thinking_dropped = on;
+    }
+
+    /// Counts the cache's lookback by `rule` from the next request on, and after every
+    /// [`Self::reset`] and [`Self::restore`]: the API's rule when the measured requests were
+    /// sent (real sessions through the agent: `replay::workload::agent_replay`).
+    pub fn set_lookback_rule(&mut self, rule: super::cache::LookbackRule) {
+        self.lookback = rule;
+        self.state.cache.set_lookback_rule(rule);
+    }
+
+    /// The rule [`Self::set_lookback_rule`] set ([`super::cache::LookbackRule::Grouped`] by
+    /// default).
+    pub fn lookback_rule(&self) -> super::cache::LookbackRule {
+        self.lookback
     }
 
     /// Whether [`Self::set_prior_thinking_dropped`] is on.
@@ -253,6 +270,7 @@ impl Measurer {
     /// measurer, only faster.
     pub fn reset(&mut self) {
         self.state = MeasurerState::new(self.state.flattener.fresh_like());
+        self.state.cache.set_lookback_rule(self.lookback);
     }
 
     /// What this measurer has measured so far (cache, lanes, tracks, row numbering, key
@@ -266,6 +284,7 @@ impl Measurer {
     /// counter and its memo stay this one's (counts do not depend on the memo).
     pub fn restore(&mut self, state: &MeasurerState) {
         self.state.clone_from(state);
+        self.state.cache.set_lookback_rule(self.lookback);
     }
 
     /// The incremental flattener (its counters say how much was reused).

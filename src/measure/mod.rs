@@ -16,7 +16,7 @@ pub mod token_cache;
 pub mod tokens;
 
 pub use blocks::{BlockPath, FlatRequest, PromptBlock, Region, flatten};
-pub use cache::{CacheError, CacheOutcome, CacheSim};
+pub use cache::{CacheError, CacheOutcome, CacheSim, LookbackRule};
 pub use metrics::{LaneSummary, MeasureInput, Measurer, MeasurerState, RequestMetrics, Served, StageReport, Summary};
 pub use models::{ModelInfo, ModelTable, UnknownModel};
 pub use prefix::{CAUSES, PrefixReport};

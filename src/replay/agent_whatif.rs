@@ -82,6 +82,9 @@ pub struct Prepared {
     pub client: super::turns::RecordedClient,
     /// The workload's env (`world.env`), which every run applies over its strategy.
     env: BTreeMap<String, String>,
+    /// The API's lookback rule when the session ran, every run's (as
+    /// [`super::workload::agent_replay`] measures).
+    pub lookback: crate::measure::LookbackRule,
 }
 
 impl Prepared {
@@ -149,7 +152,8 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     sizing.seeded_prefix_tokens = warm.as_ref().map_or(0, super::workload::WarmPrefix::tokens);
     let client = super::turns::RecordedClient::new(session, &workload.main_calls);
     let env = env_of(&workload.scenario);
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env })
+    let lookback = crate::measure::LookbackRule::for_session_start(session.recording.header.start_epoch_ms);
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, lookback })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -296,6 +300,7 @@ fn read_output(prepared: &Prepared, compacted: Vec<(usize, Vec<Message>)>, outpu
 /// Resets `measurer` as for a new run: the counts of earlier runs kept, its cache holding what
 /// an earlier session left there (the warm first-call prefix).
 fn fresh_measurer(prepared: &Prepared, measurer: &mut Measurer) -> Result<(), String> {
+    measurer.set_lookback_rule(prepared.lookback);
     measurer.reset();
     measurer.set_billing_key(super::workload::REAL_SESSION_BILLING);
     measurer.set_prior_thinking_dropped(true);

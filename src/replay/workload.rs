@@ -844,18 +844,21 @@ pub fn keep_recorded_results(strategy: &mut crate::strategy::Strategy) {
 
 /// Drives the agent through `session` under `strategy`, measuring with `measurer`. The
 /// measurer drops earlier turns' thinking for the run, as the API does for models that drop it,
-/// and is given back with the setting it came with (a caller may go on with the replay or a
-/// scenario on it).
+/// counts the cache's lookback by the API's rule when the session ran
+/// ([`crate::measure::LookbackRule::for_session_start`]), and is given back with the settings
+/// it came with (a caller may go on with the replay or a scenario on it).
 pub fn agent_replay(
     session: &ImportedSession,
     file: &str,
     measurer: &mut crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<AgentReplay, String> {
-    let prior = measurer.prior_thinking_dropped();
+    let (prior, lookback) = (measurer.prior_thinking_dropped(), measurer.lookback_rule());
     measurer.set_prior_thinking_dropped(true);
+    measurer.set_lookback_rule(crate::measure::LookbackRule::for_session_start(session.recording.header.start_epoch_ms));
     let result = agent_replay_dropping_thinking(session, file, measurer, strategy);
     measurer.set_prior_thinking_dropped(prior);
+    measurer.set_lookback_rule(lookback);
     result
 }
 

@@ -295,6 +295,66 @@ fn consecutive_tool_uses_and_tool_results_count_as_one_lookback_position_each() 
     assert!(rows[1].cache_read_input_tokens < 1000, "{}", rows[1].cache_read_input_tokens);
 }
 
+/// The previous request (a prompt, marked) and the next: a reply that opens with `opening` (a
+/// thinking or a text block) and makes `parallel` tool calls, their results, the last marked.
+fn parallel_reply(opening: Value, parallel: usize) -> (Request, Request) {
+    let first = request(json!([{"role": "user", "content": marked("u1", 5000)}]));
+    let call = |i: usize| json!({"type": "tool_use", "id": format!("t{i}"), "name": "Read", "input": {"file": i}});
+    let mut calls = vec![opening];
+    calls.extend((0..parallel).map(call));
+    let mut results: Vec<Value> = (0..parallel).map(|i| json!({"type": "tool_result", "tool_use_id": format!("t{i}"), "content": text_of(&format!("r{i}"), 50)})).collect();
+    results.last_mut().unwrap()["cache_control"] = cc();
+    let second = request(json!([
+        {"role": "user", "content": text_of("u1", 5000)},
+        {"role": "assistant", "content": calls},
+        {"role": "user", "content": results}
+    ]));
+    (first, second)
+}
+
+/// Requests of sessions recorded before the grouped counting was documented (September 2026) are
+/// measured by the rule their record shows (`LookbackRule::PerBlock`; docs/fidelity.md "The
+/// lookback of 2026"): every block that can carry a breakpoint is one position, a thinking block
+/// none, tool runs not grouped, and an entry up to 20 positions before the breakpoint is read.
+/// Oh-my-posh 6d44 #11 (a thinking block and 10 calls, the marker on the 9th result: 19
+/// positions) and d847 #213 (two thinking blocks and 10 calls: 20) read the previous request;
+/// 6d44 #14 (a text block and 10 calls: 21) and #13 (a thinking block and 11 calls: 22) fell to
+/// the system prompt's entry.
+#[test]
+fn before_september_2026_every_block_but_thinking_is_a_lookback_position_and_20_are_reached() {
+    use ctxsim::measure::LookbackRule;
+    let measure = |rule: LookbackRule, requests: &[Request]| {
+        let mut m = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4));
+        m.set_lookback_rule(rule);
+        requests.iter().enumerate().map(|(i, r)| m.measure(MeasureInput::new("main", i as u64 * 1000, r)).unwrap()).collect::<Vec<_>>()
+    };
+    let thinking = |tag: &str| json!({"type": "thinking", "thinking": text_of(tag, 40), "signature": "sig"});
+    let text = json!({"type": "text", "text": "Reading them."});
+    // 20 positions after the entry (thinking not counted): read; 21: beyond.
+    for (opening, parallel, reads) in [(thinking("th"), 10, true), (text.clone(), 10, false), (text.clone(), 9, true), (thinking("th"), 11, false)] {
+        let (first, second) = parallel_reply(opening.clone(), parallel);
+        let rows = measure(LookbackRule::PerBlock, &[first.clone(), second.clone()]);
+        let summary = format!("{opening} and {parallel} calls: read {}", rows[1].cache_read_input_tokens);
+        if reads {
+            assert_eq!(rows[1].cache_read_input_tokens, total(&first), "{summary}");
+        } else {
+            // Only the system prompt's entry is in reach.
+            assert!(rows[1].cache_read_input_tokens < total(&first) / 2, "{summary}");
+        }
+        // Grouped (the documented rule, the default): every one of them reads.
+        let rows = measure(LookbackRule::Grouped, &[first.clone(), second]);
+        assert_eq!(rows[1].cache_read_input_tokens, total(&first), "grouped: {summary}");
+    }
+    // Each real session is measured by the rule in force when it started; one of unknown time
+    // by the documented one.
+    for path in real_transcripts() {
+        let session = ctxsim::replay::load_session(&path).unwrap();
+        assert_eq!(LookbackRule::for_session_start(session.recording.header.start_epoch_ms), LookbackRule::PerBlock, "{}", path.display());
+    }
+    assert_eq!(LookbackRule::for_session_start(None), LookbackRule::Grouped);
+    assert_eq!(LookbackRule::for_session_start(Some(ctxsim::measure::cache::GROUPED_LOOKBACK_FROM_EPOCH_MS)), LookbackRule::Grouped);
+}
+
 #[test]
 fn effort_in_a_system_message_keeps_the_prefix_a_top_level_change_does_not() {
     let messages = json!([
