@@ -231,8 +231,10 @@ fn the_agent_compacts_at_the_recorded_calls() {
 /// reaches the threshold where the client's did: it compacts at the recorded call and answers
 /// the recorded calls after it (without the stand-in it never compacted and ran out of window
 /// after 126 of 224 calls). The files the record shows are in the agent's fs, so its own
-/// compaction restores them: the first call after it is the recorded size within 15% (38% short
-/// without them).
+/// compaction restores them: the first call after it was 12% short (38% short without them).
+/// Since fidaf1d it also restores what the record shows beyond the files the client's rule
+/// restores (`world.restored_unrecorded`), on top of its own restore, ~12k above that rule's
+/// here: 16% over (see `a_file_cleared_into_restores_at_each_compaction_...`).
 #[test]
 fn a_result_a_compaction_replaced_unwritten_still_counts() {
     let path = realdata().join("transcripts/cipher-box/af1dd25ebb3e-8.full.jsonl");
@@ -245,7 +247,7 @@ fn a_result_a_compaction_replaced_unwritten_still_counts() {
     let after = &driven.replay.calls[115];
     assert_eq!(after.index, driven.compactions[0].before_call);
     let (simulated, recorded) = (after.simulated_context() as f64, after.recorded_context() as f64);
-    assert!((simulated - recorded).abs() / recorded < 0.15, "after the compaction: agent {simulated} vs recorded {recorded}");
+    assert!((simulated - recorded).abs() / recorded < 0.17, "after the compaction: agent {simulated} vs recorded {recorded}");
     let report = ctxsim::replay::agent_triggers(&session, &driven.replay, &driven.compactions, true, &ModelTable::shipped(), &Default::default());
     let first = report.rows.iter().find(|r| r.recorded_call == Some(115)).expect("the recorded compaction at call 115");
     assert_eq!(first.verdict, "matched", "{report:?}");
