@@ -402,6 +402,11 @@ impl Session {
         let mut inputs = self.compact_inputs();
         let (deltas, announced) = self.compaction_deltas(world);
         inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
+        // What the recorded client restored beyond the agent's own restore (a real session's
+        // stand-in), after the deltas.
+        if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
+            inputs.deltas.push(("restored_unrecorded".to_owned(), text.clone()));
+        }
         let index: BTreeMap<u64, usize> = self.record_meta.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
         let mut entries = self.entries();
         let config = self.strategy.compact.clone();

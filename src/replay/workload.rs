@@ -766,6 +766,17 @@ pub struct Sizing {
     /// the recorded first call read a prefix an earlier session had cached (0: a cold start).
     #[serde(default)]
     pub seeded_prefix_tokens: u64,
+    /// What the recorded client restored at a compaction beyond what the file shows, for a
+    /// client that `/clear`ed into the file: the record after the file's first compaction beyond
+    /// its prefix, the first call's memory and context, the files the client's rule restores and
+    /// the command bodies the agent restores (`world.restored_unrecorded`, restored by every
+    /// compaction of the agent's). 0: none shown, or not a `/clear`ed file.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restored_unrecorded_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The workload of `session` with the window the client ran with, the filler of [`Sizing`], and
@@ -1222,8 +1233,33 @@ pub fn size_unmodelled(
             sizing.mention_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
         }
     }
+    // A client that `/clear`ed into the file (a `clear` step, or the command the first prompt
+    // carries, before the first reply) restored at each
+    // compaction more than the file shows: af1d shows 20.9k tokens beyond the files the
+    // client's rule restores after its first compaction and 19.3k after its second, e89f 5.6k
+    // beyond them and the command body it invoked; what it kept from before the `/clear` (the
+    // transcript holds neither its content nor its kind). Sized from the file's first
+    // compaction as the replay anchors it; every compaction of the agent's restores it.
+    let cleared_into = {
+        let script = &workload.scenario.script;
+        let first_reply = script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN));
+        let is_clear = |s: &crate::scenario::Step| match s {
+            crate::scenario::Step::Clear => true,
+            crate::scenario::Step::User { text } => text.contains("<command-name>/clear</command-name>"),
+            _ => false,
+        };
+        script.iter().position(is_clear).is_some_and(|clear| first_reply.is_none_or(|reply| clear < reply))
+    };
+    if cleared_into && !session.recording.header.head_truncated && sizing.mentioned_files.is_empty()
+        && let Some(kept) = shown.kept_after_compaction
+    {
+        sizing.restored_unrecorded_tokens = outlives_compaction(kept).saturating_sub(sizing.recorded_context_tokens);
+    }
     let doc = &mut workload.document;
     let cwd = workload.scenario.world.cwd.trim_end_matches('/').to_owned();
+    if sizing.restored_unrecorded_tokens > 0 {
+        doc["world"]["restored_unrecorded"] = Value::String(sized("recorded client restore not in the file", sizing.restored_unrecorded_tokens));
+    }
     if sizing.static_filler_tokens > 0 {
         doc["world"]["static_system_prompt"] = Value::String(joined("recorded client prompt before the boundary", sizing.static_filler_tokens));
     }

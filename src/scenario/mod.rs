@@ -37,6 +37,7 @@
 //!       # also: stdout, json, decision (allow/deny/ask/block), reason, updated_input, updated_output
 //!   plugins: [/plugins/demo]       # plugin folders (virtual paths) enabled at start
 //!   redact_thinking: false         # the client redacts thinking: no clear_thinking edit of its own
+//!   restored_unrecorded: "..."     # every full compaction also restores this (a real session's stand-in)
 //!   mount:                         # real directories loaded into the virtual fs
 //!     - {from: ../data/tree, at: /repo}   # from: relative to the scenario file
 //!   git:                           # the cwd is a repository (the system prompt's git snapshot)

@@ -107,6 +107,13 @@ pub struct WorldSpec {
     /// for a transcript whose main-lane thinking has no stored text.
     #[serde(default)]
     pub redact_thinking: bool,
+    /// Text every full compaction of the main thread restores (an attachment after the agent's
+    /// own restored files and skills). `ctxsim import --to scenario` puts there, as sized filler,
+    /// what a recorded client that `/clear`ed into the file restored beyond them: what the
+    /// record shows after the file's first compaction beyond its prefix, memory and context, the
+    /// files the client's rule restores and the command bodies the agent restores.
+    #[serde(default)]
+    pub restored_unrecorded: Option<String>,
 }
 
 /// `world.mount[i]`.

@@ -69,6 +69,10 @@ pub struct World {
     pub recorded_attachments: bool,
     /// The client redacts thinking: no `clear_thinking` edit of its own (`world.redact_thinking`).
     pub redact_thinking: bool,
+    /// What every full compaction of the main thread restores beyond the agent's own restore:
+    /// a real session's sized stand-in for what its client kept from before the file
+    /// (`world.restored_unrecorded`).
+    pub restored_unrecorded: Option<String>,
 }
 
 impl World {
@@ -97,6 +101,7 @@ impl World {
             dynamic_system_marker: false,
             recorded_attachments: false,
             redact_thinking: false,
+            restored_unrecorded: None,
         }
     }
 

@@ -231,8 +231,10 @@ fn the_agent_compacts_at_the_recorded_calls() {
 /// reaches the threshold where the client's did: it compacts at the recorded call and answers
 /// the recorded calls after it (without the stand-in it never compacted and ran out of window
 /// after 126 of 224 calls). The files the record shows are in the agent's fs, so its own
-/// compaction restores them: the first call after it is the recorded size within 15% (38% short
-/// without them).
+/// compaction restores them: the first call after it was 12% short (38% short without them).
+/// Since fidaf1d it also restores what the record shows beyond the files the client's rule
+/// restores (`world.restored_unrecorded`), on top of its own restore, ~12k above that rule's
+/// here: 16% over (see `a_file_cleared_into_restores_at_each_compaction_...`).
 #[test]
 fn a_result_a_compaction_replaced_unwritten_still_counts() {
     let path = realdata().join("transcripts/cipher-box/af1dd25ebb3e-8.full.jsonl");
@@ -245,7 +247,7 @@ fn a_result_a_compaction_replaced_unwritten_still_counts() {
     let after = &driven.replay.calls[115];
     assert_eq!(after.index, driven.compactions[0].before_call);
     let (simulated, recorded) = (after.simulated_context() as f64, after.recorded_context() as f64);
-    assert!((simulated - recorded).abs() / recorded < 0.15, "after the compaction: agent {simulated} vs recorded {recorded}");
+    assert!((simulated - recorded).abs() / recorded < 0.17, "after the compaction: agent {simulated} vs recorded {recorded}");
     let report = ctxsim::replay::agent_triggers(&session, &driven.replay, &driven.compactions, true, &ModelTable::shipped(), &Default::default());
     let first = report.rows.iter().find(|r| r.recorded_call == Some(115)).expect("the recorded compaction at call 115");
     assert_eq!(first.verdict, "matched", "{report:?}");
@@ -1087,4 +1089,26 @@ fn parallel_calls_push_the_previous_entry_out_of_the_lookback_as_the_record_show
     check(&calls, 14, false);
     check(&calls, 15, true);
     check(&comparisons("oh-my-posh/d84718082c10-3.full.jsonl"), 213, true);
+}
+
+/// af1dd25e-8 (2.1.49) opens with `/clear`. After each of its automatic compactions the record
+/// holds ~20k tokens more than the summary, the first call's memory and context and the files
+/// the client's rule restores (the replay's anchor: 20.9k after #115, 19.3k after #161), which
+/// the transcript does not show. The workload sizes it from the file's first compaction
+/// (`world.restored_unrecorded`) and every compaction of the agent's restores it: #161, which
+/// sized nothing, is within 4% of the record, and the session within the targets (MAPE 4%, p90
+/// 8%). Before, the calls after #115 were 10–12% short and those after #161 18–29% (MAPE 9.25%,
+/// p90 21.5%).
+#[test]
+fn a_file_cleared_into_restores_at_each_compaction_what_its_first_one_shows_beyond_the_file() {
+    let (_, driven) = drive("cipher-box/af1dd25ebb3e-8.full.jsonl");
+    let restored = driven.sizing.restored_unrecorded_tokens;
+    assert!((19_000..23_000).contains(&restored), "{:?}", driven.sizing);
+    assert_eq!(driven.compactions.iter().map(|c| c.before_call).collect::<Vec<_>>(), [115, 161]);
+    let errors = context_errors(&driven);
+    assert!(errors[&161].abs() < 0.04, "call 161: {errors:?}");
+    assert_calls_within(&driven, 161, 63, 0.06);
+    let report = ctxsim::replay::fidelity::fidelity_for_session(&driven.replay, &ModelTable::shipped(), true);
+    assert!(report.context_tokens_mape < 0.04, "MAPE {}", report.context_tokens_mape);
+    assert!(report.context_tokens_ape_p90 < 0.08, "p90 {}", report.context_tokens_ape_p90);
 }
