@@ -43,6 +43,7 @@ def calls_of(path):
     seen = set()
     before = collections.defaultdict(list)  # what happened since the previous call
     prompts = []
+    queued = []  # [text, queued before a compaction, time] of the client's queue, not yet delivered
     for line in open(path, encoding="utf-8"):
         try:
             r = json.loads(line)
@@ -90,7 +91,22 @@ def calls_of(path):
                 before["meta"].append(text_of(c)[:60])
             else:
                 prompts = prompts + [(text_of(c), r.get("permissionMode"))]
+                item = next((q for q in queued if q[0] == text_of(c).strip()), None)
+                if item is not None:
+                    queued.remove(item)
+                    before["queued_delivery"].append(item[1])
+                    if item[1]:
+                        # Once per compaction: the others queued before it now read as after.
+                        for q in queued:
+                            q[1] = False
+        elif t == "queue-operation":
+            if r.get("operation") == "enqueue" and isinstance(r.get("content"), str):
+                queued.append([r["content"].strip(), False, ts(r["timestamp"])])
         elif t == "system":
+            if r.get("subtype") == "compact_boundary":
+                # By time: a file's head may hold queue operations written later (0254).
+                for q in queued:
+                    q[1] = q[1] or q[2] < ts(r["timestamp"])
             before["system:" + str(r.get("subtype"))].append(r.get("compactMetadata", {}).get("trigger") if r.get("subtype") == "compact_boundary" else str(r.get("content", ""))[:80])
         elif t == "progress":
             d = r.get("data") or {}
@@ -186,6 +202,8 @@ def candidates(calls):
                 out.append(("typed_prompt_2.1.37-39 " + ("bypassPermissions" if bypass else "other mode"), c, not bypass))
         if any(is_command(x) for x, _ in c["prompts"]) and c["before"].get("meta"):
             out.append(("slash_command_prompt", c, False))
+        for crossed in c["before"].get("queued_delivery", []):
+            out.append(("queued item delivered, " + ("queued before a compaction" if crossed else "no compaction since"), c, crossed))
         if new and t > 1:
             ended = "system:stop_hook_summary" in c["before"]
             cut = p["stop"] not in (None, "end_turn")

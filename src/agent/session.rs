@@ -1411,7 +1411,7 @@ impl Session {
             None => self.system_cache.build(&inputs, &system_options, &self.profile),
             Some(agent) => {
                 let sized_as = (agent.source == crate::agent::agents::AgentSource::BuiltIn).then_some(agent.agent_type.as_str());
-                build_subagent_system_prompt(&inputs, &agent.prompt, sized_as, &system_options, &self.profile)
+                build_subagent_system_prompt(&inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile)
             }
         };
         if let Some(previous) = &self.previous_system {
@@ -1505,7 +1505,7 @@ impl Session {
                 }
                 Some(agent) => {
                     let built_in = agent.source == crate::agent::agents::AgentSource::BuiltIn;
-                    let blocks = crate::agent::dialect::subagent_system_blocks(&system.blocks, marker, &request.messages, &agent.prompt, built_in);
+                    let blocks = crate::agent::dialect::subagent_system_blocks(&system.blocks, marker, &request.messages, &agent_prompt(agent, world), built_in);
                     request.system = Some(SystemPrompt::Blocks(blocks));
                     // The main thread's tools without its own four, then the definition's filter.
                     tools.retain(|t| {
@@ -1687,4 +1687,19 @@ fn split_blocking(error: &str) -> (String, String) {
         .and_then(|rest| rest.split_once("]: "))
         .map(|(c, e)| (c.to_owned(), e.to_owned()))
         .unwrap_or_else(|| (String::new(), error.to_owned()))
+}
+
+/// The text the world adds to a built-in agent type's prompt (`world.agent_prompt_extra`: what
+/// a recorded client's prompt of that type held beyond ours).
+fn agent_prompt_extra<'a>(agent: &crate::agent::agents::AgentDefinition, world: &'a World) -> Option<&'a str> {
+    world.agent_prompt_extra.get(&agent.agent_type).filter(|extra| agent.source == crate::agent::agents::AgentSource::BuiltIn && !extra.is_empty()).map(String::as_str)
+}
+
+/// A subagent's prompt with [`agent_prompt_extra`] after it (the 2.1.332 layout, which pads the
+/// whole to its capture's size).
+fn agent_prompt<'a>(agent: &'a crate::agent::agents::AgentDefinition, world: &World) -> std::borrow::Cow<'a, str> {
+    match agent_prompt_extra(agent, world) {
+        Some(extra) => std::borrow::Cow::Owned(format!("{}\n\n{extra}", agent.prompt.trim_end())),
+        None => std::borrow::Cow::Borrowed(&agent.prompt),
+    }
 }

@@ -392,10 +392,12 @@ pub fn build_system_prompt(
 /// (`subagent_<type>_fixed`, e.g. `subagent_general-purpose_fixed`): its prompt is then padded so
 /// the block has the measured input-independent length plus the lengths of the inputs it embeds
 /// (working directory, platform, OS version, model names, cutoff, the git snapshot). A user's own
-/// agent prompt is sent as written.
+/// agent prompt is sent as written. `extra` follows the prompt, after any padding
+/// (`world.agent_prompt_extra`).
 pub fn build_subagent_system_prompt(
     inputs: &SystemPromptInputs,
     agent_prompt: &str,
+    extra: Option<&str>,
     sized_as: Option<&str>,
     options: &SystemPromptOptions,
     profile: &SizeProfile,
@@ -418,6 +420,9 @@ pub fn build_subagent_system_prompt(
         if let Some(target) = (fixed + variable).checked_sub(others) {
             sections[0].text = writer.pad(&sections[0].text, target, FillLayout::Paragraphs, "agent_prompt");
         }
+    }
+    if let Some(extra) = extra.filter(|text| !text.is_empty()) {
+        sections[0].text = format!("{}\n\n{extra}", sections[0].text);
     }
     if let Some(text) = git_status {
         sections.push(Section { name: "git_status", text });

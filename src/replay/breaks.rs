@@ -7,7 +7,8 @@
 //! `compaction`, `rerendered_prompt` (the replay re-rendered the previous turn's prompt, see
 //! [`super::turns`]), `tool_hook_context` (2.1.200–2.1.231: a tool hook's context in the previous
 //! turn kept the new prompt from reading the side entry), `turn_rerender` (2.1.200+: the new prompt re-rendered the conversation
-//! start and no side entry kept it); failing those, at a new user turn of a version with the N-pattern,
+//! start and no side entry kept it; any version: the prompt delivered an item queued before a
+//! compaction, the call's events then also name `queued_across_compaction`); failing those, at a new user turn of a version with the N-pattern,
 //! `rerendered_prompt` all the same (the inference of reference/real-breaks.md, not predicted);
 //! else `unexplained`. `predicted` is 1 when the replay's own read fell as far, else 0.
 

@@ -43,6 +43,15 @@ pub struct ClientProfile {
     /// other than `bypassPermissions` (2.1.37–2.1.39: 3 of 3 in acceptEdits mode, 0 of 25 in
     /// bypassPermissions; one session each, see docs/fidelity.md "Break rules").
     pub typed_rerender_skips_bypass: bool,
+    /// A prompt that delivers an item the client queued before a compaction (a background
+    /// task's notification that waited in the queue through the turn the compaction happened
+    /// in) renders the conversation start anew after the previous turn's side request: the read
+    /// falls to the prefix level, once per compaction. Every version: the two such deliveries
+    /// in realdata fell (spotter #153, 2.1.39; af1d #217, 2.1.49); a notification queued after
+    /// the compaction read everything (e89f #174, 2.1.39), as did af1d's second item queued
+    /// before the compaction, delivered next (#218). Why the client re-renders is not in the
+    /// record (docs/fidelity.md "Queued across a compaction").
+    pub queued_across_compaction_rerenders_start: bool,
     /// A side request after a finished turn caches the conversation through the last reply.
     pub post_turn_side_entry: bool,
     /// The side request is sent only after a turn the record shows ending normally (a
@@ -232,6 +241,7 @@ impl ClientProfile {
             rerender_opening_prompt: n_pattern,
             rerender_typed_prompts: ((2, 1, 37)..=(2, 1, 39)).contains(&v),
             typed_rerender_skips_bypass: true,
+            queued_across_compaction_rerenders_start: true,
             post_turn_side_entry: v >= (2, 0, 76),
             side_entry_needs_stop_summary: v >= (2, 1, 170),
             turn_rerenders_start: v >= CURRENT_LAYOUT,

@@ -1660,7 +1660,7 @@ fn replay_session_seeing(
         let turn_profile = if options.rerender_prompts {
             profile.clone()
         } else {
-            ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, ..profile.clone() }
+            ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, queued_across_compaction_rerenders_start: false, ..profile.clone() }
         };
         // It sends what the main thread holds now: after a compaction (a what-if's included)
         // the older history of a mid-conversation segment is gone from it too.
@@ -2008,6 +2008,9 @@ fn replay_session_seeing(
         let rerenders_previous = turn_start.is_some_and(|t| t.rerenders_previous);
         if turn_start.is_some_and(|t| t.rerenders_start) && options.rerender_prompts {
             call_events.push("turn_rerender".into());
+            if turn_start.is_some_and(|t| t.queued_across_compaction) {
+                call_events.push(super::turns::QUEUED_ACROSS_COMPACTION.into());
+            }
             state.rerender_epoch += 1;
         }
         if turn_start.is_some_and(|t| t.hook_context_lost_side_entry) {

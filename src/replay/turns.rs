@@ -35,6 +35,10 @@ use crate::recording::ImportedSession;
 
 use super::profile::ClientProfile;
 
+/// The event of a new turn whose prompt delivers an item queued before a compaction
+/// ([`TurnStart::queued_across_compaction`]).
+pub const QUEUED_ACROSS_COMPACTION: &str = "queued_across_compaction";
+
 /// Mixed into the block hashes of a prompt rendered the transient way.
 const TRANSIENT_SALT: u128 = 0x7472_616e_7369_656e_7420_7072_6f6d_7074;
 /// Mixed (times the epoch) into the block hashes of the conversation's start each time the
@@ -116,7 +120,19 @@ pub struct TurnState {
     /// Something since the prompt the conversation start was last rendered for may have
     /// changed the project's working tree ([`super::worktree`]).
     pub tree_changed: bool,
+    /// The client's command queue as the record shows it (`queue-operation` enqueues): per item
+    /// not yet delivered as a prompt, a hash of its text and whether a compaction came since it
+    /// was queued.
+    pub queued: Vec<(u64, bool)>,
+    /// The last prompt delivered an item queued before a compaction, the first such since
+    /// that compaction ([`ClientProfile::queued_across_compaction_rerenders_start`]).
+    pub delivers_queued_across_compaction: bool,
 }
+
+/// The most items [`TurnState::queued`] keeps (the oldest go first): enqueued items that are
+/// never delivered as a prompt (task metadata, prompts delivered mid-turn) are not removed by
+/// the record's `remove`/`dequeue` operations, which name no item.
+const QUEUE_KEPT: usize = 256;
 
 /// What a new user turn brings, decided before its call is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +146,10 @@ pub struct TurnStart {
     /// The side entry would have been seeded, but a tool hook's context in the previous turn
     /// keeps the new prompt from reading it (2.1.200–2.1.231).
     pub hook_context_lost_side_entry: bool,
+    /// The prompt delivers an item the client queued before a compaction: the conversation start
+    /// is rendered anew after the side request went out, so nothing past the prefix is read
+    /// ([`ClientProfile::queued_across_compaction_rerenders_start`]).
+    pub queued_across_compaction: bool,
 }
 
 /// What the record shows around a new prompt, beyond its messages.
@@ -191,11 +211,16 @@ impl TurnState {
             self.tool_hook_context = false;
             self.tree_changed = false;
         }
+        // A queued item delivered across a compaction: the start changes after the side request,
+        // so neither it nor the previous call's entry is read.
+        let queued_across_compaction =
+            profile.queued_across_compaction_rerenders_start && std::mem::take(&mut self.delivers_queued_across_compaction) && self.turns > 0;
         let start = TurnStart {
             rerenders_previous: self.turns > 0 && self.transient_prompt && !self.compaction_pending,
-            side_entry: side_entry && !hook_context_lost_side_entry,
-            rerenders_start,
+            side_entry: side_entry && !hook_context_lost_side_entry && !queued_across_compaction,
+            rerenders_start: rerenders_start || queued_across_compaction,
             hook_context_lost_side_entry,
+            queued_across_compaction,
         };
         let notification = last.is_some_and(is_task_notification);
         let bypass = profile.typed_rerender_skips_bypass && record.permission_mode == Some("bypassPermissions");
@@ -239,6 +264,42 @@ pub struct TurnScan {
     /// A tool use or record since the last compaction seen may have changed the project's
     /// working tree ([`super::worktree`]).
     tree_changed: bool,
+    /// What the scan saw of the client's command queue, in order ([`TurnState::queued`]).
+    queue: Vec<QueueStep>,
+}
+
+/// One record bearing on the client's command queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QueueStep {
+    /// A `queue-operation` enqueue, by the hash of its text.
+    Enqueued(u64),
+    /// A compaction.
+    Compacted,
+    /// A prompt (not a meta one nor a compaction summary), by the hash of its text.
+    Prompt(u64),
+}
+
+/// The hash [`QueueStep`] compares texts by (trimmed; deterministic across runs).
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.trim().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The text of a prompt's content (a string, or its text blocks joined).
+fn content_text(content: &MessageContent) -> String {
+    match content {
+        MessageContent::Text(text) => text.clone(),
+        MessageContent::Blocks(blocks) => blocks
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
 }
 
 impl Default for TurnScan {
@@ -252,6 +313,7 @@ impl Default for TurnScan {
             tool_hook_context: false,
             project: None,
             tree_changed: false,
+            queue: Vec::new(),
         }
     }
 }
@@ -270,6 +332,14 @@ impl TurnScan {
             EventKind::Compaction(_) => {
                 self.tool_hook_context = false;
                 self.tree_changed = false;
+                self.queue.push(QueueStep::Compacted);
+            }
+            EventKind::SystemEvent(sys) if sys.subtype == "queue_operation" => {
+                if sys.payload.get("operation").and_then(Value::as_str) == Some("enqueue")
+                    && let Some(text) = sys.payload.get("content").and_then(Value::as_str)
+                {
+                    self.queue.push(QueueStep::Enqueued(text_hash(text)));
+                }
             }
             EventKind::Attachment(attachment)
                 if attachment.attachment_type == "edited_text_file" && super::worktree::edited_file_in_project(&attachment.payload, self.project.as_deref()) =>
@@ -285,6 +355,9 @@ impl TurnScan {
             EventKind::UserPrompt(prompt) => {
                 if !prompt.is_meta && prompt.permission_mode.is_some() {
                     self.permission_mode.clone_from(&prompt.permission_mode);
+                }
+                if !prompt.is_meta && !prompt.is_compact_summary {
+                    self.queue.push(QueueStep::Prompt(text_hash(&content_text(&prompt.content))));
                 }
                 if self.last_record_ms.is_some() {
                     self.turn_end_ms = self.last_record_ms;
@@ -319,6 +392,25 @@ impl TurnScan {
         }
         if self.tree_changed {
             turns.tree_changed = true;
+        }
+        for step in &self.queue {
+            match *step {
+                QueueStep::Enqueued(hash) => {
+                    if turns.queued.len() == QUEUE_KEPT {
+                        turns.queued.remove(0);
+                    }
+                    turns.queued.push((hash, false));
+                }
+                QueueStep::Compacted => turns.queued.iter_mut().for_each(|item| item.1 = true),
+                QueueStep::Prompt(hash) => {
+                    let crossed = turns.queued.iter().position(|item| item.0 == hash).is_some_and(|i| turns.queued.remove(i).1);
+                    turns.delivers_queued_across_compaction = crossed;
+                    // The start is rendered anew once: a second such item reads it (af1d #218).
+                    if crossed {
+                        turns.queued.iter_mut().for_each(|item| item.1 = false);
+                    }
+                }
+            }
         }
     }
 
@@ -521,6 +613,9 @@ impl crate::runner::ClientRules for RecordedClient {
             if start.rerenders_start {
                 self.start_epoch += 1;
                 events.push("turn_rerender".to_owned());
+                if start.queued_across_compaction {
+                    events.push(QUEUED_ACROSS_COMPACTION.to_owned());
+                }
             }
             if start.hook_context_lost_side_entry {
                 events.push("tool_hook_context".to_owned());
@@ -762,6 +857,45 @@ mod tests {
         let record = TurnRecord { ended_normally: true, model_switched: true, ..TurnRecord::default() };
         assert!(!warm_turn("2.1.205", record).side_entry);
         assert!(!warm_turn("2.1.14", record).side_entry);
+    }
+
+    #[test]
+    fn an_item_queued_before_a_compaction_rerenders_the_start_once_when_delivered() {
+        use crate::recording::format::{Compaction, SystemEvent, UserPrompt};
+        let event = |kind: EventKind| Event { time_ms: 0, lane: LANE_MAIN.to_owned(), uuid: None, kind };
+        let enqueue = |text: &str| event(EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload: serde_json::json!({"operation": "enqueue", "content": text}) }));
+        let prompt = |text: &str| {
+            event(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.to_owned()), is_meta: false, is_compact_summary: false, permission_mode: None }))
+        };
+        let compaction = event(EventKind::Compaction(Compaction { trigger: "auto".into(), pre_tokens: None, post_tokens: None, summary: None, metadata: Value::Null }));
+        let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "<task-notification>x</task-notification>")];
+        let ended = TurnRecord { ended_normally: true, ended_with_reply: true, side_entries: true, ..TurnRecord::default() };
+        // Two notifications queued before a compaction, one after; each delivered in a scan of its own.
+        let mut turns = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
+        let mut scan = TurnScan::default();
+        for e in [enqueue("<task-notification>one</task-notification>"), enqueue("<task-notification>two</task-notification>"), compaction] {
+            scan.observe(&e);
+        }
+        scan.observe(&enqueue("<task-notification>three</task-notification>"));
+        scan.apply(&mut turns);
+        let profile = ClientProfile::for_version("2.1.39");
+        let mut deliver = |text: &str| {
+            let mut scan = TurnScan::default();
+            scan.observe(&prompt(text));
+            scan.apply(&mut turns);
+            turns.on_new_turn(&profile, &messages, ended)
+        };
+        let first = deliver("<task-notification>one</task-notification>\n");
+        assert!(first.queued_across_compaction && first.rerenders_start && !first.side_entry, "{first:?}");
+        let second = deliver("<task-notification>two</task-notification>");
+        // (Up to 2.1.169 a turn a notification opened leaves no side entry: only the start counts.)
+        assert!(!second.queued_across_compaction && !second.rerenders_start, "once per compaction: {second:?}");
+        let third = deliver("<task-notification>three</task-notification>");
+        assert!(!third.queued_across_compaction && !third.rerenders_start, "queued after the compaction: {third:?}");
+        // Without the rule (`--no-rerender`), the side entry stands.
+        let mut turns = TurnState { turns: 1, previous_read: Some(10_000), delivers_queued_across_compaction: true, ..TurnState::default() };
+        let off = ClientProfile { queued_across_compaction_rerenders_start: false, ..ClientProfile::for_version("2.1.39") };
+        assert!(turns.on_new_turn(&off, &messages, ended).side_entry);
     }
 
     #[test]

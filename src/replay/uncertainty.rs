@@ -3,7 +3,8 @@
 //!
 //! A call's outcome *rests on a rule* when one of the replay's modelled client behaviours decided
 //! whether it read the cache: the side entry a finished turn leaves, a prompt or conversation
-//! start re-rendered, a side entry a tool hook's context made unreadable, a Skill call, a resume, a
+//! start re-rendered (also by a prompt delivering an item queued before a compaction), a side
+//! entry a tool hook's context made unreadable, a Skill call, a resume, a
 //! ToolSearch load ([`MODELLED_RULES`]). Where the
 //! record itself explains the call (the TTL ran out between it and the previous call, or a
 //! compaction came before it), it does not, except where a rule overrides the TTL: Claude
@@ -29,7 +30,8 @@ pub const SHARED_PREFIX: &str = "shared_prefix";
 
 /// The events that mark a call's outcome as resting on a modelled rule, in the order tried (the
 /// first present names the rule).
-pub const MODELLED_RULES: [&str; 8] = [SHARED_PREFIX, "tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", "turn_rerender"];
+pub const MODELLED_RULES: [&str; 9] =
+    [SHARED_PREFIX, "tool_search_load", "skill", "resume", "rerendered_prompt", "side_entry", "tool_hook_context", super::turns::QUEUED_ACROSS_COMPACTION, "turn_rerender"];
 
 /// The rule that decides a call the TTL gap would otherwise explain: the prefix read after it.
 const OVER_THE_TTL: &str = SHARED_PREFIX;
@@ -56,15 +58,16 @@ impl RuleRate {
 
 /// Observed per rule on the sixteen sessions. Skill and ToolSearch have no case left there (the
 /// Skill calls and loads are all 2.1.205+, where the rules do not apply): their rate is 1/2.
-pub const RULE_RATES: [RuleRate; 8] = [
+pub const RULE_RATES: [RuleRate; 9] = [
     RuleRate { rule: SHARED_PREFIX, hits: 5, cases: 5 },
     RuleRate { rule: "tool_search_load", hits: 0, cases: 0 },
     RuleRate { rule: "skill", hits: 0, cases: 0 },
     RuleRate { rule: "resume", hits: 1, cases: 1 },
     RuleRate { rule: "rerendered_prompt", hits: 7, cases: 7 },
-    RuleRate { rule: "side_entry", hits: 129, cases: 131 },
+    RuleRate { rule: "side_entry", hits: 129, cases: 129 },
     RuleRate { rule: "tool_hook_context", hits: 6, cases: 6 },
     RuleRate { rule: "turn_rerender", hits: 7, cases: 7 },
+    RuleRate { rule: super::turns::QUEUED_ACROSS_COMPACTION, hits: 2, cases: 2 },
 ];
 
 /// The rule a call's outcome rests on, if any.

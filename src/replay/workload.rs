@@ -766,6 +766,11 @@ pub struct Sizing {
     /// the recorded first call read a prefix an earlier session had cached (0: a cold start).
     #[serde(default)]
     pub seeded_prefix_tokens: u64,
+    /// Per built-in agent type of a driven subagent, the filler its prompt ends with
+    /// (`world.agent_prompt_extra`): the recorded first request of the type's first subagent less
+    /// the agent's own, probed ([`size_subagent_prompts`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subagent_prompt_filler_tokens: BTreeMap<String, u64>,
     /// What the recorded client restored at a compaction beyond what the file shows, for a
     /// client that `/clear`ed into the file: the record after the file's first compaction beyond
     /// its prefix, the first call's memory and context, the files the client's rule restores and
@@ -1318,5 +1323,98 @@ pub fn size_unmodelled(
         steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
     }
     workload.scenario = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
+    sizing.subagent_prompt_filler_tokens = size_subagent_prompts(session, file, workload, measurer, strategy)?;
     Ok(sizing)
+}
+
+/// Sizes the prompt of each built-in agent type a driven subagent runs as, as the main system
+/// prompt is sized: the recorded client's first request of the type's first subagent (its
+/// billed prompt) less the agent's own first request of it, probed with a script of the first
+/// prompt, the Agent call alone and the subagent's first reply (text only, so it ends there).
+/// The difference (when the agent's is shorter) is written into the scenario as sized filler
+/// after the agent's prompt of that type (`world.agent_prompt_extra`). The recorded request's
+/// messages are the agent's too (the user context with the sized CLAUDE.md, the Agent call's
+/// prompt), so what is left is the recorded client's prompt of the type: its text (our own
+/// stand-in is one paragraph) and what it embeds of the user's configuration.
+fn size_subagent_prompts(
+    session: &ImportedSession,
+    file: &str,
+    workload: &mut Workload,
+    measurer: &crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+) -> Result<BTreeMap<String, u64>, String> {
+    use crate::scenario::Step;
+    let mut sized = BTreeMap::new();
+    let script = &workload.scenario.script;
+    let Some(first_user) = script.iter().position(|s| matches!(s, Step::User { .. })) else { return Ok(sized) };
+    let catalog_types: BTreeSet<String> =
+        crate::agent::agents::built_in_agents(true).into_iter().map(|a| a.agent_type).collect();
+    for run in workload.report.subagents.iter().filter(|r| r.not_driven.is_none() && r.replies > 0) {
+        let lane = format!("subagent:{}", run.agent_type);
+        if sized.contains_key(&run.agent_type) || !catalog_types.contains(&run.agent_type) {
+            continue;
+        }
+        // The recorded first request of the lane (the workload scripts the runs in call order).
+        let Some(recorded) = workload
+            .subagent_calls
+            .iter()
+            .find(|(l, _)| *l == lane)
+            .and_then(|(_, index)| session.calls.iter().find(|c| c.index == *index))
+            .filter(|c| !c.is_synthetic && !c.is_api_error)
+        else {
+            continue;
+        };
+        let recorded_tokens = recorded.usage.prompt_tokens();
+        // The Agent call alone, its recorded output, and the subagent's first reply as text.
+        let call = script.iter().enumerate().find_map(|(i, s)| match s {
+            Step::Assistant(a) if a.lane == LANE_MAIN => {
+                a.content.iter().find(|b| matches!(b, ContentBlock::ToolUse { id, .. } if *id == run.tool_use_id)).map(|b| (i, a, b.clone()))
+            }
+            _ => None,
+        });
+        let Some((at, main, agent_call)) = call else { continue };
+        let output = script[at + 1..].iter().find_map(|s| match s {
+            Step::ToolOutput(outputs) => outputs.iter().find(|o| o.tool_use_id == run.tool_use_id).cloned(),
+            _ => None,
+        });
+        let reply = script.iter().find_map(|s| match s {
+            Step::Assistant(a) if a.lane == lane => Some(a),
+            _ => None,
+        });
+        let (Some(output), Some(reply)) = (output, reply) else { continue };
+        let mut main = main.clone();
+        main.content = vec![agent_call];
+        main.stop_reason = crate::api::StopReason::ToolUse;
+        let mut reply = reply.clone();
+        reply.content.retain(|b| matches!(b, ContentBlock::Text { .. }));
+        if reply.content.is_empty() {
+            reply.content = vec![serde_json::from_value(json!({ "type": "text", "text": "." })).map_err(|e| e.to_string())?];
+        }
+        reply.stop_reason = crate::api::StopReason::EndTurn;
+        let mut probe = workload.scenario.clone();
+        probe.script = script[..=first_user].to_vec();
+        probe.script.extend([Step::Assistant(main), Step::ToolOutput(vec![output]), Step::Assistant(reply)]);
+        let counter = measurer.counter().fresh_like();
+        let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
+        let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
+        let Ok(output) = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options) else {
+            continue;
+        };
+        let Some((row, request)) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == lane && r.error.is_none()) else { continue };
+        let agent_tokens = row.input_tokens + row.cache_read_input_tokens + row.cache_creation_input_tokens;
+        let gap = recorded_tokens.saturating_sub(agent_tokens);
+        if gap == 0 {
+            continue;
+        }
+        let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
+        let params = measurer.counter().calibration().for_family(&key);
+        let shared = measurer.counter().shared().cloned();
+        let text = super::session::filler("recorded agent prompt not modelled", gap, measurer.counter().kind(), params.scale, 0.0, shared.as_deref());
+        workload.document["world"]["agent_prompt_extra"][run.agent_type.as_str()] = Value::String(text);
+        sized.insert(run.agent_type.clone(), gap);
+    }
+    if !sized.is_empty() {
+        workload.scenario = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
+    }
+    Ok(sized)
 }

@@ -75,6 +75,7 @@ impl Scenario {
             home: spec.home.clone(),
             append_system_prompt: spec.append_system_prompt.clone(),
             static_system_prompt: spec.static_system_prompt.clone(),
+            agent_prompt_extra: spec.agent_prompt_extra.clone(),
             dynamic_system_marker: spec.dynamic_system_marker,
             recorded_attachments: spec.recorded_attachments,
             redact_thinking: spec.redact_thinking,

@@ -90,6 +90,11 @@ pub struct WorldSpec {
     /// of the recorded client's prompt the record shows cached at its global-scope level.
     #[serde(default)]
     pub static_system_prompt: Option<String>,
+    /// Per built-in agent type, text its prompt ends with. `ctxsim import --to scenario` puts
+    /// there, as sized filler, what the recorded client's request of a subagent it drives held
+    /// beyond the agent's own (a built-in type whose prompt the profile has no size for).
+    #[serde(default)]
+    pub agent_prompt_extra: std::collections::BTreeMap<String, String>,
     /// The system prompt's dynamic part (after the boundary) carries a marker of its own (org
     /// scope), so the whole system prompt is cached at its end, as the recorded clients' was:
     /// every shipped session whose record shows a read falling into its system prompt read all

@@ -62,6 +62,8 @@ pub struct World {
     pub append_system_prompt: Option<String>,
     /// Appended to the system prompt's static part, before the boundary (`world.static_system_prompt`).
     pub static_system_prompt: Option<String>,
+    /// Per built-in agent type, text its prompt ends with (`world.agent_prompt_extra`).
+    pub agent_prompt_extra: std::collections::BTreeMap<String, String>,
     /// The dynamic part carries its own marker (`world.dynamic_system_marker`).
     pub dynamic_system_marker: bool,
     /// The script supplies the attachments (`attachment` steps): the agent adds none of its
@@ -98,6 +100,7 @@ impl World {
             home: "/home/user".to_owned(),
             append_system_prompt: None,
             static_system_prompt: None,
+            agent_prompt_extra: std::collections::BTreeMap::new(),
             dynamic_system_marker: false,
             recorded_attachments: false,
             redact_thinking: false,

@@ -96,6 +96,32 @@ fn a_tool_hook_context_loses_the_side_entry_through_the_agent() {
     }
 }
 
+/// A prompt that delivers an item the client queued before a compaction falls to the prefix
+/// level after the side request (spotter #153, 2.1.39: 55,541 written; af1d #217, 2.1.49:
+/// 100,078); the agent read the side entry there before (197 and 156 written). A notification
+/// queued after the compaction (e89f #174) and af1d's second item queued before it (#218) read
+/// everything.
+#[test]
+fn a_prompt_delivering_an_item_queued_before_a_compaction_falls_to_the_prefix_through_the_agent() {
+    let spotter = drive("spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");
+    let (ratio, events, read, recorded) = creation(&spotter, 153);
+    assert!(events.iter().any(|e| e == "queued_across_compaction") && !events.iter().any(|e| e == "side_entry"), "#153: {events:?}");
+    assert!((0.9..1.15).contains(&ratio), "#153: creation {ratio:.3} of the recorded");
+    assert!((read - recorded as f64).abs() < 2_000.0, "#153: read {read} vs recorded {recorded}");
+    let af1d = drive("cipher-box/af1dd25ebb3e-8.full.jsonl");
+    let (_, events, read, recorded) = creation(&af1d, 217);
+    assert!(events.iter().any(|e| e == "queued_across_compaction") && !events.iter().any(|e| e == "side_entry"), "#217: {events:?}");
+    assert!((read - recorded as f64).abs() < 2_000.0, "#217: read {read} vs recorded {recorded}");
+    let (_, events, read, _) = creation(&af1d, 218);
+    assert!(!events.iter().any(|e| e == "queued_across_compaction") && read > 100_000.0, "#218: {events:?} read {read}");
+    // e89f #174 reads all the agent had cached (its context is ~6k short of the record's after
+    // the compaction, the restore; the record wrote 268).
+    let e89f = drive("cipher-box/e89fb6a2d646-0.full.jsonl");
+    let (_, events, _, _) = creation(&e89f, 174);
+    assert!(!events.iter().any(|e| e == "queued_across_compaction" || e == "turn_rerender"), "#174: {events:?}");
+    assert!(e89f[&174].sim_cache_creation < 2_000.0, "#174: wrote {}", e89f[&174].sim_cache_creation);
+}
+
 /// 2.1.37 (entireio-cli 7be2): a typed prompt is sent the transient way during its own turn, so
 /// the next prompt reads only through the side entry, which ends before it (#65, #70, #74), or,
 /// after the opening prompt, only the prefix (#60: 108k written). The agent read on through

@@ -129,6 +129,28 @@ fn a_tool_hook_context_keeps_the_next_prompt_off_the_side_entry_until_2_1_231() 
 }
 
 #[test]
+fn a_prompt_delivering_an_item_queued_before_a_compaction_reads_only_the_prefix() {
+    // spotter #153 (2.1.39): the notification of task bd0afab, queued at 20:52:10 and delivered
+    // at 21:36:41 after the compaction at 21:18:41, read 21,460 (the prefix level) and wrote
+    // 55,541; af1d #217 (2.1.49): bf7a97f's, queued at 23:05:31 before the compaction at
+    // 23:10:45, read 35,707 and wrote 100,078. Both followed a finished turn's side request.
+    for (transcript, index) in [("spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl", 153), ("cipher-box/af1dd25ebb3e-8.full.jsonl", 217)] {
+        let (_, calls) = replay(transcript);
+        let call = check(&calls, index, &["new_user_turn", "queued_across_compaction"], &["side_entry"]);
+        assert!(call.recorded_cache_creation > 50_000 && call.simulated_cache_creation > 50_000.0, "#{index}: {}", call.simulated_cache_creation);
+        assert_eq!(call.rule.as_deref(), Some("queued_across_compaction"), "#{index}");
+    }
+    // Once per compaction: af1d's next item queued before it (b682623) read everything (#218,
+    // what #217 cached: a turn a notification opened leaves no side entry before 2.1.170); e89f's
+    // notification queued 12 s after its compaction read everything (#174).
+    let (_, calls) = replay("cipher-box/af1dd25ebb3e-8.full.jsonl");
+    let call = check(&calls, 218, &["new_user_turn"], &["queued_across_compaction", "turn_rerender"]);
+    assert!(call.simulated_cache_read > 100_000.0, "#218: {}", call.simulated_cache_read);
+    let (_, calls) = replay(E89F);
+    check(&calls, 174, &["new_user_turn", "side_entry"], &["queued_across_compaction"]);
+}
+
+#[test]
 fn claude_desktop_reads_its_static_prefix_after_a_gap_beyond_the_ttl_and_the_cli_does_not() {
     // Claude Desktop (2.1.215, 2.1.219): every gap beyond the 1h TTL still read the static prefix
     // (0254 #72 after 7.6 h, #404 after 61 min, #541 after 69 min: 33,510; d847 #54 after 82 min:
