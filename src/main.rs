@@ -36,8 +36,9 @@ fn small_pages_only() {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         // SAFETY: this option only sets a flag of the calling process; a kernel without it
         // returns an error, ignored (huge pages stay allowed).
+        let (on, unused): (c_ulong, c_ulong) = (1, 0);
         unsafe {
-            prctl(PR_SET_THP_DISABLE, 1 as c_ulong, 0 as c_ulong, 0 as c_ulong, 0 as c_ulong);
+            prctl(PR_SET_THP_DISABLE, on, unused, unused, unused);
         }
     }
 }
