@@ -10,7 +10,9 @@
 # `audit --no-result-cache` (every session replayed, texts' counts from the token-count cache a
 # first run wrote); "cached" is plain `audit`, every session's result read from the result cache
 # the first run wrote (all in CTXSIM_CACHE_DIR, a temporary directory). CTXSIM_BIN_BEFORE=PATH
-# adds a column for another binary (plain `audit`; e.g. the commit before a change).
+# adds the same three columns for another binary (e.g. the commit before a change), its runs
+# alternating with the others, its caches in a directory of its own (the result cache holds one
+# entry per session, keyed by the executable).
 #
 # Needs ccusage 20.0.24: `npm install ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24` in a
 # directory outside the repository, given as CCUSAGE_DIR (default /work/tools).
@@ -45,18 +47,24 @@ median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 wall "$ccusage" session --json --offline > /dev/null
 wall "$bin" audit --no-progress > /dev/null
-[ -z "$before" ] || wall "$before" audit --no-progress > /dev/null
+[ -z "$before" ] || CTXSIM_CACHE_DIR="$work/cache-before" wall "$before" audit --no-progress > /dev/null
 : > "$work/ccusage.times"
 : > "$work/cold.times"
 : > "$work/warm.times"
 : > "$work/cached.times"
-: > "$work/before.times"
+: > "$work/before-cold.times"
+: > "$work/before-warm.times"
+: > "$work/before-cached.times"
 for _ in $(seq "$runs"); do
   wall "$ccusage" session --json --offline >> "$work/ccusage.times"
   wall "$bin" audit --no-progress --no-cache >> "$work/cold.times"
   wall "$bin" audit --no-progress --no-result-cache >> "$work/warm.times"
   wall "$bin" audit --no-progress >> "$work/cached.times"
-  [ -z "$before" ] || wall "$before" audit --no-progress >> "$work/before.times"
+  if [ -n "$before" ]; then
+    CTXSIM_CACHE_DIR="$work/cache-before" wall "$before" audit --no-progress --no-cache >> "$work/before-cold.times"
+    CTXSIM_CACHE_DIR="$work/cache-before" wall "$before" audit --no-progress --no-result-cache >> "$work/before-warm.times"
+    CTXSIM_CACHE_DIR="$work/cache-before" wall "$before" audit --no-progress >> "$work/before-cached.times"
+  fi
 done
 c=$(median < "$work/ccusage.times")
 echo "cores: $(nproc), load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -69,4 +77,8 @@ report() {
 report "ctxsim audit, cold (--no-cache)" cold
 report "ctxsim audit, warm (token cache, --no-result-cache)" warm
 report "ctxsim audit, results cached" cached
-[ -z "$before" ] || report "CTXSIM_BIN_BEFORE audit" before
+if [ -n "$before" ]; then
+  report "CTXSIM_BIN_BEFORE audit, cold" before-cold
+  report "CTXSIM_BIN_BEFORE audit, warm" before-warm
+  report "CTXSIM_BIN_BEFORE audit, results cached" before-cached
+fi

@@ -16,23 +16,35 @@
 //!   run holding a line break); when text follows the run, the look-ahead would have given the
 //!   last whitespace character back, so a run of two or more characters loses its last one
 //!   (a single character stays: that is the seventh alternative).
-//! - **Merge.** A piece that is a token counts one; any other piece is split by tiktoken-rs's
-//!   own `byte_pair_split` over its own ranks. build.rs reads those ranks from tiktoken-rs at
-//!   build time and writes them as a table loaded here in about 40 ms, where building
-//!   tiktoken-rs's encoder takes about 170 ms. That function is the merge tiktoken uses for
-//!   pieces under 100 bytes. tiktoken-rs switches to a heap-based merge, with the same result,
-//!   for longer ones. Here `byte_pair_split` also serves pieces up to 1 KiB, where its
-//!   quadratic worst case is still under a millisecond; a tested property holds it to
-//!   tiktoken-rs's count. A text with a longer piece (a long rule of dashes, a run of spaces)
-//!   is counted by tiktoken-rs itself, whose encoder is then built once.
+//! - **Merge.** A piece that is a token counts one; any other piece is merged as tiktoken
+//!   merges a piece under 100 bytes (`byte_pair_split`): start from its bytes, and while some
+//!   two neighbouring parts together are a token, join the pair of lowest rank, the leftmost
+//!   of equal ones; the count is the parts left ([`O200k::merged_parts`], our own code over
+//!   our own tables). build.rs reads tiktoken-rs's ranks at build time and writes them as a
+//!   table loaded here into two maps, the tokens of at most 15 bytes keyed by their packed
+//!   value (below) and the longer ones by their bytes, with no allocation per token, where
+//!   building tiktoken-rs's encoder takes about 170 ms. tiktoken-rs switches to a heap-based
+//!   merge, with the same result, for pieces of 100 bytes or more. Here the quadratic merge
+//!   also serves pieces up to 1 KiB, where its worst case is still under a millisecond; tested
+//!   properties hold it to tiktoken-rs's count. A text with a longer piece (a long rule of
+//!   dashes, a run of spaces) is counted by tiktoken-rs itself, whose encoder is then built
+//!   once.
 //! - **Short pieces by value.** A piece of at most 15 bytes is looked up as one `u128` (its
 //!   bytes and its length), not as a byte string: whether it is a token, and, in a
 //!   [`Counter`] (one per run, held by the `TokenCounter`), the count of each short piece that
 //!   is not one. A piece's count never changes, so that memo is a pure cache, capped in size.
+//! - **Recent pieces first.** Before those tables (200k entries, several megabytes: most
+//!   lookups missed the processor's caches), a short piece is looked up in a small
+//!   direct-mapped table of the pieces this thread counted lately ([`Recent`], 8,192 slots,
+//!   136 KB): a text's common pieces (` the`, `\n   `, `fn`) are found there. A slot holds one
+//!   piece and its count, overwritten by the next piece hashed to it; a count never changes, so
+//!   what the table holds changes only the speed, never a count.
+//! - **Tables built in parallel.** The short tokens' ranks on one thread, the split DFA and the
+//!   long tokens' ranks on another.
 
 use regex_automata::hybrid::dfa::{Cache, DFA};
 use regex_automata::{Anchored, Input};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::sync::LazyLock;
 use tiktoken_rs::{CoreBPE, Rank};
@@ -50,7 +62,7 @@ const PATTERNS: [&str; 6] = [
 /// The pattern whose match gets the look-ahead of `\s+(?!\S)`.
 const WHITESPACE_RUN: usize = 5;
 /// From this piece length on, a text is counted by tiktoken-rs, whose merge for long pieces is
-/// linear (`byte_pair_split`'s is quadratic in the worst case).
+/// linear ([`O200k::merged_parts`]'s is quadratic in the worst case).
 const LONG_PIECE: usize = 1024;
 
 /// The number of ordinary tokens of o200k_base, ranked densely from 0 (the special tokens come
@@ -63,9 +75,10 @@ const MEMO_CAP: usize = 1 << 20;
 
 struct O200k {
     split: DFA,
-    ranks: FxHashMap<Vec<u8>, Rank>,
-    /// The tokens of at most [`SHORT_PIECE`] bytes, packed.
-    short_tokens: FxHashSet<u128>,
+    /// The ranks of the tokens of at most [`SHORT_PIECE`] bytes, by their packed value.
+    short_ranks: FxHashMap<u128, Rank>,
+    /// The ranks of the longer tokens, by their bytes (build.rs's table, borrowed).
+    long_ranks: FxHashMap<&'static [u8], Rank>,
 }
 
 /// A counting run's state: the counts of the short pieces that are not tokens.
@@ -87,7 +100,7 @@ impl Counter {
 
     /// The o200k_base token count of `text`, as [`count`].
     pub fn count(&mut self, text: &str) -> u32 {
-        SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut(), Some(&mut self.memo)))
+        SPLIT_CACHE.with(|caches| O200K.count(text, &mut caches.borrow_mut(), Some(&mut self.memo)))
     }
 }
 
@@ -95,8 +108,39 @@ static O200K: LazyLock<O200k> = LazyLock::new(O200k::new);
 
 thread_local! {
     /// The lazy DFA's states, built as texts need them, like the regex caches tiktoken-rs keeps
-    /// per thread (the piece memo, in contrast, belongs to a run: [`Counter`]).
-    static SPLIT_CACHE: RefCell<Cache> = RefCell::new(O200K.split.create_cache());
+    /// per thread, and the thread's recent short pieces (the piece memo, in contrast, belongs
+    /// to a run: [`Counter`]).
+    static SPLIT_CACHE: RefCell<ThreadCaches> =
+        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new() });
+}
+
+/// A thread's caches: the split DFA's states and [`Recent`].
+struct ThreadCaches {
+    split: Cache,
+    recent: Recent,
+}
+
+/// log2 of [`Recent`]'s slots.
+const RECENT_BITS: u32 = 13;
+
+/// The short pieces a thread counted lately, direct-mapped by a hash of the packed piece: a
+/// piece's slot holds it and its count until another piece hashed to the same slot replaces
+/// it. An empty slot holds 0, which no piece packs to (a piece has at least one byte, and its
+/// length is in the packed value). A short piece has at most 15 tokens, so a count is a `u8`.
+struct Recent {
+    pieces: Box<[u128]>,
+    counts: Box<[u8]>,
+}
+
+impl Recent {
+    fn new() -> Recent {
+        Recent { pieces: vec![0; 1 << RECENT_BITS].into_boxed_slice(), counts: vec![0; 1 << RECENT_BITS].into_boxed_slice() }
+    }
+
+    fn slot(packed: u128) -> usize {
+        let mixed = (packed as u64) ^ ((packed >> 64) as u64).rotate_left(29);
+        (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT_BITS)) as usize
+    }
 }
 
 /// A piece of at most [`SHORT_PIECE`] bytes as one value: its bytes, zero-padded, and its
@@ -111,34 +155,111 @@ fn pack(piece: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
+/// What a thread started by [`O200k::new`] built, or `build()` run here when it could not be
+/// started.
+fn joined<T>(handle: std::io::Result<std::thread::ScopedJoinHandle<'_, T>>, build: fn() -> T) -> T {
+    match handle {
+        Ok(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        Err(_) => build(),
+    }
+}
+
 /// The o200k vocabulary as build.rs wrote it from tiktoken-rs: per ordinary token in rank
 /// order, a little-endian `u16` length and the bytes.
 static TOKEN_TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k.tokens"));
 
 impl O200k {
     fn new() -> O200k {
-        let split = DFA::builder()
+        // The split DFA and the long tokens on a thread of their own, the short tokens on this
+        // one (all on this one when no thread can be started).
+        std::thread::scope(|scope| {
+            let other = std::thread::Builder::new().spawn_scoped(scope, || (Self::build_split(), Self::build_long_ranks()));
+            let short_ranks = Self::build_short_ranks();
+            let (split, long_ranks) = joined(other, || (Self::build_split(), Self::build_long_ranks()));
+            assert_eq!(
+                short_ranks.len() + long_ranks.len(),
+                O200K_ORDINARY_TOKENS as usize,
+                "build.rs wrote the whole o200k vocabulary, every token's bytes distinct"
+            );
+            O200k { split, short_ranks, long_ranks }
+        })
+    }
+
+    fn build_split() -> DFA {
+        DFA::builder()
             .configure(DFA::config().cache_capacity(8 << 20))
             .build_many(&PATTERNS)
-            .expect("the o200k split patterns compile");
-        let mut ranks = FxHashMap::default();
-        ranks.reserve(O200K_ORDINARY_TOKENS as usize);
-        let mut short_tokens = FxHashSet::default();
-        short_tokens.reserve(O200K_ORDINARY_TOKENS as usize);
+            .expect("the o200k split patterns compile")
+    }
+
+    /// build.rs's table, token by token in rank order, with the ranks.
+    fn tokens() -> impl Iterator<Item = (&'static [u8], Rank)> {
         let mut rest = TOKEN_TABLE;
         let mut rank: Rank = 0;
-        while let [lo, hi, tail @ ..] = rest {
+        std::iter::from_fn(move || {
+            let [lo, hi, tail @ ..] = rest else { return None };
             let len = usize::from(u16::from_le_bytes([*lo, *hi]));
             let (bytes, tail) = tail.split_at(len);
-            if let Some(packed) = pack(bytes) {
-                short_tokens.insert(packed);
-            }
-            ranks.insert(bytes.to_vec(), rank);
-            rank += 1;
             rest = tail;
+            rank += 1;
+            Some((bytes, rank - 1))
+        })
+    }
+
+    fn build_short_ranks() -> FxHashMap<u128, Rank> {
+        let mut ranks = FxHashMap::default();
+        ranks.reserve(O200K_ORDINARY_TOKENS as usize);
+        ranks.extend(Self::tokens().filter_map(|(bytes, rank)| Some((pack(bytes)?, rank))));
+        ranks
+    }
+
+    fn build_long_ranks() -> FxHashMap<&'static [u8], Rank> {
+        Self::tokens().filter(|(bytes, _)| bytes.len() > SHORT_PIECE).collect()
+    }
+
+    /// The rank of the token `bytes`, if they are one.
+    fn rank(&self, bytes: &[u8]) -> Option<Rank> {
+        match pack(bytes) {
+            Some(packed) => self.short_ranks.get(&packed).copied(),
+            None => self.long_ranks.get(bytes).copied(),
         }
-        assert_eq!(rank, O200K_ORDINARY_TOKENS, "build.rs wrote the whole o200k vocabulary");
-        O200k { split, ranks, short_tokens }
+    }
+
+    /// The number of tokens the merge leaves of `piece` (as many as tiktoken-rs's
+    /// `byte_pair_split(piece, ranks).len()`): from single bytes, the neighbouring pair whose
+    /// join is the token of lowest rank (the leftmost of equal ranks) is joined until no pair
+    /// joins to a token.
+    fn merged_parts(&self, piece: &[u8]) -> u32 {
+        if piece.len() < 2 {
+            return piece.len() as u32;
+        }
+        // `starts[k]`: where part k starts, `starts.last()` the end; `joins[k]`: the rank of
+        // parts k and k + 1 joined (`Rank::MAX`: not a token; the last entry has no pair).
+        let mut starts: Vec<usize> = (0..=piece.len()).collect();
+        let join = |starts: &[usize], k: usize| match starts.get(k + 2) {
+            Some(&end) => self.rank(&piece[starts[k]..end]).unwrap_or(Rank::MAX),
+            None => Rank::MAX,
+        };
+        let mut joins: Vec<Rank> = (0..starts.len()).map(|k| join(&starts, k)).collect();
+        loop {
+            let mut best = (Rank::MAX, 0);
+            for (k, &rank) in joins[..joins.len() - 1].iter().enumerate() {
+                if rank < best.0 {
+                    best = (rank, k);
+                }
+            }
+            if best.0 == Rank::MAX {
+                break;
+            }
+            let k = best.1;
+            starts.remove(k + 1);
+            joins.remove(k + 1);
+            joins[k] = join(&starts, k);
+            if k > 0 {
+                joins[k - 1] = join(&starts, k - 1);
+            }
+        }
+        (starts.len() - 1) as u32
     }
 
     /// tiktoken-rs's own encoder, built on first use: only a text holding a piece of
@@ -147,7 +268,8 @@ impl O200k {
         tiktoken_rs::o200k_base_singleton()
     }
 
-    fn count(&self, text: &str, cache: &mut Cache, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
+    fn count(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
+        let ThreadCaches { split: cache, recent } = caches;
         let bytes = text.as_bytes();
         let mut input = Input::new(text).anchored(Anchored::Yes);
         let mut at = 0;
@@ -169,25 +291,34 @@ impl O200k {
             let piece = &bytes[at..end];
             at = end;
             if let Some(packed) = pack(piece) {
-                if self.short_tokens.contains(&packed) {
-                    tokens += 1;
+                let slot = Recent::slot(packed);
+                if recent.pieces[slot] == packed {
+                    tokens += u32::from(recent.counts[slot]);
+                    continue;
+                }
+                let n = if self.short_ranks.contains_key(&packed) {
+                    1
                 } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
-                    tokens += n;
+                    n
                 } else {
-                    let n = tiktoken_rs::byte_pair_split(piece, &self.ranks).len() as u32;
+                    let n = self.merged_parts(piece);
                     if let Some(memo) = memo.as_mut()
                         && memo.len() < MEMO_CAP
                     {
                         memo.insert(packed, n);
                     }
-                    tokens += n;
-                }
-            } else if self.ranks.contains_key(piece) {
+                    n
+                };
+                // At most one token per byte: a short piece's count fits a `u8`.
+                recent.pieces[slot] = packed;
+                recent.counts[slot] = n as u8;
+                tokens += n;
+            } else if self.long_ranks.contains_key(piece) {
                 tokens += 1;
             } else if piece.len() >= LONG_PIECE {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
-                tokens += tiktoken_rs::byte_pair_split(piece, &self.ranks).len() as u32;
+                tokens += self.merged_parts(piece);
             }
         }
         tokens
@@ -197,10 +328,10 @@ impl O200k {
 /// o200k_base token count of `text`, special-token text counted as ordinary text: exactly
 /// `o200k_base_singleton().encode_ordinary(text).len()`.
 pub fn count(text: &str) -> u32 {
-    SPLIT_CACHE.with(|cache| O200K.count(text, &mut cache.borrow_mut(), None))
+    SPLIT_CACHE.with(|caches| O200K.count(text, &mut caches.borrow_mut(), None))
 }
 
-/// Builds the tokenizer (the rank tables from build.rs's table and the split DFA: about 40 ms)
+/// Builds the tokenizer (the rank tables from build.rs's table and the split DFA)
 /// on another thread, so that it is ready, or nearly, when the caller has read its
 /// input. Counts do not depend on it; a count asked for sooner waits for the build.
 pub fn warm_up_in_background() {
@@ -223,10 +354,10 @@ mod tests {
         assert!(core.decode_bytes(&[O200K_ORDINARY_TOKENS]).is_err());
         let specials: Vec<Rank> = core.special_tokens().iter().map(|s| core.encode_with_special_tokens(s)[0]).collect();
         assert!(specials.iter().all(|&rank| rank > O200K_ORDINARY_TOKENS), "{specials:?}");
-        assert_eq!(O200K.ranks.len(), O200K_ORDINARY_TOKENS as usize, "every ordinary token has distinct bytes");
-        // The table build.rs wrote holds tiktoken-rs's tokens, rank for rank.
-        for (bytes, &rank) in &O200K.ranks {
-            assert_eq!(&core.decode_bytes(&[rank]).unwrap(), bytes);
+        // The tables hold tiktoken-rs's tokens, rank for rank, each once.
+        assert_eq!(O200K.short_ranks.len() + O200K.long_ranks.len(), O200K_ORDINARY_TOKENS as usize);
+        for rank in 0..O200K_ORDINARY_TOKENS {
+            assert_eq!(O200K.rank(&core.decode_bytes(&[rank]).unwrap()), Some(rank));
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use ctxsim::measure::o200k::{count, count_by_tiktoken};
+use ctxsim::measure::o200k::{Counter, count, count_by_tiktoken};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -41,6 +41,33 @@ fn bpe_counts_equal_tiktoken_on_every_real_text() {
         }
     }
     assert!(files.len() > 100 && texts > 10_000 && tokens > 5_000_000, "{} files, {texts} texts, {tokens} tokens", files.len());
+}
+
+/// A thread keeps the short pieces it counted lately in a small table, one piece per slot
+/// (`o200k::Recent`): 40,000 distinct one-piece words, more than it has slots, counted three
+/// times over in alternating orders (so pieces that share a slot replace each other there)
+/// keep tiktoken-rs's counts, with a run's memo (`Counter`) and without.
+#[test]
+fn bpe_counts_stay_exact_when_recent_pieces_replace_each_other() {
+    let word = |mut i: u32| {
+        let mut w = String::from("zq");
+        while i > 0 || w.len() < 4 {
+            w.push(char::from(b'a' + (i % 26) as u8));
+            i /= 26;
+        }
+        w
+    };
+    let words: Vec<String> = (0..40_000).map(word).collect();
+    let expected: Vec<u32> = words.iter().map(|w| count_by_tiktoken(&format!("{w} {w}"))).collect();
+    let mut counter = Counter::new();
+    for round in 0..3 {
+        let order: Box<dyn Iterator<Item = usize>> = if round == 1 { Box::new((0..words.len()).rev()) } else { Box::new((0..words.len()).step_by(1 + round)) };
+        for i in order {
+            let text = format!("{0} {0}", words[i]);
+            assert_eq!(count(&text), expected[i], "{text}");
+            assert_eq!(counter.count(&text), expected[i], "{text}");
+        }
+    }
 }
 
 /// Characters from every class the split distinguishes: cased and uncased letters, marks,
