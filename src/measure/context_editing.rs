@@ -395,7 +395,9 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                 for (m, message) in next.iter_mut().enumerate() {
                     let role = message.role;
                     let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-                    for (c, block) in blocks.iter_mut().enumerate() {
+                    // Read through the shared blocks; only a block that is cleared copies them.
+                    for c in 0..blocks.len() {
+                        let block = &blocks[c];
                         let id = match (result_id(block), tool_use(block)) {
                             (Some(id), _) if clear.contains_key(id) => id.to_owned(),
                             (_, Some((id, name))) if clear.contains_key(id) && clear_inputs.covers(name) => id.to_owned(),
@@ -409,7 +411,7 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                         if after >= before {
                             continue;
                         }
-                        *block = cleared_block;
+                        blocks[c] = cleared_block;
                         let edited = before - after;
                         let key = format!("tool_use:{id}");
                         *freed_by.entry(key.clone()).or_default() += edited;

@@ -112,12 +112,36 @@ fn message_tokens(message: &Message) -> u64 {
 fn block_tokens(block: &ContentBlock) -> u64 {
     match block {
         ContentBlock::Text { text, .. } => chars4(text.len()),
-        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(input.to_string().len()),
+        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(json_len(input)),
         ContentBlock::ToolResult { content, .. } => chars4(content.as_ref().map_or(0, ToolResultContent::text_len)),
         ContentBlock::Thinking { thinking, .. } => chars4(thinking.len()),
         ContentBlock::RedactedThinking { data, .. } => chars4(data.len()),
         _ => 0,
     }
+}
+
+/// The length of `value`'s compact JSON text (`value.to_string().len()`), counted without
+/// producing the text.
+fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// The tokens a tool result of `tokens` estimated tokens stands for once it is the placeholder
+/// (the estimate is a sum over blocks, so a clearing changes it by this much).
+fn cleared_change(tokens: u64) -> i64 {
+    chars4(CLEARED_PLACEHOLDER.len()) as i64 - tokens as i64
 }
 
 fn chars4(len: usize) -> u64 {
@@ -156,10 +180,14 @@ pub fn observation_masking(messages: &mut [Message], keep_recent: usize) -> Peer
     let before = estimate_tokens(messages);
     let results = tool_results(messages);
     let cut = results.len().saturating_sub(keep_recent);
-    for &(m, b, _) in &results[..cut] {
+    let mut change = 0i64;
+    for &(m, b, tokens) in &results[..cut] {
         clear_result(messages, m, b);
+        change += cleared_change(tokens);
     }
-    let after = estimate_tokens(messages);
+    // The estimate is a sum over blocks: only the cleared ones changed.
+    let after = before.saturating_add_signed(change);
+    debug_assert_eq!(after, estimate_tokens(messages));
     PeerOutcome {
         stage: "observation_masking",
         fired: cut > 0,
@@ -200,21 +228,26 @@ pub fn opencode_prune(messages: &mut [Message], protect: u64, minimum: u64) -> P
             protected += tokens;
             continue;
         }
-        victims.push((m, b));
+        victims.push((m, b, tokens));
         freed += tokens;
     }
     let fire = freed >= minimum && !victims.is_empty();
+    let mut change = 0i64;
     if fire {
-        for (m, b) in victims.iter().copied() {
+        for (m, b, tokens) in victims.iter().copied() {
             clear_result(messages, m, b);
+            change += cleared_change(tokens);
         }
     }
+    // The estimate is a sum over blocks: only the cleared ones changed.
+    let after = before.saturating_add_signed(change);
+    debug_assert_eq!(after, estimate_tokens(messages));
     PeerOutcome {
         stage: "opencode_prune",
         fired: fire,
         reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"),
         tokens_before: before,
-        tokens_after: estimate_tokens(messages),
+        tokens_after: after,
     }
 }
 
@@ -387,9 +420,11 @@ impl PeerState {
                 }
             }
             PeerStrategy::Opencode => {
-                out.push(opencode_prune(messages, config.protect_tokens, config.minimum_tokens));
+                let pruned = opencode_prune(messages, config.protect_tokens, config.minimum_tokens);
+                // The prune's estimate after it is the messages' estimate now.
+                let before = pruned.tokens_after + tokens();
+                out.push(pruned);
                 let threshold = window.saturating_sub(config.buffer_tokens);
-                let before = estimate_tokens(messages) + tokens();
                 if before >= threshold {
                     let rebuilt = opencode_summary(messages, config.tail_tokens, config.summary_tokens);
                     // The tail of the replacement is original history: keep only the head.
