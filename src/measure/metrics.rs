@@ -144,6 +144,8 @@ pub struct MeasurerState {
     /// sent ones do, so they keep tracks of their own (with body hashes, as the from-scratch
     /// flattening gave them).
     edited: Flattener,
+    /// What context editing's tool-use clearing did to each message before.
+    clear_memo: context_editing::ClearMemo,
     /// The last model looked up and its index in the table (a session names one or two).
     last_model: Option<(String, usize)>,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
@@ -154,7 +156,7 @@ impl MeasurerState {
     /// Nothing measured yet.
     fn new(flattener: Flattener) -> Self {
         let edited = Flattener::new().with_billing_key(flattener.billing_key());
-        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, last_model: None, key_spaces: 0 }
+        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), last_model: None, key_spaces: 0 }
     }
 }
 
@@ -403,7 +405,7 @@ impl Measurer {
             let (hash, _) = crate::api::structural::block_hash(role.as_str().as_bytes(), block);
             u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
         };
-        match context_editing::apply(body, &edits, flat.total_tokens, &mut count) {
+        match context_editing::apply_memo(body, &edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family) {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
                 // The edited body is not the next of the sent ones' track: flattened on the
