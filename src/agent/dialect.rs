@@ -343,7 +343,7 @@ fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: &mut std::collection
         };
         match memo.as_deref_mut() {
             Some(memo) => memo.apply(m, blocks, &rewrite, change),
-            None => change(&mut **blocks),
+            None => change(blocks),
         }
     }
 }

@@ -385,7 +385,7 @@ impl BlocksMemo {
             return;
         }
         let input = blocks.clone();
-        rewrite(&mut **blocks);
+        rewrite(blocks);
         self.kept[at] = Some((input, tag.to_vec(), blocks.clone()));
     }
 }

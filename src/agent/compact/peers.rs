@@ -188,7 +188,7 @@ fn clear_results(messages: &mut [Message], victims: &[(usize, usize, u64)], mut 
         let clear = |blocks: &mut Vec<ContentBlock>| at.iter().for_each(|&b| clear_result(blocks, b));
         match memo.as_deref_mut() {
             Some(memo) => memo.apply(m, blocks, &at, clear),
-            None => clear(&mut **blocks),
+            None => clear(blocks),
         }
     }
     change
