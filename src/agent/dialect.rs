@@ -304,20 +304,46 @@ pub fn mcp_results_as_blocks(messages: &mut [Message]) {
 /// [`mcp_results_as_blocks`] of messages that follow others: `mcp_ids` holds the MCP tool_use
 /// ids of the messages before, and gains those of `messages`.
 pub fn mcp_results_as_blocks_after(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>) {
-    for message in messages.iter_mut() {
+    mcp_results_rewritten(messages, mcp_ids, None);
+}
+
+/// [`mcp_results_as_blocks`] through `memo` (the same results of the same blocks at a
+/// position rewritten once: [`crate::agent::normalize::BlocksMemo`]).
+pub fn mcp_results_as_blocks_memo(messages: &mut [Message], memo: &mut crate::agent::normalize::BlocksMemo) {
+    memo.truncate(messages.len());
+    mcp_results_rewritten(messages, &mut std::collections::BTreeSet::new(), Some(memo));
+}
+
+fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>, mut memo: Option<&mut crate::agent::normalize::BlocksMemo>) {
+    for (m, message) in messages.iter_mut().enumerate() {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-        for block in blocks.iter_mut() {
+        // Read first, change only the results that need it: the blocks are shared with earlier
+        // bodies, and a change copies them (and costs the measurer a comparison by content).
+        let mut rewrite = Vec::new();
+        for (b, block) in blocks.iter().enumerate() {
             match block {
                 ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
                     mcp_ids.insert(id.clone());
                 }
-                ContentBlock::ToolResult { tool_use_id, content: Some(content), .. } if mcp_ids.contains(tool_use_id.as_str()) => {
-                    if let ToolResultContent::Text(text) = content {
-                        *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
-                    }
-                }
+                ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(_)), .. } if mcp_ids.contains(tool_use_id.as_str()) => rewrite.push(b),
                 _ => {}
             }
+        }
+        if rewrite.is_empty() {
+            continue;
+        }
+        let change = |blocks: &mut Vec<ContentBlock>| {
+            for &b in &rewrite {
+                if let ContentBlock::ToolResult { content: Some(content), .. } = &mut blocks[b]
+                    && let ToolResultContent::Text(text) = content
+                {
+                    *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+                }
+            }
+        };
+        match memo.as_deref_mut() {
+            Some(memo) => memo.apply(m, blocks, &rewrite, change),
+            None => change(blocks),
         }
     }
 }

@@ -330,35 +330,96 @@ pub fn mark_last_block(messages: &mut [Message], marker: CacheControl) {
 pub fn finalize_tool_results(messages: &mut [Message]) {
     for message in messages {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-        for block in blocks.iter_mut() {
-            let ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra } = block else { continue };
-            let mut map = Map::new();
-            let content_value = content.as_ref().map(|c| serde_json::to_value(c).expect("tool_result content serializes"));
-            if *is_error == Some(true) {
-                map.insert("type".into(), Value::from("tool_result"));
-                if let Some(c) = content_value {
-                    map.insert("content".into(), c);
-                }
-                map.insert("is_error".into(), Value::Bool(true));
-                map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
-            } else {
-                map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
-                map.insert("type".into(), Value::from("tool_result"));
-                if let Some(c) = content_value {
-                    map.insert("content".into(), c);
-                }
-                if let Some(flag) = is_error {
-                    map.insert("is_error".into(), Value::Bool(*flag));
-                }
-            }
-            for (key, value) in extra.iter() {
-                map.insert(key.clone(), value.clone());
-            }
-            if let Some(cc) = cache_control {
-                map.insert("cache_control".into(), serde_json::to_value(cc).expect("cache_control serializes"));
-            }
-            *block = ContentBlock::Other(Value::Object(map));
+        // A message without results is left as it is (a change copies its shared blocks).
+        if has_tool_result(blocks) {
+            finalize_blocks(blocks);
         }
+    }
+}
+
+/// [`finalize_tool_results`] through `memo`: a message whose blocks are those finalized at
+/// its position before (the same allocation) takes what that gave, so an unchanged history
+/// keeps its finished blocks shared from request to request.
+pub fn finalize_tool_results_memo(messages: &mut [Message], memo: &mut BlocksMemo) {
+    memo.truncate(messages.len());
+    for (m, message) in messages.iter_mut().enumerate() {
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        if has_tool_result(blocks) {
+            memo.apply(m, blocks, &[], |blocks| finalize_blocks(blocks));
+        }
+    }
+}
+
+fn has_tool_result(blocks: &[ContentBlock]) -> bool {
+    blocks.iter().any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+}
+
+/// What a rewrite of a message's blocks gave at each position of the history, keyed by the
+/// blocks it was given (their allocation, held here, so it cannot be reused by other blocks:
+/// shared blocks are copied before any change while the memo holds them) and by a tag of
+/// what the rewrite was asked to do (which blocks). The same rewrite of the same blocks gives
+/// the same blocks, now shared with the request before: nothing copied, and the measurer
+/// compares them by pointer.
+#[derive(Debug, Clone, Default)]
+pub struct BlocksMemo {
+    kept: Vec<Option<(crate::api::SharedBlocks, Vec<usize>, crate::api::SharedBlocks)>>,
+}
+
+impl BlocksMemo {
+    /// Forgets positions from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        self.kept.truncate(len);
+    }
+
+    /// `blocks` (at position `at`) replaced by what `rewrite` makes of them, or by what it
+    /// made before of the same blocks with the same `tag` at `at`.
+    pub fn apply(&mut self, at: usize, blocks: &mut crate::api::SharedBlocks, tag: &[usize], rewrite: impl FnOnce(&mut Vec<ContentBlock>)) {
+        if self.kept.len() <= at {
+            self.kept.resize(at + 1, None);
+        }
+        if let Some((input, kept_tag, output)) = &self.kept[at]
+            && input.same(blocks)
+            && kept_tag == tag
+        {
+            *blocks = output.clone();
+            return;
+        }
+        let input = blocks.clone();
+        rewrite(blocks);
+        self.kept[at] = Some((input, tag.to_vec(), blocks.clone()));
+    }
+}
+
+/// [`finalize_tool_results`] of one message's blocks.
+fn finalize_blocks(blocks: &mut [ContentBlock]) {
+    for block in blocks.iter_mut() {
+        let ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra } = block else { continue };
+        let mut map = Map::new();
+        let content_value = content.as_ref().map(|c| serde_json::to_value(c).expect("tool_result content serializes"));
+        if *is_error == Some(true) {
+            map.insert("type".into(), Value::from("tool_result"));
+            if let Some(c) = content_value {
+                map.insert("content".into(), c);
+            }
+            map.insert("is_error".into(), Value::Bool(true));
+            map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
+        } else {
+            map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
+            map.insert("type".into(), Value::from("tool_result"));
+            if let Some(c) = content_value {
+                map.insert("content".into(), c);
+            }
+            if let Some(flag) = is_error {
+                map.insert("is_error".into(), Value::Bool(*flag));
+            }
+        }
+        for (key, value) in extra.iter() {
+            map.insert(key.clone(), value.clone());
+        }
+        if let Some(cc) = cache_control {
+            map.insert("cache_control".into(), serde_json::to_value(cc).expect("cache_control serializes"));
+        }
+        *block = ContentBlock::Other(Value::Object(map));
     }
 }
 

@@ -148,6 +148,10 @@ pub struct Session {
     /// The API messages of the records up to the last assistant record, as the last request
     /// made them; told wherever records change other than by appending.
     message_memo: MessageMemo,
+    /// The rewrites of every request's messages where the memo does not keep them finished (a
+    /// peer mechanism, the 2.1.332 layout): the same blocks at a position rewritten once.
+    mcp_memo: crate::agent::normalize::BlocksMemo,
+    finalize_memo: crate::agent::normalize::BlocksMemo,
 }
 
 #[path = "session_chain.rs"]
@@ -223,6 +227,8 @@ impl Session {
             pool_memo: Default::default(),
             entry_cache: Vec::new(),
             message_memo: MessageMemo::default(),
+            mcp_memo: Default::default(),
+            finalize_memo: Default::default(),
         }
     }
 
@@ -1432,7 +1438,7 @@ impl Session {
         }
 
         if !finish {
-            crate::agent::dialect::mcp_results_as_blocks(&mut messages);
+            crate::agent::dialect::mcp_results_as_blocks_memo(&mut messages, &mut self.mcp_memo);
         }
         // How many messages at the end this request made (a peer mechanism, which may cut the
         // history, runs only when nothing is finished ahead).
@@ -1461,7 +1467,7 @@ impl Session {
             let from = messages.len() - made;
             finalize_tool_results(&mut messages[from..]);
         } else {
-            finalize_tool_results(&mut messages);
+            crate::agent::normalize::finalize_tool_results_memo(&mut messages, &mut self.finalize_memo);
         }
 
         let model_id = self.model_id(world).to_owned();

@@ -306,6 +306,35 @@ fn turns(messages: &[Message]) -> Vec<usize> {
 /// Applies the edits to `request`. `total_tokens` is the prompt's size as sent; `count` gives the
 /// tokens of one content block (the measurer's estimator, memoized). `None` when nothing changed.
 pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) -> Option<Edited> {
+    apply_memo(request, edits, total_tokens, count, &mut ClearMemo::default(), "")
+}
+
+/// What the tool-use clearing did to each message position before: the blocks it was given
+/// (held, so their allocation is not reused), the role and the blocks asked to be cleared, and
+/// what that gave (the blocks, and each cleared block's index, id and tokens freed). The same
+/// request history is cleared the same way on every request: a message cleared before is taken
+/// as it was, shared with the body served before (no copy, compared by pointer).
+#[derive(Debug, Clone, Default)]
+pub struct ClearMemo {
+    /// The estimator key the tokens were counted for (another one forgets the rest).
+    family: String,
+    kept: Vec<Option<ClearedMessage>>,
+}
+
+#[derive(Debug, Clone)]
+struct ClearedMessage {
+    input: crate::api::SharedBlocks,
+    tag: Vec<usize>,
+    output: crate::api::SharedBlocks,
+    cleared: Vec<(usize, String, u64)>,
+}
+
+/// [`apply`] with `memo` kept across the requests of one measurer; `family` names what `count`
+/// counts with (the estimator key of the request's model).
+pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64, memo: &mut ClearMemo, family: &str) -> Option<Edited> {
+    if memo.family != family {
+        *memo = ClearMemo { family: family.to_owned(), kept: Vec::new() };
+    }
     let mut messages: Option<Vec<Message>> = None;
     let mut response = ContextManagementResponse::default();
     let mut cleared: BTreeMap<String, u64> = BTreeMap::new();
@@ -392,29 +421,53 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                 let mut next = current.to_vec();
                 let mut freed_by: BTreeMap<String, u64> = BTreeMap::new();
                 let mut positions = Vec::new();
+                memo.kept.truncate(next.len());
+                memo.kept.resize(next.len(), None);
                 for (m, message) in next.iter_mut().enumerate() {
                     let role = message.role;
                     let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-                    for (c, block) in blocks.iter_mut().enumerate() {
-                        let id = match (result_id(block), tool_use(block)) {
-                            (Some(id), _) if clear.contains_key(id) => id.to_owned(),
-                            (_, Some((id, name))) if clear.contains_key(id) && clear_inputs.covers(name) => id.to_owned(),
-                            _ => continue,
-                        };
-                        let before = count(role, block);
-                        let mut cleared_block = block.clone();
-                        clear_block(&mut cleared_block);
-                        let after = count(role, &cleared_block);
-                        // Ours: content no larger than what replaces it stays (never grows).
-                        if after >= before {
-                            continue;
+                    // The blocks asked to be cleared (the role first, for the memo's key).
+                    let mut tag = vec![role as usize];
+                    for (c, block) in blocks.iter().enumerate() {
+                        match (result_id(block), tool_use(block)) {
+                            (Some(id), _) if clear.contains_key(id) => tag.push(c),
+                            (_, Some((id, name))) if clear.contains_key(id) && clear_inputs.covers(name) => tag.push(c),
+                            _ => {}
                         }
-                        *block = cleared_block;
-                        let edited = before - after;
+                    }
+                    if tag.len() == 1 {
+                        continue;
+                    }
+                    let kept = match memo.kept[m].take() {
+                        Some(kept) if kept.input.same(blocks) && kept.tag == tag => kept,
+                        _ => {
+                            let input = blocks.clone();
+                            let mut cleared = Vec::new();
+                            // Read through the shared blocks; only a block that is cleared copies them.
+                            for &c in &tag[1..] {
+                                let block = &blocks[c];
+                                let Some(id) = result_id(block).or_else(|| tool_use(block).map(|(id, _)| id)).map(str::to_owned) else { continue };
+                                let before = count(role, block);
+                                let mut cleared_block = block.clone();
+                                clear_block(&mut cleared_block);
+                                let after = count(role, &cleared_block);
+                                // Ours: content no larger than what replaces it stays (never grows).
+                                if after >= before {
+                                    continue;
+                                }
+                                blocks[c] = cleared_block;
+                                cleared.push((c, id, before - after));
+                            }
+                            ClearedMessage { input, tag, output: blocks.clone(), cleared }
+                        }
+                    };
+                    *blocks = kept.output.clone();
+                    for (c, id, edited) in &kept.cleared {
                         let key = format!("tool_use:{id}");
                         *freed_by.entry(key.clone()).or_default() += edited;
-                        positions.push((m, c, key));
+                        positions.push((m, *c, key));
                     }
+                    memo.kept[m] = Some(kept);
                 }
                 let freed: u64 = freed_by.values().sum();
                 if freed_by.is_empty() || clear_at_least.is_some_and(|min| freed < min) {

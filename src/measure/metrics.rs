@@ -140,6 +140,12 @@ pub struct MeasurerState {
     lanes: BTreeMap<String, LaneState>,
     next_index: usize,
     flattener: Flattener,
+    /// The bodies as served after context editing changed them: they extend each other as the
+    /// sent ones do, so they keep tracks of their own (with body hashes, as the from-scratch
+    /// flattening gave them).
+    edited: Flattener,
+    /// What context editing's tool-use clearing did to each message before.
+    clear_memo: context_editing::ClearMemo,
     /// The last model looked up and its index in the table (a session names one or two).
     last_model: Option<(String, usize)>,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
@@ -149,7 +155,8 @@ pub struct MeasurerState {
 impl MeasurerState {
     /// Nothing measured yet.
     fn new(flattener: Flattener) -> Self {
-        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, last_model: None, key_spaces: 0 }
+        let edited = Flattener::new().with_billing_key(flattener.billing_key());
+        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), last_model: None, key_spaces: 0 }
     }
 }
 
@@ -262,6 +269,7 @@ impl Measurer {
     pub fn set_billing_key(&mut self, billing: super::blocks::BillingKey) {
         if self.state.flattener.billing_key() != billing {
             self.state.flattener = self.state.flattener.fresh_like().with_billing_key(billing);
+            self.state.edited = Flattener::new().with_billing_key(billing);
         }
     }
 
@@ -416,11 +424,12 @@ impl Measurer {
             let (hash, _) = crate::api::structural::block_hash(role.as_str().as_bytes(), block);
             u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
         };
-        match context_editing::apply(body, &edits, flat.total_tokens, &mut count) {
+        match context_editing::apply_memo(body, &edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family) {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
-                // The edited body is not the next of the track: flattened from scratch.
-                let mut served = super::blocks::flatten_keyed_by(&edited.body, &mut self.counter, &family, self.state.flattener.billing_key());
+                // The edited body is not the next of the sent ones' track: flattened on the
+                // edited bodies' own tracks (the same records as from scratch).
+                let mut served = self.state.edited.flatten(&edited.body, &mut self.counter, &family);
                 if drops_thinking {
                     super::blocks::drop_prior_thinking(&edited.body, &mut served);
                 }

@@ -662,7 +662,10 @@ impl RecordedClient {
         })?;
         let mut side = Request { messages: request.messages[..cut].to_vec(), ..request.clone() };
         for message in &mut side.messages {
-            if let MessageContent::Blocks(blocks) = &mut message.content {
+            // Only a message with a marker is changed (a change copies its shared blocks).
+            if let MessageContent::Blocks(blocks) = &mut message.content
+                && blocks.iter().any(|b| b.cache_control().is_some())
+            {
                 blocks.iter_mut().for_each(|b| {
                     b.set_cache_control(None);
                 });

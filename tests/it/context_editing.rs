@@ -299,3 +299,39 @@ proptest::proptest! {
         }
     }
 }
+
+/// Bodies that share their history (each the one before with a call more, as the agent builds
+/// them) are served and measured exactly as the same bodies read anew, sharing nothing: what the
+/// measurer keeps to clear each request's history once and flatten the served bodies on their
+/// own tracks only saves work.
+#[test]
+fn shared_history_is_served_and_measured_as_fresh_bodies_are() {
+    let edits = clear_tool_uses(json!({"trigger": {"type": "input_tokens", "value": 6500}, "keep": {"type": "tool_uses", "value": 2}}));
+    let calls = [("Read", 1000); 9];
+    let fresh: Vec<Request> = (2..=9).map(|n| body(&calls[..n], edits.clone())).collect();
+    // The shared bodies: each is the previous one's messages (the same blocks) with the new call.
+    let mut shared: Vec<Request> = vec![fresh[0].clone()];
+    for next in &fresh[1..] {
+        let mut request = shared.last().unwrap().clone();
+        let n = request.messages.len();
+        // The marker moves from the old last block to the new one, as in `body`.
+        request.messages[n - 1] = next.messages[n - 1].clone();
+        request.messages.extend(next.messages[n..].iter().cloned());
+        assert_eq!(serde_json::to_value(&request).unwrap(), serde_json::to_value(next).unwrap());
+        shared.push(request);
+    }
+    let (shared_rows, fresh_rows) = (run(&shared), run(&fresh));
+    assert!(fresh_rows.iter().filter(|r| !applied(r).is_empty()).count() >= 4, "the edits fire on most requests");
+    for (i, (a, b)) in shared_rows.iter().zip(&fresh_rows).enumerate() {
+        assert_eq!(serde_json::to_value(a).unwrap(), serde_json::to_value(b).unwrap(), "request {i}");
+    }
+    // Each served body is what flattening it from scratch gives.
+    let mut m = measurer();
+    for request in &shared {
+        let served = m.serve(request).unwrap();
+        if let Some(edited) = &served.edited {
+            let scratch = measurer().flatten(&edited.body).unwrap();
+            assert!(served.flat == scratch, "the served body as flattened from scratch");
+        }
+    }
+}

@@ -112,12 +112,36 @@ fn message_tokens(message: &Message) -> u64 {
 fn block_tokens(block: &ContentBlock) -> u64 {
     match block {
         ContentBlock::Text { text, .. } => chars4(text.len()),
-        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(input.to_string().len()),
+        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(json_len(input)),
         ContentBlock::ToolResult { content, .. } => chars4(content.as_ref().map_or(0, ToolResultContent::text_len)),
         ContentBlock::Thinking { thinking, .. } => chars4(thinking.len()),
         ContentBlock::RedactedThinking { data, .. } => chars4(data.len()),
         _ => 0,
     }
+}
+
+/// The length of `value`'s compact JSON text (`value.to_string().len()`), counted without
+/// producing the text.
+fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// The tokens a tool result of `tokens` estimated tokens stands for once it is the placeholder
+/// (the estimate is a sum over blocks, so a clearing changes it by this much).
+fn cleared_change(tokens: u64) -> i64 {
+    chars4(CLEARED_PLACEHOLDER.len()) as i64 - tokens as i64
 }
 
 fn chars4(len: usize) -> u64 {
@@ -142,24 +166,52 @@ fn tool_results(messages: &[Message]) -> Vec<(usize, usize, u64)> {
     out
 }
 
-fn clear_result(messages: &mut [Message], m: usize, b: usize) {
-    if let MessageContent::Blocks(blocks) = &mut messages[m].content
-        && let ContentBlock::ToolResult { content, .. } = &mut blocks[b]
-    {
+fn clear_result(blocks: &mut [ContentBlock], b: usize) {
+    if let ContentBlock::ToolResult { content, .. } = &mut blocks[b] {
         *content = Some(ToolResultContent::Text(CLEARED_PLACEHOLDER.to_owned()));
     }
+}
+
+/// The tool results at `victims` (`(message, block, tokens)`) cleared, each message's through
+/// `memo` when there is one (the same results of the same blocks cleared once, and shared with
+/// the request before). Returns the change in [`estimate_tokens`].
+fn clear_results(messages: &mut [Message], victims: &[(usize, usize, u64)], mut memo: Option<&mut crate::agent::normalize::BlocksMemo>) -> i64 {
+    let mut by_message: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+    let mut change = 0i64;
+    for &(m, b, tokens) in victims {
+        by_message.entry(m).or_default().push(b);
+        change += cleared_change(tokens);
+    }
+    for (m, mut at) in by_message {
+        at.sort_unstable();
+        let MessageContent::Blocks(blocks) = &mut messages[m].content else { continue };
+        let clear = |blocks: &mut Vec<ContentBlock>| at.iter().for_each(|&b| clear_result(blocks, b));
+        match memo.as_deref_mut() {
+            Some(memo) => memo.apply(m, blocks, &at, clear),
+            None => clear(blocks),
+        }
+    }
+    change
 }
 
 /// SWE-agent `last_n_observations`: every tool result but the last `keep_recent` becomes the
 /// placeholder.
 pub fn observation_masking(messages: &mut [Message], keep_recent: usize) -> PeerOutcome {
-    let before = estimate_tokens(messages);
+    masking(messages, keep_recent, None)
+}
+
+/// [`observation_masking`], its clearings through `memo` when there is one.
+fn masking(messages: &mut [Message], keep_recent: usize, memo: Option<&mut PeerMemo>) -> PeerOutcome {
+    let (before, clear_memo) = match memo {
+        Some(memo) => (memo.estimate(messages), Some(&mut memo.cleared)),
+        None => (estimate_tokens(messages), None),
+    };
     let results = tool_results(messages);
     let cut = results.len().saturating_sub(keep_recent);
-    for &(m, b, _) in &results[..cut] {
-        clear_result(messages, m, b);
-    }
-    let after = estimate_tokens(messages);
+    let change = clear_results(messages, &results[..cut], clear_memo);
+    // The estimate is a sum over blocks: only the cleared ones changed.
+    let after = before.saturating_add_signed(change);
+    debug_assert_eq!(after, estimate_tokens(messages));
     PeerOutcome {
         stage: "observation_masking",
         fired: cut > 0,
@@ -173,7 +225,15 @@ pub fn observation_masking(messages: &mut [Message], keep_recent: usize) -> Peer
 /// `protect` tokens of tool output, and clear older outputs — only when at least `minimum`
 /// tokens would be freed.
 pub fn opencode_prune(messages: &mut [Message], protect: u64, minimum: u64) -> PeerOutcome {
-    let before = estimate_tokens(messages);
+    prune(messages, protect, minimum, None)
+}
+
+/// [`opencode_prune`], its clearings through `memo` when there is one.
+fn prune(messages: &mut [Message], protect: u64, minimum: u64, memo: Option<&mut PeerMemo>) -> PeerOutcome {
+    let (before, clear_memo) = match memo {
+        Some(memo) => (memo.estimate(messages), Some(&mut memo.cleared)),
+        None => (estimate_tokens(messages), None),
+    };
     // The last two user turns: user messages carrying text (not only tool results).
     let mut user_turns = 0;
     let mut boundary = messages.len();
@@ -200,21 +260,20 @@ pub fn opencode_prune(messages: &mut [Message], protect: u64, minimum: u64) -> P
             protected += tokens;
             continue;
         }
-        victims.push((m, b));
+        victims.push((m, b, tokens));
         freed += tokens;
     }
     let fire = freed >= minimum && !victims.is_empty();
-    if fire {
-        for (m, b) in victims.iter().copied() {
-            clear_result(messages, m, b);
-        }
-    }
+    let change = if fire { clear_results(messages, &victims, clear_memo) } else { 0 };
+    // The estimate is a sum over blocks: only the cleared ones changed.
+    let after = before.saturating_add_signed(change);
+    debug_assert_eq!(after, estimate_tokens(messages));
     PeerOutcome {
         stage: "opencode_prune",
         fired: fire,
         reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"),
         tokens_before: before,
-        tokens_after: estimate_tokens(messages),
+        tokens_after: after,
     }
 }
 
@@ -347,6 +406,41 @@ pub struct PeerState {
     compacted: Option<(usize, Vec<Message>)>,
     /// Messages of the original history seen last (to notice a history that shrank).
     last_len: usize,
+    /// What the masking and pruning did to the same messages before ([`PeerMemo`]).
+    memo: PeerMemo,
+}
+
+/// What a peer's rewrites gave for each message of the history, keyed by the message's blocks
+/// ([`crate::agent::normalize::BlocksMemo`]): the results cleared in it, and its estimated tokens.
+/// Only saves work; every figure is what the pure functions give.
+#[derive(Debug, Clone, Default)]
+struct PeerMemo {
+    cleared: crate::agent::normalize::BlocksMemo,
+    tokens: Vec<Option<(crate::api::SharedBlocks, u64)>>,
+}
+
+impl PeerMemo {
+    /// [`estimate_tokens`] of `messages`, each message's blocks estimated once.
+    fn estimate(&mut self, messages: &[Message]) -> u64 {
+        self.tokens.truncate(messages.len());
+        self.tokens.resize(messages.len(), None);
+        let mut total = 0;
+        for (message, kept) in messages.iter().zip(&mut self.tokens) {
+            total += match &message.content {
+                MessageContent::Text(t) => chars4(t.len()),
+                MessageContent::Blocks(blocks) => match kept {
+                    Some((previous, tokens)) if previous.same(blocks) => *tokens,
+                    _ => {
+                        let tokens = blocks.iter().map(block_tokens).sum();
+                        *kept = Some((blocks.clone(), tokens));
+                        tokens
+                    }
+                },
+            };
+        }
+        debug_assert_eq!(total, estimate_tokens(messages));
+        total
+    }
 }
 
 impl PeerState {
@@ -375,10 +469,10 @@ impl PeerState {
         let tokens = || base_tokens;
         match config.strategy {
             PeerStrategy::None => {}
-            PeerStrategy::ObservationMasking => out.push(observation_masking(messages, config.keep_recent)),
+            PeerStrategy::ObservationMasking => out.push(masking(messages, config.keep_recent, Some(&mut self.memo))),
             PeerStrategy::Codex => {
                 let threshold = window * config.trigger_pct / 100;
-                let before = estimate_tokens(messages) + tokens();
+                let before = self.memo.estimate(messages) + tokens();
                 if before >= threshold {
                     let rebuilt = codex_rebuild(messages, config.user_message_max_tokens, config.summary_tokens);
                     self.compacted = Some((original_len, rebuilt.clone()));
@@ -387,9 +481,11 @@ impl PeerState {
                 }
             }
             PeerStrategy::Opencode => {
-                out.push(opencode_prune(messages, config.protect_tokens, config.minimum_tokens));
+                let pruned = prune(messages, config.protect_tokens, config.minimum_tokens, Some(&mut self.memo));
+                // The prune's estimate after it is the messages' estimate now.
+                let before = pruned.tokens_after + tokens();
+                out.push(pruned);
                 let threshold = window.saturating_sub(config.buffer_tokens);
-                let before = estimate_tokens(messages) + tokens();
                 if before >= threshold {
                     let rebuilt = opencode_summary(messages, config.tail_tokens, config.summary_tokens);
                     // The tail of the replacement is original history: keep only the head.
@@ -399,7 +495,7 @@ impl PeerState {
                 }
             }
             PeerStrategy::ServerCompaction => {
-                let before = estimate_tokens(messages) + tokens();
+                let before = self.memo.estimate(messages) + tokens();
                 if before >= config.server_trigger_tokens {
                     let rebuilt = opencode_summary(messages, 0, config.summary_tokens);
                     self.compacted = Some((original_len, rebuilt.clone()));
@@ -409,7 +505,7 @@ impl PeerState {
             }
             PeerStrategy::Cline => {
                 let threshold = window.saturating_sub(config.buffer_tokens).max(window * 8 / 10);
-                let before = estimate_tokens(messages) + tokens();
+                let before = self.memo.estimate(messages) + tokens();
                 if before >= threshold {
                     let dropped = cline_truncate(messages);
                     if dropped > 0 {
@@ -532,6 +628,43 @@ mod tests {
         assert_eq!(dropped, 8);
         assert_eq!(m.len(), n - 8);
         assert!(uses_have_results(&m));
+    }
+
+    /// Masking and pruning through the state's memo give what the pure functions give, and a
+    /// message cleared the same way as in the request before is that request's blocks, shared.
+    #[test]
+    fn memoized_clearing_equals_the_pure_functions_and_shares_blocks() {
+        for config in [
+            PeerConfig { strategy: PeerStrategy::ObservationMasking, keep_recent: 2, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 1_000, minimum_tokens: 100, ..PeerConfig::default() },
+        ] {
+            let mut state = PeerState::default();
+            let mut history = conversation(1, 2_000);
+            let mut previous: Option<Vec<Message>> = None;
+            for turn in 0..6 {
+                history.push(user(&format!("prompt {turn}")));
+                history.extend(call(&format!("n{turn}"), 2_000));
+                let mut memoized = history.clone();
+                let outcomes = state.apply(&config, &mut memoized, 1_000_000, 0);
+                let mut pure = history.clone();
+                let expected = match config.strategy {
+                    PeerStrategy::ObservationMasking => observation_masking(&mut pure, config.keep_recent),
+                    _ => opencode_prune(&mut pure, config.protect_tokens, config.minimum_tokens),
+                };
+                assert_eq!(memoized, pure, "{:?} turn {turn}", config.strategy);
+                assert_eq!((outcomes[0].tokens_before, outcomes[0].tokens_after), (expected.tokens_before, expected.tokens_after));
+                assert_eq!(expected.tokens_after, estimate_tokens(&pure));
+                if let Some(previous) = &previous {
+                    let shared = memoized.iter().zip(previous).filter(|(now, before)| {
+                        matches!((&now.content, &before.content), (MessageContent::Blocks(a), MessageContent::Blocks(b)) if a.same(b))
+                    });
+                    let cleared_before = previous.iter().filter(|m| serde_json::to_string(m).unwrap().contains(CLEARED_PLACEHOLDER)).count();
+                    assert!(shared.count() >= cleared_before, "{:?} turn {turn}: the messages cleared before are shared", config.strategy);
+                }
+                previous = Some(memoized);
+            }
+            assert!(previous.unwrap().iter().any(|m| serde_json::to_string(m).unwrap().contains(CLEARED_PLACEHOLDER)));
+        }
     }
 
     #[test]
