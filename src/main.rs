@@ -23,8 +23,9 @@ fn main() {
 /// No transparent huge pages for this process (`prctl(PR_SET_THP_DISABLE)`, what mimalloc's
 /// `MIMALLOC_ALLOW_THP=0` does at its start): mimalloc asks for huge pages on its arenas, and
 /// the kernel then zeroes 2 MiB at the first touch of any part of one, again after mimalloc
-/// gives freed memory back; on `ctxsim audit` that zeroing was ~10% of the CPU samples, and
-/// the run takes ~7% less CPU without it (benches/README.md, "audit"). Only the speed changes.
+/// gives freed memory back; on `ctxsim audit` that zeroing was ~10% of the CPU samples, 1–9%
+/// without it; the effect on CPU and wall time was within the noise of a loaded machine and is
+/// not settled (benches/README.md, "audit"). Only the speed changes.
 /// `MIMALLOC_ALLOW_THP` in the environment is left to mimalloc. Inherited by child processes.
 #[cfg(target_os = "linux")]
 fn small_pages_only() {

@@ -327,9 +327,15 @@ fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: 
 }
 
 /// Drives the agent through `session` under `strategy` ([module docs](self)).
+/// The measurer is given back with the lookback rule and the thinking setting it came with (the
+/// runs set the session's own: a caller may go on with a replay or a scenario on it).
 pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, measurer: &mut Measurer, strategy: &Strategy) -> Result<AgentOutcome, String> {
+    let (prior, lookback) = (measurer.prior_thinking_dropped(), measurer.lookback_rule());
     let effective = effective_strategy(strategy, prepared);
-    settle(session, prepared, &effective, &mut |plan| run_once(prepared, file, measurer, &effective, plan))
+    let outcome = settle(session, prepared, &effective, &mut |plan| run_once(prepared, file, measurer, &effective, plan));
+    measurer.set_prior_thinking_dropped(prior);
+    measurer.set_lookback_rule(lookback);
+    outcome
 }
 
 /// The plan search of one strategy: runs (by `run`) until the plan holds.

@@ -257,7 +257,9 @@ fn hit_agrees(rec_read: f64, rec_creation: f64, rec_context: f64, sim_read: f64,
         return false;
     }
     let same_side = mostly_rewritten(rec_creation, rec_context) == mostly_rewritten(sim_creation, sim_context);
-    same_side || (sim_read - rec_read).abs() <= READ_AGREES_WITHIN * rec_read
+    // Two calls that read nothing read the same prefix only in the trivial sense: the 50% line
+    // still decides them.
+    same_side || (rec_hit && (sim_read - rec_read).abs() <= READ_AGREES_WITHIN * rec_read)
 }
 
 fn relative(simulated: f64, recorded: f64) -> f64 {
@@ -748,5 +750,23 @@ pub fn fit_parameters(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts:
         user_context_by_version: BTreeMap::new(),
         thinking_fill: BTreeMap::new(),
         fitted_on: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hit_agrees;
+
+    #[test]
+    fn the_read_rule_needs_a_read_and_the_50_percent_line_decides_the_rest() {
+        // Both read the same prefix, their writes on either side of half: agree.
+        assert!(hit_agrees(22_033.0, 21_700.0, 44_000.0, 22_037.0, 22_300.0, 44_600.0));
+        // Both read, the reads apart and the writes across the line: disagree.
+        assert!(!hit_agrees(22_033.0, 21_700.0, 44_000.0, 15_000.0, 30_000.0, 45_000.0));
+        // Neither read: the line decides (the whole prompt written against nothing written).
+        assert!(!hit_agrees(0.0, 40_000.0, 40_000.0, 0.0, 0.0, 40_000.0));
+        assert!(hit_agrees(0.0, 40_000.0, 40_000.0, 0.0, 39_000.0, 40_000.0));
+        // One read and the other did not: disagree.
+        assert!(!hit_agrees(10_000.0, 0.0, 10_000.0, 0.0, 10_000.0, 10_000.0));
     }
 }

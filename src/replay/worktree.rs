@@ -50,7 +50,9 @@ fn inside(path: &str, project: Option<&str>) -> bool {
     let p = normalize(path);
     let absolute = p.starts_with('/') || p.starts_with('~') || p.starts_with('$');
     if !absolute {
-        return true;
+        // Relative to the project's root (the session's directory): a path that climbs out of
+        // it (`git -C ../other commit`, `cp x ../y`) is outside.
+        return !(p == ".." || p.starts_with("../"));
     }
     project.is_none_or(|dir| p == dir || p.starts_with(&format!("{dir}/")))
 }
@@ -490,6 +492,10 @@ mod tests {
         assert!(!writes("git --work-tree=/tmp/w checkout main -- ."));
         assert!(!writes("git -C /d/oh-my-posh log --oneline -3"));
         assert!(!writes("cd /c/Users/j/dotfiles && git commit -am wip"));
+        // Relative paths that climb out of the project are outside it.
+        assert!(!writes("git -C ../dotfiles commit -am wip"));
+        assert!(!writes("cp README.md ../backup/"));
+        assert!(!writes("cd .. && git commit -am wip"));
     }
 
     #[test]

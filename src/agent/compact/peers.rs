@@ -203,7 +203,11 @@ pub fn observation_masking(messages: &mut [Message], keep_recent: usize) -> Peer
 /// [`observation_masking`], its clearings through `memo` when there is one.
 fn masking(messages: &mut [Message], keep_recent: usize, memo: Option<&mut PeerMemo>) -> PeerOutcome {
     let (before, clear_memo) = match memo {
-        Some(memo) => (memo.estimate(messages), Some(&mut memo.cleared)),
+        Some(memo) => {
+            // A rebuilt, shorter history leaves no entries past its end alive.
+            memo.cleared.truncate(messages.len());
+            (memo.estimate(messages), Some(&mut memo.cleared))
+        }
         None => (estimate_tokens(messages), None),
     };
     let results = tool_results(messages);
@@ -231,7 +235,11 @@ pub fn opencode_prune(messages: &mut [Message], protect: u64, minimum: u64) -> P
 /// [`opencode_prune`], its clearings through `memo` when there is one.
 fn prune(messages: &mut [Message], protect: u64, minimum: u64, memo: Option<&mut PeerMemo>) -> PeerOutcome {
     let (before, clear_memo) = match memo {
-        Some(memo) => (memo.estimate(messages), Some(&mut memo.cleared)),
+        Some(memo) => {
+            // A rebuilt, shorter history leaves no entries past its end alive.
+            memo.cleared.truncate(messages.len());
+            (memo.estimate(messages), Some(&mut memo.cleared))
+        }
         None => (estimate_tokens(messages), None),
     };
     // The last two user turns: user messages carrying text (not only tool results).
