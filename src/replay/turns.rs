@@ -287,21 +287,6 @@ fn text_hash(text: &str) -> u64 {
     hasher.finish()
 }
 
-/// The text of a prompt's content (a string, or its text blocks joined).
-fn content_text(content: &MessageContent) -> String {
-    match content {
-        MessageContent::Text(text) => text.clone(),
-        MessageContent::Blocks(blocks) => blocks
-            .iter()
-            .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-    }
-}
-
 impl Default for TurnScan {
     fn default() -> Self {
         TurnScan {
@@ -357,7 +342,7 @@ impl TurnScan {
                     self.permission_mode.clone_from(&prompt.permission_mode);
                 }
                 if !prompt.is_meta && !prompt.is_compact_summary {
-                    self.queue.push(QueueStep::Prompt(text_hash(&content_text(&prompt.content))));
+                    self.queue.push(QueueStep::Prompt(text_hash(&prompt.content.joined_text())));
                 }
                 if self.last_record_ms.is_some() {
                     self.turn_end_ms = self.last_record_ms;
