@@ -8,6 +8,8 @@ bin="${CARGO_TARGET_DIR:-target}/release/ctxsim"
 realdata=../shared/realdata
 
 "$bin" run scenarios --out reports/scenarios --quiet
+# The shipped recording through the agent as recorded (`replay`'s default engine; the summary says
+# `"engine": "agent"`; `--engine replay` would rebuild its recorded messages instead).
 "$bin" replay recordings/*.jsonl --trace reports/real-session/trace.jsonl --format json > reports/real-session/summary.json
 "$bin" report reports/real-session/trace.jsonl --out reports/real-session --quiet
 
@@ -33,6 +35,7 @@ if [ -d "$realdata" ]; then
     --trace reports/claude-trace/trace.jsonl --format json > reports/claude-trace/summary.json
   # The audit of every shipped real session: table, CSV and the HTML report.
   "$bin" audit "$realdata/transcripts" --out reports/audit --no-progress > reports/audit/audit.txt
+  # Fidelity through the agent (the default engine; each session object says `"engine": "agent"`).
   "$bin" fidelity "$realdata"/transcripts/entireio-cli/*.full.jsonl "$realdata"/transcripts/spotter/*.jsonl \
     --format json --plot reports/fidelity > reports/fidelity.json
 fi

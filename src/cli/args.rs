@@ -26,9 +26,11 @@ pub enum Command {
     Causes,
     /// Convert a real transcript or a captured request log into a ctxsim recording (or request log).
     Import(ImportArgs),
-    /// Replay recordings or Claude Code transcripts (detected) through the pipeline.
+    /// Run recordings or Claude Code transcripts (detected) under a strategy: through the agent
+    /// (the default) or the record-based replay (`--engine replay`).
     Replay(ReplayArgs),
-    /// Replay real sessions and compare the simulated usage with what the API reported.
+    /// Drive the agent by real sessions (or replay them: `--engine replay`) and compare the
+    /// simulated usage with what the API reported.
     Fidelity(FidelityArgs),
     /// CI gate: run a suite, enforce its `expect:` budgets and a baseline.
     Check(super::check::CheckArgs),
@@ -96,14 +98,22 @@ pub struct ImportArgs {
 pub struct ReplayArgs {
     #[command(flatten)]
     pub sessions: super::sessions::SessionInputs,
-    /// Strategy: `as-recorded` (the client's own behaviour), a preset or a file. A replay honours
-    /// the main lane's TTL, recorded microcompacts, peer mechanisms, context editing and every
-    /// autocompact setting (compactions move where the setting puts them).
+    /// Strategy: `as-recorded` (the client's own behaviour: `claude-code` under the recorded
+    /// version's output reserve, TTL and settings), a preset or a file. Through the agent every
+    /// knob applies; `--engine replay` honours the main lane's TTL, recorded microcompacts, peer
+    /// mechanisms, context editing and every autocompact setting (compactions move where the
+    /// setting puts them).
     #[arg(long, default_value = "as-recorded")]
     pub strategy: String,
     /// `key=value` knob overrides (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
+    /// What runs each session: `agent` (the default: the agent itself, driven by the session
+    /// under the strategy, as `compare` runs it; every knob applies) or `replay` (the recorded
+    /// messages rebuilt per call, honouring only what a recording cannot contradict). The summary
+    /// names it (`engine`: table line, JSON field, CSV column).
+    #[arg(long, value_enum, default_value = "agent")]
+    pub engine: Engine,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }
@@ -126,7 +136,8 @@ pub struct FidelityArgs {
     /// Calibration parameters for the calibrated estimator (JSON).
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
-    /// Fit the calibrated estimator on the given transcripts and write it here.
+    /// Fit the calibrated estimator on the given transcripts and write it here (the fit reads the
+    /// recorded messages, whichever the engine).
     #[arg(long, value_name = "OUT.json")]
     pub fit: Option<PathBuf>,
     /// Also list the recorded cache breaks with the cause the replay attributes.
@@ -139,13 +150,16 @@ pub struct FidelityArgs {
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
     /// Do not render the prompts 2.0.76–2.1.39 re-render at the next turn (the N-pattern).
+    /// An ablation of the record-based engine: needs `--engine replay`.
     #[arg(long, alias = "no-rerender-rate")]
     pub no_rerender: bool,
     /// Do not seed the side entry a finished turn leaves (the conversation through its reply).
+    /// An ablation of the record-based engine: needs `--engine replay`.
     #[arg(long)]
     pub no_side_entry: bool,
     /// Reconstruct every request, also where a 2.1.2xx/3xx transcript recorded the request it
-    /// sent (`api-request` records, measured by default).
+    /// sent (`api-request` records, measured by default). Needs `--engine replay`: the agent
+    /// always builds its own requests.
     #[arg(long)]
     pub no_recorded_requests: bool,
     /// Also give a range for Σcache_creation and cost from the observed hit rates of the rules
@@ -156,10 +170,11 @@ pub struct FidelityArgs {
     /// or its whole project (the transcript's directory), at a time.
     #[arg(long, value_enum, value_name = "session|project")]
     pub cross_validate: Option<CrossValidate>,
-    /// What rebuilds each recorded request: `replay` (the recorded messages with the version's
-    /// size profile) or `agent` (the agent itself, driven by the session as a workload: its own
-    /// system prompt, tools, attachments and compactions; `ctxsim import --to scenario`).
-    #[arg(long, value_enum, default_value = "replay")]
+    /// What rebuilds each recorded request: `agent` (the default: the agent itself, driven by the
+    /// session as a workload: its own system prompt, tools, attachments and compactions; `ctxsim
+    /// import --to scenario`) or `replay` (the recorded messages with the version's size
+    /// profile). Every output names it (`engine` in the JSON, a line under the table).
+    #[arg(long, value_enum, default_value = "agent")]
     pub engine: Engine,
     /// The strategy the agent runs under with `--engine agent` (preset name or file).
     #[arg(long, default_value = "claude-code")]
@@ -170,10 +185,10 @@ pub struct FidelityArgs {
 pub enum Engine {
     /// The record-based measurement: the recorded messages rebuilt per call with the version's
     /// size profile; a strategy reaches them only where a recording cannot contradict it (the
-    /// default of `fidelity` and `audit`).
+    /// default of `audit`).
     Replay,
-    /// The agent, driven by the recorded session: every knob applies (the default of `compare`,
-    /// `sweep` and `check`).
+    /// The agent, driven by the recorded session: every knob applies (the default of `replay`,
+    /// `fidelity`, `compare`, `sweep` and `check`).
     Agent,
 }
 

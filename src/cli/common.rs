@@ -61,6 +61,21 @@ pub fn estimator_line<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     format!("estimator: {}{note}", names.join(", "))
 }
 
+/// The line under a table that says which engine ran its recorded sessions (none when no
+/// summary names one: `run`, `analyze`).
+pub fn engine_line<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut names: Vec<&str> = names.into_iter().collect();
+    names.sort_unstable();
+    names.dedup();
+    let sentence = match names[..] {
+        [] => return None,
+        ["agent"] => "agent (the agent itself, driven by each session, the default; `--engine replay`: the record-based replay)",
+        ["replay"] => "replay (the record-based measurement: the recorded messages rebuilt per call; `--engine agent`, the default: the agent itself)",
+        _ => return Some(format!("engine: {}", names.join(", "))),
+    };
+    Some(format!("engine: {sentence}"))
+}
+
 /// Prints the summaries and writes the trace, as the options say.
 pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) -> anyhow::Result<()> {
     if let Some(path) = &opts.trace {
@@ -78,6 +93,9 @@ pub fn emit(opts: &MeasureOpts, summaries: &[Summary], rows: &[RequestMetrics]) 
         Format::Table => {
             outln!("{}", summary_table(summaries));
             outln!("{}", estimator_line(summaries.iter().map(|s| s.estimator.as_str())));
+            if let Some(line) = engine_line(summaries.iter().filter_map(|s| s.engine.as_deref())) {
+                outln!("{line}");
+            }
         }
         Format::Json => {
             let text = if summaries.len() == 1 {

@@ -9,9 +9,20 @@ use crate::replay::{
 use crate::replay::workload::agent_replay;
 use crate::report::output::write_atomic;
 
-use super::args::{FidelityArgs, FidelityFormat};
+use super::args::{Engine, FidelityArgs, FidelityFormat};
 
 pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    if args.engine == Engine::Agent {
+        // The record-based engine's ablations: the agent applies the recorded client's turn
+        // rules as a whole and always builds its own requests.
+        for (flag, given) in [("--no-rerender", args.no_rerender), ("--no-side-entry", args.no_side_entry), ("--no-recorded-requests", args.no_recorded_requests)] {
+            if given {
+                anyhow::bail!(
+                    "{flag} is an ablation of the record-based engine: add `--engine replay` (the agent, the default engine, applies the recorded client's turn rules as a whole and builds its own requests)"
+                );
+            }
+        }
+    }
     // A fit tokenizes with bpe whatever the estimator.
     super::common::warm_tokenizer(if args.fit.is_some() || args.cross_validate.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
@@ -125,15 +136,28 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     }
     match args.format {
         FidelityFormat::Json => {
-            let text = if reports.len() == 1 { serde_json::to_string_pretty(&reports[0])? } else { serde_json::to_string_pretty(&reports)? };
+            // `--breaks` puts each session's breaks in its object (`breaks`).
+            let mut values = Vec::new();
+            for (i, report) in reports.iter().enumerate() {
+                let mut value = serde_json::to_value(report)?;
+                if let Some((_, rows)) = breaks.get(i) {
+                    value["breaks"] = serde_json::to_value(rows)?;
+                }
+                values.push(value);
+            }
+            let text = if values.len() == 1 { serde_json::to_string_pretty(&values[0])? } else { serde_json::to_string_pretty(&values)? };
             outln!("{text}");
+            return Ok(0);
         }
         FidelityFormat::Table => {
             out!("{}", fidelity_table(&reports));
+            if let Some(line) = super::common::engine_line([args.engine.name()]) {
+                outln!("{line}");
+            }
             let triggers: Vec<(String, crate::replay::TriggerReport)> =
                 reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
             out!("\n{}", triggers_table_of(args.engine)(&triggers));
-            if matches!(args.engine, super::args::Engine::Agent) {
+            if matches!(args.engine, Engine::Agent) {
                 out!("\n{}", crate::replay::fidelity::agent_lanes_table(&reports));
             }
             out!("\n{}", modelled_table(&reports));
@@ -166,8 +190,8 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
 /// The compaction-trigger table of `engine`'s replays.
 fn triggers_table_of(engine: super::args::Engine) -> fn(&[(String, crate::replay::TriggerReport)]) -> String {
     match engine {
-        super::args::Engine::Agent => agent_triggers_table,
-        super::args::Engine::Replay => triggers_table,
+        Engine::Agent => agent_triggers_table,
+        Engine::Replay => triggers_table,
     }
 }
 
@@ -184,8 +208,8 @@ fn score_session(
     with_calls: bool,
 ) -> anyhow::Result<(crate::replay::SessionReplay, crate::replay::FidelityReport)> {
     let (replay, driven) = match args.engine {
-        super::args::Engine::Replay => (replay_session(session, measurer, options), None),
-        super::args::Engine::Agent => {
+        Engine::Replay => (replay_session(session, measurer, options), None),
+        Engine::Agent => {
             let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
             let input = session.recording.header.input.clone().unwrap_or_default();
             let driven = agent_replay(session, &input, measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
@@ -193,6 +217,13 @@ fn score_session(
         }
     };
     let mut report = fidelity_for_session(&replay, table, with_calls);
+    report.engine = Some(args.engine.name().to_owned());
+    // The agent builds every request itself: a transcript's recorded requests are not measured.
+    if driven.is_some()
+        && let Some(recorded) = &mut report.recorded_requests
+    {
+        recorded.reconstructed = vec!["every call: the agent builds its own requests (`--engine replay` measures the recorded ones)".to_owned()];
+    }
     // Through the agent, the compactions are the agent's own, not the threshold rule's.
     report.compaction_triggers = Some(match &driven {
         Some(driven) => agent_triggers(session, &replay, &driven.compactions, driven.report.recorded_usage > 0, table, &Default::default()),

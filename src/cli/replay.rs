@@ -1,53 +1,100 @@
-use crate::measure::Summary;
+use crate::measure::{Measurer, RequestMetrics, Summary};
+use crate::recording::ImportedSession;
 use crate::replay::{ReplayOptions, load_session, replay_session};
+use crate::strategy::Strategy;
 
-use super::args::ReplayArgs;
+use super::args::{Engine, ReplayArgs};
 use super::common::{emit, measurer};
 
 pub fn run(args: ReplayArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
-    let (name, options) = if args.strategy == "as-recorded" && args.sets.is_empty() {
-        ("as-recorded".to_owned(), ReplayOptions::default())
-    } else {
-        let base = if args.strategy == "as-recorded" { "claude-code" } else { args.strategy.as_str() };
-        let strategy = crate::strategy::Strategy::resolve_with(base, &args.sets)?;
-        (strategy.name.clone(), ReplayOptions::from_strategy(&strategy))
-    };
+    // `as-recorded` is the client's own behaviour: the replay's options as recorded; through the
+    // agent, `claude-code` under the session's recorded settings (what every strategy gets).
+    let as_recorded = args.strategy == "as-recorded" && args.sets.is_empty();
+    let base = if args.strategy == "as-recorded" { "claude-code" } else { args.strategy.as_str() };
+    let strategy = Strategy::resolve_with(base, &args.sets)?;
+    let name = if as_recorded { "as-recorded".to_owned() } else { strategy.name.clone() };
+    let options = if as_recorded { ReplayOptions::default() } else { ReplayOptions::from_strategy(&strategy) };
     let inputs = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain([std::path::PathBuf::from(&args.strategy)]));
     super::common::guard_trace(&args.measure, &inputs)?;
     let mut summaries = Vec::new();
     let mut all_rows = Vec::new();
     for file in args.sessions.files()? {
         let path = &file.path;
+        let input = path.display().to_string();
         let session = load_session(path)?;
         let warnings = diag.report(&session.report.warnings);
         let mut measurer = measurer(&args.measure)?;
-        let replay = replay_session(&session, &mut measurer, &options);
-        let rows = replay.rows();
-        let mut summary = Summary::from_rows(&path.display().to_string(), &name, measurer.counter().kind().name(), &rows, 0);
-        summary.info_loss = replay.info_loss.clone();
+        let (rows, mut summary) = match args.engine {
+            Engine::Replay => replayed(&session, &input, &name, &mut measurer, &options, args.measure.quiet),
+            Engine::Agent => driven(&session, &input, &name, &mut measurer, &strategy, args.measure.quiet)?,
+        };
+        summary.engine = Some(args.engine.name().to_owned());
         summary.warnings = warnings;
-        if let Some(whatif) = &replay.compaction_whatif
-            && !args.measure.quiet
-        {
-            let moved: Vec<String> = whatif.changes.iter().map(|c| format!("{} before main call {} at {}", c.change, c.call, c.pre_tokens)).collect();
-            eprintln!(
-                "{}: autocompact threshold {}: {} ({} replays{})",
-                path.display(),
-                whatif.threshold,
-                if moved.is_empty() { "compactions where recorded".to_owned() } else { moved.join(", ") },
-                whatif.iterations,
-                if whatif.converged { "" } else { ", not settled: the last plan is used" }
-            );
-        }
-        if let Some((call, why)) = &replay.first_divergence
-            && !args.measure.quiet
-        {
-            eprintln!("{}: replies diverge from call {call}: {why}; the replies are replayed as recorded", path.display());
-        }
         summaries.push(summary);
         all_rows.extend(rows);
     }
     emit(&args.measure, &summaries, &all_rows)?;
     Ok(0)
+}
+
+/// The record-based replay of `session` (`--engine replay`): its rows and summary; what moved
+/// and where the replies diverge go to stderr.
+fn replayed(session: &ImportedSession, input: &str, name: &str, measurer: &mut Measurer, options: &ReplayOptions, quiet: bool) -> (Vec<RequestMetrics>, Summary) {
+    let replay = replay_session(session, measurer, options);
+    let rows = replay.rows();
+    let mut summary = Summary::from_rows(input, name, measurer.counter().kind().name(), &rows, 0);
+    summary.info_loss = replay.info_loss.clone();
+    if let Some(whatif) = &replay.compaction_whatif
+        && !quiet
+    {
+        let moved: Vec<String> = whatif.changes.iter().map(|c| format!("{} before main call {} at {}", c.change, c.call, c.pre_tokens)).collect();
+        eprintln!(
+            "{input}: autocompact threshold {}: {} ({} replays{})",
+            whatif.threshold,
+            if moved.is_empty() { "compactions where recorded".to_owned() } else { moved.join(", ") },
+            whatif.iterations,
+            if whatif.converged { "" } else { ", not settled: the last plan is used" }
+        );
+    }
+    if let Some((call, why)) = &replay.first_divergence
+        && !quiet
+    {
+        eprintln!("{input}: replies diverge from call {call}: {why}; the replies are replayed as recorded");
+    }
+    (rows, summary)
+}
+
+/// `session` driving the agent under `strategy` (`--engine agent`, as `compare` runs it): every
+/// request the agent made and their summary; its compactions, where they are not the recorded
+/// ones, and where its conversation parts from the recording go to stderr.
+fn driven(session: &ImportedSession, input: &str, name: &str, measurer: &mut Measurer, strategy: &Strategy, quiet: bool) -> anyhow::Result<(Vec<RequestMetrics>, Summary)> {
+    use crate::replay::agent_whatif::{agent_whatif, prepare};
+    let prepared = prepare(session, input, measurer).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+    let outcome = agent_whatif(session, input, &prepared, measurer, strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+    let mut summary = outcome.summary;
+    summary.input = input.to_owned();
+    summary.strategy = name.to_owned();
+    summary.info_loss = outcome.info_loss;
+    if !quiet {
+        let recorded: Vec<usize> = prepared.recorded.iter().map(|r| r.call).collect();
+        let made: Vec<usize> = outcome.compactions.iter().map(|c| c.call).collect();
+        if made != recorded {
+            let listed: Vec<String> = outcome
+                .compactions
+                .iter()
+                .map(|c| format!("{} before main call {} (messages ~{} tokens, {} summary)", c.stage, c.call, c.tokens_before, if c.recorded_summary { "recorded" } else { "stand-in" }))
+                .collect();
+            eprintln!(
+                "{input}: the agent compacted {} (recorded: {}; {} runs)",
+                if listed.is_empty() { "nowhere".to_owned() } else { listed.join(", ") },
+                if recorded.is_empty() { "none".to_owned() } else { recorded.iter().map(|c| format!("before main call {c}")).collect::<Vec<_>>().join(", ") },
+                outcome.runs
+            );
+        }
+        if let Some((call, why)) = &outcome.divergence {
+            eprintln!("{input}: replies diverge from call {call}: {why}; the recorded replies continue as recorded, the agent counts its own usage from there");
+        }
+    }
+    Ok((outcome.rows, summary))
 }

@@ -677,6 +677,9 @@ pub fn compaction_key(stage: &str) -> Option<&'static str> {
 pub struct Summary {
     pub input: String,
     pub strategy: String,
+    /// What ran a recorded session (`agent` or `replay`); set by `replay`, absent elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     pub model: String,
     pub estimator: String,
     pub requests: usize,
@@ -759,6 +762,7 @@ impl Summary {
         Summary {
             input: input.to_owned(),
             strategy: strategy.to_owned(),
+            engine: None,
             model: rows.iter().find(|r| r.lane == "main").or(rows.first()).map(|r| r.model.clone()).unwrap_or_default(),
             estimator: estimator.to_owned(),
             requests: rows.len(),

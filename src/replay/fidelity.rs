@@ -83,6 +83,9 @@ pub struct FidelityReport {
     pub hit_agreement: f64,
     pub cost_error: f64,
     pub estimator: String,
+    /// What rebuilt the requests (`agent` or `replay`); filled by `ctxsim fidelity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     pub context_tokens_ape_p90: f64,
     pub recorded_cache_read: u64,
     pub simulated_cache_read: f64,
@@ -348,6 +351,7 @@ pub fn fidelity_for_session(replay: &SessionReplay, table: &ModelTable, with_cal
         hit_agreement: round6(agreement),
         cost_error: round6(relative(sim_cost, rec_cost)),
         estimator: replay.estimator.clone(),
+        engine: None,
         context_tokens_ape_p90: round6(p90),
         recorded_cache_read: rec_read,
         simulated_cache_read: sim_read.round(),

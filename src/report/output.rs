@@ -240,6 +240,11 @@ pub fn summary_csv(summaries: &[Summary]) -> Vec<u8> {
     .map(str::to_owned)
     .collect::<Vec<_>>();
     header.extend(crate::measure::metrics::COMPACTION_KEYS.iter().map(|k| format!("compactions_{k}")));
+    // `replay` names what ran its sessions; `run` and `analyze` have no engine (no column).
+    let engines = summaries.iter().any(|s| s.engine.is_some());
+    if engines {
+        header.push("engine".to_owned());
+    }
     writer.write_record(&header).expect("csv to memory");
     for s in summaries {
         let mut record = vec![
@@ -263,6 +268,9 @@ pub fn summary_csv(summaries: &[Summary]) -> Vec<u8> {
             s.fingerprint.clone(),
         ];
         record.extend(crate::measure::metrics::COMPACTION_KEYS.iter().map(|k| s.compactions.get(*k).copied().unwrap_or(0).to_string()));
+        if engines {
+            record.push(s.engine.clone().unwrap_or_default());
+        }
         writer.write_record(&record).expect("csv to memory");
     }
     writer.into_inner().expect("csv to memory")

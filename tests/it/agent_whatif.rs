@@ -133,6 +133,65 @@ fn a_layout_knob_reaches_a_real_session_through_the_agent() {
     }
 }
 
+/// `replay` runs a session through the agent by default, as `compare` does (one model of the
+/// client): under a strategy its summary is `compare`'s, and every output names the engine
+/// (JSON `engine`, the CSV column, a line under the table); `--engine replay` is the
+/// record-based measurement and says so.
+#[test]
+fn replay_runs_a_session_through_the_agent_by_default_and_names_the_engine() {
+    let session = a6e4();
+    let (stdout, _) = ctxsim_ok(&["replay", "--estimator", "chars4", "--format", "json", session.as_str(), "--strategy", "claude-code-1h"]);
+    let replayed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(replayed["engine"], "agent", "{stdout}");
+    let compared = agent_compare(&session, "claude-code-1h", &[]);
+    let mut summary = compared["summary"].clone();
+    summary["engine"] = "agent".into();
+    assert_eq!(replayed, summary);
+    // As recorded: the strategy named `as-recorded`, the run `compare` makes of `claude-code`.
+    let (stdout, _) = ctxsim_ok(&["replay", "--estimator", "chars4", "--format", "json", session.as_str()]);
+    let as_recorded: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(as_recorded["strategy"], "as-recorded");
+    assert_eq!(as_recorded["cost_usd"], agent_compare(&session, "claude-code", &[])["summary"]["cost_usd"]);
+    let (csv, _) = ctxsim_ok(&["replay", "--estimator", "chars4", "--format", "csv", session.as_str()]);
+    let (header, row) = (csv.lines().next().unwrap(), csv.lines().nth(1).unwrap());
+    assert!(header.ends_with(",engine") && row.ends_with(",agent"), "{csv}");
+    let (table, _) = ctxsim_ok(&["replay", "--estimator", "chars4", session.as_str()]);
+    assert!(table.contains("engine: agent (the agent itself, driven by each session, the default"), "{table}");
+    let (stdout, _) = ctxsim_ok(&["replay", "--engine", "replay", "--estimator", "chars4", "--format", "json", session.as_str()]);
+    let record_based: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(record_based["engine"], "replay", "{stdout}");
+    let (table, _) = ctxsim_ok(&["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]);
+    assert!(table.contains("engine: replay (the record-based measurement"), "{table}");
+    // `run` has no engine: no field, no column.
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/idle-gap.yaml").display().to_string();
+    let (csv, _) = ctxsim_ok(&["run", "--estimator", "chars4", "--format", "csv", scenario.as_str()]);
+    assert!(!csv.lines().next().unwrap().contains("engine"), "{csv}");
+}
+
+/// `fidelity` drives the agent by default and names it; the record-based engine's ablations
+/// are refused without `--engine replay` (exit 2, saying so), and `--breaks` stays inside the
+/// JSON.
+#[test]
+fn fidelity_defaults_to_the_agent_and_refuses_the_replays_ablations_without_it() {
+    let session = a6e4();
+    let (stdout, _) = ctxsim_ok(&["fidelity", "--estimator", "chars4", "--format", "json", "--breaks", session.as_str()]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["engine"], "agent", "{stdout}");
+    assert!(report["agent"].is_object() && report["breaks"].is_array(), "{stdout}");
+    let (table, _) = ctxsim_ok(&["fidelity", "--estimator", "chars4", session.as_str()]);
+    assert!(table.contains("\nengine: agent (") && table.contains("session (through the agent)"), "{table}");
+    let (stdout, _) = ctxsim_ok(&["fidelity", "--engine", "replay", "--estimator", "chars4", "--format", "json", "--no-side-entry", session.as_str()]);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["engine"], "replay");
+    assert!(report.get("agent").is_none(), "{stdout}");
+    for flag in ["--no-side-entry", "--no-rerender", "--no-recorded-requests"] {
+        let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--estimator", "chars4", flag, session.as_str()]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(stderr.contains(&format!("{flag} is an ablation of the record-based engine: add `--engine replay`")), "{stderr}");
+    }
+}
+
 fn sweep_agent(args: &[&str], out: &Path, threads: &str) -> (String, String) {
     let out_arg = out.display().to_string();
     let mut all: Vec<&str> = vec!["sweep", "--engine", "agent", "--estimator", "chars4", "--no-progress", "--threads", threads, "--out", out_arg.as_str()];

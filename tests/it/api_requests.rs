@@ -232,7 +232,7 @@ fn no_recorded_requests_says_when_a_transcript_records_none() {
         .find(|p| p.extension().is_some_and(|e| e == "jsonl") && !p.ends_with("serve-requests.jsonl"))
         .unwrap();
     let run = |file: &Path| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--no-recorded-requests"]).arg(file).output().unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--engine", "replay", "--no-recorded-requests"]).arg(file).output().unwrap();
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     assert!(run(&real).contains("--no-recorded-requests has no effect on"), "{}", run(&real));

@@ -190,8 +190,9 @@ fn a_model_command_that_keeps_the_model_is_no_break() {
     assert_eq!(call.recorded_cache_read, 105_731);
 }
 
+/// `fidelity` through the record-based engine, whose break rules these tests are about.
 fn fidelity_cli(args: &[&str]) -> (String, i32) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).arg("fidelity").args(args).output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--engine", "replay"]).args(args).output().unwrap();
     (String::from_utf8(out.stdout).unwrap(), out.status.code().unwrap_or(-1))
 }
 

@@ -152,10 +152,10 @@ fn strategies_with_the_same_results_are_named() {
 
 /// The `--engine` values' help says which commands each one is the default of, and every
 /// command with `--engine` agrees with it: its `[default: …]` is the value whose line names it,
-/// and the other value's line does not (`audit` and `fidelity` default to `replay`).
+/// and the other value's line does not (`audit` defaults to `replay`, the others to `agent`).
 #[test]
 fn the_engine_help_names_each_commands_real_default() {
-    for command in ["fidelity", "audit", "compare", "sweep", "check"] {
+    for command in ["replay", "fidelity", "audit", "compare", "sweep", "check"] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args([command, "--help"]).output().unwrap();
         assert!(out.status.success(), "{command} --help");
         let help = String::from_utf8(out.stdout).unwrap();
