@@ -70,8 +70,18 @@ fn replayed(session: &ImportedSession, input: &str, name: &str, measurer: &mut M
 /// ones, and where its conversation parts from the recording go to stderr.
 fn driven(session: &ImportedSession, input: &str, name: &str, measurer: &mut Measurer, strategy: &Strategy, quiet: bool) -> anyhow::Result<(Vec<RequestMetrics>, Summary)> {
     use crate::replay::agent_whatif::{agent_whatif, prepare};
-    let prepared = prepare(session, input, measurer).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
-    let outcome = agent_whatif(session, input, &prepared, measurer, strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+    // A file without a main-lane call gives the agent nothing to drive: no request, as the
+    // replay gives none (said on stderr).
+    if !session.calls.iter().any(|c| c.lane == crate::recording::format::LANE_MAIN) {
+        if !quiet {
+            eprintln!("{input}: no main-lane call recorded: nothing to drive the agent with (0 requests)");
+        }
+        return Ok((Vec::new(), Summary::from_rows(input, name, measurer.counter().kind().name(), &[], 0)));
+    }
+    // The errors name the file (said once).
+    let named = |e: String| if e.starts_with(input) { anyhow::anyhow!(e) } else { anyhow::anyhow!("{input}: {e}") };
+    let prepared = prepare(session, input, measurer).map_err(named)?;
+    let outcome = agent_whatif(session, input, &prepared, measurer, strategy).map_err(named)?;
     let mut summary = outcome.summary;
     summary.input = input.to_owned();
     summary.strategy = name.to_owned();
