@@ -52,6 +52,9 @@ pub use subagents::SubagentRun;
 pub struct WorkloadReport {
     /// Typed user prompts driven.
     pub user_prompts: usize,
+    /// The file opens with the summary of a compaction before it, driven as its opening prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opening_summary: bool,
     /// Main-lane replies driven (one model call each).
     pub main_replies: usize,
     /// Recorded tool results returned by the agent's executor.
@@ -300,6 +303,17 @@ fn workload_with(
             EventKind::UserPrompt(prompt) if main => {
                 request_start = Some(event.time_ms);
                 if prompt.is_compact_summary {
+                    // A file that opens with the summary of a compaction before it (a continuing
+                    // file, 0254): the summary is in every request until the next compaction, as
+                    // the record's messages show; driven as the opening prompt (the history
+                    // stand-in goes before it). Elsewhere the agent's own compaction writes it.
+                    let text = prompt_text(&prompt.content);
+                    if !text.is_empty() && script.iter().all(|s| s.get("assistant").is_none() && s.get("user").is_none()) {
+                        push_wait(&mut script, &mut last_time, event.time_ms);
+                        script.push(json!({ "user": text }));
+                        report.opening_summary = true;
+                        continue;
+                    }
                     leave(&mut report, "compact_summary_message");
                     continue;
                 }
