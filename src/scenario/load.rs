@@ -185,14 +185,17 @@ impl FlowScan {
     fn run(&mut self, text: &str) -> usize {
         let mut deepest = self.flow;
         let mut after_space = true;
-        for c in text.chars() {
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
             if let Some(q) = self.quote {
                 if self.escaped {
                     self.escaped = false;
                 } else if q == '"' && c == '\\' {
                     self.escaped = true;
+                } else if c == q && q == '\'' && chars.peek() == Some(&'\'') {
+                    // `''` is a quote inside single quotes.
+                    chars.next();
                 } else if c == q {
-                    // `''` inside single quotes closes and reopens: the same as staying open.
                     self.quote = None;
                     self.node_start = false;
                 }
@@ -235,21 +238,8 @@ impl FlowScan {
 /// The value after a block mapping key on a line (`key: value`, `"key": value`, `key:`), or
 /// `None` when the line holds no key.
 fn split_key(rest: &str) -> Option<&str> {
-    let key_end = if let Some(q) = rest.chars().next().filter(|c| matches!(c, '"' | '\'')) {
-        // A quoted key ends at its closing quote.
-        let mut escaped = false;
-        let mut end = None;
-        for (at, c) in rest.char_indices().skip(1) {
-            if escaped {
-                escaped = false;
-            } else if q == '"' && c == '\\' {
-                escaped = true;
-            } else if c == q {
-                end = Some(at + 1);
-                break;
-            }
-        }
-        let end = end?;
+    let key_end = if rest.starts_with(['"', '\'']) {
+        let end = quoted_len(rest)?;
         rest[end..].trim_start_matches([' ', '\t']).starts_with(':').then(|| end + rest[end..].find(':').unwrap_or(0))?
     } else {
         if rest.starts_with(['[', '{']) {
@@ -262,6 +252,23 @@ fn split_key(rest: &str) -> Option<&str> {
         }).filter(|&at| !rest[..at].contains(" #"))?
     };
     Some(rest[key_end + 1..].trim_start_matches([' ', '\t']))
+}
+
+/// The length of the quoted scalar `text` starts with, through its closing quote (`\"` and `\\`
+/// escaped in double quotes, `''` a quote in single ones); `None` when it does not close on it.
+fn quoted_len(text: &str) -> Option<usize> {
+    let quote = text.chars().next()?;
+    let mut chars = text.char_indices().skip(1).peekable();
+    while let Some((at, c)) = chars.next() {
+        if quote == '"' && c == '\\' {
+            chars.next();
+        } else if c == quote && quote == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\'') {
+            chars.next();
+        } else if c == quote {
+            return Some(at + 1);
+        }
+    }
+    None
 }
 
 /// `value` after its anchor and tag (`&a`, `!!seq`), which precede the node they qualify.

@@ -452,6 +452,10 @@ fn nesting_the_parser_reads_is_refused() {
     refused(&format!("world: {lines}"));
     // Quotes inside a plain flow scalar open nothing: the brackets after them count.
     refused(&format!("world: [a\"b, {}\n", "[".repeat(deep)));
+    // A quoted key ends at its closing quote, past `''` and `\"`: its value nests.
+    refused(&format!("'it''s': {}\n", "[".repeat(deep)));
+    refused(&format!("- \"a\\\" [\": {}\n", "{".repeat(deep)));
+    refused(&format!("world: ['it''s [', {}\n", "[".repeat(deep)));
     // A block scalar ends at the first line not indented past its key; what follows nests.
     let after: String = (0..deep).map(|i| format!("{}- \n", "  ".repeat(i))).collect();
     refused(&format!("a: |\n  text\nb:\n{after}"));
