@@ -260,9 +260,8 @@ fn quoted_len(text: &str) -> Option<usize> {
     let quote = text.chars().next()?;
     let mut chars = text.char_indices().skip(1).peekable();
     while let Some((at, c)) = chars.next() {
-        if quote == '"' && c == '\\' {
-            chars.next();
-        } else if c == quote && quote == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\'') {
+        let escape = (quote == '"' && c == '\\') || (c == quote && quote == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\''));
+        if escape {
             chars.next();
         } else if c == quote {
             return Some(at + 1);
