@@ -176,20 +176,29 @@ pub fn invoked_path(skill: &Skill, config_home: &str) -> String {
 }
 
 /// [`invoked_path`] for a skill or slash command a recorded client expanded (a workload's
-/// `attachment.skill`): a skill's body opens with its base directory, which names the source
-/// (a plugin's directory: `plugin`; under the project's `cwd`: `projectSettings`; a
-/// `.claude/skills` elsewhere, the user's: `userSettings`; paths compared as a Windows or MSYS
-/// client writes them too). A command's body names none, and neither does the record, nor does
-/// a skill directory of none of those kinds: `None`, so the restored text has no path line
-/// rather than a made-up one.
+/// `attachment.skill`): a skill's body opens with its base directory, which names the source.
+/// The directory and the `cwd` are compared as [`comparable_path`] writes them (a Windows or
+/// MSYS client's `C:\Users\u`, `c:/Users/u`, `/c/Users/u` and `/cygdrive/c/Users/u` are one
+/// directory), and the sources are tried in this order:
+/// 1. `plugin`: a `plugins` directory in the path *below* the project (the whole path when the
+///    skill is outside it): plugins live in the config home's `plugins/` (`~/.claude/plugins/
+///    cache/…`), which is below the project when the project is the home directory, and a
+///    project whose own path has a `plugins` directory keeps its skills;
+/// 2. `projectSettings`: under the project's `cwd`;
+/// 3. `userSettings`: a `.claude/skills` elsewhere (the user's).
+///
+/// A command's body names no directory, and neither does the record, nor does a skill directory
+/// of none of those kinds: `None`, so the restored text has no path line rather than a made-up
+/// one.
 pub fn recorded_invoked_path(name: &str, body: &str, cwd: &str) -> Option<String> {
-    let normalize = |p: &str| p.trim().replace('\\', "/").to_lowercase().trim_end_matches('/').to_owned();
     let first = body.lines().next()?;
-    let dir = normalize(first.strip_prefix("Base directory for this skill:")?);
-    let cwd = normalize(cwd);
-    let source = if dir.contains("/plugins/") {
+    let dir = comparable_path(first.strip_prefix("Base directory for this skill:")?);
+    let cwd = comparable_path(cwd);
+    let in_project = cwd.len() > 1 && (dir == cwd || dir.starts_with(&format!("{cwd}/")));
+    let below_project = if in_project { &dir[cwd.len()..] } else { dir.as_str() };
+    let source = if below_project.contains("/plugins/") {
         "plugin"
-    } else if !cwd.is_empty() && (dir == cwd || dir.starts_with(&format!("{cwd}/"))) {
+    } else if in_project {
         "projectSettings"
     } else if dir.contains("/.claude/skills/") {
         "userSettings"
@@ -197,6 +206,30 @@ pub fn recorded_invoked_path(name: &str, body: &str, cwd: &str) -> Option<String
         return None;
     };
     Some(format!("{source}:{name}"))
+}
+
+/// A path as [`recorded_invoked_path`] compares it: `/` separators, one between parts, none at
+/// the end, lower case (Windows and macOS clients' file systems ignore case), and a Windows
+/// drive as MSYS writes it (`C:\x`, `c:/x`, `\\?\C:\x`, `/cygdrive/c/x` → `/c/x`).
+pub fn comparable_path(path: &str) -> String {
+    let path = path.trim().replace('\\', "/").to_lowercase();
+    let path = path.strip_prefix("//?/").unwrap_or(&path);
+    let path = path.strip_prefix("/cygdrive/").map_or_else(|| path.to_owned(), |rest| format!("/{rest}"));
+    let bytes = path.as_bytes();
+    let path = if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' && (bytes.len() == 2 || bytes[2] == b'/') {
+        format!("/{}/{}", &path[..1], &path[2..])
+    } else {
+        path
+    };
+    let mut out = String::with_capacity(path.len());
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        out.push('/');
+        out.push_str(part);
+    }
+    if !path.starts_with('/') && !out.is_empty() {
+        out.remove(0);
+    }
+    out
 }
 
 /// User and project skills (see [`skill_roots`]).
@@ -409,6 +442,50 @@ mod tests {
         assert_eq!(path("Base directory for this skill: /Users/u/workspace/loop/skills/x"), None);
         assert_eq!(path("<objective>\nCheck progress.</objective>"), None);
         assert_eq!(path(""), None);
+    }
+
+    /// Windows and MSYS spellings of one directory compare equal, on either side.
+    #[test]
+    fn a_recorded_skill_path_is_compared_across_windows_spellings() {
+        for spelling in ["C:\\Users\\u\\proj", "c:/Users/u/proj/", "/c/Users/u/proj", "/cygdrive/c/Users/u/proj", "\\\\?\\C:\\Users\\u\\proj", "C:\\Users\\u\\\\proj\\"] {
+            assert_eq!(comparable_path(spelling), "/c/users/u/proj", "{spelling}");
+        }
+        assert_eq!(comparable_path("relative\\dir"), "relative/dir");
+        assert_eq!(comparable_path(""), "");
+        assert_eq!(comparable_path("/"), "");
+        let body = |dir: &str| format!("Base directory for this skill: {dir}\n\n# Steps");
+        for cwd in ["C:\\Users\\u\\proj", "/c/Users/u/proj", "c:/users/u/proj"] {
+            for dir in ["C:\\Users\\u\\proj\\.claude\\skills\\x", "/c/Users/u/proj/.claude/skills/x", "/cygdrive/c/Users/u/proj/.claude/skills/x"] {
+                assert_eq!(recorded_invoked_path("x", &body(dir), cwd), Some("projectSettings:x".to_owned()), "{dir} in {cwd}");
+            }
+            assert_eq!(recorded_invoked_path("x", &body("C:\\Users\\u\\.claude\\skills\\x"), cwd), Some("userSettings:x".to_owned()));
+            assert_eq!(recorded_invoked_path("x", &body("/c/Users/u/.claude/plugins/cache/m/p/1.0/skills/x"), cwd), Some("plugin:x".to_owned()));
+        }
+    }
+
+    /// The order of the sources: a `plugins` directory below the project first (the plugin
+    /// cache is below the project when the project is the home directory), then the project,
+    /// then a `.claude/skills` elsewhere; a `plugins` directory in the project's own path does
+    /// not make its skills a plugin's.
+    #[test]
+    fn a_recorded_skill_source_is_tried_plugin_then_project_then_user() {
+        let body = |dir: &str| format!("Base directory for this skill: {dir}");
+        // The project is the home directory: its plugin cache and its skills are both below it.
+        let home = "/Users/u";
+        assert_eq!(recorded_invoked_path("x", &body("/Users/u/.claude/plugins/cache/m/p/skills/x"), home), Some("plugin:x".to_owned()));
+        assert_eq!(recorded_invoked_path("x", &body("/Users/u/.claude/skills/x"), home), Some("projectSettings:x".to_owned()));
+        // A project under a `plugins` directory keeps its own skills, and a plugin below it is one.
+        let project = "/Users/u/plugins/proj";
+        assert_eq!(recorded_invoked_path("x", &body("/Users/u/plugins/proj/.claude/skills/x"), project), Some("projectSettings:x".to_owned()));
+        assert_eq!(recorded_invoked_path("x", &body("/Users/u/plugins/proj/plugins/p/skills/x"), project), Some("plugin:x".to_owned()));
+        assert_eq!(recorded_invoked_path("x", &body("/Users/u/.claude/skills/x"), project), Some("userSettings:x".to_owned()));
+        // A user's skill whose name is `plugins` is no plugin.
+        assert_eq!(recorded_invoked_path("plugins", &body("/Users/u/.claude/skills/plugins"), project), Some("userSettings:plugins".to_owned()));
+        // No project (an empty or root cwd) leaves plugin and user skills.
+        for cwd in ["", "/"] {
+            assert_eq!(recorded_invoked_path("x", &body("/Users/u/.claude/skills/x"), cwd), Some("userSettings:x".to_owned()));
+            assert_eq!(recorded_invoked_path("x", &body("/Users/u/.claude/plugins/p/skills/x"), cwd), Some("plugin:x".to_owned()));
+        }
     }
 
     #[test]

@@ -314,11 +314,16 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
 /// what that gave (the blocks, and each cleared block's index, id and tokens freed). The same
 /// request history is cleared the same way on every request: a message cleared before is taken
 /// as it was, shared with the body served before (no copy, compared by pointer).
+///
+/// Kept per estimator key (the family the tokens freed were counted for): a request of another
+/// family (a subagent on another model between two main requests) uses and fills its own
+/// entries and leaves the others', so switching back finds them, rather than forgetting
+/// everything at each switch. An entry is only ever taken for a request of its own family, whose
+/// counts it holds; which entries exist changes no result, only what is counted again.
 #[derive(Debug, Clone, Default)]
 pub struct ClearMemo {
-    /// The estimator key the tokens were counted for (another one forgets the rest).
-    family: String,
-    kept: Vec<Option<ClearedMessage>>,
+    /// Per estimator key, per message position.
+    by_family: BTreeMap<String, Vec<Option<ClearedMessage>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -332,9 +337,10 @@ struct ClearedMessage {
 /// [`apply`] with `memo` kept across the requests of one measurer; `family` names what `count`
 /// counts with (the estimator key of the request's model).
 pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64, memo: &mut ClearMemo, family: &str) -> Option<Edited> {
-    if memo.family != family {
-        *memo = ClearMemo { family: family.to_owned(), kept: Vec::new() };
+    if !memo.by_family.contains_key(family) {
+        memo.by_family.insert(family.to_owned(), Vec::new());
     }
+    let memo = memo.by_family.get_mut(family).expect("inserted above");
     let mut messages: Option<Vec<Message>> = None;
     let mut response = ContextManagementResponse::default();
     let mut cleared: BTreeMap<String, u64> = BTreeMap::new();
@@ -421,8 +427,8 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                 let mut next = current.to_vec();
                 let mut freed_by: BTreeMap<String, u64> = BTreeMap::new();
                 let mut positions = Vec::new();
-                memo.kept.truncate(next.len());
-                memo.kept.resize(next.len(), None);
+                memo.truncate(next.len());
+                memo.resize(next.len(), None);
                 for (m, message) in next.iter_mut().enumerate() {
                     let role = message.role;
                     let MessageContent::Blocks(blocks) = &mut message.content else { continue };
@@ -438,7 +444,7 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                     if tag.len() == 1 {
                         continue;
                     }
-                    let kept = match memo.kept[m].take() {
+                    let kept = match memo[m].take() {
                         Some(kept) if kept.input.same(blocks) && kept.tag == tag => kept,
                         _ => {
                             let input = blocks.clone();
@@ -467,7 +473,7 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                         *freed_by.entry(key.clone()).or_default() += edited;
                         positions.push((m, *c, key));
                     }
-                    memo.kept[m] = Some(kept);
+                    memo[m] = Some(kept);
                 }
                 let freed: u64 = freed_by.values().sum();
                 if freed_by.is_empty() || clear_at_least.is_some_and(|min| freed < min) {

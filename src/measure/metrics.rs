@@ -141,8 +141,8 @@ pub struct MeasurerState {
     next_index: usize,
     flattener: Flattener,
     /// The bodies as served after context editing changed them: they extend each other as the
-    /// sent ones do, so they keep tracks of their own (with body hashes, as the from-scratch
-    /// flattening gave them).
+    /// sent ones do, so they keep tracks of their own, with body hashes when the sent ones have
+    /// them (the settings of `flattener`; a measurer without body hashes hashes no body).
     edited: Flattener,
     /// What context editing's tool-use clearing did to each message before.
     clear_memo: context_editing::ClearMemo,
@@ -155,7 +155,7 @@ pub struct MeasurerState {
 impl MeasurerState {
     /// Nothing measured yet.
     fn new(flattener: Flattener) -> Self {
-        let edited = Flattener::new().with_billing_key(flattener.billing_key());
+        let edited = flattener.fresh_like();
         MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), last_model: None, key_spaces: 0 }
     }
 }
@@ -260,6 +260,7 @@ impl Measurer {
     pub fn without_body_hashes(mut self) -> Self {
         let billing = self.state.flattener.billing_key();
         self.state.flattener = Flattener::without_body_hashes().with_billing_key(billing);
+        self.state.edited = self.state.flattener.fresh_like();
         self
     }
 
@@ -269,7 +270,7 @@ impl Measurer {
     pub fn set_billing_key(&mut self, billing: super::blocks::BillingKey) {
         if self.state.flattener.billing_key() != billing {
             self.state.flattener = self.state.flattener.fresh_like().with_billing_key(billing);
-            self.state.edited = Flattener::new().with_billing_key(billing);
+            self.state.edited = self.state.flattener.fresh_like();
         }
     }
 
@@ -428,8 +429,10 @@ impl Measurer {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
                 // The edited body is not the next of the sent ones' track: flattened on the
-                // edited bodies' own tracks (the same records as from scratch).
-                let mut served = self.state.edited.flatten(&edited.body, &mut self.counter, &family);
+                // edited bodies' own tracks (the same records as from scratch). Editing changes
+                // messages only, so the sent body's head key is the edited one's: an unchanged
+                // head is neither compared nor hashed again.
+                let mut served = self.state.edited.flatten_with_keys(&edited.body, head_key, None, &mut self.counter, &family);
                 if drops_thinking {
                     super::blocks::drop_prior_thinking(&edited.body, &mut served);
                 }

@@ -125,7 +125,11 @@ pub struct TurnState {
     /// was queued.
     pub queued: Vec<(u64, bool)>,
     /// The last prompt delivered an item queued before a compaction, the first such since
-    /// that compaction ([`ClientProfile::queued_across_compaction_rerenders_start`]).
+    /// that compaction ([`ClientProfile::queued_across_compaction_rerenders_start`]). Set by the
+    /// scan of the prompt's call and taken by the next turn start ([`TurnState::on_new_turn`]);
+    /// until then it carries over the scans of calls that start no turn (a tool loop's, or the
+    /// calls no request stood for), and a later prompt (its own delivery decides) or a
+    /// compaction clears it.
     pub delivers_queued_across_compaction: bool,
 }
 
@@ -386,7 +390,13 @@ impl TurnScan {
                     }
                     turns.queued.push((hash, false));
                 }
-                QueueStep::Compacted => turns.queued.iter_mut().for_each(|item| item.1 = true),
+                QueueStep::Compacted => {
+                    turns.queued.iter_mut().for_each(|item| item.1 = true);
+                    // A delivery no turn start took yet is not carried past a compaction: the
+                    // compaction renders the conversation anew itself, and the turn it opens
+                    // delivered nothing.
+                    turns.delivers_queued_across_compaction = false;
+                }
                 QueueStep::Prompt(hash) => {
                     let crossed = turns.queued.iter().position(|item| item.0 == hash).is_some_and(|i| turns.queued.remove(i).1);
                     turns.delivers_queued_across_compaction = crossed;
@@ -884,6 +894,62 @@ mod tests {
         let mut turns = TurnState { turns: 1, previous_read: Some(10_000), delivers_queued_across_compaction: true, ..TurnState::default() };
         let off = ClientProfile { queued_across_compaction_rerenders_start: false, ..ClientProfile::for_version("2.1.39") };
         assert!(turns.on_new_turn(&off, &messages, ended).side_entry);
+    }
+
+    /// The flag a delivery across a compaction sets waits for the next turn start: it carries
+    /// over the scans of calls that start no turn, is taken once, and is cleared by a later
+    /// prompt (whose own delivery decides) or by a compaction (which renders the start anew
+    /// itself; the turn it opens delivered nothing).
+    #[test]
+    fn a_delivery_across_a_compaction_carries_to_the_next_turn_start_only() {
+        use crate::recording::format::{Compaction, SystemEvent, UserPrompt};
+        let event = |kind: EventKind| Event { time_ms: 0, lane: LANE_MAIN.to_owned(), uuid: None, kind };
+        let enqueue = |text: &str| event(EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload: serde_json::json!({"operation": "enqueue", "content": text}) }));
+        let prompt = |text: &str| {
+            event(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.to_owned()), is_meta: false, is_compact_summary: false, permission_mode: None }))
+        };
+        let compaction = || event(EventKind::Compaction(Compaction { trigger: "auto".into(), pre_tokens: None, post_tokens: None, summary: None, metadata: Value::Null }));
+        let tool_loop = event(EventKind::ModelReply(
+            serde_json::from_value(serde_json::json!({"content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {"file_path": "/p/a"}}], "stop_reason": "tool_use"})).expect("a reply"),
+        ));
+        let scan_of = |events: &[Event]| {
+            let mut scan = TurnScan::default();
+            events.iter().for_each(|e| scan.observe(e));
+            scan
+        };
+        let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "c")];
+        let ended = TurnRecord { ended_normally: true, ended_with_reply: true, side_entries: true, ..TurnRecord::default() };
+        let profile = ClientProfile::for_version("2.1.39");
+        // An item queued, a compaction, the item delivered by a prompt whose call starts no turn.
+        let delivered = || {
+            let mut turns = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
+            scan_of(&[enqueue("queued item"), compaction()]).apply(&mut turns);
+            scan_of(&[prompt("queued item")]).apply(&mut turns);
+            assert!(turns.delivers_queued_across_compaction);
+            turns
+        };
+        // Carried over a tool loop's scan to the next turn start, and taken there once.
+        let mut turns = delivered();
+        scan_of(std::slice::from_ref(&tool_loop)).apply(&mut turns);
+        assert!(turns.delivers_queued_across_compaction, "carried over a scan with no prompt");
+        assert!(turns.on_new_turn(&profile, &messages, ended).queued_across_compaction);
+        assert!(!turns.delivers_queued_across_compaction);
+        assert!(!turns.on_new_turn(&profile, &messages, ended).queued_across_compaction, "taken once");
+        // A later prompt decides by its own delivery.
+        let mut turns = delivered();
+        scan_of(&[prompt("another prompt")]).apply(&mut turns);
+        assert!(!turns.on_new_turn(&profile, &messages, ended).queued_across_compaction);
+        // A compaction before the next turn start clears it: the turn the compaction opens
+        // delivered nothing.
+        let mut turns = delivered();
+        scan_of(&[compaction()]).apply(&mut turns);
+        turns.on_compaction(&profile);
+        let start = turns.on_new_turn(&profile, &messages, ended);
+        assert!(!start.queued_across_compaction && !start.rerenders_start, "{start:?}");
+        // Within one scan, the order decides: a delivery after the compaction stands.
+        let mut turns = TurnState { turns: 1, previous_read: Some(10_000), ..TurnState::default() };
+        scan_of(&[enqueue("queued item"), compaction(), prompt("queued item")]).apply(&mut turns);
+        assert!(turns.on_new_turn(&profile, &messages, ended).queued_across_compaction);
     }
 
     #[test]

@@ -127,10 +127,22 @@ pub struct Workload {
     /// Per main reply of the script, in order: the index of the recorded call
     /// ([`crate::recording::RecordedCall::index`]).
     pub main_calls: Vec<usize>,
-    /// Per scripted subagent reply, in the order the agent runs them: the agent's lane
-    /// (`subagent:<type>`) and the recorded call it stands for.
-    pub subagent_calls: Vec<(String, usize)>,
+    /// Per scripted subagent reply, in the order the agent runs them (the order of the
+    /// script's steps on each lane): the agent's lane, the recorded call and the subagent.
+    pub subagent_calls: Vec<SubagentCall>,
     pub report: WorkloadReport,
+}
+
+/// One scripted subagent reply of a [`Workload`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubagentCall {
+    /// The agent's lane (`subagent:<type>`), shared by every subagent of the type.
+    pub lane: String,
+    /// The recorded call ([`crate::recording::RecordedCall::index`]).
+    pub index: usize,
+    /// The main thread's Agent call that ran the subagent ([`SubagentRun::tool_use_id`]): which
+    /// subagent of the lane's type the reply is of.
+    pub tool_use_id: String,
 }
 
 /// Errors building a workload: the recording has nothing to drive, or the scenario the
@@ -941,8 +953,8 @@ fn agent_replay_dropping_thinking(
     // The driven subagents' requests, paired per agent lane in the order the agent made them
     // with the recorded calls their replies came from.
     let mut recorded: BTreeMap<&str, std::collections::VecDeque<usize>> = BTreeMap::new();
-    for (lane, index) in &workload.subagent_calls {
-        recorded.entry(lane.as_str()).or_default().push_back(*index);
+    for call in &workload.subagent_calls {
+        recorded.entry(call.lane.as_str()).or_default().push_back(call.index);
     }
     let mut unpaired = unpaired;
     let mut made: BTreeMap<&str, usize> = BTreeMap::new();
@@ -951,8 +963,8 @@ fn agent_replay_dropping_thinking(
         let Some(call) = recorded.get_mut(row.lane.as_str()).and_then(|q| q.pop_front()).and_then(|index| by_index.get(&index)) else { continue };
         calls.push(super::CallReplay { message_tokens: row.context_tokens, ..super::CallReplay::measured(call, row.clone(), row.events.clone()) });
     }
-    for (lane, scripted) in workload.subagent_calls.iter().fold(BTreeMap::<&str, usize>::new(), |mut m, (l, _)| {
-        *m.entry(l.as_str()).or_default() += 1;
+    for (lane, scripted) in workload.subagent_calls.iter().fold(BTreeMap::<&str, usize>::new(), |mut m, call| {
+        *m.entry(call.lane.as_str()).or_default() += 1;
         m
     }) {
         unpaired += scripted.abs_diff(made.get(lane).copied().unwrap_or(0));
@@ -1345,6 +1357,11 @@ pub fn size_unmodelled(
 /// prompt is sized: the recorded client's first request of the type's first subagent (its
 /// billed prompt) less the agent's own first request of it, probed with a script of the first
 /// prompt, the Agent call alone and the subagent's first reply (text only, so it ends there).
+/// The recorded request, the Agent call, its output and the reply are all that subagent's
+/// (several subagents of one type share the agent's lane: each reply is known by its Agent call,
+/// [`SubagentCall::tool_use_id`]); a subagent that cannot be probed (its Agent call has no
+/// recorded output, or the probe makes no request of it) leaves the type to the next one, and
+/// the first probed decides, a gap of none included.
 /// The difference (when the agent's is shorter) is written into the scenario as sized filler
 /// after the agent's prompt of that type (`world.agent_prompt_extra`). The recorded request's
 /// messages are the agent's too (the user context with the sized CLAUDE.md, the Agent call's
@@ -1363,19 +1380,21 @@ fn size_subagent_prompts(
     let Some(first_user) = script.iter().position(|s| matches!(s, Step::User { .. })) else { return Ok(sized) };
     let catalog_types: BTreeSet<String> =
         crate::agent::agents::built_in_agents(true).into_iter().map(|a| a.agent_type).collect();
+    // Types whose first probed subagent decided (sized or not).
+    let mut decided: BTreeSet<String> = BTreeSet::new();
     for run in workload.report.subagents.iter().filter(|r| r.not_driven.is_none() && r.replies > 0) {
         let lane = format!("subagent:{}", run.agent_type);
-        if sized.contains_key(&run.agent_type) || !catalog_types.contains(&run.agent_type) {
+        if decided.contains(&run.agent_type) || !catalog_types.contains(&run.agent_type) {
             continue;
         }
-        // The recorded first request of the lane (the workload scripts the runs in call order).
-        let Some(recorded) = workload
-            .subagent_calls
-            .iter()
-            .find(|(l, _)| *l == lane)
-            .and_then(|(_, index)| session.calls.iter().find(|c| c.index == *index))
-            .filter(|c| !c.is_synthetic && !c.is_api_error)
+        // This subagent's first scripted reply: its place among the lane's replies (the script
+        // holds them in the order of `subagent_calls`) and the recorded call it stands for.
+        let Some((ordinal, first)) =
+            workload.subagent_calls.iter().filter(|c| c.lane == lane).enumerate().find(|(_, c)| c.tool_use_id == run.tool_use_id)
         else {
+            continue;
+        };
+        let Some(recorded) = session.calls.iter().find(|c| c.index == first.index).filter(|c| !c.is_synthetic && !c.is_api_error) else {
             continue;
         };
         let recorded_tokens = recorded.usage.prompt_tokens();
@@ -1391,10 +1410,13 @@ fn size_subagent_prompts(
             Step::ToolOutput(outputs) => outputs.iter().find(|o| o.tool_use_id == run.tool_use_id).cloned(),
             _ => None,
         });
-        let reply = script.iter().find_map(|s| match s {
-            Step::Assistant(a) if a.lane == lane => Some(a),
-            _ => None,
-        });
+        let reply = script
+            .iter()
+            .filter_map(|s| match s {
+                Step::Assistant(a) if a.lane == lane => Some(a),
+                _ => None,
+            })
+            .nth(ordinal);
         let (Some(output), Some(reply)) = (output, reply) else { continue };
         let mut main = main.clone();
         main.content = vec![agent_call];
@@ -1415,6 +1437,7 @@ fn size_subagent_prompts(
             continue;
         };
         let Some((row, request)) = output.rows.iter().zip(&output.requests).find(|(r, _)| r.lane == lane && r.error.is_none()) else { continue };
+        decided.insert(run.agent_type.clone());
         let agent_tokens = row.input_tokens + row.cache_read_input_tokens + row.cache_creation_input_tokens;
         let gap = recorded_tokens.saturating_sub(agent_tokens);
         if gap == 0 {

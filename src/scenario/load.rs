@@ -88,50 +88,202 @@ fn confine_mount(base: &Path, root: Option<&Path>, from: &str) -> Result<std::pa
 pub const MAX_YAML_DEPTH: usize = 64;
 
 /// Refuses YAML text nested deeper than [`MAX_YAML_DEPTH`]: the line where the limit is first
-/// crossed and a message. One pass, no parsing: block levels by indentation and `- ` entries,
-/// flow levels by `[`/`{` outside quotes.
+/// crossed and a message. One pass, no parsing: block levels by indentation and `- ` (or `? `)
+/// entries, flow levels by `[`/`{`. What YAML reads as scalar text adds no level, as the parser
+/// reads it: the lines of a block scalar (`|`, `>`: every line after its header indented past
+/// the key or entry that holds it), a quoted scalar to its closing quote (escapes in double
+/// quotes, across lines), and a plain scalar's characters (`a {b` in block context is text; a
+/// value opens a flow collection only when it starts with `[` or `{`). In flow context every
+/// bracket outside quotes counts, and a quote opens a scalar only where a node starts, so text
+/// is never taken for a scalar the parser would nest into (a written scenario's code and JSON
+/// inside tool results and file contents counted as nesting before: `import --to scenario` of
+/// af1d and d847 was refused by `run`).
 pub fn check_yaml_depth(text: &str) -> Result<(), (usize, String)> {
     let mut indents: Vec<usize> = Vec::new();
-    let mut flow = 0usize;
+    let mut scan = FlowScan::default();
+    // The column a block scalar's lines must be indented past, while inside one.
+    let mut block_scalar: Option<usize> = None;
     for (i, line) in text.lines().enumerate() {
         let content = line.trim_start_matches(' ');
+        let indent = line.len() - content.len();
+        if let Some(parent) = block_scalar {
+            if content.trim().is_empty() || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if scan.quote.is_some() || scan.flow > 0 {
+            // Inside a quoted scalar or a flow collection: no block structure on this line.
+            let deepest = scan.run(content);
+            if indents.len() + deepest > MAX_YAML_DEPTH {
+                return Err(too_deep(i, indents.len() + deepest));
+            }
+            continue;
+        }
         if content.is_empty() || content.starts_with('#') {
             continue;
         }
-        if flow == 0 {
-            let indent = line.len() - content.len();
-            while indents.last().is_some_and(|&top| top >= indent) {
-                indents.pop();
-            }
-            indents.push(indent);
+        while indents.last().is_some_and(|&top| top >= indent) {
+            indents.pop();
         }
+        indents.push(indent);
         let mut rest = content;
-        let mut dashes = 0;
-        while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
-            dashes += 1;
-            rest = after.trim_start_matches(' ');
+        let mut entries = 0;
+        // The column of the node the rest of the line holds (for a block scalar's lines).
+        let mut column = indent;
+        while let Some(after) = ["- ", "-\t", "? ", ": "].iter().find_map(|p| rest.strip_prefix(p)) {
+            entries += 1;
+            column = line.len() - rest.len();
+            rest = after.trim_start_matches([' ', '\t']);
         }
-        let (mut quote, mut deepest_flow) = (None::<char>, flow);
-        for c in rest.chars() {
-            match (quote, c) {
-                (Some(q), c) if c == q => quote = None,
-                (Some(_), _) => {}
-                (None, '"' | '\'') => quote = Some(c),
-                (None, '#') => break,
-                (None, '[' | '{') => {
-                    flow += 1;
-                    deepest_flow = deepest_flow.max(flow);
-                }
-                (None, ']' | '}') => flow = flow.saturating_sub(1),
-                _ => {}
+        if ["-", "?"].contains(&rest) {
+            entries += 1;
+            rest = "";
+        }
+        // The value: after a key (plain or quoted) and `: `, or the whole rest.
+        let (value, keyed) = match split_key(rest) {
+            Some(value) => (value, true),
+            None => (rest, false),
+        };
+        let value = skip_properties(value);
+        let depth_before = indents.len() + entries;
+        if is_block_scalar_header(value) {
+            block_scalar = Some(if keyed { line.len() - rest.len() } else { column });
+        } else if value.starts_with(['[', '{', '"', '\'']) {
+            let deepest = scan.value(value);
+            if depth_before + deepest > MAX_YAML_DEPTH {
+                return Err(too_deep(i, depth_before + deepest));
             }
         }
-        let depth = indents.len() + dashes + deepest_flow;
-        if depth > MAX_YAML_DEPTH {
-            return Err((i + 1, format!("nested {depth} levels deep, more than the {MAX_YAML_DEPTH} a scenario or strategy may have")));
+        if depth_before > MAX_YAML_DEPTH {
+            return Err(too_deep(i, depth_before));
         }
     }
     Ok(())
+}
+
+fn too_deep(line_index: usize, depth: usize) -> (usize, String) {
+    (line_index + 1, format!("nested {depth} levels deep, more than the {MAX_YAML_DEPTH} a scenario or strategy may have"))
+}
+
+/// Flow collections and quoted scalars as [`check_yaml_depth`] reads them, across lines.
+#[derive(Default)]
+struct FlowScan {
+    /// Open flow collections.
+    flow: usize,
+    /// The quote of an open quoted scalar.
+    quote: Option<char>,
+    /// The previous character in double quotes was an unescaped backslash.
+    escaped: bool,
+    /// A node may start here (after `[`, `{`, `,` or `:`): only there does a quote open a scalar.
+    node_start: bool,
+}
+
+impl FlowScan {
+    /// Reads `text` and returns the deepest flow level reached on it. A block value is read from
+    /// its start ([`Self::value`]); a line inside a flow collection or quoted scalar, on.
+    fn run(&mut self, text: &str) -> usize {
+        let mut deepest = self.flow;
+        let mut after_space = true;
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            if let Some(q) = self.quote {
+                if self.escaped {
+                    self.escaped = false;
+                } else if q == '"' && c == '\\' {
+                    self.escaped = true;
+                } else if c == q && q == '\'' && chars.peek() == Some(&'\'') {
+                    // `''` is a quote inside single quotes.
+                    chars.next();
+                } else if c == q {
+                    self.quote = None;
+                    self.node_start = false;
+                }
+                after_space = false;
+                continue;
+            }
+            let space = matches!(c, ' ' | '\t');
+            match c {
+                '#' if after_space => break,
+                '"' | '\'' if self.node_start => self.quote = Some(c),
+                '[' | '{' => {
+                    self.flow += 1;
+                    deepest = deepest.max(self.flow);
+                    self.node_start = true;
+                }
+                ']' | '}' => {
+                    self.flow = self.flow.saturating_sub(1);
+                    self.node_start = false;
+                }
+                ',' | ':' => self.node_start = true,
+                _ if space => {}
+                _ => self.node_start = false,
+            }
+            // Outside flow collections and quotes, the rest of a block value is plain text.
+            if self.flow == 0 && self.quote.is_none() && !space {
+                break;
+            }
+            after_space = space;
+        }
+        deepest
+    }
+
+    /// [`Self::run`] over a block value that starts with a flow collection or a quote.
+    fn value(&mut self, value: &str) -> usize {
+        self.node_start = true;
+        self.run(value)
+    }
+}
+
+/// The value after a block mapping key on a line (`key: value`, `"key": value`, `key:`), or
+/// `None` when the line holds no key.
+fn split_key(rest: &str) -> Option<&str> {
+    let key_end = if rest.starts_with(['"', '\'']) {
+        let end = quoted_len(rest)?;
+        rest[end..].trim_start_matches([' ', '\t']).starts_with(':').then(|| end + rest[end..].find(':').unwrap_or(0))?
+    } else {
+        if rest.starts_with(['[', '{']) {
+            return None;
+        }
+        // A plain key ends at the first `: ` (or a `:` ending the line) before any comment.
+        let bytes = rest.as_bytes();
+        (0..bytes.len()).find(|&at| {
+            bytes[at] == b':' && (at + 1 == bytes.len() || matches!(bytes[at + 1], b' ' | b'\t'))
+        }).filter(|&at| !rest[..at].contains(" #"))?
+    };
+    Some(rest[key_end + 1..].trim_start_matches([' ', '\t']))
+}
+
+/// The length of the quoted scalar `text` starts with, through its closing quote (`\"` and `\\`
+/// escaped in double quotes, `''` a quote in single ones); `None` when it does not close on it.
+fn quoted_len(text: &str) -> Option<usize> {
+    let quote = text.chars().next()?;
+    let mut chars = text.char_indices().skip(1).peekable();
+    while let Some((at, c)) = chars.next() {
+        let escape = (quote == '"' && c == '\\') || (c == quote && quote == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\''));
+        if escape {
+            chars.next();
+        } else if c == quote {
+            return Some(at + 1);
+        }
+    }
+    None
+}
+
+/// `value` after its anchor and tag (`&a`, `!!seq`), which precede the node they qualify.
+fn skip_properties(mut value: &str) -> &str {
+    while value.starts_with(['&', '!']) {
+        value = value.split_once([' ', '\t']).map_or("", |(_, after)| after.trim_start_matches([' ', '\t']));
+    }
+    value
+}
+
+/// `|` or `>` with optional chomping and indentation indicators, then nothing but a comment.
+fn is_block_scalar_header(value: &str) -> bool {
+    let Some(indicators) = value.strip_prefix(['|', '>']) else { return false };
+    let (head, comment) = indicators.split_once([' ', '\t']).unwrap_or((indicators, ""));
+    let comment = comment.trim_start_matches([' ', '\t']);
+    head.len() <= 2 && head.chars().all(|c| matches!(c, '+' | '-' | '1'..='9')) && (comment.is_empty() || comment.starts_with('#'))
 }
 
 /// Parses and validates scenario text; `file_name` is used in messages only.

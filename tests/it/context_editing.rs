@@ -335,3 +335,66 @@ fn shared_history_is_served_and_measured_as_fresh_bodies_are() {
         }
     }
 }
+
+/// The clearing's memo is kept per estimator family: a request of another family in between (a
+/// subagent on another model) counts its own blocks and leaves the first family's entries, so
+/// the next request of the first family clears its unchanged history without counting a block
+/// again, to the same blocks (shared, not copied) and the same result.
+#[test]
+fn the_clearing_memo_survives_a_request_of_another_family() {
+    use ctxsim::measure::context_editing::{ClearMemo, apply_memo, parse};
+    let request = body(&[("Read", 1000); 6], clear_tool_uses(json!({"keep": {"type": "tool_uses", "value": 2}})));
+    let edits = parse(request.context_management.as_ref().unwrap()).unwrap();
+    let mut memo = ClearMemo::default();
+    let mut clear = |family: &str| {
+        let mut counted = 0usize;
+        let mut count = |_: ctxsim::api::Role, block: &ctxsim::api::ContentBlock| {
+            counted += 1;
+            serde_json::to_string(block).unwrap().len() as u64 / 4
+        };
+        let edited = apply_memo(&request, &edits, 8_000, &mut count, &mut memo, family).expect("the edit fires");
+        (edited, counted)
+    };
+    let (first, counted_first) = clear("claude-opus-4");
+    assert!(counted_first >= 8, "the first request counts what it clears: {counted_first}");
+    let (_, counted_other) = clear("claude-haiku-4");
+    assert_eq!(counted_other, counted_first, "another family counts its own");
+    let (again, counted_again) = clear("claude-opus-4");
+    assert_eq!(counted_again, 0, "the first family's entries were kept");
+    assert_eq!(serde_json::to_value(&again.body).unwrap(), serde_json::to_value(&first.body).unwrap());
+    assert_eq!(again.cleared, first.cleared);
+    let shared = again.body.messages.iter().zip(&first.body.messages).filter(|(a, b)| match (&a.content, &b.content) {
+        (ctxsim::api::MessageContent::Blocks(a), ctxsim::api::MessageContent::Blocks(b)) => a.same(b),
+        _ => false,
+    });
+    assert_eq!(shared.count(), request.messages.len(), "every message is the first request's blocks");
+}
+
+/// A measurer without body hashes hashes no body, the ones context editing served included:
+/// every row's `body_sha256` is empty and everything else is what a measurer with hashes gives.
+/// Served with a key of their unchanged head, the edited bodies flatten as from scratch.
+#[test]
+fn edited_bodies_follow_the_measurers_body_hashes() {
+    let edits = clear_tool_uses(json!({"trigger": {"type": "input_tokens", "value": 6500}, "keep": {"type": "tool_uses", "value": 2}}));
+    let calls = [("Read", 1000); 9];
+    let requests: Vec<Request> = (2..=9).map(|n| body(&calls[..n], edits.clone())).collect();
+    let hashed = run(&requests);
+    assert!(hashed.iter().filter(|r| !applied(r).is_empty()).count() >= 4, "the edits fire on most requests");
+    assert!(hashed.iter().all(|r| !r.body_sha256.is_empty()));
+    let mut m = measurer().without_body_hashes();
+    let plain: Vec<RequestMetrics> = requests.iter().enumerate().map(|(i, r)| m.measure(MeasureInput::new("main", i as u64 * 1000, r)).unwrap()).collect();
+    for (i, (a, b)) in plain.iter().zip(&hashed).enumerate() {
+        assert_eq!(a.body_sha256, "", "request {i}: {:?}", applied(a));
+        let (mut a, mut b) = (serde_json::to_value(a).unwrap(), serde_json::to_value(b).unwrap());
+        a.as_object_mut().unwrap().remove("body_sha256");
+        b.as_object_mut().unwrap().remove("body_sha256");
+        assert_eq!(a, b, "request {i}");
+    }
+    let mut m = measurer();
+    for request in &requests {
+        let served = m.serve_with_keys(request, Some(7), None).unwrap();
+        if let Some(edited) = &served.edited {
+            assert!(served.flat == measurer().flatten(&edited.body).unwrap(), "the served body as flattened from scratch");
+        }
+    }
+}

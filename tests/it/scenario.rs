@@ -404,3 +404,60 @@ fn error_image_pixels_half_given_or_unholdable() {
     let ragged = err(&image("{base64_bytes: 401, width: 512, height: 320}"));
     assert!(ragged.contains("images[0].base64_bytes: 401 cannot hold"), "{ragged}");
 }
+
+// ---- YAML depth ------------------------------------------------------------------------------
+
+/// What YAML reads as scalar text is no nesting to the depth check: a block scalar's lines
+/// (deeply indented code), brackets and escaped quotes in quoted scalars (also across lines),
+/// and brackets inside plain scalars. The text loads as the parser reads it.
+#[test]
+fn text_inside_scalars_is_no_nesting() {
+    use ctxsim::scenario::{MAX_YAML_DEPTH, check_yaml_depth};
+    let deep = MAX_YAML_DEPTH + 10;
+    // Code 74 levels deep in a block scalar, under a key and under a sequence entry.
+    let code: String = (0..deep).map(|i| format!("{}{{ if (x) [\n", "  ".repeat(i))).collect();
+    let indented = |by: usize| code.lines().map(|l| format!("{}{l}\n", " ".repeat(by))).collect::<String>();
+    let block = doc(&format!("  - user: |\n{}  - assistant:\n      - text: |-\n{}      - text: done\n", indented(6), indented(10)));
+    assert_eq!(check_yaml_depth(&block), Ok(()));
+    let scenario = parse(&block);
+    match &scenario.script[0] {
+        Step::User { text, .. } => assert_eq!(text.as_str(), code),
+        other => panic!("{other:?}"),
+    }
+    // A quoted scalar with escaped quotes and 74 unbalanced brackets, on one line and folded
+    // over several.
+    let brackets = format!("{}\\\"{}", "{[".repeat(deep), "'(".repeat(deep));
+    let single = "{[(".repeat(deep);
+    let quoted = doc(&format!("  - user: \"a \\\"quoted\\\" {brackets}\"\n  - user: \"{brackets}\n      {brackets}\n      end\"\n  - user: '{single} it''s \" {{['\n"));
+    assert_eq!(check_yaml_depth(&quoted), Ok(()));
+    assert_eq!(parse(&quoted).script.len(), 3);
+    // Brackets after a plain scalar's first character are text in block context.
+    let plain = doc(&format!("  - user: a {}\n  - user: b\n", "{[".repeat(deep)));
+    assert_eq!(check_yaml_depth(&plain), Ok(()));
+    assert_eq!(parse(&plain).script.len(), 2);
+}
+
+/// Real nesting is still counted where the parser nests: a flow collection a value opens (after
+/// an anchor or tag too), continued over lines, inside quotes' neighbours, and block levels after
+/// a block scalar ends.
+#[test]
+fn nesting_the_parser_reads_is_refused() {
+    use ctxsim::scenario::{MAX_YAML_DEPTH, check_yaml_depth};
+    let deep = MAX_YAML_DEPTH + 1;
+    let refused = |text: &str| check_yaml_depth(text).expect_err(text).1;
+    assert!(refused(&format!("world: {}{}\n", "[".repeat(deep), "]".repeat(deep))).contains("levels deep"));
+    assert!(refused(&format!("world: &a !!seq {}\n", "[".repeat(deep))).contains("levels deep"));
+    // Spread over lines, with quoted strings holding closing brackets in between.
+    let lines: String = (0..deep).map(|_| "[\"]}\", \n").collect();
+    refused(&format!("world: {lines}"));
+    // Quotes inside a plain flow scalar open nothing: the brackets after them count.
+    refused(&format!("world: [a\"b, {}\n", "[".repeat(deep)));
+    // A quoted key ends at its closing quote, past `''` and `\"`: its value nests.
+    refused(&format!("'it''s': {}\n", "[".repeat(deep)));
+    refused(&format!("- \"a\\\" [\": {}\n", "{".repeat(deep)));
+    refused(&format!("world: ['it''s [', {}\n", "[".repeat(deep)));
+    // A block scalar ends at the first line not indented past its key; what follows nests.
+    let after: String = (0..deep).map(|i| format!("{}- \n", "  ".repeat(i))).collect();
+    refused(&format!("a: |\n  text\nb:\n{after}"));
+    refused(&format!("- a: |\n    text\n  b:\n{after}"));
+}

@@ -82,6 +82,12 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
         let file = path.display().to_string();
         let text = serde_json::to_string(&workload.document).unwrap();
         assert!(workload.scenario == ctxsim::scenario::parse_scenario(&text, &file).unwrap(), "{file}");
+        // As `import --to scenario` writes it (YAML: file contents and code as block scalars,
+        // JSON in quoted ones), the scenario loads, the same one: no text inside a scalar counts
+        // as nesting (af1d's and d847's were refused as "nested 65 levels deep").
+        let yaml = serde_norway::to_string(&workload.document).unwrap();
+        let loaded = ctxsim::scenario::parse_scenario(&yaml, &file).unwrap_or_else(|e| panic!("{e}"));
+        assert!(workload.scenario == loaded, "{file}");
         // A document the direct reading refuses gives the text's error, lines and all.
         let mut bad = workload.document.clone();
         bad["script"][0]["user"] = serde_json::json!({ "not": "a prompt" });

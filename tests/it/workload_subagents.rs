@@ -310,3 +310,88 @@ script:
     let error = ctxsim::scenario::parse_scenario(&refused, "inline.yaml").unwrap_err().to_string();
     assert!(error.contains("subagent") && error.contains("Bash"), "{error}");
 }
+
+/// A transcript (2.1.39, sidechain records in the main file) whose one reply makes two Agent
+/// calls of one type: the first (`toolu_first`, its subagent `a1` billed `first_prompt` tokens on
+/// its first request) has no recorded result, the second (`toolu_second`, `b2`, `second_prompt`)
+/// has one naming its agent.
+fn two_subagents_of_one_type(first_prompt: u64, second_prompt: u64) -> String {
+    use serde_json::json;
+    let mut lines = Vec::new();
+    let mut n = 0u64;
+    let mut record = |kind: &str, message: serde_json::Value, extra: serde_json::Value, parent: Option<String>, second: u64| {
+        n += 1;
+        let uuid = format!("00000000-0000-4000-8000-{n:012}");
+        let mut line = json!({
+            "parentUuid": parent, "isSidechain": false, "userType": "external", "cwd": "/repo", "sessionId": "two",
+            "version": "2.1.39", "gitBranch": "main", "type": kind, "message": message, "uuid": uuid,
+            "timestamp": jiff::Timestamp::from_second(1_767_780_000 + second as i64).unwrap().to_string(),
+        });
+        line.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        lines.push(line.to_string());
+        uuid
+    };
+    let usage = |creation: u64| json!({ "input_tokens": 3, "cache_creation_input_tokens": creation, "cache_read_input_tokens": 0, "output_tokens": 40 });
+    let reply = |id: &str, content: serde_json::Value, stop: &str, creation: u64| {
+        json!({ "id": id, "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": content, "stop_reason": stop, "usage": usage(creation) })
+    };
+    let agent = |id: &str, prompt: &str| json!({ "type": "tool_use", "id": id, "name": "Agent", "input": { "description": "Look", "prompt": prompt, "subagent_type": "general-purpose" } });
+    let prompt = record("user", json!({ "role": "user", "content": "Look at the repo twice." }), json!({}), None, 0);
+    let calls = record(
+        "assistant",
+        reply("msg_main_1", json!([agent("toolu_first", "Look at the first half."), agent("toolu_second", "Look at the second half.")]), "tool_use", 20_000),
+        json!({ "requestId": "req_main_1" }),
+        Some(prompt),
+        2,
+    );
+    for (agent_id, text, tokens, at) in [("a1", "Look at the first half.", first_prompt, 3), ("b2", "Look at the second half.", second_prompt, 5)] {
+        let sidechain = json!({ "isSidechain": true, "agentId": agent_id });
+        let asked = record("user", json!({ "role": "user", "content": text }), sidechain.clone(), None, at);
+        let answer = json!([{ "type": "text", "text": format!("The {agent_id} half holds a parser.") }]);
+        record("assistant", reply(&format!("msg_{agent_id}"), answer, "end_turn", tokens), json!({ "requestId": format!("req_{agent_id}"), "isSidechain": true, "agentId": agent_id }), Some(asked), at + 1);
+    }
+    let result = json!({ "type": "tool_result", "tool_use_id": "toolu_second", "content": [{ "type": "text", "text": "The b2 half holds a parser." }] });
+    let returned = record(
+        "user",
+        json!({ "role": "user", "content": [result] }),
+        json!({ "toolUseResult": { "status": "completed", "agentId": "b2", "content": [{ "type": "text", "text": "The b2 half holds a parser." }] } }),
+        Some(calls),
+        8,
+    );
+    record("assistant", reply("msg_main_2", json!([{ "type": "text", "text": "Both halves hold parsers." }]), "end_turn", 400), json!({ "requestId": "req_main_2" }), Some(returned), 10);
+    lines.join("\n") + "\n"
+}
+
+/// Two subagents of one type share the agent's lane: the type's prompt is sized from the first
+/// subagent that can be probed with its own recorded request, Agent call and reply. Here the
+/// first has no recorded result, so the second sizes it: the filler is its recorded request less
+/// the agent's, below what the first billed (before, the lane's first recorded request, the other
+/// subagent's, was taken with the second's Agent call).
+#[test]
+fn two_subagents_of_one_type_are_sized_each_from_its_own_record() {
+    let (first, second) = (90_000u64, 40_000u64);
+    let text = two_subagents_of_one_type(first, second);
+    let session = ctxsim::recording::import_claude_code_from(std::io::Cursor::new(text.as_bytes()), "two.jsonl").unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let (workload, sizing) = sized_workload(&session, "two.jsonl", &measurer(), &strategy, true).unwrap();
+    let runs: Vec<(&str, Option<&str>, usize)> =
+        workload.report.subagents.iter().map(|r| (r.tool_use_id.as_str(), r.recorded_lane.as_deref(), r.replies)).collect();
+    assert_eq!(runs, [("toolu_first", Some("subagent:a1"), 1), ("toolu_second", Some("subagent:b2"), 1)]);
+    let lane_calls: Vec<(&str, &str)> = workload.subagent_calls.iter().map(|c| (c.lane.as_str(), c.tool_use_id.as_str())).collect();
+    assert_eq!(lane_calls, [("subagent:general-purpose", "toolu_first"), ("subagent:general-purpose", "toolu_second")]);
+    let filler = sizing.subagent_prompt_filler_tokens.get("general-purpose").copied().unwrap_or(0);
+    assert!(filler > 0 && filler < second, "sized from the second subagent's {second} tokens, not the first's {first}: {filler}");
+    assert_eq!(workload.scenario.world.agent_prompt_extra.keys().map(String::as_str).collect::<Vec<_>>(), ["general-purpose"]);
+    // The same transcript with the two subagents' records swapped moves the filler by the
+    // difference: each is read from its own subagent.
+    let (_, swapped) = sized_workload(
+        &ctxsim::recording::import_claude_code_from(std::io::Cursor::new(two_subagents_of_one_type(second, first).as_bytes()), "two.jsonl").unwrap(),
+        "two.jsonl",
+        &measurer(),
+        &strategy,
+        true,
+    )
+    .unwrap();
+    let moved = swapped.subagent_prompt_filler_tokens["general-purpose"].abs_diff(filler);
+    assert!(moved.abs_diff(first - second) < 1_000, "{filler} then {:?}", swapped.subagent_prompt_filler_tokens);
+}

@@ -194,7 +194,7 @@ impl Subagents {
         thinking_texts: &BTreeMap<String, String>,
         recorded_usage: bool,
         report: &mut WorkloadReport,
-    ) -> (Vec<Value>, Vec<(String, usize)>) {
+    ) -> (Vec<Value>, Vec<super::SubagentCall>) {
         let events = &session.recording.events;
         let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
         let mut steps = Vec::new();
@@ -223,7 +223,11 @@ impl Subagents {
                 };
                 step.insert("lane".into(), Value::String(agent_lane.clone()));
                 steps.push(Value::Object(step));
-                calls.push((agent_lane.clone(), call_index.get(&event_index).copied().unwrap_or(event_index)));
+                calls.push(super::SubagentCall {
+                    lane: agent_lane.clone(),
+                    index: call_index.get(&event_index).copied().unwrap_or(event_index),
+                    tool_use_id: run.tool_use_id.clone(),
+                });
                 run.replies += 1;
                 let mut outputs = Map::new();
                 for id in called.keys() {
