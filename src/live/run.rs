@@ -105,7 +105,7 @@ impl Live<'_> {
         let stop_reason = response.stop_reason.unwrap_or(StopReason::EndTurn);
         let mut event = Event::new(
             EventKind::ModelReply(ModelReply {
-                content: response.content.clone(),
+                content: response.content.clone().into(),
                 stop_reason: response.stop_reason,
                 model: response.model.clone(),
                 version: None,

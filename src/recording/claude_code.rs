@@ -36,7 +36,7 @@ use super::format::{
 use super::api_requests::{self, ApiRequests};
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::identical::Identical;
-use crate::api::{ContentBlock, Message, MessageContent, Role, StopReason, ToolResultContent, Usage};
+use crate::api::{ContentBlock, Message, MessageContent, Role, SharedBlocks, StopReason, ToolResultContent, Usage};
 
 /// Record types that carry session metadata (last value wins); they go to the header.
 const METADATA_TYPES: &[&str] = &[
@@ -640,7 +640,7 @@ impl ImportedSession {
                     let boundary_uuid = format!("{INSERTED_COMPACTION_UUID}{before}");
                     let summary_uuid = format!("ctxsim-summary-{before}");
                     let reply = ModelReply {
-                        content: vec![ContentBlock::text(summary.clone())],
+                        content: vec![ContentBlock::text(summary.clone())].into(),
                         stop_reason: Some(StopReason::EndTurn),
                         model: model.clone(),
                         version: self.calls.iter().find_map(|c| c.version.clone()),
@@ -861,27 +861,53 @@ fn merge_into(last: &mut Message, blocks: Vec<ContentBlock>) {
 }
 
 /// Appends message events to `messages` as [`build_messages`] does (the first may merge into
-/// the last message).
+/// the last message). A message made of one event's blocks shares them with the event.
 fn append_messages(recording: &Recording, indices: &[usize], messages: &mut Vec<Message>) {
     for &i in indices {
         let Some((role, blocks)) = recording.events.get(i).and_then(|e| event_blocks(&e.kind)) else { continue };
         match messages.last_mut() {
-            Some(last) if last.role == role => merge_into(last, blocks),
-            _ => messages.push(Message { role, content: MessageContent::Blocks(blocks.into()), extra: Map::new() }),
+            Some(last) if last.role == role => merge_into(last, blocks.into_vec()),
+            _ => messages.push(Message { role, content: MessageContent::Blocks(blocks.into_shared()), extra: Map::new() }),
+        }
+    }
+}
+
+/// The blocks a message event contributes: its own (shared) or built for the message.
+enum EventBlocks {
+    Shared(SharedBlocks),
+    Built(Vec<ContentBlock>),
+}
+
+impl EventBlocks {
+    fn into_vec(self) -> Vec<ContentBlock> {
+        match self {
+            EventBlocks::Shared(blocks) => blocks.to_vec(),
+            EventBlocks::Built(blocks) => blocks,
+        }
+    }
+
+    fn into_shared(self) -> SharedBlocks {
+        match self {
+            EventBlocks::Shared(blocks) => blocks,
+            EventBlocks::Built(blocks) => blocks.into(),
         }
     }
 }
 
 /// The role and content blocks a message event contributes.
-fn event_blocks(kind: &EventKind) -> Option<(Role, Vec<ContentBlock>)> {
+fn event_blocks(kind: &EventKind) -> Option<(Role, EventBlocks)> {
     match kind {
-        EventKind::UserPrompt(UserPrompt { content, .. }) => Some((Role::User, content.to_blocks())),
+        EventKind::UserPrompt(UserPrompt { content: MessageContent::Blocks(blocks), .. }) => Some((Role::User, EventBlocks::Shared(blocks.clone()))),
+        EventKind::UserPrompt(UserPrompt { content, .. }) => Some((Role::User, EventBlocks::Built(content.to_blocks()))),
         EventKind::ToolResult(ToolResult { tool_use_id, content, is_error, .. }) => {
             let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new()));
-            Some((Role::User, vec![ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true))]))
+            let block = ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true));
+            Some((Role::User, EventBlocks::Built(vec![block])))
         }
-        EventKind::ModelReply(reply) => Some((Role::Assistant, reply.content.clone())),
-        EventKind::Attachment(attachment) if is_sent_attachment(kind) => Some((Role::User, vec![ContentBlock::text(attachment_text(attachment))])),
+        EventKind::ModelReply(reply) => Some((Role::Assistant, EventBlocks::Shared(reply.content.clone()))),
+        EventKind::Attachment(attachment) if is_sent_attachment(kind) => {
+            Some((Role::User, EventBlocks::Built(vec![ContentBlock::text(attachment_text(attachment))])))
+        }
         _ => None,
     }
 }
@@ -917,7 +943,8 @@ fn append_loaded(recording: &Recording, indices: &[usize], lane: &mut LaneView) 
         visit_tool_ids(&event.kind, |id| { lane.answered.insert(id.to_owned()); }, |_| {});
     }
     for event in events() {
-        let Some((role, mut blocks)) = event_blocks(&event.kind) else { continue };
+        let Some((role, blocks)) = event_blocks(&event.kind) else { continue };
+        let mut blocks = blocks.into_vec();
         if role == Role::Assistant {
             blocks.retain(|b| match b {
                 ContentBlock::ToolUse { id, .. } if !lane.answered.contains(id) => {
@@ -941,9 +968,9 @@ fn append_loaded(recording: &Recording, indices: &[usize], lane: &mut LaneView) 
 /// (`<session>/subagents/agent-*.jsonl`, in sorted order).
 pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
     let file_name = path.display().to_string();
-    let file = File::open(path).map_err(|source| ImportError::Read { file: file_name.clone(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Read { file: file_name.clone(), source })?;
     let mut main = FileImporter::new(&file_name, None, None);
-    main.read(BufReader::new(file))?;
+    main.read_bytes(&bytes)?;
 
     let mut subagents = Vec::new();
     for sub_path in subagent_files(path) {
@@ -954,9 +981,9 @@ pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
             .map(|s| s.trim_start_matches("agent-").to_owned())
             .unwrap_or_default();
         let lane = lane_for_agent(&agent_id);
-        let file = File::open(&sub_path).map_err(|source| ImportError::Read { file: sub_name.clone(), source })?;
+        let bytes = std::fs::read(&sub_path).map_err(|source| ImportError::Read { file: sub_name.clone(), source })?;
         let mut sub = FileImporter::new(&sub_name, Some(lane.clone()), main.origin_ms);
-        sub.read(BufReader::new(file))?;
+        sub.read_bytes(&bytes)?;
         let meta = read_subagent_meta(&sub_path, &mut main.warnings);
         let info = SubagentInfo {
             agent_id: agent_id.clone(),
@@ -1225,8 +1252,16 @@ impl FileImporter {
         }
     }
 
-    fn read<R: BufRead>(&mut self, reader: R) -> Result<(), ImportError> {
-        for line in RawLines::new(reader) {
+    /// Reads the whole input first: each line is then one copy out of it, rather than a buffer
+    /// grown chunk by chunk from the reader's.
+    fn read<R: BufRead>(&mut self, mut reader: R) -> Result<(), ImportError> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(|source| ImportError::Read { file: self.file.clone(), source })?;
+        self.read_bytes(&bytes)
+    }
+
+    fn read_bytes(&mut self, bytes: &[u8]) -> Result<(), ImportError> {
+        for line in RawLines::new(bytes) {
             let line = line.map_err(|source| ImportError::Read { file: self.file.clone(), source })?;
             self.lines = line.number;
             if line.is_blank() {
@@ -1311,7 +1346,7 @@ impl FileImporter {
         self.warnings.push(LineWarning { kind, file: self.file.clone(), line, path, message });
     }
 
-    fn record(&mut self, record: Map<String, Value>, line: usize) {
+    fn record(&mut self, mut record: Map<String, Value>, line: usize) {
         let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
             return;
@@ -1351,6 +1386,8 @@ impl FileImporter {
                 self.versions.push(v.clone());
             }
         let lane = self.lane_of(&record);
+        // Read before the record's fields are moved into events.
+        let parent = uuid.as_ref().and_then(|_| record.get("parentUuid").and_then(Value::as_str).map(str::to_owned));
         let first_event = self.events.len();
         let mut merged_into: Option<usize> = None;
 
@@ -1359,17 +1396,20 @@ impl FileImporter {
                 if self.api_seen {
                     self.index_user_message(&record);
                 }
-                self.user(&record, line, time_ms, &lane, uuid.as_deref());
+                self.user(&mut record, line, time_ms, &lane, uuid.as_deref());
             }
             "assistant" => {
                 if self.api_seen {
                     self.collect_assistant_content(&record);
                 }
-                merged_into = self.assistant(&record, line, time_ms, &lane, uuid.as_deref(), version);
+                merged_into = self.assistant(&mut record, line, time_ms, &lane, uuid.as_deref(), version);
             }
-            "system" => self.system(&record, subtype.unwrap_or(""), time_ms, &lane, uuid.as_deref()),
+            "system" => {
+                let subtype = subtype.unwrap_or("").to_owned();
+                self.system(record, &subtype, time_ms, &lane, uuid.as_deref());
+            }
             "attachment" => {
-                let attachment = record.get("attachment").cloned().unwrap_or(Value::Null);
+                let attachment = record.remove("attachment").unwrap_or(Value::Null);
                 let attachment_type =
                     attachment.get("type").and_then(Value::as_str).unwrap_or("unknown").to_owned();
                 if attachment.get("rendered").is_some() {
@@ -1379,7 +1419,7 @@ impl FileImporter {
                 self.push(EventKind::Attachment(Attachment { attachment_type, payload: attachment }), time_ms, &lane, uuid.as_deref());
             }
             "queue-operation" => {
-                let payload = strip_envelope(&record);
+                let payload = strip_envelope(record);
                 self.push(
                     EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload }),
                     time_ms,
@@ -1397,7 +1437,7 @@ impl FileImporter {
                 if data_type == Some("hook_progress")
                     && data.and_then(|d| d.get("hookEvent")).and_then(Value::as_str) == Some("SessionStart")
                 {
-                    let payload = data.cloned().unwrap_or(Value::Null);
+                    let payload = record.remove("data").unwrap_or(Value::Null);
                     self.push(
                         EventKind::SystemEvent(SystemEvent { subtype: "session_start".into(), payload }),
                         time_ms,
@@ -1434,7 +1474,8 @@ impl FileImporter {
                 *self.not_used_by_type.entry(other.to_owned()).or_default() += 1;
             }
             other if METADATA_TYPES.contains(&other) => {
-                self.metadata.insert(other.to_owned(), strip_envelope(&record));
+                let other = other.to_owned();
+                self.metadata.insert(other, strip_envelope(record));
             }
             other => {
                 *self.unknown_by_type.entry(other.to_owned()).or_default() += 1;
@@ -1445,7 +1486,6 @@ impl FileImporter {
         // Keep the parent graph even for records that produced no event (progress, system
         // records without events), because the chain of the main thread runs through them.
         if let Some(uuid) = uuid {
-            let parent = record.get("parentUuid").and_then(Value::as_str).map(str::to_owned);
             let mut events: Vec<usize> = (first_event..self.events.len()).collect();
             events.extend(merged_into);
             self.chain.insert(uuid, ChainNode { parent, events });
@@ -1502,29 +1542,29 @@ impl FileImporter {
         self.events.len() - 1
     }
 
-    fn user(&mut self, record: &Map<String, Value>, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
+    fn user(&mut self, record: &mut Map<String, Value>, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
         let is_meta = record.get("isMeta").and_then(Value::as_bool).unwrap_or(false);
         let is_compact_summary = record.get("isCompactSummary").and_then(Value::as_bool).unwrap_or(false);
         self.prompt_mode = record.get("permissionMode").and_then(Value::as_str).map(str::to_owned);
-        let Some(content) = record.get("message").and_then(|m| m.get("content")) else {
+        let Some(content) = record.get_mut("message").and_then(|m| m.get_mut("content")).map(Value::take) else {
             self.warn(WarningKind::BadLine, line, Some("message.content".into()), "user record without message content; skipped".into());
             return;
         };
         if is_compact_summary
             && let Some(i) = self.pending_compaction.take()
                 && let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
-                    *summary = Some(text_of(content));
+                    *summary = Some(text_of(&content));
                 }
         let items = match content {
             Value::String(text) => {
                 let permission_mode = self.prompt_mode.clone();
-                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta, is_compact_summary, permission_mode });
+                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text), is_meta, is_compact_summary, permission_mode });
                 self.push(kind, time_ms, lane, uuid);
                 return;
             }
             Value::Array(items) => items,
             other => {
-                let message = format!("message.content must be a string or an array, found {}", kind_of(other));
+                let message = format!("message.content must be a string or an array, found {}", kind_of(&other));
                 self.warn(WarningKind::BadLine, line, Some("message.content".into()), message);
                 return;
             }
@@ -1532,7 +1572,7 @@ impl FileImporter {
         let blocks = self.blocks(items, line, "message.content");
         let tool_results = blocks.iter().filter(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
         // The structured result belongs to the tool call when the record answers exactly one.
-        let mut structured = if tool_results == 1 { record.get("toolUseResult").cloned().map(std::sync::Arc::new) } else { None };
+        let mut structured = if tool_results == 1 { record.remove("toolUseResult").map(std::sync::Arc::new) } else { None };
         let mut pending: Vec<ContentBlock> = Vec::new();
         for block in blocks {
             match block {
@@ -1570,10 +1610,10 @@ impl FileImporter {
     }
 
     /// Parses content blocks one by one so one bad block costs only itself.
-    fn blocks(&mut self, items: &[Value], line: usize, path: &str) -> Vec<ContentBlock> {
+    fn blocks(&mut self, items: Vec<Value>, line: usize, path: &str) -> Vec<ContentBlock> {
         let mut blocks = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            match ContentBlock::from_value(item.clone()) {
+        for (i, item) in items.into_iter().enumerate() {
+            match ContentBlock::from_value(item) {
                 Ok(block) => blocks.push(block),
                 Err(message) => {
                     self.warn(WarningKind::BadLine, line, Some(format!("{path}[{i}]")), format!("{message}; block skipped"))
@@ -1586,25 +1626,30 @@ impl FileImporter {
     /// Returns the index of the reply a continuation chunk was merged into.
     fn assistant(
         &mut self,
-        record: &Map<String, Value>,
+        record: &mut Map<String, Value>,
         line: usize,
         time_ms: i64,
         lane: &str,
         uuid: Option<&str>,
         version: Option<String>,
     ) -> Option<usize> {
-        let Some(Value::Object(message)) = record.get("message") else {
+        let Some(Value::Object(message)) = record.get_mut("message") else {
             self.warn(WarningKind::BadLine, line, Some("message".into()), "assistant record without a message object; skipped".into());
             return None;
         };
-        let content = match message.get("content") {
+        let content = message.get_mut("content").map(Value::take);
+        let usage = message.get_mut("usage").map(Value::take);
+        let stop_reason = message.get_mut("stop_reason").map(Value::take);
+        let model = message.get("model").and_then(Value::as_str).unwrap_or("").to_owned();
+        let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
+        let content = match content {
             Some(Value::Array(items)) => self.blocks(items, line, "message.content"),
-            Some(Value::String(text)) => vec![ContentBlock::text(text.clone())],
+            Some(Value::String(text)) => vec![ContentBlock::text(text)],
             _ => Vec::new(),
         };
-        let usage = match message.get("usage") {
+        let usage = match usage {
             None | Some(Value::Null) => Usage::default(),
-            Some(value) => match serde_path_to_error::deserialize::<_, Usage>(value.clone()) {
+            Some(value) => match serde_path_to_error::deserialize::<_, Usage>(value) {
                 Ok(usage) => usage,
                 Err(e) => {
                     let path = format!("message.usage.{}", crate::input::json_path(e.path()));
@@ -1613,9 +1658,9 @@ impl FileImporter {
                 }
             },
         };
-        let stop_reason = match message.get("stop_reason") {
+        let stop_reason = match stop_reason {
             None | Some(Value::Null) => None,
-            Some(value) => match serde_json::from_value::<StopReason>(value.clone()) {
+            Some(value) => match StopReason::deserialize(&value) {
                 Ok(reason) => Some(reason),
                 Err(_) => {
                     self.warn(WarningKind::BadLine, line, Some("message.stop_reason".into()), format!("unknown stop_reason {value}; left out"));
@@ -1623,8 +1668,6 @@ impl FileImporter {
                 }
             },
         };
-        let model = message.get("model").and_then(Value::as_str).unwrap_or("").to_owned();
-        let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
         let request_id = record.get("requestId").and_then(Value::as_str).map(str::to_owned);
         let request_ref = record.get("requestRef").and_then(Value::as_str).map(str::to_owned);
         let thinking_text_stored = !content.iter().any(thinking_without_text);
@@ -1655,7 +1698,7 @@ impl FileImporter {
                 return Some(index);
             }
         let reply = ModelReply {
-            content,
+            content: content.into(),
             stop_reason,
             is_synthetic: model == "<synthetic>",
             model,
@@ -1674,16 +1717,17 @@ impl FileImporter {
         None
     }
 
-    fn system(&mut self, record: &Map<String, Value>, subtype: &str, time_ms: i64, lane: &str, uuid: Option<&str>) {
+    fn system(&mut self, mut record: Map<String, Value>, subtype: &str, time_ms: i64, lane: &str, uuid: Option<&str>) {
         if subtype == "compact_boundary" {
-            let metadata = record.get("compactMetadata").cloned().unwrap_or(Value::Null);
+            let metadata = record.remove("compactMetadata").unwrap_or(Value::Null);
             let number = |key: &str| metadata.get(key).and_then(Value::as_u64);
+            let (pre_tokens, post_tokens) = (number("preTokens"), number("postTokens"));
             let kind = EventKind::Compaction(Compaction {
                 trigger: metadata.get("trigger").and_then(Value::as_str).unwrap_or("unknown").to_owned(),
-                pre_tokens: number("preTokens"),
-                post_tokens: number("postTokens"),
+                pre_tokens,
+                post_tokens,
                 summary: None,
-                metadata: metadata.clone(),
+                metadata,
             });
             let logical_parent = record.get("logicalParentUuid").and_then(Value::as_str);
             let unwritten = logical_parent
@@ -1765,8 +1809,8 @@ fn thinking_without_text(block: &ContentBlock) -> bool {
     matches!(block, ContentBlock::Thinking { thinking, signature, .. } if thinking.is_empty() && !signature.is_empty())
 }
 
-fn strip_envelope(record: &Map<String, Value>) -> Value {
-    let mut map = record.clone();
+fn strip_envelope(record: Map<String, Value>) -> Value {
+    let mut map = record;
     for field in ENVELOPE_FIELDS {
         map.remove(*field);
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::api::{ContentBlock, MessageContent, StopReason, ToolResultContent, Usage};
+use crate::api::{ContentBlock, MessageContent, SharedBlocks, StopReason, ToolResultContent, Usage};
 
 /// The version this code writes and reads.
 pub const RECORDING_VERSION: u32 = 1;
@@ -275,7 +275,9 @@ fn default_true() -> bool {
 /// One model response with the usage the API reported for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelReply {
-    pub content: Vec<ContentBlock>,
+    /// Shared: a session edited for a what-if copies every event, and a message built from the
+    /// reply holds the same blocks (copy on write).
+    pub content: SharedBlocks,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<StopReason>,
     #[serde(default)]

@@ -189,13 +189,19 @@ pub fn call_times(path: &Path) -> std::collections::BTreeMap<(String, String), i
     }
     let mut out = std::collections::BTreeMap::new();
     for p in transcript_files(path) {
-        let Ok(file) = std::fs::File::open(&p) else { continue };
-        for line in std::io::BufReader::new(file).lines() {
-            let Ok(line) = line else { break };
+        // The whole file at once, its lines slices of it; read as `BufRead::lines` would (a line
+        // that is not UTF-8 ends the file).
+        let Ok(bytes) = std::fs::read(&p) else { continue };
+        let mut lines = bytes.split(|&b| b == b'\n');
+        if bytes.last() == Some(&b'\n') {
+            lines.next_back();
+        }
+        for line in lines {
+            let Ok(line) = std::str::from_utf8(line.strip_suffix(b"\r").unwrap_or(line)) else { break };
             if !line.contains("\"usage\"") {
                 continue;
             }
-            let Ok(rec) = serde_json::from_str::<Line>(&line) else { continue };
+            let Ok(rec) = serde_json::from_str::<Line>(line) else { continue };
             if let (Some(ts), Some(req), Some(id)) = (rec.timestamp, rec.request_id, rec.message.and_then(|m| m.id))
                 && let Ok(t) = ts.parse::<jiff::Timestamp>()
             {

@@ -40,7 +40,7 @@ fn sample_recording() -> Recording {
     let mut header = Header::new("scenario");
     header.session_id = Some("s1".into());
     let reply = ModelReply {
-        content: vec![ContentBlock::text("hi"), ContentBlock::tool_use("toolu_1", "Read", json!({"file_path": "a.rs"}))],
+        content: vec![ContentBlock::text("hi"), ContentBlock::tool_use("toolu_1", "Read", json!({"file_path": "a.rs"}))].into(),
         stop_reason: Some(ctxsim::api::StopReason::ToolUse),
         model: "claude-sonnet-4-5".into(),
         version: Some("2.1.39".into()),
