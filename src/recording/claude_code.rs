@@ -22,8 +22,7 @@
 //! with their line number and skipped, and a truncated last line is reported and the rest used.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
