@@ -46,7 +46,7 @@ fn unique_texts(log: &RequestLog) -> Vec<String> {
             for block in message.content.to_blocks() {
                 for unit in content_token_units(&block) {
                     if let TokenUnit::Text(text) = unit {
-                        pieces.push(text);
+                        pieces.push(text.into_owned());
                     }
                 }
             }

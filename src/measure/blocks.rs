@@ -198,30 +198,30 @@ pub fn image_tokens(image: &crate::api::ImageLike) -> Option<u32> {
 }
 
 /// The strings and flat counts whose estimate is a content block's token count.
-pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit> {
+pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit<'_>> {
     match block {
-        ContentBlock::Text { text, .. } => vec![TokenUnit::Text(text.clone())],
+        ContentBlock::Text { text, .. } => vec![TokenUnit::Text(Cow::Borrowed(text))],
         ContentBlock::Image(image) => vec![TokenUnit::Fixed(image_tokens(image).unwrap_or(UNSIZED_MEDIA_TOKENS))],
         ContentBlock::Document(_) => vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)],
         ContentBlock::ToolUse { name, input, .. } | ContentBlock::ServerToolUse { name, input, .. } => {
             let json = serde_json::to_string(input).unwrap_or_default();
-            vec![TokenUnit::Text(format!("{name}{json}"))]
+            vec![TokenUnit::Text(Cow::Owned(format!("{name}{json}")))]
         }
         ContentBlock::ToolResult { content, .. } => match content {
             None => Vec::new(),
-            Some(ToolResultContent::Text(text)) => vec![TokenUnit::Text(text.clone())],
+            Some(ToolResultContent::Text(text)) => vec![TokenUnit::Text(Cow::Borrowed(text))],
             Some(ToolResultContent::Blocks(blocks)) => blocks.iter().flat_map(content_token_units).collect(),
         },
-        ContentBlock::Thinking { thinking, .. } => vec![TokenUnit::Text(thinking.clone())],
-        ContentBlock::RedactedThinking { data, .. } => vec![TokenUnit::Text(data.clone())],
+        ContentBlock::Thinking { thinking, .. } => vec![TokenUnit::Text(Cow::Borrowed(thinking))],
+        ContentBlock::RedactedThinking { data, .. } => vec![TokenUnit::Text(Cow::Borrowed(data))],
         // A block kept in its wire form (the agent writes tool_results with the reference's key
         // order this way) counts by its kind, like the typed block: its `cache_control` and key
         // order are not content. Unknown kinds count as their JSON.
         ContentBlock::Other(value) => match ContentBlock::from_value(value.clone()) {
-            Ok(typed) if !matches!(typed, ContentBlock::Other(_)) => content_token_units(&typed),
-            _ => vec![TokenUnit::Text(serde_json::to_string(block).unwrap_or_default())],
+            Ok(typed) if !matches!(typed, ContentBlock::Other(_)) => content_token_units(&typed).into_iter().map(TokenUnit::into_owned).collect(),
+            _ => vec![TokenUnit::Text(Cow::Owned(serde_json::to_string(block).unwrap_or_default()))],
         },
-        ContentBlock::ToolReference { .. } => vec![TokenUnit::Text(serde_json::to_string(block).unwrap_or_default())],
+        ContentBlock::ToolReference { .. } => vec![TokenUnit::Text(Cow::Owned(serde_json::to_string(block).unwrap_or_default()))],
     }
 }
 
@@ -357,7 +357,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
         let tokens = counter.count(hash, family, || {
             let mut unmarked = tool.clone();
             unmarked.cache_control = None;
-            vec![TokenUnit::Text(serde_json::to_string(&unmarked).unwrap_or_default())]
+            vec![TokenUnit::Text(Cow::Owned(serde_json::to_string(&unmarked).unwrap_or_default()))]
         });
         state = chain(state, hash);
         out.push(PromptBlock {
@@ -390,7 +390,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
     };
     for (i, block) in system.iter().enumerate() {
         let (hash, bytes) = block_hash(b"system", block);
-        let tokens = counter.count(hash, family, || vec![TokenUnit::Text(block.text.clone())]);
+        let tokens = counter.count(hash, family, || vec![TokenUnit::Text(Cow::Borrowed(&block.text))]);
         // Counted as written; keyed as one constant where the server does not key it.
         let hash = if billing == BillingKey::Unkeyed && block.text.starts_with(super::structure::BILLING_PREFIX) {
             tagged_hash(b"billing_block_unkeyed", &[])

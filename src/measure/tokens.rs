@@ -53,11 +53,22 @@ impl EstimatorKind {
     }
 }
 
-/// One piece of a block's token count: a string to estimate, or a flat count.
+/// One piece of a block's token count: a string to estimate (borrowed from the block where it
+/// is one of its texts, so a count asks for no copy), or a flat count.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TokenUnit {
-    Text(String),
+pub enum TokenUnit<'a> {
+    Text(std::borrow::Cow<'a, str>),
     Fixed(u32),
+}
+
+impl TokenUnit<'_> {
+    /// The same unit owning its text.
+    pub fn into_owned(self) -> TokenUnit<'static> {
+        match self {
+            TokenUnit::Text(text) => TokenUnit::Text(std::borrow::Cow::Owned(text.into_owned())),
+            TokenUnit::Fixed(n) => TokenUnit::Fixed(n),
+        }
+    }
 }
 
 /// Per-family parameters of the calibrated estimator:
@@ -229,6 +240,30 @@ pub fn utf16_len(text: &str) -> usize {
 
 /// o200k_base token count of a string (special-token text counted as ordinary text).
 /// Exactly tiktoken-rs's `encode_ordinary(text).len()`, split faster ([`super::o200k`]).
+/// The [`utf16_len`] of `value`'s JSON text (`serde_json::to_string`), counted as it is
+/// written, without the text (0 when it cannot be serialized, as the empty text).
+pub fn json_utf16_len(value: &impl Serialize) -> usize {
+    /// Counts the UTF-16 units of the UTF-8 bytes written to it (whole characters in all).
+    struct Units(usize);
+    impl std::io::Write for Units {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            for &b in bytes {
+                // A lead byte starts a unit, a four-byte lead two; continuation bytes none.
+                self.0 += usize::from((b as i8) >= -0x40) + usize::from(b >= 0xF0);
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut units = Units(0);
+    match serde_json::to_writer(&mut units, value) {
+        Ok(()) => units.0,
+        Err(_) => 0,
+    }
+}
+
 pub fn bpe(text: &str) -> u32 {
     super::o200k::count(text)
 }
@@ -348,7 +383,7 @@ impl TokenCounter {
 
     /// The raw count of a block (chars4 or bpe; calibrated memoizes the bpe count), computed
     /// once per content hash. `units` is only called on a memo miss.
-    fn raw_count(&mut self, key: u128, units: impl FnOnce() -> Vec<TokenUnit>) -> u32 {
+    fn raw_count<'a>(&mut self, key: u128, units: impl FnOnce() -> Vec<TokenUnit<'a>>) -> u32 {
         if let Some(&count) = self.memo.get(&key) {
             self.memo_hits += 1;
             return count;
@@ -384,7 +419,7 @@ impl TokenCounter {
                         }
                     };
                     if tokenized && let Some(kept) = &mut self.kept_texts {
-                        kept.push(text);
+                        kept.push(text.into_owned());
                     }
                     n
                 }
@@ -395,7 +430,7 @@ impl TokenCounter {
     }
 
     /// The estimated tokens of one block of a request to a model of `family`.
-    pub fn count(&mut self, key: u128, family: &str, units: impl FnOnce() -> Vec<TokenUnit>) -> u32 {
+    pub fn count<'a>(&mut self, key: u128, family: &str, units: impl FnOnce() -> Vec<TokenUnit<'a>>) -> u32 {
         let raw = self.raw_count(key, units);
         match self.kind {
             EstimatorKind::Chars4 | EstimatorKind::Bpe => raw,
@@ -439,6 +474,19 @@ mod tests {
         assert_eq!(chars4("abcdef"), 2);
         // U+1F600 is two UTF-16 code units, as JavaScript counts it.
         assert_eq!(chars4("\u{1F600}"), 1);
+    }
+
+    #[test]
+    fn json_utf16_length_is_the_length_of_the_json_text() {
+        let values = [
+            serde_json::json!({"file_path": "/tmp/a.rs", "n": 3, "nested": [1, "two", {"é": "日本\u{1F600}\n\"q\""}], "null": null}),
+            serde_json::json!("\u{0}\u{1f}\u{7f}\\ tab\t"),
+            serde_json::json!([]),
+            serde_json::json!(1.5e300),
+        ];
+        for value in values {
+            assert_eq!(json_utf16_len(&value), utf16_len(&serde_json::to_string(&value).unwrap()), "{value}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ use serde_json::Value;
 
 use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
 use crate::recording::format::LANE_MAIN;
+use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
 use crate::recording::{EventKind, ImportedSession};
 
 /// References of a lost list shown by name (the rest are counted).
@@ -139,32 +140,32 @@ pub fn message_references(messages: &[Message]) -> BTreeSet<String> {
 fn borrowed_references(messages: &[Message]) -> RefSet<'_> {
     let mut out = RefSet::default();
     for message in messages {
-        match &message.content {
-            MessageContent::Text(text) => each_reference(text, &mut |r| {
-                out.insert(r);
-            }),
-            MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block_references(b, &mut out)),
-        }
+        content_references(&message.content, &mut out);
     }
     out
 }
 
-/// The paths `Read` calls in a conversation read.
-fn read_paths(messages: &[Message]) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for message in messages {
-        // (A text content holds no tool use.)
-        let MessageContent::Blocks(blocks) = &message.content else { continue };
-        for block in blocks.iter() {
-            if let ContentBlock::ToolUse { name, input, .. } = block
-                && name == "Read"
-                && let Some(path) = input.get("file_path").and_then(Value::as_str)
-            {
-                out.insert(path.to_owned());
-            }
+/// The references of a message content.
+fn content_references<'a>(content: &'a MessageContent, out: &mut RefSet<'a>) {
+    match content {
+        MessageContent::Text(text) => each_reference(text, &mut |r| {
+            out.insert(r);
+        }),
+        MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block_references(b, out)),
+    }
+}
+
+/// Adds the paths the `Read` calls among `blocks` read (a message's own blocks: a text content
+/// holds no tool use, a tool result's blocks are not the model's calls).
+fn add_read_paths<'a>(blocks: &'a [ContentBlock], out: &mut BTreeSet<&'a str>) {
+    for block in blocks {
+        if let ContentBlock::ToolUse { name, input, .. } = block
+            && name == "Read"
+            && let Some(path) = input.get("file_path").and_then(Value::as_str)
+        {
+            out.insert(path);
         }
     }
-    out
 }
 
 /// The loss of the compaction before the main-lane call at `call_index` of `session`, whose
@@ -178,12 +179,48 @@ pub fn compaction_loss(
     context_before: u64,
     context_after: u64,
 ) -> CompactionLoss {
-    let before_view = session.messages_for_call(&session.calls[previous]);
-    let before = borrowed_references(&before_view);
+    // The conversation the previous call saw, read from the events of its view (the messages
+    // `messages_for_call` builds of them, without building them).
+    let view = session.view_event_indices(&session.calls[previous]);
+    let events = || view.iter().filter_map(|&i| session.recording.events.get(i));
+    let attachment_texts: Vec<String> = events()
+        .filter_map(|e| match &e.kind {
+            EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => Some(attachment_text(attachment)),
+            _ => None,
+        })
+        .collect();
+    let mut before = RefSet::default();
+    let mut read_before = BTreeSet::new();
+    for event in events() {
+        match &event.kind {
+            EventKind::UserPrompt(prompt) => {
+                content_references(&prompt.content, &mut before);
+                if let MessageContent::Blocks(blocks) = &prompt.content {
+                    add_read_paths(blocks, &mut read_before);
+                }
+            }
+            EventKind::ToolResult(result) => match &result.content {
+                Some(ToolResultContent::Text(text)) => each_reference(text, &mut |r| {
+                    before.insert(r);
+                }),
+                Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| block_references(b, &mut before)),
+                None => {}
+            },
+            EventKind::ModelReply(reply) => {
+                reply.content.iter().for_each(|b| block_references(b, &mut before));
+                add_read_paths(&reply.content, &mut read_before);
+            }
+            _ => {}
+        }
+    }
+    for text in &attachment_texts {
+        each_reference(text, &mut |r| {
+            before.insert(r);
+        });
+    }
     let kept = borrowed_references(after);
     // Sorted: the first lost ones are shown.
     let dropped: BTreeSet<&str> = before.difference(&kept).copied().collect();
-    let read_before = read_paths(&before_view);
     // What later recorded turns use, up to the next compaction of the main lane.
     let mut used = RefSet::default();
     let mut rereads = 0;

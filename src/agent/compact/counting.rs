@@ -2,7 +2,7 @@
 //! chain. It is deliberately separate from the measurement estimators in `measure::tokens`.
 
 use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent, Usage};
-use crate::measure::tokens::chars4;
+use crate::measure::tokens::{chars4, json_utf16_len, utf16_len};
 
 use super::config::CompactConfig;
 use super::context::{Entry, ModelLimits};
@@ -15,8 +15,9 @@ pub fn rough(text: &str) -> u64 {
     u64::from(chars4(text))
 }
 
-fn json(value: &impl serde::Serialize) -> String {
-    serde_json::to_string(value).unwrap_or_default()
+/// [`rough`] of a text of `units` UTF-16 units (a text counted without being built).
+fn rough_units(units: usize) -> u64 {
+    ((units + 2) / 4) as u64
 }
 
 /// `roughTokenCountEstimationForBlock`.
@@ -29,10 +30,10 @@ pub fn rough_block(block: &ContentBlock) -> u64 {
             Some(ToolResultContent::Text(text)) => rough(text),
             Some(ToolResultContent::Blocks(blocks)) => blocks.iter().map(rough_block).sum(),
         },
-        ContentBlock::ToolUse { name, input, .. } => rough(&format!("{name}{}", json(input))),
+        ContentBlock::ToolUse { name, input, .. } => rough_units(utf16_len(name) + json_utf16_len(input)),
         ContentBlock::Thinking { thinking, .. } => rough(thinking),
         ContentBlock::RedactedThinking { data, .. } => rough(data),
-        other => rough(&json(other)),
+        other => rough_units(json_utf16_len(other)),
     }
 }
 
