@@ -252,7 +252,8 @@ impl AgentRun {
 /// less the run under the what-if: the main-lane TTLs of `ttls`, the autocompact thresholds
 /// ([`AUTOCOMPACT_PCTS`]) and every preset but [`AGENT_PRESETS_LEFT_OUT`] (the `preset` what-if:
 /// the cheapest at no more information loss: [`agent_info_loss`] and the tokens dropped). Strategies with one effective
-/// setting are one run; strategies that differ only in their autocompact threshold are one
+/// setting are one run (a knob only the record-based replay reads, `replay_recorded_microcompact`,
+/// left out); strategies that differ only in their autocompact threshold are one
 /// family ([`super::agent_whatif::agent_whatif_family`]: a threshold the session never reaches
 /// costs no run of its own); families run in parallel. Returns the what-ifs, every preset
 /// weighed, and where the run as recorded parts from the recording.
@@ -294,12 +295,19 @@ fn agent_whatifs(
     }
     // One run per effective setting; the runs grouped by family (a refused strategy alone).
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
-    let mut families: BTreeMap<String, BTreeMap<String, &Strategy>> = BTreeMap::new();
-    for ((_, _, strategy), key) in candidates.iter().zip(&keys) {
-        let family = family_key(strategy, &prepared).unwrap_or_else(|| format!("refused {key}"));
+    // A knob only the record-based replay reads (whether it applies the recorded microcompacts)
+    // gives the agent the same run: strategies that differ in it alone share the run (their
+    // what-ifs still say what they are: priced against the run as recorded, not "the same
+    // settings").
+    let as_run = |strategy: &Strategy| Strategy { replay_recorded_microcompact: base.replay_recorded_microcompact, ..strategy.clone() };
+    let run_keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(&as_run(s), &prepared)).collect();
+    let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
+    for ((_, _, strategy), key) in candidates.iter().zip(&run_keys) {
+        let strategy = as_run(strategy);
+        let family = family_key(&strategy, &prepared).unwrap_or_else(|| format!("refused {key}"));
         families.entry(family).or_default().entry(key.clone()).or_insert(strategy);
     }
-    let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().map(|(k, s)| (k, s.clone())).collect()).collect();
+    let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().collect()).collect();
     let runs: BTreeMap<String, Result<AgentRun, String>> = families
         .par_iter()
         .with_max_len(1)
@@ -310,13 +318,13 @@ fn agent_whatifs(
         })
         .collect();
     let run_of = |key: &String| runs.get(key).cloned().unwrap_or_else(|| Err("no run".to_owned()));
-    let as_recorded = run_of(&keys[0]).map_err(|e| format!("the run as recorded: {e}"))?;
+    let as_recorded = run_of(&run_keys[0]).map_err(|e| format!("the run as recorded: {e}"))?;
     let base_threshold = thresholds_of(&base, &prepared).autocompact;
     // (Session memory compaction fires at the autocompact threshold too.)
     let auto_compacted = |run: &AgentRun| run.compactions.iter().any(|(_, stage)| stage == "autocompact" || stage == "session_memory_compact");
     let mut whatifs = Vec::new();
     let mut presets = Vec::new();
-    for ((label, kind, strategy), key) in candidates.iter().zip(&keys).skip(1) {
+    for (((label, kind, strategy), key), run_key) in candidates.iter().zip(&keys).zip(&run_keys).skip(1) {
         if *key == keys[0] {
             let whatif = WhatIf::unchanged(label.clone(), "the same settings as the run as recorded on this session".to_owned());
             match kind {
@@ -325,7 +333,7 @@ fn agent_whatifs(
             }
             continue;
         }
-        let run = match run_of(key) {
+        let run = match run_of(run_key) {
             Ok(run) => run,
             Err(e) => {
                 // Not judged is no answer: not "no effect" (counted as unchanged), but not

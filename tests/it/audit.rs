@@ -312,6 +312,13 @@ fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
         assert!(priced != refused, "{p}");
         assert!(p["diverges_from"].as_u64().is_some() && !p["divergence"].as_str().unwrap().is_empty(), "{p}");
     }
+    // claude-code-no-microcompact differs from the run as recorded only in whether a replay
+    // applies the recorded microcompacts (the agent's own microcompact is off in both), which
+    // the agent does not read: it shares the run as recorded's run, and says so by saving
+    // nothing at no other loss (priced, not reported as the same settings).
+    let nomc = presets.iter().find(|p| p["name"] == "preset=claude-code-no-microcompact").unwrap();
+    assert!(nomc.get("no_effect").is_none() && nomc.get("not_comparable").is_none(), "{nomc}");
+    assert!(nomc["saving_usd"] == 0.0 && nomc["info_loss_delta"] == 0 && nomc["tokens_dropped_delta"] == 0, "{nomc}");
     // Context editing (the server clearing old tool uses): a saving against the agent's run as
     // recorded, its loss, and the call its conversation parts from. It clears more than the
     // recorded compaction took from the model's view: not "no more information loss".
