@@ -67,7 +67,7 @@ pub struct AuditArgs {
     /// What runs the what-ifs: `replay` (the default: the record-based replay; TTL, thresholds
     /// and the presets whose loss it judges) or `agent` (the agent itself, driven by each
     /// session, as recorded and under each what-if, as `compare` runs it; every preset is
-    /// weighed, at about 35× the replay's CPU, see README.md, "audit"). The billed tokens, the
+    /// weighed, at about 13× the replay's CPU, see README.md, "audit"). The billed tokens, the
     /// cost and the breaks come from the recorded usage either way. Every output names the
     /// engine.
     #[arg(long, value_enum, default_value = "replay")]

@@ -513,7 +513,11 @@ fn workload_with(
                 } else {
                     leave(&mut report, &format!("compaction_{}", compaction.trigger));
                 }
-                if let Some(summary) = compaction.summary.as_ref().filter(|s| !s.is_empty()) {
+                // A compaction before anything the file drives (a file that opens with one,
+                // 0254) was not the agent's: its summary is the opening prompt, not the reply
+                // to the agent's first compaction.
+                let before_the_file = compaction.trigger != "manual" && script.iter().all(|s| s.get("assistant").is_none() && s.get("user").is_none());
+                if let Some(summary) = compaction.summary.as_ref().filter(|s| !s.is_empty() && !before_the_file) {
                     compact_replies.push(json!({ "assistant": [{ "text": format!("<summary>\n{summary}\n</summary>") }], "lane": "compact" }));
                     report.compaction_summaries += 1;
                 }

@@ -114,9 +114,10 @@ pub fn check_yaml_depth(text: &str) -> Result<(), (usize, String)> {
         }
         if scan.quote.is_some() || scan.flow > 0 {
             // Inside a quoted scalar or a flow collection: no block structure on this line.
-            let deepest = scan.run(content);
-            if indents.len() + deepest > MAX_YAML_DEPTH {
-                return Err(too_deep(i, indents.len() + deepest));
+            // Nested below the block entries of the line that opened it.
+            let deepest = scan.base + scan.run(content);
+            if deepest > MAX_YAML_DEPTH {
+                return Err(too_deep(i, deepest));
             }
             continue;
         }
@@ -150,6 +151,7 @@ pub fn check_yaml_depth(text: &str) -> Result<(), (usize, String)> {
         if is_block_scalar_header(value) {
             block_scalar = Some(if keyed { line.len() - rest.len() } else { column });
         } else if value.starts_with(['[', '{', '"', '\'']) {
+            scan.base = depth_before;
             let deepest = scan.value(value);
             if depth_before + deepest > MAX_YAML_DEPTH {
                 return Err(too_deep(i, depth_before + deepest));
@@ -175,8 +177,11 @@ struct FlowScan {
     quote: Option<char>,
     /// The previous character in double quotes was an unescaped backslash.
     escaped: bool,
-    /// A node may start here (after `[`, `{`, `,` or `:`): only there does a quote open a scalar.
+    /// A node may start here (after `[`, `{`, `,` or a `:` that ends a key): only there does a
+    /// quote open a scalar.
     node_start: bool,
+    /// The block depth of the line that opened the flow collection or quoted scalar.
+    base: usize,
 }
 
 impl FlowScan {
@@ -185,6 +190,12 @@ impl FlowScan {
     fn run(&mut self, text: &str) -> usize {
         let mut deepest = self.flow;
         let mut after_space = true;
+        // A backslash at the end of the previous line escaped its line break, not this line's
+        // first character.
+        self.escaped = false;
+        // The last token closed a quoted scalar or a flow collection (`"a":` is a key there,
+        // as JSON writes it; `a:b` in plain text is not).
+        let mut after_close = false;
         let mut chars = text.chars().peekable();
         while let Some(c) = chars.next() {
             if let Some(q) = self.quote {
@@ -198,6 +209,7 @@ impl FlowScan {
                 } else if c == q {
                     self.quote = None;
                     self.node_start = false;
+                    after_close = true;
                 }
                 after_space = false;
                 continue;
@@ -215,12 +227,29 @@ impl FlowScan {
                     self.flow = self.flow.saturating_sub(1);
                     self.node_start = false;
                 }
-                ',' | ':' => self.node_start = true,
+                ',' => self.node_start = true,
+                // A `:` ends a key when a blank follows it (libyaml's plain scalars run past any
+                // other), or right after a closed quote or collection.
+                ':' => self.node_start = after_close || matches!(chars.peek(), None | Some(' ' | '\t')),
                 _ if space => {}
                 _ => self.node_start = false,
             }
-            // Outside flow collections and quotes, the rest of a block value is plain text.
+            if !space {
+                after_close = matches!(c, ']' | '}');
+            }
+            // Outside flow collections and quotes, the rest of a block value is plain text,
+            // unless the collection or quote just closed was a key: its value follows the `: `.
             if self.flow == 0 && self.quote.is_none() && !space {
+                if after_close || (c == '"' || c == '\'') {
+                    let mut look = chars.clone();
+                    while look.next_if(|c| matches!(c, ' ' | '\t')).is_some() {}
+                    if look.next() == Some(':') && matches!(look.peek(), None | Some(' ' | '\t')) {
+                        chars = look;
+                        self.node_start = true;
+                        after_space = true;
+                        continue;
+                    }
+                }
                 break;
             }
             after_space = space;

@@ -178,6 +178,12 @@ fn fidelity_defaults_to_the_agent_and_refuses_the_replays_ablations_without_it()
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["engine"], "agent", "{stdout}");
     assert!(report["agent"].is_object() && report["breaks"].is_array(), "{stdout}");
+    // The breaks' causes are read from the record whichever engine rebuilt the requests: a6e4's
+    // three breaks after long gaps are the TTL's, through the agent as through the replay.
+    let causes = |report: &serde_json::Value| -> Vec<String> { report["breaks"].as_array().unwrap().iter().map(|b| b["cause"].as_str().unwrap().to_owned()).collect() };
+    assert_eq!(causes(&report), ["ttl_expired", "ttl_expired", "ttl_expired", "compaction"], "{stdout}");
+    let (replayed, _) = ctxsim_ok(&["fidelity", "--engine", "replay", "--estimator", "chars4", "--format", "json", "--breaks", session.as_str()]);
+    assert_eq!(causes(&report), causes(&serde_json::from_str(&replayed).unwrap()));
     let (table, _) = ctxsim_ok(&["fidelity", "--estimator", "chars4", session.as_str()]);
     assert!(table.contains("\nengine: agent (") && table.contains("session (through the agent)"), "{table}");
     let (stdout, _) = ctxsim_ok(&["fidelity", "--engine", "replay", "--estimator", "chars4", "--format", "json", "--no-side-entry", session.as_str()]);

@@ -276,7 +276,7 @@ fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
     let one = run("1", &["--engine", "agent"]);
     assert_eq!(one, run("2", &["--engine", "agent"]), "--jobs 1 and 2 differ");
     let agent: Value = serde_json::from_slice(&one).unwrap();
-    // The default engine is the replay (the agent's what-ifs cost about 35× its CPU).
+    // The default engine is the replay (the agent's what-ifs cost about 13× its CPU).
     let replay: Value = serde_json::from_slice(&run("2", &[])).unwrap();
     assert_eq!(replay["engine"], "replay");
     assert_eq!(agent["engine"], "agent");

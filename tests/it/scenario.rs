@@ -460,4 +460,14 @@ fn nesting_the_parser_reads_is_refused() {
     let after: String = (0..deep).map(|i| format!("{}- \n", "  ".repeat(i))).collect();
     refused(&format!("a: |\n  text\nb:\n{after}"));
     refused(&format!("- a: |\n    text\n  b:\n{after}"));
+    // A backslash ending a double-quoted line escapes the line break, not the next line's quote.
+    refused(&format!("a: \"x\\\n  \"\nb: {}\n", "[".repeat(deep)));
+    // A flow collection as a key: its value follows the `: `.
+    refused(&format!("[a]: {}\n", "[".repeat(deep)));
+    refused(&format!("- {{a: 1}}: {}\n", "[".repeat(deep)));
+    // A `:` inside plain text opens no quote after it.
+    refused(&format!("world: [a:'x, {}\n", "[".repeat(deep)));
+    // Lines inside a flow collection sit below the block entries of the line that opened it.
+    let entries = "- ".repeat(MAX_YAML_DEPTH - 4);
+    refused(&format!("{entries}[\n{}\n", "[".repeat(8)));
 }
