@@ -23,6 +23,10 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             }
         }
     }
+    if args.engine == Engine::Replay && args.strategy != "claude-code" {
+        // The record-based engine rebuilds the recorded requests: no strategy reaches them.
+        anyhow::bail!("--strategy {} runs through the agent only: drop `--engine replay` (the record-based engine measures the session as recorded)", args.strategy);
+    }
     // A fit tokenizes with bpe whatever the estimator.
     super::common::warm_tokenizer(if args.fit.is_some() || args.cross_validate.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();

@@ -190,6 +190,10 @@ fn fidelity_defaults_to_the_agent_and_refuses_the_replays_ablations_without_it()
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["engine"], "replay");
     assert!(report.get("agent").is_none(), "{stdout}");
+    let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--engine", "replay", "--strategy", "codex", session.as_str()]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--strategy codex runs through the agent only"), "{stderr}");
     for flag in ["--no-side-entry", "--no-rerender", "--no-recorded-requests"] {
         let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--estimator", "chars4", flag, session.as_str()]).output().unwrap();
         let stderr = String::from_utf8_lossy(&run.stderr);
