@@ -147,7 +147,19 @@ pub struct ImportedSession {
     /// For a session made by [`ImportedSession::with_compaction_edits`]: the first event index
     /// at which it differs from the session it was made from.
     first_edited_event: Option<usize>,
+    /// For a session made by [`ImportedSession::with_compaction_edits`]: per event, its index in
+    /// the imported session the edits started from ([`NO_ORIGIN`] for an event an edit put in);
+    /// `None` for that session itself (every event its own).
+    origin: Option<std::sync::Arc<[u32]>>,
+    /// The references of the imported session's events, memoized for judging information loss
+    /// ([`crate::replay::loss::compaction_loss`]); shared by every session edited from it, which
+    /// reach it through [`Self::origin_of`]. Valid while the events are not changed in place
+    /// (nothing does: a session is edited by making another).
+    references: std::sync::Arc<crate::replay::loss::ReferenceMemo>,
 }
+
+/// [`ImportedSession::origin`] of an event an edit put in.
+const NO_ORIGIN: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Default)]
 struct ChainNode {
@@ -261,7 +273,22 @@ impl ImportedSession {
         let mut report = ImportReport::new(recording.header.input.as_deref().unwrap_or(""), "recording");
         report.events = recording.events.len();
         report.calls = calls.len();
-        ImportedSession { recording, calls, report, api_requests: ApiRequests::default(), chain: Chain::default(), first_edited_event: None }
+        let references = std::sync::Arc::new(crate::replay::loss::ReferenceMemo::new(recording.events.len()));
+        ImportedSession { recording, calls, report, api_requests: ApiRequests::default(), chain: Chain::default(), first_edited_event: None, origin: None, references }
+    }
+
+    /// The index of event `i` in the imported session this one was edited from (itself when it
+    /// was not edited); `None` for an event an edit put in.
+    pub(crate) fn origin_of(&self, i: usize) -> Option<usize> {
+        match &self.origin {
+            None => Some(i),
+            Some(origin) => origin.get(i).copied().filter(|&o| o != NO_ORIGIN).map(|o| o as usize),
+        }
+    }
+
+    /// The references memoized per event of the imported session ([`Self::origin_of`]).
+    pub(crate) fn reference_memo(&self) -> &crate::replay::loss::ReferenceMemo {
+        &self.references
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -705,6 +732,7 @@ impl ImportedSession {
 
         // The new event list, and old index → new index.
         let mut out: Vec<Event> = Vec::with_capacity(events.len() + 3 * inserts.len());
+        let mut origin: Vec<u32> = Vec::with_capacity(out.capacity());
         let mut map: Vec<Option<usize>> = vec![None; events.len()];
         for (i, event) in events.iter().enumerate() {
             if let Some(new_events) = inserts.get(&i) {
@@ -713,11 +741,13 @@ impl ImportedSession {
                         nodes[*node].1 = vec![out.len()];
                     }
                     out.push(event.clone());
+                    origin.push(NO_ORIGIN);
                 }
             }
             if !removed.contains(&i) {
                 map[i] = Some(out.len());
                 out.push(event.clone());
+                origin.push(self.origin_of(i).and_then(|o| u32::try_from(o).ok()).unwrap_or(NO_ORIGIN));
             }
         }
         for (node, (_, node_events)) in nodes.iter_mut().enumerate() {
@@ -733,7 +763,16 @@ impl ImportedSession {
         // Events before the first insertion or removal keep their index, content and chain (a
         // reparented node holds an event at or after one).
         let first_edited_event = inserts.keys().chain(removed.iter()).min().copied();
-        ImportedSession { recording, calls, report, api_requests: self.api_requests.clone(), chain: Chain { index, nodes }, first_edited_event }
+        ImportedSession {
+            recording,
+            calls,
+            report,
+            api_requests: self.api_requests.clone(),
+            chain: Chain { index, nodes },
+            first_edited_event,
+            origin: Some(origin.into()),
+            references: self.references.clone(),
+        }
     }
 
     /// For a session made by [`Self::with_compaction_edits`] (with at least one edit): the first
@@ -1110,7 +1149,8 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     report.totals_by_lane = by_lane;
     report.api_requests = api.requests.len();
     report.api_requests_of_calls = calls.iter().filter(|c| c.request_ref.as_ref().is_some_and(|r| api.requests.contains_key(r))).count();
-    ImportedSession { recording, calls, report, api_requests: api, chain: Chain::new(chain), first_edited_event: None }
+    let references = std::sync::Arc::new(crate::replay::loss::ReferenceMemo::new(recording.events.len()));
+    ImportedSession { recording, calls, report, api_requests: api, chain: Chain::new(chain), first_edited_event: None, origin: None, references }
 }
 
 /// Stable k-way merge by time; returns the merged events and, for lane 0, old → new index.

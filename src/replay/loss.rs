@@ -16,7 +16,9 @@
 //! `snake_case` or `camelCase` (holds a `_` or a lower-to-upper change). Later recorded turns
 //! are the ones the recording holds, whatever the strategy: the same work is assumed to happen.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -24,7 +26,7 @@ use serde_json::Value;
 use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
-use crate::recording::{EventKind, ImportedSession};
+use crate::recording::{EventKind, ImportedSession, UserPrompt};
 
 /// References of a lost list shown by name (the rest are counted).
 pub const SHOWN_REFERENCES: usize = 5;
@@ -168,10 +170,257 @@ fn add_read_paths<'a>(blocks: &'a [ContentBlock], out: &mut BTreeSet<&'a str>) {
     }
 }
 
+/// The references of the events of an imported session, each event's found once and shared
+/// by every compaction judged in that session or in a session edited from it (the what-ifs':
+/// their conversations are mostly the imported session's events again). A reference is
+/// numbered once per memo ([`Names`]); an event's are its distinct numbers. Shared between
+/// threads: an event's numbers are set once, and numbers are only ever added.
+#[derive(Debug)]
+pub struct ReferenceMemo {
+    names: RwLock<Names>,
+    /// Per event: the references of its content in the conversation
+    /// ([`held_references`]).
+    held: Box<[OnceLock<Box<[u32]>>]>,
+    /// Per model reply: the references of its tool calls' inputs (what a later turn uses).
+    used: Box<[OnceLock<Box<[u32]>>]>,
+}
+
+#[derive(Debug, Default)]
+struct Names {
+    ids: rustc_hash::FxHashMap<Arc<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+impl Names {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 distinct references");
+        let name: Arc<str> = name.into();
+        self.names.push(name.clone());
+        self.ids.insert(name, id);
+        id
+    }
+}
+
+impl ReferenceMemo {
+    /// A memo for a session of `events` events.
+    pub fn new(events: usize) -> ReferenceMemo {
+        let slots = || (0..events).map(|_| OnceLock::new()).collect();
+        ReferenceMemo { names: RwLock::new(Names::default()), held: slots(), used: slots() }
+    }
+
+    fn numbers(&self, refs: RefSet<'_>) -> Box<[u32]> {
+        if refs.is_empty() {
+            return Box::default();
+        }
+        let mut names = self.names.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        refs.into_iter().map(|r| names.id(r)).collect()
+    }
+
+    /// The numbers of the references event `i` of `session` holds (`used`: of those a later
+    /// turn uses), memoized when the event is one of the imported session's.
+    fn event<'s>(&'s self, session: &ImportedSession, i: usize, used: bool) -> Cow<'s, [u32]> {
+        let Some(event) = session.recording.events.get(i) else { return Cow::Borrowed(&[]) };
+        let compute = || if used { self.numbers(used_references(&event.kind)) } else { held_references(&event.kind, |refs| self.numbers(refs)) };
+        let slots = if used { &self.used } else { &self.held };
+        match session.origin_of(i).and_then(|o| slots.get(o)) {
+            Some(slot) => Cow::Borrowed(slot.get_or_init(compute)),
+            None => Cow::Owned(compute().into_vec()),
+        }
+    }
+}
+
+/// The references event `kind` holds in the conversation: its content as a message holds it
+/// (a prompt's, a tool result's, a reply's blocks, a sent attachment's text), given to `with`.
+fn held_references<T>(kind: &EventKind, with: impl FnOnce(RefSet<'_>) -> T) -> T {
+    fn text<'a>(t: &'a str, refs: &mut RefSet<'a>) {
+        each_reference(t, &mut |r| {
+            refs.insert(r);
+        })
+    }
+    let mut refs = RefSet::default();
+    match kind {
+        EventKind::UserPrompt(prompt) => content_references(&prompt.content, &mut refs),
+        EventKind::ToolResult(result) => match &result.content {
+            Some(ToolResultContent::Text(t)) => text(t, &mut refs),
+            Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| block_references(b, &mut refs)),
+            None => {}
+        },
+        EventKind::ModelReply(reply) => reply.content.iter().for_each(|b| block_references(b, &mut refs)),
+        EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
+            let rendered = attachment_text(attachment);
+            let mut owned = RefSet::default();
+            text(&rendered, &mut owned);
+            return with(owned);
+        }
+        _ => {}
+    }
+    with(refs)
+}
+
+/// The references of event `kind` a later turn uses: a model reply's tool calls' inputs, a
+/// prompt's content (the caller leaves out a compaction's summary).
+fn used_references(kind: &EventKind) -> RefSet<'_> {
+    let mut refs = RefSet::default();
+    match kind {
+        EventKind::ModelReply(reply) => {
+            for block in &reply.content {
+                if let ContentBlock::ToolUse { input, .. } = block {
+                    value_references(input, &mut refs);
+                }
+            }
+        }
+        EventKind::UserPrompt(prompt) => content_references(&prompt.content, &mut refs),
+        _ => {}
+    }
+    refs
+}
+
+/// Calls `f` with each reference of `messages` (repeats included).
+fn each_message_reference<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
+    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
+        match v {
+            Value::String(s) => each_reference(s, f),
+            Value::Array(items) => items.iter().for_each(|v| value(v, f)),
+            Value::Object(map) => map.values().for_each(|v| value(v, f)),
+            _ => {}
+        }
+    }
+    fn block<'a>(b: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
+        match b {
+            ContentBlock::Text { text, .. } => each_reference(text, f),
+            ContentBlock::Thinking { thinking, .. } => each_reference(thinking, f),
+            ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
+            ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => each_reference(t, f),
+            ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| block(b, f)),
+            _ => {}
+        }
+    }
+    for message in messages {
+        match &message.content {
+            MessageContent::Text(text) => each_reference(text, f),
+            MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block(b, f)),
+        }
+    }
+}
+
+/// A set of small numbers.
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(len: usize) -> Bits {
+        Bits(vec![0; len.div_ceil(64)])
+    }
+
+    fn insert(&mut self, i: u32) {
+        self.0[i as usize / 64] |= 1 << (i % 64);
+    }
+
+    fn contains(&self, i: u32) -> bool {
+        self.0.get(i as usize / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+}
+
 /// The loss of the compaction before the main-lane call at `call_index` of `session`, whose
 /// request holds `after` (summary, restored files and what follows) and whose previous main
 /// call is `previous`; `context_before` and `context_after` are the two calls' contexts.
 pub fn compaction_loss(
+    session: &ImportedSession,
+    call_index: usize,
+    previous: usize,
+    after: &[Message],
+    context_before: u64,
+    context_after: u64,
+) -> CompactionLoss {
+    let memo = session.reference_memo();
+    // The conversation the previous call saw, read from the events of its view (the messages
+    // `messages_for_call` builds of them, without building them); each event's references
+    // from the memo.
+    let view = session.view_event_indices(&session.calls[previous]);
+    let before_numbers: Vec<Cow<[u32]>> = view.iter().map(|&i| memo.event(session, i, false)).collect();
+    let mut read_before = BTreeSet::new();
+    for event in view.iter().filter_map(|&i| session.recording.events.get(i)) {
+        match &event.kind {
+            EventKind::UserPrompt(UserPrompt { content: MessageContent::Blocks(blocks), .. }) => add_read_paths(blocks, &mut read_before),
+            EventKind::ModelReply(reply) => add_read_paths(&reply.content, &mut read_before),
+            _ => {}
+        }
+    }
+    // What later recorded turns use, up to the next compaction of the main lane.
+    let mut used_numbers: Vec<Cow<[u32]>> = Vec::new();
+    let mut rereads = 0;
+    let start = session.calls[call_index].event_index;
+    for (i, event) in session.recording.events.iter().enumerate().skip(start) {
+        if event.lane != LANE_MAIN {
+            continue;
+        }
+        match &event.kind {
+            EventKind::Compaction(_) => break,
+            EventKind::ModelReply(reply) => {
+                used_numbers.push(memo.event(session, i, true));
+                for block in &reply.content {
+                    if let ContentBlock::ToolUse { name, input, .. } = block
+                        && name == "Read"
+                        && input.get("file_path").and_then(Value::as_str).is_some_and(|p| read_before.contains(p))
+                    {
+                        rereads += 1;
+                    }
+                }
+            }
+            // A prompt's references a later turn uses are those it holds.
+            EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => used_numbers.push(memo.event(session, i, false)),
+            _ => {}
+        }
+    }
+    let names = memo.names.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut before = Bits::new(names.names.len());
+    for &n in before_numbers.iter().flat_map(|ns| ns.iter()) {
+        before.insert(n);
+    }
+    // Those `after` holds too (a reference no event holds is not one of them).
+    let mut kept = Bits::new(names.names.len());
+    each_message_reference(after, &mut |r| {
+        if let Some(&n) = names.ids.get(r)
+            && before.contains(n)
+        {
+            kept.insert(n);
+        }
+    });
+    let mut used = Bits::new(names.names.len());
+    for &n in used_numbers.iter().flat_map(|ns| ns.iter()) {
+        used.insert(n);
+    }
+    let mut references_dropped = 0;
+    // Sorted: the first lost ones are shown.
+    let mut lost: Vec<&str> = Vec::new();
+    for (word, (b, k)) in before.0.iter().zip(&kept.0).enumerate() {
+        let mut dropped = b & !k;
+        references_dropped += dropped.count_ones() as usize;
+        let u = used.0[word];
+        dropped &= u;
+        while dropped != 0 {
+            let bit = dropped.trailing_zeros();
+            lost.push(&names.names[word * 64 + bit as usize]);
+            dropped &= dropped - 1;
+        }
+    }
+    lost.sort_unstable();
+    CompactionLoss {
+        call: session.calls[call_index].index,
+        tokens_dropped: context_before.saturating_sub(context_after),
+        references_dropped,
+        references_lost: lost.len(),
+        lost: lost.iter().take(SHOWN_REFERENCES).map(|r| (*r).to_owned()).collect(),
+        rereads,
+    }
+}
+
+/// [`compaction_loss`] found by scanning every text each time, without the memo (what the
+/// tests compare it with).
+#[doc(hidden)]
+pub fn compaction_loss_by_scan(
     session: &ImportedSession,
     call_index: usize,
     previous: usize,

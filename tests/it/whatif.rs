@@ -328,6 +328,71 @@ fn whatif_information_loss_per_compaction_on_a_real_session() {
     assert!(lines[0].contains(&format!("{} tokens dropped, {} of {} dropped references used later", first.tokens_dropped, first.references_lost, first.references_dropped)), "{}", lines[0]);
 }
 
+/// The information loss judged from the references memoized per event (shared by a session and
+/// every session edited from it) equals the loss found by scanning every text again: on every
+/// real session, each recorded main-lane compaction, in the session, after it and in sessions
+/// edited from it (a compaction inserted, the recorded one removed), whichever is judged first.
+#[test]
+fn whatif_compaction_loss_from_the_memo_equals_a_scan() {
+    use ctxsim::replay::loss::{compaction_loss, compaction_loss_by_scan};
+    let judge = |s: &ImportedSession, at: usize, summary: Option<&str>| {
+        // `at`: position of a main call after a compaction; the previous main call before it.
+        let previous = s.calls[..at].iter().rposition(|c| c.lane == "main").unwrap();
+        let mut after = s.messages_for_call(&s.calls[at]);
+        if let Some(summary) = summary {
+            after.push(ctxsim::api::Message::user_text(summary));
+        }
+        let memo = compaction_loss(s, at, previous, &after, 150_000, 20_000);
+        let scan = compaction_loss_by_scan(s, at, previous, &after, 150_000, 20_000);
+        assert_eq!(memo, scan, "{} call {at}", s.report.input);
+        memo
+    };
+    let mut judged = 0;
+    let mut lost = 0;
+    for path in crate::support::real_transcripts() {
+        let session = load_session(&path).unwrap();
+        let main: Vec<usize> = (0..session.calls.len()).filter(|&p| session.calls[p].lane == "main" && !session.calls[p].is_synthetic).collect();
+        if main.len() < 4 {
+            continue;
+        }
+        let after_boundary = |s: &ImportedSession| -> Vec<(usize, usize)> {
+            let boundaries: Vec<usize> = s.recording.events.iter().enumerate().filter(|(_, e)| e.lane == "main" && matches!(e.kind, EventKind::Compaction(_))).map(|(i, _)| i).collect();
+            boundaries
+                .iter()
+                .filter_map(|&b| s.calls.iter().position(|c| c.lane == "main" && c.event_index > b && s.calls.iter().any(|p| p.lane == "main" && p.event_index < b)).map(|p| (b, p)))
+                .collect()
+        };
+        // An edited session judged before its session: its memo is the session's.
+        let at = &session.calls[main[main.len() / 2]];
+        let edit = CompactionEdit::Insert { before: at.event_index, pre_tokens: 100_000, summary: "stand-in naming src/replay/loss.rs".into(), summary_output_tokens: 2_000, model: at.model.clone() };
+        let inserted = session.with_compaction_edits(&[edit]);
+        let moved = inserted.calls.iter().position(|c| c.message_id == at.message_id).unwrap();
+        lost += judge(&inserted, moved, Some("stand-in naming src/replay/loss.rs and parse_line")).references_lost;
+        judged += 1;
+        for (boundary, at) in after_boundary(&session) {
+            lost += judge(&session, at, None).references_lost;
+            let removed = session.with_compaction_edits(&[CompactionEdit::Remove { boundary }]);
+            for (_, at) in after_boundary(&removed) {
+                judge(&removed, at, None);
+            }
+            judged += 1;
+        }
+        // An edit of an edited session: its events reach the first session's memo.
+        let later = inserted.calls[moved + 1..].iter().find(|c| c.lane == "main" && !c.is_synthetic).unwrap();
+        let twice = inserted.with_compaction_edits(&[CompactionEdit::Insert {
+            before: later.event_index,
+            pre_tokens: 100_000,
+            summary: "another stand-in".into(),
+            summary_output_tokens: 2_000,
+            model: later.model.clone(),
+        }]);
+        for (_, at) in after_boundary(&twice) {
+            judge(&twice, at, Some("another stand-in"));
+        }
+    }
+    assert!(judged >= 20 && lost > 0, "{judged} judged, {lost} lost");
+}
+
 /// A projection of a message list that the replay must keep: per message its role and its
 /// blocks' kinds and ids (parallel results as a set: the client sends them in tool_use order).
 fn projection(messages: &[ctxsim::api::Message]) -> Projected {
