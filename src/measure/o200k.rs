@@ -77,6 +77,8 @@ const LONG_PIECE: usize = 1024;
 const O200K_ORDINARY_TOKENS: Rank = 199_998;
 /// Pieces up to this length are handled as a packed `u128`.
 const SHORT_PIECE: usize = 15;
+/// Pieces shorter than this are merged in buffers on the stack ([`O200k::merged_parts`]).
+const STACK_MERGE: usize = 128;
 /// At most this many short non-token pieces are memoized per run ([`Counter`]).
 const MEMO_CAP: usize = 1 << 20;
 
@@ -365,17 +367,36 @@ impl O200k {
         if piece.len() < 2 {
             return piece.len() as u32;
         }
-        // `starts[k]`: where part k starts, `starts.last()` the end; `joins[k]`: the rank of
-        // parts k and k + 1 joined (`Rank::MAX`: not a token; the last entry has no pair).
-        let mut starts: Vec<usize> = (0..=piece.len()).collect();
-        let join = |starts: &[usize], k: usize| match starts.get(k + 2) {
-            Some(&end) => self.rank(&piece[starts[k]..end]).unwrap_or(Rank::MAX),
-            None => Rank::MAX,
+        // Most pieces that are not tokens are short: their part boundaries and pair ranks fit
+        // on the stack, so counting one allocates nothing.
+        if piece.len() < STACK_MERGE {
+            let mut starts = [0usize; STACK_MERGE + 1];
+            let mut joins = [Rank::MAX; STACK_MERGE + 1];
+            self.merge(piece, &mut starts[..=piece.len()], &mut joins[..=piece.len()])
+        } else {
+            self.merge(piece, &mut vec![0; piece.len() + 1], &mut vec![Rank::MAX; piece.len() + 1])
+        }
+    }
+
+    /// [`Self::merged_parts`] of a piece of two bytes or more in the buffers given
+    /// (`piece.len() + 1` entries each, contents ignored).
+    fn merge(&self, piece: &[u8], starts: &mut [usize], joins: &mut [Rank]) -> u32 {
+        // `starts[k]`: where part k starts, `starts[parts]` the end; `joins[k]`: the rank of
+        // parts k and k + 1 joined (`Rank::MAX`: not a token; entry `parts - 1` has no pair).
+        // Entries past `parts` are stale.
+        let mut parts = piece.len();
+        for (k, start) in starts.iter_mut().enumerate() {
+            *start = k;
+        }
+        let join = |starts: &[usize], parts: usize, k: usize| {
+            if k + 2 <= parts { self.rank(&piece[starts[k]..starts[k + 2]]).unwrap_or(Rank::MAX) } else { Rank::MAX }
         };
-        let mut joins: Vec<Rank> = (0..starts.len()).map(|k| join(&starts, k)).collect();
+        for k in 0..parts {
+            joins[k] = join(starts, parts, k);
+        }
         loop {
             let mut best = (Rank::MAX, 0);
-            for (k, &rank) in joins[..joins.len() - 1].iter().enumerate() {
+            for (k, &rank) in joins[..parts - 1].iter().enumerate() {
                 if rank < best.0 {
                     best = (rank, k);
                 }
@@ -384,14 +405,16 @@ impl O200k {
                 break;
             }
             let k = best.1;
-            starts.remove(k + 1);
-            joins.remove(k + 1);
-            joins[k] = join(&starts, k);
+            // Parts k and k + 1 become one: drop boundary k + 1 and pair k + 1.
+            starts.copy_within(k + 2..=parts, k + 1);
+            joins.copy_within(k + 2..parts, k + 1);
+            parts -= 1;
+            joins[k] = join(starts, parts, k);
             if k > 0 {
-                joins[k - 1] = join(&starts, k - 1);
+                joins[k - 1] = join(starts, parts, k - 1);
             }
         }
-        (starts.len() - 1) as u32
+        parts as u32
     }
 
     /// tiktoken-rs's own encoder, built on first use: only a text holding a piece of
