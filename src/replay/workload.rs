@@ -611,8 +611,12 @@ fn workload_with(
     if redacted {
         world.insert("redact_thinking".into(), Value::Bool(true));
     }
-    if let Some(cwd) = recording.header.cwd.as_ref().filter(|c| c.starts_with('/')) {
-        world.insert("cwd".into(), Value::String(cwd.clone()));
+    // The recorded cwd whatever the client's platform: a Windows or MSYS client's (`D:\omp`,
+    // `/cygdrive/d/omp`) as MSYS spells it (`/d/omp`), so that the project's skills and memory
+    // are the project's, as the recorded client resolved them (`recorded_invoked_path` compares
+    // a skill's directory with it). One that names no absolute path leaves the default.
+    if let Some(cwd) = recording.header.cwd.as_deref().map(recorded_cwd).filter(|c| c.starts_with('/')) {
+        world.insert("cwd".into(), Value::String(cwd));
     }
     if let Some(start) = recording.header.start_epoch_ms.and_then(rfc3339) {
         world.insert("clock_start".into(), Value::String(start));
@@ -626,6 +630,13 @@ fn workload_with(
     });
     let scenario = crate::scenario::parse_scenario_document(&document, file)?;
     Ok(Workload { scenario, document, main_calls, subagent_calls, report })
+}
+
+/// A recorded `cwd` as the workload's `world.cwd`: [`crate::agent::skills::msys_path`]'s
+/// spelling (a POSIX path as recorded, the root included).
+fn recorded_cwd(cwd: &str) -> String {
+    let path = crate::agent::skills::msys_path(cwd);
+    if path.is_empty() && cwd.trim().starts_with(['/', '\\']) { "/".to_owned() } else { path }
 }
 
 /// The script step of one recorded reply, on any lane: its text, its thinking (the stored text;
