@@ -1178,3 +1178,18 @@ fn a_windows_recorded_cwd_keeps_the_projects_skills_the_projects() {
         }
     }
 }
+
+/// The agent's run keeps the events its sizing's record-based replay saw before each recorded
+/// call (`AgentReplay::record_events`), equal to those of a replay of its own under the default
+/// options: `fidelity --breaks`/`--calls` through the agent names the breaks' causes and the
+/// calls' events from them without replaying the record a second time.
+#[test]
+fn the_agents_run_keeps_the_record_replays_events() {
+    for name in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl"] {
+        let (session, driven) = drive(name);
+        let replay = ctxsim::replay::replay_session(&session, &mut measurer(), &ctxsim::replay::ReplayOptions::default());
+        let expected: BTreeMap<usize, Vec<String>> = replay.calls.into_iter().map(|c| (c.index, c.events)).collect();
+        assert!(expected.values().flatten().any(|e| e == "ttl_expired"), "{name}: {expected:?}");
+        assert_eq!(driven.record_events.as_ref(), Some(&expected), "{name}");
+    }
+}
