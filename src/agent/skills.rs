@@ -208,16 +208,26 @@ pub fn recorded_invoked_path(name: &str, body: &str, cwd: &str) -> Option<String
     Some(format!("{source}:{name}"))
 }
 
-/// A path as [`recorded_invoked_path`] compares it: `/` separators, one between parts, none at
-/// the end, lower case (Windows and macOS clients' file systems ignore case), and a Windows
-/// drive as MSYS writes it (`C:\x`, `c:/x`, `\\?\C:\x`, `/cygdrive/c/x` → `/c/x`).
+/// A path as [`recorded_invoked_path`] compares it: [`msys_path`]'s spelling in lower case
+/// (Windows and macOS clients' file systems ignore case).
 pub fn comparable_path(path: &str) -> String {
-    let path = path.trim().replace('\\', "/").to_lowercase();
-    let path = path.strip_prefix("//?/").unwrap_or(&path);
-    let path = path.strip_prefix("/cygdrive/").map_or_else(|| path.to_owned(), |rest| format!("/{rest}"));
+    msys_path(path).to_lowercase()
+}
+
+/// A path in one spelling whatever the client that wrote it: `/` separators, one between parts,
+/// none at the end, and a Windows drive as MSYS writes it (`C:\x`, `c:/x`, `\\?\C:\x`,
+/// `/cygdrive/c/x` → `/c/x`, the drive letter in lower case); the rest keeps its case. A POSIX
+/// path stays as it is but for repeated and trailing separators. How a recorded `cwd` enters a
+/// workload (`world.cwd`, which the scenario wants absolute) and, in lower case, how a skill's
+/// directory is compared with it ([`comparable_path`]).
+pub fn msys_path(path: &str) -> String {
+    let path = path.trim().replace('\\', "/");
+    let strip = |path: &str, prefix: &str| path.get(..prefix.len()).filter(|p| p.eq_ignore_ascii_case(prefix)).map(|_| path[prefix.len()..].to_owned());
+    let path = strip(&path, "//?/").unwrap_or(path);
+    let path = strip(&path, "/cygdrive/").map_or(path, |rest| format!("/{rest}"));
     let bytes = path.as_bytes();
     let path = if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' && (bytes.len() == 2 || bytes[2] == b'/') {
-        format!("/{}/{}", &path[..1], &path[2..])
+        format!("/{}/{}", path[..1].to_ascii_lowercase(), &path[2..])
     } else {
         path
     };
@@ -451,6 +461,13 @@ mod tests {
             assert_eq!(comparable_path(spelling), "/c/users/u/proj", "{spelling}");
         }
         assert_eq!(comparable_path("relative\\dir"), "relative/dir");
+        // The spelling without the case folding (a workload's `world.cwd`): the drive letter as
+        // MSYS writes it, the rest as recorded.
+        for spelling in ["C:\\Users\\u\\Proj", "c:/Users/u/Proj/", "/c/Users/u/Proj", "/CYGDRIVE/c/Users/u/Proj", "\\\\?\\C:\\Users\\u\\Proj"] {
+            assert_eq!(msys_path(spelling), "/c/Users/u/Proj", "{spelling}");
+            assert_eq!(comparable_path(spelling), msys_path(spelling).to_lowercase(), "{spelling}");
+        }
+        assert_eq!(msys_path("/Users/Michael//Code/x/"), "/Users/Michael/Code/x");
         assert_eq!(comparable_path(""), "");
         assert_eq!(comparable_path("/"), "");
         let body = |dir: &str| format!("Base directory for this skill: {dir}\n\n# Steps");

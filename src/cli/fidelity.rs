@@ -216,15 +216,22 @@ fn score_session(
         Engine::Agent => {
             let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
             let input = session.recording.header.input.clone().unwrap_or_default();
-            let driven = agent_replay(session, &input, measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+            let mut driven = agent_replay(session, &input, measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
             let mut replay = driven.replay.clone();
             if args.breaks || with_calls {
                 // What the record shows before each call (a gap past the TTL, a new turn, a
                 // compaction, a re-rendered prompt...) names the breaks' causes and the calls'
                 // events: the agent's calls take them from the record, as the replay reads it.
-                let mut recorded = Measurer::new(table.clone(), measurer.counter().fresh_like()).without_body_hashes();
-                let record = replay_session(session, &mut recorded, options);
-                let events: std::collections::BTreeMap<usize, &Vec<String>> = record.calls.iter().map(|c| (c.index, &c.events)).collect();
+                // The agent's sizing ran that replay (under the default options, as the agent
+                // engine's here, and a measurer of this one's calibration) and kept its events;
+                // only a session it did not size (no compared main call) is replayed for them.
+                let events = match driven.record_events.take() {
+                    Some(events) => events,
+                    None => {
+                        let mut recorded = Measurer::new(table.clone(), measurer.counter().fresh_like()).without_body_hashes();
+                        replay_session(session, &mut recorded, options).calls.into_iter().map(|c| (c.index, c.events)).collect()
+                    }
+                };
                 for call in &mut replay.calls {
                     for event in events.get(&call.index).into_iter().flat_map(|e| e.iter()) {
                         if !call.events.contains(event) {

@@ -36,7 +36,7 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 })
                 .collect();
             let engines = serde_json::json!({
-                "agent": "the default engine of compare, sweep and check: every knob reaches a recorded session (`real_sessions`)",
+                "agent": "the default engine of replay, compare, sweep and check: every knob reaches a recorded session (`real_sessions`)",
                 "replay": "--engine replay, the record-based measurement: a knob with `not_replayed` (`replay`: false) does not reach a recorded session",
             });
             let mut out = serde_json::json!({"presets": presets, "knobs": knobs, "engines": engines});
@@ -56,8 +56,8 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
             }
             outln!(
                 "\nKnobs (dotted key = default; presets that differ). Every knob reaches a recorded session through the\n\
-                 agent, the default engine of `compare`, `sweep` and `check` (the agent runs the session under the\n\
-                 strategy); `(--engine replay: …)` marks a knob the record-based replay does not honour, and why:"
+                 agent, the default engine of `replay`, `compare`, `sweep` and `check` (the agent runs the session under\n\
+                 the strategy); `(--engine replay: …)` marks a knob the record-based replay does not honour, and why:"
             );
             for k in &knobs {
                 match crate::replay::layout::knob_not_replayed_reason(&k.key) {

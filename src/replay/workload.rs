@@ -131,7 +131,15 @@ pub struct Workload {
     /// script's steps on each lane): the agent's lane, the recorded call and the subagent.
     pub subagent_calls: Vec<SubagentCall>,
     pub report: WorkloadReport,
+    /// The events the record-based replay saw before each recorded call, as the sizing's run of
+    /// it read them ([`size_unmodelled`]); `None` until sized, or when the sizing ran no replay.
+    pub record_events: Option<RecordEvents>,
 }
+
+/// Per recorded call (its index), the events the record-based replay saw before it
+/// ([`super::CallReplay::events`]: a gap past the TTL, a new turn, a compaction, a re-rendered
+/// prompt...), in the replay's order.
+pub type RecordEvents = BTreeMap<usize, Vec<String>>;
 
 /// One scripted subagent reply of a [`Workload`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -611,8 +619,12 @@ fn workload_with(
     if redacted {
         world.insert("redact_thinking".into(), Value::Bool(true));
     }
-    if let Some(cwd) = recording.header.cwd.as_ref().filter(|c| c.starts_with('/')) {
-        world.insert("cwd".into(), Value::String(cwd.clone()));
+    // The recorded cwd whatever the client's platform: a Windows or MSYS client's (`D:\omp`,
+    // `/cygdrive/d/omp`) as MSYS spells it (`/d/omp`), so that the project's skills and memory
+    // are the project's, as the recorded client resolved them (`recorded_invoked_path` compares
+    // a skill's directory with it). One that names no absolute path leaves the default.
+    if let Some(cwd) = recording.header.cwd.as_deref().map(recorded_cwd).filter(|c| c.starts_with('/')) {
+        world.insert("cwd".into(), Value::String(cwd));
     }
     if let Some(start) = recording.header.start_epoch_ms.and_then(rfc3339) {
         world.insert("clock_start".into(), Value::String(start));
@@ -625,7 +637,14 @@ fn workload_with(
         "script": script,
     });
     let scenario = crate::scenario::parse_scenario_document(&document, file)?;
-    Ok(Workload { scenario, document, main_calls, subagent_calls, report })
+    Ok(Workload { scenario, document, main_calls, subagent_calls, report, record_events: None })
+}
+
+/// A recorded `cwd` as the workload's `world.cwd`: [`crate::agent::skills::msys_path`]'s
+/// spelling (a POSIX path as recorded, the root included).
+fn recorded_cwd(cwd: &str) -> String {
+    let path = crate::agent::skills::msys_path(cwd);
+    if path.is_empty() && cwd.trim().starts_with(['/', '\\']) { "/".to_owned() } else { path }
 }
 
 /// The script step of one recorded reply, on any lane: its text, its thinking (the stored text;
@@ -751,6 +770,9 @@ pub struct AgentReplay {
     /// a different number of main calls than the recording (a blocked turn, a retry).
     pub unpaired: usize,
     pub sizing: Sizing,
+    /// The record-based replay's events before each recorded call ([`Workload::record_events`]),
+    /// read by the sizing: what names the causes of breaks without replaying the record again.
+    pub record_events: Option<RecordEvents>,
 }
 
 /// What the recorded client's first request held that the agent does not model, and where the
@@ -990,7 +1012,7 @@ fn agent_replay_dropping_thinking(
         calls_from_records: 0,
         records_requests: !session.api_requests.requests.is_empty(),
     };
-    Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing })
+    Ok(AgentReplay { replay, report: workload.report, compactions, unpaired, sizing, record_events: workload.record_events })
 }
 
 /// The slash command a prompt typed (`<command-name>/NAME</command-name>`), without its slash.
@@ -1098,7 +1120,7 @@ pub fn warm_prefix(
 }
 
 /// What the replay of a session shows of the unrecorded part beyond its first call.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct ShownSizes {
     /// The first prefix level (tools + system) a later call's read revealed to the replay (its
     /// event `prefix_level`: a read that fell into the unrecorded part at a re-render, a
@@ -1108,6 +1130,8 @@ struct ShownSizes {
     /// first compaction, as the replay anchors that segment on the record (`segment_anchor`:
     /// the call's billed prompt less the replay's messages, its summary and restored files).
     kept_after_compaction: Option<u64>,
+    /// Every call's events in that run ([`Workload::record_events`]).
+    events: RecordEvents,
 }
 
 /// The [`ShownSizes`] of `session`: the replay run under the default options, measured by
@@ -1119,7 +1143,8 @@ fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measure
     let main = || replay.calls.iter().filter(|c| c.lane == LANE_MAIN && c.compared());
     let revealed_prefix_tokens = main().find(|c| has(c, "prefix_level")).map(|c| c.recorded.cache_read_input_tokens);
     let kept_after_compaction = main().skip(1).find(|c| has(c, "compaction") && has(c, "segment_anchor")).map(|c| c.prefix_tokens + c.user_context_tokens);
-    ShownSizes { revealed_prefix_tokens, kept_after_compaction }
+    let events = replay.calls.into_iter().map(|c| (c.index, c.events)).collect();
+    ShownSizes { revealed_prefix_tokens, kept_after_compaction, events }
 }
 
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
@@ -1161,7 +1186,8 @@ pub fn size_unmodelled(
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
     let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
-    let shown = shown_sizes(session, &mut fresh());
+    let mut shown = shown_sizes(session, &mut fresh());
+    workload.record_events = Some(std::mem::take(&mut shown.events));
     // The levels the record shows in the unrecorded part: a warm first call's read, and the
     // first level a later read falls to (a compaction, a re-render, a shared prefix past the
     // TTL). The higher is the whole prefix (tools and system, cached at its end); the lower, when

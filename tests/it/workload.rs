@@ -1138,3 +1138,58 @@ fn a_file_that_opens_with_an_earlier_compactions_summary_sends_it() {
     let (_, first_error) = errors.iter().next().unwrap();
     assert!(first_error.abs() < 0.01, "{errors:?}");
 }
+
+/// A Windows client's recorded cwd (`D:\oh-my-posh`, `C:\Users\empad`) enters the workload as
+/// MSYS spells it (`world.cwd`, which a scenario wants absolute), its case kept, so that the
+/// skills the recorded client ran from its project are the project's (`projectSettings:…`, the
+/// path the agent restores them with after a compaction, as the client showed them). Before, a
+/// cwd not starting with `/` was dropped for the default `/repo`, and oh-my-posh's project skills
+/// came out as the user's (`userSettings:…`). A POSIX cwd is kept as recorded.
+#[test]
+fn a_windows_recorded_cwd_keeps_the_projects_skills_the_projects() {
+    let cases = [
+        ("oh-my-posh/6d449f3da816-0.full.jsonl", "/d/oh-my-posh"),
+        ("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", "/c/Users/empad"),
+        ("entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "/Users/soph/Work/entire/devenv/cli"),
+    ];
+    for (name, cwd) in cases {
+        let session = load_session(&realdata().join("transcripts").join(name)).unwrap();
+        let workload = workload_from_session(&session, name, None).unwrap();
+        assert_eq!(workload.scenario.world.cwd, cwd, "{name}");
+        assert_eq!(workload.document["world"]["cwd"], cwd, "{name}: the scenario `import --to scenario` writes");
+        let skills: Vec<(String, Option<String>)> = workload
+            .scenario
+            .script
+            .iter()
+            .filter_map(|step| match step {
+                Step::Attachment { skill: Some(skill), text, .. } if text.starts_with("Base directory for this skill:") => {
+                    Some((skill.clone(), ctxsim::agent::skills::recorded_invoked_path(skill, text, &workload.scenario.world.cwd)))
+                }
+                _ => None,
+            })
+            .collect();
+        if name.starts_with("oh-my-posh") {
+            // 6d44 ran four skills from `D:\oh-my-posh\.claude\skills`.
+            assert_eq!(skills.len(), 4, "{skills:?}");
+            for (skill, path) in &skills {
+                assert_eq!(path.as_deref(), Some(format!("projectSettings:{skill}").as_str()), "{skills:?}");
+                assert_ne!(ctxsim::agent::skills::recorded_invoked_path(skill, &format!("Base directory for this skill: D:\\oh-my-posh\\.claude\\skills\\{skill}"), "/repo").as_deref(), path.as_deref());
+            }
+        }
+    }
+}
+
+/// The agent's run keeps the events its sizing's record-based replay saw before each recorded
+/// call (`AgentReplay::record_events`), equal to those of a replay of its own under the default
+/// options: `fidelity --breaks`/`--calls` through the agent names the breaks' causes and the
+/// calls' events from them without replaying the record a second time.
+#[test]
+fn the_agents_run_keeps_the_record_replays_events() {
+    for name in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl"] {
+        let (session, driven) = drive(name);
+        let replay = ctxsim::replay::replay_session(&session, &mut measurer(), &ctxsim::replay::ReplayOptions::default());
+        let expected: BTreeMap<usize, Vec<String>> = replay.calls.into_iter().map(|c| (c.index, c.events)).collect();
+        assert!(expected.values().flatten().any(|e| e == "ttl_expired"), "{name}: {expected:?}");
+        assert_eq!(driven.record_events.as_ref(), Some(&expected), "{name}");
+    }
+}
