@@ -631,25 +631,28 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         })
         .collect();
 
-    let mut whatifs = Vec::new();
-    let mut shadowed: Option<super::session::SessionReplay> = None;
-    for ((name, ttl), shadow) in candidates.into_iter().zip(&shadows) {
-        let cost = if shadow.exact() {
-            let replay = shadowed.get_or_insert_with(|| super::session::SessionReplay::clone(&replay));
-            shadow.apply(replay);
-            fidelity_for_session(replay, table, false).simulated_cost_usd
-        } else {
-            let mut measurer = make();
-            measurer.counter_mut().seed(&memo);
-            // Priced only: no compaction's information loss is read.
-            let options = ReplayOptions { ttl_main: Some(ttl), compaction_losses: false, ..plain.clone() };
-            let replay = replay_session(session, &mut measurer, &options);
-            fidelity_for_session(&replay, table, false).simulated_cost_usd
-        };
-        let saving = baseline - cost;
-        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None, ..WhatIf::default() });
+    // The what-ifs that need a replay of their own are independent of each other: they run in
+    // parallel (the long pole of a run is the largest session's what-ifs), their results put
+    // back in this order, so the output does not depend on the schedule. They share the replays
+    // of equal plans and options through `shared` (each made once, whoever asks first).
+    let microcompacts = session.recording.events.iter().any(|e| matches!(&e.kind, EventKind::SystemEvent(s) if s.subtype == "microcompact_boundary"));
+    enum Job {
+        /// A TTL what-if whose shadow is not exact: replayed in full, priced only.
+        Ttl(CacheTtl),
+        Autocompact(String, crate::agent::compact::config::AutocompactConfig),
+        Preset(&'static str, ReplayOptions),
     }
-    drop((replay, shadowed));
+    let mut jobs: Vec<Job> = candidates.iter().zip(&shadows).filter(|(_, shadow)| !shadow.exact()).map(|((_, ttl), _)| Job::Ttl(*ttl)).collect();
+    jobs.extend(autocompact.iter().filter(|(_, _, unchanged)| unchanged.is_none()).map(|(name, config, _)| Job::Autocompact(name.clone(), config.clone())));
+    let mut considered = Vec::new();
+    if microcompacts {
+        for id in LOSS_JUDGED_PRESETS {
+            let Ok(strategy) = crate::strategy::Strategy::resolve_with(id, &[]) else { continue };
+            // The TTL is its own what-if: the preset's other knobs on the recorded TTLs.
+            considered.push(id);
+            jobs.push(Job::Preset(id, ReplayOptions { ttl_main: None, info_loss: false, ..ReplayOptions::from_strategy(&strategy) }));
+        }
+    }
     // The what-ifs that move compactions: replayed only where they can change something.
     let replayed = |options: &ReplayOptions| {
         let mut measurer = make();
@@ -660,31 +663,58 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         let saving = baseline - fidelity_for_session(replay, table, false).simulated_cost_usd;
         WhatIf { name, saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: Some(info_loss_of(replay) - baseline_loss), ..WhatIf::default() }
     };
-    for (name, config, unchanged) in autocompact {
+    let run = |job: &Job| -> (f64, Option<WhatIf>) {
+        match job {
+            Job::Ttl(ttl) => {
+                let mut measurer = make();
+                measurer.counter_mut().seed(&memo);
+                // Priced only: no compaction's information loss is read.
+                let options = ReplayOptions { ttl_main: Some(*ttl), compaction_losses: false, ..plain.clone() };
+                let replay = replay_session(session, &mut measurer, &options);
+                (fidelity_for_session(&replay, table, false).simulated_cost_usd, None)
+            }
+            Job::Autocompact(name, config) => {
+                let replay = replayed(&ReplayOptions { autocompact: Some(config.clone()), ..plain.clone() });
+                let whatif = if replay.compaction_whatif.as_ref().is_none_or(|w| w.changes.is_empty()) {
+                    WhatIf::unchanged(name.clone(), "the setting compacts where the recording did".to_owned())
+                } else {
+                    priced(name.clone(), &replay)
+                };
+                (0.0, Some(whatif))
+            }
+            Job::Preset(id, options) => (0.0, Some(priced(format!("preset={id}"), &replayed(options)))),
+        }
+    };
+    let mut done: std::collections::VecDeque<(f64, Option<WhatIf>)> = {
+        use rayon::prelude::*;
+        jobs.par_iter().with_max_len(1).map(run).collect::<Vec<_>>().into()
+    };
+
+    let mut whatifs = Vec::new();
+    let mut shadowed: Option<super::session::SessionReplay> = None;
+    for ((name, _), shadow) in candidates.into_iter().zip(&shadows) {
+        let cost = if shadow.exact() {
+            let replay = shadowed.get_or_insert_with(|| super::session::SessionReplay::clone(&replay));
+            shadow.apply(replay);
+            fidelity_for_session(replay, table, false).simulated_cost_usd
+        } else {
+            done.pop_front().expect("one result per job").0
+        };
+        let saving = baseline - cost;
+        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None, ..WhatIf::default() });
+    }
+    drop((replay, shadowed));
+    for (name, _, unchanged) in autocompact {
         let whatif = match unchanged {
             Some(why) => WhatIf::unchanged(name, why),
-            None => {
-                let replay = replayed(&ReplayOptions { autocompact: Some(config), ..plain.clone() });
-                if replay.compaction_whatif.as_ref().is_none_or(|w| w.changes.is_empty()) {
-                    WhatIf::unchanged(name, "the setting compacts where the recording did".to_owned())
-                } else {
-                    priced(name, &replay)
-                }
-            }
+            None => done.pop_front().and_then(|(_, w)| w).expect("one result per job"),
         };
         whatifs.push(whatif);
     }
     // The presets: the cheapest whose information loss is no more than the recording's.
-    let microcompacts = session.recording.events.iter().any(|e| matches!(&e.kind, EventKind::SystemEvent(s) if s.subtype == "microcompact_boundary"));
     let preset_whatif = if microcompacts {
         let mut best: Option<WhatIf> = None;
-        let mut considered = Vec::new();
-        for id in LOSS_JUDGED_PRESETS {
-            let Ok(strategy) = crate::strategy::Strategy::resolve_with(id, &[]) else { continue };
-            // The TTL is its own what-if: the preset's other knobs on the recorded TTLs.
-            let options = ReplayOptions { ttl_main: None, info_loss: false, ..ReplayOptions::from_strategy(&strategy) };
-            considered.push(id);
-            let whatif = priced(format!("preset={id}"), &replayed(&options));
+        for whatif in done.into_iter().filter_map(|(_, w)| w) {
             if whatif.saving_usd == 0.0 && whatif.info_loss_delta == Some(0) {
                 // The same requests (the microcompacts cleared only results older than the file).
                 continue;

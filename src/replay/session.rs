@@ -1417,7 +1417,7 @@ pub struct ReplayCheckpoint {
     diverged_calls: usize,
     first_divergence: Option<(usize, String)>,
     previous_main: Option<(usize, u64)>,
-    compactions: Vec<CompactionSeen>,
+    compactions: Vec<std::sync::Arc<CompactionSeen>>,
     windows: BTreeMap<String, u64>,
 }
 
@@ -1475,10 +1475,12 @@ pub fn checkpoints_apply(options: &ReplayOptions) -> bool {
 /// Where a replay starts and what it keeps.
 enum Checkpointing<'a> {
     Off,
-    /// Take checkpoints into this list.
-    Record(&'a mut Vec<ReplayCheckpoint>),
-    /// Start from this checkpoint, the calls before it as in this replay.
-    Resume(&'a ReplayCheckpoint, &'a SessionReplay),
+    /// Take checkpoints into this list (every [`CHECKPOINTS`]th of the calls, or before the
+    /// calls at these positions).
+    Record(&'a mut Vec<ReplayCheckpoint>, Option<&'a [usize]>),
+    /// Start from this checkpoint, the calls before it as in this replay; take checkpoints
+    /// after it into the list, before the calls at these positions, when there is one.
+    Resume(&'a ReplayCheckpoint, &'a SessionReplay, Option<(&'a mut Vec<ReplayCheckpoint>, &'a [usize])>),
 }
 
 /// [`replay_session`] (with TTL `shadows` as [`replay_session_shadowed`]) taking up to
@@ -1487,7 +1489,7 @@ enum Checkpointing<'a> {
 pub fn replay_session_checkpointed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> (SessionReplay, Vec<ReplayCheckpoint>) {
     assert!(checkpoints_apply(options), "checkpoints are taken with the recorded compactions and no agent stages");
     let mut at = Vec::new();
-    let replay = replay_session_observing(session, measurer, options, incremental, shadows, None, Checkpointing::Record(&mut at));
+    let replay = replay_session_observing(session, measurer, options, incremental, shadows, None, Checkpointing::Record(&mut at, None));
     (replay, at)
 }
 
@@ -1509,13 +1511,47 @@ pub fn replay_session_from_seen(
     checkpoints: &ReplayCheckpoints,
     checkpoint: &ReplayCheckpoint,
 ) -> (SessionReplay, CompactionsSeen) {
-    replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay))
+    replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay, None))
+}
+
+/// [`replay_session_from_seen`] taking checkpoints after `checkpoint`, before the calls at
+/// `positions` (in the session's calls): a replay of the same edited session with later edits
+/// moved starts from them ([`ReplayCheckpoints::before`] with the first event the two differ
+/// in). The replay is the same as without them.
+pub fn replay_session_from_checkpointed(
+    session: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    checkpoints: &ReplayCheckpoints,
+    checkpoint: &ReplayCheckpoint,
+    positions: &[usize],
+) -> (SessionReplay, CompactionsSeen, Vec<ReplayCheckpoint>) {
+    assert!(checkpoints_apply(options), "checkpoints are taken with no agent stages");
+    let mut at = Vec::new();
+    let (replay, seen) =
+        replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay, Some((&mut at, positions))));
+    (replay, seen, at)
+}
+
+/// [`replay_session_plain_seen`] taking checkpoints before the calls at `positions`.
+pub fn replay_session_plain_checkpointed(
+    session: &ImportedSession,
+    measurer: &mut Measurer,
+    options: &ReplayOptions,
+    incremental: bool,
+    positions: &[usize],
+) -> (SessionReplay, CompactionsSeen, Vec<ReplayCheckpoint>) {
+    assert!(checkpoints_apply(options), "checkpoints are taken with no agent stages");
+    let mut at = Vec::new();
+    let (replay, seen) = replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Record(&mut at, Some(positions)));
+    (replay, seen, at)
 }
 
 /// The main-lane compactions a replay went through, in call order, for judging their
 /// information loss after it ([`super::loss::compaction_loss`]).
 #[derive(Debug, Clone, Default)]
-pub struct CompactionsSeen(Vec<CompactionSeen>);
+pub struct CompactionsSeen(Vec<std::sync::Arc<CompactionSeen>>);
 
 impl CompactionsSeen {
     /// Their losses in `session` (the session replayed): what the replay gives as
@@ -1582,7 +1618,7 @@ fn replay_session_seeing(
     let mut first_divergence: Option<(usize, String)> = None;
     // The previous compared main call and its context; the loss of each main compaction.
     let mut previous_main: Option<(usize, u64)> = None;
-    let mut compactions: Vec<CompactionSeen> = Vec::new();
+    let mut compactions: Vec<std::sync::Arc<CompactionSeen>> = Vec::new();
     // The agent's long-context stages on the main lane ([`super::stages`]).
     let mut stages = super::stages::StagesState::default();
     let mut windows: BTreeMap<String, u64> = BTreeMap::new();
@@ -1592,7 +1628,7 @@ fn replay_session_seeing(
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
 
     let mut start = 0;
-    if let Checkpointing::Resume(at, replay) = &checkpointing {
+    if let Checkpointing::Resume(at, replay, _) = &checkpointing {
         assert!(shadows.is_empty() && observe.is_none(), "a resumed replay has no TTL shadow or observer");
         start = at.position;
         measurer.restore(&at.measurer);
@@ -1614,9 +1650,14 @@ fn replay_session_seeing(
     }
     let stride = (session.calls.len() / CHECKPOINTS).max(CHECKPOINT_MIN_STRIDE);
     for (position, call) in session.calls.iter().enumerate().skip(start) {
-        if let Checkpointing::Record(at) = &mut checkpointing
+        let record = match &mut checkpointing {
+            Checkpointing::Record(at, None) => (position % stride == 0).then_some(&mut **at),
+            Checkpointing::Record(at, Some(positions)) => positions.contains(&position).then_some(&mut **at),
+            Checkpointing::Resume(_, _, Some((at, positions))) if position > start => positions.contains(&position).then_some(&mut **at),
+            _ => None,
+        };
+        if let Some(at) = record
             && position > 0
-            && position % stride == 0
         {
             at.push(ReplayCheckpoint {
                 position,
@@ -2260,7 +2301,7 @@ fn replay_session_seeing(
             if let Some((previous, context_before)) = previous_main
                 && metrics.events.iter().any(|e| e == "compaction")
             {
-                compactions.push(CompactionSeen { call: call.index, previous, after: request.messages.clone(), context_before, context_after: metrics.context_tokens });
+                compactions.push(std::sync::Arc::new(CompactionSeen { call: call.index, previous, after: request.messages.clone(), context_before, context_after: metrics.context_tokens }));
             }
             previous_main = Some((call.index, metrics.context_tokens));
         }

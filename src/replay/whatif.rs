@@ -32,7 +32,7 @@ use crate::recording::{CompactionEdit, EventKind, ImportedSession};
 
 use super::session::{
     CompactionsSeen, ReplayCheckpoint, ReplayCheckpoints, ReplayOptions, SessionReplay, checkpoints_apply, replay_session_checkpointed,
-    replay_session_from_seen, replay_session_plain, replay_session_plain_seen,
+    replay_session_from_checkpointed, replay_session_plain, replay_session_plain_checkpointed, replay_session_plain_seen,
 };
 use super::triggers::{client_thresholds, main_points};
 
@@ -96,6 +96,11 @@ pub struct ReplayMemo {
     replays: Mutex<HashMap<u128, Arc<OnceLock<Arc<SessionReplay>>>>>,
     /// Checkpoints of the replays as recorded, by the key of the replay.
     checkpoints: Mutex<HashMap<u128, Arc<ReplayCheckpoints>>>,
+    /// Checkpoints of the latest replays of edited sessions (at most [`PLANNED_KEPT`]), by the
+    /// key of the session as recorded under the same options: a plan search's next step, whose
+    /// plan usually differs from the last one only in later edits, starts from the last one
+    /// before the first edit the two plans differ in.
+    planned: Mutex<HashMap<u128, Vec<(Plan, Arc<ReplayCheckpoints>)>>>,
     /// The compactions each replay of an edited session that judged none went through, by the
     /// key of the replay: the same replay judging them is that one plus their judgement
     /// (a plan search's last replay and the what-if's own differ only there).
@@ -106,6 +111,8 @@ pub struct ReplayMemo {
     made: AtomicUsize,
     asked: AtomicUsize,
     calls_skipped: AtomicUsize,
+    /// Replays made from a checkpoint of a replay of another plan ([`Self::planned`]).
+    from_planned: AtomicUsize,
     /// Replays judging the compactions made from the same replay judging none ([`Self::seen`]).
     judged_only: AtomicUsize,
 }
@@ -115,11 +122,13 @@ impl Default for ReplayMemo {
         ReplayMemo {
             replays: Mutex::default(),
             checkpoints: Mutex::default(),
+            planned: Mutex::default(),
             seen: Mutex::default(),
             use_checkpoints: true,
             made: AtomicUsize::new(0),
             asked: AtomicUsize::new(0),
             calls_skipped: AtomicUsize::new(0),
+            from_planned: AtomicUsize::new(0),
             judged_only: AtomicUsize::new(0),
         }
     }
@@ -144,6 +153,12 @@ impl ReplayMemo {
     /// Calls the replays made from a checkpoint took from it instead of replaying them.
     pub fn calls_skipped(&self) -> usize {
         self.calls_skipped.load(Ordering::Relaxed)
+    }
+
+    /// Replays of edited sessions made from a checkpoint of a replay of another plan (a plan
+    /// search's earlier step) rather than of the session as recorded.
+    pub fn from_planned(&self) -> usize {
+        self.from_planned.load(Ordering::Relaxed)
     }
 
     /// Replays made from the same replay judging no compaction (the plan search's last) by
@@ -185,6 +200,19 @@ impl ReplayMemo {
         self.checkpoints.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, Arc::new(checkpoints));
     }
 
+    fn planned_of(&self, original: u128) -> Vec<(Plan, Arc<ReplayCheckpoints>)> {
+        self.planned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&original).cloned().unwrap_or_default()
+    }
+
+    fn keep_planned(&self, original: u128, plan: &Plan, checkpoints: ReplayCheckpoints) {
+        let mut map = self.planned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kept = map.entry(original).or_default();
+        if kept.len() >= PLANNED_KEPT {
+            kept.remove(0);
+        }
+        kept.push((plan.clone(), Arc::new(checkpoints)));
+    }
+
     /// Takes `replay`, a replay of `session` as recorded under `options` made elsewhere (with
     /// `checkpoints` taken in it, [`replay_session_checkpointed`]), as this memo's replay of it:
     /// what-ifs under the same options start from its checkpoints.
@@ -207,6 +235,83 @@ impl ReplayMemo {
         if self.use_checkpoints {
             self.keep_checkpoints(key, ReplayCheckpoints::new(checkpoints, replay));
         }
+    }
+}
+
+/// A compaction plan: the steps, each with the client's count there (the stand-in summary's).
+type Plan = BTreeMap<Step, u64>;
+
+/// Edited replays whose checkpoints a memo keeps per session and options: enough for the
+/// three thresholds of an audit searching at once, each resuming from its own last step.
+const PLANNED_KEPT: usize = 4;
+
+/// Where the plans of one search edit the session as recorded, for resuming a replay of one
+/// plan from a checkpoint of a replay of another.
+struct PlanIndex<'a> {
+    original: &'a ImportedSession,
+    event_of: &'a BTreeMap<String, usize>,
+    /// The recording's main-lane calls with a message id no other main call has, in event
+    /// order: (event index, message id).
+    main_calls: Vec<(usize, &'a str)>,
+}
+
+impl<'a> PlanIndex<'a> {
+    fn new(original: &'a ImportedSession, event_of: &'a BTreeMap<String, usize>) -> PlanIndex<'a> {
+        let main = || original.calls.iter().filter(|c| c.lane == crate::recording::format::LANE_MAIN);
+        let mut uses: HashMap<&str, usize> = HashMap::new();
+        for id in main().filter_map(|c| c.message_id.as_deref()) {
+            *uses.entry(id).or_default() += 1;
+        }
+        let mut main_calls: Vec<(usize, &str)> =
+            main().filter_map(|c| c.message_id.as_deref().filter(|id| uses[id] == 1).map(|id| (c.event_index, id))).collect();
+        main_calls.sort_unstable();
+        PlanIndex { original, event_of, main_calls }
+    }
+
+    /// The first event of the recording the edit of `step` may change
+    /// ([`ImportedSession::with_compaction_edits`]): an inserted compaction's reply; after the
+    /// main reply before a removed boundary (its summary request goes too).
+    fn reach(&self, step: &Step) -> usize {
+        match step {
+            Step::Insert(id) => self.event_of.get(id).copied().unwrap_or(0),
+            Step::Remove(boundary) => {
+                let events = &self.original.recording.events;
+                events[..(*boundary).min(events.len())]
+                    .iter()
+                    .rposition(|e| e.lane == crate::recording::format::LANE_MAIN && matches!(e.kind, EventKind::ModelReply(_)))
+                    .map_or(0, |i| i + 1)
+            }
+        }
+    }
+
+    /// The position in `session` (the recording edited by some plan) of the last main call of
+    /// the recording before event `reach` of the recording, when it is known.
+    fn anchor(&self, session: &ImportedSession, reach: usize) -> Option<usize> {
+        let before = self.main_calls.partition_point(|&(event, _)| event < reach).checked_sub(1)?;
+        let id = self.main_calls[before].1;
+        let mut found = session.calls.iter().enumerate().filter(|(_, c)| c.lane == crate::recording::format::LANE_MAIN && c.message_id.as_deref() == Some(id));
+        let (position, _) = found.next()?;
+        found.next().is_none().then_some(position)
+    }
+
+    /// The first event of `session` (the recording edited by `plan`) at which it may differ from
+    /// the recording edited by `other`: the event after the last main reply before every step
+    /// the two plans differ in (events up to it are the same in both, at the same indices, as
+    /// the edits before it are). `None` when no such reply is known.
+    fn first_difference(&self, session: &ImportedSession, plan: &Plan, other: &Plan) -> Option<usize> {
+        let differs = |a: &Plan, b: &Plan| a.iter().filter(|(step, n)| b.get(step) != Some(n)).map(|(step, _)| self.reach(step)).min();
+        let reach = differs(plan, other).into_iter().chain(differs(other, plan)).min()?;
+        self.anchor(session, reach).map(|position| session.calls[position].event_index + 1)
+    }
+
+    /// Positions in `session` (the recording edited by `plan`) of the calls right after the
+    /// last main call before each step of `plan`: a checkpoint there serves a plan that first
+    /// differs from this one at that step ([`Self::first_difference`]).
+    fn checkpoint_positions(&self, session: &ImportedSession, plan: &Plan) -> Vec<usize> {
+        let mut positions: Vec<usize> = plan.keys().filter_map(|step| self.anchor(session, self.reach(step))).map(|p| p + 1).collect();
+        positions.sort_unstable();
+        positions.dedup();
+        positions
     }
 }
 
@@ -234,6 +339,7 @@ fn replay_planned(
     incremental: bool,
     memo: Option<&ReplayMemo>,
     checkpointed: bool,
+    index: Option<&PlanIndex<'_>>,
 ) -> Arc<SessionReplay> {
     let Some(memo) = memo else {
         measurer.reset();
@@ -269,21 +375,54 @@ fn replay_planned(
             memo.keep_checkpoints(original, ReplayCheckpoints::new(at, replay.clone()));
             return replay;
         }
+        // The latest checkpoint before the session differs from one replayed: the session as
+        // recorded, or (in a plan search) the last plans replayed.
+        // (checkpoints, first edited event, position of the checkpoint, from another plan's)
+        let mut best: Option<(Arc<ReplayCheckpoints>, usize, usize, bool)> = None;
+        let mut consider = |checkpoints: Arc<ReplayCheckpoints>, first: usize, planned: bool| {
+            let position = checkpoints.before(first).map(ReplayCheckpoint::position);
+            if let Some(position) = position
+                && best.as_ref().is_none_or(|&(_, _, p, _)| position > p)
+            {
+                best = Some((checkpoints, first, position, planned));
+            }
+        };
         if let Some(checkpoints) = memo.checkpoints_of(original)
             && let Some(first) = session.first_edited_event()
-            && let Some(at) = checkpoints.before(first)
         {
-            memo.calls_skipped.fetch_add(at.position(), Ordering::Relaxed);
-            return kept(replay_session_from_seen(session, measurer, options, incremental, &checkpoints, at));
+            consider(checkpoints, first, false);
         }
-        kept(replay_session_plain_seen(session, measurer, options, incremental))
+        if let Some(index) = index {
+            for (other, checkpoints) in memo.planned_of(original) {
+                if let Some(first) = index.first_difference(session, plan, &other) {
+                    consider(checkpoints, first, true);
+                }
+            }
+        }
+        // Checkpoints before each edit of this plan: the next plan's first change is usually
+        // one of them moved.
+        let positions = index.map(|index| index.checkpoint_positions(session, plan)).unwrap_or_default();
+        let (replay, seen, at) = match &best {
+            Some((checkpoints, first, position, planned)) => {
+                memo.calls_skipped.fetch_add(*position, Ordering::Relaxed);
+                memo.from_planned.fetch_add(usize::from(*planned), Ordering::Relaxed);
+                let at = checkpoints.before(*first).expect("found above");
+                replay_session_from_checkpointed(session, measurer, options, incremental, checkpoints, at, &positions)
+            }
+            None => replay_session_plain_checkpointed(session, measurer, options, incremental, &positions),
+        };
+        let replay = kept((replay, seen));
+        if index.is_some() {
+            memo.keep_planned(original, plan, ReplayCheckpoints::new(at, replay.clone()));
+        }
+        replay
     };
     memo.get_or_replay(key, run)
 }
 
 /// A replay of `session` as it is under `options` (no what-if), through `memo`.
 pub fn replay_memoized(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, memo: &ReplayMemo) -> SessionReplay {
-    SessionReplay::clone(&replay_planned(session, &BTreeMap::new(), measurer, options, incremental, Some(memo), false))
+    SessionReplay::clone(&replay_planned(session, &BTreeMap::new(), measurer, options, incremental, Some(memo), false, None))
 }
 
 /// The options the plan is searched under: the counts the plan reads (recorded usage, the
@@ -323,6 +462,7 @@ pub fn replay_with_autocompact(
         .enumerate()
         .map(|(pos, c)| (c.event_index, pos))
         .collect();
+    let index = PlanIndex::new(original, &event_of);
 
     // The recording's compactions, by the main reply that follows each: (boundary event,
     // trigger, preTokens).
@@ -350,7 +490,7 @@ pub fn replay_with_autocompact(
     loop {
         iterations += 1;
         let session = session_store.as_ref().unwrap_or(original);
-        let replay = replay_planned(session, &plan, measurer, &plan_options, incremental, memo, true);
+        let replay = replay_planned(session, &plan, measurer, &plan_options, incremental, memo, true, Some(&index));
         let replay = replay.as_ref();
         let (.., thresholds) = client_thresholds(session, replay, &table, config);
         threshold = thresholds.autocompact;
@@ -443,7 +583,7 @@ pub fn replay_with_autocompact(
         edited = session_store.take().expect("set above");
         &edited
     };
-    let mut replay = SessionReplay::clone(&replay_planned(session, &plan, measurer, &final_options, incremental, memo, true));
+    let mut replay = SessionReplay::clone(&replay_planned(session, &plan, measurer, &final_options, incremental, memo, true, Some(&index)));
     if !converged {
         iterations += 1;
     }

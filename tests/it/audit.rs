@@ -258,6 +258,36 @@ fn audit_output_is_the_same_for_one_and_two_threads() {
     assert!(json["rows"].as_array().unwrap().iter().all(|r| r["engine"] == "replay"));
 }
 
+/// The what-ifs of one session run in parallel (the autocompact thresholds, the presets, a TTL
+/// what-if replayed in full), sharing their replays: the output of a session audited alone,
+/// where only that split is parallel, is byte-identical with one and two threads (`--json`,
+/// `--csv` and every `--out` file), and the split has something to split.
+#[test]
+fn one_session_audit_is_the_same_for_one_and_two_threads() {
+    let session = transcripts().join("entireio-cli/cd95adddad32-0.full.jsonl");
+    let work = tempfile::tempdir().unwrap();
+    let run = |jobs: &str, format: &str| {
+        let out = work.path().join(format!("out-{jobs}-{format}"));
+        let args = ["audit", session.to_str().unwrap(), format, "--no-progress", "--no-cache", "--engine", "replay", "--jobs", jobs, "--out", out.to_str().unwrap()];
+        let done = ctxsim(&args, &[]);
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+        let report: BTreeMap<String, Vec<u8>> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().path()).map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())).collect();
+        (done.stdout, report)
+    };
+    for format in ["--json", "--csv"] {
+        let (one, one_report) = run("1", format);
+        let (two, two_report) = run("2", format);
+        assert!(one == two, "{format}: --jobs 1 and 2 differ");
+        assert!(one_report == two_report, "{format}: the --out files differ between --jobs 1 and 2");
+        if format == "--json" {
+            let json: Value = serde_json::from_slice(&one).unwrap();
+            let whatifs = json["sessions"][0]["whatifs"].as_array().unwrap();
+            let moved = whatifs.iter().filter(|w| w["name"].as_str().unwrap().starts_with("autocompact_pct=") && w.get("no_effect").is_none_or(|n| !n.as_str().unwrap().contains("never reaches"))).count();
+            assert!(moved >= 2, "{moved} autocompact what-ifs replayed: nothing to split");
+        }
+    }
+}
+
 /// `audit --engine agent` runs its what-ifs through the agent (one model of the client): every
 /// preset is weighed, those the replay engine cannot judge (observation-masking, codex, ...)
 /// included, each with its saving against the agent's run as recorded, its information loss,
@@ -519,8 +549,9 @@ fn a_ttl_shadow_equals_the_what_if_replayed_in_full() {
 }
 
 /// An autocompact what-if replayed from a checkpoint of the replay as recorded (`ReplayMemo`:
-/// the edited session from the last checkpoint before its first edit) is the replay from the
-/// first call: every what-if the audit makes, on every real session, every field of every call
+/// the edited session from the last checkpoint before its first edit), or of an earlier step of
+/// its plan search (from the last checkpoint before the first edit the two plans differ in), is
+/// the replay from the first call: every what-if the audit makes, on every real session, every field of every call
 /// (the compactions' losses included); and the checkpoints do skip calls. The reference shares
 /// nothing: every replay of its plan search and its final replay run from the first call, and
 /// the final one judges the compactions itself, where the memo judges those of the search's
@@ -534,7 +565,7 @@ fn a_checkpointed_what_if_equals_the_replay_from_the_first_call() {
     let table = ModelTable::shipped();
     let make = || Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
     let files = super::support::real_transcripts();
-    let skipped: Vec<(usize, usize, usize, usize)> = files
+    let skipped: Vec<(usize, usize, usize, usize, usize)> = files
         .par_iter()
         .map(|path| {
             let session = load_session(path).unwrap();
@@ -553,12 +584,15 @@ fn a_checkpointed_what_if_equals_the_replay_from_the_first_call() {
                 changed += full.compaction_whatif.as_ref().map_or(0, |w| w.changes.len());
                 judged += full.compaction_losses.len();
             }
-            (changed, with.calls_skipped(), with.judged_only(), judged)
+            (changed, with.calls_skipped(), with.judged_only(), judged, with.from_planned())
         })
         .collect();
-    let (changed, skipped, judged_only, judged) = skipped.iter().fold((0, 0, 0, 0), |(a, b, c, d), (e, f, g, h)| (a + e, b + f, c + g, d + h));
+    let (changed, skipped, judged_only, judged, from_planned) =
+        skipped.iter().fold((0, 0, 0, 0, 0), |(a, b, c, d, p), (e, f, g, h, q)| (a + e, b + f, c + g, d + h, p + q));
     assert!(changed >= 10, "the what-ifs moved {changed} compactions");
     assert!(skipped > 0, "the checkpoints skipped no call");
+    // A plan search's later steps start from checkpoints of its earlier steps' replays.
+    assert!(from_planned > 0, "no replay started from a checkpoint of another plan's replay");
     assert!(judged_only > 0 && judged > 0, "no what-if judged the compactions of its plan search's last replay ({judged_only}; {judged} judged)");
 }
 
