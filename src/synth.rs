@@ -62,8 +62,8 @@ pub fn growing_session(seed: u64, requests: usize, peak_tokens: u64, model: &str
     let mut time_ms = 0u64;
     for i in 0..requests {
         let mut request = Request::new(model, 32_000);
-        request.system = Some(SystemPrompt::Blocks(vec![SystemBlock::text(system.clone()).with_cache_control(Some(CacheControl::ephemeral()))]));
-        request.tools = Some(tools.clone());
+        request.system = Some(SystemPrompt::Blocks(vec![SystemBlock::text(system.clone()).with_cache_control(Some(CacheControl::ephemeral()))].into()));
+        request.tools = Some(tools.clone().into());
         request.messages = messages.clone();
         crate::agent::normalize::mark_last_block(&mut request.messages, CacheControl::ephemeral());
         entries.push(LogEntry::new(i + 1, time_ms, request));

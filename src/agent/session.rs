@@ -80,7 +80,7 @@ pub struct Session {
     /// built once per turn).
     turn_mcp: Vec<McpServerInstructions>,
     session_started: bool,
-    previous_system: Option<SystemPromptBuild>,
+    previous_system: Option<std::rc::Rc<SystemPromptBuild>>,
     events: Vec<String>,
     /// The settings hooks snapshot taken at start (`getHooksFromAllowedSources`).
     settings_hooks: ParsedHooks,
@@ -141,6 +141,9 @@ pub struct Session {
     clears: u64,
     /// The last pool assembled and the inputs it was assembled from ([`Session::pool`]).
     pool_memo: std::cell::RefCell<Option<(PoolInputs, std::rc::Rc<ToolPool>)>>,
+    /// The serialized length of the tools a peer mechanism last estimated, with the list it
+    /// measured (the same list is not serialized again).
+    peer_tools_chars: Option<(crate::api::SharedVec<crate::api::Tool>, usize)>,
     /// The chain's entries for `records[..n]` as the last chain run left them (each what
     /// `record_to_entry` makes of its record and meta), so the next run makes only the new
     /// ones; emptied wherever records change other than by appending.
@@ -225,6 +228,7 @@ impl Session {
             pending_side_calls: Vec::new(),
             clears: 0,
             pool_memo: Default::default(),
+            peer_tools_chars: None,
             entry_cache: Vec::new(),
             message_memo: MessageMemo::default(),
             mcp_memo: Default::default(),
@@ -234,14 +238,21 @@ impl Session {
 
     /// Applies the strategy's peer mechanism to the wire messages (a view: the transcript is
     /// kept, the peer remembers its rewrite and applies it again as the history grows).
-    fn apply_peer(&mut self, messages: &mut Vec<Message>, world: &World, system: &[crate::api::SystemBlock], tools: &[crate::api::Tool]) {
+    fn apply_peer(&mut self, messages: &mut Vec<Message>, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
         use crate::agent::compact::peers::PeerStrategy;
         let config = &self.strategy.compact.peer;
         if config.strategy == PeerStrategy::None {
             return;
         }
-        let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>()
-            + tools.iter().map(|t| serde_json::to_string(t).map_or(0, |j| j.len())).sum::<usize>();
+        let tools_chars = match &self.peer_tools_chars {
+            Some((measured, chars)) if measured.same(tools) => *chars,
+            _ => {
+                let chars = tools.iter().map(|t| serde_json::to_vec(t).map_or(0, |j| j.len())).sum::<usize>();
+                self.peer_tools_chars = Some((tools.clone(), chars));
+                chars
+            }
+        };
+        let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>() + tools_chars;
         let window = world.context_window.unwrap_or(200_000);
         for outcome in self.peer_state.apply(config, messages, window, (base_chars / 4) as u64) {
             if outcome.stage.is_empty() {
@@ -561,7 +572,7 @@ impl Session {
         };
         let mut request = Request::new(model, HOOK_MAX_TOKENS);
         let instruction = if call.kind == "agent" { AGENT_HOOK_INSTRUCTION } else { PROMPT_HOOK_INSTRUCTION };
-        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(instruction)]));
+        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(instruction)].into()));
         if call.kind == "agent" {
             let tools = ["Glob", "Grep", "Read"]
                 .iter()
@@ -934,7 +945,7 @@ impl Session {
         }
         let model = crate::agent::agents::alias_model("sonnet", &world.env).unwrap_or_else(|| world.model_id.clone());
         let mut request = Request::new(model, SELECTION_MAX_TOKENS);
-        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(memories::SELECTION_INSTRUCTION)]));
+        request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(memories::SELECTION_INSTRUCTION)].into()));
         request.messages = vec![Message::user_text(memories::selection_message(prompt, &candidates))];
         let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
         request.metadata = Some(json!({"user_id": user_id}));
@@ -1414,13 +1425,14 @@ impl Session {
             dynamic_marker: world.dynamic_system_marker,
         };
         let system = match self.thread.agent() {
-            None => self.system_cache.build(&inputs, &system_options, &self.profile),
+            None => self.system_cache.build_shared(&inputs, &system_options, &self.profile),
             Some(agent) => {
                 let sized_as = (agent.source == crate::agent::agents::AgentSource::BuiltIn).then_some(agent.agent_type.as_str());
-                build_subagent_system_prompt(&inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile)
+                std::rc::Rc::new(build_subagent_system_prompt(&inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile))
             }
         };
-        if let Some(previous) = &self.previous_system {
+        // The previous request's own build has no section changed.
+        if let Some(previous) = self.previous_system.as_ref().filter(|previous| !std::rc::Rc::ptr_eq(previous, &system)) {
             for name in system.changed_sections(previous) {
                 let event = if name == SECTION_ATTRIBUTION {
                     "billing_fingerprint_changed".to_owned()
@@ -1474,6 +1486,7 @@ impl Session {
         let max_tokens = world.max_output_tokens.unwrap_or(32_000);
         let mut request = Request::new(model_id.clone(), max_tokens);
         request.messages = messages;
+        // Shared with the session's system prompt and tool pool: a reference count each.
         request.system = Some(SystemPrompt::Blocks(system.blocks.clone()));
         request.tools = Some(pool.tools.clone());
         let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
@@ -1506,13 +1519,13 @@ impl Session {
             let mut tools = crate::agent::dialect::tools(&request.messages, self.agent_listing.as_ref());
             let (max_tokens, thinking, mut output_config, context_management) = match self.thread.agent() {
                 None => {
-                    request.system = Some(SystemPrompt::Blocks(crate::agent::dialect::system_blocks(&system.blocks, marker, &request.messages)));
+                    request.system = Some(SystemPrompt::Blocks(crate::agent::dialect::system_blocks(&system.blocks, marker, &request.messages).into()));
                     crate::agent::dialect::params()
                 }
                 Some(agent) => {
                     let built_in = agent.source == crate::agent::agents::AgentSource::BuiltIn;
                     let blocks = crate::agent::dialect::subagent_system_blocks(&system.blocks, marker, &request.messages, &agent_prompt(agent, world), built_in);
-                    request.system = Some(SystemPrompt::Blocks(blocks));
+                    request.system = Some(SystemPrompt::Blocks(blocks.into()));
                     // The main thread's tools without its own four, then the definition's filter.
                     tools.retain(|t| {
                         !crate::agent::dialect::MAIN_ONLY_TOOLS.contains(&t.name.as_str())
@@ -1527,7 +1540,7 @@ impl Session {
             if let Some(effort) = self.thread.agent().and_then(|a| a.effort.as_ref()) {
                 output_config = Some(json!({"effort": effort}));
             }
-            request.tools = Some(tools);
+            request.tools = Some(tools.into());
             request.max_tokens = world.max_output_tokens.or(max_tokens).or(request.max_tokens);
             request.thinking = thinking;
             request.output_config = output_config;

@@ -245,7 +245,7 @@ pub struct SystemPromptBuild {
     pub fingerprint: String,
     pub identity: String,
     pub mode: BlockMode,
-    pub blocks: Vec<SystemBlock>,
+    pub blocks: crate::api::SharedVec<SystemBlock>,
 }
 
 impl SystemPromptBuild {
@@ -306,7 +306,22 @@ impl SystemPromptBuild {
 pub struct SystemPromptCache {
     sections: BTreeMap<&'static str, Option<String>>,
     git_status: Option<Option<String>>,
+    /// The last build of [`SystemPromptCache::build_shared`] and what it was built from.
+    last: LastBuild,
 }
+
+/// What [`SystemPromptCache::build_shared`] built last: derived from the memo and its inputs, so
+/// it takes no part in comparing two caches.
+#[derive(Debug, Clone, Default)]
+struct LastBuild(Option<(SystemPromptInputs, SystemPromptOptions, SizeProfile, std::rc::Rc<SystemPromptBuild>)>);
+
+impl PartialEq for LastBuild {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for LastBuild {}
 
 impl SystemPromptCache {
     pub fn new() -> SystemPromptCache {
@@ -316,17 +331,37 @@ impl SystemPromptCache {
     /// `clearSystemPromptSections()`: after any compaction, `/clear`, resume or worktree switch.
     pub fn clear_sections(&mut self) {
         self.sections.clear();
+        self.last = LastBuild::default();
     }
 
     /// `/clear` and `--resume`: sections plus the session-memoized git snapshot.
     pub fn clear_session(&mut self) {
         self.sections.clear();
         self.git_status = None;
+        self.last = LastBuild::default();
     }
 
     /// Names currently memoized (null values included).
     pub fn memoized(&self) -> Vec<&'static str> {
         self.sections.keys().copied().collect()
+    }
+
+    /// [`SystemPromptCache::build`], shared: the same inputs, options and profile as the last
+    /// build here (and no clearing since) give that build again, the same allocation, since a
+    /// build from them reads the memoized sections it left and recomputes the uncached ones
+    /// from the same inputs. A session's requests between two changes of its system prompt so
+    /// hold one system prompt (its blocks compared by pointer downstream).
+    pub fn build_shared(&mut self, inputs: &SystemPromptInputs, options: &SystemPromptOptions, profile: &SizeProfile) -> std::rc::Rc<SystemPromptBuild> {
+        if let Some((last_inputs, last_options, last_profile, built)) = &self.last.0
+            && last_inputs == inputs
+            && last_options == options
+            && last_profile == profile
+        {
+            return std::rc::Rc::clone(built);
+        }
+        let built = std::rc::Rc::new(self.build(inputs, options, profile));
+        self.last = LastBuild(Some((inputs.clone(), options.clone(), profile.clone(), std::rc::Rc::clone(&built))));
+        built
     }
 
     /// Builds the system prompt for one user turn, filling and reading the memo.
@@ -601,7 +636,7 @@ fn assemble(
         fingerprint,
         identity,
         mode,
-        blocks,
+        blocks: blocks.into(),
     }
 }
 

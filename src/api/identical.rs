@@ -15,7 +15,7 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    CacheControl, CacheScope, CacheTtl, ContentBlock, ImageLike, Message, MessageContent, Role, SharedBlocks, SystemBlock,
+    CacheControl, CacheScope, CacheTtl, ContentBlock, ImageLike, Message, MessageContent, Role, SharedBlocks, SharedVec, SystemBlock,
     SystemPrompt, Tool, ToolResultContent,
 };
 
@@ -61,6 +61,14 @@ impl<T: Identical> Identical for Vec<T> {
 /// The same allocation is identical without a look at the blocks: a history shared by two
 /// bodies compares for the price of a pointer.
 impl Identical for SharedBlocks {
+    fn identical(&self, other: &Self) -> bool {
+        self.same(other) || self.as_slice().identical(other.as_slice())
+    }
+}
+
+/// The same allocation is identical without a look at the list: tools and system blocks shared
+/// by two bodies compare for the price of a pointer.
+impl<T: Identical> Identical for SharedVec<T> {
     fn identical(&self, other: &Self) -> bool {
         self.same(other) || self.as_slice().identical(other.as_slice())
     }

@@ -19,6 +19,6 @@ mod response;
 pub use content::{ContentBlock, ImageLike, MessageContent, SharedBlocks, ToolResultContent, joined_text};
 pub(crate) use content::json_kind;
 pub use request::{
-    CacheControl, CacheScope, CacheTtl, Message, Request, Role, SystemBlock, SystemPrompt, Tool,
+    CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedVec, SystemBlock, SystemPrompt, Tool,
 };
 pub use response::{CacheCreation, Response, StopReason, Usage};

@@ -1,4 +1,7 @@
-use serde::{Deserialize, Serialize};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::content::{ContentBlock, MessageContent};
@@ -11,7 +14,7 @@ pub struct Request {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<SystemPrompt>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<Tool>>,
+    pub tools: Option<SharedVec<Tool>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,12 +64,12 @@ impl Request {
         match &self.system {
             None => Vec::new(),
             Some(SystemPrompt::Text(text)) => vec![SystemBlock::text(text.clone())],
-            Some(SystemPrompt::Blocks(blocks)) => blocks.clone(),
+            Some(SystemPrompt::Blocks(blocks)) => blocks.to_vec(),
         }
     }
 
     pub fn tools(&self) -> &[Tool] {
-        self.tools.as_deref().unwrap_or(&[])
+        self.tools.as_ref().map_or(&[], |tools| tools.as_slice())
     }
 
     /// Number of `cache_control` markers in the body (tools, system, messages; the top-level
@@ -140,7 +143,94 @@ impl Message {
 #[serde(untagged)]
 pub enum SystemPrompt {
     Text(String),
-    Blocks(Vec<SystemBlock>),
+    Blocks(SharedVec<SystemBlock>),
+}
+
+/// A list shared by every body that sends it unchanged (a request's `tools` and system
+/// blocks): cloning one is a reference count, so the requests of a session hold the tool
+/// schemas and the system prompt once, as the session built them. Reading goes through `Deref`
+/// (a `Vec<T>`); changing through `DerefMut`, which copies the list first when another body
+/// still holds it (copy on write), so a change never reaches another body. Serializes and
+/// parses as the list it holds.
+#[derive(Debug, Clone)]
+pub struct SharedVec<T>(Arc<Vec<T>>);
+
+impl<T> SharedVec<T> {
+    /// Whether both hold the same allocation (then they are equal; unequal allocations may
+    /// still hold equal lists).
+    pub fn same(&self, other: &SharedVec<T>) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl<T: Clone> SharedVec<T> {
+    /// The list, taken without a copy when no other body holds it.
+    pub fn into_vec(self) -> Vec<T> {
+        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
+
+impl<T> Default for SharedVec<T> {
+    fn default() -> Self {
+        SharedVec(Arc::new(Vec::new()))
+    }
+}
+
+impl<T> Deref for SharedVec<T> {
+    type Target = Vec<T>;
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+impl<T: Clone> DerefMut for SharedVec<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl<T> From<Vec<T>> for SharedVec<T> {
+    fn from(list: Vec<T>) -> Self {
+        SharedVec(Arc::new(list))
+    }
+}
+
+impl<T> FromIterator<T> for SharedVec<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        SharedVec(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl<'a, T> IntoIterator for &'a SharedVec<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<T: PartialEq> PartialEq for SharedVec<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other) || *self.0 == *other.0
+    }
+}
+
+impl<T: PartialEq> PartialEq<Vec<T>> for SharedVec<T> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl<T: Serialize> Serialize for SharedVec<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for SharedVec<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<T>::deserialize(deserializer).map(SharedVec::from)
+    }
 }
 
 /// A system text block. The API only accepts `type: "text"` here; other types are kept as given.

@@ -186,7 +186,7 @@ impl Script {
         let last_user_text = body.messages.iter().rev().find(|m| m.role == Role::User).map(message_text).unwrap_or_default();
         if self.compact_markers.iter().any(|marker| last_user_text.contains(marker.as_str())) {
             "compact"
-        } else if body.model.to_ascii_lowercase().contains("haiku") || body.tools.as_ref().is_none_or(Vec::is_empty) {
+        } else if body.model.to_ascii_lowercase().contains("haiku") || body.tools().is_empty() {
             "side"
         } else {
             "main"

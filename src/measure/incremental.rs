@@ -33,7 +33,7 @@ use serde_json::Value;
 use crate::api::canonical::chain;
 use crate::api::identical::Identical;
 use crate::api::structural::BodyHasher;
-use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SystemPrompt, Tool, ToolResultContent};
+use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SharedVec, SystemPrompt, Tool, ToolResultContent};
 
 use super::blocks::{FlatRequest, HeadFolds, Positions, PromptBlock, finish, head_blocks, initial_state, push_message, sum_tokens_from};
 use super::tokens::TokenCounter;
@@ -64,7 +64,9 @@ struct Track {
     last_used: u64,
     model: String,
     family: String,
-    tools: Vec<Tool>,
+    /// The last request's tools (shared with it: the agent's requests share one list while
+    /// the tools do not change, compared by pointer).
+    tools: SharedVec<Tool>,
     tool_choice: Option<Value>,
     system: Option<SystemPrompt>,
     thinking: Option<Value>,
@@ -98,7 +100,7 @@ impl Track {
             last_used: 0,
             model: model.to_owned(),
             family: family.to_owned(),
-            tools: Vec::new(),
+            tools: SharedVec::default(),
             tool_choice: None,
             system: None,
             thinking: None,
@@ -266,7 +268,7 @@ impl Flattener {
         let folds = HeadFolds::of(request);
         let head_same = track.folds == folds
             && ((head_key.is_some() && head_key == track.head_key)
-                || track.tools.as_slice().identical(tools)
+                || (request.tools.as_ref().is_some_and(|shared| shared.same(&track.tools)) || track.tools.as_slice().identical(tools))
                     && track.tool_choice.identical(&request.tool_choice)
                     && track.system.identical(&request.system)
                     && track.thinking.identical(&request.thinking));
@@ -320,7 +322,7 @@ impl Flattener {
             }
             track.head = new_head;
             track.messages_state = state;
-            track.tools = tools.to_vec();
+            track.tools = request.tools.clone().unwrap_or_default();
             track.tool_choice = request.tool_choice.clone();
             track.system = request.system.clone();
             track.thinking = request.thinking.clone();

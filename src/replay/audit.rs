@@ -252,8 +252,8 @@ impl AgentRun {
 /// less the run under the what-if: the main-lane TTLs of `ttls`, the autocompact thresholds
 /// ([`AUTOCOMPACT_PCTS`]) and every preset but [`AGENT_PRESETS_LEFT_OUT`] (the `preset` what-if:
 /// the cheapest at no more information loss: [`agent_info_loss`] and the tokens dropped). Strategies with one effective
-/// setting are one run (a knob only the record-based replay reads, `replay_recorded_microcompact`,
-/// left out); strategies that differ only in their autocompact threshold are one
+/// setting are one run (the knobs only the record-based replay reads,
+/// [`crate::strategy::AGENT_UNREAD_KNOBS`], left out); strategies that differ only in their autocompact threshold are one
 /// family ([`super::agent_whatif::agent_whatif_family`]: a threshold the session never reaches
 /// costs no run of its own); families run in parallel. Returns the what-ifs, every preset
 /// weighed, and where the run as recorded parts from the recording.
@@ -295,11 +295,11 @@ fn agent_whatifs(
     }
     // One run per effective setting; the runs grouped by family (a refused strategy alone).
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
-    // A knob only the record-based replay reads (whether it applies the recorded microcompacts)
-    // gives the agent the same run: strategies that differ in it alone share the run (their
-    // what-ifs still say what they are: priced against the run as recorded, not "the same
-    // settings").
-    let as_run = |strategy: &Strategy| Strategy { replay_recorded_microcompact: base.replay_recorded_microcompact, ..strategy.clone() };
+    // Knobs only the record-based replay reads ([`crate::strategy::AGENT_UNREAD_KNOBS`]: whether
+    // it applies the recorded microcompacts) give the agent the same run: strategies that differ
+    // in them alone share the run (their what-ifs still say what they are: priced against the
+    // run as recorded, not "the same settings").
+    let as_run = |strategy: &Strategy| strategy.as_agent_runs(&base);
     let run_keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(&as_run(s), &prepared)).collect();
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
     for ((_, _, strategy), key) in candidates.iter().zip(&run_keys) {

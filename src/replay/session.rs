@@ -550,7 +550,7 @@ impl Unrecorded<'_> {
         request.messages = messages;
         if let Some(layout) = &self.layout {
             let (tools, system) = self.laid_out(layout, sizes);
-            request.tools = Some(tools);
+            request.tools = Some(tools.into());
             request.system = Some(system);
             parts.system_key = None;
         }
@@ -559,16 +559,19 @@ impl Unrecorded<'_> {
         if self.layout.is_none() {
             let system = match parts.system.take() {
                 Some((k, system)) if k == key => system,
-                _ => SystemPrompt::Blocks(vec![
-                    SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block, self.shared))
-                        .with_cache_control(Some(self.cache_control.clone())),
-                ]),
+                _ => SystemPrompt::Blocks(
+                    vec![
+                        SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block, self.shared))
+                            .with_cache_control(Some(self.cache_control.clone())),
+                    ]
+                    .into(),
+                ),
             };
             request.system = Some(system);
             parts.system_key = Some(key);
         }
         if self.layout.is_some() {
-            let tools = request.tools.get_or_insert_with(Vec::new);
+            let tools = request.tools.get_or_insert_with(Default::default);
             tools.extend(
                 self.loaded_tools
                     .iter()
@@ -658,7 +661,7 @@ impl Unrecorded<'_> {
         let statics = fill(&format!("system static {}", self.group), static_tokens);
         let dynamics = fill(&format!("system dynamic {} {}", self.group, call.dynamic_epoch), self.dynamic_tokens(sizes));
         let blocks = layout_blocks(attribution.as_deref(), &fill("identity", identity_tokens), &statics, &dynamics, mode, &options);
-        (tools, SystemPrompt::Blocks(blocks))
+        (tools, SystemPrompt::Blocks(blocks.into()))
     }
 
     /// The keys of [`Self::request`]'s messages when it is built around `messages` (a prefix of

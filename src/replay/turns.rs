@@ -643,7 +643,7 @@ impl crate::runner::ClientRules for RecordedClient {
 fn global_prefix(request: &Request, measurer: &mut Measurer) -> Option<FlatRequest> {
     let Some(crate::api::SystemPrompt::Blocks(blocks)) = &request.system else { return None };
     let last = blocks.iter().rposition(|b| b.cache_control.as_ref().is_some_and(|c| c.scope == Some(crate::api::CacheScope::Global)))?;
-    let prefix = Request { messages: Vec::new(), system: Some(crate::api::SystemPrompt::Blocks(blocks[..=last].to_vec())), ..request.clone() };
+    let prefix = Request { messages: Vec::new(), system: Some(crate::api::SystemPrompt::Blocks(blocks[..=last].to_vec().into())), ..request.clone() };
     measurer.flatten(&prefix).ok()
 }
 

@@ -159,6 +159,56 @@ impl Default for Strategy {
     }
 }
 
+/// The knobs (top-level keys of a [`Strategy`]) the agent never reads: only the record-based
+/// replay does. Two strategies that differ in these alone give the agent one run
+/// ([`Strategy::as_agent_runs`]). Every knob is in this list or in [`AGENT_READ_KNOBS`] (a
+/// test fails on a knob in neither, so a new knob must be classified).
+pub const AGENT_UNREAD_KNOBS: &[&str] = &[
+    // Whether a replay applies the recorded microcompacts (src/replay/session.rs); the agent's
+    // own microcompact is `compact.microcompact`.
+    "replay_recorded_microcompact",
+];
+
+/// The knobs the agent reads (the layer-6 chain's whole `compact` table among them).
+pub const AGENT_READ_KNOBS: &[&str] = &[
+    "name",
+    "dynamic_boundary",
+    "global_cache_scope",
+    "size_profile_padding",
+    "prompt_caching",
+    "attribution_header",
+    "mcp_instructions",
+    "deferred_tools_delta",
+    "enable_tool_search",
+    "base_url",
+    "first_party",
+    "disable_experimental_betas",
+    "ttl_main",
+    "ttl_other",
+    "interactive",
+    "skill_listing_budget_fraction",
+    "skill_description_max",
+    "max_mcp_output_tokens",
+    "bash_max_output_length",
+    "read_max_lines",
+    "read_max_bytes",
+    "read_max_tokens",
+    "smoosh_into_tool_result",
+    "tool_loaded_sibling",
+    "todo_reminder_turns",
+    "date_change_attachment",
+    "claude_md",
+    "nested_memory",
+    "auto_memory",
+    "run_hooks",
+    "stop_hook_cap",
+    "agent_list_in_messages",
+    "relevant_memories",
+    "git_status",
+    "client_version",
+    "compact",
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum StrategyError {
     #[error("failed to read strategy file {path}: {source}")]
@@ -182,6 +232,18 @@ pub enum StrategyError {
 }
 
 impl Strategy {
+    /// This strategy as the agent runs it, next to `reference`: the knobs the agent does not
+    /// read ([`AGENT_UNREAD_KNOBS`]) taken from `reference`, so strategies that differ in those
+    /// alone are one run.
+    pub fn as_agent_runs(&self, reference: &Strategy) -> Strategy {
+        let mut value = serde_json::to_value(self).expect("a strategy serializes");
+        let reference = serde_json::to_value(reference).expect("a strategy serializes");
+        for knob in AGENT_UNREAD_KNOBS {
+            value[*knob] = reference[*knob].clone();
+        }
+        serde_json::from_value(value).expect("a strategy with another's knobs parses")
+    }
+
     /// A named preset (id or alias; see [`super::presets::PRESETS`]). `claude-code-env` reads
     /// the process environment.
     pub fn preset(name: &str) -> Result<Strategy, StrategyError> {
@@ -422,6 +484,37 @@ pub const ENV_VARS: [&str; 30] = [
     "USE_API_CLEAR_TOOL_RESULTS",
     "USE_API_CLEAR_TOOL_USES",
 ];
+
+#[cfg(test)]
+mod agent_knobs_tests {
+    use super::*;
+
+    /// Every knob is classified: read by the agent or not, never both.
+    #[test]
+    fn every_knob_is_read_by_the_agent_or_listed_as_not() {
+        let value = serde_json::to_value(Strategy::default()).unwrap();
+        let knobs: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
+        for knob in &knobs {
+            let read = AGENT_READ_KNOBS.contains(knob);
+            let unread = AGENT_UNREAD_KNOBS.contains(knob);
+            assert!(read != unread, "knob `{knob}`: list it in AGENT_READ_KNOBS or AGENT_UNREAD_KNOBS (exactly one)");
+        }
+        for knob in AGENT_READ_KNOBS.iter().chain(AGENT_UNREAD_KNOBS) {
+            assert!(knobs.contains(knob), "`{knob}` is no knob of the strategy");
+        }
+    }
+
+    #[test]
+    fn as_agent_runs_takes_the_unread_knobs_only() {
+        let reference = Strategy::default();
+        let mut other = Strategy { replay_recorded_microcompact: !reference.replay_recorded_microcompact, ..Strategy::default() };
+        assert_eq!(other.as_agent_runs(&reference), reference);
+        other.ttl_main = CacheTtl::OneHour;
+        let run = other.as_agent_runs(&reference);
+        assert_eq!(run.ttl_main, CacheTtl::OneHour);
+        assert_eq!(run.replay_recorded_microcompact, reference.replay_recorded_microcompact);
+    }
+}
 
 fn truthy(value: &str) -> bool {
     matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")

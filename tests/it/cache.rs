@@ -134,7 +134,7 @@ fn layered(tools: &[&str], system: &str, user: &[&str]) -> Request {
     r.tools = Some(tools.iter().map(|t| tool(t, 300)).collect());
     r.system = Some(ctxsim::api::SystemPrompt::Blocks(vec![
         crate::support::system(&text_of(system, 600)).with_cache_control(Some(CacheControl::ephemeral())),
-    ]));
+    ].into()));
     let mut blocks: Vec<_> = user.iter().map(|u| ctxsim::api::ContentBlock::text(text_of(u, 300))).collect();
     blocks.last_mut().unwrap().set_cache_control(Some(CacheControl::ephemeral()));
     r.messages.push(Message::user_blocks(blocks));

@@ -85,9 +85,9 @@ impl Lane {
         r.system = Some(if self.string_system {
             SystemPrompt::Text(self.system.clone())
         } else {
-            SystemPrompt::Blocks(vec![SystemBlock::text(self.system.clone()).with_cache_control(Some(CacheControl::ephemeral()))])
+            SystemPrompt::Blocks(vec![SystemBlock::text(self.system.clone()).with_cache_control(Some(CacheControl::ephemeral()))].into())
         });
-        r.tools = Some(self.tools.clone());
+        r.tools = Some(self.tools.clone().into());
         r.thinking = self.thinking.clone();
         r.tool_choice = self.tool_choice.clone();
         r.messages = self.messages.clone();

@@ -321,3 +321,32 @@ fn session_eager_tools_with_mcp_is_mode_a() {
     assert!(output.requests[0].tools().iter().any(|t| t.name == "mcp__docs__search"));
     assert!(matches!(&output.requests[0].messages[0].content, MessageContent::Blocks(_)), "no deferred-tools message");
 }
+
+/// Consecutive requests whose tools and system prompt did not change hold the session's own
+/// lists (one allocation, a reference count per request), and a change to one body's copy
+/// reaches no other body (copy on write): the bytes sent are the lists' as before.
+#[test]
+fn session_requests_share_unchanged_tools_and_system() {
+    let output = run("read-and-answer");
+    assert_eq!(output.requests.len(), 2);
+    let (first, second) = (&output.requests[0], &output.requests[1]);
+    let (Some(tools_a), Some(tools_b)) = (&first.tools, &second.tools) else { panic!("tools") };
+    assert!(tools_a.same(tools_b), "the second request shares the first's tools");
+    let (Some(SystemPrompt::Blocks(system_a)), Some(SystemPrompt::Blocks(system_b))) = (&first.system, &second.system) else { panic!("system blocks") };
+    assert!(system_a.same(system_b), "the second request shares the first's system blocks");
+
+    let before = serde_json::to_string(first).unwrap();
+    let mut edited = second.clone();
+    edited.tools.as_mut().unwrap()[0].description = Some("changed".to_owned());
+    if let Some(SystemPrompt::Blocks(blocks)) = &mut edited.system {
+        blocks[0].text.push('!');
+    }
+    assert_eq!(serde_json::to_string(first).unwrap(), before, "an edit of another body's copy leaves this one");
+    assert!(!edited.tools.as_ref().unwrap().same(tools_a));
+    // Serialized as the plain lists they hold.
+    let value = json(first);
+    assert_eq!(value["tools"], serde_json::to_value(tools_a.as_slice()).unwrap());
+    assert_eq!(value["system"], serde_json::to_value(system_a.as_slice()).unwrap());
+    let parsed: Request = serde_json::from_str(&before).unwrap();
+    assert_eq!(&parsed, first);
+}

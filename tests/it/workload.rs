@@ -545,7 +545,7 @@ fn a_changed_billing_fingerprint_keeps_the_cached_prefix_of_a_real_session() {
         request.system = Some(SystemPrompt::Blocks(vec![
             SystemBlock::text(format!("x-anthropic-billing-header: cc_version=2.1.88.{fingerprint}; cc_entrypoint=cli;")),
             SystemBlock::text(crate::support::text_of("system", 3000)).with_cache_control(Some(CacheControl::ephemeral())),
-        ]));
+        ].into()));
         request.messages.push(Message::user_text(prompt));
         request
     };

@@ -158,7 +158,7 @@ pub struct ToolPool {
     /// Every enabled tool, sorted: built-ins, then MCP.
     pub all: Vec<PoolTool>,
     /// The `tools` array as sent.
-    pub tools: Vec<Tool>,
+    pub tools: crate::api::SharedVec<Tool>,
     /// Names announced in `<available-deferred-tools>` (code-unit order), empty when tool search
     /// is off.
     pub deferred_names: Vec<String>,
@@ -345,7 +345,7 @@ pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
     deferred_names.sort_by(|a, b| code_unit_compare(a, b));
     let inline_mcp = all.iter().any(|entry| entry.is_mcp && tools.iter().any(|t| t.name == entry.tool.name && t.defer_loading.is_none()));
 
-    ToolPool { mode, tool_search_available, tool_search, all, tools, deferred_names, inline_mcp }
+    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp }
 }
 
 /// `isDeferredTool` for built-ins: ToolSearch never, otherwise `shouldDefer`.
