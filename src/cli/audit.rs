@@ -67,12 +67,13 @@ pub struct AuditArgs {
     /// What runs the what-ifs: `replay` (the default: the record-based replay; TTL, thresholds
     /// and the presets whose loss it judges) or `agent` (the agent itself, driven by each
     /// session, as recorded and under each what-if, as `compare` runs it; every preset is
-    /// weighed, at about 13× the replay's CPU, see README.md, "audit"). The billed tokens, the
+    /// weighed, at about 10× the replay's CPU, see README.md, "audit"). The billed tokens, the
     /// cost and the breaks come from the recorded usage either way. Every output names the
     /// engine.
     #[arg(long, value_enum, default_value = "replay")]
     pub engine: super::args::Engine,
-    /// Sessions audited at once (default: every core).
+    /// Threads (default: every core): sessions are audited at once, and each session's what-ifs
+    /// run at once on the same threads. The output is the same for any number.
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
     /// Never draw the progress bar (drawn on a terminal when the run takes over a second).

@@ -205,6 +205,11 @@ impl Reason {
                 return Reason::Known(why);
             }
         }
+        // A knob the agent never reads (only the record-based replay does) cannot change an
+        // agent run: say so rather than leave the reason blank.
+        if engine == crate::report::compare::Engine::Agent && crate::strategy::AGENT_UNREAD_KNOBS.contains(&key.as_str()) {
+            return Reason::Known("the agent does not read this knob: it is a setting of the record-based replay (`--engine replay`) only".to_owned());
+        }
         // The tool-output limits' reasons are facts of the recording (no recorded result above
         // the lowest limit), which hold through the agent too: its executor returns the recorded
         // results, and a limit cannot restore what the client cut.

@@ -235,13 +235,17 @@ impl Strategy {
     /// This strategy as the agent runs it, next to `reference`: the knobs the agent does not
     /// read ([`AGENT_UNREAD_KNOBS`]) taken from `reference`, so strategies that differ in those
     /// alone are one run.
+    /// A strategy that does not round-trip through JSON (a non-finite number from a user's
+    /// file) is returned as it is: its run is then keyed by every knob, which is correct, only
+    /// not shared.
     pub fn as_agent_runs(&self, reference: &Strategy) -> Strategy {
-        let mut value = serde_json::to_value(self).expect("a strategy serializes");
-        let reference = serde_json::to_value(reference).expect("a strategy serializes");
+        let (Ok(mut value), Ok(reference)) = (serde_json::to_value(self), serde_json::to_value(reference)) else {
+            return self.clone();
+        };
         for knob in AGENT_UNREAD_KNOBS {
             value[*knob] = reference[*knob].clone();
         }
-        serde_json::from_value(value).expect("a strategy with another's knobs parses")
+        serde_json::from_value(value).unwrap_or_else(|_| self.clone())
     }
 
     /// A named preset (id or alias; see [`super::presets::PRESETS`]). `claude-code-env` reads

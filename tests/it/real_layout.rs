@@ -214,10 +214,17 @@ fn strategies_give_a_reason_per_knob_a_replay_cannot_honour() {
     assert!(!table.contains("  * "), "{table}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies", "--format", "json"]).output().unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(json["engines"]["agent"].as_str().unwrap().contains("the default engine") && json["engines"]["agent"].as_str().unwrap().contains("every knob reaches a recorded session"), "{json}");
+    assert!(json["engines"]["agent"].as_str().unwrap().contains("the default engine") && json["engines"]["agent"].as_str().unwrap().contains("every knob the agent reads reaches a recorded session"), "{json}");
     assert!(json["engines"]["replay"].as_str().unwrap().contains("not_replayed"), "{json}");
     let knobs = json["knobs"].as_array().unwrap();
-    assert!(knobs.iter().all(|k| k["real_sessions"] == true), "{json}");
+    // Every knob reaches a recorded session through the agent but the replay's own settings,
+    // which say so.
+    for k in knobs {
+        let unread = ctxsim::strategy::AGENT_UNREAD_KNOBS.contains(&k["key"].as_str().unwrap());
+        assert_eq!(k["real_sessions"], !unread, "{k}");
+        assert_eq!(k["agent"].is_string(), unread, "{k}");
+    }
+    assert!(knobs.iter().any(|k| k["key"] == "replay_recorded_microcompact" && k["real_sessions"] == false), "{json}");
     let run_hooks = knobs.iter().find(|k| k["key"] == "run_hooks").unwrap();
     assert_eq!(run_hooks["replay"], false);
     assert_eq!(run_hooks["not_replayed"], hooks);

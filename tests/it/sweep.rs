@@ -141,6 +141,19 @@ fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
     assert!(std::fs::read_to_string(dir.path().join("sweep.html")).unwrap().contains("id=\"no-effect\""));
 }
 
+/// A knob only the record-based replay reads (`replay_recorded_microcompact`) swept through the
+/// agent, the default engine: the warning names why it changed nothing instead of a blank reason.
+#[test]
+fn a_knob_the_agent_does_not_read_is_named_so_in_the_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = crate::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let session = session.display().to_string();
+    let (_stdout, stderr) = sweep_output(&[session.as_str(), "--param", "replay_recorded_microcompact=true,false"], dir.path());
+    assert!(stderr.contains("replay_recorded_microcompact changed no result (the agent does not read this knob"), "stderr: {stderr}");
+    let csv = std::fs::read_to_string(dir.path().join("no_effect.csv")).unwrap();
+    assert!(csv.contains("the agent does not read this knob"), "{csv}");
+}
+
 /// Issue 13's case: the autocompact buffer on a real session with a recorded automatic
 /// compaction. The replay now moves the compaction (tests/it/whatif.rs), so the 12 points differ,
 /// no warning is given, and the recommendation weighs real differences.
