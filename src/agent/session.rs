@@ -336,7 +336,7 @@ impl Session {
                     && name == "Read"
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                 {
-                    out.insert(path.to_owned(), meta.timestamp_ms as i64);
+                    out.insert(crate::agent::skills::tool_path(path).into_owned(), meta.timestamp_ms as i64);
                 }
             }
         }

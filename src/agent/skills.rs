@@ -242,6 +242,29 @@ pub fn msys_path(path: &str) -> String {
     out
 }
 
+/// Whether a tool call's path is spelled as a Windows client writes it: a drive (`D:\x`,
+/// `d:/x`), a `\\?\` or UNC prefix, or a backslash separator (`src\x.go`). A POSIX
+/// client's path never is (a backslash in a POSIX file name is left to that client's rare user).
+pub fn is_windows_path(path: &str) -> bool {
+    let bytes = path.trim_start().as_bytes();
+    path.contains('\\') || (bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':')
+}
+
+/// A path a recorded tool call names (`file_path`, `path`, a file's `filePath`) as the agent's
+/// filesystem and cwd spell it: a Windows spelling as [`msys_path`] writes it (`D:\omp\src\a.go`
+/// → `/d/omp/src/a.go`, under the `world.cwd` a Windows recording gets), any other as given, so
+/// that a POSIX session's paths stay byte for byte what they were.
+pub fn tool_path(path: &str) -> std::borrow::Cow<'_, str> {
+    if is_windows_path(path) { std::borrow::Cow::Owned(msys_path(path)) } else { std::borrow::Cow::Borrowed(path) }
+}
+
+/// Which file a recorded path names, for comparing two of them (the replay's file state, the
+/// loss judge's re-reads): a Windows spelling as [`comparable_path`] writes it (`D:\x` and `d:/X`
+/// are one file: the client's file system ignores case), any other as given.
+pub fn file_key(path: &str) -> std::borrow::Cow<'_, str> {
+    if is_windows_path(path) { std::borrow::Cow::Owned(comparable_path(path)) } else { std::borrow::Cow::Borrowed(path) }
+}
+
 /// User and project skills (see [`skill_roots`]).
 pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
     load_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None)

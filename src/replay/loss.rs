@@ -158,16 +158,23 @@ fn content_references<'a>(content: &'a MessageContent, out: &mut RefSet<'a>) {
 }
 
 /// Adds the paths the `Read` calls among `blocks` read (a message's own blocks: a text content
-/// holds no tool use, a tool result's blocks are not the model's calls).
-fn add_read_paths<'a>(blocks: &'a [ContentBlock], out: &mut BTreeSet<&'a str>) {
+/// holds no tool use, a tool result's blocks are not the model's calls), as
+/// [`crate::agent::skills::file_key`] names the file: a Windows client's `D:\omp\a.go` and
+/// `d:/omp/a.go` are one re-read.
+fn add_read_paths<'a>(blocks: &'a [ContentBlock], out: &mut BTreeSet<Cow<'a, str>>) {
     for block in blocks {
         if let ContentBlock::ToolUse { name, input, .. } = block
             && name == "Read"
             && let Some(path) = input.get("file_path").and_then(Value::as_str)
         {
-            out.insert(path);
+            out.insert(crate::agent::skills::file_key(path));
         }
     }
+}
+
+/// Whether `input` is a Read of a file in `read_before` ([`add_read_paths`]).
+fn reads_again(input: &Value, read_before: &BTreeSet<Cow<'_, str>>) -> bool {
+    input.get("file_path").and_then(Value::as_str).is_some_and(|p| read_before.contains(crate::agent::skills::file_key(p).as_ref()))
 }
 
 /// The references of the events of an imported session, each event's found once and shared
@@ -363,7 +370,7 @@ pub fn compaction_loss(
                 for block in &reply.content {
                     if let ContentBlock::ToolUse { name, input, .. } = block
                         && name == "Read"
-                        && input.get("file_path").and_then(Value::as_str).is_some_and(|p| read_before.contains(p))
+                        && reads_again(input, &read_before)
                     {
                         rereads += 1;
                     }
@@ -484,7 +491,7 @@ pub fn compaction_loss_by_scan(
                 for block in &reply.content {
                     if let ContentBlock::ToolUse { name, input, .. } = block {
                         value_references(input, &mut used);
-                        if name == "Read" && input.get("file_path").and_then(Value::as_str).is_some_and(|p| read_before.contains(p)) {
+                        if name == "Read" && reads_again(input, &read_before) {
                             rereads += 1;
                         }
                     }

@@ -41,6 +41,8 @@ enum Content {
 
 #[derive(Debug, Clone, PartialEq)]
 struct FileEntry {
+    /// The path as the last call that touched the file spelled it (what a restore shows).
+    path: String,
     /// Sequence number of the last touch (read, edit or write).
     touched: u64,
     content: Content,
@@ -120,22 +122,29 @@ fn push_line_number(out: &mut String, n: usize) {
 /// The client's `readFileState` and plan file, as far as a transcript shows them.
 #[derive(Debug, Clone, Default)]
 pub struct WorkingSet {
+    /// By [`crate::agent::skills::file_key`]: a Windows client's `D:\omp\a.go` and `d:/omp/a.go`
+    /// are one file, as the client's own state keys them.
     files: BTreeMap<String, FileEntry>,
     plan: Option<(String, String)>,
     clock: u64,
 }
 
 fn is_plan_file(path: &str) -> bool {
-    path.contains("/.claude/plans/")
+    crate::agent::skills::tool_path(path).contains("/.claude/plans/")
 }
 
 /// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
 /// the working directory and the user's own CLAUDE.md (nested ones are restored like any file).
 fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
-    if path.ends_with("/.claude/CLAUDE.md") {
+    if crate::agent::skills::tool_path(path).ends_with("/.claude/CLAUDE.md") {
         return true;
     }
     cwd.is_some_and(|cwd| {
+        if crate::agent::skills::is_windows_path(path) || crate::agent::skills::is_windows_path(cwd) {
+            // A Windows client's (`D:\omp\CLAUDE.md` under `D:\omp`), compared in one spelling.
+            let (path, cwd) = (crate::agent::skills::comparable_path(path), crate::agent::skills::comparable_path(cwd));
+            return path == format!("{cwd}/claude.md") || path == format!("{cwd}/claude.local.md");
+        }
         let cwd = cwd.trim_end_matches('/');
         path == format!("{cwd}/CLAUDE.md") || path == format!("{cwd}/CLAUDE.local.md")
     })
@@ -159,6 +168,7 @@ impl WorkingSet {
         let Some(result) = structured else { return };
         let path = input.get("file_path").and_then(Value::as_str).or_else(|| result.get("filePath").and_then(Value::as_str));
         let Some(path) = path.map(str::to_owned) else { return };
+        let key = crate::agent::skills::file_key(&path).into_owned();
         let content = match name {
             "Read" => {
                 let Some(file) = result.get("file") else { return };
@@ -173,7 +183,7 @@ impl WorkingSet {
                 if start <= 1 && lines >= total {
                     Content::Known(text.to_owned())
                 } else {
-                    match self.files.get(&path).map(|e| &e.content) {
+                    match self.files.get(&key).map(|e| &e.content) {
                         // A partial re-read of a file already known whole changes nothing.
                         Some(Content::Known(known)) => Content::Known(known.clone()),
                         _ => Content::Partial { slice: text.to_owned(), lines: lines.max(1), total_lines: total.max(lines) },
@@ -181,7 +191,7 @@ impl WorkingSet {
                 }
             }
             "Edit" | "MultiEdit" => {
-                let original = result.get("originalFile").and_then(Value::as_str).map(str::to_owned).or_else(|| match self.files.get(&path) {
+                let original = result.get("originalFile").and_then(Value::as_str).map(str::to_owned).or_else(|| match self.files.get(&key) {
                     Some(FileEntry { content: Content::Known(known), .. }) => Some(known.clone()),
                     _ => None,
                 });
@@ -206,7 +216,7 @@ impl WorkingSet {
                         };
                         Content::Known(edits.into_iter().fold(original, |text, (old, new, all)| replace(&text, old, new, all)))
                     }
-                    None => match self.files.get(&path) {
+                    None => match self.files.get(&key) {
                         Some(entry) => entry.content.clone(),
                         None => return,
                     },
@@ -225,7 +235,7 @@ impl WorkingSet {
             return;
         }
         self.clock += 1;
-        self.files.insert(path, FileEntry { touched: self.clock, content });
+        self.files.insert(key, FileEntry { path, touched: self.clock, content });
     }
 
     /// What the record shows of `path`'s content now: its whole text, or for a file known only
@@ -233,7 +243,7 @@ impl WorkingSet {
     /// [`Self::compact`] restores it at). `None` for a file the record does not show (and for
     /// the plan file, kept apart).
     pub fn content_of(&self, path: &str) -> Option<String> {
-        match &self.files.get(path)?.content {
+        match &self.files.get(crate::agent::skills::file_key(path).as_ref())?.content {
             Content::Known(text) => Some(text.clone()),
             Content::Partial { slice, lines, total_lines } => {
                 let chars = slice.len() * (*total_lines).min(READ_MAX_LINES) / (*lines).max(1);
@@ -247,12 +257,13 @@ impl WorkingSet {
     /// the API counts it (the client checks the 5,000-token limit with the API's count).
     pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64) -> Vec<Restored> {
         let mut recent: Vec<(&String, &FileEntry)> =
-            self.files.iter().filter(|(path, _)| !is_memory_file(path, cwd)).collect();
+            self.files.iter().filter(|(_, entry)| !is_memory_file(&entry.path, cwd)).collect();
         recent.sort_by_key(|r| std::cmp::Reverse(r.1.touched));
         let mut out = Vec::new();
         let mut kept = BTreeMap::new();
         let mut total = 0u64;
-        for (path, entry) in recent.into_iter().take(RESTORE_MAX_FILES) {
+        for (key, entry) in recent.into_iter().take(RESTORE_MAX_FILES) {
+            let path = &entry.path;
             let restored = match &entry.content {
                 // The limit applies to the file's text; what is sent is its numbered rendering.
                 Content::Known(text) => {
@@ -289,7 +300,7 @@ impl WorkingSet {
             }
             total += size;
             if !matches!(restored, Restored::Reference { .. }) {
-                kept.insert(path.clone(), entry.clone());
+                kept.insert(key.clone(), entry.clone());
             }
             out.push(restored);
         }

@@ -1193,3 +1193,92 @@ fn the_agents_run_keeps_the_record_replays_events() {
         assert_eq!(driven.record_events.as_ref(), Some(&expected), "{name}");
     }
 }
+
+/// A Windows client's transcript: cwd `D:\omp`, a Read of `D:\omp\src\banner.go`, then an Edit
+/// of the same file spelled `d:/omp/src/banner.go` whose structured result carries no original
+/// file, then a reply.
+fn windows_transcript() -> String {
+    let content = "package banner\n\nconst Text = \"old\"\n";
+    let mut lines = Vec::new();
+    let mut parent = serde_json::Value::Null;
+    let mut record = |n: u64, kind: &str, message: serde_json::Value, extra: serde_json::Value| {
+        let uuid = format!("00000000-0000-4000-8000-{n:012}");
+        let mut line = serde_json::json!({
+            "parentUuid": parent, "isSidechain": false, "userType": "external", "cwd": "D:\\omp", "sessionId": "win",
+            "version": "2.1.39", "gitBranch": "main", "type": kind, "message": message, "uuid": uuid,
+            "timestamp": format!("2026-01-07T10:00:{:02}Z", n * 2),
+        });
+        line.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        lines.push(line.to_string());
+        parent = serde_json::Value::String(uuid);
+    };
+    let usage = |read: u64| serde_json::json!({ "input_tokens": 3, "cache_creation_input_tokens": 300, "cache_read_input_tokens": read, "output_tokens": 40 });
+    let reply = |id: &str, content: serde_json::Value, stop: &str, read: u64| {
+        serde_json::json!({ "id": id, "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": content, "stop_reason": stop, "usage": usage(read) })
+    };
+    record(1, "user", serde_json::json!({ "role": "user", "content": "Change the banner text to new." }), serde_json::json!({}));
+    let read = serde_json::json!([{ "type": "tool_use", "id": "toolu_r", "name": "Read", "input": { "file_path": "D:\\omp\\src\\banner.go" } }]);
+    record(2, "assistant", reply("msg_1", read, "tool_use", 12_000), serde_json::json!({ "requestId": "req_1" }));
+    let file = serde_json::json!({ "filePath": "D:\\omp\\src\\banner.go", "content": content, "numLines": 3, "startLine": 1, "totalLines": 3 });
+    let result = serde_json::json!([{ "type": "tool_result", "tool_use_id": "toolu_r", "content": "     1→package banner" }]);
+    record(3, "user", serde_json::json!({ "role": "user", "content": result }), serde_json::json!({ "toolUseResult": { "type": "text", "file": file } }));
+    let edit = serde_json::json!([{ "type": "tool_use", "id": "toolu_e", "name": "Edit", "input": { "file_path": "d:/omp/src/banner.go", "old_string": "old", "new_string": "new" } }]);
+    record(4, "assistant", reply("msg_2", edit, "tool_use", 12_300), serde_json::json!({ "requestId": "req_2" }));
+    let result = serde_json::json!([{ "type": "tool_result", "tool_use_id": "toolu_e", "content": "The file d:/omp/src/banner.go has been updated." }]);
+    let structured = serde_json::json!({ "filePath": "d:/omp/src/banner.go", "oldString": "old", "newString": "new", "replaceAll": false });
+    record(5, "user", serde_json::json!({ "role": "user", "content": result }), serde_json::json!({ "toolUseResult": structured }));
+    record(6, "assistant", reply("msg_3", serde_json::json!([{ "type": "text", "text": "Done." }]), "end_turn", 12_600), serde_json::json!({ "requestId": "req_3" }));
+    lines.join("\n") + "\n"
+}
+
+/// Issue 13 (fidwin): a Windows client's tool paths (`D:\omp\src\a.go`, `d:/omp/src/a.go`) name
+/// the files under the cwd the workload runs in (`/d/omp`, `skills::msys_path`): the agent's fs
+/// holds one `/d/omp/src/banner.go` (not `/d/omp/D:\omp\…` beside `/d/omp/d:/omp/…`), its
+/// compaction restores that one file as edited, and the replay's file state and the loss judge's
+/// re-reads take both spellings as one file.
+#[test]
+fn a_windows_clients_tool_paths_name_the_files_under_its_cwd() {
+    let text = windows_transcript();
+    let session = ctxsim::recording::import_claude_code_from(std::io::Cursor::new(text.as_bytes()), "win.jsonl").unwrap();
+    let workload = workload_from_session(&session, "win.jsonl", None).unwrap();
+    assert_eq!(workload.scenario.world.cwd, "/d/omp");
+    // The Edit's content comes from the Read's under the other spelling: both calls show the file.
+    assert_eq!(workload.report.files_shown, 2, "{:?}", workload.report);
+    let shown: Vec<&serde_json::Value> = workload.document["script"].as_array().unwrap().iter().filter_map(|s| s["tool_output"].as_object()).flat_map(|o| o.values()).map(|o| &o["file"]).collect();
+    assert_eq!(shown[1]["content"], "package banner\n\nconst Text = \"new\"\n", "{shown:?}");
+
+    // The agent compacts after the session: its restore names the one file, edited.
+    let mut document = workload.document.clone();
+    let script = document["script"].as_array_mut().unwrap();
+    let at = script.iter().position(|s| s.get("lane").is_some()).unwrap_or(script.len());
+    let more = [
+        serde_json::json!({ "compact": true }),
+        serde_json::json!({ "user": "Anything left?" }),
+        serde_json::json!({ "assistant": [{ "text": "No." }] }),
+    ];
+    script.splice(at..at, more);
+    script.push(serde_json::json!({ "assistant": [{ "text": "<summary>The banner text was changed to new.</summary>" }], "lane": "compact" }));
+    let scenario = ctxsim::scenario::parse_scenario_document(&document, "win.json").unwrap();
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    let options = ctxsim::runner::RunOptions { keep_requests: true, ..Default::default() };
+    let output = ctxsim::runner::run_scenario_opts(&scenario, &mut measurer(), &strategy, &ctxsim::agent::compact::chain::Chain::new(), options).unwrap();
+    let last = output.rows.iter().zip(&output.requests).filter(|(r, _)| r.lane == LANE_MAIN).map(|(_, q)| q).last().unwrap();
+    let body = serde_json::to_string(&last.messages).unwrap();
+    assert_eq!(body.matches(r#"{\"file_path\":\"/d/omp/src/banner.go\"}"#).count(), 1, "{body}");
+    assert!(body.contains(r#"const Text = \"new\""#), "{body}");
+    assert!(!body.contains("/d/omp/D:") && !body.contains("/d/omp/d:"), "{body}");
+
+    // The replay's file state: both spellings one file, restored once under the last spelling.
+    let mut files = ctxsim::replay::working_set::WorkingSet::default();
+    files.observe("Read", &serde_json::json!({ "file_path": "D:\\omp\\src\\banner.go" }), Some(&serde_json::json!({ "type": "text", "file": { "content": "a\n", "numLines": 1, "startLine": 1, "totalLines": 1 } })), false);
+    files.observe("Write", &serde_json::json!({ "file_path": "d:/OMP/src/banner.go" }), Some(&serde_json::json!({ "content": "b\n" })), false);
+    files.observe("Write", &serde_json::json!({ "file_path": "D:\\omp\\CLAUDE.md" }), Some(&serde_json::json!({ "content": "rules" })), false);
+    assert_eq!(files.content_of("D:/omp/src/banner.go").as_deref(), Some("b\n"));
+    let restored = files.compact(Some("D:\\omp"), |t| t.len() as u64);
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    assert!(matches!(&restored[0], ctxsim::replay::working_set::Restored::File { path, .. } if path == "d:/OMP/src/banner.go"), "{restored:?}");
+    // A POSIX client's paths keep their spelling.
+    assert_eq!(ctxsim::agent::skills::tool_path("/repo/src/a.go"), "/repo/src/a.go");
+    assert_eq!(ctxsim::agent::skills::tool_path("D:\\omp\\src\\a.go"), "/d/omp/src/a.go");
+    assert_eq!(ctxsim::agent::tools::exec::absolute("/d/omp", "src\\a.go"), "/d/omp/src/a.go");
+}

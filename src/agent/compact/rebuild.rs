@@ -140,13 +140,14 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
     out
 }
 
-/// The `file_path`s of the Read calls in `entries`.
+/// The `file_path`s of the Read calls in `entries`, as the agent's fs spells them (a Windows
+/// client's `D:\omp\a.go` is `/d/omp/a.go`: `skills::tool_path`).
 fn read_paths(entries: &[Entry]) -> Vec<String> {
     entries
         .iter()
         .flat_map(|e| e.message().content.to_blocks())
         .filter_map(|b| match b {
-            ContentBlock::ToolUse { name, input, .. } if name == "Read" => input.get("file_path").and_then(|p| p.as_str()).map(str::to_owned),
+            ContentBlock::ToolUse { name, input, .. } if name == "Read" => input.get("file_path").and_then(|p| p.as_str()).map(|p| crate::agent::skills::tool_path(p).into_owned()),
             _ => None,
         })
         .collect()

@@ -547,5 +547,8 @@ fn truncate_chars(text: &str, max: usize) -> String {
 
 /// `path` made absolute against `cwd`.
 pub fn absolute(cwd: &str, path: &str) -> String {
-    if path.starts_with('/') { path.to_owned() } else { format!("{}/{}", cwd.trim_end_matches('/'), path) }
+    // A Windows client's path (`D:\omp\src\a.go`, `src\a.go`) as the cwd a Windows recording
+    // runs under spells it (`/d/omp/src/a.go`: `skills::tool_path`).
+    let path = crate::agent::skills::tool_path(path);
+    if path.starts_with('/') { path.into_owned() } else { format!("{}/{}", cwd.trim_end_matches('/'), path) }
 }
