@@ -164,6 +164,24 @@ fn pack(piece: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
+/// `bytes[at..end]` packed as [`pack`] packs it, read as one unaligned 16-byte load masked to
+/// the piece when 16 bytes from `at` are in `bytes` (no copy through a buffer on the stack,
+/// whose store the load after it would wait for).
+#[inline]
+fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
+    let len = end - at;
+    if len > SHORT_PIECE {
+        return None;
+    }
+    match bytes.get(at..at + 16) {
+        Some(chunk) => {
+            let word = u128::from_le_bytes(chunk.try_into().unwrap_or([0; 16]));
+            Some((word & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120))
+        }
+        None => pack(&bytes[at..end]),
+    }
+}
+
 /// What a thread started by [`O200k::new`] built, or `build()` run here when it could not be
 /// started.
 fn joined<T>(handle: std::io::Result<std::thread::ScopedJoinHandle<'_, T>>, build: fn() -> T) -> T {
@@ -352,6 +370,7 @@ impl O200k {
     }
 
     /// The rank of the token `bytes`, if they are one.
+    #[cfg(test)]
     fn rank(&self, bytes: &[u8]) -> Option<Rank> {
         match pack(bytes) {
             Some(packed) => self.short_ranks.get(&packed).copied(),
@@ -359,37 +378,49 @@ impl O200k {
         }
     }
 
+    /// The rank of the token `bytes[at..end]`, if they are one.
+    #[inline]
+    fn rank_in(&self, bytes: &[u8], at: usize, end: usize) -> Option<Rank> {
+        match pack_in(bytes, at, end) {
+            Some(packed) => self.short_ranks.get(&packed).copied(),
+            None => self.long_ranks.get(&bytes[at..end]).copied(),
+        }
+    }
+
     /// The number of tokens the merge leaves of `piece` (as many as tiktoken-rs's
     /// `byte_pair_split(piece, ranks).len()`): from single bytes, the neighbouring pair whose
     /// join is the token of lowest rank (the leftmost of equal ranks) is joined until no pair
     /// joins to a token.
-    fn merged_parts(&self, piece: &[u8]) -> u32 {
-        if piece.len() < 2 {
-            return piece.len() as u32;
+    ///
+    /// The piece is `rest[..len]`; the bytes after it (the rest of its text) are only read
+    /// past, to pack a part with one load ([`pack_in`]).
+    fn merged_parts(&self, rest: &[u8], len: usize) -> u32 {
+        if len < 2 {
+            return len as u32;
         }
         // Most pieces that are not tokens are short: their part boundaries and pair ranks fit
         // on the stack, so counting one allocates nothing.
-        if piece.len() < STACK_MERGE {
+        if len < STACK_MERGE {
             let mut starts = [0usize; STACK_MERGE + 1];
             let mut joins = [Rank::MAX; STACK_MERGE + 1];
-            self.merge(piece, &mut starts[..=piece.len()], &mut joins[..=piece.len()])
+            self.merge(rest, len, &mut starts[..=len], &mut joins[..=len])
         } else {
-            self.merge(piece, &mut vec![0; piece.len() + 1], &mut vec![Rank::MAX; piece.len() + 1])
+            self.merge(rest, len, &mut vec![0; len + 1], &mut vec![Rank::MAX; len + 1])
         }
     }
 
-    /// [`Self::merged_parts`] of a piece of two bytes or more in the buffers given
-    /// (`piece.len() + 1` entries each, contents ignored).
-    fn merge(&self, piece: &[u8], starts: &mut [usize], joins: &mut [Rank]) -> u32 {
+    /// [`Self::merged_parts`] of a piece `rest[..len]` of two bytes or more in the buffers
+    /// given (`len + 1` entries each, contents ignored).
+    fn merge(&self, rest: &[u8], len: usize, starts: &mut [usize], joins: &mut [Rank]) -> u32 {
         // `starts[k]`: where part k starts, `starts[parts]` the end; `joins[k]`: the rank of
         // parts k and k + 1 joined (`Rank::MAX`: not a token; entry `parts - 1` has no pair).
         // Entries past `parts` are stale.
-        let mut parts = piece.len();
+        let mut parts = len;
         for (k, start) in starts.iter_mut().enumerate() {
             *start = k;
         }
         let join = |starts: &[usize], parts: usize, k: usize| {
-            if k + 2 <= parts { self.rank(&piece[starts[k]..starts[k + 2]]).unwrap_or(Rank::MAX) } else { Rank::MAX }
+            if k + 2 <= parts { self.rank_in(rest, starts[k], starts[k + 2]).unwrap_or(Rank::MAX) } else { Rank::MAX }
         };
         for k in 0..parts {
             joins[k] = join(starts, parts, k);
@@ -454,9 +485,9 @@ impl O200k {
                     None => return Self::core().encode_ordinary(text).len() as u32,
                 },
             };
-            let piece = &bytes[at..end];
+            let (start, piece) = (at, &bytes[at..end]);
             at = end;
-            if let Some(packed) = pack(piece) {
+            if let Some(packed) = pack_in(bytes, start, end) {
                 let slot = Recent::slot(packed);
                 if recent.pieces[slot] == packed {
                     tokens += u32::from(recent.counts[slot]);
@@ -467,7 +498,7 @@ impl O200k {
                 } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
                     n
                 } else {
-                    let n = self.merged_parts(piece);
+                    let n = self.merged_parts(&bytes[start..], piece.len());
                     if let Some(memo) = memo.as_mut()
                         && memo.len() < MEMO_CAP
                     {
@@ -484,7 +515,7 @@ impl O200k {
             } else if piece.len() >= LONG_PIECE {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
-                tokens += self.merged_parts(piece);
+                tokens += self.merged_parts(&bytes[start..], piece.len());
             }
         }
         tokens
@@ -524,6 +555,17 @@ mod tests {
         assert_eq!(O200K.short_ranks.len() + O200K.long_ranks.len(), O200K_ORDINARY_TOKENS as usize);
         for rank in 0..O200K_ORDINARY_TOKENS {
             assert_eq!(O200K.rank(&core.decode_bytes(&[rank]).unwrap()), Some(rank));
+        }
+    }
+
+    #[test]
+    fn a_piece_packed_by_one_load_packs_as_through_a_buffer() {
+        let text = "héllo, wörld: fn main() { let x = 42; }\n\t  \u{1F600} the end".as_bytes();
+        for at in 0..text.len() {
+            for end in at..=text.len() {
+                assert_eq!(pack_in(text, at, end), pack(&text[at..end]), "{at}..{end}");
+                assert_eq!(O200K.rank_in(text, at, end), O200K.rank(&text[at..end]), "{at}..{end}");
+            }
         }
     }
 

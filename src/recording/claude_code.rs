@@ -156,6 +156,50 @@ pub struct ImportedSession {
     /// reach it through [`Self::origin_of`]. Valid while the events are not changed in place
     /// (nothing does: a session is edited by making another).
     references: std::sync::Arc<crate::replay::loss::ReferenceMemo>,
+    /// Each call's written time, read by the importer from the lines it parsed anyway
+    /// ([`WrittenCallTimes`]); `None` for a session not imported from a transcript path.
+    written_call_times: Option<std::sync::Arc<WrittenCallTimes>>,
+}
+
+/// The time of each API call of a transcript as written, keyed by `(message.id, requestId)`:
+/// the first line's `timestamp` over the files in `files` (main file first, then its subagent
+/// files in sorted order). The importer's virtual time never goes below the first record's; the
+/// audit's days are the written times.
+///
+/// The rule is [`written_call_time`]'s, line by line, as a separate read of the files would
+/// apply it (a line that is not UTF-8 ends its file; the lines of a duplicated record count).
+/// One difference, on input no client writes: a line with a duplicated key among `timestamp`,
+/// `requestId`, `message` and `message.id` is read as the importer reads it (the last value),
+/// where a typed parse of the line alone rejects it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WrittenCallTimes {
+    /// The files read, in the order their lines were taken.
+    pub files: Vec<PathBuf>,
+    pub times: BTreeMap<(String, String), i64>,
+}
+
+/// The written time of one transcript line: `(message.id, requestId, timestamp in epoch ms)`
+/// when the line holds `"usage"` and all three (a typed parse of the line alone; any failure is
+/// `None`).
+pub fn written_call_time(line: &str) -> Option<(String, String, i64)> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        timestamp: Option<String>,
+        #[serde(rename = "requestId")]
+        request_id: Option<String>,
+        message: Option<Msg>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Msg {
+        id: Option<String>,
+    }
+    if !line.contains("\"usage\"") {
+        return None;
+    }
+    let rec = serde_json::from_str::<Line>(line).ok()?;
+    let (ts, req, id) = (rec.timestamp?, rec.request_id?, rec.message.and_then(|m| m.id)?);
+    let t = ts.parse::<jiff::Timestamp>().ok()?;
+    Some((id, req, t.as_millisecond()))
 }
 
 /// [`ImportedSession::origin`] of an event an edit put in.
@@ -274,7 +318,23 @@ impl ImportedSession {
         report.events = recording.events.len();
         report.calls = calls.len();
         let references = std::sync::Arc::new(crate::replay::loss::ReferenceMemo::new(recording.events.len()));
-        ImportedSession { recording, calls, report, api_requests: ApiRequests::default(), chain: Chain::default(), first_edited_event: None, origin: None, references }
+        ImportedSession {
+            recording,
+            calls,
+            report,
+            api_requests: ApiRequests::default(),
+            chain: Chain::default(),
+            first_edited_event: None,
+            origin: None,
+            references,
+            written_call_times: None,
+        }
+    }
+
+    /// Each call's written time as the importer read it, and the files it read them from;
+    /// `None` when the session was not imported from a transcript's path.
+    pub fn written_call_times(&self) -> Option<&WrittenCallTimes> {
+        self.written_call_times.as_deref()
     }
 
     /// The index of event `i` in the imported session this one was edited from (itself when it
@@ -772,6 +832,7 @@ impl ImportedSession {
             first_edited_event,
             origin: Some(origin.into()),
             references: self.references.clone(),
+            written_call_times: self.written_call_times.clone(),
         }
     }
 
@@ -1011,7 +1072,9 @@ pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
     main.read_bytes(&bytes)?;
 
     let mut subagents = Vec::new();
+    let mut files = vec![path.to_path_buf()];
     for sub_path in subagent_files(path) {
+        files.push(sub_path.clone());
         let sub_name = sub_path.display().to_string();
         let agent_id = sub_path
             .file_stem()
@@ -1038,14 +1101,14 @@ pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
         };
         subagents.push((info, sub));
     }
-    Ok(finish(main, subagents))
+    Ok(finish(main, subagents, Some(files)))
 }
 
 /// Imports one transcript from a reader, without looking for subagent files.
 pub fn import_claude_code_from<R: BufRead>(reader: R, file: &str) -> Result<ImportedSession, ImportError> {
     let mut main = FileImporter::new(file, None, None);
     main.read(reader)?;
-    Ok(finish(main, Vec::new()))
+    Ok(finish(main, Vec::new(), None))
 }
 
 fn lane_for_agent(agent_id: &str) -> String {
@@ -1089,8 +1152,18 @@ fn read_subagent_meta(sub_path: &Path, warnings: &mut Warnings) -> Option<Map<St
     }
 }
 
-/// Merges the main file and subagent files into one recording.
-fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> ImportedSession {
+/// Merges the main file and subagent files into one recording; `files` are the paths read (main
+/// file first), when the session was read from them.
+fn finish(mut main: FileImporter, mut subagents: Vec<(SubagentInfo, FileImporter)>, files: Option<Vec<PathBuf>>) -> ImportedSession {
+    // Each call's first written line, the main file's lines first, then each subagent file's.
+    let written_call_times = files.map(|files| {
+        let mut times = BTreeMap::new();
+        let lists = std::iter::once(std::mem::take(&mut main.call_times)).chain(subagents.iter_mut().map(|(_, sub)| std::mem::take(&mut sub.call_times)));
+        for (id, request, ms) in lists.flatten() {
+            times.entry((id, request)).or_insert(ms);
+        }
+        std::sync::Arc::new(WrittenCallTimes { files, times })
+    });
     let mut header = Header::new("claude-code");
     header.session_id = main.session_id.clone();
     header.start_epoch_ms = main.origin_ms;
@@ -1150,7 +1223,17 @@ fn finish(main: FileImporter, subagents: Vec<(SubagentInfo, FileImporter)>) -> I
     report.api_requests = api.requests.len();
     report.api_requests_of_calls = calls.iter().filter(|c| c.request_ref.as_ref().is_some_and(|r| api.requests.contains_key(r))).count();
     let references = std::sync::Arc::new(crate::replay::loss::ReferenceMemo::new(recording.events.len()));
-    ImportedSession { recording, calls, report, api_requests: api, chain: Chain::new(chain), first_edited_event: None, origin: None, references }
+    ImportedSession {
+        recording,
+        calls,
+        report,
+        api_requests: api,
+        chain: Chain::new(chain),
+        first_edited_event: None,
+        origin: None,
+        references,
+        written_call_times,
+    }
 }
 
 /// Stable k-way merge by time; returns the merged events and, for lane 0, old → new index.
@@ -1249,6 +1332,11 @@ struct FileImporter {
     /// Attachment records carrying `rendered`, by `renderedRole`.
     rendered_attachments: BTreeMap<String, usize>,
     not_used_by_type: BTreeMap<String, usize>,
+    /// `(message.id, requestId, written ms)` of the lines [`written_call_time`] takes, in file
+    /// order.
+    call_times: Vec<(String, String, i64)>,
+    /// A line that is not UTF-8 was met: a read of the file for call times ends there.
+    call_times_ended: bool,
 }
 
 impl FileImporter {
@@ -1288,6 +1376,8 @@ impl FileImporter {
             entrypoint: None,
             rendered_attachments: BTreeMap::new(),
             not_used_by_type: BTreeMap::new(),
+            call_times: Vec::new(),
+            call_times_ended: false,
         }
     }
 
@@ -1300,26 +1390,72 @@ impl FileImporter {
     }
 
     fn read_bytes(&mut self, bytes: &[u8]) -> Result<(), ImportError> {
+        // A first line opening with a byte-order mark is no JSON to a read of the file for call
+        // times.
+        let bom = bytes.starts_with(crate::input::BOM);
         for line in RawLines::new(bytes) {
             let line = line.map_err(|source| ImportError::Read { file: self.file.clone(), source })?;
             self.lines = line.number;
             if line.is_blank() {
                 continue;
             }
+            let times = !self.call_times_ended && !(bom && line.number == 1);
             match parse_line::<Value>(&line.bytes) {
-                Ok(Value::Object(record)) => self.record(record, line.number),
-                Ok(other) => self.warn(
-                    WarningKind::BadLine,
-                    line.number,
-                    None,
-                    format!("expected a JSON object, found {}", kind_of(&other)),
-                ),
-                Err((path, message)) => self.warn(line.failure_kind(), line.number, path, message),
+                Ok(Value::Object(record)) => {
+                    if times {
+                        self.note_call_time(&record, &line.bytes);
+                    }
+                    self.record(record, line.number)
+                }
+                Ok(other) => {
+                    if times {
+                        self.note_call_time_of_line(&line.bytes);
+                    }
+                    self.warn(WarningKind::BadLine, line.number, None, format!("expected a JSON object, found {}", kind_of(&other)))
+                }
+                Err((path, message)) => {
+                    if times {
+                        self.note_call_time_of_line(&line.bytes);
+                    }
+                    self.warn(line.failure_kind(), line.number, path, message)
+                }
             }
         }
         self.settle_times();
         self.hash_assistant_messages();
         Ok(())
+    }
+
+    /// Keeps the written time of a line parsed as `record` ([`written_call_time`]'s rule, read
+    /// off the parsed record): only a line with a string `timestamp`, `requestId` and
+    /// `message.id` can have one; a `message` of another shape goes to the typed parse.
+    fn note_call_time(&mut self, record: &Map<String, Value>, line: &[u8]) {
+        let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return };
+        let id = match record.get("message") {
+            Some(Value::Object(message)) => match message.get("id") {
+                Some(Value::String(id)) => id,
+                _ => return,
+            },
+            // A sequence can deserialize as the typed parse's struct.
+            Some(Value::Array(_)) => return self.note_call_time_of_line(line),
+            _ => return,
+        };
+        // (The line parsed, so it is UTF-8.)
+        if !std::str::from_utf8(line).is_ok_and(|text| text.contains("\"usage\"")) {
+            return;
+        }
+        if let Ok(t) = ts.parse::<jiff::Timestamp>() {
+            self.call_times.push((id.clone(), request.clone(), t.as_millisecond()));
+        }
+    }
+
+    /// Keeps the written time of a line the record parse did not take as an object
+    /// ([`written_call_time`] on the line); a line that is not UTF-8 ends the file's call times.
+    fn note_call_time_of_line(&mut self, line: &[u8]) {
+        match std::str::from_utf8(line) {
+            Ok(text) => self.call_times.extend(written_call_time(text)),
+            Err(_) => self.call_times_ended = true,
+        }
     }
 
     /// The merged assistant messages, by hash, for `tail` hashes without a blob.

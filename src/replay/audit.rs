@@ -493,7 +493,7 @@ pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
 pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &(dyn Fn() -> Measurer + Sync), engine: Engine) -> SessionAudit {
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);
     // Calls at their written time; the importer's virtual time never goes below the first record's.
-    let written = super::discover::call_times(&file.path);
+    let written = super::discover::call_times_of(&file.path, session);
     let epoch_of = |call: &crate::recording::RecordedCall| {
         let key = (call.message_id.clone().unwrap_or_default(), call.request_id.clone().unwrap_or_default());
         written.get(&key).copied().unwrap_or(start + call.time_ms as i64)

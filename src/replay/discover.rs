@@ -174,19 +174,9 @@ pub fn transcript_files(path: &Path) -> Vec<PathBuf> {
 
 /// The time of each API call of a transcript (subagent files included), keyed by
 /// `(message.id, requestId)`: the first line's `timestamp`, as written (not the importer's
-/// virtual time, which never goes below the first record's).
+/// virtual time, which never goes below the first record's). A separate read of the files; see
+/// [`call_times_of`] for a session imported from them.
 pub fn call_times(path: &Path) -> std::collections::BTreeMap<(String, String), i64> {
-    #[derive(serde::Deserialize)]
-    struct Line {
-        timestamp: Option<String>,
-        #[serde(rename = "requestId")]
-        request_id: Option<String>,
-        message: Option<Msg>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Msg {
-        id: Option<String>,
-    }
     let mut out = std::collections::BTreeMap::new();
     for p in transcript_files(path) {
         // The whole file at once, its lines slices of it; read as `BufRead::lines` would (a line
@@ -198,18 +188,21 @@ pub fn call_times(path: &Path) -> std::collections::BTreeMap<(String, String), i
         }
         for line in lines {
             let Ok(line) = std::str::from_utf8(line.strip_suffix(b"\r").unwrap_or(line)) else { break };
-            if !line.contains("\"usage\"") {
-                continue;
-            }
-            let Ok(rec) = serde_json::from_str::<Line>(line) else { continue };
-            if let (Some(ts), Some(req), Some(id)) = (rec.timestamp, rec.request_id, rec.message.and_then(|m| m.id))
-                && let Ok(t) = ts.parse::<jiff::Timestamp>()
-            {
-                out.entry((id, req)).or_insert(t.as_millisecond());
+            if let Some((id, req, ms)) = crate::recording::claude_code::written_call_time(line) {
+                out.entry((id, req)).or_insert(ms);
             }
         }
     }
     out
+}
+
+/// [`call_times`] of `path`, taken from `session` when it was imported from the same files (the
+/// importer keeps each call's written time as it reads the lines), else read again.
+pub fn call_times_of<'s>(path: &Path, session: &'s crate::recording::claude_code::ImportedSession) -> std::borrow::Cow<'s, std::collections::BTreeMap<(String, String), i64>> {
+    match session.written_call_times() {
+        Some(written) if written.files == transcript_files(path) => std::borrow::Cow::Borrowed(&written.times),
+        _ => std::borrow::Cow::Owned(call_times(path)),
+    }
 }
 
 /// The UTC days (`YYYY-MM-DD`) of the records of a transcript, read from their `timestamp`

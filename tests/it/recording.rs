@@ -730,3 +730,93 @@ fn listing_attachments_send_their_lines_once() {
     let bare = text(json!({"type": "deferred_tools_delta", "addedNames": ["CronCreate"]}));
     assert!(bare.contains("CronCreate"), "{bare}");
 }
+
+/// The audit's written call times come from the import (the importer keeps them as it reads each
+/// line) and equal a second read of the files, on every real transcript (spotter's subagent files
+/// included).
+#[test]
+fn recording_import_keeps_the_written_call_times_of_every_real_transcript() {
+    use ctxsim::replay::discover::{call_times, call_times_of, transcript_files};
+    for path in transcripts() {
+        let session = recording::import_claude_code(&path).unwrap();
+        let written = session.written_call_times().expect("imported from a path");
+        let name = path.display();
+        assert_eq!(written.files, transcript_files(&path), "{name}");
+        assert_eq!(written.times, call_times(&path), "{name}");
+        assert!(written.times.len() >= session.calls.iter().filter(|c| !c.is_synthetic).count() / 2, "{name}");
+        assert!(matches!(call_times_of(&path, &session), std::borrow::Cow::Borrowed(_)), "{name}");
+    }
+}
+
+/// The written call times taken during the import follow the rules of a second read of the file on
+/// damaged lines: a byte-order mark before the first record, a `message` written as an array, a
+/// line whose number is out of range (the importer rejects it, the time is still read), a line
+/// without `"usage"`, a repeated record (the first line counts), and a line that is not UTF-8 (no
+/// time after it in that file). A subagent file the importer does not read makes the audit read the
+/// files again.
+#[test]
+fn recording_import_written_call_times_equal_a_second_read_on_damaged_lines() {
+    use ctxsim::replay::discover::{call_times, call_times_of};
+    let line = |uuid: &str, ts: &str, req: &str, id: &str| {
+        json!({"type": "assistant", "uuid": uuid, "timestamp": ts, "requestId": req,
+               "message": {"id": id, "role": "assistant", "model": "claude-opus-5", "content": [{"type": "text", "text": "x"}],
+                           "usage": {"input_tokens": 1, "output_tokens": 2}}})
+        .to_string()
+    };
+    let mut text = Vec::new();
+    text.extend_from_slice(ctxsim::input::BOM);
+    text.extend_from_slice(line("a0", "2026-07-28T21:09:00Z", "r0", "m0").as_bytes());
+    text.push(b'\n');
+    for l in [
+        line("a1", "2026-07-28T21:09:01Z", "r1", "m1"),
+        r#"{"type":"assistant","uuid":"a2","timestamp":"2026-07-28T21:09:02Z","requestId":"r2","message":["m2"],"usage":1}"#.to_owned(),
+        r#"{"type":"assistant","uuid":"a3","timestamp":"2026-07-28T21:09:03Z","requestId":"r3","message":{"id":"m3","usage":{"input_tokens":1e999}}}"#.to_owned(),
+        r#"{"type":"assistant","uuid":"a4","timestamp":"2026-07-28T21:09:04Z","requestId":"r4","message":{"id":"m4"}}"#.to_owned(),
+        line("a1", "2026-07-28T21:09:05Z", "r1", "m1"),
+        line("a5", "2026-07-28T21:09:06Z", "r5", "m1"),
+        line("a6", "not a time", "r6", "m6"),
+    ] {
+        text.extend_from_slice(l.as_bytes());
+        text.push(b'\n');
+    }
+    let mut bad = line("a7", "2026-07-28T21:09:07Z", "r7", "m7").into_bytes();
+    let at = bad.len() - 10;
+    bad.insert(at, 0xff);
+    text.extend_from_slice(&bad);
+    text.extend_from_slice(b"\r\n");
+    text.extend_from_slice(line("a8", "2026-07-28T21:09:08Z", "r8", "m8").as_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    std::fs::write(&path, &text).unwrap();
+    let sub_dir = dir.path().join("s").join("subagents");
+    std::fs::create_dir_all(&sub_dir).unwrap();
+    std::fs::write(sub_dir.join("agent-x.jsonl"), format!("{}\n{}\n", line("b1", "2026-07-28T21:08:00Z", "r1", "m1"), line("b2", "2026-07-28T21:10:00Z", "rb", "mb"))).unwrap();
+
+    let session = recording::import_claude_code(&path).unwrap();
+    let times = call_times(&path);
+    let ms = |ts: &str| ts.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+    let key = |id: &str, req: &str| (id.to_owned(), req.to_owned());
+    let expect: std::collections::BTreeMap<(String, String), i64> = [
+        (key("m1", "r1"), ms("2026-07-28T21:09:01Z")),
+        (key("m2", "r2"), ms("2026-07-28T21:09:02Z")),
+        (key("m3", "r3"), ms("2026-07-28T21:09:03Z")),
+        (key("m1", "r5"), ms("2026-07-28T21:09:06Z")),
+        (key("mb", "rb"), ms("2026-07-28T21:10:00Z")),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(times, expect);
+    assert_eq!(session.written_call_times().unwrap().times, times);
+    assert!(matches!(call_times_of(&path, &session), std::borrow::Cow::Borrowed(_)));
+    // The importer warned about the lines it could not take.
+    assert!(session.report.warnings.list.iter().any(|w| w.line == 4), "{:#?}", session.report.warnings.list);
+
+    // A `*.jsonl` beside the subagent files that the importer does not read as one: read again.
+    std::fs::write(sub_dir.join("notes.jsonl"), format!("{}\n", line("c1", "2026-07-28T21:11:00Z", "rc", "mc"))).unwrap();
+    let session = recording::import_claude_code(&path).unwrap();
+    let again = call_times_of(&path, &session);
+    assert!(matches!(again, std::borrow::Cow::Owned(_)));
+    assert_eq!(again.len(), expect.len() + 1);
+    // A transcript read from a reader has none.
+    assert!(recording::import_claude_code_from(Cursor::new(&text), "s.jsonl").unwrap().written_call_times().is_none());
+}
