@@ -190,6 +190,18 @@ pub struct ReferenceMemo {
     held: Box<[OnceLock<Box<[u32]>>]>,
     /// Per model reply: the references of its tool calls' inputs (what a later turn uses).
     used: Box<[OnceLock<Box<[u32]>>]>,
+    /// Per event: its rough tokens as the client counts what it adds
+    /// ([`crate::replay::triggers::event_rough_tokens`]), read by every plan-search step.
+    rough: Box<[OnceLock<u64>]>,
+    /// References of long texts (summaries, restored files, results) the requests after a
+    /// compaction hold, by the text's xxh3-128: what-ifs of one session send the same ones.
+    texts: std::sync::Mutex<rustc_hash::FxHashMap<u128, Arc<[u32]>>>,
+    /// Per edit result carrying the file before it: the file after it
+    /// ([`crate::replay::working_set::WorkingSet::observe_memoized`]).
+    edited: Box<[OnceLock<String>]>,
+    /// The numbered renderings of the files compactions restore, by the text's xxh3-128
+    /// ([`crate::replay::working_set::WorkingSet::compact_memoized`]).
+    rendered: std::sync::Mutex<rustc_hash::FxHashMap<u128, Arc<str>>>,
 }
 
 #[derive(Debug, Default)]
@@ -215,7 +227,60 @@ impl ReferenceMemo {
     /// A memo for a session of `events` events.
     pub fn new(events: usize) -> ReferenceMemo {
         let slots = || (0..events).map(|_| OnceLock::new()).collect();
-        ReferenceMemo { names: RwLock::new(Names::default()), held: slots(), used: slots() }
+        ReferenceMemo {
+            names: RwLock::new(Names::default()),
+            held: slots(),
+            used: slots(),
+            rough: (0..events).map(|_| OnceLock::new()).collect(),
+            texts: std::sync::Mutex::default(),
+            edited: (0..events).map(|_| OnceLock::new()).collect(),
+            rendered: std::sync::Mutex::default(),
+        }
+    }
+
+    /// `compute`'s text for event `i` of `session` (a function of the event alone), memoized
+    /// when the event is one of the imported session's.
+    pub(crate) fn edited(&self, session: &ImportedSession, i: usize, compute: &dyn Fn() -> String) -> String {
+        match session.origin_of(i).and_then(|o| self.edited.get(o)) {
+            Some(slot) => slot.get_or_init(compute).clone(),
+            None => compute(),
+        }
+    }
+
+    /// `render(text)`, memoized by the text's content hash.
+    pub(crate) fn rendered(&self, text: &str, render: impl FnOnce(&str) -> String) -> String {
+        let key = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+        if let Some(rendered) = self.rendered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return rendered.to_string();
+        }
+        let rendered = render(text);
+        self.rendered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, rendered.as_str().into());
+        rendered
+    }
+
+    /// `compute`'s value for event `i` of `session` (a pure function of the event), memoized
+    /// when the event is one of the imported session's ([`ImportedSession::origin_of`]).
+    pub(crate) fn rough(&self, session: &ImportedSession, i: usize, compute: impl FnOnce() -> u64) -> u64 {
+        match session.origin_of(i).and_then(|o| self.rough.get(o)) {
+            Some(slot) => *slot.get_or_init(compute),
+            None => compute(),
+        }
+    }
+
+    /// The numbers of the references of `text` (each numbered, repeats left out), memoized by
+    /// the text's content hash.
+    fn text_numbers(&self, text: &str) -> Arc<[u32]> {
+        let key = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+        if let Some(numbers) = self.texts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return numbers.clone();
+        }
+        let mut refs = RefSet::default();
+        each_reference(text, &mut |r| {
+            refs.insert(r);
+        });
+        let numbers: Arc<[u32]> = self.numbers(refs).into();
+        self.texts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, numbers.clone());
+        numbers
     }
 
     fn numbers(&self, refs: RefSet<'_>) -> Box<[u32]> {
@@ -285,11 +350,12 @@ fn used_references(kind: &EventKind) -> RefSet<'_> {
     refs
 }
 
-/// Calls `f` with each reference of `messages` (repeats included).
-fn each_message_reference<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
+/// Calls `f` with each text of `messages` whose references a message holds (the strings of
+/// tool inputs one by one).
+fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
     fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
         match v {
-            Value::String(s) => each_reference(s, f),
+            Value::String(s) => f(s),
             Value::Array(items) => items.iter().for_each(|v| value(v, f)),
             Value::Object(map) => map.values().for_each(|v| value(v, f)),
             _ => {}
@@ -297,21 +363,25 @@ fn each_message_reference<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str
     }
     fn block<'a>(b: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
         match b {
-            ContentBlock::Text { text, .. } => each_reference(text, f),
-            ContentBlock::Thinking { thinking, .. } => each_reference(thinking, f),
+            ContentBlock::Text { text, .. } => f(text),
+            ContentBlock::Thinking { thinking, .. } => f(thinking),
             ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
-            ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => each_reference(t, f),
+            ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t),
             ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| block(b, f)),
             _ => {}
         }
     }
     for message in messages {
         match &message.content {
-            MessageContent::Text(text) => each_reference(text, f),
+            MessageContent::Text(text) => f(text),
             MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block(b, f)),
         }
     }
 }
+
+/// Texts at least this long have their references memoized by content ([`ReferenceMemo`]):
+/// the summaries, restored files and long results the what-ifs of a session send again.
+const MEMOIZED_TEXT: usize = 1024;
 
 /// A set of small numbers.
 struct Bits(Vec<u64>);
@@ -381,6 +451,11 @@ pub fn compaction_loss(
             _ => {}
         }
     }
+    // The references `after` holds: long texts' from the memo (numbered before the names are
+    // read below), short ones scanned.
+    let mut long: Vec<Arc<[u32]>> = Vec::new();
+    let mut short: Vec<&str> = Vec::new();
+    each_message_text(after, &mut |text| if text.len() >= MEMOIZED_TEXT { long.push(memo.text_numbers(text)) } else { short.push(text) });
     let names = memo.names.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut before = Bits::new(names.names.len());
     for &n in before_numbers.iter().flat_map(|ns| ns.iter()) {
@@ -388,13 +463,20 @@ pub fn compaction_loss(
     }
     // Those `after` holds too (a reference no event holds is not one of them).
     let mut kept = Bits::new(names.names.len());
-    each_message_reference(after, &mut |r| {
-        if let Some(&n) = names.ids.get(r)
-            && before.contains(n)
-        {
+    for &n in long.iter().flat_map(|ns| ns.iter()) {
+        if before.contains(n) {
             kept.insert(n);
         }
-    });
+    }
+    for text in short {
+        each_reference(text, &mut |r| {
+            if let Some(&n) = names.ids.get(r)
+                && before.contains(n)
+            {
+                kept.insert(n);
+            }
+        });
+    }
     let mut used = Bits::new(names.names.len());
     for &n in used_numbers.iter().flat_map(|ns| ns.iter()) {
         used.insert(n);

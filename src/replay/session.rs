@@ -741,18 +741,34 @@ struct BuiltView {
     keys: Vec<u128>,
     /// Per message: the tool result its breakpoint goes on were it the last ([`order_message`]).
     marked: Vec<Option<String>>,
+    /// The restored files of this version of the lane ([`LaneState::restored_version`]) follow
+    /// the first message's own blocks ([`Self::with_restored`]): kept from call to call with
+    /// the message instead of copied onto it for every request.
+    restored: Option<u64>,
 }
 
 impl BuiltView {
-    fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, ThinkingFill>) {
+    /// `restored_version`: the lane's; a first message holding the files of another version is
+    /// built again.
+    fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, ThinkingFill>, restored_version: u64) {
         self.messages.truncate(raw.len());
         self.keys.truncate(raw.len());
         self.marked.truncate(raw.len());
+        if self.messages.is_empty() || self.restored.is_some_and(|version| version != restored_version) {
+            self.restored = None;
+            if let Some(first) = self.keys.first_mut() {
+                // No derived key is 0: the first message is built again below.
+                *first = 0;
+            }
+        }
         for (i, source) in raw.iter().enumerate() {
             let previous = if i > 0 { serials[i - 1] } else { 0 };
             let key = keys.derive(KeyTag::Built, &[serials[i], previous, cleared.1]);
             if self.keys.get(i) == Some(&key) {
                 continue;
+            }
+            if i == 0 {
+                self.restored = None;
             }
             let mut message = source.clone();
             client_view(&mut message, cleared.0, thinking);
@@ -764,6 +780,21 @@ impl BuiltView {
                 self.keys.push(key);
                 self.marked.push(marked);
             }
+        }
+    }
+
+    /// Appends `restored` (the lane's restored files, of `version`) to the first message when
+    /// it is a user message, unless it holds them already: what every request of the lane sends
+    /// ([`Unrecorded::request_keys`] folds the version into the first message's key).
+    fn with_restored(&mut self, restored: &[ContentBlock], version: u64) {
+        if restored.is_empty() || self.restored.is_some() {
+            return;
+        }
+        if let Some(first) = self.messages.first_mut()
+            && first.role == Role::User
+        {
+            first.content.blocks_mut().extend(restored.iter().cloned());
+            self.restored = Some(version);
         }
     }
 }
@@ -1746,7 +1777,9 @@ fn replay_session_seeing(
                             let key = (xxhash_rust::xxh3::xxh3_128(text.as_bytes()), family.clone());
                             *file_tokens.borrow_mut().entry(key).or_insert_with(|| u64::from(counter.count_text(text, &family)))
                         };
-                        let restored = state.working_set.compact(cwd, count);
+                        // Renderings shared by every replay of the session and its edits.
+                        let memo = session.reference_memo();
+                        let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, super::working_set::render_numbered));
                         restored
                             .iter()
                             .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref())))
@@ -1847,7 +1880,8 @@ fn replay_session_seeing(
                     request_start = Some(event.time_ms);
                     state.seen_results.insert(result.tool_use_id.clone());
                     if let Some((name, input)) = state.pending.remove(&result.tool_use_id) {
-                        state.working_set.observe(&name, &input, result.tool_use_result.as_deref(), result.is_error);
+                        let memo = session.reference_memo();
+                        state.working_set.observe_memoized(&name, &input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(session, i, edited));
                     }
                 }
                 _ => {}
@@ -1921,7 +1955,8 @@ fn replay_session_seeing(
             || options.stages.is_some();
         let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
             let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
-            state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate);
+            state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate, state.restored_version);
+            state.built.with_restored(&state.restored, state.restored_version);
             let mut built = std::mem::take(&mut state.built);
             let messages = std::mem::take(&mut built.messages);
             let marked = built.marked.last().cloned().flatten();
@@ -1942,7 +1977,9 @@ fn replay_session_seeing(
             (messages, marked, None)
         };
         let restored = main_fork.as_ref().map_or(&state.restored, |(_, restored, _)| restored);
+        // (A lane's built view holds them already.)
         if !restored.is_empty()
+            && lent.is_none()
             && let Some(first) = messages.first_mut()
             && first.role == Role::User
         {

@@ -167,6 +167,8 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
     let calls_by_event: std::collections::BTreeMap<usize, usize> =
         replay.calls.iter().enumerate().map(|(i, c)| (session.calls[c.index].event_index, i)).collect();
     let mut opening: Vec<RecordedBoundary> = Vec::new();
+    // The events' rough counts, shared by every replay of the session and its edits.
+    let memo = session.reference_memo();
     for (event_index, event) in session.recording.events.iter().enumerate() {
         if event.lane != LANE_MAIN {
             continue;
@@ -199,7 +201,7 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
                 let message_id = session.calls[replay.calls[i].index].message_id.clone();
                 main.push(MainPoint { call: i, event_index, message_id, count, compaction: pending.take() });
                 tail_tokens = 0;
-                reply_tokens = reply.content.iter().map(rough_block).sum();
+                reply_tokens = memo.rough(session, event_index, || event_rough_tokens(&event.kind));
                 open_uses = reply
                     .content
                     .iter()
@@ -210,10 +212,10 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
                     .collect();
             }
             EventKind::ToolResult(result) => {
-                tail_tokens += added_tokens(&event.kind);
+                tail_tokens += memo.rough(session, event_index, || event_rough_tokens(&event.kind));
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);
             }
-            kind => tail_tokens += added_tokens(kind),
+            kind => tail_tokens += memo.rough(session, event_index, || event_rough_tokens(kind)),
         }
     }
     (opening, main)
@@ -377,6 +379,16 @@ pub(crate) fn added_tokens(kind: &EventKind) -> u64 {
     }
 }
 
+/// Rough tokens of an event as [`main_points`] counts it: a model reply's content, else what
+/// the event adds ([`added_tokens`]). A function of the event alone, memoized per event of the
+/// imported session ([`crate::replay::loss::ReferenceMemo::rough`]).
+pub(crate) fn event_rough_tokens(kind: &EventKind) -> u64 {
+    match kind {
+        EventKind::ModelReply(reply) => reply.content.iter().map(rough_block).sum(),
+        kind => added_tokens(kind),
+    }
+}
+
 /// Rough tokens of a recorded result's content, as the client estimates them.
 pub(crate) fn result_tokens(content: Option<&crate::api::ToolResultContent>) -> u64 {
     use crate::api::ToolResultContent;
@@ -390,8 +402,9 @@ pub(crate) fn result_tokens(content: Option<&crate::api::ToolResultContent>) -> 
 /// Mean rough tokens of a recorded result, per tool, over the session.
 pub(crate) fn mean_result_tokens(session: &ImportedSession) -> std::collections::BTreeMap<String, u64> {
     let mut names: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
-    let mut sums: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
-    for event in &session.recording.events {
+    let mut sums: std::collections::BTreeMap<&str, (u64, u64)> = std::collections::BTreeMap::new();
+    let memo = session.reference_memo();
+    for (i, event) in session.recording.events.iter().enumerate() {
         match &event.kind {
             EventKind::ModelReply(reply) => {
                 for block in &reply.content {
@@ -402,15 +415,16 @@ pub(crate) fn mean_result_tokens(session: &ImportedSession) -> std::collections:
             }
             EventKind::ToolResult(result) => {
                 if let Some(name) = names.get(result.tool_use_id.as_str()) {
-                    let entry = sums.entry((*name).to_owned()).or_default();
-                    entry.0 += result_tokens(result.content.as_ref());
+                    let entry = sums.entry(*name).or_default();
+                    // A result's rough tokens (`added_tokens` of it).
+                    entry.0 += memo.rough(session, i, || event_rough_tokens(&event.kind));
                     entry.1 += 1;
                 }
             }
             _ => {}
         }
     }
-    sums.into_iter().map(|(name, (sum, n))| (name, sum / n.max(1))).collect()
+    sums.into_iter().map(|(name, (sum, n))| (name.to_owned(), sum / n.max(1))).collect()
 }
 
 /// The compaction-trigger table of several sessions, for reading.

@@ -162,6 +162,12 @@ impl WorkingSet {
     /// client's `toolUseResult`. Calls that touch no file, failed ones and results without a
     /// structured part leave the state as it is.
     pub fn observe(&mut self, name: &str, input: &Value, structured: Option<&Value>, is_error: bool) {
+        self.observe_memoized(name, input, structured, is_error, &mut |edited| edited());
+    }
+
+    /// [`Self::observe`], the text an edit result makes of the `originalFile` it carries (a
+    /// function of the result alone) got through `edited`, which may give it from a memo.
+    pub fn observe_memoized(&mut self, name: &str, input: &Value, structured: Option<&Value>, is_error: bool, edited: &mut dyn FnMut(&dyn Fn() -> String) -> String) {
         if is_error {
             return;
         }
@@ -191,35 +197,34 @@ impl WorkingSet {
                 }
             }
             "Edit" | "MultiEdit" => {
-                let original = result.get("originalFile").and_then(Value::as_str).map(str::to_owned).or_else(|| match self.files.get(&key) {
-                    Some(FileEntry { content: Content::Known(known), .. }) => Some(known.clone()),
-                    _ => None,
-                });
-                match original {
-                    Some(original) => {
-                        let edits: Vec<(&str, &str, bool)> = match result.get("edits").and_then(Value::as_array) {
-                            Some(edits) => edits
-                                .iter()
-                                .map(|e| {
-                                    (
-                                        e.get("old_string").and_then(Value::as_str).unwrap_or(""),
-                                        e.get("new_string").and_then(Value::as_str).unwrap_or(""),
-                                        e.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
-                                    )
-                                })
-                                .collect(),
-                            None => vec![(
-                                result.get("oldString").and_then(Value::as_str).unwrap_or(""),
-                                result.get("newString").and_then(Value::as_str).unwrap_or(""),
-                                result.get("replaceAll").and_then(Value::as_bool).unwrap_or(false),
-                            )],
-                        };
-                        Content::Known(edits.into_iter().fold(original, |text, (old, new, all)| replace(&text, old, new, all)))
-                    }
-                    None => match self.files.get(&key) {
+                let apply = |original: String| {
+                    let edits: Vec<(&str, &str, bool)> = match result.get("edits").and_then(Value::as_array) {
+                        Some(edits) => edits
+                            .iter()
+                            .map(|e| {
+                                (
+                                    e.get("old_string").and_then(Value::as_str).unwrap_or(""),
+                                    e.get("new_string").and_then(Value::as_str).unwrap_or(""),
+                                    e.get("replace_all").and_then(Value::as_bool).unwrap_or(false),
+                                )
+                            })
+                            .collect(),
+                        None => vec![(
+                            result.get("oldString").and_then(Value::as_str).unwrap_or(""),
+                            result.get("newString").and_then(Value::as_str).unwrap_or(""),
+                            result.get("replaceAll").and_then(Value::as_bool).unwrap_or(false),
+                        )],
+                    };
+                    edits.into_iter().fold(original, |text, (old, new, all)| replace(&text, old, new, all))
+                };
+                if let Some(original) = result.get("originalFile").and_then(Value::as_str) {
+                    Content::Known(edited(&|| apply(original.to_owned())))
+                } else {
+                    match self.files.get(&key) {
+                        Some(FileEntry { content: Content::Known(known), .. }) => Content::Known(apply(known.clone())),
                         Some(entry) => entry.content.clone(),
                         None => return,
-                    },
+                    }
                 }
             }
             "Write" => match result.get("content").and_then(Value::as_str) {
@@ -256,6 +261,12 @@ impl WorkingSet {
     /// the state the compaction leaves: only the restored files. `tokens` estimates a text as
     /// the API counts it (the client checks the 5,000-token limit with the API's count).
     pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64) -> Vec<Restored> {
+        self.compact_memoized(cwd, tokens, render_numbered)
+    }
+
+    /// [`Self::compact`], the files' numbered renderings ([`render_numbered`]) got through
+    /// `render`, which may give them from a memo.
+    pub fn compact_memoized(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64, render: impl Fn(&str) -> String) -> Vec<Restored> {
         let mut recent: Vec<(&String, &FileEntry)> =
             self.files.iter().filter(|(_, entry)| !is_memory_file(&entry.path, cwd)).collect();
         recent.sort_by_key(|r| std::cmp::Reverse(r.1.touched));
@@ -270,7 +281,7 @@ impl WorkingSet {
                     if tokens(text) > RESTORE_MAX_TOKENS_PER_FILE {
                         Restored::Reference { path: path.clone() }
                     } else {
-                        Restored::File { path: path.clone(), text: render_numbered(text) }
+                        Restored::File { path: path.clone(), text: render(text) }
                     }
                 }
                 Content::Partial { slice, lines, total_lines } => {
@@ -280,7 +291,7 @@ impl WorkingSet {
                     if tokens(slice) * shown / lines > RESTORE_MAX_TOKENS_PER_FILE {
                         Restored::Reference { path: path.clone() }
                     } else {
-                        let rendered = render_numbered(slice);
+                        let rendered = render(slice);
                         Restored::Sized {
                             path: path.clone(),
                             tokens: tokens(&rendered) * shown / lines,

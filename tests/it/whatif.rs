@@ -345,6 +345,8 @@ fn whatif_compaction_loss_from_the_memo_equals_a_scan() {
         let memo = compaction_loss(s, at, previous, &after, 150_000, 20_000);
         let scan = compaction_loss_by_scan(s, at, previous, &after, 150_000, 20_000);
         assert_eq!(memo, scan, "{} call {at}", s.report.input);
+        // Again: the long texts of `after` from the memo by content this time.
+        assert_eq!(compaction_loss(s, at, previous, &after, 150_000, 20_000), scan, "{} call {at}, judged again", s.report.input);
         memo
     };
     let mut judged = 0;
