@@ -46,6 +46,16 @@ const AGENT_HOOK_INSTRUCTION: &str = "You verify a coding assistant's work for a
 /// Client version written into the billing header.
 pub const CLIENT_VERSION: &str = "2.1.88";
 
+/// What a session under no peer mechanism recorded for the strategies that may go on from its
+/// run ([`Session::probe_peers`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerProbe {
+    /// The highest count a count-triggered peer mechanism would have compared with its trigger.
+    pub counted: Option<u64>,
+    /// Connected MCP servers had instructions where a placement reads them.
+    pub mcp_instructions: bool,
+}
+
 /// The agent state of one conversation on the main thread.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -109,9 +119,9 @@ pub struct Session {
     /// to the wire messages, and what it did on the last request.
     peer_state: crate::agent::compact::peers::PeerState,
     peer_reports: Vec<crate::measure::StageReport>,
-    /// [`Session::probe_peers`]: `Some` while probing, with the highest count since the last
+    /// [`Session::probe_peers`]: `Some` while probing, with what was seen since the last
     /// [`Session::take_peer_probe`].
-    peer_probe: Option<Option<u64>>,
+    peer_probe: Option<PeerProbe>,
     /// The main thread, or the subagent this session runs for.
     thread: subagent_glue::Thread,
     /// Agents started by this thread so far (agent ids derive from it).
@@ -261,7 +271,9 @@ impl Session {
         if config.strategy == PeerStrategy::None {
             // Probing (`probe_peers`): what a count-triggered mechanism would compare here.
             let counted = self.peer_state.probe(messages, (base_chars / 4) as u64);
-            self.peer_probe = Some(self.peer_probe.flatten().max(Some(counted)));
+            if let Some(probe) = &mut self.peer_probe {
+                probe.counted = probe.counted.max(Some(counted));
+            }
             return;
         }
         for outcome in self.peer_state.apply(config, messages, window, (base_chars / 4) as u64) {
@@ -294,14 +306,24 @@ impl Session {
     /// trigger on every request's messages ([`Session::take_peer_probe`]). The requests are
     /// built as under a mechanism (the history finished after it, not in the memo): the same
     /// requests, which is what the probe must see.
+    /// Whether MCP server instructions were there to place is recorded too, wherever either
+    /// placement ([`McpInstructionsMode`]) reads them.
     pub fn probe_peers(&mut self, on: bool) {
-        self.peer_probe = on.then_some(None);
+        self.peer_probe = on.then(PeerProbe::default);
     }
 
-    /// The highest count recorded by [`Session::probe_peers`] since the last call (`None`: no
-    /// request built, or not probing).
-    pub fn take_peer_probe(&mut self) -> Option<u64> {
-        self.peer_probe.as_mut().and_then(Option::take)
+    /// What [`Session::probe_peers`] recorded since the last call (nothing when not probing).
+    pub fn take_peer_probe(&mut self) -> PeerProbe {
+        self.peer_probe.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// While probing: notes whether connected MCP servers have instructions now.
+    fn probe_mcp(&mut self, world: &World) {
+        if self.peer_probe.is_some() && !self.mcp_instructions(world).is_empty()
+            && let Some(probe) = &mut self.peer_probe
+        {
+            probe.mcp_instructions = true;
+        }
     }
 
     /// Compactions of the conversation so far.
@@ -515,6 +537,7 @@ impl Session {
             self.run_session_start_hooks(world);
         }
         self.turn_mcp = self.mcp_instructions(world);
+        self.probe_mcp(world);
         self.stop_continuations = 0;
         self.memories.pending = None;
         let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
@@ -1044,6 +1067,7 @@ impl Session {
         if self.attachments_recorded(world) {
             return Vec::new();
         }
+        self.probe_mcp(world);
         let mut out = Vec::new();
         let today = world.clock.date_string();
         match &self.last_date {

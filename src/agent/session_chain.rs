@@ -411,6 +411,9 @@ impl Session {
         let limits = self.model_limits(world);
         let mut inputs = self.compact_inputs();
         let (deltas, announced) = self.compaction_deltas(world);
+        if !self.attachments_recorded(world) {
+            self.probe_mcp(world);
+        }
         inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         // What the recorded client restored beyond the agent's own restore (a real session's
         // stand-in), after the deltas.

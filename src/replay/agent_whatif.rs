@@ -379,16 +379,23 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
     (!world.refuses(effective)).then(|| world.autocompact_family(effective))
 }
 
-/// A strategy that goes on from a family's trunk although its family differs: it runs a peer
-/// mechanism that rewrites nothing below one count ([`PeerConfig::rewrite_trigger`]: Codex, Cline,
-/// server compaction) with autocompact off, and is otherwise the trunk's strategy.
+/// A strategy that goes on from a family's trunk although its family differs, being otherwise
+/// the trunk's strategy: one that runs a peer mechanism that rewrites nothing below one count
+/// ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server compaction) with autocompact off, or
+/// one that places MCP instructions as delta attachments where the trunk has them in the system
+/// prompt.
 ///
 /// [`PeerConfig::rewrite_trigger`]: crate::agent::compact::peers::PeerConfig::rewrite_trigger
 #[derive(Debug, Clone)]
-pub struct PeerBranch {
-    peer: crate::agent::compact::peers::PeerConfig,
-    /// Its blocking limit: with autocompact off, the blocking check is its own.
-    blocking: u64,
+pub enum PeerBranch {
+    Peer {
+        peer: crate::agent::compact::peers::PeerConfig,
+        /// Its blocking limit: with autocompact off, the blocking check is its own.
+        blocking: u64,
+    },
+    /// Acts otherwise from the first step where connected MCP servers have instructions to
+    /// place (the trunk's [`crate::agent::session::PeerProbe::mcp_instructions`]).
+    McpDelta,
 }
 
 /// Whether `effective` is a [`PeerBranch`] of a family whose trunk runs under `trunk`. Up to the
@@ -405,13 +412,23 @@ pub struct PeerBranch {
 ///
 /// Anything else (another knob, a trunk that does not record its checks on every chain run:
 /// compaction disabled, context collapse on) is no branch: the strategy runs on its own.
+///
+/// A strategy that differs only in placing MCP instructions as delta attachments (the trunk in
+/// the system prompt) acts otherwise from the first step where connected servers have
+/// instructions where either placement reads them: until then neither places anything.
 pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<PeerBranch> {
     use crate::agent::compact::peers::PeerStrategy;
+    use crate::strategy::McpInstructionsMode;
     let world = prepared.threshold_world();
     if world.refuses(effective) || world.refuses(trunk) {
         return None;
     }
     let (a, b) = (world.strategy(effective), world.strategy(trunk));
+    if a.mcp_instructions == McpInstructionsMode::Delta && b.mcp_instructions == McpInstructionsMode::System {
+        let mut same = a.clone();
+        same.mcp_instructions = b.mcp_instructions;
+        return (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then_some(PeerBranch::McpDelta);
+    }
     let (auto, trunk_auto) = (&a.compact.autocompact, &b.compact.autocompact);
     if b.compact.peer.strategy != PeerStrategy::None || !trunk_auto.enabled || trunk_auto.compact_disabled || b.compact.context_collapse.enabled {
         return None;
@@ -426,7 +443,7 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     if serde_json::to_value(&same).ok()? != serde_json::to_value(&b).ok()? {
         return None;
     }
-    Some(PeerBranch { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
+    Some(PeerBranch::Peer { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
 }
 
 /// How a run goes on from a trunk checkpoint.
@@ -495,7 +512,10 @@ pub fn agent_whatif_family(
     let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
-    let triggers: Vec<Option<u64>> = peers.iter().map(|p| p.as_ref().and_then(|p| p.peer.rewrite_trigger(window))).collect();
+    let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
+        Some(PeerBranch::Peer { peer, .. }) => peer.rewrite_trigger(window),
+        _ => None,
+    }).collect();
     if peers.iter().any(Option::is_some) {
         trunk.agent_mut().probe_peers(true);
     }
@@ -553,9 +573,10 @@ pub fn agent_whatif_family(
         // peer branches from the last one before the step where they would act otherwise.
         let differs = |p: usize| match &peers[p] {
             None => high.is_some_and(|high| high >= thresholds[p]),
-            Some(peer) => {
-                acted || high.is_some_and(|high| high >= thresholds[top].min(peer.blocking).min(top_blocking)) || triggers[p].is_none_or(|t| probed.is_some_and(|n| n >= t))
+            Some(PeerBranch::Peer { blocking, .. }) => {
+                acted || high.is_some_and(|high| high >= thresholds[top].min(*blocking).min(top_blocking)) || triggers[p].is_none_or(|t| probed.counted.is_some_and(|n| n >= t))
             }
+            Some(PeerBranch::McpDelta) => probed.mcp_instructions,
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
@@ -633,6 +654,7 @@ fn run_from(
         let mut run = finish_run(prepared, state, scenario, measurer, effective)?;
         let (trunk_threshold, threshold) = match how {
             Branch::Autocompact { trunk, threshold } => (trunk, threshold),
+            Branch::Peer { .. } if effective.compact.autocompact.enabled => return Ok(run),
             Branch::Peer { .. } => {
                 // The trunk's rows before the checkpoint say what its autocompact and blocking
                 // checks found; autocompact off, the check is skipped and the blocking check is

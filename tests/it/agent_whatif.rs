@@ -669,9 +669,10 @@ fn an_env_variable_of_the_world_moves_the_what_ifs_threshold_as_the_agents() {
 }
 
 /// The presets whose peer mechanism rewrites nothing below a count, autocompact off (codex,
-/// cline, server compaction), go on from the run as recorded's trunk up to the first step where
-/// they would act otherwise (`peer_branch_of`: a count reaching their trigger, the trunk
-/// compacting, ...), or are the trunk to its end: on real sessions, one where they never act
+/// cline, server compaction), and MCP instructions as deltas, go on from the run as recorded's
+/// trunk up to the first step where they would act otherwise (`peer_branch_of`: a count reaching
+/// their trigger, the trunk compacting, MCP instructions to place, ...), or are the trunk to its
+/// end: on real sessions, one where they never act
 /// (01KZRVZ8) and one where the recording compacts at call 7 (a6e4), each gives exactly what
 /// its own run from the first call gives (the oracle): rows (stage reasons included), summary,
 /// compactions, divergence, losses, plan runs.
@@ -679,7 +680,7 @@ fn an_env_variable_of_the_world_moves_the_what_ifs_threshold_as_the_agents() {
 fn peer_presets_going_on_from_the_trunk_equal_their_runs_from_the_first_call() {
     use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, family_key, peer_branch_of, prepare};
     let numwordify = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
-    let presets = ["codex", "cline", "server-compaction"];
+    let presets = ["codex", "cline", "server-compaction", "claude-code-mcp-delta"];
     let mut diverged = 0;
     for session in [numwordify, a6e4()] {
         let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
