@@ -501,8 +501,9 @@ pub fn agent_whatif_family(
     // the strategies of its own family; the family's other strategies are peer branches of it.
     let thresholds: Vec<u64> = effectives.iter().map(|s| thresholds_of(s, prepared).autocompact).collect();
     let keys: Vec<Option<String>> = effectives.iter().map(|s| family_key(s, prepared)).collect();
-    // (The trunk's family is that of the first strategy under no peer mechanism.)
-    let anchor = effectives.iter().position(|s| s.compact.peer.strategy == crate::agent::compact::peers::PeerStrategy::None).unwrap_or(0);
+    // (The trunk's family is that of the first strategy that is no peer branch of another.)
+    let branch_of_another = |i: usize| (0..effectives.len()).any(|j| j != i && keys[j] != keys[i] && peer_branch_of(&effectives[i], &effectives[j], prepared).is_some());
+    let anchor = (0..effectives.len()).find(|&i| !branch_of_another(i)).unwrap_or(0);
     let own = |i: usize| keys[i] == keys[anchor];
     let top = (0..effectives.len()).filter(|&i| own(i)).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
     let mut peers: Vec<Option<PeerBranch>> = vec![None; effectives.len()];

@@ -255,7 +255,9 @@ impl AgentRun {
 /// setting are one run (the knobs only the record-based replay reads,
 /// [`crate::strategy::AGENT_UNREAD_KNOBS`], left out); strategies that differ only in their autocompact threshold are one
 /// family ([`super::agent_whatif::agent_whatif_family`]: a threshold the session never reaches
-/// costs no run of its own); families run in parallel. Returns the what-ifs, every preset
+/// costs no run of its own), which the presets that are peer branches of the run as recorded
+/// join ([`super::agent_whatif::peer_branch_of`]: each goes on from its trunk up to the first
+/// step where it would act otherwise); families run in parallel. Returns the what-ifs, every preset
 /// weighed, and where the run as recorded parts from the recording.
 fn agent_whatifs(
     file: &SessionFile,
