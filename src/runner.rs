@@ -284,6 +284,26 @@ impl<'o> RunState<'o> {
         &self.agent
     }
 
+    pub fn agent_mut(&mut self) -> &mut Session {
+        &mut self.agent
+    }
+
+    /// The rows measured from row `from` on.
+    pub fn rows_from(&self, from: usize) -> &[RequestMetrics] {
+        self.out.rows.get(from..).unwrap_or_default()
+    }
+
+    /// Main requests the blocking limit refused, and prompt-too-long errors surfaced, so far.
+    pub fn refused(&self) -> u64 {
+        self.blocked + self.surfaced
+    }
+
+    /// Goes on under `strategy`, which differs from the run's in knobs the caller has proven
+    /// changed nothing before this step ([`Session::retarget`]).
+    pub fn retarget(&mut self, strategy: &Strategy) {
+        self.agent.retarget(strategy, &self.world);
+    }
+
     /// Goes on under `strategy`, which differs from the run's only in where autocompact fires
     /// ([`Session::retarget_autocompact`]).
     pub fn retarget_autocompact(&mut self, strategy: &Strategy) -> Result<(), String> {

@@ -46,6 +46,16 @@ const AGENT_HOOK_INSTRUCTION: &str = "You verify a coding assistant's work for a
 /// Client version written into the billing header.
 pub const CLIENT_VERSION: &str = "2.1.88";
 
+/// What a session under no peer mechanism recorded for the strategies that may go on from its
+/// run ([`Session::probe_peers`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerProbe {
+    /// The highest count a count-triggered peer mechanism would have compared with its trigger.
+    pub counted: Option<u64>,
+    /// Connected MCP servers had instructions where a placement reads them.
+    pub mcp_instructions: bool,
+}
+
 /// The agent state of one conversation on the main thread.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -109,6 +119,9 @@ pub struct Session {
     /// to the wire messages, and what it did on the last request.
     peer_state: crate::agent::compact::peers::PeerState,
     peer_reports: Vec<crate::measure::StageReport>,
+    /// [`Session::probe_peers`]: `Some` while probing, with what was seen since the last
+    /// [`Session::take_peer_probe`].
+    peer_probe: Option<PeerProbe>,
     /// The main thread, or the subagent this session runs for.
     thread: subagent_glue::Thread,
     /// Agents started by this thread so far (agent ids derive from it).
@@ -212,6 +225,7 @@ impl Session {
             record_meta: Vec::new(),
             peer_state: Default::default(),
             peer_reports: Vec::new(),
+            peer_probe: None,
             chain_state: crate::agent::compact::ChainState::new(session_dir(world, &session_id)),
             device_id,
             session_id,
@@ -241,7 +255,7 @@ impl Session {
     fn apply_peer(&mut self, messages: &mut Vec<Message>, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
         use crate::agent::compact::peers::PeerStrategy;
         let config = &self.strategy.compact.peer;
-        if config.strategy == PeerStrategy::None {
+        if config.strategy == PeerStrategy::None && self.peer_probe.is_none() {
             return;
         }
         let tools_chars = match &self.peer_tools_chars {
@@ -253,7 +267,15 @@ impl Session {
             }
         };
         let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>() + tools_chars;
-        let window = world.context_window.unwrap_or(200_000);
+        let window = crate::agent::compact::peers::peer_window(world.context_window);
+        if config.strategy == PeerStrategy::None {
+            // Probing (`probe_peers`): what a count-triggered mechanism would compare here.
+            let counted = self.peer_state.probe(messages, (base_chars / 4) as u64);
+            if let Some(probe) = &mut self.peer_probe {
+                probe.counted = probe.counted.max(Some(counted));
+            }
+            return;
+        }
         for outcome in self.peer_state.apply(config, messages, window, (base_chars / 4) as u64) {
             if outcome.stage.is_empty() {
                 continue;
@@ -277,6 +299,36 @@ impl Session {
                 invalidated_from: None,
             });
         }
+    }
+
+    /// Under no peer mechanism, records from now on the count a count-triggered one
+    /// ([`crate::agent::compact::peers::PeerConfig::rewrite_trigger`]) would compare with its
+    /// trigger on every request's messages ([`Session::take_peer_probe`]). The requests are
+    /// built as under a mechanism (the history finished after it, not in the memo): the same
+    /// requests, which is what the probe must see.
+    /// Whether MCP server instructions were there to place is recorded too, wherever either
+    /// placement ([`McpInstructionsMode`]) reads them.
+    pub fn probe_peers(&mut self, on: bool) {
+        self.peer_probe = on.then(PeerProbe::default);
+    }
+
+    /// What [`Session::probe_peers`] recorded since the last call (nothing when not probing).
+    pub fn take_peer_probe(&mut self) -> PeerProbe {
+        self.peer_probe.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// While probing: notes whether connected MCP servers have instructions now.
+    fn probe_mcp(&mut self, world: &World) {
+        if self.peer_probe.is_some() && !self.mcp_instructions(world).is_empty()
+            && let Some(probe) = &mut self.peer_probe
+        {
+            probe.mcp_instructions = true;
+        }
+    }
+
+    /// Compactions of the conversation so far.
+    pub fn compactions(&self) -> u32 {
+        self.compactions
     }
 
     /// What the peer mechanism did while the last request was built.
@@ -485,6 +537,7 @@ impl Session {
             self.run_session_start_hooks(world);
         }
         self.turn_mcp = self.mcp_instructions(world);
+        self.probe_mcp(world);
         self.stop_continuations = 0;
         self.memories.pending = None;
         let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
@@ -1014,6 +1067,7 @@ impl Session {
         if self.attachments_recorded(world) {
             return Vec::new();
         }
+        self.probe_mcp(world);
         let mut out = Vec::new();
         let today = world.clock.date_string();
         match &self.last_date {
@@ -1409,7 +1463,7 @@ impl Session {
         // finalizing rewrites the history: the memo keeps it finished (MCP results as blocks,
         // tool results finalized) and only the messages from `start` on are finalized here.
         let dialect_layout = self.strategy.client_version == crate::agent::dialect::VERSION;
-        let peer = !self.thread.is_subagent() && self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None;
+        let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
         let (mut messages, start) = self.message_memo.messages(&context, &self.records, options, finish);
         let first_user_text = first_text(&messages);

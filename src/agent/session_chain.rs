@@ -325,7 +325,17 @@ impl Session {
             return Err("the strategy differs from the session's in more than the autocompact threshold".to_owned());
         }
         self.strategy = limits.strategy(strategy);
+        self.peer_probe = None;
         Ok(())
+    }
+
+    /// Goes on under `strategy`, which differs from the session's in knobs the caller has
+    /// proven changed nothing so far (a peer mechanism that would not have fired, autocompact
+    /// off where it never fired: [`crate::replay::agent_whatif`]'s peer branches). Probing
+    /// stops.
+    pub fn retarget(&mut self, strategy: &crate::strategy::Strategy, world: &World) {
+        self.strategy = ThresholdWorld::of(world).strategy(strategy);
+        self.peer_probe = None;
     }
 
     fn compact_inputs(&self) -> CompactInputs {
@@ -401,6 +411,9 @@ impl Session {
         let limits = self.model_limits(world);
         let mut inputs = self.compact_inputs();
         let (deltas, announced) = self.compaction_deltas(world);
+        if !self.attachments_recorded(world) {
+            self.probe_mcp(world);
+        }
         inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         // What the recorded client restored beyond the agent's own restore (a real session's
         // stand-in), after the deltas.

@@ -379,6 +379,82 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
     (!world.refuses(effective)).then(|| world.autocompact_family(effective))
 }
 
+/// A strategy that goes on from a family's trunk although its family differs, being otherwise
+/// the trunk's strategy: one that runs a peer mechanism that rewrites nothing below one count
+/// ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server compaction) with autocompact off, or
+/// one that places MCP instructions as delta attachments where the trunk has them in the system
+/// prompt.
+///
+/// [`PeerConfig::rewrite_trigger`]: crate::agent::compact::peers::PeerConfig::rewrite_trigger
+#[derive(Debug, Clone)]
+pub enum PeerBranch {
+    Peer {
+        peer: crate::agent::compact::peers::PeerConfig,
+        /// Its blocking limit: with autocompact off, the blocking check is its own.
+        blocking: u64,
+    },
+    /// Acts otherwise from the first step where connected MCP servers have instructions to
+    /// place (the trunk's [`crate::agent::session::PeerProbe::mcp_instructions`]).
+    McpDelta,
+}
+
+/// Whether `effective` is a [`PeerBranch`] of a family whose trunk runs under `trunk`. Up to the
+/// first step where any of these holds, its run and the trunk's make the same requests, rows and
+/// state (but for the peer's own state and the unfired stages' report texts, which nothing reads
+/// before the peer first fires), so it goes on from a trunk checkpoint before that step:
+/// - the count its mechanism compares (the trunk records it under no mechanism,
+///   [`crate::agent::session::Session::probe_peers`]) reaches its trigger;
+/// - the trunk's autocompact compares a count at or above the trunk's threshold or the
+///   strategy's blocking limit (autocompact off, its blocking check refuses from there; the
+///   trunk's check counts what the blocking check counts);
+/// - the trunk compacts by any stage, an API error is answered by the recovery ladder, or a
+///   request is refused.
+///
+/// Anything else (another knob, a trunk that does not record its checks on every chain run:
+/// compaction disabled, context collapse on) is no branch: the strategy runs on its own.
+///
+/// A strategy that differs only in placing MCP instructions as delta attachments (the trunk in
+/// the system prompt) acts otherwise from the first step where connected servers have
+/// instructions where either placement reads them: until then neither places anything.
+pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<PeerBranch> {
+    use crate::agent::compact::peers::PeerStrategy;
+    use crate::strategy::McpInstructionsMode;
+    let world = prepared.threshold_world();
+    if world.refuses(effective) || world.refuses(trunk) {
+        return None;
+    }
+    let (a, b) = (world.strategy(effective), world.strategy(trunk));
+    if a.mcp_instructions == McpInstructionsMode::Delta && b.mcp_instructions == McpInstructionsMode::System {
+        let mut same = a.clone();
+        same.mcp_instructions = b.mcp_instructions;
+        return (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then_some(PeerBranch::McpDelta);
+    }
+    let (auto, trunk_auto) = (&a.compact.autocompact, &b.compact.autocompact);
+    if b.compact.peer.strategy != PeerStrategy::None || !trunk_auto.enabled || trunk_auto.compact_disabled || b.compact.context_collapse.enabled {
+        return None;
+    }
+    if auto.enabled || auto.compact_disabled || auto.reactive_enabled != trunk_auto.reactive_enabled {
+        return None;
+    }
+    a.compact.peer.rewrite_trigger(200_000)?;
+    let mut same = a.clone();
+    same.compact.autocompact = trunk_auto.clone();
+    same.compact.peer = b.compact.peer.clone();
+    if serde_json::to_value(&same).ok()? != serde_json::to_value(&b).ok()? {
+        return None;
+    }
+    Some(PeerBranch::Peer { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
+}
+
+/// How a run goes on from a trunk checkpoint.
+#[derive(Debug, Clone, Copy)]
+enum Branch {
+    /// Another autocompact threshold (the trunk's, the strategy's).
+    Autocompact { trunk: u64, threshold: u64 },
+    /// A [`PeerBranch`] that acts otherwise from this step on.
+    Peer { from_step: usize },
+}
+
 /// A run under the family's first plan, checkpointed before a step, with what decides whether
 /// another strategy and plan may go on from there.
 struct Checkpoint {
@@ -392,10 +468,12 @@ struct Checkpoint {
     rows: usize,
 }
 
-/// Every strategy of `effectives` (one [`family_key`], distinct thresholds) through the agent,
-/// as [`agent_whatif`] runs each, with the work they share done once: the run under the
-/// highest threshold (the trunk) is checkpointed as it goes, and every other strategy goes on
-/// from the last checkpoint before its first autocompact check at or above its threshold; a
+/// Every strategy of `effectives` (one [`family_key`], distinct thresholds, and the
+/// [`PeerBranch`]es of its trunk) through the agent, as [`agent_whatif`] runs each, with the work
+/// they share done once: the run under the highest threshold (the trunk) is checkpointed as it
+/// goes, and every other strategy goes on from the last checkpoint before its first autocompact
+/// check at or above its threshold (a peer branch: before the first step where it would act
+/// otherwise, [`peer_branch_of`]; one that never does is the trunk to its end); a
 /// later run of its plan search goes on from the last checkpoint its plan leaves unchanged
 /// (checkpoints are kept before the main call of each recorded compaction, where a plan
 /// stops following the recorded usage). A checkpoint holds the recorded client's rules in their
@@ -419,11 +497,30 @@ pub fn agent_whatif_family(
     // checkpoint's state: one for the family, its estimator's memo kept from run to run.
     let mut branch = measurer.clone();
     let options = run_options(prepared);
-    // The trunk runs under the highest threshold (the agent's own, as each run computes it).
+    // The trunk runs under the highest threshold (the agent's own, as each run computes it) of
+    // the strategies of its own family; the family's other strategies are peer branches of it.
     let thresholds: Vec<u64> = effectives.iter().map(|s| thresholds_of(s, prepared).autocompact).collect();
-    let top = (0..effectives.len()).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
+    let keys: Vec<Option<String>> = effectives.iter().map(|s| family_key(s, prepared)).collect();
+    // (The trunk's family is that of the first strategy that is no peer branch of another.)
+    let branch_of_another = |i: usize| (0..effectives.len()).any(|j| j != i && keys[j] != keys[i] && peer_branch_of(&effectives[i], &effectives[j], prepared).is_some());
+    let anchor = (0..effectives.len()).find(|&i| !branch_of_another(i)).unwrap_or(0);
+    let own = |i: usize| keys[i] == keys[anchor];
+    let top = (0..effectives.len()).filter(|&i| own(i)).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
+    let mut peers: Vec<Option<PeerBranch>> = vec![None; effectives.len()];
+    for i in (0..effectives.len()).filter(|&i| !own(i)) {
+        peers[i] = Some(peer_branch_of(&effectives[i], &effectives[top], prepared).ok_or("a strategy of another family that is no peer branch of the trunk")?);
+    }
     let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
+    let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
+    let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
+        Some(PeerBranch::Peer { peer, .. }) => peer.rewrite_trigger(window),
+        _ => None,
+    }).collect();
+    if peers.iter().any(Option::is_some) {
+        trunk.agent_mut().probe_peers(true);
+    }
+    let top_blocking = prepared.threshold_world().thresholds(&effectives[top]).blocking;
     // The steps of the main calls the recording compacted before.
     let recorded_steps: std::collections::BTreeSet<usize> = {
         let calls: std::collections::BTreeSet<usize> = prepared.recorded.iter().map(|r| r.call).collect();
@@ -465,18 +562,35 @@ pub fn agent_whatif_family(
         }
         since += 1;
         let before = trunk.checks().len();
+        let (rows_before, refused, compactions) = (trunk.rows(), trunk.refused(), trunk.agent().compactions());
         trunk.step(&scenarios.list[first].1, &mut measurer, &effectives[top], &chain).map_err(|e| e.to_string())?;
-        let Some(high) = trunk.checks()[before..].iter().map(|&(_, n)| n).max() else { continue };
-        max_checked = max_checked.max(Some(high));
-        // Strategies whose threshold this step's check reached go on from the last checkpoint.
-        let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| high >= thresholds[p]);
+        let high = trunk.checks()[before..].iter().map(|&(_, n)| n).max();
+        let probed = trunk.agent_mut().take_peer_probe();
+        // (Anything here a peer branch cannot prove it did the same: a compaction, an API error
+        // and its recovery, a refused request.)
+        let acted = trunk.agent().compactions() != compactions || trunk.refused() != refused || trunk.rows_from(rows_before).iter().any(|r| r.error.is_some());
+        max_checked = max_checked.max(high);
+        // Strategies whose threshold this step's check reached go on from the last checkpoint;
+        // peer branches from the last one before the step where they would act otherwise.
+        let differs = |p: usize| match &peers[p] {
+            None => high.is_some_and(|high| high >= thresholds[p]),
+            Some(PeerBranch::Peer { blocking, .. }) => {
+                acted || high.is_some_and(|high| high >= thresholds[top].min(*blocking).min(top_blocking)) || triggers[p].is_none_or(|t| probed.counted.is_some_and(|n| n >= t))
+            }
+            Some(PeerBranch::McpDelta) => probed.mcp_instructions,
+        };
+        let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
         for p in reached {
             let from = latest.clone().ok_or("no checkpoint")?;
             let mut candidates = kept.clone();
             candidates.push(from);
             let effective = &effectives[p];
-            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
+            let how = match peers[p] {
+                None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
+                Some(_) => Branch::Peer { from_step: step },
+            };
+            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, how, effective, plan)));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
@@ -490,25 +604,28 @@ pub fn agent_whatif_family(
     let mut trunk_run = Some(trunk_run);
     results[top] = Some(settle(session, prepared, &effectives[top], &mut |plan| match (plan == &first_plan(prepared), trunk_run.take()) {
         (true, Some(run)) => Ok(run),
-        _ => run_from(&mut scenarios, &mut branch, first, &candidates, thresholds[top], thresholds[top], &effectives[top], plan),
+        _ => run_from(&mut scenarios, &mut branch, first, &candidates, Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] }, &effectives[top], plan),
     }));
     for p in pending {
         let effective = &effectives[p];
-        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, thresholds[top], thresholds[p], effective, plan)));
+        // (A peer branch that never acted otherwise is the trunk to its end.)
+        let how = match peers[p] {
+            None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
+            Some(_) => Branch::Peer { from_step: usize::MAX },
+        };
+        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, how, effective, plan)));
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
 }
 
 /// A run under `effective` and `plan` from the last of `candidates` it may go on from (else
 /// from the start), measured by `measurer` from the checkpoint's state.
-#[expect(clippy::too_many_arguments)]
 fn run_from(
     scenarios: &mut Scenarios<'_>,
     measurer: &mut Measurer,
     first: usize,
     candidates: &[std::rc::Rc<Checkpoint>],
-    trunk_threshold: u64,
-    threshold: u64,
+    how: Branch,
     effective: &Strategy,
     plan: &Plan,
 ) -> Result<Run, String> {
@@ -519,18 +636,51 @@ fn run_from(
     let mut ordered: Vec<&std::rc::Rc<Checkpoint>> = candidates.iter().collect();
     ordered.sort_by_key(|c| std::cmp::Reverse(c.state.next_step()));
     for c in ordered {
-        // Every check before it below both thresholds: nothing there depended on which.
-        if threshold != trunk_threshold && c.max_checked.is_some_and(|n| n >= threshold.min(trunk_threshold)) {
-            continue;
+        match how {
+            // Every check before it below both thresholds: nothing there depended on which.
+            Branch::Autocompact { trunk, threshold } if threshold != trunk && c.max_checked.is_some_and(|n| n >= threshold.min(trunk)) => continue,
+            Branch::Peer { from_step } if c.state.next_step() > from_step => continue,
+            _ => {}
         }
         if !c.state.world().model.resumable_with(original, model) {
             continue;
         }
         let mut state = c.state.checkpoint();
         state.world_mut().model.resume_with(original, model);
-        state.retarget_autocompact(effective)?;
+        match how {
+            Branch::Autocompact { .. } => state.retarget_autocompact(effective)?,
+            Branch::Peer { .. } => state.retarget(effective),
+        }
         measurer.restore(&c.measurer);
         let mut run = finish_run(prepared, state, scenario, measurer, effective)?;
+        let (trunk_threshold, threshold) = match how {
+            Branch::Autocompact { trunk, threshold } => (trunk, threshold),
+            Branch::Peer { .. } if effective.compact.autocompact.enabled => return Ok(run),
+            Branch::Peer { .. } => {
+                // The trunk's rows before the checkpoint say what its autocompact and blocking
+                // checks found; autocompact off, the check is skipped and the blocking check is
+                // the strategy's own, on the same count (below its limit there: else the branch
+                // would have gone on from an earlier checkpoint).
+                let blocking = prepared.threshold_world().thresholds(effective).blocking;
+                for row in &mut run.output.rows[..c.rows] {
+                    let mut counted = None;
+                    for stage in row.stages.iter_mut().filter(|s| !s.fired) {
+                        if stage.name == "autocompact" {
+                            counted = stage.reason.strip_prefix("below threshold (").and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
+                            if counted.is_some() {
+                                stage.reason = "auto-compact disabled".to_owned();
+                            }
+                        } else if stage.name == "blocking_limit"
+                            && let Some(n) = counted.take()
+                            && (stage.reason == "reactive compact owns overflow" || stage.reason.starts_with("under blocking limit ("))
+                        {
+                            stage.reason = format!("under blocking limit ({n} < {blocking})");
+                        }
+                    }
+                }
+                return Ok(run);
+            }
+        };
         // The trunk's rows before the checkpoint name the trunk's threshold where autocompact
         // found the count below it; below this strategy's too, they name that one.
         if threshold != trunk_threshold {

@@ -255,7 +255,9 @@ impl AgentRun {
 /// setting are one run (the knobs only the record-based replay reads,
 /// [`crate::strategy::AGENT_UNREAD_KNOBS`], left out); strategies that differ only in their autocompact threshold are one
 /// family ([`super::agent_whatif::agent_whatif_family`]: a threshold the session never reaches
-/// costs no run of its own); families run in parallel. Returns the what-ifs, every preset
+/// costs no run of its own), which the presets that are peer branches of the run as recorded
+/// join ([`super::agent_whatif::peer_branch_of`]: each goes on from its trunk up to the first
+/// step where it would act otherwise); families run in parallel. Returns the what-ifs, every preset
 /// weighed, and where the run as recorded parts from the recording.
 fn agent_whatifs(
     file: &SessionFile,
@@ -264,7 +266,7 @@ fn agent_whatifs(
     ttls: &[(&str, CacheTtl)],
     billed_usd: f64,
 ) -> Result<AgentWhatIfs, String> {
-    use super::agent_whatif::{agent_whatif_family, effective_strategy, family_key, prepare, strategy_key, thresholds_of};
+    use super::agent_whatif::{agent_whatif_family, effective_strategy, family_key, peer_branch_of, prepare, strategy_key, thresholds_of};
     use crate::strategy::Strategy;
     use rayon::prelude::*;
     let name = file.path.display().to_string();
@@ -301,10 +303,18 @@ fn agent_whatifs(
     // run as recorded, not "the same settings").
     let as_run = |strategy: &Strategy| strategy.as_agent_runs(&base);
     let run_keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(&as_run(s), &prepared)).collect();
+    // A preset whose peer mechanism rewrites nothing below a count, with autocompact off, goes
+    // on from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]).
+    let base_run = as_run(&base);
+    let base_family = family_key(&base_run, &prepared);
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
     for ((_, _, strategy), key) in candidates.iter().zip(&run_keys) {
         let strategy = as_run(strategy);
-        let family = family_key(&strategy, &prepared).unwrap_or_else(|| format!("refused {key}"));
+        let family = match &base_family {
+            Some(family) if peer_branch_of(&strategy, &base_run, &prepared).is_some() => Some(family.clone()),
+            _ => family_key(&strategy, &prepared),
+        };
+        let family = family.unwrap_or_else(|| format!("refused {key}"));
         families.entry(family).or_default().entry(key.clone()).or_insert(strategy);
     }
     let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().collect()).collect();

@@ -667,3 +667,50 @@ fn an_env_variable_of_the_world_moves_the_what_ifs_threshold_as_the_agents() {
     assert!(first(&after).unwrap() < first(&before).unwrap(), "{:?} vs {:?}", after.compactions, before.compactions);
     assert!(after.divergence.is_some());
 }
+
+/// The presets whose peer mechanism rewrites nothing below a count, autocompact off (codex,
+/// cline, server compaction), and MCP instructions as deltas, go on from the run as recorded's
+/// trunk up to the first step where they would act otherwise (`peer_branch_of`: a count reaching
+/// their trigger, the trunk compacting, MCP instructions to place, ...), or are the trunk to its
+/// end: on real sessions, one where they never act
+/// (01KZRVZ8) and one where the recording compacts at call 7 (a6e4), each gives exactly what
+/// its own run from the first call gives (the oracle): rows (stage reasons included), summary,
+/// compactions, divergence, losses, plan runs.
+#[test]
+fn peer_presets_going_on_from_the_trunk_equal_their_runs_from_the_first_call() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, family_key, peer_branch_of, prepare};
+    let numwordify = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
+    let presets = ["codex", "cline", "server-compaction", "claude-code-mcp-delta"];
+    let mut diverged = 0;
+    for session in [numwordify, a6e4()] {
+        let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+        let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        let strategies: Vec<_> = presets.iter().map(|p| ctxsim::strategy::Strategy::preset(p).unwrap()).collect();
+        // The run as recorded last: the trunk's family is found whatever the order.
+        let mut effectives: Vec<_> = strategies.iter().map(|s| effective_strategy(s, &prepared)).collect();
+        effectives.push(base.clone());
+        for (preset, effective) in presets.iter().zip(&effectives) {
+            assert_ne!(family_key(effective, &prepared), family_key(&base, &prepared), "{preset}: another family");
+            assert!(peer_branch_of(effective, &base, &prepared).is_some(), "{preset}: a peer branch of the run as recorded");
+        }
+        let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &effectives).unwrap();
+        let as_recorded = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), &ctxsim::strategy::Strategy::default()).unwrap();
+        let mut together = together.into_iter();
+        assert_eq!(format!("{:?}", together.next_back().unwrap().unwrap()), format!("{as_recorded:?}"), "{session}: the trunk");
+        for ((preset, strategy), together) in presets.iter().zip(&strategies).zip(together) {
+            let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), strategy).unwrap();
+            let together = together.unwrap();
+            assert_eq!(format!("{together:?}"), format!("{alone:?}"), "{session}: {preset}");
+            diverged += usize::from(alone.divergence.is_some());
+        }
+    }
+    // Both cases are met: presets that part from the trunk and presets that never do.
+    assert!(diverged > 0 && diverged < 2 * presets.len(), "{diverged}");
+    // A preset whose mechanism acts on more than a count (observation masking) is no peer branch.
+    let loaded = ctxsim::replay::load_session(Path::new(&a6e4())).unwrap();
+    let prepared = prepare(&loaded, &a6e4(), &crate::support::measurer()).unwrap();
+    let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+    let masking = effective_strategy(&ctxsim::strategy::Strategy::preset("observation-masking").unwrap(), &prepared);
+    assert!(peer_branch_of(&masking, &base, &prepared).is_none());
+}

@@ -451,7 +451,37 @@ impl PeerMemo {
     }
 }
 
+impl PeerConfig {
+    /// The estimated count ([`PeerState::apply`]'s `before`: the messages' estimate plus the
+    /// tokens outside them) from which the mechanism may rewrite anything, for the mechanisms
+    /// that do nothing at all below one count (Codex, Cline, server compaction): below it,
+    /// [`PeerState::apply`] leaves the messages as they are and reports nothing. `None` for the
+    /// others (masking, opencode's prune: what they do depends on more than a count) and for
+    /// no mechanism.
+    pub fn rewrite_trigger(&self, window: u64) -> Option<u64> {
+        match self.strategy {
+            PeerStrategy::Codex => Some(window * self.trigger_pct / 100),
+            PeerStrategy::ServerCompaction => Some(self.server_trigger_tokens),
+            PeerStrategy::Cline => Some(window.saturating_sub(self.buffer_tokens).max(window * 8 / 10)),
+            PeerStrategy::None | PeerStrategy::Opencode | PeerStrategy::ObservationMasking => None,
+        }
+    }
+}
+
+/// The window a peer mechanism reads (the world's context window, 200k when unset).
+pub fn peer_window(context_window: Option<u64>) -> u64 {
+    context_window.unwrap_or(200_000)
+}
+
 impl PeerState {
+    /// The count a mechanism with a [`PeerConfig::rewrite_trigger`] would compare with it on
+    /// `messages` (the messages' estimate plus `base_tokens`), without applying any: what a run
+    /// under no mechanism records so that a run under one may be proven to have done the same.
+    /// Only the estimate's memo is kept.
+    pub fn probe(&mut self, messages: &[Message], base_tokens: u64) -> u64 {
+        self.memo.estimate(messages) + base_tokens
+    }
+
     /// Applies the peer to the messages of one request (the history as the recorded client
     /// saw it) with a context window of `window` tokens and `base_tokens` outside the messages
     /// (system, tools). Returns what fired (possibly several stages).
