@@ -1399,6 +1399,10 @@ impl FileImporter {
             if line.is_blank() {
                 continue;
             }
+            if bom && line.number == 1 && std::str::from_utf8(&line.bytes).is_err() {
+                // A read for call times stops at a line that is not UTF-8, this one too.
+                self.call_times_ended = true;
+            }
             let times = !self.call_times_ended && !(bom && line.number == 1);
             match parse_line::<Value>(&line.bytes) {
                 Ok(Value::Object(record)) => {

@@ -437,8 +437,10 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
         return None;
     }
     a.compact.peer.rewrite_trigger(200_000)?;
+    // Only `enabled` may differ in autocompact: its other knobs also set the window the API
+    // refuses at and snip's trigger, which the trunk's rows would not show.
     let mut same = a.clone();
-    same.compact.autocompact = trunk_auto.clone();
+    same.compact.autocompact.enabled = trunk_auto.enabled;
     same.compact.peer = b.compact.peer.clone();
     if serde_json::to_value(&same).ok()? != serde_json::to_value(&b).ok()? {
         return None;

@@ -819,4 +819,17 @@ fn recording_import_written_call_times_equal_a_second_read_on_damaged_lines() {
     assert_eq!(again.len(), expect.len() + 1);
     // A transcript read from a reader has none.
     assert!(recording::import_claude_code_from(Cursor::new(&text), "s.jsonl").unwrap().written_call_times().is_none());
+
+    // A first line opening with a byte-order mark and not UTF-8: both reads stop there.
+    let mut text = Vec::new();
+    text.extend_from_slice(ctxsim::input::BOM);
+    text.extend_from_slice(b"{\"a\":\"\xff\"}\n");
+    text.extend_from_slice(line("a1", "2026-07-28T21:09:01Z", "r1", "m1").as_bytes());
+    text.push(b'\n');
+    let path = dir.path().join("t.jsonl");
+    std::fs::write(&path, &text).unwrap();
+    let session = recording::import_claude_code(&path).unwrap();
+    let times = call_times(&path);
+    assert!(times.is_empty(), "{times:?}");
+    assert_eq!(session.written_call_times().unwrap().times, times);
 }
