@@ -394,7 +394,12 @@ pub enum PeerBranch {
         blocking: u64,
     },
     /// Acts otherwise from the first step where connected MCP servers have instructions to
-    /// place (the trunk's [`crate::agent::session::PeerProbe::mcp_instructions`]).
+    /// place (the trunk's [`crate::agent::session::PeerProbe::mcp_instructions`]). The probe is
+    /// the main session's: a subagent's copy of it is dropped, so a server connected in the
+    /// middle of a turn, before a subagent of that turn starts, would not be seen there. Recorded
+    /// sessions' workloads connect servers only at the start (no `mcp_connect` later), which is
+    /// where the audit uses this branch; a scripted scenario's family does not (`compare` and
+    /// `sweep` group by [`family_key`] alone).
     McpDelta,
 }
 
@@ -509,8 +514,27 @@ pub fn agent_whatif_family(
     let own = |i: usize| keys[i] == keys[anchor];
     let top = (0..effectives.len()).filter(|&i| own(i)).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
     let mut peers: Vec<Option<PeerBranch>> = vec![None; effectives.len()];
+    let mut alone = Vec::new();
     for i in (0..effectives.len()).filter(|&i| !own(i)) {
-        peers[i] = Some(peer_branch_of(&effectives[i], &effectives[top], prepared).ok_or("a strategy of another family that is no peer branch of the trunk")?);
+        match peer_branch_of(&effectives[i], &effectives[top], prepared) {
+            Some(branch) => peers[i] = Some(branch),
+            None => alone.push(i),
+        }
+    }
+    if !alone.is_empty() {
+        // A strategy of another family that is no peer branch of this trunk (grouped against
+        // another run): it runs on its own, the others as a family without it.
+        let rest: Vec<usize> = (0..effectives.len()).filter(|i| !alone.contains(i)).collect();
+        let subset: Vec<Strategy> = rest.iter().map(|&i| effectives[i].clone()).collect();
+        let mut outcomes: Vec<Option<Result<AgentOutcome, String>>> = vec![None; effectives.len()];
+        for (i, outcome) in rest.iter().zip(agent_whatif_family(session, file, prepared, measurer.clone(), &subset)?) {
+            outcomes[*i] = Some(outcome);
+        }
+        for &i in &alone {
+            let one = agent_whatif_family(session, file, prepared, measurer.clone(), std::slice::from_ref(&effectives[i]));
+            outcomes[i] = Some(one.and_then(|mut v| v.pop().ok_or_else(|| "no outcome".to_owned())).unwrap_or_else(Err));
+        }
+        return Ok(outcomes.into_iter().map(|o| o.unwrap_or_else(|| Err("no outcome".to_owned()))).collect());
     }
     let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();

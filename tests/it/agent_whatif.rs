@@ -714,3 +714,26 @@ fn peer_presets_going_on_from_the_trunk_equal_their_runs_from_the_first_call() {
     let masking = effective_strategy(&ctxsim::strategy::Strategy::preset("observation-masking").unwrap(), &prepared);
     assert!(peer_branch_of(&masking, &base, &prepared).is_none());
 }
+
+#[test]
+fn a_family_member_that_is_no_peer_branch_of_its_trunk_runs_on_its_own() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, peer_branch_of, prepare};
+    let session = a6e4();
+    let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+    let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+    let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+    let masking_strategy = ctxsim::strategy::Strategy::preset("observation-masking").unwrap();
+    let codex_strategy = ctxsim::strategy::Strategy::preset("codex").unwrap();
+    let masking = effective_strategy(&masking_strategy, &prepared);
+    let codex = effective_strategy(&codex_strategy, &prepared);
+    assert!(peer_branch_of(&masking, &base, &prepared).is_none());
+    // Given to one family with the run as recorded and a peer branch of it: each outcome is its
+    // own run's, none an error.
+    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, masking, codex]).unwrap();
+    let strategies = [ctxsim::strategy::Strategy::default(), masking_strategy, codex_strategy];
+    assert_eq!(together.len(), strategies.len());
+    for (strategy, together) in strategies.iter().zip(together) {
+        let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), strategy).unwrap();
+        assert_eq!(format!("{:?}", together.unwrap()), format!("{alone:?}"), "{}", strategy.name);
+    }
+}
