@@ -666,12 +666,16 @@ impl ImportedSession {
     /// after a removed one: the whole history, then what came after).
     pub fn with_compaction_edits(&self, edits: &[CompactionEdit]) -> ImportedSession {
         let events = &self.recording.events;
-        let mut node_of: BTreeMap<usize, usize> = BTreeMap::new();
+        // Per event, the last chain node holding it (`usize::MAX`: none).
+        let mut node_of_event: Vec<usize> = vec![usize::MAX; events.len()];
         for (node, (_, node_events)) in self.chain.nodes.iter().enumerate() {
             for &i in node_events {
-                node_of.insert(i, node);
+                if let Some(slot) = node_of_event.get_mut(i) {
+                    *slot = node;
+                }
             }
         }
+        let node_of = |i: &usize| node_of_event.get(*i).copied().filter(|&n| n != usize::MAX);
         let mut nodes: Vec<(Option<usize>, Vec<usize>)> = self.chain.nodes.clone();
         let mut index = self.chain.index.clone();
         let mut removed: BTreeSet<usize> = BTreeSet::new();
@@ -711,8 +715,8 @@ impl ImportedSession {
                         }
                     }
                     // What hung off the boundary or its summary hangs off the history again.
-                    if let Some(leaf) = last_main_message(boundary).and_then(|i| node_of.get(&i).copied()) {
-                        let dropped: BTreeSet<usize> = this_edit.iter().filter_map(|i| node_of.get(i).copied()).collect();
+                    if let Some(leaf) = last_main_message(boundary).and_then(|i| node_of(&i)) {
+                        let dropped: BTreeSet<usize> = this_edit.iter().filter_map(node_of).collect();
                         for (node, (parent, _)) in self.chain.nodes.iter().enumerate() {
                             if parent.is_some_and(|p| dropped.contains(&p)) && !dropped.contains(&node) {
                                 reparent.push((node, leaf));
@@ -779,7 +783,7 @@ impl ImportedSession {
                     // The reply's own record: a reply streamed as several records is one event
                     // that every record's node holds, and the view of the call starts from the
                     // first record's parent (the node `node_of` keeps is any of them).
-                    let reply_node = self.chain.node(events.get(*before).and_then(|e| e.uuid.as_ref())).or_else(|| node_of.get(before).copied());
+                    let reply_node = self.chain.node(events.get(*before).and_then(|e| e.uuid.as_ref())).or_else(|| node_of(before));
                     if let Some(reply_node) = reply_node {
                         reparent.push((reply_node, boundary_node + 1));
                     }

@@ -632,8 +632,22 @@ fn edits(original: &ImportedSession, plan: &BTreeMap<Step, u64>, event_of: &BTre
 }
 
 /// A summary of [`SUMMARY_CHARS`] characters: numbered sections of plain words, the same for
-/// the same count, so a replay with it is deterministic and tokenizes like prose.
+/// the same count, so a replay with it is deterministic and tokenizes like prose. Memoized per
+/// thread by count: the plan search asks for the same compactions' summaries plan after plan.
 pub fn summary_stand_in(pre_tokens: u64) -> String {
+    thread_local! {
+        static MEMO: std::cell::RefCell<std::collections::HashMap<u64, String>> = std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    MEMO.with(|memo| {
+        let mut memo = memo.borrow_mut();
+        if memo.len() >= 4096 {
+            memo.clear();
+        }
+        memo.entry(pre_tokens).or_insert_with(|| build_summary_stand_in(pre_tokens)).clone()
+    })
+}
+
+fn build_summary_stand_in(pre_tokens: u64) -> String {
     const WORDS: [&str; 16] = [
         "the", "request", "changed", "files", "tests", "error", "fixed", "module", "next", "step", "remains", "pending", "review",
         "function", "config", "output",
