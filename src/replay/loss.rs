@@ -85,11 +85,18 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
 }
 
 /// Where the Windows path starting at `start` (the first byte of a token) ends: a drive letter,
-/// `:`, a separator and at least one token byte, then token bytes and backslashes.
+/// `:`, a separator (a backslash only after an upper-case letter) and a token byte, then token
+/// bytes and backslashes.
 fn drive_path_end(bytes: &[u8], start: usize) -> Option<usize> {
+    // A backslash after a lower-case letter and a colon is an escape in a POSIX session's code
+    // (`"%s:\n"`); Windows clients write the drive in upper case there.
     let opens = bytes[start].is_ascii_alphabetic()
         && bytes.get(start + 1) == Some(&b':')
-        && matches!(bytes.get(start + 2), Some(b'\\' | b'/'))
+        && match bytes.get(start + 2) {
+            Some(b'/') => true,
+            Some(b'\\') => bytes[start].is_ascii_uppercase(),
+            _ => false,
+        }
         && bytes.get(start + 3).is_some_and(|&b| is_token_byte(b) && b != b'/');
     if !opens {
         return None;
@@ -670,7 +677,7 @@ mod tests {
         assert_eq!(by_bytes(text), vec!["/d/omp/src/git.go", "/d/omp/src/git.go", "/c/users/me/x.txt"]);
         // A POSIX session's escapes and a lone drive letter make no path.
         // (`\n` ends a token, as before.)
-        assert_eq!(by_bytes(r"print(a\nparse_line) e:\ x:/ src\main_file.rs"), vec!["nparse_line"]);
+        assert_eq!(by_bytes(r"print(a\nparse_line) e:\ x:/ s:\nparse src\main_file.rs"), vec!["nparse_line"]);
     }
 
     proptest! {

@@ -287,7 +287,7 @@ fn whatif_loss_references_are_paths_and_identifiers() {
     assert_eq!(refs, ["compaction_loss", "parseVersion", "src/replay/loss.rs"]);
     // A Windows client's file, in the spellings its tool inputs and results use, is one reference.
     let mut refs = std::collections::BTreeSet::new();
-    ctxsim::replay::loss::references(r"Read D:\omp\src\Git.go; grep d:/omp/src/git.go:12", &mut refs);
+    ctxsim::replay::loss::references(r#"Read D:\omp\src\Git.go; grep d:/omp/src/git.go:12; printf("s:\n")"#, &mut refs);
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["/d/omp/src/git.go"]);
 }
 
