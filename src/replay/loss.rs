@@ -49,16 +49,21 @@ pub struct CompactionLoss {
 /// Adds the references of `text` to `out`.
 pub fn references(text: &str, out: &mut BTreeSet<String>) {
     each_reference(text, &mut |r| {
-        out.insert(r.to_owned());
+        out.insert(r.into_owned());
     });
 }
 
-/// Calls `f` with each reference of `text` (in order, repeats included), borrowed from it.
+/// Calls `f` with each reference of `text` (in order, repeats included), borrowed from it but
+/// for a Windows path.
 ///
 /// One pass over the bytes: the token characters are ASCII, and every byte of a multi-byte
 /// character is at least 0x80, so splitting the bytes splits the text where its characters
-/// split it, and every token is a slice at character boundaries.
-fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(&'a str)) {
+/// split it, and every token is a slice at character boundaries. A token that opens with a
+/// drive (`D:\omp\src\a.go`, `d:/omp/a.go`) runs on over backslashes too and is one reference,
+/// named as [`crate::agent::skills::file_key`] names the file (`/d/omp/src/a.go`): a Windows
+/// client's tool inputs and results spell the files its later turns use so, in either spelling.
+/// Anywhere else a backslash ends a token, as in a POSIX session's `\n`.
+fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let bytes = text.as_bytes();
     let mut at = 0;
     while at < bytes.len() {
@@ -67,10 +72,48 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(&'a str)) {
             continue;
         }
         let start = at;
+        if let Some(end) = drive_path_end(bytes, at) {
+            at = end;
+            windows_reference(&text[start..at], f);
+            continue;
+        }
         while at < bytes.len() && is_token_byte(bytes[at]) {
             at += 1;
         }
         reference_of(&text[start..at], f);
+    }
+}
+
+/// Where the Windows path starting at `start` (the first byte of a token) ends: a drive letter,
+/// `:`, a separator (a backslash only after an upper-case letter) and a token byte, then token
+/// bytes and backslashes.
+fn drive_path_end(bytes: &[u8], start: usize) -> Option<usize> {
+    // A backslash after a lower-case letter and a colon is an escape in a POSIX session's code
+    // (`"%s:\n"`); Windows clients write the drive in upper case there.
+    let opens = bytes[start].is_ascii_alphabetic()
+        && bytes.get(start + 1) == Some(&b':')
+        && match bytes.get(start + 2) {
+            Some(b'/') => true,
+            Some(b'\\') => bytes[start].is_ascii_uppercase(),
+            _ => false,
+        }
+        && bytes.get(start + 3).is_some_and(|&b| is_token_byte(b) && b != b'/');
+    if !opens {
+        return None;
+    }
+    let mut at = start + 3;
+    while at < bytes.len() && (is_token_byte(bytes[at]) || bytes[at] == b'\\') {
+        at += 1;
+    }
+    Some(at)
+}
+
+/// Calls `f` with the reference a Windows drive path makes ([`drive_path_end`]): the file's
+/// [`crate::agent::skills::file_key`], its trailing separators and dots left out.
+fn windows_reference<'a>(token: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
+    let token = token.trim_end_matches(['.', '-', '\\', '/']);
+    if token.len() >= 4 && token[3..].bytes().any(|b| b.is_ascii_alphabetic()) {
+        f(Cow::Owned(crate::agent::skills::file_key(token).into_owned()));
     }
 }
 
@@ -79,19 +122,19 @@ fn is_token_byte(b: u8) -> bool {
 }
 
 /// Calls `f` with the reference `token` (a maximal run of token characters) makes, if any.
-fn reference_of<'a>(token: &'a str, f: &mut dyn FnMut(&'a str)) {
+fn reference_of<'a>(token: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let token = token.trim_matches(|c: char| matches!(c, '.' | '-'));
     if token.len() < 4 {
         return;
     }
     if token.contains('/') {
         if token.bytes().any(|b| b.is_ascii_alphabetic()) {
-            f(token.trim_end_matches('/'));
+            f(Cow::Borrowed(token.trim_end_matches('/')));
         }
         return;
     }
     if is_identifier(token) {
-        f(token);
+        f(Cow::Borrowed(token));
     }
 }
 
@@ -105,7 +148,7 @@ fn is_identifier(token: &str) -> bool {
 
 /// A set of references borrowed from the texts they were found in (membership only: nothing
 /// reaches output in its order).
-type RefSet<'a> = rustc_hash::FxHashSet<&'a str>;
+type RefSet<'a> = rustc_hash::FxHashSet<Cow<'a, str>>;
 
 fn value_references<'a>(value: &'a Value, out: &mut RefSet<'a>) {
     match value {
@@ -136,7 +179,7 @@ fn block_references<'a>(block: &'a ContentBlock, out: &mut RefSet<'a>) {
 
 /// The references of a conversation.
 pub fn message_references(messages: &[Message]) -> BTreeSet<String> {
-    borrowed_references(messages).into_iter().map(str::to_owned).collect()
+    borrowed_references(messages).into_iter().map(Cow::into_owned).collect()
 }
 
 fn borrowed_references(messages: &[Message]) -> RefSet<'_> {
@@ -288,7 +331,7 @@ impl ReferenceMemo {
             return Box::default();
         }
         let mut names = self.names.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        refs.into_iter().map(|r| names.id(r)).collect()
+        refs.into_iter().map(|r| names.id(&r)).collect()
     }
 
     /// The numbers of the references event `i` of `session` holds (`used`: of those a later
@@ -470,7 +513,7 @@ pub fn compaction_loss(
     }
     for text in short {
         each_reference(text, &mut |r| {
-            if let Some(&n) = names.ids.get(r)
+            if let Some(&n) = names.ids.get(r.as_ref())
                 && before.contains(n)
             {
                 kept.insert(n);
@@ -558,7 +601,7 @@ pub fn compaction_loss_by_scan(
     }
     let kept = borrowed_references(after);
     // Sorted: the first lost ones are shown.
-    let dropped: BTreeSet<&str> = before.difference(&kept).copied().collect();
+    let dropped: BTreeSet<&str> = before.difference(&kept).map(AsRef::as_ref).collect();
     // What later recorded turns use, up to the next compaction of the main lane.
     let mut used = RefSet::default();
     let mut rereads = 0;
@@ -607,7 +650,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// The scan by characters [`each_reference`] must equal.
-    fn by_chars(text: &str) -> Vec<&str> {
+    fn by_chars(text: &str) -> Vec<Cow<'_, str>> {
         let mut out = Vec::new();
         for token in text.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))) {
             reference_of(token, &mut |r| out.push(r));
@@ -615,7 +658,7 @@ mod tests {
         out
     }
 
-    fn by_bytes(text: &str) -> Vec<&str> {
+    fn by_bytes(text: &str) -> Vec<Cow<'_, str>> {
         let mut out = Vec::new();
         each_reference(text, &mut |r| out.push(r));
         out
@@ -626,6 +669,15 @@ mod tests {
         let text = "é src/a.rs→parse_line… «camelCase» ./x/ --flag-name--- 12/3 é/ab ñsnake_caseñ";
         assert_eq!(by_bytes(text), vec!["src/a.rs", "parse_line", "camelCase", "snake_case"]);
         assert_eq!(by_bytes(text), by_chars(text));
+    }
+
+    #[test]
+    fn a_windows_drive_path_is_one_reference_in_either_spelling() {
+        let text = r#"Read D:\omp\src\Git.go, then d:/omp/src/git.go: ok. "C:\Users\me\x.txt"."#;
+        assert_eq!(by_bytes(text), vec!["/d/omp/src/git.go", "/d/omp/src/git.go", "/c/users/me/x.txt"]);
+        // A POSIX session's escapes and a lone drive letter make no path.
+        // (`\n` ends a token, as before.)
+        assert_eq!(by_bytes(r"print(a\nparse_line) e:\ x:/ s:\nparse src\main_file.rs"), vec!["nparse_line"]);
     }
 
     proptest! {

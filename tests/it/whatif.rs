@@ -285,6 +285,10 @@ fn whatif_loss_references_are_paths_and_identifiers() {
     ctxsim::replay::loss::references("Edit src/replay/loss.rs: call compaction_loss and parseVersion, not the word Compaction (or 12/3).", &mut refs);
     let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
     assert_eq!(refs, ["compaction_loss", "parseVersion", "src/replay/loss.rs"]);
+    // A Windows client's file, in the spellings its tool inputs and results use, is one reference.
+    let mut refs = std::collections::BTreeSet::new();
+    ctxsim::replay::loss::references(r#"Read D:\omp\src\Git.go; grep d:/omp/src/git.go:12; printf("s:\n")"#, &mut refs);
+    assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["/d/omp/src/git.go"]);
 }
 
 /// Each compaction of a real session says what it lost: the recorded one, and the ones a what-if
