@@ -125,27 +125,26 @@ mod short_layout;
 static SHORT_TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k.short"));
 
 /// The ranks of the short tokens: [`SHORT_TABLE`] looked up as the hash table it is.
-struct ShortRanks(&'static [u8]);
+struct ShortRanks(&'static [[u8; short_layout::SLOT_BYTES]; short_layout::SLOTS]);
 
 impl ShortRanks {
     /// The rank of the token packed as `packed`, if it is one: probed from its slot on to the
     /// first that holds it or is empty.
     #[inline]
     fn get(&self, packed: u128) -> Option<Rank> {
-        use short_layout::{SLOT_BYTES, SLOTS, slot};
+        use short_layout::{SLOTS, slot};
         let mut at = slot(packed);
         // At most every slot once (the table is about a third full: a lookup reads one or two).
         for _ in 0..SLOTS {
-            let entry = self.0.get(at * SLOT_BYTES..(at + 1) * SLOT_BYTES)?;
-            let (key, rank) = entry.split_first_chunk::<16>()?;
-            let key = u128::from_le_bytes(*key);
+            let [key @ .., r0, r1, r2, r3] = self.0[at & (SLOTS - 1)];
+            let key = u128::from_le_bytes(key);
             if key == packed {
-                return Some(Rank::from_le_bytes(*rank.first_chunk::<4>()?));
+                return Some(Rank::from_le_bytes([r0, r1, r2, r3]));
             }
             if key == 0 {
                 return None;
             }
-            at = (at + 1) & (SLOTS - 1);
+            at += 1;
         }
         None
     }
@@ -158,7 +157,7 @@ impl ShortRanks {
     /// The tokens in the table (reads all of it).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.0.chunks_exact(short_layout::SLOT_BYTES).filter(|entry| entry[..16] != [0u8; 16]).count()
+        self.0.iter().filter(|entry| entry[..16] != [0u8; 16]).count()
     }
 }
 
@@ -360,13 +359,11 @@ static TOKEN_TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k.toke
 
 impl O200k {
     fn new() -> O200k {
-        assert_eq!(
-            SHORT_TABLE.len(),
-            short_layout::SLOTS * short_layout::SLOT_BYTES,
-            "build.rs wrote the short tokens' table in the layout of o200k_short.rs"
-        );
+        let (slots, rest) = SHORT_TABLE.as_chunks::<{ short_layout::SLOT_BYTES }>();
+        let slots = <&[_; short_layout::SLOTS]>::try_from(slots).ok().filter(|_| rest.is_empty());
+        let slots = slots.expect("build.rs wrote the short tokens' table in the layout of o200k_short.rs");
         assert_eq!(Self::tokens().count(), O200K_ORDINARY_TOKENS as usize, "build.rs wrote the whole o200k vocabulary");
-        O200k { split: Self::build_split(), short_ranks: ShortRanks(SHORT_TABLE), long_ranks: Self::build_long_ranks() }
+        O200k { split: Self::build_split(), short_ranks: ShortRanks(slots), long_ranks: Self::build_long_ranks() }
     }
 
     fn build_split() -> DFA {
