@@ -8,6 +8,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() {
     small_pages_only();
     let cli = ctxsim::cli::Cli::parse();
+    if ctxsim::cli::keeps_freed_memory(&cli) {
+        keep_freed_memory();
+    }
     let code = match ctxsim::cli::run(cli) {
         Ok(code) => code,
         // The reader of stdout went away (`| head`): what it read was complete; not a failure.
@@ -46,3 +49,24 @@ fn small_pages_only() {
 
 #[cfg(not(target_os = "linux"))]
 fn small_pages_only() {}
+
+/// mimalloc keeps the memory the program frees for its own reuse instead of giving it back to
+/// the system (`mi_option_purge_delay` = -1, what `MIMALLOC_PURGE_DELAY=-1` does): an audit
+/// frees a session's import and replays when its row is made, and the next session's would
+/// otherwise fault in fresh, zeroed pages for them (`ctxsim audit --no-cache` on the 16 real
+/// sessions: ~60,000 page faults and ~1% of the CPU in `madvise` at mimalloc's default, ~45,000
+/// and none without purging; benches/README.md, "audit"). The peak memory is the same; it is
+/// held until the process ends. Only for batch commands (`cli::keeps_freed_memory`), not the
+/// long-running ones. `MIMALLOC_PURGE_DELAY` in the environment is left to mimalloc.
+fn keep_freed_memory() {
+    use std::ffi::{c_int, c_long};
+    unsafe extern "C" {
+        fn mi_option_set(option: c_int, value: c_long);
+    }
+    // `mi_option_purge_delay` in mimalloc 3's `mi_option_t` (libmimalloc-sys 0.1.49).
+    const MI_OPTION_PURGE_DELAY: c_int = 15;
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets one of mimalloc's options, read when it decides to purge.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
+    }
+}

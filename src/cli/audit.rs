@@ -140,9 +140,11 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
     let drawing = AtomicBool::new(false);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.jobs.unwrap_or(0)).build()?;
     // One session per worker at a time: memory is bounded by the largest sessions, not the sum.
-    // Largest files first, one session per task: the last session to finish is a small one.
-    // Results are put back in file order, so the output does not depend on the schedule.
-    let mut order: Vec<(u64, usize)> = files.iter().enumerate().map(|(k, f)| (std::fs::metadata(&f.path).map_or(0, |m| m.len()), k)).collect();
+    // Largest sessions first (their files' bytes, subagent files included), one session per
+    // task: the last session to finish is a small one. Results are put back in file order, so
+    // the output does not depend on the schedule.
+    let bytes_of = |path: &std::path::Path| crate::replay::discover::transcript_files(path).iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).sum::<u64>();
+    let mut order: Vec<(u64, usize)> = files.iter().enumerate().map(|(k, f)| (bytes_of(&f.path), k)).collect();
     order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let step = || {
         progress.inc(1);

@@ -21,6 +21,13 @@ macro_rules! out {
 pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
+
+/// Whether the command is a batch run over many sessions that ends when its work does
+/// (`audit`): its allocator may keep the memory a finished session freed for the next one
+/// instead of giving it back to the system (main.rs).
+pub fn keeps_freed_memory(cli: &Cli) -> bool {
+    matches!(cli.command, args::Command::Audit(_))
+}
 mod analyze;
 mod guard;
 mod audit;

@@ -27,10 +27,12 @@
 //!   merges a piece under 100 bytes (`byte_pair_split`): start from its bytes, and while some
 //!   two neighbouring parts together are a token, join the pair of lowest rank, the leftmost
 //!   of equal ones; the count is the parts left ([`O200k::merged_parts`], our own code over
-//!   our own tables). build.rs reads tiktoken-rs's ranks at build time and writes them as a
-//!   table loaded here into two maps, the tokens of at most 15 bytes keyed by their packed
-//!   value (below) and the longer ones by their bytes, with no allocation per token, where
-//!   building tiktoken-rs's encoder takes about 170 ms. tiktoken-rs switches to a heap-based
+//!   our own tables). build.rs reads tiktoken-rs's ranks at build time and writes them as two
+//!   tables: the tokens of at most 15 bytes as a hash table by their packed value (below),
+//!   read in place from the executable ([`ShortRanks`]: nothing to build at run time, only the
+//!   pages a lookup touches are read in), and every token, whose longer ones are loaded here
+//!   into a map by their bytes (about 3,000), where building tiktoken-rs's encoder takes
+//!   about 170 ms. tiktoken-rs switches to a heap-based
 //!   merge, with the same result, for pieces of 100 bytes or more. Here the quadratic merge
 //!   also serves pieces up to 1 KiB, where its worst case is still under a millisecond; tested
 //!   properties hold it to tiktoken-rs's count. A text with a longer piece (a long rule of
@@ -46,8 +48,8 @@
 //!   136 KB): a text's common pieces (` the`, `\n   `, `fn`) are found there. A slot holds one
 //!   piece and its count, overwritten by the next piece hashed to it; a count never changes, so
 //!   what the table holds changes only the speed, never a count.
-//! - **Tables built in parallel.** The short tokens' ranks on one thread, the split DFA and the
-//!   long tokens' ranks on another.
+//! - **Built in the background.** The split DFA and the long tokens' map, on a thread of their
+//!   own when a command warms the tokenizer up ([`warm_up_in_background`]).
 
 use regex_automata::hybrid::dfa::{Cache, DFA};
 use regex_automata::{Anchored, Input};
@@ -85,7 +87,7 @@ const MEMO_CAP: usize = 1 << 20;
 struct O200k {
     split: DFA,
     /// The ranks of the tokens of at most [`SHORT_PIECE`] bytes, by their packed value.
-    short_ranks: FxHashMap<u128, Rank>,
+    short_ranks: ShortRanks,
     /// The ranks of the longer tokens, by their bytes (build.rs's table, borrowed).
     long_ranks: FxHashMap<&'static [u8], Rank>,
 }
@@ -114,6 +116,50 @@ impl Counter {
 }
 
 static O200K: LazyLock<O200k> = LazyLock::new(O200k::new);
+
+#[path = "o200k_short.rs"]
+mod short_layout;
+
+/// build.rs's table of the tokens of at most [`SHORT_PIECE`] bytes and their ranks, by their
+/// packed value ([`pack`]), read in place (layout: `o200k_short.rs`).
+static SHORT_TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k.short"));
+
+/// The ranks of the short tokens: [`SHORT_TABLE`] looked up as the hash table it is.
+struct ShortRanks(&'static [[u8; short_layout::SLOT_BYTES]; short_layout::SLOTS]);
+
+impl ShortRanks {
+    /// The rank of the token packed as `packed`, if it is one: probed from its slot on to the
+    /// first that holds it or is empty.
+    #[inline]
+    fn get(&self, packed: u128) -> Option<Rank> {
+        use short_layout::{SLOTS, slot};
+        let mut at = slot(packed);
+        // At most every slot once (the table is about a third full: a lookup reads one or two).
+        for _ in 0..SLOTS {
+            let [key @ .., r0, r1, r2, r3] = self.0[at & (SLOTS - 1)];
+            let key = u128::from_le_bytes(key);
+            if key == packed {
+                return Some(Rank::from_le_bytes([r0, r1, r2, r3]));
+            }
+            if key == 0 {
+                return None;
+            }
+            at += 1;
+        }
+        None
+    }
+
+    #[inline]
+    fn contains_key(&self, packed: u128) -> bool {
+        self.get(packed).is_some()
+    }
+
+    /// The tokens in the table (reads all of it).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.iter().filter(|entry| entry[..16] != [0u8; 16]).count()
+    }
+}
 
 thread_local! {
     /// The lazy DFA's states, built as texts need them, like the regex caches tiktoken-rs keeps
@@ -179,15 +225,6 @@ fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
             Some((word & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120))
         }
         None => pack(&bytes[at..end]),
-    }
-}
-
-/// What a thread started by [`O200k::new`] built, or `build()` run here when it could not be
-/// started.
-fn joined<T>(handle: std::io::Result<std::thread::ScopedJoinHandle<'_, T>>, build: fn() -> T) -> T {
-    match handle {
-        Ok(handle) => handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-        Err(_) => build(),
     }
 }
 
@@ -322,19 +359,11 @@ static TOKEN_TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k.toke
 
 impl O200k {
     fn new() -> O200k {
-        // The split DFA and the long tokens on a thread of their own, the short tokens on this
-        // one (all on this one when no thread can be started).
-        std::thread::scope(|scope| {
-            let other = std::thread::Builder::new().spawn_scoped(scope, || (Self::build_split(), Self::build_long_ranks()));
-            let short_ranks = Self::build_short_ranks();
-            let (split, long_ranks) = joined(other, || (Self::build_split(), Self::build_long_ranks()));
-            assert_eq!(
-                short_ranks.len() + long_ranks.len(),
-                O200K_ORDINARY_TOKENS as usize,
-                "build.rs wrote the whole o200k vocabulary, every token's bytes distinct"
-            );
-            O200k { split, short_ranks, long_ranks }
-        })
+        let (slots, rest) = SHORT_TABLE.as_chunks::<{ short_layout::SLOT_BYTES }>();
+        let slots = <&[_; short_layout::SLOTS]>::try_from(slots).ok().filter(|_| rest.is_empty());
+        let slots = slots.expect("build.rs wrote the short tokens' table in the layout of o200k_short.rs");
+        assert_eq!(Self::tokens().count(), O200K_ORDINARY_TOKENS as usize, "build.rs wrote the whole o200k vocabulary");
+        O200k { split: Self::build_split(), short_ranks: ShortRanks(slots), long_ranks: Self::build_long_ranks() }
     }
 
     fn build_split() -> DFA {
@@ -358,13 +387,6 @@ impl O200k {
         })
     }
 
-    fn build_short_ranks() -> FxHashMap<u128, Rank> {
-        let mut ranks = FxHashMap::default();
-        ranks.reserve(O200K_ORDINARY_TOKENS as usize);
-        ranks.extend(Self::tokens().filter_map(|(bytes, rank)| Some((pack(bytes)?, rank))));
-        ranks
-    }
-
     fn build_long_ranks() -> FxHashMap<&'static [u8], Rank> {
         Self::tokens().filter(|(bytes, _)| bytes.len() > SHORT_PIECE).collect()
     }
@@ -373,7 +395,7 @@ impl O200k {
     #[cfg(test)]
     fn rank(&self, bytes: &[u8]) -> Option<Rank> {
         match pack(bytes) {
-            Some(packed) => self.short_ranks.get(&packed).copied(),
+            Some(packed) => self.short_ranks.get(packed),
             None => self.long_ranks.get(bytes).copied(),
         }
     }
@@ -382,7 +404,7 @@ impl O200k {
     #[inline]
     fn rank_in(&self, bytes: &[u8], at: usize, end: usize) -> Option<Rank> {
         match pack_in(bytes, at, end) {
-            Some(packed) => self.short_ranks.get(&packed).copied(),
+            Some(packed) => self.short_ranks.get(packed),
             None => self.long_ranks.get(&bytes[at..end]).copied(),
         }
     }
@@ -493,7 +515,7 @@ impl O200k {
                     tokens += u32::from(recent.counts[slot]);
                     continue;
                 }
-                let n = if self.short_ranks.contains_key(&packed) {
+                let n = if self.short_ranks.contains_key(packed) {
                     1
                 } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
                     n
