@@ -347,7 +347,9 @@ impl CallReplay {
 pub struct SessionReplay {
     pub input: String,
     pub estimator: String,
-    pub calls: Vec<CallReplay>,
+    /// Each call shared (a memo's copies of a replay, and a replay resumed from a checkpoint of
+    /// it, hold its calls by reference count).
+    pub calls: crate::shared::SharedList<CallReplay>,
     /// Information loss over the replayed requests.
     pub info_loss: crate::measure::loss::InfoLoss,
     /// Calls whose messages the options changed from what the recorded client sent: the
@@ -1645,7 +1647,7 @@ fn replay_session_seeing(
     // Estimates of file texts a compaction restores, by content hash and model family.
     let file_tokens: std::cell::RefCell<BTreeMap<(u128, String), u64>> = Default::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
-    let mut out = Vec::with_capacity(session.calls.len());
+    let mut out = crate::shared::SharedList::with_capacity(session.calls.len());
     let mut turn = 0u32;
     let mut loss = crate::measure::loss::LossTracker::new();
     let mut diverged_calls = 0usize;
@@ -1673,7 +1675,7 @@ fn replay_session_seeing(
         keys = at.keys.clone();
         file_tokens.borrow_mut().clone_from(&at.file_tokens);
         groups.clone_from(&at.groups);
-        out.extend(replay.calls[..start].iter().cloned());
+        out.extend_shared(&replay.calls, start);
         turn = at.turn;
         loss.clone_from(&at.loss);
         diverged_calls = at.diverged_calls;
