@@ -10,6 +10,7 @@ pub mod fuzzing;
 pub mod input;
 pub mod live;
 pub mod shape;
+pub mod shared;
 pub mod measure;
 pub mod recording;
 pub mod replay;

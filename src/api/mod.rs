@@ -21,4 +21,4 @@ pub(crate) use content::json_kind;
 pub use request::{
     CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedVec, SystemBlock, SystemPrompt, Tool,
 };
-pub use response::{CacheCreation, Response, StopReason, Usage};
+pub use response::{CacheCreation, Response, SharedMap, StopReason, Usage};

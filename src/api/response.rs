@@ -76,8 +76,47 @@ pub struct Usage {
     pub cache_creation: Option<CacheCreation>,
     #[serde(default)]
     pub output_tokens: u64,
+    /// What the simulator does not model (`service_tier`, `server_tool_use`, `iterations`,
+    /// ...), shared by the copies of a usage (a recorded call's, its replay's, its trace row's).
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub extra: SharedMap,
+}
+
+/// A JSON object held by reference count: cloning it is a count, changing it (`DerefMut`)
+/// copies it first when another holder has it (copy on write). Serializes (and flattens) as
+/// the object it holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedMap(std::sync::Arc<Map<String, Value>>);
+
+impl std::ops::Deref for SharedMap {
+    type Target = Map<String, Value>;
+    fn deref(&self) -> &Map<String, Value> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for SharedMap {
+    fn deref_mut(&mut self) -> &mut Map<String, Value> {
+        std::sync::Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<Map<String, Value>> for SharedMap {
+    fn from(map: Map<String, Value>) -> Self {
+        SharedMap(std::sync::Arc::new(map))
+    }
+}
+
+impl Serialize for SharedMap {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedMap {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Map::<String, Value>::deserialize(deserializer).map(SharedMap::from)
+    }
 }
 
 impl Usage {

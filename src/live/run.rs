@@ -19,7 +19,7 @@ use crate::agent::compact::Chain;
 use crate::agent::session::{ForkAnswer, ModelCalls, Session, SideCall};
 use crate::api::{ContentBlock, MessageContent, Request, Role, StopReason, Usage};
 use crate::measure::{MeasureInput, Measurer, RequestMetrics, Summary};
-use crate::recording::format::{Event, EventKind, Header, ModelReply, Recording, SystemEvent, TimeAdvance, ToolResult, UserPrompt};
+use crate::recording::format::{Event, EventKind, Events, Header, ModelReply, Recording, SystemEvent, TimeAdvance, ToolResult, UserPrompt};
 use crate::runner::{absolute, apply_world_step};
 use crate::scenario::{Scenario, Step};
 use crate::strategy::Strategy;
@@ -83,7 +83,7 @@ struct Live<'a> {
     measurer: &'a mut Measurer,
     options: &'a LiveOptions,
     calls: Vec<LiveCall>,
-    events: Vec<Event>,
+    events: Events,
     turn: u32,
     /// The API error that ended a subagent's call (`ModelCalls` speaks in strings).
     api_error: Option<LiveError>,
@@ -233,7 +233,7 @@ pub fn run_live_with(
     header.input = Some(scenario.file.clone());
     header.cwd = Some(world.cwd.clone());
     header.start_epoch_ms = Some(world.clock.epoch_unix_ms());
-    let mut live = Live { checkpoint, header, api, measurer, options, calls: Vec::new(), events: Vec::new(), turn: 0, api_error: None };
+    let mut live = Live { checkpoint, header, api, measurer, options, calls: Vec::new(), events: Events::new(), turn: 0, api_error: None };
     let mut pending_events: Vec<String> = Vec::new();
     for (i, step) in scenario.script.iter().enumerate() {
         let api_err = |source: LiveError| LiveRunError::Api { file: scenario.file.clone(), step: i, source };

@@ -329,7 +329,7 @@ impl Service {
             cache_read_input_tokens: scale(row.cache_read_input_tokens),
             cache_creation: Some(split),
             output_tokens: row.output_tokens,
-            extra: serde_json::Map::new(),
+            extra: Default::default(),
         };
         if !reply.usage.is_empty() {
             let mut value = serde_json::to_value(&usage).expect("usage serializes");

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::format::{
-    parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording,
+    parse_line, Attachment, Compaction, Event, EventKind, Events, Header, LineWarning, ModelReply, RawLines, Recording,
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
@@ -140,7 +140,8 @@ pub struct ImportedSession {
     pub report: ImportReport,
     /// The wire requests the transcript recorded (2.1.2xx/3xx `api-request*` records), over
     /// every file of the session; empty for older transcripts.
-    pub api_requests: ApiRequests,
+    /// Shared by every session edited from it.
+    pub api_requests: std::sync::Arc<ApiRequests>,
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
     chain: Chain,
@@ -215,8 +216,10 @@ struct ChainNode {
 /// (every call of a replay does) follows numbers instead of looking up uuids.
 #[derive(Debug, Clone, Default)]
 struct Chain {
-    /// Node number of each uuid.
-    index: BTreeMap<String, usize>,
+    /// Node number of each uuid of the file (shared by every session edited from it).
+    index: std::sync::Arc<BTreeMap<String, usize>>,
+    /// Node number of each uuid an edit put in ([`ImportedSession::with_compaction_edits`]).
+    added: BTreeMap<String, usize>,
     /// Per node: its parent's number (`None` when it has none or the parent is not in the
     /// file), and its event indices.
     nodes: Vec<(Option<usize>, Vec<usize>)>,
@@ -226,11 +229,11 @@ impl Chain {
     fn new(chain: BTreeMap<String, ChainNode>) -> Chain {
         let index: BTreeMap<String, usize> = chain.keys().enumerate().map(|(i, uuid)| (uuid.clone(), i)).collect();
         let nodes = chain.into_values().map(|node| (node.parent.and_then(|p| index.get(&p).copied()), node.events)).collect();
-        Chain { index, nodes }
+        Chain { index: index.into(), added: BTreeMap::new(), nodes }
     }
 
     fn node(&self, uuid: Option<&String>) -> Option<usize> {
-        uuid.and_then(|u| self.index.get(u)).copied()
+        uuid.and_then(|u| self.index.get(u).or_else(|| self.added.get(u))).copied()
     }
 }
 
@@ -322,7 +325,7 @@ impl ImportedSession {
             recording,
             calls,
             report,
-            api_requests: ApiRequests::default(),
+            api_requests: Default::default(),
             chain: Chain::default(),
             first_edited_event: None,
             origin: None,
@@ -677,7 +680,7 @@ impl ImportedSession {
         }
         let node_of = |i: &usize| node_of_event.get(*i).copied().filter(|&n| n != usize::MAX);
         let mut nodes: Vec<(Option<usize>, Vec<usize>)> = self.chain.nodes.clone();
-        let mut index = self.chain.index.clone();
+        let mut added = self.chain.added.clone();
         let mut removed: BTreeSet<usize> = BTreeSet::new();
         let mut inserts: BTreeMap<usize, Vec<Event>> = BTreeMap::new();
         // Nodes whose parent becomes another (`None`: a new root).
@@ -778,8 +781,8 @@ impl ImportedSession {
                     let boundary_node = nodes.len();
                     nodes.push((None, Vec::new()));
                     nodes.push((Some(boundary_node), Vec::new()));
-                    index.insert(boundary_uuid, boundary_node);
-                    index.insert(summary_uuid, boundary_node + 1);
+                    added.insert(boundary_uuid, boundary_node);
+                    added.insert(summary_uuid, boundary_node + 1);
                     // The reply's own record: a reply streamed as several records is one event
                     // that every record's node holds, and the view of the call starts from the
                     // first record's parent (the node `node_of` keeps is any of them).
@@ -794,23 +797,27 @@ impl ImportedSession {
             nodes[node].0 = Some(parent);
         }
 
-        // The new event list, and old index → new index.
-        let mut out: Vec<Event> = Vec::with_capacity(events.len() + 3 * inserts.len());
-        let mut origin: Vec<u32> = Vec::with_capacity(out.capacity());
+        // Events before the first insertion or removal keep their index, content and chain (a
+        // reparented node holds an event at or after one).
+        let first_edited_event = inserts.keys().chain(removed.iter()).min().copied();
+        // The new event list (the kept events shared with this session's), and old index → new
+        // index.
+        let mut out = Events::with_capacity(events.len() + 3 * inserts.len());
+        let mut origin: Vec<u32> = Vec::with_capacity(events.len() + 3 * inserts.len());
         let mut map: Vec<Option<usize>> = vec![None; events.len()];
-        for (i, event) in events.iter().enumerate() {
-            if let Some(new_events) = inserts.get(&i) {
+        for i in 0..events.len() {
+            if let Some(new_events) = inserts.remove(&i) {
                 for event in new_events {
-                    if let Some(node) = event.uuid.as_ref().and_then(|u| index.get(u)) {
+                    if let Some(node) = event.uuid.as_ref().and_then(|u| added.get(u)) {
                         nodes[*node].1 = vec![out.len()];
                     }
-                    out.push(event.clone());
+                    out.push(event);
                     origin.push(NO_ORIGIN);
                 }
             }
             if !removed.contains(&i) {
                 map[i] = Some(out.len());
-                out.push(event.clone());
+                out.push_shared(events.shared(i).clone());
                 origin.push(self.origin_of(i).and_then(|o| u32::try_from(o).ok()).unwrap_or(NO_ORIGIN));
             }
         }
@@ -824,15 +831,12 @@ impl ImportedSession {
         let mut report = self.report.clone();
         report.events = recording.events.len();
         report.calls = calls.len();
-        // Events before the first insertion or removal keep their index, content and chain (a
-        // reparented node holds an event at or after one).
-        let first_edited_event = inserts.keys().chain(removed.iter()).min().copied();
         ImportedSession {
             recording,
             calls,
             report,
             api_requests: self.api_requests.clone(),
-            chain: Chain { index, nodes },
+            chain: Chain { index: self.chain.index.clone(), added, nodes },
             first_edited_event,
             origin: Some(origin.into()),
             references: self.references.clone(),
@@ -1213,7 +1217,7 @@ fn finish(mut main: FileImporter, mut subagents: Vec<(SubagentInfo, FileImporter
             *i = main_index_map[*i];
         }
     }
-    let recording = Recording { header, events };
+    let recording = Recording { header, events: events.into() };
     let calls = recorded_calls(&recording);
     report.events = recording.events.len();
     report.calls = calls.len();
@@ -1231,7 +1235,7 @@ fn finish(mut main: FileImporter, mut subagents: Vec<(SubagentInfo, FileImporter
         recording,
         calls,
         report,
-        api_requests: api,
+        api_requests: api.into(),
         chain: Chain::new(chain),
         first_edited_event: None,
         origin: None,

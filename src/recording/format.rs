@@ -321,8 +321,14 @@ impl ModelReply {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Recording {
     pub header: Header,
-    pub events: Vec<Event>,
+    pub events: Events,
 }
+
+/// The events of a recording, each held by reference count: a recording made from another
+/// (a session with its compactions moved, [`crate::recording::ImportedSession::with_compaction_edits`])
+/// shares every event it keeps, so an edit costs a pointer per event and what it puts in, not a
+/// copy of the session. Changing an event copies it first when another recording holds it.
+pub type Events = crate::shared::SharedList<Event>;
 
 /// Why a line was skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -542,7 +548,7 @@ pub fn read_recording_from<R: BufRead>(reader: R, file: &str) -> Result<ReadReco
         }
     }
     let header = header.ok_or_else(|| RecordingError::Empty { file: file.to_owned() })?;
-    Ok(ReadRecording { recording: Recording { header, events }, warnings })
+    Ok(ReadRecording { recording: Recording { header, events: events.into() }, warnings })
 }
 
 /// Finds the JSON path of what is wrong with an event line that failed to parse.

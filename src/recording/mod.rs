@@ -20,7 +20,7 @@ mod report;
 pub use claude_code::{CompactionEdit, SUMMARY_OPENING, ImportedSession, RecordedCall, ViewCache, build_messages, import_claude_code, import_claude_code_from, recorded_calls};
 pub use claude_trace::{ConvertedLog, RequestLogEntry, convert_claude_trace, usage_from_sse, write_request_log_to};
 pub use format::{
-    Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, ReadRecording, Recording,
+    Attachment, Compaction, Event, EventKind, Events, Header, LineWarning, ModelReply, ReadRecording, Recording,
     RecordingError, SubagentInfo, SystemEvent, TimeAdvance, ToolResult, UserPrompt, WarningKind, Warnings,
     diagnose_event, read_recording, read_recording_from, write_atomically, write_recording, write_recording_to,
 };

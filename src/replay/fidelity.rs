@@ -165,9 +165,9 @@ pub fn lane_group(lane: &str) -> &'static str {
 /// The figures of `replay` per lane group ([`lane_group`]), each scored as a session of that
 /// group's calls alone.
 pub fn lane_figures(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<String, LaneFigures> {
-    let mut groups: BTreeMap<&str, Vec<CallReplay>> = BTreeMap::new();
-    for call in &replay.calls {
-        groups.entry(lane_group(&call.lane)).or_default().push(call.clone());
+    let mut groups: BTreeMap<&str, crate::shared::SharedList<CallReplay>> = BTreeMap::new();
+    for (i, call) in replay.calls.iter().enumerate() {
+        groups.entry(lane_group(&call.lane)).or_default().push_shared(replay.calls.shared(i).clone());
     }
     groups
         .into_iter()

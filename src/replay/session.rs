@@ -33,7 +33,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::api::{
-    CacheControl, CacheTtl, ContentBlock, Message, MessageContent, Request, Role, SystemBlock, SystemPrompt, Tool,
+    CacheControl, CacheTtl, ContentBlock, Message, MessageContent, Request, Role, SharedBlocks, SystemBlock, SystemPrompt, Tool,
     ToolResultContent, Usage,
 };
 use crate::measure::blocks::Region;
@@ -347,7 +347,9 @@ impl CallReplay {
 pub struct SessionReplay {
     pub input: String,
     pub estimator: String,
-    pub calls: Vec<CallReplay>,
+    /// Each call shared (a memo's copies of a replay, and a replay resumed from a checkpoint of
+    /// it, hold its calls by reference count).
+    pub calls: crate::shared::SharedList<CallReplay>,
     /// Information loss over the replayed requests.
     pub info_loss: crate::measure::loss::InfoLoss,
     /// Calls whose messages the options changed from what the recorded client sent: the
@@ -452,7 +454,8 @@ struct LaneState {
     /// A ToolSearch load already changed the tools array.
     tool_search_loaded: bool,
     rerender_epoch: u32,
-    restored: Vec<ContentBlock>,
+    /// (Shared with the checkpoints and a compaction fork's request.)
+    restored: SharedBlocks,
     /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
     prev_recorded_cached: Option<u64>,
     /// Events of skipped calls (synthetic replies, errors), passed on to the next call.
@@ -461,8 +464,9 @@ struct LaneState {
     loaded_until: usize,
     /// The files read, edited and written so far (what a compaction restores).
     working_set: WorkingSet,
-    /// Tool uses waiting for their result: id → (tool name, input).
-    pending: BTreeMap<String, (String, Value)>,
+    /// Tool uses waiting for their result: id → (the reply holding it, shared with the
+    /// recording, and its block index).
+    pending: BTreeMap<String, (Arc<crate::recording::Event>, usize)>,
     /// Tool results recorded in this lane so far.
     seen_results: BTreeSet<String>,
     /// Tokens a microcompact freed from history older than the transcript (a session segment
@@ -865,7 +869,9 @@ impl Undo {
         // (A reminder that took the marker, as the only block of the request, is not kept.)
         parts.reminder = reminder_key.zip(reminder.filter(|block| block.cache_control().is_none()));
         match first {
-            FirstUndo::Truncate(n) => messages[0].content.blocks_mut().truncate(n),
+            // (Only when the request added blocks: a change copies blocks another view holds.)
+            FirstUndo::Truncate(n) if messages[0].content.block_count() > n => messages[0].content.blocks_mut().truncate(n),
+            FirstUndo::Truncate(_) => {}
             FirstUndo::Restore(first) => messages[0] = first,
             FirstUndo::None => {}
         }
@@ -891,6 +897,25 @@ struct Parts {
     /// What the request in flight was given.
     system_key: Option<SystemKey>,
     reminder_key: Option<FillerKey>,
+}
+
+impl Parts {
+    /// Keeps the system prompt and reminder of `request`, built by [`Unrecorded::request_with`]
+    /// around `own` messages with these parts and dropped after, for the next request.
+    fn recover(&mut self, mut request: Request, own: usize) {
+        self.system = self.system_key.take().zip(request.system.take());
+        let reminder_key = self.reminder_key.take();
+        let reminder = if reminder_key.is_none() {
+            None
+        } else if request.messages.len() > own {
+            // The reminder opened the request as a message of its own.
+            Some(request.messages.swap_remove(0).content.into_blocks().swap_remove(0))
+        } else {
+            Some(std::mem::replace(&mut request.messages[0].content.blocks_mut()[0], ContentBlock::text(String::new())))
+        };
+        // (A reminder that took the marker, as the only block of the request, is not kept.)
+        self.reminder = reminder_key.zip(reminder.filter(|block| block.cache_control().is_none()));
+    }
 }
 
 /// The thinking of a reply whose text was not stored: its estimated tokens, and the estimator
@@ -1645,7 +1670,7 @@ fn replay_session_seeing(
     // Estimates of file texts a compaction restores, by content hash and model family.
     let file_tokens: std::cell::RefCell<BTreeMap<(u128, String), u64>> = Default::default();
     let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
-    let mut out = Vec::with_capacity(session.calls.len());
+    let mut out = crate::shared::SharedList::with_capacity(session.calls.len());
     let mut turn = 0u32;
     let mut loss = crate::measure::loss::LossTracker::new();
     let mut diverged_calls = 0usize;
@@ -1673,7 +1698,7 @@ fn replay_session_seeing(
         keys = at.keys.clone();
         file_tokens.borrow_mut().clone_from(&at.file_tokens);
         groups.clone_from(&at.groups);
-        out.extend(replay.calls[..start].iter().cloned());
+        out.extend_shared(&replay.calls, start);
         turn = at.turn;
         loss.clone_from(&at.loss);
         diverged_calls = at.diverged_calls;
@@ -1705,9 +1730,12 @@ fn replay_session_seeing(
                 lanes: lanes
                     .iter_mut()
                     .map(|(name, lane)| {
+                        // Nor the filler parts of its last request (a cache: the resumed
+                        // replay takes them from the filler memo).
                         let built = std::mem::take(&mut lane.built);
+                        let parts = std::mem::take(&mut lane.parts);
                         let kept = lane.clone();
-                        lane.built = built;
+                        (lane.built, lane.parts) = (built, parts);
                         (name.clone(), kept)
                     })
                     .collect(),
@@ -1785,7 +1813,7 @@ fn replay_session_seeing(
                             .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref())))
                             .collect()
                     } else {
-                        Vec::new()
+                        SharedBlocks::default()
                     };
                     state.restored_version += 1;
                     state.cleared.clear();
@@ -1851,9 +1879,9 @@ fn replay_session_seeing(
                     }
                 }
                 EventKind::ModelReply(reply) if i < call.event_index => {
-                    for block in &reply.content {
+                    for (b, block) in reply.content.iter().enumerate() {
                         if let ContentBlock::ToolUse { id, name, input, .. } = block {
-                            state.pending.insert(id.clone(), (name.clone(), input.clone()));
+                            state.pending.insert(id.clone(), (events.shared(i).clone(), b));
                             match name.as_str() {
                                 "Skill" if profile.skill_rerender => {
                                     call_events.push("skill".into());
@@ -1879,9 +1907,12 @@ fn replay_session_seeing(
                 EventKind::ToolResult(result) => {
                     request_start = Some(event.time_ms);
                     state.seen_results.insert(result.tool_use_id.clone());
-                    if let Some((name, input)) = state.pending.remove(&result.tool_use_id) {
+                    if let Some((reply, b)) = state.pending.remove(&result.tool_use_id)
+                        && let EventKind::ModelReply(reply) = &reply.kind
+                        && let Some(ContentBlock::ToolUse { name, input, .. }) = reply.content.get(b)
+                    {
                         let memo = session.reference_memo();
-                        state.working_set.observe_memoized(&name, &input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(session, i, edited));
+                        state.working_set.observe_memoized(name, input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(session, i, edited));
                     }
                 }
                 _ => {}
@@ -2278,10 +2309,7 @@ fn replay_session_seeing(
         }
         let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };
         let own_messages = messages.len();
-        let mut request = match &lent {
-            Some(_) => unrecorded.request_with(&call.model, messages, sizes, &mut state.parts),
-            None => unrecorded.request(&call.model, messages, sizes),
-        };
+        let mut request = unrecorded.request_with(&call.model, messages, sizes, &mut state.parts);
         if options.stages.is_some() && call.lane == LANE_MAIN {
             let offset = request.messages.len() - own_messages;
             stages.insert_cache_edits(&mut request, offset);
@@ -2345,8 +2373,12 @@ fn replay_session_seeing(
             }
             previous_main = Some((call.index, metrics.context_tokens));
         }
-        if let Some(lent) = lent.take() {
-            state.built = lent.give_back(reconstructed.unwrap_or(request), &mut state.parts);
+        let built = reconstructed.unwrap_or(request);
+        match lent.take() {
+            Some(lent) => state.built = lent.give_back(built, &mut state.parts),
+            // (The agent's stages may have put blocks before the reminder.)
+            None if options.stages.is_none() => state.parts.recover(built, own_messages),
+            None => {}
         }
         // The record has just shown the prefix level: size the unrecorded part by it from now
         // on, and let the simulated cache hold what the real one does after this call.

@@ -276,8 +276,9 @@ impl<'a> PlanIndex<'a> {
             Step::Insert(id) => self.event_of.get(id).copied().unwrap_or(0),
             Step::Remove(boundary) => {
                 let events = &self.original.recording.events;
-                events[..(*boundary).min(events.len())]
+                events
                     .iter()
+                    .take(*boundary)
                     .rposition(|e| e.lane == crate::recording::format::LANE_MAIN && matches!(e.kind, EventKind::ModelReply(_)))
                     .map_or(0, |i| i + 1)
             }

@@ -999,7 +999,7 @@ fn agent_replay_dropping_thinking(
     let replay = super::SessionReplay {
         input: file.to_owned(),
         estimator: measurer.counter().kind().name().to_owned(),
-        calls,
+        calls: calls.into(),
         info_loss: output.summary.info_loss.clone(),
         diverged_calls: 0,
         first_divergence: None,

@@ -430,7 +430,7 @@ fn check_step(
         cache_read_input_tokens: u.cache_read_input_tokens.unwrap_or(0),
         cache_creation: None,
         output_tokens: u.output_tokens.unwrap_or(0),
-        extra: Map::new(),
+        extra: Default::default(),
     });
     let scripted_output = usage.as_ref().map(|u| u.output_tokens).filter(|n| *n > 0);
     let output_tokens = match (step.output_tokens, scripted_output) {

@@ -84,7 +84,8 @@ fn sample_recording() -> Recording {
             ),
             Event::new(EventKind::SystemEvent(SystemEvent { subtype: "turn_duration".into(), payload: json!({"durationMs": 5}) }), 2100),
             Event::new(EventKind::Attachment(Attachment { attachment_type: "date_change".into(), payload: json!({"type": "date_change"}) }), 2200),
-        ],
+        ]
+        .into(),
     }
 }
 
@@ -451,8 +452,9 @@ fn recording_claude_code_reconstructs_what_each_call_saw() {
         // A file that opens with a compaction (its history written to an earlier file) shows no
         // restart for it: its first call already starts from the summary.
         let first_call = session.calls.iter().find(|c| c.lane == "main" && !c.is_synthetic).unwrap();
-        let opening = session.recording.events[..first_call.event_index]
+        let opening = session.recording.events
             .iter()
+            .take(first_call.event_index)
             .filter(|e| e.lane == "main" && matches!(e.kind, EventKind::Compaction(_)))
             .count();
         if opening > 0 {

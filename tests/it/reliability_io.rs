@@ -392,7 +392,7 @@ fn killed_live_runs_leave_a_whole_recording_and_trace_of_the_calls_answered() {
             Some(bytes) if bytes.as_slice() == b"previous\n" => true,
             Some(bytes) => {
                 let got = events(bytes);
-                got.len() <= complete_events.len() && got[..] == complete_events[..got.len()]
+                got.len() <= complete_events.len() && got.iter().eq(complete_events.iter().take(got.len()))
             }
             None => false,
         };

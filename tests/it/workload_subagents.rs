@@ -190,7 +190,7 @@ fn fidelity_through_the_agent_scores_the_subagent_lane() {
     assert_eq!(driven.unpaired, 0);
     let subagent: Vec<_> = driven.replay.calls.iter().filter(|c| c.lane == "subagent:a881341").collect();
     assert_eq!(subagent.len(), 3);
-    assert!(driven.replay.calls.windows(2).all(|w| w[0].index < w[1].index));
+    assert!(driven.replay.calls.iter().zip(driven.replay.calls.iter().skip(1)).all(|(a, b)| a.index < b.index));
     let lanes = ctxsim::replay::fidelity::lane_figures(&driven.replay, &ModelTable::shipped());
     assert_eq!(lanes.keys().map(String::as_str).collect::<Vec<_>>(), ["main", "subagent"]);
     let sub = &lanes["subagent"];

@@ -1,0 +1,168 @@
+//! [`SharedList`]: a list whose items are held by reference count, for lists that are copied
+//! whole and changed little (a recording's events, whose edited copies a what-if makes plan
+//! after plan; a replay's calls, which a resumed replay takes up to its checkpoint and a memo
+//! hands out).
+
+use std::sync::Arc;
+
+use serde::{Serialize, Serializer};
+
+/// A list of `T`, each item behind an `Arc`: cloning the list, or taking items of one into
+/// another ([`SharedList::shared`], [`SharedList::push_shared`]), copies pointers, not items.
+/// Read as a list of `T` (`iter`, `get`, indexing); changing an item ([`SharedList::get_mut`],
+/// `IndexMut`, [`SharedList::iter_mut`]) copies it first when another list still holds it
+/// (copy on write), so a change never reaches another list. Serializes as the list it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedList<T>(Vec<Arc<T>>);
+
+/// [`SharedList::iter`].
+pub type SharedIter<'a, T> = std::iter::Map<std::slice::Iter<'a, Arc<T>>, fn(&'a Arc<T>) -> &'a T>;
+
+fn item<T>(item: &Arc<T>) -> &T {
+    item
+}
+
+impl<T> Default for SharedList<T> {
+    fn default() -> Self {
+        SharedList(Vec::new())
+    }
+}
+
+impl<T> SharedList<T> {
+    pub fn new() -> Self {
+        SharedList(Vec::new())
+    }
+
+    pub fn with_capacity(capacity: usize) -> Self {
+        SharedList(Vec::with_capacity(capacity))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, index: usize) -> Option<&T> {
+        self.0.get(index).map(|e| &**e)
+    }
+
+    pub fn first(&self) -> Option<&T> {
+        self.get(0)
+    }
+
+    pub fn last(&self) -> Option<&T> {
+        self.0.last().map(|e| &**e)
+    }
+
+    pub fn iter(&self) -> SharedIter<'_, T> {
+        self.0.iter().map(item as fn(&Arc<T>) -> &T)
+    }
+
+    pub fn push(&mut self, value: T) {
+        self.0.push(Arc::new(value));
+    }
+
+    /// The shared item at `index`, to put in another list without a copy.
+    pub fn shared(&self, index: usize) -> &Arc<T> {
+        &self.0[index]
+    }
+
+    pub fn push_shared(&mut self, value: Arc<T>) {
+        self.0.push(value);
+    }
+
+    /// The first `len` items of `other`, shared, after this list's.
+    pub fn extend_shared(&mut self, other: &SharedList<T>, len: usize) {
+        self.0.extend(other.0[..len].iter().cloned());
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+}
+
+impl<T: Clone> SharedList<T> {
+    /// The item at `index` to change (copied first when another list holds it).
+    pub fn get_mut(&mut self, index: usize) -> Option<&mut T> {
+        self.0.get_mut(index).map(Arc::make_mut)
+    }
+
+    /// The last item to change (copied first when another list holds it).
+    pub fn last_mut(&mut self) -> Option<&mut T> {
+        self.0.last_mut().map(Arc::make_mut)
+    }
+
+    /// Every item to change (each copied first when another list holds it).
+    pub fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut T> {
+        self.0.iter_mut().map(Arc::make_mut)
+    }
+
+    /// The items, each taken without a copy when no other list holds it.
+    pub fn into_vec(self) -> Vec<T> {
+        self.0.into_iter().map(|e| Arc::try_unwrap(e).unwrap_or_else(|shared| (*shared).clone())).collect()
+    }
+}
+
+impl<T> std::ops::Index<usize> for SharedList<T> {
+    type Output = T;
+    fn index(&self, index: usize) -> &T {
+        &self.0[index]
+    }
+}
+
+impl<T: Clone> std::ops::IndexMut<usize> for SharedList<T> {
+    fn index_mut(&mut self, index: usize) -> &mut T {
+        Arc::make_mut(&mut self.0[index])
+    }
+}
+
+impl<T> From<Vec<T>> for SharedList<T> {
+    fn from(items: Vec<T>) -> Self {
+        items.into_iter().collect()
+    }
+}
+
+impl<T> FromIterator<T> for SharedList<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        SharedList(iter.into_iter().map(Arc::new).collect())
+    }
+}
+
+impl<T> Extend<T> for SharedList<T> {
+    fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
+        self.0.extend(iter.into_iter().map(Arc::new));
+    }
+}
+
+impl<'a, T> IntoIterator for &'a SharedList<T> {
+    type Item = &'a T;
+    type IntoIter = SharedIter<'a, T>;
+    fn into_iter(self) -> SharedIter<'a, T> {
+        self.iter()
+    }
+}
+
+impl<'a, T: Clone> IntoIterator for &'a mut SharedList<T> {
+    type Item = &'a mut T;
+    type IntoIter = std::iter::Map<std::slice::IterMut<'a, Arc<T>>, fn(&'a mut Arc<T>) -> &'a mut T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter_mut().map(Arc::make_mut as fn(&mut Arc<T>) -> &mut T)
+    }
+}
+
+impl<T: Clone> IntoIterator for SharedList<T> {
+    type Item = T;
+    type IntoIter = std::vec::IntoIter<T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.into_vec().into_iter()
+    }
+}
+
+impl<T: Serialize> Serialize for SharedList<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
