@@ -951,27 +951,38 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
         {
             let key = measurer.table().lookup(&reply.model).map(|m| m.estimator_key()).unwrap_or_default();
             let counter = measurer.counter();
+            let params = calibration.for_family(&key);
+            let resent = resends_its_output(reply, main_version);
+            // A reply sent back whole counts its output: its visible blocks are counted as the
+            // request counts them, each with the estimator's per-block overhead, so that the
+            // thinking filled beside them brings the reply to its output and not one overhead
+            // per visible block beyond it.
+            let overhead = if resent && kind == EstimatorKind::Calibrated { params.per_block } else { 0.0 };
             let visible: u64 = reply
                 .content
                 .iter()
                 .filter(|b| !b.is_thinking())
-                .flat_map(crate::measure::blocks::content_token_units)
-                .map(|u| match u {
-                    crate::measure::tokens::TokenUnit::Text(t) => u64::from(counter.count_text(&t, &key)),
-                    crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
+                .map(|block| {
+                    let units: u64 = crate::measure::blocks::content_token_units(block)
+                        .into_iter()
+                        .map(|u| match u {
+                            crate::measure::tokens::TokenUnit::Text(t) => u64::from(counter.count_text(&t, &key)),
+                            crate::measure::tokens::TokenUnit::Fixed(n) => u64::from(n),
+                        })
+                        .sum();
+                    (units as f64 + overhead).round().max(0.0) as u64
                 })
                 .sum();
             let version = reply.version.as_deref().unwrap_or(main_version);
-            let ratio = if resends_its_output(reply, main_version) {
+            let ratio = if resent {
                 1.0
             } else {
                 fitted_with_note(&calibration.thinking_fill, version, "thinking fill", notes).copied().unwrap_or(1.0)
             };
-            let filled = |block: &ContentBlock| matches!(block, ContentBlock::Thinking { thinking, .. } if thinking.is_empty() || resends_its_output(reply, main_version));
+            let filled = |block: &ContentBlock| matches!(block, ContentBlock::Thinking { thinking, .. } if thinking.is_empty() || resent);
             // Interleaved thinking: the reply's blocks share the estimate.
             let blocks = reply.content.iter().filter(|b| filled(b)).count().max(1) as f64;
             let tokens = (ratio * reply.usage.output_tokens.saturating_sub(visible) as f64 / blocks).round() as u64;
-            let params = calibration.for_family(&key);
             for block in &reply.content {
                 if let ContentBlock::Thinking { signature, .. } = block
                     && filled(block)

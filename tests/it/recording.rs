@@ -733,6 +733,39 @@ fn listing_attachments_send_their_lines_once() {
     assert!(bare.contains("CronCreate"), "{bare}");
 }
 
+/// What the client writes around an attachment whose record keeps only data is sent at the size
+/// its sources give (our wording): a listing's header and the agent listing's concurrency note,
+/// auto mode's full instructions. A task reminder sends each task as `#id. [status] subject`, not
+/// the rest of its record (its own sentences are not sized: docs/fidelity.md); a nested memory
+/// file its path and content, without the copy on disk, its globs and its kind.
+#[test]
+fn attachments_send_the_clients_wording_around_what_the_record_keeps() {
+    let text = |payload: Value| {
+        let kind = payload["type"].as_str().unwrap_or_default().to_owned();
+        recording::claude_code::attachment_text(&Attachment { attachment_type: kind, payload })
+    };
+    let bare = |kind: &str| format!("{}\"{kind}\">\n</system-reminder>", recording::claude_code::ATTACHMENT_REMINDER).chars().count();
+    let empty = text(json!({"type": "task_reminder", "content": [], "itemCount": 0}));
+    assert_eq!(empty.chars().count(), bare("task_reminder"), "{empty}");
+    let listed = text(json!({"type": "task_reminder", "itemCount": 1, "content": [
+        {"id": "1", "subject": "Split the parser", "description": "A long description the client keeps to itself", "status": "in_progress", "blocks": [], "blockedBy": []}]}));
+    assert!(listed.contains("#1. [in_progress] Split the parser\n"), "{listed}");
+    assert!(!listed.contains("long description"), "{listed}");
+    let agents = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": true, "showConcurrencyNote": true}));
+    let quiet = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": true, "showConcurrencyNote": false}));
+    assert_eq!(agents.chars().count() - quiet.chars().count(), 137 + 1, "{agents}");
+    let deferred = text(json!({"type": "deferred_tools_delta", "addedLines": ["CronCreate"], "removedNames": []}));
+    assert_eq!(deferred.chars().count(), bare("deferred_tools_delta") + 63 + 1 + "CronCreate\n".len(), "{deferred}");
+    let auto = text(json!({"type": "auto_mode", "autoModeConsentFlow": false, "bashFirst": false, "steerOnly": false, "bypass": false}));
+    assert_eq!(auto.chars().count(), bare("auto_mode") + 1171 + 1, "{auto}");
+    let memory = text(json!({"type": "nested_memory", "path": "/p/.claude/rules/go.md", "displayPath": ".claude/rules/go.md", "content": {
+        "path": "/p/.claude/rules/go.md", "type": "Project", "content": "Run gofmt.\n", "globs": ["**/*.go"], "contentDiffersFromDisk": true,
+        "rawContent": "---\npaths: [\"**/*.go\"]\n---\nRun gofmt.\n", "isRule": true}}));
+    assert!(memory.contains("Contents of /p/.claude/rules/go.md:\n\nRun gofmt."), "{memory}");
+    assert_eq!(memory.matches("Run gofmt.").count(), 1, "{memory}");
+    assert!(!memory.contains("**/*.go") && !memory.contains("Project"), "{memory}");
+}
+
 /// The audit's written call times come from the import (the importer keeps them as it reads each
 /// line) and equal a second read of the files, on every real transcript (spotter's subagent files
 /// included).
