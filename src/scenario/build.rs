@@ -66,7 +66,7 @@ impl Scenario {
             model_id: spec.model.clone(),
             context_window: spec.context_window,
             max_output_tokens: spec.max_output_tokens,
-            tool_outputs,
+            tool_outputs: std::sync::Arc::new(tool_outputs),
             mcp_servers: spec.mcp_servers.clone(),
             hook_answers: spec.hook_answers.clone(),
             claude_md_excludes: spec.settings.claude_md_excludes.clone(),

@@ -44,8 +44,9 @@ pub struct World {
     /// Overrides of the model's context window / max output tokens, when the scenario sets them.
     pub context_window: Option<u64>,
     pub max_output_tokens: Option<u64>,
-    /// Scripted tool outputs by tool_use id.
-    pub tool_outputs: BTreeMap<String, ScriptedToolOutput>,
+    /// Scripted tool outputs by tool_use id: read only once built, so shared by every copy of
+    /// the world (a run's checkpoints copy the world; the outputs hold the session's results).
+    pub tool_outputs: std::sync::Arc<BTreeMap<String, ScriptedToolOutput>>,
     /// Scripted MCP servers in configuration order, with their connection state.
     pub mcp_servers: Vec<McpServer>,
     /// Scripted hook answers, in settings order.
@@ -91,7 +92,7 @@ impl World {
             model_id: model_id.into(),
             context_window: None,
             max_output_tokens: None,
-            tool_outputs: BTreeMap::new(),
+            tool_outputs: Default::default(),
             mcp_servers: Vec::new(),
             hook_answers: Vec::new(),
             claude_md_excludes: Vec::new(),

@@ -91,17 +91,56 @@ fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> E
 
 /// A restored file as the client sends it: the Read call and the Read result (numbered lines
 /// and the read caution), each a `<system-reminder>`.
-fn restored_file(cx: &mut ChainContext<'_>, path: &str, contents: &str, ts: u64) -> Entry {
+fn restored_file(cx: &mut ChainContext<'_>, texts: &RestoredTexts, ts: u64) -> Entry {
     let uuid = cx.state.uuid();
+    let mut entry = Entry::new(Message::user_blocks(vec![ContentBlock::text(texts.call.clone()), ContentBlock::text(texts.result.clone())]), uuid, ts);
+    entry.is_meta = true;
+    entry.kind = EntryKind::Attachment { kind: "file".to_owned() };
+    entry
+}
+
+/// A restored file's texts (the Read call, its numbered result) and the rough count of the
+/// message holding them: a function of the path and contents alone.
+struct RestoredTexts {
+    call: String,
+    result: String,
+    cost: u64,
+}
+
+/// Restored files' texts by path and contents, per thread: every run of a session (each
+/// what-if, each plan) restores the same files at its compactions. Emptied past
+/// [`RESTORED_MEMO_LIMIT`] entries.
+const RESTORED_MEMO_LIMIT: usize = 256;
+
+thread_local! {
+    static RESTORED_MEMO: std::cell::RefCell<std::collections::HashMap<u128, std::rc::Rc<RestoredTexts>>> = Default::default();
+}
+
+fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(&(path.len() as u64).to_le_bytes());
+    hasher.update(path.as_bytes());
+    hasher.update(contents.as_bytes());
+    let key = hasher.digest128();
+    if let Some(texts) = RESTORED_MEMO.with(|m| m.borrow().get(&key).cloned()) {
+        return texts;
+    }
     let input = serde_json::json!({ "file_path": path });
     let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
     let caution = crate::agent::tools::exec::READ_CAUTION;
     let result = format!("<system-reminder>\n{RESTORED_RESULT_HEAD}\n{numbered}\n{caution}\n</system-reminder>");
-    let mut entry = Entry::new(Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]), uuid, ts);
-    entry.is_meta = true;
-    entry.kind = EntryKind::Attachment { kind: "file".to_owned() };
-    entry
+    let message = Message::user_blocks(vec![ContentBlock::text(call.clone()), ContentBlock::text(result.clone())]);
+    let cost = rough(&serde_json::to_string(&message).unwrap_or_default());
+    let texts = std::rc::Rc::new(RestoredTexts { call, result, cost });
+    RESTORED_MEMO.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= RESTORED_MEMO_LIMIT {
+            m.clear();
+        }
+        m.insert(key, texts.clone());
+    });
+    texts
 }
 
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
@@ -121,17 +160,15 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
     let mut total = 0u64;
     for file in files.into_iter().take(budget.max_files) {
         let Ok(contents) = cx.fs.read(&file.path) else { continue };
-        let contents = contents.to_owned();
-        let (kind, text) = if rough(&contents) > budget.max_tokens_per_file {
-            (
-                "compact_file_reference",
-                format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path),
-            )
+        let (entry, cost) = if rough(contents) > budget.max_tokens_per_file {
+            let text = format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path);
+            let entry = attachment(cx, "compact_file_reference", text, ts);
+            let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
+            (entry, cost)
         } else {
-            ("file", String::new())
+            let texts = restored_texts(&file.path, contents);
+            (restored_file(cx, &texts, ts), texts.cost)
         };
-        let entry = if kind == "file" { restored_file(cx, &file.path, &contents, ts) } else { attachment(cx, kind, text, ts) };
-        let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
         if total + cost <= budget.files_token_budget {
             total += cost;
             out.push(entry);
