@@ -55,8 +55,8 @@ fn small_pages_only() {}
 /// frees a session's import and replays when its row is made, and the next session's would
 /// otherwise fault in fresh, zeroed pages for them (`ctxsim audit --no-cache` on the 16 real
 /// sessions: ~60,000 page faults and ~1% of the CPU in `madvise` at mimalloc's default, ~45,000
-/// and none without purging; benches/README.md, "audit"). The peak memory is the same; it is
-/// held until the process ends. Only for batch commands (`cli::keeps_freed_memory`), not the
+/// and none without purging; benches/README.md, "audit"). The cost: what is freed is held until
+/// the process ends, so the peak memory rises (~175 → ~205 MB there). Only for batch commands (`cli::keeps_freed_memory`), not the
 /// long-running ones. `MIMALLOC_PURGE_DELAY` in the environment is left to mimalloc.
 fn keep_freed_memory() {
     use std::ffi::{c_int, c_long};

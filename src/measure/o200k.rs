@@ -133,6 +133,10 @@ impl ShortRanks {
     #[inline]
     fn get(&self, packed: u128) -> Option<Rank> {
         use short_layout::{SLOTS, slot};
+        // An empty piece packs to 0, the key of an empty slot: no token.
+        if packed == 0 {
+            return None;
+        }
         let mut at = slot(packed);
         // At most every slot once (the table is about a third full: a lookup reads one or two).
         for _ in 0..SLOTS {

@@ -929,7 +929,7 @@ pub fn attachment_text(attachment: &Attachment) -> String {
                 let content = memory.get("content").and_then(Value::as_str).unwrap_or_default();
                 text.push_str(&format!("Contents of {path}:\n\n{content}\n"));
             }
-            Some(map) if attachment.attachment_type == "task_reminder" => {
+            Some(map) if attachment.attachment_type == "task_reminder" && map.get("content").is_none_or(Value::is_array) => {
                 for task in map.get("content").and_then(Value::as_array).into_iter().flatten() {
                     let field = |k: &str| match task.get(k) {
                         Some(Value::String(s)) => s.clone(),
