@@ -606,8 +606,9 @@ pub fn analyze(header: &[String], rows: &[Vec<String>], max_loss: Option<f64>, n
             ));
             if !tied.is_empty() {
                 let names: Vec<&str> = tied.iter().map(|&t| rows[t][0].as_str()).collect();
+                let (noun, verb) = if names.len() == 1 { ("point", "has") } else { ("points", "have") };
                 text.push_str(&format!(
-                    "Tie: points {} have the same cost and information loss as point {}; the recommendation is over these {} tied points (the lowest index is shown), not a choice between them.\n",
+                    "Tie: {noun} {} {verb} the same cost and information loss as point {}; the recommendation is over these {} tied points (the lowest index is shown), not a choice between them.\n",
                     names.join(", "),
                     r[0],
                     tied.len() + 1

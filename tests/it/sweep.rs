@@ -232,7 +232,7 @@ fn ties_on_the_objectives_are_named() {
     let (header, two_tied) = rows(&[["2.000000", "0"], ["1.000000", "2"], ["1.000000", "1"]]);
     let analysis = analyze(&header, &two_tied, None, Vec::new());
     assert_eq!((analysis.recommended, analysis.tied.clone()), (Some(1), vec![2]));
-    assert!(analysis.text.contains("Tie: points 2 have the same cost and information loss as point 1"), "{}", analysis.text);
+    assert!(analysis.text.contains("Tie: point 2 has the same cost and information loss as point 1"), "{}", analysis.text);
     let (header, distinct) = rows(&[["2.000000", "0"], ["1.000000", "2"], ["3.000000", "1"]]);
     let analysis = analyze(&header, &distinct, None, Vec::new());
     assert_eq!((analysis.recommended, analysis.tied.len(), analysis.equal.is_none()), (Some(1), 0, true));
