@@ -856,18 +856,7 @@ impl Undo {
     fn take_back(self, request: Request, parts: &mut Parts, own: usize) -> Vec<Message> {
         let Undo { first, last } = self;
         let Request { mut messages, system, .. } = request;
-        parts.system = parts.system_key.take().zip(system);
-        let reminder_key = parts.reminder_key.take();
-        let reminder = if messages.len() > own {
-            // The reminder opened the request as a message of its own.
-            Some(messages.remove(0).content.into_blocks().remove(0))
-        } else if reminder_key.is_some() {
-            Some(messages[0].content.blocks_mut().remove(0))
-        } else {
-            None
-        };
-        // (A reminder that took the marker, as the only block of the request, is not kept.)
-        parts.reminder = reminder_key.zip(reminder.filter(|block| block.cache_control().is_none()));
+        parts.keep(&mut messages, system, own);
         match first {
             // (Only when the request added blocks: a change copies blocks another view holds.)
             FirstUndo::Truncate(n) if messages[0].content.block_count() > n => messages[0].content.blocks_mut().truncate(n),
@@ -900,21 +889,28 @@ struct Parts {
 }
 
 impl Parts {
-    /// Keeps the system prompt and reminder of `request`, built by [`Unrecorded::request_with`]
-    /// around `own` messages with these parts and dropped after, for the next request.
-    fn recover(&mut self, mut request: Request, own: usize) {
-        self.system = self.system_key.take().zip(request.system.take());
+    /// Keeps the system prompt and the reminder of a request built by [`Unrecorded::request_with`]
+    /// around `own` messages with these parts, for the next request: the reminder taken out of
+    /// `messages` (the message it opened, or the first block of the first message).
+    fn keep(&mut self, messages: &mut Vec<Message>, system: Option<SystemPrompt>, own: usize) {
+        self.system = self.system_key.take().zip(system);
         let reminder_key = self.reminder_key.take();
-        let reminder = if reminder_key.is_none() {
-            None
-        } else if request.messages.len() > own {
+        let reminder = if messages.len() > own {
             // The reminder opened the request as a message of its own.
-            Some(request.messages.swap_remove(0).content.into_blocks().swap_remove(0))
+            Some(messages.remove(0).content.into_blocks().remove(0))
+        } else if reminder_key.is_some() {
+            Some(messages[0].content.blocks_mut().remove(0))
         } else {
-            Some(std::mem::replace(&mut request.messages[0].content.blocks_mut()[0], ContentBlock::text(String::new())))
+            None
         };
         // (A reminder that took the marker, as the only block of the request, is not kept.)
         self.reminder = reminder_key.zip(reminder.filter(|block| block.cache_control().is_none()));
+    }
+
+    /// [`Parts::keep`] of a request that is not given back to a view.
+    fn recover(&mut self, request: Request, own: usize) {
+        let Request { mut messages, system, .. } = request;
+        self.keep(&mut messages, system, own);
     }
 }
 
