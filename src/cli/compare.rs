@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::report::compare::{compare_with, compare_csv, compare_table, load_inputs_filtered};
+use crate::report::compare::{compare_csv, compare_sets, compare_table, load_inputs_filtered};
 use crate::report::output::write_atomic;
 use crate::strategy::Strategy;
 
@@ -19,7 +19,10 @@ pub struct CompareArgs {
     /// Comma-separated presets or strategy files.
     #[arg(long, value_delimiter = ',', required = true)]
     pub strategies: Vec<String>,
-    /// `key=value` applied to every strategy (repeatable).
+    /// `key=value` applied to every strategy (repeatable). Each set is weighed too: every
+    /// strategy also runs without it, and a set that changed no result on an input is reported
+    /// (`warning: no effect on X: --set K=V changed no result (why)`; `set_no_effect` in
+    /// compare.json).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
     /// Write compare.csv, compare.json and the HTML report with plots under DIR.
@@ -42,7 +45,8 @@ pub struct CompareArgs {
 }
 
 pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    let strategies: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
+    // Resolved here for the error a bad name or set gives before any input is read.
+    let _: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &guarded)).transpose()?;
     let inputs = load_inputs_filtered(&args.sessions.inputs, &args.sessions.filter(), args.mount_root.as_deref())?;
@@ -53,9 +57,12 @@ pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Re
     let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
     let make = || super::common::measurer_sharing(&args.measure, Some(&shared)).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let evaluations = pool.install(|| compare_with(&inputs, &strategies, &make, args.out.is_some(), args.engine.into()))?;
+    let (evaluations, set_warnings) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), args.engine.into()))?;
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
         eprintln!("warning: {line}");
+    }
+    for warning in &set_warnings {
+        eprintln!("warning: {}", warning.line());
     }
     if let Some(out) = out_dir {
         let dir = out.path();

@@ -105,6 +105,11 @@ pub struct Evaluation {
     /// known ([`crate::report::effects::outcome_digest`] decides, not the knobs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub same_results_as: Option<String>,
+    /// The `--set KEY=VALUE` given to `compare` that changed no result on this input under this
+    /// strategy (its run without that set had the same outcome digest); absent when every set
+    /// changed something or none was given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub set_no_effect: Vec<String>,
     /// A real session's compactions under the strategy and what each lost
     /// ([`crate::replay::loss`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -347,6 +352,7 @@ fn recording_evaluation(
         replies_diverge: divergence.is_some(),
         divergence,
         same_results_as: None,
+        set_no_effect: Vec::new(),
         compaction_losses,
         engine: Some(Engine::Replay.name()),
         agent: None,
@@ -424,6 +430,7 @@ pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measur
                 replies_diverge: false,
                 divergence: note,
                 same_results_as: None,
+                set_no_effect: Vec::new(),
                 compaction_losses: Vec::new(),
                 engine: None,
                 agent: None,
@@ -483,6 +490,9 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
         }
         if e.same_results_as.is_some() {
             note.push("same results");
+        }
+        if !e.set_no_effect.is_empty() {
+            note.push("--set no effect");
         }
         cells.push(note.join(", "));
         table.add_row(cells);
@@ -651,21 +661,157 @@ pub fn compare_with(
     keep_rows: bool,
     engine: Engine,
 ) -> anyhow::Result<Vec<Evaluation>> {
+    let checks: Vec<Vec<Option<Strategy>>> = Vec::new();
+    Ok(compare_checked(inputs, strategies, &checks, make_measurer, keep_rows, engine)?.0)
+}
+
+/// A `--set KEY=VALUE` of `compare` that changed no result on one input: under every strategy
+/// (`all`) or under those named.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SetNoEffect {
+    pub input: String,
+    pub set: String,
+    /// The strategies under which it changed nothing, in the order given.
+    pub strategies: Vec<String>,
+    /// Every strategy of the comparison.
+    pub all: bool,
+    /// Why, when it could be established ([`crate::report::effects::Reason`]); else "".
+    pub reason: String,
+}
+
+impl SetNoEffect {
+    /// `no effect on X: --set K=V changed no result (REASON)`, or `… under S, T` when the set
+    /// changed the results of the other strategies.
+    pub fn line(&self) -> String {
+        let mut line = format!("no effect on {}: --set {} changed no result", short_name(&self.input), self.set);
+        if !self.all {
+            line.push_str(&format!(" under {}", self.strategies.join(", ")));
+        }
+        if !self.reason.is_empty() {
+            line.push_str(&format!(" ({})", self.reason));
+        }
+        line
+    }
+}
+
+/// `compare --set`: every strategy resolved with every set, and each set weighed by running each
+/// strategy without it (`Strategy::resolve_with` over the other sets) on every input. A set
+/// whose runs without it give the same outcome digest on an input changed no result there
+/// ([`crate::report::effects::outcome_digest`] decides, as `sweep` does). A strategy that already
+/// has the set's value is not run again. The evaluations are [`compare_with`]'s, with
+/// `set_no_effect` filled in.
+pub fn compare_sets(
+    inputs: &[Input],
+    names: &[String],
+    sets: &[String],
+    make_measurer: &(dyn Fn() -> Measurer + Sync),
+    keep_rows: bool,
+    engine: Engine,
+) -> anyhow::Result<(Vec<Evaluation>, Vec<SetNoEffect>)> {
+    let strategies: Vec<Strategy> = names.iter().map(|s| Strategy::resolve_with(s, sets)).collect::<Result<_, _>>()?;
+    // checks[j][s]: strategy s without set j, None when that is the strategy itself (the set
+    // gives a value it had) or cannot stand alone (validation needs the set).
+    let checks: Vec<Vec<Option<Strategy>>> = (0..sets.len())
+        .map(|j| {
+            let others: Vec<String> = sets.iter().enumerate().filter(|&(k, _)| k != j).map(|(_, s)| s.clone()).collect();
+            names
+                .iter()
+                .zip(&strategies)
+                .map(|(name, with)| {
+                    let without = Strategy::resolve_with(name, &others).ok()?;
+                    (serde_json::to_value(&without).ok() != serde_json::to_value(with).ok()).then_some(without)
+                })
+                .collect()
+        })
+        .collect();
+    let (mut evaluations, digests, without) = compare_checked(inputs, &strategies, &checks, make_measurer, keep_rows, engine)?;
+    let mut warnings = Vec::new();
+    let n = strategies.len();
+    for (i, input) in inputs.iter().enumerate() {
+        for (j, set) in sets.iter().enumerate() {
+            // Under which strategies the set changed nothing: its value was theirs already, or
+            // the run without it has the same outcome.
+            let unchanged: Vec<usize> = (0..n).filter(|&s| without[j][i * n + s].as_ref().is_none_or(|d| *d == digests[i * n + s])).collect();
+            if unchanged.is_empty() {
+                continue;
+            }
+            for &s in &unchanged {
+                evaluations[i * n + s].set_no_effect.push(set.clone());
+            }
+            let all = unchanged.len() == n;
+            let reason = if unchanged.iter().all(|&s| checks[j][s].is_none()) {
+                "the strategies already have this value".to_owned()
+            } else {
+                set_reason(input, set, &unchanged.iter().filter_map(|&s| checks[j][s].clone().map(|w| (w, strategies[s].clone()))).collect::<Vec<_>>(), &evaluations[i * n..(i + 1) * n], engine)
+            };
+            warnings.push(SetNoEffect { input: input.name.clone(), set: set.clone(), strategies: unchanged.iter().map(|&s| strategies[s].name.clone()).collect(), all, reason });
+        }
+    }
+    Ok((evaluations, warnings))
+}
+
+/// Why a set changed nothing on `input`, as `sweep` explains a parameter
+/// ([`crate::report::effects::Reason`]): `pairs` are (without the set, with it) per strategy.
+fn set_reason(input: &Input, set: &str, pairs: &[(Strategy, Strategy)], evaluations: &[Evaluation], engine: Engine) -> String {
+    use crate::report::sweep::{Grid, Param};
+    let (key, value) = set.split_once('=').unwrap_or((set, ""));
+    let grid = Grid { params: vec![Param { key: key.trim().to_owned(), values: vec![String::new(), value.trim().to_owned()] }], base: String::new(), inputs: Vec::new(), engine: None };
+    let points: Vec<Strategy> = pairs.iter().flat_map(|(without, with)| [without.clone(), with.clone()]).collect();
+    let peak = evaluations.iter().map(|e| e.summary.peak_context_tokens).max().unwrap_or(0);
+    crate::report::effects::Reason::find_with(&grid, &points, 0, input, engine).text(peak)
+}
+
+/// Evaluates every (input, strategy) job and, for `checks[j][s]` present, that strategy without
+/// set j on every input, in one parallel pass sharing each input's memo. Returns the evaluations
+/// (with `same_results_as`), their outcome digests, and per set the digests of the runs without
+/// it (`[j][input * strategies + s]`, None where not run).
+#[allow(clippy::type_complexity)]
+fn compare_checked(
+    inputs: &[Input],
+    strategies: &[Strategy],
+    checks: &[Vec<Option<Strategy>>],
+    make_measurer: &(dyn Fn() -> Measurer + Sync),
+    keep_rows: bool,
+    engine: Engine,
+) -> anyhow::Result<(Vec<Evaluation>, Vec<String>, Vec<Vec<Option<String>>>)> {
     use rayon::prelude::*;
-    let jobs: Vec<(usize, usize)> = (0..inputs.len()).flat_map(|i| (0..strategies.len()).map(move |s| (i, s))).collect();
+    let n = strategies.len();
+    // (input, strategy, None) for the comparison, (input, strategy, Some(set)) for the checks.
+    let jobs: Vec<(usize, usize, Option<usize>)> = (0..inputs.len())
+        .flat_map(|i| {
+            (0..n)
+                .map(move |s| (i, s, None))
+                .chain((0..checks.len()).flat_map(move |j| (0..n).filter(move |&s| checks[j][s].is_some()).map(move |s| (i, s, Some(j)))))
+        })
+        .collect();
     // Strategies that make the same replay (or agent run) of a session share it.
     let memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::default()).collect();
     let results: Vec<(Evaluation, String)> = jobs
         .par_iter()
-        .map(|&(i, s)| {
+        .map(|&(i, s, j)| {
             let mut measurer = make_measurer();
-            evaluate_digest(&inputs[i], &strategies[s], &mut measurer, keep_rows, engine, &memos[i])
-                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategies[s].name))
+            let strategy = match j {
+                Some(j) => checks[j][s].as_ref().expect("only checks that exist are jobs"),
+                None => &strategies[s],
+            };
+            evaluate_digest(&inputs[i], strategy, &mut measurer, keep_rows, engine, &memos[i])
+                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategy.name))
         })
         .collect::<anyhow::Result<_>>()?;
-    let (mut evaluations, digests): (Vec<Evaluation>, Vec<String>) = results.into_iter().unzip();
+    let mut evaluations = Vec::with_capacity(inputs.len() * n);
+    let mut digests = Vec::with_capacity(inputs.len() * n);
+    let mut without: Vec<Vec<Option<String>>> = vec![vec![None; inputs.len() * n]; checks.len()];
+    for (&(i, s, j), (e, digest)) in jobs.iter().zip(results) {
+        match j {
+            None => {
+                evaluations.push(e);
+                digests.push(digest);
+            }
+            Some(j) => without[j][i * n + s] = Some(digest),
+        }
+    }
     for (job, e) in evaluations.iter_mut().enumerate() {
-        let (i, s) = jobs[job];
+        let (i, s) = (job / n, job % n);
         let first = (0..s).find(|&t| digests[job - s + t] == digests[job]);
         if let Some(t) = first {
             let why = match (&inputs[i].loaded, engine) {
@@ -678,5 +824,5 @@ pub fn compare_with(
             });
         }
     }
-    Ok(evaluations)
+    Ok((evaluations, digests, without))
 }

@@ -737,3 +737,43 @@ fn a_family_member_that_is_no_peer_branch_of_its_trunk_runs_on_its_own() {
         assert_eq!(format!("{:?}", together.unwrap()), format!("{alone:?}"), "{}", strategy.name);
     }
 }
+
+/// `compare --set` weighs each set as `sweep` weighs a parameter: a set that changed no result on
+/// a session is reported on stderr and in the JSON (`set_no_effect`), under every strategy or
+/// under those named; a set that moved the compaction is not.
+#[test]
+fn compare_says_when_a_set_changed_no_result_on_a_real_session() {
+    let session = a6e4();
+    let run = |sets: &[&str]| {
+        let mut args = vec!["compare", "--estimator", "chars4", "--format", "json", session.as_str(), "--strategies", "claude-code,no-boundary"];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let (stdout, stderr) = ctxsim_ok(&args);
+        (serde_json::from_str::<serde_json::Value>(&stdout).unwrap(), stderr)
+    };
+    // The PCT override only lowers the threshold: 99% of the window is above the 2.0.76 client's
+    // own 155,000, so the agent compacts where it did without it. The buffer moves the compaction.
+    let (json, stderr) = run(&["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=99", "compact.autocompact.buffer_tokens=20000"]);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.starts_with("warning: no effect")).collect();
+    assert_eq!(
+        warnings,
+        ["warning: no effect on a6e4c2a0fbd1-0.full.jsonl: --set env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=99 changed no result"],
+        "{stderr}"
+    );
+    for e in json.as_array().unwrap() {
+        assert_eq!(e["set_no_effect"], serde_json::json!(["env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=99"]), "{e}");
+        assert_eq!(e["replies_diverge"], true, "the buffer of 20,000 moved the compaction: {e}");
+    }
+    // A set that gives a strategy the value it has names why.
+    let (json, stderr) = run(&["compact.autocompact.buffer_tokens=13000"]);
+    assert!(
+        stderr.contains("--set compact.autocompact.buffer_tokens=13000 changed no result (the strategies already have this value)"),
+        "{stderr}"
+    );
+    assert!(json.as_array().unwrap().iter().all(|e| e["set_no_effect"] == serde_json::json!(["compact.autocompact.buffer_tokens=13000"])));
+    // A set with an effect everywhere: no warning, no field.
+    let (json, stderr) = run(&["compact.autocompact.buffer_tokens=20000"]);
+    assert!(!stderr.contains("no effect"), "{stderr}");
+    assert!(json.as_array().unwrap().iter().all(|e| e.get("set_no_effect").is_none()));
+}

@@ -322,6 +322,7 @@ fn whatif_information_loss_per_compaction_on_a_real_session() {
         replies_diverge: true,
         divergence: None,
         same_results_as: None,
+        set_no_effect: Vec::new(),
         compaction_losses: whatif.compaction_losses.clone(),
         engine: Some("replay"),
         agent: None,
