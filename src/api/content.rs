@@ -34,6 +34,39 @@ impl SharedBlocks {
     pub fn into_vec(self) -> Vec<ContentBlock> {
         Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
     }
+
+    /// Takes the first block out (there must be one) and keeps at most `keep` of the blocks
+    /// after it. No block is copied when no other body holds the list; when one does, only the
+    /// first block and the kept ones are (where a change through `DerefMut` copies them all).
+    pub fn take_first(&mut self, keep: usize) -> ContentBlock {
+        match Arc::get_mut(&mut self.0) {
+            Some(blocks) => {
+                let first = blocks.remove(0);
+                blocks.truncate(keep);
+                first
+            }
+            None => {
+                let first = self.0[0].clone();
+                let end = self.0.len().min(keep.saturating_add(1));
+                *self = SharedBlocks(Arc::new(self.0[1..end].to_vec()));
+                first
+            }
+        }
+    }
+
+    /// Puts `block` before the others, copying them only when another body holds them (into
+    /// a list of their length plus one, where `DerefMut` and `insert` copy and then grow).
+    pub fn insert_first(&mut self, block: ContentBlock) {
+        match Arc::get_mut(&mut self.0) {
+            Some(blocks) => blocks.insert(0, block),
+            None => {
+                let mut blocks = Vec::with_capacity(self.0.len() + 1);
+                blocks.push(block);
+                blocks.extend(self.0.iter().cloned());
+                *self = SharedBlocks(Arc::new(blocks));
+            }
+        }
+    }
 }
 
 impl Deref for SharedBlocks {
@@ -118,6 +151,31 @@ impl MessageContent {
         match self {
             MessageContent::Blocks(blocks) => blocks,
             MessageContent::Text(_) => unreachable!("turned into blocks above"),
+        }
+    }
+
+    /// [`SharedBlocks::take_first`] of the content's blocks (a string is one text block).
+    pub fn take_first_block(&mut self, keep: usize) -> ContentBlock {
+        if let MessageContent::Text(text) = self {
+            let first = ContentBlock::text(std::mem::take(text));
+            *self = MessageContent::Blocks(SharedBlocks::default());
+            return first;
+        }
+        match self {
+            MessageContent::Blocks(blocks) => blocks.take_first(keep),
+            MessageContent::Text(_) => unreachable!("taken above"),
+        }
+    }
+
+    /// [`SharedBlocks::insert_first`] into the content's blocks (a string becomes one text
+    /// block first).
+    pub fn insert_first_block(&mut self, block: ContentBlock) {
+        if let MessageContent::Text(text) = self {
+            *self = MessageContent::Blocks(vec![block, ContentBlock::text(std::mem::take(text))].into());
+            return;
+        }
+        if let MessageContent::Blocks(blocks) = self {
+            blocks.insert_first(block);
         }
     }
 
@@ -560,5 +618,45 @@ mod shared_blocks_tests {
         assert_eq!(json, r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#);
         let back: MessageContent = serde_json::from_str(&json).unwrap();
         assert_eq!(back, MessageContent::Blocks(changed));
+    }
+
+    #[test]
+    fn taking_the_first_block_leaves_other_bodies_as_they_were() {
+        let blocks = || -> SharedBlocks { ["r", "a", "b", "c"].into_iter().map(ContentBlock::text).collect() };
+        for keep in [0, 1, 2, 3, 7, usize::MAX] {
+            let expected: Vec<ContentBlock> = ["a", "b", "c"].into_iter().take(keep).map(ContentBlock::text).collect();
+            // Held by no other body: taken in place.
+            let mut own = blocks();
+            assert_eq!(own.take_first(keep), ContentBlock::text("r"));
+            assert_eq!(*own, expected);
+            // Held by another body: that one keeps all four.
+            let other = blocks();
+            let mut shared = other.clone();
+            assert_eq!(shared.take_first(keep), ContentBlock::text("r"));
+            assert_eq!(*shared, expected, "keep {keep}");
+            assert!(!shared.same(&other));
+            assert_eq!(other.len(), 4);
+        }
+        let mut text = MessageContent::Text("r".into());
+        assert_eq!(text.take_first_block(usize::MAX), ContentBlock::text("r"));
+        assert_eq!(text.block_count(), 0);
+    }
+
+    #[test]
+    fn inserting_a_first_block_leaves_other_bodies_as_they_were() {
+        let other: SharedBlocks = vec![ContentBlock::text("a"), ContentBlock::text("b")].into();
+        let mut shared = other.clone();
+        shared.insert_first(ContentBlock::text("r"));
+        let mut own: SharedBlocks = vec![ContentBlock::text("a"), ContentBlock::text("b")].into();
+        own.insert_first(ContentBlock::text("r"));
+        let expected = vec![ContentBlock::text("r"), ContentBlock::text("a"), ContentBlock::text("b")];
+        assert_eq!(*shared, expected);
+        assert_eq!(*own, expected);
+        assert_eq!(other.len(), 2);
+        let mut text = MessageContent::Text("a".into());
+        text.insert_first_block(ContentBlock::text("r"));
+        let mut blocks = MessageContent::Text("a".into());
+        blocks.blocks_mut().insert(0, ContentBlock::text("r"));
+        assert_eq!(text, blocks);
     }
 }

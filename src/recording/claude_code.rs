@@ -280,6 +280,8 @@ struct ChainMemo {
     scanned: usize,
     asked: rustc_hash::FxHashSet<String>,
     answered: rustc_hash::FxHashSet<String>,
+    /// How many of `asked` are not in `answered`: with none, no result is added back.
+    unanswered: usize,
 }
 
 /// [`ChainMemo::marks`]: a node of the memo's walk; a node of the walk being made.
@@ -458,6 +460,7 @@ impl ImportedSession {
             memo.scanned = 0;
             memo.asked.clear();
             memo.answered.clear();
+            memo.unanswered = 0;
         } else {
             memo.events.extend(added);
         }
@@ -476,18 +479,30 @@ impl ImportedSession {
             memo.scanned = 0;
             memo.asked.clear();
             memo.answered.clear();
+            memo.unanswered = 0;
         }
         for &i in &indices[memo.scanned..] {
             match &events[i].kind {
-                EventKind::ModelReply(reply) => memo.asked.extend(reply.tool_use_ids().map(str::to_owned)),
+                EventKind::ModelReply(reply) => {
+                    for id in reply.tool_use_ids() {
+                        if !memo.asked.contains(id) {
+                            memo.asked.insert(id.to_owned());
+                            memo.unanswered += usize::from(!memo.answered.contains(id));
+                        }
+                    }
+                }
                 EventKind::ToolResult(result) => {
-                    memo.answered.insert(result.tool_use_id.clone());
+                    if !memo.answered.contains(result.tool_use_id.as_str()) {
+                        memo.answered.insert(result.tool_use_id.clone());
+                        memo.unanswered -= usize::from(memo.asked.contains(result.tool_use_id.as_str()));
+                    }
                 }
                 _ => {}
             }
         }
         memo.scanned = indices.len();
-        if memo.asked.is_empty() {
+        // (Every tool use asked has its result in the view: none to add back.)
+        if memo.unanswered == 0 {
             return indices;
         }
         let mut added_back: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();

@@ -563,13 +563,7 @@ impl Unrecorded<'_> {
         if self.layout.is_none() {
             let system = match parts.system.take() {
                 Some((k, system)) if k == key => system,
-                _ => SystemPrompt::Blocks(
-                    vec![
-                        SystemBlock::text(filler(&key.0, sizes.prefix_tokens, self.kind, self.params.scale, self.params.per_block, self.shared))
-                            .with_cache_control(Some(self.cache_control.clone())),
-                    ]
-                    .into(),
-                ),
+                _ => system_filler(&key, self.shared),
             };
             request.system = Some(system);
             parts.system_key = Some(key);
@@ -596,7 +590,7 @@ impl Unrecorded<'_> {
                 _ => ContentBlock::text(filler(&key.0, key.1, self.kind, self.params.scale, self.params.per_block, self.shared)),
             };
             match request.messages.first_mut() {
-                Some(first) if first.role == Role::User => first.content.blocks_mut().insert(0, reminder),
+                Some(first) if first.role == Role::User => first.content.insert_first_block(reminder),
                 _ => request.messages.insert(0, Message { role: Role::User, content: MessageContent::Blocks(vec![reminder].into()), extra: Map::new() }),
             }
         }
@@ -856,7 +850,12 @@ impl Undo {
     fn take_back(self, request: Request, parts: &mut Parts, own: usize) -> Vec<Message> {
         let Undo { first, last } = self;
         let Request { mut messages, system, .. } = request;
-        parts.keep(&mut messages, system, own);
+        // (A first message put back whole keeps none of the request's.)
+        let keep = match &first {
+            FirstUndo::Truncate(n) => *n,
+            FirstUndo::Restore(_) | FirstUndo::None => 0,
+        };
+        parts.keep(&mut messages, system, own, keep);
         match first {
             // (Only when the request added blocks: a change copies blocks another view holds.)
             FirstUndo::Truncate(n) if messages[0].content.block_count() > n => messages[0].content.blocks_mut().truncate(n),
@@ -891,15 +890,16 @@ struct Parts {
 impl Parts {
     /// Keeps the system prompt and the reminder of a request built by [`Unrecorded::request_with`]
     /// around `own` messages with these parts, for the next request: the reminder taken out of
-    /// `messages` (the message it opened, or the first block of the first message).
-    fn keep(&mut self, messages: &mut Vec<Message>, system: Option<SystemPrompt>, own: usize) {
+    /// `messages` (the message it opened, or the first block of the first message, of whose
+    /// other blocks the first `keep` stay: the blocks another body holds are copied only so far).
+    fn keep(&mut self, messages: &mut Vec<Message>, system: Option<SystemPrompt>, own: usize, keep: usize) {
         self.system = self.system_key.take().zip(system);
         let reminder_key = self.reminder_key.take();
         let reminder = if messages.len() > own {
             // The reminder opened the request as a message of its own.
-            Some(messages.remove(0).content.into_blocks().remove(0))
+            Some(messages.remove(0).content.take_first_block(0))
         } else if reminder_key.is_some() {
-            Some(messages[0].content.blocks_mut().remove(0))
+            Some(messages[0].content.take_first_block(keep))
         } else {
             None
         };
@@ -910,7 +910,7 @@ impl Parts {
     /// [`Parts::keep`] of a request that is not given back to a view.
     fn recover(&mut self, request: Request, own: usize) {
         let Request { mut messages, system, .. } = request;
-        self.keep(&mut messages, system, own);
+        self.keep(&mut messages, system, own, 0);
     }
 }
 
@@ -1160,6 +1160,32 @@ pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, 
         text
     })
 }
+
+/// The system prompt of a request without a layout: one filler block (of `key`'s label, tokens
+/// and estimator) with the breakpoint. Memoized per thread like [`filler`], and handed out
+/// shared: requests built with equal keys (a replay's lanes, forks and what-ifs) hold one
+/// allocation, which the flattener compares by pointer instead of by its text.
+fn system_filler(key: &SystemKey, shared: Option<&SharedCounts>) -> SystemPrompt {
+    thread_local! {
+        static MEMO: std::cell::RefCell<Vec<(SystemKey, SystemPrompt)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    MEMO.with_borrow_mut(|memo| {
+        if let Some((_, system)) = memo.iter().find(|(k, _)| k == key) {
+            return system.clone();
+        }
+        let (label, tokens, kind, scale, per_block, cache_control) = key;
+        let text = filler(label, *tokens, *kind, f64::from_bits(*scale), f64::from_bits(*per_block), shared);
+        let system = SystemPrompt::Blocks(vec![SystemBlock::text(text).with_cache_control(Some(cache_control.clone()))].into());
+        if memo.len() >= SYSTEM_MEMO_ENTRIES {
+            memo.remove(0);
+        }
+        memo.push((key.clone(), system.clone()));
+        system
+    })
+}
+
+/// The system prompts [`system_filler`] keeps per thread (the oldest goes first).
+const SYSTEM_MEMO_ENTRIES: usize = 16;
 
 /// The most filler text [`filler`] keeps per thread.
 const FILLER_MEMO_BYTES: usize = 64 << 20;
