@@ -213,7 +213,11 @@ fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTree
     }
     let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
     let kept = entries.iter().filter(|entry| !entry.is_boundary()).count();
-    let (mut out, mut metas, mut next) = (Vec::with_capacity(kept), Vec::with_capacity(kept), Vec::with_capacity(kept));
+    // Room for the records the next turn appends: made with `kept` exactly, the session's next
+    // push (a record, its meta, the next run's entries) would copy the whole list to grow it,
+    // on every request.
+    let room = kept + kept / 8 + 32;
+    let (mut out, mut metas, mut next) = (Vec::with_capacity(room), Vec::with_capacity(room), Vec::with_capacity(room));
     let mut unchanged = 0;
     for (entry, source) in entries.into_iter().zip(sources) {
         if entry.is_boundary() {
