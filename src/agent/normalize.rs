@@ -221,7 +221,9 @@ impl MessageMemo {
         if finish {
             crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
         }
-        let mut messages = Vec::with_capacity(self.messages.len() + tail.len());
+        // One more for the message the request may put in front (the deferred tools' listing),
+        // which would otherwise copy the list to grow it.
+        let mut messages = Vec::with_capacity(self.messages.len() + tail.len() + 1);
         messages.extend_from_slice(&self.messages);
         let start = messages.len();
         messages.extend(tail);

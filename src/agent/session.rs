@@ -1404,6 +1404,13 @@ impl Session {
     }
 
     fn user_context(&mut self, world: &World) -> String {
+        self.ensure_user_context(world);
+        self.user_context.clone().expect("just set")
+    }
+
+    /// Renders the user context once (until something clears it); [`Session::build_request`]
+    /// reads it in place rather than copying it per request.
+    fn ensure_user_context(&mut self, world: &World) {
         if self.user_context.is_none() {
             let mut files = self.memory(world).files.clone();
             if self.strategy.relevant_memories {
@@ -1418,7 +1425,6 @@ impl Session {
             };
             self.user_context = Some(render_user_context(&inputs, &self.profile));
         }
-        self.user_context.clone().expect("just set")
     }
 
     /// The main request after a run of the long-context chain: [`Session::build_request`] with
@@ -1451,7 +1457,7 @@ impl Session {
             }
         }
 
-        let context = self.user_context(world);
+        self.ensure_user_context(world);
         let options = NormalizeOptions {
             // 2.1.332 keeps attachments beside a tool result (the smoosh gate is off there).
             smoosh_into_tool_result: self.strategy.smoosh_into_tool_result && self.strategy.client_version != crate::agent::dialect::VERSION,
@@ -1465,7 +1471,8 @@ impl Session {
         let dialect_layout = self.strategy.client_version == crate::agent::dialect::VERSION;
         let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
-        let (mut messages, start) = self.message_memo.messages(&context, &self.records, options, finish);
+        let context = self.user_context.as_deref().expect("ensured above");
+        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish);
         let first_user_text = first_text(&messages);
 
         let inputs = self.system_inputs(world, &pool, first_user_text);
@@ -1697,17 +1704,21 @@ fn session_dir(world: &World, session_id: &str) -> String {
     format!("{}/.claude/projects/{project}/{session_id}", world.home.trim_end_matches('/'))
 }
 
+/// The first user text as far as the system prompt reads it (its fingerprint's positions,
+/// [`crate::agent::system_prompt::fingerprint_head`]): the whole text (the user context, often
+/// tens of kilobytes) is not copied per request.
 fn first_text(messages: &[Message]) -> String {
     messages
         .iter()
         .find(|m| m.role == Role::User)
         .and_then(|m| match &m.content {
-            MessageContent::Text(t) => Some(t.clone()),
+            MessageContent::Text(t) => Some(t.as_str()),
             MessageContent::Blocks(blocks) => blocks.iter().find_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.clone()),
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
                 _ => None,
             }),
         })
+        .map(|text| crate::agent::system_prompt::fingerprint_head(text).to_owned())
         .unwrap_or_default()
 }
 

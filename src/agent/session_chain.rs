@@ -204,31 +204,76 @@ fn entries_to_records(entries: &[Entry], records: &[Record], index: &BTreeMap<u6
 /// are the ones the run started from, unchanged and in place. `records` are the records the
 /// run started from, moved into the result where the chain left their entry as it made it; the
 /// others are copied from their entry, and only their entries are made again.
-fn entries_into_records(entries: Vec<Entry>, records: Vec<Record>, index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
-    let sources: Vec<Option<usize>> = entries.iter().map(|entry| index.get(&entry.uuid).copied()).collect();
+fn entries_into_records(
+    entries: Vec<Entry>,
+    records: Vec<Record>,
+    metas: Vec<RecordMeta>,
+    index: &BTreeMap<u64, usize>,
+) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
+    // `index` was made from `metas`; with every uuid once, an entry whose uuid is its own
+    // position's is that record's without a lookup.
+    let unique = index.len() == metas.len();
+    let sources: Vec<Option<usize>> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let source = if unique && metas.get(i).is_some_and(|m| m.uuid == entry.uuid) { Some(i) } else { index.get(&entry.uuid).copied() };
+            debug_assert_eq!(source, index.get(&entry.uuid).copied());
+            source
+        })
+        .collect();
     // A record whose uuid several entries carry is copied for each, never moved.
     let mut uses = vec![0u32; records.len()];
     for &j in sources.iter().flatten() {
         uses[j] += 1;
     }
-    let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
-    let kept = entries.iter().filter(|entry| !entry.is_boundary()).count();
-    let (mut out, mut metas, mut next) = (Vec::with_capacity(kept), Vec::with_capacity(kept), Vec::with_capacity(kept));
-    let mut unchanged = 0;
-    for (entry, source) in entries.into_iter().zip(sources) {
+    // The leading entries the chain left as they were made from the record at their own
+    // position, with that record's meta: records, metas and entries stay where they are (a
+    // request's run changes the tail, so this is most of the conversation).
+    let prefix = entries
+        .iter()
+        .zip(&sources)
+        .enumerate()
+        .take_while(|&(i, (entry, &source))| {
+            source == Some(i)
+                && uses[i] == 1
+                && !entry.is_boundary()
+                && made_from(entry, &records[i])
+                && metas[i].uuid == entry.uuid
+                && metas[i].timestamp_ms == entry.timestamp_ms
+                && metas[i].message_id == entry.message_id
+                && metas[i].usage == entry.usage
+        })
+        .count();
+    let (mut out, mut metas, mut next, mut entries) = (records, metas, entries, Vec::new());
+    entries.extend(next.drain(prefix..));
+    metas.truncate(prefix);
+    let mut rest: Vec<Option<Record>> = out.drain(prefix..).map(Some).collect();
+    let kept = prefix + entries.iter().filter(|entry| !entry.is_boundary()).count();
+    // Room for the records the next turn appends: made with `kept` exactly, the session's next
+    // push (a record, its meta, the next run's entries) would copy the whole list to grow it,
+    // on every request.
+    let room = kept + kept / 8 + 32;
+    out.reserve(room.saturating_sub(out.len()));
+    metas.reserve(room.saturating_sub(metas.len()));
+    next.reserve(room.saturating_sub(next.len()));
+    let mut unchanged = prefix;
+    for (entry, source) in entries.into_iter().zip(sources.into_iter().skip(prefix)) {
         if entry.is_boundary() {
             continue;
         }
         let meta = meta_of(&entry);
-        let reusable = source.filter(|&j| uses[j] == 1 && records[j].as_ref().is_some_and(|record| made_from(&entry, record)));
-        if let Some(record) = reusable.and_then(|j| records[j].take()) {
+        // Records before `prefix` are each its own entry's (used once): no later entry has one.
+        let slot = |j: usize| j.checked_sub(prefix);
+        let reusable = source.filter(|&j| uses[j] == 1 && slot(j).and_then(|k| rest[k].as_ref()).is_some_and(|record| made_from(&entry, record)));
+        if let Some(record) = reusable.and_then(|j| rest[j - prefix].take()) {
             if reusable == Some(out.len()) && unchanged == out.len() {
                 unchanged += 1;
             }
             out.push(record);
             next.push(entry);
         } else {
-            let record = entry_to_record(&entry, source.and_then(|j| records[j].as_ref()));
+            let record = entry_to_record(&entry, source.and_then(slot).and_then(|k| rest[k].as_ref()));
             next.push(record_to_entry(&record, &meta));
             out.push(record);
         }
@@ -519,7 +564,8 @@ impl Session {
             thinking_clear_latched: self.chain_state.thinking_clear_latched,
             autocompact_checked: output.autocompact_checked,
         };
-        let (records, metas, next, unchanged) = entries_into_records(entries, std::mem::take(&mut self.records), &index);
+        let (records, metas, next, unchanged) =
+            entries_into_records(entries, std::mem::take(&mut self.records), std::mem::take(&mut self.record_meta), &index);
         self.message_memo.invalidate_from(unchanged);
         self.records = records;
         self.record_meta = metas;
@@ -692,6 +738,44 @@ mod tests {
         }
     }
 
+    /// The previous `entries_into_records`, every record moved back one by one: the oracle.
+    fn entries_into_records_moving_each(entries: Vec<Entry>, records: Vec<Record>, index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
+        let sources: Vec<Option<usize>> = entries.iter().map(|entry| index.get(&entry.uuid).copied()).collect();
+        // A record whose uuid several entries carry is copied for each, never moved.
+        let mut uses = vec![0u32; records.len()];
+        for &j in sources.iter().flatten() {
+            uses[j] += 1;
+        }
+        let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
+        let kept = entries.iter().filter(|entry| !entry.is_boundary()).count();
+        // Room for the records the next turn appends: made with `kept` exactly, the session's next
+        // push (a record, its meta, the next run's entries) would copy the whole list to grow it,
+        // on every request.
+        let room = kept + kept / 8 + 32;
+        let (mut out, mut metas, mut next) = (Vec::with_capacity(room), Vec::with_capacity(room), Vec::with_capacity(room));
+        let mut unchanged = 0;
+        for (entry, source) in entries.into_iter().zip(sources) {
+            if entry.is_boundary() {
+                continue;
+            }
+            let meta = meta_of(&entry);
+            let reusable = source.filter(|&j| uses[j] == 1 && records[j].as_ref().is_some_and(|record| made_from(&entry, record)));
+            if let Some(record) = reusable.and_then(|j| records[j].take()) {
+                if reusable == Some(out.len()) && unchanged == out.len() {
+                    unchanged += 1;
+                }
+                out.push(record);
+                next.push(entry);
+            } else {
+                let record = entry_to_record(&entry, source.and_then(|j| records[j].as_ref()));
+                next.push(record_to_entry(&record, &meta));
+                out.push(record);
+            }
+            metas.push(meta);
+        }
+        (out, metas, next, unchanged)
+    }
+
     proptest! {
         /// Moving the records the chain left alone and keeping their entries gives what copying
         /// every record back and making every entry again gives, whatever the chain did.
@@ -734,7 +818,13 @@ mod tests {
             let (want_records, want_metas) = entries_to_records(&entries, &records, &index);
             let want_next: Vec<Entry> = want_records.iter().zip(&want_metas).map(|(r, m)| record_to_entry(r, m)).collect();
             let original = records.clone();
-            let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, &index);
+            let oracle = entries_into_records_moving_each(entries.clone(), records.clone(), &index);
+            let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, metas.clone(), &index);
+            // The same as moving every entry's record back one by one (the previous way).
+            prop_assert_eq!(&oracle.0, &got_records);
+            prop_assert_eq!(&oracle.1, &got_metas);
+            prop_assert_eq!(&oracle.2, &got_next);
+            prop_assert_eq!(oracle.3, unchanged);
             // The records it calls unchanged are the leading records the run started from.
             prop_assert!(unchanged <= got_records.len() && unchanged <= original.len());
             prop_assert_eq!(&got_records[..unchanged], &original[..unchanged]);

@@ -50,7 +50,8 @@ pub struct SystemPromptInputs {
     pub entrypoint: String,
     /// Interactive REPL (true) or print mode `-p` (false); picks the identity line.
     pub interactive: bool,
-    /// The first text block of the first user message after normalization (fingerprint input).
+    /// The first text block of the first user message after normalization (fingerprint input;
+    /// the session passes only its [`fingerprint_head`]).
     pub first_user_text: String,
     /// `--append-system-prompt`, pushed as one more element after the dynamic sections.
     pub append_system_prompt: Option<String>,
@@ -532,6 +533,20 @@ pub fn fingerprint(first_user_text: &str, version: &str) -> String {
     }
     let digest = sha256_hex(format!("{FINGERPRINT_SALT}{picked}{version}").as_bytes());
     digest[..3].to_owned()
+}
+
+/// The head of `text` the fingerprint reads: every char up to the one holding UTF-16 unit
+/// `max(FINGERPRINT_POSITIONS)`. `fingerprint(fingerprint_head(t), v) == fingerprint(t, v)`.
+pub fn fingerprint_head(text: &str) -> &str {
+    let last = FINGERPRINT_POSITIONS.iter().copied().max().unwrap_or(0);
+    let mut units = 0;
+    for (at, c) in text.char_indices() {
+        units += c.len_utf16();
+        if units > last {
+            return &text[..at + c.len_utf8()];
+        }
+    }
+    text
 }
 
 /// `x-anthropic-billing-header: cc_version=<ver>.<fp>; cc_entrypoint=<ep>; cch=00000;`

@@ -202,6 +202,28 @@ fn fingerprint_matches_measured_values_and_follows_the_first_user_message() {
     assert_eq!(b.change_cause(&a).as_deref(), Some("system_section_changed:attribution"));
 }
 
+#[test]
+fn the_fingerprint_reads_only_the_head_the_session_passes() {
+    // The session passes the first user text's head, not the whole text: the fingerprint must
+    // not move, with wide chars and surrogate pairs around the positions it reads.
+    let texts = [
+        String::new(),
+        "ab".to_owned(),
+        "<system-reminder>\nThe following skills are available".to_owned(),
+        "éèà😀😀😀 ünïcödé 😀 text that goes on 😀 and on".to_owned(),
+        "0123456789012345678😀9 tail".to_owned(),
+        "01234567890123456789😀 tail".to_owned(),
+        "x".repeat(20),
+        "x".repeat(21),
+    ];
+    for text in &texts {
+        let head = ctxsim::agent::system_prompt::fingerprint_head(text);
+        assert!(text.starts_with(head));
+        assert!(head.encode_utf16().count() <= 22, "{text:?} gives a head of {head:?}");
+        assert_eq!(fingerprint(head, "2.1.88"), fingerprint(text, "2.1.88"), "{text:?}");
+    }
+}
+
 // ---- memoization and section-change detection ------------------------------------------------
 
 #[test]
