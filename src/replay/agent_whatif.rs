@@ -383,7 +383,8 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
 /// the trunk's strategy: one that runs a peer mechanism that rewrites nothing below one count
 /// ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server compaction) with autocompact off, or
 /// one that places MCP instructions as delta attachments where the trunk has them in the system
-/// prompt.
+/// prompt, or one that asks the server to clear tool uses from an input-token trigger where the
+/// trunk does not ([`PeerBranch::ContextEditing`]).
 ///
 /// [`PeerConfig::rewrite_trigger`]: crate::agent::compact::peers::PeerConfig::rewrite_trigger
 #[derive(Debug, Clone)]
@@ -435,6 +436,10 @@ pub enum PeerBranch {
 /// A strategy that differs only in placing MCP instructions as delta attachments (the trunk in
 /// the system prompt) acts otherwise from the first step where connected servers have
 /// instructions where either placement reads them: until then neither places anything.
+///
+/// A strategy that differs only in clearing tool uses server-side (context editing's
+/// `clear_tool_uses`) acts otherwise from the first step where a request's count reaches its
+/// trigger ([`PeerBranch::ContextEditing`]).
 pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<PeerBranch> {
     use crate::agent::compact::peers::PeerStrategy;
     use crate::strategy::McpInstructionsMode;
