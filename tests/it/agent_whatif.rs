@@ -776,4 +776,42 @@ fn compare_says_when_a_set_changed_no_result_on_a_real_session() {
     let (json, stderr) = run(&["compact.autocompact.buffer_tokens=20000"]);
     assert!(!stderr.contains("no effect"), "{stderr}");
     assert!(json.as_array().unwrap().iter().all(|e| e.get("set_no_effect").is_none()));
+
+/// The context-editing preset (tool-use clearing from 100k input tokens, everything else the
+/// default) goes on from the run as recorded's trunk up to the first step where a request's
+/// count reaches its trigger (`PeerBranch::ContextEditing`), or is the trunk to its end: on a
+/// session whose requests stay below it (01KZRVZ8) and one that passes it (a6e4, compacted at
+/// 155k), it gives exactly what its own run from the first call gives (the oracle): rows (stage
+/// reasons included), summary, compactions, divergence, losses, plan runs. With a measurer that
+/// hashes no bodies (`audit`'s) it goes on from a checkpoint after the first request; with one
+/// that does, from the start (its bodies carry the edit), the same outcome either way.
+#[test]
+fn context_editing_going_on_from_the_trunk_equals_its_run_from_the_first_call() {
+    use ctxsim::replay::agent_whatif::{PeerBranch, agent_whatif, agent_whatif_family, effective_strategy, peer_branch_of, prepare};
+    let numwordify = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
+    let mut diverged = 0;
+    for session in [numwordify, a6e4()] {
+        let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+        let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        let strategy = ctxsim::strategy::Strategy::preset("context-editing").unwrap();
+        let editing = effective_strategy(&strategy, &prepared);
+        assert!(matches!(peer_branch_of(&editing, &base, &prepared), Some(PeerBranch::ContextEditing { .. })), "{session}");
+        for hashes in [false, true] {
+            let make = || if hashes { crate::support::measurer() } else { crate::support::measurer().without_body_hashes() };
+            let together = agent_whatif_family(&loaded, &session, &prepared, make(), &[editing.clone(), base.clone()]).unwrap();
+            let mut together = together.into_iter();
+            let forked = together.next().unwrap().unwrap();
+            let trunk = together.next().unwrap().unwrap();
+            let as_recorded = agent_whatif(&loaded, &session, &prepared, &mut make(), &ctxsim::strategy::Strategy::default()).unwrap();
+            assert_eq!(format!("{trunk:?}"), format!("{as_recorded:?}"), "{session}: the trunk");
+            let alone = agent_whatif(&loaded, &session, &prepared, &mut make(), &strategy).unwrap();
+            assert_eq!(forked.rows.len(), alone.rows.len(), "{session}");
+            forked.rows.iter().zip(&alone.rows).for_each(|(f, a)| assert_eq!(format!("{f:?}"), format!("{a:?}"), "{session}: row {}", a.index));
+            assert_eq!(format!("{forked:?}"), format!("{alone:?}"), "{session}");
+            diverged += usize::from(alone.divergence.is_some());
+        }
+    }
+    // The edit acts on one session (a fork within the run), not on the other (the trunk to its end).
+    assert_eq!(diverged, 2);
 }
