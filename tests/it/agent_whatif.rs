@@ -776,6 +776,7 @@ fn compare_says_when_a_set_changed_no_result_on_a_real_session() {
     let (json, stderr) = run(&["compact.autocompact.buffer_tokens=20000"]);
     assert!(!stderr.contains("no effect"), "{stderr}");
     assert!(json.as_array().unwrap().iter().all(|e| e.get("set_no_effect").is_none()));
+}
 
 /// The context-editing preset (tool-use clearing from 100k input tokens, everything else the
 /// default) goes on from the run as recorded's trunk up to the first step where a request's
