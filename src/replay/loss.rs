@@ -77,12 +77,55 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
             windows_reference(&text[start..at], f);
             continue;
         }
-        while at < bytes.len() && is_token_byte(bytes[at]) {
+        // A token makes a reference only where it holds a `/`, a `_` or a lower-case letter
+        // followed by an upper-case one ([`reference_of`]: a path or an identifier; trimming
+        // its ends keeps none that was not there): the others (most words) are not looked at.
+        let (mut marked, mut lower) = (false, false);
+        while at < bytes.len() {
+            let class = BYTE_CLASS[usize::from(bytes[at])];
+            if class & TOKEN == 0 {
+                break;
+            }
+            marked |= class & MARK != 0 || (lower && class & UPPER != 0);
+            lower = class & LOWER != 0;
             at += 1;
         }
-        reference_of(&text[start..at], f);
+        if marked {
+            reference_of(&text[start..at], f);
+        }
     }
 }
+
+/// [`BYTE_CLASS`] bits: a token byte ([`is_token_byte`]); `/` or `_`; lower and upper case.
+const TOKEN: u8 = 1;
+const MARK: u8 = 2;
+const LOWER: u8 = 4;
+const UPPER: u8 = 8;
+
+/// Per byte: its [`TOKEN`], [`MARK`], [`LOWER`] and [`UPPER`] bits.
+static BYTE_CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        let mut class = 0;
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'.' | b'/' | b'-') {
+            class |= TOKEN;
+        }
+        if matches!(byte, b'_' | b'/') {
+            class |= MARK;
+        }
+        if byte.is_ascii_lowercase() {
+            class |= LOWER;
+        }
+        if byte.is_ascii_uppercase() {
+            class |= UPPER;
+        }
+        table[b] = class;
+        b += 1;
+    }
+    table
+};
 
 /// Where the Windows path starting at `start` (the first byte of a token) ends: a drive letter,
 /// `:`, a separator (a backslash only after an upper-case letter) and a token byte, then token
@@ -678,6 +721,13 @@ mod tests {
         // A POSIX session's escapes and a lone drive letter make no path.
         // (`\n` ends a token, as before.)
         assert_eq!(by_bytes(r"print(a\nparse_line) e:\ x:/ s:\nparse src\main_file.rs"), vec!["nparse_line"]);
+    }
+
+    #[test]
+    fn words_without_a_path_or_identifier_mark_are_no_references() {
+        let text = "the and for Build build.rs --camelCase-- .snake_case. aB Ab ABc xY.z src/ 12/3 lower-Upper x.Yz";
+        assert_eq!(by_bytes(text), by_chars(text));
+        assert_eq!(by_bytes(text), vec!["camelCase", "snake_case", "src"]);
     }
 
     proptest! {
