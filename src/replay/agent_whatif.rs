@@ -383,8 +383,7 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
 /// the trunk's strategy: one that runs a peer mechanism that rewrites nothing below one count
 /// ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server compaction) with autocompact off, or
 /// one that places MCP instructions as delta attachments where the trunk has them in the system
-/// prompt, or one that asks the server to clear tool uses from an input-token trigger where the
-/// trunk does not ([`PeerBranch::ContextEditing`]).
+/// prompt.
 ///
 /// [`PeerConfig::rewrite_trigger`]: crate::agent::compact::peers::PeerConfig::rewrite_trigger
 #[derive(Debug, Clone)]
@@ -402,20 +401,6 @@ pub enum PeerBranch {
     /// where the audit uses this branch; a scripted scenario's family does not (`compare` and
     /// `sweep` group by [`family_key`] alone).
     McpDelta,
-    /// Server-side context editing's tool-use clearing (`clear_tool_uses`, an input-token
-    /// trigger) where the trunk sends none, every other knob the trunk's. Up to the first step
-    /// where a request's count reaches `trigger` (the count the agent's chain compares, the
-    /// microcompact stage's `tokens_before` in the trunk's rows, or the count the server
-    /// compares, the row's input), the server clears nothing and the chain only adds the edit to
-    /// the body: the same requests but for `context_management`, the same rows but for their
-    /// body hash and the microcompact stage's report text where the trunk's stage is disabled
-    /// (`disabled_by_config` there, `no trigger` under the edit), which the run going on from
-    /// the trunk's checkpoint restores ([`ContextEditingBranch`]).
-    ContextEditing {
-        trigger: u64,
-        /// The trunk's microcompact stage is disabled (the edit enables it).
-        stage_disabled: bool,
-    },
 }
 
 /// Whether `effective` is a [`PeerBranch`] of a family whose trunk runs under `trunk`. Up to the
@@ -436,10 +421,6 @@ pub enum PeerBranch {
 /// A strategy that differs only in placing MCP instructions as delta attachments (the trunk in
 /// the system prompt) acts otherwise from the first step where connected servers have
 /// instructions where either placement reads them: until then neither places anything.
-///
-/// A strategy that differs only in clearing tool uses server-side (context editing's
-/// `clear_tool_uses`) acts otherwise from the first step where a request's count reaches its
-/// trigger ([`PeerBranch::ContextEditing`]).
 pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<PeerBranch> {
     use crate::agent::compact::peers::PeerStrategy;
     use crate::strategy::McpInstructionsMode;
@@ -452,9 +433,6 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
         let mut same = a.clone();
         same.mcp_instructions = b.mcp_instructions;
         return (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then_some(PeerBranch::McpDelta);
-    }
-    if let Some(branch) = context_editing_branch(&a, &b) {
-        return Some(branch);
     }
     let (auto, trunk_auto) = (&a.compact.autocompact, &b.compact.autocompact);
     if b.compact.peer.strategy != PeerStrategy::None || !trunk_auto.enabled || trunk_auto.compact_disabled || b.compact.context_collapse.enabled {
@@ -475,66 +453,13 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     Some(PeerBranch::Peer { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
 }
 
-/// [`PeerBranch::ContextEditing`] when `a` (normalized by the session's world) is `b` with
-/// tool-use clearing turned on: the context editing knobs of tool-use clearing (trigger, keep,
-/// clear-at-least, inputs, exclusions) and the peer mechanism's `keep_recent` (read by no
-/// mechanism of the agent when neither runs one) may differ, nothing else; `b` clears no tool
-/// uses. The thinking edits (`clear_thinking`, the latch) are the trunk's, so the server's
-/// thinking clearing is the trunk's too.
-fn context_editing_branch(a: &Strategy, b: &Strategy) -> Option<PeerBranch> {
-    use crate::agent::compact::config::CachedMicrocompactMode;
-    use crate::agent::compact::peers::PeerStrategy;
-    let (edit, trunk_edit) = (&a.compact.context_editing, &b.compact.context_editing);
-    if !edit.clear_tool_uses || trunk_edit.clear_tool_uses || a.compact.peer.strategy != PeerStrategy::None || b.compact.peer.strategy != PeerStrategy::None {
-        return None;
-    }
-    let mut same = a.clone();
-    same.compact.context_editing = trunk_edit.clone();
-    same.compact.peer.keep_recent = b.compact.peer.keep_recent;
-    if serde_json::to_value(&same).ok()? != serde_json::to_value(b).ok()? {
-        return None;
-    }
-    // (The microcompact stage runs where any of these holds: `Microcompact::enabled`.)
-    let mc = &b.compact.microcompact;
-    let stage_disabled = !(mc.time_based_enabled || mc.cached != CachedMicrocompactMode::Off || trunk_edit.clear_thinking);
-    Some(PeerBranch::ContextEditing { trigger: edit.trigger_input_tokens, stage_disabled })
-}
-
-/// Whether a step of the trunk, which measured `rows`, is one where a
-/// [`PeerBranch::ContextEditing`] with this `trigger` may act otherwise: a request's count, as
-/// the agent's chain compares it (the microcompact stage's count, reported whether the stage
-/// ran or was skipped) or as the server compares it (the request's input: every input token the
-/// row counts; the trunk deletes nothing from the cache, so that is the server's count), at or
-/// above the trigger (the server's comparison is `>`, the chain's `>=`: `>=` covers both), or
-/// a row with no microcompact report on a request the chain may have built (conservatively:
-/// any row with stage reports but none of microcompact). The caller adds a row with a body hash
-/// (see [`ContextEditingBranch`]), a compaction, an API error and a refused request.
-fn context_editing_reached(rows: &[RequestMetrics], trigger: u64) -> bool {
-    rows.iter().any(|row| {
-        let input = row.input_tokens + row.cache_read_input_tokens + row.cache_creation_input_tokens;
-        let chain = row.stages.iter().filter(|s| s.name == "microcompact").map(|s| s.tokens_before).max();
-        input.max(row.context_tokens) >= trigger || chain.is_some_and(|n| n >= trigger) || (chain.is_none() && !row.stages.is_empty())
-    })
-}
-
 /// How a run goes on from a trunk checkpoint.
 #[derive(Debug, Clone, Copy)]
 enum Branch {
     /// Another autocompact threshold (the trunk's, the strategy's).
     Autocompact { trunk: u64, threshold: u64 },
     /// A [`PeerBranch`] that acts otherwise from this step on.
-    Peer { from_step: usize, editing: Option<ContextEditingBranch> },
-}
-
-/// What the rows a [`PeerBranch::ContextEditing`] takes from the trunk do not say as its own run
-/// would, where the trunk's microcompact stage is disabled: that stage's report (skipped with
-/// `disabled_by_config` there; run and `no trigger` under the edit, on the same count). (The
-/// body hash would differ too, its bodies carrying the edit: it goes on from a checkpoint after
-/// the first request only where the measurer hashes no bodies, `audit`'s, and `fidelity`'s,
-/// [`Measurer::without_body_hashes`]; else from the start.)
-#[derive(Debug, Clone, Copy)]
-struct ContextEditingBranch {
-    stage_disabled: bool,
+    Peer { from_step: usize },
 }
 
 /// A run under the family's first plan, checkpointed before a step, with what decides whether
@@ -679,11 +604,6 @@ pub fn agent_whatif_family(
                 acted || high.is_some_and(|high| high >= thresholds[top].min(*blocking).min(top_blocking)) || triggers[p].is_none_or(|t| probed.counted.is_some_and(|n| n >= t))
             }
             Some(PeerBranch::McpDelta) => probed.mcp_instructions,
-            Some(PeerBranch::ContextEditing { trigger, .. }) => {
-                // (A body hash in the trunk's rows: the branch's bodies would hash otherwise.)
-                let rows = trunk.rows_from(rows_before);
-                acted || rows.iter().any(|r| !r.body_sha256.is_empty()) || context_editing_reached(rows, *trigger)
-            }
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
@@ -692,9 +612,9 @@ pub fn agent_whatif_family(
             let mut candidates = kept.clone();
             candidates.push(from);
             let effective = &effectives[p];
-            let how = match &peers[p] {
+            let how = match peers[p] {
                 None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
-                Some(branch) => Branch::Peer { from_step: step, editing: editing_of(branch) },
+                Some(_) => Branch::Peer { from_step: step },
             };
             results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, how, effective, plan)));
         }
@@ -715,20 +635,13 @@ pub fn agent_whatif_family(
     for p in pending {
         let effective = &effectives[p];
         // (A peer branch that never acted otherwise is the trunk to its end.)
-        let how = match &peers[p] {
+        let how = match peers[p] {
             None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
-            Some(branch) => Branch::Peer { from_step: usize::MAX, editing: editing_of(branch) },
+            Some(_) => Branch::Peer { from_step: usize::MAX },
         };
         results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, how, effective, plan)));
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
-}
-
-fn editing_of(branch: &PeerBranch) -> Option<ContextEditingBranch> {
-    match branch {
-        PeerBranch::ContextEditing { stage_disabled, .. } => Some(ContextEditingBranch { stage_disabled: *stage_disabled }),
-        _ => None,
-    }
 }
 
 /// A run under `effective` and `plan` from the last of `candidates` it may go on from (else
@@ -752,7 +665,7 @@ fn run_from(
         match how {
             // Every check before it below both thresholds: nothing there depended on which.
             Branch::Autocompact { trunk, threshold } if threshold != trunk && c.max_checked.is_some_and(|n| n >= threshold.min(trunk)) => continue,
-            Branch::Peer { from_step, .. } if c.state.next_step() > from_step => continue,
+            Branch::Peer { from_step } if c.state.next_step() > from_step => continue,
             _ => {}
         }
         if !c.state.world().model.resumable_with(original, model) {
@@ -768,16 +681,6 @@ fn run_from(
         let mut run = finish_run(prepared, state, scenario, measurer, effective)?;
         let (trunk_threshold, threshold) = match how {
             Branch::Autocompact { trunk, threshold } => (trunk, threshold),
-            Branch::Peer { editing: Some(editing), .. } => {
-                if editing.stage_disabled {
-                    for row in &mut run.output.rows[..c.rows] {
-                        for stage in row.stages.iter_mut().filter(|s| s.name == "microcompact" && !s.fired && s.reason == "disabled_by_config") {
-                            stage.reason = "no trigger".to_owned();
-                        }
-                    }
-                }
-                return Ok(run);
-            }
             Branch::Peer { .. } if effective.compact.autocompact.enabled => return Ok(run),
             Branch::Peer { .. } => {
                 // The trunk's rows before the checkpoint say what its autocompact and blocking

@@ -303,9 +303,8 @@ fn agent_whatifs(
     // run as recorded, not "the same settings").
     let as_run = |strategy: &Strategy| strategy.as_agent_runs(&base);
     let run_keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(&as_run(s), &prepared)).collect();
-    // A preset whose peer mechanism rewrites nothing below a count, with autocompact off, or
-    // that clears tool uses server-side from an input-token trigger (context editing), goes on
-    // from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]).
+    // A preset whose peer mechanism rewrites nothing below a count, with autocompact off, goes
+    // on from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]).
     let base_run = as_run(&base);
     let base_family = family_key(&base_run, &prepared);
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
