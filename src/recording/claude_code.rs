@@ -969,8 +969,8 @@ pub fn attachment_text(attachment: &Attachment) -> String {
 /// transcripts that record attachments are all 2.1.205–2.1.232, and both clients read give the
 /// same sizes). A listing's header when it adds entries, its header and the client's note after
 /// it when it removes some; the agent listing's note on running agents concurrently when the
-/// record says it was shown; auto mode's instructions, the parts the record's flags choose. Not
-/// yet the task tools' reminder (its size is in the table).
+/// record says it was shown; auto mode's instructions, the parts the record's flags choose; the
+/// task tools' reminder, and its header before the tasks when it lists some.
 fn client_wording(kind: &str, map: &Map<String, Value>) -> Vec<String> {
     use crate::agent::wording::{Part, CLIENT_2_1_2XX as W};
     let listed = |k: &str| map.get(k).is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()) || v.as_str().is_some_and(|s| !s.is_empty()));
@@ -1020,6 +1020,12 @@ fn client_wording(kind: &str, map: &Map<String, Value>) -> Vec<String> {
             }
             if flag("bashFirst") {
                 parts.push(W.text(Part::AutoModeShell));
+            }
+        }
+        "task_reminder" => {
+            parts.push(W.text(Part::TaskReminder));
+            if listed("content") {
+                parts.push(W.text(Part::TasksHeader));
             }
         }
         _ => {}

@@ -736,7 +736,8 @@ fn listing_attachments_send_their_lines_once() {
 /// What the client writes around an attachment whose record keeps only data is sent at the size
 /// the real 2.1.205 and 2.1.232 clients give it (our wording, `agent::wording::CLIENT_2_1_2XX`):
 /// a listing's header, the note after a removal and the agent listing's concurrency note, auto
-/// mode's instructions by the record's flags. A task reminder sends each task as `#id. [status] subject`, not the
+/// mode's instructions by the record's flags, the task tools' reminder (421 characters) and its
+/// header before the tasks. A task reminder sends each task as `#id. [status] subject`, not the
 /// rest of its record; a nested memory file its path and content, without the copy on disk, its
 /// globs and its kind.
 #[test]
@@ -747,11 +748,12 @@ fn attachments_send_the_clients_wording_around_what_the_record_keeps() {
     };
     let bare = |kind: &str| format!("{}\"{kind}\">\n</system-reminder>", recording::claude_code::ATTACHMENT_REMINDER).chars().count();
     let empty = text(json!({"type": "task_reminder", "content": [], "itemCount": 0}));
-    assert_eq!(empty.chars().count(), bare("task_reminder"), "{empty}");
+    assert_eq!(empty.chars().count(), bare("task_reminder") + 421, "{empty}");
     let listed = text(json!({"type": "task_reminder", "itemCount": 1, "content": [
         {"id": "1", "subject": "Split the parser", "description": "A long description the client keeps to itself", "status": "in_progress", "blocks": [], "blockedBy": []}]}));
     assert!(listed.contains("#1. [in_progress] Split the parser\n"), "{listed}");
     assert!(!listed.contains("long description"), "{listed}");
+    assert_eq!(listed.chars().count(), bare("task_reminder") + 421 + 32 + "#1. [in_progress] Split the parser\n".len(), "{listed}");
     let agents = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": true, "showConcurrencyNote": true}));
     let quiet = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": true, "showConcurrencyNote": false}));
     assert_eq!(agents.chars().count() - quiet.chars().count(), 133 + 1, "{agents}");

@@ -430,7 +430,8 @@ script:
     let output = check_run(yaml);
     check_lanes(&output, &["main", "compact", "main"]);
     let after = json_of(&output.requests[2].messages);
-    assert_eq!(after.matches("Agent types you can start with Agent tool:").count(), 1, "{after}");
+    let header = ctxsim::agent::wording::CLIENT_2_1_88.text(ctxsim::agent::wording::Part::AgentsInitial);
+    assert_eq!(after.matches(header.as_str()).count(), 1, "{after}");
     assert!(after.contains("- statusline-setup:"));
 }
 
