@@ -5,7 +5,12 @@
 //! Wrapper shapes (`<system-reminder>`, `Contents of {path}:`, `{hookName} hook additional
 //! context:`, `### Skill: {name}`) are the reference's; every sentence is our own writing.
 
+use crate::agent::wording::{Part, CLIENT_2_1_88};
 use crate::api::{ContentBlock, MessageContent};
+
+/// The sizes of the client's own sentences in the listings this agent sends: its profile's
+/// (2.1.88), the table the rendering of a recorded attachment shares ([`crate::agent::wording`]).
+const WORDING: crate::agent::wording::AttachmentWording = CLIENT_2_1_88;
 
 /// `<system-reminder>\n{x}\n</system-reminder>` (37 characters of overhead).
 pub fn system_reminder(text: &str) -> String {
@@ -124,29 +129,29 @@ impl Attachment {
         match self {
             Attachment::NestedMemory { path, content } => format!("Contents of {path}:\n\n{content}"),
             Attachment::RelevantMemory { header, content, .. } => format!("{header}\n\n{content}"),
-            Attachment::SkillListing { listing } => format!("{SKILL_LISTING_HEADER}\n\n{listing}"),
+            Attachment::SkillListing { listing } => format!("{}\n\n{listing}", WORDING.text(Part::SkillsHeader)),
             Attachment::DeferredToolsDelta { added, removed } => {
                 let mut parts = Vec::new();
                 if !added.is_empty() {
-                    parts.push(format!("{DEFERRED_ADDED_HEADER}\n{}", added.join("\n")));
+                    parts.push(format!("{}\n{}", WORDING.text(Part::DeferredAdded), added.join("\n")));
                 }
                 if !removed.is_empty() {
-                    parts.push(format!("{DEFERRED_REMOVED_HEADER}\n{}", removed.join("\n")));
+                    parts.push(format!("{}\n{}", WORDING.text(Part::DeferredRemoved), removed.join("\n")));
                 }
                 parts.join("\n\n")
             }
             Attachment::AgentListingDelta { added, removed, initial } => {
                 let mut parts = Vec::new();
                 if !added.is_empty() {
-                    let header = if *initial { AGENT_LISTING_HEADER } else { AGENT_LISTING_NEW_HEADER };
+                    let header = WORDING.text(if *initial { Part::AgentsInitial } else { Part::AgentsNew });
                     parts.push(format!("{header}\n{}", added.join("\n")));
                 }
                 if !removed.is_empty() {
                     let names: Vec<String> = removed.iter().map(|name| format!("- {name}")).collect();
-                    parts.push(format!("{AGENT_LISTING_REMOVED}\n{}", names.join("\n")));
+                    parts.push(format!("{}\n{}", WORDING.text(Part::AgentsRemoved), names.join("\n")));
                 }
                 if *initial {
-                    parts.push(AGENT_CONCURRENCY_NOTE.to_owned());
+                    parts.push(WORDING.text(Part::AgentsConcurrency));
                 }
                 parts.join("\n\n")
             }
@@ -154,10 +159,10 @@ impl Attachment {
                 let mut parts = Vec::new();
                 if !added.is_empty() {
                     let blocks: Vec<String> = added.iter().map(|(name, text)| format!("## {name}\n{text}")).collect();
-                    parts.push(format!("{MCP_DELTA_HEADER}\n\n{}", blocks.join("\n\n")));
+                    parts.push(format!("{}\n\n{}", WORDING.text(Part::McpAdded), blocks.join("\n\n")));
                 }
                 if !removed.is_empty() {
-                    parts.push(format!("{MCP_DELTA_REMOVED}\n{}", removed.join("\n")));
+                    parts.push(format!("{}\n{}", WORDING.text(Part::McpRemoved), removed.join("\n")));
                 }
                 parts.join("\n\n")
             }
@@ -197,19 +202,6 @@ pub(crate) fn path_line(path: Option<&str>) -> String {
     path.map_or_else(String::new, |p| format!("Path: {p}\n"))
 }
 
-pub(crate) const SKILL_LISTING_HEADER: &str = "Skills you can run with the Skill tool (name: what it is for):";
-const DEFERRED_ADDED_HEADER: &str = "More tools can now be loaded with ToolSearch before first use:";
-const DEFERRED_REMOVED_HEADER: &str = "These tools are gone and can no longer be loaded; do not call them, even if earlier turns did:";
-/// 42 characters, as the reference's initial header.
-const AGENT_LISTING_HEADER: &str = "Agent types you can start with Agent tool:";
-const AGENT_LISTING_NEW_HEADER: &str = "More agent types can now be started with the Agent tool:";
-const AGENT_LISTING_REMOVED: &str = "These agent types are gone; do not start them:";
-/// 137 characters, as the reference's note for users without a Pro plan (API keys included).
-const AGENT_CONCURRENCY_NOTE: &str =
-    "Several agents can run at once: launch independent agents in one message so they run in parallel, and dependent ones one after the other.";
-const MCP_DELTA_HEADER: &str =
-    "# MCP Server Instructions\n\nServers connected to this session describe how to use their tools and resources:";
-const MCP_DELTA_REMOVED: &str = "These MCP servers disconnected; their earlier instructions no longer apply:";
 const EDITED_FILE_NOTE: &str = "A file you read earlier was changed since, by the user or a tool (a linter, \
 a formatter). The change is intended: take it into account, do not revert it unless asked, and do not \
 mention this note. The changed lines of";
@@ -218,4 +210,6 @@ user about it unless they ask; today's date is";
 const TODO_REMINDER: &str = "The todo list has not been touched for a while. If the work in hand would \
 benefit from tracking, update it with TodoWrite; if the list is stale, clean it up. Use this only when it \
 helps the current task, and never mention this reminder to the user.";
+/// The opening words of every skill listing's header (the dialects find the listing by them).
+pub(crate) const SKILL_LISTING_HEADER: &str = crate::agent::wording::SKILLS_HEADER_OPENING;
 const INVOKED_SKILLS_HEADER: &str = "Skills invoked earlier in this session, kept so their instructions still apply:";

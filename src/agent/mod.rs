@@ -16,6 +16,7 @@ pub mod skills;
 pub mod compact;
 pub mod dialect;
 pub mod profile;
+pub mod wording;
 pub mod system_prompt;
 pub mod tools;
 pub mod user_context;

@@ -926,9 +926,11 @@ pub fn attachment_text(attachment: &Attachment) -> String {
     } else {
         // The client's sentences around what the record keeps (none of them is in the record).
         if let Some(map) = attachment.payload.as_object() {
-            for (seed, chars) in client_wording(&attachment.attachment_type, map) {
-                text.push_str(&our_wording(seed, chars));
-                text.push('\n');
+            for part in client_wording(&attachment.attachment_type, map) {
+                text.push_str(&part);
+                if !part.ends_with('\n') {
+                    text.push('\n');
+                }
             }
         }
         match attachment.payload.as_object() {
@@ -977,72 +979,74 @@ pub fn attachment_text(attachment: &Attachment) -> String {
     text
 }
 
-/// The client's own sentences around an attachment whose record keeps only its data, as
-/// `(our wording, its length in characters)`: the lengths the client's sources give for each
-/// part it renders (reference/layers-1-5.md, the attachments' "render" column, 2.1.88; the
-/// 2.1.2xx records keep the same fields), written in our words ([`our_wording`]). A listing's
-/// header when it adds entries and its notice when it removes some; the agent listing's note on
-/// running agents concurrently when the record says it was shown; auto mode's instructions, in
-/// full: each auto-mode record of the shipped sessions is the first of its file or after a
-/// compaction, where the client's cadence sends the full text. Not the task tools' reminder:
-/// its 2.1.88 size (460 characters) is about twice what the 2.1.2xx steps that carry one grow by
-/// (docs/fidelity.md, branch fid01m0), and its 2.1.2xx size is not recorded.
-fn client_wording(kind: &str, map: &Map<String, Value>) -> Vec<(&'static str, usize)> {
+/// The client's own sentences around an attachment whose record keeps only its data, each our
+/// text at the length of the client's ([`crate::agent::wording`], the 2.1.2xx table: the shipped
+/// transcripts that record attachments are all 2.1.205–2.1.232, and both clients read give the
+/// same sizes). A listing's header when it adds entries, its header and the client's note after
+/// it when it removes some; the agent listing's note on running agents concurrently when the
+/// record says it was shown; auto mode's instructions, the parts the record's flags choose; the
+/// task tools' reminder, and its header before the tasks when it lists some.
+fn client_wording(kind: &str, map: &Map<String, Value>) -> Vec<String> {
+    use crate::agent::wording::{Part, CLIENT_2_1_2XX as W};
     let listed = |k: &str| map.get(k).is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()) || v.as_str().is_some_and(|s| !s.is_empty()));
     let flag = |k: &str| map.get(k).and_then(Value::as_bool).unwrap_or(false);
     let mut parts = Vec::new();
     match kind {
         "deferred_tools_delta" => {
             if listed("addedLines") || listed("addedNames") {
-                parts.push((DEFERRED_ADDED, 63));
+                parts.push(W.text(Part::DeferredAdded));
             }
             if listed("removedNames") {
-                parts.push((DEFERRED_REMOVED, 144));
+                parts.push(W.text(Part::DeferredRemoved));
+                parts.push(W.text(Part::AfterRemoval));
             }
         }
         "agent_listing_delta" => {
             if listed("addedLines") || listed("addedTypes") {
-                parts.push((AGENTS_ADDED, 42));
+                parts.push(W.text(if flag("isInitial") { Part::AgentsInitial } else { Part::AgentsNew }));
+            }
+            if listed("removedTypes") {
+                parts.push(W.text(Part::AgentsRemoved));
+                parts.push(W.text(Part::AfterRemoval));
             }
             if flag("isInitial") && flag("showConcurrencyNote") {
-                parts.push((AGENTS_CONCURRENT, 137));
+                parts.push(W.text(Part::AgentsConcurrency));
             }
         }
         "mcp_instructions_delta" => {
             if listed("addedBlocks") || listed("addedNames") {
-                parts.push((MCP_ADDED, 123));
+                parts.push(W.text(Part::McpAdded));
             }
             if listed("removedNames") {
-                parts.push((MCP_REMOVED, 87));
+                parts.push(W.text(Part::McpRemoved));
+                parts.push(W.text(Part::AfterRemoval));
             }
         }
-        "skill_listing" => parts.push((SKILLS_LISTED, 65)),
-        "auto_mode" => parts.push((AUTO_MODE, 1171)),
+        "skill_listing" => parts.push(W.text(Part::SkillsHeader)),
+        // 2.1.2xx has one auto-mode text (no sparse one): the flags pick its parts.
+        "auto_mode" if flag("bypass") || flag("steerOnly") => {
+            parts.push(W.text(if flag("bypass") { Part::AutoModeBypassLead } else { Part::AutoModeSteerLead }));
+            parts.push(W.text(Part::AutoModeShell));
+        }
+        "auto_mode" => {
+            parts.push(W.text(Part::AutoMode));
+            if flag("autoModeConsentFlow") {
+                parts.push(W.text(Part::AutoModeConsent));
+            }
+            if flag("bashFirst") {
+                parts.push(W.text(Part::AutoModeShell));
+            }
+        }
+        "task_reminder" => {
+            parts.push(W.text(Part::TaskReminder));
+            if listed("content") {
+                parts.push(W.text(Part::TasksHeader));
+            }
+        }
         _ => {}
     }
+    parts.retain(|p| !p.is_empty());
     parts
-}
-
-const DEFERRED_ADDED: &str = "These tools can be loaded on demand through tool search, by name:";
-const DEFERRED_REMOVED: &str =
-    "These deferred tools went away with the server that provided them; searching for them finds nothing, so do not try to load or call them again.";
-const AGENTS_ADDED: &str = "Agent types the Agent tool can start now:";
-const AGENTS_CONCURRENT: &str =
-    "Independent pieces of work can go to several agents at once: start them from one reply with several tool calls and they run side by side.";
-const MCP_ADDED: &str =
-    "Connected servers gave the following guidance for their tools and resources; follow it when you use what they provide.";
-const MCP_REMOVED: &str = "These servers are gone, and what they asked for earlier no longer holds:";
-const SKILLS_LISTED: &str = "Skills you can run with the Skill tool, one per line with its purpose:";
-const AUTO_MODE: &str = "Auto mode is on: the user wants the work carried through without stopping to ask. Act on \
-     reasonable assumptions instead of asking questions, choose the sensible default when a choice is small, and keep \
-     going until the task is done. Stop and ask only when a step would be destructive, hard to undo, or clearly \
-     outside what was asked, such as deleting data, force-pushing, touching production, or spending money. Keep \
-     progress updates short. When something fails, look into it and try another way before reporting back.";
-
-/// `seed`, repeated as needed, cut to exactly `chars` characters: our own text standing for a
-/// sentence of the client's of that length.
-fn our_wording(seed: &str, chars: usize) -> String {
-    seed.chars().chain(std::iter::once(' ')).cycle().take(chars).collect()
 }
 
 fn view_in_file_order(recording: &Recording, call: &RecordedCall) -> Vec<usize> {

@@ -734,10 +734,12 @@ fn listing_attachments_send_their_lines_once() {
 }
 
 /// What the client writes around an attachment whose record keeps only data is sent at the size
-/// its sources give (our wording): a listing's header and the agent listing's concurrency note,
-/// auto mode's full instructions. A task reminder sends each task as `#id. [status] subject`, not
-/// the rest of its record (its own sentences are not sized: docs/fidelity.md); a nested memory
-/// file its path and content, without the copy on disk, its globs and its kind.
+/// the real 2.1.205 and 2.1.232 clients give it (our wording, `agent::wording::CLIENT_2_1_2XX`):
+/// a listing's header, the note after a removal and the agent listing's concurrency note, auto
+/// mode's instructions by the record's flags, the task tools' reminder (421 characters) and its
+/// header before the tasks. A task reminder sends each task as `#id. [status] subject`, not the
+/// rest of its record; a nested memory file its path and content, without the copy on disk, its
+/// globs and its kind.
 #[test]
 fn attachments_send_the_clients_wording_around_what_the_record_keeps() {
     let text = |payload: Value| {
@@ -746,18 +748,28 @@ fn attachments_send_the_clients_wording_around_what_the_record_keeps() {
     };
     let bare = |kind: &str| format!("{}\"{kind}\">\n</system-reminder>", recording::claude_code::ATTACHMENT_REMINDER).chars().count();
     let empty = text(json!({"type": "task_reminder", "content": [], "itemCount": 0}));
-    assert_eq!(empty.chars().count(), bare("task_reminder"), "{empty}");
+    assert_eq!(empty.chars().count(), bare("task_reminder") + 421, "{empty}");
     let listed = text(json!({"type": "task_reminder", "itemCount": 1, "content": [
         {"id": "1", "subject": "Split the parser", "description": "A long description the client keeps to itself", "status": "in_progress", "blocks": [], "blockedBy": []}]}));
     assert!(listed.contains("#1. [in_progress] Split the parser\n"), "{listed}");
     assert!(!listed.contains("long description"), "{listed}");
+    assert_eq!(listed.chars().count(), bare("task_reminder") + 421 + 32 + "#1. [in_progress] Split the parser\n".len(), "{listed}");
     let agents = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": true, "showConcurrencyNote": true}));
     let quiet = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": true, "showConcurrencyNote": false}));
-    assert_eq!(agents.chars().count() - quiet.chars().count(), 137 + 1, "{agents}");
+    assert_eq!(agents.chars().count() - quiet.chars().count(), 133 + 1, "{agents}");
+    assert_eq!(quiet.chars().count(), bare("agent_listing_delta") + 41 + 1 + "- Explore: looks around\n".len(), "{quiet}");
+    let later = text(json!({"type": "agent_listing_delta", "addedTypes": ["Explore"], "addedLines": ["- Explore: looks around"], "isInitial": false}));
+    assert_eq!(later.chars().count() - quiet.chars().count(), 53 - 41, "{later}");
     let deferred = text(json!({"type": "deferred_tools_delta", "addedLines": ["CronCreate"], "removedNames": []}));
-    assert_eq!(deferred.chars().count(), bare("deferred_tools_delta") + 63 + 1 + "CronCreate\n".len(), "{deferred}");
+    assert_eq!(deferred.chars().count(), bare("deferred_tools_delta") + 248 + 1 + "CronCreate\n".len(), "{deferred}");
+    let gone = text(json!({"type": "mcp_instructions_delta", "removedNames": ["x"]}));
+    assert_eq!(gone.chars().count(), bare("mcp_instructions_delta") + 86 + 1 + 116 + 1 + "x\n".len(), "{gone}");
     let auto = text(json!({"type": "auto_mode", "autoModeConsentFlow": false, "bashFirst": false, "steerOnly": false, "bypass": false}));
-    assert_eq!(auto.chars().count(), bare("auto_mode") + 1171 + 1, "{auto}");
+    assert_eq!(auto.chars().count(), bare("auto_mode") + 948 + 1, "{auto}");
+    let consent = text(json!({"type": "auto_mode", "autoModeConsentFlow": true}));
+    assert_eq!(consent.chars().count(), auto.chars().count() + 1379 + 1, "{consent}");
+    let bypass = text(json!({"type": "auto_mode", "bypass": true, "bashFirst": true}));
+    assert_eq!(bypass.chars().count(), bare("auto_mode") + 40 + 1 + 329 + 1, "{bypass}");
     let memory = text(json!({"type": "nested_memory", "path": "/p/.claude/rules/go.md", "displayPath": ".claude/rules/go.md", "content": {
         "path": "/p/.claude/rules/go.md", "type": "Project", "content": "Run gofmt.\n", "globs": ["**/*.go"], "contentDiffersFromDisk": true,
         "rawContent": "---\npaths: [\"**/*.go\"]\n---\nRun gofmt.\n", "isRule": true}}));

@@ -364,22 +364,23 @@ fn agent_listing_delta_announces_initial_new_and_removed_types() {
     assert!(!description.contains("- general-purpose:"));
     // Turn 1: every type, sorted as localeCompare sorts, with the concurrency note.
     let first = json_of(&output.requests[0].messages[1]);
-    let initial = first.split("Agent types you can start with Agent tool:\\n").nth(1).expect("initial header").split("\\n</system-reminder>").next().unwrap();
+    use ctxsim::agent::wording::{Part, CLIENT_2_1_88 as W};
+    let initial = first.split(&format!("{}\\n", W.text(Part::AgentsInitial))).nth(1).expect("initial header").split("\\n</system-reminder>").next().unwrap();
     let types: Vec<&str> = initial.split("\\n").take_while(|l| l.starts_with("- ")).map(|l| l[2..].split(':').next().unwrap()).collect();
     assert_eq!(types, ["Explore", "general-purpose", "Plan", "statusline-setup"]);
-    assert!(initial.ends_with("launch independent agents in one message so they run in parallel, and dependent ones one after the other."));
+    assert!(initial.ends_with(&W.text(Part::AgentsConcurrency)), "{initial}");
     // Turn 2: the agent written between turns is new; the others are not repeated.
     let second = json_of(&output.requests[1].messages);
-    assert!(second.contains("More agent types can now be started with the Agent tool:\\n- reviewer: Reviews a diff for bugs and style (Tools: Read, Grep, Glob)"), "{second}");
-    assert_eq!(second.matches("Agent types you can start with Agent tool:").count(), 1);
+    assert!(second.contains(&format!("{}\\n- reviewer: Reviews a diff for bugs and style (Tools: Read, Grep, Glob)", W.text(Part::AgentsNew))), "{second}");
+    assert_eq!(second.matches(W.text(Part::AgentsInitial).as_str()).count(), 1);
     // It can be started at once, with its tools and the parent's model (`inherit`).
     assert_eq!(tool_names(&output.requests[2]), ["Glob", "Grep", "Read"]);
     assert_eq!(output.requests[2].model, "claude-sonnet-4-6");
     // A subagent without the Agent tool gets no listing.
-    assert!(!json_of(&output.requests[2].messages).contains("Agent types you can start"));
+    assert!(!json_of(&output.requests[2].messages).contains(W.text(Part::AgentsInitial).as_str()));
     // Turn 3: removed.
     let last = json_of(output.requests[5].messages.last().unwrap());
-    assert!(last.contains("These agent types are gone; do not start them:\\n- reviewer"), "{last}");
+    assert!(last.contains(&format!("{}\\n- reviewer", W.text(Part::AgentsRemoved))), "{last}");
 }
 
 #[test]
@@ -429,7 +430,8 @@ script:
     let output = check_run(yaml);
     check_lanes(&output, &["main", "compact", "main"]);
     let after = json_of(&output.requests[2].messages);
-    assert_eq!(after.matches("Agent types you can start with Agent tool:").count(), 1, "{after}");
+    let header = ctxsim::agent::wording::CLIENT_2_1_88.text(ctxsim::agent::wording::Part::AgentsInitial);
+    assert_eq!(after.matches(header.as_str()).count(), 1, "{after}");
     assert!(after.contains("- statusline-setup:"));
 }
 
