@@ -20,7 +20,8 @@ pub struct CompareArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     pub strategies: Vec<String>,
     /// `key=value` applied to every strategy (repeatable). Each set is weighed too: every
-    /// strategy also runs without it, and a set that changed no result on an input is reported
+    /// strategy also runs without it (so each set adds one run per strategy and input), and a set
+    /// that changed no result on an input is reported
     /// (`warning: no effect on X: --set K=V changed no result (why)`; `set_no_effect` in
     /// compare.json).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -57,12 +58,15 @@ pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Re
     let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
     let make = || super::common::measurer_sharing(&args.measure, Some(&shared)).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let (evaluations, set_warnings) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), args.engine.into()))?;
+    let (evaluations, set_warnings, unweighed) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), args.engine.into()))?;
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
         eprintln!("warning: {line}");
     }
     for warning in &set_warnings {
         eprintln!("warning: {}", warning.line());
+    }
+    for line in &unweighed {
+        eprintln!("warning: {line}");
     }
     if let Some(out) = out_dir {
         let dir = out.path();

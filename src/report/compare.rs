@@ -707,31 +707,48 @@ pub fn compare_sets(
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     keep_rows: bool,
     engine: Engine,
-) -> anyhow::Result<(Vec<Evaluation>, Vec<SetNoEffect>)> {
+) -> anyhow::Result<(Vec<Evaluation>, Vec<SetNoEffect>, Vec<String>)> {
     let strategies: Vec<Strategy> = names.iter().map(|s| Strategy::resolve_with(s, sets)).collect::<Result<_, _>>()?;
-    // checks[j][s]: strategy s without set j, None when that is the strategy itself (the set
-    // gives a value it had) or cannot stand alone (validation needs the set).
-    let checks: Vec<Vec<Option<Strategy>>> = (0..sets.len())
+    let key_of = |set: &str| set.split_once('=').map_or(set, |(k, _)| k).trim().to_owned();
+    // checks[j][s]: strategy s without set j.
+    let checks: Vec<Vec<SetCheck>> = (0..sets.len())
         .map(|j| {
             let others: Vec<String> = sets.iter().enumerate().filter(|&(k, _)| k != j).map(|(_, s)| s.clone()).collect();
             names
                 .iter()
                 .zip(&strategies)
-                .map(|(name, with)| {
-                    let without = Strategy::resolve_with(name, &others).ok()?;
-                    (serde_json::to_value(&without).ok() != serde_json::to_value(with).ok()).then_some(without)
+                .map(|(name, with)| match Strategy::resolve_with(name, &others) {
+                    Ok(without) if serde_json::to_value(&without).ok() == serde_json::to_value(with).ok() => SetCheck::Same,
+                    Ok(without) => SetCheck::Run(without),
+                    Err(e) => SetCheck::NotAlone(e.to_string()),
                 })
                 .collect()
         })
         .collect();
-    let (mut evaluations, digests, without) = compare_checked(inputs, &strategies, &checks, make_measurer, keep_rows, engine)?;
+    let runs: Vec<Vec<Option<Strategy>>> =
+        checks.iter().map(|row| row.iter().map(|c| if let SetCheck::Run(w) = c { Some(w.clone()) } else { None }).collect()).collect();
+    let (mut evaluations, digests, without) = compare_checked(inputs, &strategies, &runs, make_measurer, keep_rows, engine)?;
     let mut warnings = Vec::new();
+    let mut unweighed = Vec::new();
     let n = strategies.len();
+    for (j, set) in sets.iter().enumerate() {
+        for (s, check) in checks[j].iter().enumerate() {
+            if let SetCheck::NotAlone(why) = check {
+                unweighed.push(format!("--set {set} not weighed under {}: without it the strategy is not valid ({why})", strategies[s].name));
+            }
+        }
+    }
     for (i, input) in inputs.iter().enumerate() {
         for (j, set) in sets.iter().enumerate() {
             // Under which strategies the set changed nothing: its value was theirs already, or
             // the run without it has the same outcome.
-            let unchanged: Vec<usize> = (0..n).filter(|&s| without[j][i * n + s].as_ref().is_none_or(|d| *d == digests[i * n + s])).collect();
+            let unchanged: Vec<usize> = (0..n)
+                .filter(|&s| match &checks[j][s] {
+                    SetCheck::Same => true,
+                    SetCheck::Run(_) => without[j][i * n + s].as_ref().is_some_and(|(d, _)| *d == digests[i * n + s]),
+                    SetCheck::NotAlone(_) => false,
+                })
+                .collect();
             if unchanged.is_empty() {
                 continue;
             }
@@ -739,32 +756,53 @@ pub fn compare_sets(
                 evaluations[i * n + s].set_no_effect.push(set.clone());
             }
             let all = unchanged.len() == n;
-            let reason = if unchanged.iter().all(|&s| checks[j][s].is_none()) {
-                "the strategies already have this value".to_owned()
+            let reason = if unchanged.iter().all(|&s| matches!(checks[j][s], SetCheck::Same)) {
+                if sets[j + 1..].iter().any(|later| key_of(later) == key_of(set)) {
+                    "a later --set gives the same key".to_owned()
+                } else {
+                    "the strategies already have this value".to_owned()
+                }
             } else {
-                set_reason(input, set, &unchanged.iter().filter_map(|&s| checks[j][s].clone().map(|w| (w, strategies[s].clone()))).collect::<Vec<_>>(), &evaluations[i * n..(i + 1) * n], engine)
+                let pairs: Vec<(Strategy, Strategy)> =
+                    unchanged.iter().filter_map(|&s| runs[j][s].clone().map(|w| (w, strategies[s].clone()))).collect();
+                // The peak context over the runs with the set and without it.
+                let peak = (0..n)
+                    .map(|s| evaluations[i * n + s].summary.peak_context_tokens.max(without[j][i * n + s].as_ref().map_or(0, |(_, p)| *p)))
+                    .max()
+                    .unwrap_or(0);
+                set_reason(input, set, &pairs, peak, engine)
             };
             warnings.push(SetNoEffect { input: input.name.clone(), set: set.clone(), strategies: unchanged.iter().map(|&s| strategies[s].name.clone()).collect(), all, reason });
         }
     }
-    Ok((evaluations, warnings))
+    Ok((evaluations, warnings, unweighed))
+}
+
+/// How a strategy without one `--set` stands.
+enum SetCheck {
+    /// The same strategy: the set gives a value it had (or a later set of the same key does).
+    Same,
+    /// Another strategy, run to weigh the set.
+    Run(Strategy),
+    /// Not a valid strategy without the set (a combination the set completes): not weighed.
+    NotAlone(String),
 }
 
 /// Why a set changed nothing on `input`, as `sweep` explains a parameter
 /// ([`crate::report::effects::Reason`]): `pairs` are (without the set, with it) per strategy.
-fn set_reason(input: &Input, set: &str, pairs: &[(Strategy, Strategy)], evaluations: &[Evaluation], engine: Engine) -> String {
+fn set_reason(input: &Input, set: &str, pairs: &[(Strategy, Strategy)], peak: u64, engine: Engine) -> String {
     use crate::report::sweep::{Grid, Param};
     let (key, value) = set.split_once('=').unwrap_or((set, ""));
     let grid = Grid { params: vec![Param { key: key.trim().to_owned(), values: vec![String::new(), value.trim().to_owned()] }], base: String::new(), inputs: Vec::new(), engine: None };
     let points: Vec<Strategy> = pairs.iter().flat_map(|(without, with)| [without.clone(), with.clone()]).collect();
-    let peak = evaluations.iter().map(|e| e.summary.peak_context_tokens).max().unwrap_or(0);
-    crate::report::effects::Reason::find_with(&grid, &points, 0, input, engine).text(peak)
+    // The grid's wording, said of the strategies compared.
+    crate::report::effects::Reason::find_with(&grid, &points, 0, input, engine).text(peak).replace("at every point of the grid", "under every strategy compared")
 }
 
 /// Evaluates every (input, strategy) job and, for `checks[j][s]` present, that strategy without
 /// set j on every input, in one parallel pass sharing each input's memo. Returns the evaluations
-/// (with `same_results_as`), their outcome digests, and per set the digests of the runs without
-/// it (`[j][input * strategies + s]`, None where not run).
+/// (with `same_results_as`), their outcome digests, and per set the digests and peak contexts of
+/// the runs without it (`[j][input * strategies + s]`, None where not run).
 #[allow(clippy::type_complexity)]
 fn compare_checked(
     inputs: &[Input],
@@ -773,7 +811,7 @@ fn compare_checked(
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     keep_rows: bool,
     engine: Engine,
-) -> anyhow::Result<(Vec<Evaluation>, Vec<String>, Vec<Vec<Option<String>>>)> {
+) -> anyhow::Result<(Vec<Evaluation>, Vec<String>, Vec<Vec<Option<(String, u64)>>>)> {
     use rayon::prelude::*;
     let n = strategies.len();
     // (input, strategy, None) for the comparison, (input, strategy, Some(set)) for the checks.
@@ -794,20 +832,30 @@ fn compare_checked(
                 Some(j) => checks[j][s].as_ref().expect("only checks that exist are jobs"),
                 None => &strategies[s],
             };
-            evaluate_digest(&inputs[i], strategy, &mut measurer, keep_rows, engine, &memos[i])
-                .map_err(|e| anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategy.name))
+            // The checks keep rows like the comparison (a memoized run is shared by strategy key),
+            // then drop them: only their digest and peak are used.
+            let result = evaluate_digest(&inputs[i], strategy, &mut measurer, keep_rows, engine, &memos[i]);
+            match (result, j) {
+                (Ok((mut e, digest)), Some(_)) => {
+                    e.rows = Vec::new();
+                    Ok((e, digest))
+                }
+                (Ok(done), None) => Ok(done),
+                (Err(e), None) => Err(anyhow::anyhow!("{} under {}: {e}", inputs[i].name, strategy.name)),
+                (Err(e), Some(_)) => Err(anyhow::anyhow!("{} under {} without one of the --set given (weighing it): {e}", inputs[i].name, strategy.name)),
+            }
         })
         .collect::<anyhow::Result<_>>()?;
     let mut evaluations = Vec::with_capacity(inputs.len() * n);
     let mut digests = Vec::with_capacity(inputs.len() * n);
-    let mut without: Vec<Vec<Option<String>>> = vec![vec![None; inputs.len() * n]; checks.len()];
+    let mut without: Vec<Vec<Option<(String, u64)>>> = vec![vec![None; inputs.len() * n]; checks.len()];
     for (&(i, s, j), (e, digest)) in jobs.iter().zip(results) {
         match j {
             None => {
                 evaluations.push(e);
                 digests.push(digest);
             }
-            Some(j) => without[j][i * n + s] = Some(digest),
+            Some(j) => without[j][i * n + s] = Some((digest, e.summary.peak_context_tokens)),
         }
     }
     for (job, e) in evaluations.iter_mut().enumerate() {

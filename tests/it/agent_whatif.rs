@@ -776,4 +776,18 @@ fn compare_says_when_a_set_changed_no_result_on_a_real_session() {
     let (json, stderr) = run(&["compact.autocompact.buffer_tokens=20000"]);
     assert!(!stderr.contains("no effect"), "{stderr}");
     assert!(json.as_array().unwrap().iter().all(|e| e.get("set_no_effect").is_none()));
+    // A set overridden by a later one of the same key says so; a set the strategy cannot stand
+    // without (the snip target must not be above its trigger) is not weighed, and says that.
+    let sets = [
+        "compact.autocompact.buffer_tokens=20000",
+        "compact.autocompact.buffer_tokens=13000",
+        "compact.snip.enabled=true",
+        "compact.snip.trigger_pct=50",
+        "compact.snip.target_pct=40",
+    ];
+    let (_, stderr) = run(&sets);
+    assert!(stderr.contains("--set compact.autocompact.buffer_tokens=20000 changed no result (a later --set gives the same key)"), "{stderr}");
+    assert!(!stderr.contains("buffer_tokens=13000 changed no result"), "without it the earlier 20,000 holds: {stderr}");
+    assert!(stderr.contains("warning: --set compact.snip.target_pct=40 not weighed under claude-code: without it the strategy is not valid"), "{stderr}");
+    assert!(!stderr.contains("target_pct=40 changed no result"), "{stderr}");
 }
