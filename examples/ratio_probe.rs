@@ -4,7 +4,8 @@
 //! `python3 scripts/ratio_fit.py steps.tsv v2` fits the ratio on content features and scores each
 //! session held out (docs/fidelity.md, "A content model of the tokenizer's ratio").
 //! Columns: session, estimator key, call index, clean (1: a step the fit uses), previous reply
-//! filled, attachment chars, then growths: recorded context, the replay's message tokens, and of
+//! filled, attachment chars / of them not sized from the client / a compaction or the like
+//! before / messages shrunk, then growths: recorded context, the replay's message tokens, and of
 //! the messages' text: bpe tokens, UTF-16 units, whitespace, punctuation (not alphanumeric, not
 //! whitespace), non-ASCII characters, line breaks, blocks.
 use ctxsim::api::Request;
@@ -61,7 +62,7 @@ fn main() {
     let table = ctxsim::measure::ModelTable::shipped();
     let options = ctxsim::replay::ReplayOptions::default();
     println!(
-        "session\tkey\tindex\tclean\tprev_filled\tattachment_chars\trecorded\tmessage_tokens\tbpe\tchars\tws\tpunct\tnonascii\tnewlines\tblocks"
+        "session\tkey\tindex\tclean\tprev_filled\tattachment_chars/unsized/disturbed/shrunk\trecorded\tmessage_tokens\tbpe\tchars\tws\tpunct\tnonascii\tnewlines\tblocks"
     );
     for path in std::env::args().skip(1) {
         let path = std::path::PathBuf::from(path);
@@ -115,14 +116,17 @@ fn main() {
                 .lookup(&call.model)
                 .map(|m| m.estimator_key())
                 .unwrap_or_default();
-            let clean = !(disturbed || now.1 < prev.1 || prev.2 || call.attachment_chars > 0);
+            let clean = !(disturbed || now.1 < prev.1 || prev.2 || call.unsized_attachment_chars > 0);
             let d = |a: f64, b: f64| a - b;
             println!(
-                "{name}\t{key}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                "{name}\t{key}\t{}\t{}\t{}\t{}/{}/{}/{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                 call.index,
                 clean as u8,
                 prev.2 as u8,
                 call.attachment_chars,
+                call.unsized_attachment_chars,
+                disturbed as u8,
+                (now.1 < prev.1) as u8,
                 d(now.0, prev.0),
                 d(now.1, prev.1),
                 d(f.bpe, prev.3.bpe),

@@ -979,6 +979,16 @@ pub fn attachment_text(attachment: &Attachment) -> String {
     text
 }
 
+/// Whether the replay renders `attachment` at the size the client sends it: the record holds
+/// the exact text (`rendered`), or the record holds the data and the client's own sentences
+/// around it are sized from the client ([`client_wording`]: the listings, auto mode, the task
+/// reminder). Hook context, changed and restored files, nested memory and the rest carry the
+/// client's wrapping unsized.
+pub fn attachment_client_sized(attachment: &Attachment) -> bool {
+    const SIZED: [&str; 6] = ["deferred_tools_delta", "agent_listing_delta", "mcp_instructions_delta", "skill_listing", "auto_mode", "task_reminder"];
+    attachment.payload.get("rendered").is_some_and(Value::is_string) || SIZED.contains(&attachment.attachment_type.as_str())
+}
+
 /// The client's own sentences around an attachment whose record keeps only its data, each our
 /// text at the length of the client's ([`crate::agent::wording`], the 2.1.2xx table: the shipped
 /// transcripts that record attachments are all 2.1.205–2.1.232, and both clients read give the

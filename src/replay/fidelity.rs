@@ -523,9 +523,12 @@ pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<Strin
         let disturbed = call.events.iter().any(|e| matches!(e.as_str(), "compaction" | "microcompact" | "resume" | "skill" | "tool_search_load"));
         let Some(previous) = previous else { continue };
         // A step that brings a reply whose thinking was filled grows by the fill, an estimate
-        // of its own ([`ThinkingSample`]), and one with attachments by what the replay does not
-        // render: left out.
-        if disturbed || now.1 < previous.1 || previous.3 || call.attachment_chars > 0 {
+        // of its own ([`ThinkingSample`]), and one with an attachment the replay does not render
+        // at the client's size by what it leaves out: left out. Attachments sized from the
+        // client ([`attachment_client_sized`]) stay in.
+        //
+        // [`attachment_client_sized`]: crate::recording::claude_code::attachment_client_sized
+        if disturbed || now.1 < previous.1 || previous.3 || call.unsized_attachment_chars > 0 {
             continue;
         }
         let family = table.lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();

@@ -269,10 +269,13 @@ pub struct CallReplay {
     pub thinking_filled: bool,
     /// Characters (JSON) of the attachment records since the lane's previous call that the
     /// client sends as reminders (2.1.2xx: listings, hook context, token and task reminders,
-    /// changed files). The replay sizes them by their record's text (the client's wording is
-    /// not recorded); a fit leaves these steps out.
+    /// changed files).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attachment_chars: u64,
+    /// Of those, the characters of attachments the replay does not render at the client's size
+    /// ([`crate::recording::claude_code::attachment_client_sized`]); a fit leaves these steps out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unsized_attachment_chars: u64,
     /// The measured request is the one the transcript recorded sending (`api-request`
     /// records), not a reconstruction.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -312,6 +315,7 @@ impl CallReplay {
             user_context_tokens: 0,
             thinking_filled: !call.thinking_text_stored,
             attachment_chars: 0,
+            unsized_attachment_chars: 0,
             from_record: false,
             reconstructed_because: None,
         }
@@ -1819,6 +1823,7 @@ fn replay_session_seeing(
         // normally, with its reply; the permission mode; a tool hook's context).
         let mut turn_scan = TurnScan::in_project(session.recording.header.cwd.as_deref());
         let mut attachment_chars = 0u64;
+        let mut unsized_attachment_chars = 0u64;
         for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
             if event.lane != call.lane {
                 continue;
@@ -1891,7 +1896,11 @@ fn replay_session_seeing(
                     resumed_at = Some(i);
                 }
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
-                    attachment_chars += attachment.payload.to_string().len() as u64;
+                    let chars = attachment.payload.to_string().len() as u64;
+                    attachment_chars += chars;
+                    if !crate::recording::claude_code::attachment_client_sized(attachment) {
+                        unsized_attachment_chars += chars;
+                    }
                     if attachment.attachment_type == "deferred_tools_delta" {
                         let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
                         let before = state.announced_deferred.clone();
@@ -2452,6 +2461,7 @@ fn replay_session_seeing(
             prefix_tokens: if from_record { synthetic_tokens } else { sizes.prefix_tokens },
             user_context_tokens: if from_record { 0 } else { sizes.context_tokens },
             attachment_chars,
+            unsized_attachment_chars,
             from_record,
             reconstructed_because,
             ..CallReplay::measured(call, metrics, call_events)

@@ -178,6 +178,21 @@ fn attachments_are_sent_as_reminders_in_their_message_and_are_no_user_turn() {
     assert!((first.sim_cache_read - first.recorded.cache_read_input_tokens as f64).abs() < 100.0, "{first:?}");
 }
 
+#[test]
+fn the_fit_keeps_a_step_whose_attachments_are_sized_from_the_client() {
+    // NumWordify's second call brings the listings (sized from the client: kept); its sixth a
+    // hook's context too (its wrapping is not: left out of a fit).
+    let replay = replayed(NUMWORDIFY, Calibration::shipped());
+    let call = |index: usize| replay.calls.iter().find(|c| c.index == index).unwrap();
+    assert!(call(1).attachment_chars > 30_000 && call(1).unsized_attachment_chars == 0, "{:?}", call(1));
+    assert!(call(6).unsized_attachment_chars > 0 && call(6).unsized_attachment_chars < call(6).attachment_chars, "{:?}", call(6));
+    // eea3's steps whose only new record beyond the messages is a task reminder (calls 22, 31,
+    // 39, 49, 65, each after a stored-thinking reply) are fit samples: 31 clean steps and those 5.
+    let fit = fit_of(OMP_EEA3);
+    let samples: usize = fit.samples.iter().filter(|(key, _)| key.ends_with("/v2")).map(|(_, s)| s.len()).sum();
+    assert_eq!(samples, 36, "{:?}", fit.samples.keys().collect::<Vec<_>>());
+}
+
 fn named(session: &str, project: &str) -> SessionFit {
     SessionFit {
         session: FittedSession { session: session.into(), project: project.into() },
