@@ -109,7 +109,7 @@ pub const CLIENT_2_1_2XX: AttachmentWording = AttachmentWording {
 };
 
 /// The pieces of wording, each with our opening words (the rest is [`pad_to`]'s filler).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Part {
     SkillsHeader,
     DeferredAdded,
@@ -183,8 +183,24 @@ impl Part {
 
 impl AttachmentWording {
     /// Our text for `part`, exactly as long as the client's sentence in this version (empty when
-    /// the version has none). A task reminder keeps its trailing newline.
+    /// the version has none). A task reminder keeps its trailing newline. Built once per
+    /// (version, part, size) and copied from the memo after: a replay renders the same headers
+    /// at every call.
     pub fn text(&self, part: Part) -> String {
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+        static MEMO: std::sync::OnceLock<Mutex<HashMap<(&'static str, Part, usize), String>>> = std::sync::OnceLock::new();
+        let key = (self.version, part, part.size(self));
+        let memo = MEMO.get_or_init(Default::default);
+        if let Some(hit) = memo.lock().expect("wording memo lock").get(&key) {
+            return hit.clone();
+        }
+        let text = self.build(part);
+        memo.lock().expect("wording memo lock").insert(key, text.clone());
+        text
+    }
+
+    fn build(&self, part: Part) -> String {
         let size = part.size(self);
         if size == 0 {
             return String::new();

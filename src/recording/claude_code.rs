@@ -985,9 +985,12 @@ pub fn attachment_text(attachment: &Attachment) -> String {
 /// reminder). Hook context, changed and restored files, nested memory and the rest carry the
 /// client's wrapping unsized.
 pub fn attachment_client_sized(attachment: &Attachment) -> bool {
-    const SIZED: [&str; 6] = ["deferred_tools_delta", "agent_listing_delta", "mcp_instructions_delta", "skill_listing", "auto_mode", "task_reminder"];
-    attachment.payload.get("rendered").is_some_and(Value::is_string) || SIZED.contains(&attachment.attachment_type.as_str())
+    attachment.payload.get("rendered").is_some_and(Value::is_string) || CLIENT_WORDED.contains(&attachment.attachment_type.as_str())
 }
+
+/// The attachment kinds whose client sentences [`client_wording`] sizes; every other kind gets
+/// none from it (`client_wording_covers_exactly_the_client_worded_kinds`).
+const CLIENT_WORDED: [&str; 6] = ["deferred_tools_delta", "agent_listing_delta", "mcp_instructions_delta", "skill_listing", "auto_mode", "task_reminder"];
 
 /// The client's own sentences around an attachment whose record keeps only its data, each our
 /// text at the length of the client's ([`crate::agent::wording`], the 2.1.2xx table: the shipped
@@ -998,6 +1001,9 @@ pub fn attachment_client_sized(attachment: &Attachment) -> bool {
 /// task tools' reminder, and its header before the tasks when it lists some.
 fn client_wording(kind: &str, map: &Map<String, Value>) -> Vec<String> {
     use crate::agent::wording::{Part, CLIENT_2_1_2XX as W};
+    if !CLIENT_WORDED.contains(&kind) {
+        return Vec::new();
+    }
     let listed = |k: &str| map.get(k).is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()) || v.as_str().is_some_and(|s| !s.is_empty()));
     let flag = |k: &str| map.get(k).and_then(Value::as_bool).unwrap_or(false);
     let mut parts = Vec::new();
@@ -2151,5 +2157,32 @@ fn kind_of(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{client_wording, CLIENT_WORDED};
+    use serde_json::{json, Map, Value};
+
+    /// Every kind the replay counts as sized from the client gets the client's sentences from
+    /// [`client_wording`] when its record lists something, and no other kind gets any: the one
+    /// list and the renderer cannot drift apart.
+    #[test]
+    fn client_wording_covers_exactly_the_client_worded_kinds() {
+        let Value::Object(full) = json!({
+            "addedLines": ["a"], "addedNames": ["a"], "removedNames": ["b"], "addedTypes": ["t"], "removedTypes": ["u"],
+            "addedBlocks": ["x"], "isInitial": true, "showConcurrencyNote": true, "content": [{"id": "1"}],
+            "autoModeConsentFlow": true, "bashFirst": true,
+        }) else {
+            unreachable!()
+        };
+        for kind in CLIENT_WORDED {
+            assert!(!client_wording(kind, &full).is_empty(), "{kind}: no client sentence");
+        }
+        for kind in ["hook_additional_context", "nested_memory", "edited_text_file", "plan_mode", "todo_reminder", ""] {
+            assert!(client_wording(kind, &full).is_empty(), "{kind}: worded but not in CLIENT_WORDED");
+            assert!(client_wording(kind, &Map::new()).is_empty());
+        }
     }
 }
