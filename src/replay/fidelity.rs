@@ -545,6 +545,44 @@ pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<Strin
 /// that gives a non-positive scale or a negative overhead, the overhead is dropped and the
 /// scale alone fitted.
 fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
+    solve_with(samples, |_, _| true)
+}
+
+/// How many standard errors a fitted per-block overhead must stand above zero for a fit of
+/// growth steps ([`solve_shown`]) to keep it: the usual two-sigma test (about 95%) that the
+/// samples show an overhead at all.
+pub const OVERHEAD_SHOWN_AT_SIGMAS: f64 = 2.0;
+
+/// [`solve`] for the calibration fit's growth steps, keeping the per-block overhead only where
+/// the samples show it: the two-parameter fit's overhead must be at least
+/// [`OVERHEAD_SHOWN_AT_SIGMAS`] standard errors (residual variance over `n − 2` degrees of
+/// freedom) above zero; otherwise the overhead is dropped and the scale alone fitted, as for an
+/// inadmissible fit. The simpler model stands until the samples reject it: a sample set whose
+/// block growth hardly varies, or whose steps are few, cannot tell an overhead per block from a
+/// little more scale, and a generation's overhead fitted there swings with the text of a few
+/// steps (NumWordify's 5 v2 steps, all adding 2 blocks, give 1.637 + 18.5 ± 10.6 per block,
+/// t = 1.75, where the 597 v2 steps of all sixteen sessions give 1.526 + 28.2 ± 1.8, t = 16;
+/// the base generation's 1,144 steps 1.125 + 51.6 ± 2.9, t = 18). docs/fidelity.md, branch
+/// v2prior.
+fn solve_shown(samples: &[FitSample]) -> Option<FamilyCalibration> {
+    solve_with(samples, |scale, per_block| {
+        let (mut a, mut b, mut c, mut rss) = (0.0, 0.0, 0.0, 0.0);
+        for s in samples {
+            a += s.raw_growth * s.raw_growth;
+            b += s.raw_growth * s.block_growth;
+            c += s.block_growth * s.block_growth;
+            let residual = s.recorded_growth - scale * s.raw_growth - per_block * s.block_growth;
+            rss += residual * residual;
+        }
+        let freedom = samples.len().saturating_sub(2).max(1) as f64;
+        let variance = rss / freedom * a / (a * c - b * b);
+        per_block >= OVERHEAD_SHOWN_AT_SIGMAS * variance.max(0.0).sqrt()
+    })
+}
+
+/// The two-parameter fit, kept when it is admissible and `keep(scale, per_block)` holds, else the
+/// scale alone.
+fn solve_with(samples: &[FitSample], keep: impl Fn(f64, f64) -> bool) -> Option<FamilyCalibration> {
     let (mut a, mut b, mut c, mut d, mut e) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for s in samples {
         a += s.raw_growth * s.raw_growth;
@@ -560,7 +598,7 @@ fn solve(samples: &[FitSample]) -> Option<FamilyCalibration> {
     if det.abs() > 1e-9 {
         let scale = (d * c - b * e) / det;
         let per_block = (a * e - b * d) / det;
-        if scale > 0.0 && per_block >= 0.0 {
+        if scale > 0.0 && per_block >= 0.0 && keep(scale, per_block) {
             return Some(FamilyCalibration { scale: round6(scale), per_block: round6(per_block) });
         }
     }
@@ -736,15 +774,15 @@ fn per_version(samples: impl Iterator<Item = (String, u64)>) -> BTreeMap<String,
 /// [`fit_calibration`] from the pooled parts.
 pub fn fit_parameters(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts: &[u64], prefixes: &[(String, u64)], source: &str) -> Calibration {
     let base: Vec<FitSample> = samples.iter().filter(|(k, _)| !k.contains('/')).flat_map(|(_, s)| s.iter().copied()).collect();
-    let default = solve(&base).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
-    let families = samples.iter().filter(|(k, _)| !k.contains('/')).filter_map(|(family, s)| solve(s).map(|p| (family.clone(), p))).collect();
+    let default = solve_shown(&base).unwrap_or(FamilyCalibration { scale: 1.0, per_block: 0.0 });
+    let families = samples.iter().filter(|(k, _)| !k.contains('/')).filter_map(|(family, s)| solve_shown(s).map(|p| (family.clone(), p))).collect();
     let mut by_generation: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
     for (key, s) in samples {
         if let Some((_, generation)) = key.split_once('/') {
             by_generation.entry(generation.to_owned()).or_default().extend(s.iter().copied());
         }
     }
-    let generations = by_generation.into_iter().filter_map(|(g, s)| solve(&s).map(|p| (g, p))).collect();
+    let generations = by_generation.into_iter().filter_map(|(g, s)| solve_shown(&s).map(|p| (g, p))).collect();
     let user_context_tokens = median(user_contexts);
     let prefix_tokens = per_version(prefixes.iter().cloned());
     Calibration {
@@ -762,7 +800,35 @@ pub fn fit_parameters(samples: &BTreeMap<String, Vec<FitSample>>, user_contexts:
 
 #[cfg(test)]
 mod tests {
-    use super::hit_agrees;
+    use super::{FitSample, hit_agrees, solve, solve_shown};
+
+    fn steps(rows: &[(f64, f64, f64)]) -> Vec<FitSample> {
+        rows.iter().map(|&(recorded_growth, raw_growth, block_growth)| FitSample { recorded_growth, raw_growth, block_growth }).collect()
+    }
+
+    #[test]
+    fn an_overhead_the_samples_do_not_show_is_dropped_and_the_scale_fitted_alone() {
+        // NumWordify's 5 clean v2 steps (recorded, bpe, blocks): every one adds 2 blocks, so the
+        // overhead is an intercept over five points (18.5 ± 10.6 tokens, t = 1.75).
+        let few = steps(&[(201.0, 88.0, 2.0), (666.0, 391.0, 2.0), (3722.0, 2238.0, 2.0), (1567.0, 964.0, 2.0), (173.0, 72.0, 2.0)]);
+        let free = solve(&few).unwrap();
+        assert!((free.scale - 1.637).abs() < 1e-3 && (free.per_block - 18.53).abs() < 0.01, "{free:?}");
+        let shown = solve_shown(&few).unwrap();
+        assert_eq!(shown.per_block, 0.0, "{shown:?}");
+        assert!((shown.scale - 1.6598).abs() < 1e-3, "{shown:?}");
+        // Steps whose block growth varies, made by 1.5 per bpe token + 30 per block with a
+        // deterministic ±5% error: the overhead is shown and kept, near what made them.
+        let varied: Vec<(f64, f64, f64)> = (0..40)
+            .map(|i| {
+                let (raw, blocks) = (50.0 + 37.0 * f64::from(i % 11), f64::from(1 + i % 5));
+                let exact = 1.5 * raw + 30.0 * blocks;
+                (exact * (1.0 + 0.05 * f64::from(i % 3 - 1)), raw, blocks)
+            })
+            .collect();
+        let kept = solve_shown(&steps(&varied)).unwrap();
+        assert_eq!(kept, solve(&steps(&varied)).unwrap());
+        assert!((kept.per_block - 30.0).abs() < 6.0 && (kept.scale - 1.5).abs() < 0.05, "{kept:?}");
+    }
 
     #[test]
     fn the_read_rule_needs_a_read_and_the_50_percent_line_decides_the_rest() {
