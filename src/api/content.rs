@@ -751,6 +751,39 @@ mod shared_blocks_tests {
         }
     }
 
+    proptest::proptest! {
+        /// The same for a request's shared lists (tools, system blocks): what a list keeps is
+        /// the hashes of what it holds, and of what another body holds.
+        #[test]
+        fn kept_system_block_hashes_follow_every_change(changes in proptest::collection::vec(change(), 0..24)) {
+            use crate::api::{SharedVec, SystemBlock};
+            let fresh = |list: &SharedVec<SystemBlock>, tag: &'static [u8]| -> Vec<(u128, u32)> {
+                list.iter().map(|block| crate::api::structural::block_hash(tag, block)).collect()
+            };
+            let mut list: SharedVec<SystemBlock> = vec![SystemBlock::text("x")].into();
+            let mut others: Vec<(SharedVec<SystemBlock>, Vec<SystemBlock>)> = Vec::new();
+            for change in changes {
+                match change {
+                    Change::Push(text) | Change::InsertFirst(text) => list.push(SystemBlock::text(text)),
+                    Change::Pop | Change::TakeFirst(_) => { list.pop(); }
+                    Change::Iterate => for block in list.iter_mut() { block.text.push('x'); },
+                    Change::Share => others.push((list.clone(), list.to_vec())),
+                    Change::Hash(system) => {
+                        let tag: &'static [u8] = if system { b"system" } else { b"tool" };
+                        proptest::prop_assert_eq!(list.block_hashes(tag).into_owned(), fresh(&list, tag));
+                    }
+                }
+            }
+            for tag in [&b"system"[..], b"tool"] {
+                proptest::prop_assert_eq!(list.block_hashes(tag).into_owned(), fresh(&list, tag));
+                for (other, held) in &others {
+                    proptest::prop_assert_eq!(&**other, held);
+                    proptest::prop_assert_eq!(other.block_hashes(tag).into_owned(), fresh(other, tag));
+                }
+            }
+        }
+    }
+
     #[test]
     fn inserting_a_first_block_leaves_other_bodies_as_they_were() {
         let other: SharedBlocks = vec![ContentBlock::text("a"), ContentBlock::text("b")].into();

@@ -352,8 +352,9 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
     if folds.inline_start {
         state = chain(state, tagged_hash(b"inline_tool_start", &[]));
     }
-    for (i, tool) in request.tools().iter().enumerate() {
-        let (hash, bytes) = block_hash(b"tool", tool);
+    // The lists keep their hashes: the replays of a session send the same lists again.
+    let tool_hashes = request.tools.as_ref().map_or(Cow::Borrowed(&[][..]), |tools| tools.block_hashes(b"tool"));
+    for (i, (tool, &(hash, bytes))) in request.tools().iter().zip(tool_hashes.iter()).enumerate() {
         let tokens = counter.count(hash, family, || {
             let mut unmarked = tool.clone();
             unmarked.cache_control = None;
@@ -380,16 +381,15 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
         state = chain(state, tagged_hash(b"tool_choice", &to_canonical_bytes(choice)));
     }
     let single;
-    let system: &[crate::api::SystemBlock] = match &request.system {
-        None => &[],
+    let (system, system_hashes): (&[crate::api::SystemBlock], Cow<'_, [(u128, u32)]>) = match &request.system {
+        None => (&[], Cow::Borrowed(&[])),
         Some(SystemPrompt::Text(text)) => {
             single = [crate::api::SystemBlock::text(text.clone())];
-            &single
+            (&single, Cow::Owned(vec![block_hash(b"system", &single[0])]))
         }
-        Some(SystemPrompt::Blocks(blocks)) => blocks,
+        Some(SystemPrompt::Blocks(blocks)) => (blocks, blocks.block_hashes(b"system")),
     };
-    for (i, block) in system.iter().enumerate() {
-        let (hash, bytes) = block_hash(b"system", block);
+    for (i, (block, &(hash, bytes))) in system.iter().zip(system_hashes.iter()).enumerate() {
         let tokens = counter.count(hash, family, || vec![TokenUnit::Text(Cow::Borrowed(&block.text))]);
         // Counted as written; keyed as one constant where the server does not key it.
         let hash = if billing == BillingKey::Unkeyed && block.text.starts_with(super::structure::BILLING_PREFIX) {
