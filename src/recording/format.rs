@@ -647,3 +647,55 @@ pub fn write_atomically(
 ) -> Result<(), RecordingError> {
     crate::report::output::write_output_with(path, fill).map_err(|source| RecordingError::Write { file: path.display().to_string(), source })
 }
+
+#[cfg(test)]
+mod parse_line_tests {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::parse_line;
+
+    /// A line of JSON-like text: values with escapes, non-ASCII text, numbers past `f64`,
+    /// then one byte maybe replaced by a byte that cannot stand in UTF-8 there.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            Just("1e999".to_owned()),
+            Just("-12.5e-3".to_owned()),
+            Just("18446744073709551616".to_owned()),
+            "[a-zé\\\\\"→ ]{0,6}".prop_map(|s| format!("\"{s}\"")),
+            Just("\"\\ud800\"".to_owned()),
+            Just("\"\\u00e9\\n\"".to_owned()),
+        ];
+        let value = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[{}]", items.join(","))),
+                prop::collection::vec(("[a-c]{1,2}", inner), 0..4)
+                    .prop_map(|fields| format!("{{{}}}", fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect::<Vec<_>>().join(","))),
+            ]
+        });
+        (value, any::<prop::sample::Index>(), prop::option::of(prop_oneof![Just(0xffu8), Just(0xc3), Just(0x80), Just(b'"')]))
+            .prop_map(|(text, at, byte)| {
+                let mut bytes = text.into_bytes();
+                if let Some(byte) = byte {
+                    let i = at.index(bytes.len());
+                    bytes[i] = byte;
+                }
+                bytes
+            })
+    }
+
+    proptest! {
+        /// Parsing a UTF-8 line as text takes the same lines, to the same values, as the
+        /// parse of the slice, and fails on the others (their error comes from the same
+        /// explaining parse as before).
+        #[test]
+        fn a_line_parses_as_text_as_it_parses_as_bytes(bytes in line()) {
+            let by_slice = serde_json::from_slice::<Value>(&bytes);
+            match parse_line::<Value>(&bytes) {
+                Ok(value) => prop_assert_eq!(Some(value), by_slice.ok()),
+                Err(_) => prop_assert!(by_slice.is_err()),
+            }
+        }
+    }
+}
