@@ -1,5 +1,5 @@
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -20,8 +20,34 @@ pub enum MessageContent {
 /// Reading goes through `Deref` (a `Vec<ContentBlock>`); changing through `DerefMut`, which
 /// copies the blocks first when another body still holds them (copy on write), so a change
 /// never reaches an earlier body. Serializes as the list it holds.
+///
+/// The list also keeps its blocks' structural hashes once a flattener asked for them
+/// ([`SharedBlocks::block_hashes`]): the replays of one session (as recorded, its checkpoints,
+/// its what-ifs) send the same messages again and again. Every change drops them.
 #[derive(Debug, Clone, Default)]
-pub struct SharedBlocks(Arc<Vec<ContentBlock>>);
+pub struct SharedBlocks(Arc<Listed>);
+
+/// The list behind [`SharedBlocks`] and its memo of hashes.
+#[derive(Debug, Default)]
+struct Listed {
+    blocks: Vec<ContentBlock>,
+    /// [`block_hash`](super::structural::block_hash) of each block under the tag (the
+    /// message's role) it was asked for first.
+    hashes: OnceLock<(&'static str, Box<[(u128, u32)]>)>,
+}
+
+impl Listed {
+    fn new(blocks: Vec<ContentBlock>) -> Listed {
+        Listed { blocks, hashes: OnceLock::new() }
+    }
+}
+
+/// A copy (copy on write) is about to change: it starts without the memo.
+impl Clone for Listed {
+    fn clone(&self) -> Listed {
+        Listed::new(self.blocks.clone())
+    }
+}
 
 impl SharedBlocks {
     /// Whether both hold the same allocation (then they are identical; unequal allocations
@@ -32,23 +58,31 @@ impl SharedBlocks {
 
     /// The blocks, taken without a copy when no other body holds them.
     pub fn into_vec(self) -> Vec<ContentBlock> {
-        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+        Arc::try_unwrap(self.0).map_or_else(|shared| shared.blocks.clone(), |listed| listed.blocks)
+    }
+
+    /// The blocks in place, the memo of hashes dropped (they are about to change). `None`
+    /// when another body holds them.
+    fn unique_mut(&mut self) -> Option<&mut Vec<ContentBlock>> {
+        let listed = Arc::get_mut(&mut self.0)?;
+        listed.hashes.take();
+        Some(&mut listed.blocks)
     }
 
     /// Takes the first block out (there must be one) and keeps at most `keep` of the blocks
     /// after it. No block is copied when no other body holds the list; when one does, only the
     /// first block and the kept ones are (where a change through `DerefMut` copies them all).
     pub fn take_first(&mut self, keep: usize) -> ContentBlock {
-        match Arc::get_mut(&mut self.0) {
+        match self.unique_mut() {
             Some(blocks) => {
                 let first = blocks.remove(0);
                 blocks.truncate(keep);
                 first
             }
             None => {
-                let first = self.0[0].clone();
-                let end = self.0.len().min(keep.saturating_add(1));
-                *self = SharedBlocks(Arc::new(self.0[1..end].to_vec()));
+                let first = self.0.blocks[0].clone();
+                let end = self.0.blocks.len().min(keep.saturating_add(1));
+                *self = SharedBlocks::from(self.0.blocks[1..end].to_vec());
                 first
             }
         }
@@ -57,40 +91,51 @@ impl SharedBlocks {
     /// Puts `block` before the others, copying them only when another body holds them (into
     /// a list of their length plus one, where `DerefMut` and `insert` copy and then grow).
     pub fn insert_first(&mut self, block: ContentBlock) {
-        match Arc::get_mut(&mut self.0) {
+        match self.unique_mut() {
             Some(blocks) => blocks.insert(0, block),
             None => {
-                let mut blocks = Vec::with_capacity(self.0.len() + 1);
+                let mut blocks = Vec::with_capacity(self.0.blocks.len() + 1);
                 blocks.push(block);
-                blocks.extend(self.0.iter().cloned());
-                *self = SharedBlocks(Arc::new(blocks));
+                blocks.extend(self.0.blocks.iter().cloned());
+                *self = SharedBlocks::from(blocks);
             }
         }
+    }
+
+    /// [`block_hash`](super::structural::block_hash)`(tag, block)` of each block, computed
+    /// the first time they are asked for and kept with the list (under that `tag`; another
+    /// tag's are computed each time).
+    pub fn block_hashes(&self, tag: &'static str) -> std::borrow::Cow<'_, [(u128, u32)]> {
+        let hash_all = || self.0.blocks.iter().map(|block| super::structural::block_hash(tag.as_bytes(), block)).collect();
+        let (kept_tag, hashes) = self.0.hashes.get_or_init(|| (tag, hash_all()));
+        if *kept_tag == tag { std::borrow::Cow::Borrowed(hashes) } else { std::borrow::Cow::Owned(hash_all().into_vec()) }
     }
 }
 
 impl Deref for SharedBlocks {
     type Target = Vec<ContentBlock>;
     fn deref(&self) -> &Vec<ContentBlock> {
-        &self.0
+        &self.0.blocks
     }
 }
 
 impl DerefMut for SharedBlocks {
     fn deref_mut(&mut self) -> &mut Vec<ContentBlock> {
-        Arc::make_mut(&mut self.0)
+        let listed = Arc::make_mut(&mut self.0);
+        listed.hashes.take();
+        &mut listed.blocks
     }
 }
 
 impl From<Vec<ContentBlock>> for SharedBlocks {
     fn from(blocks: Vec<ContentBlock>) -> Self {
-        SharedBlocks(Arc::new(blocks))
+        SharedBlocks(Arc::new(Listed::new(blocks)))
     }
 }
 
 impl FromIterator<ContentBlock> for SharedBlocks {
     fn from_iter<I: IntoIterator<Item = ContentBlock>>(iter: I) -> Self {
-        SharedBlocks(Arc::new(iter.into_iter().collect()))
+        SharedBlocks::from(iter.into_iter().collect::<Vec<_>>())
     }
 }
 
@@ -98,7 +143,7 @@ impl<'a> IntoIterator for &'a SharedBlocks {
     type Item = &'a ContentBlock;
     type IntoIter = std::slice::Iter<'a, ContentBlock>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.0.blocks.iter()
     }
 }
 
@@ -112,19 +157,19 @@ impl<'a> IntoIterator for &'a mut SharedBlocks {
 
 impl PartialEq for SharedBlocks {
     fn eq(&self, other: &Self) -> bool {
-        self.same(other) || *self.0 == *other.0
+        self.same(other) || self.0.blocks == other.0.blocks
     }
 }
 
 impl PartialEq<Vec<ContentBlock>> for SharedBlocks {
     fn eq(&self, other: &Vec<ContentBlock>) -> bool {
-        *self.0 == *other
+        self.0.blocks == *other
     }
 }
 
 impl Serialize for SharedBlocks {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        self.0.blocks.serialize(serializer)
     }
 }
 
@@ -640,6 +685,103 @@ mod shared_blocks_tests {
         let mut text = MessageContent::Text("r".into());
         assert_eq!(text.take_first_block(usize::MAX), ContentBlock::text("r"));
         assert_eq!(text.block_count(), 0);
+    }
+
+    /// One change to a list of blocks, for the memo's proptest.
+    #[derive(Debug, Clone)]
+    enum Change {
+        Push(String),
+        Pop,
+        TakeFirst(usize),
+        InsertFirst(String),
+        /// A change through `&mut SharedBlocks`'s iterator: every text block gains `x`.
+        Iterate,
+        /// Another body takes a reference (the next change copies on write).
+        Share,
+        Hash(bool),
+    }
+
+    fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+        use proptest::prelude::*;
+        prop_oneof![
+            "[a-c]{0,3}".prop_map(Change::Push),
+            Just(Change::Pop),
+            (0usize..4).prop_map(Change::TakeFirst),
+            "[a-c]{0,3}".prop_map(Change::InsertFirst),
+            Just(Change::Iterate),
+            Just(Change::Share),
+            any::<bool>().prop_map(Change::Hash),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The hashes a list keeps are the hashes of what it holds after any sequence of
+        /// changes, whether another body holds the list or not, and a body that held the list
+        /// before a change keeps its own blocks' hashes.
+        #[test]
+        fn kept_block_hashes_follow_every_change(changes in proptest::collection::vec(change(), 0..24)) {
+            let fresh = |blocks: &SharedBlocks, tag: &'static str| -> Vec<(u128, u32)> {
+                blocks.iter().map(|block| crate::api::structural::block_hash(tag.as_bytes(), block)).collect()
+            };
+            let mut blocks: SharedBlocks = vec![ContentBlock::text("x")].into();
+            let mut others: Vec<(SharedBlocks, Vec<ContentBlock>)> = Vec::new();
+            for change in changes {
+                match change {
+                    Change::Push(text) => blocks.push(ContentBlock::text(text)),
+                    Change::Pop => { blocks.pop(); }
+                    Change::TakeFirst(keep) => if !blocks.is_empty() { blocks.take_first(keep); },
+                    Change::InsertFirst(text) => blocks.insert_first(ContentBlock::text(text)),
+                    Change::Iterate => for block in &mut blocks {
+                        if let ContentBlock::Text { text, .. } = block { text.push('x'); }
+                    },
+                    Change::Share => others.push((blocks.clone(), blocks.to_vec())),
+                    Change::Hash(user) => {
+                        let tag = if user { "user" } else { "assistant" };
+                        proptest::prop_assert_eq!(blocks.block_hashes(tag).into_owned(), fresh(&blocks, tag));
+                    }
+                }
+            }
+            for tag in ["user", "assistant"] {
+                proptest::prop_assert_eq!(blocks.block_hashes(tag).into_owned(), fresh(&blocks, tag));
+                for (other, held) in &others {
+                    proptest::prop_assert_eq!(&**other, held);
+                    proptest::prop_assert_eq!(other.block_hashes(tag).into_owned(), fresh(other, tag));
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The same for a request's shared lists (tools, system blocks): what a list keeps is
+        /// the hashes of what it holds, and of what another body holds.
+        #[test]
+        fn kept_system_block_hashes_follow_every_change(changes in proptest::collection::vec(change(), 0..24)) {
+            use crate::api::{SharedVec, SystemBlock};
+            let fresh = |list: &SharedVec<SystemBlock>, tag: &'static [u8]| -> Vec<(u128, u32)> {
+                list.iter().map(|block| crate::api::structural::block_hash(tag, block)).collect()
+            };
+            let mut list: SharedVec<SystemBlock> = vec![SystemBlock::text("x")].into();
+            let mut others: Vec<(SharedVec<SystemBlock>, Vec<SystemBlock>)> = Vec::new();
+            for change in changes {
+                match change {
+                    Change::Push(text) | Change::InsertFirst(text) => list.push(SystemBlock::text(text)),
+                    Change::Pop | Change::TakeFirst(_) => { list.pop(); }
+                    Change::Iterate => for block in list.iter_mut() { block.text.push('x'); },
+                    Change::Share => others.push((list.clone(), list.to_vec())),
+                    Change::Hash(system) => {
+                        let tag: &'static [u8] = if system { b"system" } else { b"tool" };
+                        proptest::prop_assert_eq!(list.block_hashes(tag).into_owned(), fresh(&list, tag));
+                    }
+                }
+            }
+            for tag in [&b"system"[..], b"tool"] {
+                proptest::prop_assert_eq!(list.block_hashes(tag).into_owned(), fresh(&list, tag));
+                for (other, held) in &others {
+                    proptest::prop_assert_eq!(&**other, held);
+                    proptest::prop_assert_eq!(other.block_hashes(tag).into_owned(), fresh(other, tag));
+                }
+            }
+        }
     }
 
     #[test]

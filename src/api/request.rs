@@ -1,5 +1,5 @@
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -151,9 +151,33 @@ pub enum SystemPrompt {
 /// schemas and the system prompt once, as the session built them. Reading goes through `Deref`
 /// (a `Vec<T>`); changing through `DerefMut`, which copies the list first when another body
 /// still holds it (copy on write), so a change never reaches another body. Serializes and
-/// parses as the list it holds.
+/// parses as the list it holds. Like [`SharedBlocks`](super::SharedBlocks), it keeps its items'
+/// structural hashes once a flattener asked ([`SharedVec::block_hashes`]); every change drops
+/// them.
 #[derive(Debug, Clone)]
-pub struct SharedVec<T>(Arc<Vec<T>>);
+pub struct SharedVec<T>(Arc<Listed<T>>);
+
+/// The list behind [`SharedVec`] and its memo of hashes.
+#[derive(Debug)]
+struct Listed<T> {
+    items: Vec<T>,
+    /// [`block_hash`](super::structural::block_hash) of each item under the tag it was asked
+    /// for first.
+    hashes: OnceLock<(&'static [u8], Box<[(u128, u32)]>)>,
+}
+
+impl<T> Listed<T> {
+    fn new(items: Vec<T>) -> Listed<T> {
+        Listed { items, hashes: OnceLock::new() }
+    }
+}
+
+/// A copy (copy on write) is about to change: it starts without the memo.
+impl<T: Clone> Clone for Listed<T> {
+    fn clone(&self) -> Listed<T> {
+        Listed::new(self.items.clone())
+    }
+}
 
 impl<T> SharedVec<T> {
     /// Whether both hold the same allocation (then they are equal; unequal allocations may
@@ -163,41 +187,54 @@ impl<T> SharedVec<T> {
     }
 }
 
+impl<T: Serialize> SharedVec<T> {
+    /// [`block_hash`](super::structural::block_hash)`(tag, item)` of each item, computed the
+    /// first time they are asked for and kept with the list (under that `tag`; another tag's
+    /// are computed each time).
+    pub fn block_hashes(&self, tag: &'static [u8]) -> std::borrow::Cow<'_, [(u128, u32)]> {
+        let hash_all = || self.0.items.iter().map(|item| super::structural::block_hash(tag, item)).collect();
+        let (kept_tag, hashes) = self.0.hashes.get_or_init(|| (tag, hash_all()));
+        if *kept_tag == tag { std::borrow::Cow::Borrowed(hashes) } else { std::borrow::Cow::Owned(hash_all().into_vec()) }
+    }
+}
+
 impl<T: Clone> SharedVec<T> {
     /// The list, taken without a copy when no other body holds it.
     pub fn into_vec(self) -> Vec<T> {
-        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+        Arc::try_unwrap(self.0).map_or_else(|shared| shared.items.clone(), |listed| listed.items)
     }
 }
 
 impl<T> Default for SharedVec<T> {
     fn default() -> Self {
-        SharedVec(Arc::new(Vec::new()))
+        SharedVec::from(Vec::new())
     }
 }
 
 impl<T> Deref for SharedVec<T> {
     type Target = Vec<T>;
     fn deref(&self) -> &Vec<T> {
-        &self.0
+        &self.0.items
     }
 }
 
 impl<T: Clone> DerefMut for SharedVec<T> {
     fn deref_mut(&mut self) -> &mut Vec<T> {
-        Arc::make_mut(&mut self.0)
+        let listed = Arc::make_mut(&mut self.0);
+        listed.hashes.take();
+        &mut listed.items
     }
 }
 
 impl<T> From<Vec<T>> for SharedVec<T> {
     fn from(list: Vec<T>) -> Self {
-        SharedVec(Arc::new(list))
+        SharedVec(Arc::new(Listed::new(list)))
     }
 }
 
 impl<T> FromIterator<T> for SharedVec<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
-        SharedVec(Arc::new(iter.into_iter().collect()))
+        SharedVec::from(iter.into_iter().collect::<Vec<_>>())
     }
 }
 
@@ -205,25 +242,25 @@ impl<'a, T> IntoIterator for &'a SharedVec<T> {
     type Item = &'a T;
     type IntoIter = std::slice::Iter<'a, T>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.0.items.iter()
     }
 }
 
 impl<T: PartialEq> PartialEq for SharedVec<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.same(other) || *self.0 == *other.0
+        self.same(other) || self.0.items == other.0.items
     }
 }
 
 impl<T: PartialEq> PartialEq<Vec<T>> for SharedVec<T> {
     fn eq(&self, other: &Vec<T>) -> bool {
-        *self.0 == *other
+        self.0.items == *other
     }
 }
 
 impl<T: Serialize> Serialize for SharedVec<T> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        self.0.items.serialize(serializer)
     }
 }
 

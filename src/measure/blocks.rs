@@ -352,8 +352,9 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
     if folds.inline_start {
         state = chain(state, tagged_hash(b"inline_tool_start", &[]));
     }
-    for (i, tool) in request.tools().iter().enumerate() {
-        let (hash, bytes) = block_hash(b"tool", tool);
+    // The lists keep their hashes: the replays of a session send the same lists again.
+    let tool_hashes = request.tools.as_ref().map_or(Cow::Borrowed(&[][..]), |tools| tools.block_hashes(b"tool"));
+    for (i, (tool, &(hash, bytes))) in request.tools().iter().zip(tool_hashes.iter()).enumerate() {
         let tokens = counter.count(hash, family, || {
             let mut unmarked = tool.clone();
             unmarked.cache_control = None;
@@ -380,16 +381,15 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
         state = chain(state, tagged_hash(b"tool_choice", &to_canonical_bytes(choice)));
     }
     let single;
-    let system: &[crate::api::SystemBlock] = match &request.system {
-        None => &[],
+    let (system, system_hashes): (&[crate::api::SystemBlock], Cow<'_, [(u128, u32)]>) = match &request.system {
+        None => (&[], Cow::Borrowed(&[])),
         Some(SystemPrompt::Text(text)) => {
             single = [crate::api::SystemBlock::text(text.clone())];
-            &single
+            (&single, Cow::Owned(vec![block_hash(b"system", &single[0])]))
         }
-        Some(SystemPrompt::Blocks(blocks)) => blocks,
+        Some(SystemPrompt::Blocks(blocks)) => (blocks, blocks.block_hashes(b"system")),
     };
-    for (i, block) in system.iter().enumerate() {
-        let (hash, bytes) = block_hash(b"system", block);
+    for (i, (block, &(hash, bytes))) in system.iter().zip(system_hashes.iter()).enumerate() {
         let tokens = counter.count(hash, family, || vec![TokenUnit::Text(Cow::Borrowed(&block.text))]);
         // Counted as written; keyed as one constant where the server does not key it.
         let hash = if billing == BillingKey::Unkeyed && block.text.starts_with(super::structure::BILLING_PREFIX) {
@@ -426,21 +426,22 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
 /// Appends the records of `messages[m]`'s blocks chained from `state`; returns the new state.
 pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCounter, family: &str, mut state: u128, out: &mut Vec<PromptBlock>) -> u128 {
     let owned;
-    let content: &[ContentBlock] = match &message.content {
+    let role = message.role.as_str();
+    // Like `cache_control`, a tool_result's `cache_reference` is an address for the server,
+    // not prompt content: the structural hash leaves both out. A list of blocks keeps its
+    // hashes (every replay of a session sends it again).
+    let (content, hashes): (&[ContentBlock], Cow<'_, [(u128, u32)]>) = match &message.content {
         // An effort-only system message renders nothing.
-        _ if crate::api::system_messages::renders_nothing(message) => &[],
+        _ if crate::api::system_messages::renders_nothing(message) => (&[], Cow::Borrowed(&[])),
         MessageContent::Text(text) => {
             owned = [ContentBlock::text(text.clone())];
-            &owned
+            (&owned, Cow::Owned(vec![block_hash(role.as_bytes(), &owned[0])]))
         }
-        MessageContent::Blocks(blocks) => blocks,
+        MessageContent::Blocks(blocks) => (blocks, blocks.block_hashes(role)),
     };
-    for (c, block) in content.iter().enumerate() {
+    for (c, (block, &(hash, bytes))) in content.iter().zip(hashes.iter()).enumerate() {
         let marker = block.raw_cache_control();
         let (cache_reference, cache_deletes) = cache_edit_fields(block);
-        // Like `cache_control`, a tool_result's `cache_reference` is an address for the
-        // server, not prompt content: the structural hash leaves both out.
-        let (hash, bytes) = block_hash(message.role.as_str().as_bytes(), block);
         let tokens = counter.count(hash, family, || content_token_units(block));
         state = chain(state, hash);
         let empty_text = matches!(block, ContentBlock::Text { text, .. } if text.is_empty());
