@@ -56,6 +56,19 @@ pub struct PeerProbe {
     pub mcp_instructions: bool,
 }
 
+/// How many pools [`ASSEMBLED_POOLS`] keeps (the strategies of a session's what-ifs make a few).
+const ASSEMBLED_POOLS_KEPT: usize = 8;
+
+thread_local! {
+    /// The pools assembled last on this thread, by what assembly read (the inputs and the size
+    /// profile), the oldest first. A session assembles its pool once per change of the inputs
+    /// ([`Session::pool`]'s own memo), but every run of a session starts a session of its own:
+    /// the what-ifs of one recorded session (each strategy, each run of a plan search) assemble
+    /// the same pool, each assembly padding every built-in tool to the profile's token counts.
+    /// The same inputs give the same pool, so which runs share one changes no result.
+    static ASSEMBLED_POOLS: std::cell::RefCell<Vec<(PoolInputs, SizeProfile, std::rc::Rc<ToolPool>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The agent state of one conversation on the main thread.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -1262,7 +1275,18 @@ impl Session {
         {
             return std::rc::Rc::clone(pool);
         }
-        let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
+        let pool = ASSEMBLED_POOLS.with(|assembled| {
+            let mut assembled = assembled.borrow_mut();
+            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && *profile == self.profile) {
+                return std::rc::Rc::clone(pool);
+            }
+            let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
+            if assembled.len() >= ASSEMBLED_POOLS_KEPT {
+                assembled.remove(0);
+            }
+            assembled.push((inputs.clone(), self.profile.clone(), std::rc::Rc::clone(&pool)));
+            pool
+        });
         *memo = Some((inputs, std::rc::Rc::clone(&pool)));
         pool
     }

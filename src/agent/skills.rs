@@ -134,6 +134,14 @@ pub fn skill_roots(config_home: &str, cwd: &str, managed_dir: &str) -> Vec<Strin
 
 /// Loads `{root}/*/SKILL.md` of every root in order; the first skill of a name wins.
 pub fn load_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> Vec<Skill> {
+    // The agent lists its skills at every step; between two changes of the fs they are those
+    // it read the step before.
+    let key = format!("skills {prefix:?} {roots:?}");
+    fs.derived(&key, |fs| read_skills_from(fs, roots, prefix))
+}
+
+/// [`load_skills_from`] read afresh.
+fn read_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> Vec<Skill> {
     let mut out: Vec<Skill> = Vec::new();
     for root in roots {
         let Ok(entries) = fs.list_dir(root) else { continue };

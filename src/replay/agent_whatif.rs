@@ -85,7 +85,15 @@ pub struct Prepared {
     /// The API's lookback rule when the session ran, every run's (as
     /// [`super::workload::agent_replay`] measures).
     pub lookback: crate::measure::LookbackRule,
+    /// The scenario of the first plan and its model as built, made by the first family that
+    /// runs and shared by every other (each family's trunk runs it): the workload's document
+    /// copied, planned and parsed once per session instead of once per family. Emptied by
+    /// [`Self::set_env`], the one change of the workload after `prepare`.
+    first: std::sync::OnceLock<PlannedScenario>,
 }
+
+/// A plan's scenario and its scripted model as built, shared by the runs that go by it.
+type PlannedScenario = (std::sync::Arc<Scenario>, std::sync::Arc<crate::world::ScriptedModel>);
 
 impl Prepared {
     /// What of the workload's world decides the agent's thresholds, as its runs see it.
@@ -100,6 +108,7 @@ impl Prepared {
         self.workload.document["world"]["env"] = serde_json::to_value(&env).expect("a map serializes");
         self.workload.scenario = crate::scenario::parse_scenario_document(&self.workload.document, file).map_err(|e| e.to_string())?;
         self.env = env_of(&self.workload.scenario);
+        self.first = std::sync::OnceLock::new();
         Ok(())
     }
 }
@@ -153,7 +162,7 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let client = super::turns::RecordedClient::new(session, &workload.main_calls);
     let env = env_of(&workload.scenario);
     let lookback = crate::measure::LookbackRule::for_session_start(session.recording.header.start_epoch_ms);
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, lookback })
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, lookback, first: std::sync::OnceLock::new() })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -724,11 +733,12 @@ fn run_from(
     Err("no checkpoint to go on from (the start is one)".to_owned())
 }
 
-/// The scenarios of the plans a family ran, each parsed once, with its model as built.
+/// The scenarios of the plans a family ran, each parsed once, with its model as built (the
+/// first plan's from [`Prepared`], parsed once for every family of the session).
 struct Scenarios<'p> {
     prepared: &'p Prepared,
     file: &'p str,
-    list: Vec<(Plan, Scenario, crate::world::ScriptedModel)>,
+    list: Vec<(Plan, std::sync::Arc<Scenario>, std::sync::Arc<crate::world::ScriptedModel>)>,
 }
 
 impl Scenarios<'_> {
@@ -736,8 +746,20 @@ impl Scenarios<'_> {
         if let Some(i) = self.list.iter().position(|(p, _, _)| p == plan) {
             return Ok(i);
         }
-        let scenario = planned(self.prepared, self.file, plan)?;
-        let model = scenario.into_world().model;
+        let first = *plan == first_plan(self.prepared);
+        let (scenario, model) = match self.prepared.first.get() {
+            Some((scenario, model)) if first => (scenario.clone(), model.clone()),
+            _ => {
+                let scenario = planned(self.prepared, self.file, plan)?;
+                let model = scenario.into_world().model;
+                let built = (std::sync::Arc::new(scenario), std::sync::Arc::new(model));
+                if first {
+                    // (Another family may have set it meanwhile, to the same.)
+                    let _ = self.prepared.first.set(built.clone());
+                }
+                built
+            }
+        };
         self.list.push((plan.clone(), scenario, model));
         Ok(self.list.len() - 1)
     }

@@ -60,6 +60,41 @@ pub struct VirtualFs {
     files: BTreeMap<String, FileEntry>,
     dirs: BTreeSet<String>,
     journal: Vec<Change>,
+    /// Values derived from the tree ([`VirtualFs::derived`]), dropped by every change.
+    derived: Derived,
+}
+
+/// Values computed from a [`VirtualFs`]'s tree, by the name their caller gives them: the agent
+/// reads the same directories again at every step (its skills, parsed from `SKILL.md` files),
+/// and between two changes of the tree it reads the same. Every method that changes the tree
+/// (`&mut self`) empties it first, so a value is only ever read back from the tree it was
+/// computed from; a copy of the fs copies it (the values are shared, an `Arc`). Behind a mutex
+/// because the agent reads the fs through `&`; nothing here is output, so its order is
+/// immaterial.
+#[derive(Default)]
+struct Derived(std::sync::Mutex<BTreeMap<String, std::sync::Arc<dyn std::any::Any + Send + Sync>>>);
+
+impl Derived {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, std::sync::Arc<dyn std::any::Any + Send + Sync>>> {
+        // (A panic while it was held left the map as it was: nothing is computed under the lock.)
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn clear(&mut self) {
+        self.0.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+}
+
+impl Clone for Derived {
+    fn clone(&self) -> Self {
+        Derived(std::sync::Mutex::new(self.map().clone()))
+    }
+}
+
+impl std::fmt::Debug for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Derived({} values)", self.map().len())
+    }
 }
 
 impl VirtualFs {
@@ -70,6 +105,7 @@ impl VirtualFs {
     /// Adds a file as part of the initial state: sets its mtime but is not journaled, so the
     /// starting tree never shows up as "changed".
     pub fn seed(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
+        self.derived.clear();
         let path = self.writable_path(path)?;
         self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() as i64 });
         Ok(())
@@ -77,6 +113,7 @@ impl VirtualFs {
 
     /// [`Self::seed`] with a given modification time (a scenario's `world.files[].mtime`).
     pub fn seed_at(&mut self, path: &str, contents: impl Into<String>, mtime_ms: i64) -> Result<(), WorldError> {
+        self.derived.clear();
         let path = self.writable_path(path)?;
         self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms });
         Ok(())
@@ -98,6 +135,7 @@ impl VirtualFs {
 
     /// Creates or overwrites a file, stamping it with the clock's time and journaling the write.
     pub fn write(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
+        self.derived.clear();
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
         self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
@@ -124,6 +162,7 @@ impl VirtualFs {
 
     /// Removes a file, or a directory with everything under it. Each removed file is journaled.
     pub fn remove(&mut self, path: &str, clock: &Clock) -> Result<(), WorldError> {
+        self.derived.clear();
         let path = normalize_path(path)?;
         let time_ms = clock.now_ms();
         if self.files.remove(&path).is_some() {
@@ -145,12 +184,25 @@ impl VirtualFs {
 
     /// Creates a directory (and its ancestors) explicitly, so it exists while empty.
     pub fn create_dir(&mut self, path: &str) -> Result<(), WorldError> {
+        self.derived.clear();
         let path = normalize_path(path)?;
         if self.files.contains_key(&path) || ancestors(&path).any(|a| self.files.contains_key(a)) {
             return Err(WorldError::NotADirectory { path });
         }
         self.dirs.insert(path);
         Ok(())
+    }
+
+    /// The value `compute` gives for this tree, kept under `key` until the tree changes: a
+    /// value read back is one `compute` gave for the tree as it is. `key` must name everything
+    /// `compute` reads besides the fs (its arguments), and one key always one type.
+    pub fn derived<T: Clone + Send + Sync + 'static>(&self, key: &str, compute: impl FnOnce(&Self) -> T) -> T {
+        if let Some(value) = self.derived.map().get(key).and_then(|v| v.downcast_ref::<T>()) {
+            return value.clone();
+        }
+        let value = compute(self);
+        self.derived.map().insert(key.to_owned(), std::sync::Arc::new(value.clone()));
+        value
     }
 
     pub fn exists(&self, path: &str) -> bool {
@@ -274,6 +326,7 @@ impl VirtualFs {
     /// checkouts). Skips `.git`, symlinks and non-UTF-8 files. The only function in the World
     /// that touches the real filesystem.
     pub fn load_from_dir(&mut self, real_path: &Path, mount_at: &str, clock: &Clock) -> Result<LoadReport, WorldError> {
+        self.derived.clear();
         let mount_at = normalize_path(mount_at)?;
         let mut report = LoadReport::default();
         let walker = walkdir::WalkDir::new(real_path)

@@ -257,6 +257,39 @@ proptest! {
             prop_assert_eq!(listing, b.list_dir(&entry.path).unwrap());
         }
     }
+
+    /// A value derived from the tree (`VirtualFs::derived`, as the agent's skills are) is the
+    /// one computed afresh after any sequence of changes, in the fs and in a copy of it changed
+    /// apart.
+    #[test]
+    fn fs_derived_values_follow_every_change(
+        ops in prop::collection::vec((0u8..5, "/[ab]{1,2}(/[ab]{1,2}){0,2}"), 1..24),
+        copy_at in 0usize..24,
+    ) {
+        let clock = Clock::new(0);
+        let mut fs = VirtualFs::new();
+        let mut copy: Option<VirtualFs> = None;
+        let derived = |fs: &VirtualFs| fs.derived("walk", |fs| format!("{:?}", fs.walk("/").unwrap()));
+        for (i, (op, path)) in ops.iter().enumerate() {
+            prop_assert_eq!(derived(&fs), format!("{:?}", fs.walk("/").unwrap()));
+            if i == copy_at {
+                copy = Some(fs.clone());
+            }
+            let _ = match op {
+                0 => fs.write(path, format!("written {i}"), &clock),
+                1 => fs.remove(path, &clock),
+                2 => fs.create_dir(path),
+                3 => fs.edit(path, "written", "edited", true, &clock).map(|_| ()),
+                _ => fs.seed(path, "seeded", &clock),
+            };
+            if let Some(copy) = &mut copy {
+                prop_assert_eq!(derived(copy), format!("{:?}", copy.walk("/").unwrap()));
+                let _ = copy.write(&format!("{path}.copy"), "apart", &clock);
+                prop_assert_eq!(derived(copy), format!("{:?}", copy.walk("/").unwrap()));
+            }
+        }
+        prop_assert_eq!(derived(&fs), format!("{:?}", fs.walk("/").unwrap()));
+    }
 }
 
 // ---- rng -------------------------------------------------------------------------------------

@@ -198,6 +198,12 @@ fn tool_name<'e>(entries: &'e [super::context::Entry], id: &str) -> Option<&'e s
     })
 }
 
+/// Whether the block at (`entry`, `block`) is a tool result whose content is `text`.
+fn shows(entries: &[super::context::Entry], entry: usize, block: usize, text: &str) -> bool {
+    matches!(entries[entry].blocks().get(block),
+        Some(ContentBlock::ToolResult { content: Some(ToolResultContent::Text(current)), .. }) if current == text)
+}
+
 struct Candidate<'e> {
     entry: usize,
     block: usize,
@@ -281,7 +287,12 @@ impl Stage for ToolResultBudget {
             let mut fresh: Vec<&Candidate> = Vec::new();
             for candidate in &group {
                 if let Some(text) = cx.state.replacements.replacements.get(candidate.id) {
-                    apply.push((candidate.entry, candidate.block, text.clone()));
+                    // A replacement the entry already shows (re-applied on every request) is not
+                    // written again: the entry stays as it was made, so its record is kept as it
+                    // is (and the text is not copied).
+                    if !shows(&cx.entries, candidate.entry, candidate.block, text) {
+                        apply.push((candidate.entry, candidate.block, text.clone()));
+                    }
                     reapplied += 1;
                 } else if cx.state.replacements.seen_ids.contains(candidate.id) {
                     frozen_size += candidate.size;
@@ -336,11 +347,7 @@ impl Stage for ToolResultBudget {
             }
         }
         for (entry, block, text) in apply {
-            // A replacement the entry already shows (re-applied on every request) is not
-            // written again: the entry stays as it was made, so its record is kept as it is.
-            let shown = matches!(cx.entries[entry].blocks().get(block),
-                Some(ContentBlock::ToolResult { content: Some(ToolResultContent::Text(current)), .. }) if *current == text);
-            if shown {
+            if shows(&cx.entries, entry, block, &text) {
                 continue;
             }
             if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content
