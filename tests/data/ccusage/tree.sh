@@ -7,6 +7,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 data="$here/../../../../shared/realdata/transcripts"
+# (The checkout's ../shared, as the tests read it: a worktree elsewhere has none.)
+[ -d "$data" ] || { echo "tree.sh: no shipped transcripts at $data: the checkout's ../shared/realdata is missing" >&2; exit 2; }
 dest="$1/projects"
 mkdir -p "$dest"
 for project in NumWordify cipher-box entirecontext entireio-cli oh-my-posh; do
