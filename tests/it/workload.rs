@@ -724,7 +724,9 @@ fn the_agent_writes_with_the_ttl_the_recorded_call_wrote_with() {
     let (_, driven) = drive("oh-my-posh/d84718082c10-3.full.jsonl");
     let call = driven.replay.calls.iter().find(|c| c.index == 232).unwrap();
     assert_eq!(call.recorded.cache_read_input_tokens, 36_389);
-    assert!(call.sim_cache_read <= 36_389.0, "call 232 read {} past a 5m TTL", call.sim_cache_read);
+    // The prefix level is filled in whole tokens of the calibrated count, so the simulated read
+    // lands within a token of the record's (36,390 under the calibration refitted on branch refit).
+    assert!(call.sim_cache_read <= 36_389.0 + 1.0, "call 232 read {} past a 5m TTL", call.sim_cache_read);
     assert!(call.sim_cache_creation > 400_000.0, "call 232 wrote {}", call.sim_cache_creation);
     // Within the TTL the conversation is still read whole.
     let next = driven.replay.calls.iter().find(|c| c.index == 233).unwrap();
