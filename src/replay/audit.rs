@@ -283,7 +283,7 @@ fn agent_whatifs(
         // Set over the effective strategy: a TTL equal to the default one would otherwise give
         // way to the recorded one.
         let mut strategy = base.clone();
-        strategy.ttl_main = *ttl;
+        strategy.ttl_main = (*ttl).into();
         candidates.push(((*label).to_owned(), Kind::Ttl, strategy));
     }
     for pct in AUTOCOMPACT_PCTS {

@@ -269,8 +269,8 @@ pub fn knob_no_effect_reason(key: &str, strategies: &[crate::strategy::Strategy]
                 return Some("the session has no call outside the main lane".to_owned());
             }
             let all_1h = others.iter().all(|c| c.usage.cache_creation.as_ref().is_none_or(|s| s.ephemeral_5m_input_tokens == 0));
-            (all_1h && strategies.iter().all(|s| s.ttl_other == CacheTtl::OneHour || s.ttl_other == crate::strategy::Strategy::default().ttl_other))
-                .then(|| "every call outside the main lane already wrote its cache at 1h (5m, the default, stands for the recorded TTL)".to_owned())
+            (all_1h && strategies.iter().all(|s| matches!(s.ttl_other, crate::strategy::TtlSetting::OneHour | crate::strategy::TtlSetting::Auto)))
+                .then(|| "every call outside the main lane already wrote its cache at 1h (`auto`, the default, stands for the recorded TTL)".to_owned())
         }
         _ => None,
     }

@@ -125,7 +125,7 @@ impl ReplayOptions {
     pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
         let editing = &strategy.compact.context_editing;
         ReplayOptions {
-            ttl_main: Some(strategy.ttl_main),
+            ttl_main: Some(strategy.ttl_main.ttl()),
             recorded_microcompact: strategy.replay_recorded_microcompact,
             peer: strategy.compact.peer.clone(),
             clear_tool_uses: editing.clear_tool_uses.then_some((editing.trigger_input_tokens, strategy.compact.peer.keep_recent)),
@@ -146,7 +146,7 @@ impl ReplayOptions {
                 let layout = ReplayLayout::of(strategy);
                 (layout != ReplayLayout::of(&crate::strategy::Strategy::default())).then_some(layout)
             },
-            ttl_other: (strategy.ttl_other != crate::strategy::Strategy::default().ttl_other).then_some(strategy.ttl_other),
+            ttl_other: strategy.ttl_other.named(),
             stages: super::stages::configured(&strategy.compact).then(|| super::stages::chain_config(&strategy.compact)),
             ..ReplayOptions::default()
         }

@@ -881,17 +881,16 @@ impl RecordedSettings {
         RecordedSettings { ttl_main, ttl_other_1h }
     }
 
-    /// Sets each recorded TTL where `strategy` keeps the default one: a strategy that names
-    /// another TTL (a what-if) keeps its own.
+    /// Sets each recorded TTL where `strategy` leaves it to the client (`auto`); a strategy that
+    /// names a TTL (a what-if, 5m included) keeps its own. Where nothing is recorded, `auto` is
+    /// the API's default, 5m: afterwards every TTL of `strategy` is named.
     pub fn apply(&self, strategy: &mut crate::strategy::Strategy) {
-        let default = crate::strategy::Strategy::default();
-        if let Some(ttl) = self.ttl_main
-            && strategy.ttl_main == default.ttl_main
-        {
-            strategy.ttl_main = ttl;
+        use crate::strategy::TtlSetting;
+        if strategy.ttl_main == TtlSetting::Auto {
+            strategy.ttl_main = self.ttl_main.unwrap_or(crate::api::CacheTtl::FiveMinutes).into();
         }
-        if self.ttl_other_1h && strategy.ttl_other == default.ttl_other {
-            strategy.ttl_other = crate::api::CacheTtl::OneHour;
+        if strategy.ttl_other == TtlSetting::Auto {
+            strategy.ttl_other = if self.ttl_other_1h { TtlSetting::OneHour } else { TtlSetting::FiveMinutes };
         }
     }
 }
@@ -1147,10 +1146,6 @@ fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measure
     ShownSizes { revealed_prefix_tokens, kept_after_compaction, events }
 }
 
-/// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
-/// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
-/// replay's run shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
-/// request gives the agent's own sizes.
 /// Tokens of the command bodies the agent restores after a compaction (`attachment.skill`, the
 /// latest body of each command before the script's first `/compact`), under the post-compact
 /// budget, in the agent's own rough count (`rebuild::skill_attachment`'s rule, its per-skill cut
@@ -1173,6 +1168,10 @@ fn restored_command_tokens(script: &[crate::scenario::Step], budget: &crate::age
     })
 }
 
+/// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
+/// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
+/// replay's run shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
+/// request gives the agent's own sizes.
 pub fn size_unmodelled(
     session: &ImportedSession,
     file: &str,

@@ -9,6 +9,44 @@ use serde_json::Value;
 
 use crate::api::CacheTtl;
 
+/// A lane's cache TTL as a strategy sets it: named (`5m`, `1h`), or `auto`, the client's own
+/// choice: on a real session the TTL the recording shows (a subscriber's client writes at 1h), in
+/// a scenario the API's default, 5m. A TTL a user names (`--set ttl_main=5m`, a sweep over
+/// `ttl_main`) applies to a real session too, also where it equals the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TtlSetting {
+    #[serde(rename = "auto")]
+    Auto,
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    #[serde(rename = "1h")]
+    OneHour,
+}
+
+impl TtlSetting {
+    /// The TTL where nothing recorded stands for `auto`: the API's default, 5m.
+    pub fn ttl(self) -> CacheTtl {
+        match self {
+            TtlSetting::Auto | TtlSetting::FiveMinutes => CacheTtl::FiveMinutes,
+            TtlSetting::OneHour => CacheTtl::OneHour,
+        }
+    }
+
+    /// The TTL named, `None` for `auto`.
+    pub fn named(self) -> Option<CacheTtl> {
+        (self != TtlSetting::Auto).then(|| self.ttl())
+    }
+}
+
+impl From<CacheTtl> for TtlSetting {
+    fn from(ttl: CacheTtl) -> Self {
+        match ttl {
+            CacheTtl::FiveMinutes => TtlSetting::FiveMinutes,
+            CacheTtl::OneHour => TtlSetting::OneHour,
+        }
+    }
+}
+
 /// Where MCP server instructions go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -54,10 +92,11 @@ pub struct Strategy {
     pub first_party: bool,
     /// `CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS`.
     pub disable_experimental_betas: bool,
-    /// TTL of the main lane's markers (`5m` is sent as no ttl at all).
-    pub ttl_main: CacheTtl,
-    /// TTL of every other lane.
-    pub ttl_other: CacheTtl,
+    /// TTL of the main lane's markers (`5m` is sent as no ttl at all; `auto`, the default: the
+    /// recorded TTL on a real session, else 5m).
+    pub ttl_main: TtlSetting,
+    /// TTL of every other lane (`auto` as for `ttl_main`).
+    pub ttl_other: TtlSetting,
     /// Interactive REPL (true) or print mode `-p` (false).
     pub interactive: bool,
     /// Skill listing budget as a fraction of the context window in characters (window × 4 × f).
@@ -130,8 +169,8 @@ impl Default for Strategy {
             base_url: BaseUrl::FirstParty,
             first_party: true,
             disable_experimental_betas: false,
-            ttl_main: CacheTtl::FiveMinutes,
-            ttl_other: CacheTtl::FiveMinutes,
+            ttl_main: TtlSetting::Auto,
+            ttl_other: TtlSetting::Auto,
             interactive: false,
             skill_listing_budget_fraction: 0.01,
             skill_description_max: 250,
@@ -450,7 +489,7 @@ impl Strategy {
 
     /// The TTL written into markers on `lane` (`None` = the API default, not serialized).
     pub fn ttl_for(&self, lane: &str) -> Option<CacheTtl> {
-        let ttl = if lane == "main" { self.ttl_main } else { self.ttl_other };
+        let ttl = if lane == "main" { self.ttl_main } else { self.ttl_other }.ttl();
         (ttl == CacheTtl::OneHour).then_some(ttl)
     }
 }
@@ -513,9 +552,9 @@ mod agent_knobs_tests {
         let reference = Strategy::default();
         let mut other = Strategy { replay_recorded_microcompact: !reference.replay_recorded_microcompact, ..Strategy::default() };
         assert_eq!(other.as_agent_runs(&reference), reference);
-        other.ttl_main = CacheTtl::OneHour;
+        other.ttl_main = TtlSetting::OneHour;
         let run = other.as_agent_runs(&reference);
-        assert_eq!(run.ttl_main, CacheTtl::OneHour);
+        assert_eq!(run.ttl_main, TtlSetting::OneHour);
         assert_eq!(run.replay_recorded_microcompact, reference.replay_recorded_microcompact);
     }
 }

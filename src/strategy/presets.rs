@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::agent::compact::peers::PeerStrategy;
-use crate::api::CacheTtl;
 
-use super::knobs::{McpInstructionsMode, Strategy, StrategyError};
+use super::knobs::{McpInstructionsMode, Strategy, StrategyError, TtlSetting};
 
 /// One preset: its id, the old names that still resolve to it, and its source note.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +72,7 @@ pub fn build(name: &str, env: &BTreeMap<String, String>) -> Result<Strategy, Str
             c.snip.enabled = false;
             c.context_collapse.enabled = false;
         }
-        "claude-code-1h" => s.ttl_main = CacheTtl::OneHour,
+        "claude-code-1h" => s.ttl_main = TtlSetting::OneHour,
         "claude-code-env" => s.apply_env(env)?,
         "codex" => {
             c.autocompact.enabled = false;

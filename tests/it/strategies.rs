@@ -39,7 +39,7 @@ fn set_overrides_dotted_keys() {
     )
     .unwrap();
     assert_eq!(s.compact.peer.keep_recent, 9);
-    assert_eq!(s.ttl_main, ctxsim::api::CacheTtl::OneHour);
+    assert_eq!(s.ttl_main, ctxsim::strategy::TtlSetting::OneHour);
     assert_eq!(s.compact.autocompact.buffer_tokens, 20_000);
     assert!(Strategy::resolve_with("claude-code", &["compact.nope=1".into()]).is_err());
     assert!(Strategy::resolve_with("claude-code", &["no_equals".into()]).is_err());

@@ -268,3 +268,19 @@ fn the_replay_reason_holds_beside_a_knob_that_matters() {
     assert!(stderr.contains("compact.post_compact.max_files changed no result (the replay of a recording does not honour this knob"), "{stderr}");
     assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
 }
+
+/// A TTL the user names applies to a real session, also the default one: NumWordify's client
+/// wrote its cache at 1h, so `auto` (the client's own choice, the default) is its 1h run, while
+/// `5m` is a run at 5m, which costs otherwise. (Before `auto`, a named 5m could not be told from
+/// the default and gave way to the recorded 1h: the sweep said "ttl_main changed no result".)
+#[test]
+fn a_named_ttl_applies_to_a_real_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
+    let (_, stderr) = sweep_output(&[session.as_str(), "--param", "ttl_main=auto,5m,1h"], dir.path());
+    assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("sweep.json")).unwrap()).unwrap();
+    let cost = |ttl: &str| json["points"].as_array().unwrap().iter().find(|p| p["ttl_main"] == ttl).unwrap()["cost_usd"].as_str().unwrap().to_owned();
+    assert_eq!(cost("auto"), cost("1h"), "auto is the recorded TTL");
+    assert_ne!(cost("5m"), cost("1h"), "a named 5m is run at 5m");
+}
