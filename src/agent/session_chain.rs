@@ -340,6 +340,9 @@ impl Session {
         self.sync_meta(now_ms);
         if let Some(i) = self.records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) {
             if let Some(entry) = self.entry_cache.get_mut(i) {
+                if entry.message_id.as_deref() != Some(message_id.as_str()) {
+                    entry.forget_budget_mark();
+                }
                 entry.usage = Some(usage.clone());
                 entry.message_id = Some(message_id.clone());
             }

@@ -56,6 +56,108 @@ pub struct LossTracker {
     judged_prompt: BTreeMap<String, u64>,
     /// Context tokens of each lane's previous request.
     previous_context: BTreeMap<String, u64>,
+    /// What each lane's earlier requests showed in the messages the next one is expected to
+    /// begin with, so a request is read from where it departs from them.
+    prefixes: BTreeMap<String, ShownPrefix>,
+    /// Keeps no prefix: every request is read whole (the reference the kept prefixes are
+    /// tested against).
+    #[cfg(test)]
+    whole: bool,
+}
+
+/// Messages a lane's earlier request began with, and what they show: the judge of a request
+/// that begins with the same messages (the same block lists, held here so that the same
+/// allocation means the same blocks) reads only the messages after them.
+///
+/// Kept only for requests that clear nothing server-side and name no Read call twice, so that
+/// what the messages show is what the tracker recorded as seen when it judged them: each of
+/// their calls judged, their visible results and paths in `seen_results` and `seen_paths`.
+#[derive(Debug, Clone, Default)]
+struct ShownPrefix {
+    /// The messages' blocks (`None`: a text message, which shows nothing).
+    messages: Vec<Option<crate::api::SharedBlocks>>,
+    /// Path of each Read call among them, by tool use id.
+    read_path_of: BTreeMap<String, String>,
+    /// Tool use ids whose result they show.
+    visible_results: BTreeSet<String>,
+    /// Paths of their Read calls whose result they show.
+    visible_paths: BTreeSet<String>,
+}
+
+/// Messages at the end of a request that the next request of its lane may show otherwise (the
+/// message that carries the cache marker, a user message that grows): left out of the kept
+/// prefix.
+const UNSETTLED_TAIL: usize = 2;
+
+/// What messages show: Read calls' paths, visible results, tool calls, in order.
+#[derive(Default)]
+struct Shown<'r> {
+    read_path_of: Vec<(&'r str, &'r str)>,
+    visible_results: Vec<&'r str>,
+    uses: Vec<(&'r str, &'r str, &'r serde_json::Value)>,
+}
+
+impl<'r> Shown<'r> {
+    fn scan(&mut self, messages: &'r [crate::api::Message], cleared: &[String]) {
+        for message in messages {
+            let MessageContent::Blocks(blocks) = &message.content else { continue };
+            for block in blocks {
+                match block {
+                    ContentBlock::ToolUse { id, name, input, .. } => {
+                        if name == "Read"
+                            && let Some(path) = input.get("file_path").and_then(|v| v.as_str())
+                        {
+                            self.read_path_of.push((id, path));
+                        }
+                        self.uses.push((id, name, input));
+                    }
+                    ContentBlock::ToolResult { tool_use_id, content, is_error, .. }
+                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) && !cleared.contains(tool_use_id) => {
+                            self.visible_results.push(tool_use_id);
+                        }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+impl ShownPrefix {
+    /// Whether `messages` begin with the kept messages.
+    fn begins(&self, messages: &[crate::api::Message]) -> bool {
+        self.messages.len() <= messages.len()
+            && self.messages.iter().zip(messages).all(|(kept, message)| match (kept, &message.content) {
+                (Some(kept), MessageContent::Blocks(blocks)) => kept.same(blocks),
+                (None, MessageContent::Text(_)) => true,
+                _ => false,
+            })
+    }
+
+    /// Appends `messages`, which show `shown` (no Read call among them named before).
+    fn extend(&mut self, messages: &[crate::api::Message], shown: &Shown<'_>) {
+        self.messages.extend(messages.iter().map(|m| match &m.content {
+            MessageContent::Blocks(blocks) => Some(blocks.clone()),
+            MessageContent::Text(_) => None,
+        }));
+        for &(id, path) in &shown.read_path_of {
+            self.read_path_of.insert(id.to_owned(), path.to_owned());
+        }
+        for &id in &shown.visible_results {
+            self.visible_results.insert(id.to_owned());
+        }
+        // Paths now visible: the new Read calls shown anywhere in the prefix, the earlier Read
+        // calls whose result the new messages show.
+        for &(id, path) in &shown.read_path_of {
+            if self.visible_results.contains(id) {
+                self.visible_paths.insert(path.to_owned());
+            }
+        }
+        for &id in &shown.visible_results {
+            if let Some(path) = self.read_path_of.get(id) {
+                self.visible_paths.insert(path.clone());
+            }
+        }
+    }
 }
 
 impl LossTracker {
@@ -102,36 +204,57 @@ impl LossTracker {
     /// `cleared`: tool uses whose results the server cleared (context editing) though the body
     /// still carries them.
     fn judge(&mut self, request: &Request, lane: &str, cleared: &[String]) {
-        // What this request shows.
-        let mut read_path_of: BTreeMap<&str, &str> = BTreeMap::new();
-        let mut visible_results: BTreeSet<&str> = BTreeSet::new();
-        let mut uses: Vec<(&str, &str, &serde_json::Value)> = Vec::new();
-        for message in &request.messages {
-            let MessageContent::Blocks(blocks) = &message.content else { continue };
-            for block in blocks {
-                match block {
-                    ContentBlock::ToolUse { id, name, input, .. } => {
-                        if name == "Read"
-                            && let Some(path) = input.get("file_path").and_then(|v| v.as_str())
-                        {
-                            read_path_of.insert(id, path);
-                        }
-                        uses.push((id, name, input));
-                    }
-                    ContentBlock::ToolResult { tool_use_id, content, is_error, .. }
-                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) && !cleared.contains(tool_use_id) => {
-                            visible_results.insert(tool_use_id);
-                        }
-                    _ => {}
-                }
+        let messages = &request.messages;
+        // The messages this lane's earlier request showed, when this request begins with them.
+        let mut prefix = self.prefixes.remove(lane).filter(|p| cleared.is_empty() && p.begins(messages));
+        #[cfg(test)]
+        if self.whole {
+            prefix = None;
+        }
+        let from = prefix.as_ref().map_or(0, |p| p.messages.len());
+        let mut tail = Shown::default();
+        tail.scan(&messages[from..], cleared);
+        // A Read call named twice: its path is the last one's, which the kept prefix cannot
+        // tell; read everything again.
+        let mut tail_reads: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut named_twice = false;
+        for &(id, path) in &tail.read_path_of {
+            named_twice |= tail_reads.insert(id, path).is_some() || prefix.as_ref().is_some_and(|p| p.read_path_of.contains_key(id));
+        }
+        if named_twice && prefix.is_some() {
+            prefix = None;
+            tail = Shown::default();
+            tail.scan(messages, cleared);
+            tail_reads.clear();
+            named_twice = false;
+            for &(id, path) in &tail.read_path_of {
+                named_twice |= tail_reads.insert(id, path).is_some();
             }
         }
-        let visible_paths: BTreeSet<&str> =
-            read_path_of.iter().filter(|(id, _)| visible_results.contains(**id)).map(|(_, p)| *p).collect();
-        let invisible = |path: &str| !visible_paths.contains(path);
+        let empty = ShownPrefix::default();
+        let kept = prefix.as_ref().unwrap_or(&empty);
 
-        // New tool calls: judged against what was seen before this request.
-        for (id, name, input) in &uses {
+        // What this request shows: the kept prefix's, plus the tail's.
+        let tail_visible: BTreeSet<&str> = tail.visible_results.iter().copied().collect();
+        let visible = |id: &str| tail_visible.contains(id) || kept.visible_results.contains(id);
+        // Paths the tail makes visible: its own Read calls shown anywhere, the prefix's Read
+        // calls whose result the tail shows.
+        let mut tail_paths: BTreeSet<&str> = BTreeSet::new();
+        for (&id, &path) in &tail_reads {
+            if visible(id) {
+                tail_paths.insert(path);
+            }
+        }
+        for &id in &tail_visible {
+            if let Some(path) = kept.read_path_of.get(id) {
+                tail_paths.insert(path.as_str());
+            }
+        }
+        let invisible = |path: &str| !tail_paths.contains(path) && !kept.visible_paths.contains(path);
+
+        // New tool calls: judged against what was seen before this request (the prefix's
+        // calls were judged when it was first seen).
+        for (id, name, input) in &tail.uses {
             if self.judged_uses.contains(*id) {
                 continue;
             }
@@ -149,14 +272,14 @@ impl LossTracker {
             }
             let text = input.to_string();
             let miss_path = self.seen_paths.iter().any(|p| invisible(p) && text.contains(p.as_str()));
-            let miss_id = tool_use_ids_in(&text).any(|r| self.seen_results.contains(r) && !visible_results.contains(r));
+            let miss_id = tool_use_ids_in(&text).any(|r| self.seen_results.contains(r) && !visible(r));
             if miss_path || miss_id {
                 self.loss.recall_misses += 1;
             }
         }
 
         // A new user prompt (the last user message with text) naming a path no longer visible.
-        if let Some(last) = request.messages.iter().rev().find(|m| m.role == Role::User) {
+        if let Some(last) = messages.iter().rev().find(|m| m.role == Role::User) {
             let text = last.content.joined_text();
             if !text.is_empty() {
                 let key = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
@@ -169,16 +292,28 @@ impl LossTracker {
             }
         }
 
-        for path in visible_paths {
-            if !self.seen_paths.contains(path) {
-                self.seen_paths.insert(path.to_owned());
+        // The prefix's visible paths and results are seen already.
+        for path in &tail_paths {
+            if !self.seen_paths.contains(*path) {
+                self.seen_paths.insert((*path).to_owned());
             }
         }
-        for id in visible_results {
-            if !self.seen_results.contains(id) {
-                self.seen_results.insert(id.to_owned());
+        for id in &tail_visible {
+            if !self.seen_results.contains(*id) {
+                self.seen_results.insert((*id).to_owned());
             }
         }
+
+        // Keep what the settled messages show for the lane's next request.
+        if !cleared.is_empty() || named_twice {
+            return;
+        }
+        let mut prefix = prefix.unwrap_or_default();
+        let settled = messages.len().saturating_sub(UNSETTLED_TAIL).max(from);
+        let mut more = Shown::default();
+        more.scan(&messages[from..settled], cleared);
+        prefix.extend(&messages[from..settled], &more);
+        self.prefixes.insert(lane.to_owned(), prefix);
     }
 
     pub fn finish(self) -> InfoLoss {
@@ -210,4 +345,86 @@ pub fn info_loss(requests: &[Request], rows: &[RequestMetrics]) -> InfoLoss {
         tracker.observe(request, row);
     }
     tracker.finish()
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::*;
+    use crate::api::{Message, SharedBlocks};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const PATHS: [&str; 3] = ["/r/a.rs", "/r/b.rs", "/r/c.rs"];
+
+    /// The last message made again (its blocks in a new list), as the cache marker's move does.
+    fn remade(message: &Message) -> Message {
+        let mut again = message.clone();
+        if let MessageContent::Blocks(blocks) = &message.content {
+            again.content = MessageContent::Blocks(SharedBlocks::from(blocks.to_vec()));
+        }
+        again
+    }
+
+    proptest! {
+        /// Reading each request from where it departs from the lane's kept prefix judges as
+        /// reading it whole does, through cleared results, compactions, rewritten messages,
+        /// repeated Read ids, server-side clears and a second lane.
+        #[test]
+        fn kept_prefixes_judge_as_whole_requests(ops in proptest::collection::vec((0u8..10, 0usize..3, 0usize..40), 1..60)) {
+            let (mut kept, mut whole) = (LossTracker::new(), LossTracker { whole: true, ..LossTracker::new() });
+            let mut lanes: [Vec<Message>; 2] = [Vec::new(), Vec::new()];
+            let mut next = 0usize;
+            for (op, p, k) in ops {
+                let path = PATHS[p];
+                let lane = usize::from(op == 9);
+                let messages = &mut lanes[lane];
+                let mut cleared = Vec::new();
+                let earlier = format!("toolu_{}", k % (next + 1));
+                fn call(next: &mut usize, name: &str, input: serde_json::Value, result: &str, messages: &mut Vec<Message>) {
+                    *next += 1;
+                    let id = format!("toolu_{next}");
+                    messages.push(Message::assistant_blocks(vec![ContentBlock::tool_use(id.clone(), name, input)]));
+                    messages.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text(result.to_owned()), None)]));
+                }
+                match op {
+                    0 | 9 => call(&mut next, "Read", json!({"file_path": path}), "fn main() {}", messages),
+                    1 => call(&mut next, "Read", json!({"file_path": path}), PLACEHOLDERS[0], messages),
+                    2 => call(&mut next, "Bash", json!({"command": format!("cat {path}")}), "ok", messages),
+                    3 => call(&mut next, "Grep", json!({"pattern": earlier}), "ok", messages),
+                    4 => messages.push(Message::user_text(format!("look at {path} again"))),
+                    5 => *messages = vec![Message::user_text("summary")],
+                    6 => {
+                        // An older result cleared in place (a new list for that message).
+                        let at = k % messages.len().max(1);
+                        if let Some(MessageContent::Blocks(blocks)) = messages.get_mut(at).map(|m| &mut m.content) {
+                            for block in blocks.iter_mut() {
+                                if let ContentBlock::ToolResult { content, .. } = block {
+                                    *content = Some(ToolResultContent::Text(PLACEHOLDERS[1].to_owned()));
+                                }
+                            }
+                        }
+                    }
+                    7 => {
+                        // A Read id named again.
+                        let id = format!("toolu_{}", k % (next + 1));
+                        messages.push(Message::assistant_blocks(vec![ContentBlock::tool_use(id.clone(), "Read", json!({"file_path": path}))]));
+                        messages.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("again".into()), None)]));
+                    }
+                    _ => cleared.push(format!("toolu_{}", k % (next + 1))),
+                }
+                if let Some(last) = messages.last_mut() {
+                    *last = remade(last);
+                }
+                let mut request = Request::new("m", 100);
+                request.messages = messages.clone();
+                let lane = ["main", "sub"][lane];
+                kept.judge(&request, lane, &cleared);
+                whole.judge(&request, lane, &cleared);
+                prop_assert_eq!(&kept.loss, &whole.loss);
+                prop_assert_eq!(&kept.seen_paths, &whole.seen_paths);
+                prop_assert_eq!(&kept.seen_results, &whole.seen_results);
+                prop_assert_eq!(&kept.judged_uses, &whole.judged_uses);
+            }
+        }
+    }
 }

@@ -617,6 +617,30 @@ proptest! {
         let stats = driver.play(&generate(seed, 120), &mut budget_replay_checker());
         prop_assert_eq!(stats.requests, 120);
     }
+
+    /// The tool result budget reading only what earlier runs did not settle decides, reports
+    /// and rewrites as reading the whole conversation at every request does, through
+    /// microcompact's clears, snips, collapses and compactions.
+    #[test]
+    fn compact_budget_reads_what_is_new_as_a_full_scan_would(seed in 0u64..10_000, snip in any::<bool>(), collapse in any::<bool>(), aggregate in any::<bool>()) {
+        let mut config = all_stages_on();
+        config.snip.enabled = snip;
+        config.context_collapse.enabled = collapse;
+        config.autocompact.reactive_enabled = collapse;
+        config.tool_result_budget.aggregate_enabled = aggregate;
+        config.tool_result_budget.aggregate_chars = 60_000;
+        let rounds = generate(seed, 120);
+        let mut outputs = [Vec::new(), Vec::new()];
+        let mut drivers = [Driver::new(config.clone(), LIMITS), Driver::new(config, LIMITS)];
+        drivers[1].rescan_budget = true;
+        for (driver, seen) in drivers.iter_mut().zip(outputs.iter_mut()) {
+            driver.play(&rounds, &mut |cx| seen.push((cx.output.reports.clone(), cx.output.events.clone(), cx.entries.clone())));
+        }
+        prop_assert!(outputs[0].iter().any(|(reports, _, _)| reports.iter().any(|r| r.name == "tool_result_budget" && r.fired)));
+        prop_assert_eq!(&outputs[0], &outputs[1]);
+        prop_assert_eq!(&drivers[0].state.replacements.seen_ids, &drivers[1].state.replacements.seen_ids);
+        prop_assert_eq!(&drivers[0].state.replacements.replacements, &drivers[1].state.replacements.replacements);
+    }
 }
 
 // ---- compaction under prompt-too-long: head truncation, tail peel ---------------------------

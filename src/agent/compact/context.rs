@@ -55,6 +55,9 @@ pub struct Entry {
     /// The tool results `tool_result_budget` may weigh, found once per version of the message
     /// ([`Entry::budget_candidates`]).
     candidates: NotValue<std::cell::OnceCell<Vec<super::tool_result_budget::EntryCandidate>>>,
+    /// The run of `tool_result_budget` that last found this message settled, and the entry's
+    /// position then ([`super::tool_result_budget::BudgetScan`]); forgotten with the message.
+    budget_mark: NotValue<std::cell::Cell<Option<(u64, usize)>>>,
 }
 
 /// Bookkeeping an entry carries that is not part of its value: two entries that differ only
@@ -90,6 +93,7 @@ impl Entry {
             rough: NotValue::default(),
             pristine: NotValue::default(),
             candidates: NotValue::default(),
+            budget_mark: NotValue::default(),
         }
     }
 
@@ -101,6 +105,7 @@ impl Entry {
     pub fn message_mut(&mut self) -> &mut Message {
         self.rough.0.set(None);
         self.candidates.0.take();
+        self.budget_mark.0.set(None);
         self.pristine.0 = false;
         &mut self.message
     }
@@ -136,6 +141,21 @@ impl Entry {
     /// so a request's budget pass reads each old result's size instead of measuring its text.
     pub fn budget_candidates(&self) -> &[super::tool_result_budget::EntryCandidate] {
         self.candidates.0.get_or_init(|| super::tool_result_budget::entry_candidates(self.blocks()))
+    }
+
+    /// The `tool_result_budget` run (its stamp) that found this entry settled at `position`.
+    pub fn budget_mark(&self) -> Option<(u64, usize)> {
+        self.budget_mark.0.get()
+    }
+
+    pub fn set_budget_mark(&self, stamp: u64, position: usize) {
+        self.budget_mark.0.set(Some((stamp, position)));
+    }
+
+    /// Forgets the budget's mark: for a change of the entry's fields other than its message
+    /// (its `message_id`, which groups the budget's candidates).
+    pub fn forget_budget_mark(&mut self) {
+        self.budget_mark.0.set(None);
     }
 
     pub fn is_boundary(&self) -> bool {

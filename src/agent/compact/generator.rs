@@ -105,6 +105,10 @@ pub struct Driver {
     pub limits: ModelLimits,
     pub chain: Chain,
     pub entries: Vec<Entry>,
+    /// Reads the whole conversation on every request, as if no earlier run of
+    /// `tool_result_budget` had settled any of it (the reference its incremental run is
+    /// checked against).
+    pub rescan_budget: bool,
     next_uuid: u64,
 }
 
@@ -118,6 +122,7 @@ impl Driver {
             limits,
             chain: Chain::new(),
             entries: Vec::new(),
+            rescan_budget: false,
             next_uuid: 0,
         }
     }
@@ -131,6 +136,9 @@ impl Driver {
     /// Runs the chain once before a request; `inspect` sees the context after it.
     pub fn request(&mut self, inspect: &mut dyn FnMut(&ChainContext<'_>)) -> ChainOutput {
         let entries = std::mem::take(&mut self.entries);
+        if self.rescan_budget {
+            self.state.replacements.scan = Default::default();
+        }
         let mut cx = ChainContext::new(entries, &mut self.state, &self.config, &mut self.fs, &self.clock, self.limits);
         let mut step = self.chain.run(&mut cx);
         while let ChainStep::Compact(_) = step {

@@ -28,6 +28,7 @@ use crate::world::{Clock, VirtualFs};
 use super::chain::Stage;
 use super::config::{CompactConfig, ToolResultBudgetConfig};
 use super::context::ChainContext;
+use super::context::Entry;
 use super::counting::rough_entries;
 
 pub const PERSISTED_OPEN: &str = "<persisted-output>";
@@ -38,6 +39,79 @@ pub const PERSISTED_CLOSE: &str = "</persisted-output>";
 pub struct ReplacementState {
     pub seen_ids: BTreeSet<String>,
     pub replacements: BTreeMap<String, String>,
+    /// What the runs so far settled, so that a request's run reads only what is new.
+    pub scan: BudgetScan,
+}
+
+/// The leading entries earlier runs settled: every tool result they carry was decided and
+/// frozen (seen, not replaced), so a run would weigh them only as the frozen size of the last
+/// wire message they end in. A run starts after them, with that size and the message ids
+/// they hold, when every one of them is still there unchanged: each carries this scan's
+/// `stamp` and its position ([`Entry::budget_mark`], forgotten when the message is rewritten),
+/// else it reads the whole conversation again. Bookkeeping, not a value: two scans are equal.
+#[derive(Debug, Clone, Default)]
+pub struct BudgetScan {
+    /// Which run marked the entries (0: none); a scan started afresh takes a new one.
+    stamp: u64,
+    /// The entries settled.
+    len: usize,
+    /// The `message.id`s of the assistant entries among them.
+    message_ids: rustc_hash::FxHashSet<String>,
+    /// Sizes of their results after their last assistant entry with a new id (the frozen size
+    /// the group of the next results starts with).
+    open_frozen: u64,
+}
+
+impl PartialEq for BudgetScan {
+    fn eq(&self, _: &BudgetScan) -> bool {
+        true
+    }
+}
+
+impl Eq for BudgetScan {}
+
+/// Stamps of scans started afresh: unique in the process, never output.
+static NEXT_STAMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl BudgetScan {
+    /// How many leading entries are still as this scan settled them; forgets the scan (and
+    /// returns 0) when one of them is not.
+    fn settled(&mut self, entries: &[Entry]) -> usize {
+        let valid = self.stamp != 0
+            && self.len <= entries.len()
+            && entries[..self.len].iter().enumerate().all(|(i, entry)| entry.budget_mark() == Some((self.stamp, i)));
+        if !valid {
+            *self = BudgetScan { stamp: NEXT_STAMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed), ..BudgetScan::default() };
+        }
+        self.len
+    }
+
+    /// Extends the settled entries over `entries[self.len..]` as far as every result there is
+    /// frozen, marking each entry it takes.
+    fn extend(&mut self, entries: &[Entry], state_seen: &BTreeSet<String>, state_replaced: &BTreeMap<String, String>) {
+        for (i, entry) in entries.iter().enumerate().skip(self.len) {
+            if entry.on_wire() {
+                if entry.message().role == Role::Assistant {
+                    match &entry.message_id {
+                        Some(id) => {
+                            if self.message_ids.insert(id.clone()) {
+                                self.open_frozen = 0;
+                            }
+                        }
+                        None => self.open_frozen = 0,
+                    }
+                } else {
+                    let candidates = entry.budget_candidates();
+                    if candidates.iter().any(|c| !state_seen.contains(&c.id) || state_replaced.contains_key(&c.id)) {
+                        return;
+                    }
+                    self.open_frozen += candidates.iter().map(|c| c.size).sum::<u64>();
+                }
+            }
+            entry.set_budget_mark(self.stamp, i);
+            self.len = i + 1;
+        }
+    }
 }
 
 pub struct ToolResultBudget;
@@ -236,21 +310,25 @@ pub fn entry_candidates(blocks: &[ContentBlock]) -> Vec<EntryCandidate> {
     out
 }
 
-/// Candidates grouped by wire message (`collectCandidatesByMessage`). Each entry's candidates
-/// are found once per version of its message ([`super::context::Entry::budget_candidates`]).
-fn candidate_groups(entries: &[super::context::Entry]) -> Vec<Vec<Candidate<'_>>> {
+/// Candidates grouped by wire message (`collectCandidatesByMessage`), of the entries from
+/// `start` on; the first group goes on from the entries before (`known_ids`: the message ids
+/// they hold). A group starts at every assistant entry with a new id (an empty group is left
+/// out: the reference starts one only after a group with candidates, the same partition).
+/// Each entry's candidates are found once per version of its message
+/// ([`super::context::Entry::budget_candidates`]).
+fn candidate_groups<'e>(entries: &'e [Entry], start: usize, known_ids: &rustc_hash::FxHashSet<String>) -> Vec<Vec<Candidate<'e>>> {
     let mut groups: Vec<Vec<Candidate>> = vec![Vec::new()];
     let mut seen_message_ids: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
-    for (i, entry) in entries.iter().enumerate() {
+    for (i, entry) in entries.iter().enumerate().skip(start) {
         if !entry.on_wire() {
             continue;
         }
         if entry.message().role == Role::Assistant {
             let new_id = match &entry.message_id {
-                Some(id) => seen_message_ids.insert(id.as_str()),
+                Some(id) => !known_ids.contains(id.as_str()) && seen_message_ids.insert(id.as_str()),
                 None => true,
             };
-            if new_id && !groups.last().is_some_and(Vec::is_empty) {
+            if new_id {
                 groups.push(Vec::new());
             }
             continue;
@@ -262,7 +340,6 @@ fn candidate_groups(entries: &[super::context::Entry]) -> Vec<Vec<Candidate<'_>>
             groups.last_mut().expect("one group").push(Candidate { entry: i, block: *block, id, size: *size });
         }
     }
-    groups.retain(|g| !g.is_empty());
     groups
 }
 
@@ -282,8 +359,15 @@ impl Stage for ToolResultBudget {
         let mut fresh_replaced: Vec<(usize, usize)> = Vec::new();
         let mut reapplied = 0usize;
         let mut apply: Vec<(usize, usize, String)> = Vec::new();
-        for group in candidate_groups(&cx.entries) {
-            let mut frozen_size = 0u64;
+        // Entries earlier runs settled hold only frozen results: the first group starts with
+        // their last message's frozen size.
+        let mut scan = std::mem::take(&mut cx.state.replacements.scan);
+        let start = scan.settled(&cx.entries);
+        for (g, group) in candidate_groups(&cx.entries, start, &scan.message_ids).into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            let mut frozen_size = if g == 0 { scan.open_frozen } else { 0 };
             let mut fresh: Vec<&Candidate> = Vec::new();
             for candidate in &group {
                 if let Some(text) = cx.state.replacements.replacements.get(candidate.id) {
@@ -346,6 +430,7 @@ impl Stage for ToolResultBudget {
                 }
             }
         }
+        let rewritten = !apply.is_empty();
         for (entry, block, text) in apply {
             if shows(&cx.entries, entry, block, &text) {
                 continue;
@@ -355,7 +440,10 @@ impl Stage for ToolResultBudget {
                     *content = Some(ToolResultContent::Text(text));
                 }
         }
-        let tokens_after = rough_entries(&cx.entries);
+        // Only entries after `start` were rewritten, so the settled ones keep their marks.
+        scan.extend(&cx.entries, &cx.state.replacements.seen_ids, &cx.state.replacements.replacements);
+        cx.state.replacements.scan = scan;
+        let tokens_after = if rewritten { rough_entries(&cx.entries) } else { tokens_before };
         let fired = !fresh_replaced.is_empty();
         if fired {
             cx.event("tool_result_budget");
