@@ -18,14 +18,17 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value};
 
 use crate::agent::attachments::Attachment;
-use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Role, ToolResultContent};
+use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Role, SharedBlocks, ToolResultContent};
 
 /// One entry of the agent's transcript.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     /// A user message: a prompt, tool results, or a meta message (user context, skill body).
     User { content: MessageContent, meta: bool },
-    Assistant { content: Vec<ContentBlock> },
+    /// The reply's blocks, shared with every message normalized from it that changes none of
+    /// them ([`normalize_tool_input`]): the flattener then finds the history's assistant
+    /// messages unchanged by a pointer comparison, request after request.
+    Assistant { content: SharedBlocks },
     /// An attachment. `in_loop` marks a hook attachment produced inside the current tool loop:
     /// the reference pre-normalizes those into ordinary meta user messages, so until the next
     /// human turn they neither bubble nor fold.
@@ -101,8 +104,14 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
                 }
             }
             Record::Assistant { content } => {
-                let blocks: Vec<ContentBlock> = content.iter().map(normalize_tool_input).collect();
-                out.push(Message::assistant_blocks(blocks));
+                // The record's own list when normalizing leaves every block as it is (a
+                // reference count, not a copy of the reply).
+                if content.iter().all(tool_input_normalized) {
+                    out.push(Message { role: Role::Assistant, content: MessageContent::Blocks(content.clone()), extra: Map::new() });
+                } else {
+                    let blocks: Vec<ContentBlock> = content.iter().map(normalize_tool_input).collect();
+                    out.push(Message::assistant_blocks(blocks));
+                }
             }
             Record::Attachment { attachment, .. } if attachment.split_messages().is_some() => {
                 let messages = attachment.split_messages().unwrap_or_default();
@@ -286,6 +295,17 @@ fn fix_tool_references(message: &mut Message, options: NormalizeOptions) {
 /// The sibling text after a tool_reference result (reference text, a fact of the wire format).
 pub const TOOL_LOADED: &str = "Tool loaded.";
 
+/// Whether [`normalize_tool_input`] gives `block` back unchanged: anything but an Edit call,
+/// or one whose input already starts with `replace_all`.
+fn tool_input_normalized(block: &ContentBlock) -> bool {
+    match block {
+        ContentBlock::ToolUse { name, input, .. } if name == "Edit" => {
+            matches!(input, Value::Object(fields) if fields.keys().next().is_some_and(|key| key == "replace_all"))
+        }
+        _ => true,
+    }
+}
+
 /// Tool inputs as the client re-serializes them: Edit gains `replace_all` as its first key.
 fn normalize_tool_input(block: &ContentBlock) -> ContentBlock {
     match block {
@@ -442,9 +462,9 @@ mod tests {
                 content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))].into()),
                 meta: false,
             },
-            3 => Record::Assistant { content: vec![ContentBlock::text(text)] },
+            3 => Record::Assistant { content: vec![ContentBlock::text(text)].into() },
             4 => Record::Assistant {
-                content: vec![ContentBlock::tool_use(format!("id{}", n % 4), if flag { "mcp__s__t" } else { "Edit" }, json!({"file_path": text, "old_string": "a"}))],
+                content: vec![ContentBlock::tool_use(format!("id{}", n % 4), if flag { "mcp__s__t" } else { "Edit" }, json!({"file_path": text, "old_string": "a"}))].into(),
             },
             5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
             6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },

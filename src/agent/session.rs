@@ -396,7 +396,7 @@ impl Session {
         let mut out = BTreeMap::new();
         for (record, meta) in self.records.iter().zip(&self.record_meta) {
             let Record::Assistant { content } = record else { continue };
-            for block in content {
+            for block in content.iter() {
                 if let ContentBlock::ToolUse { name, input, .. } = block
                     && name == "Read"
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
@@ -756,7 +756,7 @@ impl Session {
             .records
             .iter()
             .filter_map(|record| match record {
-                Record::Assistant { content } => Some(content),
+                Record::Assistant { content } => Some(content.iter()),
                 _ => None,
             })
             .flatten()
@@ -809,7 +809,7 @@ impl Session {
     pub fn apply_reply(&mut self, reply: &Reply, world: &mut World, calls: &mut dyn ModelCalls) -> Result<Vec<String>, String> {
         let before = self.events.len();
         self.stop_continued = false;
-        self.records.push(Record::Assistant { content: reply.content.clone() });
+        self.records.push(Record::Assistant { content: reply.content.clone().into() });
         self.turns_since_todo_write += 1;
         self.turns_since_todo_reminder += 1;
         let tool_calls: Vec<(String, String, Value)> = reply

@@ -134,7 +134,9 @@ pub struct SideCall {
 fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
     let (message, kind, is_meta) = match record {
         Record::User { content, meta } => (Message { role: Role::User, content: content.clone(), extra: Default::default() }, EntryKind::Message, *meta),
-        Record::Assistant { content } => (Message::assistant_blocks(content.clone()), EntryKind::Message, false),
+        Record::Assistant { content } => {
+            (Message { role: Role::Assistant, content: MessageContent::Blocks(content.clone()), extra: Default::default() }, EntryKind::Message, false)
+        }
         Record::Attachment { attachment, .. } => {
             (Message::user_blocks(attachment.render()), EntryKind::Attachment { kind: attachment.kind().to_owned() }, true)
         }
@@ -183,7 +185,13 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
             Record::Attachment { attachment: Attachment::PostCompact { call, texts }, in_loop: false }
         }
         _ => match entry.message().role {
-            Role::Assistant => Record::Assistant { content: entry.message().content.to_blocks() },
+            // The entry's list itself when it has one (the record's, through the chain).
+            Role::Assistant => Record::Assistant {
+                content: match &entry.message().content {
+                    MessageContent::Blocks(blocks) => blocks.clone(),
+                    MessageContent::Text(_) => entry.message().content.to_blocks().into(),
+                },
+            },
             Role::User | Role::System => Record::User { content: entry.message().content.clone(), meta: entry.is_meta },
         },
     }
@@ -735,7 +743,7 @@ mod tests {
     fn record(kind: u8, text: String, flag: bool) -> Record {
         match kind % 4 {
             0 => Record::User { content: MessageContent::Text(text), meta: flag },
-            1 => Record::Assistant { content: vec![ContentBlock::text(text)] },
+            1 => Record::Assistant { content: vec![ContentBlock::text(text)].into() },
             2 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
             _ => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: flag },
         }

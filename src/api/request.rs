@@ -117,12 +117,22 @@ impl Role {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: Role,
     pub content: MessageContent,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// A copy shares the blocks (a reference count). `extra` is nearly always empty, and a new
+/// empty map costs nothing where cloning one still walks the map's table and entries: every
+/// request of a long session copies its whole history this way, message by message.
+impl Clone for Message {
+    fn clone(&self) -> Self {
+        let extra = if self.extra.is_empty() { Map::new() } else { self.extra.clone() };
+        Message { role: self.role, content: self.content.clone(), extra }
+    }
 }
 
 impl Message {

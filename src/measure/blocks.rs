@@ -92,9 +92,12 @@ pub struct PromptBlock {
     /// Whether the automatic (top-level) marker may land here: not thinking, not an empty text.
     pub auto_eligible: bool,
     /// A tool_result's `cache_reference` (cached microcompact: the server may delete it).
-    pub cache_reference: Option<String>,
-    /// The `cache_reference`s a `cache_edits` block deletes.
-    pub cache_deletes: Vec<String>,
+    /// Shared: a record is copied whole when a request's records are (a salted or extended
+    /// copy of the last one's), and a reference count is all a copy of it costs.
+    pub cache_reference: Option<Arc<str>>,
+    /// The `cache_reference`s a `cache_edits` block deletes (`None`: it deletes none, or it is
+    /// not a `cache_edits` block). Shared, as `cache_reference`.
+    pub cache_deletes: Option<Arc<[String]>>,
 }
 
 /// The block view of one request.
@@ -285,7 +288,7 @@ impl Positions {
             if block.cache_control.is_some() {
                 self.markers.push(i);
             }
-            if !block.cache_deletes.is_empty() {
+            if block.cache_deletes.is_some() {
                 self.edit_blocks.push(i);
             }
         }
@@ -373,7 +376,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
             cache_control: tool.cache_control.clone(),
             auto_eligible: true,
             cache_reference: None,
-            cache_deletes: Vec::new(),
+            cache_deletes: None,
         });
     }
 
@@ -410,7 +413,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
             cache_control: block.cache_control.clone(),
             auto_eligible: !block.text.is_empty(),
             cache_reference: None,
-            cache_deletes: Vec::new(),
+            cache_deletes: None,
         });
     }
 
@@ -467,14 +470,14 @@ pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCount
 }
 
 /// A tool_result's `cache_reference`, and the references a `cache_edits` block deletes.
-fn cache_edit_fields(block: &ContentBlock) -> (Option<String>, Vec<String>) {
+fn cache_edit_fields(block: &ContentBlock) -> (Option<Arc<str>>, Option<Arc<[String]>>) {
     match block {
-        ContentBlock::ToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new()),
+        ContentBlock::ToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(Arc::from), None),
         ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("tool_result") => {
-            (value.get("cache_reference").and_then(Value::as_str).map(str::to_owned), Vec::new())
+            (value.get("cache_reference").and_then(Value::as_str).map(Arc::from), None)
         }
         ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("cache_edits") => {
-            let deletes = value
+            let deletes: Vec<String> = value
                 .get("edits")
                 .and_then(Value::as_array)
                 .map(|edits| {
@@ -485,9 +488,9 @@ fn cache_edit_fields(block: &ContentBlock) -> (Option<String>, Vec<String>) {
                         .collect()
                 })
                 .unwrap_or_default();
-            (None, deletes)
+            (None, (!deletes.is_empty()).then(|| Arc::from(deletes)))
         }
-        _ => (None, Vec::new()),
+        _ => (None, None),
     }
 }
 

@@ -296,7 +296,7 @@ impl CacheSim {
                 let mut sums = Vec::with_capacity(flat.blocks.len());
                 let mut running = 0u64;
                 for block in flat.blocks.iter() {
-                    if block.cache_reference.as_ref().is_some_and(|r| deleted.contains(r)) {
+                    if block.cache_reference.as_deref().is_some_and(|r| deleted.contains(r)) {
                         deleted_tokens += u64::from(block.tokens);
                     } else {
                         running += u64::from(block.tokens);
@@ -309,7 +309,7 @@ impl CacheSim {
         let total = flat.total_tokens - deleted_tokens;
         let mut outcome = CacheOutcome { cache_deleted_input_tokens: deleted_tokens, ..CacheOutcome::default() };
         for &i in &flat.edit_blocks {
-            self.deleted.entry(ns).or_default().extend(flat.blocks[i].cache_deletes.iter().cloned());
+            self.deleted.entry(ns).or_default().extend(flat.blocks[i].cache_deletes.iter().flat_map(|deletes| deletes.iter().cloned()));
         }
 
         // Read: walk the breakpoints from the last one back.
