@@ -20,7 +20,7 @@ use crate::agent::compact::recovery::{RecoveryAction, RecoveryState, is_media_si
 use crate::agent::compact::session_memory::{TEMPLATE, extraction_request, finish_extraction, should_extract};
 use crate::agent::attachments::Attachment;
 use crate::agent::normalize::Record;
-use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, Usage};
+use crate::api::{CacheControl, CacheTtl, ContentBlock, Message, MessageContent, Request, Role, Usage};
 use crate::measure::StageReport;
 use crate::world::{Reply, World};
 
@@ -688,8 +688,40 @@ impl Session {
             ForkMarker::Last => request.messages.len().checked_sub(1),
         };
         let marker = self.marker_for(lane);
+        // The client gives every marker of a request its query source's TTL. A fork written at
+        // 1h beside a main lane at 5m sends its system and tool markers at 1h too: kept at 5m they
+        // would stand before its 1h message marker, which the API rejects ("1h entries must come
+        // first"). (A fork at 5m beside a main lane at 1h keeps the main lane's system markers,
+        // a valid order: moving them would change every run of a 1h session that compacts, and
+        // is left until its effect on the fit is measured.)
+        if let Some(ttl @ CacheTtl::OneHour) = marker.as_ref().and_then(|m| m.ttl) {
+            retime_prefix_markers(&mut request, ttl);
+        }
         place_marker(&mut request.messages, index, marker);
         request
+    }
+}
+
+/// Sets `ttl` on every marker of `request`'s system prompt and tools that carries another one.
+fn retime_prefix_markers(request: &mut Request, ttl: CacheTtl) {
+    let stale = |c: &Option<CacheControl>| c.as_ref().is_some_and(|c| c.ttl != Some(ttl));
+    if let Some(crate::api::SystemPrompt::Blocks(blocks)) = &mut request.system
+        && blocks.iter().any(|b| stale(&b.cache_control))
+    {
+        for block in blocks.iter_mut() {
+            if let Some(c) = block.cache_control.as_mut() {
+                c.ttl = Some(ttl);
+            }
+        }
+    }
+    if let Some(tools) = &mut request.tools
+        && tools.iter().any(|t| stale(&t.cache_control))
+    {
+        for tool in tools.iter_mut() {
+            if let Some(c) = tool.cache_control.as_mut() {
+                c.ttl = Some(ttl);
+            }
+        }
     }
 }
 

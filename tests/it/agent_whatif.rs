@@ -791,3 +791,16 @@ fn compare_says_when_a_set_changed_no_result_on_a_real_session() {
     assert!(stderr.contains("warning: --set compact.snip.target_pct=40 not weighed under claude-code: without it the strategy is not valid"), "{stderr}");
     assert!(!stderr.contains("target_pct=40 changed no result"), "{stderr}");
 }
+
+/// A main lane at 5m beside other lanes at 1h (spotter's subagents wrote at 1h; `ttl_main=5m`
+/// named): the compaction fork, written at the other lanes' 1h, sends every marker at 1h, as the
+/// client gives a request's markers its query source's TTL. Before, its system markers kept the
+/// main lane's 5m ahead of its 1h message marker and the API refused the fork.
+#[test]
+fn a_compaction_fork_at_1h_beside_a_main_lane_at_5m_is_a_valid_request() {
+    let session = crate::support::realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl").display().to_string();
+    let (stdout, _) = ctxsim_ok(&["replay", "--estimator", "chars4", "--format", "json", "--no-progress", session.as_str(), "--set", "ttl_main=5m"]);
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["api_errors"], 0, "{}", summary["api_errors"]);
+    assert_eq!(summary["compactions"]["auto"], 1, "the recorded compaction still fires");
+}
