@@ -184,11 +184,10 @@ pub struct FidelityArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
     /// The record-based measurement: the recorded messages rebuilt per call with the version's
-    /// size profile; a strategy reaches them only where a recording cannot contradict it (the
-    /// default of `audit`).
+    /// size profile; a strategy reaches them only where a recording cannot contradict it.
     Replay,
     /// The agent, driven by the recorded session: every knob applies (the default of `replay`,
-    /// `fidelity`, `compare`, `sweep` and `check`).
+    /// `fidelity`, `compare`, `sweep`, `check` and `audit`).
     Agent,
 }
 

@@ -64,13 +64,12 @@ pub struct AuditArgs {
     /// model family).
     #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
-    /// What runs the what-ifs: `replay` (the default: the record-based replay; TTL, thresholds
-    /// and the presets whose loss it judges) or `agent` (the agent itself, driven by each
-    /// session, as recorded and under each what-if, as `compare` runs it; every preset is
-    /// weighed, at about 10× the replay's CPU, see README.md, "audit"). The billed tokens, the
-    /// cost and the breaks come from the recorded usage either way. Every output names the
-    /// engine.
-    #[arg(long, value_enum, default_value = "replay")]
+    /// What runs the what-ifs: `agent` (the default: the agent itself, driven by each session,
+    /// as recorded and under each what-if, as `compare` runs it; every preset is weighed) or
+    /// `replay` (the record-based replay: TTL, thresholds and the presets whose loss it judges,
+    /// at about a sixth of the agent's CPU, see README.md, "audit"). The billed tokens, the cost
+    /// and the breaks come from the recorded usage either way. Every output names the engine.
+    #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Threads (default: every core): sessions are audited at once, and each session's what-ifs
     /// run at once on the same threads. The output is the same for any number.

@@ -258,7 +258,7 @@ fn engine_of(name: &str) -> Engine {
 /// How the outputs say what ran the what-ifs.
 fn engine_words(name: &str) -> &'static str {
     match engine_of(name) {
-        Engine::Agent => "through the agent (--engine agent, saving = run as recorded less run under the what-if)",
+        Engine::Agent => "through the agent (the default engine, saving = run as recorded less run under the what-if)",
         Engine::Replay => "replayed (--engine replay)",
     }
 }

@@ -288,14 +288,14 @@ fn one_session_audit_is_the_same_for_one_and_two_threads() {
     }
 }
 
-/// `audit --engine agent` runs its what-ifs through the agent (one model of the client): every
+/// `audit` runs its what-ifs through the agent by default (one model of the client): every
 /// preset is weighed, those the replay engine cannot judge (observation-masking, codex, ...)
 /// included, each with its saving against the agent's run as recorded, its information loss,
 /// the tokens it takes from the model's view and where its conversation parts from the
 /// recording. The billed figures and the breaks are the replay engine's (the recorded usage);
 /// the output is the same with one and two threads and names the engine.
 #[test]
-fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
+fn audit_runs_its_what_ifs_through_the_agent_by_default() {
     let dir = transcripts();
     let run = |jobs: &str, engine: &[&str]| {
         let args = [&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--json", "--no-result-cache", "--jobs", jobs][..], engine].concat();
@@ -306,8 +306,9 @@ fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
     let one = run("1", &["--engine", "agent"]);
     assert_eq!(one, run("2", &["--engine", "agent"]), "--jobs 1 and 2 differ");
     let agent: Value = serde_json::from_slice(&one).unwrap();
-    // The default engine is the replay (the agent's what-ifs cost about 13× its CPU).
-    let replay: Value = serde_json::from_slice(&run("2", &[])).unwrap();
+    // The agent is the default engine; `--engine replay` the record-based replay.
+    assert_eq!(one, run("2", &[]), "the default engine is not the agent");
+    let replay: Value = serde_json::from_slice(&run("2", &["--engine", "replay"])).unwrap();
     assert_eq!(replay["engine"], "replay");
     assert_eq!(agent["engine"], "agent");
     assert!(agent.get("whatifs_awaiting").is_none(), "{}", agent["whatifs_awaiting"]);
@@ -377,7 +378,7 @@ fn audit_runs_its_what_ifs_through_the_agent_with_engine_agent() {
     // The table names the engine and says where the replies diverge.
     let out = ctxsim(&["audit", dir.to_str().unwrap(), "--session", "a6e4c2a0fbd1-0", "--estimator", "chars4", "--no-progress", "--engine", "agent"], &[]);
     let table = String::from_utf8(out.stdout).unwrap();
-    assert!(table.contains("--engine agent") && table.contains("(replies diverge from call"), "{table}");
+    assert!(table.contains("through the agent (the default engine,") && table.contains("(replies diverge from call"), "{table}");
     assert!(!table.contains("not in the audit"), "{table}");
     // Through the agent the presets change the session: an unpriced preset is "no preset saves",
     // never "no effect".

@@ -152,7 +152,7 @@ fn strategies_with_the_same_results_are_named() {
 
 /// The `--engine` values' help says which commands each one is the default of, and every
 /// command with `--engine` agrees with it: its `[default: …]` is the value whose line names it,
-/// and the other value's line does not (`audit` defaults to `replay`, the others to `agent`).
+/// and the other value's line does not (every command defaults to `agent`).
 #[test]
 fn the_engine_help_names_each_commands_real_default() {
     for command in ["replay", "fidelity", "audit", "compare", "sweep", "check"] {
