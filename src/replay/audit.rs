@@ -815,8 +815,30 @@ pub struct AuditRow {
     /// the recording, one per session where it does.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub whatifs_diverging: BTreeMap<String, Vec<usize>>,
+    /// Per priced what-if: its information loss and the tokens it takes from the model's view,
+    /// less the run as recorded's, summed over the rows' sessions that report them (a saving
+    /// bought with context the model no longer sees says so).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub whatifs_loss: BTreeMap<String, LossDelta>,
     pub best_whatif: Option<WhatIf>,
     pub by_model: BTreeMap<String, crate::measure::billing::ModelBill>,
+}
+
+/// A what-if's information loss less the run as recorded's ([`WhatIf::info_loss_delta`],
+/// [`WhatIf::tokens_dropped_delta`]), summed over sessions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LossDelta {
+    /// References lost and re-reads.
+    pub info_loss: i64,
+    /// Tokens taken from the model's view (through the agent).
+    pub tokens_dropped: i64,
+}
+
+impl LossDelta {
+    fn add(&mut self, other: &LossDelta) {
+        self.info_loss += other.info_loss;
+        self.tokens_dropped += other.tokens_dropped;
+    }
 }
 
 fn push_unique(list: &mut Vec<String>, items: &[String]) {
@@ -861,6 +883,10 @@ fn row_of(audit: &SessionAudit) -> AuditRow {
             *row.whatifs_not_comparable.entry(w.name.clone()).or_default() += 1;
         } else {
             *row.whatif_savings.entry(w.name.clone()).or_default() += w.saving_usd;
+            if w.info_loss_delta.is_some() || w.tokens_dropped_delta.is_some() {
+                let delta = LossDelta { info_loss: w.info_loss_delta.unwrap_or(0), tokens_dropped: w.tokens_dropped_delta.unwrap_or(0) };
+                row.whatifs_loss.entry(w.name.clone()).or_default().add(&delta);
+            }
         }
         if let Some(call) = w.diverges_from {
             row.whatifs_diverging.entry(w.name.clone()).or_default().push(call);
@@ -914,6 +940,9 @@ fn merge_into(into: &mut AuditRow, row: &AuditRow) {
     }
     for (name, calls) in &row.whatifs_diverging {
         into.whatifs_diverging.entry(name.clone()).or_default().extend(calls);
+    }
+    for (name, delta) in &row.whatifs_loss {
+        into.whatifs_loss.entry(name.clone()).or_default().add(delta);
     }
     for (label, m) in &row.by_model {
         let e = into.by_model.entry(label.clone()).or_default();

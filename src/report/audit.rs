@@ -146,12 +146,29 @@ fn details(row: &AuditRow, by: GroupBy, breakdown: bool) -> Vec<String> {
         items.push(format!("compactions {} auto {} manual{pre}", row.compactions_auto, row.compactions_manual));
     }
     for (name, saving) in &row.whatif_savings {
-        let diverging = match row.whatifs_diverging.get(name).map(Vec::as_slice) {
-            None | Some([]) => String::new(),
-            Some([call]) if row.sessions == 1 => format!(" (replies diverge from call {call})"),
-            Some(calls) => format!(" (replies diverge in {} sessions)", calls.len()),
-        };
-        items.push(format!("what-if {name}: {}{diverging}", usd(*saving)));
+        let mut notes = Vec::new();
+        match row.whatifs_diverging.get(name).map(Vec::as_slice) {
+            None | Some([]) => {}
+            Some([call]) if row.sessions == 1 => notes.push(format!("replies diverge from call {call}")),
+            Some(calls) => notes.push(format!("replies diverge in {} sessions", calls.len())),
+        }
+        // A saving bought with context the model no longer sees says how much (the run as
+        // recorded's loss subtracted).
+        let mut loss = Vec::new();
+        if let Some(d) = row.whatifs_loss.get(name) {
+            let signed = |n: i64| if n > 0 { format!("+{}", tokens(n.unsigned_abs())) } else { format!("-{}", tokens(n.unsigned_abs())) };
+            if d.info_loss != 0 {
+                loss.push(format!("{} references lost or re-read", signed(d.info_loss)));
+            }
+            if d.tokens_dropped != 0 {
+                loss.push(format!("{} tokens dropped", signed(d.tokens_dropped)));
+            }
+        }
+        if !loss.is_empty() {
+            notes.push(loss.join(", "));
+        }
+        let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+        items.push(format!("what-if {name}: {}{notes}", usd(*saving)));
     }
     let mut unchanged: Vec<&str> = row.whatifs_no_effect.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
     // Through the agent the presets do change the session; "preset" unpriced means none of them
@@ -238,6 +255,7 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
         "",
         &[
             "re-made: tokens cached again after a cache break; lost $: their write price minus read price".to_owned(),
+            "references lost or re-read, tokens dropped: a what-if's information loss less the run as recorded's".to_owned(),
             format!("what-ifs {}: {}", engine_words(total.engine), whatifs_available(engine_of(total.engine))),
         ]
         .into_iter()
