@@ -60,6 +60,11 @@ pub struct VirtualFs {
     files: BTreeMap<String, FileEntry>,
     dirs: BTreeSet<String>,
     journal: Vec<Change>,
+    /// Every file path whose entry was set or removed (seeds too, unlike the journal), in the
+    /// order it happened: [`VirtualFs::files_changed_since`].
+    file_changes: Vec<String>,
+    /// Which tree `file_changes` counts: [`VirtualFs::change_mark`].
+    lineage: Lineage,
     /// Values derived from the tree ([`VirtualFs::derived`]), dropped by every change.
     derived: Derived,
 }
@@ -97,6 +102,43 @@ impl std::fmt::Debug for Derived {
     }
 }
 
+/// A mark of how far a tree's changes went ([`VirtualFs::change_mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeMark {
+    lineage: u64,
+    count: usize,
+}
+
+/// Names one tree and the changes it went through: a new fs and every copy of one take a new
+/// number (two copies may then change apart), so a [`ChangeMark`] only ever counts the changes
+/// of the tree it was taken from. The number is never output.
+struct Lineage(u64);
+
+impl Lineage {
+    fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Lineage(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Default for Lineage {
+    fn default() -> Self {
+        Lineage::fresh()
+    }
+}
+
+impl Clone for Lineage {
+    fn clone(&self) -> Self {
+        Lineage::fresh()
+    }
+}
+
+impl std::fmt::Debug for Lineage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lineage")
+    }
+}
+
 impl VirtualFs {
     pub fn new() -> Self {
         Self::default()
@@ -107,6 +149,7 @@ impl VirtualFs {
     pub fn seed(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
+        self.file_changes.push(path.clone());
         self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() as i64 });
         Ok(())
     }
@@ -115,6 +158,7 @@ impl VirtualFs {
     pub fn seed_at(&mut self, path: &str, contents: impl Into<String>, mtime_ms: i64) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
+        self.file_changes.push(path.clone());
         self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms });
         Ok(())
     }
@@ -139,6 +183,7 @@ impl VirtualFs {
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
         self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
+        self.file_changes.push(path.clone());
         self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
         Ok(())
     }
@@ -166,6 +211,7 @@ impl VirtualFs {
         let path = normalize_path(path)?;
         let time_ms = clock.now_ms();
         if self.files.remove(&path).is_some() {
+            self.file_changes.push(path.clone());
             self.journal.push(Change { path, time_ms, kind: ChangeKind::Remove });
             return Ok(());
         }
@@ -176,6 +222,7 @@ impl VirtualFs {
         let doomed: Vec<String> = self.files.range(prefix.clone()..).map(|(p, _)| p).take_while(|p| p.starts_with(&prefix)).cloned().collect();
         for file in doomed {
             self.files.remove(&file);
+            self.file_changes.push(file.clone());
             self.journal.push(Change { path: file, time_ms, kind: ChangeKind::Remove });
         }
         self.dirs.retain(|d| d != &path && !d.starts_with(&prefix));
@@ -306,6 +353,18 @@ impl VirtualFs {
     /// The whole journal, in time order.
     pub fn journal(&self) -> &[Change] {
         &self.journal
+    }
+
+    /// Where this tree's changes stand now, for [`Self::files_changed_since`].
+    pub fn change_mark(&self) -> ChangeMark {
+        ChangeMark { lineage: self.lineage.0, count: self.file_changes.len() }
+    }
+
+    /// The files set or removed (seeds included) since `mark` was taken from this tree, in
+    /// the order it happened and repeated as often; `None` when `mark` comes from another tree
+    /// (another fs or a copy of this one), whose changes this one does not know.
+    pub fn files_changed_since(&self, mark: ChangeMark) -> Option<&[String]> {
+        (mark.lineage == self.lineage.0).then(|| &self.file_changes[mark.count..])
     }
 
     /// Changes made strictly after virtual time `time_ms`, in the order they happened.
