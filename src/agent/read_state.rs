@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::world::{ChangeMark, FileEntry, VirtualFs, normalize_path};
+use crate::world::{ChangeMark, FileEntry, VirtualFs, is_normal_path};
 
 #[derive(Debug, Clone, Default)]
 pub struct ReadState {
@@ -24,13 +24,13 @@ pub struct ReadState {
 impl ReadState {
     /// The state rebuilt from paths and the mtimes they were read at (a resume).
     pub fn from_seen(seen: BTreeMap<String, i64>) -> Self {
-        let irregular = seen.keys().filter(|p| !is_normal(p)).cloned().collect();
+        let irregular = seen.keys().filter(|p| !is_normal_path(p)).cloned().collect();
         ReadState { seen, unchecked: BTreeSet::new(), irregular, mark: None }
     }
 
     /// Notes that the agent saw `path` at `mtime_ms`.
     pub fn insert(&mut self, path: String, mtime_ms: i64) {
-        if is_normal(&path) {
+        if is_normal_path(&path) {
             self.unchecked.insert(path.clone());
         } else {
             self.irregular.insert(path.clone());
@@ -80,8 +80,4 @@ impl ReadState {
         }
         out
     }
-}
-
-fn is_normal(path: &str) -> bool {
-    normalize_path(path).is_ok_and(|p| p == path)
 }

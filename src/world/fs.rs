@@ -2,6 +2,7 @@
 //! listings are sorted; mtimes come from the virtual clock; writes are journaled so the agent can
 //! ask "which files changed since t" (the way Claude Code notices files edited behind its back).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -169,11 +170,11 @@ impl VirtualFs {
 
     /// The file with its mtime.
     pub fn entry(&self, path: &str) -> Result<&FileEntry, WorldError> {
-        let path = normalize_path(path)?;
-        match self.files.get(&path) {
+        let path = normalized(path)?;
+        match self.files.get(path.as_ref()) {
             Some(entry) => Ok(entry),
-            None if self.is_dir(&path) => Err(WorldError::IsADirectory { path }),
-            None => Err(WorldError::NotFound { path }),
+            None if self.is_dir(&path) => Err(WorldError::IsADirectory { path: path.into_owned() }),
+            None => Err(WorldError::NotFound { path: path.into_owned() }),
         }
     }
 
@@ -253,16 +254,16 @@ impl VirtualFs {
     }
 
     pub fn exists(&self, path: &str) -> bool {
-        normalize_path(path).is_ok_and(|p| self.files.contains_key(&p) || self.is_dir(&p))
+        normalized(path).is_ok_and(|p| self.files.contains_key(p.as_ref()) || self.is_dir(&p))
     }
 
     pub fn is_file(&self, path: &str) -> bool {
-        normalize_path(path).is_ok_and(|p| self.files.contains_key(&p))
+        normalized(path).is_ok_and(|p| self.files.contains_key(p.as_ref()))
     }
 
     pub fn is_dir(&self, path: &str) -> bool {
-        let Ok(path) = normalize_path(path) else { return false };
-        if path == "/" || self.dirs.contains(&path) {
+        let Ok(path) = normalized(path) else { return false };
+        if path == "/" || self.dirs.contains(path.as_ref()) {
             return true;
         }
         let prefix = dir_prefix(&path);
@@ -433,6 +434,15 @@ impl VirtualFs {
 /// Normalizes an absolute POSIX path: collapses `//`, resolves `.` and `..` (never above `/`),
 /// drops a trailing `/`. Relative paths are an error.
 pub fn normalize_path(path: &str) -> Result<String, WorldError> {
+    normalized(path).map(Cow::into_owned)
+}
+
+/// [`normalize_path`], borrowing a path that is already normal (the lookups of the tree, whose
+/// paths mostly are).
+fn normalized(path: &str) -> Result<Cow<'_, str>, WorldError> {
+    if is_normal_path(path) {
+        return Ok(Cow::Borrowed(path));
+    }
     if !path.starts_with('/') {
         return Err(WorldError::NotAbsolute { path: path.to_owned() });
     }
@@ -446,7 +456,13 @@ pub fn normalize_path(path: &str) -> Result<String, WorldError> {
             other => parts.push(other),
         }
     }
-    Ok(format!("/{}", parts.join("/")))
+    Ok(Cow::Owned(format!("/{}", parts.join("/"))))
+}
+
+/// Whether [`normalize_path`] gives `path` back as it is: `/`, or `/` and components none of
+/// which is empty, `.` or `..` (no `//`, `/./`, `/../`, trailing `/`).
+pub fn is_normal_path(path: &str) -> bool {
+    path == "/" || path.strip_prefix('/').is_some_and(|rest| rest.split('/').all(|c| !c.is_empty() && c != "." && c != ".."))
 }
 
 /// `/a/b` -> `/a/b/`; `/` stays `/`. Range scans over this prefix find exactly the descendants.
