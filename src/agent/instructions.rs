@@ -88,6 +88,12 @@ pub struct Discovery {
 
 /// Eager discovery (`getMemoryFiles`).
 pub fn discover(fs: &VirtualFs, options: &DiscoveryOptions) -> Discovery {
+    // Every new conversation (a subagent, a what-if's run) discovers again; between two
+    // changes of the fs it finds what the one before found.
+    fs.derived(&format!("instructions::discover {options:?}"), |fs| read_discovery(fs, options))
+}
+
+fn read_discovery(fs: &VirtualFs, options: &DiscoveryOptions) -> Discovery {
     let mut cx = Loader { fs, options, processed: BTreeSet::new(), out: Vec::new(), conditional: Vec::new() };
     let managed = options.managed_dir.clone();
     cx.file(&format!("{managed}/CLAUDE.md"), MemoryKind::Managed, 0, true);

@@ -11,6 +11,7 @@ pub mod instructions;
 pub mod memories;
 pub mod normalize;
 pub mod plugins;
+pub mod read_state;
 pub mod session;
 pub mod skills;
 pub mod compact;

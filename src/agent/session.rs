@@ -21,6 +21,7 @@ use crate::agent::hooks::{ConfiguredHook, HookCall, HookRun, ParsedHooks, Permis
 use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, discover, nested_memory_for};
 use crate::agent::normalize::{MessageMemo, NormalizeOptions, Record, finalize_tool_results, mark_last_block};
 use crate::agent::profile::SizeProfile;
+use crate::agent::read_state::ReadState;
 use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
 use crate::agent::system_prompt::{
     GitStatus, McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
@@ -97,7 +98,7 @@ pub struct Session {
     announced_deferred: BTreeSet<String>,
     last_date: Option<String>,
     /// Files the agent has seen, with the mtime it saw.
-    read_state: BTreeMap<String, i64>,
+    read_state: ReadState,
     nested_triggers: Vec<String>,
     /// MCP servers as connected at the start of the current user turn (the system prompt is
     /// built once per turn).
@@ -229,7 +230,7 @@ impl Session {
             announced_mcp: BTreeSet::new(),
             announced_deferred: BTreeSet::new(),
             last_date: None,
-            read_state: BTreeMap::new(),
+            read_state: ReadState::default(),
             nested_triggers: Vec::new(),
             turn_mcp: Vec::new(),
             session_started: false,
@@ -456,7 +457,7 @@ impl Session {
     pub fn resume(&mut self, world: &mut World) {
         self.hooks(world, "SessionEnd", "other", json!({"reason": "other"}));
         self.clear_session_caches();
-        self.read_state = self.reads_in_transcript();
+        self.read_state = ReadState::from_seen(self.reads_in_transcript());
         self.agent_listing = None;
         self.last_date = None;
         self.stop_continuations = 0;
@@ -956,7 +957,7 @@ impl Session {
         // against the files read by then.
         if let Some(chosen) = self.memories.pending.take() {
             let read_state = &self.read_state;
-            let admitted = self.memories.admit(chosen, &|path| read_state.contains_key(path));
+            let admitted = self.memories.admit(chosen, &|path| read_state.contains(path));
             let memories = admitted.into_iter().map(|m| Attachment::RelevantMemory { path: m.path, header: m.header, content: m.content }).collect();
             self.push_attachments(memories);
         }
@@ -1132,25 +1133,24 @@ impl Session {
                 self.announced_mcp = names;
             }
         }
-        for (path, seen) in self.read_state.clone() {
-            let Ok(entry) = world.fs.entry(&path) else { continue };
-            if entry.mtime_ms > seen {
-                let snippet: String = crate::agent::tools::exec::number_lines(&entry.contents, 0, usize::MAX);
-                let snippet = if snippet.len() > 8192 {
-                    let cut: String = snippet.chars().take(8192).collect();
-                    let rest = snippet[cut.len()..].lines().count();
-                    format!("{cut}\n... [{rest} lines truncated] ...")
-                } else {
-                    snippet
-                };
-                out.push(Attachment::EditedTextFile { path: path.clone(), snippet });
-                self.read_state.insert(path, entry.mtime_ms);
-            }
+        for (path, entry) in self.read_state.take_changed(&world.fs) {
+            let snippet: String = crate::agent::tools::exec::number_lines(&entry.contents, 0, usize::MAX);
+            let snippet = if snippet.len() > 8192 {
+                let cut: String = snippet.chars().take(8192).collect();
+                let rest = snippet[cut.len()..].lines().count();
+                format!("{cut}\n... [{rest} lines truncated] ...")
+            } else {
+                snippet
+            };
+            out.push(Attachment::EditedTextFile { path, snippet });
         }
         if self.strategy.nested_memory && self.strategy.claude_md {
             let triggers = std::mem::take(&mut self.nested_triggers);
+            let discovery = self.memory(world);
+            // (A copy only when there is something to look for: it is read while the loaded
+            // set is written.)
+            let discovery = if triggers.is_empty() { Discovery::default() } else { discovery.clone() };
             let options = self.discovery_options(world);
-            let discovery = self.memory(world).clone();
             for target in triggers {
                 for (path, content) in nested_memory_for(&world.fs, &options, &discovery, &target, &mut self.loaded_nested) {
                     let input = json!({"file_path": path, "memory_type": "Project", "load_reason": "nested_traversal", "trigger_file_path": target});

@@ -396,7 +396,7 @@ impl Session {
 
     fn compact_inputs(&self) -> CompactInputs {
         let mut inputs = CompactInputs::default();
-        for (path, mtime) in &self.read_state {
+        for (path, mtime) in self.read_state.iter() {
             inputs.read_files.push(ReadFile { path: path.clone(), timestamp_ms: *mtime });
         }
         inputs.read_files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then(a.path.cmp(&b.path)));

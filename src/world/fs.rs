@@ -2,6 +2,7 @@
 //! listings are sorted; mtimes come from the virtual clock; writes are journaled so the agent can
 //! ask "which files changed since t" (the way Claude Code notices files edited behind its back).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -60,6 +61,11 @@ pub struct VirtualFs {
     files: BTreeMap<String, FileEntry>,
     dirs: BTreeSet<String>,
     journal: Vec<Change>,
+    /// Every file path whose entry was set or removed (seeds too, unlike the journal), in the
+    /// order it happened: [`VirtualFs::files_changed_since`].
+    file_changes: Vec<String>,
+    /// Which tree `file_changes` counts: [`VirtualFs::change_mark`].
+    lineage: Lineage,
     /// Values derived from the tree ([`VirtualFs::derived`]), dropped by every change.
     derived: Derived,
 }
@@ -97,6 +103,43 @@ impl std::fmt::Debug for Derived {
     }
 }
 
+/// A mark of how far a tree's changes went ([`VirtualFs::change_mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeMark {
+    lineage: u64,
+    count: usize,
+}
+
+/// Names one tree and the changes it went through: a new fs and every copy of one take a new
+/// number (two copies may then change apart), so a [`ChangeMark`] only ever counts the changes
+/// of the tree it was taken from. The number is never output.
+struct Lineage(u64);
+
+impl Lineage {
+    fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Lineage(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Default for Lineage {
+    fn default() -> Self {
+        Lineage::fresh()
+    }
+}
+
+impl Clone for Lineage {
+    fn clone(&self) -> Self {
+        Lineage::fresh()
+    }
+}
+
+impl std::fmt::Debug for Lineage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lineage")
+    }
+}
+
 impl VirtualFs {
     pub fn new() -> Self {
         Self::default()
@@ -107,6 +150,7 @@ impl VirtualFs {
     pub fn seed(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
+        self.file_changes.push(path.clone());
         self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() as i64 });
         Ok(())
     }
@@ -115,6 +159,7 @@ impl VirtualFs {
     pub fn seed_at(&mut self, path: &str, contents: impl Into<String>, mtime_ms: i64) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
+        self.file_changes.push(path.clone());
         self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms });
         Ok(())
     }
@@ -125,11 +170,11 @@ impl VirtualFs {
 
     /// The file with its mtime.
     pub fn entry(&self, path: &str) -> Result<&FileEntry, WorldError> {
-        let path = normalize_path(path)?;
-        match self.files.get(&path) {
+        let path = normalized(path)?;
+        match self.files.get(path.as_ref()) {
             Some(entry) => Ok(entry),
-            None if self.is_dir(&path) => Err(WorldError::IsADirectory { path }),
-            None => Err(WorldError::NotFound { path }),
+            None if self.is_dir(&path) => Err(WorldError::IsADirectory { path: path.into_owned() }),
+            None => Err(WorldError::NotFound { path: path.into_owned() }),
         }
     }
 
@@ -139,6 +184,7 @@ impl VirtualFs {
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
         self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
+        self.file_changes.push(path.clone());
         self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
         Ok(())
     }
@@ -166,6 +212,7 @@ impl VirtualFs {
         let path = normalize_path(path)?;
         let time_ms = clock.now_ms();
         if self.files.remove(&path).is_some() {
+            self.file_changes.push(path.clone());
             self.journal.push(Change { path, time_ms, kind: ChangeKind::Remove });
             return Ok(());
         }
@@ -176,6 +223,7 @@ impl VirtualFs {
         let doomed: Vec<String> = self.files.range(prefix.clone()..).map(|(p, _)| p).take_while(|p| p.starts_with(&prefix)).cloned().collect();
         for file in doomed {
             self.files.remove(&file);
+            self.file_changes.push(file.clone());
             self.journal.push(Change { path: file, time_ms, kind: ChangeKind::Remove });
         }
         self.dirs.retain(|d| d != &path && !d.starts_with(&prefix));
@@ -206,16 +254,16 @@ impl VirtualFs {
     }
 
     pub fn exists(&self, path: &str) -> bool {
-        normalize_path(path).is_ok_and(|p| self.files.contains_key(&p) || self.is_dir(&p))
+        normalized(path).is_ok_and(|p| self.files.contains_key(p.as_ref()) || self.is_dir(&p))
     }
 
     pub fn is_file(&self, path: &str) -> bool {
-        normalize_path(path).is_ok_and(|p| self.files.contains_key(&p))
+        normalized(path).is_ok_and(|p| self.files.contains_key(p.as_ref()))
     }
 
     pub fn is_dir(&self, path: &str) -> bool {
-        let Ok(path) = normalize_path(path) else { return false };
-        if path == "/" || self.dirs.contains(&path) {
+        let Ok(path) = normalized(path) else { return false };
+        if path == "/" || self.dirs.contains(path.as_ref()) {
             return true;
         }
         let prefix = dir_prefix(&path);
@@ -308,6 +356,18 @@ impl VirtualFs {
         &self.journal
     }
 
+    /// Where this tree's changes stand now, for [`Self::files_changed_since`].
+    pub fn change_mark(&self) -> ChangeMark {
+        ChangeMark { lineage: self.lineage.0, count: self.file_changes.len() }
+    }
+
+    /// The files set or removed (seeds included) since `mark` was taken from this tree, in
+    /// the order it happened and repeated as often; `None` when `mark` comes from another tree
+    /// (another fs or a copy of this one), whose changes this one does not know.
+    pub fn files_changed_since(&self, mark: ChangeMark) -> Option<&[String]> {
+        (mark.lineage == self.lineage.0).then(|| &self.file_changes[mark.count..])
+    }
+
     /// Changes made strictly after virtual time `time_ms`, in the order they happened.
     pub fn changes_since(&self, time_ms: u64) -> &[Change] {
         // The journal is in clock order because the clock is monotonic.
@@ -374,6 +434,15 @@ impl VirtualFs {
 /// Normalizes an absolute POSIX path: collapses `//`, resolves `.` and `..` (never above `/`),
 /// drops a trailing `/`. Relative paths are an error.
 pub fn normalize_path(path: &str) -> Result<String, WorldError> {
+    normalized(path).map(Cow::into_owned)
+}
+
+/// [`normalize_path`], borrowing a path that is already normal (the lookups of the tree, whose
+/// paths mostly are).
+fn normalized(path: &str) -> Result<Cow<'_, str>, WorldError> {
+    if is_normal_path(path) {
+        return Ok(Cow::Borrowed(path));
+    }
     if !path.starts_with('/') {
         return Err(WorldError::NotAbsolute { path: path.to_owned() });
     }
@@ -387,7 +456,13 @@ pub fn normalize_path(path: &str) -> Result<String, WorldError> {
             other => parts.push(other),
         }
     }
-    Ok(format!("/{}", parts.join("/")))
+    Ok(Cow::Owned(format!("/{}", parts.join("/"))))
+}
+
+/// Whether [`normalize_path`] gives `path` back as it is: `/`, or `/` and components none of
+/// which is empty, `.` or `..` (no `//`, `/./`, `/../`, trailing `/`).
+pub fn is_normal_path(path: &str) -> bool {
+    path == "/" || path.strip_prefix('/').is_some_and(|rest| rest.split('/').all(|c| !c.is_empty() && c != "." && c != ".."))
 }
 
 /// `/a/b` -> `/a/b/`; `/` stays `/`. Range scans over this prefix find exactly the descendants.

@@ -395,3 +395,125 @@ fn fallback_synthesizes_deterministic_replies_independent_of_call_order() {
     // A scripted lane that ran out still errors unless after_script_ends.
     assert!(a["main"][1].is_err());
 }
+
+// ---- normal paths and the read-file check ----------------------------------------------------
+
+/// `normalize_path` as it was before its fast path for normal paths: the reference it must
+/// still agree with.
+fn normalize_path_by_parts(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+/// One step of a fs's life and the agent's reads, for the read-file check's property.
+#[derive(Debug, Clone)]
+enum ReadStep {
+    Write(usize),
+    Seed(usize, i64),
+    Remove(usize),
+    /// The agent reads the file (noting its mtime now) under one of its spellings.
+    Read(usize, usize),
+    /// The agent notes a path at an mtime of its own (a resume rebuilds reads from the
+    /// transcript, at the time of each record).
+    ReadAt(usize, usize, i64),
+    Check,
+    /// The fs is replaced by a copy of itself (a copy changes apart from its original).
+    Copy,
+    Advance(u64),
+}
+
+const READ_PATHS: [&str; 4] = ["/p/a.txt", "/p/b.txt", "/p/d/c.md", "/q.md"];
+
+/// Ways to name a path: as it is, and not normal.
+fn spelling(path: &str, way: usize) -> String {
+    match way % 3 {
+        0 => path.to_owned(),
+        1 => path.replacen('/', "//", 1),
+        _ => format!("/p/..{path}"),
+    }
+}
+
+fn read_step() -> impl Strategy<Value = ReadStep> {
+    let file = 0..READ_PATHS.len();
+    prop_oneof![
+        file.clone().prop_map(ReadStep::Write),
+        (file.clone(), -5i64..50).prop_map(|(f, t)| ReadStep::Seed(f, t)),
+        file.clone().prop_map(ReadStep::Remove),
+        (file.clone(), 0usize..3).prop_map(|(f, w)| ReadStep::Read(f, w)),
+        (file, 0usize..3, -5i64..50).prop_map(|(f, w, t)| ReadStep::ReadAt(f, w, t)),
+        Just(ReadStep::Check),
+        Just(ReadStep::Copy),
+        (0u64..3).prop_map(ReadStep::Advance),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn normalize_path_agrees_with_normalizing_by_parts(
+        parts in prop::collection::vec(prop::sample::select(vec!["", ".", "..", "...", "a", "bc", ".d", "e.", "f g"]), 0..7),
+        absolute in any::<bool>(),
+    ) {
+        let path = format!("{}{}", if absolute { "/" } else { "" }, parts.join("/"));
+        let expect = normalize_path_by_parts(&path);
+        prop_assert_eq!(ctxsim::world::normalize_path(&path).ok(), expect.clone());
+        prop_assert_eq!(ctxsim::world::is_normal_path(&path), expect.as_deref() == Some(path.as_str()));
+    }
+
+    /// The read-file check looks only at what changed since the last one, and finds what a look
+    /// at every file read finds.
+    #[test]
+    fn read_check_finds_what_a_look_at_every_read_file_finds(steps in prop::collection::vec(read_step(), 0..40)) {
+        use ctxsim::agent::read_state::ReadState;
+        let mut clock = Clock::new(0);
+        let mut fs = VirtualFs::new();
+        let mut reads = ReadState::default();
+        let mut expect: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+        for step in steps {
+            match step {
+                ReadStep::Write(f) => { let _ = fs.write(READ_PATHS[f], format!("{f} at {}", clock.now_ms()), &clock); }
+                ReadStep::Seed(f, t) => { let _ = fs.seed_at(READ_PATHS[f], "seeded", t); }
+                ReadStep::Remove(f) => { let _ = fs.remove(READ_PATHS[f], &clock); }
+                ReadStep::Read(f, way) => {
+                    let path = spelling(READ_PATHS[f], way);
+                    if let Ok(entry) = fs.entry(&path) {
+                        reads.insert(path.clone(), entry.mtime_ms);
+                        expect.insert(path, entry.mtime_ms);
+                    }
+                }
+                ReadStep::ReadAt(f, way, t) => {
+                    let path = spelling(READ_PATHS[f], way);
+                    reads.insert(path.clone(), t);
+                    expect.insert(path, t);
+                }
+                ReadStep::Check => {
+                    let mut changed = Vec::new();
+                    for (path, seen) in expect.iter_mut() {
+                        let Ok(entry) = fs.entry(path) else { continue };
+                        if entry.mtime_ms > *seen {
+                            *seen = entry.mtime_ms;
+                            changed.push((path.clone(), entry.contents.clone()));
+                        }
+                    }
+                    let got: Vec<(String, String)> = reads.take_changed(&fs).into_iter().map(|(p, e)| (p, e.contents.clone())).collect();
+                    prop_assert_eq!(got, changed);
+                }
+                ReadStep::Copy => fs = fs.clone(),
+                ReadStep::Advance(ms) => clock.advance(ms),
+            }
+        }
+        let seen: std::collections::BTreeMap<String, i64> = reads.iter().map(|(p, t)| (p.clone(), *t)).collect();
+        prop_assert_eq!(seen, expect);
+    }
+}
