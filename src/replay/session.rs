@@ -1845,7 +1845,7 @@ fn replay_session_seeing(
                         };
                         // Renderings shared by every replay of the session and its edits.
                         let memo = session.reference_memo();
-                        let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, super::working_set::render_numbered));
+                        let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, |text| super::working_set::render_numbered(text, profile.restore_line_numbers)));
                         restored
                             .iter()
                             .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref())))

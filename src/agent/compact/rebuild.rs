@@ -127,6 +127,10 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     }
     let input = serde_json::json!({ "file_path": path });
     let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
+    // The Read tool's one numbering (`exec::number_lines_as`), in 2.1.88's style for every
+    // version: the record-based replay numbers by the recorded version
+    // (`replay::profile::ClientProfile::restore_line_numbers`, `→` up to 2.1.49); the agent
+    // does not yet take the style from its client version.
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
     let caution = crate::agent::tools::exec::READ_CAUTION;
     let result = format!("<system-reminder>\n{RESTORED_RESULT_HEAD}\n{numbered}\n{caution}\n</system-reminder>");
@@ -145,7 +149,9 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
 
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
 /// replaced by a reference when over the per-file limit, then kept while the running total
-/// fits the overall budget (skip, not stop).
+/// fits the overall budget (skip, not stop). The record-based replay applies the same budgets
+/// and order (`replay::working_set::WorkingSet::compact_memoized`, from [`super::config::PostCompactConfig`]'s
+/// defaults) to the files the record shows.
 /// A file the kept messages already show (their Read calls) is not restored again.
 pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> Vec<Entry> {
     let budget = cx.config.post_compact.clone();
