@@ -106,26 +106,7 @@ pub struct WorkingSet {
     clock: u64,
 }
 
-fn is_plan_file(path: &str) -> bool {
-    crate::agent::skills::tool_path(path).contains("/.claude/plans/")
-}
-
-/// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
-/// the working directory and the user's own CLAUDE.md (nested ones are restored like any file).
-fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
-    if crate::agent::skills::tool_path(path).ends_with("/.claude/CLAUDE.md") {
-        return true;
-    }
-    cwd.is_some_and(|cwd| {
-        if crate::agent::skills::is_windows_path(path) || crate::agent::skills::is_windows_path(cwd) {
-            // A Windows client's (`D:\omp\CLAUDE.md` under `D:\omp`), compared in one spelling.
-            let (path, cwd) = (crate::agent::skills::comparable_path(path), crate::agent::skills::comparable_path(cwd));
-            return path == format!("{cwd}/claude.md") || path == format!("{cwd}/claude.local.md");
-        }
-        let cwd = cwd.trim_end_matches('/');
-        path == format!("{cwd}/CLAUDE.md") || path == format!("{cwd}/CLAUDE.local.md")
-    })
-}
+use crate::agent::compact::rebuild::{is_memory_file, is_plan_file};
 
 fn replace(original: &str, old: &str, new: &str, all: bool) -> String {
     if old.is_empty() {

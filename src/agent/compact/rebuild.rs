@@ -183,6 +183,33 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
     out
 }
 
+/// A plan file (under a `.claude/plans/` directory): the client keeps it apart from the
+/// restored files and attaches it on its own. One rule for the agent (its session fills
+/// [`super::context::CompactInputs::plan_path`] with it) and the record-based replay
+/// (`replay::working_set`).
+pub fn is_plan_file(path: &str) -> bool {
+    crate::agent::skills::tool_path(path).contains("/.claude/plans/")
+}
+
+/// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
+/// the working directory `cwd` and the user's own CLAUDE.md (nested ones are restored like any
+/// file). One rule for the agent ([`super::context::CompactInputs::memory_paths`]) and the
+/// record-based replay (`replay::working_set`).
+pub fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
+    if crate::agent::skills::tool_path(path).ends_with("/.claude/CLAUDE.md") {
+        return true;
+    }
+    cwd.is_some_and(|cwd| {
+        if crate::agent::skills::is_windows_path(path) || crate::agent::skills::is_windows_path(cwd) {
+            // A Windows client's (`D:\omp\CLAUDE.md` under `D:\omp`), compared in one spelling.
+            let (path, cwd) = (crate::agent::skills::comparable_path(path), crate::agent::skills::comparable_path(cwd));
+            return path == format!("{cwd}/claude.md") || path == format!("{cwd}/claude.local.md");
+        }
+        let cwd = cwd.trim_end_matches('/');
+        path == format!("{cwd}/CLAUDE.md") || path == format!("{cwd}/CLAUDE.local.md")
+    })
+}
+
 /// The `file_path`s of the Read calls in `entries`, as the agent's fs spells them (a Windows
 /// client's `D:\omp\a.go` is `/d/omp/a.go`: `skills::tool_path`).
 fn read_paths(entries: &[Entry]) -> Vec<String> {
