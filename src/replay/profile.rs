@@ -23,6 +23,14 @@
 //!   (the "N-pattern"; reference/real-breaks.md): the prompt that opened a conversation, and
 //!   from 2.1.37 every prompt the user sent (see [`super::turns`]).
 
+//!
+//! Why this profile and not only [`crate::client_profile::VersionProfile`] or
+//! [`crate::agent::profile::SizeProfile`]: those hold what a capture of a client measured
+//! (bytes and tokens of its prompt pieces and tools, per version); this one holds behaviour read
+//! from transcripts (which turns re-render, where autocompact fired, how Read numbered lines),
+//! fitted on the realdata sessions, and refers to the measured sizes for its cold prefix. The
+//! agent reads it where it drives a recorded session (`RecordedClient`, `workload`).
+
 use serde::Serialize;
 
 use crate::agent::profile::SizeProfile;

@@ -1141,6 +1141,11 @@ fn group_of(lane: &str) -> &str {
 /// A text whose estimate under `kind` is `target` tokens: a label, then words that are one
 /// token each under both chars/4 (four characters) and o200k (one pre-token per word).
 ///
+/// Not the agent's padding ([`crate::agent::profile::pad_to_size`]), on purpose: that one pads
+/// our own prompt text to the characters and o200k tokens a capture of the client measured;
+/// this one stands in for text the record does not hold (the unrecorded prefix, unstored
+/// thinking, a file known in part) at a token count under the estimator being measured.
+///
 /// Memoized per thread: a replay asks for the same texts at every call (the prefix level, the
 /// user context, the thinking of every earlier reply), a sweep at every point. The memo holds
 /// at most [`FILLER_MEMO_BYTES`] of text and starts over when full.
