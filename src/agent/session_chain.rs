@@ -466,10 +466,9 @@ impl Session {
         self.sync_meta(now);
         let limits = self.model_limits(world);
         let mut inputs = self.compact_inputs();
-        // What the client sets apart from the restored files: the working directory's memory
-        // files, and the plan file (the most recently read), attached on its own.
-        inputs.memory_paths = inputs.read_files.iter().filter(|f| crate::agent::compact::rebuild::is_memory_file(&f.path, Some(&world.cwd))).map(|f| f.path.clone()).collect();
-        inputs.plan_path = inputs.read_files.iter().find(|f| crate::agent::compact::rebuild::is_plan_file(&f.path)).map(|f| f.path.clone());
+        // The rebuild sets the working directory's memory files and plan files apart from the
+        // restored files (`rebuild::is_memory_file`, `rebuild::is_plan_file`).
+        inputs.cwd = Some(world.cwd.clone());
         let (deltas, announced) = self.compaction_deltas(world);
         if !self.attachments_recorded(world) {
             self.probe_mcp(world);
