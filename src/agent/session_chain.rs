@@ -466,6 +466,9 @@ impl Session {
         self.sync_meta(now);
         let limits = self.model_limits(world);
         let mut inputs = self.compact_inputs();
+        // The rebuild sets the working directory's memory files and plan files apart from the
+        // restored files (`rebuild::is_memory_file`, `rebuild::is_plan_file`).
+        inputs.cwd = Some(world.cwd.clone());
         let (deltas, announced) = self.compaction_deltas(world);
         if !self.attachments_recorded(world) {
             self.probe_mcp(world);

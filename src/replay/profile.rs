@@ -23,6 +23,14 @@
 //!   (the "N-pattern"; reference/real-breaks.md): the prompt that opened a conversation, and
 //!   from 2.1.37 every prompt the user sent (see [`super::turns`]).
 
+//!
+//! Why this profile and not only [`crate::client_profile::VersionProfile`] or
+//! [`crate::agent::profile::SizeProfile`]: those hold what a capture of a client measured
+//! (bytes and tokens of its prompt pieces and tools, per version); this one holds behaviour read
+//! from transcripts (which turns re-render, where autocompact fired, how Read numbered lines),
+//! fitted on the realdata sessions, and refers to the measured sizes for its cold prefix. The
+//! agent reads it where it drives a recorded session (`RecordedClient`, `workload`).
+
 use serde::Serialize;
 
 use crate::agent::profile::SizeProfile;
@@ -123,7 +131,17 @@ pub struct ClientProfile {
     /// 155.0k–156.7k on 200k windows), 20,000 from 2.1.37 (5 of 2.1.37–2.1.49 at 167.1k–167.6k,
     /// the reference's value). Versions between take the earlier value.
     pub autocompact_output_reserve: u64,
+    /// How the files a compaction restores number their lines: the Read tool's numbering of the
+    /// version ([`crate::agent::tools::exec::LineNumbers`], whose doc gives the evidence: `→`
+    /// up to 2.1.49, a tab from 2.1.88), rendered by the agent's one function
+    /// ([`crate::agent::tools::exec::number_lines_as`]).
+    #[serde(skip)]
+    pub restore_line_numbers: crate::agent::tools::exec::LineNumbers,
 }
+
+/// The first version whose Read tool numbers lines `{n}\t` (the 2.1.88 capture); 2.1.49 is the
+/// last seen with `{n:>6}→`. No session between them is in the data: 2.1.88 is assumed.
+pub const TAB_LINE_NUMBERS: (u32, u32, u32) = (2, 1, 88);
 
 /// The first version of the request layout seen in 2.1.205–2.1.232 (deferred tools as message
 /// attachments, a re-rendered conversation start at each new prompt). No session between
@@ -254,6 +272,7 @@ impl ClientProfile {
             cold_prefix_tokens: measured_prefix_tokens_2_1_88(),
             system_cached_at_end: !(SYSTEM_GLOBAL_SCOPE_BY_DEFAULT..DYNAMIC_SYSTEM_BLOCK_MARKED).contains(&v),
             autocompact_output_reserve: if v < (2, 1, 37) { 32_000 } else { 20_000 },
+            restore_line_numbers: if v < TAB_LINE_NUMBERS { crate::agent::tools::exec::LineNumbers::Arrow } else { crate::agent::tools::exec::LineNumbers::Tab },
         }
     }
 

@@ -1141,6 +1141,11 @@ fn group_of(lane: &str) -> &str {
 /// A text whose estimate under `kind` is `target` tokens: a label, then words that are one
 /// token each under both chars/4 (four characters) and o200k (one pre-token per word).
 ///
+/// Not the agent's padding ([`crate::agent::profile::pad_to_size`]), on purpose: that one pads
+/// our own prompt text to the characters and o200k tokens a capture of the client measured;
+/// this one stands in for text the record does not hold (the unrecorded prefix, unstored
+/// thinking, a file known in part) at a token count under the estimator being measured.
+///
 /// Memoized per thread: a replay asks for the same texts at every call (the prefix level, the
 /// user context, the thinking of every earlier reply), a sweep at every point. The memo holds
 /// at most [`FILLER_MEMO_BYTES`] of text and starts over when full.
@@ -1845,7 +1850,7 @@ fn replay_session_seeing(
                         };
                         // Renderings shared by every replay of the session and its edits.
                         let memo = session.reference_memo();
-                        let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, super::working_set::render_numbered));
+                        let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, |text| super::working_set::render_numbered(text, profile.restore_line_numbers)));
                         restored
                             .iter()
                             .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref())))

@@ -21,14 +21,9 @@ use serde_json::Value;
 use crate::api::ContentBlock;
 use crate::measure::tokens::chars4;
 
-/// Post-compaction restore budgets (reference/layer-6-and-caching.md §5.10).
-pub const RESTORE_MAX_FILES: usize = 5;
-pub const RESTORE_MAX_TOKENS_PER_FILE: u64 = 5_000;
-pub const RESTORE_TOKEN_BUDGET: u64 = 50_000;
-/// The Read tool's default line limit: a whole-file re-read shows at most this many lines.
+/// The Read tool's default line limit: a whole-file re-read shows at most this many lines
+/// (the default of the `read_max_lines` knob the agent's Read applies).
 const READ_MAX_LINES: usize = 2_000;
-/// The Read tool cuts longer lines.
-const READ_MAX_LINE_CHARS: usize = 2_000;
 
 /// What the replay knows of one file's content.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,39 +79,21 @@ fn read_attachment(path: &str, body: &str) -> String {
     )
 }
 
-/// The Read tool's rendering of a file: numbered lines (`     1→text`), at most 2,000 lines of
-/// at most 2,000 characters each.
-pub fn render_numbered(content: &str) -> String {
-    let mut out = String::with_capacity(content.len() + content.len() / 8);
-    for (i, line) in content.lines().take(READ_MAX_LINES).enumerate() {
-        // The first READ_MAX_LINE_CHARS characters, sliced in place (no per-line copy).
-        // A line of at most that many bytes has at most that many characters.
-        let end = if line.len() <= READ_MAX_LINE_CHARS { line.len() } else { line.char_indices().nth(READ_MAX_LINE_CHARS).map_or(line.len(), |(at, _)| at) };
-        push_line_number(&mut out, i + 1);
-        out.push_str(&line[..end]);
-        out.push('\n');
+/// The Read tool's rendering of a file as the replay restores it: numbered lines
+/// ([`crate::agent::tools::exec::number_lines_as`], the agent's one rendering) in `style` (the
+/// version's, [`super::profile::ClientProfile::restore_line_numbers`]), at most
+/// [`READ_MAX_LINES`] lines of at most [`crate::agent::tools::exec::READ_MAX_LINE_CHARS`]
+/// characters each.
+///
+/// Unlike the agent's Read (and the client's, in every record: a file of 46 lines ending in a
+/// newline shows a 47th, empty one), the replay numbers no empty line after a final newline:
+/// its restore sizes were fitted that way and are kept byte for byte; the difference is one
+/// short line per restored file.
+pub fn render_numbered(content: &str, style: crate::agent::tools::exec::LineNumbers) -> String {
+    if content.is_empty() {
+        return String::new();
     }
-    out
-}
-
-/// `{n:>6}→` (the number right-aligned in six columns, wider when it needs more), without the
-/// formatting machinery: it is written once per line of every file a compaction restores.
-fn push_line_number(out: &mut String, n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    let width = digits.len() - at;
-    out.extend(std::iter::repeat_n(' ', 6usize.saturating_sub(width)));
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
-    out.push('\u{2192}');
+    crate::agent::tools::exec::number_lines_as(content.strip_suffix('\n').unwrap_or(content), 0, READ_MAX_LINES, style)
 }
 
 /// The client's `readFileState` and plan file, as far as a transcript shows them.
@@ -129,26 +106,7 @@ pub struct WorkingSet {
     clock: u64,
 }
 
-fn is_plan_file(path: &str) -> bool {
-    crate::agent::skills::tool_path(path).contains("/.claude/plans/")
-}
-
-/// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
-/// the working directory and the user's own CLAUDE.md (nested ones are restored like any file).
-fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
-    if crate::agent::skills::tool_path(path).ends_with("/.claude/CLAUDE.md") {
-        return true;
-    }
-    cwd.is_some_and(|cwd| {
-        if crate::agent::skills::is_windows_path(path) || crate::agent::skills::is_windows_path(cwd) {
-            // A Windows client's (`D:\omp\CLAUDE.md` under `D:\omp`), compared in one spelling.
-            let (path, cwd) = (crate::agent::skills::comparable_path(path), crate::agent::skills::comparable_path(cwd));
-            return path == format!("{cwd}/claude.md") || path == format!("{cwd}/claude.local.md");
-        }
-        let cwd = cwd.trim_end_matches('/');
-        path == format!("{cwd}/CLAUDE.md") || path == format!("{cwd}/CLAUDE.local.md")
-    })
-}
+use crate::agent::compact::rebuild::{is_memory_file, is_plan_file};
 
 fn replace(original: &str, old: &str, new: &str, all: bool) -> String {
     if old.is_empty() {
@@ -260,25 +218,34 @@ impl WorkingSet {
     /// The attachments after a compaction, in the client's order (files, then the plan), and
     /// the state the compaction leaves: only the restored files. `tokens` estimates a text as
     /// the API counts it (the client checks the 5,000-token limit with the API's count).
-    pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64) -> Vec<Restored> {
-        self.compact_memoized(cwd, tokens, render_numbered)
+    /// `style` numbers the restored files' lines (the version's).
+    pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64, style: crate::agent::tools::exec::LineNumbers) -> Vec<Restored> {
+        self.compact_memoized(cwd, tokens, |text| render_numbered(text, style))
     }
 
     /// [`Self::compact`], the files' numbered renderings ([`render_numbered`]) got through
     /// `render`, which may give them from a memo.
+    ///
+    /// The budgets are the agent's ([`crate::agent::compact::config::PostCompactConfig`]'s
+    /// defaults, the client's constants), as is the order (newest first, at most `max_files`,
+    /// a file over `max_tokens_per_file` shown as a reference, skipped when the running total
+    /// would pass `files_token_budget`: [`crate::agent::compact::rebuild::file_attachments`]).
+    /// What differs is record knowledge: which files the client's state held and what the
+    /// record shows of their content (a file read in part is sized, not shown).
     pub fn compact_memoized(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64, render: impl Fn(&str) -> String) -> Vec<Restored> {
+        let budget = crate::agent::compact::config::PostCompactConfig::default();
         let mut recent: Vec<(&String, &FileEntry)> =
             self.files.iter().filter(|(_, entry)| !is_memory_file(&entry.path, cwd)).collect();
         recent.sort_by_key(|r| std::cmp::Reverse(r.1.touched));
         let mut out = Vec::new();
         let mut kept = BTreeMap::new();
         let mut total = 0u64;
-        for (key, entry) in recent.into_iter().take(RESTORE_MAX_FILES) {
+        for (key, entry) in recent.into_iter().take(budget.max_files) {
             let path = &entry.path;
             let restored = match &entry.content {
                 // The limit applies to the file's text; what is sent is its numbered rendering.
                 Content::Known(text) => {
-                    if tokens(text) > RESTORE_MAX_TOKENS_PER_FILE {
+                    if tokens(text) > budget.max_tokens_per_file {
                         Restored::Reference { path: path.clone() }
                     } else {
                         Restored::File { path: path.clone(), text: render(text) }
@@ -288,7 +255,7 @@ impl WorkingSet {
                     // The whole file at the density of the part read.
                     let shown = (*total_lines).min(READ_MAX_LINES) as u64;
                     let lines = *lines as u64;
-                    if tokens(slice) * shown / lines > RESTORE_MAX_TOKENS_PER_FILE {
+                    if tokens(slice) * shown / lines > budget.max_tokens_per_file {
                         Restored::Reference { path: path.clone() }
                     } else {
                         let rendered = render(slice);
@@ -306,7 +273,7 @@ impl WorkingSet {
                 Restored::Sized { chars, .. } => (*chars as u64).div_ceil(4),
                 _ => 0,
             };
-            if total + size > RESTORE_TOKEN_BUDGET {
+            if total + size > budget.files_token_budget {
                 continue;
             }
             total += size;
@@ -326,16 +293,8 @@ impl WorkingSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::tools::exec::{LineNumbers, READ_MAX_LINE_CHARS};
     use serde_json::json;
-
-    #[test]
-    fn line_numbers_are_right_aligned_in_six_columns() {
-        for n in [0, 1, 9, 10, 99_999, 100_000, 999_999, 1_000_000, 12_345_678_901, usize::MAX] {
-            let mut out = String::new();
-            push_line_number(&mut out, n);
-            assert_eq!(out, format!("{n:>6}\u{2192}"));
-        }
-    }
 
     #[test]
     fn numbered_rendering_cuts_lines_at_characters_and_files_at_lines() {
@@ -347,7 +306,7 @@ mod tests {
         let mut lines = vec![long_ascii.clone(), long_wide.clone(), short_wide.clone(), String::new()];
         lines.extend((0..READ_MAX_LINES).map(|i| format!("line {i}")));
         let text = lines.join("\n");
-        let rendered = render_numbered(&text);
+        let rendered = render_numbered(&text, LineNumbers::Arrow);
         let out: Vec<&str> = rendered.lines().collect();
         assert_eq!(out.len(), READ_MAX_LINES);
         assert_eq!(out[0], format!("     1\u{2192}{}", "a".repeat(READ_MAX_LINE_CHARS)));
@@ -372,7 +331,7 @@ mod tests {
         }
         // A partial read of a long file: too big to restore whole.
         read(&mut set, "/r/big.rs", &"let x = 1;\n".repeat(50), 100, 50, 5_000);
-        let restored = set.compact(Some("/r"), |t| chars4(t) as u64);
+        let restored = set.compact(Some("/r"), |t| chars4(t) as u64, LineNumbers::Arrow);
         assert_eq!(restored.len(), 5);
         assert_eq!(restored[0], Restored::Reference { path: "/r/big.rs".into() });
         let paths: Vec<&str> = restored[1..]
@@ -384,7 +343,7 @@ mod tests {
             .collect();
         assert_eq!(paths, ["/r/f6.rs", "/r/f5.rs", "/r/f4.rs", "/r/f3.rs"]);
         // The state is now the restored files only.
-        assert_eq!(set.compact(Some("/r"), |t| chars4(t) as u64).len(), 4);
+        assert_eq!(set.compact(Some("/r"), |t| chars4(t) as u64, LineNumbers::Arrow).len(), 4);
     }
 
     #[test]
@@ -394,7 +353,7 @@ mod tests {
         set.observe("Edit", &json!({"file_path": "/r/a.rs"}), Some(&edit), false);
         set.observe("Write", &json!({"file_path": "/r/CLAUDE.md"}), Some(&json!({"content": "rules"})), false);
         set.observe("Write", &json!({"file_path": "/h/.claude/plans/p.md"}), Some(&json!({"content": "# Plan"})), false);
-        let restored = set.compact(Some("/r"), |t| chars4(t) as u64);
+        let restored = set.compact(Some("/r"), |t| chars4(t) as u64, LineNumbers::Arrow);
         assert_eq!(restored.len(), 2, "{restored:?}");
         assert_eq!(restored[0], Restored::File { path: "/r/a.rs".into(), text: "     1\u{2192}x = 2\n     2\u{2192}y = 1\n".into() });
         assert!(matches!(&restored[1], Restored::Plan { text, .. } if text == "# Plan"));

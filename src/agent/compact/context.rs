@@ -275,6 +275,9 @@ pub struct CompactInputs {
     pub custom_instructions: Option<String>,
     /// Canonical memory paths that are never restored as files.
     pub memory_paths: Vec<String>,
+    /// The working directory: its CLAUDE.md and CLAUDE.local.md are never restored as files
+    /// ([`super::rebuild::is_memory_file`]); `None` sets apart only `memory_paths`.
+    pub cwd: Option<String>,
     /// API rounds a threshold compaction keeps verbatim after the summary (Claude Code
     /// 2.1.332 routes it through the reactive compactor, which keeps the newest round on a
     /// session's first compaction: docs/profiles.md); 0 summarizes everything (2.1.88).

@@ -127,6 +127,10 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     }
     let input = serde_json::json!({ "file_path": path });
     let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
+    // The Read tool's one numbering (`exec::number_lines_as`), in 2.1.88's style for every
+    // version: the record-based replay numbers by the recorded version
+    // (`replay::profile::ClientProfile::restore_line_numbers`, `→` up to 2.1.49); the agent
+    // does not yet take the style from its client version.
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
     let caution = crate::agent::tools::exec::READ_CAUTION;
     let result = format!("<system-reminder>\n{RESTORED_RESULT_HEAD}\n{numbered}\n{caution}\n</system-reminder>");
@@ -145,15 +149,20 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
 
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
 /// replaced by a reference when over the per-file limit, then kept while the running total
-/// fits the overall budget (skip, not stop).
+/// fits the overall budget (skip, not stop). The record-based replay applies the same budgets
+/// and order (`replay::working_set::WorkingSet::compact_memoized`, from [`super::config::PostCompactConfig`]'s
+/// defaults) to the files the record shows.
 /// A file the kept messages already show (their Read calls) is not restored again.
 pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> Vec<Entry> {
     let budget = cx.config.post_compact.clone();
     let mut files = cx.inputs.read_files.clone();
     let plan = cx.inputs.plan_path.clone();
     let memory = cx.inputs.memory_paths.clone();
+    let cwd = cx.inputs.cwd.clone();
     let shown = read_paths(kept);
-    files.retain(|f| Some(&f.path) != plan.as_ref() && !memory.contains(&f.path) && !shown.contains(&f.path));
+    files.retain(|f| {
+        Some(&f.path) != plan.as_ref() && !is_plan_file(&f.path) && !memory.contains(&f.path) && !is_memory_file(&f.path, cwd.as_deref()) && !shown.contains(&f.path)
+    });
     files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then_with(|| a.path.cmp(&b.path)));
     files.dedup_by(|a, b| a.path == b.path);
     let mut out = Vec::new();
@@ -175,6 +184,39 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
         }
     }
     out
+}
+
+/// A plan file (under a `.claude/plans/` directory): the client keeps it apart from the
+/// restored files and attaches it on its own. One rule for the agent's rebuild
+/// ([`file_attachments`], [`rebuild`]) and the record-based replay (`replay::working_set`).
+pub fn is_plan_file(path: &str) -> bool {
+    crate::agent::skills::tool_path(path).contains("/.claude/plans/")
+}
+
+/// The most recently read plan file ([`is_plan_file`]).
+fn newest_plan_file(files: &[super::context::ReadFile]) -> Option<String> {
+    files.iter().filter(|f| is_plan_file(&f.path)).max_by(|a, b| a.timestamp_ms.cmp(&b.timestamp_ms).then_with(|| b.path.cmp(&a.path))).map(|f| f.path.clone())
+}
+
+/// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
+/// the working directory `cwd` and the user's own CLAUDE.md (nested ones are restored like any
+/// file). One rule for the agent's rebuild ([`file_attachments`], with
+/// [`super::context::CompactInputs::cwd`]) and the record-based replay (`replay::working_set`).
+pub fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
+    if crate::agent::skills::tool_path(path).ends_with("/.claude/CLAUDE.md") {
+        return true;
+    }
+    cwd.is_some_and(|cwd| {
+        if crate::agent::skills::is_windows_path(path) || crate::agent::skills::is_windows_path(cwd) {
+            // A Windows client's (`D:\omp\CLAUDE.md` under `D:\omp`), compared in one spelling.
+            let (path, cwd) = (crate::agent::skills::comparable_path(path), crate::agent::skills::comparable_path(cwd));
+            return path == format!("{cwd}/claude.md") || path == format!("{cwd}/claude.local.md");
+        }
+        // `{cwd}/CLAUDE.md` or `{cwd}/CLAUDE.local.md`, compared without building either: the
+        // agent asks at every request for every file read.
+        let cwd = cwd.trim_end_matches('/');
+        path.strip_prefix(cwd).is_some_and(|rest| rest == "/CLAUDE.md" || rest == "/CLAUDE.local.md")
+    })
 }
 
 /// The `file_path`s of the Read calls in `entries`, as the agent's fs spells them (a Windows
@@ -249,7 +291,9 @@ pub fn rebuild(
     let restored = if mode == AttachmentMode::Full { file_attachments(cx, ts, &kept) } else { Vec::new() };
     out.extend(kept.into_iter().filter(|e| !e.is_boundary()));
     out.extend(restored);
-    if let Some(plan) = cx.inputs.plan_path.clone()
+    // The plan file: the one the session names, else the most recently read one.
+    let plan = cx.inputs.plan_path.clone().or_else(|| newest_plan_file(&cx.inputs.read_files));
+    if let Some(plan) = plan
         && cx.fs.exists(&plan) {
             out.push(attachment(cx, "plan_file_reference", format!("A plan for this work is kept at {plan}; keep following it."), ts));
         }

@@ -354,20 +354,74 @@ fn read(world: &World, path: &str, input: &Value, cx: &ExecContext<'_>) -> Resul
     Ok(format!("{numbered}\n{}\n", system_reminder(READ_CAUTION)))
 }
 
+/// The Read tool's cut of a long line: at most this many characters of it are shown.
+pub const READ_MAX_LINE_CHARS: usize = 2_000;
+
+/// How the client's Read tool numbers a file's lines; a difference between client versions.
+/// The records show [`LineNumbers::Arrow`] up to 2.1.49 (every Read result of the realdata
+/// sessions of 2.0.76–2.1.49) and [`LineNumbers::Tab`] from 2.1.88 (the 2.1.88 capture's request
+/// log; every Read result of the realdata sessions of 2.1.205–2.1.232).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum LineNumbers {
+    /// `{n}\t{line}`: the number unpadded, then a tab (2.1.88 and later).
+    Tab,
+    /// `{n:>6}→{line}`: the number right-aligned in six columns (wider when it needs more),
+    /// then `→` (up to 2.1.49).
+    Arrow,
+}
+
 /// Numbering as the 2.1.88 Read tool returns it: `{n}\t{line}` with no padding (the real
 /// client's request log), every `\n`-separated line, so a final newline gives a last empty
-/// line; lines longer than 2000 characters are cut.
+/// line; lines longer than 2000 characters are cut. [`number_lines_as`] with [`LineNumbers::Tab`].
 pub fn number_lines(text: &str, offset: usize, limit: usize) -> String {
-    text.split('\n')
-        .map(|line| line.strip_suffix('\r').unwrap_or(line))
-        .enumerate()
-        .skip(offset)
-        .take(limit)
-        .map(|(i, line)| {
-            let line = if line.chars().count() > 2000 { line.chars().take(2000).collect::<String>() } else { line.to_owned() };
-            format!("{}\t{line}\n", i + 1)
-        })
-        .collect()
+    number_lines_as(text, offset, limit, LineNumbers::Tab)
+}
+
+/// The Read tool's numbering of `text` in `style`: lines `offset + 1 ..` (at most `limit` of
+/// them), each `\n`-separated line with a trailing `\r` dropped and cut to
+/// [`READ_MAX_LINE_CHARS`] characters, each followed by `\n`. The one rendering of the agent's
+/// Read, its post-compaction restore ([`crate::agent::compact::rebuild`]) and the record-based
+/// replay's ([`crate::replay::working_set::render_numbered`]).
+pub fn number_lines_as(text: &str, offset: usize, limit: usize, style: LineNumbers) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    for (i, line) in text.split('\n').enumerate().skip(offset).take(limit) {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        // The first READ_MAX_LINE_CHARS characters, sliced in place (no per-line copy): a line
+        // of at most that many bytes has at most that many characters.
+        let end = if line.len() <= READ_MAX_LINE_CHARS { line.len() } else { line.char_indices().nth(READ_MAX_LINE_CHARS).map_or(line.len(), |(at, _)| at) };
+        push_line_number(&mut out, i + 1, style);
+        out.push_str(&line[..end]);
+        out.push('\n');
+    }
+    out
+}
+
+/// The number of line `n` and its separator in `style`, without the formatting machinery: it
+/// is written once per line of every file read or restored.
+fn push_line_number(out: &mut String, n: usize, style: LineNumbers) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let number = std::str::from_utf8(&digits[at..]).unwrap_or_default();
+    match style {
+        LineNumbers::Tab => {
+            out.push_str(number);
+            out.push('\t');
+        }
+        LineNumbers::Arrow => {
+            out.extend(std::iter::repeat_n(' ', 6usize.saturating_sub(number.len())));
+            out.push_str(number);
+            out.push('\u{2192}');
+        }
+    }
 }
 
 fn grep(id: &str, input: &Value, world: &World) -> ExecOutcome {
@@ -551,4 +605,31 @@ pub fn absolute(cwd: &str, path: &str) -> String {
     // runs under spells it (`/d/omp/src/a.go`: `skills::tool_path`).
     let path = crate::agent::skills::tool_path(path);
     if path.starts_with('/') { path.into_owned() } else { format!("{}/{}", cwd.trim_end_matches('/'), path) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_numbers_in_both_styles() {
+        for n in [0, 1, 9, 10, 99_999, 100_000, 999_999, 1_000_000, 12_345_678_901, usize::MAX] {
+            let mut arrow = String::new();
+            push_line_number(&mut arrow, n, LineNumbers::Arrow);
+            assert_eq!(arrow, format!("{n:>6}\u{2192}"));
+            let mut tab = String::new();
+            push_line_number(&mut tab, n, LineNumbers::Tab);
+            assert_eq!(tab, format!("{n}\t"));
+        }
+    }
+
+    #[test]
+    fn tab_numbering_shows_every_newline_separated_line() {
+        let long = "é".repeat(READ_MAX_LINE_CHARS + 3);
+        let text = format!("a\r\n\n{long}\nb\n");
+        let cut: String = long.chars().take(READ_MAX_LINE_CHARS).collect();
+        assert_eq!(number_lines(&text, 0, usize::MAX), format!("1\ta\n2\t\n3\t{cut}\n4\tb\n5\t\n"));
+        assert_eq!(number_lines(&text, 3, 1), "4\tb\n");
+        assert_eq!(number_lines_as("x", 0, 9, LineNumbers::Arrow), "     1\u{2192}x\n");
+    }
 }
