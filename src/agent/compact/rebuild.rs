@@ -212,8 +212,8 @@ pub fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
             let (path, cwd) = (crate::agent::skills::comparable_path(path), crate::agent::skills::comparable_path(cwd));
             return path == format!("{cwd}/claude.md") || path == format!("{cwd}/claude.local.md");
         }
-        // `{cwd}/CLAUDE.md` or `{cwd}/CLAUDE.local.md`, compared without building either: the
-        // agent asks at every request for every file read.
+        // `{cwd}/CLAUDE.md` or `{cwd}/CLAUDE.local.md`, compared without building either: a
+        // compaction asks for every file read, the replay for every file its record shows.
         let cwd = cwd.trim_end_matches('/');
         path.strip_prefix(cwd).is_some_and(|rest| rest == "/CLAUDE.md" || rest == "/CLAUDE.local.md")
     })
