@@ -430,10 +430,17 @@ pub fn whatif_svg(audits: &[SessionAudit], engine: Engine) -> String {
     // Per what-if: the summed saving and the sessions it changed.
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();
     let mut changed: BTreeMap<String, usize> = BTreeMap::new();
+    // Per what-if: its information loss less the run as recorded's, summed (the bar's tooltip).
+    let mut losses: BTreeMap<String, crate::replay::audit::LossDelta> = BTreeMap::new();
     for a in audits {
         for w in &a.whatifs {
             *sums.entry(w.name.clone()).or_default() += w.saving_usd;
             *changed.entry(w.name.clone()).or_default() += usize::from(w.no_effect.is_none() && w.not_comparable.is_none());
+            if w.no_effect.is_none() && w.not_comparable.is_none() {
+                let loss = losses.entry(w.name.clone()).or_default();
+                loss.info_loss += w.info_loss_delta.unwrap_or(0);
+                loss.tokens_dropped += w.tokens_dropped_delta.unwrap_or(0);
+            }
         }
     }
     let (w, left) = (900u32, 160.0);
@@ -456,11 +463,15 @@ pub fn whatif_svg(audits: &[SessionAudit], engine: Engine) -> String {
         let color = if *v >= 0.0 { PALETTE[4] } else { PALETTE[2] };
         let _ = write!(
             out,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect class="bar" data-series="{}" x="{x:.1}" y="{y:.1}" width="{len:.1}" height="20" fill="{color}"/><text x="{:.1}" y="{:.1}">${v:.2} ({})</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect class="bar" data-series="{}" x="{x:.1}" y="{y:.1}" width="{len:.1}" height="20" fill="{color}"><title>{}</title></rect><text x="{:.1}" y="{:.1}">${v:.2} ({})</text>"#,
             left - 6.0,
             y + 14.0,
             escape(name),
             escape(name),
+            escape(&{
+                let loss = losses.get(name).copied().unwrap_or_default();
+                format!("{name}: ${v:.2} saved; against the run as recorded {:+} references lost or re-read, {:+} tokens dropped", loss.info_loss, loss.tokens_dropped)
+            }),
             zero.max(x + len) + 6.0,
             y + 14.0,
             match changed.get(name).copied().unwrap_or(0) {
