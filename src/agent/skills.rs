@@ -275,8 +275,9 @@ pub fn file_key(path: &str) -> std::borrow::Cow<'_, str> {
 
 /// User and project skills (see [`skill_roots`]).
 pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
-    // Kept by home and cwd: the roots they name are not worked out again at every step.
-    fs.derived(&format!("skills of {config_home} {cwd}"), |fs| {
+    // Kept by home and cwd (quoted in the key, so no two pairs share one): the roots they name
+    // are not worked out again at every step.
+    fs.derived(&format!("skills of {config_home:?} {cwd:?}"), |fs| {
         read_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None)
     })
 }
