@@ -385,20 +385,27 @@ pub struct HookCall<'a> {
 /// Runs the configured hooks matching the call plus the standalone scripted answers, and
 /// aggregates their outputs in the documented deterministic order.
 pub fn run_hooks(configured: &[ConfiguredHook], answers: &[HookAnswer], call: &HookCall) -> HookRun {
-    let tool_input = call.input.get("tool_input").cloned().unwrap_or(Value::Null);
-    let mut input = json!({
-        "session_id": call.session_id,
-        "transcript_path": format!("/virtual/transcripts/{}.jsonl", call.session_id),
-        "cwd": call.cwd,
-        "hook_event_name": call.event,
-    });
-    if let (Some(base), Some(extra)) = (input.as_object_mut(), call.input.as_object()) {
-        for (k, v) in extra {
-            base.insert(k.clone(), v.clone());
-        }
-    }
+    let tool_input = call.input.get("tool_input").unwrap_or(&Value::Null);
+    // The hook's input JSON, made when a hook reads it (most calls match none).
+    let made = std::cell::OnceCell::new();
+    let input = || {
+        made.get_or_init(|| {
+            let mut input = json!({
+                "session_id": call.session_id,
+                "transcript_path": format!("/virtual/transcripts/{}.jsonl", call.session_id),
+                "cwd": call.cwd,
+                "hook_event_name": call.event,
+            });
+            if let (Some(base), Some(extra)) = (input.as_object_mut(), call.input.as_object()) {
+                for (k, v) in extra {
+                    base.insert(k.clone(), v.clone());
+                }
+            }
+            input
+        })
+    };
     let mut run = HookRun { event: call.event.to_owned(), ..HookRun::default() };
-    for hook in matching_hooks(configured, call.event, call.query, &tool_input) {
+    for hook in matching_hooks(configured, call.event, call.query, tool_input) {
         // HTTP hooks never run for SessionStart and Setup.
         if hook.kind == "http" && matches!(call.event, "SessionStart" | "Setup") {
             continue;
@@ -423,7 +430,7 @@ pub fn run_hooks(configured: &[ConfiguredHook], answers: &[HookAnswer], call: &H
                 let verdict = answer.map_or_else(|| json!({"ok": true}).to_string(), HookAnswer::verdict_text);
                 run.model_calls.push(HookModelCall {
                     kind: hook.kind.clone(),
-                    prompt: hook.command.replace("$ARGUMENTS", &input.to_string()),
+                    prompt: hook.command.replace("$ARGUMENTS", &input().to_string()),
                     model: hook.model.clone(),
                     verdict: verdict.clone(),
                 });
@@ -440,7 +447,7 @@ pub fn run_hooks(configured: &[ConfiguredHook], answers: &[HookAnswer], call: &H
             _ => {
                 let output = match answer {
                     Some(answer) => answer.output(call.event),
-                    None if call.run_real => execute_command(hook, &input, call.cwd),
+                    None if call.run_real => execute_command(hook, input(), call.cwd),
                     None => (0, String::new(), String::new()),
                 };
                 absorb(&mut run, call.event, &hook.command, output);

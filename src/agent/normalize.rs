@@ -119,8 +119,8 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
                 // user message before them, or else sent as they are, the call a string message.
                 match out.last_mut() {
                     Some(last) if last.role == Role::User => {
-                        for content in &messages {
-                            merge_attachment(last, content.to_blocks(), options);
+                        for content in messages {
+                            merge_attachment(last, content.into_blocks(), options);
                         }
                     }
                     _ => out.extend(messages.into_iter().map(|content| Message { role: Role::User, content, extra: Map::new() })),
@@ -242,8 +242,9 @@ impl MessageMemo {
 
 /// `mergeUserMessages`: the seam `\n`, then tool_results hoisted.
 fn merge_user_messages(a: &mut Message, b: Message) {
-    let mut left = a.content.to_blocks();
-    let right = b.content.to_blocks();
+    // Both taken, not copied: a list no other message holds moves as it is.
+    let mut left = take_content(a).into_blocks();
+    let right = b.content.into_blocks();
     if let (Some(ContentBlock::Text { text, .. }), Some(ContentBlock::Text { .. })) = (left.last_mut(), right.first()) {
         text.push('\n');
     }
@@ -256,7 +257,7 @@ fn merge_user_messages(a: &mut Message, b: Message) {
 
 /// `mergeUserMessagesAndToolResults` with the legacy smoosh.
 fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: NormalizeOptions) {
-    let mut left = a.content.to_blocks();
+    let mut left = take_content(a).into_blocks();
     let all_text = incoming.iter().all(|b| matches!(b, ContentBlock::Text { .. }));
     if options.smoosh_into_tool_result
         && all_text
@@ -275,19 +276,28 @@ fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: Norma
     a.content = MessageContent::Blocks(left.into());
 }
 
+/// The message's content, left empty in its place.
+fn take_content(message: &mut Message) -> MessageContent {
+    std::mem::replace(&mut message.content, MessageContent::Text(String::new()))
+}
+
 fn fix_tool_references(message: &mut Message, options: NormalizeOptions) {
     let MessageContent::Blocks(blocks) = &mut message.content else { return };
-    let mut has_reference = false;
-    for block in blocks.iter_mut() {
-        if let ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(inner)), .. } = block {
-            if options.strip_tool_references {
-                inner.retain(|b| !matches!(b, ContentBlock::ToolReference { .. }));
-            } else if inner.iter().any(|b| matches!(b, ContentBlock::ToolReference { .. })) {
-                has_reference = true;
+    let is_reference = |b: &ContentBlock| matches!(b, ContentBlock::ToolReference { .. });
+    // Read before writing: a change copies blocks another message holds (the record's).
+    let has_reference = blocks
+        .iter()
+        .any(|block| matches!(block, ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(inner)), .. } if inner.iter().any(is_reference)));
+    if !has_reference {
+        return;
+    }
+    if options.strip_tool_references {
+        for block in blocks.iter_mut() {
+            if let ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(inner)), .. } = block {
+                inner.retain(|b| !is_reference(b));
             }
         }
-    }
-    if has_reference && options.tool_loaded_sibling {
+    } else if options.tool_loaded_sibling {
         blocks.push(ContentBlock::text(TOOL_LOADED));
     }
 }
@@ -336,14 +346,15 @@ fn normalize_tool_input(block: &ContentBlock) -> ContentBlock {
 /// becomes one marked text block); an assistant ending in thinking gets none.
 pub fn mark_last_block(messages: &mut [Message], marker: CacheControl) {
     let Some(last) = messages.last_mut() else { return };
-    let mut blocks = last.content.to_blocks();
-    if let Some(block) = blocks.last_mut() {
-        if block.is_thinking() {
-            return;
-        }
+    if let MessageContent::Blocks(blocks) = &last.content
+        && blocks.last().is_some_and(ContentBlock::is_thinking)
+    {
+        return;
+    }
+    // In place: the blocks are copied only when another message holds them.
+    if let Some(block) = last.content.blocks_mut().last_mut() {
         block.set_cache_control(Some(marker));
     }
-    last.content = MessageContent::Blocks(blocks.into());
 }
 
 /// Writes every tool_result in the reference client's key order: `tool_use_id, type, content

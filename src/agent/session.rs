@@ -831,13 +831,15 @@ impl Session {
             return Ok(self.events[before..].to_vec());
         }
         let pool = self.pool(world);
-        let deferred: Vec<(String, String)> = pool
-            .all
-            .iter()
-            .filter(|t| t.deferred)
-            .map(|t| (t.tool.name.clone(), t.tool.description.clone().unwrap_or_default()))
-            .collect();
-        let all_skills = self.skills(world);
+        // Only a ToolSearch call reads the deferred tools, only a Skill call the skills: each
+        // list is made for a reply that calls its tool.
+        let calls_tool = |tool: &str| tool_calls.iter().any(|(_, name, _)| name == tool);
+        let deferred: Vec<(String, String)> = if calls_tool("ToolSearch") {
+            pool.all.iter().filter(|t| t.deferred).map(|t| (t.tool.name.clone(), t.tool.description.clone().unwrap_or_default())).collect()
+        } else {
+            Vec::new()
+        };
+        let all_skills = if calls_tool("Skill") { self.skills(world) } else { Vec::new() };
         let skills: Vec<(String, String, String)> =
             all_skills.iter().map(|s| (s.name.clone(), s.dir.clone(), s.invocation_body(&self.session_id))).collect();
         let cx = ExecContext {

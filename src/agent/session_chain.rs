@@ -292,8 +292,15 @@ fn entries_into_records(
 
 /// Moves the single message marker to the last block of message `index` (or drops it).
 fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<CacheControl>) {
+    let marked = |block: &ContentBlock| match block {
+        ContentBlock::Other(serde_json::Value::Object(map)) => map.contains_key("cache_control"),
+        _ => block.cache_control().is_some(),
+    };
     for message in messages.iter_mut() {
-        if let MessageContent::Blocks(blocks) = &mut message.content {
+        // Only a list with a marker is written to: a change copies blocks another body holds.
+        if let MessageContent::Blocks(blocks) = &mut message.content
+            && blocks.iter().any(marked)
+        {
             for block in blocks.iter_mut() {
                 // Normalized tool_results are raw values (client key order): their marker is a
                 // key. Left in place, the compaction fork carried two message markers where the
@@ -308,12 +315,12 @@ fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<C
     }
     let (Some(i), Some(marker)) = (index, marker) else { return };
     let Some(message) = messages.get_mut(i) else { return };
-    let mut blocks = message.content.to_blocks();
-    if let Some(last) = blocks.last_mut()
-        && !last.is_thinking()
-    {
+    let thinking = match &message.content {
+        MessageContent::Blocks(blocks) => blocks.last().is_none_or(ContentBlock::is_thinking),
+        MessageContent::Text(_) => false,
+    };
+    if !thinking && let Some(last) = message.content.blocks_mut().last_mut() {
         last.set_cache_control(Some(marker));
-        message.content = MessageContent::Blocks(blocks.into());
     }
 }
 

@@ -54,10 +54,11 @@ pub struct SystemPromptInputs {
     /// the session passes only its [`fingerprint_head`]).
     pub first_user_text: String,
     /// `--append-system-prompt`, pushed as one more element after the dynamic sections.
-    pub append_system_prompt: Option<String>,
+    pub append_system_prompt: Option<std::sync::Arc<str>>,
     /// Text pushed as one more element after the static sections, before the boundary
     /// (`world.static_system_prompt`: a real session's sized filler). Not the subagents'.
-    pub static_system_prompt: Option<String>,
+    /// Shared with the world (a sized filler is long; every request gathers the inputs).
+    pub static_system_prompt: Option<std::sync::Arc<str>>,
     /// Names of the tools enabled this turn (deferred ones included): guidance bullets and the
     /// task tool named in `using_your_tools` depend on them.
     pub enabled_tools: Vec<String>,
@@ -375,7 +376,7 @@ impl SystemPromptCache {
         let writer = Writer { inputs, options, profile };
         let mut static_sections = writer.static_sections();
         if let Some(text) = inputs.static_system_prompt.as_ref().filter(|text| !text.is_empty()) {
-            static_sections.push(Section { name: "static_system_prompt", text: text.clone() });
+            static_sections.push(Section { name: "static_system_prompt", text: text.to_string() });
         }
 
         let mut dynamic_sections = Vec::new();
@@ -398,7 +399,7 @@ impl SystemPromptCache {
             }
         }
         if let Some(append) = inputs.append_system_prompt.as_ref().filter(|text| !text.is_empty()) {
-            dynamic_sections.push(Section { name: "append_system_prompt", text: append.clone() });
+            dynamic_sections.push(Section { name: "append_system_prompt", text: append.to_string() });
         }
         let git = self.git_status.get_or_insert_with(|| writer.git_status()).clone();
         if let Some(value) = git {

@@ -60,9 +60,9 @@ pub struct World {
     /// The user's home directory (config home is `{home}/.claude`).
     pub home: String,
     /// `claude --append-system-prompt TEXT`: appended to the system prompt's dynamic part.
-    pub append_system_prompt: Option<String>,
+    pub append_system_prompt: Option<std::sync::Arc<str>>,
     /// Appended to the system prompt's static part, before the boundary (`world.static_system_prompt`).
-    pub static_system_prompt: Option<String>,
+    pub static_system_prompt: Option<std::sync::Arc<str>>,
     /// Per built-in agent type, text its prompt ends with (`world.agent_prompt_extra`).
     pub agent_prompt_extra: std::collections::BTreeMap<String, String>,
     /// The dynamic part carries its own marker (`world.dynamic_system_marker`).
