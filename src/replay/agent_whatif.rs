@@ -249,8 +249,14 @@ struct Plan {
 
 /// The stand-in summary of a compaction the recording did not make.
 fn stand_in() -> Value {
-    let text = format!("<summary>\n{}\n</summary>", crate::agent::compact::generator::filler("summary", super::whatif::SUMMARY_CHARS));
-    json!({ "assistant": [{ "text": text }], "lane": "compact" })
+    // The same value every time: made once.
+    static STAND_IN: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    STAND_IN
+        .get_or_init(|| {
+            let text = format!("<summary>\n{}\n</summary>", crate::agent::compact::generator::filler("summary", super::whatif::SUMMARY_CHARS));
+            json!({ "assistant": [{ "text": text }], "lane": "compact" })
+        })
+        .clone()
 }
 
 /// The workload's scenario under `plan`.

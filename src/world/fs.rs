@@ -268,7 +268,8 @@ impl VirtualFs {
         }
         let prefix = dir_prefix(&path);
         let has_child = |keys: &mut dyn Iterator<Item = &String>| keys.next().is_some_and(|k| k.starts_with(&prefix));
-        has_child(&mut self.files.range(prefix.clone()..).map(|(k, _)| k)) || has_child(&mut self.dirs.range(prefix.clone()..))
+        let from = (std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded);
+        has_child(&mut self.files.range::<str, _>(from).map(|(k, _)| k)) || has_child(&mut self.dirs.range::<str, _>(from))
     }
 
     /// The immediate children of a directory, sorted by name.
@@ -283,8 +284,9 @@ impl VirtualFs {
         let prefix = dir_prefix(&path);
         // name -> is_dir; a BTreeMap gives the sorted order and merges files and dirs.
         let mut children: BTreeMap<&str, bool> = BTreeMap::new();
-        let file_keys = self.files.range(prefix.clone()..).map(|(k, _)| k);
-        let dir_keys = self.dirs.range(prefix.clone()..);
+        let from = (std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded);
+        let file_keys = self.files.range::<str, _>(from).map(|(k, _)| k);
+        let dir_keys = self.dirs.range::<str, _>(from);
         for (key, explicit_dir) in file_keys.map(|k| (k, false)).take_while(|(k, _)| k.starts_with(&prefix)).chain(
             dir_keys.map(|k| (k, true)).take_while(|(k, _)| k.starts_with(&prefix)),
         ) {
@@ -467,7 +469,12 @@ pub fn is_normal_path(path: &str) -> bool {
 
 /// `/a/b` -> `/a/b/`; `/` stays `/`. Range scans over this prefix find exactly the descendants.
 fn dir_prefix(path: &str) -> String {
-    if path == "/" { "/".to_owned() } else { format!("{path}/") }
+    let mut prefix = String::with_capacity(path.len() + 1);
+    prefix.push_str(path);
+    if path != "/" {
+        prefix.push('/');
+    }
+    prefix
 }
 
 /// Proper ancestors of a normalized path, excluding `/`: `/a/b/c` -> `/a/b`, `/a`.
