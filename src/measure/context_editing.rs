@@ -331,6 +331,7 @@ struct ClearedMessage {
     input: crate::api::SharedBlocks,
     tag: Vec<usize>,
     output: crate::api::SharedBlocks,
+    /// (content index, cleared key `tool_use:<id>`, tokens freed) of each block cleared.
     cleared: Vec<(usize, String, u64)>,
 }
 
@@ -401,16 +402,16 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                 messages = Some(next);
             }
             Edit::ClearToolUses { trigger, keep, clear_at_least, exclude_tools, clear_inputs } => {
-                // Candidates: (message, content, id, name) of every tool use that may be cleared.
-                let mut uses: Vec<(usize, usize, String, String)> = Vec::new();
+                // Candidates: the id of every tool use that may be cleared, in order.
+                let mut uses: Vec<&str> = Vec::new();
                 let mut all_uses = 0u64;
-                for (m, message) in current.iter().enumerate().filter(|(_, m)| m.role == Role::Assistant) {
+                for message in current.iter().filter(|m| m.role == Role::Assistant) {
                     let MessageContent::Blocks(blocks) = &message.content else { continue };
-                    for (c, block) in blocks.iter().enumerate() {
+                    for block in blocks.iter() {
                         if let Some((id, name)) = tool_use(block) {
                             all_uses += 1;
                             if !exclude_tools.iter().any(|t| t == name) {
-                                uses.push((m, c, id.to_owned(), name.to_owned()));
+                                uses.push(id);
                             }
                         }
                     }
@@ -423,7 +424,8 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                 if !fires || cut == 0 {
                     continue;
                 }
-                let clear: BTreeMap<&str, &str> = uses[..cut].iter().map(|(_, _, id, name)| (id.as_str(), name.as_str())).collect();
+                // (Only asked whether it holds an id: a hash set, no order.)
+                let clear: rustc_hash::FxHashSet<&str> = uses[..cut].iter().copied().collect();
                 let mut next = current.to_vec();
                 let mut freed_by: BTreeMap<String, u64> = BTreeMap::new();
                 let mut positions = Vec::new();
@@ -435,10 +437,21 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                     // The blocks asked to be cleared (the role first, for the memo's key).
                     let mut tag = vec![role as usize];
                     for (c, block) in blocks.iter().enumerate() {
-                        match (result_id(block), tool_use(block)) {
-                            (Some(id), _) if clear.contains_key(id) => tag.push(c),
-                            (_, Some((id, name))) if clear.contains_key(id) && clear_inputs.covers(name) => tag.push(c),
-                            _ => {}
+                        // (A tool_result is no tool_use: the second is asked only of the others.)
+                        match result_id(block) {
+                            Some(id) => {
+                                if clear.contains(id) {
+                                    tag.push(c);
+                                }
+                            }
+                            None => {
+                                if let Some((id, name)) = tool_use(block)
+                                    && clear.contains(id)
+                                    && clear_inputs.covers(name)
+                                {
+                                    tag.push(c);
+                                }
+                            }
                         }
                     }
                     if tag.len() == 1 {
@@ -462,16 +475,15 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                                     continue;
                                 }
                                 blocks[c] = cleared_block;
-                                cleared.push((c, id, before - after));
+                                cleared.push((c, format!("tool_use:{id}"), before - after));
                             }
                             ClearedMessage { input, tag, output: blocks.clone(), cleared }
                         }
                     };
                     *blocks = kept.output.clone();
-                    for (c, id, edited) in &kept.cleared {
-                        let key = format!("tool_use:{id}");
+                    for (c, key, edited) in &kept.cleared {
                         *freed_by.entry(key.clone()).or_default() += edited;
-                        positions.push((m, *c, key));
+                        positions.push((m, *c, key.clone()));
                     }
                     memo[m] = Some(kept);
                 }
@@ -483,7 +495,11 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                 let touched: Vec<String> = freed_by.keys().filter_map(|k| k.strip_prefix("tool_use:")).map(str::to_owned).collect();
                 let touched_count = touched.len() as u64;
                 response.cleared_tool_use_ids.extend(touched);
-                cleared.extend(freed_by);
+                if cleared.is_empty() {
+                    cleared = freed_by;
+                } else {
+                    cleared.extend(freed_by);
+                }
                 tool_at.extend(positions);
                 response.applied_edits.push(AppliedEdit {
                     kind: CLEAR_TOOL_USES.to_owned(),
@@ -512,10 +528,18 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
             keys.entry(position).or_insert(key);
         }
     }
-    for (m, c, key) in tool_at {
-        edited_at.insert((m, c));
-        causes.insert((m, c), "context_editing");
-        keys.insert((m, c), key);
+    if edited_at.is_empty() && tool_at.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)) {
+        // Positions in order, each once (one clearing edit, no thinking removed): the maps
+        // built at once from the sorted list rather than by one insert each.
+        edited_at = tool_at.iter().map(|&(m, c, _)| (m, c)).collect();
+        causes = tool_at.iter().map(|&(m, c, _)| ((m, c), "context_editing")).collect();
+        keys = tool_at.into_iter().map(|(m, c, key)| ((m, c), key)).collect();
+    } else {
+        for (m, c, key) in tool_at {
+            edited_at.insert((m, c));
+            causes.insert((m, c), "context_editing");
+            keys.insert((m, c), key);
+        }
     }
     let mut body = request.clone();
     body.messages = messages;
