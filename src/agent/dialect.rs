@@ -304,34 +304,51 @@ pub fn mcp_results_as_blocks(messages: &mut [Message]) {
 /// [`mcp_results_as_blocks`] of messages that follow others: `mcp_ids` holds the MCP tool_use
 /// ids of the messages before, and gains those of `messages`.
 pub fn mcp_results_as_blocks_after(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>) {
-    mcp_results_rewritten(messages, mcp_ids, None);
+    mcp_results_rewritten(messages, Some(mcp_ids), None);
 }
 
 /// [`mcp_results_as_blocks`] through `memo` (the same results of the same blocks at a
 /// position rewritten once: [`crate::agent::normalize::BlocksMemo`]).
 pub fn mcp_results_as_blocks_memo(messages: &mut [Message], memo: &mut crate::agent::normalize::BlocksMemo) {
     memo.truncate(messages.len());
-    mcp_results_rewritten(messages, &mut std::collections::BTreeSet::new(), Some(memo));
+    mcp_results_rewritten(messages, None, Some(memo));
 }
 
-fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>, mut memo: Option<&mut crate::agent::normalize::BlocksMemo>) {
-    for (m, message) in messages.iter_mut().enumerate() {
-        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-        // Read first, change only the results that need it: the blocks are shared with earlier
-        // bodies, and a change copies them (and costs the measurer a comparison by content).
+/// `mcp_ids`: the MCP tool_use ids of the messages before (none when `messages` are all), which
+/// gains those of `messages`.
+fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std::collections::BTreeSet<String>>, mut memo: Option<&mut crate::agent::normalize::BlocksMemo>) {
+    // Read first, change only the results that need it: the blocks are shared with earlier
+    // bodies, and a change copies them (and costs the measurer a comparison by content). The
+    // ids of these messages' MCP calls are borrowed while reading (a hash set: only asked
+    // whether it holds one), then kept in `mcp_ids` for the messages that follow.
+    let mut plan: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut seen: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
+    for (m, message) in messages.iter().enumerate() {
+        let MessageContent::Blocks(blocks) = &message.content else { continue };
         let mut rewrite = Vec::new();
         for (b, block) in blocks.iter().enumerate() {
             match block {
                 ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
-                    mcp_ids.insert(id.clone());
+                    seen.insert(id.as_str());
                 }
-                ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(_)), .. } if mcp_ids.contains(tool_use_id.as_str()) => rewrite.push(b),
+                ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(_)), .. }
+                    if seen.contains(tool_use_id.as_str()) || mcp_ids.as_ref().is_some_and(|ids| ids.contains(tool_use_id.as_str())) =>
+                {
+                    rewrite.push(b)
+                }
                 _ => {}
             }
         }
-        if rewrite.is_empty() {
-            continue;
+        if !rewrite.is_empty() {
+            plan.push((m, rewrite));
         }
+    }
+    if let Some(ids) = mcp_ids.as_deref_mut() {
+        let seen: Vec<String> = seen.into_iter().filter(|id| !ids.contains(*id)).map(str::to_owned).collect();
+        ids.extend(seen);
+    }
+    for (m, rewrite) in plan {
+        let MessageContent::Blocks(blocks) = &mut messages[m].content else { continue };
         let change = |blocks: &mut Vec<ContentBlock>| {
             for &b in &rewrite {
                 if let ContentBlock::ToolResult { content: Some(content), .. } = &mut blocks[b]
