@@ -598,7 +598,7 @@ fn context_editing_effects(
     // An expired cache stays the cause when nothing at all was read (attribution's own rule).
     if let Some(diverged) = &prefix.diverged_at
         && prefix.cause.as_deref() != Some("ttl_expired")
-        && let Some((_, cause)) = edited.causes.iter().find(|(position, _)| path_of(**position) == *diverged)
+        && let Some(cause) = message_position(diverged).filter(|&position| path_of(position) == *diverged).and_then(|position| edited.causes.get(&position))
     {
         prefix.cause = Some((*cause).to_owned());
     }
@@ -632,6 +632,14 @@ fn context_editing_effects(
         }
     }
     lane.served_cleared = edited.cleared.clone();
+}
+
+/// The (message, content) position a `messages[m].content[c]` block path names, read back (the
+/// caller checks the path is the one the position writes): one lookup where writing the path of
+/// every edited position to compare it cost a `format!` each.
+fn message_position(path: &str) -> Option<(usize, usize)> {
+    let (message, content) = path.strip_prefix("messages[")?.strip_suffix(']')?.split_once("].content[")?;
+    Some((message.parse().ok()?, content.parse().ok()?))
 }
 
 /// CONTRACT.md: a cache break is a read smaller than what the lane's previous request left
