@@ -523,8 +523,10 @@ impl Measurer {
         }
         let mut stages = input.stages;
         let context_management = match (&error, edited) {
-            (None, Some(edited)) => {
+            (None, Some(mut edited)) => {
                 context_editing_effects(lane, &flat, &edited, &mut prefix, &mut events, &mut stages);
+                // What the lane's next request is compared with: moved, not copied.
+                lane.served_cleared = std::mem::take(&mut edited.cleared);
                 Some(edited.response)
             }
             (None, None) => {
@@ -602,7 +604,7 @@ fn context_editing_effects(
     {
         prefix.cause = Some((*cause).to_owned());
     }
-    let newly: Vec<(&String, &u64)> = edited.cleared.iter().filter(|(key, _)| !lane.served_cleared.contains_key(*key)).collect();
+    let newly = not_in(&edited.cleared, &lane.served_cleared);
     if !newly.is_empty() {
         let freed: u64 = newly.iter().map(|(_, t)| **t).sum();
         let tools = newly.iter().filter(|(k, _)| k.starts_with("tool_use:")).count();
@@ -631,7 +633,20 @@ fn context_editing_effects(
             }
         }
     }
-    lane.served_cleared = edited.cleared.clone();
+}
+
+/// The entries of `all` whose key `before` does not hold, in `all`'s order: both maps are sorted
+/// by key, so one walk of each rather than a lookup per entry.
+fn not_in<'a>(all: &'a BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> Vec<(&'a String, &'a u64)> {
+    let mut out = Vec::new();
+    let mut other = before.keys().peekable();
+    for (key, tokens) in all {
+        while other.next_if(|k| *k < key).is_some() {}
+        if other.peek().is_none_or(|k| *k != key) {
+            out.push((key, tokens));
+        }
+    }
+    out
 }
 
 /// The (message, content) position a `messages[m].content[c]` block path names, read back (the
