@@ -57,6 +57,6 @@ pub use fidelity::{
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use uncertainty::{Interval, Modelled, modelled_table};
 pub use profile::{ClientProfile, parse_version};
-pub use record_view::{CallView, RecordView, record_view};
+pub use record_view::{CallView, RecordView, record_view, record_view_measured};
 pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session, replay_session_reference};
 pub use triggers::{TriggerReport, TriggerRow, agent_triggers, agent_triggers_table, compaction_triggers, triggers_table};

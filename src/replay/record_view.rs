@@ -533,6 +533,16 @@ pub struct CallView {
     /// request's tools and system, and no user context).
     pub prefix_tokens: u64,
     pub user_context_tokens: u64,
+    /// Tokens and blocks of the call's messages as the client sent them (0 unless the view was
+    /// measured: [`record_view_measured`]; [`super::CallReplay::message_tokens`]).
+    pub message_tokens: u64,
+    pub message_blocks: u64,
+    /// The call's reply holds thinking whose text was not stored ([`super::CallReplay::thinking_filled`]).
+    pub thinking_filled: bool,
+    /// Characters of the attachments since the lane's previous call the client sends as
+    /// reminders, and of those it does not size ([`super::CallReplay::attachment_chars`]).
+    pub attachment_chars: u64,
+    pub unsized_attachment_chars: u64,
 }
 
 /// A session's record, call by call ([`record_view`]).
@@ -548,6 +558,16 @@ pub struct RecordView {
 /// `recorded_microcompact`, `compaction_anchor`, the TTLs), messages measured by `measurer`'s
 /// token counter (its cache is not used).
 pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
+    read_record(session, measurer, options, false)
+}
+
+/// [`record_view`] with every compared call's messages measured ([`CallView::message_tokens`]):
+/// what a calibration fit reads.
+pub fn record_view_measured(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
+    read_record(session, measurer, options, true)
+}
+
+fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, measure_messages: bool) -> RecordView {
     let kind = measurer.counter().kind();
     let shared = measurer.counter().shared().cloned();
     let calibration = measurer.counter().calibration().clone();
@@ -584,6 +604,8 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
         } else {
             ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, queued_across_compaction_rerenders_start: false, ..profile.clone() }
         };
+        // The compaction request forks the main thread as it is rendered during the turn.
+        let fork_transient = main_fork.is_some() && lanes.get(LANE_MAIN).is_some_and(|m| m.turns.transient_prompt);
         let main_segment = (call.lane == LANE_COMPACT).then(|| lanes.get(LANE_MAIN).map(|m| (m.segment_context, m.hidden_saved, m.compacted)).unwrap_or_default());
         let state = lanes.entry(call.lane.clone()).or_default();
         if let Some((segment_context, hidden_saved, compacted)) = main_segment {
@@ -600,6 +622,11 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
             events,
             prefix_tokens: sizes.prefix_tokens,
             user_context_tokens: sizes.context_tokens,
+            message_tokens: 0,
+            message_blocks: 0,
+            thinking_filled: !call.thinking_text_stored,
+            attachment_chars: 0,
+            unsized_attachment_chars: 0,
         };
         let no_sizes = GroupSizes { prefix_tokens: 0, context_tokens: 0 };
         if let Some(reason) = skip_reason(call) {
@@ -663,8 +690,9 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
         }
         // A call measured on its recorded request has no unrecorded part: its prefix is its
         // tools and system.
+        let mut measured = (0, 0);
         if let Some(recorded) = &rebuilt {
-            let flat = match measurer.flatten(recorded) {
+            let mut flat = match measurer.flatten(recorded) {
                 Ok(flat) => flat,
                 Err(e) => {
                     calls.push(view(Some(e.to_string()), call_events, no_sizes));
@@ -672,7 +700,28 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
                 }
             };
             use crate::measure::blocks::Region;
-            sizes = GroupSizes { prefix_tokens: flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System), context_tokens: 0 };
+            let synthetic = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
+            sizes = GroupSizes { prefix_tokens: synthetic, context_tokens: 0 };
+            if measure_messages {
+                shape_flat(recorded, &mut flat, strips_thinking, false);
+                measured = (flat.total_tokens - synthetic, flat.counts.messages as u64);
+            }
+        } else if measure_messages {
+            // The messages alone, as the request renders them (earlier thinking dropped, the
+            // current prompt the transient way).
+            let transient = fork_transient || (call.lane == LANE_MAIN && state.turns.transient_prompt);
+            let mut bare = Request::new(call.model.clone(), 32_000);
+            bare.messages = messages.to_vec();
+            match measurer.flatten(&bare) {
+                Ok(mut flat) => {
+                    shape_flat(&bare, &mut flat, strips_thinking, transient);
+                    measured = (flat.total_tokens, flat.counts.messages as u64);
+                }
+                Err(e) => {
+                    calls.push(view(Some(e.to_string()), call_events, no_sizes));
+                    continue;
+                }
+            }
         }
         if let Some(level) = revealed {
             sizing.take_level(&group, level, &mut call_events);
@@ -680,7 +729,17 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
         state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
         // (The replay takes its own simulated read too where it is higher.)
         state.turns.previous_read = Some(call.usage.cache_read_input_tokens);
-        calls.push(view(None, call_events, sizes));
+        // A reply whose thinking the replay fills brings an estimate of its own to the next step.
+        let thinking_filled = !call.thinking_text_stored
+            || matches!(&session.recording.events[call.event_index].kind, EventKind::ModelReply(reply) if super::session::resends_its_output(reply, &main_version));
+        calls.push(CallView {
+            message_tokens: measured.0,
+            message_blocks: measured.1,
+            thinking_filled,
+            attachment_chars: scan.attachment_chars,
+            unsized_attachment_chars: scan.unsized_attachment_chars,
+            ..view(None, call_events, sizes)
+        });
     }
     RecordView { calls, unrecorded_main: sizing.unrecorded_main }
 }

@@ -999,7 +999,7 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
 /// a summary). Its thinking is filled to the output beyond the visible part, whatever was stored.
 /// Not where the transcript records the request that carried it back (`requestRef`): the
 /// record says what was sent.
-fn resends_its_output(reply: &crate::recording::ModelReply, main_version: &str) -> bool {
+pub(super) fn resends_its_output(reply: &crate::recording::ModelReply, main_version: &str) -> bool {
     super::profile::parse_version(reply.version.as_deref().unwrap_or(main_version)) >= super::profile::CURRENT_LAYOUT
         && reply.request_ref.is_none()
         && reply.usage.output_tokens > 0

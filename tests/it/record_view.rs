@@ -1,9 +1,9 @@
 //! The record view ([`ctxsim::replay::record_view`]) reads a session as the record-based replay
-//! does: on every shared transcript and every transcript fixture, each call's events and the
-//! sizes of its unrecorded part are the replay's.
+//! does: on every shared transcript and every transcript fixture, each call's events, the sizes
+//! of its unrecorded part and (measured) of its messages are the replay's.
 
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
-use ctxsim::replay::{ReplayOptions, load_session, record_view, replay_session};
+use ctxsim::replay::{ReplayOptions, load_session, record_view, record_view_measured, replay_session};
 
 use crate::support::real_transcripts;
 
@@ -27,7 +27,8 @@ fn check_same(path: &std::path::Path, options: &ReplayOptions) -> usize {
     let session = load_session(path).unwrap();
     let new_measurer = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
     let replay = replay_session(&session, &mut new_measurer(), options);
-    let view = record_view(&session, &mut new_measurer(), options);
+    let view = record_view_measured(&session, &mut new_measurer(), options);
+    assert_eq!(record_view(&session, &mut new_measurer(), options).calls.iter().map(|c| &c.events).collect::<Vec<_>>(), view.calls.iter().map(|c| &c.events).collect::<Vec<_>>());
     let name = path.display();
     assert_eq!(view.calls.len(), replay.calls.len(), "{name}");
     for (seen, replayed) in view.calls.iter().zip(replay.calls.iter()) {
@@ -36,6 +37,13 @@ fn check_same(path: &std::path::Path, options: &ReplayOptions) -> usize {
         assert_eq!(seen.events, replayed.events, "{name} #{}: events", seen.index);
         if replayed.compared() {
             assert_eq!((seen.prefix_tokens, seen.user_context_tokens), (replayed.prefix_tokens, replayed.user_context_tokens), "{name} #{}: sizes", seen.index);
+            assert_eq!((seen.message_tokens, seen.message_blocks), (replayed.message_tokens, replayed.message_blocks), "{name} #{}: messages", seen.index);
+            assert_eq!(
+                (seen.thinking_filled, seen.attachment_chars, seen.unsized_attachment_chars),
+                (replayed.thinking_filled, replayed.attachment_chars, replayed.unsized_attachment_chars),
+                "{name} #{}: thinking, attachments",
+                seen.index
+            );
         }
     }
     assert_eq!(view.unrecorded_main, replay.unrecorded_main, "{name}: unrecorded main");
