@@ -385,7 +385,6 @@ pub(super) struct Sizing<'a> {
 impl Sizing<'_> {
     /// Sizes `group`'s unrecorded part from its first compared call (`messages` its recorded
     /// messages): `Ok(Some(prefix))` when this call sized it, `Ok(None)` when an earlier one did.
-    #[expect(clippy::too_many_arguments, reason = "the call and what sizes it")]
     pub fn size_group(
         &mut self,
         measurer: &mut Measurer,
@@ -591,7 +590,8 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
     let mut built_views: BTreeMap<String, super::session::BuiltView> = BTreeMap::new();
     let mut views = crate::recording::ViewCache::default();
     let keys = super::session::MessageKeys::new(measurer.new_key_space());
-    let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests;
+    // (As the replay: options that change what the client sent leave the recorded requests.)
+    let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests && !options.changes_view() && options.layout.is_none();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
     let mut calls = Vec::with_capacity(session.calls.len());
     for call in &session.calls {

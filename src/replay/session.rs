@@ -289,7 +289,6 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-
 impl CallReplay {
     /// `call` with nothing measured: no metrics, no simulated usage, no sizes; `events` seen
     /// before it.
