@@ -221,15 +221,15 @@ fn score_session(
             if args.breaks || with_calls {
                 // What the record shows before each call (a gap past the TTL, a new turn, a
                 // compaction, a re-rendered prompt...) names the breaks' causes and the calls'
-                // events: the agent's calls take them from the record, as the replay reads it.
-                // The agent's sizing ran that replay (under the default options, as the agent
-                // engine's here, and a measurer of this one's calibration) and kept its events;
-                // only a session it did not size (no compared main call) is replayed for them.
+                // events: the agent's calls take them from the record view. The agent's sizing
+                // read that view (under the default options, as the agent engine's here, and a
+                // measurer of this one's calibration) and kept its events; only a session it did
+                // not size (no compared main call) is read for them here.
                 let events = match driven.record_events.take() {
                     Some(events) => events,
                     None => {
                         let mut recorded = Measurer::new(table.clone(), measurer.counter().fresh_like()).without_body_hashes();
-                        replay_session(session, &mut recorded, options).calls.into_iter().map(|c| (c.index, c.events)).collect()
+                        crate::replay::record_view(session, &mut recorded, options).calls.into_iter().map(|c| (c.index, c.events)).collect()
                     }
                 };
                 for call in &mut replay.calls {

@@ -32,7 +32,7 @@
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -40,7 +40,7 @@ use crate::api::{CacheCreation, CacheTtl, Usage};
 use crate::measure::billing::{Bill, BilledTokens, bill_call};
 use crate::measure::{Measurer, ModelTable};
 use crate::recording::format::WarningKind;
-use crate::recording::{EventKind, ImportedSession};
+use crate::recording::{EventKind, ImportedSession, RecordedCall};
 
 use super::discover::SessionFile;
 use super::fidelity::fidelity_for_session;
@@ -504,7 +504,7 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);
     // Calls at their written time; the importer's virtual time never goes below the first record's.
     let written = super::discover::call_times_of(&file.path, session);
-    let epoch_of = |call: &crate::recording::RecordedCall| {
+    let epoch_of = |call: &RecordedCall| {
         let key = (call.message_id.clone().unwrap_or_default(), call.request_id.clone().unwrap_or_default());
         written.get(&key).copied().unwrap_or(start + call.time_ms as i64)
     };
@@ -573,9 +573,10 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         candidates.push(("ttl_main=5m", CacheTtl::FiveMinutes));
     }
 
-    // The replay as recorded: breaks with causes, and the baseline of the what-ifs. Each
-    // what-if's cache is simulated alongside it; only a what-if whose shadow is not exact is
-    // replayed again.
+    // The breaks with their causes: through the agent, as the record view names them (no
+    // replay runs); through the replay, as its replay as recorded does, which is also the
+    // baseline of the what-ifs. Each what-if's cache is simulated alongside it; only a what-if
+    // whose shadow is not exact is replayed again.
     let mut measurer = make();
     // The audit reports no information loss: the replays skip judging it.
     let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
@@ -584,35 +585,42 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     // The what-ifs that move compactions share their replays (equal plans or options are one
     // replay) and start from this one's checkpoints.
     let shared = super::whatif::ReplayMemo::new();
-    let (replay, at) = replay_session_checkpointed(session, &mut measurer, &plain, true, &mut shadows);
-    let replay = std::sync::Arc::new(replay);
-    shared.record_replay(&plain, true, replay.clone(), at);
-    // A what-if replayed again counts the same blocks: it starts from these counts.
-    let memo = measurer.counter().memo();
+    let (rows, compared, as_recorded) = if engine == Engine::Agent {
+        let view = super::record_view(session, &mut measurer, &plain);
+        let compared: BTreeSet<usize> = view.calls.iter().filter(|c| c.skipped.is_none()).map(|c| c.index).collect();
+        (super::breaks::record_breaks(session, &view), compared, None)
+    } else {
+        let (replay, at) = replay_session_checkpointed(session, &mut measurer, &plain, true, &mut shadows);
+        let replay = std::sync::Arc::new(replay);
+        shared.record_replay(&plain, true, replay.clone(), at);
+        let compared = replay.calls.iter().filter(|c| c.compared()).map(|c| c.index).collect();
+        // A what-if replayed again counts the same blocks: it starts from these counts.
+        (super::breaks::find_breaks(&replay), compared, Some((replay, measurer.counter().memo())))
+    };
     drop(measurer);
-    let by_index: BTreeMap<usize, &super::session::CallReplay> = replay.calls.iter().map(|c| (c.index, c)).collect();
+    let by_index: BTreeMap<usize, &RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
     let mut breaks: BTreeMap<String, CauseLoss> = BTreeMap::new();
     let mut lost = CauseLoss::default();
     let mut break_at: BTreeMap<usize, String> = BTreeMap::new();
-    for row in super::breaks::find_breaks(&replay) {
+    for row in rows {
         let Some(call) = by_index.get(&row.index) else { continue };
-        let ttl = if call.recorded.creation_split().ephemeral_1h_input_tokens > 0 { CacheTtl::OneHour } else { CacheTtl::FiveMinutes };
-        let cost = break_cost(table, &call.model, &call.recorded, row.drop, ttl);
+        let ttl = if call.usage.creation_split().ephemeral_1h_input_tokens > 0 { CacheTtl::OneHour } else { CacheTtl::FiveMinutes };
+        let cost = break_cost(table, &call.model, &call.usage, row.drop, ttl);
         let loss = CauseLoss { breaks: 1, tokens: row.drop, cost_usd: cost };
         breaks.entry(row.cause.clone()).or_default().add(&loss);
         lost.add(&loss);
         days.entry(day_of(row.index)).or_default().breaks.entry(row.cause.clone()).or_default().add(&loss);
         break_at.insert(row.index, row.cause);
     }
-    let plot = replay
+    let plot = session
         .calls
         .iter()
-        .filter(|c| c.compared() && (c.lane == "main" || c.lane == "compact"))
-        .map(|c| PlotPoint { call: c.index, context_tokens: c.recorded_context(), break_cause: break_at.get(&c.index).cloned() })
+        .filter(|c| compared.contains(&c.index) && (c.lane == "main" || c.lane == "compact"))
+        .map(|c| PlotPoint { call: c.index, context_tokens: c.usage.prompt_tokens(), break_cause: break_at.get(&c.index).cloned() })
         .collect();
     let mut warnings: Vec<String> = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
     let (whatifs, presets, agent_divergence) = if engine == Engine::Agent {
-        drop((replay, shared));
+        drop(shared);
         match agent_whatifs(file, session, make, &candidates, billed.cost_usd) {
             Ok(judged) => {
                 for w in judged.whatifs.iter().chain(&judged.presets) {
@@ -628,6 +636,7 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
             }
         }
     } else {
+    let (replay, memo) = as_recorded.expect("the replay engine replays the session as recorded");
     let baseline = fidelity_for_session(&replay, table, false).simulated_cost_usd;
     let baseline_loss = info_loss_of(&replay);
     // The autocompact what-ifs a session cannot feel, decided before the TTL shadows change the

@@ -51,22 +51,70 @@ pub struct BreakRow {
     pub simulated_cache_read: f64,
 }
 
+/// One compared call as the break rule reads it: the record, the events before it, and where a
+/// replay measured it (0 else) its measured read, its read after the N-pattern expected value
+/// and its cache (read + creation).
+pub struct BreakCall<'a> {
+    pub index: usize,
+    pub lane: &'a str,
+    pub time_ms: u64,
+    pub version: Option<&'a str>,
+    pub recorded: &'a crate::api::Usage,
+    pub events: &'a [String],
+    pub sim_read: f64,
+    pub sim_cache_read: f64,
+    pub sim_cached: f64,
+}
+
 /// The recorded breaks of a replayed session.
 pub fn find_breaks(replay: &SessionReplay) -> Vec<BreakRow> {
+    breaks_of(replay.calls.iter().filter(|c| c.compared()).map(|call| BreakCall {
+        index: call.index,
+        lane: &call.lane,
+        time_ms: call.time_ms,
+        version: call.version.as_deref(),
+        recorded: &call.recorded,
+        events: &call.events,
+        sim_read: call.metrics.as_ref().map_or(0.0, |m| m.cache_read_input_tokens as f64),
+        sim_cache_read: call.sim_cache_read,
+        sim_cached: call.sim_cache_read + call.sim_cache_creation,
+    }))
+}
+
+/// The recorded breaks of `session` with the causes its record view names (nothing simulated:
+/// no break is `predicted`).
+pub fn record_breaks(session: &crate::recording::ImportedSession, view: &super::RecordView) -> Vec<BreakRow> {
+    let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
+    breaks_of(view.calls.iter().filter(|c| c.skipped.is_none()).filter_map(|seen| {
+        let call = by_index.get(&seen.index)?;
+        Some(BreakCall {
+            index: call.index,
+            lane: &call.lane,
+            time_ms: call.time_ms,
+            version: call.version.as_deref(),
+            recorded: &call.usage,
+            events: &seen.events,
+            sim_read: 0.0,
+            sim_cache_read: 0.0,
+            sim_cached: 0.0,
+        })
+    }))
+}
+
+/// The breaks among `calls` (the compared ones, in call order).
+pub fn breaks_of<'a>(calls: impl Iterator<Item = BreakCall<'a>>) -> Vec<BreakRow> {
     let mut previous: BTreeMap<&str, (u64, u64, f64)> = BTreeMap::new();
     let mut rows = Vec::new();
-    for call in replay.calls.iter().filter(|c| c.compared()) {
-        let lane = if call.lane == "compact" { "main" } else { call.lane.as_str() };
-        let rec = &call.recorded;
-        let sim_cached = call.sim_cache_read + call.sim_cache_creation;
+    for call in calls {
+        let lane = if call.lane == "compact" { "main" } else { call.lane };
+        let rec = call.recorded;
         if let Some(&(prev_cached, prev_time, prev_sim_cached)) = previous.get(lane)
             && rec.cache_read_input_tokens + BREAK_MIN_DROP <= prev_cached
         {
-            let profile = ClientProfile::for_version(call.version.as_deref().unwrap_or(""));
+            let profile = ClientProfile::for_version(call.version.unwrap_or(""));
             let has = |e: &str| call.events.iter().any(|x| x == e);
             let mut cause = CAUSE_ORDER.iter().find(|c| has(c)).map(|c| (*c).to_owned());
-            let sim_read = call.metrics.as_ref().map_or(0.0, |m| m.cache_read_input_tokens as f64);
-            let mut predicted = if sim_read + BREAK_MIN_DROP as f64 <= prev_sim_cached { 1.0 } else { 0.0 };
+            let mut predicted = if call.sim_read + BREAK_MIN_DROP as f64 <= prev_sim_cached { 1.0 } else { 0.0 };
             if cause.is_none() && has("new_user_turn") && profile.rerenders_prompts() {
                 // Attributed by reference/real-breaks.md's inference, but not by the replay's rule.
                 cause = Some("rerendered_prompt".to_owned());
@@ -74,7 +122,7 @@ pub fn find_breaks(replay: &SessionReplay) -> Vec<BreakRow> {
             }
             rows.push(BreakRow {
                 index: call.index,
-                lane: call.lane.clone(),
+                lane: call.lane.to_owned(),
                 time_ms: call.time_ms,
                 gap_ms: call.time_ms.saturating_sub(prev_time),
                 previous_cached: prev_cached,
@@ -85,7 +133,7 @@ pub fn find_breaks(replay: &SessionReplay) -> Vec<BreakRow> {
                 simulated_cache_read: call.sim_cache_read.round(),
             });
         }
-        previous.insert(lane, (rec.cache_read_input_tokens + rec.cache_creation_input_tokens, call.time_ms, sim_cached));
+        previous.insert(lane, (rec.cache_read_input_tokens + rec.cache_creation_input_tokens, call.time_ms, call.sim_cached));
     }
     rows
 }

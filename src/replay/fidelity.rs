@@ -514,12 +514,61 @@ pub struct FitSample {
 ///
 /// [`ModelInfo::estimator_key`]: crate::measure::ModelInfo::estimator_key
 pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<String, Vec<FitSample>> {
+    samples_of(
+        replay.calls.iter().filter(|c| c.compared()).map(|c| FitCall {
+            lane: &c.lane,
+            model: &c.model,
+            recorded_context: c.recorded_context(),
+            message_tokens: c.message_tokens,
+            message_blocks: c.message_blocks,
+            thinking_filled: c.thinking_filled,
+            unsized_attachment_chars: c.unsized_attachment_chars,
+            events: &c.events,
+        }),
+        table,
+    )
+}
+
+/// [`fit_samples`] of `session` read by its measured record view ([`super::record_view_measured`]).
+pub fn view_fit_samples(session: &crate::recording::ImportedSession, view: &super::RecordView, table: &ModelTable) -> BTreeMap<String, Vec<FitSample>> {
+    let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
+    samples_of(
+        view.calls.iter().filter(|c| c.skipped.is_none()).filter_map(|c| {
+            let call = by_index.get(&c.index)?;
+            Some(FitCall {
+                lane: &c.lane,
+                model: &call.model,
+                recorded_context: call.usage.prompt_tokens(),
+                message_tokens: c.message_tokens,
+                message_blocks: c.message_blocks,
+                thinking_filled: c.thinking_filled,
+                unsized_attachment_chars: c.unsized_attachment_chars,
+                events: &c.events,
+            })
+        }),
+        table,
+    )
+}
+
+/// One compared call as a fit reads it.
+struct FitCall<'a> {
+    lane: &'a str,
+    model: &'a str,
+    recorded_context: u64,
+    message_tokens: u64,
+    message_blocks: u64,
+    thinking_filled: bool,
+    unsized_attachment_chars: u64,
+    events: &'a [String],
+}
+
+fn samples_of<'a>(calls: impl Iterator<Item = FitCall<'a>>, table: &ModelTable) -> BTreeMap<String, Vec<FitSample>> {
     let mut last: BTreeMap<String, (f64, f64, f64, bool)> = BTreeMap::new();
     let mut samples: BTreeMap<String, Vec<FitSample>> = BTreeMap::new();
-    for call in replay.calls.iter().filter(|c| c.compared()) {
-        let rec = call.recorded_context() as f64;
+    for call in calls {
+        let rec = call.recorded_context as f64;
         let now = (rec, call.message_tokens as f64, call.message_blocks as f64, call.thinking_filled);
-        let previous = last.insert(call.lane.clone(), now);
+        let previous = last.insert(call.lane.to_owned(), now);
         let disturbed = call.events.iter().any(|e| matches!(e.as_str(), "compaction" | "microcompact" | "resume" | "skill" | "tool_search_load"));
         let Some(previous) = previous else { continue };
         // A step that brings a reply whose thinking was filled grows by the fill, an estimate
@@ -531,7 +580,7 @@ pub fn fit_samples(replay: &SessionReplay, table: &ModelTable) -> BTreeMap<Strin
         if disturbed || now.1 < previous.1 || previous.3 || call.unsized_attachment_chars > 0 {
             continue;
         }
-        let family = table.lookup(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
+        let family = table.lookup(call.model).map(|m| m.estimator_key()).unwrap_or_default();
         samples.entry(family).or_default().push(FitSample {
             recorded_growth: now.0 - previous.0,
             raw_growth: now.1 - previous.1,
@@ -618,7 +667,12 @@ pub fn fit_block_costs(costs: &[(u64, u64)]) -> Option<FamilyCalibration> {
 /// unrecorded tokens less the prefix level the record showed. Head-truncated segments carry
 /// older history in their first call and give none.
 pub fn user_context_sample(replay: &SessionReplay) -> Option<u64> {
-    let main = replay.unrecorded_main.filter(|m| m.prefix_from_record && !replay.head_truncated)?;
+    user_context_shown(replay.unrecorded_main, replay.head_truncated)
+}
+
+/// [`user_context_sample`] of the main lane's unrecorded sizes.
+fn user_context_shown(unrecorded_main: Option<super::UnrecordedSizes>, head_truncated: bool) -> Option<u64> {
+    let main = unrecorded_main.filter(|m| m.prefix_from_record && !head_truncated)?;
     Some(main.first_call_tokens.saturating_sub(main.prefix_tokens))
 }
 
@@ -627,8 +681,13 @@ pub fn user_context_sample(replay: &SessionReplay) -> Option<u64> {
 /// later re-render showed it (head-truncated segments included: the level does not depend on
 /// where the transcript starts).
 pub fn prefix_sample(replay: &SessionReplay) -> Option<(String, u64)> {
-    let main = replay.unrecorded_main.filter(|m| m.prefix_from_record)?;
     let version = replay.calls.iter().find(|c| c.compared() && c.lane == crate::recording::format::LANE_MAIN)?.version.clone()?;
+    prefix_shown(replay.unrecorded_main, version)
+}
+
+/// [`prefix_sample`] of the main lane's unrecorded sizes, with `version`.
+fn prefix_shown(unrecorded_main: Option<super::UnrecordedSizes>, version: String) -> Option<(String, u64)> {
+    let main = unrecorded_main.filter(|m| m.prefix_from_record)?;
     Some((version, main.prefix_tokens))
 }
 
@@ -701,8 +760,8 @@ pub fn fitted_session(path: &std::path::Path) -> FittedSession {
     FittedSession { session: name(Some(path)), project: name(path.parent()) }
 }
 
-/// Replays `session` for a fit: the `bpe` estimator, no fitted prior (what is fitted must come
-/// from the fitted transcripts alone).
+/// What `session`'s record gives a fit, read by its measured record view (no replay): the `bpe`
+/// estimator, no fitted prior (what is fitted must come from the fitted transcripts alone).
 pub fn session_fit(session: &crate::recording::ImportedSession, path: &std::path::Path, table: &ModelTable, options: &super::ReplayOptions) -> SessionFit {
     let blank = Calibration {
         user_context_tokens: None,
@@ -715,14 +774,21 @@ pub fn session_fit(session: &crate::recording::ImportedSession, path: &std::path
     };
     let counter = crate::measure::TokenCounter::with_calibration(crate::measure::EstimatorKind::Bpe, blank);
     let mut measurer = crate::measure::Measurer::new(table.clone(), counter).without_body_hashes();
-    let replay = super::replay_session(session, &mut measurer, options);
-    let version = replay.calls.iter().find(|c| c.compared() && c.lane == crate::recording::format::LANE_MAIN).and_then(|c| c.version.clone()).unwrap_or_default();
+    let view = super::record_view_measured(session, &mut measurer, options);
+    let first_main = view
+        .calls
+        .iter()
+        .find(|c| c.skipped.is_none() && c.lane == crate::recording::format::LANE_MAIN)
+        .and_then(|c| session.calls.iter().find(|r| r.index == c.index));
+    let version = first_main.and_then(|c| c.version.clone());
     SessionFit {
         session: fitted_session(path),
-        samples: fit_samples(&replay, table),
+        samples: view_fit_samples(session, &view, table),
         // A first call that attached @-mentioned files shows them with the user context.
-        user_context: user_context_sample(&replay).filter(|_| super::session::first_call_mentions(session).is_empty()).map(|t| (version, t)),
-        prefix: prefix_sample(&replay),
+        user_context: user_context_shown(view.unrecorded_main, session.recording.header.head_truncated)
+            .filter(|_| super::session::first_call_mentions(session).is_empty())
+            .map(|t| (version.clone().unwrap_or_default(), t)),
+        prefix: version.and_then(|version| prefix_shown(view.unrecorded_main, version)),
         thinking: thinking_samples(session, table),
     }
 }

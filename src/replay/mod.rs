@@ -4,6 +4,8 @@
 //! - [`profile`]: per-version client behaviour and sizes the transcript does not contain.
 //! - [`session`]: rebuilds, for every recorded API call, the request the client would have
 //!   sent, and measures it.
+//! - [`record_view`]: what the record shows before each call (events, the unrecorded part's
+//!   sizes) in one pass, without building a request: the agent's paths read the record by it.
 //! - [`layout`]: the request-layout and tool-output knobs on real sessions; why a knob cannot
 //!   reach a recording, or changed nothing on one.
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
@@ -37,6 +39,7 @@ pub mod layout;
 pub mod loss;
 pub mod plot;
 pub mod profile;
+pub mod record_view;
 pub mod session;
 pub mod stages;
 pub mod triggers;
@@ -54,5 +57,6 @@ pub use fidelity::{
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use uncertainty::{Interval, Modelled, modelled_table};
 pub use profile::{ClientProfile, parse_version};
+pub use record_view::{CallView, RecordView, record_view, record_view_measured};
 pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session, replay_session_reference};
 pub use triggers::{TriggerReport, TriggerRow, agent_triggers, agent_triggers_table, compaction_triggers, triggers_table};

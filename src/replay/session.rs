@@ -48,7 +48,7 @@ use crate::recording::{
 
 use super::layout::{ReplayLayout, drop_deferred_listings, tool_search_selections};
 use super::profile::{ClientProfile, fitted_with_note};
-use super::turns::{TurnScan, TurnState, current_prompt_index, salt_message, side_cut};
+use super::turns::{TurnState, current_prompt_index, salt_message, side_cut};
 use super::working_set::WorkingSet;
 
 /// Text a microcompact leaves in place of a cleared tool result.
@@ -289,8 +289,6 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-use crate::recording::claude_code::ATTACHMENTS_NOT_SENT;
-
 impl CallReplay {
     /// `call` with nothing measured: no metrics, no simulated usage, no sizes; `events` seen
     /// before it.
@@ -428,9 +426,9 @@ pub fn load_session(path: &Path) -> Result<ImportedSession, ImportError> {
 
 /// Sizes inferred for one lane group (main + compact share one; every subagent has its own).
 #[derive(Debug, Clone, Copy)]
-struct GroupSizes {
-    prefix_tokens: u64,
-    context_tokens: u64,
+pub(super) struct GroupSizes {
+    pub(super) prefix_tokens: u64,
+    pub(super) context_tokens: u64,
 }
 
 /// The unrecorded part of the main lane group as the replay ended up sizing it.
@@ -447,69 +445,65 @@ pub struct UnrecordedSizes {
 }
 
 #[derive(Debug, Clone, Default)]
-struct LaneState {
-    ttl: Option<CacheTtl>,
-    model: Option<String>,
-    last_time_ms: Option<u64>,
+pub(super) struct LaneState {
+    pub(super) ttl: Option<CacheTtl>,
+    pub(super) model: Option<String>,
+    pub(super) last_time_ms: Option<u64>,
     /// Index of the last event of this lane already scanned.
-    scanned_to: usize,
-    cleared: BTreeSet<String>,
-    loaded_tools: Vec<String>,
+    pub(super) scanned_to: usize,
+    pub(super) cleared: BTreeSet<String>,
+    pub(super) loaded_tools: Vec<String>,
     /// A ToolSearch load already changed the tools array.
-    tool_search_loaded: bool,
-    rerender_epoch: u32,
+    pub(super) tool_search_loaded: bool,
+    pub(super) rerender_epoch: u32,
     /// (Shared with the checkpoints and a compaction fork's request.)
-    restored: SharedBlocks,
+    pub(super) restored: SharedBlocks,
     /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
-    prev_recorded_cached: Option<u64>,
+    pub(super) prev_recorded_cached: Option<u64>,
     /// Events of skipped calls (synthetic replies, errors), passed on to the next call.
-    carried_events: Vec<String>,
+    pub(super) carried_events: Vec<String>,
     /// Events before this index were loaded back from the transcript by a resumed client.
-    loaded_until: usize,
+    pub(super) loaded_until: usize,
     /// The files read, edited and written so far (what a compaction restores).
-    working_set: WorkingSet,
+    pub(super) working_set: WorkingSet,
     /// Tool uses waiting for their result: id → (the reply holding it, shared with the
     /// recording, and its block index).
-    pending: BTreeMap<String, (Arc<crate::recording::Event>, usize)>,
+    pub(super) pending: BTreeMap<String, (Arc<crate::recording::Event>, usize)>,
     /// Tool results recorded in this lane so far.
-    seen_results: BTreeSet<String>,
+    pub(super) seen_results: BTreeSet<String>,
     /// Tokens a microcompact freed from history older than the transcript (a session segment
     /// that starts mid-conversation): taken off the unrecorded part.
-    hidden_saved: u64,
+    pub(super) hidden_saved: u64,
     /// A compaction dropped the unrecorded history of a mid-conversation segment.
-    compacted: bool,
+    pub(super) compacted: bool,
     /// The last compaction was one a what-if inserted: the recorded totals after it are not
     /// anchors for the segment's size.
-    inserted_compaction: bool,
+    pub(super) inserted_compaction: bool,
     /// The unrecorded part changed by an amount the transcript does not give (a compaction of a
     /// head-truncated segment, a microcompact of history older than the transcript): the next
     /// compared call's recorded total sizes the user context of the new segment.
-    anchor_pending: bool,
+    pub(super) anchor_pending: bool,
     /// The pending anchor follows a compaction the recording holds: it sizes the new segment
     /// of a whole session too (what the client restored or dropped beyond the transcript,
     /// e.g. the `@`-files a slash command attached, shows only in that call's total).
-    anchor_after_compaction: bool,
+    pub(super) anchor_after_compaction: bool,
     /// The user context (with any older history) of the current segment, as its first call
     /// showed it.
-    segment_context: Option<u64>,
-    peer: crate::agent::compact::peers::PeerState,
+    pub(super) segment_context: Option<u64>,
+    pub(super) peer: crate::agent::compact::peers::PeerState,
     /// Turn-level client behaviour (main lane only).
-    turns: TurnState,
+    pub(super) turns: TurnState,
     /// Bumped whenever `cleared` changes, and `restored`.
-    cleared_version: u64,
-    restored_version: u64,
+    pub(super) cleared_version: u64,
+    pub(super) restored_version: u64,
     /// The lane's messages as last built ([`BuiltView`]).
-    built: BuiltView,
-    parts: Parts,
+    pub(super) built: BuiltView,
+    pub(super) parts: Parts,
     /// Under a layout what-if: new client processes so far (each recomputes the dynamic system
     /// part), and the deferred tools the lane's `deferred_tools_delta` attachments announce.
-    dynamic_epoch: u32,
-    announced_deferred: BTreeSet<String>,
+    pub(super) dynamic_epoch: u32,
+    pub(super) announced_deferred: BTreeSet<String>,
 }
-
-/// Events at which the client re-renders the start of the conversation, so that a recorded read
-/// falling into the unrecorded part of the request there shows the prefix level.
-const REVEALING_EVENTS: [&str; 5] = ["compaction", "microcompact", "skill", "resume", "new_user_turn"];
 
 /// What a transcript does not record, put around the recorded messages of one call: the system
 /// prompt (tools + system, the prefix level) with its breakpoint, deferred tools loaded so far,
@@ -699,7 +693,7 @@ impl Unrecorded<'_> {
 /// `space` ([`Measurer::new_key_space`]) keeps the keys of two replays through one measurer
 /// apart.
 #[derive(Debug, Clone)]
-struct MessageKeys {
+pub(super) struct MessageKeys {
     space: u64,
     fresh: u64,
 }
@@ -713,6 +707,10 @@ enum KeyTag {
 }
 
 impl MessageKeys {
+    pub(super) fn new(space: u64) -> MessageKeys {
+        MessageKeys { space, fresh: 0 }
+    }
+
     fn derive(&self, tag: KeyTag, words: &[u64]) -> u128 {
         assert!(words.len() <= 6, "a message key has at most six inputs");
         let mut bytes = [0u8; 64];
@@ -738,8 +736,8 @@ impl MessageKeys {
 /// not change is identical to what rebuilding it would give, so it is kept, and its key goes to
 /// the flattener.
 #[derive(Debug, Clone, Default)]
-struct BuiltView {
-    messages: Vec<Message>,
+pub(super) struct BuiltView {
+    pub(super) messages: Vec<Message>,
     keys: Vec<u128>,
     /// Per message: the tool result its breakpoint goes on were it the last ([`order_message`]).
     marked: Vec<Option<String>>,
@@ -752,7 +750,7 @@ struct BuiltView {
 impl BuiltView {
     /// `restored_version`: the lane's; a first message holding the files of another version is
     /// built again.
-    fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, ThinkingFill>, restored_version: u64) {
+    pub(super) fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, ThinkingFill>, restored_version: u64) {
         self.messages.truncate(raw.len());
         self.keys.truncate(raw.len());
         self.marked.truncate(raw.len());
@@ -788,7 +786,7 @@ impl BuiltView {
     /// Appends `restored` (the lane's restored files, of `version`) to the first message when
     /// it is a user message, unless it holds them already: what every request of the lane sends
     /// ([`Unrecorded::request_keys`] folds the version into the first message's key).
-    fn with_restored(&mut self, restored: &[ContentBlock], version: u64) {
+    pub(super) fn with_restored(&mut self, restored: &[ContentBlock], version: u64) {
         if restored.is_empty() || self.restored.is_some() {
             return;
         }
@@ -883,7 +881,7 @@ type SystemKey = (String, u64, EstimatorKind, u64, u64, CacheControl);
 /// The filler parts of a lane's last request ([`Unrecorded::request_with`]), with what they were
 /// made from.
 #[derive(Debug, Clone, Default)]
-struct Parts {
+pub(super) struct Parts {
     system: Option<(SystemKey, SystemPrompt)>,
     reminder: Option<(FillerKey, ContentBlock)>,
     /// What the request in flight was given.
@@ -1000,7 +998,7 @@ pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, 
 /// a summary). Its thinking is filled to the output beyond the visible part, whatever was stored.
 /// Not where the transcript records the request that carried it back (`requestRef`): the
 /// record says what was sent.
-fn resends_its_output(reply: &crate::recording::ModelReply, main_version: &str) -> bool {
+pub(super) fn resends_its_output(reply: &crate::recording::ModelReply, main_version: &str) -> bool {
     super::profile::parse_version(reply.version.as_deref().unwrap_or(main_version)) >= super::profile::CURRENT_LAYOUT
         && reply.request_ref.is_none()
         && reply.usage.output_tokens > 0
@@ -1023,7 +1021,7 @@ fn seed_prefix(measurer: &mut Measurer, shadows: &mut [TtlShadow], unrecorded: &
 /// The prefix level (tools + system) of a lane group's first compared call, whose
 /// `unrecorded_tokens` are its billed prompt beyond its recorded messages. `main`: the call is
 /// the main thread's; `truncated`: its file continues a session.
-fn first_call_prefix(
+pub(super) fn first_call_prefix(
     call: &RecordedCall,
     unrecorded_tokens: u64,
     main: bool,
@@ -1110,7 +1108,7 @@ pub fn first_call_mentions(session: &ImportedSession) -> Vec<String> {
 
 /// What the client changes in a recorded message before sending it: the results a recorded
 /// microcompact cleared, and thinking whose text was not stored filled to its estimate.
-fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, ThinkingFill>) {
+pub(super) fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estimate: &BTreeMap<String, ThinkingFill>) {
     let MessageContent::Blocks(blocks) = &mut message.content else { return };
     // Blocks shared with the recording are copied only when one of them changes.
     let changes = |block: &ContentBlock| match block {
@@ -1134,7 +1132,7 @@ fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thinking_estim
     }
 }
 
-fn group_of(lane: &str) -> &str {
+pub(super) fn group_of(lane: &str) -> &str {
     if lane == LANE_COMPACT { LANE_MAIN } else { lane }
 }
 
@@ -1235,7 +1233,7 @@ pub(crate) fn ttl_of(usage: &Usage) -> Option<CacheTtl> {
 /// block: the client marks the message that completed last, so results of later tool uses that
 /// completed earlier trail the breakpoint and are billed as uncached input (15 of the 16 calls
 /// after out-of-order parallel results in ../shared/realdata show exactly that tail).
-fn order_tool_results(messages: &mut [Message]) -> Option<String> {
+pub(super) fn order_tool_results(messages: &mut [Message]) -> Option<String> {
     let mut marked = None;
     for i in 1..messages.len() {
         let (before, rest) = messages.split_at_mut(i);
@@ -1312,15 +1310,9 @@ fn is_exit_command(content: &MessageContent) -> bool {
     })
 }
 
-/// Whether the request opens a user turn: its last message carries something besides tool
-/// results (a prompt, or an interruption with what the user sent next).
-fn is_new_user_turn(messages: &[Message]) -> bool {
-    messages.last().is_some_and(super::turns::is_prompt)
-}
-
 /// What the API sees of a built request: earlier turns' thinking dropped for models that do so,
 /// and the current prompt rendered the transient way when the client re-renders it later.
-fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, transient: bool) {
+pub(super) fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_thinking: bool, transient: bool) {
     if strips_thinking {
         strip_prior_thinking(request, flat);
     }
@@ -1688,7 +1680,6 @@ fn replay_session_seeing(
     // The run's shared `bpe` text counts (audit's), for the fillers' labels.
     let shared = measurer.counter().shared().cloned();
     let events = &session.recording.events;
-    let cwd = session.recording.header.cwd.as_deref();
     let calibration = measurer.counter().calibration().clone();
     let fitted_prefixes = calibration.prefix_tokens.clone();
     // Notes on per-version profile entries taken from another version: the set-up's, and the
@@ -1697,7 +1688,6 @@ fn replay_session_seeing(
     let mut profile_notes: BTreeSet<String> = BTreeSet::new();
     let main_version = main_version(session);
     let user_context_prior = user_context_prior(&calibration, &main_version, &mut setup_notes);
-    let mut unrecorded_main: Option<UnrecordedSizes> = None;
 
     let thinking_estimate = unstored_thinking(session, measurer, &main_version, &mut setup_notes);
 
@@ -1711,7 +1701,7 @@ fn replay_session_seeing(
     let mut keys = MessageKeys { space: measurer.new_key_space(), fresh: 0 };
     // Estimates of file texts a compaction restores, by content hash and model family.
     let file_tokens: std::cell::RefCell<BTreeMap<(u128, String), u64>> = Default::default();
-    let mut groups: BTreeMap<String, GroupSizes> = BTreeMap::new();
+    let mut sizing = super::record_view::Sizing { user_context_prior, fitted_prefixes: &fitted_prefixes, groups: BTreeMap::new(), unrecorded_main: None };
     let mut out = crate::shared::SharedList::with_capacity(session.calls.len());
     let mut turn = 0u32;
     let mut loss = crate::measure::loss::LossTracker::new();
@@ -1734,12 +1724,12 @@ fn replay_session_seeing(
         start = at.position;
         measurer.restore(&at.measurer);
         profile_notes.clone_from(&at.notes);
-        unrecorded_main = at.unrecorded_main;
+        sizing.unrecorded_main = at.unrecorded_main;
         lanes.clone_from(&at.lanes);
         views.clone_from(&at.views);
         keys = at.keys.clone();
         file_tokens.borrow_mut().clone_from(&at.file_tokens);
-        groups.clone_from(&at.groups);
+        sizing.groups.clone_from(&at.groups);
         out.extend_shared(&replay.calls, start);
         turn = at.turn;
         loss.clone_from(&at.loss);
@@ -1765,7 +1755,7 @@ fn replay_session_seeing(
                 last_event: session.calls[position - 1].event_index,
                 measurer: measurer.state(),
                 notes: profile_notes.clone(),
-                unrecorded_main,
+                unrecorded_main: sizing.unrecorded_main,
                 // The lanes' built views and the view cache are not kept (the largest parts):
                 // the resumed replay rebuilds each lane's messages once, with serials the
                 // kept keys never saw.
@@ -1784,7 +1774,7 @@ fn replay_session_seeing(
                 views: views.restarted(),
                 keys: keys.clone(),
                 file_tokens: file_tokens.borrow().clone(),
-                groups: groups.clone(),
+                groups: sizing.groups.clone(),
                 turn,
                 loss: loss.clone(),
                 diverged_calls,
@@ -1821,205 +1811,27 @@ fn replay_session_seeing(
         let params = measurer.counter().calibration().for_family(&family);
 
         // Scan this lane's events since the last call.
-        let from = state.scanned_to;
-        let mut resumed_at = None;
-        let mut request_start = None;
-        // What the record shows about the turn boundary (whether the previous turn ended
-        // normally, with its reply; the permission mode; a tool hook's context).
-        let mut turn_scan = TurnScan::in_project(session.recording.header.cwd.as_deref());
-        let mut attachment_chars = 0u64;
-        let mut unsized_attachment_chars = 0u64;
-        for (i, event) in events.iter().enumerate().take(call.event_index).skip(from) {
-            if event.lane != call.lane {
-                continue;
-            }
-            turn_scan.observe(event);
-            match &event.kind {
-                EventKind::Compaction(_) => {
-                    call_events.push("compaction".into());
-                    if call.lane == LANE_MAIN {
-                        stages.on_compaction();
-                    }
-                    state.turns.on_compaction(&turn_profile);
-                    state.restored = if options.restore_files {
-                        let counter = measurer.counter();
-                        // The files of one compaction are mostly those of the one before.
-                        let count = |text: &str| {
-                            let key = (xxhash_rust::xxh3::xxh3_128(text.as_bytes()), family.clone());
-                            *file_tokens.borrow_mut().entry(key).or_insert_with(|| u64::from(counter.count_text(text, &family)))
-                        };
-                        // Renderings shared by every replay of the session and its edits.
-                        let memo = session.reference_memo();
-                        let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, |text| super::working_set::render_numbered(text, profile.restore_line_numbers)));
-                        restored
-                            .iter()
-                            .map(|r| r.to_block(|label, tokens| filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref())))
-                            .collect()
-                    } else {
-                        SharedBlocks::default()
-                    };
-                    state.restored_version += 1;
-                    state.cleared.clear();
-                    state.cleared_version += 1;
-                    state.compacted = true;
-                    state.segment_context = None;
-                    // The recorded usage after a compaction the recording holds shows what the
-                    // new segment carries; after one a what-if inserted it shows the session
-                    // uncompacted (the older history still in it), so the replay's own size
-                    // stands: the user context alone.
-                    state.inserted_compaction = crate::recording::claude_code::is_inserted_compaction(event);
-                    state.anchor_pending = !state.inserted_compaction;
-                    state.anchor_after_compaction = state.anchor_pending;
-                }
-                EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
-                    call_events.push("microcompact".into());
-                    let ids = sys
-                        .payload
-                        .get("microcompactMetadata")
-                        .and_then(|m| m.get("compactedToolIds"))
-                        .and_then(Value::as_array);
-                    let ids: Vec<&str> = ids.into_iter().flatten().filter_map(Value::as_str).collect();
-                    let hidden = ids.iter().filter(|id| !state.seen_results.contains(**id)).count();
-                    let saved = sys.payload.get("microcompactMetadata").and_then(|m| m.get("tokensSaved")).and_then(Value::as_u64).unwrap_or(0);
-                    if !ids.is_empty() {
-                        state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
-                    }
-                    if hidden > 0 && !state.inserted_compaction {
-                        state.anchor_pending = true;
-                    }
-                    if options.recorded_microcompact {
-                        for id in ids {
-                            if state.cleared.insert(id.to_owned()) {
-                                state.cleared_version += 1;
-                            }
-                        }
-                    }
-                }
-                // The SessionStart hook's source names a new client process: as a hook
-                // progress record (2.1.x) or as the hook's attachment (2.1.2xx).
-                EventKind::SystemEvent(_) | EventKind::Attachment(_) if marks_resume(&event.kind) => {
-                    resumed_at = Some(i);
-                }
-                EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
-                    let chars = attachment.payload.to_string().len() as u64;
-                    attachment_chars += chars;
-                    if !crate::recording::claude_code::attachment_client_sized(attachment) {
-                        unsized_attachment_chars += chars;
-                    }
-                    if attachment.attachment_type == "deferred_tools_delta" {
-                        let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
-                        let before = state.announced_deferred.clone();
-                        for name in names("removedNames").collect::<Vec<_>>() {
-                            state.announced_deferred.remove(&name);
-                        }
-                        state.announced_deferred.extend(names("addedNames"));
-                        if eager && state.announced_deferred != before && state.last_time_ms.is_some() {
-                            call_events.push("deferred_tools_changed".into());
-                        }
-                    }
-                }
-                EventKind::UserPrompt(_) => {
-                    request_start = Some(event.time_ms);
-                    // `/exit` ends the process: whatever comes next is a resumed one.
-                    if marks_resume(&event.kind) {
-                        resumed_at = Some(i);
-                    }
-                }
-                EventKind::ModelReply(reply) if i < call.event_index => {
-                    for (b, block) in reply.content.iter().enumerate() {
-                        if let ContentBlock::ToolUse { id, name, input, .. } = block {
-                            state.pending.insert(id.clone(), (events.shared(i).clone(), b));
-                            match name.as_str() {
-                                "Skill" if profile.skill_rerender => {
-                                    call_events.push("skill".into());
-                                    state.rerender_epoch += 1;
-                                }
-                                // Only the session's first load moves the tools array.
-                                "ToolSearch" if profile.tool_search_full_miss && !state.tool_search_loaded && !eager => {
-                                    state.tool_search_loaded = true;
-                                    let query = input.get("query").and_then(Value::as_str).unwrap_or("");
-                                    for tool in query.trim_start_matches("select:").split(',') {
-                                        let tool = tool.trim();
-                                        if !tool.is_empty() && !state.loaded_tools.iter().any(|t| t == tool) {
-                                            state.loaded_tools.push(tool.to_owned());
-                                            call_events.push("tool_search_load".into());
-                                        }
-                                    }
-                                }
-                                _ => {}
-                            }
-                        }
-                    }
-                }
-                EventKind::ToolResult(result) => {
-                    request_start = Some(event.time_ms);
-                    state.seen_results.insert(result.tool_use_id.clone());
-                    if let Some((reply, b)) = state.pending.remove(&result.tool_use_id)
-                        && let EventKind::ModelReply(reply) = &reply.kind
-                        && let Some(ContentBlock::ToolUse { name, input, .. }) = reply.content.get(b)
-                    {
-                        let memo = session.reference_memo();
-                        state.working_set.observe_memoized(name, input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(session, i, edited));
-                    }
-                }
-                _ => {}
-            }
-        }
-        if call.lane == LANE_MAIN {
-            turn_scan.apply(&mut state.turns);
-        }
-        // The next call scans from this call's own reply on: the tool uses in it (Read, Skill,
-        // ToolSearch) and the results that follow belong to what the next call sees.
-        state.scanned_to = call.event_index;
-        // A resumed client loaded its history back from the transcript (losing parallel tool
-        // results off the parentUuid chain) and re-renders the start of the conversation.
-        if let Some(i) = resumed_at {
-            state.loaded_until = i;
-            state.dynamic_epoch += 1;
-            if profile.resume_rerender {
-                call_events.push("resume".into());
-                state.rerender_epoch += 1;
-            }
-        }
-
-        let skipped = if call.is_synthetic {
-            Some("synthetic reply (no API call)")
-        } else if call.is_api_error {
-            Some("API error")
-        } else if call.usage.prompt_tokens() == 0 {
-            Some("no usage recorded")
-        } else {
-            None
+        let scan_cx = super::record_view::ScanContext {
+            session,
+            restore_files: options.restore_files,
+            kind,
+            shared: shared.as_deref(),
+            file_tokens: &file_tokens,
+            recorded_microcompact: options.recorded_microcompact,
+            eager,
         };
-        if let Some(reason) = skipped {
+        let scan = super::record_view::scan_lane(&scan_cx, measurer, state, call, &profile, &turn_profile, &family, params, &mut call_events);
+        for _ in 0..scan.main_compactions {
+            stages.on_compaction();
+        }
+        let super::record_view::LaneScan { request_start, turn_scan, attachment_chars, unsized_attachment_chars, .. } = scan;
+
+        if let Some(reason) = super::record_view::skip_reason(call) {
             state.carried_events = call_events.clone();
             out.push(skipped_call(call, call_events, reason.to_owned()));
             continue;
         }
-
-        if let Some(ttl) = ttl_of(&call.usage) {
-            state.ttl = Some(ttl);
-        }
-        let ttl = match (options.ttl_main, options.ttl_other) {
-            (Some(ttl), _) if call.lane == LANE_MAIN => ttl,
-            (_, Some(ttl)) if call.lane != LANE_MAIN => ttl,
-            _ => state.ttl.unwrap_or(CacheTtl::FiveMinutes),
-        };
-        if state.model.as_ref().is_some_and(|m| m != &call.model) {
-            call_events.push("model_switch".into());
-        }
-        // The recorded time of a call is its first streamed block; the request went out when
-        // the record that prompted it (a user prompt or tool result) was written. The cache
-        // entry of the previous call lives from its first block on.
-        let start_ms = request_start.filter(|&t| t <= call.time_ms && state.last_time_ms.is_none_or(|last| t >= last)).unwrap_or(call.time_ms);
-        let previous_time = state.last_time_ms;
-        if let Some(last) = state.last_time_ms
-            && start_ms.saturating_sub(last) >= ttl.millis()
-        {
-            call_events.push("ttl_expired".into());
-        }
-        state.model = Some(call.model.clone());
-        state.last_time_ms = Some(call.time_ms);
+        let (ttl, start_ms, previous_time) = super::record_view::call_timing(state, call, options, request_start, &mut call_events);
 
         // The messages the call saw, with what the client changed in them. A call of its own
         // lane without a peer mechanism updates the lane's built view and borrows its messages
@@ -2120,7 +1932,7 @@ fn replay_session_seeing(
         }
         if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
             let window = measurer.table().lookup(&call.model).map_or(200_000, |m| m.context_window);
-            let base = groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
+            let base = sizing.groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
             let before = crate::agent::compact::peers::estimate_tokens(&messages);
             let mut outcomes = state.peer.apply(&options.peer, &mut messages, window, base);
             if let Some((trigger, keep)) = options.clear_tool_uses {
@@ -2149,40 +1961,49 @@ fn replay_session_seeing(
         if !options.recorded_microcompact && first_divergence.is_none() && call_events.iter().any(|e| e == "microcompact") {
             first_divergence = Some((call.index, "the recorded microcompact was not applied: its cleared tool results stay visible".to_owned()));
         }
-        let new_turn = main_fork.is_none() && is_new_user_turn(&messages);
-        if new_turn {
-            call_events.push("new_user_turn".into());
+        let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
+        let seen = super::record_view::turn_events(
+            state,
+            call,
+            main_fork.is_some(),
+            &messages,
+            &turn_scan,
+            truncated,
+            options,
+            &turn_profile,
+            &mut call_events,
+            &mut |turns, messages, record| {
+                for shadow in shadows.iter_mut() {
+                    shadow.new_turn(turns, &turn_profile, messages, record);
+                }
+            },
+        );
+        if seen.new_turn {
             turn += 1;
         }
-        let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
-        let model_switched = call_events.iter().any(|e| e == "model_switch");
-        let turn_start = (new_turn && call.lane == LANE_MAIN).then(|| {
-            let at_turns = state.turns.clone();
-            let record = turn_scan.record(&at_turns, state.turns.turns == 0 && !truncated, options.side_entries, model_switched);
-            for shadow in shadows.iter_mut() {
-                shadow.new_turn(&state.turns, &turn_profile, &messages, record);
-            }
-            state.turns.on_new_turn(&turn_profile, &messages, record)
-        });
+        let turn_start = seen.turn_start;
         let rerenders_previous = turn_start.is_some_and(|t| t.rerenders_previous);
-        if turn_start.is_some_and(|t| t.rerenders_start) && options.rerender_prompts {
-            call_events.push("turn_rerender".into());
-            if turn_start.is_some_and(|t| t.queued_across_compaction) {
-                call_events.push(super::turns::QUEUED_ACROSS_COMPACTION.into());
-            }
-            state.rerender_epoch += 1;
-        }
-        if turn_start.is_some_and(|t| t.hook_context_lost_side_entry) {
-            call_events.push("tool_hook_context".into());
-        }
-        state.turns.compaction_pending = false;
-        if rerenders_previous {
-            call_events.push("rerendered_prompt".into());
-        }
         // Whether this call renders its current prompt the transient way.
         let transient = fork_transient || (call.lane == LANE_MAIN && state.turns.transient_prompt);
         let strips_thinking = measurer.model(&call.model).is_ok_and(|m| m.strips_prior_thinking);
 
+        // The request as recorded, where the transcript has it and it rebuilds exactly.
+        let (rebuilt, reconstructed_because) = super::record_view::recorded_request(use_records, &mut rebuilder, call, options);
+
+        // Sizes of the unrecorded part: inferred from the group's first compared call.
+        let sized = match sizing.size_group(measurer, call, &messages, &group, truncated, &mut profile_notes) {
+            Ok(sized) => sized,
+            Err(e) => {
+                out.push(skipped_call(call, call_events, e));
+                continue;
+            }
+        };
+        let anchored_call_context = sizing.anchor_segment(measurer, state, call, &messages, &group, truncated, options, strips_thinking, &mut call_events);
+        let mut sizes = sizing.sizes_now(state, &group, truncated);
+        if let Some(context) = anchored_call_context {
+            sizes.context_tokens = context;
+        }
+        let revealed = sizing.revealed_level(state, call, sizes, &group, rebuilt.is_some(), &call_events);
         let up_front: Vec<(String, u64)> = if eager {
             state
                 .announced_deferred
@@ -2205,106 +2026,12 @@ fn replay_session_seeing(
             layout: options.layout.as_ref().map(|layout| LayoutCall { layout, dynamic_epoch: state.dynamic_epoch, up_front: &up_front, version }),
         };
 
-        // The request as recorded, where the transcript has it and it rebuilds exactly.
-        let mut reconstructed_because = None;
-        let rebuilt: Option<Request> = if !use_records {
-            None
-        } else if let Some(id) = &call.request_ref {
-            let what_if_ttl = if call.lane == LANE_MAIN { options.ttl_main } else { options.ttl_other };
-            match rebuilder.rebuild(id).and_then(|r| r.request_with_ttl(what_if_ttl)) {
-                Ok(request) => Some(request),
-                Err(why) => {
-                    reconstructed_because = Some(why);
-                    None
-                }
-            }
-        } else {
-            reconstructed_because = Some(if call.lane == LANE_COMPACT {
-                "a compaction request (the client records main-thread and subagent requests only)".to_owned()
-            } else {
-                "the reply names no api-request record (no requestRef)".to_owned()
-            });
-            None
-        };
-
-        // Sizes of the unrecorded part: inferred from the group's first compared call.
-        if !groups.contains_key(&group) {
-            let mut bare = Request::new(call.model.clone(), 32_000);
-            bare.messages = messages.clone();
-            let bare = match measurer.flatten(&bare) {
-                Ok(flat) => flat,
-                Err(e) => {
-                    out.push(skipped_call(call, call_events, e.to_string()));
-                    continue;
-                }
-            };
-            let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
-            let warm = call.usage.cache_read_input_tokens;
-            let prefix = first_call_prefix(call, unrecorded_tokens, group == LANE_MAIN, truncated, user_context_prior, &fitted_prefixes, &mut profile_notes);
-            let sizes = GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix };
-            groups.insert(group.clone(), sizes);
-            if group == LANE_MAIN {
-                unrecorded_main = Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: warm > 0 });
-            }
-            if warm > 0 {
-                seed_prefix(measurer, shadows, &unrecorded, call, prefix, start_ms.saturating_sub(1));
-            }
-        }
-        // The first call of a segment whose unrecorded part changed by an unknown amount: its
-        // recorded total less the prefix level (its read when it read the prefix, a warm start
-        // on what was cached before the segment; else the level in force) and its messages is
-        // the segment's user context. Only the record of this one call is used.
-        let mut anchored_call_context = None;
-        let after_compaction = std::mem::take(&mut state.anchor_after_compaction) && options.compaction_anchor;
-        if std::mem::take(&mut state.anchor_pending) && (truncated || after_compaction) && call.lane == LANE_MAIN {
-            let mut bare = Request::new(call.model.clone(), 32_000);
-            bare.messages = messages.clone();
-            if let Ok(mut flat) = measurer.flatten(&bare) {
-                shape_flat(&bare, &mut flat, strips_thinking, false);
-                let read = call.usage.cache_read_input_tokens;
-                let total = call.usage.prompt_tokens();
-                let level = if read > 0 && read + flat.total_tokens <= total { read } else { groups[&group].prefix_tokens };
-                state.segment_context = Some(total.saturating_sub(level + flat.total_tokens));
-                // This call itself is measured with the prefix in force (a read that shows a
-                // new level resizes the prefix after it), so its own total agrees too.
-                anchored_call_context = Some(total.saturating_sub(groups[&group].prefix_tokens + flat.total_tokens));
-                call_events.push("segment_anchor".into());
-            }
-        }
-        let sizes_now = |g: GroupSizes| {
-            let mut sizes = g;
-            if let Some(context) = state.segment_context {
-                sizes.context_tokens = context;
-                return sizes;
-            }
-            sizes.context_tokens = sizes.context_tokens.saturating_sub(state.hidden_saved);
-            if state.compacted && truncated {
-                // The history older than the transcript is gone; what stays is the user context.
-                sizes.context_tokens = user_context_prior;
-            }
-            sizes
-        };
-        let mut sizes = sizes_now(groups[&group]);
-        if let Some(context) = anchored_call_context {
-            sizes.context_tokens = context;
-        }
-        // A read that fell into the unrecorded part at a re-render shows the prefix level (after
-        // a compaction every recorded message is new, so any read there does).
-        let recorded_read = call.usage.cache_read_input_tokens;
-        let has = |e: &str| call_events.iter().any(|x| x == e);
-        let shows_level = recorded_read > 0
-            && state.prev_recorded_cached.is_some_and(|prev| recorded_read + super::breaks::BREAK_MIN_DROP <= prev)
-            && (has("compaction") || recorded_read <= sizes.prefix_tokens + sizes.context_tokens)
-            && REVEALING_EVENTS.iter().any(|e| has(e));
-        // A read at the level in force confirms it (a fitted per-version level can be exact).
-        if shows_level
-            && recorded_read == sizes.prefix_tokens
-            && group == LANE_MAIN
-            && let Some(main) = &mut unrecorded_main
+        // A warm first call: an earlier session of the client cached its prefix.
+        if let Some(prefix) = sized
+            && call.usage.cache_read_input_tokens > 0
         {
-            main.prefix_from_record = true;
+            seed_prefix(measurer, shadows, &unrecorded, call, prefix, start_ms.saturating_sub(1));
         }
-        let revealed = (shows_level && recorded_read != sizes.prefix_tokens && rebuilt.is_none()).then_some(recorded_read);
         let base = revealed.map(|_| messages.clone());
         // The side request after the previous turn, sent when that turn ended: an entry through
         // its last reply; when the client re-renders the previous prompt, the entry that counts
@@ -2331,11 +2058,7 @@ fn replay_session_seeing(
                     shadow.process(measurer, &side_flat, call.lane == LANE_MAIN, at, 0);
                 }
                 let _ = measurer.seed_cache(&side_flat, at, 0);
-                call_events.push("side_entry".into());
-                // The side request refreshed what it read: the gap that counts is from it.
-                if start_ms.saturating_sub(at) < ttl.millis() && previous_time.is_some_and(|p| at.saturating_sub(p) < ttl.millis()) {
-                    call_events.retain(|e| e != "ttl_expired");
-                }
+                super::record_view::side_entry_seen(&mut call_events, at, start_ms, previous_time, ttl);
             }
         }
         // Claude Desktop's static prefix is never cold: past the TTL the call still reads the
@@ -2430,24 +2153,14 @@ fn replay_session_seeing(
         // The record has just shown the prefix level: size the unrecorded part by it from now
         // on, and let the simulated cache hold what the real one does after this call.
         if let (Some(level), Some(base)) = (revealed, base) {
-            let g = groups.get_mut(&group).expect("sized above");
-            let total = g.prefix_tokens + g.context_tokens;
-            g.prefix_tokens = level;
-            g.context_tokens = total.saturating_sub(level);
-            let corrected = unrecorded.request(&call.model, base, sizes_now(*g));
+            let g = sizing.take_level(&group, level, &mut call_events);
+            let corrected = unrecorded.request(&call.model, base, super::record_view::sizes_in(state, g, truncated, user_context_prior));
             if let Ok(mut flat) = measurer.flatten(&corrected) {
                 shape_flat(&corrected, &mut flat, strips_thinking, transient);
                 for shadow in shadows.iter_mut() {
                     shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms, call.time_ms - start_ms);
                 }
                 let _ = measurer.seed_cache(&flat, start_ms, call.time_ms - start_ms);
-            }
-            call_events.push("prefix_level".into());
-            if group == LANE_MAIN
-                && let Some(main) = &mut unrecorded_main
-            {
-                main.prefix_tokens = level;
-                main.prefix_from_record = true;
             }
         }
         state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
@@ -2486,7 +2199,7 @@ fn replay_session_seeing(
         diverged_calls,
         first_divergence,
         head_truncated: session.recording.header.head_truncated,
-        unrecorded_main,
+        unrecorded_main: sizing.unrecorded_main,
         compaction_whatif: None,
         profile_notes: profile_notes.into_iter().collect(),
         compaction_losses,

@@ -131,14 +131,14 @@ pub struct Workload {
     /// script's steps on each lane): the agent's lane, the recorded call and the subagent.
     pub subagent_calls: Vec<SubagentCall>,
     pub report: WorkloadReport,
-    /// The events the record-based replay saw before each recorded call, as the sizing's run of
-    /// it read them ([`size_unmodelled`]); `None` until sized, or when the sizing ran no replay.
+    /// The events the record shows before each recorded call, as the sizing's record view read
+    /// them ([`size_unmodelled`]); `None` until sized, or when the sizing read no view.
     pub record_events: Option<RecordEvents>,
 }
 
-/// Per recorded call (its index), the events the record-based replay saw before it
-/// ([`super::CallReplay::events`]: a gap past the TTL, a new turn, a compaction, a re-rendered
-/// prompt...), in the replay's order.
+/// Per recorded call (its index), the events the record shows before it
+/// ([`super::CallView::events`]: a gap past the TTL, a new turn, a compaction, a re-rendered
+/// prompt...), in the order the record-based replay sees them too.
 pub type RecordEvents = BTreeMap<usize, Vec<String>>;
 
 /// One scripted subagent reply of a [`Workload`].
@@ -770,8 +770,8 @@ pub struct AgentReplay {
     /// a different number of main calls than the recording (a blocked turn, a retry).
     pub unpaired: usize,
     pub sizing: Sizing,
-    /// The record-based replay's events before each recorded call ([`Workload::record_events`]),
-    /// read by the sizing: what names the causes of breaks without replaying the record again.
+    /// The record's events before each recorded call ([`Workload::record_events`]), read by the
+    /// sizing: what names the causes of breaks without reading the record again.
     pub record_events: Option<RecordEvents>,
 }
 
@@ -1118,31 +1118,33 @@ pub fn warm_prefix(
     Ok(Some(WarmPrefix { flat, time_ms: row.time_ms.saturating_sub(1) }))
 }
 
-/// What the replay of a session shows of the unrecorded part beyond its first call.
+/// What the record of a session shows of the unrecorded part beyond its first call
+/// ([`super::record_view`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 struct ShownSizes {
-    /// The first prefix level (tools + system) a later call's read revealed to the replay (its
-    /// event `prefix_level`: a read that fell into the unrecorded part at a re-render, a
-    /// microcompact or a compaction).
+    /// The first prefix level (tools + system) a later call's read revealed (its event
+    /// `prefix_level`: a read that fell into the unrecorded part at a re-render, a microcompact
+    /// or a compaction).
     revealed_prefix_tokens: Option<u64>,
     /// The unrecorded part (prefix and user context) of the first main call after the file's
-    /// first compaction, as the replay anchors that segment on the record (`segment_anchor`:
-    /// the call's billed prompt less the replay's messages, its summary and restored files).
+    /// first compaction, as the record anchors that segment (`segment_anchor`: the call's billed
+    /// prompt less its recorded messages, its summary and restored files).
     kept_after_compaction: Option<u64>,
-    /// Every call's events in that run ([`Workload::record_events`]).
+    /// Every call's events ([`Workload::record_events`]).
     events: RecordEvents,
 }
 
-/// The [`ShownSizes`] of `session`: the replay run under the default options, measured by
+/// The [`ShownSizes`] of `session`: its record view under the default options, measured by
 /// `measurer`. One definition of both with the replay, which sizes its later calls by them.
 fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measurer) -> ShownSizes {
     let options = super::ReplayOptions { info_loss: false, compaction_losses: false, ..Default::default() };
-    let replay = super::replay_session(session, measurer, &options);
-    let has = |c: &super::CallReplay, e: &str| c.events.iter().any(|x| x == e);
-    let main = || replay.calls.iter().filter(|c| c.lane == LANE_MAIN && c.compared());
-    let revealed_prefix_tokens = main().find(|c| has(c, "prefix_level")).map(|c| c.recorded.cache_read_input_tokens);
+    let view = super::record_view(session, measurer, &options);
+    let has = |c: &super::CallView, e: &str| c.events.iter().any(|x| x == e);
+    let main = || view.calls.iter().filter(|c| c.lane == LANE_MAIN && c.skipped.is_none());
+    let recorded_read = |index: usize| session.calls.iter().find(|c| c.index == index).map_or(0, |c| c.usage.cache_read_input_tokens);
+    let revealed_prefix_tokens = main().find(|c| has(c, "prefix_level")).map(|c| recorded_read(c.index));
     let kept_after_compaction = main().skip(1).find(|c| has(c, "compaction") && has(c, "segment_anchor")).map(|c| c.prefix_tokens + c.user_context_tokens);
-    let events = replay.calls.into_iter().map(|c| (c.index, c.events)).collect();
+    let events = view.calls.into_iter().map(|c| (c.index, c.events)).collect();
     ShownSizes { revealed_prefix_tokens, kept_after_compaction, events }
 }
 
@@ -1170,7 +1172,7 @@ fn restored_command_tokens(script: &[crate::scenario::Step], budget: &crate::age
 
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
 /// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
-/// replay's run shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
+/// record shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
 /// request gives the agent's own sizes.
 pub fn size_unmodelled(
     session: &ImportedSession,

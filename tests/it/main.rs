@@ -24,6 +24,7 @@ mod compact;
 mod real_client;
 mod real_layout;
 mod real_stages;
+mod record_view;
 mod recording;
 mod requests;
 mod run_memory;
