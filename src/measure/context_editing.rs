@@ -324,6 +324,42 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
 pub struct ClearMemo {
     /// Per estimator key, per message position.
     by_family: BTreeMap<String, Vec<Option<ClearedMessage>>>,
+    /// Per message position, its tool blocks as read last (any family: ids and names only).
+    scans: Vec<Option<ToolBlocks>>,
+}
+
+/// The tool blocks of one message's content, read once per block list rather than per request
+/// (a raw block's `type`, `id` and `name` are JSON field lookups): the list they were read
+/// from (held, so that the same allocation means the same blocks), and per tool_use or
+/// tool_result block its content index, its tool use id and, of a tool_use, its name.
+#[derive(Debug, Clone)]
+struct ToolBlocks {
+    blocks: crate::api::SharedBlocks,
+    tools: Vec<(usize, String, Option<String>)>,
+}
+
+/// Brings `scans` in line with `messages`: a position whose block list changed is read again.
+fn refresh_scans(scans: &mut Vec<Option<ToolBlocks>>, messages: &[Message]) {
+    scans.truncate(messages.len());
+    scans.resize(messages.len(), None);
+    for (scan, message) in scans.iter_mut().zip(messages) {
+        let MessageContent::Blocks(blocks) = &message.content else {
+            *scan = None;
+            continue;
+        };
+        if scan.as_ref().is_some_and(|s| s.blocks.same(blocks)) {
+            continue;
+        }
+        let tools = blocks
+            .iter()
+            .enumerate()
+            .filter_map(|(c, block)| match result_id(block) {
+                Some(id) => Some((c, id.to_owned(), None)),
+                None => tool_use(block).map(|(id, name)| (c, id.to_owned(), Some(name.to_owned()))),
+            })
+            .collect();
+        *scan = Some(ToolBlocks { blocks: blocks.clone(), tools });
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -338,10 +374,11 @@ struct ClearedMessage {
 /// [`apply`] with `memo` kept across the requests of one measurer; `family` names what `count`
 /// counts with (the estimator key of the request's model).
 pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64, memo: &mut ClearMemo, family: &str) -> Option<Edited> {
-    if !memo.by_family.contains_key(family) {
-        memo.by_family.insert(family.to_owned(), Vec::new());
+    let ClearMemo { by_family, scans } = memo;
+    if !by_family.contains_key(family) {
+        by_family.insert(family.to_owned(), Vec::new());
     }
-    let memo = memo.by_family.get_mut(family).expect("inserted above");
+    let memo = by_family.get_mut(family).expect("inserted above");
     let mut messages: Option<Vec<Message>> = None;
     let mut response = ContextManagementResponse::default();
     let mut cleared: BTreeMap<String, u64> = BTreeMap::new();
@@ -403,16 +440,17 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
             }
             Edit::ClearToolUses { trigger, keep, clear_at_least, exclude_tools, clear_inputs } => {
                 // Candidates: the id of every tool use that may be cleared, in order.
+                refresh_scans(scans, current);
+                let scans: &[Option<ToolBlocks>] = scans;
                 let mut uses: Vec<&str> = Vec::new();
                 let mut all_uses = 0u64;
-                for message in current.iter().filter(|m| m.role == Role::Assistant) {
-                    let MessageContent::Blocks(blocks) = &message.content else { continue };
-                    for block in blocks.iter() {
-                        if let Some((id, name)) = tool_use(block) {
-                            all_uses += 1;
-                            if !exclude_tools.iter().any(|t| t == name) {
-                                uses.push(id);
-                            }
+                for (message, scan) in current.iter().zip(scans) {
+                    let Some(scan) = scan.as_ref().filter(|_| message.role == Role::Assistant) else { continue };
+                    for (_, id, name) in &scan.tools {
+                        let Some(name) = name else { continue };
+                        all_uses += 1;
+                        if !exclude_tools.iter().any(|t| t == name) {
+                            uses.push(id);
                         }
                     }
                 }
@@ -436,22 +474,11 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                     let MessageContent::Blocks(blocks) = &mut message.content else { continue };
                     // The blocks asked to be cleared (the role first, for the memo's key).
                     let mut tag = vec![role as usize];
-                    for (c, block) in blocks.iter().enumerate() {
-                        // (A tool_result is no tool_use: the second is asked only of the others.)
-                        match result_id(block) {
-                            Some(id) => {
-                                if clear.contains(id) {
-                                    tag.push(c);
-                                }
-                            }
-                            None => {
-                                if let Some((id, name)) = tool_use(block)
-                                    && clear.contains(id)
-                                    && clear_inputs.covers(name)
-                                {
-                                    tag.push(c);
-                                }
-                            }
+                    for (c, id, name) in scans[m].iter().flat_map(|scan| &scan.tools) {
+                        // (A tool_result, no name: cleared with its tool use; a tool_use's
+                        // input only where the edit clears inputs of its tool.)
+                        if clear.contains(id.as_str()) && name.as_ref().is_none_or(|name| clear_inputs.covers(name)) {
+                            tag.push(*c);
                         }
                     }
                     if tag.len() == 1 {
