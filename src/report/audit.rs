@@ -76,17 +76,24 @@ fn whatif_label(name: &str) -> String {
     }
 }
 
-fn whatif_cell(row: &AuditRow) -> String {
-    match &row.best_whatif {
-        Some(w) => format!("{} ${:.2} {:.1}%", whatif_label(&w.name), w.saving_usd, w.saving_pct),
-        None => "-".to_owned(),
+/// The best what-if's cell in at most `width` characters: its label, saving and percent; the
+/// percent left out where the three do not fit (the details line below and the JSON keep it),
+/// then the label cut.
+fn whatif_cell(row: &AuditRow, width: usize) -> String {
+    let Some(w) = &row.best_whatif else { return "-".to_owned() };
+    let label = whatif_label(&w.name);
+    let full = format!("{label} ${:.2} {:.1}%", w.saving_usd, w.saving_pct);
+    if full.chars().count() <= width {
+        return full;
     }
+    let saving = format!(" ${:.2}", w.saving_usd);
+    let room = width.saturating_sub(saving.chars().count()).max(2);
+    format!("{}{saving}", fit(&label, room).trim_end())
 }
 
 /// Wraps `items` joined by `sep` into lines of at most `width` characters, each starting with
 /// `indent`.
 fn wrap(out: &mut String, indent: &str, items: &[String], width: usize) {
-    // An item wider than a line is cut after its commas.
     let avail = width - indent.chars().count();
     let mut pieces = Vec::new();
     for item in items {
@@ -94,12 +101,22 @@ fn wrap(out: &mut String, indent: &str, items: &[String], width: usize) {
             pieces.push(item.clone());
             continue;
         }
+        // An item wider than a line is cut after its commas; a part still wider, between words.
         let mut piece = String::new();
         for part in item.split_inclusive(',') {
             if !piece.is_empty() && piece.chars().count() + part.chars().count() > avail {
                 pieces.push(std::mem::take(&mut piece));
             }
-            piece.push_str(part);
+            if part.chars().count() <= avail {
+                piece.push_str(part);
+                continue;
+            }
+            for word in part.split_inclusive(' ') {
+                if !piece.trim().is_empty() && piece.chars().count() + word.trim_end().chars().count() > avail {
+                    pieces.push(std::mem::take(&mut piece));
+                }
+                piece.push_str(word);
+            }
         }
         pieces.push(piece);
         for p in &mut pieces {
@@ -216,9 +233,8 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
     let line = |out: &mut String, name: &str, row: &AuditRow| {
         let brk: u64 = row.breaks.values().map(|b| b.breaks).sum();
         let lost_pct = if row.cost_usd > 0.0 { 100.0 * row.lost.cost_usd / row.cost_usd } else { 0.0 };
-        let _ = writeln!(
-            out,
-            "{} {:>4} {:>5} {:>7} {:>9.2} {:>4} {:>7} {:>8.2} {:>5.1}% {:<5} {}",
+        let fixed = format!(
+            "{} {:>4} {:>5} {:>7} {:>9.2} {:>4} {:>7} {:>8.2} {:>5.1}% {:<5} ",
             fit(name, 18),
             row.sessions,
             row.calls,
@@ -229,8 +245,9 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
             row.lost.cost_usd,
             lost_pct,
             fit(&row.ttl, 5),
-            whatif_cell(row)
         );
+        let cell = whatif_cell(row, WIDTH.saturating_sub(fixed.chars().count()));
+        let _ = writeln!(out, "{fixed}{cell}");
     };
     for row in rows {
         line(&mut out, &row.key, row);
@@ -607,4 +624,55 @@ pub fn write_audit_html(dir: &Path, audits: &[SessionAudit], engine: Engine) -> 
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::audit::{LossDelta, WhatIf};
+
+    /// A session row whose what-if cell and details are as wide as real sessions make them (the
+    /// largest shipped session's best what-if and its loss note ran to 101–104 characters).
+    fn wide_row() -> AuditRow {
+        let name = "autocompact_pct=50".to_owned();
+        AuditRow {
+            key: "0254bffa0c17-1c2d3e4f".to_owned(),
+            engine: "agent",
+            project: "oh-my-posh".to_owned(),
+            sessions: 1,
+            calls: 12_345,
+            cost_usd: 123_456.78,
+            ttl: "5m+1h".to_owned(),
+            whatif_savings: [(name.clone(), 18_600.25)].into(),
+            whatifs_diverging: [(name.clone(), vec![551])].into(),
+            whatifs_loss: [(name.clone(), LossDelta { info_loss: 76, tokens_dropped: 1_234_567 })].into(),
+            best_whatif: Some(WhatIf { name, saving_usd: 18_600.25, saving_pct: 15.1, ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_line_fits_the_width_and_the_cell_keeps_label_and_saving() {
+        let row = wide_row();
+        let table = audit_table(std::slice::from_ref(&row), &row, GroupBy::Session, false);
+        for line in table.lines() {
+            assert!(line.chars().count() <= WIDTH, "{} characters: {line}", line.chars().count());
+        }
+        let first = table.lines().nth(1).unwrap();
+        assert!(first.ends_with("pct50 $18600.25"), "{first}");
+        // The details keep what the cell left out, cut between words.
+        assert!(table.contains("what-if autocompact_pct=50: $18600.25 (replies diverge from call 551;"), "{table}");
+        assert!(table.contains("references lost or re-read"), "{table}");
+    }
+
+    #[test]
+    fn a_cell_that_fits_keeps_its_percent() {
+        let mut row = wide_row();
+        row.calls = 12;
+        row.cost_usd = 12.0;
+        row.best_whatif.as_mut().unwrap().saving_usd = 1.5;
+        assert_eq!(whatif_cell(&row, 40), "pct50 $1.50 15.1%");
+        assert_eq!(whatif_cell(&row, 12), "pct50 $1.50");
+        assert_eq!(whatif_cell(&row, 9), "…50 $1.50");
+    }
 }
