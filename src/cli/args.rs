@@ -183,11 +183,12 @@ pub struct FidelityArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
-    /// The record-based measurement: the recorded messages rebuilt per call with the version's
-    /// size profile; a strategy reaches them only where a recording cannot contradict it.
+    /// The record-based measurement of the recorded requests as recorded: the recorded messages
+    /// rebuilt per call with the version's size profile (`replay` and `fidelity` only; `compare`,
+    /// `sweep`, `check` and `audit` refuse it).
     Replay,
-    /// The agent, driven by the recorded session: every knob applies (the default of `replay`,
-    /// `fidelity`, `compare`, `sweep`, `check` and `audit`).
+    /// The agent, driven by the recorded session: every knob applies (the default of `replay`
+    /// and `fidelity`, the only engine of `compare`, `sweep`, `check` and `audit`).
     Agent,
 }
 
@@ -195,6 +196,17 @@ impl Engine {
     /// The engine's name in outputs (`agent`, `replay`).
     pub fn name(self) -> &'static str {
         crate::report::compare::Engine::from(self).name()
+    }
+
+    /// Refuses the record-based engine for `command` (`compare`, `sweep`, `check`, `audit`):
+    /// what-ifs on recorded sessions run through the agent only, the one model of the client.
+    pub fn agent_only(self, command: &str) -> anyhow::Result<()> {
+        if self == Engine::Replay {
+            anyhow::bail!(
+                "`--engine replay` was removed from {command}: what-ifs on recorded sessions run through the agent, the one model of the client; `ctxsim replay --engine replay` still measures a session's recorded requests as recorded"
+            );
+        }
+        Ok(())
     }
 }
 

@@ -35,10 +35,10 @@ pub struct CompareArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What runs a recorded session under each strategy: `agent` (the default: the agent itself,
-    /// driven by the session; every knob applies; docs/fidelity.md, "What-ifs through the agent")
-    /// or `replay` (the record-based measurement: the recorded messages rebuilt per call,
-    /// honouring only what a recording cannot contradict). Every output names the engine.
+    /// What runs a recorded session under each strategy: `agent`, the only engine (the agent
+    /// itself, driven by the session; every knob applies; docs/fidelity.md, "What-ifs through
+    /// the agent"); `replay` is refused (`ctxsim replay --engine replay` measures a session's
+    /// recorded requests as recorded). Every output names the engine.
     #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     #[command(flatten)]
@@ -46,6 +46,7 @@ pub struct CompareArgs {
 }
 
 pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    args.engine.agent_only("compare")?;
     // Resolved here for the error a bad name or set gives before any input is read.
     let _: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));

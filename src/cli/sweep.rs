@@ -43,10 +43,10 @@ pub struct SweepArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What runs a recorded session at each point: `agent` (the default: the agent itself,
+    /// What runs a recorded session at each point: `agent`, the only engine (the agent itself,
     /// driven by the session; every knob applies; points whose settings resolve alike share one
-    /// run) or `replay` (the record-based measurement: the recorded messages rebuilt per call,
-    /// honouring only what a recording cannot contradict). The outputs name the engine.
+    /// run); `replay` is refused (`ctxsim replay --engine replay` measures a session's recorded
+    /// requests as recorded). The outputs name the engine.
     #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Run every point of a session alone from its first call, instead of going on from a
@@ -66,6 +66,7 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    args.engine.agent_only("sweep")?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
