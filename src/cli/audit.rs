@@ -104,7 +104,7 @@ pub struct AuditArgs {
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
-    args.engine.agent_only("audit")?;
+    let engine = args.engine.agent_only("audit")?;
     let mut files = args.sessions.files()?;
     if let Some(text) = &args.shard {
         let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
@@ -133,7 +133,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         inputs.refuse_file("--output", path)?;
     }
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &inputs)).transpose()?;
-    let engine: crate::replay::audit::Engine = args.engine.into();
     let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
     let may_draw = !args.no_progress && std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -264,7 +263,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
                 rows: &rows,
                 totals: &totals,
                 whatifs_available: crate::replay::audit::whatifs_available(engine),
-                whatifs_awaiting: crate::replay::audit::whatifs_awaiting(engine),
                 sessions: (by == GroupBy::Session).then_some(audits.as_slice()),
             };
             (serde_json::to_string_pretty(&json)? + "\n").into_bytes()

@@ -71,7 +71,7 @@ pub struct CheckArgs {
 }
 
 pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    args.engine.agent_only("check")?;
+    let engine = args.engine.agent_only("check")?;
     if !(args.tolerance >= 0.0 && args.hit_ratio_tolerance >= 0.0) {
         bail!("--tolerance and --hit-ratio-tolerance must be non-negative numbers");
     }
@@ -115,7 +115,7 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     // recorded and compared apart from the strategy, so that a run of scenarios alone and a run
     // with sessions share one baseline.
     // (`--engine replay` was refused above: the agent is the only engine of a suite.)
-    let session_engine = "agent";
+    let session_engine = engine.name();
     // The baseline as it is: compared with, or merged into by --update-baseline.
     let existing = match &args.baseline {
         Some(path) if !args.update_baseline || path.exists() => {
@@ -146,7 +146,7 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
             loaded: crate::report::compare::LoadedInput::Session(Box::new(session)),
         };
         let memo = crate::report::compare::InputMemo::default();
-        let (evaluation, _) = crate::report::compare::evaluate_digest(&input, &crate::strategy::Strategy::default(), &mut make(), true, args.engine.into(), &memo)?;
+        let (evaluation, _) = crate::report::compare::evaluate_digest(&input, &crate::strategy::Strategy::default(), &mut make(), true, engine, &memo)?;
         report.scenarios.push(crate::report::check::check_session(&name, &evaluation, baseline.as_ref(), &tolerances));
     }
 

@@ -46,7 +46,7 @@ pub struct CompareArgs {
 }
 
 pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    args.engine.agent_only("compare")?;
+    let engine = args.engine.agent_only("compare")?;
     // Resolved here for the error a bad name or set gives before any input is read.
     let _: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
@@ -59,7 +59,7 @@ pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Re
     let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
     let make = || super::common::measurer_sharing(&args.measure, Some(&shared)).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let (evaluations, set_warnings, unweighed) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), args.engine.into()))?;
+    let (evaluations, set_warnings, unweighed) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), engine))?;
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
         eprintln!("warning: {line}");
     }
