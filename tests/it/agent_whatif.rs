@@ -172,6 +172,14 @@ fn replay_runs_a_session_through_the_agent_by_default_and_names_the_engine() {
     assert_eq!(record_based["engine"], "replay", "{stdout}");
     let (table, _) = ctxsim_ok(&["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]);
     assert!(table.contains("engine: replay (the record-based measurement"), "{table}");
+    // The record-based engine measures the recorded requests as recorded: a what-if with it is
+    // refused (exit 2, one line).
+    for extra in [&["--strategy", "claude-code-1h"][..], &["--set", "compact.autocompact.buffer_tokens=60000"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]).args(extra).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--strategy/--set run through the agent only: `--engine replay` measures a session's recorded requests as recorded"), "{stderr}");
+    }
     // `run` has no engine: no field, no column.
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/idle-gap.yaml").display().to_string();
     let (csv, _) = ctxsim_ok(&["run", "--estimator", "chars4", "--format", "csv", scenario.as_str()]);
