@@ -183,26 +183,32 @@ pub struct FidelityArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
-    /// The record-based measurement: the recorded messages rebuilt per call with the version's
-    /// size profile; a strategy reaches them only where a recording cannot contradict it.
+    /// The record-based measurement of the recorded requests as recorded: the recorded messages
+    /// rebuilt per call with the version's size profile (the what-if commands refuse it: what-ifs
+    /// on recorded sessions run through the agent only).
     Replay,
-    /// The agent, driven by the recorded session: every knob applies (the default of `replay`,
-    /// `fidelity`, `compare`, `sweep`, `check` and `audit`).
+    /// The agent, driven by the recorded session: every knob applies (the default of `replay`
+    /// and `fidelity`, the only engine of `compare`, `sweep`, `check` and `audit`).
     Agent,
 }
 
 impl Engine {
     /// The engine's name in outputs (`agent`, `replay`).
     pub fn name(self) -> &'static str {
-        crate::report::compare::Engine::from(self).name()
+        match self {
+            Engine::Replay => "replay",
+            Engine::Agent => crate::report::compare::Engine::Agent.name(),
+        }
     }
-}
 
-impl From<Engine> for crate::report::compare::Engine {
-    fn from(engine: Engine) -> Self {
-        match engine {
-            Engine::Replay => crate::report::compare::Engine::Replay,
-            Engine::Agent => crate::report::compare::Engine::Agent,
+    /// Refuses the record-based engine for `command` (`compare`, `sweep`, `check`, `audit`):
+    /// what-ifs on recorded sessions run through the agent only, the one model of the client.
+    pub fn agent_only(self, command: &str) -> anyhow::Result<crate::report::compare::Engine> {
+        match self {
+            Engine::Replay => anyhow::bail!(
+                "`--engine replay` was removed from {command}: what-ifs on recorded sessions run through the agent, the one model of the client; `ctxsim replay --engine replay` still measures a session's recorded requests as recorded"
+            ),
+            Engine::Agent => Ok(crate::report::compare::Engine::Agent),
         }
     }
 }

@@ -64,11 +64,11 @@ pub struct AuditArgs {
     /// model family).
     #[arg(long, value_enum, default_value = "calibrated")]
     pub estimator: Estimator,
-    /// What runs the what-ifs: `agent` (the default: the agent itself, driven by each session,
-    /// as recorded and under each what-if, as `compare` runs it; every preset is weighed) or
-    /// `replay` (the record-based replay: TTL, thresholds and the presets whose loss it judges,
-    /// at about a sixth of the agent's CPU, see README.md, "audit"). The billed tokens, the cost
-    /// and the breaks come from the recorded usage either way. Every output names the engine.
+    /// What runs the what-ifs: `agent`, the only engine (the agent itself, driven by each
+    /// session, as recorded and under each what-if, as `compare` runs it; every preset is
+    /// weighed); `replay` is refused (`ctxsim replay --engine replay` measures a session's
+    /// recorded requests as recorded). The billed tokens, the cost and the breaks come from the
+    /// recorded usage. Every output names the engine.
     #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Threads (default: every core): sessions are audited at once, and each session's what-ifs
@@ -104,6 +104,7 @@ pub struct AuditArgs {
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
+    let engine = args.engine.agent_only("audit")?;
     let mut files = args.sessions.files()?;
     if let Some(text) = &args.shard {
         let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
@@ -132,7 +133,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         inputs.refuse_file("--output", path)?;
     }
     let out_dir = args.out.as_deref().map(|d| super::guard::GuardedDir::begin("--out", d, &inputs)).transpose()?;
-    let engine: crate::replay::audit::Engine = args.engine.into();
     let progress = indicatif::ProgressBar::with_draw_target(Some(files.len() as u64), indicatif::ProgressDrawTarget::hidden());
     let may_draw = !args.no_progress && std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -263,7 +263,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
                 rows: &rows,
                 totals: &totals,
                 whatifs_available: crate::replay::audit::whatifs_available(engine),
-                whatifs_awaiting: crate::replay::audit::whatifs_awaiting(engine),
                 sessions: (by == GroupBy::Session).then_some(audits.as_slice()),
             };
             (serde_json::to_string_pretty(&json)? + "\n").into_bytes()

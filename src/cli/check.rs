@@ -61,15 +61,17 @@ pub struct CheckArgs {
     /// Print nothing but errors (the exit code says the rest).
     #[arg(long)]
     pub quiet: bool,
-    /// What runs a recorded session of the suite (a `.jsonl` file given by name): `agent` (the
-    /// default: the agent itself driven by the session, under the check strategy) or `replay`
-    /// (the record-based measurement). A baseline of a suite with sessions records the engine:
-    /// one written with the other is refused until refreshed.
+    /// What runs a recorded session of the suite (a `.jsonl` file given by name): `agent`, the
+    /// only engine (the agent itself driven by the session, under the check strategy); `replay`
+    /// is refused (what-ifs on recorded sessions run through the agent). A baseline of a suite
+    /// with sessions records the engine: one measured by the record-based replay is refused
+    /// until refreshed with --update-baseline.
     #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
 }
 
 pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    let engine = args.engine.agent_only("check")?;
     if !(args.tolerance >= 0.0 && args.hit_ratio_tolerance >= 0.0) {
         bail!("--tolerance and --hit-ratio-tolerance must be non-negative numbers");
     }
@@ -112,16 +114,15 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     // The engine of the suite's recorded sessions (scenarios run through the agent either way),
     // recorded and compared apart from the strategy, so that a run of scenarios alone and a run
     // with sessions share one baseline.
-    let session_engine = match args.engine {
-        super::args::Engine::Agent => "agent",
-        super::args::Engine::Replay => "replay",
-    };
+    // (`--engine replay` was refused above: the agent is the only engine of a suite.)
+    let session_engine = engine.name();
     // The baseline as it is: compared with, or merged into by --update-baseline.
     let existing = match &args.baseline {
         Some(path) if !args.update_baseline || path.exists() => {
             let baseline = Baseline::load(path)?;
             baseline.check_measured_with(&path.display().to_string(), estimator, &strategy)?;
-            if !session_files.is_empty() {
+            // A refresh replaces the engine with the agent's; a comparison needs the same engine.
+            if !session_files.is_empty() && !args.update_baseline {
                 baseline.check_session_engine(&path.display().to_string(), session_engine)?;
             }
             Some(baseline)
@@ -145,7 +146,7 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
             loaded: crate::report::compare::LoadedInput::Session(Box::new(session)),
         };
         let memo = crate::report::compare::InputMemo::default();
-        let (evaluation, _) = crate::report::compare::evaluate_digest(&input, &crate::strategy::Strategy::default(), &mut make(), true, args.engine.into(), &memo)?;
+        let (evaluation, _) = crate::report::compare::evaluate_digest(&input, &crate::strategy::Strategy::default(), &mut make(), true, engine, &memo)?;
         report.scenarios.push(crate::report::check::check_session(&name, &evaluation, baseline.as_ref(), &tolerances));
     }
 

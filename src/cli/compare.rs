@@ -35,10 +35,10 @@ pub struct CompareArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What runs a recorded session under each strategy: `agent` (the default: the agent itself,
-    /// driven by the session; every knob applies; docs/fidelity.md, "What-ifs through the agent")
-    /// or `replay` (the record-based measurement: the recorded messages rebuilt per call,
-    /// honouring only what a recording cannot contradict). Every output names the engine.
+    /// What runs a recorded session under each strategy: `agent`, the only engine (the agent
+    /// itself, driven by the session; every knob applies; docs/fidelity.md, "What-ifs through
+    /// the agent"); `replay` is refused (`ctxsim replay --engine replay` measures a session's
+    /// recorded requests as recorded). Every output names the engine.
     #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     #[command(flatten)]
@@ -46,6 +46,7 @@ pub struct CompareArgs {
 }
 
 pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    let engine = args.engine.agent_only("compare")?;
     // Resolved here for the error a bad name or set gives before any input is read.
     let _: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));
@@ -58,7 +59,7 @@ pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Re
     let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
     let make = || super::common::measurer_sharing(&args.measure, Some(&shared)).expect("options were checked");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let (evaluations, set_warnings, unweighed) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), args.engine.into()))?;
+    let (evaluations, set_warnings, unweighed) = pool.install(|| compare_sets(&inputs, &args.strategies, &args.sets, &make, args.out.is_some(), engine))?;
     for line in evaluations.iter().filter_map(|e| e.same_results_line()) {
         eprintln!("warning: {line}");
     }

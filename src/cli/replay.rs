@@ -14,7 +14,15 @@ pub fn run(args: ReplayArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Res
     let base = if args.strategy == "as-recorded" { "claude-code" } else { args.strategy.as_str() };
     let strategy = Strategy::resolve_with(base, &args.sets)?;
     let name = if as_recorded { "as-recorded".to_owned() } else { strategy.name.clone() };
-    let options = if as_recorded { ReplayOptions::default() } else { ReplayOptions::from_strategy(&strategy) };
+    // The record-based engine measures the recorded requests as recorded; what-ifs run through
+    // the agent, the one model of the client.
+    if args.engine == Engine::Replay && !as_recorded {
+        anyhow::bail!(
+            "--strategy/--set run through the agent only: `--engine replay` measures a session's recorded requests as recorded (drop `--engine replay` to run the session under {})",
+            if args.sets.is_empty() { args.strategy.clone() } else { format!("{} with {}", args.strategy, args.sets.join(", ")) }
+        );
+    }
+    let options = ReplayOptions::default();
     let inputs = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain([std::path::PathBuf::from(&args.strategy)]));
     super::common::guard_trace(&args.measure, &inputs)?;
     let mut summaries = Vec::new();

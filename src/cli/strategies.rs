@@ -26,12 +26,8 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 .iter()
                 .map(|k| {
                     let presets: serde_json::Map<String, serde_json::Value> = k.presets.iter().cloned().collect();
-                    // Through the agent, the default engine, every knob reaches a recorded session;
-                    // `replay` and `not_replayed` are about `--engine replay`.
-                    let mut row = serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": !crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str()), "replay": crate::replay::session::knob_on_real_sessions(&k.key)});
-                    if let Some(why) = crate::replay::layout::knob_not_replayed_reason(&k.key) {
-                        row["not_replayed"] = why.into();
-                    }
+                    // Through the agent every knob it reads reaches a recorded session.
+                    let mut row = serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": !crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str())});
                     if crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str()) {
                         row["agent"] = "not read: a setting of the record-based replay (`--engine replay`) only".into();
                     }
@@ -39,8 +35,7 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 })
                 .collect();
             let engines = serde_json::json!({
-                "agent": "the default engine of replay, compare, sweep and check: every knob the agent reads reaches a recorded session (`real_sessions`; `agent` marks the replay's own settings)",
-                "replay": "--engine replay, the record-based measurement: a knob with `not_replayed` (`replay`: false) does not reach a recorded session",
+                "agent": "the engine of what-ifs on recorded sessions (the default engine of replay and fidelity, the only one of compare, sweep, check and audit): every knob the agent reads reaches a recorded session (`real_sessions`; `agent` marks the replay's own settings)",
             });
             let mut out = serde_json::json!({"presets": presets, "knobs": knobs, "engines": engines});
             if args.causes {
@@ -59,17 +54,14 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
             }
             outln!(
                 "\nKnobs (dotted key = default; presets that differ). Every knob reaches a recorded session through the\n\
-                 agent, the default engine of `replay`, `compare`, `sweep` and `check` (the agent runs the session under\n\
-                 the strategy), but for the replay's own settings, marked `(--engine agent: not read …)`; `(--engine\n\
-                 replay: …)` marks a knob the record-based replay does not honour, and why:"
+                 agent, the engine of what-ifs on recorded sessions (the agent runs the session under the strategy),\n\
+                 but for the replay's own settings, marked `(--engine agent: not read …)`:"
             );
             for k in &knobs {
-                match crate::replay::layout::knob_not_replayed_reason(&k.key) {
-                    Some(why) => outln!("  {} = {}  (--engine replay: {why})", k.key, k.default),
-                    None if crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str()) => {
-                        outln!("  {} = {}  (--engine agent: not read; a setting of the record-based replay only)", k.key, k.default)
-                    }
-                    None => outln!("  {} = {}", k.key, k.default),
+                if crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str()) {
+                    outln!("  {} = {}  (--engine agent: not read; a setting of the record-based replay only)", k.key, k.default)
+                } else {
+                    outln!("  {} = {}", k.key, k.default)
                 }
                 for (id, value) in &k.presets {
                     outln!("      {id}: {value}");

@@ -43,10 +43,10 @@ pub struct SweepArgs {
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What runs a recorded session at each point: `agent` (the default: the agent itself,
+    /// What runs a recorded session at each point: `agent`, the only engine (the agent itself,
     /// driven by the session; every knob applies; points whose settings resolve alike share one
-    /// run) or `replay` (the record-based measurement: the recorded messages rebuilt per call,
-    /// honouring only what a recording cannot contradict). The outputs name the engine.
+    /// run); `replay` is refused (`ctxsim replay --engine replay` measures a session's recorded
+    /// requests as recorded). The outputs name the engine.
     #[arg(long, value_enum, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Run every point of a session alone from its first call, instead of going on from a
@@ -66,6 +66,7 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
+    let engine = args.engine.agent_only("sweep")?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;
@@ -93,8 +94,8 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     // The engine of the recorded sessions is part of the grid (shards run with different
     // engines do not merge) and named in every output; scenarios run through the agent either way.
     let has_sessions = inputs.iter().any(|i| matches!(i.loaded, crate::report::compare::LoadedInput::Session(_)));
-    let engine = has_sessions.then(|| args.engine.name());
-    let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect(), engine };
+    let engine_name = has_sessions.then(|| engine.name());
+    let grid = Grid { params, base: args.strategy.clone(), inputs: inputs.iter().map(|i| i.name.clone()).collect(), engine: engine_name };
     let shard = match &args.shard {
         Some(text) => {
             let (i, n) = text.split_once('/').context("--shard I/N")?;
@@ -116,9 +117,9 @@ pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0)).build()?;
-    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress, args.engine.into(), !args.no_checkpoints))?.rows;
+    let rows = pool.install(|| run_points(&grid, &base, &inputs, &indices, &make, &progress, engine, !args.no_checkpoints))?.rows;
     progress.finish_and_clear();
-    let notes = InputNotes::new_with(&grid, &base, &inputs, args.engine.into())?;
+    let notes = InputNotes::new_with(&grid, &base, &inputs, engine)?;
     let dir = args.out.clone().unwrap_or_else(|| PathBuf::from("."));
     if let Some((i, n)) = shard {
         let path = dir.join(format!("sweep.part{i}.csv"));

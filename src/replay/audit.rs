@@ -9,25 +9,16 @@
 //!   tokens priced as the cache write they were (5m or 1h, the call's own TTL and modifiers)
 //!   minus the read they would have been;
 //! - the TTL the client actually wrote with, the compactions (trigger, tokens before);
-//! - the what-ifs, by [`Engine`]:
-//!   - through the agent (the default, [`WHATIFS_AGENT`]; as `compare`, `sweep` and `check`):
-//!     the session drives the agent ([`super::agent_whatif`]) as recorded (the recorded
-//!     version's defaults) and under each what-if; saving = the run as recorded's simulated
-//!     cost − the what-if run's. The main lane's TTL changed; another autocompact threshold
-//!     ([`AUTOCOMPACT_PCTS`], one family sharing the trunk: a threshold the session never
-//!     reaches is said to change nothing); the preset of lowest cost at no more information loss
-//!     (no more references lost or re-reads over its compactions, [`agent_info_loss`], and no
-//!     more tokens taken from the model's view by any stage) among every preset but
-//!     [`AGENT_PRESETS_LEFT_OUT`]. Each what-if
-//!     whose conversation parts from the recording says from which call and why;
-//!   - with `--engine replay` ([`WHATIFS_AVAILABLE`]): the record-based replay, saving =
-//!     simulated cost as recorded − simulated cost of the what-if: the main lane's TTL changed;
-//!     another autocompact threshold (the compactions moved by [`super::whatif`]); the cheapest
-//!     preset at no more information loss ([`LOSS_JUDGED_PRESETS`], loss from
-//!     [`super::loss`]). A what-if that cannot change a session is decided without a replay (the
-//!     session never reaches the threshold, or holds no recorded microcompact) and reported as
-//!     changing nothing. Presets whose clearing the loss measure does not judge are left to
-//!     `compare` ([`WHATIFS_AWAITING`]).
+//! - the what-ifs, through the agent ([`WHATIFS_AGENT`]; as `compare`, `sweep` and `check`):
+//!   the session drives the agent ([`super::agent_whatif`]) as recorded (the recorded version's
+//!   defaults) and under each what-if; saving = the run as recorded's simulated cost − the
+//!   what-if run's. The main lane's TTL changed; another autocompact threshold
+//!   ([`AUTOCOMPACT_PCTS`], one family sharing the trunk: a threshold the session never reaches
+//!   is said to change nothing); the preset of lowest cost at no more information loss (no more
+//!   references lost or re-reads over its compactions, [`agent_info_loss`], and no more tokens
+//!   taken from the model's view by any stage) among every preset but
+//!   [`AGENT_PRESETS_LEFT_OUT`]. Each what-if whose conversation parts from the recording says
+//!   from which call and why.
 //!
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
@@ -43,32 +34,16 @@ use crate::recording::format::WarningKind;
 use crate::recording::{EventKind, ImportedSession, RecordedCall};
 
 use super::discover::SessionFile;
-use super::fidelity::fidelity_for_session;
-use super::session::{ReplayOptions, TtlShadow, replay_session, replay_session_checkpointed};
+use super::session::ReplayOptions;
 pub use crate::report::compare::Engine;
 
-/// What-ifs the audit replays with `--engine replay`.
-pub const WHATIFS_AVAILABLE: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (claude-code-no-microcompact, claude-code-summary-only)";
-/// What-ifs the audit does not replay with `--engine replay`: presets that clear tool results
-/// outside a compaction, whose information loss the per-compaction measure ([`super::loss`])
-/// does not judge.
-pub const WHATIFS_AWAITING: &str = "codex, opencode, observation-masking, context-editing, server-compaction, cline (presets that clear tool results outside a compaction)";
-/// What-ifs the audit runs through the agent (the default engine).
+/// What-ifs the audit runs through the agent (the only engine).
 pub const WHATIFS_AGENT: &str = "main-lane TTL (1h, 5m), autocompact threshold (CLAUDE_AUTOCOMPACT_PCT_OVERRIDE 50, 70, 90), the cheapest preset at no more information loss (every preset of `ctxsim strategies`, but claude-code, the run as recorded, claude-code-1h, the 1h TTL, and claude-code-env)";
 
 /// The what-ifs the audit runs under `engine`.
 pub fn whatifs_available(engine: Engine) -> &'static str {
     match engine {
         Engine::Agent => WHATIFS_AGENT,
-        Engine::Replay => WHATIFS_AVAILABLE,
-    }
-}
-
-/// The what-ifs the audit cannot judge under `engine` (none through the agent).
-pub fn whatifs_awaiting(engine: Engine) -> Option<&'static str> {
-    match engine {
-        Engine::Agent => None,
-        Engine::Replay => Some(WHATIFS_AWAITING),
     }
 }
 
@@ -80,12 +55,6 @@ const NOT_JUDGED: &str = "not judged";
 /// earlier than the default; 90 is just under it on a 200k window, 50 is the value users ask
 /// about for 1M windows).
 pub const AUTOCOMPACT_PCTS: [u64; 3] = [50, 70, 90];
-
-/// Presets the audit weighs for "the cheapest preset at no more information loss": those that
-/// change what a replay of a real session sends only through its compactions and
-/// microcompacts, whose loss [`super::loss`] judges. Presets with equal replay options are one
-/// replay.
-pub const LOSS_JUDGED_PRESETS: [&str; 2] = ["claude-code-no-microcompact", "claude-code-summary-only"];
 
 /// Breaks of one cause.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -155,25 +124,6 @@ impl WhatIf {
     fn unchanged(name: String, why: String) -> WhatIf {
         WhatIf { name, no_effect: Some(why), ..WhatIf::default() }
     }
-}
-
-/// References lost and re-reads over a replay's main-lane compactions.
-fn info_loss_of(replay: &super::session::SessionReplay) -> i64 {
-    replay.compaction_losses.iter().map(|l| (l.references_lost + l.rereads) as i64).sum()
-}
-
-/// Why `config` cannot move the compactions of `session`, decided from the replay as recorded
-/// without replaying: no recorded automatic compaction and the client's count never reaches
-/// the setting's threshold.
-fn autocompact_unchanged(session: &ImportedSession, replay: &super::session::SessionReplay, table: &ModelTable, config: &crate::agent::compact::config::AutocompactConfig) -> Option<String> {
-    let recorded_auto = session.recording.events.iter().any(|e| matches!(&e.kind, EventKind::Compaction(c) if c.trigger == "auto"));
-    if recorded_auto {
-        return None;
-    }
-    let (.., thresholds) = super::triggers::client_thresholds(session, replay, table, config);
-    let (_, points) = super::triggers::main_points(session, replay, None);
-    let peak = points.iter().map(|p| p.count).max().unwrap_or(0);
-    (!thresholds.above_autocompact(peak)).then(|| format!("the session never reaches the threshold (peak {peak} < {})", thresholds.autocompact))
 }
 
 /// Presets the agent engine does not weigh: `claude-code` is the run as recorded (the recorded
@@ -497,9 +447,8 @@ pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
     bill
 }
 
-/// Audits one imported session: bills it, replays it as recorded and under each what-if (the
-/// autocompact what-ifs go on from the last checkpoint of the replay as recorded before their
-/// first moved compaction, [`super::whatif::ReplayMemo`]).
+/// Audits one imported session: bills it, names its breaks from the record view, and runs it
+/// through the agent as recorded and under each what-if ([`agent_whatifs`]).
 pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &ModelTable, make: &(dyn Fn() -> Measurer + Sync), engine: Engine) -> SessionAudit {
     let start = session.recording.header.start_epoch_ms.unwrap_or(0);
     // Calls at their written time; the importer's virtual time never goes below the first record's.
@@ -573,30 +522,13 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         candidates.push(("ttl_main=5m", CacheTtl::FiveMinutes));
     }
 
-    // The breaks with their causes: through the agent, as the record view names them (no
-    // replay runs); through the replay, as its replay as recorded does, which is also the
-    // baseline of the what-ifs. Each what-if's cache is simulated alongside it; only a what-if
-    // whose shadow is not exact is replayed again.
+    // The breaks with their causes, as the record view names them (no replay runs).
     let mut measurer = make();
-    // The audit reports no information loss: the replays skip judging it.
+    // The audit reports no information loss: the record view skips judging it.
     let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
-    // (Through the agent the TTL what-ifs are agent runs: no shadow.)
-    let mut shadows: Vec<TtlShadow> = if engine == Engine::Replay { candidates.iter().map(|(_, ttl)| TtlShadow::new(*ttl)).collect() } else { Vec::new() };
-    // The what-ifs that move compactions share their replays (equal plans or options are one
-    // replay) and start from this one's checkpoints.
-    let shared = super::whatif::ReplayMemo::new();
-    let (rows, compared, as_recorded) = if engine == Engine::Agent {
-        let view = super::record_view(session, &mut measurer, &plain);
-        let compared: BTreeSet<usize> = view.calls.iter().filter(|c| c.skipped.is_none()).map(|c| c.index).collect();
-        (super::breaks::record_breaks(session, &view), compared, None)
-    } else {
-        let (replay, at) = replay_session_checkpointed(session, &mut measurer, &plain, true, &mut shadows);
-        let replay = std::sync::Arc::new(replay);
-        shared.record_replay(&plain, true, replay.clone(), at);
-        let compared = replay.calls.iter().filter(|c| c.compared()).map(|c| c.index).collect();
-        // A what-if replayed again counts the same blocks: it starts from these counts.
-        (super::breaks::find_breaks(&replay), compared, Some((replay, measurer.counter().memo())))
-    };
+    let view = super::record_view(session, &mut measurer, &plain);
+    let compared: BTreeSet<usize> = view.calls.iter().filter(|c| c.skipped.is_none()).map(|c| c.index).collect();
+    let rows = super::breaks::record_breaks(session, &view);
     drop(measurer);
     let by_index: BTreeMap<usize, &RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
     let mut breaks: BTreeMap<String, CauseLoss> = BTreeMap::new();
@@ -619,135 +551,19 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
         .map(|c| PlotPoint { call: c.index, context_tokens: c.usage.prompt_tokens(), break_cause: break_at.get(&c.index).cloned() })
         .collect();
     let mut warnings: Vec<String> = session.report.warnings.list.iter().filter(|w| w.kind != WarningKind::Ignored).map(|w| w.to_string()).collect();
-    let (whatifs, presets, agent_divergence) = if engine == Engine::Agent {
-        drop(shared);
-        match agent_whatifs(file, session, make, &candidates, billed.cost_usd) {
-            Ok(judged) => {
-                for w in judged.whatifs.iter().chain(&judged.presets) {
-                    if let Some(why) = w.not_comparable.as_deref().filter(|why| why.starts_with(NOT_JUDGED)) {
-                        warnings.push(format!("{}: what-if {}: {why}", file.path.display(), w.name));
-                    }
+    let (whatifs, presets, agent_divergence) = match agent_whatifs(file, session, make, &candidates, billed.cost_usd) {
+        Ok(judged) => {
+            for w in judged.whatifs.iter().chain(&judged.presets) {
+                if let Some(why) = w.not_comparable.as_deref().filter(|why| why.starts_with(NOT_JUDGED)) {
+                    warnings.push(format!("{}: what-if {}: {why}", file.path.display(), w.name));
                 }
-                (judged.whatifs, judged.presets, judged.divergence)
             }
-            Err(e) => {
-                warnings.push(format!("{}: the what-ifs could not run through the agent: {e}", file.path.display()));
-                (Vec::new(), Vec::new(), None)
-            }
+            (judged.whatifs, judged.presets, judged.divergence)
         }
-    } else {
-    let (replay, memo) = as_recorded.expect("the replay engine replays the session as recorded");
-    let baseline = fidelity_for_session(&replay, table, false).simulated_cost_usd;
-    let baseline_loss = info_loss_of(&replay);
-    // The autocompact what-ifs a session cannot feel, decided before the TTL shadows change the
-    // replay.
-    let autocompact: Vec<(String, crate::agent::compact::config::AutocompactConfig, Option<String>)> = AUTOCOMPACT_PCTS
-        .iter()
-        .map(|&pct| {
-            let config = crate::agent::compact::config::AutocompactConfig { pct_override: Some(pct), ..Default::default() };
-            let unchanged = autocompact_unchanged(session, &replay, table, &config);
-            (format!("autocompact_pct={pct}"), config, unchanged)
-        })
-        .collect();
-
-    // The what-ifs that need a replay of their own are independent of each other: they run in
-    // parallel (the long pole of a run is the largest session's what-ifs), their results put
-    // back in this order, so the output does not depend on the schedule. They share the replays
-    // of equal plans and options through `shared` (each made once, whoever asks first).
-    let microcompacts = session.recording.events.iter().any(|e| matches!(&e.kind, EventKind::SystemEvent(s) if s.subtype == "microcompact_boundary"));
-    enum Job {
-        /// A TTL what-if whose shadow is not exact: replayed in full, priced only.
-        Ttl(CacheTtl),
-        Autocompact(String, crate::agent::compact::config::AutocompactConfig),
-        Preset(&'static str, ReplayOptions),
-    }
-    let mut jobs: Vec<Job> = candidates.iter().zip(&shadows).filter(|(_, shadow)| !shadow.exact()).map(|((_, ttl), _)| Job::Ttl(*ttl)).collect();
-    jobs.extend(autocompact.iter().filter(|(_, _, unchanged)| unchanged.is_none()).map(|(name, config, _)| Job::Autocompact(name.clone(), config.clone())));
-    let mut considered = Vec::new();
-    if microcompacts {
-        for id in LOSS_JUDGED_PRESETS {
-            let Ok(strategy) = crate::strategy::Strategy::resolve_with(id, &[]) else { continue };
-            // The TTL is its own what-if: the preset's other knobs on the recorded TTLs.
-            considered.push(id);
-            jobs.push(Job::Preset(id, ReplayOptions { ttl_main: None, info_loss: false, ..ReplayOptions::from_strategy(&strategy) }));
+        Err(e) => {
+            warnings.push(format!("{}: the what-ifs could not run through the agent: {e}", file.path.display()));
+            (Vec::new(), Vec::new(), None)
         }
-    }
-    // The what-ifs that move compactions: replayed only where they can change something.
-    let replayed = |options: &ReplayOptions| {
-        let mut measurer = make();
-        measurer.counter_mut().seed(&memo);
-        super::session::replay_session_shared(session, &mut measurer, options, &shared)
-    };
-    let priced = |name: String, replay: &super::session::SessionReplay| {
-        let saving = baseline - fidelity_for_session(replay, table, false).simulated_cost_usd;
-        WhatIf { name, saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: Some(info_loss_of(replay) - baseline_loss), ..WhatIf::default() }
-    };
-    let run = |job: &Job| -> (f64, Option<WhatIf>) {
-        match job {
-            Job::Ttl(ttl) => {
-                let mut measurer = make();
-                measurer.counter_mut().seed(&memo);
-                // Priced only: no compaction's information loss is read.
-                let options = ReplayOptions { ttl_main: Some(*ttl), compaction_losses: false, ..plain.clone() };
-                let replay = replay_session(session, &mut measurer, &options);
-                (fidelity_for_session(&replay, table, false).simulated_cost_usd, None)
-            }
-            Job::Autocompact(name, config) => {
-                let replay = replayed(&ReplayOptions { autocompact: Some(config.clone()), ..plain.clone() });
-                let whatif = if replay.compaction_whatif.as_ref().is_none_or(|w| w.changes.is_empty()) {
-                    WhatIf::unchanged(name.clone(), "the setting compacts where the recording did".to_owned())
-                } else {
-                    priced(name.clone(), &replay)
-                };
-                (0.0, Some(whatif))
-            }
-            Job::Preset(id, options) => (0.0, Some(priced(format!("preset={id}"), &replayed(options)))),
-        }
-    };
-    let mut done: std::collections::VecDeque<(f64, Option<WhatIf>)> = {
-        use rayon::prelude::*;
-        jobs.par_iter().with_max_len(1).map(run).collect::<Vec<_>>().into()
-    };
-
-    let mut whatifs = Vec::new();
-    let mut shadowed: Option<super::session::SessionReplay> = None;
-    for ((name, _), shadow) in candidates.into_iter().zip(&shadows) {
-        let cost = if shadow.exact() {
-            let replay = shadowed.get_or_insert_with(|| super::session::SessionReplay::clone(&replay));
-            shadow.apply(replay);
-            fidelity_for_session(replay, table, false).simulated_cost_usd
-        } else {
-            done.pop_front().expect("one result per job").0
-        };
-        let saving = baseline - cost;
-        whatifs.push(WhatIf { name: name.to_owned(), saving_usd: saving, saving_pct: pct(saving, billed.cost_usd), no_effect: None, info_loss_delta: None, ..WhatIf::default() });
-    }
-    drop((replay, shadowed));
-    for (name, _, unchanged) in autocompact {
-        let whatif = match unchanged {
-            Some(why) => WhatIf::unchanged(name, why),
-            None => done.pop_front().and_then(|(_, w)| w).expect("one result per job"),
-        };
-        whatifs.push(whatif);
-    }
-    // The presets: the cheapest whose information loss is no more than the recording's.
-    let preset_whatif = if microcompacts {
-        let mut best: Option<WhatIf> = None;
-        for whatif in done.into_iter().filter_map(|(_, w)| w) {
-            if whatif.saving_usd == 0.0 && whatif.info_loss_delta == Some(0) {
-                // The same requests (the microcompacts cleared only results older than the file).
-                continue;
-            }
-            if whatif.info_loss_delta.is_some_and(|d| d <= 0) && best.as_ref().is_none_or(|b| whatif.saving_usd > b.saving_usd) {
-                best = Some(whatif);
-            }
-        }
-        best.unwrap_or_else(|| WhatIf::unchanged("preset".to_owned(), format!("no preset of {} changes the session at no more information loss", considered.join(", "))))
-    } else {
-        WhatIf::unchanged("preset".to_owned(), "the presets weighed change only recorded microcompacts, and the session holds none".to_owned())
-    };
-    whatifs.push(preset_whatif);
-    (whatifs, Vec::new(), None)
     };
     let best_whatif = whatifs.iter().filter(|w| w.saving_usd > 0.0 && w.no_effect.is_none() && w.not_comparable.is_none()).max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd)).cloned();
     SessionAudit {

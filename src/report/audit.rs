@@ -5,20 +5,17 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::columns::{Columns, Values};
-use crate::replay::audit::{AuditRow, Engine, GroupBy, SessionAudit, whatifs_available, whatifs_awaiting};
+use crate::replay::audit::{AuditRow, Engine, GroupBy, SessionAudit, whatifs_available};
 
 /// The whole audit as `--json` prints it.
 #[derive(Debug, Serialize)]
 pub struct AuditJson<'a> {
     pub by: &'static str,
-    /// What ran the what-ifs: `agent` or `replay`.
+    /// What ran the what-ifs: `agent`.
     pub engine: &'static str,
     pub rows: &'a [AuditRow],
     pub totals: &'a AuditRow,
     pub whatifs_available: &'static str,
-    /// What-ifs the engine cannot judge (none through the agent).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub whatifs_awaiting: Option<&'static str>,
     /// Per session, with every detail (only when grouping by session).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sessions: Option<&'a [SessionAudit]>,
@@ -190,7 +187,7 @@ fn details(row: &AuditRow, by: GroupBy, breakdown: bool) -> Vec<String> {
     let mut unchanged: Vec<&str> = row.whatifs_no_effect.keys().filter(|n| !row.whatif_savings.contains_key(*n)).map(String::as_str).collect();
     // Through the agent the presets do change the session; "preset" unpriced means none of them
     // saves at no more information loss, which is not "no effect".
-    let preset_saves_nothing = engine_of(row.engine) == Engine::Agent && unchanged.contains(&"preset");
+    let preset_saves_nothing = unchanged.contains(&"preset");
     unchanged.retain(|n| !(preset_saves_nothing && *n == "preset"));
     if !unchanged.is_empty() {
         items.push(format!("no effect: {}", unchanged.join(", ")));
@@ -276,7 +273,6 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
             format!("what-ifs {}: {}", engine_words(total.engine), whatifs_available(engine_of(total.engine))),
         ]
         .into_iter()
-        .chain(whatifs_awaiting(engine_of(total.engine)).map(|w| format!("not in the audit (`--engine agent` weighs them): {w}")))
         .collect::<Vec<_>>(),
         WIDTH,
     );
@@ -285,16 +281,15 @@ pub fn audit_table(rows: &[AuditRow], total: &AuditRow, by: GroupBy, breakdown: 
     out
 }
 
-/// The engine named `name` (`agent` unless `replay`).
+/// The engine named `name` (the agent, the only one).
 fn engine_of(name: &str) -> Engine {
-    if name == Engine::Replay.name() { Engine::Replay } else { Engine::Agent }
+    Engine::named(name).unwrap_or_default()
 }
 
 /// How the outputs say what ran the what-ifs.
 fn engine_words(name: &str) -> &'static str {
     match engine_of(name) {
         Engine::Agent => "through the agent (the default engine, saving = run as recorded less run under the what-if)",
-        Engine::Replay => "replayed (--engine replay)",
     }
 }
 
@@ -599,14 +594,7 @@ pub fn write_audit_html(dir: &Path, audits: &[SessionAudit], engine: Engine) -> 
     body.push_str("</table>");
     body.push_str("<h2>What-ifs</h2>");
     body.push_str(&whatif_svg(audits, engine));
-    match whatifs_awaiting(engine) {
-        Some(awaiting) => {
-            let _ = write!(body, "<p>What-ifs replayed (<code>--engine replay</code>): {}. A what-if a session cannot feel (it never reaches the threshold, holds no recorded microcompact) is not replayed and counts as no effect. Not in the audit (<code>--engine agent</code> weighs them): {}.</p>", escape(whatifs_available(Engine::Replay)), escape(awaiting));
-        }
-        None => {
-            let _ = write!(body, "<p>What-ifs run through the agent (<code>--engine agent</code>), each saving the agent's run as recorded less its run under the what-if: {}. A threshold a session never reaches counts as no effect; a what-if whose conversation parts from the recording says from which call in <code>--json</code>.</p>", escape(whatifs_available(Engine::Agent)));
-        }
-    }
+    let _ = write!(body, "<p>What-ifs run through the agent (<code>--engine agent</code>), each saving the agent's run as recorded less its run under the what-if: {}. A threshold a session never reaches counts as no effect; a what-if whose conversation parts from the recording says from which call in <code>--json</code>.</p>", escape(whatifs_available(engine)));
     let index = dir.join("index.html");
     write_atomic(&index, page("ctxsim audit", &body).as_bytes())?;
     written.push(index);

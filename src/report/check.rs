@@ -142,6 +142,12 @@ impl Baseline {
             return Ok(());
         }
         let recorded = self.session_engine.as_deref().unwrap_or("replay");
+        if recorded == "replay" {
+            return Err(CheckError::Baseline {
+                path: path.to_owned(),
+                message: "session_engine: the baseline's recorded sessions were measured through the record-based replay (`--engine replay`), which check no longer runs: recorded sessions run through the agent only; re-run with --update-baseline to measure them through the agent".to_owned(),
+            });
+        }
         if recorded != engine {
             return Err(CheckError::Baseline {
                 path: path.to_owned(),

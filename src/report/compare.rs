@@ -2,9 +2,9 @@
 //! strategies.
 //!
 //! An input is a scenario (YAML: the agent runs under the strategy) or a recorded session (a
-//! Claude Code transcript or a ctxsim recording: replayed, honouring the knobs a replay can —
-//! see [`ReplayOptions::from_strategy`]). A replay keeps the model's recorded replies; when a
-//! strategy changes what the model would have seen, the row says so (`replies_diverge`, with
+//! Claude Code transcript or a ctxsim recording: the agent, driven by the session, runs under
+//! the strategy, [`crate::replay::agent_whatif`]). A run keeps the model's recorded replies; when
+//! a strategy changes what the model would have seen, the row says so (`replies_diverge`, with
 //! the reason) instead of pretending the replies would be the same.
 
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use crate::measure::metrics::COMPACTION_KEYS;
 use crate::measure::{Measurer, RequestMetrics, Summary};
 use crate::recording::ImportedSession;
 use crate::replay::discover::{SessionFile, SessionFilter, apply, discover, walk};
-use crate::replay::{ReplayOptions, load_session, replay_session};
+use crate::replay::load_session;
 use crate::runner::{RunOptions, run_scenario_opts};
 use crate::scenario::Scenario;
 use crate::strategy::Strategy;
@@ -128,13 +128,10 @@ pub struct Evaluation {
 /// What rebuilds a recorded session's requests under a strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Engine {
-    /// The record-based measurement: the recorded messages, rebuilt per call
-    /// ([`crate::replay::session`]); a strategy reaches them as far as
-    /// [`ReplayOptions::from_strategy`] honours it (only what a recording cannot contradict).
-    Replay,
     /// The agent, driven by the session and running under the strategy
-    /// ([`crate::replay::agent_whatif`]): every knob applies. The default of `compare`, `sweep`
-    /// and `check`.
+    /// ([`crate::replay::agent_whatif`]): every knob applies. The only engine of `compare`,
+    /// `sweep`, `check` and `audit` (what-ifs on recorded sessions run through the agent, the
+    /// one model of the client), named in their outputs.
     #[default]
     Agent,
 }
@@ -143,23 +140,19 @@ impl Engine {
     /// The engine's name in outputs: `agent` or `replay`.
     pub fn name(self) -> &'static str {
         match self {
-            Engine::Replay => "replay",
             Engine::Agent => "agent",
         }
     }
 
     /// The engine of an output's name (`agent` or `replay`), if it is one.
     pub fn named(name: &str) -> Option<Engine> {
-        [Engine::Agent, Engine::Replay].into_iter().find(|e| e.name() == name)
+        [Engine::Agent].into_iter().find(|e| e.name() == name)
     }
 
     /// What ran the recorded sessions, as a sentence of the outputs.
     pub fn sentence(self) -> &'static str {
         match self {
             Engine::Agent => "recorded sessions ran through the agent (`--engine agent`, the default): every knob the agent reads applies (not `replay_recorded_microcompact`, the record-based replay's own)",
-            Engine::Replay => {
-                "recorded sessions ran through the replay (`--engine replay`): the record-based measurement, honouring only what a recording cannot contradict"
-            }
         }
     }
 }
@@ -183,13 +176,11 @@ pub struct AgentCompactionNote {
     pub summary: &'static str,
 }
 
-/// What one input shares between the strategies of a comparison or the points of a sweep: the
-/// replays of the replay engine, and through the agent the prepared workload and every run by a
-/// content hash of its effective strategy (two points that resolve to the same settings make one
-/// run).
+/// What one input shares between the strategies of a comparison or the points of a sweep:
+/// through the agent the prepared workload and every run by a content hash of its effective
+/// strategy (two points that resolve to the same settings make one run).
 #[derive(Default)]
 pub struct InputMemo {
-    pub replay: crate::replay::whatif::ReplayMemo,
     prepared: std::sync::OnceLock<Result<crate::replay::agent_whatif::Prepared, String>>,
     runs: AgentRuns,
 }
@@ -198,13 +189,6 @@ pub struct InputMemo {
 type AgentRuns = std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<std::sync::OnceLock<Result<(Evaluation, String), String>>>>>;
 
 impl InputMemo {
-    /// A memo whose replays go on from checkpoints or, `checkpoints` off, each start from the
-    /// first call (`sweep --no-checkpoints`; the results are the same).
-    pub fn with_checkpoints(checkpoints: bool) -> InputMemo {
-        let replay = if checkpoints { crate::replay::whatif::ReplayMemo::default() } else { crate::replay::whatif::ReplayMemo::without_checkpoints() };
-        InputMemo { replay, ..InputMemo::default() }
-    }
-
     /// Agent runs made, distinct strategies (for the sweep's report of shared runs).
     pub fn agent_runs(&self) -> usize {
         self.runs.lock().map_or(0, |r| r.len())
@@ -265,8 +249,8 @@ impl InputMemo {
 pub fn evaluate_digest(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool, engine: Engine, memo: &InputMemo) -> anyhow::Result<(Evaluation, String)> {
     let session = match (&input.loaded, engine) {
         (LoadedInput::Session(session), Engine::Agent) => session,
-        _ => {
-            let mut e = evaluate_shared(input, strategy, measurer, true, Some(&memo.replay))?;
+        (LoadedInput::Scenario(scenario), _) => {
+            let mut e = evaluate_scenario(input, scenario, strategy, measurer, true)?;
             let digest = crate::report::effects::outcome_digest(&e);
             if !keep_rows {
                 e.rows = Vec::new();
@@ -328,12 +312,11 @@ fn agent_evaluation(input: &Input, outcome: crate::replay::agent_whatif::AgentOu
             .collect(),
     };
     let mut e = recording_evaluation(input, String::new(), summary, compactions, divergence, outcome.compaction_losses, outcome.rows);
-    e.engine = Some(Engine::Agent.name());
     e.agent = Some(notes);
     e
 }
 
-/// The evaluation of a recorded session (either engine).
+/// The evaluation of a recorded session run through the agent.
 fn recording_evaluation(
     input: &Input,
     strategy: String,
@@ -354,7 +337,7 @@ fn recording_evaluation(
         same_results_as: None,
         set_no_effect: Vec::new(),
         compaction_losses,
-        engine: Some(Engine::Replay.name()),
+        engine: Some(Engine::Agent.name()),
         agent: None,
         rows,
     }
@@ -396,82 +379,44 @@ impl Evaluation {
     }
 }
 
-/// Runs or replays one input under one strategy with a fresh measurer.
+/// Runs one input under one strategy with a fresh measurer (a recorded session through the
+/// agent: [`evaluate_digest`]).
 pub fn evaluate(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
-    evaluate_shared(input, strategy, measurer, keep_rows, None)
+    Ok(evaluate_digest(input, strategy, measurer, keep_rows, Engine::Agent, &InputMemo::default())?.0)
 }
 
-/// [`evaluate`] with the replays of a session shared through `memo` (one per input, across
-/// strategies or sweep points): the same evaluation.
-pub fn evaluate_shared(input: &Input, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool, memo: Option<&crate::replay::whatif::ReplayMemo>) -> anyhow::Result<Evaluation> {
-    match &input.loaded {
-        LoadedInput::Scenario(scenario) => {
-            // The loss is tracked as the bodies pass; none is kept.
-            let options = RunOptions { info_loss: true, ..RunOptions::default() };
-            let output = run_scenario_opts(scenario, measurer, strategy, &crate::agent::compact::Chain::new(), options)?;
-            let mut summary = output.summary;
-            summary.input = input.name.clone();
-            let compactions = summary.compactions.clone();
-            // A peer that rewrote the context changes what the model saw; the scripted replies
-            // are kept as they are, which the note says.
-            // (`context_editing` is the server's clearing, which changes what the model saw too.)
-            const PEER_STAGES: [&str; 7] =
-                ["observation_masking", "opencode_prune", "opencode_summary", "codex_compact", "cline_truncate", "server_compaction", "context_editing"];
-            let first_rewrite = output.rows.iter().find(|r| r.stages.iter().any(|s| s.fired && PEER_STAGES.contains(&s.name.as_str())));
-            let note = first_rewrite.map(|r| {
-                format!("from request {} the strategy rewrote what the model saw; the scripted replies are kept as written", r.index)
-            });
-            Ok(Evaluation {
-                input: input.name.clone(),
-                strategy: strategy.name.clone(),
-                kind: "scenario",
-                summary,
-                compactions,
-                replies_diverge: false,
-                divergence: note,
-                same_results_as: None,
-                set_no_effect: Vec::new(),
-                compaction_losses: Vec::new(),
-                engine: None,
-                agent: None,
-                rows: if keep_rows { output.rows } else { Vec::new() },
-            })
-        }
-        LoadedInput::Session(session) => {
-            let options = ReplayOptions::from_strategy(strategy);
-            let replay = match memo {
-                Some(memo) => crate::replay::session::replay_session_shared(session, measurer, &options, memo),
-                None => replay_session(session, measurer, &options),
-            };
-            let rows = replay.rows();
-            let mut summary = Summary::from_rows(&input.name, &strategy.name, measurer.counter().kind().name(), &rows, 0);
-            summary.info_loss = replay.info_loss.clone();
-            summary.warnings = input.warnings.list.clone();
-            let mut compactions = summary.compactions.clone();
-            for row in rows.iter().filter(|r| r.stages.is_empty()) {
-                for event in &row.events {
-                    let key = match event.as_str() {
-                        "compaction" => "auto",
-                        "microcompact" if options.recorded_microcompact => "microcompact",
-                        _ => continue,
-                    };
-                    *compactions.entry(key.to_owned()).or_default() += 1;
-                }
-            }
-            let divergence = replay.first_divergence.as_ref().map(|(call, why)| {
-                format!("from call {call}: {why} ({} calls changed); the replies are replayed as recorded", replay.diverged_calls)
-            });
-            Ok(recording_evaluation(
-                input,
-                strategy.name.clone(),
-                summary,
-                compactions,
-                divergence,
-                replay.compaction_losses.clone(),
-                if keep_rows { rows } else { Vec::new() },
-            ))
-        }
-    }
+/// A scenario run by the agent under `strategy`.
+fn evaluate_scenario(input: &Input, scenario: &Scenario, strategy: &Strategy, measurer: &mut Measurer, keep_rows: bool) -> anyhow::Result<Evaluation> {
+    // The loss is tracked as the bodies pass; none is kept.
+    let options = RunOptions { info_loss: true, ..RunOptions::default() };
+    let output = run_scenario_opts(scenario, measurer, strategy, &crate::agent::compact::Chain::new(), options)?;
+    let mut summary = output.summary;
+    summary.input = input.name.clone();
+    let compactions = summary.compactions.clone();
+    // A peer that rewrote the context changes what the model saw; the scripted replies
+    // are kept as they are, which the note says.
+    // (`context_editing` is the server's clearing, which changes what the model saw too.)
+    const PEER_STAGES: [&str; 7] =
+        ["observation_masking", "opencode_prune", "opencode_summary", "codex_compact", "cline_truncate", "server_compaction", "context_editing"];
+    let first_rewrite = output.rows.iter().find(|r| r.stages.iter().any(|s| s.fired && PEER_STAGES.contains(&s.name.as_str())));
+    let note = first_rewrite.map(|r| {
+        format!("from request {} the strategy rewrote what the model saw; the scripted replies are kept as written", r.index)
+    });
+    Ok(Evaluation {
+        input: input.name.clone(),
+        strategy: strategy.name.clone(),
+        kind: "scenario",
+        summary,
+        compactions,
+        replies_diverge: false,
+        divergence: note,
+        same_results_as: None,
+        set_no_effect: Vec::new(),
+        compaction_losses: Vec::new(),
+        engine: None,
+        agent: None,
+        rows: if keep_rows { output.rows } else { Vec::new() },
+    })
 }
 
 /// Table, CSV and JSON of a comparison.
@@ -518,10 +463,7 @@ pub fn compare_table(evaluations: &[Evaluation]) -> String {
 
 /// `Engine: …` when the comparison has recorded sessions: what ran them.
 fn engine_line(evaluations: &[Evaluation]) -> Option<String> {
-    let engine = match evaluations.iter().find_map(|e| e.engine)? {
-        "agent" => Engine::Agent,
-        _ => Engine::Replay,
-    };
+    let engine = Engine::named(evaluations.iter().find_map(|e| e.engine)?)?;
     Some(format!("Engine: {}", engine.sentence()))
 }
 
@@ -650,7 +592,7 @@ pub fn compare(
     make_measurer: &(dyn Fn() -> Measurer + Sync),
     keep_rows: bool,
 ) -> anyhow::Result<Vec<Evaluation>> {
-    compare_with(inputs, strategies, make_measurer, keep_rows, Engine::Replay)
+    compare_with(inputs, strategies, make_measurer, keep_rows, Engine::Agent)
 }
 
 /// [`compare`] with recorded sessions run by `engine`.
@@ -859,17 +801,10 @@ fn compare_checked(
         }
     }
     for (job, e) in evaluations.iter_mut().enumerate() {
-        let (i, s) = (job / n, job % n);
+        let s = job % n;
         let first = (0..s).find(|&t| digests[job - s + t] == digests[job]);
         if let Some(t) = first {
-            let why = match (&inputs[i].loaded, engine) {
-                (LoadedInput::Session(session), Engine::Replay) => crate::replay::layout::same_results_reason(&strategies[s], &strategies[t], session),
-                _ => None,
-            };
-            e.same_results_as = Some(match why {
-                Some(why) => format!("{} ({why})", strategies[t].name),
-                None => strategies[t].name.clone(),
-            });
+            e.same_results_as = Some(strategies[t].name.clone());
         }
     }
     Ok((evaluations, digests, without))

@@ -174,36 +174,14 @@ pub enum Reason {
 const OUTPUT_LIMIT_KNOBS: [&str; 5] = ["bash_max_output_length", "max_mcp_output_tokens", "read_max_lines", "read_max_bytes", "read_max_tokens"];
 
 impl Reason {
-    /// The reason for `param` on `input`: the replay of a recording does not honour the knob
-    /// (every value gives the same replay options); the knob's stage is disabled at every point;
-    /// the knob moves the autocompaction threshold. `strategies` are every point's.
-    pub fn find(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input) -> Reason {
-        Self::find_with(grid, strategies, param, input, crate::report::compare::Engine::Replay)
-    }
-
-    /// [`Reason::find`] with recorded sessions run by `engine`: through the agent every knob
-    /// reaches a session, so only the stage and threshold reasons apply.
+    /// The reason for `param` on `input`, with recorded sessions run by `engine` (the agent:
+    /// every knob reaches a session): the knob's stage is disabled at every point; the agent does
+    /// not read the knob; a tool-output limit below which the recording has no result; the knob
+    /// moves the autocompaction threshold. `strategies` are every point's.
     pub fn find_with(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input, engine: crate::report::compare::Engine) -> Reason {
         let key = &grid.params[param].key;
         if let Some(reason) = stage_disabled(key, strategies) {
             return Reason::Known(reason);
-        }
-        if matches!(input.loaded, LoadedInput::Session(_)) && engine == crate::report::compare::Engine::Replay {
-            // Every point against the one that differs from it in this knob only, set to its
-            // first value.
-            let options: Vec<_> = strategies.iter().map(crate::replay::ReplayOptions::from_strategy).collect();
-            let n = grid.params[param].values.len();
-            let stride: usize = grid.params[param + 1..].iter().map(|p| p.values.len()).product();
-            if (0..options.len()).all(|p| options[p] == options[p - ((p / stride) % n) * stride]) {
-                let why = crate::replay::layout::knob_not_replayed_reason(key)
-                    .unwrap_or("the knob's values give the same replay (a default that stands for what the recording shows)");
-                return Reason::Known(format!("the replay of a recording does not honour this knob: {why}"));
-            }
-            if let LoadedInput::Session(session) = &input.loaded
-                && let Some(why) = crate::replay::layout::knob_no_effect_reason(key, strategies, session)
-            {
-                return Reason::Known(why);
-            }
         }
         // A knob the agent never reads (only the record-based replay does) cannot change an
         // agent run: say so rather than leave the reason blank.

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::measure::Measurer;
-use crate::report::compare::{Engine, Input, InputMemo, evaluate, evaluate_digest};
+use crate::report::compare::{Engine, Input, InputMemo, evaluate_digest};
 use crate::report::effects::{NoEffect, Reason};
 use crate::report::plots::{ParetoPoint, pareto_chart, pareto_front, render_svg, write_png};
 use crate::strategy::Strategy;
@@ -188,8 +188,8 @@ pub fn run_points(
     use rayon::prelude::*;
     let strategies: Vec<Strategy> = indices.iter().map(|&i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
     let jobs: Vec<(usize, usize)> = (0..indices.len()).flat_map(|p| (0..inputs.len()).map(move |i| (p, i))).collect();
-    // The replays (or agent runs) of each input, shared between the points that make the same one.
-    let input_memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::with_checkpoints(checkpoints)).collect();
+    // The agent runs of each input, shared between the points that make the same one.
+    let input_memos: Vec<InputMemo> = inputs.iter().map(|_| InputMemo::default()).collect();
     // A token count is a function of a block and the estimator alone: each input is tokenized
     // once, by a run under the base strategy, and every job starts from those counts (only the
     // blocks a point rewrites are tokenized again). The results are the same.
@@ -199,10 +199,7 @@ pub fn run_points(
         .map(|(input, memo)| {
             let mut measurer = make_measurer();
             // Only the counts matter here; an error shows again in the jobs.
-            let _ = match engine {
-                Engine::Replay => evaluate(input, base, &mut measurer, false).map(|_| ()),
-                Engine::Agent => evaluate_digest(input, base, &mut measurer, false, engine, memo).map(|_| ()),
-            };
+            let _ = evaluate_digest(input, base, &mut measurer, false, engine, memo);
             measurer.counter().memo()
         })
         .collect();
@@ -287,7 +284,7 @@ pub fn run_points(
 }
 
 /// What the inputs tell the analysis besides the rows: their names and, per input and
-/// parameter, the reason it would have had no effect ([`Reason::find`]). A partial CSV carries
+/// parameter, the reason it would have had no effect ([`Reason::find_with`]). A partial CSV carries
 /// them in `# input` and `# reason` lines, so a merge of shards says what the whole run says.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct InputNotes {
@@ -297,12 +294,8 @@ pub struct InputNotes {
 }
 
 impl InputNotes {
-    pub fn new(grid: &Grid, base: &Strategy, inputs: &[Input]) -> anyhow::Result<InputNotes> {
-        Self::new_with(grid, base, inputs, Engine::Replay)
-    }
-
-    /// [`InputNotes::new`] for recorded sessions run by `engine` (through the agent, no knob is
-    /// out of a session's reach).
+    /// The notes of `inputs` over the grid, recorded sessions run by `engine` (through the
+    /// agent, no knob is out of a session's reach).
     pub fn new_with(grid: &Grid, base: &Strategy, inputs: &[Input], engine: Engine) -> anyhow::Result<InputNotes> {
         let strategies: Vec<Strategy> = (0..grid.len()).map(|i| grid.strategy(base, i)).collect::<anyhow::Result<_>>()?;
         let reasons = inputs.iter().map(|input| (0..grid.params.len()).map(|k| Reason::find_with(grid, &strategies, k, input, engine)).collect()).collect();
@@ -649,11 +642,7 @@ fn sweep_json(signature: &str, header: &[String], rows: &[Vec<String>], analysis
 
 /// The engine a grid signature names (`engine=agent`), if its inputs had recorded sessions.
 fn engine_of(signature: &str) -> Option<Engine> {
-    match signature.split_whitespace().find_map(|w| w.strip_prefix("engine="))? {
-        "agent" => Some(Engine::Agent),
-        "replay" => Some(Engine::Replay),
-        _ => None,
-    }
+    Engine::named(signature.split_whitespace().find_map(|w| w.strip_prefix("engine="))?)
 }
 
 /// `no_effect.csv`: one line per input and parameter that changed no result there.

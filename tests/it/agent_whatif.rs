@@ -108,10 +108,9 @@ fn the_pct_override_reaches_a_real_session_and_equal_thresholds_share_a_run() {
     assert!(off["divergence"].as_str().unwrap().contains("the recording compacted (auto) where the agent did not"), "{off}");
 }
 
-/// A knob the replay cannot reach changes the agent's requests: tool schemas sent up front
-/// raise the peak context of the session. The agent is the default engine (no `--engine`: the
-/// `agent` notes, `"engine": "agent"`); `--engine replay` is the record-based measurement (no
-/// `agent` notes, `"engine": "replay"`), and the table names the engine it ran.
+/// A layout knob changes the agent's requests: tool schemas sent up front raise the peak
+/// context of the session. The agent is the default engine (no `--engine`: the `agent` notes,
+/// `"engine": "agent"`), and the table names the engine it ran.
 #[test]
 fn a_layout_knob_reaches_a_real_session_through_the_agent() {
     let session = a6e4();
@@ -123,13 +122,24 @@ fn a_layout_knob_reaches_a_real_session_through_the_agent() {
     let default: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(default[0]["agent"], base["agent"], "{stdout}");
     assert_eq!(default[0]["summary"], base["summary"], "{stdout}");
-    let (stdout, _) = ctxsim_ok(&["compare", "--engine", "replay", "--estimator", "chars4", "--format", "json", session.as_str(), "--strategies", "claude-code"]);
-    let replay: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert!(replay[0].get("agent").is_none(), "{stdout}");
-    assert_eq!(replay[0]["engine"], "replay");
-    for (engine, sentence) in [("agent", "recorded sessions ran through the agent (`--engine agent`, the default)"), ("replay", "recorded sessions ran through the replay (`--engine replay`)")] {
-        let (table, _) = ctxsim_ok(&["compare", "--engine", engine, "--estimator", "chars4", session.as_str(), "--strategies", "claude-code"]);
-        assert!(table.contains(&format!("- Engine: {sentence}")), "{table}");
+    let (table, _) = ctxsim_ok(&["compare", "--engine", "agent", "--estimator", "chars4", session.as_str(), "--strategies", "claude-code"]);
+    assert!(table.contains("- Engine: recorded sessions ran through the agent (`--engine agent`, the default)"), "{table}");
+}
+
+/// `compare`, `sweep`, `check` and `audit` take recorded sessions through the agent only:
+/// `--engine replay` is refused (exit 2) with one line naming the command and what remains.
+#[test]
+fn the_record_based_engine_is_refused_for_what_ifs() {
+    let session = a6e4();
+    for (command, extra) in [("compare", &["--strategies", "claude-code"][..]), ("sweep", &["--param", "ttl_main=5m,1h"]), ("check", &[]), ("audit", &[])] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args([command, "--engine", "replay", "--estimator", "chars4", session.as_str()]).args(extra).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("`--engine replay` was removed from {command}: what-ifs on recorded sessions run through the agent, the one model of the client; `ctxsim replay --engine replay` still measures a session's recorded requests as recorded")),
+            "{command}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{command}");
     }
 }
 
@@ -162,6 +172,14 @@ fn replay_runs_a_session_through_the_agent_by_default_and_names_the_engine() {
     assert_eq!(record_based["engine"], "replay", "{stdout}");
     let (table, _) = ctxsim_ok(&["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]);
     assert!(table.contains("engine: replay (the record-based measurement"), "{table}");
+    // The record-based engine measures the recorded requests as recorded: a what-if with it is
+    // refused (exit 2, one line).
+    for extra in [&["--strategy", "claude-code-1h"][..], &["--set", "compact.autocompact.buffer_tokens=60000"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]).args(extra).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--strategy/--set run through the agent only: `--engine replay` measures a session's recorded requests as recorded"), "{stderr}");
+    }
     // `run` has no engine: no field, no column.
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/idle-gap.yaml").display().to_string();
     let (csv, _) = ctxsim_ok(&["run", "--estimator", "chars4", "--format", "csv", scenario.as_str()]);
@@ -230,26 +248,20 @@ fn a_sweep_through_the_agent_warns_of_a_knob_without_effect_on_a_real_session() 
     for file in ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt"] {
         assert_eq!(std::fs::read(one.path().join(file)).unwrap(), std::fs::read(two.path().join(file)).unwrap(), "{file}");
     }
-    // The engine is part of the grid's signature, named in every output: a replay sweep's shards
-    // do not merge with it.
-    let replay = tempfile::tempdir().unwrap();
-    let out_arg = replay.path().display().to_string();
-    ctxsim_ok(&["sweep", "--engine", "replay", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), args[0], args[1], args[2], args[3], args[4]]);
+    // The engine is part of the grid's signature, named in every output.
     let first = |dir: &Path| std::fs::read_to_string(dir.join("sweep.csv")).unwrap().lines().next().unwrap().to_owned();
-    assert_ne!(first(one.path()), first(replay.path()));
-    for (dir, engine) in [(one.path(), "agent"), (replay.path(), "replay")] {
-        assert!(first(dir).contains(&format!(" engine={engine} points=4")), "{}", first(dir));
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("sweep.json")).unwrap()).unwrap();
-        assert_eq!(json["engine"], engine);
-        let text = std::fs::read_to_string(dir.join("recommendation.txt")).unwrap();
-        assert!(text.contains(&format!("Engine: recorded sessions ran through the {engine} (`--engine {engine}`")), "{text}");
-    }
+    assert!(first(one.path()).contains(" engine=agent points=4"), "{}", first(one.path()));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(one.path().join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["engine"], "agent");
+    let text = std::fs::read_to_string(one.path().join("recommendation.txt")).unwrap();
+    assert!(text.contains("Engine: recorded sessions ran through the agent (`--engine agent`"), "{text}");
     assert!(stdout.contains("Engine: recorded sessions ran through the agent (`--engine agent`, the default)"), "{stdout}");
 }
 
 /// `check` judges a recorded session through the agent against a baseline: written by
-/// `--update-baseline`, passed by the same run, refused under the other engine (the baseline
-/// records it), and a session cannot be combined with `--disable-stage`.
+/// `--update-baseline`, passed by the same run; `--engine replay` and a baseline measured by it
+/// are refused (the baseline records the engine), and a session cannot be combined with
+/// `--disable-stage`.
 #[test]
 fn check_takes_a_real_session_through_the_agent() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,7 +290,18 @@ fn check_takes_a_real_session_through_the_agent() {
     assert!(String::from_utf8_lossy(&default.stdout).contains("note engine: the session ran through the agent (--engine agent)"), "{}", String::from_utf8_lossy(&default.stdout));
     let other = run(&["--engine", "replay"]);
     assert_eq!(other.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&other.stderr).contains("the baseline's recorded sessions were measured through the agent"));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("`--engine replay` was removed from check"));
+    // A baseline measured through the record-based replay is refused, and refreshed by
+    // --update-baseline.
+    let agent_text = std::fs::read_to_string(&baseline).unwrap();
+    std::fs::write(&baseline, agent_text.replace("\"session_engine\": \"agent\"", "\"session_engine\": \"replay\"")).unwrap();
+    let stale = run(&[]);
+    assert_eq!(stale.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&stale.stderr);
+    assert!(stderr.contains("measured through the record-based replay (`--engine replay`), which check no longer runs") && stderr.contains("re-run with --update-baseline"), "{stderr}");
+    let refreshed = run(&["--update-baseline"]);
+    assert!(refreshed.status.success(), "{}", String::from_utf8_lossy(&refreshed.stderr));
+    assert_eq!(std::fs::read_to_string(&baseline).unwrap(), agent_text);
     // A run of scenarios alone shares the baseline: the engine is the sessions' only.
     let scenario = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/compaction-fork-shares-cache.yaml").display().to_string();
     let scenarios_only = Command::new(env!("CARGO_BIN_EXE_ctxsim"))
@@ -460,26 +483,6 @@ fn a_sweep_through_the_agent_is_the_same_with_and_without_checkpoints() {
         let bytes = std::fs::read(one.path().join(file)).unwrap();
         assert_eq!(bytes, std::fs::read(two.path().join(file)).unwrap(), "{file}: 1 vs 2 threads");
         assert_eq!(bytes, std::fs::read(alone.path().join(file)).unwrap(), "{file}: with vs without checkpoints");
-    }
-}
-
-/// `sweep --no-checkpoints` reaches the replay engine too: its autocompact points replay each
-/// edited session from the first call, and write the same bytes as from checkpoints.
-#[test]
-fn a_sweep_through_the_replay_is_the_same_with_and_without_checkpoints() {
-    let session = a6e4();
-    let run = |out: &Path, extra: Option<&str>| {
-        let out_arg = out.display().to_string();
-        let mut all: Vec<&str> =
-            vec!["sweep", "--engine", "replay", "--estimator", "chars4", "--no-progress", "--out", out_arg.as_str(), session.as_str(), "--param", "env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50,70,90"];
-        all.extend(extra);
-        ctxsim_ok(&all)
-    };
-    let (with, alone) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    run(with.path(), None);
-    run(alone.path(), Some("--no-checkpoints"));
-    for file in ["sweep.csv", "sweep.json", "no_effect.csv", "recommendation.txt"] {
-        assert_eq!(std::fs::read(with.path().join(file)).unwrap(), std::fs::read(alone.path().join(file)).unwrap(), "{file}");
     }
 }
 

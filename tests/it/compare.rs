@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
-use ctxsim::report::compare::{LoadedInput, compare, compare_csv, compare_table, load_inputs, write_compare_report};
+use ctxsim::report::compare::{compare, compare_csv, compare_table, load_inputs, write_compare_report};
 use ctxsim::strategy::Strategy;
 use ctxsim::strategy::presets::PRESETS;
 
@@ -12,11 +12,6 @@ fn measurer() -> Measurer {
 
 fn all_presets() -> Vec<Strategy> {
     PRESETS.iter().map(|p| Strategy::resolve(p.id).unwrap()).collect()
-}
-
-fn sessions() -> Vec<PathBuf> {
-    let root = super::support::realdata().join("transcripts");
-    vec![root.join("entireio-cli"), root.join("spotter")]
 }
 
 #[test]
@@ -40,39 +35,7 @@ fn a_strategy_that_changes_what_the_model_saw_is_flagged_on_a_recording() {
     let out = compare(&inputs, &strategies, &measurer, false).unwrap();
     assert!(!out[0].replies_diverge && !out[1].replies_diverge);
     assert!(out[2].replies_diverge, "masking changes the messages");
-    assert!(out[2].divergence.as_deref().unwrap().contains("replayed as recorded"));
     assert!(out[2].summary.info_loss.tokens_dropped > out[0].summary.info_loss.tokens_dropped);
-    assert_ne!(out[0].summary.cost_usd, out[1].summary.cost_usd, "the TTL knob reaches the replay");
-}
-
-/// Calls of each real session replayed by the CI variant of the acceptance test.
-const PREFIX_CALLS: usize = 12;
-
-/// Acceptance, in CI: every preset on the first calls of every real session (the whole
-/// sessions are the ignored test below, too slow for a debug build).
-#[test]
-fn every_preset_runs_on_a_prefix_of_every_real_session() {
-    let mut inputs = load_inputs(&sessions()).unwrap();
-    assert_eq!(inputs.len(), 6);
-    let mut lengths = Vec::new();
-    for input in &mut inputs {
-        let LoadedInput::Session(session) = &mut input.loaded else { panic!("{} is not a session", input.name) };
-        session.calls.truncate(PREFIX_CALLS);
-        lengths.push(session.calls.len());
-    }
-    let strategies = all_presets();
-    let out = compare(&inputs, &strategies, &measurer, false).unwrap();
-    assert_eq!(out.len(), 6 * strategies.len());
-    for (i, chunk) in out.chunks(strategies.len()).enumerate() {
-        for (e, strategy) in chunk.iter().zip(&strategies) {
-            assert_eq!((e.kind, e.strategy.as_str()), ("recording", strategy.name.as_str()));
-            assert!(e.summary.requests > 0 && e.summary.requests <= lengths[i], "{} under {}: {} requests", e.input, e.strategy, e.summary.requests);
-            assert!(e.summary.cost_usd > 0.0);
-        }
-        // The TTL knob reaches every replay: a 1h main lane is priced differently.
-        let cost = |name: &str| chunk.iter().find(|e| e.strategy == name).unwrap().summary.cost_usd;
-        assert_ne!(cost("claude-code"), cost("claude-code-1h"), "{}", chunk[0].input);
-    }
 }
 
 /// The compare report: the table, then per input one chart of each kind with every strategy
@@ -99,22 +62,8 @@ fn the_compare_report_puts_the_strategies_side_by_side() {
     assert_eq!(write().1, html);
 }
 
-/// Acceptance: every preset on every real session. Slow in a debug build:
-/// `cargo test --release -- --ignored compare::every_preset`.
-#[test]
-#[ignore]
-fn every_preset_runs_on_every_real_session() {
-    let inputs = load_inputs(&sessions()).unwrap();
-    assert_eq!(inputs.len(), 6);
-    let strategies = all_presets();
-    let out = compare(&inputs, &strategies, &measurer, false).unwrap();
-    assert_eq!(out.len(), 6 * strategies.len());
-    assert!(out.iter().all(|e| e.kind == "recording" && e.summary.requests > 0));
-}
-
 /// Strategies that give exactly the same results on an input are named as such (table note,
-/// CSV column, JSON field) instead of being ranked as if they differed; the reason is given when
-/// the replay of a recording explains it.
+/// CSV column, JSON field) instead of being ranked as if they differed.
 #[test]
 fn strategies_with_the_same_results_are_named() {
     let multi = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/multi-turn.yaml");
@@ -134,15 +83,12 @@ fn strategies_with_the_same_results_are_named() {
     // multi-turn never nears the threshold: the buffer changes nothing; the TTL does.
     assert_eq!(out[1].same_results_as, None);
     assert_eq!(out[2].same_results_as.as_deref(), Some("claude-code"));
-    // On the real session the buffer moves the recorded compaction and the tool result budget
-    // replaces large results; snip runs on the replay but at its default trigger never fires on
-    // this session (compacted at 167k), so its results are the default's.
+    // On the real session (through the agent) the buffer moves the recorded compaction and the
+    // tool result budget replaces large results.
     assert_eq!(out[7].same_results_as, None, "{:?}", out[7].divergence);
-    assert!(out[7].divergence.as_deref().is_some_and(|d| d.contains("compacts before main call")), "{:?}", out[7].divergence);
+    assert!(out[7].divergence.as_deref().is_some_and(|d| d.contains("the agent compacted (autocompact")), "{:?}", out[7].divergence);
     assert_eq!(out[8].same_results_as, None, "{:?}", out[8].divergence);
-    assert!(out[8].divergence.as_deref().is_some_and(|d| d.contains("tool result budget")), "{:?}", out[8].divergence);
-    let same = out[9].same_results_as.as_deref().unwrap();
-    assert!(same.starts_with("claude-code") && !same.contains("honours only"), "{same}");
+    assert!(out[8].divergence.as_deref().is_some_and(|d| d.contains("tool_result_budget stage rewrote the conversation")), "{:?}", out[8].divergence);
     assert!(compare_table(&out).contains("- no difference on multi-turn.yaml: buffer-40k gave the same results as claude-code"));
     let csv = String::from_utf8(compare_csv(&out)).unwrap();
     assert!(csv.lines().next().unwrap().contains(",same_results_as,"));

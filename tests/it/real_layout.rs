@@ -191,45 +191,6 @@ fn ttl_other_reaches_the_other_lanes() {
     assert_eq!(why, "the session has no call outside the main lane");
 }
 
-/// The layout and tool-output knobs are no longer marked as replay-ignored; the knobs that
-/// cannot reach a recording say why, each its own reason.
-#[test]
-fn strategies_give_a_reason_per_knob_a_replay_cannot_honour() {
-    use ctxsim::replay::layout::{LAYOUT_KNOBS, knob_not_replayed_reason};
-    use ctxsim::replay::session::knob_on_real_sessions;
-    for key in LAYOUT_KNOBS {
-        assert!(knob_on_real_sessions(key) && knob_not_replayed_reason(key).is_none(), "{key}");
-    }
-    let hooks = knob_not_replayed_reason("run_hooks").unwrap();
-    let interactive = knob_not_replayed_reason("interactive").unwrap();
-    assert_ne!(hooks, interactive);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies"]).output().unwrap();
-    let table = String::from_utf8(out.stdout).unwrap();
-    assert!(table.contains(&format!("  run_hooks = false  (--engine replay: {hooks})")), "{table}");
-    assert!(table.lines().any(|l| l.starts_with("  dynamic_boundary = true") && !l.contains("--engine replay")), "{table}");
-    assert!(table.lines().any(|l| l.starts_with("  bash_max_output_length = 30000") && !l.contains("--engine replay")), "{table}");
-    // Under the default engine, the agent, no knob is listed as ignored on real sessions: the
-    // marks name the replay engine, and the JSON says every knob reaches a recorded session.
-    assert!(table.contains("Every knob reaches a recorded session through the\nagent, the default engine"), "{table}");
-    assert!(!table.contains("  * "), "{table}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["strategies", "--format", "json"]).output().unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(json["engines"]["agent"].as_str().unwrap().contains("the default engine") && json["engines"]["agent"].as_str().unwrap().contains("every knob the agent reads reaches a recorded session"), "{json}");
-    assert!(json["engines"]["replay"].as_str().unwrap().contains("not_replayed"), "{json}");
-    let knobs = json["knobs"].as_array().unwrap();
-    // Every knob reaches a recorded session through the agent but the replay's own settings,
-    // which say so.
-    for k in knobs {
-        let unread = ctxsim::strategy::AGENT_UNREAD_KNOBS.contains(&k["key"].as_str().unwrap());
-        assert_eq!(k["real_sessions"], !unread, "{k}");
-        assert_eq!(k["agent"].is_string(), unread, "{k}");
-    }
-    assert!(knobs.iter().any(|k| k["key"] == "replay_recorded_microcompact" && k["real_sessions"] == false), "{json}");
-    let run_hooks = knobs.iter().find(|k| k["key"] == "run_hooks").unwrap();
-    assert_eq!(run_hooks["replay"], false);
-    assert_eq!(run_hooks["not_replayed"], hooks);
-}
-
 /// A limit no recorded result reaches changes nothing, and the sweep says why per input.
 #[test]
 fn a_limit_no_recorded_result_reaches_is_reported_with_its_reason() {

@@ -255,20 +255,6 @@ fn param_effects_hold_the_other_params_fixed() {
     assert_eq!(effects, [(0, 0, 2), (0, 1, 1), (1, 0, 2), (1, 1, 2)]);
 }
 
-/// The replay reason is judged between points that differ in the knob only: a second knob the
-/// replay honours (the TTL) does not hide it (`--engine replay`: the reason is the replay's).
-#[test]
-fn the_replay_reason_holds_beside_a_knob_that_matters() {
-    let dir = tempfile::tempdir().unwrap();
-    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recordings/entireio-7662d755ef9f-2.jsonl").display().to_string();
-    let (_, stderr) = sweep_output(
-        &[recording.as_str(), "--engine", "replay", "--quiet", "--param", "ttl_main=5m,1h", "--param", "compact.post_compact.max_files=3,5"],
-        dir.path(),
-    );
-    assert!(stderr.contains("compact.post_compact.max_files changed no result (the replay of a recording does not honour this knob"), "{stderr}");
-    assert!(!stderr.contains("ttl_main changed no result"), "{stderr}");
-}
-
 /// A TTL the user names applies to a real session, also the default one: NumWordify's client
 /// wrote its cache at 1h, so `auto` (the client's own choice, the default) is its 1h run, while
 /// `5m` is a run at 5m, which costs otherwise. (Before `auto`, a named 5m could not be told from
