@@ -176,8 +176,9 @@ fn audit_table_of_the_shipped_sessions() {
     let audits = audits();
     let (rows, total) = group(audits, GroupBy::Session);
     let table = audit_table(&rows, &total, GroupBy::Session, false);
-    // (The agent's table is not held to 100 columns: its best-what-if cell and notes can run a
-    // few past it, as `audit` prints them on main too.)
+    for line in table.lines() {
+        assert!(line.chars().count() <= 100, "wider than 100 columns: {line}");
+    }
     // Largest loss first.
     assert!(rows.windows(2).all(|w| w[0].lost.cost_usd >= w[1].lost.cost_usd));
     insta::assert_snapshot!("audit_table", table);
