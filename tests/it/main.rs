@@ -1,5 +1,6 @@
 //! The one integration-test binary: features tested through a few `check` helpers.
 mod agent_layers;
+mod agent_stages;
 mod agent_turns;
 mod agent_whatif;
 mod analyze;

@@ -47,6 +47,17 @@ impl OutputLimits {
         }
     }
 
+    /// The limits of the `claude-code` defaults (those of the recorded client).
+    pub fn defaults() -> OutputLimits {
+        static DEFAULTS: std::sync::OnceLock<OutputLimits> = std::sync::OnceLock::new();
+        *DEFAULTS.get_or_init(|| OutputLimits::from_strategy(&crate::strategy::Strategy::default()))
+    }
+
+    /// Read's limits: lines, bytes, tokens.
+    pub fn read_limits(&self) -> (usize, usize, u64) {
+        (self.read_max_lines, self.read_max_bytes, self.read_max_tokens)
+    }
+
     /// An MCP or Bash result's content cut as the client cuts it (other tools' unchanged).
     pub fn cut_output(&self, name: &str, content: ToolResultContent) -> ToolResultContent {
         if name.starts_with("mcp__") {
@@ -177,8 +188,19 @@ what it does, how it spreads, how to detect it. Do not improve, extend or repair
 pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &ExecContext<'_>) -> ExecOutcome {
     if let Some(scripted) = world.tool_outputs.get(id) {
         let mut outcome = ExecOutcome::text(id, String::new(), false);
-        let content = cx.limits.cut_output(name, scripted.content.clone());
-        let is_error = if scripted.is_error { Some(true) } else if name == "Bash" { Some(false) } else { None };
+        let mut content = cx.limits.cut_output(name, scripted.content.clone());
+        let mut is_error = if scripted.is_error { Some(true) } else if name == "Bash" { Some(false) } else { None };
+        // A recorded Read result went through the recorded client's own limits; Read limits
+        // other than the defaults (which stand for those) apply to it as the client's Read would.
+        if name == "Read"
+            && cx.limits.read_limits() != OutputLimits::defaults().read_limits()
+            && let Some((limited, error)) = limit_read(&content, input, &cx.limits)
+        {
+            content = limited;
+            if error {
+                is_error = Some(true);
+            }
+        }
         outcome.result = ContentBlock::tool_result(id, content, is_error);
         if let Some((path, text)) = scripted.file.clone() {
             // The file as the record shows it after the call: in the fs, and read.
