@@ -186,3 +186,66 @@ fn read_and_mcp_limits_reach_recorded_results_through_the_agent() {
         assert!(limited < base, "{set} on {file}: {limited} vs {base}");
     }
 }
+
+/// The variables Claude Code users set reach a real session through the agent: the percentage
+/// override by its variable and by its knob give one threshold, the window variable sets the
+/// window the reserve and buffer come off, and either switch turns compaction off (every
+/// recorded compaction gone, the replies diverging there).
+#[test]
+fn the_clients_env_vars_reach_a_real_session_through_the_agent() {
+    use ctxsim::replay::agent_whatif::{effective_strategy, thresholds_of};
+    let path = realdata().join("transcripts/entireio-cli/cd95adddad32-0.full.jsonl");
+    let file = path.display().to_string();
+    let session = ctxsim::replay::load_session(&path).unwrap();
+    let prepared = prepare(&session, &file, &measurer()).unwrap();
+    let threshold = |set: &str| {
+        let strategy = Strategy::resolve_with("claude-code", &[set.to_owned()]).unwrap();
+        thresholds_of(&effective_strategy(&strategy, &prepared), &prepared).autocompact
+    };
+    assert_eq!(threshold("env.CLAUDE_AUTOCOMPACT_PCT_OVERRIDE=50"), 84_000);
+    assert_eq!(threshold("compact.autocompact.pct_override=50"), 84_000);
+    assert_eq!(threshold("env.CLAUDE_CODE_AUTO_COMPACT_WINDOW=120000"), 120_000 - 32_000 - 13_000);
+    let recorded = agent_whatif(&session, &file, &prepared, &mut measurer(), &Strategy::resolve_with("claude-code", &[]).unwrap()).unwrap();
+    assert!(recorded.compactions.len() >= 3, "{:?}", recorded.compactions);
+    for var in ["env.DISABLE_AUTO_COMPACT=1", "env.DISABLE_COMPACT=1"] {
+        let strategy = Strategy::resolve_with("claude-code", &[var.to_owned()]).unwrap();
+        let outcome = agent_whatif(&session, &file, &prepared, &mut measurer(), &strategy).unwrap();
+        assert!(outcome.compactions.iter().all(|c| c.stage != "autocompact"), "{var}: {:?}", outcome.compactions);
+        assert_eq!(outcome.divergence.as_ref().map(|d| d.0), Some(recorded.compactions[0].call), "{var}");
+    }
+    let err = Strategy::resolve_with("claude-code", &["env.NOT_A_CLIENT_VAR=1".to_owned()]).unwrap_err();
+    assert!(err.to_string().contains("NOT_A_CLIENT_VAR"), "{err}");
+}
+
+/// Lower per-tool thresholds of the tool result budget replace the large recorded results by
+/// their previews: the context shrinks (up to the recorded compaction, which comes later now), the
+/// replies diverge at the first one, and nothing
+/// changes before it.
+#[test]
+fn the_tool_result_budget_thresholds_reach_a_real_session_through_the_agent() {
+    let base = run(&[]);
+    let budgeted = run(&["compact.tool_result_budget.default_chars=3000", "compact.tool_result_budget.per_tool_chars={}"]);
+    let (at, why) = budgeted.divergence.clone().expect("the budget fired");
+    assert!(why.contains("tool_result_budget") || why.contains("tool result budget"), "{why}");
+    // Up to the recorded compaction (smaller results put the agent's own compaction later).
+    let end = after_recorded_compaction(&base);
+    let total = |o: &AgentOutcome| main_rows(o)[..end].iter().map(|r| r.context_tokens).sum::<u64>();
+    assert!(total(&budgeted) < total(&base), "{} vs {}", total(&budgeted), total(&base));
+    let (_, prepared, _) = spotter();
+    let k = prepared.workload.main_calls.iter().position(|c| *c >= at).unwrap();
+    let sizes = |o: &AgentOutcome| main_rows(o)[..k].iter().map(|r| r.context_tokens).collect::<Vec<_>>();
+    assert_eq!(sizes(&budgeted), sizes(&base), "nothing changes before the first replaced result");
+}
+
+/// References: paths hold a `/` and a letter; identifiers are snake_case or camelCase.
+#[test]
+fn loss_references_are_paths_and_identifiers() {
+    let mut refs = std::collections::BTreeSet::new();
+    ctxsim::replay::loss::references("Edit src/replay/loss.rs: call compaction_loss and parseVersion, not the word Compaction (or 12/3).", &mut refs);
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    assert_eq!(refs, ["compaction_loss", "parseVersion", "src/replay/loss.rs"]);
+    // A Windows client's file, in the spellings its tool inputs and results use, is one reference.
+    let mut refs = std::collections::BTreeSet::new();
+    ctxsim::replay::loss::references(r#"Read D:\omp\src\Git.go; grep d:/omp/src/git.go:12; printf("s:\n")"#, &mut refs);
+    assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["/d/omp/src/git.go"]);
+}
