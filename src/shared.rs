@@ -1,7 +1,6 @@
 //! [`SharedList`]: a list whose items are held by reference count, for lists that are copied
-//! whole and changed little (a recording's events, whose edited copies a what-if makes plan
-//! after plan; a replay's calls, which a resumed replay takes up to its checkpoint and a memo
-//! hands out).
+//! whole and changed little (a recording's events, which sessions, views and messages built
+//! from them share; a replay's calls).
 
 use std::sync::Arc;
 
@@ -72,11 +71,6 @@ impl<T> SharedList<T> {
 
     pub fn push_shared(&mut self, value: Arc<T>) {
         self.0.push(value);
-    }
-
-    /// The first `len` items of `other`, shared, after this list's.
-    pub fn extend_shared(&mut self, other: &SharedList<T>, len: usize) {
-        self.0.extend(other.0[..len].iter().cloned());
     }
 
     pub fn truncate(&mut self, len: usize) {

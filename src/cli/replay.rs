@@ -53,18 +53,6 @@ fn replayed(session: &ImportedSession, input: &str, name: &str, measurer: &mut M
     let rows = replay.rows();
     let mut summary = Summary::from_rows(input, name, measurer.counter().kind().name(), &rows, 0);
     summary.info_loss = replay.info_loss.clone();
-    if let Some(whatif) = &replay.compaction_whatif
-        && !quiet
-    {
-        let moved: Vec<String> = whatif.changes.iter().map(|c| format!("{} before main call {} at {}", c.change, c.call, c.pre_tokens)).collect();
-        eprintln!(
-            "{input}: autocompact threshold {}: {} ({} replays{})",
-            whatif.threshold,
-            if moved.is_empty() { "compactions where recorded".to_owned() } else { moved.join(", ") },
-            whatif.iterations,
-            if whatif.converged { "" } else { ", not settled: the last plan is used" }
-        );
-    }
     if let Some((call, why)) = &replay.first_divergence
         && !quiet
     {

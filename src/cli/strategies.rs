@@ -26,16 +26,12 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 .iter()
                 .map(|k| {
                     let presets: serde_json::Map<String, serde_json::Value> = k.presets.iter().cloned().collect();
-                    // Through the agent every knob it reads reaches a recorded session.
-                    let mut row = serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": !crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str())});
-                    if crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str()) {
-                        row["agent"] = "not read: a setting of the record-based replay (`--engine replay`) only".into();
-                    }
-                    row
+                    // Through the agent every knob reaches a recorded session.
+                    serde_json::json!({"key": k.key, "default": k.default, "presets": presets, "real_sessions": true})
                 })
                 .collect();
             let engines = serde_json::json!({
-                "agent": "the engine of what-ifs on recorded sessions (the default engine of replay and fidelity, the only one of compare, sweep, check and audit): every knob the agent reads reaches a recorded session (`real_sessions`; `agent` marks the replay's own settings)",
+                "agent": "the engine of what-ifs on recorded sessions (the default engine of replay and fidelity, the only one of compare, sweep, check and audit): every knob reaches a recorded session (`real_sessions`)",
             });
             let mut out = serde_json::json!({"presets": presets, "knobs": knobs, "engines": engines});
             if args.causes {
@@ -54,15 +50,10 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
             }
             outln!(
                 "\nKnobs (dotted key = default; presets that differ). Every knob reaches a recorded session through the\n\
-                 agent, the engine of what-ifs on recorded sessions (the agent runs the session under the strategy),\n\
-                 but for the replay's own settings, marked `(--engine agent: not read …)`:"
+                 agent, the engine of what-ifs on recorded sessions (the agent runs the session under the strategy):"
             );
             for k in &knobs {
-                if crate::strategy::AGENT_UNREAD_KNOBS.contains(&k.key.as_str()) {
-                    outln!("  {} = {}  (--engine agent: not read; a setting of the record-based replay only)", k.key, k.default)
-                } else {
-                    outln!("  {} = {}", k.key, k.default)
-                }
+                outln!("  {} = {}", k.key, k.default);
                 for (id, value) in &k.presets {
                     outln!("      {id}: {value}");
                 }

@@ -264,27 +264,7 @@ impl CacheSim {
         start_ms: u64,
         first_token_ms: u64,
     ) -> Result<CacheOutcome, CacheError> {
-        self.process_as(flat, min_cacheable_tokens, start_ms, first_token_ms, None)
-    }
-
-    /// [`Self::process`] with every explicit marker of `flat` at `ttl` when given: the request
-    /// as it is with its markers' TTL changed, without copying it (`audit`'s TTL what-ifs).
-    pub fn process_as(
-        &mut self,
-        flat: &FlatRequest,
-        min_cacheable_tokens: u64,
-        start_ms: u64,
-        first_token_ms: u64,
-        ttl: Option<CacheTtl>,
-    ) -> Result<CacheOutcome, CacheError> {
-        let points = match ttl {
-            None => Self::breakpoints(flat)?,
-            Some(ttl) => {
-                let mut points = Self::breakpoints(flat)?;
-                points.iter_mut().for_each(|p| p.1 = ttl);
-                points
-            }
-        };
+        let points = Self::breakpoints(flat)?;
         let ns = self.namespace(&flat.model);
         // Tokens through each position, less the blocks `cache_edits` deleted: the blocks'
         // own running sums unless something of this namespace was deleted.

@@ -346,15 +346,6 @@ impl RebuiltRequest {
         serde_json::from_value(self.body.clone()).map_err(|e| format!("the rebuilt body is not a request: {e}"))
     }
 
-    /// [`Self::request`] with every marker's TTL set to `ttl` when one is given (a what-if
-    /// TTL), else as recorded.
-    pub fn request_with_ttl(&self, ttl: Option<crate::api::CacheTtl>) -> Result<Request, String> {
-        let Some(ttl) = ttl else { return self.request() };
-        let marker = serde_json::to_value(crate::api::CacheControl::ephemeral().with_ttl(Some(ttl))).expect("markers serialize");
-        let mut body = self.body.clone();
-        set_markers(&mut body, &marker);
-        serde_json::from_value(body).map_err(|e| format!("the rebuilt body is not a request: {e}"))
-    }
 }
 
 /// A request's messages in their hashed form, shared with the requests that extend it.
@@ -476,22 +467,6 @@ impl<'a> Rebuilder<'a> {
         // the cache key).
         body.insert("stream".into(), Value::Bool(true));
         Ok(RebuiltRequest { body: Value::Object(body), betas: request.betas.clone() })
-    }
-}
-
-fn set_markers(value: &mut Value, marker: &Value) {
-    match value {
-        Value::Object(map) => {
-            for (key, v) in map.iter_mut() {
-                if key == "cache_control" {
-                    *v = marker.clone();
-                } else {
-                    set_markers(v, marker);
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(|v| set_markers(v, marker)),
-        _ => {}
     }
 }
 

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::format::{
-    parse_line, Attachment, Compaction, Event, EventKind, Events, Header, LineWarning, ModelReply, RawLines, Recording,
+    parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording,
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
@@ -140,22 +140,13 @@ pub struct ImportedSession {
     pub report: ImportReport,
     /// The wire requests the transcript recorded (2.1.2xx/3xx `api-request*` records), over
     /// every file of the session; empty for older transcripts.
-    /// Shared by every session edited from it.
     pub api_requests: std::sync::Arc<ApiRequests>,
     /// The main file's `uuid → parentUuid` graph, mapped to event indices; used to rebuild the
     /// message list each call saw.
     chain: Chain,
-    /// For a session made by [`ImportedSession::with_compaction_edits`]: the first event index
-    /// at which it differs from the session it was made from.
-    first_edited_event: Option<usize>,
-    /// For a session made by [`ImportedSession::with_compaction_edits`]: per event, its index in
-    /// the imported session the edits started from ([`NO_ORIGIN`] for an event an edit put in);
-    /// `None` for that session itself (every event its own).
-    origin: Option<std::sync::Arc<[u32]>>,
     /// The references of the imported session's events, memoized for judging information loss
-    /// ([`crate::replay::loss::compaction_loss`]); shared by every session edited from it, which
-    /// reach it through [`Self::origin_of`]. Valid while the events are not changed in place
-    /// (nothing does: a session is edited by making another).
+    /// ([`crate::replay::loss::compaction_loss`]); shared by the session's clones. Valid while
+    /// the events are not changed in place (nothing does).
     references: std::sync::Arc<crate::replay::loss::ReferenceMemo>,
     /// Each call's written time, read by the importer from the lines it parsed anyway
     /// ([`WrittenCallTimes`]); `None` for a session not imported from a transcript path.
@@ -203,9 +194,6 @@ pub fn written_call_time(line: &str) -> Option<(String, String, i64)> {
     Some((id, req, t.as_millisecond()))
 }
 
-/// [`ImportedSession::origin`] of an event an edit put in.
-const NO_ORIGIN: u32 = u32::MAX;
-
 #[derive(Debug, Clone, Default)]
 struct ChainNode {
     parent: Option<String>,
@@ -216,10 +204,8 @@ struct ChainNode {
 /// (every call of a replay does) follows numbers instead of looking up uuids.
 #[derive(Debug, Clone, Default)]
 struct Chain {
-    /// Node number of each uuid of the file (shared by every session edited from it).
-    index: std::sync::Arc<BTreeMap<String, usize>>,
-    /// Node number of each uuid an edit put in ([`ImportedSession::with_compaction_edits`]).
-    added: BTreeMap<String, usize>,
+    /// Node number of each uuid of the file.
+    index: BTreeMap<String, usize>,
     /// Per node: its parent's number (`None` when it has none or the parent is not in the
     /// file), and its event indices.
     nodes: Vec<(Option<usize>, Vec<usize>)>,
@@ -229,11 +215,11 @@ impl Chain {
     fn new(chain: BTreeMap<String, ChainNode>) -> Chain {
         let index: BTreeMap<String, usize> = chain.keys().enumerate().map(|(i, uuid)| (uuid.clone(), i)).collect();
         let nodes = chain.into_values().map(|node| (node.parent.and_then(|p| index.get(&p).copied()), node.events)).collect();
-        Chain { index: index.into(), added: BTreeMap::new(), nodes }
+        Chain { index, nodes }
     }
 
     fn node(&self, uuid: Option<&String>) -> Option<usize> {
-        uuid.and_then(|u| self.index.get(u).or_else(|| self.added.get(u))).copied()
+        uuid.and_then(|u| self.index.get(u)).copied()
     }
 }
 
@@ -250,15 +236,6 @@ pub struct ViewCache {
     pub appended: u64,
     /// The last `parentUuid` walk of the main lane, extended by the next one.
     chain: ChainMemo,
-}
-
-impl ViewCache {
-    /// A cache that has built nothing and gives serials this one never gave: a reader that
-    /// holds this one's serials (a replay checkpoint's) goes on with it, rebuilding what it
-    /// reads next, without ever seeing a serial of this cache again.
-    pub fn restarted(&self) -> ViewCache {
-        ViewCache { next_serial: self.next_serial, ..ViewCache::default() }
-    }
 }
 
 /// The last walk of the `parentUuid` chain ([`ImportedSession::chain_view`]) kept for the next
@@ -329,8 +306,6 @@ impl ImportedSession {
             report,
             api_requests: Default::default(),
             chain: Chain::default(),
-            first_edited_event: None,
-            origin: None,
             references,
             written_call_times: None,
         }
@@ -342,16 +317,7 @@ impl ImportedSession {
         self.written_call_times.as_deref()
     }
 
-    /// The index of event `i` in the imported session this one was edited from (itself when it
-    /// was not edited); `None` for an event an edit put in.
-    pub(crate) fn origin_of(&self, i: usize) -> Option<usize> {
-        match &self.origin {
-            None => Some(i),
-            Some(origin) => origin.get(i).copied().filter(|&o| o != NO_ORIGIN).map(|o| o as usize),
-        }
-    }
-
-    /// The references memoized per event of the imported session ([`Self::origin_of`]).
+    /// The references memoized per event of the session.
     pub(crate) fn reference_memo(&self) -> &crate::replay::loss::ReferenceMemo {
         &self.references
     }
@@ -652,218 +618,6 @@ impl ImportedSession {
             }
         }
         merged
-    }
-}
-
-/// One change to where a session compacted, for replaying it under another strategy
-/// ([`ImportedSession::with_compaction_edits`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum CompactionEdit {
-    /// A compaction before main-lane event `before` (a model reply): a boundary, the summary
-    /// request on lane `compact` (replying `summary`, billed `summary_output_tokens`) and the
-    /// summary message the conversation continues from.
-    Insert { before: usize, pre_tokens: u64, summary: String, summary_output_tokens: u64, model: String },
-    /// No compaction at the recorded boundary event `boundary`: the boundary, its summary
-    /// message and the summary request go, and the conversation continues from the history.
-    Remove { boundary: usize },
-}
-
-/// The uuid prefix of a compaction boundary [`CompactionEdit::Insert`] put in: a compaction the
-/// recording does not hold, so the recorded usage after it does not show what it left.
-pub const INSERTED_COMPACTION_UUID: &str = "ctxsim-compaction-";
-
-/// Whether `event` is a compaction boundary a what-if inserted ([`CompactionEdit::Insert`]).
-pub fn is_inserted_compaction(event: &Event) -> bool {
-    matches!(event.kind, EventKind::Compaction(_)) && event.uuid.as_deref().is_some_and(|u| u.starts_with(INSERTED_COMPACTION_UUID))
-}
-
-impl ImportedSession {
-    /// The same session with its compactions moved as `edits` say: the events, calls and the
-    /// `parentUuid` chain are rebuilt so that every view the replay takes of it is the one the
-    /// client would have had (after an inserted compaction: the summary, then what came after;
-    /// after a removed one: the whole history, then what came after).
-    pub fn with_compaction_edits(&self, edits: &[CompactionEdit]) -> ImportedSession {
-        let events = &self.recording.events;
-        // Per event, the last chain node holding it (`usize::MAX`: none).
-        let mut node_of_event: Vec<usize> = vec![usize::MAX; events.len()];
-        for (node, (_, node_events)) in self.chain.nodes.iter().enumerate() {
-            for &i in node_events {
-                if let Some(slot) = node_of_event.get_mut(i) {
-                    *slot = node;
-                }
-            }
-        }
-        let node_of = |i: &usize| node_of_event.get(*i).copied().filter(|&n| n != usize::MAX);
-        let mut nodes: Vec<(Option<usize>, Vec<usize>)> = self.chain.nodes.clone();
-        let mut added = self.chain.added.clone();
-        let mut removed: BTreeSet<usize> = BTreeSet::new();
-        let mut inserts: BTreeMap<usize, Vec<Event>> = BTreeMap::new();
-        // Nodes whose parent becomes another (`None`: a new root).
-        let mut reparent: Vec<(usize, usize)> = Vec::new();
-        let last_main_message = |end: usize| {
-            events.iter().enumerate().take(end).rev().find(|(_, e)| e.lane == LANE_MAIN && is_message_event(&e.kind)).map(|(i, _)| i)
-        };
-        for edit in edits {
-            match edit {
-                CompactionEdit::Remove { boundary } => {
-                    let boundary = *boundary;
-                    let mut this_edit: BTreeSet<usize> = BTreeSet::new();
-                    this_edit.insert(boundary);
-                    let next_reply = events
-                        .iter()
-                        .enumerate()
-                        .skip(boundary + 1)
-                        .find(|(_, e)| e.lane == LANE_MAIN && matches!(e.kind, EventKind::ModelReply(_)))
-                        .map_or(events.len(), |(i, _)| i);
-                    for (i, event) in events.iter().enumerate().take(next_reply).skip(boundary + 1) {
-                        if event.lane == LANE_MAIN && matches!(&event.kind, EventKind::UserPrompt(p) if p.is_compact_summary) {
-                            this_edit.insert(i);
-                        }
-                    }
-                    let previous_reply = events
-                        .iter()
-                        .enumerate()
-                        .take(boundary)
-                        .rev()
-                        .find(|(_, e)| e.lane == LANE_MAIN && matches!(e.kind, EventKind::ModelReply(_)))
-                        .map_or(0, |(i, _)| i);
-                    for (i, event) in events.iter().enumerate().take(boundary).skip(previous_reply) {
-                        if event.lane == LANE_COMPACT && matches!(event.kind, EventKind::ModelReply(_)) {
-                            this_edit.insert(i);
-                        }
-                    }
-                    // What hung off the boundary or its summary hangs off the history again.
-                    if let Some(leaf) = last_main_message(boundary).and_then(|i| node_of(&i)) {
-                        let dropped: BTreeSet<usize> = this_edit.iter().filter_map(node_of).collect();
-                        for (node, (parent, _)) in self.chain.nodes.iter().enumerate() {
-                            if parent.is_some_and(|p| dropped.contains(&p)) && !dropped.contains(&node) {
-                                reparent.push((node, leaf));
-                            }
-                        }
-                    }
-                    removed.extend(this_edit);
-                }
-                CompactionEdit::Insert { before, pre_tokens, summary, summary_output_tokens, model } => {
-                    let time_ms = last_main_message(*before).map_or(events[*before].time_ms, |i| events[i].time_ms);
-                    let boundary_uuid = format!("{INSERTED_COMPACTION_UUID}{before}");
-                    let summary_uuid = format!("ctxsim-summary-{before}");
-                    let reply = ModelReply {
-                        content: vec![ContentBlock::text(summary.clone())].into(),
-                        stop_reason: Some(StopReason::EndTurn),
-                        model: model.clone(),
-                        version: self.calls.iter().find_map(|c| c.version.clone()),
-                        // Not a record: the prompt size is the client's count (so the replay
-                        // measures the call rather than skipping it as unbilled), the output the
-                        // summary's size.
-                        usage: Usage { input_tokens: *pre_tokens, output_tokens: *summary_output_tokens, ..Usage::default() },
-                        request_id: None,
-                        request_ref: None,
-                        message_id: Some(format!("ctxsim-summary-request-{before}")),
-                        thinking_text_stored: true,
-                        is_synthetic: false,
-                        is_api_error: false,
-                    };
-                    let text = format!("{SUMMARY_OPENING}\n\n{summary}");
-                    let new_events = vec![
-                        Event {
-                            kind: EventKind::Compaction(Compaction {
-                                trigger: "auto".into(),
-                                pre_tokens: Some(*pre_tokens),
-                                post_tokens: None,
-                                summary: Some(text.clone()),
-                                metadata: Value::Null,
-                            }),
-                            time_ms,
-                            lane: LANE_MAIN.into(),
-                            uuid: Some(boundary_uuid.clone()),
-                        },
-                        Event { kind: EventKind::ModelReply(reply), time_ms, lane: LANE_COMPACT.into(), uuid: None },
-                        Event {
-                            kind: EventKind::UserPrompt(UserPrompt {
-                                content: MessageContent::Text(text),
-                                is_meta: false,
-                                is_compact_summary: true,
-                                permission_mode: None,
-                            }),
-                            time_ms,
-                            lane: LANE_MAIN.into(),
-                            uuid: Some(summary_uuid.clone()),
-                        },
-                    ];
-                    inserts.insert(*before, new_events);
-                    // Nodes for the boundary and the summary; the reply continues from the
-                    // summary. Their event indices are filled in below.
-                    let boundary_node = nodes.len();
-                    nodes.push((None, Vec::new()));
-                    nodes.push((Some(boundary_node), Vec::new()));
-                    added.insert(boundary_uuid, boundary_node);
-                    added.insert(summary_uuid, boundary_node + 1);
-                    // The reply's own record: a reply streamed as several records is one event
-                    // that every record's node holds, and the view of the call starts from the
-                    // first record's parent (the node `node_of` keeps is any of them).
-                    let reply_node = self.chain.node(events.get(*before).and_then(|e| e.uuid.as_ref())).or_else(|| node_of(before));
-                    if let Some(reply_node) = reply_node {
-                        reparent.push((reply_node, boundary_node + 1));
-                    }
-                }
-            }
-        }
-        for (node, parent) in reparent {
-            nodes[node].0 = Some(parent);
-        }
-
-        // Events before the first insertion or removal keep their index, content and chain (a
-        // reparented node holds an event at or after one).
-        let first_edited_event = inserts.keys().chain(removed.iter()).min().copied();
-        // The new event list (the kept events shared with this session's), and old index → new
-        // index.
-        let mut out = Events::with_capacity(events.len() + 3 * inserts.len());
-        let mut origin: Vec<u32> = Vec::with_capacity(events.len() + 3 * inserts.len());
-        let mut map: Vec<Option<usize>> = vec![None; events.len()];
-        for i in 0..events.len() {
-            if let Some(new_events) = inserts.remove(&i) {
-                for event in new_events {
-                    if let Some(node) = event.uuid.as_ref().and_then(|u| added.get(u)) {
-                        nodes[*node].1 = vec![out.len()];
-                    }
-                    out.push(event);
-                    origin.push(NO_ORIGIN);
-                }
-            }
-            if !removed.contains(&i) {
-                map[i] = Some(out.len());
-                out.push_shared(events.shared(i).clone());
-                origin.push(self.origin_of(i).and_then(|o| u32::try_from(o).ok()).unwrap_or(NO_ORIGIN));
-            }
-        }
-        for (node, (_, node_events)) in nodes.iter_mut().enumerate() {
-            if node < self.chain.nodes.len() {
-                *node_events = node_events.iter().filter_map(|&i| map[i]).collect();
-            }
-        }
-        let recording = Recording { header: self.recording.header.clone(), events: out };
-        let calls = recorded_calls(&recording);
-        let mut report = self.report.clone();
-        report.events = recording.events.len();
-        report.calls = calls.len();
-        ImportedSession {
-            recording,
-            calls,
-            report,
-            api_requests: self.api_requests.clone(),
-            chain: Chain { index: self.chain.index.clone(), added, nodes },
-            first_edited_event,
-            origin: Some(origin.into()),
-            references: self.references.clone(),
-            written_call_times: self.written_call_times.clone(),
-        }
-    }
-
-    /// For a session made by [`Self::with_compaction_edits`] (with at least one edit): the first
-    /// event index at which it differs from the session it was made from; every event, call and
-    /// `parentUuid` link before it is the same in both.
-    pub fn first_edited_event(&self) -> Option<usize> {
-        self.first_edited_event
     }
 }
 
@@ -1369,8 +1123,6 @@ fn finish(mut main: FileImporter, mut subagents: Vec<(SubagentInfo, FileImporter
         report,
         api_requests: api.into(),
         chain: Chain::new(chain),
-        first_edited_event: None,
-        origin: None,
         references,
         written_call_times,
     }

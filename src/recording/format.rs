@@ -189,8 +189,8 @@ pub struct ToolResult {
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_error: bool,
     /// The client's structured view of the result (`toolUseResult` in Claude Code). Shared:
-    /// a session edited for a what-if copies every event, and this is often the largest part
-    /// (a read file's whole content, again).
+    /// a copy of the event does not copy it, and this is often the largest part (a read file's
+    /// whole content, again).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "shared_value")]
     pub tool_use_result: Option<Arc<Value>>,
 }
@@ -275,8 +275,7 @@ fn default_true() -> bool {
 /// One model response with the usage the API reported for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelReply {
-    /// Shared: a session edited for a what-if copies every event, and a message built from the
-    /// reply holds the same blocks (copy on write).
+    /// Shared: a message built from the reply holds the same blocks (copy on write).
     pub content: SharedBlocks,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<StopReason>,
@@ -324,10 +323,8 @@ pub struct Recording {
     pub events: Events,
 }
 
-/// The events of a recording, each held by reference count: a recording made from another
-/// (a session with its compactions moved, [`crate::recording::ImportedSession::with_compaction_edits`])
-/// shares every event it keeps, so an edit costs a pointer per event and what it puts in, not a
-/// copy of the session. Changing an event copies it first when another recording holds it.
+/// The events of a recording, each held by reference count (a clone of a recording shares
+/// them). Changing an event copies it first when another recording holds it.
 pub type Events = crate::shared::SharedList<Event>;
 
 /// Why a line was skipped.

@@ -17,7 +17,7 @@ pub mod format;
 pub mod import;
 mod report;
 
-pub use claude_code::{CompactionEdit, SUMMARY_OPENING, ImportedSession, RecordedCall, ViewCache, build_messages, import_claude_code, import_claude_code_from, recorded_calls};
+pub use claude_code::{SUMMARY_OPENING, ImportedSession, RecordedCall, ViewCache, build_messages, import_claude_code, import_claude_code_from, recorded_calls};
 pub use claude_trace::{ConvertedLog, RequestLogEntry, convert_claude_trace, usage_from_sse, write_request_log_to};
 pub use format::{
     Attachment, Compaction, Event, EventKind, Events, Header, LineWarning, ModelReply, ReadRecording, Recording,

@@ -14,7 +14,7 @@
 //!   it sent.
 //! - **Summaries.** A compaction of the agent at the call of a recorded one (±1 call) takes the
 //!   recorded summary; any other takes a deterministic stand-in of the fitted summary length
-//!   ([`super::whatif::SUMMARY_CHARS`]: the lower middle value of the 12 automatic compaction
+//!   ([`SUMMARY_CHARS`]: the lower middle value of the 12 automatic compaction
 //!   summaries of ../shared/realdata). A recorded compaction before the first call driven is the
 //!   history the file continues from: the agent has nothing to compact there.
 //! - **Replies.** After a divergence the remaining recorded replies continue (the same work is
@@ -245,7 +245,15 @@ struct Plan {
     usage_before: Option<usize>,
     /// The `compact`-lane replies, in the order the agent's compactions take them.
     lane: Vec<Value>,
+    /// The recorded microcompacts are left out (`replay_recorded_microcompact = false`): the
+    /// results they cleared stay in view.
+    without_recorded_microcompacts: bool,
 }
+
+/// Characters of a stand-in summary: the lower middle value of the 12 automatic compaction summaries in
+/// ../shared/realdata (8,462–21,205 characters; fitted on all 16 sessions, no dependence on
+/// preTokens visible in them).
+pub const SUMMARY_CHARS: usize = 13_647;
 
 /// The stand-in summary of a compaction the recording did not make.
 fn stand_in() -> Value {
@@ -253,7 +261,7 @@ fn stand_in() -> Value {
     static STAND_IN: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     STAND_IN
         .get_or_init(|| {
-            let text = format!("<summary>\n{}\n</summary>", crate::agent::compact::generator::filler("summary", super::whatif::SUMMARY_CHARS));
+            let text = format!("<summary>\n{}\n</summary>", crate::agent::compact::generator::filler("summary", SUMMARY_CHARS));
             json!({ "assistant": [{ "text": text }], "lane": "compact" })
         })
         .clone()
@@ -263,7 +271,7 @@ fn stand_in() -> Value {
 fn planned(prepared: &Prepared, file: &str, plan: &Plan) -> Result<crate::scenario::Scenario, String> {
     let mut document = prepared.workload.document.clone();
     let steps = document["script"].as_array_mut().ok_or("the workload has no script")?;
-    steps.retain(|s| !is_compact_step(s));
+    steps.retain(|s| !is_compact_step(s) && !(plan.without_recorded_microcompacts && s.get("microcompact").is_some()));
     if let Some(from) = plan.usage_before {
         let mut main = 0usize;
         for step in steps.iter_mut() {
@@ -355,7 +363,7 @@ pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, 
 
 /// The plan search of one strategy: runs (by `run`) until the plan holds.
 fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, run: &mut dyn FnMut(&Plan) -> Result<Run, String>) -> Result<AgentOutcome, String> {
-    let mut plan = first_plan(prepared);
+    let mut plan = first_plan(prepared, effective);
     // The server's context editing under the client's own settings (thinking of idle turns
     // cleared) is what the recorded client asked for too: its recorded usage counts it.
     let client_edits = serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok();
@@ -363,9 +371,9 @@ fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, 
     loop {
         let done = run(&plan)?;
         runs += 1;
-        let (compactions, divergence, lane) = read_run(prepared, &done, client_edits);
+        let (compactions, divergence, lane) = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
         let consumed = lane.len();
-        let next = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane };
+        let next = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane, without_recorded_microcompacts: plan.without_recorded_microcompacts };
         let settled = next.usage_before == plan.usage_before && plan.lane.len() >= consumed && plan.lane[..consumed] == next.lane[..];
         if settled || runs >= MAX_RUNS {
             let mut divergence = divergence;
@@ -379,9 +387,30 @@ fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, 
 }
 
 /// The first plan: the recording followed throughout, each compaction taking the recorded
-/// summaries in order.
-fn first_plan(prepared: &Prepared) -> Plan {
-    Plan { usage_before: None, lane: prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect() }
+/// summaries in order, the recorded microcompacts applied unless `effective` leaves them out.
+fn first_plan(prepared: &Prepared, effective: &Strategy) -> Plan {
+    plan_start(prepared, !effective.replay_recorded_microcompact)
+}
+
+fn plan_start(prepared: &Prepared, without_recorded_microcompacts: bool) -> Plan {
+    Plan { usage_before: None, lane: prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect(), without_recorded_microcompacts }
+}
+
+/// The recorded call each recorded microcompact of the workload comes before, in order.
+fn microcompact_calls(prepared: &Prepared) -> Vec<usize> {
+    let mut calls = Vec::new();
+    let (mut main, mut pending) = (0usize, 0usize);
+    for step in prepared.workload.document["script"].as_array().into_iter().flatten() {
+        if step.get("microcompact").is_some() {
+            pending += 1;
+        } else if step.get("assistant").is_some() && step.get("lane").is_none() {
+            let call = prepared.workload.main_calls.get(main).copied().unwrap_or(usize::MAX);
+            calls.extend(std::iter::repeat_n(call, pending));
+            pending = 0;
+            main += 1;
+        }
+    }
+    calls
 }
 
 /// Strategies that make the same runs up to their first autocompact check at or above the
@@ -512,7 +541,7 @@ pub fn agent_whatif_family(
     const EVERY: usize = 24;
     let chain = crate::agent::compact::chain::Chain::new();
     let mut scenarios = Scenarios { prepared, file, list: Vec::new() };
-    let first = scenarios.get(&first_plan(prepared))?;
+    let first = scenarios.get(&first_plan(prepared, &effectives[0]))?;
     let mut measurer = measurer;
     fresh_measurer(prepared, &mut measurer)?;
     // The measurer every run that goes on from a checkpoint measures with, from that
@@ -643,7 +672,7 @@ pub fn agent_whatif_family(
     let mut candidates = kept.clone();
     candidates.push(end);
     let mut trunk_run = Some(trunk_run);
-    results[top] = Some(settle(session, prepared, &effectives[top], &mut |plan| match (plan == &first_plan(prepared), trunk_run.take()) {
+    results[top] = Some(settle(session, prepared, &effectives[top], &mut |plan| match (plan == &first_plan(prepared, &effectives[top]), trunk_run.take()) {
         (true, Some(run)) => Ok(run),
         _ => run_from(&mut scenarios, &mut branch, first, &candidates, Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] }, &effectives[top], plan),
     }));
@@ -752,7 +781,9 @@ impl Scenarios<'_> {
         if let Some(i) = self.list.iter().position(|(p, _, _)| p == plan) {
             return Ok(i);
         }
-        let first = *plan == first_plan(self.prepared);
+        // (The parsed first plan kept for every family is the one that applies the recorded
+        // microcompacts.)
+        let first = *plan == plan_start(self.prepared, false);
         let (scenario, model) = match self.prepared.first.get() {
             Some((scenario, model)) if first => (scenario.clone(), model.clone()),
             _ => {
@@ -773,7 +804,7 @@ impl Scenarios<'_> {
 
 /// The agent's compactions in a run, the divergence from the recording, and the `compact`-lane
 /// replies its compactions should take.
-fn read_run(prepared: &Prepared, run: &Run, client_edits: bool) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
+fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded_microcompacts: bool) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
     let mut compactions = Vec::new();
     let mut rewrites: Vec<(usize, String)> = Vec::new();
     for &(row, call) in &run.paired {
@@ -789,6 +820,9 @@ fn read_run(prepared: &Prepared, run: &Run, client_edits: bool) -> (Vec<Compacte
     }
     // The first call where the agent's history and the recorded one part.
     let mut candidates = rewrites;
+    if without_recorded_microcompacts && let Some(&call) = microcompact_calls(prepared).first() {
+        candidates.push((call, "the recorded microcompact was left out (replay_recorded_microcompact = false): the tool results it cleared stay in view".to_owned()));
+    }
     for c in &compactions {
         if !prepared.recorded.iter().any(|r| r.call == c.call) {
             candidates.push((c.call, format!("the agent compacted ({}, at {} tokens) where the recording did not", c.stage, c.tokens_before)));

@@ -202,8 +202,7 @@ impl AgentRun {
 /// less the run under the what-if: the main-lane TTLs of `ttls`, the autocompact thresholds
 /// ([`AUTOCOMPACT_PCTS`]) and every preset but [`AGENT_PRESETS_LEFT_OUT`] (the `preset` what-if:
 /// the cheapest at no more information loss: [`agent_info_loss`] and the tokens dropped). Strategies with one effective
-/// setting are one run (the knobs only the record-based replay reads,
-/// [`crate::strategy::AGENT_UNREAD_KNOBS`], left out); strategies that differ only in their autocompact threshold are one
+/// setting are one run; strategies that differ only in their autocompact threshold are one
 /// family ([`super::agent_whatif::agent_whatif_family`]: a threshold the session never reaches
 /// costs no run of its own), which the presets that are peer branches of the run as recorded
 /// join ([`super::agent_whatif::peer_branch_of`]: each goes on from its trunk up to the first
@@ -247,25 +246,18 @@ fn agent_whatifs(
     }
     // One run per effective setting; the runs grouped by family (a refused strategy alone).
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
-    // Knobs only the record-based replay reads ([`crate::strategy::AGENT_UNREAD_KNOBS`]: whether
-    // it applies the recorded microcompacts) give the agent the same run: strategies that differ
-    // in them alone share the run (their what-ifs still say what they are: priced against the
-    // run as recorded, not "the same settings").
-    let as_run = |strategy: &Strategy| strategy.as_agent_runs(&base);
-    let run_keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(&as_run(s), &prepared)).collect();
+    let run_keys = &keys;
     // A preset whose peer mechanism rewrites nothing below a count, with autocompact off, goes
     // on from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]).
-    let base_run = as_run(&base);
-    let base_family = family_key(&base_run, &prepared);
+    let base_family = family_key(&base, &prepared);
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
-    for ((_, _, strategy), key) in candidates.iter().zip(&run_keys) {
-        let strategy = as_run(strategy);
+    for ((_, _, strategy), key) in candidates.iter().zip(run_keys) {
         let family = match &base_family {
-            Some(family) if peer_branch_of(&strategy, &base_run, &prepared).is_some() => Some(family.clone()),
-            _ => family_key(&strategy, &prepared),
+            Some(family) if peer_branch_of(strategy, &base, &prepared).is_some() => Some(family.clone()),
+            _ => family_key(strategy, &prepared),
         };
         let family = family.unwrap_or_else(|| format!("refused {key}"));
-        families.entry(family).or_default().entry(key.clone()).or_insert(strategy);
+        families.entry(family).or_default().entry(key.clone()).or_insert_with(|| strategy.clone());
     }
     let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().collect()).collect();
     let runs: BTreeMap<String, Result<AgentRun, String>> = families
@@ -284,7 +276,7 @@ fn agent_whatifs(
     let auto_compacted = |run: &AgentRun| run.compactions.iter().any(|(_, stage)| stage == "autocompact" || stage == "session_memory_compact");
     let mut whatifs = Vec::new();
     let mut presets = Vec::new();
-    for (((label, kind, strategy), key), run_key) in candidates.iter().zip(&keys).zip(&run_keys).skip(1) {
+    for (((label, kind, strategy), key), run_key) in candidates.iter().zip(&keys).zip(run_keys).skip(1) {
         if *key == keys[0] {
             let whatif = WhatIf::unchanged(label.clone(), "the same settings as the run as recorded on this session".to_owned());
             match kind {

@@ -242,8 +242,8 @@ mod tests {
     #[test]
     fn exact_floats_survive_and_damage_is_named() {
         // 17-digit values that serde_json's default parser may read one ulp off.
-        let mut audit: SessionAudit = serde_json::from_str(r#"{"engine":"replay","audit":{"project":"p","session_id":"s","path":"x","first":null,"last":null,"versions":[],"models":[],"calls":1,"billed":{"tokens":{"input":1,"output":2,"cache_write_5m":3,"cache_write_1h":4,"cache_read":5},"cost_usd":0.1,"calls":1,"by_model":{},"unpriced":{}},"breaks":{},"lost":{"breaks":0,"tokens":0,"cost_usd":0.0},"ttl_written":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"ttl":"5m","compactions":[],"whatifs":[],"best_whatif":null,"days":{},"warnings":[]},"plot":[]}"#)
-            .map(|e: EntryIn| SessionAudit { engine: "replay", ..e.audit })
+        let mut audit: SessionAudit = serde_json::from_str(r#"{"engine":"agent","audit":{"project":"p","session_id":"s","path":"x","first":null,"last":null,"versions":[],"models":[],"calls":1,"billed":{"tokens":{"input":1,"output":2,"cache_write_5m":3,"cache_write_1h":4,"cache_read":5},"cost_usd":0.1,"calls":1,"by_model":{},"unpriced":{}},"breaks":{},"lost":{"breaks":0,"tokens":0,"cost_usd":0.0},"ttl_written":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"ttl":"5m","compactions":[],"whatifs":[],"best_whatif":null,"days":{},"warnings":[]},"plot":[]}"#)
+            .map(|e: EntryIn| SessionAudit { engine: "agent", ..e.audit })
             .unwrap();
         let mut x = 0.1f64;
         for k in 0..2000 {

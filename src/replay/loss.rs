@@ -1,5 +1,5 @@
-//! Information loss of each compaction of a replayed real session (recorded, inserted by a
-//! what-if, or kept where the recording had one):
+//! Information loss of each compaction of a real session, as recorded or in a what-if through
+//! the agent (where it compacts and the recording did not, or kept where the recording had one):
 //!
 //! - **tokens dropped**: the main lane's context before the compaction (the previous main
 //!   call's simulated context) less the first call after it;
@@ -264,8 +264,8 @@ fn reads_again(input: &Value, read_before: &BTreeSet<Cow<'_, str>>) -> bool {
 }
 
 /// The references of the events of an imported session, each event's found once and shared
-/// by every compaction judged in that session or in a session edited from it (the what-ifs':
-/// their conversations are mostly the imported session's events again). A reference is
+/// by every compaction judged in that session (the what-ifs' too: their conversations are
+/// mostly the recorded session's events again). A reference is
 /// numbered once per memo ([`Names`]); an event's are its distinct numbers. Shared between
 /// threads: an event's numbers are set once, and numbers are only ever added.
 #[derive(Debug)]
@@ -324,10 +324,9 @@ impl ReferenceMemo {
         }
     }
 
-    /// `compute`'s text for event `i` of `session` (a function of the event alone), memoized
-    /// when the event is one of the imported session's.
-    pub(crate) fn edited(&self, session: &ImportedSession, i: usize, compute: &dyn Fn() -> String) -> String {
-        match session.origin_of(i).and_then(|o| self.edited.get(o)) {
+    /// `compute`'s text for event `i` (a function of the event alone), memoized.
+    pub(crate) fn edited(&self, i: usize, compute: &dyn Fn() -> String) -> String {
+        match self.edited.get(i) {
             Some(slot) => slot.get_or_init(compute).clone(),
             None => compute(),
         }
@@ -344,10 +343,9 @@ impl ReferenceMemo {
         rendered
     }
 
-    /// `compute`'s value for event `i` of `session` (a pure function of the event), memoized
-    /// when the event is one of the imported session's ([`ImportedSession::origin_of`]).
-    pub(crate) fn rough(&self, session: &ImportedSession, i: usize, compute: impl FnOnce() -> u64) -> u64 {
-        match session.origin_of(i).and_then(|o| self.rough.get(o)) {
+    /// `compute`'s value for event `i` (a pure function of the event), memoized.
+    pub(crate) fn rough(&self, i: usize, compute: impl FnOnce() -> u64) -> u64 {
+        match self.rough.get(i) {
             Some(slot) => *slot.get_or_init(compute),
             None => compute(),
         }
@@ -378,12 +376,12 @@ impl ReferenceMemo {
     }
 
     /// The numbers of the references event `i` of `session` holds (`used`: of those a later
-    /// turn uses), memoized when the event is one of the imported session's.
+    /// turn uses), memoized.
     fn event<'s>(&'s self, session: &ImportedSession, i: usize, used: bool) -> Cow<'s, [u32]> {
         let Some(event) = session.recording.events.get(i) else { return Cow::Borrowed(&[]) };
         let compute = || if used { self.numbers(used_references(&event.kind)) } else { held_references(&event.kind, |refs| self.numbers(refs)) };
         let slots = if used { &self.used } else { &self.held };
-        match session.origin_of(i).and_then(|o| slots.get(o)) {
+        match slots.get(i) {
             Some(slot) => Cow::Borrowed(slot.get_or_init(compute)),
             None => Cow::Owned(compute().into_vec()),
         }

@@ -6,20 +6,16 @@
 //!   sent, and measures it.
 //! - [`record_view`]: what the record shows before each call (events, the unrecorded part's
 //!   sizes) in one pass, without building a request: the agent's paths read the record by it.
-//! - [`layout`]: the request-layout and tool-output knobs on real sessions; why a knob cannot
-//!   reach a recording, or changed nothing on one.
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
 //! - [`crossval`]: leave-one-session-out and leave-one-project-out scores of the fit, per
 //!   version group.
 //! - [`plot`]: simulated against recorded context per call, as SVG and PNG.
 //! - [`breaks`]: recorded cache breaks with the cause the replay attributes.
-//! - [`stages`]: the agent's long-context stages (microcompact, the aggregate tool result
-//!   budget, snip, context collapse) run on a real session's main lane before every call.
 //! - [`turns`]: the post-turn side entry and the transient prompt rendering at a new user turn.
 //! - [`triggers`]: where the agent's autocompact threshold fires on a real session, against
 //!   the recorded `compact_boundary` records.
-//! - [`whatif`]: the session replayed with its compactions where another autocompact setting
-//!   puts them.
+//! - [`no_effect`]: why a knob changed nothing on a recorded session, from what the record
+//!   shows.
 //! - [`loss`]: the information loss of each compaction (tokens, references lost, re-reads).
 //! - [`workload`]: a recorded session as the scenario that drives the agent through it.
 //! - [`working_set`]: the files (and plan) the client re-attaches after a compaction.
@@ -35,15 +31,13 @@ pub mod breaks;
 pub mod crossval;
 pub mod discover;
 pub mod fidelity;
-pub mod layout;
 pub mod loss;
+pub mod no_effect;
 pub mod plot;
 pub mod profile;
 pub mod record_view;
 pub mod session;
-pub mod stages;
 pub mod triggers;
-pub mod whatif;
 pub mod workload;
 pub mod turns;
 pub mod uncertainty;

@@ -190,37 +190,6 @@ pub fn measured_prefix_tokens_2_1_88() -> u64 {
     })
 }
 
-/// How a layout what-if cuts the unrecorded prefix ([`super::session::ReplayLayout`]), from the
-/// 2.1.88 size profile: the tools' share of tools + static system sections, and the tokens
-/// (chars/4) of the dynamic sections.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LayoutShares {
-    pub tools_share: f64,
-    pub dynamic_tokens: u64,
-}
-
-/// Static sections of the 2.1.88 profile (the block before the boundary).
-const STATIC_SECTIONS: [&str; 7] = ["intro", "system", "doing_tasks", "actions", "using_your_tools_fixed", "tone_and_style", "output_efficiency"];
-/// Dynamic sections of the 2.1.88 profile (after the boundary).
-const DYNAMIC_SECTIONS: [&str; 4] = ["memory_fixed", "env_info_simple_fixed", "language_fixed", "summarize_tool_results"];
-
-pub fn layout_shares() -> LayoutShares {
-    static SHARES: std::sync::OnceLock<LayoutShares> = std::sync::OnceLock::new();
-    *SHARES.get_or_init(|| {
-        let profile = SizeProfile::claude_code_2_1_88();
-        let sum = |names: &[&str]| names.iter().filter_map(|n| profile.sections.get(*n)).sum::<usize>();
-        let tools: usize = profile.tools.values().map(|t| t.description + t.schema + 40).sum();
-        let statics = sum(&STATIC_SECTIONS);
-        LayoutShares { tools_share: tools as f64 / (tools + statics).max(1) as f64, dynamic_tokens: (sum(&DYNAMIC_SECTIONS) / 4) as u64 }
-    })
-}
-
-/// Tokens (chars/4) of a built-in tool sent up front as the 2.1.88 profile measured it
-/// (description, schema and JSON framing), if the profile knows it.
-pub fn builtin_tool_tokens(name: &str) -> Option<u64> {
-    SizeProfile::claude_code_2_1_88().tool(name).map(|t| ((t.description + t.schema + 40) / 4) as u64)
-}
-
 /// The prefix level of `version` in a fitted per-version profile (`Calibration::prefix_tokens`)
 /// ([`fitted_for_version`]). The level is sizes only; it differs between setups of one version
 /// too (MCP tools), so a replay uses it only where its own record shows none.
@@ -334,15 +303,6 @@ mod tests {
         assert_eq!(fitted_prefix_tokens(&profile, "2.1.38"), Some(16_589));
         assert_eq!(fitted_prefix_tokens(&profile, "2.0.70"), Some(33_865));
         assert_eq!(fitted_prefix_tokens(&Default::default(), "2.1.14"), None);
-    }
-
-    #[test]
-    fn layout_shares_split_the_profile() {
-        let shares = layout_shares();
-        assert!(shares.tools_share > 0.3 && shares.tools_share < 0.95, "{shares:?}");
-        assert!((2_000..5_000).contains(&shares.dynamic_tokens), "{shares:?}");
-        assert!(builtin_tool_tokens("Bash").is_some_and(|t| t > 100));
-        assert_eq!(builtin_tool_tokens("mcp__x__y"), None);
     }
 
     #[test]

@@ -10,10 +10,9 @@
 //! sizing, `fidelity`'s break causes) take this view and run no replay.
 //!
 //! What it leaves out: the replay's request building (fillers for the unrecorded part, keys,
-//! breakpoints), the cache simulation and everything that rests on it (TTL shadows, the seeded
-//! prefixes, the simulated reads), checkpoints and what-ifs (the strategy's mechanisms, layouts,
-//! stages). A view is of the session as recorded, under the knobs that change how the record is
-//! read ([`ReplayOptions`]: rerendered prompts, side entries, recorded requests, TTLs).
+//! breakpoints), the cache simulation and everything that rests on it (the seeded prefixes, the
+//! simulated reads). A view is of the session as recorded, under the knobs that change how the
+//! record is read ([`ReplayOptions`]: rerendered prompts, side entries, recorded requests).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,8 +45,6 @@ pub(super) struct ScanContext<'a> {
     pub file_tokens: &'a RefCell<BTreeMap<(u128, String), u64>>,
     /// [`ReplayOptions::recorded_microcompact`].
     pub recorded_microcompact: bool,
-    /// Tool search off (a layout what-if): deferred tools are sent up front.
-    pub eager: bool,
 }
 
 /// What the records of one lane since its previous call show.
@@ -60,8 +57,6 @@ pub(super) struct LaneScan {
     /// size ([`super::CallReplay::attachment_chars`]).
     pub attachment_chars: u64,
     pub unsized_attachment_chars: u64,
-    /// Compactions of the main lane seen (the agent's stages follow them).
-    pub main_compactions: usize,
 }
 
 /// Scans `call`'s lane's records since its previous call into `state`, pushing what they show
@@ -85,7 +80,6 @@ pub(super) fn scan_lane(
     let from = state.scanned_to;
     let mut resumed_at = None;
     let mut request_start = None;
-    let mut main_compactions = 0;
     // What the record shows about the turn boundary (whether the previous turn ended
     // normally, with its reply; the permission mode; a tool hook's context).
     let mut turn_scan = TurnScan::in_project(cwd);
@@ -99,9 +93,6 @@ pub(super) fn scan_lane(
         match &event.kind {
             EventKind::Compaction(_) => {
                 call_events.push("compaction".into());
-                if call.lane == LANE_MAIN {
-                    main_compactions += 1;
-                }
                 state.turns.on_compaction(turn_profile);
                 state.restored = if cx.restore_files {
                     let counter = measurer.counter();
@@ -125,13 +116,9 @@ pub(super) fn scan_lane(
                 state.cleared_version += 1;
                 state.compacted = true;
                 state.segment_context = None;
-                // The recorded usage after a compaction the recording holds shows what the
-                // new segment carries; after one a what-if inserted it shows the session
-                // uncompacted (the older history still in it), so the replay's own size
-                // stands: the user context alone.
-                state.inserted_compaction = crate::recording::claude_code::is_inserted_compaction(event);
-                state.anchor_pending = !state.inserted_compaction;
-                state.anchor_after_compaction = state.anchor_pending;
+                // The recorded usage after a compaction shows what the new segment carries.
+                state.anchor_pending = true;
+                state.anchor_after_compaction = true;
             }
             EventKind::SystemEvent(sys) if sys.subtype == "microcompact_boundary" => {
                 call_events.push("microcompact".into());
@@ -142,7 +129,7 @@ pub(super) fn scan_lane(
                 if !ids.is_empty() {
                     state.hidden_saved += saved * hidden as u64 / ids.len() as u64;
                 }
-                if hidden > 0 && !state.inserted_compaction {
+                if hidden > 0 {
                     state.anchor_pending = true;
                 }
                 if cx.recorded_microcompact {
@@ -164,17 +151,6 @@ pub(super) fn scan_lane(
                 if !crate::recording::claude_code::attachment_client_sized(attachment) {
                     unsized_attachment_chars += chars;
                 }
-                if attachment.attachment_type == "deferred_tools_delta" {
-                    let names = |key: &str| attachment.payload.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned);
-                    let before = state.announced_deferred.clone();
-                    for name in names("removedNames").collect::<Vec<_>>() {
-                        state.announced_deferred.remove(&name);
-                    }
-                    state.announced_deferred.extend(names("addedNames"));
-                    if cx.eager && state.announced_deferred != before && state.last_time_ms.is_some() {
-                        call_events.push("deferred_tools_changed".into());
-                    }
-                }
             }
             EventKind::UserPrompt(_) => {
                 request_start = Some(event.time_ms);
@@ -193,7 +169,7 @@ pub(super) fn scan_lane(
                                 state.rerender_epoch += 1;
                             }
                             // Only the session's first load moves the tools array.
-                            "ToolSearch" if profile.tool_search_full_miss && !state.tool_search_loaded && !cx.eager => {
+                            "ToolSearch" if profile.tool_search_full_miss && !state.tool_search_loaded => {
                                 state.tool_search_loaded = true;
                                 let query = input.get("query").and_then(Value::as_str).unwrap_or("");
                                 for tool in query.trim_start_matches("select:").split(',') {
@@ -217,7 +193,7 @@ pub(super) fn scan_lane(
                     && let Some(ContentBlock::ToolUse { name, input, .. }) = reply.content.get(b)
                 {
                     let memo = session.reference_memo();
-                    state.working_set.observe_memoized(name, input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(session, i, edited));
+                    state.working_set.observe_memoized(name, input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(i, edited));
                 }
             }
             _ => {}
@@ -233,13 +209,12 @@ pub(super) fn scan_lane(
     // results off the parentUuid chain) and re-renders the start of the conversation.
     if let Some(i) = resumed_at {
         state.loaded_until = i;
-        state.dynamic_epoch += 1;
         if profile.resume_rerender {
             call_events.push("resume".into());
             state.rerender_epoch += 1;
         }
     }
-    LaneScan { request_start, turn_scan, attachment_chars, unsized_attachment_chars, main_compactions }
+    LaneScan { request_start, turn_scan, attachment_chars, unsized_attachment_chars }
 }
 
 /// Why `call` is not compared with a simulated one (a synthetic reply, an API error, no usage).
@@ -257,15 +232,11 @@ pub(super) fn skip_reason(call: &RecordedCall) -> Option<&'static str> {
 
 /// When a compared call went out and under which TTL, against the lane's previous call:
 /// `(ttl, start_ms, previous_time)`; pushes `model_switch` and `ttl_expired` onto `call_events`.
-pub(super) fn call_timing(state: &mut LaneState, call: &RecordedCall, options: &ReplayOptions, request_start: Option<u64>, call_events: &mut Vec<String>) -> (CacheTtl, u64, Option<u64>) {
+pub(super) fn call_timing(state: &mut LaneState, call: &RecordedCall, request_start: Option<u64>, call_events: &mut Vec<String>) -> (CacheTtl, u64, Option<u64>) {
     if let Some(ttl) = super::session::ttl_of(&call.usage) {
         state.ttl = Some(ttl);
     }
-    let ttl = match (options.ttl_main, options.ttl_other) {
-        (Some(ttl), _) if call.lane == LANE_MAIN => ttl,
-        (_, Some(ttl)) if call.lane != LANE_MAIN => ttl,
-        _ => state.ttl.unwrap_or(CacheTtl::FiveMinutes),
-    };
+    let ttl = state.ttl.unwrap_or(CacheTtl::FiveMinutes);
     if state.model.as_ref().is_some_and(|m| m != &call.model) {
         call_events.push("model_switch".into());
     }
@@ -345,21 +316,18 @@ pub(super) fn turn_events(
     TurnSeen { new_turn, turn_start }
 }
 
-/// The request the transcript recorded sending for `call`, where it rebuilds exactly (under the
-/// TTL what-if of its lane), else why it was reconstructed (`None` both when the run does not
+/// The request the transcript recorded sending for `call`, where it rebuilds exactly, else why it was reconstructed (`None` both when the run does not
 /// use the recorded requests).
 pub(super) fn recorded_request(
     use_records: bool,
     rebuilder: &mut crate::recording::api_requests::Rebuilder<'_>,
     call: &RecordedCall,
-    options: &ReplayOptions,
 ) -> (Option<Request>, Option<String>) {
     if !use_records {
         return (None, None);
     }
     if let Some(id) = &call.request_ref {
-        let what_if_ttl = if call.lane == LANE_MAIN { options.ttl_main } else { options.ttl_other };
-        match rebuilder.rebuild(id).and_then(|r| r.request_with_ttl(what_if_ttl)) {
+        match rebuilder.rebuild(id).and_then(|r| r.request()) {
             Ok(request) => (Some(request), None),
             Err(why) => (None, Some(why)),
         }
@@ -582,7 +550,6 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
         shared: shared.as_deref(),
         file_tokens: &file_tokens,
         recorded_microcompact: options.recorded_microcompact,
-        eager: false,
     };
     let mut sizing = Sizing { user_context_prior, fitted_prefixes: &calibration.prefix_tokens, groups: BTreeMap::new(), unrecorded_main: None };
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
@@ -591,7 +558,7 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
     let mut views = crate::recording::ViewCache::default();
     let keys = super::session::MessageKeys::new(measurer.new_key_space());
     // (As the replay: options that change what the client sent leave the recorded requests.)
-    let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests && !options.changes_view() && options.layout.is_none();
+    let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests && !options.changes_view();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
     let mut calls = Vec::with_capacity(session.calls.len());
     for call in &session.calls {
@@ -634,7 +601,7 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
             calls.push(view(Some(reason.to_owned()), call_events, no_sizes));
             continue;
         }
-        let (ttl, start_ms, previous_time) = call_timing(state, call, options, scan.request_start, &mut call_events);
+        let (ttl, start_ms, previous_time) = call_timing(state, call, scan.request_start, &mut call_events);
         // The messages the call saw, as the client changed them (the lane's view, or the main
         // thread's forked for a compaction request).
         let fork_messages;
@@ -665,7 +632,7 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
         let truncated = session.recording.header.head_truncated && group == LANE_MAIN;
         let seen = turn_events(state, call, main_fork.is_some(), messages, &scan.turn_scan, truncated, options, &turn_profile, &mut call_events, &mut |_, _, _| {});
         let strips_thinking = measurer.model(&call.model).is_ok_and(|m| m.strips_prior_thinking);
-        let (rebuilt, _) = recorded_request(use_records, &mut rebuilder, call, options);
+        let (rebuilt, _) = recorded_request(use_records, &mut rebuilder, call);
         if let Err(e) = sizing.size_group(measurer, call, messages, &group, truncated, &mut notes) {
             calls.push(view(Some(e), call_events, no_sizes));
             continue;

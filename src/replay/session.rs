@@ -46,7 +46,6 @@ use crate::recording::{
     read_recording,
 };
 
-use super::layout::{ReplayLayout, drop_deferred_listings, tool_search_selections};
 use super::profile::{ClientProfile, fitted_with_note};
 use super::turns::{TurnState, current_prompt_index, salt_message, side_cut};
 use super::working_set::WorkingSet;
@@ -64,42 +63,16 @@ pub struct ReplayOptions {
     pub side_entries: bool,
     /// Restore recently read files after a compaction.
     pub restore_files: bool,
-    /// The TTL of the main lane's markers; `None` = the one the recording shows per call.
-    pub ttl_main: Option<CacheTtl>,
     /// Apply the microcompacts the recording shows (clear the results they cleared).
     pub recorded_microcompact: bool,
-    /// A peer mechanism applied to every call's messages (`strategy: none` = as recorded).
-    pub peer: crate::agent::compact::peers::PeerConfig,
-    /// API context editing `clear_tool_uses`: `(trigger input tokens, tool uses kept)`.
-    pub clear_tool_uses: Option<(u64, usize)>,
-    /// Autocompact settings to replay the session under (`None`: where the recording
-    /// compacted). See [`super::whatif`].
-    pub autocompact: Option<crate::agent::compact::config::AutocompactConfig>,
     /// Judge the information lost ([`SessionReplay::info_loss`]); callers that do not report it
     /// (`audit`) skip the walk of every request it costs.
     #[serde(skip)]
     pub info_loss: bool,
     /// Judge the information each main-lane compaction loses
-    /// ([`SessionReplay::compaction_losses`]); a replay that only plans where compactions go
-    /// ([`super::whatif`]) reads counts and skips it.
+    /// ([`SessionReplay::compaction_losses`]); a caller that reads counts only skips it.
     #[serde(skip)]
     pub compaction_losses: bool,
-    /// Per-tool persistence thresholds other than the client's (`None`: the recorded results
-    /// as the client sent them): a larger recorded result becomes its preview.
-    pub tool_result_budget: Option<crate::agent::compact::config::ToolResultBudgetConfig>,
-    /// Tool-output limits other than the client's (`None`: the recorded results as sent): a
-    /// recorded Bash, MCP or Read result beyond them becomes what the client's executor returns
-    /// instead ([`crate::agent::tools::exec::limit_recorded_results`]).
-    pub output_limits: Option<crate::agent::tools::exec::OutputLimits>,
-    /// A request layout other than the recorded client's (`None`: as recorded); see
-    /// [`ReplayLayout`].
-    pub layout: Option<super::layout::ReplayLayout>,
-    /// The TTL of the markers of every lane but the main one (`None`: the recorded one).
-    pub ttl_other: Option<CacheTtl>,
-    /// The agent's long-context stages run on the main lane's messages before every recorded
-    /// main call ([`super::stages`]: time-based and cached microcompact, the aggregate tool result
-    /// budget, snip, context collapse); `None`: the recording's messages as its client sent them.
-    pub stages: Option<crate::agent::compact::CompactConfig>,
     /// Measure the request a 2.1.2xx/3xx transcript recorded sending (`api-request` records,
     /// [`crate::recording::api_requests`]) instead of reconstructing it, wherever it can be
     /// rebuilt exactly and the options leave the recorded requests as they were.
@@ -112,103 +85,11 @@ pub struct ReplayOptions {
 }
 
 impl ReplayOptions {
-    /// The knobs of `strategy` a replay honours: the main lane's TTL (replacing the recorded
-    /// one: `claude-code` is 5m, `claude-code-1h` 1h), the recorded microcompacts, a peer
-    /// mechanism, API context editing, and every autocompact setting (buffer, percentage
-    /// override, window, `DISABLE_AUTO_COMPACT`, `DISABLE_COMPACT`: [`super::whatif`]), and
-    /// the tool result budget's per-tool thresholds, and the chain's other stages where the
-    /// strategy turns them on or changes them (time-based and cached microcompact, the
-    /// aggregate budget, snip, collapse: [`super::stages`]). Session-memory compaction and the
-    /// request layout (tool search, MCP placement, the boundary) are still the recording's: a
-    /// sweep over them says it changes nothing, and `ctxsim strategies` marks them
-    /// ([`knob_on_real_sessions`]).
-    pub fn from_strategy(strategy: &crate::strategy::Strategy) -> ReplayOptions {
-        let editing = &strategy.compact.context_editing;
-        ReplayOptions {
-            ttl_main: Some(strategy.ttl_main.ttl()),
-            recorded_microcompact: strategy.replay_recorded_microcompact,
-            peer: strategy.compact.peer.clone(),
-            clear_tool_uses: editing.clear_tool_uses.then_some((editing.trigger_input_tokens, strategy.compact.peer.keep_recent)),
-            // The defaults are the recorded client's own rule (its version's reserve): the
-            // recording's compactions stand. Any other setting moves them.
-            autocompact: (strategy.compact.autocompact != Default::default()).then(|| strategy.compact.autocompact.clone()),
-            // The recorded results are what the client's own thresholds left; other thresholds
-            // are applied to them (a higher one cannot restore what the client persisted).
-            // (The aggregate budget is a stage of its own: [`Self::stages`].)
-            tool_result_budget: rebudgets_recorded_results(&strategy.compact.tool_result_budget).then(|| strategy.compact.tool_result_budget.clone()),
-            // Like the thresholds: the defaults are the recorded client's, other limits apply
-            // to what it sent.
-            output_limits: {
-                let limits = crate::agent::tools::exec::OutputLimits::from_strategy(strategy);
-                (limits != crate::agent::tools::exec::OutputLimits::from_strategy(&crate::strategy::Strategy::default())).then_some(limits)
-            },
-            layout: {
-                let layout = ReplayLayout::of(strategy);
-                (layout != ReplayLayout::of(&crate::strategy::Strategy::default())).then_some(layout)
-            },
-            ttl_other: strategy.ttl_other.named(),
-            stages: super::stages::configured(&strategy.compact).then(|| super::stages::chain_config(&strategy.compact)),
-            ..ReplayOptions::default()
-        }
-    }
-
-    /// Whether these options change what the model would have seen (beyond the cache).
+    /// Whether these options change what the model would have seen (beyond the cache): the
+    /// recorded microcompacts left out.
     pub fn changes_view(&self) -> bool {
         !self.recorded_microcompact
-            || self.autocompact.is_some()
-            || self.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
-            || self.clear_tool_uses.is_some()
-            || self.tool_result_budget.is_some()
-            || self.output_limits.is_some()
-            || self.layout.as_ref().is_some_and(|l| l.eager_tools)
-            || self.stages.is_some()
     }
-}
-
-/// The per-tool part of a tool result budget (the aggregate settings left at their defaults).
-/// Whether `budget`'s per-tool thresholds are other than the defaults. The defaults stand for
-/// the recorded client's own thresholds, which a recorded session's tool results already went
-/// through: under them no recorded result is persisted again, by the replay or by the agent
-/// driving the recording ([`super::workload::keep_recorded_results`]); other thresholds apply
-/// to the recorded results (a higher one cannot restore what the client persisted).
-pub fn rebudgets_recorded_results(budget: &crate::agent::compact::config::ToolResultBudgetConfig) -> bool {
-    per_tool_budget(budget) != per_tool_budget(&Default::default())
-}
-
-fn per_tool_budget(config: &crate::agent::compact::config::ToolResultBudgetConfig) -> crate::agent::compact::config::ToolResultBudgetConfig {
-    let defaults = crate::agent::compact::config::ToolResultBudgetConfig::default();
-    crate::agent::compact::config::ToolResultBudgetConfig { aggregate_enabled: defaults.aggregate_enabled, aggregate_chars: defaults.aggregate_chars, ..config.clone() }
-}
-
-/// Knobs a replay of a real session honours ([`ReplayOptions::from_strategy`]), as dotted keys
-/// or key prefixes (a prefix ends with `.`).
-pub const REPLAYED_KNOBS: [&str; 17] = [
-    "ttl_main",
-    "replay_recorded_microcompact",
-    "compact.peer.",
-    "compact.context_editing.clear_tool_uses",
-    "compact.context_editing.trigger_input_tokens",
-    "compact.autocompact.enabled",
-    "compact.autocompact.compact_disabled",
-    "compact.autocompact.buffer_tokens",
-    "compact.autocompact.max_output_reserve_tokens",
-    "compact.autocompact.pct_override",
-    "compact.autocompact.window_override",
-    "compact.autocompact.context_window",
-    "compact.tool_result_budget.per_tool_chars",
-    "compact.tool_result_budget.",
-    "compact.microcompact.",
-    "compact.snip.",
-    "compact.context_collapse.",
-];
-
-/// Whether a replay of a real session honours the knob `key` (see [`REPLAYED_KNOBS`] and
-/// [`super::layout::LAYOUT_KNOBS`]).
-pub fn knob_on_real_sessions(key: &str) -> bool {
-    REPLAYED_KNOBS
-        .iter()
-        .chain(&super::layout::LAYOUT_KNOBS)
-        .any(|k| if k.ends_with('.') { key.starts_with(k) } else { key == *k || key.starts_with(&format!("{k}.")) })
 }
 
 impl Default for ReplayOptions {
@@ -217,18 +98,9 @@ impl Default for ReplayOptions {
             rerender_prompts: true,
             side_entries: true,
             restore_files: true,
-            ttl_main: None,
             recorded_microcompact: true,
-            peer: Default::default(),
-            clear_tool_uses: None,
-            autocompact: None,
             info_loss: true,
             compaction_losses: true,
-            tool_result_budget: None,
-            output_limits: None,
-            layout: None,
-            ttl_other: None,
-            stages: None,
             recorded_requests: true,
             compaction_anchor: true,
         }
@@ -349,8 +221,7 @@ impl CallReplay {
 pub struct SessionReplay {
     pub input: String,
     pub estimator: String,
-    /// Each call shared (a memo's copies of a replay, and a replay resumed from a checkpoint of
-    /// it, hold its calls by reference count).
+    /// Each call held by reference count.
     pub calls: crate::shared::SharedList<CallReplay>,
     /// Information loss over the replayed requests.
     pub info_loss: crate::measure::loss::InfoLoss,
@@ -362,10 +233,6 @@ pub struct SessionReplay {
     /// The recording starts mid-session (see [`crate::recording::format::Header::head_truncated`]).
     pub head_truncated: bool,
     pub unrecorded_main: Option<UnrecordedSizes>,
-    /// Where another autocompact setting moved the session's compactions
-    /// ([`ReplayOptions::autocompact`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub compaction_whatif: Option<super::whatif::CompactionWhatIf>,
     /// Per-version profile entries (prefix level, user context, thinking fill) the replay took
     /// from another version than the session's, one sentence each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -456,7 +323,7 @@ pub(super) struct LaneState {
     /// A ToolSearch load already changed the tools array.
     pub(super) tool_search_loaded: bool,
     pub(super) rerender_epoch: u32,
-    /// (Shared with the checkpoints and a compaction fork's request.)
+    /// (Shared with a compaction fork's request.)
     pub(super) restored: SharedBlocks,
     /// `cache_read + cache_creation` of the lane's previous compared call, as recorded.
     pub(super) prev_recorded_cached: Option<u64>,
@@ -476,9 +343,6 @@ pub(super) struct LaneState {
     pub(super) hidden_saved: u64,
     /// A compaction dropped the unrecorded history of a mid-conversation segment.
     pub(super) compacted: bool,
-    /// The last compaction was one a what-if inserted: the recorded totals after it are not
-    /// anchors for the segment's size.
-    pub(super) inserted_compaction: bool,
     /// The unrecorded part changed by an amount the transcript does not give (a compaction of a
     /// head-truncated segment, a microcompact of history older than the transcript): the next
     /// compared call's recorded total sizes the user context of the new segment.
@@ -490,7 +354,6 @@ pub(super) struct LaneState {
     /// The user context (with any older history) of the current segment, as its first call
     /// showed it.
     pub(super) segment_context: Option<u64>,
-    pub(super) peer: crate::agent::compact::peers::PeerState,
     /// Turn-level client behaviour (main lane only).
     pub(super) turns: TurnState,
     /// Bumped whenever `cleared` changes, and `restored`.
@@ -499,10 +362,6 @@ pub(super) struct LaneState {
     /// The lane's messages as last built ([`BuiltView`]).
     pub(super) built: BuiltView,
     pub(super) parts: Parts,
-    /// Under a layout what-if: new client processes so far (each recomputes the dynamic system
-    /// part), and the deferred tools the lane's `deferred_tools_delta` attachments announce.
-    pub(super) dynamic_epoch: u32,
-    pub(super) announced_deferred: BTreeSet<String>,
 }
 
 /// What a transcript does not record, put around the recorded messages of one call: the system
@@ -521,23 +380,7 @@ struct Unrecorded<'a> {
     cache_control: CacheControl,
     /// The tool result the last breakpoint goes on, when not the last block.
     marked_result: Option<&'a str>,
-    /// The layout what-if in force ([`ReplayOptions::layout`]).
-    layout: Option<LayoutCall<'a>>,
 }
-
-/// A layout what-if at one call: the layout, the re-computations of the dynamic system part so
-/// far, the deferred tools sent up front (name, tokens) and the client version.
-#[derive(Clone, Copy)]
-struct LayoutCall<'a> {
-    layout: &'a ReplayLayout,
-    dynamic_epoch: u32,
-    up_front: &'a [(String, u64)],
-    version: &'a str,
-}
-
-/// Tokens of the filler tool each deferred tool sent up front or loaded is sized as when the size
-/// profile does not know it (MCP tools).
-const DEFERRED_TOOL_TOKENS: u64 = 80;
 
 impl Unrecorded<'_> {
     fn request(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes) -> Request {
@@ -550,30 +393,15 @@ impl Unrecorded<'_> {
     fn request_with(&self, model: &str, messages: Vec<Message>, sizes: GroupSizes, parts: &mut Parts) -> Request {
         let mut request = Request::new(model.to_owned(), 32_000);
         request.messages = messages;
-        if let Some(layout) = &self.layout {
-            let (tools, system) = self.laid_out(layout, sizes);
-            request.tools = Some(tools.into());
-            request.system = Some(system);
-            parts.system_key = None;
-        }
         let label = if self.group == LANE_MAIN { "system".to_owned() } else { format!("system {}", self.group) };
         let key = (label, sizes.prefix_tokens, self.kind, self.params.scale.to_bits(), self.params.per_block.to_bits(), self.cache_control.clone());
-        if self.layout.is_none() {
-            let system = match parts.system.take() {
-                Some((k, system)) if k == key => system,
-                _ => system_filler(&key, self.shared),
-            };
-            request.system = Some(system);
-            parts.system_key = Some(key);
-        }
-        if self.layout.is_some() {
-            let tools = request.tools.get_or_insert_with(Default::default);
-            tools.extend(
-                self.loaded_tools
-                    .iter()
-                    .map(|name| Tool::custom(name.clone(), filler(name, DEFERRED_TOOL_TOKENS, EstimatorKind::Chars4, 1.0, 0.0, None), serde_json::json!({"type": "object"}))),
-            );
-        } else if !self.loaded_tools.is_empty() {
+        let system = match parts.system.take() {
+            Some((k, system)) if k == key => system,
+            _ => system_filler(&key, self.shared),
+        };
+        request.system = Some(system);
+        parts.system_key = Some(key);
+        if !self.loaded_tools.is_empty() {
             request.tools = Some(
                 self.loaded_tools
                     .iter()
@@ -600,7 +428,6 @@ impl Unrecorded<'_> {
             let at = target.unwrap_or(blocks.len().saturating_sub(1));
             if let Some(block) = blocks.get_mut(at)
                 && !block.is_thinking()
-                && self.layout.is_none_or(|l| l.layout.prompt_caching)
             {
                 block.set_cache_control(Some(self.cache_control.clone()));
             }
@@ -610,54 +437,8 @@ impl Unrecorded<'_> {
 
     /// The label and size of the user-context reminder opening `messages[0]`, if any.
     fn reminder(&self, sizes: GroupSizes) -> Option<(String, u64)> {
-        let tokens = sizes.context_tokens - self.dynamic_tokens(sizes);
+        let tokens = sizes.context_tokens;
         (tokens > 0).then(|| (format!("user-context {} {} {}", self.group, self.epoch, tokens), tokens))
-    }
-
-    /// Tokens of the dynamic system part under a layout what-if: the main thread's, taken from
-    /// the user-context share (see [`ReplayLayout`]); 0 otherwise.
-    fn dynamic_tokens(&self, sizes: GroupSizes) -> u64 {
-        match self.layout {
-            Some(_) if self.group == LANE_MAIN => super::profile::layout_shares().dynamic_tokens.min(sizes.context_tokens),
-            _ => 0,
-        }
-    }
-
-    /// The tools and system prompt of a request under a layout what-if: the parts the prefix
-    /// level is cut into ([`ReplayLayout`]), laid out by the agent's block layout.
-    fn laid_out(&self, call: &LayoutCall<'_>, sizes: GroupSizes) -> (Vec<Tool>, SystemPrompt) {
-        use crate::agent::system_prompt::{attribution_text, block_mode, fingerprint, identity_line, layout_blocks};
-        let fill = |label: &str, tokens: u64| if tokens == 0 { String::new() } else { filler(label, tokens, self.kind, self.params.scale, self.params.per_block, self.shared) };
-        let shares = super::profile::layout_shares();
-        let attribution = attribution_text(call.version, &fingerprint("", call.version), "cli");
-        let attribution_tokens = u64::from(chars4(&attribution));
-        let identity_tokens = u64::from(chars4(identity_line(true, false)));
-        let prefix = sizes.prefix_tokens;
-        let tools_tokens = (prefix as f64 * shares.tools_share).round() as u64;
-        let static_tokens = prefix.saturating_sub(tools_tokens + attribution_tokens + identity_tokens);
-        // The tool is counted as its JSON: the filler makes up what its framing does not.
-        let name = format!("tools_{}", self.group);
-        let schema = serde_json::json!({"type": "object"});
-        let framing = serde_json::to_string(&Tool::custom(name.clone(), String::new(), schema.clone())).unwrap_or_default();
-        let framing = u64::from(match self.kind {
-            EstimatorKind::Chars4 => chars4(&framing),
-            _ => bpe_shared(self.shared, &framing),
-        });
-        let framing = if self.kind == EstimatorKind::Calibrated { (framing as f64 * self.params.scale).round() as u64 } else { framing };
-        let mut tools = vec![Tool::custom(name, fill(&format!("tools {}", self.group), tools_tokens.saturating_sub(framing)), schema)];
-        tools.extend(
-            call.up_front
-                .iter()
-                .map(|(name, tokens)| Tool::custom(name.clone(), filler(name, *tokens, EstimatorKind::Chars4, 1.0, 0.0, None), serde_json::json!({"type": "object"}))),
-        );
-        let options = call.layout.system_options(self.group, self.cache_control.ttl.unwrap_or(CacheTtl::FiveMinutes));
-        let inline_mcp = call.up_front.iter().any(|(name, _)| name.starts_with("mcp__"));
-        let (mode, _) = block_mode(&options, inline_mcp);
-        let attribution = call.layout.attribution.then(|| fill("attribution", attribution_tokens));
-        let statics = fill(&format!("system static {}", self.group), static_tokens);
-        let dynamics = fill(&format!("system dynamic {} {}", self.group, call.dynamic_epoch), self.dynamic_tokens(sizes));
-        let blocks = layout_blocks(attribution.as_deref(), &fill("identity", identity_tokens), &statics, &dynamics, mode, &options);
-        (tools, SystemPrompt::Blocks(blocks.into()))
     }
 
     /// The keys of [`Self::request`]'s messages when it is built around `messages` (a prefix of
@@ -1005,15 +786,12 @@ pub(super) fn resends_its_output(reply: &crate::recording::ModelReply, main_vers
         && reply.content.iter().any(ContentBlock::is_thinking)
 }
 
-/// Puts the unrecorded prefix alone (tools + system of `prefix_tokens`) in the simulated cache,
-/// and in every TTL shadow's, as written at `at`: what the record shows another process of the
-/// client cached (a warm first call, Claude Desktop's shared static prefix).
-fn seed_prefix(measurer: &mut Measurer, shadows: &mut [TtlShadow], unrecorded: &Unrecorded<'_>, call: &RecordedCall, prefix_tokens: u64, at: u64) {
+/// Puts the unrecorded prefix alone (tools + system of `prefix_tokens`) in the simulated cache
+/// as written at `at`: what the record shows another process of the client cached (a warm first
+/// call, Claude Desktop's shared static prefix).
+fn seed_prefix(measurer: &mut Measurer, unrecorded: &Unrecorded<'_>, call: &RecordedCall, prefix_tokens: u64, at: u64) {
     let prefix_only = unrecorded.request(&call.model, Vec::new(), GroupSizes { prefix_tokens, context_tokens: 0 });
     if let Ok(flat) = measurer.flatten(&prefix_only) {
-        for shadow in shadows.iter_mut() {
-            shadow.process(measurer, &flat, call.lane == LANE_MAIN, at, 0);
-        }
         let _ = measurer.seed_cache(&flat, at, 0);
     }
 }
@@ -1170,7 +948,7 @@ pub(crate) fn filler(label: &str, target: u64, kind: EstimatorKind, scale: f64, 
 
 /// The system prompt of a request without a layout: one filler block (of `key`'s label, tokens
 /// and estimator) with the breakpoint. Memoized per thread like [`filler`], and handed out
-/// shared: requests built with equal keys (a replay's lanes, forks and what-ifs) hold one
+/// shared: requests built with equal keys (a replay's lanes and forks) hold one
 /// allocation, which the flattener compares by pointer instead of by its text.
 fn system_filler(key: &SystemKey, shared: Option<&SharedCounts>) -> SystemPrompt {
     thread_local! {
@@ -1323,201 +1101,28 @@ pub(super) fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_think
 
 /// Replays every call of `session` through `measurer`.
 pub fn replay_session(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_dispatch(session, measurer, options, true, None)
-}
-
-/// [`replay_session`] sharing replays with other calls on the same session through `memo`
-/// (the points of a sweep): the same result, each distinct replay made once.
-pub fn replay_session_shared(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, memo: &super::whatif::ReplayMemo) -> SessionReplay {
-    replay_dispatch(session, measurer, options, true, Some(memo))
-}
-
-/// With another autocompact setting the compactions move first ([`super::whatif`]).
-fn replay_dispatch(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, memo: Option<&super::whatif::ReplayMemo>) -> SessionReplay {
-    match (&options.autocompact, memo) {
-        (Some(config), _) => {
-            let (mut replay, whatif) = super::whatif::replay_with_autocompact(session, measurer, options, config, incremental, memo);
-            replay.compaction_whatif = Some(whatif);
-            replay
-        }
-        (None, Some(memo)) => super::whatif::replay_memoized(session, measurer, options, incremental, memo),
-        (None, None) => replay_session_with(session, measurer, options, incremental, &mut []),
-    }
-}
-
-/// [`replay_session`] with the session's compactions where they are; `incremental` as in
-/// [`replay_session_with`].
-pub fn replay_session_plain(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> SessionReplay {
-    replay_session_with(session, measurer, options, incremental, &mut [])
-}
-
-/// [`replay_session_plain`], with the compactions it went through (judged or not): a replay
-/// that judges them is this one with [`CompactionsSeen::judge`]'s losses.
-pub fn replay_session_plain_seen(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool) -> (SessionReplay, CompactionsSeen) {
-    replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Off)
-}
-
-/// A what-if of the main lane's TTL simulated alongside a replay ([`replay_session_shadowed`]):
-/// a second cache fed the same requests, the main lane's markers at [`TtlShadow::ttl`].
-///
-/// The what-if replay ([`ReplayOptions::ttl_main`]) builds the same requests but for their
-/// markers' TTL, as long as nothing the replay decides from the simulated cache comes out
-/// otherwise: whether a new turn seeds the previous turn's side entry (it does when the main
-/// lane's previous call read anything) and whether the simulator accepted the request. When either differs at some call, or a
-/// request carries an automatic marker, the shadow is not [`TtlShadow::exact`] and the what-if
-/// must be replayed in full.
-#[derive(Debug)]
-pub struct TtlShadow {
-    pub ttl: CacheTtl,
-    cache: crate::measure::CacheSim,
-    /// The outcome of every measured call, by call index.
-    outcomes: BTreeMap<usize, crate::measure::CacheOutcome>,
-    /// This cache's read of the main lane's previous measured call.
-    previous_read_main: Option<u64>,
-    exact: bool,
-}
-
-impl TtlShadow {
-    pub fn new(ttl: CacheTtl) -> TtlShadow {
-        TtlShadow { ttl, cache: crate::measure::CacheSim::new(), outcomes: BTreeMap::new(), previous_read_main: None, exact: true }
-    }
-
-    /// Whether [`Self::apply`] gives the what-if replay's figures exactly.
-    pub fn exact(&self) -> bool {
-        self.exact
-    }
-
-    /// Runs one request of the replay through this cache (`main`: a call of the main lane,
-    /// whose markers take [`Self::ttl`]).
-    fn process(&mut self, measurer: &Measurer, flat: &FlatRequest, main: bool, start_ms: u64, first_token_ms: u64) -> Option<crate::measure::CacheOutcome> {
-        // The measurer caches nothing for a model it does not know.
-        let min = measurer.table().lookup(&flat.model).ok()?.min_cacheable_tokens;
-        if flat.auto_cache_control.is_some() {
-            self.exact = false;
-        }
-        match self.cache.process_as(flat, min, start_ms, first_token_ms, main.then_some(self.ttl)) {
-            Ok(outcome) => Some(outcome),
-            Err(_) => {
-                self.exact = false;
-                None
-            }
-        }
-    }
-
-    /// The measured call `index` as the baseline measured it (`metrics`) and as this cache did.
-    fn measured(&mut self, index: usize, main: bool, outcome: Option<crate::measure::CacheOutcome>, metrics: &RequestMetrics) {
-        match outcome {
-            Some(outcome) if metrics.error.is_none() => {
-                if main {
-                    self.previous_read_main = Some(outcome.cache_read_input_tokens);
-                }
-                self.outcomes.insert(index, outcome);
-            }
-            _ => self.exact = false,
-        }
-    }
-
-    /// A new user turn of the main lane: whether it seeds the previous turn's side entry
-    /// depends on whether the previous call read anything, which this cache may answer
-    /// otherwise (`turns` as before the turn, the arguments of [`TurnState::on_new_turn`]).
-    fn new_turn(&mut self, turns: &TurnState, profile: &ClientProfile, messages: &[Message], record: super::turns::TurnRecord<'_>) {
-        let side_entry = |previous_read| {
-            let mut turns = turns.clone();
-            turns.previous_read = previous_read;
-            turns.on_new_turn(profile, messages, record).side_entry
-        };
-        if side_entry(turns.previous_read) != side_entry(self.previous_read_main) {
-            self.exact = false;
-        }
-    }
-
-    /// `replay` (the baseline this shadow ran alongside) turned into the what-if replay: every
-    /// measured call's simulated input, cache read and cache writes as this cache had them.
-    pub fn apply(&self, replay: &mut SessionReplay) {
-        for call in &mut replay.calls {
-            let (Some(outcome), Some(metrics)) = (self.outcomes.get(&call.index), call.metrics.as_mut()) else { continue };
-            metrics.input_tokens = outcome.input_tokens;
-            metrics.cache_read_input_tokens = outcome.cache_read_input_tokens;
-            metrics.cache_creation_input_tokens = outcome.cache_creation_input_tokens;
-            metrics.cache_creation.ephemeral_5m_input_tokens = outcome.ephemeral_5m_input_tokens;
-            metrics.cache_creation.ephemeral_1h_input_tokens = outcome.ephemeral_1h_input_tokens;
-            call.sim_input = outcome.input_tokens as f64;
-            call.sim_cache_read = outcome.cache_read_input_tokens as f64;
-            call.sim_cache_creation = outcome.cache_creation_input_tokens as f64;
-        }
-    }
-}
-
-/// [`replay_session`] with what-ifs of the main lane's TTL simulated alongside (`shadows`);
-/// `options` must not move compactions (`autocompact: None`).
-pub fn replay_session_shadowed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, shadows: &mut [TtlShadow]) -> SessionReplay {
-    assert!(options.autocompact.is_none(), "a TTL shadow runs alongside a replay with the recorded compactions");
-    replay_session_with(session, measurer, options, true, shadows)
+    replay_session_seeing(session, measurer, options, true, None)
 }
 
 /// [`replay_session`] the slow way, the reference the fast one must equal: every call's
 /// messages rebuilt from its view and changed as the client did, the flattener comparing them by
 /// content with the previous request's.
 pub fn replay_session_reference(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> SessionReplay {
-    replay_dispatch(session, measurer, options, false, None)
+    replay_session_seeing(session, measurer, options, false, None)
 }
 
 /// Called with each request a replay builds: its recorded call's index and the body.
 pub type RequestObserver<'a> = dyn FnMut(usize, &Request) + 'a;
 
-/// [`replay_session`] without a what-if, handing `observe` every request it builds (the index
-/// of its recorded call and the body, before measurement).
+/// [`replay_session`], handing `observe` every request it builds (the index of its recorded
+/// call and the body, before measurement).
 pub fn replay_session_observed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, observe: &mut dyn FnMut(usize, &Request)) -> SessionReplay {
-    replay_session_observing(session, measurer, options, true, &mut [], Some(observe), Checkpointing::Off)
-}
-
-/// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
-/// request's messages carry keys for the flattener.
-fn replay_session_with(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> SessionReplay {
-    replay_session_observing(session, measurer, options, incremental, shadows, None, Checkpointing::Off)
-}
-
-/// Checkpoints a replay takes at most (evenly spaced over its calls).
-pub const CHECKPOINTS: usize = 16;
-/// Calls between two checkpoints at least.
-const CHECKPOINT_MIN_STRIDE: usize = 8;
-
-/// The state of a replay before one of its calls: everything the calls before it left for the
-/// calls after it (the lanes' scan positions and state, the measurer's cache and tracks, the
-/// unrecorded sizes, the notes, the compactions seen), but the lanes' built messages, which the
-/// resumed replay builds again. A replay of the same session with
-/// compactions moved ([`ImportedSession::with_compaction_edits`]) is the same replay up to the
-/// first edited event, so it starts from the last checkpoint before that
-/// ([`replay_session_from`]) instead of from the first call. Taken only when
-/// [`checkpoints_apply`].
-#[derive(Debug, Clone)]
-pub struct ReplayCheckpoint {
-    /// The position in the session's calls of the next call.
-    position: usize,
-    /// The event index of the call before it.
-    last_event: usize,
-    measurer: crate::measure::MeasurerState,
-    /// Notes made by the calls so far (the notes of the set-up are the session's own).
-    notes: BTreeSet<String>,
-    unrecorded_main: Option<UnrecordedSizes>,
-    lanes: BTreeMap<String, LaneState>,
-    views: crate::recording::ViewCache,
-    keys: MessageKeys,
-    file_tokens: BTreeMap<(u128, String), u64>,
-    groups: BTreeMap<String, GroupSizes>,
-    turn: u32,
-    loss: crate::measure::loss::LossTracker,
-    diverged_calls: usize,
-    first_divergence: Option<(usize, String)>,
-    previous_main: Option<(usize, u64)>,
-    compactions: Vec<std::sync::Arc<CompactionSeen>>,
-    windows: BTreeMap<String, u64>,
+    replay_session_seeing(session, measurer, options, true, Some(observe))
 }
 
 /// A main-lane compaction a replay went through, judged when the replay ends
-/// ([`super::loss::compaction_loss`] reads the session's later turns, which an edit after it
-/// may change): the call after it, the previous main call, the messages after it and the two
-/// calls' contexts.
+/// ([`super::loss::compaction_loss`] reads the session's later turns): the call after it, the
+/// previous main call, the messages after it and the two calls' contexts.
 #[derive(Debug, Clone)]
 struct CompactionSeen {
     call: usize,
@@ -1527,154 +1132,9 @@ struct CompactionSeen {
     context_after: u64,
 }
 
-/// The checkpoints of one replay of a session as recorded ([`replay_session_checkpointed`]),
-/// with the replay (its calls before a checkpoint are the resumed replay's).
-#[derive(Debug)]
-pub struct ReplayCheckpoints {
-    at: Vec<ReplayCheckpoint>,
-    replay: std::sync::Arc<SessionReplay>,
-}
-
-impl ReplayCheckpoint {
-    /// The position in the session's calls of the call the checkpoint precedes.
-    pub fn position(&self) -> usize {
-        self.position
-    }
-}
-
-impl ReplayCheckpoints {
-    pub fn new(at: Vec<ReplayCheckpoint>, replay: std::sync::Arc<SessionReplay>) -> ReplayCheckpoints {
-        ReplayCheckpoints { at, replay }
-    }
-
-    /// The replay the checkpoints were taken in.
-    pub fn replay(&self) -> &std::sync::Arc<SessionReplay> {
-        &self.replay
-    }
-
-    /// The last checkpoint whose calls so far all come before event `first_edited` (the first
-    /// event an edited session changes).
-    pub fn before(&self, first_edited: usize) -> Option<&ReplayCheckpoint> {
-        self.at.iter().rev().find(|c| c.last_event < first_edited)
-    }
-}
-
-/// Whether a replay under `options` takes and resumes from checkpoints: not with the agent's
-/// stages on (their state is not kept).
-pub fn checkpoints_apply(options: &ReplayOptions) -> bool {
-    options.stages.is_none() && options.autocompact.is_none()
-}
-
-/// Where a replay starts and what it keeps.
-enum Checkpointing<'a> {
-    Off,
-    /// Take checkpoints into this list (every [`CHECKPOINTS`]th of the calls, or before the
-    /// calls at these positions).
-    Record(&'a mut Vec<ReplayCheckpoint>, Option<&'a [usize]>),
-    /// Start from this checkpoint, the calls before it as in this replay; take checkpoints
-    /// after it into the list, before the calls at these positions, when there is one.
-    Resume(&'a ReplayCheckpoint, &'a SessionReplay, Option<(&'a mut Vec<ReplayCheckpoint>, &'a [usize])>),
-}
-
-/// [`replay_session`] (with TTL `shadows` as [`replay_session_shadowed`]) taking up to
-/// [`CHECKPOINTS`] checkpoints on the way, for replays of the session with compactions moved
-/// ([`replay_session_from`]). The replay is the same as without them.
-pub fn replay_session_checkpointed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, shadows: &mut [TtlShadow]) -> (SessionReplay, Vec<ReplayCheckpoint>) {
-    assert!(checkpoints_apply(options), "checkpoints are taken with the recorded compactions and no agent stages");
-    let mut at = Vec::new();
-    let replay = replay_session_observing(session, measurer, options, incremental, shadows, None, Checkpointing::Record(&mut at, None));
-    (replay, at)
-}
-
-/// The replay of `session` (the session the checkpoints were taken on, its compactions moved by
-/// [`ImportedSession::with_compaction_edits`] after the checkpoint's calls) from `checkpoint` of
-/// `checkpoints` on: the same replay as from the first call, under the options and estimator the
-/// checkpoints were taken with.
-pub fn replay_session_from(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, checkpoints: &ReplayCheckpoints, checkpoint: &ReplayCheckpoint) -> SessionReplay {
-    replay_session_from_seen(session, measurer, options, incremental, checkpoints, checkpoint).0
-}
-
-/// [`replay_session_from`], with the compactions it went through (as
-/// [`replay_session_plain_seen`]).
-pub fn replay_session_from_seen(
-    session: &ImportedSession,
-    measurer: &mut Measurer,
-    options: &ReplayOptions,
-    incremental: bool,
-    checkpoints: &ReplayCheckpoints,
-    checkpoint: &ReplayCheckpoint,
-) -> (SessionReplay, CompactionsSeen) {
-    replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay, None))
-}
-
-/// [`replay_session_from_seen`] taking checkpoints after `checkpoint`, before the calls at
-/// `positions` (in the session's calls): a replay of the same edited session with later edits
-/// moved starts from them ([`ReplayCheckpoints::before`] with the first event the two differ
-/// in). The replay is the same as without them.
-pub fn replay_session_from_checkpointed(
-    session: &ImportedSession,
-    measurer: &mut Measurer,
-    options: &ReplayOptions,
-    incremental: bool,
-    checkpoints: &ReplayCheckpoints,
-    checkpoint: &ReplayCheckpoint,
-    positions: &[usize],
-) -> (SessionReplay, CompactionsSeen, Vec<ReplayCheckpoint>) {
-    assert!(checkpoints_apply(options), "checkpoints are taken with no agent stages");
-    let mut at = Vec::new();
-    let (replay, seen) =
-        replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Resume(checkpoint, &checkpoints.replay, Some((&mut at, positions))));
-    (replay, seen, at)
-}
-
-/// [`replay_session_plain_seen`] taking checkpoints before the calls at `positions`.
-pub fn replay_session_plain_checkpointed(
-    session: &ImportedSession,
-    measurer: &mut Measurer,
-    options: &ReplayOptions,
-    incremental: bool,
-    positions: &[usize],
-) -> (SessionReplay, CompactionsSeen, Vec<ReplayCheckpoint>) {
-    assert!(checkpoints_apply(options), "checkpoints are taken with no agent stages");
-    let mut at = Vec::new();
-    let (replay, seen) = replay_session_seeing(session, measurer, options, incremental, &mut [], None, Checkpointing::Record(&mut at, Some(positions)));
-    (replay, seen, at)
-}
-
-/// The main-lane compactions a replay went through, in call order, for judging their
-/// information loss after it ([`super::loss::compaction_loss`]).
-#[derive(Debug, Clone, Default)]
-pub struct CompactionsSeen(Vec<std::sync::Arc<CompactionSeen>>);
-
-impl CompactionsSeen {
-    /// Their losses in `session` (the session replayed): what the replay gives as
-    /// [`SessionReplay::compaction_losses`] when its options judge them.
-    pub fn judge(&self, session: &ImportedSession) -> Vec<super::loss::CompactionLoss> {
-        self.0.iter().map(|c| super::loss::compaction_loss(session, c.call, c.previous, &c.after, c.context_before, c.context_after)).collect()
-    }
-}
-
-fn replay_session_observing(
-    session: &ImportedSession,
-    measurer: &mut Measurer,
-    options: &ReplayOptions,
-    incremental: bool,
-    shadows: &mut [TtlShadow],
-    observe: Option<&mut RequestObserver<'_>>,
-    checkpointing: Checkpointing<'_>,
-) -> SessionReplay {
-    replay_session_seeing(session, measurer, options, incremental, shadows, observe, checkpointing).0
-}
-
-fn replay_session_seeing(
-    session: &ImportedSession,
-    measurer: &mut Measurer,
-    options: &ReplayOptions,
-    incremental: bool,
-    shadows: &mut [TtlShadow],
-    mut observe: Option<&mut RequestObserver<'_>>,
-    mut checkpointing: Checkpointing<'_>,
-) -> (SessionReplay, CompactionsSeen) {
+/// `incremental`: each lane's built messages are kept from call to call ([`BuiltView`]) and the
+/// request's messages carry keys for the flattener.
+fn replay_session_seeing(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, incremental: bool, mut observe: Option<&mut RequestObserver<'_>>) -> SessionReplay {
     let input = session.recording.header.input.clone().unwrap_or_default();
     let kind = measurer.counter().kind();
     // The run's shared `bpe` text counts (audit's), for the fillers' labels.
@@ -1691,11 +1151,6 @@ fn replay_session_seeing(
 
     let thinking_estimate = unstored_thinking(session, measurer, &main_version, &mut setup_notes);
 
-    // Tool search off: the deferred tools the session's ToolSearch calls load are sent from the
-    // start.
-    let eager = options.layout.as_ref().is_some_and(|l| l.eager_tools);
-    let searched_tools: BTreeSet<String> = if eager { tool_search_selections(session) } else { BTreeSet::new() };
-
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
     let mut views = crate::recording::ViewCache::default();
     let mut keys = MessageKeys { space: measurer.new_key_space(), fresh: 0 };
@@ -1709,81 +1164,13 @@ fn replay_session_seeing(
     let mut first_divergence: Option<(usize, String)> = None;
     // The previous compared main call and its context; the loss of each main compaction.
     let mut previous_main: Option<(usize, u64)> = None;
-    let mut compactions: Vec<std::sync::Arc<CompactionSeen>> = Vec::new();
-    // The agent's long-context stages on the main lane ([`super::stages`]).
-    let mut stages = super::stages::StagesState::default();
-    let mut windows: BTreeMap<String, u64> = BTreeMap::new();
+    let mut compactions: Vec<CompactionSeen> = Vec::new();
     // The requests the transcript recorded sending, used where the options leave them as sent.
     let records_requests = !session.api_requests.requests.is_empty();
-    let use_records = records_requests && options.recorded_requests && !options.changes_view() && options.layout.is_none();
+    let use_records = records_requests && options.recorded_requests && !options.changes_view();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
 
-    let mut start = 0;
-    if let Checkpointing::Resume(at, replay, _) = &checkpointing {
-        assert!(shadows.is_empty() && observe.is_none(), "a resumed replay has no TTL shadow or observer");
-        start = at.position;
-        measurer.restore(&at.measurer);
-        profile_notes.clone_from(&at.notes);
-        sizing.unrecorded_main = at.unrecorded_main;
-        lanes.clone_from(&at.lanes);
-        views.clone_from(&at.views);
-        keys = at.keys.clone();
-        file_tokens.borrow_mut().clone_from(&at.file_tokens);
-        sizing.groups.clone_from(&at.groups);
-        out.extend_shared(&replay.calls, start);
-        turn = at.turn;
-        loss.clone_from(&at.loss);
-        diverged_calls = at.diverged_calls;
-        first_divergence.clone_from(&at.first_divergence);
-        previous_main = at.previous_main;
-        compactions.clone_from(&at.compactions);
-        windows.clone_from(&at.windows);
-    }
-    let stride = (session.calls.len() / CHECKPOINTS).max(CHECKPOINT_MIN_STRIDE);
-    for (position, call) in session.calls.iter().enumerate().skip(start) {
-        let record = match &mut checkpointing {
-            Checkpointing::Record(at, None) => (position % stride == 0).then_some(&mut **at),
-            Checkpointing::Record(at, Some(positions)) => positions.contains(&position).then_some(&mut **at),
-            Checkpointing::Resume(_, _, Some((at, positions))) if position > start => positions.contains(&position).then_some(&mut **at),
-            _ => None,
-        };
-        if let Some(at) = record
-            && position > 0
-        {
-            at.push(ReplayCheckpoint {
-                position,
-                last_event: session.calls[position - 1].event_index,
-                measurer: measurer.state(),
-                notes: profile_notes.clone(),
-                unrecorded_main: sizing.unrecorded_main,
-                // The lanes' built views and the view cache are not kept (the largest parts):
-                // the resumed replay rebuilds each lane's messages once, with serials the
-                // kept keys never saw.
-                lanes: lanes
-                    .iter_mut()
-                    .map(|(name, lane)| {
-                        // Nor the filler parts of its last request (a cache: the resumed
-                        // replay takes them from the filler memo).
-                        let built = std::mem::take(&mut lane.built);
-                        let parts = std::mem::take(&mut lane.parts);
-                        let kept = lane.clone();
-                        (lane.built, lane.parts) = (built, parts);
-                        (name.clone(), kept)
-                    })
-                    .collect(),
-                views: views.restarted(),
-                keys: keys.clone(),
-                file_tokens: file_tokens.borrow().clone(),
-                groups: sizing.groups.clone(),
-                turn,
-                loss: loss.clone(),
-                diverged_calls,
-                first_divergence: first_divergence.clone(),
-                previous_main,
-                compactions: compactions.clone(),
-                windows: windows.clone(),
-            });
-        }
+    for call in &session.calls {
         let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
         let group = group_of(&call.lane).to_owned();
         // A compaction request forks the main thread: its transcript holds only what it added.
@@ -1797,8 +1184,7 @@ fn replay_session_seeing(
         } else {
             ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, queued_across_compaction_rerenders_start: false, ..profile.clone() }
         };
-        // It sends what the main thread holds now: after a compaction (a what-if's included)
-        // the older history of a mid-conversation segment is gone from it too.
+        // It sends what the main thread holds now: after a compaction the older history of a mid-conversation segment is gone from it too.
         let main_segment = (call.lane == LANE_COMPACT)
             .then(|| lanes.get(LANE_MAIN).map(|m| (m.segment_context, m.hidden_saved, m.compacted)).unwrap_or_default());
         let state = lanes.entry(call.lane.clone()).or_default();
@@ -1818,12 +1204,8 @@ fn replay_session_seeing(
             shared: shared.as_deref(),
             file_tokens: &file_tokens,
             recorded_microcompact: options.recorded_microcompact,
-            eager,
         };
         let scan = super::record_view::scan_lane(&scan_cx, measurer, state, call, &profile, &turn_profile, &family, params, &mut call_events);
-        for _ in 0..scan.main_compactions {
-            stages.on_compaction();
-        }
         let super::record_view::LaneScan { request_start, turn_scan, attachment_chars, unsized_attachment_chars, .. } = scan;
 
         if let Some(reason) = super::record_view::skip_reason(call) {
@@ -1831,19 +1213,12 @@ fn replay_session_seeing(
             out.push(skipped_call(call, call_events, reason.to_owned()));
             continue;
         }
-        let (ttl, start_ms, previous_time) = super::record_view::call_timing(state, call, options, request_start, &mut call_events);
+        let (ttl, start_ms, previous_time) = super::record_view::call_timing(state, call, request_start, &mut call_events);
 
         // The messages the call saw, with what the client changed in them. A call of its own
-        // lane without a peer mechanism updates the lane's built view and borrows its messages
-        // for the request (given back after the measurement, with keys for the flattener); a
-        // fork or a peer-rewritten call builds its own.
-        let peer_active = options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None
-            || options.clear_tool_uses.is_some()
-            || options.tool_result_budget.is_some()
-            || options.output_limits.is_some()
-            || eager
-            || options.stages.is_some();
-        let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() && !peer_active {
+        // lane updates the lane's built view and borrows its messages for the request (given back
+        // after the measurement, with keys for the flattener); a fork builds its own.
+        let (mut messages, marked_result, mut lent) = if incremental && main_fork.is_none() {
             let (raw, serials) = session.messages_for_call_view(call, state.loaded_until, &mut views);
             state.built.update(raw, serials, &keys, (&state.cleared, state.cleared_version), &thinking_estimate, state.restored_version);
             state.built.with_restored(&state.restored, state.restored_version);
@@ -1860,9 +1235,6 @@ fn replay_session_seeing(
             for message in &mut messages {
                 client_view(message, cleared, &thinking_estimate);
             }
-            if main_fork.is_some() && options.stages.is_some() {
-                stages.fork_view(&mut messages);
-            }
             let marked = order_tool_results(&mut messages);
             (messages, marked, None)
         };
@@ -1874,89 +1246,6 @@ fn replay_session_seeing(
             && first.role == Role::User
         {
             first.content.blocks_mut().extend(restored.iter().cloned());
-        }
-        // The strategy's own mechanisms on what the recorded client sent.
-        let mut peer_stages = Vec::new();
-        // The agent's long-context stages, on the main thread.
-        if let Some(config) = &options.stages
-            && call.lane == LANE_MAIN
-        {
-            // The window the client ran with (200k unless the record shows 1M), or the one asked
-            // for, capped at what the model offers.
-            let info = measurer.table().lookup(&call.model).ok();
-            let window = *windows.entry(call.model.clone()).or_insert_with(|| super::triggers::recorded_window(session, &call.model, info));
-            let limits = crate::agent::compact::ModelLimits {
-                context_window: config.autocompact.context_window.map_or(window, |asked| asked.min(info.map_or(asked, |m| m.context_window))),
-                max_output_tokens: info.map_or(32_000, |m| m.max_output_tokens),
-            };
-            let run = stages.run(config, &mut messages, limits, start_ms, previous_time);
-            for id in run.cleared {
-                if state.cleared.insert(id) {
-                    state.cleared_version += 1;
-                }
-            }
-            if run.changed {
-                diverged_calls += 1;
-                if first_divergence.is_none() {
-                    let fired: Vec<String> = run.reports.iter().map(|r| format!("{} ({})", r.name, r.reason)).collect();
-                    let why = if fired.is_empty() { "the agent's stages changed the recorded messages".to_owned() } else { format!("{} changed the recorded messages", fired.join(", ")) };
-                    first_divergence = Some((call.index, why));
-                }
-            }
-            call_events.extend(run.events);
-            peer_stages.extend(run.reports);
-        }
-        if let Some(budget) = &options.tool_result_budget {
-            let replaced = crate::agent::compact::tool_result_budget::apply_to_messages(&mut messages, budget, "tool-results");
-            if !replaced.is_empty() && call.lane == LANE_MAIN {
-                diverged_calls += 1;
-                if first_divergence.is_none() {
-                    first_divergence = Some((call.index, format!("the tool result budget replaced the recorded result {} by its preview", replaced[0])));
-                }
-            }
-        }
-        if let Some(limits) = &options.output_limits {
-            let changed = crate::agent::tools::exec::limit_recorded_results(&mut messages, limits);
-            if !changed.is_empty() && call.lane == LANE_MAIN {
-                diverged_calls += 1;
-                if first_divergence.is_none() {
-                    first_divergence = Some((call.index, format!("the tool-output limits replaced the recorded result {} by what the client's executor returns", changed[0])));
-                }
-            }
-        }
-        if eager && drop_deferred_listings(&mut messages) && call.lane == LANE_MAIN {
-            diverged_calls += 1;
-            if first_divergence.is_none() {
-                first_divergence = Some((call.index, "tool search off: the deferred-tools listing the recorded client sent is not sent, every deferred tool is".to_owned()));
-            }
-        }
-        if options.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || options.clear_tool_uses.is_some() {
-            let window = measurer.table().lookup(&call.model).map_or(200_000, |m| m.context_window);
-            let base = sizing.groups.get(&group).map_or(0, |g| g.prefix_tokens + g.context_tokens);
-            let before = crate::agent::compact::peers::estimate_tokens(&messages);
-            let mut outcomes = state.peer.apply(&options.peer, &mut messages, window, base);
-            if let Some((trigger, keep)) = options.clear_tool_uses {
-                outcomes.push(crate::agent::compact::peers::clear_tool_uses(&mut messages, trigger, keep, base));
-            }
-            let changed = crate::agent::compact::peers::estimate_tokens(&messages) != before;
-            if changed {
-                diverged_calls += 1;
-                if first_divergence.is_none() {
-                    let fired: Vec<&str> = outcomes.iter().filter(|o| o.fired).map(|o| o.stage).collect();
-                    first_divergence = Some((call.index, format!("{} rewrote the recorded messages", fired.join("+"))));
-                }
-            }
-            peer_stages.extend(outcomes
-                .into_iter()
-                .filter(|o| o.fired)
-                .map(|o| crate::measure::StageReport {
-                    name: o.stage.to_owned(),
-                    fired: true,
-                    reason: o.reason,
-                    tokens_before: o.tokens_before,
-                    tokens_after: o.tokens_after,
-                    invalidated_from: None,
-                }));
         }
         if !options.recorded_microcompact && first_divergence.is_none() && call_events.iter().any(|e| e == "microcompact") {
             first_divergence = Some((call.index, "the recorded microcompact was not applied: its cleared tool results stay visible".to_owned()));
@@ -1972,11 +1261,7 @@ fn replay_session_seeing(
             options,
             &turn_profile,
             &mut call_events,
-            &mut |turns, messages, record| {
-                for shadow in shadows.iter_mut() {
-                    shadow.new_turn(turns, &turn_profile, messages, record);
-                }
-            },
+            &mut |_, _, _| {},
         );
         if seen.new_turn {
             turn += 1;
@@ -1988,7 +1273,7 @@ fn replay_session_seeing(
         let strips_thinking = measurer.model(&call.model).is_ok_and(|m| m.strips_prior_thinking);
 
         // The request as recorded, where the transcript has it and it rebuilds exactly.
-        let (rebuilt, reconstructed_because) = super::record_view::recorded_request(use_records, &mut rebuilder, call, options);
+        let (rebuilt, reconstructed_because) = super::record_view::recorded_request(use_records, &mut rebuilder, call);
 
         // Sizes of the unrecorded part: inferred from the group's first compared call.
         let sized = match sizing.size_group(measurer, call, &messages, &group, truncated, &mut profile_notes) {
@@ -2004,16 +1289,6 @@ fn replay_session_seeing(
             sizes.context_tokens = context;
         }
         let revealed = sizing.revealed_level(state, call, sizes, &group, rebuilt.is_some(), &call_events);
-        let up_front: Vec<(String, u64)> = if eager {
-            state
-                .announced_deferred
-                .union(&searched_tools)
-                .map(|name| (name.clone(), super::profile::builtin_tool_tokens(name).unwrap_or(DEFERRED_TOOL_TOKENS)))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let version = call.version.as_deref().unwrap_or("");
         let unrecorded = Unrecorded {
             group: &group,
             epoch: state.rerender_epoch,
@@ -2023,14 +1298,13 @@ fn replay_session_seeing(
             shared: shared.as_deref(),
             cache_control: CacheControl::ephemeral().with_ttl(Some(ttl)),
             marked_result: marked_result.as_deref(),
-            layout: options.layout.as_ref().map(|layout| LayoutCall { layout, dynamic_epoch: state.dynamic_epoch, up_front: &up_front, version }),
         };
 
         // A warm first call: an earlier session of the client cached its prefix.
         if let Some(prefix) = sized
             && call.usage.cache_read_input_tokens > 0
         {
-            seed_prefix(measurer, shadows, &unrecorded, call, prefix, start_ms.saturating_sub(1));
+            seed_prefix(measurer, &unrecorded, call, prefix, start_ms.saturating_sub(1));
         }
         let base = revealed.map(|_| messages.clone());
         // The side request after the previous turn, sent when that turn ended: an entry through
@@ -2054,36 +1328,23 @@ fn replay_session_seeing(
                 // From 2.1.170 the side request goes out when the stop hooks ran (records written
                 // later, such as a resumed process's, do not move it).
                 let at = turn_scan.side_entry_time(&profile, &state.turns, previous_time, start_ms);
-                for shadow in shadows.iter_mut() {
-                    shadow.process(measurer, &side_flat, call.lane == LANE_MAIN, at, 0);
-                }
                 let _ = measurer.seed_cache(&side_flat, at, 0);
                 super::record_view::side_entry_seen(&mut call_events, at, start_ms, previous_time, ttl);
             }
         }
         // Claude Desktop's static prefix is never cold: past the TTL the call still reads the
-        // prefix level in force (other clients sent the same bytes; see `ClientProfile`). Only
-        // where the layout keeps the global-scope marker on the static block (the dynamic
-        // boundary, prompt caching, and no deferred tool listed up front, which makes the
-        // client drop the global scope). Seeded past the shortest TTL of the replay and its TTL
-        // shadows, so each sees it where it expired.
+        // prefix level in force (other clients sent the same bytes; see `ClientProfile`).
         let expired = call_events.iter().any(|e| e == "ttl_expired");
-        let global_static_block = options.layout.as_ref().is_none_or(|l| l.global_scope && l.boundary && l.prompt_caching && !l.eager_tools);
-        let shortest_ttl = shadows.iter().map(|s| s.ttl.millis()).fold(ttl.millis(), u64::min);
-        let past_a_ttl = expired || previous_time.is_some_and(|p| start_ms.saturating_sub(p) >= shortest_ttl);
-        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && global_static_block && past_a_ttl {
-            seed_prefix(measurer, shadows, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
+        let past_a_ttl = expired || previous_time.is_some_and(|p| start_ms.saturating_sub(p) >= ttl.millis());
+        if profile.static_prefix_shared && call.lane == LANE_MAIN && rebuilt.is_none() && past_a_ttl {
+            seed_prefix(measurer, &unrecorded, call, sizes.prefix_tokens, start_ms.saturating_sub(1));
             if expired {
                 call_events.push(super::uncertainty::SHARED_PREFIX.into());
             }
         }
         let request_keys = if rebuilt.is_some() { None } else { lent.as_ref().map(|l| unrecorded.request_keys(&mut keys, &messages, &l.built.keys, state.restored_version, sizes)) };
         let own_messages = messages.len();
-        let mut request = unrecorded.request_with(&call.model, messages, sizes, &mut state.parts);
-        if options.stages.is_some() && call.lane == LANE_MAIN {
-            let offset = request.messages.len() - own_messages;
-            stages.insert_cache_edits(&mut request, offset);
-        }
+        let request = unrecorded.request_with(&call.model, messages, sizes, &mut state.parts);
         // The recorded request is measured; the reconstruction still updates the lane's view.
         let from_record = rebuilt.is_some();
         let (request, reconstructed) = match rebuilt {
@@ -2115,8 +1376,6 @@ fn replay_session_seeing(
         measure_input.output_tokens = call.usage.output_tokens;
         measure_input.events = call_events.iter().filter(|e| *e != "new_user_turn").cloned().collect();
         measure_input.recorded_usage = Some(call.usage.clone());
-        measure_input.stages = peer_stages;
-        let shadowed: Vec<_> = shadows.iter_mut().map(|shadow| shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms, call.time_ms - start_ms)).collect();
         let metrics = match measurer.measure_flat(measure_input, flat) {
             Ok(m) => m,
             Err(e) => {
@@ -2124,31 +1383,23 @@ fn replay_session_seeing(
                 continue;
             }
         };
-        for (shadow, outcome) in shadows.iter_mut().zip(shadowed) {
-            shadow.measured(call.index, call.lane == LANE_MAIN, outcome, &metrics);
-        }
-        if options.stages.is_some() && call.lane == LANE_MAIN {
-            stages.sent();
-        }
         if options.info_loss {
             loss.observe(&request, &metrics);
         }
         if call.lane == LANE_MAIN {
-            // Kept whether or not this replay judges them: a replay resumed from its
-            // checkpoints may.
             if let Some((previous, context_before)) = previous_main
                 && metrics.events.iter().any(|e| e == "compaction")
             {
-                compactions.push(std::sync::Arc::new(CompactionSeen { call: call.index, previous, after: request.messages.clone(), context_before, context_after: metrics.context_tokens }));
+                if options.compaction_losses {
+                    compactions.push(CompactionSeen { call: call.index, previous, after: request.messages.clone(), context_before, context_after: metrics.context_tokens });
+                }
             }
             previous_main = Some((call.index, metrics.context_tokens));
         }
         let built = reconstructed.unwrap_or(request);
         match lent.take() {
             Some(lent) => state.built = lent.give_back(built, &mut state.parts),
-            // (The agent's stages may have put blocks before the reminder.)
-            None if options.stages.is_none() => state.parts.recover(built, own_messages),
-            None => {}
+            None => state.parts.recover(built, own_messages),
         }
         // The record has just shown the prefix level: size the unrecorded part by it from now
         // on, and let the simulated cache hold what the real one does after this call.
@@ -2157,15 +1408,12 @@ fn replay_session_seeing(
             let corrected = unrecorded.request(&call.model, base, super::record_view::sizes_in(state, g, truncated, user_context_prior));
             if let Ok(mut flat) = measurer.flatten(&corrected) {
                 shape_flat(&corrected, &mut flat, strips_thinking, transient);
-                for shadow in shadows.iter_mut() {
-                    shadow.process(measurer, &flat, call.lane == LANE_MAIN, start_ms, call.time_ms - start_ms);
-                }
                 let _ = measurer.seed_cache(&flat, start_ms, call.time_ms - start_ms);
             }
         }
         state.prev_recorded_cached = Some(call.usage.cache_read_input_tokens + call.usage.cache_creation_input_tokens);
         // Either read counts: the record's (a prefix another process kept warm) or the replay's
-        // own (a what-if that keeps what the recording lost).
+        // own.
         state.turns.previous_read = Some(call.usage.cache_read_input_tokens.max(metrics.cache_read_input_tokens));
         // A reply whose thinking the replay filled brings an estimate of its own to the next step.
         let thinking_filled = !call.thinking_text_stored
@@ -2188,10 +1436,10 @@ fn replay_session_seeing(
     if first_divergence.is_some() && diverged_calls == 0 {
         diverged_calls = 1;
     }
-    let seen = CompactionsSeen(compactions);
-    let compaction_losses = if options.compaction_losses { seen.judge(session) } else { Vec::new() };
+    let compaction_losses =
+        compactions.iter().map(|c| super::loss::compaction_loss(session, c.call, c.previous, &c.after, c.context_before, c.context_after)).collect();
     profile_notes.extend(setup_notes);
-    let replay = SessionReplay {
+    SessionReplay {
         input,
         estimator: kind.name().to_owned(),
         calls: out,
@@ -2200,15 +1448,13 @@ fn replay_session_seeing(
         first_divergence,
         head_truncated: session.recording.header.head_truncated,
         unrecorded_main: sizing.unrecorded_main,
-        compaction_whatif: None,
         profile_notes: profile_notes.into_iter().collect(),
         compaction_losses,
         user_context_after_compaction: user_context_prior,
         calls_from_records: 0,
         records_requests,
     }
-    .with_record_count();
-    (replay, seen)
+    .with_record_count()
 }
 
 impl SessionReplay {

@@ -201,7 +201,7 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
                 let message_id = session.calls[replay.calls[i].index].message_id.clone();
                 main.push(MainPoint { call: i, event_index, message_id, count, compaction: pending.take() });
                 tail_tokens = 0;
-                reply_tokens = memo.rough(session, event_index, || event_rough_tokens(&event.kind));
+                reply_tokens = memo.rough(event_index, || event_rough_tokens(&event.kind));
                 open_uses = reply
                     .content
                     .iter()
@@ -212,10 +212,10 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
                     .collect();
             }
             EventKind::ToolResult(result) => {
-                tail_tokens += memo.rough(session, event_index, || event_rough_tokens(&event.kind));
+                tail_tokens += memo.rough(event_index, || event_rough_tokens(&event.kind));
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);
             }
-            kind => tail_tokens += memo.rough(session, event_index, || event_rough_tokens(kind)),
+            kind => tail_tokens += memo.rough(event_index, || event_rough_tokens(kind)),
         }
     }
     (opening, main)
@@ -417,7 +417,7 @@ pub(crate) fn mean_result_tokens(session: &ImportedSession) -> std::collections:
                 if let Some(name) = names.get(result.tool_use_id.as_str()) {
                     let entry = sums.entry(*name).or_default();
                     // A result's rough tokens (`added_tokens` of it).
-                    entry.0 += memo.rough(session, i, || event_rough_tokens(&event.kind));
+                    entry.0 += memo.rough(i, || event_rough_tokens(&event.kind));
                     entry.1 += 1;
                 }
             }

@@ -597,7 +597,7 @@ fn workload_with(
     // agent's side calls (session memory, hooks) get synthesized replies.
     world.insert(
         "fallback".into(),
-        json!({ "summary_tokens": (super::whatif::SUMMARY_CHARS / 4) as u64, "after_script_ends": true }),
+        json!({ "summary_tokens": (super::agent_whatif::SUMMARY_CHARS / 4) as u64, "after_script_ends": true }),
     );
     if let Some(window) = window {
         world.insert("context_window".into(), json!(window));
@@ -897,16 +897,37 @@ impl RecordedSettings {
 
 /// The tool results a workload returns are the recorded ones, which already went through the
 /// recorded client's per-tool persistence thresholds: where `strategy` keeps the default
-/// thresholds (they stand for the client's own, as in the replay:
-/// [`super::session::rebudgets_recorded_results`]) the agent persists none of them again.
+/// thresholds (they stand for the client's own: [`rebudgets_recorded_results`]) the agent
+/// persists none of them again.
 /// Before, the agent cut 9878's 2.0.76 results at calls 3 and 59 to their previews (−10k and −7k
 /// tokens the client sent whole, −8% to −25% on every call between). A strategy with other
 /// thresholds applies them. One rule for the agent as recorded ([`agent_replay`]) and its
 /// what-ifs (`agent_whatif`).
 pub fn keep_recorded_results(strategy: &mut crate::strategy::Strategy) {
-    if !super::session::rebudgets_recorded_results(&strategy.compact.tool_result_budget) {
-        super::stages::without_per_tool_thresholds(&mut strategy.compact.tool_result_budget);
+    if !rebudgets_recorded_results(&strategy.compact.tool_result_budget) {
+        without_per_tool_thresholds(&mut strategy.compact.tool_result_budget);
     }
+}
+
+/// Whether `budget`'s per-tool thresholds are other than the defaults. The defaults stand for
+/// the recorded client's own thresholds, which a recorded session's tool results already went
+/// through; other thresholds apply to the recorded results (a higher one cannot restore what
+/// the client persisted).
+pub fn rebudgets_recorded_results(budget: &crate::agent::compact::config::ToolResultBudgetConfig) -> bool {
+    per_tool_budget(budget) != per_tool_budget(&Default::default())
+}
+
+/// The per-tool part of a tool result budget (the aggregate settings left at their defaults).
+fn per_tool_budget(config: &crate::agent::compact::config::ToolResultBudgetConfig) -> crate::agent::compact::config::ToolResultBudgetConfig {
+    let defaults = crate::agent::compact::config::ToolResultBudgetConfig::default();
+    crate::agent::compact::config::ToolResultBudgetConfig { aggregate_enabled: defaults.aggregate_enabled, aggregate_chars: defaults.aggregate_chars, ..config.clone() }
+}
+
+/// `budget` with no per-tool persistence threshold: no tool's result is persisted for its own
+/// size (the aggregate budget stays as it is).
+fn without_per_tool_thresholds(budget: &mut crate::agent::compact::config::ToolResultBudgetConfig) {
+    budget.per_tool_chars.clear();
+    budget.default_chars = u64::MAX;
 }
 
 /// Drives the agent through `session` under `strategy`, measuring with `measurer`. The
@@ -1004,7 +1025,6 @@ fn agent_replay_dropping_thinking(
         first_divergence: None,
         head_truncated: session.recording.header.head_truncated,
         unrecorded_main: None,
-        compaction_whatif: None,
         profile_notes: Vec::new(),
         compaction_losses: Vec::new(),
         user_context_after_compaction: 0,

@@ -152,7 +152,7 @@ impl Engine {
     /// What ran the recorded sessions, as a sentence of the outputs.
     pub fn sentence(self) -> &'static str {
         match self {
-            Engine::Agent => "recorded sessions ran through the agent (`--engine agent`, the default): every knob the agent reads applies (not `replay_recorded_microcompact`, the record-based replay's own)",
+            Engine::Agent => "recorded sessions ran through the agent (`--engine agent`, the default): every knob applies",
         }
     }
 }

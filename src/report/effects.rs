@@ -170,31 +170,27 @@ pub enum Reason {
     None,
 }
 
-/// The tool-output limits, whose no-effect reason is the recording's largest result.
-const OUTPUT_LIMIT_KNOBS: [&str; 5] = ["bash_max_output_length", "max_mcp_output_tokens", "read_max_lines", "read_max_bytes", "read_max_tokens"];
+/// Knobs whose no-effect reason is a fact of the recording: the tool-output limits (its largest
+/// result) and whether the recorded microcompacts apply (whether it has any).
+const RECORD_FACT_KNOBS: [&str; 6] = ["bash_max_output_length", "max_mcp_output_tokens", "read_max_lines", "read_max_bytes", "read_max_tokens", "replay_recorded_microcompact"];
 
 impl Reason {
     /// The reason for `param` on `input`, with recorded sessions run by `engine` (the agent:
-    /// every knob reaches a session): the knob's stage is disabled at every point; the agent does
-    /// not read the knob; a tool-output limit below which the recording has no result; the knob
-    /// moves the autocompaction threshold. `strategies` are every point's.
+    /// every knob reaches a session): the knob's stage is disabled at every point; a tool-output
+    /// limit below which the recording has no result, or recorded microcompacts the session does
+    /// not have; the knob moves the autocompaction threshold. `strategies` are every point's.
     pub fn find_with(grid: &Grid, strategies: &[Strategy], param: usize, input: &Input, engine: crate::report::compare::Engine) -> Reason {
         let key = &grid.params[param].key;
         if let Some(reason) = stage_disabled(key, strategies) {
             return Reason::Known(reason);
         }
-        // A knob the agent never reads (only the record-based replay does) cannot change an
-        // agent run: say so rather than leave the reason blank.
-        if engine == crate::report::compare::Engine::Agent && crate::strategy::AGENT_UNREAD_KNOBS.contains(&key.as_str()) {
-            return Reason::Known("the agent does not read this knob: it is a setting of the record-based replay (`--engine replay`) only".to_owned());
-        }
-        // The tool-output limits' reasons are facts of the recording (no recorded result above
-        // the lowest limit), which hold through the agent too: its executor returns the recorded
+        // Facts of the recording (no recorded result above the lowest limit, no recorded
+        // microcompact), which hold through the agent too: its executor returns the recorded
         // results, and a limit cannot restore what the client cut.
         if let LoadedInput::Session(session) = &input.loaded
             && engine == crate::report::compare::Engine::Agent
-            && OUTPUT_LIMIT_KNOBS.contains(&key.as_str())
-            && let Some(why) = crate::replay::layout::knob_no_effect_reason(key, strategies, session)
+            && RECORD_FACT_KNOBS.contains(&key.as_str())
+            && let Some(why) = crate::replay::no_effect::knob_no_effect_reason(key, strategies, session)
         {
             return Reason::Known(why);
         }

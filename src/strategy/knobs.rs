@@ -143,9 +143,10 @@ pub struct Strategy {
     /// The git snapshot (`gitStatus`) in the system prompt; `CLAUDE_CODE_REMOTE` and
     /// `CLAUDE_CODE_DISABLE_GIT_INSTRUCTIONS` turn it off (so does `includeGitInstructions: false`).
     pub git_status: bool,
-    /// Replays apply the microcompacts the recording shows (the recorded client's own flags).
-    /// Off: the cleared tool results stay visible — what the model would have seen without
-    /// microcompact (its replies are still the recorded ones).
+    /// A recorded session's microcompacts (the recorded client's own) are applied where the
+    /// recording shows them. Off: the tool results they cleared stay in view (the replies after
+    /// the first one diverge: they answered the cleared conversation). The agent's own
+    /// microcompact is `compact.microcompact`.
     pub replay_recorded_microcompact: bool,
     /// The Claude Code release whose requests the agent builds (`--client-version`):
     /// `2.1.88` (the default) or `2.1.332` (src/agent/dialect.rs, data/profiles/2.1.332.toml).
@@ -198,19 +199,12 @@ impl Default for Strategy {
     }
 }
 
-/// The knobs (top-level keys of a [`Strategy`]) the agent never reads: only the record-based
-/// replay does. Two strategies that differ in these alone give the agent one run
-/// ([`Strategy::as_agent_runs`]). Every knob is in this list or in [`AGENT_READ_KNOBS`] (a
-/// test fails on a knob in neither, so a new knob must be classified).
-pub const AGENT_UNREAD_KNOBS: &[&str] = &[
-    // Whether a replay applies the recorded microcompacts (src/replay/session.rs); the agent's
-    // own microcompact is `compact.microcompact`.
-    "replay_recorded_microcompact",
-];
-
-/// The knobs the agent reads (the layer-6 chain's whole `compact` table among them).
+/// The knobs (top-level keys of a [`Strategy`]) the agent reads: all of them (the layer-6
+/// chain's whole `compact` table among them); a test fails on a knob not listed, so a new knob
+/// must be wired to the agent and listed.
 pub const AGENT_READ_KNOBS: &[&str] = &[
     "name",
+    "replay_recorded_microcompact",
     "dynamic_boundary",
     "global_cache_scope",
     "size_profile_padding",
@@ -271,22 +265,6 @@ pub enum StrategyError {
 }
 
 impl Strategy {
-    /// This strategy as the agent runs it, next to `reference`: the knobs the agent does not
-    /// read ([`AGENT_UNREAD_KNOBS`]) taken from `reference`, so strategies that differ in those
-    /// alone are one run.
-    /// A strategy that does not round-trip through JSON (a non-finite number from a user's
-    /// file) is returned as it is: its run is then keyed by every knob, which is correct, only
-    /// not shared.
-    pub fn as_agent_runs(&self, reference: &Strategy) -> Strategy {
-        let (Ok(mut value), Ok(reference)) = (serde_json::to_value(self), serde_json::to_value(reference)) else {
-            return self.clone();
-        };
-        for knob in AGENT_UNREAD_KNOBS {
-            value[*knob] = reference[*knob].clone();
-        }
-        serde_json::from_value(value).unwrap_or_else(|_| self.clone())
-    }
-
     /// A named preset (id or alias; see [`super::presets::PRESETS`]). `claude-code-env` reads
     /// the process environment.
     pub fn preset(name: &str) -> Result<Strategy, StrategyError> {
@@ -532,30 +510,17 @@ pub const ENV_VARS: [&str; 30] = [
 mod agent_knobs_tests {
     use super::*;
 
-    /// Every knob is classified: read by the agent or not, never both.
+    /// Every knob is read by the agent, and listed so.
     #[test]
-    fn every_knob_is_read_by_the_agent_or_listed_as_not() {
+    fn every_knob_is_read_by_the_agent() {
         let value = serde_json::to_value(Strategy::default()).unwrap();
         let knobs: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
         for knob in &knobs {
-            let read = AGENT_READ_KNOBS.contains(knob);
-            let unread = AGENT_UNREAD_KNOBS.contains(knob);
-            assert!(read != unread, "knob `{knob}`: list it in AGENT_READ_KNOBS or AGENT_UNREAD_KNOBS (exactly one)");
+            assert!(AGENT_READ_KNOBS.contains(knob), "knob `{knob}`: wire it to the agent and list it in AGENT_READ_KNOBS");
         }
-        for knob in AGENT_READ_KNOBS.iter().chain(AGENT_UNREAD_KNOBS) {
+        for knob in AGENT_READ_KNOBS {
             assert!(knobs.contains(knob), "`{knob}` is no knob of the strategy");
         }
-    }
-
-    #[test]
-    fn as_agent_runs_takes_the_unread_knobs_only() {
-        let reference = Strategy::default();
-        let mut other = Strategy { replay_recorded_microcompact: !reference.replay_recorded_microcompact, ..Strategy::default() };
-        assert_eq!(other.as_agent_runs(&reference), reference);
-        other.ttl_main = TtlSetting::OneHour;
-        let run = other.as_agent_runs(&reference);
-        assert_eq!(run.ttl_main, TtlSetting::OneHour);
-        assert_eq!(run.replay_recorded_microcompact, reference.replay_recorded_microcompact);
     }
 }
 

@@ -249,3 +249,30 @@ fn loss_references_are_paths_and_identifiers() {
     ctxsim::replay::loss::references(r#"Read D:\omp\src\Git.go; grep d:/omp/src/git.go:12; printf("s:\n")"#, &mut refs);
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["/d/omp/src/git.go"]);
 }
+
+/// `replay_recorded_microcompact = false` leaves the recorded microcompact out: the results it
+/// cleared stay in view (more context from its call on), the replies diverge there and say why;
+/// before it nothing changes.
+#[test]
+fn the_recorded_microcompact_left_out_keeps_its_results_in_view() {
+    let path = realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
+    let file = path.display().to_string();
+    let session = ctxsim::replay::load_session(&path).unwrap();
+    let prepared = prepare(&session, &file, &measurer()).unwrap();
+    let run = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+        agent_whatif(&session, &file, &prepared, &mut measurer(), &Strategy::resolve_with("claude-code", &sets).unwrap()).unwrap()
+    };
+    let (base, kept) = (run(&[]), run(&["replay_recorded_microcompact=false"]));
+    assert!(base.divergence.is_none(), "{:?}", base.divergence);
+    let (at, why) = kept.divergence.clone().expect("the results stay in view");
+    assert!(why.contains("recorded microcompact was left out"), "{why}");
+    let k = prepared.workload.main_calls.iter().position(|c| *c == at).unwrap();
+    let (rows, base_rows) = (main_rows(&kept), main_rows(&base));
+    assert!(rows[k].context_tokens > base_rows[k].context_tokens, "{} vs {}", rows[k].context_tokens, base_rows[k].context_tokens);
+    let sizes = |rows: &[&RequestMetrics]| rows.iter().map(|r| (r.context_tokens, r.cache_read_input_tokens)).collect::<Vec<_>>();
+    assert_eq!(sizes(&rows[..k]), sizes(&base_rows[..k]));
+    // The preset that turns microcompact off leaves it out too.
+    let preset = agent_whatif(&session, &file, &prepared, &mut measurer(), &Strategy::resolve_with("claude-code-no-microcompact", &[]).unwrap()).unwrap();
+    assert_eq!(preset.divergence.as_ref().map(|d| d.0), Some(at));
+}

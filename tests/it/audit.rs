@@ -372,13 +372,6 @@ fn audit_weighs_autocompact_thresholds_and_presets() {
     }
     // The sessions that never reach a threshold are decided without a replay, and rightly.
     assert!(gated.len() >= 6, "{gated:?}");
-    let (path, pct) = gated.iter().find(|(p, _)| p.contains("NumWordify")).expect("the small 1M-window session is gated").clone();
-    let session = load_session(Path::new(&path)).unwrap();
-    let strategy = ctxsim::strategy::Strategy::resolve_with("claude-code", &[format!("compact.autocompact.pct_override={pct}")]).unwrap();
-    let options = ctxsim::replay::ReplayOptions { ttl_main: None, ..ctxsim::replay::ReplayOptions::from_strategy(&strategy) };
-    let mut measurer = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).without_body_hashes();
-    let replay = ctxsim::replay::replay_session(&session, &mut measurer, &options);
-    assert!(replay.compaction_whatif.as_ref().is_some_and(|w| w.changes.is_empty()), "{:?}", replay.compaction_whatif);
     // The table says which what-ifs changed nothing.
     let (rows, total) = group(audits, GroupBy::Session);
     let table = audit_table(&rows, &total, GroupBy::Session, false);
@@ -445,99 +438,6 @@ fn a_trace_is_written_as_parquet_with_the_csv_columns() {
     assert_eq!(names.join(","), csv_text.lines().next().unwrap());
     assert_eq!(rows.len(), csv_text.lines().count() - 1);
     assert!(rows.len() >= 30);
-}
-
-/// The TTL what-ifs simulated alongside the baseline replay (`TtlShadow`) give exactly what the
-/// what-if replayed in full gives, per call, on every real session where the shadow says it is
-/// exact; and it is exact on most of them (else `audit` would replay every what-if again).
-#[test]
-fn a_ttl_shadow_equals_the_what_if_replayed_in_full() {
-    use ctxsim::api::CacheTtl;
-    use ctxsim::replay::fidelity::fidelity_for_session;
-    use ctxsim::replay::session::{ReplayOptions, TtlShadow, replay_session, replay_session_shadowed};
-    let table = ModelTable::shipped();
-    let make = || Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
-    let files = super::support::real_transcripts();
-    let exact: Vec<bool> = files
-        .par_iter()
-        .flat_map_iter(|path| {
-            let session = load_session(path).unwrap();
-            let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
-            let mut shadows = vec![TtlShadow::new(CacheTtl::OneHour), TtlShadow::new(CacheTtl::FiveMinutes)];
-            let baseline = replay_session_shadowed(&session, &mut make(), &plain, &mut shadows);
-            let mut out = Vec::new();
-            for shadow in &shadows {
-                if shadow.exact() {
-                    let mut shadowed = baseline.clone();
-                    shadow.apply(&mut shadowed);
-                    let options = ReplayOptions { ttl_main: Some(shadow.ttl), ..plain.clone() };
-                    let full = replay_session(&session, &mut make(), &options);
-                    assert_eq!(shadowed.calls.len(), full.calls.len());
-                    for (s, f) in shadowed.calls.iter().zip(&full.calls) {
-                        let figures = |c: &ctxsim::replay::session::CallReplay| {
-                            let m = c.metrics.as_ref();
-                            (c.index, c.sim_input, c.sim_cache_read, c.sim_cache_creation, m.map(|m| (m.input_tokens, m.cache_read_input_tokens, m.cache_creation)))
-                        };
-                        assert_eq!(figures(s), figures(f), "{} ttl_main={:?}", path.display(), shadow.ttl);
-                    }
-                    let cost = |r| fidelity_for_session(r, &table, false).simulated_cost_usd;
-                    assert_eq!(cost(&shadowed).to_bits(), cost(&full).to_bits(), "{}", path.display());
-                }
-                out.push(shadow.exact());
-            }
-            out
-        })
-        .collect();
-    let n = exact.iter().filter(|e| **e).count();
-    assert!(n * 4 >= exact.len() * 3, "the shadow is exact for {n} of {} what-ifs", exact.len());
-}
-
-/// An autocompact what-if replayed from a checkpoint of the replay as recorded (`ReplayMemo`:
-/// the edited session from the last checkpoint before its first edit), or of an earlier step of
-/// its plan search (from the last checkpoint before the first edit the two plans differ in), is
-/// the replay from the first call: every what-if the audit makes, on every real session, every field of every call
-/// (the compactions' losses included); and the checkpoints do skip calls. The reference shares
-/// nothing: every replay of its plan search and its final replay run from the first call, and
-/// the final one judges the compactions itself, where the memo judges those of the search's
-/// last replay (`judged_only`).
-#[test]
-fn a_checkpointed_what_if_equals_the_replay_from_the_first_call() {
-    use ctxsim::agent::compact::config::AutocompactConfig;
-    use ctxsim::replay::audit::AUTOCOMPACT_PCTS;
-    use ctxsim::replay::session::{ReplayOptions, replay_session, replay_session_checkpointed, replay_session_shared};
-    use ctxsim::replay::whatif::ReplayMemo;
-    let table = ModelTable::shipped();
-    let make = || Measurer::new(table.clone(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
-    let files = super::support::real_transcripts();
-    let skipped: Vec<(usize, usize, usize, usize, usize)> = files
-        .par_iter()
-        .map(|path| {
-            let session = load_session(path).unwrap();
-            let plain = ReplayOptions { info_loss: false, ..ReplayOptions::default() };
-            let with = ReplayMemo::new();
-            // As the audit does: the replay as recorded is the what-ifs' baseline.
-            let (baseline, at) = replay_session_checkpointed(&session, &mut make(), &plain, true, &mut []);
-            with.record_replay(&plain, true, std::sync::Arc::new(baseline), at);
-            let (mut changed, mut judged) = (0, 0);
-            for pct in AUTOCOMPACT_PCTS {
-                let config = AutocompactConfig { pct_override: Some(pct), ..Default::default() };
-                let options = ReplayOptions { autocompact: Some(config), ..plain.clone() };
-                let checkpointed = replay_session_shared(&session, &mut make(), &options, &with);
-                let full = replay_session(&session, &mut make(), &options);
-                assert_eq!(format!("{checkpointed:?}"), format!("{full:?}"), "{} autocompact_pct={pct}", path.display());
-                changed += full.compaction_whatif.as_ref().map_or(0, |w| w.changes.len());
-                judged += full.compaction_losses.len();
-            }
-            (changed, with.calls_skipped(), with.judged_only(), judged, with.from_planned())
-        })
-        .collect();
-    let (changed, skipped, judged_only, judged, from_planned) =
-        skipped.iter().fold((0, 0, 0, 0, 0), |(a, b, c, d, p), (e, f, g, h, q)| (a + e, b + f, c + g, d + h, p + q));
-    assert!(changed >= 10, "the what-ifs moved {changed} compactions");
-    assert!(skipped > 0, "the checkpoints skipped no call");
-    // A plan search's later steps start from checkpoints of its earlier steps' replays.
-    assert!(from_planned > 0, "no replay started from a checkpoint of another plan's replay");
-    assert!(judged_only > 0 && judged > 0, "no what-if judged the compactions of its plan search's last replay ({judged_only}; {judged} judged)");
 }
 
 /// The token-count cache file (`measure::token_cache`): created by a run, read by the next

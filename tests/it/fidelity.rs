@@ -460,7 +460,7 @@ fn check_keyed_equals_reference(paths: &[PathBuf], kind: EstimatorKind, options:
 /// The keys the replay hands the flattener never call two different messages equal: on every
 /// real session (compactions, microcompacts, resumes, parallel results, subagents, side entries,
 /// re-rendered prompts) the keyed replay equals the reference, and so do two sessions replayed
-/// through one measurer (key spaces), a peer mechanism (the copying path) and the other knobs.
+/// through one measurer (key spaces) and under the ablation knobs.
 #[test]
 fn fidelity_keyed_replay_equals_the_reference_replay() {
     let files = transcripts();
@@ -470,8 +470,7 @@ fn fidelity_keyed_replay_equals_the_reference_replay() {
     check_keyed_equals_reference(&spotter, EstimatorKind::Bpe, &ReplayOptions::default());
     let knobs = ReplayOptions { rerender_prompts: false, side_entries: false, restore_files: false, ..ReplayOptions::default() };
     check_keyed_equals_reference(&files[..2], EstimatorKind::Chars4, &knobs);
-    let masking = ctxsim::strategy::Strategy::resolve_with("observation-masking", &[]).unwrap();
-    check_keyed_equals_reference(&files[..2], EstimatorKind::Chars4, &ReplayOptions::from_strategy(&masking));
+    check_keyed_equals_reference(&files[..2], EstimatorKind::Chars4, &ReplayOptions { recorded_microcompact: false, ..ReplayOptions::default() });
 }
 
 /// The real session with a microcompact, changed so that its microcompacts clear results the

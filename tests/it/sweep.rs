@@ -141,17 +141,23 @@ fn a_knob_without_effect_on_a_real_session_is_reported_not_recommended() {
     assert!(std::fs::read_to_string(dir.path().join("sweep.html")).unwrap().contains("id=\"no-effect\""));
 }
 
-/// A knob only the record-based replay reads (`replay_recorded_microcompact`) swept through the
-/// agent, the default engine: the warning names why it changed nothing instead of a blank reason.
+/// Whether the recorded microcompacts apply (`replay_recorded_microcompact`) swept through the
+/// agent: on a session that records none the warning says so; on the one that records one the
+/// points differ and no warning is given.
 #[test]
-fn a_knob_the_agent_does_not_read_is_named_so_in_the_warning() {
+fn recorded_microcompacts_swept_say_where_there_are_none() {
     let dir = tempfile::tempdir().unwrap();
     let session = crate::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
     let session = session.display().to_string();
     let (_stdout, stderr) = sweep_output(&[session.as_str(), "--param", "replay_recorded_microcompact=true,false"], dir.path());
-    assert!(stderr.contains("replay_recorded_microcompact changed no result (the agent does not read this knob"), "stderr: {stderr}");
+    assert!(stderr.contains("replay_recorded_microcompact changed no result (the session records no microcompact)"), "stderr: {stderr}");
     let csv = std::fs::read_to_string(dir.path().join("no_effect.csv")).unwrap();
-    assert!(csv.contains("the agent does not read this knob"), "{csv}");
+    assert!(csv.contains("the session records no microcompact"), "{csv}");
+    let dir = tempfile::tempdir().unwrap();
+    let session = crate::support::realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
+    let session = session.display().to_string();
+    let (_stdout, stderr) = sweep_output(&[session.as_str(), "--param", "replay_recorded_microcompact=true,false"], dir.path());
+    assert!(!stderr.contains("changed no result"), "stderr: {stderr}");
 }
 
 /// Issue 13's case: the autocompact buffer on a real session with a recorded automatic
