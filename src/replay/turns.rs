@@ -667,7 +667,8 @@ impl RecordedClient {
         }
         let last = side.messages.last_mut()?.content.blocks_mut();
         let _ = last.iter_mut().rev().any(|b| b.set_cache_control(Some(marker.clone())));
-        let mut flat = measurer.flatten(&side).ok()?;
+        // Flattened salted as it is rendered: the track keeps the main requests' salts.
+        let mut flat = measurer.serve_salted(&side, None, None, &self.salts(false)).ok()?.flat;
         self.render(&mut flat, false);
         self.retime(&mut flat);
         Some(flat)
@@ -694,6 +695,11 @@ impl RecordedClient {
     /// conversation start as rendered since its last re-render, and the current prompt the
     /// transient way when `transient` (`flat`'s salts set, whatever it carried).
     fn render(&self, flat: &mut FlatRequest, transient: bool) {
+        flat.set_salts(&self.salts(transient));
+    }
+
+    /// The salts [`Self::render`] sets.
+    fn salts(&self, transient: bool) -> Vec<(usize, u128)> {
         let mut salts = Vec::new();
         if self.start_epoch > 0 {
             salts.push((0, START_SALT.wrapping_mul(u128::from(self.start_epoch))));
@@ -701,7 +707,7 @@ impl RecordedClient {
         if transient && let Some(index) = self.prompt_index {
             salts.push((index, TRANSIENT_SALT));
         }
-        flat.set_salts(&salts);
+        salts
     }
 }
 
