@@ -87,6 +87,11 @@ pub trait ClientRules {
     fn before_main(&mut self, call: MainCall<'_>, flat: &mut FlatRequest, measurer: &mut Measurer) -> Vec<String>;
     /// The row of that request, measured.
     fn after_main(&mut self, row: &RequestMetrics);
+    /// The salts ([`FlatRequest::set_salts`]) `before_main` most likely gives the next request:
+    /// it is flattened with them, so that `before_main` changes only what differs.
+    fn salts_hint(&self) -> &[(usize, u128)] {
+        &[]
+    }
 }
 
 /// A main-lane request as [`ClientRules`] sees it.
@@ -422,10 +427,13 @@ impl<'o> RunState<'o> {
                     }
                     // The server applies `context_management` before it counts or caches; it
                     // refuses oversized media first, then an over-long prompt.
-                    let mut served = measurer.serve(&request).map_err(|e| err(i, e.to_string()))?;
+                    let salts = client.as_deref().map_or(&[][..], |c| c.salts_hint()).to_vec();
+                    let mut served = measurer.serve_salted(&request, None, None, &salts).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(world).context_window;
                     let rejection = media.media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
                     if let Some(error) = rejection {
+                        // Measured as sent: the client's rules apply to accepted requests.
+                        served.flat.set_salts(&[]);
                         // The API rejects the request: an error row, then the ladder.
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                         input.turn = *turn;

@@ -321,11 +321,11 @@ fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std:
     // bodies, and a change copies them (and costs the measurer a comparison by content). The
     // ids of these messages' MCP calls are borrowed while reading (a hash set: only asked
     // whether it holds one), then kept in `mcp_ids` for the messages that follow.
-    let mut plan: Vec<(usize, Vec<usize>)> = Vec::new();
+    // (Message, block) of each result to rewrite, in body order: one list, no list per message.
+    let mut plan: Vec<(usize, usize)> = Vec::new();
     let mut seen: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
     for (m, message) in messages.iter().enumerate() {
         let MessageContent::Blocks(blocks) = &message.content else { continue };
-        let mut rewrite = Vec::new();
         for (b, block) in blocks.iter().enumerate() {
             match block {
                 ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
@@ -334,20 +334,21 @@ fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std:
                 ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(_)), .. }
                     if seen.contains(tool_use_id.as_str()) || mcp_ids.as_ref().is_some_and(|ids| ids.contains(tool_use_id.as_str())) =>
                 {
-                    rewrite.push(b)
+                    plan.push((m, b))
                 }
                 _ => {}
             }
-        }
-        if !rewrite.is_empty() {
-            plan.push((m, rewrite));
         }
     }
     if let Some(ids) = mcp_ids.as_deref_mut() {
         let seen: Vec<String> = seen.into_iter().filter(|id| !ids.contains(*id)).map(str::to_owned).collect();
         ids.extend(seen);
     }
-    for (m, rewrite) in plan {
+    let mut rewrite: Vec<usize> = Vec::new();
+    for run in plan.chunk_by(|x, y| x.0 == y.0) {
+        let m = run[0].0;
+        rewrite.clear();
+        rewrite.extend(run.iter().map(|&(_, b)| b));
         let MessageContent::Blocks(blocks) = &mut messages[m].content else { continue };
         let change = |blocks: &mut Vec<ContentBlock>| {
             for &b in &rewrite {

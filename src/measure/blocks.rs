@@ -118,6 +118,13 @@ pub struct FlatRequest {
     /// The trace row's `body_sha256`: SHA-256 of the whole body's structural stream, markers
     /// included ([`crate::api::structural::body_sha256`]).
     pub body_sha256: String,
+    /// The salts mixed into message blocks' hashes (same tokens, other cache identities: a
+    /// prompt the client renders otherwise, [`FlatRequest::set_salts`]): per message index,
+    /// ascending, none zero, only messages with a block and a block before them.
+    pub salts: Vec<(usize, u128)>,
+    /// The chain state where the messages level starts (the head's folds chained in): the
+    /// first message block chains from it unless salted.
+    pub messages_state: u128,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -145,6 +152,54 @@ impl FlatRequest {
     pub fn message_boundary(&self, index: usize) -> Option<u128> {
         let end = self.blocks.partition_point(|b| (b.path.region, b.path.index) <= (Region::Messages, index));
         end.checked_sub(1).map(|last| self.blocks[last].prefix_hash)
+    }
+
+    /// Position of the first block of `messages[index]` (`None`: it has none).
+    fn first_block_of(&self, index: usize) -> Option<usize> {
+        let at = self.blocks.partition_point(|b| (b.path.region, b.path.index) < (Region::Messages, index));
+        self.blocks.get(at).filter(|b| b.path.region == Region::Messages && b.path.index == index).map(|_| at)
+    }
+
+    /// Gives the blocks of each salted message (per message index, the salt mixed into its
+    /// blocks' hashes; salts of one index compose) other cache identities with the same tokens,
+    /// and carries the change into every later prefix hash. The salts replace those the blocks
+    /// carry ([`Self::salts`]): only messages whose salt changes are rehashed, from the first
+    /// of them on. A message with no block, or none before it, is never salted.
+    ///
+    /// The chain is taken up again from the prefix hash of the block before the first salted
+    /// message: when that message's block is the first message block, the head's folds
+    /// ([`Self::messages_state`]) are not chained in (as salting has always done).
+    pub fn set_salts(&mut self, wanted: &[(usize, u128)]) {
+        let wanted = normalize_salts(wanted, |m| self.first_block_of(m).is_some_and(|at| at > 0));
+        if wanted == self.salts {
+            return;
+        }
+        let head = self.counts.tools + self.counts.system;
+        let at_head = |salts: &[(usize, u128)]| salts.first().and_then(|&(m, _)| self.first_block_of(m)) == Some(head);
+        let (was_at_head, now_at_head) = (at_head(&self.salts), at_head(&wanted));
+        let delta = xor_salts(&self.salts, &wanted);
+        self.salts = wanted;
+        let Some(mut first) = delta.first().and_then(|&(m, _)| self.first_block_of(m)).filter(|&at| at > 0) else { return };
+        if was_at_head != now_at_head {
+            first = head;
+        }
+        let messages_state = self.messages_state;
+        let blocks = Arc::make_mut(&mut self.blocks);
+        let mut state = if first == head && !now_at_head { messages_state } else { blocks[first - 1].prefix_hash };
+        let mut next = delta.iter().peekable();
+        for block in &mut blocks[first..] {
+            while next.peek().is_some_and(|&&(m, _)| m < block.path.index) {
+                next.next();
+            }
+            if let Some(&&(m, salt)) = next.peek()
+                && m == block.path.index
+                && block.path.region == Region::Messages
+            {
+                block.hash ^= salt;
+            }
+            state = chain(state, block.hash);
+            block.prefix_hash = state;
+        }
     }
 
     /// Context tokens in a region.
@@ -253,6 +308,7 @@ pub enum BillingKey {
 pub fn flatten_keyed_by(request: &Request, counter: &mut TokenCounter, family: &str, billing: BillingKey) -> FlatRequest {
     let mut blocks = Vec::with_capacity(64);
     let mut state = head_blocks(request, counter, family, billing, &mut blocks);
+    let messages_state = state;
     let head = blocks.len();
     for (m, message) in request.messages.iter().enumerate() {
         state = push_message(m, message, counter, family, state, &mut blocks);
@@ -260,7 +316,7 @@ pub fn flatten_keyed_by(request: &Request, counter: &mut TokenCounter, family: &
     sum_tokens_from(&mut blocks, 0);
     let mut positions = Positions::default();
     positions.scan(&blocks, 0);
-    finish(request, Arc::new(blocks), head, positions, crate::api::structural::body_sha256(request))
+    finish(request, Arc::new(blocks), head, messages_state, positions, crate::api::structural::body_sha256(request))
 }
 
 /// Sets `prefix_tokens` of `blocks[start..]`, running on from `blocks[start - 1]`.
@@ -297,7 +353,7 @@ impl Positions {
 
 /// Assembles the flat request from its block records (`head` of them tools and system), whose
 /// `prefix_tokens` are set.
-pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usize, positions: Positions, body_sha256: String) -> FlatRequest {
+pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usize, messages_state: u128, positions: Positions, body_sha256: String) -> FlatRequest {
     let tools = request.tools().len();
     let counts = RegionCounts { tools, system: head - tools, messages: blocks.len() - head };
     let total_tokens = blocks.last().map_or(0, |b| b.prefix_tokens);
@@ -311,7 +367,38 @@ pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usi
         markers,
         edit_blocks,
         body_sha256,
+        salts: Vec::new(),
+        messages_state,
     }
+}
+
+/// `salts` by message index ascending, those of one index composed, without the zero ones and
+/// those of messages `applies` rejects.
+pub fn normalize_salts(salts: &[(usize, u128)], applies: impl Fn(usize) -> bool) -> Vec<(usize, u128)> {
+    let mut sorted = salts.to_vec();
+    sorted.sort_by_key(|&(m, _)| m);
+    let mut out: Vec<(usize, u128)> = Vec::with_capacity(sorted.len());
+    for (m, salt) in sorted {
+        match out.last_mut() {
+            Some(last) if last.0 == m => last.1 ^= salt,
+            _ => out.push((m, salt)),
+        }
+    }
+    out.retain(|&(m, salt)| salt != 0 && applies(m));
+    out
+}
+
+/// Per message index, what turns the salts `a` into `b` (both as [`normalize_salts`] leaves
+/// them): their composition, without the zero ones.
+pub fn xor_salts(a: &[(usize, u128)], b: &[(usize, u128)]) -> Vec<(usize, u128)> {
+    let mut joined = a.to_vec();
+    joined.extend_from_slice(b);
+    normalize_salts(&joined, |_| true)
+}
+
+/// The salt of message `m` in `salts` (as [`normalize_salts`] leaves them; zero: none).
+pub fn salt_of(salts: &[(usize, u128)], m: usize) -> u128 {
+    salts.binary_search_by_key(&m, |&(index, _)| index).map_or(0, |at| salts[at].1)
 }
 
 /// Request-level facts folded into the prefix chain besides `tool_choice` and `thinking` (see

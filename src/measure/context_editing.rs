@@ -469,11 +469,14 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                 let mut positions = Vec::new();
                 memo.truncate(next.len());
                 memo.resize(next.len(), None);
+                // (One list for every message's tag: a memo kept as it was copies none.)
+                let mut tag = Vec::new();
                 for (m, message) in next.iter_mut().enumerate() {
                     let role = message.role;
                     let MessageContent::Blocks(blocks) = &mut message.content else { continue };
                     // The blocks asked to be cleared (the role first, for the memo's key).
-                    let mut tag = vec![role as usize];
+                    tag.clear();
+                    tag.push(role as usize);
                     for (c, id, name) in scans[m].iter().flat_map(|scan| &scan.tools) {
                         // (A tool_result, no name: cleared with its tool use; a tool_use's
                         // input only where the edit clears inputs of its tool.)
@@ -504,7 +507,7 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
                                 blocks[c] = cleared_block;
                                 cleared.push((c, format!("tool_use:{id}"), before - after));
                             }
-                            ClearedMessage { input, tag, output: blocks.clone(), cleared }
+                            ClearedMessage { input, tag: tag.clone(), output: blocks.clone(), cleared }
                         }
                     };
                     *blocks = kept.output.clone();

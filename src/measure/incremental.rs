@@ -35,7 +35,7 @@ use crate::api::identical::Identical;
 use crate::api::structural::BodyHasher;
 use crate::api::{ContentBlock, Message, MessageContent, Request, Role, SharedVec, SystemPrompt, Tool, ToolResultContent};
 
-use super::blocks::{FlatRequest, HeadFolds, Positions, PromptBlock, finish, head_blocks, initial_state, push_message, sum_tokens_from};
+use super::blocks::{FlatRequest, HeadFolds, Positions, PromptBlock, finish, head_blocks, initial_state, normalize_salts, push_message, salt_of, sum_tokens_from, xor_salts};
 use super::tokens::TokenCounter;
 
 /// Tracks kept at once (main lane, compaction and memory forks, subagents, side requests).
@@ -91,6 +91,8 @@ struct Track {
     starts: Vec<usize>,
     /// The marker and `cache_edits` positions of `blocks`.
     positions: Positions,
+    /// The salts `blocks` carry ([`FlatRequest::salts`]).
+    salts: Vec<(usize, u128)>,
     body: BodyHasher,
 }
 
@@ -115,6 +117,7 @@ impl Track {
             messages_state: initial_state(),
             starts: vec![0],
             positions: Positions::default(),
+            salts: Vec::new(),
             body: BodyHasher::default(),
         }
     }
@@ -255,6 +258,22 @@ impl Flattener {
         counter: &mut TokenCounter,
         family: &str,
     ) -> FlatRequest {
+        self.flatten_salted(request, head_key, keys, &[], counter, family)
+    }
+
+    /// [`Self::flatten_with_keys`] with `salts` set ([`FlatRequest::set_salts`]): the same
+    /// flat request as flattening and then setting them. The track keeps its records salted,
+    /// so a line of requests salted alike (a client that renders its conversation start
+    /// otherwise from some turn on) rehashes only where the salts change.
+    pub fn flatten_salted(
+        &mut self,
+        request: &Request,
+        head_key: Option<u128>,
+        keys: Option<&[u128]>,
+        salts: &[(usize, u128)],
+        counter: &mut TokenCounter,
+        family: &str,
+    ) -> FlatRequest {
         let keys = keys.filter(|k| k.len() == request.messages.len());
         let billing = self.billing;
         self.tick += 1;
@@ -281,6 +300,17 @@ impl Flattener {
             _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count(),
             _ => 0,
         };
+        // The records are kept only before the first message whose salt changes (before the
+        // first salted one when the head changes: whether a salt applies depends on it).
+        let wanted = normalize_salts(salts, |m| m < request.messages.len());
+        let old_salts = std::mem::take(&mut track.salts);
+        let first_change = if head_same {
+            xor_salts(&old_salts, &wanted).first().map(|&(m, _)| m)
+        } else {
+            old_salts.iter().chain(&wanted).map(|&(m, _)| m).min()
+        };
+        let reuse = first_change.map_or(reuse, |m| reuse.min(m));
+        let mut new_salts: Vec<(usize, u128)> = old_salts.iter().copied().take_while(|&(m, _)| m < reuse).collect();
         let same = |m: usize, old_messages: &[Message], old_keys: Option<&[u128]>| match (keys, old_keys) {
             (Some(new), Some(old)) => new[m] == old[m],
             _ => old_messages.get(m).is_some_and(|old| request.messages[m].identical(old)),
@@ -335,13 +365,23 @@ impl Flattener {
 
         let mut state = if blocks.len() > track.head { blocks[blocks.len() - 1].prefix_hash } else { track.messages_state };
         for (m, message) in request.messages.iter().enumerate().skip(reuse) {
-            track.starts.push(blocks.len());
+            let start = blocks.len();
+            track.starts.push(start);
             let j = m - reuse;
+            // The salt this message's blocks get: none for the first blocks of the request.
+            let salt = if start > 0 { salt_of(&wanted, m) } else { 0 };
+            if salt != 0 && start == track.head {
+                // A salted first message block chains from the head's last block (as
+                // `FlatRequest::set_salts` does).
+                state = blocks[start - 1].prefix_hash;
+            }
             if m < old_len && same(m, &track.messages, track.keys.as_deref()) {
                 let records = &old_tail[old_starts[j] - base..old_starts[j + 1] - base];
                 self.reused_blocks += records.len() as u64;
+                let resalt = salt_of(&old_salts, m) ^ salt;
                 for record in records {
                     let mut block = record.clone();
+                    block.hash ^= resalt;
                     state = chain(state, block.hash);
                     block.prefix_hash = state;
                     blocks.push(block);
@@ -352,15 +392,28 @@ impl Flattener {
                 // Hashed ahead at another index, perhaps: the same records at this one.
                 for mut block in records {
                     block.path.index = m;
+                    block.hash ^= salt;
                     state = chain(state, block.hash);
                     block.prefix_hash = state;
                     blocks.push(block);
                 }
             } else {
                 state = push_message(m, message, counter, family, state, blocks);
+                if salt != 0 && blocks.len() > start {
+                    state = blocks[start - 1].prefix_hash;
+                    for block in &mut blocks[start..] {
+                        block.hash ^= salt;
+                        state = chain(state, block.hash);
+                        block.prefix_hash = state;
+                    }
+                }
+            }
+            if salt != 0 && blocks.len() > start {
+                new_salts.push((m, salt));
             }
         }
         track.starts.push(blocks.len());
+        track.salts = new_salts;
         sum_tokens_from(blocks, fresh_from);
         track.positions.scan(blocks, fresh_from);
         drop(old);
@@ -384,7 +437,9 @@ impl Flattener {
         track.head_key = head_key;
 
         let body_sha256 = if self.body_hashes { track.body.sha256_hex_keyed(request, reuse, head_key) } else { String::new() };
-        finish(request, Arc::clone(&track.blocks), track.head, track.positions.clone(), body_sha256)
+        let mut flat = finish(request, Arc::clone(&track.blocks), track.head, track.messages_state, track.positions.clone(), body_sha256);
+        flat.salts = track.salts.clone();
+        flat
     }
 }
 
@@ -403,6 +458,74 @@ mod tests {
             }
             let naive = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
             prop_assert_eq!(common_keys(&a, &b), naive);
+        }
+    }
+}
+
+#[cfg(test)]
+mod salt_tests {
+    use super::Flattener;
+    use crate::api::{Message, MessageContent, Request, Role, SystemPrompt};
+    use crate::measure::blocks::{BillingKey, FlatRequest, flatten_keyed_by};
+    use crate::measure::{EstimatorKind, TokenCounter};
+    use proptest::prelude::*;
+
+    fn request(len: usize, thinking: bool) -> Request {
+        let mut request = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
+        request.system = Some(SystemPrompt::Text("system prompt".to_owned()));
+        if thinking {
+            request.thinking = Some(serde_json::json!({"type": "enabled", "budget_tokens": 1024}));
+        }
+        request.messages = (0..len)
+            .map(|i| Message {
+                role: if i % 2 == 0 { Role::User } else { Role::Assistant },
+                content: MessageContent::Text(format!("message {i}")),
+                extra: Default::default(),
+            })
+            .collect();
+        request
+    }
+
+    fn identities(flat: &FlatRequest) -> Vec<(u128, u128)> {
+        flat.blocks.iter().map(|b| (b.hash, b.prefix_hash)).collect()
+    }
+
+    fn salts(choice: u8, len: usize) -> Vec<(usize, u128)> {
+        match choice {
+            0 => Vec::new(),
+            1 => vec![(0, 7)],
+            2 => vec![(0, 7), (len - 1, 11)],
+            3 => vec![(len - 1, 11)],
+            _ => vec![(len / 2, 13), (len / 2, 17)],
+        }
+    }
+
+    proptest! {
+        /// A line of requests flattened with salts (the track keeping its records salted) gives
+        /// what flattening each from scratch and then setting its salts gives, and setting other
+        /// salts on it what setting them on the plain one does.
+        #[test]
+        fn salted_flattening_is_flattening_then_salting(
+            steps in prop::collection::vec((1usize..10, 0u8..5, 0u8..5, any::<bool>()), 1..14),
+        ) {
+            let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+            let mut flattener = Flattener::new();
+            for (len, choice, then, thinking) in steps {
+                let request = request(len, thinking);
+                let flat = flattener.flatten_salted(&request, None, None, &salts(choice, len), &mut counter, "test");
+                let mut plain = flatten_keyed_by(&request, &mut counter, "test", BillingKey::Keyed);
+                let unsalted = plain.clone();
+                plain.set_salts(&salts(choice, len));
+                prop_assert_eq!(identities(&flat), identities(&plain));
+                prop_assert_eq!(&flat.salts, &plain.salts);
+                let mut resalted = flat.clone();
+                resalted.set_salts(&salts(then, len));
+                let mut fresh = unsalted.clone();
+                fresh.set_salts(&salts(then, len));
+                prop_assert_eq!(identities(&resalted), identities(&fresh));
+                resalted.set_salts(&[]);
+                prop_assert_eq!(identities(&resalted), identities(&unsalted));
+            }
         }
     }
 }

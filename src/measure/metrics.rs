@@ -396,19 +396,29 @@ impl Measurer {
     /// A misplaced `role:"system"` message ([`crate::api::system_messages::check`]) is the API's
     /// 400: the request is served with that error.
     pub fn serve_with_keys(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
-        let mut served = self.serve_edited(body, head_key, keys)?;
+        self.serve_salted(body, head_key, keys, &[])
+    }
+
+    /// [`Self::serve_with_keys`] with the served flat request's salts likely to be `salts`
+    /// ([`FlatRequest::set_salts`]; a guess: they may be set otherwise before it is measured).
+    /// Unless the server edits the body, the flat request is served with them; the body as
+    /// sent never is.
+    pub fn serve_salted(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>, salts: &[(usize, u128)]) -> Result<Served, UnknownModel> {
+        let mut served = self.serve_edited(body, head_key, keys, salts)?;
         if let Err(error) = crate::api::system_messages::check(body) {
             served.error = Some(error);
         }
         Ok(served)
     }
 
-    fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>) -> Result<Served, UnknownModel> {
+    fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>, salts: &[(usize, u128)]) -> Result<Served, UnknownModel> {
         let dropped = self.prior_thinking_dropped;
         let info = self.model_info(&body.model)?;
         let family = info.estimator_key();
         let drops_thinking = dropped && info.strips_prior_thinking;
-        let mut flat = self.state.flattener.flatten_with_keys(body, head_key, keys, &mut self.counter, &family);
+        // A body the server may edit is served edited, or else unsalted (the sent one is).
+        let sent_salts = if body.context_management.is_some() { &[][..] } else { salts };
+        let mut flat = self.state.flattener.flatten_salted(body, head_key, keys, sent_salts, &mut self.counter, &family);
         if drops_thinking {
             super::blocks::drop_prior_thinking(body, &mut flat);
         }
@@ -432,7 +442,7 @@ impl Measurer {
                 // edited bodies' own tracks (the same records as from scratch). Editing changes
                 // messages only, so the sent body's head key is the edited one's: an unchanged
                 // head is neither compared nor hashed again.
-                let mut served = self.state.edited.flatten_with_keys(&edited.body, head_key, None, &mut self.counter, &family);
+                let mut served = self.state.edited.flatten_salted(&edited.body, head_key, None, salts, &mut self.counter, &family);
                 if drops_thinking {
                     super::blocks::drop_prior_thinking(&edited.body, &mut served);
                 }

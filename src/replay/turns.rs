@@ -28,7 +28,6 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::api::{ContentBlock, Message, MessageContent, Request, Role};
-use crate::measure::blocks::Region;
 use crate::measure::{FlatRequest, Measurer, RequestMetrics};
 use crate::recording::format::{Event, EventKind, LANE_MAIN};
 use crate::recording::ImportedSession;
@@ -78,21 +77,9 @@ pub fn salt_message(flat: &mut FlatRequest, message_index: usize) {
 
 /// [`salt_message`] with `salt` mixed in (several salts compose, in any order).
 fn salt_message_with(flat: &mut FlatRequest, message_index: usize, salt: u128) {
-    let Some(first) = flat.blocks.iter().position(|b| b.path.region == Region::Messages && b.path.index == message_index) else {
-        return;
-    };
-    if first == 0 {
-        return;
-    }
-    let blocks = std::sync::Arc::make_mut(&mut flat.blocks);
-    let mut state = blocks[first - 1].prefix_hash;
-    for block in &mut blocks[first..] {
-        if block.path.region == Region::Messages && block.path.index == message_index {
-            block.hash ^= salt;
-        }
-        state = crate::api::canonical::chain(state, block.hash);
-        block.prefix_hash = state;
-    }
+    let mut salts = flat.salts.clone();
+    salts.push((message_index, salt));
+    flat.set_salts(&salts);
 }
 
 /// The turn-level state of the main lane.
@@ -494,6 +481,8 @@ pub struct RecordedClient {
     /// The TTL the first recorded main call that wrote anything named: the one the agent runs
     /// under as recorded ([`super::workload::RecordedSettings`]).
     first_ttl: Option<crate::api::CacheTtl>,
+    /// The salts the last main request was rendered with ([`crate::runner::ClientRules::salts_hint`]).
+    rendered: Vec<(usize, u128)>,
 }
 
 #[derive(Debug)]
@@ -547,6 +536,7 @@ impl RecordedClient {
             ttl: None,
             ttl_seen: 0,
             first_ttl,
+            rendered: Vec::new(),
         }
     }
 }
@@ -559,7 +549,11 @@ impl crate::runner::ClientRules for RecordedClient {
     fn before_main(&mut self, call: crate::runner::MainCall<'_>, flat: &mut FlatRequest, measurer: &mut Measurer) -> Vec<String> {
         let mut events = Vec::new();
         // The recorded call whose reply this request consumes.
-        let Some(&Some(position)) = self.main_calls.get(call.reply) else { return events };
+        let Some(&Some(position)) = self.main_calls.get(call.reply) else {
+            // Sent as the agent built it.
+            flat.set_salts(&[]);
+            return events;
+        };
         // The records up to this call, the calls the agent does not make included (none when
         // they were applied already).
         let mut model_switched = false;
@@ -629,12 +623,17 @@ impl crate::runner::ClientRules for RecordedClient {
         }
         self.turns.compaction_pending = false;
         self.render(flat, self.turns.transient_prompt);
+        self.rendered.clone_from(&flat.salts);
         self.previous_ms = Some(call.time_ms);
         events
     }
 
     fn after_main(&mut self, row: &RequestMetrics) {
         self.turns.previous_read = Some(self.recorded_read.max(row.cache_read_input_tokens));
+    }
+
+    fn salts_hint(&self) -> &[(usize, u128)] {
+        &self.rendered
     }
 }
 
@@ -668,7 +667,8 @@ impl RecordedClient {
         }
         let last = side.messages.last_mut()?.content.blocks_mut();
         let _ = last.iter_mut().rev().any(|b| b.set_cache_control(Some(marker.clone())));
-        let mut flat = measurer.flatten(&side).ok()?;
+        // Flattened salted as it is rendered: the track keeps the main requests' salts.
+        let mut flat = measurer.serve_salted(&side, None, None, &self.salts(false)).ok()?.flat;
         self.render(&mut flat, false);
         self.retime(&mut flat);
         Some(flat)
@@ -693,14 +693,21 @@ impl RecordedClient {
 
     /// The bytes the recorded client sent otherwise than the agent builds them: the
     /// conversation start as rendered since its last re-render, and the current prompt the
-    /// transient way when `transient`.
+    /// transient way when `transient` (`flat`'s salts set, whatever it carried).
     fn render(&self, flat: &mut FlatRequest, transient: bool) {
+        flat.set_salts(&self.salts(transient));
+    }
+
+    /// The salts [`Self::render`] sets.
+    fn salts(&self, transient: bool) -> Vec<(usize, u128)> {
+        let mut salts = Vec::new();
         if self.start_epoch > 0 {
-            salt_message_with(flat, 0, START_SALT.wrapping_mul(u128::from(self.start_epoch)));
+            salts.push((0, START_SALT.wrapping_mul(u128::from(self.start_epoch))));
         }
         if transient && let Some(index) = self.prompt_index {
-            salt_message(flat, index);
+            salts.push((index, TRANSIENT_SALT));
         }
+        salts
     }
 }
 

@@ -176,14 +176,15 @@ fn clear_result(blocks: &mut [ContentBlock], b: usize) {
 /// `memo` when there is one (the same results of the same blocks cleared once, and shared with
 /// the request before). Returns the change in [`estimate_tokens`].
 fn clear_results(messages: &mut [Message], victims: &[(usize, usize, u64)], mut memo: Option<&mut crate::agent::normalize::BlocksMemo>) -> i64 {
-    let mut by_message: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
-    let mut change = 0i64;
-    for &(m, b, tokens) in victims {
-        by_message.entry(m).or_default().push(b);
-        change += cleared_change(tokens);
-    }
-    for (m, mut at) in by_message {
-        at.sort_unstable();
+    let change = victims.iter().map(|&(_, _, tokens)| cleared_change(tokens)).sum();
+    // By message, then block: each message's blocks in one run (one list, no map).
+    let mut positions: Vec<(usize, usize)> = victims.iter().map(|&(m, b, _)| (m, b)).collect();
+    positions.sort_unstable();
+    let mut at: Vec<usize> = Vec::new();
+    for run in positions.chunk_by(|x, y| x.0 == y.0) {
+        let m = run[0].0;
+        at.clear();
+        at.extend(run.iter().map(|&(_, b)| b));
         let MessageContent::Blocks(blocks) = &mut messages[m].content else { continue };
         let clear = |blocks: &mut Vec<ContentBlock>| at.iter().for_each(|&b| clear_result(blocks, b));
         match memo.as_deref_mut() {
