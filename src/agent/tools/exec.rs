@@ -25,8 +25,9 @@ pub struct ExecContext<'a> {
 }
 
 /// The client's limits on what a tool returns (`BASH_MAX_OUTPUT_LENGTH`, `MAX_MCP_OUTPUT_TOKENS`,
-/// Read's line, byte and token limits). The executors apply them to what they produce; a replay of
-/// a real session applies them to the recorded results ([`limit_recorded_results`]).
+/// Read's line, byte and token limits). The executors apply them to what they produce, and to a
+/// recorded session's scripted results ([`execute`]; Read's by [`limit_read`] where they differ
+/// from the defaults, which stand for the recorded client's own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct OutputLimits {
     pub read_max_lines: usize,
@@ -84,50 +85,12 @@ pub fn read_tokens_error(tokens: usize, max_tokens: u64) -> String {
     format!("File content ({tokens} tokens) exceeds the maximum allowed tokens ({max_tokens}). Read it in parts with offset and limit, or search it with Grep.")
 }
 
-/// The recorded tool results of `messages` as the client would have sent them under `limits`:
-/// a Bash or MCP result longer than its limit is cut as the executors cut it; a Read without
-/// offset and limit keeps its first `read_max_lines` numbered lines, and becomes Read's error
-/// when its text is larger than `read_max_bytes` (the file's size is not recorded; the numbered
-/// text stands for it) or its numbered lines count more than `read_max_tokens` (chars/4).
-/// Results already within the limits are unchanged: a limit above the recorded client's cannot
-/// restore what it cut. Returns the ids of the results changed, in message order.
-pub fn limit_recorded_results(messages: &mut [crate::api::Message], limits: &OutputLimits) -> Vec<String> {
-    use std::collections::BTreeMap;
-    let mut uses: BTreeMap<String, (String, Value)> = BTreeMap::new();
-    let mut changed = Vec::new();
-    for message in messages.iter_mut() {
-        let crate::api::MessageContent::Blocks(blocks) = &mut message.content else { continue };
-        for block in blocks.iter_mut() {
-            match block {
-                ContentBlock::ToolUse { id, name, input, .. } => {
-                    uses.insert(id.clone(), (name.clone(), input.clone()));
-                }
-                ContentBlock::ToolResult { tool_use_id, content: Some(content), is_error, .. } => {
-                    let Some((name, input)) = uses.get(tool_use_id.as_str()) else { continue };
-                    let (limited, error) = if name == "Read" {
-                        match limit_read(content, input, limits) {
-                            Some(result) => result,
-                            None => continue,
-                        }
-                    } else {
-                        (limits.cut_output(name, content.clone()), *is_error == Some(true))
-                    };
-                    if limited != *content {
-                        *content = limited;
-                        if error {
-                            *is_error = Some(true);
-                        }
-                        changed.push(tool_use_id.clone());
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    changed
-}
-
-/// A recorded Read result under `limits` (`None`: unchanged), with whether it is an error.
+/// A recorded Read result under `limits` (`None`: unchanged), with whether it is an error: a
+/// Read without offset and limit keeps its first `read_max_lines` numbered lines, and becomes
+/// Read's error when its text is larger than `read_max_bytes` (the file's size is not recorded;
+/// the numbered text stands for it) or its numbered lines count more than `read_max_tokens`
+/// (chars/4). A result within the limits is unchanged: a limit above the recorded client's
+/// cannot restore what it cut.
 fn limit_read(content: &ToolResultContent, input: &Value, limits: &OutputLimits) -> Option<(ToolResultContent, bool)> {
     let ToolResultContent::Text(text) = content else { return None };
     let whole = input.get("offset").is_none() && input.get("limit").is_none();
@@ -653,5 +616,31 @@ mod tests {
         assert_eq!(number_lines(&text, 0, usize::MAX), format!("1\ta\n2\t\n3\t{cut}\n4\tb\n5\t\n"));
         assert_eq!(number_lines(&text, 3, 1), "4\tb\n");
         assert_eq!(number_lines_as("x", 0, 9, LineNumbers::Arrow), "     1\u{2192}x\n");
+    }
+
+    /// A recorded Read result under other limits: a whole-file read keeps its first lines, or
+    /// becomes Read's token or size error; a read with offset and limit keeps its lines; within
+    /// the limits nothing changes (the reminders after the lines stay).
+    #[test]
+    fn recorded_read_results_under_other_limits() {
+        let numbered: String = (1..=300).map(|i| format!("{i}\tline {i}\n")).collect();
+        let text = |s: String| ToolResultContent::Text(s);
+        let whole = serde_json::json!({"file_path": "/a.rs"});
+        let limits = |f: &dyn Fn(&mut OutputLimits)| {
+            let mut l = OutputLimits::defaults();
+            f(&mut l);
+            l
+        };
+        let with_tail = format!("{numbered}<system-reminder>\nkeep\n</system-reminder>");
+        let (cut, error) = limit_read(&text(with_tail), &whole, &limits(&|l| l.read_max_lines = 100)).unwrap();
+        let ToolResultContent::Text(cut) = cut else { panic!("text") };
+        assert!(!error && cut.contains("100\tline 100\n") && !cut.contains("101\tline") && cut.ends_with("</system-reminder>"), "{cut}");
+        let (tokens, error) = limit_read(&text(numbered.clone()), &whole, &limits(&|l| l.read_max_tokens = 100)).unwrap();
+        assert!(error && tokens == text(read_tokens_error(numbered.len() / 4, 100)));
+        let (bytes, error) = limit_read(&text(numbered.clone()), &whole, &limits(&|l| l.read_max_bytes = 1024)).unwrap();
+        assert!(error && bytes == text(read_size_error(numbered.len(), 1024)));
+        let ranged = serde_json::json!({"file_path": "/a.rs", "offset": 1, "limit": 300});
+        assert_eq!(limit_read(&text(numbered.clone()), &ranged, &limits(&|l| l.read_max_lines = 100)), None);
+        assert_eq!(limit_read(&text(numbered), &whole, &OutputLimits::defaults()), None);
     }
 }
