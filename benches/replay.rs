@@ -1,12 +1,17 @@
-//! Importing and replaying every real session in ../shared/realdata/transcripts, with chars4
-//! and bpe, against the floor: tokenizing (o200k) once each text the bpe replay tokenizes, i.e.
-//! each unique block. Run with `cargo bench --bench replay -- --noplot`.
+//! Importing every real session in ../shared/realdata/transcripts and driving the agent by it
+//! as recorded (`ctxsim fidelity`'s run: `claude-code` under the recorded settings), with chars4
+//! and bpe, against the floor: tokenizing (o200k) once each text the bpe run tokenizes, i.e.
+//! each unique block. Run with `cargo bench --bench replay -- --noplot`. (Until session 26 this
+//! bench measured the record-based request builder, removed then.)
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ctxsim::measure::o200k::{Counter, count_by_tiktoken};
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
-use ctxsim::replay::{ReplayOptions, load_session, replay_session};
+use ctxsim::recording::ImportedSession;
+use ctxsim::replay::load_session;
+use ctxsim::replay::workload::agent_replay;
+use ctxsim::strategy::Strategy;
 
 /// The sessions, or `None` (said on stderr) when the shared data is not beside the checkout.
 fn transcripts() -> Option<Vec<PathBuf>> {
@@ -28,7 +33,14 @@ fn transcripts() -> Option<Vec<PathBuf>> {
     Some(files)
 }
 
-/// Imports and replays every session; `body_hashes: false` is what `fidelity` and `sweep` do.
+/// The agent's as-recorded run of `session`: its rows.
+fn as_recorded(session: &ImportedSession, path: &std::path::Path, measurer: &mut Measurer) -> usize {
+    let strategy = Strategy::resolve_with("claude-code", &[]).unwrap();
+    agent_replay(session, &path.display().to_string(), measurer, &strategy).unwrap().replay.rows().len()
+}
+
+/// Imports every session and drives the agent by it as recorded; `body_hashes: false` is what
+/// `fidelity` and `sweep` do.
 fn replay_all(kind: EstimatorKind, files: &[PathBuf], body_hashes: bool) -> usize {
     let mut rows = 0;
     for path in files {
@@ -37,12 +49,12 @@ fn replay_all(kind: EstimatorKind, files: &[PathBuf], body_hashes: bool) -> usiz
         if !body_hashes {
             measurer = measurer.without_body_hashes();
         }
-        rows += replay_session(&session, &mut measurer, &ReplayOptions::default()).rows().len();
+        rows += as_recorded(&session, path, &mut measurer);
     }
     rows
 }
 
-/// Every text the `bpe` replay of all sessions tokenizes (each unique block once).
+/// Every text the `bpe` run of all sessions tokenizes (each unique block once).
 fn tokenized_texts(files: &[PathBuf]) -> Vec<String> {
     let mut texts = Vec::new();
     for path in files {
@@ -50,7 +62,7 @@ fn tokenized_texts(files: &[PathBuf]) -> Vec<String> {
         let mut counter = TokenCounter::new(EstimatorKind::Bpe);
         counter.keep_tokenized_texts();
         let mut measurer = Measurer::new(ModelTable::shipped(), counter);
-        replay_session(&session, &mut measurer, &ReplayOptions::default());
+        as_recorded(&session, path, &mut measurer);
         texts.extend(measurer.counter().tokenized_texts().iter().cloned());
     }
     texts

@@ -1,5 +1,6 @@
 //! The steps of the calibration fit (`replay::fidelity::fit_samples`: consecutive calls of a
-//! lane, replayed with the `bpe` estimator) with what their new content is made of, one TSV row
+//! lane, read by the record view with the `bpe` estimator) with what their new content is made
+//! of (the messages each call saw, as the record view hands them over), one TSV row
 //! per step: `cargo run --release --example ratio_probe -- FILE... > steps.tsv`, then
 //! `python3 scripts/ratio_fit.py steps.tsv v2` fits the ratio on content features and scores each
 //! session held out (docs/fidelity.md, "A content model of the tokenizer's ratio").
@@ -8,7 +9,7 @@
 //! before / messages shrunk, then growths: recorded context, the replay's message tokens, and of
 //! the messages' text: bpe tokens, UTF-16 units, whitespace, punctuation (not alphanumeric, not
 //! whitespace), non-ASCII characters, line breaks, blocks.
-use ctxsim::api::Request;
+use ctxsim::api::Message;
 use ctxsim::measure::tokens::{TokenUnit, bpe, utf16_len};
 use std::collections::BTreeMap;
 
@@ -23,9 +24,9 @@ struct F {
     blocks: f64,
 }
 
-fn feats(req: &Request) -> F {
+fn feats(messages: &[Message]) -> F {
     let mut f = F::default();
-    for m in &req.messages {
+    for m in messages {
         for b in m.content.to_blocks().iter() {
             f.blocks += 1.0;
             for u in ctxsim::measure::blocks::content_token_units(b) {
@@ -85,12 +86,12 @@ fn main() {
         let mut measurer =
             ctxsim::measure::Measurer::new(table.clone(), counter).without_body_hashes();
         let mut by_index: BTreeMap<usize, F> = BTreeMap::new();
-        let replay = ctxsim::replay::session::replay_session_observed(
+        let view = ctxsim::replay::record_view_observed(
             &session,
             &mut measurer,
             &options,
-            &mut |i, r| {
-                by_index.insert(i, feats(r));
+            &mut |i, messages| {
+                by_index.insert(i, feats(messages));
             },
         );
         let mut last: BTreeMap<String, (f64, f64, bool, F)> = BTreeMap::new();
@@ -98,11 +99,12 @@ fn main() {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        for call in replay.calls.iter().filter(|c| c.compared()) {
+        let recorded: BTreeMap<usize, u64> = session.calls.iter().map(|c| (c.index, c.usage.prompt_tokens())).collect();
+        for call in view.calls.iter().filter(|c| c.skipped.is_none()) {
             let Some(f) = by_index.get(&call.index).copied() else {
                 continue;
             };
-            let rec = call.recorded_context() as f64;
+            let rec = recorded.get(&call.index).copied().unwrap_or_default() as f64;
             let now = (rec, call.message_tokens as f64, call.thinking_filled, f);
             let prev = last.insert(call.lane.clone(), now);
             let disturbed = call.events.iter().any(|e| {

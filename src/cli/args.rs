@@ -26,11 +26,10 @@ pub enum Command {
     Causes,
     /// Convert a real transcript or a captured request log into a ctxsim recording (or request log).
     Import(ImportArgs),
-    /// Run recordings or Claude Code transcripts (detected) under a strategy: through the agent
-    /// (the default) or the record-based replay (`--engine replay`).
+    /// Run recordings or Claude Code transcripts (detected) under a strategy, through the agent.
     Replay(ReplayArgs),
-    /// Drive the agent by real sessions (or replay them: `--engine replay`) and compare the
-    /// simulated usage with what the API reported.
+    /// Drive the agent by real sessions and compare the simulated usage with what the API
+    /// reported.
     Fidelity(FidelityArgs),
     /// CI gate: run a suite, enforce its `expect:` budgets and a baseline.
     Check(super::check::CheckArgs),
@@ -99,20 +98,16 @@ pub struct ReplayArgs {
     #[command(flatten)]
     pub sessions: super::sessions::SessionInputs,
     /// Strategy: `as-recorded` (the client's own behaviour: `claude-code` under the recorded
-    /// version's output reserve, TTL and settings), a preset or a file. Through the agent every
-    /// knob applies; `--engine replay` honours the main lane's TTL, recorded microcompacts, peer
-    /// mechanisms, context editing and every autocompact setting (compactions move where the
-    /// setting puts them).
+    /// version's output reserve, TTL and settings), a preset or a file. Every knob applies.
     #[arg(long, default_value = "as-recorded")]
     pub strategy: String,
     /// `key=value` knob overrides (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
-    /// What runs each session: `agent` (the default: the agent itself, driven by the session
-    /// under the strategy, as `compare` runs it; every knob applies) or `replay` (the recorded
-    /// messages rebuilt per call, honouring only what a recording cannot contradict). The summary
-    /// names it (`engine`: table line, JSON field, CSV column).
-    #[arg(long, value_enum, default_value = "agent")]
+    /// What runs each session: `agent`, the only engine (the agent itself, driven by the session
+    /// under the strategy, as `compare` runs it). The summary names it (`engine`: table line, JSON
+    /// field, CSV column).
+    #[arg(long, value_parser = parse_engine, default_value = "agent")]
     pub engine: Engine,
     #[command(flatten)]
     pub measure: MeasureOpts,
@@ -137,7 +132,7 @@ pub struct FidelityArgs {
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
     /// Fit the calibrated estimator on the given transcripts and write it here (the fit reads the
-    /// recorded messages, whichever the engine).
+    /// recorded messages).
     #[arg(long, value_name = "OUT.json")]
     pub fit: Option<PathBuf>,
     /// Also list the recorded cache breaks with the cause the replay attributes.
@@ -149,17 +144,17 @@ pub struct FidelityArgs {
     /// Write `<session>.svg` and `<session>.png` (simulated vs recorded context per call) here.
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
-    /// Do not render the prompts 2.0.76–2.1.39 re-render at the next turn (the N-pattern).
-    /// An ablation of the record-based engine: needs `--engine replay`.
+    /// Ablation: the agent's recorded-client rules leave out the prompt re-rendering at a new turn
+    /// (the N-pattern of 2.0.76–2.1.39, the conversation start 2.1.200+ renders anew).
     #[arg(long, alias = "no-rerender-rate")]
     pub no_rerender: bool,
-    /// Do not seed the side entry a finished turn leaves (the conversation through its reply).
-    /// An ablation of the record-based engine: needs `--engine replay`.
+    /// Ablation: the agent's recorded-client rules seed no side entry where a finished turn
+    /// leaves one (the conversation through its reply).
     #[arg(long)]
     pub no_side_entry: bool,
-    /// Reconstruct every request, also where a 2.1.2xx/3xx transcript recorded the request it
-    /// sent (`api-request` records, measured by default). Needs `--engine replay`: the agent
-    /// always builds its own requests.
+    /// Ablation: size the agent's unrecorded part (system, tools, user context) from the
+    /// reconstructed requests, also where a 2.1.2xx/3xx transcript recorded the request it sent
+    /// (`api-request` records, read by default).
     #[arg(long)]
     pub no_recorded_requests: bool,
     /// Also give a range for Σcache_creation and cost from the observed hit rates of the rules
@@ -170,45 +165,47 @@ pub struct FidelityArgs {
     /// or its whole project (the transcript's directory), at a time.
     #[arg(long, value_enum, value_name = "session|project")]
     pub cross_validate: Option<CrossValidate>,
-    /// What rebuilds each recorded request: `agent` (the default: the agent itself, driven by the
-    /// session as a workload: its own system prompt, tools, attachments and compactions; `ctxsim
-    /// import --to scenario`) or `replay` (the recorded messages with the version's size
-    /// profile). Every output names it (`engine` in the JSON, a line under the table).
-    #[arg(long, value_enum, default_value = "agent")]
+    /// What rebuilds each recorded request: `agent`, the only engine (the agent itself, driven
+    /// by the session as a workload: its own system prompt, tools, attachments and compactions;
+    /// `ctxsim import --to scenario`). Every output names it (`engine` in the JSON, a line under
+    /// the table).
+    #[arg(long, value_parser = parse_engine, default_value = "agent")]
     pub engine: Engine,
     /// The strategy the agent runs under with `--engine agent` (preset name or file).
     #[arg(long, default_value = "claude-code")]
     pub strategy: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// What runs a recorded session: the agent, the one model of the client (`--engine agent`; the
+/// flag stays for scripts). The record-based engine (`--engine replay`) was removed in session 26.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// The record-based measurement of the recorded requests as recorded: the recorded messages
-    /// rebuilt per call with the version's size profile (the what-if commands refuse it: what-ifs
-    /// on recorded sessions run through the agent only).
-    Replay,
-    /// The agent, driven by the recorded session: every knob applies (the default of `replay`
-    /// and `fidelity`, the only engine of `compare`, `sweep`, `check` and `audit`).
+    /// The agent, driven by the recorded session: every knob applies.
     Agent,
 }
 
+/// The message `--engine replay` is refused with, on every command.
+pub const ENGINE_REPLAY_REMOVED: &str = "`--engine replay` was removed: the agent measures recorded sessions as recorded (`--strategy as-recorded`, the default of `replay`; `claude-code`, the default of `fidelity`); drop the flag or pass `--engine agent`";
+
+/// `--engine`'s value: `agent`, or an error (exit 2) for `replay` and anything else.
+pub fn parse_engine(value: &str) -> Result<Engine, String> {
+    match value {
+        "agent" => Ok(Engine::Agent),
+        "replay" => Err(ENGINE_REPLAY_REMOVED.to_owned()),
+        other => Err(format!("unknown engine `{other}`: the only engine is `agent`")),
+    }
+}
+
 impl Engine {
-    /// The engine's name in outputs (`agent`, `replay`).
+    /// The engine's name in outputs (`agent`).
     pub fn name(self) -> &'static str {
-        match self {
-            Engine::Replay => "replay",
-            Engine::Agent => crate::report::compare::Engine::Agent.name(),
-        }
+        self.report().name()
     }
 
-    /// Refuses the record-based engine for `command` (`compare`, `sweep`, `check`, `audit`):
-    /// what-ifs on recorded sessions run through the agent only, the one model of the client.
-    pub fn agent_only(self, command: &str) -> anyhow::Result<crate::report::compare::Engine> {
+    /// The engine as the comparison and report code name it.
+    pub fn report(self) -> crate::report::compare::Engine {
         match self {
-            Engine::Replay => anyhow::bail!(
-                "`--engine replay` was removed from {command}: what-ifs on recorded sessions run through the agent, the one model of the client; `ctxsim replay --engine replay` still measures a session's recorded requests as recorded"
-            ),
-            Engine::Agent => Ok(crate::report::compare::Engine::Agent),
+            Engine::Agent => crate::report::compare::Engine::Agent,
         }
     }
 }

@@ -66,10 +66,9 @@ pub struct AuditArgs {
     pub estimator: Estimator,
     /// What runs the what-ifs: `agent`, the only engine (the agent itself, driven by each
     /// session, as recorded and under each what-if, as `compare` runs it; every preset is
-    /// weighed); `replay` is refused (`ctxsim replay --engine replay` measures a session's
-    /// recorded requests as recorded). The billed tokens, the cost and the breaks come from the
+    /// weighed; `replay` was removed). The billed tokens, the cost and the breaks come from the
     /// recorded usage. Every output names the engine.
-    #[arg(long, value_enum, default_value = "agent")]
+    #[arg(long, value_parser = super::args::parse_engine, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Threads (default: every core): sessions are audited at once, and each session's what-ifs
     /// run at once on the same threads. The output is the same for any number.
@@ -104,7 +103,7 @@ pub struct AuditArgs {
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
-    let engine = args.engine.agent_only("audit")?;
+    let engine = args.engine.report();
     let mut files = args.sessions.files()?;
     if let Some(text) = &args.shard {
         let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));

@@ -62,16 +62,16 @@ pub struct CheckArgs {
     #[arg(long)]
     pub quiet: bool,
     /// What runs a recorded session of the suite (a `.jsonl` file given by name): `agent`, the
-    /// only engine (the agent itself driven by the session, under the check strategy); `replay`
-    /// is refused (what-ifs on recorded sessions run through the agent). A baseline of a suite
+    /// only engine (the agent itself driven by the session, under the check strategy; `replay`
+    /// was removed). A baseline of a suite
     /// with sessions records the engine: one measured by the record-based replay is refused
     /// until refreshed with --update-baseline.
-    #[arg(long, value_enum, default_value = "agent")]
+    #[arg(long, value_parser = super::args::parse_engine, default_value = "agent")]
     pub engine: super::args::Engine,
 }
 
 pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    let engine = args.engine.agent_only("check")?;
+    let engine = args.engine.report();
     if !(args.tolerance >= 0.0 && args.hit_ratio_tolerance >= 0.0) {
         bail!("--tolerance and --hit-ratio-tolerance must be non-negative numbers");
     }
@@ -114,7 +114,6 @@ pub fn run(args: CheckArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Resu
     // The engine of the suite's recorded sessions (scenarios run through the agent either way),
     // recorded and compared apart from the strategy, so that a run of scenarios alone and a run
     // with sessions share one baseline.
-    // (`--engine replay` was refused above: the agent is the only engine of a suite.)
     let session_engine = engine.name();
     // The baseline as it is: compared with, or merged into by --update-baseline.
     let existing = match &args.baseline {

@@ -69,8 +69,7 @@ pub fn engine_line<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<Strin
     names.dedup();
     let sentence = match names[..] {
         [] => return None,
-        ["agent"] => "agent (the agent itself, driven by each session, the default; `--engine replay`: the record-based replay)",
-        ["replay"] => "replay (the record-based measurement: the recorded messages rebuilt per call; `--engine agent`, the default: the agent itself)",
+        ["agent"] => "agent (the agent itself, driven by each session)",
         _ => return Some(format!("engine: {}", names.join(", "))),
     };
     Some(format!("engine: {sentence}"))

@@ -37,16 +37,15 @@ pub struct CompareArgs {
     pub threads: Option<usize>,
     /// What runs a recorded session under each strategy: `agent`, the only engine (the agent
     /// itself, driven by the session; every knob applies; docs/fidelity.md, "What-ifs through
-    /// the agent"); `replay` is refused (`ctxsim replay --engine replay` measures a session's
-    /// recorded requests as recorded). Every output names the engine.
-    #[arg(long, value_enum, default_value = "agent")]
+    /// the agent"; `replay` was removed). Every output names the engine.
+    #[arg(long, value_parser = super::args::parse_engine, default_value = "agent")]
     pub engine: super::args::Engine,
     #[command(flatten)]
     pub measure: MeasureOpts,
 }
 
 pub fn run(args: CompareArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    let engine = args.engine.agent_only("compare")?;
+    let engine = args.engine.report();
     // Resolved here for the error a bad name or set gives before any input is read.
     let _: Vec<Strategy> = args.strategies.iter().map(|s| Strategy::resolve_with(s, &args.sets)).collect::<Result<_, _>>()?;
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain(args.strategies.iter().map(PathBuf::from)));

@@ -3,30 +3,15 @@ use anyhow::Context;
 use crate::measure::{Calibration, EstimatorKind, Measurer, ModelTable, TokenCounter};
 use crate::replay::crossval::{Leave, cross_validate, cross_validation_table, group_figures};
 use crate::replay::{
-    ReplayOptions, SessionFit, agent_triggers, agent_triggers_table, compaction_triggers, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, load_session,
-    replay_session, session_fit, triggers_table, write_fidelity_plots, modelled_table,
+    ReplayOptions, SessionFit, agent_triggers, agent_triggers_table, fidelity_calls_table, fidelity_for_session, fidelity_table, find_breaks, fit_calibration, load_session, session_fit,
+    write_fidelity_plots, modelled_table,
 };
-use crate::replay::workload::agent_replay;
+use crate::replay::workload::agent_replay_with;
 use crate::report::output::write_atomic;
 
-use super::args::{Engine, FidelityArgs, FidelityFormat};
+use super::args::{FidelityArgs, FidelityFormat};
 
 pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    if args.engine == Engine::Agent {
-        // The record-based engine's ablations: the agent applies the recorded client's turn
-        // rules as a whole and always builds its own requests.
-        for (flag, given) in [("--no-rerender", args.no_rerender), ("--no-side-entry", args.no_side_entry), ("--no-recorded-requests", args.no_recorded_requests)] {
-            if given {
-                anyhow::bail!(
-                    "{flag} is an ablation of the record-based engine: add `--engine replay` (the agent, the default engine, applies the recorded client's turn rules as a whole and builds its own requests)"
-                );
-            }
-        }
-    }
-    if args.engine == Engine::Replay && args.strategy != "claude-code" {
-        // The record-based engine rebuilds the recorded requests: no strategy reaches them.
-        anyhow::bail!("--strategy {} runs through the agent only: drop `--engine replay` (the record-based engine measures the session as recorded)", args.strategy);
-    }
     // A fit tokenizes with bpe whatever the estimator.
     super::common::warm_tokenizer(if args.fit.is_some() || args.cross_validate.is_some() { super::args::Estimator::Bpe } else { args.estimator });
     let table = ModelTable::shipped();
@@ -43,12 +28,16 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     }
     let plot_dir = args.plot.as_deref().map(|d| super::guard::GuardedDir::begin("--plot", d, &guarded)).transpose()?;
     let mut sessions = Vec::new();
+    // Per session: whether its notes already say that every ablation asked for changes nothing.
+    let mut explained = Vec::new();
     for path in &files {
         let session = load_session(path).with_context(|| format!("failed to read {}", path.display()))?;
         diag.report(&session.report.warnings);
-        if args.no_recorded_requests && session.api_requests.requests.is_empty() {
-            eprintln!("note: --no-recorded-requests has no effect on {}: the transcript records no requests (no api-request records)", path.display());
+        let notes = ablation_notes(&session, &options);
+        for note in &notes {
+            eprintln!("note: {note} ({})", path.display());
         }
+        explained.push(notes.len() == ablations(&options).len());
         sessions.push(session);
     }
     // What each session gives a fit: replayed once, shared by `--fit` and every fold.
@@ -98,7 +87,7 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
                 // Each session's compactions under its fold's calibration.
                 let triggers: Vec<(String, crate::replay::TriggerReport)> =
                     scored.iter().filter_map(|s| Some((s.report.input.clone(), s.report.compaction_triggers.clone()?))).collect();
-                out!("\n{}", triggers_table_of(args.engine)(&triggers));
+                out!("\n{}", agent_triggers_table(&triggers));
             }
         }
         return Ok(0);
@@ -111,11 +100,20 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     let mut breaks = Vec::new();
     // Texts' `bpe` counts shared by every measurer of the run (the counts are the same either way).
     let shared = std::sync::Arc::new(crate::measure::token_cache::SharedCounts::default());
-    for session in &sessions {
-        let counter = TokenCounter::with_calibration(args.estimator.into(), calibration.clone()).with_shared(shared.clone());
+    for (session, explained) in sessions.iter().zip(&explained) {
+        let counter = || TokenCounter::with_calibration(args.estimator.into(), calibration.clone()).with_shared(shared.clone());
         // Fidelity outputs compare usage; no trace rows, no fingerprints.
-        let mut measurer = Measurer::new(table.clone(), counter).without_body_hashes();
+        let mut measurer = Measurer::new(table.clone(), counter()).without_body_hashes();
         let (replay, mut report) = score_session(session, &mut measurer, &args, &options, &table, args.calls || args.plot.is_some())?;
+        // An ablation that changes no call says so (no silent non-answer): the run without it
+        // is made once more and compared call by call.
+        if !*explained {
+            let mut plain = Measurer::new(table.clone(), counter()).without_body_hashes();
+            let (whole, _) = score_session(session, &mut plain, &args, &ReplayOptions::default(), &table, true)?;
+            if let Some(note) = unchanged_note(&options, &whole, &replay) {
+                eprintln!("note: {note} ({})", report.input);
+            }
+        }
         if args.breaks {
             breaks.push((replay.input.clone(), find_breaks(&replay)));
         }
@@ -160,10 +158,8 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
             }
             let triggers: Vec<(String, crate::replay::TriggerReport)> =
                 reports.iter().filter_map(|r| Some((r.input.clone(), r.compaction_triggers.clone()?))).collect();
-            out!("\n{}", triggers_table_of(args.engine)(&triggers));
-            if matches!(args.engine, Engine::Agent) {
-                out!("\n{}", crate::replay::fidelity::agent_lanes_table(&reports));
-            }
+            out!("\n{}", agent_triggers_table(&triggers));
+            out!("\n{}", crate::replay::fidelity::agent_lanes_table(&reports));
             out!("\n{}", modelled_table(&reports));
             if args.calls {
                 for report in &reports {
@@ -191,17 +187,9 @@ pub fn run(args: FidelityArgs, diag: &mut super::diag::Diagnostics) -> anyhow::R
     Ok(0)
 }
 
-/// The compaction-trigger table of `engine`'s replays.
-fn triggers_table_of(engine: super::args::Engine) -> fn(&[(String, crate::replay::TriggerReport)]) -> String {
-    match engine {
-        Engine::Agent => agent_triggers_table,
-        Engine::Replay => triggers_table,
-    }
-}
-
-/// Replays `session` with `args.engine` measured by `measurer` and scores it: the fidelity
-/// figures, the compaction-trigger table (through the agent, the agent's own compactions; else
-/// the threshold rule's) and, through the agent, how the session drove it. One definition for
+/// Drives the agent by `session` (the ablations of `options` applied to the record it reads),
+/// measured by `measurer`, and scores it: the fidelity figures, the compaction-trigger table
+/// (the agent's own compactions) and how the session drove the agent. One definition for
 /// `fidelity` and every fold of `--cross-validate`.
 fn score_session(
     session: &crate::recording::ImportedSession,
@@ -211,59 +199,103 @@ fn score_session(
     table: &ModelTable,
     with_calls: bool,
 ) -> anyhow::Result<(crate::replay::SessionReplay, crate::replay::FidelityReport)> {
-    let (replay, driven) = match args.engine {
-        Engine::Replay => (replay_session(session, measurer, options), None),
-        Engine::Agent => {
-            let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
-            let input = session.recording.header.input.clone().unwrap_or_default();
-            let mut driven = agent_replay(session, &input, measurer, &strategy).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
-            let mut replay = driven.replay.clone();
-            if args.breaks || with_calls {
-                // What the record shows before each call (a gap past the TTL, a new turn, a
-                // compaction, a re-rendered prompt...) names the breaks' causes and the calls'
-                // events: the agent's calls take them from the record view. The agent's sizing
-                // read that view (under the default options, as the agent engine's here, and a
-                // measurer of this one's calibration) and kept its events; only a session it did
-                // not size (no compared main call) is read for them here.
-                let events = match driven.record_events.take() {
-                    Some(events) => events,
-                    None => {
-                        let mut recorded = Measurer::new(table.clone(), measurer.counter().fresh_like()).without_body_hashes();
-                        crate::replay::record_view(session, &mut recorded, options).calls.into_iter().map(|c| (c.index, c.events)).collect()
-                    }
-                };
-                for call in &mut replay.calls {
-                    for event in events.get(&call.index).into_iter().flat_map(|e| e.iter()) {
-                        if !call.events.contains(event) {
-                            call.events.push(event.clone());
-                        }
-                    }
-                }
+    let strategy = crate::strategy::Strategy::resolve_with(&args.strategy, &[])?;
+    let input = session.recording.header.input.clone().unwrap_or_default();
+    let mut driven = agent_replay_with(session, &input, measurer, &strategy, options).map_err(|e| anyhow::anyhow!("{input}: {e}"))?;
+    let mut replay = driven.replay.clone();
+    if args.breaks || with_calls {
+        // What the record shows before each call (a gap past the TTL, a new turn, a compaction,
+        // a re-rendered prompt...) names the breaks' causes and the calls' events: the agent's
+        // calls take them from the record view. The agent's sizing read that view (under these
+        // options and a measurer of this one's calibration) and kept its events; only a session
+        // it did not size (no compared main call) is read for them here.
+        let events = match driven.record_events.take() {
+            Some(events) => events,
+            None => {
+                let mut recorded = Measurer::new(table.clone(), measurer.counter().fresh_like()).without_body_hashes();
+                crate::replay::record_view(session, &mut recorded, options).calls.into_iter().map(|c| (c.index, c.events)).collect()
             }
-            (replay, Some(driven))
-        }
-    };
+        };
+        replay.add_record_events(&events);
+    }
     let mut report = fidelity_for_session(&replay, table, with_calls);
     report.engine = Some(args.engine.name().to_owned());
     // The agent builds every request itself: a transcript's recorded requests are not measured.
-    if driven.is_some()
-        && let Some(recorded) = &mut report.recorded_requests
-    {
-        recorded.reconstructed = vec!["every call: the agent builds its own requests (`--engine replay` measures the recorded ones)".to_owned()];
+    if let Some(recorded) = &mut report.recorded_requests {
+        recorded.reconstructed = vec!["every call: the agent builds its own requests (the recorded ones size its unrecorded part)".to_owned()];
     }
-    // Through the agent, the compactions are the agent's own, not the threshold rule's.
-    report.compaction_triggers = Some(match &driven {
-        Some(driven) => agent_triggers(session, &replay, &driven.compactions, driven.report.recorded_usage > 0, table, &Default::default()),
-        None => compaction_triggers(session, &replay, table, &Default::default()),
+    // The compactions are the agent's own.
+    report.compaction_triggers = Some(agent_triggers(session, &replay, &driven.compactions, driven.report.recorded_usage > 0, table, &Default::default()));
+    report.agent = Some(crate::replay::fidelity::AgentDriven {
+        workload: driven.report,
+        compactions: driven.compactions,
+        unpaired: driven.unpaired,
+        sizing: driven.sizing,
+        lanes: crate::replay::fidelity::lane_figures(&replay, table),
     });
-    if let Some(driven) = driven {
-        report.agent = Some(crate::replay::fidelity::AgentDriven {
-            workload: driven.report,
-            compactions: driven.compactions,
-            unpaired: driven.unpaired,
-            sizing: driven.sizing,
-            lanes: crate::replay::fidelity::lane_figures(&replay, table),
-        });
-    }
     Ok((replay, report))
+}
+
+/// The ablations `options` asks for, as their flags.
+fn ablations(options: &ReplayOptions) -> Vec<&'static str> {
+    [("--no-rerender", !options.rerender_prompts), ("--no-side-entry", !options.side_entries), ("--no-recorded-requests", !options.recorded_requests)]
+        .into_iter()
+        .filter_map(|(flag, on)| on.then_some(flag))
+        .collect()
+}
+
+/// The note for ablations that changed no call of a session: `whole` (the run without them)
+/// and `ablated` give every call the same usage. Says how often the record shows what each
+/// left out (from `whole`'s call events).
+fn unchanged_note(options: &ReplayOptions, whole: &crate::replay::SessionReplay, ablated: &crate::replay::SessionReplay) -> Option<String> {
+    let usage = |replay: &crate::replay::SessionReplay| -> Vec<(usize, u64, u64, u64)> {
+        replay.calls.iter().filter_map(|c| Some((c.index, c.metrics.as_ref()?.input_tokens, c.metrics.as_ref()?.cache_read_input_tokens, c.metrics.as_ref()?.cache_creation_input_tokens))).collect()
+    };
+    if usage(whole) != usage(ablated) {
+        return None;
+    }
+    let shown = |events: &[&str]| whole.calls.iter().filter(|c| c.events.iter().any(|e| events.contains(&e.as_str()))).count();
+    let flags = ablations(options);
+    let what: Vec<String> = flags
+        .iter()
+        .map(|flag| match *flag {
+            "--no-rerender" => format!("the record shows {} calls after a re-rendered prompt or conversation start", shown(&["turn_rerender", "rerendered_prompt"])),
+            "--no-side-entry" => format!("the record shows {} calls after a side entry", shown(&["side_entry"])),
+            _ => "the recorded requests size only the agent's unrecorded part, to the same sizes as the reconstructed ones".to_owned(),
+        })
+        .collect();
+    Some(format!(
+        "{} {} nothing: the agent's run gives every call the same usage without {} ({})",
+        flags.join(", "),
+        if flags.len() == 1 { "changes" } else { "change" },
+        if flags.len() == 1 { "the rule" } else { "the rules" },
+        what.join("; ")
+    ))
+}
+
+/// Where an ablation of `options` changes nothing on `session`, why (said once per file): the
+/// record holds no api-request records, or no recorded version has the rule left out.
+fn ablation_notes(session: &crate::recording::ImportedSession, options: &ReplayOptions) -> Vec<String> {
+    let entrypoint = session.recording.header.entrypoint.as_deref();
+    let profiles: Vec<crate::replay::ClientProfile> = session
+        .calls
+        .iter()
+        .filter(|c| c.lane == crate::recording::format::LANE_MAIN)
+        .map(|c| c.version.as_deref().unwrap_or_default())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|version| crate::replay::ClientProfile::for_client(version, entrypoint))
+        .collect();
+    let mut notes = Vec::new();
+    if !options.recorded_requests && session.api_requests.requests.is_empty() {
+        notes.push("--no-recorded-requests has no effect: the session records no api requests (no api-request records)".to_owned());
+    }
+    let rerenders = |p: &crate::replay::ClientProfile| p.rerender_opening_prompt || p.rerender_typed_prompts || p.turn_rerenders_start || p.queued_across_compaction_rerenders_start;
+    if !options.rerender_prompts && !profiles.iter().any(rerenders) {
+        notes.push("--no-rerender has no effect: no recorded version of the session re-renders a prompt or the conversation start".to_owned());
+    }
+    if !options.side_entries && !profiles.iter().any(|p| p.post_turn_side_entry) {
+        notes.push("--no-side-entry has no effect: no recorded version of the session leaves a side entry after a turn".to_owned());
+    }
+    notes
 }

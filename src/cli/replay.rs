@@ -1,28 +1,19 @@
 use crate::measure::{Measurer, RequestMetrics, Summary};
 use crate::recording::ImportedSession;
-use crate::replay::{ReplayOptions, load_session, replay_session};
+use crate::replay::load_session;
 use crate::strategy::Strategy;
 
-use super::args::{Engine, ReplayArgs};
+use super::args::ReplayArgs;
 use super::common::{emit, measurer};
 
 pub fn run(args: ReplayArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
     super::common::warm_tokenizer(args.measure.estimator);
-    // `as-recorded` is the client's own behaviour: the replay's options as recorded; through the
-    // agent, `claude-code` under the session's recorded settings (what every strategy gets).
+    // `as-recorded` is the client's own behaviour: `claude-code` under the session's recorded
+    // settings (what every strategy gets).
     let as_recorded = args.strategy == "as-recorded" && args.sets.is_empty();
     let base = if args.strategy == "as-recorded" { "claude-code" } else { args.strategy.as_str() };
     let strategy = Strategy::resolve_with(base, &args.sets)?;
     let name = if as_recorded { "as-recorded".to_owned() } else { strategy.name.clone() };
-    // The record-based engine measures the recorded requests as recorded; what-ifs run through
-    // the agent, the one model of the client.
-    if args.engine == Engine::Replay && !as_recorded {
-        anyhow::bail!(
-            "--strategy/--set run through the agent only: `--engine replay` measures a session's recorded requests as recorded (drop `--engine replay` to run the session under {})",
-            if args.sets.is_empty() { args.strategy.clone() } else { format!("{} with {}", args.strategy, args.sets.join(", ")) }
-        );
-    }
-    let options = ReplayOptions::default();
     let inputs = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().cloned().chain([std::path::PathBuf::from(&args.strategy)]));
     super::common::guard_trace(&args.measure, &inputs)?;
     let mut summaries = Vec::new();
@@ -33,10 +24,7 @@ pub fn run(args: ReplayArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Res
         let session = load_session(path)?;
         let warnings = diag.report(&session.report.warnings);
         let mut measurer = measurer(&args.measure)?;
-        let (rows, mut summary) = match args.engine {
-            Engine::Replay => replayed(&session, &input, &name, &mut measurer, &options, args.measure.quiet),
-            Engine::Agent => driven(&session, &input, &name, &mut measurer, &strategy, args.measure.quiet)?,
-        };
+        let (rows, mut summary) = driven(&session, &input, &name, &mut measurer, &strategy, args.measure.quiet)?;
         summary.engine = Some(args.engine.name().to_owned());
         summary.warnings = warnings;
         summaries.push(summary);
@@ -46,28 +34,13 @@ pub fn run(args: ReplayArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Res
     Ok(0)
 }
 
-/// The record-based replay of `session` (`--engine replay`): its rows and summary; what moved
-/// and where the replies diverge go to stderr.
-fn replayed(session: &ImportedSession, input: &str, name: &str, measurer: &mut Measurer, options: &ReplayOptions, quiet: bool) -> (Vec<RequestMetrics>, Summary) {
-    let replay = replay_session(session, measurer, options);
-    let rows = replay.rows();
-    let mut summary = Summary::from_rows(input, name, measurer.counter().kind().name(), &rows, 0);
-    summary.info_loss = replay.info_loss.clone();
-    if let Some((call, why)) = &replay.first_divergence
-        && !quiet
-    {
-        eprintln!("{input}: replies diverge from call {call}: {why}; the replies are replayed as recorded");
-    }
-    (rows, summary)
-}
-
-/// `session` driving the agent under `strategy` (`--engine agent`, as `compare` runs it): every
+/// `session` driving the agent under `strategy` (as `compare` runs it): every
 /// request the agent made and their summary; its compactions, where they are not the recorded
 /// ones, and where its conversation parts from the recording go to stderr.
 fn driven(session: &ImportedSession, input: &str, name: &str, measurer: &mut Measurer, strategy: &Strategy, quiet: bool) -> anyhow::Result<(Vec<RequestMetrics>, Summary)> {
     use crate::replay::agent_whatif::{agent_whatif, prepare};
-    // A file without a main-lane call gives the agent nothing to drive: no request, as the
-    // replay gives none (said on stderr).
+    // A file without a main-lane call gives the agent nothing to drive: no request (said on
+    // stderr).
     if !session.calls.iter().any(|c| c.lane == crate::recording::format::LANE_MAIN) {
         if !quiet {
             eprintln!("{input}: no main-lane call recorded: nothing to drive the agent with (0 requests)");

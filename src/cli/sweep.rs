@@ -45,9 +45,8 @@ pub struct SweepArgs {
     pub threads: Option<usize>,
     /// What runs a recorded session at each point: `agent`, the only engine (the agent itself,
     /// driven by the session; every knob applies; points whose settings resolve alike share one
-    /// run); `replay` is refused (`ctxsim replay --engine replay` measures a session's recorded
-    /// requests as recorded). The outputs name the engine.
-    #[arg(long, value_enum, default_value = "agent")]
+    /// run; `replay` was removed). The outputs name the engine.
+    #[arg(long, value_parser = super::args::parse_engine, default_value = "agent")]
     pub engine: super::args::Engine,
     /// Run every point of a session alone from its first call, instead of going on from a
     /// checkpoint of the run it shares its beginning with (through the agent: the trunk run of
@@ -66,7 +65,7 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: SweepArgs, diag: &mut super::diag::Diagnostics) -> anyhow::Result<i32> {
-    let engine = args.engine.agent_only("sweep")?;
+    let engine = args.engine.report();
     let guarded = super::common::inputs_with(&args.measure, args.sessions.inputs.iter().chain(&args.merge).cloned().chain([PathBuf::from(&args.strategy)]));
     if !args.merge.is_empty() {
         let dir = args.out.clone().context("--merge needs --out DIR")?;

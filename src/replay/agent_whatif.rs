@@ -129,7 +129,7 @@ pub struct RecordedCompaction {
 
 /// Prepares `session` (read from `file`) for agent what-ifs.
 pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Result<Prepared, String> {
-    let version = super::session::main_version(session);
+    let version = super::sizing::main_version(session);
     let reserve = super::ClientProfile::for_version(&version).autocompact_output_reserve;
     let mut sizing_strategy = Strategy::default();
     sizing_strategy.compact.autocompact.max_output_reserve_tokens = Some(reserve);

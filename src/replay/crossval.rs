@@ -62,7 +62,7 @@ pub fn folds(fits: &[SessionFit], leave: Leave) -> Vec<(usize, Vec<usize>)> {
 }
 
 /// Scores every session with a calibration fitted on its fold's training sessions; `score`
-/// replays session `i` with a calibration (through either engine), and its first error stops
+/// replays session `i` with a calibration (through the agent), and its first error stops
 /// the cross-validation.
 pub fn cross_validate<E>(
     fits: &[SessionFit],
@@ -119,8 +119,8 @@ pub fn group_figures(scored: &[Scored]) -> Vec<GroupFigures> {
         .collect()
 }
 
-/// The cross-validation as a table: a row per held-out session (what scored, through `engine`:
-/// `replay` or `agent`) with what its calibration was fitted on, then the figures per version
+/// The cross-validation as a table: a row per held-out session (what scored, through `engine`,
+/// the agent) with what its calibration was fitted on, then the figures per version
 /// group.
 pub fn cross_validation_table(scored: &[Scored], leave: Leave, engine: &str) -> String {
     let what = match leave {

@@ -786,7 +786,7 @@ pub fn session_fit(session: &crate::recording::ImportedSession, path: &std::path
         samples: view_fit_samples(session, &view, table),
         // A first call that attached @-mentioned files shows them with the user context.
         user_context: user_context_shown(view.unrecorded_main, session.recording.header.head_truncated)
-            .filter(|_| super::session::first_call_mentions(session).is_empty())
+            .filter(|_| super::sizing::first_call_mentions(session).is_empty())
             .map(|t| (version.clone().unwrap_or_default(), t)),
         prefix: version.and_then(|version| prefix_shown(view.unrecorded_main, version)),
         thinking: thinking_samples(session, table),

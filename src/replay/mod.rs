@@ -2,8 +2,10 @@
 //! compares the simulated usage with the usage the API really billed.
 //!
 //! - [`profile`]: per-version client behaviour and sizes the transcript does not contain.
-//! - [`session`]: rebuilds, for every recorded API call, the request the client would have
-//!   sent, and measures it.
+//! - [`session`]: a session loaded for measurement, the options its record is read under, and
+//!   the per-call output of the agent's run of it ([`SessionReplay`]).
+//! - [`sizing`]: what the record does not hold, sized (fillers, unstored thinking, the first
+//!   call's unrecorded part), and recorded messages as the client sent them.
 //! - [`record_view`]: what the record shows before each call (events, the unrecorded part's
 //!   sizes) in one pass, without building a request: the agent's paths read the record by it.
 //! - [`fidelity`]: per call and per session comparison with the recorded usage; calibration fit.
@@ -37,6 +39,7 @@ pub mod plot;
 pub mod profile;
 pub mod record_view;
 pub mod session;
+pub mod sizing;
 pub mod triggers;
 pub mod workload;
 pub mod turns;
@@ -51,6 +54,6 @@ pub use fidelity::{
 pub use plot::{fidelity_chart, write_fidelity_plots};
 pub use uncertainty::{Interval, Modelled, modelled_table};
 pub use profile::{ClientProfile, parse_version};
-pub use record_view::{CallView, RecordView, record_view, record_view_measured};
-pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session, replay_session, replay_session_reference};
-pub use triggers::{TriggerReport, TriggerRow, agent_triggers, agent_triggers_table, compaction_triggers, triggers_table};
+pub use record_view::{CallView, RecordView, record_view, record_view_measured, record_view_observed};
+pub use session::{CallReplay, ReplayOptions, SessionReplay, UnrecordedSizes, load_session};
+pub use triggers::{TriggerReport, TriggerRow, agent_triggers, agent_triggers_table};

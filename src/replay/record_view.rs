@@ -27,7 +27,8 @@ use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
 use crate::recording::{EventKind, ImportedSession, RecordedCall};
 
 use super::profile::ClientProfile;
-use super::session::{GroupSizes, LaneState, ReplayOptions, UnrecordedSizes, filler, marks_resume, shape_flat};
+use super::session::{ReplayOptions, UnrecordedSizes};
+use super::sizing::{GroupSizes, LaneState, filler, marks_resume, shape_flat};
 use super::turns::{TurnScan, TurnStart, TurnState};
 
 /// Events at which the client re-renders the start of the conversation, so that a recorded read
@@ -233,7 +234,7 @@ pub(super) fn skip_reason(call: &RecordedCall) -> Option<&'static str> {
 /// When a compared call went out and under which TTL, against the lane's previous call:
 /// `(ttl, start_ms, previous_time)`; pushes `model_switch` and `ttl_expired` onto `call_events`.
 pub(super) fn call_timing(state: &mut LaneState, call: &RecordedCall, request_start: Option<u64>, call_events: &mut Vec<String>) -> (CacheTtl, u64, Option<u64>) {
-    if let Some(ttl) = super::session::ttl_of(&call.usage) {
+    if let Some(ttl) = super::sizing::ttl_of(&call.usage) {
         state.ttl = Some(ttl);
     }
     let ttl = state.ttl.unwrap_or(CacheTtl::FiveMinutes);
@@ -264,8 +265,6 @@ fn is_new_user_turn(messages: &[Message]) -> bool {
 /// A new user turn as the record shows it at one call.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct TurnSeen {
-    /// The call's messages end with a prompt.
-    pub new_turn: bool,
     /// What the client did at the turn's start (main lane only).
     pub turn_start: Option<TurnStart>,
 }
@@ -313,7 +312,7 @@ pub(super) fn turn_events(
     if rerenders_previous {
         call_events.push("rerendered_prompt".into());
     }
-    TurnSeen { new_turn, turn_start }
+    TurnSeen { turn_start }
 }
 
 /// The request the transcript recorded sending for `call`, where it rebuilds exactly, else why it was reconstructed (`None` both when the run does not
@@ -370,7 +369,7 @@ impl Sizing<'_> {
         let bare = measurer.flatten(&bare).map_err(|e| e.to_string())?;
         let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(bare.total_tokens);
         let warm = call.usage.cache_read_input_tokens;
-        let prefix = super::session::first_call_prefix(call, unrecorded_tokens, group == LANE_MAIN, truncated, self.user_context_prior, self.fitted_prefixes, notes);
+        let prefix = super::sizing::first_call_prefix(call, unrecorded_tokens, group == LANE_MAIN, truncated, self.user_context_prior, self.fitted_prefixes, notes);
         self.groups.insert(group.to_owned(), GroupSizes { prefix_tokens: prefix, context_tokens: unrecorded_tokens - prefix });
         if group == LANE_MAIN {
             self.unrecorded_main = Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: warm > 0 });
@@ -525,23 +524,30 @@ pub struct RecordView {
 /// `recorded_microcompact`, `compaction_anchor`, the TTLs), messages measured by `measurer`'s
 /// token counter (its cache is not used).
 pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
-    read_record(session, measurer, options, false)
+    read_record(session, measurer, options, false, &mut |_, _| {})
 }
 
 /// [`record_view`] with every compared call's messages measured ([`CallView::message_tokens`]):
 /// what a calibration fit reads.
 pub fn record_view_measured(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
-    read_record(session, measurer, options, true)
+    read_record(session, measurer, options, true, &mut |_, _| {})
 }
 
-fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, measure_messages: bool) -> RecordView {
+/// [`record_view_measured`], handing `observe` the messages each compared call saw as the
+/// client changed them (its index, then the messages; the recorded ones, where measured on its
+/// recorded request): what `examples/ratio_probe.rs` takes its content features from.
+pub fn record_view_observed(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, observe: &mut dyn FnMut(usize, &[Message])) -> RecordView {
+    read_record(session, measurer, options, true, observe)
+}
+
+fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions, measure_messages: bool, observe: &mut dyn FnMut(usize, &[Message])) -> RecordView {
     let kind = measurer.counter().kind();
     let shared = measurer.counter().shared().cloned();
     let calibration = measurer.counter().calibration().clone();
     let mut notes: BTreeSet<String> = BTreeSet::new();
-    let main_version = super::session::main_version(session);
-    let user_context_prior = super::session::user_context_prior(&calibration, &main_version, &mut notes);
-    let thinking_estimate = super::session::unstored_thinking(session, measurer, &main_version, &mut notes);
+    let main_version = super::sizing::main_version(session);
+    let user_context_prior = super::sizing::user_context_prior(&calibration, &main_version, &mut notes);
+    let thinking_estimate = super::sizing::unstored_thinking(session, measurer, &main_version, &mut notes);
     let file_tokens: RefCell<BTreeMap<(u128, String), u64>> = Default::default();
     let cx = ScanContext {
         session,
@@ -554,16 +560,16 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
     let mut sizing = Sizing { user_context_prior, fitted_prefixes: &calibration.prefix_tokens, groups: BTreeMap::new(), unrecorded_main: None };
     let mut lanes: BTreeMap<String, LaneState> = BTreeMap::new();
     // Each lane's messages as last built (kept apart from its state, which the scan changes).
-    let mut built_views: BTreeMap<String, super::session::BuiltView> = BTreeMap::new();
+    let mut built_views: BTreeMap<String, super::sizing::BuiltView> = BTreeMap::new();
     let mut views = crate::recording::ViewCache::default();
-    let keys = super::session::MessageKeys::new(measurer.new_key_space());
+    let keys = super::sizing::MessageKeys::new(measurer.new_key_space());
     // (As the replay: options that change what the client sent leave the recorded requests.)
     let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests && !options.changes_view();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
     let mut calls = Vec::with_capacity(session.calls.len());
     for call in &session.calls {
         let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
-        let group = super::session::group_of(&call.lane).to_owned();
+        let group = super::sizing::group_of(&call.lane).to_owned();
         // A compaction request forks the main thread: its transcript holds only what it added.
         let main_fork = (call.lane == LANE_COMPACT).then(|| lanes.get(LANE_MAIN).map(|m| (m.cleared.clone(), m.restored.clone(), m.loaded_until)).unwrap_or_default());
         let turn_profile = if options.rerender_prompts {
@@ -616,9 +622,9 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
             Some((cleared, restored, loaded_until)) => {
                 let mut messages = session.fork_messages(call, *loaded_until);
                 for message in &mut messages {
-                    super::session::client_view(message, cleared, &thinking_estimate);
+                    super::sizing::client_view(message, cleared, &thinking_estimate);
                 }
-                super::session::order_tool_results(&mut messages);
+                super::sizing::order_tool_results(&mut messages);
                 if !restored.is_empty()
                     && let Some(first) = messages.first_mut()
                     && first.role == Role::User
@@ -658,6 +664,7 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
         // A call measured on its recorded request has no unrecorded part: its prefix is its
         // tools and system.
         let mut measured = (0, 0);
+        observe(call.index, rebuilt.as_ref().map_or(messages, |r| &r.messages));
         if let Some(recorded) = &rebuilt {
             let mut flat = match measurer.flatten(recorded) {
                 Ok(flat) => flat,
@@ -698,7 +705,7 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
         state.turns.previous_read = Some(call.usage.cache_read_input_tokens);
         // A reply whose thinking the replay fills brings an estimate of its own to the next step.
         let thinking_filled = !call.thinking_text_stored
-            || matches!(&session.recording.events[call.event_index].kind, EventKind::ModelReply(reply) if super::session::resends_its_output(reply, &main_version));
+            || matches!(&session.recording.events[call.event_index].kind, EventKind::ModelReply(reply) if super::sizing::resends_its_output(reply, &main_version));
         calls.push(CallView {
             message_tokens: measured.0,
             message_blocks: measured.1,

@@ -221,43 +221,9 @@ pub fn main_points(session: &ImportedSession, replay: &SessionReplay, diverged_f
     (opening, main)
 }
 
-/// Predicts the automatic compactions of a replayed session and lines them up with the
-/// recorded ones.
-pub fn compaction_triggers(session: &ImportedSession, replay: &SessionReplay, table: &ModelTable, config: &AutocompactConfig) -> TriggerReport {
-    let (version, model, window, output_reserve, thresholds) = client_thresholds(session, replay, table, config);
-
-    let diverged_from = replay.first_divergence.as_ref().map(|(at, _)| *at);
-    let (opening, main) = main_points(session, replay, diverged_from);
-
-    // The count before each main call, and where the rule fires. After a compaction (recorded
-    // or predicted) the rule is re-armed only once the count falls below the threshold.
-    let mut predicted: Vec<(usize, u64)> = Vec::new();
-    let mut armed = true;
-    for (pos, point) in main.iter().enumerate().skip(1) {
-        let count = point.count;
-        if point.compaction.is_some() {
-            // The recorded compaction (whatever fired it) reset the context; count it as the
-            // client did before the boundary.
-            if armed && thresholds.above_autocompact(count) {
-                predicted.push((pos, count));
-            }
-            armed = true;
-            continue;
-        }
-        if armed && thresholds.above_autocompact(count) {
-            predicted.push((pos, count));
-            armed = false;
-        } else if !thresholds.above_autocompact(count) {
-            armed = true;
-        }
-    }
-    let rows = line_up(opening, &main, &predicted, thresholds.autocompact);
-    TriggerReport { version, model, window, output_reserve, threshold: thresholds.autocompact, rows }
-}
-
 /// The automatic compactions the agent itself made while driven by a recorded session
-/// ([`super::workload::agent_replay`]), lined up with the recorded ones like
-/// [`compaction_triggers`]'s predictions: each agent compaction is placed at the main call whose
+/// ([`super::workload::agent_replay`]), lined up with the recorded ones: each agent compaction
+/// is placed at the main call whose
 /// request came after it. Its preTokens is the count before that call the client's way (the
 /// previous reply's usage plus the rough estimate of what was added since, [`main_points`]):
 /// the usage is the recorded one when the workload scripted it (`recorded_usage`, as the agent
@@ -427,13 +393,8 @@ pub(crate) fn mean_result_tokens(session: &ImportedSession) -> std::collections:
     sums.into_iter().map(|(name, (sum, n))| (name.to_owned(), sum / n.max(1))).collect()
 }
 
-/// The compaction-trigger table of several sessions, for reading.
-pub fn triggers_table(reports: &[(String, TriggerReport)]) -> String {
-    titled_table(reports, "the agent's threshold rule")
-}
-
-/// [`triggers_table`] of reports from [`agent_triggers`]: the simulated side is where the agent,
-/// driven by the session, compacted.
+/// The compaction-trigger table of reports from [`agent_triggers`], for reading: the simulated
+/// side is where the agent, driven by the session, compacted.
 pub fn agent_triggers_table(reports: &[(String, TriggerReport)]) -> String {
     titled_table(reports, "the agent's own compactions, driven by the session")
 }

@@ -483,6 +483,11 @@ pub struct RecordedClient {
     first_ttl: Option<crate::api::CacheTtl>,
     /// The salts the last main request was rendered with ([`crate::runner::ClientRules::salts_hint`]).
     rendered: Vec<(usize, u128)>,
+    /// Render prompts the transient way and the conversation start anew where the recorded
+    /// version does (`fidelity --no-rerender` turns it off).
+    rerender_prompts: bool,
+    /// Seed the side entry a finished turn leaves (`fidelity --no-side-entry` turns it off).
+    side_entries: bool,
 }
 
 #[derive(Debug)]
@@ -515,7 +520,7 @@ impl RecordedClient {
                 model: call.model.clone(),
                 cache_read: call.usage.cache_read_input_tokens,
                 measured: !call.is_synthetic && !call.is_api_error && call.usage.prompt_tokens() > 0,
-                ttl: super::session::ttl_of(&call.usage),
+                ttl: super::sizing::ttl_of(&call.usage),
                 scan,
             });
         }
@@ -537,7 +542,26 @@ impl RecordedClient {
             ttl_seen: 0,
             first_ttl,
             rendered: Vec::new(),
+            rerender_prompts: true,
+            side_entries: true,
         }
+    }
+
+    /// These rules with the ablations of `options` (`rerender_prompts`, `side_entries`), as the
+    /// record view applies them.
+    pub fn with_options(mut self, options: &super::ReplayOptions) -> RecordedClient {
+        self.rerender_prompts = options.rerender_prompts;
+        self.side_entries = options.side_entries;
+        self
+    }
+
+    /// The profile the turn rules read: the recorded version's, without its re-rendering where
+    /// the rules leave it out.
+    fn turn_profile(&self, profile: ClientProfile) -> ClientProfile {
+        if self.rerender_prompts {
+            return profile;
+        }
+        ClientProfile { rerender_opening_prompt: false, rerender_typed_prompts: false, queued_across_compaction_rerenders_start: false, ..profile }
     }
 }
 
@@ -566,7 +590,7 @@ impl crate::runner::ClientRules for RecordedClient {
         }
         self.applied = self.applied.max(position + 1);
         let recorded = &self.calls[position];
-        let profile = ClientProfile::for_client(&recorded.version, self.entrypoint.as_deref());
+        let profile = self.turn_profile(ClientProfile::for_client(&recorded.version, self.entrypoint.as_deref()));
         self.recorded_read = recorded.cache_read;
         // The static prefix of a client that shares it is never cold: past the TTL the recorded
         // calls before this one wrote with, the request still reads its global-scope prefix
@@ -597,9 +621,9 @@ impl crate::runner::ClientRules for RecordedClient {
             let opens_session = self.turns.turns == 0 && !self.head_truncated;
             let scan = recorded.scan.clone();
             let at_turns = self.turns.clone();
-            let record = scan.record(&at_turns, opens_session, true, model_switched);
+            let record = scan.record(&at_turns, opens_session, self.side_entries, model_switched);
             let start = self.turns.on_new_turn(&profile, messages, record);
-            if start.rerenders_start {
+            if start.rerenders_start && self.rerender_prompts {
                 self.start_epoch += 1;
                 events.push("turn_rerender".to_owned());
                 if start.queued_across_compaction {

@@ -246,7 +246,7 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
 }
 
 /// [`workload_from_session`] with the texts standing for unstored thinking given per thinking
-/// signature (`thinking_texts`, from the replay's estimate: [`super::session::unstored_thinking`],
+/// signature (`thinking_texts`, from the replay's estimate: [`super::sizing::unstored_thinking`],
 /// which also fills a 2.1.200+ reply's stored thinking to its billed output; an unstored block
 /// whose signature is not there is filled at four characters per output token), and with
 /// each reply's recorded usage scripted when `recorded_usage` ([`sized_workload`]).
@@ -299,7 +299,7 @@ fn workload_with(
     let mut subagents = subagents::Subagents::bind(session);
     // The skill or slash command whose body the next meta prompt is (the command just typed, the
     // Skill call just answered), while the recorded client remembers such bodies as invoked.
-    let remembers_commands = super::profile::parse_version(&super::session::main_version(session)) >= super::profile::INVOKED_COMMANDS_RESTORED;
+    let remembers_commands = super::profile::parse_version(&super::sizing::main_version(session)) >= super::profile::INVOKED_COMMANDS_RESTORED;
     let mut invoked: Option<String> = None;
 
     let flush = |script: &mut Vec<Value>, pending: &mut Map<String, Value>| {
@@ -310,7 +310,7 @@ fn workload_with(
 
     for (event_index, event) in recording.events.iter().enumerate() {
         let main = event.lane == LANE_MAIN;
-        if main && super::session::marks_resume(&event.kind) {
+        if main && super::sizing::marks_resume(&event.kind) {
             resumed_at = Some(event_index);
         }
         if main {
@@ -778,7 +778,7 @@ pub struct AgentReplay {
 /// What the recorded client's first request held that the agent does not model, and where the
 /// workload put it. The recording does not hold the client's system prompt, tools, CLAUDE.md or
 /// the history before a file that continues a session; the replay infers their size from the
-/// first call's billed prompt ([`super::session::first_call_sizes`]), split at the prefix level
+/// first call's billed prompt ([`super::sizing::first_call_sizes`]), split at the prefix level
 /// the record shows (a warm first call's read, else the first level a later read reveals), and
 /// for a file that continues a session, what a compaction keeps of it from the record after the
 /// file's first compaction. The agent builds its own and the difference is added as sized
@@ -848,16 +848,28 @@ pub fn sized_workload(
     strategy: &crate::strategy::Strategy,
     recorded_usage: bool,
 ) -> Result<(Workload, Sizing), String> {
+    sized_workload_with(session, file, measurer, strategy, recorded_usage, &super::ReplayOptions::default())
+}
+
+/// [`sized_workload`] sized from the record view read under `options` (`fidelity`'s ablations).
+pub fn sized_workload_with(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+    recorded_usage: bool,
+    options: &super::ReplayOptions,
+) -> Result<(Workload, Sizing), String> {
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
     let info = measurer.table().lookup(&model).ok().cloned();
     let window = super::triggers::recorded_window(session, &model, info.as_ref());
     // Unstored thinking as the replay estimates it: the fitted share of the output, per version.
-    let main_version = super::session::main_version(session);
+    let main_version = super::sizing::main_version(session);
     let thinking: BTreeMap<String, String> =
-        super::session::unstored_thinking(session, measurer, &main_version, &mut Default::default()).into_iter().map(|(k, fill)| (k, fill.text())).collect();
+        super::sizing::unstored_thinking(session, measurer, &main_version, &mut Default::default()).into_iter().map(|(k, fill)| (k, fill.text())).collect();
     let background = crate::agent::dialect::background_agents(&strategy.client_version);
     let mut workload = workload_with(session, file, Some(window), &thinking, recorded_usage, background).map_err(|e| e.to_string())?;
-    let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy)?;
+    let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy, options)?;
     Ok((workload, sizing))
 }
 
@@ -874,7 +886,7 @@ pub struct RecordedSettings {
 
 impl RecordedSettings {
     pub fn of(session: &ImportedSession, workload: &Workload) -> RecordedSettings {
-        let ttl_main = session.calls.iter().filter(|c| c.lane == LANE_MAIN).find_map(|c| super::session::ttl_of(&c.usage));
+        let ttl_main = session.calls.iter().filter(|c| c.lane == LANE_MAIN).find_map(|c| super::sizing::ttl_of(&c.usage));
         let outside_main: Vec<&crate::recording::RecordedCall> =
             session.calls.iter().filter(|c| c.lane != LANE_MAIN && !c.is_synthetic && c.usage.cache_creation_input_tokens > 0).collect();
         let ttl_other_1h = !workload.subagent_calls.is_empty() && outside_main.iter().all(|c| c.usage.creation_split().ephemeral_1h_input_tokens > 0);
@@ -941,10 +953,24 @@ pub fn agent_replay(
     measurer: &mut crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
 ) -> Result<AgentReplay, String> {
+    agent_replay_with(session, file, measurer, strategy, &super::ReplayOptions::default())
+}
+
+/// [`agent_replay`] with the ablations of `options` applied to the record the run reads: the
+/// record view its sizes and events come from, and the recorded client's turn rules
+/// (`rerender_prompts`, `side_entries`; `fidelity --no-rerender`, `--no-side-entry`,
+/// `--no-recorded-requests`).
+pub fn agent_replay_with(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &mut crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+    options: &super::ReplayOptions,
+) -> Result<AgentReplay, String> {
     let (prior, lookback) = (measurer.prior_thinking_dropped(), measurer.lookback_rule());
     measurer.set_prior_thinking_dropped(true);
     measurer.set_lookback_rule(crate::measure::LookbackRule::for_session_start(session.recording.header.start_epoch_ms));
-    let result = agent_replay_dropping_thinking(session, file, measurer, strategy);
+    let result = agent_replay_dropping_thinking(session, file, measurer, strategy, options);
     measurer.set_prior_thinking_dropped(prior);
     measurer.set_lookback_rule(lookback);
     result
@@ -955,16 +981,17 @@ fn agent_replay_dropping_thinking(
     file: &str,
     measurer: &mut crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
+    options: &super::ReplayOptions,
 ) -> Result<AgentReplay, String> {
     // The recorded version's autocompact reserve, unless the strategy sets one.
     let mut strategy = strategy.clone();
     if strategy.compact.autocompact.max_output_reserve_tokens.is_none() {
-        let version = super::session::main_version(session);
+        let version = super::sizing::main_version(session);
         strategy.compact.autocompact.max_output_reserve_tokens = Some(super::ClientProfile::for_version(&version).autocompact_output_reserve);
     }
     keep_recorded_results(&mut strategy);
     measurer.set_billing_key(REAL_SESSION_BILLING);
-    let (workload, mut sizing) = sized_workload(session, file, measurer, &strategy, true)?;
+    let (workload, mut sizing) = sized_workload_with(session, file, measurer, &strategy, true, options)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
         warm.seed(measurer)?;
@@ -972,9 +999,9 @@ fn agent_replay_dropping_thinking(
     }
     // Only the rows are read: the bodies (each the conversation so far) are dropped as measured.
     // The recorded client's turn rules apply around the agent's main requests.
-    let client = super::turns::RecordedClient::new(session, &workload.main_calls);
-    let options = crate::runner::RunOptions { client: Some(Box::new(client)), ..Default::default() };
-    let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), options)
+    let client = super::turns::RecordedClient::new(session, &workload.main_calls).with_options(options);
+    let run_options = crate::runner::RunOptions { client: Some(Box::new(client)), ..Default::default() };
+    let output = crate::runner::run_scenario_opts(&workload.scenario, measurer, &strategy, &crate::agent::compact::chain::Chain::new(), run_options)
         .map_err(|e| e.to_string())?;
     let by_index: BTreeMap<usize, &crate::recording::RecordedCall> = session.calls.iter().map(|c| (c.index, c)).collect();
     let main_rows: Vec<&crate::measure::RequestMetrics> = output.rows.iter().filter(|r| r.lane == LANE_MAIN && r.error.is_none()).collect();
@@ -1154,10 +1181,10 @@ struct ShownSizes {
     events: RecordEvents,
 }
 
-/// The [`ShownSizes`] of `session`: its record view under the default options, measured by
-/// `measurer`. One definition of both with the replay, which sizes its later calls by them.
-fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measurer) -> ShownSizes {
-    let options = super::ReplayOptions { info_loss: false, compaction_losses: false, ..Default::default() };
+/// The [`ShownSizes`] of `session`: its record view under `options` (the default ones but for
+/// `fidelity`'s ablations), measured by `measurer`.
+fn shown_sizes(session: &ImportedSession, measurer: &mut crate::measure::Measurer, options: &super::ReplayOptions) -> ShownSizes {
+    let options = super::ReplayOptions { info_loss: false, compaction_losses: false, ..options.clone() };
     let view = super::record_view(session, measurer, &options);
     let has = |c: &super::CallView, e: &str| c.events.iter().any(|x| x == e);
     let main = || view.calls.iter().filter(|c| c.lane == LANE_MAIN && c.skipped.is_none());
@@ -1191,7 +1218,7 @@ fn restored_command_tokens(script: &[crate::scenario::Step], budget: &crate::age
 }
 
 /// Sizes the filler of [`Sizing`] and writes it into `workload`'s scenario: the recorded sizes
-/// are the replay's of the first main call ([`super::session::first_call_sizes`]) with what the
+/// are the replay's of the first main call ([`super::sizing::first_call_sizes`]) with what the
 /// record shows beyond it ([`shown_sizes`]), and a probe run of the workload's first
 /// request gives the agent's own sizes.
 pub fn size_unmodelled(
@@ -1200,14 +1227,15 @@ pub fn size_unmodelled(
     workload: &mut Workload,
     measurer: &crate::measure::Measurer,
     strategy: &crate::strategy::Strategy,
+    options: &super::ReplayOptions,
 ) -> Result<Sizing, String> {
     use crate::measure::{Measurer, blocks::Region};
     let fresh = || {
         let counter = measurer.counter().fresh_like();
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
-    let Some(unrecorded) = super::session::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
-    let mut shown = shown_sizes(session, &mut fresh());
+    let Some(unrecorded) = super::sizing::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
+    let mut shown = shown_sizes(session, &mut fresh(), options);
     workload.record_events = Some(std::mem::take(&mut shown.events));
     // The levels the record shows in the unrecorded part: a warm first call's read, and the
     // first level a later read falls to (a compaction, a re-render, a shared prefix past the
@@ -1266,10 +1294,10 @@ pub fn size_unmodelled(
     let params = measurer.counter().calibration().for_family(&key);
     let kind = measurer.counter().kind();
     let shared = measurer.counter().shared().cloned();
-    let sized = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref());
+    let sized = |label: &str, tokens: u64| super::sizing::filler(label, tokens, kind, params.scale, params.per_block, shared.as_deref());
     // The system filler joins a block of the agent's (its static or dynamic part): it carries no
     // block overhead of its own (before, both levels fell short of the record by `per_block`).
-    let joined = |label: &str, tokens: u64| super::session::filler(label, tokens, kind, params.scale, 0.0, shared.as_deref());
+    let joined = |label: &str, tokens: u64| super::sizing::filler(label, tokens, kind, params.scale, 0.0, shared.as_deref());
     sizing.system_filler_tokens = sizing.recorded_prefix_tokens.saturating_sub(sizing.agent_prefix_tokens);
     // The filler goes where the recorded client's bytes were: before the boundary up to the
     // global-scope level the record shows, the rest after the agent's dynamic sections. With one
@@ -1302,14 +1330,14 @@ pub fn size_unmodelled(
         // shows beyond the prefix after the file's first compaction, as for a continuing file;
         // the version's fitted user context stands in when the file has no compaction. Without
         // mentions the whole gap is memory and context.
-        sizing.mentioned_files = super::session::first_call_mentions(session);
+        sizing.mentioned_files = super::sizing::first_call_mentions(session);
         sizing.claude_md_filler_tokens = context_gap;
         if !sizing.mentioned_files.is_empty() {
             let outlives = match shown.kept_after_compaction {
                 Some(kept) => outlives_compaction(kept),
                 // (A version taken from another's fit is noted by the replay's sizing of the
                 // same session, `first_call_sizes`.)
-                None => super::session::user_context_prior(measurer.counter().calibration(), &super::session::main_version(session), &mut Default::default()),
+                None => super::sizing::user_context_prior(measurer.counter().calibration(), &super::sizing::main_version(session), &mut Default::default()),
             };
             sizing.claude_md_filler_tokens = outlives.saturating_sub(sizing.agent_context_tokens).min(context_gap);
             sizing.mention_filler_tokens = context_gap - sizing.claude_md_filler_tokens;
@@ -1353,7 +1381,7 @@ pub fn size_unmodelled(
     // (`ClientProfile::system_cached_at_end`: all but 2.1.88–2.1.114, whose dynamic block went
     // unmarked). Each of the 13 shipped sessions whose record shows a read falling into the
     // unrecorded part shows one of the whole prefix (its only level, or the higher of two).
-    let cached_at_end = super::ClientProfile::for_version(&super::session::main_version(session)).system_cached_at_end;
+    let cached_at_end = super::ClientProfile::for_version(&super::sizing::main_version(session)).system_cached_at_end;
     doc["world"]["dynamic_system_marker"] = Value::Bool(cached_at_end);
     if sizing.claude_md_filler_tokens > 0 {
         let text = sized("recorded memory and context not modelled", sizing.claude_md_filler_tokens);
@@ -1497,7 +1525,7 @@ fn size_subagent_prompts(
         let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&key);
         let shared = measurer.counter().shared().cloned();
-        let text = super::session::filler("recorded agent prompt not modelled", gap, measurer.counter().kind(), params.scale, 0.0, shared.as_deref());
+        let text = super::sizing::filler("recorded agent prompt not modelled", gap, measurer.counter().kind(), params.scale, 0.0, shared.as_deref());
         workload.document["world"]["agent_prompt_extra"][run.agent_type.as_str()] = Value::String(text);
         sized.insert(run.agent_type.clone(), gap);
     }

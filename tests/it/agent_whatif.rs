@@ -126,27 +126,34 @@ fn a_layout_knob_reaches_a_real_session_through_the_agent() {
     assert!(table.contains("- Engine: recorded sessions ran through the agent (`--engine agent`, the default)"), "{table}");
 }
 
-/// `compare`, `sweep`, `check` and `audit` take recorded sessions through the agent only:
-/// `--engine replay` is refused (exit 2) with one line naming the command and what remains.
+/// The record-based engine was removed (session 26): `--engine replay` is refused by every
+/// command that took `--engine` (exit 2) with one line saying so and what measures a recorded
+/// session as recorded; `--engine agent` stays valid.
 #[test]
-fn the_record_based_engine_is_refused_for_what_ifs() {
+fn the_record_based_engine_is_refused_by_every_command() {
     let session = a6e4();
-    for (command, extra) in [("compare", &["--strategies", "claude-code"][..]), ("sweep", &["--param", "ttl_main=5m,1h"]), ("check", &[]), ("audit", &[])] {
+    for (command, extra) in [
+        ("compare", &["--strategies", "claude-code"][..]),
+        ("sweep", &["--param", "ttl_main=5m,1h"]),
+        ("check", &[]),
+        ("audit", &[]),
+        ("replay", &[]),
+        ("fidelity", &[]),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args([command, "--engine", "replay", "--estimator", "chars4", session.as_str()]).args(extra).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{command}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("`--engine replay` was removed from {command}: what-ifs on recorded sessions run through the agent, the one model of the client; `ctxsim replay --engine replay` still measures a session's recorded requests as recorded")),
-            "{command}: {stderr}"
-        );
+        assert!(stderr.contains("`--engine replay` was removed: the agent measures recorded sessions as recorded (`--strategy as-recorded`"), "{command}: {stderr}");
+        assert_eq!(stderr.lines().filter(|l| l.contains("--engine replay")).count(), 1, "{command}: {stderr}");
         assert!(out.stdout.is_empty(), "{command}");
     }
+    let (stdout, _) = ctxsim_ok(&["replay", "--engine", "agent", "--estimator", "chars4", "--format", "json", session.as_str()]);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["engine"], "agent", "{stdout}");
 }
 
 /// `replay` runs a session through the agent by default, as `compare` does (one model of the
 /// client): under a strategy its summary is `compare`'s, and every output names the engine
-/// (JSON `engine`, the CSV column, a line under the table); `--engine replay` is the
-/// record-based measurement and says so.
+/// (JSON `engine`, the CSV column, a line under the table).
 #[test]
 fn replay_runs_a_session_through_the_agent_by_default_and_names_the_engine() {
     let session = a6e4();
@@ -166,58 +173,35 @@ fn replay_runs_a_session_through_the_agent_by_default_and_names_the_engine() {
     let (header, row) = (csv.lines().next().unwrap(), csv.lines().nth(1).unwrap());
     assert!(header.ends_with(",engine") && row.ends_with(",agent"), "{csv}");
     let (table, _) = ctxsim_ok(&["replay", "--estimator", "chars4", session.as_str()]);
-    assert!(table.contains("engine: agent (the agent itself, driven by each session, the default"), "{table}");
-    let (stdout, _) = ctxsim_ok(&["replay", "--engine", "replay", "--estimator", "chars4", "--format", "json", session.as_str()]);
-    let record_based: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(record_based["engine"], "replay", "{stdout}");
-    let (table, _) = ctxsim_ok(&["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]);
-    assert!(table.contains("engine: replay (the record-based measurement"), "{table}");
-    // The record-based engine measures the recorded requests as recorded: a what-if with it is
-    // refused (exit 2, one line).
-    for extra in [&["--strategy", "claude-code-1h"][..], &["--set", "compact.autocompact.buffer_tokens=60000"]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["replay", "--engine", "replay", "--estimator", "chars4", session.as_str()]).args(extra).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{extra:?}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("--strategy/--set run through the agent only: `--engine replay` measures a session's recorded requests as recorded"), "{stderr}");
-    }
+    assert!(table.contains("engine: agent (the agent itself, driven by each session)"), "{table}");
     // `run` has no engine: no field, no column.
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/idle-gap.yaml").display().to_string();
     let (csv, _) = ctxsim_ok(&["run", "--estimator", "chars4", "--format", "csv", scenario.as_str()]);
     assert!(!csv.lines().next().unwrap().contains("engine"), "{csv}");
 }
 
-/// `fidelity` drives the agent by default and names it; the record-based engine's ablations
-/// are refused without `--engine replay` (exit 2, saying so), and `--breaks` stays inside the
-/// JSON.
+/// `fidelity` drives the agent and names it, and `--breaks` stays inside the JSON. Its
+/// ablations run through the agent too (tests/it/fidelity.rs measures what they move); where
+/// one changes nothing it says why.
 #[test]
-fn fidelity_defaults_to_the_agent_and_refuses_the_replays_ablations_without_it() {
+fn fidelity_drives_the_agent_and_its_ablations_say_where_they_change_nothing() {
     let session = a6e4();
     let (stdout, _) = ctxsim_ok(&["fidelity", "--estimator", "chars4", "--format", "json", "--breaks", session.as_str()]);
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["engine"], "agent", "{stdout}");
     assert!(report["agent"].is_object() && report["breaks"].is_array(), "{stdout}");
-    // The breaks' causes are read from the record whichever engine rebuilt the requests: a6e4's
-    // three breaks after long gaps are the TTL's, through the agent as through the replay.
+    // The breaks' causes are read from the record: a6e4's three breaks after long gaps are the
+    // TTL's.
     let causes = |report: &serde_json::Value| -> Vec<String> { report["breaks"].as_array().unwrap().iter().map(|b| b["cause"].as_str().unwrap().to_owned()).collect() };
     assert_eq!(causes(&report), ["ttl_expired", "ttl_expired", "ttl_expired", "compaction"], "{stdout}");
-    let (replayed, _) = ctxsim_ok(&["fidelity", "--engine", "replay", "--estimator", "chars4", "--format", "json", "--breaks", session.as_str()]);
-    assert_eq!(causes(&report), causes(&serde_json::from_str(&replayed).unwrap()));
     let (table, _) = ctxsim_ok(&["fidelity", "--estimator", "chars4", session.as_str()]);
     assert!(table.contains("\nengine: agent (") && table.contains("session (through the agent)"), "{table}");
-    let (stdout, _) = ctxsim_ok(&["fidelity", "--engine", "replay", "--estimator", "chars4", "--format", "json", "--no-side-entry", session.as_str()]);
-    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(report["engine"], "replay");
-    assert!(report.get("agent").is_none(), "{stdout}");
-    let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--engine", "replay", "--strategy", "codex", session.as_str()]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--strategy codex runs through the agent only"), "{stderr}");
-    for flag in ["--no-side-entry", "--no-rerender", "--no-recorded-requests"] {
-        let run = Command::new(env!("CARGO_BIN_EXE_ctxsim")).args(["fidelity", "--estimator", "chars4", flag, session.as_str()]).output().unwrap();
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert_eq!(run.status.code(), Some(2), "{flag}: {stderr}");
-        assert!(stderr.contains(&format!("{flag} is an ablation of the record-based engine: add `--engine replay`")), "{stderr}");
-    }
+    // a6e4 records no api requests: the ablation of them is said to change nothing.
+    let (stdout, stderr) = ctxsim_ok(&["fidelity", "--estimator", "chars4", "--format", "json", "--no-recorded-requests", session.as_str()]);
+    assert!(stderr.contains("note: --no-recorded-requests has no effect: the session records no api requests"), "{stderr}");
+    let ablated: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(ablated["engine"], "agent");
+    assert!(ablated["agent"].is_object(), "{stdout}");
 }
 
 fn sweep_agent(args: &[&str], out: &Path, threads: &str) -> (String, String) {
@@ -290,7 +274,7 @@ fn check_takes_a_real_session_through_the_agent() {
     assert!(String::from_utf8_lossy(&default.stdout).contains("note engine: the session ran through the agent (--engine agent)"), "{}", String::from_utf8_lossy(&default.stdout));
     let other = run(&["--engine", "replay"]);
     assert_eq!(other.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&other.stderr).contains("`--engine replay` was removed from check"));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("`--engine replay` was removed"));
     // A baseline measured through the record-based replay is refused, and refreshed by
     // --update-baseline.
     let agent_text = std::fs::read_to_string(&baseline).unwrap();

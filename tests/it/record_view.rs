@@ -1,9 +1,12 @@
-//! The record view ([`ctxsim::replay::record_view`]) reads a session as the record-based replay
-//! does: on every shared transcript and every transcript fixture, each call's events, the sizes
-//! of its unrecorded part and (measured) of its messages are the replay's.
+//! The record view ([`ctxsim::replay::record_view`]) reads a session in one pass: on every
+//! shared transcript and every transcript fixture, one row per recorded call in order, skipped
+//! where the call has no usage to compare, the same events whether it measures the messages or
+//! not, and (measured) a prompt that adds up to the recorded one. Until session 26 these tests
+//! compared the view with the record-based replay, removed then: they now check the rows
+//! against the recording itself.
 
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
-use ctxsim::replay::{ReplayOptions, load_session, record_view, record_view_measured, replay_session};
+use ctxsim::replay::{ReplayOptions, load_session, record_view, record_view_measured};
 
 use crate::support::real_transcripts;
 
@@ -20,54 +23,61 @@ fn fixture_transcripts() -> Vec<std::path::PathBuf> {
     files
 }
 
-/// Checks that `options`' view of the transcript at `path` equals its replay's: per call, the
-/// skip reason, the events and (compared calls) the prefix level and user context; the main
-/// lane's unrecorded sizes.
-fn check_same(path: &std::path::Path, options: &ReplayOptions) -> usize {
+/// Checks `options`' view of the transcript at `path` against its recording: per recorded call
+/// one row (same index, in order), skipped exactly where the call has no usage to compare
+/// (synthetic, an API error, no prompt), the same events measured or not, and the measured
+/// prompt of the compared calls (prefix, user context, messages) within `max_mape` of the
+/// recorded one on average. Returns the calls with events.
+fn check_rows(path: &std::path::Path, options: &ReplayOptions, max_mape: f64) -> usize {
     let session = load_session(path).unwrap();
     let new_measurer = || Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Calibrated)).without_body_hashes();
-    let replay = replay_session(&session, &mut new_measurer(), options);
     let view = record_view_measured(&session, &mut new_measurer(), options);
     assert_eq!(record_view(&session, &mut new_measurer(), options).calls.iter().map(|c| &c.events).collect::<Vec<_>>(), view.calls.iter().map(|c| &c.events).collect::<Vec<_>>());
     let name = path.display();
-    assert_eq!(view.calls.len(), replay.calls.len(), "{name}");
-    for (seen, replayed) in view.calls.iter().zip(replay.calls.iter()) {
-        assert_eq!(seen.index, replayed.index, "{name}");
-        assert_eq!(seen.skipped, replayed.skipped, "{name} #{}", seen.index);
-        assert_eq!(seen.events, replayed.events, "{name} #{}: events", seen.index);
-        if replayed.compared() {
-            assert_eq!((seen.prefix_tokens, seen.user_context_tokens), (replayed.prefix_tokens, replayed.user_context_tokens), "{name} #{}: sizes", seen.index);
-            assert_eq!((seen.message_tokens, seen.message_blocks), (replayed.message_tokens, replayed.message_blocks), "{name} #{}: messages", seen.index);
-            assert_eq!(
-                (seen.thinking_filled, seen.attachment_chars, seen.unsized_attachment_chars),
-                (replayed.thinking_filled, replayed.attachment_chars, replayed.unsized_attachment_chars),
-                "{name} #{}: thinking, attachments",
-                seen.index
-            );
+    assert_eq!(view.calls.len(), session.calls.len(), "{name}");
+    let mut errors = Vec::new();
+    for (seen, call) in view.calls.iter().zip(&session.calls) {
+        assert_eq!(seen.index, call.index, "{name}");
+        assert_eq!(seen.lane, call.lane, "{name} #{}", call.index);
+        let comparable = !call.is_synthetic && !call.is_api_error && call.usage.prompt_tokens() > 0;
+        if !comparable {
+            assert!(seen.skipped.is_some(), "{name} #{}: not skipped", call.index);
+            continue;
         }
+        if seen.skipped.is_some() {
+            continue;
+        }
+        let recorded = call.usage.prompt_tokens() as f64;
+        let measured = (seen.prefix_tokens + seen.user_context_tokens + seen.message_tokens) as f64;
+        errors.push((measured - recorded).abs() / recorded);
     }
-    assert_eq!(view.unrecorded_main, replay.unrecorded_main, "{name}: unrecorded main");
+    assert!(!errors.is_empty(), "{name}: no compared call");
+    let mape = errors.iter().sum::<f64>() / errors.len() as f64;
+    assert!(mape <= max_mape, "{name}: the view's prompts are {:.1}% off the recorded ones", mape * 100.0);
     view.calls.iter().filter(|c| !c.events.is_empty()).count()
 }
 
 #[test]
-fn the_record_view_sees_what_the_replay_sees_on_every_real_session() {
+fn the_record_view_reads_every_real_session_call_by_call() {
     let files = real_transcripts();
     assert_eq!(files.len(), 16);
-    let with_events: usize = files.iter().map(|path| check_same(path, &ReplayOptions::default())).sum();
+    let with_events: usize = files.iter().map(|path| check_rows(path, &ReplayOptions::default(), 0.05)).sum();
     assert!(with_events > 100, "{with_events} calls with events");
 }
 
 #[test]
-fn the_record_view_sees_what_the_replay_sees_on_the_fixtures_and_under_the_reading_knobs() {
+fn the_record_view_reads_the_fixtures_and_under_the_reading_knobs() {
     let files = fixture_transcripts();
     assert_eq!(files.len(), 4);
     for path in &files {
-        check_same(path, &ReplayOptions::default());
+        // Rows only: the fixtures' prompts are measured here with the shipped calibration, not
+        // the one `serve` counted them with (tests/it/api_requests.rs checks them to the token
+        // under that one), and the compaction probe's script claimed a usage.
+        check_rows(path, &ReplayOptions::default(), f64::INFINITY);
         // Without the recorded requests every call is reconstructed and sized by the record.
-        check_same(path, &ReplayOptions { recorded_requests: false, ..Default::default() });
+        check_rows(path, &ReplayOptions { recorded_requests: false, ..Default::default() }, f64::INFINITY);
     }
     // `fidelity`'s reading knobs on a real session with turns, side entries and compactions.
     let spotter = real_transcripts().into_iter().find(|p| p.to_string_lossy().contains("spotter")).unwrap();
-    check_same(&spotter, &ReplayOptions { rerender_prompts: false, side_entries: false, ..Default::default() });
+    check_rows(&spotter, &ReplayOptions { rerender_prompts: false, side_entries: false, ..Default::default() }, 0.05);
 }

@@ -115,3 +115,16 @@ pub fn real_transcripts() -> Vec<std::path::PathBuf> {
     files.sort();
     files
 }
+
+/// `session` driving the agent as recorded under `options` (the ablations of the record it
+/// reads), measured by `measurer`, with the events the record shows before each call, as
+/// `ctxsim fidelity --calls` reports them.
+pub fn replay_session(session: &ctxsim::recording::ImportedSession, measurer: &mut Measurer, options: &ctxsim::replay::ReplayOptions) -> ctxsim::replay::SessionReplay {
+    let strategy = ctxsim::strategy::Strategy::resolve_with("claude-code", &[]).unwrap();
+    let input = session.recording.header.input.clone().unwrap_or_default();
+    let mut driven = ctxsim::replay::workload::agent_replay_with(session, &input, measurer, &strategy, options).unwrap();
+    if let Some(events) = driven.record_events.take() {
+        driven.replay.add_record_events(&events);
+    }
+    driven.replay
+}

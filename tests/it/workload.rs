@@ -169,18 +169,19 @@ script:
     assert!(out.rows[2].events.iter().any(|e| e.contains("compact")), "{:?}", out.rows[2].events);
 }
 
-/// The recorded sizes the workload fills to are the replay's first-call sizes, computed without
-/// replaying the session: a file that opens the session (eea3a341), one that continues a
-/// session (7662d755-2) and one that starts warm on an earlier process's cache (7be20d70).
+/// The recorded sizes the workload fills to are the record view's first-call sizes, computed
+/// without reading the whole record: a file that opens the session (eea3a341), one that
+/// continues a session (7662d755-2) and one that starts warm on an earlier process's cache
+/// (7be20d70).
 #[test]
-fn first_call_sizes_without_a_replay_are_the_replays() {
+fn first_call_sizes_without_a_record_view_are_the_views() {
     for name in ["oh-my-posh/eea3a34195eb-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl", "entireio-cli/7be20d70c73b-0.full.jsonl"] {
         let session = load_session(&realdata().join("transcripts").join(name)).unwrap();
-        let direct = ctxsim::replay::session::first_call_sizes(&session, &mut measurer()).expect(name);
+        let direct = ctxsim::replay::sizing::first_call_sizes(&session, &mut measurer()).expect(name);
         let options = ctxsim::replay::ReplayOptions { info_loss: false, ..Default::default() };
-        let replayed = ctxsim::replay::replay_session(&session, &mut measurer(), &options).unrecorded_main.expect(name);
+        let replayed = ctxsim::replay::record_view(&session, &mut measurer(), &options).unrecorded_main.expect(name);
         assert_eq!(direct.first_call_tokens, replayed.first_call_tokens, "{name}");
-        // A later call may reveal another prefix level to the replay; the first call's is this.
+        // A later call may reveal another prefix level to the view; the first call's is this.
         assert!(direct.prefix_tokens > 0 && direct.prefix_tokens <= direct.first_call_tokens, "{name}: {direct:?}");
     }
 }
@@ -341,7 +342,7 @@ fn held_prompts_and_attachments_count_alike_in_triggers_and_the_unwritten_reply(
                 _ => None,
             })
             .expect("the stand-in of the unwritten reply");
-        let replay = ctxsim::replay::replay_session(&session, &mut measurer(), &Default::default());
+        let replay = crate::support::replay_session(&session, &mut measurer(), &Default::default());
         let (_, points) = ctxsim::replay::triggers::main_points(&session, &replay, None);
         let before = points.iter().find(|p| p.compaction.as_ref().is_some_and(|b| b.pre_tokens == Some(167_602))).expect("call 161");
         (before.count, stand_in)
@@ -1181,16 +1182,16 @@ fn a_windows_recorded_cwd_keeps_the_projects_skills_the_projects() {
     }
 }
 
-/// The agent's run keeps the events its sizing's record-based replay saw before each recorded
-/// call (`AgentReplay::record_events`), equal to those of a replay of its own under the default
-/// options: `fidelity --breaks`/`--calls` through the agent names the breaks' causes and the
-/// calls' events from them without replaying the record a second time.
+/// The agent's run keeps the events its sizing's record view saw before each recorded call
+/// (`AgentReplay::record_events`), equal to those of a record view of its own under the default
+/// options: `fidelity --breaks`/`--calls` names the breaks' causes and the calls' events from
+/// them without reading the record a second time.
 #[test]
-fn the_agents_run_keeps_the_record_replays_events() {
+fn the_agents_run_keeps_the_record_views_events() {
     for name in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl"] {
         let (session, driven) = drive(name);
-        let replay = ctxsim::replay::replay_session(&session, &mut measurer(), &ctxsim::replay::ReplayOptions::default());
-        let expected: BTreeMap<usize, Vec<String>> = replay.calls.into_iter().map(|c| (c.index, c.events)).collect();
+        let view = ctxsim::replay::record_view(&session, &mut measurer(), &ctxsim::replay::ReplayOptions::default());
+        let expected: BTreeMap<usize, Vec<String>> = view.calls.into_iter().map(|c| (c.index, c.events)).collect();
         assert!(expected.values().flatten().any(|e| e == "ttl_expired"), "{name}: {expected:?}");
         assert_eq!(driven.record_events.as_ref(), Some(&expected), "{name}");
     }
