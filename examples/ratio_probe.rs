@@ -99,12 +99,13 @@ fn main() {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let recorded: BTreeMap<usize, u64> = session.calls.iter().map(|c| (c.index, c.usage.prompt_tokens())).collect();
+        let recorded: BTreeMap<usize, (u64, &str)> = session.calls.iter().map(|c| (c.index, (c.usage.prompt_tokens(), c.model.as_str()))).collect();
         for call in view.calls.iter().filter(|c| c.skipped.is_none()) {
             let Some(f) = by_index.get(&call.index).copied() else {
                 continue;
             };
-            let rec = recorded.get(&call.index).copied().unwrap_or_default() as f64;
+            let (rec, model) = recorded.get(&call.index).copied().unwrap_or_default();
+            let rec = rec as f64;
             let now = (rec, call.message_tokens as f64, call.thinking_filled, f);
             let prev = last.insert(call.lane.clone(), now);
             let disturbed = call.events.iter().any(|e| {
@@ -115,7 +116,7 @@ fn main() {
             });
             let Some(prev) = prev else { continue };
             let key = table
-                .lookup(&call.model)
+                .lookup(model)
                 .map(|m| m.estimator_key())
                 .unwrap_or_default();
             let clean = !(disturbed || now.1 < prev.1 || prev.2 || call.unsized_attachment_chars > 0);
