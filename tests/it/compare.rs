@@ -96,21 +96,18 @@ fn strategies_with_the_same_results_are_named() {
     assert!(!serde_json::to_string(&out[1]).unwrap().contains("same_results_as"));
 }
 
-/// The `--engine` values' help says which commands each one is the default of, and every
-/// command with `--engine` agrees with it: its `[default: …]` is the value whose line names it,
-/// and the other value's line does not (every command defaults to `agent`).
+/// Every command with `--engine` offers the agent alone (the record-based replay was removed
+/// in session 26): its `[default: agent]`, and a help that says it is the only engine.
 #[test]
-fn the_engine_help_names_each_commands_real_default() {
+fn the_engine_help_names_the_agent_as_the_only_engine() {
     for command in ["replay", "fidelity", "audit", "compare", "sweep", "check"] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).args([command, "--help"]).output().unwrap();
         assert!(out.status.success(), "{command} --help");
         let help = String::from_utf8(out.stdout).unwrap();
         let engine = &help[help.find("--engine <ENGINE>").unwrap_or_else(|| panic!("{command} has --engine"))..];
         let default = engine.split("[default: ").nth(1).and_then(|rest| rest.split(']').next()).unwrap();
-        let line = |value: &str| engine.lines().find(|l| l.trim_start().starts_with(&format!("- {value}:"))).unwrap().to_owned();
-        let named = format!("`{command}`");
-        let other = if default == "agent" { "replay" } else { "agent" };
-        assert!(line(default).contains(&named), "{command} defaults to {default}: {}", line(default));
-        assert!(!line(other).contains(&named), "{command} does not default to {other}: {}", line(other));
+        assert_eq!(default, "agent", "{command}");
+        let words = engine[..engine.find("[default: ").unwrap()].split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(words.contains("the only engine"), "{command}: {words}");
     }
 }
