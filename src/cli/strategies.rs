@@ -31,7 +31,7 @@ pub fn run(args: StrategiesArgs) -> anyhow::Result<i32> {
                 })
                 .collect();
             let engines = serde_json::json!({
-                "agent": "the engine of what-ifs on recorded sessions (the default engine of replay and fidelity, the only one of compare, sweep, check and audit): every knob reaches a recorded session (`real_sessions`)",
+                "agent": "the only engine of every command on recorded sessions (the record-based replay was removed in session 26): every knob reaches a recorded session (`real_sessions`)",
             });
             let mut out = serde_json::json!({"presets": presets, "knobs": knobs, "engines": engines});
             if args.causes {

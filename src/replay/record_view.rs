@@ -5,13 +5,12 @@
 //! a size rests on them), and the unrecorded part of each call (the prefix level the record shows,
 //! the user context a segment's first call anchors).
 //!
-//! The record-based replay ([`super::session`]) reads the record through the same functions
-//! (its lane scan, timing, turns, sizes), so both see the same; the agent's paths (the workload's
-//! sizing, `fidelity`'s break causes) take this view and run no replay.
+//! The agent's paths (the workload's sizing, `fidelity`'s break causes and call events, the
+//! calibration fit) take this view; the record-based replay that read the record through the
+//! same functions was removed in session 26.
 //!
-//! What it leaves out: the replay's request building (fillers for the unrecorded part, keys,
-//! breakpoints), the cache simulation and everything that rests on it (the seeded prefixes, the
-//! simulated reads). A view is of the session as recorded, under the knobs that change how the
+//! What it leaves out: request building (fillers for the unrecorded part, breakpoints), the
+//! cache simulation and everything that rests on it (the seeded prefixes, the simulated reads). A view is of the session as recorded, under the knobs that change how the
 //! record is read ([`ReplayOptions`]: rerendered prompts, side entries, recorded requests).
 
 use std::cell::RefCell;

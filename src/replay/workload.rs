@@ -138,7 +138,7 @@ pub struct Workload {
 
 /// Per recorded call (its index), the events the record shows before it
 /// ([`super::CallView::events`]: a gap past the TTL, a new turn, a compaction, a re-rendered
-/// prompt...), in the order the record-based replay sees them too.
+/// prompt...), in the order the record view sees them.
 pub type RecordEvents = BTreeMap<usize, Vec<String>>;
 
 /// One scripted subagent reply of a [`Workload`].

@@ -135,8 +135,9 @@ impl Baseline {
     }
 
     /// Refuses to compare a run's recorded sessions with sessions measured through another
-    /// engine. Scenarios run through the agent under either engine, so a run or a baseline
-    /// without sessions is never refused for it.
+    /// engine (a baseline of the record-based replay, removed in session 26). Scenarios run
+    /// through the agent either way, so a run or a baseline without sessions is never refused
+    /// for it.
     pub fn check_session_engine(&self, path: &str, engine: &str) -> Result<(), CheckError> {
         if !self.holds_sessions() {
             return Ok(());

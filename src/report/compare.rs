@@ -114,8 +114,8 @@ pub struct Evaluation {
     /// ([`crate::replay::loss`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub compaction_losses: Vec<crate::replay::loss::CompactionLoss>,
-    /// What ran a recorded session (`agent` or `replay`); absent for a scenario (the agent runs
-    /// it under either engine).
+    /// What ran a recorded session (`agent`, the only engine since session 26); absent for a
+    /// scenario.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<&'static str>,
     /// Through the agent (`--engine agent`): how the session drove it. Absent for the replay.

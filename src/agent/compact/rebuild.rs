@@ -128,7 +128,7 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     let input = serde_json::json!({ "file_path": path });
     let call = format!("<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>");
     // The Read tool's one numbering (`exec::number_lines_as`), in 2.1.88's style for every
-    // version: the record-based replay numbers by the recorded version
+    // version: the record view's working set numbers by the recorded version
     // (`replay::profile::ClientProfile::restore_line_numbers`, `→` up to 2.1.49); the agent
     // does not yet take the style from its client version.
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
@@ -149,7 +149,7 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
 
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
 /// replaced by a reference when over the per-file limit, then kept while the running total
-/// fits the overall budget (skip, not stop). The record-based replay applies the same budgets
+/// fits the overall budget (skip, not stop). The record view applies the same budgets
 /// and order (`replay::working_set::WorkingSet::compact_memoized`, from [`super::config::PostCompactConfig`]'s
 /// defaults) to the files the record shows.
 /// A file the kept messages already show (their Read calls) is not restored again.
@@ -188,7 +188,7 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
 
 /// A plan file (under a `.claude/plans/` directory): the client keeps it apart from the
 /// restored files and attaches it on its own. One rule for the agent's rebuild
-/// ([`file_attachments`], [`rebuild`]) and the record-based replay (`replay::working_set`).
+/// ([`file_attachments`], [`rebuild`]) and the record view (`replay::working_set`).
 pub fn is_plan_file(path: &str) -> bool {
     crate::agent::skills::tool_path(path).contains("/.claude/plans/")
 }
@@ -201,7 +201,7 @@ fn newest_plan_file(files: &[super::context::ReadFile]) -> Option<String> {
 /// The memory files the client leaves out of the restore: CLAUDE.md and CLAUDE.local.md of
 /// the working directory `cwd` and the user's own CLAUDE.md (nested ones are restored like any
 /// file). One rule for the agent's rebuild ([`file_attachments`], with
-/// [`super::context::CompactInputs::cwd`]) and the record-based replay (`replay::working_set`).
+/// [`super::context::CompactInputs::cwd`]) and the record view (`replay::working_set`).
 pub fn is_memory_file(path: &str, cwd: Option<&str>) -> bool {
     if crate::agent::skills::tool_path(path).ends_with("/.claude/CLAUDE.md") {
         return true;

@@ -365,8 +365,8 @@ pub fn number_lines(text: &str, offset: usize, limit: usize) -> String {
 /// The Read tool's numbering of `text` in `style`: lines `offset + 1 ..` (at most `limit` of
 /// them), each `\n`-separated line with a trailing `\r` dropped and cut to
 /// [`READ_MAX_LINE_CHARS`] characters, each followed by `\n`. The one rendering of the agent's
-/// Read, its post-compaction restore ([`crate::agent::compact::rebuild`]) and the record-based
-/// replay's ([`crate::replay::working_set::render_numbered`]).
+/// Read, its post-compaction restore ([`crate::agent::compact::rebuild`]) and the record
+/// view's ([`crate::replay::working_set::render_numbered`]).
 pub fn number_lines_as(text: &str, offset: usize, limit: usize, style: LineNumbers) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 8);
     for (i, line) in text.split('\n').enumerate().skip(offset).take(limit) {
