@@ -91,6 +91,22 @@ struct ShownPrefix {
     pending: BTreeSet<String>,
     /// The tool use ids of the shown results that make each of `visible_paths` visible.
     readers: BTreeMap<String, Vec<String>>,
+    /// The message count before each extension: where the messages may be cut back to.
+    starts: Vec<usize>,
+    /// What each extension added, in order, with its start: undone, last first, to cut the
+    /// messages back to where a later request departs from them.
+    added: Vec<(usize, Added)>,
+}
+
+/// One addition of an extension to a [`ShownPrefix`]'s sets.
+#[derive(Debug, Clone)]
+enum Added {
+    ReadPath(String),
+    Visible(String),
+    Pending(String),
+    VisiblePath(String),
+    /// A reader pushed to this path's list.
+    Reader(String),
 }
 
 /// Messages at the end of a request that the next request of its lane may show otherwise (the
@@ -138,43 +154,101 @@ impl<'r> Shown<'r> {
 }
 
 impl ShownPrefix {
-    /// Whether `messages` begin with the kept messages.
-    fn begins(&self, messages: &[crate::api::Message]) -> bool {
-        self.messages.len() <= messages.len()
-            && self.messages.iter().zip(messages).all(|(kept, message)| match (kept, &message.content) {
+    /// How many of the kept messages `messages` begin with.
+    fn common(&self, messages: &[crate::api::Message]) -> usize {
+        self.messages
+            .iter()
+            .zip(messages)
+            .take_while(|(kept, message)| match (kept, &message.content) {
                 (Some(kept), MessageContent::Blocks(blocks)) => kept.same(blocks),
                 (None, MessageContent::Text(_)) => true,
                 _ => false,
             })
+            .count()
+    }
+
+    /// Cuts the messages back to the last extension's start at or before `len` (what the
+    /// extensions from there on added undone, last first).
+    fn cut(&mut self, len: usize) {
+        if len >= self.messages.len() {
+            return;
+        }
+        let keep = self.starts.partition_point(|&start| start <= len);
+        let Some(&start) = keep.checked_sub(1).and_then(|i| self.starts.get(i)) else {
+            *self = ShownPrefix::default();
+            return;
+        };
+        self.starts.truncate(keep - 1);
+        while let Some((from, _)) = self.added.last()
+            && *from >= start
+        {
+            let (_, added) = self.added.pop().expect("just seen");
+            match added {
+                Added::ReadPath(id) => {
+                    self.read_path_of.remove(&id);
+                }
+                Added::Visible(id) => {
+                    self.visible_results.remove(&id);
+                }
+                Added::Pending(id) => {
+                    self.pending.remove(&id);
+                }
+                Added::VisiblePath(path) => {
+                    self.visible_paths.remove(&path);
+                }
+                Added::Reader(path) => {
+                    if let Some(ids) = self.readers.get_mut(&path) {
+                        ids.pop();
+                        if ids.is_empty() {
+                            self.readers.remove(&path);
+                        }
+                    }
+                }
+            }
+        }
+        self.messages.truncate(start);
     }
 
     /// Appends `messages`, which show `shown` (no Read call among them named before).
     fn extend(&mut self, messages: &[crate::api::Message], shown: &Shown<'_>) {
+        let start = self.messages.len();
+        self.starts.push(start);
         self.messages.extend(messages.iter().map(|m| match &m.content {
             MessageContent::Blocks(blocks) => Some(blocks.clone()),
             MessageContent::Text(_) => None,
         }));
         for &(id, path) in &shown.read_path_of {
-            self.read_path_of.insert(id.to_owned(), path.to_owned());
-        }
-        for &id in &shown.visible_results {
-            self.visible_results.insert(id.to_owned());
-        }
-        for &id in &shown.cleared_results {
-            self.pending.insert(id.to_owned());
-        }
-        // Paths now visible: the new Read calls shown anywhere in the prefix, the earlier Read
-        // calls whose result the new messages show.
-        for &(id, path) in &shown.read_path_of {
-            if self.visible_results.contains(id) {
-                self.visible_paths.insert(path.to_owned());
-                self.readers.entry(path.to_owned()).or_default().push(id.to_owned());
+            if self.read_path_of.insert(id.to_owned(), path.to_owned()).is_none() {
+                self.added.push((start, Added::ReadPath(id.to_owned())));
             }
         }
         for &id in &shown.visible_results {
-            if let Some(path) = self.read_path_of.get(id) {
-                self.visible_paths.insert(path.clone());
-                self.readers.entry(path.clone()).or_default().push(id.to_owned());
+            if self.visible_results.insert(id.to_owned()) {
+                self.added.push((start, Added::Visible(id.to_owned())));
+            }
+        }
+        for &id in &shown.cleared_results {
+            if self.pending.insert(id.to_owned()) {
+                self.added.push((start, Added::Pending(id.to_owned())));
+            }
+        }
+        // Paths now visible: the new Read calls shown anywhere in the prefix, the earlier Read
+        // calls whose result the new messages show.
+        let mut reader = |prefix: &mut ShownPrefix, path: &str, id: &str| {
+            if prefix.visible_paths.insert(path.to_owned()) {
+                prefix.added.push((start, Added::VisiblePath(path.to_owned())));
+            }
+            prefix.readers.entry(path.to_owned()).or_default().push(id.to_owned());
+            prefix.added.push((start, Added::Reader(path.to_owned())));
+        };
+        for &(id, path) in &shown.read_path_of {
+            if self.visible_results.contains(id) {
+                reader(self, path, id);
+            }
+        }
+        for &id in &shown.visible_results {
+            if let Some(path) = self.read_path_of.get(id).cloned() {
+                reader(self, &path, id);
             }
         }
     }
@@ -244,9 +318,16 @@ impl LossTracker {
     fn judge(&mut self, request: &Request, lane: &str, cleared: &[String]) {
         let messages = &request.messages;
         let cleared: BTreeSet<&str> = cleared.iter().map(String::as_str).collect();
-        // The messages this lane's earlier request showed, when this request begins with them
-        // and the server clears every result it cleared then.
-        let mut prefix = self.prefixes.remove(lane).filter(|p| p.holds_under(&cleared) && p.begins(messages));
+        // The messages this lane's earlier request showed, as far as this request begins with
+        // them, when the server clears every result it cleared then.
+        let mut prefix = self
+            .prefixes
+            .remove(lane)
+            .map(|mut p| {
+                p.cut(p.common(messages));
+                p
+            })
+            .filter(|p| p.holds_under(&cleared));
         #[cfg(test)]
         if self.whole {
             prefix = None;
