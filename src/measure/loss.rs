@@ -91,14 +91,12 @@ struct ShownPrefix {
     pending: BTreeSet<String>,
     /// The tool use ids of the shown results that make each of `visible_paths` visible.
     readers: BTreeMap<String, Vec<String>>,
-    /// The message count before each extension: where the messages may be cut back to.
-    starts: Vec<usize>,
-    /// What each extension added, in order, with its start: undone, last first, to cut the
+    /// What each message added, in order, with its index: undone, last first, to cut the
     /// messages back to where a later request departs from them.
     added: Vec<(usize, Added)>,
 }
 
-/// One addition of an extension to a [`ShownPrefix`]'s sets.
+/// One addition of a message to a [`ShownPrefix`]'s sets.
 #[derive(Debug, Clone)]
 enum Added {
     ReadPath(String),
@@ -167,20 +165,14 @@ impl ShownPrefix {
             .count()
     }
 
-    /// Cuts the messages back to the last extension's start at or before `len` (what the
-    /// extensions from there on added undone, last first).
+    /// Cuts the messages back to their first `len` (what the later ones added undone, last
+    /// first).
     fn cut(&mut self, len: usize) {
         if len >= self.messages.len() {
             return;
         }
-        let keep = self.starts.partition_point(|&start| start <= len);
-        let Some(&start) = keep.checked_sub(1).and_then(|i| self.starts.get(i)) else {
-            *self = ShownPrefix::default();
-            return;
-        };
-        self.starts.truncate(keep - 1);
         while let Some((from, _)) = self.added.last()
-            && *from >= start
+            && *from >= len
         {
             let (_, added) = self.added.pop().expect("just seen");
             match added {
@@ -206,17 +198,17 @@ impl ShownPrefix {
                 }
             }
         }
-        self.messages.truncate(start);
+        self.messages.truncate(len);
     }
 
-    /// Appends `messages`, which show `shown` (no Read call among them named before).
-    fn extend(&mut self, messages: &[crate::api::Message], shown: &Shown<'_>) {
+    /// Appends `message`, which shows `shown` (no Read call in it named before). One message
+    /// at a time, so that the prefix can be cut back to any message.
+    fn extend(&mut self, message: &crate::api::Message, shown: &Shown<'_>) {
         let start = self.messages.len();
-        self.starts.push(start);
-        self.messages.extend(messages.iter().map(|m| match &m.content {
+        self.messages.push(match &message.content {
             MessageContent::Blocks(blocks) => Some(blocks.clone()),
             MessageContent::Text(_) => None,
-        }));
+        });
         for &(id, path) in &shown.read_path_of {
             if self.read_path_of.insert(id.to_owned(), path.to_owned()).is_none() {
                 self.added.push((start, Added::ReadPath(id.to_owned())));
@@ -434,9 +426,11 @@ impl LossTracker {
         }
         let mut prefix = prefix.unwrap_or_default();
         let settled = messages.len().saturating_sub(UNSETTLED_TAIL).max(from);
-        let mut more = Shown::default();
-        more.scan(&messages[from..settled], &cleared);
-        prefix.extend(&messages[from..settled], &more);
+        for message in &messages[from..settled] {
+            let mut more = Shown::default();
+            more.scan(std::slice::from_ref(message), &cleared);
+            prefix.extend(message, &more);
+        }
         self.prefixes.insert(lane.to_owned(), prefix);
     }
 
