@@ -67,7 +67,9 @@ pub struct LossTracker {
 
 /// Messages a lane's earlier request began with, and what they show: the judge of a request
 /// that begins with the same messages (the same block lists, held here so that the same
-/// allocation means the same blocks) reads only the messages after them.
+/// allocation means the same blocks) reads only the messages after them. A request that
+/// departs from them earlier (an older message rewritten: a masked or cleared result) cuts
+/// them back to the message where it departs ([`ShownPrefix::cut`]) and reads from there.
 ///
 /// Kept only for requests that name no Read call twice, so that what the messages show is what
 /// the tracker recorded as seen when it judged them: each of their calls judged, their visible
@@ -226,7 +228,7 @@ impl ShownPrefix {
         }
         // Paths now visible: the new Read calls shown anywhere in the prefix, the earlier Read
         // calls whose result the new messages show.
-        let mut reader = |prefix: &mut ShownPrefix, path: &str, id: &str| {
+        let reader = |prefix: &mut ShownPrefix, path: &str, id: &str| {
             if prefix.visible_paths.insert(path.to_owned()) {
                 prefix.added.push((start, Added::VisiblePath(path.to_owned())));
             }
