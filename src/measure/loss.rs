@@ -67,11 +67,17 @@ pub struct LossTracker {
 
 /// Messages a lane's earlier request began with, and what they show: the judge of a request
 /// that begins with the same messages (the same block lists, held here so that the same
-/// allocation means the same blocks) reads only the messages after them.
+/// allocation means the same blocks) reads only the messages after them. A request that
+/// departs from them earlier (an older message rewritten: a masked or cleared result) cuts
+/// them back to the message where it departs ([`ShownPrefix::cut`]) and reads from there.
 ///
-/// Kept only for requests that clear nothing server-side and name no Read call twice, so that
-/// what the messages show is what the tracker recorded as seen when it judged them: each of
-/// their calls judged, their visible results and paths in `seen_results` and `seen_paths`.
+/// Kept only for requests that name no Read call twice, so that what the messages show is what
+/// the tracker recorded as seen when it judged them: each of their calls judged, their visible
+/// results and paths in `seen_results` and `seen_paths`. Results the server cleared when the
+/// messages were judged are `pending`: a later request may begin with the messages only while
+/// the server still clears all of those (else it shows a result the tracker never saw, and is
+/// read whole). The server's clears of a later request are applied over what the prefix shows:
+/// its results cleared then are hidden, and so is a path none of its other results shows.
 #[derive(Debug, Clone, Default)]
 struct ShownPrefix {
     /// The messages' blocks (`None`: a text message, which shows nothing).
@@ -82,6 +88,25 @@ struct ShownPrefix {
     visible_results: BTreeSet<String>,
     /// Paths of their Read calls whose result they show.
     visible_paths: BTreeSet<String>,
+    /// Tool use ids whose result they would show but that the server cleared when they were
+    /// judged.
+    pending: BTreeSet<String>,
+    /// The tool use ids of the shown results that make each of `visible_paths` visible.
+    readers: BTreeMap<String, Vec<String>>,
+    /// What each message added, in order, with its index: undone, last first, to cut the
+    /// messages back to where a later request departs from them.
+    added: Vec<(usize, Added)>,
+}
+
+/// One addition of a message to a [`ShownPrefix`]'s sets.
+#[derive(Debug, Clone)]
+enum Added {
+    ReadPath(String),
+    Visible(String),
+    Pending(String),
+    VisiblePath(String),
+    /// A reader pushed to this path's list.
+    Reader(String),
 }
 
 /// Messages at the end of a request that the next request of its lane may show otherwise (the
@@ -94,11 +119,13 @@ const UNSETTLED_TAIL: usize = 2;
 struct Shown<'r> {
     read_path_of: Vec<(&'r str, &'r str)>,
     visible_results: Vec<&'r str>,
+    /// Results that would be visible but that the server cleared.
+    cleared_results: Vec<&'r str>,
     uses: Vec<(&'r str, &'r str, &'r serde_json::Value)>,
 }
 
 impl<'r> Shown<'r> {
-    fn scan(&mut self, messages: &'r [crate::api::Message], cleared: &[String]) {
+    fn scan(&mut self, messages: &'r [crate::api::Message], cleared: &BTreeSet<&str>) {
         for message in messages {
             let MessageContent::Blocks(blocks) = &message.content else { continue };
             for block in blocks {
@@ -112,8 +139,12 @@ impl<'r> Shown<'r> {
                         self.uses.push((id, name, input));
                     }
                     ContentBlock::ToolResult { tool_use_id, content, is_error, .. }
-                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) && !cleared.contains(tool_use_id) => {
-                            self.visible_results.push(tool_use_id);
+                        if is_error != &Some(true) && content.as_ref().is_some_and(|c| !is_placeholder(c)) => {
+                            if cleared.contains(tool_use_id.as_str()) {
+                                self.cleared_results.push(tool_use_id);
+                            } else {
+                                self.visible_results.push(tool_use_id);
+                            }
                         }
                     _ => {}
                 }
@@ -123,40 +154,115 @@ impl<'r> Shown<'r> {
 }
 
 impl ShownPrefix {
-    /// Whether `messages` begin with the kept messages.
-    fn begins(&self, messages: &[crate::api::Message]) -> bool {
-        self.messages.len() <= messages.len()
-            && self.messages.iter().zip(messages).all(|(kept, message)| match (kept, &message.content) {
+    /// How many of the kept messages `messages` begin with.
+    fn common(&self, messages: &[crate::api::Message]) -> usize {
+        self.messages
+            .iter()
+            .zip(messages)
+            .take_while(|(kept, message)| match (kept, &message.content) {
                 (Some(kept), MessageContent::Blocks(blocks)) => kept.same(blocks),
                 (None, MessageContent::Text(_)) => true,
                 _ => false,
             })
+            .count()
     }
 
-    /// Appends `messages`, which show `shown` (no Read call among them named before).
-    fn extend(&mut self, messages: &[crate::api::Message], shown: &Shown<'_>) {
-        self.messages.extend(messages.iter().map(|m| match &m.content {
+    /// Cuts the messages back to their first `len` (what the later ones added undone, last
+    /// first).
+    fn cut(&mut self, len: usize) {
+        if len >= self.messages.len() {
+            return;
+        }
+        while let Some((from, _)) = self.added.last()
+            && *from >= len
+        {
+            let (_, added) = self.added.pop().expect("just seen");
+            match added {
+                Added::ReadPath(id) => {
+                    self.read_path_of.remove(&id);
+                }
+                Added::Visible(id) => {
+                    self.visible_results.remove(&id);
+                }
+                Added::Pending(id) => {
+                    self.pending.remove(&id);
+                }
+                Added::VisiblePath(path) => {
+                    self.visible_paths.remove(&path);
+                }
+                Added::Reader(path) => {
+                    if let Some(ids) = self.readers.get_mut(&path) {
+                        ids.pop();
+                        if ids.is_empty() {
+                            self.readers.remove(&path);
+                        }
+                    }
+                }
+            }
+        }
+        self.messages.truncate(len);
+    }
+
+    /// Appends `message`, which shows `shown` (no Read call in it named before). One message
+    /// at a time, so that the prefix can be cut back to any message.
+    fn extend(&mut self, message: &crate::api::Message, shown: &Shown<'_>) {
+        let start = self.messages.len();
+        self.messages.push(match &message.content {
             MessageContent::Blocks(blocks) => Some(blocks.clone()),
             MessageContent::Text(_) => None,
-        }));
+        });
         for &(id, path) in &shown.read_path_of {
-            self.read_path_of.insert(id.to_owned(), path.to_owned());
+            if self.read_path_of.insert(id.to_owned(), path.to_owned()).is_none() {
+                self.added.push((start, Added::ReadPath(id.to_owned())));
+            }
         }
         for &id in &shown.visible_results {
-            self.visible_results.insert(id.to_owned());
+            if self.visible_results.insert(id.to_owned()) {
+                self.added.push((start, Added::Visible(id.to_owned())));
+            }
+        }
+        for &id in &shown.cleared_results {
+            if self.pending.insert(id.to_owned()) {
+                self.added.push((start, Added::Pending(id.to_owned())));
+            }
         }
         // Paths now visible: the new Read calls shown anywhere in the prefix, the earlier Read
         // calls whose result the new messages show.
+        let reader = |prefix: &mut ShownPrefix, path: &str, id: &str| {
+            if prefix.visible_paths.insert(path.to_owned()) {
+                prefix.added.push((start, Added::VisiblePath(path.to_owned())));
+            }
+            prefix.readers.entry(path.to_owned()).or_default().push(id.to_owned());
+            prefix.added.push((start, Added::Reader(path.to_owned())));
+        };
         for &(id, path) in &shown.read_path_of {
             if self.visible_results.contains(id) {
-                self.visible_paths.insert(path.to_owned());
+                reader(self, path, id);
             }
         }
         for &id in &shown.visible_results {
-            if let Some(path) = self.read_path_of.get(id) {
-                self.visible_paths.insert(path.clone());
+            if let Some(path) = self.read_path_of.get(id).cloned() {
+                reader(self, &path, id);
             }
         }
+    }
+
+    /// Whether the messages may stand for what they show in a request the server clears
+    /// `cleared` of: every result cleared when they were judged is cleared still.
+    fn holds_under(&self, cleared: &BTreeSet<&str>) -> bool {
+        self.pending.iter().all(|id| cleared.contains(id.as_str()))
+    }
+
+    /// Their visible paths that `cleared` hides: every result showing the path cleared.
+    fn hidden_paths(&self, cleared: &BTreeSet<&str>) -> BTreeSet<&str> {
+        let mut hidden = BTreeSet::new();
+        for &id in cleared {
+            let Some(path) = self.read_path_of.get(id).filter(|_| self.visible_results.contains(id)) else { continue };
+            if !hidden.contains(path.as_str()) && self.readers.get(path).is_none_or(|ids| ids.iter().all(|r| cleared.contains(r.as_str()))) {
+                hidden.insert(path.as_str());
+            }
+        }
+        hidden
     }
 }
 
@@ -205,15 +311,24 @@ impl LossTracker {
     /// still carries them.
     fn judge(&mut self, request: &Request, lane: &str, cleared: &[String]) {
         let messages = &request.messages;
-        // The messages this lane's earlier request showed, when this request begins with them.
-        let mut prefix = self.prefixes.remove(lane).filter(|p| cleared.is_empty() && p.begins(messages));
+        let cleared: BTreeSet<&str> = cleared.iter().map(String::as_str).collect();
+        // The messages this lane's earlier request showed, as far as this request begins with
+        // them, when the server clears every result it cleared then.
+        let mut prefix = self
+            .prefixes
+            .remove(lane)
+            .map(|mut p| {
+                p.cut(p.common(messages));
+                p
+            })
+            .filter(|p| p.holds_under(&cleared));
         #[cfg(test)]
         if self.whole {
             prefix = None;
         }
         let from = prefix.as_ref().map_or(0, |p| p.messages.len());
         let mut tail = Shown::default();
-        tail.scan(&messages[from..], cleared);
+        tail.scan(&messages[from..], &cleared);
         // A Read call named twice: its path is the last one's, which the kept prefix cannot
         // tell; read everything again.
         let mut tail_reads: BTreeMap<&str, &str> = BTreeMap::new();
@@ -224,7 +339,7 @@ impl LossTracker {
         if named_twice && prefix.is_some() {
             prefix = None;
             tail = Shown::default();
-            tail.scan(messages, cleared);
+            tail.scan(messages, &cleared);
             tail_reads.clear();
             named_twice = false;
             for &(id, path) in &tail.read_path_of {
@@ -233,10 +348,13 @@ impl LossTracker {
         }
         let empty = ShownPrefix::default();
         let kept = prefix.as_ref().unwrap_or(&empty);
+        // The kept prefix's paths this request's server-side clears hide.
+        let hidden = if cleared.is_empty() { BTreeSet::new() } else { kept.hidden_paths(&cleared) };
 
-        // What this request shows: the kept prefix's, plus the tail's.
+        // What this request shows: the kept prefix's (less what the server cleared), plus the
+        // tail's.
         let tail_visible: BTreeSet<&str> = tail.visible_results.iter().copied().collect();
-        let visible = |id: &str| tail_visible.contains(id) || kept.visible_results.contains(id);
+        let visible = |id: &str| tail_visible.contains(id) || (kept.visible_results.contains(id) && !cleared.contains(id));
         // Paths the tail makes visible: its own Read calls shown anywhere, the prefix's Read
         // calls whose result the tail shows.
         let mut tail_paths: BTreeSet<&str> = BTreeSet::new();
@@ -250,7 +368,7 @@ impl LossTracker {
                 tail_paths.insert(path.as_str());
             }
         }
-        let invisible = |path: &str| !tail_paths.contains(path) && !kept.visible_paths.contains(path);
+        let invisible = |path: &str| !tail_paths.contains(path) && (!kept.visible_paths.contains(path) || hidden.contains(path));
 
         // New tool calls: judged against what was seen before this request (the prefix's
         // calls were judged when it was first seen).
@@ -305,14 +423,16 @@ impl LossTracker {
         }
 
         // Keep what the settled messages show for the lane's next request.
-        if !cleared.is_empty() || named_twice {
+        if named_twice {
             return;
         }
         let mut prefix = prefix.unwrap_or_default();
         let settled = messages.len().saturating_sub(UNSETTLED_TAIL).max(from);
-        let mut more = Shown::default();
-        more.scan(&messages[from..settled], cleared);
-        prefix.extend(&messages[from..settled], &more);
+        for message in &messages[from..settled] {
+            let mut more = Shown::default();
+            more.scan(std::slice::from_ref(message), &cleared);
+            prefix.extend(message, &more);
+        }
         self.prefixes.insert(lane.to_owned(), prefix);
     }
 
@@ -368,12 +488,15 @@ mod prefix_tests {
     proptest! {
         /// Reading each request from where it departs from the lane's kept prefix judges as
         /// reading it whole does, through cleared results, compactions, rewritten messages,
-        /// repeated Read ids, server-side clears and a second lane.
+        /// repeated Read ids, server-side clears (one request's, lasting, lifted) and a second
+        /// lane.
         #[test]
         fn kept_prefixes_judge_as_whole_requests(ops in proptest::collection::vec((0u8..10, 0usize..3, 0usize..40), 1..60)) {
             let (mut kept, mut whole) = (LossTracker::new(), LossTracker { whole: true, ..LossTracker::new() });
             let mut lanes: [Vec<Message>; 2] = [Vec::new(), Vec::new()];
             let mut next = 0usize;
+            // Results the server goes on clearing from request to request (context editing).
+            let mut server: Vec<String> = Vec::new();
             for (op, p, k) in ops {
                 let path = PATHS[p];
                 let lane = usize::from(op == 9);
@@ -410,8 +533,15 @@ mod prefix_tests {
                         messages.push(Message::assistant_blocks(vec![ContentBlock::tool_use(id.clone(), "Read", json!({"file_path": path}))]));
                         messages.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("again".into()), None)]));
                     }
-                    _ => cleared.push(format!("toolu_{}", k % (next + 1))),
+                    // A result cleared server-side in this request only, from now on, or every
+                    // one cleared so far shown again.
+                    _ => match k % 4 {
+                        0 => cleared.push(format!("toolu_{}", k % (next + 1))),
+                        3 => server.clear(),
+                        _ => server.push(format!("toolu_{}", k % (next + 1))),
+                    },
                 }
+                cleared.extend(server.iter().cloned());
                 if let Some(last) = messages.last_mut() {
                     *last = remade(last);
                 }

@@ -135,14 +135,18 @@ impl Chain {
         // The unpaired ids after one stage are those before the next: the entries are walked
         // once per stage that runs, not twice.
         let mut orphans_before: Option<BTreeSet<String>> = None;
+        // The rough count a skipped stage reports, kept across the skipped stages in a row
+        // (a skipped stage changes nothing; a stage that runs may).
+        let mut skipped_tokens: Option<u64> = None;
         for stage in &self.stages[start..] {
             let name = stage.name();
             if self.disabled.contains(name) || !stage.enabled(cx.config) {
                 let reason = if self.disabled.contains(name) { "disabled_by_flag" } else { "disabled_by_config" };
-                let tokens = rough_entries(&cx.entries);
+                let tokens = *skipped_tokens.get_or_insert_with(|| rough_entries(&cx.entries));
                 cx.output.reports.push(skipped(name, reason, tokens));
                 continue;
             }
+            skipped_tokens = None;
             let before = CHECK_INVARIANTS.then(|| (orphans_before.take().unwrap_or_else(|| orphans(&cx.entries)), stage.size_before(&cx.entries)));
             let report = stage.run(cx);
             if let Some((before, tokens_before)) = before {
