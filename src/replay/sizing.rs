@@ -314,13 +314,14 @@ pub fn user_context_prior(calibration: &crate::measure::tokens::Calibration, ver
 /// reaches that call ([`SessionReplay::unrecorded_main`] before any later call revealed another
 /// prefix level), without replaying the session: the call's billed prompt less its recorded
 /// messages (unstored thinking filled to the replay's estimate), split by [`first_call_prefix`].
-pub fn first_call_sizes(session: &ImportedSession, measurer: &mut Measurer) -> Option<UnrecordedSizes> {
+/// Where a fitted value (user context, thinking fill, prefix level) is another version's, says
+/// so in `notes`.
+pub fn first_call_sizes(session: &ImportedSession, measurer: &mut Measurer, notes: &mut BTreeSet<String>) -> Option<UnrecordedSizes> {
     let call = session.calls.iter().find(|c| group_of(&c.lane) == LANE_MAIN && !c.is_synthetic && !c.is_api_error && c.usage.prompt_tokens() > 0)?;
     let calibration = measurer.counter().calibration().clone();
-    let mut notes = BTreeSet::new();
     let main_version = main_version(session);
-    let user_context_prior = user_context_prior(&calibration, &main_version, &mut notes);
-    let thinking = unstored_thinking(session, measurer, &main_version, &mut notes);
+    let user_context_prior = user_context_prior(&calibration, &main_version, notes);
+    let thinking = unstored_thinking(session, measurer, &main_version, notes);
     let mut messages = session.messages_for_call(call);
     for message in &mut messages {
         client_view(message, &BTreeSet::new(), &thinking);
@@ -330,7 +331,7 @@ pub fn first_call_sizes(session: &ImportedSession, measurer: &mut Measurer) -> O
     let flat = measurer.flatten(&bare).ok()?;
     let unrecorded_tokens = call.usage.prompt_tokens().saturating_sub(flat.total_tokens);
     let truncated = session.recording.header.head_truncated;
-    let prefix = first_call_prefix(call, unrecorded_tokens, true, truncated, user_context_prior, &calibration.prefix_tokens, &mut notes);
+    let prefix = first_call_prefix(call, unrecorded_tokens, true, truncated, user_context_prior, &calibration.prefix_tokens, notes);
     Some(UnrecordedSizes { first_call_tokens: unrecorded_tokens, prefix_tokens: prefix, prefix_from_record: call.usage.cache_read_input_tokens > 0 })
 }
 

@@ -830,6 +830,11 @@ pub struct Sizing {
     /// compaction of the agent's). 0: none shown, or not a `/clear`ed file.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restored_unrecorded_tokens: u64,
+    /// Where a fitted value of the recorded version (user context, thinking fill, prefix level)
+    /// was taken from another version's fit: what, and from which
+    /// ([`super::profile::fitted_with_note`]); `fidelity` prints them as notes.
+    #[serde(skip)]
+    pub profile_notes: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -1052,7 +1057,7 @@ fn agent_replay_dropping_thinking(
         first_divergence: None,
         head_truncated: session.recording.header.head_truncated,
         unrecorded_main: None,
-        profile_notes: Vec::new(),
+        profile_notes: sizing.profile_notes.clone(),
         compaction_losses: Vec::new(),
         user_context_after_compaction: 0,
         calls_from_records: 0,
@@ -1234,7 +1239,8 @@ pub fn size_unmodelled(
         let counter = measurer.counter().fresh_like();
         Measurer::new(measurer.table().clone(), counter).without_body_hashes()
     };
-    let Some(unrecorded) = super::sizing::first_call_sizes(session, &mut fresh()) else { return Ok(Sizing::default()) };
+    let mut notes = std::collections::BTreeSet::new();
+    let Some(unrecorded) = super::sizing::first_call_sizes(session, &mut fresh(), &mut notes) else { return Ok(Sizing::default()) };
     let mut shown = shown_sizes(session, &mut fresh(), options);
     workload.record_events = Some(std::mem::take(&mut shown.events));
     // The levels the record shows in the unrecorded part: a warm first call's read, and the
@@ -1256,6 +1262,7 @@ pub fn size_unmodelled(
         recorded_prefix_tokens: prefix,
         recorded_context_tokens: unrecorded.first_call_tokens.saturating_sub(prefix),
         recorded_global_tokens: global_level.unwrap_or(0),
+        profile_notes: notes.into_iter().collect(),
         ..Sizing::default()
     };
     // The agent's own first request.
@@ -1335,8 +1342,8 @@ pub fn size_unmodelled(
         if !sizing.mentioned_files.is_empty() {
             let outlives = match shown.kept_after_compaction {
                 Some(kept) => outlives_compaction(kept),
-                // (A version taken from another's fit is noted by the replay's sizing of the
-                // same session, `first_call_sizes`.)
+                // (A version taken from another's fit is noted by the sizing of the same
+                // session's first call, `first_call_sizes`: `Sizing::profile_notes`.)
                 None => super::sizing::user_context_prior(measurer.counter().calibration(), &super::sizing::main_version(session), &mut Default::default()),
             };
             sizing.claude_md_filler_tokens = outlives.saturating_sub(sizing.agent_context_tokens).min(context_gap);

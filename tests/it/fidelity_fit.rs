@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use ctxsim::measure::tokens::{Calibration, FamilyCalibration, FittedSession, UNFITTED_GENERATION_RATIO};
 use ctxsim::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 use ctxsim::replay::crossval::{Leave, folds, version_group};
+use ctxsim::replay::profile::fitted_for_version;
 use ctxsim::replay::{ReplayOptions, SessionFit, SessionReplay, fit_calibration, load_session, session_fit};
 
 use crate::support::{realdata, replay_session};
@@ -117,6 +118,34 @@ fn the_shipped_calibration_fits_the_newer_generation_on_claude_5_sessions() {
     // About 30% more tokens than the older generation (reference §2), content-dependent.
     assert!(v2.scale / opus.scale > 1.2 && v2.scale / opus.scale < 2.0, "{v2:?} {opus:?}");
     assert!(shipped.fitted_on.iter().any(|f| f.project == "oh-my-posh"));
+}
+
+#[test]
+fn fitted_profiles_take_the_nearest_earlier_version_and_say_so() {
+    let profile: BTreeMap<String, u64> = [("2.1.209", 1), ("2.1.219", 2), ("2.1.39", 3)].map(|(v, t)| (v.to_owned(), t)).into();
+    assert_eq!(fitted_for_version(&profile, "2.1.219"), Some((&2, "2.1.219")));
+    assert_eq!(fitted_for_version(&profile, "2.1.227"), Some((&2, "2.1.219")));
+    assert_eq!(fitted_for_version(&profile, "2.1.215"), Some((&1, "2.1.209")));
+    assert_eq!(fitted_for_version(&profile, "2.1.100"), Some((&3, "2.1.39")));
+    // Older than every fitted version: the earliest.
+    assert_eq!(fitted_for_version(&profile, "2.0.76"), Some((&3, "2.1.39")));
+    // The agent driven by a session of a version the calibration has no entry for says what it took.
+    let mut calibration = Calibration::shipped();
+    calibration.thinking_fill = [("2.1.219".to_owned(), 0.5)].into();
+    calibration.user_context_by_version = [("2.1.215".to_owned(), 7_000)].into();
+    let replay = replayed(NUMWORDIFY, calibration);
+    // From 2.1.200 a reply with thinking counts its billed output: no fitted share is taken.
+    assert!(!replay.profile_notes.iter().any(|n| n.starts_with("thinking fill")), "{:?}", replay.profile_notes);
+    assert!(replay.profile_notes.iter().any(|n| n.starts_with("user context of 2.1.227 taken from 2.1.215")), "{:?}", replay.profile_notes);
+}
+
+#[test]
+fn the_fit_keeps_a_step_whose_only_new_record_is_a_task_reminder() {
+    // eea3's steps whose only new record beyond the messages is a task reminder (calls 22, 31,
+    // 39, 49, 65, each after a stored-thinking reply) are fit samples: 31 clean steps and those 5.
+    let fit = fit_of(OMP_EEA3);
+    let samples: usize = fit.samples.iter().filter(|(key, _)| key.ends_with("/v2")).map(|(_, s)| s.len()).sum();
+    assert_eq!(samples, 36, "{:?}", fit.samples.keys().collect::<Vec<_>>());
 }
 
 #[test]

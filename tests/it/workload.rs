@@ -177,7 +177,7 @@ script:
 fn first_call_sizes_without_a_record_view_are_the_views() {
     for name in ["oh-my-posh/eea3a34195eb-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl", "entireio-cli/7be20d70c73b-0.full.jsonl"] {
         let session = load_session(&realdata().join("transcripts").join(name)).unwrap();
-        let direct = ctxsim::replay::sizing::first_call_sizes(&session, &mut measurer()).expect(name);
+        let direct = ctxsim::replay::sizing::first_call_sizes(&session, &mut measurer(), &mut Default::default()).expect(name);
         let options = ctxsim::replay::ReplayOptions { info_loss: false, ..Default::default() };
         let replayed = ctxsim::replay::record_view(&session, &mut measurer(), &options).unrecorded_main.expect(name);
         assert_eq!(direct.first_call_tokens, replayed.first_call_tokens, "{name}");
