@@ -153,3 +153,52 @@ fn a_model_command_that_keeps_the_model_is_no_break() {
     let call = check(&calls, 12, &["new_user_turn"], &["model_switch"]);
     assert_eq!(call.recorded_cache_read, 105_731);
 }
+
+/// `fidelity` (through the agent, the one engine).
+fn fidelity_cli(args: &[&str]) -> (String, i32) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ctxsim")).arg("fidelity").args(args).output().unwrap();
+    (String::from_utf8(out.stdout).unwrap(), out.status.code().unwrap_or(-1))
+}
+
+#[test]
+fn fidelity_names_the_calls_that_rest_on_a_rule_and_their_share() {
+    let path = realdata().join("transcripts").join(D847);
+    let (json, code) = fidelity_cli(&[path.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 0);
+    let report: ctxsim::replay::FidelityReport = serde_json::from_str(&json).unwrap();
+    // Without --interval, no range.
+    assert!(report.interval.is_none());
+    let calls = &report.modelled.calls;
+    assert!(calls["turn_rerender"].contains(&63) && calls["turn_rerender"].contains(&211), "{calls:?}");
+    assert!(calls["side_entry"].contains(&12), "{calls:?}");
+    // Past the TTL, Claude Desktop's read of its static prefix rests on a rule (#54 after
+    // 82 min, #232 past a 5m TTL); the record alone would say nothing is read.
+    assert_eq!(calls["shared_prefix"], vec![54, 232], "{calls:?}");
+    assert!((0.2..0.9).contains(&report.modelled.creation_share), "{}", report.modelled.creation_share);
+    // The same list, call by call.
+    let (json, _) = fidelity_cli(&[path.to_str().unwrap(), "--format", "json", "--calls"]);
+    let report: ctxsim::replay::FidelityReport = serde_json::from_str(&json).unwrap();
+    let by_call: usize = report.calls.iter().filter(|c| c.rule.is_some()).count();
+    assert_eq!(by_call, report.modelled.count());
+    // The table prints the section.
+    let (table, _) = fidelity_cli(&[path.to_str().unwrap()]);
+    assert!(table.contains("rests on a modelled rule") && table.contains("turn_rerender: #63"), "{table}");
+}
+
+#[test]
+fn the_interval_holds_the_agents_figures_and_is_wider_where_more_rests_on_rules() {
+    let interval = |transcript: &str| {
+        let path = realdata().join("transcripts").join(transcript);
+        let (json, code) = fidelity_cli(&[path.to_str().unwrap(), "--format", "json", "--interval"]);
+        assert_eq!(code, 0);
+        let report: ctxsim::replay::FidelityReport = serde_json::from_str(&json).unwrap();
+        let i = report.interval.expect("--interval fills it");
+        assert!(i.creation_low <= report.simulated_cache_creation && report.simulated_cache_creation <= i.creation_high, "{i:?}");
+        assert!(i.cost_low_usd <= report.simulated_cost_usd && report.simulated_cost_usd <= i.cost_high_usd, "{i:?}");
+        (i.creation_high - i.creation_low) / report.simulated_cache_creation
+    };
+    // d847 rests on rules for three quarters of its creation, 7662 for little of it.
+    let wide = interval(D847);
+    let narrow = interval("entireio-cli/7662d755ef9f-2.full.jsonl");
+    assert!(wide > 0.3 && narrow < wide / 2.0, "{wide} {narrow}");
+}
