@@ -8,14 +8,14 @@ bin="${CARGO_TARGET_DIR:-target}/release/ctxsim"
 realdata=../shared/realdata
 
 "$bin" run scenarios --out reports/scenarios --quiet
-# The shipped recording through the agent as recorded (`replay`'s default engine; the summary says
-# `"engine": "agent"`; `--engine replay` would rebuild its recorded messages instead).
+# The shipped recording through the agent as recorded (the one engine; the summary says
+# `"engine": "agent"`).
 "$bin" replay recordings/*.jsonl --trace reports/real-session/trace.jsonl --format json > reports/real-session/summary.json
 "$bin" report reports/real-session/trace.jsonl --out reports/real-session --quiet
 
 # Presets side by side on the long-context and cache-break scenarios and on the real session
-# (the recorded session runs through the agent under each preset: `--engine agent`, the default;
-# `--engine replay` would replay its recorded messages instead). The outputs name the engine.
+# (the recorded session runs through the agent under each preset: `--engine agent`, the only
+# engine). The outputs name the engine.
 "$bin" compare --engine agent scenarios/autocompact-200k.yaml scenarios/compaction-fork-shares-cache.yaml \
   scenarios/context-editing.yaml scenarios/time-microcompact.yaml scenarios/tool-result-budget.yaml \
   scenarios/break-thinking-cleared-after-idle.yaml scenarios/idle-gap.yaml recordings/*.jsonl \
