@@ -17,13 +17,17 @@ const SPOTTER: &str = "transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.
 
 fn spotter() -> &'static (ImportedSession, Prepared, String) {
     static SPOTTER_PREPARED: OnceLock<(ImportedSession, Prepared, String)> = OnceLock::new();
-    SPOTTER_PREPARED.get_or_init(|| {
-        let path = realdata().join(SPOTTER);
-        let file = path.display().to_string();
-        let session = ctxsim::replay::load_session(&path).unwrap();
-        let prepared = prepare(&session, &file, &measurer()).unwrap();
-        (session, prepared, file)
-    })
+    SPOTTER_PREPARED.get_or_init(|| prepared(SPOTTER))
+}
+
+/// A shipped real session (`rel` under realdata), loaded and prepared for the agent, with its
+/// path as the runs name it.
+fn prepared(rel: &str) -> (ImportedSession, Prepared, String) {
+    let path = realdata().join(rel);
+    let file = path.display().to_string();
+    let session = ctxsim::replay::load_session(&path).unwrap();
+    let prepared = prepare(&session, &file, &measurer()).unwrap();
+    (session, prepared, file)
 }
 
 /// The spotter session through the agent under `claude-code` with `sets`.
@@ -173,10 +177,7 @@ fn read_and_mcp_limits_reach_recorded_results_through_the_agent() {
         ("transcripts/cipher-box/af1dd25ebb3e-8.full.jsonl", "read_max_lines=200"),
         ("transcripts/cipher-box/c644f3afc869-1.full.jsonl", "max_mcp_output_tokens=2000"),
     ] {
-        let path = realdata().join(path);
-        let file = path.display().to_string();
-        let session = ctxsim::replay::load_session(&path).unwrap();
-        let prepared = prepare(&session, &file, &measurer()).unwrap();
+        let (session, prepared, file) = prepared(path);
         let context = |sets: &[String]| {
             let strategy = Strategy::resolve_with("claude-code", sets).unwrap();
             let outcome = agent_whatif(&session, &file, &prepared, &mut measurer(), &strategy).unwrap();
@@ -194,10 +195,7 @@ fn read_and_mcp_limits_reach_recorded_results_through_the_agent() {
 #[test]
 fn the_clients_env_vars_reach_a_real_session_through_the_agent() {
     use ctxsim::replay::agent_whatif::{effective_strategy, thresholds_of};
-    let path = realdata().join("transcripts/entireio-cli/cd95adddad32-0.full.jsonl");
-    let file = path.display().to_string();
-    let session = ctxsim::replay::load_session(&path).unwrap();
-    let prepared = prepare(&session, &file, &measurer()).unwrap();
+    let (session, prepared, file) = prepared("transcripts/entireio-cli/cd95adddad32-0.full.jsonl");
     let threshold = |set: &str| {
         let strategy = Strategy::resolve_with("claude-code", &[set.to_owned()]).unwrap();
         thresholds_of(&effective_strategy(&strategy, &prepared), &prepared).autocompact
@@ -255,10 +253,7 @@ fn loss_references_are_paths_and_identifiers() {
 /// before it nothing changes.
 #[test]
 fn the_recorded_microcompact_left_out_keeps_its_results_in_view() {
-    let path = realdata().join("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
-    let file = path.display().to_string();
-    let session = ctxsim::replay::load_session(&path).unwrap();
-    let prepared = prepare(&session, &file, &measurer()).unwrap();
+    let (session, prepared, file) = prepared("transcripts/entireio-cli/7662d755ef9f-2.full.jsonl");
     let run = |sets: &[&str]| {
         let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
         agent_whatif(&session, &file, &prepared, &mut measurer(), &Strategy::resolve_with("claude-code", &sets).unwrap()).unwrap()
