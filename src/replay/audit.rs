@@ -126,6 +126,9 @@ impl WhatIf {
     }
 }
 
+/// Why a what-if whose run gave the run as recorded's results changes nothing.
+pub const SAME_RESULTS: &str = "the same results as the run as recorded on this session (cost, compactions, tokens dropped): nothing it changes occurs here";
+
 /// Presets the agent engine does not weigh: `claude-code` is the run as recorded (the recorded
 /// version's defaults), `claude-code-1h` is the `ttl_main=1h` what-if, `claude-code-env` takes
 /// the process environment (the audit's output does not depend on it; the autocompact what-ifs
@@ -163,6 +166,17 @@ impl AgentRun {
             compactions: outcome.compactions.iter().map(|c| (c.call, c.stage.clone())).collect(),
             divergence: outcome.divergence.clone(),
         }
+    }
+
+    /// [`AgentRun::whatif`], or, when the run gave what `base` gave (cost, information loss,
+    /// tokens dropped, compactions, divergence), the what-if priced at no change and said to
+    /// change nothing on the session, as `compare` says of a strategy with the same results.
+    fn whatif_or_same(&self, name: String, base: &AgentRun, billed_usd: f64) -> WhatIf {
+        let mut whatif = self.whatif(name, base, billed_usd);
+        if self == base {
+            whatif.no_effect = Some(SAME_RESULTS.to_owned());
+        }
+        whatif
     }
 
     /// The what-if `name` priced against `base` (the run as recorded). A run that refused more
@@ -300,7 +314,7 @@ fn agent_whatifs(
         };
         match kind {
             Kind::AsRecorded => {}
-            Kind::Ttl => whatifs.push(run.whatif(label.clone(), &as_recorded, billed_usd)),
+            Kind::Ttl => whatifs.push(run.whatif_or_same(label.clone(), &as_recorded, billed_usd)),
             Kind::Autocompact(pct) => {
                 let threshold = thresholds_of(strategy, &prepared).autocompact;
                 let whatif = if run.compactions == as_recorded.compactions && run.cost_usd == as_recorded.cost_usd {
@@ -315,7 +329,7 @@ fn agent_whatifs(
                 };
                 whatifs.push(whatif);
             }
-            Kind::Preset => presets.push(run.whatif(label.clone(), &as_recorded, billed_usd)),
+            Kind::Preset => presets.push(run.whatif_or_same(label.clone(), &as_recorded, billed_usd)),
         }
     }
     // The preset of lowest cost at no more information loss: no more references lost or re-reads

@@ -288,11 +288,16 @@ fn audit_runs_its_what_ifs_through_the_agent_by_default() {
     }
     // claude-code-no-microcompact differs from the run as recorded only in whether a replay
     // applies the recorded microcompacts (the agent's own microcompact is off in both), which
-    // the agent does not read: it shares the run as recorded's run, and says so by saving
-    // nothing at no other loss (priced, not reported as the same settings).
+    // the agent does not read: its run gives the run as recorded's results, priced at no
+    // change and said to change nothing (not the same settings: the same results).
     let nomc = presets.iter().find(|p| p["name"] == "preset=claude-code-no-microcompact").unwrap();
-    assert!(nomc.get("no_effect").is_none() && nomc.get("not_comparable").is_none(), "{nomc}");
+    assert_eq!(nomc["no_effect"], ctxsim::replay::audit::SAME_RESULTS, "{nomc}");
+    assert!(nomc.get("not_comparable").is_none(), "{nomc}");
     assert!(nomc["saving_usd"] == 0.0 && nomc["info_loss_delta"] == 0 && nomc["tokens_dropped_delta"] == 0, "{nomc}");
+    // Every preset that says it changes nothing saved nothing at no other loss.
+    for p in presets.iter().filter(|p| p.get("no_effect").is_some()) {
+        assert!(p["saving_usd"] == 0.0 && p["info_loss_delta"].as_i64().unwrap_or(0) == 0, "{p}");
+    }
     // Context editing (the server clearing old tool uses): a saving against the agent's run as
     // recorded, its loss, and the call its conversation parts from. It clears more than the
     // recorded compaction took from the model's view: not "no more information loss".
