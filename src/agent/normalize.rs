@@ -154,12 +154,28 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 ///
 /// With `finish`, the prefix is kept as the body sends it (MCP results as blocks, tool results
 /// finalized), so that neither walk visits it again.
-#[derive(Debug, Clone, Default)]
+///
+/// A request does not copy the prefix: it is lent the list the request before handed back
+/// ([`MessageMemo::give_back`]), whose first messages are then the prefix's own (the same
+/// shared blocks, an equal text), so only the messages the prefix gained since are copied
+/// into it and nothing is dropped but the request's own tail.
+#[derive(Debug, Default)]
 pub struct MessageMemo {
     key: Option<(NormalizeOptions, bool, String)>,
     split: usize,
     messages: Vec<Message>,
     mcp_ids: BTreeSet<String>,
+    /// The list the last request handed back: every message of it is the prefix's message at
+    /// its position ([`same_message`]), and it is no longer than the prefix.
+    spare: Vec<Message>,
+}
+
+/// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
+/// request copies the prefix instead).
+impl Clone for MessageMemo {
+    fn clone(&self) -> Self {
+        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new() }
+    }
 }
 
 impl MessageMemo {
@@ -216,7 +232,7 @@ impl MessageMemo {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids };
+            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, spare: Vec::new() };
         } else if self.split < split {
             let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
             if finish {
@@ -230,14 +246,47 @@ impl MessageMemo {
         if finish {
             crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
         }
-        // One more for the message the request may put in front (the deferred tools' listing),
-        // which would otherwise copy the list to grow it.
-        let mut messages = Vec::with_capacity(self.messages.len() + tail.len() + 1);
-        messages.extend_from_slice(&self.messages);
+        // The list the last request handed back, its messages the prefix's first ones; the
+        // prefix's later messages copied in. One more for the message the request may put in
+        // front (the deferred tools' listing), which would otherwise copy the list to grow it.
+        let mut messages = std::mem::take(&mut self.spare);
+        debug_assert!(messages.len() <= self.messages.len() && messages.iter().zip(&self.messages).all(|(a, b)| a == b), "the spare list is the prefix's");
+        messages.reserve(self.messages.len() - messages.len() + tail.len() + 1);
+        messages.extend_from_slice(&self.messages[messages.len()..]);
         let start = messages.len();
         messages.extend(tail);
         (messages, start)
     }
+
+    /// Takes back the messages of a request made from [`MessageMemo::messages`] once it is no
+    /// longer needed, `offset` messages put in front of them: the next request is lent them
+    /// instead of a copy of the prefix. Whatever the request changed is found (a message that
+    /// is not [`same_message`] as the prefix's at its position) and made again from the prefix,
+    /// and its messages past the prefix are dropped.
+    pub fn give_back(&mut self, mut messages: Vec<Message>, offset: usize) {
+        if messages.len() < offset {
+            return;
+        }
+        messages.drain(..offset);
+        messages.truncate(self.messages.len());
+        for (given, kept) in messages.iter_mut().zip(&self.messages) {
+            if !same_message(given, kept) {
+                *given = kept.clone();
+            }
+        }
+        self.spare = messages;
+    }
+}
+
+/// Whether `a` is `b` as a request sends it: the same role, equal extra fields and text, and
+/// the same shared blocks (one allocation, so identical; equal blocks elsewhere do not count).
+fn same_message(a: &Message, b: &Message) -> bool {
+    let content = match (&a.content, &b.content) {
+        (MessageContent::Blocks(x), MessageContent::Blocks(y)) => x.same(y),
+        (MessageContent::Text(x), MessageContent::Text(y)) => x == y,
+        _ => false,
+    };
+    content && a.role == b.role && a.extra == b.extra
 }
 
 /// `mergeUserMessages`: the seam `\n`, then tool_results hoisted.
@@ -501,16 +550,20 @@ mod tests {
         /// Request after request, the memo gives what normalizing every record gives, while the
         /// transcript grows, is rewritten in place (the chain's stages), cut and refilled (a
         /// compaction), has its in-loop attachments folded, or changes user context or options.
+        ///
+        /// Each request's messages are handed back ([`MessageMemo::give_back`]) or not, as sent
+        /// or changed the ways a request changes them (a message put in front, blocks rewritten,
+        /// a text replaced, a marker, a message cut), and lent to the next request.
         #[test]
         fn memoized_messages_equal_normalizing_everything(
-            ops in proptest::collection::vec((0u8..10, any::<u8>(), any::<u8>(), any::<bool>()), 1..60),
+            ops in proptest::collection::vec((0u8..10, any::<u8>(), any::<u8>(), any::<bool>(), 0u8..7), 1..60),
             finish in any::<bool>(),
         ) {
             let mut memo = MessageMemo::default();
             let mut records: Vec<Record> = Vec::new();
             let mut context = "ctx".to_owned();
             let mut options = NormalizeOptions { smoosh_into_tool_result: true, tool_loaded_sibling: true, strip_tool_references: false };
-            for (op, a, b, flag) in ops {
+            for (op, a, b, flag, back) in ops {
                 match op {
                     0..=4 => records.push(record(a, b, flag)),
                     5 if !records.is_empty() => {
@@ -539,7 +592,33 @@ mod tests {
                 if finish {
                     finalize_tool_results(&mut got[start..]);
                 }
-                prop_assert_eq!(got, from_scratch(&context, &records, options, finish));
+                prop_assert_eq!(&got, &from_scratch(&context, &records, options, finish));
+                let at = a as usize % got.len().max(1);
+                match back {
+                    0 => continue,
+                    1 => {}
+                    2 => {
+                        got.insert(0, Message::user_text("listing"));
+                        memo.give_back(got, 1);
+                        continue;
+                    }
+                    3 => {
+                        if let Some(MessageContent::Blocks(blocks)) = got.get_mut(at).map(|m| &mut m.content) {
+                            blocks.push(ContentBlock::text("changed"));
+                        }
+                    }
+                    4 => {
+                        if let Some(MessageContent::Text(text)) = got.get_mut(at).map(|m| &mut m.content) {
+                            text.push('!');
+                        }
+                    }
+                    5 => {
+                        let end = (at + 1).min(got.len());
+                        mark_last_block(&mut got[..end], CacheControl::ephemeral());
+                    }
+                    _ => got.truncate(at),
+                }
+                memo.give_back(got, 0);
             }
         }
     }
