@@ -158,23 +158,27 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 /// A request does not copy the prefix: it is lent the list the request before handed back
 /// ([`MessageMemo::give_back`]), whose first messages are then the prefix's own (the same
 /// shared blocks, an equal text), so only the messages the prefix gained since are copied
-/// into it and nothing is dropped but the request's own tail.
+/// into it and nothing is dropped but the request's own tail. A message the request puts in
+/// front (the deferred tools' listing) keeps its place in the list, so that neither putting
+/// it there nor handing the list back moves every message.
 #[derive(Debug, Default)]
 pub struct MessageMemo {
     key: Option<(NormalizeOptions, bool, String)>,
     split: usize,
     messages: Vec<Message>,
     mcp_ids: BTreeSet<String>,
-    /// The list the last request handed back: every message of it is the prefix's message at
-    /// its position ([`same_message`]), and it is no longer than the prefix.
+    /// The list the last request handed back: after its first `spare_front` messages, every
+    /// message is the prefix's message at its position ([`same_message`]), and there are no
+    /// more than the prefix's.
     spare: Vec<Message>,
+    spare_front: usize,
 }
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
 /// request copies the prefix instead).
 impl Clone for MessageMemo {
     fn clone(&self) -> Self {
-        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new() }
+        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new(), spare_front: 0 }
     }
 }
 
@@ -195,23 +199,27 @@ impl MessageMemo {
     /// [`normalize_refs`] gives, and with `finish`, MCP results as blocks
     /// ([`crate::agent::dialect::mcp_results_as_blocks`]) in every message and
     /// [`finalize_tool_results`] done on the messages before the returned index (the caller
-    /// finalizes the rest after placing its marker).
-    pub fn messages(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> (Vec<Message>, usize) {
-        let (messages, start) = self.messages_memoized(context, records, options, finish);
+    /// finalizes the rest after placing its marker); `front` (when given) put before them.
+    pub fn messages(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+        #[cfg(debug_assertions)]
+        let front_len = usize::from(front.is_some());
+        let (messages, start) = self.messages_memoized(context, records, options, finish, front);
         #[cfg(debug_assertions)]
         {
             let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
             let mut scratch = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
-                finalize_tool_results(&mut scratch[..start.min(messages.len())]);
+                let finished = (start - front_len).min(scratch.len());
+                finalize_tool_results(&mut scratch[..finished]);
             }
-            debug_assert!(scratch == messages, "memoized messages differ from normalizing every record");
+            debug_assert!(scratch[..] == messages[front_len..], "memoized messages differ from normalizing every record");
         }
         (messages, start)
     }
 
-    fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> (Vec<Message>, usize) {
+    fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+        let front_len = usize::from(front.is_some());
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
             let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
@@ -219,7 +227,10 @@ impl MessageMemo {
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut messages);
             }
-            return (messages, 0);
+            if let Some(front) = front {
+                messages.insert(0, front);
+            }
+            return (messages, front_len);
         };
         let reusable = self.key.as_ref().is_some_and(|(o, f, c)| *o == options && *f == finish && c == context)
             && self.split <= split
@@ -232,7 +243,7 @@ impl MessageMemo {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, spare: Vec::new() };
+            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, spare: Vec::new(), spare_front: 0 };
         } else if self.split < split {
             let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
             if finish {
@@ -246,13 +257,22 @@ impl MessageMemo {
         if finish {
             crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
         }
-        // The list the last request handed back, its messages the prefix's first ones; the
-        // prefix's later messages copied in. One more for the message the request may put in
-        // front (the deferred tools' listing), which would otherwise copy the list to grow it.
+        // The list the last request handed back, its messages after the front ones the
+        // prefix's first ones; the front as asked for, the prefix's later messages copied in.
+        // One more for a message the caller may still put in front (moving the list once).
         let mut messages = std::mem::take(&mut self.spare);
-        debug_assert!(messages.len() <= self.messages.len() && messages.iter().zip(&self.messages).all(|(a, b)| a == b), "the spare list is the prefix's");
-        messages.reserve(self.messages.len() - messages.len() + tail.len() + 1);
-        messages.extend_from_slice(&self.messages[messages.len()..]);
+        let spare_front = std::mem::take(&mut self.spare_front);
+        match front {
+            Some(front) if spare_front == 1 => messages[0] = front,
+            front => {
+                messages.drain(..spare_front);
+                messages.splice(0..0, front);
+            }
+        }
+        let kept = messages.len() - front_len;
+        debug_assert!(kept <= self.messages.len() && messages[front_len..] == self.messages[..kept], "the spare list is the prefix's");
+        messages.reserve(self.messages.len() - kept + tail.len() + 1);
+        messages.extend_from_slice(&self.messages[kept..]);
         let start = messages.len();
         messages.extend(tail);
         (messages, start)
@@ -267,14 +287,14 @@ impl MessageMemo {
         if messages.len() < offset {
             return;
         }
-        messages.drain(..offset);
-        messages.truncate(self.messages.len());
-        for (given, kept) in messages.iter_mut().zip(&self.messages) {
+        messages.truncate(offset + self.messages.len());
+        for (given, kept) in messages[offset..].iter_mut().zip(&self.messages) {
             if !same_message(given, kept) {
                 *given = kept.clone();
             }
         }
         self.spare = messages;
+        self.spare_front = offset;
     }
 }
 
@@ -588,20 +608,23 @@ mod tests {
                     8 => context = format!("ctx{}", a % 2),
                     _ => options.smoosh_into_tool_result = flag,
                 }
-                let (mut got, start) = memo.messages(&context, &records, options, finish);
+                let front = (back % 3 == 0).then(|| Message::user_text(format!("listing{a}")));
+                let front_len = usize::from(front.is_some());
+                let (mut got, start) = memo.messages(&context, &records, options, finish, front);
                 if finish {
                     finalize_tool_results(&mut got[start..]);
                 }
-                prop_assert_eq!(&got, &from_scratch(&context, &records, options, finish));
+                prop_assert_eq!(&got[front_len..], &from_scratch(&context, &records, options, finish)[..]);
                 let at = a as usize % got.len().max(1);
                 match back {
                     0 => continue,
                     1 => {}
-                    2 => {
+                    2 if front_len == 0 => {
                         got.insert(0, Message::user_text("listing"));
                         memo.give_back(got, 1);
                         continue;
                     }
+                    2 => {}
                     3 => {
                         if let Some(MessageContent::Blocks(blocks)) = got.get_mut(at).map(|m| &mut m.content) {
                             blocks.push(ContentBlock::text("changed"));
@@ -618,7 +641,7 @@ mod tests {
                     }
                     _ => got.truncate(at),
                 }
-                memo.give_back(got, 0);
+                memo.give_back(got, front_len);
             }
         }
     }

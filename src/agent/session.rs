@@ -1512,8 +1512,12 @@ impl Session {
         let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
         let context = self.user_context.as_deref().expect("ensured above");
-        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish);
-        let first_user_text = first_text(&messages);
+        // The deferred tools' listing goes in front of a finished history at once (nothing
+        // before the marker reads the messages then), where the memo keeps its place.
+        let front = (finish && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
+        let front_len = usize::from(front.is_some());
+        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
+        let first_user_text = first_text(&messages[front_len..]);
 
         let inputs = self.system_inputs(world, &pool, first_user_text);
         let system_options = SystemPromptOptions {
@@ -1558,12 +1562,13 @@ impl Session {
         let made = if finish { messages.len() - start } else { 0 };
         // Claude Code 2.1.332's layout, main thread and subagents (src/agent/dialect.rs).
         let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION).then(|| self.dialect_inputs(world, &pool));
-        self.lent_offset = Some(0);
+        self.lent_offset = Some(front_len);
         if let Some(inputs) = &dialect {
             crate::agent::dialect::rewrite_results(&mut messages);
             crate::agent::dialect::relayout(&mut messages, inputs);
             self.lent_offset = None;
-        } else if !self.strategy.deferred_tools_delta
+        } else if front_len == 0
+            && !self.strategy.deferred_tools_delta
             && let Some(listing) = pool.deferred_listing()
         {
             messages.insert(0, Message::user_text(listing));
