@@ -298,15 +298,18 @@ impl MessageMemo {
     }
 }
 
-/// Whether `a` is `b` as a request sends it: the same role, equal extra fields and text, and
-/// the same shared blocks (one allocation, so identical; equal blocks elsewhere do not count).
+/// Whether `a` is `b` as a request sends it: the same role, identical extra fields, equal text,
+/// and the same shared blocks (one allocation, so identical; equal blocks elsewhere do not
+/// count).
 fn same_message(a: &Message, b: &Message) -> bool {
     let content = match (&a.content, &b.content) {
         (MessageContent::Blocks(x), MessageContent::Blocks(y)) => x.same(y),
         (MessageContent::Text(x), MessageContent::Text(y)) => x == y,
         _ => false,
     };
-    content && a.role == b.role && a.extra == b.extra
+    // Extra fields are nearly always none: two empty maps are the same without a look. Else
+    // compared as sent (in order; `==` on maps is not).
+    content && a.role == b.role && ((a.extra.is_empty() && b.extra.is_empty()) || crate::api::identical::Identical::identical(&a.extra, &b.extra))
 }
 
 /// `mergeUserMessages`: the seam `\n`, then tool_results hoisted.
