@@ -158,7 +158,8 @@ impl<'o> Collected<'o> {
         }
     }
 
-    fn push(&mut self, row: RequestMetrics, request: Request) {
+    /// Records `row` and `request`; the request back when it is not kept.
+    fn push(&mut self, row: RequestMetrics, request: Request) -> Option<Request> {
         if let Some(loss) = &mut self.loss {
             loss.observe(&request, &row);
         }
@@ -175,7 +176,9 @@ impl<'o> Collected<'o> {
         self.rows.push(row);
         if self.keep_requests {
             self.requests.push(request);
+            return None;
         }
+        Some(request)
     }
 }
 
@@ -443,7 +446,9 @@ impl<'o> RunState<'o> {
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
                         let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
-                        out.push(row, request);
+                        if let Some(request) = out.push(row, request) {
+                            agent.give_back_messages(request.messages);
+                        }
                         let recovery_outcome = {
                             let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
                             agent.recover_prompt_too_long(chain, world, &mut calls, recovery, &error).map_err(|e| err(i, e))?
@@ -510,7 +515,11 @@ impl<'o> RunState<'o> {
                     }
                     let usage = reported_usage(&this_reply, &row);
                     let message_id = format!("msg_{:04}", row.index);
-                    out.push(row, request);
+                    // The request's messages go back to the session, which lends them to the
+                    // next request instead of copying the conversation again.
+                    if let Some(request) = out.push(row, request) {
+                        agent.give_back_messages(request.messages);
+                    }
                     world.clock.advance(this_reply.latency.map_or(0, |l| l.total_ms));
                     reply = Some((this_reply, usage, message_id));
                     break;

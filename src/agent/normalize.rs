@@ -154,12 +154,32 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 ///
 /// With `finish`, the prefix is kept as the body sends it (MCP results as blocks, tool results
 /// finalized), so that neither walk visits it again.
-#[derive(Debug, Clone, Default)]
+///
+/// A request does not copy the prefix: it is lent the list the request before handed back
+/// ([`MessageMemo::give_back`]), whose first messages are then the prefix's own (the same
+/// shared blocks, an equal text), so only the messages the prefix gained since are copied
+/// into it and nothing is dropped but the request's own tail. A message the request puts in
+/// front (the deferred tools' listing) keeps its place in the list, so that neither putting
+/// it there nor handing the list back moves every message.
+#[derive(Debug, Default)]
 pub struct MessageMemo {
     key: Option<(NormalizeOptions, bool, String)>,
     split: usize,
     messages: Vec<Message>,
     mcp_ids: BTreeSet<String>,
+    /// The list the last request handed back: after its first `spare_front` messages, every
+    /// message is the prefix's message at its position ([`same_message`]), and there are no
+    /// more than the prefix's.
+    spare: Vec<Message>,
+    spare_front: usize,
+}
+
+/// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
+/// request copies the prefix instead).
+impl Clone for MessageMemo {
+    fn clone(&self) -> Self {
+        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new(), spare_front: 0 }
+    }
 }
 
 impl MessageMemo {
@@ -179,23 +199,27 @@ impl MessageMemo {
     /// [`normalize_refs`] gives, and with `finish`, MCP results as blocks
     /// ([`crate::agent::dialect::mcp_results_as_blocks`]) in every message and
     /// [`finalize_tool_results`] done on the messages before the returned index (the caller
-    /// finalizes the rest after placing its marker).
-    pub fn messages(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> (Vec<Message>, usize) {
-        let (messages, start) = self.messages_memoized(context, records, options, finish);
+    /// finalizes the rest after placing its marker); `front` (when given) put before them.
+    pub fn messages(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+        #[cfg(debug_assertions)]
+        let front_len = usize::from(front.is_some());
+        let (messages, start) = self.messages_memoized(context, records, options, finish, front);
         #[cfg(debug_assertions)]
         {
             let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
             let mut scratch = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
-                finalize_tool_results(&mut scratch[..start.min(messages.len())]);
+                let finished = (start - front_len).min(scratch.len());
+                finalize_tool_results(&mut scratch[..finished]);
             }
-            debug_assert!(scratch == messages, "memoized messages differ from normalizing every record");
+            debug_assert!(scratch[..] == messages[front_len..], "memoized messages differ from normalizing every record");
         }
         (messages, start)
     }
 
-    fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> (Vec<Message>, usize) {
+    fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+        let front_len = usize::from(front.is_some());
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
             let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
@@ -203,7 +227,10 @@ impl MessageMemo {
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut messages);
             }
-            return (messages, 0);
+            if let Some(front) = front {
+                messages.insert(0, front);
+            }
+            return (messages, front_len);
         };
         let reusable = self.key.as_ref().is_some_and(|(o, f, c)| *o == options && *f == finish && c == context)
             && self.split <= split
@@ -216,7 +243,7 @@ impl MessageMemo {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids };
+            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, spare: Vec::new(), spare_front: 0 };
         } else if self.split < split {
             let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
             if finish {
@@ -230,14 +257,59 @@ impl MessageMemo {
         if finish {
             crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
         }
-        // One more for the message the request may put in front (the deferred tools' listing),
-        // which would otherwise copy the list to grow it.
-        let mut messages = Vec::with_capacity(self.messages.len() + tail.len() + 1);
-        messages.extend_from_slice(&self.messages);
+        // The list the last request handed back, its messages after the front ones the
+        // prefix's first ones; the front as asked for, the prefix's later messages copied in.
+        // One more for a message the caller may still put in front (moving the list once).
+        let mut messages = std::mem::take(&mut self.spare);
+        let spare_front = std::mem::take(&mut self.spare_front);
+        match front {
+            Some(front) if spare_front == 1 => messages[0] = front,
+            front => {
+                messages.drain(..spare_front);
+                messages.splice(0..0, front);
+            }
+        }
+        let kept = messages.len() - front_len;
+        debug_assert!(kept <= self.messages.len() && messages[front_len..] == self.messages[..kept], "the spare list is the prefix's");
+        messages.reserve(self.messages.len() - kept + tail.len() + 1);
+        messages.extend_from_slice(&self.messages[kept..]);
         let start = messages.len();
         messages.extend(tail);
         (messages, start)
     }
+
+    /// Takes back the messages of a request made from [`MessageMemo::messages`] once it is no
+    /// longer needed, `offset` messages put in front of them: the next request is lent them
+    /// instead of a copy of the prefix. Whatever the request changed is found (a message that
+    /// is not [`same_message`] as the prefix's at its position) and made again from the prefix,
+    /// and its messages past the prefix are dropped.
+    pub fn give_back(&mut self, mut messages: Vec<Message>, offset: usize) {
+        if messages.len() < offset {
+            return;
+        }
+        messages.truncate(offset + self.messages.len());
+        for (given, kept) in messages[offset..].iter_mut().zip(&self.messages) {
+            if !same_message(given, kept) {
+                *given = kept.clone();
+            }
+        }
+        self.spare = messages;
+        self.spare_front = offset;
+    }
+}
+
+/// Whether `a` is `b` as a request sends it: the same role, identical extra fields, equal text,
+/// and the same shared blocks (one allocation, so identical; equal blocks elsewhere do not
+/// count).
+fn same_message(a: &Message, b: &Message) -> bool {
+    let content = match (&a.content, &b.content) {
+        (MessageContent::Blocks(x), MessageContent::Blocks(y)) => x.same(y),
+        (MessageContent::Text(x), MessageContent::Text(y)) => x == y,
+        _ => false,
+    };
+    // Extra fields are nearly always none: two empty maps are the same without a look. Else
+    // compared as sent (in order; `==` on maps is not).
+    content && a.role == b.role && ((a.extra.is_empty() && b.extra.is_empty()) || crate::api::identical::Identical::identical(&a.extra, &b.extra))
 }
 
 /// `mergeUserMessages`: the seam `\n`, then tool_results hoisted.
@@ -501,16 +573,20 @@ mod tests {
         /// Request after request, the memo gives what normalizing every record gives, while the
         /// transcript grows, is rewritten in place (the chain's stages), cut and refilled (a
         /// compaction), has its in-loop attachments folded, or changes user context or options.
+        ///
+        /// Each request's messages are handed back ([`MessageMemo::give_back`]) or not, as sent
+        /// or changed the ways a request changes them (a message put in front, blocks rewritten,
+        /// a text replaced, a marker, a message cut), and lent to the next request.
         #[test]
         fn memoized_messages_equal_normalizing_everything(
-            ops in proptest::collection::vec((0u8..10, any::<u8>(), any::<u8>(), any::<bool>()), 1..60),
+            ops in proptest::collection::vec((0u8..10, any::<u8>(), any::<u8>(), any::<bool>(), 0u8..7), 1..60),
             finish in any::<bool>(),
         ) {
             let mut memo = MessageMemo::default();
             let mut records: Vec<Record> = Vec::new();
             let mut context = "ctx".to_owned();
             let mut options = NormalizeOptions { smoosh_into_tool_result: true, tool_loaded_sibling: true, strip_tool_references: false };
-            for (op, a, b, flag) in ops {
+            for (op, a, b, flag, back) in ops {
                 match op {
                     0..=4 => records.push(record(a, b, flag)),
                     5 if !records.is_empty() => {
@@ -535,11 +611,40 @@ mod tests {
                     8 => context = format!("ctx{}", a % 2),
                     _ => options.smoosh_into_tool_result = flag,
                 }
-                let (mut got, start) = memo.messages(&context, &records, options, finish);
+                let front = (back % 3 == 0).then(|| Message::user_text(format!("listing{a}")));
+                let front_len = usize::from(front.is_some());
+                let (mut got, start) = memo.messages(&context, &records, options, finish, front);
                 if finish {
                     finalize_tool_results(&mut got[start..]);
                 }
-                prop_assert_eq!(got, from_scratch(&context, &records, options, finish));
+                prop_assert_eq!(&got[front_len..], &from_scratch(&context, &records, options, finish)[..]);
+                let at = a as usize % got.len().max(1);
+                match back {
+                    0 => continue,
+                    1 => {}
+                    2 if front_len == 0 => {
+                        got.insert(0, Message::user_text("listing"));
+                        memo.give_back(got, 1);
+                        continue;
+                    }
+                    2 => {}
+                    3 => {
+                        if let Some(MessageContent::Blocks(blocks)) = got.get_mut(at).map(|m| &mut m.content) {
+                            blocks.push(ContentBlock::text("changed"));
+                        }
+                    }
+                    4 => {
+                        if let Some(MessageContent::Text(text)) = got.get_mut(at).map(|m| &mut m.content) {
+                            text.push('!');
+                        }
+                    }
+                    5 => {
+                        let end = (at + 1).min(got.len());
+                        mark_last_block(&mut got[..end], CacheControl::ephemeral());
+                    }
+                    _ => got.truncate(at),
+                }
+                memo.give_back(got, front_len);
             }
         }
     }

@@ -182,6 +182,10 @@ pub struct Session {
     /// peer mechanism, the 2.1.332 layout): the same blocks at a position rewritten once.
     mcp_memo: crate::agent::normalize::BlocksMemo,
     finalize_memo: crate::agent::normalize::BlocksMemo,
+    /// How many messages the last request built put in front of the memo's (the deferred
+    /// tools' listing), for [`Session::give_back_messages`]; `None` when its layout moved them
+    /// otherwise (2.1.332) or it was handed back already.
+    lent_offset: Option<usize>,
 }
 
 #[path = "session_chain.rs"]
@@ -260,6 +264,7 @@ impl Session {
             entry_cache: Vec::new(),
             message_memo: MessageMemo::default(),
             mcp_memo: Default::default(),
+            lent_offset: None,
             finalize_memo: Default::default(),
         }
     }
@@ -1453,6 +1458,15 @@ impl Session {
         }
     }
 
+    /// Takes back the messages of the last request built, once it is measured and no longer
+    /// kept: the next request reuses them instead of copying the unchanged conversation
+    /// ([`MessageMemo::give_back`], which finds what was changed in them since).
+    pub fn give_back_messages(&mut self, messages: Vec<Message>) {
+        if let Some(offset) = self.lent_offset.take() {
+            self.message_memo.give_back(messages, offset);
+        }
+    }
+
     /// The main request after a run of the long-context chain: [`Session::build_request`] with
     /// the chain's API-side context management (cached microcompact's edits, the thinking-clear
     /// latch) merged into the body.
@@ -1498,8 +1512,12 @@ impl Session {
         let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
         let context = self.user_context.as_deref().expect("ensured above");
-        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish);
-        let first_user_text = first_text(&messages);
+        // The deferred tools' listing goes in front of a finished history at once (nothing
+        // before the marker reads the messages then), where the memo keeps its place.
+        let front = (finish && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
+        let front_len = usize::from(front.is_some());
+        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
+        let first_user_text = first_text(&messages[front_len..]);
 
         let inputs = self.system_inputs(world, &pool, first_user_text);
         let system_options = SystemPromptOptions {
@@ -1544,13 +1562,17 @@ impl Session {
         let made = if finish { messages.len() - start } else { 0 };
         // Claude Code 2.1.332's layout, main thread and subagents (src/agent/dialect.rs).
         let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION).then(|| self.dialect_inputs(world, &pool));
+        self.lent_offset = Some(front_len);
         if let Some(inputs) = &dialect {
             crate::agent::dialect::rewrite_results(&mut messages);
             crate::agent::dialect::relayout(&mut messages, inputs);
-        } else if !self.strategy.deferred_tools_delta
+            self.lent_offset = None;
+        } else if front_len == 0
+            && !self.strategy.deferred_tools_delta
             && let Some(listing) = pool.deferred_listing()
         {
             messages.insert(0, Message::user_text(listing));
+            self.lent_offset = Some(1);
         }
         if let Some(marker) = self.marker_for(&lane) {
             match completed_last_result(&messages, world) {
