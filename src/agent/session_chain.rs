@@ -197,13 +197,50 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
     }
 }
 
+/// The position of each uuid among the metas of a run's records (the last, when several carry
+/// one: what a map collected from them in order holds). The session hands uuids out in order,
+/// so they ascend unless a compaction kept older records after newer ones; then the metas are
+/// searched in place and nothing is built (a map of every record, made and dropped by every
+/// request, cost a growing conversation more than its chain's stages did).
+enum UuidIndex {
+    /// The first `len` metas (those it was made from) ascend.
+    Ascending { len: usize },
+    Map(BTreeMap<u64, usize>),
+}
+
+impl UuidIndex {
+    fn new(metas: &[RecordMeta]) -> UuidIndex {
+        if metas.windows(2).all(|pair| pair[0].uuid < pair[1].uuid) {
+            UuidIndex::Ascending { len: metas.len() }
+        } else {
+            UuidIndex::Map(metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect())
+        }
+    }
+
+    /// Where `uuid` is among `metas`, the metas the index was made from.
+    fn get(&self, metas: &[RecordMeta], uuid: u64) -> Option<usize> {
+        match self {
+            UuidIndex::Ascending { len } => metas[..metas.len().min(*len)].binary_search_by_key(&uuid, |m| m.uuid).ok(),
+            UuidIndex::Map(map) => map.get(&uuid).copied(),
+        }
+    }
+
+    /// Whether every meta has a uuid of its own.
+    fn unique(&self, metas: &[RecordMeta]) -> bool {
+        match self {
+            UuidIndex::Ascending { len } => *len == metas.len(),
+            UuidIndex::Map(map) => map.len() == metas.len(),
+        }
+    }
+}
+
 /// Entries back to records (boundaries dropped), copying: `records` are the records the
-/// entries' uuids were made from (`index`: uuid → position).
-fn entries_to_records(entries: &[Entry], records: &[Record], index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>) {
+/// entries' uuids were made from, with their `metas` (`index`: uuid → position).
+fn entries_to_records(entries: &[Entry], records: &[Record], metas: &[RecordMeta], index: &UuidIndex) -> (Vec<Record>, Vec<RecordMeta>) {
     entries
         .iter()
         .filter(|entry| !entry.is_boundary())
-        .map(|entry| (entry_to_record(entry, index.get(&entry.uuid).map(|&j| &records[j])), meta_of(entry)))
+        .map(|entry| (entry_to_record(entry, index.get(metas, entry.uuid).map(|j| &records[j])), meta_of(entry)))
         .unzip()
 }
 
@@ -216,17 +253,17 @@ fn entries_into_records(
     entries: Vec<Entry>,
     records: Vec<Record>,
     metas: Vec<RecordMeta>,
-    index: &BTreeMap<u64, usize>,
+    index: &UuidIndex,
 ) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
     // `index` was made from `metas`; with every uuid once, an entry whose uuid is its own
     // position's is that record's without a lookup.
-    let unique = index.len() == metas.len();
+    let unique = index.unique(&metas);
     let sources: Vec<Option<usize>> = entries
         .iter()
         .enumerate()
         .map(|(i, entry)| {
-            let source = if unique && metas.get(i).is_some_and(|m| m.uuid == entry.uuid) { Some(i) } else { index.get(&entry.uuid).copied() };
-            debug_assert_eq!(source, index.get(&entry.uuid).copied());
+            let source = if unique && metas.get(i).is_some_and(|m| m.uuid == entry.uuid) { Some(i) } else { index.get(&metas, entry.uuid) };
+            debug_assert_eq!(source, index.get(&metas, entry.uuid));
             source
         })
         .collect();
@@ -486,7 +523,7 @@ impl Session {
         if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
             inputs.deltas.push(("restored_unrecorded".to_owned(), text.clone()));
         }
-        let index: BTreeMap<u64, usize> = self.record_meta.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+        let index = UuidIndex::new(&self.record_meta);
         let mut entries = self.entries();
         let config = self.strategy.compact.clone();
         let mut output = crate::agent::compact::ChainOutput::default();
@@ -549,7 +586,7 @@ impl Session {
             }
             // The fork sees its input as the chain chose it: the conversation as the stages
             // before autocompact left it, less what peeling or a retry removed.
-            let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &index);
+            let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &self.record_meta, &index);
             let saved_records = std::mem::replace(&mut self.records, records);
             let saved_meta = std::mem::replace(&mut self.record_meta, metas);
             // The fork's records are not the transcript's: its messages are made without the memo.
@@ -836,10 +873,24 @@ mod tests {
         fn entries_into_records_equals_copying(
             records in proptest::collection::vec((any::<u8>(), "[a-c]{0,3}", any::<bool>()), 0..24),
             edits in proptest::collection::vec(0u8..9, 0..24),
+            order in 0u8..3,
         ) {
             let records: Vec<Record> = records.into_iter().map(|(k, t, f)| record(k, t, f)).collect();
-            let metas: Vec<RecordMeta> = (0..records.len() as u64).map(|i| RecordMeta { uuid: 2 * i + 1, timestamp_ms: i, ..RecordMeta::default() }).collect();
-            let index: BTreeMap<u64, usize> = metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+            // Uuids in the order the session hands them out, else (after a compaction kept older
+            // records) out of order, or carried by two records.
+            let n = records.len() as u64;
+            let uuid = |i: u64| match order {
+                0 => 2 * i + 1,
+                1 => 2 * (n - i) + 1,
+                _ => i / 2 * 2 + 1,
+            };
+            let metas: Vec<RecordMeta> = (0..n).map(|i| RecordMeta { uuid: uuid(i), timestamp_ms: i, ..RecordMeta::default() }).collect();
+            let map: BTreeMap<u64, usize> = metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+            let index = UuidIndex::new(&metas);
+            prop_assert_eq!(matches!(index, UuidIndex::Ascending { .. }), order == 0 || n < 2);
+            for m in &metas {
+                prop_assert_eq!(index.get(&metas, m.uuid), map.get(&m.uuid).copied());
+            }
             let mut entries = Vec::new();
             for (i, (r, m)) in records.iter().zip(&metas).enumerate() {
                 let mut entry = record_to_entry(r, m);
@@ -868,10 +919,10 @@ mod tests {
                 }
                 entries.push(entry);
             }
-            let (want_records, want_metas) = entries_to_records(&entries, &records, &index);
+            let (want_records, want_metas) = entries_to_records(&entries, &records, &metas, &index);
             let want_next: Vec<Entry> = want_records.iter().zip(&want_metas).map(|(r, m)| record_to_entry(r, m)).collect();
             let original = records.clone();
-            let oracle = entries_into_records_moving_each(entries.clone(), records.clone(), &index);
+            let oracle = entries_into_records_moving_each(entries.clone(), records.clone(), &map);
             let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, metas.clone(), &index);
             // The same as moving every entry's record back one by one (the previous way).
             prop_assert_eq!(&oracle.0, &got_records);
