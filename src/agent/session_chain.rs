@@ -383,6 +383,7 @@ impl Session {
     /// Forgets the entries kept for the next run (the records changed other than by appending).
     pub(crate) fn forget_entries(&mut self) {
         self.entry_cache.clear();
+        self.chain_state.rough_sums.clear();
         self.message_memo.clear();
     }
 
@@ -525,6 +526,9 @@ impl Session {
         }
         let index = UuidIndex::new(&self.record_meta);
         let mut entries = self.entries();
+        // The chain's first count reads the running counts of the entries the last run left
+        // as they were, and counts the rest.
+        let mut rough_known = Some(self.chain_state.rough_sums.total(&entries));
         let config = self.strategy.compact.clone();
         let mut output = crate::agent::compact::ChainOutput::default();
         let mut pending_reply = None;
@@ -540,6 +544,8 @@ impl Session {
                 cx.message_offset = 1;
                 cx.inputs = inputs.clone();
                 cx.output = output;
+                // Known for the entries as the run starts only.
+                cx.rough_known = rough_known.take();
                 let step = match (pending_reply.take(), recover.take()) {
                     (Some(reply), _) => chain.finish_compaction(&mut cx, reply),
                     (None, Some((state, error))) => {
@@ -625,6 +631,8 @@ impl Session {
         let (records, metas, next, unchanged) =
             entries_into_records(entries, std::mem::take(&mut self.records), std::mem::take(&mut self.record_meta), &index);
         self.message_memo.invalidate_from(unchanged);
+        // The records before `unchanged` are the ones the run started from, their entries as made.
+        self.chain_state.rough_sums.invalidate_from(unchanged);
         self.records = records;
         self.record_meta = metas;
         self.entry_cache = next;
