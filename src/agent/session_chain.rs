@@ -153,6 +153,7 @@ fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
 /// Whether `entry`, still pristine, is what [`record_to_entry`] makes of `record` under the
 /// entry's own meta: then the record is what [`entry_to_record`] would give back, and the entry
 /// is what the next run would make of it.
+#[inline]
 fn made_from(entry: &Entry, record: &Record) -> bool {
     if !entry.is_pristine() || entry.synthetic {
         return false;
@@ -260,14 +261,17 @@ fn entries_into_records(
     // request's run changes the tail, so this is most of the conversation). A record whose
     // uuid several entries carry is copied for each, never moved (`uses`), so such a record
     // ends them too.
-    let as_made = |i: usize, entry: &Entry| {
-        !entry.is_boundary()
-            && made_from(entry, &records[i])
-            && metas[i].uuid == entry.uuid
-            && metas[i].timestamp_ms == entry.timestamp_ms
-            && metas[i].message_id == entry.message_id
-            && metas[i].usage == entry.usage
+    // The cheap tests first: this runs on every entry of the conversation per request.
+    let as_made_of = |entry: &Entry, record: &Record, meta: &RecordMeta| {
+        meta.uuid == entry.uuid
+            && entry.is_pristine()
+            && meta.timestamp_ms == entry.timestamp_ms
+            && !entry.is_boundary()
+            && made_from(entry, record)
+            && meta.message_id == entry.message_id
+            && meta.usage == entry.usage
     };
+    let as_made = |i: usize, entry: &Entry| as_made_of(entry, &records[i], &metas[i]);
     // `index` was made from `metas`. With every uuid once, an entry whose uuid is its own
     // position's is that record's without a lookup, and no other leading entry carries it: the
     // leading entries are found first and only the entries after them are looked up.
@@ -278,7 +282,7 @@ fn entries_into_records(
         source
     };
     let (prefix, sources) = if unique {
-        let leading = entries.iter().enumerate().take_while(|&(i, entry)| metas.get(i).is_some_and(|m| m.uuid == entry.uuid) && as_made(i, entry)).count();
+        let leading = entries.iter().zip(&records).zip(&metas).take_while(|&((entry, record), meta)| as_made_of(entry, record, meta)).count();
         let after: Vec<Option<usize>> = entries[leading..].iter().enumerate().map(|(k, entry)| source_of(leading + k, entry)).collect();
         let prefix = after.iter().flatten().copied().filter(|&j| j < leading).min().unwrap_or(leading);
         (prefix, (prefix..leading).map(Some).chain(after).collect::<Vec<_>>())
