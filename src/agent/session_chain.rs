@@ -153,6 +153,7 @@ fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
 /// Whether `entry`, still pristine, is what [`record_to_entry`] makes of `record` under the
 /// entry's own meta: then the record is what [`entry_to_record`] would give back, and the entry
 /// is what the next run would make of it.
+#[inline]
 fn made_from(entry: &Entry, record: &Record) -> bool {
     if !entry.is_pristine() || entry.synthetic {
         return false;
@@ -197,13 +198,50 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
     }
 }
 
+/// The position of each uuid among the metas of a run's records (the last, when several carry
+/// one: what a map collected from them in order holds). The session hands uuids out in order,
+/// so they ascend unless a compaction kept older records after newer ones; then the metas are
+/// searched in place and nothing is built (a map of every record, made and dropped by every
+/// request, cost a growing conversation more than its chain's stages did).
+enum UuidIndex {
+    /// The first `len` metas (those it was made from) ascend.
+    Ascending { len: usize },
+    Map(BTreeMap<u64, usize>),
+}
+
+impl UuidIndex {
+    fn new(metas: &[RecordMeta]) -> UuidIndex {
+        if metas.windows(2).all(|pair| pair[0].uuid < pair[1].uuid) {
+            UuidIndex::Ascending { len: metas.len() }
+        } else {
+            UuidIndex::Map(metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect())
+        }
+    }
+
+    /// Where `uuid` is among `metas`, the metas the index was made from.
+    fn get(&self, metas: &[RecordMeta], uuid: u64) -> Option<usize> {
+        match self {
+            UuidIndex::Ascending { len } => metas[..metas.len().min(*len)].binary_search_by_key(&uuid, |m| m.uuid).ok(),
+            UuidIndex::Map(map) => map.get(&uuid).copied(),
+        }
+    }
+
+    /// Whether every meta has a uuid of its own.
+    fn unique(&self, metas: &[RecordMeta]) -> bool {
+        match self {
+            UuidIndex::Ascending { len } => *len == metas.len(),
+            UuidIndex::Map(map) => map.len() == metas.len(),
+        }
+    }
+}
+
 /// Entries back to records (boundaries dropped), copying: `records` are the records the
-/// entries' uuids were made from (`index`: uuid → position).
-fn entries_to_records(entries: &[Entry], records: &[Record], index: &BTreeMap<u64, usize>) -> (Vec<Record>, Vec<RecordMeta>) {
+/// entries' uuids were made from, with their `metas` (`index`: uuid → position).
+fn entries_to_records(entries: &[Entry], records: &[Record], metas: &[RecordMeta], index: &UuidIndex) -> (Vec<Record>, Vec<RecordMeta>) {
     entries
         .iter()
         .filter(|entry| !entry.is_boundary())
-        .map(|entry| (entry_to_record(entry, index.get(&entry.uuid).map(|&j| &records[j])), meta_of(entry)))
+        .map(|entry| (entry_to_record(entry, index.get(metas, entry.uuid).map(|j| &records[j])), meta_of(entry)))
         .unzip()
 }
 
@@ -216,43 +254,55 @@ fn entries_into_records(
     entries: Vec<Entry>,
     records: Vec<Record>,
     metas: Vec<RecordMeta>,
-    index: &BTreeMap<u64, usize>,
+    index: &UuidIndex,
 ) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
-    // `index` was made from `metas`; with every uuid once, an entry whose uuid is its own
-    // position's is that record's without a lookup.
-    let unique = index.len() == metas.len();
-    let sources: Vec<Option<usize>> = entries
-        .iter()
-        .enumerate()
-        .map(|(i, entry)| {
-            let source = if unique && metas.get(i).is_some_and(|m| m.uuid == entry.uuid) { Some(i) } else { index.get(&entry.uuid).copied() };
-            debug_assert_eq!(source, index.get(&entry.uuid).copied());
-            source
-        })
-        .collect();
-    // A record whose uuid several entries carry is copied for each, never moved.
-    let mut uses = vec![0u32; records.len()];
-    for &j in sources.iter().flatten() {
-        uses[j] += 1;
-    }
     // The leading entries the chain left as they were made from the record at their own
     // position, with that record's meta: records, metas and entries stay where they are (a
-    // request's run changes the tail, so this is most of the conversation).
-    let prefix = entries
-        .iter()
-        .zip(&sources)
-        .enumerate()
-        .take_while(|&(i, (entry, &source))| {
-            source == Some(i)
-                && uses[i] == 1
-                && !entry.is_boundary()
-                && made_from(entry, &records[i])
-                && metas[i].uuid == entry.uuid
-                && metas[i].timestamp_ms == entry.timestamp_ms
-                && metas[i].message_id == entry.message_id
-                && metas[i].usage == entry.usage
-        })
-        .count();
+    // request's run changes the tail, so this is most of the conversation). A record whose
+    // uuid several entries carry is copied for each, never moved (`uses`), so such a record
+    // ends them too.
+    // The cheap tests first: this runs on every entry of the conversation per request.
+    let as_made_of = |entry: &Entry, record: &Record, meta: &RecordMeta| {
+        meta.uuid == entry.uuid
+            && entry.is_pristine()
+            && meta.timestamp_ms == entry.timestamp_ms
+            && !entry.is_boundary()
+            && made_from(entry, record)
+            && meta.message_id == entry.message_id
+            && meta.usage == entry.usage
+    };
+    let as_made = |i: usize, entry: &Entry| as_made_of(entry, &records[i], &metas[i]);
+    // `index` was made from `metas`. With every uuid once, an entry whose uuid is its own
+    // position's is that record's without a lookup, and no other leading entry carries it: the
+    // leading entries are found first and only the entries after them are looked up.
+    let unique = index.unique(&metas);
+    let source_of = |i: usize, entry: &Entry| {
+        let source = if unique && metas.get(i).is_some_and(|m| m.uuid == entry.uuid) { Some(i) } else { index.get(&metas, entry.uuid) };
+        debug_assert_eq!(source, index.get(&metas, entry.uuid));
+        source
+    };
+    let (prefix, sources) = if unique {
+        let leading = entries.iter().zip(&records).zip(&metas).take_while(|&((entry, record), meta)| as_made_of(entry, record, meta)).count();
+        let after: Vec<Option<usize>> = entries[leading..].iter().enumerate().map(|(k, entry)| source_of(leading + k, entry)).collect();
+        let prefix = after.iter().flatten().copied().filter(|&j| j < leading).min().unwrap_or(leading);
+        (prefix, (prefix..leading).map(Some).chain(after).collect::<Vec<_>>())
+    } else {
+        let sources: Vec<Option<usize>> = entries.iter().enumerate().map(|(i, entry)| source_of(i, entry)).collect();
+        let mut uses = vec![0u32; records.len()];
+        for &j in sources.iter().flatten() {
+            uses[j] += 1;
+        }
+        let prefix = sources.iter().enumerate().take_while(|&(i, &source)| source == Some(i) && uses[i] == 1 && as_made(i, &entries[i])).count();
+        (prefix, sources[prefix..].to_vec())
+    };
+    // The sources of the entries from `prefix` on, and how many of them carry each record
+    // from `prefix` on (an earlier record is never moved: it is not in `rest`).
+    let mut uses = vec![0u32; records.len().saturating_sub(prefix)];
+    for &j in sources.iter().flatten() {
+        if let Some(k) = j.checked_sub(prefix) {
+            uses[k] += 1;
+        }
+    }
     let (mut out, mut metas, mut next, mut entries) = (records, metas, entries, Vec::new());
     entries.extend(next.drain(prefix..));
     metas.truncate(prefix);
@@ -266,14 +316,14 @@ fn entries_into_records(
     metas.reserve(room.saturating_sub(metas.len()));
     next.reserve(room.saturating_sub(next.len()));
     let mut unchanged = prefix;
-    for (entry, source) in entries.into_iter().zip(sources.into_iter().skip(prefix)) {
+    for (entry, source) in entries.into_iter().zip(sources) {
         if entry.is_boundary() {
             continue;
         }
         let meta = meta_of(&entry);
         // Records before `prefix` are each its own entry's (used once): no later entry has one.
         let slot = |j: usize| j.checked_sub(prefix);
-        let reusable = source.filter(|&j| uses[j] == 1 && slot(j).and_then(|k| rest[k].as_ref()).is_some_and(|record| made_from(&entry, record)));
+        let reusable = source.filter(|&j| slot(j).is_some_and(|k| uses[k] == 1 && rest[k].as_ref().is_some_and(|record| made_from(&entry, record))));
         if let Some(record) = reusable.and_then(|j| rest[j - prefix].take()) {
             if reusable == Some(out.len()) && unchanged == out.len() {
                 unchanged += 1;
@@ -346,6 +396,7 @@ impl Session {
     /// Forgets the entries kept for the next run (the records changed other than by appending).
     pub(crate) fn forget_entries(&mut self) {
         self.entry_cache.clear();
+        self.chain_state.rough_sums.clear();
         self.message_memo.clear();
     }
 
@@ -486,8 +537,11 @@ impl Session {
         if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
             inputs.deltas.push(("restored_unrecorded".to_owned(), text.clone()));
         }
-        let index: BTreeMap<u64, usize> = self.record_meta.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+        let index = UuidIndex::new(&self.record_meta);
         let mut entries = self.entries();
+        // The chain's first count reads the running counts of the entries the last run left
+        // as they were, and counts the rest.
+        let mut rough_known = Some(self.chain_state.rough_sums.total(&entries));
         let config = self.strategy.compact.clone();
         let mut output = crate::agent::compact::ChainOutput::default();
         let mut pending_reply = None;
@@ -503,6 +557,8 @@ impl Session {
                 cx.message_offset = 1;
                 cx.inputs = inputs.clone();
                 cx.output = output;
+                // Known for the entries as the run starts only.
+                cx.rough_known = rough_known.take();
                 let step = match (pending_reply.take(), recover.take()) {
                     (Some(reply), _) => chain.finish_compaction(&mut cx, reply),
                     (None, Some((state, error))) => {
@@ -549,7 +605,7 @@ impl Session {
             }
             // The fork sees its input as the chain chose it: the conversation as the stages
             // before autocompact left it, less what peeling or a retry removed.
-            let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &index);
+            let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &self.record_meta, &index);
             let saved_records = std::mem::replace(&mut self.records, records);
             let saved_meta = std::mem::replace(&mut self.record_meta, metas);
             // The fork's records are not the transcript's: its messages are made without the memo.
@@ -588,6 +644,8 @@ impl Session {
         let (records, metas, next, unchanged) =
             entries_into_records(entries, std::mem::take(&mut self.records), std::mem::take(&mut self.record_meta), &index);
         self.message_memo.invalidate_from(unchanged);
+        // The records before `unchanged` are the ones the run started from, their entries as made.
+        self.chain_state.rough_sums.invalidate_from(unchanged);
         self.records = records;
         self.record_meta = metas;
         self.entry_cache = next;
@@ -836,10 +894,24 @@ mod tests {
         fn entries_into_records_equals_copying(
             records in proptest::collection::vec((any::<u8>(), "[a-c]{0,3}", any::<bool>()), 0..24),
             edits in proptest::collection::vec(0u8..9, 0..24),
+            order in 0u8..3,
         ) {
             let records: Vec<Record> = records.into_iter().map(|(k, t, f)| record(k, t, f)).collect();
-            let metas: Vec<RecordMeta> = (0..records.len() as u64).map(|i| RecordMeta { uuid: 2 * i + 1, timestamp_ms: i, ..RecordMeta::default() }).collect();
-            let index: BTreeMap<u64, usize> = metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+            // Uuids in the order the session hands them out, else (after a compaction kept older
+            // records) out of order, or carried by two records.
+            let n = records.len() as u64;
+            let uuid = |i: u64| match order {
+                0 => 2 * i + 1,
+                1 => 2 * (n - i) + 1,
+                _ => i / 2 * 2 + 1,
+            };
+            let metas: Vec<RecordMeta> = (0..n).map(|i| RecordMeta { uuid: uuid(i), timestamp_ms: i, ..RecordMeta::default() }).collect();
+            let map: BTreeMap<u64, usize> = metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
+            let index = UuidIndex::new(&metas);
+            prop_assert_eq!(matches!(index, UuidIndex::Ascending { .. }), order == 0 || n < 2);
+            for m in &metas {
+                prop_assert_eq!(index.get(&metas, m.uuid), map.get(&m.uuid).copied());
+            }
             let mut entries = Vec::new();
             for (i, (r, m)) in records.iter().zip(&metas).enumerate() {
                 let mut entry = record_to_entry(r, m);
@@ -868,10 +940,10 @@ mod tests {
                 }
                 entries.push(entry);
             }
-            let (want_records, want_metas) = entries_to_records(&entries, &records, &index);
+            let (want_records, want_metas) = entries_to_records(&entries, &records, &metas, &index);
             let want_next: Vec<Entry> = want_records.iter().zip(&want_metas).map(|(r, m)| record_to_entry(r, m)).collect();
             let original = records.clone();
-            let oracle = entries_into_records_moving_each(entries.clone(), records.clone(), &index);
+            let oracle = entries_into_records_moving_each(entries.clone(), records.clone(), &map);
             let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, metas.clone(), &index);
             // The same as moving every entry's record back one by one (the previous way).
             prop_assert_eq!(&oracle.0, &got_records);
@@ -881,9 +953,13 @@ mod tests {
             // The records it calls unchanged are the leading records the run started from.
             prop_assert!(unchanged <= got_records.len() && unchanged <= original.len());
             prop_assert_eq!(&got_records[..unchanged], &original[..unchanged]);
-            prop_assert_eq!(got_records, want_records);
-            prop_assert_eq!(got_metas, want_metas);
-            prop_assert_eq!(got_next, want_next);
+            // Copying every entry's record back reads an attachment's record by uuid: the same
+            // record only while every record has a uuid of its own.
+            if order < 2 {
+                prop_assert_eq!(got_records, want_records);
+                prop_assert_eq!(got_metas, want_metas);
+                prop_assert_eq!(got_next, want_next);
+            }
         }
     }
 }

@@ -173,9 +173,13 @@ impl Stage for Autocompact {
         rough_entries(entries).max(token_count_with_estimation(entries))
     }
 
+    fn reports_rough_after(&self) -> bool {
+        true
+    }
+
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
         let thresholds = Thresholds::compute(cx.limits, cx.config);
-        let tokens_before = rough_entries(&cx.entries);
+        let tokens_before = cx.rough_total();
         let counted = token_count_with_estimation(&cx.entries).saturating_sub(cx.output.snip_tokens_freed);
         let mut report = StageReport {
             name: self.name().to_owned(),

@@ -12,7 +12,7 @@ use crate::measure::metrics::StageReport;
 use super::chain::Stage;
 use super::config::CompactConfig;
 use super::context::{ChainContext, QuerySource};
-use super::counting::{Thresholds, rough_entries, token_count_with_estimation};
+use super::counting::{Thresholds, token_count_with_estimation};
 
 pub const BLOCKING_MESSAGE: &str = "Prompt is too long";
 
@@ -27,8 +27,12 @@ impl Stage for BlockingLimit {
         true
     }
 
+    fn reports_rough_after(&self) -> bool {
+        true
+    }
+
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
-        let tokens = rough_entries(&cx.entries);
+        let tokens = cx.rough_total();
         let thresholds = Thresholds::compute(cx.limits, cx.config);
         let auto = &cx.config.autocompact;
         let counted = token_count_with_estimation(&cx.entries).saturating_sub(cx.output.snip_tokens_freed);

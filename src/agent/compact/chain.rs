@@ -42,6 +42,12 @@ pub trait Stage {
     fn size_before(&self, entries: &[Entry]) -> u64 {
         rough_entries(entries)
     }
+    /// Whether the report's `tokens_after` is the rough count of the entries the stage left
+    /// (when it did not stop the chain for a compaction): the next stage then starts from it
+    /// instead of counting every entry again.
+    fn reports_rough_after(&self) -> bool {
+        false
+    }
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport;
 }
 
@@ -135,22 +141,33 @@ impl Chain {
         // The unpaired ids after one stage are those before the next: the entries are walked
         // once per stage that runs, not twice.
         let mut orphans_before: Option<BTreeSet<String>> = None;
-        // The rough count a skipped stage reports, kept across the skipped stages in a row
-        // (a skipped stage changes nothing; a stage that runs may).
-        let mut skipped_tokens: Option<u64> = None;
+        // The rough count of the entries as the last stage left them, where it is known: the
+        // caller's count before the first stage, kept across skipped stages (they change
+        // nothing) and taken from the report of a stage that counts what it left. A stage
+        // reads it once, before it changes anything ([`ChainContext::rough_total`]).
+        let mut known: Option<u64> = cx.rough_known.take();
         for stage in &self.stages[start..] {
             let name = stage.name();
             if self.disabled.contains(name) || !stage.enabled(cx.config) {
                 let reason = if self.disabled.contains(name) { "disabled_by_flag" } else { "disabled_by_config" };
-                let tokens = *skipped_tokens.get_or_insert_with(|| rough_entries(&cx.entries));
+                let tokens = *known.get_or_insert_with(|| rough_entries(&cx.entries));
                 cx.output.reports.push(skipped(name, reason, tokens));
                 continue;
             }
-            skipped_tokens = None;
             let before = CHECK_INVARIANTS.then(|| (orphans_before.take().unwrap_or_else(|| orphans(&cx.entries)), stage.size_before(&cx.entries)));
+            cx.rough_known = known.take();
             let report = stage.run(cx);
+            cx.rough_known = None;
             if let Some((before, tokens_before)) = before {
                 orphans_before = Some(verify(name, &cx.entries, &before, tokens_before, stage.shrinks() && cx.output.pending_compaction.is_none()));
+            }
+            if stage.reports_rough_after() {
+                debug_assert!(
+                    cx.output.pending_compaction.is_some() || report.tokens_after == rough_entries(&cx.entries),
+                    "stage `{name}` reported {} tokens after it, not the rough count of what it left",
+                    report.tokens_after
+                );
+                known = Some(report.tokens_after);
             }
             cx.output.reports.push(report);
             if let Some(request) = &cx.output.pending_compaction {

@@ -297,6 +297,9 @@ pub struct ChainState {
     /// `thinkingClearLatched` (§8.6): `clear_thinking` keeps one turn until the next compaction.
     pub thinking_clear_latched: bool,
     pub next_uuid: u64,
+    /// Running rough counts of the entries the session keeps for the next run (it invalidates
+    /// them where its records change).
+    pub rough_sums: super::counting::RoughSums,
 }
 
 impl ChainState {
@@ -310,6 +313,7 @@ impl ChainState {
             cached_microcompact: CachedMicrocompactState::default(),
             thinking_clear_latched: false,
             next_uuid: 1_000_000_000,
+            rough_sums: Default::default(),
         }
     }
 
@@ -406,6 +410,10 @@ pub struct ChainContext<'a> {
     pub message_offset: usize,
     pub inputs: CompactInputs,
     pub output: ChainOutput,
+    /// [`super::counting::rough_entries`] of `entries`, when whoever set it counted them and
+    /// nothing changed them since: the caller before the chain runs, the chain between stages
+    /// ([`ChainContext::rough_total`] takes it).
+    pub rough_known: Option<u64>,
 }
 
 impl<'a> ChainContext<'a> {
@@ -428,6 +436,20 @@ impl<'a> ChainContext<'a> {
             message_offset: 0,
             inputs: CompactInputs::default(),
             output: ChainOutput::default(),
+            rough_known: None,
+        }
+    }
+
+    /// [`super::counting::rough_entries`] of the entries, taking the count known before
+    /// ([`ChainContext::rough_known`]) where there is one: a stage reads it once, before it
+    /// changes anything.
+    pub fn rough_total(&mut self) -> u64 {
+        match self.rough_known.take() {
+            Some(tokens) => {
+                debug_assert_eq!(tokens, super::counting::rough_entries(&self.entries), "the known rough count is stale");
+                tokens
+            }
+            None => super::counting::rough_entries(&self.entries),
         }
     }
 

@@ -121,13 +121,17 @@ impl Stage for ContextCollapse {
         config.context_collapse.enabled
     }
 
+    fn reports_rough_after(&self) -> bool {
+        true
+    }
+
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
         let config = &cx.config.context_collapse;
         let effective = Thresholds::compute(cx.limits, cx.config).effective_window;
         let commit_at = effective * config.commit_pct / 100;
         let block_at = effective * config.block_pct / 100;
         let target = effective * config.target_pct / 100;
-        let tokens_before = rough_entries(&cx.entries);
+        let tokens_before = cx.rough_total();
         let mut report = StageReport {
             name: self.name().to_owned(),
             fired: false,

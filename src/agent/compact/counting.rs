@@ -50,6 +50,42 @@ pub fn rough_entries(entries: &[Entry]) -> u64 {
     entries.iter().filter(|e| e.on_wire()).map(Entry::rough).sum()
 }
 
+/// The rough counts of a conversation's leading entries, running (each entry's count is that
+/// of the entries up to and including it), kept from one run of the chain to the next: a
+/// request's count reads the last of them and counts only the entries after, when the session
+/// says which leading entries the last run left as they were ([`RoughSums::invalidate_from`]),
+/// the way it tells its message memo. A growing conversation then costs each request a count
+/// of its new entries, not a sum over all of them.
+#[derive(Debug, Clone, Default)]
+pub struct RoughSums {
+    through: Vec<u64>,
+}
+
+impl RoughSums {
+    /// [`rough_entries`] of `entries`, of which the leading ones counted before are the same.
+    pub fn total(&mut self, entries: &[Entry]) -> u64 {
+        self.through.truncate(entries.len());
+        let mut total = self.through.last().copied().unwrap_or(0);
+        for entry in &entries[self.through.len()..] {
+            if entry.on_wire() {
+                total += entry.rough();
+            }
+            self.through.push(total);
+        }
+        debug_assert_eq!(total, rough_entries(entries), "kept running rough counts differ from counting every entry");
+        total
+    }
+
+    /// The entries from `index` on are no longer the ones counted.
+    pub fn invalidate_from(&mut self, index: usize) {
+        self.through.truncate(index);
+    }
+
+    pub fn clear(&mut self) {
+        self.through.clear();
+    }
+}
+
 /// `getTokenCountFromUsage`.
 pub fn usage_total(usage: &Usage) -> u64 {
     usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens + usage.output_tokens
@@ -168,5 +204,51 @@ impl Thresholds {
             return 0;
         }
         ((threshold - tokens) * 100 + threshold / 2) / threshold
+    }
+}
+
+#[cfg(test)]
+mod rough_sums_tests {
+    use super::*;
+    use crate::agent::compact::context::{CompactTrigger, EntryKind};
+    use crate::api::{ContentBlock, Message};
+    use proptest::prelude::*;
+
+    fn entry(n: usize, len: usize) -> Entry {
+        let text = "x".repeat(len);
+        let message = if n % 2 == 0 { Message::user_text(text) } else { Message::assistant_blocks(vec![ContentBlock::text(text)]) };
+        Entry::new(message, n as u64, 0)
+    }
+
+    proptest! {
+        /// Run after run, the kept running counts give what counting every entry gives, while
+        /// entries are appended, rewritten, removed, turned into boundaries and cut, each change
+        /// told as the session tells it (the first entry no longer the one counted).
+        #[test]
+        fn rough_sums_equal_counting_every_entry(ops in proptest::collection::vec((0u8..5, 0usize..64, any::<u8>()), 1..48)) {
+            let mut sums = RoughSums::default();
+            let mut entries: Vec<Entry> = Vec::new();
+            for (n, (op, len, at)) in ops.into_iter().enumerate() {
+                let i = if entries.is_empty() { 0 } else { at as usize % entries.len() };
+                match op {
+                    0 => entries.push(entry(n, len)),
+                    1 if !entries.is_empty() => {
+                        entries[i].message_mut().content = crate::api::MessageContent::Text("y".repeat(len));
+                        sums.invalidate_from(i);
+                    }
+                    2 if !entries.is_empty() => {
+                        entries.remove(i);
+                        sums.invalidate_from(i);
+                    }
+                    3 if !entries.is_empty() => {
+                        entries[i].kind = EntryKind::CompactBoundary { trigger: CompactTrigger::Auto, pre_tokens: 0, logical_parent: None, preserved: None };
+                        sums.invalidate_from(i);
+                    }
+                    // Cut: the counts of the entries cut go with them, untold.
+                    _ => entries.truncate(i),
+                }
+                prop_assert_eq!(sums.total(&entries), rough_entries(&entries));
+            }
+        }
     }
 }

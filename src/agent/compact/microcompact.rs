@@ -68,7 +68,7 @@ impl Stage for Microcompact {
     }
 
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
-        let tokens_before = rough_entries(&cx.entries);
+        let tokens_before = cx.rough_total();
         context_editing(cx, tokens_before);
         if let Some(report) = time_based(cx, tokens_before) {
             return report;

@@ -162,36 +162,77 @@ fn media_of(blocks: &[ContentBlock]) -> Media {
 
 /// The media of each message of the last request a runner sent, kept with the message's
 /// blocks: a message whose blocks are the same allocation as the kept ones
-/// ([`SharedBlocks::same`]) is not walked again, so a request costs a walk of its new messages
-/// only. Keeping a clone of the blocks keeps the allocation alive and shared, so it cannot be
-/// freed and reused for other blocks, nor changed in place (a change copies shared blocks first).
+/// ([`SharedBlocks::same`]) is not walked again. Keeping a clone of the blocks keeps the
+/// allocation alive and shared, so it cannot be freed and reused for other blocks, nor changed
+/// in place (a change copies shared blocks first).
+///
+/// With each message the memo keeps the media of the messages up to it (`through`), so a
+/// request whose leading messages are the last request's own reads their media from the last
+/// of them: it costs a pointer comparison per leading message and a walk of the messages from
+/// the first changed one on, not a sum over the conversation (a growing conversation sends
+/// its history again with every request).
 #[derive(Debug, Clone, Default)]
 pub struct MediaMemo {
-    kept: Vec<Option<(SharedBlocks, Media)>>,
+    kept: Vec<KeptMedia>,
+}
+
+/// One message of [`MediaMemo`]: its blocks and media (`None` for a text message, which
+/// carries none), and the media of the messages up to and including it.
+#[derive(Debug, Clone)]
+struct KeptMedia {
+    blocks: Option<(SharedBlocks, Media)>,
+    through: Media,
+}
+
+impl KeptMedia {
+    /// Whether `message` is the one kept (the same blocks, or text then and now).
+    fn holds(&self, message: &Message) -> bool {
+        match (&self.blocks, &message.content) {
+            (Some((kept, _)), MessageContent::Blocks(blocks)) => kept.same(blocks),
+            (None, MessageContent::Text(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Media {
+    fn and(self, other: Media) -> Media {
+        Media { count: self.count + other.count, largest: self.largest.max(other.largest) }
+    }
 }
 
 impl MediaMemo {
     /// The media of `messages`: how many items in all and the largest (what
     /// [`strip_excess_media`] counts and [`simulated_media_error`] weighs).
     pub fn scan(&mut self, messages: &[Message]) -> Media {
+        // The leading messages still the kept ones keep their running media; after them a
+        // message whose blocks are kept is not walked either (a request may change a message
+        // before others it leaves as they were: a moved marker, a cache edit).
+        let same = messages.iter().zip(&self.kept).take_while(|(message, kept)| kept.holds(message)).count();
         self.kept.truncate(messages.len());
-        self.kept.resize(messages.len(), None);
-        let mut total = Media::default();
-        for (message, kept) in messages.iter().zip(&mut self.kept) {
-            let MessageContent::Blocks(blocks) = &message.content else {
-                *kept = None;
-                continue;
+        let mut total = same.checked_sub(1).map_or_else(Media::default, |last| self.kept[last].through);
+        for (i, message) in messages.iter().enumerate().skip(same) {
+            let blocks = match &message.content {
+                MessageContent::Blocks(blocks) => Some(match self.kept.get_mut(i).and_then(|kept| kept.blocks.take()) {
+                    Some((kept, media)) if kept.same(blocks) => (kept, media),
+                    _ => (blocks.clone(), media_of(blocks)),
+                }),
+                MessageContent::Text(_) => None,
             };
-            let media = match kept {
-                Some((previous, media)) if previous.same(blocks) => *media,
-                _ => {
-                    let media = media_of(blocks);
-                    *kept = Some((blocks.clone(), media));
-                    media
-                }
-            };
-            total.count += media.count;
-            total.largest = total.largest.max(media.largest);
+            total = blocks.as_ref().map_or(total, |(_, media)| total.and(*media));
+            let kept = KeptMedia { blocks, through: total };
+            match self.kept.get_mut(i) {
+                Some(slot) => *slot = kept,
+                None => self.kept.push(kept),
+            }
+        }
+        #[cfg(debug_assertions)]
+        {
+            let walked = messages.iter().fold(Media::default(), |all, m| match &m.content {
+                MessageContent::Blocks(blocks) => all.and(media_of(blocks)),
+                MessageContent::Text(_) => all,
+            });
+            debug_assert_eq!(total, walked, "the media memo differs from walking every message");
         }
         total
     }

@@ -29,9 +29,13 @@ impl Stage for Snip {
         config.snip.enabled
     }
 
+    fn reports_rough_after(&self) -> bool {
+        true
+    }
+
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
         let config = &cx.config.snip;
-        let tokens_before = rough_entries(&cx.entries);
+        let tokens_before = cx.rough_total();
         let effective = Thresholds::compute(cx.limits, cx.config).effective_window;
         let trigger = effective * config.trigger_pct / 100;
         let target = effective * config.target_pct / 100;

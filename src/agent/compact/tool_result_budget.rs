@@ -352,8 +352,12 @@ impl Stage for ToolResultBudget {
         true
     }
 
+    fn reports_rough_after(&self) -> bool {
+        true
+    }
+
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
-        let tokens_before = rough_entries(&cx.entries);
+        let tokens_before = cx.rough_total();
         let config: &ToolResultBudgetConfig = &cx.config.tool_result_budget;
         let dir = cx.state.tool_results_dir();
         let mut fresh_replaced: Vec<(usize, usize)> = Vec::new();
