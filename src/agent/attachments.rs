@@ -117,7 +117,7 @@ impl Attachment {
     pub fn split_messages(&self) -> Option<Vec<MessageContent>> {
         match self {
             Attachment::PostCompact { call: Some(call), texts } => Some(vec![
-                MessageContent::Text(call.clone()),
+                MessageContent::Text(call.clone().into()),
                 MessageContent::Blocks(texts.iter().map(|t| ContentBlock::text(t.clone())).collect()),
             ]),
             _ => None,

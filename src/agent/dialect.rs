@@ -248,7 +248,7 @@ fn kept_round_system_size() -> (usize, u64) {
 
 /// The date system message after a summary that kept a round.
 fn date_message(inputs: &Inputs) -> Message {
-    Message { role: Role::System, content: MessageContent::Text(date_line(inputs)), extra: Default::default() }
+    Message { role: Role::System, content: MessageContent::Text(date_line(inputs).into()), extra: Default::default() }
 }
 
 fn date_line(inputs: &Inputs) -> String {
@@ -285,7 +285,7 @@ fn system_message_sized(inputs: &Inputs, with_date: bool, chars: usize, tokens: 
         - inputs.mcp_instructions.iter().map(|(n, t)| js_len(&format!("\n\n# Instructions of the {n} server\n{t}"))).sum::<usize>();
     let rest_tokens = u64::from(crate::measure::tokens::bpe(&rest));
     let head = pad_to_size(&environment, chars.saturating_sub(base_rest), tokens.saturating_sub(rest_tokens), "environment_2_1_332");
-    Message { role: Role::System, content: MessageContent::Text(format!("{head}{rest}")), extra: Default::default() }
+    Message { role: Role::System, content: MessageContent::Text(format!("{head}{rest}").into()), extra: Default::default() }
 }
 
 /// The request parameters of the profile's main lane: `max_tokens`, `thinking`,
@@ -412,7 +412,7 @@ results, the files they read) is recorded only there. Where they and the summary
 /// message without the date.
 pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
     let Some(first) = messages.first_mut() else { return };
-    let blocks = std::mem::replace(&mut first.content, MessageContent::Text(String::new())).into_blocks();
+    let blocks = std::mem::replace(&mut first.content, MessageContent::Text(Default::default())).into_blocks();
     let mut kept: Vec<ContentBlock> = blocks.into_iter().skip_while(|b| matches!(b, ContentBlock::Text { text, .. } if text.starts_with(REMINDER_OPEN))).collect();
     let mut content = first_reminders(inputs);
     let summary_first = matches!(kept.first(), Some(ContentBlock::Text { text, .. }) if text.starts_with(crate::agent::compact::rebuild::SUMMARY_OPENING));
@@ -429,7 +429,7 @@ pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
     let attribution = content.pop();
     content.extend(kept);
     messages[0].content = MessageContent::Blocks(content.into());
-    let mut answer_blocks = std::mem::replace(&mut messages[answer].content, MessageContent::Text(String::new())).into_blocks();
+    let mut answer_blocks = std::mem::replace(&mut messages[answer].content, MessageContent::Text(Default::default())).into_blocks();
     answer_blocks.extend(attribution);
     messages[answer].content = MessageContent::Blocks(answer_blocks.into());
     let (chars, tokens) = kept_round_system_size();

@@ -206,7 +206,7 @@ impl MessageMemo {
         let (messages, start) = self.messages_memoized(context, records, options, finish, front);
         #[cfg(debug_assertions)]
         {
-            let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+            let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
             let mut scratch = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
@@ -222,7 +222,7 @@ impl MessageMemo {
         let front_len = usize::from(front.is_some());
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
-            let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+            let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut messages);
@@ -236,7 +236,7 @@ impl MessageMemo {
             && self.split <= split
             && matches!(records.get(self.split), Some(Record::Assistant { .. }));
         if !reusable {
-            let context_record = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+            let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(&records[..split]).collect(), options);
             let mut mcp_ids = BTreeSet::new();
             if finish {
@@ -350,7 +350,7 @@ fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: Norma
 
 /// The message's content, left empty in its place.
 fn take_content(message: &mut Message) -> MessageContent {
-    std::mem::replace(&mut message.content, MessageContent::Text(String::new()))
+    std::mem::replace(&mut message.content, MessageContent::Text(Default::default()))
 }
 
 fn fix_tool_references(message: &mut Message, options: NormalizeOptions) {
@@ -539,7 +539,7 @@ mod tests {
     fn record(kind: u8, n: u8, flag: bool) -> Record {
         let text = format!("t{n}");
         match kind % 8 {
-            0 => Record::User { content: MessageContent::Text(text), meta: flag },
+            0 => Record::User { content: MessageContent::Text(text.into()), meta: flag },
             1 => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: true },
             2 => Record::User {
                 content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))].into()),
@@ -560,7 +560,7 @@ mod tests {
 
     /// Normalizing every record, the way the memo's messages are defined.
     fn from_scratch(context: &str, records: &[Record], options: NormalizeOptions, finish: bool) -> Vec<Message> {
-        let context = Record::User { content: MessageContent::Text(context.to_owned()), meta: true };
+        let context = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
         let mut messages = normalize_refs(std::iter::once(&context).chain(records).collect(), options);
         if finish {
             crate::agent::dialect::mcp_results_as_blocks(&mut messages);

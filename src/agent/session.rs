@@ -565,7 +565,7 @@ impl Session {
             self.settle_hook_time(world);
             return;
         }
-        self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: false });
+        self.records.push(Record::User { content: MessageContent::Text(text.to_owned().into()), meta: false });
         let success: Vec<Attachment> = run
             .successes
             .iter()

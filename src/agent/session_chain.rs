@@ -727,7 +727,7 @@ impl Session {
 
     /// Appends the meta user message of max_output_tokens recovery.
     pub fn push_meta_user(&mut self, text: &str) {
-        self.records.push(Record::User { content: MessageContent::Text(text.to_owned()), meta: true });
+        self.records.push(Record::User { content: MessageContent::Text(text.to_owned().into()), meta: true });
     }
 
     /// The fork request of a compaction: the main request built from the records as they are
@@ -842,7 +842,7 @@ mod tests {
 
     fn record(kind: u8, text: String, flag: bool) -> Record {
         match kind % 4 {
-            0 => Record::User { content: MessageContent::Text(text), meta: flag },
+            0 => Record::User { content: MessageContent::Text(text.into()), meta: flag },
             1 => Record::Assistant { content: vec![ContentBlock::text(text)].into() },
             2 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
             _ => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: flag },

@@ -240,7 +240,7 @@ impl Session {
         // What this thread asked before the agent starts is measured first.
         calls.side(self.take_side_calls(), world)?;
         let mut child = self.spawn_subagent(agent.clone(), agent_id.clone(), model.clone(), world);
-        child.records.push(Record::User { content: MessageContent::Text(prompt.clone()), meta: false });
+        child.records.push(Record::User { content: MessageContent::Text(prompt.clone().into()), meta: false });
         if !hook.additional_context.is_empty() {
             child.push_attachments(vec![Attachment::HookAdditionalContext { hook_name: "SubagentStart".into(), lines: hook.additional_context }]);
         }

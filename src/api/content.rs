@@ -11,8 +11,110 @@ use super::request::CacheControl;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum MessageContent {
-    Text(String),
+    Text(SharedText),
     Blocks(SharedBlocks),
+}
+
+/// A message's text content, shared by every body that sends the message as
+/// [`SharedBlocks`] are: cloning one is a reference count, and two bodies holding the same
+/// allocation compare for the price of a pointer. Reading goes through `Deref` (a `String`);
+/// changing through `DerefMut`, which copies the text first when another body still holds it.
+/// Serializes (and debug-prints) as the string it holds.
+#[derive(Clone, Default)]
+pub struct SharedText(Arc<String>);
+
+impl std::fmt::Debug for SharedText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.0.as_str(), f)
+    }
+}
+
+impl SharedText {
+    /// Whether both hold the same allocation (then they are equal; unequal allocations may
+    /// still hold equal texts).
+    pub fn same(&self, other: &SharedText) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The text, taken without a copy when no other body holds it.
+    pub fn into_string(self) -> String {
+        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
+
+impl Deref for SharedText {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl DerefMut for SharedText {
+    fn deref_mut(&mut self) -> &mut String {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<String> for SharedText {
+    fn from(text: String) -> SharedText {
+        SharedText(Arc::new(text))
+    }
+}
+
+impl From<&str> for SharedText {
+    fn from(text: &str) -> SharedText {
+        SharedText(Arc::new(text.to_owned()))
+    }
+}
+
+impl From<SharedText> for String {
+    fn from(text: SharedText) -> String {
+        text.into_string()
+    }
+}
+
+impl PartialEq for SharedText {
+    fn eq(&self, other: &SharedText) -> bool {
+        self.same(other) || *self.0 == *other.0
+    }
+}
+
+impl Eq for SharedText {}
+
+impl PartialEq<str> for SharedText {
+    fn eq(&self, other: &str) -> bool {
+        self.0.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for SharedText {
+    fn eq(&self, other: &&str) -> bool {
+        self.0.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for SharedText {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl std::fmt::Display for SharedText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for SharedText {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<SharedText, D::Error> {
+        String::deserialize(deserializer).map(SharedText::from)
+    }
 }
 
 /// The blocks of a message, shared by every body that sends the message: cloning one is a
@@ -235,7 +337,7 @@ impl MessageContent {
     /// The text the content carries: the string, or its text blocks joined by newlines.
     pub fn joined_text(&self) -> String {
         match self {
-            MessageContent::Text(text) => text.clone(),
+            MessageContent::Text(text) => text.to_string(),
             MessageContent::Blocks(blocks) => blocks
                 .iter()
                 .filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None })
@@ -663,6 +765,27 @@ mod shared_blocks_tests {
         assert_eq!(json, r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#);
         let back: MessageContent = serde_json::from_str(&json).unwrap();
         assert_eq!(back, MessageContent::Blocks(changed));
+    }
+
+    #[test]
+    fn a_change_copies_text_another_body_holds() {
+        let original = MessageContent::Text("prompt".into());
+        let mut changed = original.clone();
+        let (MessageContent::Text(a), MessageContent::Text(b)) = (&original, &mut changed) else { unreachable!() };
+        assert!(a.same(b), "a clone shares the allocation");
+        b.push('!');
+        assert!(!a.same(b), "the change copied the shared text");
+        assert_eq!((a.as_str(), b.as_str()), ("prompt", "prompt!"), "the earlier body still holds what it sent");
+        assert!(!original.identical(&changed));
+        // Equal texts in two allocations are equal and identical (compared byte by byte).
+        let copy = MessageContent::Text(String::from("prompt").into());
+        assert!(copy == original && copy.identical(&original));
+        // Serialized and debug-printed as the string it holds, and read back as text.
+        let json = serde_json::to_string(&changed).unwrap();
+        assert_eq!(json, r#""prompt!""#);
+        assert_eq!(format!("{changed:?}"), r#"Text("prompt!")"#);
+        let back: MessageContent = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, changed);
     }
 
     #[test]

@@ -137,6 +137,7 @@ impl Clone for Message {
 
 impl Message {
     pub fn user_text(text: impl Into<String>) -> Self {
+        let text: String = text.into();
         Message { role: Role::User, content: MessageContent::Text(text.into()), extra: Map::new() }
     }
 

@@ -226,7 +226,7 @@ impl Script {
 /// The text of a message: its string, or its text blocks joined.
 fn message_text(message: &Message) -> String {
     match &message.content {
-        MessageContent::Text(text) => text.clone(),
+        MessageContent::Text(text) => text.to_string(),
         MessageContent::Blocks(blocks) => crate::api::joined_text(blocks),
     }
 }

@@ -479,7 +479,7 @@ mod salt_tests {
         request.messages = (0..len)
             .map(|i| Message {
                 role: if i % 2 == 0 { Role::User } else { Role::Assistant },
-                content: MessageContent::Text(format!("message {i}")),
+                content: MessageContent::Text(format!("message {i}").into()),
                 extra: Default::default(),
             })
             .collect();

@@ -1629,7 +1629,7 @@ impl FileImporter {
         let items = match content {
             Value::String(text) => {
                 let permission_mode = self.prompt_mode.clone();
-                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text), is_meta, is_compact_summary, permission_mode });
+                let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.into()), is_meta, is_compact_summary, permission_mode });
                 self.push(kind, time_ms, lane, uuid);
                 return;
             }

@@ -742,7 +742,7 @@ mod tests {
     use crate::measure::{EstimatorKind, Measurer, ModelTable, TokenCounter};
 
     fn text(role: Role, text: &str) -> Message {
-        Message { role, content: MessageContent::Text(text.to_owned()), extra: Default::default() }
+        Message { role, content: MessageContent::Text(text.to_owned().into()), extra: Default::default() }
     }
 
     fn flat(messages: Vec<Message>) -> FlatRequest {
@@ -894,7 +894,7 @@ mod tests {
         let event = |kind: EventKind| Event { time_ms: 0, lane: LANE_MAIN.to_owned(), uuid: None, kind };
         let enqueue = |text: &str| event(EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload: serde_json::json!({"operation": "enqueue", "content": text}) }));
         let prompt = |text: &str| {
-            event(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.to_owned()), is_meta: false, is_compact_summary: false, permission_mode: None }))
+            event(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.to_owned().into()), is_meta: false, is_compact_summary: false, permission_mode: None }))
         };
         let compaction = event(EventKind::Compaction(Compaction { trigger: "auto".into(), pre_tokens: None, post_tokens: None, summary: None, metadata: Value::Null }));
         let messages = [text(Role::User, "a"), text(Role::Assistant, "b"), text(Role::User, "<task-notification>x</task-notification>")];
@@ -937,7 +937,7 @@ mod tests {
         let event = |kind: EventKind| Event { time_ms: 0, lane: LANE_MAIN.to_owned(), uuid: None, kind };
         let enqueue = |text: &str| event(EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload: serde_json::json!({"operation": "enqueue", "content": text}) }));
         let prompt = |text: &str| {
-            event(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.to_owned()), is_meta: false, is_compact_summary: false, permission_mode: None }))
+            event(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.to_owned().into()), is_meta: false, is_compact_summary: false, permission_mode: None }))
         };
         let compaction = || event(EventKind::Compaction(Compaction { trigger: "auto".into(), pre_tokens: None, post_tokens: None, summary: None, metadata: Value::Null }));
         let tool_loop = event(EventKind::ModelReply(

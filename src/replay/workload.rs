@@ -166,7 +166,7 @@ pub enum WorkloadError {
 /// The text of a prompt: its string, or its text blocks joined by blank lines.
 fn prompt_text(content: &MessageContent) -> String {
     match content {
-        MessageContent::Text(text) => text.clone(),
+        MessageContent::Text(text) => text.to_string(),
         MessageContent::Blocks(blocks) => blocks
             .iter()
             .filter_map(|b| match b {

@@ -42,7 +42,7 @@ fn digest(entries: &[Entry], max_chars: usize) -> String {
     let mut text = format!("[Collapsed {} earlier messages. Digest:]\n", entries.len());
     'outer: for entry in entries {
         let parts: Vec<String> = match &entry.message().content {
-            MessageContent::Text(t) => vec![t.clone()],
+            MessageContent::Text(t) => vec![t.to_string()],
             MessageContent::Blocks(blocks) => blocks
                 .iter()
                 .map(|b| match b {

@@ -233,7 +233,7 @@ mod rough_sums_tests {
                 match op {
                     0 => entries.push(entry(n, len)),
                     1 if !entries.is_empty() => {
-                        entries[i].message_mut().content = crate::api::MessageContent::Text("y".repeat(len));
+                        entries[i].message_mut().content = crate::api::MessageContent::Text("y".repeat(len).into());
                         sums.invalidate_from(i);
                     }
                     2 if !entries.is_empty() => {

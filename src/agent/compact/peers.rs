@@ -302,7 +302,7 @@ fn summary_message(label: &str, tokens: u64) -> Message {
         text.push_str(filler);
     }
     text.push_str("</summary>");
-    Message { role: Role::User, content: MessageContent::Text(text), extra: Default::default() }
+    Message { role: Role::User, content: MessageContent::Text(text.into()), extra: Default::default() }
 }
 
 /// Codex `build_compacted_history`: initial context (the first message, rebuilt) + the most
@@ -330,7 +330,7 @@ pub fn codex_rebuild(messages: &[Message], user_max: u64, summary_tokens: u64) -
             text
         };
         budget = budget.saturating_sub(tokens);
-        kept.push(Message { role: Role::User, content: MessageContent::Text(text), extra: Default::default() });
+        kept.push(Message { role: Role::User, content: MessageContent::Text(text.into()), extra: Default::default() });
     }
     kept.reverse();
     out.extend(kept);
