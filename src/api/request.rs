@@ -39,6 +39,43 @@ pub struct Request {
 }
 
 impl Request {
+    /// This request with `messages` in place of its own (which are not copied): every other
+    /// field cloned.
+    pub fn with_messages(&self, messages: Vec<Message>) -> Request {
+        let Request {
+            model,
+            messages: _,
+            system,
+            tools,
+            tool_choice,
+            metadata,
+            max_tokens,
+            thinking,
+            temperature,
+            context_management,
+            output_config,
+            cache_control,
+            stream,
+            extra,
+        } = self;
+        Request {
+            model: model.clone(),
+            messages,
+            system: system.clone(),
+            tools: tools.clone(),
+            tool_choice: tool_choice.clone(),
+            metadata: metadata.clone(),
+            max_tokens: *max_tokens,
+            thinking: thinking.clone(),
+            temperature: temperature.clone(),
+            context_management: context_management.clone(),
+            output_config: output_config.clone(),
+            cache_control: cache_control.clone(),
+            stream: *stream,
+            extra: extra.clone(),
+        }
+    }
+
     /// A minimal request: model, max_tokens and messages.
     pub fn new(model: impl Into<String>, max_tokens: u64) -> Self {
         Request {

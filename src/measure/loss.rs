@@ -274,7 +274,7 @@ impl LossTracker {
     /// Observes one measured request.
     pub fn observe(&mut self, request: &Request, row: &RequestMetrics) {
         self.count_drops(row);
-        let cleared: &[String] = row.context_management.as_ref().map_or(&[], |cm| &cm.cleared_tool_use_ids);
+        let cleared: &[std::sync::Arc<str>] = row.context_management.as_ref().map_or(&[], |cm| &cm.cleared_tool_use_ids);
         self.judge(request, &row.lane, cleared);
     }
 
@@ -309,9 +309,9 @@ impl LossTracker {
 
     /// `cleared`: tool uses whose results the server cleared (context editing) though the body
     /// still carries them.
-    fn judge(&mut self, request: &Request, lane: &str, cleared: &[String]) {
+    fn judge<S: AsRef<str>>(&mut self, request: &Request, lane: &str, cleared: &[S]) {
         let messages = &request.messages;
-        let cleared: BTreeSet<&str> = cleared.iter().map(String::as_str).collect();
+        let cleared: BTreeSet<&str> = cleared.iter().map(AsRef::as_ref).collect();
         // The messages this lane's earlier request showed, as far as this request begins with
         // them, when the server clears every result it cleared then.
         let mut prefix = self
