@@ -42,37 +42,22 @@ impl Request {
     /// This request with `messages` in place of its own (which are not copied): every other
     /// field cloned.
     pub fn with_messages(&self, messages: Vec<Message>) -> Request {
-        let Request {
-            model,
-            messages: _,
-            system,
-            tools,
-            tool_choice,
-            metadata,
-            max_tokens,
-            thinking,
-            temperature,
-            context_management,
-            output_config,
-            cache_control,
-            stream,
-            extra,
-        } = self;
+        // Every field named (no `..`): a new field cannot be forgotten here.
         Request {
-            model: model.clone(),
+            model: self.model.clone(),
             messages,
-            system: system.clone(),
-            tools: tools.clone(),
-            tool_choice: tool_choice.clone(),
-            metadata: metadata.clone(),
-            max_tokens: *max_tokens,
-            thinking: thinking.clone(),
-            temperature: temperature.clone(),
-            context_management: context_management.clone(),
-            output_config: output_config.clone(),
-            cache_control: cache_control.clone(),
-            stream: *stream,
-            extra: extra.clone(),
+            system: self.system.clone(),
+            tools: self.tools.clone(),
+            tool_choice: self.tool_choice.clone(),
+            metadata: self.metadata.clone(),
+            max_tokens: self.max_tokens,
+            thinking: self.thinking.clone(),
+            temperature: self.temperature.clone(),
+            context_management: self.context_management.clone(),
+            output_config: self.output_config.clone(),
+            cache_control: self.cache_control.clone(),
+            stream: self.stream,
+            extra: self.extra.clone(),
         }
     }
 

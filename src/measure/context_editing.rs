@@ -336,6 +336,16 @@ fn clear_block(block: &mut ContentBlock) {
     }
 }
 
+/// `block` cleared and the tokens that frees, when clearing shrinks it (ours: content no larger
+/// than what replaces it stays, so clearing never grows the prompt).
+fn shrunk(role: Role, block: &ContentBlock, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) -> Option<(ContentBlock, u64)> {
+    let before = count(role, block);
+    let mut cleared = block.clone();
+    clear_block(&mut cleared);
+    let after = count(role, &cleared);
+    (after < before).then(|| (cleared, before - after))
+}
+
 /// A key for a thinking block that survives later appends (its text, hashed).
 fn thinking_key(block: &ContentBlock) -> String {
     let text = match block {
@@ -578,16 +588,9 @@ impl ToolClearing {
             for &c in &tag {
                 let block = &blocks[c];
                 let Some(id) = result_id(block).or_else(|| tool_use(block).map(|(id, _)| id)) else { continue };
-                let before = count(role, block);
-                let mut cleared_block = block.clone();
-                clear_block(&mut cleared_block);
-                let after = count(role, &cleared_block);
-                // Ours: content no larger than what replaces it stays (never grows).
-                if after >= before {
-                    continue;
-                }
+                let Some((cleared_block, freed)) = shrunk(role, block, count) else { continue };
                 output[c] = cleared_block;
-                cleared.push((c, Arc::from(format!("tool_use:{id}")), Arc::from(id), before - after));
+                cleared.push((c, Arc::from(format!("tool_use:{id}")), Arc::from(id), freed));
             }
             let entry = ClearedMessage { input: blocks, tag: tag.clone(), output, cleared };
             self.publish(m, &entry);
@@ -677,39 +680,20 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
         match edit {
             Edit::Unmodelled(_) | Edit::ClearThinking { keep: ThinkingKeep::All } => {}
             Edit::ClearThinking { keep: ThinkingKeep::Turns(keep) } => {
-                let Some(cleared) = clear_thinking(current, *keep, count, &mut thinking_cleared, &mut thinking_at) else { continue };
-                let (next, turns, freed) = cleared;
-                tokens_now = tokens_now.saturating_sub(freed);
-                response.applied_edits.push(AppliedEdit {
-                    kind: CLEAR_THINKING.to_owned(),
-                    cleared_tool_uses: None,
-                    cleared_thinking_turns: Some(turns),
-                    cleared_input_tokens: freed,
-                });
-                messages = Some(next);
+                if let Some(next) = clear_thinking(current, *keep, count, &mut thinking_cleared, &mut thinking_at, &mut tokens_now, &mut response) {
+                    messages = Some(next);
+                }
             }
             Edit::ClearToolUses { trigger, keep, clear_at_least, exclude_tools, clear_inputs } => {
                 let (all_uses, candidates) = state.read(current, exclude_tools, clear_inputs);
-                let fires = match trigger {
-                    Trigger::InputTokens(v) => tokens_now > *v,
-                    Trigger::ToolUses(v) => all_uses > *v,
-                };
-                let cut = candidates.saturating_sub(*keep as usize);
-                if !fires || cut == 0 {
-                    continue;
-                }
+                let Some(cut) = cut_when_fired(*trigger, tokens_now, all_uses, candidates, *keep) else { continue };
                 state.clear(current, cut, count);
                 let freed = state.freed;
                 if state.cleared.is_empty() || clear_at_least.is_some_and(|min| freed < min) {
                     continue;
                 }
                 tokens_now = tokens_now.saturating_sub(freed);
-                response.applied_edits.push(AppliedEdit {
-                    kind: CLEAR_TOOL_USES.to_owned(),
-                    cleared_tool_uses: Some(state.cleared.len() as u64),
-                    cleared_thinking_turns: None,
-                    cleared_input_tokens: freed,
-                });
+                response.applied_edits.push(tool_uses_cleared(state.cleared.len(), freed));
                 parts.push(ToolPart { cleared: state.cleared.clone(), ids: state.ids.clone(), positions: state.positions.clone() });
                 messages = Some(state.cleared_messages(current));
             }
@@ -722,17 +706,7 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
         _ => {
             let mut cleared = thinking_cleared;
             let mut positions = EditedPositions::new();
-            for (m, c, key) in thinking_at {
-                // The block that now sits where the thinking was (or the next message's first block).
-                let position = if messages[m].content.block_count() > c {
-                    Some((m, c))
-                } else {
-                    (m + 1..messages.len()).find(|&n| messages[n].content.block_count() > 0).map(|n| (n, 0))
-                };
-                if let Some(position) = position {
-                    positions.entry(position).or_insert(EditedBlock { cause: "thinking_cleared", key });
-                }
-            }
+            thinking_positions(&messages, thinking_at, &mut positions);
             for part in &parts {
                 cleared.extend(part.cleared.iter().map(|(k, v)| (k.clone(), *v)));
                 positions.extend(part.positions.iter().map(|(p, b)| (*p, b.clone())));
@@ -748,17 +722,51 @@ pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &
     Some(Edited { body: request.with_messages(messages), response, cleared, positions })
 }
 
+/// Whether a tool-use clearing edit fires, by its trigger, on a prompt of `tokens_now` with
+/// `all_uses` tool uses and `candidates` that may be cleared, and if so how many of the
+/// candidates it clears (none: it does nothing).
+fn cut_when_fired(trigger: Trigger, tokens_now: u64, all_uses: u64, candidates: usize, keep: u64) -> Option<usize> {
+    let fires = match trigger {
+        Trigger::InputTokens(v) => tokens_now > v,
+        Trigger::ToolUses(v) => all_uses > v,
+    };
+    let cut = candidates.saturating_sub(keep as usize);
+    (fires && cut > 0).then_some(cut)
+}
+
+/// The response's entry of an applied tool-use clearing.
+fn tool_uses_cleared(uses: usize, freed: u64) -> AppliedEdit {
+    AppliedEdit { kind: CLEAR_TOOL_USES.to_owned(), cleared_tool_uses: Some(uses as u64), cleared_thinking_turns: None, cleared_input_tokens: freed }
+}
+
+/// The positions of the removed thinking blocks in `messages` (the block that now sits where
+/// the thinking was, or the next message's first block), into `positions` unless taken.
+fn thinking_positions(messages: &[Message], at: Vec<(usize, usize, Arc<str>)>, positions: &mut EditedPositions) {
+    for (m, c, key) in at {
+        let position = if messages[m].content.block_count() > c {
+            Some((m, c))
+        } else {
+            (m + 1..messages.len()).find(|&n| messages[n].content.block_count() > 0).map(|n| (n, 0))
+        };
+        if let Some(position) = position {
+            positions.entry(position).or_insert(EditedBlock { cause: "thinking_cleared", key });
+        }
+    }
+}
+
 /// `clear_thinking` keeping the last `keep` turns with thinking: the messages without the older
-/// turns' thinking, how many turns lost it and the tokens freed; each removed block's tokens go
-/// to `cleared` and its position (message, index of the block after it) to `at`. `None` when
-/// no turn loses its thinking.
+/// turns' thinking, its entry pushed to `response` and the tokens freed taken from
+/// `tokens_now`; each removed block's tokens go to `cleared` and its position (message, index
+/// of the block after it) to `at`. `None` when no turn loses its thinking.
 fn clear_thinking(
     current: &[Message],
     keep: u64,
     count: &mut dyn FnMut(Role, &ContentBlock) -> u64,
     cleared: &mut ClearedTokens,
     at: &mut Vec<(usize, usize, Arc<str>)>,
-) -> Option<(Vec<Message>, u64, u64)> {
+    tokens_now: &mut u64,
+    response: &mut ContextManagementResponse,
+) -> Option<Vec<Message>> {
     let turn_of = turns(current);
     let mut thinking_turns: Vec<usize> = Vec::new();
     for (m, message) in current.iter().enumerate() {
@@ -795,7 +803,14 @@ fn clear_thinking(
         }
         *blocks = kept.into();
     }
-    Some((next, cleared_turns.len() as u64, freed))
+    *tokens_now = tokens_now.saturating_sub(freed);
+    response.applied_edits.push(AppliedEdit {
+        kind: CLEAR_THINKING.to_owned(),
+        cleared_tool_uses: None,
+        cleared_thinking_turns: Some(cleared_turns.len() as u64),
+        cleared_input_tokens: freed,
+    });
+    Some(next)
 }
 
 /// Applies the edits to `request`, every message read and cleared anew (what [`apply_memo`]
@@ -814,15 +829,9 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
         match edit {
             Edit::Unmodelled(_) | Edit::ClearThinking { keep: ThinkingKeep::All } => {}
             Edit::ClearThinking { keep: ThinkingKeep::Turns(keep) } => {
-                let Some((next, turns, freed)) = clear_thinking(current, *keep, count, &mut cleared, &mut thinking_at) else { continue };
-                tokens_now = tokens_now.saturating_sub(freed);
-                response.applied_edits.push(AppliedEdit {
-                    kind: CLEAR_THINKING.to_owned(),
-                    cleared_tool_uses: None,
-                    cleared_thinking_turns: Some(turns),
-                    cleared_input_tokens: freed,
-                });
-                messages = Some(next);
+                if let Some(next) = clear_thinking(current, *keep, count, &mut cleared, &mut thinking_at, &mut tokens_now, &mut response) {
+                    messages = Some(next);
+                }
             }
             Edit::ClearToolUses { trigger, keep, clear_at_least, exclude_tools, clear_inputs } => {
                 let mut uses: Vec<&str> = Vec::new();
@@ -836,14 +845,7 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                         }
                     }
                 }
-                let fires = match trigger {
-                    Trigger::InputTokens(v) => tokens_now > *v,
-                    Trigger::ToolUses(v) => all_uses > *v,
-                };
-                let cut = uses.len().saturating_sub(*keep as usize);
-                if !fires || cut == 0 {
-                    continue;
-                }
+                let Some(cut) = cut_when_fired(*trigger, tokens_now, all_uses, uses.len(), *keep) else { continue };
                 let clear: BTreeSet<&str> = uses[..cut].iter().copied().collect();
                 let mut next = current.to_vec();
                 let mut freed_by: BTreeMap<Arc<str>, u64> = BTreeMap::new();
@@ -863,16 +865,10 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                         if !clearable || !clear.contains(id) {
                             continue;
                         }
-                        let before = count(role, block);
-                        let mut cleared_block = block.clone();
-                        clear_block(&mut cleared_block);
-                        let after = count(role, &cleared_block);
-                        if after >= before {
-                            continue;
-                        }
+                        let Some((cleared_block, freed)) = shrunk(role, block, count) else { continue };
                         let key: Arc<str> = Arc::from(format!("tool_use:{id}"));
                         blocks[c] = cleared_block;
-                        *freed_by.entry(key.clone()).or_default() += before - after;
+                        *freed_by.entry(key.clone()).or_default() += freed;
                         positions.push((m, c, key));
                     }
                 }
@@ -882,12 +878,7 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
                 }
                 tokens_now = tokens_now.saturating_sub(freed);
                 let touched: Vec<Arc<str>> = freed_by.keys().filter_map(|k| k.strip_prefix("tool_use:")).map(Arc::from).collect();
-                response.applied_edits.push(AppliedEdit {
-                    kind: CLEAR_TOOL_USES.to_owned(),
-                    cleared_tool_uses: Some(touched.len() as u64),
-                    cleared_thinking_turns: None,
-                    cleared_input_tokens: freed,
-                });
+                response.applied_edits.push(tool_uses_cleared(touched.len(), freed));
                 ids.extend(touched);
                 cleared.extend(freed_by);
                 tool_at.extend(positions);
@@ -897,16 +888,7 @@ pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut d
     }
     let messages = messages?;
     let mut positions = EditedPositions::new();
-    for (m, c, key) in thinking_at {
-        let position = if messages[m].content.block_count() > c {
-            Some((m, c))
-        } else {
-            (m + 1..messages.len()).find(|&n| messages[n].content.block_count() > 0).map(|n| (n, 0))
-        };
-        if let Some(position) = position {
-            positions.entry(position).or_insert(EditedBlock { cause: "thinking_cleared", key });
-        }
-    }
+    thinking_positions(&messages, thinking_at, &mut positions);
     for (m, c, key) in tool_at {
         positions.insert((m, c), EditedBlock { cause: "context_editing", key });
     }
