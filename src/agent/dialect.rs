@@ -433,7 +433,7 @@ impl McpMemo {
 
 /// `mcp_ids`: the MCP tool_use ids of the messages before (none when `messages` are all), which
 /// gains those of `messages`.
-fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std::collections::BTreeSet<String>>) {
+fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&mut std::collections::BTreeSet<String>>) {
     // Read first, change only the results that need it: the blocks are shared with earlier
     // bodies, and a change copies them (and costs the measurer a comparison by content). The
     // ids of these messages' MCP calls are borrowed while reading (a hash set: only asked
@@ -457,7 +457,7 @@ fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std:
             }
         }
     }
-    if let Some(ids) = mcp_ids.as_deref_mut() {
+    if let Some(ids) = mcp_ids {
         let seen: Vec<String> = seen.into_iter().filter(|id| !ids.contains(*id)).map(str::to_owned).collect();
         ids.extend(seen);
     }

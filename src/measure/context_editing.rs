@@ -566,7 +566,7 @@ impl ToolClearing {
     /// `current`), message by message as they changed.
     fn clear(&mut self, current: &[Message], cut: usize, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) {
         let mut tag = Vec::new();
-        for m in 0..self.messages.len() {
+        for (m, message) in current.iter().enumerate().take(self.messages.len()) {
             let slot = &self.messages[m];
             let Some(blocks) = &slot.blocks else { continue };
             tag.clear();
@@ -581,7 +581,7 @@ impl ToolClearing {
             if tag.is_empty() {
                 continue;
             }
-            debug_assert!(matches!(&current[m].content, MessageContent::Blocks(b) if b.same(&blocks)));
+            debug_assert!(matches!(&message.content, MessageContent::Blocks(b) if b.same(&blocks)));
             let mut output = blocks.clone();
             let mut cleared = Vec::new();
             // Read through the shared blocks; only a block that is cleared copies them.
