@@ -304,19 +304,136 @@ pub fn mcp_results_as_blocks(messages: &mut [Message]) {
 /// [`mcp_results_as_blocks`] of messages that follow others: `mcp_ids` holds the MCP tool_use
 /// ids of the messages before, and gains those of `messages`.
 pub fn mcp_results_as_blocks_after(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>) {
-    mcp_results_rewritten(messages, Some(mcp_ids), None);
+    mcp_results_rewritten(messages, Some(mcp_ids));
 }
 
-/// [`mcp_results_as_blocks`] through `memo` (the same results of the same blocks at a
-/// position rewritten once: [`crate::agent::normalize::BlocksMemo`]).
-pub fn mcp_results_as_blocks_memo(messages: &mut [Message], memo: &mut crate::agent::normalize::BlocksMemo) {
-    memo.truncate(messages.len());
-    mcp_results_rewritten(messages, None, Some(memo));
+/// [`mcp_results_as_blocks`] through `memo`: the messages before the first one whose blocks
+/// differ from the last call's are the last call's result (a result is rewritten by what the
+/// messages up to it show), a pointer comparison each; from there on each message is read
+/// again, and the same results of the same blocks at a position are rewritten once. Debug
+/// builds check the result against rewriting every message anew.
+pub fn mcp_results_as_blocks_memo(messages: &mut [Message], memo: &mut McpMemo) {
+    #[cfg(debug_assertions)]
+    let scratch = {
+        let mut scratch = messages.to_vec();
+        mcp_results_as_blocks(&mut scratch);
+        scratch
+    };
+    memo.rewrite(messages);
+    #[cfg(debug_assertions)]
+    assert!(*messages == scratch[..], "MCP results rewritten through the memo differ from rewriting every message");
+}
+
+/// What [`mcp_results_as_blocks_memo`] read and made of each message position last time.
+#[derive(Debug, Clone, Default)]
+pub struct McpMemo {
+    positions: Vec<McpPosition>,
+    /// The positions whose results were rewritten, in order.
+    rewritten_at: Vec<usize>,
+    /// The MCP tool_use ids of the positions read, each with the first position naming it.
+    seen: rustc_hash::FxHashMap<String, usize>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct McpPosition {
+    /// The blocks given (held, so that the same allocation means the same blocks); `None` for a
+    /// text message.
+    input: Option<crate::api::SharedBlocks>,
+    /// The ids of its MCP tool uses.
+    ids: Vec<String>,
+    /// The results rewritten (block indices) and the blocks that gave, when some were.
+    rewritten: Option<(Vec<usize>, crate::api::SharedBlocks)>,
+}
+
+impl McpPosition {
+    fn is(&self, message: &Message) -> bool {
+        match (&self.input, &message.content) {
+            (Some(input), MessageContent::Blocks(blocks)) => input.same(blocks),
+            (None, MessageContent::Text(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+impl McpMemo {
+    fn rewrite(&mut self, messages: &mut [Message]) {
+        let same = self.positions.iter().zip(messages.iter()).take_while(|(position, message)| position.is(message)).count();
+        // Forget the ids the positions from the first changed one on named first.
+        for (m, position) in self.positions.iter().enumerate().skip(same) {
+            for id in &position.ids {
+                if self.seen.get(id) == Some(&m) {
+                    self.seen.remove(id);
+                }
+            }
+        }
+        self.positions.truncate(messages.len());
+        // The unchanged messages: only those rewritten are touched.
+        let kept = self.rewritten_at.partition_point(|&m| m < same);
+        for &m in &self.rewritten_at[..kept] {
+            if let (Some((_, output)), MessageContent::Blocks(blocks)) = (&self.positions[m].rewritten, &mut messages[m].content) {
+                *blocks = output.clone();
+            }
+        }
+        self.rewritten_at.truncate(kept);
+        for (m, message) in messages.iter_mut().enumerate().skip(same) {
+            let MessageContent::Blocks(blocks) = &mut message.content else {
+                if m >= self.positions.len() {
+                    self.positions.push(McpPosition::default());
+                } else {
+                    self.positions[m] = McpPosition::default();
+                }
+                continue;
+            };
+            let mut ids = Vec::new();
+            let mut rewrite = Vec::new();
+            for (b, block) in blocks.iter().enumerate() {
+                match block {
+                    ContentBlock::ToolUse { id, name, .. } if name.starts_with("mcp__") => {
+                        self.seen.entry(id.clone()).or_insert(m);
+                        ids.push(id.clone());
+                    }
+                    ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(_)), .. } if self.seen.contains_key(tool_use_id.as_str()) => {
+                        rewrite.push(b)
+                    }
+                    _ => {}
+                }
+            }
+            // The same blocks asked the same rewrite at this position: what it made then.
+            let kept = self.positions.get_mut(m).and_then(|p| p.rewritten.take().filter(|(tag, _)| *tag == rewrite && p.input.as_ref().is_some_and(|i| i.same(blocks))));
+            let input = blocks.clone();
+            let rewritten = match kept {
+                Some(kept) => {
+                    *blocks = kept.1.clone();
+                    Some(kept)
+                }
+                None if rewrite.is_empty() => None,
+                None => {
+                    for &b in &rewrite {
+                        if let ContentBlock::ToolResult { content: Some(content), .. } = &mut blocks[b]
+                            && let ToolResultContent::Text(text) = content
+                        {
+                            *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+                        }
+                    }
+                    Some((rewrite, blocks.clone()))
+                }
+            };
+            if rewritten.is_some() {
+                self.rewritten_at.push(m);
+            }
+            let position = McpPosition { input: Some(input), ids, rewritten };
+            if m >= self.positions.len() {
+                self.positions.push(position);
+            } else {
+                self.positions[m] = position;
+            }
+        }
+    }
 }
 
 /// `mcp_ids`: the MCP tool_use ids of the messages before (none when `messages` are all), which
 /// gains those of `messages`.
-fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std::collections::BTreeSet<String>>, mut memo: Option<&mut crate::agent::normalize::BlocksMemo>) {
+fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&mut std::collections::BTreeSet<String>>) {
     // Read first, change only the results that need it: the blocks are shared with earlier
     // bodies, and a change copies them (and costs the measurer a comparison by content). The
     // ids of these messages' MCP calls are borrowed while reading (a hash set: only asked
@@ -340,7 +457,7 @@ fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std:
             }
         }
     }
-    if let Some(ids) = mcp_ids.as_deref_mut() {
+    if let Some(ids) = mcp_ids {
         let seen: Vec<String> = seen.into_iter().filter(|id| !ids.contains(*id)).map(str::to_owned).collect();
         ids.extend(seen);
     }
@@ -350,18 +467,12 @@ fn mcp_results_rewritten(messages: &mut [Message], mut mcp_ids: Option<&mut std:
         rewrite.clear();
         rewrite.extend(run.iter().map(|&(_, b)| b));
         let MessageContent::Blocks(blocks) = &mut messages[m].content else { continue };
-        let change = |blocks: &mut Vec<ContentBlock>| {
-            for &b in &rewrite {
-                if let ContentBlock::ToolResult { content: Some(content), .. } = &mut blocks[b]
-                    && let ToolResultContent::Text(text) = content
-                {
-                    *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
-                }
+        for &b in &rewrite {
+            if let ContentBlock::ToolResult { content: Some(content), .. } = &mut blocks[b]
+                && let ToolResultContent::Text(text) = content
+            {
+                *content = ToolResultContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
             }
-        };
-        match memo.as_deref_mut() {
-            Some(memo) => memo.apply(m, blocks, &rewrite, change),
-            None => change(blocks),
         }
     }
 }
@@ -555,4 +666,65 @@ pub fn task_notification(agent_id: &str, description: &str, result: &str, total_
     let frame = js_len(&head) + js_len(&tail_notification) + js_len(&close);
     let note = pad_to_size(note, subagent_sizes().notification_frame.saturating_sub(frame).max(js_len(note)), 0, "notification_2_1_332");
     format!("{head}{result}{tail_notification}{note}{close}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::SharedBlocks;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// MCP results rewritten through the memo kept across calls are the results rewritten
+        /// anew, as the history grows (MCP and other calls, a result before its call, an id
+        /// named twice), has its last message made again, an older one rewritten or removed,
+        /// or is cut back.
+        #[test]
+        fn the_kept_rewrite_is_the_rewrite_from_scratch(ops in proptest::collection::vec((0u8..8, 0usize..40), 1..60)) {
+            let mut memo = McpMemo::default();
+            let mut history: Vec<Message> = Vec::new();
+            let mut next = 0usize;
+            for (op, k) in ops {
+                match op {
+                    0..=2 => {
+                        next += 1;
+                        let id = format!("toolu_{}", if k % 7 == 0 { k % (next + 1) } else { next });
+                        let name = if op == 2 { "Read" } else { "mcp__srv__tool" };
+                        let result = ContentBlock::tool_result(id.clone(), ToolResultContent::Text(format!("out {k}")), None);
+                        if k % 5 == 0 {
+                            // The result before its call.
+                            history.push(Message::user_blocks(vec![result]));
+                            history.push(Message::assistant_blocks(vec![ContentBlock::tool_use(id, name, json!({}))]));
+                        } else {
+                            history.push(Message::assistant_blocks(vec![ContentBlock::tool_use(id, name, json!({}))]));
+                            history.push(Message::user_blocks(vec![result]));
+                        }
+                    }
+                    3 => history.push(Message::user_text(format!("prompt {k}"))),
+                    4 => {
+                        let at = k % history.len().max(1);
+                        if let Some(MessageContent::Blocks(blocks)) = history.get_mut(at).map(|m| &mut m.content) {
+                            *blocks = SharedBlocks::from(blocks.to_vec());
+                        }
+                    }
+                    5 => {
+                        let at = k % history.len().max(1);
+                        if at < history.len() {
+                            history.remove(at);
+                        }
+                    }
+                    6 => history.truncate(k % (history.len() + 1)),
+                    _ => history.clear(),
+                }
+                if let Some(MessageContent::Blocks(blocks)) = history.last_mut().map(|m| &mut m.content) {
+                    *blocks = SharedBlocks::from(blocks.to_vec());
+                }
+                let mut kept = history.clone();
+                mcp_results_as_blocks_memo(&mut kept, &mut memo);
+                let mut scratch = history.clone();
+                mcp_results_as_blocks(&mut scratch);
+                prop_assert_eq!(kept, scratch);
+            }
+        }
+    }
 }

@@ -180,7 +180,7 @@ pub struct Session {
     message_memo: MessageMemo,
     /// The rewrites of every request's messages where the memo does not keep them finished (a
     /// peer mechanism, the 2.1.332 layout): the same blocks at a position rewritten once.
-    mcp_memo: crate::agent::normalize::BlocksMemo,
+    mcp_memo: crate::agent::dialect::McpMemo,
     finalize_memo: crate::agent::normalize::BlocksMemo,
     /// How many messages the last request built put in front of the memo's (the deferred
     /// tools' listing), for [`Session::give_back_messages`]; `None` when its layout moved them

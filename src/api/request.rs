@@ -39,6 +39,28 @@ pub struct Request {
 }
 
 impl Request {
+    /// This request with `messages` in place of its own (which are not copied): every other
+    /// field cloned.
+    pub fn with_messages(&self, messages: Vec<Message>) -> Request {
+        // Every field named (no `..`): a new field cannot be forgotten here.
+        Request {
+            model: self.model.clone(),
+            messages,
+            system: self.system.clone(),
+            tools: self.tools.clone(),
+            tool_choice: self.tool_choice.clone(),
+            metadata: self.metadata.clone(),
+            max_tokens: self.max_tokens,
+            thinking: self.thinking.clone(),
+            temperature: self.temperature.clone(),
+            context_management: self.context_management.clone(),
+            output_config: self.output_config.clone(),
+            cache_control: self.cache_control.clone(),
+            stream: self.stream,
+            extra: self.extra.clone(),
+        }
+    }
+
     /// A minimal request: model, max_tokens and messages.
     pub fn new(model: impl Into<String>, max_tokens: u64) -> Self {
         Request {

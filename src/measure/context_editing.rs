@@ -38,6 +38,7 @@
 //! - Edit types the simulator does not model (server compaction `compact_*`) are left alone.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -109,25 +110,84 @@ pub struct AppliedEdit {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContextManagementResponse {
     pub applied_edits: Vec<AppliedEdit>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cleared_tool_use_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "ToolUseIds::is_empty")]
+    pub cleared_tool_use_ids: ToolUseIds,
 }
 
-/// A request as the server edited it.
+/// Tool use ids in order, shared by the rows of the requests that clear the same ones: the
+/// server clears nearly the same list on every request, and a row holds it by a reference
+/// count. Serialized as a list of strings; compared by content.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolUseIds(Arc<Vec<Arc<str>>>);
+
+impl ToolUseIds {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether both hold the same allocation (then they hold the same ids).
+    pub fn same(&self, other: &ToolUseIds) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::ops::Deref for ToolUseIds {
+    type Target = [Arc<str>];
+    fn deref(&self) -> &[Arc<str>] {
+        &self.0
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for ToolUseIds {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        ToolUseIds(Arc::new(iter.into_iter().map(|s| Arc::from(s.as_ref())).collect()))
+    }
+}
+
+impl Serialize for ToolUseIds {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|id| &**id))
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolUseIds {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Vec::<String>::deserialize(deserializer)?.into_iter().collect())
+    }
+}
+
+/// What was cleared, by stable key (`tool_use:<id>`, `thinking:<hash>`), with the tokens
+/// clearing it freed.
+pub type ClearedTokens = BTreeMap<Arc<str>, u64>;
+
+/// An edited position's cause and the cleared key (as in [`ClearedTokens`]) it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditedBlock {
+    pub cause: &'static str,
+    pub key: Arc<str>,
+}
+
+/// Positions of the edited body (message index, content index) where the edited content starts
+/// (a cleared result or input, or the block that followed a removed thinking block), each with
+/// its cause and key.
+pub type EditedPositions = BTreeMap<(usize, usize), EditedBlock>;
+
+/// A request as the server edited it. The maps are shared (a reference count) with the clearing
+/// memo and the requests before that cleared the same: a request that clears what the one
+/// before cleared copies none of them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Edited {
     pub body: Request,
     pub response: ContextManagementResponse,
-    /// What was cleared, by stable key (`tool_use:<id>`, `thinking:<hash>`), with the tokens
-    /// clearing it freed.
-    pub cleared: BTreeMap<String, u64>,
-    /// Positions of the edited body (message index, content index) where the edited content
-    /// starts: a cleared result or input, or the block that followed a removed thinking block.
-    pub edited_at: BTreeSet<(usize, usize)>,
-    /// The cause each edited position is attributed to, by position.
-    pub causes: BTreeMap<(usize, usize), &'static str>,
-    /// The cleared key (as in `cleared`) each edited position belongs to.
-    pub keys: BTreeMap<(usize, usize), String>,
+    pub cleared: Arc<ClearedTokens>,
+    pub positions: Arc<EditedPositions>,
+}
+
+impl Edited {
+    /// The edited positions, in order.
+    pub fn edited_at(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.positions.keys().copied()
+    }
 }
 
 fn field<'a>(edit: &'a Value, i: usize, name: &str) -> (Option<&'a Value>, String) {
@@ -276,6 +336,16 @@ fn clear_block(block: &mut ContentBlock) {
     }
 }
 
+/// `block` cleared and the tokens that frees, when clearing shrinks it (ours: content no larger
+/// than what replaces it stays, so clearing never grows the prompt).
+fn shrunk(role: Role, block: &ContentBlock, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) -> Option<(ContentBlock, u64)> {
+    let before = count(role, block);
+    let mut cleared = block.clone();
+    clear_block(&mut cleared);
+    let after = count(role, &cleared);
+    (after < before).then(|| (cleared, before - after))
+}
+
 /// A key for a thinking block that survives later appends (its text, hashed).
 fn thinking_key(block: &ContentBlock) -> String {
     let text = match block {
@@ -303,275 +373,621 @@ fn turns(messages: &[Message]) -> Vec<usize> {
     out
 }
 
-/// Applies the edits to `request`. `total_tokens` is the prompt's size as sent; `count` gives the
-/// tokens of one content block (the measurer's estimator, memoized). `None` when nothing changed.
-pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) -> Option<Edited> {
-    apply_memo(request, edits, total_tokens, count, &mut ClearMemo::default(), "")
-}
 
-/// What the tool-use clearing did to each message position before: the blocks it was given
-/// (held, so their allocation is not reused), the role and the blocks asked to be cleared, and
-/// what that gave (the blocks, and each cleared block's index, id and tokens freed). The same
-/// request history is cleared the same way on every request: a message cleared before is taken
-/// as it was, shared with the body served before (no copy, compared by pointer).
+/// What the tool-use clearing computed for the requests before, so that the next request's
+/// clearing costs what changed in its history rather than the history: the server clears the
+/// same history the same way on every request, and each new tool use pushes about one more out
+/// of `keep`.
 ///
-/// Kept per estimator key (the family the tokens freed were counted for): a request of another
-/// family (a subagent on another model between two main requests) uses and fills its own
-/// entries and leaves the others', so switching back finds them, rather than forgetting
-/// everything at each switch. An entry is only ever taken for a request of its own family, whose
-/// counts it holds; which entries exist changes no result, only what is counted again.
+/// Kept per estimator key (the family the tokens freed were counted for) and per clearing edit
+/// of the list: a request of another family (a subagent on another model between two main
+/// requests) uses and fills its own state and leaves the others', so switching back finds them,
+/// rather than forgetting everything at each switch. A state is only ever used for a request of
+/// its own family, whose counts it holds; which states exist changes no result, only what is
+/// counted again.
 #[derive(Debug, Clone, Default)]
 pub struct ClearMemo {
-    /// Per estimator key, per message position.
-    by_family: BTreeMap<String, Vec<Option<ClearedMessage>>>,
-    /// Per message position, its tool blocks as read last (any family: ids and names only).
-    scans: Vec<Option<ToolBlocks>>,
+    /// Per estimator key, per index of the edit in the list.
+    by_family: BTreeMap<String, Vec<ToolClearing>>,
 }
 
-/// The tool blocks of one message's content, read once per block list rather than per request
-/// (a raw block's `type`, `id` and `name` are JSON field lookups): the list they were read
-/// from (held, so that the same allocation means the same blocks), and per tool_use or
-/// tool_result block its content index, its tool use id and, of a tool_use, its name.
+/// One clearing edit's reading of the messages it was last given, and its clearing of them.
+///
+/// The messages are compared with the ones before by their block lists (the same allocation
+/// means the same blocks): from the first that differs on, they are read again (their tool
+/// blocks, the ids that may be cleared); before it, a message is a pointer comparison and a
+/// look at its few tool blocks' indices. Which blocks are cleared follows from `cut` (the
+/// candidates before it are cleared) and from each block's index of its id's first use, so
+/// moving `cut` re-clears only the messages whose blocks it passes. The totals (the tokens
+/// freed per key, the cleared ids, the edited positions) are the sums of every message's
+/// clearing, kept up to date as a message's clearing changes, and handed to the request shared.
+#[derive(Debug, Clone, Default)]
+struct ToolClearing {
+    /// `exclude_tools` and `clear_tool_inputs` of the edit the messages were read for.
+    edit: Option<(Vec<String>, ClearInputs)>,
+    messages: Vec<MessageClearing>,
+    /// The ids of the tool uses that may be cleared (not excluded), in order.
+    uses: Vec<Arc<str>>,
+    /// The index in `uses` of each id's first use (looked up only, never iterated).
+    first_use: rustc_hash::FxHashMap<Arc<str>, usize>,
+    /// Tokens freed per cleared key (`tool_use:<id>`) over every message's clearing.
+    cleared: Arc<ClearedTokens>,
+    /// The ids of `cleared`'s keys, in its order.
+    ids: ToolUseIds,
+    /// Every message's cleared blocks.
+    positions: Arc<EditedPositions>,
+    /// The sum of `cleared`.
+    freed: u64,
+}
+
 #[derive(Debug, Clone)]
-struct ToolBlocks {
-    blocks: crate::api::SharedBlocks,
-    tools: Vec<(usize, String, Option<String>)>,
+struct MessageClearing {
+    role: Role,
+    /// The blocks read (held, so that the same allocation means the same blocks); `None` for a
+    /// text message.
+    blocks: Option<crate::api::SharedBlocks>,
+    tools: Vec<ToolRef>,
+    /// The length of `uses`, and the count of every tool use (excluded ones too), after this
+    /// message.
+    uses_after: usize,
+    all_after: u64,
+    /// Some block's id has no first use up to this message: looked up again whenever a later
+    /// message changes.
+    late: bool,
+    /// The clearing of its blocks, when some are asked to be cleared.
+    entry: Option<ClearedMessage>,
 }
 
-/// Brings `scans` in line with `messages`: a position whose block list changed is read again.
-fn refresh_scans(scans: &mut Vec<Option<ToolBlocks>>, messages: &[Message]) {
-    scans.truncate(messages.len());
-    scans.resize(messages.len(), None);
-    for (scan, message) in scans.iter_mut().zip(messages) {
-        let MessageContent::Blocks(blocks) = &message.content else {
-            *scan = None;
-            continue;
-        };
-        if scan.as_ref().is_some_and(|s| s.blocks.same(blocks)) {
-            continue;
-        }
-        let tools = blocks
-            .iter()
-            .enumerate()
-            .filter_map(|(c, block)| match result_id(block) {
-                Some(id) => Some((c, id.to_owned(), None)),
-                None => tool_use(block).map(|(id, name)| (c, id.to_owned(), Some(name.to_owned()))),
-            })
-            .collect();
-        *scan = Some(ToolBlocks { blocks: blocks.clone(), tools });
-    }
+/// A tool_use or tool_result block of a message.
+#[derive(Debug, Clone)]
+struct ToolRef {
+    content: usize,
+    id: Arc<str>,
+    /// A tool_use in an assistant message: counted by a `tool_uses` trigger, and a candidate
+    /// unless its tool is excluded.
+    counted: bool,
+    candidate: bool,
+    /// The edit clears it when its id is cleared: a tool_result, or a tool_use whose inputs
+    /// the edit clears.
+    clearable: bool,
+    /// The index in `uses` of its id's first use.
+    first_use: Option<usize>,
 }
 
+/// What clearing some blocks of one message gave: the blocks it was given, the blocks asked to
+/// be cleared, the blocks it gave (shared with every body served since) and each cleared
+/// block's index, key, id and tokens freed.
 #[derive(Debug, Clone)]
 struct ClearedMessage {
     input: crate::api::SharedBlocks,
     tag: Vec<usize>,
     output: crate::api::SharedBlocks,
-    /// (content index, cleared key `tool_use:<id>`, tokens freed) of each block cleared.
-    cleared: Vec<(usize, String, u64)>,
+    cleared: Vec<(usize, Arc<str>, Arc<str>, u64)>,
+}
+
+impl MessageClearing {
+    /// Whether `message` is the one read.
+    fn is(&self, message: &Message) -> bool {
+        self.role == message.role
+            && match (&self.blocks, &message.content) {
+                (Some(read), MessageContent::Blocks(blocks)) => read.same(blocks),
+                (None, MessageContent::Text(_)) => true,
+                _ => false,
+            }
+    }
+
+    /// Reads `message`'s tool blocks for the edit.
+    fn read(message: &Message, exclude_tools: &[String], clear_inputs: &ClearInputs) -> MessageClearing {
+        let MessageContent::Blocks(blocks) = &message.content else {
+            return MessageClearing { role: message.role, blocks: None, tools: Vec::new(), uses_after: 0, all_after: 0, late: false, entry: None };
+        };
+        let assistant = message.role == Role::Assistant;
+        let tools = blocks
+            .iter()
+            .enumerate()
+            .filter_map(|(content, block)| {
+                let (id, name) = match result_id(block) {
+                    Some(id) => (id, None),
+                    None => tool_use(block).map(|(id, name)| (id, Some(name)))?,
+                };
+                Some(ToolRef {
+                    content,
+                    id: Arc::from(id),
+                    counted: assistant && name.is_some(),
+                    candidate: assistant && name.is_some_and(|name| !exclude_tools.iter().any(|t| t == name)),
+                    clearable: name.is_none_or(|name| clear_inputs.covers(name)),
+                    first_use: None,
+                })
+            })
+            .collect();
+        MessageClearing { role: message.role, blocks: Some(blocks.clone()), tools, uses_after: 0, all_after: 0, late: true, entry: None }
+    }
+}
+
+impl ToolClearing {
+    /// Brings the reading in line with `current` (for an edit with these `exclude_tools` and
+    /// `clear_tool_inputs`): the count of every tool use and of the candidates.
+    fn read(&mut self, current: &[Message], exclude_tools: &[String], clear_inputs: &ClearInputs) -> (u64, usize) {
+        if !matches!(&self.edit, Some((excluded, inputs)) if excluded == exclude_tools && inputs == clear_inputs) {
+            *self = ToolClearing { edit: Some((exclude_tools.to_vec(), clear_inputs.clone())), ..ToolClearing::default() };
+        }
+        let read = self.messages.len();
+        let same = self.messages.iter().zip(current).take_while(|(slot, message)| slot.is(message)).count();
+        // Forget what the messages from the first changed one on added.
+        let kept_uses = same.checked_sub(1).map_or(0, |m| self.messages[m].uses_after);
+        let mut all = same.checked_sub(1).map_or(0, |m| self.messages[m].all_after);
+        for (i, id) in self.uses.iter().enumerate().skip(kept_uses) {
+            if self.first_use.get(id) == Some(&i) {
+                self.first_use.remove(id);
+            }
+        }
+        self.uses.truncate(kept_uses);
+        for m in (same..read).rev() {
+            let gone = m >= current.len() || !self.messages[m].is(&current[m]);
+            if gone && let Some(entry) = self.messages[m].entry.take() {
+                self.unpublish(m, &entry);
+            }
+        }
+        self.messages.truncate(current.len());
+        for (m, message) in current.iter().enumerate().skip(same) {
+            if m >= self.messages.len() {
+                self.messages.push(MessageClearing::read(message, exclude_tools, clear_inputs));
+            } else if !self.messages[m].is(message) {
+                self.messages[m] = MessageClearing::read(message, exclude_tools, clear_inputs);
+            }
+            let slot = &mut self.messages[m];
+            for tool in &slot.tools {
+                all += u64::from(tool.counted);
+                if tool.candidate {
+                    self.first_use.entry(tool.id.clone()).or_insert(self.uses.len());
+                    self.uses.push(tool.id.clone());
+                }
+            }
+            slot.uses_after = self.uses.len();
+            slot.all_after = all;
+        }
+        // Each block's first use: the changed messages', and the earlier ones' that had none
+        // up to their message (the only ones a change after them can move).
+        for (m, slot) in self.messages.iter_mut().enumerate() {
+            if m < same && !slot.late {
+                continue;
+            }
+            let mut late = false;
+            for tool in &mut slot.tools {
+                tool.first_use = self.first_use.get(&tool.id).copied();
+                late |= tool.first_use.is_none_or(|u| u >= slot.uses_after);
+            }
+            slot.late = late;
+        }
+        (all, self.uses.len())
+    }
+
+    /// Clears the ids of the first `cut` candidates from the messages read (the same ones as
+    /// `current`), message by message as they changed.
+    fn clear(&mut self, current: &[Message], cut: usize, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) {
+        let mut tag = Vec::new();
+        for (m, message) in current.iter().enumerate().take(self.messages.len()) {
+            let slot = &self.messages[m];
+            let Some(blocks) = &slot.blocks else { continue };
+            tag.clear();
+            tag.extend(slot.tools.iter().filter(|t| t.clearable && t.first_use.is_some_and(|u| u < cut)).map(|t| t.content));
+            if slot.entry.as_ref().is_some_and(|e| e.input.same(blocks) && e.tag == tag) || (tag.is_empty() && slot.entry.is_none()) {
+                continue;
+            }
+            let (role, blocks) = (slot.role, blocks.clone());
+            if let Some(entry) = self.messages[m].entry.take() {
+                self.unpublish(m, &entry);
+            }
+            if tag.is_empty() {
+                continue;
+            }
+            debug_assert!(matches!(&message.content, MessageContent::Blocks(b) if b.same(&blocks)));
+            let mut output = blocks.clone();
+            let mut cleared = Vec::new();
+            // Read through the shared blocks; only a block that is cleared copies them.
+            for &c in &tag {
+                let block = &blocks[c];
+                let Some(id) = result_id(block).or_else(|| tool_use(block).map(|(id, _)| id)) else { continue };
+                let Some((cleared_block, freed)) = shrunk(role, block, count) else { continue };
+                output[c] = cleared_block;
+                cleared.push((c, Arc::from(format!("tool_use:{id}")), Arc::from(id), freed));
+            }
+            let entry = ClearedMessage { input: blocks, tag: tag.clone(), output, cleared };
+            self.publish(m, &entry);
+            self.messages[m].entry = Some(entry);
+        }
+    }
+
+    /// Adds a message's clearing to the totals.
+    fn publish(&mut self, m: usize, entry: &ClearedMessage) {
+        for (c, key, id, freed) in &entry.cleared {
+            let tokens = Arc::make_mut(&mut self.cleared).entry(key.clone()).or_insert(0);
+            if *tokens == 0 {
+                let ids = Arc::make_mut(&mut self.ids.0);
+                let at = ids.binary_search(id).unwrap_or_else(|at| at);
+                ids.insert(at, id.clone());
+            }
+            *tokens += freed;
+            self.freed += freed;
+            Arc::make_mut(&mut self.positions).insert((m, *c), EditedBlock { cause: "context_editing", key: key.clone() });
+        }
+    }
+
+    /// Takes a message's clearing from the totals (every block cleared freed a token or more, so
+    /// a key whose sum falls to zero has no block left).
+    fn unpublish(&mut self, m: usize, entry: &ClearedMessage) {
+        for (c, key, id, freed) in &entry.cleared {
+            let cleared = Arc::make_mut(&mut self.cleared);
+            let tokens = cleared.get_mut(key).expect("a published key");
+            *tokens -= freed;
+            if *tokens == 0 {
+                cleared.remove(key);
+                let ids = Arc::make_mut(&mut self.ids.0);
+                let at = ids.binary_search(id).expect("a published id");
+                ids.remove(at);
+            }
+            self.freed -= freed;
+            Arc::make_mut(&mut self.positions).remove(&(m, *c));
+        }
+    }
+
+    /// `current` with the cleared messages' blocks in place of theirs.
+    fn cleared_messages(&self, current: &[Message]) -> Vec<Message> {
+        current
+            .iter()
+            .zip(&self.messages)
+            .map(|(message, slot)| match &slot.entry {
+                Some(entry) if !entry.output.same(&entry.input) => Message {
+                    role: message.role,
+                    content: MessageContent::Blocks(entry.output.clone()),
+                    extra: if message.extra.is_empty() { serde_json::Map::new() } else { message.extra.clone() },
+                },
+                _ => message.clone(),
+            })
+            .collect()
+    }
+}
+
+/// One applied tool-clearing edit's totals.
+struct ToolPart {
+    cleared: Arc<ClearedTokens>,
+    ids: ToolUseIds,
+    positions: Arc<EditedPositions>,
 }
 
 /// [`apply`] with `memo` kept across the requests of one measurer; `family` names what `count`
-/// counts with (the estimator key of the request's model).
+/// counts with (the estimator key of the request's model). The same result as [`apply`] (the
+/// measurer's debug builds check it on every request).
 pub fn apply_memo(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64, memo: &mut ClearMemo, family: &str) -> Option<Edited> {
-    let ClearMemo { by_family, scans } = memo;
-    if !by_family.contains_key(family) {
-        by_family.insert(family.to_owned(), Vec::new());
+    if !memo.by_family.contains_key(family) {
+        memo.by_family.insert(family.to_owned(), Vec::new());
     }
-    let memo = by_family.get_mut(family).expect("inserted above");
+    let states = memo.by_family.get_mut(family).expect("inserted above");
+    if states.len() < edits.len() {
+        states.resize_with(edits.len(), ToolClearing::default);
+    }
     let mut messages: Option<Vec<Message>> = None;
     let mut response = ContextManagementResponse::default();
-    let mut cleared: BTreeMap<String, u64> = BTreeMap::new();
+    let mut thinking_cleared = ClearedTokens::new();
     // Positions in terms of the current working messages; thinking removal happens first (it
     // must be listed first), so tool clearing positions need no remapping.
-    let mut thinking_at: Vec<(usize, usize, String)> = Vec::new();
-    let mut tool_at: Vec<(usize, usize, String)> = Vec::new();
+    let mut thinking_at: Vec<(usize, usize, Arc<str>)> = Vec::new();
+    let mut parts: Vec<ToolPart> = Vec::new();
     let mut tokens_now = total_tokens;
 
-    for edit in edits {
+    for (edit, state) in edits.iter().zip(states.iter_mut()) {
         let current: &[Message] = messages.as_deref().unwrap_or(&request.messages);
         match edit {
             Edit::Unmodelled(_) | Edit::ClearThinking { keep: ThinkingKeep::All } => {}
             Edit::ClearThinking { keep: ThinkingKeep::Turns(keep) } => {
-                let turn_of = turns(current);
-                let mut thinking_turns: Vec<usize> = Vec::new();
-                for (m, message) in current.iter().enumerate() {
-                    if message.role == Role::Assistant
-                        && matches!(&message.content, MessageContent::Blocks(b) if b.iter().any(is_thinking))
-                        && thinking_turns.last() != Some(&turn_of[m])
-                    {
-                        thinking_turns.push(turn_of[m]);
-                    }
+                if let Some(next) = clear_thinking(current, *keep, count, &mut thinking_cleared, &mut thinking_at, &mut tokens_now, &mut response) {
+                    messages = Some(next);
                 }
-                let cut = thinking_turns.len().saturating_sub(*keep as usize);
-                if cut == 0 {
-                    continue;
-                }
-                let cleared_turns: BTreeSet<usize> = thinking_turns[..cut].iter().copied().collect();
-                let mut next = current.to_vec();
-                let mut freed = 0u64;
-                for (m, message) in next.iter_mut().enumerate() {
-                    if message.role != Role::Assistant || !cleared_turns.contains(&turn_of[m]) {
-                        continue;
-                    }
-                    let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-                    let mut kept = Vec::with_capacity(blocks.len());
-                    for block in blocks.drain(..) {
-                        if is_thinking(&block) {
-                            let tokens = count(Role::Assistant, &block);
-                            freed += tokens;
-                            let key = thinking_key(&block);
-                            cleared.insert(key.clone(), tokens);
-                            thinking_at.push((m, kept.len(), key));
-                        } else {
-                            kept.push(block);
-                        }
-                    }
-                    *blocks = kept.into();
-                }
-                tokens_now = tokens_now.saturating_sub(freed);
-                response.applied_edits.push(AppliedEdit {
-                    kind: CLEAR_THINKING.to_owned(),
-                    cleared_tool_uses: None,
-                    cleared_thinking_turns: Some(cleared_turns.len() as u64),
-                    cleared_input_tokens: freed,
-                });
-                messages = Some(next);
             }
             Edit::ClearToolUses { trigger, keep, clear_at_least, exclude_tools, clear_inputs } => {
-                // Candidates: the id of every tool use that may be cleared, in order.
-                refresh_scans(scans, current);
-                let scans: &[Option<ToolBlocks>] = scans;
-                let mut uses: Vec<&str> = Vec::new();
-                let mut all_uses = 0u64;
-                for (message, scan) in current.iter().zip(scans) {
-                    let Some(scan) = scan.as_ref().filter(|_| message.role == Role::Assistant) else { continue };
-                    for (_, id, name) in &scan.tools {
-                        let Some(name) = name else { continue };
-                        all_uses += 1;
-                        if !exclude_tools.iter().any(|t| t == name) {
-                            uses.push(id);
-                        }
-                    }
-                }
-                let fires = match trigger {
-                    Trigger::InputTokens(v) => tokens_now > *v,
-                    Trigger::ToolUses(v) => all_uses > *v,
-                };
-                let cut = uses.len().saturating_sub(*keep as usize);
-                if !fires || cut == 0 {
-                    continue;
-                }
-                // (Only asked whether it holds an id: a hash set, no order.)
-                let clear: rustc_hash::FxHashSet<&str> = uses[..cut].iter().copied().collect();
-                let mut next = current.to_vec();
-                let mut freed_by: BTreeMap<String, u64> = BTreeMap::new();
-                let mut positions = Vec::new();
-                memo.truncate(next.len());
-                memo.resize(next.len(), None);
-                // (One list for every message's tag: a memo kept as it was copies none.)
-                let mut tag = Vec::new();
-                for (m, message) in next.iter_mut().enumerate() {
-                    let role = message.role;
-                    let MessageContent::Blocks(blocks) = &mut message.content else { continue };
-                    // The blocks asked to be cleared (the role first, for the memo's key).
-                    tag.clear();
-                    tag.push(role as usize);
-                    for (c, id, name) in scans[m].iter().flat_map(|scan| &scan.tools) {
-                        // (A tool_result, no name: cleared with its tool use; a tool_use's
-                        // input only where the edit clears inputs of its tool.)
-                        if clear.contains(id.as_str()) && name.as_ref().is_none_or(|name| clear_inputs.covers(name)) {
-                            tag.push(*c);
-                        }
-                    }
-                    if tag.len() == 1 {
-                        continue;
-                    }
-                    let kept = match memo[m].take() {
-                        Some(kept) if kept.input.same(blocks) && kept.tag == tag => kept,
-                        _ => {
-                            let input = blocks.clone();
-                            let mut cleared = Vec::new();
-                            // Read through the shared blocks; only a block that is cleared copies them.
-                            for &c in &tag[1..] {
-                                let block = &blocks[c];
-                                let Some(id) = result_id(block).or_else(|| tool_use(block).map(|(id, _)| id)).map(str::to_owned) else { continue };
-                                let before = count(role, block);
-                                let mut cleared_block = block.clone();
-                                clear_block(&mut cleared_block);
-                                let after = count(role, &cleared_block);
-                                // Ours: content no larger than what replaces it stays (never grows).
-                                if after >= before {
-                                    continue;
-                                }
-                                blocks[c] = cleared_block;
-                                cleared.push((c, format!("tool_use:{id}"), before - after));
-                            }
-                            ClearedMessage { input, tag: tag.clone(), output: blocks.clone(), cleared }
-                        }
-                    };
-                    *blocks = kept.output.clone();
-                    for (c, key, edited) in &kept.cleared {
-                        *freed_by.entry(key.clone()).or_default() += edited;
-                        positions.push((m, *c, key.clone()));
-                    }
-                    memo[m] = Some(kept);
-                }
-                let freed: u64 = freed_by.values().sum();
-                if freed_by.is_empty() || clear_at_least.is_some_and(|min| freed < min) {
+                let (all_uses, candidates) = state.read(current, exclude_tools, clear_inputs);
+                let Some(cut) = cut_when_fired(*trigger, tokens_now, all_uses, candidates, *keep) else { continue };
+                state.clear(current, cut, count);
+                let freed = state.freed;
+                if state.cleared.is_empty() || clear_at_least.is_some_and(|min| freed < min) {
                     continue;
                 }
                 tokens_now = tokens_now.saturating_sub(freed);
-                let touched: Vec<String> = freed_by.keys().filter_map(|k| k.strip_prefix("tool_use:")).map(str::to_owned).collect();
-                let touched_count = touched.len() as u64;
-                response.cleared_tool_use_ids.extend(touched);
-                if cleared.is_empty() {
-                    cleared = freed_by;
-                } else {
-                    cleared.extend(freed_by);
-                }
-                tool_at.extend(positions);
-                response.applied_edits.push(AppliedEdit {
-                    kind: CLEAR_TOOL_USES.to_owned(),
-                    cleared_tool_uses: Some(touched_count),
-                    cleared_thinking_turns: None,
-                    cleared_input_tokens: freed,
-                });
-                messages = Some(next);
+                response.applied_edits.push(tool_uses_cleared(state.cleared.len(), freed));
+                parts.push(ToolPart { cleared: state.cleared.clone(), ids: state.ids.clone(), positions: state.positions.clone() });
+                messages = Some(state.cleared_messages(current));
             }
         }
     }
     let messages = messages?;
-    let mut edited_at = BTreeSet::new();
-    let mut causes = BTreeMap::new();
-    let mut keys = BTreeMap::new();
-    for (m, c, key) in thinking_at {
-        // The block that now sits where the thinking was (or the next message's first block).
+    // One clearing edit and no thinking removed (the usual list): its totals as they are.
+    let (cleared, ids, positions) = match (&parts[..], thinking_cleared.is_empty() && thinking_at.is_empty()) {
+        ([part], true) => (part.cleared.clone(), part.ids.clone(), part.positions.clone()),
+        _ => {
+            let mut cleared = thinking_cleared;
+            let mut positions = EditedPositions::new();
+            thinking_positions(&messages, thinking_at, &mut positions);
+            for part in &parts {
+                cleared.extend(part.cleared.iter().map(|(k, v)| (k.clone(), *v)));
+                positions.extend(part.positions.iter().map(|(p, b)| (*p, b.clone())));
+            }
+            let ids = match &parts[..] {
+                [part] => part.ids.clone(),
+                _ => parts.iter().flat_map(|p| p.ids.iter()).collect(),
+            };
+            (Arc::new(cleared), ids, Arc::new(positions))
+        }
+    };
+    response.cleared_tool_use_ids = ids;
+    Some(Edited { body: request.with_messages(messages), response, cleared, positions })
+}
+
+/// Whether a tool-use clearing edit fires, by its trigger, on a prompt of `tokens_now` with
+/// `all_uses` tool uses and `candidates` that may be cleared, and if so how many of the
+/// candidates it clears (none: it does nothing).
+fn cut_when_fired(trigger: Trigger, tokens_now: u64, all_uses: u64, candidates: usize, keep: u64) -> Option<usize> {
+    let fires = match trigger {
+        Trigger::InputTokens(v) => tokens_now > v,
+        Trigger::ToolUses(v) => all_uses > v,
+    };
+    let cut = candidates.saturating_sub(keep as usize);
+    (fires && cut > 0).then_some(cut)
+}
+
+/// The response's entry of an applied tool-use clearing.
+fn tool_uses_cleared(uses: usize, freed: u64) -> AppliedEdit {
+    AppliedEdit { kind: CLEAR_TOOL_USES.to_owned(), cleared_tool_uses: Some(uses as u64), cleared_thinking_turns: None, cleared_input_tokens: freed }
+}
+
+/// The positions of the removed thinking blocks in `messages` (the block that now sits where
+/// the thinking was, or the next message's first block), into `positions` unless taken.
+fn thinking_positions(messages: &[Message], at: Vec<(usize, usize, Arc<str>)>, positions: &mut EditedPositions) {
+    for (m, c, key) in at {
         let position = if messages[m].content.block_count() > c {
             Some((m, c))
         } else {
             (m + 1..messages.len()).find(|&n| messages[n].content.block_count() > 0).map(|n| (n, 0))
         };
         if let Some(position) = position {
-            edited_at.insert(position);
-            causes.entry(position).or_insert("thinking_cleared");
-            keys.entry(position).or_insert(key);
+            positions.entry(position).or_insert(EditedBlock { cause: "thinking_cleared", key });
         }
     }
-    if edited_at.is_empty() && tool_at.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1)) {
-        // Positions in order, each once (one clearing edit, no thinking removed): the maps
-        // built at once from the sorted list rather than by one insert each.
-        edited_at = tool_at.iter().map(|&(m, c, _)| (m, c)).collect();
-        causes = tool_at.iter().map(|&(m, c, _)| ((m, c), "context_editing")).collect();
-        keys = tool_at.into_iter().map(|(m, c, key)| ((m, c), key)).collect();
-    } else {
-        for (m, c, key) in tool_at {
-            edited_at.insert((m, c));
-            causes.insert((m, c), "context_editing");
-            keys.insert((m, c), key);
+}
+
+/// `clear_thinking` keeping the last `keep` turns with thinking: the messages without the older
+/// turns' thinking, its entry pushed to `response` and the tokens freed taken from
+/// `tokens_now`; each removed block's tokens go to `cleared` and its position (message, index
+/// of the block after it) to `at`. `None` when no turn loses its thinking.
+fn clear_thinking(
+    current: &[Message],
+    keep: u64,
+    count: &mut dyn FnMut(Role, &ContentBlock) -> u64,
+    cleared: &mut ClearedTokens,
+    at: &mut Vec<(usize, usize, Arc<str>)>,
+    tokens_now: &mut u64,
+    response: &mut ContextManagementResponse,
+) -> Option<Vec<Message>> {
+    let turn_of = turns(current);
+    let mut thinking_turns: Vec<usize> = Vec::new();
+    for (m, message) in current.iter().enumerate() {
+        if message.role == Role::Assistant
+            && matches!(&message.content, MessageContent::Blocks(b) if b.iter().any(is_thinking))
+            && thinking_turns.last() != Some(&turn_of[m])
+        {
+            thinking_turns.push(turn_of[m]);
         }
     }
-    let mut body = request.clone();
-    body.messages = messages;
-    Some(Edited { body, response, cleared, edited_at, causes, keys })
+    let cut = thinking_turns.len().saturating_sub(keep as usize);
+    if cut == 0 {
+        return None;
+    }
+    let cleared_turns: BTreeSet<usize> = thinking_turns[..cut].iter().copied().collect();
+    let mut next = current.to_vec();
+    let mut freed = 0u64;
+    for (m, message) in next.iter_mut().enumerate() {
+        if message.role != Role::Assistant || !cleared_turns.contains(&turn_of[m]) {
+            continue;
+        }
+        let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+        let mut kept = Vec::with_capacity(blocks.len());
+        for block in blocks.drain(..) {
+            if is_thinking(&block) {
+                let tokens = count(Role::Assistant, &block);
+                freed += tokens;
+                let key: Arc<str> = Arc::from(thinking_key(&block));
+                cleared.insert(key.clone(), tokens);
+                at.push((m, kept.len(), key));
+            } else {
+                kept.push(block);
+            }
+        }
+        *blocks = kept.into();
+    }
+    *tokens_now = tokens_now.saturating_sub(freed);
+    response.applied_edits.push(AppliedEdit {
+        kind: CLEAR_THINKING.to_owned(),
+        cleared_tool_uses: None,
+        cleared_thinking_turns: Some(cleared_turns.len() as u64),
+        cleared_input_tokens: freed,
+    });
+    Some(next)
+}
+
+/// Applies the edits to `request`, every message read and cleared anew (what [`apply_memo`]
+/// gives, and is checked against). `total_tokens` is the prompt's size as sent; `count` gives the
+/// tokens of one content block (the measurer's estimator, memoized). `None` when nothing changed.
+pub fn apply(request: &Request, edits: &[Edit], total_tokens: u64, count: &mut dyn FnMut(Role, &ContentBlock) -> u64) -> Option<Edited> {
+    let mut messages: Option<Vec<Message>> = None;
+    let mut response = ContextManagementResponse::default();
+    let mut cleared = ClearedTokens::new();
+    let mut ids: Vec<Arc<str>> = Vec::new();
+    let mut thinking_at: Vec<(usize, usize, Arc<str>)> = Vec::new();
+    let mut tool_at: Vec<(usize, usize, Arc<str>)> = Vec::new();
+    let mut tokens_now = total_tokens;
+    for edit in edits {
+        let current: &[Message] = messages.as_deref().unwrap_or(&request.messages);
+        match edit {
+            Edit::Unmodelled(_) | Edit::ClearThinking { keep: ThinkingKeep::All } => {}
+            Edit::ClearThinking { keep: ThinkingKeep::Turns(keep) } => {
+                if let Some(next) = clear_thinking(current, *keep, count, &mut cleared, &mut thinking_at, &mut tokens_now, &mut response) {
+                    messages = Some(next);
+                }
+            }
+            Edit::ClearToolUses { trigger, keep, clear_at_least, exclude_tools, clear_inputs } => {
+                let mut uses: Vec<&str> = Vec::new();
+                let mut all_uses = 0u64;
+                for message in current.iter().filter(|m| m.role == Role::Assistant) {
+                    let MessageContent::Blocks(blocks) = &message.content else { continue };
+                    for (id, name) in blocks.iter().filter(|b| result_id(b).is_none()).filter_map(tool_use) {
+                        all_uses += 1;
+                        if !exclude_tools.iter().any(|t| t == name) {
+                            uses.push(id);
+                        }
+                    }
+                }
+                let Some(cut) = cut_when_fired(*trigger, tokens_now, all_uses, uses.len(), *keep) else { continue };
+                let clear: BTreeSet<&str> = uses[..cut].iter().copied().collect();
+                let mut next = current.to_vec();
+                let mut freed_by: BTreeMap<Arc<str>, u64> = BTreeMap::new();
+                let mut positions = Vec::new();
+                for (m, message) in next.iter_mut().enumerate() {
+                    let role = message.role;
+                    let MessageContent::Blocks(blocks) = &mut message.content else { continue };
+                    for c in 0..blocks.len() {
+                        let block = &blocks[c];
+                        let (id, clearable) = match result_id(block) {
+                            Some(id) => (id, true),
+                            None => match tool_use(block) {
+                                Some((id, name)) => (id, clear_inputs.covers(name)),
+                                None => continue,
+                            },
+                        };
+                        if !clearable || !clear.contains(id) {
+                            continue;
+                        }
+                        let Some((cleared_block, freed)) = shrunk(role, block, count) else { continue };
+                        let key: Arc<str> = Arc::from(format!("tool_use:{id}"));
+                        blocks[c] = cleared_block;
+                        *freed_by.entry(key.clone()).or_default() += freed;
+                        positions.push((m, c, key));
+                    }
+                }
+                let freed: u64 = freed_by.values().sum();
+                if freed_by.is_empty() || clear_at_least.is_some_and(|min| freed < min) {
+                    continue;
+                }
+                tokens_now = tokens_now.saturating_sub(freed);
+                let touched: Vec<Arc<str>> = freed_by.keys().filter_map(|k| k.strip_prefix("tool_use:")).map(Arc::from).collect();
+                response.applied_edits.push(tool_uses_cleared(touched.len(), freed));
+                ids.extend(touched);
+                cleared.extend(freed_by);
+                tool_at.extend(positions);
+                messages = Some(next);
+            }
+        }
+    }
+    let messages = messages?;
+    let mut positions = EditedPositions::new();
+    thinking_positions(&messages, thinking_at, &mut positions);
+    for (m, c, key) in tool_at {
+        positions.insert((m, c), EditedBlock { cause: "context_editing", key });
+    }
+    response.cleared_tool_use_ids = ids.into_iter().collect();
+    Some(Edited { body: request.with_messages(messages), response, cleared: Arc::new(cleared), positions: Arc::new(positions) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Message, SharedBlocks};
+    use proptest::prelude::*;
+
+    /// The edit lists the property draws from: the preset's, one keeping more, a `tool_uses`
+    /// trigger clearing inputs of one tool with one excluded, a `clear_at_least`, thinking
+    /// cleared first, two clearing edits.
+    fn edit_lists() -> Vec<Vec<Edit>> {
+        let tool = |trigger, keep, clear_at_least, exclude_tools: &[&str], clear_inputs| Edit::ClearToolUses {
+            trigger,
+            keep,
+            clear_at_least,
+            exclude_tools: exclude_tools.iter().map(|t| (*t).to_owned()).collect(),
+            clear_inputs,
+        };
+        vec![
+            vec![Edit::ClearThinking { keep: ThinkingKeep::All }, tool(Trigger::InputTokens(300), 3, None, &[], ClearInputs::None)],
+            vec![tool(Trigger::InputTokens(100), 1, None, &[], ClearInputs::All)],
+            vec![tool(Trigger::ToolUses(2), 2, None, &["Grep"], ClearInputs::Tools(vec!["Bash".to_owned()]))],
+            vec![tool(Trigger::InputTokens(0), 0, Some(400), &[], ClearInputs::None)],
+            vec![Edit::ClearThinking { keep: ThinkingKeep::Turns(1) }, tool(Trigger::InputTokens(200), 2, None, &[], ClearInputs::None)],
+            vec![tool(Trigger::InputTokens(0), 4, None, &[], ClearInputs::None), tool(Trigger::InputTokens(0), 1, None, &["Read"], ClearInputs::All)],
+        ]
+    }
+
+    fn count(role: Role, block: &ContentBlock) -> u64 {
+        serde_json::to_string(block).expect("a block serializes").len() as u64 / 4 + u64::from(role == Role::Assistant)
+    }
+
+    proptest! {
+        /// Clearing each request through the memo kept across requests gives what clearing it
+        /// from scratch gives, as the history grows, has its last message made again, an older
+        /// message rewritten or removed, is cut back (a compaction) or starts over, under edit
+        /// lists and families that change between requests.
+        #[test]
+        fn the_kept_clearing_is_the_clearing_from_scratch(ops in proptest::collection::vec((0u8..9, 0usize..6, 0usize..64), 1..70)) {
+            let lists = edit_lists();
+            let mut memo = ClearMemo::default();
+            let mut messages: Vec<Message> = Vec::new();
+            let mut next = 0usize;
+            for (op, list, k) in ops {
+                let tools = ["Read", "Bash", "Grep", "Edit"];
+                match op {
+                    0..=3 => {
+                        next += 1;
+                        let id = format!("toolu_{}", if k % 11 == 0 { k % (next + 1) } else { next });
+                        let mut uses = vec![ContentBlock::tool_use(id.clone(), tools[k % 4], serde_json::json!({"input": "x".repeat(k * 3)}))];
+                        if op == 1 {
+                            uses.insert(0, ContentBlock::thinking("t".repeat(k * 5 + 1), "sig"));
+                        }
+                        messages.push(Message::assistant_blocks(uses));
+                        let result = ContentBlock::tool_result(id, ToolResultContent::Text("r".repeat(k * 20)), None);
+                        messages.push(Message::user_blocks(vec![result]));
+                    }
+                    4 => messages.push(Message::user_text(format!("prompt {k}"))),
+                    5 => {
+                        // An older message's blocks made again (a new allocation, the same blocks).
+                        let at = k % messages.len().max(1);
+                        if let Some(MessageContent::Blocks(blocks)) = messages.get_mut(at).map(|m| &mut m.content) {
+                            *blocks = SharedBlocks::from(blocks.to_vec());
+                        }
+                    }
+                    6 => {
+                        let at = k % messages.len().max(1);
+                        if at < messages.len() {
+                            messages.remove(at);
+                        }
+                    }
+                    7 => messages.truncate(k % (messages.len() + 1)),
+                    _ => {
+                        // A result of a tool use named nowhere, and an assistant text.
+                        messages.push(Message::user_blocks(vec![ContentBlock::tool_result(format!("toolu_x{k}"), ToolResultContent::Text("o".repeat(k * 9)), None)]));
+                        messages.push(Message::assistant_blocks(vec![ContentBlock::text("ok")]));
+                    }
+                }
+                if let Some(MessageContent::Blocks(blocks)) = messages.last_mut().map(|m| &mut m.content) {
+                    *blocks = SharedBlocks::from(blocks.to_vec());
+                }
+                let mut request = Request::new("m", 100);
+                request.messages = messages.clone();
+                let edits = &lists[list];
+                let total: u64 = messages.iter().filter_map(|m| match &m.content {
+                    MessageContent::Blocks(b) => Some(b.iter().map(|x| count(m.role, x)).sum::<u64>()),
+                    MessageContent::Text(_) => None,
+                }).sum();
+                let family = ["a", "b"][k % 2];
+                let kept = apply_memo(&request, edits, total, &mut count, &mut memo, family);
+                let scratch = apply(&request, edits, total, &mut count);
+                prop_assert_eq!(kept, scratch);
+            }
+        }
+    }
 }

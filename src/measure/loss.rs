@@ -124,8 +124,32 @@ struct Shown<'r> {
     uses: Vec<(&'r str, &'r str, &'r serde_json::Value)>,
 }
 
+/// The ids of the results the server cleared, sorted without repeats (as the server's list
+/// comes; sorted here when not): asked whether it holds an id by a binary search, and walked
+/// beside the tracker's sorted sets rather than looked up in them one by one.
+struct Cleared<'a>(Vec<&'a str>);
+
+impl<'a> Cleared<'a> {
+    fn new<S: AsRef<str>>(ids: &'a [S]) -> Self {
+        let mut sorted: Vec<&str> = ids.iter().map(AsRef::as_ref).collect();
+        if !sorted.windows(2).all(|w| w[0] < w[1]) {
+            sorted.sort_unstable();
+            sorted.dedup();
+        }
+        Cleared(sorted)
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.0.binary_search(&id).is_ok()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl<'r> Shown<'r> {
-    fn scan(&mut self, messages: &'r [crate::api::Message], cleared: &BTreeSet<&str>) {
+    fn scan(&mut self, messages: &'r [crate::api::Message], cleared: &Cleared<'_>) {
         for message in messages {
             let MessageContent::Blocks(blocks) = &message.content else { continue };
             for block in blocks {
@@ -248,16 +272,26 @@ impl ShownPrefix {
     }
 
     /// Whether the messages may stand for what they show in a request the server clears
-    /// `cleared` of: every result cleared when they were judged is cleared still.
-    fn holds_under(&self, cleared: &BTreeSet<&str>) -> bool {
-        self.pending.iter().all(|id| cleared.contains(id.as_str()))
+    /// `cleared` of: every result cleared when they were judged is cleared still (both sorted:
+    /// one walk of each).
+    fn holds_under(&self, cleared: &Cleared<'_>) -> bool {
+        let mut ids = cleared.0.iter().peekable();
+        self.pending.iter().all(|id| {
+            while ids.next_if(|c| **c < id.as_str()).is_some() {}
+            ids.peek().is_some_and(|c| **c == id.as_str())
+        })
     }
 
-    /// Their visible paths that `cleared` hides: every result showing the path cleared.
-    fn hidden_paths(&self, cleared: &BTreeSet<&str>) -> BTreeSet<&str> {
+    /// Their visible paths that `cleared` hides: every result showing the path cleared (the
+    /// Read calls and `cleared` both sorted by id: one walk of each).
+    fn hidden_paths(&self, cleared: &Cleared<'_>) -> BTreeSet<&str> {
         let mut hidden = BTreeSet::new();
-        for &id in cleared {
-            let Some(path) = self.read_path_of.get(id).filter(|_| self.visible_results.contains(id)) else { continue };
+        let mut ids = cleared.0.iter().peekable();
+        for (id, path) in &self.read_path_of {
+            while ids.next_if(|c| **c < id.as_str()).is_some() {}
+            if ids.peek().is_none_or(|c| **c != id.as_str()) || !self.visible_results.contains(id) {
+                continue;
+            }
             if !hidden.contains(path.as_str()) && self.readers.get(path).is_none_or(|ids| ids.iter().all(|r| cleared.contains(r.as_str()))) {
                 hidden.insert(path.as_str());
             }
@@ -274,7 +308,7 @@ impl LossTracker {
     /// Observes one measured request.
     pub fn observe(&mut self, request: &Request, row: &RequestMetrics) {
         self.count_drops(row);
-        let cleared: &[String] = row.context_management.as_ref().map_or(&[], |cm| &cm.cleared_tool_use_ids);
+        let cleared: &[std::sync::Arc<str>] = row.context_management.as_ref().map_or(&[], |cm| &cm.cleared_tool_use_ids);
         self.judge(request, &row.lane, cleared);
     }
 
@@ -309,9 +343,9 @@ impl LossTracker {
 
     /// `cleared`: tool uses whose results the server cleared (context editing) though the body
     /// still carries them.
-    fn judge(&mut self, request: &Request, lane: &str, cleared: &[String]) {
+    fn judge<S: AsRef<str>>(&mut self, request: &Request, lane: &str, cleared: &[S]) {
         let messages = &request.messages;
-        let cleared: BTreeSet<&str> = cleared.iter().map(String::as_str).collect();
+        let cleared = Cleared::new(cleared);
         // The messages this lane's earlier request showed, as far as this request begins with
         // them, when the server clears every result it cleared then.
         let mut prefix = self
@@ -369,6 +403,22 @@ impl LossTracker {
             }
         }
         let invisible = |path: &str| !tail_paths.contains(path) && (!kept.visible_paths.contains(path) || hidden.contains(path));
+        // The paths seen before that this request does not show, found once (the seen paths
+        // walked beside the prefix's visible ones, both sorted) when a new call or prompt asks.
+        let seen_paths = &self.seen_paths;
+        let find_invisible = || -> Vec<&str> {
+            let mut shown = kept.visible_paths.iter().peekable();
+            seen_paths
+                .iter()
+                .filter(|path| {
+                    while shown.next_if(|v| *v < *path).is_some() {}
+                    let in_kept = shown.peek() == Some(path);
+                    !tail_paths.contains(path.as_str()) && (!in_kept || hidden.contains(path.as_str()))
+                })
+                .map(String::as_str)
+                .collect()
+        };
+        let mut invisible_seen: Option<Vec<&str>> = None;
 
         // New tool calls: judged against what was seen before this request (the prefix's
         // calls were judged when it was first seen).
@@ -382,14 +432,14 @@ impl LossTracker {
             {
                 // The call's own result is not in this request yet: what matters is whether an
                 // earlier read of the path is still visible.
-                if self.seen_paths.contains(path) && invisible(path) {
+                if seen_paths.contains(path) && invisible(path) {
                     self.loss.rereads_after_compaction += 1;
                     self.loss.recall_misses += 1;
                 }
                 continue;
             }
             let text = input.to_string();
-            let miss_path = self.seen_paths.iter().any(|p| invisible(p) && text.contains(p.as_str()));
+            let miss_path = invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| text.contains(p));
             let miss_id = tool_use_ids_in(&text).any(|r| self.seen_results.contains(r) && !visible(r));
             if miss_path || miss_id {
                 self.loss.recall_misses += 1;
@@ -403,7 +453,7 @@ impl LossTracker {
                 let key = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
                 if self.judged_prompt.get(lane) != Some(&key) {
                     self.judged_prompt.insert(lane.to_owned(), key);
-                    if self.seen_paths.iter().any(|p| invisible(p) && text.contains(p.as_str())) {
+                    if invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| text.contains(p)) {
                         self.loss.recall_misses += 1;
                     }
                 }

@@ -106,8 +106,9 @@ impl<'a> MeasureInput<'a> {
 struct LaneState {
     memory: Option<LaneMemory>,
     pending_events: Vec<String>,
-    /// What context editing had cleared from the lane's previous request (key → tokens).
-    served_cleared: BTreeMap<String, u64>,
+    /// What context editing had cleared from the lane's previous request (key → tokens; shared
+    /// with that request's clearing).
+    served_cleared: std::sync::Arc<context_editing::ClearedTokens>,
 }
 
 /// A request as the server sees it: the flattened body after `context_management` edits (see
@@ -435,7 +436,13 @@ impl Measurer {
             let (hash, _) = crate::api::structural::block_hash(role.as_str().as_bytes(), block);
             u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
         };
-        match context_editing::apply_memo(body, &edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family) {
+        let edited = context_editing::apply_memo(body, &edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family);
+        #[cfg(debug_assertions)]
+        {
+            let scratch = context_editing::apply(body, &edits, flat.total_tokens, &mut count);
+            assert!(edited == scratch, "context editing with its memo differs from applying it from scratch:\n{edited:?}\n{scratch:?}");
+        }
+        match edited {
             None => Ok(Served::plain(flat)),
             Some(edited) => {
                 // The edited body is not the next of the sent ones' track: flattened on the
@@ -533,14 +540,17 @@ impl Measurer {
         }
         let mut stages = input.stages;
         let context_management = match (&error, edited) {
-            (None, Some(mut edited)) => {
+            (None, Some(edited)) => {
                 context_editing_effects(lane, &flat, &edited, &mut prefix, &mut events, &mut stages);
-                // What the lane's next request is compared with: moved, not copied.
-                lane.served_cleared = std::mem::take(&mut edited.cleared);
-                Some(edited.response)
+                // What the lane's next request is compared with: shared, not copied.
+                let Edited { response, cleared, .. } = *edited;
+                lane.served_cleared = cleared;
+                Some(response)
             }
             (None, None) => {
-                lane.served_cleared.clear();
+                if !lane.served_cleared.is_empty() {
+                    lane.served_cleared = Default::default();
+                }
                 None
             }
             (Some(_), _) => None,
@@ -610,9 +620,9 @@ fn context_editing_effects(
     // An expired cache stays the cause when nothing at all was read (attribution's own rule).
     if let Some(diverged) = &prefix.diverged_at
         && prefix.cause.as_deref() != Some("ttl_expired")
-        && let Some(cause) = message_position(diverged).filter(|&position| path_of(position) == *diverged).and_then(|position| edited.causes.get(&position))
+        && let Some(edited_block) = message_position(diverged).filter(|&position| path_of(position) == *diverged).and_then(|position| edited.positions.get(&position))
     {
-        prefix.cause = Some((*cause).to_owned());
+        prefix.cause = Some(edited_block.cause.to_owned());
     }
     let newly = not_in(&edited.cleared, &lane.served_cleared);
     if !newly.is_empty() {
@@ -635,7 +645,12 @@ fn context_editing_effects(
             reason: format!("newly cleared server-side: {tools} tool uses, {thinking} thinking blocks ({})", applied.join("; ")),
             tokens_before: flat.total_tokens + freed,
             tokens_after: flat.total_tokens,
-            invalidated_from: edited.keys.iter().find(|(_, key)| !lane.served_cleared.contains_key(*key)).map(|(p, _)| path_of(*p)),
+            // Every position's key is one of `edited.cleared`: newly cleared when in `newly`.
+            invalidated_from: edited
+                .positions
+                .iter()
+                .find(|(_, block)| newly.iter().any(|(key, _)| std::sync::Arc::ptr_eq(key, &block.key) || **key == block.key))
+                .map(|(p, _)| path_of(*p)),
         });
         for (kind, cause) in [("tool_use:", "context_editing:clear_tool_uses"), ("thinking:", "thinking_cleared")] {
             if newly.iter().any(|(k, _)| k.starts_with(kind)) && !events.iter().any(|e| e == cause) {
@@ -646,13 +661,22 @@ fn context_editing_effects(
 }
 
 /// The entries of `all` whose key `before` does not hold, in `all`'s order: both maps are sorted
-/// by key, so one walk of each rather than a lookup per entry.
-fn not_in<'a>(all: &'a BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> Vec<(&'a String, &'a u64)> {
+/// by key, so one walk of each rather than a lookup per entry; a key both share (the same
+/// allocation, as a request's clearing shares its keys with the one before) is passed without
+/// comparing its text, and two shared maps without a walk.
+fn not_in<'a>(all: &'a std::sync::Arc<context_editing::ClearedTokens>, before: &std::sync::Arc<context_editing::ClearedTokens>) -> Vec<(&'a std::sync::Arc<str>, &'a u64)> {
+    use std::sync::Arc;
     let mut out = Vec::new();
+    if Arc::ptr_eq(all, before) {
+        return out;
+    }
     let mut other = before.keys().peekable();
-    for (key, tokens) in all {
-        while other.next_if(|k| *k < key).is_some() {}
-        if other.peek().is_none_or(|k| *k != key) {
+    for (key, tokens) in all.iter() {
+        if other.next_if(|k| Arc::ptr_eq(k, key)).is_some() {
+            continue;
+        }
+        while other.next_if(|k| ***k < **key).is_some() {}
+        if other.peek().is_none_or(|k| ***k != **key) {
             out.push((key, tokens));
         }
     }

@@ -97,7 +97,8 @@ fn past_the_trigger_the_oldest_results_go_and_the_last_three_stay() {
     let request = body(&[("Read", 1000); 5], clear_tool_uses(json!({})));
     let row = check_applied(&request, &[&tool_uses_applied(2, 2 * freed_per_result())]);
     assert_eq!(served_results(&request), ["cleared", "cleared", "kept", "kept", "kept"]);
-    assert_eq!(row.context_management.as_ref().unwrap().cleared_tool_use_ids, ["toolu_0", "toolu_1"]);
+    let ids: Vec<&str> = row.context_management.as_ref().unwrap().cleared_tool_use_ids.iter().map(|id| &**id).collect();
+    assert_eq!(ids, ["toolu_0", "toolu_1"]);
     // The model saw the edited prompt: context tokens dropped by what was cleared.
     let unedited = run(&[body(&[("Read", 1000); 5], Value::Null)]).remove(0);
     assert_eq!(row.context_tokens, unedited.context_tokens - 2 * freed_per_result());
@@ -289,7 +290,7 @@ proptest::proptest! {
                 proptest::prop_assert_eq!(cleared, sent.total_tokens - served.flat.total_tokens);
                 let first = served.flat.blocks.iter().zip(sent.blocks.iter()).position(|(a, b)| a.hash != b.hash).unwrap();
                 let first_path = served.flat.blocks[first].path.to_string();
-                let (m, c) = *edited.edited_at.iter().next().unwrap();
+                let (m, c) = edited.edited_at().next().unwrap();
                 proptest::prop_assert_eq!(first_path, format!("messages[{m}].content[{c}]"));
                 proptest::prop_assert_eq!(served.flat.blocks[first - 1].prefix_hash, sent.blocks[first - 1].prefix_hash);
                 if let Some(min) = at_least {
