@@ -329,7 +329,10 @@ fn planned_scenario(prepared: &Prepared, file: &str, plan: &Plan) -> Result<Scen
     if !plan.lane.is_empty() {
         // The replies checked as the steps of a script in the workload's world (text only: no
         // tool use whose id their position would decide).
-        let document = json!({ "world": prepared.workload.document["world"], "script": plan.lane });
+        let mut document: serde_json::Map<String, Value> =
+            prepared.workload.document.as_object().into_iter().flatten().filter(|(key, _)| *key != "script").map(|(key, value)| (key.clone(), value.clone())).collect();
+        document.insert("script".to_owned(), Value::Array(plan.lane.clone()));
+        let document = Value::Object(document);
         let lane = crate::scenario::parse_scenario_document(&document, file).map_err(|e| e.to_string())?;
         script.extend(lane.script);
     }
