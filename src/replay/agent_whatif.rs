@@ -845,7 +845,7 @@ impl Scenarios<'_> {
             Some((scenario, model)) if first => (scenario.clone(), model.clone()),
             _ => {
                 let scenario = planned_scenario(self.prepared, self.file, plan)?;
-                let model = scenario.into_world().model;
+                let model = scenario.scripted_model();
                 let built = (std::sync::Arc::new(scenario), std::sync::Arc::new(model));
                 if first {
                     // (Another family may have set it meanwhile, to the same.)
