@@ -124,9 +124,61 @@ pub struct RunOptions<'o> {
     pub client: Option<Box<dyn ClientRules>>,
 }
 
+/// A run's rows: those measured before the last [`RunState::freeze_rows`], in shared chunks
+/// that every copy of the state holds by pointer, and those measured since.
+#[derive(Clone, Default)]
+struct Rows {
+    frozen: Vec<std::sync::Arc<Vec<RequestMetrics>>>,
+    frozen_len: usize,
+    tail: Vec<RequestMetrics>,
+}
+
+impl Rows {
+    fn len(&self) -> usize {
+        self.frozen_len + self.tail.len()
+    }
+
+    fn push(&mut self, row: RequestMetrics) {
+        self.tail.push(row);
+    }
+
+    /// Moves the rows since the last freeze into a shared chunk.
+    fn freeze(&mut self) {
+        if !self.tail.is_empty() {
+            let tail = std::mem::take(&mut self.tail);
+            self.frozen_len += tail.len();
+            self.frozen.push(std::sync::Arc::new(tail));
+        }
+    }
+
+    /// The rows from `from` on, in order.
+    fn iter_from(&self, from: usize) -> impl Iterator<Item = &RequestMetrics> {
+        let mut start = 0;
+        let frozen = self.frozen.iter().flat_map(move |chunk| {
+            let first = start;
+            start += chunk.len();
+            chunk.get(from.saturating_sub(first)..).unwrap_or_default()
+        });
+        frozen.chain(self.tail.get(from.saturating_sub(self.frozen_len)..).unwrap_or_default())
+    }
+
+    /// Every row, in order: a chunk no copy holds any more is moved, one still held is copied.
+    fn into_vec(self) -> Vec<RequestMetrics> {
+        let mut rows = Vec::with_capacity(self.len());
+        for chunk in self.frozen {
+            match std::sync::Arc::try_unwrap(chunk) {
+                Ok(chunk) => rows.extend(chunk),
+                Err(shared) => rows.extend(shared.iter().cloned()),
+            }
+        }
+        rows.extend(self.tail);
+        rows
+    }
+}
+
 /// The rows of a run and, as the options say, its bodies and its information loss.
 struct Collected<'o> {
-    rows: Vec<RequestMetrics>,
+    rows: Rows,
     requests: Vec<Request>,
     keep_requests: bool,
     loss: Option<LossTracker>,
@@ -138,7 +190,7 @@ struct Collected<'o> {
 impl<'o> Collected<'o> {
     fn new(options: RunOptions<'o>) -> Self {
         Collected {
-            rows: Vec::new(),
+            rows: Rows::default(),
             requests: Vec::new(),
             keep_requests: options.keep_requests,
             loss: options.info_loss.then(LossTracker::new),
@@ -297,8 +349,15 @@ impl<'o> RunState<'o> {
     }
 
     /// The rows measured from row `from` on.
-    pub fn rows_from(&self, from: usize) -> &[RequestMetrics] {
-        self.out.rows.get(from..).unwrap_or_default()
+    pub fn rows_from(&self, from: usize) -> impl Iterator<Item = &RequestMetrics> {
+        self.out.rows.iter_from(from)
+    }
+
+    /// Shares the rows measured so far with every later [`RunState::checkpoint`] of this state
+    /// (and its copies) rather than copying them into each: a run checkpointed every few steps
+    /// would otherwise copy its rows over and over.
+    pub fn freeze_rows(&mut self) {
+        self.out.rows.freeze();
     }
 
     /// Main requests the blocking limit refused, and prompt-too-long errors surfaced, so far.
@@ -360,11 +419,12 @@ impl<'o> RunState<'o> {
     pub fn finish(self, scenario: &Scenario, measurer: &Measurer, strategy: &Strategy) -> RunOutput {
         let out = self.out;
         // A surfaced prompt-too-long ends its turn like a blocked one.
-        let mut summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &out.rows, self.blocked + self.surfaced);
+        let rows = out.rows.into_vec();
+        let mut summary = Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, self.blocked + self.surfaced);
         if let Some(loss) = out.loss {
             summary.info_loss = loss.finish();
         }
-        RunOutput { scenario: scenario.file.clone(), rows: out.rows, requests: out.requests, summary }
+        RunOutput { scenario: scenario.file.clone(), rows, requests: out.requests, summary }
     }
 
     /// Runs the next step of `scenario`.

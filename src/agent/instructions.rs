@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::agent::user_context::{MemoryFile, MemoryKind};
-use crate::world::{VirtualFs, normalize_path};
+use crate::world::{Reads, VirtualFs, normalize_path};
 
 /// `MAX_INCLUDE_DEPTH`.
 pub const MAX_INCLUDE_DEPTH: usize = 5;
@@ -90,10 +90,13 @@ pub struct Discovery {
 pub fn discover(fs: &VirtualFs, options: &DiscoveryOptions) -> Discovery {
     // Every new conversation (a subagent, a what-if's run) discovers again; between two
     // changes of the fs it finds what the one before found.
-    fs.derived(&format!("instructions::discover {options:?}"), |fs| read_discovery(fs, options))
+    // A conversation started after a change of the fs elsewhere (a compaction re-reading its
+    // memory after the agent edited code) finds what was found before when the files it read
+    // read the same.
+    fs.derived_by_reads(&format!("instructions::discover {options:?}"), |fs| read_discovery(fs, options))
 }
 
-fn read_discovery(fs: &VirtualFs, options: &DiscoveryOptions) -> Discovery {
+fn read_discovery(fs: &Reads<'_>, options: &DiscoveryOptions) -> Discovery {
     let mut cx = Loader { fs, options, processed: BTreeSet::new(), out: Vec::new(), conditional: Vec::new() };
     let managed = options.managed_dir.clone();
     cx.file(&format!("{managed}/CLAUDE.md"), MemoryKind::Managed, 0, true);
@@ -146,12 +149,13 @@ pub fn nested_memory_for(
     }
     // 2. Directories below the cwd down to the target's own directory.
     let target_dir = parent(target);
+    let reads = Reads::untracked(fs);
     if let Some(rel) = relative_to(&target_dir, &options.cwd) {
         let mut dir = options.cwd.clone();
         for part in rel.split('/').filter(|p| !p.is_empty()) {
             dir = join(&dir, part);
             // Each nested file goes through the loader so its includes inside the cwd follow it.
-            let mut cx = Loader { fs, options, processed: loaded.clone(), out: Vec::new(), conditional: Vec::new() };
+            let mut cx = Loader { fs: &reads, options, processed: loaded.clone(), out: Vec::new(), conditional: Vec::new() };
             cx.file(&join(&dir, "CLAUDE.md"), MemoryKind::Project, 0, false);
             cx.file(&join(&dir, ".claude/CLAUDE.md"), MemoryKind::Project, 0, false);
             if options.local {
@@ -178,7 +182,7 @@ pub fn nested_memory_for(
 }
 
 struct Loader<'a> {
-    fs: &'a VirtualFs,
+    fs: &'a Reads<'a>,
     options: &'a DiscoveryOptions,
     processed: BTreeSet<String>,
     out: Vec<MemoryFile>,

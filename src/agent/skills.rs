@@ -137,11 +137,11 @@ pub fn load_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) 
     // The agent lists its skills at every step; between two changes of the fs they are those
     // it read the step before.
     let key = format!("skills {prefix:?} {roots:?}");
-    fs.derived(&key, |fs| read_skills_from(fs, roots, prefix))
+    fs.derived_by_reads(&key, |fs| read_skills_from(fs, roots, prefix))
 }
 
 /// [`load_skills_from`] read afresh.
-fn read_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> Vec<Skill> {
+fn read_skills_from(fs: &crate::world::Reads<'_>, roots: &[String], prefix: Option<&str>) -> Vec<Skill> {
     let mut out: Vec<Skill> = Vec::new();
     for root in roots {
         let Ok(entries) = fs.list_dir(root) else { continue };
@@ -277,7 +277,7 @@ pub fn file_key(path: &str) -> std::borrow::Cow<'_, str> {
 pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
     // Kept by home and cwd (quoted in the key, so no two pairs share one): the roots they name
     // are not worked out again at every step.
-    fs.derived(&format!("skills of {config_home:?} {cwd:?}"), |fs| {
+    fs.derived_by_reads(&format!("skills of {config_home:?} {cwd:?}"), |fs| {
         read_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None)
     })
 }

@@ -267,7 +267,9 @@ fn stand_in() -> Value {
         .clone()
 }
 
-/// The workload's scenario under `plan`.
+/// The workload's scenario under `plan`, from its document: what [`planned_scenario`] makes
+/// faster (checked against this in debug builds).
+#[cfg_attr(not(debug_assertions), allow(dead_code))]
 fn planned(prepared: &Prepared, file: &str, plan: &Plan) -> Result<crate::scenario::Scenario, String> {
     let mut document = prepared.workload.document.clone();
     let steps = document["script"].as_array_mut().ok_or("the workload has no script")?;
@@ -290,6 +292,60 @@ fn planned(prepared: &Prepared, file: &str, plan: &Plan) -> Result<crate::scenar
     }
     steps.extend(plan.lane.iter().cloned());
     crate::scenario::parse_scenario_document(&document, file).map_err(|e| e.to_string())
+}
+
+/// [`planned`] made from the workload's parsed scenario instead of parsing its document again
+/// (a plan's scenario differs from it only in the steps [`planned`] edits): the compaction
+/// replies and, as `plan` says, the recorded microcompacts left out, the recorded usage of the
+/// main replies from `plan.usage_before` on taken away (their output tokens kept), and the
+/// plan's `compact`-lane replies parsed on their own and put at the end. Debug builds check it
+/// equals [`planned`].
+fn planned_scenario(prepared: &Prepared, file: &str, plan: &Plan) -> Result<Scenario, String> {
+    use crate::scenario::Step;
+    let base = &prepared.workload.scenario;
+    let mut script = Vec::with_capacity(base.script.len() + plan.lane.len());
+    let mut main = 0usize;
+    for step in &base.script {
+        match step {
+            Step::Assistant(reply) if reply.lane == "compact" => continue,
+            Step::Microcompact { .. } if plan.without_recorded_microcompacts => continue,
+            Step::Assistant(reply) if reply.lane == LANE_MAIN => {
+                let call = prepared.workload.main_calls.get(main).copied().unwrap_or(usize::MAX);
+                main += 1;
+                if plan.usage_before.is_some_and(|from| call >= from)
+                    && let Some(usage) = &reply.usage
+                {
+                    let mut reply = reply.clone();
+                    reply.output_tokens = usage.output_tokens;
+                    reply.usage = None;
+                    script.push(Step::Assistant(reply));
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        script.push(step.clone());
+    }
+    if !plan.lane.is_empty() {
+        // The replies checked as the steps of a script in the workload's world (text only: no
+        // tool use whose id their position would decide).
+        let mut document: serde_json::Map<String, Value> =
+            prepared.workload.document.as_object().into_iter().flatten().filter(|(key, _)| *key != "script").map(|(key, value)| (key.clone(), value.clone())).collect();
+        document.insert("script".to_owned(), Value::Array(plan.lane.clone()));
+        let document = Value::Object(document);
+        let lane = crate::scenario::parse_scenario_document(&document, file).map_err(|e| e.to_string())?;
+        script.extend(lane.script);
+    }
+    let scenario = Scenario {
+        file: file.to_owned(),
+        name: base.name.clone(),
+        description: base.description.clone(),
+        world: base.world.clone(),
+        script,
+        expect: base.expect.clone(),
+    };
+    debug_assert_eq!(Ok(&scenario), planned(prepared, file, plan).as_ref());
+    Ok(scenario)
 }
 
 /// One run's raw results.
@@ -339,7 +395,7 @@ fn run_options(prepared: &Prepared) -> RunOptions<'static> {
 }
 
 fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan) -> Result<Run, String> {
-    let scenario = planned(prepared, file, plan)?;
+    let scenario = planned_scenario(prepared, file, plan)?;
     let options = run_options(prepared);
     // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
     // holds what an earlier session left there.
@@ -609,11 +665,12 @@ pub fn agent_whatif_family(
         steps
     };
     let mut results: Vec<Option<Result<AgentOutcome, String>>> = effectives.iter().map(|_| None).collect();
-    let checkpoint = |trunk: &RunState<'_>, measurer: &Measurer, max_checked: Option<u64>| {
+    let checkpoint = |trunk: &mut RunState<'_>, measurer: &Measurer, max_checked: Option<u64>| {
+        trunk.freeze_rows();
         std::rc::Rc::new(Checkpoint { state: trunk.checkpoint(), measurer: measurer.state(), max_checked, rows: trunk.rows() })
     };
     // The start is a checkpoint every run may go on from.
-    let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&trunk, &measurer, None)];
+    let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&mut trunk, &measurer, None)];
     let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
     let mut max_checked: Option<u64> = None;
     let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top).collect();
@@ -621,13 +678,13 @@ pub fn agent_whatif_family(
     while !trunk.done(&scenarios.list[first].1) {
         let step = trunk.next_step();
         if recorded_steps.contains(&step) {
-            let c = checkpoint(&trunk, &measurer, max_checked);
+            let c = checkpoint(&mut trunk, &measurer, max_checked);
             kept.push(c.clone());
             latest = Some(c);
             since = 0;
         } else if since >= EVERY && !pending.is_empty() {
             // (Only a strategy still to branch goes on from these.)
-            latest = Some(checkpoint(&trunk, &measurer, max_checked));
+            latest = Some(checkpoint(&mut trunk, &measurer, max_checked));
             since = 0;
         }
         since += 1;
@@ -638,7 +695,7 @@ pub fn agent_whatif_family(
         let probed = trunk.agent_mut().take_peer_probe();
         // (Anything here a peer branch cannot prove it did the same: a compaction, an API error
         // and its recovery, a refused request.)
-        let acted = trunk.agent().compactions() != compactions || trunk.refused() != refused || trunk.rows_from(rows_before).iter().any(|r| r.error.is_some());
+        let acted = trunk.agent().compactions() != compactions || trunk.refused() != refused || trunk.rows_from(rows_before).any(|r| r.error.is_some());
         max_checked = max_checked.max(high);
         // Strategies whose threshold this step's check reached go on from the last checkpoint;
         // peer branches from the last one before the step where they would act otherwise.
@@ -665,7 +722,7 @@ pub fn agent_whatif_family(
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
     // to its end.
-    let end = checkpoint(&trunk, &measurer, max_checked);
+    let end = checkpoint(&mut trunk, &measurer, max_checked);
     let compacted = trunk.take_compacted_requests();
     let trunk_output = trunk.finish(&scenarios.list[first].1, &measurer, &effectives[top]);
     let trunk_run = read_output(prepared, compacted, trunk_output);
@@ -787,8 +844,8 @@ impl Scenarios<'_> {
         let (scenario, model) = match self.prepared.first.get() {
             Some((scenario, model)) if first => (scenario.clone(), model.clone()),
             _ => {
-                let scenario = planned(self.prepared, self.file, plan)?;
-                let model = scenario.into_world().model;
+                let scenario = planned_scenario(self.prepared, self.file, plan)?;
+                let model = scenario.scripted_model();
                 let built = (std::sync::Arc::new(scenario), std::sync::Arc::new(model));
                 if first {
                     // (Another family may have set it meanwhile, to the same.)

@@ -6,6 +6,27 @@ use super::check::resolve;
 use super::schema::{Scenario, Step};
 
 impl Scenario {
+    /// The World's scripted model alone ([`Scenario::into_world`]'s): every assistant step
+    /// queued on its lane, the fallback, the rng's `model` fork.
+    pub fn scripted_model(&self) -> ScriptedModel {
+        let spec = &self.world;
+        let fallback = match &spec.fallback {
+            None => Fallback::Error,
+            Some(f) => Fallback::Synthesize(Synthesis {
+                reply_tokens: f.reply_tokens,
+                summary_tokens: f.summary_tokens,
+                after_script_ends: f.after_script_ends,
+            }),
+        };
+        let mut model = ScriptedModel::new(Rng::new(spec.seed).fork("model")).with_fallback(fallback);
+        for step in &self.script {
+            if let Step::Assistant(reply) = step {
+                model.push(&reply.lane, reply.to_reply());
+            }
+        }
+        model
+    }
+
     /// Builds the World at virtual time 0: clock at `clock_start` in `timezone`, the initial
     /// files (not journaled), the rng from `seed`, every assistant step queued on its lane, the
     /// scripted tool outputs by tool_use id, and the env.
@@ -25,19 +46,10 @@ impl Scenario {
             fs.seed_at(&full, file.contents.clone(), mtime_ms)
                 .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
         }
-        let fallback = match &spec.fallback {
-            None => Fallback::Error,
-            Some(f) => Fallback::Synthesize(Synthesis {
-                reply_tokens: f.reply_tokens,
-                summary_tokens: f.summary_tokens,
-                after_script_ends: f.after_script_ends,
-            }),
-        };
-        let mut model = ScriptedModel::new(rng.fork("model")).with_fallback(fallback);
+        let model = self.scripted_model();
         let mut tool_outputs = std::collections::BTreeMap::new();
         for step in &self.script {
             match step {
-                Step::Assistant(reply) => model.push(&reply.lane, reply.to_reply()),
                 Step::ToolOutput(outputs) => {
                     let before = tool_outputs.len();
                     for output in outputs {

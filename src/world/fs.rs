@@ -68,6 +68,65 @@ pub struct VirtualFs {
     lineage: Lineage,
     /// Values derived from the tree ([`VirtualFs::derived`]), dropped by every change.
     derived: Derived,
+    /// Values derived from what a computation read of the tree, with what it read
+    /// ([`VirtualFs::derived_by_reads`]): kept through changes and copies, and taken again
+    /// where the tree still reads the same.
+    by_reads: Derived,
+}
+
+/// The reads of a tree a computation made, and what they gave: [`VirtualFs::derived_by_reads`].
+#[derive(Debug, Default)]
+struct ReadLog {
+    files: Vec<(String, Option<String>)>,
+    walks: Vec<(String, Option<Vec<DirEntry>>)>,
+    listings: Vec<(String, Option<Vec<DirEntry>>)>,
+}
+
+impl ReadLog {
+    /// Whether `fs` answers every read as the tree the log was made on did.
+    fn holds_in(&self, fs: &VirtualFs) -> bool {
+        self.files.iter().all(|(path, found)| fs.read(path).ok() == found.as_deref())
+            && self.walks.iter().all(|(dir, found)| fs.walk(dir).ok().as_ref() == found.as_ref())
+            && self.listings.iter().all(|(dir, found)| fs.list_dir(dir).ok().as_ref() == found.as_ref())
+    }
+}
+
+/// A tree as a computation of [`VirtualFs::derived_by_reads`] reads it: every read is noted
+/// with what it gave (none when made by [`Reads::untracked`]).
+pub struct Reads<'a> {
+    fs: &'a VirtualFs,
+    log: Option<std::cell::RefCell<ReadLog>>,
+}
+
+impl<'a> Reads<'a> {
+    /// `fs` read without noting anything.
+    pub fn untracked(fs: &'a VirtualFs) -> Self {
+        Reads { fs, log: None }
+    }
+
+    pub fn read(&self, path: &str) -> Result<&'a str, WorldError> {
+        let found = self.fs.read(path);
+        if let Some(log) = &self.log {
+            log.borrow_mut().files.push((path.to_owned(), found.as_ref().ok().map(|text| (*text).to_owned())));
+        }
+        found
+    }
+
+    pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
+        let found = self.fs.list_dir(path);
+        if let Some(log) = &self.log {
+            log.borrow_mut().listings.push((path.to_owned(), found.as_ref().ok().cloned()));
+        }
+        found
+    }
+
+    pub fn walk(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
+        let found = self.fs.walk(path);
+        if let Some(log) = &self.log {
+            log.borrow_mut().walks.push((path.to_owned(), found.as_ref().ok().cloned()));
+        }
+        found
+    }
 }
 
 /// Values computed from a [`VirtualFs`]'s tree, by the name their caller gives them: the agent
@@ -250,6 +309,32 @@ impl VirtualFs {
         }
         let value = compute(self);
         self.derived.map().insert(key.to_owned(), std::sync::Arc::new(value.clone()));
+        value
+    }
+
+    /// [`VirtualFs::derived`] for a value computed only from what `compute` reads through its
+    /// [`Reads`]: besides being kept until the tree changes, the value is kept with what was read
+    /// (through changes and copies of the tree), and a tree that answers every one of those
+    /// reads the same takes it again without computing. `compute` must read the tree only
+    /// through its `Reads`; `key` as for [`VirtualFs::derived`].
+    pub fn derived_by_reads<T: Clone + std::fmt::Debug + Send + Sync + 'static>(&self, key: &str, compute: impl FnOnce(&Reads<'_>) -> T) -> T {
+        if let Some(value) = self.derived.map().get(key).and_then(|v| v.downcast_ref::<T>()) {
+            return value.clone();
+        }
+        // (The lock is not held while the reads are checked.)
+        let kept = self.by_reads.map().get(key).cloned();
+        if let Some((log, value)) = kept.as_ref().and_then(|kept| kept.downcast_ref::<(ReadLog, T)>())
+            && log.holds_in(self)
+        {
+            debug_assert_eq!(format!("{:?}", compute(&Reads::untracked(self))), format!("{value:?}"), "{key}: a value taken again by its reads differs from computing it");
+            self.derived.map().insert(key.to_owned(), std::sync::Arc::new(value.clone()));
+            return value.clone();
+        }
+        let reads = Reads { fs: self, log: Some(std::cell::RefCell::new(ReadLog::default())) };
+        let value = compute(&reads);
+        let log = reads.log.map(std::cell::RefCell::into_inner).unwrap_or_default();
+        self.derived.map().insert(key.to_owned(), std::sync::Arc::new(value.clone()));
+        self.by_reads.map().insert(key.to_owned(), std::sync::Arc::new((log, value.clone())));
         value
     }
 

@@ -517,3 +517,32 @@ proptest! {
         prop_assert_eq!(seen, expect);
     }
 }
+
+/// A value derived from what it read is taken again (the same value, not computed anew) after
+/// changes of other files and in a copy of the tree; a change of a file it read, or a new file
+/// in a directory it walked, computes it again.
+#[test]
+fn a_value_derived_by_reads_is_taken_again_while_its_reads_read_the_same() {
+    use std::sync::Arc;
+    type Memory = Arc<(String, Vec<String>, bool)>;
+    let (mut fs, clock) = fs_with(&["/p/CLAUDE.md", "/p/.claude/rules/a.md", "/p/src/main.rs"]);
+    let derive = |fs: &VirtualFs| -> Memory {
+        fs.derived_by_reads("test::memory", |reads| {
+            let text = reads.read("/p/CLAUDE.md").unwrap_or_default().to_owned();
+            let rules: Vec<String> = reads.walk("/p/.claude/rules").unwrap_or_default().into_iter().map(|e| e.path).collect();
+            let local = reads.read("/p/CLAUDE.local.md").is_ok();
+            Arc::new((text, rules, local))
+        })
+    };
+    let first = derive(&fs);
+    fs.write("/p/src/main.rs", "fn main() {}", &clock).unwrap();
+    assert!(Arc::ptr_eq(&derive(&fs), &first), "another file changed: taken again");
+    assert!(Arc::ptr_eq(&derive(&fs.clone()), &first), "a copy of the tree: taken again");
+    fs.write("/p/CLAUDE.local.md", "local", &clock).unwrap();
+    let local = derive(&fs);
+    assert!(!Arc::ptr_eq(&local, &first) && local.2, "a file it looked for appeared: computed again");
+    fs.write("/p/.claude/rules/b.md", "b", &clock).unwrap();
+    assert_eq!(derive(&fs).1, vec!["/p/.claude/rules/a.md".to_owned(), "/p/.claude/rules/b.md".to_owned()], "a file in a directory it walked");
+    fs.write("/p/CLAUDE.md", "changed", &clock).unwrap();
+    assert_eq!(derive(&fs).0, "changed", "a file it read changed");
+}
