@@ -378,7 +378,7 @@ fn reactive(cx: &mut ChainContext<'_>, state: &mut RecoveryState, error: &str) -
     state.has_attempted_reactive_compact = true;
     state.last_transition = Some(Transition::ReactiveCompactRetry);
     let pre = token_count_with_estimation(&cx.entries);
-    let mut fork: Vec<Entry> = cx.entries.clone();
+    let mut fork: Vec<Entry> = cx.entries.to_vec();
     let mut trimmed = (0, 0);
     if is_media_size_error(error) {
         if strip_media_to_text(&mut fork) == 0 {
