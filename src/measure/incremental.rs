@@ -150,6 +150,20 @@ fn message_key(message: &Message) -> (Role, usize, usize) {
     (message.role, count, length)
 }
 
+/// Whether `new` is identical to `old` ([`Identical`]), looking first for what a request that
+/// repeats its track's messages shares with them: the same role, the content in the same
+/// allocation and no extra fields. That answers for nearly every message of a growing
+/// conversation without a call; anything else is compared in full.
+#[inline]
+fn same_message(new: &Message, old: &Message) -> bool {
+    let shared = match (&new.content, &old.content) {
+        (MessageContent::Blocks(a), MessageContent::Blocks(b)) => a.same(b),
+        (MessageContent::Text(a), MessageContent::Text(b)) => a.same(b),
+        _ => false,
+    };
+    (shared && new.role == old.role && new.extra.is_empty() && old.extra.is_empty()) || new.identical(old)
+}
+
 /// How many leading keys two key lists share: compared 64 at a time (a `memcmp`), then one
 /// by one inside the first chunk that differs.
 pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
@@ -297,7 +311,7 @@ impl Flattener {
         let kept = track.messages.len() == old_len;
         let reuse = match (keys, track.keys.as_deref()) {
             (Some(new), Some(old)) => common_keys(new, old),
-            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count(),
+            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| same_message(new, old)).count(),
             _ => 0,
         };
         // The records are kept only before the first message whose salt changes (before the
@@ -313,7 +327,7 @@ impl Flattener {
         let mut new_salts: Vec<(usize, u128)> = old_salts.iter().copied().take_while(|&(m, _)| m < reuse).collect();
         let same = |m: usize, old_messages: &[Message], old_keys: Option<&[u128]>| match (keys, old_keys) {
             (Some(new), Some(old)) => new[m] == old[m],
-            _ => old_messages.get(m).is_some_and(|old| request.messages[m].identical(old)),
+            _ => old_messages.get(m).is_some_and(|old| same_message(&request.messages[m], old)),
         };
 
         // Keep messages[..reuse]; set the rest aside (its records may serve again below). When

@@ -399,11 +399,11 @@ pub struct ChainOutput {
 /// knows, without comparing, which records the run left as they were.
 ///
 /// Reading is free (it dereferences to the list). Every way of changing it lowers the count:
-/// the precise ways ([`Entries::entry_mut`], [`Entries::push`], [`Entries::truncate`]) to the
-/// position they change, any other (the list reached mutably through `DerefMut`) to zero. So
+/// the precise ways ([`Entries::entry_mut`], [`Entries::push`], [`Entries::truncate`],
+/// [`Entries::drain`], [`Entries::splice`]) to the first position they change, any other (the list reached mutably through `DerefMut`) to zero. So
 /// the count is never too high, whatever a stage does: a stage that changes the list another
 /// way only costs the session a comparison of every record.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Entries {
     list: Vec<Entry>,
     untouched: usize,
@@ -441,10 +441,29 @@ impl Entries {
         self.list.truncate(len);
     }
 
+    /// Removes `range`.
+    pub fn drain(&mut self, range: std::ops::Range<usize>) -> std::vec::Drain<'_, Entry> {
+        self.untouched = self.untouched.min(range.start);
+        self.list.drain(range)
+    }
+
+    /// Replaces `range` with `with`.
+    pub fn splice<I: IntoIterator<Item = Entry>>(&mut self, range: std::ops::Range<usize>, with: I) {
+        self.untouched = self.untouched.min(range.start);
+        self.list.splice(range, with);
+    }
+
     /// The list replaced by `list`: nothing of it is the old one's.
     pub fn replace(&mut self, list: Vec<Entry>) -> Vec<Entry> {
         self.untouched = 0;
         std::mem::replace(&mut self.list, list)
+    }
+}
+
+/// Two lists of the same entries are equal, whatever each went through.
+impl PartialEq for Entries {
+    fn eq(&self, other: &Entries) -> bool {
+        self.list == other.list
     }
 }
 
