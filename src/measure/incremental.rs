@@ -543,3 +543,60 @@ mod salt_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod shared_tests {
+    use super::Flattener;
+    use crate::api::{ContentBlock, Message, MessageContent, Request, Role};
+    use crate::measure::blocks::{BillingKey, flatten_keyed_by};
+    use crate::measure::{EstimatorKind, TokenCounter};
+    use proptest::prelude::*;
+
+    fn message(n: usize, blocks: bool) -> Message {
+        let role = if n % 2 == 0 { Role::User } else { Role::Assistant };
+        let content = if blocks {
+            MessageContent::Blocks(vec![ContentBlock::text(format!("block {n}"))].into())
+        } else {
+            MessageContent::Text(format!("text {n}").into())
+        };
+        Message { role, content, extra: Default::default() }
+    }
+
+    proptest! {
+        /// Requests that share their messages' allocations with the previous one, as the
+        /// agent's do (compared by the words of their contents), flatten as each does from
+        /// scratch, whatever changes between them: messages appended, replaced, moved, cut, a
+        /// role or an extra field changed on a shared allocation.
+        #[test]
+        fn shared_messages_flatten_as_from_scratch(ops in prop::collection::vec((0u8..7, 0usize..16, any::<bool>()), 1..30)) {
+            let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+            let mut flattener = Flattener::new();
+            let mut messages: Vec<Message> = Vec::new();
+            for (n, (op, at, blocks)) in ops.into_iter().enumerate() {
+                let mut next = messages.clone();
+                let i = if next.is_empty() { None } else { Some(at % next.len()) };
+                match (op, i) {
+                    (1, Some(i)) => next[i] = message(n, blocks),
+                    (2, Some(i)) => next[i].role = if next[i].role == Role::User { Role::Assistant } else { Role::User },
+                    (3, Some(i)) => {
+                        next[i].extra.insert("note".to_owned(), serde_json::json!(n));
+                    }
+                    (4, Some(i)) => {
+                        let copy = next[i].clone();
+                        next.push(copy);
+                    }
+                    (5, _) => next.truncate(at % (next.len() + 1)),
+                    _ => next.push(message(n, blocks)),
+                }
+                messages = next;
+                let mut request = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
+                request.messages = messages.clone();
+                let flat = flattener.flatten(&request, &mut counter, "test");
+                let plain = flatten_keyed_by(&request, &mut counter, "test", BillingKey::Keyed);
+                let identities = |f: &crate::measure::blocks::FlatRequest| f.blocks.iter().map(|b| (b.hash, b.prefix_hash, b.prefix_tokens)).collect::<Vec<_>>();
+                prop_assert_eq!(identities(&flat), identities(&plain));
+                prop_assert_eq!(flat.total_tokens, plain.total_tokens);
+            }
+        }
+    }
+}
