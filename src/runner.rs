@@ -484,7 +484,7 @@ impl<'o> RunState<'o> {
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
                     // `stripExcessMediaItems`: at most 100 images and documents per request.
-                    let stripped = media.strip_excess(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
+                    let (stripped, sent_media) = media.strip_excess(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
                     if stripped > 0 {
                         pending_events.push(format!("message_rewritten:excess_media_stripped:{stripped}"));
                     }
@@ -493,7 +493,9 @@ impl<'o> RunState<'o> {
                     let salts = client.as_deref().map_or(&[][..], |c| c.salts_hint()).to_vec();
                     let mut served = measurer.serve_salted(&request, None, None, &salts).map_err(|e| err(i, e.to_string()))?;
                     let window = agent.model_limits(world).context_window;
-                    let rejection = media.media_error(&request.messages).or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    // The media as stripping left them: the request has not changed since.
+                    debug_assert_eq!(sent_media.error(), crate::agent::compact::recovery::simulated_media_error(&request.messages));
+                    let rejection = sent_media.error().or_else(|| simulated_api_error(served.flat.total_tokens, window));
                     if let Some(error) = rejection {
                         // Measured as sent: the client's rules apply to accepted requests.
                         served.flat.set_salts(&[]);

@@ -250,11 +250,17 @@ fn entries_to_records(entries: &[Entry], records: &[Record], metas: &[RecordMeta
 /// are the ones the run started from, unchanged and in place. `records` are the records the
 /// run started from, moved into the result where the chain left their entry as it made it; the
 /// others are copied from their entry, and only their entries are made again.
+///
+/// `untouched`: how many leading entries the run left as it got them, each the entry of the
+/// record at its position (the chain's [`crate::agent::compact::Entries::untouched`]). They
+/// are not compared again (debug builds check them); a count too low only costs comparing the
+/// entries after it.
 fn entries_into_records(
     entries: Vec<Entry>,
     records: Vec<Record>,
     metas: Vec<RecordMeta>,
     index: &UuidIndex,
+    untouched: usize,
 ) -> (Vec<Record>, Vec<RecordMeta>, Vec<Entry>, usize) {
     // The leading entries the chain left as they were made from the record at their own
     // position, with that record's meta: records, metas and entries stay where they are (a
@@ -282,7 +288,13 @@ fn entries_into_records(
         source
     };
     let (prefix, sources) = if unique {
-        let leading = entries.iter().zip(&records).zip(&metas).take_while(|&((entry, record), meta)| as_made_of(entry, record, meta)).count();
+        let known = untouched.min(entries.len()).min(records.len()).min(metas.len());
+        debug_assert!(
+            entries[..known].iter().zip(&records).zip(&metas).all(|((entry, record), meta)| as_made_of(entry, record, meta)),
+            "an entry the chain left untouched is not its record's as made"
+        );
+        let leading = known
+            + entries[known..].iter().zip(&records[known..]).zip(&metas[known..]).take_while(|&((entry, record), meta)| as_made_of(entry, record, meta)).count();
         let after: Vec<Option<usize>> = entries[leading..].iter().enumerate().map(|(k, entry)| source_of(leading + k, entry)).collect();
         let prefix = after.iter().flatten().copied().filter(|&j| j < leading).min().unwrap_or(leading);
         (prefix, (prefix..leading).map(Some).chain(after).collect::<Vec<_>>())
@@ -539,6 +551,9 @@ impl Session {
         }
         let index = UuidIndex::new(&self.record_meta);
         let mut entries = self.entries();
+        // How many leading entries every step of the run left as they were: each is still the
+        // entry of the record at its position.
+        let mut untouched = entries.len();
         // The chain's first count reads the running counts of the entries the last run left
         // as they were, and counts the rest.
         let mut rough_known = Some(self.chain_state.rough_sums.total(&entries));
@@ -578,7 +593,7 @@ impl Session {
                     (None, None) if manual => {
                         manual = false;
                         let pre_tokens = crate::agent::compact::counting::token_count_with_estimation(&cx.entries);
-                        let fork_entries = cx.entries.clone();
+                        let fork_entries = cx.entries.to_vec();
                         let request = crate::agent::compact::autocompact::request(
                             &mut cx,
                             crate::agent::compact::CompactTrigger::Manual,
@@ -593,7 +608,9 @@ impl Session {
                     (None, None) => chain.run(&mut cx),
                 };
                 output = std::mem::take(&mut cx.output);
-                entries = std::mem::take(&mut cx.entries);
+                let left = std::mem::take(&mut cx.entries);
+                untouched = untouched.min(left.untouched());
+                entries = left.into_vec();
                 step
             };
             let ChainStep::Compact(request) = step else { break };
@@ -642,7 +659,7 @@ impl Session {
             autocompact_checked: output.autocompact_checked,
         };
         let (records, metas, next, unchanged) =
-            entries_into_records(entries, std::mem::take(&mut self.records), std::mem::take(&mut self.record_meta), &index);
+            entries_into_records(entries, std::mem::take(&mut self.records), std::mem::take(&mut self.record_meta), &index, untouched);
         self.message_memo.invalidate_from(unchanged);
         // The records before `unchanged` are the ones the run started from, their entries as made.
         self.chain_state.rough_sums.invalidate_from(unchanged);
@@ -895,6 +912,7 @@ mod tests {
             records in proptest::collection::vec((any::<u8>(), "[a-c]{0,3}", any::<bool>()), 0..24),
             edits in proptest::collection::vec(0u8..9, 0..24),
             order in 0u8..3,
+            hint in 0usize..30,
         ) {
             let records: Vec<Record> = records.into_iter().map(|(k, t, f)| record(k, t, f)).collect();
             // Uuids in the order the session hands them out, else (after a compaction kept older
@@ -944,7 +962,9 @@ mod tests {
             let want_next: Vec<Entry> = want_records.iter().zip(&want_metas).map(|(r, m)| record_to_entry(r, m)).collect();
             let original = records.clone();
             let oracle = entries_into_records_moving_each(entries.clone(), records.clone(), &map);
-            let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, metas.clone(), &index);
+            // What the chain reports it left untouched: at most the entries before the first edit.
+            let untouched = hint.min(edits.iter().position(|&e| (1..=8).contains(&e)).unwrap_or(usize::MAX)).min(entries.len());
+            let (got_records, got_metas, got_next, unchanged) = entries_into_records(entries, records, metas.clone(), &index, untouched);
             // The same as moving every entry's record back one by one (the previous way).
             prop_assert_eq!(&oracle.0, &got_records);
             prop_assert_eq!(&oracle.1, &got_metas);

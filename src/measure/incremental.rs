@@ -150,6 +150,20 @@ fn message_key(message: &Message) -> (Role, usize, usize) {
     (message.role, count, length)
 }
 
+/// Whether `new` is identical to `old` ([`Identical`]), looking first for what a request that
+/// repeats its track's messages shares with them: the same role, the content in the same
+/// allocation and no extra fields. That answers for nearly every message of a growing
+/// conversation without a call; anything else is compared in full.
+#[inline]
+fn same_message(new: &Message, old: &Message) -> bool {
+    let shared = match (&new.content, &old.content) {
+        (MessageContent::Blocks(a), MessageContent::Blocks(b)) => a.same(b),
+        (MessageContent::Text(a), MessageContent::Text(b)) => a.same(b),
+        _ => false,
+    };
+    (shared && new.role == old.role && new.extra.is_empty() && old.extra.is_empty()) || new.identical(old)
+}
+
 /// How many leading keys two key lists share: compared 64 at a time (a `memcmp`), then one
 /// by one inside the first chunk that differs.
 pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
@@ -297,7 +311,7 @@ impl Flattener {
         let kept = track.messages.len() == old_len;
         let reuse = match (keys, track.keys.as_deref()) {
             (Some(new), Some(old)) => common_keys(new, old),
-            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| new.identical(old)).count(),
+            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| same_message(new, old)).count(),
             _ => 0,
         };
         // The records are kept only before the first message whose salt changes (before the
@@ -313,7 +327,7 @@ impl Flattener {
         let mut new_salts: Vec<(usize, u128)> = old_salts.iter().copied().take_while(|&(m, _)| m < reuse).collect();
         let same = |m: usize, old_messages: &[Message], old_keys: Option<&[u128]>| match (keys, old_keys) {
             (Some(new), Some(old)) => new[m] == old[m],
-            _ => old_messages.get(m).is_some_and(|old| request.messages[m].identical(old)),
+            _ => old_messages.get(m).is_some_and(|old| same_message(&request.messages[m], old)),
         };
 
         // Keep messages[..reuse]; set the rest aside (its records may serve again below). When
@@ -525,6 +539,63 @@ mod salt_tests {
                 prop_assert_eq!(identities(&resalted), identities(&fresh));
                 resalted.set_salts(&[]);
                 prop_assert_eq!(identities(&resalted), identities(&unsalted));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::Flattener;
+    use crate::api::{ContentBlock, Message, MessageContent, Request, Role};
+    use crate::measure::blocks::{BillingKey, flatten_keyed_by};
+    use crate::measure::{EstimatorKind, TokenCounter};
+    use proptest::prelude::*;
+
+    fn message(n: usize, blocks: bool) -> Message {
+        let role = if n % 2 == 0 { Role::User } else { Role::Assistant };
+        let content = if blocks {
+            MessageContent::Blocks(vec![ContentBlock::text(format!("block {n}"))].into())
+        } else {
+            MessageContent::Text(format!("text {n}").into())
+        };
+        Message { role, content, extra: Default::default() }
+    }
+
+    proptest! {
+        /// Requests that share their messages' allocations with the previous one, as the
+        /// agent's do (compared by the words of their contents), flatten as each does from
+        /// scratch, whatever changes between them: messages appended, replaced, moved, cut, a
+        /// role or an extra field changed on a shared allocation.
+        #[test]
+        fn shared_messages_flatten_as_from_scratch(ops in prop::collection::vec((0u8..7, 0usize..16, any::<bool>()), 1..30)) {
+            let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+            let mut flattener = Flattener::new();
+            let mut messages: Vec<Message> = Vec::new();
+            for (n, (op, at, blocks)) in ops.into_iter().enumerate() {
+                let mut next = messages.clone();
+                let i = if next.is_empty() { None } else { Some(at % next.len()) };
+                match (op, i) {
+                    (1, Some(i)) => next[i] = message(n, blocks),
+                    (2, Some(i)) => next[i].role = if next[i].role == Role::User { Role::Assistant } else { Role::User },
+                    (3, Some(i)) => {
+                        next[i].extra.insert("note".to_owned(), serde_json::json!(n));
+                    }
+                    (4, Some(i)) => {
+                        let copy = next[i].clone();
+                        next.push(copy);
+                    }
+                    (5, _) => next.truncate(at % (next.len() + 1)),
+                    _ => next.push(message(n, blocks)),
+                }
+                messages = next;
+                let mut request = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
+                request.messages = messages.clone();
+                let flat = flattener.flatten(&request, &mut counter, "test");
+                let plain = flatten_keyed_by(&request, &mut counter, "test", BillingKey::Keyed);
+                let identities = |f: &crate::measure::blocks::FlatRequest| f.blocks.iter().map(|b| (b.hash, b.prefix_hash, b.prefix_tokens)).collect::<Vec<_>>();
+                prop_assert_eq!(identities(&flat), identities(&plain));
+                prop_assert_eq!(flat.total_tokens, plain.total_tokens);
             }
         }
     }

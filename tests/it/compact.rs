@@ -332,7 +332,7 @@ fn compact_cached_microcompact_emits_cache_edits_without_touching_messages() {
     w.state.cached_microcompact.mark_sent();
     let mut cx = w.cx(convo.entries.clone());
     Chain::new().run(&mut cx);
-    assert_eq!(cx.entries, convo.entries);
+    assert_eq!(*cx.entries, convo.entries);
     assert_eq!(cx.output.cache_edits_deleted_tool_ids.len(), 7);
     let edits = cx.output.cache_edits.clone().unwrap();
     assert_eq!(edits["edits"][0], json!({"type": "delete", "cache_reference": "toolu_2"}));

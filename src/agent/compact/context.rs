@@ -394,11 +394,110 @@ pub struct ChainOutput {
     pub peeled_tail: Vec<Entry>,
 }
 
+/// The conversation a run of the chain rewrites, and how many of its leading entries are still
+/// the ones it started with, at their positions ([`Entries::untouched`]): the session then
+/// knows, without comparing, which records the run left as they were.
+///
+/// Reading is free (it dereferences to the list). Every way of changing it lowers the count:
+/// the precise ways ([`Entries::entry_mut`], [`Entries::push`], [`Entries::truncate`],
+/// [`Entries::drain`], [`Entries::splice`]) to the first position they change, any other (the list reached mutably through `DerefMut`) to zero. So
+/// the count is never too high, whatever a stage does: a stage that changes the list another
+/// way only costs the session a comparison of every record.
+#[derive(Debug, Clone, Default)]
+pub struct Entries {
+    list: Vec<Entry>,
+    untouched: usize,
+}
+
+impl Entries {
+    /// `list`, none of it changed yet.
+    pub fn new(list: Vec<Entry>) -> Entries {
+        let untouched = list.len();
+        Entries { list, untouched }
+    }
+
+    /// How many leading entries are the ones the list started with, unchanged and in place.
+    pub fn untouched(&self) -> usize {
+        self.untouched.min(self.list.len())
+    }
+
+    pub fn into_vec(self) -> Vec<Entry> {
+        self.list
+    }
+
+    /// The entry at `index`, to change.
+    pub fn entry_mut(&mut self, index: usize) -> &mut Entry {
+        self.untouched = self.untouched.min(index);
+        &mut self.list[index]
+    }
+
+    pub fn push(&mut self, entry: Entry) {
+        self.untouched = self.untouched.min(self.list.len());
+        self.list.push(entry);
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        self.untouched = self.untouched.min(len);
+        self.list.truncate(len);
+    }
+
+    /// Removes `range`.
+    pub fn drain(&mut self, range: std::ops::Range<usize>) -> std::vec::Drain<'_, Entry> {
+        self.untouched = self.untouched.min(range.start);
+        self.list.drain(range)
+    }
+
+    /// Replaces `range` with `with`.
+    pub fn splice<I: IntoIterator<Item = Entry>>(&mut self, range: std::ops::Range<usize>, with: I) {
+        self.untouched = self.untouched.min(range.start);
+        self.list.splice(range, with);
+    }
+
+    /// The list replaced by `list`: nothing of it is the old one's.
+    pub fn replace(&mut self, list: Vec<Entry>) -> Vec<Entry> {
+        self.untouched = 0;
+        std::mem::replace(&mut self.list, list)
+    }
+}
+
+/// Two lists of the same entries are equal, whatever each went through.
+impl PartialEq for Entries {
+    fn eq(&self, other: &Entries) -> bool {
+        self.list == other.list
+    }
+}
+
+impl std::ops::Deref for Entries {
+    type Target = Vec<Entry>;
+
+    fn deref(&self) -> &Vec<Entry> {
+        &self.list
+    }
+}
+
+impl<'e> IntoIterator for &'e Entries {
+    type Item = &'e Entry;
+    type IntoIter = std::slice::Iter<'e, Entry>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.list.iter()
+    }
+}
+
+/// Any change other than the precise ones: the whole list counts as touched.
+impl std::ops::DerefMut for Entries {
+    fn deref_mut(&mut self) -> &mut Vec<Entry> {
+        self.untouched = 0;
+        &mut self.list
+    }
+}
+
 /// Everything one run of the chain needs. Owned conversation, borrowed world and state.
 pub struct ChainContext<'a> {
     /// The conversation from the last compact boundary on (the loop's `messagesForQuery`);
-    /// rewritten in place and flowing forward to the next request.
-    pub entries: Vec<Entry>,
+    /// rewritten in place and flowing forward to the next request. It notes the first
+    /// position a stage may have changed ([`Entries::untouched`]).
+    pub entries: Entries,
     pub state: &'a mut ChainState,
     pub config: &'a CompactConfig,
     pub fs: &'a mut VirtualFs,
@@ -426,7 +525,7 @@ impl<'a> ChainContext<'a> {
         limits: ModelLimits,
     ) -> ChainContext<'a> {
         ChainContext {
-            entries,
+            entries: Entries::new(entries),
             state,
             config,
             fs,

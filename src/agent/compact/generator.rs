@@ -149,7 +149,7 @@ impl Driver {
         }
         inspect(&cx);
         let output = std::mem::take(&mut cx.output);
-        self.entries = cx.entries;
+        self.entries = cx.entries.into_vec();
         output
     }
 

@@ -24,6 +24,6 @@ pub mod tool_result_budget;
 pub use chain::{Chain, ChainError, ChainStep, STAGES};
 pub use config::CompactConfig;
 pub use context::{
-    ChainContext, ChainOutput, ChainState, CompactTrigger, CompactionReply, CompactionRequest, Entry, EntryKind,
+    ChainContext, ChainOutput, ChainState, CompactTrigger, CompactionReply, CompactionRequest, Entries, Entry, EntryKind,
     ModelLimits, QuerySource,
 };

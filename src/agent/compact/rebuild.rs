@@ -309,7 +309,7 @@ pub fn rebuild(
     for text in cx.inputs.hook_results.clone() {
         out.push(attachment(cx, "hook_result", text, ts));
     }
-    cx.entries = out;
+    cx.entries.replace(out);
 }
 
 /// `preCompactTokenCount`.

@@ -196,6 +196,11 @@ impl KeptMedia {
 }
 
 impl Media {
+    /// [`simulated_media_error`] of the messages these are the media of.
+    pub fn error(self) -> Option<String> {
+        media_error(self.largest)
+    }
+
     fn and(self, other: Media) -> Media {
         Media { count: self.count + other.count, largest: self.largest.max(other.largest) }
     }
@@ -237,9 +242,17 @@ impl MediaMemo {
         total
     }
 
-    /// [`strip_excess_media`] of `messages`, walking only the messages not seen before.
-    pub fn strip_excess(&mut self, messages: &mut [Message], limit: usize) -> usize {
-        if self.scan(messages).count > limit { strip_excess_media(messages, limit) } else { 0 }
+    /// [`strip_excess_media`] of `messages`, walking only the messages not seen before, and
+    /// the media of `messages` as it leaves them: what [`Media::error`] weighs when the request
+    /// is sent unchanged, without a second scan.
+    pub fn strip_excess(&mut self, messages: &mut [Message], limit: usize) -> (usize, Media) {
+        let media = self.scan(messages);
+        if media.count > limit {
+            let stripped = strip_excess_media(messages, limit);
+            (stripped, self.scan(messages))
+        } else {
+            (0, media)
+        }
     }
 
     /// [`simulated_media_error`] of `messages`, walking only the messages not seen before.
@@ -378,7 +391,7 @@ fn reactive(cx: &mut ChainContext<'_>, state: &mut RecoveryState, error: &str) -
     state.has_attempted_reactive_compact = true;
     state.last_transition = Some(Transition::ReactiveCompactRetry);
     let pre = token_count_with_estimation(&cx.entries);
-    let mut fork: Vec<Entry> = cx.entries.clone();
+    let mut fork: Vec<Entry> = cx.entries.to_vec();
     let mut trimmed = (0, 0);
     if is_media_size_error(error) {
         if strip_media_to_text(&mut fork) == 0 {
@@ -491,6 +504,13 @@ mod media_memo_tests {
                 let mut walked = messages.clone();
                 prop_assert_eq!(media.count, strip_excess_media(&mut walked, 0));
                 prop_assert_eq!(memo.media_error(&messages), simulated_media_error(&messages));
+                prop_assert_eq!(media.error(), simulated_media_error(&messages));
+                let mut stripped = messages.clone();
+                let (count, left) = memo.strip_excess(&mut stripped, at as usize % 4);
+                let mut walked = messages.clone();
+                prop_assert_eq!(count, strip_excess_media(&mut walked, at as usize % 4));
+                prop_assert_eq!(left.error(), simulated_media_error(&walked));
+                prop_assert_eq!(left.count, strip_excess_media(&mut walked, 0));
                 let largest = messages.iter().filter_map(|m| match &m.content {
                     MessageContent::Blocks(b) => Some(media_of(b).largest),
                     MessageContent::Text(_) => None,

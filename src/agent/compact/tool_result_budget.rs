@@ -439,7 +439,7 @@ impl Stage for ToolResultBudget {
             if shows(&cx.entries, entry, block, &text) {
                 continue;
             }
-            if let MessageContent::Blocks(blocks) = &mut cx.entries[entry].message_mut().content
+            if let MessageContent::Blocks(blocks) = &mut cx.entries.entry_mut(entry).message_mut().content
                 && let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
                     *content = Some(ToolResultContent::Text(text));
                 }
