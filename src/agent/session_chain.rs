@@ -570,7 +570,8 @@ impl Session {
                 let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
                 cx.source = QuerySource::Main;
                 cx.message_offset = 1;
-                cx.inputs = inputs.clone();
+                // (Lent to the run and taken back: its stages only read them.)
+                cx.inputs = std::mem::take(&mut inputs);
                 cx.output = output;
                 // Known for the entries as the run starts only.
                 cx.rough_known = rough_known.take();
@@ -608,6 +609,7 @@ impl Session {
                     (None, None) => chain.run(&mut cx),
                 };
                 output = std::mem::take(&mut cx.output);
+                inputs = std::mem::take(&mut cx.inputs);
                 let left = std::mem::take(&mut cx.entries);
                 untouched = untouched.min(left.untouched());
                 entries = left.into_vec();
