@@ -282,6 +282,9 @@ pub struct RunState<'o> {
     /// For the client's rules: a prompt, a compaction since the last main request.
     prompted: bool,
     compacted: bool,
+    /// The flattener's stamp of the last main request measured, for the next one's shared
+    /// messages ([`Measurer::serve_shared`]).
+    main_stamp: Option<u64>,
 }
 
 impl<'o> RunState<'o> {
@@ -313,6 +316,7 @@ impl<'o> RunState<'o> {
             client,
             media: MediaMemo::default(),
             prompted: false,
+            main_stamp: None,
             compacted: false,
         })
     }
@@ -411,6 +415,7 @@ impl<'o> RunState<'o> {
             client: self.client.as_ref().map(|c| c.clone_box()),
             media: self.media.clone(),
             prompted: self.prompted,
+            main_stamp: self.main_stamp,
             compacted: self.compacted,
         }
     }
@@ -432,7 +437,7 @@ impl<'o> RunState<'o> {
         let i = self.next;
         let Some(step) = scenario.script.get(i) else { return Ok(()) };
         self.next += 1;
-        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, .. } = self;
+        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, main_stamp, .. } = self;
         let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
         let mut note_check = |run: &crate::agent::session::ChainRun| {
             if let Some(counted) = run.autocompact_checked {
@@ -484,14 +489,22 @@ impl<'o> RunState<'o> {
                     }
                     insert_cache_edits(&mut request, &pinned_edits);
                     // `stripExcessMediaItems`: at most 100 images and documents per request.
-                    let (stripped, sent_media) = media.strip_excess(&mut request.messages, API_MAX_MEDIA_PER_REQUEST);
+                    // The messages shared with the last main request are as its scan saw them.
+                    let (stripped, sent_media) = media.strip_excess(&mut request.messages, API_MAX_MEDIA_PER_REQUEST, agent.shared_messages());
                     if stripped > 0 {
                         pending_events.push(format!("message_rewritten:excess_media_stripped:{stripped}"));
                     }
+                    // The first message changed here since the build: pinned edits and stripped
+                    // media may reach any (what the session need not compare when given back).
+                    let changed_from = if pinned_edits.is_empty() && stripped == 0 { request.messages.len() } else { 0 };
                     // The server applies `context_management` before it counts or caches; it
                     // refuses oversized media first, then an over-long prompt.
                     let salts = client.as_deref().map_or(&[][..], |c| c.salts_hint()).to_vec();
-                    let mut served = measurer.serve_salted(&request, None, None, &salts).map_err(|e| err(i, e.to_string()))?;
+                    // Its first messages are the last main request's own, where neither the build
+                    // nor this step changed them: the flattener that measured it skips them.
+                    let hint = main_stamp.map(|stamp| (stamp, agent.shared_messages().min(changed_from)));
+                    let (mut served, stamp) = measurer.serve_shared(&request, &salts, hint).map_err(|e| err(i, e.to_string()))?;
+                    *main_stamp = Some(stamp);
                     let window = agent.model_limits(world).context_window;
                     // The media as stripping left them: the request has not changed since.
                     debug_assert_eq!(sent_media.error(), crate::agent::compact::recovery::simulated_media_error(&request.messages));
@@ -509,7 +522,7 @@ impl<'o> RunState<'o> {
                         input.rejected = Some(error.clone());
                         let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                         if let Some(request) = out.push(row, request) {
-                            agent.give_back_messages(request.messages);
+                            agent.give_back_messages(request.messages, changed_from);
                         }
                         let recovery_outcome = {
                             let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
@@ -580,7 +593,7 @@ impl<'o> RunState<'o> {
                     // The request's messages go back to the session, which lends them to the
                     // next request instead of copying the conversation again.
                     if let Some(request) = out.push(row, request) {
-                        agent.give_back_messages(request.messages);
+                        agent.give_back_messages(request.messages, changed_from);
                     }
                     world.clock.advance(this_reply.latency.map_or(0, |l| l.total_ms));
                     reply = Some((this_reply, usage, message_id));

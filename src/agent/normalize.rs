@@ -172,13 +172,19 @@ pub struct MessageMemo {
     /// more than the prefix's.
     spare: Vec<Message>,
     spare_front: usize,
+    /// How many leading messages of the spare list are the handing request's own, as it sent
+    /// them (the count [`MessageMemo::give_back`] was told).
+    spare_unchanged: usize,
+    /// How many leading messages of the last list lent are the previous request's own, as it
+    /// sent them ([`MessageMemo::lent_shared`]).
+    lent_shared: usize,
 }
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
 /// request copies the prefix instead).
 impl Clone for MessageMemo {
     fn clone(&self) -> Self {
-        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new(), spare_front: 0 }
+        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new(), spare_front: 0, spare_unchanged: 0, lent_shared: 0 }
     }
 }
 
@@ -220,6 +226,7 @@ impl MessageMemo {
 
     fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
         let front_len = usize::from(front.is_some());
+        self.lent_shared = 0;
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
             let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
@@ -243,7 +250,7 @@ impl MessageMemo {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, spare: Vec::new(), spare_front: 0 };
+            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, ..MessageMemo::default() };
         } else if self.split < split {
             let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
             if finish {
@@ -260,16 +267,28 @@ impl MessageMemo {
         // The list the last request handed back, its messages after the front ones the
         // prefix's first ones; the front as asked for, the prefix's later messages copied in.
         // One more for a message the caller may still put in front (moving the list once).
+        // The messages of the list handed back that stay where they were, unchanged, are
+        // the previous request's own as it sent them (an equal front message is kept too).
         let mut messages = std::mem::take(&mut self.spare);
         let spare_front = std::mem::take(&mut self.spare_front);
-        match front {
-            Some(front) if spare_front == 1 => messages[0] = front,
+        let spare_unchanged = std::mem::take(&mut self.spare_unchanged);
+        let in_place = match front {
+            Some(front) if spare_front == 1 => {
+                let equal = messages[0] == front;
+                if !equal {
+                    messages[0] = front;
+                }
+                equal
+            }
             front => {
+                let in_place = spare_front == 0 && front.is_none();
                 messages.drain(..spare_front);
                 messages.splice(0..0, front);
+                in_place
             }
-        }
+        };
         let kept = messages.len() - front_len;
+        self.lent_shared = if in_place { spare_unchanged.min(messages.len()) } else { 0 };
         debug_assert!(kept <= self.messages.len() && messages[front_len..] == self.messages[..kept], "the spare list is the prefix's");
         messages.reserve(self.messages.len() - kept + tail.len() + 1);
         messages.extend_from_slice(&self.messages[kept..]);
@@ -283,18 +302,37 @@ impl MessageMemo {
     /// instead of a copy of the prefix. Whatever the request changed is found (a message that
     /// is not [`same_message`] as the prefix's at its position) and made again from the prefix,
     /// and its messages past the prefix are dropped.
-    pub fn give_back(&mut self, mut messages: Vec<Message>, offset: usize) {
+    ///
+    /// `unchanged` counts the leading messages (the front ones included) that are as
+    /// [`MessageMemo::messages`] lent them: the prefix's own, taken without a look. A count too
+    /// low costs only the comparison; debug builds check the ones taken.
+    pub fn give_back(&mut self, mut messages: Vec<Message>, offset: usize, unchanged: usize) {
         if messages.len() < offset {
             return;
         }
         messages.truncate(offset + self.messages.len());
-        for (given, kept) in messages[offset..].iter_mut().zip(&self.messages) {
+        let skip = unchanged.saturating_sub(offset);
+        for (given, kept) in messages[offset..].iter_mut().zip(&self.messages).skip(skip) {
             if !same_message(given, kept) {
                 *given = kept.clone();
             }
         }
+        debug_assert!(
+            messages[offset..].iter().zip(&self.messages).take(skip).all(|(given, kept)| same_message(given, kept)),
+            "a message counted as unchanged ({unchanged} from {offset}) differs from the prefix's"
+        );
+        self.spare_unchanged = unchanged.min(messages.len());
         self.spare = messages;
         self.spare_front = offset;
+    }
+
+    /// How many leading messages of the list the last [`MessageMemo::messages`] returned are
+    /// the ones of the request that handed it back, as that request sent them (the same
+    /// allocations; [`MessageMemo::give_back`]'s count of unchanged ones, where the list's
+    /// messages stayed in place). A flattener that last saw that request need not compare
+    /// them ([`crate::measure::incremental::Flattener::expect_shared`]).
+    pub fn lent_shared(&self) -> usize {
+        self.lent_shared
     }
 }
 
@@ -619,32 +657,41 @@ mod tests {
                 }
                 prop_assert_eq!(&got[front_len..], &from_scratch(&context, &records, options, finish)[..]);
                 let at = a as usize % got.len().max(1);
-                match back {
+                // The first message changed; the count handed back is no higher (any lower one
+                // is allowed: it costs only the comparison).
+                let changed_from = match back {
                     0 => continue,
-                    1 => {}
+                    1 => got.len(),
                     2 if front_len == 0 => {
                         got.insert(0, Message::user_text("listing"));
-                        memo.give_back(got, 1);
+                        memo.give_back(got, 1, 0);
                         continue;
                     }
-                    2 => {}
+                    2 => got.len(),
                     3 => {
                         if let Some(MessageContent::Blocks(blocks)) = got.get_mut(at).map(|m| &mut m.content) {
                             blocks.push(ContentBlock::text("changed"));
                         }
+                        at
                     }
                     4 => {
                         if let Some(MessageContent::Text(text)) = got.get_mut(at).map(|m| &mut m.content) {
                             text.push('!');
                         }
+                        at
                     }
                     5 => {
                         let end = (at + 1).min(got.len());
                         mark_last_block(&mut got[..end], CacheControl::ephemeral());
+                        end.saturating_sub(1)
                     }
-                    _ => got.truncate(at),
-                }
-                memo.give_back(got, front_len);
+                    _ => {
+                        got.truncate(at);
+                        at
+                    }
+                };
+                let unchanged = if flag { changed_from } else { b as usize % (changed_from + 1) };
+                memo.give_back(got, front_len, unchanged);
             }
         }
     }

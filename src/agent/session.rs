@@ -186,6 +186,12 @@ pub struct Session {
     /// tools' listing), for [`Session::give_back_messages`]; `None` when its layout moved them
     /// otherwise (2.1.332) or it was handed back already.
     lent_offset: Option<usize>,
+    /// How many leading messages of the last request built are as the memo lent them (its
+    /// prefix's own): those before the ones it made, when nothing rewrote the history.
+    lent_unchanged: usize,
+    /// How many leading messages of the last request built are the ones the request before it
+    /// handed back, as that one sent them ([`Session::shared_messages`]).
+    lent_shared: usize,
 }
 
 #[path = "session_chain.rs"]
@@ -265,6 +271,8 @@ impl Session {
             message_memo: MessageMemo::default(),
             mcp_memo: Default::default(),
             lent_offset: None,
+            lent_unchanged: 0,
+            lent_shared: 0,
             finalize_memo: Default::default(),
         }
     }
@@ -1461,10 +1469,23 @@ impl Session {
     /// Takes back the messages of the last request built, once it is measured and no longer
     /// kept: the next request reuses them instead of copying the unchanged conversation
     /// ([`MessageMemo::give_back`], which finds what was changed in them since).
-    pub fn give_back_messages(&mut self, messages: Vec<Message>) {
+    ///
+    /// `changed_from` is the first message the caller may have changed since the request was
+    /// built (the list's length when it changed none); the ones before it and before the first
+    /// the build changed are not compared.
+    pub fn give_back_messages(&mut self, messages: Vec<Message>, changed_from: usize) {
+        self.lent_shared = 0;
         if let Some(offset) = self.lent_offset.take() {
-            self.message_memo.give_back(messages, offset);
+            self.message_memo.give_back(messages, offset, self.lent_unchanged.min(changed_from));
         }
+    }
+
+    /// How many leading messages of the last request built are the ones of the request that
+    /// handed its messages back before it ([`Session::give_back_messages`]), as that request
+    /// sent them and not changed since by the build: what the flattener that measured that
+    /// request need not compare again, unless the caller changed them since.
+    pub fn shared_messages(&self) -> usize {
+        self.lent_shared
     }
 
     /// The main request after a run of the long-context chain: [`Session::build_request`] with
@@ -1563,6 +1584,10 @@ impl Session {
         // Claude Code 2.1.332's layout, main thread and subagents (src/agent/dialect.rs).
         let dialect = (self.strategy.client_version == crate::agent::dialect::VERSION).then(|| self.dialect_inputs(world, &pool));
         self.lent_offset = Some(front_len);
+        // A finished history is rewritten only from `start` on (the marker goes on the last
+        // message, which the memo's tail always makes); otherwise anything may have been.
+        self.lent_unchanged = if finish { start.min(messages.len().saturating_sub(1)) } else { 0 };
+        self.lent_shared = self.message_memo.lent_shared().min(self.lent_unchanged);
         if let Some(inputs) = &dialect {
             crate::agent::dialect::rewrite_results(&mut messages);
             crate::agent::dialect::relayout(&mut messages, inputs);

@@ -56,12 +56,24 @@ pub struct Flattener {
     /// Records of keyed messages hashed ahead ([`Flattener::prepare`]): by message key, with
     /// the family they were counted for. Taken (removed) by the first request that needs them.
     prepared: FxHashMap<u128, (String, Vec<PromptBlock>)>,
+    /// What the caller knows of the next request ([`Flattener::expect_shared`]): its leading
+    /// messages that are those of the request flattened with that stamp, as it sent them.
+    shared_hint: Option<(u64, usize)>,
+    /// The stamp of the last request flattened ([`Flattener::last_stamp`]).
+    last_stamp: u64,
 }
+
+/// Stamps of flattened requests, unique in the process (a copied or restored flattener keeps
+/// its tracks' stamps, and no later request gets one of them): a stamp names one request as
+/// flattened, not a position in one flattener's history. Only work depends on them.
+static STAMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// The last request of one line of requests, as flattening left it.
 #[derive(Debug, Clone)]
 struct Track {
     last_used: u64,
+    /// The stamp of the request that left the track as it is.
+    stamp: u64,
     model: String,
     family: String,
     /// The last request's tools (shared with it: the agent's requests share one list while
@@ -100,6 +112,7 @@ impl Track {
     fn new(model: &str, family: &str) -> Track {
         Track {
             last_used: 0,
+            stamp: 0,
             model: model.to_owned(),
             family: family.to_owned(),
             tools: SharedVec::default(),
@@ -178,7 +191,7 @@ pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
 
 impl Default for Flattener {
     fn default() -> Self {
-        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, billing: Default::default(), requests: 0, reused_blocks: 0, prepared: FxHashMap::default() }
+        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, billing: Default::default(), requests: 0, reused_blocks: 0, prepared: FxHashMap::default(), shared_hint: None, last_stamp: 0 }
     }
 }
 
@@ -221,6 +234,19 @@ impl Flattener {
         let mut records = Vec::new();
         push_message(m, message, counter, family, 0, &mut records);
         self.prepared.insert(key, (family.to_owned(), records));
+    }
+
+    /// The next request flattened starts with `count` messages that are the ones the request
+    /// with `stamp` ([`Flattener::last_stamp`]) sent, unchanged (the same allocations): where
+    /// that request left its track as it is, they are not compared. A count too high would
+    /// give wrong records (debug builds check it); too low costs only the comparison.
+    pub fn expect_shared(&mut self, hint: Option<(u64, usize)>) {
+        self.shared_hint = hint;
+    }
+
+    /// The stamp of the last request flattened, for [`Flattener::expect_shared`].
+    pub fn last_stamp(&self) -> u64 {
+        self.last_stamp
     }
 
     /// The track a request most likely extends, or a new one (the least recently used goes).
@@ -289,6 +315,7 @@ impl Flattener {
         family: &str,
     ) -> FlatRequest {
         let keys = keys.filter(|k| k.len() == request.messages.len());
+        let hint = self.shared_hint.take();
         let billing = self.billing;
         self.tick += 1;
         self.requests += 1;
@@ -311,7 +338,18 @@ impl Flattener {
         let kept = track.messages.len() == old_len;
         let reuse = match (keys, track.keys.as_deref()) {
             (Some(new), Some(old)) => common_keys(new, old),
-            _ if kept => request.messages.iter().zip(&track.messages).take_while(|(new, old)| same_message(new, old)).count(),
+            _ if kept => {
+                // The messages the caller knows to be the last request's own, as it sent them.
+                let known = match hint {
+                    Some((stamp, count)) if stamp == track.stamp => count.min(old_len).min(request.messages.len()),
+                    _ => 0,
+                };
+                debug_assert!(
+                    request.messages[..known].iter().zip(&track.messages).all(|(new, old)| same_message(new, old)),
+                    "a message the caller counted as the last request's differs from it ({known} counted)"
+                );
+                known + request.messages[known..].iter().zip(&track.messages[known..]).take_while(|(new, old)| same_message(new, old)).count()
+            }
             _ => 0,
         };
         // The records are kept only before the first message whose salt changes (before the
@@ -447,6 +485,8 @@ impl Flattener {
             }
         }
         track.len = request.messages.len();
+        track.stamp = STAMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.last_stamp = track.stamp;
         track.first = request.messages.first().map(message_key);
         track.head_key = head_key;
 
@@ -566,32 +606,58 @@ mod shared_tests {
         /// Requests that share their messages' allocations with the previous one, as the
         /// agent's do (compared by the words of their contents), flatten as each does from
         /// scratch, whatever changes between them: messages appended, replaced, moved, cut, a
-        /// role or an extra field changed on a shared allocation.
+        /// role or an extra field changed on a shared allocation. The caller says how many
+        /// leading messages are the last request's ([`Flattener::expect_shared`]; any count up
+        /// to the first changed), and now and then another request on the same track comes
+        /// between (the count is then the wrong request's and is not used).
         #[test]
-        fn shared_messages_flatten_as_from_scratch(ops in prop::collection::vec((0u8..7, 0usize..16, any::<bool>()), 1..30)) {
+        fn shared_messages_flatten_as_from_scratch(ops in prop::collection::vec((0u8..7, 0usize..16, any::<bool>(), any::<u8>()), 1..30)) {
             let mut counter = TokenCounter::new(EstimatorKind::Chars4);
             let mut flattener = Flattener::new();
             let mut messages: Vec<Message> = Vec::new();
-            for (n, (op, at, blocks)) in ops.into_iter().enumerate() {
+            let mut stamp = None;
+            for (n, (op, at, blocks, known)) in ops.into_iter().enumerate() {
                 let mut next = messages.clone();
                 let i = if next.is_empty() { None } else { Some(at % next.len()) };
-                match (op, i) {
-                    (1, Some(i)) => next[i] = message(n, blocks),
-                    (2, Some(i)) => next[i].role = if next[i].role == Role::User { Role::Assistant } else { Role::User },
+                let changed = match (op, i) {
+                    (1, Some(i)) => {
+                        next[i] = message(n, blocks);
+                        i
+                    }
+                    (2, Some(i)) => {
+                        next[i].role = if next[i].role == Role::User { Role::Assistant } else { Role::User };
+                        i
+                    }
                     (3, Some(i)) => {
                         next[i].extra.insert("note".to_owned(), serde_json::json!(n));
+                        i
                     }
                     (4, Some(i)) => {
                         let copy = next[i].clone();
                         next.push(copy);
+                        next.len() - 1
                     }
-                    (5, _) => next.truncate(at % (next.len() + 1)),
-                    _ => next.push(message(n, blocks)),
-                }
+                    (5, _) => {
+                        next.truncate(at % (next.len() + 1));
+                        next.len()
+                    }
+                    _ => {
+                        next.push(message(n, blocks));
+                        next.len() - 1
+                    }
+                };
                 messages = next;
+                if known % 5 == 0 && !messages.is_empty() {
+                    // Another request extending the same first message.
+                    let mut side = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
+                    side.messages = vec![messages[0].clone(), message(n + 1000, blocks)];
+                    flattener.flatten(&side, &mut counter, "test");
+                }
                 let mut request = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
                 request.messages = messages.clone();
+                flattener.expect_shared(stamp.map(|stamp| (stamp, usize::from(known) % (changed + 1))));
                 let flat = flattener.flatten(&request, &mut counter, "test");
+                stamp = Some(flattener.last_stamp());
                 let plain = flatten_keyed_by(&request, &mut counter, "test", BillingKey::Keyed);
                 let identities = |f: &crate::measure::blocks::FlatRequest| f.blocks.iter().map(|b| (b.hash, b.prefix_hash, b.prefix_tokens)).collect::<Vec<_>>();
                 prop_assert_eq!(identities(&flat), identities(&plain));

@@ -412,6 +412,17 @@ impl Measurer {
         Ok(served)
     }
 
+    /// [`Self::serve_salted`] of a request whose first `count` messages are the ones the
+    /// request with `stamp` sent, unchanged (`hint`; [`Flattener::expect_shared`]), and the
+    /// stamp this one gets ([`Flattener::last_stamp`]).
+    pub fn serve_shared(&mut self, body: &Request, salts: &[(usize, u128)], hint: Option<(u64, usize)>) -> Result<(Served, u64), UnknownModel> {
+        self.state.flattener.expect_shared(hint);
+        let served = self.serve_salted(body, None, None, salts);
+        // Never left for another request (an unknown model fails before flattening).
+        self.state.flattener.expect_shared(None);
+        Ok((served?, self.state.flattener.last_stamp()))
+    }
+
     fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>, salts: &[(usize, u128)]) -> Result<Served, UnknownModel> {
         let dropped = self.prior_thinking_dropped;
         let info = self.model_info(&body.model)?;

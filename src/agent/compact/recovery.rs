@@ -210,10 +210,22 @@ impl MediaMemo {
     /// The media of `messages`: how many items in all and the largest (what
     /// [`strip_excess_media`] counts and [`simulated_media_error`] weighs).
     pub fn scan(&mut self, messages: &[Message]) -> Media {
+        self.scan_after(messages, 0)
+    }
+
+    /// [`MediaMemo::scan`] of messages whose first `known` are the ones the last scan saw (the
+    /// same allocations): they are not compared. A count too high would give wrong media
+    /// (debug builds check it); too low costs only the comparison.
+    fn scan_after(&mut self, messages: &[Message], known: usize) -> Media {
         // The leading messages still the kept ones keep their running media; after them a
         // message whose blocks are kept is not walked either (a request may change a message
         // before others it leaves as they were: a moved marker, a cache edit).
-        let same = messages.iter().zip(&self.kept).take_while(|(message, kept)| kept.holds(message)).count();
+        let known = known.min(messages.len()).min(self.kept.len());
+        debug_assert!(
+            messages[..known].iter().zip(&self.kept).all(|(message, kept)| kept.holds(message)),
+            "a message counted as scanned before differs from the one kept ({known} counted)"
+        );
+        let same = known + messages[known..].iter().zip(&self.kept[known..]).take_while(|(message, kept)| kept.holds(message)).count();
         self.kept.truncate(messages.len());
         let mut total = same.checked_sub(1).map_or_else(Media::default, |last| self.kept[last].through);
         for (i, message) in messages.iter().enumerate().skip(same) {
@@ -245,8 +257,11 @@ impl MediaMemo {
     /// [`strip_excess_media`] of `messages`, walking only the messages not seen before, and
     /// the media of `messages` as it leaves them: what [`Media::error`] weighs when the request
     /// is sent unchanged, without a second scan.
-    pub fn strip_excess(&mut self, messages: &mut [Message], limit: usize) -> (usize, Media) {
-        let media = self.scan(messages);
+    ///
+    /// `known` leading messages are the ones the last scan saw, unchanged (see
+    /// [`MediaMemo::scan_after`]).
+    pub fn strip_excess(&mut self, messages: &mut [Message], limit: usize, known: usize) -> (usize, Media) {
+        let media = self.scan_after(messages, known);
         if media.count > limit {
             let stripped = strip_excess_media(messages, limit);
             (stripped, self.scan(messages))
@@ -505,8 +520,10 @@ mod media_memo_tests {
                 prop_assert_eq!(media.count, strip_excess_media(&mut walked, 0));
                 prop_assert_eq!(memo.media_error(&messages), simulated_media_error(&messages));
                 prop_assert_eq!(media.error(), simulated_media_error(&messages));
+                // The copy's messages are the ones the last scan saw: any count of them is known.
                 let mut stripped = messages.clone();
-                let (count, left) = memo.strip_excess(&mut stripped, at as usize % 4);
+                let known = n * 7 % (stripped.len() + 1);
+                let (count, left) = memo.strip_excess(&mut stripped, at as usize % 4, known);
                 let mut walked = messages.clone();
                 prop_assert_eq!(count, strip_excess_media(&mut walked, at as usize % 4));
                 prop_assert_eq!(left.error(), simulated_media_error(&walked));
