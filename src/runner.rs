@@ -210,6 +210,15 @@ impl<'o> Collected<'o> {
         }
     }
 
+    /// [`Collected::push`] of a request with `stamp` whose first messages are, as `hint` says,
+    /// the ones of the request with the hint's stamp ([`LossTracker::expect_shared`]).
+    fn push_shared(&mut self, row: RequestMetrics, request: Request, stamp: u64, hint: Option<(u64, usize)>) -> Option<Request> {
+        if let Some(loss) = &mut self.loss {
+            loss.expect_shared(stamp, hint);
+        }
+        self.push(row, request)
+    }
+
     /// Records `row` and `request`; the request back when it is not kept.
     fn push(&mut self, row: RequestMetrics, request: Request) -> Option<Request> {
         if let Some(loss) = &mut self.loss {
@@ -521,7 +530,7 @@ impl<'o> RunState<'o> {
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
                         let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
-                        if let Some(request) = out.push(row, request) {
+                        if let Some(request) = out.push_shared(row, request, stamp, hint) {
                             agent.give_back_messages(request.messages, changed_from);
                         }
                         let recovery_outcome = {
@@ -592,7 +601,7 @@ impl<'o> RunState<'o> {
                     let message_id = format!("msg_{:04}", row.index);
                     // The request's messages go back to the session, which lends them to the
                     // next request instead of copying the conversation again.
-                    if let Some(request) = out.push(row, request) {
+                    if let Some(request) = out.push_shared(row, request, stamp, hint) {
                         agent.give_back_messages(request.messages, changed_from);
                     }
                     world.clock.advance(this_reply.latency.map_or(0, |l| l.total_ms));

@@ -59,6 +59,10 @@ pub struct LossTracker {
     /// What each lane's earlier requests showed in the messages the next one is expected to
     /// begin with, so a request is read from where it departs from them.
     prefixes: BTreeMap<String, ShownPrefix>,
+    /// What the caller knows of the next request observed ([`LossTracker::expect_shared`]):
+    /// its stamp, and how many of its leading messages are the ones the request with the
+    /// other stamp sent.
+    shared_hint: Option<(u64, Option<(u64, usize)>)>,
     /// Keeps no prefix: every request is read whole (the reference the kept prefixes are
     /// tested against).
     #[cfg(test)]
@@ -80,6 +84,8 @@ pub struct LossTracker {
 /// its results cleared then are hidden, and so is a path none of its other results shows.
 #[derive(Debug, Clone, Default)]
 struct ShownPrefix {
+    /// The stamp of the request whose messages these are, when the caller gave one.
+    stamp: Option<u64>,
     /// The messages' blocks (`None`: a text message, which shows nothing).
     messages: Vec<Option<crate::api::SharedBlocks>>,
     /// Path of each Read call among them, by tool use id.
@@ -178,17 +184,28 @@ impl<'r> Shown<'r> {
 }
 
 impl ShownPrefix {
-    /// How many of the kept messages `messages` begin with.
-    fn common(&self, messages: &[crate::api::Message]) -> usize {
-        self.messages
-            .iter()
-            .zip(messages)
-            .take_while(|(kept, message)| match (kept, &message.content) {
-                (Some(kept), MessageContent::Blocks(blocks)) => kept.same(blocks),
+    /// How many of the kept messages `messages` begin with, of which the first `known` are
+    /// known to be the kept ones (not compared; debug builds check they show the same).
+    fn common(&self, messages: &[crate::api::Message], known: usize) -> usize {
+        let known = known.min(self.messages.len()).min(messages.len());
+        debug_assert!(
+            self.messages[..known].iter().zip(messages).all(|(kept, message)| match (kept, &message.content) {
+                (Some(kept), MessageContent::Blocks(blocks)) => kept.same(blocks) || kept[..] == blocks[..],
                 (None, MessageContent::Text(_)) => true,
                 _ => false,
-            })
-            .count()
+            }),
+            "a message counted as the kept prefix's differs from it ({known} counted)"
+        );
+        known
+            + self.messages[known..]
+                .iter()
+                .zip(&messages[known..])
+                .take_while(|(kept, message)| match (kept, &message.content) {
+                    (Some(kept), MessageContent::Blocks(blocks)) => kept.same(blocks),
+                    (None, MessageContent::Text(_)) => true,
+                    _ => false,
+                })
+                .count()
     }
 
     /// Cuts the messages back to their first `len` (what the later ones added undone, last
@@ -305,6 +322,16 @@ impl LossTracker {
         LossTracker::default()
     }
 
+    /// The next request observed has `stamp` (unique in the process, as
+    /// [`crate::measure::incremental::Flattener::last_stamp`]'s), and its first `count` messages
+    /// are the ones the request with stamp `previous` sent (`hint`: `(previous, count)`), as
+    /// [`crate::measure::incremental::Flattener::expect_shared`] is told. Where that request
+    /// left its lane's kept prefix, those messages are not compared with it. A count too high
+    /// would judge wrongly (debug builds check it); too low costs only the comparison.
+    pub fn expect_shared(&mut self, stamp: u64, hint: Option<(u64, usize)>) {
+        self.shared_hint = Some((stamp, hint));
+    }
+
     /// Observes one measured request.
     pub fn observe(&mut self, request: &Request, row: &RequestMetrics) {
         self.count_drops(row);
@@ -346,13 +373,18 @@ impl LossTracker {
     fn judge<S: AsRef<str>>(&mut self, request: &Request, lane: &str, cleared: &[S]) {
         let messages = &request.messages;
         let cleared = Cleared::new(cleared);
+        let (stamp, hint) = self.shared_hint.take().map_or((None, None), |(stamp, hint)| (Some(stamp), hint));
         // The messages this lane's earlier request showed, as far as this request begins with
         // them, when the server clears every result it cleared then.
         let mut prefix = self
             .prefixes
             .remove(lane)
             .map(|mut p| {
-                p.cut(p.common(messages));
+                let known = match (hint, p.stamp) {
+                    (Some((previous, count)), Some(kept)) if previous == kept => count,
+                    _ => 0,
+                };
+                p.cut(p.common(messages, known));
                 p
             })
             .filter(|p| p.holds_under(&cleared));
@@ -477,6 +509,7 @@ impl LossTracker {
             return;
         }
         let mut prefix = prefix.unwrap_or_default();
+        prefix.stamp = stamp;
         let settled = messages.len().saturating_sub(UNSETTLED_TAIL).max(from);
         for message in &messages[from..settled] {
             let mut more = Shown::default();
@@ -541,13 +574,16 @@ mod prefix_tests {
         /// repeated Read ids, server-side clears (one request's, lasting, lifted) and a second
         /// lane.
         #[test]
-        fn kept_prefixes_judge_as_whole_requests(ops in proptest::collection::vec((0u8..10, 0usize..3, 0usize..40), 1..60)) {
+        fn kept_prefixes_judge_as_whole_requests(ops in proptest::collection::vec((0u8..10, 0usize..3, 0usize..40, 0usize..64), 1..60)) {
             let (mut kept, mut whole) = (LossTracker::new(), LossTracker { whole: true, ..LossTracker::new() });
             let mut lanes: [Vec<Message>; 2] = [Vec::new(), Vec::new()];
             let mut next = 0usize;
             // Results the server goes on clearing from request to request (context editing).
             let mut server: Vec<String> = Vec::new();
-            for (op, p, k) in ops {
+            // Each lane's last request as sent, with its stamp (`None`: observed without one).
+            let mut sent: [(Vec<Message>, Option<u64>); 2] = [(Vec::new(), None), (Vec::new(), None)];
+            let mut stamps = 0u64;
+            for (op, p, k, h) in ops {
                 let path = PATHS[p];
                 let lane = usize::from(op == 9);
                 let messages = &mut lanes[lane];
@@ -597,6 +633,19 @@ mod prefix_tests {
                 }
                 let mut request = Request::new("m", 100);
                 request.messages = messages.clone();
+                // The caller's count of leading messages the lane's last request sent as they
+                // are: any count up to the first one that differs (sometimes no stamp at all).
+                let (previous, previous_stamp) = &sent[lane];
+                let shared = request.messages.iter().zip(previous).take_while(|(new, old)| match (&new.content, &old.content) {
+                    (MessageContent::Blocks(a), MessageContent::Blocks(b)) => a.same(b),
+                    (MessageContent::Text(a), MessageContent::Text(b)) => a == b,
+                    _ => false,
+                }).count();
+                stamps += 1;
+                if h % 7 != 0 {
+                    kept.expect_shared(stamps, previous_stamp.map(|s| (s, h % (shared + 1))));
+                }
+                sent[lane] = (request.messages.clone(), (h % 7 != 0).then_some(stamps));
                 let lane = ["main", "sub"][lane];
                 kept.judge(&request, lane, &cleared);
                 whole.judge(&request, lane, &cleared);
