@@ -60,16 +60,30 @@ fn ends_in_server_tool_result(message: &Message) -> bool {
         })
 }
 
+/// The positions of the `role: "system"` messages, in order.
+pub fn system_positions(messages: &[Message]) -> Vec<usize> {
+    messages.iter().enumerate().filter(|(_, m)| m.role == Role::System).map(|(i, _)| i).collect()
+}
+
 /// The API's 400 message for a misplaced or malformed system message, or `Ok`.
 pub fn check(request: &Request) -> Result<(), String> {
-    let messages = &request.messages;
-    if !messages.iter().any(|m| m.role == Role::System) {
+    check_at(request, &system_positions(&request.messages))
+}
+
+/// [`check`] of a request whose system messages are at `systems` ([`system_positions`], kept
+/// from request to request by [`crate::measure::incremental::Flattener::last_system_messages`]):
+/// only they and their neighbours are read, not every message.
+pub fn check_at(request: &Request, systems: &[usize]) -> Result<(), String> {
+    debug_assert_eq!(systems, system_positions(&request.messages), "the system messages' kept positions are stale");
+    if systems.is_empty() {
         return Ok(());
     }
+    let messages = &request.messages;
     // Tools by name with their type (`None`: custom), grown by definitions sent by value.
     let mut known: Vec<(String, Option<String>)> = request.tools().iter().map(|t| (t.name.clone(), t.kind.clone().filter(|k| k != "custom"))).collect();
-    for (i, message) in messages.iter().enumerate() {
-        if message.role != Role::System || renders_nothing(message) {
+    for &i in systems {
+        let message = &messages[i];
+        if renders_nothing(message) {
             continue;
         }
         if i == 0 {

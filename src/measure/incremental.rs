@@ -61,6 +61,8 @@ pub struct Flattener {
     shared_hint: Option<(u64, usize)>,
     /// The stamp of the last request flattened ([`Flattener::last_stamp`]).
     last_stamp: u64,
+    /// The track the last request flattened left ([`Flattener::last_system_messages`]).
+    last_track: Option<usize>,
 }
 
 /// Stamps of flattened requests, unique in the process (a copied or restored flattener keeps
@@ -93,6 +95,9 @@ struct Track {
     first: Option<(Role, usize, usize)>,
     /// The key of the last request's other fields ([`Flattener::flatten_with_keys`]).
     head_key: Option<u128>,
+    /// The positions of the last request's `role: "system"` messages
+    /// ([`crate::api::system_messages::system_positions`]), kept where its messages are.
+    systems: Vec<usize>,
     /// The block records; the first `head` are the tools and system levels. Shared with the
     /// last [`FlatRequest`] handed out: extended in place once that is dropped.
     blocks: Arc<Vec<PromptBlock>>,
@@ -125,6 +130,7 @@ impl Track {
             len: 0,
             first: None,
             head_key: None,
+            systems: Vec::new(),
             blocks: Arc::new(Vec::new()),
             head: 0,
             messages_state: initial_state(),
@@ -191,7 +197,7 @@ pub fn common_keys(a: &[u128], b: &[u128]) -> usize {
 
 impl Default for Flattener {
     fn default() -> Self {
-        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, billing: Default::default(), requests: 0, reused_blocks: 0, prepared: FxHashMap::default(), shared_hint: None, last_stamp: 0 }
+        Flattener { tracks: Vec::new(), tick: 0, body_hashes: true, billing: Default::default(), requests: 0, reused_blocks: 0, prepared: FxHashMap::default(), shared_hint: None, last_stamp: 0, last_track: None }
     }
 }
 
@@ -247,6 +253,13 @@ impl Flattener {
     /// The stamp of the last request flattened, for [`Flattener::expect_shared`].
     pub fn last_stamp(&self) -> u64 {
         self.last_stamp
+    }
+
+    /// The positions of the `role: "system"` messages of the last request flattened
+    /// ([`crate::api::system_messages::system_positions`]): found among its messages after the
+    /// ones it shares with its track's request before, not by reading every message.
+    pub fn last_system_messages(&self) -> &[usize] {
+        self.last_track.and_then(|t| self.tracks.get(t)).map_or(&[], |track| &track.systems)
     }
 
     /// The track a request most likely extends, or a new one (the least recently used goes).
@@ -484,6 +497,12 @@ impl Flattener {
                 track.messages.extend_from_slice(&request.messages[reuse..]);
             }
         }
+        // The system messages among the kept ones are where they were.
+        let kept_systems = track.systems.partition_point(|&m| m < reuse);
+        track.systems.truncate(kept_systems);
+        track.systems.extend(request.messages[reuse..].iter().enumerate().filter(|(_, m)| m.role == Role::System).map(|(m, _)| reuse + m));
+        debug_assert_eq!(track.systems, crate::api::system_messages::system_positions(&request.messages), "kept system message positions differ");
+        self.last_track = Some(t);
         track.len = request.messages.len();
         track.stamp = STAMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.last_stamp = track.stamp;
@@ -625,7 +644,11 @@ mod shared_tests {
                         i
                     }
                     (2, Some(i)) => {
-                        next[i].role = if next[i].role == Role::User { Role::Assistant } else { Role::User };
+                        next[i].role = match (next[i].role, n % 3) {
+                            (_, 0) => Role::System,
+                            (Role::User, _) => Role::Assistant,
+                            _ => Role::User,
+                        };
                         i
                     }
                     (3, Some(i)) => {
@@ -662,6 +685,8 @@ mod shared_tests {
                 let identities = |f: &crate::measure::blocks::FlatRequest| f.blocks.iter().map(|b| (b.hash, b.prefix_hash, b.prefix_tokens)).collect::<Vec<_>>();
                 prop_assert_eq!(identities(&flat), identities(&plain));
                 prop_assert_eq!(flat.total_tokens, plain.total_tokens);
+                prop_assert_eq!(flattener.last_system_messages(), crate::api::system_messages::system_positions(&request.messages));
+                prop_assert_eq!(crate::api::system_messages::check_at(&request, flattener.last_system_messages()), crate::api::system_messages::check(&request));
             }
         }
     }

@@ -406,7 +406,8 @@ impl Measurer {
     /// sent never is.
     pub fn serve_salted(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>, salts: &[(usize, u128)]) -> Result<Served, UnknownModel> {
         let mut served = self.serve_edited(body, head_key, keys, salts)?;
-        if let Err(error) = crate::api::system_messages::check(body) {
+        // The flattener kept where the body's system messages are.
+        if let Err(error) = crate::api::system_messages::check_at(body, self.state.flattener.last_system_messages()) {
             served.error = Some(error);
         }
         Ok(served)
