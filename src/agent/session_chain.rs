@@ -399,6 +399,7 @@ impl Session {
     /// their rough counts memoized) and the records appended since, made now.
     fn entries(&mut self) -> Vec<Entry> {
         let mut entries = std::mem::take(&mut self.entry_cache);
+        self.chain_state.kept_changed_from(self.records.len());
         entries.truncate(self.records.len());
         let start = entries.len();
         entries.extend(self.records[start..].iter().zip(&self.record_meta[start..]).map(|(r, m)| record_to_entry(r, m)));
@@ -408,6 +409,7 @@ impl Session {
     /// Forgets the entries kept for the next run (the records changed other than by appending).
     pub(crate) fn forget_entries(&mut self) {
         self.entry_cache.clear();
+        self.chain_state.kept_changed_from(0);
         self.chain_state.rough_sums.clear();
         self.message_memo.clear();
     }
@@ -418,6 +420,7 @@ impl Session {
         self.sync_meta(now_ms);
         if let Some(i) = self.records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) {
             if let Some(entry) = self.entry_cache.get_mut(i) {
+                self.chain_state.kept_changed_from(i);
                 if entry.message_id.as_deref() != Some(message_id.as_str()) {
                     entry.forget_budget_mark();
                 }
@@ -570,6 +573,8 @@ impl Session {
                 let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
                 cx.source = QuerySource::Main;
                 cx.message_offset = 1;
+                // The session's kept entries: it reports every change to them.
+                cx.kept_list = true;
                 // (Lent to the run and taken back: its stages only read them.)
                 cx.inputs = std::mem::take(&mut inputs);
                 cx.output = output;
@@ -611,6 +616,7 @@ impl Session {
                 output = std::mem::take(&mut cx.output);
                 inputs = std::mem::take(&mut cx.inputs);
                 let left = std::mem::take(&mut cx.entries);
+                cx.state.kept_changed_from(left.untouched());
                 untouched = untouched.min(left.untouched());
                 entries = left.into_vec();
                 step
@@ -663,6 +669,7 @@ impl Session {
         let (records, metas, next, unchanged) =
             entries_into_records(entries, std::mem::take(&mut self.records), std::mem::take(&mut self.record_meta), &index, untouched);
         self.message_memo.invalidate_from(unchanged);
+        self.chain_state.kept_changed_from(unchanged);
         // The records before `unchanged` are the ones the run started from, their entries as made.
         self.chain_state.rough_sums.invalidate_from(unchanged);
         self.records = records;

@@ -317,6 +317,14 @@ impl ChainState {
         }
     }
 
+    /// The list of entries the owner keeps from run to run ([`ChainContext::kept_list`])
+    /// changed from `index` on: a context over it changed it (`Entries::untouched` of what it
+    /// left), or the owner did between contexts. Work kept across runs over that list is
+    /// trusted only before the lowest such index since it was done.
+    pub fn kept_changed_from(&mut self, index: usize) {
+        self.replacements.scan.changed_from(index);
+    }
+
     /// A fresh uuid for records the chain creates (boundaries, summaries, attachments).
     pub fn uuid(&mut self) -> u64 {
         self.next_uuid += 1;
@@ -513,6 +521,14 @@ pub struct ChainContext<'a> {
     /// nothing changed them since: the caller before the chain runs, the chain between stages
     /// ([`ChainContext::rough_total`] takes it).
     pub rough_known: Option<u64>,
+    /// Whether the entries are the list the state's owner keeps from run to run, whose every
+    /// change the owner reports ([`ChainState::kept_changed_from`]: what each context over it
+    /// left untouched, and its own changes between them). `false` (the default): a list made
+    /// for this context. A stage that keeps work across runs over the kept list trusts the
+    /// entries no change was reported for without reading them
+    /// ([`super::tool_result_budget::BudgetScan`]); an unreported change could be missed
+    /// (debug builds read them anyway and compare).
+    pub kept_list: bool,
 }
 
 impl<'a> ChainContext<'a> {
@@ -536,6 +552,7 @@ impl<'a> ChainContext<'a> {
             inputs: CompactInputs::default(),
             output: ChainOutput::default(),
             rough_known: None,
+            kept_list: false,
         }
     }
 

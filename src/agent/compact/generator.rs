@@ -142,6 +142,9 @@ impl Driver {
             self.state.replacements.scan = Default::default();
         }
         let mut cx = ChainContext::new(entries, &mut self.state, &self.config, &mut self.fs, &self.clock, self.limits);
+        // The driver keeps its entries and reports its changes to them (the rescanning
+        // reference reads every entry as a list made for the context).
+        cx.kept_list = !self.rescan_budget;
         let mut step = self.chain.run(&mut cx);
         while let ChainStep::Compact(_) = step {
             let reply = CompactionReply::Summary(synthetic_summary(cx.config.autocompact.synthetic_summary_tokens));
@@ -149,7 +152,9 @@ impl Driver {
         }
         inspect(&cx);
         let output = std::mem::take(&mut cx.output);
-        self.entries = cx.entries.into_vec();
+        let left = std::mem::take(&mut cx.entries);
+        cx.state.kept_changed_from(left.untouched());
+        self.entries = left.into_vec();
         output
     }
 
@@ -173,6 +178,7 @@ impl Driver {
                 stats.blocked += 1;
                 // A blocked turn ends; the user starts over with a smaller ask after a manual reset.
                 self.entries.truncate(1);
+                self.state.kept_changed_from(1);
                 continue;
             }
             let input = rough_entries(&self.entries);

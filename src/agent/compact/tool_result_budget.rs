@@ -48,7 +48,11 @@ pub struct ReplacementState {
 /// wire message they end in. A run starts after them, with that size and the message ids
 /// they hold, when every one of them is still there unchanged: each carries this scan's
 /// `stamp` and its position ([`Entry::budget_mark`], forgotten when the message is rewritten),
-/// else it reads the whole conversation again. Bookkeeping, not a value: two scans are equal.
+/// else it reads the whole conversation again. Over the list the owner keeps from run to run
+/// ([`ChainContext::kept_list`]), when the last run was over it too, the leading entries no
+/// change was reported for since ([`crate::agent::compact::ChainState::kept_changed_from`]) are
+/// not read for their marks: a request then costs its new entries, not the conversation (debug
+/// builds read the marks anyway). Bookkeeping, not a value: two scans are equal.
 #[derive(Debug, Clone, Default)]
 pub struct BudgetScan {
     /// Which run marked the entries (0: none); a scan started afresh takes a new one.
@@ -60,6 +64,9 @@ pub struct BudgetScan {
     /// Sizes of their results after their last assistant entry with a new id (the frozen size
     /// the group of the next results starts with).
     open_frozen: u64,
+    /// How many leading entries of the owner's kept list are as the last run, over that list,
+    /// settled them (0 when it was over another list): lowered by every change reported since.
+    trusted: usize,
 }
 
 impl PartialEq for BudgetScan {
@@ -75,15 +82,23 @@ static NEXT_STAMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 
 impl BudgetScan {
     /// How many leading entries are still as this scan settled them; forgets the scan (and
-    /// returns 0) when one of them is not.
-    fn settled(&mut self, entries: &[Entry]) -> usize {
-        let valid = self.stamp != 0
-            && self.len <= entries.len()
-            && entries[..self.len].iter().enumerate().all(|(i, entry)| entry.budget_mark() == Some((self.stamp, i)));
+    /// returns 0) when one of them is not. The first `unchanged` are known to be as the last
+    /// run left them (their marks are not read).
+    fn settled(&mut self, entries: &[Entry], unchanged: usize) -> usize {
+        let marked = |from: usize, to: usize| entries[from..to].iter().enumerate().all(|(k, entry)| entry.budget_mark() == Some((self.stamp, from + k)));
+        let fits = self.stamp != 0 && self.len <= entries.len();
+        let unchanged = unchanged.min(self.len);
+        let valid = fits && marked(unchanged, self.len);
+        debug_assert!(!valid || marked(0, unchanged), "an entry counted as unchanged since the last run is not as it settled it");
         if !valid {
             *self = BudgetScan { stamp: NEXT_STAMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed), ..BudgetScan::default() };
         }
         self.len
+    }
+
+    /// The owner's kept list changed from `index` on.
+    pub(crate) fn changed_from(&mut self, index: usize) {
+        self.trusted = self.trusted.min(index);
     }
 
     /// Extends the settled entries over `entries[self.len..]` as far as every result there is
@@ -366,7 +381,10 @@ impl Stage for ToolResultBudget {
         // Entries earlier runs settled hold only frozen results: the first group starts with
         // their last message's frozen size.
         let mut scan = std::mem::take(&mut cx.state.replacements.scan);
-        let start = scan.settled(&cx.entries);
+        // Over the kept list, when the last run was too: what neither its owner nor a stage of
+        // this context changed since.
+        let unchanged = if cx.kept_list { scan.trusted.min(cx.entries.untouched()) } else { 0 };
+        let start = scan.settled(&cx.entries, unchanged);
         for (g, group) in candidate_groups(&cx.entries, start, &scan.message_ids).into_iter().enumerate() {
             if group.is_empty() {
                 continue;
@@ -446,6 +464,7 @@ impl Stage for ToolResultBudget {
         }
         // Only entries after `start` were rewritten, so the settled ones keep their marks.
         scan.extend(&cx.entries, &cx.state.replacements.seen_ids, &cx.state.replacements.replacements);
+        scan.trusted = if cx.kept_list { scan.len } else { 0 };
         cx.state.replacements.scan = scan;
         let tokens_after = if rewritten { rough_entries(&cx.entries) } else { tokens_before };
         let fired = !fresh_replaced.is_empty();
