@@ -192,6 +192,10 @@ pub struct Session {
     /// How many leading messages of the last request built are the ones the request before it
     /// handed back, as that one sent them ([`Session::shared_messages`]).
     lent_shared: usize,
+    /// Whether a hook attachment was written inside a tool loop since the last human turn
+    /// folded them ([`Session::user_prompt`]): else no record is one, and the records are
+    /// not read for them.
+    in_loop_written: bool,
 }
 
 #[path = "session_chain.rs"]
@@ -273,6 +277,7 @@ impl Session {
             lent_offset: None,
             lent_unchanged: 0,
             lent_shared: 0,
+            in_loop_written: false,
             finalize_memo: Default::default(),
         }
     }
@@ -547,13 +552,19 @@ impl Session {
     /// comes from the transcript as raw attachments and folds into its tool_result.
     pub fn user_prompt(&mut self, text: &str, world: &mut World) {
         let mut folded = false;
-        for (i, record) in self.records.iter_mut().enumerate() {
-            if let Record::Attachment { in_loop: in_loop @ true, .. } = record {
-                *in_loop = false;
-                if !folded {
-                    self.message_memo.invalidate_from(i);
+        debug_assert!(
+            self.in_loop_written || !self.records.iter().any(|r| matches!(r, Record::Attachment { in_loop: true, .. })),
+            "a record is an in-loop hook attachment though none was written since the last fold"
+        );
+        if std::mem::take(&mut self.in_loop_written) {
+            for (i, record) in self.records.iter_mut().enumerate() {
+                if let Record::Attachment { in_loop: in_loop @ true, .. } = record {
+                    *in_loop = false;
+                    if !folded {
+                        self.message_memo.invalidate_from(i);
+                    }
+                    folded = true;
                 }
-                folded = true;
             }
         }
         if folded && self.strategy.smoosh_into_tool_result {
@@ -962,6 +973,7 @@ impl Session {
             }
         }
         self.records.push(Record::User { content: MessageContent::Blocks(results.into()), meta: false });
+        self.in_loop_written |= !hook_context.is_empty();
         self.records.extend(hook_context.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: true }));
         for message in meta_messages {
             self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(message)].into()), meta: true });
