@@ -210,8 +210,13 @@ enum UuidIndex {
 }
 
 impl UuidIndex {
-    fn new(metas: &[RecordMeta]) -> UuidIndex {
-        if metas.windows(2).all(|pair| pair[0].uuid < pair[1].uuid) {
+    /// The index of `metas`, of which the first `known` are known to ascend (only the rest is
+    /// read; debug builds read them all).
+    fn new(metas: &[RecordMeta], known: usize) -> UuidIndex {
+        let ascend = |metas: &[RecordMeta]| metas.windows(2).all(|pair| pair[0].uuid < pair[1].uuid);
+        let ascending = ascend(&metas[known.min(metas.len()).saturating_sub(1)..]);
+        debug_assert!(!ascending || ascend(metas), "metas counted as ascending do not ascend ({known} counted)");
+        if ascending {
             UuidIndex::Ascending { len: metas.len() }
         } else {
             UuidIndex::Map(metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect())
@@ -552,7 +557,9 @@ impl Session {
         if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
             inputs.deltas.push(("restored_unrecorded".to_owned(), text.clone()));
         }
-        let index = UuidIndex::new(&self.record_meta);
+        let index = UuidIndex::new(&self.record_meta, self.chain_state.uuids_ascending);
+        // Lowered where the records change ([`ChainState::kept_changed_from`]).
+        self.chain_state.uuids_ascending = if matches!(index, UuidIndex::Ascending { .. }) { self.record_meta.len() } else { 0 };
         let mut entries = self.entries();
         // How many leading entries every step of the run left as they were: each is still the
         // entry of the record at its position.
@@ -934,8 +941,13 @@ mod tests {
             };
             let metas: Vec<RecordMeta> = (0..n).map(|i| RecordMeta { uuid: uuid(i), timestamp_ms: i, ..RecordMeta::default() }).collect();
             let map: BTreeMap<u64, usize> = metas.iter().enumerate().map(|(j, m)| (m.uuid, j)).collect();
-            let index = UuidIndex::new(&metas);
+            let index = UuidIndex::new(&metas, 0);
             prop_assert_eq!(matches!(index, UuidIndex::Ascending { .. }), order == 0 || n < 2);
+            // The leading metas known to ascend (any count up to where they stop) are not read
+            // again: the same index.
+            let ascending_through = (1 + metas.windows(2).take_while(|p| p[0].uuid < p[1].uuid).count()).min(metas.len());
+            let known = UuidIndex::new(&metas, hint % (ascending_through + 1));
+            prop_assert_eq!(matches!(known, UuidIndex::Ascending { .. }), matches!(index, UuidIndex::Ascending { .. }));
             for m in &metas {
                 prop_assert_eq!(index.get(&metas, m.uuid), map.get(&m.uuid).copied());
             }

@@ -300,6 +300,10 @@ pub struct ChainState {
     /// Running rough counts of the entries the session keeps for the next run (it invalidates
     /// them where its records change).
     pub rough_sums: super::counting::RoughSums,
+    /// How many leading records of the owner's kept list (the session's, whose entries the
+    /// kept list holds) are known to carry ascending uuids; lowered with
+    /// [`ChainState::kept_changed_from`].
+    pub uuids_ascending: usize,
 }
 
 impl ChainState {
@@ -314,6 +318,7 @@ impl ChainState {
             thinking_clear_latched: false,
             next_uuid: 1_000_000_000,
             rough_sums: Default::default(),
+            uuids_ascending: 0,
         }
     }
 
@@ -323,6 +328,7 @@ impl ChainState {
     /// trusted only before the lowest such index since it was done.
     pub fn kept_changed_from(&mut self, index: usize) {
         self.replacements.scan.changed_from(index);
+        self.uuids_ascending = self.uuids_ascending.min(index);
     }
 
     /// A fresh uuid for records the chain creates (boundaries, summaries, attachments).
