@@ -279,7 +279,8 @@ impl Session {
 
     /// Applies the strategy's peer mechanism to the wire messages (a view: the transcript is
     /// kept, the peer remembers its rewrite and applies it again as the history grows).
-    fn apply_peer(&mut self, messages: &mut Vec<Message>, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
+    /// The peer mechanism (or its probe) on the history after the first `front` messages.
+    fn apply_peer(&mut self, messages: &mut Vec<Message>, front: usize, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
         use crate::agent::compact::peers::PeerStrategy;
         let config = &self.strategy.compact.peer;
         if config.strategy == PeerStrategy::None && self.peer_probe.is_none() {
@@ -297,13 +298,13 @@ impl Session {
         let window = crate::agent::compact::peers::peer_window(world.context_window);
         if config.strategy == PeerStrategy::None {
             // Probing (`probe_peers`): what a count-triggered mechanism would compare here.
-            let counted = self.peer_state.probe(messages, (base_chars / 4) as u64);
+            let counted = self.peer_state.probe(&messages[front..], (base_chars / 4) as u64);
             if let Some(probe) = &mut self.peer_probe {
                 probe.counted = probe.counted.max(Some(counted));
             }
             return;
         }
-        for outcome in self.peer_state.apply(config, messages, window, (base_chars / 4) as u64) {
+        for outcome in self.peer_state.apply_after(config, messages, front, window, (base_chars / 4) as u64) {
             if outcome.stage.is_empty() {
                 continue;
             }
@@ -1533,9 +1534,11 @@ impl Session {
         let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
         let context = self.user_context.as_deref().expect("ensured above");
-        // The deferred tools' listing goes in front of a finished history at once (nothing
-        // before the marker reads the messages then), where the memo keeps its place.
-        let front = (finish && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
+        // The deferred tools' listing goes in front of the history at once, where the memo
+        // keeps its place (what reads the history before the marker, a peer mechanism and the
+        // MCP results' rewrite, reads it after the listing); Claude Code 2.1.332's layout
+        // places it itself.
+        let front = (!dialect_layout && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
         let front_len = usize::from(front.is_some());
         let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
         let first_user_text = first_text(&messages[front_len..]);
@@ -1572,11 +1575,11 @@ impl Session {
         }
 
         if !self.thread.is_subagent() {
-            self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
+            self.apply_peer(&mut messages, front_len, world, &system.blocks, &pool.tools);
         }
 
         if !finish {
-            crate::agent::dialect::mcp_results_as_blocks_memo(&mut messages, &mut self.mcp_memo);
+            crate::agent::dialect::mcp_results_as_blocks_memo(&mut messages[front_len..], &mut self.mcp_memo);
         }
         // How many messages at the end this request made (a peer mechanism, which may cut the
         // history, runs only when nothing is finished ahead).
@@ -1592,12 +1595,6 @@ impl Session {
             crate::agent::dialect::rewrite_results(&mut messages);
             crate::agent::dialect::relayout(&mut messages, inputs);
             self.lent_offset = None;
-        } else if front_len == 0
-            && !self.strategy.deferred_tools_delta
-            && let Some(listing) = pool.deferred_listing()
-        {
-            messages.insert(0, Message::user_text(listing));
-            self.lent_offset = Some(1);
         }
         if let Some(marker) = self.marker_for(&lane) {
             match completed_last_result(&messages, world) {
