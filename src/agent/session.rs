@@ -67,14 +67,15 @@ thread_local! {
     /// the what-ifs of one recorded session (each strategy, each run of a plan search) assemble
     /// the same pool, each assembly padding every built-in tool to the profile's token counts.
     /// The same inputs give the same pool, so which runs share one changes no result.
-    static ASSEMBLED_POOLS: std::cell::RefCell<Vec<(PoolInputs, SizeProfile, std::rc::Rc<ToolPool>)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ASSEMBLED_POOLS: std::cell::RefCell<Vec<(PoolInputs, std::sync::Arc<SizeProfile>, std::rc::Rc<ToolPool>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The agent state of one conversation on the main thread.
 #[derive(Debug, Clone)]
 pub struct Session {
     strategy: Strategy,
-    profile: SizeProfile,
+    /// Shared (one allocation for every session of a process): compared by pointer first.
+    profile: std::sync::Arc<SizeProfile>,
     records: Vec<Record>,
     system_cache: SystemPromptCache,
     /// The memoized user-context string (`getUserContext`), dropped by compaction or `/clear`.
@@ -222,7 +223,7 @@ impl Session {
             hook_log: Vec::new(),
             stop_continuations: 0,
             strategy,
-            profile: SizeProfile::claude_code_2_1_88(),
+            profile: SizeProfile::claude_code_2_1_88_shared(),
             records: Vec::new(),
             system_cache: SystemPromptCache::new(),
             user_context: None,
@@ -1293,7 +1294,7 @@ impl Session {
         }
         let pool = ASSEMBLED_POOLS.with(|assembled| {
             let mut assembled = assembled.borrow_mut();
-            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && *profile == self.profile) {
+            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
                 return std::rc::Rc::clone(pool);
             }
             let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
