@@ -60,7 +60,18 @@ pub struct PeerProbe {
 /// How many pools [`ASSEMBLED_POOLS`] keeps (the strategies of a session's what-ifs make a few).
 const ASSEMBLED_POOLS_KEPT: usize = 8;
 
+/// How many user contexts [`RENDERED_CONTEXTS`] keeps.
+const RENDERED_CONTEXTS_KEPT: usize = 8;
+
 thread_local! {
+    /// The user contexts rendered last on this thread, by what rendering read (the inputs and
+    /// the size profile), the oldest first. A session renders its user context afresh at its
+    /// first request and after every compaction, and every run of a session (each what-if,
+    /// each run of a plan search) starts a session of its own, rendering the same context
+    /// from the same memory files. Rendering reads nothing else, so which renderings are
+    /// shared changes no result (debug builds render again and compare).
+    static RENDERED_CONTEXTS: std::cell::RefCell<Vec<(UserContextInputs, std::sync::Arc<SizeProfile>, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+
     /// The pools assembled last on this thread, by what assembly read (the inputs and the size
     /// profile), the oldest first. A session assembles its pool once per change of the inputs
     /// ([`Session::pool`]'s own memo), but every run of a session starts a session of its own:
@@ -1464,7 +1475,20 @@ impl Session {
                 date: world.clock.date_string(),
                 padding: self.strategy.size_profile_padding,
             };
-            self.user_context = Some(render_user_context(&inputs, &self.profile));
+            let text = RENDERED_CONTEXTS.with(|rendered| {
+                let mut rendered = rendered.borrow_mut();
+                if let Some((_, _, text)) = rendered.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
+                    debug_assert!(*text == render_user_context(&inputs, &self.profile), "a user context kept differs from rendering it again");
+                    return text.clone();
+                }
+                let text = render_user_context(&inputs, &self.profile);
+                if rendered.len() >= RENDERED_CONTEXTS_KEPT {
+                    rendered.remove(0);
+                }
+                rendered.push((inputs, self.profile.clone(), text.clone()));
+                text
+            });
+            self.user_context = Some(text);
         }
     }
 
