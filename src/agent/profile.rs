@@ -82,18 +82,30 @@ pub enum ProfileError {
 impl SizeProfile {
     /// The profile of the reference build (2.1.88).
     pub fn claude_code_2_1_88() -> SizeProfile {
+        SizeProfile::clone(&SizeProfile::claude_code_2_1_88_shared())
+    }
+
+    /// [`SizeProfile::claude_code_2_1_88`], one allocation for the process: the sessions that
+    /// hold it compare it with what they built from by pointer ([`SizeProfile::same`]).
+    pub fn claude_code_2_1_88_shared() -> std::sync::Arc<SizeProfile> {
         // The embedded table is part of the crate; failing to parse it is a build defect. It is
         // parsed once per process (replays ask for it at every call).
-        static PARSED: std::sync::OnceLock<SizeProfile> = std::sync::OnceLock::new();
+        static PARSED: std::sync::OnceLock<std::sync::Arc<SizeProfile>> = std::sync::OnceLock::new();
         PARSED
             .get_or_init(|| {
                 let mut profile = SizeProfile::from_toml(PROFILE_2_1_88).expect("embedded profile-2.1.88.toml parses");
                 if let Some((capture, _)) = crate::client_profile::shipped("2.1.88") {
                     profile.tokens = TokenTargets::from_capture(&capture);
                 }
-                profile
+                std::sync::Arc::new(profile)
             })
             .clone()
+    }
+
+    /// Whether two shared profiles are equal: the same allocation without a look, else
+    /// compared.
+    pub fn same(a: &std::sync::Arc<SizeProfile>, b: &std::sync::Arc<SizeProfile>) -> bool {
+        std::sync::Arc::ptr_eq(a, b) || a == b
     }
 
     pub fn from_toml(text: &str) -> Result<SizeProfile, ProfileError> {

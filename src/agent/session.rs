@@ -60,21 +60,33 @@ pub struct PeerProbe {
 /// How many pools [`ASSEMBLED_POOLS`] keeps (the strategies of a session's what-ifs make a few).
 const ASSEMBLED_POOLS_KEPT: usize = 8;
 
+/// How many user contexts [`RENDERED_CONTEXTS`] keeps.
+const RENDERED_CONTEXTS_KEPT: usize = 8;
+
 thread_local! {
+    /// The user contexts rendered last on this thread, by what rendering read (the inputs and
+    /// the size profile), the oldest first. A session renders its user context afresh at its
+    /// first request and after every compaction, and every run of a session (each what-if,
+    /// each run of a plan search) starts a session of its own, rendering the same context
+    /// from the same memory files. Rendering reads nothing else, so which renderings are
+    /// shared changes no result (debug builds render again and compare).
+    static RENDERED_CONTEXTS: std::cell::RefCell<Vec<(UserContextInputs, std::sync::Arc<SizeProfile>, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+
     /// The pools assembled last on this thread, by what assembly read (the inputs and the size
     /// profile), the oldest first. A session assembles its pool once per change of the inputs
     /// ([`Session::pool`]'s own memo), but every run of a session starts a session of its own:
     /// the what-ifs of one recorded session (each strategy, each run of a plan search) assemble
     /// the same pool, each assembly padding every built-in tool to the profile's token counts.
     /// The same inputs give the same pool, so which runs share one changes no result.
-    static ASSEMBLED_POOLS: std::cell::RefCell<Vec<(PoolInputs, SizeProfile, std::rc::Rc<ToolPool>)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ASSEMBLED_POOLS: std::cell::RefCell<Vec<(PoolInputs, std::sync::Arc<SizeProfile>, std::rc::Rc<ToolPool>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The agent state of one conversation on the main thread.
 #[derive(Debug, Clone)]
 pub struct Session {
     strategy: Strategy,
-    profile: SizeProfile,
+    /// Shared (one allocation for every session of a process): compared by pointer first.
+    profile: std::sync::Arc<SizeProfile>,
     records: Vec<Record>,
     system_cache: SystemPromptCache,
     /// The memoized user-context string (`getUserContext`), dropped by compaction or `/clear`.
@@ -226,7 +238,7 @@ impl Session {
             hook_log: Vec::new(),
             stop_continuations: 0,
             strategy,
-            profile: SizeProfile::claude_code_2_1_88(),
+            profile: SizeProfile::claude_code_2_1_88_shared(),
             records: Vec::new(),
             system_cache: SystemPromptCache::new(),
             user_context: None,
@@ -284,7 +296,8 @@ impl Session {
 
     /// Applies the strategy's peer mechanism to the wire messages (a view: the transcript is
     /// kept, the peer remembers its rewrite and applies it again as the history grows).
-    fn apply_peer(&mut self, messages: &mut Vec<Message>, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
+    /// The peer mechanism (or its probe) on the history after the first `front` messages.
+    fn apply_peer(&mut self, messages: &mut Vec<Message>, front: usize, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
         use crate::agent::compact::peers::PeerStrategy;
         let config = &self.strategy.compact.peer;
         if config.strategy == PeerStrategy::None && self.peer_probe.is_none() {
@@ -302,13 +315,13 @@ impl Session {
         let window = crate::agent::compact::peers::peer_window(world.context_window);
         if config.strategy == PeerStrategy::None {
             // Probing (`probe_peers`): what a count-triggered mechanism would compare here.
-            let counted = self.peer_state.probe(messages, (base_chars / 4) as u64);
+            let counted = self.peer_state.probe(&messages[front..], (base_chars / 4) as u64);
             if let Some(probe) = &mut self.peer_probe {
                 probe.counted = probe.counted.max(Some(counted));
             }
             return;
         }
-        for outcome in self.peer_state.apply(config, messages, window, (base_chars / 4) as u64) {
+        for outcome in self.peer_state.apply_after(config, messages, front, window, (base_chars / 4) as u64) {
             if outcome.stage.is_empty() {
                 continue;
             }
@@ -1304,7 +1317,7 @@ impl Session {
         }
         let pool = ASSEMBLED_POOLS.with(|assembled| {
             let mut assembled = assembled.borrow_mut();
-            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && *profile == self.profile) {
+            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
                 return std::rc::Rc::clone(pool);
             }
             let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
@@ -1474,7 +1487,20 @@ impl Session {
                 date: world.clock.date_string(),
                 padding: self.strategy.size_profile_padding,
             };
-            self.user_context = Some(render_user_context(&inputs, &self.profile));
+            let text = RENDERED_CONTEXTS.with(|rendered| {
+                let mut rendered = rendered.borrow_mut();
+                if let Some((_, _, text)) = rendered.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
+                    debug_assert!(*text == render_user_context(&inputs, &self.profile), "a user context kept differs from rendering it again");
+                    return text.clone();
+                }
+                let text = render_user_context(&inputs, &self.profile);
+                if rendered.len() >= RENDERED_CONTEXTS_KEPT {
+                    rendered.remove(0);
+                }
+                rendered.push((inputs, self.profile.clone(), text.clone()));
+                text
+            });
+            self.user_context = Some(text);
         }
     }
 
@@ -1545,9 +1571,11 @@ impl Session {
         let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
         let context = self.user_context.as_deref().expect("ensured above");
-        // The deferred tools' listing goes in front of a finished history at once (nothing
-        // before the marker reads the messages then), where the memo keeps its place.
-        let front = (finish && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
+        // The deferred tools' listing goes in front of the history at once, where the memo
+        // keeps its place (what reads the history before the marker, a peer mechanism and the
+        // MCP results' rewrite, reads it after the listing); Claude Code 2.1.332's layout
+        // places it itself.
+        let front = (!dialect_layout && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
         let front_len = usize::from(front.is_some());
         let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
         let first_user_text = first_text(&messages[front_len..]);
@@ -1584,11 +1612,11 @@ impl Session {
         }
 
         if !self.thread.is_subagent() {
-            self.apply_peer(&mut messages, world, &system.blocks, &pool.tools);
+            self.apply_peer(&mut messages, front_len, world, &system.blocks, &pool.tools);
         }
 
         if !finish {
-            crate::agent::dialect::mcp_results_as_blocks_memo(&mut messages, &mut self.mcp_memo);
+            crate::agent::dialect::mcp_results_as_blocks_memo(&mut messages[front_len..], &mut self.mcp_memo);
         }
         // How many messages at the end this request made (a peer mechanism, which may cut the
         // history, runs only when nothing is finished ahead).
@@ -1604,12 +1632,6 @@ impl Session {
             crate::agent::dialect::rewrite_results(&mut messages);
             crate::agent::dialect::relayout(&mut messages, inputs);
             self.lent_offset = None;
-        } else if front_len == 0
-            && !self.strategy.deferred_tools_delta
-            && let Some(listing) = pool.deferred_listing()
-        {
-            messages.insert(0, Message::user_text(listing));
-            self.lent_offset = Some(1);
         }
         if let Some(marker) = self.marker_for(&lane) {
             match completed_last_result(&messages, world) {

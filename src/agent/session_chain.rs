@@ -473,17 +473,25 @@ impl Session {
     }
 
     fn compact_inputs(&self) -> CompactInputs {
-        let mut inputs = CompactInputs::default();
+        let mut inputs = CompactInputs { threshold_keeps_rounds: self.threshold_keeps_rounds(), ..CompactInputs::default() };
+        self.add_restored(&mut inputs);
+        inputs
+    }
+
+    /// API rounds a threshold compaction keeps verbatim ([`CompactInputs::threshold_keeps_rounds`]).
+    fn threshold_keeps_rounds(&self) -> usize {
+        // Claude Code 2.1.332 routes a threshold compaction through its reactive compactor,
+        // which keeps the newest API round verbatim; the captures show it on the first
+        // compaction of a session and not on the second (docs/profiles.md).
+        usize::from(self.strategy.client_version == crate::agent::dialect::VERSION && !self.thread.is_subagent() && self.compactions == 0)
+    }
+
+    /// The files read and the skills invoked, which only a rebuild reads, into `inputs`.
+    fn add_restored(&self, inputs: &mut CompactInputs) {
         for (path, mtime) in self.read_state.iter() {
             inputs.read_files.push(ReadFile { path: path.clone(), timestamp_ms: *mtime });
         }
         inputs.read_files.sort_by(|a, b| b.timestamp_ms.cmp(&a.timestamp_ms).then(a.path.cmp(&b.path)));
-        // Claude Code 2.1.332 routes a threshold compaction through its reactive compactor,
-        // which keeps the newest API round verbatim; the captures show it on the first
-        // compaction of a session and not on the second (docs/profiles.md).
-        if self.strategy.client_version == crate::agent::dialect::VERSION && !self.thread.is_subagent() && self.compactions == 0 {
-            inputs.threshold_keeps_rounds = 1;
-        }
         for skill in &self.invoked_skills {
             inputs.invoked_skills.push(CompactSkill {
                 name: skill.name.clone(),
@@ -492,7 +500,6 @@ impl Session {
                 invoked_at_ms: skill.invoked_at_ms,
             });
         }
-        inputs
     }
 
     /// Runs the long-context chain before a main-thread request. Each compaction fork is built
@@ -543,7 +550,19 @@ impl Session {
         let now = world.clock.now_ms();
         self.sync_meta(now);
         let limits = self.model_limits(world);
-        let mut inputs = self.compact_inputs();
+        // The files read and the skills invoked are copied for a rebuild only: where no stage
+        // of a plain chain run rebuilds (session-memory compaction off), when a compaction
+        // fork is asked for (the session's read state and skills are as at the start: the
+        // chain's stages do not reach them).
+        let restored_later = recover.is_none() && !manual && !self.strategy.compact.session_memory.compact_enabled;
+        let mut inputs = if restored_later {
+            CompactInputs { threshold_keeps_rounds: self.threshold_keeps_rounds(), ..CompactInputs::default() }
+        } else {
+            self.compact_inputs()
+        };
+        let mut restored_missing = restored_later;
+        #[cfg(debug_assertions)]
+        let eager = self.compact_inputs();
         // The rebuild sets the working directory's memory files and plan files apart from the
         // restored files (`rebuild::is_memory_file`, `rebuild::is_plan_file`).
         inputs.cwd = Some(world.cwd.clone());
@@ -567,7 +586,6 @@ impl Session {
         // The chain's first count reads the running counts of the entries the last run left
         // as they were, and counts the rest.
         let mut rough_known = Some(self.chain_state.rough_sums.total(&entries));
-        let config = self.strategy.compact.clone();
         let mut output = crate::agent::compact::ChainOutput::default();
         let mut pending_reply = None;
         let mut custom: Option<Option<String>> = None;
@@ -577,7 +595,7 @@ impl Session {
         loop {
             let step = {
                 let World { fs, clock, .. } = &mut *world;
-                let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &config, fs, clock, limits);
+                let mut cx = crate::agent::compact::ChainContext::new(entries, &mut self.chain_state, &self.strategy.compact, fs, clock, limits);
                 cx.source = QuerySource::Main;
                 cx.message_offset = 1;
                 // The session's kept entries: it reports every change to them.
@@ -629,6 +647,15 @@ impl Session {
                 step
             };
             let ChainStep::Compact(request) = step else { break };
+            if std::mem::take(&mut restored_missing) {
+                self.add_restored(&mut inputs);
+            }
+            #[cfg(debug_assertions)]
+            {
+                let (mut made, mut expected) = (inputs.clone(), eager.clone());
+                (made.deltas, expected.deltas, made.cwd, expected.cwd) = (Vec::new(), Vec::new(), None, None);
+                debug_assert_eq!(made, expected, "the compaction's inputs made when asked for are the ones the run started with");
+            }
             trigger = request.trigger.as_str();
             if custom.is_none() {
                 custom = Some(self.pre_compact_instructions(trigger, None, world));
@@ -650,7 +677,7 @@ impl Session {
             let (fork_events, main_events): (Vec<String>, Vec<String>) =
                 std::mem::take(&mut output.events).into_iter().partition(|e| e.starts_with("truncation:"));
             output.events = main_events;
-            let fallback = Reply::text(synthetic_summary(config.autocompact.synthetic_summary_tokens));
+            let fallback = Reply::text(synthetic_summary(self.strategy.compact.autocompact.synthetic_summary_tokens));
             pending_reply = Some(match api.fork("compact", fork, fork_events, limits.context_window, fallback, world)? {
                 ForkAnswer::Refused(error) => CompactionReply::Refused(error),
                 ForkAnswer::Answered(reply) => {

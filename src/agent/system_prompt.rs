@@ -315,7 +315,7 @@ pub struct SystemPromptCache {
 /// What [`SystemPromptCache::build_shared`] built last: derived from the memo and its inputs, so
 /// it takes no part in comparing two caches.
 #[derive(Debug, Clone, Default)]
-struct LastBuild(Option<(SystemPromptInputs, SystemPromptOptions, SizeProfile, std::rc::Rc<SystemPromptBuild>)>);
+struct LastBuild(Option<(SystemPromptInputs, SystemPromptOptions, std::sync::Arc<SizeProfile>, std::rc::Rc<SystemPromptBuild>)>);
 
 impl PartialEq for LastBuild {
     fn eq(&self, _: &Self) -> bool {
@@ -353,11 +353,11 @@ impl SystemPromptCache {
     /// build from them reads the memoized sections it left and recomputes the uncached ones
     /// from the same inputs. A session's requests between two changes of its system prompt so
     /// hold one system prompt (its blocks compared by pointer downstream).
-    pub fn build_shared(&mut self, inputs: &SystemPromptInputs, options: &SystemPromptOptions, profile: &SizeProfile) -> std::rc::Rc<SystemPromptBuild> {
+    pub fn build_shared(&mut self, inputs: &SystemPromptInputs, options: &SystemPromptOptions, profile: &std::sync::Arc<SizeProfile>) -> std::rc::Rc<SystemPromptBuild> {
         if let Some((last_inputs, last_options, last_profile, built)) = &self.last.0
-            && last_inputs == inputs
+            && SizeProfile::same(last_profile, profile)
             && last_options == options
-            && last_profile == profile
+            && last_inputs == inputs
         {
             return std::rc::Rc::clone(built);
         }

@@ -53,7 +53,7 @@ pub fn load_scenario_confined(path: impl AsRef<Path>, root: Option<&Path>) -> Re
             .map_err(|e| ScenarioError::Io { path: real.clone(), source: std::io::Error::other(e.to_string()) })?;
         for (file, entry) in fs.files() {
             if !scenario.world.files.contains_key(file) {
-                scenario.world.files.insert(file.to_owned(), entry.contents.clone().into());
+                scenario.world.files.insert(file.to_owned(), String::clone(&entry.contents).into());
             }
         }
     }

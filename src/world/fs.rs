@@ -14,7 +14,8 @@ use super::error::WorldError;
 /// One file: its text and the virtual time it was last written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileEntry {
-    pub contents: String,
+    /// Shared: a copy of the tree (a run's checkpoint) copies no file's text.
+    pub contents: crate::api::SharedText,
     /// Virtual ms relative to the clock's start; negative for files older than the session.
     pub mtime_ms: i64,
 }
@@ -210,7 +211,7 @@ impl VirtualFs {
         self.derived.clear();
         let path = self.writable_path(path)?;
         self.file_changes.push(path.clone());
-        self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms: clock.now_ms() as i64 });
+        self.files.insert(path, FileEntry { contents: contents.into().into(), mtime_ms: clock.now_ms() as i64 });
         Ok(())
     }
 
@@ -219,7 +220,7 @@ impl VirtualFs {
         self.derived.clear();
         let path = self.writable_path(path)?;
         self.file_changes.push(path.clone());
-        self.files.insert(path, FileEntry { contents: contents.into(), mtime_ms });
+        self.files.insert(path, FileEntry { contents: contents.into().into(), mtime_ms });
         Ok(())
     }
 
@@ -242,7 +243,7 @@ impl VirtualFs {
         self.derived.clear();
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
-        self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
+        self.files.insert(path.clone(), FileEntry { contents: contents.into().into(), mtime_ms: time_ms as i64 });
         self.file_changes.push(path.clone());
         self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
         Ok(())

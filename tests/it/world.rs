@@ -503,10 +503,10 @@ proptest! {
                         let Ok(entry) = fs.entry(path) else { continue };
                         if entry.mtime_ms > *seen {
                             *seen = entry.mtime_ms;
-                            changed.push((path.clone(), entry.contents.clone()));
+                            changed.push((path.clone(), entry.contents.to_string()));
                         }
                     }
-                    let got: Vec<(String, String)> = reads.take_changed(&fs).into_iter().map(|(p, e)| (p, e.contents.clone())).collect();
+                    let got: Vec<(String, String)> = reads.take_changed(&fs).into_iter().map(|(p, e)| (p, e.contents.to_string())).collect();
                     prop_assert_eq!(got, changed);
                 }
                 ReadStep::Copy => fs = fs.clone(),

@@ -487,70 +487,85 @@ impl PeerState {
     /// saw it) with a context window of `window` tokens and `base_tokens` outside the messages
     /// (system, tools). Returns what fired (possibly several stages).
     pub fn apply(&mut self, config: &PeerConfig, messages: &mut Vec<Message>, window: u64, base_tokens: u64) -> Vec<PeerOutcome> {
+        self.apply_after(config, messages, 0, window, base_tokens)
+    }
+
+    /// [`PeerState::apply`] to the history after the first `front` messages, which the request
+    /// puts in front of it (the deferred tools' listing): they stay where they are, so that
+    /// neither the peer nor the request moves every message of the history.
+    pub fn apply_after(&mut self, config: &PeerConfig, messages: &mut Vec<Message>, front: usize, window: u64, base_tokens: u64) -> Vec<PeerOutcome> {
         let mut out = Vec::new();
         if config.strategy == PeerStrategy::None {
             return out;
         }
-        if messages.len() < self.last_len {
+        let front = front.min(messages.len());
+        // The history after the front messages, replaced by `rebuilt`.
+        let replace = |messages: &mut Vec<Message>, rebuilt: Vec<Message>| {
+            messages.truncate(front);
+            messages.extend(rebuilt);
+        };
+        let original_len = messages.len() - front;
+        if original_len < self.last_len {
             // The recorded history was itself compacted: start over.
             self.compacted = None;
         }
-        self.last_len = messages.len();
+        self.last_len = original_len;
         if let Some((len, replacement)) = &self.compacted
-            && messages.len() >= *len
+            && original_len >= *len
         {
-            let tail = messages.split_off(*len);
-            *messages = replacement.clone();
-            messages.extend(tail);
-            *messages = merge_consecutive_users(std::mem::take(messages));
+            let tail = messages.split_off(front + *len);
+            let mut history = replacement.clone();
+            history.extend(tail);
+            replace(messages, merge_consecutive_users(history));
         }
-        let original_len = self.last_len;
         let tokens = || base_tokens;
         match config.strategy {
             PeerStrategy::None => {}
-            PeerStrategy::ObservationMasking => out.push(masking(messages, config.keep_recent, Some(&mut self.memo))),
+            PeerStrategy::ObservationMasking => out.push(masking(&mut messages[front..], config.keep_recent, Some(&mut self.memo))),
             PeerStrategy::Codex => {
                 let threshold = window * config.trigger_pct / 100;
-                let before = self.memo.estimate(messages) + tokens();
+                let before = self.memo.estimate(&messages[front..]) + tokens();
                 if before >= threshold {
-                    let rebuilt = codex_rebuild(messages, config.user_message_max_tokens, config.summary_tokens);
+                    let rebuilt = codex_rebuild(&messages[front..], config.user_message_max_tokens, config.summary_tokens);
                     self.compacted = Some((original_len, rebuilt.clone()));
-                    *messages = rebuilt;
-                    out.push(outcome("codex_compact", true, format!("{before} ≥ {threshold}"), before, estimate_tokens(messages) + tokens()));
+                    replace(messages, rebuilt);
+                    out.push(outcome("codex_compact", true, format!("{before} ≥ {threshold}"), before, estimate_tokens(&messages[front..]) + tokens()));
                 }
             }
             PeerStrategy::Opencode => {
-                let pruned = prune(messages, config.protect_tokens, config.minimum_tokens, Some(&mut self.memo));
+                let pruned = prune(&mut messages[front..], config.protect_tokens, config.minimum_tokens, Some(&mut self.memo));
                 // The prune's estimate after it is the messages' estimate now.
                 let before = pruned.tokens_after + tokens();
                 out.push(pruned);
                 let threshold = window.saturating_sub(config.buffer_tokens);
                 if before >= threshold {
-                    let rebuilt = opencode_summary(messages, config.tail_tokens, config.summary_tokens);
+                    let rebuilt = opencode_summary(&messages[front..], config.tail_tokens, config.summary_tokens);
                     // The tail of the replacement is original history: keep only the head.
                     self.compacted = Some((original_len, rebuilt.clone()));
-                    *messages = rebuilt;
-                    out.push(outcome("opencode_summary", true, format!("{before} ≥ {threshold}"), before, estimate_tokens(messages) + tokens()));
+                    replace(messages, rebuilt);
+                    out.push(outcome("opencode_summary", true, format!("{before} ≥ {threshold}"), before, estimate_tokens(&messages[front..]) + tokens()));
                 }
             }
             PeerStrategy::ServerCompaction => {
-                let before = self.memo.estimate(messages) + tokens();
+                let before = self.memo.estimate(&messages[front..]) + tokens();
                 if before >= config.server_trigger_tokens {
-                    let rebuilt = opencode_summary(messages, 0, config.summary_tokens);
+                    let rebuilt = opencode_summary(&messages[front..], 0, config.summary_tokens);
                     self.compacted = Some((original_len, rebuilt.clone()));
-                    *messages = rebuilt;
-                    out.push(outcome("server_compaction", true, format!("{before} ≥ {}", config.server_trigger_tokens), before, estimate_tokens(messages) + tokens()));
+                    replace(messages, rebuilt);
+                    out.push(outcome("server_compaction", true, format!("{before} ≥ {}", config.server_trigger_tokens), before, estimate_tokens(&messages[front..]) + tokens()));
                 }
             }
             PeerStrategy::Cline => {
                 let threshold = window.saturating_sub(config.buffer_tokens).max(window * 8 / 10);
-                let before = self.memo.estimate(messages) + tokens();
+                let before = self.memo.estimate(&messages[front..]) + tokens();
                 if before >= threshold {
-                    let dropped = cline_truncate(messages);
+                    let mut history = messages.split_off(front);
+                    let dropped = cline_truncate(&mut history);
                     if dropped > 0 {
-                        self.compacted = Some((original_len, messages.clone()));
-                        out.push(outcome("cline_truncate", true, format!("{dropped} messages dropped at {before} ≥ {threshold}"), before, estimate_tokens(messages) + tokens()));
+                        self.compacted = Some((original_len, history.clone()));
+                        out.push(outcome("cline_truncate", true, format!("{dropped} messages dropped at {before} ≥ {threshold}"), before, estimate_tokens(&history) + tokens()));
                     }
+                    messages.append(&mut history);
                 }
             }
         }
@@ -703,6 +718,39 @@ mod tests {
                 previous = Some(memoized);
             }
             assert!(previous.unwrap().iter().any(|m| serde_json::to_string(m).unwrap().contains(CLEARED_PLACEHOLDER)));
+        }
+    }
+
+    /// A peer applied after messages put in front of the history leaves them where they are and
+    /// does to the history what it does to the history alone, firing or not, request after
+    /// request (the rewrite of a compaction applied again included).
+    #[test]
+    fn applying_after_front_messages_is_applying_to_the_history() {
+        let configs = [
+            PeerConfig { strategy: PeerStrategy::ObservationMasking, keep_recent: 2, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 1_000, minimum_tokens: 100, buffer_tokens: 0, tail_tokens: 1_000, summary_tokens: 10, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Codex, summary_tokens: 10, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::ServerCompaction, server_trigger_tokens: 4_000, summary_tokens: 10, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Cline, buffer_tokens: 0, ..PeerConfig::default() },
+        ];
+        for config in configs {
+            let (mut alone, mut after) = (PeerState::default(), PeerState::default());
+            let mut history = conversation(1, 3_000);
+            let mut fired = 0;
+            for turn in 0..12 {
+                history.push(user(&format!("prompt {turn}")));
+                history.extend(call(&format!("n{turn}"), 3_000));
+                let mut plain = history.clone();
+                let expected = alone.apply(&config, &mut plain, 8_000, 100);
+                let mut fronted = vec![user("listing")];
+                fronted.extend(history.iter().cloned());
+                let got = after.apply_after(&config, &mut fronted, 1, 8_000, 100);
+                assert_eq!(got, expected, "{:?} turn {turn}", config.strategy);
+                assert_eq!(fronted[0], user("listing"), "{:?} turn {turn}", config.strategy);
+                assert_eq!(fronted[1..], plain[..], "{:?} turn {turn}", config.strategy);
+                fired += expected.iter().filter(|o| o.fired).count();
+            }
+            assert!(fired > 0, "{:?} never fired", config.strategy);
         }
     }
 
