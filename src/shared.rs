@@ -160,3 +160,11 @@ impl<T: Serialize> Serialize for SharedList<T> {
         serializer.collect_seq(self.iter())
     }
 }
+
+/// A number no other call in this process returns (from 1 up): names a value's state (a scan,
+/// a flattened request, a tree's lineage) so that work kept for it is matched by equality only.
+/// Which number a value gets depends on the schedule, so it is never output.
+pub fn fresh_stamp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

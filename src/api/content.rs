@@ -282,6 +282,16 @@ impl<'de> Deserialize<'de> for SharedBlocks {
 }
 
 impl MessageContent {
+    /// Whether both hold the same allocation, of the same kind (then they are identical;
+    /// unequal allocations may still hold equal content).
+    pub fn same(&self, other: &MessageContent) -> bool {
+        match (self, other) {
+            (MessageContent::Blocks(a), MessageContent::Blocks(b)) => a.same(b),
+            (MessageContent::Text(a), MessageContent::Text(b)) => a.same(b),
+            _ => false,
+        }
+    }
+
     /// The content as blocks; a string is one text block.
     pub fn to_blocks(&self) -> Vec<ContentBlock> {
         match self {

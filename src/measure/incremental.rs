@@ -65,11 +65,6 @@ pub struct Flattener {
     last_track: Option<usize>,
 }
 
-/// Stamps of flattened requests, unique in the process (a copied or restored flattener keeps
-/// its tracks' stamps, and no later request gets one of them): a stamp names one request as
-/// flattened, not a position in one flattener's history. Only work depends on them.
-static STAMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 /// The last request of one line of requests, as flattening left it.
 #[derive(Debug, Clone)]
 struct Track {
@@ -175,12 +170,7 @@ fn message_key(message: &Message) -> (Role, usize, usize) {
 /// conversation without a call; anything else is compared in full.
 #[inline]
 fn same_message(new: &Message, old: &Message) -> bool {
-    let shared = match (&new.content, &old.content) {
-        (MessageContent::Blocks(a), MessageContent::Blocks(b)) => a.same(b),
-        (MessageContent::Text(a), MessageContent::Text(b)) => a.same(b),
-        _ => false,
-    };
-    (shared && new.role == old.role && new.extra.is_empty() && old.extra.is_empty()) || new.identical(old)
+    (new.content.same(&old.content) && new.role == old.role && new.extra.is_empty() && old.extra.is_empty()) || new.identical(old)
 }
 
 /// How many leading keys two key lists share: compared 64 at a time (a `memcmp`), then one
@@ -504,7 +494,10 @@ impl Flattener {
         debug_assert_eq!(track.systems, crate::api::system_messages::system_positions(&request.messages), "kept system message positions differ");
         self.last_track = Some(t);
         track.len = request.messages.len();
-        track.stamp = STAMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Unique in the process ([`crate::shared::fresh_stamp`]): a copied or restored flattener
+        // keeps its tracks' stamps and no later request gets one, so a stamp names one request
+        // as flattened, not a position in one flattener's history.
+        track.stamp = crate::shared::fresh_stamp();
         self.last_stamp = track.stamp;
         track.first = request.messages.first().map(message_key);
         track.head_key = head_key;

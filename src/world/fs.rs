@@ -177,8 +177,7 @@ struct Lineage(u64);
 
 impl Lineage {
     fn fresh() -> Self {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Lineage(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        Lineage(crate::shared::fresh_stamp())
     }
 }
 

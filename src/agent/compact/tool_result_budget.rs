@@ -77,9 +77,6 @@ impl PartialEq for BudgetScan {
 
 impl Eq for BudgetScan {}
 
-/// Stamps of scans started afresh: unique in the process, never output.
-static NEXT_STAMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 impl BudgetScan {
     /// How many leading entries are still as this scan settled them; forgets the scan (and
     /// returns 0) when one of them is not. The first `unchanged` are known to be as the last
@@ -91,7 +88,7 @@ impl BudgetScan {
         let valid = fits && marked(unchanged, self.len);
         debug_assert!(!valid || marked(0, unchanged), "an entry counted as unchanged since the last run is not as it settled it");
         if !valid {
-            *self = BudgetScan { stamp: NEXT_STAMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed), ..BudgetScan::default() };
+            *self = BudgetScan { stamp: crate::shared::fresh_stamp(), ..BudgetScan::default() };
         }
         self.len
     }
