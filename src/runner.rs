@@ -35,6 +35,29 @@ pub struct RunOutput {
     /// The request bodies, in order (for `--dump-requests` and snapshots).
     pub requests: Vec<Request>,
     pub summary: Summary,
+    /// Why a stop rule ([`RunState::stop_when`]) ended the run: at the first step it held
+    /// after, which may be the last one.
+    pub stopped: Option<Stopped>,
+}
+
+/// When a run is out of the running and may end early: a what-if that would lose more than the
+/// run it is weighed against, or refuse more requests, can be no better than it however it goes
+/// on (both counts only grow), so the rest of its steps cannot change the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopRule {
+    /// Stop once the tokens taken from the model's view ([`crate::measure::loss::InfoLoss`]'s
+    /// `tokens_dropped`, as the run's loss tracker counts them) exceed this.
+    pub tokens_dropped_above: u64,
+    /// Stop once the main requests refused at the blocking limit and the prompt-too-long errors
+    /// surfaced ([`RunState::refused`]) exceed this.
+    pub refused_above: u64,
+}
+
+/// Why a stop rule ended a run: the count that went past its bound, and the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    TokensDropped { dropped: u64, above: u64 },
+    Refused { refused: u64, above: u64 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -294,6 +317,8 @@ pub struct RunState<'o> {
     /// The flattener's stamp of the last main request measured, for the next one's shared
     /// messages ([`Measurer::serve_shared`]).
     main_stamp: Option<u64>,
+    /// When the run ends before its last step ([`RunState::stop_when`]).
+    stop: Option<StopRule>,
 }
 
 impl<'o> RunState<'o> {
@@ -327,12 +352,33 @@ impl<'o> RunState<'o> {
             prompted: false,
             main_stamp: None,
             compacted: false,
+            stop: None,
         })
     }
 
-    /// Whether every step has run.
+    /// Whether the run is over: every step has run, or the stop rule ([`RunState::stop_when`])
+    /// holds.
     pub fn done(&self, scenario: &Scenario) -> bool {
-        self.next >= scenario.script.len()
+        self.next >= scenario.script.len() || self.stopped().is_some()
+    }
+
+    /// Ends the run (for [`RunState::done`]) after the first step at which `rule` holds, or now
+    /// if it holds already. Needs the loss tracker ([`RunOptions::info_loss`]) for its count of
+    /// tokens dropped (without it, only the refused requests are weighed). Checkpoints keep
+    /// the rule.
+    pub fn stop_when(&mut self, rule: StopRule) {
+        self.stop = Some(rule);
+    }
+
+    /// Why the stop rule ends the run, when it does.
+    pub fn stopped(&self) -> Option<Stopped> {
+        let rule = self.stop?;
+        let dropped = self.out.loss.as_ref().map_or(0, LossTracker::tokens_dropped);
+        if dropped > rule.tokens_dropped_above {
+            return Some(Stopped::TokensDropped { dropped, above: rule.tokens_dropped_above });
+        }
+        let refused = self.refused();
+        (refused > rule.refused_above).then_some(Stopped::Refused { refused, above: rule.refused_above })
     }
 
     /// The next step to run.
@@ -426,11 +472,13 @@ impl<'o> RunState<'o> {
             prompted: self.prompted,
             main_stamp: self.main_stamp,
             compacted: self.compacted,
+            stop: self.stop,
         }
     }
 
     /// The run's output once every step has run.
     pub fn finish(self, scenario: &Scenario, measurer: &Measurer, strategy: &Strategy) -> RunOutput {
+        let stopped = self.stopped();
         let out = self.out;
         // A surfaced prompt-too-long ends its turn like a blocked one.
         let rows = out.rows.into_vec();
@@ -438,7 +486,7 @@ impl<'o> RunState<'o> {
         if let Some(loss) = out.loss {
             summary.info_loss = loss.finish();
         }
-        RunOutput { scenario: scenario.file.clone(), rows, requests: out.requests, summary }
+        RunOutput { scenario: scenario.file.clone(), rows, requests: out.requests, summary, stopped }
     }
 
     /// Runs the next step of `scenario`.

@@ -519,6 +519,11 @@ impl LossTracker {
         self.prefixes.insert(lane.to_owned(), prefix);
     }
 
+    /// The tokens that left the model's view so far ([`InfoLoss::tokens_dropped`]).
+    pub fn tokens_dropped(&self) -> u64 {
+        self.loss.tokens_dropped
+    }
+
     pub fn finish(self) -> InfoLoss {
         self.loss
     }

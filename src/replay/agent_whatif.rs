@@ -236,6 +236,10 @@ pub struct AgentOutcome {
     pub compaction_losses: Vec<CompactionLoss>,
     /// Runs it took to settle the plan.
     pub runs: usize,
+    /// Where a stop rule ended the run ([`agent_whatif_family`]'s `stop`): the last recorded
+    /// call it answered, and the count past its bound. The rows, summary and losses are those
+    /// up to there.
+    pub stopped: Option<(usize, crate::runner::Stopped)>,
 }
 
 /// How one run uses the recording.
@@ -593,6 +597,24 @@ pub fn agent_whatif_family(
     measurer: Measurer,
     effectives: &[Strategy],
 ) -> Result<Vec<Result<AgentOutcome, String>>, String> {
+    agent_whatif_family_until(session, file, prepared, measurer, effectives, None)
+}
+
+/// [`agent_whatif_family`] of one strategy whose runs end early where `stop` holds
+/// ([`crate::runner::StopRule`]; [`AgentOutcome::stopped`] says where and why). A family of
+/// several strategies (they go on from the trunk's checkpoints: a trunk ended early would end
+/// them too) with a rule is an error.
+pub fn agent_whatif_family_until(
+    session: &ImportedSession,
+    file: &str,
+    prepared: &Prepared,
+    measurer: Measurer,
+    effectives: &[Strategy],
+    stop: Option<crate::runner::StopRule>,
+) -> Result<Vec<Result<AgentOutcome, String>>, String> {
+    if stop.is_some() && effectives.len() != 1 {
+        return Err(format!("a stop rule applies to a family of one strategy, not {}", effectives.len()));
+    }
     /// Script steps between two checkpoints of the trunk.
     const EVERY: usize = 24;
     let chain = crate::agent::compact::chain::Chain::new();
@@ -638,6 +660,10 @@ pub fn agent_whatif_family(
     }
     let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
+    if let Some(rule) = stop {
+        // (Every later run of the plan search goes on from this run's checkpoints: they keep it.)
+        trunk.stop_when(rule);
+    }
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
     let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
         Some(PeerBranch::Peer { peer, .. }) => peer.rewrite_trigger(window),
@@ -933,5 +959,6 @@ fn outcome(session: &ImportedSession, run: Run, compactions: Vec<Compacted>, div
         divergence,
         compaction_losses,
         runs,
+        stopped: run.output.stopped.map(|why| (run.paired.last().map_or(0, |&(_, call)| call), why)),
     }
 }

@@ -18,7 +18,10 @@
 //!   references lost or re-reads over its compactions, [`agent_info_loss`], and no more tokens
 //!   taken from the model's view by any stage) among every preset but
 //!   [`AGENT_PRESETS_LEFT_OUT`]. Each what-if whose conversation parts from the recording says
-//!   from which call and why.
+//!   from which call and why. The run as recorded goes first: a preset run on its own stops
+//!   once it has dropped more tokens or refused more requests than the run as recorded did over
+//!   the whole session ([`crate::runner::StopRule`]; it is out of the running, `excluded` or
+//!   `not_comparable`, unpriced).
 //!
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
@@ -111,6 +114,11 @@ pub struct WhatIf {
     /// (it refused requests at the blocking limit); then the saving is 0 and it is not weighed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_comparable: Option<String>,
+    /// Through the agent: why a preset is out of the running for the `preset` what-if before
+    /// its run ended (it took more tokens from the model's view than the run as recorded did
+    /// over the whole session); its run stopped there, so no saving is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub excluded: Option<String>,
     /// Through the agent: the first main call from which the what-if's conversation is no
     /// longer the recorded one (the recorded replies continue from there)...
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -154,6 +162,8 @@ struct AgentRun {
     /// (call, stage) of each compaction.
     compactions: Vec<(usize, String)>,
     divergence: Option<(usize, String)>,
+    /// Where a stop rule ended the run, and why ([`super::agent_whatif::AgentOutcome::stopped`]).
+    stopped: Option<(usize, crate::runner::Stopped)>,
 }
 
 impl AgentRun {
@@ -165,6 +175,7 @@ impl AgentRun {
             blocked: outcome.summary.blocked,
             compactions: outcome.compactions.iter().map(|c| (c.call, c.stage.clone())).collect(),
             divergence: outcome.divergence.clone(),
+            stopped: outcome.stopped,
         }
     }
 
@@ -181,32 +192,44 @@ impl AgentRun {
 
     /// The what-if `name` priced against `base` (the run as recorded). A run that refused more
     /// requests at the blocking limit than `base` did not do the session's work: its cost is
-    /// no saving, and it is said not to be comparable.
+    /// no saving, and it is said not to be comparable. A run a stop rule ended is out of the
+    /// running (more tokens dropped: `excluded`; more requests refused: not comparable), with
+    /// no saving.
     fn whatif(&self, name: String, base: &AgentRun, billed_usd: f64) -> WhatIf {
+        let diverges_from = self.divergence.as_ref().map(|(call, _)| *call);
+        let divergence = self.divergence.as_ref().map(|(_, why)| why.clone());
+        match self.stopped {
+            Some((call, crate::runner::Stopped::TokensDropped { dropped, above })) => {
+                let why = format!(
+                    "out of the running from call {call}: by then it had taken {dropped} tokens from the model's view, more than the run as recorded over the whole session ({above}); its run stopped there (`ctxsim compare --strategies` runs it to the end)"
+                );
+                return WhatIf { name, excluded: Some(why), diverges_from, divergence, ..WhatIf::default() };
+            }
+            Some((call, crate::runner::Stopped::Refused { refused, above })) => {
+                let why = format!(
+                    "the agent refused {refused} requests at the blocking limit under it by call {call} ({above} as recorded over the whole session): the session's work was not done; its run stopped there"
+                );
+                return WhatIf { name, not_comparable: Some(why), diverges_from, divergence, ..WhatIf::default() };
+            }
+            None => {}
+        }
         if self.blocked > base.blocked {
             let why = format!(
                 "the agent refused {} requests at the blocking limit under it ({} as recorded): the session's work was not done",
                 self.blocked, base.blocked
             );
-            return WhatIf {
-                name,
-                not_comparable: Some(why),
-                diverges_from: self.divergence.as_ref().map(|(call, _)| *call),
-                divergence: self.divergence.as_ref().map(|(_, why)| why.clone()),
-                ..WhatIf::default()
-            };
+            return WhatIf { name, not_comparable: Some(why), diverges_from, divergence, ..WhatIf::default() };
         }
         let saving = base.cost_usd - self.cost_usd;
         WhatIf {
-            not_comparable: None,
             name,
             saving_usd: saving,
             saving_pct: pct(saving, billed_usd),
-            no_effect: None,
             info_loss_delta: Some(self.loss - base.loss),
             tokens_dropped_delta: Some(self.tokens_dropped as i64 - base.tokens_dropped as i64),
-            diverges_from: self.divergence.as_ref().map(|(call, _)| *call),
-            divergence: self.divergence.as_ref().map(|(_, why)| why.clone()),
+            diverges_from,
+            divergence,
+            ..WhatIf::default()
         }
     }
 }
@@ -229,7 +252,8 @@ fn agent_whatifs(
     ttls: &[(&str, CacheTtl)],
     billed_usd: f64,
 ) -> Result<AgentWhatIfs, String> {
-    use super::agent_whatif::{agent_whatif_family, effective_strategy, family_key, peer_branch_of, prepare, strategy_key, thresholds_of};
+    use super::agent_whatif::{agent_whatif_family_until, effective_strategy, family_key, peer_branch_of, prepare, strategy_key, thresholds_of};
+    use crate::runner::StopRule;
     use crate::strategy::Strategy;
     use rayon::prelude::*;
     let name = file.path.display().to_string();
@@ -274,15 +298,34 @@ fn agent_whatifs(
         families.entry(family).or_default().entry(key.clone()).or_insert_with(|| strategy.clone());
     }
     let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().collect()).collect();
-    let runs: BTreeMap<String, Result<AgentRun, String>> = families
-        .par_iter()
-        .with_max_len(1)
-        .flat_map_iter(|family| {
-            let effectives: Vec<Strategy> = family.iter().map(|(_, s)| s.clone()).collect();
-            let outcomes = agent_whatif_family(session, &name, &prepared, make(), &effectives).unwrap_or_else(|e| family.iter().map(|_| Err(e.clone())).collect());
-            family.iter().zip(outcomes).map(|((key, _), outcome)| (key.clone(), outcome.map(|o| AgentRun::of(&o)))).collect::<Vec<_>>()
-        })
-        .collect();
+    let run_family = |family: &Vec<(String, Strategy)>, stop: Option<StopRule>| {
+        let effectives: Vec<Strategy> = family.iter().map(|(_, s)| s.clone()).collect();
+        let outcomes = agent_whatif_family_until(session, &name, &prepared, make(), &effectives, stop).unwrap_or_else(|e| family.iter().map(|_| Err(e.clone())).collect());
+        family.iter().zip(outcomes).map(|((key, _), outcome)| (key.clone(), outcome.map(|o| AgentRun::of(&o)))).collect::<Vec<_>>()
+    };
+    // The run as recorded's family first: a preset run on its own is out of the running once it
+    // has taken more tokens from the model's view than the run as recorded did over the whole
+    // session, or refused more requests (both counts only grow), and its run stops there
+    // ([`StopRule`]): the preset what-if is the cheapest at no more loss, which that preset can
+    // no longer be, whatever its cost.
+    let (first, rest): (Vec<&Vec<(String, Strategy)>>, Vec<&Vec<(String, Strategy)>>) = families.iter().partition(|f| f.iter().any(|(key, _)| *key == run_keys[0]));
+    let mut runs: BTreeMap<String, Result<AgentRun, String>> = first.iter().flat_map(|family| run_family(family, None)).collect();
+    let stop = match runs.get(&run_keys[0]) {
+        Some(Ok(base)) => Some(StopRule { tokens_dropped_above: base.tokens_dropped, refused_above: base.blocked }),
+        _ => None,
+    };
+    // (A key some other what-if shares runs to the end; so does a family of several runs: its
+    // branches go on from its trunk.)
+    let preset_only = |key: &String| candidates.iter().zip(run_keys).filter(|(_, k)| *k == key).all(|((_, kind, _), _)| matches!(kind, Kind::Preset));
+    runs.extend(
+        rest.par_iter()
+            .with_max_len(1)
+            .flat_map_iter(|family| {
+                let bounded = family.len() == 1 && family.iter().all(|(key, _)| preset_only(key));
+                run_family(family, stop.filter(|_| bounded))
+            })
+            .collect::<Vec<_>>(),
+    );
     let run_of = |key: &String| runs.get(key).cloned().unwrap_or_else(|| Err("no run".to_owned()));
     let as_recorded = run_of(&run_keys[0]).map_err(|e| format!("the run as recorded: {e}"))?;
     let base_threshold = thresholds_of(&base, &prepared).autocompact;
@@ -340,7 +383,7 @@ fn agent_whatifs(
     let no_more_loss = |w: &WhatIf| w.info_loss_delta.is_some_and(|d| d <= 0) && w.tokens_dropped_delta.is_some_and(|d| d <= 0);
     let best = presets
         .iter()
-        .filter(|w| w.no_effect.is_none() && w.not_comparable.is_none() && no_more_loss(w) && w.saving_usd > 0.0)
+        .filter(|w| w.no_effect.is_none() && w.not_comparable.is_none() && w.excluded.is_none() && no_more_loss(w) && w.saving_usd > 0.0)
         .max_by(|a, b| a.saving_usd.total_cmp(&b.saving_usd).then_with(|| b.name.cmp(&a.name)))
         .cloned();
     whatifs.push(best.unwrap_or_else(|| {

@@ -462,7 +462,7 @@ pub fn check_run(scenario: &Scenario, output: &RunOutput, baseline: Option<&Base
 /// through the replay or the agent): a recording has no `expect:` budgets, so the checks are the
 /// run, the baseline, and a note when the strategy's requests diverged from the recording.
 pub fn check_session(name: &str, evaluation: &crate::report::compare::Evaluation, baseline: Option<&Baseline>, tolerances: &Tolerances) -> ScenarioReport {
-    let output = RunOutput { scenario: evaluation.input.clone(), rows: evaluation.rows.clone(), requests: Vec::new(), summary: evaluation.summary.clone() };
+    let output = RunOutput { scenario: evaluation.input.clone(), rows: evaluation.rows.clone(), requests: Vec::new(), summary: evaluation.summary.clone(), stopped: None };
     let mut checks = vec![CheckResult::new("run", false, format!("{} requests", output.summary.requests))];
     // What ran the recorded session (the engine), in every output.
     if let Some(engine) = evaluation.engine {

@@ -791,3 +791,62 @@ fn a_compaction_fork_at_1h_beside_a_main_lane_at_5m_is_a_valid_request() {
     assert_eq!(summary["api_errors"], 0, "{}", summary["api_errors"]);
     assert_eq!(summary["compactions"]["auto"], 1, "the recorded compaction still fires");
 }
+
+/// A stop rule ends a run early without changing what it gave up to there (the audit's presets
+/// out of the running, `agent_whatif_family_until`): under any bound, the stopped run's rows are
+/// the first rows of the run made to the end, its count past the bound is what the full run had
+/// by then, and a bound the full run never passes leaves its outcome as it is — for presets
+/// that clear, mask, prune and compact, on sessions with and without a recorded compaction.
+#[test]
+fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
+    use ctxsim::replay::agent_whatif::{agent_whatif_family_until, effective_strategy, prepare};
+    use ctxsim::runner::{StopRule, Stopped};
+    let dir = crate::support::realdata().join("transcripts");
+    let (mut stopped_runs, mut refused_runs) = (0, 0);
+    for session in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl"] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        for preset in ["context-editing", "observation-masking", "opencode"] {
+            let effective = effective_strategy(&ctxsim::strategy::Strategy::preset(preset).unwrap(), &prepared);
+            let run = |stop| agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(&effective), stop).unwrap().pop().unwrap().unwrap();
+            let full = run(None);
+            assert!(full.stopped.is_none());
+            let (dropped, refused) = (full.info_loss.tokens_dropped, full.summary.blocked);
+            for rule in [
+                StopRule { tokens_dropped_above: 0, refused_above: u64::MAX },
+                StopRule { tokens_dropped_above: dropped / 2, refused_above: u64::MAX },
+                StopRule { tokens_dropped_above: dropped, refused_above: refused },
+                StopRule { tokens_dropped_above: u64::MAX, refused_above: 0 },
+            ] {
+                let what = format!("{session} {preset} {rule:?}");
+                let stopped = run(Some(rule));
+                match stopped.stopped {
+                    None => {
+                        assert!(dropped <= rule.tokens_dropped_above && refused <= rule.refused_above, "{what}: not stopped");
+                        assert_eq!(format!("{:?}", stopped.rows), format!("{:?}", full.rows), "{what}");
+                        assert_eq!(stopped.summary, full.summary, "{what}");
+                    }
+                    Some((call, why)) => {
+                        assert!(stopped.rows.len() <= full.rows.len(), "{what}");
+                        assert_eq!(format!("{:?}", stopped.rows), format!("{:?}", &full.rows[..stopped.rows.len()]), "{what}: not the start of the full run");
+                        match why {
+                            Stopped::TokensDropped { dropped: at, above } => {
+                                assert!(above == rule.tokens_dropped_above && at > above && at <= dropped && at == stopped.info_loss.tokens_dropped, "{what}: {why:?}");
+                                stopped_runs += 1;
+                            }
+                            Stopped::Refused { refused: at, above } => {
+                                assert!(above == rule.refused_above && at > above && at <= refused && at == stopped.summary.blocked, "{what}: {why:?}");
+                                refused_runs += 1;
+                            }
+                        }
+                        assert!(full.rows.iter().any(|r| r.lane == "main"), "{what}");
+                        assert!(call > 0, "{what}: stopped at call {call}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(stopped_runs >= 4 && refused_runs >= 1, "{stopped_runs} stopped on tokens, {refused_runs} on refusals");
+}

@@ -274,16 +274,18 @@ fn audit_runs_its_what_ifs_through_the_agent_by_default() {
         .map(|p| format!("preset={}", p.id))
         .collect();
     assert_eq!(names, expected);
-    // Every preset the replay engine leaves to compare is judged: priced, or said not to be
+    // Every preset the replay engine leaves to compare is judged: priced, said not to be
     // comparable (on a6e4 the peers that do not compact where the client did hit the blocking
-    // limit: the session's work was not done), each saying from which call it parts from the
+    // limit: the session's work was not done), or out of the running (more tokens taken from
+    // the model's view than the run as recorded), each saying from which call it parts from the
     // recording.
     for id in ["codex", "opencode", "observation-masking", "context-editing", "server-compaction", "cline"] {
         let p = presets.iter().find(|p| p["name"] == format!("preset={id}")).unwrap();
         assert!(p.get("no_effect").is_none(), "{p}");
         let priced = p["info_loss_delta"].is_i64() && p["tokens_dropped_delta"].is_i64();
         let refused = p["not_comparable"].as_str().is_some_and(|why| why.contains("blocking limit"));
-        assert!(priced != refused, "{p}");
+        let excluded = p["excluded"].as_str().is_some_and(|why| why.starts_with("out of the running from call "));
+        assert_eq!([priced, refused, excluded].iter().filter(|b| **b).count(), 1, "{p}");
         assert!(p["diverges_from"].as_u64().is_some() && !p["divergence"].as_str().unwrap().is_empty(), "{p}");
     }
     // claude-code-no-microcompact differs from the run as recorded only in whether a replay
@@ -298,17 +300,19 @@ fn audit_runs_its_what_ifs_through_the_agent_by_default() {
     for p in presets.iter().filter(|p| p.get("no_effect").is_some()) {
         assert!(p["saving_usd"] == 0.0 && p["info_loss_delta"].as_i64().unwrap_or(0) == 0, "{p}");
     }
-    // Context editing (the server clearing old tool uses): a saving against the agent's run as
-    // recorded, its loss, and the call its conversation parts from. It clears more than the
-    // recorded compaction took from the model's view: not "no more information loss".
+    // Context editing (the server clearing old tool uses) clears more than the recorded
+    // compaction took from the model's view: not "no more information loss", so it is out of
+    // the running from the call where its clearing passed the run as recorded's whole drop, and
+    // its run stopped there (no saving given); it says where its conversation parts from the
+    // recording.
     let editing = presets.iter().find(|p| p["name"] == "preset=context-editing").unwrap();
-    assert!(editing["saving_usd"].as_f64().unwrap() != 0.0, "{editing}");
-    assert!(editing["tokens_dropped_delta"].as_i64().unwrap() > 0, "{editing}");
+    assert!(editing["excluded"].as_str().unwrap().contains("more than the run as recorded over the whole session"), "{editing}");
+    assert!(editing["saving_usd"] == 0.0 && editing.get("tokens_dropped_delta").is_none(), "{editing}");
     assert!(editing["divergence"].as_str().unwrap().contains("context_editing"), "{editing}");
     // The preset what-if is the cheapest preset at no more loss.
     let whatifs = a["whatifs"].as_array().unwrap();
     let preset = whatifs.iter().find(|w| w["name"].as_str().unwrap().starts_with("preset")).unwrap();
-    let no_more_loss = |p: &&Value| p.get("no_effect").is_none() && p.get("not_comparable").is_none() && p["info_loss_delta"].as_i64() <= Some(0) && p["tokens_dropped_delta"].as_i64() <= Some(0);
+    let no_more_loss = |p: &&Value| p.get("no_effect").is_none() && p.get("not_comparable").is_none() && p.get("excluded").is_none() && p["info_loss_delta"].as_i64() <= Some(0) && p["tokens_dropped_delta"].as_i64() <= Some(0);
     let cheapest = presets.iter().filter(no_more_loss).map(|p| p["saving_usd"].as_f64().unwrap()).fold(f64::MIN, f64::max);
     if cheapest <= 0.0 {
         assert!(preset["no_effect"].as_str().unwrap().contains("saves"), "no preset saves, yet {preset}");
@@ -336,6 +340,34 @@ fn audit_runs_its_what_ifs_through_the_agent_by_default() {
     let csv = String::from_utf8(csv.stdout).unwrap();
     assert!(csv.lines().next().unwrap().starts_with("session,engine,"), "{csv}");
     assert!(csv.lines().nth(1).unwrap().contains(",agent,"), "{csv}");
+}
+
+/// A preset run on its own stops once it has taken more tokens from the model's view than the
+/// run as recorded did over the whole session (the count only grows: it can no longer be the
+/// cheapest preset at no more loss): the audit says from which call and by how much, and the
+/// verdict is the one its full run gives (`compare` runs it to the end): more tokens dropped
+/// than the run as recorded, by at least as many as when it stopped.
+#[test]
+fn audit_stops_a_preset_out_of_the_running_with_its_full_runs_verdict() {
+    let dir = transcripts();
+    let file = dir.join("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let out = ctxsim(&["audit", file.to_str().unwrap(), "--estimator", "chars4", "--json", "--no-result-cache", "--no-progress"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let presets = audit["sessions"][0]["presets"].as_array().unwrap();
+    let editing = presets.iter().find(|p| p["name"] == "preset=context-editing").unwrap();
+    let why = editing["excluded"].as_str().unwrap();
+    // "out of the running from call C: by then it had taken T tokens ..., more than the run as
+    // recorded over the whole session (B); ..."
+    let number_after = |marker: &str| -> u64 { why.split(marker).nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap() };
+    let (call, taken, bound) = (number_after("from call "), number_after("it had taken "), number_after("over the whole session ("));
+    assert!(taken > bound && call >= editing["diverges_from"].as_u64().unwrap(), "{why}");
+    let out = ctxsim(&["compare", file.to_str().unwrap(), "--strategies", "default,context-editing", "--estimator", "chars4", "--format", "json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let compare: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dropped = |strategy: &str| compare.as_array().unwrap().iter().find(|e| e["strategy"] == strategy).unwrap()["summary"]["info_loss"]["tokens_dropped"].as_u64().unwrap();
+    assert_eq!(dropped("claude-code"), bound, "the bound is the run as recorded's whole drop");
+    assert!(dropped("context-editing") >= taken, "{why}: the full run drops {}", dropped("context-editing"));
 }
 
 /// Issue 15: the audit weighs another autocompact threshold and the cheapest preset at no more

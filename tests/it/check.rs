@@ -102,6 +102,7 @@ fn new_cache_breaks_are_named_with_request_block_and_cause() {
         summary: Summary::from_rows(&scenario.file, "claude-code", "chars4", &rows, 0),
         rows: rows.clone(),
         requests: Vec::new(),
+        stopped: None,
     };
     // The baseline knew the TTL expiry and the compaction, not the two microcompact breaks.
     let mut first = check_run(&scenario, &output, None, &Tolerances::default());
