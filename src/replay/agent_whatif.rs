@@ -492,9 +492,11 @@ fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, 
             let (compactions, divergence, _) = read;
             let outcome = outcome(session, done, compactions, divergence, 1);
             // The fixed point is the one the search by runs settles on (the argument at
-            // [`Follow`]): debug builds make that search and compare.
+            // [`Follow`]): debug builds make that search and compare where it settled.
             #[cfg(debug_assertions)]
-            if let Ok(searched) = settle_by_runs(session, prepared, effective, first, runs) {
+            if let Ok(searched) = settle_by_runs(session, prepared, effective, first, runs)
+                && !searched.divergence.as_ref().is_some_and(|(_, why)| why.contains("(the plan of summaries had not settled"))
+            {
                 let strip = |o: &AgentOutcome| format!("{:?}", AgentOutcome { runs: 0, ..o.clone() });
                 debug_assert_eq!(strip(&outcome), strip(&searched), "the run that followed the recording is the plan search's ({} runs)", searched.runs);
             }
