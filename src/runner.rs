@@ -612,9 +612,6 @@ impl<'o> RunState<'o> {
                         pending_events.extend(client.before_main(call, &mut served.flat, measurer));
                     }
                     (*prompted, *compacted) = (false, false);
-                    let mut stages = std::mem::take(pending_stages);
-                    stages.extend(chain_run.reports);
-                    stages.extend(agent.take_peer_reports());
                     let mut this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
                     let first_token_ms = this_reply.latency.map_or(0, |l| l.first_token_ms);
                     let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
@@ -623,6 +620,9 @@ impl<'o> RunState<'o> {
                     input.output_tokens = this_reply.output_tokens;
                     input.first_token_ms = first_token_ms;
                     input.recorded_usage = this_reply.usage.clone().filter(|u| *u != Usage::default());
+                    let mut stages = std::mem::take(pending_stages);
+                    stages.extend(chain_run.reports);
+                    stages.extend(agent.take_peer_reports());
                     input.stages = stages;
                     let mut row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     if let Some(plan) = reply_plan.as_deref_mut() {

@@ -591,10 +591,14 @@ impl FollowRules {
 /// A run that switches plans as it goes ([`crate::runner::ReplyPlan`]): the replies carry their
 /// recorded usage up to the first main call where the run parts from the recording, none from
 /// there (their output tokens kept), and each compaction takes the reply [`read_run`] would
-/// give it. Every reason `read_run` finds the run parts at call d is known before the reply to
-/// d is taken (a stage fired on its request, the agent compacted or did not where the
-/// recording did, the recorded microcompact left out); which summary a compaction takes
-/// depends on its call (that of the next main request) and on the summaries taken before it.
+/// give it. Every reason `read_run` finds the run parts at call d is known once request d is
+/// measured, before anything but the row's copy of its usage read the reply to d (a stage fired
+/// on its request, a server-side context edit the measurement applied, the agent compacted or
+/// did not where the recording did, the recorded microcompact left out): the reply to d is
+/// then taken off its usage and the row's copy dropped, which leaves the row as measured
+/// without it where the reply's output tokens are its usage's (checked). Which summary a
+/// compaction takes depends on its call (that of the next main request) and on the summaries
+/// taken before it.
 ///
 /// Its run is a fixed point of the plan search ([`settle_by_runs`]) where [`Follow::holds`]:
 /// the run read by `read_run` parts where it switched, and its compactions took exactly the
@@ -610,7 +614,7 @@ impl FollowRules {
 /// the first call where one of them parts, where the other parts too (it made the same
 /// requests up to it); a compaction's reply is the one `read_run` gives it in both. So they
 /// never differ. Where the search does not settle in [`MAX_RUNS`] runs, this run is settled
-/// where the search's result is not (nothing in the shared sessions and scenarios does).
+/// where the search's result is not (no what-if of the 16 shared sessions' audit does).
 /// Anything the run does that this cannot stand for (a compaction whose reply no main request
 /// reports, a switch at a call whose replies were taken before it) fails the check, and the
 /// search runs as before.
