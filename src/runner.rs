@@ -117,6 +117,22 @@ pub trait ClientRules {
     }
 }
 
+/// A plan that decides a run's scripted replies as the run goes (a replay that follows its
+/// recording until the run parts from it: [`crate::replay::agent_whatif`]). Owned by the run
+/// ([`RunState::set_reply_plan`]); a checkpoint copies it in its present state.
+pub trait ReplyPlan: std::any::Any {
+    /// A copy of the plan in its present state.
+    fn clone_box(&self) -> Box<dyn ReplyPlan>;
+    /// Called once, when the run takes the plan, with the run's model: sets what the plan
+    /// decides before the next request.
+    fn start(&mut self, model: &mut crate::world::ScriptedModel);
+    /// Called with each main request the API accepted, measured as `row` with `reply`, the main
+    /// lane's reply it took, before anything else reads either: may change the replies left in
+    /// `model`, and take the scripted usage off `reply` (and `row`'s copy of it) where the
+    /// measurement did not depend on it (the output tokens kept).
+    fn main_reply(&mut self, row: &mut RequestMetrics, reply: &mut Reply, model: &mut crate::world::ScriptedModel);
+}
+
 /// A main-lane request as [`ClientRules`] sees it.
 pub struct MainCall<'a> {
     pub request: &'a Request,
@@ -319,6 +335,8 @@ pub struct RunState<'o> {
     main_stamp: Option<u64>,
     /// When the run ends before its last step ([`RunState::stop_when`]).
     stop: Option<StopRule>,
+    /// The plan deciding replies as the run goes ([`RunState::set_reply_plan`]).
+    reply_plan: Option<Box<dyn ReplyPlan>>,
 }
 
 impl<'o> RunState<'o> {
@@ -353,6 +371,7 @@ impl<'o> RunState<'o> {
             main_stamp: None,
             compacted: false,
             stop: None,
+            reply_plan: None,
         })
     }
 
@@ -447,6 +466,17 @@ impl<'o> RunState<'o> {
         self.out.compacted.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// Goes on with `plan` deciding the replies from here ([`ReplyPlan`]).
+    pub fn set_reply_plan(&mut self, mut plan: Box<dyn ReplyPlan>) {
+        plan.start(&mut self.world.model);
+        self.reply_plan = Some(plan);
+    }
+
+    /// The plan set by [`RunState::set_reply_plan`], in its present state.
+    pub fn take_reply_plan(&mut self) -> Option<Box<dyn ReplyPlan>> {
+        self.reply_plan.take()
+    }
+
     /// Rows measured so far.
     pub fn rows(&self) -> usize {
         self.out.rows.len()
@@ -473,6 +503,7 @@ impl<'o> RunState<'o> {
             main_stamp: self.main_stamp,
             compacted: self.compacted,
             stop: self.stop,
+            reply_plan: self.reply_plan.as_ref().map(|p| p.clone_box()),
         }
     }
 
@@ -494,7 +525,7 @@ impl<'o> RunState<'o> {
         let i = self.next;
         let Some(step) = scenario.script.get(i) else { return Ok(()) };
         self.next += 1;
-        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, main_stamp, .. } = self;
+        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, main_stamp, reply_plan, .. } = self;
         let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
         let mut note_check = |run: &crate::agent::session::ChainRun| {
             if let Some(counted) = run.autocompact_checked {
@@ -629,7 +660,7 @@ impl<'o> RunState<'o> {
                         pending_events.extend(client.before_main(call, &mut served.flat, measurer));
                     }
                     (*prompted, *compacted) = (false, false);
-                    let this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
+                    let mut this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
                     let first_token_ms = this_reply.latency.map_or(0, |l| l.first_token_ms);
                     let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                     input.turn = *turn;
@@ -641,7 +672,10 @@ impl<'o> RunState<'o> {
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
-                    let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
+                    let mut row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
+                    if let Some(plan) = reply_plan.as_deref_mut() {
+                        plan.main_reply(&mut row, &mut this_reply, &mut world.model);
+                    }
                     if let Some(client) = client.as_deref_mut() {
                         client.after_main(&row);
                     }

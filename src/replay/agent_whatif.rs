@@ -32,7 +32,11 @@
 //!
 //! The run is planned by running: the first run follows the recording; when it diverges, the
 //! plan (usage up to the divergence, the summary each compaction takes) is corrected and the
-//! session run again, until the plan holds ([`MAX_RUNS`] at most).
+//! session run again, until the plan holds ([`MAX_RUNS`] at most). One run makes that search's
+//! result where it can ([`Follow`]): it switches plans as it goes (the replies carry no recorded
+//! usage from the first call where it parts from the recording, each compaction takes the reply
+//! the search would give it) and is kept where the search's own check says it is a fixed point
+//! of the plan, which is the one the search settles on; elsewhere the search runs as before.
 
 use std::collections::BTreeMap;
 
@@ -43,7 +47,7 @@ use crate::measure::loss::InfoLoss;
 use crate::measure::{Measurer, MeasurerState, RequestMetrics};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::{EventKind, ImportedSession};
-use crate::runner::{RunOptions, RunState};
+use crate::runner::{RunOptions, RunState, StopRule};
 use crate::scenario::Scenario;
 use crate::strategy::Strategy;
 
@@ -234,7 +238,8 @@ pub struct AgentOutcome {
     /// and why.
     pub divergence: Option<(usize, String)>,
     pub compaction_losses: Vec<CompactionLoss>,
-    /// Runs it took to settle the plan.
+    /// Runs it took to settle the plan: 1 where the run that follows the recording settled it
+    /// ([`Follow`]), else the plan search's runs (the run that did not settle it not counted).
     pub runs: usize,
     /// Where a stop rule ended the run ([`agent_whatif_family`]'s `stop`): the last recorded
     /// call it answered, and the count past its bound. The rows, summary and losses are those
@@ -362,13 +367,22 @@ struct Run {
 }
 
 /// The rest of `run`'s steps under `strategy`, and what the run gave.
-fn finish_run(prepared: &Prepared, mut run: RunState<'_>, scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<Run, String> {
+fn finish_run(prepared: &Prepared, run: RunState<'_>, scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<Run, String> {
+    finish_following(prepared, run, scenario, measurer, strategy).map(|(run, _)| run)
+}
+
+/// [`finish_run`], with the [`Follow`] the run went by (if it went by one) as the run left it.
+fn finish_following(prepared: &Prepared, mut run: RunState<'_>, scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy) -> Result<(Run, Option<Follow>), String> {
     let chain = crate::agent::compact::chain::Chain::new();
     while !run.done(scenario) {
         run.step(scenario, measurer, strategy, &chain).map_err(|e| e.to_string())?;
     }
+    let follow = run.take_reply_plan().and_then(|plan| (plan as Box<dyn std::any::Any>).downcast::<Follow>().ok()).map(|mut follow| {
+        follow.end(&run.world().model);
+        *follow
+    });
     let compacted = run.take_compacted_requests();
-    Ok(read_output(prepared, compacted, run.finish(scenario, measurer, strategy)))
+    Ok((read_output(prepared, compacted, run.finish(scenario, measurer, strategy)), follow))
 }
 
 /// A finished run's output with its main rows paired with the recorded calls.
@@ -398,7 +412,8 @@ fn run_options(prepared: &Prepared) -> RunOptions<'static> {
     RunOptions { info_loss: true, client: Some(Box::new(prepared.client.clone())), ..Default::default() }
 }
 
-fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan) -> Result<Run, String> {
+/// A run under `plan` from the first call, ended early where `stop` holds.
+fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan, stop: Option<StopRule>) -> Result<Run, String> {
     let scenario = planned_scenario(prepared, file, plan)?;
     let options = run_options(prepared);
     // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
@@ -406,7 +421,41 @@ fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: 
     fresh_measurer(prepared, measurer)?;
     let mut run = RunState::start(&scenario, strategy, options).map_err(|e| e.to_string())?;
     run.keep_compacted_requests();
+    if let Some(rule) = stop {
+        run.stop_when(rule);
+    }
     finish_run(prepared, run, &scenario, measurer, strategy)
+}
+
+/// A strategy's runs from the first call (no checkpoints), each ended early where `stop` holds
+/// ([`agent_whatif_family_until`]).
+struct Alone<'a> {
+    scenarios: Scenarios<'a>,
+    measurer: &'a mut Measurer,
+    effective: &'a Strategy,
+    stop: Option<StopRule>,
+}
+
+impl Runs for Alone<'_> {
+    fn run(&mut self, plan: &Plan) -> Result<Run, String> {
+        run_once(self.scenarios.prepared, self.scenarios.file, self.measurer, self.effective, plan, self.stop)
+    }
+
+    fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
+        let (prepared, strategy) = (self.scenarios.prepared, self.effective);
+        let index = self.scenarios.get(&first_plan(prepared, strategy))?;
+        let scenario = self.scenarios.list[index].1.clone();
+        fresh_measurer(prepared, self.measurer)?;
+        let mut run = RunState::start(&scenario, strategy, run_options(prepared)).map_err(|e| e.to_string())?;
+        run.keep_compacted_requests();
+        if let Some(rule) = self.stop {
+            run.stop_when(rule);
+        }
+        let rules = std::rc::Rc::new(FollowRules::new(prepared, strategy, &run.world().model));
+        run.set_reply_plan(Box::new(Follow::new(rules)));
+        let (done, follow) = finish_following(prepared, run, &scenario, self.measurer, strategy)?;
+        Ok(follow.map(|follow| (done, follow)))
+    }
 }
 
 /// Drives the agent through `session` under `strategy` ([module docs](self)).
@@ -415,34 +464,353 @@ fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: 
 pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, measurer: &mut Measurer, strategy: &Strategy) -> Result<AgentOutcome, String> {
     let (prior, lookback) = (measurer.prior_thinking_dropped(), measurer.lookback_rule());
     let effective = effective_strategy(strategy, prepared);
-    let outcome = settle(session, prepared, &effective, &mut |plan| run_once(prepared, file, measurer, &effective, plan));
+    let outcome = settle(session, prepared, &effective, None, &mut Alone { scenarios: Scenarios { prepared, file, list: Vec::new() }, measurer, effective: &effective, stop: None });
     measurer.set_prior_thinking_dropped(prior);
     measurer.set_lookback_rule(lookback);
     outcome
 }
 
-/// The plan search of one strategy: runs (by `run`) until the plan holds.
-fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, run: &mut dyn FnMut(&Plan) -> Result<Run, String>) -> Result<AgentOutcome, String> {
+/// How a strategy's runs are made: from the first call ([`Alone`]) or going on from a family's
+/// checkpoints ([`FromCheckpoints`]).
+trait Runs {
+    /// A run under `plan`.
+    fn run(&mut self, plan: &Plan) -> Result<Run, String>;
+    /// A run that follows the recording and switches plans as it goes ([`Follow`]), with the
+    /// plan as the run left it.
+    fn follow(&mut self) -> Result<Option<(Run, Follow)>, String>;
+}
+
+/// The plan search of one strategy ([module docs](self)). First one run that switches plans as
+/// it goes ([`Follow`]): where it is a fixed point of the plan (the check [`settle_by_runs`]
+/// makes), it is the run the search settles on, in one run; elsewhere the search runs plan by
+/// plan as before. `first` is a run under the first plan already made (a family's trunk): where
+/// that plan holds, it is the result.
+fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, first: Option<Run>, runs: &mut dyn Runs) -> Result<AgentOutcome, String> {
+    let client_edits = client_edits(effective);
+    let plan = first_plan(prepared, effective);
+    let first = match first {
+        Some(done) => {
+            let read = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
+            if holds(&plan, &read) {
+                let (compactions, divergence, _) = read;
+                return Ok(outcome(session, done, compactions, divergence, 1));
+            }
+            Some((done, read))
+        }
+        None => None,
+    };
+    if let Some((done, follow)) = runs.follow()? {
+        let read = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
+        if follow.holds(&read) {
+            let (compactions, divergence, _) = read;
+            let outcome = outcome(session, done, compactions, divergence, 1);
+            // The fixed point is the one the search by runs settles on (the argument at
+            // [`Follow`]): debug builds make that search and compare where it settled.
+            #[cfg(debug_assertions)]
+            if let Ok(searched) = settle_by_runs(session, prepared, effective, first, runs)
+                && !searched.divergence.as_ref().is_some_and(|(_, why)| why.contains("(the plan of summaries had not settled"))
+            {
+                let strip = |o: &AgentOutcome| format!("{:?}", AgentOutcome { runs: 0, ..o.clone() });
+                debug_assert_eq!(strip(&outcome), strip(&searched), "the run that followed the recording is the plan search's ({} runs)", searched.runs);
+            }
+            return Ok(outcome);
+        }
+    }
+    settle_by_runs(session, prepared, effective, first, runs)
+}
+
+/// The server's context editing under the client's own settings (thinking of idle turns
+/// cleared) is what the recorded client asked for too: its recorded usage counts it.
+fn client_edits(effective: &Strategy) -> bool {
+    serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok()
+}
+
+/// What [`read_run`] reads of a run.
+type Reading = (Vec<Compacted>, Option<(usize, String)>, Vec<Value>);
+
+/// Whether a run under `plan` read as `read` holds it: the same divergence, and the
+/// `compact`-lane replies its compactions should take those the plan gave them.
+fn holds(plan: &Plan, read: &Reading) -> bool {
+    let (_, divergence, lane) = read;
+    let consumed = lane.len();
+    divergence.as_ref().map(|(call, _)| *call) == plan.usage_before && plan.lane.len() >= consumed && plan.lane[..consumed] == lane[..]
+}
+
+/// The plan search by runs: runs (by `runs`) until the plan holds, from the first plan (whose
+/// run `first` is when given, with its reading).
+fn settle_by_runs(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, first: Option<(Run, Reading)>, runs: &mut dyn Runs) -> Result<AgentOutcome, String> {
     let mut plan = first_plan(prepared, effective);
-    // The server's context editing under the client's own settings (thinking of idle turns
-    // cleared) is what the recorded client asked for too: its recorded usage counts it.
-    let client_edits = serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok();
-    let mut runs = 0;
+    let client_edits = client_edits(effective);
+    let mut first = first;
+    let mut count = 0;
     loop {
-        let done = run(&plan)?;
-        runs += 1;
-        let (compactions, divergence, lane) = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
-        let consumed = lane.len();
-        let next = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane, without_recorded_microcompacts: plan.without_recorded_microcompacts };
-        let settled = next.usage_before == plan.usage_before && plan.lane.len() >= consumed && plan.lane[..consumed] == next.lane[..];
-        if settled || runs >= MAX_RUNS {
+        let (done, read) = match first.take() {
+            Some(made) => made,
+            None => {
+                let done = runs.run(&plan)?;
+                let read = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
+                (done, read)
+            }
+        };
+        count += 1;
+        let settled = holds(&plan, &read);
+        let (compactions, divergence, lane) = read;
+        if settled || count >= MAX_RUNS {
             let mut divergence = divergence;
             if !settled && let Some((_, why)) = &mut divergence {
                 why.push_str(&format!(" (the plan of summaries had not settled after {MAX_RUNS} runs)"));
             }
-            return Ok(outcome(session, done, compactions, divergence, runs));
+            return Ok(outcome(session, done, compactions, divergence, count));
         }
-        plan = next;
+        plan = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane, without_recorded_microcompacts: plan.without_recorded_microcompacts };
+    }
+}
+
+/// What a run that follows the recording goes by ([`Follow`]): where [`read_run`] finds a run
+/// parts from the recording and which reply it gives each compaction, for one strategy.
+struct FollowRules {
+    main_calls: Vec<usize>,
+    /// Each recorded compaction: its call and, where it has one, its summary as a
+    /// `compact`-lane step and as the reply the first plan's model holds for it.
+    recorded: Vec<(usize, Option<(Value, crate::world::Reply)>)>,
+    /// The stand-in summary ([`stand_in`]) and its reply.
+    stand_in: (Value, crate::world::Reply),
+    /// The call of the first recorded microcompact, where the strategy leaves them out.
+    left_out: Option<usize>,
+    client_edits: bool,
+}
+
+impl FollowRules {
+    /// The rules of `effective` in `prepared`'s session; `model` is the first plan's as built
+    /// (its `compact` lane holds the recorded summaries in order).
+    fn new(prepared: &Prepared, effective: &Strategy, model: &crate::world::ScriptedModel) -> Self {
+        let mut replies = model.scripted("compact").cloned();
+        let recorded = prepared.recorded.iter().map(|r| (r.call, r.summary.clone().and_then(|step| replies.next().map(|reply| (step, reply))))).collect();
+        let step = stand_in();
+        let text = step["assistant"][0]["text"].as_str().unwrap_or_default().to_owned();
+        let reply = crate::world::Reply::text(text);
+        #[cfg(debug_assertions)]
+        {
+            let mut document = prepared.workload.document.clone();
+            document["script"] = json!([step.clone()]);
+            let parsed = crate::scenario::parse_scenario_document(&document, "stand-in").map(|s| s.scripted_model());
+            debug_assert_eq!(parsed.ok().and_then(|m| m.scripted("compact").next().cloned()).as_ref(), Some(&reply), "the stand-in's reply is its step's");
+        }
+        let left_out = if effective.replay_recorded_microcompact { None } else { microcompact_calls(prepared).first().copied() };
+        FollowRules { main_calls: prepared.workload.main_calls.clone(), recorded, stand_in: (step, reply), left_out, client_edits: client_edits(effective) }
+    }
+}
+
+/// A run that switches plans as it goes ([`crate::runner::ReplyPlan`]): the replies carry their
+/// recorded usage up to the first main call where the run parts from the recording, none from
+/// there (their output tokens kept), and each compaction takes the reply [`read_run`] would
+/// give it. Every reason `read_run` finds the run parts at call d is known once request d is
+/// measured, before anything but the row's copy of its usage read the reply to d (a stage fired
+/// on its request, a server-side context edit the measurement applied, the agent compacted or
+/// did not where the recording did, the recorded microcompact left out): the reply to d is
+/// then taken off its usage and the row's copy dropped, which leaves the row as measured
+/// without it where the reply's output tokens are its usage's (checked). Which summary a
+/// compaction takes depends on its call (that of the next main request) and on the summaries
+/// taken before it.
+///
+/// Its run is a fixed point of the plan search ([`settle_by_runs`]) where [`Follow::holds`]:
+/// the run read by `read_run` parts where it switched, and its compactions took exactly the
+/// replies `read_run` gives them, in order. A run under the plan (usage up to that call, those
+/// replies) is this run: up to the switch it takes the same replies with their usage, from
+/// there the same replies without it (the replies a plan strips are those of the calls from the
+/// switch on, checked), and its compactions the same summaries in the same order.
+///
+/// And it is the fixed point the search settles on, whatever number of runs the search takes:
+/// a settled run of the search goes by a plan (usage up to d, replies L) under which it parts
+/// at d and its compactions take L. Where this run and that one first differ, both had made the
+/// same requests: a reply that carries usage in one and none in the other is one at or after
+/// the first call where one of them parts, where the other parts too (it made the same
+/// requests up to it); a compaction's reply is the one `read_run` gives it in both. So they
+/// never differ. Where the search does not settle in [`MAX_RUNS`] runs, this run is settled
+/// where the search's result is not (no what-if of the 16 shared sessions' audit does).
+/// Anything the run does that this cannot stand for (a compaction whose reply no main request
+/// reports, a switch at a call whose replies were taken before it) fails the check, and the
+/// search runs as before.
+#[derive(Clone)]
+struct Follow {
+    rules: std::rc::Rc<FollowRules>,
+    /// Main requests answered so far (paired with `main_calls` in order, as [`read_output`]).
+    paired: usize,
+    /// `compact`-lane replies the model had handed out at the last main request.
+    compact_seen: usize,
+    /// Recorded compactions whose summary a compaction took.
+    used: Vec<bool>,
+    /// Recorded compactions the agent compacted at too.
+    met: Vec<bool>,
+    /// The replies the compactions took, in order: a recorded compaction's summary, else the
+    /// stand-in (`None`).
+    taken: Vec<Option<usize>>,
+    /// The reply set for the next compaction.
+    next: Option<usize>,
+    /// The reply the `compact` lane holds, as set last (`None` before the first).
+    held: Option<Option<usize>>,
+    /// The call from which the replies carry no recorded usage, once the run parted.
+    parted: Option<usize>,
+    /// The run did something this cannot stand for: [`Follow::holds`] fails.
+    lost: bool,
+}
+
+impl Follow {
+    fn new(rules: std::rc::Rc<FollowRules>) -> Self {
+        let n = rules.recorded.len();
+        Follow { rules, paired: 0, compact_seen: 0, used: vec![false; n], met: vec![false; n], taken: Vec::new(), next: None, held: None, parted: None, lost: false }
+    }
+
+    /// The reply a compaction before the request of `call` takes ([`read_run`]'s rule): the
+    /// summary of the first recorded compaction within one call whose summary no compaction
+    /// took, else the stand-in.
+    fn choose(&self, call: usize) -> Option<usize> {
+        self.rules.recorded.iter().enumerate().position(|(i, (at, summary))| !self.used[i] && summary.is_some() && at.abs_diff(call) <= 1)
+    }
+
+    /// Reads the next main request's stages: the compactions they report (each taking the
+    /// reply [`Follow::choose`] gives) and the first call from which the run parts from the
+    /// recording, if it does by this request.
+    fn read_row(&mut self, stages: &[crate::measure::StageReport]) -> (usize, Option<usize>) {
+        let rules = self.rules.clone();
+        let call = rules.main_calls.get(self.paired).copied().unwrap_or(usize::MAX);
+        self.paired += 1;
+        let mut parts: Option<usize> = None;
+        let mut taking = 0;
+        let mut compacted = false;
+        for stage in stages.iter().filter(|s| s.fired) {
+            if crate::runner::COMPACTION_STAGES.contains(&stage.name.as_str()) {
+                compacted = true;
+                if !rules.recorded.iter().any(|(at, _)| *at == call) {
+                    parts = Some(call);
+                }
+                if stage.name != "session_memory_compact" {
+                    taking += 1;
+                    let choice = self.choose(call);
+                    if let Some(i) = choice {
+                        self.used[i] = true;
+                    }
+                    self.taken.push(choice);
+                }
+            } else if REWRITE_STAGES.contains(&stage.name.as_str()) && stage.tokens_after < stage.tokens_before && !(rules.client_edits && stage.name == "context_editing") {
+                parts = Some(call);
+            }
+        }
+        for (i, (at, _)) in rules.recorded.iter().enumerate() {
+            if *at == call && compacted {
+                self.met[i] = true;
+            }
+            if *at <= call && !self.met[i] {
+                parts = Some(parts.map_or(*at, |p| p.min(*at)));
+            }
+        }
+        if let Some(m) = rules.left_out.filter(|m| *m <= call) {
+            parts = Some(parts.map_or(m, |p| p.min(m)));
+        }
+        (taking, parts)
+    }
+
+    /// Where the run stands at a checkpoint of a run under the first plan (`rows` its rows,
+    /// `model` its model): a run that follows the recording from the first call is that run up
+    /// to there when neither parted from the recording before it and its compactions took the
+    /// replies this would have given them.
+    fn at(rules: std::rc::Rc<FollowRules>, rows: &mut dyn Iterator<Item = &RequestMetrics>, model: &crate::world::ScriptedModel) -> Option<Follow> {
+        let mut follow = Follow::new(rules);
+        for row in rows.filter(|r| r.lane == LANE_MAIN && r.error.is_none()) {
+            if follow.read_row(&row.stages).1.is_some() {
+                return None;
+            }
+        }
+        // The first plan's replies are the recorded summaries in order.
+        let summaries = follow.rules.recorded.iter().enumerate().filter(|(_, (_, s))| s.is_some()).map(|(i, _)| Some(i));
+        let taken_as_planned = follow.taken.iter().copied().eq(summaries.take(follow.taken.len()));
+        let consumed = (model.consumed(LANE_MAIN), model.consumed("compact"));
+        if !taken_as_planned || consumed != (follow.paired, follow.taken.len()) {
+            return None;
+        }
+        follow.compact_seen = consumed.1;
+        Some(follow)
+    }
+
+    /// Sets the reply of a compaction before the next main request.
+    fn set_next(&mut self, model: &mut crate::world::ScriptedModel) {
+        let call = self.rules.main_calls.get(self.paired).copied().unwrap_or(usize::MAX);
+        let choice = self.choose(call);
+        // (The lane holds it still: nothing took it since it was set.)
+        if self.held == Some(choice) && model.remaining("compact") == 1 && model.consumed("compact") == self.compact_seen {
+            return;
+        }
+        self.next = choice;
+        self.held = Some(choice);
+        let reply = match self.next {
+            Some(i) => self.rules.recorded[i].1.as_ref().map(|(_, reply)| reply.clone()),
+            None => None,
+        };
+        model.replace_remaining("compact", vec![reply.unwrap_or_else(|| self.rules.stand_in.1.clone())]);
+    }
+
+    /// At the run's end: a reply taken since the last main request is one no request reports.
+    fn end(&mut self, model: &crate::world::ScriptedModel) {
+        if model.consumed("compact") != self.compact_seen {
+            self.lost = true;
+        }
+    }
+
+    /// Whether the run, read as `read`, is the run of the plan it went by ([`Follow`]).
+    fn holds(&self, read: &Reading) -> bool {
+        let (_, divergence, lane) = read;
+        let step = |choice: &Option<usize>| match choice {
+            Some(i) => self.rules.recorded[*i].1.as_ref().map(|(step, _)| step),
+            None => Some(&self.rules.stand_in.0),
+        };
+        !self.lost
+            && divergence.as_ref().map(|(call, _)| *call) == self.parted
+            && lane.len() == self.taken.len()
+            && self.taken.iter().zip(lane).all(|(choice, value)| step(choice) == Some(value))
+    }
+}
+
+impl crate::runner::ReplyPlan for Follow {
+    fn clone_box(&self) -> Box<dyn crate::runner::ReplyPlan> {
+        Box::new(self.clone())
+    }
+
+    fn start(&mut self, model: &mut crate::world::ScriptedModel) {
+        self.set_next(model);
+    }
+
+    fn main_reply(&mut self, row: &mut RequestMetrics, reply: &mut crate::world::Reply, model: &mut crate::world::ScriptedModel) {
+        let planned = self.next;
+        let before = self.taken.len();
+        let (taking, parts) = self.read_row(&row.stages);
+        let handed = model.consumed("compact") - self.compact_seen;
+        self.compact_seen = model.consumed("compact");
+        // (One compaction took the reply set for it; two would have taken a reply not set.)
+        if handed != taking || taking > 1 || (taking == 1 && self.taken[before] != planned) {
+            self.lost = true;
+        }
+        if self.parted.is_none()
+            && let Some(call) = parts
+        {
+            // The replies a plan parting at `call` takes without usage: those of the calls from
+            // it on, which must be this one and those not yet taken.
+            let position = model.consumed(LANE_MAIN).saturating_sub(1).min(self.rules.main_calls.len());
+            let calls = &self.rules.main_calls;
+            if !(calls[..position].iter().all(|&c| c < call) && calls[position..].iter().all(|&c| c >= call)) {
+                self.lost = true;
+            }
+            // This reply's usage only went into the row as its copy (the server-side context
+            // edit a row shows is measured after the reply is taken): measured without it, the
+            // row is the same where the output tokens are.
+            if let Some(usage) = reply.usage.take() {
+                self.lost |= reply.output_tokens != usage.output_tokens;
+                reply.output_tokens = usage.output_tokens;
+            }
+            row.recorded_usage = None;
+            self.parted = Some(call);
+            model.drop_usage(LANE_MAIN);
+        }
+        self.set_next(model);
     }
 }
 
@@ -617,6 +985,13 @@ pub fn agent_whatif_family_until(
     }
     /// Script steps between two checkpoints of the trunk.
     const EVERY: usize = 24;
+    if let [effective] = effectives {
+        // No other strategy goes on from its run: it runs from the first call, following the
+        // recording ([`settle`]), with no trunk under the first plan made first.
+        let mut measurer = measurer;
+        let runs = &mut Alone { scenarios: Scenarios { prepared, file, list: Vec::new() }, measurer: &mut measurer, effective, stop };
+        return Ok(vec![settle(session, prepared, effective, None, runs)]);
+    }
     let chain = crate::agent::compact::chain::Chain::new();
     let mut scenarios = Scenarios { prepared, file, list: Vec::new() };
     let first = scenarios.get(&first_plan(prepared, &effectives[0]))?;
@@ -660,10 +1035,6 @@ pub fn agent_whatif_family_until(
     }
     let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
-    if let Some(rule) = stop {
-        // (Every later run of the plan search goes on from this run's checkpoints: they keep it.)
-        trunk.stop_when(rule);
-    }
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
     let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
         Some(PeerBranch::Peer { peer, .. }) => peer.rewrite_trigger(window),
@@ -743,7 +1114,7 @@ pub fn agent_whatif_family_until(
                 None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
                 Some(_) => Branch::Peer { from_step: step },
             };
-            results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, how, effective, plan)));
+            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective }));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
@@ -754,11 +1125,9 @@ pub fn agent_whatif_family_until(
     let trunk_run = read_output(prepared, compacted, trunk_output);
     let mut candidates = kept.clone();
     candidates.push(end);
-    let mut trunk_run = Some(trunk_run);
-    results[top] = Some(settle(session, prepared, &effectives[top], &mut |plan| match (plan == &first_plan(prepared, &effectives[top]), trunk_run.take()) {
-        (true, Some(run)) => Ok(run),
-        _ => run_from(&mut scenarios, &mut branch, first, &candidates, Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] }, &effectives[top], plan),
-    }));
+    let how = Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] };
+    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top] };
+    results[top] = Some(settle(session, prepared, &effectives[top], Some(trunk_run), runs));
     for p in pending {
         let effective = &effectives[p];
         // (A peer branch that never acted otherwise is the trunk to its end.)
@@ -766,13 +1135,43 @@ pub fn agent_whatif_family_until(
             None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
             Some(_) => Branch::Peer { from_step: usize::MAX },
         };
-        results[p] = Some(settle(session, prepared, effective, &mut |plan| run_from(&mut scenarios, &mut branch, first, &candidates, how, effective, plan)));
+        results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective }));
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
 }
 
-/// A run under `effective` and `plan` from the last of `candidates` it may go on from (else
-/// from the start), measured by `measurer` from the checkpoint's state.
+/// A strategy's runs going on from a family's checkpoints ([`run_from`]).
+struct FromCheckpoints<'r, 'p> {
+    scenarios: &'r mut Scenarios<'p>,
+    measurer: &'r mut Measurer,
+    first: usize,
+    candidates: &'r [std::rc::Rc<Checkpoint>],
+    how: Branch,
+    effective: &'r Strategy,
+}
+
+impl Runs for FromCheckpoints<'_, '_> {
+    fn run(&mut self, plan: &Plan) -> Result<Run, String> {
+        run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.effective, Going::Plan(plan)).map(|(run, _)| run)
+    }
+
+    fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
+        let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2));
+        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.effective, Going::Follow(rules))?;
+        Ok(follow.map(|follow| (run, follow)))
+    }
+}
+
+/// How a run goes by the recording: under a plan, or following it ([`Follow`]).
+enum Going<'a> {
+    Plan(&'a Plan),
+    Follow(std::rc::Rc<FollowRules>),
+}
+
+/// A run under `effective` and `going` from the last of `candidates` it may go on from (else
+/// from the start), measured by `measurer` from the checkpoint's state, with the [`Follow`] it
+/// went by as the run left it. A run that follows the recording goes on from a checkpoint of
+/// the first plan's run where it would have been that run so far ([`Follow::at`]).
 fn run_from(
     scenarios: &mut Scenarios<'_>,
     measurer: &mut Measurer,
@@ -780,10 +1179,13 @@ fn run_from(
     candidates: &[std::rc::Rc<Checkpoint>],
     how: Branch,
     effective: &Strategy,
-    plan: &Plan,
-) -> Result<Run, String> {
+    going: Going<'_>,
+) -> Result<(Run, Option<Follow>), String> {
     let prepared = scenarios.prepared;
-    let index = scenarios.get(plan)?;
+    let index = match &going {
+        Going::Plan(plan) => scenarios.get(plan)?,
+        Going::Follow(_) => first,
+    };
     let (scenario, model) = (&scenarios.list[index].1, &scenarios.list[index].2);
     let original = &scenarios.list[first].2;
     let mut ordered: Vec<&std::rc::Rc<Checkpoint>> = candidates.iter().collect();
@@ -795,20 +1197,29 @@ fn run_from(
             Branch::Peer { from_step } if c.state.next_step() > from_step => continue,
             _ => {}
         }
-        if !c.state.world().model.resumable_with(original, model) {
-            continue;
-        }
+        let follow = match &going {
+            Going::Plan(_) if !c.state.world().model.resumable_with(original, model) => continue,
+            Going::Plan(_) => None,
+            Going::Follow(rules) => match Follow::at(rules.clone(), &mut c.state.rows_from(0), &c.state.world().model) {
+                Some(follow) => Some(follow),
+                None => continue,
+            },
+        };
         let mut state = c.state.checkpoint();
-        state.world_mut().model.resume_with(original, model);
+        if follow.is_none() {
+            state.world_mut().model.resume_with(original, model);
+        }
         match how {
             Branch::Autocompact { .. } => state.retarget_autocompact(effective)?,
             Branch::Peer { .. } => state.retarget(effective),
         }
+        if let Some(follow) = follow {
+            state.set_reply_plan(Box::new(follow));
+        }
         measurer.restore(&c.measurer);
-        let mut run = finish_run(prepared, state, scenario, measurer, effective)?;
-        let (trunk_threshold, threshold) = match how {
-            Branch::Autocompact { trunk, threshold } => (trunk, threshold),
-            Branch::Peer { .. } if effective.compact.autocompact.enabled => return Ok(run),
+        let (mut run, follow) = finish_following(prepared, state, scenario, measurer, effective)?;
+        match how {
+            Branch::Peer { .. } if effective.compact.autocompact.enabled => {}
             Branch::Peer { .. } => {
                 // The trunk's rows before the checkpoint say what its autocompact and blocking
                 // checks found; autocompact off, the check is skipped and the blocking check is
@@ -831,22 +1242,22 @@ fn run_from(
                         }
                     }
                 }
-                return Ok(run);
             }
-        };
-        // The trunk's rows before the checkpoint name the trunk's threshold where autocompact
-        // found the count below it; below this strategy's too, they name that one.
-        if threshold != trunk_threshold {
-            let suffix = format!(" < {trunk_threshold})");
-            for row in &mut run.output.rows[..c.rows] {
-                for stage in row.stages.iter_mut().filter(|s| s.name == "autocompact" && !s.fired && s.reason.starts_with("below threshold (")) {
-                    if let Some(head) = stage.reason.strip_suffix(&suffix) {
-                        stage.reason = format!("{head} < {threshold})");
+            // The trunk's rows before the checkpoint name the trunk's threshold where autocompact
+            // found the count below it; below this strategy's too, they name that one.
+            Branch::Autocompact { trunk, threshold } if threshold != trunk => {
+                let suffix = format!(" < {trunk})");
+                for row in &mut run.output.rows[..c.rows] {
+                    for stage in row.stages.iter_mut().filter(|s| s.name == "autocompact" && !s.fired && s.reason.starts_with("below threshold (")) {
+                        if let Some(head) = stage.reason.strip_suffix(&suffix) {
+                            stage.reason = format!("{head} < {threshold})");
+                        }
                     }
                 }
             }
+            Branch::Autocompact { .. } => {}
         }
-        return Ok(run);
+        return Ok((run, follow));
     }
     Err("no checkpoint to go on from (the start is one)".to_owned())
 }

@@ -185,6 +185,27 @@ impl ScriptedModel {
         true
     }
 
+    /// The replies left on `lane`, in order.
+    pub fn scripted(&self, lane: &str) -> impl Iterator<Item = &Reply> {
+        self.lanes.get(lane).into_iter().flatten()
+    }
+
+    /// Replaces the replies left on `lane` (a plan that decides a lane's next reply as the run
+    /// goes); what it consumed stays counted.
+    pub fn replace_remaining(&mut self, lane: &str, replies: Vec<Reply>) {
+        self.lanes.insert(lane.to_owned(), replies.into());
+    }
+
+    /// Takes the scripted usage off every reply left on `lane`, each keeping its output tokens
+    /// (`usage.output_tokens`): what a script without those usages would have made.
+    pub fn drop_usage(&mut self, lane: &str) {
+        for reply in self.lanes.get_mut(lane).into_iter().flatten() {
+            if let Some(usage) = reply.usage.take() {
+                reply.output_tokens = usage.output_tokens;
+            }
+        }
+    }
+
     /// Replies left on `lane`.
     pub fn remaining(&self, lane: &str) -> usize {
         self.lanes.get(lane).map_or(0, VecDeque::len)
@@ -235,4 +256,37 @@ fn filler_text(rng: &mut Rng, tokens: u64) -> String {
         text.push_str(rng.pick(WORDS).expect("word list is not empty"));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_usage(text: &str, output_tokens: u64) -> Reply {
+        let mut reply = Reply::text(text);
+        reply.usage = Some(Usage { input_tokens: 100, output_tokens, ..Usage::default() });
+        reply
+    }
+
+    /// Dropping a lane's usage touches only the replies left, each as a script without that
+    /// usage would have made it (its output tokens the usage's), and replacing a lane's replies
+    /// keeps what it consumed counted.
+    #[test]
+    fn a_lane_changed_as_the_run_goes_keeps_what_it_handed_out() {
+        let mut model = ScriptedModel::new(Rng::new(1));
+        for (text, tokens) in [("a", 7), ("b", 9), ("c", 0)] {
+            model.push("main", with_usage(text, tokens));
+        }
+        model.push("compact", Reply::text("first summary"));
+        let first = model.next_reply("main").unwrap();
+        model.drop_usage("main");
+        assert!(first.usage.is_some());
+        let left: Vec<(Option<Usage>, u64)> = model.scripted("main").map(|r| (r.usage.clone(), r.output_tokens)).collect();
+        assert_eq!(left, vec![(None, 9), (None, 0)]);
+        model.next_reply("compact").unwrap();
+        model.replace_remaining("compact", vec![Reply::text("chosen")]);
+        assert_eq!(model.consumed("compact"), 1);
+        assert_eq!(model.next_reply("compact").unwrap(), Reply::text("chosen"));
+        assert_eq!(model.consumed("compact"), 2);
+    }
 }

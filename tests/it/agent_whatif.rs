@@ -850,3 +850,28 @@ fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
     }
     assert!(stopped_runs >= 4 && refused_runs >= 1, "{stopped_runs} stopped on tokens, {refused_runs} on refusals");
 }
+
+/// Issue 15: a what-if that parts from the recording settles in one run that switches plans as
+/// it goes (`agent_whatif::Follow`) where the plan search took two runs (a6e4 under these
+/// presets, each parting from the recording) or three (cd95 under context editing): each reports
+/// one run, parts from the recording, and — debug builds compare in `settle` — is the run the
+/// search settles on (rows, summary, compactions, divergence, losses). Alone and as a family
+/// (one of a single strategy runs from the first call, without a trunk) it is the same.
+#[test]
+fn a_what_if_that_parts_from_the_recording_settles_in_one_run() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, prepare};
+    let cd95 = crate::support::realdata().join("transcripts/entireio-cli/cd95adddad32-0.full.jsonl").display().to_string();
+    for (session, presets) in [(a6e4(), &["opencode", "observation-masking", "context-editing"][..]), (cd95, &["context-editing"][..])] {
+        let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+        let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+        for preset in presets {
+            let strategy = ctxsim::strategy::Strategy::preset(preset).unwrap();
+            let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), &strategy).unwrap();
+            assert_eq!(alone.runs, 1, "{session}: {preset}");
+            assert!(alone.divergence.is_some(), "{session}: {preset} parts from the recording");
+            let effective = effective_strategy(&strategy, &prepared);
+            let mut family = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[effective]).unwrap();
+            assert_eq!(format!("{:?}", family.pop().unwrap().unwrap()), format!("{alone:?}"), "{session}: {preset}");
+        }
+    }
+}
