@@ -1226,12 +1226,12 @@ impl Session {
         if self.strategy.nested_memory && self.strategy.claude_md {
             let triggers = std::mem::take(&mut self.nested_triggers);
             let discovery = self.memory(world);
-            // (A copy only when there is something to look for: it is read while the loaded
-            // set is written.)
+            // (A copy, and the options, only when there is something to look for: it is read
+            // while the loaded set is written.)
             let discovery = if triggers.is_empty() { Discovery::default() } else { discovery.clone() };
-            let options = self.discovery_options(world);
-            for target in triggers {
-                for (path, content) in nested_memory_for(&world.fs, &options, &discovery, &target, &mut self.loaded_nested) {
+            let options = if triggers.is_empty() { None } else { Some(self.discovery_options(world)) };
+            for (target, options) in triggers.into_iter().filter_map(|target| Some((target, options.as_ref()?))) {
+                for (path, content) in nested_memory_for(&world.fs, options, &discovery, &target, &mut self.loaded_nested) {
                     let input = json!({"file_path": path, "memory_type": "Project", "load_reason": "nested_traversal", "trigger_file_path": target});
                     self.hooks(world, "InstructionsLoaded", "nested_traversal", input);
                     // An injected file enters the read state (layers-1-5 §5: so a compaction can
