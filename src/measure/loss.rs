@@ -480,10 +480,10 @@ impl LossTracker {
 
         // A new user prompt (the last user message with text) naming a path no longer visible.
         if let Some(last) = messages.iter().rev().find(|m| m.role == Role::User) {
-            // Hashed without joining: the text is made only for a prompt not judged yet.
-            if let Some(key) = joined_text_key(&last.content) {
+            let text = last.content.joined_text();
+            if !text.is_empty() {
+                let key = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
                 if self.judged_prompt.get(lane) != Some(&key) {
-                    let text = last.content.joined_text();
                     self.judged_prompt.insert(lane.to_owned(), key);
                     if invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| text.contains(p)) {
                         self.loss.recall_misses += 1;
@@ -548,31 +548,6 @@ pub fn info_loss(requests: &[Request], rows: &[RequestMetrics]) -> InfoLoss {
         tracker.observe(request, row);
     }
     tracker.finish()
-}
-
-/// The xxh3-64 of `content.joined_text()`, `None` where that text is empty: a lone text
-/// hashed as it is, more hashed piece by piece (the texts and the newlines between them)
-/// rather than joined.
-fn joined_text_key(content: &MessageContent) -> Option<u64> {
-    let key = match content {
-        MessageContent::Text(text) => (!text.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
-        MessageContent::Blocks(blocks) => match blocks.iter().filter_map(|b| if let ContentBlock::Text { text, .. } = b { Some(text.as_str()) } else { None }).collect::<Vec<&str>>().as_slice() {
-            [] => None,
-            [text] => (!text.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
-            [first, rest @ ..] => {
-                // Two pieces or more: the newline between them makes the text non-empty.
-                let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-                hasher.update(first.as_bytes());
-                for text in rest {
-                    hasher.update(b"\n");
-                    hasher.update(text.as_bytes());
-                }
-                Some(hasher.digest())
-            }
-        },
-    };
-    debug_assert_eq!(key, Some(content.joined_text()).filter(|t| !t.is_empty()).map(|t| xxhash_rust::xxh3::xxh3_64(t.as_bytes())), "the key is the joined text's");
-    key
 }
 
 #[cfg(test)]
@@ -679,34 +654,6 @@ mod prefix_tests {
                 prop_assert_eq!(&kept.seen_results, &whole.seen_results);
                 prop_assert_eq!(&kept.judged_uses, &whole.judged_uses);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod key_tests {
-    use super::*;
-
-    proptest::proptest! {
-        /// The prompt's key hashed piece by piece is the joined text's, empty texts and lone
-        /// newlines included.
-        #[test]
-        fn a_prompt_key_is_the_joined_texts(texts in proptest::collection::vec(proptest::option::of("[a-z\n]{0,6}"), 0..5), whole in proptest::option::of("[a-z\n]{0,6}")) {
-            let content = match whole {
-                Some(text) => MessageContent::Text(text.into()),
-                None => MessageContent::Blocks(
-                    texts
-                        .iter()
-                        .map(|t| match t {
-                            Some(text) => ContentBlock::text(text.clone()),
-                            None => ContentBlock::tool_result("toolu_1".to_owned(), ToolResultContent::Text("result".into()), None),
-                        })
-                        .collect::<Vec<_>>()
-                        .into(),
-                ),
-            };
-            let joined = content.joined_text();
-            proptest::prop_assert_eq!(joined_text_key(&content), (!joined.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(joined.as_bytes())));
         }
     }
 }
