@@ -137,6 +137,9 @@ pub struct Session {
     stop_continuations: u32,
     device_id: String,
     session_id: String,
+    /// The main requests' `metadata` ([`request_metadata`] of the two ids above), made when
+    /// either changes rather than per request.
+    metadata: Value,
     /// Chain bookkeeping per record (uuid, time, message id, usage), parallel to `records`.
     record_meta: Vec<chain_glue::RecordMeta>,
     /// State of the long-context chain that persists across requests.
@@ -267,6 +270,7 @@ impl Session {
             peer_reports: Vec::new(),
             peer_probe: None,
             chain_state: crate::agent::compact::ChainState::new(session_dir(world, &session_id)),
+            metadata: request_metadata(&device_id, &session_id),
             device_id,
             session_id,
             thread: subagent_glue::Thread::Main,
@@ -406,6 +410,7 @@ impl Session {
         self.clears += 1;
         let mut rng = world.rng.fork("session").fork(&format!("clear{}", self.clears));
         self.session_id = uuid_v4(rng.next_u64(), rng.next_u64());
+        self.metadata = request_metadata(&self.device_id, &self.session_id);
         self.start_new_conversation();
         self.chain_state = crate::agent::compact::ChainState::new(session_dir(world, &self.session_id));
         self.peer_state = Default::default();
@@ -633,6 +638,34 @@ impl Session {
         &self.hook_log
     }
 
+    /// Whether a hook of `event` may run: a configured one (settings, plugin or session) or a
+    /// scripted answer standing alone. Where none can, [`run_hooks`] returns an empty run.
+    fn may_run_hooks(&self, world: &World, event: &str) -> bool {
+        let configured = |hooks: &[ConfiguredHook]| hooks.iter().any(|h| h.event == event);
+        configured(&self.settings_hooks.hooks)
+            || configured(&self.plugin_hooks)
+            || configured(&self.session_hooks)
+            || world.hook_answers.iter().any(|a| a.command.is_none() && a.event == event)
+    }
+
+    /// [`Session::hooks`] with the input made only when a hook of `event` may run: the tool
+    /// hooks' inputs copy the call's input and its result, for every call, and most sessions
+    /// configure none. Debug builds run the hooks anyway and check the run is empty.
+    fn hooks_made(&mut self, world: &World, event: &str, query: &str, input: impl FnOnce() -> Value) -> HookRun {
+        if self.may_run_hooks(world, event) {
+            return self.hooks(world, event, query, input());
+        }
+        let empty = HookRun { event: event.to_owned(), ..HookRun::default() };
+        #[cfg(debug_assertions)]
+        {
+            let (wait, side, logged) = (self.hook_wait_ms, self.pending_side_calls.len(), self.hook_log.len());
+            let run = self.hooks(world, event, query, input());
+            debug_assert_eq!(run, empty, "no hook of {event} may run, yet the run is not empty");
+            debug_assert_eq!((self.hook_wait_ms, self.pending_side_calls.len(), self.hook_log.len()), (wait, side, logged));
+        }
+        empty
+    }
+
     /// Runs the hooks of `event` for `query`; the result is logged and returned.
     fn hooks(&mut self, world: &World, event: &str, query: &str, mut input: Value) -> HookRun {
         let configured = self.configured_hooks();
@@ -850,11 +883,11 @@ impl Session {
         self.records.push(Record::Assistant { content: reply.content.clone().into() });
         self.turns_since_todo_write += 1;
         self.turns_since_todo_reminder += 1;
-        let tool_calls: Vec<(String, String, Value)> = reply
+        let tool_calls: Vec<(&String, &String, &Value)> = reply
             .content
             .iter()
             .filter_map(|block| match block {
-                ContentBlock::ToolUse { id, name, input, .. } => Some((id.clone(), name.clone(), input.clone())),
+                ContentBlock::ToolUse { id, name, input, .. } => Some((id, name, input)),
                 _ => None,
             })
             .collect();
@@ -870,7 +903,7 @@ impl Session {
         let pool = self.pool(world);
         // Only a ToolSearch call reads the deferred tools, only a Skill call the skills: each
         // list is made for a reply that calls its tool.
-        let calls_tool = |tool: &str| tool_calls.iter().any(|(_, name, _)| name == tool);
+        let calls_tool = |tool: &str| tool_calls.iter().any(|(_, name, _)| *name == tool);
         let deferred: Vec<(String, String)> = if calls_tool("ToolSearch") {
             pool.all.iter().filter(|t| t.deferred).map(|t| (t.tool.name.clone(), t.tool.description.clone().unwrap_or_default())).collect()
         } else {
@@ -888,10 +921,10 @@ impl Session {
         let mut results = Vec::new();
         let mut hook_context = Vec::new();
         let mut meta_messages = Vec::new();
-        for (id, name, input) in &tool_calls {
+        for &(id, name, input) in &tool_calls {
             // PreToolUse: deny > ask > allow; `updatedInput` replaces the input the tool runs
             // with (the tool_use block keeps what the model sent); additionalContext rides along.
-            let pre = self.hooks(world, "PreToolUse", name, json!({"tool_name": name, "tool_input": input, "tool_use_id": id}));
+            let pre = self.hooks_made(world, "PreToolUse", name, || json!({"tool_name": name, "tool_input": input, "tool_use_id": id}));
             if !pre.additional_context.is_empty() {
                 hook_context.push(Attachment::HookAdditionalContext { hook_name: format!("PreToolUse:{name}"), lines: pre.additional_context.clone() });
             }
@@ -902,7 +935,10 @@ impl Session {
             }
             // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
             let _ = pre.permission == Some(Permission::Ask);
-            let input = pre.effective_input().cloned().unwrap_or_else(|| input.clone());
+            let input: std::borrow::Cow<'_, Value> = match pre.effective_input() {
+                Some(updated) => std::borrow::Cow::Owned(updated.clone()),
+                None => std::borrow::Cow::Borrowed(input),
+            };
             self.settle_hook_time(world);
             let in_pool = pool.all.iter().any(|t| t.tool.name == *name);
             // ToolSearch's presence is the executor's call (`ExecContext::tool_search`).
@@ -955,13 +991,16 @@ impl Session {
             let succeeded = !matches!(&outcome.result, ContentBlock::ToolResult { is_error: Some(true), .. });
             let mut result = outcome.result;
             let event = if succeeded { "PostToolUse" } else { "PostToolUseFailure" };
-            let response = match &result {
-                ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(t.clone()),
-                _ => Value::Null,
+            let post_input = || {
+                let response = match &result {
+                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(t.clone()),
+                    _ => Value::Null,
+                };
+                let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
+                post_input[if succeeded { "tool_response" } else { "error" }] = response;
+                post_input
             };
-            let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
-            post_input[if succeeded { "tool_response" } else { "error" }] = response;
-            let post = self.hooks(world, event, name, post_input);
+            let post = self.hooks_made(world, event, name, post_input);
             self.settle_hook_time(world);
             if let (Some(output), ContentBlock::ToolResult { content, .. }) = (&post.updated_output, &mut result) {
                 let text = match output {
@@ -1187,12 +1226,12 @@ impl Session {
         if self.strategy.nested_memory && self.strategy.claude_md {
             let triggers = std::mem::take(&mut self.nested_triggers);
             let discovery = self.memory(world);
-            // (A copy only when there is something to look for: it is read while the loaded
-            // set is written.)
+            // (A copy, and the options, only when there is something to look for: it is read
+            // while the loaded set is written.)
             let discovery = if triggers.is_empty() { Discovery::default() } else { discovery.clone() };
-            let options = self.discovery_options(world);
-            for target in triggers {
-                for (path, content) in nested_memory_for(&world.fs, &options, &discovery, &target, &mut self.loaded_nested) {
+            let options = if triggers.is_empty() { None } else { Some(self.discovery_options(world)) };
+            for (target, options) in triggers.into_iter().filter_map(|target| Some((target, options.as_ref()?))) {
+                for (path, content) in nested_memory_for(&world.fs, options, &discovery, &target, &mut self.loaded_nested) {
                     let input = json!({"file_path": path, "memory_type": "Project", "load_reason": "nested_traversal", "trigger_file_path": target});
                     self.hooks(world, "InstructionsLoaded", "nested_traversal", input);
                     // An injected file enters the read state (layers-1-5 §5: so a compaction can
@@ -1657,8 +1696,8 @@ impl Session {
         // Shared with the session's system prompt and tool pool: a reference count each.
         request.system = Some(SystemPrompt::Blocks(system.blocks.clone()));
         request.tools = Some(pool.tools.clone());
-        let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
-        request.metadata = Some(json!({"user_id": user_id}));
+        debug_assert_eq!(self.metadata, request_metadata(&self.device_id, &self.session_id), "the metadata follows the ids");
+        request.metadata = Some(self.metadata.clone());
         match self.thread.agent() {
             None if adaptive_thinking(&model_id) => {
                 request.thinking = Some(json!({"type": "adaptive"}));
@@ -1806,6 +1845,12 @@ impl Session {
 
 /// `{home}/.claude/projects/{cwd with every non-alphanumeric as -}/{session id}`: where the
 /// client keeps a session's transcript and its side files.
+/// A main request's `metadata`: the user id, itself a JSON text of the device and session ids.
+fn request_metadata(device_id: &str, session_id: &str) -> Value {
+    let user_id = json!({"device_id": device_id, "account_uuid": "", "session_id": session_id}).to_string();
+    json!({"user_id": user_id})
+}
+
 fn session_dir(world: &World, session_id: &str) -> String {
     let project: String = world.cwd.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     format!("{}/.claude/projects/{project}/{session_id}", world.home.trim_end_matches('/'))

@@ -502,6 +502,16 @@ impl Session {
         }
     }
 
+    /// The rebuild's deltas as (kind, text): the re-announcements `deltas`, then what the
+    /// recorded client restored beyond the agent's own restore (a real session's stand-in).
+    fn delta_inputs(&self, deltas: &[Attachment], world: &World) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
+        if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
+            out.push(("restored_unrecorded".to_owned(), text.clone()));
+        }
+        out
+    }
+
     /// Runs the long-context chain before a main-thread request. Each compaction fork is built
     /// as the main request would be from the fork's input (the conversation as the chain left
     /// it, less what a prompt-too-long retry dropped), with the summary instruction appended to
@@ -570,12 +580,13 @@ impl Session {
         if !self.attachments_recorded(world) {
             self.probe_mcp(world);
         }
-        inputs.deltas = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
-        // What the recorded client restored beyond the agent's own restore (a real session's
-        // stand-in), after the deltas.
-        if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
-            inputs.deltas.push(("restored_unrecorded".to_owned(), text.clone()));
+        // Rendered (and the recorded client's restore copied) with the other rebuild inputs:
+        // up front where a stage may rebuild within the run, else when a fork is asked for.
+        if !restored_later {
+            inputs.deltas = self.delta_inputs(&deltas, world);
         }
+        #[cfg(debug_assertions)]
+        let eager_deltas = self.delta_inputs(&deltas, world);
         let index = UuidIndex::new(&self.record_meta, self.chain_state.uuids_ascending);
         // Lowered where the records change ([`ChainState::kept_changed_from`]).
         self.chain_state.uuids_ascending = if matches!(index, UuidIndex::Ascending { .. }) { self.record_meta.len() } else { 0 };
@@ -649,10 +660,12 @@ impl Session {
             let ChainStep::Compact(request) = step else { break };
             if std::mem::take(&mut restored_missing) {
                 self.add_restored(&mut inputs);
+                inputs.deltas = self.delta_inputs(&deltas, world);
             }
             #[cfg(debug_assertions)]
             {
                 let (mut made, mut expected) = (inputs.clone(), eager.clone());
+                debug_assert_eq!(made.deltas, eager_deltas, "the rebuild's deltas made when asked for are the ones the run started with");
                 (made.deltas, expected.deltas, made.cwd, expected.cwd) = (Vec::new(), Vec::new(), None, None);
                 debug_assert_eq!(made, expected, "the compaction's inputs made when asked for are the ones the run started with");
             }

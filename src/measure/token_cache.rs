@@ -36,15 +36,30 @@ pub fn default_dir() -> Option<PathBuf> {
 }
 
 /// The run-wide table of `bpe` text counts: the loaded ones and the ones made in this run.
+/// Beside it, the raw counts of whole blocks made in this run (not kept in the file): the
+/// what-if runs of a session send the same blocks again, each through its own counter.
 #[derive(Debug, Default)]
 pub struct SharedCounts {
     base: FxHashMap<u128, u32>,
     fresh: Mutex<FxHashMap<u128, u32>>,
+    /// A block's raw (`bpe`) count by its content hash, as [`super::TokenCounter`] keys its
+    /// own memo.
+    blocks: Mutex<FxHashMap<u128, u32>>,
 }
 
 impl SharedCounts {
     pub fn new(base: FxHashMap<u128, u32>) -> SharedCounts {
-        SharedCounts { base, fresh: Mutex::new(FxHashMap::default()) }
+        SharedCounts { base, fresh: Mutex::new(FxHashMap::default()), blocks: Mutex::new(FxHashMap::default()) }
+    }
+
+    /// The raw count of the block keyed `key`, if a counter sharing this table made it.
+    pub fn block(&self, key: u128) -> Option<u32> {
+        self.blocks.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied()
+    }
+
+    /// Records a block's raw count.
+    pub fn insert_block(&self, key: u128, count: u32) {
+        self.blocks.lock().unwrap_or_else(|e| e.into_inner()).insert(key, count);
     }
 
     /// The count of the text keyed `key`, if any counter of the run or an earlier run made it.

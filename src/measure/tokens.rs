@@ -388,7 +388,31 @@ impl TokenCounter {
             self.memo_hits += 1;
             return count;
         }
+        // Another counter of the run counted the same block (a raw count is a function of
+        // the content and the raw estimator alone; only `bpe` counters share a table).
+        if let Some(count) = self.shared.as_ref().and_then(|s| s.block(key)) {
+            #[cfg(debug_assertions)]
+            {
+                let kept = self.kept_texts.take();
+                let made = self.units_count(units);
+                self.kept_texts = kept;
+                debug_assert_eq!(made, count, "a shared block count is the block's count");
+            }
+            self.memo_hits += 1;
+            self.memo.insert(key, count);
+            return count;
+        }
         self.tokenized_blocks += 1;
+        let count = self.units_count(units);
+        if let Some(shared) = &self.shared {
+            shared.insert_block(key, count);
+        }
+        self.memo.insert(key, count);
+        count
+    }
+
+    /// The raw count of a block's units (texts looked up in the text counts first).
+    fn units_count<'a>(&mut self, units: impl FnOnce() -> Vec<TokenUnit<'a>>) -> u32 {
         let mut count = 0;
         for unit in units() {
             count += match unit {
@@ -425,7 +449,6 @@ impl TokenCounter {
                 }
             };
         }
-        self.memo.insert(key, count);
         count
     }
 
@@ -515,6 +538,28 @@ mod tests {
         assert!(n > 0);
         // chars4 counts are not bpe counts.
         assert!(!TokenCounter::new(EstimatorKind::Chars4).seed(&bpe_counter.memo()));
+    }
+
+    proptest::proptest! {
+        /// Counters sharing a table count every block as a counter of their own would, in any
+        /// order, and a block one of them counted is not counted again by another.
+        #[test]
+        fn counters_sharing_block_counts_count_as_alone(texts in proptest::collection::vec("[a-z ]{0,40}", 1..12), order in proptest::collection::vec(0usize..12, 1..24)) {
+            let shared = Arc::new(SharedCounts::default());
+            let mut first = TokenCounter::new(EstimatorKind::Calibrated).with_shared(shared.clone());
+            let mut second = TokenCounter::new(EstimatorKind::Bpe).with_shared(shared.clone());
+            let key = |i: usize| xxhash_rust::xxh3::xxh3_128(texts[i].as_bytes());
+            for (n, &pick) in order.iter().enumerate() {
+                let i = pick % texts.len();
+                let alone = TokenCounter::new(EstimatorKind::Calibrated).count(key(i), "sonnet", || vec![TokenUnit::Text(texts[i].as_str().into())]);
+                let counter = if n % 2 == 0 { &mut first } else { &mut second };
+                let made = counter.count(key(i), "sonnet", || vec![TokenUnit::Text(texts[i].as_str().into())]);
+                let raw = TokenCounter::new(EstimatorKind::Bpe).count(key(i), "sonnet", || vec![TokenUnit::Text(texts[i].as_str().into())]);
+                proptest::prop_assert_eq!(made, if n % 2 == 0 { alone } else { raw });
+                proptest::prop_assert_eq!(shared.block(key(i)), Some(raw));
+            }
+            proptest::prop_assert_eq!(first.tokenized_blocks + second.tokenized_blocks, order.iter().map(|&p| key(p % texts.len())).collect::<std::collections::BTreeSet<_>>().len() as u64);
+        }
     }
 
     #[test]
