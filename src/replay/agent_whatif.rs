@@ -566,6 +566,14 @@ fn settle_by_runs(session: &ImportedSession, prepared: &Prepared, effective: &St
     }
 }
 
+/// The recorded compaction whose summary a compaction before the request of `call` takes, of
+/// `recorded` (each its call and whether it has a summary) with those `used` taken: the first
+/// within one call with a summary not taken yet; `None` is the stand-in. One rule for
+/// [`read_run`] and [`Follow`].
+fn matching_summary(recorded: impl Iterator<Item = (usize, bool)>, used: &[bool], call: usize) -> Option<usize> {
+    recorded.zip(used).position(|((at, summary), used)| !used && summary && at.abs_diff(call) <= 1)
+}
+
 /// What a run that follows the recording goes by ([`Follow`]): where [`read_run`] finds a run
 /// parts from the recording and which reply it gives each compaction, for one strategy.
 struct FollowRules {
@@ -665,7 +673,7 @@ impl Follow {
     /// summary of the first recorded compaction within one call whose summary no compaction
     /// took, else the stand-in.
     fn choose(&self, call: usize) -> Option<usize> {
-        self.rules.recorded.iter().enumerate().position(|(i, (at, summary))| !self.used[i] && summary.is_some() && at.abs_diff(call) <= 1)
+        matching_summary(self.rules.recorded.iter().map(|(at, summary)| (*at, summary.is_some())), &self.used, call)
     }
 
     /// Reads the next main request's stages: the compactions they report (each taking the
@@ -1337,7 +1345,7 @@ fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded
         if c.stage == "session_memory_compact" {
             continue;
         }
-        let matched = prepared.recorded.iter().enumerate().find(|(i, r)| !used[*i] && r.summary.is_some() && r.call.abs_diff(c.call) <= 1).map(|(i, _)| i);
+        let matched = matching_summary(prepared.recorded.iter().map(|r| (r.call, r.summary.is_some())), &used, c.call);
         match matched {
             Some(i) => {
                 used[i] = true;
