@@ -60,39 +60,9 @@ pub const SUMMARY_OPENING: &str = "This session continues an earlier conversatio
 /// The summary message's note when recent messages follow it verbatim (our words).
 pub const PRESERVED_NOTE: &str = "The most recent messages follow unchanged after this summary.";
 
-/// How many summary messages [`SUMMARY_MESSAGES`] keeps.
-const SUMMARY_MESSAGES_KEPT: usize = 64;
-
-thread_local! {
-    /// The summary messages made last on this thread, by the summary's xxh3-128 and the other
-    /// two inputs, the oldest first. Every what-if run of a session compacts with the summaries
-    /// the recording (or the synthetic summary) gives, so its runs make the same messages; a
-    /// message is a function of its inputs alone, so which runs share one changes no result
-    /// (debug builds make it again and compare).
-    static SUMMARY_MESSAGES: std::cell::RefCell<Vec<((u128, bool, Option<String>), String)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// The user message that carries the summary (our wording; the reference's parts: opening,
 /// summary, the transcript's path when known, the preserved-messages note, the continuation).
 pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: Option<&str>) -> String {
-    let key = (xxhash_rust::xxh3::xxh3_128(summary.as_bytes()), recent_preserved, transcript.map(str::to_owned));
-    let made = SUMMARY_MESSAGES.with(|kept| kept.borrow().iter().find(|(k, _)| *k == key).map(|(_, text)| text.clone()));
-    if let Some(text) = made {
-        debug_assert_eq!(text, make_summary_message_text(summary, recent_preserved, transcript), "a kept summary message is the one its inputs make");
-        return text;
-    }
-    let text = make_summary_message_text(summary, recent_preserved, transcript);
-    SUMMARY_MESSAGES.with(|kept| {
-        let mut kept = kept.borrow_mut();
-        if kept.len() == SUMMARY_MESSAGES_KEPT {
-            kept.remove(0);
-        }
-        kept.push((key, text.clone()));
-    });
-    text
-}
-
-fn make_summary_message_text(summary: &str, recent_preserved: bool, transcript: Option<&str>) -> String {
     let mut text = format!("{SUMMARY_OPENING} What happened before is condensed below.\n\n{}", format_compact_summary(summary));
     if let Some(path) = transcript {
         text.push_str(&format!(
@@ -345,25 +315,4 @@ pub fn rebuild(
 /// `preCompactTokenCount`.
 pub fn pre_compact_tokens(cx: &ChainContext<'_>) -> u64 {
     token_count_with_estimation(&cx.entries)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    proptest::proptest! {
-        /// The kept summary messages are the ones their inputs make, whatever came before on
-        /// the thread (more inputs than the memo keeps, repeated and interleaved).
-        #[test]
-        fn kept_summary_messages_are_made_by_their_inputs(picks in proptest::collection::vec((0usize..80, proptest::bool::ANY, 0usize..3), 1..200)) {
-            let paths = [None, Some("/virtual/a.jsonl"), Some("/virtual/b.jsonl")];
-            for (summary, preserved, path) in picks {
-                let summary = format!("<analysis>a{summary}</analysis>\n\n\n<summary>\nsummary {summary}\n</summary>");
-                proptest::prop_assert_eq!(
-                    summary_message_text(&summary, preserved, paths[path]),
-                    make_summary_message_text(&summary, preserved, paths[path])
-                );
-            }
-        }
-    }
 }
