@@ -973,31 +973,57 @@ pub fn agent_whatif_family(
     measurer: Measurer,
     effectives: &[Strategy],
 ) -> Result<Vec<Result<AgentOutcome, String>>, String> {
-    agent_whatif_family_until(session, file, prepared, measurer, effectives, None)
+    agent_whatif_family_until(session, file, prepared, measurer, effectives, Stops::Never)
 }
 
-/// [`agent_whatif_family`] of one strategy whose runs end early where `stop` holds
-/// ([`crate::runner::StopRule`]; [`AgentOutcome::stopped`] says where and why). A family of
-/// several strategies (they go on from the trunk's checkpoints: a trunk ended early would end
-/// them too) with a rule is an error.
+/// Which runs of a family end early ([`agent_whatif_family_until`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Stops<'a> {
+    /// Every run goes to its end.
+    Never,
+    /// (A family of one strategy.) Its runs end where the rule holds.
+    Rule(StopRule),
+    /// The strategies `bounded` marks end once they are beaten by the run of strategy `base`
+    /// (unmarked) over the whole session ([`stop_rule_beyond`]): that run is made first, to its
+    /// end, and the marked ones then go on from the family's checkpoints under its rule. Where
+    /// `base` is not the family's trunk, every run goes to its end.
+    BeyondRunOf { base: usize, bounded: &'a [bool] },
+}
+
+/// The rule under which a run is beaten by `outcome`'s run over the whole session: once it has
+/// taken more tokens from the model's view, or refused more requests (both counts only grow).
+pub fn stop_rule_beyond(outcome: &AgentOutcome) -> StopRule {
+    StopRule { tokens_dropped_above: outcome.info_loss.tokens_dropped, refused_above: outcome.summary.blocked }
+}
+
+/// [`agent_whatif_family`] whose runs end early as `stop` says ([`crate::runner::StopRule`];
+/// [`AgentOutcome::stopped`] says where and why). A family of several strategies (they go on
+/// from the trunk's checkpoints: a trunk ended early would end them too) with one rule for all
+/// is an error; its branches may end early beyond the trunk's own run ([`Stops::BeyondRunOf`]).
 pub fn agent_whatif_family_until(
     session: &ImportedSession,
     file: &str,
     prepared: &Prepared,
     measurer: Measurer,
     effectives: &[Strategy],
-    stop: Option<crate::runner::StopRule>,
+    stop: Stops<'_>,
 ) -> Result<Vec<Result<AgentOutcome, String>>, String> {
-    if stop.is_some() && effectives.len() != 1 {
-        return Err(format!("a stop rule applies to a family of one strategy, not {}", effectives.len()));
-    }
+    let (rule, beyond) = match stop {
+        Stops::Never => (None, None),
+        Stops::Rule(_) if effectives.len() != 1 => return Err(format!("a stop rule applies to a family of one strategy, not {}", effectives.len())),
+        Stops::Rule(rule) => (Some(rule), None),
+        Stops::BeyondRunOf { base, bounded } if base >= effectives.len() || bounded.len() != effectives.len() || bounded[base] => {
+            return Err(format!("a family of {} strategies stopped beyond strategy {base} with {} marks", effectives.len(), bounded.len()));
+        }
+        Stops::BeyondRunOf { base, bounded } => (None, Some((base, bounded))),
+    };
     /// Script steps between two checkpoints of the trunk.
     const EVERY: usize = 24;
     if let [effective] = effectives {
         // No other strategy goes on from its run: it runs from the first call, following the
         // recording ([`settle`]), with no trunk under the first plan made first.
         let mut measurer = measurer;
-        let runs = &mut Alone { scenarios: Scenarios { prepared, file, list: Vec::new() }, measurer: &mut measurer, effective, stop };
+        let runs = &mut Alone { scenarios: Scenarios { prepared, file, list: Vec::new() }, measurer: &mut measurer, effective, stop: rule };
         return Ok(vec![settle(session, prepared, effective, None, runs)]);
     }
     let chain = crate::agent::compact::chain::Chain::new();
@@ -1079,6 +1105,9 @@ pub fn agent_whatif_family_until(
     let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
     let mut max_checked: Option<u64> = None;
     let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top).collect();
+    // Strategies that end early beyond the trunk's own run: their branches wait for its end.
+    let bounded = |p: usize| beyond.is_some_and(|(base, bounded)| base == top && bounded[p]);
+    let mut deferred: Vec<(usize, Vec<std::rc::Rc<Checkpoint>>, Branch)> = Vec::new();
     let mut since = 0;
     while !trunk.done(&scenarios.list[first].1) {
         let step = trunk.next_step();
@@ -1122,20 +1151,38 @@ pub fn agent_whatif_family_until(
                 None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
                 Some(_) => Branch::Peer { from_step: step },
             };
-            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective }));
+            if bounded(p) {
+                // It goes on from here once the trunk's run has made its rule.
+                deferred.push((p, candidates, how));
+                continue;
+            }
+            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: None }));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
     // to its end.
     let end = checkpoint(&mut trunk, &measurer, max_checked);
     let compacted = trunk.take_compacted_requests();
+    let trunk_refused = trunk.refused();
     let trunk_output = trunk.finish(&scenarios.list[first].1, &measurer, &effectives[top]);
+    let trunk_dropped = trunk_output.summary.info_loss.tokens_dropped;
     let trunk_run = read_output(prepared, compacted, trunk_output);
     let mut candidates = kept.clone();
     candidates.push(end);
     let how = Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] };
-    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top] };
+    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top], stop: None };
     results[top] = Some(settle(session, prepared, &effectives[top], Some(trunk_run), runs));
+    // The rule the bounded branches end under: the trunk's settled run's. (Where that run is
+    // not the trunk's own and the trunk went past it, a checkpoint could be past it too, and a
+    // branch would end later than the first step past it: they then go to their end.)
+    let rule = match &results[top] {
+        Some(Ok(outcome)) => Some(stop_rule_beyond(outcome)).filter(|rule| trunk_dropped <= rule.tokens_dropped_above && trunk_refused <= rule.refused_above),
+        _ => None,
+    };
+    for (p, candidates, how) in deferred {
+        let effective = &effectives[p];
+        results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: rule }));
+    }
     for p in pending {
         let effective = &effectives[p];
         // (A peer branch that never acted otherwise is the trunk to its end.)
@@ -1143,7 +1190,8 @@ pub fn agent_whatif_family_until(
             None => Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[p] },
             Some(_) => Branch::Peer { from_step: usize::MAX },
         };
-        results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective }));
+        let stop = rule.filter(|_| bounded(p));
+        results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop }));
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
 }
@@ -1156,16 +1204,18 @@ struct FromCheckpoints<'r, 'p> {
     candidates: &'r [std::rc::Rc<Checkpoint>],
     how: Branch,
     effective: &'r Strategy,
+    /// Where its runs end early ([`RunState::stop_when`]).
+    stop: Option<StopRule>,
 }
 
 impl Runs for FromCheckpoints<'_, '_> {
     fn run(&mut self, plan: &Plan) -> Result<Run, String> {
-        run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.effective, Going::Plan(plan)).map(|(run, _)| run)
+        run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.stop, self.effective, Going::Plan(plan)).map(|(run, _)| run)
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
         let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2));
-        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.effective, Going::Follow(rules))?;
+        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.stop, self.effective, Going::Follow(rules))?;
         Ok(follow.map(|follow| (run, follow)))
     }
 }
@@ -1179,13 +1229,16 @@ enum Going<'a> {
 /// A run under `effective` and `going` from the last of `candidates` it may go on from (else
 /// from the start), measured by `measurer` from the checkpoint's state, with the [`Follow`] it
 /// went by as the run left it. A run that follows the recording goes on from a checkpoint of
-/// the first plan's run where it would have been that run so far ([`Follow::at`]).
+/// the first plan's run where it would have been that run so far ([`Follow::at`]), ended
+/// early where `stop` holds.
+#[expect(clippy::too_many_arguments, reason = "the family's runs and checkpoints, and how this one goes on from them")]
 fn run_from(
     scenarios: &mut Scenarios<'_>,
     measurer: &mut Measurer,
     first: usize,
     candidates: &[std::rc::Rc<Checkpoint>],
     how: Branch,
+    stop: Option<StopRule>,
     effective: &Strategy,
     going: Going<'_>,
 ) -> Result<(Run, Option<Follow>), String> {
@@ -1223,6 +1276,9 @@ fn run_from(
         }
         if let Some(follow) = follow {
             state.set_reply_plan(Box::new(follow));
+        }
+        if let Some(rule) = stop {
+            state.stop_when(rule);
         }
         measurer.restore(&c.measurer);
         let (mut run, follow) = finish_following(prepared, state, scenario, measurer, effective)?;

@@ -18,10 +18,11 @@
 //!   references lost or re-reads over its compactions, [`agent_info_loss`], and no more tokens
 //!   taken from the model's view by any stage) among every preset but
 //!   [`AGENT_PRESETS_LEFT_OUT`]. Each what-if whose conversation parts from the recording says
-//!   from which call and why. The run as recorded goes first: a preset run on its own stops
-//!   once it has dropped more tokens or refused more requests than the run as recorded did over
-//!   the whole session ([`crate::runner::StopRule`]; it is out of the running, `excluded` or
-//!   `not_comparable`, unpriced).
+//!   from which call and why. The run as recorded goes first: a preset stops once it has
+//!   dropped more tokens or refused more requests than the run as recorded did over the whole
+//!   session ([`crate::runner::StopRule`]; it is out of the running, `excluded` or
+//!   `not_comparable`, unpriced), whether it runs on its own or goes on from the run as
+//!   recorded's trunk ([`super::agent_whatif::Stops`]).
 //!
 //! Everything reaching output is sorted (sessions: largest loss first, then path), so the
 //! result does not depend on the order sessions were processed in.
@@ -252,7 +253,7 @@ fn agent_whatifs(
     ttls: &[(&str, CacheTtl)],
     billed_usd: f64,
 ) -> Result<AgentWhatIfs, String> {
-    use super::agent_whatif::{agent_whatif_family_until, effective_strategy, family_key, peer_branch_of, prepare, strategy_key, thresholds_of};
+    use super::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, family_key, peer_branch_of, prepare, strategy_key, thresholds_of};
     use crate::runner::StopRule;
     use crate::strategy::Strategy;
     use rayon::prelude::*;
@@ -298,7 +299,7 @@ fn agent_whatifs(
         families.entry(family).or_default().entry(key.clone()).or_insert_with(|| strategy.clone());
     }
     let families: Vec<Vec<(String, Strategy)>> = families.into_values().map(|f| f.into_iter().collect()).collect();
-    let run_family = |family: &Vec<(String, Strategy)>, stop: Option<StopRule>| {
+    let run_family = |family: &Vec<(String, Strategy)>, stop: Stops<'_>| {
         let effectives: Vec<Strategy> = family.iter().map(|(_, s)| s.clone()).collect();
         let outcomes = agent_whatif_family_until(session, &name, &prepared, make(), &effectives, stop).unwrap_or_else(|e| family.iter().map(|_| Err(e.clone())).collect());
         family.iter().zip(outcomes).map(|((key, _), outcome)| (key.clone(), outcome.map(|o| AgentRun::of(&o)))).collect::<Vec<_>>()
@@ -308,21 +309,32 @@ fn agent_whatifs(
     // session, or refused more requests (both counts only grow), and its run stops there
     // ([`StopRule`]): the preset what-if is the cheapest at no more loss, which that preset can
     // no longer be, whatever its cost.
+    // (A key some other what-if shares runs to the end.)
+    let preset_only = |key: &String| candidates.iter().zip(run_keys).filter(|(_, k)| *k == key).all(|((_, kind, _), _)| matches!(kind, Kind::Preset));
     let (first, rest): (Vec<&Vec<(String, Strategy)>>, Vec<&Vec<(String, Strategy)>>) = families.iter().partition(|f| f.iter().any(|(key, _)| *key == run_keys[0]));
-    let mut runs: BTreeMap<String, Result<AgentRun, String>> = first.iter().flat_map(|family| run_family(family, None)).collect();
+    // Its own family's presets go on from its trunk once the run as recorded has made the
+    // rule, and stop as the presets run on their own do.
+    let mut runs: BTreeMap<String, Result<AgentRun, String>> = first
+        .iter()
+        .flat_map(|family| {
+            let bounded: Vec<bool> = family.iter().map(|(key, _)| *key != run_keys[0] && preset_only(key)).collect();
+            match family.iter().position(|(key, _)| *key == run_keys[0]) {
+                Some(base) => run_family(family, Stops::BeyondRunOf { base, bounded: &bounded }),
+                None => run_family(family, Stops::Never),
+            }
+        })
+        .collect();
     let stop = match runs.get(&run_keys[0]) {
         Some(Ok(base)) => Some(StopRule { tokens_dropped_above: base.tokens_dropped, refused_above: base.blocked }),
         _ => None,
     };
-    // (A key some other what-if shares runs to the end; so does a family of several runs: its
-    // branches go on from its trunk.)
-    let preset_only = |key: &String| candidates.iter().zip(run_keys).filter(|(_, k)| *k == key).all(|((_, kind, _), _)| matches!(kind, Kind::Preset));
+    // (A family of several runs elsewhere runs to the end: its branches go on from its trunk.)
     runs.extend(
         rest.par_iter()
             .with_max_len(1)
             .flat_map_iter(|family| {
                 let bounded = family.len() == 1 && family.iter().all(|(key, _)| preset_only(key));
-                run_family(family, stop.filter(|_| bounded))
+                run_family(family, stop.filter(|_| bounded).map_or(Stops::Never, Stops::Rule))
             })
             .collect::<Vec<_>>(),
     );

@@ -799,7 +799,7 @@ fn a_compaction_fork_at_1h_beside_a_main_lane_at_5m_is_a_valid_request() {
 /// that clear, mask, prune and compact, on sessions with and without a recorded compaction.
 #[test]
 fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
-    use ctxsim::replay::agent_whatif::{agent_whatif_family_until, effective_strategy, prepare};
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, prepare};
     use ctxsim::runner::{StopRule, Stopped};
     let dir = crate::support::realdata().join("transcripts");
     let (mut stopped_runs, mut refused_runs) = (0, 0);
@@ -811,7 +811,7 @@ fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
         for preset in ["context-editing", "observation-masking", "opencode"] {
             let effective = effective_strategy(&ctxsim::strategy::Strategy::preset(preset).unwrap(), &prepared);
             let run = |stop| agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(&effective), stop).unwrap().pop().unwrap().unwrap();
-            let full = run(None);
+            let full = run(Stops::Never);
             assert!(full.stopped.is_none());
             let (dropped, refused) = (full.info_loss.tokens_dropped, full.summary.blocked);
             for rule in [
@@ -821,7 +821,7 @@ fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
                 StopRule { tokens_dropped_above: u64::MAX, refused_above: 0 },
             ] {
                 let what = format!("{session} {preset} {rule:?}");
-                let stopped = run(Some(rule));
+                let stopped = run(Stops::Rule(rule));
                 match stopped.stopped {
                     None => {
                         assert!(dropped <= rule.tokens_dropped_above && refused <= rule.refused_above, "{what}: not stopped");
@@ -849,6 +849,59 @@ fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
         }
     }
     assert!(stopped_runs >= 4 && refused_runs >= 1, "{stopped_runs} stopped on tokens, {refused_runs} on refusals");
+}
+
+/// The peer branches of a family's trunk that stop beyond the trunk's own run
+/// (`Stops::BeyondRunOf`, the audit's presets that go on from the run as recorded): each stopped
+/// branch is the start of the same branch made to the end, stopped at its first step past the
+/// trunk's totals; the trunk and every unbounded branch give what they give unstopped.
+#[test]
+fn a_branch_stopped_beyond_the_trunk_is_the_start_of_the_branch_made_to_the_end() {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, prepare, stop_rule_beyond};
+    let dir = crate::support::realdata().join("transcripts");
+    let mut stopped_branches = 0;
+    for session in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl"] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let mut autocompact = ctxsim::strategy::Strategy::default();
+        autocompact.compact.autocompact.pct_override = Some(50);
+        let strategies: Vec<ctxsim::strategy::Strategy> = [ctxsim::strategy::Strategy::default(), ctxsim::strategy::Strategy::preset("codex").unwrap(), autocompact, ctxsim::strategy::Strategy::preset("cline").unwrap()]
+            .iter()
+            .map(|s| effective_strategy(s, &prepared))
+            .collect();
+        let bounded = [false, true, false, true];
+        let run = |stop| agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), &strategies, stop).unwrap().into_iter().map(Result::unwrap).collect::<Vec<_>>();
+        let full = run(Stops::Never);
+        let ended = run(Stops::BeyondRunOf { base: 0, bounded: &bounded });
+        let rule = stop_rule_beyond(&full[0]);
+        for (i, (full, ended)) in full.iter().zip(&ended).enumerate() {
+            let what = format!("{session} strategy {i}");
+            let past = full.info_loss.tokens_dropped > rule.tokens_dropped_above || full.summary.blocked > rule.refused_above;
+            if !bounded[i] || !past {
+                assert!(ended.stopped.is_none(), "{what}");
+                assert_eq!(format!("{:?}", ended.rows), format!("{:?}", full.rows), "{what}");
+                assert_eq!(ended.summary, full.summary, "{what}");
+                continue;
+            }
+            let (call, why) = ended.stopped.unwrap_or_else(|| panic!("{what}: not stopped"));
+            // (A refused request adds no row: a branch stopped at its first refusal may hold
+            // every row of the full one.)
+            assert!(ended.rows.len() <= full.rows.len() && call > 0, "{what}: {} rows of {}, call {call}, {why:?}", ended.rows.len(), full.rows.len());
+            assert_eq!(format!("{:?}", ended.rows), format!("{:?}", &full.rows[..ended.rows.len()]), "{what}: not the start of the full branch");
+            match why {
+                ctxsim::runner::Stopped::Refused { refused, above } => {
+                    assert!(above == rule.refused_above && refused == above + 1 && refused == ended.summary.blocked && refused <= full.summary.blocked, "{what}: {why:?}");
+                }
+                ctxsim::runner::Stopped::TokensDropped { dropped, above } => {
+                    assert!(above == rule.tokens_dropped_above && dropped > above && dropped == ended.info_loss.tokens_dropped && dropped <= full.info_loss.tokens_dropped, "{what}: {why:?}");
+                }
+            }
+            stopped_branches += 1;
+        }
+    }
+    assert!(stopped_branches >= 2, "{stopped_branches}");
 }
 
 /// Issue 15: a what-if that parts from the recording settles in one run that switches plans as

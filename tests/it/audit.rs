@@ -370,6 +370,36 @@ fn audit_stops_a_preset_out_of_the_running_with_its_full_runs_verdict() {
     assert!(dropped("context-editing") >= taken, "{why}: the full run drops {}", dropped("context-editing"));
 }
 
+/// Issue 15: a preset that goes on from the run as recorded's own trunk (a peer branch: codex,
+/// cline) stops too once it is out of the running, after the run as recorded has been made to
+/// its end; the full run (`compare`) agrees: it refuses more requests than the run as recorded.
+#[test]
+fn audit_stops_a_peer_branch_out_of_the_running_after_the_run_as_recorded() {
+    let dir = transcripts();
+    let file = dir.join("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let out = ctxsim(&["audit", file.to_str().unwrap(), "--estimator", "chars4", "--json", "--no-result-cache", "--no-progress"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let presets = audit["sessions"][0]["presets"].as_array().unwrap();
+    let out = ctxsim(&["compare", file.to_str().unwrap(), "--strategies", "default,codex,cline", "--estimator", "chars4", "--format", "json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let compare: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let blocked = |strategy: &str| compare.as_array().unwrap().iter().find(|e| e["strategy"] == strategy).unwrap()["summary"]["blocked"].as_u64().unwrap();
+    assert_eq!(blocked("claude-code"), 0);
+    for name in ["codex", "cline"] {
+        let preset = presets.iter().find(|p| p["name"] == format!("preset={name}")).unwrap();
+        let why = preset["not_comparable"].as_str().unwrap_or_else(|| panic!("{preset}"));
+        // "the agent refused R requests at the blocking limit under it by call C (0 as recorded
+        // over the whole session): ...; its run stopped there"
+        let number_after = |marker: &str| -> u64 { why.split(marker).nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap() };
+        let (refused, call) = (number_after("the agent refused "), number_after("by call "));
+        assert!(why.ends_with("its run stopped there"), "{why}");
+        assert!(refused == 1 && call >= preset["diverges_from"].as_u64().unwrap(), "{why}");
+        assert!(blocked(name) >= refused, "{why}: the full run refuses {}", blocked(name));
+        assert_eq!(preset["saving_usd"], 0.0, "{preset}");
+    }
+}
+
 /// Issue 15: the audit weighs another autocompact threshold and the cheapest preset at no more
 /// information loss on every session. A what-if a session cannot feel is decided without a
 /// replay and said to change nothing; the decision is right (the full what-if replay moves no
