@@ -209,6 +209,19 @@ pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
 }
 
+/// `effective` with the knobs that have nothing to act on in this session set as the run as
+/// recorded has them, so that [`strategy_key`] gives a strategy that differs from another only
+/// there the other's run: `replay_recorded_microcompact` where the recording holds no
+/// microcompact (leaving out none changes no step of the plan). A strategy's own settings, for
+/// what a report says of them, are its [`strategy_key`] of `effective` itself.
+pub fn idle_knobs_cleared(effective: &Strategy, prepared: &Prepared) -> Strategy {
+    let mut strategy = effective.clone();
+    if !strategy.replay_recorded_microcompact && microcompact_calls(prepared).is_empty() {
+        strategy.replay_recorded_microcompact = Strategy::default().replay_recorded_microcompact;
+    }
+    strategy
+}
+
 /// The thresholds `effective` gives a run of this session: the agent's own computation
 /// ([`crate::agent::session::ThresholdWorld::thresholds`]), the workload's env applied.
 pub fn thresholds_of(effective: &Strategy, prepared: &Prepared) -> crate::agent::compact::counting::Thresholds {

@@ -253,7 +253,7 @@ fn agent_whatifs(
     ttls: &[(&str, CacheTtl)],
     billed_usd: f64,
 ) -> Result<AgentWhatIfs, String> {
-    use super::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, family_key, peer_branch_of, prepare, strategy_key, thresholds_of};
+    use super::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, family_key, idle_knobs_cleared, peer_branch_of, prepare, strategy_key, thresholds_of};
     use crate::runner::StopRule;
     use crate::strategy::Strategy;
     use rayon::prelude::*;
@@ -283,14 +283,21 @@ fn agent_whatifs(
         let strategy = Strategy::preset(preset.id).map_err(|e| format!("preset {}: {e}", preset.id))?;
         candidates.push((format!("preset={}", preset.id), Kind::Preset, effective_strategy(&strategy, &prepared)));
     }
-    // One run per effective setting; the runs grouped by family (a refused strategy alone).
+    // One run per effective setting, a knob with nothing to act on in this session left out
+    // (the what-if says it changes nothing here, from the run as recorded's own results); the
+    // runs grouped by family (a refused strategy alone).
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
-    let run_keys = &keys;
+    let run_keys: &Vec<String> = &candidates.iter().map(|(_, _, s)| strategy_key(&idle_knobs_cleared(s, &prepared), &prepared)).collect();
     // A preset whose peer mechanism rewrites nothing below a count, with autocompact off, goes
     // on from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]).
     let base_family = family_key(&base, &prepared);
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
     for ((_, _, strategy), key) in candidates.iter().zip(run_keys) {
+        // (A run is made once, under the first strategy that makes it, in that one's family.)
+        if !seen.insert(key) {
+            continue;
+        }
         let family = match &base_family {
             Some(family) if peer_branch_of(strategy, &base, &prepared).is_some() => Some(family.clone()),
             _ => family_key(strategy, &prepared),

@@ -851,6 +851,40 @@ fn a_stopped_run_is_the_start_of_the_run_made_to_the_end() {
     assert!(stopped_runs >= 4 && refused_runs >= 1, "{stopped_runs} stopped on tokens, {refused_runs} on refusals");
 }
 
+/// Issue 15: a knob with nothing to act on in a session shares the run as recorded's run in the
+/// audit (`idle_knobs_cleared`): leaving out the recorded microcompacts where the recording holds
+/// none makes the same run (every row, the summary, the compactions, the divergence), and where
+/// it holds one the key stays apart (7662 has one; the audit prices that preset there).
+#[test]
+fn a_knob_with_nothing_to_act_on_makes_the_run_as_recorded() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, effective_strategy, idle_knobs_cleared, prepare, strategy_key};
+    use ctxsim::strategy::Strategy;
+    let dir = crate::support::realdata().join("transcripts");
+    for (session, idle) in [("entireio-cli/a6e4c2a0fbd1-0.full.jsonl", true), ("cipher-box/af1dd25ebb3e-8.full.jsonl", true), ("entireio-cli/7662d755ef9f-2.full.jsonl", false)] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let mut measurer = crate::support::measurer();
+        let prepared = prepare(&loaded, &file, &measurer).unwrap();
+        let base = effective_strategy(&Strategy::default(), &prepared);
+        for preset in ["claude-code-no-microcompact", "claude-code-summary-only"] {
+            let effective = effective_strategy(&Strategy::preset(preset).unwrap(), &prepared);
+            let what = format!("{session} {preset}");
+            assert_ne!(strategy_key(&effective, &prepared), strategy_key(&base, &prepared), "{what}: its own settings differ");
+            let shared = strategy_key(&idle_knobs_cleared(&effective, &prepared), &prepared) == strategy_key(&idle_knobs_cleared(&base, &prepared), &prepared);
+            assert_eq!(shared, idle, "{what}");
+            if !idle {
+                continue;
+            }
+            let (own, as_recorded) = (agent_whatif(&loaded, &file, &prepared, &mut measurer, &Strategy::preset(preset).unwrap()).unwrap(), agent_whatif(&loaded, &file, &prepared, &mut measurer, &Strategy::default()).unwrap());
+            assert_eq!(format!("{:?}", own.rows), format!("{:?}", as_recorded.rows), "{what}");
+            assert_eq!(own.summary, as_recorded.summary, "{what}");
+            assert_eq!(own.compactions, as_recorded.compactions, "{what}");
+            assert_eq!(own.divergence, as_recorded.divergence, "{what}");
+        }
+    }
+}
+
 /// The peer branches of a family's trunk that stop beyond the trunk's own run
 /// (`Stops::BeyondRunOf`, the audit's presets that go on from the run as recorded): each stopped
 /// branch is the start of the same branch made to the end, stopped at its first step past the
