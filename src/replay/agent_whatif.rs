@@ -413,13 +413,15 @@ fn run_options(prepared: &Prepared) -> RunOptions<'static> {
 }
 
 /// A run under `plan` from the first call, ended early where `stop` holds.
-fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan, stop: Option<StopRule>) -> Result<Run, String> {
-    let scenario = planned_scenario(prepared, file, plan)?;
+fn run_once(scenarios: &mut Scenarios<'_>, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan, stop: Option<StopRule>) -> Result<Run, String> {
+    let prepared = scenarios.prepared;
+    let index = scenarios.get(plan)?;
+    let (scenario, model) = (scenarios.list[index].1.clone(), &scenarios.list[index].2);
     let options = run_options(prepared);
     // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
     // holds what an earlier session left there.
     fresh_measurer(prepared, measurer)?;
-    let mut run = RunState::start(&scenario, strategy, options).map_err(|e| e.to_string())?;
+    let mut run = RunState::start_with(&scenario, (**model).clone(), strategy, options).map_err(|e| e.to_string())?;
     run.keep_compacted_requests();
     if let Some(rule) = stop {
         run.stop_when(rule);
@@ -438,15 +440,15 @@ struct Alone<'a> {
 
 impl Runs for Alone<'_> {
     fn run(&mut self, plan: &Plan) -> Result<Run, String> {
-        run_once(self.scenarios.prepared, self.scenarios.file, self.measurer, self.effective, plan, self.stop)
+        run_once(&mut self.scenarios, self.measurer, self.effective, plan, self.stop)
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
         let (prepared, strategy) = (self.scenarios.prepared, self.effective);
         let index = self.scenarios.get(&first_plan(prepared, strategy))?;
-        let scenario = self.scenarios.list[index].1.clone();
+        let (scenario, model) = (self.scenarios.list[index].1.clone(), &self.scenarios.list[index].2);
         fresh_measurer(prepared, self.measurer)?;
-        let mut run = RunState::start(&scenario, strategy, run_options(prepared)).map_err(|e| e.to_string())?;
+        let mut run = RunState::start_with(&scenario, (**model).clone(), strategy, run_options(prepared)).map_err(|e| e.to_string())?;
         run.keep_compacted_requests();
         if let Some(rule) = self.stop {
             run.stop_when(rule);
@@ -1041,7 +1043,7 @@ pub fn agent_whatif_family_until(
         }
         return Ok(outcomes.into_iter().map(|o| o.unwrap_or_else(|| Err("no outcome".to_owned()))).collect());
     }
-    let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
+    let mut trunk = RunState::start_with(&scenarios.list[first].1, (*scenarios.list[first].2).clone(), &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
     let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {

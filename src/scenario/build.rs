@@ -34,6 +34,14 @@ impl Scenario {
     /// Infallible because loading already checked everything it could fail on; a failure here
     /// is a bug in those checks and panics with the value.
     pub fn into_world(&self) -> World {
+        self.into_world_with(self.scripted_model())
+    }
+
+    /// [`Scenario::into_world`] with its scripted model built already (`model`, a copy of
+    /// [`Scenario::scripted_model`]'s: copying one copies no reply). Debug builds build it
+    /// again and compare.
+    pub fn into_world_with(&self, model: ScriptedModel) -> World {
+        debug_assert_eq!(format!("{model:?}"), format!("{:?}", self.scripted_model()), "the model given is not the scenario's as built");
         let spec = &self.world;
         let clock = Clock::new(spec.clock_start.unix_ms())
             .with_time_zone(&spec.timezone.0)
@@ -46,7 +54,6 @@ impl Scenario {
             fs.seed_at(&full, file.contents.clone(), mtime_ms)
                 .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
         }
-        let model = self.scripted_model();
         let mut tool_outputs = std::collections::BTreeMap::new();
         for step in &self.script {
             match step {
