@@ -5,6 +5,13 @@ use crate::world::{Clock, Fallback, Rng, ScriptedModel, ScriptedToolOutput, Synt
 use super::check::resolve;
 use super::schema::{Scenario, Step};
 
+/// A scenario's scripted model and tool outputs as built ([`Scenario::built_script`]).
+#[derive(Debug, Clone)]
+pub struct BuiltScript {
+    pub model: ScriptedModel,
+    pub tool_outputs: std::sync::Arc<std::collections::BTreeMap<String, ScriptedToolOutput>>,
+}
+
 impl Scenario {
     /// The World's scripted model alone ([`Scenario::into_world`]'s): every assistant step
     /// queued on its lane, the fallback, the rng's `model` fork.
@@ -34,26 +41,14 @@ impl Scenario {
     /// Infallible because loading already checked everything it could fail on; a failure here
     /// is a bug in those checks and panics with the value.
     pub fn into_world(&self) -> World {
-        self.into_world_with(self.scripted_model())
+        self.into_world_with(&self.built_script())
     }
 
-    /// [`Scenario::into_world`] with its scripted model built already (`model`, a copy of
-    /// [`Scenario::scripted_model`]'s: copying one copies no reply). Debug builds build it
-    /// again and compare.
-    pub fn into_world_with(&self, model: ScriptedModel) -> World {
-        debug_assert_eq!(format!("{model:?}"), format!("{:?}", self.scripted_model()), "the model given is not the scenario's as built");
-        let spec = &self.world;
-        let clock = Clock::new(spec.clock_start.unix_ms())
-            .with_time_zone(&spec.timezone.0)
-            .unwrap_or_else(|e| panic!("time zone `{}` passed validation but failed: {e}", spec.timezone.0));
-        let rng = Rng::new(spec.seed);
-        let mut fs = VirtualFs::new();
-        for (path, file) in &spec.files {
-            let full = resolve(spec, path).unwrap_or_else(|| panic!("file path `{path}` passed validation but does not resolve"));
-            let mtime_ms = file.mtime.map_or(clock.now_ms() as i64, |t| t.unix_ms().saturating_sub(clock.epoch_unix_ms()));
-            fs.seed_at(&full, file.contents.clone(), mtime_ms)
-                .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
-        }
+    /// What every run of the scenario starts with and none changes in place: the scripted model
+    /// ([`Scenario::scripted_model`]) and the scripted tool outputs by tool_use id. Runs of one
+    /// scenario start from copies of it ([`Scenario::into_world_with`]), which copy no reply and
+    /// no output.
+    pub fn built_script(&self) -> BuiltScript {
         let mut tool_outputs = std::collections::BTreeMap::new();
         for step in &self.script {
             match step {
@@ -75,6 +70,31 @@ impl Scenario {
                 _ => {}
             }
         }
+        BuiltScript { model: self.scripted_model(), tool_outputs: std::sync::Arc::new(tool_outputs) }
+    }
+
+    /// [`Scenario::into_world`] from the scenario's [`Scenario::built_script`], built already.
+    /// Debug builds build it again and compare.
+    pub fn into_world_with(&self, built: &BuiltScript) -> World {
+        #[cfg(debug_assertions)]
+        {
+            let fresh = self.built_script();
+            debug_assert_eq!(format!("{:?}", built.model), format!("{:?}", fresh.model), "the model given is not the scenario's as built");
+            debug_assert_eq!(built.tool_outputs, fresh.tool_outputs, "the tool outputs given are not the scenario's");
+        }
+        let spec = &self.world;
+        let clock = Clock::new(spec.clock_start.unix_ms())
+            .with_time_zone(&spec.timezone.0)
+            .unwrap_or_else(|e| panic!("time zone `{}` passed validation but failed: {e}", spec.timezone.0));
+        let rng = Rng::new(spec.seed);
+        let mut fs = VirtualFs::new();
+        for (path, file) in &spec.files {
+            let full = resolve(spec, path).unwrap_or_else(|| panic!("file path `{path}` passed validation but does not resolve"));
+            let mtime_ms = file.mtime.map_or(clock.now_ms() as i64, |t| t.unix_ms().saturating_sub(clock.epoch_unix_ms()));
+            fs.seed_at(&full, file.contents.clone(), mtime_ms)
+                .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
+        }
+        let model = built.model.clone();
         World {
             clock,
             fs,
@@ -85,7 +105,7 @@ impl Scenario {
             model_id: spec.model.clone(),
             context_window: spec.context_window,
             max_output_tokens: spec.max_output_tokens,
-            tool_outputs: std::sync::Arc::new(tool_outputs),
+            tool_outputs: std::sync::Arc::clone(&built.tool_outputs),
             mcp_servers: spec.mcp_servers.clone(),
             hook_answers: spec.hook_answers.clone(),
             claude_md_excludes: spec.settings.claude_md_excludes.clone(),
