@@ -478,7 +478,7 @@ impl LossTracker {
             let text = std::str::from_utf8(&input_json).expect("serde_json writes UTF-8");
             debug_assert_eq!(text, input.to_string(), "a tool input's JSON text differs from its Display");
             let miss_path = invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| text.contains(p));
-            let miss_id = tool_use_ids_in(&text).any(|r| self.seen_results.contains(r) && !visible(r));
+            let miss_id = tool_use_ids_in(text).any(|r| self.seen_results.contains(r) && !visible(r));
             if miss_path || miss_id {
                 self.loss.recall_misses += 1;
             }

@@ -51,23 +51,20 @@ impl Scenario {
     pub fn built_script(&self) -> BuiltScript {
         let mut tool_outputs = std::collections::BTreeMap::new();
         for step in &self.script {
-            match step {
-                Step::ToolOutput(outputs) => {
-                    let before = tool_outputs.len();
-                    for output in outputs {
-                        tool_outputs.insert(
-                            output.tool_use_id.clone(),
-                            ScriptedToolOutput {
-                                content: output.result_content(),
-                                is_error: output.is_error,
-                                file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
-                                runs_subagent: output.subagent,
-                                completed: before + output.written,
-                            },
-                        );
-                    }
+            if let Step::ToolOutput(outputs) = step {
+                let before = tool_outputs.len();
+                for output in outputs {
+                    tool_outputs.insert(
+                        output.tool_use_id.clone(),
+                        ScriptedToolOutput {
+                            content: output.result_content(),
+                            is_error: output.is_error,
+                            file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
+                            runs_subagent: output.subagent,
+                            completed: before + output.written,
+                        },
+                    );
                 }
-                _ => {}
             }
         }
         BuiltScript { model: self.scripted_model(), tool_outputs: std::sync::Arc::new(tool_outputs) }
