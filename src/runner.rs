@@ -341,9 +341,15 @@ pub struct RunState<'o> {
 
 impl<'o> RunState<'o> {
     /// The state before the first step.
-    pub fn start(scenario: &Scenario, strategy: &Strategy, mut options: RunOptions<'o>) -> Result<Self, RunError> {
+    pub fn start(scenario: &Scenario, strategy: &Strategy, options: RunOptions<'o>) -> Result<Self, RunError> {
+        Self::start_with(scenario, &scenario.built_script(), strategy, options)
+    }
+
+    /// [`RunState::start`] with the scenario's scripted model and tool outputs built already
+    /// (`built`: see [`Scenario::into_world_with`]).
+    pub fn start_with(scenario: &Scenario, built: &crate::scenario::BuiltScript, strategy: &Strategy, mut options: RunOptions<'o>) -> Result<Self, RunError> {
         let client = options.client.take();
-        let mut world = scenario.into_world();
+        let mut world = scenario.into_world_with(built);
         crate::agent::plugins::configure_project_mcp(&mut world);
         let mut agent = Session::new(strategy, &world);
         check_strategy_for(agent.model_limits(&world), strategy)

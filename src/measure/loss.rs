@@ -451,6 +451,9 @@ impl LossTracker {
                 .collect()
         };
         let mut invisible_seen: Option<Vec<&str>> = None;
+        // A new call's input as JSON text, written straight into one buffer (what `Display`
+        // writes, without its formatter between each piece and the text).
+        let mut input_json: Vec<u8> = Vec::new();
 
         // New tool calls: judged against what was seen before this request (the prefix's
         // calls were judged when it was first seen).
@@ -470,9 +473,12 @@ impl LossTracker {
                 }
                 continue;
             }
-            let text = input.to_string();
+            input_json.clear();
+            serde_json::to_writer(&mut input_json, input).expect("a JSON value always serializes");
+            let text = std::str::from_utf8(&input_json).expect("serde_json writes UTF-8");
+            debug_assert_eq!(text, input.to_string(), "a tool input's JSON text differs from its Display");
             let miss_path = invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| text.contains(p));
-            let miss_id = tool_use_ids_in(&text).any(|r| self.seen_results.contains(r) && !visible(r));
+            let miss_id = tool_use_ids_in(text).any(|r| self.seen_results.contains(r) && !visible(r));
             if miss_path || miss_id {
                 self.loss.recall_misses += 1;
             }

@@ -89,15 +89,16 @@ pub struct Prepared {
     /// The API's lookback rule when the session ran, every run's (as
     /// [`super::workload::agent_replay`] measures).
     pub lookback: crate::measure::LookbackRule,
-    /// The scenario of the first plan and its model as built, made by the first family that
+    /// The scenario of the first plan and its script as built, made by the first family that
     /// runs and shared by every other (each family's trunk runs it): the workload's document
     /// copied, planned and parsed once per session instead of once per family. Emptied by
     /// [`Self::set_env`], the one change of the workload after `prepare`.
     first: std::sync::OnceLock<PlannedScenario>,
 }
 
-/// A plan's scenario and its scripted model as built, shared by the runs that go by it.
-type PlannedScenario = (std::sync::Arc<Scenario>, std::sync::Arc<crate::world::ScriptedModel>);
+/// A plan's scenario and its scripted model and tool outputs as built, shared by the runs
+/// that go by it.
+type PlannedScenario = (std::sync::Arc<Scenario>, std::sync::Arc<crate::scenario::BuiltScript>);
 
 impl Prepared {
     /// What of the workload's world decides the agent's thresholds, as its runs see it.
@@ -426,13 +427,15 @@ fn run_options(prepared: &Prepared) -> RunOptions<'static> {
 }
 
 /// A run under `plan` from the first call, ended early where `stop` holds.
-fn run_once(prepared: &Prepared, file: &str, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan, stop: Option<StopRule>) -> Result<Run, String> {
-    let scenario = planned_scenario(prepared, file, plan)?;
+fn run_once(scenarios: &mut Scenarios<'_>, measurer: &mut Measurer, strategy: &Strategy, plan: &Plan, stop: Option<StopRule>) -> Result<Run, String> {
+    let prepared = scenarios.prepared;
+    let index = scenarios.get(plan)?;
+    let (scenario, model) = (scenarios.list[index].1.clone(), &scenarios.list[index].2);
     let options = run_options(prepared);
     // Each run is measured as by a new measurer (the counts of earlier runs kept), whose cache
     // holds what an earlier session left there.
     fresh_measurer(prepared, measurer)?;
-    let mut run = RunState::start(&scenario, strategy, options).map_err(|e| e.to_string())?;
+    let mut run = RunState::start_with(&scenario, model, strategy, options).map_err(|e| e.to_string())?;
     run.keep_compacted_requests();
     if let Some(rule) = stop {
         run.stop_when(rule);
@@ -451,15 +454,15 @@ struct Alone<'a> {
 
 impl Runs for Alone<'_> {
     fn run(&mut self, plan: &Plan) -> Result<Run, String> {
-        run_once(self.scenarios.prepared, self.scenarios.file, self.measurer, self.effective, plan, self.stop)
+        run_once(&mut self.scenarios, self.measurer, self.effective, plan, self.stop)
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
         let (prepared, strategy) = (self.scenarios.prepared, self.effective);
         let index = self.scenarios.get(&first_plan(prepared, strategy))?;
-        let scenario = self.scenarios.list[index].1.clone();
+        let (scenario, model) = (self.scenarios.list[index].1.clone(), &self.scenarios.list[index].2);
         fresh_measurer(prepared, self.measurer)?;
-        let mut run = RunState::start(&scenario, strategy, run_options(prepared)).map_err(|e| e.to_string())?;
+        let mut run = RunState::start_with(&scenario, model, strategy, run_options(prepared)).map_err(|e| e.to_string())?;
         run.keep_compacted_requests();
         if let Some(rule) = self.stop {
             run.stop_when(rule);
@@ -1080,7 +1083,7 @@ pub fn agent_whatif_family_until(
         }
         return Ok(outcomes.into_iter().map(|o| o.unwrap_or_else(|| Err("no outcome".to_owned()))).collect());
     }
-    let mut trunk = RunState::start(&scenarios.list[first].1, &effectives[top], options).map_err(|e| e.to_string())?;
+    let mut trunk = RunState::start_with(&scenarios.list[first].1, &scenarios.list[first].2, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
     let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
@@ -1227,7 +1230,7 @@ impl Runs for FromCheckpoints<'_, '_> {
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
-        let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2));
+        let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2.model));
         let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.stop, self.effective, Going::Follow(rules))?;
         Ok(follow.map(|follow| (run, follow)))
     }
@@ -1260,8 +1263,8 @@ fn run_from(
         Going::Plan(plan) => scenarios.get(plan)?,
         Going::Follow(_) => first,
     };
-    let (scenario, model) = (&scenarios.list[index].1, &scenarios.list[index].2);
-    let original = &scenarios.list[first].2;
+    let (scenario, model) = (&scenarios.list[index].1, &scenarios.list[index].2.model);
+    let original = &scenarios.list[first].2.model;
     let mut ordered: Vec<&std::rc::Rc<Checkpoint>> = candidates.iter().collect();
     ordered.sort_by_key(|c| std::cmp::Reverse(c.state.next_step()));
     for c in ordered {
@@ -1344,7 +1347,7 @@ fn run_from(
 struct Scenarios<'p> {
     prepared: &'p Prepared,
     file: &'p str,
-    list: Vec<(Plan, std::sync::Arc<Scenario>, std::sync::Arc<crate::world::ScriptedModel>)>,
+    list: Vec<(Plan, std::sync::Arc<Scenario>, std::sync::Arc<crate::scenario::BuiltScript>)>,
 }
 
 impl Scenarios<'_> {
@@ -1359,8 +1362,8 @@ impl Scenarios<'_> {
             Some((scenario, model)) if first => (scenario.clone(), model.clone()),
             _ => {
                 let scenario = planned_scenario(self.prepared, self.file, plan)?;
-                let model = scenario.scripted_model();
-                let built = (std::sync::Arc::new(scenario), std::sync::Arc::new(model));
+                let script = scenario.built_script();
+                let built = (std::sync::Arc::new(scenario), std::sync::Arc::new(script));
                 if first {
                     // (Another family may have set it meanwhile, to the same.)
                     let _ = self.prepared.first.set(built.clone());

@@ -5,6 +5,13 @@ use crate::world::{Clock, Fallback, Rng, ScriptedModel, ScriptedToolOutput, Synt
 use super::check::resolve;
 use super::schema::{Scenario, Step};
 
+/// A scenario's scripted model and tool outputs as built ([`Scenario::built_script`]).
+#[derive(Debug, Clone)]
+pub struct BuiltScript {
+    pub model: ScriptedModel,
+    pub tool_outputs: std::sync::Arc<std::collections::BTreeMap<String, ScriptedToolOutput>>,
+}
+
 impl Scenario {
     /// The World's scripted model alone ([`Scenario::into_world`]'s): every assistant step
     /// queued on its lane, the fallback, the rng's `model` fork.
@@ -34,6 +41,44 @@ impl Scenario {
     /// Infallible because loading already checked everything it could fail on; a failure here
     /// is a bug in those checks and panics with the value.
     pub fn into_world(&self) -> World {
+        self.into_world_with(&self.built_script())
+    }
+
+    /// What every run of the scenario starts with and none changes in place: the scripted model
+    /// ([`Scenario::scripted_model`]) and the scripted tool outputs by tool_use id. Runs of one
+    /// scenario start from copies of it ([`Scenario::into_world_with`]), which copy no reply and
+    /// no output.
+    pub fn built_script(&self) -> BuiltScript {
+        let mut tool_outputs = std::collections::BTreeMap::new();
+        for step in &self.script {
+            if let Step::ToolOutput(outputs) = step {
+                let before = tool_outputs.len();
+                for output in outputs {
+                    tool_outputs.insert(
+                        output.tool_use_id.clone(),
+                        ScriptedToolOutput {
+                            content: output.result_content(),
+                            is_error: output.is_error,
+                            file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
+                            runs_subagent: output.subagent,
+                            completed: before + output.written,
+                        },
+                    );
+                }
+            }
+        }
+        BuiltScript { model: self.scripted_model(), tool_outputs: std::sync::Arc::new(tool_outputs) }
+    }
+
+    /// [`Scenario::into_world`] from the scenario's [`Scenario::built_script`], built already.
+    /// Debug builds build it again and compare.
+    pub fn into_world_with(&self, built: &BuiltScript) -> World {
+        #[cfg(debug_assertions)]
+        {
+            let fresh = self.built_script();
+            debug_assert_eq!(format!("{:?}", built.model), format!("{:?}", fresh.model), "the model given is not the scenario's as built");
+            debug_assert_eq!(built.tool_outputs, fresh.tool_outputs, "the tool outputs given are not the scenario's");
+        }
         let spec = &self.world;
         let clock = Clock::new(spec.clock_start.unix_ms())
             .with_time_zone(&spec.timezone.0)
@@ -46,28 +91,7 @@ impl Scenario {
             fs.seed_at(&full, file.contents.clone(), mtime_ms)
                 .unwrap_or_else(|e| panic!("file `{full}` passed validation but cannot be created: {e}"));
         }
-        let model = self.scripted_model();
-        let mut tool_outputs = std::collections::BTreeMap::new();
-        for step in &self.script {
-            match step {
-                Step::ToolOutput(outputs) => {
-                    let before = tool_outputs.len();
-                    for output in outputs {
-                        tool_outputs.insert(
-                            output.tool_use_id.clone(),
-                            ScriptedToolOutput {
-                                content: output.result_content(),
-                                is_error: output.is_error,
-                                file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
-                                runs_subagent: output.subagent,
-                                completed: before + output.written,
-                            },
-                        );
-                    }
-                }
-                _ => {}
-            }
-        }
+        let model = built.model.clone();
         World {
             clock,
             fs,
@@ -78,7 +102,7 @@ impl Scenario {
             model_id: spec.model.clone(),
             context_window: spec.context_window,
             max_output_tokens: spec.max_output_tokens,
-            tool_outputs: std::sync::Arc::new(tool_outputs),
+            tool_outputs: std::sync::Arc::clone(&built.tool_outputs),
             mcp_servers: spec.mcp_servers.clone(),
             hook_answers: spec.hook_answers.clone(),
             claude_md_excludes: spec.settings.claude_md_excludes.clone(),

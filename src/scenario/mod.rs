@@ -103,6 +103,7 @@ pub(crate) mod raw;
 mod schema;
 mod values;
 
+pub use build::BuiltScript;
 pub use duration::{DurationMs, parse_duration};
 pub use error::{Diagnostic, ScenarioError};
 pub use load::{MAX_YAML_DEPTH, check_yaml_depth, load_scenario, load_scenario_confined, parse_scenario, parse_scenario_document};

@@ -2,7 +2,8 @@
 //! meets exactly the conversation the scenario describes. Lanes are the request streams of
 //! CONTRACT.md (`main`, `compact`, `session_memory`, `subagent:<name>`, `side`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::api::{ContentBlock, StopReason, Usage};
 
@@ -46,6 +47,11 @@ impl Reply {
 
     pub fn text(text: impl Into<String>) -> Self {
         Reply::new(vec![ContentBlock::text(text)])
+    }
+
+    /// No content (what a lane leaves where it moved a reply out).
+    fn empty() -> Self {
+        Reply { content: Vec::new(), stop_reason: StopReason::EndTurn, usage: None, latency: None, output_tokens: 0, synthetic: false }
     }
 }
 
@@ -93,10 +99,63 @@ impl Default for Synthesis {
     }
 }
 
+/// The replies of one lane: a list shared by every copy of the model (a run's checkpoints, the
+/// model as built, the runs that go on from either) and where this copy stands in it. Copying
+/// a model copies no reply; a reply handed out is moved out of a list no other copy holds, and
+/// copied out of one that another does. Replies before `next` are never read again (those
+/// moved out are left empty).
+#[derive(Clone, Default)]
+struct Lane {
+    replies: Arc<Vec<Reply>>,
+    next: usize,
+}
+
+impl Lane {
+    fn new(replies: Vec<Reply>) -> Lane {
+        Lane { replies: Arc::new(replies), next: 0 }
+    }
+
+    /// The replies left, in order.
+    fn left(&self) -> &[Reply] {
+        &self.replies[self.next..]
+    }
+
+    /// The next reply, taken out of the lane.
+    fn pop_front(&mut self) -> Option<Reply> {
+        let i = self.next;
+        let reply = match Arc::get_mut(&mut self.replies) {
+            // (The empty reply left in its place is never read: it is before `next`.)
+            Some(replies) => std::mem::replace(replies.get_mut(i)?, Reply::empty()),
+            None => self.replies.get(i)?.clone(),
+        };
+        self.next += 1;
+        Some(reply)
+    }
+
+    /// The replies left, to change: copied first (only those) when another copy holds them.
+    fn left_mut(&mut self) -> &mut Vec<Reply> {
+        if Arc::get_mut(&mut self.replies).is_none() {
+            self.replies = Arc::new(self.left().to_vec());
+            self.next = 0;
+        }
+        let replies = Arc::get_mut(&mut self.replies).expect("a lane's replies are its own once copied");
+        replies.drain(..self.next);
+        self.next = 0;
+        replies
+    }
+}
+
+/// As the replies left (what a queue of them printed).
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.left()).finish()
+    }
+}
+
 /// Replies per lane, consumed in order.
 #[derive(Debug, Clone)]
 pub struct ScriptedModel {
-    lanes: BTreeMap<String, VecDeque<Reply>>,
+    lanes: BTreeMap<String, Lane>,
     consumed: BTreeMap<String, usize>,
     fallback: Fallback,
     rng: Rng,
@@ -119,14 +178,19 @@ impl ScriptedModel {
 
     /// Appends a reply to a lane's script.
     pub fn push(&mut self, lane: &str, reply: Reply) {
-        self.lanes.entry(lane.to_owned()).or_default().push_back(reply);
+        match self.lanes.get_mut(lane) {
+            Some(queue) => queue.left_mut().push(reply),
+            None => {
+                self.lanes.insert(lane.to_owned(), Lane::new(vec![reply]));
+            }
+        }
     }
 
     /// The next reply on `lane`.
     pub fn next_reply(&mut self, lane: &str) -> Result<Reply, WorldError> {
         let consumed = self.consumed.get(lane).copied().unwrap_or(0);
         let scripted = self.lanes.contains_key(lane);
-        if let Some(reply) = self.lanes.get_mut(lane).and_then(VecDeque::pop_front) {
+        if let Some(reply) = self.lanes.get_mut(lane).and_then(Lane::pop_front) {
             *self.consumed.entry(lane.to_owned()).or_default() += 1;
             return Ok(reply);
         }
@@ -150,9 +214,11 @@ impl ScriptedModel {
         if !self.resumable_with(original, fresh) {
             return false;
         }
+        // (`fresh`'s lists shared, each from where this one stands: no reply is copied.)
         let mut lanes_now = BTreeMap::new();
         for (lane, replies) in &fresh.lanes {
-            lanes_now.insert(lane.clone(), replies.iter().skip(self.consumed(lane)).cloned().collect());
+            let next = (replies.next + self.consumed(lane)).min(replies.replies.len());
+            lanes_now.insert(lane.clone(), Lane { replies: replies.replies.clone(), next });
         }
         self.lanes = lanes_now;
         true
@@ -163,7 +229,7 @@ impl ScriptedModel {
         let lanes: std::collections::BTreeSet<&String> = original.lanes.keys().chain(fresh.lanes.keys()).chain(self.consumed.keys()).collect();
         for lane in &lanes {
             let consumed = self.consumed(lane);
-            let (a, b) = (original.lanes.get(*lane), fresh.lanes.get(*lane));
+            let (a, b) = (original.lanes.get(*lane).map(Lane::left), fresh.lanes.get(*lane).map(Lane::left));
             if consumed == 0 {
                 continue;
             }
@@ -187,19 +253,19 @@ impl ScriptedModel {
 
     /// The replies left on `lane`, in order.
     pub fn scripted(&self, lane: &str) -> impl Iterator<Item = &Reply> {
-        self.lanes.get(lane).into_iter().flatten()
+        self.lanes.get(lane).map(Lane::left).into_iter().flatten()
     }
 
     /// Replaces the replies left on `lane` (a plan that decides a lane's next reply as the run
     /// goes); what it consumed stays counted.
     pub fn replace_remaining(&mut self, lane: &str, replies: Vec<Reply>) {
-        self.lanes.insert(lane.to_owned(), replies.into());
+        self.lanes.insert(lane.to_owned(), Lane::new(replies));
     }
 
     /// Takes the scripted usage off every reply left on `lane`, each keeping its output tokens
     /// (`usage.output_tokens`): what a script without those usages would have made.
     pub fn drop_usage(&mut self, lane: &str) {
-        for reply in self.lanes.get_mut(lane).into_iter().flatten() {
+        for reply in self.lanes.get_mut(lane).map(Lane::left_mut).into_iter().flatten() {
             if let Some(usage) = reply.usage.take() {
                 reply.output_tokens = usage.output_tokens;
             }
@@ -208,7 +274,7 @@ impl ScriptedModel {
 
     /// Replies left on `lane`.
     pub fn remaining(&self, lane: &str) -> usize {
-        self.lanes.get(lane).map_or(0, VecDeque::len)
+        self.lanes.get(lane).map_or(0, |queue| queue.left().len())
     }
 
     /// Replies consumed so far on `lane` (scripted and synthesized).
@@ -224,7 +290,7 @@ impl ScriptedModel {
     /// Lanes with scripted replies never consumed, with their counts, sorted: a run that ends
     /// with leftovers did not follow its scenario.
     pub fn unconsumed(&self) -> Vec<(String, usize)> {
-        self.lanes.iter().filter(|(_, q)| !q.is_empty()).map(|(l, q)| (l.clone(), q.len())).collect()
+        self.lanes.iter().filter(|(_, q)| !q.left().is_empty()).map(|(l, q)| (l.clone(), q.left().len())).collect()
     }
 
     /// A deterministic reply that depends only on the seed, the lane and the reply's index on
@@ -288,5 +354,69 @@ mod tests {
         assert_eq!(model.consumed("compact"), 1);
         assert_eq!(model.next_reply("compact").unwrap(), Reply::text("chosen"));
         assert_eq!(model.consumed("compact"), 2);
+    }
+
+    fn left(model: &ScriptedModel, lane: &str) -> Vec<Reply> {
+        model.scripted(lane).cloned().collect()
+    }
+
+    /// Copies share their lanes' replies: each copy hands out every reply from where it stands,
+    /// whichever copy goes first, and a change to one copy's replies never reaches another.
+    #[test]
+    fn copies_of_a_model_go_on_alone() {
+        let mut built = ScriptedModel::new(Rng::new(1));
+        let texts = ["a", "b", "c", "d"];
+        for (i, text) in texts.iter().enumerate() {
+            built.push("main", with_usage(text, i as u64 + 1));
+        }
+        let mut first = built.clone();
+        assert_eq!(first.next_reply("main").unwrap(), with_usage("a", 1));
+        let mut second = first.clone();
+        // `second` is the last holder of its list once `first` changed its own.
+        first.drop_usage("main");
+        assert_eq!(left(&first, "main").iter().map(|r| (r.usage.is_none(), r.output_tokens)).collect::<Vec<_>>(), vec![(true, 2), (true, 3), (true, 4)]);
+        for (i, text) in texts.iter().enumerate().skip(1) {
+            assert_eq!(second.next_reply("main").unwrap(), with_usage(text, i as u64 + 1));
+        }
+        assert!(second.next_reply("main").is_err());
+        assert_eq!(left(&built, "main").len(), 4);
+        assert_eq!(first.remaining("main"), 3);
+        // A lane pushed to after a copy took replies from it.
+        let mut third = built.clone();
+        third.next_reply("main").unwrap();
+        third.push("main", Reply::text("e"));
+        assert_eq!(left(&third, "main").iter().map(|r| r.content.clone()).collect::<Vec<_>>(), ["b", "c", "d", "e"].map(|t| vec![ContentBlock::text(t)]).to_vec());
+        assert_eq!(third.unconsumed(), vec![("main".to_owned(), 4)]);
+        assert_eq!(left(&built, "main").len(), 4);
+    }
+
+    /// Going on with another script's replies starts each lane after what this copy consumed,
+    /// as copying the rest of them did.
+    #[test]
+    fn resuming_with_another_script_starts_where_the_copy_stands() {
+        let script = |texts: &[&str]| {
+            let mut model = ScriptedModel::new(Rng::new(1));
+            for text in texts {
+                model.push("main", Reply::text(*text));
+            }
+            model.push("compact", Reply::text("summary"));
+            model
+        };
+        let original = script(&["a", "b", "c"]);
+        let fresh = script(&["a", "b", "x", "y"]);
+        let mut model = original.clone();
+        model.next_reply("main").unwrap();
+        model.next_reply("main").unwrap();
+        assert!(model.resume_with(&original, &fresh));
+        assert_eq!(left(&model, "main"), vec![Reply::text("x"), Reply::text("y")]);
+        assert_eq!(left(&model, "compact"), vec![Reply::text("summary")]);
+        assert_eq!(model.next_reply("main").unwrap(), Reply::text("x"));
+        assert_eq!(model.consumed("main"), 3);
+        assert_eq!(left(&fresh, "main").len(), 4);
+        let mut past = fresh.clone();
+        for _ in 0..4 {
+            past.next_reply("main").unwrap();
+        }
+        assert!(!past.resumable_with(&fresh, &original));
     }
 }

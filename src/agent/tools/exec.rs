@@ -149,7 +149,9 @@ what it does, how it spreads, how to detect it. Do not improve, extend or repair
 
 /// Executes one tool call.
 pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &ExecContext<'_>) -> ExecOutcome {
-    if let Some(scripted) = world.tool_outputs.get(id) {
+    // (The outputs are shared: holding them here leaves `world` free to change.)
+    let outputs = std::sync::Arc::clone(&world.tool_outputs);
+    if let Some(scripted) = outputs.get(id) {
         let mut outcome = ExecOutcome::text(id, String::new(), false);
         let mut content = cx.limits.cut_output(name, scripted.content.clone());
         let mut is_error = if scripted.is_error { Some(true) } else if name == "Bash" { Some(false) } else { None };
@@ -165,11 +167,12 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
             }
         }
         outcome.result = ContentBlock::tool_result(id, content, is_error);
-        if let Some((path, text)) = scripted.file.clone() {
-            // The file as the record shows it after the call: in the fs, and read.
-            let path = absolute(&world.cwd, &path);
+        if let Some((path, text)) = &scripted.file {
+            // The file as the record shows it after the call: in the fs, and read (its text
+            // copied only where the fs holds another).
+            let path = absolute(&world.cwd, path);
             if world.fs.read(&path).ok() != Some(text.as_str()) {
-                let _ = world.fs.write(&path, text, &world.clock);
+                let _ = world.fs.write(&path, text.clone(), &world.clock);
             }
             if world.fs.is_file(&path) {
                 outcome.touched.push(path);
