@@ -148,6 +148,9 @@ pub struct ImportedSession {
     /// ([`crate::replay::loss::compaction_loss`]); shared by the session's clones. Valid while
     /// the events are not changed in place (nothing does).
     references: std::sync::Arc<crate::replay::loss::ReferenceMemo>,
+    /// The record views read of the session ([`crate::replay::record_view::record_view`]);
+    /// shared by its clones, valid while the events are not changed in place (nothing does).
+    record_views: std::sync::Arc<crate::replay::record_view::RecordViewMemo>,
     /// Each call's written time, read by the importer from the lines it parsed anyway
     /// ([`WrittenCallTimes`]); `None` for a session not imported from a transcript path.
     written_call_times: Option<std::sync::Arc<WrittenCallTimes>>,
@@ -307,6 +310,7 @@ impl ImportedSession {
             api_requests: Default::default(),
             chain: Chain::default(),
             references,
+            record_views: Default::default(),
             written_call_times: None,
         }
     }
@@ -320,6 +324,11 @@ impl ImportedSession {
     /// The references memoized per event of the session.
     pub(crate) fn reference_memo(&self) -> &crate::replay::loss::ReferenceMemo {
         &self.references
+    }
+
+    /// The record views memoized of the session.
+    pub(crate) fn record_view_memo(&self) -> &crate::replay::record_view::RecordViewMemo {
+        &self.record_views
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -1124,6 +1133,7 @@ fn finish(mut main: FileImporter, mut subagents: Vec<(SubagentInfo, FileImporter
         api_requests: api.into(),
         chain: Chain::new(chain),
         references,
+        record_views: Default::default(),
         written_call_times,
     }
 }

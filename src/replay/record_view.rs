@@ -522,8 +522,88 @@ pub struct RecordView {
 /// [`ReplayOptions::rerender_prompts`], `side_entries`, `recorded_requests`, `restore_files`,
 /// `recorded_microcompact`, `compaction_anchor`, the TTLs), messages measured by `measurer`'s
 /// token counter (its cache is not used).
+///
+/// A session's views are memoized ([`RecordViewMemo`]): a second read under the same knobs and
+/// a measurer that counts alike (the audit's break causes, then its workload's sizing) is the
+/// first one's copy.
 pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
-    read_record(session, measurer, options, false, &mut |_, _| {})
+    let key = ViewKey::of(measurer, options);
+    let memo = session.record_view_memo();
+    if let Some(view) = memo.get(&key) {
+        // (As the read would: a key space taken.)
+        measurer.new_key_space();
+        debug_assert!(view == read_record(session, &mut measurer.clone(), options, false, &mut |_, _| {}), "a memoized record view differs from a read of the record");
+        return view;
+    }
+    let view = read_record(session, measurer, options, false, &mut |_, _| {});
+    memo.insert(key, &view);
+    view
+}
+
+/// The record views read of one session, by what a read depends on ([`ViewKey`]); shared by the
+/// session's clones. Valid while its events are not changed in place (nothing does).
+#[derive(Debug, Default)]
+pub struct RecordViewMemo(std::sync::Mutex<Vec<(ViewKey, RecordView)>>);
+
+impl RecordViewMemo {
+    fn get(&self, key: &ViewKey) -> Option<RecordView> {
+        let views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        views.iter().find(|(known, _)| known == key).map(|(_, view)| view.clone())
+    }
+
+    fn insert(&self, key: ViewKey, view: &RecordView) {
+        let mut views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !views.iter().any(|(known, _)| *known == key) {
+            views.push((key, view.clone()));
+        }
+    }
+}
+
+/// What a [`record_view`] depends on beyond the session: the options that change the reading
+/// (the judgements of information loss, which it does not make, left out), and of the measurer
+/// what its token counts and flat requests rest on (the model table, the estimator and its
+/// calibration and shared counts, earlier thinking dropped, the billing block's key). Its caches
+/// and what it measured before change no count.
+#[derive(Debug, Clone)]
+struct ViewKey {
+    options: ReplayOptions,
+    table: crate::measure::ModelTable,
+    kind: EstimatorKind,
+    calibration: crate::measure::Calibration,
+    shared: Option<std::sync::Arc<SharedCounts>>,
+    prior_thinking_dropped: bool,
+    billing: crate::measure::blocks::BillingKey,
+}
+
+impl ViewKey {
+    fn of(measurer: &Measurer, options: &ReplayOptions) -> ViewKey {
+        ViewKey {
+            options: ReplayOptions { info_loss: false, compaction_losses: false, ..options.clone() },
+            table: measurer.table().clone(),
+            kind: measurer.counter().kind(),
+            calibration: measurer.counter().calibration().clone(),
+            shared: measurer.counter().shared().cloned(),
+            prior_thinking_dropped: measurer.prior_thinking_dropped(),
+            billing: measurer.flattener().billing_key(),
+        }
+    }
+}
+
+impl PartialEq for ViewKey {
+    fn eq(&self, other: &ViewKey) -> bool {
+        let same_shared = match (&self.shared, &other.shared) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_shared
+            && self.options == other.options
+            && self.kind == other.kind
+            && self.prior_thinking_dropped == other.prior_thinking_dropped
+            && self.billing == other.billing
+            && self.calibration == other.calibration
+            && self.table == other.table
+    }
 }
 
 /// [`record_view`] with every compared call's messages measured ([`CallView::message_tokens`]):
