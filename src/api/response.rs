@@ -135,7 +135,46 @@ impl Usage {
             },
         }
     }
+
+    /// The usage a JSON object holds, read field by field: what its `Deserialize` gives, without
+    /// the copy of every entry its flattened `extra` costs (a tenth of a transcript's import).
+    /// `Err` gives the object back, unchanged, where a known field is not what that parse takes
+    /// (its parse then names the failure).
+    pub fn from_object(object: Map<String, Value>) -> Result<Usage, Map<String, Value>> {
+        let count = |key: &str, null_as_zero: bool| match object.get(key) {
+            None => Some(0),
+            Some(Value::Null) if null_as_zero => Some(0),
+            Some(value) => value.as_u64(),
+        };
+        let (Some(input_tokens), Some(cache_creation_input_tokens), Some(cache_read_input_tokens), Some(output_tokens)) =
+            (count("input_tokens", false), count("cache_creation_input_tokens", true), count("cache_read_input_tokens", true), count("output_tokens", false))
+        else {
+            return Err(object);
+        };
+        let cache_creation = match object.get("cache_creation") {
+            None | Some(Value::Null) => None,
+            Some(value) => match CacheCreation::deserialize(value) {
+                Ok(split) => Some(split),
+                Err(_) => return Err(object),
+            },
+        };
+        #[cfg(debug_assertions)]
+        let parsed = Usage::deserialize(Value::Object(object.clone())).ok();
+        let extra: Map<String, Value> = object.into_iter().filter(|(key, _)| !USAGE_FIELDS.contains(&key.as_str())).collect();
+        let usage = Usage { input_tokens, cache_creation_input_tokens, cache_read_input_tokens, cache_creation, output_tokens, extra: extra.into() };
+        // (`extra`'s equality ignores its order; its text does not.)
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(
+            Some(serde_json::to_string(&usage).expect("a usage serializes")),
+            parsed.map(|parsed| serde_json::to_string(&parsed).expect("a usage serializes")),
+            "Usage::from_object differs from Usage's Deserialize"
+        );
+        Ok(usage)
+    }
 }
+
+/// The fields of [`Usage`] other than its flattened `extra`.
+const USAGE_FIELDS: [&str; 5] = ["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "cache_creation", "output_tokens"];
 
 fn null_as_zero<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
     Ok(Option::<u64>::deserialize(deserializer)?.unwrap_or(0))
@@ -147,4 +186,50 @@ pub struct CacheCreation {
     pub ephemeral_5m_input_tokens: u64,
     #[serde(default, deserialize_with = "null_as_zero")]
     pub ephemeral_1h_input_tokens: u64,
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use proptest::prelude::*;
+    use serde::Deserialize;
+    use serde_json::{Map, Value};
+
+    use super::Usage;
+
+    fn value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<u64>().prop_map(Value::from),
+            (-5i64..0).prop_map(Value::from),
+            Just(Value::from(2.5)),
+            Just(Value::from("7")),
+            (prop::option::of(0u64..9), prop::option::of(0u64..9)).prop_map(|(a, b)| {
+                let mut split = Map::new();
+                split.extend(a.map(|a| ("ephemeral_5m_input_tokens".to_owned(), Value::from(a))));
+                split.extend(b.map(|b| ("ephemeral_1h_input_tokens".to_owned(), Value::from(b))));
+                Value::Object(split)
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Field by field, a usage is what its `Deserialize` gives, `extra` in the same order;
+        /// an object it does not take comes back as it was.
+        #[test]
+        fn from_object_is_the_parse(fields in prop::collection::vec((prop_oneof![
+            Just("input_tokens"), Just("cache_creation_input_tokens"), Just("cache_read_input_tokens"),
+            Just("cache_creation"), Just("output_tokens"), Just("service_tier"), Just("iterations"), Just("z")
+        ], value()), 0..9)) {
+            let object: Map<String, Value> = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            let parsed = Usage::deserialize(Value::Object(object.clone())).ok();
+            match Usage::from_object(object.clone()) {
+                Ok(usage) => {
+                    let parsed = parsed.expect("the parse takes what the fields take");
+                    prop_assert_eq!(serde_json::to_string(&usage).unwrap(), serde_json::to_string(&parsed).unwrap());
+                    prop_assert_eq!(usage, parsed);
+                }
+                Err(back) => prop_assert_eq!(serde_json::to_string(&back).unwrap(), serde_json::to_string(&object).unwrap()),
+            }
+        }
+    }
 }

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::format::{
-    parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, RawLines, Recording,
+    parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, SliceLines, Recording,
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
@@ -148,6 +148,9 @@ pub struct ImportedSession {
     /// ([`crate::replay::loss::compaction_loss`]); shared by the session's clones. Valid while
     /// the events are not changed in place (nothing does).
     references: std::sync::Arc<crate::replay::loss::ReferenceMemo>,
+    /// The record views read of the session ([`crate::replay::record_view::record_view`]);
+    /// shared by its clones, valid while the events are not changed in place (nothing does).
+    record_views: std::sync::Arc<crate::replay::record_view::RecordViewMemo>,
     /// Each call's written time, read by the importer from the lines it parsed anyway
     /// ([`WrittenCallTimes`]); `None` for a session not imported from a transcript path.
     written_call_times: Option<std::sync::Arc<WrittenCallTimes>>,
@@ -307,6 +310,7 @@ impl ImportedSession {
             api_requests: Default::default(),
             chain: Chain::default(),
             references,
+            record_views: Default::default(),
             written_call_times: None,
         }
     }
@@ -320,6 +324,11 @@ impl ImportedSession {
     /// The references memoized per event of the session.
     pub(crate) fn reference_memo(&self) -> &crate::replay::loss::ReferenceMemo {
         &self.references
+    }
+
+    /// The record views memoized of the session.
+    pub(crate) fn record_view_memo(&self) -> &crate::replay::record_view::RecordViewMemo {
+        &self.record_views
     }
 
     /// Event indices (ascending) that made up the model's view at `call`, best effort:
@@ -1124,6 +1133,7 @@ fn finish(mut main: FileImporter, mut subagents: Vec<(SubagentInfo, FileImporter
         api_requests: api.into(),
         chain: Chain::new(chain),
         references,
+        record_views: Default::default(),
         written_call_times,
     }
 }
@@ -1285,33 +1295,32 @@ impl FileImporter {
         // A first line opening with a byte-order mark is no JSON to a read of the file for call
         // times.
         let bom = bytes.starts_with(crate::input::BOM);
-        for line in RawLines::new(bytes) {
-            let line = line.map_err(|source| ImportError::Read { file: self.file.clone(), source })?;
+        for line in SliceLines::new(bytes) {
             self.lines = line.number;
             if line.is_blank() {
                 continue;
             }
-            if bom && line.number == 1 && std::str::from_utf8(&line.bytes).is_err() {
+            if bom && line.number == 1 && std::str::from_utf8(line.bytes).is_err() {
                 // A read for call times stops at a line that is not UTF-8, this one too.
                 self.call_times_ended = true;
             }
             let times = !self.call_times_ended && !(bom && line.number == 1);
-            match parse_line::<Value>(&line.bytes) {
+            match parse_line::<Value>(line.bytes) {
                 Ok(Value::Object(record)) => {
                     if times {
-                        self.note_call_time(&record, &line.bytes);
+                        self.note_call_time(&record, line.bytes);
                     }
                     self.record(record, line.number)
                 }
                 Ok(other) => {
                     if times {
-                        self.note_call_time_of_line(&line.bytes);
+                        self.note_call_time_of_line(line.bytes);
                     }
                     self.warn(WarningKind::BadLine, line.number, None, format!("expected a JSON object, found {}", kind_of(&other)))
                 }
                 Err((path, message)) => {
                     if times {
-                        self.note_call_time_of_line(&line.bytes);
+                        self.note_call_time_of_line(line.bytes);
                     }
                     self.warn(line.failure_kind(), line.number, path, message)
                 }
@@ -1720,14 +1729,9 @@ impl FileImporter {
         };
         let usage = match usage {
             None | Some(Value::Null) => Usage::default(),
-            Some(value) => match serde_path_to_error::deserialize::<_, Usage>(value) {
-                Ok(usage) => usage,
-                Err(e) => {
-                    let path = format!("message.usage.{}", crate::input::json_path(e.path()));
-                    self.warn(WarningKind::BadLine, line, Some(path), format!("{}; usage taken as zero", e.into_inner()));
-                    Usage::default()
-                }
-            },
+            // Field by field where it can be; the parse that names the failure otherwise.
+            Some(Value::Object(object)) => Usage::from_object(object).unwrap_or_else(|object| self.parse_usage(Value::Object(object), line)),
+            Some(other) => self.parse_usage(other, line),
         };
         let stop_reason = match stop_reason {
             None | Some(Value::Null) => None,
@@ -1786,6 +1790,16 @@ impl FileImporter {
             self.reply_index.insert(id, index);
         }
         None
+    }
+
+    /// `message.usage` as its `Deserialize` takes it; a failure is warned about, with the path
+    /// of the field, and taken as zero.
+    fn parse_usage(&mut self, value: Value, line: usize) -> Usage {
+        serde_path_to_error::deserialize::<_, Usage>(value).unwrap_or_else(|e| {
+            let path = format!("message.usage.{}", crate::input::json_path(e.path()));
+            self.warn(WarningKind::BadLine, line, Some(path), format!("{}; usage taken as zero", e.into_inner()));
+            Usage::default()
+        })
     }
 
     fn system(&mut self, mut record: Map<String, Value>, subtype: &str, time_ms: i64, lane: &str, uuid: Option<&str>) {

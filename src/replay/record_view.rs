@@ -522,8 +522,130 @@ pub struct RecordView {
 /// [`ReplayOptions::rerender_prompts`], `side_entries`, `recorded_requests`, `restore_files`,
 /// `recorded_microcompact`, `compaction_anchor`, the TTLs), messages measured by `measurer`'s
 /// token counter (its cache is not used).
+///
+/// A session's views are memoized ([`RecordViewMemo`]): a second read under the same knobs and
+/// a measurer that counts alike (the audit's break causes, then its workload's sizing) is the
+/// first one's copy.
 pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
-    read_record(session, measurer, options, false, &mut |_, _| {})
+    let key = ViewKey::of(session, measurer, options);
+    let memo = session.record_view_memo();
+    if let Some(view) = memo.get(&key, session) {
+        // (As the read would: a key space taken.)
+        measurer.new_key_space();
+        debug_assert!(view == read_record(session, &mut measurer.clone(), options, false, &mut |_, _| {}), "a memoized record view differs from a read of the record");
+        return view;
+    }
+    let view = read_record(session, measurer, options, false, &mut |_, _| {});
+    memo.insert(key, &view, session);
+    view
+}
+
+/// The record views read of one session, by what a read depends on ([`ViewKey`]); shared by the
+/// session's clones. Valid while its events are not changed in place (nothing does).
+#[derive(Debug, Default)]
+pub struct RecordViewMemo(std::sync::Mutex<Vec<(ViewKey, RecordView)>>);
+
+impl RecordViewMemo {
+    fn get(&self, key: &ViewKey, session: &ImportedSession) -> Option<RecordView> {
+        let views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        views.iter().find(|(known, _)| known.matches(key, session)).map(|(_, view)| view.clone())
+    }
+
+    fn insert(&self, key: ViewKey, view: &RecordView, session: &ImportedSession) {
+        let mut views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A view of the session as it was no longer serves.
+        views.retain(|(known, _)| known.read_from.is(session));
+        if !views.iter().any(|(known, _)| known.same_settings(&key)) {
+            views.push((key, view.clone()));
+        }
+    }
+}
+
+/// What of the session a view was read from: its fields are public, so a caller may change
+/// them after a read (a test sets every call's version). The events are held (each by
+/// reference count: a change of one held here copies it first, so the same pointers are the
+/// same events), the calls and the header compared, the wire requests held.
+#[derive(Debug, Clone)]
+struct ReadFrom {
+    header: crate::recording::Header,
+    events: crate::recording::format::Events,
+    calls: Vec<RecordedCall>,
+    api_requests: std::sync::Arc<crate::recording::api_requests::ApiRequests>,
+}
+
+impl ReadFrom {
+    fn of(session: &ImportedSession) -> ReadFrom {
+        ReadFrom {
+            header: session.recording.header.clone(),
+            events: session.recording.events.clone(),
+            calls: session.calls.clone(),
+            api_requests: session.api_requests.clone(),
+        }
+    }
+
+    fn is(&self, session: &ImportedSession) -> bool {
+        let events = &session.recording.events;
+        std::sync::Arc::ptr_eq(&self.api_requests, &session.api_requests)
+            && self.events.len() == events.len()
+            && (0..events.len()).all(|i| std::sync::Arc::ptr_eq(self.events.shared(i), events.shared(i)))
+            && self.header == session.recording.header
+            && self.calls == session.calls
+    }
+}
+
+/// What a [`record_view`] depends on: the session as it was read ([`ReadFrom`]), the options that change the reading
+/// (the judgements of information loss, which it does not make, left out), and of the measurer
+/// what its token counts and flat requests rest on (the model table, the estimator and its
+/// calibration and shared counts, earlier thinking dropped, the billing block's key). Its caches
+/// and what it measured before change no count.
+#[derive(Debug, Clone)]
+struct ViewKey {
+    read_from: ReadFrom,
+    options: ReplayOptions,
+    table: crate::measure::ModelTable,
+    kind: EstimatorKind,
+    calibration: crate::measure::Calibration,
+    shared: Option<std::sync::Arc<SharedCounts>>,
+    prior_thinking_dropped: bool,
+    billing: crate::measure::blocks::BillingKey,
+}
+
+impl ViewKey {
+    fn of(session: &ImportedSession, measurer: &Measurer, options: &ReplayOptions) -> ViewKey {
+        ViewKey {
+            read_from: ReadFrom::of(session),
+            options: ReplayOptions { info_loss: false, compaction_losses: false, ..options.clone() },
+            table: measurer.table().clone(),
+            kind: measurer.counter().kind(),
+            calibration: measurer.counter().calibration().clone(),
+            shared: measurer.counter().shared().cloned(),
+            prior_thinking_dropped: measurer.prior_thinking_dropped(),
+            billing: measurer.flattener().billing_key(),
+        }
+    }
+}
+
+impl ViewKey {
+    /// Whether a view read under `self` is the one `key` (made of `session`) asks for: the
+    /// same settings, of the session as it was.
+    fn matches(&self, key: &ViewKey, session: &ImportedSession) -> bool {
+        self.same_settings(key) && self.read_from.is(session)
+    }
+
+    fn same_settings(&self, other: &ViewKey) -> bool {
+        let same_shared = match (&self.shared, &other.shared) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_shared
+            && self.options == other.options
+            && self.kind == other.kind
+            && self.prior_thinking_dropped == other.prior_thinking_dropped
+            && self.billing == other.billing
+            && self.calibration == other.calibration
+            && self.table == other.table
+    }
 }
 
 /// [`record_view`] with every compared call's messages measured ([`CallView::message_tokens`]):

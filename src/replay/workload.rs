@@ -304,7 +304,7 @@ fn workload_with(
 
     let flush = |script: &mut Vec<Value>, pending: &mut Map<String, Value>| {
         if !pending.is_empty() {
-            script.push(json!({ "tool_output": Value::Object(std::mem::take(pending)) }));
+            script.push(entry("tool_output", Value::Object(std::mem::take(pending))));
         }
     };
 
@@ -353,7 +353,7 @@ fn workload_with(
                         attachment["skill"] = Value::String(name);
                         report.invoked_commands += 1;
                     }
-                    script.push(json!({ "attachment": attachment }));
+                    script.push(entry("attachment", attachment));
                     report.meta_prompts += 1;
                     continue;
                 }
@@ -473,7 +473,7 @@ fn workload_with(
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                     && let Some(content) = files.content_of(path)
                 {
-                    output["file"] = json!({ "path": path, "content": content });
+                    output["file"] = object([("path", Value::String(path.to_owned())), ("content", Value::String(content))]);
                     report.files_shown += 1;
                 }
                 if subagents.drives_call(&result.tool_use_id) {
@@ -630,14 +630,26 @@ fn workload_with(
         world.insert("clock_start".into(), Value::String(start));
     }
     let name = recording.header.session_id.clone().unwrap_or_else(|| file.to_owned());
-    let document = json!({
-        "name": name,
-        "description": format!("The recorded session {file} as a workload for the agent (ctxsim import --to scenario)."),
-        "world": Value::Object(world),
-        "script": script,
-    });
+    // (Built by moves: `json!` copies a value it is given by serializing it.)
+    let mut document = Map::new();
+    document.insert("name".into(), Value::String(name));
+    document.insert("description".into(), Value::String(format!("The recorded session {file} as a workload for the agent (ctxsim import --to scenario).")));
+    document.insert("world".into(), Value::Object(world));
+    document.insert("script".into(), Value::Array(script));
+    let document = Value::Object(document);
     let scenario = crate::scenario::parse_scenario_document(&document, file)?;
     Ok(Workload { scenario, document, main_calls, subagent_calls, report, record_events: None })
+}
+
+/// The object `{key: value}`, `value` moved in (`json!` copies a value it is given by
+/// serializing it).
+pub(super) fn entry(key: &str, value: Value) -> Value {
+    object([(key, value)])
+}
+
+/// The object of `entries`, in their order, their values moved in.
+fn object<const N: usize>(entries: [(&str, Value); N]) -> Value {
+    Value::Object(entries.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
 }
 
 /// A recorded `cwd` as the workload's `world.cwd`: [`crate::agent::skills::msys_path`]'s
@@ -695,7 +707,8 @@ fn reply_step(
             ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
             ContentBlock::ToolUse { id, name, input, .. } => {
                 called.insert(id.clone(), (name.clone(), input.clone()));
-                blocks.push(json!({ "tool_use": { "id": id, "name": name, "input": input } }));
+                let tool_use = object([("id", Value::String(id.clone())), ("name", Value::String(name.clone())), ("input", input.clone())]);
+                blocks.push(entry("tool_use", tool_use));
             }
             _ => *report.left_to_agent.entry("other_reply_block".to_owned()).or_default() += 1,
         }

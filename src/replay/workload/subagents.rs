@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::api::ContentBlock;
 use crate::recording::format::LANE_MAIN;
@@ -240,7 +240,7 @@ impl Subagents {
                     }
                 }
                 if !outputs.is_empty() {
-                    steps.push(json!({ "tool_output": Value::Object(outputs) }));
+                    steps.push(super::entry("tool_output", Value::Object(outputs)));
                 }
             }
         }
