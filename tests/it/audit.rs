@@ -342,6 +342,21 @@ fn audit_runs_its_what_ifs_through_the_agent_by_default() {
     assert!(csv.lines().nth(1).unwrap().contains(",agent,"), "{csv}");
 }
 
+/// The audit's presets of one session (JSON, chars4, results not cached).
+fn audit_presets(file: &std::path::Path) -> Vec<Value> {
+    let out = ctxsim(&["audit", file.to_str().unwrap(), "--estimator", "chars4", "--json", "--no-result-cache", "--no-progress"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
+    audit["sessions"][0]["presets"].as_array().unwrap().clone()
+}
+
+/// `compare`'s JSON of one session under `strategies` (chars4).
+fn compare_json(file: &std::path::Path, strategies: &str) -> Value {
+    let out = ctxsim(&["compare", file.to_str().unwrap(), "--strategies", strategies, "--estimator", "chars4", "--format", "json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A preset run on its own stops once it has taken more tokens from the model's view than the
 /// run as recorded did over the whole session (the count only grows: it can no longer be the
 /// cheapest preset at no more loss): the audit says from which call and by how much, and the
@@ -349,12 +364,8 @@ fn audit_runs_its_what_ifs_through_the_agent_by_default() {
 /// than the run as recorded, by at least as many as when it stopped.
 #[test]
 fn audit_stops_a_preset_out_of_the_running_with_its_full_runs_verdict() {
-    let dir = transcripts();
-    let file = dir.join("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
-    let out = ctxsim(&["audit", file.to_str().unwrap(), "--estimator", "chars4", "--json", "--no-result-cache", "--no-progress"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let presets = audit["sessions"][0]["presets"].as_array().unwrap();
+    let file = transcripts().join("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let presets = audit_presets(&file);
     let editing = presets.iter().find(|p| p["name"] == "preset=context-editing").unwrap();
     let why = editing["excluded"].as_str().unwrap();
     // "out of the running from call C: by then it had taken T tokens ..., more than the run as
@@ -362,9 +373,7 @@ fn audit_stops_a_preset_out_of_the_running_with_its_full_runs_verdict() {
     let number_after = |marker: &str| -> u64 { why.split(marker).nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap() };
     let (call, taken, bound) = (number_after("from call "), number_after("it had taken "), number_after("over the whole session ("));
     assert!(taken > bound && call >= editing["diverges_from"].as_u64().unwrap(), "{why}");
-    let out = ctxsim(&["compare", file.to_str().unwrap(), "--strategies", "default,context-editing", "--estimator", "chars4", "--format", "json"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let compare: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let compare = compare_json(&file, "default,context-editing");
     let dropped = |strategy: &str| compare.as_array().unwrap().iter().find(|e| e["strategy"] == strategy).unwrap()["summary"]["info_loss"]["tokens_dropped"].as_u64().unwrap();
     assert_eq!(dropped("claude-code"), bound, "the bound is the run as recorded's whole drop");
     assert!(dropped("context-editing") >= taken, "{why}: the full run drops {}", dropped("context-editing"));
@@ -375,15 +384,9 @@ fn audit_stops_a_preset_out_of_the_running_with_its_full_runs_verdict() {
 /// its end; the full run (`compare`) agrees: it refuses more requests than the run as recorded.
 #[test]
 fn audit_stops_a_peer_branch_out_of_the_running_after_the_run_as_recorded() {
-    let dir = transcripts();
-    let file = dir.join("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
-    let out = ctxsim(&["audit", file.to_str().unwrap(), "--estimator", "chars4", "--json", "--no-result-cache", "--no-progress"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let presets = audit["sessions"][0]["presets"].as_array().unwrap();
-    let out = ctxsim(&["compare", file.to_str().unwrap(), "--strategies", "default,codex,cline", "--estimator", "chars4", "--format", "json"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let compare: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let file = transcripts().join("entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let presets = audit_presets(&file);
+    let compare = compare_json(&file, "default,codex,cline");
     let blocked = |strategy: &str| compare.as_array().unwrap().iter().find(|e| e["strategy"] == strategy).unwrap()["summary"]["blocked"].as_u64().unwrap();
     assert_eq!(blocked("claude-code"), 0);
     for name in ["codex", "cline"] {
