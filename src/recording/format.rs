@@ -460,22 +460,27 @@ impl<R: BufRead> Iterator for RawLines<R> {
             Ok(0) => None,
             Ok(_) => {
                 self.number += 1;
-                // A byte-order mark opens the file, not its first record.
-                if self.number == 1 && bytes.starts_with(crate::input::BOM) {
-                    bytes.drain(..crate::input::BOM.len());
-                }
-                let terminated = bytes.last() == Some(&b'\n');
-                if terminated {
-                    bytes.pop();
-                    if bytes.last() == Some(&b'\r') {
-                        bytes.pop();
-                    }
-                }
+                let (body, terminated) = line_body(&bytes, self.number);
+                bytes.truncate(body.end);
+                bytes.drain(..body.start);
                 Some(Ok(RawLine { number: self.number, bytes, terminated }))
             }
             Err(e) => Some(Err(e)),
         }
     }
+}
+
+/// Where the record of line `number` lies in the line as read (its terminator included, if
+/// any), and whether it was terminated: without its `\n` or `\r\n`, and on the first line
+/// without a byte-order mark (it opens the file, not its first record). One rule for
+/// [`RawLines`] and [`SliceLines`].
+fn line_body(line: &[u8], number: usize) -> (std::ops::Range<usize>, bool) {
+    let start = if number == 1 && line.starts_with(crate::input::BOM) { crate::input::BOM.len() } else { 0 };
+    let (end, terminated) = match line.strip_suffix(b"\n") {
+        Some(rest) => (rest.strip_suffix(b"\r").unwrap_or(rest).len(), true),
+        None => (line.len(), false),
+    };
+    (start..end.max(start), terminated)
 }
 
 /// The lines of input held whole, as slices of it: [`RawLines`]' lines (the same numbers,
@@ -504,16 +509,9 @@ impl<'a> Iterator for SliceLines<'a> {
         }
         let line = &self.rest[..length];
         self.rest = reader;
-        let (mut bytes, terminated) = match line.strip_suffix(b"\n") {
-            Some(line) => (line.strip_suffix(b"\r").unwrap_or(line), true),
-            None => (line, false),
-        };
         self.number += 1;
-        // A byte-order mark opens the file, not its first record.
-        if self.number == 1 {
-            bytes = bytes.strip_prefix(crate::input::BOM).unwrap_or(bytes);
-        }
-        Some(RawLine { number: self.number, bytes, terminated })
+        let (body, terminated) = line_body(line, self.number);
+        Some(RawLine { number: self.number, bytes: &line[body], terminated })
     }
 }
 
