@@ -27,6 +27,9 @@ use crate::agent::session::{ForkAnswer, ModelCalls, Recovery, Session, SideCall}
 use crate::api::StopReason;
 use crate::strategy::Strategy;
 
+mod mirror;
+pub use mirror::Mirror;
+
 /// Everything a run produced.
 #[derive(Debug, Clone)]
 pub struct RunOutput {
@@ -145,6 +148,9 @@ pub struct MainCall<'a> {
     pub new_turn: bool,
     /// A compaction came before it (since the previous main request).
     pub compacted: bool,
+    /// Where given, the TTL every cache marker of `request` is sent with instead of its own:
+    /// the request as a [`Mirror`] of the run sends it.
+    pub markers_ttl: Option<Option<crate::api::CacheTtl>>,
 }
 
 /// What a run does with each request body once it is measured.
@@ -337,6 +343,8 @@ pub struct RunState<'o> {
     stop: Option<StopRule>,
     /// The plan deciding replies as the run goes ([`RunState::set_reply_plan`]).
     reply_plan: Option<Box<dyn ReplyPlan>>,
+    /// Strategies measured beside the run ([`RunState::add_mirror`]).
+    mirrors: Vec<Mirror>,
 }
 
 impl<'o> RunState<'o> {
@@ -378,6 +386,7 @@ impl<'o> RunState<'o> {
             compacted: false,
             stop: None,
             reply_plan: None,
+            mirrors: Vec::new(),
         })
     }
 
@@ -510,7 +519,21 @@ impl<'o> RunState<'o> {
             compacted: self.compacted,
             stop: self.stop,
             reply_plan: self.reply_plan.as_ref().map(|p| p.clone_box()),
+            // (A copy goes on as its own run: the mirrors follow this one.)
+            mirrors: Vec::new(),
         }
+    }
+
+    /// Measures `mirror` beside this run from the next step on: every request the run measures
+    /// from here is measured on the mirror too ([`Mirror`]). A mirror added before the first
+    /// step measures the whole run.
+    pub fn add_mirror(&mut self, mirror: Mirror) {
+        self.mirrors.push(mirror);
+    }
+
+    /// The mirrors added ([`RunState::add_mirror`]), as they measured the run so far.
+    pub fn take_mirrors(&mut self) -> Vec<Mirror> {
+        std::mem::take(&mut self.mirrors)
     }
 
     /// The run's output once every step has run.
@@ -531,7 +554,7 @@ impl<'o> RunState<'o> {
         let i = self.next;
         let Some(step) = scenario.script.get(i) else { return Ok(()) };
         self.next += 1;
-        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, main_stamp, reply_plan, .. } = self;
+        let RunState { world, agent, out, turn, pending_events, blocked, surfaced, pinned_edits, recovery, pending_stages, checks, client, media, prompted, compacted, main_stamp, reply_plan, mirrors, .. } = self;
         let err = |step: usize, message: String| RunError::Script { file: scenario.file.clone(), step, message };
         let mut note_check = |run: &crate::agent::session::ChainRun| {
             if let Some(counted) = run.autocompact_checked {
@@ -547,7 +570,7 @@ impl<'o> RunState<'o> {
                 // The relevant-memory prefetch's selection request, when the gate is on.
                 agent.prefetch_relevant_memories(text, world);
                 // Side requests of the turn's start: prompt/agent hooks, the memory selection.
-                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, mirrors, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
             }
             Step::Assistant(reply_step) if reply_step.lane == "main" => {
                 let mut reply = None;
@@ -556,7 +579,7 @@ impl<'o> RunState<'o> {
                     // The long-context chain runs first; its compaction forks are measured on
                     // their own lane before the main request.
                     let chain_run = {
-                        let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                        let mut calls = MeasuredCalls { measurer: &mut *measurer, mirrors: &mut *mirrors, out: &mut *out, turn: *turn };
                         agent.run_chain(chain, world, &mut calls).map_err(|e| err(i, e))?
                     };
                     note_check(&chain_run);
@@ -614,12 +637,15 @@ impl<'o> RunState<'o> {
                         input.stages.extend(chain_run.reports);
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
+                        for mirror in mirrors.iter_mut() {
+                            mirror.measure_refused(&input, &served);
+                        }
                         let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                         if let Some(request) = out.push_shared(row, request, stamp, hint) {
                             agent.give_back_messages(request.messages, changed_from);
                         }
                         let recovery_outcome = {
-                            let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                            let mut calls = MeasuredCalls { measurer: &mut *measurer, mirrors: &mut *mirrors, out: &mut *out, turn: *turn };
                             agent.recover_prompt_too_long(chain, world, &mut calls, recovery, &error).map_err(|e| err(i, e))?
                         };
                         match recovery_outcome {
@@ -660,10 +686,14 @@ impl<'o> RunState<'o> {
                             }
                         }
                     }
+                    // The mirrors' events before their own rules' are the run's before its rules'.
+                    let mirror_events = (!mirrors.is_empty()).then(|| pending_events.clone());
+                    let main_call = || MainCall { request: &request, time_ms: world.clock.now_ms(), reply: world.model.consumed("main"), new_turn: *prompted, compacted: *compacted, markers_ttl: None };
+                    for mirror in mirrors.iter_mut() {
+                        mirror.before_main(main_call(), &served);
+                    }
                     if let Some(client) = client.as_deref_mut() {
-                        let reply = world.model.consumed("main");
-                        let call = MainCall { request: &request, time_ms: world.clock.now_ms(), reply, new_turn: *prompted, compacted: *compacted };
-                        pending_events.extend(client.before_main(call, &mut served.flat, measurer));
+                        pending_events.extend(client.before_main(main_call(), &mut served.flat, measurer));
                     }
                     (*prompted, *compacted) = (false, false);
                     let mut this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
@@ -678,9 +708,16 @@ impl<'o> RunState<'o> {
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
+                    let mirror_input = mirror_events.map(|events| MeasureInput { events, ..input.clone() });
                     let mut row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     if let Some(plan) = reply_plan.as_deref_mut() {
                         plan.main_reply(&mut row, &mut this_reply, &mut world.model);
+                    }
+                    if let Some(input) = mirror_input {
+                        let usage_of = |row: &RequestMetrics| crate::agent::compact::counting::usage_total(&reported_usage(&this_reply, row));
+                        for mirror in mirrors.iter_mut() {
+                            mirror.main_row(input.clone(), &row, usage_of);
+                        }
                     }
                     if let Some(client) = client.as_deref_mut() {
                         client.after_main(&row);
@@ -699,9 +736,9 @@ impl<'o> RunState<'o> {
                 let Some((reply, usage, message_id)) = reply else { return Ok(()) };
                 // Events of the reply's tools are kept by the session for the next request. An
                 // Agent call runs its subagent here, each of its requests measured on its lane.
-                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, mirrors: &mut *mirrors, out: &mut *out, turn: *turn };
                 agent.apply_reply(&reply, world, &mut calls).map_err(|e| err(i, e))?;
-                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, mirrors, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
                 agent.note_usage(usage, message_id, world.clock.now_ms());
                 if reply.stop_reason == StopReason::MaxTokens {
                     // max_output_tokens recovery: the partial reply stays, a meta message asks
@@ -717,7 +754,7 @@ impl<'o> RunState<'o> {
                     recovery.next_turn();
                 }
                 // Session memory is extracted after sampling, on its own lane.
-                let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                let mut calls = MeasuredCalls { measurer: &mut *measurer, mirrors: &mut *mirrors, out: &mut *out, turn: *turn };
                 agent.extract_session_memory(world, &mut calls).map_err(|e| err(i, e))?;
             }
             Step::Assistant(_) => {}
@@ -736,11 +773,11 @@ impl<'o> RunState<'o> {
             | Step::Git(_) => apply_world_step(step, agent, world, pending_events).map_err(|e| err(i, e))?,
             Step::Clear => {
                 agent.clear(world);
-                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, mirrors, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
             }
             Step::Compact => {
                 let run = {
-                    let mut calls = MeasuredCalls { measurer: &mut *measurer, out: &mut *out, turn: *turn };
+                    let mut calls = MeasuredCalls { measurer: &mut *measurer, mirrors: &mut *mirrors, out: &mut *out, turn: *turn };
                     agent.manual_compact(chain, world, &mut calls).map_err(|e| err(i, e))?
                 };
                 *compacted |= run.compacted;
@@ -750,7 +787,7 @@ impl<'o> RunState<'o> {
             }
             Step::Resume => {
                 agent.resume(world);
-                measure_side_calls(measurer, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
+                measure_side_calls(measurer, mirrors, world, agent.take_side_calls(), *turn, out).map_err(|e| err(i, e))?;
             }
             Step::ModelSwitch { model } => {
                 world.model_id = model.clone();
@@ -778,6 +815,7 @@ fn reported_usage(reply: &Reply, row: &RequestMetrics) -> Usage {
 /// time, answered by the lane's next scripted reply, the clock moved on by its latency.
 struct MeasuredCalls<'a, 'o> {
     measurer: &'a mut Measurer,
+    mirrors: &'a mut [Mirror],
     out: &'a mut Collected<'o>,
     turn: u32,
 }
@@ -785,10 +823,13 @@ struct MeasuredCalls<'a, 'o> {
 impl ModelCalls for MeasuredCalls<'_, '_> {
     fn lane_started(&mut self, lane: &str) {
         self.measurer.restart_lane(lane);
+        for mirror in self.mirrors.iter_mut() {
+            mirror.restart_lane(lane);
+        }
     }
 
     fn side(&mut self, calls: Vec<SideCall>, world: &mut World) -> Result<(), String> {
-        measure_side_calls(self.measurer, world, calls, self.turn, self.out)
+        measure_side_calls(self.measurer, self.mirrors, world, calls, self.turn, self.out)
     }
 
     fn call(&mut self, lane: &str, request: Request, events: Vec<String>, world: &mut World) -> Result<(Reply, Usage), String> {
@@ -799,15 +840,15 @@ impl ModelCalls for MeasuredCalls<'_, '_> {
         input.output_tokens = reply.output_tokens;
         input.first_token_ms = reply.latency.map_or(0, |l| l.first_token_ms);
         input.recorded_usage = reply.usage.clone().filter(|u| *u != Usage::default());
-        let row = self.measurer.measure(input).map_err(|e| e.to_string())?;
+        let row = measure_mirrored(self.measurer, self.mirrors, input).map_err(|e| e.to_string())?;
         let usage = reported_usage(&reply, &row);
         self.out.push(row, request);
         world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
         Ok((reply, usage))
     }
 
-    fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let (row, answer) = measure_fork(self.measurer, lane, &request, events, window, fallback, world, self.turn)?;
+    fn fork(&mut self, lane: &str, thread: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
+        let (row, answer) = measure_fork(self.measurer, (self.mirrors, thread), lane, &request, events, window, fallback, world, self.turn)?;
         self.out.push(row, request);
         Ok(answer)
     }
@@ -819,6 +860,7 @@ impl ModelCalls for MeasuredCalls<'_, '_> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn measure_fork(
     measurer: &mut Measurer,
+    (mirrors, thread): (&mut [Mirror], &str),
     lane: &str,
     request: &Request,
     events: Vec<String>,
@@ -844,6 +886,9 @@ pub(crate) fn measure_fork(
             ForkAnswer::Answered(reply)
         }
     };
+    for mirror in mirrors.iter_mut() {
+        mirror.measure_fork(&input, &served, thread);
+    }
     let row = measurer.measure_served(input, served).map_err(|e| e.to_string())?;
     if let ForkAnswer::Answered(reply) = &answer {
         world.clock.advance(reply.latency.map_or(0, |l| l.total_ms));
@@ -851,10 +896,24 @@ pub(crate) fn measure_fork(
     Ok((row, answer))
 }
 
+/// [`Measurer::measure`] of a request of another lane than the main one, measured as sent on
+/// every mirror too.
+fn measure_mirrored(measurer: &mut Measurer, mirrors: &mut [Mirror], input: MeasureInput<'_>) -> Result<RequestMetrics, crate::measure::UnknownModel> {
+    if mirrors.is_empty() {
+        return measurer.measure(input);
+    }
+    let served = measurer.serve(input.body)?;
+    for mirror in mirrors.iter_mut() {
+        mirror.measure_as_sent(&input, &served);
+    }
+    measurer.measure_served(input, served)
+}
+
 /// Measures the side calls (compaction and session-memory forks, memory selection) in order,
 /// advancing the clock by each blocking reply's latency.
 fn measure_side_calls(
     measurer: &mut Measurer,
+    mirrors: &mut [Mirror],
     world: &mut World,
     side_calls: Vec<SideCall>,
     turn: u32,
@@ -865,12 +924,15 @@ fn measure_side_calls(
             // A prefetch's side query is a conversation of its own, not a continuation of the
             // previous one on its lane.
             measurer.restart_lane(&call.lane);
+            for mirror in mirrors.iter_mut() {
+                mirror.restart_lane(&call.lane);
+            }
         }
         let mut input = MeasureInput::new(&call.lane, call.time_ms, &call.request);
         input.turn = turn;
         input.output_tokens = call.reply.output_tokens;
         input.first_token_ms = call.reply.latency.map_or(0, |l| l.first_token_ms);
-        let row = measurer.measure(input).map_err(|e| e.to_string())?;
+        let row = measure_mirrored(measurer, mirrors, input).map_err(|e| e.to_string())?;
         out.push(row, call.request);
         if !call.concurrent {
             world.clock.advance(call.reply.latency.map_or(0, |l| l.total_ms));

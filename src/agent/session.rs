@@ -215,7 +215,7 @@ pub struct Session {
 
 #[path = "session_chain.rs"]
 mod chain_glue;
-pub use chain_glue::{ChainRun, ForkAnswer, RecordMeta, Recovery, SideCall, ThresholdWorld};
+pub use chain_glue::{ChainRun, ForkAnswer, RecordMeta, Recovery, SideCall, ThresholdWorld, fork_prefix_ttl};
 
 #[path = "session_subagent.rs"]
 mod subagent_glue;

@@ -691,7 +691,7 @@ impl Session {
                 std::mem::take(&mut output.events).into_iter().partition(|e| e.starts_with("truncation:"));
             output.events = main_events;
             let fallback = Reply::text(synthetic_summary(self.strategy.compact.autocompact.synthetic_summary_tokens));
-            pending_reply = Some(match api.fork("compact", fork, fork_events, limits.context_window, fallback, world)? {
+            pending_reply = Some(match api.fork("compact", &self.lane(), fork, fork_events, limits.context_window, fallback, world)? {
                 ForkAnswer::Refused(error) => CompactionReply::Refused(error),
                 ForkAnswer::Answered(reply) => {
                     summary_text = reply_text(&reply);
@@ -772,7 +772,7 @@ impl Session {
         let fork = self.fork_request(world, instruction, ForkMarker::Last, "session_memory");
         let extraction = self.chain_state.session_memory.extractions + 1;
         let fallback = Reply::text(synthetic_notes(extraction, &entries));
-        let ForkAnswer::Answered(reply) = api.fork("session_memory", fork, Vec::new(), limits.context_window, fallback, world)? else {
+        let ForkAnswer::Answered(reply) = api.fork("session_memory", &self.lane(), fork, Vec::new(), limits.context_window, fallback, world)? else {
             return Ok(false);
         };
         let notes = reply_text(&reply);
@@ -829,17 +829,30 @@ impl Session {
             ForkMarker::Last => request.messages.len().checked_sub(1),
         };
         let marker = self.marker_for(lane);
-        // The client gives every marker of a request its query source's TTL. A fork written at
-        // 1h beside a main lane at 5m sends its system and tool markers at 1h too: kept at 5m they
-        // would stand before its 1h message marker, which the API rejects ("1h entries must come
-        // first"). (A fork at 5m beside a main lane at 1h keeps the main lane's system markers,
-        // a valid order: moving them would change every run of a 1h session that compacts, and
-        // is left until its effect on the fit is measured.)
-        if let Some(ttl @ CacheTtl::OneHour) = marker.as_ref().and_then(|m| m.ttl) {
+        // (The request was built as the thread's own: its prefix markers at the thread's TTL.)
+        let thread_ttl = self.strategy.ttl_for(&self.lane());
+        if let Some(marker) = &marker
+            && let Some(ttl) = fork_prefix_ttl(thread_ttl, marker.ttl).filter(|&ttl| Some(ttl) != thread_ttl)
+        {
             retime_prefix_markers(&mut request, ttl);
         }
         place_marker(&mut request.messages, index, marker);
         request
+    }
+}
+
+/// The TTL of a fork request's system and tool markers ([`Session::fork_request`]), of a thread
+/// whose requests time their markers at `thread` and a fork whose own (message) marker is at
+/// `fork` (`None`: 5 minutes). The client gives every marker of a request its query source's
+/// TTL. A fork written at 1h beside a main lane at 5m sends its system and tool markers at 1h
+/// too: kept at 5m they would stand before its 1h message marker, which the API rejects ("1h
+/// entries must come first"). (A fork at 5m beside a main lane at 1h keeps the main lane's
+/// system markers, a valid order: moving them would change every run of a 1h session that
+/// compacts, and is left until its effect on the fit is measured.)
+pub fn fork_prefix_ttl(thread: Option<CacheTtl>, fork: Option<CacheTtl>) -> Option<CacheTtl> {
+    match fork {
+        Some(CacheTtl::OneHour) => fork,
+        _ => thread,
     }
 }
 

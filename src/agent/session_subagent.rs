@@ -60,7 +60,10 @@ pub trait ModelCalls {
     /// `window` or carries an oversized image (an error row; no reply is used and the clock
     /// stays); otherwise the lane's next scripted reply answers it, else `fallback`, and the
     /// clock moves on by the reply's latency.
-    fn fork(&mut self, lane: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<super::ForkAnswer, String>;
+    /// `thread` is the lane of the thread the fork copies: its request was built as that
+    /// thread's, its system and tool markers at that lane's TTL ([`super::fork_prefix_ttl`]).
+    #[allow(clippy::too_many_arguments)]
+    fn fork(&mut self, lane: &str, thread: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<super::ForkAnswer, String>;
 }
 
 /// Which thread a session is.

@@ -160,6 +160,29 @@ impl FlatRequest {
         self.blocks.get(at).filter(|b| b.path.region == Region::Messages && b.path.index == index).map(|_| at)
     }
 
+    /// Sends every marker with `ttl` (`None`: 5 minutes, no `ttl` sent): the request as a
+    /// client that times its markers otherwise sends it. No hash changes (a marker is an
+    /// address for the server, not prompt content).
+    pub fn set_markers_ttl(&mut self, ttl: Option<crate::api::CacheTtl>) {
+        self.set_markers_ttl_where(ttl, |_| true);
+    }
+
+    /// [`Self::set_markers_ttl`] of the markers of the blocks `which` holds.
+    pub fn set_markers_ttl_where(&mut self, ttl: Option<crate::api::CacheTtl>, which: impl Fn(&PromptBlock) -> bool) {
+        let stale = |b: &PromptBlock| which(b) && b.cache_control.as_ref().is_some_and(|c| c.ttl != ttl);
+        if !self.markers.iter().any(|&i| stale(&self.blocks[i])) {
+            return;
+        }
+        let blocks = Arc::make_mut(&mut self.blocks);
+        for &i in &self.markers {
+            if stale(&blocks[i])
+                && let Some(marker) = blocks[i].cache_control.as_mut()
+            {
+                marker.ttl = ttl;
+            }
+        }
+    }
+
     /// Gives the blocks of each salted message (per message index, the salt mixed into its
     /// blocks' hashes; salts of one index compose) other cache identities with the same tokens,
     /// and carries the change into every later prefix hash. The salts replace those the blocks

@@ -196,6 +196,11 @@ impl Flattener {
         Flattener::default()
     }
 
+    /// Whether flat requests carry their `body_sha256` ([`Flattener::without_body_hashes`]).
+    pub fn hashes_bodies(&self) -> bool {
+        self.body_hashes
+    }
+
     /// A flattener whose flat requests carry an empty `body_sha256`. The body hash reads every
     /// byte after the first changed message, the system prompt and tools included, on every
     /// request; callers that output neither trace rows nor summary fingerprints (fidelity,

@@ -502,18 +502,24 @@ trait Runs {
 /// plan as before. `first` is a run under the first plan already made (a family's trunk): where
 /// that plan holds, it is the result.
 fn settle(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, first: Option<Run>, runs: &mut dyn Runs) -> Result<AgentOutcome, String> {
+    let plan = first_plan(prepared, effective);
+    let first = first.map(|done| {
+        let read = read_run(prepared, &done, client_edits(effective), plan.without_recorded_microcompacts);
+        (done, read)
+    });
+    settle_read(session, prepared, effective, first, runs)
+}
+
+/// [`settle`] with the run under the first plan read already.
+fn settle_read(session: &ImportedSession, prepared: &Prepared, effective: &Strategy, first: Option<(Run, Reading)>, runs: &mut dyn Runs) -> Result<AgentOutcome, String> {
     let client_edits = client_edits(effective);
     let plan = first_plan(prepared, effective);
     let first = match first {
-        Some(done) => {
-            let read = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
-            if holds(&plan, &read) {
-                let (compactions, divergence, _) = read;
-                return Ok(outcome(session, done, compactions, divergence, 1));
-            }
-            Some((done, read))
+        Some((done, read)) if holds(&plan, &read) => {
+            let (compactions, divergence, _) = read;
+            return Ok(outcome(session, done, compactions, divergence, 1));
         }
-        None => None,
+        made => made,
     };
     if let Some((done, follow)) = runs.follow()? {
         let read = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
@@ -949,6 +955,26 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     Some(PeerBranch::Peer { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
 }
 
+/// Whether `effective` is measured beside a family's trunk run under `trunk` rather than run
+/// ([`crate::runner::Mirror`]): it differs from `trunk` only in the main lane's TTL, with
+/// caching on. Returns the main-lane TTL of the trunk's markers and of its own
+/// ([`Strategy::ttl_for`]). Its run is the trunk's with those markers at its TTL where the
+/// trunk's run is the one its plan search settles on and the mirror did not part from it;
+/// elsewhere it runs on its own.
+pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<(Option<crate::api::CacheTtl>, Option<crate::api::CacheTtl>)> {
+    let world = prepared.threshold_world();
+    if world.refuses(effective) || world.refuses(trunk) {
+        return None;
+    }
+    let (a, b) = (world.strategy(effective), world.strategy(trunk));
+    if !a.prompt_caching || a.ttl_main == b.ttl_main {
+        return None;
+    }
+    let mut same = a.clone();
+    same.ttl_main = b.ttl_main;
+    (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then(|| (b.ttl_for(LANE_MAIN), a.ttl_for(LANE_MAIN)))
+}
+
 /// How a run goes on from a trunk checkpoint.
 #[derive(Debug, Clone, Copy)]
 enum Branch {
@@ -990,6 +1016,24 @@ pub fn agent_whatif_family(
     effectives: &[Strategy],
 ) -> Result<Vec<Result<AgentOutcome, String>>, String> {
     agent_whatif_family_until(session, file, prepared, measurer, effectives, Stops::Never)
+}
+
+/// The outcome of a strategy measured beside the trunk ([`mirror_of`]) whose run is the
+/// trunk's (`trunk`, its settled outcome), measured as `rows`: the trunk's but for what the
+/// measurement gives (rows, summary).
+fn mirrored_outcome(scenario: &Scenario, strategy: &Strategy, measurer: &Measurer, trunk: &AgentOutcome, rows: Vec<RequestMetrics>) -> AgentOutcome {
+    let mut summary = crate::measure::Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, trunk.summary.blocked);
+    summary.info_loss = trunk.summary.info_loss.clone();
+    AgentOutcome {
+        rows,
+        summary,
+        info_loss: trunk.info_loss.clone(),
+        compactions: trunk.compactions.clone(),
+        divergence: trunk.divergence.clone(),
+        compaction_losses: trunk.compaction_losses.clone(),
+        runs: trunk.runs,
+        stopped: trunk.stopped,
+    }
 }
 
 /// Which runs of a family end early ([`agent_whatif_family_until`]).
@@ -1056,13 +1100,25 @@ pub fn agent_whatif_family_until(
     let thresholds: Vec<u64> = effectives.iter().map(|s| thresholds_of(s, prepared).autocompact).collect();
     let keys: Vec<Option<String>> = effectives.iter().map(|s| family_key(s, prepared)).collect();
     // (The trunk's family is that of the first strategy that is no peer branch of another.)
-    let branch_of_another = |i: usize| (0..effectives.len()).any(|j| j != i && keys[j] != keys[i] && peer_branch_of(&effectives[i], &effectives[j], prepared).is_some());
+    let branch_of_another = |i: usize| {
+        (0..effectives.len()).any(|j| j != i && keys[j] != keys[i] && (peer_branch_of(&effectives[i], &effectives[j], prepared).is_some() || mirror_of(&effectives[i], &effectives[j], prepared).is_some()))
+    };
     let anchor = (0..effectives.len()).find(|&i| !branch_of_another(i)).unwrap_or(0);
     let own = |i: usize| keys[i] == keys[anchor];
     let top = (0..effectives.len()).filter(|&i| own(i)).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
     let mut peers: Vec<Option<PeerBranch>> = vec![None; effectives.len()];
     let mut alone = Vec::new();
+    // Strategies measured beside the trunk: (strategy, the trunk's main-lane TTL, theirs). One
+    // that ends early beyond the trunk runs on its own.
+    let mut mirrored = Vec::new();
+    let bounded = |p: usize| beyond.is_some_and(|(base, bounded)| base == top && bounded[p]);
     for i in (0..effectives.len()).filter(|&i| !own(i)) {
+        // (A measurer that hashes bodies hashes the markers too, which a mirror does not send
+        // through it.)
+        if let Some((run_ttl, ttl)) = mirror_of(&effectives[i], &effectives[top], prepared).filter(|_| !bounded(i) && !measurer.flattener().hashes_bodies()) {
+            mirrored.push((i, run_ttl, ttl));
+            continue;
+        }
         match peer_branch_of(&effectives[i], &effectives[top], prepared) {
             Some(branch) => peers[i] = Some(branch),
             None => alone.push(i),
@@ -1085,6 +1141,9 @@ pub fn agent_whatif_family_until(
     }
     let mut trunk = RunState::start_with(&scenarios.list[first].1, &scenarios.list[first].2, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
+    for &(_, run_ttl, ttl) in &mirrored {
+        trunk.add_mirror(crate::runner::Mirror::new(run_ttl, ttl, measurer.clone(), run_options(prepared).client));
+    }
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
     let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
         Some(PeerBranch::Peer { peer, .. }) => peer.rewrite_trigger(window),
@@ -1120,9 +1179,8 @@ pub fn agent_whatif_family_until(
     let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&mut trunk, &measurer, None)];
     let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
     let mut max_checked: Option<u64> = None;
-    let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top).collect();
-    // Strategies that end early beyond the trunk's own run: their branches wait for its end.
-    let bounded = |p: usize| beyond.is_some_and(|(base, bounded)| base == top && bounded[p]);
+    let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top && !mirrored.iter().any(|&(m, ..)| m == i)).collect();
+    // (Strategies that end early beyond the trunk's own run: their branches wait for its end.)
     let mut deferred: Vec<(usize, Vec<std::rc::Rc<Checkpoint>>, Branch)> = Vec::new();
     let mut since = 0;
     while !trunk.done(&scenarios.list[first].1) {
@@ -1180,6 +1238,7 @@ pub fn agent_whatif_family_until(
     let end = checkpoint(&mut trunk, &measurer, max_checked);
     let compacted = trunk.take_compacted_requests();
     let trunk_refused = trunk.refused();
+    let mirrors = trunk.take_mirrors();
     let trunk_output = trunk.finish(&scenarios.list[first].1, &measurer, &effectives[top]);
     let trunk_dropped = trunk_output.summary.info_loss.tokens_dropped;
     let trunk_run = read_output(prepared, compacted, trunk_output);
@@ -1187,7 +1246,27 @@ pub fn agent_whatif_family_until(
     candidates.push(end);
     let how = Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] };
     let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top], stop: None };
-    results[top] = Some(settle(session, prepared, &effectives[top], Some(trunk_run), runs));
+    let read = read_run(prepared, &trunk_run, client_edits(&effectives[top]), first_plan(prepared, &effectives[top]).without_recorded_microcompacts);
+    // (Where it holds, the trunk's run is the trunk strategy's: the mirrors' runs are its too.)
+    let trunk_holds = holds(&first_plan(prepared, &effectives[top]), &read);
+    results[top] = Some(settle_read(session, prepared, &effectives[top], Some((trunk_run, read)), runs));
+    let alone = |p: usize| agent_whatif_family(session, file, prepared, measurer.clone(), std::slice::from_ref(&effectives[p])).and_then(|mut v| v.pop().ok_or_else(|| "no outcome".to_owned())).unwrap_or_else(Err);
+    for (&(p, ..), mirror) in mirrored.iter().zip(mirrors) {
+        let outcome = match (&results[top], mirror.into_rows()) {
+            (Some(Ok(outcome)), Ok(rows)) if trunk_holds => {
+                let outcome = mirrored_outcome(&scenarios.list[first].1, &effectives[p], &measurer, outcome, rows);
+                // Debug builds make the mirror's own run and compare.
+                #[cfg(debug_assertions)]
+                if let Ok(own) = alone(p) {
+                    debug_assert_eq!(format!("{outcome:?}"), format!("{own:?}"), "a strategy measured beside the trunk is its own run");
+                }
+                Ok(outcome)
+            }
+            // (Not the mirror's run: it runs on its own.)
+            _ => alone(p),
+        };
+        results[p] = Some(outcome);
+    }
     // The rule the bounded branches end under: the trunk's settled run's. (Where that run is
     // not the trunk's own and the trunk went past it, a checkpoint could be past it too, and a
     // branch would end later than the first step past it: they then go to their end.)

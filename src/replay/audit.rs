@@ -253,7 +253,7 @@ fn agent_whatifs(
     ttls: &[(&str, CacheTtl)],
     billed_usd: f64,
 ) -> Result<AgentWhatIfs, String> {
-    use super::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, family_key, idle_knobs_cleared, peer_branch_of, prepare, strategy_key, thresholds_of};
+    use super::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, family_key, idle_knobs_cleared, mirror_of, peer_branch_of, prepare, strategy_key, thresholds_of};
     use crate::runner::StopRule;
     use crate::strategy::Strategy;
     use rayon::prelude::*;
@@ -289,7 +289,8 @@ fn agent_whatifs(
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
     let run_keys: &Vec<String> = &candidates.iter().map(|(_, _, s)| strategy_key(&idle_knobs_cleared(s, &prepared), &prepared)).collect();
     // A preset whose peer mechanism rewrites nothing below a count, with autocompact off, goes
-    // on from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]).
+    // on from the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]); the other
+    // main-lane TTL is measured beside it ([`super::agent_whatif::mirror_of`]).
     let base_family = family_key(&base, &prepared);
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -299,7 +300,7 @@ fn agent_whatifs(
             continue;
         }
         let family = match &base_family {
-            Some(family) if peer_branch_of(strategy, &base, &prepared).is_some() => Some(family.clone()),
+            Some(family) if peer_branch_of(strategy, &base, &prepared).is_some() || mirror_of(strategy, &base, &prepared).is_some() => Some(family.clone()),
             _ => family_key(strategy, &prepared),
         };
         let family = family.unwrap_or_else(|| format!("refused {key}"));

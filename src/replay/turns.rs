@@ -599,8 +599,11 @@ impl crate::runner::ClientRules for RecordedClient {
         let ttl_ms = self.calls[self.ttl_seen.min(position)..position].iter().rev().find_map(|c| c.ttl).or(self.ttl).unwrap_or(crate::api::CacheTtl::FiveMinutes).millis();
         if profile.static_prefix_shared
             && self.previous_ms.is_some_and(|p| call.time_ms.saturating_sub(p) >= ttl_ms)
-            && let Some(prefix) = global_prefix(call.request, measurer)
+            && let Some(mut prefix) = global_prefix(call.request, measurer)
         {
+            if let Some(ttl) = call.markers_ttl {
+                prefix.set_markers_ttl(ttl);
+            }
             let _ = measurer.seed_cache(&prefix, call.time_ms.saturating_sub(1), 0);
             events.push(super::uncertainty::SHARED_PREFIX.to_owned());
         }
@@ -638,7 +641,7 @@ impl crate::runner::ClientRules for RecordedClient {
             }
             if let Some(cut) = messages.len().checked_sub(1).and_then(|last| side_cut(&start, last, self.prompt_index)) {
                 let at = scan.side_entry_time(&profile, &at_turns, self.previous_ms, call.time_ms);
-                if let Some(side) = self.side_flat(call.request, cut, measurer) {
+                if let Some(side) = self.side_flat(call.request, cut, call.markers_ttl, measurer) {
                     let _ = measurer.seed_cache(&side, at, 0);
                     events.push("side_entry".to_owned());
                 }
@@ -672,8 +675,9 @@ fn global_prefix(request: &Request, measurer: &mut Measurer) -> Option<FlatReque
 
 impl RecordedClient {
     /// The side request of the previous turn as the server saw it: the request's first `cut`
-    /// messages, its marker on the last of them, the conversation start as now rendered.
-    fn side_flat(&self, request: &Request, cut: usize, measurer: &mut Measurer) -> Option<FlatRequest> {
+    /// messages, its marker on the last of them (at `markers_ttl` where given,
+    /// [`crate::runner::MainCall::markers_ttl`]), the conversation start as now rendered.
+    fn side_flat(&self, request: &Request, cut: usize, markers_ttl: Option<Option<crate::api::CacheTtl>>, measurer: &mut Measurer) -> Option<FlatRequest> {
         let marker = request.messages.iter().rev().find_map(|m| match &m.content {
             MessageContent::Blocks(blocks) => blocks.iter().rev().find_map(|b| b.cache_control().cloned()),
             MessageContent::Text(_) => None,
@@ -693,6 +697,9 @@ impl RecordedClient {
         let _ = last.iter_mut().rev().any(|b| b.set_cache_control(Some(marker.clone())));
         // Flattened salted as it is rendered: the track keeps the main requests' salts.
         let mut flat = measurer.serve_salted(&side, None, None, &self.salts(false)).ok()?.flat;
+        if let Some(ttl) = markers_ttl {
+            flat.set_markers_ttl(ttl);
+        }
         self.render(&mut flat, false);
         self.retime(&mut flat);
         Some(flat)

@@ -962,3 +962,32 @@ fn a_what_if_that_parts_from_the_recording_settles_in_one_run() {
         }
     }
 }
+
+/// The other main-lane TTL measured beside the trunk (`mirror_of`: every request of the trunk's
+/// run measured again on a measurer of its own, the main requests' markers at its TTL) gives
+/// exactly what its own run from the first call gives: rows, summary, compactions, divergence,
+/// losses, plan runs; on sessions recorded at 1h (the mirror at 5m) and at 5m (at 1h).
+#[test]
+fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
+    use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, mirror_of, prepare};
+    let numwordify = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
+    for session in [a6e4(), numwordify] {
+        let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
+        let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        for ttl in [ctxsim::api::CacheTtl::FiveMinutes, ctxsim::api::CacheTtl::OneHour] {
+            let mut other = base.clone();
+            other.ttl_main = ttl.into();
+            let Some(_) = mirror_of(&other, &base, &prepared) else { continue };
+            // (A measurer that hashes bodies measures no mirror: the audit's does not.)
+            let measurer = || crate::support::measurer().without_body_hashes();
+            let together = agent_whatif_family(&loaded, &session, &prepared, measurer(), &[base.clone(), other.clone()]).unwrap();
+            let mirrored = together.into_iter().nth(1).unwrap().unwrap();
+            let alone = agent_whatif(&loaded, &session, &prepared, &mut measurer(), &other).unwrap();
+            for (i, (a, b)) in mirrored.rows.iter().zip(&alone.rows).enumerate() {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: row {i}");
+            }
+            assert_eq!(format!("{mirrored:?}"), format!("{alone:?}"), "{session}: {ttl:?}");
+        }
+    }
+}

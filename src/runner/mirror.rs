@@ -1,0 +1,213 @@
+//! A strategy measured beside a run instead of run on its own ([`Mirror`]).
+//!
+//! The TTL of the main lane's cache markers is a knob of how requests are sent, not of what
+//! the agent does: [`crate::strategy::Strategy::ttl_for`] times every marker the agent places
+//! on a main request (the system prompt's and the messages'), and nothing else the agent
+//! decides reads it. A run under another main-lane TTL makes the same requests, but for those
+//! markers, as long as nothing the agent, the reply plan or the client's rules read of a
+//! measurement differs between the two: the main request's error, and the usage the agent is
+//! given where the reply carries none of its own (both checked at every main request). The
+//! cache's figures differ (what is read and written, at which price), and so do the client's
+//! rules, which read the cache: each mirror has its own measurer and its own copy of the
+//! rules, and measures every request of the run, a main one with its markers at the mirror's
+//! TTL. The agent's work (the chain, the request, the reply, the tools) is the run's, done
+//! once.
+//!
+//! Where something read differs, the mirror parts ([`Mirror::parted`]) and measures no more:
+//! its strategy is then no longer the run's, and runs on its own.
+
+use crate::api::CacheTtl;
+use crate::agent::session::fork_prefix_ttl;
+use crate::measure::{FlatRequest, MeasureInput, Measurer, PromptBlock, Region, RequestMetrics, Served};
+use crate::recording::format::LANE_MAIN;
+
+use super::{ClientRules, MainCall};
+
+/// A strategy that differs from a run's only in the main lane's TTL, measured beside it
+/// ([module docs](self); [`super::RunState::add_mirror`]).
+pub struct Mirror {
+    /// The TTL the run's own main-lane markers carry, and the mirror's (`None`: 5 minutes, sent
+    /// as no `ttl`).
+    run_ttl: Option<CacheTtl>,
+    ttl: Option<CacheTtl>,
+    measurer: Measurer,
+    client: Option<Box<dyn ClientRules>>,
+    rows: Vec<RequestMetrics>,
+    /// Why the mirror stopped being the run of its strategy, at which row of the run.
+    parted: Option<(usize, String)>,
+    /// The main request being measured: its body as served and its client's events, between
+    /// [`Mirror::before_main`] and [`Mirror::main_row`].
+    pending: Option<(Served, Vec<String>)>,
+}
+
+impl std::fmt::Debug for Mirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mirror").field("run_ttl", &self.run_ttl).field("ttl", &self.ttl).field("rows", &self.rows.len()).field("parted", &self.parted).finish()
+    }
+}
+
+impl Mirror {
+    /// A mirror whose markers carry `ttl` beside a run whose markers carry `run_ttl`, measuring
+    /// on `measurer` (in the state the run's measurer starts from) under `client` (the run's
+    /// rules, in their starting state).
+    pub fn new(run_ttl: Option<CacheTtl>, ttl: Option<CacheTtl>, measurer: Measurer, client: Option<Box<dyn ClientRules>>) -> Mirror {
+        Mirror { run_ttl, ttl, measurer, client, rows: Vec::new(), parted: None, pending: None }
+    }
+
+    /// Where and why the mirror parted from the run: the run's row count then, and the reason.
+    pub fn parted(&self) -> Option<&(usize, String)> {
+        self.parted.as_ref()
+    }
+
+    /// Every request of the run as the mirror measured it, or why it parted.
+    pub fn into_rows(self) -> Result<Vec<RequestMetrics>, (usize, String)> {
+        match self.parted {
+            Some(parted) => Err(parted),
+            None => Ok(self.rows),
+        }
+    }
+
+    /// The measurer the mirror measures with.
+    pub fn measurer(&self) -> &Measurer {
+        &self.measurer
+    }
+
+    fn part(&mut self, why: String) {
+        if self.parted.is_none() {
+            self.parted = Some((self.rows.len(), why));
+            self.pending = None;
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.parted.is_none()
+    }
+
+    /// `served` with its markers at the mirror's TTL; an error where a marker is not at the
+    /// run's (the agent did not time it by the main lane's TTL) or the body asks for automatic
+    /// caching.
+    fn retimed(&self, served: &Served) -> Result<Served, String> {
+        let mut served = served.clone();
+        retime(&mut served.flat, self.run_ttl, self.ttl, |_| true)?;
+        if let Some(sent) = &mut served.sent {
+            retime(sent, self.run_ttl, self.ttl, |_| true)?;
+        }
+        Ok(served)
+    }
+
+    fn push(&mut self, input: MeasureInput<'_>, served: Served) {
+        match self.measurer.measure_served(input, served) {
+            Ok(row) => self.rows.push(row),
+            Err(e) => self.part(e.to_string()),
+        }
+    }
+
+    /// A new conversation starts on `lane` ([`Measurer::restart_lane`]).
+    pub(super) fn restart_lane(&mut self, lane: &str) {
+        if self.live() {
+            self.measurer.restart_lane(lane);
+        }
+    }
+
+    /// A request of another lane than the main one, measured as sent: none of its markers is
+    /// the main lane's.
+    pub(super) fn measure_as_sent(&mut self, input: &MeasureInput<'_>, served: &Served) {
+        if !self.live() {
+            return;
+        }
+        if input.lane == LANE_MAIN {
+            return self.part("a main-lane request outside a main call".to_owned());
+        }
+        self.push(input.clone(), served.clone());
+    }
+
+    /// A fork of the thread on lane `thread` ([`crate::agent::session::ModelCalls::fork`]): its
+    /// request was built as the thread's, then given its own marker on the messages. A fork of
+    /// the main thread sends its system and tool markers at the TTL
+    /// [`fork_prefix_ttl`] gives under the main lane's (the run's, the mirror's); any other is
+    /// measured as sent.
+    pub(super) fn measure_fork(&mut self, input: &MeasureInput<'_>, served: &Served, thread: &str) {
+        if thread != LANE_MAIN || !self.live() {
+            return self.measure_as_sent(input, served);
+        }
+        let mut mine = served.clone();
+        for flat in std::iter::once(&mut mine.flat).chain(mine.sent.as_mut()) {
+            let fork = flat.markers.iter().map(|&i| &flat.blocks[i]).find(|b| b.path.region == Region::Messages).and_then(|b| b.cache_control.as_ref()).and_then(|c| c.ttl);
+            let prefix = |b: &PromptBlock| b.path.region != Region::Messages;
+            if let Err(why) = retime(flat, fork_prefix_ttl(self.run_ttl, fork), fork_prefix_ttl(self.ttl, fork), prefix) {
+                return self.part(why);
+            }
+        }
+        self.push(input.clone(), mine);
+    }
+
+    /// A main request the API refused before sampling (`served` as the run measures it: no
+    /// client's rules applied).
+    pub(super) fn measure_refused(&mut self, input: &MeasureInput<'_>, served: &Served) {
+        if !self.live() {
+            return;
+        }
+        match self.retimed(served) {
+            Ok(mine) => self.push(input.clone(), mine),
+            Err(why) => self.part(why),
+        }
+    }
+
+    /// A main request the API accepted, `served` as flattened before the client's rules: its
+    /// markers at the mirror's TTL, then the mirror's own rules applied to it (their events
+    /// kept for its row, [`Mirror::main_row`]).
+    pub(super) fn before_main(&mut self, call: MainCall<'_>, served: &Served) {
+        if !self.live() {
+            return;
+        }
+        let mut mine = match self.retimed(served) {
+            Ok(mine) => mine,
+            Err(why) => return self.part(why),
+        };
+        let events = match self.client.as_deref_mut() {
+            Some(client) => client.before_main(MainCall { markers_ttl: Some(self.ttl), ..call }, &mut mine.flat, &mut self.measurer),
+            None => Vec::new(),
+        };
+        self.pending = Some((mine, events));
+    }
+
+    /// The row of the main request [`Mirror::before_main`] prepared: measured with `input` (the
+    /// run's, whose events are those before the run's client rules: the mirror's follow), its
+    /// recorded usage as the reply plan left the run's `row`. The mirror parts where the two
+    /// rows differ in what the run goes on by: the error, and the usage `usage_of` gives the
+    /// agent from a row.
+    pub(super) fn main_row(&mut self, mut input: MeasureInput<'_>, row: &RequestMetrics, usage_of: impl Fn(&RequestMetrics) -> u64) {
+        let Some((served, events)) = self.pending.take() else { return };
+        input.events.extend(events);
+        let mut mine = match self.measurer.measure_served(input, served) {
+            Ok(mine) => mine,
+            Err(e) => return self.part(e.to_string()),
+        };
+        mine.recorded_usage.clone_from(&row.recorded_usage);
+        if mine.error != row.error {
+            return self.part(format!("the main request's error differs under the mirror's TTL ({:?}, the run's {:?})", mine.error, row.error));
+        }
+        let (usage, run_usage) = (usage_of(&mine), usage_of(row));
+        if usage != run_usage {
+            return self.part(format!("the usage the agent is given differs under the mirror's TTL ({usage} tokens, the run's {run_usage})"));
+        }
+        if let Some(client) = self.client.as_deref_mut() {
+            client.after_main(&mine);
+        }
+        self.rows.push(mine);
+    }
+}
+
+/// Moves the markers of `flat`'s blocks `which` holds from `from` to `to`; an error where one is
+/// not at `from`, or where the body asks for automatic caching (the API places that marker
+/// itself).
+fn retime(flat: &mut FlatRequest, from: Option<CacheTtl>, to: Option<CacheTtl>, which: impl Fn(&PromptBlock) -> bool + Copy) -> Result<(), String> {
+    if flat.auto_cache_control.is_some() {
+        return Err("a main-lane request with automatic caching".to_owned());
+    }
+    if let Some(other) = flat.markers.iter().map(|&i| &flat.blocks[i]).filter(|b| which(b)).filter_map(|b| b.cache_control.as_ref()).find(|c| c.ttl != from) {
+        return Err(format!("a main-lane marker at {:?}, not the run's main-lane TTL {from:?}", other.ttl));
+    }
+    flat.set_markers_ttl_where(to, which);
+    Ok(())
+}
