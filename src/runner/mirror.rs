@@ -211,3 +211,55 @@ fn retime(flat: &mut FlatRequest, from: Option<CacheTtl>, to: Option<CacheTtl>, 
     flat.set_markers_ttl_where(to, which);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Request, Role, SystemBlock, SystemPrompt};
+
+    /// A request with a system marker and a message marker, both at `ttl`, flattened.
+    fn flat(ttl: Option<CacheTtl>) -> FlatRequest {
+        let marker = CacheControl::ephemeral().with_ttl(ttl);
+        let mut request = Request::new("claude-opus-4-5-20251101", 1000);
+        request.system = Some(SystemPrompt::Blocks(vec![SystemBlock::text("the system prompt").with_cache_control(Some(marker.clone()))].into()));
+        let mut block = ContentBlock::text("a question");
+        block.set_cache_control(Some(marker));
+        request.messages = vec![Message { role: Role::User, content: MessageContent::Blocks(vec![block].into()), extra: Default::default() }];
+        let mut counter = crate::measure::TokenCounter::new(crate::measure::EstimatorKind::Chars4);
+        crate::measure::flatten(&request, &mut counter, "claude")
+    }
+
+    fn ttls(flat: &FlatRequest) -> Vec<(Region, Option<CacheTtl>)> {
+        flat.markers.iter().map(|&i| (flat.blocks[i].path.region, flat.blocks[i].cache_control.as_ref().and_then(|c| c.ttl))).collect()
+    }
+
+    #[test]
+    fn retiming_moves_the_markers_asked_for_and_no_hash() {
+        let before = flat(None);
+        let mut all = before.clone();
+        retime(&mut all, None, Some(CacheTtl::OneHour), |_| true).unwrap();
+        assert_eq!(ttls(&all), vec![(Region::System, Some(CacheTtl::OneHour)), (Region::Messages, Some(CacheTtl::OneHour))]);
+        let hashes = |f: &FlatRequest| f.blocks.iter().map(|b| (b.hash, b.prefix_hash, b.tokens)).collect::<Vec<_>>();
+        assert_eq!(hashes(&all), hashes(&before));
+        // As the agent sends it at 1h.
+        assert_eq!(ttls(&all), ttls(&flat(Some(CacheTtl::OneHour))));
+        let mut prefix = before.clone();
+        retime(&mut prefix, None, Some(CacheTtl::OneHour), |b| b.path.region != Region::Messages).unwrap();
+        assert_eq!(ttls(&prefix), vec![(Region::System, Some(CacheTtl::OneHour)), (Region::Messages, None)]);
+    }
+
+    #[test]
+    fn a_marker_at_another_ttl_than_the_runs_is_refused() {
+        let mut one_hour = flat(Some(CacheTtl::OneHour));
+        let error = retime(&mut one_hour, None, Some(CacheTtl::OneHour), |_| true).unwrap_err();
+        assert!(error.contains("not the run's main-lane TTL"), "{error}");
+        assert_eq!(ttls(&one_hour), ttls(&flat(Some(CacheTtl::OneHour))));
+    }
+
+    #[test]
+    fn a_fork_at_1h_sends_its_prefix_at_1h_else_at_the_threads_ttl() {
+        assert_eq!(fork_prefix_ttl(None, Some(CacheTtl::OneHour)), Some(CacheTtl::OneHour));
+        assert_eq!(fork_prefix_ttl(Some(CacheTtl::OneHour), None), Some(CacheTtl::OneHour));
+        assert_eq!(fork_prefix_ttl(None, None), None);
+    }
+}

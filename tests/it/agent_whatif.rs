@@ -971,6 +971,7 @@ fn a_what_if_that_parts_from_the_recording_settles_in_one_run() {
 fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
     use ctxsim::replay::agent_whatif::{agent_whatif, agent_whatif_family, effective_strategy, mirror_of, prepare};
     let numwordify = crate::support::realdata().join("transcripts/NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl").display().to_string();
+    let mut mirrored_runs = 0;
     for session in [a6e4(), numwordify] {
         let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
         let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
@@ -978,7 +979,9 @@ fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
         for ttl in [ctxsim::api::CacheTtl::FiveMinutes, ctxsim::api::CacheTtl::OneHour] {
             let mut other = base.clone();
             other.ttl_main = ttl.into();
+            // (The recorded TTL is the run as recorded's own.)
             let Some(_) = mirror_of(&other, &base, &prepared) else { continue };
+            mirrored_runs += 1;
             // (A measurer that hashes bodies measures no mirror: the audit's does not.)
             let measurer = || crate::support::measurer().without_body_hashes();
             let together = agent_whatif_family(&loaded, &session, &prepared, measurer(), &[base.clone(), other.clone()]).unwrap();
@@ -990,4 +993,5 @@ fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
             assert_eq!(format!("{mirrored:?}"), format!("{alone:?}"), "{session}: {ttl:?}");
         }
     }
+    assert_eq!(mirrored_runs, 2);
 }
