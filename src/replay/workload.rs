@@ -1130,6 +1130,19 @@ impl WarmPrefix {
     }
 }
 
+/// `scenario` with the first `steps` steps of its script (a probe's): its world and the rest
+/// copied, the steps after them not.
+fn probe_scenario(scenario: &crate::scenario::Scenario, steps: usize) -> crate::scenario::Scenario {
+    crate::scenario::Scenario {
+        file: scenario.file.clone(),
+        name: scenario.name.clone(),
+        description: scenario.description.clone(),
+        world: scenario.world.clone(),
+        script: scenario.script[..steps.min(scenario.script.len())].to_vec(),
+        expect: scenario.expect.clone(),
+    }
+}
+
 /// The [`WarmPrefix`] of `session` driven as `workload` under `strategy`, measured as by
 /// `measurer`; `None` for a cold start (the first recorded main call read nothing).
 pub fn warm_prefix(
@@ -1149,8 +1162,7 @@ pub fn warm_prefix(
     let Some(reply) = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN)) else {
         return Ok(None);
     };
-    let mut probe = workload.scenario.clone();
-    probe.script.truncate(reply + 1);
+    let probe = probe_scenario(&workload.scenario, reply + 1);
     let counter = measurer.counter().fresh_like();
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
     probe_measurer.set_billing_key(REAL_SESSION_BILLING);
@@ -1280,8 +1292,7 @@ pub fn size_unmodelled(
     };
     // The agent's own first request.
     let first = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN));
-    let mut probe = workload.scenario.clone();
-    probe.script.truncate(first.map_or(0, |i| i + 1));
+    let probe = probe_scenario(&workload.scenario, first.map_or(0, |i| i + 1));
     let mut probe_measurer = fresh();
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
     let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
@@ -1291,15 +1302,25 @@ pub fn size_unmodelled(
     };
     let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
     let mut counter = measurer.counter().fresh_like();
-    let flat = crate::measure::blocks::flatten(&request, &mut counter, &key);
+    // Flattened without its body hash (SHA-256 of the whole request, which no size reads).
+    let flat = crate::measure::incremental::Flattener::without_body_hashes().flatten(&request, &mut counter, &key);
+    if cfg!(debug_assertions) {
+        let hashed = crate::measure::blocks::flatten(&request, &mut counter, &key);
+        assert!(hashed.blocks == flat.blocks && hashed.markers == flat.markers, "the probe's request flattened without its body hash");
+    }
     sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
     // The agent's global-scope part: tools and the system prompt through its static block.
     let global = |c: &crate::api::CacheControl| c.scope == Some(crate::api::CacheScope::Global);
     let agent_global_tokens = flat.markers.iter().rev().find(|&&i| flat.blocks[i].cache_control.as_ref().is_some_and(global)).map(|&i| flat.tokens_through(i));
-    // The opening message without the typed prompt (the replay counts that as recorded).
-    let mut opening = request.clone();
-    opening.messages.truncate(1);
-    let opening_tokens = crate::measure::blocks::flatten(&opening, &mut counter, &key).region_tokens(Region::Messages);
+    // The opening message without the typed prompt (the replay counts that as recorded): its
+    // blocks' tokens, each a function of the block alone (debug builds flatten the request cut
+    // to it and compare).
+    let opening_tokens: u64 = flat.blocks.iter().filter(|b| b.path.region == Region::Messages && b.path.index == 0).map(|b| u64::from(b.tokens)).sum();
+    if cfg!(debug_assertions) {
+        let mut opening = request.clone();
+        opening.messages.truncate(1);
+        assert_eq!(opening_tokens, crate::measure::blocks::flatten(&opening, &mut counter, &key).region_tokens(Region::Messages), "the opening message's tokens");
+    }
     let prompt_tokens = workload
         .scenario
         .script
@@ -1555,7 +1576,7 @@ fn size_subagent_prompts(
             reply.content = vec![serde_json::from_value(json!({ "type": "text", "text": "." })).map_err(|e| e.to_string())?];
         }
         reply.stop_reason = crate::api::StopReason::EndTurn;
-        let mut probe = workload.scenario.clone();
+        let mut probe = probe_scenario(&workload.scenario, 0);
         probe.script = script[..=first_user].to_vec();
         probe.script.extend([Step::Assistant(main), Step::ToolOutput(vec![output]), Step::Assistant(reply)]);
         let counter = measurer.counter().fresh_like();
