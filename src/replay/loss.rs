@@ -67,7 +67,7 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let bytes = text.as_bytes();
     let mut at = 0;
     while at < bytes.len() {
-        if !is_token_byte(bytes[at]) {
+        if BYTE_CLASS[usize::from(bytes[at])] & TOKEN == 0 {
             at += 1;
             continue;
         }
@@ -80,17 +80,19 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
         // A token makes a reference only where it holds a `/`, a `_` or a lower-case letter
         // followed by an upper-case one ([`reference_of`]: a path or an identifier; trimming
         // its ends keeps none that was not there): the others (most words) are not looked at.
-        let (mut marked, mut lower) = (false, false);
+        // Without a branch per byte: the previous byte's `LOWER` bit shifted onto `UPPER` marks
+        // a lower-to-upper change.
+        let (mut marks, mut previous) = (0u8, 0u8);
         while at < bytes.len() {
             let class = BYTE_CLASS[usize::from(bytes[at])];
             if class & TOKEN == 0 {
                 break;
             }
-            marked |= class & MARK != 0 || (lower && class & UPPER != 0);
-            lower = class & LOWER != 0;
+            marks |= (class & MARK) | ((previous & LOWER) << 1 & class);
+            previous = class;
             at += 1;
         }
-        if marked {
+        if marks != 0 {
             reference_of(&text[start..at], f);
         }
     }
@@ -100,7 +102,8 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
 const TOKEN: u8 = 1;
 const MARK: u8 = 2;
 const LOWER: u8 = 4;
-const UPPER: u8 = 8;
+/// One bit above [`LOWER`] (the scan shifts a byte's `LOWER` onto the next byte's `UPPER`).
+const UPPER: u8 = LOWER << 1;
 
 /// Per byte: its [`TOKEN`], [`MARK`], [`LOWER`] and [`UPPER`] bits.
 static BYTE_CLASS: [u8; 256] = {
