@@ -67,7 +67,7 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let bytes = text.as_bytes();
     let mut at = 0;
     while at < bytes.len() {
-        if !is_token_byte(bytes[at]) {
+        if BYTE_CLASS[usize::from(bytes[at])] & TOKEN == 0 {
             at += 1;
             continue;
         }
@@ -80,17 +80,19 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
         // A token makes a reference only where it holds a `/`, a `_` or a lower-case letter
         // followed by an upper-case one ([`reference_of`]: a path or an identifier; trimming
         // its ends keeps none that was not there): the others (most words) are not looked at.
-        let (mut marked, mut lower) = (false, false);
+        // Without a branch per byte: the previous byte's `LOWER` bit shifted onto `UPPER` marks
+        // a lower-to-upper change.
+        let (mut marks, mut previous) = (0u8, 0u8);
         while at < bytes.len() {
             let class = BYTE_CLASS[usize::from(bytes[at])];
             if class & TOKEN == 0 {
                 break;
             }
-            marked |= class & MARK != 0 || (lower && class & UPPER != 0);
-            lower = class & LOWER != 0;
+            marks |= (class & MARK) | ((previous & LOWER) << 1 & class);
+            previous = class;
             at += 1;
         }
-        if marked {
+        if marks != 0 {
             reference_of(&text[start..at], f);
         }
     }
@@ -100,7 +102,8 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
 const TOKEN: u8 = 1;
 const MARK: u8 = 2;
 const LOWER: u8 = 4;
-const UPPER: u8 = 8;
+/// One bit above [`LOWER`] (the scan shifts a byte's `LOWER` onto the next byte's `UPPER`).
+const UPPER: u8 = LOWER << 1;
 
 /// Per byte: its [`TOKEN`], [`MARK`], [`LOWER`] and [`UPPER`] bits.
 static BYTE_CLASS: [u8; 256] = {
@@ -288,6 +291,42 @@ pub struct ReferenceMemo {
     /// The numbered renderings of the files compactions restore, by the text's xxh3-128
     /// ([`crate::replay::working_set::WorkingSet::compact_memoized`]).
     rendered: std::sync::Mutex<rustc_hash::FxHashMap<u128, Arc<str>>>,
+    /// [`compaction_loss`] by what it reads ([`LossKey`]), its `tokens_dropped` left at 0: a
+    /// family's runs and branches judge the run as recorded's compactions again, with the same
+    /// calls and the same request after them.
+    losses: std::sync::Mutex<rustc_hash::FxHashMap<LossKey, CompactionLoss>>,
+}
+
+/// What [`compaction_loss`] reads beyond the two context sizes and the session's events: the
+/// call after the compaction and the previous main call (their positions in the session's call
+/// list, and what it reads of each: the first's number and event, the second's event and lane,
+/// which place its view) and the texts of the request after it, as [`each_message_text`] gives
+/// them; all but the positions by their xxh3-128 (each text's length before its bytes, so that
+/// no two lists of texts hash one stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct LossKey {
+    call_index: usize,
+    previous: usize,
+    read: u128,
+}
+
+impl LossKey {
+    fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message]) -> LossKey {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut text = |text: &str| {
+            hasher.update(&(text.len() as u64).to_le_bytes());
+            hasher.update(text.as_bytes());
+        };
+        for (position, fields) in [(call_index, true), (previous, false)] {
+            if let Some(call) = session.calls.get(position) {
+                let number = if fields { call.index } else { usize::MAX };
+                text(&format!("{number} {} ", call.event_index));
+                text(if fields { "" } else { &call.lane });
+            }
+        }
+        each_message_text(after, &mut text);
+        LossKey { call_index, previous, read: hasher.digest128() }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -321,6 +360,7 @@ impl ReferenceMemo {
             texts: std::sync::Mutex::default(),
             edited: (0..events).map(|_| OnceLock::new()).collect(),
             rendered: std::sync::Mutex::default(),
+            losses: std::sync::Mutex::default(),
         }
     }
 
@@ -487,6 +527,8 @@ impl Bits {
 /// The loss of the compaction before the main-lane call at `call_index` of `session`, whose
 /// request holds `after` (summary, restored files and what follows) and whose previous main
 /// call is `previous`; `context_before` and `context_after` are the two calls' contexts.
+/// Memoized per session by what it reads ([`LossKey`]); debug builds judge every hit again and
+/// compare.
 pub fn compaction_loss(
     session: &ImportedSession,
     call_index: usize,
@@ -495,6 +537,26 @@ pub fn compaction_loss(
     context_before: u64,
     context_after: u64,
 ) -> CompactionLoss {
+    let memo = session.reference_memo();
+    let key = LossKey::of(session, call_index, previous, after);
+    let hit = memo.losses.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
+    let mut loss = match hit {
+        Some(loss) => {
+            debug_assert_eq!(loss, references_lost(session, call_index, previous, after), "memoized compaction loss of call {call_index} after {previous}");
+            loss
+        }
+        None => {
+            let loss = references_lost(session, call_index, previous, after);
+            memo.losses.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, loss.clone());
+            loss
+        }
+    };
+    loss.tokens_dropped = context_before.saturating_sub(context_after);
+    loss
+}
+
+/// [`compaction_loss`] but its `tokens_dropped` (0), judged without its memo.
+fn references_lost(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message]) -> CompactionLoss {
     let memo = session.reference_memo();
     // The conversation the previous call saw, read from the events of its view (the messages
     // `messages_for_call` builds of them, without building them); each event's references
@@ -582,7 +644,7 @@ pub fn compaction_loss(
     lost.sort_unstable();
     CompactionLoss {
         call: session.calls[call_index].index,
-        tokens_dropped: context_before.saturating_sub(context_after),
+        tokens_dropped: 0,
         references_dropped,
         references_lost: lost.len(),
         lost: lost.iter().take(SHOWN_REFERENCES).map(|r| (*r).to_owned()).collect(),

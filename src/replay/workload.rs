@@ -1130,6 +1130,19 @@ impl WarmPrefix {
     }
 }
 
+/// `scenario` with the first `steps` steps of its script (a probe's): its world and the rest
+/// copied, the steps after them not.
+fn probe_scenario(scenario: &crate::scenario::Scenario, steps: usize) -> crate::scenario::Scenario {
+    crate::scenario::Scenario {
+        file: scenario.file.clone(),
+        name: scenario.name.clone(),
+        description: scenario.description.clone(),
+        world: scenario.world.clone(),
+        script: scenario.script[..steps.min(scenario.script.len())].to_vec(),
+        expect: scenario.expect.clone(),
+    }
+}
+
 /// The [`WarmPrefix`] of `session` driven as `workload` under `strategy`, measured as by
 /// `measurer`; `None` for a cold start (the first recorded main call read nothing).
 pub fn warm_prefix(
@@ -1149,8 +1162,7 @@ pub fn warm_prefix(
     let Some(reply) = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN)) else {
         return Ok(None);
     };
-    let mut probe = workload.scenario.clone();
-    probe.script.truncate(reply + 1);
+    let probe = probe_scenario(&workload.scenario, reply + 1);
     let counter = measurer.counter().fresh_like();
     let mut probe_measurer = crate::measure::Measurer::new(measurer.table().clone(), counter).without_body_hashes();
     probe_measurer.set_billing_key(REAL_SESSION_BILLING);
@@ -1280,8 +1292,7 @@ pub fn size_unmodelled(
     };
     // The agent's own first request.
     let first = workload.scenario.script.iter().position(|s| matches!(s, crate::scenario::Step::Assistant(a) if a.lane == LANE_MAIN));
-    let mut probe = workload.scenario.clone();
-    probe.script.truncate(first.map_or(0, |i| i + 1));
+    let probe = probe_scenario(&workload.scenario, first.map_or(0, |i| i + 1));
     let mut probe_measurer = fresh();
     let options = crate::runner::RunOptions { keep_requests: true, ..Default::default() };
     let output = crate::runner::run_scenario_opts(&probe, &mut probe_measurer, strategy, &crate::agent::compact::chain::Chain::new(), options)
@@ -1291,15 +1302,25 @@ pub fn size_unmodelled(
     };
     let key = measurer.table().lookup(&request.model).map(|m| m.estimator_key()).unwrap_or_default();
     let mut counter = measurer.counter().fresh_like();
-    let flat = crate::measure::blocks::flatten(&request, &mut counter, &key);
+    // Flattened without its body hash (SHA-256 of the whole request, which no size reads).
+    let flat = crate::measure::incremental::Flattener::without_body_hashes().flatten(&request, &mut counter, &key);
+    if cfg!(debug_assertions) {
+        let hashed = crate::measure::blocks::flatten(&request, &mut counter, &key);
+        assert!(hashed.blocks == flat.blocks && hashed.markers == flat.markers, "the probe's request flattened without its body hash");
+    }
     sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
     // The agent's global-scope part: tools and the system prompt through its static block.
     let global = |c: &crate::api::CacheControl| c.scope == Some(crate::api::CacheScope::Global);
     let agent_global_tokens = flat.markers.iter().rev().find(|&&i| flat.blocks[i].cache_control.as_ref().is_some_and(global)).map(|&i| flat.tokens_through(i));
-    // The opening message without the typed prompt (the replay counts that as recorded).
-    let mut opening = request.clone();
-    opening.messages.truncate(1);
-    let opening_tokens = crate::measure::blocks::flatten(&opening, &mut counter, &key).region_tokens(Region::Messages);
+    // The opening message without the typed prompt (the replay counts that as recorded): its
+    // blocks' tokens, each a function of the block alone (debug builds flatten the request cut
+    // to it and compare).
+    let opening_tokens: u64 = flat.blocks.iter().filter(|b| b.path.region == Region::Messages && b.path.index == 0).map(|b| u64::from(b.tokens)).sum();
+    if cfg!(debug_assertions) {
+        let mut opening = request.clone();
+        opening.messages.truncate(1);
+        assert_eq!(opening_tokens, crate::measure::blocks::flatten(&opening, &mut counter, &key).region_tokens(Region::Messages), "the opening message's tokens");
+    }
     let prompt_tokens = workload
         .scenario
         .script
@@ -1385,17 +1406,28 @@ pub fn size_unmodelled(
     {
         sizing.restored_unrecorded_tokens = outlives_compaction(kept).saturating_sub(sizing.recorded_context_tokens);
     }
+    // The filler is written into the document and into its scenario alike (the edits the
+    // scenario's check accepts as they are: no parse of the whole document again); debug builds
+    // parse the document again and compare.
+    use crate::scenario::Step;
     let doc = &mut workload.document;
-    let cwd = workload.scenario.world.cwd.trim_end_matches('/').to_owned();
+    let scenario = &mut workload.scenario;
+    let cwd = scenario.world.cwd.trim_end_matches('/').to_owned();
     if sizing.restored_unrecorded_tokens > 0 {
-        doc["world"]["restored_unrecorded"] = Value::String(sized("recorded client restore not in the file", sizing.restored_unrecorded_tokens));
+        let text = sized("recorded client restore not in the file", sizing.restored_unrecorded_tokens);
+        doc["world"]["restored_unrecorded"] = Value::String(text.clone());
+        scenario.world.restored_unrecorded = Some(text);
     }
     if sizing.static_filler_tokens > 0 {
-        doc["world"]["static_system_prompt"] = Value::String(joined("recorded client prompt before the boundary", sizing.static_filler_tokens));
+        let text = joined("recorded client prompt before the boundary", sizing.static_filler_tokens);
+        doc["world"]["static_system_prompt"] = Value::String(text.clone());
+        scenario.world.static_system_prompt = Some(text);
     }
     let dynamic_filler = sizing.system_filler_tokens - sizing.static_filler_tokens;
     if dynamic_filler > 0 {
-        doc["world"]["append_system_prompt"] = Value::String(joined("recorded client prompt not modelled", dynamic_filler));
+        let text = joined("recorded client prompt not modelled", dynamic_filler);
+        doc["world"]["append_system_prompt"] = Value::String(text.clone());
+        scenario.world.append_system_prompt = Some(text);
     }
     // Whether the recorded client's system prompt was cached at its end is its version's
     // (`ClientProfile::system_cached_at_end`: all but 2.1.88–2.1.114, whose dynamic block went
@@ -1403,9 +1435,12 @@ pub fn size_unmodelled(
     // unrecorded part shows one of the whole prefix (its only level, or the higher of two).
     let cached_at_end = super::ClientProfile::for_version(&super::sizing::main_version(session)).system_cached_at_end;
     doc["world"]["dynamic_system_marker"] = Value::Bool(cached_at_end);
+    scenario.world.dynamic_system_marker = cached_at_end;
     if sizing.claude_md_filler_tokens > 0 {
         let text = sized("recorded memory and context not modelled", sizing.claude_md_filler_tokens);
-        doc["world"]["files"] = json!({ format!("{cwd}/CLAUDE.md"): text });
+        let path = format!("{cwd}/CLAUDE.md");
+        doc["world"]["files"] = json!({ path.clone(): text.clone() });
+        scenario.world.files = indexmap::IndexMap::from([(path, crate::scenario::FileSpec::from(text))]);
     }
     if sizing.mention_filler_tokens > 0
         && let Some(steps) = doc["script"].as_array_mut()
@@ -1418,7 +1453,7 @@ pub fn size_unmodelled(
         // One attachment per file before the first reply, each rendered as the client renders a
         // file it attached (the Read call and its result), sized to its share.
         let count = sizing.mentioned_files.len() as u64;
-        let attachments: Vec<Value> = sizing
+        let texts: Vec<String> = sizing
             .mentioned_files
             .iter()
             .enumerate()
@@ -1428,16 +1463,22 @@ pub fn size_unmodelled(
                 let wrapper_tokens = u64::from(counter.count_text(&block_text(wrapper), &key));
                 let body = share.saturating_sub(wrapper_tokens);
                 let block = super::working_set::Restored::Sized { path: path.clone(), tokens: body, chars: 0 }.to_block(|label, tokens| sized(label, tokens));
-                json!({ "attachment": { "type": "file", "text": block_text(block) } })
+                block_text(block)
             })
             .collect();
-        steps.splice(reply..reply, attachments);
+        steps.splice(reply..reply, texts.iter().map(|text| json!({ "attachment": { "type": "file", "text": text } })));
+        let at = scenario.script.iter().position(|s| matches!(s, Step::Assistant(_))).unwrap_or(scenario.script.len());
+        scenario.script.splice(at..at, texts.into_iter().map(|text| Step::Attachment { kind: "file".to_owned(), text, skill: None }));
     }
     if sizing.history_filler_tokens > 0
         && let Some(first) = doc["script"].as_array_mut().and_then(|steps| steps.iter_mut().find(|s| s.get("user").is_some()))
     {
         let text = first["user"].as_str().unwrap_or_default().to_owned();
-        first["user"] = Value::String(format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens)));
+        let text = format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens));
+        first["user"] = Value::String(text.clone());
+        if let Some(Step::User { text: typed }) = scenario.script.iter_mut().find(|s| matches!(s, Step::User { .. })) {
+            *typed = text;
+        }
     } else if let Some(steps) = doc["script"].as_array_mut() {
         // No history stand-in: a recorded microcompact clears only the file's own results.
         for step in steps.iter_mut() {
@@ -1446,8 +1487,17 @@ pub fn size_unmodelled(
             }
         }
         steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
+        for step in &mut scenario.script {
+            if let Step::Microcompact { history_chars, .. } = step {
+                *history_chars = 0;
+            }
+        }
+        scenario.script.retain(|s| !matches!(s, Step::Microcompact { tool_use_ids, .. } if tool_use_ids.is_empty()));
     }
-    workload.scenario = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
+    if cfg!(debug_assertions) {
+        let parsed = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
+        assert!(parsed == workload.scenario, "the sized scenario of {file} differs from its document's");
+    }
     sizing.subagent_prompt_filler_tokens = size_subagent_prompts(session, file, workload, measurer, strategy)?;
     Ok(sizing)
 }
@@ -1526,7 +1576,7 @@ fn size_subagent_prompts(
             reply.content = vec![serde_json::from_value(json!({ "type": "text", "text": "." })).map_err(|e| e.to_string())?];
         }
         reply.stop_reason = crate::api::StopReason::EndTurn;
-        let mut probe = workload.scenario.clone();
+        let mut probe = probe_scenario(&workload.scenario, 0);
         probe.script = script[..=first_user].to_vec();
         probe.script.extend([Step::Assistant(main), Step::ToolOutput(vec![output]), Step::Assistant(reply)]);
         let counter = measurer.counter().fresh_like();

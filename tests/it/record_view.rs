@@ -81,3 +81,29 @@ fn the_record_view_reads_the_fixtures_and_under_the_reading_knobs() {
     let spotter = real_transcripts().into_iter().find(|p| p.to_string_lossy().contains("spotter")).unwrap();
     check_rows(&spotter, &ReplayOptions { rerender_prompts: false, side_entries: false, ..Default::default() }, 0.05);
 }
+
+/// The information loss of a compaction is memoized per session by what it reads
+/// (`replay::loss::compaction_loss`): on every main-lane call of a shared session with recorded
+/// compactions, judged as recorded, again with other context sizes (a memo hit) and with another
+/// request after it (no hit), it equals the loss judged by scanning every text.
+#[test]
+fn compaction_loss_memo_equals_the_scan() {
+    use ctxsim::recording::format::LANE_MAIN;
+    use ctxsim::replay::loss::{compaction_loss, compaction_loss_by_scan};
+    let path = crate::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
+    let session = ctxsim::recording::claude_code::import_claude_code(&path).unwrap();
+    let main: Vec<usize> = (0..session.calls.len()).filter(|&p| session.calls[p].lane == LANE_MAIN).collect();
+    assert!(main.len() > 2, "{}", main.len());
+    let mut judged = 0;
+    for pair in main.windows(2) {
+        let (previous, at) = (pair[0], pair[1]);
+        let after = session.messages_for_call(&session.calls[at]);
+        let shorter = &after[..after.len() / 2];
+        for (messages, before, after_tokens) in [(&after[..], 9_000, 1_000), (&after[..], 5_000, 7_000), (shorter, 9_000, 1_000)] {
+            let memoized = compaction_loss(&session, at, previous, messages, before, after_tokens);
+            assert_eq!(memoized, compaction_loss_by_scan(&session, at, previous, messages, before, after_tokens), "call {at}");
+            judged += 1;
+        }
+    }
+    assert!(judged > 6);
+}
