@@ -33,6 +33,7 @@ use super::format::{
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
+use super::picked;
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, SharedBlocks, StopReason, ToolResultContent, Usage};
@@ -1305,7 +1306,7 @@ impl FileImporter {
                 self.call_times_ended = true;
             }
             let times = !self.call_times_ended && !(bom && line.number == 1);
-            match parse_line::<Value>(line.bytes) {
+            match self.parse_record(line.bytes) {
                 Ok(Value::Object(record)) => {
                     if times {
                         self.note_call_time(&record, line.bytes);
@@ -1329,6 +1330,22 @@ impl FileImporter {
         self.settle_times();
         self.hash_assistant_messages();
         Ok(())
+    }
+
+    /// A line's record as [`FileImporter::record`] reads it: the fields it reads
+    /// ([`picked::record`]) where its type is read from those alone, the whole `Value` parse
+    /// otherwise (and for a line the picked parse does not take). Debug builds parse every picked
+    /// line whole too and compare.
+    fn parse_record(&self, bytes: &[u8]) -> Result<Value, (Option<String>, String)> {
+        let picked = std::str::from_utf8(bytes).ok().and_then(picked::record).filter(|record| !reads_whole_record(record));
+        let Some(record) = picked else { return parse_line::<Value>(bytes) };
+        if cfg!(debug_assertions) {
+            let Ok(Value::Object(whole)) = parse_line::<Value>(bytes) else {
+                panic!("{}: picked a record the whole parse refuses", self.file)
+            };
+            assert!(picked::same_in_order(&record, &picked::filtered(&whole)), "{}: the picked record {record:?} is not the whole one's fields", self.file);
+        }
+        Ok(Value::Object(record))
     }
 
     /// Keeps the written time of a line parsed as `record` ([`written_call_time`]'s rule, read
@@ -1426,6 +1443,8 @@ impl FileImporter {
         self.warnings.push(LineWarning { kind, file: self.file.clone(), line, path, message });
     }
 
+    /// Reads a record: of a type [`reads_whole_record`] leaves to the picked parse, only its
+    /// [`picked::RECORD_FIELDS`] (and `data`'s [`picked::DATA_FIELDS`]) are here.
     fn record(&mut self, mut record: Map<String, Value>, line: usize) {
         let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
@@ -1887,6 +1906,23 @@ impl FileImporter {
             report.warnings.push(w.clone());
         }
         report.warnings.suppressed += self.warnings.suppressed;
+    }
+}
+
+/// Whether [`FileImporter::record`] reads more of `record` (a picked parse of its line) than
+/// its picked fields: the records whose payload keeps every field but the envelope's (system
+/// records, queued operations, session metadata), the wire requests, and a `SessionStart` hook's
+/// progress (its whole `data`). Every other type reads only [`picked::RECORD_FIELDS`].
+fn reads_whole_record(record: &Map<String, Value>) -> bool {
+    match record.get("type").and_then(Value::as_str) {
+        Some("system" | "queue-operation") => true,
+        Some("progress") => {
+            let data = record.get("data");
+            let field = |key: &str| data.and_then(|d| d.get(key)).and_then(Value::as_str);
+            field("type") == Some("hook_progress") && field("hookEvent") == Some("SessionStart")
+        }
+        Some(kind) => api_requests::API_REQUEST_KINDS.contains(&kind) || METADATA_TYPES.contains(&kind),
+        None => false,
     }
 }
 
