@@ -57,11 +57,91 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// The record of a line that is UTF-8 text with only its [`RECORD_FIELDS`] (and `data`'s
 /// [`DATA_FIELDS`]); `None` for a line the `Value` parse is to read (module doc).
-pub(crate) fn record(text: &str) -> Option<Map<String, Value>> {
+pub(crate) fn record(text: &str) -> Option<Fields> {
     let mut de = serde_json::Deserializer::from_str(text);
-    let record = Picked { fields: RECORD_FIELDS, data: true }.deserialize(&mut de).ok()?;
+    let record = PickedRecord.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(record)
+}
+
+/// A record's [`RECORD_FIELDS`], each in its slot (a `Value` as the whole parse builds it; `data`
+/// an object of [`DATA_FIELDS`]): no key built, hashed or looked up in a map.
+#[derive(Debug, Default)]
+pub(crate) struct Fields([Option<Value>; RECORD_FIELDS.len()]);
+
+impl Fields {
+    /// The slot of `key`, one of [`RECORD_FIELDS`]: reading another field of a picked record is a
+    /// bug (the importer would read it as absent), so it panics.
+    fn slot(key: &str) -> usize {
+        RECORD_FIELDS.iter().position(|field| *field == key).unwrap_or_else(|| {
+            panic!("the importer reads field `{key}` of a picked record: add it to picked::RECORD_FIELDS")
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0[Self::slot(key)].as_ref()
+    }
+
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
+        self.0[Self::slot(key)].as_mut()
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.0[Self::slot(key)].take()
+    }
+
+    /// The fields as a map in [`RECORD_FIELDS`]' order (for the debug checks and the tests).
+    pub fn to_map(&self) -> Map<String, Value> {
+        RECORD_FIELDS.iter().zip(&self.0).filter_map(|(key, value)| Some(((*key).to_owned(), value.clone()?))).collect()
+    }
+}
+
+/// `whole` (a line's `Value` parse) as [`record`] reads it, as a map in [`RECORD_FIELDS`]'
+/// order: the same as [`Fields::to_map`] of [`record`] of the line.
+pub(crate) fn filtered_in_field_order(whole: &Map<String, Value>) -> Map<String, Value> {
+    let filtered = filtered(whole);
+    RECORD_FIELDS.iter().filter_map(|key| Some(((*key).to_owned(), filtered.get(*key)?.clone()))).collect()
+}
+
+/// The top-level object of a record line, into [`Fields`].
+struct PickedRecord;
+
+impl<'de> DeserializeSeed<'de> for PickedRecord {
+    type Value = Fields;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PickedRecord {
+    type Value = Fields;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields::default();
+        let mut first = true;
+        while let Some(Key(key)) = map.next_key()? {
+            if std::mem::take(&mut first) && key == RAW_VALUE_TOKEN {
+                return Err(de::Error::custom("raw value marker"));
+            }
+            match RECORD_FIELDS.iter().position(|field| *field == key) {
+                // A repeated key: the last value wins, as in the whole parse's map.
+                Some(slot) if key == "data" => {
+                    let data = map.next_value_seed(Picked { fields: DATA_FIELDS })?;
+                    fields.0[slot] = Some(Value::Object(data));
+                }
+                Some(slot) => fields.0[slot] = Some(map.next_value()?),
+                None => {
+                    map.next_value::<Checked>()?;
+                }
+            }
+        }
+        Ok(fields)
+    }
 }
 
 /// `whole` (a line's `Value` parse) with only the fields [`record`] builds: what [`record`]
@@ -93,11 +173,9 @@ pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> b
     a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
 }
 
-/// An object, building only the entries of `fields` (and, with `data`, the `data` entry as an
-/// object of [`DATA_FIELDS`]).
+/// An object, building only the entries of `fields`.
 struct Picked {
     fields: &'static [&'static str],
-    data: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for Picked {
@@ -122,10 +200,7 @@ impl<'de> Visitor<'de> for Picked {
             if std::mem::take(&mut first) && key == RAW_VALUE_TOKEN {
                 return Err(de::Error::custom("raw value marker"));
             }
-            if self.data && key == "data" {
-                let data = map.next_value_seed(Picked { fields: DATA_FIELDS, data: false })?;
-                picked.insert(key.into_owned(), Value::Object(data));
-            } else if self.fields.contains(&key.as_ref()) {
+            if self.fields.contains(&key.as_ref()) {
                 let value: Value = map.next_value()?;
                 picked.insert(key.into_owned(), value);
             } else {
@@ -306,7 +381,7 @@ mod tests {
         match record(text) {
             Some(picked) => {
                 let Ok(Value::Object(whole)) = whole else { panic!("picked a line the Value parse refuses: {text}") };
-                assert!(same_in_order(&picked, &filtered(&whole)), "{text}");
+                assert!(same_in_order(&picked.to_map(), &filtered_in_field_order(&whole)), "{text}");
             }
             None => {
                 if let Ok(Value::Object(whole)) = whole
@@ -357,6 +432,6 @@ mod tests {
         ] {
             check(text);
         }
-        assert!(record(r#"{"slug":"s","uuid":"u"}"#).is_some_and(|r| r.len() == 1 && r["uuid"] == "u"));
+        assert!(record(r#"{"slug":"s","uuid":"u"}"#).is_some_and(|r| r.to_map().len() == 1 && r.get("uuid").is_some_and(|u| u == "u")));
     }
 }
