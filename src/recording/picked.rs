@@ -124,10 +124,7 @@ impl<'de> Visitor<'de> for PickedRecord {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = Fields::default();
         let mut first = true;
-        while let Some(Key(key)) = map.next_key()? {
-            if std::mem::take(&mut first) && key == RAW_VALUE_TOKEN {
-                return Err(de::Error::custom("raw value marker"));
-            }
+        while let Some(key) = next_key(&mut map, &mut first)? {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
                 // A repeated key: the last value wins, as in the whole parse's map.
                 Some(slot) if key == "data" => {
@@ -196,10 +193,7 @@ impl<'de> Visitor<'de> for Picked {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut picked = Map::new();
         let mut first = true;
-        while let Some(Key(key)) = map.next_key()? {
-            if std::mem::take(&mut first) && key == RAW_VALUE_TOKEN {
-                return Err(de::Error::custom("raw value marker"));
-            }
+        while let Some(key) = next_key(&mut map, &mut first)? {
             if self.fields.contains(&key.as_ref()) {
                 let value: Value = map.next_value()?;
                 picked.insert(key.into_owned(), value);
@@ -209,6 +203,16 @@ impl<'de> Visitor<'de> for Picked {
         }
         Ok(picked)
     }
+}
+
+/// The next key of an object, refusing serde's raw value marker as its first key (the whole
+/// parse reads that object as a raw value: left to it).
+fn next_key<'de, A: MapAccess<'de>>(map: &mut A, first: &mut bool) -> Result<Option<Cow<'de, str>>, A::Error> {
+    let key = map.next_key::<Key>()?.map(|Key(key)| key);
+    if std::mem::take(first) && key.as_deref() == Some(RAW_VALUE_TOKEN) {
+        return Err(de::Error::custom("raw value marker"));
+    }
+    Ok(key)
 }
 
 /// An object key, borrowed from the line where it has no escape.
@@ -281,10 +285,7 @@ impl<'de> Visitor<'de> for Checked {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
         let mut first = true;
-        while let Some(Key(key)) = map.next_key()? {
-            if std::mem::take(&mut first) && key == RAW_VALUE_TOKEN {
-                return Err(de::Error::custom("raw value marker"));
-            }
+        while next_key(&mut map, &mut first)?.is_some() {
             map.next_value::<Checked>()?;
         }
         Ok(Checked)
