@@ -33,6 +33,7 @@ use super::format::{
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
+use super::picked;
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, SharedBlocks, StopReason, ToolResultContent, Usage};
@@ -1305,14 +1306,14 @@ impl FileImporter {
                 self.call_times_ended = true;
             }
             let times = !self.call_times_ended && !(bom && line.number == 1);
-            match parse_line::<Value>(line.bytes) {
-                Ok(Value::Object(record)) => {
+            match self.parse_record(line.bytes) {
+                Ok(Ok(record)) => {
                     if times {
                         self.note_call_time(&record, line.bytes);
                     }
                     self.record(record, line.number)
                 }
-                Ok(other) => {
+                Ok(Err(other)) => {
                     if times {
                         self.note_call_time_of_line(line.bytes);
                     }
@@ -1331,10 +1332,39 @@ impl FileImporter {
         Ok(())
     }
 
+    /// A line's record as [`FileImporter::record`] reads it: the fields it reads
+    /// ([`picked::record`]) where its type is read from those alone, the whole `Value` parse
+    /// otherwise (and for a line the picked parse does not take). Debug builds parse every picked
+    /// line whole too and compare.
+    fn parse_record(&self, bytes: &[u8]) -> Result<Result<Record, Value>, (Option<String>, String)> {
+        let picked = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(picked::record)
+            .map(Record::Picked)
+            .filter(|record| !reads_whole_record(record));
+        let Some(record) = picked else {
+            return parse_line::<Value>(bytes).map(|value| match value {
+                Value::Object(map) => Ok(Record::Whole(map)),
+                other => Err(other),
+            });
+        };
+        if cfg!(debug_assertions) {
+            let (Record::Picked(fields), Ok(Value::Object(whole))) = (&record, parse_line::<Value>(bytes)) else {
+                panic!("{}: picked a record the whole parse refuses", self.file)
+            };
+            assert!(
+                picked::same_in_order(&fields.to_map(), &picked::filtered_in_field_order(&whole)),
+                "{}: the picked record {fields:?} is not the whole one's fields",
+                self.file
+            );
+        }
+        Ok(Ok(record))
+    }
+
     /// Keeps the written time of a line parsed as `record` ([`written_call_time`]'s rule, read
     /// off the parsed record): only a line with a string `timestamp`, `requestId` and
     /// `message.id` can have one; a `message` of another shape goes to the typed parse.
-    fn note_call_time(&mut self, record: &Map<String, Value>, line: &[u8]) {
+    fn note_call_time(&mut self, record: &Record, line: &[u8]) {
         let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return };
         let id = match record.get("message") {
             Some(Value::Object(message)) => match message.get("id") {
@@ -1375,7 +1405,7 @@ impl FileImporter {
     }
 
     /// A user record's message by hash, for `tail` hashes without a blob.
-    fn index_user_message(&mut self, record: &Map<String, Value>) {
+    fn index_user_message(&mut self, record: &Record) {
         if let Some(content) = record.get("message").and_then(|m| m.get("content")) {
             let message = serde_json::json!({"role": "user", "content": content});
             self.api.record_messages.insert(api_requests::message_hash(&message), message);
@@ -1383,7 +1413,7 @@ impl FileImporter {
     }
 
     /// An assistant record's content blocks, merged with the earlier lines of its message.
-    fn collect_assistant_content(&mut self, record: &Map<String, Value>) {
+    fn collect_assistant_content(&mut self, record: &Record) {
         let Some(message) = record.get("message") else { return };
         let blocks: Vec<Value> = match message.get("content") {
             Some(Value::Array(items)) => items.clone(),
@@ -1426,7 +1456,9 @@ impl FileImporter {
         self.warnings.push(LineWarning { kind, file: self.file.clone(), line, path, message });
     }
 
-    fn record(&mut self, mut record: Map<String, Value>, line: usize) {
+    /// Reads a record: of a type [`reads_whole_record`] leaves to the picked parse, only its
+    /// [`picked::RECORD_FIELDS`] (and `data`'s [`picked::DATA_FIELDS`]) are here.
+    fn record(&mut self, mut record: Record, line: usize) {
         let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
             return;
@@ -1486,7 +1518,7 @@ impl FileImporter {
             }
             "system" => {
                 let subtype = subtype.unwrap_or("").to_owned();
-                self.system(record, &subtype, time_ms, &lane, uuid.as_deref());
+                self.system(record.into_whole(), &subtype, time_ms, &lane, uuid.as_deref());
             }
             "attachment" => {
                 let attachment = record.remove("attachment").unwrap_or(Value::Null);
@@ -1499,7 +1531,7 @@ impl FileImporter {
                 self.push(EventKind::Attachment(Attachment { attachment_type, payload: attachment }), time_ms, &lane, uuid.as_deref());
             }
             "queue-operation" => {
-                let payload = strip_envelope(record);
+                let payload = strip_envelope(record.into_whole());
                 self.push(
                     EventKind::SystemEvent(SystemEvent { subtype: "queue_operation".into(), payload }),
                     time_ms,
@@ -1549,13 +1581,13 @@ impl FileImporter {
             // File-history snapshots and deltas back up edited files for /rewind; not model
             // context.
             "file-history-snapshot" | "file-history-delta" => {}
-            other if api_requests::API_REQUEST_KINDS.contains(&other) => self.api_record(other, &record, line),
+            other if api_requests::API_REQUEST_KINDS.contains(&other) => self.api_record(other, &record.into_whole(), line),
             other if api_requests::NOT_USED_KINDS.contains(&other) => {
                 *self.not_used_by_type.entry(other.to_owned()).or_default() += 1;
             }
             other if METADATA_TYPES.contains(&other) => {
                 let other = other.to_owned();
-                self.metadata.insert(other, strip_envelope(record));
+                self.metadata.insert(other, strip_envelope(record.into_whole()));
             }
             other => {
                 *self.unknown_by_type.entry(other.to_owned()).or_default() += 1;
@@ -1572,7 +1604,7 @@ impl FileImporter {
         }
     }
 
-    fn time_of(&mut self, record: &Map<String, Value>, line: usize) -> i64 {
+    fn time_of(&mut self, record: &Record, line: usize) -> i64 {
         let Some(text) = record.get("timestamp").and_then(Value::as_str) else { return self.last_time_ms };
         let ms = match text.parse::<jiff::Timestamp>() {
             Ok(ts) => ts.as_millisecond(),
@@ -1602,7 +1634,7 @@ impl FileImporter {
         }
     }
 
-    fn lane_of(&self, record: &Map<String, Value>) -> String {
+    fn lane_of(&self, record: &Record) -> String {
         if let Some(lane) = &self.file_lane {
             return lane.clone();
         }
@@ -1622,7 +1654,7 @@ impl FileImporter {
         self.events.len() - 1
     }
 
-    fn user(&mut self, record: &mut Map<String, Value>, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
+    fn user(&mut self, record: &mut Record, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
         let is_meta = record.get("isMeta").and_then(Value::as_bool).unwrap_or(false);
         let is_compact_summary = record.get("isCompactSummary").and_then(Value::as_bool).unwrap_or(false);
         self.prompt_mode = record.get("permissionMode").and_then(Value::as_str).map(str::to_owned);
@@ -1706,7 +1738,7 @@ impl FileImporter {
     /// Returns the index of the reply a continuation chunk was merged into.
     fn assistant(
         &mut self,
-        record: &mut Map<String, Value>,
+        record: &mut Record,
         line: usize,
         time_ms: i64,
         lane: &str,
@@ -1887,6 +1919,65 @@ impl FileImporter {
             report.warnings.push(w.clone());
         }
         report.warnings.suppressed += self.warnings.suppressed;
+    }
+}
+
+/// A record line's object as [`FileImporter::record`] reads it: the whole `Value` parse, or the
+/// fields it reads of a record type [`reads_whole_record`] leaves to the picked parse.
+enum Record {
+    Whole(Map<String, Value>),
+    Picked(picked::Fields),
+}
+
+impl Record {
+    fn get(&self, key: &str) -> Option<&Value> {
+        match self {
+            Record::Whole(map) => map.get(key),
+            Record::Picked(fields) => fields.get(key),
+        }
+    }
+
+    fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
+        match self {
+            Record::Whole(map) => map.get_mut(key),
+            Record::Picked(fields) => fields.get_mut(key),
+        }
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Value> {
+        match self {
+            Record::Whole(map) => map.remove(key),
+            Record::Picked(fields) => fields.remove(key),
+        }
+    }
+
+    fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The whole record, for the record types that keep it ([`reads_whole_record`]).
+    fn into_whole(self) -> Map<String, Value> {
+        match self {
+            Record::Whole(map) => map,
+            Record::Picked(fields) => panic!("a picked record read whole (reads_whole_record leaves its type out): {fields:?}"),
+        }
+    }
+}
+
+/// Whether [`FileImporter::record`] reads more of `record` (a picked parse of its line) than
+/// its picked fields: the records whose payload keeps every field but the envelope's (system
+/// records, queued operations, session metadata), the wire requests, and a `SessionStart` hook's
+/// progress (its whole `data`). Every other type reads only [`picked::RECORD_FIELDS`].
+fn reads_whole_record(record: &Record) -> bool {
+    match record.get("type").and_then(Value::as_str) {
+        Some("system" | "queue-operation") => true,
+        Some("progress") => {
+            let data = record.get("data");
+            let field = |key: &str| data.and_then(|d| d.get(key)).and_then(Value::as_str);
+            field("type") == Some("hook_progress") && field("hookEvent") == Some("SessionStart")
+        }
+        Some(kind) => api_requests::API_REQUEST_KINDS.contains(&kind) || METADATA_TYPES.contains(&kind),
+        None => false,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod claude_code;
 pub mod claude_trace;
 pub mod format;
 pub mod import;
+mod picked;
 mod report;
 
 pub use claude_code::{SUMMARY_OPENING, ImportedSession, RecordedCall, ViewCache, build_messages, import_claude_code, import_claude_code_from, recorded_calls};

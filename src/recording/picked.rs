@@ -1,0 +1,438 @@
+//! The transcript importer's parse of one record line: `serde_json::Value`'s parse of the
+//! record object, building only the fields the importer reads of it.
+//!
+//! A whole `Value` of a line builds every string, number and map entry of it (a `String` and a
+//! hashed map insert each): the envelope fields no reader takes (`gitBranch`, `slug`,
+//! `userType`, ...), a `progress` record's `data` (an agent's whole message), a file-history
+//! snapshot. [`record`] builds the entries of [`RECORD_FIELDS`] (of `data`, those of
+//! [`DATA_FIELDS`]) as the `Value` parse builds them, and reads every other entry through the
+//! same deserializer calls (`deserialize_any`, the same string, number and depth checks) without
+//! building it. So a line parses here exactly when its `Value` parse gives an object (with a
+//! `data` that is an object when it has one), and what it gives is that object with only those
+//! fields: the same values, in the same order, the last of a repeated key winning where the first
+//! stood. A line it does not take (no object, no UTF-8, a `data` of another kind, serde's raw
+//! value marker as an object's first key) goes to the `Value` parse, which names the failure.
+
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
+
+/// The top-level fields the importer reads of a record it takes from its fields alone
+/// (`claude_code::FileImporter::record` and what it calls, for every record type but those
+/// `reads_whole_record` sends to the whole parse).
+pub(crate) const RECORD_FIELDS: &[&str] = &[
+    "type",
+    "subtype",
+    "uuid",
+    "parentUuid",
+    "timestamp",
+    "sessionId",
+    "cwd",
+    "entrypoint",
+    "version",
+    "isSidechain",
+    "agentId",
+    "message",
+    "requestId",
+    "requestRef",
+    "isApiErrorMessage",
+    "isMeta",
+    "isCompactSummary",
+    "permissionMode",
+    "toolUseResult",
+    "attachment",
+    "toolUseID",
+    "parentToolUseID",
+    "data",
+];
+
+/// The fields of a `progress` record's `data` the importer reads (of a hook's progress other than
+/// `SessionStart`'s, and of an agent's).
+pub(crate) const DATA_FIELDS: &[&str] = &["type", "hookEvent", "hookName", "agentId"];
+
+/// The key a `Value` parse with serde_json's `raw_value` feature reads, as an object's first key,
+/// as the mark of a raw value rather than as a key.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+/// The record of a line that is UTF-8 text with only its [`RECORD_FIELDS`] (and `data`'s
+/// [`DATA_FIELDS`]); `None` for a line the `Value` parse is to read (module doc).
+pub(crate) fn record(text: &str) -> Option<Fields> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let record = PickedRecord.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(record)
+}
+
+/// A record's [`RECORD_FIELDS`], each in its slot (a `Value` as the whole parse builds it; `data`
+/// an object of [`DATA_FIELDS`]): no key built, hashed or looked up in a map.
+#[derive(Debug, Default)]
+pub(crate) struct Fields([Option<Value>; RECORD_FIELDS.len()]);
+
+impl Fields {
+    /// The slot of `key`, one of [`RECORD_FIELDS`]: reading another field of a picked record is a
+    /// bug (the importer would read it as absent), so it panics.
+    fn slot(key: &str) -> usize {
+        RECORD_FIELDS.iter().position(|field| *field == key).unwrap_or_else(|| {
+            panic!("the importer reads field `{key}` of a picked record: add it to picked::RECORD_FIELDS")
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0[Self::slot(key)].as_ref()
+    }
+
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
+        self.0[Self::slot(key)].as_mut()
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.0[Self::slot(key)].take()
+    }
+
+    /// The fields as a map in [`RECORD_FIELDS`]' order (for the debug checks and the tests).
+    pub fn to_map(&self) -> Map<String, Value> {
+        RECORD_FIELDS.iter().zip(&self.0).filter_map(|(key, value)| Some(((*key).to_owned(), value.clone()?))).collect()
+    }
+}
+
+/// `whole` (a line's `Value` parse) as [`record`] reads it, as a map in [`RECORD_FIELDS`]'
+/// order: the same as [`Fields::to_map`] of [`record`] of the line.
+pub(crate) fn filtered_in_field_order(whole: &Map<String, Value>) -> Map<String, Value> {
+    let filtered = filtered(whole);
+    RECORD_FIELDS.iter().filter_map(|key| Some(((*key).to_owned(), filtered.get(*key)?.clone()))).collect()
+}
+
+/// The top-level object of a record line, into [`Fields`].
+struct PickedRecord;
+
+impl<'de> DeserializeSeed<'de> for PickedRecord {
+    type Value = Fields;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PickedRecord {
+    type Value = Fields;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields::default();
+        let mut first = true;
+        while let Some(key) = next_key(&mut map, &mut first)? {
+            match RECORD_FIELDS.iter().position(|field| *field == key) {
+                // A repeated key: the last value wins, as in the whole parse's map.
+                Some(slot) if key == "data" => {
+                    let data = map.next_value_seed(Picked { fields: DATA_FIELDS })?;
+                    fields.0[slot] = Some(Value::Object(data));
+                }
+                Some(slot) => fields.0[slot] = Some(map.next_value()?),
+                None => {
+                    map.next_value::<Checked>()?;
+                }
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// `whole` (a line's `Value` parse) with only the fields [`record`] builds: what [`record`]
+/// gives for the same line. For the debug checks and the tests.
+pub(crate) fn filtered(whole: &Map<String, Value>) -> Map<String, Value> {
+    let mut picked = Map::new();
+    for (key, value) in whole {
+        if key == "data" {
+            let Value::Object(data) = value else { panic!("a picked record's data is an object, not {value}") };
+            let data = data.iter().filter(|(k, _)| DATA_FIELDS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+            picked.insert(key.clone(), Value::Object(data));
+        } else if RECORD_FIELDS.contains(&key.as_str()) {
+            picked.insert(key.clone(), value.clone());
+        }
+    }
+    picked
+}
+
+/// Whether two maps hold the same entries in the same order, nested maps too (a `Map`'s `==`
+/// ignores order).
+pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => same_in_order(a, b),
+            (Value::Array(a), Value::Array(b)) => a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same(a, b)),
+            _ => a == b,
+        }
+    }
+    a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
+}
+
+/// An object, building only the entries of `fields`.
+struct Picked {
+    fields: &'static [&'static str],
+}
+
+impl<'de> DeserializeSeed<'de> for Picked {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Picked {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut picked = Map::new();
+        let mut first = true;
+        while let Some(key) = next_key(&mut map, &mut first)? {
+            if self.fields.contains(&key.as_ref()) {
+                let value: Value = map.next_value()?;
+                picked.insert(key.into_owned(), value);
+            } else {
+                map.next_value::<Checked>()?;
+            }
+        }
+        Ok(picked)
+    }
+}
+
+/// The next key of an object, refusing serde's raw value marker as its first key (the whole
+/// parse reads that object as a raw value: left to it).
+fn next_key<'de, A: MapAccess<'de>>(map: &mut A, first: &mut bool) -> Result<Option<Cow<'de, str>>, A::Error> {
+    let key = map.next_key::<Key>()?.map(|Key(key)| key);
+    if std::mem::take(first) && key.as_deref() == Some(RAW_VALUE_TOKEN) {
+        return Err(de::Error::custom("raw value marker"));
+    }
+    Ok(key)
+}
+
+/// An object key, borrowed from the line where it has no escape.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// Any value, read as `Value`'s parse reads it (`deserialize_any` all the way down, so the same
+/// number, string and depth checks) and not built.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Checked)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        let mut first = true;
+        while next_key(&mut map, &mut first)?.is_some() {
+            map.next_value::<Checked>()?;
+        }
+        Ok(Checked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON text, valid or not: the values a transcript holds and the edge cases where a parse
+    /// that skips could part from `Value`'s (numbers out of range, lone surrogates, control
+    /// characters, the raw value marker, deep nesting, repeated keys, bad syntax).
+    fn json(depth: u32) -> BoxedStrategy<String> {
+        json_of(depth, true)
+    }
+
+    /// [`json`], or with `edges` false only valid JSON of the usual shapes (so most lines parse).
+    fn json_of(depth: u32, edges: bool) -> BoxedStrategy<String> {
+        let usual = prop_oneof![
+            Just("null".to_owned()),
+            Just("false".to_owned()),
+            Just("7".to_owned()),
+            Just("-0.25".to_owned()),
+            Just("\"x\\ty\\u00e9\"".to_owned()),
+            "[a-z ]{0,12}".prop_map(|s| format!("\"{s}\"")),
+        ];
+        if !edges {
+            if depth == 0 {
+                return usual.boxed();
+            }
+            let inner = json_of(depth - 1, false);
+            let key = prop_oneof![
+                prop::sample::select(RECORD_FIELDS).prop_map(str::to_owned),
+                prop::sample::select(DATA_FIELDS).prop_map(str::to_owned),
+                "[a-zA-Z]{1,8}",
+            ];
+            return prop_oneof![
+                3 => usual,
+                1 => prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[{}]", items.join(","))),
+                2 => prop::collection::vec((key, inner), 0..5).prop_map(|entries| {
+                    let entries: Vec<String> = entries.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", entries.join(","))
+                }),
+            ]
+            .boxed();
+        }
+        let leaf = prop_oneof![
+            usual,
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("1".to_owned()),
+            Just("-12.5e3".to_owned()),
+            Just("1e999".to_owned()),
+            Just("18446744073709551616".to_owned()),
+            Just("\"a\\nb\\\"c\"".to_owned()),
+            Just("\"\\ud800\"".to_owned()),
+            Just("\"\\ud83d\\ude00\"".to_owned()),
+            Just("\"tab\there\"".to_owned()),
+            Just("\"\\x\"".to_owned()),
+            Just("tru".to_owned()),
+            "[a-z]{0,6}".prop_map(|s| format!("\"{s}\"")),
+        ];
+        if depth == 0 {
+            return leaf.boxed();
+        }
+        let inner = json(depth - 1);
+        let key = prop_oneof![
+            prop::sample::select(RECORD_FIELDS).prop_map(str::to_owned),
+            prop::sample::select(DATA_FIELDS).prop_map(str::to_owned),
+            Just("gitBranch".to_owned()),
+            Just("slug".to_owned()),
+            Just(RAW_VALUE_TOKEN.to_owned()),
+            Just("ty\\u0070e".to_owned()),
+        ];
+        prop_oneof![
+            3 => leaf,
+            2 => prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[{}]", items.join(","))),
+            4 => prop::collection::vec((key, inner), 0..6).prop_map(|entries| {
+                let entries: Vec<String> = entries.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                format!("{{{}}}", entries.join(","))
+            }),
+            1 => Just(format!("{}{}", "[".repeat(130), "]".repeat(130))),
+            1 => Just("{\"a\":1,}".to_owned()),
+        ]
+        .boxed()
+    }
+
+    /// What [`record`] gives when the `Value` parse takes the line as an object whose `data`,
+    /// if any, is an object: the object's [`filtered`] fields.
+    fn check(text: &str) {
+        let whole = serde_json::from_str::<Value>(text);
+        match record(text) {
+            Some(picked) => {
+                let Ok(Value::Object(whole)) = whole else { panic!("picked a line the Value parse refuses: {text}") };
+                assert!(same_in_order(&picked.to_map(), &filtered_in_field_order(&whole)), "{text}");
+            }
+            None => {
+                if let Ok(Value::Object(whole)) = whole
+                    && !matches!(whole.get("data"), Some(data) if !data.is_object())
+                    && !text.contains(RAW_VALUE_TOKEN)
+                {
+                    panic!("the Value parse took a line the picked parse refused: {text}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn picked_record_is_the_value_parse_filtered(text in json(4)) {
+            check(&text);
+        }
+
+        #[test]
+        fn picked_record_of_a_record_is_the_value_parse_filtered(
+            entries in prop::collection::vec((prop_oneof![prop::sample::select(RECORD_FIELDS), Just("gitBranch"), Just("slug")], json_of(3, false)), 0..10),
+            data in prop::collection::vec((prop_oneof![prop::sample::select(DATA_FIELDS), Just("message")], json_of(2, false)), 0..4),
+        ) {
+            let mut entries: Vec<String> = entries.into_iter().filter(|(k, _)| *k != "data").map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let data: Vec<String> = data.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            entries.push(format!("\"data\":{{{}}}", data.join(",")));
+            let text = format!("{{{}}}", entries.join(","));
+            // Valid JSON of an object with an object `data`: the picked parse takes it.
+            prop_assert!(record(&text).is_some(), "{}", text);
+            check(&text);
+        }
+    }
+
+    #[test]
+    fn edge_lines() {
+        for text in [
+            r#"{"type":"user","type":"assistant","gitBranch":"x"}"#,
+            r#"{"data":{"type":"hook_progress","big":{"a":[1,2,{"b":"c"}]},"type":"agent_progress"},"data":{"agentId":"z"}}"#,
+            r#"{"data":5}"#,
+            r#"{"$serde_json::private::RawValue":"{}"}"#,
+            r#"{"x":{"$serde_json::private::RawValue":"{}"}}"#,
+            r#"{"x":1e999}"#,
+            r#"{"x":"\ud800"}"#,
+            r#"{"message":{"content":[{"type":"text","text":"a\u0000b"}]}} "#,
+            r#"{"x":1} x"#,
+            r#"[1]"#,
+            "",
+        ] {
+            check(text);
+        }
+        assert!(record(r#"{"slug":"s","uuid":"u"}"#).is_some_and(|r| r.to_map().len() == 1 && r.get("uuid").is_some_and(|u| u == "u")));
+    }
+}
