@@ -848,7 +848,7 @@ impl ModelCalls for MeasuredCalls<'_, '_> {
     }
 
     fn fork(&mut self, lane: &str, thread: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let (row, answer) = measure_fork(self.measurer, (self.mirrors, thread), lane, &request, events, window, fallback, world, self.turn)?;
+        let (row, answer) = measure_fork(self.measurer, self.mirrors, thread, lane, &request, events, window, fallback, world, self.turn)?;
         self.out.push(row, request);
         Ok(answer)
     }
@@ -856,11 +856,13 @@ impl ModelCalls for MeasuredCalls<'_, '_> {
 
 /// A chain fork measured in simulation: the API refuses it before sampling as it does on the
 /// main lane (an error row, the clock stays), else the lane's next scripted reply or `fallback`
-/// answers it and the clock moves on by its latency. Shared by the runner and `live`.
+/// answers it and the clock moves on by its latency; measured on every mirror too, as a fork of
+/// the thread on lane `thread` ([`Mirror::measure_fork`]). Shared by the runner and `live`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn measure_fork(
     measurer: &mut Measurer,
-    (mirrors, thread): (&mut [Mirror], &str),
+    mirrors: &mut [Mirror],
+    thread: &str,
     lane: &str,
     request: &Request,
     events: Vec<String>,

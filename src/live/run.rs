@@ -193,7 +193,7 @@ impl ModelCalls for Live<'_> {
 
     /// Chain forks stay simulated (`runner::measure_fork`).
     fn fork(&mut self, lane: &str, _thread: &str, request: Request, events: Vec<String>, window: u64, fallback: Reply, world: &mut World) -> Result<ForkAnswer, String> {
-        let (row, answer) = crate::runner::measure_fork(self.measurer, (&mut [], crate::recording::format::LANE_MAIN), lane, &request, events, window, fallback, world, self.turn)?;
+        let (row, answer) = crate::runner::measure_fork(self.measurer, &mut [], crate::recording::format::LANE_MAIN, lane, &request, events, window, fallback, world, self.turn)?;
         self.calls.push(LiveCall { row, actual: None });
         Ok(answer)
     }
