@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::measure::token_cache::{self, SharedCounts, TokenCache};
 use crate::measure::{Calibration, Measurer, ModelTable, TokenCounter};
-use crate::replay::audit::{GroupBy, SessionAudit, audit_session, group, sort_audits};
+use crate::replay::audit::{GroupBy, LeadingPlots, SessionAudit, audit_session, group, sort_audits};
 use crate::replay::audit_cache::{AuditCache, Lookup, RunKey};
 use crate::replay::load_session;
 use crate::report::audit::{AuditJson, audit_columns, audit_csv, audit_table, by_name};
@@ -153,8 +153,18 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
     // Finished sessions' results from earlier runs (`replay::audit_cache`), looked up first:
     // when every session hits, no token count is loaded and no tokenizer built.
     let result_cache = if args.no_result_cache || args.no_cache { None } else { result_cache(&args, files.is_empty()) };
+    // Only the report's sessions keep their context-per-call plots: the rest of an audit is a
+    // row, so memory does not grow with the plots of every session.
+    let plots = LeadingPlots::new(if args.out.is_some() { crate::report::audit::TOP_SESSIONS } else { 0 });
+    let offer = |lookup: Lookup| match lookup {
+        Lookup::Hit(mut audit) => {
+            plots.offer(&mut audit);
+            Lookup::Hit(audit)
+        }
+        miss => miss,
+    };
     let mut lookups: Vec<Lookup> = match &result_cache {
-        Some(cache) => pool.install(|| files.par_iter().with_max_len(1).map(|file| cache.lookup(file)).collect()),
+        Some(cache) => pool.install(|| files.par_iter().with_max_len(1).map(|file| offer(cache.lookup(file))).collect()),
         None => files.iter().map(|_| Lookup::Miss { key: None, note: None }).collect(),
     };
     let mut results: Vec<Option<Result<SessionAudit, String>>> = Vec::with_capacity(files.len());
@@ -191,7 +201,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
             .with_max_len(1)
             .map(|&(_, k)| {
                 let file = &files[k];
-                let out = match load_session(&file.path) {
+                let mut out = match load_session(&file.path) {
                     Ok(session) => Ok(audit_session(file, &session, &table, &make, engine)),
                     Err(e) => Err(format!("{}: skipped: {e}", file.path.display())),
                 };
@@ -200,6 +210,9 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
                     (Some(cache), Lookup::Miss { key: Some(key), .. }, Ok(audit)) => cache.store(file, *key, audit).err().map(|e| format!("{}: {e}", cache.entry_path(file).display())),
                     _ => None,
                 };
+                if let Ok(audit) = &mut out {
+                    plots.offer(audit);
+                }
                 step();
                 (k, out, stored)
             })
@@ -236,6 +249,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
             Err(message) => problems.push(message),
         }
     }
+    plots.restore(&mut audits);
     sort_audits(&mut audits);
     for audit in &audits {
         problems.extend(audit.warnings.iter().cloned());

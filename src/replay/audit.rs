@@ -663,7 +663,81 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
 
 /// Largest loss first, then by path: the order of every output.
 pub fn sort_audits(audits: &mut [SessionAudit]) {
-    audits.sort_by(|a, b| b.lost.cost_usd.total_cmp(&a.lost.cost_usd).then_with(|| a.path.cmp(&b.path)));
+    audits.sort_by(audit_order);
+}
+
+/// The table's order: largest loss first, then by path.
+fn audit_order(a: &SessionAudit, b: &SessionAudit) -> std::cmp::Ordering {
+    rank_order((a.lost.cost_usd, &a.path), (b.lost.cost_usd, &b.path))
+}
+
+fn rank_order(a: (f64, &str), b: (f64, &str)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1))
+}
+
+/// The context-per-call plots of the sessions that lead the table ([`sort_audits`]), the only
+/// ones a report draws: an audit's plot is handed over as soon as the audit is made, and kept
+/// only while it is among the first `keep`, so that a run over any number of sessions holds
+/// `keep` plots at most (the rest of an audit is one row). The same plots are kept whatever
+/// order the audits come in.
+#[derive(Debug)]
+pub struct LeadingPlots {
+    keep: usize,
+    plots: std::sync::Mutex<BTreeMap<PlotRank, Vec<PlotPoint>>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct PlotRank {
+    cost: f64,
+    path: String,
+}
+
+impl Eq for PlotRank {}
+
+impl PartialOrd for PlotRank {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PlotRank {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        rank_order((self.cost, &self.path), (other.cost, &other.path))
+    }
+}
+
+impl LeadingPlots {
+    /// Keeps the plots of the first `keep` sessions (none: every plot is dropped).
+    pub fn new(keep: usize) -> LeadingPlots {
+        LeadingPlots { keep, plots: Default::default() }
+    }
+
+    /// Takes `audit`'s plot, and keeps it while the audit is among the first `keep`.
+    pub fn offer(&self, audit: &mut SessionAudit) {
+        let plot = std::mem::take(&mut audit.plot);
+        self.keep_leading(audit.lost.cost_usd, &audit.path, plot);
+    }
+
+    fn keep_leading(&self, cost: f64, path: &str, plot: Vec<PlotPoint>) {
+        if self.keep == 0 {
+            return;
+        }
+        let mut plots = self.plots.lock().unwrap_or_else(|e| e.into_inner());
+        plots.insert(PlotRank { cost, path: path.to_owned() }, plot);
+        while plots.len() > self.keep {
+            plots.pop_last();
+        }
+    }
+
+    /// Gives the kept plots back to their audits.
+    pub fn restore(self, audits: &mut [SessionAudit]) {
+        let mut plots = self.plots.into_inner().unwrap_or_else(|e| e.into_inner());
+        for audit in audits {
+            if let Some(plot) = plots.remove(&PlotRank { cost: audit.lost.cost_usd, path: audit.path.clone() }) {
+                audit.plot = plot;
+            }
+        }
+    }
 }
 
 /// How rows are grouped.
@@ -904,4 +978,37 @@ pub fn group(audits: &[SessionAudit], by: GroupBy) -> (Vec<AuditRow>, AuditRow) 
     let base = total.cost_usd;
     best_of(&mut total, base);
     (rows, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Whatever order the audits come in, the plots kept are those of the first `keep`
+        /// audits in the table's order.
+        #[test]
+        fn the_plots_kept_are_the_leading_sessions_whatever_the_order(costs in proptest::collection::vec(0u8..6, 0..40), keep in 0usize..8, seed in proptest::prelude::any::<u64>()) {
+            let audits: Vec<(f64, String)> = costs.iter().enumerate().map(|(i, &c)| (c as f64 * 0.5, format!("s{:02}", (i * 7) % 41))).collect();
+            let mut arrival = audits.clone();
+            // A fixed shuffle from the seed.
+            let mut state = seed | 1;
+            for i in (1..arrival.len()).rev() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                arrival.swap(i, (state % (i as u64 + 1)) as usize);
+            }
+            let plots = LeadingPlots::new(keep);
+            for (cost, path) in &arrival {
+                plots.keep_leading(*cost, path, vec![PlotPoint { call: 0, context_tokens: *cost as u64, break_cause: None }]);
+            }
+            let mut sorted = audits.clone();
+            sorted.sort_by(|a, b| rank_order((a.0, &a.1), (b.0, &b.1)));
+            sorted.dedup_by(|a, b| a.1 == b.1);
+            let kept: Vec<(f64, String)> = plots.plots.into_inner().unwrap().into_keys().map(|r| (r.cost, r.path)).collect();
+            let leading: Vec<(f64, String)> = sorted.into_iter().take(keep).collect();
+            proptest::prop_assert_eq!(kept, leading);
+        }
+    }
 }
