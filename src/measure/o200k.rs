@@ -83,6 +83,12 @@ const SHORT_PIECE: usize = 15;
 const STACK_MERGE: usize = 128;
 /// At most this many short non-token pieces are memoized per run ([`Counter`]).
 const MEMO_CAP: usize = 1 << 20;
+/// Texts of at least this many bytes are counted chunk by chunk ([`chunk_ends`]).
+const CHUNKED_TEXT: usize = 4096;
+/// A chunk (but a text's last) holds at least this many bytes.
+const CHUNK_MIN: usize = 512;
+/// At most this many chunk counts are kept per thread ([`ThreadCaches`]).
+const CHUNK_MEMO_CAP: usize = 1 << 16;
 
 struct O200k {
     split: DFA,
@@ -170,13 +176,15 @@ thread_local! {
     /// per thread, and the thread's recent short pieces (the piece memo, in contrast, belongs
     /// to a run: [`Counter`]).
     static SPLIT_CACHE: RefCell<ThreadCaches> =
-        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new() });
+        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new(), chunks: FxHashMap::default() });
 }
 
-/// A thread's caches: the split DFA's states and [`Recent`].
+/// A thread's caches: the split DFA's states, [`Recent`], and the counts of the chunks of long
+/// texts ([`chunk_ends`]) by their xxh3-128, emptied when [`CHUNK_MEMO_CAP`] are held.
 struct ThreadCaches {
     split: Cache,
     recent: Recent,
+    chunks: FxHashMap<u128, u32>,
 }
 
 /// log2 of [`Recent`]'s slots.
@@ -495,8 +503,42 @@ impl O200k {
         Some(end)
     }
 
+    /// The count of `text`: a long one as the sum of its chunks' counts ([`chunk_ends`]), each
+    /// looked up in the thread's chunk memo first, so that a text that differs from an earlier
+    /// one in a few places (a system prompt with another section, a file after an edit) is
+    /// tokenized only there.
     fn count(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
-        let ThreadCaches { split: cache, recent } = caches;
+        if text.len() < CHUNKED_TEXT {
+            return self.count_whole(text, caches, memo);
+        }
+        let mut total = 0;
+        let mut start = 0;
+        for end in chunk_ends(text.as_bytes(), CHUNK_MIN) {
+            let chunk = &text[start..end];
+            start = end;
+            let key = xxhash_rust::xxh3::xxh3_128(chunk.as_bytes());
+            total += match caches.chunks.get(&key) {
+                Some(&n) => n,
+                None => {
+                    let n = self.count_whole(chunk, caches, memo.as_deref_mut());
+                    if caches.chunks.len() >= CHUNK_MEMO_CAP {
+                        caches.chunks.clear();
+                    }
+                    caches.chunks.insert(key, n);
+                    n
+                }
+            };
+        }
+        #[cfg(debug_assertions)]
+        if text.len() <= 1 << 16 {
+            debug_assert_eq!(total, self.count_whole(text, caches, None), "a text's count is the sum of its chunks'");
+        }
+        total
+    }
+
+    /// The count of `text` piece by piece.
+    fn count_whole(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
+        let ThreadCaches { split: cache, recent, .. } = caches;
         let bytes = text.as_bytes();
         let mut input = Input::new(text).anchored(Anchored::Yes);
         let mut at = 0;
@@ -546,6 +588,65 @@ impl O200k {
         }
         tokens
     }
+}
+
+/// Whether the split into pieces always has a boundary at `at`, whatever comes before it:
+/// `at` follows a line break and starts a run of spaces and tabs (maybe empty) that ends at a
+/// printable ASCII character, not a `/` right after the break. Of the expression's
+/// alternatives, only three can take a line break: `\s*[\r\n]+` and the whitespace runs end
+/// with the run's last line break (the run here has no other), and ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+/// can go on after a break only with `\r`, `\n` or `/`. No alternative starts with a line
+/// break and goes on with anything else (the letters' optional first character is not one).
+/// So no piece holds both `at - 1` and `at`, and the count of a text cut there is the sum of
+/// its two parts' counts (tests compare on generated and real text).
+fn cuts_at(bytes: &[u8], at: usize) -> bool {
+    if at == 0 || bytes[at - 1] != b'\n' {
+        return false;
+    }
+    let mut end = at;
+    while end < bytes.len() && matches!(bytes[end], b' ' | b'\t') {
+        end += 1;
+    }
+    end < bytes.len() && bytes[end].is_ascii_graphic() && !(end == at && bytes[end] == b'/')
+}
+
+/// Where a long text is cut into chunks for counting, the last end being the text's length:
+/// at a [`cuts_at`] boundary at least `min` bytes into the chunk, where the few bytes that
+/// follow the boundary pick it (about one in four), so that the cuts depend on the text
+/// around them, not on where the text starts: two texts that differ in one place share the
+/// chunks before and, from a few boundaries on, after it.
+fn chunk_ends(bytes: &[u8], min: usize) -> impl Iterator<Item = usize> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= bytes.len() {
+            return None;
+        }
+        let mut from = start + min.max(1);
+        let end = loop {
+            if from >= bytes.len() {
+                break bytes.len();
+            }
+            let Some(found) = memchr::memchr(b'\n', &bytes[from - 1..]) else { break bytes.len() };
+            let at = from + found;
+            if at < bytes.len() && cuts_at(bytes, at) && picks(&bytes[at..]) {
+                break at;
+            }
+            from = at + 1;
+        };
+        start = end;
+        Some(end)
+    })
+}
+
+/// Whether the bytes after a boundary pick it as a cut: about one in four, from up to 8 of
+/// them (after the run of spaces the boundary starts with).
+fn picks(rest: &[u8]) -> bool {
+    let rest = &rest[rest.iter().position(|b| !matches!(b, b' ' | b'\t')).unwrap_or(rest.len())..];
+    let mut h: u32 = 0x9e37_79b9;
+    for &b in rest.iter().take(8) {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    (h >> 13) & 3 == 0
 }
 
 /// o200k_base token count of `text`, special-token text counted as ordinary text: exactly
@@ -642,6 +743,34 @@ mod tests {
         fn the_scan_splits_arbitrary_ascii_as_the_dfa(text in "[\\x00-\\x7f]{0,80}") {
             let (by_dfa, by_scan) = pieces(&text);
             proptest::prop_assert_eq!(by_dfa, by_scan, "{:?}", text);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+        /// Every boundary [`cuts_at`] names is one of the split's, and tiktoken-rs's count of a
+        /// text is the sum of its counts of the chunks [`chunk_ends`] cuts it into, at any
+        /// chunk size; so is this module's, through the chunk memo too.
+        #[test]
+        fn a_text_counts_as_the_sum_of_its_chunks(parts in proptest::collection::vec(ascii_heavy_text(), 1..8), min in 1usize..40) {
+            let text = parts.join("\n");
+            let (ends, _) = pieces(&text);
+            for at in 1..text.len() {
+                if cuts_at(text.as_bytes(), at) {
+                    proptest::prop_assert!(ends.contains(&at), "no boundary at {} in {:?}", at, text);
+                }
+            }
+            let mut start = 0;
+            let mut sum = 0;
+            for end in chunk_ends(text.as_bytes(), min) {
+                proptest::prop_assert!(end > start && (end == text.len() || cuts_at(text.as_bytes(), end)));
+                sum += count_by_tiktoken(&text[start..end]);
+                start = end;
+            }
+            proptest::prop_assert_eq!(start, text.len());
+            proptest::prop_assert_eq!(sum, count_by_tiktoken(&text), "{:?}", text);
+            let long = text.repeat(CHUNKED_TEXT / text.len().max(1) + 1);
+            proptest::prop_assert_eq!(count(&long), count_by_tiktoken(&long));
         }
     }
 
