@@ -48,6 +48,11 @@
 //!   136 KB): a text's common pieces (` the`, `\n   `, `fn`) are found there. A slot holds one
 //!   piece and its count, overwritten by the next piece hashed to it; a count never changes, so
 //!   what the table holds changes only the speed, never a count.
+//! - **Long texts in chunks.** A text of 4 KiB or more is cut, only where the split always
+//!   has a boundary ([`cuts_at`]), into chunks the text around each cut picks
+//!   ([`chunk_ends`]), and its count is the sum of theirs, each looked up first in a table of
+//!   the chunks the process counted ([`CHUNKS`]): the system prompts of the what-ifs of a
+//!   session, and a file read again after an edit, are tokenized where they differ.
 //! - **Built in the background.** The split DFA and the long tokens' map, on a thread of their
 //!   own when a command warms the tokenizer up ([`warm_up_in_background`]).
 
@@ -176,15 +181,19 @@ thread_local! {
     /// per thread, and the thread's recent short pieces (the piece memo, in contrast, belongs
     /// to a run: [`Counter`]).
     static SPLIT_CACHE: RefCell<ThreadCaches> =
-        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new(), chunks: FxHashMap::default() });
+        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new() });
 }
 
-/// A thread's caches: the split DFA's states, [`Recent`], and the counts of the chunks of long
-/// texts ([`chunk_ends`]) by their xxh3-128, emptied when [`CHUNK_MEMO_CAP`] are held.
+/// The counts of the chunks of long texts ([`chunk_ends`]) by their xxh3-128, shared by the
+/// process's threads (the sessions of one project, on different threads, send the same system
+/// prompt and files), emptied when [`CHUNK_MEMO_CAP`] are held. A count never changes, so what
+/// it holds changes only the speed.
+static CHUNKS: LazyLock<std::sync::Mutex<FxHashMap<u128, u32>>> = LazyLock::new(Default::default);
+
+/// A thread's caches: the split DFA's states and [`Recent`].
 struct ThreadCaches {
     split: Cache,
     recent: Recent,
-    chunks: FxHashMap<u128, u32>,
 }
 
 /// log2 of [`Recent`]'s slots.
@@ -504,7 +513,7 @@ impl O200k {
     }
 
     /// The count of `text`: a long one as the sum of its chunks' counts ([`chunk_ends`]), each
-    /// looked up in the thread's chunk memo first, so that a text that differs from an earlier
+    /// looked up in the process's chunk memo ([`CHUNKS`]) first, so that a text that differs from an earlier
     /// one in a few places (a system prompt with another section, a file after an edit) is
     /// tokenized only there.
     fn count(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
@@ -517,14 +526,16 @@ impl O200k {
             let chunk = &text[start..end];
             start = end;
             let key = xxhash_rust::xxh3::xxh3_128(chunk.as_bytes());
-            total += match caches.chunks.get(&key) {
-                Some(&n) => n,
+            let known = CHUNKS.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+            total += match known {
+                Some(n) => n,
                 None => {
                     let n = self.count_whole(chunk, caches, memo.as_deref_mut());
-                    if caches.chunks.len() >= CHUNK_MEMO_CAP {
-                        caches.chunks.clear();
+                    let mut chunks = CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
+                    if chunks.len() >= CHUNK_MEMO_CAP {
+                        chunks.clear();
                     }
-                    caches.chunks.insert(key, n);
+                    chunks.insert(key, n);
                     n
                 }
             };
