@@ -125,6 +125,12 @@ pub struct FlatRequest {
     /// The chain state where the messages level starts (the head's folds chained in): the
     /// first message block chains from it unless salted.
     pub messages_state: u128,
+    /// Markers sent with another TTL than their block record's, by block position, ascending
+    /// ([`FlatRequest::set_marker_ttl`]): a request retimed (a what-if's TTL measured beside
+    /// the run, the recorded client's TTL change) keeps its records shared with the flattener
+    /// instead of copying them all to change a few markers. Read a marker's TTL with
+    /// [`FlatRequest::marker_ttl`], never from the record.
+    pub ttl_overrides: Vec<(usize, Option<crate::api::CacheTtl>)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -169,17 +175,52 @@ impl FlatRequest {
 
     /// [`Self::set_markers_ttl`] of the markers of the blocks `which` holds.
     pub fn set_markers_ttl_where(&mut self, ttl: Option<crate::api::CacheTtl>, which: impl Fn(&PromptBlock) -> bool) {
-        let stale = |b: &PromptBlock| which(b) && b.cache_control.as_ref().is_some_and(|c| c.ttl != ttl);
-        if !self.markers.iter().any(|&i| stale(&self.blocks[i])) {
-            return;
-        }
-        let blocks = Arc::make_mut(&mut self.blocks);
-        for &i in &self.markers {
-            if stale(&blocks[i])
-                && let Some(marker) = blocks[i].cache_control.as_mut()
-            {
-                marker.ttl = ttl;
+        for k in 0..self.markers.len() {
+            let i = self.markers[k];
+            if which(&self.blocks[i]) {
+                self.set_marker_ttl(i, ttl);
             }
+        }
+    }
+
+    /// The TTL block `i`'s marker is sent with (`None` inside: no `ttl` sent, 5 minutes);
+    /// `None` when the block carries no marker.
+    pub fn marker_ttl(&self, i: usize) -> Option<Option<crate::api::CacheTtl>> {
+        let marker = self.blocks[i].cache_control.as_ref()?;
+        Some(match self.ttl_overrides.binary_search_by_key(&i, |&(at, _)| at) {
+            Ok(k) => self.ttl_overrides[k].1,
+            Err(_) => marker.ttl,
+        })
+    }
+
+    /// The request with every TTL of [`FlatRequest::ttl_overrides`] written into its records
+    /// (copied) and none left over: what retiming did before overrides, and what debug builds
+    /// compare them with.
+    pub fn with_ttl_overrides_applied(&self) -> FlatRequest {
+        let mut applied = self.clone();
+        let overrides = std::mem::take(&mut applied.ttl_overrides);
+        if !overrides.is_empty() {
+            let blocks = Arc::make_mut(&mut applied.blocks);
+            for (i, ttl) in overrides {
+                blocks[i].cache_control.as_mut().expect("an override is of a marker").ttl = ttl;
+            }
+        }
+        applied
+    }
+
+    /// Sends block `i`'s marker with `ttl` (a block without a marker is left as it is). The
+    /// record is not changed (it stays shared): the TTL is kept in
+    /// [`FlatRequest::ttl_overrides`] while it differs from the record's.
+    pub fn set_marker_ttl(&mut self, i: usize, ttl: Option<crate::api::CacheTtl>) {
+        let Some(marker) = self.blocks[i].cache_control.as_ref() else { return };
+        let own = marker.ttl == ttl;
+        match self.ttl_overrides.binary_search_by_key(&i, |&(at, _)| at) {
+            Ok(k) if own => {
+                self.ttl_overrides.remove(k);
+            }
+            Ok(k) => self.ttl_overrides[k].1 = ttl,
+            Err(k) if !own => self.ttl_overrides.insert(k, (i, ttl)),
+            Err(_) => {}
         }
     }
 
@@ -392,6 +433,7 @@ pub(super) fn finish(request: &Request, blocks: Arc<Vec<PromptBlock>>, head: usi
         body_sha256,
         salts: Vec::new(),
         messages_state,
+        ttl_overrides: Vec::new(),
     }
 }
 

@@ -230,8 +230,15 @@ impl CacheSim {
         let mut points: Vec<(usize, CacheTtl)> = flat
             .markers
             .iter()
-            .filter_map(|&i| flat.blocks[i].cache_control.as_ref().map(|cc| (i, cc.ttl_or_default())))
+            .filter_map(|&i| flat.marker_ttl(i).map(|ttl| (i, ttl.unwrap_or(CacheTtl::FiveMinutes))))
             .collect();
+        #[cfg(debug_assertions)]
+        if !flat.ttl_overrides.is_empty() {
+            let applied = flat.with_ttl_overrides_applied();
+            let written: Vec<(usize, CacheTtl)> = applied.markers.iter().filter_map(|&i| applied.blocks[i].cache_control.as_ref().map(|cc| (i, cc.ttl_or_default()))).collect();
+            assert_eq!(points, written, "the markers' TTLs read through the overrides differ from the overrides written into the records");
+            assert!(flat.ttl_overrides.windows(2).all(|w| w[0].0 < w[1].0), "overrides not ascending: {:?}", flat.ttl_overrides);
+        }
         if let Some(auto) = &flat.auto_cache_control {
             place_automatic(flat, auto, &mut points)?;
         }

@@ -473,6 +473,13 @@ impl LossTracker {
                 }
                 continue;
             }
+            // The input's JSON text is read for the paths no longer visible and for `toolu_`
+            // ids. With no such path, and no string of the input holding `oolu_`, nothing can
+            // be found in it, and it is not written ([`may_name_a_tool_use`]).
+            if invisible_seen.get_or_insert_with(&find_invisible).is_empty() && !may_name_a_tool_use(input) {
+                debug_assert!(tool_use_ids_in(&input.to_string()).next().is_none(), "a tool input names a tool use id its strings do not hold: {input}");
+                continue;
+            }
             input_json.clear();
             serde_json::to_writer(&mut input_json, input).expect("a JSON value always serializes");
             let text = std::str::from_utf8(&input_json).expect("serde_json writes UTF-8");
@@ -535,6 +542,20 @@ impl LossTracker {
     }
 }
 
+/// Whether the JSON text of `value` may hold `toolu_` ([`tool_use_ids_in`]): only inside one
+/// string's characters (no `o` or `_` is written outside strings, and escaping writes neither,
+/// nor `l`, nor a `u` before `_`), so only where a key or a string value holds `oolu_`.
+fn may_name_a_tool_use(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    const TAIL: &str = "oolu_";
+    match value {
+        Value::String(text) => text.contains(TAIL),
+        Value::Array(items) => items.iter().any(may_name_a_tool_use),
+        Value::Object(map) => map.iter().any(|(key, value)| key.contains(TAIL) || may_name_a_tool_use(value)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
 /// `toolu_…` ids named in a text.
 fn tool_use_ids_in(text: &str) -> impl Iterator<Item = &str> {
     text.match_indices("toolu_").map(move |(start, _)| {
@@ -579,7 +600,28 @@ mod prefix_tests {
         again
     }
 
+    /// JSON values whose strings are made of the letters of `toolu_` and what escaping writes.
+    fn any_input() -> impl Strategy<Value = serde_json::Value> {
+        let piece = prop::sample::select(vec!["t", "o", "l", "u", "_", "oolu_", "olu_", "toolu_", "\t", "\u{1}", "\\", "\"", "a", "0", "n"]);
+        let text = prop::collection::vec(piece, 0..8).prop_map(|pieces| pieces.concat());
+        let leaf = prop_oneof![Just(serde_json::Value::Null), any::<bool>().prop_map(serde_json::Value::Bool), any::<i64>().prop_map(serde_json::Value::from), text.clone().prop_map(serde_json::Value::String)];
+        leaf.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                prop::collection::vec((text.clone(), inner), 0..4).prop_map(|entries| serde_json::Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
     proptest! {
+        /// An input whose strings hold no `oolu_` names no tool use id in its JSON text.
+        #[test]
+        fn an_input_without_the_ids_tail_names_no_id(input in any_input()) {
+            if !may_name_a_tool_use(&input) {
+                prop_assert_eq!(tool_use_ids_in(&input.to_string()).count(), 0, "{}", input);
+            }
+        }
+
         /// Reading each request from where it departs from the lane's kept prefix judges as
         /// reading it whole does, through cleared results, compactions, rewritten messages,
         /// repeated Read ids, server-side clears (one request's, lasting, lifted) and a second

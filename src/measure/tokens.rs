@@ -238,11 +238,97 @@ pub fn utf16_len(text: &str) -> usize {
     units
 }
 
-/// o200k_base token count of a string (special-token text counted as ordinary text).
-/// Exactly tiktoken-rs's `encode_ordinary(text).len()`, split faster ([`super::o200k`]).
-/// The [`utf16_len`] of `value`'s JSON text (`serde_json::to_string`), counted as it is
-/// written, without the text (0 when it cannot be serialized, as the empty text).
-pub fn json_utf16_len(value: &impl Serialize) -> usize {
+/// A value [`json_utf16_len`] measures.
+pub trait JsonUtf16Len {
+    /// The [`utf16_len`] of the value's JSON text (`serde_json::to_string`).
+    fn json_utf16_len(&self) -> usize;
+}
+
+/// The [`utf16_len`] of `value`'s JSON text (`serde_json::to_string`; 0 when it cannot be
+/// serialized, as the empty text), without writing the text. The long-context chain counts
+/// every tool call's input of a conversation this way.
+pub fn json_utf16_len<T: JsonUtf16Len + ?Sized>(value: &T) -> usize {
+    value.json_utf16_len()
+}
+
+/// A JSON value's text measured by walking it: what `serde_json` writes for each kind, a
+/// string's escapes counted over its bytes ([`json_string_utf16_len`]). Debug builds
+/// serialize it too and compare.
+impl JsonUtf16Len for serde_json::Value {
+    fn json_utf16_len(&self) -> usize {
+        let units = value_utf16_len(self);
+        debug_assert_eq!(units, serialized_utf16_len(self), "the JSON length walked differs from the serialized one: {self}");
+        units
+    }
+}
+
+/// A content block's JSON text, serialized (a block other than text, thinking, tool use or
+/// result, or media: rare).
+impl JsonUtf16Len for crate::api::ContentBlock {
+    fn json_utf16_len(&self) -> usize {
+        serialized_utf16_len(self)
+    }
+}
+
+fn value_utf16_len(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(number) => match (number.as_u64(), number.as_i64()) {
+            (Some(n), _) => decimal_digits(n),
+            (None, Some(n)) => 1 + decimal_digits(n.unsigned_abs()),
+            // A float: written by `ryu`, rare enough to be written here.
+            (None, None) => serialized_utf16_len(number),
+        },
+        Value::String(text) => json_string_utf16_len(text),
+        // Brackets, and a comma between items.
+        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(value_utf16_len).sum::<usize>(),
+        // Braces, a comma between entries, a colon in each.
+        Value::Object(map) => 2 + map.len().saturating_sub(1) + map.iter().map(|(key, value)| json_string_utf16_len(key) + 1 + value_utf16_len(value)).sum::<usize>(),
+    }
+}
+
+/// Digits of `n` in decimal.
+fn decimal_digits(mut n: u64) -> usize {
+    let mut digits = 1;
+    while n >= 10 {
+        n /= 10;
+        digits += 1;
+    }
+    digits
+}
+
+/// Units a byte adds to its string's JSON text by being escaped, as `serde_json` escapes:
+/// `"` and `\` and the control characters with a short escape (`\b \t \n \f \r`) one
+/// (two characters for one), the other control characters five (`\u00XX`); DEL and every
+/// other byte none.
+const ESCAPE_EXTRA: [u8; 256] = {
+    let mut extra = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        extra[b] = match b {
+            0x08 | 0x09 | 0x0A | 0x0C | 0x0D => 1,
+            _ => 5,
+        };
+        b += 1;
+    }
+    extra[b'"' as usize] = 1;
+    extra[b'\\' as usize] = 1;
+    extra
+};
+
+/// The UTF-16 length of `text` written as a JSON string: its quotes, its characters and
+/// what escaping them adds.
+fn json_string_utf16_len(text: &str) -> usize {
+    let escapes: usize = text.bytes().map(|b| usize::from(ESCAPE_EXTRA[usize::from(b)])).sum();
+    2 + utf16_len(text) + escapes
+}
+
+/// The [`utf16_len`] of `value`'s JSON text, counted as `serde_json` writes it, without the
+/// text (0 when it cannot be serialized, as the empty text).
+pub fn serialized_utf16_len(value: &(impl Serialize + ?Sized)) -> usize {
     /// Counts the UTF-16 units of the UTF-8 bytes written to it (whole characters in all).
     struct Units(usize);
     impl std::io::Write for Units {
@@ -264,6 +350,8 @@ pub fn json_utf16_len(value: &impl Serialize) -> usize {
     }
 }
 
+/// o200k_base token count of a string (special-token text counted as ordinary text).
+/// Exactly tiktoken-rs's `encode_ordinary(text).len()`, split faster ([`super::o200k`]).
 pub fn bpe(text: &str) -> u32 {
     super::o200k::count(text)
 }
@@ -506,9 +594,46 @@ mod tests {
             serde_json::json!("\u{0}\u{1f}\u{7f}\\ tab\t"),
             serde_json::json!([]),
             serde_json::json!(1.5e300),
+            serde_json::json!([i64::MIN, u64::MAX, 0, -1, 10, -0.0, 0.1, null, true, false]),
         ];
         for value in values {
             assert_eq!(json_utf16_len(&value), utf16_len(&serde_json::to_string(&value).unwrap()), "{value}");
+        }
+    }
+
+    /// Texts with every kind of character a JSON string escapes (or not) among any others.
+    fn any_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let special = prop::sample::select(vec!['"', '\\', '\n', '\r', '\t', '\u{8}', '\u{c}', '\u{0}', '\u{1f}', '\u{7f}', '/', 'é', '日', '\u{1F600}']);
+        prop::collection::vec(prop_oneof![any::<char>(), special], 0..12).prop_map(String::from_iter)
+    }
+
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            // Not finite: null.
+            any::<f64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            any_text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::vec((any_text(), inner), 0..8).prop_map(|entries| Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_walked_json_length_is_the_serialized_one(value in any_json()) {
+            proptest::prop_assert_eq!(value_utf16_len(&value), utf16_len(&serde_json::to_string(&value).unwrap()), "{}", value);
+            proptest::prop_assert_eq!(json_utf16_len(&value), serialized_utf16_len(&value));
         }
     }
 

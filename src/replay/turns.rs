@@ -711,13 +711,13 @@ impl RecordedClient {
     /// is moved to the one in force. A what-if's own TTL (markers at another one) is kept.
     fn retime(&self, flat: &mut FlatRequest) {
         let (Some(first), Some(now)) = (self.first_ttl, self.ttl) else { return };
-        if first == now || !flat.markers.iter().any(|&i| flat.blocks[i].cache_control.as_ref().is_some_and(|c| c.ttl_or_default() == first)) {
+        if first == now {
             return;
         }
-        let blocks = std::sync::Arc::make_mut(&mut flat.blocks);
-        for &i in &flat.markers {
-            if let Some(marker) = blocks[i].cache_control.as_mut().filter(|c| c.ttl_or_default() == first) {
-                marker.ttl = Some(now);
+        for k in 0..flat.markers.len() {
+            let i = flat.markers[k];
+            if flat.marker_ttl(i).is_some_and(|ttl| ttl.unwrap_or(crate::api::CacheTtl::FiveMinutes) == first) {
+                flat.set_marker_ttl(i, Some(now));
             }
         }
     }

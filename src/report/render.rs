@@ -23,7 +23,8 @@ pub fn render_request(flat: &FlatRequest, row: &RequestMetrics) -> String {
         let cc = match &block.cache_control {
             None => String::new(),
             Some(cc) => {
-                let mut s = format!("  cc={}", cc.ttl_or_default().as_str());
+                let ttl = flat.marker_ttl(i).flatten().unwrap_or(crate::api::CacheTtl::FiveMinutes);
+                let mut s = format!("  cc={}", ttl.as_str());
                 if let Some(scope) = cc.scope {
                     let _ = write!(s, ",{}", if scope == crate::api::CacheScope::Global { "global" } else { "org" });
                 }

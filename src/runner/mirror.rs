@@ -132,7 +132,7 @@ impl Mirror {
         }
         let mut mine = served.clone();
         for flat in std::iter::once(&mut mine.flat).chain(mine.sent.as_mut()) {
-            let fork = flat.markers.iter().map(|&i| &flat.blocks[i]).find(|b| b.path.region == Region::Messages).and_then(|b| b.cache_control.as_ref()).and_then(|c| c.ttl);
+            let fork = flat.markers.iter().find(|&&i| flat.blocks[i].path.region == Region::Messages).and_then(|&i| flat.marker_ttl(i)).flatten();
             let prefix = |b: &PromptBlock| b.path.region != Region::Messages;
             if let Err(why) = retime(flat, fork_prefix_ttl(self.run_ttl, fork), fork_prefix_ttl(self.ttl, fork), prefix) {
                 return self.part(why);
@@ -205,8 +205,8 @@ fn retime(flat: &mut FlatRequest, from: Option<CacheTtl>, to: Option<CacheTtl>, 
     if flat.auto_cache_control.is_some() {
         return Err("a main-lane request with automatic caching".to_owned());
     }
-    if let Some(other) = flat.markers.iter().map(|&i| &flat.blocks[i]).filter(|b| which(b)).filter_map(|b| b.cache_control.as_ref()).find(|c| c.ttl != from) {
-        return Err(format!("a main-lane marker at {:?}, not the run's main-lane TTL {from:?}", other.ttl));
+    if let Some(other) = flat.markers.iter().filter(|&&i| which(&flat.blocks[i])).filter_map(|&i| flat.marker_ttl(i)).find(|&ttl| ttl != from) {
+        return Err(format!("a main-lane marker at {other:?}, not the run's main-lane TTL {from:?}"));
     }
     flat.set_markers_ttl_where(to, which);
     Ok(())
@@ -230,7 +230,7 @@ mod tests {
     }
 
     fn ttls(flat: &FlatRequest) -> Vec<(Region, Option<CacheTtl>)> {
-        flat.markers.iter().map(|&i| (flat.blocks[i].path.region, flat.blocks[i].cache_control.as_ref().and_then(|c| c.ttl))).collect()
+        flat.markers.iter().map(|&i| (flat.blocks[i].path.region, flat.marker_ttl(i).flatten())).collect()
     }
 
     #[test]
@@ -246,6 +246,30 @@ mod tests {
         let mut prefix = before.clone();
         retime(&mut prefix, None, Some(CacheTtl::OneHour), |b| b.path.region != Region::Messages).unwrap();
         assert_eq!(ttls(&prefix), vec![(Region::System, Some(CacheTtl::OneHour)), (Region::Messages, None)]);
+    }
+
+    #[test]
+    fn retiming_copies_no_record_and_the_cache_reads_the_new_ttls() {
+        use crate::measure::cache::CacheSim;
+        let before = flat(None);
+        let mut all = before.clone();
+        retime(&mut all, None, Some(CacheTtl::OneHour), |_| true).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&all.blocks, &before.blocks), "the records are shared, not copied");
+        let sent_at_1h = flat(Some(CacheTtl::OneHour));
+        assert_eq!(CacheSim::breakpoints(&all).unwrap(), CacheSim::breakpoints(&sent_at_1h).unwrap());
+        assert_eq!(*all.with_ttl_overrides_applied().blocks, *sent_at_1h.blocks);
+        // Back at the records' own TTL: no override left.
+        retime(&mut all, Some(CacheTtl::OneHour), None, |_| true).unwrap();
+        assert!(all.ttl_overrides.is_empty());
+        assert_eq!(all, before);
+        // Only the messages' marker: the 5-minute marker after the 1-hour one is accepted, and
+        // the other way round is refused (1h must come first).
+        let mut messages = flat(Some(CacheTtl::OneHour));
+        retime(&mut messages, Some(CacheTtl::OneHour), None, |b| b.path.region == Region::Messages).unwrap();
+        assert_eq!(CacheSim::breakpoints(&messages).unwrap(), CacheSim::breakpoints(&messages.with_ttl_overrides_applied()).unwrap());
+        let mut system = before.clone();
+        retime(&mut system, None, Some(CacheTtl::OneHour), |b| b.path.region == Region::Messages).unwrap();
+        assert!(CacheSim::breakpoints(&system).is_err());
     }
 
     #[test]
