@@ -1310,6 +1310,100 @@ impl Session {
     // -----------------------------------------------------------------------------------------
 
     fn pool(&self, world: &World) -> std::rc::Rc<ToolPool> {
+        // Most requests find the pool of the last one: that is seen without gathering the
+        // inputs (which copies every MCP tool's schema).
+        let kept = self.pool_memo.borrow().as_ref().filter(|(key, _)| self.pool_key_holds(key, world)).map(|(_, pool)| std::rc::Rc::clone(pool));
+        if let Some(pool) = kept {
+            debug_assert!(
+                self.pool_memo.borrow().as_ref().is_some_and(|(key, _)| *key == self.pool_inputs(world)),
+                "the pool memo's key seen to hold differs from the inputs gathered"
+            );
+            return pool;
+        }
+        let inputs = self.pool_inputs(world);
+        // Assembly pads every built-in tool to the size profile (token counts of each
+        // description): the same inputs give the same pool, so it is assembled once per change.
+        let mut memo = self.pool_memo.borrow_mut();
+        if let Some((key, pool)) = memo.as_ref()
+            && *key == inputs
+        {
+            return std::rc::Rc::clone(pool);
+        }
+        let pool = ASSEMBLED_POOLS.with(|assembled| {
+            let mut assembled = assembled.borrow_mut();
+            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
+                return std::rc::Rc::clone(pool);
+            }
+            let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
+            if assembled.len() >= ASSEMBLED_POOLS_KEPT {
+                assembled.remove(0);
+            }
+            assembled.push((inputs.clone(), self.profile.clone(), std::rc::Rc::clone(&pool)));
+            pool
+        });
+        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
+        pool
+    }
+
+    /// `key` is what [`Session::pool_inputs`] would gather now, seen without gathering: `false`
+    /// where that is not seen cheaply (a subagent's allowlist, an agent listing not kept).
+    /// Every field is named, so a new one is not left out.
+    fn pool_key_holds(&self, key: &PoolInputs, world: &World) -> bool {
+        let PoolInputs {
+            todo_v2,
+            enable_tool_search,
+            disable_experimental_betas,
+            first_party,
+            custom_base_url,
+            model_id,
+            context_window,
+            mcp_tools,
+            mcp_resources,
+            mcp_pending,
+            discovered,
+            denied,
+            allowed,
+            agent_listing,
+            padding,
+        } = key;
+        let Some(listing) = self.agent_listing.as_ref() else { return false };
+        if self.thread.agent().is_some() || allowed.is_some() {
+            return false;
+        }
+        let mut specs = mcp_tools.iter();
+        let same_tools = world
+            .mcp_servers
+            .iter()
+            .filter(|s| s.connected)
+            .flat_map(|s| s.tools.iter().map(move |t| (s, t)))
+            .all(|(s, t)| {
+                specs.next().is_some_and(|spec| {
+                    spec.server == s.name
+                        && spec.tool == t.name
+                        && spec.description == t.description
+                        && spec.input_schema == t.input_schema
+                        && spec.always_load == t.always_load
+                })
+            })
+            && specs.next().is_none();
+        *todo_v2 == self.strategy.interactive
+            && *enable_tool_search == self.strategy.enable_tool_search
+            && *disable_experimental_betas == self.strategy.disable_experimental_betas
+            && *first_party == self.strategy.first_party
+            && *custom_base_url == (self.strategy.base_url == BaseUrl::Custom)
+            && model_id == self.model_id(world)
+            && *context_window == world.context_window.unwrap_or(200_000)
+            && same_tools
+            && !*mcp_resources
+            && *mcp_pending == world.mcp_servers.iter().any(|s| !s.connected)
+            && *discovered == self.discovered_tools
+            && denied.is_empty()
+            && agent_listing == listing
+            && *padding == self.strategy.size_profile_padding
+    }
+
+    /// What the tool pool is assembled from, gathered from the strategy, the world and the thread.
+    fn pool_inputs(&self, world: &World) -> PoolInputs {
         let mut inputs = PoolInputs {
             todo_v2: self.strategy.interactive,
             enable_tool_search: self.strategy.enable_tool_search.clone(),
@@ -1346,28 +1440,7 @@ impl Session {
             let candidates = crate::agent::tools::all_builtin_names().into_iter().map(str::to_owned).chain(mcp_names);
             inputs.allowed = Some(candidates.filter(|name| agent.allows_tool(name)).collect());
         }
-        // Assembly pads every built-in tool to the size profile (token counts of each
-        // description): the same inputs give the same pool, so it is assembled once per change.
-        let mut memo = self.pool_memo.borrow_mut();
-        if let Some((key, pool)) = memo.as_ref()
-            && *key == inputs
-        {
-            return std::rc::Rc::clone(pool);
-        }
-        let pool = ASSEMBLED_POOLS.with(|assembled| {
-            let mut assembled = assembled.borrow_mut();
-            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
-                return std::rc::Rc::clone(pool);
-            }
-            let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
-            if assembled.len() >= ASSEMBLED_POOLS_KEPT {
-                assembled.remove(0);
-            }
-            assembled.push((inputs.clone(), self.profile.clone(), std::rc::Rc::clone(&pool)));
-            pool
-        });
-        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
-        pool
+        inputs
     }
 
     /// The model this thread's requests go to.
