@@ -183,6 +183,8 @@ pub struct Session {
     clears: u64,
     /// The last pool assembled and the inputs it was assembled from ([`Session::pool`]).
     pool_memo: std::cell::RefCell<Option<(PoolInputs, std::rc::Rc<ToolPool>)>>,
+    /// The system prompt's inputs the last request gathered ([`Session::refresh_system_inputs`]).
+    system_gathered: Option<GatheredSystemInputs>,
     /// The serialized length of the tools a peer mechanism last estimated, with the list it
     /// measured (the same list is not serialized again).
     peer_tools_chars: Option<(crate::api::SharedVec<crate::api::Tool>, usize)>,
@@ -286,6 +288,7 @@ impl Session {
             pending_side_calls: Vec::new(),
             clears: 0,
             pool_memo: Default::default(),
+            system_gathered: None,
             peer_tools_chars: None,
             entry_cache: Vec::new(),
             message_memo: MessageMemo::default(),
@@ -1690,9 +1693,14 @@ impl Session {
         let front = (!dialect_layout && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
         let front_len = usize::from(front.is_some());
         let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
-        let first_user_text = first_text(&messages[front_len..]);
-
-        let inputs = self.system_inputs(world, &pool, first_user_text);
+        let mut gathered = self.system_gathered.take();
+        self.refresh_system_inputs(&mut gathered, world, &pool, first_text(&messages[front_len..]));
+        let inputs = &gathered.as_ref().expect("refreshed above").inputs;
+        #[cfg(debug_assertions)]
+        {
+            let fresh = self.system_inputs(world, &pool, first_text(&messages[front_len..]).to_owned());
+            debug_assert!(*inputs == fresh, "the system prompt's inputs kept and brought up to date differ from gathering them");
+        }
         let system_options = SystemPromptOptions {
             global_cache_scope: self.strategy.global_cache_scope && self.strategy.first_party && !self.strategy.disable_experimental_betas,
             boundary: self.strategy.dynamic_boundary,
@@ -1703,12 +1711,13 @@ impl Session {
             dynamic_marker: world.dynamic_system_marker,
         };
         let system = match self.thread.agent() {
-            None => self.system_cache.build_shared(&inputs, &system_options, &self.profile),
+            None => self.system_cache.build_shared(inputs, &system_options, &self.profile),
             Some(agent) => {
                 let sized_as = (agent.source == crate::agent::agents::AgentSource::BuiltIn).then_some(agent.agent_type.as_str());
-                std::rc::Rc::new(build_subagent_system_prompt(&inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile))
+                std::rc::Rc::new(build_subagent_system_prompt(inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile))
             }
         };
+        self.system_gathered = gathered;
         // The previous request's own build has no section changed.
         if let Some(previous) = self.previous_system.as_ref().filter(|previous| !std::rc::Rc::ptr_eq(previous, &system)) {
             for name in system.changed_sections(previous) {
@@ -1869,6 +1878,68 @@ impl Session {
         })
     }
 
+    /// [`Session::system_inputs`], the ones the last request gathered brought up to date in
+    /// place: each field is compared with what gathering gives now and rewritten only where it
+    /// differs, so a request does not gather (and drop) tens of strings that nearly never
+    /// change. The fields the pool gives are seen at once for the same pool.
+    fn refresh_system_inputs(&self, gathered: &mut Option<GatheredSystemInputs>, world: &World, pool: &std::rc::Rc<ToolPool>, first_user_text: &str) {
+        let Some(kept) = gathered.as_mut() else {
+            *gathered = Some(GatheredSystemInputs {
+                inputs: self.system_inputs(world, pool, first_user_text.to_owned()),
+                pool: std::rc::Rc::clone(pool),
+                home: world.home.clone(),
+            });
+            return;
+        };
+        fn set_text(field: &mut String, value: &str) {
+            if field != value {
+                value.clone_into(field);
+            }
+        }
+        fn set<T: PartialEq + Clone>(field: &mut T, value: &T) {
+            if field != value {
+                field.clone_from(value);
+            }
+        }
+        let inputs = &mut kept.inputs;
+        set_text(&mut inputs.version, CLIENT_VERSION);
+        set_text(&mut inputs.entrypoint, if self.strategy.interactive { "cli" } else { "sdk-cli" });
+        inputs.interactive = self.strategy.interactive;
+        set_text(&mut inputs.first_user_text, first_user_text);
+        if !std::rc::Rc::ptr_eq(&kept.pool, pool) {
+            inputs.enabled_tools = pool.enabled_names();
+            inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
+            inputs.inline_mcp_tools = pool.inline_mcp;
+            kept.pool = std::rc::Rc::clone(pool);
+        }
+        let moved = inputs.cwd != world.cwd || kept.home != world.home;
+        if moved {
+            world.cwd.clone_into(&mut inputs.cwd);
+            world.home.clone_into(&mut kept.home);
+        }
+        inputs.is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        let git_status = if self.thread.agent().is_some_and(|a| a.omit_git_status) { None } else { self.git_snapshot.as_ref().and_then(Option::as_ref) };
+        if inputs.git_status.as_ref() != git_status {
+            inputs.git_status = git_status.cloned();
+        }
+        let model_id = self.model_id(world);
+        if inputs.model_id != model_id {
+            model_id.clone_into(&mut inputs.model_id);
+            inputs.model_marketing_name = marketing_name(model_id);
+        }
+        if moved || inputs.auto_memory_dir.is_some() != self.strategy.auto_memory {
+            inputs.auto_memory_dir = self.auto_memory_dir(world);
+        }
+        set(&mut inputs.mcp_servers, &self.turn_mcp);
+        inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
+        if !same_shared_text(&inputs.append_system_prompt, &world.append_system_prompt) {
+            inputs.append_system_prompt = world.append_system_prompt.clone();
+        }
+        if !same_shared_text(&inputs.static_system_prompt, &world.static_system_prompt) {
+            inputs.static_system_prompt = world.static_system_prompt.clone();
+        }
+    }
+
     fn system_inputs(&self, world: &World, pool: &ToolPool, first_user_text: String) -> SystemPromptInputs {
         let mut inputs = SystemPromptInputs::baseline_m0();
         inputs.version = CLIENT_VERSION.into();
@@ -1932,7 +2003,7 @@ fn session_dir(world: &World, session_id: &str) -> String {
 /// The first user text as far as the system prompt reads it (its fingerprint's positions,
 /// [`crate::agent::system_prompt::fingerprint_head`]): the whole text (the user context, often
 /// tens of kilobytes) is not copied per request.
-fn first_text(messages: &[Message]) -> String {
+fn first_text(messages: &[Message]) -> &str {
     messages
         .iter()
         .find(|m| m.role == Role::User)
@@ -1943,8 +2014,25 @@ fn first_text(messages: &[Message]) -> String {
                 _ => None,
             }),
         })
-        .map(|text| crate::agent::system_prompt::fingerprint_head(text).to_owned())
+        .map(crate::agent::system_prompt::fingerprint_head)
         .unwrap_or_default()
+}
+
+/// The system prompt's inputs as the last request gathered them ([`Session::refresh_system_inputs`]),
+/// with what they were gathered from that no field shows: the tool pool and the home.
+#[derive(Debug, Clone)]
+struct GatheredSystemInputs {
+    inputs: SystemPromptInputs,
+    pool: std::rc::Rc<ToolPool>,
+    home: String,
+}
+
+/// Two shared texts are the same: one allocation, or equal contents.
+fn same_shared_text(a: &Option<std::sync::Arc<str>>, b: &Option<std::sync::Arc<str>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
+        (a, b) => a.is_none() && b.is_none(),
+    }
 }
 
 fn adaptive_thinking(model_id: &str) -> bool {
