@@ -1932,10 +1932,10 @@ impl Session {
         }
         set(&mut inputs.mcp_servers, &self.turn_mcp);
         inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
-        if !same_shared_text(&inputs.append_system_prompt, &world.append_system_prompt) {
+        if !crate::agent::system_prompt::same_shared_text(&inputs.append_system_prompt, &world.append_system_prompt) {
             inputs.append_system_prompt = world.append_system_prompt.clone();
         }
-        if !same_shared_text(&inputs.static_system_prompt, &world.static_system_prompt) {
+        if !crate::agent::system_prompt::same_shared_text(&inputs.static_system_prompt, &world.static_system_prompt) {
             inputs.static_system_prompt = world.static_system_prompt.clone();
         }
     }
@@ -2027,13 +2027,6 @@ struct GatheredSystemInputs {
     home: String,
 }
 
-/// Two shared texts are the same: one allocation, or equal contents.
-fn same_shared_text(a: &Option<std::sync::Arc<str>>, b: &Option<std::sync::Arc<str>>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
-        (a, b) => a.is_none() && b.is_none(),
-    }
-}
 
 fn adaptive_thinking(model_id: &str) -> bool {
     model_id.contains("-4-6")

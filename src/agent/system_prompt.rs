@@ -416,12 +416,6 @@ impl SystemPromptCache {
 /// request with the world's texts, the same allocations (a sized filler of tens of kilobytes).
 /// Every field is named, so a new one is not left out of the comparison.
 fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
-    fn same_text(a: &Option<std::sync::Arc<str>>, b: &Option<std::sync::Arc<str>>) -> bool {
-        match (a, b) {
-            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
-            (a, b) => a.is_none() && b.is_none(),
-        }
-    }
     let SystemPromptInputs {
         version,
         entrypoint,
@@ -451,8 +445,8 @@ fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
         git_status,
         inline_mcp_tools,
     } = a;
-    same_text(static_system_prompt, &b.static_system_prompt)
-        && same_text(append_system_prompt, &b.append_system_prompt)
+    same_shared_text(static_system_prompt, &b.static_system_prompt)
+        && same_shared_text(append_system_prompt, &b.append_system_prompt)
         && *version == b.version
         && *entrypoint == b.entrypoint
         && *interactive == b.interactive
@@ -478,6 +472,14 @@ fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
         && *brief_enabled == b.brief_enabled
         && *git_status == b.git_status
         && *inline_mcp_tools == b.inline_mcp_tools
+}
+
+/// Two shared texts are equal: one allocation, or equal contents.
+pub(crate) fn same_shared_text(a: &Option<std::sync::Arc<str>>, b: &Option<std::sync::Arc<str>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
+        (a, b) => a.is_none() && b.is_none(),
+    }
 }
 
 /// Builds once without a session memo (every section computed fresh).

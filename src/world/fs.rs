@@ -117,15 +117,17 @@ impl ReadLog {
     /// A change of the file at `changed` (a normal path) may answer one of the reads otherwise:
     /// it is a file read, or a directory listed or walked or anything under one.
     fn reaches(&self, changed: &str) -> bool {
-        // A path that does not normalize answers an error whatever the tree holds.
-        let same = |path: &str| normalized(path).is_ok_and(|path| path == changed);
-        let under = |dir: &str| {
-            normalized(dir).is_ok_and(|dir| {
-                dir == "/" || changed.strip_prefix(dir.as_ref()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-            })
-        };
-        self.files.iter().any(|(path, _)| same(path)) || self.walks.iter().chain(&self.listings).any(|(dir, _)| under(dir))
+        // The paths are logged normalized ([`logged_path`]); one that does not normalize
+        // reaches nothing (it answers an error whatever the tree holds), or is taken to.
+        let under = |dir: &str| dir == "/" || changed.strip_prefix(dir).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        self.files.iter().any(|(path, _)| path == changed) || self.walks.iter().chain(&self.listings).any(|(dir, _)| under(dir))
     }
+}
+
+/// A path read as a [`ReadLog`] keeps it: normalized (it reads the same, and a change's path
+/// compares with it as it is), or as given where it does not normalize.
+fn logged_path(path: &str) -> String {
+    normalized(path).map(Cow::into_owned).unwrap_or_else(|_| path.to_owned())
 }
 
 /// Where a tree's changes stand, its explicit directories' included ([`ReadLog::holds_in`]).
@@ -151,7 +153,7 @@ impl<'a> Reads<'a> {
     pub fn read(&self, path: &str) -> Result<&'a str, WorldError> {
         let found = self.fs.read(path);
         if let Some(log) = &self.log {
-            log.borrow_mut().files.push((path.to_owned(), found.as_ref().ok().map(|text| (*text).to_owned())));
+            log.borrow_mut().files.push((logged_path(path), found.as_ref().ok().map(|text| (*text).to_owned())));
         }
         found
     }
@@ -159,7 +161,7 @@ impl<'a> Reads<'a> {
     pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
         let found = self.fs.list_dir(path);
         if let Some(log) = &self.log {
-            log.borrow_mut().listings.push((path.to_owned(), found.as_ref().ok().cloned()));
+            log.borrow_mut().listings.push((logged_path(path), found.as_ref().ok().cloned()));
         }
         found
     }
@@ -167,7 +169,7 @@ impl<'a> Reads<'a> {
     pub fn walk(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
         let found = self.fs.walk(path);
         if let Some(log) = &self.log {
-            log.borrow_mut().walks.push((path.to_owned(), found.as_ref().ok().cloned()));
+            log.borrow_mut().walks.push((logged_path(path), found.as_ref().ok().cloned()));
         }
         found
     }
