@@ -183,6 +183,8 @@ pub struct Session {
     clears: u64,
     /// The last pool assembled and the inputs it was assembled from ([`Session::pool`]).
     pool_memo: std::cell::RefCell<Option<(PoolInputs, std::rc::Rc<ToolPool>)>>,
+    /// The system prompt's inputs the last request gathered ([`Session::refresh_system_inputs`]).
+    system_gathered: Option<GatheredSystemInputs>,
     /// The serialized length of the tools a peer mechanism last estimated, with the list it
     /// measured (the same list is not serialized again).
     peer_tools_chars: Option<(crate::api::SharedVec<crate::api::Tool>, usize)>,
@@ -286,6 +288,7 @@ impl Session {
             pending_side_calls: Vec::new(),
             clears: 0,
             pool_memo: Default::default(),
+            system_gathered: None,
             peer_tools_chars: None,
             entry_cache: Vec::new(),
             message_memo: MessageMemo::default(),
@@ -1310,6 +1313,100 @@ impl Session {
     // -----------------------------------------------------------------------------------------
 
     fn pool(&self, world: &World) -> std::rc::Rc<ToolPool> {
+        // Most requests find the pool of the last one: that is seen without gathering the
+        // inputs (which copies every MCP tool's schema).
+        let kept = self.pool_memo.borrow().as_ref().filter(|(key, _)| self.pool_key_holds(key, world)).map(|(_, pool)| std::rc::Rc::clone(pool));
+        if let Some(pool) = kept {
+            debug_assert!(
+                self.pool_memo.borrow().as_ref().is_some_and(|(key, _)| *key == self.pool_inputs(world)),
+                "the pool memo's key seen to hold differs from the inputs gathered"
+            );
+            return pool;
+        }
+        let inputs = self.pool_inputs(world);
+        // Assembly pads every built-in tool to the size profile (token counts of each
+        // description): the same inputs give the same pool, so it is assembled once per change.
+        let mut memo = self.pool_memo.borrow_mut();
+        if let Some((key, pool)) = memo.as_ref()
+            && *key == inputs
+        {
+            return std::rc::Rc::clone(pool);
+        }
+        let pool = ASSEMBLED_POOLS.with(|assembled| {
+            let mut assembled = assembled.borrow_mut();
+            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
+                return std::rc::Rc::clone(pool);
+            }
+            let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
+            if assembled.len() >= ASSEMBLED_POOLS_KEPT {
+                assembled.remove(0);
+            }
+            assembled.push((inputs.clone(), self.profile.clone(), std::rc::Rc::clone(&pool)));
+            pool
+        });
+        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
+        pool
+    }
+
+    /// `key` is what [`Session::pool_inputs`] would gather now, seen without gathering: `false`
+    /// where that is not seen cheaply (a subagent's allowlist, an agent listing not kept).
+    /// Every field is named, so a new one is not left out.
+    fn pool_key_holds(&self, key: &PoolInputs, world: &World) -> bool {
+        let PoolInputs {
+            todo_v2,
+            enable_tool_search,
+            disable_experimental_betas,
+            first_party,
+            custom_base_url,
+            model_id,
+            context_window,
+            mcp_tools,
+            mcp_resources,
+            mcp_pending,
+            discovered,
+            denied,
+            allowed,
+            agent_listing,
+            padding,
+        } = key;
+        let Some(listing) = self.agent_listing.as_ref() else { return false };
+        if self.thread.agent().is_some() || allowed.is_some() {
+            return false;
+        }
+        let mut specs = mcp_tools.iter();
+        let same_tools = world
+            .mcp_servers
+            .iter()
+            .filter(|s| s.connected)
+            .flat_map(|s| s.tools.iter().map(move |t| (s, t)))
+            .all(|(s, t)| {
+                specs.next().is_some_and(|spec| {
+                    spec.server == s.name
+                        && spec.tool == t.name
+                        && spec.description == t.description
+                        && spec.input_schema == t.input_schema
+                        && spec.always_load == t.always_load
+                })
+            })
+            && specs.next().is_none();
+        *todo_v2 == self.strategy.interactive
+            && *enable_tool_search == self.strategy.enable_tool_search
+            && *disable_experimental_betas == self.strategy.disable_experimental_betas
+            && *first_party == self.strategy.first_party
+            && *custom_base_url == (self.strategy.base_url == BaseUrl::Custom)
+            && model_id == self.model_id(world)
+            && *context_window == world.context_window.unwrap_or(200_000)
+            && same_tools
+            && !*mcp_resources
+            && *mcp_pending == world.mcp_servers.iter().any(|s| !s.connected)
+            && *discovered == self.discovered_tools
+            && denied.is_empty()
+            && agent_listing == listing
+            && *padding == self.strategy.size_profile_padding
+    }
+
+    /// What the tool pool is assembled from, gathered from the strategy, the world and the thread.
+    fn pool_inputs(&self, world: &World) -> PoolInputs {
         let mut inputs = PoolInputs {
             todo_v2: self.strategy.interactive,
             enable_tool_search: self.strategy.enable_tool_search.clone(),
@@ -1346,28 +1443,7 @@ impl Session {
             let candidates = crate::agent::tools::all_builtin_names().into_iter().map(str::to_owned).chain(mcp_names);
             inputs.allowed = Some(candidates.filter(|name| agent.allows_tool(name)).collect());
         }
-        // Assembly pads every built-in tool to the size profile (token counts of each
-        // description): the same inputs give the same pool, so it is assembled once per change.
-        let mut memo = self.pool_memo.borrow_mut();
-        if let Some((key, pool)) = memo.as_ref()
-            && *key == inputs
-        {
-            return std::rc::Rc::clone(pool);
-        }
-        let pool = ASSEMBLED_POOLS.with(|assembled| {
-            let mut assembled = assembled.borrow_mut();
-            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
-                return std::rc::Rc::clone(pool);
-            }
-            let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
-            if assembled.len() >= ASSEMBLED_POOLS_KEPT {
-                assembled.remove(0);
-            }
-            assembled.push((inputs.clone(), self.profile.clone(), std::rc::Rc::clone(&pool)));
-            pool
-        });
-        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
-        pool
+        inputs
     }
 
     /// The model this thread's requests go to.
@@ -1617,9 +1693,14 @@ impl Session {
         let front = (!dialect_layout && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
         let front_len = usize::from(front.is_some());
         let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
-        let first_user_text = first_text(&messages[front_len..]);
-
-        let inputs = self.system_inputs(world, &pool, first_user_text);
+        let mut gathered = self.system_gathered.take();
+        self.refresh_system_inputs(&mut gathered, world, &pool, first_text(&messages[front_len..]));
+        let inputs = &gathered.as_ref().expect("refreshed above").inputs;
+        #[cfg(debug_assertions)]
+        {
+            let fresh = self.system_inputs(world, &pool, first_text(&messages[front_len..]).to_owned());
+            debug_assert!(*inputs == fresh, "the system prompt's inputs kept and brought up to date differ from gathering them");
+        }
         let system_options = SystemPromptOptions {
             global_cache_scope: self.strategy.global_cache_scope && self.strategy.first_party && !self.strategy.disable_experimental_betas,
             boundary: self.strategy.dynamic_boundary,
@@ -1630,12 +1711,13 @@ impl Session {
             dynamic_marker: world.dynamic_system_marker,
         };
         let system = match self.thread.agent() {
-            None => self.system_cache.build_shared(&inputs, &system_options, &self.profile),
+            None => self.system_cache.build_shared(inputs, &system_options, &self.profile),
             Some(agent) => {
                 let sized_as = (agent.source == crate::agent::agents::AgentSource::BuiltIn).then_some(agent.agent_type.as_str());
-                std::rc::Rc::new(build_subagent_system_prompt(&inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile))
+                std::rc::Rc::new(build_subagent_system_prompt(inputs, &agent.prompt, agent_prompt_extra(agent, world), sized_as, &system_options, &self.profile))
             }
         };
+        self.system_gathered = gathered;
         // The previous request's own build has no section changed.
         if let Some(previous) = self.previous_system.as_ref().filter(|previous| !std::rc::Rc::ptr_eq(previous, &system)) {
             for name in system.changed_sections(previous) {
@@ -1796,6 +1878,68 @@ impl Session {
         })
     }
 
+    /// [`Session::system_inputs`], the ones the last request gathered brought up to date in
+    /// place: each field is compared with what gathering gives now and rewritten only where it
+    /// differs, so a request does not gather (and drop) tens of strings that nearly never
+    /// change. The fields the pool gives are seen at once for the same pool.
+    fn refresh_system_inputs(&self, gathered: &mut Option<GatheredSystemInputs>, world: &World, pool: &std::rc::Rc<ToolPool>, first_user_text: &str) {
+        let Some(kept) = gathered.as_mut() else {
+            *gathered = Some(GatheredSystemInputs {
+                inputs: self.system_inputs(world, pool, first_user_text.to_owned()),
+                pool: std::rc::Rc::clone(pool),
+                home: world.home.clone(),
+            });
+            return;
+        };
+        fn set_text(field: &mut String, value: &str) {
+            if field != value {
+                value.clone_into(field);
+            }
+        }
+        fn set<T: PartialEq + Clone>(field: &mut T, value: &T) {
+            if field != value {
+                field.clone_from(value);
+            }
+        }
+        let inputs = &mut kept.inputs;
+        set_text(&mut inputs.version, CLIENT_VERSION);
+        set_text(&mut inputs.entrypoint, if self.strategy.interactive { "cli" } else { "sdk-cli" });
+        inputs.interactive = self.strategy.interactive;
+        set_text(&mut inputs.first_user_text, first_user_text);
+        if !std::rc::Rc::ptr_eq(&kept.pool, pool) {
+            inputs.enabled_tools = pool.enabled_names();
+            inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
+            inputs.inline_mcp_tools = pool.inline_mcp;
+            kept.pool = std::rc::Rc::clone(pool);
+        }
+        let moved = inputs.cwd != world.cwd || kept.home != world.home;
+        if moved {
+            world.cwd.clone_into(&mut inputs.cwd);
+            world.home.clone_into(&mut kept.home);
+        }
+        inputs.is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        let git_status = if self.thread.agent().is_some_and(|a| a.omit_git_status) { None } else { self.git_snapshot.as_ref().and_then(Option::as_ref) };
+        if inputs.git_status.as_ref() != git_status {
+            inputs.git_status = git_status.cloned();
+        }
+        let model_id = self.model_id(world);
+        if inputs.model_id != model_id {
+            model_id.clone_into(&mut inputs.model_id);
+            inputs.model_marketing_name = marketing_name(model_id);
+        }
+        if moved || inputs.auto_memory_dir.is_some() != self.strategy.auto_memory {
+            inputs.auto_memory_dir = self.auto_memory_dir(world);
+        }
+        set(&mut inputs.mcp_servers, &self.turn_mcp);
+        inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
+        if !crate::agent::system_prompt::same_shared_text(&inputs.append_system_prompt, &world.append_system_prompt) {
+            inputs.append_system_prompt = world.append_system_prompt.clone();
+        }
+        if !crate::agent::system_prompt::same_shared_text(&inputs.static_system_prompt, &world.static_system_prompt) {
+            inputs.static_system_prompt = world.static_system_prompt.clone();
+        }
+    }
+
     fn system_inputs(&self, world: &World, pool: &ToolPool, first_user_text: String) -> SystemPromptInputs {
         let mut inputs = SystemPromptInputs::baseline_m0();
         inputs.version = CLIENT_VERSION.into();
@@ -1859,7 +2003,7 @@ fn session_dir(world: &World, session_id: &str) -> String {
 /// The first user text as far as the system prompt reads it (its fingerprint's positions,
 /// [`crate::agent::system_prompt::fingerprint_head`]): the whole text (the user context, often
 /// tens of kilobytes) is not copied per request.
-fn first_text(messages: &[Message]) -> String {
+fn first_text(messages: &[Message]) -> &str {
     messages
         .iter()
         .find(|m| m.role == Role::User)
@@ -1870,9 +2014,19 @@ fn first_text(messages: &[Message]) -> String {
                 _ => None,
             }),
         })
-        .map(|text| crate::agent::system_prompt::fingerprint_head(text).to_owned())
+        .map(crate::agent::system_prompt::fingerprint_head)
         .unwrap_or_default()
 }
+
+/// The system prompt's inputs as the last request gathered them ([`Session::refresh_system_inputs`]),
+/// with what they were gathered from that no field shows: the tool pool and the home.
+#[derive(Debug, Clone)]
+struct GatheredSystemInputs {
+    inputs: SystemPromptInputs,
+    pool: std::rc::Rc<ToolPool>,
+    home: String,
+}
+
 
 fn adaptive_thinking(model_id: &str) -> bool {
     model_id.contains("-4-6")

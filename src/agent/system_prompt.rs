@@ -357,8 +357,9 @@ impl SystemPromptCache {
         if let Some((last_inputs, last_options, last_profile, built)) = &self.last.0
             && SizeProfile::same(last_profile, profile)
             && last_options == options
-            && last_inputs == inputs
+            && same_inputs(last_inputs, inputs)
         {
+            debug_assert!(last_inputs == inputs, "inputs compared the shared texts by pointer first differ when compared by content");
             return std::rc::Rc::clone(built);
         }
         let built = std::rc::Rc::new(self.build(inputs, options, profile));
@@ -407,6 +408,77 @@ impl SystemPromptCache {
         }
 
         assemble(inputs, options, static_sections, dynamic_sections)
+    }
+}
+
+/// `a == b`, the shared texts compared by pointer first. `Arc<str>`'s `==` compares contents
+/// (its pointer shortcut is for sized types only), and a session gathers the inputs for every
+/// request with the world's texts, the same allocations (a sized filler of tens of kilobytes).
+/// Every field is named, so a new one is not left out of the comparison.
+fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
+    let SystemPromptInputs {
+        version,
+        entrypoint,
+        interactive,
+        first_user_text,
+        append_system_prompt,
+        static_system_prompt,
+        enabled_tools,
+        skills_present,
+        explore_agents,
+        cwd,
+        additional_dirs,
+        in_worktree,
+        is_git_repo,
+        platform,
+        shell,
+        os_version,
+        model_id,
+        model_marketing_name,
+        auto_memory_dir,
+        language,
+        output_style,
+        mcp_servers,
+        mcp_instructions_delta,
+        scratchpad_dir,
+        brief_enabled,
+        git_status,
+        inline_mcp_tools,
+    } = a;
+    same_shared_text(static_system_prompt, &b.static_system_prompt)
+        && same_shared_text(append_system_prompt, &b.append_system_prompt)
+        && *version == b.version
+        && *entrypoint == b.entrypoint
+        && *interactive == b.interactive
+        && *first_user_text == b.first_user_text
+        && *enabled_tools == b.enabled_tools
+        && *skills_present == b.skills_present
+        && *explore_agents == b.explore_agents
+        && *cwd == b.cwd
+        && *additional_dirs == b.additional_dirs
+        && *in_worktree == b.in_worktree
+        && *is_git_repo == b.is_git_repo
+        && *platform == b.platform
+        && *shell == b.shell
+        && *os_version == b.os_version
+        && *model_id == b.model_id
+        && *model_marketing_name == b.model_marketing_name
+        && *auto_memory_dir == b.auto_memory_dir
+        && *language == b.language
+        && *output_style == b.output_style
+        && *mcp_servers == b.mcp_servers
+        && *mcp_instructions_delta == b.mcp_instructions_delta
+        && *scratchpad_dir == b.scratchpad_dir
+        && *brief_enabled == b.brief_enabled
+        && *git_status == b.git_status
+        && *inline_mcp_tools == b.inline_mcp_tools
+}
+
+/// Two shared texts are equal: one allocation, or equal contents.
+pub(crate) fn same_shared_text(a: &Option<std::sync::Arc<str>>, b: &Option<std::sync::Arc<str>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
+        (a, b) => a.is_none() && b.is_none(),
     }
 }
 
@@ -1039,3 +1111,29 @@ const AGENT_NOTES: &str = "Notes:
 - Do not put a colon right before a tool call.";
 
 const AGENT_ENV_INTRO: &str = "Facts about the environment you are working in:";
+
+#[cfg(test)]
+mod same_inputs_tests {
+    use super::*;
+
+    /// Comparing the shared texts by pointer first answers what comparing by content does:
+    /// the same allocation, an equal copy, a different text, and one side unset.
+    #[test]
+    fn same_inputs_is_equality() {
+        let text: std::sync::Arc<str> = std::sync::Arc::from("filler ".repeat(64).as_str());
+        let base = SystemPromptInputs { static_system_prompt: Some(text.clone()), ..SystemPromptInputs::baseline_m0() };
+        let variants = [
+            base.clone(),
+            SystemPromptInputs { static_system_prompt: Some(std::sync::Arc::from(&*text)), ..base.clone() },
+            SystemPromptInputs { static_system_prompt: Some(std::sync::Arc::from("other")), ..base.clone() },
+            SystemPromptInputs { static_system_prompt: None, ..base.clone() },
+            SystemPromptInputs { append_system_prompt: Some(text.clone()), ..base.clone() },
+            SystemPromptInputs { cwd: "/elsewhere".into(), ..base.clone() },
+        ];
+        for a in &variants {
+            for b in &variants {
+                assert_eq!(same_inputs(a, b), a == b, "{a:?} vs {b:?}");
+            }
+        }
+    }
+}

@@ -67,6 +67,9 @@ pub struct VirtualFs {
     file_changes: Vec<String>,
     /// Which tree `file_changes` counts: [`VirtualFs::change_mark`].
     lineage: Lineage,
+    /// How many times the explicit directories changed (made or removed): what
+    /// `file_changes` does not show ([`TreeMark`]).
+    dir_changes: usize,
     /// Values derived from the tree ([`VirtualFs::derived`]), dropped by every change.
     derived: Derived,
     /// Values derived from what a computation read of the tree, with what it read
@@ -81,15 +84,57 @@ struct ReadLog {
     files: Vec<(String, Option<String>)>,
     walks: Vec<(String, Option<Vec<DirEntry>>)>,
     listings: Vec<(String, Option<Vec<DirEntry>>)>,
+    /// Where a tree stood when it last answered every read alike ([`ReadLog::holds_in`]); a
+    /// log is shared by the copies of a tree, each of which may set it (a mark names its tree).
+    held_at: std::sync::Mutex<Option<TreeMark>>,
 }
 
 impl ReadLog {
-    /// Whether `fs` answers every read as the tree the log was made on did.
+    /// Whether `fs` answers every read as the tree the log was made on did. Where `fs` is the
+    /// tree it last held in, changed since only in files none of the reads reaches, it does
+    /// without reading again (the agent checks its skills at every step, and a step changes
+    /// a file or two elsewhere).
     fn holds_in(&self, fs: &VirtualFs) -> bool {
+        let mut held_at = self.held_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let untouched = held_at.and_then(|mark| fs.files_changed_since_tree(mark)).is_some_and(|changed| changed.iter().all(|path| !self.reaches(path)));
+        let holds = if untouched {
+            debug_assert!(self.answers_alike(fs), "reads no change reached answer otherwise");
+            true
+        } else {
+            self.answers_alike(fs)
+        };
+        *held_at = holds.then(|| fs.tree_mark());
+        holds
+    }
+
+    /// Every read answered now as it was.
+    fn answers_alike(&self, fs: &VirtualFs) -> bool {
         self.files.iter().all(|(path, found)| fs.read(path).ok() == found.as_deref())
             && self.walks.iter().all(|(dir, found)| fs.walk(dir).ok().as_ref() == found.as_ref())
             && self.listings.iter().all(|(dir, found)| fs.list_dir(dir).ok().as_ref() == found.as_ref())
     }
+
+    /// A change of the file at `changed` (a normal path) may answer one of the reads otherwise:
+    /// it is a file read, or a directory listed or walked or anything under one.
+    fn reaches(&self, changed: &str) -> bool {
+        // The paths are logged normalized ([`logged_path`]); one that does not normalize
+        // reaches nothing (it answers an error whatever the tree holds), or is taken to.
+        let under = |dir: &str| dir == "/" || changed.strip_prefix(dir).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        self.files.iter().any(|(path, _)| path == changed) || self.walks.iter().chain(&self.listings).any(|(dir, _)| under(dir))
+    }
+}
+
+/// A path read as a [`ReadLog`] keeps it: normalized (it reads the same, and a change's path
+/// compares with it as it is), or as given where it does not normalize.
+fn logged_path(path: &str) -> String {
+    normalized(path).map(Cow::into_owned).unwrap_or_else(|_| path.to_owned())
+}
+
+/// Where a tree's changes stand, its explicit directories' included ([`ReadLog::holds_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TreeMark {
+    files: ChangeMark,
+    dirs: usize,
 }
 
 /// A tree as a computation of [`VirtualFs::derived_by_reads`] reads it: every read is noted
@@ -108,7 +153,7 @@ impl<'a> Reads<'a> {
     pub fn read(&self, path: &str) -> Result<&'a str, WorldError> {
         let found = self.fs.read(path);
         if let Some(log) = &self.log {
-            log.borrow_mut().files.push((path.to_owned(), found.as_ref().ok().map(|text| (*text).to_owned())));
+            log.borrow_mut().files.push((logged_path(path), found.as_ref().ok().map(|text| (*text).to_owned())));
         }
         found
     }
@@ -116,7 +161,7 @@ impl<'a> Reads<'a> {
     pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
         let found = self.fs.list_dir(path);
         if let Some(log) = &self.log {
-            log.borrow_mut().listings.push((path.to_owned(), found.as_ref().ok().cloned()));
+            log.borrow_mut().listings.push((logged_path(path), found.as_ref().ok().cloned()));
         }
         found
     }
@@ -124,7 +169,7 @@ impl<'a> Reads<'a> {
     pub fn walk(&self, path: &str) -> Result<Vec<DirEntry>, WorldError> {
         let found = self.fs.walk(path);
         if let Some(log) = &self.log {
-            log.borrow_mut().walks.push((path.to_owned(), found.as_ref().ok().cloned()));
+            log.borrow_mut().walks.push((logged_path(path), found.as_ref().ok().cloned()));
         }
         found
     }
@@ -286,6 +331,7 @@ impl VirtualFs {
             self.journal.push(Change { path: file, time_ms, kind: ChangeKind::Remove });
         }
         self.dirs.retain(|d| d != &path && !d.starts_with(&prefix));
+        self.dir_changes += 1;
         Ok(())
     }
 
@@ -297,6 +343,7 @@ impl VirtualFs {
             return Err(WorldError::NotADirectory { path });
         }
         self.dirs.insert(path);
+        self.dir_changes += 1;
         Ok(())
     }
 
@@ -330,7 +377,7 @@ impl VirtualFs {
             self.derived.map().insert(key.to_owned(), std::sync::Arc::new(value.clone()));
             return value.clone();
         }
-        let reads = Reads { fs: self, log: Some(std::cell::RefCell::new(ReadLog::default())) };
+        let reads = Reads { fs: self, log: Some(std::cell::RefCell::new(ReadLog { held_at: std::sync::Mutex::new(Some(self.tree_mark())), ..ReadLog::default() })) };
         let value = compute(&reads);
         let log = reads.log.map(std::cell::RefCell::into_inner).unwrap_or_default();
         self.derived.map().insert(key.to_owned(), std::sync::Arc::new(value.clone()));
@@ -453,6 +500,17 @@ impl VirtualFs {
     /// (another fs or a copy of this one), whose changes this one does not know.
     pub fn files_changed_since(&self, mark: ChangeMark) -> Option<&[String]> {
         (mark.lineage == self.lineage.0).then(|| &self.file_changes[mark.count..])
+    }
+
+    /// Where this tree's changes stand now, its explicit directories' included.
+    fn tree_mark(&self) -> TreeMark {
+        TreeMark { files: self.change_mark(), dirs: self.dir_changes }
+    }
+
+    /// [`Self::files_changed_since`] a [`TreeMark`]; `None` also when an explicit directory
+    /// was made or removed since.
+    fn files_changed_since_tree(&self, mark: TreeMark) -> Option<&[String]> {
+        (mark.dirs == self.dir_changes).then(|| self.files_changed_since(mark.files)).flatten()
     }
 
     /// Changes made strictly after virtual time `time_ms`, in the order they happened.

@@ -546,3 +546,32 @@ fn a_value_derived_by_reads_is_taken_again_while_its_reads_read_the_same() {
     fs.write("/p/CLAUDE.md", "changed", &clock).unwrap();
     assert_eq!(derive(&fs).0, "changed", "a file it read changed");
 }
+
+proptest! {
+    /// A value derived by reads is, after any run of writes, removals and directories made
+    /// (in the tree and in copies of it), the value computing it afresh gives: a check that
+    /// skips reading again where no change reached a read never keeps a stale value.
+    #[test]
+    fn a_value_derived_by_reads_follows_every_change(ops in proptest::collection::vec((0u8..4, 0usize..8), 1..40)) {
+        const PATHS: [&str; 8] = ["/p/a", "/p/d/x", "/p/d/e/y", "/q/x", "/q/z", "/p/d", "/pd/x", "/p/d2"];
+        let (mut fs, clock) = fs_with(&["/p/a", "/q/x"]);
+        let compute = |reads: &ctxsim::world::Reads<'_>| {
+            let a = reads.read("/p/a").ok().map(str::to_owned);
+            let listed: Vec<String> = reads.list_dir("/p").unwrap_or_default().into_iter().map(|e| e.path).collect();
+            let walked: Vec<String> = reads.walk("/p/d").unwrap_or_default().into_iter().map(|e| e.path).collect();
+            let x = reads.read("/q//x").ok().map(str::to_owned);
+            (a, listed, walked, x)
+        };
+        for (n, (op, at)) in ops.into_iter().enumerate() {
+            let path = PATHS[at];
+            match op {
+                0 => { let _ = fs.write(path, format!("v{}", n % 3), &clock); }
+                1 => { let _ = fs.remove(path, &clock); }
+                2 => { let _ = fs.create_dir(path); }
+                _ => fs = fs.clone(),
+            }
+            let kept = fs.derived_by_reads("test::follows", compute);
+            prop_assert_eq!(kept, compute(&ctxsim::world::Reads::untracked(&fs)));
+        }
+    }
+}
