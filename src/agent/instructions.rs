@@ -437,8 +437,18 @@ pub fn include_paths(text: &str, dir: &str) -> Vec<String> {
     out
 }
 
-/// `(?:^|\s)@((?:[^\s\\]|\\ )+)` over the text outside backtick code spans.
+/// `(?:^|\s)@((?:[^\s\\]|\\ )+)` over the text outside backtick code spans. Every mention
+/// opens with `@` and a code span ends on its line, so a line without `@` has none: it is not
+/// scanned (most lines of a memory file; [`mentions_scanned`] reads it character by character).
 fn mentions_outside_code_spans(line: &str) -> Vec<String> {
+    if memchr::memchr(b'@', line.as_bytes()).is_none() {
+        return Vec::new();
+    }
+    mentions_scanned(line)
+}
+
+/// [`mentions_outside_code_spans`] of any line, scanned.
+fn mentions_scanned(line: &str) -> Vec<String> {
     let chars: Vec<char> = line.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -572,4 +582,21 @@ pub fn relative_to(path: &str, base: &str) -> Option<String> {
         return Some(path.trim_start_matches('/').to_owned());
     }
     path.strip_prefix(base).and_then(|rest| rest.strip_prefix('/')).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A line's mentions are the scan's, whether or not it is scanned.
+        #[test]
+        fn a_line_without_an_at_sign_is_not_scanned_and_mentions_what_the_scan_finds(
+            parts in prop::collection::vec(prop::sample::select(vec!["@", "`", "``", " ", "\t", "\\", "\\ ", "a", "b.md", "é", "@x", "./y", "#f"]), 0..12),
+        ) {
+            let line = parts.concat();
+            prop_assert_eq!(mentions_outside_code_spans(&line), mentions_scanned(&line));
+        }
+    }
 }

@@ -26,6 +26,53 @@ pub struct SizeProfile {
     /// (characters only) for a profile read with [`SizeProfile::from_toml`].
     #[serde(skip)]
     pub tokens: TokenTargets,
+    /// The built-in tools built under this profile ([`BuiltTools`]).
+    #[serde(skip)]
+    pub(crate) built_tools: BuiltTools,
+}
+
+/// The built-in tools built under a profile, by name and padding
+/// ([`crate::agent::tools::builtin_tool`]): building one pads its description to the profile's
+/// token count (a tokenizer run), and every session of a process (each what-if of each recorded
+/// session) builds the same ones from the one shared profile. A memo, not part of the profile's
+/// value: profiles compare equal whatever their memos hold, and a copy starts empty (a copy may
+/// be changed; debug builds build every tool found here again and compare).
+#[derive(Default)]
+pub(crate) struct BuiltTools(std::sync::Mutex<std::collections::HashMap<(String, bool), Option<crate::agent::tools::BuiltinTool>>>);
+
+impl BuiltTools {
+    /// The tool `name` built with `padding`, by `build` the first time.
+    pub(crate) fn get_or_build(&self, name: &str, padding: bool, build: impl FnOnce() -> Option<crate::agent::tools::BuiltinTool>) -> Option<crate::agent::tools::BuiltinTool> {
+        let key = (name.to_owned(), padding);
+        if let Some(built) = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            debug_assert_eq!(*built, build(), "memoized built-in tool {name}");
+            return built.clone();
+        }
+        // (Built outside the lock: two threads may build the same tool, which is the same.)
+        let built = build();
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, built.clone());
+        built
+    }
+}
+
+impl Clone for BuiltTools {
+    fn clone(&self) -> BuiltTools {
+        BuiltTools::default()
+    }
+}
+
+impl PartialEq for BuiltTools {
+    fn eq(&self, _: &BuiltTools) -> bool {
+        true
+    }
+}
+
+impl Eq for BuiltTools {}
+
+impl std::fmt::Debug for BuiltTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BuiltTools")
+    }
 }
 
 /// A token density as captured: `tokens` o200k tokens over `chars` characters.

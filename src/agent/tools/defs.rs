@@ -122,6 +122,11 @@ pub fn builtin_tool(name: &str, profile: &SizeProfile, padding: bool) -> Option<
     if name == "Agent" {
         return Some(agent_tool(profile, padding, &AgentToolListing::default()));
     }
+    profile.built_tools.get_or_build(name, padding, || build_builtin_tool(name, profile, padding))
+}
+
+/// [`builtin_tool`] of any tool but the Agent tool, built.
+fn build_builtin_tool(name: &str, profile: &SizeProfile, padding: bool) -> Option<BuiltinTool> {
     let (name, raw_description, schema, should_defer) = raw_tool(name)?;
     let mut description = raw_description.to_owned();
     let mut input_schema = schema;
