@@ -57,7 +57,10 @@ fn small_pages_only() {}
 /// sessions: ~60,000 page faults and ~1% of the CPU in `madvise` at mimalloc's default, ~45,000
 /// and none without purging; benches/README.md, "audit"). The cost: what is freed is held until
 /// the process ends, so the peak memory rises (~175 → ~205 MB there). Only for batch commands (`cli::keeps_freed_memory`), not the
-/// long-running ones. `MIMALLOC_PURGE_DELAY` in the environment is left to mimalloc.
+/// long-running ones, and only while a batch is short: one that replays more than
+/// `cli::LONG_BATCH_SESSIONS` sessions purges again (`cli::ON_LONG_BATCH`), what it holds
+/// would otherwise creep up with the sessions. `MIMALLOC_PURGE_DELAY` in the environment is left
+/// to mimalloc.
 fn keep_freed_memory() {
     use std::ffi::{c_int, c_long};
     unsafe extern "C" {
@@ -68,5 +71,10 @@ fn keep_freed_memory() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one of mimalloc's options, read when it decides to purge.
         unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
+        // A long run gives freed memory back after mimalloc's default delay (10 ms).
+        let _ = ctxsim::cli::ON_LONG_BATCH.set(|| {
+            // SAFETY: as above.
+            unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 10) }
+        });
     }
 }
