@@ -28,7 +28,7 @@ use crate::api::StopReason;
 use crate::strategy::Strategy;
 
 mod mirror;
-pub use mirror::Mirror;
+pub use mirror::{Mirror, MirrorOf};
 
 /// Everything a run produced.
 #[derive(Debug, Clone)]
@@ -624,8 +624,12 @@ impl<'o> RunState<'o> {
                     *main_stamp = Some(stamp);
                     let window = agent.model_limits(world).context_window;
                     // The media as stripping left them: the request has not changed since.
-                    debug_assert_eq!(sent_media.error(), crate::agent::compact::recovery::simulated_media_error(&request.messages));
-                    let rejection = sent_media.error().or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    let media_error = sent_media.error();
+                    debug_assert_eq!(media_error, crate::agent::compact::recovery::simulated_media_error(&request.messages));
+                    let rejection = media_error.clone().or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    for mirror in mirrors.iter_mut() {
+                        mirror.serve_main(&mut request, &served, hint.map(|(_, shared)| shared), media_error.as_deref(), window, rejection.as_deref());
+                    }
                     if let Some(error) = rejection {
                         // Measured as sent: the client's rules apply to accepted requests.
                         served.flat.set_salts(&[]);
@@ -638,7 +642,7 @@ impl<'o> RunState<'o> {
                         input.stages.extend(agent.take_peer_reports());
                         input.rejected = Some(error.clone());
                         for mirror in mirrors.iter_mut() {
-                            mirror.measure_refused(&input, &served);
+                            mirror.measure_refused(&input);
                         }
                         let row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                         if let Some(request) = out.push_shared(row, request, stamp, hint) {
@@ -688,12 +692,13 @@ impl<'o> RunState<'o> {
                     }
                     // The mirrors' events before their own rules' are the run's before its rules'.
                     let mirror_events = (!mirrors.is_empty()).then(|| pending_events.clone());
-                    let main_call = || MainCall { request: &request, time_ms: world.clock.now_ms(), reply: world.model.consumed("main"), new_turn: *prompted, compacted: *compacted, markers_ttl: None };
+                    let (time_ms, consumed, new_turn, was_compacted) = (world.clock.now_ms(), world.model.consumed("main"), *prompted, *compacted);
                     for mirror in mirrors.iter_mut() {
-                        mirror.before_main(main_call(), &served);
+                        mirror.before_main(&mut request, |request| MainCall { request, time_ms, reply: consumed, new_turn, compacted: was_compacted, markers_ttl: None });
                     }
                     if let Some(client) = client.as_deref_mut() {
-                        pending_events.extend(client.before_main(main_call(), &mut served.flat, measurer));
+                        let call = MainCall { request: &request, time_ms, reply: consumed, new_turn, compacted: was_compacted, markers_ttl: None };
+                        pending_events.extend(client.before_main(call, &mut served.flat, measurer));
                     }
                     (*prompted, *compacted) = (false, false);
                     let mut this_reply = world.model.next_reply("main").map_err(|e| err(i, e.to_string()))?;
@@ -889,7 +894,7 @@ pub(crate) fn measure_fork(
         }
     };
     for mirror in mirrors.iter_mut() {
-        mirror.measure_fork(&input, &served, thread);
+        mirror.measure_fork(&input, &served, thread, window);
     }
     let row = measurer.measure_served(input, served).map_err(|e| e.to_string())?;
     if let ForkAnswer::Answered(reply) = &answer {

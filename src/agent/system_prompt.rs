@@ -701,6 +701,36 @@ pub fn layout_blocks(attribution: Option<&str>, identity: &str, statics: &str, d
     blocks
 }
 
+/// What a mode-B system array `blocks` is without the boundary
+/// ([`SystemPromptOptions::boundary`] off): the mode-C array [`layout_blocks`] lays out of the
+/// same parts, its markers at the TTL of the static block's. The parts are read from the
+/// blocks as sent, so a fork's array, its markers retimed, gives the fork's. `None` where
+/// `blocks` is not a marked mode-B array: plain text blocks, at most the attribution, then the
+/// identity line, both unmarked, the static block marked with the global scope, and at most the
+/// dynamic block, unmarked or marked (org scope) at the static block's TTL.
+pub fn without_boundary(blocks: &[SystemBlock]) -> Option<Vec<SystemBlock>> {
+    let plain = |c: &CacheControl| c.kind == "ephemeral" && c.extra.is_empty();
+    let at = blocks.iter().position(|b| b.cache_control.as_ref().is_some_and(|c| c.scope == Some(CacheScope::Global)))?;
+    let (head, statics, dynamics) = (&blocks[..at], &blocks[at], &blocks[at + 1..]);
+    let marker = statics.cache_control.as_ref().filter(|c| plain(c))?;
+    let dynamic_marked = |c: &CacheControl| plain(c) && c.scope.is_none() && c.ttl == marker.ttl;
+    if !blocks.iter().all(|b| b.kind == "text" && b.extra.is_empty() && !b.text.is_empty())
+        || head.iter().any(|b| b.cache_control.is_some())
+        || dynamics.len() > 1
+        || dynamics.iter().any(|b| b.cache_control.as_ref().is_some_and(|c| !dynamic_marked(c)))
+    {
+        return None;
+    }
+    let (attribution, identity) = match head {
+        [identity] => (None, identity),
+        [attribution, identity] => (Some(attribution.text.as_str()), identity),
+        _ => return None,
+    };
+    let options = SystemPromptOptions { ttl: marker.ttl, prompt_caching: true, ..SystemPromptOptions::default() };
+    let dynamics = dynamics.first().map_or("", |b| b.text.as_str());
+    Some(layout_blocks(attribution, &identity.text, &statics.text, dynamics, BlockMode::Default, &options))
+}
+
 fn assemble(
     inputs: &SystemPromptInputs,
     options: &SystemPromptOptions,
@@ -1135,5 +1165,47 @@ mod same_inputs_tests {
                 assert_eq!(same_inputs(a, b), a == b, "{a:?} vs {b:?}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod without_boundary_tests {
+    use super::*;
+
+    /// The system prompt built with and without the boundary, for each setting that changes
+    /// the mode-B array (attribution, dynamic marker, TTL, dynamic sections or none), and after
+    /// a fork retimes its markers: the array without the boundary is the mode-B one laid out
+    /// again. An array that is not mode B is refused.
+    #[test]
+    fn the_array_without_the_boundary_is_the_mode_b_one_laid_out_again() {
+        let profile = crate::agent::profile::SizeProfile::claude_code_2_1_88();
+        let append = SystemPromptInputs { append_system_prompt: Some(std::sync::Arc::from("Appended.")), ..SystemPromptInputs::baseline_m0() };
+        let mut checked = 0;
+        for inputs in [SystemPromptInputs::baseline_m0(), append] {
+            for attribution_header in [true, false] {
+                for dynamic_marker in [false, true] {
+                    for ttl in [None, Some(CacheTtl::OneHour)] {
+                        let options = SystemPromptOptions { attribution_header, dynamic_marker, ttl, ..SystemPromptOptions::default() };
+                        let with = SystemPromptCache::new().build(&inputs, &options, &profile);
+                        let without = SystemPromptCache::new().build(&inputs, &SystemPromptOptions { boundary: false, ..options.clone() }, &profile);
+                        assert_eq!((with.mode, without.mode), (BlockMode::SystemPromptGlobal, BlockMode::Default));
+                        assert_eq!(without_boundary(&with.blocks).as_ref(), Some(&*without.blocks), "{options:?}");
+                        // A fork at 1h sends every system marker at 1h.
+                        let retimed = |blocks: &[SystemBlock]| -> Vec<SystemBlock> {
+                            let mut blocks = blocks.to_vec();
+                            blocks.iter_mut().filter_map(|b| b.cache_control.as_mut()).for_each(|c| c.ttl = Some(CacheTtl::OneHour));
+                            blocks
+                        };
+                        assert_eq!(without_boundary(&retimed(&with.blocks)), Some(retimed(&without.blocks)), "{options:?}");
+                        // Mode C (or A) has no global-scope block; without caching, no marker.
+                        assert_eq!(without_boundary(&without.blocks), None);
+                        let uncached = SystemPromptCache::new().build(&inputs, &SystemPromptOptions { prompt_caching: false, ..options.clone() }, &profile);
+                        assert_eq!(without_boundary(&uncached.blocks), None);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 16);
     }
 }

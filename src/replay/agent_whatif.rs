@@ -956,23 +956,34 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
 }
 
 /// Whether `effective` is measured beside a family's trunk run under `trunk` rather than run
-/// ([`crate::runner::Mirror`]): it differs from `trunk` only in the main lane's TTL, with
-/// caching on. Returns the main-lane TTL of the trunk's markers and of its own
-/// ([`Strategy::ttl_for`]). Its run is the trunk's with those markers at its TTL where the
-/// trunk's run is the one its plan search settles on and the mirror did not part from it;
-/// elsewhere it runs on its own.
-pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<(Option<crate::api::CacheTtl>, Option<crate::api::CacheTtl>)> {
+/// ([`crate::runner::Mirror`]), and what it changes of the trunk's requests: it differs from
+/// `trunk` only in the main lane's TTL, or only in sending the main thread's system prompt
+/// without the dynamic boundary (the trunk with it, in the global cache scope, with no peer
+/// mechanism: [`crate::agent::session::Session`]'s only reader of the system blocks' sizes),
+/// with caching on. Its run is the trunk's measured so where the trunk's run is the one its
+/// plan search settles on, the mirror did not part from it and its rows leave everything the
+/// outcome reads of them as the trunk's do (`mirrored_outcome`); elsewhere it runs on its own.
+pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<crate::runner::MirrorOf> {
     let world = prepared.threshold_world();
     if world.refuses(effective) || world.refuses(trunk) {
         return None;
     }
     let (a, b) = (world.strategy(effective), world.strategy(trunk));
-    if !a.prompt_caching || a.ttl_main == b.ttl_main {
+    if !a.prompt_caching {
         return None;
     }
     let mut same = a.clone();
-    same.ttl_main = b.ttl_main;
-    (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then(|| (b.ttl_for(LANE_MAIN), a.ttl_for(LANE_MAIN)))
+    let without_boundary = a.ttl_main == b.ttl_main;
+    if without_boundary {
+        let global = b.global_cache_scope && b.first_party && !b.disable_experimental_betas;
+        if a.dynamic_boundary || !b.dynamic_boundary || !global || b.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None {
+            return None;
+        }
+        same.dynamic_boundary = b.dynamic_boundary;
+    } else {
+        same.ttl_main = b.ttl_main;
+    }
+    (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then(|| crate::runner::MirrorOf { run_ttl: b.ttl_for(LANE_MAIN), ttl: a.ttl_for(LANE_MAIN), without_boundary })
 }
 
 /// How a run goes on from a trunk checkpoint.
@@ -1020,20 +1031,53 @@ pub fn agent_whatif_family(
 
 /// The outcome of a strategy measured beside the trunk ([`mirror_of`]) whose run is the
 /// trunk's (`trunk`, its settled outcome), measured as `rows`: the trunk's but for what the
-/// measurement gives (rows, summary).
-fn mirrored_outcome(scenario: &Scenario, strategy: &Strategy, measurer: &Measurer, trunk: &AgentOutcome, rows: Vec<RequestMetrics>) -> AgentOutcome {
+/// measurement gives: the rows, the summary, the tokens dropped where the rows' context sizes
+/// count them ([`LossTracker::count_drops`]) and each compaction loss's (the context before and
+/// after it, as [`outcome`] reads them). `None` where the rows differ from the trunk's in what
+/// else the outcome reads of them: a row's lane and error (which main rows answer which
+/// recorded calls) and the tool uses the server cleared (what the loss judge reads besides the
+/// bodies, which are the trunk's but for the system prompt, which it does not read).
+///
+/// [`LossTracker::count_drops`]: crate::measure::loss::LossTracker::count_drops
+fn mirrored_outcome(prepared: &Prepared, scenario: &Scenario, strategy: &Strategy, measurer: &Measurer, trunk: &AgentOutcome, rows: Vec<RequestMetrics>) -> Option<AgentOutcome> {
+    let cleared = |row: &RequestMetrics| row.context_management.as_ref().map(|cm| cm.cleared_tool_use_ids.clone());
+    if rows.len() != trunk.rows.len() || rows.iter().zip(&trunk.rows).any(|(a, b)| a.lane != b.lane || a.error != b.error || cleared(a) != cleared(b)) {
+        return None;
+    }
+    let mut drops = crate::measure::loss::LossTracker::new();
+    rows.iter().for_each(|row| drops.count_drops(row));
+    let drops = drops.finish();
+    let info_loss = InfoLoss { tokens_dropped: drops.tokens_dropped, compactions: drops.compactions, max_dropped: drops.max_dropped, ..trunk.info_loss.clone() };
+    let main_rows = rows.iter().filter(|r| r.lane == LANE_MAIN && r.error.is_none());
+    let context_of: BTreeMap<usize, u64> = prepared.workload.main_calls.iter().zip(main_rows).map(|(&call, row)| (call, row.context_tokens)).collect();
+    let mut compaction_losses = trunk.compaction_losses.clone();
+    for loss in &mut compaction_losses {
+        let before = context_of.range(..loss.call).next_back().map_or(0, |(_, &tokens)| tokens);
+        loss.tokens_dropped = before.saturating_sub(context_of.get(&loss.call).copied().unwrap_or(0));
+    }
     let mut summary = crate::measure::Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, trunk.summary.blocked);
-    summary.info_loss = trunk.summary.info_loss.clone();
-    AgentOutcome {
+    summary.info_loss = info_loss.clone();
+    Some(AgentOutcome {
         rows,
         summary,
-        info_loss: trunk.info_loss.clone(),
+        info_loss,
         compactions: trunk.compactions.clone(),
         divergence: trunk.divergence.clone(),
-        compaction_losses: trunk.compaction_losses.clone(),
+        compaction_losses,
         runs: trunk.runs,
         stopped: trunk.stopped,
-    }
+    })
+}
+
+/// How many outcomes [`agent_whatif_family_until`] took from a mirror on this thread (tests
+/// read it to know a strategy was measured beside its trunk, not run on its own).
+#[doc(hidden)]
+pub fn mirrored_outcomes() -> usize {
+    MIRRORED.with(std::cell::Cell::get)
+}
+
+thread_local! {
+    static MIRRORED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Which runs of a family end early ([`agent_whatif_family_until`]).
@@ -1108,15 +1152,14 @@ pub fn agent_whatif_family_until(
     let top = (0..effectives.len()).filter(|&i| own(i)).max_by_key(|&i| (thresholds[i], std::cmp::Reverse(i))).ok_or("no strategy")?;
     let mut peers: Vec<Option<PeerBranch>> = vec![None; effectives.len()];
     let mut alone = Vec::new();
-    // Strategies measured beside the trunk: (strategy, the trunk's main-lane TTL, theirs). One
-    // that ends early beyond the trunk runs on its own.
+    // Strategies measured beside the trunk: (strategy, what it changes of the trunk's requests).
     let mut mirrored = Vec::new();
     let bounded = |p: usize| beyond.is_some_and(|(base, bounded)| base == top && bounded[p]);
     for i in (0..effectives.len()).filter(|&i| !own(i)) {
         // (A measurer that hashes bodies hashes the markers too, which a mirror does not send
         // through it.)
-        if let Some((run_ttl, ttl)) = mirror_of(&effectives[i], &effectives[top], prepared).filter(|_| !bounded(i) && !measurer.flattener().hashes_bodies()) {
-            mirrored.push((i, run_ttl, ttl));
+        if let Some(of) = mirror_of(&effectives[i], &effectives[top], prepared).filter(|_| !measurer.flattener().hashes_bodies()) {
+            mirrored.push((i, of));
             continue;
         }
         match peer_branch_of(&effectives[i], &effectives[top], prepared) {
@@ -1141,8 +1184,8 @@ pub fn agent_whatif_family_until(
     }
     let mut trunk = RunState::start_with(&scenarios.list[first].1, &scenarios.list[first].2, &effectives[top], options).map_err(|e| e.to_string())?;
     trunk.keep_compacted_requests();
-    for &(_, run_ttl, ttl) in &mirrored {
-        trunk.add_mirror(crate::runner::Mirror::new(run_ttl, ttl, measurer.clone(), run_options(prepared).client));
+    for &(_, of) in &mirrored {
+        trunk.add_mirror(crate::runner::Mirror::new(of, measurer.clone(), run_options(prepared).client));
     }
     let window = crate::agent::compact::peers::peer_window(trunk.world().context_window);
     let triggers: Vec<Option<u64>> = peers.iter().map(|p| match p {
@@ -1179,7 +1222,7 @@ pub fn agent_whatif_family_until(
     let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&mut trunk, &measurer, None)];
     let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
     let mut max_checked: Option<u64> = None;
-    let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top && !mirrored.iter().any(|&(m, ..)| m == i)).collect();
+    let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top && !mirrored.iter().any(|&(m, _)| m == i)).collect();
     // (Strategies that end early beyond the trunk's own run: their branches wait for its end.)
     let mut deferred: Vec<(usize, Vec<std::rc::Rc<Checkpoint>>, Branch)> = Vec::new();
     let mut since = 0;
@@ -1250,11 +1293,35 @@ pub fn agent_whatif_family_until(
     // (Where it holds, the trunk's run is the trunk strategy's: the mirrors' runs are its too.)
     let trunk_holds = holds(&first_plan(prepared, &effectives[top]), &read);
     results[top] = Some(settle_read(session, prepared, &effectives[top], Some((trunk_run, read)), runs));
-    let alone = |p: usize| agent_whatif_family(session, file, prepared, measurer.clone(), std::slice::from_ref(&effectives[p])).and_then(|mut v| v.pop().ok_or_else(|| "no outcome".to_owned())).unwrap_or_else(Err);
-    for (&(p, ..), mirror) in mirrored.iter().zip(mirrors) {
-        let outcome = match (&results[top], mirror.into_rows()) {
-            (Some(Ok(outcome)), Ok(rows)) if trunk_holds => {
-                let outcome = mirrored_outcome(&scenarios.list[first].1, &effectives[p], &measurer, outcome, rows);
+    // The rule the bounded branches end under: the trunk's settled run's. (Where that run is
+    // not the trunk's own and the trunk went past it, a checkpoint could be past it too, and a
+    // branch would end later than the first step past it: they then go to their end.)
+    let rule = match &results[top] {
+        Some(Ok(outcome)) => Some(stop_rule_beyond(outcome)).filter(|rule| trunk_dropped <= rule.tokens_dropped_above && trunk_refused <= rule.refused_above),
+        _ => None,
+    };
+    // A mirrored strategy's own run: from the first call, a bounded one under the rule of the
+    // trunk's settled run (as a preset run on its own ends beyond the run as recorded).
+    let top_rule = match &results[top] {
+        Some(Ok(outcome)) => Some(stop_rule_beyond(outcome)),
+        _ => None,
+    };
+    let alone_rule = |p: usize| top_rule.filter(|_| bounded(p)).map_or(Stops::Never, Stops::Rule);
+    let alone = |p: usize| agent_whatif_family_until(session, file, prepared, measurer.clone(), std::slice::from_ref(&effectives[p]), alone_rule(p)).and_then(|mut v| v.pop().ok_or_else(|| "no outcome".to_owned())).unwrap_or_else(Err);
+    for (&(p, _), mirror) in mirrored.iter().zip(mirrors) {
+        let mirrored = match (&results[top], mirror.into_rows()) {
+            (Some(Ok(outcome)), Ok(rows)) if trunk_holds => mirrored_outcome(prepared, &scenarios.list[first].1, &effectives[p], &measurer, outcome, rows),
+            _ => None,
+        };
+        // (A bounded one ends under the rule only beyond the trunk's run, which its run is:
+        // where its own counts are not beyond it either, its run goes to its end.)
+        let within = |o: &AgentOutcome| match alone_rule(p) {
+            Stops::Rule(rule) => o.info_loss.tokens_dropped <= rule.tokens_dropped_above && o.summary.blocked <= rule.refused_above,
+            _ => true,
+        };
+        let outcome = match mirrored.filter(within) {
+            Some(outcome) => {
+                MIRRORED.with(|n| n.set(n.get() + 1));
                 // Debug builds make the mirror's own run and compare.
                 #[cfg(debug_assertions)]
                 if let Ok(own) = alone(p) {
@@ -1263,17 +1330,10 @@ pub fn agent_whatif_family_until(
                 Ok(outcome)
             }
             // (Not the mirror's run: it runs on its own.)
-            _ => alone(p),
+            None => alone(p),
         };
         results[p] = Some(outcome);
     }
-    // The rule the bounded branches end under: the trunk's settled run's. (Where that run is
-    // not the trunk's own and the trunk went past it, a checkpoint could be past it too, and a
-    // branch would end later than the first step past it: they then go to their end.)
-    let rule = match &results[top] {
-        Some(Ok(outcome)) => Some(stop_rule_beyond(outcome)).filter(|rule| trunk_dropped <= rule.tokens_dropped_above && trunk_refused <= rule.refused_above),
-        _ => None,
-    };
     for (p, candidates, how) in deferred {
         let effective = &effectives[p];
         results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: rule }));

@@ -1,57 +1,87 @@
 //! A strategy measured beside a run instead of run on its own ([`Mirror`]).
 //!
-//! The TTL of the main lane's cache markers is a knob of how requests are sent, not of what
-//! the agent does: [`crate::strategy::Strategy::ttl_for`] times every marker the agent places
-//! on a main request (the system prompt's and the messages'), and nothing else the agent
-//! decides reads it. A run under another main-lane TTL makes the same requests, but for those
-//! markers, as long as nothing the agent, the reply plan or the client's rules read of a
-//! measurement differs between the two: the main request's error, and the usage the agent is
-//! given where the reply carries none of its own (both checked at every main request). The
-//! cache's figures differ (what is read and written, at which price), and so do the client's
-//! rules, which read the cache: each mirror has its own measurer and its own copy of the
-//! rules, and measures every request of the run, a main one with its markers at the mirror's
-//! TTL. The agent's work (the chain, the request, the reply, the tools) is the run's, done
-//! once.
+//! Some knobs are of how requests are sent, not of what the agent does, and a strategy that
+//! differs from a run's only in one of them makes the run's requests but for what the knob
+//! changes, as long as nothing the agent, the reply plan or the client's rules read of a
+//! measurement differs between the two. A mirror may change:
+//!
+//! - **The TTL of the main lane's cache markers.** [`crate::strategy::Strategy::ttl_for`]
+//!   times every marker the agent places on a main request (the system prompt's and the
+//!   messages'), and nothing else the agent decides reads it: a main request's markers, and a
+//!   main-thread fork's system and tool markers ([`fork_prefix_ttl`]), are moved to the
+//!   mirror's TTL on the run's flattened request (no copy of its block records).
+//! - **The dynamic boundary** (`dynamic_boundary` off, [`MirrorOf::without_boundary`]). It
+//!   changes only how the main thread's system prompt is cut into blocks (mode C instead of
+//!   mode B: [`crate::agent::system_prompt::without_boundary`], a function of the mode-B
+//!   blocks); subagents build theirs without it, and the only reader of the blocks' sizes in
+//!   the agent is a peer mechanism, which such a mirror's strategy has none of. Every main
+//!   request and every main-thread fork (compaction, session memory: the main request built
+//!   again) is sent with its system blocks laid out again and flattened by the mirror's own
+//!   measurer; the prompt's size differs, so the API's refusal (over the window) is the
+//!   mirror's own.
+//!
+//! What a measurement gives the run that the mirror's could give otherwise: the main request's
+//! refusal (and its error text, which the recovery ladder parses) and a fork's, the main row's
+//! error, and the usage the agent is given where the reply carries none of its own (each checked
+//! where the run measures it). The cache's figures differ (what is read and written, at which
+//! price), and so do the client's rules, which read the cache and the request (a shared
+//! prefix needs a global-scope block): each mirror has its own measurer and its own copy of the
+//! rules, and measures every request of the run, other lanes' as sent. The agent's work (the
+//! chain, the request, the reply, the tools) is the run's, done once.
 //!
 //! Where something read differs, the mirror parts ([`Mirror::parted`]) and measures no more:
 //! its strategy is then no longer the run's, and runs on its own.
 
-use crate::api::CacheTtl;
+use crate::agent::compact::recovery::{simulated_api_error, simulated_media_error};
 use crate::agent::session::fork_prefix_ttl;
+use crate::api::{CacheTtl, Request, SharedVec, SystemBlock, SystemPrompt};
 use crate::measure::{FlatRequest, MeasureInput, Measurer, PromptBlock, Region, RequestMetrics, Served};
 use crate::recording::format::LANE_MAIN;
 
 use super::{ClientRules, MainCall};
 
-/// A strategy that differs from a run's only in the main lane's TTL, measured beside it
+/// What a [`Mirror`]'s strategy changes of the run's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MirrorOf {
+    /// The TTL the run's own main-lane markers carry, and the mirror's (`None`: 5 minutes,
+    /// sent as no `ttl`).
+    pub run_ttl: Option<CacheTtl>,
+    pub ttl: Option<CacheTtl>,
+    /// The main thread's system prompt without the dynamic boundary (the run's with it).
+    pub without_boundary: bool,
+}
+
+/// A strategy that differs from a run's only in what [`MirrorOf`] says, measured beside it
 /// ([module docs](self); [`super::RunState::add_mirror`]).
 pub struct Mirror {
-    /// The TTL the run's own main-lane markers carry, and the mirror's (`None`: 5 minutes, sent
-    /// as no `ttl`).
-    run_ttl: Option<CacheTtl>,
-    ttl: Option<CacheTtl>,
+    of: MirrorOf,
     measurer: Measurer,
     client: Option<Box<dyn ClientRules>>,
     rows: Vec<RequestMetrics>,
     /// Why the mirror stopped being the run of its strategy, at which row of the run.
     parted: Option<(usize, String)>,
     /// The main request being measured: its body as served and its client's events, between
-    /// [`Mirror::before_main`] and [`Mirror::main_row`].
+    /// [`Mirror::serve_main`] and [`Mirror::main_row`] (or [`Mirror::measure_refused`]).
     pending: Option<(Served, Vec<String>)>,
+    /// The last main-thread system array laid out without the boundary, and the array it gave
+    /// (one allocation while the run's is one: the mirror's flattener compares it by pointer).
+    relaid: Option<(SharedVec<SystemBlock>, SharedVec<SystemBlock>)>,
+    /// The stamp of the last main request the mirror's measurer flattened (its own, without
+    /// the boundary).
+    main_stamp: Option<u64>,
 }
 
 impl std::fmt::Debug for Mirror {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mirror").field("run_ttl", &self.run_ttl).field("ttl", &self.ttl).field("rows", &self.rows.len()).field("parted", &self.parted).finish()
+        f.debug_struct("Mirror").field("of", &self.of).field("rows", &self.rows.len()).field("parted", &self.parted).finish()
     }
 }
 
 impl Mirror {
-    /// A mirror whose markers carry `ttl` beside a run whose markers carry `run_ttl`, measuring
-    /// on `measurer` (in the state the run's measurer starts from) under `client` (the run's
-    /// rules, in their starting state).
-    pub fn new(run_ttl: Option<CacheTtl>, ttl: Option<CacheTtl>, measurer: Measurer, client: Option<Box<dyn ClientRules>>) -> Mirror {
-        Mirror { run_ttl, ttl, measurer, client, rows: Vec::new(), parted: None, pending: None }
+    /// A mirror of strategy `of` beside a run, measuring on `measurer` (in the state the run's
+    /// measurer starts from) under `client` (the run's rules, in their starting state).
+    pub fn new(of: MirrorOf, measurer: Measurer, client: Option<Box<dyn ClientRules>>) -> Mirror {
+        Mirror { of, measurer, client, rows: Vec::new(), parted: None, pending: None, relaid: None, main_stamp: None }
     }
 
     /// Where and why the mirror parted from the run: the run's row count then, and the reason.
@@ -88,11 +118,30 @@ impl Mirror {
     /// caching.
     fn retimed(&self, served: &Served) -> Result<Served, String> {
         let mut served = served.clone();
-        retime(&mut served.flat, self.run_ttl, self.ttl, |_| true)?;
+        retime(&mut served.flat, self.of.run_ttl, self.of.ttl, |_| true)?;
         if let Some(sent) = &mut served.sent {
-            retime(sent, self.run_ttl, self.ttl, |_| true)?;
+            retime(sent, self.of.run_ttl, self.of.ttl, |_| true)?;
         }
         Ok(served)
+    }
+
+    /// The system array of `system` (a main-thread request's) without the boundary: the last
+    /// one made again while the run sends the same allocation; `keep` keeps a new one for the
+    /// next request.
+    fn relaid_system(&mut self, system: Option<&SystemPrompt>, keep: bool) -> Result<SharedVec<SystemBlock>, String> {
+        let Some(SystemPrompt::Blocks(blocks)) = system else {
+            return Err("a main-thread request without a system array".to_owned());
+        };
+        if let Some((run, mine)) = &self.relaid
+            && run.same(blocks)
+        {
+            return Ok(mine.clone());
+        }
+        let mine: SharedVec<SystemBlock> = crate::agent::system_prompt::without_boundary(blocks).ok_or("a main-thread system array not laid out in mode B")?.into();
+        if keep {
+            self.relaid = Some((blocks.clone(), mine.clone()));
+        }
+        Ok(mine)
     }
 
     fn push(&mut self, input: MeasureInput<'_>, served: Served) {
@@ -110,7 +159,7 @@ impl Mirror {
     }
 
     /// A request of another lane than the main one, measured as sent: none of its markers is
-    /// the main lane's.
+    /// the main lane's, and its system array is not the main thread's.
     pub(super) fn measure_as_sent(&mut self, input: &MeasureInput<'_>, served: &Served) {
         if !self.live() {
             return;
@@ -118,64 +167,126 @@ impl Mirror {
         if input.lane == LANE_MAIN {
             return self.part("a main-lane request outside a main call".to_owned());
         }
+        if let (Some((run, _)), Some(SystemPrompt::Blocks(blocks))) = (&self.relaid, &input.body.system)
+            && run.same(blocks)
+        {
+            return self.part(format!("a {} request with the main thread's system array", input.lane));
+        }
         self.push(input.clone(), served.clone());
     }
 
     /// A fork of the thread on lane `thread` ([`crate::agent::session::ModelCalls::fork`]): its
     /// request was built as the thread's, then given its own marker on the messages. A fork of
-    /// the main thread sends its system and tool markers at the TTL
-    /// [`fork_prefix_ttl`] gives under the main lane's (the run's, the mirror's); any other is
-    /// measured as sent.
-    pub(super) fn measure_fork(&mut self, input: &MeasureInput<'_>, served: &Served, thread: &str) {
+    /// the main thread sends its system and tool markers at the TTL [`fork_prefix_ttl`] gives
+    /// under the main lane's (the run's, the mirror's), and its system array without the
+    /// boundary where the mirror's is (then flattened by the mirror, refused by the API over
+    /// `window` as the mirror's measurement says: it parts where that is not the run's
+    /// refusal); any other is measured as sent.
+    pub(super) fn measure_fork(&mut self, input: &MeasureInput<'_>, served: &Served, thread: &str, window: u64) {
         if thread != LANE_MAIN || !self.live() {
             return self.measure_as_sent(input, served);
+        }
+        if self.of.without_boundary {
+            let request = match self.relaid_system(input.body.system.as_ref(), false) {
+                Ok(system) => Request { system: Some(SystemPrompt::Blocks(system)), ..input.body.clone() },
+                Err(why) => return self.part(why),
+            };
+            let mine = match self.measurer.serve(&request) {
+                Ok(mine) => mine,
+                Err(e) => return self.part(e.to_string()),
+            };
+            let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(mine.flat.total_tokens, window));
+            if refusal != input.rejected {
+                return self.part(format!("a {} fork's refusal differs without the boundary ({refusal:?}, the run's {:?})", input.lane, input.rejected));
+            }
+            return self.push(MeasureInput { body: &request, ..input.clone() }, mine);
         }
         let mut mine = served.clone();
         for flat in std::iter::once(&mut mine.flat).chain(mine.sent.as_mut()) {
             let fork = flat.markers.iter().find(|&&i| flat.blocks[i].path.region == Region::Messages).and_then(|&i| flat.marker_ttl(i)).flatten();
             let prefix = |b: &PromptBlock| b.path.region != Region::Messages;
-            if let Err(why) = retime(flat, fork_prefix_ttl(self.run_ttl, fork), fork_prefix_ttl(self.ttl, fork), prefix) {
+            if let Err(why) = retime(flat, fork_prefix_ttl(self.of.run_ttl, fork), fork_prefix_ttl(self.of.ttl, fork), prefix) {
                 return self.part(why);
             }
         }
         self.push(input.clone(), mine);
     }
 
-    /// A main request the API refused before sampling (`served` as the run measures it: no
-    /// client's rules applied).
-    pub(super) fn measure_refused(&mut self, input: &MeasureInput<'_>, served: &Served) {
+    /// A main request, `served` as the run's measurer flattened it (salted as the run's rules
+    /// guessed), before the API's answer: the mirror's own (its markers at the mirror's TTL, or
+    /// `request` without the boundary flattened by the mirror, its first `shared` messages
+    /// those of the previous main request as [`Measurer::serve_shared`] is told), kept for
+    /// [`Mirror::measure_refused`] or [`Mirror::before_main`]. The API refuses it with the media
+    /// error `media` or over `window`; the mirror parts where that is not `rejection`, the
+    /// run's.
+    pub(super) fn serve_main(&mut self, request: &mut Request, served: &Served, shared: Option<usize>, media: Option<&str>, window: u64, rejection: Option<&str>) {
         if !self.live() {
             return;
         }
-        match self.retimed(served) {
-            Ok(mine) => self.push(input.clone(), mine),
-            Err(why) => self.part(why),
-        }
-    }
-
-    /// A main request the API accepted, `served` as flattened before the client's rules: its
-    /// markers at the mirror's TTL, then the mirror's own rules applied to it (their events
-    /// kept for its row, [`Mirror::main_row`]).
-    pub(super) fn before_main(&mut self, call: MainCall<'_>, served: &Served) {
-        if !self.live() {
+        if !self.of.without_boundary {
+            match self.retimed(served) {
+                Ok(mine) => self.pending = Some((mine, Vec::new())),
+                Err(why) => self.part(why),
+            }
             return;
         }
-        let mut mine = match self.retimed(served) {
-            Ok(mine) => mine,
+        let system = match self.relaid_system(request.system.as_ref(), true) {
+            Ok(system) => system,
             Err(why) => return self.part(why),
         };
-        let events = match self.client.as_deref_mut() {
-            Some(client) => client.before_main(MainCall { markers_ttl: Some(self.ttl), ..call }, &mut mine.flat, &mut self.measurer),
-            None => Vec::new(),
+        let salts = self.client.as_deref().map_or(&[][..], |c| c.salts_hint()).to_vec();
+        let hint = self.main_stamp.zip(shared);
+        let run_system = request.system.replace(SystemPrompt::Blocks(system));
+        let mine = self.measurer.serve_shared(request, &salts, hint);
+        request.system = run_system;
+        let (mine, stamp) = match mine {
+            Ok(mine) => mine,
+            Err(e) => return self.part(e.to_string()),
+        };
+        self.main_stamp = Some(stamp);
+        let refusal = media.map(str::to_owned).or_else(|| simulated_api_error(mine.flat.total_tokens, window));
+        if refusal.as_deref() != rejection {
+            return self.part(format!("the main request's refusal differs without the boundary ({refusal:?}, the run's {rejection:?})"));
+        }
+        self.pending = Some((mine, Vec::new()));
+    }
+
+    /// The main request [`Mirror::serve_main`] kept, which the API refused before sampling:
+    /// measured as sent (no client's rules applied).
+    pub(super) fn measure_refused(&mut self, input: &MeasureInput<'_>) {
+        let Some((mut served, _)) = self.pending.take() else { return };
+        served.flat.set_salts(&[]);
+        self.push(input.clone(), served);
+    }
+
+    /// The main request [`Mirror::serve_main`] kept, which the API accepted: the mirror's own
+    /// rules applied to it (their events kept for its row, [`Mirror::main_row`]), given the
+    /// request as the mirror sends it (`request`, its system array swapped for the call)
+    /// in the call `call` makes of it.
+    pub(super) fn before_main(&mut self, request: &mut Request, call: impl FnOnce(&Request) -> MainCall<'_>) {
+        let Some((mut mine, _)) = self.pending.take() else { return };
+        let Some(client) = self.client.as_deref_mut() else {
+            self.pending = Some((mine, Vec::new()));
+            return;
+        };
+        let events = if self.of.without_boundary {
+            let system = self.relaid.as_ref().map(|(_, mine)| SystemPrompt::Blocks(mine.clone()));
+            let run_system = std::mem::replace(&mut request.system, system);
+            let events = client.before_main(call(request), &mut mine.flat, &mut self.measurer);
+            request.system = run_system;
+            events
+        } else {
+            client.before_main(MainCall { markers_ttl: Some(self.of.ttl), ..call(request) }, &mut mine.flat, &mut self.measurer)
         };
         self.pending = Some((mine, events));
     }
 
     /// The row of the main request [`Mirror::before_main`] prepared: measured with `input` (the
-    /// run's, whose events are those before the run's client rules: the mirror's follow), its
-    /// recorded usage as the reply plan left the run's `row`. The mirror parts where the two
-    /// rows differ in what the run goes on by: the error, and the usage `usage_of` gives the
-    /// agent from a row.
+    /// run's, whose events are those before the run's client rules: the mirror's follow; its
+    /// body the run's, whose system array the measurement reads only for the attribution
+    /// block's position, the same without the boundary), its recorded usage as the reply plan
+    /// left the run's `row`. The mirror parts where the two rows differ in what the run goes on
+    /// by: the error, and the usage `usage_of` gives the agent from a row.
     pub(super) fn main_row(&mut self, mut input: MeasureInput<'_>, row: &RequestMetrics, usage_of: impl Fn(&RequestMetrics) -> u64) {
         let Some((served, events)) = self.pending.take() else { return };
         input.events.extend(events);
@@ -185,11 +296,11 @@ impl Mirror {
         };
         mine.recorded_usage.clone_from(&row.recorded_usage);
         if mine.error != row.error {
-            return self.part(format!("the main request's error differs under the mirror's TTL ({:?}, the run's {:?})", mine.error, row.error));
+            return self.part(format!("the main request's error differs under the mirror ({:?}, the run's {:?})", mine.error, row.error));
         }
         let (usage, run_usage) = (usage_of(&mine), usage_of(row));
         if usage != run_usage {
-            return self.part(format!("the usage the agent is given differs under the mirror's TTL ({usage} tokens, the run's {run_usage})"));
+            return self.part(format!("the usage the agent is given differs under the mirror ({usage} tokens, the run's {run_usage})"));
         }
         if let Some(client) = self.client.as_deref_mut() {
             client.after_main(&mine);

@@ -995,3 +995,46 @@ fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
     }
     assert_eq!(mirrored_runs, 2);
 }
+
+/// The main thread's system prompt without the dynamic boundary measured beside the trunk
+/// (`mirror_of`: every main request and main-thread fork laid out again in mode C and measured
+/// on a measurer of its own, the other lanes' as sent) gives exactly what the preset's own run
+/// from the first call gives: rows, summary, compactions, divergence, losses, plan runs; and,
+/// bounded beyond the trunk as the audit bounds a preset, what its own run under that rule
+/// gives. On sessions with a recorded compaction (its fork mirrored too), one recorded at 1h (the
+/// fork's system markers retimed) and one without.
+#[test]
+fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_own_run() {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif, agent_whatif_family_until, effective_strategy, mirror_of, mirrored_outcomes, prepare, stop_rule_beyond};
+    let dir = crate::support::realdata().join("transcripts");
+    for session in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl", "NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl"] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let preset = ctxsim::strategy::Strategy::preset("claude-code-no-boundary").unwrap();
+        let (base, other) = (effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared), effective_strategy(&preset, &prepared));
+        let of = mirror_of(&other, &base, &prepared).unwrap_or_else(|| panic!("{session}: no mirror"));
+        assert!(of.without_boundary && of.ttl == of.run_ttl, "{session}: {of:?}");
+        // (A measurer that hashes bodies measures no mirror: the audit's does not.)
+        let measurer = || crate::support::measurer().without_body_hashes();
+        let alone = agent_whatif(&loaded, &file, &prepared, &mut measurer(), &preset).unwrap();
+        for (bounded, stop) in [(false, Stops::Never), (true, Stops::BeyondRunOf { base: 0, bounded: &[false, true] })] {
+            let before = mirrored_outcomes();
+            let together = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), &[base.clone(), other.clone()], stop).unwrap();
+            assert_eq!(mirrored_outcomes(), before + 1, "{session}: not measured beside the trunk");
+            let mut together = together.into_iter().map(Result::unwrap);
+            let (trunk, mirrored) = (together.next().unwrap(), together.next().unwrap());
+            let own = match bounded {
+                false => alone.clone(),
+                true => agent_whatif_family_until(&loaded, &file, &prepared, measurer(), std::slice::from_ref(&other), Stops::Rule(stop_rule_beyond(&trunk))).unwrap().pop().unwrap().unwrap(),
+            };
+            for (i, (a, b)) in mirrored.rows.iter().zip(&own.rows).enumerate() {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: row {i}");
+            }
+            assert_eq!(format!("{mirrored:?}"), format!("{own:?}"), "{session}: bounded {bounded}");
+            // The layout changed what was measured: not the trunk's rows.
+            assert_ne!(format!("{:?}", mirrored.rows), format!("{:?}", trunk.rows), "{session}");
+        }
+    }
+}
