@@ -498,7 +498,7 @@ pub fn rewrite_results(messages: &mut [Message]) {
             }
             if let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), is_error, .. } = block {
                 if let Some(kept) = text.strip_suffix(&caution) {
-                    *text = kept.to_owned();
+                    *text = kept.to_owned().into();
                 } else if is_error.is_none_or(|e| !e) && text.starts_with("The file ") && text.ends_with(" has been updated.") {
                     text.push_str(" Your context already holds the file as it is now; there is no need to read it again.");
                 }
@@ -690,7 +690,7 @@ mod tests {
                         next += 1;
                         let id = format!("toolu_{}", if k % 7 == 0 { k % (next + 1) } else { next });
                         let name = if op == 2 { "Read" } else { "mcp__srv__tool" };
-                        let result = ContentBlock::tool_result(id.clone(), ToolResultContent::Text(format!("out {k}")), None);
+                        let result = ContentBlock::tool_result(id.clone(), ToolResultContent::Text(format!("out {k}").into()), None);
                         if k % 5 == 0 {
                             // The result before its call.
                             history.push(Message::user_blocks(vec![result]));

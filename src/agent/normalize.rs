@@ -379,7 +379,7 @@ fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: Norma
                 parts.push(text.trim().to_owned());
             }
         }
-        *existing = parts.join("\n\n");
+        *existing = parts.join("\n\n").into();
     } else {
         left.extend(incoming);
     }
@@ -580,7 +580,7 @@ mod tests {
             0 => Record::User { content: MessageContent::Text(text.into()), meta: flag },
             1 => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: true },
             2 => Record::User {
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))].into()),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), flag.then_some(true))].into()),
                 meta: false,
             },
             3 => Record::Assistant { content: vec![ContentBlock::text(text)].into() },
@@ -590,7 +590,7 @@ mod tests {
             5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
             6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },
             _ => Record::User {
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), None), ContentBlock::text("after")].into()),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), None), ContentBlock::text("after")].into()),
                 meta: false,
             },
         }

@@ -806,7 +806,7 @@ impl Session {
                 if let ContentBlock::ToolResult { tool_use_id, content, .. } = block
                     && tool_use_ids.contains(tool_use_id)
                 {
-                    *content = Some(crate::api::ToolResultContent::Text(crate::agent::compact::microcompact::CLEARED_MARKER.to_owned()));
+                    *content = Some(crate::api::ToolResultContent::Text(crate::agent::compact::microcompact::CLEARED_MARKER.into()));
                 }
             }
         }
@@ -933,7 +933,7 @@ impl Session {
             }
             if let Some(text) = pre.denial(name) {
                 self.settle_hook_time(world);
-                results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text), Some(true)));
+                results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text.into()), Some(true)));
                 continue;
             }
             // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
@@ -996,7 +996,7 @@ impl Session {
             let event = if succeeded { "PostToolUse" } else { "PostToolUseFailure" };
             let post_input = || {
                 let response = match &result {
-                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(t.clone()),
+                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(String::clone(t)),
                     _ => Value::Null,
                 };
                 let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
@@ -1010,7 +1010,7 @@ impl Session {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                *content = Some(ToolResultContent::Text(text));
+                *content = Some(ToolResultContent::Text(text.into()));
             }
             results.push(result);
             if !post.additional_context.is_empty() {

@@ -365,11 +365,13 @@ impl MessageContent {
 }
 
 /// `content` of a tool_result: a string or a list of blocks (text, image, document,
-/// tool_reference, search_result, ...).
+/// tool_reference, search_result, ...). The string is a [`SharedText`]: a tool's output is
+/// held once by the script, the record, the messages built from it and every copy of a
+/// block list that holds it (a list copied on write to mark or finalize one of its blocks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ToolResultContent {
-    Text(String),
+    Text(SharedText),
     Blocks(Vec<ContentBlock>),
 }
 
@@ -694,7 +696,7 @@ impl ContentBlock {
                 let tool_use_id = take_string(&mut map, "tool_use_id", k)?;
                 let content = match map.remove("content") {
                     None | Some(Value::Null) => None,
-                    Some(Value::String(s)) => Some(ToolResultContent::Text(s)),
+                    Some(Value::String(s)) => Some(ToolResultContent::Text(s.into())),
                     Some(Value::Array(items)) => {
                         let mut blocks = Vec::with_capacity(items.len());
                         for (i, item) in items.into_iter().enumerate() {

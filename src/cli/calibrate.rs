@@ -64,7 +64,7 @@ fn push_blocks<'a>(blocks: impl IntoIterator<Item = &'a ContentBlock>, out: &mut
 
 fn push_result(content: &ToolResultContent, out: &mut Vec<String>) {
     match content {
-        ToolResultContent::Text(text) => out.push(text.clone()),
+        ToolResultContent::Text(text) => out.push(String::clone(text)),
         ToolResultContent::Blocks(blocks) => push_blocks(blocks, out),
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::api::{ContentBlock, StopReason, Usage};
+use crate::api::{ContentBlock, SharedBlocks, StopReason, Usage};
 
 use super::error::WorldError;
 use super::rng::Rng;
@@ -20,7 +20,9 @@ pub struct Latency {
 /// One model reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
-    pub content: Vec<ContentBlock>,
+    /// Shared with every copy of the reply (the lane's list another copy of the model holds,
+    /// the assistant record and messages built from it): cloning a reply copies no block.
+    pub content: SharedBlocks,
     pub stop_reason: StopReason,
     /// Usage as the script states it (partial: only the fields the scenario gave are non-zero).
     /// Measurement computes the input side itself; this is for replaying recorded sessions.
@@ -42,7 +44,7 @@ impl Reply {
             StopReason::EndTurn
         };
         let output_tokens = estimate_output_tokens(&content);
-        Reply { content, stop_reason, usage: None, latency: None, output_tokens, synthetic: false }
+        Reply { content: content.into(), stop_reason, usage: None, latency: None, output_tokens, synthetic: false }
     }
 
     pub fn text(text: impl Into<String>) -> Self {
@@ -51,7 +53,7 @@ impl Reply {
 
     /// No content (what a lane leaves where it moved a reply out).
     fn empty() -> Self {
-        Reply { content: Vec::new(), stop_reason: StopReason::EndTurn, usage: None, latency: None, output_tokens: 0, synthetic: false }
+        Reply { content: SharedBlocks::default(), stop_reason: StopReason::EndTurn, usage: None, latency: None, output_tokens: 0, synthetic: false }
     }
 }
 

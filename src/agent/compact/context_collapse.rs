@@ -48,7 +48,7 @@ fn digest(entries: &[Entry], max_chars: usize) -> String {
                 .map(|b| match b {
                     ContentBlock::Text { text, .. } => text.clone(),
                     ContentBlock::ToolUse { name, input, .. } => format!("{name} {input}"),
-                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => t.clone(),
+                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => String::clone(t),
                     _ => String::new(),
                 })
                 .collect(),
