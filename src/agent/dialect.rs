@@ -90,7 +90,7 @@ pub fn system_blocks(agent_blocks: &[SystemBlock], marker: Option<CacheControl>,
     // The first text of `messages[0]` that is not a reminder: the prompt, after a compaction
     // the summary (the capture's fingerprint changes there and survives a resume).
     let texts: Vec<String> = messages.first().map(|m| m.content.to_blocks().into_iter().filter_map(|b| match b {
-        ContentBlock::Text { text, .. } => Some(text),
+        ContentBlock::Text { text, .. } => Some(text.into_string()),
         _ => None,
     }).collect()).unwrap_or_default();
     let first_text = texts.iter().find(|t| !t.starts_with(REMINDER_OPEN)).or(texts.first()).cloned();
@@ -494,7 +494,7 @@ pub fn rewrite_results(messages: &mut [Message]) {
                 && text.starts_with(&format!("{REMINDER_OPEN}\n{}", crate::agent::compact::rebuild::RESTORED_RESULT_HEAD))
                 && let Some(kept) = text.strip_suffix(&restored_caution)
             {
-                *text = format!("{kept}\n{REMINDER_CLOSE}");
+                *text = format!("{kept}\n{REMINDER_CLOSE}").into();
             }
             if let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), is_error, .. } = block {
                 if let Some(kept) = text.strip_suffix(&caution) {
@@ -535,7 +535,7 @@ pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
         return;
     };
     if let Some(ContentBlock::Text { text, .. }) = kept.first_mut() {
-        *text = text.replace(crate::agent::compact::rebuild::PRESERVED_NOTE, PRESERVED_NOTE);
+        *text = text.replace(crate::agent::compact::rebuild::PRESERVED_NOTE, PRESERVED_NOTE).into();
     }
     let attribution = content.pop();
     content.extend(kept);

@@ -280,7 +280,7 @@ impl Session {
             .content
             .iter()
             .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(text.clone()),
+                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(String::clone(text)),
                 _ => None,
             })
             .collect();

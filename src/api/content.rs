@@ -61,6 +61,12 @@ impl From<String> for SharedText {
     }
 }
 
+impl From<&String> for SharedText {
+    fn from(text: &String) -> SharedText {
+        SharedText(Arc::new(text.clone()))
+    }
+}
+
 impl From<&str> for SharedText {
     fn from(text: &str) -> SharedText {
         SharedText(Arc::new(text.to_owned()))
@@ -418,7 +424,9 @@ pub struct ImageLike {
 /// results, search results, containers, compaction blocks, ...) are kept verbatim as `Other`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContentBlock {
-    Text { text: String, cache_control: Option<CacheControl>, extra: Map<String, Value> },
+    /// The text is a [`SharedText`]: a prompt or an attachment's text is held once by the
+    /// record, the messages built from it and every copy of a block list holding it.
+    Text { text: SharedText, cache_control: Option<CacheControl>, extra: Map<String, Value> },
     Image(ImageLike),
     Document(ImageLike),
     ToolUse { id: String, name: String, input: Value, cache_control: Option<CacheControl>, extra: Map<String, Value> },
@@ -437,7 +445,7 @@ pub enum ContentBlock {
 }
 
 impl ContentBlock {
-    pub fn text(text: impl Into<String>) -> Self {
+    pub fn text(text: impl Into<SharedText>) -> Self {
         ContentBlock::Text { text: text.into(), cache_control: None, extra: Map::new() }
     }
 
@@ -670,7 +678,7 @@ impl ContentBlock {
                 map.remove("type");
                 let text = take_string(&mut map, "text", k)?;
                 let cache_control = take_cache_control(&mut map, k)?;
-                ContentBlock::Text { text, cache_control, extra: map }
+                ContentBlock::Text { text: text.into(), cache_control, extra: map }
             }
             "image" | "document" => {
                 map.remove("type");

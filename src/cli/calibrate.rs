@@ -55,7 +55,7 @@ const MAX_TEXT_BYTES: usize = 60_000;
 fn push_blocks<'a>(blocks: impl IntoIterator<Item = &'a ContentBlock>, out: &mut Vec<String>) {
     for block in blocks {
         match block {
-            ContentBlock::Text { text, .. } => out.push(text.clone()),
+            ContentBlock::Text { text, .. } => out.push(String::clone(text)),
             ContentBlock::ToolResult { content: Some(content), .. } => push_result(content, out),
             _ => {}
         }

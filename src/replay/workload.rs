@@ -1447,7 +1447,7 @@ pub fn size_unmodelled(
         && let Some(reply) = steps.iter().position(|s| s.get("assistant").is_some())
     {
         let block_text = |block: ContentBlock| match block {
-            ContentBlock::Text { text, .. } => text,
+            ContentBlock::Text { text, .. } => text.into_string(),
             _ => String::new(),
         };
         // One attachment per file before the first reply, each rendered as the client renders a

@@ -48,7 +48,7 @@ impl Reply {
     }
 
     pub fn text(text: impl Into<String>) -> Self {
-        Reply::new(vec![ContentBlock::text(text)])
+        Reply::new(vec![ContentBlock::text(Into::<String>::into(text))])
     }
 
     /// No content (what a lane leaves where it moved a reply out).
