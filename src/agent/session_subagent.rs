@@ -298,7 +298,7 @@ impl Session {
                 date: world.clock.date_string(),
                 padding: self.strategy.size_profile_padding,
             };
-            render_user_context(&inputs, &self.profile)
+            render_user_context(&inputs, &self.profile).into()
         } else {
             self.user_context(world)
         };

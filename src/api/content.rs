@@ -808,6 +808,35 @@ mod shared_blocks_tests {
         assert_eq!(back, changed);
     }
 
+    /// A text block's and a tool result's text are shared by the copies of a block list (a
+    /// list copied on write to change another of its blocks copies no text), a change to one
+    /// copy's text leaves the others', and both serialize and print as the strings they hold.
+    #[test]
+    fn block_texts_are_shared_by_copies_of_their_list() {
+        let json = r#"[{"type":"text","text":"a\"b"},{"type":"tool_result","tool_use_id":"t1","content":"out\nput"}]"#;
+        let original: SharedBlocks = serde_json::from_str(json).unwrap();
+        assert_eq!(serde_json::to_string(&original).unwrap(), json);
+        let texts = |blocks: &SharedBlocks| -> Vec<SharedText> {
+            blocks
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text { text, .. } | ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } => Some(text.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut marked = original.clone();
+        marked[0].set_cache_control(Some(CacheControl::ephemeral()));
+        assert!(!marked.same(&original), "the change copied the list");
+        assert!(texts(&marked).iter().zip(texts(&original)).all(|(a, b)| a.same(&b)), "not its texts");
+        let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } = &mut marked[1] else { unreachable!() };
+        text.push('!');
+        assert_eq!(texts(&original).iter().map(|t| t.as_str()).collect::<Vec<_>>(), ["a\"b", "out\nput"]);
+        assert_eq!(texts(&marked)[1].as_str(), "out\nput!");
+        assert_eq!(format!("{:?}", original[0]), r#"Text { text: "a\"b", cache_control: None, extra: {} }"#);
+        assert!(format!("{:?}", original[1]).contains(r#"Text("out\nput")"#));
+    }
+
     #[test]
     fn taking_the_first_block_leaves_other_bodies_as_they_were() {
         let blocks = || -> SharedBlocks { ["r", "a", "b", "c"].into_iter().map(ContentBlock::text).collect() };

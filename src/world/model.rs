@@ -392,6 +392,23 @@ mod tests {
         assert_eq!(left(&built, "main").len(), 4);
     }
 
+    /// A reply handed out of a list another copy holds shares its blocks with that copy's
+    /// (no block copied); changing the blocks of one changes the other's none.
+    #[test]
+    fn a_reply_shares_its_blocks_with_the_copies_of_the_model() {
+        let mut built = ScriptedModel::new(Rng::new(1));
+        built.push("main", Reply::new(vec![ContentBlock::text("a"), ContentBlock::tool_use("t1", "Read", serde_json::json!({ "file_path": "/x" }))]));
+        let mut copy = built.clone();
+        let mut taken = copy.next_reply("main").unwrap();
+        let kept = built.scripted("main").next().unwrap().clone();
+        assert!(taken.content.same(&kept.content));
+        taken.content.push(ContentBlock::text("b"));
+        assert!(!taken.content.same(&kept.content));
+        assert_eq!(kept.content.len(), 2);
+        assert_eq!(built.next_reply("main").unwrap(), kept);
+        assert_eq!(taken.content.len(), 3);
+    }
+
     /// Going on with another script's replies starts each lane after what this copy consumed,
     /// as copying the rest of them did.
     #[test]

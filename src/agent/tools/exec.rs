@@ -651,4 +651,16 @@ mod tests {
         assert_eq!(limit_read(&text(numbered.clone()), &ranged, &limits(&|l| l.read_max_lines = 100)), None);
         assert_eq!(limit_read(&text(numbered), &whole, &OutputLimits::defaults()), None);
     }
+
+    /// A tool's text within the output limit is returned as it was given (the same shared
+    /// text, not a copy); one over it is cut as `truncate_chars` cuts it.
+    #[test]
+    fn output_within_the_limit_is_kept_shared() {
+        let given: crate::api::SharedText = "é\nbc\n".into();
+        let ToolResultContent::Text(kept) = truncate_tool_content(ToolResultContent::Text(given.clone()), 5) else { panic!("text") };
+        assert!(kept.same(&given));
+        let ToolResultContent::Text(cut) = truncate_tool_content(ToolResultContent::Text(given.clone()), 4) else { panic!("text") };
+        assert_eq!(*cut, truncate_chars(&given, 4));
+        assert_eq!(cut.as_str(), "é\nbc\n\n... [1 lines truncated] ...");
+    }
 }
