@@ -356,7 +356,7 @@ fn merge_user_messages(a: &mut Message, b: Message) {
     let mut left = take_content(a).into_blocks();
     let right = b.content.into_blocks();
     if let (Some(ContentBlock::Text { text, .. }), Some(ContentBlock::Text { .. })) = (left.last_mut(), right.first()) {
-        text.push('\n');
+        text.append("\n");
     }
     left.extend(right);
     let (mut results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =

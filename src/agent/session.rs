@@ -883,7 +883,7 @@ impl Session {
     pub fn apply_reply(&mut self, reply: &Reply, world: &mut World, calls: &mut dyn ModelCalls) -> Result<Vec<String>, String> {
         let before = self.events.len();
         self.stop_continued = false;
-        self.records.push(Record::Assistant { content: reply.content.clone().into() });
+        self.records.push(Record::Assistant { content: reply.content.clone() });
         self.turns_since_todo_write += 1;
         self.turns_since_todo_reminder += 1;
         let tool_calls: Vec<(&String, &String, &Value)> = reply

@@ -36,6 +36,20 @@ impl SharedText {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// Appends `tail`: in place when no other body holds the text, else to a copy made with
+    /// room for it (where a change through `DerefMut` would copy the text, then grow it).
+    pub fn append(&mut self, tail: &str) {
+        match Arc::get_mut(&mut self.0) {
+            Some(text) => text.push_str(tail),
+            None => {
+                let mut text = String::with_capacity(self.0.len() + tail.len());
+                text.push_str(&self.0);
+                text.push_str(tail);
+                self.0 = Arc::new(text);
+            }
+        }
+    }
+
     /// The text, taken without a copy when no other body holds it.
     pub fn into_string(self) -> String {
         Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
@@ -835,6 +849,15 @@ mod shared_blocks_tests {
         assert_eq!(texts(&marked)[1].as_str(), "out\nput!");
         assert_eq!(format!("{:?}", original[0]), r#"Text { text: "a\"b", cache_control: None, extra: {} }"#);
         assert!(format!("{:?}", original[1]).contains(r#"Text("out\nput")"#));
+        // Appending to a shared text copies it; to one no other body holds, in place.
+        let mut appended = texts(&original)[0].clone();
+        appended.append("\n");
+        assert_eq!((texts(&original)[0].as_str(), appended.as_str()), ("a\"b", "a\"b\n"));
+        let mut own = SharedText::from(String::with_capacity(8));
+        own.append("a");
+        let before = own.as_ptr();
+        own.append("c");
+        assert_eq!((own.as_str(), own.as_ptr()), ("ac", before));
     }
 
     #[test]
