@@ -82,7 +82,7 @@ pub fn growing_session(seed: u64, requests: usize, peak_tokens: u64, model: &str
             let name = *rng.pick(&["Read", "Bash", "Grep", "Glob", "Edit"]).unwrap_or(&"Read");
             messages.push(Message::assistant_blocks(vec![ContentBlock::tool_use(&id, name, json!({"arg": format!("src/file_{}.rs", i % 97)}))]));
             let size = (per_request as f64 * (0.2 + 1.6 * rng.next_f64())) as usize;
-            let result = ContentBlock::tool_result(&id, ToolResultContent::Text(code_like_text(&mut rng, size)), None);
+            let result = ContentBlock::tool_result(&id, ToolResultContent::Text(code_like_text(&mut rng, size).into()), None);
             messages.push(Message::user_blocks(vec![result]));
         }
     }

@@ -90,7 +90,7 @@ pub fn system_blocks(agent_blocks: &[SystemBlock], marker: Option<CacheControl>,
     // The first text of `messages[0]` that is not a reminder: the prompt, after a compaction
     // the summary (the capture's fingerprint changes there and survives a resume).
     let texts: Vec<String> = messages.first().map(|m| m.content.to_blocks().into_iter().filter_map(|b| match b {
-        ContentBlock::Text { text, .. } => Some(text),
+        ContentBlock::Text { text, .. } => Some(text.into_string()),
         _ => None,
     }).collect()).unwrap_or_default();
     let first_text = texts.iter().find(|t| !t.starts_with(REMINDER_OPEN)).or(texts.first()).cloned();
@@ -494,11 +494,11 @@ pub fn rewrite_results(messages: &mut [Message]) {
                 && text.starts_with(&format!("{REMINDER_OPEN}\n{}", crate::agent::compact::rebuild::RESTORED_RESULT_HEAD))
                 && let Some(kept) = text.strip_suffix(&restored_caution)
             {
-                *text = format!("{kept}\n{REMINDER_CLOSE}");
+                *text = format!("{kept}\n{REMINDER_CLOSE}").into();
             }
             if let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), is_error, .. } = block {
                 if let Some(kept) = text.strip_suffix(&caution) {
-                    *text = kept.to_owned();
+                    *text = kept.to_owned().into();
                 } else if is_error.is_none_or(|e| !e) && text.starts_with("The file ") && text.ends_with(" has been updated.") {
                     text.push_str(" Your context already holds the file as it is now; there is no need to read it again.");
                 }
@@ -535,7 +535,7 @@ pub fn relayout(messages: &mut Vec<Message>, inputs: &Inputs) {
         return;
     };
     if let Some(ContentBlock::Text { text, .. }) = kept.first_mut() {
-        *text = text.replace(crate::agent::compact::rebuild::PRESERVED_NOTE, PRESERVED_NOTE);
+        *text = text.replace(crate::agent::compact::rebuild::PRESERVED_NOTE, PRESERVED_NOTE).into();
     }
     let attribution = content.pop();
     content.extend(kept);
@@ -690,7 +690,7 @@ mod tests {
                         next += 1;
                         let id = format!("toolu_{}", if k % 7 == 0 { k % (next + 1) } else { next });
                         let name = if op == 2 { "Read" } else { "mcp__srv__tool" };
-                        let result = ContentBlock::tool_result(id.clone(), ToolResultContent::Text(format!("out {k}")), None);
+                        let result = ContentBlock::tool_result(id.clone(), ToolResultContent::Text(format!("out {k}").into()), None);
                         if k % 5 == 0 {
                             // The result before its call.
                             history.push(Message::user_blocks(vec![result]));

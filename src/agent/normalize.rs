@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value};
 
 use crate::agent::attachments::Attachment;
-use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Role, SharedBlocks, ToolResultContent};
+use crate::api::{CacheControl, ContentBlock, Message, MessageContent, Role, SharedBlocks, SharedText, ToolResultContent};
 
 /// One entry of the agent's transcript.
 #[derive(Debug, Clone, PartialEq)]
@@ -163,7 +163,7 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 /// it there nor handing the list back moves every message.
 #[derive(Debug, Default)]
 pub struct MessageMemo {
-    key: Option<(NormalizeOptions, bool, String)>,
+    key: Option<(NormalizeOptions, bool, SharedText)>,
     split: usize,
     messages: Vec<Message>,
     mcp_ids: BTreeSet<String>,
@@ -206,13 +206,13 @@ impl MessageMemo {
     /// ([`crate::agent::dialect::mcp_results_as_blocks`]) in every message and
     /// [`finalize_tool_results`] done on the messages before the returned index (the caller
     /// finalizes the rest after placing its marker); `front` (when given) put before them.
-    pub fn messages(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+    pub fn messages(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
         #[cfg(debug_assertions)]
         let front_len = usize::from(front.is_some());
         let (messages, start) = self.messages_memoized(context, records, options, finish, front);
         #[cfg(debug_assertions)]
         {
-            let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
+            let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut scratch = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
@@ -224,12 +224,12 @@ impl MessageMemo {
         (messages, start)
     }
 
-    fn messages_memoized(&mut self, context: &str, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+    fn messages_memoized(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
         let front_len = usize::from(front.is_some());
         self.lent_shared = 0;
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
-            let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
+            let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut messages);
@@ -243,14 +243,14 @@ impl MessageMemo {
             && self.split <= split
             && matches!(records.get(self.split), Some(Record::Assistant { .. }));
         if !reusable {
-            let context_record = Record::User { content: MessageContent::Text(context.to_owned().into()), meta: true };
+            let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(&records[..split]).collect(), options);
             let mut mcp_ids = BTreeSet::new();
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.to_owned())), split, messages, mcp_ids, ..MessageMemo::default() };
+            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages, mcp_ids, ..MessageMemo::default() };
         } else if self.split < split {
             let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
             if finish {
@@ -356,7 +356,7 @@ fn merge_user_messages(a: &mut Message, b: Message) {
     let mut left = take_content(a).into_blocks();
     let right = b.content.into_blocks();
     if let (Some(ContentBlock::Text { text, .. }), Some(ContentBlock::Text { .. })) = (left.last_mut(), right.first()) {
-        text.push('\n');
+        text.append("\n");
     }
     left.extend(right);
     let (mut results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =
@@ -379,7 +379,7 @@ fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: Norma
                 parts.push(text.trim().to_owned());
             }
         }
-        *existing = parts.join("\n\n");
+        *existing = parts.join("\n\n").into();
     } else {
         left.extend(incoming);
     }
@@ -580,7 +580,7 @@ mod tests {
             0 => Record::User { content: MessageContent::Text(text.into()), meta: flag },
             1 => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: true },
             2 => Record::User {
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), flag.then_some(true))].into()),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), flag.then_some(true))].into()),
                 meta: false,
             },
             3 => Record::Assistant { content: vec![ContentBlock::text(text)].into() },
@@ -590,7 +590,7 @@ mod tests {
             5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
             6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },
             _ => Record::User {
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text), None), ContentBlock::text("after")].into()),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), None), ContentBlock::text("after")].into()),
                 meta: false,
             },
         }
@@ -622,7 +622,7 @@ mod tests {
         ) {
             let mut memo = MessageMemo::default();
             let mut records: Vec<Record> = Vec::new();
-            let mut context = "ctx".to_owned();
+            let mut context = SharedText::from("ctx");
             let mut options = NormalizeOptions { smoosh_into_tool_result: true, tool_loaded_sibling: true, strip_tool_references: false };
             for (op, a, b, flag, back) in ops {
                 match op {
@@ -646,7 +646,7 @@ mod tests {
                             }
                         }
                     }
-                    8 => context = format!("ctx{}", a % 2),
+                    8 => context = format!("ctx{}", a % 2).into(),
                     _ => options.smoosh_into_tool_result = flag,
                 }
                 let front = (back % 3 == 0).then(|| Message::user_text(format!("listing{a}")));

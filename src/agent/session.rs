@@ -70,7 +70,7 @@ thread_local! {
     /// each run of a plan search) starts a session of its own, rendering the same context
     /// from the same memory files. Rendering reads nothing else, so which renderings are
     /// shared changes no result (debug builds render again and compare).
-    static RENDERED_CONTEXTS: std::cell::RefCell<Vec<(UserContextInputs, std::sync::Arc<SizeProfile>, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RENDERED_CONTEXTS: std::cell::RefCell<Vec<(UserContextInputs, std::sync::Arc<SizeProfile>, crate::api::SharedText)>> = const { std::cell::RefCell::new(Vec::new()) };
 
     /// The pools assembled last on this thread, by what assembly read (the inputs and the size
     /// profile), the oldest first. A session assembles its pool once per change of the inputs
@@ -90,7 +90,7 @@ pub struct Session {
     records: Vec<Record>,
     system_cache: SystemPromptCache,
     /// The memoized user-context string (`getUserContext`), dropped by compaction or `/clear`.
-    user_context: Option<String>,
+    user_context: Option<crate::api::SharedText>,
     memory: Option<Discovery>,
     loaded_nested: BTreeSet<String>,
     /// Compactions so far that rebuilt the conversation (2.1.332 keeps the newest round on the
@@ -806,7 +806,7 @@ impl Session {
                 if let ContentBlock::ToolResult { tool_use_id, content, .. } = block
                     && tool_use_ids.contains(tool_use_id)
                 {
-                    *content = Some(crate::api::ToolResultContent::Text(crate::agent::compact::microcompact::CLEARED_MARKER.to_owned()));
+                    *content = Some(crate::api::ToolResultContent::Text(crate::agent::compact::microcompact::CLEARED_MARKER.into()));
                 }
             }
         }
@@ -883,7 +883,7 @@ impl Session {
     pub fn apply_reply(&mut self, reply: &Reply, world: &mut World, calls: &mut dyn ModelCalls) -> Result<Vec<String>, String> {
         let before = self.events.len();
         self.stop_continued = false;
-        self.records.push(Record::Assistant { content: reply.content.clone().into() });
+        self.records.push(Record::Assistant { content: reply.content.clone() });
         self.turns_since_todo_write += 1;
         self.turns_since_todo_reminder += 1;
         let tool_calls: Vec<(&String, &String, &Value)> = reply
@@ -933,7 +933,7 @@ impl Session {
             }
             if let Some(text) = pre.denial(name) {
                 self.settle_hook_time(world);
-                results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text), Some(true)));
+                results.push(ContentBlock::tool_result(id.clone(), ToolResultContent::Text(text.into()), Some(true)));
                 continue;
             }
             // `ask` puts the call to the user; the simulated user approves (ARCHITECTURE.md, Hooks).
@@ -996,7 +996,7 @@ impl Session {
             let event = if succeeded { "PostToolUse" } else { "PostToolUseFailure" };
             let post_input = || {
                 let response = match &result {
-                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(t.clone()),
+                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => Value::String(String::clone(t)),
                     _ => Value::Null,
                 };
                 let mut post_input = json!({"tool_name": name, "tool_input": input, "tool_use_id": id});
@@ -1010,7 +1010,7 @@ impl Session {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                *content = Some(ToolResultContent::Text(text));
+                *content = Some(ToolResultContent::Text(text.into()));
             }
             results.push(result);
             if !post.additional_context.is_empty() {
@@ -1582,7 +1582,7 @@ impl Session {
         &self.plugins
     }
 
-    fn user_context(&mut self, world: &World) -> String {
+    fn user_context(&mut self, world: &World) -> crate::api::SharedText {
         self.ensure_user_context(world);
         self.user_context.clone().expect("just set")
     }
@@ -1608,7 +1608,7 @@ impl Session {
                     debug_assert!(*text == render_user_context(&inputs, &self.profile), "a user context kept differs from rendering it again");
                     return text.clone();
                 }
-                let text = render_user_context(&inputs, &self.profile);
+                let text = crate::api::SharedText::from(render_user_context(&inputs, &self.profile));
                 if rendered.len() >= RENDERED_CONTEXTS_KEPT {
                     rendered.remove(0);
                 }
@@ -1685,7 +1685,7 @@ impl Session {
         let dialect_layout = self.strategy.client_version == crate::agent::dialect::VERSION;
         let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
         let finish = !dialect_layout && !peer;
-        let context = self.user_context.as_deref().expect("ensured above");
+        let context = self.user_context.as_ref().expect("ensured above");
         // The deferred tools' listing goes in front of the history at once, where the memo
         // keeps its place (what reads the history before the marker, a peer mechanism and the
         // MCP results' rewrite, reads it after the listing); Claude Code 2.1.332's layout

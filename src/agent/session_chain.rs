@@ -179,7 +179,7 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
         // restored file as its Read call (a string message) and its result.
         (EntryKind::Attachment { kind }, _) => {
             let mut texts: Vec<String> = entry.message().content.to_blocks().into_iter().filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text),
+                ContentBlock::Text { text, .. } => Some(text.into_string()),
                 _ => None,
             }).collect();
             let call = (kind == "file" && texts.len() == 2).then(|| texts.remove(0));

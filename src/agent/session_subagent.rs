@@ -280,7 +280,7 @@ impl Session {
             .content
             .iter()
             .filter_map(|b| match b {
-                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(text.clone()),
+                ContentBlock::Text { text, .. } if !text.trim().is_empty() => Some(String::clone(text)),
                 _ => None,
             })
             .collect();
@@ -298,7 +298,7 @@ impl Session {
                 date: world.clock.date_string(),
                 padding: self.strategy.size_profile_padding,
             };
-            render_user_context(&inputs, &self.profile)
+            render_user_context(&inputs, &self.profile).into()
         } else {
             self.user_context(world)
         };

@@ -36,6 +36,20 @@ impl SharedText {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// Appends `tail`: in place when no other body holds the text, else to a copy made with
+    /// room for it (where a change through `DerefMut` would copy the text, then grow it).
+    pub fn append(&mut self, tail: &str) {
+        match Arc::get_mut(&mut self.0) {
+            Some(text) => text.push_str(tail),
+            None => {
+                let mut text = String::with_capacity(self.0.len() + tail.len());
+                text.push_str(&self.0);
+                text.push_str(tail);
+                self.0 = Arc::new(text);
+            }
+        }
+    }
+
     /// The text, taken without a copy when no other body holds it.
     pub fn into_string(self) -> String {
         Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
@@ -58,6 +72,12 @@ impl DerefMut for SharedText {
 impl From<String> for SharedText {
     fn from(text: String) -> SharedText {
         SharedText(Arc::new(text))
+    }
+}
+
+impl From<&String> for SharedText {
+    fn from(text: &String) -> SharedText {
+        SharedText(Arc::new(text.clone()))
     }
 }
 
@@ -365,11 +385,13 @@ impl MessageContent {
 }
 
 /// `content` of a tool_result: a string or a list of blocks (text, image, document,
-/// tool_reference, search_result, ...).
+/// tool_reference, search_result, ...). The string is a [`SharedText`]: a tool's output is
+/// held once by the script, the record, the messages built from it and every copy of a
+/// block list that holds it (a list copied on write to mark or finalize one of its blocks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ToolResultContent {
-    Text(String),
+    Text(SharedText),
     Blocks(Vec<ContentBlock>),
 }
 
@@ -416,7 +438,9 @@ pub struct ImageLike {
 /// results, search results, containers, compaction blocks, ...) are kept verbatim as `Other`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContentBlock {
-    Text { text: String, cache_control: Option<CacheControl>, extra: Map<String, Value> },
+    /// The text is a [`SharedText`]: a prompt or an attachment's text is held once by the
+    /// record, the messages built from it and every copy of a block list holding it.
+    Text { text: SharedText, cache_control: Option<CacheControl>, extra: Map<String, Value> },
     Image(ImageLike),
     Document(ImageLike),
     ToolUse { id: String, name: String, input: Value, cache_control: Option<CacheControl>, extra: Map<String, Value> },
@@ -435,7 +459,7 @@ pub enum ContentBlock {
 }
 
 impl ContentBlock {
-    pub fn text(text: impl Into<String>) -> Self {
+    pub fn text(text: impl Into<SharedText>) -> Self {
         ContentBlock::Text { text: text.into(), cache_control: None, extra: Map::new() }
     }
 
@@ -668,7 +692,7 @@ impl ContentBlock {
                 map.remove("type");
                 let text = take_string(&mut map, "text", k)?;
                 let cache_control = take_cache_control(&mut map, k)?;
-                ContentBlock::Text { text, cache_control, extra: map }
+                ContentBlock::Text { text: text.into(), cache_control, extra: map }
             }
             "image" | "document" => {
                 map.remove("type");
@@ -694,7 +718,7 @@ impl ContentBlock {
                 let tool_use_id = take_string(&mut map, "tool_use_id", k)?;
                 let content = match map.remove("content") {
                     None | Some(Value::Null) => None,
-                    Some(Value::String(s)) => Some(ToolResultContent::Text(s)),
+                    Some(Value::String(s)) => Some(ToolResultContent::Text(s.into())),
                     Some(Value::Array(items)) => {
                         let mut blocks = Vec::with_capacity(items.len());
                         for (i, item) in items.into_iter().enumerate() {
@@ -796,6 +820,44 @@ mod shared_blocks_tests {
         assert_eq!(format!("{changed:?}"), r#"Text("prompt!")"#);
         let back: MessageContent = serde_json::from_str(&json).unwrap();
         assert_eq!(back, changed);
+    }
+
+    /// A text block's and a tool result's text are shared by the copies of a block list (a
+    /// list copied on write to change another of its blocks copies no text), a change to one
+    /// copy's text leaves the others', and both serialize and print as the strings they hold.
+    #[test]
+    fn block_texts_are_shared_by_copies_of_their_list() {
+        let json = r#"[{"type":"text","text":"a\"b"},{"type":"tool_result","tool_use_id":"t1","content":"out\nput"}]"#;
+        let original: SharedBlocks = serde_json::from_str(json).unwrap();
+        assert_eq!(serde_json::to_string(&original).unwrap(), json);
+        let texts = |blocks: &SharedBlocks| -> Vec<SharedText> {
+            blocks
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text { text, .. } | ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } => Some(text.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut marked = original.clone();
+        marked[0].set_cache_control(Some(CacheControl::ephemeral()));
+        assert!(!marked.same(&original), "the change copied the list");
+        assert!(texts(&marked).iter().zip(texts(&original)).all(|(a, b)| a.same(&b)), "not its texts");
+        let ContentBlock::ToolResult { content: Some(ToolResultContent::Text(text)), .. } = &mut marked[1] else { unreachable!() };
+        text.push('!');
+        assert_eq!(texts(&original).iter().map(|t| t.as_str()).collect::<Vec<_>>(), ["a\"b", "out\nput"]);
+        assert_eq!(texts(&marked)[1].as_str(), "out\nput!");
+        assert_eq!(format!("{:?}", original[0]), r#"Text { text: "a\"b", cache_control: None, extra: {} }"#);
+        assert!(format!("{:?}", original[1]).contains(r#"Text("out\nput")"#));
+        // Appending to a shared text copies it; to one no other body holds, in place.
+        let mut appended = texts(&original)[0].clone();
+        appended.append("\n");
+        assert_eq!((texts(&original)[0].as_str(), appended.as_str()), ("a\"b", "a\"b\n"));
+        let mut own = SharedText::from(String::with_capacity(8));
+        own.append("a");
+        let before = own.as_ptr();
+        own.append("c");
+        assert_eq!((own.as_str(), own.as_ptr()), ("ac", before));
     }
 
     #[test]

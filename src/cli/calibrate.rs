@@ -55,7 +55,7 @@ const MAX_TEXT_BYTES: usize = 60_000;
 fn push_blocks<'a>(blocks: impl IntoIterator<Item = &'a ContentBlock>, out: &mut Vec<String>) {
     for block in blocks {
         match block {
-            ContentBlock::Text { text, .. } => out.push(text.clone()),
+            ContentBlock::Text { text, .. } => out.push(String::clone(text)),
             ContentBlock::ToolResult { content: Some(content), .. } => push_result(content, out),
             _ => {}
         }
@@ -64,7 +64,7 @@ fn push_blocks<'a>(blocks: impl IntoIterator<Item = &'a ContentBlock>, out: &mut
 
 fn push_result(content: &ToolResultContent, out: &mut Vec<String>) {
     match content {
-        ToolResultContent::Text(text) => out.push(text.clone()),
+        ToolResultContent::Text(text) => out.push(String::clone(text)),
         ToolResultContent::Blocks(blocks) => push_blocks(blocks, out),
     }
 }

@@ -125,7 +125,7 @@ impl Live<'_> {
         let so_far = Recording { header: self.header.clone(), events: self.events.clone() };
         (self.checkpoint)(&so_far, &self.calls).map_err(|e| LiveError::Checkpoint(e.to_string()))?;
         world.clock.advance(self.options.call_ms);
-        let reply = Reply { content: response.content, stop_reason, usage: Some(actual.clone()), latency: None, output_tokens: actual.output_tokens, synthetic: false };
+        let reply = Reply { content: response.content.into(), stop_reason, usage: Some(actual.clone()), latency: None, output_tokens: actual.output_tokens, synthetic: false };
         Ok((reply, actual))
     }
 

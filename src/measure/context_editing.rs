@@ -321,7 +321,7 @@ fn is_thinking(block: &ContentBlock) -> bool {
 /// Replaces a tool_result's content with the placeholder, or a tool_use's input with `{}`.
 fn clear_block(block: &mut ContentBlock) {
     match block {
-        ContentBlock::ToolResult { content, .. } => *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned())),
+        ContentBlock::ToolResult { content, .. } => *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.into())),
         ContentBlock::ToolUse { input, .. } => *input = json!({}),
         ContentBlock::Other(Value::Object(map)) => match map.get("type").and_then(Value::as_str) {
             Some("tool_result") => {
@@ -949,7 +949,7 @@ mod tests {
                             uses.insert(0, ContentBlock::thinking("t".repeat(k * 5 + 1), "sig"));
                         }
                         messages.push(Message::assistant_blocks(uses));
-                        let result = ContentBlock::tool_result(id, ToolResultContent::Text("r".repeat(k * 20)), None);
+                        let result = ContentBlock::tool_result(id, ToolResultContent::Text("r".repeat(k * 20).into()), None);
                         messages.push(Message::user_blocks(vec![result]));
                     }
                     4 => messages.push(Message::user_text(format!("prompt {k}"))),
@@ -969,7 +969,7 @@ mod tests {
                     7 => messages.truncate(k % (messages.len() + 1)),
                     _ => {
                         // A result of a tool use named nowhere, and an assistant text.
-                        messages.push(Message::user_blocks(vec![ContentBlock::tool_result(format!("toolu_x{k}"), ToolResultContent::Text("o".repeat(k * 9)), None)]));
+                        messages.push(Message::user_blocks(vec![ContentBlock::tool_result(format!("toolu_x{k}"), ToolResultContent::Text("o".repeat(k * 9).into()), None)]));
                         messages.push(Message::assistant_blocks(vec![ContentBlock::text("ok")]));
                     }
                 }

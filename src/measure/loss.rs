@@ -646,7 +646,7 @@ mod prefix_tests {
                     *next += 1;
                     let id = format!("toolu_{next}");
                     messages.push(Message::assistant_blocks(vec![ContentBlock::tool_use(id.clone(), name, input)]));
-                    messages.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text(result.to_owned()), None)]));
+                    messages.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text(result.into()), None)]));
                 }
                 match op {
                     0 | 9 => call(&mut next, "Read", json!({"file_path": path}), "fn main() {}", messages),
@@ -661,7 +661,7 @@ mod prefix_tests {
                         if let Some(MessageContent::Blocks(blocks)) = messages.get_mut(at).map(|m| &mut m.content) {
                             for block in blocks.iter_mut() {
                                 if let ContentBlock::ToolResult { content, .. } = block {
-                                    *content = Some(ToolResultContent::Text(PLACEHOLDERS[1].to_owned()));
+                                    *content = Some(ToolResultContent::Text(PLACEHOLDERS[1].into()));
                                 }
                             }
                         }

@@ -903,7 +903,7 @@ fn event_blocks(kind: &EventKind) -> Option<(Role, EventBlocks)> {
         EventKind::UserPrompt(UserPrompt { content: MessageContent::Blocks(blocks), .. }) => Some((Role::User, EventBlocks::Shared(blocks.clone()))),
         EventKind::UserPrompt(UserPrompt { content, .. }) => Some((Role::User, EventBlocks::Built(content.to_blocks()))),
         EventKind::ToolResult(ToolResult { tool_use_id, content, is_error, .. }) => {
-            let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new()));
+            let content = content.clone().unwrap_or_else(|| ToolResultContent::Text(String::new().into()));
             let block = ContentBlock::tool_result(tool_use_id.clone(), content, is_error.then_some(true));
             Some((Role::User, EventBlocks::Built(vec![block])))
         }

@@ -373,7 +373,7 @@ pub(super) fn client_view(message: &mut Message, cleared: &BTreeSet<String>, thi
     for block in blocks.iter_mut().skip(first) {
         match block {
             ContentBlock::ToolResult { tool_use_id, content, .. } if cleared.contains(tool_use_id) => {
-                *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.to_owned()));
+                *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.into()));
             }
             ContentBlock::Thinking { thinking, signature, .. } => {
                 if let Some(fill) = thinking_estimate.get(signature.as_str()) {

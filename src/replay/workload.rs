@@ -194,7 +194,7 @@ fn image_spec(source: &Value) -> Value {
 fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<Value>) {
     match content {
         None => (String::new(), Vec::new()),
-        Some(ToolResultContent::Text(text)) => (text.clone(), Vec::new()),
+        Some(ToolResultContent::Text(text)) => (String::clone(text), Vec::new()),
         Some(ToolResultContent::Blocks(blocks)) => {
             let mut texts = Vec::new();
             let mut images = Vec::new();
@@ -1447,7 +1447,7 @@ pub fn size_unmodelled(
         && let Some(reply) = steps.iter().position(|s| s.get("assistant").is_some())
     {
         let block_text = |block: ContentBlock| match block {
-            ContentBlock::Text { text, .. } => text,
+            ContentBlock::Text { text, .. } => text.into_string(),
             _ => String::new(),
         };
         // One attachment per file before the first reply, each rendered as the client renders a
@@ -1568,12 +1568,12 @@ fn size_subagent_prompts(
             .nth(ordinal);
         let (Some(output), Some(reply)) = (output, reply) else { continue };
         let mut main = main.clone();
-        main.content = vec![agent_call];
+        main.content = vec![agent_call].into();
         main.stop_reason = crate::api::StopReason::ToolUse;
         let mut reply = reply.clone();
         reply.content.retain(|b| matches!(b, ContentBlock::Text { .. }));
         if reply.content.is_empty() {
-            reply.content = vec![serde_json::from_value(json!({ "type": "text", "text": "." })).map_err(|e| e.to_string())?];
+            reply.content = vec![serde_json::from_value(json!({ "type": "text", "text": "." })).map_err(|e| e.to_string())?].into();
         }
         reply.stop_reason = crate::api::StopReason::EndTurn;
         let mut probe = probe_scenario(&workload.scenario, 0);

@@ -454,7 +454,7 @@ fn check_step(
             Some(Latency { first_token_ms, total_ms })
         }
     };
-    Ok(Step::Assistant(AssistantStep { lane, content, stop_reason, usage, output_tokens, latency }))
+    Ok(Step::Assistant(AssistantStep { lane, content: content.into(), stop_reason, usage, output_tokens, latency }))
 }
 
 /// `toolu_01` + 22 base62 characters: the shape and length of real ids (so token counts match),

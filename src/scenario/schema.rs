@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use indexmap::IndexMap;
 use serde::Deserialize;
 
-use crate::api::{ContentBlock, StopReason, Usage};
+use crate::api::{ContentBlock, SharedBlocks, StopReason, Usage};
 use crate::world::{GitState, HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
 use super::values::{EnvValue, FileSpec, Rfc3339, TimeZoneName};
@@ -264,8 +264,9 @@ impl Step {
 pub struct AssistantStep {
     /// `main` unless `lane:` says otherwise.
     pub lane: String,
-    /// Blocks with tool_use ids filled in.
-    pub content: Vec<ContentBlock>,
+    /// Blocks with tool_use ids filled in; shared with the replies made from the step
+    /// ([`AssistantStep::to_reply`]) and every copy of the script.
+    pub content: SharedBlocks,
     /// From `stop_reason:`, else `tool_use` when a tool is called, else `end_turn`.
     pub stop_reason: StopReason,
     pub usage: Option<Usage>,
@@ -350,7 +351,7 @@ impl ToolOutput {
     /// The tool_result content: the text alone, or the text (when any) followed by the images.
     pub fn result_content(&self) -> crate::api::ToolResultContent {
         if self.images.is_empty() {
-            return crate::api::ToolResultContent::Text(self.content.clone());
+            return crate::api::ToolResultContent::Text(self.content.clone().into());
         }
         let text = (!self.content.is_empty()).then(|| ContentBlock::text(self.content.clone()));
         crate::api::ToolResultContent::Blocks(text.into_iter().chain(self.images.iter().map(ImageSpec::block)).collect())

@@ -283,11 +283,11 @@ impl VirtualFs {
     }
 
     /// Creates or overwrites a file, stamping it with the clock's time and journaling the write.
-    pub fn write(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
+    pub fn write(&mut self, path: &str, contents: impl Into<crate::api::SharedText>, clock: &Clock) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
-        self.files.insert(path.clone(), FileEntry { contents: contents.into().into(), mtime_ms: time_ms as i64 });
+        self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
         self.file_changes.push(path.clone());
         self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
         Ok(())

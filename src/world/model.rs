@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::api::{ContentBlock, StopReason, Usage};
+use crate::api::{ContentBlock, SharedBlocks, StopReason, Usage};
 
 use super::error::WorldError;
 use super::rng::Rng;
@@ -20,7 +20,9 @@ pub struct Latency {
 /// One model reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
-    pub content: Vec<ContentBlock>,
+    /// Shared with every copy of the reply (the lane's list another copy of the model holds,
+    /// the assistant record and messages built from it): cloning a reply copies no block.
+    pub content: SharedBlocks,
     pub stop_reason: StopReason,
     /// Usage as the script states it (partial: only the fields the scenario gave are non-zero).
     /// Measurement computes the input side itself; this is for replaying recorded sessions.
@@ -42,16 +44,16 @@ impl Reply {
             StopReason::EndTurn
         };
         let output_tokens = estimate_output_tokens(&content);
-        Reply { content, stop_reason, usage: None, latency: None, output_tokens, synthetic: false }
+        Reply { content: content.into(), stop_reason, usage: None, latency: None, output_tokens, synthetic: false }
     }
 
     pub fn text(text: impl Into<String>) -> Self {
-        Reply::new(vec![ContentBlock::text(text)])
+        Reply::new(vec![ContentBlock::text(Into::<String>::into(text))])
     }
 
     /// No content (what a lane leaves where it moved a reply out).
     fn empty() -> Self {
-        Reply { content: Vec::new(), stop_reason: StopReason::EndTurn, usage: None, latency: None, output_tokens: 0, synthetic: false }
+        Reply { content: SharedBlocks::default(), stop_reason: StopReason::EndTurn, usage: None, latency: None, output_tokens: 0, synthetic: false }
     }
 }
 
@@ -388,6 +390,23 @@ mod tests {
         assert_eq!(left(&third, "main").iter().map(|r| r.content.clone()).collect::<Vec<_>>(), ["b", "c", "d", "e"].map(|t| vec![ContentBlock::text(t)]).to_vec());
         assert_eq!(third.unconsumed(), vec![("main".to_owned(), 4)]);
         assert_eq!(left(&built, "main").len(), 4);
+    }
+
+    /// A reply handed out of a list another copy holds shares its blocks with that copy's
+    /// (no block copied); changing the blocks of one changes the other's none.
+    #[test]
+    fn a_reply_shares_its_blocks_with_the_copies_of_the_model() {
+        let mut built = ScriptedModel::new(Rng::new(1));
+        built.push("main", Reply::new(vec![ContentBlock::text("a"), ContentBlock::tool_use("t1", "Read", serde_json::json!({ "file_path": "/x" }))]));
+        let mut copy = built.clone();
+        let mut taken = copy.next_reply("main").unwrap();
+        let kept = built.scripted("main").next().unwrap().clone();
+        assert!(taken.content.same(&kept.content));
+        taken.content.push(ContentBlock::text("b"));
+        assert!(!taken.content.same(&kept.content));
+        assert_eq!(kept.content.len(), 2);
+        assert_eq!(built.next_reply("main").unwrap(), kept);
+        assert_eq!(taken.content.len(), 3);
     }
 
     /// Going on with another script's replies starts each lane after what this copy consumed,

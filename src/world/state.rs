@@ -21,7 +21,7 @@ pub struct ScriptedToolOutput {
     pub runs_subagent: bool,
     /// The file the call read or wrote, as recorded (path, content): left in the fs and counted
     /// read, as the real tool would have.
-    pub file: Option<(String, String)>,
+    pub file: Option<(String, crate::api::SharedText)>,
     /// Its place among the script's outputs as written ([`crate::scenario::ToolOutput::written`]):
     /// a recorded session's workload writes them in the order the tools completed.
     pub completed: usize,

@@ -52,7 +52,7 @@ impl Convo {
         ]));
         e.message_id = Some(format!("msg_{n}"));
         self.now += 1_000;
-        self.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text(filler(tool, chars)), None)]));
+        self.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text(filler(tool, chars).into()), None)]));
         self
     }
     /// An assistant text reply reporting `usage_total` tokens of usage.
@@ -90,7 +90,7 @@ fn result_text(entries: &[Entry], id: &str) -> String {
         for b in e.blocks() {
             if let ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(t)), .. } = b
                 && tool_use_id == id {
-                    return t.clone();
+                    return String::clone(t);
                 }
         }
     }
@@ -273,7 +273,7 @@ fn compact_aggregate_budget_replaces_largest_fresh_results() {
     let mut results = Vec::new();
     for (k, chars) in [45_000, 48_000, 30_000, 49_000, 40_000].into_iter().enumerate() {
         uses.push(ContentBlock::tool_use(format!("t{k}"), "WebFetch", json!({})));
-        results.push(ContentBlock::tool_result(format!("t{k}"), ToolResultContent::Text(filler("w", chars)), None));
+        results.push(ContentBlock::tool_result(format!("t{k}"), ToolResultContent::Text(filler("w", chars).into()), None));
     }
     convo.push(Message::assistant_blocks(uses)).message_id = Some("m1".into());
     convo.push(Message::user_blocks(results));
@@ -565,8 +565,8 @@ fn budget_replay_checker() -> impl FnMut(&ChainContext<'_>) {
                 let ContentBlock::ToolResult { tool_use_id: id, content: Some(ToolResultContent::Text(t)), .. } = b else { continue };
                 if t.starts_with("<persisted-output>") {
                     assert!(!shown_plain.contains(id), "{id} was shown unreplaced, then replaced");
-                    let first = replaced.entry(id.clone()).or_insert_with(|| t.clone());
-                    assert_eq!(first, t, "replacement of {id} changed");
+                    let first = replaced.entry(id.clone()).or_insert_with(|| String::clone(t));
+                    assert_eq!(first, &**t, "replacement of {id} changed");
                 } else if t != CLEARED_MARKER {
                     assert!(!replaced.contains_key(id), "{id} lost its replacement");
                     shown_plain.insert(id.clone());

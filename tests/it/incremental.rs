@@ -182,7 +182,7 @@ fn apply(lanes: &mut [Lane; 3], which: usize, step: &Step, counter: usize) -> Re
             let id = format!("toolu_{counter:04}");
             let input = if reversed_keys { json!({"b": counter, "a": "src/x.rs"}) } else { json!({"a": "src/x.rs", "b": counter}) };
             lane.messages.push(Message::assistant_blocks(vec![ContentBlock::tool_use(&id, "Read", input)]));
-            let result = ContentBlock::tool_result(&id, ToolResultContent::Text(text_of(&format!("result {counter}"), size)), None);
+            let result = ContentBlock::tool_result(&id, ToolResultContent::Text(text_of(&format!("result {counter}"), size).into()), None);
             lane.messages.push(Message::user_blocks(vec![result]));
         }
         Step::UserTurn { size, as_string } => {
@@ -196,7 +196,7 @@ fn apply(lanes: &mut [Lane; 3], which: usize, step: &Step, counter: usize) -> Re
                 && let MessageContent::Blocks(blocks) = &mut lane.messages[m].content
                 && let ContentBlock::ToolResult { content, .. } = &mut blocks[c]
             {
-                *content = Some(ToolResultContent::Text("[Old tool result content cleared]".to_owned()));
+                *content = Some(ToolResultContent::Text("[Old tool result content cleared]".into()));
             }
         }
         Step::ReorderInput { nth } => {

@@ -85,7 +85,7 @@ fn the_agent_runs_against_served_replies_and_its_estimate_matches_the_served_usa
         .iter()
         .filter_map(|e| match &e.kind {
             EventKind::ToolResult(r) => Some(match &r.content {
-                Some(ToolResultContent::Text(text)) => text.clone(),
+                Some(ToolResultContent::Text(text)) => String::clone(text),
                 other => format!("{other:?}"),
             }),
             _ => None,

@@ -235,7 +235,7 @@ fn session_hook_context_fold() {
 fn session_start_hook_comes_first() {
     let output = run("session-start-hook");
     let MessageContent::Blocks(blocks) = &output.requests[0].messages[1].content else { panic!() };
-    let texts: Vec<String> = blocks.iter().map(|b| match b { ContentBlock::Text { text, .. } => text.clone(), _ => String::new() }).collect();
+    let texts: Vec<String> = blocks.iter().map(|b| match b { ContentBlock::Text { text, .. } => String::clone(text), _ => String::new() }).collect();
     // Attachments merge with each other without the seam newline.
     assert_eq!(texts[0], "<system-reminder>\nSessionStart:startup hook success: Branch main is protected.\n</system-reminder>");
     assert!(texts[1].contains("SessionStart hook additional context: CI is red"));

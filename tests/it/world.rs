@@ -347,7 +347,7 @@ fn replies_are_consumed_in_order_per_lane() {
     model.push("main", Reply::text("one"));
     model.push("compact", Reply::text("<summary>s</summary>"));
     model.push("main", Reply::new(vec![ContentBlock::tool_use("toolu_1", "Read", serde_json::json!({}))]));
-    assert_eq!(model.next_reply("main").unwrap().content, [ContentBlock::text("one")]);
+    assert_eq!(*model.next_reply("main").unwrap().content, [ContentBlock::text("one")]);
     let second = model.next_reply("main").unwrap();
     assert_eq!(second.stop_reason, StopReason::ToolUse);
     assert_eq!(model.unconsumed(), [("compact".to_owned(), 1)]);

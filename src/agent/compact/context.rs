@@ -53,8 +53,8 @@ pub struct Entry {
     rough: NotValue<std::cell::Cell<Option<u64>>>,
     pristine: NotValue<bool>,
     /// The tool results `tool_result_budget` may weigh, found once per version of the message
-    /// ([`Entry::budget_candidates`]).
-    candidates: NotValue<std::cell::OnceCell<Vec<super::tool_result_budget::EntryCandidate>>>,
+    /// ([`Entry::budget_candidates`]) and shared by the entry's copies (a run's checkpoint).
+    candidates: NotValue<std::cell::OnceCell<std::rc::Rc<[super::tool_result_budget::EntryCandidate]>>>,
     /// The run of `tool_result_budget` that last found this message settled, and the entry's
     /// position then ([`super::tool_result_budget::BudgetScan`]); forgotten with the message.
     budget_mark: NotValue<std::cell::Cell<Option<(u64, usize)>>>,
@@ -140,7 +140,7 @@ impl Entry {
     /// persisted or carrying media), with their sizes: found once per version of the message,
     /// so a request's budget pass reads each old result's size instead of measuring its text.
     pub fn budget_candidates(&self) -> &[super::tool_result_budget::EntryCandidate] {
-        self.candidates.0.get_or_init(|| super::tool_result_budget::entry_candidates(self.blocks()))
+        self.candidates.0.get_or_init(|| super::tool_result_budget::entry_candidates(self.blocks()).into())
     }
 
     /// The `tool_result_budget` run (its stamp) that found this entry settled at `position`.

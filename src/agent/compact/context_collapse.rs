@@ -46,9 +46,9 @@ fn digest(entries: &[Entry], max_chars: usize) -> String {
             MessageContent::Blocks(blocks) => blocks
                 .iter()
                 .map(|b| match b {
-                    ContentBlock::Text { text, .. } => text.clone(),
+                    ContentBlock::Text { text, .. } => String::clone(text),
                     ContentBlock::ToolUse { name, input, .. } => format!("{name} {input}"),
-                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => t.clone(),
+                    ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => String::clone(t),
                     _ => String::new(),
                 })
                 .collect(),

@@ -201,7 +201,7 @@ impl Driver {
                     .map(|(k, call)| {
                         ContentBlock::tool_result(
                             format!("toolu_{i:05}_{k}"),
-                            ToolResultContent::Text(filler(call.tool, call.result_chars)),
+                            ToolResultContent::Text(filler(call.tool, call.result_chars).into()),
                             None,
                         )
                     })

@@ -135,7 +135,7 @@ pub fn time_based(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<Stage
             if tokens <= marker_tokens {
                 continue;
             }
-            *content = Some(ToolResultContent::Text(CLEARED_MARKER.to_owned()));
+            *content = Some(ToolResultContent::Text(CLEARED_MARKER.into()));
             saved += tokens - marker_tokens;
             cleared += 1;
             first.get_or_insert((i, b));

@@ -168,7 +168,7 @@ fn tool_results(messages: &[Message]) -> Vec<(usize, usize, u64)> {
 
 fn clear_result(blocks: &mut [ContentBlock], b: usize) {
     if let ContentBlock::ToolResult { content, .. } = &mut blocks[b] {
-        *content = Some(ToolResultContent::Text(CLEARED_PLACEHOLDER.to_owned()));
+        *content = Some(ToolResultContent::Text(CLEARED_PLACEHOLDER.into()));
     }
 }
 
@@ -604,7 +604,7 @@ mod tests {
             Message { role: Role::Assistant, content: MessageContent::Blocks(vec![ContentBlock::tool_use(id, "Read", json!({"file_path": format!("/{id}")}))].into()), extra: Default::default() },
             Message {
                 role: Role::User,
-                content: MessageContent::Blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("x".repeat(n)), None)].into()),
+                content: MessageContent::Blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text("x".repeat(n).into()), None)].into()),
                 extra: Default::default(),
             },
         ]

@@ -217,7 +217,7 @@ pub fn persist(
     clock: &Clock,
 ) -> Option<String> {
     let (text, ext) = match content {
-        ToolResultContent::Text(text) => (text.clone(), "txt"),
+        ToolResultContent::Text(text) => (String::clone(text), "txt"),
         ToolResultContent::Blocks(blocks) => {
             if blocks.iter().any(|b| !matches!(b, ContentBlock::Text { .. })) {
                 return None;
@@ -253,11 +253,11 @@ pub fn apply_to_messages(messages: &mut [crate::api::Message], config: &ToolResu
                         continue;
                     }
                     let text = match content {
-                        ToolResultContent::Text(text) => text.clone(),
+                        ToolResultContent::Text(text) => String::clone(text),
                         ToolResultContent::Blocks(parts) => crate::api::joined_text(parts),
                     };
                     let path = format!("{dir}/{tool_use_id}.txt");
-                    *content = ToolResultContent::Text(replacement_text(&text, &path, config.preview_chars as usize));
+                    *content = ToolResultContent::Text(replacement_text(&text, &path, config.preview_chars as usize).into());
                     replaced.push(tool_use_id.clone());
                 }
                 _ => {}
@@ -456,7 +456,7 @@ impl Stage for ToolResultBudget {
             }
             if let MessageContent::Blocks(blocks) = &mut cx.entries.entry_mut(entry).message_mut().content
                 && let ContentBlock::ToolResult { content, .. } = &mut blocks[block] {
-                    *content = Some(ToolResultContent::Text(text));
+                    *content = Some(ToolResultContent::Text(text.into()));
                 }
         }
         // Only entries after `start` were rewritten, so the settled ones keep their marks.
@@ -494,7 +494,7 @@ mod candidate_memo_tests {
 
     #[test]
     fn an_entry_finds_its_candidates_again_after_a_rewrite() {
-        let result = |id: &str, text: &str| ContentBlock::tool_result(id, ToolResultContent::Text(text.to_owned()), None);
+        let result = |id: &str, text: &str| ContentBlock::tool_result(id, ToolResultContent::Text(text.into()), None);
         let mut entry = Entry::new(Message::user_blocks(vec![result("a", "x".repeat(10).as_str()), result("b", "  ")]), 1, 0);
         let first = entry.budget_candidates().to_vec();
         assert_eq!(first, vec![EntryCandidate { block: 0, id: "a".into(), size: 10 }], "the empty result is not weighed");

@@ -98,16 +98,16 @@ fn limit_read(content: &ToolResultContent, input: &Value, limits: &OutputLimits)
     let body_end = text.find("\n<system-reminder>").map_or(text.len(), |at| at + 1);
     let (body, tail) = text.split_at(body_end);
     if whole && body.len() > limits.read_max_bytes {
-        return Some((ToolResultContent::Text(read_size_error(body.len(), limits.read_max_bytes)), true));
+        return Some((ToolResultContent::Text(read_size_error(body.len(), limits.read_max_bytes).into()), true));
     }
     let mut kept = body;
     if whole && let Some((at, _)) = body.match_indices('\n').nth(limits.read_max_lines.saturating_sub(1)) {
         kept = &body[..=at];
     }
     if (kept.len() as u64) / 4 > limits.read_max_tokens {
-        return Some((ToolResultContent::Text(read_tokens_error(kept.len() / 4, limits.read_max_tokens)), true));
+        return Some((ToolResultContent::Text(read_tokens_error(kept.len() / 4, limits.read_max_tokens).into()), true));
     }
-    (kept.len() < body.len()).then(|| (ToolResultContent::Text(format!("{kept}{tail}")), false))
+    (kept.len() < body.len()).then(|| (ToolResultContent::Text(format!("{kept}{tail}").into()), false))
 }
 
 /// What executing one tool_use produced.
@@ -131,7 +131,7 @@ impl ExecOutcome {
     /// A text result (`is_error` when the call failed).
     pub fn text(id: &str, text: String, is_error: bool) -> ExecOutcome {
         ExecOutcome {
-            result: ContentBlock::tool_result(id, ToolResultContent::Text(text), is_error.then_some(true)),
+            result: ContentBlock::tool_result(id, ToolResultContent::Text(text.into()), is_error.then_some(true)),
             meta_message: None,
             read_path: None,
             touched: Vec::new(),
@@ -256,7 +256,7 @@ pub fn execute(id: &str, name: &str, input: &Value, world: &mut World, cx: &Exec
                 text = "(Bash completed with no output)".into();
             }
             let mut outcome = ExecOutcome::text(id, text, false);
-            outcome.result = ContentBlock::tool_result(id, ToolResultContent::Text(text_of(&outcome.result)), Some(false));
+            outcome.result = ContentBlock::tool_result(id, ToolResultContent::Text(text_of(&outcome.result).into()), Some(false));
             outcome
         }
         "TodoWrite" => {
@@ -315,7 +315,7 @@ pub fn relative_to<'a>(cwd: &str, path: &'a str) -> &'a str {
 
 fn text_of(block: &ContentBlock) -> String {
     match block {
-        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => t.clone(),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => String::clone(t),
         _ => String::new(),
     }
 }
@@ -552,7 +552,12 @@ fn tool_search(id: &str, query: &str, cx: &ExecContext<'_>) -> ExecOutcome {
 /// (the one that crosses the limit is cut, later ones go; images stay).
 fn truncate_tool_content(content: ToolResultContent, max_chars: usize) -> ToolResultContent {
     match content {
-        ToolResultContent::Text(t) => ToolResultContent::Text(truncate_chars(&t, max_chars)),
+        // (A text within the limit is kept as it is, shared: `truncate_chars` would copy it.)
+        ToolResultContent::Text(t) if t.chars().count() <= max_chars => {
+            debug_assert_eq!(truncate_chars(&t, max_chars), *t);
+            ToolResultContent::Text(t)
+        }
+        ToolResultContent::Text(t) => ToolResultContent::Text(truncate_chars(&t, max_chars).into()),
         ToolResultContent::Blocks(blocks) => {
             let mut left = max_chars;
             let mut out = Vec::with_capacity(blocks.len());
@@ -627,7 +632,7 @@ mod tests {
     #[test]
     fn recorded_read_results_under_other_limits() {
         let numbered: String = (1..=300).map(|i| format!("{i}\tline {i}\n")).collect();
-        let text = |s: String| ToolResultContent::Text(s);
+        let text = |s: String| ToolResultContent::Text(s.into());
         let whole = serde_json::json!({"file_path": "/a.rs"});
         let limits = |f: &dyn Fn(&mut OutputLimits)| {
             let mut l = OutputLimits::defaults();
@@ -645,5 +650,17 @@ mod tests {
         let ranged = serde_json::json!({"file_path": "/a.rs", "offset": 1, "limit": 300});
         assert_eq!(limit_read(&text(numbered.clone()), &ranged, &limits(&|l| l.read_max_lines = 100)), None);
         assert_eq!(limit_read(&text(numbered), &whole, &OutputLimits::defaults()), None);
+    }
+
+    /// A tool's text within the output limit is returned as it was given (the same shared
+    /// text, not a copy); one over it is cut as `truncate_chars` cuts it.
+    #[test]
+    fn output_within_the_limit_is_kept_shared() {
+        let given: crate::api::SharedText = "é\nbc\n".into();
+        let ToolResultContent::Text(kept) = truncate_tool_content(ToolResultContent::Text(given.clone()), 5) else { panic!("text") };
+        assert!(kept.same(&given));
+        let ToolResultContent::Text(cut) = truncate_tool_content(ToolResultContent::Text(given.clone()), 4) else { panic!("text") };
+        assert_eq!(*cut, truncate_chars(&given, 4));
+        assert_eq!(cut.as_str(), "é\nbc\n\n... [1 lines truncated] ...");
     }
 }
