@@ -1901,42 +1901,72 @@ impl Session {
                 field.clone_from(value);
             }
         }
-        let inputs = &mut kept.inputs;
-        set_text(&mut inputs.version, CLIENT_VERSION);
-        set_text(&mut inputs.entrypoint, if self.strategy.interactive { "cli" } else { "sdk-cli" });
-        inputs.interactive = self.strategy.interactive;
-        set_text(&mut inputs.first_user_text, first_user_text);
+        // Every field is named, so a new one is not left out: those bound to `_` are
+        // `SystemPromptInputs::baseline_m0`'s, which gathering never changes.
+        let SystemPromptInputs {
+            version,
+            entrypoint,
+            interactive,
+            first_user_text: first_text,
+            append_system_prompt,
+            static_system_prompt,
+            enabled_tools,
+            skills_present,
+            explore_agents: _,
+            cwd,
+            additional_dirs: _,
+            in_worktree: _,
+            is_git_repo,
+            platform: _,
+            shell: _,
+            os_version: _,
+            model_id: kept_model,
+            model_marketing_name,
+            auto_memory_dir,
+            language: _,
+            output_style: _,
+            mcp_servers,
+            mcp_instructions_delta,
+            scratchpad_dir: _,
+            brief_enabled: _,
+            git_status: kept_git_status,
+            inline_mcp_tools,
+        } = &mut kept.inputs;
+        set_text(version, CLIENT_VERSION);
+        set_text(entrypoint, if self.strategy.interactive { "cli" } else { "sdk-cli" });
+        *interactive = self.strategy.interactive;
+        set_text(first_text, first_user_text);
         if !std::rc::Rc::ptr_eq(&kept.pool, pool) {
-            inputs.enabled_tools = pool.enabled_names();
-            inputs.skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
-            inputs.inline_mcp_tools = pool.inline_mcp;
+            *enabled_tools = pool.enabled_names();
+            *skills_present = pool.all.iter().any(|t| t.tool.name == "Skill");
+            *inline_mcp_tools = pool.inline_mcp;
             kept.pool = std::rc::Rc::clone(pool);
         }
-        let moved = inputs.cwd != world.cwd || kept.home != world.home;
+        let moved = *cwd != world.cwd || kept.home != world.home;
         if moved {
-            world.cwd.clone_into(&mut inputs.cwd);
+            world.cwd.clone_into(cwd);
             world.home.clone_into(&mut kept.home);
         }
-        inputs.is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        *is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
         let git_status = if self.thread.agent().is_some_and(|a| a.omit_git_status) { None } else { self.git_snapshot.as_ref().and_then(Option::as_ref) };
-        if inputs.git_status.as_ref() != git_status {
-            inputs.git_status = git_status.cloned();
+        if kept_git_status.as_ref() != git_status {
+            *kept_git_status = git_status.cloned();
         }
         let model_id = self.model_id(world);
-        if inputs.model_id != model_id {
-            model_id.clone_into(&mut inputs.model_id);
-            inputs.model_marketing_name = marketing_name(model_id);
+        if kept_model != model_id {
+            model_id.clone_into(kept_model);
+            *model_marketing_name = marketing_name(model_id);
         }
-        if moved || inputs.auto_memory_dir.is_some() != self.strategy.auto_memory {
-            inputs.auto_memory_dir = self.auto_memory_dir(world);
+        if moved || auto_memory_dir.is_some() != self.strategy.auto_memory {
+            *auto_memory_dir = self.auto_memory_dir(world);
         }
-        set(&mut inputs.mcp_servers, &self.turn_mcp);
-        inputs.mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
-        if !crate::agent::system_prompt::same_shared_text(&inputs.append_system_prompt, &world.append_system_prompt) {
-            inputs.append_system_prompt = world.append_system_prompt.clone();
+        set(mcp_servers, &self.turn_mcp);
+        *mcp_instructions_delta = self.strategy.mcp_instructions == McpInstructionsMode::Delta;
+        if !crate::agent::system_prompt::same_shared_text(append_system_prompt, &world.append_system_prompt) {
+            *append_system_prompt = world.append_system_prompt.clone();
         }
-        if !crate::agent::system_prompt::same_shared_text(&inputs.static_system_prompt, &world.static_system_prompt) {
-            inputs.static_system_prompt = world.static_system_prompt.clone();
+        if !crate::agent::system_prompt::same_shared_text(static_system_prompt, &world.static_system_prompt) {
+            *static_system_prompt = world.static_system_prompt.clone();
         }
     }
 

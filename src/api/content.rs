@@ -146,8 +146,18 @@ impl<'de> Deserialize<'de> for SharedText {
 /// The list also keeps its blocks' structural hashes once a flattener asked for them
 /// ([`SharedBlocks::block_hashes`]): the replays of one session (as recorded, its checkpoints,
 /// its what-ifs) send the same messages again and again. Every change drops them.
-#[derive(Debug, Clone, Default)]
+///
+/// Debug-prints as the list it holds: the memo is filled by whichever flattener asks first
+/// (another thread's, another run's), and a value's printed form is compared in debug checks
+/// (`Scenario::into_world_with`).
+#[derive(Clone, Default)]
 pub struct SharedBlocks(Arc<Listed>);
+
+impl std::fmt::Debug for SharedBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.blocks.fmt(f)
+    }
+}
 
 /// The list behind [`SharedBlocks`] and its memo of hashes.
 #[derive(Debug, Default)]
@@ -858,6 +868,17 @@ mod shared_blocks_tests {
         let before = own.as_ptr();
         own.append("c");
         assert_eq!((own.as_str(), own.as_ptr()), ("ac", before));
+    }
+
+    /// A list prints as the blocks it holds, whether or not a flattener filled its memo of
+    /// hashes (debug checks compare printed values across runs and threads).
+    #[test]
+    fn a_list_prints_as_its_blocks_whatever_its_memo_holds() {
+        let blocks: SharedBlocks = vec![ContentBlock::text("a")].into();
+        let before = format!("{blocks:?}");
+        let _ = blocks.block_hashes("user");
+        assert_eq!(format!("{blocks:?}"), before);
+        assert_eq!(before, format!("{:?}", vec![ContentBlock::text("a")]));
     }
 
     #[test]

@@ -186,9 +186,17 @@ pub enum SystemPrompt {
 /// still holds it (copy on write), so a change never reaches another body. Serializes and
 /// parses as the list it holds. Like [`SharedBlocks`](super::SharedBlocks), it keeps its items'
 /// structural hashes once a flattener asked ([`SharedVec::block_hashes`]); every change drops
-/// them.
-#[derive(Debug, Clone)]
+/// them. Debug-prints as the list it holds: the memo is filled by whichever flattener asks
+/// first (another thread's, another run's), and a value's printed form is compared in debug
+/// checks.
+#[derive(Clone)]
 pub struct SharedVec<T>(Arc<Listed<T>>);
+
+impl<T: std::fmt::Debug> std::fmt::Debug for SharedVec<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.items.fmt(f)
+    }
+}
 
 /// The list behind [`SharedVec`] and its memo of hashes.
 #[derive(Debug)]

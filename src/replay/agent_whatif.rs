@@ -1296,16 +1296,13 @@ pub fn agent_whatif_family_until(
     // The rule the bounded branches end under: the trunk's settled run's. (Where that run is
     // not the trunk's own and the trunk went past it, a checkpoint could be past it too, and a
     // branch would end later than the first step past it: they then go to their end.)
-    let rule = match &results[top] {
-        Some(Ok(outcome)) => Some(stop_rule_beyond(outcome)).filter(|rule| trunk_dropped <= rule.tokens_dropped_above && trunk_refused <= rule.refused_above),
-        _ => None,
-    };
-    // A mirrored strategy's own run: from the first call, a bounded one under the rule of the
-    // trunk's settled run (as a preset run on its own ends beyond the run as recorded).
     let top_rule = match &results[top] {
         Some(Ok(outcome)) => Some(stop_rule_beyond(outcome)),
         _ => None,
     };
+    let rule = top_rule.filter(|rule| trunk_dropped <= rule.tokens_dropped_above && trunk_refused <= rule.refused_above);
+    // A mirrored strategy's own run: from the first call, a bounded one under the rule of the
+    // trunk's settled run (as a preset run on its own ends beyond the run as recorded).
     let alone_rule = |p: usize| top_rule.filter(|_| bounded(p)).map_or(Stops::Never, Stops::Rule);
     let alone = |p: usize| agent_whatif_family_until(session, file, prepared, measurer.clone(), std::slice::from_ref(&effectives[p]), alone_rule(p)).and_then(|mut v| v.pop().ok_or_else(|| "no outcome".to_owned())).unwrap_or_else(Err);
     for (&(p, _), mirror) in mirrored.iter().zip(mirrors) {
