@@ -119,7 +119,7 @@ fn read_discovery(fs: &Reads<'_>, options: &DiscoveryOptions) -> Discovery {
         {
             let content = truncate_entrypoint(text);
             if !content.trim().is_empty() {
-                cx.out.push(MemoryFile { path, kind: MemoryKind::AutoMem, content });
+                cx.out.push(MemoryFile { path, kind: MemoryKind::AutoMem, content: content.into() });
             }
         }
     }
@@ -220,7 +220,7 @@ impl Loader<'_> {
         let content = strip_block_comments(body);
         let includes = include_paths(&content, &parent(&path));
         if !content.trim().is_empty() {
-            self.out.push(MemoryFile { path: path.clone(), kind, content: content.trim().to_owned() });
+            self.out.push(MemoryFile { path: path.clone(), kind, content: content.trim().into() });
         }
         for include in includes {
             let inside = relative_to(&include, &self.options.cwd).is_some();

@@ -40,7 +40,9 @@ impl MemoryKind {
 pub struct MemoryFile {
     pub path: String,
     pub kind: MemoryKind,
-    pub content: String,
+    /// Shared: the session's user context, its checkpoints and the discovery memo hold the
+    /// same text.
+    pub content: std::sync::Arc<str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

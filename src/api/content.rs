@@ -551,9 +551,12 @@ impl ContentBlock {
     /// honour markers on any block kind the API accepts them on).
     pub fn raw_cache_control(&self) -> Option<CacheControl> {
         match self {
-            ContentBlock::Other(value) => value
-                .get("cache_control")
-                .and_then(|cc| serde_json::from_value(cc.clone()).ok()),
+            ContentBlock::Other(value) => value.get("cache_control").and_then(|cc| {
+                // Read in place: the same deserializer over a borrowed value.
+                let read = CacheControl::deserialize(cc).ok();
+                debug_assert_eq!(read, serde_json::from_value(cc.clone()).ok(), "a marker read in place reads as its copy does");
+                read
+            }),
             _ => self.cache_control().cloned(),
         }
     }
@@ -789,6 +792,26 @@ impl<'de> Deserialize<'de> for ContentBlock {
 mod shared_blocks_tests {
     use super::*;
     use crate::api::identical::Identical;
+
+    #[test]
+    fn an_unmodelled_blocks_marker_reads_in_place_as_its_copy_does() {
+        let markers = [
+            serde_json::json!({"type": "ephemeral"}),
+            serde_json::json!({"type": "ephemeral", "ttl": "1h", "scope": "global"}),
+            serde_json::json!({"ttl": "5m", "note": [1, {"a": null}]}),
+            serde_json::json!({"type": "ephemeral", "ttl": "2h"}),
+            serde_json::json!("ephemeral"),
+            serde_json::json!(null),
+        ];
+        let mut read = 0;
+        for marker in markers {
+            let block = ContentBlock::Other(serde_json::json!({"type": "container_upload", "file_id": "f", "cache_control": marker.clone()}));
+            let copied: Option<CacheControl> = serde_json::from_value(marker).ok();
+            read += usize::from(copied.is_some());
+            assert_eq!(block.raw_cache_control(), copied);
+        }
+        assert_eq!(read, 3, "the markers that read, and those refused, as a copy reads them");
+    }
 
     #[test]
     fn a_change_copies_blocks_another_body_holds() {
