@@ -146,7 +146,7 @@ pub(super) fn scan_lane(
                 resumed_at = Some(i);
             }
             EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
-                let chars = attachment.payload.to_string().len() as u64;
+                let chars = crate::measure::tokens::json_len(&attachment.payload) as u64;
                 attachment_chars += chars;
                 if !crate::recording::claude_code::attachment_client_sized(attachment) {
                     unsized_attachment_chars += chars;
