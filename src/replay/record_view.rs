@@ -542,17 +542,97 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
 
 /// The record views read of one session, by what a read depends on ([`ViewKey`]); shared by the
 /// session's clones. Valid while its events are not changed in place (nothing does).
+/// With them, the session's unstored thinking as estimated under a measurer's counting
+/// settings ([`super::sizing::unstored_thinking`]: the view reads it, and so do the workload's
+/// sizing and its first call's).
 #[derive(Debug, Default)]
-pub struct RecordViewMemo(std::sync::Mutex<Vec<(ViewKey, RecordView)>>);
+pub struct RecordViewMemo {
+    views: std::sync::Mutex<Vec<(ViewKey, RecordView)>>,
+    thinking: std::sync::Mutex<Vec<(ThinkingKey, EstimatedThinking)>>,
+}
+
+/// The unstored thinking of a session by signature, and the notes its estimate took.
+type EstimatedThinking = (BTreeMap<String, super::sizing::ThinkingFill>, BTreeSet<String>);
+
+/// What [`super::sizing::unstored_thinking`] depends on: the session as it was read, the main
+/// version, and of the measurer what its counts rest on.
+#[derive(Debug, Clone)]
+struct ThinkingKey {
+    read_from: ReadFrom,
+    main_version: String,
+    table: crate::measure::ModelTable,
+    kind: EstimatorKind,
+    calibration: crate::measure::Calibration,
+    shared: Option<std::sync::Arc<SharedCounts>>,
+}
+
+impl ThinkingKey {
+    fn same_settings(&self, other: &ThinkingKey) -> bool {
+        let same_shared = match (&self.shared, &other.shared) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_shared && self.main_version == other.main_version && self.kind == other.kind && self.calibration == other.calibration && self.table == other.table
+    }
+}
 
 impl RecordViewMemo {
+    /// The unstored thinking of `session` under `measurer`'s counting settings, `estimate`d once
+    /// per session and settings: the estimate and its notes (added to `notes`). Debug builds
+    /// estimate again and compare.
+    pub(super) fn unstored_thinking(
+        &self,
+        session: &ImportedSession,
+        measurer: &Measurer,
+        main_version: &str,
+        notes: &mut BTreeSet<String>,
+        estimate: impl Fn(&mut BTreeSet<String>) -> BTreeMap<String, super::sizing::ThinkingFill>,
+    ) -> BTreeMap<String, super::sizing::ThinkingFill> {
+        let key = ThinkingKey {
+            read_from: ReadFrom::of(session),
+            main_version: main_version.to_owned(),
+            table: measurer.table().clone(),
+            kind: measurer.counter().kind(),
+            calibration: measurer.counter().calibration().clone(),
+            shared: measurer.counter().shared().cloned(),
+        };
+        let known = {
+            let memo = self.thinking.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            memo.iter().find(|(known, _)| known.same_settings(&key) && known.read_from.is(session)).map(|(_, estimated)| estimated.clone())
+        };
+        let (thinking, its_notes) = match known {
+            Some(known) => {
+                if cfg!(debug_assertions) {
+                    let mut again = BTreeSet::new();
+                    let fresh = estimate(&mut again);
+                    assert!(again == known.1 && super::sizing::same_thinking(&fresh, &known.0), "a memoized thinking estimate differs from an estimate");
+                }
+                known
+            }
+            None => {
+                let mut its_notes = BTreeSet::new();
+                let thinking = estimate(&mut its_notes);
+                let mut memo = self.thinking.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                // An estimate of the session as it was no longer serves.
+                memo.retain(|(known, _)| known.read_from.is(session));
+                if !memo.iter().any(|(known, _)| known.same_settings(&key)) {
+                    memo.push((key, (thinking.clone(), its_notes.clone())));
+                }
+                (thinking, its_notes)
+            }
+        };
+        notes.extend(its_notes);
+        thinking
+    }
+
     fn get(&self, key: &ViewKey, session: &ImportedSession) -> Option<RecordView> {
-        let views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let views = self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         views.iter().find(|(known, _)| known.matches(key, session)).map(|(_, view)| view.clone())
     }
 
     fn insert(&self, key: ViewKey, view: &RecordView, session: &ImportedSession) {
-        let mut views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut views = self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // A view of the session as it was no longer serves.
         views.retain(|(known, _)| known.read_from.is(session));
         if !views.iter().any(|(known, _)| known.same_settings(&key)) {

@@ -219,6 +219,27 @@ impl ThinkingFill {
 /// rendered to count that many tokens under the model's estimator parameters. The replay and the
 /// agent-driven workload ([`super::workload`]) fill thinking from this one estimate.
 pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, main_version: &str, notes: &mut BTreeSet<String>) -> BTreeMap<String, ThinkingFill> {
+    // Memoized on the session: the record view, the workload and its first call's sizing each
+    // read it.
+    session.record_view_memo().unstored_thinking(session, measurer, main_version, notes, |notes| estimate_unstored_thinking(session, measurer, main_version, notes))
+}
+
+/// Whether two estimates of unstored thinking are the same: signatures, tokens and estimator
+/// parameters alike.
+pub(super) fn same_thinking(a: &BTreeMap<String, ThinkingFill>, b: &BTreeMap<String, ThinkingFill>) -> bool {
+    let same = |x: &ThinkingFill, y: &ThinkingFill| {
+        let same_shared = match (&x.shared, &y.shared) {
+            (Some(p), Some(q)) => Arc::ptr_eq(p, q),
+            (None, None) => true,
+            _ => false,
+        };
+        x.tokens == y.tokens && x.kind == y.kind && x.scale.to_bits() == y.scale.to_bits() && x.per_block.to_bits() == y.per_block.to_bits() && same_shared
+    };
+    a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
+}
+
+/// [`unstored_thinking`] estimated.
+fn estimate_unstored_thinking(session: &ImportedSession, measurer: &Measurer, main_version: &str, notes: &mut BTreeSet<String>) -> BTreeMap<String, ThinkingFill> {
     let calibration = measurer.counter().calibration();
     let kind = measurer.counter().kind();
     let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();
