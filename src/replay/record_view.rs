@@ -549,7 +549,13 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
 pub struct RecordViewMemo {
     views: std::sync::Mutex<Vec<(ViewKey, RecordView)>>,
     thinking: std::sync::Mutex<Vec<(ThinkingKey, EstimatedThinking)>>,
+    /// The main lane's turn scans of the last view read, by the events each read (from, end),
+    /// and the session as it was read: [`super::turns::RecordedClient::new`] takes them.
+    turn_scans: std::sync::Mutex<Option<(ReadFrom, TurnScans)>>,
 }
+
+/// The main lane's [`TurnScan`]s of a session by the events they read (from, end).
+pub(super) type TurnScans = std::sync::Arc<BTreeMap<(usize, usize), TurnScan>>;
 
 /// The unstored thinking of a session by signature, and the notes its estimate took.
 type EstimatedThinking = (BTreeMap<String, super::sizing::ThinkingFill>, BTreeSet<String>);
@@ -624,6 +630,19 @@ impl RecordViewMemo {
         };
         notes.extend(its_notes);
         thinking
+    }
+
+    /// Keeps the main lane's turn scans a view of `session` made (a scan is a function of the
+    /// events it reads and the session's directory).
+    fn keep_turn_scans(&self, session: &ImportedSession, scans: BTreeMap<(usize, usize), TurnScan>) {
+        let mut kept = self.turn_scans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *kept = Some((ReadFrom::of(session), std::sync::Arc::new(scans)));
+    }
+
+    /// The main lane's turn scans the last view of `session` as it is made, if any.
+    pub(super) fn turn_scans(&self, session: &ImportedSession) -> Option<TurnScans> {
+        let kept = self.turn_scans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.as_ref().filter(|(read_from, _)| read_from.is(session)).map(|(_, scans)| scans.clone())
     }
 
     fn get(&self, key: &ViewKey, session: &ImportedSession) -> Option<RecordView> {
@@ -768,6 +787,8 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
     let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests && !options.changes_view();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
     let mut calls = Vec::with_capacity(session.calls.len());
+    // The main lane's turn scans by the events they read, kept for the recorded client's rules.
+    let mut turn_scans: BTreeMap<(usize, usize), TurnScan> = BTreeMap::new();
     for call in &session.calls {
         let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
         let group = super::sizing::group_of(&call.lane).to_owned();
@@ -788,7 +809,11 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
         let family = measurer.model(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&family);
+        let scanned_from = state.scanned_to;
         let scan = scan_lane(&cx, measurer, state, call, &profile, &turn_profile, &family, params, &mut call_events);
+        if call.lane == LANE_MAIN {
+            turn_scans.insert((scanned_from, call.event_index), scan.turn_scan.clone());
+        }
         let view = |skipped: Option<String>, events: Vec<String>, sizes: GroupSizes| CallView {
             index: call.index,
             lane: call.lane.clone(),
@@ -916,5 +941,6 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
             ..view(None, call_events, sizes)
         });
     }
+    session.record_view_memo().keep_turn_scans(session, turn_scans);
     RecordView { calls, unrecorded_main: sizing.unrecorded_main }
 }
