@@ -256,7 +256,7 @@ pub fn json_utf16_len<T: JsonUtf16Len + ?Sized>(value: &T) -> usize {
 /// serialize it too and compare.
 impl JsonUtf16Len for serde_json::Value {
     fn json_utf16_len(&self) -> usize {
-        let units = value_utf16_len(self);
+        let units = value_text_len(self, json_string_utf16_len);
         debug_assert_eq!(units, serialized_utf16_len(self), "the JSON length walked differs from the serialized one: {self}");
         units
     }
@@ -270,8 +270,19 @@ impl JsonUtf16Len for crate::api::ContentBlock {
     }
 }
 
-fn value_utf16_len(value: &serde_json::Value) -> usize {
+/// The length in bytes of `value`'s compact JSON text (`value.to_string().len()`), walked
+/// as [`json_utf16_len`] walks it, without the text. Debug builds serialize it and compare.
+pub fn json_len(value: &serde_json::Value) -> usize {
+    let bytes = value_text_len(value, json_string_len);
+    debug_assert_eq!(bytes, value.to_string().len(), "the JSON length in bytes walked differs from the serialized one: {value}");
+    bytes
+}
+
+/// The length of `value`'s JSON text in the units `string` counts a string's JSON text in
+/// (the rest of the text is ASCII, one unit a byte).
+fn value_text_len(value: &serde_json::Value, string: fn(&str) -> usize) -> usize {
     use serde_json::Value;
+    let value_len = |value: &Value| value_text_len(value, string);
     match value {
         Value::Null => 4,
         Value::Bool(true) => 4,
@@ -282,11 +293,11 @@ fn value_utf16_len(value: &serde_json::Value) -> usize {
             // A float: written by `ryu`, rare enough to be written here.
             (None, None) => serialized_utf16_len(number),
         },
-        Value::String(text) => json_string_utf16_len(text),
+        Value::String(text) => string(text),
         // Brackets, and a comma between items.
-        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(value_utf16_len).sum::<usize>(),
+        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(value_len).sum::<usize>(),
         // Braces, a comma between entries, a colon in each.
-        Value::Object(map) => 2 + map.len().saturating_sub(1) + map.iter().map(|(key, value)| json_string_utf16_len(key) + 1 + value_utf16_len(value)).sum::<usize>(),
+        Value::Object(map) => 2 + map.len().saturating_sub(1) + map.iter().map(|(key, value)| string(key) + 1 + value_len(value)).sum::<usize>(),
     }
 }
 
@@ -324,6 +335,12 @@ const ESCAPE_EXTRA: [u8; 256] = {
 fn json_string_utf16_len(text: &str) -> usize {
     let escapes: usize = text.bytes().map(|b| usize::from(ESCAPE_EXTRA[usize::from(b)])).sum();
     2 + utf16_len(text) + escapes
+}
+
+/// [`json_string_utf16_len`] in bytes.
+fn json_string_len(text: &str) -> usize {
+    let escapes: usize = text.bytes().map(|b| usize::from(ESCAPE_EXTRA[usize::from(b)])).sum();
+    2 + text.len() + escapes
 }
 
 /// The [`utf16_len`] of `value`'s JSON text, counted as `serde_json` writes it, without the
@@ -632,8 +649,10 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn the_walked_json_length_is_the_serialized_one(value in any_json()) {
-            proptest::prop_assert_eq!(value_utf16_len(&value), utf16_len(&serde_json::to_string(&value).unwrap()), "{}", value);
+            proptest::prop_assert_eq!(value_text_len(&value, json_string_utf16_len), utf16_len(&serde_json::to_string(&value).unwrap()), "{}", value);
             proptest::prop_assert_eq!(json_utf16_len(&value), serialized_utf16_len(&value));
+            proptest::prop_assert_eq!(value_text_len(&value, json_string_len), value.to_string().len(), "{}", value);
+            proptest::prop_assert_eq!(json_len(&value), value.to_string().len());
         }
     }
 

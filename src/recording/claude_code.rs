@@ -261,8 +261,15 @@ struct ChainMemo {
     scanned: usize,
     asked: rustc_hash::FxHashSet<String>,
     answered: rustc_hash::FxHashSet<String>,
-    /// How many of `asked` are not in `answered`: with none, no result is added back.
-    unanswered: usize,
+    /// The ids of `asked` not in `answered`: with none, no result is added back.
+    open: rustc_hash::FxHashSet<String>,
+    /// The main lane's tool result events of the session by tool use id, ascending: where a
+    /// result left off the chain is looked up instead of read for among the events. Made at the
+    /// second walk that adds one back (a memo made for one walk reads), kept while the memo
+    /// serves its session.
+    results: Option<rustc_hash::FxHashMap<String, Vec<usize>>>,
+    /// Whether a walk added results back by reading the events.
+    read_back: bool,
 }
 
 /// [`ChainMemo::marks`]: a node of the memo's walk; a node of the walk being made.
@@ -270,14 +277,72 @@ const ON_PATH: u8 = 1;
 const WALKED: u8 = 2;
 
 impl ChainMemo {
-    /// Empties the memo, `walked` being the nodes of an unfinished walk.
+    /// Empties the memo, `walked` being the nodes of an unfinished walk (the session's tool
+    /// results by id stay: they are the session's, not the walk's).
     fn forget(&mut self, walked: &[usize]) {
         let mut marks = std::mem::take(&mut self.marks);
         for &node in self.nodes.iter().chain(walked) {
             marks[node] = 0;
         }
-        *self = ChainMemo { marks, ..ChainMemo::default() };
+        *self = ChainMemo { marks, results: self.results.take(), read_back: self.read_back, ..ChainMemo::default() };
     }
+
+    /// Forgets the tool use ids scanned.
+    fn unscan(&mut self) {
+        self.scanned = 0;
+        self.asked.clear();
+        self.answered.clear();
+        self.open.clear();
+    }
+
+    /// Adds the tool use ids asked and answered by `kind` to the sets.
+    fn scan(&mut self, kind: &EventKind) {
+        match kind {
+            EventKind::ModelReply(reply) => {
+                for id in reply.tool_use_ids() {
+                    if !self.asked.contains(id) {
+                        self.asked.insert(id.to_owned());
+                        if !self.answered.contains(id) {
+                            self.open.insert(id.to_owned());
+                        }
+                    }
+                }
+            }
+            EventKind::ToolResult(result) => {
+                if !self.answered.contains(result.tool_use_id.as_str()) {
+                    self.answered.insert(result.tool_use_id.clone());
+                    self.open.remove(result.tool_use_id.as_str());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Merges `added` into `events`, both ascending without repeats, the result so too: the same as
+/// appending, sorting and removing repeats, with only the part of `events` from `added`'s first
+/// item on moved. Returns where the first change is (`events` before it is as it was).
+fn merge_sorted(events: &mut Vec<usize>, added: &[usize]) -> usize {
+    let Some(&first) = added.first() else { return events.len() };
+    let cut = events.partition_point(|&e| e < first);
+    let tail = events.split_off(cut);
+    events.reserve(tail.len() + added.len());
+    let (mut a, mut b) = (tail.iter().copied().peekable(), added.iter().copied().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(&x), Some(&y)) if x < y => a.next(),
+            (Some(&x), Some(&y)) if y < x => b.next(),
+            (Some(_), Some(_)) => {
+                b.next();
+                a.next()
+            }
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => break,
+        };
+        events.extend(next);
+    }
+    cut
 }
 
 #[derive(Debug, Clone, Default)]
@@ -429,14 +494,20 @@ impl ImportedSession {
         added.sort_unstable();
         added.dedup();
         if memo.events.last().is_some_and(|&last| added.first().is_some_and(|&first| first <= last)) {
-            memo.events.extend(added);
-            memo.events.sort_unstable();
-            memo.events.dedup();
-            // The sets cover a prefix that may have changed.
-            memo.scanned = 0;
-            memo.asked.clear();
-            memo.answered.clear();
-            memo.unanswered = 0;
+            #[cfg(debug_assertions)]
+            let sorted = {
+                let mut all = [memo.events.as_slice(), added.as_slice()].concat();
+                all.sort_unstable();
+                all.dedup();
+                all
+            };
+            let cut = merge_sorted(&mut memo.events, &added);
+            #[cfg(debug_assertions)]
+            assert_eq!(memo.events, sorted, "merged events");
+            // The sets cover `events[..scanned]`: still so where the merge changed nothing there.
+            if cut < memo.scanned {
+                memo.unscan();
+            }
         } else {
             memo.events.extend(added);
         }
@@ -452,46 +523,69 @@ impl ImportedSession {
         // recorded before it (a branch off the chain). The client sent every one of them (the
         // API requires a result for each tool_use), so they are added back.
         if memo.scanned > indices.len() {
-            memo.scanned = 0;
-            memo.asked.clear();
-            memo.answered.clear();
-            memo.unanswered = 0;
+            memo.unscan();
         }
         for &i in &indices[memo.scanned..] {
-            match &events[i].kind {
-                EventKind::ModelReply(reply) => {
-                    for id in reply.tool_use_ids() {
-                        if !memo.asked.contains(id) {
-                            memo.asked.insert(id.to_owned());
-                            memo.unanswered += usize::from(!memo.answered.contains(id));
-                        }
-                    }
-                }
-                EventKind::ToolResult(result) => {
-                    if !memo.answered.contains(result.tool_use_id.as_str()) {
-                        memo.answered.insert(result.tool_use_id.clone());
-                        memo.unanswered -= usize::from(memo.asked.contains(result.tool_use_id.as_str()));
-                    }
-                }
-                _ => {}
-            }
+            memo.scan(&events[i].kind);
         }
         memo.scanned = indices.len();
+        #[cfg(debug_assertions)]
+        {
+            let mut fresh = ChainMemo::default();
+            for &i in &indices {
+                fresh.scan(&events[i].kind);
+            }
+            assert!(fresh.asked == memo.asked && fresh.answered == memo.answered && fresh.open == memo.open, "the tool use ids scanned by the memo");
+        }
         // (Every tool use asked has its result in the view: none to add back.)
-        if memo.unanswered == 0 {
+        if memo.open.is_empty() {
             return indices;
         }
-        let mut added_back: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
         let first = indices.first().copied().unwrap_or(end).max(loaded_until);
         let before = indices.len();
-        for (i, event) in events.iter().enumerate().take(end).skip(first) {
-            if let EventKind::ToolResult(result) = &event.kind
-                && event.lane == LANE_MAIN
-                && memo.asked.contains(result.tool_use_id.as_str())
-                && !memo.answered.contains(result.tool_use_id.as_str())
-                && added_back.insert(result.tool_use_id.as_str())
-            {
-                indices.push(i);
+        // The first result of each open id in `first..end`, in the main lane: read for among the
+        // events, or looked up.
+        let read = |open: &rustc_hash::FxHashSet<String>| {
+            let mut added_back: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
+            let mut read: Vec<usize> = Vec::new();
+            for (i, event) in events.iter().enumerate().take(end).skip(first) {
+                if let EventKind::ToolResult(result) = &event.kind
+                    && event.lane == LANE_MAIN
+                    && open.contains(result.tool_use_id.as_str())
+                    && added_back.insert(result.tool_use_id.as_str())
+                {
+                    read.push(i);
+                }
+            }
+            read
+        };
+        if !memo.read_back {
+            memo.read_back = true;
+            indices.extend(read(&memo.open));
+        } else {
+            let results = memo.results.get_or_insert_with(|| {
+                let mut by_id: rustc_hash::FxHashMap<String, Vec<usize>> = rustc_hash::FxHashMap::default();
+                for (i, event) in events.iter().enumerate() {
+                    if let EventKind::ToolResult(result) = &event.kind
+                        && event.lane == LANE_MAIN
+                    {
+                        by_id.entry(result.tool_use_id.clone()).or_default().push(i);
+                    }
+                }
+                by_id
+            });
+            for id in &memo.open {
+                if let Some(at) = results.get(id.as_str())
+                    && let Some(&i) = at.get(at.partition_point(|&i| i < first))
+                    && i < end
+                {
+                    indices.push(i);
+                }
+            }
+            if cfg!(debug_assertions) {
+                let mut looked_up = indices[before..].to_vec();
+                looked_up.sort_unstable();
+                assert_eq!(looked_up, read(&memo.open), "the results added back");
             }
         }
         if indices.len() > before {

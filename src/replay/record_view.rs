@@ -146,7 +146,7 @@ pub(super) fn scan_lane(
                 resumed_at = Some(i);
             }
             EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
-                let chars = attachment.payload.to_string().len() as u64;
+                let chars = crate::measure::tokens::json_len(&attachment.payload) as u64;
                 attachment_chars += chars;
                 if !crate::recording::claude_code::attachment_client_sized(attachment) {
                     unsized_attachment_chars += chars;
@@ -542,17 +542,116 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
 
 /// The record views read of one session, by what a read depends on ([`ViewKey`]); shared by the
 /// session's clones. Valid while its events are not changed in place (nothing does).
+/// With them, the session's unstored thinking as estimated under a measurer's counting
+/// settings ([`super::sizing::unstored_thinking`]: the view reads it, and so do the workload's
+/// sizing and its first call's).
 #[derive(Debug, Default)]
-pub struct RecordViewMemo(std::sync::Mutex<Vec<(ViewKey, RecordView)>>);
+pub struct RecordViewMemo {
+    views: std::sync::Mutex<Vec<(ViewKey, RecordView)>>,
+    thinking: std::sync::Mutex<Vec<(ThinkingKey, EstimatedThinking)>>,
+    /// The main lane's turn scans of the last view read, by the events each read (from, end),
+    /// and the session as it was read: [`super::turns::RecordedClient::new`] takes them.
+    turn_scans: std::sync::Mutex<Option<(ReadFrom, TurnScans)>>,
+}
+
+/// The main lane's [`TurnScan`]s of a session by the events they read (from, end).
+pub(super) type TurnScans = std::sync::Arc<BTreeMap<(usize, usize), TurnScan>>;
+
+/// The unstored thinking of a session by signature, and the notes its estimate took.
+type EstimatedThinking = (BTreeMap<String, super::sizing::ThinkingFill>, BTreeSet<String>);
+
+/// What [`super::sizing::unstored_thinking`] depends on: the session as it was read, the main
+/// version, and of the measurer what its counts rest on.
+#[derive(Debug, Clone)]
+struct ThinkingKey {
+    read_from: ReadFrom,
+    main_version: String,
+    table: crate::measure::ModelTable,
+    kind: EstimatorKind,
+    calibration: crate::measure::Calibration,
+    shared: Option<std::sync::Arc<SharedCounts>>,
+}
+
+impl ThinkingKey {
+    fn same_settings(&self, other: &ThinkingKey) -> bool {
+        let same_shared = match (&self.shared, &other.shared) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_shared && self.main_version == other.main_version && self.kind == other.kind && self.calibration == other.calibration && self.table == other.table
+    }
+}
 
 impl RecordViewMemo {
+    /// The unstored thinking of `session` under `measurer`'s counting settings, `estimate`d once
+    /// per session and settings: the estimate and its notes (added to `notes`). Debug builds
+    /// estimate again and compare.
+    pub(super) fn unstored_thinking(
+        &self,
+        session: &ImportedSession,
+        measurer: &Measurer,
+        main_version: &str,
+        notes: &mut BTreeSet<String>,
+        estimate: impl Fn(&mut BTreeSet<String>) -> BTreeMap<String, super::sizing::ThinkingFill>,
+    ) -> BTreeMap<String, super::sizing::ThinkingFill> {
+        let key = ThinkingKey {
+            read_from: ReadFrom::of(session),
+            main_version: main_version.to_owned(),
+            table: measurer.table().clone(),
+            kind: measurer.counter().kind(),
+            calibration: measurer.counter().calibration().clone(),
+            shared: measurer.counter().shared().cloned(),
+        };
+        let known = {
+            let memo = self.thinking.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            memo.iter().find(|(known, _)| known.same_settings(&key) && known.read_from.is(session)).map(|(_, estimated)| estimated.clone())
+        };
+        let (thinking, its_notes) = match known {
+            Some(known) => {
+                if cfg!(debug_assertions) {
+                    let mut again = BTreeSet::new();
+                    let fresh = estimate(&mut again);
+                    assert!(again == known.1 && super::sizing::same_thinking(&fresh, &known.0), "a memoized thinking estimate differs from an estimate");
+                }
+                known
+            }
+            None => {
+                let mut its_notes = BTreeSet::new();
+                let thinking = estimate(&mut its_notes);
+                let mut memo = self.thinking.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                // An estimate of the session as it was no longer serves.
+                memo.retain(|(known, _)| known.read_from.is(session));
+                if !memo.iter().any(|(known, _)| known.same_settings(&key)) {
+                    memo.push((key, (thinking.clone(), its_notes.clone())));
+                }
+                (thinking, its_notes)
+            }
+        };
+        notes.extend(its_notes);
+        thinking
+    }
+
+    /// Keeps the main lane's turn scans a view of `session` made (a scan is a function of the
+    /// events it reads and the session's directory).
+    fn keep_turn_scans(&self, session: &ImportedSession, scans: BTreeMap<(usize, usize), TurnScan>) {
+        let mut kept = self.turn_scans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *kept = Some((ReadFrom::of(session), std::sync::Arc::new(scans)));
+    }
+
+    /// The main lane's turn scans the last view of `session` as it is made, if any.
+    pub(super) fn turn_scans(&self, session: &ImportedSession) -> Option<TurnScans> {
+        let kept = self.turn_scans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.as_ref().filter(|(read_from, _)| read_from.is(session)).map(|(_, scans)| scans.clone())
+    }
+
     fn get(&self, key: &ViewKey, session: &ImportedSession) -> Option<RecordView> {
-        let views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let views = self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         views.iter().find(|(known, _)| known.matches(key, session)).map(|(_, view)| view.clone())
     }
 
     fn insert(&self, key: ViewKey, view: &RecordView, session: &ImportedSession) {
-        let mut views = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut views = self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // A view of the session as it was no longer serves.
         views.retain(|(known, _)| known.read_from.is(session));
         if !views.iter().any(|(known, _)| known.same_settings(&key)) {
@@ -688,6 +787,8 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
     let use_records = !session.api_requests.requests.is_empty() && options.recorded_requests && !options.changes_view();
     let mut rebuilder = crate::recording::api_requests::Rebuilder::new(&session.api_requests);
     let mut calls = Vec::with_capacity(session.calls.len());
+    // The main lane's turn scans by the events they read, kept for the recorded client's rules.
+    let mut turn_scans: BTreeMap<(usize, usize), TurnScan> = BTreeMap::new();
     for call in &session.calls {
         let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
         let group = super::sizing::group_of(&call.lane).to_owned();
@@ -708,7 +809,11 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
         let mut call_events: Vec<String> = std::mem::take(&mut state.carried_events);
         let family = measurer.model(&call.model).map(|m| m.estimator_key()).unwrap_or_default();
         let params = measurer.counter().calibration().for_family(&family);
+        let scanned_from = state.scanned_to;
         let scan = scan_lane(&cx, measurer, state, call, &profile, &turn_profile, &family, params, &mut call_events);
+        if call.lane == LANE_MAIN {
+            turn_scans.insert((scanned_from, call.event_index), scan.turn_scan.clone());
+        }
         let view = |skipped: Option<String>, events: Vec<String>, sizes: GroupSizes| CallView {
             index: call.index,
             lane: call.lane.clone(),
@@ -836,5 +941,6 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
             ..view(None, call_events, sizes)
         });
     }
+    session.record_view_memo().keep_turn_scans(session, turn_scans);
     RecordView { calls, unrecorded_main: sizing.unrecorded_main }
 }

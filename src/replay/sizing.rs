@@ -121,6 +121,11 @@ impl MessageKeys {
 pub(super) struct BuiltView {
     pub(super) messages: Vec<Message>,
     keys: Vec<u128>,
+    /// Per message: what its key was derived from (the key space, its serial, the previous
+    /// message's, the cleared set's version), `None` where the key is not to be kept: a message
+    /// whose inputs are these again has that key without deriving it (debug builds derive it and
+    /// compare).
+    inputs: Vec<Option<[u64; 4]>>,
     /// Per message: the tool result its breakpoint goes on were it the last ([`order_message`]).
     marked: Vec<Option<String>>,
     /// The restored files of this version of the lane ([`LaneState::restored_version`]) follow
@@ -135,18 +140,26 @@ impl BuiltView {
     pub(super) fn update(&mut self, raw: &[Message], serials: &[u64], keys: &MessageKeys, cleared: (&BTreeSet<String>, u64), thinking: &BTreeMap<String, ThinkingFill>, restored_version: u64) {
         self.messages.truncate(raw.len());
         self.keys.truncate(raw.len());
+        self.inputs.truncate(raw.len());
         self.marked.truncate(raw.len());
         if self.messages.is_empty() || self.restored.is_some_and(|version| version != restored_version) {
             self.restored = None;
             if let Some(first) = self.keys.first_mut() {
                 // No derived key is 0: the first message is built again below.
                 *first = 0;
+                self.inputs[0] = None;
             }
         }
         for (i, source) in raw.iter().enumerate() {
             let previous = if i > 0 { serials[i - 1] } else { 0 };
-            let key = keys.derive(KeyTag::Built, &[serials[i], previous, cleared.1]);
+            let inputs = [keys.space, serials[i], previous, cleared.1];
+            if self.inputs.get(i) == Some(&Some(inputs)) {
+                debug_assert_eq!(keys.derive(KeyTag::Built, &inputs[1..]), self.keys[i], "a kept message key");
+                continue;
+            }
+            let key = keys.derive(KeyTag::Built, &inputs[1..]);
             if self.keys.get(i) == Some(&key) {
+                self.inputs[i] = Some(inputs);
                 continue;
             }
             if i == 0 {
@@ -156,10 +169,11 @@ impl BuiltView {
             client_view(&mut message, cleared.0, thinking);
             let marked = if i > 0 { order_message(&raw[i - 1], &mut message) } else { None };
             if i < self.messages.len() {
-                (self.messages[i], self.keys[i], self.marked[i]) = (message, key, marked);
+                (self.messages[i], self.keys[i], self.inputs[i], self.marked[i]) = (message, key, Some(inputs), marked);
             } else {
                 self.messages.push(message);
                 self.keys.push(key);
+                self.inputs.push(Some(inputs));
                 self.marked.push(marked);
             }
         }
@@ -205,6 +219,27 @@ impl ThinkingFill {
 /// rendered to count that many tokens under the model's estimator parameters. The replay and the
 /// agent-driven workload ([`super::workload`]) fill thinking from this one estimate.
 pub(crate) fn unstored_thinking(session: &ImportedSession, measurer: &Measurer, main_version: &str, notes: &mut BTreeSet<String>) -> BTreeMap<String, ThinkingFill> {
+    // Memoized on the session: the record view, the workload and its first call's sizing each
+    // read it.
+    session.record_view_memo().unstored_thinking(session, measurer, main_version, notes, |notes| estimate_unstored_thinking(session, measurer, main_version, notes))
+}
+
+/// Whether two estimates of unstored thinking are the same: signatures, tokens and estimator
+/// parameters alike.
+pub(super) fn same_thinking(a: &BTreeMap<String, ThinkingFill>, b: &BTreeMap<String, ThinkingFill>) -> bool {
+    let same = |x: &ThinkingFill, y: &ThinkingFill| {
+        let same_shared = match (&x.shared, &y.shared) {
+            (Some(p), Some(q)) => Arc::ptr_eq(p, q),
+            (None, None) => true,
+            _ => false,
+        };
+        x.tokens == y.tokens && x.kind == y.kind && x.scale.to_bits() == y.scale.to_bits() && x.per_block.to_bits() == y.per_block.to_bits() && same_shared
+    };
+    a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
+}
+
+/// [`unstored_thinking`] estimated.
+fn estimate_unstored_thinking(session: &ImportedSession, measurer: &Measurer, main_version: &str, notes: &mut BTreeSet<String>) -> BTreeMap<String, ThinkingFill> {
     let calibration = measurer.counter().calibration();
     let kind = measurer.counter().kind();
     let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();

@@ -236,7 +236,7 @@ fn is_tool_hook_context(attachment: &crate::recording::Attachment) -> bool {
 /// What the record shows about a turn boundary between two calls of the main lane, read event
 /// by event: the facts [`TurnRecord`] and [`TurnState`] take from the record. One scan for the
 /// replay (alongside its own, per call) and for the agent ([`RecordedClient`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TurnScan {
     /// Time of the `stop_hook_summary` after the previous turn's last call: it ended normally.
     pub stop_summary_ms: Option<u64>,
@@ -508,11 +508,24 @@ impl RecordedClient {
         let events = &session.recording.events;
         let mut calls = Vec::new();
         let mut from = 0;
+        // The record view's scans of the same events, where one was read (the audit's is):
+        // debug builds scan again and compare.
+        let known = session.record_view_memo().turn_scans(session);
         for call in session.calls.iter().filter(|c| c.lane == LANE_MAIN) {
-            let mut scan = TurnScan::in_project(session.recording.header.cwd.as_deref());
-            for event in events.iter().take(call.event_index).skip(from).filter(|e| e.lane == LANE_MAIN) {
-                scan.observe(event);
-            }
+            let scan_events = || {
+                let mut scan = TurnScan::in_project(session.recording.header.cwd.as_deref());
+                for event in events.iter().take(call.event_index).skip(from).filter(|e| e.lane == LANE_MAIN) {
+                    scan.observe(event);
+                }
+                scan
+            };
+            let scan = match known.as_ref().and_then(|scans| scans.get(&(from, call.event_index))) {
+                Some(scan) => {
+                    debug_assert!(*scan == scan_events(), "the record view's turn scan of events {from}..{}", call.event_index);
+                    scan.clone()
+                }
+                None => scan_events(),
+            };
             from = call.event_index;
             calls.push(RecordedTurnCall {
                 index: call.index,

@@ -676,7 +676,7 @@ fn reply_step(
         .iter()
         .map(|b| match b {
             ContentBlock::Text { text, .. } => text.len(),
-            ContentBlock::ToolUse { input, .. } => input.to_string().len(),
+            ContentBlock::ToolUse { input, .. } => crate::measure::tokens::json_len(input),
             _ => 0,
         })
         .sum();

@@ -10,7 +10,7 @@ use serde_json::Map;
 use crate::api::{ContentBlock, StopReason, Usage};
 use crate::world::{Clock, Latency, Rng, VirtualFs, estimate_output_tokens, normalize_path};
 
-use super::raw::{BlockSpec, RawScenario, RawStep};
+use super::raw::{BlockSpec, RawScenario, RawStep, ToolOutputSpec};
 use super::schema::{AssistantStep, Scenario, Step, ToolOutput, WorldSpec};
 
 /// One segment of a field path.
@@ -326,13 +326,18 @@ fn check_step(
         let Step::Assistant(caller) = &script[step_index] else { unreachable!("last_tool_step points at an assistant step") };
         let calls: Vec<(&str, &str)> = caller.tool_uses().collect();
         let mut by_id: BTreeMap<String, ToolOutput> = BTreeMap::new();
+        // Each output is read in one pass (the one its key's kind belongs to) and moved into the
+        // last output it makes, copied into the others.
+        let mut outputs: Vec<(String, Option<ToolOutputSpec>)> = outputs.into_iter().map(|(key_text, spec)| (key_text, Some(spec))).collect();
         // Ids first, then names for the calls no id claimed: an id is the more precise claim.
         for pass in [true, false] {
-            for (written, (key_text, spec)) in outputs.iter().enumerate() {
+            for (written, (key_text, slot)) in outputs.iter_mut().enumerate() {
+                let key_text = &*key_text;
                 let is_id = calls.iter().any(|(id, _)| id == key_text);
                 if is_id != pass {
                     continue;
                 }
+                let Some(spec) = slot.take() else { continue };
                 let matched: Vec<&(&str, &str)> =
                     calls.iter().filter(|(id, name)| if pass { id == key_text } else { name == key_text }).collect();
                 if matched.is_empty() {
@@ -369,17 +374,16 @@ fn check_step(
                         _ => {}
                     }
                 }
-                for (id, name) in matched {
-                    by_id.entry((*id).to_owned()).or_insert_with(|| ToolOutput {
-                        tool_use_id: (*id).to_owned(),
-                        tool_name: (*name).to_owned(),
-                        content: spec.content.clone(),
-                        is_error: spec.is_error,
-                        images: spec.images.clone(),
-                        subagent: spec.subagent,
-                        file: spec.file.clone(),
-                        written,
-                    });
+                let mut spec = Some(spec);
+                let last = matched.len().saturating_sub(1);
+                for (n, (id, name)) in matched.into_iter().enumerate() {
+                    if by_id.contains_key(*id) {
+                        continue;
+                    }
+                    let Some(spec) = (if n == last { spec.take() } else { spec.clone() }) else { continue };
+                    let ToolOutputSpec { content, is_error, images, subagent, file } = spec;
+                    let output = ToolOutput { tool_use_id: (*id).to_owned(), tool_name: (*name).to_owned(), content, is_error, images, subagent, file, written };
+                    by_id.insert((*id).to_owned(), output);
                 }
             }
         }

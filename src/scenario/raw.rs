@@ -185,7 +185,7 @@ pub(crate) struct LatencySpec {
 }
 
 /// A tool output: a string, or `{content: ..., is_error: true}`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ToolOutputSpec {
     pub content: String,
     pub is_error: bool,

@@ -183,6 +183,28 @@ tool_output a="generic", b="/repo", c="403 Forbidden" (error)
 "#);
 }
 
+/// An output keyed by a tool name is every call of that name's (each a whole copy: the check
+/// moves the output into the last and copies it into the others).
+#[test]
+fn a_named_output_binds_every_call_of_the_name() {
+    let s = parse(&doc(r#"
+- user: go
+- assistant:
+    - tool_use: {id: a, name: Read, input: {file_path: x}}
+    - tool_use: {id: b, name: Read, input: {file_path: y}}
+    - tool_use: {id: c, name: Read, input: {file_path: z}}
+- tool_output:
+    Read: {content: "same", is_error: true, images: [{media_type: image/png, base64_bytes: 400}]}
+"#));
+    insta::assert_snapshot!(steps(&s), @r#"
+user "go"
+assistant[main] tool_use out=16 [tool_use a Read {"file_path":"x"}, tool_use b Read {"file_path":"y"}, tool_use c Read {"file_path":"z"}]
+tool_output a="same" (error), b="same" (error), c="same" (error)
+"#);
+    let Step::ToolOutput(outputs) = &s.script[2] else { panic!("a tool_output step") };
+    assert!(outputs.iter().all(|o| o.images.len() == 1 && o.images[0].base64_bytes == 400 && o.tool_name == "Read"), "{outputs:?}");
+}
+
 #[test]
 fn assistant_modifiers() {
     let s = parse(&doc(r#"

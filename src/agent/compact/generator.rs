@@ -70,11 +70,38 @@ pub fn generate(seed: u64, requests: usize) -> Vec<GenRound> {
 
 /// Deterministic text of `chars` characters with newlines every ~80.
 pub fn filler(tag: &str, chars: usize) -> String {
+    let mut s = String::with_capacity(chars + 80 + tag.len());
+    let mut line = 0usize;
+    // The line's number in decimal, at the end of `digits` (pushed, not formatted: a workload's
+    // stand-ins are long texts of these lines).
+    let mut digits = [0u8; 20];
+    while s.len() < chars {
+        s.push_str(tag);
+        s.push_str(" line ");
+        let (mut n, mut at) = (line, digits.len());
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        s.extend(digits[at..].iter().map(|&d| char::from(d)));
+        s.push_str(": lorem ipsum dolor sit amet consectetur adipiscing elit\n");
+        line += 1;
+    }
+    s.truncate(chars);
+    debug_assert!(s == formatted_filler(tag, chars), "a filler pushed differs from one formatted");
+    s
+}
+
+/// [`filler`] written through `writeln!` (the reference it is checked against).
+fn formatted_filler(tag: &str, chars: usize) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(chars + 80);
     let mut line = 0;
     while s.len() < chars {
-        // Written in place (a `String` takes every write).
         let _ = writeln!(s, "{tag} line {line}: lorem ipsum dolor sit amet consectetur adipiscing elit");
         line += 1;
     }
@@ -212,5 +239,23 @@ impl Driver {
         }
         stats.final_messages = self.entries.len();
         stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pushed filler is the formatted one at every length, through line numbers of one to
+    /// seven digits, with any tag.
+    #[test]
+    fn filler_pushed_equals_formatted() {
+        for tag in ["", "thinking", "file known in part"] {
+            for chars in (0..300).chain([4_095, 4_096, 70_000, 1_000_003]) {
+                let pushed = filler(tag, chars);
+                assert_eq!(pushed, formatted_filler(tag, chars), "{tag:?} {chars}");
+                assert_eq!(pushed.len(), chars);
+            }
+        }
     }
 }
