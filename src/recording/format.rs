@@ -744,11 +744,14 @@ mod slice_lines_tests {
 
     proptest! {
         /// The slices are the lines a reader gives: numbers, bytes and terminators, byte-order
-        /// mark and `\r` included.
+        /// mark and `\r` included; lines long enough for the vector search (more than 64 bytes)
+        /// too.
         #[test]
-        fn slice_lines_are_the_read_lines(bytes in prop::collection::vec(prop_oneof![
-            Just(b'\n'), Just(b'\r'), Just(b' '), Just(b'a'), Just(0xEF), Just(0xBB), Just(0xBF)
+        fn slice_lines_are_the_read_lines(pieces in prop::collection::vec(prop_oneof![
+            prop::sample::select(vec![b'\n', b'\r', b' ', b'a', 0xEF, 0xBB, 0xBF]).prop_map(|byte| vec![byte]),
+            (1usize..90).prop_map(|n| vec![b'a'; n]),
         ], 0..40)) {
+            let bytes = pieces.concat();
             let read: Vec<(usize, Vec<u8>, bool)> =
                 RawLines::new(&bytes[..]).map(|l| l.expect("a slice reads")).map(|l| (l.number, l.bytes, l.terminated)).collect();
             let sliced: Vec<(usize, Vec<u8>, bool)> = SliceLines::new(&bytes).map(|l| (l.number, l.bytes.to_vec(), l.terminated)).collect();
