@@ -140,7 +140,7 @@ impl Usage {
     /// the copy of every entry its flattened `extra` costs (a tenth of a transcript's import).
     /// `Err` gives the object back, unchanged, where a known field is not what that parse takes
     /// (its parse then names the failure).
-    pub fn from_object(object: Map<String, Value>) -> Result<Usage, Map<String, Value>> {
+    pub fn from_object(mut object: Map<String, Value>) -> Result<Usage, Map<String, Value>> {
         let count = |key: &str, null_as_zero: bool| match object.get(key) {
             None => Some(0),
             Some(Value::Null) if null_as_zero => Some(0),
@@ -160,8 +160,9 @@ impl Usage {
         };
         #[cfg(debug_assertions)]
         let parsed = Usage::deserialize(Value::Object(object.clone())).ok();
-        let extra: Map<String, Value> = object.into_iter().filter(|(key, _)| !USAGE_FIELDS.contains(&key.as_str())).collect();
-        let usage = Usage { input_tokens, cache_creation_input_tokens, cache_read_input_tokens, cache_creation, output_tokens, extra: extra.into() };
+        // The other entries, in their order, where they are: no key moved or hashed again.
+        object.retain(|key, _| !USAGE_FIELDS.contains(&key.as_str()));
+        let usage = Usage { input_tokens, cache_creation_input_tokens, cache_read_input_tokens, cache_creation, output_tokens, extra: object.into() };
         // (`extra`'s equality ignores its order; its text does not.)
         #[cfg(debug_assertions)]
         debug_assert_eq!(

@@ -1469,8 +1469,10 @@ impl FileImporter {
             Some(Value::Array(_)) => return self.note_call_time_of_line(line),
             _ => return,
         };
-        // (The line parsed, so it is UTF-8.)
-        if !std::str::from_utf8(line).is_ok_and(|text| text.contains("\"usage\"")) {
+        // (The line parsed, so it is UTF-8: its text holds `"usage"` where its bytes do.)
+        let usage = memchr::memmem::find(line, b"\"usage\"").is_some();
+        debug_assert_eq!(usage, std::str::from_utf8(line).is_ok_and(|text| text.contains("\"usage\"")));
+        if !usage {
             return;
         }
         if let Ok(t) = ts.parse::<jiff::Timestamp>() {
@@ -1551,7 +1553,8 @@ impl FileImporter {
     }
 
     /// Reads a record: of a type [`reads_whole_record`] leaves to the picked parse, only its
-    /// [`picked::RECORD_FIELDS`] (and `data`'s [`picked::DATA_FIELDS`]) are here.
+    /// [`picked::RECORD_FIELDS`] (and `data`'s [`picked::DATA_FIELDS`], `message`'s
+    /// [`picked::MESSAGE_FIELDS`]) are here.
     fn record(&mut self, mut record: Record, line: usize) {
         let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());

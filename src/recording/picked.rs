@@ -4,18 +4,26 @@
 //! A whole `Value` of a line builds every string, number and map entry of it (a `String` and a
 //! hashed map insert each): the envelope fields no reader takes (`gitBranch`, `slug`,
 //! `userType`, ...), a `progress` record's `data` (an agent's whole message), a file-history
-//! snapshot. [`record`] builds the entries of [`RECORD_FIELDS`] (of `data`, those of
-//! [`DATA_FIELDS`]) as the `Value` parse builds them, and reads every other entry through the
-//! same deserializer calls (`deserialize_any`, the same string, number and depth checks) without
-//! building it. So a line parses here exactly when its `Value` parse gives an object (with a
-//! `data` that is an object when it has one), and what it gives is that object with only those
-//! fields: the same values, in the same order, the last of a repeated key winning where the first
-//! stood. A line it does not take (no object, no UTF-8, a `data` of another kind, serde's raw
-//! value marker as an object's first key) goes to the `Value` parse, which names the failure.
+//! snapshot, a reply's envelope (`role`, `container`, `context_management`, `diagnostics`...).
+//! [`record`] builds the entries of [`RECORD_FIELDS`] (of `data`, those of [`DATA_FIELDS`]; of
+//! `message`, those of [`MESSAGE_FIELDS`]) as the `Value` parse builds them, and reads every
+//! other entry through the same deserializer calls (`deserialize_any`, the same string, number
+//! and depth checks) without building it. So a line parses here exactly when its `Value` parse
+//! gives an object (with a `data` and a `message` that are objects when it has them), and what
+//! it gives is that object with only those fields: the same values, in the same order, the last
+//! of a repeated key winning where the first stood. A line it does not take (no object, no
+//! UTF-8, a `data` or `message` of another kind, serde's raw value marker as an object's first
+//! key) goes to the `Value` parse, which names the failure.
+//!
+//! What it builds it builds as `Value`'s parse does ([`Built`]), but each array and object at
+//! its length: their items and entries are gathered on one stack per thread ([`Stacks`]) and
+//! moved into place when the array or object ends, where the `Value` parse grows each one as it
+//! reads it (a map's entries and hash table reallocated and rehashed at every doubling).
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 
 /// The top-level fields the importer reads of a record it takes from its fields alone
@@ -51,6 +59,20 @@ pub(crate) const RECORD_FIELDS: &[&str] = &[
 /// `SessionStart`'s, and of an agent's).
 pub(crate) const DATA_FIELDS: &[&str] = &["type", "hookEvent", "hookName", "agentId"];
 
+/// The fields of a record's `message` the importer reads (`FileImporter::user`, `assistant`,
+/// `note_call_time`, and the content and id an `api-request` file indexes).
+pub(crate) const MESSAGE_FIELDS: &[&str] = &["content", "usage", "stop_reason", "model", "id"];
+
+/// The fields of an object field of [`RECORD_FIELDS`] that [`record`] builds, the others it
+/// reads without building: `None` for a field built whole.
+fn nested_fields(key: &str) -> Option<&'static [&'static str]> {
+    match key {
+        "data" => Some(DATA_FIELDS),
+        "message" => Some(MESSAGE_FIELDS),
+        _ => None,
+    }
+}
+
 /// The key a `Value` parse with serde_json's `raw_value` feature reads, as an object's first key,
 /// as the mark of a raw value rather than as a key.
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
@@ -58,14 +80,44 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// The record of a line that is UTF-8 text with only its [`RECORD_FIELDS`] (and `data`'s
 /// [`DATA_FIELDS`]); `None` for a line the `Value` parse is to read (module doc).
 pub(crate) fn record(text: &str) -> Option<Fields> {
+    thread_local! {
+        static STACKS: Cell<Stacks> = Cell::default();
+    }
+    let mut stacks = STACKS.take();
+    // (A parse that failed leaves what it had gathered.)
+    stacks.entries.clear();
+    stacks.items.clear();
     let mut de = serde_json::Deserializer::from_str(text);
-    let record = PickedRecord.deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    Some(record)
+    let record = PickedRecord { stacks: &mut stacks }.deserialize(&mut de).ok().filter(|_| de.end().is_ok());
+    STACKS.set(stacks);
+    record
+}
+
+/// The entries of the objects and the items of the arrays being built, innermost last: each
+/// object or array takes its own off the top when it ends.
+#[derive(Default)]
+struct Stacks {
+    entries: Vec<(String, Value)>,
+    items: Vec<Value>,
+}
+
+impl Stacks {
+    /// The entries gathered from `base` on, as an object made at their number: inserted in
+    /// order, as the `Value` parse inserts them (a repeated key's last value where its first
+    /// stood).
+    fn object_from(&mut self, base: usize) -> Map<String, Value> {
+        let entries = self.entries.drain(base..);
+        let mut object = Map::with_capacity(entries.len());
+        for (key, value) in entries {
+            object.insert(key, value);
+        }
+        object
+    }
 }
 
 /// A record's [`RECORD_FIELDS`], each in its slot (a `Value` as the whole parse builds it; `data`
-/// an object of [`DATA_FIELDS`]): no key built, hashed or looked up in a map.
+/// an object of [`DATA_FIELDS`], `message` of [`MESSAGE_FIELDS`]): no key built, hashed or looked
+/// up in a map.
 #[derive(Debug, Default)]
 pub(crate) struct Fields([Option<Value>; RECORD_FIELDS.len()]);
 
@@ -104,9 +156,11 @@ pub(crate) fn filtered_in_field_order(whole: &Map<String, Value>) -> Map<String,
 }
 
 /// The top-level object of a record line, into [`Fields`].
-struct PickedRecord;
+struct PickedRecord<'s> {
+    stacks: &'s mut Stacks,
+}
 
-impl<'de> DeserializeSeed<'de> for PickedRecord {
+impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
     type Value = Fields;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -114,7 +168,7 @@ impl<'de> DeserializeSeed<'de> for PickedRecord {
     }
 }
 
-impl<'de> Visitor<'de> for PickedRecord {
+impl<'de> Visitor<'de> for PickedRecord<'_> {
     type Value = Fields;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -127,11 +181,13 @@ impl<'de> Visitor<'de> for PickedRecord {
         while let Some(key) = next_key(&mut map, &mut first)? {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
                 // A repeated key: the last value wins, as in the whole parse's map.
-                Some(slot) if key == "data" => {
-                    let data = map.next_value_seed(Picked { fields: DATA_FIELDS })?;
-                    fields.0[slot] = Some(Value::Object(data));
+                Some(slot) => {
+                    let stacks = &mut *self.stacks;
+                    fields.0[slot] = Some(match nested_fields(&key) {
+                        Some(fields) => Value::Object(map.next_value_seed(Picked { fields, stacks })?),
+                        None => map.next_value_seed(Built { stacks })?,
+                    })
                 }
-                Some(slot) => fields.0[slot] = Some(map.next_value()?),
                 None => {
                     map.next_value::<Checked>()?;
                 }
@@ -146,10 +202,10 @@ impl<'de> Visitor<'de> for PickedRecord {
 pub(crate) fn filtered(whole: &Map<String, Value>) -> Map<String, Value> {
     let mut picked = Map::new();
     for (key, value) in whole {
-        if key == "data" {
-            let Value::Object(data) = value else { panic!("a picked record's data is an object, not {value}") };
-            let data = data.iter().filter(|(k, _)| DATA_FIELDS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
-            picked.insert(key.clone(), Value::Object(data));
+        if let Some(nested) = nested_fields(key) {
+            let Value::Object(object) = value else { panic!("a picked record's {key} is an object, not {value}") };
+            let object = object.iter().filter(|(k, _)| nested.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+            picked.insert(key.clone(), Value::Object(object));
         } else if RECORD_FIELDS.contains(&key.as_str()) {
             picked.insert(key.clone(), value.clone());
         }
@@ -171,11 +227,12 @@ pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> b
 }
 
 /// An object, building only the entries of `fields`.
-struct Picked {
+struct Picked<'s> {
     fields: &'static [&'static str],
+    stacks: &'s mut Stacks,
 }
 
-impl<'de> DeserializeSeed<'de> for Picked {
+impl<'de> DeserializeSeed<'de> for Picked<'_> {
     type Value = Map<String, Value>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -183,7 +240,7 @@ impl<'de> DeserializeSeed<'de> for Picked {
     }
 }
 
-impl<'de> Visitor<'de> for Picked {
+impl<'de> Visitor<'de> for Picked<'_> {
     type Value = Map<String, Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -191,17 +248,96 @@ impl<'de> Visitor<'de> for Picked {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut picked = Map::new();
+        let base = self.stacks.entries.len();
         let mut first = true;
         while let Some(key) = next_key(&mut map, &mut first)? {
             if self.fields.contains(&key.as_ref()) {
-                let value: Value = map.next_value()?;
-                picked.insert(key.into_owned(), value);
+                let value = map.next_value_seed(Built { stacks: &mut *self.stacks })?;
+                self.stacks.entries.push((key.into_owned(), value));
             } else {
                 map.next_value::<Checked>()?;
             }
         }
-        Ok(picked)
+        Ok(self.stacks.object_from(base))
+    }
+}
+
+/// Any value, built as `Value`'s parse builds it (serde_json's `ValueVisitor`: the same calls
+/// of the deserializer, the same values; an object's entries inserted in order), with each
+/// array and object made at its length from what [`Stacks`] gathered. An object whose first key
+/// is serde's raw value marker is refused (module doc).
+struct Built<'s> {
+    stacks: &'s mut Stacks,
+}
+
+impl<'de> DeserializeSeed<'de> for Built<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Built<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::Number(value.into()))
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::Number(value.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Value, E> {
+        // (A number that is not finite is null, as there.)
+        Ok(serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        self.deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let base = self.stacks.items.len();
+        while let Some(item) = seq.next_element_seed(Built { stacks: &mut *self.stacks })? {
+            self.stacks.items.push(item);
+        }
+        Ok(Value::Array(self.stacks.items.drain(base..).collect()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let base = self.stacks.entries.len();
+        let mut first = true;
+        while let Some(key) = next_key(&mut map, &mut first)? {
+            let value = map.next_value_seed(Built { stacks: &mut *self.stacks })?;
+            self.stacks.entries.push((key.into_owned(), value));
+        }
+        Ok(Value::Object(self.stacks.object_from(base)))
     }
 }
 
@@ -322,6 +458,7 @@ mod tests {
             let key = prop_oneof![
                 prop::sample::select(RECORD_FIELDS).prop_map(str::to_owned),
                 prop::sample::select(DATA_FIELDS).prop_map(str::to_owned),
+                prop::sample::select(MESSAGE_FIELDS).prop_map(str::to_owned),
                 "[a-zA-Z]{1,8}",
             ];
             return prop_oneof![
@@ -357,6 +494,7 @@ mod tests {
         let key = prop_oneof![
             prop::sample::select(RECORD_FIELDS).prop_map(str::to_owned),
             prop::sample::select(DATA_FIELDS).prop_map(str::to_owned),
+            prop::sample::select(MESSAGE_FIELDS).prop_map(str::to_owned),
             Just("gitBranch".to_owned()),
             Just("slug".to_owned()),
             Just(RAW_VALUE_TOKEN.to_owned()),
@@ -375,8 +513,8 @@ mod tests {
         .boxed()
     }
 
-    /// What [`record`] gives when the `Value` parse takes the line as an object whose `data`,
-    /// if any, is an object: the object's [`filtered`] fields.
+    /// What [`record`] gives when the `Value` parse takes the line as an object whose `data`
+    /// and `message`, if any, are objects: the object's [`filtered`] fields.
     fn check(text: &str) {
         let whole = serde_json::from_str::<Value>(text);
         match record(text) {
@@ -386,7 +524,7 @@ mod tests {
             }
             None => {
                 if let Ok(Value::Object(whole)) = whole
-                    && !matches!(whole.get("data"), Some(data) if !data.is_object())
+                    && !["data", "message"].iter().any(|key| matches!(whole.get(*key), Some(object) if !object.is_object()))
                     && !text.contains(RAW_VALUE_TOKEN)
                 {
                     panic!("the Value parse took a line the picked parse refused: {text}");
@@ -405,12 +543,16 @@ mod tests {
         fn picked_record_of_a_record_is_the_value_parse_filtered(
             entries in prop::collection::vec((prop_oneof![prop::sample::select(RECORD_FIELDS), Just("gitBranch"), Just("slug")], json_of(3, false)), 0..10),
             data in prop::collection::vec((prop_oneof![prop::sample::select(DATA_FIELDS), Just("message")], json_of(2, false)), 0..4),
+            message in prop::collection::vec((prop_oneof![prop::sample::select(MESSAGE_FIELDS), Just("role"), Just("container")], json_of(2, false)), 0..6),
+            message_first in any::<bool>(),
         ) {
-            let mut entries: Vec<String> = entries.into_iter().filter(|(k, _)| *k != "data").map(|(k, v)| format!("\"{k}\":{v}")).collect();
-            let data: Vec<String> = data.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-            entries.push(format!("\"data\":{{{}}}", data.join(",")));
+            let mut entries: Vec<String> = entries.into_iter().filter(|(k, _)| !["data", "message"].contains(k)).map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let object = |fields: Vec<(&str, String)>| fields.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect::<Vec<_>>().join(",");
+            entries.push(format!("\"data\":{{{}}}", object(data)));
+            let message = format!("\"message\":{{{}}}", object(message));
+            if message_first { entries.insert(0, message) } else { entries.push(message) }
             let text = format!("{{{}}}", entries.join(","));
-            // Valid JSON of an object with an object `data`: the picked parse takes it.
+            // Valid JSON of an object with an object `data` and `message`: the picked parse takes it.
             prop_assert!(record(&text).is_some(), "{}", text);
             check(&text);
         }
@@ -422,6 +564,9 @@ mod tests {
             r#"{"type":"user","type":"assistant","gitBranch":"x"}"#,
             r#"{"data":{"type":"hook_progress","big":{"a":[1,2,{"b":"c"}]},"type":"agent_progress"},"data":{"agentId":"z"}}"#,
             r#"{"data":5}"#,
+            r#"{"message":[1]}"#,
+            r#"{"message":"m"}"#,
+            r#"{"message":{"role":"assistant","content":"a","id":"m1","content":[{"type":"text","text":"b"}],"container":null,"usage":{"input_tokens":1}},"type":"assistant"}"#,
             r#"{"$serde_json::private::RawValue":"{}"}"#,
             r#"{"x":{"$serde_json::private::RawValue":"{}"}}"#,
             r#"{"x":1e999}"#,
@@ -434,5 +579,9 @@ mod tests {
             check(text);
         }
         assert!(record(r#"{"slug":"s","uuid":"u"}"#).is_some_and(|r| r.to_map().len() == 1 && r.get("uuid").is_some_and(|u| u == "u")));
+        // A reply's envelope is not built; what the importer reads of it is, in the line's order.
+        let reply = r#"{"message":{"id":"m","role":"assistant","model":"x","stop_sequence":null,"content":[],"usage":{"output_tokens":1}}}"#;
+        let built = record(reply).and_then(|r| r.get("message").cloned());
+        assert_eq!(serde_json::to_string(&built).unwrap(), r#"{"id":"m","model":"x","content":[],"usage":{"output_tokens":1}}"#);
     }
 }
