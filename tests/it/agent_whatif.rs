@@ -1038,3 +1038,52 @@ fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_o
         }
     }
 }
+
+/// The presets whose peer mechanism acts on more than a count (opencode's prune and summary,
+/// observation masking), autocompact off, go on from the run as recorded's trunk too: the trunk
+/// runs their mechanism dry on its requests (`PeerState::dry_run`) and they go on from the last
+/// checkpoint before the first step where it would rewrite anything or anything else would act
+/// otherwise (`peer_branch_of`), their reports on the trunk's rows before it added. On real
+/// sessions where opencode never acts (01KZRVZ8), acts at the blocking limit or by its own
+/// mechanism, each gives exactly what its own run from the first call gives (rows and their
+/// stage reports, summary, compactions, divergence, losses, plan runs), run to the end and
+/// bounded beyond the trunk as the audit bounds a preset; and opencode went on from its trunk.
+#[test]
+fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_their_own_runs() {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branch_runs, prepare, stop_rule_beyond};
+    let dir = crate::support::realdata().join("transcripts");
+    let presets = ["opencode", "observation-masking"];
+    let mut mechanism_acted = 0;
+    for session in ["NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", "entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl"] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        let mut effectives = vec![base.clone()];
+        effectives.extend(presets.iter().map(|p| effective_strategy(&ctxsim::strategy::Strategy::preset(p).unwrap(), &prepared)));
+        for (preset, effective) in presets.iter().zip(&effectives[1..]) {
+            assert!(peer_branch_of(effective, &base, &prepared).is_some(), "{session}: {preset}: a peer branch of the run as recorded");
+        }
+        for bounded in [false, true] {
+            let marks = [false, true, true];
+            let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &marks } } else { Stops::Never };
+            let before = peer_branch_runs();
+            let together: Vec<_> = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
+            assert!(peer_branch_runs() > before, "{session}: no preset went on from the trunk");
+            let rule = stop_rule_beyond(&together[0]);
+            for ((preset, effective), branched) in presets.iter().zip(&effectives[1..]).zip(&together[1..]) {
+                let stop = if bounded { Stops::Rule(rule) } else { Stops::Never };
+                let own = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(effective), stop).unwrap().pop().unwrap().unwrap();
+                for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
+                    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: {preset}: bounded {bounded}: row {i}");
+                }
+                assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: {preset}: bounded {bounded}");
+                let stage = |name: &str| own.rows.iter().any(|r| r.stages.iter().any(|s| s.name == name && s.fired));
+                mechanism_acted += usize::from(stage("opencode_prune") || stage("opencode_summary") || stage("observation_masking"));
+            }
+        }
+    }
+    // The mechanisms acted somewhere (their branch points found by the dry run).
+    assert!(mechanism_acted > 0);
+}
