@@ -694,12 +694,13 @@ fn peer_presets_going_on_from_the_trunk_equal_their_runs_from_the_first_call() {
     }
     // Both cases are met: presets that part from the trunk and presets that never do.
     assert!(diverged > 0 && diverged < 2 * presets.len(), "{diverged}");
-    // A preset whose mechanism acts on more than a count (observation masking) is no peer branch.
+    // A preset with no peer mechanism, of another family (context editing), is no peer branch.
     let loaded = ctxsim::replay::load_session(Path::new(&a6e4())).unwrap();
     let prepared = prepare(&loaded, &a6e4(), &crate::support::measurer()).unwrap();
     let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-    let masking = effective_strategy(&ctxsim::strategy::Strategy::preset("observation-masking").unwrap(), &prepared);
-    assert!(peer_branch_of(&masking, &base, &prepared).is_none());
+    let editing = effective_strategy(&ctxsim::strategy::Strategy::preset("context-editing").unwrap(), &prepared);
+    assert_ne!(family_key(&editing, &prepared), family_key(&base, &prepared));
+    assert!(peer_branch_of(&editing, &base, &prepared).is_none());
 }
 
 #[test]
@@ -709,15 +710,15 @@ fn a_family_member_that_is_no_peer_branch_of_its_trunk_runs_on_its_own() {
     let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
     let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
     let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-    let masking_strategy = ctxsim::strategy::Strategy::preset("observation-masking").unwrap();
+    let editing_strategy = ctxsim::strategy::Strategy::preset("context-editing").unwrap();
     let codex_strategy = ctxsim::strategy::Strategy::preset("codex").unwrap();
-    let masking = effective_strategy(&masking_strategy, &prepared);
+    let editing = effective_strategy(&editing_strategy, &prepared);
     let codex = effective_strategy(&codex_strategy, &prepared);
-    assert!(peer_branch_of(&masking, &base, &prepared).is_none());
+    assert!(peer_branch_of(&editing, &base, &prepared).is_none());
     // Given to one family with the run as recorded and a peer branch of it: each outcome is its
     // own run's, none an error.
-    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, masking, codex]).unwrap();
-    let strategies = [ctxsim::strategy::Strategy::default(), masking_strategy, codex_strategy];
+    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, editing, codex]).unwrap();
+    let strategies = [ctxsim::strategy::Strategy::default(), editing_strategy, codex_strategy];
     assert_eq!(together.len(), strategies.len());
     for (strategy, together) in strategies.iter().zip(together) {
         let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), strategy).unwrap();

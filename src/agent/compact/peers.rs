@@ -813,6 +813,44 @@ mod tests {
         }
     }
 
+    /// Run dry request after request, masking and opencode (its prune, and its summary where
+    /// the prune never fires) report what applying them reports while they rewrite nothing,
+    /// leaving the messages as they are, and say so at the first request where applying
+    /// rewrites; not at the first.
+    #[test]
+    fn a_dry_run_reports_what_applying_reports_until_the_mechanism_rewrites() {
+        let configs = [
+            PeerConfig { strategy: PeerStrategy::ObservationMasking, keep_recent: 3, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 2_000, minimum_tokens: 3_000, buffer_tokens: 0, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 1_000_000, buffer_tokens: 2_000, ..PeerConfig::default() },
+        ];
+        for (i, config) in configs.iter().enumerate() {
+            let (mut dry, mut applied) = (PeerState::default(), PeerState::default());
+            let mut history = conversation(0, 0);
+            let mut rewrote_at = None;
+            for turn in 0..20 {
+                history.push(user(&format!("prompt {turn}")));
+                history.extend(call(&format!("n{turn}"), 2_000));
+                let got = dry.dry_run(config, &history, 8_000, 100);
+                let mut copy = history.clone();
+                let expected = applied.apply(config, &mut copy, 8_000, 100);
+                match got {
+                    Some(reports) => {
+                        assert_eq!(reports, expected, "config {i} turn {turn}");
+                        assert!(!expected.is_empty() && expected.iter().all(|o| !o.fired), "config {i} turn {turn}");
+                        assert_eq!(copy, history, "config {i} turn {turn}");
+                    }
+                    None => {
+                        assert!(expected.iter().any(|o| o.fired), "config {i} turn {turn}: {expected:?}");
+                        rewrote_at = Some(turn);
+                        break;
+                    }
+                }
+            }
+            assert!(rewrote_at.is_some_and(|turn| turn > 0), "config {i}: {rewrote_at:?}");
+        }
+    }
+
     #[test]
     fn state_reapplies_the_rewrite_to_later_requests() {
         let config = PeerConfig { strategy: PeerStrategy::Codex, summary_tokens: 10, ..PeerConfig::default() };
