@@ -55,6 +55,12 @@ pub struct PeerProbe {
     pub counted: Option<u64>,
     /// Connected MCP servers had instructions where a placement reads them.
     pub mcp_instructions: bool,
+    /// The mechanisms run dry ([`Session::dry_run_peers`], by their tags) that would have
+    /// rewritten something.
+    pub rewrote: Vec<usize>,
+    /// For each main request made (each [`Session::take_peer_reports`]), the stage reports each
+    /// mechanism run dry would have put on it, with its tag.
+    pub reports: Vec<Vec<(usize, crate::measure::StageReport)>>,
 }
 
 /// How many pools [`ASSEMBLED_POOLS`] keeps (the strategies of a session's what-ifs make a few).
@@ -151,6 +157,11 @@ pub struct Session {
     /// [`Session::probe_peers`]: `Some` while probing, with what was seen since the last
     /// [`Session::take_peer_probe`].
     peer_probe: Option<PeerProbe>,
+    /// While probing, the mechanisms run dry on every request's messages
+    /// ([`Session::dry_run_peers`]), each with its tag, and the reports they would have put on
+    /// the next main request (as `peer_reports` holds them).
+    peer_dry: Vec<(usize, crate::agent::compact::peers::PeerConfig)>,
+    peer_dry_reports: Vec<(usize, crate::measure::StageReport)>,
     /// The main thread, or the subagent this session runs for.
     thread: subagent_glue::Thread,
     /// Agents started by this thread so far (agent ids derive from it).
@@ -271,6 +282,8 @@ impl Session {
             peer_state: Default::default(),
             peer_reports: Vec::new(),
             peer_probe: None,
+            peer_dry: Vec::new(),
+            peer_dry_reports: Vec::new(),
             chain_state: crate::agent::compact::ChainState::new(session_dir(world, &session_id)),
             metadata: request_metadata(&device_id, &session_id),
             device_id,
@@ -323,6 +336,17 @@ impl Session {
         if config.strategy == PeerStrategy::None {
             // Probing (`probe_peers`): what a count-triggered mechanism would compare here.
             let counted = self.peer_state.probe(&messages[front..], (base_chars / 4) as u64);
+            // (And what the mechanisms run dry would do.)
+            for (tag, config) in &self.peer_dry {
+                match self.peer_state.dry_run(config, &messages[front..], window, (base_chars / 4) as u64) {
+                    Some(outcomes) => self.peer_dry_reports.extend(outcomes.into_iter().filter(|o| !o.stage.is_empty()).map(|o| (*tag, peer_report(o)))),
+                    None => {
+                        if let Some(probe) = &mut self.peer_probe {
+                            probe.rewrote.push(*tag);
+                        }
+                    }
+                }
+            }
             if let Some(probe) = &mut self.peer_probe {
                 probe.counted = probe.counted.max(Some(counted));
             }
@@ -342,14 +366,7 @@ impl Session {
                     self.events.push(event.to_owned());
                 }
             }
-            self.peer_reports.push(crate::measure::StageReport {
-                name: outcome.stage.to_owned(),
-                fired: outcome.fired,
-                reason: outcome.reason,
-                tokens_before: outcome.tokens_before,
-                tokens_after: outcome.tokens_after,
-                invalidated_from: None,
-            });
+            self.peer_reports.push(peer_report(outcome));
         }
     }
 
@@ -362,6 +379,20 @@ impl Session {
     /// placement ([`McpInstructionsMode`]) reads them.
     pub fn probe_peers(&mut self, on: bool) {
         self.peer_probe = on.then(PeerProbe::default);
+        if !on {
+            self.dry_run_peers(Vec::new());
+        }
+    }
+
+    /// While probing ([`Session::probe_peers`]), runs each of `configs` (mechanisms that
+    /// [`crate::agent::compact::peers::PeerConfig::dry_runs`], each with a tag) dry on every
+    /// request's messages, on this session's peer state
+    /// ([`crate::agent::compact::peers::PeerState::dry_run`]): whether it would have rewritten
+    /// anything ([`PeerProbe::rewrote`]) and, request by request, what it would have reported
+    /// ([`PeerProbe::reports`]). A tag dropped from the list is forgotten, reports included.
+    pub fn dry_run_peers(&mut self, configs: Vec<(usize, crate::agent::compact::peers::PeerConfig)>) {
+        self.peer_dry_reports.retain(|(tag, _)| configs.iter().any(|(t, _)| t == tag));
+        self.peer_dry = configs;
     }
 
     /// What [`Session::probe_peers`] recorded since the last call (nothing when not probing).
@@ -385,6 +416,11 @@ impl Session {
 
     /// What the peer mechanism did while the last request was built.
     pub fn take_peer_reports(&mut self) -> Vec<crate::measure::StageReport> {
+        if let Some(probe) = &mut self.peer_probe
+            && !self.peer_dry.is_empty()
+        {
+            probe.reports.push(std::mem::take(&mut self.peer_dry_reports));
+        }
         std::mem::take(&mut self.peer_reports)
     }
 
@@ -2033,6 +2069,11 @@ fn session_dir(world: &World, session_id: &str) -> String {
 /// The first user text as far as the system prompt reads it (its fingerprint's positions,
 /// [`crate::agent::system_prompt::fingerprint_head`]): the whole text (the user context, often
 /// tens of kilobytes) is not copied per request.
+/// A peer mechanism's outcome as the stage report a main request carries.
+fn peer_report(outcome: crate::agent::compact::peers::PeerOutcome) -> crate::measure::StageReport {
+    crate::measure::StageReport { name: outcome.stage.to_owned(), fired: outcome.fired, reason: outcome.reason, tokens_before: outcome.tokens_before, tokens_after: outcome.tokens_after, invalidated_from: None }
+}
+
 fn first_text(messages: &[Message]) -> &str {
     messages
         .iter()

@@ -459,17 +459,22 @@ impl Session {
             return Err("the strategy differs from the session's in more than the autocompact threshold".to_owned());
         }
         self.strategy = limits.strategy(strategy);
-        self.peer_probe = None;
+        self.probe_peers(false);
         Ok(())
     }
 
     /// Goes on under `strategy`, which differs from the session's in knobs the caller has
     /// proven changed nothing so far (a peer mechanism that would not have fired, autocompact
     /// off where it never fired: [`crate::replay::agent_whatif`]'s peer branches). Probing
-    /// stops.
+    /// stops; what the strategy's mechanism, run dry ([`Session::dry_run_peers`]), would have
+    /// reported since the last main request is its report to the next one, as under it.
     pub fn retarget(&mut self, strategy: &crate::strategy::Strategy, world: &World) {
         self.strategy = ThresholdWorld::of(world).strategy(strategy);
-        self.peer_probe = None;
+        let peer = &self.strategy.compact.peer;
+        if let Some(&(tag, _)) = self.peer_dry.iter().find(|(_, config)| config == peer) {
+            self.peer_reports.extend(self.peer_dry_reports.iter().filter(|(t, _)| *t == tag).map(|(_, report)| report.clone()));
+        }
+        self.probe_peers(false);
     }
 
     fn compact_inputs(&self) -> CompactInputs {

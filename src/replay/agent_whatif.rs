@@ -882,12 +882,14 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
 }
 
 /// A strategy that goes on from a family's trunk although its family differs, being otherwise
-/// the trunk's strategy: one that runs a peer mechanism that rewrites nothing below one count
-/// ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server compaction) with autocompact off, or
-/// one that places MCP instructions as delta attachments where the trunk has them in the system
-/// prompt.
+/// the trunk's strategy: one that runs a peer mechanism with autocompact off, a mechanism that
+/// rewrites nothing below one count ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server
+/// compaction) or one the trunk can run dry ([`PeerConfig::dry_runs`]: opencode, observation
+/// masking), or one that places MCP instructions as delta attachments where the trunk has them
+/// in the system prompt.
 ///
 /// [`PeerConfig::rewrite_trigger`]: crate::agent::compact::peers::PeerConfig::rewrite_trigger
+/// [`PeerConfig::dry_runs`]: crate::agent::compact::peers::PeerConfig::dry_runs
 #[derive(Debug, Clone)]
 pub enum PeerBranch {
     Peer {
@@ -910,7 +912,15 @@ pub enum PeerBranch {
 /// state (but for the peer's own state and the unfired stages' report texts, which nothing reads
 /// before the peer first fires), so it goes on from a trunk checkpoint before that step:
 /// - the count its mechanism compares (the trunk records it under no mechanism,
-///   [`crate::agent::session::Session::probe_peers`]) reaches its trigger;
+///   [`crate::agent::session::Session::probe_peers`]) reaches its trigger; or, for a mechanism
+///   that acts on more than a count, the mechanism run dry on the trunk's requests
+///   ([`crate::agent::session::Session::dry_run_peers`], on the trunk's peer state, which is
+///   the state the mechanism leaves where it rewrites nothing) would rewrite anything. Its
+///   reports where it would not (opencode's unfired prune on every main request) are added to
+///   the trunk's rows before the checkpoint where the runner puts a peer's reports, and those
+///   pending at the checkpoint (of a fork built after the last main request) are handed to
+///   the branch's session ([`crate::agent::session::Session::retarget`]), so its rows are those
+///   of its own run;
 /// - the trunk's autocompact compares a count at or above the trunk's threshold or the
 ///   strategy's blocking limit (autocompact off, its blocking check refuses from there; the
 ///   trunk's check counts what the blocking check counts);
@@ -943,7 +953,9 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     if auto.enabled || auto.compact_disabled || auto.reactive_enabled != trunk_auto.reactive_enabled {
         return None;
     }
-    a.compact.peer.rewrite_trigger(200_000)?;
+    if a.compact.peer.rewrite_trigger(200_000).is_none() && !a.compact.peer.dry_runs() {
+        return None;
+    }
     // Only `enabled` may differ in autocompact: its other knobs also set the window the API
     // refuses at and snip's trigger, which the trunk's rows would not show.
     let mut same = a.clone();
@@ -1076,8 +1088,17 @@ pub fn mirrored_outcomes() -> usize {
     MIRRORED.with(std::cell::Cell::get)
 }
 
+/// How many runs of peer branches ([`peer_branch_of`]) went on from a checkpoint of their
+/// trunk past its start on this thread (tests read it to know a strategy went on from its
+/// trunk, not from the first call).
+#[doc(hidden)]
+pub fn peer_branch_runs() -> usize {
+    PEER_BRANCH_RUNS.with(std::cell::Cell::get)
+}
+
 thread_local! {
     static MIRRORED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static PEER_BRANCH_RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Which runs of a family end early ([`agent_whatif_family_until`]).
@@ -1195,6 +1216,16 @@ pub fn agent_whatif_family_until(
     if peers.iter().any(Option::is_some) {
         trunk.agent_mut().probe_peers(true);
     }
+    // The peer mechanisms that act on more than a count, of the strategies still to branch: run
+    // dry on the trunk's requests.
+    let dry = |pending: &[usize]| -> Vec<(usize, crate::agent::compact::peers::PeerConfig)> {
+        pending.iter().filter_map(|&p| match &peers[p] {
+            Some(PeerBranch::Peer { peer, .. }) if triggers[p].is_none() && peer.dry_runs() => Some((p, peer.clone())),
+            _ => None,
+        }).collect()
+    };
+    // What each would have reported on the trunk's main rows: (row, reports) per strategy.
+    let mut dry_reports: Vec<Vec<(usize, Vec<crate::measure::StageReport>)>> = vec![Vec::new(); effectives.len()];
     let top_blocking = prepared.threshold_world().thresholds(&effectives[top]).blocking;
     // The steps of the main calls the recording compacted before.
     let recorded_steps: std::collections::BTreeSet<usize> = {
@@ -1223,6 +1254,7 @@ pub fn agent_whatif_family_until(
     let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
     let mut max_checked: Option<u64> = None;
     let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top && !mirrored.iter().any(|&(m, _)| m == i)).collect();
+    trunk.agent_mut().dry_run_peers(dry(&pending));
     // (Strategies that end early beyond the trunk's own run: their branches wait for its end.)
     let mut deferred: Vec<(usize, Vec<std::rc::Rc<Checkpoint>>, Branch)> = Vec::new();
     let mut since = 0;
@@ -1244,6 +1276,20 @@ pub fn agent_whatif_family_until(
         trunk.step(&scenarios.list[first].1, &mut measurer, &effectives[top], &chain).map_err(|e| e.to_string())?;
         let high = trunk.checks()[before..].iter().map(|&(_, n)| n).max();
         let probed = trunk.agent_mut().take_peer_probe();
+        // The step's main rows, each with what the mechanisms run dry would have reported on it
+        // (one report list per main request made: else they are taken to act here).
+        let main_rows: Vec<usize> = trunk.rows_from(rows_before).enumerate().filter(|(_, r)| r.lane == LANE_MAIN).map(|(i, _)| rows_before + i).collect();
+        let lined_up = main_rows.len() == probed.reports.len();
+        if lined_up {
+            for (&row, reports) in main_rows.iter().zip(&probed.reports) {
+                for (tag, report) in reports {
+                    match dry_reports[*tag].last_mut() {
+                        Some((at, list)) if *at == row => list.push(report.clone()),
+                        _ => dry_reports[*tag].push((row, vec![report.clone()])),
+                    }
+                }
+            }
+        }
         // (Anything here a peer branch cannot prove it did the same: a compaction, an API error
         // and its recovery, a refused request.)
         let acted = trunk.agent().compactions() != compactions || trunk.refused() != refused || trunk.rows_from(rows_before).any(|r| r.error.is_some());
@@ -1252,13 +1298,21 @@ pub fn agent_whatif_family_until(
         // peer branches from the last one before the step where they would act otherwise.
         let differs = |p: usize| match &peers[p] {
             None => high.is_some_and(|high| high >= thresholds[p]),
-            Some(PeerBranch::Peer { blocking, .. }) => {
-                acted || high.is_some_and(|high| high >= thresholds[top].min(*blocking).min(top_blocking)) || triggers[p].is_none_or(|t| probed.counted.is_some_and(|n| n >= t))
+            Some(PeerBranch::Peer { blocking, peer }) => {
+                acted
+                    || high.is_some_and(|high| high >= thresholds[top].min(*blocking).min(top_blocking))
+                    || match triggers[p] {
+                        Some(t) => probed.counted.is_some_and(|n| n >= t),
+                        None => !peer.dry_runs() || !lined_up || probed.rewrote.contains(&p),
+                    }
             }
             Some(PeerBranch::McpDelta) => probed.mcp_instructions,
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
+        if reached.iter().any(|&p| !dry(&[p]).is_empty()) {
+            trunk.agent_mut().dry_run_peers(dry(&pending));
+        }
         for p in reached {
             let from = latest.clone().ok_or("no checkpoint")?;
             let mut candidates = kept.clone();
@@ -1273,7 +1327,8 @@ pub fn agent_whatif_family_until(
                 deferred.push((p, candidates, how));
                 continue;
             }
-            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: None }));
+            let reports = &dry_reports[p];
+            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: None, reports }));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
@@ -1288,7 +1343,7 @@ pub fn agent_whatif_family_until(
     let mut candidates = kept.clone();
     candidates.push(end);
     let how = Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] };
-    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top], stop: None };
+    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top], stop: None, reports: &[] };
     let read = read_run(prepared, &trunk_run, client_edits(&effectives[top]), first_plan(prepared, &effectives[top]).without_recorded_microcompacts);
     // (Where it holds, the trunk's run is the trunk strategy's: the mirrors' runs are its too.)
     let trunk_holds = holds(&first_plan(prepared, &effectives[top]), &read);
@@ -1331,9 +1386,13 @@ pub fn agent_whatif_family_until(
         };
         results[p] = Some(outcome);
     }
+    // (A bounded one whose rule the trunk went past cannot end under it from the checkpoints:
+    // it runs on its own, as a preset run on its own ends beyond the run as recorded.)
+    let past = |p: usize| bounded(p) && rule.is_none() && top_rule.is_some();
     for (p, candidates, how) in deferred {
         let effective = &effectives[p];
-        results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: rule }));
+        let reports = &dry_reports[p];
+        results[p] = Some(if past(p) { alone(p) } else { settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: rule, reports }) });
     }
     for p in pending {
         let effective = &effectives[p];
@@ -1343,7 +1402,15 @@ pub fn agent_whatif_family_until(
             Some(_) => Branch::Peer { from_step: usize::MAX },
         };
         let stop = rule.filter(|_| bounded(p));
-        results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop }));
+        let reports = &dry_reports[p];
+        results[p] = Some(if past(p) { alone(p) } else { settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop, reports }) });
+    }
+    // Debug builds make each peer branch's own run and compare.
+    #[cfg(debug_assertions)]
+    for p in (0..effectives.len()).filter(|&p| peers[p].is_some()) {
+        if let (Some(Ok(outcome)), Ok(own)) = (&results[p], alone(p)) {
+            debug_assert_eq!(format!("{outcome:?}"), format!("{own:?}"), "a strategy that went on from the trunk is its own run");
+        }
     }
     Ok(results.into_iter().map(|r| r.unwrap_or_else(|| Err("no result".to_owned()))).collect())
 }
@@ -1358,16 +1425,19 @@ struct FromCheckpoints<'r, 'p> {
     effective: &'r Strategy,
     /// Where its runs end early ([`RunState::stop_when`]).
     stop: Option<StopRule>,
+    /// A peer branch's reports on the trunk's main rows (by row) that the trunk, under no
+    /// mechanism, did not make: what its mechanism run dry reported there.
+    reports: &'r [(usize, Vec<crate::measure::StageReport>)],
 }
 
 impl Runs for FromCheckpoints<'_, '_> {
     fn run(&mut self, plan: &Plan) -> Result<Run, String> {
-        run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.stop, self.effective, Going::Plan(plan)).map(|(run, _)| run)
+        run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Plan(plan)).map(|(run, _)| run)
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
         let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2.model));
-        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, self.how, self.stop, self.effective, Going::Follow(rules))?;
+        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Follow(rules))?;
         Ok(follow.map(|follow| (run, follow)))
     }
 }
@@ -1389,7 +1459,7 @@ fn run_from(
     measurer: &mut Measurer,
     first: usize,
     candidates: &[std::rc::Rc<Checkpoint>],
-    how: Branch,
+    (how, reports): (Branch, &[(usize, Vec<crate::measure::StageReport>)]),
     stop: Option<StopRule>,
     effective: &Strategy,
     going: Going<'_>,
@@ -1433,7 +1503,19 @@ fn run_from(
             state.stop_when(rule);
         }
         measurer.restore(&c.measurer);
+        if matches!(how, Branch::Peer { .. }) && c.rows > 0 {
+            PEER_BRANCH_RUNS.with(|n| n.set(n.get() + 1));
+        }
         let (mut run, follow) = finish_following(prepared, state, scenario, measurer, effective)?;
+        // The reports of a mechanism run dry on the trunk's rows before the checkpoint go where
+        // the runner puts the peer's reports: after the chain's, before a context edit's the
+        // measurement adds (the only stage it adds, and the only `context_editing` stage).
+        for (row, add) in reports.iter().take_while(|(row, _)| *row < c.rows) {
+            let row = &mut run.output.rows[*row];
+            let measured = row.context_management.is_some() && row.stages.last().is_some_and(|s| s.fired && s.name == "context_editing");
+            let at = row.stages.len() - usize::from(measured);
+            row.stages.splice(at..at, add.iter().cloned());
+        }
         match how {
             Branch::Peer { .. } if effective.compact.autocompact.enabled => {}
             Branch::Peer { .. } => {

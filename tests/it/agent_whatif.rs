@@ -694,12 +694,13 @@ fn peer_presets_going_on_from_the_trunk_equal_their_runs_from_the_first_call() {
     }
     // Both cases are met: presets that part from the trunk and presets that never do.
     assert!(diverged > 0 && diverged < 2 * presets.len(), "{diverged}");
-    // A preset whose mechanism acts on more than a count (observation masking) is no peer branch.
+    // A preset with no peer mechanism, of another family (context editing), is no peer branch.
     let loaded = ctxsim::replay::load_session(Path::new(&a6e4())).unwrap();
     let prepared = prepare(&loaded, &a6e4(), &crate::support::measurer()).unwrap();
     let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-    let masking = effective_strategy(&ctxsim::strategy::Strategy::preset("observation-masking").unwrap(), &prepared);
-    assert!(peer_branch_of(&masking, &base, &prepared).is_none());
+    let editing = effective_strategy(&ctxsim::strategy::Strategy::preset("context-editing").unwrap(), &prepared);
+    assert_ne!(family_key(&editing, &prepared), family_key(&base, &prepared));
+    assert!(peer_branch_of(&editing, &base, &prepared).is_none());
 }
 
 #[test]
@@ -709,15 +710,15 @@ fn a_family_member_that_is_no_peer_branch_of_its_trunk_runs_on_its_own() {
     let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
     let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
     let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-    let masking_strategy = ctxsim::strategy::Strategy::preset("observation-masking").unwrap();
+    let editing_strategy = ctxsim::strategy::Strategy::preset("context-editing").unwrap();
     let codex_strategy = ctxsim::strategy::Strategy::preset("codex").unwrap();
-    let masking = effective_strategy(&masking_strategy, &prepared);
+    let editing = effective_strategy(&editing_strategy, &prepared);
     let codex = effective_strategy(&codex_strategy, &prepared);
-    assert!(peer_branch_of(&masking, &base, &prepared).is_none());
+    assert!(peer_branch_of(&editing, &base, &prepared).is_none());
     // Given to one family with the run as recorded and a peer branch of it: each outcome is its
     // own run's, none an error.
-    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, masking, codex]).unwrap();
-    let strategies = [ctxsim::strategy::Strategy::default(), masking_strategy, codex_strategy];
+    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, editing, codex]).unwrap();
+    let strategies = [ctxsim::strategy::Strategy::default(), editing_strategy, codex_strategy];
     assert_eq!(together.len(), strategies.len());
     for (strategy, together) in strategies.iter().zip(together) {
         let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), strategy).unwrap();
@@ -1037,4 +1038,53 @@ fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_o
             assert_ne!(format!("{:?}", mirrored.rows), format!("{:?}", trunk.rows), "{session}");
         }
     }
+}
+
+/// The presets whose peer mechanism acts on more than a count (opencode's prune and summary,
+/// observation masking), autocompact off, go on from the run as recorded's trunk too: the trunk
+/// runs their mechanism dry on its requests (`PeerState::dry_run`) and they go on from the last
+/// checkpoint before the first step where it would rewrite anything or anything else would act
+/// otherwise (`peer_branch_of`), their reports on the trunk's rows before it added. On real
+/// sessions where opencode never acts (01KZRVZ8), acts at the blocking limit or by its own
+/// mechanism, each gives exactly what its own run from the first call gives (rows and their
+/// stage reports, summary, compactions, divergence, losses, plan runs), run to the end and
+/// bounded beyond the trunk as the audit bounds a preset; and opencode went on from its trunk.
+#[test]
+fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_their_own_runs() {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branch_runs, prepare, stop_rule_beyond};
+    let dir = crate::support::realdata().join("transcripts");
+    let presets = ["opencode", "observation-masking"];
+    let mut mechanism_acted = 0;
+    for session in ["NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", "entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl"] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        let mut effectives = vec![base.clone()];
+        effectives.extend(presets.iter().map(|p| effective_strategy(&ctxsim::strategy::Strategy::preset(p).unwrap(), &prepared)));
+        for (preset, effective) in presets.iter().zip(&effectives[1..]) {
+            assert!(peer_branch_of(effective, &base, &prepared).is_some(), "{session}: {preset}: a peer branch of the run as recorded");
+        }
+        for bounded in [false, true] {
+            let marks = [false, true, true];
+            let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &marks } } else { Stops::Never };
+            let before = peer_branch_runs();
+            let together: Vec<_> = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
+            assert!(peer_branch_runs() > before, "{session}: no preset went on from the trunk");
+            let rule = stop_rule_beyond(&together[0]);
+            for ((preset, effective), branched) in presets.iter().zip(&effectives[1..]).zip(&together[1..]) {
+                let stop = if bounded { Stops::Rule(rule) } else { Stops::Never };
+                let own = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(effective), stop).unwrap().pop().unwrap().unwrap();
+                for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
+                    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: {preset}: bounded {bounded}: row {i}");
+                }
+                assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: {preset}: bounded {bounded}");
+                let stage = |name: &str| own.rows.iter().any(|r| r.stages.iter().any(|s| s.name == name && s.fired));
+                mechanism_acted += usize::from(stage("opencode_prune") || stage("opencode_summary") || stage("observation_masking"));
+            }
+        }
+    }
+    // The mechanisms acted somewhere (their branch points found by the dry run).
+    assert!(mechanism_acted > 0);
 }

@@ -217,13 +217,12 @@ fn masking(messages: &mut [Message], keep_recent: usize, memo: Option<&mut PeerM
     // The estimate is a sum over blocks: only the cleared ones changed.
     let after = before.saturating_add_signed(change);
     debug_assert_eq!(after, estimate_tokens(messages));
-    PeerOutcome {
-        stage: "observation_masking",
-        fired: cut > 0,
-        reason: format!("{cut} of {} tool results masked (keep {keep_recent})", results.len()),
-        tokens_before: before,
-        tokens_after: after,
-    }
+    masking_report(cut, results.len(), keep_recent, before, after)
+}
+
+/// The report of a masking that clears `cut` of `results` tool results.
+fn masking_report(cut: usize, results: usize, keep_recent: usize, before: u64, after: u64) -> PeerOutcome {
+    PeerOutcome { stage: "observation_masking", fired: cut > 0, reason: format!("{cut} of {results} tool results masked (keep {keep_recent})"), tokens_before: before, tokens_after: after }
 }
 
 /// opencode prune: walking back from the newest, skip the last two user turns, protect
@@ -243,6 +242,19 @@ fn prune(messages: &mut [Message], protect: u64, minimum: u64, memo: Option<&mut
         }
         None => (estimate_tokens(messages), None),
     };
+    let (victims, freed) = prune_victims(messages, protect);
+    let fire = freed >= minimum && !victims.is_empty();
+    let change = if fire { clear_results(messages, &victims, clear_memo) } else { 0 };
+    // The estimate is a sum over blocks: only the cleared ones changed.
+    let after = before.saturating_add_signed(change);
+    debug_assert_eq!(after, estimate_tokens(messages));
+    prune_report(fire, freed, protect, minimum, before, after)
+}
+
+/// The tool results opencode's prune would clear (`(message, block, tokens)`, newest first) if it
+/// fired, and the tokens they free: walking back from the newest, past the last two user turns
+/// and `protect` tokens of tool output.
+fn prune_victims(messages: &[Message], protect: u64) -> (Vec<(usize, usize, u64)>, u64) {
     // The last two user turns: user messages carrying text (not only tool results).
     let mut user_turns = 0;
     let mut boundary = messages.len();
@@ -272,18 +284,12 @@ fn prune(messages: &mut [Message], protect: u64, minimum: u64, memo: Option<&mut
         victims.push((m, b, tokens));
         freed += tokens;
     }
-    let fire = freed >= minimum && !victims.is_empty();
-    let change = if fire { clear_results(messages, &victims, clear_memo) } else { 0 };
-    // The estimate is a sum over blocks: only the cleared ones changed.
-    let after = before.saturating_add_signed(change);
-    debug_assert_eq!(after, estimate_tokens(messages));
-    PeerOutcome {
-        stage: "opencode_prune",
-        fired: fire,
-        reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"),
-        tokens_before: before,
-        tokens_after: after,
-    }
+    (victims, freed)
+}
+
+/// The report of a prune that finds `freed` tokens prunable (and fired or not).
+fn prune_report(fired: bool, freed: u64, protect: u64, minimum: u64, before: u64, after: u64) -> PeerOutcome {
+    PeerOutcome { stage: "opencode_prune", fired, reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"), tokens_before: before, tokens_after: after }
 }
 
 /// Whether a user message is a prompt (has text) rather than only tool results.
@@ -467,6 +473,13 @@ impl PeerConfig {
             PeerStrategy::None | PeerStrategy::Opencode | PeerStrategy::ObservationMasking => None,
         }
     }
+
+    /// Whether [`PeerState::dry_run`] tells, request by request, whether the mechanism would
+    /// rewrite anything and what it reports where it would not: the mechanisms with no
+    /// [`PeerConfig::rewrite_trigger`] (opencode's prune and summary, observation masking).
+    pub fn dry_runs(&self) -> bool {
+        matches!(self.strategy, PeerStrategy::Opencode | PeerStrategy::ObservationMasking)
+    }
 }
 
 /// The window a peer mechanism reads (the world's context window, 200k when unset).
@@ -481,6 +494,52 @@ impl PeerState {
     /// Only the estimate's memo is kept.
     pub fn probe(&mut self, messages: &[Message], base_tokens: u64) -> u64 {
         self.memo.estimate(messages) + base_tokens
+    }
+
+    /// What [`PeerState::apply`] under `config` (a mechanism that [`PeerConfig::dry_runs`])
+    /// would report on `messages`, where it would rewrite nothing; `None` where it would rewrite
+    /// something (or has a rewrite of its own to apply again, which a state that never rewrote
+    /// has not). The messages are left as they are, and the state as that application would
+    /// leave it where it rewrites nothing: what a run under no mechanism records so that a run
+    /// under this one may be proven to have done the same (checked against applying it in
+    /// debug builds).
+    pub fn dry_run(&mut self, config: &PeerConfig, messages: &[Message], window: u64, base_tokens: u64) -> Option<Vec<PeerOutcome>> {
+        #[cfg(debug_assertions)]
+        let applied = {
+            let (mut state, mut copy) = (self.clone(), messages.to_vec());
+            let outcomes = state.apply(config, &mut copy, window, base_tokens);
+            (outcomes, copy[..] == *messages, state.last_len)
+        };
+        // (As `apply_after` starts.)
+        if messages.len() < self.last_len {
+            self.compacted = None;
+        }
+        self.last_len = messages.len();
+        let outcomes = if self.compacted.is_some() {
+            None
+        } else {
+            self.memo.cleared.truncate(messages.len());
+            let before = self.memo.estimate(messages);
+            match config.strategy {
+                PeerStrategy::Opencode => {
+                    let (victims, freed) = prune_victims(messages, config.protect_tokens);
+                    let prunes = freed >= config.minimum_tokens && !victims.is_empty();
+                    let summarizes = before + base_tokens >= window.saturating_sub(config.buffer_tokens);
+                    (!prunes && !summarizes).then(|| vec![prune_report(false, freed, config.protect_tokens, config.minimum_tokens, before, before)])
+                }
+                PeerStrategy::ObservationMasking => {
+                    let results = tool_results(messages).len();
+                    (results <= config.keep_recent).then(|| vec![masking_report(0, results, config.keep_recent, before, before)])
+                }
+                PeerStrategy::None | PeerStrategy::Codex | PeerStrategy::Cline | PeerStrategy::ServerCompaction => None,
+            }
+        };
+        #[cfg(debug_assertions)]
+        match &outcomes {
+            Some(outcomes) => debug_assert_eq!((outcomes, true, self.last_len), (&applied.0, applied.1, applied.2), "a dry run reports what applying reports"),
+            None => debug_assert!(!config.dry_runs() || self.compacted.is_some() || applied.0.iter().any(|o| o.fired), "a dry run says the mechanism rewrites where it does: {:?}", applied.0),
+        }
+        outcomes
     }
 
     /// Applies the peer to the messages of one request (the history as the recorded client
@@ -751,6 +810,44 @@ mod tests {
                 fired += expected.iter().filter(|o| o.fired).count();
             }
             assert!(fired > 0, "{:?} never fired", config.strategy);
+        }
+    }
+
+    /// Run dry request after request, masking and opencode (its prune, and its summary where
+    /// the prune never fires) report what applying them reports while they rewrite nothing,
+    /// leaving the messages as they are, and say so at the first request where applying
+    /// rewrites; not at the first.
+    #[test]
+    fn a_dry_run_reports_what_applying_reports_until_the_mechanism_rewrites() {
+        let configs = [
+            PeerConfig { strategy: PeerStrategy::ObservationMasking, keep_recent: 3, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 2_000, minimum_tokens: 3_000, buffer_tokens: 0, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 1_000_000, buffer_tokens: 2_000, ..PeerConfig::default() },
+        ];
+        for (i, config) in configs.iter().enumerate() {
+            let (mut dry, mut applied) = (PeerState::default(), PeerState::default());
+            let mut history = conversation(0, 0);
+            let mut rewrote_at = None;
+            for turn in 0..20 {
+                history.push(user(&format!("prompt {turn}")));
+                history.extend(call(&format!("n{turn}"), 2_000));
+                let got = dry.dry_run(config, &history, 8_000, 100);
+                let mut copy = history.clone();
+                let expected = applied.apply(config, &mut copy, 8_000, 100);
+                match got {
+                    Some(reports) => {
+                        assert_eq!(reports, expected, "config {i} turn {turn}");
+                        assert!(!expected.is_empty() && expected.iter().all(|o| !o.fired), "config {i} turn {turn}");
+                        assert_eq!(copy, history, "config {i} turn {turn}");
+                    }
+                    None => {
+                        assert!(expected.iter().any(|o| o.fired), "config {i} turn {turn}: {expected:?}");
+                        rewrote_at = Some(turn);
+                        break;
+                    }
+                }
+            }
+            assert!(rewrote_at.is_some_and(|turn| turn > 0), "config {i}: {rewrote_at:?}");
         }
     }
 
