@@ -2066,14 +2066,14 @@ fn session_dir(world: &World, session_id: &str) -> String {
     format!("{}/.claude/projects/{project}/{session_id}", world.home.trim_end_matches('/'))
 }
 
-/// The first user text as far as the system prompt reads it (its fingerprint's positions,
-/// [`crate::agent::system_prompt::fingerprint_head`]): the whole text (the user context, often
-/// tens of kilobytes) is not copied per request.
 /// A peer mechanism's outcome as the stage report a main request carries.
 fn peer_report(outcome: crate::agent::compact::peers::PeerOutcome) -> crate::measure::StageReport {
     crate::measure::StageReport { name: outcome.stage.to_owned(), fired: outcome.fired, reason: outcome.reason, tokens_before: outcome.tokens_before, tokens_after: outcome.tokens_after, invalidated_from: None }
 }
 
+/// The first user text as far as the system prompt reads it (its fingerprint's positions,
+/// [`crate::agent::system_prompt::fingerprint_head`]): the whole text (the user context, often
+/// tens of kilobytes) is not copied per request.
 fn first_text(messages: &[Message]) -> &str {
     messages
         .iter()
