@@ -308,11 +308,9 @@ impl ChainMemo {
                     }
                 }
             }
-            EventKind::ToolResult(result) => {
-                if !self.answered.contains(result.tool_use_id.as_str()) {
-                    self.answered.insert(result.tool_use_id.clone());
-                    self.open.remove(result.tool_use_id.as_str());
-                }
+            EventKind::ToolResult(result) if !self.answered.contains(result.tool_use_id.as_str()) => {
+                self.answered.insert(result.tool_use_id.clone());
+                self.open.remove(result.tool_use_id.as_str());
             }
             _ => {}
         }

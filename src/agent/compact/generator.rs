@@ -72,22 +72,12 @@ pub fn generate(seed: u64, requests: usize) -> Vec<GenRound> {
 pub fn filler(tag: &str, chars: usize) -> String {
     let mut s = String::with_capacity(chars + 80 + tag.len());
     let mut line = 0usize;
-    // The line's number in decimal, at the end of `digits` (pushed, not formatted: a workload's
-    // stand-ins are long texts of these lines).
+    // Pushed, not formatted: a workload's stand-ins are long texts of these lines.
     let mut digits = [0u8; 20];
     while s.len() < chars {
         s.push_str(tag);
         s.push_str(" line ");
-        let (mut n, mut at) = (line, digits.len());
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        s.extend(digits[at..].iter().map(|&d| char::from(d)));
+        s.push_str(crate::agent::tools::exec::decimal(line, &mut digits));
         s.push_str(": lorem ipsum dolor sit amet consectetur adipiscing elit\n");
         line += 1;
     }
@@ -247,7 +237,7 @@ mod tests {
     use super::*;
 
     /// The pushed filler is the formatted one at every length, through line numbers of one to
-    /// seven digits, with any tag.
+    /// five digits, with any tag.
     #[test]
     fn filler_pushed_equals_formatted() {
         for tag in ["", "thinking", "file known in part"] {
