@@ -14,16 +14,10 @@
 //! of a repeated key winning where the first stood. A line it does not take (no object, no
 //! UTF-8, a `data` or `message` of another kind, serde's raw value marker as an object's first
 //! key) goes to the `Value` parse, which names the failure.
-//!
-//! What it builds it builds as `Value`'s parse does ([`Built`]), but each array and object at
-//! its length: their items and entries are gathered on one stack per thread ([`Stacks`]) and
-//! moved into place when the array or object ends, where the `Value` parse grows each one as it
-//! reads it (a map's entries and hash table reallocated and rehashed at every doubling).
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
-use std::cell::Cell;
 use std::fmt;
 
 /// The top-level fields the importer reads of a record it takes from its fields alone
@@ -78,41 +72,13 @@ fn nested_fields(key: &str) -> Option<&'static [&'static str]> {
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// The record of a line that is UTF-8 text with only its [`RECORD_FIELDS`] (and `data`'s
-/// [`DATA_FIELDS`]); `None` for a line the `Value` parse is to read (module doc).
+/// [`DATA_FIELDS`], `message`'s [`MESSAGE_FIELDS`]); `None` for a line the `Value` parse is to
+/// read (module doc).
 pub(crate) fn record(text: &str) -> Option<Fields> {
-    thread_local! {
-        static STACKS: Cell<Stacks> = Cell::default();
-    }
-    let mut stacks = STACKS.take();
-    // (A parse that failed leaves what it had gathered.)
-    stacks.entries.clear();
-    stacks.items.clear();
     let mut de = serde_json::Deserializer::from_str(text);
-    let record = PickedRecord { stacks: &mut stacks }.deserialize(&mut de).ok().filter(|_| de.end().is_ok());
-    STACKS.set(stacks);
-    record
-}
-
-/// The entries of the objects and the items of the arrays being built, innermost last: each
-/// object or array takes its own off the top when it ends.
-#[derive(Default)]
-struct Stacks {
-    entries: Vec<(String, Value)>,
-    items: Vec<Value>,
-}
-
-impl Stacks {
-    /// The entries gathered from `base` on, as an object made at their number: inserted in
-    /// order, as the `Value` parse inserts them (a repeated key's last value where its first
-    /// stood).
-    fn object_from(&mut self, base: usize) -> Map<String, Value> {
-        let entries = self.entries.drain(base..);
-        let mut object = Map::with_capacity(entries.len());
-        for (key, value) in entries {
-            object.insert(key, value);
-        }
-        object
-    }
+    let record = PickedRecord.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(record)
 }
 
 /// A record's [`RECORD_FIELDS`], each in its slot (a `Value` as the whole parse builds it; `data`
@@ -156,11 +122,9 @@ pub(crate) fn filtered_in_field_order(whole: &Map<String, Value>) -> Map<String,
 }
 
 /// The top-level object of a record line, into [`Fields`].
-struct PickedRecord<'s> {
-    stacks: &'s mut Stacks,
-}
+struct PickedRecord;
 
-impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
+impl<'de> DeserializeSeed<'de> for PickedRecord {
     type Value = Fields;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -168,7 +132,7 @@ impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for PickedRecord<'_> {
+impl<'de> Visitor<'de> for PickedRecord {
     type Value = Fields;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -181,13 +145,10 @@ impl<'de> Visitor<'de> for PickedRecord<'_> {
         while let Some(key) = next_key(&mut map, &mut first)? {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
                 // A repeated key: the last value wins, as in the whole parse's map.
-                Some(slot) => {
-                    let stacks = &mut *self.stacks;
-                    fields.0[slot] = Some(match nested_fields(&key) {
-                        Some(fields) => Value::Object(map.next_value_seed(Picked { fields, stacks })?),
-                        None => map.next_value_seed(Built { stacks })?,
-                    })
-                }
+                Some(slot) => match nested_fields(&key) {
+                    Some(fields_of) => fields.0[slot] = Some(Value::Object(map.next_value_seed(Picked { fields: fields_of })?)),
+                    None => fields.0[slot] = Some(map.next_value()?),
+                },
                 None => {
                     map.next_value::<Checked>()?;
                 }
@@ -227,12 +188,11 @@ pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> b
 }
 
 /// An object, building only the entries of `fields`.
-struct Picked<'s> {
+struct Picked {
     fields: &'static [&'static str],
-    stacks: &'s mut Stacks,
 }
 
-impl<'de> DeserializeSeed<'de> for Picked<'_> {
+impl<'de> DeserializeSeed<'de> for Picked {
     type Value = Map<String, Value>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -240,7 +200,7 @@ impl<'de> DeserializeSeed<'de> for Picked<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Picked<'_> {
+impl<'de> Visitor<'de> for Picked {
     type Value = Map<String, Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -248,96 +208,17 @@ impl<'de> Visitor<'de> for Picked<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let base = self.stacks.entries.len();
+        let mut picked = Map::new();
         let mut first = true;
         while let Some(key) = next_key(&mut map, &mut first)? {
             if self.fields.contains(&key.as_ref()) {
-                let value = map.next_value_seed(Built { stacks: &mut *self.stacks })?;
-                self.stacks.entries.push((key.into_owned(), value));
+                let value: Value = map.next_value()?;
+                picked.insert(key.into_owned(), value);
             } else {
                 map.next_value::<Checked>()?;
             }
         }
-        Ok(self.stacks.object_from(base))
-    }
-}
-
-/// Any value, built as `Value`'s parse builds it (serde_json's `ValueVisitor`: the same calls
-/// of the deserializer, the same values; an object's entries inserted in order), with each
-/// array and object made at its length from what [`Stacks`] gathered. An object whose first key
-/// is serde's raw value marker is refused (module doc).
-struct Built<'s> {
-    stacks: &'s mut Stacks,
-}
-
-impl<'de> DeserializeSeed<'de> for Built<'_> {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Built<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any valid JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Value, E> {
-        Ok(Value::Bool(value))
-    }
-
-    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Value, E> {
-        Ok(Value::Number(value.into()))
-    }
-
-    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Value, E> {
-        Ok(Value::Number(value.into()))
-    }
-
-    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Value, E> {
-        // (A number that is not finite is null, as there.)
-        Ok(serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number))
-    }
-
-    fn visit_str<E: de::Error>(self, value: &str) -> Result<Value, E> {
-        Ok(Value::String(value.to_owned()))
-    }
-
-    fn visit_string<E: de::Error>(self, value: String) -> Result<Value, E> {
-        Ok(Value::String(value))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        self.deserialize(deserializer)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let base = self.stacks.items.len();
-        while let Some(item) = seq.next_element_seed(Built { stacks: &mut *self.stacks })? {
-            self.stacks.items.push(item);
-        }
-        Ok(Value::Array(self.stacks.items.drain(base..).collect()))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let base = self.stacks.entries.len();
-        let mut first = true;
-        while let Some(key) = next_key(&mut map, &mut first)? {
-            let value = map.next_value_seed(Built { stacks: &mut *self.stacks })?;
-            self.stacks.entries.push((key.into_owned(), value));
-        }
-        Ok(Value::Object(self.stacks.object_from(base)))
+        Ok(picked)
     }
 }
 
