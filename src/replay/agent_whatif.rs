@@ -944,7 +944,7 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     if a.mcp_instructions == McpInstructionsMode::Delta && b.mcp_instructions == McpInstructionsMode::System {
         let mut same = a.clone();
         same.mcp_instructions = b.mcp_instructions;
-        return (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then_some(PeerBranch::McpDelta);
+        return same_settings(&same, &b)?.then_some(PeerBranch::McpDelta);
     }
     let (auto, trunk_auto) = (&a.compact.autocompact, &b.compact.autocompact);
     if b.compact.peer.strategy != PeerStrategy::None || !trunk_auto.enabled || trunk_auto.compact_disabled || b.compact.context_collapse.enabled {
@@ -961,10 +961,29 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     let mut same = a.clone();
     same.compact.autocompact.enabled = trunk_auto.enabled;
     same.compact.peer = b.compact.peer.clone();
-    if serde_json::to_value(&same).ok()? != serde_json::to_value(&b).ok()? {
+    if !same_settings(&same, &b)? {
         return None;
     }
     Some(PeerBranch::Peer { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
+}
+
+/// Whether two strategies are the same settings: their JSON values equal (`None` where one does
+/// not serialize). Read from their JSON texts: a strategy's text is its fields in a fixed order,
+/// its maps sorted (`BTreeMap`), so equal texts are equal values, and texts that differ are
+/// values that differ, but for a float that is `-0.0` in one and `0.0` in the other (equal as
+/// values); where a text holds a `-0`, the values are compared.
+fn same_settings(a: &Strategy, b: &Strategy) -> Option<bool> {
+    let (x, y) = (serde_json::to_vec(a).ok()?, serde_json::to_vec(b).ok()?);
+    let negative_zero = |text: &[u8]| memchr::memmem::find(text, b"-0").is_some();
+    let same = if x == y {
+        true
+    } else if negative_zero(&x) || negative_zero(&y) {
+        serde_json::to_value(a).ok()? == serde_json::to_value(b).ok()?
+    } else {
+        false
+    };
+    debug_assert_eq!(Some(same), (|| Some(serde_json::to_value(a).ok()? == serde_json::to_value(b).ok()?))(), "settings read from their texts, as their values compare");
+    Some(same)
 }
 
 /// Whether `effective` is measured beside a family's trunk run under `trunk` rather than run
@@ -995,7 +1014,7 @@ pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) ->
     } else {
         same.ttl_main = b.ttl_main;
     }
-    (serde_json::to_value(&same).ok()? == serde_json::to_value(&b).ok()?).then(|| crate::runner::MirrorOf { run_ttl: b.ttl_for(LANE_MAIN), ttl: a.ttl_for(LANE_MAIN), without_boundary })
+    same_settings(&same, &b)?.then(|| crate::runner::MirrorOf { run_ttl: b.ttl_for(LANE_MAIN), ttl: a.ttl_for(LANE_MAIN), without_boundary })
 }
 
 /// How a run goes on from a trunk checkpoint.
@@ -1669,5 +1688,28 @@ fn outcome(session: &ImportedSession, run: Run, compactions: Vec<Compacted>, div
         compaction_losses,
         runs,
         stopped: run.output.stopped.map(|why| (run.paired.last().map_or(0, |&(_, call)| call), why)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn settings_compared_by_their_texts_compare_as_their_values(preset in 0usize..crate::strategy::presets::PRESETS.len(), other in 0usize..crate::strategy::presets::PRESETS.len(), fraction in prop_oneof![Just(0.0f64), Just(-0.0f64), Just(0.01f64), any::<f64>()], same_fraction in any::<bool>(), ttl in any::<bool>()) {
+            let mut a = crate::strategy::Strategy::preset(crate::strategy::presets::PRESETS[preset].id).expect("a shipped preset");
+            let mut b = crate::strategy::Strategy::preset(crate::strategy::presets::PRESETS[other].id).expect("a shipped preset");
+            a.skill_listing_budget_fraction = fraction;
+            // Equal as values, spelled apart in the texts: 0.0 and -0.0.
+            b.skill_listing_budget_fraction = if same_fraction { -fraction } else { fraction };
+            if ttl {
+                b.ttl_main = a.ttl_main.clone();
+            }
+            let values = serde_json::to_value(&a).ok().zip(serde_json::to_value(&b).ok()).map(|(x, y)| x == y);
+            prop_assert_eq!(same_settings(&a, &b), values);
+            prop_assert_eq!(same_settings(&a, &a.clone()), Some(true));
+        }
     }
 }
