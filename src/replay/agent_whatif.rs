@@ -885,8 +885,9 @@ pub fn family_key(effective: &Strategy, prepared: &Prepared) -> Option<String> {
 /// the trunk's strategy: one that runs a peer mechanism with autocompact off, a mechanism that
 /// rewrites nothing below one count ([`PeerConfig::rewrite_trigger`]: Codex, Cline, server
 /// compaction) or one the trunk can run dry ([`PeerConfig::dry_runs`]: opencode, observation
-/// masking), or one that places MCP instructions as delta attachments where the trunk has them
-/// in the system prompt.
+/// masking), one that places MCP instructions as delta attachments where the trunk has them
+/// in the system prompt, or one that has the server clear old tool uses where the trunk does
+/// not.
 ///
 /// [`PeerConfig::rewrite_trigger`]: crate::agent::compact::peers::PeerConfig::rewrite_trigger
 /// [`PeerConfig::dry_runs`]: crate::agent::compact::peers::PeerConfig::dry_runs
@@ -905,6 +906,14 @@ pub enum PeerBranch {
     /// where the audit uses this branch; a scripted scenario's family does not (`compare` and
     /// `sweep` group by [`family_key`] alone).
     McpDelta,
+    /// Clears old tool uses server-side (`clear_tool_uses`, the API's context editing) where
+    /// the trunk does not: acts otherwise from the first step where a request reaches
+    /// `trigger` input tokens, or the chain's own count does (its `context_editing` event).
+    /// Below it the server clears nothing and the chain's edit changes only the body's
+    /// `context_management` field, which no row reads, and the microcompact stage's report,
+    /// which runs to find no trigger where the trunk's is disabled (rewritten on the trunk's
+    /// rows before the checkpoint).
+    ContextEditing { trigger: u64 },
 }
 
 /// Whether `effective` is a [`PeerBranch`] of a family whose trunk runs under `trunk`. Up to the
@@ -933,6 +942,18 @@ pub enum PeerBranch {
 /// A strategy that differs only in placing MCP instructions as delta attachments (the trunk in
 /// the system prompt) acts otherwise from the first step where connected servers have
 /// instructions where either placement reads them: until then neither places anything.
+///
+/// A strategy that differs only in having the server clear old tool uses (`clear_tool_uses`, the
+/// trunk under no peer mechanism, its microcompact's time-based and cached paths off:
+/// [`PeerBranch::ContextEditing`]) acts otherwise from the first step where the trunk compacts,
+/// meets an API error or a refusal, the server edits any request, or any request, the chain's
+/// count before a stage or autocompact's check reaches the edit's trigger. Before it the server
+/// fires no clearing (it compares the count after the earlier edits, which are the trunk's, with
+/// the trigger), the chain journals no `context_editing` event, and the edit in the body changes
+/// no row: no body hash is taken (the family runs such a branch on its own under a measurer
+/// that hashes bodies), a row does not read the field, and the measurer's clearing memo is a
+/// memo (checked against clearing from scratch in debug builds). The stage it enables runs and
+/// reports no trigger, on the count the trunk's disabled one reports.
 pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<PeerBranch> {
     use crate::agent::compact::peers::PeerStrategy;
     use crate::strategy::McpInstructionsMode;
@@ -945,6 +966,9 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
         let mut same = a.clone();
         same.mcp_instructions = b.mcp_instructions;
         return same_settings(&same, &b)?.then_some(PeerBranch::McpDelta);
+    }
+    if let Some(trigger) = context_editing_branch(&a, &b) {
+        return Some(PeerBranch::ContextEditing { trigger });
     }
     let (auto, trunk_auto) = (&a.compact.autocompact, &b.compact.autocompact);
     if b.compact.peer.strategy != PeerStrategy::None || !trunk_auto.enabled || trunk_auto.compact_disabled || b.compact.context_collapse.enabled {
@@ -965,6 +989,30 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
         return None;
     }
     Some(PeerBranch::Peer { peer: a.compact.peer.clone(), blocking: world.thresholds(effective).blocking })
+}
+
+/// The trigger of `a`'s server-side tool-use clearing where `a` is `b` (a trunk under no peer
+/// mechanism) but for clearing tool uses: `clear_tool_uses` on in `a` and off in `b`, the other
+/// settings of that edit free, the thinking edits `b`'s, and the observation-masking keep (read
+/// by no other mechanism) free. The microcompact stage's other paths (time-based, cached) are
+/// off, so that under `a` the stage reports only that it found no trigger.
+fn context_editing_branch(a: &Strategy, b: &Strategy) -> Option<u64> {
+    use crate::agent::compact::config::CachedMicrocompactMode;
+    use crate::agent::compact::peers::PeerStrategy;
+    let (edits, trunk_edits) = (&a.compact.context_editing, &b.compact.context_editing);
+    let microcompact = &b.compact.microcompact;
+    if !edits.clear_tool_uses || trunk_edits.clear_tool_uses || microcompact.time_based_enabled || microcompact.cached != CachedMicrocompactMode::Off || b.compact.peer.strategy != PeerStrategy::None {
+        return None;
+    }
+    let mut same = a.clone();
+    same.compact.context_editing = crate::agent::compact::config::ContextEditingConfig {
+        clear_thinking: edits.clear_thinking,
+        clear_all_thinking: edits.clear_all_thinking,
+        thinking_latch_idle_minutes: edits.thinking_latch_idle_minutes,
+        ..trunk_edits.clone()
+    };
+    same.compact.peer.keep_recent = b.compact.peer.keep_recent;
+    same_settings(&same, b)?.then_some(edits.trigger_input_tokens)
 }
 
 /// Whether two strategies are the same settings: their JSON values equal (`None` where one does
@@ -1202,7 +1250,9 @@ pub fn agent_whatif_family_until(
             mirrored.push((i, of));
             continue;
         }
+        // (Nor a tool-use clearing branch: its bodies carry the edit, which a body hash reads.)
         match peer_branch_of(&effectives[i], &effectives[top], prepared) {
+            Some(PeerBranch::ContextEditing { .. }) if measurer.flattener().hashes_bodies() => alone.push(i),
             Some(branch) => peers[i] = Some(branch),
             None => alone.push(i),
         }
@@ -1232,7 +1282,7 @@ pub fn agent_whatif_family_until(
         Some(PeerBranch::Peer { peer, .. }) => peer.rewrite_trigger(window),
         _ => None,
     }).collect();
-    if peers.iter().any(Option::is_some) {
+    if peers.iter().any(|p| p.as_ref().is_some_and(|p| !matches!(p, PeerBranch::ContextEditing { .. }))) {
         trunk.agent_mut().probe_peers(true);
     }
     // The peer mechanisms that act on more than a count, of the strategies still to branch: run
@@ -1326,6 +1376,13 @@ pub fn agent_whatif_family_until(
                     }
             }
             Some(PeerBranch::McpDelta) => probed.mcp_instructions,
+            // (Any request or chain count of the step at the trigger, or any edit the server
+            // made: the clearing may act there. The chain counts before its stages report.)
+            Some(PeerBranch::ContextEditing { trigger }) => {
+                acted
+                    || high.is_some_and(|high| high >= *trigger)
+                    || trunk.rows_from(rows_before).any(|r| r.context_tokens >= *trigger || r.context_management.is_some() || r.stages.iter().any(|s| s.tokens_before >= *trigger))
+            }
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
@@ -1534,6 +1591,14 @@ fn run_from(
             let measured = row.context_management.is_some() && row.stages.last().is_some_and(|s| s.fired && s.name == "context_editing");
             let at = row.stages.len() - usize::from(measured);
             row.stages.splice(at..at, add.iter().cloned());
+        }
+        // The microcompact stage the strategy runs where the trunk's was disabled (server-side
+        // tool-use clearing, [`PeerBranch::ContextEditing`]) found no trigger on the trunk's
+        // rows before the checkpoint (its other paths off), with the same count.
+        if matches!(how, Branch::Peer { .. }) && crate::agent::compact::chain::Stage::enabled(&crate::agent::compact::microcompact::Microcompact, &effective.compact) {
+            for stage in run.output.rows[..c.rows].iter_mut().flat_map(|row| row.stages.iter_mut()).filter(|s| s.name == "microcompact" && s.reason == "disabled_by_config") {
+                stage.reason = "no trigger".to_owned();
+            }
         }
         match how {
             Branch::Peer { .. } if effective.compact.autocompact.enabled => {}

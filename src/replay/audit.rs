@@ -289,8 +289,8 @@ fn agent_whatifs(
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
     let run_keys: &Vec<String> = &candidates.iter().map(|(_, _, s)| strategy_key(&idle_knobs_cleared(s, &prepared), &prepared)).collect();
     // A preset that runs a peer mechanism with autocompact off (one that rewrites nothing below
-    // a count, or one the trunk runs dry) goes on from the run as recorded's trunk
-    // ([`super::agent_whatif::peer_branch_of`]); the other
+    // a count, or one the trunk runs dry), or has the server clear old tool uses, goes on from
+    // the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]); the other
     // main-lane TTL is measured beside it ([`super::agent_whatif::mirror_of`]).
     let base_family = family_key(&base, &prepared);
     let mut families: BTreeMap<String, BTreeMap<String, Strategy>> = BTreeMap::new();

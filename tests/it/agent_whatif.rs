@@ -694,13 +694,14 @@ fn peer_presets_going_on_from_the_trunk_equal_their_runs_from_the_first_call() {
     }
     // Both cases are met: presets that part from the trunk and presets that never do.
     assert!(diverged > 0 && diverged < 2 * presets.len(), "{diverged}");
-    // A preset with no peer mechanism, of another family (context editing), is no peer branch.
+    // A preset with no peer mechanism, of another family (every tool schema up front), is no
+    // peer branch.
     let loaded = ctxsim::replay::load_session(Path::new(&a6e4())).unwrap();
     let prepared = prepare(&loaded, &a6e4(), &crate::support::measurer()).unwrap();
     let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-    let editing = effective_strategy(&ctxsim::strategy::Strategy::preset("context-editing").unwrap(), &prepared);
-    assert_ne!(family_key(&editing, &prepared), family_key(&base, &prepared));
-    assert!(peer_branch_of(&editing, &base, &prepared).is_none());
+    let eager = effective_strategy(&ctxsim::strategy::Strategy::preset("claude-code-eager-tools").unwrap(), &prepared);
+    assert_ne!(family_key(&eager, &prepared), family_key(&base, &prepared));
+    assert!(peer_branch_of(&eager, &base, &prepared).is_none());
 }
 
 #[test]
@@ -710,15 +711,15 @@ fn a_family_member_that_is_no_peer_branch_of_its_trunk_runs_on_its_own() {
     let loaded = ctxsim::replay::load_session(Path::new(&session)).unwrap();
     let prepared = prepare(&loaded, &session, &crate::support::measurer()).unwrap();
     let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-    let editing_strategy = ctxsim::strategy::Strategy::preset("context-editing").unwrap();
+    let eager_strategy = ctxsim::strategy::Strategy::preset("claude-code-eager-tools").unwrap();
     let codex_strategy = ctxsim::strategy::Strategy::preset("codex").unwrap();
-    let editing = effective_strategy(&editing_strategy, &prepared);
+    let eager = effective_strategy(&eager_strategy, &prepared);
     let codex = effective_strategy(&codex_strategy, &prepared);
-    assert!(peer_branch_of(&editing, &base, &prepared).is_none());
+    assert!(peer_branch_of(&eager, &base, &prepared).is_none());
     // Given to one family with the run as recorded and a peer branch of it: each outcome is its
     // own run's, none an error.
-    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, editing, codex]).unwrap();
-    let strategies = [ctxsim::strategy::Strategy::default(), editing_strategy, codex_strategy];
+    let together = agent_whatif_family(&loaded, &session, &prepared, crate::support::measurer(), &[base, eager, codex]).unwrap();
+    let strategies = [ctxsim::strategy::Strategy::default(), eager_strategy, codex_strategy];
     assert_eq!(together.len(), strategies.len());
     for (strategy, together) in strategies.iter().zip(together) {
         let alone = agent_whatif(&loaded, &session, &prepared, &mut crate::support::measurer(), strategy).unwrap();
@@ -1087,4 +1088,51 @@ fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_th
     }
     // The mechanisms acted somewhere (their branch points found by the dry run).
     assert!(mechanism_acted > 0);
+}
+
+/// Server-side tool-use clearing (`context-editing`: `clear_tool_uses` with its 100,000-token
+/// trigger) goes on from the run as recorded's trunk too (`peer_branch_of`,
+/// `PeerBranch::ContextEditing`): below the trigger the server clears nothing and the runs make
+/// the same requests but for the body's `context_management`, so it goes on from the last
+/// checkpoint before the first step where a request or the chain's count reaches the trigger,
+/// its microcompact stage's reports on the trunk's rows before it rewritten (the stage runs and
+/// finds no trigger where the trunk's is disabled). On a session whose context never reaches the
+/// trigger (01KZRVZ8: the trunk to its end) and one that reaches it after a checkpoint
+/// (c644f3af), it gives exactly what its own run from the first call gives, run to the end and
+/// bounded beyond the trunk as the audit bounds a preset; and it went on from the trunk.
+#[test]
+fn server_side_tool_use_clearing_going_on_from_the_trunk_equals_its_own_run() {
+    use ctxsim::replay::agent_whatif::{PeerBranch, Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branch_runs, prepare, stop_rule_beyond};
+    let dir = crate::support::realdata().join("transcripts");
+    let mut cleared = 0;
+    for session in ["NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", "cipher-box/c644f3afc869-1.full.jsonl"] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        let preset = effective_strategy(&ctxsim::strategy::Strategy::preset("context-editing").unwrap(), &prepared);
+        assert!(matches!(peer_branch_of(&preset, &base, &prepared), Some(PeerBranch::ContextEditing { trigger: 100_000 })), "{session}: a branch of the run as recorded");
+        // (A measurer that hashes bodies runs it on its own: the audit's does not.)
+        let measurer = || crate::support::measurer().without_body_hashes();
+        let effectives = [base.clone(), preset.clone()];
+        for bounded in [false, true] {
+            let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &[false, true] } } else { Stops::Never };
+            let before = peer_branch_runs();
+            let together: Vec<_> = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
+            assert!(peer_branch_runs() > before, "{session}: bounded {bounded}: it did not go on from the trunk");
+            let stop = if bounded { Stops::Rule(stop_rule_beyond(&together[0])) } else { Stops::Never };
+            let own = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), std::slice::from_ref(&preset), stop).unwrap().pop().unwrap().unwrap();
+            let branched = &together[1];
+            for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: bounded {bounded}: row {i}");
+            }
+            assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: bounded {bounded}");
+            // The stage ran where the trunk's did not: not the trunk's rows.
+            assert_ne!(format!("{:?}", branched.rows), format!("{:?}", together[0].rows), "{session}");
+            cleared += usize::from(own.rows.iter().any(|r| r.context_management.as_ref().is_some_and(|cm| !cm.cleared_tool_use_ids.is_empty())));
+        }
+    }
+    // The server cleared tool uses somewhere (after the branch point).
+    assert!(cleared > 0);
 }
