@@ -1102,14 +1102,10 @@ fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_th
 /// bounded beyond the trunk as the audit bounds a preset; and it went on from the trunk.
 #[test]
 fn server_side_tool_use_clearing_going_on_from_the_trunk_equals_its_own_run() {
-    use ctxsim::replay::agent_whatif::{PeerBranch, Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branch_runs, prepare, stop_rule_beyond};
-    let dir = crate::support::realdata().join("transcripts");
+    use ctxsim::replay::agent_whatif::{PeerBranch, Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branch_runs, stop_rule_beyond};
     let mut cleared = 0;
     for session in ["NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", "cipher-box/c644f3afc869-1.full.jsonl"] {
-        let path = dir.join(session);
-        let file = path.display().to_string();
-        let loaded = ctxsim::replay::load_session(&path).unwrap();
-        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let (file, loaded, prepared) = prepared_transcript(session);
         let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
         let preset = effective_strategy(&ctxsim::strategy::Strategy::preset("context-editing").unwrap(), &prepared);
         assert!(matches!(peer_branch_of(&preset, &base, &prepared), Some(PeerBranch::ContextEditing { trigger: 100_000 })), "{session}: a branch of the run as recorded");
@@ -1135,4 +1131,14 @@ fn server_side_tool_use_clearing_going_on_from_the_trunk_equals_its_own_run() {
     }
     // The server cleared tool uses somewhere (after the branch point).
     assert!(cleared > 0);
+}
+
+/// A shared transcript (its path under `realdata/transcripts`) loaded and prepared for what-ifs:
+/// its file name, the session and what every strategy's run starts from.
+fn prepared_transcript(session: &str) -> (String, ctxsim::recording::ImportedSession, ctxsim::replay::agent_whatif::Prepared) {
+    let path = crate::support::realdata().join("transcripts").join(session);
+    let file = path.display().to_string();
+    let loaded = ctxsim::replay::load_session(&path).unwrap();
+    let prepared = ctxsim::replay::agent_whatif::prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+    (file, loaded, prepared)
 }
