@@ -31,8 +31,9 @@ pub enum Record {
     Assistant { content: SharedBlocks },
     /// An attachment. `in_loop` marks a hook attachment produced inside the current tool loop:
     /// the reference pre-normalizes those into ordinary meta user messages, so until the next
-    /// human turn they neither bubble nor fold.
-    Attachment { attachment: Attachment, in_loop: bool },
+    /// human turn they neither bubble nor fold. Shared by the record's copies (a checkpoint of
+    /// the run copies a reference count, not the attachment's texts).
+    Attachment { attachment: std::rc::Rc<Attachment>, in_loop: bool },
 }
 
 impl Record {
@@ -615,8 +616,8 @@ mod tests {
             4 => Record::Assistant {
                 content: vec![ContentBlock::tool_use(format!("id{}", n % 4), if flag { "mcp__s__t" } else { "Edit" }, json!({"file_path": text, "old_string": "a"}))].into(),
             },
-            5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
-            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },
+            5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }.into(), in_loop: flag },
+            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }.into(), in_loop: false },
             _ => Record::User {
                 content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), None), ContentBlock::text("after")].into()),
                 meta: false,
