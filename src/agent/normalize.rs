@@ -31,8 +31,9 @@ pub enum Record {
     Assistant { content: SharedBlocks },
     /// An attachment. `in_loop` marks a hook attachment produced inside the current tool loop:
     /// the reference pre-normalizes those into ordinary meta user messages, so until the next
-    /// human turn they neither bubble nor fold.
-    Attachment { attachment: Attachment, in_loop: bool },
+    /// human turn they neither bubble nor fold. Shared by the record's copies (a checkpoint of
+    /// the run copies a reference count, not the attachment's texts).
+    Attachment { attachment: std::rc::Rc<Attachment>, in_loop: bool },
 }
 
 impl Record {
@@ -178,13 +179,29 @@ pub struct MessageMemo {
     /// How many leading messages of the last list lent are the previous request's own, as it
     /// sent them ([`MessageMemo::lent_shared`]).
     lent_shared: usize,
+    /// The messages of the records `start..end` as the last request normalized them (its
+    /// tail, before MCP results were made blocks): from the prefix's end to the end of the
+    /// records then. When the next request's last assistant record is the one appended at
+    /// `end`, these are the messages the prefix gains, and they are not normalized again.
+    /// Dropped when records before `end` change ([`MessageMemo::invalidate_from`]).
+    tail: Option<(usize, usize, Vec<Message>)>,
 }
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
 /// request copies the prefix instead).
 impl Clone for MessageMemo {
     fn clone(&self) -> Self {
-        MessageMemo { key: self.key.clone(), split: self.split, messages: self.messages.clone(), mcp_ids: self.mcp_ids.clone(), spare: Vec::new(), spare_front: 0, spare_unchanged: 0, lent_shared: 0 }
+        MessageMemo {
+            key: self.key.clone(),
+            split: self.split,
+            messages: self.messages.clone(),
+            mcp_ids: self.mcp_ids.clone(),
+            spare: Vec::new(),
+            spare_front: 0,
+            spare_unchanged: 0,
+            lent_shared: 0,
+            tail: self.tail.clone(),
+        }
     }
 }
 
@@ -198,6 +215,9 @@ impl MessageMemo {
     pub fn invalidate_from(&mut self, index: usize) {
         if index < self.split {
             self.clear();
+        }
+        if self.tail.as_ref().is_some_and(|&(_, end, _)| index < end) {
+            self.tail = None;
         }
     }
 
@@ -252,7 +272,15 @@ impl MessageMemo {
             }
             *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages, mcp_ids, ..MessageMemo::default() };
         } else if self.split < split {
-            let mut more = normalize_refs(records[self.split..split].iter().collect(), options);
+            // The last request's tail, when the records it was made of are all the prefix
+            // gains: the messages before an assistant record are not changed by what follows.
+            let mut more = match self.tail.take() {
+                Some((start, end, tail)) if start == self.split && end == split => {
+                    debug_assert!(tail == normalize_refs(records[start..end].iter().collect(), options), "the kept tail differs from normalizing its records");
+                    tail
+                }
+                _ => normalize_refs(records[self.split..split].iter().collect(), options),
+            };
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut more, &mut self.mcp_ids);
                 finalize_tool_results(&mut more);
@@ -261,6 +289,7 @@ impl MessageMemo {
             self.split = split;
         }
         let mut tail = normalize_refs(records[split..].iter().collect(), options);
+        self.tail = Some((split, records.len(), tail.clone()));
         if finish {
             crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
         }
@@ -587,8 +616,8 @@ mod tests {
             4 => Record::Assistant {
                 content: vec![ContentBlock::tool_use(format!("id{}", n % 4), if flag { "mcp__s__t" } else { "Edit" }, json!({"file_path": text, "old_string": "a"}))].into(),
             },
-            5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
-            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }, in_loop: false },
+            5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }.into(), in_loop: flag },
+            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }.into(), in_loop: false },
             _ => Record::User {
                 content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), None), ContentBlock::text("after")].into()),
                 meta: false,

@@ -542,10 +542,10 @@ impl Session {
         let mut kept_records = Vec::with_capacity(self.records.len());
         let mut kept_meta = Vec::with_capacity(self.record_meta.len());
         for (i, record) in std::mem::take(&mut self.records).into_iter().enumerate() {
-            if matches!(&record, Record::Attachment { attachment: Attachment::SkillListing { .. }, .. }) {
+            if matches!(&record, Record::Attachment { attachment, .. } if matches!(**attachment, Attachment::SkillListing { .. })) {
                 continue;
             }
-            if drop_rules && matches!(&record, Record::Attachment { attachment: Attachment::NestedMemory { .. }, .. }) {
+            if drop_rules && matches!(&record, Record::Attachment { attachment, .. } if matches!(**attachment, Attachment::NestedMemory { .. })) {
                 continue;
             }
             if let Some(meta) = self.record_meta.get(i) {
@@ -909,7 +909,7 @@ impl Session {
     }
 
     fn push_attachments(&mut self, attachments: Vec<Attachment>) {
-        self.records.extend(attachments.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: false }));
+        self.records.extend(attachments.into_iter().map(|attachment| Record::Attachment { attachment: attachment.into(), in_loop: false }));
     }
 
     /// Appends the model's reply, runs its tools and records what they produced. Returns the
@@ -1065,7 +1065,7 @@ impl Session {
         }
         self.records.push(Record::User { content: MessageContent::Blocks(results.into()), meta: false });
         self.in_loop_written |= !hook_context.is_empty();
-        self.records.extend(hook_context.into_iter().map(|attachment| Record::Attachment { attachment, in_loop: true }));
+        self.records.extend(hook_context.into_iter().map(|attachment| Record::Attachment { attachment: attachment.into(), in_loop: true }));
         for message in meta_messages {
             self.records.push(Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(message)].into()), meta: true });
         }

@@ -91,7 +91,8 @@ impl<'w> ThresholdWorld<'w> {
 pub struct RecordMeta {
     pub uuid: u64,
     pub timestamp_ms: u64,
-    pub message_id: Option<String>,
+    /// Shared with the record's entries (a copy is a reference count).
+    pub message_id: Option<std::rc::Rc<str>>,
     pub usage: Option<Usage>,
 }
 
@@ -138,7 +139,7 @@ fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
             (Message { role: Role::Assistant, content: MessageContent::Blocks(content.clone()), extra: Default::default() }, EntryKind::Message, false)
         }
         Record::Attachment { attachment, .. } => {
-            (Message::user_blocks(attachment.render()), EntryKind::Attachment { kind: attachment.kind().to_owned() }, true)
+            (Message::user_blocks(attachment.render()), EntryKind::Attachment { kind: attachment.kind().into() }, true)
         }
     };
     let mut entry = Entry::new(message, meta.uuid, meta.timestamp_ms);
@@ -161,7 +162,7 @@ fn made_from(entry: &Entry, record: &Record) -> bool {
     match (record, &entry.kind) {
         (Record::User { meta, .. }, EntryKind::Message) => entry.is_meta == *meta,
         (Record::Assistant { .. }, EntryKind::Message) => !entry.is_meta,
-        (Record::Attachment { attachment, .. }, EntryKind::Attachment { kind }) => entry.is_meta && kind == attachment.kind(),
+        (Record::Attachment { attachment, .. }, EntryKind::Attachment { kind }) => entry.is_meta && **kind == *attachment.kind(),
         _ => false,
     }
 }
@@ -182,8 +183,8 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
                 ContentBlock::Text { text, .. } => Some(text.into_string()),
                 _ => None,
             }).collect();
-            let call = (kind == "file" && texts.len() == 2).then(|| texts.remove(0));
-            Record::Attachment { attachment: Attachment::PostCompact { call, texts }, in_loop: false }
+            let call = (**kind == *"file" && texts.len() == 2).then(|| texts.remove(0));
+            Record::Attachment { attachment: Attachment::PostCompact { call, texts }.into(), in_loop: false }
         }
         _ => match entry.message().role {
             // The entry's list itself when it has one (the record's, through the chain).
@@ -430,6 +431,9 @@ impl Session {
                     entry.forget_budget_mark();
                 }
                 entry.usage = Some(usage.clone());
+            }
+            let message_id: std::rc::Rc<str> = message_id.into();
+            if let Some(entry) = self.entry_cache.get_mut(i) {
                 entry.message_id = Some(message_id.clone());
             }
             self.record_meta[i].usage = Some(usage);
@@ -935,7 +939,7 @@ mod tests {
         match kind % 4 {
             0 => Record::User { content: MessageContent::Text(text.into()), meta: flag },
             1 => Record::Assistant { content: vec![ContentBlock::text(text)].into() },
-            2 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }, in_loop: flag },
+            2 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }.into(), in_loop: flag },
             _ => Record::User { content: MessageContent::Blocks(vec![ContentBlock::text(text)].into()), meta: flag },
         }
     }
@@ -1030,7 +1034,7 @@ mod tests {
                     }
                     7 => {
                         entry.usage = Some(Usage { input_tokens: 7, ..Usage::default() });
-                        entry.message_id = Some(format!("msg_{i}"));
+                        entry.message_id = Some(format!("msg_{i}").into());
                     }
                     8 => entry.kind = EntryKind::Attachment { kind: "other".into() },
                     _ => {}

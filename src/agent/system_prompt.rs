@@ -325,6 +325,31 @@ impl PartialEq for LastBuild {
 
 impl Eq for LastBuild {}
 
+/// How many builds [`BUILT_PROMPTS`] keeps.
+const BUILT_PROMPTS_KEPT: usize = 8;
+
+thread_local! {
+    /// The system prompts [`SystemPromptCache::build_shared`] built last on this thread, the
+    /// oldest first. Every run of a session (each what-if, each run of a plan search) starts
+    /// with a memo of its own and builds its first prompt, and its prompt after each
+    /// compaction, from the inputs the other runs had there: a build (padding every section to
+    /// the profile) per run. A build reads nothing but its inputs, options and profile and the
+    /// memo's sections and git snapshot before it, and leaves the memo as it found it plus what
+    /// it wrote; so a build kept with all of them is the one a new build would make, and which
+    /// runs share one changes no result (debug builds build again and compare).
+    static BUILT_PROMPTS: std::cell::RefCell<Vec<KeptBuild>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One build of [`BUILT_PROMPTS`]: what it read, the memo it left, what it made.
+struct KeptBuild {
+    inputs: SystemPromptInputs,
+    options: SystemPromptOptions,
+    profile: std::sync::Arc<SizeProfile>,
+    before: (BTreeMap<&'static str, Option<String>>, Option<Option<String>>),
+    after: (BTreeMap<&'static str, Option<String>>, Option<Option<String>>),
+    built: std::rc::Rc<SystemPromptBuild>,
+}
+
 impl SystemPromptCache {
     pub fn new() -> SystemPromptCache {
         SystemPromptCache::default()
@@ -352,7 +377,9 @@ impl SystemPromptCache {
     /// build here (and no clearing since) give that build again, the same allocation, since a
     /// build from them reads the memoized sections it left and recomputes the uncached ones
     /// from the same inputs. A session's requests between two changes of its system prompt so
-    /// hold one system prompt (its blocks compared by pointer downstream).
+    /// hold one system prompt (its blocks compared by pointer downstream). Else a build this
+    /// thread made from the same inputs, options, profile and memo state is taken, with the
+    /// memo state it left ([`BUILT_PROMPTS`]).
     pub fn build_shared(&mut self, inputs: &SystemPromptInputs, options: &SystemPromptOptions, profile: &std::sync::Arc<SizeProfile>) -> std::rc::Rc<SystemPromptBuild> {
         if let Some((last_inputs, last_options, last_profile, built)) = &self.last.0
             && SizeProfile::same(last_profile, profile)
@@ -362,7 +389,38 @@ impl SystemPromptCache {
             debug_assert!(last_inputs == inputs, "inputs compared the shared texts by pointer first differ when compared by content");
             return std::rc::Rc::clone(built);
         }
-        let built = std::rc::Rc::new(self.build(inputs, options, profile));
+        let kept = BUILT_PROMPTS.with(|kept| {
+            kept.borrow()
+                .iter()
+                .find(|k| SizeProfile::same(&k.profile, profile) && k.options == *options && k.before.0 == self.sections && k.before.1 == self.git_status && same_inputs(&k.inputs, inputs))
+                .map(|k| (k.after.clone(), std::rc::Rc::clone(&k.built)))
+        });
+        let built = match kept {
+            Some(((sections, git_status), built)) => {
+                #[cfg(debug_assertions)]
+                {
+                    let mut fresh = self.clone();
+                    let rebuilt = fresh.build(inputs, options, profile);
+                    debug_assert!(rebuilt == *built && fresh.sections == sections && fresh.git_status == git_status, "a build kept on the thread differs from building again");
+                }
+                self.sections = sections;
+                self.git_status = git_status;
+                built
+            }
+            None => {
+                let before = (self.sections.clone(), self.git_status.clone());
+                let built = std::rc::Rc::new(self.build(inputs, options, profile));
+                let after = (self.sections.clone(), self.git_status.clone());
+                BUILT_PROMPTS.with(|kept| {
+                    let mut kept = kept.borrow_mut();
+                    if kept.len() >= BUILT_PROMPTS_KEPT {
+                        kept.remove(0);
+                    }
+                    kept.push(KeptBuild { inputs: inputs.clone(), options: options.clone(), profile: profile.clone(), before, after, built: std::rc::Rc::clone(&built) });
+                });
+                built
+            }
+        };
         self.last = LastBuild(Some((inputs.clone(), options.clone(), profile.clone(), std::rc::Rc::clone(&built))));
         built
     }

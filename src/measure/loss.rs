@@ -47,11 +47,11 @@ pub struct InfoLoss {
 pub struct LossTracker {
     loss: InfoLoss,
     /// Paths shown by a Read result in some earlier request.
-    seen_paths: BTreeSet<String>,
+    seen_paths: BTreeSet<Id>,
     /// Tool use ids whose result was visible in some earlier request.
-    seen_results: BTreeSet<String>,
+    seen_results: BTreeSet<Id>,
     /// Tool uses already judged (each call is judged once, when it first appears).
-    judged_uses: BTreeSet<String>,
+    judged_uses: BTreeSet<Id>,
     /// The last user prompt judged, per lane.
     judged_prompt: BTreeMap<String, u64>,
     /// Context tokens of each lane's previous request.
@@ -89,16 +89,16 @@ struct ShownPrefix {
     /// The messages' blocks (`None`: a text message, which shows nothing).
     messages: Vec<Option<crate::api::SharedBlocks>>,
     /// Path of each Read call among them, by tool use id.
-    read_path_of: BTreeMap<String, String>,
+    read_path_of: BTreeMap<Id, Id>,
     /// Tool use ids whose result they show.
-    visible_results: BTreeSet<String>,
+    visible_results: BTreeSet<Id>,
     /// Paths of their Read calls whose result they show.
-    visible_paths: BTreeSet<String>,
+    visible_paths: BTreeSet<Id>,
     /// Tool use ids whose result they would show but that the server cleared when they were
     /// judged.
-    pending: BTreeSet<String>,
+    pending: BTreeSet<Id>,
     /// The tool use ids of the shown results that make each of `visible_paths` visible.
-    readers: BTreeMap<String, Vec<String>>,
+    readers: BTreeMap<Id, Vec<Id>>,
     /// What each message added, in order, with its index: undone, last first, to cut the
     /// messages back to where a later request departs from them.
     added: Vec<(usize, Added)>,
@@ -107,13 +107,18 @@ struct ShownPrefix {
 /// One addition of a message to a [`ShownPrefix`]'s sets.
 #[derive(Debug, Clone)]
 enum Added {
-    ReadPath(String),
-    Visible(String),
-    Pending(String),
-    VisiblePath(String),
+    ReadPath(Id),
+    Visible(Id),
+    Pending(Id),
+    VisiblePath(Id),
     /// A reader pushed to this path's list.
-    Reader(String),
+    Reader(Id),
 }
+
+/// A tool use id or a path the tracker keeps: shared by the sets that hold it and by their
+/// copies (a checkpoint of the run copies a reference count, not the text). Ordered as the
+/// text is.
+type Id = std::rc::Rc<str>;
 
 /// Messages at the end of a request that the next request of its lane may show otherwise (the
 /// message that carries the cache marker, a user message that grows): left out of the kept
@@ -253,32 +258,40 @@ impl ShownPrefix {
             MessageContent::Text(_) => None,
         });
         for &(id, path) in &shown.read_path_of {
-            if self.read_path_of.insert(id.to_owned(), path.to_owned()).is_none() {
-                self.added.push((start, Added::ReadPath(id.to_owned())));
+            if !self.read_path_of.contains_key(id) {
+                let id = Id::from(id);
+                self.read_path_of.insert(id.clone(), path.into());
+                self.added.push((start, Added::ReadPath(id)));
             }
         }
         for &id in &shown.visible_results {
-            if self.visible_results.insert(id.to_owned()) {
-                self.added.push((start, Added::Visible(id.to_owned())));
+            if !self.visible_results.contains(id) {
+                let id = Id::from(id);
+                self.visible_results.insert(id.clone());
+                self.added.push((start, Added::Visible(id)));
             }
         }
         for &id in &shown.cleared_results {
-            if self.pending.insert(id.to_owned()) {
-                self.added.push((start, Added::Pending(id.to_owned())));
+            if !self.pending.contains(id) {
+                let id = Id::from(id);
+                self.pending.insert(id.clone());
+                self.added.push((start, Added::Pending(id)));
             }
         }
         // Paths now visible: the new Read calls shown anywhere in the prefix, the earlier Read
         // calls whose result the new messages show.
-        let reader = |prefix: &mut ShownPrefix, path: &str, id: &str| {
-            if prefix.visible_paths.insert(path.to_owned()) {
-                prefix.added.push((start, Added::VisiblePath(path.to_owned())));
+        let reader = |prefix: &mut ShownPrefix, path: &Id, id: &str| {
+            if prefix.visible_paths.insert(path.clone()) {
+                prefix.added.push((start, Added::VisiblePath(path.clone())));
             }
-            prefix.readers.entry(path.to_owned()).or_default().push(id.to_owned());
-            prefix.added.push((start, Added::Reader(path.to_owned())));
+            prefix.readers.entry(path.clone()).or_default().push(id.into());
+            prefix.added.push((start, Added::Reader(path.clone())));
         };
         for &(id, path) in &shown.read_path_of {
             if self.visible_results.contains(id) {
-                reader(self, path, id);
+                // The path as the prefix keeps it (inserted above, or there before).
+                let path = self.read_path_of.get(id).filter(|kept| ***kept == *path).cloned().unwrap_or_else(|| path.into());
+                reader(self, &path, id);
             }
         }
         for &id in &shown.visible_results {
@@ -294,8 +307,8 @@ impl ShownPrefix {
     fn holds_under(&self, cleared: &Cleared<'_>) -> bool {
         let mut ids = cleared.0.iter().peekable();
         self.pending.iter().all(|id| {
-            while ids.next_if(|c| **c < id.as_str()).is_some() {}
-            ids.peek().is_some_and(|c| **c == id.as_str())
+            while ids.next_if(|c| **c < &**id).is_some() {}
+            ids.peek().is_some_and(|c| **c == &**id)
         })
     }
 
@@ -305,12 +318,12 @@ impl ShownPrefix {
         let mut hidden = BTreeSet::new();
         let mut ids = cleared.0.iter().peekable();
         for (id, path) in &self.read_path_of {
-            while ids.next_if(|c| **c < id.as_str()).is_some() {}
-            if ids.peek().is_none_or(|c| **c != id.as_str()) || !self.visible_results.contains(id) {
+            while ids.next_if(|c| **c < &**id).is_some() {}
+            if ids.peek().is_none_or(|c| **c != &**id) || !self.visible_results.contains(id) {
                 continue;
             }
-            if !hidden.contains(path.as_str()) && self.readers.get(path).is_none_or(|ids| ids.iter().all(|r| cleared.contains(r.as_str()))) {
-                hidden.insert(path.as_str());
+            if !hidden.contains(&**path) && self.readers.get(path).is_none_or(|ids| ids.iter().all(|r| cleared.contains(r))) {
+                hidden.insert(&**path);
             }
         }
         hidden
@@ -431,7 +444,7 @@ impl LossTracker {
         }
         for &id in &tail_visible {
             if let Some(path) = kept.read_path_of.get(id) {
-                tail_paths.insert(path.as_str());
+                tail_paths.insert(&**path);
             }
         }
         let invisible = |path: &str| !tail_paths.contains(path) && (!kept.visible_paths.contains(path) || hidden.contains(path));
@@ -445,9 +458,9 @@ impl LossTracker {
                 .filter(|path| {
                     while shown.next_if(|v| *v < *path).is_some() {}
                     let in_kept = shown.peek() == Some(path);
-                    !tail_paths.contains(path.as_str()) && (!in_kept || hidden.contains(path.as_str()))
+                    !tail_paths.contains(&***path) && (!in_kept || hidden.contains(&***path))
                 })
-                .map(String::as_str)
+                .map(|path| &**path)
                 .collect()
         };
         let mut invisible_seen: Option<Vec<&str>> = None;
@@ -461,7 +474,7 @@ impl LossTracker {
             if self.judged_uses.contains(*id) {
                 continue;
             }
-            self.judged_uses.insert((*id).to_owned());
+            self.judged_uses.insert((*id).into());
             if *name == "Read"
                 && let Some(path) = input.get("file_path").and_then(|v| v.as_str())
             {
@@ -508,12 +521,12 @@ impl LossTracker {
         // The prefix's visible paths and results are seen already.
         for path in &tail_paths {
             if !self.seen_paths.contains(*path) {
-                self.seen_paths.insert((*path).to_owned());
+                self.seen_paths.insert((*path).into());
             }
         }
         for id in &tail_visible {
             if !self.seen_results.contains(*id) {
-                self.seen_results.insert((*id).to_owned());
+                self.seen_results.insert((*id).into());
             }
         }
 

@@ -253,6 +253,43 @@ fn memoized_sections_freeze_until_cleared_and_mcp_instructions_recompute() {
     assert_eq!(fourth.changed_sections(&third), vec!["env_info_simple"]);
 }
 
+/// Sessions on one thread building from the same inputs and memo states share their builds
+/// (`build_shared` takes a build the thread kept), and every build, shared or not, is what
+/// building in a memo of its own gives, the memo left the same; a memo in another state does
+/// not take another's build.
+#[test]
+fn builds_shared_across_sessions_equal_building_in_each() {
+    let profile = std::sync::Arc::new(profile());
+    let options = SystemPromptOptions::default();
+    let mut switched = m0();
+    switched.model_id = "claude-opus-4-6".into();
+    switched.model_marketing_name = Some("Opus 4.6".into());
+    let run = || {
+        let (mut shared, mut alone) = (SystemPromptCache::new(), SystemPromptCache::new());
+        let mut builds = Vec::new();
+        for (i, inputs) in [m0(), switched.clone(), switched.clone(), m0()].iter().enumerate() {
+            if i == 2 {
+                shared.clear_sections();
+                alone.clear_sections();
+            }
+            let built = shared.build_shared(inputs, &options, &profile);
+            assert_eq!(*built, alone.build(inputs, &options, &profile));
+            assert_eq!(shared, alone);
+            builds.push(built);
+        }
+        builds
+    };
+    let (first, second) = (run(), run());
+    assert!(first.iter().zip(&second).all(|(a, b)| std::rc::Rc::ptr_eq(a, b)));
+    // The frozen model line of a memo that saw the switched model first.
+    let (mut other, mut alone) = (SystemPromptCache::new(), SystemPromptCache::new());
+    other.build_shared(&switched, &options, &profile);
+    alone.build(&switched, &options, &profile);
+    let built = other.build_shared(&m0(), &options, &profile);
+    assert_eq!(*built, alone.build(&m0(), &options, &profile));
+    assert_ne!(*built, *first[0]);
+}
+
 // ---- size profile --------------------------------------------------------------------------
 
 #[test]

@@ -50,7 +50,7 @@ impl Convo {
             ContentBlock::text(format!("Calling {tool}.")),
             ContentBlock::tool_use(id.clone(), tool, json!({"n": n})),
         ]));
-        e.message_id = Some(format!("msg_{n}"));
+        e.message_id = Some(format!("msg_{n}").into());
         self.now += 1_000;
         self.push(Message::user_blocks(vec![ContentBlock::tool_result(id, ToolResultContent::Text(filler(tool, chars).into()), None)]));
         self
@@ -59,7 +59,7 @@ impl Convo {
     fn answer(mut self, text: &str, usage_total: u64) -> Convo {
         let n = self.next;
         let e = self.push(Message::assistant_blocks(vec![ContentBlock::text(text)]));
-        e.message_id = Some(format!("msg_{n}"));
+        e.message_id = Some(format!("msg_{n}").into());
         e.usage = Some(Usage { input_tokens: usage_total.saturating_sub(10), output_tokens: 10.min(usage_total), ..Usage::default() });
         self
     }
@@ -475,7 +475,7 @@ fn compact_post_compact_restores_files_and_skills_within_budgets() {
         .entries
         .iter()
         .map(|e| match &e.kind {
-            EntryKind::Attachment { kind } => kind.clone(),
+            EntryKind::Attachment { kind } => kind.to_string(),
             other => format!("{other:?}").split([' ', '{']).next().unwrap().to_owned(),
         })
         .collect();

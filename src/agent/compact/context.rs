@@ -21,8 +21,9 @@ use super::tool_result_budget::ReplacementState;
 pub enum EntryKind {
     Message,
     /// A meta user message built from an attachment (`kind` names it: `file`, `invoked_skills`,
-    /// `plan_file_reference`, `deferred_tools_delta`, `hook_result`, ...).
-    Attachment { kind: String },
+    /// `plan_file_reference`, `deferred_tools_delta`, `hook_result`, ...), shared by the
+    /// entry's copies.
+    Attachment { kind: std::rc::Rc<str> },
     /// The compact summary (`isCompactSummary`).
     Summary,
     /// `compact_boundary` system record with its metadata.
@@ -44,8 +45,9 @@ pub struct Entry {
     pub uuid: u64,
     pub timestamp_ms: u64,
     pub is_meta: bool,
-    /// `message.id` of an assistant record (API-round grouping, sibling walk of §7.1).
-    pub message_id: Option<String>,
+    /// `message.id` of an assistant record (API-round grouping, sibling walk of §7.1), shared
+    /// by the entry's copies and its record's meta.
+    pub message_id: Option<std::rc::Rc<str>>,
     /// Usage of an assistant record (only the last sibling carries the final usage).
     pub usage: Option<Usage>,
     /// True for synthetic assistant records (API errors, interrupts): they never anchor counts.

@@ -207,7 +207,7 @@ impl Driver {
             }
             let output_tokens = (round.answer_chars / 4) as u64 + 20;
             let entry = self.push(Message::assistant_blocks(blocks));
-            entry.message_id = Some(format!("msg_{i:05}"));
+            entry.message_id = Some(format!("msg_{i:05}").into());
             entry.usage = Some(Usage { input_tokens: input, output_tokens, ..Usage::default() });
             self.state.cached_microcompact.mark_sent();
             if !round.calls.is_empty() {

@@ -85,7 +85,7 @@ fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> E
     let uuid = cx.state.uuid();
     let mut entry = Entry::new(Message::user_text(format!("<system-reminder>\n{text}\n</system-reminder>")), uuid, ts);
     entry.is_meta = true;
-    entry.kind = EntryKind::Attachment { kind: kind.to_owned() };
+    entry.kind = EntryKind::Attachment { kind: kind.into() };
     entry
 }
 
@@ -95,7 +95,7 @@ fn restored_file(cx: &mut ChainContext<'_>, texts: &RestoredTexts, ts: u64) -> E
     let uuid = cx.state.uuid();
     let mut entry = Entry::new(Message::user_blocks(vec![ContentBlock::text(texts.call.clone()), ContentBlock::text(texts.result.clone())]), uuid, ts);
     entry.is_meta = true;
-    entry.kind = EntryKind::Attachment { kind: "file".to_owned() };
+    entry.kind = EntryKind::Attachment { kind: "file".into() };
     entry
 }
 

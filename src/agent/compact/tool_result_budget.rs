@@ -60,7 +60,7 @@ pub struct BudgetScan {
     /// The entries settled.
     len: usize,
     /// The `message.id`s of the assistant entries among them.
-    message_ids: rustc_hash::FxHashSet<String>,
+    message_ids: rustc_hash::FxHashSet<std::rc::Rc<str>>,
     /// Sizes of their results after their last assistant entry with a new id (the frozen size
     /// the group of the next results starts with).
     open_frozen: u64,
@@ -328,7 +328,7 @@ pub fn entry_candidates(blocks: &[ContentBlock]) -> Vec<EntryCandidate> {
 /// out: the reference starts one only after a group with candidates, the same partition).
 /// Each entry's candidates are found once per version of its message
 /// ([`super::context::Entry::budget_candidates`]).
-fn candidate_groups<'e>(entries: &'e [Entry], start: usize, known_ids: &rustc_hash::FxHashSet<String>) -> Vec<Vec<Candidate<'e>>> {
+fn candidate_groups<'e>(entries: &'e [Entry], start: usize, known_ids: &rustc_hash::FxHashSet<std::rc::Rc<str>>) -> Vec<Vec<Candidate<'e>>> {
     let mut groups: Vec<Vec<Candidate>> = vec![Vec::new()];
     let mut seen_message_ids: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
     for (i, entry) in entries.iter().enumerate().skip(start) {
@@ -337,7 +337,7 @@ fn candidate_groups<'e>(entries: &'e [Entry], start: usize, known_ids: &rustc_ha
         }
         if entry.message().role == Role::Assistant {
             let new_id = match &entry.message_id {
-                Some(id) => !known_ids.contains(id.as_str()) && seen_message_ids.insert(id.as_str()),
+                Some(id) => !known_ids.contains(&**id) && seen_message_ids.insert(&**id),
                 None => true,
             };
             if new_id {
