@@ -587,8 +587,21 @@ impl ImportedSession {
             }
         }
         if indices.len() > before {
-            indices.sort_unstable();
-            indices.dedup();
+            #[cfg(debug_assertions)]
+            let sorted = {
+                let mut all = indices.clone();
+                all.sort_unstable();
+                all.dedup();
+                all
+            };
+            // The view's part (of `memo.events`) is ascending without repeats: only what was
+            // added back is sorted, then merged in.
+            let mut added = indices.split_off(before);
+            added.sort_unstable();
+            added.dedup();
+            merge_sorted(&mut indices, &added);
+            #[cfg(debug_assertions)]
+            assert_eq!(indices, sorted, "the results added back merged");
         }
         indices
     }
