@@ -1484,7 +1484,9 @@ pub fn size_unmodelled(
     } else if let Some(steps) = doc["script"].as_array_mut() {
         // No history stand-in: a recorded microcompact clears only the file's own results.
         for step in steps.iter_mut() {
-            if let Some(chars) = step.pointer_mut("/microcompact/history_chars") {
+            // (By key: a JSON pointer is split and unescaped into new strings at every step.)
+            debug_assert_eq!(step.get("microcompact").and_then(|m| m.get("history_chars")), step.pointer("/microcompact/history_chars"));
+            if let Some(chars) = step.get_mut("microcompact").and_then(|m| m.get_mut("history_chars")) {
                 *chars = json!(0);
             }
         }
