@@ -1298,9 +1298,10 @@ struct FileImporter {
     event_times: Vec<i64>,
     /// The origin was given (a subagent file takes its main file's) rather than provisional.
     origin_fixed: bool,
-    /// `message.id` → index of its merged `model_reply`.
-    reply_index: BTreeMap<String, usize>,
-    seen_uuids: BTreeSet<String>,
+    /// `message.id` → index of its merged `model_reply` (only looked up: never iterated).
+    reply_index: rustc_hash::FxHashMap<String, usize>,
+    /// (Only looked up: never iterated.)
+    seen_uuids: rustc_hash::FxHashSet<String>,
     chain: BTreeMap<String, ChainNode>,
     /// `parentUuid` of the first record that has the field (`None` when it is null).
     first_parent: Option<String>,
@@ -1361,8 +1362,8 @@ impl FileImporter {
             events: Vec::new(),
             event_times: Vec::new(),
             origin_fixed: origin_ms.is_some(),
-            reply_index: BTreeMap::new(),
-            seen_uuids: BTreeSet::new(),
+            reply_index: rustc_hash::FxHashMap::default(),
+            seen_uuids: rustc_hash::FxHashSet::default(),
             chain: BTreeMap::new(),
             first_parent: None,
             saw_parent_field: false,
@@ -1418,10 +1419,8 @@ impl FileImporter {
             let times = !self.call_times_ended && !(bom && line.number == 1);
             match self.parse_record(line.bytes) {
                 Ok(Ok(record)) => {
-                    if times {
-                        self.note_call_time(&record, line.bytes);
-                    }
-                    self.record(record, line.number)
+                    let time = if times { self.note_call_time(&record, line.bytes) } else { None };
+                    self.record(record, line.number, time)
                 }
                 Ok(Err(other)) => {
                     if times {
@@ -1480,17 +1479,21 @@ impl FileImporter {
 
     /// Keeps the written time of a line parsed as `record` ([`written_call_time`]'s rule, read
     /// off the parsed record): only a line with a string `timestamp`, `requestId` and
-    /// `message.id` can have one; a `message` of another shape goes to the typed parse.
-    fn note_call_time(&mut self, record: &Record, line: &[u8]) {
-        let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return };
+    /// `message.id` can have one; a `message` of another shape goes to the typed parse. The
+    /// record's `timestamp` in ms where it read it.
+    fn note_call_time(&mut self, record: &Record, line: &[u8]) -> Option<i64> {
+        let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return None };
         let id = match record.get("message") {
             Some(Value::Object(message)) => match message.get("id") {
                 Some(Value::String(id)) => id,
-                _ => return,
+                _ => return None,
             },
             // A sequence can deserialize as the typed parse's struct.
-            Some(Value::Array(_)) => return self.note_call_time_of_line(line),
-            _ => return,
+            Some(Value::Array(_)) => {
+                self.note_call_time_of_line(line);
+                return None;
+            }
+            _ => return None,
         };
         // (The line parsed, so it is UTF-8: its text holds `"usage"` where its bytes do.)
         // (One searcher for every line: `memmem::find` builds one per call.)
@@ -1498,11 +1501,11 @@ impl FileImporter {
         let usage = USAGE_KEY.find(line).is_some();
         debug_assert_eq!(usage, std::str::from_utf8(line).is_ok_and(|text| text.contains("\"usage\"")));
         if !usage {
-            return;
+            return None;
         }
-        if let Ok(t) = ts.parse::<jiff::Timestamp>() {
-            self.call_times.push((id.clone(), request.clone(), t.as_millisecond()));
-        }
+        let ms = ts.parse::<jiff::Timestamp>().ok()?.as_millisecond();
+        self.call_times.push((id.clone(), request.clone(), ms));
+        Some(ms)
     }
 
     /// Keeps the written time of a line the record parse did not take as an object
@@ -1580,7 +1583,8 @@ impl FileImporter {
     /// Reads a record: of a type [`reads_whole_record`] leaves to the picked parse, only its
     /// [`picked::RECORD_FIELDS`] (and `data`'s [`picked::DATA_FIELDS`], `message`'s
     /// [`picked::MESSAGE_FIELDS`]) are here.
-    fn record(&mut self, mut record: Record, line: usize) {
+    /// `time` is the record's `timestamp` in ms where the line's call time read it already.
+    fn record(&mut self, mut record: Record, line: usize, time: Option<i64>) {
         let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
             return;
@@ -1604,7 +1608,7 @@ impl FileImporter {
                 return;
             }
         }
-        let time_ms = self.time_of(&record, line);
+        let time_ms = self.time_of(&record, line, time);
         if self.session_id.is_none() {
             self.session_id = record.get("sessionId").and_then(Value::as_str).map(str::to_owned);
         }
@@ -1726,10 +1730,12 @@ impl FileImporter {
         }
     }
 
-    fn time_of(&mut self, record: &Record, line: usize) -> i64 {
+    /// The record's time (`read`: its `timestamp` in ms, where read already).
+    fn time_of(&mut self, record: &Record, line: usize, read: Option<i64>) -> i64 {
         let Some(text) = record.get("timestamp").and_then(Value::as_str) else { return self.last_time_ms };
-        let ms = match text.parse::<jiff::Timestamp>() {
-            Ok(ts) => ts.as_millisecond(),
+        debug_assert!(read.is_none_or(|ms| text.parse::<jiff::Timestamp>().is_ok_and(|ts| ts.as_millisecond() == ms)), "a timestamp read before differs");
+        let ms = match read.map_or_else(|| text.parse::<jiff::Timestamp>().map(|ts| ts.as_millisecond()), Ok) {
+            Ok(ms) => ms,
             Err(e) => {
                 self.warn(WarningKind::BadLine, line, Some("timestamp".into()), format!("bad timestamp `{text}`: {e}; using the previous record's time"));
                 return self.last_time_ms;
