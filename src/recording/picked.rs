@@ -13,7 +13,7 @@
 //! it gives is that object with only those fields: the same values, in the same order, the last
 //! of a repeated key winning where the first stood. A line it does not take (no object, no
 //! UTF-8, a `data` or `message` of another kind, serde's raw value marker as an object's first
-//! key, a `message` with two `usage`s) goes to the `Value` parse, which names the failure.
+//! key) goes to the `Value` parse, which names the failure.
 //!
 //! A message's `usage` is read as its JSON text first (the importer compares it with the last
 //! chunk's of a streamed message), then built from the text as the parse builds it in place
@@ -234,7 +234,7 @@ pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> b
 
 /// An object, building only the entries of `fields`. A message's `usage` (`usage` given) is read
 /// as its text, into the slot given, and built from it unless it is the repeated text given
-/// ([`record`]); a message with two is left to the whole parse.
+/// ([`record`]), which is left out.
 struct Picked<'a, 'de> {
     fields: &'static [&'static str],
     usage: Option<(&'a mut Option<(&'de str, bool)>, Option<&'a str>)>,
@@ -265,13 +265,11 @@ impl<'de> Visitor<'de> for Picked<'_, 'de> {
                 // Read as text (serde_json's raw value: the same syntax checks, no depth limit,
                 // which `usage_value` applies), borrowed from the line.
                 let text = map.next_value::<&'de serde_json::value::RawValue>()?.get();
-                if slot.is_some() {
-                    return Err(de::Error::custom("a message with two usages"));
-                }
                 let repeated = *repeated == Some(text);
-                if !repeated {
-                    picked.insert("usage".to_owned(), usage_value(text).map_err(de::Error::custom)?);
-                }
+                // The last of two usages wins where the first stood, as in the whole parse's
+                // map: a repeated one stands there as null until the message is read.
+                let value = if repeated { Value::Null } else { usage_value(text).map_err(de::Error::custom)? };
+                picked.insert("usage".to_owned(), value);
                 **slot = Some((text, repeated));
             } else if self.fields.contains(&key.as_ref()) {
                 let value: Value = map.next_value()?;
@@ -279,6 +277,9 @@ impl<'de> Visitor<'de> for Picked<'_, 'de> {
             } else {
                 map.next_value::<Checked>()?;
             }
+        }
+        if let Some((Some((_, true)), _)) = &self.usage {
+            picked.shift_remove("usage");
         }
         Ok(picked)
     }
@@ -542,7 +543,13 @@ mod tests {
         let mut left_out = record(chunk, Some(usage)).expect("a record");
         assert!(left_out.usage_repeated() && left_out.get("message").is_some_and(|m| m.get("usage").is_none()));
         assert_eq!(left_out.take_usage(), Some((usage.to_owned(), true)));
-        assert!(record(r#"{"message":{"usage":{},"usage":{}}}"#, Some("{}")).is_none());
+        // Of two usages the last wins, where the first stood; left out where it is the repeated one.
+        let two = r#"{"message":{"usage":{},"id":"m","usage":{"a":1}}}"#;
+        let built = record(two, Some("{}")).and_then(|r| r.get("message").cloned());
+        assert_eq!(serde_json::to_string(&built).unwrap(), r#"{"usage":{"a":1},"id":"m"}"#);
+        let mut left_out = record(two, Some(r#"{"a":1}"#)).expect("a record");
+        assert_eq!(serde_json::to_string(&left_out.get("message")).unwrap(), r#"{"id":"m"}"#);
+        assert_eq!(left_out.take_usage(), Some((r#"{"a":1}"#.to_owned(), true)));
         let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
         assert!(usage_value(&deep).is_err() && serde_json::from_str::<Value>(&deep).is_ok());
         check(&format!(r#"{{"message":{{"usage":{deep}}}}}"#));
