@@ -237,8 +237,12 @@ pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> b
 /// ([`record`]), which is left out.
 struct Picked<'a, 'de> {
     fields: &'static [&'static str],
-    usage: Option<(&'a mut Option<(&'de str, bool)>, Option<&'a str>)>,
+    usage: Option<UsageOf<'a, 'de>>,
 }
+
+/// Where [`Picked`] puts a message's `usage` text (with whether it was the repeated one), and
+/// the repeated text.
+type UsageOf<'a, 'de> = (&'a mut Option<(&'de str, bool)>, Option<&'a str>);
 
 impl<'de> DeserializeSeed<'de> for Picked<'_, 'de> {
     type Value = Map<String, Value>;
