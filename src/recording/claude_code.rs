@@ -587,8 +587,21 @@ impl ImportedSession {
             }
         }
         if indices.len() > before {
-            indices.sort_unstable();
-            indices.dedup();
+            #[cfg(debug_assertions)]
+            let sorted = {
+                let mut all = indices.clone();
+                all.sort_unstable();
+                all.dedup();
+                all
+            };
+            // The view's part (of `memo.events`) is ascending without repeats: only what was
+            // added back is sorted, then merged in.
+            let mut added = indices.split_off(before);
+            added.sort_unstable();
+            added.dedup();
+            merge_sorted(&mut indices, &added);
+            #[cfg(debug_assertions)]
+            assert_eq!(indices, sorted, "the results added back merged");
         }
         indices
     }
@@ -1285,9 +1298,10 @@ struct FileImporter {
     event_times: Vec<i64>,
     /// The origin was given (a subagent file takes its main file's) rather than provisional.
     origin_fixed: bool,
-    /// `message.id` → index of its merged `model_reply`.
-    reply_index: BTreeMap<String, usize>,
-    seen_uuids: BTreeSet<String>,
+    /// `message.id` → index of its merged `model_reply` (only looked up: never iterated).
+    reply_index: rustc_hash::FxHashMap<String, usize>,
+    /// (Only looked up: never iterated.)
+    seen_uuids: rustc_hash::FxHashSet<String>,
     chain: BTreeMap<String, ChainNode>,
     /// `parentUuid` of the first record that has the field (`None` when it is null).
     first_parent: Option<String>,
@@ -1332,6 +1346,10 @@ struct FileImporter {
     call_times: Vec<(String, String, i64)>,
     /// A line that is not UTF-8 was met: a read of the file for call times ends there.
     call_times_ended: bool,
+    /// The reply the last assistant line's usage went to, and that usage's JSON text, where it
+    /// was read whole (no warning): a streamed message's next chunk that repeats the text byte
+    /// for byte leaves the reply's usage as it is, unparsed (`FileImporter::assistant`).
+    last_usage: Option<(usize, String)>,
 }
 
 impl FileImporter {
@@ -1344,8 +1362,8 @@ impl FileImporter {
             events: Vec::new(),
             event_times: Vec::new(),
             origin_fixed: origin_ms.is_some(),
-            reply_index: BTreeMap::new(),
-            seen_uuids: BTreeSet::new(),
+            reply_index: rustc_hash::FxHashMap::default(),
+            seen_uuids: rustc_hash::FxHashSet::default(),
             chain: BTreeMap::new(),
             first_parent: None,
             saw_parent_field: false,
@@ -1373,6 +1391,7 @@ impl FileImporter {
             not_used_by_type: BTreeMap::new(),
             call_times: Vec::new(),
             call_times_ended: false,
+            last_usage: None,
         }
     }
 
@@ -1400,10 +1419,8 @@ impl FileImporter {
             let times = !self.call_times_ended && !(bom && line.number == 1);
             match self.parse_record(line.bytes) {
                 Ok(Ok(record)) => {
-                    if times {
-                        self.note_call_time(&record, line.bytes);
-                    }
-                    self.record(record, line.number)
+                    let time = if times { self.note_call_time(&record, line.bytes) } else { None };
+                    self.record(record, line.number, time)
                 }
                 Ok(Err(other)) => {
                     if times {
@@ -1429,9 +1446,10 @@ impl FileImporter {
     /// otherwise (and for a line the picked parse does not take). Debug builds parse every picked
     /// line whole too and compare.
     fn parse_record(&self, bytes: &[u8]) -> Result<Result<Record, Value>, (Option<String>, String)> {
+        let repeated = self.last_usage.as_ref().map(|(_, text)| text.as_str());
         let picked = std::str::from_utf8(bytes)
             .ok()
-            .and_then(picked::record)
+            .and_then(|text| picked::record(text, repeated))
             .map(Record::Picked)
             .filter(|record| !reads_whole_record(record));
         let Some(record) = picked else {
@@ -1444,8 +1462,14 @@ impl FileImporter {
             let (Record::Picked(fields), Ok(Value::Object(whole))) = (&record, parse_line::<Value>(bytes)) else {
                 panic!("{}: picked a record the whole parse refuses", self.file)
             };
+            let mut filtered = picked::filtered_in_field_order(&whole);
+            if fields.usage_repeated() {
+                // The usage left out is the repeated text's.
+                let usage = filtered.get_mut("message").and_then(Value::as_object_mut).and_then(|message| message.shift_remove("usage"));
+                assert_eq!(usage, repeated.and_then(|text| picked::usage_value(text).ok()), "{}: a usage left out as repeated differs", self.file);
+            }
             assert!(
-                picked::same_in_order(&fields.to_map(), &picked::filtered_in_field_order(&whole)),
+                picked::same_in_order(&fields.to_map(), &filtered),
                 "{}: the picked record {fields:?} is not the whole one's fields",
                 self.file
             );
@@ -1455,27 +1479,33 @@ impl FileImporter {
 
     /// Keeps the written time of a line parsed as `record` ([`written_call_time`]'s rule, read
     /// off the parsed record): only a line with a string `timestamp`, `requestId` and
-    /// `message.id` can have one; a `message` of another shape goes to the typed parse.
-    fn note_call_time(&mut self, record: &Record, line: &[u8]) {
-        let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return };
+    /// `message.id` can have one; a `message` of another shape goes to the typed parse. The
+    /// record's `timestamp` in ms where it read it.
+    fn note_call_time(&mut self, record: &Record, line: &[u8]) -> Option<i64> {
+        let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return None };
         let id = match record.get("message") {
             Some(Value::Object(message)) => match message.get("id") {
                 Some(Value::String(id)) => id,
-                _ => return,
+                _ => return None,
             },
             // A sequence can deserialize as the typed parse's struct.
-            Some(Value::Array(_)) => return self.note_call_time_of_line(line),
-            _ => return,
+            Some(Value::Array(_)) => {
+                self.note_call_time_of_line(line);
+                return None;
+            }
+            _ => return None,
         };
         // (The line parsed, so it is UTF-8: its text holds `"usage"` where its bytes do.)
-        let usage = memchr::memmem::find(line, b"\"usage\"").is_some();
+        // (One searcher for every line: `memmem::find` builds one per call.)
+        static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> = std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+        let usage = USAGE_KEY.find(line).is_some();
         debug_assert_eq!(usage, std::str::from_utf8(line).is_ok_and(|text| text.contains("\"usage\"")));
         if !usage {
-            return;
+            return None;
         }
-        if let Ok(t) = ts.parse::<jiff::Timestamp>() {
-            self.call_times.push((id.clone(), request.clone(), t.as_millisecond()));
-        }
+        let ms = ts.parse::<jiff::Timestamp>().ok()?.as_millisecond();
+        self.call_times.push((id.clone(), request.clone(), ms));
+        Some(ms)
     }
 
     /// Keeps the written time of a line the record parse did not take as an object
@@ -1553,7 +1583,8 @@ impl FileImporter {
     /// Reads a record: of a type [`reads_whole_record`] leaves to the picked parse, only its
     /// [`picked::RECORD_FIELDS`] (and `data`'s [`picked::DATA_FIELDS`], `message`'s
     /// [`picked::MESSAGE_FIELDS`]) are here.
-    fn record(&mut self, mut record: Record, line: usize) {
+    /// `time` is the record's `timestamp` in ms where the line's call time read it already.
+    fn record(&mut self, mut record: Record, line: usize, time: Option<i64>) {
         let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
             return;
@@ -1577,7 +1608,7 @@ impl FileImporter {
                 return;
             }
         }
-        let time_ms = self.time_of(&record, line);
+        let time_ms = self.time_of(&record, line, time);
         if self.session_id.is_none() {
             self.session_id = record.get("sessionId").and_then(Value::as_str).map(str::to_owned);
         }
@@ -1699,10 +1730,12 @@ impl FileImporter {
         }
     }
 
-    fn time_of(&mut self, record: &Record, line: usize) -> i64 {
+    /// The record's time (`read`: its `timestamp` in ms, where read already).
+    fn time_of(&mut self, record: &Record, line: usize, read: Option<i64>) -> i64 {
         let Some(text) = record.get("timestamp").and_then(Value::as_str) else { return self.last_time_ms };
-        let ms = match text.parse::<jiff::Timestamp>() {
-            Ok(ts) => ts.as_millisecond(),
+        debug_assert!(read.is_none_or(|ms| text.parse::<jiff::Timestamp>().is_ok_and(|ts| ts.as_millisecond() == ms)), "a timestamp read before differs");
+        let ms = match read.map_or_else(|| text.parse::<jiff::Timestamp>().map(|ts| ts.as_millisecond()), Ok) {
+            Ok(ms) => ms,
             Err(e) => {
                 self.warn(WarningKind::BadLine, line, Some("timestamp".into()), format!("bad timestamp `{text}`: {e}; using the previous record's time"));
                 return self.last_time_ms;
@@ -1840,26 +1873,54 @@ impl FileImporter {
         uuid: Option<&str>,
         version: Option<String>,
     ) -> Option<usize> {
+        // The usage's text where the picked parse read it; this reply's usage is written again
+        // below, or kept as it is.
+        let usage_text = match record {
+            Record::Picked(fields) => fields.take_usage(),
+            Record::Whole(_) => None,
+        };
+        let last_usage = self.last_usage.take();
         let Some(Value::Object(message)) = record.get_mut("message") else {
             self.warn(WarningKind::BadLine, line, Some("message".into()), "assistant record without a message object; skipped".into());
             return None;
         };
         let content = message.get_mut("content").map(Value::take);
-        let usage = message.get_mut("usage").map(Value::take);
+        let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
+        let merged_into = message_id.as_ref().and_then(|id| self.reply_index.get(id)).copied();
+        // A chunk whose usage text is the one the same reply took last (read whole) leaves it as
+        // it is: that text gives the same usage, and the largest `output_tokens` is already the
+        // reply's (below).
+        let usage_kept = match (&usage_text, &last_usage) {
+            (Some((_, true)), Some((reply, _))) => merged_into == Some(*reply),
+            _ => false,
+        };
+        let usage = match &usage_text {
+            // The repeated text was left out of the message: its value.
+            Some((_, true)) if !usage_kept => last_usage.as_ref().map(|(_, text)| picked::usage_value(text).expect("a usage text read whole parses again")),
+            _ => message.get_mut("usage").map(Value::take),
+        };
         let stop_reason = message.get_mut("stop_reason").map(Value::take);
         let model = message.get("model").and_then(Value::as_str).unwrap_or("").to_owned();
-        let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
         let content = match content {
             Some(Value::Array(items)) => self.blocks(items, line, "message.content"),
             Some(Value::String(text)) => vec![ContentBlock::text(text)],
             _ => Vec::new(),
         };
+        let mut usage_read = false;
         let usage = match usage {
             None | Some(Value::Null) => Usage::default(),
             // Field by field where it can be; the parse that names the failure otherwise.
-            Some(Value::Object(object)) => Usage::from_object(object).unwrap_or_else(|object| self.parse_usage(Value::Object(object), line)),
+            Some(Value::Object(object)) => match Usage::from_object(object) {
+                Ok(usage) => {
+                    usage_read = true;
+                    usage
+                }
+                Err(object) => self.parse_usage(Value::Object(object), line),
+            },
             Some(other) => self.parse_usage(other, line),
         };
+        // The text to compare the next chunk's with: a usage read field by field.
+        let usage_text = usage_text.map(|(text, _)| text).filter(|_| usage_read);
         let stop_reason = match stop_reason {
             None | Some(Value::Null) => None,
             Some(value) => match StopReason::deserialize(&value) {
@@ -1875,16 +1936,27 @@ impl FileImporter {
         let thinking_text_stored = !content.iter().any(thinking_without_text);
         let is_api_error = record.get("isApiErrorMessage").and_then(Value::as_bool).unwrap_or(false);
 
-        if let Some(id) = &message_id
-            && let Some(&index) = self.reply_index.get(id) {
+        if let Some(index) = merged_into {
                 if let EventKind::ModelReply(reply) = &mut self.events[index].kind {
                     self.chunks_merged += 1;
                     reply.content.extend(content);
-                    // Every chunk repeats the call's input-side usage; `output_tokens` is a
-                    // placeholder until the last chunk, so the largest value is the real one.
-                    let output_tokens = reply.usage.output_tokens.max(usage.output_tokens);
-                    reply.usage = usage;
-                    reply.usage.output_tokens = output_tokens;
+                    if usage_kept {
+                        if cfg!(debug_assertions) {
+                            let Some((_, text)) = &last_usage else { unreachable!("a usage kept has a text") };
+                            let Ok(Value::Object(object)) = picked::usage_value(text) else { panic!("a usage kept is no object: {text}") };
+                            let Ok(mut again) = Usage::from_object(object) else { panic!("a usage kept does not read: {text}") };
+                            again.output_tokens = again.output_tokens.max(reply.usage.output_tokens);
+                            assert_eq!(again, reply.usage, "{}:{line}: a repeated usage kept changes the reply's", self.file);
+                        }
+                        self.last_usage = last_usage;
+                    } else {
+                        // Every chunk repeats the call's input-side usage; `output_tokens` is a
+                        // placeholder until the last chunk, so the largest value is the real one.
+                        let output_tokens = reply.usage.output_tokens.max(usage.output_tokens);
+                        reply.usage = usage;
+                        reply.usage.output_tokens = output_tokens;
+                        self.last_usage = usage_text.map(|text| (index, text));
+                    }
                     if stop_reason.is_some() {
                         reply.stop_reason = stop_reason;
                     }
@@ -1916,6 +1988,7 @@ impl FileImporter {
         if let Some(id) = message_id {
             self.reply_index.insert(id, index);
         }
+        self.last_usage = usage_text.map(|text| (index, text));
         None
     }
 

@@ -14,6 +14,10 @@
 //! of a repeated key winning where the first stood. A line it does not take (no object, no
 //! UTF-8, a `data` or `message` of another kind, serde's raw value marker as an object's first
 //! key) goes to the `Value` parse, which names the failure.
+//!
+//! A message's `usage` is read as its JSON text first (the importer compares it with the last
+//! chunk's of a streamed message), then built from the text as the parse builds it in place
+//! ([`usage_value`]); a text the caller gives as repeated is not built at all.
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -73,19 +77,40 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// The record of a line that is UTF-8 text with only its [`RECORD_FIELDS`] (and `data`'s
 /// [`DATA_FIELDS`], `message`'s [`MESSAGE_FIELDS`]); `None` for a line the `Value` parse is to
-/// read (module doc).
-pub(crate) fn record(text: &str) -> Option<Fields> {
+/// read (module doc). `message.usage` is read as its JSON text and built from it
+/// ([`usage_value`]), unless the text is `repeated`: it is then left out of the message, not
+/// built ([`Fields::usage_repeated`]), its value being [`usage_value`] of that text (one it
+/// takes: a usage built before).
+pub(crate) fn record(text: &str, repeated: Option<&str>) -> Option<Fields> {
+    debug_assert!(repeated.is_none_or(|text| usage_value(text).is_ok()), "a repeated usage that does not parse");
     let mut de = serde_json::Deserializer::from_str(text);
-    let record = PickedRecord.deserialize(&mut de).ok()?;
+    let record = PickedRecord { repeated }.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(record)
+}
+
+/// The `Value` of a `message.usage` JSON text as a record line's parse builds it there: inside
+/// two objects (the record and its message), which the parse's depth limit counts, as inside
+/// two arrays here. An error where the parse in place fails.
+pub(crate) fn usage_value(text: &str) -> Result<Value, serde_json::Error> {
+    let mut wrapped = String::with_capacity(text.len() + 4);
+    wrapped.push_str("[[");
+    wrapped.push_str(text);
+    wrapped.push_str("]]");
+    let [[value]] = serde_json::from_str::<[[Value; 1]; 1]>(&wrapped)?;
+    Ok(value)
 }
 
 /// A record's [`RECORD_FIELDS`], each in its slot (a `Value` as the whole parse builds it; `data`
 /// an object of [`DATA_FIELDS`], `message` of [`MESSAGE_FIELDS`]): no key built, hashed or looked
 /// up in a map.
 #[derive(Debug, Default)]
-pub(crate) struct Fields([Option<Value>; RECORD_FIELDS.len()]);
+pub(crate) struct Fields {
+    slots: [Option<Value>; RECORD_FIELDS.len()],
+    /// The JSON text of `message.usage` (of the last `message`), and whether it is the one
+    /// [`record`] was given as repeated, the message then holding no `usage`.
+    usage: Option<(String, bool)>,
+}
 
 impl Fields {
     /// The slot of `key`, one of [`RECORD_FIELDS`]: reading another field of a picked record is a
@@ -97,20 +122,31 @@ impl Fields {
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.0[Self::slot(key)].as_ref()
+        self.slots[Self::slot(key)].as_ref()
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
-        self.0[Self::slot(key)].as_mut()
+        self.slots[Self::slot(key)].as_mut()
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Value> {
-        self.0[Self::slot(key)].take()
+        self.slots[Self::slot(key)].take()
+    }
+
+    /// The JSON text of `message.usage` and whether it was the repeated one (left out of the
+    /// message), taken.
+    pub fn take_usage(&mut self) -> Option<(String, bool)> {
+        self.usage.take()
+    }
+
+    /// Whether `message.usage` was left out as the repeated text.
+    pub fn usage_repeated(&self) -> bool {
+        self.usage.as_ref().is_some_and(|(_, repeated)| *repeated)
     }
 
     /// The fields as a map in [`RECORD_FIELDS`]' order (for the debug checks and the tests).
     pub fn to_map(&self) -> Map<String, Value> {
-        RECORD_FIELDS.iter().zip(&self.0).filter_map(|(key, value)| Some(((*key).to_owned(), value.clone()?))).collect()
+        RECORD_FIELDS.iter().zip(&self.slots).filter_map(|(key, value)| Some(((*key).to_owned(), value.clone()?))).collect()
     }
 }
 
@@ -121,10 +157,12 @@ pub(crate) fn filtered_in_field_order(whole: &Map<String, Value>) -> Map<String,
     RECORD_FIELDS.iter().filter_map(|key| Some(((*key).to_owned(), filtered.get(*key)?.clone()))).collect()
 }
 
-/// The top-level object of a record line, into [`Fields`].
-struct PickedRecord;
+/// The top-level object of a record line, into [`Fields`]; `repeated` is [`record`]'s.
+struct PickedRecord<'a> {
+    repeated: Option<&'a str>,
+}
 
-impl<'de> DeserializeSeed<'de> for PickedRecord {
+impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
     type Value = Fields;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -132,7 +170,7 @@ impl<'de> DeserializeSeed<'de> for PickedRecord {
     }
 }
 
-impl<'de> Visitor<'de> for PickedRecord {
+impl<'de> Visitor<'de> for PickedRecord<'_> {
     type Value = Fields;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -146,8 +184,15 @@ impl<'de> Visitor<'de> for PickedRecord {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
                 // A repeated key: the last value wins, as in the whole parse's map.
                 Some(slot) => match nested_fields(&key) {
-                    Some(fields_of) => fields.0[slot] = Some(Value::Object(map.next_value_seed(Picked { fields: fields_of })?)),
-                    None => fields.0[slot] = Some(map.next_value()?),
+                    Some(fields_of) => {
+                        let mut usage = None;
+                        let usage_of = (key == "message").then_some((&mut usage, self.repeated));
+                        fields.slots[slot] = Some(Value::Object(map.next_value_seed(Picked { fields: fields_of, usage: usage_of })?));
+                        if key == "message" {
+                            fields.usage = usage.map(|(text, repeated): (&str, bool)| (text.to_owned(), repeated));
+                        }
+                    }
+                    None => fields.slots[slot] = Some(map.next_value()?),
                 },
                 None => {
                     map.next_value::<Checked>()?;
@@ -187,12 +232,19 @@ pub(crate) fn same_in_order(a: &Map<String, Value>, b: &Map<String, Value>) -> b
     a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
 }
 
-/// An object, building only the entries of `fields`.
-struct Picked {
+/// An object, building only the entries of `fields`. A message's `usage` (`usage` given) is read
+/// as its text, into the slot given, and built from it unless it is the repeated text given
+/// ([`record`]), which is left out.
+struct Picked<'a, 'de> {
     fields: &'static [&'static str],
+    usage: Option<UsageOf<'a, 'de>>,
 }
 
-impl<'de> DeserializeSeed<'de> for Picked {
+/// Where [`Picked`] puts a message's `usage` text (with whether it was the repeated one), and
+/// the repeated text.
+type UsageOf<'a, 'de> = (&'a mut Option<(&'de str, bool)>, Option<&'a str>);
+
+impl<'de> DeserializeSeed<'de> for Picked<'_, 'de> {
     type Value = Map<String, Value>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -200,23 +252,38 @@ impl<'de> DeserializeSeed<'de> for Picked {
     }
 }
 
-impl<'de> Visitor<'de> for Picked {
+impl<'de> Visitor<'de> for Picked<'_, 'de> {
     type Value = Map<String, Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut picked = Map::new();
         let mut first = true;
         while let Some(key) = next_key(&mut map, &mut first)? {
-            if self.fields.contains(&key.as_ref()) {
+            if key == "usage"
+                && let Some((slot, repeated)) = &mut self.usage
+            {
+                // Read as text (serde_json's raw value: the same syntax checks, no depth limit,
+                // which `usage_value` applies), borrowed from the line.
+                let text = map.next_value::<&'de serde_json::value::RawValue>()?.get();
+                let repeated = *repeated == Some(text);
+                // The last of two usages wins where the first stood, as in the whole parse's
+                // map: a repeated one stands there as null until the message is read.
+                let value = if repeated { Value::Null } else { usage_value(text).map_err(de::Error::custom)? };
+                picked.insert("usage".to_owned(), value);
+                **slot = Some((text, repeated));
+            } else if self.fields.contains(&key.as_ref()) {
                 let value: Value = map.next_value()?;
                 picked.insert(key.into_owned(), value);
             } else {
                 map.next_value::<Checked>()?;
             }
+        }
+        if let Some((Some((_, true)), _)) = &self.usage {
+            picked.shift_remove("usage");
         }
         Ok(picked)
     }
@@ -398,10 +465,21 @@ mod tests {
     /// and `message`, if any, are objects: the object's [`filtered`] fields.
     fn check(text: &str) {
         let whole = serde_json::from_str::<Value>(text);
-        match record(text) {
-            Some(picked) => {
+        match record(text, None) {
+            Some(mut picked) => {
                 let Ok(Value::Object(whole)) = whole else { panic!("picked a line the Value parse refuses: {text}") };
                 assert!(same_in_order(&picked.to_map(), &filtered_in_field_order(&whole)), "{text}");
+                // Given its usage's text as repeated, the line parses the same but for the usage
+                // left out, which is that text's value.
+                if let Some((usage, repeated)) = picked.take_usage() {
+                    assert!(!repeated, "{text}");
+                    let again = record(text, Some(&usage)).unwrap_or_else(|| panic!("a usage given as repeated refuses the line: {text}"));
+                    assert!(again.usage_repeated(), "{text}");
+                    let mut filtered = filtered_in_field_order(&whole);
+                    let Some(Value::Object(message)) = filtered.get_mut("message") else { panic!("a usage outside a message: {text}") };
+                    assert_eq!(message.shift_remove("usage").as_ref(), usage_value(&usage).ok().as_ref(), "{text}");
+                    assert!(same_in_order(&again.to_map(), &filtered), "{text}");
+                }
             }
             None => {
                 if let Ok(Value::Object(whole)) = whole
@@ -434,7 +512,7 @@ mod tests {
             if message_first { entries.insert(0, message) } else { entries.push(message) }
             let text = format!("{{{}}}", entries.join(","));
             // Valid JSON of an object with an object `data` and `message`: the picked parse takes it.
-            prop_assert!(record(&text).is_some(), "{}", text);
+            prop_assert!(record(&text, None).is_some(), "{}", text);
             check(&text);
         }
     }
@@ -459,10 +537,30 @@ mod tests {
         ] {
             check(text);
         }
-        assert!(record(r#"{"slug":"s","uuid":"u"}"#).is_some_and(|r| r.to_map().len() == 1 && r.get("uuid").is_some_and(|u| u == "u")));
+        // A usage read as text: given as the repeated one (byte for byte), it is not built; two
+        // usages in a message go to the whole parse.
+        let chunk = r#"{"message":{"id":"m","usage":{"input_tokens":1, "output_tokens":2},"content":[]},"type":"assistant"}"#;
+        let usage = r#"{"input_tokens":1, "output_tokens":2}"#;
+        let mut built = record(chunk, Some(r#"{"input_tokens":1,"output_tokens":2}"#)).expect("a record");
+        assert_eq!(built.take_usage(), Some((usage.to_owned(), false)));
+        assert!(built.get("message").is_some_and(|m| m["usage"]["output_tokens"] == 2));
+        let mut left_out = record(chunk, Some(usage)).expect("a record");
+        assert!(left_out.usage_repeated() && left_out.get("message").is_some_and(|m| m.get("usage").is_none()));
+        assert_eq!(left_out.take_usage(), Some((usage.to_owned(), true)));
+        // Of two usages the last wins, where the first stood; left out where it is the repeated one.
+        let two = r#"{"message":{"usage":{},"id":"m","usage":{"a":1}}}"#;
+        let built = record(two, Some("{}")).and_then(|r| r.get("message").cloned());
+        assert_eq!(serde_json::to_string(&built).unwrap(), r#"{"usage":{"a":1},"id":"m"}"#);
+        let mut left_out = record(two, Some(r#"{"a":1}"#)).expect("a record");
+        assert_eq!(serde_json::to_string(&left_out.get("message")).unwrap(), r#"{"id":"m"}"#);
+        assert_eq!(left_out.take_usage(), Some((r#"{"a":1}"#.to_owned(), true)));
+        let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
+        assert!(usage_value(&deep).is_err() && serde_json::from_str::<Value>(&deep).is_ok());
+        check(&format!(r#"{{"message":{{"usage":{deep}}}}}"#));
+        assert!(record(r#"{"slug":"s","uuid":"u"}"#, None).is_some_and(|r| r.to_map().len() == 1 && r.get("uuid").is_some_and(|u| u == "u")));
         // A reply's envelope is not built; what the importer reads of it is, in the line's order.
         let reply = r#"{"message":{"id":"m","role":"assistant","model":"x","stop_sequence":null,"content":[],"usage":{"output_tokens":1}}}"#;
-        let built = record(reply).and_then(|r| r.get("message").cloned());
+        let built = record(reply, None).and_then(|r| r.get("message").cloned());
         assert_eq!(serde_json::to_string(&built).unwrap(), r#"{"id":"m","model":"x","content":[],"usage":{"output_tokens":1}}"#);
     }
 }

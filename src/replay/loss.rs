@@ -367,7 +367,11 @@ impl ReferenceMemo {
     /// `compute`'s text for event `i` (a function of the event alone), memoized.
     pub(crate) fn edited(&self, i: usize, compute: &dyn Fn() -> String) -> String {
         match self.edited.get(i) {
-            Some(slot) => slot.get_or_init(compute).clone(),
+            Some(slot) => {
+                let text = slot.get_or_init(compute).clone();
+                debug_assert!(text == compute(), "the memoized edit of event {i} is not the event's");
+                text
+            }
             None => compute(),
         }
     }

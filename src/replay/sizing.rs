@@ -558,10 +558,33 @@ fn strip_prior_thinking(request: &Request, flat: &mut FlatRequest) {
 /// workload ([`super::workload`]'s `resume_lost` step).
 pub fn marks_resume(kind: &EventKind) -> bool {
     match kind {
-        EventKind::SystemEvent(sys) => sys.payload.to_string().contains("SessionStart:resume"),
-        EventKind::Attachment(attachment) => attachment.payload.get("hookName").and_then(Value::as_str) == Some("SessionStart:resume"),
+        EventKind::SystemEvent(sys) => {
+            let resumed = holds_resume_hook(&sys.payload);
+            debug_assert_eq!(resumed, sys.payload.to_string().contains(RESUME_HOOK), "a system event's text and its strings differ on the resume hook");
+            resumed
+        }
+        EventKind::Attachment(attachment) => attachment.payload.get("hookName").and_then(Value::as_str) == Some(RESUME_HOOK),
         EventKind::UserPrompt(prompt) => is_exit_command(&prompt.content),
         _ => false,
+    }
+}
+
+/// The SessionStart hook's name with the `resume` source.
+const RESUME_HOOK: &str = "SessionStart:resume";
+
+/// Whether `value`'s JSON text holds [`RESUME_HOOK`], read from its keys and strings without
+/// writing the text: the name has no quote, backslash or control character, so in the text it
+/// lies within one string's characters written as they are (an escape begins with a backslash,
+/// and `S` is no character an escape goes on with), and it has letters no number or literal
+/// holds.
+fn holds_resume_hook(value: &Value) -> bool {
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> = std::sync::LazyLock::new(|| memchr::memmem::Finder::new(RESUME_HOOK));
+    let holds = |text: &str| FINDER.find(text.as_bytes()).is_some();
+    match value {
+        Value::String(text) => holds(text),
+        Value::Array(items) => items.iter().any(holds_resume_hook),
+        Value::Object(map) => map.iter().any(|(key, value)| holds(key) || holds_resume_hook(value)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
 }
 
@@ -583,3 +606,51 @@ pub(super) fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_think
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    use super::{RESUME_HOOK, holds_resume_hook};
+
+    /// Texts made of the hook name's parts and the characters an escape writes.
+    fn text() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop_oneof![
+            Just("SessionStart"), Just(":"), Just("resume"), Just("SessionStart:resume"), Just("\""), Just("\\"), Just("\n"), Just("\u{1}"), Just("S"), Just("é")
+        ], 0..6)
+        .prop_map(|parts| parts.concat())
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![Just(Value::Null), any::<bool>().prop_map(Value::Bool), any::<i64>().prop_map(Value::from), text().prop_map(Value::String)];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec((text(), inner), 0..4).prop_map(|entries| Value::Object(entries.into_iter().collect::<Map<String, Value>>())),
+            ]
+        })
+    }
+
+    #[test]
+    fn resume_hook_read_from_strings_as_from_the_text() {
+        for (value, holds) in [
+            (json!({"hookName": RESUME_HOOK}), true),
+            (json!({RESUME_HOOK: 1}), true),
+            (json!({"data": [{"x": format!("a\n\"{RESUME_HOOK}\"\\")}]}), true),
+            (json!({"SessionStart": "resume"}), false),
+            (json!({"hookName": "SessionStart:startup", "source": "resume"}), false),
+            (json!("SessionStart\\:resume"), false),
+        ] {
+            assert_eq!(holds_resume_hook(&value), holds, "{value}");
+            assert_eq!(value.to_string().contains(RESUME_HOOK), holds, "{value}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn resume_hook_in_strings_is_in_the_text(value in value()) {
+            prop_assert_eq!(holds_resume_hook(&value), value.to_string().contains(RESUME_HOOK));
+        }
+    }
+}

@@ -467,8 +467,10 @@ fn workload_with(
                 }
                 let mut output = result_output(result);
                 // The file the call read or wrote, as the record shows it: the agent's executor
-                // leaves it in its fs and counts it read, so its own compaction restores it.
-                files.observe(name, input, result.tool_use_result.as_deref(), result.is_error);
+                // leaves it in its fs and counts it read, so its own compaction restores it. An
+                // edit's file is the record view's, memoized on the session by event.
+                let memo = session.reference_memo();
+                files.observe_memoized(name, input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(event_index, edited));
                 if matches!(name.as_str(), "Read" | "Edit" | "MultiEdit" | "Write")
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                     && let Some(content) = files.content_of(path)
@@ -1482,7 +1484,9 @@ pub fn size_unmodelled(
     } else if let Some(steps) = doc["script"].as_array_mut() {
         // No history stand-in: a recorded microcompact clears only the file's own results.
         for step in steps.iter_mut() {
-            if let Some(chars) = step.pointer_mut("/microcompact/history_chars") {
+            // (By key: a JSON pointer is split and unescaped into new strings at every step.)
+            debug_assert_eq!(step.get("microcompact").and_then(|m| m.get("history_chars")), step.pointer("/microcompact/history_chars"));
+            if let Some(chars) = step.get_mut("microcompact").and_then(|m| m.get_mut("history_chars")) {
                 *chars = json!(0);
             }
         }

@@ -407,6 +407,51 @@ fn recording_claude_code_merges_streamed_chunks() {
     assert!(session.messages_for_call(&calls[0]).len() == 1);
 }
 
+/// A streamed message's chunks repeat its usage byte for byte; the importer keeps the reply's
+/// usage for a chunk whose text is the one that reply took last. The same transcript with every
+/// usage written differently (no text repeats, each is read) imports to the same recording and
+/// warnings: a repeat within one reply, after another message's chunk, with extra fields, and
+/// a usage that does not read (warned at every line, never kept).
+#[test]
+fn recording_claude_code_repeated_usage_as_read_whole() {
+    let usage = json!({"input_tokens":3,"cache_read_input_tokens":900,"cache_creation_input_tokens":50,"output_tokens":1,"service_tier":"standard","server_tool_use":{"web_search_requests":0}});
+    let last = json!({"input_tokens":3,"cache_read_input_tokens":900,"cache_creation_input_tokens":50,"output_tokens":77,"service_tier":"standard","server_tool_use":{"web_search_requests":0}});
+    let bad = json!({"input_tokens":"x","output_tokens":2});
+    let chunk = |n: usize, id: &str, usage: &Value| {
+        json!({"type":"assistant","uuid":format!("a{n}"),"parentUuid":if n == 1 { Value::Null } else { json!(format!("a{}", n - 1)) },
+               "timestamp":format!("2026-01-01T00:00:{n:02}Z"),"requestId":format!("req_{id}"),
+               "message":{"id":id,"model":"claude-opus-4-6","content":[{"type":"text","text":format!("part {n}")}],"stop_reason":null,"usage":usage}})
+    };
+    let lines = [
+        chunk(1, "msg_1", &usage),
+        chunk(2, "msg_1", &usage),
+        chunk(3, "msg_2", &usage),
+        chunk(4, "msg_1", &usage),
+        chunk(5, "msg_1", &last),
+        chunk(6, "msg_1", &last),
+        chunk(7, "msg_1", &usage),
+        chunk(8, "msg_3", &bad),
+        chunk(9, "msg_3", &bad),
+    ];
+    let compact: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+    // Each usage written with spaces of its own: no two texts alike.
+    let spaced: String = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| l.to_string().replacen("\"usage\":{", &format!("\"usage\":{{{}", " ".repeat(i + 1)), 1) + "\n")
+        .collect();
+    assert_ne!(compact, spaced);
+    let import = |text: &str| recording::import_claude_code_from(Cursor::new(text.as_bytes().to_vec()), "mem.jsonl").unwrap();
+    let (repeated, read) = (import(&compact), import(&spaced));
+    assert_eq!(repeated.recording, read.recording);
+    assert_eq!(repeated.calls, read.calls);
+    assert_eq!(format!("{:?}", repeated.report.warnings), format!("{:?}", read.report.warnings));
+    let usages: Vec<(u64, u64, Option<&Value>)> = repeated.calls.iter().map(|c| (c.usage.input_tokens, c.usage.output_tokens, c.usage.extra.get("service_tier"))).collect();
+    assert_eq!(usages, [(3, 77, Some(&json!("standard"))), (3, 1, Some(&json!("standard"))), (0, 0, None)]);
+    let warned: Vec<usize> = repeated.report.warnings.list.iter().map(|w| w.line).collect();
+    assert_eq!(warned, [8, 9]);
+}
+
 #[test]
 fn recording_claude_code_subagents_become_lanes() {
     let path = realdata().join("transcripts/spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl");

@@ -69,7 +69,42 @@ pub fn generate(seed: u64, requests: usize) -> Vec<GenRound> {
 }
 
 /// Deterministic text of `chars` characters with newlines every ~80.
+///
+/// A filler of a tag is the beginning of every longer one of that tag (the same lines, cut
+/// later): each thread keeps the longest it made of its last [`FILLER_TAGS_KEPT`] tags, whole
+/// lines, and copies the beginning asked for, making lines only beyond it (at least as many
+/// again as it holds).
 pub fn filler(tag: &str, chars: usize) -> String {
+    thread_local! {
+        static MADE: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let s = MADE.with_borrow_mut(|made| {
+        let i = match made.iter().position(|(made_tag, _)| made_tag == tag) {
+            Some(i) => i,
+            None => {
+                if made.len() == FILLER_TAGS_KEPT {
+                    made.remove(0);
+                }
+                made.push((tag.to_owned(), String::new()));
+                made.len() - 1
+            }
+        };
+        let longest = &mut made[i].1;
+        if longest.len() < chars {
+            *longest = filler_lines(tag, chars.max(longest.len() * 2));
+        }
+        // (Where a cut is no character boundary, as `String::truncate` there.)
+        longest[..chars].to_owned()
+    });
+    debug_assert!(s == formatted_filler(tag, chars), "a filler pushed differs from one formatted");
+    s
+}
+
+/// The tags whose longest filler a thread keeps ([`filler`]).
+const FILLER_TAGS_KEPT: usize = 8;
+
+/// [`filler`]'s lines of `tag`, whole, until they hold `chars` bytes.
+fn filler_lines(tag: &str, chars: usize) -> String {
     let mut s = String::with_capacity(chars + 80 + tag.len());
     let mut line = 0usize;
     // Pushed, not formatted: a workload's stand-ins are long texts of these lines.
@@ -81,8 +116,6 @@ pub fn filler(tag: &str, chars: usize) -> String {
         s.push_str(": lorem ipsum dolor sit amet consectetur adipiscing elit\n");
         line += 1;
     }
-    s.truncate(chars);
-    debug_assert!(s == formatted_filler(tag, chars), "a filler pushed differs from one formatted");
     s
 }
 
@@ -237,11 +270,12 @@ mod tests {
     use super::*;
 
     /// The pushed filler is the formatted one at every length, through line numbers of one to
-    /// five digits, with any tag.
+    /// five digits, with any tag, lengths asked in any order (a longer one kept, a shorter one cut
+    /// from it), more tags than a thread keeps.
     #[test]
     fn filler_pushed_equals_formatted() {
-        for tag in ["", "thinking", "file known in part"] {
-            for chars in (0..300).chain([4_095, 4_096, 70_000, 1_000_003]) {
+        for tag in ["", "thinking", "file known in part", "a", "b", "c", "d", "e", "f", "thinking"] {
+            for chars in (0..300).chain([4_095, 4_096, 70_000, 1_000_003, 70_001, 5, 69_999, 140_003]) {
                 let pushed = filler(tag, chars);
                 assert_eq!(pushed, formatted_filler(tag, chars), "{tag:?} {chars}");
                 assert_eq!(pushed.len(), chars);
