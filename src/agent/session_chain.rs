@@ -162,7 +162,7 @@ fn made_from(entry: &Entry, record: &Record) -> bool {
     match (record, &entry.kind) {
         (Record::User { meta, .. }, EntryKind::Message) => entry.is_meta == *meta,
         (Record::Assistant { .. }, EntryKind::Message) => !entry.is_meta,
-        (Record::Attachment { attachment, .. }, EntryKind::Attachment { kind }) => entry.is_meta && **kind == *attachment.kind(),
+        (Record::Attachment { attachment, .. }, EntryKind::Attachment { kind }) => entry.is_meta && &**kind == attachment.kind(),
         _ => false,
     }
 }
@@ -183,7 +183,7 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
                 ContentBlock::Text { text, .. } => Some(text.into_string()),
                 _ => None,
             }).collect();
-            let call = (**kind == *"file" && texts.len() == 2).then(|| texts.remove(0));
+            let call = (&**kind == "file" && texts.len() == 2).then(|| texts.remove(0));
             Record::Attachment { attachment: Attachment::PostCompact { call, texts }.into(), in_loop: false }
         }
         _ => match entry.message().role {

@@ -606,7 +606,6 @@ pub(super) fn shape_flat(request: &Request, flat: &mut FlatRequest, strips_think
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
