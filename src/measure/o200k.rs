@@ -516,13 +516,24 @@ impl O200k {
     /// looked up in the process's chunk memo ([`CHUNKS`]) first, so that a text that differs from an earlier
     /// one in a few places (a system prompt with another section, a file after an edit) is
     /// tokenized only there.
-    fn count(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
+    fn count(&self, text: &str, caches: &mut ThreadCaches, memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
+        match self.count_unless(text, caches, memo, &|_| false) {
+            Ok(n) | Err(n) => n,
+        }
+    }
+
+    /// [`Self::count`] (`Ok`), unless `past` holds for the count of the chunks so far before the
+    /// last: then `Err` of that count, the chunks after them not counted. `past` must hold for
+    /// every count above one it holds for (a limit passed), so that `Err` says it holds for the
+    /// whole text's count, which is at least the part's.
+    fn count_unless(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>, past: &dyn Fn(u32) -> bool) -> Result<u32, u32> {
         if text.len() < CHUNKED_TEXT {
-            return self.count_whole(text, caches, memo);
+            return Ok(self.count_whole(text, caches, memo));
         }
         let mut total = 0;
         let mut start = 0;
-        for end in chunk_ends(text.as_bytes(), CHUNK_MIN) {
+        let mut ends = chunk_ends(text.as_bytes(), CHUNK_MIN).peekable();
+        while let Some(end) = ends.next() {
             let chunk = &text[start..end];
             start = end;
             let key = xxhash_rust::xxh3::xxh3_128(chunk.as_bytes());
@@ -539,12 +550,15 @@ impl O200k {
                     n
                 }
             };
+            if ends.peek().is_some() && past(total) {
+                return Err(total);
+            }
         }
         #[cfg(debug_assertions)]
         if text.len() <= 1 << 16 {
             debug_assert_eq!(total, self.count_whole(text, caches, None), "a text's count is the sum of its chunks'");
         }
-        total
+        Ok(total)
     }
 
     /// The count of `text` piece by piece.
@@ -666,6 +680,14 @@ pub fn count(text: &str) -> u32 {
     SPLIT_CACHE.with(|caches| O200K.count(text, &mut caches.borrow_mut(), None))
 }
 
+/// [`count`] (`Ok`), unless `past` holds for the count of a leading part of `text` (the chunks a
+/// long text is counted in, [`chunk_ends`], so far): then `Err` of that part's count, the rest
+/// not counted. `past` must hold for every count above one it holds for (a limit passed):
+/// `Err` says it holds for the whole text's count, which is at least the part's.
+pub fn count_unless(text: &str, past: &dyn Fn(u32) -> bool) -> Result<u32, u32> {
+    SPLIT_CACHE.with(|caches| O200K.count_unless(text, &mut caches.borrow_mut(), None, past))
+}
+
 /// Builds the tokenizer (the rank tables from build.rs's table and the split DFA)
 /// on another thread, so that it is ready, or nearly, when the caller has read its
 /// input. Counts do not depend on it; a count asked for sooner waits for the build.
@@ -783,6 +805,36 @@ mod tests {
             let long = text.repeat(CHUNKED_TEXT / text.len().max(1) + 1);
             proptest::prop_assert_eq!(count(&long), count_by_tiktoken(&long));
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// A count cut short at a limit says only what the whole count says: `Ok` is the whole
+        /// count (at the limit or under it, or passing it only in the last chunk), `Err` a part's
+        /// count past the limit, and the whole count is past it too.
+        #[test]
+        fn a_count_cut_short_passes_the_limit_the_whole_count_passes(parts in proptest::collection::vec(ascii_heavy_text(), 1..8), copies in 1usize..400, limit in 0u32..3000) {
+            let text = vec![parts.join("\n"); copies].join("\n");
+            let whole = count(&text);
+            match count_unless(&text, &|n| n > limit) {
+                Ok(n) => proptest::prop_assert_eq!(n, whole),
+                Err(part) => {
+                    proptest::prop_assert!(text.len() >= CHUNKED_TEXT && part > limit && part <= whole, "{} of {} past {}", part, whole, limit);
+                }
+            }
+            proptest::prop_assert_eq!(count_unless(&text, &|_| false), Ok(whole));
+        }
+    }
+
+    #[test]
+    fn a_long_text_far_past_the_limit_is_counted_only_in_part() {
+        // (Lines whose first bytes differ: a cut is picked by the bytes after a line break.)
+        let text: String = (0..3000).map(|i| format!("value_{i} = compute({i}, \"{}\");\n", i * 7)).collect();
+        let whole = count(&text);
+        assert!(whole > 20_000, "{whole}");
+        let Err(part) = count_unless(&text, &|n| n > 5_000) else { panic!("counted whole") };
+        assert!(part > 5_000 && part < whole / 2, "{part} of {whole}");
+        assert_eq!(count_unless(&text, &|n| n > whole), Ok(whole));
     }
 
     #[test]

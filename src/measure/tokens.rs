@@ -582,6 +582,43 @@ impl TokenCounter {
         }
     }
 
+    /// [`Self::count_text`] (`Some`), or `None` where `past` holds for the estimate of a leading
+    /// part of `text` ([`super::o200k::count_unless`]): `past` must hold for every count above
+    /// one it holds for (a limit passed), so that `None` says it holds for the whole text's
+    /// estimate, and the rest of a long text is not tokenized (a file's text against a restore's
+    /// per-file limit). A whole count goes to the shared counts as [`Self::count_text`]'s does;
+    /// one cut short is kept nowhere. Debug builds count the whole text and check `past` of it.
+    pub fn count_text_unless(&self, text: &str, family: &str, past: &dyn Fn(u64) -> bool) -> Option<u32> {
+        let scale = match self.kind {
+            EstimatorKind::Chars4 => return Some(chars4(text)),
+            EstimatorKind::Bpe => None,
+            EstimatorKind::Calibrated => Some(self.calibration.for_family(family).scale),
+        };
+        // (`count_text`'s estimate of a raw count: never lower for a higher one, the scale
+        // being at least 0; a negative or NaN scale is counted whole.)
+        let estimate = |raw: u32| scale.map_or(raw, |scale| (raw as f64 * scale).round() as u32);
+        if scale.is_some_and(|scale| !(scale >= 0.0)) {
+            return Some(self.count_text(text, family));
+        }
+        let key = self.shared.as_ref().map(|_| xxhash_rust::xxh3::xxh3_128(text.as_bytes()));
+        let known = key.and_then(|key| self.texts.get(&key).copied().or_else(|| self.shared.as_ref()?.get(key)));
+        if let Some(raw) = known {
+            return Some(estimate(raw));
+        }
+        match super::o200k::count_unless(text, &|raw| past(u64::from(estimate(raw)))) {
+            Ok(raw) => {
+                if let (Some(shared), Some(key)) = (&self.shared, key) {
+                    shared.insert(key, raw);
+                }
+                Some(estimate(raw))
+            }
+            Err(_) => {
+                debug_assert!(past(u64::from(estimate(bpe(text)))), "a text cut short at a count its whole count does not pass");
+                None
+            }
+        }
+    }
+
     /// `bpe(text)`, looked up in this counter's and the shared counts first.
     fn bpe_shared(&self, text: &str) -> u32 {
         let Some(shared) = &self.shared else { return bpe(text) };
@@ -593,6 +630,40 @@ impl TokenCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A count cut short answers the limit as the whole estimate does, under every estimator,
+    /// a scale above and below 1, and with shared counts (which get whole counts only).
+    #[test]
+    fn a_text_count_cut_short_at_a_limit_answers_as_the_whole_count() {
+        let text: String = (0..2500).map(|i| format!("    let v{i} = read(\"/src/file_{i}.rs\")?; // line {i}\n")).collect();
+        let short = "fn main() { println!(\"hi\"); }\n";
+        for scale in [0.8, 1.0, 1.37] {
+            let mut calibration = Calibration::shipped();
+            calibration.families.insert("test".into(), FamilyCalibration { scale, per_block: 3.0 });
+            for kind in [EstimatorKind::Chars4, EstimatorKind::Bpe, EstimatorKind::Calibrated] {
+                let shared = Arc::new(SharedCounts::default());
+                for counter in [TokenCounter::with_calibration(kind, calibration.clone()), TokenCounter::with_calibration(kind, calibration.clone()).with_shared(shared.clone())] {
+                    for text in [text.as_str(), short] {
+                        let whole = counter.count_text(text, "test");
+                        for limit in [0, 5, 5_000, u64::from(whole).saturating_sub(1), u64::from(whole), 1_000_000] {
+                            match counter.count_text_unless(text, "test", &|n| n > limit) {
+                                Some(n) => assert_eq!(n, whole, "{kind:?} {scale}"),
+                                None => assert!(u64::from(whole) > limit && kind != EstimatorKind::Chars4, "{kind:?} {scale}: {whole} under {limit}"),
+                            }
+                        }
+                    }
+                }
+                if kind != EstimatorKind::Chars4 {
+                    // Only the whole counts were shared: the long text's was, by `count_text`.
+                    assert_eq!(shared.get(xxhash_rust::xxh3::xxh3_128(text.as_bytes())), Some(bpe(&text)));
+                }
+            }
+        }
+        // Cut short where the count passes early: a 5,000-token limit on a text far past it.
+        let counter = TokenCounter::new(EstimatorKind::Bpe);
+        assert!(bpe(&text) > 20_000);
+        assert_eq!(counter.count_text_unless(&text, "test", &|n| n > 5_000), None);
+    }
 
     #[test]
     fn chars4_rounds_half_up_over_utf16_units() {

@@ -101,9 +101,24 @@ pub(super) fn scan_lane(
                         let key = (xxhash_rust::xxh3::xxh3_128(text.as_bytes()), family.to_owned());
                         *cx.file_tokens.borrow_mut().entry(key).or_insert_with(|| u64::from(counter.count_text(text, family)))
                     };
+                    // A file over its limit is counted only until a part of it is: its count is
+                    // read nowhere else.
+                    let passes = |text: &str, past: &dyn Fn(u64) -> bool| {
+                        let key = (xxhash_rust::xxh3::xxh3_128(text.as_bytes()), family.to_owned());
+                        if let Some(&n) = cx.file_tokens.borrow().get(&key) {
+                            return past(n);
+                        }
+                        match counter.count_text_unless(text, family, past) {
+                            Some(n) => {
+                                cx.file_tokens.borrow_mut().insert(key, u64::from(n));
+                                past(u64::from(n))
+                            }
+                            None => true,
+                        }
+                    };
                     // Renderings shared by every replay of the session and its edits.
                     let memo = session.reference_memo();
-                    let restored = state.working_set.compact_memoized(cwd, count, |text| memo.rendered(text, |text| super::working_set::render_numbered(text, profile.restore_line_numbers)));
+                    let restored = state.working_set.compact_memoized(cwd, count, passes, |text| memo.rendered(text, |text| super::working_set::render_numbered(text, profile.restore_line_numbers)));
                     restored
                         .iter()
                         .map(|r| r.to_block(|label, tokens| filler(label, tokens, cx.kind, params.scale, params.per_block, cx.shared)))

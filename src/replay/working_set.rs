@@ -220,11 +220,15 @@ impl WorkingSet {
     /// the API counts it (the client checks the 5,000-token limit with the API's count).
     /// `style` numbers the restored files' lines (the version's).
     pub fn compact(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64, style: crate::agent::tools::exec::LineNumbers) -> Vec<Restored> {
-        self.compact_memoized(cwd, tokens, |text| render_numbered(text, style))
+        self.compact_memoized(cwd, &tokens, |text, past| past(tokens(text)), |text| render_numbered(text, style))
     }
 
     /// [`Self::compact`], the files' numbered renderings ([`render_numbered`]) got through
-    /// `render`, which may give them from a memo.
+    /// `render`, which may give them from a memo, and whether a text's count passes a file's
+    /// limit through `passes` (a text and the limit's test, which holds for every count above
+    /// one it holds for): the same answer as the test of `tokens`' count, which it may give
+    /// counting a long text only until a part of it passes
+    /// ([`crate::measure::TokenCounter::count_text_unless`]).
     ///
     /// The budgets are the agent's ([`crate::agent::compact::config::PostCompactConfig`]'s
     /// defaults, the client's constants), as is the order (newest first, at most `max_files`,
@@ -232,7 +236,13 @@ impl WorkingSet {
     /// would pass `files_token_budget`: [`crate::agent::compact::rebuild::file_attachments`]).
     /// What differs is record knowledge: which files the client's state held and what the
     /// record shows of their content (a file read in part is sized, not shown).
-    pub fn compact_memoized(&mut self, cwd: Option<&str>, tokens: impl Fn(&str) -> u64, render: impl Fn(&str) -> String) -> Vec<Restored> {
+    pub fn compact_memoized(
+        &mut self,
+        cwd: Option<&str>,
+        tokens: impl Fn(&str) -> u64,
+        passes: impl Fn(&str, &dyn Fn(u64) -> bool) -> bool,
+        render: impl Fn(&str) -> String,
+    ) -> Vec<Restored> {
         let budget = crate::agent::compact::config::PostCompactConfig::default();
         let mut recent: Vec<(&String, &FileEntry)> =
             self.files.iter().filter(|(_, entry)| !is_memory_file(&entry.path, cwd)).collect();
@@ -245,7 +255,7 @@ impl WorkingSet {
             let restored = match &entry.content {
                 // The limit applies to the file's text; what is sent is its numbered rendering.
                 Content::Known(text) => {
-                    if tokens(text) > budget.max_tokens_per_file {
+                    if passes(text, &|n| n > budget.max_tokens_per_file) {
                         Restored::Reference { path: path.clone() }
                     } else {
                         Restored::File { path: path.clone(), text: render(text) }
@@ -255,7 +265,7 @@ impl WorkingSet {
                     // The whole file at the density of the part read.
                     let shown = (*total_lines).min(READ_MAX_LINES) as u64;
                     let lines = *lines as u64;
-                    if tokens(slice) * shown / lines > budget.max_tokens_per_file {
+                    if passes(slice, &|n| n * shown / lines > budget.max_tokens_per_file) {
                         Restored::Reference { path: path.clone() }
                     } else {
                         let rendered = render(slice);
@@ -344,6 +354,31 @@ mod tests {
         assert_eq!(paths, ["/r/f6.rs", "/r/f5.rs", "/r/f4.rs", "/r/f3.rs"]);
         // The state is now the restored files only.
         assert_eq!(set.compact(Some("/r"), |t| chars4(t) as u64, LineNumbers::Arrow).len(), 4);
+    }
+
+    /// The per-file limit answered by a count cut short ([`crate::measure::TokenCounter::count_text_unless`],
+    /// as the record view does) restores what the whole counts restore: a file far over the
+    /// limit, one known in part over it at the whole file's size, files under it.
+    #[test]
+    fn a_limit_answered_by_counts_cut_short_restores_as_whole_counts() {
+        use crate::measure::{EstimatorKind, TokenCounter};
+        let big: String = (0..3000).map(|i| format!("item_{i}(x: u64) -> u64 {{ x * {i} + 1 }}\n")).collect();
+        let mut set = WorkingSet::default();
+        read(&mut set, "/r/big.rs", &big, 1, 3000, 3000);
+        read(&mut set, "/r/part.rs", &big[..big.len() / 4], 1, 750, 3000);
+        read(&mut set, "/r/small.rs", "fn main() {}\n", 1, 1, 1);
+        read(&mut set, "/r/mid.rs", &big[..big.len() / 20], 1, 150, 150);
+        let counter = TokenCounter::new(EstimatorKind::Calibrated);
+        let tokens = |t: &str| u64::from(counter.count_text(t, "anthropic"));
+        let whole = set.clone().compact(Some("/r"), tokens, LineNumbers::Arrow);
+        let cut = set.compact_memoized(
+            Some("/r"),
+            tokens,
+            |text, past| counter.count_text_unless(text, "anthropic", past).is_none_or(|n| past(u64::from(n))),
+            |text| render_numbered(text, LineNumbers::Arrow),
+        );
+        assert_eq!(cut, whole);
+        assert!(matches!(&whole[..], [Restored::File { .. }, Restored::File { .. }, Restored::Reference { .. }, Restored::Reference { .. }]), "{whole:?}");
     }
 
     #[test]
