@@ -85,8 +85,7 @@ pub(crate) fn check(mut raw: RawScenario, file: &str) -> Result<Scenario, Proble
     // Index (into `script`) of the latest assistant step that called tools.
     let mut last_tool_step: Option<usize> = None;
     for (index, step) in raw.script.into_iter().enumerate() {
-        let at = vec![key("script"), Seg::Index(index)];
-        let checked = check_step(step, &at, index, &ids, &raw.world, &mut seen_ids, last_tool_step.map(|i| (i, &script)))?;
+        let checked = check_step(step, index, &ids, &raw.world, &mut seen_ids, last_tool_step.map(|i| (i, &script)))?;
         if let Step::Assistant(a) = &checked
             && a.tool_uses().next().is_some() {
                 last_tool_step = Some(script.len());
@@ -174,21 +173,22 @@ fn check_expect(raw: &RawScenario) -> Result<(), Problem> {
     Ok(())
 }
 
+/// Checks `script[index]`. (Field paths are made only for a problem.)
 fn check_step(
     step: RawStep,
-    at: &[Seg],
     index: usize,
     ids: &Rng,
     world: &WorldSpec,
     seen_ids: &mut BTreeSet<String>,
     last_tool_step: Option<(usize, &Vec<Step>)>,
 ) -> Result<Step, Problem> {
+    let at = || vec![key("script"), Seg::Index(index)];
     let here = |k: &str| {
-        let mut p = at.to_vec();
+        let mut p = at();
         p.push(key(k));
         p
     };
-    let present: Vec<&str> = [
+    let mut present = [
         step.user.is_some(),
         step.assistant.is_some(),
         step.tool_output.is_some(),
@@ -211,15 +211,14 @@ fn check_step(
     ]
     .into_iter()
     .zip(KINDS)
-    .filter_map(|(set, name)| set.then_some(name))
-    .collect();
-    match present.as_slice() {
-        [] => return Err(problem(at.to_vec(), format!("a step needs one of `{}`", KINDS.join("`, `")))),
-        [_] => {}
-        [first, second, ..] => {
+    .filter_map(|(set, name)| set.then_some(name));
+    let kind = match (present.next(), present.next()) {
+        (None, _) => return Err(problem(at(), format!("a step needs one of `{}`", KINDS.join("`, `")))),
+        (Some(kind), None) => kind,
+        (Some(first), Some(second)) => {
             return Err(problem(here(second), format!("a step has exactly one kind, found `{first}` and `{second}`; split it into two steps")));
         }
-    }
+    };
     if step.assistant.is_none() {
         let modifiers = [
             ("lane", step.lane.is_some()),
@@ -229,7 +228,7 @@ fn check_step(
             ("latency", step.latency.is_some()),
         ];
         if let Some((name, _)) = modifiers.iter().find(|(_, set)| *set) {
-            return Err(problem(here(name), format!("`{name}` applies only to `assistant` steps, not `{}`", present[0])));
+            return Err(problem(here(name), format!("`{name}` applies only to `assistant` steps, not `{kind}`")));
         }
     }
     if let Some(text) = step.user {
@@ -325,7 +324,7 @@ fn check_step(
         };
         let Step::Assistant(caller) = &script[step_index] else { unreachable!("last_tool_step points at an assistant step") };
         let calls: Vec<(&str, &str)> = caller.tool_uses().collect();
-        let mut by_id: BTreeMap<String, ToolOutput> = BTreeMap::new();
+        let mut by_id: BTreeMap<&str, ToolOutput> = BTreeMap::new();
         // Each output is read in one pass (the one its key's kind belongs to) and moved into the
         // last output it makes, copied into the others.
         let mut outputs: Vec<(String, Option<ToolOutputSpec>)> = outputs.into_iter().map(|(key_text, spec)| (key_text, Some(spec))).collect();
@@ -383,7 +382,7 @@ fn check_step(
                     let Some(spec) = (if n == last { spec.take() } else { spec.clone() }) else { continue };
                     let ToolOutputSpec { content, is_error, images, subagent, file } = spec;
                     let output = ToolOutput { tool_use_id: (*id).to_owned(), tool_name: (*name).to_owned(), content, is_error, images, subagent, file, written };
-                    by_id.insert((*id).to_owned(), output);
+                    by_id.insert(id, output);
                 }
             }
         }
@@ -401,7 +400,7 @@ fn check_step(
     }
     let mut content = Vec::with_capacity(blocks.len());
     for (block_index, block) in blocks.into_iter().enumerate() {
-        let block_at = [here("assistant"), vec![Seg::Index(block_index)]].concat();
+        let block_at = || [here("assistant"), vec![Seg::Index(block_index)]].concat();
         content.push(match block {
             BlockSpec::Text(text) => ContentBlock::text(text),
             BlockSpec::Thinking(thinking) => {
@@ -413,13 +412,13 @@ fn check_step(
             BlockSpec::ToolUse(spec) => {
                 let id = match spec.id {
                     Some(id) if id.trim().is_empty() => {
-                        return Err(problem([block_at, vec![key("tool_use"), key("id")]].concat(), "must not be empty"));
+                        return Err(problem([block_at(), vec![key("tool_use"), key("id")]].concat(), "must not be empty"));
                     }
                     Some(id) => id,
                     None => tool_use_id(ids, index, block_index),
                 };
                 if !seen_ids.insert(id.clone()) {
-                    return Err(problem([block_at, vec![key("tool_use")]].concat(), format!("tool_use id `{id}` is used twice")));
+                    return Err(problem([block_at(), vec![key("tool_use")]].concat(), format!("tool_use id `{id}` is used twice")));
                 }
                 ContentBlock::tool_use(id, spec.name, spec.input)
             }
