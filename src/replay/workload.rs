@@ -268,7 +268,7 @@ fn workload_with(
     // Tool results wait until the reply that called them is in the script.
     let mut pending_outputs: Map<String, Value> = Map::new();
     // Tool uses driven so far, by id: name and input.
-    let mut called: BTreeMap<String, (String, Value)> = BTreeMap::new();
+    let mut called: BTreeMap<&str, (&str, &Value)> = BTreeMap::new();
     // The files the record shows (structured results), as the replay's working set follows them.
     let mut files = super::working_set::WorkingSet::default();
     // Tool uses of the last main reply without a recorded result yet: a compaction that fired
@@ -314,7 +314,14 @@ fn workload_with(
             resumed_at = Some(event_index);
         }
         if main {
-            count_tail += super::triggers::added_tokens(&event.kind);
+            // (What a reply adds is counted from its usage below; every other event's count is
+            // its rough count, memoized on the session: `mean_result_tokens` took the results'.)
+            let added = match &event.kind {
+                EventKind::ModelReply(_) => 0,
+                kind => session.reference_memo().rough(event_index, || super::triggers::event_rough_tokens(kind)),
+            };
+            debug_assert_eq!(added, super::triggers::added_tokens(&event.kind), "an event's memoized rough count");
+            count_tail += added;
         }
         match &event.kind {
             // Every event carries its time; the wait before a step is the gap since the last
@@ -429,7 +436,8 @@ fn workload_with(
                     // What is lost is gone: a later resume loses only what it lacks anew.
                     uses_in_context.retain(|id| loaded.contains(id));
                 }
-                let Some(mut step) = reply_step(reply, thinking_texts, recorded_usage, &mut report, &mut called) else {
+                let rough_tokens = session.reference_memo().rough(event_index, || super::triggers::event_rough_tokens(&event.kind));
+                let Some(mut step) = reply_step(reply, rough_tokens, thinking_texts, recorded_usage, &mut report, &mut called) else {
                     leave(&mut report, "empty_reply");
                     continue;
                 };
@@ -458,7 +466,7 @@ fn workload_with(
             }
             EventKind::ToolResult(result) if main => {
                 request_start = Some(event.time_ms);
-                let Some((name, input)) = called.get(&result.tool_use_id) else {
+                let Some(&(name, input)) = called.get(result.tool_use_id.as_str()) else {
                     leave(&mut report, "tool_result_without_call");
                     continue;
                 };
@@ -471,7 +479,7 @@ fn workload_with(
                 // edit's file is the record view's, memoized on the session by event.
                 let memo = session.reference_memo();
                 files.observe_memoized(name, input, result.tool_use_result.as_deref(), result.is_error, &mut |edited| memo.edited(event_index, edited));
-                if matches!(name.as_str(), "Read" | "Edit" | "MultiEdit" | "Write")
+                if matches!(name, "Read" | "Edit" | "MultiEdit" | "Write")
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                     && let Some(content) = files.content_of(path)
                 {
@@ -663,39 +671,46 @@ fn recorded_cwd(cwd: &str) -> String {
 
 /// The script step of one recorded reply, on any lane: its text, its thinking (the stored text;
 /// else `thinking_texts`' text for its signature, else a filler of the size the reply's output
-/// tokens leave), its tool calls with their recorded ids (noted in `called`), its stop reason,
-/// and its recorded usage when `recorded_usage` (else its output tokens). `None` when the reply
-/// has no block to script.
-fn reply_step(
-    reply: &crate::recording::format::ModelReply,
+/// tokens leave), its tool calls with their recorded ids (noted in `called`: name and input, as
+/// recorded), its stop reason, and its recorded usage when `recorded_usage` (else its output
+/// tokens). `None` when the reply has no block to script. `rough_tokens`: the rough count of the
+/// reply's blocks as recorded ([`super::triggers::event_rough_tokens`], which the session
+/// memoizes per event).
+fn reply_step<'a>(
+    reply: &'a crate::recording::format::ModelReply,
+    rough_tokens: u64,
     thinking_texts: &BTreeMap<String, String>,
     recorded_usage: bool,
     report: &mut WorkloadReport,
-    called: &mut BTreeMap<String, (String, Value)>,
+    called: &mut BTreeMap<&'a str, (&'a str, &'a Value)>,
 ) -> Option<Map<String, Value>> {
-    let visible_chars: usize = reply
-        .content
-        .iter()
-        .map(|b| match b {
-            ContentBlock::Text { text, .. } => text.len(),
-            ContentBlock::ToolUse { input, .. } => crate::measure::tokens::json_len(input),
-            _ => 0,
-        })
-        .sum();
-    let thinking_blocks = reply.content.iter().filter(|b| matches!(b, ContentBlock::Thinking { thinking, .. } if thinking.is_empty())).count();
-    // Output tokens not spent on the visible part, at four characters a token.
-    let thinking_chars = (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1);
+    debug_assert_eq!(rough_tokens, reply.content.iter().map(crate::agent::compact::counting::rough_block).sum::<u64>(), "a reply's rough count");
+    // Output tokens not spent on the visible part, at four characters a token, shared by the
+    // thinking blocks without text (read only for a filler).
+    let thinking_chars = || {
+        let visible_chars: usize = reply
+            .content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::Text { text, .. } => text.len(),
+                ContentBlock::ToolUse { input, .. } => crate::measure::tokens::json_len(input),
+                _ => 0,
+            })
+            .sum();
+        let thinking_blocks = reply.content.iter().filter(|b| matches!(b, ContentBlock::Thinking { thinking, .. } if thinking.is_empty())).count();
+        (reply.usage.output_tokens as usize * 4).saturating_sub(visible_chars) / thinking_blocks.max(1)
+    };
     let mut blocks = Vec::new();
-    // The reply's rough size as the client held it: unstored thinking at its fill.
-    let mut held_tokens = 0u64;
+    // The reply's rough size as the client held it: unstored thinking at its fill (a block
+    // without text counts nothing in `rough_tokens`).
+    let mut held_tokens = rough_tokens;
     for block in &reply.content {
-        held_tokens += crate::agent::compact::counting::rough_block(block);
         match block {
             ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
             ContentBlock::Thinking { thinking, signature, .. } => {
                 if thinking.is_empty() {
                     report.thinking_filled += 1;
-                    let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars.max(1)));
+                    let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars().max(1)));
                     held_tokens += crate::agent::compact::counting::rough(&text);
                     blocks.push(json!({ "thinking": text }));
                 } else if let Some(text) = thinking_texts.get(signature) {
@@ -708,7 +723,7 @@ fn reply_step(
             }
             ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
             ContentBlock::ToolUse { id, name, input, .. } => {
-                called.insert(id.clone(), (name.clone(), input.clone()));
+                called.insert(id, (name, input));
                 let tool_use = object([("id", Value::String(id.clone())), ("name", Value::String(name.clone())), ("input", input.clone())]);
                 blocks.push(entry("tool_use", tool_use));
             }
@@ -1600,11 +1615,14 @@ fn size_subagent_prompts(
         let params = measurer.counter().calibration().for_family(&key);
         let shared = measurer.counter().shared().cloned();
         let text = super::sizing::filler("recorded agent prompt not modelled", gap, measurer.counter().kind(), params.scale, 0.0, shared.as_deref());
-        workload.document["world"]["agent_prompt_extra"][run.agent_type.as_str()] = Value::String(text);
+        // Into the document and its scenario alike, as the other fillers ([`size_unmodelled`]).
+        workload.document["world"]["agent_prompt_extra"][run.agent_type.as_str()] = Value::String(text.clone());
+        workload.scenario.world.agent_prompt_extra.insert(run.agent_type.clone(), text);
         sized.insert(run.agent_type.clone(), gap);
     }
-    if !sized.is_empty() {
-        workload.scenario = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
+    if cfg!(debug_assertions) && !sized.is_empty() {
+        let parsed = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
+        assert!(parsed == workload.scenario, "the scenario of {file} with its agent prompt filler differs from its document's");
     }
     Ok(sized)
 }

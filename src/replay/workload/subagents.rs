@@ -217,7 +217,8 @@ impl Subagents {
                     continue;
                 }
                 let mut called = BTreeMap::new();
-                let Some(mut step) = reply_step(reply, thinking_texts, recorded_usage, report, &mut called) else {
+                let rough_tokens = session.reference_memo().rough(event_index, || crate::replay::triggers::event_rough_tokens(&event.kind));
+                let Some(mut step) = reply_step(reply, rough_tokens, thinking_texts, recorded_usage, report, &mut called) else {
                     *report.left_to_agent.entry("subagent_empty_reply".to_owned()).or_default() += 1;
                     continue;
                 };
@@ -231,9 +232,9 @@ impl Subagents {
                 run.replies += 1;
                 let mut outputs = Map::new();
                 for id in called.keys() {
-                    match results.get(id.as_str()) {
+                    match results.get(*id) {
                         Some(result) => {
-                            outputs.insert(id.clone(), result_output(result));
+                            outputs.insert((*id).to_owned(), result_output(result));
                             run.tool_outputs += 1;
                         }
                         None => *report.left_to_agent.entry("subagent_tool_use_without_result".to_owned()).or_default() += 1,
