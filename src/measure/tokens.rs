@@ -597,7 +597,7 @@ impl TokenCounter {
         // (`count_text`'s estimate of a raw count: never lower for a higher one, the scale
         // being at least 0; a negative or NaN scale is counted whole.)
         let estimate = |raw: u32| scale.map_or(raw, |scale| (raw as f64 * scale).round() as u32);
-        if scale.is_some_and(|scale| !(scale >= 0.0)) {
+        if scale.is_some_and(|scale| scale.is_nan() || scale < 0.0) {
             return Some(self.count_text(text, family));
         }
         let key = self.shared.as_ref().map(|_| xxhash_rust::xxh3::xxh3_128(text.as_bytes()));
