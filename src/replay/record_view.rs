@@ -804,8 +804,13 @@ fn read_record(session: &ImportedSession, measurer: &mut Measurer, options: &Rep
     let mut calls = Vec::with_capacity(session.calls.len());
     // The main lane's turn scans by the events they read, kept for the recorded client's rules.
     let mut turn_scans: BTreeMap<(usize, usize), TurnScan> = BTreeMap::new();
+    // Each version's profile made once (a function of the version and the session's entrypoint).
+    let mut profiles: BTreeMap<&str, ClientProfile> = BTreeMap::new();
     for call in &session.calls {
-        let profile = ClientProfile::for_client(call.version.as_deref().unwrap_or(""), session.recording.header.entrypoint.as_deref());
+        let version = call.version.as_deref().unwrap_or("");
+        let entrypoint = session.recording.header.entrypoint.as_deref();
+        let profile = profiles.entry(version).or_insert_with(|| ClientProfile::for_client(version, entrypoint)).clone();
+        debug_assert_eq!(profile, ClientProfile::for_client(version, entrypoint), "a version's kept profile");
         let group = super::sizing::group_of(&call.lane).to_owned();
         // A compaction request forks the main thread: its transcript holds only what it added.
         let main_fork = (call.lane == LANE_COMPACT).then(|| lanes.get(LANE_MAIN).map(|m| (m.cleared.clone(), m.restored.clone(), m.loaded_until)).unwrap_or_default());

@@ -132,6 +132,10 @@ pub(super) struct BuiltView {
     /// the first message's own blocks ([`Self::with_restored`]): kept from call to call with
     /// the message instead of copied onto it for every request.
     restored: Option<u64>,
+    /// What the messages were last built for: the key space, the cleared set's version and the
+    /// serials. The leading messages whose serials are these again (under the same space and
+    /// version) have the inputs they were built from, so they are kept without a look.
+    built_for: (u64, u64, Vec<u64>),
 }
 
 impl BuiltView {
@@ -150,7 +154,21 @@ impl BuiltView {
                 self.inputs[0] = None;
             }
         }
-        for (i, source) in raw.iter().enumerate() {
+        // Every message built last time has the inputs it was built from (set below, or kept
+        // as they were): those of the leading ones whose serials are given again are these
+        // again. The first is looked at anyway (its restored files can have it built again).
+        let kept = if self.built_for.0 == keys.space && self.built_for.1 == cleared.1 {
+            self.built_for.2.iter().zip(serials).take_while(|(a, b)| a == b).count().min(self.inputs.len())
+        } else {
+            0
+        };
+        if cfg!(debug_assertions) {
+            for i in 1..kept {
+                assert_eq!(self.inputs[i], Some([keys.space, serials[i], serials[i - 1], cleared.1]), "a kept message's inputs");
+            }
+        }
+        for i in (0..raw.len().min(1)).chain(kept.max(1)..raw.len()) {
+            let source = &raw[i];
             let previous = if i > 0 { serials[i - 1] } else { 0 };
             let inputs = [keys.space, serials[i], previous, cleared.1];
             if self.inputs.get(i) == Some(&Some(inputs)) {
@@ -177,6 +195,10 @@ impl BuiltView {
                 self.marked.push(marked);
             }
         }
+        self.built_for.0 = keys.space;
+        self.built_for.1 = cleared.1;
+        self.built_for.2.clear();
+        self.built_for.2.extend_from_slice(serials);
     }
 
     /// Appends `restored` (the lane's restored files, of `version`) to the first message when
@@ -612,6 +634,26 @@ mod tests {
     use serde_json::{Map, Value, json};
 
     use super::{RESUME_HOOK, holds_resume_hook};
+
+    proptest! {
+        /// A view updated call after call (its leading messages kept without a look where their
+        /// serials come again) holds what a view built from scratch for the call holds.
+        #[test]
+        fn an_updated_view_is_the_view_built_anew(calls in prop::collection::vec((prop::collection::vec(0u64..4, 0..8), 0u64..2, 0u64..2), 1..12)) {
+            let keys = super::MessageKeys::new(7);
+            let cleared = std::collections::BTreeSet::new();
+            let mut view = super::BuiltView::default();
+            for (serials, cleared_version, restored_version) in calls {
+                let raw: Vec<crate::api::Message> = serials.iter().map(|n| crate::api::Message::user_text(format!("message {n}"))).collect();
+                view.update(&raw, &serials, &keys, (&cleared, cleared_version), &Default::default(), restored_version);
+                let mut anew = super::BuiltView::default();
+                anew.update(&raw, &serials, &keys, (&cleared, cleared_version), &Default::default(), restored_version);
+                prop_assert_eq!(&view.messages, &anew.messages);
+                prop_assert_eq!(&view.keys, &anew.keys);
+                prop_assert_eq!(&view.marked, &anew.marked);
+            }
+        }
+    }
 
     /// Texts made of the hook name's parts and the characters an escape writes.
     fn text() -> impl Strategy<Value = String> {
