@@ -22,7 +22,7 @@ use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, disco
 use crate::agent::normalize::{MessageMemo, NormalizeOptions, Record, finalize_tool_results, mark_last_block};
 use crate::agent::profile::SizeProfile;
 use crate::agent::read_state::ReadState;
-use crate::agent::skills::{Skill, bundled_skills, format_listing, load_skills};
+use crate::agent::skills::{Skill, format_listing, load_skills};
 use crate::agent::system_prompt::{
     GitStatus, McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
     build_subagent_system_prompt,
@@ -1283,8 +1283,8 @@ impl Session {
             }
         }
         if pool.all.iter().any(|t| t.tool.name == "Skill") {
-            let skills = self.skills(world);
-            let fresh: Vec<&Skill> = skills.iter().filter(|s| !self.sent_skill_names.contains(&s.name)).collect();
+            let skills = self.skills_where(world, |s| !self.sent_skill_names.contains(&s.name));
+            let fresh: Vec<&Skill> = skills.iter().collect();
             if !fresh.is_empty() {
                 let window = world.context_window.unwrap_or(200_000) as f64;
                 let budget = (window * 4.0 * self.strategy.skill_listing_budget_fraction).floor() as usize;
@@ -1527,23 +1527,56 @@ impl Session {
     /// directories, plugin commands, plugin skills, dynamic (nested) skills; first of a name
     /// wins, conditional skills only once activated, `disable-model-invocation` ones never.
     pub fn skills(&self, world: &World) -> Vec<Skill> {
-        let mut candidates = bundled_skills();
-        candidates.extend(load_skills(&world.fs, &Session::config_home(world), &world.cwd));
-        for plugin in &self.plugins {
-            candidates.extend(plugin.commands.iter().cloned());
-        }
-        for plugin in &self.plugins {
-            candidates.extend(plugin.skills.iter().cloned());
-        }
-        candidates.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
+        self.skills_where(world, |_| true)
+    }
+
+    /// The skills of [`Session::skills`] that `keep` keeps, in that order: only those are
+    /// copied (the agent looks for skills not yet listed at every step, and finds none on most).
+    fn skills_where(&self, world: &World, keep: impl Fn(&Skill) -> bool) -> Vec<Skill> {
+        let loaded = crate::agent::skills::load_skills_shared(&world.fs, &Session::config_home(world), &world.cwd);
+        let dynamic = crate::agent::skills::load_skills_from_shared(&world.fs, &self.dynamic_skill_dirs, None);
+        let candidates = crate::agent::skills::BUNDLED_SKILLS
+            .iter()
+            .chain(loaded.iter())
+            .chain(self.plugins.iter().flat_map(|plugin| &plugin.commands))
+            .chain(self.plugins.iter().flat_map(|plugin| &plugin.skills))
+            .chain(dynamic.iter());
+        // The names of the skills listed so far (the first of a name wins).
+        let mut listed: Vec<&str> = Vec::new();
         let mut out: Vec<Skill> = Vec::new();
         for skill in candidates {
-            if !skill.listed() || out.iter().any(|s| s.name == skill.name) {
+            if !skill.listed() || listed.contains(&skill.name.as_str()) {
                 continue;
             }
             if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
-                out.push(skill);
+                listed.push(&skill.name);
+                if keep(skill) {
+                    out.push(skill.clone());
+                }
             }
+        }
+        #[cfg(debug_assertions)]
+        {
+            let mut candidates = crate::agent::skills::bundled_skills();
+            candidates.extend(load_skills(&world.fs, &Session::config_home(world), &world.cwd));
+            for plugin in &self.plugins {
+                candidates.extend(plugin.commands.iter().cloned());
+            }
+            for plugin in &self.plugins {
+                candidates.extend(plugin.skills.iter().cloned());
+            }
+            candidates.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
+            let mut all: Vec<Skill> = Vec::new();
+            for skill in candidates {
+                if !skill.listed() || all.iter().any(|s| s.name == skill.name) {
+                    continue;
+                }
+                if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
+                    all.push(skill);
+                }
+            }
+            all.retain(|skill| keep(skill));
+            debug_assert!(all == out, "the skills kept differ from listing every skill and keeping them");
         }
         out
     }

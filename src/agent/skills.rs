@@ -88,6 +88,11 @@ impl Skill {
 /// The bundled skills of 2.1.88 by name, in listing order, with our own descriptions, sized so
 /// that the listing is the client's size (989 characters with its reminder wrapper).
 pub fn bundled_skills() -> Vec<Skill> {
+    BUNDLED_SKILLS.clone()
+}
+
+/// [`bundled_skills`], made once: the agent lists its skills at every step.
+pub static BUNDLED_SKILLS: std::sync::LazyLock<Vec<Skill>> = std::sync::LazyLock::new(|| {
     [
         (
             "update-config",
@@ -120,7 +125,7 @@ pub fn bundled_skills() -> Vec<Skill> {
         lenient: false,
     })
     .collect()
-}
+});
 
 /// The skill directories in the reference's source order: managed `{managed}/.claude/skills`,
 /// user `{config_home}/skills`, then `.claude/skills` of every directory from the cwd upward.
@@ -134,10 +139,15 @@ pub fn skill_roots(config_home: &str, cwd: &str, managed_dir: &str) -> Vec<Strin
 
 /// Loads `{root}/*/SKILL.md` of every root in order; the first skill of a name wins.
 pub fn load_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> Vec<Skill> {
+    Vec::clone(&load_skills_from_shared(fs, roots, prefix))
+}
+
+/// [`load_skills_from`] as kept by the fs: shared, not copied.
+pub fn load_skills_from_shared(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> std::sync::Arc<Vec<Skill>> {
     // The agent lists its skills at every step; between two changes of the fs they are those
     // it read the step before.
     let key = format!("skills {prefix:?} {roots:?}");
-    fs.derived_by_reads(&key, |fs| read_skills_from(fs, roots, prefix))
+    fs.derived_by_reads(&key, |fs| std::sync::Arc::new(read_skills_from(fs, roots, prefix)))
 }
 
 /// [`load_skills_from`] read afresh.
@@ -275,10 +285,15 @@ pub fn file_key(path: &str) -> std::borrow::Cow<'_, str> {
 
 /// User and project skills (see [`skill_roots`]).
 pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
+    Vec::clone(&load_skills_shared(fs, config_home, cwd))
+}
+
+/// [`load_skills`] as kept by the fs: shared, not copied.
+pub fn load_skills_shared(fs: &VirtualFs, config_home: &str, cwd: &str) -> std::sync::Arc<Vec<Skill>> {
     // Kept by home and cwd (quoted in the key, so no two pairs share one): the roots they name
     // are not worked out again at every step.
     fs.derived_by_reads(&format!("skills of {config_home:?} {cwd:?}"), |fs| {
-        read_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None)
+        std::sync::Arc::new(read_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None))
     })
 }
 
