@@ -22,7 +22,7 @@ use crate::agent::instructions::{Discovery, DiscoveryOptions, MANAGED_DIR, disco
 use crate::agent::normalize::{MessageMemo, NormalizeOptions, Record, finalize_tool_results, mark_last_block};
 use crate::agent::profile::SizeProfile;
 use crate::agent::read_state::ReadState;
-use crate::agent::skills::{Skill, format_listing, load_skills};
+use crate::agent::skills::{Skill, format_listing};
 use crate::agent::system_prompt::{
     GitStatus, McpServerInstructions, SECTION_ATTRIBUTION, SystemPromptBuild, SystemPromptCache, SystemPromptInputs, SystemPromptOptions,
     build_subagent_system_prompt,
@@ -1558,7 +1558,7 @@ impl Session {
         #[cfg(debug_assertions)]
         {
             let mut candidates = crate::agent::skills::bundled_skills();
-            candidates.extend(load_skills(&world.fs, &Session::config_home(world), &world.cwd));
+            candidates.extend(crate::agent::skills::load_skills(&world.fs, &Session::config_home(world), &world.cwd));
             for plugin in &self.plugins {
                 candidates.extend(plugin.commands.iter().cloned());
             }
@@ -1595,10 +1595,10 @@ impl Session {
             self.dynamic_skill_dirs = fresh;
         }
         let Some(relative) = crate::agent::instructions::relative_to(path, &world.cwd) else { return };
-        let mut all = load_skills(&world.fs, &Session::config_home(world), &world.cwd);
-        all.extend(self.plugins.iter().flat_map(|p| p.skills.iter().cloned()));
-        all.extend(crate::agent::skills::load_skills_from(&world.fs, &self.dynamic_skill_dirs, None));
-        for skill in all {
+        // Read where the fs keeps them (no skill copied).
+        let loaded = crate::agent::skills::load_skills_shared(&world.fs, &Session::config_home(world), &world.cwd);
+        let dynamic = crate::agent::skills::load_skills_from_shared(&world.fs, &self.dynamic_skill_dirs, None);
+        for skill in loaded.iter().chain(self.plugins.iter().flat_map(|p| &p.skills)).chain(dynamic.iter()) {
             if skill.paths.is_empty() || self.activated_skills.contains(&skill.name) {
                 continue;
             }
@@ -1607,7 +1607,7 @@ impl Session {
                 globset::GlobBuilder::new(&p).literal_separator(true).build().is_ok_and(|g| g.compile_matcher().is_match(&relative))
             });
             if hit {
-                self.activated_skills.insert(skill.name);
+                self.activated_skills.insert(skill.name.clone());
             }
         }
     }

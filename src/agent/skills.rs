@@ -302,13 +302,14 @@ pub fn load_skills_shared(fs: &VirtualFs, config_home: &str, cwd: &str) -> std::
 pub fn nested_skill_dirs(fs: &VirtualFs, file: &str, cwd: &str) -> Vec<String> {
     let cwd = cwd.trim_end_matches('/');
     let mut out = Vec::new();
-    let mut dir = file.rsplit_once('/').map(|(d, _)| d.to_owned()).unwrap_or_default();
-    while dir.len() > cwd.len() && dir.starts_with(&format!("{cwd}/")) {
+    let inside = format!("{cwd}/");
+    let mut dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+    while dir.len() > cwd.len() && dir.starts_with(&inside) {
         let candidate = format!("{dir}/.claude/skills");
         if fs.is_dir(&candidate) {
             out.push(candidate);
         }
-        dir = dir.rsplit_once('/').map(|(d, _)| d.to_owned()).unwrap_or_default();
+        dir = dir.rsplit_once('/').map_or("", |(d, _)| d);
     }
     out
 }

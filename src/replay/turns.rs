@@ -682,7 +682,8 @@ impl crate::runner::ClientRules for RecordedClient {
 fn global_prefix(request: &Request, measurer: &mut Measurer) -> Option<FlatRequest> {
     let Some(crate::api::SystemPrompt::Blocks(blocks)) = &request.system else { return None };
     let last = blocks.iter().rposition(|b| b.cache_control.as_ref().is_some_and(|c| c.scope == Some(crate::api::CacheScope::Global)))?;
-    let prefix = Request { messages: Vec::new(), system: Some(crate::api::SystemPrompt::Blocks(blocks[..=last].to_vec().into())), ..request.clone() };
+    // (The request's messages not copied: `with_messages`.)
+    let prefix = Request { system: Some(crate::api::SystemPrompt::Blocks(blocks[..=last].to_vec().into())), ..request.with_messages(Vec::new()) };
     measurer.flatten(&prefix).ok()
 }
 
@@ -695,7 +696,7 @@ impl RecordedClient {
             MessageContent::Blocks(blocks) => blocks.iter().rev().find_map(|b| b.cache_control().cloned()),
             MessageContent::Text(_) => None,
         })?;
-        let mut side = Request { messages: request.messages[..cut].to_vec(), ..request.clone() };
+        let mut side = request.with_messages(request.messages[..cut].to_vec());
         for message in &mut side.messages {
             // Only a message with a marker is changed (a change copies its shared blocks).
             if let MessageContent::Blocks(blocks) = &mut message.content
