@@ -20,12 +20,35 @@ pub enum MessageContent {
 /// allocation compare for the price of a pointer. Reading goes through `Deref` (a `String`);
 /// changing through `DerefMut`, which copies the text first when another body still holds it.
 /// Serializes (and debug-prints) as the string it holds.
+///
+/// The text also keeps its length in UTF-16 units once asked ([`SharedText::utf16_len`]): the
+/// long-context chain of every run of a session counts the same texts. Every change drops it.
 #[derive(Clone, Default)]
-pub struct SharedText(Arc<String>);
+pub struct SharedText(Arc<Held>);
+
+/// The text behind [`SharedText`] and its memo of its length.
+#[derive(Default)]
+struct Held {
+    text: String,
+    utf16: OnceLock<usize>,
+}
+
+impl Held {
+    fn new(text: String) -> Held {
+        Held { text, utf16: OnceLock::new() }
+    }
+}
+
+/// A copy (copy on write) is about to change: it starts without the memo.
+impl Clone for Held {
+    fn clone(&self) -> Held {
+        Held::new(self.text.clone())
+    }
+}
 
 impl std::fmt::Debug for SharedText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self.0.as_str(), f)
+        std::fmt::Debug::fmt(self.0.text.as_str(), f)
     }
 }
 
@@ -40,50 +63,63 @@ impl SharedText {
     /// room for it (where a change through `DerefMut` would copy the text, then grow it).
     pub fn append(&mut self, tail: &str) {
         match Arc::get_mut(&mut self.0) {
-            Some(text) => text.push_str(tail),
+            Some(held) => {
+                held.utf16.take();
+                held.text.push_str(tail);
+            }
             None => {
-                let mut text = String::with_capacity(self.0.len() + tail.len());
-                text.push_str(&self.0);
+                let mut text = String::with_capacity(self.0.text.len() + tail.len());
+                text.push_str(&self.0.text);
                 text.push_str(tail);
-                self.0 = Arc::new(text);
+                self.0 = Arc::new(Held::new(text));
             }
         }
     }
 
     /// The text, taken without a copy when no other body holds it.
     pub fn into_string(self) -> String {
-        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+        Arc::try_unwrap(self.0).map_or_else(|shared| shared.text.clone(), |held| held.text)
+    }
+
+    /// [`crate::measure::tokens::utf16_len`] of the text, counted the first time it is asked and kept
+    /// with the text.
+    pub fn utf16_len(&self) -> usize {
+        let units = *self.0.utf16.get_or_init(|| crate::measure::tokens::utf16_len(&self.0.text));
+        debug_assert_eq!(units, crate::measure::tokens::utf16_len(&self.0.text), "a kept UTF-16 length differs from counting the text");
+        units
     }
 }
 
 impl Deref for SharedText {
     type Target = String;
     fn deref(&self) -> &String {
-        &self.0
+        &self.0.text
     }
 }
 
 impl DerefMut for SharedText {
     fn deref_mut(&mut self) -> &mut String {
-        Arc::make_mut(&mut self.0)
+        let held = Arc::make_mut(&mut self.0);
+        held.utf16.take();
+        &mut held.text
     }
 }
 
 impl From<String> for SharedText {
     fn from(text: String) -> SharedText {
-        SharedText(Arc::new(text))
+        SharedText(Arc::new(Held::new(text)))
     }
 }
 
 impl From<&String> for SharedText {
     fn from(text: &String) -> SharedText {
-        SharedText(Arc::new(text.clone()))
+        SharedText::from(text.clone())
     }
 }
 
 impl From<&str> for SharedText {
     fn from(text: &str) -> SharedText {
-        SharedText(Arc::new(text.to_owned()))
+        SharedText::from(text.to_owned())
     }
 }
 
@@ -95,7 +131,7 @@ impl From<SharedText> for String {
 
 impl PartialEq for SharedText {
     fn eq(&self, other: &SharedText) -> bool {
-        self.same(other) || *self.0 == *other.0
+        self.same(other) || self.0.text == other.0.text
     }
 }
 
@@ -103,31 +139,31 @@ impl Eq for SharedText {}
 
 impl PartialEq<str> for SharedText {
     fn eq(&self, other: &str) -> bool {
-        self.0.as_str() == other
+        self.0.text.as_str() == other
     }
 }
 
 impl PartialEq<&str> for SharedText {
     fn eq(&self, other: &&str) -> bool {
-        self.0.as_str() == *other
+        self.0.text.as_str() == *other
     }
 }
 
 impl PartialEq<String> for SharedText {
     fn eq(&self, other: &String) -> bool {
-        *self.0 == *other
+        self.0.text == *other
     }
 }
 
 impl std::fmt::Display for SharedText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.0.text)
     }
 }
 
 impl Serialize for SharedText {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
+        serializer.serialize_str(&self.0.text)
     }
 }
 
@@ -811,6 +847,23 @@ mod shared_blocks_tests {
             assert_eq!(block.raw_cache_control(), copied);
         }
         assert_eq!(read, 3, "the markers that read, and those refused, as a copy reads them");
+    }
+
+    /// The kept UTF-16 length follows every change: in place, appended, through a copy.
+    #[test]
+    fn a_texts_kept_length_follows_its_changes() {
+        let mut text = SharedText::from("a\u{1F600}é");
+        assert_eq!(text.utf16_len(), 4);
+        let shared = text.clone();
+        text.append("bc");
+        assert_eq!((text.utf16_len(), shared.utf16_len()), (6, 4), "appended to a copy; the shared text kept");
+        text.append("d");
+        assert_eq!(text.utf16_len(), 7, "appended in place");
+        text.push('\u{1F600}');
+        assert_eq!(text.utf16_len(), 9, "changed through DerefMut");
+        let mut copy = text.clone();
+        copy.clear();
+        assert_eq!((copy.utf16_len(), text.utf16_len()), (0, 9));
     }
 
     #[test]

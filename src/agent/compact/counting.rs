@@ -1,7 +1,7 @@
 //! The reference client's own token counting (§7.1–7.2, §3.1), used for every decision of the
 //! chain. It is deliberately separate from the measurement estimators in `measure::tokens`.
 
-use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent, Usage};
+use crate::api::{ContentBlock, Message, MessageContent, SharedText, ToolResultContent, Usage};
 use crate::measure::tokens::{chars4, json_utf16_len, utf16_len};
 
 use super::config::CompactConfig;
@@ -15,6 +15,11 @@ pub fn rough(text: &str) -> u64 {
     u64::from(chars4(text))
 }
 
+/// [`rough`] of a shared text, its length counted once ([`SharedText::utf16_len`]).
+fn rough_shared(text: &SharedText) -> u64 {
+    u64::from(((text.utf16_len() + 2) / 4) as u32)
+}
+
 /// [`rough`] of a text of `units` UTF-16 units (a text counted without being built).
 fn rough_units(units: usize) -> u64 {
     ((units + 2) / 4) as u64
@@ -23,11 +28,11 @@ fn rough_units(units: usize) -> u64 {
 /// `roughTokenCountEstimationForBlock`.
 pub fn rough_block(block: &ContentBlock) -> u64 {
     match block {
-        ContentBlock::Text { text, .. } => rough(text),
+        ContentBlock::Text { text, .. } => rough_shared(text),
         ContentBlock::Image(_) | ContentBlock::Document(_) => IMAGE_TOKENS,
         ContentBlock::ToolResult { content, .. } => match content {
             None => 0,
-            Some(ToolResultContent::Text(text)) => rough(text),
+            Some(ToolResultContent::Text(text)) => rough_shared(text),
             Some(ToolResultContent::Blocks(blocks)) => blocks.iter().map(rough_block).sum(),
         },
         ContentBlock::ToolUse { name, input, .. } => rough_units(utf16_len(name) + json_utf16_len(input)),
