@@ -512,6 +512,32 @@ impl Flattener {
         flat.salts = track.salts.clone();
         flat
     }
+
+    /// Sets `salts` on `flat` ([`FlatRequest::set_salts`]). Where `flat` holds the records a
+    /// track holds (the request that track flattened last, its salts as flattened), the track
+    /// lets go of them while they are salted, so that they are salted in place rather than
+    /// copied, and then keeps the salted ones: as flattening with `salts` would have left it
+    /// (its records salted, [`Self::flatten_salted`]), and the next request of the track, sent
+    /// with the same salts, is not rechained from the first one that changed.
+    pub fn set_salts(&mut self, flat: &mut FlatRequest, salts: &[(usize, u128)]) {
+        let Some(track) = self.tracks.iter_mut().find(|t| Arc::ptr_eq(&t.blocks, &flat.blocks) && t.salts == flat.salts) else {
+            flat.set_salts(salts);
+            return;
+        };
+        // Debug builds salt a copy the plain way and compare.
+        #[cfg(debug_assertions)]
+        let expected = {
+            let mut copy = flat.clone();
+            copy.set_salts(salts);
+            copy
+        };
+        track.blocks = Arc::default();
+        flat.set_salts(salts);
+        track.blocks = Arc::clone(&flat.blocks);
+        track.salts.clone_from(&flat.salts);
+        #[cfg(debug_assertions)]
+        assert!(*flat == expected, "salting a flat request in place differs from salting a copy");
+    }
 }
 
 #[cfg(test)]
@@ -596,6 +622,41 @@ mod salt_tests {
                 prop_assert_eq!(identities(&resalted), identities(&fresh));
                 resalted.set_salts(&[]);
                 prop_assert_eq!(identities(&resalted), identities(&unsalted));
+            }
+        }
+
+        /// Salts set through the flattener ([`Flattener::set_salts`]: the track takes the
+        /// salted records) give what setting them on a copy gives, and the requests after, each
+        /// flattened with its own salts, what flattening from scratch and salting does, whether
+        /// or not the flat request salted is still held (another copy of it, or one dropped).
+        #[test]
+        fn salting_through_the_flattener_is_salting(
+            steps in prop::collection::vec((1usize..10, 0u8..5, 0u8..5, any::<bool>(), 0u8..3), 1..14),
+        ) {
+            let mut counter = TokenCounter::new(EstimatorKind::Chars4);
+            let mut flattener = Flattener::new();
+            let mut held = Vec::new();
+            for (len, choice, then, thinking, hold) in steps {
+                let request = request(len, thinking);
+                let mut flat = flattener.flatten_salted(&request, None, None, &salts(choice, len), &mut counter, "test");
+                let mut plain = flatten_keyed_by(&request, &mut counter, "test", BillingKey::Keyed);
+                plain.set_salts(&salts(choice, len));
+                prop_assert_eq!(identities(&flat), identities(&plain));
+                // A copy held elsewhere keeps its records as they were.
+                if hold == 1 {
+                    held.push((flat.clone(), identities(&flat)));
+                }
+                flattener.set_salts(&mut flat, &salts(then, len));
+                plain.set_salts(&salts(then, len));
+                prop_assert_eq!(identities(&flat), identities(&plain));
+                prop_assert_eq!(&flat.salts, &plain.salts);
+                if hold == 2 {
+                    let kept = identities(&flat);
+                    held.push((flat, kept));
+                }
+            }
+            for (flat, kept) in &held {
+                prop_assert_eq!(&identities(flat), kept);
             }
         }
     }

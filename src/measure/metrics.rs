@@ -297,6 +297,12 @@ impl Measurer {
         self.state.cache.set_lookback_rule(self.lookback);
     }
 
+    /// Sets `salts` on `flat`, a request this measurer served ([`Flattener::set_salts`]: the
+    /// same as [`FlatRequest::set_salts`], without copying the records its flattener shares).
+    pub fn set_salts(&mut self, flat: &mut FlatRequest, salts: &[(usize, u128)]) {
+        self.state.flattener.set_salts(flat, salts);
+    }
+
     /// The incremental flattener (its counters say how much was reused).
     pub fn flattener(&self) -> &Flattener {
         &self.state.flattener

@@ -588,7 +588,7 @@ impl crate::runner::ClientRules for RecordedClient {
         // The recorded call whose reply this request consumes.
         let Some(&Some(position)) = self.main_calls.get(call.reply) else {
             // Sent as the agent built it.
-            flat.set_salts(&[]);
+            measurer.set_salts(flat, &[]);
             return events;
         };
         // The records up to this call, the calls the agent does not make included (none when
@@ -662,7 +662,7 @@ impl crate::runner::ClientRules for RecordedClient {
             self.prompt_index = messages.len().checked_sub(1);
         }
         self.turns.compaction_pending = false;
-        self.render(flat, self.turns.transient_prompt);
+        self.render(flat, self.turns.transient_prompt, measurer);
         self.rendered.clone_from(&flat.salts);
         self.previous_ms = Some(call.time_ms);
         events
@@ -714,7 +714,7 @@ impl RecordedClient {
         if let Some(ttl) = markers_ttl {
             flat.set_markers_ttl(ttl);
         }
-        self.render(&mut flat, false);
+        self.render(&mut flat, false, measurer);
         self.retime(&mut flat);
         Some(flat)
     }
@@ -738,9 +738,10 @@ impl RecordedClient {
 
     /// The bytes the recorded client sent otherwise than the agent builds them: the
     /// conversation start as rendered since its last re-render, and the current prompt the
-    /// transient way when `transient` (`flat`'s salts set, whatever it carried).
-    fn render(&self, flat: &mut FlatRequest, transient: bool) {
-        flat.set_salts(&self.salts(transient));
+    /// transient way when `transient` (`flat`'s salts set, whatever it carried; `measurer`
+    /// served it).
+    fn render(&self, flat: &mut FlatRequest, transient: bool, measurer: &mut Measurer) {
+        measurer.set_salts(flat, &self.salts(transient));
     }
 
     /// The salts [`Self::render`] sets.
