@@ -713,16 +713,20 @@ impl<'o> RunState<'o> {
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
                     input.stages = stages;
-                    let mirror_input = mirror_events.map(|events| MeasureInput { events, ..input.clone() });
+                    let mirror_input = mirror_events.map(|events| input.with_events(events));
                     let mut row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     if let Some(plan) = reply_plan.as_deref_mut() {
                         plan.main_reply(&mut row, &mut this_reply, &mut world.model);
                     }
-                    if let Some(input) = mirror_input {
+                    if let Some(input) = mirror_input
+                        && let Some((last, others)) = mirrors.split_last_mut()
+                    {
                         let usage_of = |row: &RequestMetrics| crate::agent::compact::counting::usage_total(&reported_usage(&this_reply, row));
-                        for mirror in mirrors.iter_mut() {
+                        for mirror in others {
                             mirror.main_row(input.clone(), &row, usage_of);
                         }
+                        // (The last one takes the input itself.)
+                        last.main_row(input, &row, usage_of);
                     }
                     if let Some(client) = client.as_deref_mut() {
                         client.after_main(&row);

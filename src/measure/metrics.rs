@@ -86,6 +86,12 @@ pub struct MeasureInput<'a> {
 }
 
 impl<'a> MeasureInput<'a> {
+    /// A copy of this input with `events` in place of its own (which are not copied).
+    pub fn with_events(&self, events: Vec<String>) -> MeasureInput<'a> {
+        let MeasureInput { lane, turn, time_ms, body, events: _, output_tokens, first_token_ms, ref stages, ref recorded_usage, ref rejected } = *self;
+        MeasureInput { lane, turn, time_ms, body, events, output_tokens, first_token_ms, stages: stages.clone(), recorded_usage: recorded_usage.clone(), rejected: rejected.clone() }
+    }
+
     pub fn new(lane: &'a str, time_ms: u64, body: &'a Request) -> Self {
         MeasureInput {
             lane,
