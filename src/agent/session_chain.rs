@@ -52,22 +52,37 @@ impl<'w> ThresholdWorld<'w> {
         strategy
     }
 
+    /// The autocompact knobs of `strategy` as a session of this world runs under it: those of
+    /// [`Self::strategy`], without copying the rest of the strategy (debug builds compare).
+    fn autocompact(&self, strategy: &crate::strategy::Strategy) -> crate::agent::compact::config::AutocompactConfig {
+        let mut auto = strategy.compact.autocompact.clone();
+        if crate::strategy::Strategy::env_reaches_compact(self.env) {
+            auto.apply_env(self.env);
+        }
+        debug_assert_eq!(auto, self.strategy(strategy).compact.autocompact, "the autocompact knobs applied alone differ");
+        auto
+    }
+
     /// The model limits of a session under `applied` (a strategy this world's env is applied to).
     pub fn limits(&self, applied: &crate::strategy::Strategy) -> ModelLimits {
-        let context_window =
-            applied.compact.autocompact.context_window.or(self.context_window).unwrap_or(if self.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
+        self.limits_under(&applied.compact.autocompact)
+    }
+
+    /// [`Self::limits`] of a strategy whose applied autocompact knobs are `auto`.
+    fn limits_under(&self, auto: &crate::agent::compact::config::AutocompactConfig) -> ModelLimits {
+        let context_window = auto.context_window.or(self.context_window).unwrap_or(if self.model_id.contains("[1m]") { 1_000_000 } else { 200_000 });
         ModelLimits { context_window, max_output_tokens: self.max_output_tokens.unwrap_or(32_000) }
     }
 
     /// The thresholds a session of this world checks against under `strategy`.
     pub fn thresholds(&self, strategy: &crate::strategy::Strategy) -> crate::agent::compact::counting::Thresholds {
-        let applied = self.strategy(strategy);
-        crate::agent::compact::counting::Thresholds::compute(self.limits(&applied), &applied.compact)
+        let auto = self.autocompact(strategy);
+        crate::agent::compact::counting::Thresholds::of_autocompact(self.limits_under(&auto), &auto, crate::agent::compact::config::DEFAULT_OUTPUT_RESERVE)
     }
 
     /// Whether the runner refuses a run under `strategy` here ([`crate::runner::check_strategy_for`]).
     pub fn refuses(&self, strategy: &crate::strategy::Strategy) -> bool {
-        crate::runner::check_strategy_for(self.limits(&self.strategy(strategy)), strategy).is_err()
+        crate::runner::check_strategy_for(self.limits_under(&self.autocompact(strategy)), strategy).is_err()
     }
 
     /// The one decision of which strategies differ only in where autocompact fires: a content
@@ -1062,6 +1077,38 @@ mod tests {
                 prop_assert_eq!(got_records, want_records);
                 prop_assert_eq!(got_metas, want_metas);
                 prop_assert_eq!(got_next, want_next);
+            }
+        }
+    }
+
+    /// The thresholds and the refusal read from the autocompact knobs applied alone are those
+    /// of the whole strategy applied, whatever the env sets (a number the strategy cannot read
+    /// among them: it then applies none of the compaction knobs).
+    #[test]
+    fn thresholds_from_the_autocompact_knobs_are_the_strategy_applied() {
+        let vars = [
+            ("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE", "60"),
+            ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "150000"),
+            ("CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE", "170000"),
+            ("DISABLE_AUTO_COMPACT", "1"),
+            ("DISABLE_COMPACT", "true"),
+            ("CTXSIM_REACTIVE_COMPACT", "1"),
+            ("MAX_MCP_OUTPUT_TOKENS", "12000"),
+            ("BASH_MAX_OUTPUT_LENGTH", "lots"),
+            ("ZZZ_UNREAD", "x"),
+        ];
+        let mut strategies = vec![crate::strategy::Strategy::default()];
+        let mut big_buffer = crate::strategy::Strategy::default();
+        big_buffer.compact.autocompact.buffer_tokens = 190_000;
+        strategies.push(big_buffer);
+        for mask in 0u32..(1 << vars.len()) {
+            let env: BTreeMap<String, String> = vars.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, (k, v))| ((*k).to_owned(), (*v).to_owned())).collect();
+            let world = ThresholdWorld { model_id: "claude-opus-4-5", context_window: None, max_output_tokens: None, env: &env };
+            for strategy in &strategies {
+                let applied = world.strategy(strategy);
+                let whole = crate::agent::compact::counting::Thresholds::compute(world.limits(&applied), &applied.compact);
+                assert_eq!(format!("{:?}", world.thresholds(strategy)), format!("{whole:?}"), "env {env:?}");
+                assert_eq!(world.refuses(strategy), crate::runner::check_strategy_for(world.limits(&applied), strategy).is_err(), "env {env:?}");
             }
         }
     }

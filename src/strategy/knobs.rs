@@ -442,8 +442,8 @@ impl Strategy {
         for (name, value) in env {
             match name.as_str() {
                 "ENABLE_TOOL_SEARCH" => self.enable_tool_search = Some(value.clone()),
-                "MAX_MCP_OUTPUT_TOKENS" => self.max_mcp_output_tokens = number(name, value)?,
-                "BASH_MAX_OUTPUT_LENGTH" => self.bash_max_output_length = number(name, value)? as usize,
+                ENV_MAX_MCP_OUTPUT_TOKENS => self.max_mcp_output_tokens = number(name, value)?,
+                ENV_BASH_MAX_OUTPUT_LENGTH => self.bash_max_output_length = number(name, value)? as usize,
                 "ANTHROPIC_BASE_URL" => {
                     self.base_url = if value.contains("api.anthropic.com") { BaseUrl::FirstParty } else { BaseUrl::Custom }
                 }
@@ -465,12 +465,22 @@ impl Strategy {
         Ok(())
     }
 
+    /// Whether [`Strategy::apply_env`] applies `env` to the compaction knobs: it stops, before
+    /// them, at the first number it cannot read.
+    pub fn env_reaches_compact(env: &BTreeMap<String, String>) -> bool {
+        env.iter().all(|(name, value)| !matches!(name.as_str(), ENV_MAX_MCP_OUTPUT_TOKENS | ENV_BASH_MAX_OUTPUT_LENGTH) || value.trim().parse::<u64>().is_ok())
+    }
+
     /// The TTL written into markers on `lane` (`None` = the API default, not serialized).
     pub fn ttl_for(&self, lane: &str) -> Option<CacheTtl> {
         let ttl = if lane == "main" { self.ttl_main } else { self.ttl_other }.ttl();
         (ttl == CacheTtl::OneHour).then_some(ttl)
     }
 }
+
+/// The numbers [`Strategy::apply_env`] reads from the environment.
+const ENV_MAX_MCP_OUTPUT_TOKENS: &str = "MAX_MCP_OUTPUT_TOKENS";
+const ENV_BASH_MAX_OUTPUT_LENGTH: &str = "BASH_MAX_OUTPUT_LENGTH";
 
 /// The environment variables [`Strategy::apply_env`] reads (`--set env.NAME=value`).
 pub const ENV_VARS: [&str; 30] = [

@@ -257,6 +257,29 @@ impl AutocompactConfig {
     pub fn output_reserve(&self, client_default: u64) -> u64 {
         self.max_output_reserve_tokens.unwrap_or(client_default)
     }
+
+    /// The autocompact part of [`CompactConfig::apply_env`] (no other knob reads these).
+    pub fn apply_env(&mut self, env: &BTreeMap<String, String>) {
+        if let Some(pct) = env_positive(env, "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE").filter(|p| *p <= 100.0) {
+            self.pct_override = Some(pct as u64);
+        }
+        if let Some(window) = env_positive(env, "CLAUDE_CODE_AUTO_COMPACT_WINDOW") {
+            self.window_override = Some(window as u64);
+        }
+        if let Some(limit) = env_positive(env, "CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE") {
+            self.blocking_limit_override = Some(limit as u64);
+        }
+        if env_truthy(env, "DISABLE_AUTO_COMPACT") {
+            self.enabled = false;
+        }
+        if env_truthy(env, "CTXSIM_REACTIVE_COMPACT") {
+            self.reactive_enabled = true;
+        }
+        if env_truthy(env, "DISABLE_COMPACT") {
+            self.enabled = false;
+            self.compact_disabled = true;
+        }
+    }
 }
 
 /// See [`AutocompactConfig::reactive_peeled_tail`].
@@ -364,22 +387,9 @@ impl Default for RecoveryConfig {
 impl CompactConfig {
     /// Applies the client's environment variables. Invalid values are ignored, as the client does.
     pub fn apply_env(&mut self, env: &BTreeMap<String, String>) {
-        let positive = |key: &str| env.get(key).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| *v > 0.0);
-        let truthy = |key: &str| {
-            env.get(key).is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
-        };
-        if let Some(pct) = positive("CLAUDE_AUTOCOMPACT_PCT_OVERRIDE").filter(|p| *p <= 100.0) {
-            self.autocompact.pct_override = Some(pct as u64);
-        }
-        if let Some(window) = positive("CLAUDE_CODE_AUTO_COMPACT_WINDOW") {
-            self.autocompact.window_override = Some(window as u64);
-        }
-        if let Some(limit) = positive("CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE") {
-            self.autocompact.blocking_limit_override = Some(limit as u64);
-        }
-        if truthy("DISABLE_AUTO_COMPACT") {
-            self.autocompact.enabled = false;
-        }
+        let positive = |key: &str| env_positive(env, key);
+        let truthy = |key: &str| env_truthy(env, key);
+        self.autocompact.apply_env(env);
         // The reference's own switches for features behind remote flags.
         if truthy("ENABLE_CLAUDE_CODE_SM_COMPACT") {
             self.session_memory.enabled = true;
@@ -404,9 +414,6 @@ impl CompactConfig {
         if truthy("CTXSIM_SESSION_MEMORY") {
             self.session_memory.enabled = true;
         }
-        if truthy("CTXSIM_REACTIVE_COMPACT") {
-            self.autocompact.reactive_enabled = true;
-        }
         // The client's own (ant-only) switches for API tool clearing (§3.5): the results strategy
         // clears these tools' inputs too, the uses strategy excludes the editing tools; with both
         // set we send one edit carrying both lists.
@@ -427,9 +434,15 @@ impl CompactConfig {
         if let Some(target) = positive("API_TARGET_INPUT_TOKENS") {
             self.context_editing.target_input_tokens = target as u64;
         }
-        if truthy("DISABLE_COMPACT") {
-            self.autocompact.enabled = false;
-            self.autocompact.compact_disabled = true;
-        }
     }
+}
+
+/// A positive number `env` sets `key` to.
+fn env_positive(env: &BTreeMap<String, String>, key: &str) -> Option<f64> {
+    env.get(key).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| *v > 0.0)
+}
+
+/// Whether `env` turns `key` on.
+fn env_truthy(env: &BTreeMap<String, String>, key: &str) -> bool {
+    env.get(key).is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }

@@ -168,7 +168,11 @@ impl Thresholds {
     /// The thresholds of a client whose own output reserve is `client_reserve` (used when the
     /// config leaves the reserve unset).
     pub fn compute_with_reserve(limits: ModelLimits, config: &CompactConfig, client_reserve: u64) -> Thresholds {
-        let auto = &config.autocompact;
+        Thresholds::of_autocompact(limits, &config.autocompact, client_reserve)
+    }
+
+    /// [`Thresholds::compute_with_reserve`]: the autocompact knobs are all it reads.
+    pub fn of_autocompact(limits: ModelLimits, auto: &super::config::AutocompactConfig, client_reserve: u64) -> Thresholds {
         let window = match auto.window_override {
             Some(cap) if cap > 0 => limits.context_window.min(cap),
             _ => limits.context_window,
