@@ -22,7 +22,9 @@ pub enum MessageContent {
 /// Serializes (and debug-prints) as the string it holds.
 ///
 /// The text also keeps its length in UTF-16 units once asked ([`SharedText::utf16_len`]): the
-/// long-context chain of every run of a session counts the same texts. Every change drops it.
+/// long-context chain of every run of a session counts the same texts. And the structural hash
+/// of the first block that held it and asked ([`block_hash_kept`]): every run of a session
+/// sends the same prompts and tool outputs in lists of its own. Every change drops both.
 #[derive(Clone, Default)]
 pub struct SharedText(Arc<Held>);
 
@@ -31,11 +33,61 @@ pub struct SharedText(Arc<Held>);
 struct Held {
     text: String,
     utf16: OnceLock<usize>,
+    /// [`block_hash_kept`]'s hash of a block holding the text, with what else it hashed.
+    block_hash: OnceLock<Box<KeptHash>>,
 }
 
 impl Held {
     fn new(text: String) -> Held {
-        Held { text, utf16: OnceLock::new() }
+        Held { text, utf16: OnceLock::new(), block_hash: OnceLock::new() }
+    }
+
+    /// The text is about to change: what is kept of it goes.
+    fn forget(&mut self) {
+        self.utf16.take();
+        self.block_hash.take();
+    }
+}
+
+/// The structural hash of a block whose hash is a function of its text and of this key alone
+/// (see [`block_hash_kept`]).
+#[derive(Debug, PartialEq)]
+struct KeptHash {
+    tag: &'static str,
+    /// The block's kind and its fields besides the text (and the marker, which the hash leaves
+    /// out): `(modelled kind, tool_use_id, is_error)`, the id empty for a text block.
+    kind: &'static str,
+    final_form: bool,
+    tool_use_id: String,
+    is_error: Option<bool>,
+    hash: (u128, u32),
+}
+
+/// [`super::structural::block_hash`]`(tag, block)`, kept with the block's text where the
+/// hash is a function of that text and of a few small fields alone: a text block, or a
+/// tool_result with string content, with no `extra` key (the hash leaves the marker out). The
+/// first such block to ask keeps its hash with the text; a block holding the same text
+/// allocation with the same fields reads it (another is hashed). Debug builds hash again and
+/// compare.
+pub fn block_hash_kept(tag: &'static str, block: &ContentBlock) -> (u128, u32) {
+    let hash = || super::structural::block_hash(tag.as_bytes(), block);
+    let (text, final_form, tool_use_id, is_error) = match block {
+        ContentBlock::Text { text, extra, .. } if extra.is_empty() => (text, false, "", None),
+        ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(text)), is_error, extra, .. } if extra.is_empty() => {
+            (text, false, tool_use_id.as_str(), *is_error)
+        }
+        ContentBlock::FinalToolResult { tool_use_id, content: Some(ToolResultContent::Text(text)), is_error, extra, .. } if extra.is_empty() => {
+            (text, true, tool_use_id.as_str(), *is_error)
+        }
+        _ => return hash(),
+    };
+    let kind = block.modelled_kind().unwrap_or_default();
+    let kept = text.0.block_hash.get_or_init(|| Box::new(KeptHash { tag, kind, final_form, tool_use_id: tool_use_id.to_owned(), is_error, hash: hash() }));
+    if kept.tag == tag && kept.kind == kind && kept.final_form == final_form && kept.tool_use_id == tool_use_id && kept.is_error == is_error {
+        debug_assert_eq!(kept.hash, hash(), "a hash kept with the text differs from hashing the block");
+        kept.hash
+    } else {
+        hash()
     }
 }
 
@@ -64,7 +116,7 @@ impl SharedText {
     pub fn append(&mut self, tail: &str) {
         match Arc::get_mut(&mut self.0) {
             Some(held) => {
-                held.utf16.take();
+                held.forget();
                 held.text.push_str(tail);
             }
             None => {
@@ -100,7 +152,7 @@ impl Deref for SharedText {
 impl DerefMut for SharedText {
     fn deref_mut(&mut self) -> &mut String {
         let held = Arc::make_mut(&mut self.0);
-        held.utf16.take();
+        held.forget();
         &mut held.text
     }
 }
@@ -274,7 +326,7 @@ impl SharedBlocks {
     /// the first time they are asked for and kept with the list (under that `tag`; another
     /// tag's are computed each time).
     pub fn block_hashes(&self, tag: &'static str) -> std::borrow::Cow<'_, [(u128, u32)]> {
-        let hash_all = || self.0.blocks.iter().map(|block| super::structural::block_hash(tag.as_bytes(), block)).collect();
+        let hash_all = || self.0.blocks.iter().map(|block| block_hash_kept(tag, block)).collect();
         let (kept_tag, hashes) = self.0.hashes.get_or_init(|| (tag, hash_all()));
         if *kept_tag == tag { std::borrow::Cow::Borrowed(hashes) } else { std::borrow::Cow::Owned(hash_all().into_vec()) }
     }
@@ -1326,6 +1378,47 @@ mod final_tool_result_tests {
             // Its text is the one it was given, not a copy.
             if let (ContentBlock::ToolResult { content: Some(ToolResultContent::Text(a)), .. }, ContentBlock::FinalToolResult { content: Some(ToolResultContent::Text(b)), .. }) = (&block, &finalized) {
                 prop_assert!(a.same(b));
+            }
+        }
+    }
+
+    proptest! {
+        /// A hash kept with a text is the hash of every block that reads it: blocks of other
+        /// kinds, tags, ids, error flags and markers holding the same text, in any order, and
+        /// after the text changed (in place, appended, through a copy).
+        #[test]
+        fn a_hash_kept_with_a_text_is_each_blocks_hash(
+            results in proptest::collection::vec(tool_result(), 1..6),
+            picks in proptest::collection::vec((0usize..8, any::<bool>(), 0usize..3), 1..24),
+        ) {
+            let hash = |tag: &'static str, block: &ContentBlock| crate::api::structural::block_hash(tag.as_bytes(), block);
+            let mut text = SharedText::from("shared\ntext");
+            for (which, user, change) in picks {
+                let tag = if user { "user" } else { "assistant" };
+                let mut block = results[which % results.len()].clone();
+                if let ContentBlock::ToolResult { content, .. } = &mut block {
+                    *content = Some(ToolResultContent::Text(text.clone()));
+                }
+                let block = match which {
+                    6 => ContentBlock::text(text.clone()),
+                    7 => ContentBlock::Text { text: text.clone(), cache_control: Some(CacheControl::ephemeral()), extra: Map::new() },
+                    _ if which % 2 == 0 => block.finalized(),
+                    _ => block,
+                };
+                prop_assert_eq!(block_hash_kept(tag, &block), hash(tag, &block));
+                match change {
+                    0 => {}
+                    // Appended to a copy: the block holds the text as it was.
+                    1 => {
+                        text.append("+");
+                        prop_assert_eq!(block_hash_kept(tag, &block), hash(tag, &block));
+                    }
+                    // Changed in place, no block holding it any more: what was kept goes.
+                    _ => {
+                        drop(block);
+                        text.push('!');
+                    }
+                }
             }
         }
     }

@@ -606,7 +606,7 @@ pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCount
         _ if crate::api::system_messages::renders_nothing(message) => (&[], Cow::Borrowed(&[])),
         MessageContent::Text(text) => {
             owned = [ContentBlock::text(text.clone())];
-            (&owned, Cow::Owned(vec![block_hash(role.as_bytes(), &owned[0])]))
+            (&owned, Cow::Owned(vec![crate::api::block_hash_kept(role, &owned[0])]))
         }
         MessageContent::Blocks(blocks) => (blocks, blocks.block_hashes(role)),
     };
