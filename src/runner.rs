@@ -1000,6 +1000,18 @@ pub fn insert_cache_edits(request: &mut Request, pinned: &[(usize, serde_json::V
                             map.insert("cache_reference".to_owned(), id);
                         }
                     }
+                    // As its raw JSON form: a new key goes after the marker, so a marked result
+                    // without one becomes that form.
+                    ContentBlock::FinalToolResult { tool_use_id, cache_control, extra, .. } if cache_control.is_none() || extra.contains_key("cache_reference") => {
+                        extra.insert("cache_reference".to_owned(), serde_json::Value::String(tool_use_id.clone()));
+                    }
+                    ContentBlock::FinalToolResult { tool_use_id, .. } => {
+                        let id = serde_json::Value::String(tool_use_id.clone());
+                        if let Some(serde_json::Value::Object(mut map)) = block.wire_value() {
+                            map.insert("cache_reference".to_owned(), id);
+                            *block = ContentBlock::Other(serde_json::Value::Object(map));
+                        }
+                    }
                     _ => {}
                 }
             }

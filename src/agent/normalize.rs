@@ -498,7 +498,7 @@ pub fn mark_last_block(messages: &mut [Message], marker: CacheControl) {
 
 /// Writes every tool_result in the reference client's key order: `tool_use_id, type, content
 /// [, is_error]` for ordinary results and `type, content, is_error, tool_use_id` for errors, with
-/// any marker last.
+/// any marker last ([`ContentBlock::FinalToolResult`], which keeps the content it was given).
 pub fn finalize_tool_results(messages: &mut [Message]) {
     for message in messages {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
@@ -562,36 +562,14 @@ impl BlocksMemo {
     }
 }
 
-/// [`finalize_tool_results`] of one message's blocks.
+/// [`finalize_tool_results`] of one message's blocks: each tool_result moved into its
+/// finalized form ([`ContentBlock::finalized`]), its text not copied.
 fn finalize_blocks(blocks: &mut [ContentBlock]) {
     for block in blocks.iter_mut() {
-        let ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra } = block else { continue };
-        let mut map = Map::new();
-        let content_value = content.as_ref().map(|c| serde_json::to_value(c).expect("tool_result content serializes"));
-        if *is_error == Some(true) {
-            map.insert("type".into(), Value::from("tool_result"));
-            if let Some(c) = content_value {
-                map.insert("content".into(), c);
-            }
-            map.insert("is_error".into(), Value::Bool(true));
-            map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
-        } else {
-            map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
-            map.insert("type".into(), Value::from("tool_result"));
-            if let Some(c) = content_value {
-                map.insert("content".into(), c);
-            }
-            if let Some(flag) = is_error {
-                map.insert("is_error".into(), Value::Bool(*flag));
-            }
+        if matches!(block, ContentBlock::ToolResult { .. }) {
+            // (`Value::Null` holds nothing: the placeholder costs no allocation.)
+            *block = std::mem::replace(block, ContentBlock::Other(Value::Null)).finalized();
         }
-        for (key, value) in extra.iter() {
-            map.insert(key.clone(), value.clone());
-        }
-        if let Some(cc) = cache_control {
-            map.insert("cache_control".into(), serde_json::to_value(cc).expect("cache_control serializes"));
-        }
-        *block = ContentBlock::Other(Value::Object(map));
     }
 }
 

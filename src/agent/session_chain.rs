@@ -377,6 +377,7 @@ fn entries_into_records(
 fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<CacheControl>) {
     let marked = |block: &ContentBlock| match block {
         ContentBlock::Other(serde_json::Value::Object(map)) => map.contains_key("cache_control"),
+        ContentBlock::FinalToolResult { cache_control, .. } => cache_control.is_some(),
         _ => block.cache_control().is_some(),
     };
     for message in messages.iter_mut() {
@@ -385,13 +386,17 @@ fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<C
             && blocks.iter().any(marked)
         {
             for block in blocks.iter_mut() {
-                // Normalized tool_results are raw values (client key order): their marker is a
-                // key. Left in place, the compaction fork carried two message markers where the
-                // real client sends one (real-client conformance test).
-                if !block.set_cache_control(None)
-                    && let ContentBlock::Other(serde_json::Value::Object(map)) = block
-                {
-                    map.remove("cache_control");
+                // Normalized tool_results are finalized (client key order; or raw values): their
+                // marker is not a block's. Left in place, the compaction fork carried two message
+                // markers where the real client sends one (real-client conformance test).
+                if !block.set_cache_control(None) {
+                    match block {
+                        ContentBlock::Other(serde_json::Value::Object(map)) => {
+                            map.remove("cache_control");
+                        }
+                        ContentBlock::FinalToolResult { cache_control, .. } => *cache_control = None,
+                        _ => {}
+                    }
                 }
             }
         }

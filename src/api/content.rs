@@ -22,7 +22,9 @@ pub enum MessageContent {
 /// Serializes (and debug-prints) as the string it holds.
 ///
 /// The text also keeps its length in UTF-16 units once asked ([`SharedText::utf16_len`]): the
-/// long-context chain of every run of a session counts the same texts. Every change drops it.
+/// long-context chain of every run of a session counts the same texts. And the structural hash
+/// of the first block that held it and asked ([`block_hash_kept`]): every run of a session
+/// sends the same prompts and tool outputs in lists of its own. Every change drops both.
 #[derive(Clone, Default)]
 pub struct SharedText(Arc<Held>);
 
@@ -31,11 +33,61 @@ pub struct SharedText(Arc<Held>);
 struct Held {
     text: String,
     utf16: OnceLock<usize>,
+    /// [`block_hash_kept`]'s hash of a block holding the text, with what else it hashed.
+    block_hash: OnceLock<Box<KeptHash>>,
 }
 
 impl Held {
     fn new(text: String) -> Held {
-        Held { text, utf16: OnceLock::new() }
+        Held { text, utf16: OnceLock::new(), block_hash: OnceLock::new() }
+    }
+
+    /// The text is about to change: what is kept of it goes.
+    fn forget(&mut self) {
+        self.utf16.take();
+        self.block_hash.take();
+    }
+}
+
+/// The structural hash of a block whose hash is a function of its text and of this key alone
+/// (see [`block_hash_kept`]).
+#[derive(Debug, PartialEq)]
+struct KeptHash {
+    tag: &'static str,
+    /// The block's kind and its fields besides the text (and the marker, which the hash leaves
+    /// out): `(modelled kind, tool_use_id, is_error)`, the id empty for a text block.
+    kind: &'static str,
+    final_form: bool,
+    tool_use_id: String,
+    is_error: Option<bool>,
+    hash: (u128, u32),
+}
+
+/// [`super::structural::block_hash`]`(tag, block)`, kept with the block's text where the
+/// hash is a function of that text and of a few small fields alone: a text block, or a
+/// tool_result with string content, with no `extra` key (the hash leaves the marker out). The
+/// first such block to ask keeps its hash with the text; a block holding the same text
+/// allocation with the same fields reads it (another is hashed). Debug builds hash again and
+/// compare.
+pub fn block_hash_kept(tag: &'static str, block: &ContentBlock) -> (u128, u32) {
+    let hash = || super::structural::block_hash(tag.as_bytes(), block);
+    let (text, final_form, tool_use_id, is_error) = match block {
+        ContentBlock::Text { text, extra, .. } if extra.is_empty() => (text, false, "", None),
+        ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(text)), is_error, extra, .. } if extra.is_empty() => {
+            (text, false, tool_use_id.as_str(), *is_error)
+        }
+        ContentBlock::FinalToolResult { tool_use_id, content: Some(ToolResultContent::Text(text)), is_error, extra, .. } if extra.is_empty() => {
+            (text, true, tool_use_id.as_str(), *is_error)
+        }
+        _ => return hash(),
+    };
+    let kind = block.modelled_kind().unwrap_or_default();
+    let kept = text.0.block_hash.get_or_init(|| Box::new(KeptHash { tag, kind, final_form, tool_use_id: tool_use_id.to_owned(), is_error, hash: hash() }));
+    if kept.tag == tag && kept.kind == kind && kept.final_form == final_form && kept.tool_use_id == tool_use_id && kept.is_error == is_error {
+        debug_assert_eq!(kept.hash, hash(), "a hash kept with the text differs from hashing the block");
+        kept.hash
+    } else {
+        hash()
     }
 }
 
@@ -64,7 +116,7 @@ impl SharedText {
     pub fn append(&mut self, tail: &str) {
         match Arc::get_mut(&mut self.0) {
             Some(held) => {
-                held.utf16.take();
+                held.forget();
                 held.text.push_str(tail);
             }
             None => {
@@ -100,7 +152,7 @@ impl Deref for SharedText {
 impl DerefMut for SharedText {
     fn deref_mut(&mut self) -> &mut String {
         let held = Arc::make_mut(&mut self.0);
-        held.utf16.take();
+        held.forget();
         &mut held.text
     }
 }
@@ -274,7 +326,7 @@ impl SharedBlocks {
     /// the first time they are asked for and kept with the list (under that `tag`; another
     /// tag's are computed each time).
     pub fn block_hashes(&self, tag: &'static str) -> std::borrow::Cow<'_, [(u128, u32)]> {
-        let hash_all = || self.0.blocks.iter().map(|block| super::structural::block_hash(tag.as_bytes(), block)).collect();
+        let hash_all = || self.0.blocks.iter().map(|block| block_hash_kept(tag, block)).collect();
         let (kept_tag, hashes) = self.0.hashes.get_or_init(|| (tag, hash_all()));
         if *kept_tag == tag { std::borrow::Cow::Borrowed(hashes) } else { std::borrow::Cow::Owned(hash_all().into_vec()) }
     }
@@ -498,6 +550,20 @@ pub enum ContentBlock {
         cache_control: Option<CacheControl>,
         extra: Map<String, Value>,
     },
+    /// A tool_result as the agent sends it ([`ContentBlock::finalized`]): written in the
+    /// reference client's key order (`tool_use_id, type, content[, is_error]`, or `type,
+    /// content, is_error, tool_use_id` for an error; then `extra`, then `cache_control`), its
+    /// content kept as it was (the text shared, not copied). Every reader treats it as the raw
+    /// JSON object of that order ([`ContentBlock::wire_value`]) would be read as an
+    /// [`ContentBlock::Other`]: its marker is read by [`ContentBlock::raw_cache_control`] only
+    /// (`cache_control` gives `None` and `set_cache_control` refuses it, as for raw JSON).
+    FinalToolResult {
+        tool_use_id: String,
+        content: Option<ToolResultContent>,
+        is_error: Option<bool>,
+        cache_control: Option<CacheControl>,
+        extra: Map<String, Value>,
+    },
     Thinking { thinking: String, signature: String, extra: Map<String, Value> },
     RedactedThinking { data: String, extra: Map<String, Value> },
     ToolReference { tool_name: String, extra: Map<String, Value> },
@@ -544,7 +610,7 @@ impl ContentBlock {
             ContentBlock::Document(_) => "document",
             ContentBlock::ToolUse { .. } => "tool_use",
             ContentBlock::ServerToolUse { .. } => "server_tool_use",
-            ContentBlock::ToolResult { .. } => "tool_result",
+            ContentBlock::ToolResult { .. } | ContentBlock::FinalToolResult { .. } => "tool_result",
             ContentBlock::Thinking { .. } => "thinking",
             ContentBlock::RedactedThinking { .. } => "redacted_thinking",
             ContentBlock::ToolReference { .. } => "tool_reference",
@@ -560,12 +626,14 @@ impl ContentBlock {
             | ContentBlock::ToolResult { cache_control, .. } => cache_control.as_ref(),
             ContentBlock::Image(inner) | ContentBlock::Document(inner) => inner.cache_control.as_ref(),
             ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } | ContentBlock::ToolReference { .. } => None,
-            ContentBlock::Other(_) => None,
+            // As its raw JSON form: the marker is a key of the object.
+            ContentBlock::FinalToolResult { .. } | ContentBlock::Other(_) => None,
         }
     }
 
     /// Sets or clears the marker. Returns false for kinds that cannot carry one (thinking,
-    /// redacted_thinking, tool_reference, unmodelled kinds).
+    /// redacted_thinking, tool_reference, unmodelled kinds) and for a finalized tool_result (as
+    /// for its raw JSON form).
     pub fn set_cache_control(&mut self, value: Option<CacheControl>) -> bool {
         match self {
             ContentBlock::Text { cache_control, .. }
@@ -593,12 +661,109 @@ impl ContentBlock {
                 debug_assert_eq!(read, serde_json::from_value(cc.clone()).ok(), "a marker read in place reads as its copy does");
                 read
             }),
+            // (Its raw JSON form's marker reads back as the marker written: checked by
+            // `finalized`.)
+            ContentBlock::FinalToolResult { cache_control, .. } => cache_control.clone(),
             _ => self.cache_control().cloned(),
         }
     }
 
     pub fn is_thinking(&self) -> bool {
         matches!(self, ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. })
+    }
+
+    /// A tool_result as the agent sends it, in the reference client's key order: a
+    /// [`ContentBlock::FinalToolResult`] holding the same fields (nothing copied), or, where
+    /// its serialization would not be the raw JSON object's (an `extra` key that is also a
+    /// field, at any depth: the object keeps one of the two), that object as an
+    /// [`ContentBlock::Other`]. Other blocks are returned as they are.
+    pub fn finalized(self) -> ContentBlock {
+        let ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra } = self else { return self };
+        let typed = ContentBlock::FinalToolResult { tool_use_id, content, is_error, cache_control, extra };
+        if !typed.writes_each_key_once() {
+            return ContentBlock::Other(typed.wire_value().expect("a tool_result has a wire form"));
+        }
+        #[cfg(debug_assertions)]
+        {
+            let value = ContentBlock::Other(typed.wire_value().expect("a tool_result has a wire form"));
+            assert_eq!(serde_json::to_string(&typed).ok(), serde_json::to_string(&value).ok(), "a finalized tool_result serializes as its raw JSON");
+            for tag in [&b"user"[..], b"assistant"] {
+                assert_eq!(super::structural::block_hash(tag, &typed), super::structural::block_hash(tag, &value), "and hashes as it");
+            }
+            assert_eq!(super::structural::sha256_hex(&typed), super::structural::sha256_hex(&value), "markers included");
+            assert_eq!(typed.raw_cache_control(), value.raw_cache_control(), "its marker reads as the raw JSON's");
+        }
+        typed
+    }
+
+    /// The raw JSON object a tool_result is sent as, in the reference client's key order
+    /// (see [`ContentBlock::FinalToolResult`]); `None` for other blocks.
+    pub fn wire_value(&self) -> Option<Value> {
+        let (ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra }
+        | ContentBlock::FinalToolResult { tool_use_id, content, is_error, cache_control, extra }) = self
+        else {
+            return None;
+        };
+        let mut map = Map::new();
+        let content_value = content.as_ref().map(|c| serde_json::to_value(c).expect("tool_result content serializes"));
+        if *is_error == Some(true) {
+            map.insert("type".into(), Value::from("tool_result"));
+            if let Some(c) = content_value {
+                map.insert("content".into(), c);
+            }
+            map.insert("is_error".into(), Value::Bool(true));
+            map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
+        } else {
+            map.insert("tool_use_id".into(), Value::from(tool_use_id.clone()));
+            map.insert("type".into(), Value::from("tool_result"));
+            if let Some(c) = content_value {
+                map.insert("content".into(), c);
+            }
+            if let Some(flag) = is_error {
+                map.insert("is_error".into(), Value::Bool(*flag));
+            }
+        }
+        for (key, value) in extra.iter() {
+            map.insert(key.clone(), value.clone());
+        }
+        if let Some(cc) = cache_control {
+            map.insert("cache_control".into(), serde_json::to_value(cc).expect("cache_control serializes"));
+        }
+        Some(Value::Object(map))
+    }
+
+    /// Whether the block serializes as the JSON object `serde_json::to_value` makes of it
+    /// does: no key written twice (an `extra` key that is also a field of the block or of a
+    /// marker, or of a block in a tool_result's content, which the object holds once).
+    /// Conservative: a field not written (a marker or content left out) still counts.
+    pub fn writes_each_key_once(&self) -> bool {
+        fn free_of(extra: &Map<String, Value>, keys: &[&str]) -> bool {
+            keys.iter().all(|key| !extra.contains_key(*key))
+        }
+        fn marker(cc: &Option<CacheControl>) -> bool {
+            cc.as_ref().is_none_or(|cc| free_of(&cc.extra, &["type", "ttl", "scope"]))
+        }
+        match self {
+            ContentBlock::Text { cache_control, extra, .. } => free_of(extra, &["type", "text", "cache_control"]) && marker(cache_control),
+            ContentBlock::Image(inner) | ContentBlock::Document(inner) => {
+                free_of(&inner.extra, &["type", "source", "cache_control"]) && marker(&inner.cache_control)
+            }
+            ContentBlock::ToolUse { cache_control, extra, .. } | ContentBlock::ServerToolUse { cache_control, extra, .. } => {
+                free_of(extra, &["type", "id", "name", "input", "cache_control"]) && marker(cache_control)
+            }
+            ContentBlock::ToolResult { content, cache_control, extra, .. } | ContentBlock::FinalToolResult { content, cache_control, extra, .. } => {
+                free_of(extra, &["type", "tool_use_id", "content", "is_error", "cache_control"])
+                    && marker(cache_control)
+                    && match content {
+                        Some(ToolResultContent::Blocks(blocks)) => blocks.iter().all(ContentBlock::writes_each_key_once),
+                        _ => true,
+                    }
+            }
+            ContentBlock::Thinking { extra, .. } => free_of(extra, &["type", "thinking", "signature"]),
+            ContentBlock::RedactedThinking { extra, .. } => free_of(extra, &["type", "data"]),
+            ContentBlock::ToolReference { extra, .. } => free_of(extra, &["type", "tool_name"]),
+            ContentBlock::Other(_) => true,
+        }
     }
 }
 
@@ -682,6 +847,37 @@ impl Serialize for ContentBlock {
                 inner: ToolResultRepr { tool_use_id, content, is_error, cache_control, extra },
             }
             .serialize(serializer),
+            ContentBlock::FinalToolResult { tool_use_id, content, is_error, cache_control, extra } => {
+                // As `Value::Object` of [`ContentBlock::wire_value`] serializes: a map of
+                // its length, its entries in order.
+                use serde::ser::SerializeMap as _;
+                let len = 2 + usize::from(content.is_some()) + usize::from(is_error.is_some()) + extra.len() + usize::from(cache_control.is_some());
+                let mut map = serializer.serialize_map(Some(len))?;
+                if *is_error == Some(true) {
+                    map.serialize_entry("type", kind)?;
+                    if let Some(content) = content {
+                        map.serialize_entry("content", content)?;
+                    }
+                    map.serialize_entry("is_error", &true)?;
+                    map.serialize_entry("tool_use_id", tool_use_id)?;
+                } else {
+                    map.serialize_entry("tool_use_id", tool_use_id)?;
+                    map.serialize_entry("type", kind)?;
+                    if let Some(content) = content {
+                        map.serialize_entry("content", content)?;
+                    }
+                    if let Some(flag) = is_error {
+                        map.serialize_entry("is_error", flag)?;
+                    }
+                }
+                for (key, value) in extra {
+                    map.serialize_entry(key, value)?;
+                }
+                if let Some(cc) = cache_control {
+                    map.serialize_entry("cache_control", cc)?;
+                }
+                map.end()
+            }
             ContentBlock::Thinking { thinking, signature, extra } => {
                 Tagged { kind, inner: ThinkingRepr { thinking, signature, extra } }.serialize(serializer)
             }
@@ -1092,5 +1288,155 @@ mod shared_blocks_tests {
         let mut blocks = MessageContent::Text("a".into());
         blocks.blocks_mut().insert(0, ContentBlock::text("r"));
         assert_eq!(text, blocks);
+    }
+}
+
+#[cfg(test)]
+mod final_tool_result_tests {
+    use super::*;
+    use crate::api::identical::Identical;
+    use crate::api::{CacheScope, CacheTtl};
+    use proptest::prelude::*;
+
+    /// A JSON value of every kind, numbers of each encoding included.
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            "[a-z\"\\\\é\n]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(2, 8, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                proptest::collection::vec(("[a-c]{1,2}", inner), 0..3).prop_map(|entries| Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `extra` keys, some of them a field of a tool_result, a block or a marker.
+    fn extra() -> impl Strategy<Value = Map<String, Value>> {
+        let key = prop_oneof![
+            4 => "x[a-c]".prop_map(String::from),
+            1 => Just("cache_reference".to_owned()),
+            1 => proptest::sample::select(vec!["type", "content", "is_error", "tool_use_id", "cache_control", "text", "ttl", "source"]).prop_map(str::to_owned),
+        ];
+        proptest::collection::vec((key, json()), 0..3).prop_map(|entries| entries.into_iter().collect())
+    }
+
+    fn marker() -> impl Strategy<Value = Option<CacheControl>> {
+        let ttl = prop_oneof![Just(None), Just(Some(CacheTtl::FiveMinutes)), Just(Some(CacheTtl::OneHour))];
+        let scope = prop_oneof![Just(None), Just(Some(CacheScope::Global))];
+        proptest::option::of((ttl, scope, extra()).prop_map(|(ttl, scope, extra)| CacheControl { extra, ..CacheControl::ephemeral().with_ttl(ttl).with_scope(scope) }))
+    }
+
+    /// A block of a tool_result's content.
+    fn item() -> impl Strategy<Value = ContentBlock> {
+        prop_oneof![
+            ("[a-z \n\"]{0,8}", marker(), extra()).prop_map(|(text, cache_control, extra)| ContentBlock::Text { text: text.into(), cache_control, extra }),
+            (json(), marker()).prop_map(|(source, cache_control)| ContentBlock::Image(ImageLike { source, cache_control, extra: Map::new() })),
+            "[a-z]{1,5}".prop_map(|tool_name| ContentBlock::ToolReference { tool_name, extra: Map::new() }),
+            json().prop_map(|value| ContentBlock::Other(serde_json::json!({"type": "search_result", "v": value}))),
+        ]
+    }
+
+    /// A tool_result as the agent builds one: error or not, text or blocks, extra keys, marker.
+    fn tool_result() -> impl Strategy<Value = ContentBlock> {
+        let content = proptest::option::of(prop_oneof![
+            "[a-z \n\"é]{0,12}".prop_map(|text| ToolResultContent::Text(text.into())),
+            proptest::collection::vec(item(), 0..3).prop_map(ToolResultContent::Blocks),
+        ]);
+        let is_error = prop_oneof![Just(None), Just(Some(true)), Just(Some(false))];
+        ("[a-z0-9_]{0,6}", content, is_error, marker(), extra()).prop_map(|(tool_use_id, content, is_error, cache_control, extra)| {
+            ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra }
+        })
+    }
+
+    proptest! {
+        /// A finalized tool_result is written, hashed (markers left out and kept), counted and
+        /// read as the raw JSON object of the reference client's key order it replaced
+        /// (`wire_value`, the object every finalized result was before).
+        #[test]
+        fn a_finalized_result_is_its_raw_json_to_every_reader(block in tool_result()) {
+            let raw = ContentBlock::Other(block.wire_value().unwrap());
+            let finalized = block.clone().finalized();
+            prop_assert_eq!(matches!(finalized, ContentBlock::FinalToolResult { .. }), block.writes_each_key_once());
+            prop_assert_eq!(serde_json::to_string(&finalized).unwrap(), serde_json::to_string(&raw).unwrap());
+            for tag in [&b"user"[..], b"assistant"] {
+                prop_assert_eq!(crate::api::structural::block_hash(tag, &finalized), crate::api::structural::block_hash(tag, &raw));
+            }
+            prop_assert_eq!(crate::api::structural::sha256_hex(&finalized), crate::api::structural::sha256_hex(&raw));
+            prop_assert_eq!(crate::measure::blocks::content_token_units(&finalized), crate::measure::blocks::content_token_units(&raw));
+            prop_assert_eq!(finalized.raw_cache_control(), raw.raw_cache_control());
+            prop_assert_eq!((finalized.kind(), finalized.cache_control(), finalized.is_thinking()), (raw.kind(), raw.cache_control(), raw.is_thinking()));
+            prop_assert!(finalized.identical(&raw) && raw.identical(&finalized) && finalized.identical(&finalized.clone()));
+            let mut unmarkable = finalized.clone();
+            prop_assert!(!unmarkable.set_cache_control(None));
+            prop_assert_eq!(&unmarkable, &finalized);
+            // Its text is the one it was given, not a copy.
+            if let (ContentBlock::ToolResult { content: Some(ToolResultContent::Text(a)), .. }, ContentBlock::FinalToolResult { content: Some(ToolResultContent::Text(b)), .. }) = (&block, &finalized) {
+                prop_assert!(a.same(b));
+            }
+        }
+    }
+
+    proptest! {
+        /// A hash kept with a text is the hash of every block that reads it: blocks of other
+        /// kinds, tags, ids, error flags and markers holding the same text, in any order, and
+        /// after the text changed (in place, appended, through a copy).
+        #[test]
+        fn a_hash_kept_with_a_text_is_each_blocks_hash(
+            results in proptest::collection::vec(tool_result(), 1..6),
+            picks in proptest::collection::vec((0usize..8, any::<bool>(), 0usize..3), 1..24),
+        ) {
+            let hash = |tag: &'static str, block: &ContentBlock| crate::api::structural::block_hash(tag.as_bytes(), block);
+            let mut text = SharedText::from("shared\ntext");
+            for (which, user, change) in picks {
+                let tag = if user { "user" } else { "assistant" };
+                let mut block = results[which % results.len()].clone();
+                if let ContentBlock::ToolResult { content, .. } = &mut block {
+                    *content = Some(ToolResultContent::Text(text.clone()));
+                }
+                let block = match which {
+                    6 => ContentBlock::text(text.clone()),
+                    7 => ContentBlock::Text { text: text.clone(), cache_control: Some(CacheControl::ephemeral()), extra: Map::new() },
+                    _ if which % 2 == 0 => block.finalized(),
+                    _ => block,
+                };
+                prop_assert_eq!(block_hash_kept(tag, &block), hash(tag, &block));
+                match change {
+                    0 => {}
+                    // Appended to a copy: the block holds the text as it was.
+                    1 => {
+                        text.append("+");
+                        prop_assert_eq!(block_hash_kept(tag, &block), hash(tag, &block));
+                    }
+                    // Changed in place, no block holding it any more: what was kept goes.
+                    _ => {
+                        drop(block);
+                        text.push('!');
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keys that are also fields keep the raw JSON form: the object holds each key once.
+    #[test]
+    fn a_result_whose_extra_repeats_a_field_stays_raw_json() {
+        let mut block = ContentBlock::tool_result("t1", ToolResultContent::Text("out".into()), None);
+        assert!(matches!(block.clone().finalized(), ContentBlock::FinalToolResult { .. }));
+        if let ContentBlock::ToolResult { extra, .. } = &mut block {
+            extra.insert("type".into(), Value::from("x"));
+        }
+        let raw = block.clone().finalized();
+        assert!(matches!(raw, ContentBlock::Other(_)));
+        assert_eq!(serde_json::to_string(&raw).unwrap(), r#"{"tool_use_id":"t1","type":"x","content":"out"}"#);
+        let text = ContentBlock::Text { text: "a".into(), cache_control: None, extra: [("text".to_owned(), Value::from("b"))].into_iter().collect() };
+        let nested = ContentBlock::tool_result("t2", ToolResultContent::Blocks(vec![text]), Some(true));
+        assert!(matches!(nested.finalized(), ContentBlock::Other(_)), "a repeated key in its content too");
+        assert!(matches!(ContentBlock::text("a").finalized(), ContentBlock::Text { .. }), "other blocks are left as they are");
     }
 }

@@ -172,6 +172,14 @@ impl Identical for ContentBlock {
             (B::ToolReference { tool_name: a, extra: ea }, B::ToolReference { tool_name: b, extra: eb }) => {
                 a == b && ea.identical(eb)
             }
+            (
+                B::FinalToolResult { tool_use_id: ia, content: xa, is_error: ra, cache_control: ca, extra: ea },
+                B::FinalToolResult { tool_use_id: ib, content: xb, is_error: rb, cache_control: cb, extra: eb },
+            ) => ia == ib && xa.identical(xb) && ra.identical(rb) && ca.identical(cb) && ea.identical(eb),
+            // A finalized result and a raw JSON tool_result: as the raw forms compare.
+            (final_result @ B::FinalToolResult { .. }, B::Other(raw)) | (B::Other(raw), final_result @ B::FinalToolResult { .. }) => {
+                raw.get("type").and_then(Value::as_str) == Some("tool_result") && final_result.wire_value().is_some_and(|value| value.identical(raw))
+            }
             (B::Other(a), B::Other(b)) => a.identical(b),
             _ => false,
         }

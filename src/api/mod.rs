@@ -16,7 +16,7 @@ mod content;
 mod request;
 mod response;
 
-pub use content::{ContentBlock, ImageLike, MessageContent, SharedBlocks, SharedText, ToolResultContent, joined_text};
+pub use content::{ContentBlock, ImageLike, MessageContent, SharedBlocks, SharedText, ToolResultContent, block_hash_kept, joined_text};
 pub(crate) use content::json_kind;
 pub use request::{
     CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedVec, SystemBlock, SystemPrompt, Tool,

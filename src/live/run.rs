@@ -154,9 +154,11 @@ impl Live<'_> {
             MessageContent::Text(_) => &[],
         });
         for block in blocks {
-            // Normalized history keeps the client's key order as a raw value (agent/normalize.rs).
+            // Normalized history keeps the client's key order (finalized, or as a raw value:
+            // agent/normalize.rs).
             let value = match block {
                 ContentBlock::ToolResult { .. } => serde_json::to_value(block).expect("blocks serialize"),
+                ContentBlock::FinalToolResult { .. } => block.wire_value().expect("a tool_result has a wire form"),
                 ContentBlock::Other(value) if value["type"] == "tool_result" => value.clone(),
                 _ => continue,
             };

@@ -329,11 +329,18 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit<'_>> {
             let json = serde_json::to_string(input).unwrap_or_default();
             vec![TokenUnit::Text(Cow::Owned(format!("{name}{json}")))]
         }
-        ContentBlock::ToolResult { content, .. } => match content {
-            None => Vec::new(),
-            Some(ToolResultContent::Text(text)) => vec![TokenUnit::Text(Cow::Borrowed(text))],
-            Some(ToolResultContent::Blocks(blocks)) => blocks.iter().flat_map(content_token_units).collect(),
-        },
+        ContentBlock::ToolResult { content, .. } => result_units(content),
+        // A finalized result counts as its raw JSON form did (parsed back to the typed block):
+        // by its content.
+        ContentBlock::FinalToolResult { content, .. } => {
+            let units = result_units(content);
+            #[cfg(debug_assertions)]
+            {
+                let raw = ContentBlock::Other(block.wire_value().expect("a tool_result has a wire form"));
+                assert_eq!(units, content_token_units(&raw), "a finalized tool_result counts as its raw JSON");
+            }
+            units
+        }
         ContentBlock::Thinking { thinking, .. } => vec![TokenUnit::Text(Cow::Borrowed(thinking))],
         ContentBlock::RedactedThinking { data, .. } => vec![TokenUnit::Text(Cow::Borrowed(data))],
         // A block kept in its wire form (the agent writes tool_results with the reference's key
@@ -344,6 +351,15 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit<'_>> {
             _ => vec![TokenUnit::Text(Cow::Owned(serde_json::to_string(block).unwrap_or_default()))],
         },
         ContentBlock::ToolReference { .. } => vec![TokenUnit::Text(Cow::Owned(serde_json::to_string(block).unwrap_or_default()))],
+    }
+}
+
+/// [`content_token_units`] of a tool_result's content.
+fn result_units(content: &Option<ToolResultContent>) -> Vec<TokenUnit<'_>> {
+    match content {
+        None => Vec::new(),
+        Some(ToolResultContent::Text(text)) => vec![TokenUnit::Text(Cow::Borrowed(text))],
+        Some(ToolResultContent::Blocks(blocks)) => blocks.iter().flat_map(content_token_units).collect(),
     }
 }
 
@@ -590,7 +606,7 @@ pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCount
         _ if crate::api::system_messages::renders_nothing(message) => (&[], Cow::Borrowed(&[])),
         MessageContent::Text(text) => {
             owned = [ContentBlock::text(text.clone())];
-            (&owned, Cow::Owned(vec![block_hash(role.as_bytes(), &owned[0])]))
+            (&owned, Cow::Owned(vec![crate::api::block_hash_kept(role, &owned[0])]))
         }
         MessageContent::Blocks(blocks) => (blocks, blocks.block_hashes(role)),
     };
@@ -624,7 +640,7 @@ pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCount
 /// A tool_result's `cache_reference`, and the references a `cache_edits` block deletes.
 fn cache_edit_fields(block: &ContentBlock) -> (Option<Arc<str>>, Option<Arc<[String]>>) {
     match block {
-        ContentBlock::ToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(Arc::from), None),
+        ContentBlock::ToolResult { extra, .. } | ContentBlock::FinalToolResult { extra, .. } => (extra.get("cache_reference").and_then(Value::as_str).map(Arc::from), None),
         ContentBlock::Other(value) if value.get("type").and_then(Value::as_str) == Some("tool_result") => {
             (value.get("cache_reference").and_then(Value::as_str).map(Arc::from), None)
         }

@@ -289,8 +289,9 @@ pub fn may_edit(edits: &[Edit]) -> bool {
     })
 }
 
-// Blocks may be held typed or, where the client keeps its own key order, as raw JSON
-// (`ContentBlock::Other`); both forms are read and edited alike.
+// Blocks may be held typed or, where the client keeps its own key order, finalized
+// (`ContentBlock::FinalToolResult`) or as raw JSON (`ContentBlock::Other`); every form is
+// read and edited alike, a finalized result as its raw JSON would be.
 
 fn wire_str<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
     value.get(key).and_then(Value::as_str)
@@ -299,7 +300,7 @@ fn wire_str<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
 /// The `tool_use_id` of a tool_result block.
 fn result_id(block: &ContentBlock) -> Option<&str> {
     match block {
-        ContentBlock::ToolResult { tool_use_id, .. } => Some(tool_use_id),
+        ContentBlock::ToolResult { tool_use_id, .. } | ContentBlock::FinalToolResult { tool_use_id, .. } => Some(tool_use_id),
         ContentBlock::Other(v) if wire_str(v, "type") == Some("tool_result") => wire_str(v, "tool_use_id"),
         _ => None,
     }
@@ -323,6 +324,14 @@ fn clear_block(block: &mut ContentBlock) {
     match block {
         ContentBlock::ToolResult { content, .. } => *content = Some(ToolResultContent::Text(CLEARED_TOOL_RESULT.into())),
         ContentBlock::ToolUse { input, .. } => *input = json!({}),
+        ContentBlock::FinalToolResult { content: Some(content), .. } => *content = ToolResultContent::Text(CLEARED_TOOL_RESULT.into()),
+        // As its raw JSON form: the content key added goes last.
+        ContentBlock::FinalToolResult { content: None, .. } => {
+            if let Some(Value::Object(mut map)) = block.wire_value() {
+                map.insert("content".to_owned(), json!(CLEARED_TOOL_RESULT));
+                *block = ContentBlock::Other(Value::Object(map));
+            }
+        }
         ContentBlock::Other(Value::Object(map)) => match map.get("type").and_then(Value::as_str) {
             Some("tool_result") => {
                 map.insert("content".to_owned(), json!(CLEARED_TOOL_RESULT));
@@ -352,6 +361,11 @@ fn thinking_key(block: &ContentBlock) -> String {
         ContentBlock::Thinking { thinking, .. } => thinking.as_str(),
         ContentBlock::RedactedThinking { data, .. } => data.as_str(),
         ContentBlock::Other(v) => wire_str(v, "thinking").or_else(|| wire_str(v, "data")).unwrap_or(""),
+        // As its raw JSON form's: `extra` holds every key besides its fields.
+        ContentBlock::FinalToolResult { extra, .. } => {
+            let key = |k: &str| extra.get(k).and_then(Value::as_str);
+            key("thinking").or_else(|| key("data")).unwrap_or("")
+        }
         _ => "",
     };
     format!("thinking:{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))

@@ -457,7 +457,7 @@ impl Measurer {
         }
         let counter = &mut self.counter;
         let mut count = |role: crate::api::Role, block: &crate::api::ContentBlock| -> u64 {
-            let (hash, _) = crate::api::structural::block_hash(role.as_str().as_bytes(), block);
+            let (hash, _) = crate::api::block_hash_kept(role.as_str(), block);
             u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
         };
         let edited = context_editing::apply_memo(body, &edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family);

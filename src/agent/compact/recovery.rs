@@ -84,7 +84,21 @@ fn retain_media(block: &mut ContentBlock, keep: &mut dyn FnMut(usize) -> bool) {
                 });
             }
         }
+        // As its raw JSON form: the content's own media only.
+        ContentBlock::FinalToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => {
+            blocks.retain(|item| item_media(item).is_none_or(&mut *keep));
+        }
         _ => {}
+    }
+}
+
+/// The base64 size of an image or document in a finalized tool_result's content, as its raw
+/// JSON item reads (`None` for another kind of item).
+fn item_media(item: &ContentBlock) -> Option<usize> {
+    match item {
+        ContentBlock::Image(m) | ContentBlock::Document(m) => Some(media_bytes(&m.source)),
+        ContentBlock::Other(v) if matches!(v.get("type").and_then(Value::as_str), Some("image" | "document")) => Some(v.get("source").map_or(0, media_bytes)),
+        _ => None,
     }
 }
 
@@ -288,6 +302,7 @@ fn visit_media(block: &ContentBlock, seen: &mut dyn FnMut(usize)) {
                 }
             }
         }
+        ContentBlock::FinalToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().filter_map(item_media).for_each(seen),
         _ => {}
     }
 }
@@ -363,6 +378,15 @@ pub fn strip_media_to_text(entries: &mut [Entry]) -> usize {
                     if let Some(kind @ ("image" | "document")) = item.get("type").and_then(Value::as_str) {
                         let text = if kind == "document" { "[document]" } else { "[image]" };
                         *item = serde_json::json!({"type": "text", "text": text});
+                        *count += 1;
+                    }
+                }
+            }
+            // As its raw JSON form: the content's own media only.
+            ContentBlock::FinalToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => {
+                for item in blocks.iter_mut() {
+                    if item_media(item).is_some() {
+                        *item = placeholder(item.kind());
                         *count += 1;
                     }
                 }
