@@ -627,6 +627,13 @@ impl<'o> RunState<'o> {
                     let media_error = sent_media.error();
                     debug_assert_eq!(media_error, crate::agent::compact::recovery::simulated_media_error(&request.messages));
                     let rejection = media_error.clone().or_else(|| simulated_api_error(served.flat.total_tokens, window));
+                    // (A mirror that sends every tool up front sends the thread's tools as
+                    // assembled without tool search.)
+                    if let Some(tools) = &request.tools {
+                        for mirror in mirrors.iter_mut().filter(|m| m.wants_tools(tools)) {
+                            mirror.send_up_front(tools.clone(), agent.tools_without_search(world));
+                        }
+                    }
                     for mirror in mirrors.iter_mut() {
                         mirror.serve_main(&mut request, &served, hint.map(|(_, shared)| shared), media_error.as_deref(), window, rejection.as_deref());
                     }

@@ -1368,20 +1368,35 @@ impl Session {
         {
             return std::rc::Rc::clone(pool);
         }
-        let pool = ASSEMBLED_POOLS.with(|assembled| {
+        let pool = self.assembled(&inputs);
+        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
+        pool
+    }
+
+    /// The pool of `inputs` under this session's size profile, assembled once per thread
+    /// ([`ASSEMBLED_POOLS`]).
+    fn assembled(&self, inputs: &PoolInputs) -> std::rc::Rc<ToolPool> {
+        ASSEMBLED_POOLS.with(|assembled| {
             let mut assembled = assembled.borrow_mut();
-            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| *key == inputs && SizeProfile::same(profile, &self.profile)) {
+            if let Some((_, _, pool)) = assembled.iter().find(|(key, profile, _)| key == inputs && SizeProfile::same(profile, &self.profile)) {
                 return std::rc::Rc::clone(pool);
             }
-            let pool = std::rc::Rc::new(assemble_pool(&inputs, &self.profile));
+            let pool = std::rc::Rc::new(assemble_pool(inputs, &self.profile));
             if assembled.len() >= ASSEMBLED_POOLS_KEPT {
                 assembled.remove(0);
             }
             assembled.push((inputs.clone(), self.profile.clone(), std::rc::Rc::clone(&pool)));
             pool
-        });
-        *memo = Some((inputs, std::rc::Rc::clone(&pool)));
-        pool
+        })
+    }
+
+    /// The `tools` array this thread would send now with `ENABLE_TOOL_SEARCH=false` (every
+    /// tool's schema up front, no ToolSearch): its pool assembled under that setting. What a
+    /// mirror of that strategy sends in place of the run's ([`crate::runner::Mirror`]).
+    pub fn tools_without_search(&self, world: &World) -> crate::api::SharedVec<crate::api::Tool> {
+        let mut inputs = self.pool_inputs(world);
+        inputs.enable_tool_search = Some("false".to_owned());
+        self.assembled(&inputs).tools.clone()
     }
 
     /// `key` is what [`Session::pool_inputs`] would gather now, seen without gathering: `false`

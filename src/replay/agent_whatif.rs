@@ -86,6 +86,8 @@ pub struct Prepared {
     pub client: super::turns::RecordedClient,
     /// The workload's env (`world.env`), which every run applies over its strategy.
     env: BTreeMap<String, String>,
+    /// A scripted reply of the workload (any lane) calls ToolSearch.
+    tool_search_called: bool,
     /// The API's lookback rule when the session ran, every run's (as
     /// [`super::workload::agent_replay`] measures).
     pub lookback: crate::measure::LookbackRule,
@@ -167,7 +169,10 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let client = super::turns::RecordedClient::new(session, &workload.main_calls);
     let env = env_of(&workload.scenario);
     let lookback = crate::measure::LookbackRule::for_session_start(session.recording.header.start_epoch_ms);
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, lookback, first: std::sync::OnceLock::new() })
+    let tool_search_called = workload.scenario.script.iter().any(|step| {
+        matches!(step, crate::scenario::Step::Assistant(reply) if reply.content.iter().any(|b| matches!(b, crate::api::ContentBlock::ToolUse { name, .. } if name == crate::agent::tools::TOOL_SEARCH)))
+    });
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, tool_search_called, lookback, first: std::sync::OnceLock::new() })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -1039,7 +1044,8 @@ fn same_settings(a: &Strategy, b: &Strategy) -> Option<bool> {
 /// `trunk` only in the main lane's TTL, or only in sending the main thread's system prompt
 /// without the dynamic boundary (the trunk with it, in the global cache scope, with no peer
 /// mechanism: [`crate::agent::session::Session`]'s only reader of the system blocks' sizes),
-/// with caching on. Its run is the trunk's measured so where the trunk's run is the one its
+/// or only in sending every tool's schema up front where the trunk defers tools
+/// (`tools_up_front`), with caching on. Its run is the trunk's measured so where the trunk's run is the one its
 /// plan search settles on, the mirror did not part from it and its rows leave everything the
 /// outcome reads of them as the trunk's do (`mirrored_outcome`); elsewhere it runs on its own.
 pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) -> Option<crate::runner::MirrorOf> {
@@ -1050,6 +1056,9 @@ pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) ->
     let (a, b) = (world.strategy(effective), world.strategy(trunk));
     if !a.prompt_caching {
         return None;
+    }
+    if a.enable_tool_search != b.enable_tool_search {
+        return tools_up_front(&a, &b, prepared);
     }
     let mut same = a.clone();
     let without_boundary = a.ttl_main == b.ttl_main;
@@ -1062,7 +1071,27 @@ pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) ->
     } else {
         same.ttl_main = b.ttl_main;
     }
-    same_settings(&same, &b)?.then(|| crate::runner::MirrorOf { run_ttl: b.ttl_for(LANE_MAIN), ttl: a.ttl_for(LANE_MAIN), without_boundary })
+    same_settings(&same, &b)?.then(|| crate::runner::MirrorOf { run_ttl: b.ttl_for(LANE_MAIN), ttl: a.ttl_for(LANE_MAIN), without_boundary, tools_up_front: false })
+}
+
+/// [`mirror_of`] where `a` differs from `b` in `ENABLE_TOOL_SEARCH` only: `a` sends every tool's
+/// schema up front, `b` defers tools (tool search allowed, its listing the first message of
+/// each request the agent builds itself: not 2.1.332's layout, no `deferred_tools_delta`
+/// attachments), with no peer mechanism, in a session whose workload calls no ToolSearch (no
+/// tool is loaded: the history is the same under both) and connects no MCP server (an MCP tool
+/// sent up front would lay the system prompt out otherwise). The requests of `b`'s run then
+/// differ from `a`'s only where they defer tools: the tools array and that first message
+/// ([`crate::runner::Mirror`] checks each).
+fn tools_up_front(a: &Strategy, b: &Strategy, prepared: &Prepared) -> Option<crate::runner::MirrorOf> {
+    use crate::agent::tools::tool_search_allowed;
+    let allowed = |s: &Strategy| tool_search_allowed(s.enable_tool_search.as_deref(), s.disable_experimental_betas, s.first_party, s.base_url == crate::strategy::BaseUrl::Custom);
+    let layout = b.client_version != crate::agent::dialect::VERSION && !b.deferred_tools_delta && b.compact.peer.strategy == crate::agent::compact::peers::PeerStrategy::None;
+    if allowed(a) || !allowed(b) || !layout || prepared.tool_search_called || !prepared.workload.scenario.world.mcp_servers.is_empty() {
+        return None;
+    }
+    let mut same = a.clone();
+    same.enable_tool_search.clone_from(&b.enable_tool_search);
+    same_settings(&same, b)?.then(|| crate::runner::MirrorOf { run_ttl: b.ttl_for(LANE_MAIN), ttl: b.ttl_for(LANE_MAIN), without_boundary: false, tools_up_front: true })
 }
 
 /// How a run goes on from a trunk checkpoint.
@@ -1115,10 +1144,23 @@ pub fn agent_whatif_family(
 /// after it, as [`outcome`] reads them). `None` where the rows differ from the trunk's in what
 /// else the outcome reads of them: a row's lane and error (which main rows answer which
 /// recorded calls) and the tool uses the server cleared (what the loss judge reads besides the
-/// bodies, which are the trunk's but for the system prompt, which it does not read).
+/// bodies, which are the trunk's but for the system prompt, which it does not read). A mirror
+/// that sends every tool up front leaves out the listing of deferred tools, which the loss
+/// judge reads after a compaction: its compaction losses are judged on the messages it sent
+/// (`compacted`, its main requests after a compaction: row and messages).
 ///
 /// [`LossTracker::count_drops`]: crate::measure::loss::LossTracker::count_drops
-fn mirrored_outcome(prepared: &Prepared, scenario: &Scenario, strategy: &Strategy, measurer: &Measurer, trunk: &AgentOutcome, rows: Vec<RequestMetrics>) -> Option<AgentOutcome> {
+#[expect(clippy::too_many_arguments, reason = "the trunk's outcome and what the mirror measured of it")]
+fn mirrored_outcome(
+    session: &ImportedSession,
+    prepared: &Prepared,
+    scenario: &Scenario,
+    strategy: &Strategy,
+    measurer: &Measurer,
+    trunk: &AgentOutcome,
+    rows: Vec<RequestMetrics>,
+    compacted: Option<Vec<(usize, Vec<Message>)>>,
+) -> Option<AgentOutcome> {
     let cleared = |row: &RequestMetrics| row.context_management.as_ref().map(|cm| cm.cleared_tool_use_ids.clone());
     if rows.len() != trunk.rows.len() || rows.iter().zip(&trunk.rows).any(|(a, b)| a.lane != b.lane || a.error != b.error || cleared(a) != cleared(b)) {
         return None;
@@ -1129,11 +1171,23 @@ fn mirrored_outcome(prepared: &Prepared, scenario: &Scenario, strategy: &Strateg
     let info_loss = InfoLoss { tokens_dropped: drops.tokens_dropped, compactions: drops.compactions, max_dropped: drops.max_dropped, ..trunk.info_loss.clone() };
     let main_rows = rows.iter().filter(|r| r.lane == LANE_MAIN && r.error.is_none());
     let context_of: BTreeMap<usize, u64> = prepared.workload.main_calls.iter().zip(main_rows).map(|(&call, row)| (call, row.context_tokens)).collect();
-    let mut compaction_losses = trunk.compaction_losses.clone();
-    for loss in &mut compaction_losses {
-        let before = context_of.range(..loss.call).next_back().map_or(0, |(_, &tokens)| tokens);
-        loss.tokens_dropped = before.saturating_sub(context_of.get(&loss.call).copied().unwrap_or(0));
-    }
+    let compaction_losses = match compacted {
+        Some(compacted) => {
+            // (Rows paired with the recorded calls as [`read_output`] pairs them.)
+            let main_rows = rows.iter().enumerate().filter(|(_, r)| r.lane == LANE_MAIN && r.error.is_none()).map(|(i, _)| i);
+            let call_of: BTreeMap<usize, usize> = main_rows.zip(prepared.workload.main_calls.iter().copied()).collect();
+            let after = compacted.into_iter().filter_map(|(row, messages)| call_of.get(&row).map(|call| (*call, messages))).collect();
+            compaction_losses(session, &trunk.compactions, &after, &context_of)
+        }
+        None => {
+            let mut compaction_losses = trunk.compaction_losses.clone();
+            for loss in &mut compaction_losses {
+                let before = context_of.range(..loss.call).next_back().map_or(0, |(_, &tokens)| tokens);
+                loss.tokens_dropped = before.saturating_sub(context_of.get(&loss.call).copied().unwrap_or(0));
+            }
+            compaction_losses
+        }
+    };
     let mut summary = crate::measure::Summary::from_rows(&scenario.file, &strategy.name, measurer.counter().kind().name(), &rows, trunk.summary.blocked);
     summary.info_loss = info_loss.clone();
     Some(AgentOutcome {
@@ -1436,9 +1490,10 @@ pub fn agent_whatif_family_until(
     // trunk's settled run (as a preset run on its own ends beyond the run as recorded).
     let alone_rule = |p: usize| top_rule.filter(|_| bounded(p)).map_or(Stops::Never, Stops::Rule);
     let alone = |p: usize| agent_whatif_family_until(session, file, prepared, measurer.clone(), std::slice::from_ref(&effectives[p]), alone_rule(p)).and_then(|mut v| v.pop().ok_or_else(|| "no outcome".to_owned())).unwrap_or_else(Err);
-    for (&(p, _), mirror) in mirrored.iter().zip(mirrors) {
+    for (&(p, of), mut mirror) in mirrored.iter().zip(mirrors) {
+        let compacted = of.tools_up_front.then(|| mirror.take_compacted_requests());
         let mirrored = match (&results[top], mirror.into_rows()) {
-            (Some(Ok(outcome)), Ok(rows)) if trunk_holds => mirrored_outcome(prepared, &scenarios.list[first].1, &effectives[p], &measurer, outcome, rows),
+            (Some(Ok(outcome)), Ok(rows)) if trunk_holds => mirrored_outcome(session, prepared, &scenarios.list[first].1, &effectives[p], &measurer, outcome, rows, compacted),
             _ => None,
         };
         // (A bounded one ends under the rule only beyond the trunk's run, which its run is:
@@ -1678,6 +1733,22 @@ impl Scenarios<'_> {
     }
 }
 
+/// The information loss of each of a run's `compactions` that a main request followed: `after`
+/// holds that request's messages by call, `context_of` each main call's context.
+fn compaction_losses(session: &ImportedSession, compactions: &[Compacted], after: &BTreeMap<usize, Vec<Message>>, context_of: &BTreeMap<usize, u64>) -> Vec<CompactionLoss> {
+    let position: BTreeMap<usize, usize> = session.calls.iter().enumerate().map(|(p, c)| (c.index, p)).collect();
+    let mut losses = Vec::new();
+    for c in compactions {
+        let (Some(after), Some(&at)) = (after.get(&c.call), position.get(&c.call)) else { continue };
+        // The main call before it that the agent answered.
+        let Some((&previous_call, &before)) = context_of.range(..c.call).next_back() else { continue };
+        let Some(&previous) = position.get(&previous_call) else { continue };
+        let after_tokens = context_of.get(&c.call).copied().unwrap_or(0);
+        losses.push(compaction_loss(session, at, previous, after, before, after_tokens));
+    }
+    losses
+}
+
 /// The agent's compactions in a run, the divergence from the recording, and the `compact`-lane
 /// replies its compactions should take.
 fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded_microcompacts: bool) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
@@ -1733,17 +1804,8 @@ fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded
 }
 
 fn outcome(session: &ImportedSession, run: Run, compactions: Vec<Compacted>, divergence: Option<(usize, String)>, runs: usize) -> AgentOutcome {
-    let position: BTreeMap<usize, usize> = session.calls.iter().enumerate().map(|(p, c)| (c.index, p)).collect();
     let context_of: BTreeMap<usize, u64> = run.paired.iter().map(|&(row, call)| (call, run.output.rows[row].context_tokens)).collect();
-    let mut compaction_losses = Vec::new();
-    for c in &compactions {
-        let (Some(after), Some(&at)) = (run.after.get(&c.call), position.get(&c.call)) else { continue };
-        // The main call before it that the agent answered.
-        let Some((&previous_call, &before)) = context_of.range(..c.call).next_back() else { continue };
-        let Some(&previous) = position.get(&previous_call) else { continue };
-        let after_tokens = context_of.get(&c.call).copied().unwrap_or(0);
-        compaction_losses.push(compaction_loss(session, at, previous, after, before, after_tokens));
-    }
+    let compaction_losses = compaction_losses(session, &compactions, &run.after, &context_of);
     AgentOutcome {
         info_loss: run.output.summary.info_loss.clone(),
         summary: run.output.summary,

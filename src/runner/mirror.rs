@@ -19,6 +19,20 @@
 //!   again) is sent with its system blocks laid out again and flattened by the mirror's own
 //!   measurer; the prompt's size differs, so the API's refusal (over the window) is the
 //!   mirror's own.
+//! - **Every tool's schema sent up front** (`ENABLE_TOOL_SEARCH=false` where the run's
+//!   strategy defers tools, [`MirrorOf::tools_up_front`]). Where the run's request defers
+//!   tools (ToolSearch among its tools), the mirror's carries the thread's pool assembled
+//!   without tool search ([`crate::agent::session::Session::tools_without_search`], which the
+//!   runner hands the mirror whenever the run's tools array is another allocation) and not the
+//!   `<available-deferred-tools>` listing the run's sends as its first message; the rest of the
+//!   history is the run's where ToolSearch loaded no tool (no `defer_loading` tool, no
+//!   `tool_reference` block to strip: the family asks for a workload that calls no ToolSearch,
+//!   and debug builds look for the blocks). Checked on every request: the run's tools are the
+//!   mirror's but for ToolSearch and the deferred ones, its first message lists exactly those,
+//!   and a request of another thread that defers tools (a subagent's) parts the mirror. Main
+//!   requests and main-thread forks that defer tools are flattened by the mirror's own
+//!   measurer and refused as its measurement says; a request that defers nothing is the same
+//!   under both strategies and measured as sent.
 //!
 //! What a measurement gives the run that the mirror's could give otherwise: the main request's
 //! refusal (and its error text, which the recovery ladder parses) and a fork's, the main row's
@@ -34,7 +48,7 @@
 
 use crate::agent::compact::recovery::{simulated_api_error, simulated_media_error};
 use crate::agent::session::fork_prefix_ttl;
-use crate::api::{CacheTtl, Request, SharedVec, SystemBlock, SystemPrompt};
+use crate::api::{CacheTtl, Message, MessageContent, Request, SharedVec, SystemBlock, SystemPrompt, Tool};
 use crate::measure::{FlatRequest, MeasureInput, Measurer, PromptBlock, Region, RequestMetrics, Served};
 use crate::recording::format::LANE_MAIN;
 
@@ -49,6 +63,80 @@ pub struct MirrorOf {
     pub ttl: Option<CacheTtl>,
     /// The main thread's system prompt without the dynamic boundary (the run's with it).
     pub without_boundary: bool,
+    /// Every tool's schema sent up front, no ToolSearch (the run defers tools).
+    pub tools_up_front: bool,
+}
+
+/// The run's `tools` array that defers tools, and what a mirror that sends every tool up front
+/// sends in its place ([`MirrorOf::tools_up_front`]).
+#[derive(Debug, Clone)]
+struct UpFront {
+    run: SharedVec<Tool>,
+    mine: SharedVec<Tool>,
+    /// The first message the run's requests send with `run`: the deferred tools' listing.
+    listing: String,
+}
+
+impl UpFront {
+    /// `mine` in place of `run` where `run` is the tools array of a request that defers what
+    /// `mine` sends up front: no tool of either carries a marker or `defer_loading`, `run`
+    /// holds ToolSearch and `mine` does not, `run`'s other tools are in `mine` as they are, and
+    /// `mine` adds no MCP tool (an inline one lays the system prompt out otherwise). The
+    /// listing is that of the tools `mine` adds, in the client's order.
+    fn of(run: SharedVec<Tool>, mine: SharedVec<Tool>) -> Result<UpFront, String> {
+        use crate::agent::tools::TOOL_SEARCH;
+        let plain = |t: &Tool| t.cache_control.is_none() && t.defer_loading.is_none();
+        if !run.iter().chain(mine.iter()).all(plain) {
+            return Err("a tool with a marker or loaded by ToolSearch".to_owned());
+        }
+        if !run.iter().any(|t| t.name == TOOL_SEARCH) || mine.iter().any(|t| t.name == TOOL_SEARCH) {
+            return Err("ToolSearch not only among the run's tools".to_owned());
+        }
+        if !run.iter().filter(|t| t.name != TOOL_SEARCH).all(|t| mine.iter().any(|m| m == t)) {
+            return Err("a tool of the run's that is not sent up front as the run sends it".to_owned());
+        }
+        let mut added: Vec<String> = mine.iter().filter(|m| !run.iter().any(|t| t.name == m.name)).map(|m| m.name.clone()).collect();
+        if added.iter().any(|name| name.starts_with("mcp__")) {
+            return Err("an MCP tool sent up front".to_owned());
+        }
+        added.sort_by(|a, b| crate::agent::tools::code_unit_compare(a, b));
+        Ok(UpFront { run, mine, listing: crate::agent::tools::deferred_tools_listing(&added) })
+    }
+
+    /// Whether `request` defers tools: ToolSearch, or a tool it loaded, among its tools.
+    fn defers(request: &Request) -> bool {
+        request.tools.as_ref().is_some_and(|tools| tools.iter().any(|t| t.name == crate::agent::tools::TOOL_SEARCH || t.defer_loading.is_some()))
+    }
+
+    /// `request` as the mirror sends it given to `f`, then put back: its tools swapped, and its
+    /// messages for `messages`, which hold the messages after the first, the listing (the
+    /// mirror's own list, kept from request to request: no copy of the run's); an error where
+    /// `request` is not one this swaps (the tools [`UpFront::of`] took, their listing first).
+    fn swapped<R>(&self, request: &mut Request, messages: &mut Vec<Message>, f: impl FnOnce(&Request) -> R) -> Result<R, String> {
+        if !request.tools.as_ref().is_some_and(|tools| tools.same(&self.run)) {
+            return Err("a request that defers tools with another tools array".to_owned());
+        }
+        let lists = request.messages.first().is_some_and(|m| m.role == crate::api::Role::User && matches!(&m.content, MessageContent::Text(text) if **text == *self.listing));
+        if !lists {
+            return Err("a request that defers tools without their listing first".to_owned());
+        }
+        #[cfg(debug_assertions)]
+        {
+            use crate::api::{ContentBlock, ToolResultContent};
+            let reference = |m: &crate::api::Message| {
+                matches!(&m.content, MessageContent::Blocks(blocks) if blocks.iter().any(|b| matches!(b, ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(inner)), .. } if inner.iter().any(|i| matches!(i, ContentBlock::ToolReference { .. })))))
+            };
+            debug_assert!(!request.messages.iter().any(reference), "a tool_reference block, which sent without tool search is stripped");
+            use crate::api::identical::Identical;
+            debug_assert!(messages[..].identical(&request.messages[1..]), "the mirror's messages are the run's after the listing");
+        }
+        let run_tools = request.tools.replace(self.mine.clone());
+        std::mem::swap(&mut request.messages, messages);
+        let out = f(request);
+        std::mem::swap(&mut request.messages, messages);
+        request.tools = run_tools;
+        Ok(out)
+    }
 }
 
 /// A strategy that differs from a run's only in what [`MirrorOf`] says, measured beside it
@@ -67,8 +155,22 @@ pub struct Mirror {
     /// (one allocation while the run's is one: the mirror's flattener compares it by pointer).
     relaid: Option<(SharedVec<SystemBlock>, SharedVec<SystemBlock>)>,
     /// The stamp of the last main request the mirror's measurer flattened (its own, without
-    /// the boundary).
+    /// the boundary or with every tool up front).
     main_stamp: Option<u64>,
+    /// What a mirror that sends every tool up front sends in place of the run's last tools
+    /// array that deferred tools.
+    up_front: Option<UpFront>,
+    /// The messages the mirror sent with every tool up front in its last main request: the
+    /// run's after the listing.
+    messages: Vec<Message>,
+    /// Of a mirror that sends every tool up front, each main request after a compaction: its
+    /// row and its messages as the mirror sent them (what the loss judge reads of it).
+    compacted: Vec<(usize, Vec<Message>)>,
+    /// The run's last tools array [`Mirror::send_up_front`] was told of.
+    tools_seen: Option<SharedVec<Tool>>,
+    /// Whether the last main request the mirror's measurer flattened was sent with every tool
+    /// up front where the run's deferred them.
+    main_up_front: bool,
 }
 
 impl std::fmt::Debug for Mirror {
@@ -81,7 +183,7 @@ impl Mirror {
     /// A mirror of strategy `of` beside a run, measuring on `measurer` (in the state the run's
     /// measurer starts from) under `client` (the run's rules, in their starting state).
     pub fn new(of: MirrorOf, measurer: Measurer, client: Option<Box<dyn ClientRules>>) -> Mirror {
-        Mirror { of, measurer, client, rows: Vec::new(), parted: None, pending: None, relaid: None, main_stamp: None }
+        Mirror { of, measurer, client, rows: Vec::new(), parted: None, pending: None, relaid: None, main_stamp: None, up_front: None, messages: Vec::new(), compacted: Vec::new(), tools_seen: None, main_up_front: false }
     }
 
     /// Where and why the mirror parted from the run: the run's row count then, and the reason.
@@ -95,6 +197,13 @@ impl Mirror {
             Some(parted) => Err(parted),
             None => Ok(self.rows),
         }
+    }
+
+    /// Of a mirror that sends every tool up front, each main request after a compaction
+    /// (its row, its messages as the mirror sent them), as [`super::RunState::keep_compacted_requests`]
+    /// keeps the run's.
+    pub fn take_compacted_requests(&mut self) -> Vec<(usize, Vec<Message>)> {
+        std::mem::take(&mut self.compacted)
     }
 
     /// The measurer the mirror measures with.
@@ -111,6 +220,26 @@ impl Mirror {
 
     fn live(&self) -> bool {
         self.parted.is_none()
+    }
+
+    /// Whether the mirror sends every tool up front and has not been told what it sends in
+    /// place of `run`, a main request's tools array ([`Mirror::send_up_front`]).
+    pub(super) fn wants_tools(&self, run: &SharedVec<Tool>) -> bool {
+        self.of.tools_up_front && self.live() && !self.tools_seen.as_ref().is_some_and(|seen| seen.same(run))
+    }
+
+    /// What the mirror sends in place of `run` where a request defers tools with it: `mine`,
+    /// the thread's tools assembled without tool search. Checked as [`UpFront::of`] says (a
+    /// `run` that defers nothing is sent as it is), else the mirror parts.
+    pub(super) fn send_up_front(&mut self, run: SharedVec<Tool>, mine: SharedVec<Tool>) {
+        self.tools_seen = Some(run.clone());
+        if !run.iter().any(|t| t.name == crate::agent::tools::TOOL_SEARCH || t.defer_loading.is_some()) {
+            return;
+        }
+        match UpFront::of(run, mine) {
+            Ok(up_front) => self.up_front = Some(up_front),
+            Err(why) => self.part(why),
+        }
     }
 
     /// `served` with its markers at the mirror's TTL; an error where a marker is not at the
@@ -172,6 +301,9 @@ impl Mirror {
         {
             return self.part(format!("a {} request with the main thread's system array", input.lane));
         }
+        if self.of.tools_up_front && UpFront::defers(input.body) {
+            return self.part(format!("a {} request that defers tools", input.lane));
+        }
         self.push(input.clone(), served.clone());
     }
 
@@ -179,16 +311,23 @@ impl Mirror {
     /// request was built as the thread's, then given its own marker on the messages. A fork of
     /// the main thread sends its system and tool markers at the TTL [`fork_prefix_ttl`] gives
     /// under the main lane's (the run's, the mirror's), and its system array without the
-    /// boundary where the mirror's is (then flattened by the mirror, refused by the API over
-    /// `window` as the mirror's measurement says: it parts where that is not the run's
-    /// refusal); any other is measured as sent.
+    /// boundary where the mirror's is, every tool up front where it defers tools (then
+    /// flattened by the mirror, refused by the API over `window` as the mirror's measurement
+    /// says: it parts where that is not the run's refusal); any other is measured as sent.
     pub(super) fn measure_fork(&mut self, input: &MeasureInput<'_>, served: &Served, thread: &str, window: u64) {
         if thread != LANE_MAIN || !self.live() {
             return self.measure_as_sent(input, served);
         }
-        if self.of.without_boundary {
-            let request = match self.relaid_system(input.body.system.as_ref(), false) {
-                Ok(system) => Request { system: Some(SystemPrompt::Blocks(system)), ..input.body.clone() },
+        let up_front = self.of.tools_up_front && UpFront::defers(input.body);
+        if self.of.without_boundary || up_front {
+            let system = match self.of.without_boundary.then(|| self.relaid_system(input.body.system.as_ref(), false)).transpose() {
+                Ok(system) => system,
+                Err(why) => return self.part(why),
+            };
+            let mut request = input.body.clone();
+            let mut messages = request.messages.get(1..).unwrap_or_default().to_vec();
+            let request = match laid_out(up_front, self.up_front.as_ref(), &mut messages, &mut request, system.as_ref(), Request::clone) {
+                Ok(request) => request,
                 Err(why) => return self.part(why),
             };
             let mine = match self.measurer.serve(&request) {
@@ -197,7 +336,7 @@ impl Mirror {
             };
             let refusal = simulated_media_error(&request.messages).or_else(|| simulated_api_error(mine.flat.total_tokens, window));
             if refusal != input.rejected {
-                return self.part(format!("a {} fork's refusal differs without the boundary ({refusal:?}, the run's {:?})", input.lane, input.rejected));
+                return self.part(format!("a {} fork's refusal differs as the mirror sends it ({refusal:?}, the run's {:?})", input.lane, input.rejected));
             }
             return self.push(MeasureInput { body: &request, ..input.clone() }, mine);
         }
@@ -214,39 +353,55 @@ impl Mirror {
 
     /// A main request, `served` as the run's measurer flattened it (salted as the run's rules
     /// guessed), before the API's answer: the mirror's own (its markers at the mirror's TTL, or
-    /// `request` without the boundary flattened by the mirror, its first `shared` messages
-    /// those of the previous main request as [`Measurer::serve_shared`] is told), kept for
-    /// [`Mirror::measure_refused`] or [`Mirror::before_main`]. The API refuses it with the media
-    /// error `media` or over `window`; the mirror parts where that is not `rejection`, the
-    /// run's.
+    /// `request` without the boundary or with every tool up front flattened by the mirror, its
+    /// first `shared` messages those of the previous main request as [`Measurer::serve_shared`]
+    /// is told, less the listing the mirror does not send), kept for [`Mirror::measure_refused`]
+    /// or [`Mirror::before_main`]. The API refuses it with the media error `media` or over
+    /// `window`; the mirror parts where that is not `rejection`, the run's.
     pub(super) fn serve_main(&mut self, request: &mut Request, served: &Served, shared: Option<usize>, media: Option<&str>, window: u64, rejection: Option<&str>) {
         if !self.live() {
             return;
         }
-        if !self.of.without_boundary {
+        let up_front = self.of.tools_up_front && UpFront::defers(request);
+        if !self.of.without_boundary && !up_front {
             match self.retimed(served) {
                 Ok(mine) => self.pending = Some((mine, Vec::new())),
                 Err(why) => self.part(why),
             }
             return;
         }
-        let system = match self.relaid_system(request.system.as_ref(), true) {
+        let system = match self.of.without_boundary.then(|| self.relaid_system(request.system.as_ref(), true)).transpose() {
             Ok(system) => system,
             Err(why) => return self.part(why),
         };
         let salts = self.client.as_deref().map_or(&[][..], |c| c.salts_hint()).to_vec();
+        // (The messages the mirror shares with its last main request: the run's less the
+        // listing where both took it out.)
+        let shared = shared.filter(|_| self.main_up_front == up_front).map(|n| if up_front { n.saturating_sub(1) } else { n });
+        if up_front {
+            // The mirror's messages are the last main request's after its listing: the leading
+            // ones this request holds as they are (the same content by pointer) are kept, the
+            // rest taken from it.
+            let same = |(a, b): &(&Message, &Message)| a.role == b.role && a.content.same(&b.content) && a.extra == b.extra;
+            let keep = self.messages.iter().zip(request.messages.iter().skip(1)).take_while(same).count();
+            self.messages.truncate(keep);
+            self.messages.extend(request.messages.iter().skip(keep + 1).cloned());
+        }
         let hint = self.main_stamp.zip(shared);
-        let run_system = request.system.replace(SystemPrompt::Blocks(system));
-        let mine = self.measurer.serve_shared(request, &salts, hint);
-        request.system = run_system;
+        let Mirror { up_front: tools, measurer, messages, .. } = self;
+        let mine = match laid_out(up_front, tools.as_ref(), messages, request, system.as_ref(), |request| measurer.serve_shared(request, &salts, hint)) {
+            Ok(mine) => mine,
+            Err(why) => return self.part(why),
+        };
         let (mine, stamp) = match mine {
             Ok(mine) => mine,
             Err(e) => return self.part(e.to_string()),
         };
         self.main_stamp = Some(stamp);
+        self.main_up_front = up_front;
         let refusal = media.map(str::to_owned).or_else(|| simulated_api_error(mine.flat.total_tokens, window));
         if refusal.as_deref() != rejection {
-            return self.part(format!("the main request's refusal differs without the boundary ({refusal:?}, the run's {rejection:?})"));
+            return self.part(format!("the main request's refusal differs as the mirror sends it ({refusal:?}, the run's {rejection:?})"));
         }
         self.pending = Some((mine, Vec::new()));
     }
@@ -261,20 +416,21 @@ impl Mirror {
 
     /// The main request [`Mirror::serve_main`] kept, which the API accepted: the mirror's own
     /// rules applied to it (their events kept for its row, [`Mirror::main_row`]), given the
-    /// request as the mirror sends it (`request`, its system array swapped for the call)
-    /// in the call `call` makes of it.
+    /// request as the mirror sends it (`request`, its system array, tools and first message
+    /// swapped for the call) in the call `call` makes of it.
     pub(super) fn before_main(&mut self, request: &mut Request, call: impl FnOnce(&Request) -> MainCall<'_>) {
         let Some((mut mine, _)) = self.pending.take() else { return };
         let Some(client) = self.client.as_deref_mut() else {
             self.pending = Some((mine, Vec::new()));
             return;
         };
-        let events = if self.of.without_boundary {
-            let system = self.relaid.as_ref().map(|(_, mine)| SystemPrompt::Blocks(mine.clone()));
-            let run_system = std::mem::replace(&mut request.system, system);
-            let events = client.before_main(call(request), &mut mine.flat, &mut self.measurer);
-            request.system = run_system;
-            events
+        let up_front = self.of.tools_up_front && UpFront::defers(request);
+        let events = if self.of.without_boundary || up_front {
+            let system = self.relaid.as_ref().filter(|_| self.of.without_boundary).map(|(_, mine)| mine.clone());
+            match laid_out(up_front, self.up_front.as_ref(), &mut self.messages, request, system.as_ref(), |request| client.before_main(call(request), &mut mine.flat, &mut self.measurer)) {
+                Ok(events) => events,
+                Err(why) => return self.part(why),
+            }
         } else {
             client.before_main(MainCall { markers_ttl: Some(self.of.ttl), ..call(request) }, &mut mine.flat, &mut self.measurer)
         };
@@ -290,6 +446,7 @@ impl Mirror {
     pub(super) fn main_row(&mut self, mut input: MeasureInput<'_>, row: &RequestMetrics, usage_of: impl Fn(&RequestMetrics) -> u64) {
         let Some((served, events)) = self.pending.take() else { return };
         input.events.extend(events);
+        let input_messages = input.body.messages.as_slice();
         let mut mine = match self.measurer.measure_served(input, served) {
             Ok(mine) => mine,
             Err(e) => return self.part(e.to_string()),
@@ -305,8 +462,29 @@ impl Mirror {
         if let Some(client) = self.client.as_deref_mut() {
             client.after_main(&mine);
         }
+        if self.of.tools_up_front && mine.error.is_none() && mine.stages.iter().any(|s| s.fired && super::COMPACTION_STAGES.contains(&s.name.as_str())) {
+            let messages = if self.main_up_front { self.messages.clone() } else { input_messages.to_vec() };
+            self.compacted.push((self.rows.len(), messages));
+        }
         self.rows.push(mine);
     }
+}
+
+/// `request` as a mirror sends it, given to `f`, then put back as it was: its system array
+/// `system` where given, every tool up front (`up_front`'s, the messages after the listing
+/// `messages`) where `swap` says; an error where the mirror cannot send it so (no `up_front`,
+/// or one of other tools).
+fn laid_out<R>(swap: bool, up_front: Option<&UpFront>, messages: &mut Vec<Message>, request: &mut Request, system: Option<&SharedVec<SystemBlock>>, f: impl FnOnce(&Request) -> R) -> Result<R, String> {
+    let run_system = system.map(|system| request.system.replace(SystemPrompt::Blocks(system.clone())));
+    let out = match up_front {
+        Some(up_front) if swap => up_front.swapped(request, messages, f),
+        None if swap => Err("a request that defers tools before the mirror knows what it sends up front".to_owned()),
+        _ => Ok(f(request)),
+    };
+    if let Some(run_system) = run_system {
+        request.system = run_system;
+    }
+    out
 }
 
 /// Moves the markers of `flat`'s blocks `which` holds from `from` to `to`; an error where one is

@@ -1041,6 +1041,54 @@ fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_o
     }
 }
 
+/// Every tool's schema sent up front (`claude-code-eager-tools`: `ENABLE_TOOL_SEARCH=false`)
+/// measured beside the run as recorded, which defers tools (`mirror_of`: each request that
+/// defers tools sent with the pool assembled without tool search and without the listing of
+/// the deferred tools, flattened on a measurer of its own) gives exactly what the preset's own
+/// run from the first call gives: rows, summary, compactions, divergence, losses, plan runs;
+/// and, bounded beyond the trunk as the audit bounds a preset, what its own run under that rule
+/// gives. On sessions whose workload calls no ToolSearch, one with a recorded compaction (its
+/// fork mirrored too); where the workload calls ToolSearch (01KZRVZ8: a tool loaded, its
+/// `tool_reference` block in the history) the preset is no mirror and runs on its own, with
+/// the same outcome as alone.
+#[test]
+fn every_tool_sent_up_front_measured_beside_the_trunk_equals_its_own_run() {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif, agent_whatif_family_until, effective_strategy, mirror_of, mirrored_outcomes, prepare, stop_rule_beyond};
+    let dir = crate::support::realdata().join("transcripts");
+    let preset = ctxsim::strategy::Strategy::preset("claude-code-eager-tools").unwrap();
+    for (session, mirrored) in [("entireio-cli/a6e4c2a0fbd1-0.full.jsonl", true), ("entireio-cli/9878b713483d-0.full.jsonl", true), ("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", false)] {
+        let path = dir.join(session);
+        let file = path.display().to_string();
+        let loaded = ctxsim::replay::load_session(&path).unwrap();
+        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
+        let (base, other) = (effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared), effective_strategy(&preset, &prepared));
+        let of = mirror_of(&other, &base, &prepared);
+        assert_eq!(of.is_some_and(|of| of.tools_up_front && !of.without_boundary && of.ttl == of.run_ttl), mirrored, "{session}: {of:?}");
+        // (A measurer that hashes bodies measures no mirror: the audit's does not.)
+        let measurer = || crate::support::measurer().without_body_hashes();
+        let alone = agent_whatif(&loaded, &file, &prepared, &mut measurer(), &preset).unwrap();
+        for (bounded, stop) in [(false, Stops::Never), (true, Stops::BeyondRunOf { base: 0, bounded: &[false, true] })] {
+            let before = mirrored_outcomes();
+            let together = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), &[base.clone(), other.clone()], stop).unwrap();
+            assert_eq!(mirrored_outcomes(), before + usize::from(mirrored), "{session}: measured beside the trunk: {}", !mirrored);
+            let mut together = together.into_iter().map(Result::unwrap);
+            let (trunk, beside) = (together.next().unwrap(), together.next().unwrap());
+            let own = match bounded {
+                false => alone.clone(),
+                true => agent_whatif_family_until(&loaded, &file, &prepared, measurer(), std::slice::from_ref(&other), Stops::Rule(stop_rule_beyond(&trunk))).unwrap().pop().unwrap().unwrap(),
+            };
+            for (i, (a, b)) in beside.rows.iter().zip(&own.rows).enumerate() {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: row {i}");
+            }
+            assert_eq!(format!("{beside:?}"), format!("{own:?}"), "{session}: bounded {bounded}");
+            // Every tool up front changed what was measured: not the trunk's rows.
+            assert_ne!(format!("{:?}", beside.rows), format!("{:?}", trunk.rows), "{session}");
+        }
+        // (9878 compacts: its compaction fork defers tools and was measured beside the trunk too.)
+        assert!(!session.contains("9878") || !alone.compactions.is_empty(), "{session}: no compaction");
+    }
+}
+
 /// The presets whose peer mechanism acts on more than a count (opencode's prune and summary,
 /// observation masking), autocompact off, go on from the run as recorded's trunk too: the trunk
 /// runs their mechanism dry on its requests (`PeerState::dry_run`) and they go on from the last
