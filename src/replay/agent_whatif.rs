@@ -86,8 +86,9 @@ pub struct Prepared {
     pub client: super::turns::RecordedClient,
     /// The workload's env (`world.env`), which every run applies over its strategy.
     env: BTreeMap<String, String>,
-    /// A scripted reply of the workload (any lane) calls ToolSearch.
-    tool_search_called: bool,
+    /// A scripted reply of the workload (any lane) calls ToolSearch without a scripted output
+    /// for the call: the agent runs the search, which loads tools where tool search is on.
+    tool_search_run: bool,
     /// The API's lookback rule when the session ran, every run's (as
     /// [`super::workload::agent_replay`] measures).
     pub lookback: crate::measure::LookbackRule,
@@ -169,10 +170,15 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let client = super::turns::RecordedClient::new(session, &workload.main_calls);
     let env = env_of(&workload.scenario);
     let lookback = crate::measure::LookbackRule::for_session_start(session.recording.header.start_epoch_ms);
-    let tool_search_called = workload.scenario.script.iter().any(|step| {
-        matches!(step, crate::scenario::Step::Assistant(reply) if reply.content.iter().any(|b| matches!(b, crate::api::ContentBlock::ToolUse { name, .. } if name == crate::agent::tools::TOOL_SEARCH)))
-    });
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, tool_search_called, lookback, first: std::sync::OnceLock::new() })
+    let tool_search_run = {
+        use crate::scenario::Step;
+        let scripted: std::collections::BTreeSet<&str> =
+            workload.scenario.script.iter().filter_map(|step| if let Step::ToolOutput(outputs) = step { Some(outputs) } else { None }).flatten().map(|o| o.tool_use_id.as_str()).collect();
+        workload.scenario.script.iter().any(|step| {
+            matches!(step, Step::Assistant(reply) if reply.content.iter().any(|b| matches!(b, crate::api::ContentBlock::ToolUse { id, name, .. } if name == crate::agent::tools::TOOL_SEARCH && !scripted.contains(id.as_str()))))
+        })
+    };
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, tool_search_run, lookback, first: std::sync::OnceLock::new() })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -1077,8 +1083,9 @@ pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) ->
 /// [`mirror_of`] where `a` differs from `b` in `ENABLE_TOOL_SEARCH` only: `a` sends every tool's
 /// schema up front, `b` defers tools (tool search allowed, its listing the first message of
 /// each request the agent builds itself: not 2.1.332's layout, no `deferred_tools_delta`
-/// attachments), with no peer mechanism, in a session whose workload calls no ToolSearch (no
-/// tool is loaded: the history is the same under both) and connects no MCP server (an MCP tool
+/// attachments), with no peer mechanism, in a session whose workload runs no ToolSearch (each
+/// call it makes is answered by its recorded output, the same under both: no tool is loaded, no
+/// `tool_reference` block enters the history) and connects no MCP server (an MCP tool
 /// sent up front would lay the system prompt out otherwise). The requests of `b`'s run then
 /// differ from `a`'s only where they defer tools: the tools array and that first message
 /// ([`crate::runner::Mirror`] checks each).
@@ -1086,7 +1093,7 @@ fn tools_up_front(a: &Strategy, b: &Strategy, prepared: &Prepared) -> Option<cra
     use crate::agent::tools::tool_search_allowed;
     let allowed = |s: &Strategy| tool_search_allowed(s.enable_tool_search.as_deref(), s.disable_experimental_betas, s.first_party, s.base_url == crate::strategy::BaseUrl::Custom);
     let layout = b.client_version != crate::agent::dialect::VERSION && !b.deferred_tools_delta && b.compact.peer.strategy == crate::agent::compact::peers::PeerStrategy::None;
-    if allowed(a) || !allowed(b) || !layout || prepared.tool_search_called || !prepared.workload.scenario.world.mcp_servers.is_empty() {
+    if allowed(a) || !allowed(b) || !layout || prepared.tool_search_run || !prepared.workload.scenario.world.mcp_servers.is_empty() {
         return None;
     }
     let mut same = a.clone();

@@ -291,7 +291,7 @@ fn agent_whatifs(
     // A preset that runs a peer mechanism with autocompact off (one that rewrites nothing below
     // a count, or one the trunk runs dry), or has the server clear old tool uses, goes on from
     // the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]); the other
-    // main-lane TTL, the system prompt without the boundary and, where the workload calls no
+    // main-lane TTL, the system prompt without the boundary and, where the workload runs no
     // ToolSearch, every tool sent up front are measured beside it
     // ([`super::agent_whatif::mirror_of`]).
     let base_family = family_key(&base, &prepared);

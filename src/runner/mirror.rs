@@ -26,8 +26,8 @@
 //!   runner hands the mirror whenever the run's tools array is another allocation) and not the
 //!   `<available-deferred-tools>` listing the run's sends as its first message; the rest of the
 //!   history is the run's where ToolSearch loaded no tool (no `defer_loading` tool, no
-//!   `tool_reference` block to strip: the family asks for a workload that calls no ToolSearch,
-//!   and debug builds look for the blocks). Checked on every request: the run's tools are the
+//!   `tool_reference` block to strip: the family asks for a workload that runs no ToolSearch,
+//!   each call answered by its recorded output, and debug builds look for the blocks). Checked on every request: the run's tools are the
 //!   mirror's but for ToolSearch and the deferred ones, its first message lists exactly those,
 //!   and a request of another thread that defers tools (a subagent's) parts the mirror. Main
 //!   requests and main-thread forks that defer tools are flattened by the mirror's own

@@ -998,6 +998,41 @@ fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
     assert_eq!(mirrored_runs, 2);
 }
 
+/// `other` run in a family with the trunk `base` (run to the end, and bounded beyond the trunk
+/// as the audit bounds a preset) gives exactly its own run's outcome: `alone` from the first
+/// call, or bounded, its own run under the trunk's rule (rows first, one by one); measured
+/// beside the trunk `beside` times (1: a mirror, 0: on its own), and not the trunk's rows.
+fn beside_the_trunk_is_its_own_run(
+    loaded: &ctxsim::recording::ImportedSession,
+    file: &str,
+    prepared: &ctxsim::replay::agent_whatif::Prepared,
+    (base, other): (&ctxsim::strategy::Strategy, &ctxsim::strategy::Strategy),
+    alone: &ctxsim::replay::agent_whatif::AgentOutcome,
+    beside: usize,
+    session: &str,
+) {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, mirrored_outcomes, stop_rule_beyond};
+    // (A measurer that hashes bodies measures no mirror: the audit's does not.)
+    let measurer = || crate::support::measurer().without_body_hashes();
+    for (bounded, stop) in [(false, Stops::Never), (true, Stops::BeyondRunOf { base: 0, bounded: &[false, true] })] {
+        let before = mirrored_outcomes();
+        let together = agent_whatif_family_until(loaded, file, prepared, measurer(), &[base.clone(), other.clone()], stop).unwrap();
+        assert_eq!(mirrored_outcomes(), before + beside, "{session}: measured beside the trunk {beside} times");
+        let mut together = together.into_iter().map(Result::unwrap);
+        let (trunk, mirrored) = (together.next().unwrap(), together.next().unwrap());
+        let own = match bounded {
+            false => alone.clone(),
+            true => agent_whatif_family_until(loaded, file, prepared, measurer(), std::slice::from_ref(other), Stops::Rule(stop_rule_beyond(&trunk))).unwrap().pop().unwrap().unwrap(),
+        };
+        for (i, (a, b)) in mirrored.rows.iter().zip(&own.rows).enumerate() {
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: row {i}");
+        }
+        assert_eq!(format!("{mirrored:?}"), format!("{own:?}"), "{session}: bounded {bounded}");
+        // What the strategy changes changed what was measured: not the trunk's rows.
+        assert_ne!(format!("{:?}", mirrored.rows), format!("{:?}", trunk.rows), "{session}");
+    }
+}
+
 /// The main thread's system prompt without the dynamic boundary measured beside the trunk
 /// (`mirror_of`: every main request and main-thread fork laid out again in mode C and measured
 /// on a measurer of its own, the other lanes' as sent) gives exactly what the preset's own run
@@ -1007,7 +1042,7 @@ fn a_main_lane_ttl_measured_beside_the_trunk_equals_its_own_run() {
 /// fork's system markers retimed) and one without.
 #[test]
 fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_own_run() {
-    use ctxsim::replay::agent_whatif::{Stops, agent_whatif, agent_whatif_family_until, effective_strategy, mirror_of, mirrored_outcomes, prepare, stop_rule_beyond};
+    use ctxsim::replay::agent_whatif::{agent_whatif, effective_strategy, mirror_of, prepare};
     let dir = crate::support::realdata().join("transcripts");
     for session in ["entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "spotter/258c7280-ae70-4798-800f-63464d01a85d.jsonl", "NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl"] {
         let path = dir.join(session);
@@ -1021,23 +1056,7 @@ fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_o
         // (A measurer that hashes bodies measures no mirror: the audit's does not.)
         let measurer = || crate::support::measurer().without_body_hashes();
         let alone = agent_whatif(&loaded, &file, &prepared, &mut measurer(), &preset).unwrap();
-        for (bounded, stop) in [(false, Stops::Never), (true, Stops::BeyondRunOf { base: 0, bounded: &[false, true] })] {
-            let before = mirrored_outcomes();
-            let together = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), &[base.clone(), other.clone()], stop).unwrap();
-            assert_eq!(mirrored_outcomes(), before + 1, "{session}: not measured beside the trunk");
-            let mut together = together.into_iter().map(Result::unwrap);
-            let (trunk, mirrored) = (together.next().unwrap(), together.next().unwrap());
-            let own = match bounded {
-                false => alone.clone(),
-                true => agent_whatif_family_until(&loaded, &file, &prepared, measurer(), std::slice::from_ref(&other), Stops::Rule(stop_rule_beyond(&trunk))).unwrap().pop().unwrap().unwrap(),
-            };
-            for (i, (a, b)) in mirrored.rows.iter().zip(&own.rows).enumerate() {
-                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: row {i}");
-            }
-            assert_eq!(format!("{mirrored:?}"), format!("{own:?}"), "{session}: bounded {bounded}");
-            // The layout changed what was measured: not the trunk's rows.
-            assert_ne!(format!("{:?}", mirrored.rows), format!("{:?}", trunk.rows), "{session}");
-        }
+        beside_the_trunk_is_its_own_run(&loaded, &file, &prepared, (&base, &other), &alone, 1, session);
     }
 }
 
@@ -1047,43 +1066,33 @@ fn the_system_prompt_without_the_boundary_measured_beside_the_trunk_equals_its_o
 /// the deferred tools, flattened on a measurer of its own) gives exactly what the preset's own
 /// run from the first call gives: rows, summary, compactions, divergence, losses, plan runs;
 /// and, bounded beyond the trunk as the audit bounds a preset, what its own run under that rule
-/// gives. On sessions whose workload calls no ToolSearch, one with a recorded compaction (its
-/// fork mirrored too); where the workload calls ToolSearch (01KZRVZ8: a tool loaded, its
-/// `tool_reference` block in the history) the preset is no mirror and runs on its own, with
-/// the same outcome as alone.
+/// gives. On real sessions: one with a recorded compaction (its fork mirrored too), one whose
+/// ToolSearch calls are answered by their recorded outputs (no tool loaded under either). Where
+/// the trunk announces the deferred tools as `deferred_tools_delta` attachments (another
+/// history than the preset's), it is no mirror and runs on its own, with the same outcome.
 #[test]
 fn every_tool_sent_up_front_measured_beside_the_trunk_equals_its_own_run() {
-    use ctxsim::replay::agent_whatif::{Stops, agent_whatif, agent_whatif_family_until, effective_strategy, mirror_of, mirrored_outcomes, prepare, stop_rule_beyond};
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, mirror_of, prepare};
     let dir = crate::support::realdata().join("transcripts");
     let preset = ctxsim::strategy::Strategy::preset("claude-code-eager-tools").unwrap();
-    for (session, mirrored) in [("entireio-cli/a6e4c2a0fbd1-0.full.jsonl", true), ("entireio-cli/9878b713483d-0.full.jsonl", true), ("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", false)] {
+    let cases = [("entireio-cli/a6e4c2a0fbd1-0.full.jsonl", true), ("entireio-cli/9878b713483d-0.full.jsonl", true), ("NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", true), ("entireio-cli/a6e4c2a0fbd1-0.full.jsonl", false)];
+    for (session, mirrored) in cases {
         let path = dir.join(session);
         let file = path.display().to_string();
         let loaded = ctxsim::replay::load_session(&path).unwrap();
         let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
-        let (base, other) = (effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared), effective_strategy(&preset, &prepared));
+        let (mut base, mut other) = (ctxsim::strategy::Strategy::default(), preset.clone());
+        if !mirrored {
+            base.deferred_tools_delta = true;
+            other.deferred_tools_delta = true;
+        }
+        let (base, other) = (effective_strategy(&base, &prepared), effective_strategy(&other, &prepared));
         let of = mirror_of(&other, &base, &prepared);
         assert_eq!(of.is_some_and(|of| of.tools_up_front && !of.without_boundary && of.ttl == of.run_ttl), mirrored, "{session}: {of:?}");
         // (A measurer that hashes bodies measures no mirror: the audit's does not.)
         let measurer = || crate::support::measurer().without_body_hashes();
-        let alone = agent_whatif(&loaded, &file, &prepared, &mut measurer(), &preset).unwrap();
-        for (bounded, stop) in [(false, Stops::Never), (true, Stops::BeyondRunOf { base: 0, bounded: &[false, true] })] {
-            let before = mirrored_outcomes();
-            let together = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), &[base.clone(), other.clone()], stop).unwrap();
-            assert_eq!(mirrored_outcomes(), before + usize::from(mirrored), "{session}: measured beside the trunk: {}", !mirrored);
-            let mut together = together.into_iter().map(Result::unwrap);
-            let (trunk, beside) = (together.next().unwrap(), together.next().unwrap());
-            let own = match bounded {
-                false => alone.clone(),
-                true => agent_whatif_family_until(&loaded, &file, &prepared, measurer(), std::slice::from_ref(&other), Stops::Rule(stop_rule_beyond(&trunk))).unwrap().pop().unwrap().unwrap(),
-            };
-            for (i, (a, b)) in beside.rows.iter().zip(&own.rows).enumerate() {
-                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: row {i}");
-            }
-            assert_eq!(format!("{beside:?}"), format!("{own:?}"), "{session}: bounded {bounded}");
-            // Every tool up front changed what was measured: not the trunk's rows.
-            assert_ne!(format!("{:?}", beside.rows), format!("{:?}", trunk.rows), "{session}");
-        }
+        let alone = agent_whatif_family_until(&loaded, &file, &prepared, measurer(), std::slice::from_ref(&other), Stops::Never).unwrap().pop().unwrap().unwrap();
+        beside_the_trunk_is_its_own_run(&loaded, &file, &prepared, (&base, &other), &alone, usize::from(mirrored), session);
         // (9878 compacts: its compaction fork defers tools and was measured beside the trunk too.)
         assert!(!session.contains("9878") || !alone.compactions.is_empty(), "{session}: no compaction");
     }
