@@ -237,7 +237,7 @@ impl MessageMemo {
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
                 let finished = (start - front_len).min(scratch.len());
-                finalize_tool_results(&mut scratch[..finished]);
+                finalize_tool_results_as(&mut scratch[..finished], false);
             }
             debug_assert!(scratch[..] == messages[front_len..], "memoized messages differ from normalizing every record");
         }
@@ -500,11 +500,17 @@ pub fn mark_last_block(messages: &mut [Message], marker: CacheControl) {
 /// [, is_error]` for ordinary results and `type, content, is_error, tool_use_id` for errors, with
 /// any marker last ([`ContentBlock::FinalToolResult`], which keeps the content it was given).
 pub fn finalize_tool_results(messages: &mut [Message]) {
+    finalize_tool_results_as(messages, true);
+}
+
+/// [`finalize_tool_results`], each result checked in debug builds where `check` (not where a
+/// debug check finalizes again what was checked when it was made).
+fn finalize_tool_results_as(messages: &mut [Message], check: bool) {
     for message in messages {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
         // A message without results is left as it is (a change copies its shared blocks).
         if has_tool_result(blocks) {
-            finalize_blocks(blocks);
+            finalize_blocks(blocks, check);
         }
     }
 }
@@ -517,7 +523,7 @@ pub fn finalize_tool_results_memo(messages: &mut [Message], memo: &mut BlocksMem
     for (m, message) in messages.iter_mut().enumerate() {
         let MessageContent::Blocks(blocks) = &mut message.content else { continue };
         if has_tool_result(blocks) {
-            memo.apply(m, blocks, &[], |blocks| finalize_blocks(blocks));
+            memo.apply(m, blocks, &[], |blocks| finalize_blocks(blocks, true));
         }
     }
 }
@@ -564,13 +570,18 @@ impl BlocksMemo {
 
 /// [`finalize_tool_results`] of one message's blocks: each tool_result moved into its
 /// finalized form ([`ContentBlock::finalized`]), its text not copied.
-fn finalize_blocks(blocks: &mut [ContentBlock]) {
+fn finalize_blocks(blocks: &mut [ContentBlock], check: bool) {
     for block in blocks.iter_mut() {
         if matches!(block, ContentBlock::ToolResult { .. }) {
             // (`Value::Null` holds nothing: the placeholder costs no allocation.)
             *block = std::mem::replace(block, ContentBlock::Other(Value::Null)).finalized();
+            #[cfg(debug_assertions)]
+            if check {
+                block.check_finalized();
+            }
         }
     }
+    let _ = check;
 }
 
 #[cfg(test)]

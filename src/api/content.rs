@@ -683,17 +683,22 @@ impl ContentBlock {
         if !typed.writes_each_key_once() {
             return ContentBlock::Other(typed.wire_value().expect("a tool_result has a wire form"));
         }
-        #[cfg(debug_assertions)]
-        {
-            let value = ContentBlock::Other(typed.wire_value().expect("a tool_result has a wire form"));
-            assert_eq!(serde_json::to_string(&typed).ok(), serde_json::to_string(&value).ok(), "a finalized tool_result serializes as its raw JSON");
-            for tag in [&b"user"[..], b"assistant"] {
-                assert_eq!(super::structural::block_hash(tag, &typed), super::structural::block_hash(tag, &value), "and hashes as it");
-            }
-            assert_eq!(super::structural::sha256_hex(&typed), super::structural::sha256_hex(&value), "markers included");
-            assert_eq!(typed.raw_cache_control(), value.raw_cache_control(), "its marker reads as the raw JSON's");
-        }
         typed
+    }
+
+    /// Debug builds' check of a finalized tool_result ([`ContentBlock::finalized`]): it
+    /// serializes, hashes (markers left out and kept) and gives its marker as its raw JSON
+    /// object does.
+    #[cfg(debug_assertions)]
+    pub fn check_finalized(&self) {
+        if !matches!(self, ContentBlock::FinalToolResult { .. }) {
+            return;
+        }
+        let value = ContentBlock::Other(self.wire_value().expect("a tool_result has a wire form"));
+        assert_eq!(serde_json::to_string(self).ok(), serde_json::to_string(&value).ok(), "a finalized tool_result serializes as its raw JSON");
+        assert_eq!(super::structural::block_hash(b"user", self), super::structural::block_hash(b"user", &value), "and hashes as it");
+        assert_eq!(super::structural::sha256_hex(self), super::structural::sha256_hex(&value), "markers included");
+        assert_eq!(self.raw_cache_control(), value.raw_cache_control(), "its marker reads as the raw JSON's");
     }
 
     /// The raw JSON object a tool_result is sent as, in the reference client's key order
@@ -1362,6 +1367,8 @@ mod final_tool_result_tests {
         fn a_finalized_result_is_its_raw_json_to_every_reader(block in tool_result()) {
             let raw = ContentBlock::Other(block.wire_value().unwrap());
             let finalized = block.clone().finalized();
+            #[cfg(debug_assertions)]
+            finalized.check_finalized();
             prop_assert_eq!(matches!(finalized, ContentBlock::FinalToolResult { .. }), block.writes_each_key_once());
             prop_assert_eq!(serde_json::to_string(&finalized).unwrap(), serde_json::to_string(&raw).unwrap());
             for tag in [&b"user"[..], b"assistant"] {
