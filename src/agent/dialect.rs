@@ -304,6 +304,13 @@ pub fn mcp_results_as_blocks(messages: &mut [Message]) {
 /// [`mcp_results_as_blocks`] of messages that follow others: `mcp_ids` holds the MCP tool_use
 /// ids of the messages before, and gains those of `messages`.
 pub fn mcp_results_as_blocks_after(messages: &mut [Message], mcp_ids: &mut std::collections::BTreeSet<String>) {
+    let gained = mcp_results_rewritten(messages, Some(mcp_ids));
+    mcp_ids.extend(gained);
+}
+
+/// [`mcp_results_as_blocks_after`] of messages that follow others whose MCP tool_use ids are
+/// `mcp_ids`, which stay as they are (a request's tail: the ids are not copied per request).
+pub fn mcp_results_as_blocks_beside(messages: &mut [Message], mcp_ids: &std::collections::BTreeSet<String>) {
     mcp_results_rewritten(messages, Some(mcp_ids));
 }
 
@@ -433,11 +440,13 @@ impl McpMemo {
 
 /// `mcp_ids`: the MCP tool_use ids of the messages before (none when `messages` are all), which
 /// gains those of `messages`.
-fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&mut std::collections::BTreeSet<String>>) {
+/// The MCP results of `messages` as blocks, with `mcp_ids` the MCP tool_use ids of the messages
+/// before them; returns the ids of these messages' MCP calls that `mcp_ids` does not hold.
+fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&std::collections::BTreeSet<String>>) -> Vec<String> {
     // Read first, change only the results that need it: the blocks are shared with earlier
     // bodies, and a change copies them (and costs the measurer a comparison by content). The
     // ids of these messages' MCP calls are borrowed while reading (a hash set: only asked
-    // whether it holds one), then kept in `mcp_ids` for the messages that follow.
+    // whether it holds one), then returned for the messages that follow.
     // (Message, block) of each result to rewrite, in body order: one list, no list per message.
     let mut plan: Vec<(usize, usize)> = Vec::new();
     let mut seen: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
@@ -449,7 +458,7 @@ fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&mut std::col
                     seen.insert(id.as_str());
                 }
                 ContentBlock::ToolResult { tool_use_id, content: Some(ToolResultContent::Text(_)), .. }
-                    if seen.contains(tool_use_id.as_str()) || mcp_ids.as_ref().is_some_and(|ids| ids.contains(tool_use_id.as_str())) =>
+                    if seen.contains(tool_use_id.as_str()) || mcp_ids.is_some_and(|ids| ids.contains(tool_use_id.as_str())) =>
                 {
                     plan.push((m, b))
                 }
@@ -457,10 +466,7 @@ fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&mut std::col
             }
         }
     }
-    if let Some(ids) = mcp_ids {
-        let seen: Vec<String> = seen.into_iter().filter(|id| !ids.contains(*id)).map(str::to_owned).collect();
-        ids.extend(seen);
-    }
+    let gained: Vec<String> = seen.into_iter().filter(|id| mcp_ids.is_none_or(|ids| !ids.contains(*id))).map(str::to_owned).collect();
     let mut rewrite: Vec<usize> = Vec::new();
     for run in plan.chunk_by(|x, y| x.0 == y.0) {
         let m = run[0].0;
@@ -475,6 +481,7 @@ fn mcp_results_rewritten(messages: &mut [Message], mcp_ids: Option<&mut std::col
             }
         }
     }
+    gained
 }
 
 /// Tool results as 2.1.332 sends them: Read results without the caution reminder the 2.1.88

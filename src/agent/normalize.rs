@@ -185,10 +185,18 @@ pub struct MessageMemo {
     /// `end`, these are the messages the prefix gains, and they are not normalized again.
     /// Dropped when records before `end` change ([`MessageMemo::invalidate_from`]).
     tail: Option<(usize, usize, Vec<Message>)>,
+    /// When the last [`MessageMemo::messages`] was asked for it, the messages of the user
+    /// context and the records as normalized, before MCP results are made blocks or tool
+    /// results finalized ([`MessageMemo::raw`]): the prefix's, then the last request's tail.
+    /// Kept beside the finished prefix, its first `messages.len()` the prefix's as normalized,
+    /// so a request copies in only what the prefix gained and its own tail; `None` when not
+    /// asked for.
+    raw: Option<Vec<Message>>,
 }
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
-/// request copies the prefix instead).
+/// request copies the prefix instead), nor the raw view (a copy of a run seldom asks for it;
+/// one that does normalizes its prefix again once).
 impl Clone for MessageMemo {
     fn clone(&self) -> Self {
         MessageMemo {
@@ -201,6 +209,7 @@ impl Clone for MessageMemo {
             spare_unchanged: 0,
             lent_shared: 0,
             tail: self.tail.clone(),
+            raw: None,
         }
     }
 }
@@ -226,14 +235,18 @@ impl MessageMemo {
     /// ([`crate::agent::dialect::mcp_results_as_blocks`]) in every message and
     /// [`finalize_tool_results`] done on the messages before the returned index (the caller
     /// finalizes the rest after placing its marker); `front` (when given) put before them.
-    pub fn messages(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+    /// With `raw`, the same messages as [`normalize_refs`] gives them are kept too, until the
+    /// next call ([`MessageMemo::raw`]).
+    pub fn messages(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>, raw: bool) -> (Vec<Message>, usize) {
         #[cfg(debug_assertions)]
         let front_len = usize::from(front.is_some());
-        let (messages, start) = self.messages_memoized(context, records, options, finish, front);
+        let (messages, start) = self.messages_memoized(context, records, options, finish, front, raw);
         #[cfg(debug_assertions)]
         {
             let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut scratch = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
+            debug_assert!(!raw || self.raw.as_deref() == Some(&scratch[..]), "the raw view kept differs from normalizing every record");
+            debug_assert!(raw || self.raw.is_none(), "a raw view kept that was not asked for");
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut scratch);
                 let finished = (start - front_len).min(scratch.len());
@@ -244,13 +257,15 @@ impl MessageMemo {
         (messages, start)
     }
 
-    fn messages_memoized(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>) -> (Vec<Message>, usize) {
+    fn messages_memoized(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>, raw: bool) -> (Vec<Message>, usize) {
         let front_len = usize::from(front.is_some());
         self.lent_shared = 0;
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
             let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
+            // (With no prefix, the raw view is these messages: the memo keeps nothing else.)
+            self.raw = raw.then(|| messages.clone());
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut messages);
             }
@@ -265,12 +280,13 @@ impl MessageMemo {
         if !reusable {
             let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(&records[..split]).collect(), options);
+            let raw = raw.then(|| messages.clone());
             let mut mcp_ids = BTreeSet::new();
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages, mcp_ids, ..MessageMemo::default() };
+            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages, mcp_ids, raw, ..MessageMemo::default() };
         } else if self.split < split {
             // The last request's tail, when the records it was made of are all the prefix
             // gains: the messages before an assistant record are not changed by what follows.
@@ -281,6 +297,11 @@ impl MessageMemo {
                 }
                 _ => normalize_refs(records[self.split..split].iter().collect(), options),
             };
+            // The raw view's prefix gains the same messages as normalized.
+            if raw && let Some(kept) = &mut self.raw {
+                kept.truncate(self.messages.len());
+                kept.extend_from_slice(&more);
+            }
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut more, &mut self.mcp_ids);
                 finalize_tool_results(&mut more);
@@ -290,8 +311,19 @@ impl MessageMemo {
         }
         let mut tail = normalize_refs(records[split..].iter().collect(), options);
         self.tail = Some((split, records.len(), tail.clone()));
+        if raw {
+            // Asked for the first time over a kept prefix: that prefix normalized again, once.
+            let kept = self.raw.get_or_insert_with(|| {
+                let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
+                normalize_refs(std::iter::once(&context_record).chain(&records[..split]).collect(), options)
+            });
+            kept.truncate(self.messages.len());
+            kept.extend_from_slice(&tail);
+        } else {
+            self.raw = None;
+        }
         if finish {
-            crate::agent::dialect::mcp_results_as_blocks_after(&mut tail, &mut self.mcp_ids.clone());
+            crate::agent::dialect::mcp_results_as_blocks_beside(&mut tail, &self.mcp_ids);
         }
         // The list the last request handed back, its messages after the front ones the
         // prefix's first ones; the front as asked for, the prefix's later messages copied in.
@@ -362,6 +394,15 @@ impl MessageMemo {
     /// them ([`crate::measure::incremental::Flattener::expect_shared`]).
     pub fn lent_shared(&self) -> usize {
         self.lent_shared
+    }
+
+    /// The messages of the last [`MessageMemo::messages`] (without its front message) as
+    /// [`normalize_refs`] gives them, when it was asked for them: MCP results not yet blocks,
+    /// tool results not finalized, whatever `finish` was. What a reader of the history as
+    /// normalized reads (a peer mechanism's probe) where the request's own messages are
+    /// finished, without a copy of the history per request.
+    pub fn raw(&self) -> Option<&[Message]> {
+        self.raw.as_deref()
     }
 }
 
@@ -637,6 +678,7 @@ mod tests {
         fn memoized_messages_equal_normalizing_everything(
             ops in proptest::collection::vec((0u8..10, any::<u8>(), any::<u8>(), any::<bool>(), 0u8..7), 1..60),
             finish in any::<bool>(),
+            raw_every in 0u8..4,
         ) {
             let mut memo = MessageMemo::default();
             let mut records: Vec<Record> = Vec::new();
@@ -667,9 +709,18 @@ mod tests {
                     8 => context = format!("ctx{}", a % 2).into(),
                     _ => options.smoosh_into_tool_result = flag,
                 }
+                // The raw view asked for on every request, on none, or now and then.
+                let raw = match raw_every {
+                    0 => false,
+                    1 => true,
+                    _ => (a ^ b) % raw_every == 0,
+                };
                 let front = (back % 3 == 0).then(|| Message::user_text(format!("listing{a}")));
                 let front_len = usize::from(front.is_some());
-                let (mut got, start) = memo.messages(&context, &records, options, finish, front);
+                let (mut got, start) = memo.messages(&context, &records, options, finish, front, raw);
+                if raw {
+                    prop_assert_eq!(memo.raw(), Some(&from_scratch(&context, &records, options, false)[..]));
+                }
                 if finish {
                     finalize_tool_results(&mut got[start..]);
                 }

@@ -334,11 +334,14 @@ impl Session {
         let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>() + tools_chars;
         let window = crate::agent::compact::peers::peer_window(world.context_window);
         if config.strategy == PeerStrategy::None {
-            // Probing (`probe_peers`): what a count-triggered mechanism would compare here.
-            let counted = self.peer_state.probe(&messages[front..], (base_chars / 4) as u64);
+            // Probing (`probe_peers`): what a count-triggered mechanism would compare here, on
+            // the history as normalized (as the mechanism reads it), the memo's where the
+            // request's messages are finished in it.
+            let history = self.message_memo.raw().unwrap_or(&messages[front..]);
+            let counted = self.peer_state.probe(history, (base_chars / 4) as u64);
             // (And what the mechanisms run dry would do.)
             for (tag, config) in &self.peer_dry {
-                match self.peer_state.dry_run(config, &messages[front..], window, (base_chars / 4) as u64) {
+                match self.peer_state.dry_run(config, history, window, (base_chars / 4) as u64) {
                     Some(outcomes) => self.peer_dry_reports.extend(outcomes.into_iter().filter(|o| !o.stage.is_empty()).map(|o| (*tag, peer_report(o)))),
                     None => {
                         if let Some(probe) = &mut self.peer_probe {
@@ -372,9 +375,11 @@ impl Session {
 
     /// Under no peer mechanism, records from now on the count a count-triggered one
     /// ([`crate::agent::compact::peers::PeerConfig::rewrite_trigger`]) would compare with its
-    /// trigger on every request's messages ([`Session::take_peer_probe`]). The requests are
-    /// built as under a mechanism (the history finished after it, not in the memo): the same
-    /// requests, which is what the probe must see.
+    /// trigger on every request's messages ([`Session::take_peer_probe`]). The probe reads the
+    /// history as a mechanism would (as normalized: MCP results not yet blocks, tool results
+    /// not finalized), which the message memo keeps beside the finished history it builds the
+    /// request from as under no mechanism ([`MessageMemo::raw`]): the same requests, the
+    /// history not finished again per request.
     /// Whether MCP server instructions were there to place is recorded too, wherever either
     /// placement ([`McpInstructionsMode`]) reads them.
     pub fn probe_peers(&mut self, on: bool) {
@@ -1766,8 +1771,11 @@ impl Session {
         // With no peer mechanism and the 2.1.88 layout, nothing between normalizing and
         // finalizing rewrites the history: the memo keeps it finished (MCP results as blocks,
         // tool results finalized) and only the messages from `start` on are finalized here.
+        // A peer mechanism's probe only reads the history as normalized, which the memo then
+        // keeps beside it (`raw`).
         let dialect_layout = self.strategy.client_version == crate::agent::dialect::VERSION;
-        let peer = !self.thread.is_subagent() && (self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None || self.peer_probe.is_some());
+        let peer = !self.thread.is_subagent() && self.strategy.compact.peer.strategy != crate::agent::compact::peers::PeerStrategy::None;
+        let probe = !self.thread.is_subagent() && !peer && self.peer_probe.is_some();
         let finish = !dialect_layout && !peer;
         let context = self.user_context.as_ref().expect("ensured above");
         // The deferred tools' listing goes in front of the history at once, where the memo
@@ -1776,7 +1784,7 @@ impl Session {
         // places it itself.
         let front = (!dialect_layout && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
         let front_len = usize::from(front.is_some());
-        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front);
+        let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front, finish && probe);
         let mut gathered = self.system_gathered.take();
         self.refresh_system_inputs(&mut gathered, world, &pool, first_text(&messages[front_len..]));
         let inputs = &gathered.as_ref().expect("refreshed above").inputs;
