@@ -1782,7 +1782,10 @@ impl Session {
         // keeps its place (what reads the history before the marker, a peer mechanism and the
         // MCP results' rewrite, reads it after the listing); Claude Code 2.1.332's layout
         // places it itself.
-        let front = (!dialect_layout && !self.strategy.deferred_tools_delta).then(|| pool.deferred_listing()).flatten().map(Message::user_text);
+        let front = (!dialect_layout && !self.strategy.deferred_tools_delta)
+            .then(|| pool.deferred_listing())
+            .flatten()
+            .map(|listing| Message { role: Role::User, content: MessageContent::Text(listing), extra: Default::default() });
         let front_len = usize::from(front.is_some());
         let (mut messages, start) = self.message_memo.messages(context, &self.records, options, finish, front, finish && probe);
         let mut gathered = self.system_gathered.take();

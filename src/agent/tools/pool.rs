@@ -164,12 +164,21 @@ pub struct ToolPool {
     pub deferred_names: Vec<String>,
     /// A non-deferred MCP tool is inline: the system prompt goes to mode A.
     pub inline_mcp: bool,
+    /// [`deferred_tools_listing`] of `deferred_names` when tool search is on, made with the
+    /// pool: every request of the pool sends the one text (a pointer comparison to the
+    /// request before, and to the measurer).
+    listing: Option<crate::api::SharedText>,
 }
 
 impl ToolPool {
-    /// Content of the deferred-tool announcement message, if tool search is on.
-    pub fn deferred_listing(&self) -> Option<String> {
-        self.tool_search.then(|| deferred_tools_listing(&self.deferred_names))
+    /// Content of the deferred-tool announcement message, if tool search is on (the pool's
+    /// one text, shared).
+    pub fn deferred_listing(&self) -> Option<crate::api::SharedText> {
+        debug_assert!(
+            self.listing.as_ref().map(|l| l.as_str()) == self.tool_search.then(|| deferred_tools_listing(&self.deferred_names)).as_deref(),
+            "the listing made with the pool is its deferred names' listing"
+        );
+        self.listing.clone()
     }
 
     /// Names of the enabled tools (for the system prompt's guidance bullets).
@@ -345,7 +354,8 @@ pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
     deferred_names.sort_by(|a, b| code_unit_compare(a, b));
     let inline_mcp = all.iter().any(|entry| entry.is_mcp && tools.iter().any(|t| t.name == entry.tool.name && t.defer_loading.is_none()));
 
-    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp }
+    let listing = tool_search.then(|| deferred_tools_listing(&deferred_names).into());
+    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp, listing }
 }
 
 /// `isDeferredTool` for built-ins: ToolSearch never, otherwise `shouldDefer`.
