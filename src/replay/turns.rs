@@ -488,6 +488,10 @@ pub struct RecordedClient {
     rerender_prompts: bool,
     /// Seed the side entry a finished turn leaves (`fidelity --no-side-entry` turns it off).
     side_entries: bool,
+    /// The profile the turn rules read for the last main call's recorded version
+    /// ([`RecordedClient::turn_profile`]), made again only for another version (a session's
+    /// calls nearly all have one).
+    profile: Option<ClientProfile>,
 }
 
 #[derive(Debug)]
@@ -557,6 +561,7 @@ impl RecordedClient {
             rendered: Vec::new(),
             rerender_prompts: true,
             side_entries: true,
+            profile: None,
         }
     }
 
@@ -565,6 +570,7 @@ impl RecordedClient {
     pub fn with_options(mut self, options: &super::ReplayOptions) -> RecordedClient {
         self.rerender_prompts = options.rerender_prompts;
         self.side_entries = options.side_entries;
+        self.profile = None;
         self
     }
 
@@ -603,7 +609,11 @@ impl crate::runner::ClientRules for RecordedClient {
         }
         self.applied = self.applied.max(position + 1);
         let recorded = &self.calls[position];
-        let profile = self.turn_profile(ClientProfile::for_client(&recorded.version, self.entrypoint.as_deref()));
+        let profile = match self.profile.take() {
+            Some(profile) if profile.version == recorded.version => profile,
+            _ => self.turn_profile(ClientProfile::for_client(&recorded.version, self.entrypoint.as_deref())),
+        };
+        debug_assert!(profile == self.turn_profile(ClientProfile::for_client(&recorded.version, self.entrypoint.as_deref())), "the kept profile is the version's");
         self.recorded_read = recorded.cache_read;
         // The static prefix of a client that shares it is never cold: past the TTL the recorded
         // calls before this one wrote with, the request still reads its global-scope prefix
@@ -665,6 +675,7 @@ impl crate::runner::ClientRules for RecordedClient {
         self.render(flat, self.turns.transient_prompt, measurer);
         self.rendered.clone_from(&flat.salts);
         self.previous_ms = Some(call.time_ms);
+        self.profile = Some(profile);
         events
     }
 
