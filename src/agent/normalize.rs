@@ -192,6 +192,11 @@ pub struct MessageMemo {
     /// so a request copies in only what the prefix gained and its own tail; `None` when not
     /// asked for.
     raw: Option<Vec<Message>>,
+    /// The raw view's stamp ([`crate::shared::fresh_stamp`]: each view gets its own), and the
+    /// stamp of the view before it in this memo with how many of its leading messages this one
+    /// holds as they were (the same allocations: the prefix it carried over).
+    raw_stamp: u64,
+    raw_shared: Option<(u64, usize)>,
 }
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
@@ -210,6 +215,8 @@ impl Clone for MessageMemo {
             lent_shared: 0,
             tail: self.tail.clone(),
             raw: None,
+            raw_stamp: 0,
+            raw_shared: None,
         }
     }
 }
@@ -260,12 +267,16 @@ impl MessageMemo {
     fn messages_memoized(&mut self, context: &SharedText, records: &[Record], options: NormalizeOptions, finish: bool, front: Option<Message>, raw: bool) -> (Vec<Message>, usize) {
         let front_len = usize::from(front.is_some());
         self.lent_shared = 0;
+        let previous_raw = self.raw.as_ref().map(|_| self.raw_stamp);
         let Some(split) = records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) else {
             self.clear();
             let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(records).collect(), options);
             // (With no prefix, the raw view is these messages: the memo keeps nothing else.)
             self.raw = raw.then(|| messages.clone());
+            if raw {
+                self.raw_stamp = crate::shared::fresh_stamp();
+            }
             if finish {
                 crate::agent::dialect::mcp_results_as_blocks(&mut messages);
             }
@@ -277,6 +288,8 @@ impl MessageMemo {
         let reusable = self.key.as_ref().is_some_and(|(o, f, c)| *o == options && *f == finish && c == context)
             && self.split <= split
             && matches!(records.get(self.split), Some(Record::Assistant { .. }));
+        // The leading messages of the raw view carried over as they are: its prefix's.
+        let carried = if reusable && raw && self.raw.is_some() { self.messages.len() } else { 0 };
         if !reusable {
             let context_record = Record::User { content: MessageContent::Text(context.clone()), meta: true };
             let mut messages = normalize_refs(std::iter::once(&context_record).chain(&records[..split]).collect(), options);
@@ -319,8 +332,12 @@ impl MessageMemo {
             });
             kept.truncate(self.messages.len());
             kept.extend_from_slice(&tail);
+            self.raw_stamp = crate::shared::fresh_stamp();
+            self.raw_shared = previous_raw.map(|stamp| (stamp, carried));
         } else {
             self.raw = None;
+            self.raw_stamp = 0;
+            self.raw_shared = None;
         }
         if finish {
             crate::agent::dialect::mcp_results_as_blocks_beside(&mut tail, &self.mcp_ids);
@@ -403,6 +420,14 @@ impl MessageMemo {
     /// finished, without a copy of the history per request.
     pub fn raw(&self) -> Option<&[Message]> {
         self.raw.as_deref()
+    }
+
+    /// [`MessageMemo::raw`] with its stamp (a number no other view gets) and, where this memo
+    /// made a raw view before it, that view's stamp and how many of its leading messages this
+    /// view holds as they were (the same allocations at the same positions): a reader that
+    /// last read that view need not read them again.
+    pub fn raw_stamped(&self) -> Option<(&[Message], u64, Option<(u64, usize)>)> {
+        self.raw.as_deref().map(|raw| (raw, self.raw_stamp, self.raw_shared))
     }
 }
 
@@ -684,6 +709,7 @@ mod tests {
             let mut records: Vec<Record> = Vec::new();
             let mut context = SharedText::from("ctx");
             let mut options = NormalizeOptions { smoosh_into_tool_result: true, tool_loaded_sibling: true, strip_tool_references: false };
+            let mut previous_raw: Option<(u64, Vec<Message>)> = None;
             for (op, a, b, flag, back) in ops {
                 match op {
                     0..=4 => records.push(record(a, b, flag)),
@@ -720,6 +746,17 @@ mod tests {
                 let (mut got, start) = memo.messages(&context, &records, options, finish, front, raw);
                 if raw {
                     prop_assert_eq!(memo.raw(), Some(&from_scratch(&context, &records, options, false)[..]));
+                    // The messages it says it carried over are the previous view's own.
+                    let (view, stamp, shared) = memo.raw_stamped().expect("asked for");
+                    if let Some((before, n)) = shared {
+                        let (previous_stamp, previous) = previous_raw.as_ref().expect("a view before");
+                        prop_assert_eq!(before, *previous_stamp);
+                        prop_assert!(n <= previous.len() && n <= view.len());
+                        prop_assert!(view[..n].iter().zip(&previous[..n]).all(|(a, b)| same_message(a, b)));
+                    }
+                    previous_raw = Some((stamp, view.to_vec()));
+                } else {
+                    previous_raw = None;
                 }
                 if finish {
                     finalize_tool_results(&mut got[start..]);

@@ -337,11 +337,12 @@ impl Session {
             // Probing (`probe_peers`): what a count-triggered mechanism would compare here, on
             // the history as normalized (as the mechanism reads it), the memo's where the
             // request's messages are finished in it.
-            let history = self.message_memo.raw().unwrap_or(&messages[front..]);
-            let counted = self.peer_state.probe(history, (base_chars / 4) as u64);
+            // Stamped, the messages the probe read last time are not read again.
+            let (history, stamp, shared) = self.message_memo.raw_stamped().unwrap_or((&messages[front..], 0, None));
+            let counted = self.peer_state.probe_stamped(history, (base_chars / 4) as u64, stamp, shared);
             // (And what the mechanisms run dry would do.)
             for (tag, config) in &self.peer_dry {
-                match self.peer_state.dry_run(config, history, window, (base_chars / 4) as u64) {
+                match self.peer_state.dry_run_stamped(config, history, window, (base_chars / 4) as u64, stamp) {
                     Some(outcomes) => self.peer_dry_reports.extend(outcomes.into_iter().filter(|o| !o.stage.is_empty()).map(|o| (*tag, peer_report(o)))),
                     None => {
                         if let Some(probe) = &mut self.peer_probe {

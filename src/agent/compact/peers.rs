@@ -426,35 +426,144 @@ pub struct PeerState {
 }
 
 /// What a peer's rewrites gave for each message of the history, keyed by the message's blocks
-/// ([`crate::agent::normalize::BlocksMemo`]): the results cleared in it, and its estimated tokens.
-/// Only saves work; every figure is what the pure functions give.
+/// ([`crate::agent::normalize::BlocksMemo`]): the results cleared in it, and its estimated tokens
+/// with the tool results it holds (those [`tool_results`] lists: their number and estimated
+/// tokens), summed up to each position. Only saves work; every figure is what the pure
+/// functions give.
 #[derive(Debug, Clone, Default)]
 struct PeerMemo {
     cleared: crate::agent::normalize::BlocksMemo,
-    tokens: Vec<Option<(crate::api::SharedBlocks, u64)>>,
+    tokens: Vec<Option<(crate::api::SharedBlocks, MessageFigures)>>,
+    /// `sums[i]`: the figures of the first `i` messages of the last estimate (one more entry
+    /// than it had messages).
+    sums: Vec<MessageFigures>,
+    /// The stamp of the messages of the last estimate ([`PeerState::probe_stamped`]), `0` when
+    /// they had none.
+    seen: u64,
+}
+
+/// A message's estimated tokens ([`estimate_tokens`]), and the number and estimated tokens of
+/// its tool results that [`tool_results`] lists (the ones not yet the placeholder).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct MessageFigures {
+    tokens: u64,
+    results: u64,
+    result_tokens: u64,
+}
+
+impl MessageFigures {
+    fn add(self, other: MessageFigures) -> MessageFigures {
+        MessageFigures { tokens: self.tokens + other.tokens, results: self.results + other.results, result_tokens: self.result_tokens + other.result_tokens }
+    }
+}
+
+/// The figures of one message's blocks.
+fn block_figures(blocks: &[ContentBlock]) -> MessageFigures {
+    let mut figures = MessageFigures::default();
+    for block in blocks {
+        let tokens = block_tokens(block);
+        figures.tokens += tokens;
+        if let ContentBlock::ToolResult { content, .. } = block
+            && !matches!(content, Some(ToolResultContent::Text(t)) if t == CLEARED_PLACEHOLDER)
+        {
+            figures.results += 1;
+            figures.result_tokens += tokens;
+        }
+    }
+    figures
 }
 
 impl PeerMemo {
     /// [`estimate_tokens`] of `messages`, each message's blocks estimated once.
     fn estimate(&mut self, messages: &[Message]) -> u64 {
+        self.seen = 0;
+        self.estimate_from(messages, 0)
+    }
+
+    /// [`PeerMemo::estimate`] of messages whose first `known` are the same allocations, at the
+    /// same positions, as the last estimate's: their sum is taken as it stands, and only the
+    /// messages after them are looked at.
+    fn estimate_from(&mut self, messages: &[Message], known: usize) -> u64 {
+        let known = known.min(messages.len()).min(self.sums.len().saturating_sub(1));
+        #[cfg(debug_assertions)]
+        for (message, kept) in messages[..known].iter().zip(&self.tokens) {
+            if let MessageContent::Blocks(blocks) = &message.content {
+                debug_assert!(kept.as_ref().is_some_and(|(previous, _)| previous.same(blocks)), "a message taken as known is not the last estimate's");
+            }
+        }
         self.tokens.truncate(messages.len());
         self.tokens.resize(messages.len(), None);
-        let mut total = 0;
-        for (message, kept) in messages.iter().zip(&mut self.tokens) {
-            total += match &message.content {
-                MessageContent::Text(t) => chars4(t.len()),
+        self.sums.truncate(known + 1);
+        if self.sums.is_empty() {
+            self.sums.push(MessageFigures::default());
+        }
+        let mut total = self.sums[known];
+        self.sums.reserve(messages.len() - known);
+        for (message, kept) in messages[known..].iter().zip(&mut self.tokens[known..]) {
+            let figures = match &message.content {
+                MessageContent::Text(t) => MessageFigures { tokens: chars4(t.len()), ..MessageFigures::default() },
                 MessageContent::Blocks(blocks) => match kept {
-                    Some((previous, tokens)) if previous.same(blocks) => *tokens,
+                    Some((previous, figures)) if previous.same(blocks) => *figures,
                     _ => {
-                        let tokens = blocks.iter().map(block_tokens).sum();
-                        *kept = Some((blocks.clone(), tokens));
-                        tokens
+                        let figures = block_figures(blocks);
+                        *kept = Some((blocks.clone(), figures));
+                        figures
                     }
                 },
             };
+            total = total.add(figures);
+            self.sums.push(total);
         }
-        debug_assert_eq!(total, estimate_tokens(messages));
-        total
+        debug_assert_eq!(total.tokens, estimate_tokens(messages));
+        total.tokens
+    }
+
+    /// Where the last estimate's messages are: what [`prune_victims`] finds on them, without
+    /// listing every tool result: whether it finds any victim, and the tokens they free. The
+    /// results are walked back from the newest only while they protect fewer than `protect`
+    /// tokens; the older ones are read from the sums.
+    fn prune_figures(&self, messages: &[Message], protect: u64) -> (bool, u64) {
+        debug_assert_eq!(self.sums.len(), messages.len() + 1, "the figures are the last estimate's");
+        // The last two user turns, as `prune_victims` finds them.
+        let mut user_turns = 0;
+        let mut boundary = messages.len();
+        for (i, message) in messages.iter().enumerate().rev() {
+            if message.role == Role::User && is_prompt(message) {
+                user_turns += 1;
+                if user_turns == 2 {
+                    boundary = i;
+                    break;
+                }
+            }
+        }
+        if user_turns < 2 {
+            boundary = 0;
+        }
+        let mut protected = 0u64;
+        for m in (0..boundary).rev() {
+            let MessageContent::Blocks(blocks) = &messages[m].content else { continue };
+            let mut results = blocks.iter().rev().filter_map(|block| match block {
+                ContentBlock::ToolResult { content, .. } if !matches!(content, Some(ToolResultContent::Text(t)) if t == CLEARED_PLACEHOLDER) => Some(block_tokens(block)),
+                _ => None,
+            });
+            for tokens in results.by_ref() {
+                if protected < protect {
+                    protected += tokens;
+                    continue;
+                }
+                // Every result from this one back is a victim: this one, the rest of this
+                // message's, and every earlier message's.
+                let rest: u64 = results.sum();
+                let earlier = self.sums[m].result_tokens;
+                return (true, tokens + rest + earlier);
+            }
+            if protected >= protect {
+                // Protection ends at this message's first result: every earlier one is a victim.
+                let earlier = self.sums[m];
+                return (earlier.results > 0, earlier.result_tokens);
+            }
+        }
+        (false, 0)
     }
 }
 
@@ -496,6 +605,21 @@ impl PeerState {
         self.memo.estimate(messages) + base_tokens
     }
 
+    /// [`PeerState::probe`] of messages named by `stamp` (a state of them no other messages
+    /// share, [`crate::shared::fresh_stamp`]), whose first `shared.1` are, where `shared.0` is
+    /// the stamp of the messages this state last read, those messages' own (the same
+    /// allocations at the same positions): their estimate is not read again. Later calls with
+    /// `shared` naming `stamp` read nothing of the messages it names.
+    pub fn probe_stamped(&mut self, messages: &[Message], base_tokens: u64, stamp: u64, shared: Option<(u64, usize)>) -> u64 {
+        let known = match shared {
+            Some((previous, count)) if previous != 0 && previous == self.memo.seen => count,
+            _ => 0,
+        };
+        let total = self.memo.estimate_from(messages, known);
+        self.memo.seen = stamp;
+        total + base_tokens
+    }
+
     /// What [`PeerState::apply`] under `config` (a mechanism that [`PeerConfig::dry_runs`])
     /// would report on `messages`, where it would rewrite nothing; `None` where it would rewrite
     /// something (or has a rewrite of its own to apply again, which a state that never rewrote
@@ -504,6 +628,13 @@ impl PeerState {
     /// under this one may be proven to have done the same (checked against applying it in
     /// debug builds).
     pub fn dry_run(&mut self, config: &PeerConfig, messages: &[Message], window: u64, base_tokens: u64) -> Option<Vec<PeerOutcome>> {
+        self.dry_run_stamped(config, messages, window, base_tokens, 0)
+    }
+
+    /// [`PeerState::dry_run`] of messages named by `stamp` ([`PeerState::probe_stamped`]; `0`:
+    /// none): where they are those this state last read, their figures are taken as they
+    /// stand, and opencode's prune and masking count their tool results from them.
+    pub fn dry_run_stamped(&mut self, config: &PeerConfig, messages: &[Message], window: u64, base_tokens: u64, stamp: u64) -> Option<Vec<PeerOutcome>> {
         #[cfg(debug_assertions)]
         let applied = {
             let (mut state, mut copy) = (self.clone(), messages.to_vec());
@@ -519,16 +650,27 @@ impl PeerState {
             None
         } else {
             self.memo.cleared.truncate(messages.len());
-            let before = self.memo.estimate(messages);
+            let before = if stamp != 0 && stamp == self.memo.seen {
+                self.memo.estimate_from(messages, messages.len())
+            } else {
+                self.memo.estimate(messages)
+            };
+            self.memo.seen = stamp;
             match config.strategy {
                 PeerStrategy::Opencode => {
-                    let (victims, freed) = prune_victims(messages, config.protect_tokens);
-                    let prunes = freed >= config.minimum_tokens && !victims.is_empty();
+                    let (any, freed) = self.memo.prune_figures(messages, config.protect_tokens);
+                    #[cfg(debug_assertions)]
+                    {
+                        let (victims, listed) = prune_victims(messages, config.protect_tokens);
+                        debug_assert_eq!((any, freed), (!victims.is_empty(), listed), "the prune's figures from the sums differ from listing its victims");
+                    }
+                    let prunes = freed >= config.minimum_tokens && any;
                     let summarizes = before + base_tokens >= window.saturating_sub(config.buffer_tokens);
                     (!prunes && !summarizes).then(|| vec![prune_report(false, freed, config.protect_tokens, config.minimum_tokens, before, before)])
                 }
                 PeerStrategy::ObservationMasking => {
-                    let results = tool_results(messages).len();
+                    let results = self.memo.sums.last().map_or(0, |figures| figures.results as usize);
+                    debug_assert_eq!(results, tool_results(messages).len(), "the tool results counted in the sums differ from listing them");
                     (results <= config.keep_recent).then(|| vec![masking_report(0, results, config.keep_recent, before, before)])
                 }
                 PeerStrategy::None | PeerStrategy::Codex | PeerStrategy::Cline | PeerStrategy::ServerCompaction => None,
@@ -848,6 +990,61 @@ mod tests {
                 }
             }
             assert!(rewrote_at.is_some_and(|turn| turn > 0), "config {i}: {rewrote_at:?}");
+        }
+    }
+
+    /// Probing and running dry with stamps, over a history that grows by appending (its
+    /// earlier messages the same allocations, as the message memo's raw view carries them),
+    /// gives what reading every message gives: the count, and each dry run's reports or its
+    /// refusal, for masking and opencode (results with cleared placeholders among them, a
+    /// protection crossed inside a message of several results, none at all). A stamp the state
+    /// did not read last (another history read in between, a wrong count claimed for it) is
+    /// not taken.
+    #[test]
+    fn stamped_probes_and_dry_runs_read_what_reading_everything_reads() {
+        let configs = [
+            PeerConfig { strategy: PeerStrategy::ObservationMasking, keep_recent: 3, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::ObservationMasking, keep_recent: 1_000, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 1_200, minimum_tokens: 0, buffer_tokens: 0, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 0, minimum_tokens: 1_000_000, buffer_tokens: 0, ..PeerConfig::default() },
+            PeerConfig { strategy: PeerStrategy::Opencode, protect_tokens: 1_000_000, minimum_tokens: 1_000_000, buffer_tokens: 0, ..PeerConfig::default() },
+        ];
+        let several = |turn: usize| Message {
+            role: Role::User,
+            content: MessageContent::Blocks(
+                vec![
+                    ContentBlock::tool_result(format!("a{turn}"), ToolResultContent::Text("y".repeat(700 + turn * 37).into()), None),
+                    ContentBlock::tool_result(format!("b{turn}"), ToolResultContent::Text(CLEARED_PLACEHOLDER.into()), None),
+                    ContentBlock::text("between"),
+                    ContentBlock::tool_result(format!("c{turn}"), ToolResultContent::Text("z".repeat(300).into()), None),
+                ]
+                .into(),
+            ),
+            extra: Default::default(),
+        };
+        for (i, config) in configs.iter().enumerate() {
+            let (mut stamped, mut plain) = (PeerState::default(), PeerState::default());
+            let mut history = conversation(0, 0);
+            let mut last: Option<(u64, usize)> = None;
+            for turn in 0..16 {
+                history.push(user(&format!("prompt {turn}")));
+                history.extend(call(&format!("n{turn}"), 100 + turn * 211));
+                history.push(several(turn));
+                let stamp = crate::shared::fresh_stamp();
+                // Every third request, another history read in between; every fifth, a count
+                // claimed for a stamp the state never read.
+                if turn % 3 == 2 {
+                    let other = conversation(2, 50);
+                    stamped.probe_stamped(&other, 7, crate::shared::fresh_stamp(), None);
+                }
+                let shared = if turn % 5 == 4 { Some((u64::MAX, history.len())) } else { last };
+                let counted = stamped.probe_stamped(&history, 7, stamp, shared);
+                assert_eq!(counted, estimate_tokens(&history) + 7, "config {i} turn {turn}");
+                let got = stamped.dry_run_stamped(config, &history, 1_000_000, 7, stamp);
+                let expected = plain.dry_run(config, &history, 1_000_000, 7);
+                assert_eq!(got, expected, "config {i} turn {turn}");
+                last = Some((stamp, history.len()));
+            }
         }
     }
 
