@@ -255,21 +255,7 @@ fn prune(messages: &mut [Message], protect: u64, minimum: u64, memo: Option<&mut
 /// fired, and the tokens they free: walking back from the newest, past the last two user turns
 /// and `protect` tokens of tool output.
 fn prune_victims(messages: &[Message], protect: u64) -> (Vec<(usize, usize, u64)>, u64) {
-    // The last two user turns: user messages carrying text (not only tool results).
-    let mut user_turns = 0;
-    let mut boundary = messages.len();
-    for (i, message) in messages.iter().enumerate().rev() {
-        if message.role == Role::User && is_prompt(message) {
-            user_turns += 1;
-            if user_turns == 2 {
-                boundary = i;
-                break;
-            }
-        }
-    }
-    if user_turns < 2 {
-        boundary = 0;
-    }
+    let boundary = last_two_turns(messages);
     let mut protected = 0u64;
     let mut victims = Vec::new();
     let mut freed = 0u64;
@@ -290,6 +276,21 @@ fn prune_victims(messages: &[Message], protect: u64) -> (Vec<(usize, usize, u64)
 /// The report of a prune that finds `freed` tokens prunable (and fired or not).
 fn prune_report(fired: bool, freed: u64, protect: u64, minimum: u64, before: u64, after: u64) -> PeerOutcome {
     PeerOutcome { stage: "opencode_prune", fired, reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"), tokens_before: before, tokens_after: after }
+}
+
+/// Where opencode's prune stops looking: the start of the last two user turns (user messages
+/// carrying text, not only tool results); `0` when there are fewer.
+fn last_two_turns(messages: &[Message]) -> usize {
+    let mut user_turns = 0;
+    for (i, message) in messages.iter().enumerate().rev() {
+        if message.role == Role::User && is_prompt(message) {
+            user_turns += 1;
+            if user_turns == 2 {
+                return i;
+            }
+        }
+    }
+    0
 }
 
 /// Whether a user message is a prompt (has text) rather than only tool results.
@@ -524,21 +525,7 @@ impl PeerMemo {
     /// tokens; the older ones are read from the sums.
     fn prune_figures(&self, messages: &[Message], protect: u64) -> (bool, u64) {
         debug_assert_eq!(self.sums.len(), messages.len() + 1, "the figures are the last estimate's");
-        // The last two user turns, as `prune_victims` finds them.
-        let mut user_turns = 0;
-        let mut boundary = messages.len();
-        for (i, message) in messages.iter().enumerate().rev() {
-            if message.role == Role::User && is_prompt(message) {
-                user_turns += 1;
-                if user_turns == 2 {
-                    boundary = i;
-                    break;
-                }
-            }
-        }
-        if user_turns < 2 {
-            boundary = 0;
-        }
+        let boundary = last_two_turns(messages);
         let mut protected = 0u64;
         for m in (0..boundary).rev() {
             let MessageContent::Blocks(blocks) = &messages[m].content else { continue };
