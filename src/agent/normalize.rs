@@ -426,9 +426,21 @@ impl MessageMemo {
     /// made a raw view before it, that view's stamp and how many of its leading messages this
     /// view holds as they were (the same allocations at the same positions): a reader that
     /// last read that view need not read them again.
-    pub fn raw_stamped(&self) -> Option<(&[Message], u64, Option<(u64, usize)>)> {
-        self.raw.as_deref().map(|raw| (raw, self.raw_stamp, self.raw_shared))
+    pub fn raw_stamped(&self) -> Option<RawView<'_>> {
+        self.raw.as_deref().map(|messages| RawView { messages, stamp: self.raw_stamp, shared: self.raw_shared })
     }
+}
+
+/// A raw view of a memo ([`MessageMemo::raw_stamped`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RawView<'a> {
+    /// The messages as normalized ([`MessageMemo::raw`]).
+    pub messages: &'a [Message],
+    /// A number no other view gets.
+    pub stamp: u64,
+    /// The stamp of the view the memo made before, and how many of its leading messages this
+    /// view holds as they were.
+    pub shared: Option<(u64, usize)>,
 }
 
 /// Whether `a` is `b` as a request sends it: the same role, identical extra fields, equal text,
@@ -747,7 +759,7 @@ mod tests {
                 if raw {
                     prop_assert_eq!(memo.raw(), Some(&from_scratch(&context, &records, options, false)[..]));
                     // The messages it says it carried over are the previous view's own.
-                    let (view, stamp, shared) = memo.raw_stamped().expect("asked for");
+                    let RawView { messages: view, stamp, shared } = memo.raw_stamped().expect("asked for");
                     if let Some((before, n)) = shared {
                         let (previous_stamp, previous) = previous_raw.as_ref().expect("a view before");
                         prop_assert_eq!(before, *previous_stamp);

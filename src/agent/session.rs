@@ -338,7 +338,7 @@ impl Session {
             // the history as normalized (as the mechanism reads it), the memo's where the
             // request's messages are finished in it.
             // Stamped, the messages the probe read last time are not read again.
-            let (history, stamp, shared) = self.message_memo.raw_stamped().unwrap_or((&messages[front..], 0, None));
+            let (history, stamp, shared) = self.message_memo.raw_stamped().map_or((&messages[front..], 0, None), |view| (view.messages, view.stamp, view.shared));
             let counted = self.peer_state.probe_stamped(history, (base_chars / 4) as u64, stamp, shared);
             // (And what the mechanisms run dry would do.)
             for (tag, config) in &self.peer_dry {
