@@ -264,11 +264,8 @@ fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
     if len > SHORT_PIECE {
         return None;
     }
-    match bytes.get(at..at + 16) {
-        Some(chunk) => {
-            let word = u128::from_le_bytes(chunk.try_into().unwrap_or([0; 16]));
-            Some((word & PIECE_MASKS[len]) | ((len as u128) << 120))
-        }
+    match bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) {
+        Some(&chunk) => Some((u128::from_le_bytes(chunk) & PIECE_MASKS[len]) | ((len as u128) << 120)),
         None => pack(&bytes[at..end]),
     }
 }
@@ -380,14 +377,22 @@ fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
         _ => {}
     }
     // 5 and 6: a whitespace run (`first` is whitespace here: every other ASCII byte has
-    // matched above).
-    let (run, next) = run(bytes, at, BLANK | BREAK);
-    if next == WIDE {
-        return Err(());
+    // matched above), and the end of its last line break.
+    let (mut run, mut after_break) = (at, None);
+    loop {
+        match class_at(bytes, run) {
+            BLANK => run += 1,
+            BREAK => {
+                run += 1;
+                after_break = Some(run);
+            }
+            WIDE => return Err(()),
+            _ => break,
+        }
     }
     // 5: `\s*[\r\n]+`: through the last line break of the run.
-    if let Some(last) = bytes[at..run].iter().rposition(|&b| b == b'\r' || b == b'\n') {
-        return Ok(at + last + 1);
+    if let Some(end) = after_break {
+        return Ok(end);
     }
     // 6: `\s+(?!\S)`, else `\s+`: the run less its last character when text follows it.
     if run < bytes.len() && run - at > 1 { Ok(run - 1) } else { Ok(run) }
@@ -841,8 +846,15 @@ impl O200k {
                     None => return Self::core().encode_ordinary(text).len() as u32,
                 },
             };
-            let (start, piece) = (at, &bytes[at..end]);
+            let start = at;
             at = end;
+            // A piece of one byte is one token, whatever the byte (the merge has nothing to
+            // join; every byte is a token of o200k too).
+            if end - start == 1 {
+                debug_assert!(self.short_ranks.contains_key(pack(&bytes[start..end]).unwrap_or(0)), "every byte is a token");
+                tokens += 1;
+                continue;
+            }
             if let Some(packed) = pack_in(bytes, start, end) {
                 let slot = Recent::slot(packed);
                 if let Some(n) = recent.get(slot, packed) {
@@ -854,7 +866,7 @@ impl O200k {
                 } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
                     n
                 } else {
-                    let n = self.merged_parts(&bytes[start..], piece.len());
+                    let n = self.merged_parts(&bytes[start..], end - start);
                     if let Some(memo) = memo.as_mut()
                         && memo.len() < MEMO_CAP
                     {
@@ -864,12 +876,12 @@ impl O200k {
                 };
                 recent.set(slot, packed, n);
                 tokens += n;
-            } else if self.long_ranks.contains_key(piece) {
+            } else if self.long_ranks.contains_key(&bytes[start..end]) {
                 tokens += 1;
-            } else if piece.len() >= LONG_PIECE {
+            } else if end - start >= LONG_PIECE {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
-                tokens += self.merged_parts(&bytes[start..], piece.len());
+                tokens += self.merged_parts(&bytes[start..], end - start);
             }
         }
         tokens
@@ -974,6 +986,8 @@ mod tests {
         assert!(specials.iter().all(|&rank| rank > O200K_ORDINARY_TOKENS), "{specials:?}");
         // The tables hold tiktoken-rs's tokens, rank for rank, each once.
         assert_eq!(O200K.short_ranks.len() + O200K.long_ranks.len(), O200K_ORDINARY_TOKENS as usize);
+        // Every byte is a token (a piece of one byte counts one without a lookup).
+        assert!((0..=255u8).all(|b| O200K.rank(&[b]).is_some()));
         for rank in 0..O200K_ORDINARY_TOKENS {
             assert_eq!(O200K.rank(&core.decode_bytes(&[rank]).unwrap()), Some(rank));
         }
