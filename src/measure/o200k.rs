@@ -474,12 +474,12 @@ const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 /// The low bit of every byte.
 const LOW_BITS: u64 = 0x0101_0101_0101_0101;
 
-/// The high bit of each byte of `word` (little-endian: its first byte lowest) up to the first
-/// that is not an ASCII lowercase letter, and of that one when it is one, which it is not: so
-/// the lowest clear high bit is the first byte that is not one. For an ASCII byte `b`, `b +
-/// 0x1f` has its high bit set when `b >= b'a'` and `b + 0x05` when `b > b'z'`, neither
-/// carrying into the next byte; a byte that is not ASCII has its own high bit set, so it is
-/// not a letter, and the carry it may make only reaches the bytes after it.
+/// The high bit set in each byte of `word` (little-endian: its first byte lowest) that is an
+/// ASCII lowercase letter, exact up to the first byte that is not one (the lowest clear high
+/// bit), which is all [`lower_run`] reads. For an ASCII byte `b`, `b + 0x1f` has its high bit
+/// set when `b >= b'a'` and `b + 0x05` when `b > b'z'`, neither carrying into the next byte; a
+/// byte that is not ASCII has its own high bit set, so it is not a letter, and the carry it
+/// may make only reaches the bytes after it.
 #[inline(always)]
 fn lower_bytes(word: u64) -> u64 {
     let from_a = word.wrapping_add(0x1f * LOW_BITS);
