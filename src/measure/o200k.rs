@@ -22,7 +22,10 @@
 //!   not ASCII (a letter, mark, digit, symbol or space outside ASCII may continue a run; `ſ`
 //!   folds to the `s` of `'s`). Tests compare its pieces with the DFA's on generated text;
 //!   the counts are compared with tiktoken-rs's on every real text. The DFA's search, with its
-//!   setup per piece, was about a quarter of a cold audit's instructions.
+//!   setup per piece, was about a quarter of a cold audit's instructions. The scan tells bytes
+//!   apart by a table of their classes ([`CLASS`]) and reads a run of lowercase letters eight
+//!   bytes at a time ([`lower_run`]); debug builds check every piece against the same scan a
+//!   byte at a time by comparisons ([`scan_ascii_bytewise`]).
 //! - **Merge.** A piece that is a token counts one; any other piece is merged as tiktoken
 //!   merges a piece under 100 bytes (`byte_pair_split`): start from its bytes, and while some
 //!   two neighbouring parts together are a token, join the pair of lowest rank, the leftmost
@@ -34,8 +37,9 @@
 //!   into a map by their bytes (about 3,000), where building tiktoken-rs's encoder takes
 //!   about 170 ms. tiktoken-rs switches to a heap-based
 //!   merge, with the same result, for pieces of 100 bytes or more. Here the quadratic merge
-//!   also serves pieces up to 1 KiB, where its worst case is still under a millisecond; tested
-//!   properties hold it to tiktoken-rs's count. A text with a longer piece (a long rule of
+//!   serves pieces under 128 bytes, and a heap finds the pair to join in longer ones, up to
+//!   1 KiB ([`O200k::merge_long`], checked against the quadratic merge in debug builds); tested
+//!   properties hold both to tiktoken-rs's count. A text with a longer piece (a long rule of
 //!   dashes, a run of spaces) is counted by tiktoken-rs itself, whose encoder is then built
 //!   once.
 //! - **Short pieces by value.** A piece of at most 15 bytes is looked up as one `u128` (its
@@ -45,7 +49,7 @@
 //! - **Recent pieces first.** Before those tables (200k entries, several megabytes: most
 //!   lookups missed the processor's caches), a short piece is looked up in a small
 //!   direct-mapped table of the pieces this thread counted lately ([`Recent`], 8,192 slots,
-//!   136 KB): a text's common pieces (` the`, `\n   `, `fn`) are found there. A slot holds one
+//!   128 KB): a text's common pieces (` the`, `\n   `, `fn`) are found there. A slot holds one
 //!   piece and its count, overwritten by the next piece hashed to it; a count never changes, so
 //!   what the table holds changes only the speed, never a count.
 //! - **Long texts in chunks.** A text of 4 KiB or more is cut, only where the split always
@@ -202,20 +206,40 @@ const RECENT_BITS: u32 = 13;
 /// The short pieces a thread counted lately, direct-mapped by a hash of the packed piece: a
 /// piece's slot holds it and its count until another piece hashed to the same slot replaces
 /// it. An empty slot holds 0, which no piece packs to (a piece has at least one byte, and its
-/// length is in the packed value). A short piece has at most 15 tokens, so a count is a `u8`.
+/// length is in the packed value). A short piece has at most 15 bytes and so at most 15
+/// tokens: a slot holds the count in the top four bits of the packed value, above the length
+/// (at most 15, in the low four bits of the last byte), so that one load reads both.
 struct Recent {
-    pieces: Box<[u128]>,
-    counts: Box<[u8]>,
+    slots: Box<[u128; 1 << RECENT_BITS]>,
 }
+
+/// Where [`Recent`] keeps a count in a slot.
+const RECENT_COUNT_SHIFT: u32 = 124;
 
 impl Recent {
     fn new() -> Recent {
-        Recent { pieces: vec![0; 1 << RECENT_BITS].into_boxed_slice(), counts: vec![0; 1 << RECENT_BITS].into_boxed_slice() }
+        let slots = vec![0u128; 1 << RECENT_BITS].into_boxed_slice().try_into();
+        Recent { slots: slots.expect("a boxed slice of the table's length") }
     }
 
     fn slot(packed: u128) -> usize {
         let mixed = (packed as u64) ^ ((packed >> 64) as u64).rotate_left(29);
         (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT_BITS)) as usize
+    }
+
+    /// The count of the piece packed as `packed` if its slot holds it.
+    #[inline]
+    fn get(&self, slot: usize, packed: u128) -> Option<u32> {
+        let held = self.slots[slot];
+        (held & !(0xF << RECENT_COUNT_SHIFT) == packed).then_some((held >> RECENT_COUNT_SHIFT) as u32)
+    }
+
+    /// Keeps the piece packed as `packed` (at most [`SHORT_PIECE`] bytes) and its count `n` in
+    /// its slot.
+    #[inline]
+    fn set(&mut self, slot: usize, packed: u128, n: u32) {
+        debug_assert!(n as usize <= SHORT_PIECE && packed >> RECENT_COUNT_SHIFT == 0, "at most one token per byte");
+        self.slots[slot] = packed | (u128::from(n) << RECENT_COUNT_SHIFT);
     }
 }
 
@@ -240,14 +264,23 @@ fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
     if len > SHORT_PIECE {
         return None;
     }
-    match bytes.get(at..at + 16) {
-        Some(chunk) => {
-            let word = u128::from_le_bytes(chunk.try_into().unwrap_or([0; 16]));
-            Some((word & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120))
-        }
+    match bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) {
+        Some(&chunk) => Some((u128::from_le_bytes(chunk) & PIECE_MASKS[len]) | ((len as u128) << 120)),
         None => pack(&bytes[at..end]),
     }
 }
+
+/// The mask of a piece's bytes in a packed value, by the piece's length (a table: a shift of
+/// a `u128` by a variable amount takes a dozen instructions).
+static PIECE_MASKS: [u128; SHORT_PIECE + 1] = {
+    let mut masks = [0u128; SHORT_PIECE + 1];
+    let mut len = 0;
+    while len <= SHORT_PIECE {
+        masks[len] = (1u128 << (8 * len)) - 1;
+        len += 1;
+    }
+    masks
+};
 
 /// What the hand-written scan found at a piece's start: the piece's end, or that the piece
 /// needs the DFA (its start, or a character the scan had to look at, is not ASCII).
@@ -255,6 +288,203 @@ fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
 enum Scan {
     End(usize),
     NotAscii,
+}
+
+/// The end of `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` from `at`: `at` itself when none follows.
+/// `Err` when a byte it had to look at is not ASCII (case folding maps `ſ` to `s`).
+fn contraction_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
+    if bytes.get(at) != Some(&b'\'') {
+        return Ok(at);
+    }
+    let lower = |k: usize| -> Result<Option<u8>, ()> {
+        match bytes.get(at + k) {
+            Some(&b) if b >= 0x80 => Err(()),
+            Some(&b) => Ok(Some(b.to_ascii_lowercase())),
+            None => Ok(None),
+        }
+    };
+    Ok(match lower(1)? {
+        Some(b's' | b't' | b'm' | b'd') => at + 2,
+        Some(b'r' | b'v') if lower(2)? == Some(b'e') => at + 3,
+        Some(b'l') if lower(2)? == Some(b'l') => at + 3,
+        _ => at,
+    })
+}
+
+/// The end of the piece of o200k's split starting at `at` (`at < bytes.len()`), found by hand
+/// on ASCII text: the alternatives of [`PATTERNS`] in order, each as the backtracking VM
+/// would match it, the look-ahead of the whitespace run included. Whenever the answer could
+/// depend on a character that is not ASCII (a letter, digit, mark, symbol or whitespace
+/// outside ASCII continuing a run), [`Scan::NotAscii`]: the DFA splits that piece. Bytes are
+/// told apart by their [`CLASS`], runs of lowercase letters eight at a time ([`lower_run`]);
+/// debug builds check each piece against [`scan_ascii_bytewise`].
+fn scan_ascii(bytes: &[u8], at: usize) -> Scan {
+    let scan = scan_ascii_inner(bytes, at).map_or(Scan::NotAscii, Scan::End);
+    debug_assert_eq!(scan, scan_ascii_bytewise(bytes, at), "the class scan splits as the bytewise one at {at}");
+    scan
+}
+
+fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
+    let first = CLASS[usize::from(bytes[at])];
+    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters.
+    let letters = match first {
+        BLANK | SYMBOL => at + 1,
+        WIDE => return Err(()),
+        _ => at,
+    };
+    let (upper_end, next) = run(bytes, letters, UPPER);
+    if next == LOWER {
+        // 1: `[upper]*[lower]+`, then a contraction.
+        let (lower_end, next) = lower_run(bytes, upper_end);
+        if next == WIDE {
+            return Err(());
+        }
+        return contraction_end(bytes, lower_end);
+    }
+    if next == WIDE {
+        return Err(());
+    }
+    if upper_end > letters {
+        // 2: `[upper]+[lower]*` (no lowercase follows), then a contraction.
+        return contraction_end(bytes, upper_end);
+    }
+    // 3: one to three digits.
+    if first == DIGIT {
+        let mut end = at + 1;
+        while end < at + 3 {
+            match class_at(bytes, end) {
+                WIDE => return Err(()),
+                DIGIT => end += 1,
+                _ => break,
+            }
+        }
+        return Ok(end);
+    }
+    // 4: an optional space, symbols, then line breaks and slashes.
+    let symbols = if bytes[at] == b' ' { at + 1 } else { at };
+    match class_at(bytes, symbols) {
+        WIDE => return Err(()),
+        SYMBOL => {
+            let (mut end, next) = run(bytes, symbols, SYMBOL);
+            if next == WIDE {
+                return Err(());
+            }
+            while let Some(b'\r' | b'\n' | b'/') = bytes.get(end) {
+                end += 1;
+            }
+            return Ok(end);
+        }
+        _ => {}
+    }
+    // 5 and 6: a whitespace run (`first` is whitespace here: every other ASCII byte has
+    // matched above), and the end of its last line break.
+    let (mut run, mut after_break) = (at, None);
+    loop {
+        match class_at(bytes, run) {
+            BLANK => run += 1,
+            BREAK => {
+                run += 1;
+                after_break = Some(run);
+            }
+            WIDE => return Err(()),
+            _ => break,
+        }
+    }
+    // 5: `\s*[\r\n]+`: through the last line break of the run.
+    if let Some(end) = after_break {
+        return Ok(end);
+    }
+    // 6: `\s+(?!\S)`, else `\s+`: the run less its last character when text follows it.
+    if run < bytes.len() && run - at > 1 { Ok(run - 1) } else { Ok(run) }
+}
+
+/// The byte classes [`scan_ascii`] tells apart, one bit each ([`CLASS`]); the end of the text
+/// has none (class 0), and ends every run.
+const LOWER: u8 = 1;
+const UPPER: u8 = 2;
+const DIGIT: u8 = 4;
+/// `\s` but a line break: tab, vertical tab, form feed, space.
+const BLANK: u8 = 8;
+/// A line break: `\r`, `\n`.
+const BREAK: u8 = 16;
+/// `[^\s\p{L}\p{N}]` on ASCII: punctuation, symbols and the control characters that are not
+/// whitespace.
+const SYMBOL: u8 = 32;
+/// Not ASCII: a byte of a character the scan leaves to the DFA.
+const WIDE: u8 = 64;
+
+/// The class of each byte value.
+static CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = match byte {
+            0x80.. => WIDE,
+            b'a'..=b'z' => LOWER,
+            b'A'..=b'Z' => UPPER,
+            b'0'..=b'9' => DIGIT,
+            b'\r' | b'\n' => BREAK,
+            b'\t' | 0x0B | 0x0C | b' ' => BLANK,
+            _ => SYMBOL,
+        };
+        b += 1;
+    }
+    table
+};
+
+/// The class of `bytes[at]`, 0 past the end.
+#[inline(always)]
+fn class_at(bytes: &[u8], at: usize) -> u8 {
+    bytes.get(at).map_or(0, |&b| CLASS[usize::from(b)])
+}
+
+/// The end of the run of bytes from `at` of the classes `members`, and the class of the byte
+/// that ends it (0 at the end of the text).
+#[inline(always)]
+fn run(bytes: &[u8], mut at: usize, members: u8) -> (usize, u8) {
+    while let Some(&b) = bytes.get(at) {
+        let class = CLASS[usize::from(b)];
+        if class & members == 0 {
+            return (at, class);
+        }
+        at += 1;
+    }
+    (at, 0)
+}
+
+/// [`run`] of lowercase letters, eight bytes at a time while eight are left: a word's letters
+/// are most of what the scan reads.
+#[inline(always)]
+fn lower_run(bytes: &[u8], mut at: usize) -> (usize, u8) {
+    while let Some(word) = bytes.get(at..at + 8) {
+        let word: [u8; 8] = word.try_into().unwrap_or_default();
+        let others = !lower_bytes(u64::from_le_bytes(word)) & HIGH_BITS;
+        if others != 0 {
+            let first = others.trailing_zeros() as usize / 8;
+            return (at + first, CLASS[usize::from(word[first])]);
+        }
+        at += 8;
+    }
+    run(bytes, at, LOWER)
+}
+
+/// The high bit of every byte.
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+/// The low bit of every byte.
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+
+/// The high bit set in each byte of `word` (little-endian: its first byte lowest) that is an
+/// ASCII lowercase letter, exact up to the first byte that is not one (the lowest clear high
+/// bit), which is all [`lower_run`] reads. For an ASCII byte `b`, `b + 0x1f` has its high bit
+/// set when `b >= b'a'` and `b + 0x05` when `b > b'z'`, neither carrying into the next byte; a
+/// byte that is not ASCII has its own high bit set, so it is not a letter, and the carry it
+/// may make only reaches the bytes after it.
+#[inline(always)]
+fn lower_bytes(word: u64) -> u64 {
+    let from_a = word.wrapping_add(0x1f * LOW_BITS);
+    let past_z = word.wrapping_add(0x05 * LOW_BITS);
+    from_a & !past_z & !word & HIGH_BITS
 }
 
 /// `[^\r\n\p{L}\p{N}]` on an ASCII byte: neither a line break, a letter nor a digit.
@@ -288,37 +518,18 @@ fn run_end(bytes: &[u8], mut at: usize, class: fn(u8) -> bool) -> Result<usize, 
     Ok(at)
 }
 
-/// The end of `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` from `at`: `at` itself when none follows.
-/// `Err` when a byte it had to look at is not ASCII (case folding maps `ſ` to `s`).
-fn contraction_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
-    if bytes.get(at) != Some(&b'\'') {
-        return Ok(at);
-    }
-    let lower = |k: usize| -> Result<Option<u8>, ()> {
-        match bytes.get(at + k) {
-            Some(&b) if b >= 0x80 => Err(()),
-            Some(&b) => Ok(Some(b.to_ascii_lowercase())),
-            None => Ok(None),
-        }
-    };
-    Ok(match lower(1)? {
-        Some(b's' | b't' | b'm' | b'd') => at + 2,
-        Some(b'r' | b'v') if lower(2)? == Some(b'e') => at + 3,
-        Some(b'l') if lower(2)? == Some(b'l') => at + 3,
-        _ => at,
-    })
-}
-
-/// The end of the piece of o200k's split starting at `at` (`at < bytes.len()`), found by hand
-/// on ASCII text: the alternatives of [`PATTERNS`] in order, each as the backtracking VM
+/// [`scan_ascii`] a byte at a time, each byte tested by comparisons: the reference the
+/// class table and the word-at-a-time runs are checked against (debug builds, tests). The end
+/// of the piece of o200k's split starting at `at` (`at < bytes.len()`), found by hand on ASCII
+/// text: the alternatives of [`PATTERNS`] in order, each as the backtracking VM
 /// would match it, the look-ahead of the whitespace run included. Whenever the answer could
 /// depend on a character that is not ASCII (a letter, digit, mark, symbol or whitespace
 /// outside ASCII continuing a run), [`Scan::NotAscii`]: the DFA splits that piece.
-fn scan_ascii(bytes: &[u8], at: usize) -> Scan {
-    scan_ascii_inner(bytes, at).map_or(Scan::NotAscii, Scan::End)
+fn scan_ascii_bytewise(bytes: &[u8], at: usize) -> Scan {
+    scan_ascii_bytewise_inner(bytes, at).map_or(Scan::NotAscii, Scan::End)
 }
 
-fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
+fn scan_ascii_bytewise_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
     let first = bytes[at];
     if first >= 0x80 {
         return Err(());
@@ -442,14 +653,71 @@ impl O200k {
             return len as u32;
         }
         // Most pieces that are not tokens are short: their part boundaries and pair ranks fit
-        // on the stack, so counting one allocates nothing.
-        if len < STACK_MERGE {
+        // on the stack, so counting one allocates nothing (and a piece of at most
+        // [`SHORT_PIECE`] bytes, most of them, fills only a few entries).
+        if len <= SHORT_PIECE {
+            let mut starts = [0usize; SHORT_PIECE + 1];
+            let mut joins = [Rank::MAX; SHORT_PIECE + 1];
+            self.merge(rest, len, &mut starts[..=len], &mut joins[..=len])
+        } else if len < STACK_MERGE {
             let mut starts = [0usize; STACK_MERGE + 1];
             let mut joins = [Rank::MAX; STACK_MERGE + 1];
             self.merge(rest, len, &mut starts[..=len], &mut joins[..=len])
         } else {
-            self.merge(rest, len, &mut vec![0; len + 1], &mut vec![Rank::MAX; len + 1])
+            let parts = self.merge_long(rest, len);
+            debug_assert_eq!(parts, self.merge(rest, len, &mut vec![0; len + 1], &mut vec![Rank::MAX; len + 1]), "the heap merges as the scan");
+            parts
         }
+    }
+
+    /// [`Self::merge`] of a long piece `rest[..len]` (two bytes or more), the pair of lowest
+    /// rank taken from a heap instead of found by a scan of every pair after every join (in a
+    /// piece of hundreds of bytes, the scans were most of its count). The parts are a list
+    /// linked by their starts, and the heap gets a pair's rank and start each time the pair is
+    /// ranked; an entry whose pair has since been joined or ranked again no longer holds its
+    /// pair's rank, and is dropped when it comes up. Equal ranks come up leftmost first, as the
+    /// scan takes them: the start is the heap's second key. (An entry that holds its pair's
+    /// rank again after a change stands for that pair as well as the new entry does.)
+    fn merge_long(&self, rest: &[u8], len: usize) -> u32 {
+        use std::cmp::Reverse;
+        // `next[i]`: the start of the part after the part that starts at `i` (`len`: none);
+        // `prev[i]`: the start of the part before it (the part at 0 has none, and is never
+        // joined to one before it); `joins[i]`: the rank of the part at `i` joined with the
+        // next (`Rank::MAX`: not a token, no part after it, or no part starts at `i`).
+        let mut next: Vec<usize> = (1..=len).collect();
+        let mut prev: Vec<usize> = (0..len).map(|i| i.saturating_sub(1)).collect();
+        let join = |next: &[usize], i: usize| match next.get(next[i]) {
+            Some(&end) => self.rank_in(rest, i, end).unwrap_or(Rank::MAX),
+            None => Rank::MAX,
+        };
+        let mut joins: Vec<Rank> = (0..len).map(|i| join(&next, i)).collect();
+        let mut heap: std::collections::BinaryHeap<Reverse<(Rank, usize)>> =
+            joins.iter().enumerate().filter(|&(_, &rank)| rank != Rank::MAX).map(|(i, &rank)| Reverse((rank, i))).collect();
+        let mut parts = len;
+        while let Some(Reverse((rank, i))) = heap.pop() {
+            if joins[i] != rank {
+                continue;
+            }
+            // The part at `i` takes the next one, `j` (there is one: the pair has a rank).
+            let j = next[i];
+            let after = next[j];
+            next[i] = after;
+            if after < len {
+                prev[after] = i;
+            }
+            joins[j] = Rank::MAX;
+            parts -= 1;
+            // The pairs the join changed: the part at `i` with its new next, and the part
+            // before it with it.
+            let changed = [Some(i), (i > 0).then(|| prev[i])];
+            for k in changed.into_iter().flatten() {
+                joins[k] = join(&next, k);
+                if joins[k] != Rank::MAX {
+                    heap.push(Reverse((joins[k], k)));
+                }
+            }
+        }
+        parts as u32
     }
 
     /// [`Self::merged_parts`] of a piece `rest[..len]` of two bytes or more in the buffers
@@ -578,12 +846,19 @@ impl O200k {
                     None => return Self::core().encode_ordinary(text).len() as u32,
                 },
             };
-            let (start, piece) = (at, &bytes[at..end]);
+            let start = at;
             at = end;
+            // A piece of one byte is one token, whatever the byte (the merge has nothing to
+            // join; every byte is a token of o200k too).
+            if end - start == 1 {
+                debug_assert!(self.short_ranks.contains_key(pack(&bytes[start..end]).unwrap_or(0)), "every byte is a token");
+                tokens += 1;
+                continue;
+            }
             if let Some(packed) = pack_in(bytes, start, end) {
                 let slot = Recent::slot(packed);
-                if recent.pieces[slot] == packed {
-                    tokens += u32::from(recent.counts[slot]);
+                if let Some(n) = recent.get(slot, packed) {
+                    tokens += n;
                     continue;
                 }
                 let n = if self.short_ranks.contains_key(packed) {
@@ -591,7 +866,7 @@ impl O200k {
                 } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
                     n
                 } else {
-                    let n = self.merged_parts(&bytes[start..], piece.len());
+                    let n = self.merged_parts(&bytes[start..], end - start);
                     if let Some(memo) = memo.as_mut()
                         && memo.len() < MEMO_CAP
                     {
@@ -599,16 +874,14 @@ impl O200k {
                     }
                     n
                 };
-                // At most one token per byte: a short piece's count fits a `u8`.
-                recent.pieces[slot] = packed;
-                recent.counts[slot] = n as u8;
+                recent.set(slot, packed, n);
                 tokens += n;
-            } else if self.long_ranks.contains_key(piece) {
+            } else if self.long_ranks.contains_key(&bytes[start..end]) {
                 tokens += 1;
-            } else if piece.len() >= LONG_PIECE {
+            } else if end - start >= LONG_PIECE {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
-                tokens += self.merged_parts(&bytes[start..], piece.len());
+                tokens += self.merged_parts(&bytes[start..], end - start);
             }
         }
         tokens
@@ -713,6 +986,8 @@ mod tests {
         assert!(specials.iter().all(|&rank| rank > O200K_ORDINARY_TOKENS), "{specials:?}");
         // The tables hold tiktoken-rs's tokens, rank for rank, each once.
         assert_eq!(O200K.short_ranks.len() + O200K.long_ranks.len(), O200K_ORDINARY_TOKENS as usize);
+        // Every byte is a token (a piece of one byte counts one without a lookup).
+        assert!((0..=255u8).all(|b| O200K.rank(&[b]).is_some()));
         for rank in 0..O200K_ORDINARY_TOKENS {
             assert_eq!(O200K.rank(&core.decode_bytes(&[rank]).unwrap()), Some(rank));
         }
@@ -835,6 +1110,105 @@ mod tests {
         let Err(part) = count_unless(&text, &|n| n > 5_000) else { panic!("counted whole") };
         assert!(part > 5_000 && part < whole / 2, "{part} of {whole}");
         assert_eq!(count_unless(&text, &|n| n > whole), Ok(whole));
+    }
+
+    /// Text of bytes of every class the scan tells apart, each at any offset from the start
+    /// (so at every position in the eight-byte words [`lower_run`] reads): runs of lowercase
+    /// letters of every length around eight, the other classes, the contractions, and
+    /// characters that are not ASCII.
+    fn every_class_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let atoms = prop::sample::select(vec![
+            "a", "z", "q", "ab", "abcdefg", "abcdefgh", "abcdefghi", "xyzxyzxyzxyzxyzx", "A", "Z", "AB", "0", "9", "12", "1234", " ", "    ", "\t",
+            "\u{0b}", "\u{0c}", "\n", "\r", "\r\n", "\u{00}", "\u{7f}", "`", "{", "@", "[", "/", "'", "'s", "'LL", "'re", "-", "é", "\u{0301}",
+            "\u{00a0}", "ſ", "日", "😀", "\u{ff}",
+        ]);
+        (0usize..8, prop::collection::vec(atoms, 0..30)).prop_map(|(offset, parts)| "x".repeat(offset) + &parts.concat())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+        /// The class table and the word-at-a-time runs find every piece the bytewise scan
+        /// finds, from every character of the text (not only where the split puts a start).
+        #[test]
+        fn the_class_scan_scans_as_the_bytewise_one(text in every_class_text()) {
+            let bytes = text.as_bytes();
+            for at in (0..bytes.len()).filter(|&at| text.is_char_boundary(at)) {
+                let by_class = scan_ascii_inner(bytes, at).map_or(Scan::NotAscii, Scan::End);
+                proptest::prop_assert_eq!(by_class, scan_ascii_bytewise(bytes, at), "at {} of {:?}", at, text);
+            }
+        }
+
+        #[test]
+        fn the_class_scan_scans_any_bytes_as_the_bytewise_one(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..40)) {
+            for at in 0..bytes.len() {
+                let by_class = scan_ascii_inner(&bytes, at).map_or(Scan::NotAscii, Scan::End);
+                proptest::prop_assert_eq!(by_class, scan_ascii_bytewise(&bytes, at), "at {} of {:?}", at, bytes);
+            }
+        }
+    }
+
+    /// The eight-byte test of lowercase letters stops where the bytewise run stops, whatever
+    /// byte ends the run, at every place in the word, whatever follows it (a byte that is not
+    /// ASCII carries into the bytes after it).
+    #[test]
+    fn a_run_of_lowercase_letters_ends_where_the_bytewise_run_ends() {
+        for letters in 0..10 {
+            for stop in 0..=255u8 {
+                for after in [b'a', b'z', b'`', b'{', b'@', 0x7f, 0x80, 0xe1, 0xff] {
+                    let mut bytes = vec![b'q'; letters];
+                    bytes.push(stop);
+                    bytes.extend([after; 12]);
+                    assert_eq!(lower_run(&bytes, 0), run(&bytes, 0, LOWER), "{bytes:?}");
+                    assert_eq!(lower_run(&bytes, 1.min(letters)), run(&bytes, 1.min(letters), LOWER), "{bytes:?}");
+                }
+            }
+        }
+        for b in 0..=255u8 {
+            assert_eq!(CLASS[usize::from(b)] == LOWER, b.is_ascii_lowercase(), "{b}");
+            assert_eq!(CLASS[usize::from(b)] == WIDE, !b.is_ascii(), "{b}");
+        }
+    }
+
+    /// A slot of [`Recent`] gives back the piece it was given and its count, for every count a
+    /// short piece can have, the longest pieces too (whose last byte holds the length 15).
+    #[test]
+    fn a_recent_slot_keeps_a_piece_and_its_count() {
+        let mut recent = Recent::new();
+        for (i, piece) in ["a", "zz", "fifteen-bytes!!", "\u{ff}\u{ff}\u{ff}\u{ff}\u{ff}\u{ff}\u{ff}x"].into_iter().enumerate() {
+            let packed = pack(piece.as_bytes()).unwrap();
+            let slot = Recent::slot(packed);
+            for n in 0..=SHORT_PIECE as u32 {
+                recent.set(slot, packed, n);
+                assert_eq!(recent.get(slot, packed), Some(n), "{i}");
+                assert_eq!(recent.get(slot, packed ^ 1), None);
+                assert_eq!(recent.get(slot, packed ^ (1 << 120)), None);
+            }
+        }
+    }
+
+    /// A long piece of a few letters (so that its parts join many times, in every order), or of
+    /// other bytes the vocabulary joins.
+    fn long_piece() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let alphabet = prop::sample::select(vec![b"etaoinsr".to_vec(), b"ab".to_vec(), b"-=*#".to_vec(), b" ".to_vec(), b"0123456789abcdef".to_vec(), (0..=255).collect()]);
+        (alphabet, STACK_MERGE..LONG_PIECE).prop_flat_map(|(alphabet, len)| prop::collection::vec(prop::sample::select(alphabet), len))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// The heap merge of a long piece leaves as many parts as the scan's merge and as
+        /// tiktoken-rs's `byte_pair_split`.
+        #[test]
+        fn the_heap_merges_a_long_piece_as_the_scan(piece in long_piece()) {
+            let len = piece.len();
+            let by_scan = O200K.merge(&piece, len, &mut vec![0; len + 1], &mut vec![Rank::MAX; len + 1]);
+            proptest::prop_assert_eq!(O200K.merge_long(&piece, len), by_scan);
+            if let Ok(text) = std::str::from_utf8(&piece) {
+                let encoded = O200k::core().encode_ordinary(text).len() as u32;
+                proptest::prop_assert!(count(text) == encoded, "{:?}", text);
+            }
+        }
     }
 
     #[test]

@@ -411,6 +411,10 @@ pub struct TokenCounter {
     /// `bpe` text counts shared with the run's other counters and earlier runs
     /// ([`super::token_cache`]), consulted before tokenizing and given every count made.
     shared: Option<Arc<SharedCounts>>,
+    /// The family [`TokenCounter::count`] estimated for last and its parameters: a run's blocks
+    /// are nearly all of one family, whose parameters are otherwise looked up by name in the
+    /// calibration's maps for every block (memo hits too). The calibration never changes.
+    last_family: Option<(Box<str>, FamilyCalibration)>,
 }
 
 impl TokenCounter {
@@ -419,7 +423,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, o200k: None, shared: None }
+        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, o200k: None, shared: None, last_family: None }
     }
 
     /// Shares `bpe` text counts with `shared` (ignored by `chars4`): a text another counter of
@@ -563,7 +567,20 @@ impl TokenCounter {
         match self.kind {
             EstimatorKind::Chars4 | EstimatorKind::Bpe => raw,
             EstimatorKind::Calibrated => {
-                let params = self.calibration.for_family(family);
+                let params = match &self.last_family {
+                    Some((last, params)) if **last == *family => *params,
+                    _ => {
+                        let params = self.calibration.for_family(family);
+                        self.last_family = Some((family.into(), params));
+                        params
+                    }
+                };
+                #[cfg(debug_assertions)]
+                {
+                    let looked_up = self.calibration.for_family(family);
+                    let bits = |p: FamilyCalibration| (p.scale.to_bits(), p.per_block.to_bits());
+                    debug_assert_eq!(bits(params), bits(looked_up), "the last family's parameters are the family's");
+                }
                 ((raw as f64 * params.scale) + params.per_block).round().max(0.0) as u32
             }
         }
@@ -775,6 +792,23 @@ mod tests {
             }
             proptest::prop_assert_eq!(first.tokenized_blocks + second.tokenized_blocks, order.iter().map(|&p| key(p % texts.len())).collect::<std::collections::BTreeSet<_>>().len() as u64);
         }
+    }
+
+    /// A calibrated counter that goes from one family to another and back estimates each block
+    /// with the parameters of the family asked for (it keeps the last family's).
+    #[test]
+    fn a_calibrated_count_takes_the_family_asked_for() {
+        let mut counter = TokenCounter::new(EstimatorKind::Calibrated);
+        let raw = bpe("fn main() { println!(\"hi\"); }");
+        let families = ["sonnet", "opus", "opus", "haiku", "sonnet", "opus/v2", "sonnet"];
+        for (i, family) in families.into_iter().enumerate() {
+            let params = counter.calibration().for_family(family);
+            let expected = ((raw as f64 * params.scale) + params.per_block).round().max(0.0) as u32;
+            let made = counter.count(i as u128 % 2, family, || vec![TokenUnit::Text("fn main() { println!(\"hi\"); }".into())]);
+            assert_eq!(made, expected, "{family}");
+        }
+        let (sonnet, opus) = (counter.calibration().for_family("sonnet"), counter.calibration().for_family("opus"));
+        assert!(sonnet.scale != opus.scale && sonnet.per_block != opus.per_block, "the families' parameters differ");
     }
 
     #[test]
