@@ -644,9 +644,10 @@ impl<'o> RunState<'o> {
                         let mut input = MeasureInput::new("main", world.clock.now_ms(), &request);
                         input.turn = *turn;
                         input.events = std::mem::take(pending_events);
-                        input.stages = std::mem::take(pending_stages);
-                        input.stages.extend(chain_run.reports);
-                        input.stages.extend(agent.take_peer_reports());
+                        let mut stages = std::mem::take(pending_stages);
+                        stages.extend(chain_run.reports);
+                        stages.extend(agent.take_peer_reports());
+                        input.stages = stages.into();
                         input.rejected = Some(error.clone());
                         for mirror in mirrors.iter_mut() {
                             mirror.measure_refused(&input);
@@ -719,7 +720,7 @@ impl<'o> RunState<'o> {
                     let mut stages = std::mem::take(pending_stages);
                     stages.extend(chain_run.reports);
                     stages.extend(agent.take_peer_reports());
-                    input.stages = stages;
+                    input.stages = stages.into();
                     let mirror_input = mirror_events.map(|events| input.with_events(events));
                     let mut row = measurer.measure_served(input, served).map_err(|e| err(i, e.to_string()))?;
                     if let Some(plan) = reply_plan.as_deref_mut() {

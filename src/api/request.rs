@@ -181,7 +181,9 @@ pub enum SystemPrompt {
 
 /// A list shared by every body that sends it unchanged (a request's `tools` and system
 /// blocks): cloning one is a reference count, so the requests of a session hold the tool
-/// schemas and the system prompt once, as the session built them. Reading goes through `Deref`
+/// schemas and the system prompt once, as the session built them. (A trace row's stage reports
+/// are one too, `RequestMetrics::stages`: a run gone on from a checkpoint copies the rows
+/// before it.) Reading goes through `Deref`
 /// (a `Vec<T>`); changing through `DerefMut`, which copies the list first when another body
 /// still holds it (copy on write), so a change never reaches another body. Serializes and
 /// parses as the list it holds. Like [`SharedBlocks`](super::SharedBlocks), it keeps its items'

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::api::canonical::sha256_hex;
-use crate::api::{Request, Usage};
+use crate::api::{Request, SharedVec, Usage};
 
 use super::blocks::{FlatRequest, RegionCounts};
 use super::incremental::Flattener;
@@ -50,7 +50,9 @@ pub struct RequestMetrics {
     pub context_tokens: u64,
     pub blocks: RegionCounts,
     pub prefix: PrefixReport,
-    pub stages: Vec<StageReport>,
+    /// Shared by the row's copies (a run gone on from a checkpoint copies the rows before it),
+    /// copied on write.
+    pub stages: SharedVec<StageReport>,
     pub events: Vec<String>,
     pub cost_usd: f64,
     pub body_sha256: String,
@@ -78,7 +80,8 @@ pub struct MeasureInput<'a> {
     pub output_tokens: u64,
     /// Time to first token: entries written become readable from `time_ms + first_token_ms`.
     pub first_token_ms: u64,
-    pub stages: Vec<StageReport>,
+    /// The row's stages: a copy of the input (a mirror's) shares them.
+    pub stages: SharedVec<StageReport>,
     pub recorded_usage: Option<Usage>,
     /// The simulated API rejected the request before any caching (`prompt is too long: …`):
     /// the row carries the error, reads and writes nothing.
@@ -101,7 +104,7 @@ impl<'a> MeasureInput<'a> {
             events: Vec::new(),
             output_tokens: 0,
             first_token_ms: 0,
-            stages: Vec::new(),
+            stages: SharedVec::default(),
             recorded_usage: None,
             rejected: None,
         }
@@ -638,7 +641,7 @@ fn context_editing_effects(
     edited: &Edited,
     prefix: &mut PrefixReport,
     events: &mut Vec<String>,
-    stages: &mut Vec<StageReport>,
+    stages: &mut SharedVec<StageReport>,
 ) {
     let path_of = |(m, c): (usize, usize)| super::blocks::BlockPath { region: super::blocks::Region::Messages, index: m, content: Some(c) }.to_string();
     // An expired cache stays the cause when nothing at all was read (attribution's own rule).

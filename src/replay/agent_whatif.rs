@@ -1665,8 +1665,13 @@ fn run_from(
         // tool-use clearing, [`PeerBranch::ContextEditing`]) found no trigger on the trunk's
         // rows before the checkpoint (its other paths off), with the same count.
         if matches!(how, Branch::Peer { .. }) && crate::agent::compact::chain::Stage::enabled(&crate::agent::compact::microcompact::Microcompact, &effective.compact) {
-            for stage in run.output.rows[..c.rows].iter_mut().flat_map(|row| row.stages.iter_mut()).filter(|s| s.name == "microcompact" && s.reason == "disabled_by_config") {
-                stage.reason = "no trigger".to_owned();
+            let disabled = |s: &crate::measure::StageReport| s.name == "microcompact" && s.reason == "disabled_by_config";
+            // (Read before writing: a row's stages are shared with the checkpoint's copy, and
+            // are copied only where one changes.)
+            for row in run.output.rows[..c.rows].iter_mut().filter(|row| row.stages.iter().any(disabled)) {
+                for stage in row.stages.iter_mut().filter(|s| disabled(s)) {
+                    stage.reason = "no trigger".to_owned();
+                }
             }
         }
         match how {
@@ -1677,11 +1682,14 @@ fn run_from(
                 // the strategy's own, on the same count (below its limit there: else the branch
                 // would have gone on from an earlier checkpoint).
                 let blocking = prepared.threshold_world().thresholds(effective).blocking;
-                for row in &mut run.output.rows[..c.rows] {
+                let count_of = |s: &crate::measure::StageReport| s.reason.strip_prefix("below threshold (").and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
+                // (Read before writing, as above: a row changes only where its autocompact check
+                // counted.)
+                for row in run.output.rows[..c.rows].iter_mut().filter(|row| row.stages.iter().any(|s| !s.fired && s.name == "autocompact" && count_of(s).is_some())) {
                     let mut counted = None;
                     for stage in row.stages.iter_mut().filter(|s| !s.fired) {
                         if stage.name == "autocompact" {
-                            counted = stage.reason.strip_prefix("below threshold (").and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
+                            counted = count_of(stage);
                             if counted.is_some() {
                                 stage.reason = "auto-compact disabled".to_owned();
                             }
@@ -1698,8 +1706,10 @@ fn run_from(
             // found the count below it; below this strategy's too, they name that one.
             Branch::Autocompact { trunk, threshold } if threshold != trunk => {
                 let suffix = format!(" < {trunk})");
-                for row in &mut run.output.rows[..c.rows] {
-                    for stage in row.stages.iter_mut().filter(|s| s.name == "autocompact" && !s.fired && s.reason.starts_with("below threshold (")) {
+                let below = |s: &crate::measure::StageReport| s.name == "autocompact" && !s.fired && s.reason.starts_with("below threshold (") && s.reason.ends_with(&suffix);
+                // (Read before writing, as above.)
+                for row in run.output.rows[..c.rows].iter_mut().filter(|row| row.stages.iter().any(below)) {
+                    for stage in row.stages.iter_mut().filter(|s| below(s)) {
                         if let Some(head) = stage.reason.strip_suffix(&suffix) {
                             stage.reason = format!("{head} < {threshold})");
                         }

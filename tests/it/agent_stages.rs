@@ -55,7 +55,7 @@ fn rows_json(outcome: &AgentOutcome) -> String {
 /// The rows without their stage reports (a stage turned on that never fires says why in its
 /// report, where the run without it says `disabled_by_config`).
 fn rows_unstaged(outcome: &AgentOutcome) -> String {
-    let rows: Vec<RequestMetrics> = outcome.rows.iter().map(|r| RequestMetrics { stages: Vec::new(), ..r.clone() }).collect();
+    let rows: Vec<RequestMetrics> = outcome.rows.iter().map(|r| RequestMetrics { stages: Default::default(), ..r.clone() }).collect();
     serde_json::to_string(&rows).unwrap()
 }
 

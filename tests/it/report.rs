@@ -68,7 +68,7 @@ pub fn session() -> Vec<RequestMetrics> {
             context_tokens: context,
             blocks: Default::default(),
             prefix: PrefixReport { common_blocks: 10, common_tokens: read, diverged_at, cause, read_at: None },
-            stages,
+            stages: stages.into(),
             events: Vec::new(),
             cost_usd: (read as f64 * 0.3 + creation as f64 * 3.75 + input as f64 * 3.0 + 400.0 * 15.0) / 1e6,
             body_sha256: format!("{index:064x}"),
