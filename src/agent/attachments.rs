@@ -6,7 +6,7 @@
 //! context:`, `### Skill: {name}`) are the reference's; every sentence is our own writing.
 
 use crate::agent::wording::{Part, CLIENT_2_1_88};
-use crate::api::{ContentBlock, MessageContent};
+use crate::api::{ContentBlock, MessageContent, SharedText};
 
 /// The sizes of the client's own sentences in the listings this agent sends: its profile's
 /// (2.1.88), the table the rendering of a recorded attachment shares ([`crate::agent::wording`]).
@@ -72,12 +72,12 @@ pub enum Attachment {
     InvokedSkills { skills: Vec<InvokedSkill> },
     /// An attachment a recorded client sent (a workload's `attachment` step): `kind` is the
     /// record's type, `text` the whole text block sent, wrapper included.
-    Recorded { kind: String, text: String },
+    Recorded { kind: String, text: SharedText },
     /// An attachment a compaction rebuilt (restored file, plan, invoked skills, deltas), as the
     /// messages it becomes on the wire: a restored file is the Read call (a string message) and
     /// its result; the others one message.
     /// `call` is that string message, `texts` the blocks of the (other) message.
-    PostCompact { call: Option<String>, texts: Vec<String> },
+    PostCompact { call: Option<SharedText>, texts: Vec<SharedText> },
 }
 
 impl Attachment {
@@ -117,7 +117,7 @@ impl Attachment {
     pub fn split_messages(&self) -> Option<Vec<MessageContent>> {
         match self {
             Attachment::PostCompact { call: Some(call), texts } => Some(vec![
-                MessageContent::Text(call.clone().into()),
+                MessageContent::Text(call.clone()),
                 MessageContent::Blocks(texts.iter().map(|t| ContentBlock::text(t.clone())).collect()),
             ]),
             _ => None,
@@ -185,8 +185,8 @@ impl Attachment {
                 }
                 text
             }
-            Attachment::PostCompact { call, texts } => call.iter().chain(texts).cloned().collect::<Vec<_>>().join("\n"),
-            Attachment::Recorded { text, .. } => text.clone(),
+            Attachment::PostCompact { call, texts } => call.iter().chain(texts).map(|t| t.as_str()).collect::<Vec<_>>().join("\n"),
+            Attachment::Recorded { text, .. } => text.to_string(),
             Attachment::InvokedSkills { skills } => {
                 let parts: Vec<String> =
                     skills.iter().map(|s| format!("### Skill: {}\n{}\n{}", s.name, path_line(s.path.as_deref()), s.content)).collect();

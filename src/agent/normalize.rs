@@ -114,8 +114,7 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
                     out.push(Message::assistant_blocks(blocks));
                 }
             }
-            Record::Attachment { attachment, .. } if attachment.split_messages().is_some() => {
-                let messages = attachment.split_messages().unwrap_or_default();
+            Record::Attachment { attachment, .. } if let Some(messages) = attachment.split_messages() => {
                 // Several messages (a restored file's Read call, then its result): merged into a
                 // user message before them, or else sent as they are, the call a string message.
                 match out.last_mut() {
@@ -684,7 +683,7 @@ mod tests {
                 content: vec![ContentBlock::tool_use(format!("id{}", n % 4), if flag { "mcp__s__t" } else { "Edit" }, json!({"file_path": text, "old_string": "a"}))].into(),
             },
             5 => Record::Attachment { attachment: Attachment::NestedMemory { path: format!("/p/{text}"), content: text }.into(), in_loop: flag },
-            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".to_owned()), texts: vec![text] }.into(), in_loop: false },
+            6 => Record::Attachment { attachment: Attachment::PostCompact { call: flag.then(|| "Read".into()), texts: vec![text.into()] }.into(), in_loop: false },
             _ => Record::User {
                 content: MessageContent::Blocks(vec![ContentBlock::tool_result(format!("id{}", n % 4), ToolResultContent::Text(text.into()), None), ContentBlock::text("after")].into()),
                 meta: false,

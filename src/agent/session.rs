@@ -825,7 +825,7 @@ impl Session {
     /// expanded it: remembered as invoked (the latest invocation of a name wins), so a
     /// compaction restores it as the client restores invoked skills.
     pub fn recorded_attachment(&mut self, kind: &str, text: &str, skill: Option<&str>, world: &World) {
-        self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.to_owned() }]);
+        self.push_attachments(vec![Attachment::Recorded { kind: kind.to_owned(), text: text.into() }]);
         if let Some(name) = skill {
             self.invoked_skills.retain(|s| s.name != name);
             self.invoked_skills.push(InvokedSkill {

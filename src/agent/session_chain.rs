@@ -194,8 +194,8 @@ fn entry_to_record(entry: &Entry, original: Option<&Record>) -> Record {
         // An attachment the compaction rebuilt: it bubbles like any attachment (§5.9), a
         // restored file as its Read call (a string message) and its result.
         (EntryKind::Attachment { kind }, _) => {
-            let mut texts: Vec<String> = entry.message().content.to_blocks().into_iter().filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.into_string()),
+            let mut texts: Vec<crate::api::SharedText> = entry.message().content.to_blocks().into_iter().filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text),
                 _ => None,
             }).collect();
             let call = (&**kind == "file" && texts.len() == 2).then(|| texts.remove(0));

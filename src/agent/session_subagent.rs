@@ -186,7 +186,7 @@ impl Session {
             Err(outcome) => return Ok(*outcome),
         };
         let run = self.run_started(&start, world, calls)?;
-        let mut blocks: Vec<ContentBlock> = run.texts.iter().map(|t| ContentBlock::text(t.clone())).collect();
+        let mut blocks: Vec<ContentBlock> = run.texts.into_iter().map(ContentBlock::text).collect();
         blocks.push(ContentBlock::text(format!(
             "agentId: {} ({AGENT_ID_NOTE})\n<usage>total_tokens: {}\ntool_uses: {}\nduration_ms: {}</usage>",
             start.agent_id, run.total_tokens, run.tool_uses, run.duration_ms

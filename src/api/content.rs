@@ -35,17 +35,22 @@ struct Held {
     utf16: OnceLock<usize>,
     /// [`block_hash_kept`]'s hash of a block holding the text, with what else it hashed.
     block_hash: OnceLock<Box<KeptHash>>,
+    /// The text with a tail appended ([`SharedText::append`] of a text another body holds),
+    /// with that tail: normalization appends the seam's line break to the same prompt or user
+    /// context on every request, and each copy appended to shares this one.
+    appended: OnceLock<(Box<str>, SharedText)>,
 }
 
 impl Held {
     fn new(text: String) -> Held {
-        Held { text, utf16: OnceLock::new(), block_hash: OnceLock::new() }
+        Held { text, utf16: OnceLock::new(), block_hash: OnceLock::new(), appended: OnceLock::new() }
     }
 
     /// The text is about to change: what is kept of it goes.
     fn forget(&mut self) {
         self.utf16.take();
         self.block_hash.take();
+        self.appended.take();
     }
 }
 
@@ -111,8 +116,10 @@ impl SharedText {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// Appends `tail`: in place when no other body holds the text, else to a copy made with
-    /// room for it (where a change through `DerefMut` would copy the text, then grow it).
+    /// Appends `tail`: in place when no other body holds the text, else the text becomes the
+    /// copy with `tail` the shared text keeps for the first tail asked (made with room for it,
+    /// where a change through `DerefMut` would copy the text, then grow it): every copy of a
+    /// text appended the same tail then shares one text, its kept length and hash with it.
     pub fn append(&mut self, tail: &str) {
         match Arc::get_mut(&mut self.0) {
             Some(held) => {
@@ -120,10 +127,16 @@ impl SharedText {
                 held.text.push_str(tail);
             }
             None => {
-                let mut text = String::with_capacity(self.0.text.len() + tail.len());
-                text.push_str(&self.0.text);
-                text.push_str(tail);
-                self.0 = Arc::new(Held::new(text));
+                let made = || {
+                    let mut text = String::with_capacity(self.0.text.len() + tail.len());
+                    text.push_str(&self.0.text);
+                    text.push_str(tail);
+                    SharedText::from(text)
+                };
+                let (kept_tail, kept) = self.0.appended.get_or_init(|| (tail.into(), made()));
+                let appended = if **kept_tail == *tail { kept.clone() } else { made() };
+                debug_assert!(appended.strip_suffix(tail) == Some(self.0.text.as_str()), "a kept appended text is not the text and its tail");
+                *self = appended;
             }
         }
     }
@@ -1140,6 +1153,19 @@ mod shared_blocks_tests {
         let mut appended = texts(&original)[0].clone();
         appended.append("\n");
         assert_eq!((texts(&original)[0].as_str(), appended.as_str()), ("a\"b", "a\"b\n"));
+        // Another copy appended the same tail shares that copy; another tail makes its own, and
+        // a change to the shared one copies it (the kept one stays as made).
+        let mut again = texts(&original)[0].clone();
+        again.append("\n");
+        assert!(again.same(&appended), "a second append of the same tail copied the text again");
+        let mut other = texts(&original)[0].clone();
+        other.append("\n\n");
+        assert_eq!(other.as_str(), "a\"b\n\n");
+        again.push('!');
+        assert_eq!((again.as_str(), appended.as_str()), ("a\"b\n!", "a\"b\n"));
+        let mut third = texts(&original)[0].clone();
+        third.append("\n");
+        assert!(third.same(&appended) && third.as_str() == "a\"b\n");
         let mut own = SharedText::from(String::with_capacity(8));
         own.append("a");
         let before = own.as_ptr();
