@@ -163,6 +163,8 @@ pub struct Mirror {
     /// The messages the mirror sent with every tool up front in its last main request: the
     /// run's after the listing.
     messages: Vec<Message>,
+    /// The run's stamp of the main request `messages` are the messages of (after its listing).
+    messages_of: Option<u64>,
     /// Of a mirror that sends every tool up front, each main request after a compaction: its
     /// row and its messages as the mirror sent them (what the loss judge reads of it).
     compacted: Vec<(usize, Vec<Message>)>,
@@ -183,7 +185,7 @@ impl Mirror {
     /// A mirror of strategy `of` beside a run, measuring on `measurer` (in the state the run's
     /// measurer starts from) under `client` (the run's rules, in their starting state).
     pub fn new(of: MirrorOf, measurer: Measurer, client: Option<Box<dyn ClientRules>>) -> Mirror {
-        Mirror { of, measurer, client, rows: Vec::new(), parted: None, pending: None, relaid: None, main_stamp: None, up_front: None, messages: Vec::new(), compacted: Vec::new(), tools_seen: None, main_up_front: false }
+        Mirror { of, measurer, client, rows: Vec::new(), parted: None, pending: None, relaid: None, main_stamp: None, up_front: None, messages: Vec::new(), messages_of: None, compacted: Vec::new(), tools_seen: None, main_up_front: false }
     }
 
     /// Where and why the mirror parted from the run: the run's row count then, and the reason.
@@ -358,7 +360,11 @@ impl Mirror {
     /// is told, less the listing the mirror does not send), kept for [`Mirror::measure_refused`]
     /// or [`Mirror::before_main`]. The API refuses it with the media error `media` or over
     /// `window`; the mirror parts where that is not `rejection`, the run's.
-    pub(super) fn serve_main(&mut self, request: &mut Request, served: &Served, shared: Option<usize>, media: Option<&str>, window: u64, rejection: Option<&str>) {
+    /// `run_hint` is what the run told its measurer of the request (the run's stamp of its
+    /// last main request and how many leading messages this one holds as that one sent them),
+    /// `run_stamp` the run's stamp of this request.
+    pub(super) fn serve_main(&mut self, request: &mut Request, served: &Served, run_hint: Option<(u64, usize)>, run_stamp: u64, media: Option<&str>, window: u64, rejection: Option<&str>) {
+        let shared = run_hint.map(|(_, shared)| shared);
         if !self.live() {
             return;
         }
@@ -381,11 +387,22 @@ impl Mirror {
         if up_front {
             // The mirror's messages are the last main request's after its listing: the leading
             // ones this request holds as they are (the same content by pointer) are kept, the
-            // rest taken from it.
+            // rest taken from it. Where they are the messages of the run's last main request,
+            // those the run says this one holds as that one sent them are not compared.
+            let known = match run_hint {
+                Some((previous, shared)) if self.messages_of == Some(previous) => shared.saturating_sub(1).min(self.messages.len()).min(request.messages.len().saturating_sub(1)),
+                _ => 0,
+            };
+            #[cfg(debug_assertions)]
+            {
+                use crate::api::identical::Identical;
+                debug_assert!(self.messages[..known].identical(&request.messages[1..=known]), "a message the run counts as its last main request's differs from the mirror's");
+            }
             let same = |(a, b): &(&Message, &Message)| a.role == b.role && a.content.same(&b.content) && a.extra == b.extra;
-            let keep = self.messages.iter().zip(request.messages.iter().skip(1)).take_while(same).count();
+            let keep = known + self.messages[known..].iter().zip(request.messages.iter().skip(known + 1)).take_while(same).count();
             self.messages.truncate(keep);
             self.messages.extend(request.messages.iter().skip(keep + 1).cloned());
+            self.messages_of = Some(run_stamp);
         }
         let hint = self.main_stamp.zip(shared);
         let Mirror { up_front: tools, measurer, messages, .. } = self;
