@@ -506,7 +506,7 @@ impl LossTracker {
 
         // A new user prompt (the last user message with text) naming a path no longer visible.
         if let Some(last) = messages.iter().rev().find(|m| m.role == Role::User) {
-            let text = last.content.joined_text();
+            let text = prompt_text(&last.content);
             if !text.is_empty() {
                 let key = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
                 if self.judged_prompt.get(lane) != Some(&key) {
@@ -553,6 +553,28 @@ impl LossTracker {
     pub fn finish(self) -> InfoLoss {
         self.loss
     }
+}
+
+/// A user message's text ([`MessageContent::joined_text`]), joined only when it is in several
+/// blocks: a prompt in one piece is read where it is (every request's last user message is
+/// asked).
+fn prompt_text(content: &MessageContent) -> std::borrow::Cow<'_, str> {
+    let text = match content {
+        MessageContent::Text(text) => std::borrow::Cow::Borrowed(text.as_str()),
+        MessageContent::Blocks(blocks) => {
+            let mut texts = blocks.iter().filter_map(|b| match b {
+                ContentBlock::Text { text, .. } => Some(text.as_str()),
+                _ => None,
+            });
+            match (texts.next(), texts.next()) {
+                (None, _) => std::borrow::Cow::Borrowed(""),
+                (Some(one), None) => std::borrow::Cow::Borrowed(one),
+                _ => std::borrow::Cow::Owned(content.joined_text()),
+            }
+        }
+    };
+    debug_assert_eq!(text, content.joined_text(), "a prompt's text differs from its joined text");
+    text
 }
 
 /// Whether the JSON text of `value` may hold `toolu_` ([`tool_use_ids_in`]): only inside one
@@ -627,6 +649,22 @@ mod prefix_tests {
     }
 
     proptest! {
+        /// A prompt's text is its joined text: text blocks (empty ones too) among others, in one
+        /// piece or several, or a plain string.
+        #[test]
+        fn a_prompts_text_is_its_joined_text(pieces in prop::collection::vec(prop_oneof![Just(None), prop::sample::select(vec!["", "a", "/r/a.rs", "x\ny"]).prop_map(Some)], 0..5), plain in any::<bool>()) {
+            let blocks: Vec<ContentBlock> = pieces
+                .iter()
+                .enumerate()
+                .map(|(i, piece)| match piece {
+                    Some(text) => ContentBlock::text(*text),
+                    None => ContentBlock::ToolResult { tool_use_id: format!("toolu_{i}"), content: None, is_error: None, cache_control: None, extra: Default::default() },
+                })
+                .collect();
+            let content = if plain { MessageContent::Text(pieces.iter().flatten().copied().collect::<String>().into()) } else { MessageContent::Blocks(blocks.into()) };
+            prop_assert_eq!(prompt_text(&content), content.joined_text());
+        }
+
         /// An input whose strings hold no `oolu_` names no tool use id in its JSON text.
         #[test]
         fn an_input_without_the_ids_tail_names_no_id(input in any_input()) {
