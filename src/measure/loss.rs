@@ -505,16 +505,13 @@ impl LossTracker {
         }
 
         // A new user prompt (the last user message with text) naming a path no longer visible.
-        if let Some(last) = messages.iter().rev().find(|m| m.role == Role::User) {
-            let text = prompt_text(&last.content);
-            if !text.is_empty() {
-                let key = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
-                if self.judged_prompt.get(lane) != Some(&key) {
-                    self.judged_prompt.insert(lane.to_owned(), key);
-                    if invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| text.contains(p)) {
-                        self.loss.recall_misses += 1;
-                    }
-                }
+        if let Some(last) = messages.iter().rev().find(|m| m.role == Role::User)
+            && let Some(key) = prompt_key(&last.content)
+            && self.judged_prompt.get(lane) != Some(&key)
+        {
+            self.judged_prompt.insert(lane.to_owned(), key);
+            if invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| prompt_names(&last.content, p)) {
+                self.loss.recall_misses += 1;
             }
         }
 
@@ -555,26 +552,57 @@ impl LossTracker {
     }
 }
 
-/// A user message's text ([`MessageContent::joined_text`]), joined only when it is in several
-/// blocks: a prompt in one piece is read where it is (every request's last user message is
-/// asked).
-fn prompt_text(content: &MessageContent) -> std::borrow::Cow<'_, str> {
-    let text = match content {
-        MessageContent::Text(text) => std::borrow::Cow::Borrowed(text.as_str()),
-        MessageContent::Blocks(blocks) => {
-            let mut texts = blocks.iter().filter_map(|b| match b {
-                ContentBlock::Text { text, .. } => Some(text.as_str()),
-                _ => None,
-            });
-            match (texts.next(), texts.next()) {
-                (None, _) => std::borrow::Cow::Borrowed(""),
-                (Some(one), None) => std::borrow::Cow::Borrowed(one),
-                _ => std::borrow::Cow::Owned(content.joined_text()),
+/// The pieces of a user message's text, where they are: the string, or the text blocks
+/// ([`MessageContent::joined_text`] joins them with line breaks).
+fn prompt_pieces(content: &MessageContent) -> impl Iterator<Item = &str> {
+    let (text, blocks) = match content {
+        MessageContent::Text(text) => (Some(text.as_str()), &[][..]),
+        MessageContent::Blocks(blocks) => (None, &blocks[..]),
+    };
+    text.into_iter().chain(blocks.iter().filter_map(|b| match b {
+        ContentBlock::Text { text, .. } => Some(text.as_str()),
+        _ => None,
+    }))
+}
+
+/// The key a user message's prompt is judged once by: the hash of its text
+/// ([`MessageContent::joined_text`]), `None` when that is empty, found without joining the
+/// text (every request's last user message is asked): one piece hashed where it is, several
+/// fed in turn with the line breaks between them (xxh3 hashes bytes fed in pieces as the bytes
+/// in one).
+fn prompt_key(content: &MessageContent) -> Option<u64> {
+    let mut pieces = prompt_pieces(content);
+    let key = match (pieces.next(), pieces.next()) {
+        (None, _) => None,
+        (Some(one), None) => (!one.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(one.as_bytes())),
+        // Two pieces or more: a line break at least, never empty.
+        (Some(first), Some(second)) => {
+            let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+            hasher.update(first.as_bytes());
+            for piece in std::iter::once(second).chain(pieces) {
+                hasher.update(b"\n");
+                hasher.update(piece.as_bytes());
             }
+            Some(hasher.digest())
         }
     };
-    debug_assert_eq!(text, content.joined_text(), "a prompt's text differs from its joined text");
-    text
+    debug_assert_eq!(key, Some(content.joined_text()).filter(|t| !t.is_empty()).map(|t| xxhash_rust::xxh3::xxh3_64(t.as_bytes())), "a prompt's key differs from its joined text's hash");
+    key
+}
+
+/// Whether a user message's text names `path`: a path without a line break is in the joined
+/// text only inside one piece (the pieces are joined by line breaks), so the pieces are
+/// searched where they are (an empty one is in every text, even of no piece).
+fn prompt_names(content: &MessageContent, path: &str) -> bool {
+    let found = if path.is_empty() {
+        true
+    } else if path.contains('\n') {
+        content.joined_text().contains(path)
+    } else {
+        prompt_pieces(content).any(|piece| piece.contains(path))
+    };
+    debug_assert_eq!(found, content.joined_text().contains(path), "a prompt's pieces and its joined text differ in naming {path:?}");
+    found
 }
 
 /// Whether the JSON text of `value` may hold `toolu_` ([`tool_use_ids_in`]): only inside one
@@ -649,10 +677,12 @@ mod prefix_tests {
     }
 
     proptest! {
-        /// A prompt's text is its joined text: text blocks (empty ones too) among others, in one
-        /// piece or several, or a plain string.
+        /// A prompt's key is the hash of its joined text (`None` where that is empty), and it
+        /// names a path where its joined text holds it: text blocks (empty ones too) among
+        /// others, in one piece or several, or a plain string; paths with and without a line
+        /// break, across pieces or inside one.
         #[test]
-        fn a_prompts_text_is_its_joined_text(pieces in prop::collection::vec(prop_oneof![Just(None), prop::sample::select(vec!["", "a", "/r/a.rs", "x\ny"]).prop_map(Some)], 0..5), plain in any::<bool>()) {
+        fn a_prompts_key_and_names_are_its_joined_texts(pieces in prop::collection::vec(prop_oneof![Just(None), prop::sample::select(vec!["", "a", "/r/a.rs", "x\ny", "s\n/r"]).prop_map(Some)], 0..5), plain in any::<bool>(), path in prop::sample::select(vec!["", "a", "/r/a.rs", "y\n/r", "\n", "rs\na"])) {
             let blocks: Vec<ContentBlock> = pieces
                 .iter()
                 .enumerate()
@@ -661,8 +691,10 @@ mod prefix_tests {
                     None => ContentBlock::ToolResult { tool_use_id: format!("toolu_{i}"), content: None, is_error: None, cache_control: None, extra: Default::default() },
                 })
                 .collect();
-            let content = if plain { MessageContent::Text(pieces.iter().flatten().copied().collect::<String>().into()) } else { MessageContent::Blocks(blocks.into()) };
-            prop_assert_eq!(prompt_text(&content), content.joined_text());
+            let content = if plain { MessageContent::Text(pieces.iter().flatten().copied().collect::<Vec<_>>().join("\n").into()) } else { MessageContent::Blocks(blocks.into()) };
+            let joined = content.joined_text();
+            prop_assert_eq!(prompt_key(&content), (!joined.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(joined.as_bytes())));
+            prop_assert_eq!(prompt_names(&content, path), joined.contains(path));
         }
 
         /// An input whose strings hold no `oolu_` names no tool use id in its JSON text.
