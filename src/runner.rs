@@ -635,7 +635,7 @@ impl<'o> RunState<'o> {
                         }
                     }
                     for mirror in mirrors.iter_mut() {
-                        mirror.serve_main(&mut request, &served, hint, stamp, media_error.as_deref(), window, rejection.as_deref());
+                        mirror.serve_main(&mut request, &served, (hint, stamp), media_error.as_deref(), window, rejection.as_deref());
                     }
                     if let Some(error) = rejection {
                         // Measured as sent: the client's rules apply to accepted requests.

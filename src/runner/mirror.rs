@@ -360,10 +360,11 @@ impl Mirror {
     /// is told, less the listing the mirror does not send), kept for [`Mirror::measure_refused`]
     /// or [`Mirror::before_main`]. The API refuses it with the media error `media` or over
     /// `window`; the mirror parts where that is not `rejection`, the run's.
-    /// `run_hint` is what the run told its measurer of the request (the run's stamp of its
-    /// last main request and how many leading messages this one holds as that one sent them),
-    /// `run_stamp` the run's stamp of this request.
-    pub(super) fn serve_main(&mut self, request: &mut Request, served: &Served, run_hint: Option<(u64, usize)>, run_stamp: u64, media: Option<&str>, window: u64, rejection: Option<&str>) {
+    /// `run` is what the run told its measurer of the request (the run's stamp of its last
+    /// main request and how many leading messages this one holds as that one sent them), and
+    /// the run's stamp of this request.
+    pub(super) fn serve_main(&mut self, request: &mut Request, served: &Served, run: (Option<(u64, usize)>, u64), media: Option<&str>, window: u64, rejection: Option<&str>) {
+        let (run_hint, run_stamp) = run;
         let shared = run_hint.map(|(_, shared)| shared);
         if !self.live() {
             return;
