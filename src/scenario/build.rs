@@ -59,7 +59,7 @@ impl Scenario {
                         ScriptedToolOutput {
                             content: output.result_content(),
                             is_error: output.is_error,
-                            file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone().into())),
+                            file: output.file.as_ref().map(|f| (f.path.clone(), f.content.clone())),
                             runs_subagent: output.subagent,
                             completed: before + output.written,
                         },

@@ -381,7 +381,7 @@ fn check_step(
                     }
                     let Some(spec) = (if n == last { spec.take() } else { spec.clone() }) else { continue };
                     let ToolOutputSpec { content, is_error, images, subagent, file } = spec;
-                    let output = ToolOutput { tool_use_id: (*id).to_owned(), tool_name: (*name).to_owned(), content, is_error, images, subagent, file, written };
+                    let output = ToolOutput { tool_use_id: (*id).to_owned(), tool_name: (*name).to_owned(), content: content.into(), is_error, images, subagent, file, written };
                     by_id.insert(id, output);
                 }
             }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use indexmap::IndexMap;
 use serde::Deserialize;
 
-use crate::api::{ContentBlock, SharedBlocks, StopReason, Usage};
+use crate::api::{ContentBlock, SharedBlocks, SharedText, StopReason, Usage};
 use crate::world::{GitState, HookAnswer, Latency, McpServer, McpToolDef, Reply};
 
 use super::values::{EnvValue, FileSpec, Rfc3339, TimeZoneName};
@@ -301,7 +301,10 @@ impl AssistantStep {
 pub struct ToolOutput {
     pub tool_use_id: String,
     pub tool_name: String,
-    pub content: String,
+    /// Shared with the tool_result content made of it ([`ToolOutput::result_content`]) and
+    /// every copy of the script (a plan's scenario, its built script): copying one copies no
+    /// text.
+    pub content: SharedText,
     pub is_error: bool,
     /// Images the tool returned after the text (a screenshot, an image file read).
     pub images: Vec<ImageSpec>,
@@ -325,7 +328,8 @@ pub struct ToolOutput {
 #[serde(deny_unknown_fields)]
 pub struct ToolFile {
     pub path: String,
-    pub content: String,
+    /// Shared as [`ToolOutput::content`] is, with the file the run's fs holds.
+    pub content: SharedText,
 }
 
 /// `tool_output: {id: {images: [{media_type: image/png, base64_bytes: 6000000, width: 512,
@@ -351,7 +355,7 @@ impl ToolOutput {
     /// The tool_result content: the text alone, or the text (when any) followed by the images.
     pub fn result_content(&self) -> crate::api::ToolResultContent {
         if self.images.is_empty() {
-            return crate::api::ToolResultContent::Text(self.content.clone().into());
+            return crate::api::ToolResultContent::Text(self.content.clone());
         }
         let text = (!self.content.is_empty()).then(|| ContentBlock::text(self.content.clone()));
         crate::api::ToolResultContent::Blocks(text.into_iter().chain(self.images.iter().map(ImageSpec::block)).collect())

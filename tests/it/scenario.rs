@@ -205,6 +205,32 @@ tool_output a="same" (error), b="same" (error), c="same" (error)
     assert!(outputs.iter().all(|o| o.images.len() == 1 && o.images[0].base64_bytes == 400 && o.tool_name == "Read"), "{outputs:?}");
 }
 
+/// A tool output's text and the file it carries are held once: by the scenario, every copy of
+/// it (a what-if plan's) and the built script the runs take their results from.
+#[test]
+fn a_tool_output_is_held_once_by_every_copy_and_the_built_script() {
+    let s = parse(&doc(r#"
+- user: go
+- assistant:
+    - tool_use: {id: a, name: Read, input: {file_path: /x}}
+    - tool_use: {id: b, name: Bash, input: {command: ls}}
+- tool_output:
+    a: {content: "     1\tone", file: {path: /x, content: "one"}}
+    b: "listing"
+"#));
+    let copy = s.clone();
+    let built = copy.built_script();
+    let (Step::ToolOutput(outputs), Step::ToolOutput(copied)) = (&s.script[2], &copy.script[2]) else { panic!("a tool_output step") };
+    for (output, copied) in outputs.iter().zip(copied) {
+        assert!(copied.content.same(&output.content), "{}", output.tool_use_id);
+        let Some(ToolResultContent::Text(result)) = built.tool_outputs.get(&output.tool_use_id).map(|o| &o.content) else { panic!("{} is a text result", output.tool_use_id) };
+        assert!(result.same(&output.content), "{}", output.tool_use_id);
+    }
+    let file = outputs[0].file.as_ref().expect("the Read's file");
+    assert!(built.tool_outputs["a"].file.as_ref().is_some_and(|(path, content)| path == "/x" && content.same(&file.content)));
+    assert!(copied[0].file.as_ref().is_some_and(|f| f.content.same(&file.content)));
+}
+
 #[test]
 fn assistant_modifiers() {
     let s = parse(&doc(r#"
