@@ -542,7 +542,7 @@ pub struct RecordView {
 /// a measurer that counts alike (the audit's break causes, then its workload's sizing) is the
 /// first one's copy.
 pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: &ReplayOptions) -> RecordView {
-    let key = ViewKey::of(session, measurer, options);
+    let key = ViewKey::of(measurer, options);
     let memo = session.record_view_memo();
     if let Some(view) = memo.get(&key, session) {
         // (As the read would: a key space taken.)
@@ -562,8 +562,8 @@ pub fn record_view(session: &ImportedSession, measurer: &mut Measurer, options: 
 /// sizing and its first call's).
 #[derive(Debug, Default)]
 pub struct RecordViewMemo {
-    views: std::sync::Mutex<Vec<(ViewKey, RecordView)>>,
-    thinking: std::sync::Mutex<Vec<(ThinkingKey, EstimatedThinking)>>,
+    views: std::sync::Mutex<Vec<(ReadFrom, ViewKey, RecordView)>>,
+    thinking: std::sync::Mutex<Vec<(ReadFrom, ThinkingKey, EstimatedThinking)>>,
     /// The main lane's turn scans of the last view read, by the events each read (from, end),
     /// and the session as it was read: [`super::turns::RecordedClient::new`] takes them.
     turn_scans: std::sync::Mutex<Option<(ReadFrom, TurnScans)>>,
@@ -575,11 +575,11 @@ pub(super) type TurnScans = std::sync::Arc<BTreeMap<(usize, usize), TurnScan>>;
 /// The unstored thinking of a session by signature, and the notes its estimate took.
 type EstimatedThinking = (BTreeMap<String, super::sizing::ThinkingFill>, BTreeSet<String>);
 
-/// What [`super::sizing::unstored_thinking`] depends on: the session as it was read, the main
-/// version, and of the measurer what its counts rest on.
+/// What [`super::sizing::unstored_thinking`] depends on beside the session as it was read
+/// ([`ReadFrom`], made only for an estimate kept): the main version, and of the measurer what
+/// its counts rest on.
 #[derive(Debug, Clone)]
 struct ThinkingKey {
-    read_from: ReadFrom,
     main_version: String,
     table: crate::measure::ModelTable,
     kind: EstimatorKind,
@@ -611,7 +611,6 @@ impl RecordViewMemo {
         estimate: impl Fn(&mut BTreeSet<String>) -> BTreeMap<String, super::sizing::ThinkingFill>,
     ) -> BTreeMap<String, super::sizing::ThinkingFill> {
         let key = ThinkingKey {
-            read_from: ReadFrom::of(session),
             main_version: main_version.to_owned(),
             table: measurer.table().clone(),
             kind: measurer.counter().kind(),
@@ -620,7 +619,7 @@ impl RecordViewMemo {
         };
         let known = {
             let memo = self.thinking.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            memo.iter().find(|(known, _)| known.same_settings(&key) && known.read_from.is(session)).map(|(_, estimated)| estimated.clone())
+            memo.iter().find(|(read_from, known, _)| known.same_settings(&key) && read_from.is(session)).map(|(_, _, estimated)| estimated.clone())
         };
         let (thinking, its_notes) = match known {
             Some(known) => {
@@ -636,9 +635,9 @@ impl RecordViewMemo {
                 let thinking = estimate(&mut its_notes);
                 let mut memo = self.thinking.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 // An estimate of the session as it was no longer serves.
-                memo.retain(|(known, _)| known.read_from.is(session));
-                if !memo.iter().any(|(known, _)| known.same_settings(&key)) {
-                    memo.push((key, (thinking.clone(), its_notes.clone())));
+                memo.retain(|(read_from, _, _)| read_from.is(session));
+                if !memo.iter().any(|(_, known, _)| known.same_settings(&key)) {
+                    memo.push((ReadFrom::of(session), key, (thinking.clone(), its_notes.clone())));
                 }
                 (thinking, its_notes)
             }
@@ -662,15 +661,15 @@ impl RecordViewMemo {
 
     fn get(&self, key: &ViewKey, session: &ImportedSession) -> Option<RecordView> {
         let views = self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        views.iter().find(|(known, _)| known.matches(key, session)).map(|(_, view)| view.clone())
+        views.iter().find(|(read_from, known, _)| known.same_settings(key) && read_from.is(session)).map(|(_, _, view)| view.clone())
     }
 
     fn insert(&self, key: ViewKey, view: &RecordView, session: &ImportedSession) {
         let mut views = self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // A view of the session as it was no longer serves.
-        views.retain(|(known, _)| known.read_from.is(session));
-        if !views.iter().any(|(known, _)| known.same_settings(&key)) {
-            views.push((key, view.clone()));
+        views.retain(|(read_from, _, _)| read_from.is(session));
+        if !views.iter().any(|(_, known, _)| known.same_settings(&key)) {
+            views.push((ReadFrom::of(session), key, view.clone()));
         }
     }
 }
@@ -707,14 +706,14 @@ impl ReadFrom {
     }
 }
 
-/// What a [`record_view`] depends on: the session as it was read ([`ReadFrom`]), the options that change the reading
+/// What a [`record_view`] depends on beside the session as it was read ([`ReadFrom`], made only
+/// for a view kept): the options that change the reading
 /// (the judgements of information loss, which it does not make, left out), and of the measurer
 /// what its token counts and flat requests rest on (the model table, the estimator and its
 /// calibration and shared counts, earlier thinking dropped, the billing block's key). Its caches
 /// and what it measured before change no count.
 #[derive(Debug, Clone)]
 struct ViewKey {
-    read_from: ReadFrom,
     options: ReplayOptions,
     table: crate::measure::ModelTable,
     kind: EstimatorKind,
@@ -725,9 +724,8 @@ struct ViewKey {
 }
 
 impl ViewKey {
-    fn of(session: &ImportedSession, measurer: &Measurer, options: &ReplayOptions) -> ViewKey {
+    fn of(measurer: &Measurer, options: &ReplayOptions) -> ViewKey {
         ViewKey {
-            read_from: ReadFrom::of(session),
             options: ReplayOptions { info_loss: false, compaction_losses: false, ..options.clone() },
             table: measurer.table().clone(),
             kind: measurer.counter().kind(),
@@ -740,12 +738,6 @@ impl ViewKey {
 }
 
 impl ViewKey {
-    /// Whether a view read under `self` is the one `key` (made of `session`) asks for: the
-    /// same settings, of the session as it was.
-    fn matches(&self, key: &ViewKey, session: &ImportedSession) -> bool {
-        self.same_settings(key) && self.read_from.is(session)
-    }
-
     fn same_settings(&self, other: &ViewKey) -> bool {
         let same_shared = match (&self.shared, &other.shared) {
             (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
