@@ -302,7 +302,8 @@ pub struct ReferenceMemo {
 /// list, and what it reads of each: the first's number and event, the second's event and lane,
 /// which place its view) and the texts of the request after it, as [`each_message_text`] gives
 /// them; all but the positions by their xxh3-128 (each text's length before its bytes, so that
-/// no two lists of texts hash one stream).
+/// no two lists of texts hash one stream; a text of [`MEMOIZED_TEXT`] bytes or more by its own
+/// xxh3-128, the key of its references in the memo, which its length tells apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct LossKey {
     call_index: usize,
@@ -311,11 +312,20 @@ struct LossKey {
 }
 
 impl LossKey {
-    fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message]) -> LossKey {
+    /// The key, and the xxh3-128 of each text of `after` of [`MEMOIZED_TEXT`] bytes or more, in
+    /// order (the keys of their references in the memo, [`ReferenceMemo::text_numbers`]).
+    fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message]) -> (LossKey, Vec<u128>) {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut long = Vec::new();
         let mut text = |text: &str| {
             hasher.update(&(text.len() as u64).to_le_bytes());
-            hasher.update(text.as_bytes());
+            if text.len() >= MEMOIZED_TEXT {
+                let digest = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+                hasher.update(&digest.to_le_bytes());
+                long.push(digest);
+            } else {
+                hasher.update(text.as_bytes());
+            }
         };
         for (position, fields) in [(call_index, true), (previous, false)] {
             if let Some(call) = session.calls.get(position) {
@@ -325,7 +335,7 @@ impl LossKey {
             }
         }
         each_message_text(after, &mut text);
-        LossKey { call_index, previous, read: hasher.digest128() }
+        (LossKey { call_index, previous, read: hasher.digest128() }, long)
     }
 }
 
@@ -396,9 +406,9 @@ impl ReferenceMemo {
     }
 
     /// The numbers of the references of `text` (each numbered, repeats left out), memoized by
-    /// the text's content hash.
-    fn text_numbers(&self, text: &str) -> Arc<[u32]> {
-        let key = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+    /// the text's content hash `key` (its xxh3-128: debug builds hash it again and compare).
+    fn text_numbers(&self, text: &str, key: u128) -> Arc<[u32]> {
+        debug_assert_eq!(key, xxhash_rust::xxh3::xxh3_128(text.as_bytes()), "a long text's given hash");
         if let Some(numbers) = self.texts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
             return numbers.clone();
         }
@@ -542,15 +552,15 @@ pub fn compaction_loss(
     context_after: u64,
 ) -> CompactionLoss {
     let memo = session.reference_memo();
-    let key = LossKey::of(session, call_index, previous, after);
+    let (key, long) = LossKey::of(session, call_index, previous, after);
     let hit = memo.losses.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
     let mut loss = match hit {
         Some(loss) => {
-            debug_assert_eq!(loss, references_lost(session, call_index, previous, after), "memoized compaction loss of call {call_index} after {previous}");
+            debug_assert_eq!(loss, references_lost(session, call_index, previous, after, &long), "memoized compaction loss of call {call_index} after {previous}");
             loss
         }
         None => {
-            let loss = references_lost(session, call_index, previous, after);
+            let loss = references_lost(session, call_index, previous, after, &long);
             memo.losses.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, loss.clone());
             loss
         }
@@ -559,8 +569,10 @@ pub fn compaction_loss(
     loss
 }
 
-/// [`compaction_loss`] but its `tokens_dropped` (0), judged without its memo.
-fn references_lost(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message]) -> CompactionLoss {
+/// [`compaction_loss`] but its `tokens_dropped` (0), judged without its memo; `long` holds the
+/// xxh3-128 of each text of `after` of [`MEMOIZED_TEXT`] bytes or more, in order
+/// ([`LossKey::of`]).
+fn references_lost(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message], long: &[u128]) -> CompactionLoss {
     let memo = session.reference_memo();
     // The conversation the previous call saw, read from the events of its view (the messages
     // `messages_for_call` builds of them, without building them); each event's references
@@ -603,9 +615,17 @@ fn references_lost(session: &ImportedSession, call_index: usize, previous: usize
     }
     // The references `after` holds: long texts' from the memo (numbered before the names are
     // read below), short ones scanned.
+    let mut keys = long.iter();
     let mut long: Vec<Arc<[u32]>> = Vec::new();
     let mut short: Vec<&str> = Vec::new();
-    each_message_text(after, &mut |text| if text.len() >= MEMOIZED_TEXT { long.push(memo.text_numbers(text)) } else { short.push(text) });
+    each_message_text(after, &mut |text| {
+        if text.len() >= MEMOIZED_TEXT {
+            let key = keys.next().copied().unwrap_or_else(|| xxhash_rust::xxh3::xxh3_128(text.as_bytes()));
+            long.push(memo.text_numbers(text, key));
+        } else {
+            short.push(text);
+        }
+    });
     let names = memo.names.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut before = Bits::new(names.names.len());
     for &n in before_numbers.iter().flat_map(|ns| ns.iter()) {
