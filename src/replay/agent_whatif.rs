@@ -225,13 +225,16 @@ pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
 /// recorded has them, so that [`strategy_key`] gives a strategy that differs from another only
 /// there the other's run: `replay_recorded_microcompact` where the recording holds no
 /// microcompact (leaving out none changes no step of the plan). A strategy's own settings, for
-/// what a report says of them, are its [`strategy_key`] of `effective` itself.
-pub fn idle_knobs_cleared(effective: &Strategy, prepared: &Prepared) -> Strategy {
-    let mut strategy = effective.clone();
-    if !strategy.replay_recorded_microcompact && microcompact_calls(prepared).is_empty() {
-        strategy.replay_recorded_microcompact = Strategy::default().replay_recorded_microcompact;
+/// what a report says of them, are its [`strategy_key`] of `effective` itself. `effective`
+/// itself, borrowed, where no knob is cleared (its key is then `effective`'s).
+pub fn idle_knobs_cleared<'s>(effective: &'s Strategy, prepared: &Prepared) -> std::borrow::Cow<'s, Strategy> {
+    let cleared = Strategy::default().replay_recorded_microcompact;
+    if !effective.replay_recorded_microcompact && effective.replay_recorded_microcompact != cleared && microcompact_calls(prepared).is_empty() {
+        let mut strategy = effective.clone();
+        strategy.replay_recorded_microcompact = cleared;
+        return std::borrow::Cow::Owned(strategy);
     }
-    strategy
+    std::borrow::Cow::Borrowed(effective)
 }
 
 /// The thresholds `effective` gives a run of this session: the agent's own computation
@@ -1033,11 +1036,21 @@ fn context_editing_branch(a: &Strategy, b: &Strategy) -> Option<u64> {
 /// values); where a text holds a `-0`, the values are compared. Strategies equal field by field
 /// (`PartialEq`, derived all the way down) are the same settings without a text: every field is
 /// serialized, none is normalized on the way, and a float equal to another (`0.0 == -0.0`) is
-/// an equal JSON number.
+/// an equal JSON number. And strategies that differ field by field, neither holding a NaN (each
+/// equal to itself), are other settings without a text: the field that differs is a JSON value
+/// of its own (a float but NaN is a number, which equals another only where the floats are
+/// equal); only a NaN, `null` in JSON as `None` is, can make two different strategies one.
 fn same_settings(a: &Strategy, b: &Strategy) -> Option<bool> {
+    let by_values = || Some(serde_json::to_value(a).ok()? == serde_json::to_value(b).ok()?);
     if a == b {
         debug_assert!(serde_json::to_value(a).is_ok_and(|x| serde_json::to_value(b).is_ok_and(|y| x == y)), "equal strategies serialize, and equally");
         return Some(true);
+    }
+    #[expect(clippy::eq_op, reason = "a strategy unequal to itself holds a NaN")]
+    let no_nan = a == a && b == b;
+    if no_nan {
+        debug_assert_eq!(by_values(), Some(false), "strategies without a NaN that differ field by field differ as settings");
+        return Some(false);
     }
     let (x, y) = (serde_json::to_vec(a).ok()?, serde_json::to_vec(b).ok()?);
     let negative_zero = |text: &[u8]| memchr::memmem::find(text, b"-0").is_some();
@@ -1048,7 +1061,7 @@ fn same_settings(a: &Strategy, b: &Strategy) -> Option<bool> {
     } else {
         false
     };
-    debug_assert_eq!(Some(same), (|| Some(serde_json::to_value(a).ok()? == serde_json::to_value(b).ok()?))(), "settings read from their texts, as their values compare");
+    debug_assert_eq!(Some(same), by_values(), "settings read from their texts, as their values compare");
     Some(same)
 }
 
@@ -1849,7 +1862,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn settings_compared_by_their_texts_compare_as_their_values(preset in 0usize..crate::strategy::presets::PRESETS.len(), other in 0usize..crate::strategy::presets::PRESETS.len(), fraction in prop_oneof![Just(0.0f64), Just(-0.0f64), Just(0.01f64), any::<f64>()], same_fraction in any::<bool>(), ttl in any::<bool>()) {
+        fn settings_compared_by_their_texts_compare_as_their_values(preset in 0usize..crate::strategy::presets::PRESETS.len(), other in 0usize..crate::strategy::presets::PRESETS.len(), fraction in prop_oneof![Just(0.0f64), Just(-0.0f64), Just(0.01f64), Just(f64::NAN), any::<f64>()], same_fraction in any::<bool>(), ttl in any::<bool>()) {
             let mut a = crate::strategy::Strategy::preset(crate::strategy::presets::PRESETS[preset].id).expect("a shipped preset");
             let mut b = crate::strategy::Strategy::preset(crate::strategy::presets::PRESETS[other].id).expect("a shipped preset");
             a.skill_listing_budget_fraction = fraction;
@@ -1860,6 +1873,7 @@ mod tests {
             }
             let values = serde_json::to_value(&a).ok().zip(serde_json::to_value(&b).ok()).map(|(x, y)| x == y);
             prop_assert_eq!(same_settings(&a, &b), values);
+            // (A NaN is no value equal to itself, but one `null` of JSON.)
             prop_assert_eq!(same_settings(&a, &a.clone()), Some(true));
         }
     }

@@ -287,7 +287,18 @@ fn agent_whatifs(
     // (the what-if says it changes nothing here, from the run as recorded's own results); the
     // runs grouped by family (a refused strategy alone).
     let keys: Vec<String> = candidates.iter().map(|(_, _, s)| strategy_key(s, &prepared)).collect();
-    let run_keys: &Vec<String> = &candidates.iter().map(|(_, _, s)| strategy_key(&idle_knobs_cleared(s, &prepared), &prepared)).collect();
+    // (A strategy with no idle knob is its own run: its key is the one above.)
+    let run_keys: &Vec<String> = &candidates
+        .iter()
+        .zip(&keys)
+        .map(|((_, _, s), key)| match idle_knobs_cleared(s, &prepared) {
+            std::borrow::Cow::Borrowed(same) => {
+                debug_assert_eq!(*key, strategy_key(same, &prepared), "a strategy's run key, with no idle knob cleared");
+                key.clone()
+            }
+            std::borrow::Cow::Owned(cleared) => strategy_key(&cleared, &prepared),
+        })
+        .collect();
     // A preset that runs a peer mechanism with autocompact off (one that rewrites nothing below
     // a count, or one the trunk runs dry), or has the server clear old tool uses, goes on from
     // the run as recorded's trunk ([`super::agent_whatif::peer_branch_of`]); the other

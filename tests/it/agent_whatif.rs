@@ -869,9 +869,16 @@ fn a_knob_with_nothing_to_act_on_makes_the_run_as_recorded() {
         let mut measurer = crate::support::measurer();
         let prepared = prepare(&loaded, &file, &measurer).unwrap();
         let base = effective_strategy(&Strategy::default(), &prepared);
+        // A strategy with no idle knob is handed back as it is (the audit takes its own key as
+        // its run key then).
+        assert!(matches!(idle_knobs_cleared(&base, &prepared), std::borrow::Cow::Borrowed(b) if std::ptr::eq(b, &base)), "{session}");
         for preset in ["claude-code-no-microcompact", "claude-code-summary-only"] {
             let effective = effective_strategy(&Strategy::preset(preset).unwrap(), &prepared);
             let what = format!("{session} {preset}");
+            // Only a knob cleared makes a copy (both presets leave the recorded microcompacts
+            // out).
+            let cleared = !effective.replay_recorded_microcompact && idle;
+            assert_eq!(matches!(idle_knobs_cleared(&effective, &prepared), std::borrow::Cow::Owned(_)), cleared, "{what}");
             assert_ne!(strategy_key(&effective, &prepared), strategy_key(&base, &prepared), "{what}: its own settings differ");
             let shared = strategy_key(&idle_knobs_cleared(&effective, &prepared), &prepared) == strategy_key(&idle_knobs_cleared(&base, &prepared), &prepared);
             assert_eq!(shared, idle, "{what}");
