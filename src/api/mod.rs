@@ -22,3 +22,4 @@ pub use request::{
     CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedVec, SystemBlock, SystemPrompt, Tool,
 };
 pub use response::{CacheCreation, Response, SharedMap, StopReason, Usage};
+pub(crate) use response::USAGE_FIELDS;
