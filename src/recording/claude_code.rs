@@ -33,7 +33,7 @@ use super::format::{
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
-use super::picked::{self, UsageRead};
+use super::picked::{self, Content, UsageRead};
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, SharedBlocks, StopReason, ToolResultContent, Usage};
@@ -1449,7 +1449,7 @@ impl FileImporter {
         let repeated = self.last_usage.as_ref().map(|(_, text)| text.as_str());
         let picked = std::str::from_utf8(bytes)
             .ok()
-            .and_then(|text| picked::record(text, repeated))
+            .and_then(|text| picked::record(text, repeated, self.api_seen))
             .map(Record::Picked)
             .filter(|record| !reads_whole_record(record));
         let Some(record) = picked else {
@@ -1775,30 +1775,30 @@ impl FileImporter {
         let is_meta = record.bool("isMeta").unwrap_or(false);
         let is_compact_summary = record.bool("isCompactSummary").unwrap_or(false);
         self.prompt_mode = record.str("permissionMode").map(str::to_owned);
-        let Some(content) = record.message_take("content") else {
+        let Some(content) = record.message_take_content() else {
             self.warn(WarningKind::BadLine, line, Some("message.content".into()), "user record without message content; skipped".into());
             return;
         };
         if is_compact_summary
             && let Some(i) = self.pending_compaction.take()
                 && let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
-                    *summary = Some(text_of(&content));
+                    *summary = Some(content.text());
                 }
-        let items = match content {
-            Value::String(text) => {
+        let blocks = match content {
+            Content::Value(Value::String(text)) => {
                 let permission_mode = self.prompt_mode.clone();
                 let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.into()), is_meta, is_compact_summary, permission_mode });
                 self.push(kind, time_ms, lane, uuid);
                 return;
             }
-            Value::Array(items) => items,
-            other => {
+            Content::Value(Value::Array(items)) => self.blocks(items.into_iter().map(ContentBlock::from_value), line, "message.content"),
+            Content::Items(items) => self.blocks(items.into_iter().map(|item| item.map_err(|error| error.message)), line, "message.content"),
+            Content::Value(other) => {
                 let message = format!("message.content must be a string or an array, found {}", kind_of(&other));
                 self.warn(WarningKind::BadLine, line, Some("message.content".into()), message);
                 return;
             }
         };
-        let blocks = self.blocks(items, line, "message.content");
         let tool_results = blocks.iter().filter(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
         // The structured result belongs to the tool call when the record answers exactly one.
         let mut structured = if tool_results == 1 { record.remove("toolUseResult").map(std::sync::Arc::new) } else { None };
@@ -1838,11 +1838,12 @@ impl FileImporter {
         self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary, permission_mode }), time_ms, lane, uuid);
     }
 
-    /// Parses content blocks one by one so one bad block costs only itself.
-    fn blocks(&mut self, items: Vec<Value>, line: usize, path: &str) -> Vec<ContentBlock> {
+    /// Content blocks read one by one (`ContentBlock::from_value` of each item) so one bad
+    /// block costs only itself.
+    fn blocks(&mut self, items: impl ExactSizeIterator<Item = Result<ContentBlock, String>>, line: usize, path: &str) -> Vec<ContentBlock> {
         let mut blocks = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            match ContentBlock::from_value(item) {
+        for (i, item) in items.enumerate() {
+            match item {
                 Ok(block) => blocks.push(block),
                 Err(message) => {
                     self.warn(WarningKind::BadLine, line, Some(format!("{path}[{i}]")), format!("{message}; block skipped"))
@@ -1873,7 +1874,7 @@ impl FileImporter {
             self.warn(WarningKind::BadLine, line, Some("message".into()), "assistant record without a message object; skipped".into());
             return None;
         }
-        let content = record.message_take("content");
+        let content = record.message_take_content();
         let message_id = record.message_get("id").and_then(Value::as_str).map(str::to_owned);
         let merged_into = message_id.as_ref().and_then(|id| self.reply_index.get(id)).copied();
         // A chunk whose usage text is the one the same reply took last (read whole) leaves it as
@@ -1898,8 +1899,9 @@ impl FileImporter {
         let stop_reason = record.message_take("stop_reason");
         let model = record.message_get("model").and_then(Value::as_str).unwrap_or("").to_owned();
         let content = match content {
-            Some(Value::Array(items)) => self.blocks(items, line, "message.content"),
-            Some(Value::String(text)) => vec![ContentBlock::text(text)],
+            Some(Content::Value(Value::Array(items))) => self.blocks(items.into_iter().map(ContentBlock::from_value), line, "message.content"),
+            Some(Content::Items(items)) => self.blocks(items.into_iter().map(|item| item.map_err(|error| error.message)), line, "message.content"),
+            Some(Content::Value(Value::String(text))) => vec![ContentBlock::text(text)],
             _ => Vec::new(),
         };
         let mut usage_read = false;
@@ -2158,6 +2160,14 @@ impl Record<'_> {
         }
     }
 
+    /// The record's `message.content`, taken: a picked record's as read ([`Content`]).
+    fn message_take_content(&mut self) -> Option<Content> {
+        match self {
+            Record::Whole(_) => self.message_take("content").map(Content::Value),
+            Record::Picked(fields) => fields.message_mut().and_then(picked::Message::take_content),
+        }
+    }
+
     /// A field of the record's `message`, taken (a whole record's left null).
     fn message_take(&mut self, key: &str) -> Option<Value> {
         match self {
@@ -2210,19 +2220,6 @@ fn strip_envelope(record: Map<String, Value>) -> Value {
         map.remove(*field);
     }
     Value::Object(map)
-}
-
-/// The text of a message content value (string, or the text blocks of an array).
-fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(text) => text.clone(),
-        Value::Array(items) => items
-            .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
 }
 
 fn kind_of(value: &Value) -> &'static str {

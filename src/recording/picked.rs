@@ -10,21 +10,34 @@
 //! other entry through the same deserializer calls (`deserialize_any`, the same string, number
 //! and depth checks) without building it. So a line parses here exactly when its `Value` parse
 //! gives an object (with a `data` and a `message` that are objects when it has them), and what
-//! it gives is that object with only those fields: the same values, in the same order, the last
-//! of a repeated key winning where the first stood. A line it does not take (no object, no
+//! it gives is that object's values of those fields, the last of a repeated key winning (in
+//! the whole parse's map, where the first stood). A line it does not take (no object, no
 //! UTF-8, a `data` or `message` of another kind, serde's raw value marker as an object's first
 //! key) goes to the `Value` parse, which names the failure.
 //!
-//! A record's `message` is read into [`Message`], a slot per field of [`MESSAGE_FIELDS`] (no
-//! map built). Its `usage` is read as its JSON text first (the importer compares it with the
-//! last chunk's of a streamed message), then read from the text as [`Usage`] field by field,
-//! within the same depth the parse in place counts ([`usage_read`]): the other entries of the
-//! usage built as the parse builds them, no map of the whole; a usage that does not read so is
-//! built as the parse builds it ([`usage_value`]) and left to the importer's reading of a whole
+//! Each field has its slot: no map is built for the record or its message, no key hashed. A
+//! top-level field that is a string is kept as the line's text ([`Field::Str`], borrowed where it
+//! has no escape), but for those the importer moves into its events ([`VALUE_FIELDS`]).
+//!
+//! A message's `content` array is read item by item as the importer reads it
+//! ([`Content::Items`]): an object's entries kept in a list, each key once where it first stood
+//! with its last value, as the parse's map keeps them, and handed to
+//! `ContentBlock::from_entries`, the code of `ContentBlock::from_value` over a list that removes
+//! an entry as the map does (the last entry takes its place). The blocks a block keeps whole
+//! (a tool call's `input`, a result's inner blocks) are built as `Value`s. Where the caller asks
+//! for the content as a value (a file with wire requests indexes it), it is built.
+//!
+//! A message's `usage` is read as its JSON text first (the importer compares it with the last
+//! chunk's of a streamed message), then read from the text as [`Usage`] field by field, within
+//! the same depth the parse in place counts ([`usage_read`]): the other entries of the usage
+//! built as the parse builds them, no map of the whole; a usage that does not read so is built
+//! as the parse builds it ([`usage_value`]) and left to the importer's reading of a whole
 //! record's usage. A text the caller gives as repeated is not read at all.
+//!
+//! Debug builds parse every line taken here whole too and compare ([`assert_same_as_whole`]).
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor};
-use crate::api::{USAGE_FIELDS, Usage};
+use crate::api::{BlockEntries, ContentBlock, USAGE_FIELDS, Usage};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::fmt;
@@ -84,11 +97,12 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// [`DATA_FIELDS`], `message`'s [`MESSAGE_FIELDS`]); `None` for a line the `Value` parse is to
 /// read (module doc). `message.usage` is read from its JSON text ([`usage_read`]), unless the
 /// text is `repeated`: it is then not read ([`UsageRead::Repeated`]), its value being
-/// [`usage_read`] of that text (one it takes: a usage read before).
-pub(crate) fn record<'t>(text: &'t str, repeated: Option<&str>) -> Option<Fields<'t>> {
+/// [`usage_read`] of that text (one it takes: a usage read before). `message.content` is built
+/// as a `Value` where `content_value`, read as [`Content`] otherwise.
+pub(crate) fn record<'t>(text: &'t str, repeated: Option<&str>, content_value: bool) -> Option<Fields<'t>> {
     debug_assert!(repeated.is_none_or(|text| usage_value(text).is_ok()), "a repeated usage that does not parse");
     let mut de = serde_json::Deserializer::from_str(text);
-    let record = PickedRecord { repeated }.deserialize(&mut de).ok()?;
+    let record = PickedRecord { repeated, content_value }.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(record)
 }
@@ -365,12 +379,15 @@ impl<'t> Fields<'t> {
 }
 
 /// A record's `message`: the fields of [`MESSAGE_FIELDS`] (of a repeated key the last), the
-/// usage as its text and what it gives.
+/// usage as its text and what it gives, the content as [`Content`] where it was not asked for
+/// as a value.
 #[derive(Debug, Default)]
 pub(crate) struct Message {
-    /// Per field of [`MESSAGE_FIELDS`] but `usage` (whose slot stays empty).
+    /// Per field of [`MESSAGE_FIELDS`] but `usage` (whose slot stays empty), and `content`
+    /// where it was read as [`Content`].
     slots: [Option<Value>; MESSAGE_FIELDS.len()],
     usage: Option<(String, UsageRead)>,
+    content: Option<Content>,
 }
 
 impl Message {
@@ -379,16 +396,23 @@ impl Message {
     fn slot(key: &str) -> usize {
         match MESSAGE_FIELDS.iter().position(|field| *field == key) {
             Some(slot) if key != "usage" => slot,
+            // (Read as a value only where it was built as one: `record`'s `content_value`.)
             _ => panic!("the importer reads field `{key}` of a picked message: add it to picked::MESSAGE_FIELDS (usage: Fields::take_usage)"),
         }
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
+        assert!(key != "content" || self.content.is_none(), "a picked message's content read as a value where it was read as blocks");
         self.slots[Self::slot(key)].as_ref()
     }
 
     pub fn take(&mut self, key: &str) -> Option<Value> {
         self.slots[Self::slot(key)].take()
+    }
+
+    /// The content, taken: as read ([`Content`]), or the value built where it was asked for so.
+    pub fn take_content(&mut self) -> Option<Content> {
+        self.content.take().or_else(|| self.take("content").map(Content::Value))
     }
 
     fn to_map(&self) -> Map<String, Value> {
@@ -414,6 +438,10 @@ pub(crate) fn filtered_in_field_order(whole: &Map<String, Value>) -> Map<String,
 pub(crate) fn assert_same_as_whole(fields: &Fields<'_>, whole: &Map<String, Value>, repeated: Option<&str>, file: &str) {
     let mut filtered = filtered_in_field_order(whole);
     let usage = filtered.get_mut("message").and_then(Value::as_object_mut).and_then(|message| message.shift_remove("usage"));
+    if let Some(content) = fields.message.as_ref().and_then(|message| message.content.as_ref()) {
+        let whole = filtered.get_mut("message").and_then(Value::as_object_mut).and_then(|message| message.shift_remove("content"));
+        assert!(whole.is_some_and(|whole| content.same_as(&whole)), "{file}: a message's content read differs from the whole parse's");
+    }
     match fields.message.as_ref().and_then(|message| message.usage.as_ref()) {
         None => assert!(usage.is_none(), "{file}: a usage not read"),
         Some((_, UsageRead::Repeated)) => {
@@ -435,6 +463,7 @@ pub(crate) fn assert_same_as_whole(fields: &Fields<'_>, whole: &Map<String, Valu
 /// The top-level object of a record line, into [`Fields`]; `repeated` is [`record`]'s.
 struct PickedRecord<'a> {
     repeated: Option<&'a str>,
+    content_value: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
@@ -458,7 +487,7 @@ impl<'de> Visitor<'de> for PickedRecord<'_> {
         while let Some(key) = next_key(&mut map, &mut first)? {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
                 // A repeated key: the last value wins, as in the whole parse's map.
-                Some(_) if key == "message" => fields.message = Some(map.next_value_seed(PickedMessage { repeated: self.repeated })?),
+                Some(_) if key == "message" => fields.message = Some(map.next_value_seed(PickedMessage { repeated: self.repeated, content_value: self.content_value })?),
                 Some(slot) => match nested_fields(&key) {
                     Some(fields_of) => fields.slots[slot] = Some(Field::Value(Value::Object(map.next_value_seed(Picked { fields: fields_of })?))),
                     None if VALUE_FIELDS.contains(&key.as_ref()) => fields.slots[slot] = Some(Field::Value(map.next_value()?)),
@@ -544,6 +573,7 @@ impl<'de> Visitor<'de> for Picked {
 /// the repeated text given ([`record`]).
 struct PickedMessage<'a> {
     repeated: Option<&'a str>,
+    content_value: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for PickedMessage<'_> {
@@ -574,6 +604,7 @@ impl<'de> Visitor<'de> for PickedMessage<'_> {
                     // Of two usages the last wins.
                     message.usage = Some((text.to_owned(), read));
                 }
+                Some(_) if key == "content" && !self.content_value => message.content = Some(map.next_value::<ContentRead>()?.0),
                 Some(slot) => message.slots[slot] = Some(map.next_value()?),
                 None => {
                     map.next_value::<Checked>()?;
@@ -581,6 +612,249 @@ impl<'de> Visitor<'de> for PickedMessage<'_> {
             }
         }
         Ok(message)
+    }
+}
+
+/// A message's `content` as the importer reads it: an array's items each read as a content
+/// block (`ContentBlock::from_value` of the item's value, the object's entries read without a
+/// map), any other value built.
+#[derive(Debug)]
+pub(crate) enum Content {
+    Items(Vec<Result<ContentBlock, ItemError>>),
+    Value(Value),
+}
+
+/// An item of a content array that is no content block: `ContentBlock::from_value`'s message,
+/// and the item's `text` where it is a string (the text of a compaction's summary counts it).
+#[derive(Debug, PartialEq)]
+pub(crate) struct ItemError {
+    pub message: String,
+    pub text: Option<String>,
+}
+
+impl Content {
+    /// The text of the content: a string, or the `text` strings of an array's items joined by
+    /// line breaks (a compaction's summary).
+    pub fn text(&self) -> String {
+        match self {
+            Content::Value(Value::String(text)) => text.clone(),
+            Content::Value(Value::Array(items)) => items.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"),
+            Content::Value(_) => String::new(),
+            Content::Items(items) => items
+                .iter()
+                .filter_map(|item| match item {
+                    Ok(block) => block_text(block),
+                    Err(error) => error.text.as_deref(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// Whether this is what the importer reads of `whole`, the content's value: the same
+    /// blocks (by their JSON text: key order counts), the same errors, the same text.
+    fn same_as(&self, whole: &Value) -> bool {
+        let Content::Items(items) = self else { return matches!(self, Content::Value(value) if same(value, whole)) };
+        let Value::Array(values) = whole else { return false };
+        let text = Content::Value(whole.clone()).text();
+        let read = |item: &Value| ContentBlock::from_value(item.clone());
+        items.len() == values.len()
+            && items.iter().zip(values).all(|(item, value)| match (item, read(value)) {
+                (Ok(block), Ok(whole)) => serde_json::to_string(block).ok() == serde_json::to_string(&whole).ok(),
+                (Err(error), Err(message)) => error.message == message,
+                _ => false,
+            })
+            && self.text() == text
+    }
+}
+
+/// The `text` of an item read as `block`, where it was a string: a text block's text, or an
+/// entry the block kept.
+fn block_text(block: &ContentBlock) -> Option<&str> {
+    let extra = match block {
+        ContentBlock::Text { text, .. } => return Some(text),
+        ContentBlock::Other(value) => return value.get("text").and_then(Value::as_str),
+        ContentBlock::Image(inner) | ContentBlock::Document(inner) => &inner.extra,
+        ContentBlock::ToolUse { extra, .. }
+        | ContentBlock::ServerToolUse { extra, .. }
+        | ContentBlock::ToolResult { extra, .. }
+        | ContentBlock::FinalToolResult { extra, .. }
+        | ContentBlock::Thinking { extra, .. }
+        | ContentBlock::RedactedThinking { extra, .. }
+        | ContentBlock::ToolReference { extra, .. } => extra,
+    };
+    extra.get("text").and_then(Value::as_str)
+}
+
+/// A message's `content` read as [`Content`].
+struct ContentRead(Content);
+
+impl<'de> Deserialize<'de> for ContentRead {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ContentVisitor)
+    }
+}
+
+/// An array as [`Content::Items`]; any other value handed to `Value`'s own visitor (as
+/// [`FieldVisitor`] does).
+struct ContentVisitor;
+
+impl<'de> Visitor<'de> for ContentVisitor {
+    type Value = ContentRead;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Item(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(ContentRead(Content::Items(items)))
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Self::Value, E> {
+        built(FieldVisitor.visit_bool(value)?)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
+        built(FieldVisitor.visit_i64(value)?)
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
+        built(FieldVisitor.visit_u64(value)?)
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Self::Value, E> {
+        built(FieldVisitor.visit_f64(value)?)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(ContentRead(Content::Value(Value::String(text.to_owned()))))
+    }
+
+    fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+        Ok(ContentRead(Content::Value(Value::String(text))))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        built(FieldVisitor.visit_unit()?)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        built(FieldVisitor.visit_map(map)?)
+    }
+}
+
+/// A value [`FieldVisitor`] built (no string: those are [`ContentVisitor`]'s own) as content.
+fn built<E: de::Error>(field: Field<'_>) -> Result<ContentRead, E> {
+    match field {
+        Field::Value(value) => Ok(ContentRead(Content::Value(value))),
+        Field::Str(text) => Ok(ContentRead(Content::Value(Value::String(text.into_owned())))),
+    }
+}
+
+/// An item of a content array, read as a content block.
+struct Item(Result<ContentBlock, ItemError>);
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ItemVisitor)
+    }
+}
+
+/// An object's entries into [`ContentBlock::from_entries`]; any other value built and given
+/// to `ContentBlock::from_value` (which refuses it, naming what it is).
+struct ItemVisitor;
+
+impl ItemVisitor {
+    fn other<E: de::Error>(field: Field<'_>) -> Result<Item, E> {
+        let value = match field {
+            Field::Value(value) => value,
+            Field::Str(text) => Value::String(text.into_owned()),
+        };
+        let text = value.get("text").and_then(Value::as_str).map(str::to_owned);
+        Ok(Item(ContentBlock::from_value(value).map_err(|message| ItemError { message, text })))
+    }
+}
+
+impl<'de> Visitor<'de> for ItemVisitor {
+    type Value = Item;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_bool(value)?)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_i64(value)?)
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_u64(value)?)
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_f64(value)?)
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_borrowed_str(text)?)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_str(text)?)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Item, E> {
+        Self::other(FieldVisitor.visit_unit()?)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Item, A::Error> {
+        Self::other(FieldVisitor.visit_seq(seq)?)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item, A::Error> {
+        // (A block has four entries or fewer, but for the rare ones.)
+        let mut entries = Entries(Vec::with_capacity(4));
+        let mut first = true;
+        while let Some(key) = next_key(&mut map, &mut first)? {
+            let value: Value = map.next_value()?;
+            // A repeated key where it first stood, with its last value, as in the parse's map.
+            match entries.0.iter_mut().find(|(known, _)| *known == key) {
+                Some((_, known)) => *known = value,
+                None => entries.0.push((key, value)),
+            }
+        }
+        // The item's text, for a block refused: `from_entries` moves a text block's text out
+        // before it reads the marker that can refuse it, and leaves any other kind's.
+        let refusable_text = entries.get("type").and_then(Value::as_str) != Some("text") || entries.get("cache_control").is_some_and(|marker| !marker.is_null());
+        let text = if refusable_text { entries.get("text").and_then(Value::as_str).map(str::to_owned) } else { None };
+        Ok(Item(ContentBlock::from_entries(entries).map_err(|message| ItemError { message, text })))
+    }
+}
+
+/// A content block's entries as the object's parse leaves them (each key once, where it first
+/// stood, with its last value), in a list: no key hashed, no map built but of the entries a
+/// block keeps as they are.
+struct Entries<'de>(Vec<(Cow<'de, str>, Value)>);
+
+impl BlockEntries for Entries<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.iter().find(|(known, _)| known == key).map(|(_, value)| value)
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Value> {
+        let index = self.0.iter().position(|(known, _)| known == key)?;
+        Some(self.0.swap_remove(index).1)
+    }
+
+    fn into_map(self) -> Map<String, Value> {
+        self.0.into_iter().map(|(key, value)| (key.into_owned(), value)).collect()
     }
 }
 
@@ -759,8 +1033,14 @@ mod tests {
     /// What [`record`] gives when the `Value` parse takes the line as an object whose `data`
     /// and `message`, if any, are objects: the object's [`filtered`] fields.
     fn check(text: &str) {
+        check_with(text, false);
+        check_with(text, true);
+    }
+
+    /// [`check`] with `message.content` read as [`Content`] or built (`content_value`).
+    fn check_with(text: &str, content_value: bool) {
         let whole = serde_json::from_str::<Value>(text);
-        match record(text, None) {
+        match record(text, None, content_value) {
             Some(mut picked) => {
                 let Ok(Value::Object(whole)) = whole else { panic!("picked a line the Value parse refuses: {text}") };
                 assert_same_as_whole(&picked, &whole, None, text);
@@ -768,7 +1048,7 @@ mod tests {
                 // not read, which is that text's value.
                 if let Some((usage, read)) = picked.take_usage() {
                     assert!(!matches!(read, UsageRead::Repeated), "{text}");
-                    let again = record(text, Some(&usage)).unwrap_or_else(|| panic!("a usage given as repeated refuses the line: {text}"));
+                    let again = record(text, Some(&usage), content_value).unwrap_or_else(|| panic!("a usage given as repeated refuses the line: {text}"));
                     assert!(again.usage_repeated(), "{text}");
                     assert_same_as_whole(&again, &whole, Some(&usage), text);
                 }
@@ -804,7 +1084,43 @@ mod tests {
             if message_first { entries.insert(0, message) } else { entries.push(message) }
             let text = format!("{{{}}}", entries.join(","));
             // Valid JSON of an object with an object `data` and `message`: the picked parse takes it.
-            prop_assert!(record(&text, None).is_some(), "{}", text);
+            prop_assert!(record(&text, None, false).is_some(), "{}", text);
+            check(&text);
+        }
+    }
+
+    /// A content block's JSON text: keys of every modelled kind (repeated ones too, the marker,
+    /// keys no kind reads), values of every kind.
+    fn block() -> BoxedStrategy<String> {
+        let kind = prop_oneof![
+            prop::sample::select(&["text", "tool_use", "server_tool_use", "tool_result", "thinking", "redacted_thinking", "tool_reference", "image", "document", "advisor_tool_result"][..]).prop_map(|k| format!("\"{k}\"")),
+            json_of(0, false),
+        ];
+        let key = prop::sample::select(&["text", "id", "name", "input", "tool_use_id", "content", "is_error", "cache_control", "signature", "thinking", "data", "tool_name", "source", "caller", "type", "citations"][..]);
+        let value = prop_oneof![
+            4 => json_of(2, false),
+            1 => Just("{\"type\":\"ephemeral\",\"ttl\":\"1h\"}".to_owned()),
+            1 => Just("[{\"type\":\"text\",\"text\":\"r\"},{\"type\":\"image\",\"source\":{}}]".to_owned()),
+            1 => json(1),
+        ];
+        (kind, prop::collection::vec((key, value), 0..6), 0..3usize)
+            .prop_map(|(kind, entries, at)| {
+                let mut entries: Vec<String> = entries.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                entries.insert(at.min(entries.len()), format!("\"type\":{kind}"));
+                format!("{{{}}}", entries.join(","))
+            })
+            .boxed()
+    }
+
+    proptest! {
+        #[test]
+        fn picked_content_is_the_whole_content_read(
+            items in prop::collection::vec(prop_oneof![6 => block(), 1 => json_of(1, false)], 0..5),
+            summary in any::<bool>(),
+        ) {
+            let text = format!(r#"{{"type":"user","isCompactSummary":{summary},"message":{{"role":"user","content":[{}]}}}}"#, items.join(","));
+            let fields = record(&text, None, false);
+            prop_assert!(fields.as_ref().is_some_and(|f| matches!(f.message().and_then(|m| m.content.as_ref()), Some(Content::Items(_)))) || text.contains(RAW_VALUE_TOKEN) || serde_json::from_str::<Value>(&text).is_err(), "{}", text);
             check(&text);
         }
     }
@@ -825,6 +1141,15 @@ mod tests {
             r#"{"message":{"content":[{"type":"text","text":"a\u0000b"}]}} "#,
             r#"{"x":1} x"#,
             r#"[1]"#,
+            // Content blocks: entries a block keeps, in the order its removals leave them; a key
+            // repeated; blocks refused (the text of a compaction's summary counts theirs).
+            r#"{"type":"user","message":{"content":[{"type":"tool_use","caller":{"a":1},"id":"t","z":[],"name":"n","input":{},"y":2}]}}"#,
+            r#"{"type":"user","message":{"content":[{"id":"t","type":"tool_use","name":"n","id":"u","input":{"k":"v"},"type":"tool_use"}]}}"#,
+            r#"{"type":"user","isCompactSummary":true,"message":{"content":[{"type":"text","text":"a","cache_control":{"type":"nope"}},{"type":"tool_use","text":"b"},{"type":5,"text":"c"},7,{"type":"other","text":"d"},{"type":"image","text":"e","source":{}}]}}"#,
+            r#"{"type":"user","message":{"content":[{"tool_use_id":"t","type":"tool_result","content":[{"type":"text","text":"r"},{"type":"image"}],"is_error":true,"extra":null}]}}"#,
+            r#"{"type":"user","message":{"content":[{"$serde_json::private::RawValue":"{}"}]}}"#,
+            r#"{"type":"user","message":{"content":"prompt"}}"#,
+            r#"{"type":"user","message":{"content":{"a":[1]}}}"#,
             "",
         ] {
             check(text);
@@ -833,25 +1158,25 @@ mod tests {
         // usages in a message go to the whole parse.
         let chunk = r#"{"message":{"id":"m","usage":{"input_tokens":1, "output_tokens":2},"content":[]},"type":"assistant"}"#;
         let usage = r#"{"input_tokens":1, "output_tokens":2}"#;
-        let mut built = record(chunk, Some(r#"{"input_tokens":1,"output_tokens":2}"#)).expect("a record");
+        let mut built = record(chunk, Some(r#"{"input_tokens":1,"output_tokens":2}"#), false).expect("a record");
         assert!(matches!(built.take_usage(), Some((text, UsageRead::Read(read))) if text == usage && read.output_tokens == 2 && read.input_tokens == 1));
-        let mut left_out = record(chunk, Some(usage)).expect("a record");
+        let mut left_out = record(chunk, Some(usage), false).expect("a record");
         assert!(left_out.usage_repeated());
         assert!(matches!(left_out.take_usage(), Some((text, UsageRead::Repeated)) if text == usage));
         // Of two usages the last wins; not read where it is the repeated one.
         let two = r#"{"message":{"usage":{},"id":"m","usage":{"a":1}}}"#;
-        let mut built = record(two, Some("{}")).expect("a record");
+        let mut built = record(two, Some("{}"), false).expect("a record");
         assert!(matches!(built.take_usage(), Some((text, UsageRead::Read(read))) if text == r#"{"a":1}"# && read.extra.get("a") == Some(&Value::from(1))));
         assert_eq!(serde_json::to_string(&built.to_map()).unwrap(), r#"{"message":{"id":"m"}}"#);
-        let mut left_out = record(two, Some(r#"{"a":1}"#)).expect("a record");
+        let mut left_out = record(two, Some(r#"{"a":1}"#), false).expect("a record");
         assert!(matches!(left_out.take_usage(), Some((text, UsageRead::Repeated)) if text == r#"{"a":1}"#));
         let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
         assert!(usage_value(&deep).is_err() && serde_json::from_str::<Value>(&deep).is_ok());
         check(&format!(r#"{{"message":{{"usage":{deep}}}}}"#));
-        assert!(record(r#"{"slug":"s","uuid":"u"}"#, None).is_some_and(|r| r.to_map().len() == 1 && r.str("uuid") == Some("u")));
+        assert!(record(r#"{"slug":"s","uuid":"u"}"#, None, false).is_some_and(|r| r.to_map().len() == 1 && r.str("uuid") == Some("u")));
         // A reply's envelope is not built; what the importer reads of it is.
         let reply = r#"{"message":{"id":"m","role":"assistant","model":"x","stop_sequence":null,"content":[],"usage":{"output_tokens":1}}}"#;
-        let built = record(reply, None).expect("a record");
+        let built = record(reply, None, true).expect("a record");
         assert_eq!(serde_json::to_string(&built.to_map()).unwrap(), r#"{"message":{"content":[],"model":"x","id":"m"}}"#);
         // A usage read field by field is what `Usage::from_object` reads of its value, its other
         // entries in their order (a repeated one where it first stood); one that does not read
@@ -868,7 +1193,7 @@ mod tests {
             ("7", false),
         ] {
             let line = format!(r#"{{"message":{{"usage":{text}}}}}"#);
-            let fields = record(&line, None).expect("a record");
+            let fields = record(&line, None, false).expect("a record");
             let Ok(Value::Object(whole)) = serde_json::from_str::<Value>(&line) else { panic!("{line}") };
             assert_same_as_whole(&fields, &whole, None, &line);
             assert_eq!(matches!(fields.message().and_then(|m| m.usage.as_ref()), Some((_, UsageRead::Read(_)))), read, "{text}");
