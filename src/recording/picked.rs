@@ -222,6 +222,14 @@ pub(crate) enum Field<'t> {
 }
 
 impl Field<'_> {
+    /// The value the whole parse builds, taken.
+    fn into_value(self) -> Value {
+        match self {
+            Field::Str(text) => Value::String(text.into_owned()),
+            Field::Value(value) => value,
+        }
+    }
+
     /// The value the whole parse builds.
     fn to_value(&self) -> Value {
         match self {
@@ -686,139 +694,121 @@ fn block_text(block: &ContentBlock) -> Option<&str> {
     extra.get("text").and_then(Value::as_str)
 }
 
-/// A message's `content` read as [`Content`].
-struct ContentRead(Content);
+/// How [`Shaped`] reads a value: an array or an object its own way where it has one, any other
+/// value as [`FieldVisitor`] reads it (a string as its text, the rest as `Value`'s visitor
+/// builds it), then handed to `other`.
+trait Shape<'de> {
+    type Out;
 
-impl<'de> Deserialize<'de> for ContentRead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ContentVisitor)
+    fn other<E: de::Error>(field: Field<'de>) -> Result<Self::Out, E>;
+
+    fn seq<A: SeqAccess<'de>>(seq: A) -> Result<Self::Out, A::Error> {
+        Self::other(FieldVisitor.visit_seq(seq)?)
+    }
+
+    fn map<A: MapAccess<'de>>(map: A) -> Result<Self::Out, A::Error> {
+        Self::other(FieldVisitor.visit_map(map)?)
     }
 }
 
-/// An array as [`Content::Items`]; any other value handed to `Value`'s own visitor (as
-/// [`FieldVisitor`] does).
-struct ContentVisitor;
+/// A value read as its [`Shape`] says.
+struct Shaped<S>(std::marker::PhantomData<S>);
 
-impl<'de> Visitor<'de> for ContentVisitor {
-    type Value = ContentRead;
+impl<'de, S: Shape<'de>> Visitor<'de> for Shaped<S> {
+    type Value = S::Out;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_bool(value)?)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_i64(value)?)
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_u64(value)?)
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_f64(value)?)
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_borrowed_str(text)?)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_str(text)?)
+    }
+
+    fn visit_string<E: de::Error>(self, text: String) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_string(text)?)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<S::Out, E> {
+        S::other(FieldVisitor.visit_unit()?)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<S::Out, A::Error> {
+        S::seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<S::Out, A::Error> {
+        S::map(map)
+    }
+}
+
+/// A message's `content` read as [`Content`]: an array's items each an [`Item`], any other value
+/// built.
+struct ContentRead(Content);
+
+impl<'de> Deserialize<'de> for ContentRead {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Shaped::<ContentRead>(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Shape<'de> for ContentRead {
+    type Out = ContentRead;
+
+    fn other<E: de::Error>(field: Field<'de>) -> Result<ContentRead, E> {
+        Ok(ContentRead(Content::Value(field.into_value())))
+    }
+
+    fn seq<A: SeqAccess<'de>>(mut seq: A) -> Result<ContentRead, A::Error> {
         let mut items = Vec::new();
         while let Some(Item(item)) = seq.next_element()? {
             items.push(item);
         }
         Ok(ContentRead(Content::Items(items)))
     }
-
-    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Self::Value, E> {
-        built(FieldVisitor.visit_bool(value)?)
-    }
-
-    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
-        built(FieldVisitor.visit_i64(value)?)
-    }
-
-    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
-        built(FieldVisitor.visit_u64(value)?)
-    }
-
-    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Self::Value, E> {
-        built(FieldVisitor.visit_f64(value)?)
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-        Ok(ContentRead(Content::Value(Value::String(text.to_owned()))))
-    }
-
-    fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
-        Ok(ContentRead(Content::Value(Value::String(text))))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        built(FieldVisitor.visit_unit()?)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        built(FieldVisitor.visit_map(map)?)
-    }
 }
 
-/// A value [`FieldVisitor`] built (no string: those are [`ContentVisitor`]'s own) as content.
-fn built<E: de::Error>(field: Field<'_>) -> Result<ContentRead, E> {
-    match field {
-        Field::Value(value) => Ok(ContentRead(Content::Value(value))),
-        Field::Str(text) => Ok(ContentRead(Content::Value(Value::String(text.into_owned())))),
-    }
-}
-
-/// An item of a content array, read as a content block.
+/// An item of a content array, read as a content block: an object's entries into
+/// [`ContentBlock::from_entries`]; any other value built and given to `ContentBlock::from_value`
+/// (which refuses it, naming what it is).
 struct Item(Result<ContentBlock, ItemError>);
 
 impl<'de> Deserialize<'de> for Item {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ItemVisitor)
+        deserializer.deserialize_any(Shaped::<Item>(std::marker::PhantomData))
     }
 }
 
-/// An object's entries into [`ContentBlock::from_entries`]; any other value built and given
-/// to `ContentBlock::from_value` (which refuses it, naming what it is).
-struct ItemVisitor;
+impl<'de> Shape<'de> for Item {
+    type Out = Item;
 
-impl ItemVisitor {
-    fn other<E: de::Error>(field: Field<'_>) -> Result<Item, E> {
-        let value = match field {
-            Field::Value(value) => value,
-            Field::Str(text) => Value::String(text.into_owned()),
-        };
+    fn other<E: de::Error>(field: Field<'de>) -> Result<Item, E> {
+        let value = field.into_value();
         let text = value.get("text").and_then(Value::as_str).map(str::to_owned);
         Ok(Item(ContentBlock::from_value(value).map_err(|message| ItemError { message, text })))
     }
-}
 
-impl<'de> Visitor<'de> for ItemVisitor {
-    type Value = Item;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_bool(value)?)
-    }
-
-    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_i64(value)?)
-    }
-
-    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_u64(value)?)
-    }
-
-    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_f64(value)?)
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_borrowed_str(text)?)
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_str(text)?)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Item, E> {
-        Self::other(FieldVisitor.visit_unit()?)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Item, A::Error> {
-        Self::other(FieldVisitor.visit_seq(seq)?)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item, A::Error> {
+    fn map<A: MapAccess<'de>>(mut map: A) -> Result<Item, A::Error> {
         // (A block has four entries or fewer, but for the rare ones.)
         let mut entries = Entries(Vec::with_capacity(4));
         let mut first = true;
