@@ -612,7 +612,7 @@ impl<'de> Visitor<'de> for PickedMessage<'_> {
                     // Of two usages the last wins.
                     message.usage = Some((text.to_owned(), read));
                 }
-                Some(_) if key == "content" && !self.content_value => message.content = Some(map.next_value::<ContentRead>()?.0),
+                Some(_) if key == "content" && !self.content_value => message.content = Some(map.next_value_seed(Shaped::<ContentRead>::new())?.0),
                 Some(slot) => message.slots[slot] = Some(map.next_value()?),
                 None => {
                     map.next_value::<Checked>()?;
@@ -714,6 +714,20 @@ trait Shape<'de> {
 /// A value read as its [`Shape`] says.
 struct Shaped<S>(std::marker::PhantomData<S>);
 
+impl<S> Shaped<S> {
+    fn new() -> Self {
+        Shaped(std::marker::PhantomData)
+    }
+}
+
+impl<'de, S: Shape<'de>> DeserializeSeed<'de> for Shaped<S> {
+    type Value = S::Out;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<S::Out, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
 impl<'de, S: Shape<'de>> Visitor<'de> for Shaped<S> {
     type Value = S::Out;
 
@@ -766,12 +780,6 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Shaped<S> {
 /// built.
 struct ContentRead(Content);
 
-impl<'de> Deserialize<'de> for ContentRead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(Shaped::<ContentRead>(std::marker::PhantomData))
-    }
-}
-
 impl<'de> Shape<'de> for ContentRead {
     type Out = ContentRead;
 
@@ -781,7 +789,7 @@ impl<'de> Shape<'de> for ContentRead {
 
     fn seq<A: SeqAccess<'de>>(mut seq: A) -> Result<ContentRead, A::Error> {
         let mut items = Vec::new();
-        while let Some(Item(item)) = seq.next_element()? {
+        while let Some(Item(item)) = seq.next_element_seed(Shaped::<Item>::new())? {
             items.push(item);
         }
         Ok(ContentRead(Content::Items(items)))
@@ -792,12 +800,6 @@ impl<'de> Shape<'de> for ContentRead {
 /// [`ContentBlock::from_entries`]; any other value built and given to `ContentBlock::from_value`
 /// (which refuses it, naming what it is).
 struct Item(Result<ContentBlock, ItemError>);
-
-impl<'de> Deserialize<'de> for Item {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(Shaped::<Item>(std::marker::PhantomData))
-    }
-}
 
 impl<'de> Shape<'de> for Item {
     type Out = Item;
@@ -863,20 +865,10 @@ struct Key<'de>(Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string key")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Borrowed(key)))
-            }
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Owned(key.to_owned())))
-            }
+        match deserializer.deserialize_str(FieldVisitor)? {
+            Field::Str(key) => Ok(Key(key)),
+            Field::Value(value) => Err(de::Error::custom(format_args!("a key that is no string: {value}"))),
         }
-        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
