@@ -910,7 +910,33 @@ impl Serialize for ContentBlock {
     }
 }
 
-fn take_string(map: &mut Map<String, Value>, key: &str, kind: &str) -> Result<String, String> {
+/// The entries of a content block's JSON object, as [`ContentBlock::from_entries`] reads them:
+/// a `Map`, or entries read otherwise (`recording::picked`) that give the same values in the
+/// same order for the same operations.
+pub(crate) trait BlockEntries {
+    fn get(&self, key: &str) -> Option<&Value>;
+    /// Removes `key` as `Map::remove` does (with `preserve_order`, a `swap_remove`: the last
+    /// entry takes the removed one's place).
+    fn remove(&mut self, key: &str) -> Option<Value>;
+    /// The entries left, in their order.
+    fn into_map(self) -> Map<String, Value>;
+}
+
+impl BlockEntries for Map<String, Value> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        Map::get(self, key)
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Value> {
+        Map::remove(self, key)
+    }
+
+    fn into_map(self) -> Map<String, Value> {
+        self
+    }
+}
+
+fn take_string(map: &mut impl BlockEntries, key: &str, kind: &str) -> Result<String, String> {
     match map.remove(key) {
         Some(Value::String(s)) => Ok(s),
         Some(other) => Err(format!("{kind} block: field `{key}` must be a string, found {}", json_kind(&other))),
@@ -918,7 +944,7 @@ fn take_string(map: &mut Map<String, Value>, key: &str, kind: &str) -> Result<St
     }
 }
 
-fn take_cache_control(map: &mut Map<String, Value>, kind: &str) -> Result<Option<CacheControl>, String> {
+fn take_cache_control(map: &mut impl BlockEntries, kind: &str) -> Result<Option<CacheControl>, String> {
     match map.remove("cache_control") {
         None | Some(Value::Null) => Ok(None),
         Some(value) => serde_json::from_value(value)
@@ -941,9 +967,14 @@ pub(crate) fn json_kind(value: &Value) -> &'static str {
 impl ContentBlock {
     /// Parses one block from JSON; unknown `type`s become `Other`.
     pub fn from_value(value: Value) -> Result<Self, String> {
-        let Value::Object(mut map) = value else {
+        let Value::Object(map) = value else {
             return Err(format!("content block must be an object, found {}", json_kind(&value)));
         };
+        Self::from_entries(map)
+    }
+
+    /// [`ContentBlock::from_value`] of an object, given as its entries.
+    pub(crate) fn from_entries(mut map: impl BlockEntries) -> Result<Self, String> {
         let kind = match map.get("type") {
             Some(Value::String(kind)) => kind.clone(),
             Some(other) => return Err(format!("content block `type` must be a string, found {}", json_kind(other))),
@@ -955,13 +986,13 @@ impl ContentBlock {
                 map.remove("type");
                 let text = take_string(&mut map, "text", k)?;
                 let cache_control = take_cache_control(&mut map, k)?;
-                ContentBlock::Text { text: text.into(), cache_control, extra: map }
+                ContentBlock::Text { text: text.into(), cache_control, extra: map.into_map() }
             }
             "image" | "document" => {
                 map.remove("type");
                 let cache_control = take_cache_control(&mut map, k)?;
                 let source = map.remove("source").unwrap_or(Value::Null);
-                let inner = ImageLike { source, cache_control, extra: map };
+                let inner = ImageLike { source, cache_control, extra: map.into_map() };
                 if k == "image" { ContentBlock::Image(inner) } else { ContentBlock::Document(inner) }
             }
             "tool_use" | "server_tool_use" => {
@@ -971,9 +1002,9 @@ impl ContentBlock {
                 let input = map.remove("input").unwrap_or(Value::Object(Map::new()));
                 let cache_control = take_cache_control(&mut map, k)?;
                 if k == "tool_use" {
-                    ContentBlock::ToolUse { id, name, input, cache_control, extra: map }
+                    ContentBlock::ToolUse { id, name, input, cache_control, extra: map.into_map() }
                 } else {
-                    ContentBlock::ServerToolUse { id, name, input, cache_control, extra: map }
+                    ContentBlock::ServerToolUse { id, name, input, cache_control, extra: map.into_map() }
                 }
             }
             "tool_result" => {
@@ -1004,7 +1035,7 @@ impl ContentBlock {
                     }
                 };
                 let cache_control = take_cache_control(&mut map, k)?;
-                ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra: map }
+                ContentBlock::ToolResult { tool_use_id, content, is_error, cache_control, extra: map.into_map() }
             }
             "thinking" => {
                 map.remove("type");
@@ -1013,19 +1044,19 @@ impl ContentBlock {
                     Some(Value::String(s)) => s,
                     _ => String::new(),
                 };
-                ContentBlock::Thinking { thinking, signature, extra: map }
+                ContentBlock::Thinking { thinking, signature, extra: map.into_map() }
             }
             "redacted_thinking" => {
                 map.remove("type");
                 let data = take_string(&mut map, "data", k)?;
-                ContentBlock::RedactedThinking { data, extra: map }
+                ContentBlock::RedactedThinking { data, extra: map.into_map() }
             }
             "tool_reference" => {
                 map.remove("type");
                 let tool_name = take_string(&mut map, "tool_name", k)?;
-                ContentBlock::ToolReference { tool_name, extra: map }
+                ContentBlock::ToolReference { tool_name, extra: map.into_map() }
             }
-            _ => ContentBlock::Other(Value::Object(map)),
+            _ => ContentBlock::Other(Value::Object(map.into_map())),
         };
         Ok(block)
     }

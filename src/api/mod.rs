@@ -17,8 +17,9 @@ mod request;
 mod response;
 
 pub use content::{ContentBlock, ImageLike, MessageContent, SharedBlocks, SharedText, ToolResultContent, block_hash_kept, joined_text};
-pub(crate) use content::json_kind;
+pub(crate) use content::{BlockEntries, json_kind};
 pub use request::{
     CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedVec, SystemBlock, SystemPrompt, Tool,
 };
 pub use response::{CacheCreation, Response, SharedMap, StopReason, Usage};
+pub(crate) use response::USAGE_FIELDS;

@@ -141,28 +141,14 @@ impl Usage {
     /// `Err` gives the object back, unchanged, where a known field is not what that parse takes
     /// (its parse then names the failure).
     pub fn from_object(mut object: Map<String, Value>) -> Result<Usage, Map<String, Value>> {
-        let count = |key: &str, null_as_zero: bool| match object.get(key) {
-            None => Some(0),
-            Some(Value::Null) if null_as_zero => Some(0),
-            Some(value) => value.as_u64(),
-        };
-        let (Some(input_tokens), Some(cache_creation_input_tokens), Some(cache_read_input_tokens), Some(output_tokens)) =
-            (count("input_tokens", false), count("cache_creation_input_tokens", true), count("cache_read_input_tokens", true), count("output_tokens", false))
-        else {
+        let Some(known) = KnownFields::read(USAGE_FIELDS.map(|key| object.get(key))) else {
             return Err(object);
-        };
-        let cache_creation = match object.get("cache_creation") {
-            None | Some(Value::Null) => None,
-            Some(value) => match CacheCreation::deserialize(value) {
-                Ok(split) => Some(split),
-                Err(_) => return Err(object),
-            },
         };
         #[cfg(debug_assertions)]
         let parsed = Usage::deserialize(Value::Object(object.clone())).ok();
         // The other entries, in their order, where they are: no key moved or hashed again.
         object.retain(|key, _| !USAGE_FIELDS.contains(&key.as_str()));
-        let usage = Usage { input_tokens, cache_creation_input_tokens, cache_read_input_tokens, cache_creation, output_tokens, extra: object.into() };
+        let usage = known.with_extra(object);
         // (`extra`'s equality ignores its order; its text does not.)
         #[cfg(debug_assertions)]
         debug_assert_eq!(
@@ -172,10 +158,47 @@ impl Usage {
         );
         Ok(usage)
     }
+
+    /// The usage of an object read entry by entry: `known` the values of [`USAGE_FIELDS`] (in
+    /// that order; of a repeated key the last), `extra` the other entries in their order (a
+    /// repeated key where it first stood, with its last value). What [`Usage::from_object`]
+    /// gives for that object, built without it; `None` where it gives `Err`.
+    pub(crate) fn from_fields(known: [Option<&Value>; USAGE_FIELDS.len()], extra: Map<String, Value>) -> Option<Usage> {
+        Some(KnownFields::read(known)?.with_extra(extra))
+    }
+}
+
+/// The fields of [`USAGE_FIELDS`] as [`Usage::from_object`] reads them.
+struct KnownFields {
+    counts: [u64; 4],
+    cache_creation: Option<CacheCreation>,
+}
+
+impl KnownFields {
+    /// `None` where a count is not one (a missing count is zero, and null too where its
+    /// `Deserialize` takes it so), or `cache_creation` does not read.
+    fn read([input, creation, read, cache_creation, output]: [Option<&Value>; USAGE_FIELDS.len()]) -> Option<KnownFields> {
+        let count = |value: Option<&Value>, null_as_zero: bool| match value {
+            None => Some(0),
+            Some(Value::Null) if null_as_zero => Some(0),
+            Some(value) => value.as_u64(),
+        };
+        let counts = [count(input, false)?, count(creation, true)?, count(read, true)?, count(output, false)?];
+        let cache_creation = match cache_creation {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(CacheCreation::deserialize(value).ok()?),
+        };
+        Some(KnownFields { counts, cache_creation })
+    }
+
+    fn with_extra(self, extra: Map<String, Value>) -> Usage {
+        let [input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens] = self.counts;
+        Usage { input_tokens, cache_creation_input_tokens, cache_read_input_tokens, cache_creation: self.cache_creation, output_tokens, extra: extra.into() }
+    }
 }
 
 /// The fields of [`Usage`] other than its flattened `extra`.
-const USAGE_FIELDS: [&str; 5] = ["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "cache_creation", "output_tokens"];
+pub(crate) const USAGE_FIELDS: [&str; 5] = ["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "cache_creation", "output_tokens"];
 
 fn null_as_zero<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
     Ok(Option::<u64>::deserialize(deserializer)?.unwrap_or(0))

@@ -33,7 +33,7 @@ use super::format::{
     SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
 };
 use super::api_requests::{self, ApiRequests};
-use super::picked;
+use super::picked::{self, Content, UsageRead};
 use super::report::{ImportError, ImportReport, UsageTotals};
 use crate::api::identical::Identical;
 use crate::api::{ContentBlock, Message, MessageContent, Role, SharedBlocks, StopReason, ToolResultContent, Usage};
@@ -1445,11 +1445,11 @@ impl FileImporter {
     /// ([`picked::record`]) where its type is read from those alone, the whole `Value` parse
     /// otherwise (and for a line the picked parse does not take). Debug builds parse every picked
     /// line whole too and compare.
-    fn parse_record(&self, bytes: &[u8]) -> Result<Result<Record, Value>, (Option<String>, String)> {
+    fn parse_record<'b>(&self, bytes: &'b [u8]) -> Result<Result<Record<'b>, Value>, (Option<String>, String)> {
         let repeated = self.last_usage.as_ref().map(|(_, text)| text.as_str());
         let picked = std::str::from_utf8(bytes)
             .ok()
-            .and_then(|text| picked::record(text, repeated))
+            .and_then(|text| picked::record(text, repeated, self.api_seen))
             .map(Record::Picked)
             .filter(|record| !reads_whole_record(record));
         let Some(record) = picked else {
@@ -1462,17 +1462,7 @@ impl FileImporter {
             let (Record::Picked(fields), Ok(Value::Object(whole))) = (&record, parse_line::<Value>(bytes)) else {
                 panic!("{}: picked a record the whole parse refuses", self.file)
             };
-            let mut filtered = picked::filtered_in_field_order(&whole);
-            if fields.usage_repeated() {
-                // The usage left out is the repeated text's.
-                let usage = filtered.get_mut("message").and_then(Value::as_object_mut).and_then(|message| message.shift_remove("usage"));
-                assert_eq!(usage, repeated.and_then(|text| picked::usage_value(text).ok()), "{}: a usage left out as repeated differs", self.file);
-            }
-            assert!(
-                picked::same_in_order(&fields.to_map(), &filtered),
-                "{}: the picked record {fields:?} is not the whole one's fields",
-                self.file
-            );
+            picked::assert_same_as_whole(fields, &whole, repeated, &self.file);
         }
         Ok(Ok(record))
     }
@@ -1482,14 +1472,14 @@ impl FileImporter {
     /// `message.id` can have one; a `message` of another shape goes to the typed parse. The
     /// record's `timestamp` in ms where it read it.
     fn note_call_time(&mut self, record: &Record, line: &[u8]) -> Option<i64> {
-        let (Some(Value::String(ts)), Some(Value::String(request))) = (record.get("timestamp"), record.get("requestId")) else { return None };
-        let id = match record.get("message") {
-            Some(Value::Object(message)) => match message.get("id") {
+        let (Some(ts), Some(request)) = (record.str("timestamp"), record.str("requestId")) else { return None };
+        let id = match record.message_kind() {
+            Some(MessageKind::Object) => match record.message_get("id") {
                 Some(Value::String(id)) => id,
                 _ => return None,
             },
             // A sequence can deserialize as the typed parse's struct.
-            Some(Value::Array(_)) => {
+            Some(MessageKind::Array) => {
                 self.note_call_time_of_line(line);
                 return None;
             }
@@ -1504,7 +1494,7 @@ impl FileImporter {
             return None;
         }
         let ms = ts.parse::<jiff::Timestamp>().ok()?.as_millisecond();
-        self.call_times.push((id.clone(), request.clone(), ms));
+        self.call_times.push((id.clone(), request.to_owned(), ms));
         Some(ms)
     }
 
@@ -1530,7 +1520,7 @@ impl FileImporter {
 
     /// A user record's message by hash, for `tail` hashes without a blob.
     fn index_user_message(&mut self, record: &Record) {
-        if let Some(content) = record.get("message").and_then(|m| m.get("content")) {
+        if let Some(content) = record.message_get("content") {
             let message = serde_json::json!({"role": "user", "content": content});
             self.api.record_messages.insert(api_requests::message_hash(&message), message);
         }
@@ -1538,13 +1528,12 @@ impl FileImporter {
 
     /// An assistant record's content blocks, merged with the earlier lines of its message.
     fn collect_assistant_content(&mut self, record: &Record) {
-        let Some(message) = record.get("message") else { return };
-        let blocks: Vec<Value> = match message.get("content") {
+        let blocks: Vec<Value> = match record.message_get("content") {
             Some(Value::Array(items)) => items.clone(),
             Some(Value::String(text)) => vec![serde_json::json!({"type": "text", "text": text})],
             _ => return,
         };
-        match message.get("id").and_then(Value::as_str) {
+        match record.message_get("id").and_then(Value::as_str) {
             Some(id) => match self.assistant_raw_index.get(id) {
                 Some(&i) => self.assistant_raw[i].extend(blocks),
                 None => {
@@ -1585,21 +1574,21 @@ impl FileImporter {
     /// [`picked::MESSAGE_FIELDS`]) are here.
     /// `time` is the record's `timestamp` in ms where the line's call time read it already.
     fn record(&mut self, mut record: Record, line: usize, time: Option<i64>) {
-        let Some(kind) = record.get("type").and_then(Value::as_str).map(str::to_owned) else {
+        let Some(kind) = record.str("type").map(str::to_owned) else {
             self.warn(WarningKind::BadLine, line, Some("type".into()), "missing or non-string field `type`".into());
             return;
         };
-        let subtype = record.get("subtype").and_then(Value::as_str);
+        let subtype = record.str("subtype");
         let key = match subtype {
             Some(sub) if kind == "system" => format!("system:{sub}"),
             _ => kind.clone(),
         };
         *self.records_by_type.entry(key).or_default() += 1;
 
-        let uuid = record.get("uuid").and_then(Value::as_str).map(str::to_owned);
+        let uuid = record.str("uuid").map(str::to_owned);
         if !self.saw_parent_field && record.contains_key("parentUuid") {
             self.saw_parent_field = true;
-            self.first_parent = record.get("parentUuid").and_then(Value::as_str).map(str::to_owned);
+            self.first_parent = record.str("parentUuid").map(str::to_owned);
         }
         if let Some(uuid) = &uuid {
             // Resumed sessions can copy earlier records into a file again; count them once.
@@ -1610,22 +1599,22 @@ impl FileImporter {
         }
         let time_ms = self.time_of(&record, line, time);
         if self.session_id.is_none() {
-            self.session_id = record.get("sessionId").and_then(Value::as_str).map(str::to_owned);
+            self.session_id = record.str("sessionId").map(str::to_owned);
         }
         if self.cwd.is_none() {
-            self.cwd = record.get("cwd").and_then(Value::as_str).map(str::to_owned);
+            self.cwd = record.str("cwd").map(str::to_owned);
         }
         if self.entrypoint.is_none() {
-            self.entrypoint = record.get("entrypoint").and_then(Value::as_str).map(str::to_owned);
+            self.entrypoint = record.str("entrypoint").map(str::to_owned);
         }
-        let version = record.get("version").and_then(Value::as_str).map(str::to_owned);
+        let version = record.str("version").map(str::to_owned);
         if let Some(v) = &version
             && !self.versions.contains(v) {
                 self.versions.push(v.clone());
             }
         let lane = self.lane_of(&record);
         // Read before the record's fields are moved into events.
-        let parent = uuid.as_ref().and_then(|_| record.get("parentUuid").and_then(Value::as_str).map(str::to_owned));
+        let parent = uuid.as_ref().and_then(|_| record.str("parentUuid").map(str::to_owned));
         let first_event = self.events.len();
         let mut merged_into: Option<usize> = None;
 
@@ -1683,8 +1672,8 @@ impl FileImporter {
                         uuid.as_deref(),
                     );
                 } else if data_type == Some("hook_progress")
-                    && let Some(parent) = record.get("parentUuid").and_then(Value::as_str).filter(|p| !self.seen_uuids.contains(*p))
-                    && let Some(id) = record.get("toolUseID").and_then(Value::as_str)
+                    && let Some(parent) = record.str("parentUuid").filter(|p| !self.seen_uuids.contains(*p))
+                    && let Some(id) = record.str("toolUseID")
                     && let Some(tool) = data.and_then(|d| d.get("hookName")).and_then(Value::as_str).and_then(|n| {
                         n.strip_prefix("PreToolUse:").or_else(|| n.strip_prefix("PostToolUse:"))
                     })
@@ -1698,7 +1687,7 @@ impl FileImporter {
                     }
                 } else if data_type == Some("agent_progress") {
                     let agent = data.and_then(|d| d.get("agentId")).and_then(Value::as_str);
-                    let tool_use = record.get("parentToolUseID").and_then(Value::as_str);
+                    let tool_use = record.str("parentToolUseID");
                     if let (Some(agent), Some(tool_use)) = (agent, tool_use) {
                         self.agent_tool_use.entry(agent.to_owned()).or_insert_with(|| tool_use.to_owned());
                     }
@@ -1732,7 +1721,7 @@ impl FileImporter {
 
     /// The record's time (`read`: its `timestamp` in ms, where read already).
     fn time_of(&mut self, record: &Record, line: usize, read: Option<i64>) -> i64 {
-        let Some(text) = record.get("timestamp").and_then(Value::as_str) else { return self.last_time_ms };
+        let Some(text) = record.str("timestamp") else { return self.last_time_ms };
         debug_assert!(read.is_none_or(|ms| text.parse::<jiff::Timestamp>().is_ok_and(|ts| ts.as_millisecond() == ms)), "a timestamp read before differs");
         let ms = match read.map_or_else(|| text.parse::<jiff::Timestamp>().map(|ts| ts.as_millisecond()), Ok) {
             Ok(ms) => ms,
@@ -1766,9 +1755,9 @@ impl FileImporter {
         if let Some(lane) = &self.file_lane {
             return lane.clone();
         }
-        if record.get("isSidechain").and_then(Value::as_bool) == Some(true) {
+        if record.bool("isSidechain") == Some(true) {
             // Older Claude Code wrote subagent records into the main file, flagged as sidechain.
-            let agent = record.get("agentId").and_then(Value::as_str).unwrap_or("sidechain");
+            let agent = record.str("agentId").unwrap_or("sidechain");
             return lane_for_agent(agent);
         }
         LANE_MAIN.to_owned()
@@ -1783,33 +1772,33 @@ impl FileImporter {
     }
 
     fn user(&mut self, record: &mut Record, line: usize, time_ms: i64, lane: &str, uuid: Option<&str>) {
-        let is_meta = record.get("isMeta").and_then(Value::as_bool).unwrap_or(false);
-        let is_compact_summary = record.get("isCompactSummary").and_then(Value::as_bool).unwrap_or(false);
-        self.prompt_mode = record.get("permissionMode").and_then(Value::as_str).map(str::to_owned);
-        let Some(content) = record.get_mut("message").and_then(|m| m.get_mut("content")).map(Value::take) else {
+        let is_meta = record.bool("isMeta").unwrap_or(false);
+        let is_compact_summary = record.bool("isCompactSummary").unwrap_or(false);
+        self.prompt_mode = record.str("permissionMode").map(str::to_owned);
+        let Some(content) = record.message_take_content() else {
             self.warn(WarningKind::BadLine, line, Some("message.content".into()), "user record without message content; skipped".into());
             return;
         };
         if is_compact_summary
             && let Some(i) = self.pending_compaction.take()
                 && let EventKind::Compaction(Compaction { summary, .. }) = &mut self.events[i].kind {
-                    *summary = Some(text_of(&content));
+                    *summary = Some(content.text());
                 }
-        let items = match content {
-            Value::String(text) => {
+        let blocks = match content {
+            Content::Value(Value::String(text)) => {
                 let permission_mode = self.prompt_mode.clone();
                 let kind = EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.into()), is_meta, is_compact_summary, permission_mode });
                 self.push(kind, time_ms, lane, uuid);
                 return;
             }
-            Value::Array(items) => items,
-            other => {
+            Content::Value(Value::Array(items)) => self.blocks(items.into_iter().map(ContentBlock::from_value), line, "message.content"),
+            Content::Items(items) => self.blocks(items.into_iter().map(|item| item.map_err(|error| error.message)), line, "message.content"),
+            Content::Value(other) => {
                 let message = format!("message.content must be a string or an array, found {}", kind_of(&other));
                 self.warn(WarningKind::BadLine, line, Some("message.content".into()), message);
                 return;
             }
         };
-        let blocks = self.blocks(items, line, "message.content");
         let tool_results = blocks.iter().filter(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
         // The structured result belongs to the tool call when the record answers exactly one.
         let mut structured = if tool_results == 1 { record.remove("toolUseResult").map(std::sync::Arc::new) } else { None };
@@ -1849,11 +1838,12 @@ impl FileImporter {
         self.push(EventKind::UserPrompt(UserPrompt { content, is_meta, is_compact_summary, permission_mode }), time_ms, lane, uuid);
     }
 
-    /// Parses content blocks one by one so one bad block costs only itself.
-    fn blocks(&mut self, items: Vec<Value>, line: usize, path: &str) -> Vec<ContentBlock> {
+    /// Content blocks read one by one (`ContentBlock::from_value` of each item) so one bad
+    /// block costs only itself.
+    fn blocks(&mut self, items: impl ExactSizeIterator<Item = Result<ContentBlock, String>>, line: usize, path: &str) -> Vec<ContentBlock> {
         let mut blocks = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            match ContentBlock::from_value(item) {
+        for (i, item) in items.enumerate() {
+            match item {
                 Ok(block) => blocks.push(block),
                 Err(message) => {
                     self.warn(WarningKind::BadLine, line, Some(format!("{path}[{i}]")), format!("{message}; block skipped"))
@@ -1880,47 +1870,59 @@ impl FileImporter {
             Record::Whole(_) => None,
         };
         let last_usage = self.last_usage.take();
-        let Some(Value::Object(message)) = record.get_mut("message") else {
+        if record.message_kind() != Some(MessageKind::Object) {
             self.warn(WarningKind::BadLine, line, Some("message".into()), "assistant record without a message object; skipped".into());
             return None;
-        };
-        let content = message.get_mut("content").map(Value::take);
-        let message_id = message.get("id").and_then(Value::as_str).map(str::to_owned);
+        }
+        let content = record.message_take_content();
+        let message_id = record.message_get("id").and_then(Value::as_str).map(str::to_owned);
         let merged_into = message_id.as_ref().and_then(|id| self.reply_index.get(id)).copied();
         // A chunk whose usage text is the one the same reply took last (read whole) leaves it as
         // it is: that text gives the same usage, and the largest `output_tokens` is already the
         // reply's (below).
         let usage_kept = match (&usage_text, &last_usage) {
-            (Some((_, true)), Some((reply, _))) => merged_into == Some(*reply),
+            (Some((_, UsageRead::Repeated)), Some((reply, _))) => merged_into == Some(*reply),
             _ => false,
         };
-        let usage = match &usage_text {
-            // The repeated text was left out of the message: its value.
-            Some((_, true)) if !usage_kept => last_usage.as_ref().map(|(_, text)| picked::usage_value(text).expect("a usage text read whole parses again")),
-            _ => message.get_mut("usage").map(Value::take),
+        let (usage_text, usage) = match usage_text {
+            // The repeated text was not read: its value (the last usage, read before).
+            Some((text, UsageRead::Repeated)) if !usage_kept => {
+                let read = last_usage.as_ref().map(|(_, last)| picked::usage_read(last).expect("a usage text read before reads again"));
+                (Some(text), read.and_then(UsageRead::into_usage))
+            }
+            Some((text, read)) => (Some(text), read.into_usage()),
+            None => match record {
+                Record::Whole(_) => (None, record.message_take("usage").map(Err)),
+                Record::Picked(_) => (None, None),
+            },
         };
-        let stop_reason = message.get_mut("stop_reason").map(Value::take);
-        let model = message.get("model").and_then(Value::as_str).unwrap_or("").to_owned();
+        let stop_reason = record.message_take("stop_reason");
+        let model = record.message_get("model").and_then(Value::as_str).unwrap_or("").to_owned();
         let content = match content {
-            Some(Value::Array(items)) => self.blocks(items, line, "message.content"),
-            Some(Value::String(text)) => vec![ContentBlock::text(text)],
+            Some(Content::Value(Value::Array(items))) => self.blocks(items.into_iter().map(ContentBlock::from_value), line, "message.content"),
+            Some(Content::Items(items)) => self.blocks(items.into_iter().map(|item| item.map_err(|error| error.message)), line, "message.content"),
+            Some(Content::Value(Value::String(text))) => vec![ContentBlock::text(text)],
             _ => Vec::new(),
         };
         let mut usage_read = false;
         let usage = match usage {
-            None | Some(Value::Null) => Usage::default(),
+            None | Some(Err(Value::Null)) => Usage::default(),
+            Some(Ok(usage)) => {
+                usage_read = true;
+                usage
+            }
             // Field by field where it can be; the parse that names the failure otherwise.
-            Some(Value::Object(object)) => match Usage::from_object(object) {
+            Some(Err(Value::Object(object))) => match Usage::from_object(object) {
                 Ok(usage) => {
                     usage_read = true;
                     usage
                 }
                 Err(object) => self.parse_usage(Value::Object(object), line),
             },
-            Some(other) => self.parse_usage(other, line),
+            Some(Err(other)) => self.parse_usage(other, line),
         };
         // The text to compare the next chunk's with: a usage read field by field.
-        let usage_text = usage_text.map(|(text, _)| text).filter(|_| usage_read);
+        let usage_text = usage_text.filter(|_| usage_read);
         let stop_reason = match stop_reason {
             None | Some(Value::Null) => None,
             Some(value) => match StopReason::deserialize(&value) {
@@ -1931,10 +1933,10 @@ impl FileImporter {
                 }
             },
         };
-        let request_id = record.get("requestId").and_then(Value::as_str).map(str::to_owned);
-        let request_ref = record.get("requestRef").and_then(Value::as_str).map(str::to_owned);
+        let request_id = record.str("requestId").map(str::to_owned);
+        let request_ref = record.str("requestRef").map(str::to_owned);
         let thinking_text_stored = !content.iter().any(thinking_without_text);
-        let is_api_error = record.get("isApiErrorMessage").and_then(Value::as_bool).unwrap_or(false);
+        let is_api_error = record.bool("isApiErrorMessage").unwrap_or(false);
 
         if let Some(index) = merged_into {
                 if let EventKind::ModelReply(reply) = &mut self.events[index].kind {
@@ -2092,12 +2094,13 @@ impl FileImporter {
 
 /// A record line's object as [`FileImporter::record`] reads it: the whole `Value` parse, or the
 /// fields it reads of a record type [`reads_whole_record`] leaves to the picked parse.
-enum Record {
+enum Record<'t> {
     Whole(Map<String, Value>),
-    Picked(picked::Fields),
+    Picked(picked::Fields<'t>),
 }
 
-impl Record {
+impl Record<'_> {
+    /// A field the importer reads as a value (of a picked record, one of `picked::VALUE_FIELDS`).
     fn get(&self, key: &str) -> Option<&Value> {
         match self {
             Record::Whole(map) => map.get(key),
@@ -2105,13 +2108,23 @@ impl Record {
         }
     }
 
-    fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
+    /// A field that is a string.
+    fn str(&self, key: &str) -> Option<&str> {
         match self {
-            Record::Whole(map) => map.get_mut(key),
-            Record::Picked(fields) => fields.get_mut(key),
+            Record::Whole(map) => map.get(key).and_then(Value::as_str),
+            Record::Picked(fields) => fields.str(key),
         }
     }
 
+    /// A field that is a boolean.
+    fn bool(&self, key: &str) -> Option<bool> {
+        match self {
+            Record::Whole(map) => map.get(key).and_then(Value::as_bool),
+            Record::Picked(fields) => fields.bool(key),
+        }
+    }
+
+    /// A field the importer reads as a value, taken (as [`Record::get`]).
     fn remove(&mut self, key: &str) -> Option<Value> {
         match self {
             Record::Whole(map) => map.remove(key),
@@ -2120,7 +2133,47 @@ impl Record {
     }
 
     fn contains_key(&self, key: &str) -> bool {
-        self.get(key).is_some()
+        match self {
+            Record::Whole(map) => map.contains_key(key),
+            Record::Picked(fields) => fields.has(key),
+        }
+    }
+
+    /// What the record's `message` is, where it has one.
+    fn message_kind(&self) -> Option<MessageKind> {
+        match self {
+            Record::Whole(map) => map.get("message").map(|message| match message {
+                Value::Object(_) => MessageKind::Object,
+                Value::Array(_) => MessageKind::Array,
+                _ => MessageKind::Other,
+            }),
+            Record::Picked(fields) => fields.message().map(|_| MessageKind::Object),
+        }
+    }
+
+    /// A field of the record's `message` (none where the message is no object). Of a picked
+    /// record, one of [`picked::MESSAGE_FIELDS`] but `usage`.
+    fn message_get(&self, key: &str) -> Option<&Value> {
+        match self {
+            Record::Whole(map) => map.get("message").and_then(|message| message.get(key)),
+            Record::Picked(fields) => fields.message().and_then(|message| message.get(key)),
+        }
+    }
+
+    /// The record's `message.content`, taken: a picked record's as read ([`Content`]).
+    fn message_take_content(&mut self) -> Option<Content> {
+        match self {
+            Record::Whole(_) => self.message_take("content").map(Content::Value),
+            Record::Picked(fields) => fields.message_mut().and_then(picked::Message::take_content),
+        }
+    }
+
+    /// A field of the record's `message`, taken (a whole record's left null).
+    fn message_take(&mut self, key: &str) -> Option<Value> {
+        match self {
+            Record::Whole(map) => map.get_mut("message").and_then(|message| message.get_mut(key)).map(Value::take),
+            Record::Picked(fields) => fields.message_mut().and_then(|message| message.take(key)),
+        }
     }
 
     /// The whole record, for the record types that keep it ([`reads_whole_record`]).
@@ -2132,12 +2185,20 @@ impl Record {
     }
 }
 
+/// What a record's `message` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MessageKind {
+    Object,
+    Array,
+    Other,
+}
+
 /// Whether [`FileImporter::record`] reads more of `record` (a picked parse of its line) than
 /// its picked fields: the records whose payload keeps every field but the envelope's (system
 /// records, queued operations, session metadata), the wire requests, and a `SessionStart` hook's
 /// progress (its whole `data`). Every other type reads only [`picked::RECORD_FIELDS`].
 fn reads_whole_record(record: &Record) -> bool {
-    match record.get("type").and_then(Value::as_str) {
+    match record.str("type") {
         Some("system" | "queue-operation") => true,
         Some("progress") => {
             let data = record.get("data");
@@ -2159,19 +2220,6 @@ fn strip_envelope(record: Map<String, Value>) -> Value {
         map.remove(*field);
     }
     Value::Object(map)
-}
-
-/// The text of a message content value (string, or the text blocks of an array).
-fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(text) => text.clone(),
-        Value::Array(items) => items
-            .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
 }
 
 fn kind_of(value: &Value) -> &'static str {
