@@ -52,7 +52,7 @@ use crate::scenario::Scenario;
 use crate::strategy::Strategy;
 
 use super::loss::{CompactionLoss, compaction_loss};
-use super::workload::{Sizing, Workload, sized_workload};
+use super::workload::{Sizing, Workload, sized_workload_for_runs};
 
 /// Runs of one session under one strategy at most, while the plan settles.
 pub const MAX_RUNS: usize = 4;
@@ -114,7 +114,13 @@ impl Prepared {
     /// scenario): what a user's environment would be for every run of the session.
     pub fn set_env(&mut self, env: BTreeMap<String, String>, file: &str) -> Result<(), String> {
         self.workload.document["world"]["env"] = serde_json::to_value(&env).expect("a map serializes");
-        self.workload.scenario = crate::scenario::parse_scenario_document(&self.workload.document, file).map_err(|e| e.to_string())?;
+        let parsed = crate::scenario::parse_scenario_document(&self.workload.document, file).map_err(|e| e.to_string())?;
+        if self.workload.document.get("script").is_some() {
+            self.workload.scenario = parsed;
+        } else {
+            // A document without its script (`sized_workload_for_runs`): its world, env and all.
+            self.workload.scenario.world = parsed.world;
+        }
         self.env = env_of(&self.workload.scenario);
         self.first = std::sync::OnceLock::new();
         Ok(())
@@ -141,9 +147,12 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let reserve = super::ClientProfile::for_version(&version).autocompact_output_reserve;
     let mut sizing_strategy = Strategy::default();
     sizing_strategy.compact.autocompact.max_output_reserve_tokens = Some(reserve);
-    let (workload, mut sizing) = sized_workload(session, file, measurer, &sizing_strategy, true)?;
+    let (workload, mut sizing) = sized_workload_for_runs(session, file, measurer, &sizing_strategy, true, &super::ReplayOptions::default())?;
     // The recorded summaries, in the order the workload queued them.
-    let mut summaries = workload.document["script"].as_array().into_iter().flatten().filter(|s| is_compact_step(s)).cloned();
+    if let Some(script) = workload.document.get("script").and_then(Value::as_array) {
+        debug_assert!(script.iter().filter(|s| is_compact_step(s)).eq(&workload.summary_steps), "the workload's summary steps are its script's");
+    }
+    let mut summaries = workload.summary_steps.iter().cloned();
     let driven: std::collections::BTreeSet<usize> = workload.main_calls.iter().copied().collect();
     let main_calls: Vec<(usize, usize)> = session.calls.iter().filter(|c| c.lane == LANE_MAIN && driven.contains(&c.index)).map(|c| (c.event_index, c.index)).collect();
     let mut recorded = Vec::new();
@@ -868,19 +877,39 @@ fn plan_start(prepared: &Prepared, without_recorded_microcompacts: bool) -> Plan
     Plan { usage_before: None, lane: prepared.recorded.iter().filter_map(|r| r.summary.clone()).collect(), without_recorded_microcompacts }
 }
 
-/// The recorded call each recorded microcompact of the workload comes before, in order.
+/// The recorded call each recorded microcompact of the workload comes before, in order: read
+/// from its scenario (debug builds read its document's script too and compare).
 fn microcompact_calls(prepared: &Prepared) -> Vec<usize> {
+    use crate::scenario::Step;
     let mut calls = Vec::new();
     let (mut main, mut pending) = (0usize, 0usize);
-    for step in prepared.workload.document["script"].as_array().into_iter().flatten() {
-        if step.get("microcompact").is_some() {
-            pending += 1;
-        } else if step.get("assistant").is_some() && step.get("lane").is_none() {
-            let call = prepared.workload.main_calls.get(main).copied().unwrap_or(usize::MAX);
-            calls.extend(std::iter::repeat_n(call, pending));
-            pending = 0;
-            main += 1;
+    for step in &prepared.workload.scenario.script {
+        match step {
+            Step::Microcompact { .. } => pending += 1,
+            Step::Assistant(reply) if reply.lane == LANE_MAIN => {
+                let call = prepared.workload.main_calls.get(main).copied().unwrap_or(usize::MAX);
+                calls.extend(std::iter::repeat_n(call, pending));
+                pending = 0;
+                main += 1;
+            }
+            _ => {}
         }
+    }
+    #[cfg(debug_assertions)]
+    if let Some(script) = prepared.workload.document.get("script").and_then(Value::as_array) {
+        let mut from_document = Vec::new();
+        let (mut main, mut pending) = (0usize, 0usize);
+        for step in script {
+            if step.get("microcompact").is_some() {
+                pending += 1;
+            } else if step.get("assistant").is_some() && step.get("lane").is_none() {
+                let call = prepared.workload.main_calls.get(main).copied().unwrap_or(usize::MAX);
+                from_document.extend(std::iter::repeat_n(call, pending));
+                pending = 0;
+                main += 1;
+            }
+        }
+        debug_assert_eq!(calls, from_document, "the recorded microcompacts' calls, from the scenario and from the document");
     }
     calls
 }

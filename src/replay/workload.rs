@@ -122,8 +122,13 @@ pub struct WorkloadReport {
 #[derive(Debug, Clone)]
 pub struct Workload {
     pub scenario: Scenario,
-    /// The scenario as JSON (what `import --to scenario` writes).
+    /// The scenario as JSON (what `import --to scenario` writes); without its `script` where
+    /// the workload was built for the agent's runs only ([`sized_workload_for_runs`], which
+    /// read the scenario), but in debug builds.
     pub document: Value,
+    /// The recorded compaction summaries queued on the `compact` lane, as the document's
+    /// script holds them (its `lane: compact` steps, in order).
+    pub summary_steps: Vec<Value>,
     /// Per main reply of the script, in order: the index of the recorded call
     /// ([`crate::recording::RecordedCall::index`]).
     pub main_calls: Vec<usize>,
@@ -242,7 +247,7 @@ fn stop_reason_name(reason: StopReason) -> Value {
 /// [`sized_workload`] fills it to the replay's fitted estimate instead.
 pub fn workload_from_session(session: &ImportedSession, file: &str, window: Option<u64>) -> Result<Workload, WorkloadError> {
     let background = crate::agent::dialect::background_agents(&crate::strategy::Strategy::default().client_version);
-    workload_with(session, file, window, &BTreeMap::new(), false, background)
+    workload_with(session, file, window, &BTreeMap::new(), false, background, true)
 }
 
 /// [`workload_from_session`] with the texts standing for unstored thinking given per thinking
@@ -251,7 +256,9 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
 /// whose signature is not there is filled at four characters per output token), and with
 /// each reply's recorded usage scripted when `recorded_usage` ([`sized_workload`]).
 /// `background`: the agent runs subagents in the background, so the recorded task notifications
-/// of the subagents it drives are its own ([`subagents`]).
+/// of the subagents it drives are its own ([`subagents`]). `script`: the workload's document
+/// keeps its script ([`Workload::document`]); else the document is moved into the scenario
+/// (its texts are the scenario's, not copied) and only its other keys are kept.
 fn workload_with(
     session: &ImportedSession,
     file: &str,
@@ -259,7 +266,47 @@ fn workload_with(
     thinking_texts: &BTreeMap<String, String>,
     recorded_usage: bool,
     background: bool,
+    script: bool,
 ) -> Result<Workload, WorkloadError> {
+    let built = || workload_document(session, file, window, thinking_texts, recorded_usage, background);
+    let Built { document, main_calls, subagent_calls, report, summary_steps } = built()?;
+    let (scenario, document) = if script || cfg!(debug_assertions) {
+        let scenario = crate::scenario::parse_scenario_document(&document, file)?;
+        if cfg!(debug_assertions) && !script {
+            let moved = crate::scenario::scenario_of_document(document.clone(), file);
+            assert!(moved.as_ref() == Some(&scenario), "the scenario of {file} moved out of its document differs from the one read from it");
+        }
+        (scenario, document)
+    } else {
+        let head: Map<String, Value> = document.as_object().into_iter().flatten().filter(|(key, _)| *key != "script").map(|(key, value)| (key.clone(), value.clone())).collect();
+        let scenario = match crate::scenario::scenario_of_document(document, file) {
+            Some(scenario) => scenario,
+            // What the direct reading refuses: the document's own reading says why.
+            None => crate::scenario::parse_scenario_document(&built()?.document, file)?,
+        };
+        (scenario, Value::Object(head))
+    };
+    Ok(Workload { scenario, document, summary_steps, main_calls, subagent_calls, report, record_events: None })
+}
+
+/// A workload's document and what the workload keeps beside its scenario.
+struct Built {
+    document: Value,
+    main_calls: Vec<usize>,
+    subagent_calls: Vec<SubagentCall>,
+    report: WorkloadReport,
+    summary_steps: Vec<Value>,
+}
+
+/// The document of [`workload_with`].
+fn workload_document(
+    session: &ImportedSession,
+    file: &str,
+    window: Option<u64>,
+    thinking_texts: &BTreeMap<String, String>,
+    recorded_usage: bool,
+    background: bool,
+) -> Result<Built, WorkloadError> {
     let recording = &session.recording;
     let mut report = WorkloadReport::default();
     let mut script: Vec<Value> = Vec::new();
@@ -595,6 +642,7 @@ fn workload_with(
     if main_calls.is_empty() {
         return Err(WorkloadError::Empty { file: file.to_owned() });
     }
+    let summary_steps = compact_replies.clone();
     script.extend(compact_replies);
     let (subagent_steps, subagent_calls) = subagents.script(session, thinking_texts, recorded_usage, &mut report);
     script.extend(subagent_steps);
@@ -646,9 +694,7 @@ fn workload_with(
     document.insert("description".into(), Value::String(format!("The recorded session {file} as a workload for the agent (ctxsim import --to scenario).")));
     document.insert("world".into(), Value::Object(world));
     document.insert("script".into(), Value::Array(script));
-    let document = Value::Object(document);
-    let scenario = crate::scenario::parse_scenario_document(&document, file)?;
-    Ok(Workload { scenario, document, main_calls, subagent_calls, report, record_events: None })
+    Ok(Built { document: Value::Object(document), main_calls, subagent_calls, report, summary_steps })
 }
 
 /// The object `{key: value}`, `value` moved in (`json!` copies a value it is given by
@@ -895,6 +941,31 @@ pub fn sized_workload_with(
     recorded_usage: bool,
     options: &super::ReplayOptions,
 ) -> Result<(Workload, Sizing), String> {
+    sized_workload_of(session, file, measurer, strategy, recorded_usage, options, true)
+}
+
+/// [`sized_workload_with`] for the agent's runs, which read its scenario: the document keeps no
+/// script ([`Workload::document`]), its texts moved into the scenario instead of copied.
+pub fn sized_workload_for_runs(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+    recorded_usage: bool,
+    options: &super::ReplayOptions,
+) -> Result<(Workload, Sizing), String> {
+    sized_workload_of(session, file, measurer, strategy, recorded_usage, options, false)
+}
+
+fn sized_workload_of(
+    session: &ImportedSession,
+    file: &str,
+    measurer: &crate::measure::Measurer,
+    strategy: &crate::strategy::Strategy,
+    recorded_usage: bool,
+    options: &super::ReplayOptions,
+    script: bool,
+) -> Result<(Workload, Sizing), String> {
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
     let info = measurer.table().lookup(&model).ok().cloned();
     let window = super::triggers::recorded_window(session, &model, info.as_ref());
@@ -903,7 +974,7 @@ pub fn sized_workload_with(
     let thinking: BTreeMap<String, String> =
         super::sizing::unstored_thinking(session, measurer, &main_version, &mut Default::default()).into_iter().map(|(k, fill)| (k, fill.text())).collect();
     let background = crate::agent::dialect::background_agents(&strategy.client_version);
-    let mut workload = workload_with(session, file, Some(window), &thinking, recorded_usage, background).map_err(|e| e.to_string())?;
+    let mut workload = workload_with(session, file, Some(window), &thinking, recorded_usage, background, script).map_err(|e| e.to_string())?;
     let sizing = size_unmodelled(session, file, &mut workload, measurer, strategy, options)?;
     Ok((workload, sizing))
 }
@@ -1026,7 +1097,7 @@ fn agent_replay_dropping_thinking(
     }
     keep_recorded_results(&mut strategy);
     measurer.set_billing_key(REAL_SESSION_BILLING);
-    let (workload, mut sizing) = sized_workload_with(session, file, measurer, &strategy, true, options)?;
+    let (workload, mut sizing) = sized_workload_for_runs(session, file, measurer, &strategy, true, options)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
         warm.seed(measurer)?;
@@ -1460,8 +1531,7 @@ pub fn size_unmodelled(
         scenario.world.files = indexmap::IndexMap::from([(path, crate::scenario::FileSpec::from(text))]);
     }
     if sizing.mention_filler_tokens > 0
-        && let Some(steps) = doc["script"].as_array_mut()
-        && let Some(reply) = steps.iter().position(|s| s.get("assistant").is_some())
+        && let Some(at) = scenario.script.iter().position(|s| matches!(s, Step::Assistant(_)))
     {
         let block_text = |block: ContentBlock| match block {
             ContentBlock::Text { text, .. } => text.into_string(),
@@ -1483,29 +1553,34 @@ pub fn size_unmodelled(
                 block_text(block)
             })
             .collect();
-        steps.splice(reply..reply, texts.iter().map(|text| json!({ "attachment": { "type": "file", "text": text } })));
-        let at = scenario.script.iter().position(|s| matches!(s, Step::Assistant(_))).unwrap_or(scenario.script.len());
+        if let Some(steps) = doc.get_mut("script").and_then(Value::as_array_mut) {
+            let reply = steps.iter().position(|s| s.get("assistant").is_some()).unwrap_or(steps.len());
+            steps.splice(reply..reply, texts.iter().map(|text| json!({ "attachment": { "type": "file", "text": text } })));
+        }
         scenario.script.splice(at..at, texts.into_iter().map(|text| Step::Attachment { kind: "file".to_owned(), text, skill: None }));
     }
+    // (The document's steps where it keeps its script, the scenario's always.)
+    let first_user = scenario.script.iter_mut().find_map(|s| if let Step::User { text } = s { Some(text) } else { None });
     if sizing.history_filler_tokens > 0
-        && let Some(first) = doc["script"].as_array_mut().and_then(|steps| steps.iter_mut().find(|s| s.get("user").is_some()))
+        && let Some(typed) = first_user
     {
-        let text = first["user"].as_str().unwrap_or_default().to_owned();
-        let text = format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens));
-        first["user"] = Value::String(text.clone());
-        if let Some(Step::User { text: typed }) = scenario.script.iter_mut().find(|s| matches!(s, Step::User { .. })) {
-            *typed = text;
+        let text = format!("{}\n\n{typed}", sized("conversation before this file", sizing.history_filler_tokens));
+        if let Some(first) = doc.get_mut("script").and_then(Value::as_array_mut).and_then(|steps| steps.iter_mut().find(|s| s.get("user").is_some())) {
+            first["user"] = Value::String(text.clone());
         }
-    } else if let Some(steps) = doc["script"].as_array_mut() {
+        *typed = text;
+    } else {
         // No history stand-in: a recorded microcompact clears only the file's own results.
-        for step in steps.iter_mut() {
-            // (By key: a JSON pointer is split and unescaped into new strings at every step.)
-            debug_assert_eq!(step.get("microcompact").and_then(|m| m.get("history_chars")), step.pointer("/microcompact/history_chars"));
-            if let Some(chars) = step.get_mut("microcompact").and_then(|m| m.get_mut("history_chars")) {
-                *chars = json!(0);
+        if let Some(steps) = doc.get_mut("script").and_then(Value::as_array_mut) {
+            for step in steps.iter_mut() {
+                // (By key: a JSON pointer is split and unescaped into new strings at every step.)
+                debug_assert_eq!(step.get("microcompact").and_then(|m| m.get("history_chars")), step.pointer("/microcompact/history_chars"));
+                if let Some(chars) = step.get_mut("microcompact").and_then(|m| m.get_mut("history_chars")) {
+                    *chars = json!(0);
+                }
             }
+            steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
         }
-        steps.retain(|s| s.get("microcompact").is_none_or(|m| m["tool_use_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
         for step in &mut scenario.script {
             if let Step::Microcompact { history_chars, .. } = step {
                 *history_chars = 0;
@@ -1514,6 +1589,7 @@ pub fn size_unmodelled(
         scenario.script.retain(|s| !matches!(s, Step::Microcompact { tool_use_ids, .. } if tool_use_ids.is_empty()));
     }
     if cfg!(debug_assertions) {
+        // (Debug builds keep the script: `workload_with`.)
         let parsed = crate::scenario::parse_scenario_document(&workload.document, file).map_err(|e| e.to_string())?;
         assert!(parsed == workload.scenario, "the sized scenario of {file} differs from its document's");
     }

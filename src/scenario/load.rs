@@ -373,6 +373,18 @@ pub fn parse_scenario_document(document: &serde_json::Value, file_name: &str) ->
     parse_scenario(&serde_json::to_string(document).expect("a JSON value serializes"), file_name)
 }
 
+/// The scenario of `document` as [`parse_scenario_document`] reads it where that reading
+/// succeeds directly, the document moved into it: its texts become the scenario's without a
+/// copy, and nothing of it is left to drop. `None` where the direct reading refuses it (or it
+/// is nested too deep): [`parse_scenario_document`] of the same document then says why.
+pub fn scenario_of_document(document: serde_json::Value, file_name: &str) -> Option<Scenario> {
+    if json_depth(&document) >= MAX_YAML_DEPTH {
+        return None;
+    }
+    let raw = <RawScenario as serde::Deserialize>::deserialize(document).ok()?;
+    check(raw, file_name).ok()
+}
+
 /// Levels of arrays and objects in `value` (a scalar is 0).
 fn json_depth(value: &serde_json::Value) -> usize {
     match value {

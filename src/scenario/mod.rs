@@ -106,6 +106,6 @@ mod values;
 pub use build::BuiltScript;
 pub use duration::{DurationMs, parse_duration};
 pub use error::{Diagnostic, ScenarioError};
-pub use load::{MAX_YAML_DEPTH, check_yaml_depth, load_scenario, load_scenario_confined, parse_scenario, parse_scenario_document};
+pub use load::{MAX_YAML_DEPTH, check_yaml_depth, load_scenario, load_scenario_confined, parse_scenario, parse_scenario_document, scenario_of_document};
 pub use schema::{AssistantStep, CompactionCounts, Expect, FallbackSpec, ImageSpec, Scenario, SettingsSpec, Step, ToolOutput, WorldSpec};
 pub use values::{EnvValue, FileSpec, Rfc3339, TimeZoneName};

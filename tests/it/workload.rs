@@ -94,6 +94,10 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
         let direct = ctxsim::scenario::parse_scenario_document(&bad, &file).unwrap_err().to_string();
         assert_eq!(direct, ctxsim::scenario::parse_scenario(&serde_json::to_string(&bad).unwrap(), &file).unwrap_err().to_string());
         assert!(direct.contains(":1:"), "{direct}");
+        // Moved out of its document, the scenario is the same one; a document the direct
+        // reading refuses gives none (the reading of the document then says why).
+        assert!(ctxsim::scenario::scenario_of_document(workload.document.clone(), &file).as_ref() == Some(&workload.scenario), "{file}");
+        assert!(ctxsim::scenario::scenario_of_document(bad, &file).is_none(), "{file}");
     }
 }
 
@@ -200,6 +204,32 @@ fn the_agent_counts_from_the_recorded_usage_only_as_recorded() {
     assert!(plain.scenario.script.iter().all(|s| !matches!(s, Step::Assistant(a) if a.usage.is_some())));
     let (recorded, _) = ctxsim::replay::workload::sized_workload(&session, &file, &measurer(), &strategy, true).unwrap();
     assert_eq!(recorded.report.recorded_usage, recorded.report.main_replies, "every main reply of 9878 has its usage");
+}
+
+/// Built for the agent's runs, a workload is the one `import --to scenario` sizes: its scenario,
+/// its summary steps (its script's `compact`-lane steps) and its document but for the script,
+/// which release builds leave out (the runs read the scenario; debug builds keep it to check).
+#[test]
+fn a_workload_for_runs_is_the_sized_workload() {
+    let strategy = Strategy::default();
+    // 0254 continues an earlier file (its history stand-in), 7662 records microcompacts, 7be2
+    // @-mentions files in its first prompt.
+    for name in ["oh-my-posh/0254bffa0c17-1.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl", "entireio-cli/7be20d70c73b-0.full.jsonl"] {
+        let path = realdata().join("transcripts").join(name);
+        let session = load_session(&path).unwrap();
+        let file = path.display().to_string();
+        let options = ctxsim::replay::ReplayOptions::default();
+        let (sized, sizing) = ctxsim::replay::workload::sized_workload_with(&session, &file, &measurer(), &strategy, true, &options).unwrap();
+        let (runs, runs_sizing) = ctxsim::replay::workload::sized_workload_for_runs(&session, &file, &measurer(), &strategy, true, &options).unwrap();
+        assert!(runs.scenario == sized.scenario, "{name}");
+        assert_eq!(runs.main_calls, sized.main_calls, "{name}");
+        assert_eq!(format!("{runs_sizing:?}"), format!("{sizing:?}"), "{name}");
+        let compact: Vec<&serde_json::Value> = sized.document["script"].as_array().unwrap().iter().filter(|s| s["lane"] == "compact").collect();
+        assert!(runs.summary_steps.iter().eq(compact), "{name}");
+        let head = |document: &serde_json::Value| document.as_object().unwrap().iter().filter(|(k, _)| *k != "script").map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>();
+        assert_eq!(head(&runs.document), head(&sized.document), "{name}");
+        assert!(runs.document.get("script").is_none() || runs.document["script"] == sized.document["script"], "{name}");
+    }
 }
 
 /// The compaction-trigger table through the agent, over every shared session that records a
