@@ -28,9 +28,10 @@
 //! runs it, its recorded replies answer it, the call's result stays the recorded one), and every
 //! call or recorded lane not driven is listed with why ([`WorkloadReport::subagents`]).
 //!
-//! The scenario is built as its JSON text and loaded through the scenario loader, so a workload
-//! obeys every rule a written scenario does, and `ctxsim import --to scenario` writes the same
-//! document for a user to read or edit.
+//! The script is built as the raw steps a scenario document's script deserializes to, and the
+//! scenario loader's checks make them the scenario, so a workload obeys every rule a written
+//! scenario does; `ctxsim import --to scenario` writes the same steps as a document for a user
+//! to read or edit ([`step_document`]).
 
 mod subagents;
 
@@ -43,7 +44,8 @@ use crate::api::{ContentBlock, MessageContent, StopReason, ToolResultContent};
 use crate::recording::format::{LANE_COMPACT, LANE_MAIN};
 use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, UNWRITTEN_REPLY, attachment_text};
 use crate::recording::{EventKind, ImportedSession};
-use crate::scenario::Scenario;
+use crate::scenario::raw::{AttachmentSpec, BlockSpec, LatencySpec, MicrocompactSpec, RawStep, ResumeLostSpec, ToolOutputSpec, ToolUseSpec, UsageSpec};
+use crate::scenario::{DurationMs, ImageSpec, Scenario, ToolFile};
 
 pub use subagents::SubagentRun;
 
@@ -184,19 +186,16 @@ fn prompt_text(content: &MessageContent) -> String {
 }
 
 /// A recorded image or document as a scenario image: its base64 size and, where its header gives
-/// them, its pixels (what the API counts an image's tokens from).
-fn image_spec(source: &Value) -> Value {
+/// them, its pixels (what the API counts an image's tokens from). Its media type is the
+/// default one (the document names none).
+fn image_spec(source: &Value) -> ImageSpec {
     let bytes = source.get("data").and_then(Value::as_str).map_or(0, str::len);
-    let mut spec = json!({ "base64_bytes": bytes });
-    if let Some((width, height)) = crate::measure::blocks::image_dimensions(source) {
-        spec["width"] = json!(width);
-        spec["height"] = json!(height);
-    }
-    spec
+    let (width, height) = crate::measure::blocks::image_dimensions(source).unzip();
+    ImageSpec { media_type: "image/png".to_owned(), base64_bytes: bytes, width, height }
 }
 
 /// The text of a tool result and its images as scenario images ([`image_spec`]).
-fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<Value>) {
+fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<ImageSpec>) {
     match content {
         None => (String::new(), Vec::new()),
         Some(ToolResultContent::Text(text)) => (String::clone(text), Vec::new()),
@@ -218,17 +217,9 @@ fn result_parts(content: Option<&ToolResultContent>) -> (String, Vec<Value>) {
 }
 
 /// A recorded tool result as a scenario tool output: its text, `is_error`, and its images' sizes.
-fn result_output(result: &crate::recording::format::ToolResult) -> Value {
+fn result_output(result: &crate::recording::format::ToolResult) -> ToolOutputSpec {
     let (text, images) = result_parts(result.content.as_ref());
-    let mut output = Map::new();
-    output.insert("content".into(), Value::String(text));
-    if result.is_error {
-        output.insert("is_error".into(), Value::Bool(true));
-    }
-    if !images.is_empty() {
-        output.insert("images".into(), Value::Array(images));
-    }
-    Value::Object(output)
+    ToolOutputSpec { content: text, is_error: result.is_error, images, subagent: false, file: None }
 }
 
 /// Deterministic prose of `chars` characters standing for thinking whose text was not stored.
@@ -268,38 +259,62 @@ fn workload_with(
     background: bool,
     script: bool,
 ) -> Result<Workload, WorkloadError> {
-    let built = || workload_document(session, file, window, thinking_texts, recorded_usage, background);
-    let Built { document, main_calls, subagent_calls, report, summary_steps } = built()?;
-    let (scenario, document) = if script || cfg!(debug_assertions) {
-        let scenario = crate::scenario::parse_scenario_document(&document, file)?;
-        if cfg!(debug_assertions) && !script {
-            let moved = crate::scenario::scenario_of_document(document.clone(), file);
-            assert!(moved.as_ref() == Some(&scenario), "the scenario of {file} moved out of its document differs from the one read from it");
+    let built = || workload_steps(session, file, window, thinking_texts, recorded_usage, background);
+    let Built { head, steps, main_calls, subagent_calls, report } = built()?;
+    let summary_steps = steps.iter().filter(|s| s.lane.as_deref() == Some(LANE_COMPACT)).map(step_document).collect();
+    // Debug builds keep the script to check the scenario against it.
+    let mut document = head.clone();
+    if script || cfg!(debug_assertions) {
+        document.insert("script".into(), Value::Array(steps.iter().map(step_document).collect()));
+    }
+    let document = Value::Object(document);
+    let scenario = match scenario_of_steps(head, steps, file) {
+        Some(scenario) => scenario,
+        // What the direct reading refuses: the document's own reading says why.
+        None => {
+            let Built { mut head, steps, .. } = built()?;
+            head.insert("script".into(), Value::Array(steps.iter().map(step_document).collect()));
+            crate::scenario::parse_scenario_document(&Value::Object(head), file)?
         }
-        (scenario, document)
-    } else {
-        let head: Map<String, Value> = document.as_object().into_iter().flatten().filter(|(key, _)| *key != "script").map(|(key, value)| (key.clone(), value.clone())).collect();
-        let scenario = match crate::scenario::scenario_of_document(document, file) {
-            Some(scenario) => scenario,
-            // What the direct reading refuses: the document's own reading says why.
-            None => crate::scenario::parse_scenario_document(&built()?.document, file)?,
-        };
-        (scenario, Value::Object(head))
     };
+    if cfg!(debug_assertions) {
+        let read = crate::scenario::parse_scenario_document(&document, file)?;
+        assert!(read == scenario, "the scenario of {file} made of its steps differs from the one its document gives");
+    }
     Ok(Workload { scenario, document, summary_steps, main_calls, subagent_calls, report, record_events: None })
 }
 
-/// A workload's document and what the workload keeps beside its scenario.
+/// The scenario of a workload's steps under its document's `head` (every key but `script`), as
+/// [`crate::scenario::parse_scenario_document`] reads the document they make
+/// ([`step_document`]) where it reads it directly: the steps are the values that reading
+/// deserializes from their documents. `None` where it would not read it directly (a tool
+/// use's input nested too deep), or the check refuses it.
+fn scenario_of_steps(head: Map<String, Value>, steps: Vec<RawStep>, file: &str) -> Option<Scenario> {
+    // A tool use's input is nested in the document, its script, the step, its blocks, the
+    // block and the tool use: six levels.
+    let deepest_input = steps.iter().flat_map(|s| s.assistant.iter().flatten()).filter_map(|b| match b {
+        BlockSpec::ToolUse(tool_use) => Some(crate::scenario::json_depth(&tool_use.input)),
+        _ => None,
+    });
+    if deepest_input.max().is_some_and(|depth| 6 + depth >= crate::scenario::MAX_YAML_DEPTH) {
+        return None;
+    }
+    crate::scenario::scenario_of_parts(&Value::Object(head), steps, file)
+}
+
+/// A workload's steps and what the workload keeps beside its scenario.
 struct Built {
-    document: Value,
+    /// The document's keys but `script`: name, description, world.
+    head: Map<String, Value>,
+    steps: Vec<RawStep>,
     main_calls: Vec<usize>,
     subagent_calls: Vec<SubagentCall>,
     report: WorkloadReport,
-    summary_steps: Vec<Value>,
 }
 
-/// The document of [`workload_with`].
-fn workload_document(
+/// The steps of [`workload_with`], as the script's raw steps (what a document's script
+/// deserializes to), and its document's other keys.
+fn workload_steps(
     session: &ImportedSession,
     file: &str,
     window: Option<u64>,
@@ -309,11 +324,11 @@ fn workload_document(
 ) -> Result<Built, WorkloadError> {
     let recording = &session.recording;
     let mut report = WorkloadReport::default();
-    let mut script: Vec<Value> = Vec::new();
+    let mut script: Vec<RawStep> = Vec::new();
     let mut main_calls = Vec::new();
-    let mut compact_replies: Vec<Value> = Vec::new();
+    let mut compact_replies: Vec<RawStep> = Vec::new();
     // Tool results wait until the reply that called them is in the script.
-    let mut pending_outputs: Map<String, Value> = Map::new();
+    let mut pending_outputs: indexmap::IndexMap<String, ToolOutputSpec> = indexmap::IndexMap::new();
     // Tool uses driven so far, by id: name and input.
     let mut called: BTreeMap<&str, (&str, &Value)> = BTreeMap::new();
     // The files the record shows (structured results), as the replay's working set follows them.
@@ -349,11 +364,13 @@ fn workload_document(
     let remembers_commands = super::profile::parse_version(&super::sizing::main_version(session)) >= super::profile::INVOKED_COMMANDS_RESTORED;
     let mut invoked: Option<String> = None;
 
-    let flush = |script: &mut Vec<Value>, pending: &mut Map<String, Value>| {
+    let flush = |script: &mut Vec<RawStep>, pending: &mut indexmap::IndexMap<String, ToolOutputSpec>| {
         if !pending.is_empty() {
-            script.push(entry("tool_output", Value::Object(std::mem::take(pending))));
+            script.push(RawStep { tool_output: Some(std::mem::take(pending)), ..RawStep::default() });
         }
     };
+    let user = |text: String| RawStep { user: Some(text), ..RawStep::default() };
+    let attachment = |kind: &str, text: String| RawStep { attachment: Some(AttachmentSpec { kind: kind.to_owned(), text, skill: None }), ..RawStep::default() };
 
     for (event_index, event) in recording.events.iter().enumerate() {
         let main = event.lane == LANE_MAIN;
@@ -382,9 +399,9 @@ fn workload_document(
                     // the record's messages show; driven as the opening prompt (the history
                     // stand-in goes before it). Elsewhere the agent's own compaction writes it.
                     let text = prompt_text(&prompt.content);
-                    if !text.is_empty() && script.iter().all(|s| s.get("assistant").is_none() && s.get("user").is_none()) {
+                    if !text.is_empty() && script.iter().all(|s| s.assistant.is_none() && s.user.is_none()) {
                         push_wait(&mut script, &mut last_time, event.time_ms);
-                        script.push(json!({ "user": text }));
+                        script.push(user(text));
                         report.opening_summary = true;
                         continue;
                     }
@@ -402,12 +419,14 @@ fn workload_document(
                         continue;
                     }
                     flush(&mut script, &mut pending_outputs);
-                    let mut attachment = json!({ "type": META_PROMPT, "text": text });
-                    if let Some(name) = invoked.take().filter(|_| remembers_commands) {
-                        attachment["skill"] = Value::String(name);
+                    let mut step = attachment(META_PROMPT, text);
+                    if let Some(name) = invoked.take().filter(|_| remembers_commands)
+                        && let Some(attachment) = &mut step.attachment
+                    {
+                        attachment.skill = Some(name);
                         report.invoked_commands += 1;
                     }
-                    script.push(entry("attachment", attachment));
+                    script.push(step);
                     report.meta_prompts += 1;
                     continue;
                 }
@@ -425,7 +444,7 @@ fn workload_document(
                 invoked = command_name(&text);
                 flush(&mut script, &mut pending_outputs);
                 push_wait(&mut script, &mut last_time, event.time_ms);
-                script.push(json!({ "user": text }));
+                script.push(user(text));
                 report.user_prompts += 1;
             }
             EventKind::ModelReply(reply) if main => {
@@ -437,10 +456,10 @@ fn workload_document(
                     leave(&mut report, "empty_reply");
                     continue;
                 }
-                if script.iter().all(|s| s.get("user").is_none()) {
+                if script.iter().all(|s| s.user.is_none()) {
                     // A session that opens mid-turn (a resumed or compacted file): the agent needs a
                     // turn to answer in.
-                    script.push(json!({ "user": "(the recorded session opens here)" }));
+                    script.push(user("(the recorded session opens here)".to_owned()));
                     leave(&mut report, "opening_prompt_added");
                 }
                 invoked = None;
@@ -456,7 +475,7 @@ fn workload_document(
                 last_time = last_time.max(event.time_ms);
                 let switched = !reply.model.is_empty() && model.as_deref().is_some_and(|m| m != reply.model);
                 if switched {
-                    script.push(json!({ "model_switch": reply.model }));
+                    script.push(RawStep { model_switch: Some(reply.model.clone()), ..RawStep::default() });
                 }
                 if model.is_none() && !reply.model.is_empty() {
                     model = Some(reply.model.clone());
@@ -477,7 +496,8 @@ fn workload_document(
                         .collect();
                     let lost: Vec<&String> = uses_in_context.difference(&loaded).collect();
                     if !lost.is_empty() {
-                        script.push(json!({ "resume_lost": { "tool_use_ids": lost } }));
+                        let tool_use_ids = lost.into_iter().cloned().collect();
+                        script.push(RawStep { resume_lost: Some(ResumeLostSpec { tool_use_ids }), ..RawStep::default() });
                         report.resume_losses += 1;
                     }
                     // What is lost is gone: a later resume loses only what it lacks anew.
@@ -489,7 +509,7 @@ fn workload_document(
                     continue;
                 };
                 if first_token > 0 {
-                    step.insert("latency".into(), json!({ "first_token": first_token, "total": first_token }));
+                    step.latency = Some(LatencySpec { first_token: Some(DurationMs(first_token)), total: DurationMs(first_token) });
                 }
                 uses_in_context.extend(reply.content.iter().filter_map(|b| match b {
                     ContentBlock::ToolUse { id, .. } => Some(id.clone()),
@@ -504,10 +524,10 @@ fn workload_document(
                         _ => None,
                     })
                     .collect();
-                let output = step.get("usage").and_then(|u| u.get("output_tokens")).or_else(|| step.get("output_tokens"));
-                count_base = reply.usage.prompt_tokens() + output.and_then(Value::as_u64).unwrap_or(0);
+                let output = step.usage.as_ref().and_then(|u| u.output_tokens).or(step.output_tokens);
+                count_base = reply.usage.prompt_tokens() + output.unwrap_or(0);
                 count_tail = 0;
-                script.push(Value::Object(step));
+                script.push(step);
                 main_calls.push(call_index.get(&event_index).copied().unwrap_or(event_index));
                 report.main_replies += 1;
             }
@@ -530,12 +550,12 @@ fn workload_document(
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                     && let Some(content) = files.content_of(path)
                 {
-                    output["file"] = object([("path", Value::String(path.to_owned())), ("content", Value::String(content))]);
+                    output.file = Some(ToolFile { path: path.to_owned(), content: content.into() });
                     report.files_shown += 1;
                 }
                 if subagents.drives_call(&result.tool_use_id) {
                     // The agent runs the recorded subagent; the call returns the recorded result.
-                    output["subagent"] = Value::Bool(true);
+                    output.subagent = true;
                 }
                 pending_outputs.insert(result.tool_use_id.clone(), output);
                 open_uses.retain(|(id, _)| *id != result.tool_use_id);
@@ -550,7 +570,7 @@ fn workload_document(
                 for (id, name) in std::mem::take(&mut open_uses) {
                     let tokens = result_tokens_by_tool.get(&name).copied().unwrap_or(0);
                     let text = crate::agent::compact::generator::filler("tool result the compaction replaced unwritten", (tokens * 4) as usize);
-                    pending_outputs.insert(id, json!({ "content": text }));
+                    pending_outputs.insert(id, ToolOutputSpec { content: text, is_error: false, images: Vec::new(), subagent: false, file: None });
                     count_tail += tokens;
                     report.unwritten_results += 1;
                 }
@@ -564,7 +584,7 @@ fn workload_document(
                         flush(&mut script, &mut pending_outputs);
                         let label = format!("the call the transcript did not write ({}) and its results", tools.join(", "));
                         let text = crate::agent::compact::generator::filler(&label, (unwritten * 4) as usize);
-                        script.push(json!({ "attachment": { "type": UNWRITTEN_REPLY, "text": text } }));
+                        script.push(attachment(UNWRITTEN_REPLY, text));
                         count_tail += unwritten;
                         report.unwritten_replies += 1;
                     }
@@ -573,7 +593,7 @@ fn workload_document(
                     // `/compact`: the user asked for it here; the agent compacts now.
                     flush(&mut script, &mut pending_outputs);
                     push_wait(&mut script, &mut last_time, event.time_ms);
-                    script.push(json!({ "compact": true }));
+                    script.push(RawStep { compact: Some(true), ..RawStep::default() });
                     report.manual_compactions += 1;
                 } else {
                     leave(&mut report, &format!("compaction_{}", compaction.trigger));
@@ -581,9 +601,10 @@ fn workload_document(
                 // A compaction before anything the file drives (a file that opens with one,
                 // 0254) was not the agent's: its summary is the opening prompt, not the reply
                 // to the agent's first compaction.
-                let before_the_file = compaction.trigger != "manual" && script.iter().all(|s| s.get("assistant").is_none() && s.get("user").is_none());
+                let before_the_file = compaction.trigger != "manual" && script.iter().all(|s| s.assistant.is_none() && s.user.is_none());
                 if let Some(summary) = compaction.summary.as_ref().filter(|s| !s.is_empty() && !before_the_file) {
-                    compact_replies.push(json!({ "assistant": [{ "text": format!("<summary>\n{summary}\n</summary>") }], "lane": "compact" }));
+                    let text = BlockSpec::Text(format!("<summary>\n{summary}\n</summary>"));
+                    compact_replies.push(RawStep { assistant: Some(vec![text]), lane: Some(LANE_COMPACT.to_owned()), ..RawStep::default() });
                     report.compaction_summaries += 1;
                 }
             }
@@ -603,7 +624,8 @@ fn workload_document(
                     continue;
                 }
                 flush(&mut script, &mut pending_outputs);
-                script.push(json!({ "microcompact": { "tool_use_ids": shown, "history_chars": history_tokens * 4 } }));
+                let microcompact = MicrocompactSpec { tool_use_ids: shown.into_iter().map(str::to_owned).collect(), history_chars: (history_tokens * 4) as usize };
+                script.push(RawStep { microcompact: Some(microcompact), ..RawStep::default() });
                 report.recorded_microcompacts += 1;
             }
             EventKind::SystemEvent(sys) if main && sys.subtype == UNWRITTEN_REPLY => {
@@ -617,7 +639,7 @@ fn workload_document(
                 let content = sys.payload.get("content").and_then(Value::as_str).unwrap_or_default();
                 if content.contains("<command-name>/clear</command-name>") {
                     flush(&mut script, &mut pending_outputs);
-                    script.push(json!({ "clear": true }));
+                    script.push(RawStep { clear: Some(true), ..RawStep::default() });
                 } else {
                     leave(&mut report, "local_command");
                 }
@@ -628,7 +650,10 @@ fn workload_document(
                 // it), and none of its own (`world.recorded_attachments`).
                 flush(&mut script, &mut pending_outputs);
                 let text = attachment_text(attachment);
-                script.push(json!({ "attachment": { "type": attachment.attachment_type, "text": text } }));
+                script.push(RawStep {
+                    attachment: Some(AttachmentSpec { kind: attachment.attachment_type.clone(), text, skill: None }),
+                    ..RawStep::default()
+                });
                 report.recorded_attachments += 1;
             }
             EventKind::Attachment(_) => leave(&mut report, "attachment"),
@@ -642,7 +667,6 @@ fn workload_document(
     if main_calls.is_empty() {
         return Err(WorkloadError::Empty { file: file.to_owned() });
     }
-    let summary_steps = compact_replies.clone();
     script.extend(compact_replies);
     let (subagent_steps, subagent_calls) = subagents.script(session, thinking_texts, recorded_usage, &mut report);
     script.extend(subagent_steps);
@@ -664,10 +688,8 @@ fn workload_document(
         world.insert("recorded_attachments".into(), Value::Bool(true));
         // The record carries the client's own `invoked_skills` re-attachments, driven as
         // recorded: the agent remembers no invocation to restore again.
-        for step in &mut script {
-            if let Some(attachment) = step.get_mut("attachment").and_then(Value::as_object_mut) {
-                attachment.remove("skill");
-            }
+        for attachment in script.iter_mut().filter_map(|s| s.attachment.as_mut()) {
+            attachment.skill = None;
         }
         report.invoked_commands = 0;
     }
@@ -693,19 +715,145 @@ fn workload_document(
     document.insert("name".into(), Value::String(name));
     document.insert("description".into(), Value::String(format!("The recorded session {file} as a workload for the agent (ctxsim import --to scenario).")));
     document.insert("world".into(), Value::Object(world));
-    document.insert("script".into(), Value::Array(script));
-    Ok(Built { document: Value::Object(document), main_calls, subagent_calls, report, summary_steps })
+    Ok(Built { head: document, steps: script, main_calls, subagent_calls, report })
 }
 
-/// The object `{key: value}`, `value` moved in (`json!` copies a value it is given by
-/// serializing it).
-pub(super) fn entry(key: &str, value: Value) -> Value {
-    object([(key, value)])
+/// A workload's step as its document writes it (`import --to scenario`): the keys the workload
+/// sets, in the order it sets them, each value as serde deserializes the step's field from it
+/// (the workload's scenario is checked against its document's in debug builds, and every shared
+/// session's document is read back in `tests/it/workload.rs`). Keys a workload never sets
+/// (`write_file`, `git`, MCP and plugin steps) are not written.
+fn step_document(step: &RawStep) -> Value {
+    debug_assert!(
+        step.write_file.is_none()
+            && step.remove_file.is_none()
+            && step.mcp_connect.is_none()
+            && step.mcp_disconnect.is_none()
+            && step.mcp_list_changed.is_none()
+            && step.plugin_enable.is_none()
+            && step.plugin_reload.is_none()
+            && step.git.is_none()
+            && step.resume.is_none(),
+        "a workload sets no such step"
+    );
+    let ids = |ids: &[String]| Value::Array(ids.iter().cloned().map(Value::String).collect());
+    let mut out = Map::new();
+    if let Some(text) = &step.user {
+        out.insert("user".into(), Value::String(text.clone()));
+    }
+    if let Some(blocks) = &step.assistant {
+        out.insert("assistant".into(), Value::Array(blocks.iter().map(block_document).collect()));
+    }
+    if let Some(outputs) = &step.tool_output {
+        out.insert("tool_output".into(), Value::Object(outputs.iter().map(|(id, output)| (id.clone(), output_document(output))).collect()));
+    }
+    if let Some(wait) = step.wait {
+        out.insert("wait".into(), Value::from(wait.0));
+    }
+    if let Some(model) = &step.model_switch {
+        out.insert("model_switch".into(), Value::String(model.clone()));
+    }
+    if let Some(clear) = step.clear {
+        out.insert("clear".into(), Value::Bool(clear));
+    }
+    if let Some(compact) = step.compact {
+        out.insert("compact".into(), Value::Bool(compact));
+    }
+    if let Some(attachment) = &step.attachment {
+        let mut spec = Map::new();
+        spec.insert("type".into(), Value::String(attachment.kind.clone()));
+        spec.insert("text".into(), Value::String(attachment.text.clone()));
+        if let Some(skill) = &attachment.skill {
+            spec.insert("skill".into(), Value::String(skill.clone()));
+        }
+        out.insert("attachment".into(), Value::Object(spec));
+    }
+    if let Some(microcompact) = &step.microcompact {
+        let spec = Map::from_iter([("tool_use_ids".to_owned(), ids(&microcompact.tool_use_ids)), ("history_chars".to_owned(), Value::from(microcompact.history_chars))]);
+        out.insert("microcompact".into(), Value::Object(spec));
+    }
+    if let Some(lost) = &step.resume_lost {
+        out.insert("resume_lost".into(), Value::Object(Map::from_iter([("tool_use_ids".to_owned(), ids(&lost.tool_use_ids))])));
+    }
+    if let Some(reason) = step.stop_reason {
+        out.insert("stop_reason".into(), stop_reason_name(reason));
+    }
+    if let Some(usage) = &step.usage {
+        let fields = [
+            ("input_tokens", usage.input_tokens),
+            ("cache_creation_input_tokens", usage.cache_creation_input_tokens),
+            ("cache_read_input_tokens", usage.cache_read_input_tokens),
+            ("output_tokens", usage.output_tokens),
+        ];
+        out.insert("usage".into(), Value::Object(fields.into_iter().filter_map(|(key, n)| Some((key.to_owned(), Value::from(n?)))).collect()));
+    }
+    if let Some(tokens) = step.output_tokens {
+        out.insert("output_tokens".into(), Value::from(tokens));
+    }
+    if let Some(latency) = &step.latency {
+        let mut spec = Map::new();
+        if let Some(first) = latency.first_token {
+            spec.insert("first_token".into(), Value::from(first.0));
+        }
+        spec.insert("total".into(), Value::from(latency.total.0));
+        out.insert("latency".into(), Value::Object(spec));
+    }
+    if let Some(lane) = &step.lane {
+        out.insert("lane".into(), Value::String(lane.clone()));
+    }
+    Value::Object(out)
 }
 
-/// The object of `entries`, in their order, their values moved in.
-fn object<const N: usize>(entries: [(&str, Value); N]) -> Value {
-    Value::Object(entries.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
+/// A reply's block as a workload's document writes it ([`step_document`]).
+fn block_document(block: &BlockSpec) -> Value {
+    let (key, value) = match block {
+        BlockSpec::Text(text) => ("text", Value::String(text.clone())),
+        BlockSpec::Thinking(text) => ("thinking", Value::String(text.clone())),
+        BlockSpec::RedactedThinking(data) => ("redacted_thinking", Value::String(data.clone())),
+        BlockSpec::ToolUse(tool_use) => {
+            let mut spec = Map::new();
+            if let Some(id) = &tool_use.id {
+                spec.insert("id".into(), Value::String(id.clone()));
+            }
+            spec.insert("name".into(), Value::String(tool_use.name.clone()));
+            spec.insert("input".into(), tool_use.input.clone());
+            ("tool_use", Value::Object(spec))
+        }
+    };
+    Value::Object(Map::from_iter([(key.to_owned(), value)]))
+}
+
+/// A tool output as a workload's document writes it ([`step_document`]): its text, and
+/// `is_error`, its images, the file it shows and `subagent` where it has them.
+fn output_document(output: &ToolOutputSpec) -> Value {
+    let mut spec = Map::new();
+    spec.insert("content".into(), Value::String(output.content.clone()));
+    if output.is_error {
+        spec.insert("is_error".into(), Value::Bool(true));
+    }
+    if !output.images.is_empty() {
+        let image = |image: &ImageSpec| {
+            debug_assert_eq!(image.media_type, "image/png", "a workload names no media type");
+            let mut spec = Map::new();
+            spec.insert("base64_bytes".into(), Value::from(image.base64_bytes));
+            if let Some(width) = image.width {
+                spec.insert("width".into(), Value::from(width));
+            }
+            if let Some(height) = image.height {
+                spec.insert("height".into(), Value::from(height));
+            }
+            Value::Object(spec)
+        };
+        spec.insert("images".into(), Value::Array(output.images.iter().map(image).collect()));
+    }
+    if let Some(file) = &output.file {
+        let file = Map::from_iter([("path".to_owned(), Value::String(file.path.clone())), ("content".to_owned(), Value::String(file.content.to_string()))]);
+        spec.insert("file".into(), Value::Object(file));
+    }
+    if output.subagent {
+        spec.insert("subagent".into(), Value::Bool(true));
+    }
+    Value::Object(spec)
 }
 
 /// A recorded `cwd` as the workload's `world.cwd`: [`crate::agent::skills::msys_path`]'s
@@ -729,7 +877,7 @@ fn reply_step<'a>(
     recorded_usage: bool,
     report: &mut WorkloadReport,
     called: &mut BTreeMap<&'a str, (&'a str, &'a Value)>,
-) -> Option<Map<String, Value>> {
+) -> Option<RawStep> {
     debug_assert_eq!(rough_tokens, reply.content.iter().map(crate::agent::compact::counting::rough_block).sum::<u64>(), "a reply's rough count");
     // Output tokens not spent on the visible part, at four characters a token, shared by the
     // thinking blocks without text (read only for a filler).
@@ -752,26 +900,25 @@ fn reply_step<'a>(
     let mut held_tokens = rough_tokens;
     for block in &reply.content {
         match block {
-            ContentBlock::Text { text, .. } => blocks.push(json!({ "text": text })),
+            ContentBlock::Text { text, .. } => blocks.push(BlockSpec::Text(text.to_string())),
             ContentBlock::Thinking { thinking, signature, .. } => {
                 if thinking.is_empty() {
                     report.thinking_filled += 1;
                     let text = thinking_texts.get(signature).cloned().unwrap_or_else(|| thinking_filler(thinking_chars().max(1)));
                     held_tokens += crate::agent::compact::counting::rough(&text);
-                    blocks.push(json!({ "thinking": text }));
+                    blocks.push(BlockSpec::Thinking(text));
                 } else if let Some(text) = thinking_texts.get(signature) {
                     // A stored summary of thinking the client re-sends as its billed output
                     // (2.1.200+): sent at the replay's fill, held as stored.
-                    blocks.push(json!({ "thinking": text }));
+                    blocks.push(BlockSpec::Thinking(text.clone()));
                 } else {
-                    blocks.push(json!({ "thinking": thinking }));
+                    blocks.push(BlockSpec::Thinking(thinking.clone()));
                 }
             }
-            ContentBlock::RedactedThinking { data, .. } => blocks.push(json!({ "redacted_thinking": data })),
+            ContentBlock::RedactedThinking { data, .. } => blocks.push(BlockSpec::RedactedThinking(data.clone())),
             ContentBlock::ToolUse { id, name, input, .. } => {
                 called.insert(id, (name, input));
-                let tool_use = object([("id", Value::String(id.clone())), ("name", Value::String(name.clone())), ("input", input.clone())]);
-                blocks.push(entry("tool_use", tool_use));
+                blocks.push(BlockSpec::ToolUse(ToolUseSpec { id: Some(id.clone()), name: name.clone(), input: input.clone() }));
             }
             _ => *report.left_to_agent.entry("other_reply_block".to_owned()).or_default() += 1,
         }
@@ -779,11 +926,7 @@ fn reply_step<'a>(
     if blocks.is_empty() {
         return None;
     }
-    let mut step = Map::new();
-    step.insert("assistant".into(), Value::Array(blocks));
-    if let Some(reason) = reply.stop_reason {
-        step.insert("stop_reason".into(), stop_reason_name(reason));
-    }
+    let mut step = RawStep { assistant: Some(blocks), stop_reason: reply.stop_reason, ..RawStep::default() };
     let usage = &reply.usage;
     if recorded_usage && usage.prompt_tokens() > 0 {
         // What the API returned to the recorded client: the agent counts its context
@@ -793,26 +936,23 @@ fn reply_step<'a>(
         // whose text the transcript did not keep: at its fill). Fidelity prices the
         // recorded output, not this one.
         let output = usage.output_tokens.max(held_tokens);
-        step.insert(
-            "usage".into(),
-            json!({
-                "input_tokens": usage.input_tokens,
-                "cache_creation_input_tokens": usage.cache_creation_input_tokens,
-                "cache_read_input_tokens": usage.cache_read_input_tokens,
-                "output_tokens": output,
-            }),
-        );
+        step.usage = Some(UsageSpec {
+            input_tokens: Some(usage.input_tokens),
+            output_tokens: Some(output),
+            cache_read_input_tokens: Some(usage.cache_read_input_tokens),
+            cache_creation_input_tokens: Some(usage.cache_creation_input_tokens),
+        });
         report.recorded_usage += 1;
     } else {
-        step.insert("output_tokens".into(), json!(usage.output_tokens));
+        step.output_tokens = Some(usage.output_tokens);
     }
     Some(step)
 }
 
 /// A `wait` step for the time between the last step driven and `time_ms`, when any passed.
-fn push_wait(script: &mut Vec<Value>, last: &mut u64, time_ms: u64) {
+fn push_wait(script: &mut Vec<RawStep>, last: &mut u64, time_ms: u64) {
     if time_ms > *last {
-        script.push(json!({ "wait": time_ms - *last }));
+        script.push(RawStep { wait: Some(DurationMs(time_ms - *last)), ..RawStep::default() });
         *last = time_ms;
     }
 }

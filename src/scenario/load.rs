@@ -373,20 +373,22 @@ pub fn parse_scenario_document(document: &serde_json::Value, file_name: &str) ->
     parse_scenario(&serde_json::to_string(document).expect("a JSON value serializes"), file_name)
 }
 
-/// The scenario of `document` as [`parse_scenario_document`] reads it where that reading
-/// succeeds directly, the document moved into it: its texts become the scenario's without a
-/// copy, and nothing of it is left to drop. `None` where the direct reading refuses it (or it
-/// is nested too deep): [`parse_scenario_document`] of the same document then says why.
-pub fn scenario_of_document(document: serde_json::Value, file_name: &str) -> Option<Scenario> {
-    if json_depth(&document) >= MAX_YAML_DEPTH {
+/// The scenario of a document made of `head` (every key but `script`) and the script whose steps
+/// deserialize to `script`, as [`parse_scenario_document`] reads that document where it reads it
+/// directly: the head deserialized, the steps put in, the whole checked. The caller vouches
+/// that the script nests less than [`MAX_YAML_DEPTH`] levels in the document. `None` where the
+/// direct reading refuses it: [`parse_scenario_document`] of the document then says why.
+pub(crate) fn scenario_of_parts(head: &serde_json::Value, script: Vec<super::raw::RawStep>, file_name: &str) -> Option<Scenario> {
+    if head.get("script").is_some() || json_depth(head) >= MAX_YAML_DEPTH {
         return None;
     }
-    let raw = <RawScenario as serde::Deserialize>::deserialize(document).ok()?;
+    let mut raw = <RawScenario as serde::Deserialize>::deserialize(head).ok()?;
+    raw.script = script;
     check(raw, file_name).ok()
 }
 
 /// Levels of arrays and objects in `value` (a scalar is 0).
-fn json_depth(value: &serde_json::Value) -> usize {
+pub(crate) fn json_depth(value: &serde_json::Value) -> usize {
     match value {
         serde_json::Value::Array(items) => 1 + items.iter().map(json_depth).max().unwrap_or(0),
         serde_json::Value::Object(map) => 1 + map.values().map(json_depth).max().unwrap_or(0),

@@ -30,7 +30,8 @@ pub(crate) struct RawScenario {
 
 /// One script item. Exactly one of the kind keys (`user`, `assistant`, `tool_output`, `wait`,
 /// `write_file`, `remove_file`) must be present; the others are modifiers of `assistant`.
-#[derive(Debug, Deserialize)]
+/// `Default` (no key) is where a recorded session's workload builds its steps from.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawStep {
     pub user: Option<String>,

@@ -94,10 +94,6 @@ fn every_shared_transcript_becomes_a_workload_of_its_main_calls() {
         let direct = ctxsim::scenario::parse_scenario_document(&bad, &file).unwrap_err().to_string();
         assert_eq!(direct, ctxsim::scenario::parse_scenario(&serde_json::to_string(&bad).unwrap(), &file).unwrap_err().to_string());
         assert!(direct.contains(":1:"), "{direct}");
-        // Moved out of its document, the scenario is the same one; a document the direct
-        // reading refuses gives none (the reading of the document then says why).
-        assert!(ctxsim::scenario::scenario_of_document(workload.document.clone(), &file).as_ref() == Some(&workload.scenario), "{file}");
-        assert!(ctxsim::scenario::scenario_of_document(bad, &file).is_none(), "{file}");
     }
 }
 
@@ -229,6 +225,59 @@ fn a_workload_for_runs_is_the_sized_workload() {
         let head = |document: &serde_json::Value| document.as_object().unwrap().iter().filter(|(k, _)| *k != "script").map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>();
         assert_eq!(head(&runs.document), head(&sized.document), "{name}");
         assert!(runs.document.get("script").is_none() || runs.document["script"] == sized.document["script"], "{name}");
+    }
+}
+
+/// A transcript of one Bash call whose input nests `depth` levels of objects, its result and a
+/// closing reply.
+fn nested_input_transcript(depth: usize) -> String {
+    use serde_json::json;
+    let mut input = json!("ls");
+    for _ in 0..depth {
+        input = json!({ "command": input });
+    }
+    let usage = json!({ "input_tokens": 3, "cache_creation_input_tokens": 9_000, "cache_read_input_tokens": 0, "output_tokens": 40 });
+    let line = |n: u64, kind: &str, message: serde_json::Value| {
+        json!({
+            "parentUuid": (n > 1).then(|| format!("00000000-0000-4000-8000-{:012}", n - 1)), "isSidechain": false, "userType": "external",
+            "cwd": "/repo", "sessionId": "deep", "version": "2.1.39", "gitBranch": "main", "type": kind, "message": message,
+            "uuid": format!("00000000-0000-4000-8000-{n:012}"), "timestamp": jiff::Timestamp::from_second(1_767_780_000 + n as i64).unwrap().to_string(),
+        })
+        .to_string()
+    };
+    let reply = |id: &str, content: serde_json::Value, stop: &str| {
+        json!({ "id": id, "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": content, "stop_reason": stop, "usage": usage })
+    };
+    [
+        line(1, "user", json!({ "role": "user", "content": "List the files." })),
+        line(2, "assistant", reply("msg_1", json!([{ "type": "tool_use", "id": "toolu_deep", "name": "Bash", "input": input }]), "tool_use")),
+        line(3, "user", json!({ "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "toolu_deep", "content": "a.rs" }] })),
+        line(4, "assistant", reply("msg_2", json!([{ "type": "text", "text": "One file." }]), "end_turn")),
+    ]
+    .join("\n")
+        + "\n"
+}
+
+/// A workload's scenario is built from its steps, not read from its document, but refuses what
+/// its document's reading refuses: a tool input nested so deep that the document (six levels
+/// above the input) reaches the scenario's nesting limit is the text's error, one level less is
+/// a workload.
+#[test]
+fn a_tool_input_nested_too_deep_is_the_documents_error() {
+    let limit = ctxsim::scenario::MAX_YAML_DEPTH;
+    for (depth, refused) in [(limit - 7, false), (limit - 6, true)] {
+        let text = nested_input_transcript(depth);
+        let session = ctxsim::recording::import_claude_code_from(std::io::Cursor::new(text.as_bytes()), "deep.jsonl").unwrap();
+        match workload_from_session(&session, "deep.jsonl", None) {
+            Ok(workload) => {
+                assert!(!refused, "input nested {depth} levels: a workload");
+                assert_eq!(workload.report.main_replies, 2);
+            }
+            Err(error) => {
+                assert!(refused, "input nested {depth} levels: {error}");
+                assert!(error.to_string().contains(&format!("nested {} levels deep", limit + 1)), "{error}");
+            }
+        }
     }
 }
 

@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::api::ContentBlock;
 use crate::recording::format::LANE_MAIN;
@@ -194,7 +194,7 @@ impl Subagents {
         thinking_texts: &BTreeMap<String, String>,
         recorded_usage: bool,
         report: &mut WorkloadReport,
-    ) -> (Vec<Value>, Vec<super::SubagentCall>) {
+    ) -> (Vec<crate::scenario::raw::RawStep>, Vec<super::SubagentCall>) {
         let events = &session.recording.events;
         let call_index: BTreeMap<usize, usize> = session.calls.iter().map(|c| (c.event_index, c.index)).collect();
         let mut steps = Vec::new();
@@ -222,15 +222,15 @@ impl Subagents {
                     *report.left_to_agent.entry("subagent_empty_reply".to_owned()).or_default() += 1;
                     continue;
                 };
-                step.insert("lane".into(), Value::String(agent_lane.clone()));
-                steps.push(Value::Object(step));
+                step.lane = Some(agent_lane.clone());
+                steps.push(step);
                 calls.push(super::SubagentCall {
                     lane: agent_lane.clone(),
                     index: call_index.get(&event_index).copied().unwrap_or(event_index),
                     tool_use_id: run.tool_use_id.clone(),
                 });
                 run.replies += 1;
-                let mut outputs = Map::new();
+                let mut outputs = indexmap::IndexMap::new();
                 for id in called.keys() {
                     match results.get(*id) {
                         Some(result) => {
@@ -241,7 +241,7 @@ impl Subagents {
                     }
                 }
                 if !outputs.is_empty() {
-                    steps.push(super::entry("tool_output", Value::Object(outputs)));
+                    steps.push(crate::scenario::raw::RawStep { tool_output: Some(outputs), ..Default::default() });
                 }
             }
         }
