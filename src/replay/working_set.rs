@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::api::ContentBlock;
+use crate::api::{ContentBlock, SharedText};
 use crate::measure::tokens::chars4;
 
 /// The Read tool's default line limit: a whole-file re-read shows at most this many lines
@@ -28,8 +28,9 @@ const READ_MAX_LINES: usize = 2_000;
 /// What the replay knows of one file's content.
 #[derive(Debug, Clone, PartialEq)]
 enum Content {
-    /// The whole file, as text.
-    Known(String),
+    /// The whole file, as text: shared with every copy of the state and the workload's tool
+    /// outputs that show it ([`WorkingSet::content_of`]).
+    Known(SharedText),
     /// Only part of it was read: `slice` holds `lines` of its `total_lines` lines.
     Partial { slice: String, lines: usize, total_lines: usize },
 }
@@ -145,7 +146,7 @@ impl WorkingSet {
                 let start = num("startLine").unwrap_or(1);
                 let total = num("totalLines").unwrap_or(lines);
                 if start <= 1 && lines >= total {
-                    Content::Known(text.to_owned())
+                    Content::Known(text.into())
                 } else {
                     match self.files.get(&key).map(|e| &e.content) {
                         // A partial re-read of a file already known whole changes nothing.
@@ -176,24 +177,24 @@ impl WorkingSet {
                     edits.into_iter().fold(original, |text, (old, new, all)| replace(&text, old, new, all))
                 };
                 if let Some(original) = result.get("originalFile").and_then(Value::as_str) {
-                    Content::Known(edited(&|| apply(original.to_owned())))
+                    Content::Known(edited(&|| apply(original.to_owned())).into())
                 } else {
                     match self.files.get(&key) {
-                        Some(FileEntry { content: Content::Known(known), .. }) => Content::Known(apply(known.clone())),
+                        Some(FileEntry { content: Content::Known(known), .. }) => Content::Known(apply(String::clone(known)).into()),
                         Some(entry) => entry.content.clone(),
                         None => return,
                     }
                 }
             }
             "Write" => match result.get("content").and_then(Value::as_str) {
-                Some(text) => Content::Known(text.to_owned()),
+                Some(text) => Content::Known(text.into()),
                 None => return,
             },
             _ => return,
         };
         if is_plan_file(&path) {
             if let Content::Known(text) = &content {
-                self.plan = Some((path, text.clone()));
+                self.plan = Some((path, String::clone(text)));
             }
             return;
         }
@@ -204,13 +205,13 @@ impl WorkingSet {
     /// What the record shows of `path`'s content now: its whole text, or for a file known only
     /// in part, a stand-in of the whole file's size at the density of the part read (the size
     /// [`Self::compact`] restores it at). `None` for a file the record does not show (and for
-    /// the plan file, kept apart).
-    pub fn content_of(&self, path: &str) -> Option<String> {
+    /// the plan file, kept apart). A whole text is the state's own, shared.
+    pub fn content_of(&self, path: &str) -> Option<SharedText> {
         match &self.files.get(crate::agent::skills::file_key(path).as_ref())?.content {
             Content::Known(text) => Some(text.clone()),
             Content::Partial { slice, lines, total_lines } => {
                 let chars = slice.len() * (*total_lines).min(READ_MAX_LINES) / (*lines).max(1);
-                Some(crate::agent::compact::generator::filler("file known in part", chars))
+                Some(crate::agent::compact::generator::filler("file known in part", chars).into())
             }
         }
     }

@@ -550,7 +550,7 @@ fn workload_steps(
                     && let Some(path) = input.get("file_path").and_then(Value::as_str)
                     && let Some(content) = files.content_of(path)
                 {
-                    output.file = Some(ToolFile { path: path.to_owned(), content: content.into() });
+                    output.file = Some(ToolFile { path: path.to_owned(), content });
                     report.files_shown += 1;
                 }
                 if subagents.drives_call(&result.tool_use_id) {
