@@ -147,7 +147,7 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     let reserve = super::ClientProfile::for_version(&version).autocompact_output_reserve;
     let mut sizing_strategy = Strategy::default();
     sizing_strategy.compact.autocompact.max_output_reserve_tokens = Some(reserve);
-    let (workload, mut sizing) = sized_workload_for_runs(session, file, measurer, &sizing_strategy, true, &super::ReplayOptions::default())?;
+    let (workload, mut sizing) = sized_workload_for_runs(session, file, measurer, &sizing_strategy, &super::ReplayOptions::default())?;
     // The recorded summaries, in the order the workload queued them.
     if let Some(script) = workload.document.get("script").and_then(Value::as_array) {
         debug_assert!(script.iter().filter(|s| is_compact_step(s)).eq(&workload.summary_steps), "the workload's summary steps are its script's");

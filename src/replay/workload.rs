@@ -248,8 +248,8 @@ pub fn workload_from_session(session: &ImportedSession, file: &str, window: Opti
 /// each reply's recorded usage scripted when `recorded_usage` ([`sized_workload`]).
 /// `background`: the agent runs subagents in the background, so the recorded task notifications
 /// of the subagents it drives are its own ([`subagents`]). `script`: the workload's document
-/// keeps its script ([`Workload::document`]); else the document is moved into the scenario
-/// (its texts are the scenario's, not copied) and only its other keys are kept.
+/// keeps its script ([`Workload::document`]); else only its other keys (debug builds keep it
+/// all, to check the scenario against it).
 fn workload_with(
     session: &ImportedSession,
     file: &str,
@@ -314,14 +314,7 @@ struct Built {
 
 /// The steps of [`workload_with`], as the script's raw steps (what a document's script
 /// deserializes to), and its document's other keys.
-fn workload_steps(
-    session: &ImportedSession,
-    file: &str,
-    window: Option<u64>,
-    thinking_texts: &BTreeMap<String, String>,
-    recorded_usage: bool,
-    background: bool,
-) -> Result<Built, WorkloadError> {
+fn workload_steps(session: &ImportedSession, file: &str, window: Option<u64>, thinking_texts: &BTreeMap<String, String>, recorded_usage: bool, background: bool) -> Result<Built, WorkloadError> {
     let recording = &session.recording;
     let mut report = WorkloadReport::default();
     let mut script: Vec<RawStep> = Vec::new();
@@ -1084,28 +1077,14 @@ pub fn sized_workload_with(
     sized_workload_of(session, file, measurer, strategy, recorded_usage, options, true)
 }
 
-/// [`sized_workload_with`] for the agent's runs, which read its scenario: the document keeps no
-/// script ([`Workload::document`]), its texts moved into the scenario instead of copied.
-pub fn sized_workload_for_runs(
-    session: &ImportedSession,
-    file: &str,
-    measurer: &crate::measure::Measurer,
-    strategy: &crate::strategy::Strategy,
-    recorded_usage: bool,
-    options: &super::ReplayOptions,
-) -> Result<(Workload, Sizing), String> {
-    sized_workload_of(session, file, measurer, strategy, recorded_usage, options, false)
+/// [`sized_workload_with`] as recorded (each reply with its recorded usage) for the agent's
+/// runs, which read its scenario: the document keeps no script ([`Workload::document`]).
+pub fn sized_workload_for_runs(session: &ImportedSession, file: &str, measurer: &crate::measure::Measurer, strategy: &crate::strategy::Strategy, options: &super::ReplayOptions) -> Result<(Workload, Sizing), String> {
+    sized_workload_of(session, file, measurer, strategy, true, options, false)
 }
 
-fn sized_workload_of(
-    session: &ImportedSession,
-    file: &str,
-    measurer: &crate::measure::Measurer,
-    strategy: &crate::strategy::Strategy,
-    recorded_usage: bool,
-    options: &super::ReplayOptions,
-    script: bool,
-) -> Result<(Workload, Sizing), String> {
+/// [`sized_workload_with`], its document with its script where `script` ([`workload_with`]).
+fn sized_workload_of(session: &ImportedSession, file: &str, measurer: &crate::measure::Measurer, strategy: &crate::strategy::Strategy, recorded_usage: bool, options: &super::ReplayOptions, script: bool) -> Result<(Workload, Sizing), String> {
     let model = session.calls.iter().find(|c| c.lane == LANE_MAIN && !c.is_synthetic).map(|c| c.model.clone()).unwrap_or_default();
     let info = measurer.table().lookup(&model).ok().cloned();
     let window = super::triggers::recorded_window(session, &model, info.as_ref());
@@ -1237,7 +1216,7 @@ fn agent_replay_dropping_thinking(
     }
     keep_recorded_results(&mut strategy);
     measurer.set_billing_key(REAL_SESSION_BILLING);
-    let (workload, mut sizing) = sized_workload_for_runs(session, file, measurer, &strategy, true, options)?;
+    let (workload, mut sizing) = sized_workload_for_runs(session, file, measurer, &strategy, options)?;
     RecordedSettings::of(session, &workload).apply(&mut strategy);
     if let Some(warm) = warm_prefix(session, &workload, measurer, &strategy)? {
         warm.seed(measurer)?;

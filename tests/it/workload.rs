@@ -202,7 +202,7 @@ fn the_agent_counts_from_the_recorded_usage_only_as_recorded() {
     assert_eq!(recorded.report.recorded_usage, recorded.report.main_replies, "every main reply of 9878 has its usage");
 }
 
-/// Built for the agent's runs, a workload is the one `import --to scenario` sizes: its scenario,
+/// Built for the agent's runs, a workload is the one sized as recorded: its scenario,
 /// its summary steps (its script's `compact`-lane steps) and its document but for the script,
 /// which release builds leave out (the runs read the scenario; debug builds keep it to check).
 #[test]
@@ -216,7 +216,7 @@ fn a_workload_for_runs_is_the_sized_workload() {
         let file = path.display().to_string();
         let options = ctxsim::replay::ReplayOptions::default();
         let (sized, sizing) = ctxsim::replay::workload::sized_workload_with(&session, &file, &measurer(), &strategy, true, &options).unwrap();
-        let (runs, runs_sizing) = ctxsim::replay::workload::sized_workload_for_runs(&session, &file, &measurer(), &strategy, true, &options).unwrap();
+        let (runs, runs_sizing) = ctxsim::replay::workload::sized_workload_for_runs(&session, &file, &measurer(), &strategy, &options).unwrap();
         assert!(runs.scenario == sized.scenario, "{name}");
         assert_eq!(runs.main_calls, sized.main_calls, "{name}");
         assert_eq!(format!("{runs_sizing:?}"), format!("{sizing:?}"), "{name}");
