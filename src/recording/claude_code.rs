@@ -2096,7 +2096,7 @@ impl FileImporter {
 /// fields it reads of a record type [`reads_whole_record`] leaves to the picked parse.
 enum Record<'t> {
     Whole(Map<String, Value>),
-    Picked(picked::Fields<'t>),
+    Picked(Box<picked::Fields<'t>>),
 }
 
 impl Record<'_> {

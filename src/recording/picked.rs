@@ -99,7 +99,7 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// text is `repeated`: it is then not read ([`UsageRead::Repeated`]), its value being
 /// [`usage_read`] of that text (one it takes: a usage read before). `message.content` is built
 /// as a `Value` where `content_value`, read as [`Content`] otherwise.
-pub(crate) fn record<'t>(text: &'t str, repeated: Option<&str>, content_value: bool) -> Option<Fields<'t>> {
+pub(crate) fn record<'t>(text: &'t str, repeated: Option<&str>, content_value: bool) -> Option<Box<Fields<'t>>> {
     debug_assert!(repeated.is_none_or(|text| usage_value(text).is_ok()), "a repeated usage that does not parse");
     let mut de = serde_json::Deserializer::from_str(text);
     let record = PickedRecord { repeated, content_value }.deserialize(&mut de).ok()?;
@@ -209,8 +209,9 @@ const VALUE_FIELDS: &[&str] = &["toolUseResult", "attachment", "data"];
 #[derive(Debug, Default)]
 pub(crate) struct Fields<'t> {
     slots: [Option<Field<'t>>; RECORD_FIELDS.len()],
-    /// The record's `message` (the last one).
-    message: Option<Message>,
+    /// The record's `message` (the last one). (Boxed, as the fields are: each is moved a few
+    /// times on its way to the importer, a pointer where it would be the struct.)
+    message: Option<Box<Message>>,
 }
 
 /// A top-level field: a string (of a field not in [`VALUE_FIELDS`]) as the line holds it,
@@ -351,11 +352,11 @@ impl<'t> Fields<'t> {
     }
 
     pub fn message(&self) -> Option<&Message> {
-        self.message.as_ref()
+        self.message.as_deref()
     }
 
     pub fn message_mut(&mut self) -> Option<&mut Message> {
-        self.message.as_mut()
+        self.message.as_deref_mut()
     }
 
     /// The JSON text of `message.usage` and what it gives, taken.
@@ -475,7 +476,7 @@ struct PickedRecord<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
-    type Value = Fields<'de>;
+    type Value = Box<Fields<'de>>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_any(self)
@@ -483,14 +484,15 @@ impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
 }
 
 impl<'de> Visitor<'de> for PickedRecord<'_> {
-    type Value = Fields<'de>;
+    type Value = Box<Fields<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
+        // (Boxed: a few kilobytes, moved through the parse and the importer as a pointer.)
+        let mut fields = Box::<Fields>::default();
         let mut first = true;
         while let Some(key) = next_key(&mut map, &mut first)? {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
@@ -585,7 +587,7 @@ struct PickedMessage<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for PickedMessage<'_> {
-    type Value = Message;
+    type Value = Box<Message>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_any(self)
@@ -593,14 +595,14 @@ impl<'de> DeserializeSeed<'de> for PickedMessage<'_> {
 }
 
 impl<'de> Visitor<'de> for PickedMessage<'_> {
-    type Value = Message;
+    type Value = Box<Message>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut message = Message::default();
+        let mut message = Box::<Message>::default();
         let mut first = true;
         while let Some(key) = next_key(&mut map, &mut first)? {
             match MESSAGE_FIELDS.iter().position(|field| *field == key) {
