@@ -536,7 +536,7 @@ impl Session {
     fn delta_inputs(&self, deltas: &[Attachment], world: &World) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
-            out.push(("restored_unrecorded".to_owned(), text.clone()));
+            out.push(("restored_unrecorded".to_owned(), text.to_string()));
         }
         out
     }
