@@ -612,8 +612,9 @@ impl Session {
 
     /// A prompt from the user: SessionStart hooks on the first, the prompt, UserPromptSubmit
     /// hooks, then the attachments of the turn. In-loop hook context of the previous turn now
-    /// comes from the transcript as raw attachments and folds into its tool_result.
-    pub fn user_prompt(&mut self, text: &str, world: &mut World) {
+    /// comes from the transcript as raw attachments and folds into its tool_result. The
+    /// prompt's record holds `text` itself (shared with the script's step).
+    pub fn user_prompt(&mut self, text: &crate::api::SharedText, world: &mut World) {
         let mut folded = false;
         debug_assert!(
             self.in_loop_written || !self.records.iter().any(|r| matches!(r, Record::Attachment { in_loop: true, .. })),
@@ -647,7 +648,7 @@ impl Session {
             self.settle_hook_time(world);
             return;
         }
-        self.records.push(Record::User { content: MessageContent::Text(text.to_owned().into()), meta: false });
+        self.records.push(Record::User { content: MessageContent::Text(text.clone()), meta: false });
         let success: Vec<Attachment> = run
             .successes
             .iter()

@@ -1494,7 +1494,7 @@ pub fn size_unmodelled(
         let text = format!("{}\n\n{text}", sized("conversation before this file", sizing.history_filler_tokens));
         first["user"] = Value::String(text.clone());
         if let Some(Step::User { text: typed }) = scenario.script.iter_mut().find(|s| matches!(s, Step::User { .. })) {
-            *typed = text;
+            *typed = text.into();
         }
     } else if let Some(steps) = doc["script"].as_array_mut() {
         // No history stand-in: a recorded microcompact clears only the file's own results.
