@@ -642,7 +642,24 @@ impl Session {
         self.probe_mcp(world);
         self.stop_continuations = 0;
         self.memories.pending = None;
-        let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
+        // The input is read only by a configured hook of the event (a scripted standalone
+        // answer reads none): with none configured, none is made with a copy of the prompt
+        // (debug builds run the hooks with it and compare).
+        let configured = self.settings_hooks.hooks.iter().chain(&self.plugin_hooks).chain(&self.session_hooks).any(|hook| hook.event == "UserPromptSubmit");
+        let run = self.hooks(world, "UserPromptSubmit", "", if configured { json!({"prompt": text}) } else { json!({}) });
+        #[cfg(debug_assertions)]
+        if !configured {
+            let call = HookCall {
+                event: "UserPromptSubmit",
+                query: "",
+                input: json!({"prompt": text}),
+                session_id: &self.session_id,
+                cwd: &world.cwd,
+                run_real: self.strategy.run_hooks,
+                session_end_timeout_ms: crate::agent::hooks::SESSION_END_TIMEOUT_MS,
+            };
+            debug_assert!(run_hooks(&self.configured_hooks(), &world.hook_answers, &call) == run, "the UserPromptSubmit hooks ran otherwise without the prompt");
+        }
         if !run.blocking_errors.is_empty() || run.prevent_continuation {
             // The prompt is dropped; the user sees a warning that is never sent.
             self.settle_hook_time(world);
