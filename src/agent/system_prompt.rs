@@ -341,13 +341,16 @@ thread_local! {
     static BUILT_PROMPTS: std::cell::RefCell<Vec<KeptBuild>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A memo's sections and git snapshot, as [`SystemPromptCache`] holds them.
+type MemoState = (BTreeMap<&'static str, Option<std::rc::Rc<str>>>, Option<Option<String>>);
+
 /// One build of [`BUILT_PROMPTS`]: what it read, the memo it left, what it made.
 struct KeptBuild {
     inputs: SystemPromptInputs,
     options: SystemPromptOptions,
     profile: std::sync::Arc<SizeProfile>,
-    before: (BTreeMap<&'static str, Option<std::rc::Rc<str>>>, Option<Option<String>>),
-    after: (BTreeMap<&'static str, Option<std::rc::Rc<str>>>, Option<Option<String>>),
+    before: MemoState,
+    after: MemoState,
     built: std::rc::Rc<SystemPromptBuild>,
 }
 
