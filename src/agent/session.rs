@@ -612,8 +612,9 @@ impl Session {
 
     /// A prompt from the user: SessionStart hooks on the first, the prompt, UserPromptSubmit
     /// hooks, then the attachments of the turn. In-loop hook context of the previous turn now
-    /// comes from the transcript as raw attachments and folds into its tool_result.
-    pub fn user_prompt(&mut self, text: &str, world: &mut World) {
+    /// comes from the transcript as raw attachments and folds into its tool_result. The
+    /// prompt's record holds `text` itself (shared with the script's step).
+    pub fn user_prompt(&mut self, text: &crate::api::SharedText, world: &mut World) {
         let mut folded = false;
         debug_assert!(
             self.in_loop_written || !self.records.iter().any(|r| matches!(r, Record::Attachment { in_loop: true, .. })),
@@ -641,13 +642,30 @@ impl Session {
         self.probe_mcp(world);
         self.stop_continuations = 0;
         self.memories.pending = None;
-        let run = self.hooks(world, "UserPromptSubmit", "", json!({"prompt": text}));
+        // The input is read only by a configured hook of the event (a scripted standalone
+        // answer reads none): with none configured, none is made with a copy of the prompt
+        // (debug builds run the hooks with it and compare).
+        let configured = self.settings_hooks.hooks.iter().chain(&self.plugin_hooks).chain(&self.session_hooks).any(|hook| hook.event == "UserPromptSubmit");
+        let run = self.hooks(world, "UserPromptSubmit", "", if configured { json!({"prompt": text}) } else { json!({}) });
+        #[cfg(debug_assertions)]
+        if !configured {
+            let call = HookCall {
+                event: "UserPromptSubmit",
+                query: "",
+                input: json!({"prompt": text}),
+                session_id: &self.session_id,
+                cwd: &world.cwd,
+                run_real: self.strategy.run_hooks,
+                session_end_timeout_ms: crate::agent::hooks::SESSION_END_TIMEOUT_MS,
+            };
+            debug_assert!(run_hooks(&self.configured_hooks(), &world.hook_answers, &call) == run, "the UserPromptSubmit hooks ran otherwise without the prompt");
+        }
         if !run.blocking_errors.is_empty() || run.prevent_continuation {
             // The prompt is dropped; the user sees a warning that is never sent.
             self.settle_hook_time(world);
             return;
         }
-        self.records.push(Record::User { content: MessageContent::Text(text.to_owned().into()), meta: false });
+        self.records.push(Record::User { content: MessageContent::Text(text.clone()), meta: false });
         let success: Vec<Attachment> = run
             .successes
             .iter()

@@ -52,6 +52,17 @@ impl<'w> ThresholdWorld<'w> {
         strategy
     }
 
+    /// [`Self::strategy`] without a copy where the env names none of the variables
+    /// [`crate::strategy::Strategy::apply_env`] reads ([`crate::strategy::ENV_VARS`]): then it
+    /// is `strategy` itself (debug builds apply the env and compare).
+    pub fn applied<'s>(&self, strategy: &'s crate::strategy::Strategy) -> std::borrow::Cow<'s, crate::strategy::Strategy> {
+        if self.env.keys().any(|name| crate::strategy::ENV_VARS.contains(&name.as_str())) {
+            return std::borrow::Cow::Owned(self.strategy(strategy));
+        }
+        debug_assert!(serde_json::to_value(self.strategy(strategy)).ok() == serde_json::to_value(strategy).ok(), "an env naming no variable the strategy reads changed it");
+        std::borrow::Cow::Borrowed(strategy)
+    }
+
     /// The autocompact knobs of `strategy` as a session of this world runs under it: those of
     /// [`Self::strategy`], without copying the rest of the strategy (debug builds compare).
     fn autocompact(&self, strategy: &crate::strategy::Strategy) -> crate::agent::compact::config::AutocompactConfig {
@@ -536,7 +547,7 @@ impl Session {
     fn delta_inputs(&self, deltas: &[Attachment], world: &World) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = deltas.iter().map(|d| (d.kind().to_owned(), d.text())).collect();
         if let Some(text) = world.restored_unrecorded.as_ref().filter(|t| !t.is_empty() && !self.thread.is_subagent()) {
-            out.push(("restored_unrecorded".to_owned(), text.clone()));
+            out.push(("restored_unrecorded".to_owned(), text.to_string()));
         }
         out
     }

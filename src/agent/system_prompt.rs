@@ -306,7 +306,8 @@ impl SystemPromptBuild {
 /// snapshot survives compaction and is dropped only by [`SystemPromptCache::clear_session`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SystemPromptCache {
-    sections: BTreeMap<&'static str, Option<String>>,
+    /// Each text shared by the cache's copies (a run's checkpoints copy the session).
+    sections: BTreeMap<&'static str, Option<std::rc::Rc<str>>>,
     git_status: Option<Option<String>>,
     /// The last build of [`SystemPromptCache::build_shared`] and what it was built from.
     last: LastBuild,
@@ -340,13 +341,16 @@ thread_local! {
     static BUILT_PROMPTS: std::cell::RefCell<Vec<KeptBuild>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A memo's sections and git snapshot, as [`SystemPromptCache`] holds them.
+type MemoState = (BTreeMap<&'static str, Option<std::rc::Rc<str>>>, Option<Option<String>>);
+
 /// One build of [`BUILT_PROMPTS`]: what it read, the memo it left, what it made.
 struct KeptBuild {
     inputs: SystemPromptInputs,
     options: SystemPromptOptions,
     profile: std::sync::Arc<SizeProfile>,
-    before: (BTreeMap<&'static str, Option<String>>, Option<Option<String>>),
-    after: (BTreeMap<&'static str, Option<String>>, Option<Option<String>>),
+    before: MemoState,
+    after: MemoState,
     built: std::rc::Rc<SystemPromptBuild>,
 }
 
@@ -444,17 +448,17 @@ impl SystemPromptCache {
                 SectionKind::Memoized => self
                     .sections
                     .entry(name)
-                    .or_insert_with(|| writer.dynamic_section(name))
+                    .or_insert_with(|| writer.dynamic_section(name).map(std::rc::Rc::from))
                     .clone(),
                 SectionKind::Uncached => {
                     // Recomputed every call; still written to the map, as the reference does.
-                    let text = writer.dynamic_section(name);
+                    let text = writer.dynamic_section(name).map(std::rc::Rc::from);
                     self.sections.insert(name, text.clone());
                     text
                 }
             };
             if let Some(text) = text.filter(|text| !text.is_empty()) {
-                dynamic_sections.push(Section { name, text });
+                dynamic_sections.push(Section { name, text: text.to_string() });
             }
         }
         if let Some(append) = inputs.append_system_prompt.as_ref().filter(|text| !text.is_empty()) {

@@ -242,7 +242,7 @@ pub fn run_live_with(
         match step {
             Step::User { text } => {
                 live.turn += 1;
-                live.events.push(Event::new(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone().into()), is_meta: false, is_compact_summary: false, permission_mode: None }), world.clock.now_ms()));
+                live.events.push(Event::new(EventKind::UserPrompt(UserPrompt { content: MessageContent::Text(text.clone()), is_meta: false, is_compact_summary: false, permission_mode: None }), world.clock.now_ms()));
                 agent.user_prompt(text, &mut world);
                 let side_calls = agent.take_side_calls();
                 live.side(side_calls, &mut world).map_err(|e| script_err(i, e))?;

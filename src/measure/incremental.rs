@@ -139,10 +139,52 @@ impl Track {
 
 /// The records of a track's messages after the kept ones, as the next request finds them.
 enum OldTail {
-    /// Split off the track's own records (nothing else held them).
-    Own(Vec<PromptBlock>),
+    /// Still in the track's own list (nothing else held it), after the records written so
+    /// far: each message of the request from the kept ones on has taken as many blocks as the
+    /// old message at its position, so its old records are where its new ones go.
+    InPlace,
+    /// Split off the track's own records from the given position on.
+    Own(Vec<PromptBlock>, usize),
     /// All the records, still held by the last flat request: the tail is read in place.
     Shared(Arc<Vec<PromptBlock>>),
+}
+
+impl OldTail {
+    /// The old records at positions `range` of the old list (not [`OldTail::InPlace`]).
+    fn records(&self, range: std::ops::Range<usize>) -> &[PromptBlock] {
+        match self {
+            OldTail::Own(tail, from) => &tail[range.start - from..range.end - from],
+            OldTail::Shared(all) => &all[range],
+            OldTail::InPlace => &[],
+        }
+    }
+}
+
+/// Debug builds: the records of `request.messages[from..]` are their blocks' where `starts`
+/// puts them (each block's structural hash, salted as `salts` says, its message and block
+/// index) and chain on from the ones before (from `messages_state` at `head`, or from the
+/// head's last block for a salted first message). What the records written in place, or
+/// copied, or made, must all be.
+#[cfg(debug_assertions)]
+fn check_message_records(request: &Request, blocks: &[PromptBlock], starts: &[usize], from: usize, salts: &[(usize, u128)], head: usize, messages_state: u128) {
+    for (m, message) in request.messages.iter().enumerate().skip(from) {
+        let role = message.role.as_str();
+        let hashes: Vec<u128> = match &message.content {
+            _ if crate::api::system_messages::renders_nothing(message) => Vec::new(),
+            MessageContent::Text(text) => vec![crate::api::block_hash_kept(role, &ContentBlock::text(text.clone())).0],
+            MessageContent::Blocks(list) => list.block_hashes(role).iter().map(|&(hash, _)| hash).collect(),
+        };
+        let salt = salt_of(salts, m);
+        let records = &blocks[starts[m]..starts[m + 1]];
+        assert_eq!(records.len(), hashes.len(), "message {m} has a record per block");
+        for (c, (record, hash)) in records.iter().zip(hashes).enumerate() {
+            assert!(record.hash == hash ^ salt && record.path.index == m && record.path.content == Some(c), "the record of message {m}, block {c}, is that block's");
+        }
+        for i in starts[m]..starts[m + 1] {
+            let chained = |previous: u128| blocks[i].prefix_hash == chain(previous, blocks[i].hash);
+            assert!(if i == head { chained(messages_state) || (salt != 0 && chained(blocks[i - 1].prefix_hash)) } else { chained(blocks[i - 1].prefix_hash) }, "record {i} (message {m}) chains on from the one before");
+        }
+    }
 }
 
 /// A cheap key of a message for choosing a track: role, block count, and the length of the
@@ -378,25 +420,37 @@ impl Flattener {
 
         // Keep messages[..reuse]; set the rest aside (its records may serve again below). When
         // the last flat request still holds the records, only the kept ones are copied (with
-        // room for the new ones) and the rest is read where it is.
+        // room for the new ones) and the rest is read where it is. When nothing else holds
+        // them and the head is kept, the records stay in the list while the request's messages
+        // take as many blocks as the old ones at their positions (a rewritten message, the
+        // messages after it kept): a kept message is rechained where it is, a message made
+        // again written over its old records; the rest is set aside from the first message
+        // that differs in count.
         let old_starts = track.starts.split_off(reuse);
         let base = old_starts[0];
-        let (mut owned, old) = match Arc::try_unwrap(std::mem::take(&mut track.blocks)) {
+        // Every block of the messages from `reuse` on (a message that renders nothing counted
+        // too): with room for them, the loop below never grows the list, which would copy every
+        // record before it. (The head's blocks, when it changed, are spliced in.)
+        let fresh: usize = request.messages[reuse..].iter().map(|m| m.content.block_count()).sum();
+        let (mut owned, mut old) = match Arc::try_unwrap(std::mem::take(&mut track.blocks)) {
+            Ok(all) if head_same => (all, OldTail::InPlace),
             Ok(mut all) => {
                 let tail = all.split_off(base);
-                (all, OldTail::Own(tail))
+                (all, OldTail::Own(tail, base))
             }
             Err(shared) => {
-                let mut kept = Vec::with_capacity(shared.len() + 32);
+                // With room to grow by half: the list is copied here after every copy of the
+                // measurer (a run's checkpoint holds the records), and a conversation that grows
+                // past the room copies it again within a few requests.
+                let mut kept = Vec::with_capacity(shared.len().max(base + fresh) + shared.len() / 2 + 32);
                 kept.extend_from_slice(&shared[..base]);
                 (kept, OldTail::Shared(shared))
             }
         };
         let blocks = &mut owned;
-        let old_tail: &[PromptBlock] = match &old {
-            OldTail::Own(tail) => tail,
-            OldTail::Shared(all) => &all[base..],
-        };
+        // (In place, the kept records end at `base`, the old ones after them.)
+        let kept_len = if matches!(old, OldTail::InPlace) { base } else { blocks.len() };
+        blocks.reserve((kept_len + fresh).saturating_sub(blocks.len()));
         if !head_same {
             let mut head = Vec::new();
             let state = head_blocks(request, counter, family, billing, &mut head);
@@ -418,16 +472,27 @@ impl Flattener {
             track.thinking = request.thinking.clone();
             track.folds = folds;
         }
-        self.reused_blocks += (blocks.len() - track.head) as u64;
+        // (With the head kept, the list holds the kept records alone, or in place the old ones
+        // after them too.)
+        let kept_end = if head_same { base } else { blocks.len() };
+        self.reused_blocks += (kept_end - track.head) as u64;
         // Blocks from here on are new or rechained; before it, records (prefix tokens and
         // positions included) are as they were, unless the head changed.
-        let fresh_from = if head_same { blocks.len() } else { 0 };
+        let fresh_from = if head_same { base } else { 0 };
 
-        let mut state = if blocks.len() > track.head { blocks[blocks.len() - 1].prefix_hash } else { track.messages_state };
+        let mut state = if kept_end > track.head { blocks[kept_end - 1].prefix_hash } else { track.messages_state };
+        // The end of the records written so far (in place, the old ones follow it).
+        let mut end = kept_end;
+        // The records of a message made again in place, before they take their place.
+        let mut made: Vec<PromptBlock> = Vec::new();
         for (m, message) in request.messages.iter().enumerate().skip(reuse) {
-            let start = blocks.len();
+            let start = end;
             track.starts.push(start);
             let j = m - reuse;
+            let in_place = matches!(old, OldTail::InPlace);
+            // Where the records go: in place, into `made` first unless they are appended.
+            let appending = !in_place || m >= old_len;
+            debug_assert!(!in_place || (if m < old_len { old_starts[j] == start } else { start == blocks.len() }), "records in place are not where the message's old ones were");
             // The salt this message's blocks get: none for the first blocks of the request.
             let salt = if start > 0 { salt_of(&wanted, m) } else { 0 };
             if salt != 0 && start == track.head {
@@ -436,46 +501,85 @@ impl Flattener {
                 state = blocks[start - 1].prefix_hash;
             }
             if m < old_len && same(m, &track.messages, track.keys.as_deref()) {
-                let records = &old_tail[old_starts[j] - base..old_starts[j + 1] - base];
-                self.reused_blocks += records.len() as u64;
+                let range = old_starts[j]..old_starts[j + 1];
+                self.reused_blocks += range.len() as u64;
                 let resalt = salt_of(&old_salts, m) ^ salt;
-                for record in records {
-                    let mut block = record.clone();
-                    block.hash ^= resalt;
-                    state = chain(state, block.hash);
-                    block.prefix_hash = state;
-                    blocks.push(block);
+                if in_place {
+                    end = range.end;
+                    for block in &mut blocks[range] {
+                        block.hash ^= resalt;
+                        state = chain(state, block.hash);
+                        block.prefix_hash = state;
+                    }
+                } else {
+                    for record in old.records(range) {
+                        let mut block = record.clone();
+                        block.hash ^= resalt;
+                        state = chain(state, block.hash);
+                        block.prefix_hash = state;
+                        blocks.push(block);
+                    }
+                    end = blocks.len();
                 }
-            } else if let Some((_, records)) =
-                keys.and_then(|keys| prepared.remove(&keys[m])).filter(|(prepared_for, _)| prepared_for == family)
-            {
+                if salt != 0 && end > start {
+                    new_salts.push((m, salt));
+                }
+                continue;
+            }
+            // (The state before the message's blocks, for a salt: it chains from there.)
+            let before = if salt != 0 { blocks[start - 1].prefix_hash } else { 0 };
+            let out = if appending { &mut *blocks } else { &mut made };
+            let first = out.len();
+            if let Some((_, records)) = keys.and_then(|keys| prepared.remove(&keys[m])).filter(|(prepared_for, _)| prepared_for == family) {
                 // Hashed ahead at another index, perhaps: the same records at this one.
                 for mut block in records {
                     block.path.index = m;
                     block.hash ^= salt;
                     state = chain(state, block.hash);
                     block.prefix_hash = state;
-                    blocks.push(block);
+                    out.push(block);
                 }
             } else {
-                state = push_message(m, message, counter, family, state, blocks);
-                if salt != 0 && blocks.len() > start {
-                    state = blocks[start - 1].prefix_hash;
-                    for block in &mut blocks[start..] {
+                state = push_message(m, message, counter, family, state, out);
+                if salt != 0 && out.len() > first {
+                    state = before;
+                    for block in &mut out[first..] {
                         block.hash ^= salt;
                         state = chain(state, block.hash);
                         block.prefix_hash = state;
                     }
                 }
             }
-            if salt != 0 && blocks.len() > start {
+            if appending {
+                end = blocks.len();
+            } else if made.len() == old_starts[j + 1] - old_starts[j] {
+                // As many as the old message took: over its records.
+                end = start + made.len();
+                for (record, block) in blocks[start..end].iter_mut().zip(made.drain(..)) {
+                    *record = block;
+                }
+            } else {
+                // From here on, the old records are read where they are set aside.
+                let tail = blocks.split_off(start);
+                old = OldTail::Own(tail, start);
+                blocks.append(&mut made);
+                end = blocks.len();
+            }
+            if salt != 0 && end > start {
                 new_salts.push((m, salt));
             }
         }
+        if matches!(old, OldTail::InPlace) {
+            // The old records of messages the request no longer has.
+            blocks.truncate(end);
+        }
+        debug_assert_eq!(end, blocks.len(), "records written end where the list does");
         track.starts.push(blocks.len());
         track.salts = new_salts;
         sum_tokens_from(blocks, fresh_from);
         track.positions.scan(blocks, fresh_from);
+        #[cfg(debug_assertions)]
+        check_message_records(request, blocks, &track.starts, reuse, &track.salts, track.head, track.messages_state);
         drop(old);
         track.blocks = Arc::new(owned);
         match keys {

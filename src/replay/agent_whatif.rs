@@ -1004,9 +1004,9 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     if world.refuses(effective) || world.refuses(trunk) {
         return None;
     }
-    let (a, b) = (world.strategy(effective), world.strategy(trunk));
+    let (a, b) = (world.applied(effective), world.applied(trunk));
     if a.mcp_instructions == McpInstructionsMode::Delta && b.mcp_instructions == McpInstructionsMode::System {
-        let mut same = a.clone();
+        let mut same = Strategy::clone(&a);
         same.mcp_instructions = b.mcp_instructions;
         return same_settings(&same, &b)?.then_some(PeerBranch::McpDelta);
     }
@@ -1025,7 +1025,7 @@ pub fn peer_branch_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepare
     }
     // Only `enabled` may differ in autocompact: its other knobs also set the window the API
     // refuses at and snip's trigger, which the trunk's rows would not show.
-    let mut same = a.clone();
+    let mut same = Strategy::clone(&a);
     same.compact.autocompact.enabled = trunk_auto.enabled;
     same.compact.peer = b.compact.peer.clone();
     if !same_settings(&same, &b)? {
@@ -1108,14 +1108,14 @@ pub fn mirror_of(effective: &Strategy, trunk: &Strategy, prepared: &Prepared) ->
     if world.refuses(effective) || world.refuses(trunk) {
         return None;
     }
-    let (a, b) = (world.strategy(effective), world.strategy(trunk));
+    let (a, b) = (world.applied(effective), world.applied(trunk));
     if !a.prompt_caching {
         return None;
     }
     if a.enable_tool_search != b.enable_tool_search {
         return tools_up_front(&a, &b, prepared);
     }
-    let mut same = a.clone();
+    let mut same = Strategy::clone(&a);
     let without_boundary = a.ttl_main == b.ttl_main;
     if without_boundary {
         let global = b.global_cache_scope && b.first_party && !b.disable_experimental_betas;

@@ -1687,7 +1687,7 @@ pub fn size_unmodelled(
         if let Some(first) = doc.get_mut("script").and_then(Value::as_array_mut).and_then(|steps| steps.iter_mut().find(|s| s.get("user").is_some())) {
             first["user"] = Value::String(text.clone());
         }
-        *typed = text;
+        *typed = text.into();
     } else {
         // No history stand-in: a recorded microcompact clears only the file's own results.
         if let Some(steps) = doc.get_mut("script").and_then(Value::as_array_mut) {

@@ -115,7 +115,7 @@ impl Scenario {
             dynamic_system_marker: spec.dynamic_system_marker,
             recorded_attachments: spec.recorded_attachments,
             redact_thinking: spec.redact_thinking,
-            restored_unrecorded: spec.restored_unrecorded.clone(),
+            restored_unrecorded: spec.restored_unrecorded.as_deref().map(std::sync::Arc::from),
         }
     }
 }

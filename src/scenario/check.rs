@@ -232,7 +232,7 @@ fn check_step(
         }
     }
     if let Some(text) = step.user {
-        return Ok(Step::User { text });
+        return Ok(Step::User { text: text.into() });
     }
     if let Some(wait) = step.wait {
         return Ok(Step::Wait { ms: wait.0 });

@@ -179,8 +179,9 @@ fn default_summary_tokens() -> u64 {
 /// One step of the script, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// `user: "..."` — the user sends a prompt; the agent runs a turn.
-    User { text: String },
+    /// `user: "..."` — the user sends a prompt; the agent runs a turn. The text is shared with
+    /// the record the agent keeps of it (and every copy of the script: a what-if's scenarios).
+    User { text: crate::api::SharedText },
     /// `assistant: [...]` — the model's next reply on a lane.
     Assistant(AssistantStep),
     /// `tool_output: {Bash: "..."}` — outputs for tools the simulator does not execute, resolved

@@ -4,4 +4,4 @@
 mod knobs;
 pub mod presets;
 
-pub use knobs::{AGENT_READ_KNOBS, BaseUrl, McpInstructionsMode, Strategy, StrategyError, TtlSetting};
+pub use knobs::{AGENT_READ_KNOBS, BaseUrl, ENV_VARS, McpInstructionsMode, Strategy, StrategyError, TtlSetting};

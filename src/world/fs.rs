@@ -63,12 +63,10 @@ pub struct VirtualFs {
     dirs: BTreeSet<String>,
     journal: Vec<Change>,
     /// Every file path whose entry was set or removed (seeds too, unlike the journal), in the
-    /// order it happened: [`VirtualFs::files_changed_since`].
-    file_changes: Vec<String>,
-    /// Which tree `file_changes` counts: [`VirtualFs::change_mark`].
-    lineage: Lineage,
-    /// How many times the explicit directories changed (made or removed): what
-    /// `file_changes` does not show ([`TreeMark`]).
+    /// order it happened, and which tree it counts: [`VirtualFs::files_changed_since`].
+    changes: ChangeLog,
+    /// How many times the explicit directories changed (made or removed): what `changes`
+    /// does not show ([`TreeMark`]).
     dir_changes: usize,
     /// Values derived from the tree ([`VirtualFs::derived`]), dropped by every change.
     derived: Derived,
@@ -215,32 +213,71 @@ pub struct ChangeMark {
     count: usize,
 }
 
-/// Names one tree and the changes it went through: a new fs and every copy of one take a new
-/// number (two copies may then change apart), so a [`ChangeMark`] only ever counts the changes
-/// of the tree it was taken from. The number is never output.
-struct Lineage(u64);
+/// The file paths a tree set or removed, in order, under a number naming the tree: a new fs and
+/// every copy of one take a new number (two copies may then change apart), so a [`ChangeMark`]
+/// only ever counts the changes of the tree it was taken from. The number is never output.
+///
+/// A copy holds none of the paths: no mark of its tree counts a change made before the copy,
+/// so its list starts empty, after the `before` changes it copied (a run's checkpoints copy
+/// the fs; the list grows with every write of the run). Debug builds keep every path as well
+/// and compare.
+struct ChangeLog {
+    lineage: u64,
+    before: usize,
+    paths: Vec<String>,
+    #[cfg(debug_assertions)]
+    all: Vec<String>,
+}
 
-impl Lineage {
-    fn fresh() -> Self {
-        Lineage(crate::shared::fresh_stamp())
+impl ChangeLog {
+    fn push(&mut self, path: String) {
+        #[cfg(debug_assertions)]
+        self.all.push(path.clone());
+        self.paths.push(path);
+    }
+
+    /// How many changes the tree went through.
+    fn count(&self) -> usize {
+        self.before + self.paths.len()
+    }
+
+    /// The paths from change `count` on, for a count this tree's mark gave (never before the
+    /// copy it began as); `None` for any other.
+    fn since(&self, count: usize) -> Option<&[String]> {
+        let paths = count.checked_sub(self.before).and_then(|k| self.paths.get(k..));
+        #[cfg(debug_assertions)]
+        debug_assert!(paths.is_none_or(|paths| self.all.get(count..) == Some(paths)), "the changes since a mark differ from the whole list's");
+        paths
     }
 }
 
-impl Default for Lineage {
+impl Default for ChangeLog {
     fn default() -> Self {
-        Lineage::fresh()
+        ChangeLog {
+            lineage: crate::shared::fresh_stamp(),
+            before: 0,
+            paths: Vec::new(),
+            #[cfg(debug_assertions)]
+            all: Vec::new(),
+        }
     }
 }
 
-impl Clone for Lineage {
+impl Clone for ChangeLog {
     fn clone(&self) -> Self {
-        Lineage::fresh()
+        ChangeLog {
+            lineage: crate::shared::fresh_stamp(),
+            before: self.count(),
+            paths: Vec::new(),
+            #[cfg(debug_assertions)]
+            all: self.all.clone(),
+        }
     }
 }
 
-impl std::fmt::Debug for Lineage {
+impl std::fmt::Debug for ChangeLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Lineage")
+        write!(f, "ChangeLog({} changes)", self.count())
     }
 }
 
@@ -254,7 +291,7 @@ impl VirtualFs {
     pub fn seed(&mut self, path: &str, contents: impl Into<String>, clock: &Clock) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
-        self.file_changes.push(path.clone());
+        self.changes.push(path.clone());
         self.files.insert(path, FileEntry { contents: contents.into().into(), mtime_ms: clock.now_ms() as i64 });
         Ok(())
     }
@@ -263,7 +300,7 @@ impl VirtualFs {
     pub fn seed_at(&mut self, path: &str, contents: impl Into<String>, mtime_ms: i64) -> Result<(), WorldError> {
         self.derived.clear();
         let path = self.writable_path(path)?;
-        self.file_changes.push(path.clone());
+        self.changes.push(path.clone());
         self.files.insert(path, FileEntry { contents: contents.into().into(), mtime_ms });
         Ok(())
     }
@@ -288,7 +325,7 @@ impl VirtualFs {
         let path = self.writable_path(path)?;
         let time_ms = clock.now_ms();
         self.files.insert(path.clone(), FileEntry { contents: contents.into(), mtime_ms: time_ms as i64 });
-        self.file_changes.push(path.clone());
+        self.changes.push(path.clone());
         self.journal.push(Change { path, time_ms, kind: ChangeKind::Write });
         Ok(())
     }
@@ -316,7 +353,7 @@ impl VirtualFs {
         let path = normalize_path(path)?;
         let time_ms = clock.now_ms();
         if self.files.remove(&path).is_some() {
-            self.file_changes.push(path.clone());
+            self.changes.push(path.clone());
             self.journal.push(Change { path, time_ms, kind: ChangeKind::Remove });
             return Ok(());
         }
@@ -327,7 +364,7 @@ impl VirtualFs {
         let doomed: Vec<String> = self.files.range(prefix.clone()..).map(|(p, _)| p).take_while(|p| p.starts_with(&prefix)).cloned().collect();
         for file in doomed {
             self.files.remove(&file);
-            self.file_changes.push(file.clone());
+            self.changes.push(file.clone());
             self.journal.push(Change { path: file, time_ms, kind: ChangeKind::Remove });
         }
         self.dirs.retain(|d| d != &path && !d.starts_with(&prefix));
@@ -492,14 +529,14 @@ impl VirtualFs {
 
     /// Where this tree's changes stand now, for [`Self::files_changed_since`].
     pub fn change_mark(&self) -> ChangeMark {
-        ChangeMark { lineage: self.lineage.0, count: self.file_changes.len() }
+        ChangeMark { lineage: self.changes.lineage, count: self.changes.count() }
     }
 
     /// The files set or removed (seeds included) since `mark` was taken from this tree, in
     /// the order it happened and repeated as often; `None` when `mark` comes from another tree
     /// (another fs or a copy of this one), whose changes this one does not know.
     pub fn files_changed_since(&self, mark: ChangeMark) -> Option<&[String]> {
-        (mark.lineage == self.lineage.0).then(|| &self.file_changes[mark.count..])
+        (mark.lineage == self.changes.lineage).then(|| self.changes.since(mark.count)).flatten()
     }
 
     /// Where this tree's changes stand now, its explicit directories' included.

@@ -74,8 +74,9 @@ pub struct World {
     pub redact_thinking: bool,
     /// What every full compaction of the main thread restores beyond the agent's own restore:
     /// a real session's sized stand-in for what its client kept from before the file
-    /// (`world.restored_unrecorded`).
-    pub restored_unrecorded: Option<String>,
+    /// (`world.restored_unrecorded`). Shared by every copy of the world, as the tool outputs
+    /// are (a run's checkpoints copy the world).
+    pub restored_unrecorded: Option<std::sync::Arc<str>>,
 }
 
 impl World {

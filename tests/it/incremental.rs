@@ -282,6 +282,39 @@ proptest! {
     }
 }
 
+/// An older message rewritten with the rest kept: the track's records stay where they are
+/// while each message takes as many blocks as the old one at its position (a cleared result,
+/// an input re-serialized), and are set aside from the first that takes more or fewer (a
+/// result given a second block, a message dropped); a request with fewer messages drops the
+/// old records after them. Every request flattens and measures as from scratch.
+#[test]
+fn rewritten_older_messages_rechain_the_rest_as_from_scratch() {
+    let mut lanes = [Lane::new("main", "first prompt"), Lane::new("fork", "first prompt"), Lane::new("sub", "subagent task")];
+    let mut requests = Vec::new();
+    let mut send = |lanes: &mut [Lane; 3], step: Step, i: usize| requests.push(("main".to_owned(), i as u64 * 1000, apply(lanes, 0, &step, i)));
+    for i in 0..8 {
+        send(&mut lanes, Step::ToolRound { size: 40 + i * 10, reversed_keys: false }, i);
+    }
+    // The same count: in place.
+    send(&mut lanes, Step::ClearResult { nth: 2 }, 8);
+    send(&mut lanes, Step::ReorderInput { nth: 1 }, 9);
+    send(&mut lanes, Step::ToolRound { size: 60, reversed_keys: true }, 10);
+    // One more block in an older message: set aside from there.
+    if let MessageContent::Blocks(blocks) = &mut lanes[0].messages[4].content {
+        blocks.push(ContentBlock::text("and one more thing"));
+    }
+    send(&mut lanes, Step::Resend, 11);
+    send(&mut lanes, Step::ClearResult { nth: 5 }, 12);
+    // Fewer messages than the track's last request.
+    lanes[0].messages.truncate(9);
+    send(&mut lanes, Step::Resend, 13);
+    send(&mut lanes, Step::ClearResult { nth: 0 }, 14);
+    send(&mut lanes, Step::UserTurn { size: 30, as_string: true }, 15);
+    let (rows, reused) = check_incremental_matches_fresh(EstimatorKind::Chars4, &requests);
+    assert_eq!(rows.len(), 16);
+    assert!(reused > 0.5, "reused {reused}");
+}
+
 /// A growing session reuses nearly every message block, and still measures as from scratch.
 #[test]
 fn a_growing_session_reuses_its_history() {

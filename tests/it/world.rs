@@ -111,6 +111,39 @@ fn glob_matches_relative_and_absolute_patterns() {
     check_glob(TREE, "*.rs", "/repo", "");
 }
 
+/// A copy of the fs keeps none of the changes made before it, yet its own marks read the
+/// changes made on it since, as the original's read its own: a copy of a copy too; a mark of
+/// one tree reads nothing of another.
+#[test]
+fn changes_since_a_mark_are_the_trees_own_across_copies() {
+    let (mut fs, clock) = fs_with(&["/a.txt", "/b.txt"]);
+    let before_copy = fs.change_mark();
+    let mut copy = fs.clone();
+    assert_eq!(copy.files_changed_since(before_copy), None, "a copy does not read the original's marks");
+    let copied = copy.change_mark();
+    assert_eq!(copy.files_changed_since(copied), Some(&[][..]));
+    copy.write("/c.txt", "c", &clock).unwrap();
+    copy.remove("/a.txt", &clock).unwrap();
+    let middle = copy.change_mark();
+    copy.write("/b.txt", "b again", &clock).unwrap();
+    fn changed(paths: Option<&[String]>) -> Option<Vec<&str>> {
+        paths.map(|paths| paths.iter().map(String::as_str).collect())
+    }
+    assert_eq!(changed(copy.files_changed_since(copied)), Some(vec!["/c.txt", "/a.txt", "/b.txt"]));
+    assert_eq!(changed(copy.files_changed_since(middle)), Some(vec!["/b.txt"]));
+    // The original goes on apart from its copy.
+    fs.write("/d.txt", "d", &clock).unwrap();
+    assert_eq!(changed(fs.files_changed_since(before_copy)), Some(vec!["/d.txt"]));
+    assert_eq!(fs.files_changed_since(copied), None);
+    // A copy of the copy, from a mark taken on it.
+    let mut again = copy.clone();
+    let start = again.change_mark();
+    again.write("/e.txt", "e", &clock).unwrap();
+    assert_eq!(changed(again.files_changed_since(start)), Some(vec!["/e.txt"]));
+    assert_eq!(again.files_changed_since(middle), None);
+    assert_eq!(changed(copy.files_changed_since(middle)), Some(vec!["/b.txt"]), "a copy's changes are not its copy's");
+}
+
 #[test]
 fn glob_reports_bad_patterns() {
     let (fs, _) = fs_with(TREE);

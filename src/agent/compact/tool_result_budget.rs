@@ -37,7 +37,8 @@ pub const PERSISTED_CLOSE: &str = "</persisted-output>";
 /// `contentReplacementState`: mutated in place, never reset.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplacementState {
-    pub seen_ids: BTreeSet<String>,
+    /// Each id shared by the state's copies (a run's checkpoints copy the set: a count per id).
+    pub seen_ids: BTreeSet<std::rc::Rc<str>>,
     pub replacements: BTreeMap<String, String>,
     /// What the runs so far settled, so that a request's run reads only what is new.
     pub scan: BudgetScan,
@@ -100,7 +101,7 @@ impl BudgetScan {
 
     /// Extends the settled entries over `entries[self.len..]` as far as every result there is
     /// frozen, marking each entry it takes.
-    fn extend(&mut self, entries: &[Entry], state_seen: &BTreeSet<String>, state_replaced: &BTreeMap<String, String>) {
+    fn extend(&mut self, entries: &[Entry], state_seen: &BTreeSet<std::rc::Rc<str>>, state_replaced: &BTreeMap<String, String>) {
         for (i, entry) in entries.iter().enumerate().skip(self.len) {
             if entry.on_wire() {
                 if entry.message().role == Role::Assistant {
@@ -114,7 +115,7 @@ impl BudgetScan {
                     }
                 } else {
                     let candidates = entry.budget_candidates();
-                    if candidates.iter().any(|c| !state_seen.contains(&c.id) || state_replaced.contains_key(&c.id)) {
+                    if candidates.iter().any(|c| !state_seen.contains(c.id.as_str()) || state_replaced.contains_key(&c.id)) {
                         return;
                     }
                     self.open_frozen += candidates.iter().map(|c| c.size).sum::<u64>();
@@ -409,7 +410,7 @@ impl Stage for ToolResultBudget {
                 let tool = tool_name(&cx.entries, candidate.id).unwrap_or("");
                 match config.threshold(tool) {
                     None => {
-                        cx.state.replacements.seen_ids.insert(candidate.id.to_owned());
+                        cx.state.replacements.seen_ids.insert(candidate.id.into());
                     }
                     Some(limit) if candidate.size > limit => selected.push(candidate),
                     Some(_) => eligible.push(candidate),
@@ -430,10 +431,10 @@ impl Stage for ToolResultBudget {
                 eligible = rest;
             }
             for candidate in eligible {
-                cx.state.replacements.seen_ids.insert(candidate.id.to_owned());
+                cx.state.replacements.seen_ids.insert(candidate.id.into());
             }
             for candidate in selected {
-                cx.state.replacements.seen_ids.insert(candidate.id.to_owned());
+                cx.state.replacements.seen_ids.insert(candidate.id.into());
                 let ContentBlock::ToolResult { content: Some(content), .. } =
                     &cx.entries[candidate.entry].blocks()[candidate.block]
                 else {
