@@ -645,7 +645,7 @@ impl Session {
         // The input is read only by a configured hook of the event (a scripted standalone
         // answer reads none): with none configured, none is made with a copy of the prompt
         // (debug builds run the hooks with it and compare).
-        let configured = self.settings_hooks.hooks.iter().chain(&self.plugin_hooks).chain(&self.session_hooks).any(|hook| hook.event == "UserPromptSubmit");
+        let configured = self.hook_sources().any(|hook| hook.event == "UserPromptSubmit");
         let run = self.hooks(world, "UserPromptSubmit", "", if configured { json!({"prompt": text}) } else { json!({}) });
         #[cfg(debug_assertions)]
         if !configured {
@@ -685,10 +685,13 @@ impl Session {
 
     /// Every hook configured now: settings snapshot, plugin hooks, session hooks.
     pub fn configured_hooks(&self) -> Vec<ConfiguredHook> {
-        let mut all = self.settings_hooks.hooks.clone();
-        all.extend(self.plugin_hooks.iter().cloned());
-        all.extend(self.session_hooks.iter().cloned());
-        all
+        self.hook_sources().cloned().collect()
+    }
+
+    /// The hooks in force, by reference, in [`Self::configured_hooks`]'s order: settings,
+    /// plugins, session.
+    fn hook_sources(&self) -> impl Iterator<Item = &ConfiguredHook> {
+        self.settings_hooks.hooks.iter().chain(&self.plugin_hooks).chain(&self.session_hooks)
     }
 
     /// Warnings of the settings hooks snapshot (unknown events, bad JSON, ...).
