@@ -1530,7 +1530,7 @@ impl Session {
     }
 
     fn config_home(world: &World) -> String {
-        format!("{}/.claude", world.home.trim_end_matches('/'))
+        [world.home.trim_end_matches('/'), "/.claude"].concat()
     }
 
     fn auto_memory_dir(&self, world: &World) -> Option<String> {

@@ -146,8 +146,24 @@ pub fn load_skills_from(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) 
 pub fn load_skills_from_shared(fs: &VirtualFs, roots: &[String], prefix: Option<&str>) -> std::sync::Arc<Vec<Skill>> {
     // The agent lists its skills at every step; between two changes of the fs they are those
     // it read the step before.
-    let key = format!("skills {prefix:?} {roots:?}");
+    let key = derived_key(if prefix.is_some() { "skills with prefix" } else { "skills" }, prefix.into_iter().chain(roots.iter().map(String::as_str)));
     fs.derived_by_reads(&key, |fs| std::sync::Arc::new(read_skills_from(fs, roots, prefix)))
+}
+
+/// A key of the fs's derived values ([`VirtualFs::derived_by_reads`]): `tag`, then each part
+/// with its length before it, so no two lists of parts (nor two tags here) give one key.
+/// Written part by part: the agent asks at every step, and `{:?}` escapes every character.
+fn derived_key<'a>(tag: &str, parts: impl Iterator<Item = &'a str> + Clone) -> String {
+    use std::fmt::Write as _;
+    let mut key = String::with_capacity(tag.len() + 1 + parts.clone().map(|part| part.len() + 8).sum::<usize>());
+    key.push_str(tag);
+    key.push('|');
+    for part in parts {
+        // (Writing a number into a `String` cannot fail.)
+        let _ = write!(key, "{}:", part.len());
+        key.push_str(part);
+    }
+    key
 }
 
 /// [`load_skills_from`] read afresh.
@@ -292,7 +308,7 @@ pub fn load_skills(fs: &VirtualFs, config_home: &str, cwd: &str) -> Vec<Skill> {
 pub fn load_skills_shared(fs: &VirtualFs, config_home: &str, cwd: &str) -> std::sync::Arc<Vec<Skill>> {
     // Kept by home and cwd (quoted in the key, so no two pairs share one): the roots they name
     // are not worked out again at every step.
-    fs.derived_by_reads(&format!("skills of {config_home:?} {cwd:?}"), |fs| {
+    fs.derived_by_reads(&derived_key("skills of", [config_home, cwd].into_iter()), |fs| {
         std::sync::Arc::new(read_skills_from(fs, &skill_roots(config_home, cwd, crate::agent::instructions::MANAGED_DIR), None))
     })
 }
@@ -300,14 +316,19 @@ pub fn load_skills_shared(fs: &VirtualFs, config_home: &str, cwd: &str) -> std::
 /// The `.claude/skills` directories between a touched file and the cwd (the cwd excluded),
 /// deepest first (`discoverSkillDirsForPaths`).
 pub fn nested_skill_dirs(fs: &VirtualFs, file: &str, cwd: &str) -> Vec<String> {
+    const SKILLS: &str = "/.claude/skills";
     let cwd = cwd.trim_end_matches('/');
     let mut out = Vec::new();
-    let inside = format!("{cwd}/");
+    let inside = |dir: &str| dir.strip_prefix(cwd).is_some_and(|rest| rest.starts_with('/'));
     let mut dir = file.rsplit_once('/').map_or("", |(d, _)| d);
-    while dir.len() > cwd.len() && dir.starts_with(&inside) {
-        let candidate = format!("{dir}/.claude/skills");
+    // (One buffer for every candidate: the agent asks this of every file a reply touches.)
+    let mut candidate = String::with_capacity(dir.len() + SKILLS.len());
+    while dir.len() > cwd.len() && inside(dir) {
+        candidate.clear();
+        candidate.push_str(dir);
+        candidate.push_str(SKILLS);
         if fs.is_dir(&candidate) {
-            out.push(candidate);
+            out.push(candidate.clone());
         }
         dir = dir.rsplit_once('/').map_or("", |(d, _)| d);
     }
