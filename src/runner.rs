@@ -275,7 +275,7 @@ impl<'o> Collected<'o> {
         if let Some(compacted) = &mut self.compacted
             && row.lane == crate::recording::format::LANE_MAIN
             && row.error.is_none()
-            && row.stages.iter().any(|s| s.fired && COMPACTION_STAGES.contains(&s.name.as_str()))
+            && row.stages.iter().any(|s| s.fired && COMPACTION_STAGES.contains(&&*s.name))
         {
             compacted.push((self.rows.len(), request.messages.clone()));
         }

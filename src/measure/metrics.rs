@@ -18,7 +18,9 @@ use super::tokens::TokenCounter;
 /// A stage's report on one request, as the trace carries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageReport {
-    pub name: String,
+    /// The stage's name: a constant (a copy of the report, a checkpoint's row changed, copies
+    /// no text).
+    pub name: std::borrow::Cow<'static, str>,
     pub fired: bool,
     pub reason: String,
     pub tokens_before: u64,
@@ -667,7 +669,7 @@ fn context_editing_effects(
             })
             .collect();
         stages.push(StageReport {
-            name: "context_editing".to_owned(),
+            name: "context_editing".into(),
             fired: true,
             reason: format!("newly cleared server-side: {tools} tool uses, {thinking} thinking blocks ({})", applied.join("; ")),
             tokens_before: flat.total_tokens + freed,

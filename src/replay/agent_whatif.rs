@@ -732,7 +732,7 @@ impl Follow {
         let mut taking = 0;
         let mut compacted = false;
         for stage in stages.iter().filter(|s| s.fired) {
-            if crate::runner::COMPACTION_STAGES.contains(&stage.name.as_str()) {
+            if crate::runner::COMPACTION_STAGES.contains(&&*stage.name) {
                 compacted = true;
                 if !rules.recorded.iter().any(|(at, _)| *at == call) {
                     parts = Some(call);
@@ -745,7 +745,7 @@ impl Follow {
                     }
                     self.taken.push(choice);
                 }
-            } else if REWRITE_STAGES.contains(&stage.name.as_str()) && stage.tokens_after < stage.tokens_before && !(rules.client_edits && stage.name == "context_editing") {
+            } else if REWRITE_STAGES.contains(&&*stage.name) && stage.tokens_after < stage.tokens_before && !(rules.client_edits && stage.name == "context_editing") {
                 parts = Some(call);
             }
         }
@@ -1701,7 +1701,13 @@ fn run_from(
             let row = &mut run.output.rows[*row];
             let measured = row.context_management.is_some() && row.stages.last().is_some_and(|s| s.fired && s.name == "context_editing");
             let at = row.stages.len() - usize::from(measured);
-            row.stages.splice(at..at, add.iter().cloned());
+            // (Made at its size: the row's stages are the checkpoint's, which a change in
+            // place would copy and then grow.)
+            let mut stages = Vec::with_capacity(row.stages.len() + add.len());
+            stages.extend_from_slice(&row.stages[..at]);
+            stages.extend_from_slice(add);
+            stages.extend_from_slice(&row.stages[at..]);
+            row.stages = stages.into();
         }
         // The microcompact stage the strategy runs where the trunk's was disabled (server-side
         // tool-use clearing, [`PeerBranch::ContextEditing`]) found no trigger on the trunk's
@@ -1822,9 +1828,9 @@ fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded
     let mut rewrites: Vec<(usize, String)> = Vec::new();
     for &(row, call) in &run.paired {
         for stage in run.output.rows[row].stages.iter().filter(|s| s.fired) {
-            if crate::runner::COMPACTION_STAGES.contains(&stage.name.as_str()) {
-                compactions.push(Compacted { call, stage: stage.name.clone(), tokens_before: stage.tokens_before, recorded_summary: false });
-            } else if REWRITE_STAGES.contains(&stage.name.as_str()) && stage.tokens_after < stage.tokens_before && !(client_edits && stage.name == "context_editing") {
+            if crate::runner::COMPACTION_STAGES.contains(&&*stage.name) {
+                compactions.push(Compacted { call, stage: stage.name.to_string(), tokens_before: stage.tokens_before, recorded_summary: false });
+            } else if REWRITE_STAGES.contains(&&*stage.name) && stage.tokens_after < stage.tokens_before && !(client_edits && stage.name == "context_editing") {
                 // (A stage that fired but removed nothing, e.g. a context edit that cleared no
                 // tool use, left the conversation as recorded.)
                 rewrites.push((call, format!("the agent's {} stage rewrote the conversation ({})", stage.name, stage.reason)));

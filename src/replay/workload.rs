@@ -1235,10 +1235,10 @@ fn agent_replay_dropping_thinking(
     let mut compactions = Vec::new();
     for (row, index) in main_rows.iter().zip(&workload.main_calls) {
         let Some(call) = by_index.get(index) else { continue };
-        for stage in row.stages.iter().filter(|s| s.fired && matches!(s.name.as_str(), "autocompact" | "session_memory_compact" | "manual_compact" | "reactive_compact")) {
+        for stage in row.stages.iter().filter(|s| s.fired && matches!(&*s.name, "autocompact" | "session_memory_compact" | "manual_compact" | "reactive_compact")) {
             compactions.push(AgentCompaction {
                 before_call: call.index,
-                stage: stage.name.clone(),
+                stage: stage.name.to_string(),
                 reason: stage.reason.clone(),
                 tokens_before: stage.tokens_before,
                 tokens_after: stage.tokens_after,

@@ -398,7 +398,7 @@ fn evaluate_scenario(input: &Input, scenario: &Scenario, strategy: &Strategy, me
     // (`context_editing` is the server's clearing, which changes what the model saw too.)
     const PEER_STAGES: [&str; 7] =
         ["observation_masking", "opencode_prune", "opencode_summary", "codex_compact", "cline_truncate", "server_compaction", "context_editing"];
-    let first_rewrite = output.rows.iter().find(|r| r.stages.iter().any(|s| s.fired && PEER_STAGES.contains(&s.name.as_str())));
+    let first_rewrite = output.rows.iter().find(|r| r.stages.iter().any(|s| s.fired && PEER_STAGES.contains(&&*s.name)));
     let note = first_rewrite.map(|r| {
         format!("from request {} the strategy rewrote what the model saw; the scripted replies are kept as written", r.index)
     });

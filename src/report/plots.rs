@@ -212,7 +212,7 @@ pub fn cache_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
 /// labelled with their causes.
 pub fn stages_chart(name: &str, rows: &[RequestMetrics]) -> Chart {
     let mut chart = Chart::new("stages", format!("Stage firings and cache breaks: {name}"), "request", "", AxisFormat::Plain);
-    let names: BTreeSet<&str> = rows.iter().flat_map(|r| r.stages.iter().filter(|s| s.fired).map(|s| s.name.as_str())).collect();
+    let names: BTreeSet<&str> = rows.iter().flat_map(|r| r.stages.iter().filter(|s| s.fired).map(|s| &*s.name)).collect();
     chart.y_categories = names.iter().map(|n| (*n).to_owned()).collect();
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         chart.x_span = Some((first.index as f64, last.index as f64));
@@ -486,7 +486,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Res
         }
         cc.draw_series(bars)
             .map_err(e)?
-            .label(s.name.as_str())
+            .label(&*s.name)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled()));
     }
 
@@ -514,13 +514,13 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> Res
         if matches!(s.kind, SeriesKind::Line | SeriesKind::LinePoints) {
             cc.draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
                 .map_err(e)?
-                .label(s.name.as_str())
+                .label(&*s.name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
         }
         if matches!(s.kind, SeriesKind::Points | SeriesKind::LinePoints) {
             let dots = cc.draw_series(s.points.iter().map(|&p| Circle::new(p, size, c.filled()))).map_err(e)?;
             if s.kind == SeriesKind::Points {
-                dots.label(s.name.as_str()).legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+                dots.label(&*s.name).legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
             }
         }
         // Labels sit up-right of their point, or up-left near the right edge so they stay inside.

@@ -480,7 +480,7 @@ impl Mirror {
         if let Some(client) = self.client.as_deref_mut() {
             client.after_main(&mine);
         }
-        if self.of.tools_up_front && mine.error.is_none() && mine.stages.iter().any(|s| s.fired && super::COMPACTION_STAGES.contains(&s.name.as_str())) {
+        if self.of.tools_up_front && mine.error.is_none() && mine.stages.iter().any(|s| s.fired && super::COMPACTION_STAGES.contains(&&*s.name)) {
             let messages = if self.main_up_front { self.messages.clone() } else { input_messages.to_vec() };
             self.compacted.push((self.rows.len(), messages));
         }

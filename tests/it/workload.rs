@@ -164,7 +164,7 @@ script:
     );
     assert_eq!(crate::support::lanes(&out), ["main", "compact", "main"]);
     assert_eq!(out.summary.compactions["manual"], 1);
-    let fired: Vec<&str> = out.rows[2].stages.iter().filter(|s| s.fired).map(|s| s.name.as_str()).collect();
+    let fired: Vec<&str> = out.rows[2].stages.iter().filter(|s| s.fired).map(|s| &*s.name).collect();
     assert_eq!(fired, ["manual_compact"]);
     assert!(out.rows[2].events.iter().any(|e| e.contains("compact")), "{:?}", out.rows[2].events);
 }

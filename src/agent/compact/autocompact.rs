@@ -182,7 +182,7 @@ impl Stage for Autocompact {
         let tokens_before = cx.rough_total();
         let counted = token_count_with_estimation(&cx.entries).saturating_sub(cx.output.snip_tokens_freed);
         let mut report = StageReport {
-            name: self.name().to_owned(),
+            name: self.name().into(),
             fired: false,
             reason: String::new(),
             tokens_before,
@@ -211,7 +211,7 @@ impl Stage for Autocompact {
         if session_memory::try_compact(cx, Some(thresholds.autocompact)) {
             after_success(cx);
             cx.event("session_memory_compaction");
-            report.name = "session_memory_compact".to_owned();
+            report.name = "session_memory_compact".into();
             report.fired = true;
             report.reason = format!("session memory compaction at {counted} ≥ {}", thresholds.autocompact);
             report.tokens_after = rough_entries(&cx.entries);

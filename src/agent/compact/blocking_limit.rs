@@ -37,7 +37,7 @@ impl Stage for BlockingLimit {
         let auto = &cx.config.autocompact;
         let counted = token_count_with_estimation(&cx.entries).saturating_sub(cx.output.snip_tokens_freed);
         let mut report = StageReport {
-            name: self.name().to_owned(),
+            name: self.name().into(),
             fired: false,
             reason: String::new(),
             tokens_before: tokens,

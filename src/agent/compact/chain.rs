@@ -87,9 +87,9 @@ impl std::fmt::Debug for Chain {
 }
 
 /// A report of a stage that did not run.
-pub fn skipped(name: &str, reason: &str, tokens: u64) -> StageReport {
+pub fn skipped(name: &'static str, reason: &str, tokens: u64) -> StageReport {
     StageReport {
-        name: name.to_owned(),
+        name: name.into(),
         fired: false,
         reason: reason.to_owned(),
         tokens_before: tokens,

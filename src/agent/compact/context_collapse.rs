@@ -133,7 +133,7 @@ impl Stage for ContextCollapse {
         let target = effective * config.target_pct / 100;
         let tokens_before = cx.rough_total();
         let mut report = StageReport {
-            name: self.name().to_owned(),
+            name: self.name().into(),
             fired: false,
             reason: format!("below commit threshold ({tokens_before} < {commit_at})"),
             tokens_before,

@@ -221,7 +221,7 @@ impl Driver {
             let output = self.request(inspect);
             stats.requests += 1;
             for report in output.reports.iter().filter(|r| r.fired) {
-                *stats.fired.entry(report.name.clone()).or_default() += 1;
+                *stats.fired.entry(report.name.to_string()).or_default() += 1;
             }
             stats.compactions += usize::from(output.compacted);
             if output.blocked.is_some() {

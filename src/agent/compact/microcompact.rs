@@ -77,7 +77,7 @@ impl Stage for Microcompact {
             return report;
         }
         StageReport {
-            name: "microcompact".to_owned(),
+            name: "microcompact".into(),
             fired: false,
             reason: "no trigger".to_owned(),
             tokens_before,
@@ -149,7 +149,7 @@ pub fn time_based(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<Stage
     cx.event("microcompact_cleared_tool_result");
     let invalidated_from = first.map(|(e, b)| cx.wire_path(e, Some(b)));
     Some(StageReport {
-        name: "microcompact".to_owned(),
+        name: "microcompact".into(),
         fired: true,
         reason: format!("time_based: {gap_minutes} min since last assistant, cleared {cleared} tool results"),
         tokens_before,
@@ -189,7 +189,7 @@ pub fn cached(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<StageRepo
     cx.output.cache_edits_deleted_tool_ids = delete.clone();
     cx.event("microcompact_cleared_tool_result");
     Some(StageReport {
-        name: "microcompact".to_owned(),
+        name: "microcompact".into(),
         fired: true,
         reason: format!("cache_edits: deleting {} tool results server-side", delete.len()),
         tokens_before,

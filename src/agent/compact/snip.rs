@@ -40,7 +40,7 @@ impl Stage for Snip {
         let trigger = effective * config.trigger_pct / 100;
         let target = effective * config.target_pct / 100;
         let mut report = StageReport {
-            name: self.name().to_owned(),
+            name: self.name().into(),
             fired: false,
             reason: format!("below trigger ({tokens_before} < {trigger})"),
             tokens_before,

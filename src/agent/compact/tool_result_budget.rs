@@ -471,7 +471,7 @@ impl Stage for ToolResultBudget {
         }
         let invalidated_from = fresh_replaced.iter().min().map(|(e, b)| cx.wire_path(*e, Some(*b)));
         StageReport {
-            name: self.name().to_owned(),
+            name: self.name().into(),
             fired,
             reason: if fired {
                 format!("persisted {} tool results", fresh_replaced.len())
