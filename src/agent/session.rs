@@ -2149,7 +2149,7 @@ fn session_dir(world: &World, session_id: &str) -> String {
 
 /// A peer mechanism's outcome as the stage report a main request carries.
 fn peer_report(outcome: crate::agent::compact::peers::PeerOutcome) -> crate::measure::StageReport {
-    crate::measure::StageReport { name: outcome.stage.into(), fired: outcome.fired, reason: outcome.reason, tokens_before: outcome.tokens_before, tokens_after: outcome.tokens_after, invalidated_from: None }
+    crate::measure::StageReport { name: outcome.stage.into(), fired: outcome.fired, reason: outcome.reason.into(), tokens_before: outcome.tokens_before, tokens_after: outcome.tokens_after, invalidated_from: None }
 }
 
 /// The first user text as far as the system prompt reads it (its fingerprint's positions,

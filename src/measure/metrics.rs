@@ -22,7 +22,9 @@ pub struct StageReport {
     /// no text).
     pub name: std::borrow::Cow<'static, str>,
     pub fired: bool,
-    pub reason: String,
+    /// Why it fired or did not: a constant where it can be (a copy of the report copies no
+    /// text then).
+    pub reason: std::borrow::Cow<'static, str>,
     pub tokens_before: u64,
     pub tokens_after: u64,
     /// The first block path whose cached prefix the stage invalidated, if any.
@@ -671,7 +673,7 @@ fn context_editing_effects(
         stages.push(StageReport {
             name: "context_editing".into(),
             fired: true,
-            reason: format!("newly cleared server-side: {tools} tool uses, {thinking} thinking blocks ({})", applied.join("; ")),
+            reason: format!("newly cleared server-side: {tools} tool uses, {thinking} thinking blocks ({})", applied.join("; ")).into(),
             tokens_before: flat.total_tokens + freed,
             tokens_after: flat.total_tokens,
             // Every position's key is one of `edited.cleared`: newly cleared when in `newly`.

@@ -1718,7 +1718,7 @@ fn run_from(
             // are copied only where one changes.)
             for row in run.output.rows[..c.rows].iter_mut().filter(|row| row.stages.iter().any(disabled)) {
                 for stage in row.stages.iter_mut().filter(|s| disabled(s)) {
-                    stage.reason = "no trigger".to_owned();
+                    stage.reason = "no trigger".into();
                 }
             }
         }
@@ -1739,13 +1739,13 @@ fn run_from(
                         if stage.name == "autocompact" {
                             counted = count_of(stage);
                             if counted.is_some() {
-                                stage.reason = "auto-compact disabled".to_owned();
+                                stage.reason = "auto-compact disabled".into();
                             }
                         } else if stage.name == "blocking_limit"
                             && let Some(n) = counted.take()
                             && (stage.reason == "reactive compact owns overflow" || stage.reason.starts_with("under blocking limit ("))
                         {
-                            stage.reason = format!("under blocking limit ({n} < {blocking})");
+                            stage.reason = format!("under blocking limit ({n} < {blocking})").into();
                         }
                     }
                 }
@@ -1759,7 +1759,7 @@ fn run_from(
                 for row in run.output.rows[..c.rows].iter_mut().filter(|row| row.stages.iter().any(below)) {
                     for stage in row.stages.iter_mut().filter(|s| below(s)) {
                         if let Some(head) = stage.reason.strip_suffix(&suffix) {
-                            stage.reason = format!("{head} < {threshold})");
+                            stage.reason = format!("{head} < {threshold})").into();
                         }
                     }
                 }

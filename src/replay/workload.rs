@@ -1239,7 +1239,7 @@ fn agent_replay_dropping_thinking(
             compactions.push(AgentCompaction {
                 before_call: call.index,
                 stage: stage.name.to_string(),
-                reason: stage.reason.clone(),
+                reason: stage.reason.to_string(),
                 tokens_before: stage.tokens_before,
                 tokens_after: stage.tokens_after,
             });

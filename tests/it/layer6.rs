@@ -185,7 +185,7 @@ fn circuit_breaker_stops_after_three_failed_compactions() {
     let out = run("circuit-breaker");
     assert_eq!(lanes(&out), ["main", "compact", "main", "compact", "main", "compact", "main", "main"]);
     let reasons: Vec<&str> =
-        out.rows[7].stages.iter().filter(|s| s.name == "autocompact").map(|s| s.reason.as_str()).collect();
+        out.rows[7].stages.iter().filter(|s| s.name == "autocompact").map(|s| &*s.reason).collect();
     assert!(reasons.iter().any(|r| r.contains("circuit breaker open after 3 consecutive failures")), "{reasons:?}");
 }
 
@@ -277,7 +277,7 @@ fn prompt_too_long_is_surfaced_when_reactive_compact_is_off() {
     for row in &out.rows[1..] {
         assert!(row.error.as_deref().unwrap().starts_with("prompt is too long: "));
         assert!(row.stages.iter().all(|s| !s.fired), "{:?}", fired(row));
-        let autocompact: Vec<&str> = row.stages.iter().filter(|s| s.name == "autocompact").map(|s| s.reason.as_str()).collect();
+        let autocompact: Vec<&str> = row.stages.iter().filter(|s| s.name == "autocompact").map(|s| &*s.reason).collect();
         assert_eq!(autocompact, ["auto-compact disabled"]);
     }
     assert_eq!(out.rows[2].events, ["prompt_too_long_surfaced"]);
@@ -297,7 +297,7 @@ fn prompt_too_long_is_surfaced_when_reactive_compact_fails() {
     // The failed attempt is reported on the next main request, with the surfaced error.
     let next = &out.rows[3];
     assert!(next.error.is_some(), "turn 2 starts over the window again");
-    let failed: Vec<&str> = next.stages.iter().filter(|s| s.name == "reactive_compact").map(|s| s.reason.as_str()).collect();
+    let failed: Vec<&str> = next.stages.iter().filter(|s| s.name == "reactive_compact").map(|s| &*s.reason).collect();
     assert_eq!(failed, ["compaction failed (error: API Error: Repeated 529 Overloaded errors); consecutive failures 0"]);
     assert!(next.events.contains(&"prompt_too_long_surfaced".to_owned()), "{:?}", next.events);
     // Turn 2: reactive compact succeeds and the request goes through.

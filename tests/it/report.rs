@@ -7,7 +7,7 @@ use ctxsim::report::html::{ReportInput, escape, render_report, split_runs, write
 use ctxsim::report::plots::{ParetoPoint, Thresholds, pareto_chart, pareto_front, render_svg, trace_charts, write_png};
 
 fn stage(name: &str, fired: bool, before: u64, after: u64) -> StageReport {
-    StageReport { name: name.to_owned().into(), fired, reason: format!("{name} test"), tokens_before: before, tokens_after: after, invalidated_from: None }
+    StageReport { name: name.to_owned().into(), fired, reason: format!("{name} test").into(), tokens_before: before, tokens_after: after, invalidated_from: None }
 }
 
 /// A 40-request session: context grows to the threshold, autocompact fires at request 25 (with

@@ -184,7 +184,7 @@ impl Stage for Autocompact {
         let mut report = StageReport {
             name: self.name().into(),
             fired: false,
-            reason: String::new(),
+            reason: "".into(),
             tokens_before,
             tokens_after: tokens_before,
             invalidated_from: None,
@@ -205,7 +205,7 @@ impl Stage for Autocompact {
             (!thresholds.above_autocompact(counted)).then(|| format!("below threshold ({counted} < {})", thresholds.autocompact))
         };
         if let Some(reason) = skip {
-            report.reason = reason;
+            report.reason = reason.into();
             return report;
         }
         if session_memory::try_compact(cx, Some(thresholds.autocompact)) {
@@ -213,7 +213,7 @@ impl Stage for Autocompact {
             cx.event("session_memory_compaction");
             report.name = "session_memory_compact".into();
             report.fired = true;
-            report.reason = format!("session memory compaction at {counted} ≥ {}", thresholds.autocompact);
+            report.reason = format!("session memory compaction at {counted} ≥ {}", thresholds.autocompact).into();
             report.tokens_after = rough_entries(&cx.entries);
             report.invalidated_from = Some(cx.wire_path(0, None));
             return report;
@@ -223,7 +223,7 @@ impl Stage for Autocompact {
         let request = request(cx, CompactTrigger::Auto, fork, pre_tokens, 0, (0, 0));
         cx.output.peeled_tail = kept;
         cx.output.pending_compaction = Some(request);
-        report.reason = format!("requested summary at {counted} ≥ {}", thresholds.autocompact);
+        report.reason = format!("requested summary at {counted} ≥ {}", thresholds.autocompact).into();
         report
     }
 }
@@ -423,7 +423,7 @@ pub fn finish(cx: &mut ChainContext<'_>, request: &CompactionRequest, reply: Com
             let note = format!("{}{kept_note}", trimmed_note(trigger, request.trimmed_groups, request.trimmed_tokens, peeled));
             let report = report_mut(cx, trigger);
             report.fired = true;
-            report.reason = format!("{} compaction (summary after {} retries{note})", trigger.as_str(), request.ptl_attempt);
+            report.reason = format!("{} compaction (summary after {} retries{note})", trigger.as_str(), request.ptl_attempt).into();
             report.tokens_before = tokens_before;
             report.tokens_after = tokens_after;
             report.invalidated_from = Some(path);
@@ -438,6 +438,6 @@ pub fn finish(cx: &mut ChainContext<'_>, request: &CompactionRequest, reply: Com
     cx.event(&format!("compaction_failed:{}", failure.split(':').next().unwrap_or("error")));
     let failures = cx.state.tracking.consecutive_failures;
     let report = report_mut(cx, trigger);
-    report.reason = format!("compaction failed ({failure}); consecutive failures {failures}");
+    report.reason = format!("compaction failed ({failure}); consecutive failures {failures}").into();
     Finish::Done { compacted: false }
 }

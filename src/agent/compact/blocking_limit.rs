@@ -39,25 +39,25 @@ impl Stage for BlockingLimit {
         let mut report = StageReport {
             name: self.name().into(),
             fired: false,
-            reason: String::new(),
+            reason: "".into(),
             tokens_before: tokens,
             tokens_after: tokens,
             invalidated_from: None,
         };
         report.reason = if cx.output.compacted {
-            "compacted this iteration".to_owned()
+            "compacted this iteration".into()
         } else if matches!(cx.source, QuerySource::Compact | QuerySource::SessionMemory) {
-            "forks are not checked".to_owned()
+            "forks are not checked".into()
         } else if auto.enabled && auto.reactive_enabled {
-            "reactive compact owns overflow".to_owned()
+            "reactive compact owns overflow".into()
         } else if auto.enabled && cx.config.context_collapse.enabled {
-            "context collapse owns overflow".to_owned()
+            "context collapse owns overflow".into()
         } else if thresholds.at_blocking_limit(counted) {
             report.fired = true;
             cx.output.blocked = Some(BLOCKING_MESSAGE.to_owned());
-            format!("at blocking limit ({counted} ≥ {})", thresholds.blocking)
+            format!("at blocking limit ({counted} ≥ {})", thresholds.blocking).into()
         } else {
-            format!("under blocking limit ({counted} < {})", thresholds.blocking)
+            format!("under blocking limit ({counted} < {})", thresholds.blocking).into()
         };
         report
     }

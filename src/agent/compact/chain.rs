@@ -87,11 +87,11 @@ impl std::fmt::Debug for Chain {
 }
 
 /// A report of a stage that did not run.
-pub fn skipped(name: &'static str, reason: &str, tokens: u64) -> StageReport {
+pub fn skipped(name: &'static str, reason: &'static str, tokens: u64) -> StageReport {
     StageReport {
         name: name.into(),
         fired: false,
-        reason: reason.to_owned(),
+        reason: reason.into(),
         tokens_before: tokens,
         tokens_after: tokens,
         invalidated_from: None,

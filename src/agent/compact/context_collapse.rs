@@ -135,7 +135,7 @@ impl Stage for ContextCollapse {
         let mut report = StageReport {
             name: self.name().into(),
             fired: false,
-            reason: format!("below commit threshold ({tokens_before} < {commit_at})"),
+            reason: format!("below commit threshold ({tokens_before} < {commit_at})").into(),
             tokens_before,
             tokens_after: tokens_before,
             invalidated_from: None,
@@ -144,16 +144,16 @@ impl Stage for ContextCollapse {
             let (committed, first) = commit_until(cx, |t| t > target);
             if committed > 0 {
                 report.fired = true;
-                report.reason = format!("committed a collapse at {tokens_before} ≥ {commit_at}");
+                report.reason = format!("committed a collapse at {tokens_before} ≥ {commit_at}").into();
                 report.invalidated_from = first.map(|i| cx.wire_path(i, None));
                 cx.event("context_collapse");
             } else {
-                report.reason = "over commit threshold, nothing collapsible".to_owned();
+                report.reason = "over commit threshold, nothing collapsible".into();
             }
         }
         report.tokens_after = rough_entries(&cx.entries);
         if report.tokens_after >= block_at {
-            report.reason.push_str(&format!("; blocked at {} ≥ {block_at}", report.tokens_after));
+            report.reason.to_mut().push_str(&format!("; blocked at {} ≥ {block_at}", report.tokens_after));
             cx.output.blocked = Some("Prompt is too long".to_owned());
         }
         report

@@ -79,7 +79,7 @@ impl Stage for Microcompact {
         StageReport {
             name: "microcompact".into(),
             fired: false,
-            reason: "no trigger".to_owned(),
+            reason: "no trigger".into(),
             tokens_before,
             tokens_after: tokens_before,
             invalidated_from: None,
@@ -151,7 +151,7 @@ pub fn time_based(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<Stage
     Some(StageReport {
         name: "microcompact".into(),
         fired: true,
-        reason: format!("time_based: {gap_minutes} min since last assistant, cleared {cleared} tool results"),
+        reason: format!("time_based: {gap_minutes} min since last assistant, cleared {cleared} tool results").into(),
         tokens_before,
         tokens_after: rough_entries(&cx.entries),
         invalidated_from,
@@ -191,7 +191,7 @@ pub fn cached(cx: &mut ChainContext<'_>, tokens_before: u64) -> Option<StageRepo
     Some(StageReport {
         name: "microcompact".into(),
         fired: true,
-        reason: format!("cache_edits: deleting {} tool results server-side", delete.len()),
+        reason: format!("cache_edits: deleting {} tool results server-side", delete.len()).into(),
         tokens_before,
         tokens_after: tokens_before,
         invalidated_from: None,

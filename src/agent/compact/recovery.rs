@@ -414,7 +414,7 @@ pub fn strip_media_to_text(entries: &mut [Entry]) -> usize {
 fn reactive_failed(cx: &mut ChainContext<'_>, code: &str, detail: &str, error: &str) -> RecoveryAction {
     let tokens = rough_entries(&cx.entries);
     let mut report = super::chain::skipped("reactive_compact", "", tokens);
-    report.reason = format!("compaction failed ({code}: {detail}); consecutive failures {}", cx.state.tracking.consecutive_failures);
+    report.reason = format!("compaction failed ({code}: {detail}); consecutive failures {}", cx.state.tracking.consecutive_failures).into();
     cx.output.reports.push(report);
     cx.event(&format!("compaction_failed:{code}"));
     RecoveryAction::Surface { error: error.to_owned() }

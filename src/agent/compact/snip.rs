@@ -42,7 +42,7 @@ impl Stage for Snip {
         let mut report = StageReport {
             name: self.name().into(),
             fired: false,
-            reason: format!("below trigger ({tokens_before} < {trigger})"),
+            reason: format!("below trigger ({tokens_before} < {trigger})").into(),
             tokens_before,
             tokens_after: tokens_before,
             invalidated_from: None,
@@ -63,7 +63,7 @@ impl Stage for Snip {
             dropped.end = g + 1;
         }
         if dropped.is_empty() {
-            report.reason = "nothing droppable outside the kept rounds".to_owned();
+            report.reason = "nothing droppable outside the kept rounds".into();
             return report;
         }
         let range = groups[dropped.start].start..groups[dropped.end - 1].end;
@@ -73,7 +73,7 @@ impl Stage for Snip {
         cx.output.snip_tokens_freed += tokens_before - tokens_after;
         cx.event("snip");
         report.fired = true;
-        report.reason = format!("dropped {} API rounds", dropped.len());
+        report.reason = format!("dropped {} API rounds", dropped.len()).into();
         report.tokens_after = tokens_after;
         report
     }

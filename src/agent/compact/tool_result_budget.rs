@@ -474,11 +474,11 @@ impl Stage for ToolResultBudget {
             name: self.name().into(),
             fired,
             reason: if fired {
-                format!("persisted {} tool results", fresh_replaced.len())
+                format!("persisted {} tool results", fresh_replaced.len()).into()
             } else if reapplied > 0 {
-                format!("reapplied {reapplied} earlier replacements")
+                format!("reapplied {reapplied} earlier replacements").into()
             } else {
-                "no fresh tool result over budget".to_owned()
+                "no fresh tool result over budget".into()
             },
             tokens_before,
             tokens_after,
