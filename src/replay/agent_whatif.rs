@@ -566,8 +566,17 @@ fn settle_read(session: &ImportedSession, prepared: &Prepared, effective: &Strat
 
 /// The server's context editing under the client's own settings (thinking of idle turns
 /// cleared) is what the recorded client asked for too: its recorded usage counts it.
+/// (Compared field by field: the config holds no float, and serializes every field as it is,
+/// so equal fields are equal JSON values and back.)
 fn client_edits(effective: &Strategy) -> bool {
-    serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok()
+    let client = crate::agent::compact::config::ContextEditingConfig::default();
+    let same = effective.compact.context_editing == client;
+    debug_assert_eq!(
+        same,
+        serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok(),
+        "the client's context editing, compared field by field and as JSON"
+    );
+    same
 }
 
 /// What [`read_run`] reads of a run.
