@@ -8,7 +8,7 @@
 use crate::api::{ContentBlock, Message};
 
 use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
-use super::counting::{rough, token_count_with_estimation};
+use super::counting::{rough, rough_shared, token_count_with_estimation};
 
 /// Which attachments the rebuild restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,14 +196,16 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
     let mut out = Vec::new();
     let mut total = 0u64;
     for file in files.into_iter().take(budget.max_files) {
-        let Ok(contents) = cx.fs.read(&file.path) else { continue };
-        let (entry, cost) = if rough(contents) > budget.max_tokens_per_file {
+        // (The contents' length is counted once and kept with the text, which every copy of
+        // the file system shares: each run of a session restores the same files.)
+        let Ok(contents) = cx.fs.entry(&file.path).map(|entry| entry.contents.clone()) else { continue };
+        let (entry, cost) = if rough_shared(&contents) > budget.max_tokens_per_file {
             let text = format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path);
             let entry = attachment(cx, "compact_file_reference", text, ts);
             let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
             (entry, cost)
         } else {
-            let texts = restored_texts(&file.path, contents);
+            let texts = restored_texts(&file.path, &contents);
             (restored_file(cx, &texts, ts), texts.cost)
         };
         if total + cost <= budget.files_token_budget {
