@@ -196,10 +196,12 @@ impl Rows {
         }
     }
 
-    /// The rows from `from` on, in order.
+    /// The rows from `from` on, in order. (Rows from the tail on, what a run's loop reads of
+    /// each step, pass over no chunk.)
     fn iter_from(&self, from: usize) -> impl Iterator<Item = &RequestMetrics> {
+        let chunks = if from >= self.frozen_len { &[][..] } else { &self.frozen[..] };
         let mut start = 0;
-        let frozen = self.frozen.iter().flat_map(move |chunk| {
+        let frozen = chunks.iter().flat_map(move |chunk| {
             let first = start;
             start += chunk.len();
             chunk.get(from.saturating_sub(first)..).unwrap_or_default()

@@ -566,8 +566,17 @@ fn settle_read(session: &ImportedSession, prepared: &Prepared, effective: &Strat
 
 /// The server's context editing under the client's own settings (thinking of idle turns
 /// cleared) is what the recorded client asked for too: its recorded usage counts it.
+/// (Compared field by field: the config holds no float, and serializes every field as it is,
+/// so equal fields are equal JSON values and back.)
 fn client_edits(effective: &Strategy) -> bool {
-    serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok()
+    let client = crate::agent::compact::config::ContextEditingConfig::default();
+    let same = effective.compact.context_editing == client;
+    debug_assert_eq!(
+        same,
+        serde_json::to_value(&effective.compact.context_editing).ok() == serde_json::to_value(&Strategy::default().compact.context_editing).ok(),
+        "the client's context editing, compared field by field and as JSON"
+    );
+    same
 }
 
 /// What [`read_run`] reads of a run.
@@ -1434,6 +1443,11 @@ pub fn agent_whatif_family_until(
     let mut max_checked: Option<u64> = None;
     let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top && !mirrored.iter().any(|&(m, _)| m == i)).collect();
     trunk.agent_mut().dry_run_peers(dry(&pending));
+    // A strategy that places MCP instructions as delta attachments acts otherwise only where a
+    // connected server has instructions ([`PeerBranch::McpDelta`]): in a world whose servers
+    // have none (connecting one adds none), never.
+    let instructions = scenarios.list[first].1.world.mcp_servers.iter().any(|s| s.instructions.is_some());
+    let may_act = |p: usize| instructions || !matches!(peers[p], Some(PeerBranch::McpDelta));
     // (Strategies that end early beyond the trunk's own run: their branches wait for its end.)
     let mut deferred: Vec<(usize, Vec<std::rc::Rc<Checkpoint>>, Branch)> = Vec::new();
     let mut since = 0;
@@ -1444,8 +1458,9 @@ pub fn agent_whatif_family_until(
             kept.push(c.clone());
             latest = Some(c);
             since = 0;
-        } else if since >= EVERY && !pending.is_empty() {
-            // (Only a strategy still to branch goes on from these.)
+        } else if since >= EVERY && pending.iter().any(|&p| may_act(p)) {
+            // (Only a strategy still to branch goes on from these: none for one that never acts
+            // otherwise, which goes on from the trunk's end.)
             latest = Some(checkpoint(&mut trunk, &measurer, max_checked));
             since = 0;
         }
@@ -1753,14 +1768,15 @@ fn run_from(
             // The trunk's rows before the checkpoint name the trunk's threshold where autocompact
             // found the count below it; below this strategy's too, they name that one.
             Branch::Autocompact { trunk, threshold } if threshold != trunk => {
-                let suffix = format!(" < {trunk})");
+                let (suffix, replaced) = (format!(" < {trunk})"), format!(" < {threshold})"));
                 let below = |s: &crate::measure::StageReport| s.name == "autocompact" && !s.fired && s.reason.starts_with("below threshold (") && s.reason.ends_with(&suffix);
                 // (Read before writing, as above.)
                 for row in run.output.rows[..c.rows].iter_mut().filter(|row| row.stages.iter().any(below)) {
                     for stage in row.stages.iter_mut().filter(|s| below(s)) {
-                        if let Some(head) = stage.reason.strip_suffix(&suffix) {
-                            stage.reason = format!("{head} < {threshold})").into();
-                        }
+                        // (A below-threshold reason is formatted, so owned: no copy here.)
+                        let reason = stage.reason.to_mut();
+                        reason.truncate(reason.len() - suffix.len());
+                        reason.push_str(&replaced);
                     }
                 }
             }

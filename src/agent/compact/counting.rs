@@ -16,7 +16,7 @@ pub fn rough(text: &str) -> u64 {
 }
 
 /// [`rough`] of a shared text, its length counted once ([`SharedText::utf16_len`]).
-fn rough_shared(text: &SharedText) -> u64 {
+pub(super) fn rough_shared(text: &SharedText) -> u64 {
     u64::from(((text.utf16_len() + 2) / 4) as u32)
 }
 

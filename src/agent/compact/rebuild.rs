@@ -8,7 +8,7 @@
 use crate::api::{ContentBlock, Message};
 
 use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
-use super::counting::{rough, token_count_with_estimation};
+use super::counting::{rough, rough_shared, token_count_with_estimation};
 
 /// Which attachments the rebuild restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ pub const PRESERVED_NOTE: &str = "The most recent messages follow unchanged afte
 /// The user message that carries the summary (our wording; the reference's parts: opening,
 /// summary, the transcript's path when known, the preserved-messages note, the continuation).
 pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: Option<&str>) -> String {
-    let mut text = format!("{SUMMARY_OPENING} What happened before is condensed below.\n\n{}", format_compact_summary(summary));
+    let mut text = format!("{SUMMARY_OPENING} What happened before is condensed below.\n\n{}", formatted_summary(summary));
     if let Some(path) = transcript {
         text.push_str(&format!(
             "\n\nThe complete transcript of the earlier conversation, every message and tool result verbatim, is saved \
@@ -79,6 +79,33 @@ pub fn summary_message_text(summary: &str, recent_preserved: bool, transcript: O
          Do not ask the user anything first, do not mention the summary and do not restate it; continue with the next step.",
     );
     text
+}
+
+/// Formatted summaries ([`format_compact_summary`]) by the summary's xxh3-128, per thread: every
+/// run of a session (each what-if, each plan) takes the same few summaries (the recorded ones,
+/// the stand-in) at its compactions. Emptied past [`SUMMARY_MEMO_LIMIT`] entries.
+const SUMMARY_MEMO_LIMIT: usize = 64;
+
+thread_local! {
+    static SUMMARY_MEMO: std::cell::RefCell<std::collections::HashMap<u128, std::rc::Rc<str>>> = Default::default();
+}
+
+/// [`format_compact_summary`] of `summary`, memoized (debug builds format it again and compare).
+fn formatted_summary(summary: &str) -> std::rc::Rc<str> {
+    let key = xxhash_rust::xxh3::xxh3_128(summary.as_bytes());
+    if let Some(formatted) = SUMMARY_MEMO.with(|m| m.borrow().get(&key).cloned()) {
+        debug_assert_eq!(*formatted, format_compact_summary(summary), "the memoized format of a summary");
+        return formatted;
+    }
+    let formatted: std::rc::Rc<str> = format_compact_summary(summary).into();
+    SUMMARY_MEMO.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= SUMMARY_MEMO_LIMIT {
+            m.clear();
+        }
+        m.insert(key, formatted.clone());
+    });
+    formatted
 }
 
 fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> Entry {
@@ -169,14 +196,16 @@ pub fn file_attachments(cx: &mut ChainContext<'_>, ts: u64, kept: &[Entry]) -> V
     let mut out = Vec::new();
     let mut total = 0u64;
     for file in files.into_iter().take(budget.max_files) {
-        let Ok(contents) = cx.fs.read(&file.path) else { continue };
-        let (entry, cost) = if rough(contents) > budget.max_tokens_per_file {
+        // (The contents' length is counted once and kept with the text, which every copy of
+        // the file system shares: each run of a session restores the same files.)
+        let Ok(contents) = cx.fs.entry(&file.path).map(|entry| entry.contents.clone()) else { continue };
+        let (entry, cost) = if rough_shared(&contents) > budget.max_tokens_per_file {
             let text = format!("{} was read earlier in this session; it is too large to restore here. Read it again if you need it.", file.path);
             let entry = attachment(cx, "compact_file_reference", text, ts);
             let cost = rough(&serde_json::to_string(entry.message()).unwrap_or_default());
             (entry, cost)
         } else {
-            let texts = restored_texts(&file.path, contents);
+            let texts = restored_texts(&file.path, &contents);
             (restored_file(cx, &texts, ts), texts.cost)
         };
         if total + cost <= budget.files_token_budget {
