@@ -245,8 +245,9 @@ impl<'de> Deserialize<'de> for SharedText {
 /// never reaches an earlier body. Serializes as the list it holds.
 ///
 /// The list also keeps its blocks' structural hashes once a flattener asked for them
-/// ([`SharedBlocks::block_hashes`]): the replays of one session (as recorded, its checkpoints,
-/// its what-ifs) send the same messages again and again. Every change drops them.
+/// ([`SharedBlocks::block_hashes`]), and the agent's rough token count of them once a run
+/// asked ([`SharedBlocks::rough_tokens`]): the replays of one session (as recorded, its
+/// checkpoints, its what-ifs) send the same messages again and again. Every change drops both.
 ///
 /// Debug-prints as the list it holds: the memo is filled by whichever flattener asks first
 /// (another thread's, another run's), and a value's printed form is compared in debug checks
@@ -260,7 +261,7 @@ impl std::fmt::Debug for SharedBlocks {
     }
 }
 
-/// The list behind [`SharedBlocks`] and its memo of hashes.
+/// The list behind [`SharedBlocks`] and its memos (hashes, rough count).
 #[derive(Debug, Default)]
 struct Listed {
     blocks: Vec<ContentBlock>,
@@ -302,7 +303,7 @@ impl SharedBlocks {
         Arc::try_unwrap(self.0).map_or_else(|shared| shared.blocks.clone(), |listed| listed.blocks)
     }
 
-    /// The blocks in place, the memo of hashes dropped (they are about to change). `None`
+    /// The blocks in place, the memos dropped (they are about to change). `None`
     /// when another body holds them.
     fn unique_mut(&mut self) -> Option<&mut Vec<ContentBlock>> {
         let listed = Arc::get_mut(&mut self.0)?;
