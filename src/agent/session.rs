@@ -1758,7 +1758,7 @@ impl Session {
     pub fn build_request_after_chain(&mut self, world: &World, chain_run: &ChainRun) -> (Request, Vec<String>) {
         let (mut request, events) = self.build_request(world);
         request.context_management = crate::agent::compact::microcompact::merge_context_management(
-            request.context_management.as_ref(),
+            request.context_management.take(),
             chain_run.context_management.as_ref(),
             chain_run.thinking_clear_latched,
         );

@@ -245,8 +245,9 @@ impl<'de> Deserialize<'de> for SharedText {
 /// never reaches an earlier body. Serializes as the list it holds.
 ///
 /// The list also keeps its blocks' structural hashes once a flattener asked for them
-/// ([`SharedBlocks::block_hashes`]): the replays of one session (as recorded, its checkpoints,
-/// its what-ifs) send the same messages again and again. Every change drops them.
+/// ([`SharedBlocks::block_hashes`]), and the agent's rough token count of them once a run
+/// asked ([`SharedBlocks::rough_tokens`]): the replays of one session (as recorded, its
+/// checkpoints, its what-ifs) send the same messages again and again. Every change drops both.
 ///
 /// Debug-prints as the list it holds: the memo is filled by whichever flattener asks first
 /// (another thread's, another run's), and a value's printed form is compared in debug checks
@@ -260,18 +261,26 @@ impl std::fmt::Debug for SharedBlocks {
     }
 }
 
-/// The list behind [`SharedBlocks`] and its memo of hashes.
+/// The list behind [`SharedBlocks`] and its memos (hashes, rough count).
 #[derive(Debug, Default)]
 struct Listed {
     blocks: Vec<ContentBlock>,
     /// [`block_hash`](super::structural::block_hash) of each block under the tag (the
     /// message's role) it was asked for first.
     hashes: OnceLock<(&'static str, Box<[(u128, u32)]>)>,
+    /// The agent's rough token count of the blocks ([`SharedBlocks::rough_tokens`]).
+    rough: OnceLock<u64>,
 }
 
 impl Listed {
     fn new(blocks: Vec<ContentBlock>) -> Listed {
-        Listed { blocks, hashes: OnceLock::new() }
+        Listed { blocks, hashes: OnceLock::new(), rough: OnceLock::new() }
+    }
+
+    /// The blocks are about to change: the memos go.
+    fn forget(&mut self) {
+        self.hashes.take();
+        self.rough.take();
     }
 }
 
@@ -294,11 +303,11 @@ impl SharedBlocks {
         Arc::try_unwrap(self.0).map_or_else(|shared| shared.blocks.clone(), |listed| listed.blocks)
     }
 
-    /// The blocks in place, the memo of hashes dropped (they are about to change). `None`
+    /// The blocks in place, the memos dropped (they are about to change). `None`
     /// when another body holds them.
     fn unique_mut(&mut self) -> Option<&mut Vec<ContentBlock>> {
         let listed = Arc::get_mut(&mut self.0)?;
-        listed.hashes.take();
+        listed.forget();
         Some(&mut listed.blocks)
     }
 
@@ -343,6 +352,14 @@ impl SharedBlocks {
         let (kept_tag, hashes) = self.0.hashes.get_or_init(|| (tag, hash_all()));
         if *kept_tag == tag { std::borrow::Cow::Borrowed(hashes) } else { std::borrow::Cow::Owned(hash_all().into_vec()) }
     }
+
+    /// The agent's rough token count of the blocks (`agent::compact::counting::rough_message`,
+    /// the one `count` every caller passes), counted the first time it is asked and kept with
+    /// the list: the runs of a session (its what-ifs, each from its own entries) count the
+    /// same scripted replies, whose tool inputs are walked whole.
+    pub fn rough_tokens(&self, count: impl FnOnce(&[ContentBlock]) -> u64) -> u64 {
+        *self.0.rough.get_or_init(|| count(&self.0.blocks))
+    }
 }
 
 impl Deref for SharedBlocks {
@@ -355,7 +372,7 @@ impl Deref for SharedBlocks {
 impl DerefMut for SharedBlocks {
     fn deref_mut(&mut self) -> &mut Vec<ContentBlock> {
         let listed = Arc::make_mut(&mut self.0);
-        listed.hashes.take();
+        listed.forget();
         &mut listed.blocks
     }
 }

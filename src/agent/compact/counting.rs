@@ -44,9 +44,15 @@ pub fn rough_block(block: &ContentBlock) -> u64 {
 
 /// Rough tokens of one message's content.
 pub fn rough_message(message: &Message) -> u64 {
+    let of_blocks = |blocks: &[ContentBlock]| blocks.iter().map(rough_block).sum();
     match &message.content {
         MessageContent::Text(text) => rough(text),
-        MessageContent::Blocks(blocks) => blocks.iter().map(rough_block).sum(),
+        MessageContent::Blocks(blocks) => {
+            // Kept with the list (shared by every run that sends it).
+            let kept = blocks.rough_tokens(of_blocks);
+            debug_assert_eq!(kept, of_blocks(blocks), "a rough count kept with a block list differs from counting its blocks");
+            kept
+        }
     }
 }
 

@@ -257,7 +257,31 @@ pub fn update_thinking_latch(cx: &mut ChainContext<'_>) {
 /// The body's `context_management`: the session's own edits and the chain's, one per type (the
 /// chain's win), `clear_thinking` first as the API requires. With the latch on, every
 /// `clear_thinking` edit keeps one turn.
-pub fn merge_context_management(session: Option<&Value>, chain: Option<&Value>, latched: bool) -> Option<Value> {
+///
+/// A request whose chain adds no edit, with the latch off, nearly always carries the session's
+/// own value as the merge writes it (one `edits` key, `clear_thinking` first): that value is the
+/// merge, given back as it is rather than taken apart and built again.
+pub fn merge_context_management(session: Option<Value>, chain: Option<&Value>, latched: bool) -> Option<Value> {
+    let chain_adds = chain.and_then(|v| v.get("edits")).and_then(Value::as_array).is_some_and(|edits| !edits.is_empty());
+    if !latched && !chain_adds && session.as_ref().is_some_and(is_merged) {
+        debug_assert_eq!(merged(session.as_ref(), chain, latched), session, "a value kept as merged differs from merging it");
+        return session;
+    }
+    merged(session.as_ref(), chain, latched)
+}
+
+/// Whether `value` is what [`merged`] writes of its own edits alone: an object with only a
+/// non-empty `edits` list, `clear_thinking` edits first.
+fn is_merged(value: &Value) -> bool {
+    let Some(object) = value.as_object().filter(|object| object.len() == 1) else { return false };
+    let Some(edits) = object.get("edits").and_then(Value::as_array).filter(|edits| !edits.is_empty()) else { return false };
+    // (The merge's order key: a `clear_thinking` edit sorts before any other.)
+    let later = |e: &Value| e.get("type").and_then(Value::as_str) != Some(CLEAR_THINKING);
+    edits.windows(2).all(|pair| later(&pair[0]) <= later(&pair[1]))
+}
+
+/// [`merge_context_management`] taking every edit apart and writing the merge anew.
+fn merged(session: Option<&Value>, chain: Option<&Value>, latched: bool) -> Option<Value> {
     let edits_of = |v: Option<&Value>| -> Vec<Value> { v.and_then(|v| v.get("edits")).and_then(Value::as_array).cloned().unwrap_or_default() };
     let mut edits = edits_of(session);
     for edit in edits_of(chain) {
