@@ -88,7 +88,9 @@ pub struct PromptBlock {
     pub tokens: u32,
     /// Length of the block's canonical bytes.
     pub bytes: u32,
-    pub cache_control: Option<CacheControl>,
+    /// The block's marker. Shared, as `cache_reference`: a marker is a string and a map, and
+    /// copying it with every record copy would allocate.
+    pub cache_control: Option<Arc<CacheControl>>,
     /// Whether the automatic (top-level) marker may land here: not thinking, not an empty text.
     pub auto_eligible: bool,
     /// A tool_result's `cache_reference` (cached microcompact: the server may delete it).
@@ -202,7 +204,7 @@ impl FlatRequest {
         if !overrides.is_empty() {
             let blocks = Arc::make_mut(&mut applied.blocks);
             for (i, ttl) in overrides {
-                blocks[i].cache_control.as_mut().expect("an override is of a marker").ttl = ttl;
+                Arc::make_mut(blocks[i].cache_control.as_mut().expect("an override is of a marker")).ttl = ttl;
             }
         }
         applied
@@ -541,7 +543,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
             prefix_tokens: 0,
             tokens,
             bytes,
-            cache_control: tool.cache_control.clone(),
+            cache_control: tool.cache_control.clone().map(Arc::new),
             auto_eligible: true,
             cache_reference: None,
             cache_deletes: None,
@@ -578,7 +580,7 @@ pub(super) fn head_blocks(request: &Request, counter: &mut TokenCounter, family:
             prefix_tokens: 0,
             tokens,
             bytes,
-            cache_control: block.cache_control.clone(),
+            cache_control: block.cache_control.clone().map(Arc::new),
             auto_eligible: !block.text.is_empty(),
             cache_reference: None,
             cache_deletes: None,
@@ -628,7 +630,7 @@ pub(super) fn push_message(m: usize, message: &Message, counter: &mut TokenCount
             prefix_tokens: 0,
             tokens,
             bytes,
-            cache_control: marker,
+            cache_control: marker.map(Arc::new),
             auto_eligible: !block.is_thinking() && !empty_text,
             cache_reference,
             cache_deletes,

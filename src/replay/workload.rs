@@ -1518,7 +1518,7 @@ pub fn size_unmodelled(
     sizing.agent_prefix_tokens = flat.region_tokens(Region::Tools) + flat.region_tokens(Region::System);
     // The agent's global-scope part: tools and the system prompt through its static block.
     let global = |c: &crate::api::CacheControl| c.scope == Some(crate::api::CacheScope::Global);
-    let agent_global_tokens = flat.markers.iter().rev().find(|&&i| flat.blocks[i].cache_control.as_ref().is_some_and(global)).map(|&i| flat.tokens_through(i));
+    let agent_global_tokens = flat.markers.iter().rev().find(|&&i| flat.blocks[i].cache_control.as_deref().is_some_and(global)).map(|&i| flat.tokens_through(i));
     // The opening message without the typed prompt (the replay counts that as recorded): its
     // blocks' tokens, each a function of the block alone (debug builds flatten the request cut
     // to it and compare).
