@@ -56,6 +56,17 @@ pub struct StopRule {
     pub refused_above: u64,
 }
 
+impl StopRule {
+    /// Why a run ends under this rule once it has dropped `dropped` tokens from the model's view
+    /// and refused `refused` requests, when it does.
+    pub fn stopped(self, dropped: u64, refused: u64) -> Option<Stopped> {
+        if dropped > self.tokens_dropped_above {
+            return Some(Stopped::TokensDropped { dropped, above: self.tokens_dropped_above });
+        }
+        (refused > self.refused_above).then_some(Stopped::Refused { refused, above: self.refused_above })
+    }
+}
+
 /// Why a stop rule ended a run: the count that went past its bound, and the bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
@@ -408,13 +419,7 @@ impl<'o> RunState<'o> {
 
     /// Why the stop rule ends the run, when it does.
     pub fn stopped(&self) -> Option<Stopped> {
-        let rule = self.stop?;
-        let dropped = self.out.loss.as_ref().map_or(0, LossTracker::tokens_dropped);
-        if dropped > rule.tokens_dropped_above {
-            return Some(Stopped::TokensDropped { dropped, above: rule.tokens_dropped_above });
-        }
-        let refused = self.refused();
-        (refused > rule.refused_above).then_some(Stopped::Refused { refused, above: rule.refused_above })
+        self.stop?.stopped(self.out.loss.as_ref().map_or(0, LossTracker::tokens_dropped), self.refused())
     }
 
     /// The next step to run.
@@ -470,6 +475,12 @@ impl<'o> RunState<'o> {
     /// ([`Session::retarget_autocompact`]).
     pub fn retarget_autocompact(&mut self, strategy: &Strategy) -> Result<(), String> {
         self.agent.retarget_autocompact(strategy, &self.world)
+    }
+
+    /// Whether [`RunState::retarget_autocompact`] would take `strategy`
+    /// ([`Session::autocompact_retargetable`]).
+    pub fn autocompact_retargetable(&self, strategy: &Strategy) -> Result<(), String> {
+        self.agent.autocompact_retargetable(strategy, &self.world)
     }
 
     /// Keeps the messages of every main request a compaction stage fired for (the first request

@@ -489,12 +489,19 @@ impl Session {
     /// check the two thresholds decide differently goes on as a run under `strategy` from the
     /// start would have. Any other difference is refused.
     pub fn retarget_autocompact(&mut self, strategy: &crate::strategy::Strategy, world: &World) -> Result<(), String> {
+        self.autocompact_retargetable(strategy, world)?;
+        self.strategy = ThresholdWorld::of(world).strategy(strategy);
+        self.probe_peers(false);
+        Ok(())
+    }
+
+    /// Whether [`Session::retarget_autocompact`] takes `strategy`: the same
+    /// [`ThresholdWorld::autocompact_family`] as the session's own.
+    pub fn autocompact_retargetable(&self, strategy: &crate::strategy::Strategy, world: &World) -> Result<(), String> {
         let limits = ThresholdWorld::of(world);
         if limits.autocompact_family(strategy) != limits.autocompact_family(&self.strategy) {
             return Err("the strategy differs from the session's in more than the autocompact threshold".to_owned());
         }
-        self.strategy = limits.strategy(strategy);
-        self.probe_peers(false);
         Ok(())
     }
 

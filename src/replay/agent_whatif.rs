@@ -818,6 +818,13 @@ impl Follow {
         }
     }
 
+    /// What [`Follow::holds`] and a later step read of this, as text (for debug builds'
+    /// comparisons).
+    #[cfg(debug_assertions)]
+    fn shown(&self) -> String {
+        format!("{:?}", (self.paired, self.compact_seen, &self.used, &self.met, &self.taken, self.parted, self.lost))
+    }
+
     /// Whether the run, read as `read`, is the run of the plan it went by ([`Follow`]).
     fn holds(&self, read: &Reading) -> bool {
         let (_, divergence, lane) = read;
@@ -1181,6 +1188,30 @@ struct Checkpoint {
     rows: usize,
 }
 
+/// The trunk's run at its end, for the runs that go on from its end checkpoint with no step
+/// left (a threshold the trunk never reached, a peer branch that never acted otherwise): such a
+/// run is the trunk's own, finished under the strategy's name and stop rule, so it is read from
+/// the trunk's output rather than from a copy of the end state finished again.
+struct TrunkEnd {
+    checkpoint: std::rc::Rc<Checkpoint>,
+    output: crate::runner::RunOutput,
+    /// The trunk's kept compacted requests ([`RunState::take_compacted_requests`]).
+    compacted: Vec<(usize, Vec<Message>)>,
+}
+
+impl TrunkEnd {
+    /// The run of `effective` under `stop` going on from the end checkpoint, with `scenario`
+    /// (the plan's: the same steps, all run), as [`finish_run`] would give it.
+    fn run(&self, prepared: &Prepared, scenario: &Scenario, effective: &Strategy, stop: Option<StopRule>) -> Run {
+        let mut output = self.output.clone();
+        output.scenario.clone_from(&scenario.file);
+        output.summary.input.clone_from(&scenario.file);
+        output.summary.strategy.clone_from(&effective.name);
+        output.stopped = stop.and_then(|rule| rule.stopped(output.summary.info_loss.tokens_dropped, self.checkpoint.state.refused()));
+        read_output(prepared, self.compacted.clone(), output)
+    }
+}
+
 /// Every strategy of `effectives` (one [`family_key`], distinct thresholds, and the
 /// [`PeerBranch`]es of its trunk) through the agent, as [`agent_whatif`] runs each, with the work
 /// they share done once: the run under the highest threshold (the trunk) is checkpointed as it
@@ -1529,7 +1560,7 @@ pub fn agent_whatif_family_until(
                 continue;
             }
             let reports = &dry_reports[p];
-            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: None, reports }));
+            results[p] = Some(settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: None, reports, end: None }));
         }
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
@@ -1540,11 +1571,13 @@ pub fn agent_whatif_family_until(
     let mirrors = trunk.take_mirrors();
     let trunk_output = trunk.finish(&scenarios.list[first].1, &measurer, &effectives[top]);
     let trunk_dropped = trunk_output.summary.info_loss.tokens_dropped;
+    // (Kept for the strategies still to branch: they go on from the end.)
+    let trunk_end = (!pending.is_empty()).then(|| TrunkEnd { checkpoint: end.clone(), output: trunk_output.clone(), compacted: compacted.clone() });
     let trunk_run = read_output(prepared, compacted, trunk_output);
     let mut candidates = kept.clone();
     candidates.push(end);
     let how = Branch::Autocompact { trunk: thresholds[top], threshold: thresholds[top] };
-    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top], stop: None, reports: &[] };
+    let runs = &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective: &effectives[top], stop: None, reports: &[], end: trunk_end.as_ref() };
     let read = read_run(prepared, &trunk_run, client_edits(&effectives[top]), first_plan(prepared, &effectives[top]).without_recorded_microcompacts);
     // (Where it holds, the trunk's run is the trunk strategy's: the mirrors' runs are its too.)
     let trunk_holds = holds(&first_plan(prepared, &effectives[top]), &read);
@@ -1594,7 +1627,7 @@ pub fn agent_whatif_family_until(
     for (p, candidates, how) in deferred {
         let effective = &effectives[p];
         let reports = &dry_reports[p];
-        results[p] = Some(if past(p) { alone(p) } else { settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: rule, reports }) });
+        results[p] = Some(if past(p) { alone(p) } else { settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop: rule, reports, end: None }) });
     }
     for p in pending {
         let effective = &effectives[p];
@@ -1605,7 +1638,7 @@ pub fn agent_whatif_family_until(
         };
         let stop = rule.filter(|_| bounded(p));
         let reports = &dry_reports[p];
-        results[p] = Some(if past(p) { alone(p) } else { settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop, reports }) });
+        results[p] = Some(if past(p) { alone(p) } else { settle(session, prepared, effective, None, &mut FromCheckpoints { scenarios: &mut scenarios, measurer: &mut branch, first, candidates: &candidates, how, effective, stop, reports, end: trunk_end.as_ref() }) });
     }
     // Debug builds make each peer branch's own run and compare.
     #[cfg(debug_assertions)]
@@ -1630,16 +1663,18 @@ struct FromCheckpoints<'r, 'p> {
     /// A peer branch's reports on the trunk's main rows (by row) that the trunk, under no
     /// mechanism, did not make: what its mechanism run dry reported there.
     reports: &'r [(usize, Vec<crate::measure::StageReport>)],
+    /// The trunk at its end, once it has run to there.
+    end: Option<&'r TrunkEnd>,
 }
 
 impl Runs for FromCheckpoints<'_, '_> {
     fn run(&mut self, plan: &Plan) -> Result<Run, String> {
-        run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Plan(plan)).map(|(run, _)| run)
+        run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Plan(plan), self.end).map(|(run, _)| run)
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
         let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2.model));
-        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Follow(rules))?;
+        let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Follow(rules), self.end)?;
         Ok(follow.map(|follow| (run, follow)))
     }
 }
@@ -1665,6 +1700,7 @@ fn run_from(
     stop: Option<StopRule>,
     effective: &Strategy,
     going: Going<'_>,
+    end: Option<&TrunkEnd>,
 ) -> Result<(Run, Option<Follow>), String> {
     let prepared = scenarios.prepared;
     let index = match &going {
@@ -1690,25 +1726,44 @@ fn run_from(
                 None => continue,
             },
         };
-        let mut state = c.state.checkpoint();
-        if follow.is_none() {
-            state.world_mut().model.resume_with(original, model);
-        }
-        match how {
-            Branch::Autocompact { .. } => state.retarget_autocompact(effective)?,
-            Branch::Peer { .. } => state.retarget(effective),
-        }
-        if let Some(follow) = follow {
-            state.set_reply_plan(Box::new(follow));
-        }
-        if let Some(rule) = stop {
-            state.stop_when(rule);
-        }
-        measurer.restore(&c.measurer);
         if matches!(how, Branch::Peer { .. }) && c.rows > 0 {
             PEER_BRANCH_RUNS.with(|n| n.set(n.get() + 1));
         }
-        let (mut run, follow) = finish_following(prepared, state, scenario, measurer, effective)?;
+        let going_on = |follow: Option<Follow>, measurer: &mut Measurer| -> Result<(Run, Option<Follow>), String> {
+            let mut state = c.state.checkpoint();
+            if follow.is_none() {
+                state.world_mut().model.resume_with(original, model);
+            }
+            match how {
+                Branch::Autocompact { .. } => state.retarget_autocompact(effective)?,
+                Branch::Peer { .. } => state.retarget(effective),
+            }
+            if let Some(follow) = follow {
+                state.set_reply_plan(Box::new(follow));
+            }
+            if let Some(rule) = stop {
+                state.stop_when(rule);
+            }
+            measurer.restore(&c.measurer);
+            finish_following(prepared, state, scenario, measurer, effective)
+        };
+        let (mut run, follow) = match end.filter(|end| std::rc::Rc::ptr_eq(&end.checkpoint, c) && c.state.next_step() >= scenario.script.len()) {
+            Some(end) => {
+                if let Branch::Autocompact { .. } = how {
+                    c.state.autocompact_retargetable(effective)?;
+                }
+                let ended = end.run(prepared, scenario, effective, stop);
+                // Debug builds go on from the end checkpoint the long way and compare.
+                #[cfg(debug_assertions)]
+                {
+                    let shown = |run: &Run, follow: Option<&Follow>| format!("{:?}", (&run.output, &run.paired, &run.after, follow.map(Follow::shown)));
+                    let long = going_on(follow.clone(), measurer).map(|(run, follow)| shown(&run, follow.as_ref()));
+                    debug_assert_eq!(long, Ok(shown(&ended, follow.as_ref())), "a run with no step left is the trunk's at its end");
+                }
+                (ended, follow)
+            }
+            None => going_on(follow, measurer)?,
+        };
         // The reports of a mechanism run dry on the trunk's rows before the checkpoint go where
         // the runner puts the peer's reports: after the chain's, before a context edit's the
         // measurement adds (the only stage it adds, and the only `context_editing` stage).
