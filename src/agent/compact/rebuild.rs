@@ -98,14 +98,20 @@ fn formatted_summary(summary: &str) -> std::rc::Rc<str> {
         return formatted;
     }
     let formatted: std::rc::Rc<str> = format_compact_summary(summary).into();
-    SUMMARY_MEMO.with(|m| {
+    remember(&SUMMARY_MEMO, SUMMARY_MEMO_LIMIT, key, formatted.clone());
+    formatted
+}
+
+/// Keeps `value` under `key` in a per-thread memo of this module, emptied first when it holds
+/// `limit` entries (a memo's values never change, so what it holds changes only the speed).
+fn remember<V: 'static>(memo: &'static std::thread::LocalKey<std::cell::RefCell<std::collections::HashMap<u128, V>>>, limit: usize, key: u128, value: V) {
+    memo.with(|m| {
         let mut m = m.borrow_mut();
-        if m.len() >= SUMMARY_MEMO_LIMIT {
+        if m.len() >= limit {
             m.clear();
         }
-        m.insert(key, formatted.clone());
+        m.insert(key, value);
     });
-    formatted
 }
 
 fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> Entry {
@@ -165,13 +171,7 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     let message = Message::user_blocks(vec![ContentBlock::text(call.clone()), ContentBlock::text(result.clone())]);
     let cost = rough(&serde_json::to_string(&message).unwrap_or_default());
     let texts = std::rc::Rc::new(RestoredTexts { call, result, cost });
-    RESTORED_MEMO.with(|m| {
-        let mut m = m.borrow_mut();
-        if m.len() >= RESTORED_MEMO_LIMIT {
-            m.clear();
-        }
-        m.insert(key, texts.clone());
-    });
+    remember(&RESTORED_MEMO, RESTORED_MEMO_LIMIT, key, texts.clone());
     texts
 }
 
