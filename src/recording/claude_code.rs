@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 
 use super::format::{
     parse_line, Attachment, Compaction, Event, EventKind, Header, LineWarning, ModelReply, SliceLines, Recording,
-    SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN,
+    SubagentInfo, SystemEvent, ToolResult, UserPrompt, WarningKind, Warnings, LANE_COMPACT, LANE_MAIN, utf8,
 };
 use super::api_requests::{self, ApiRequests};
 use super::picked::{self, Content, UsageRead};
@@ -1447,8 +1447,7 @@ impl FileImporter {
     /// line whole too and compare.
     fn parse_record<'b>(&self, bytes: &'b [u8]) -> Result<Result<Record<'b>, Value>, (Option<String>, String)> {
         let repeated = self.last_usage.as_ref().map(|(_, text)| text.as_str());
-        let picked = std::str::from_utf8(bytes)
-            .ok()
+        let picked = utf8(bytes)
             .and_then(|text| picked::record(text, repeated, self.api_seen))
             .map(Record::Picked)
             .filter(|record| !reads_whole_record(record));
