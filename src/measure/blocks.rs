@@ -72,6 +72,27 @@ impl fmt::Display for BlockPath {
     }
 }
 
+impl BlockPath {
+    /// The path as [`fmt::Display`] writes it, built at its size without the formatting
+    /// machinery: every request's prefix report names the block its cache read ends at (and
+    /// where it diverged), ~1,200 instructions a path through `to_string`.
+    pub fn render(&self) -> String {
+        let mut digits = [0u8; 20];
+        let mut out = String::with_capacity(48);
+        out.push_str(self.region.as_str());
+        out.push('[');
+        out.push_str(crate::shared::decimal(self.index as u64, &mut digits));
+        out.push(']');
+        if let Some(c) = self.content {
+            out.push_str(".content[");
+            out.push_str(crate::shared::decimal(c as u64, &mut digits));
+            out.push(']');
+        }
+        debug_assert_eq!(out, self.to_string(), "a rendered block path differs from its Display");
+        out
+    }
+}
+
 /// One block position of a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptBlock {
