@@ -710,6 +710,19 @@ mod tests {
     }
 
     #[test]
+    fn a_rendered_block_path_is_its_display() {
+        let paths = [
+            BlockPath { region: Region::Tools, index: 0, content: None },
+            BlockPath { region: Region::System, index: 12, content: None },
+            BlockPath { region: Region::Messages, index: 1_234_567, content: Some(0) },
+            BlockPath { region: Region::Messages, index: usize::MAX, content: Some(usize::MAX) },
+        ];
+        for path in paths {
+            assert_eq!(path.render(), path.to_string());
+        }
+    }
+
+    #[test]
     fn an_inline_image_counts_its_pixels_over_750_after_the_downscale() {
         // d847's 90 x 52 status-line crop: 6.24 -> 7 tokens, not the flat 2,000.
         assert_eq!(image_tokens(&png(90, 52)), Some(7));
