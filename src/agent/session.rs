@@ -2005,6 +2005,7 @@ impl Session {
                 inputs: self.system_inputs(world, pool, first_user_text.to_owned()),
                 pool: std::rc::Rc::clone(pool),
                 home: world.home.clone(),
+                git_dir: None,
             });
             return;
         };
@@ -2064,7 +2065,10 @@ impl Session {
             world.cwd.clone_into(cwd);
             world.home.clone_into(&mut kept.home);
         }
-        *is_git_repo = world.git.is_some() || world.fs.is_dir(&absolute(&world.cwd, ".git"));
+        if moved {
+            kept.git_dir = None;
+        }
+        *is_git_repo = world.git.is_some() || world.fs.is_dir_kept(&mut kept.git_dir, || absolute(&world.cwd, ".git"));
         let git_status = if self.thread.agent().is_some_and(|a| a.omit_git_status) { None } else { self.git_snapshot.as_ref().and_then(Option::as_ref) };
         if kept_git_status.as_ref() != git_status {
             *kept_git_status = git_status.cloned();
@@ -2177,6 +2181,8 @@ struct GatheredSystemInputs {
     inputs: SystemPromptInputs,
     pool: std::rc::Rc<ToolPool>,
     home: String,
+    /// Whether the working directory holds `.git`, as last asked of the fs.
+    git_dir: Option<crate::world::DirAnswer>,
 }
 
 

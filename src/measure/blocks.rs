@@ -72,6 +72,27 @@ impl fmt::Display for BlockPath {
     }
 }
 
+impl BlockPath {
+    /// The path as [`fmt::Display`] writes it, built at its size without the formatting
+    /// machinery: every request's prefix report names the block its cache read ends at (and
+    /// where it diverged), ~1,200 instructions a path through `to_string`.
+    pub fn render(&self) -> String {
+        let mut digits = [0u8; 20];
+        let mut out = String::with_capacity(48);
+        out.push_str(self.region.as_str());
+        out.push('[');
+        out.push_str(crate::shared::decimal(self.index as u64, &mut digits));
+        out.push(']');
+        if let Some(c) = self.content {
+            out.push_str(".content[");
+            out.push_str(crate::shared::decimal(c as u64, &mut digits));
+            out.push(']');
+        }
+        debug_assert_eq!(out, self.to_string(), "a rendered block path differs from its Display");
+        out
+    }
+}
+
 /// One block position of a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptBlock {
@@ -686,6 +707,19 @@ mod tests {
         bytes.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
         let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
         crate::api::ImageLike { source: serde_json::json!({"type": "base64", "media_type": "image/png", "data": data}), cache_control: None, extra: Default::default() }
+    }
+
+    #[test]
+    fn a_rendered_block_path_is_its_display() {
+        let paths = [
+            BlockPath { region: Region::Tools, index: 0, content: None },
+            BlockPath { region: Region::System, index: 12, content: None },
+            BlockPath { region: Region::Messages, index: 1_234_567, content: Some(0) },
+            BlockPath { region: Region::Messages, index: usize::MAX, content: Some(usize::MAX) },
+        ];
+        for path in paths {
+            assert_eq!(path.render(), path.to_string());
+        }
     }
 
     #[test]

@@ -154,7 +154,7 @@ pub fn attribute(
     is_break: bool,
 ) -> PrefixReport {
     let mut report = PrefixReport {
-        read_at: outcome.read_position.map(|p| current.blocks[p].path.to_string()),
+        read_at: outcome.read_position.map(|p| current.blocks[p].path.render()),
         ..PrefixReport::default()
     };
     let Some(previous) = previous else {
@@ -162,7 +162,7 @@ pub fn attribute(
         return report;
     };
     if previous.model != current.model {
-        report.diverged_at = current.blocks.first().map(|b| b.path.to_string());
+        report.diverged_at = current.blocks.first().map(|b| b.path.render());
         report.cause = Some(events.iter().find(|e| cause_id(e) == "model_changed").cloned().unwrap_or_else(|| "model_changed".to_owned()));
         return report;
     }
@@ -186,7 +186,7 @@ pub fn attribute(
     if diverged {
         let region = current.blocks.get(common).map(|b| b.path.region).unwrap_or(Region::Messages);
         report.diverged_at = Some(match current.blocks.get(common) {
-            Some(block) => block.path.to_string(),
+            Some(block) => block.path.render(),
             None => format!("{}[end]", region.as_str()),
         });
         // Root causes ripple into derived changes (a compaction also changes the billing

@@ -135,6 +135,15 @@ struct TreeMark {
     dirs: usize,
 }
 
+/// An answer of [`VirtualFs::is_dir`] kept with where the tree stood ([`VirtualFs::is_dir_kept`]).
+#[derive(Debug, Clone)]
+pub struct DirAnswer {
+    /// The path asked about, normalized.
+    normalized: String,
+    mark: TreeMark,
+    is_dir: bool,
+}
+
 /// A tree as a computation of [`VirtualFs::derived_by_reads`] reads it: every read is noted
 /// with what it gave (none when made by [`Reads::untracked`]).
 pub struct Reads<'a> {
@@ -439,6 +448,26 @@ impl VirtualFs {
         let has_child = |keys: &mut dyn Iterator<Item = &String>| keys.next().is_some_and(|k| k.starts_with(&prefix));
         let from = (std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded);
         has_child(&mut self.files.range::<str, _>(from).map(|(k, _)| k)) || has_child(&mut self.dirs.range::<str, _>(from))
+    }
+
+    /// [`Self::is_dir`] of a path, read from `kept` where it answered on this tree and since
+    /// then no explicit directory was made or removed and no file at or under the path was set
+    /// or removed; `kept` then holds the answer as of now. `path` is made only where `kept`
+    /// does not answer: a caller whose path changed drops `kept` first. For a question asked
+    /// at every request (is the working directory a git repository?) of a tree that a request
+    /// changes a file or two of.
+    pub fn is_dir_kept(&self, kept: &mut Option<DirAnswer>, path: impl FnOnce() -> String) -> bool {
+        if let Some(answer) = kept.as_mut()
+            && self.files_changed_since_tree(answer.mark).is_some_and(|changed| changed.iter().all(|p| !p.starts_with(answer.normalized.as_str())))
+        {
+            debug_assert_eq!(answer.is_dir, self.is_dir(&answer.normalized), "a kept is_dir answer differs from asking the tree");
+            answer.mark = self.tree_mark();
+            return answer.is_dir;
+        }
+        let path = path();
+        let is_dir = self.is_dir(&path);
+        *kept = normalized(&path).ok().map(|normal| DirAnswer { normalized: normal.into_owned(), mark: self.tree_mark(), is_dir });
+        is_dir
     }
 
     /// The immediate children of a directory, sorted by name.

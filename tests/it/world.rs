@@ -1,7 +1,7 @@
 //! The World's pieces: clock, virtual fs, rng, scripted model.
 
 use ctxsim::api::{ContentBlock, StopReason};
-use ctxsim::world::{Clock, Fallback, Reply, Rng, ScriptedModel, Synthesis, VirtualFs};
+use ctxsim::world::{Clock, DirAnswer, Fallback, Reply, Rng, ScriptedModel, Synthesis, VirtualFs};
 use proptest::prelude::*;
 
 // ---- helpers ---------------------------------------------------------------------------------
@@ -142,6 +142,41 @@ fn changes_since_a_mark_are_the_trees_own_across_copies() {
     assert_eq!(changed(again.files_changed_since(start)), Some(vec!["/e.txt"]));
     assert_eq!(again.files_changed_since(middle), None);
     assert_eq!(changed(copy.files_changed_since(middle)), Some(vec!["/b.txt"]), "a copy's changes are not its copy's");
+}
+
+#[test]
+fn a_kept_is_dir_answer_is_taken_again_only_where_no_change_reaches_it() {
+    // Asked at every request (is the cwd a git repository?): the answer kept with the tree's
+    // mark is read again while the tree changes elsewhere, asked again where a file under the
+    // path or an explicit directory changed, and on a copy of the tree.
+    let (mut fs, clock) = fs_with(&["/repo/src/main.rs"]);
+    let mut kept = None;
+    let made = std::cell::Cell::new(0);
+    let ask = |fs: &VirtualFs, kept: &mut Option<DirAnswer>| {
+        let answer = fs.is_dir_kept(kept, || {
+            made.set(made.get() + 1);
+            "/repo/./.git".to_owned()
+        });
+        assert_eq!(answer, fs.is_dir("/repo/.git"), "a kept answer differs from asking the tree");
+        answer
+    };
+    assert!(!ask(&fs, &mut kept));
+    fs.write("/repo/src/lib.rs", "lib", &clock).unwrap();
+    assert!(!ask(&fs, &mut kept));
+    assert_eq!(made.get(), 1, "a change elsewhere leaves the answer");
+    fs.write("/repo/.git/HEAD", "ref: refs/heads/main", &clock).unwrap();
+    assert!(ask(&fs, &mut kept));
+    fs.write("/repo/README.md", "readme", &clock).unwrap();
+    assert!(ask(&fs, &mut kept));
+    assert_eq!(made.get(), 2);
+    fs.remove("/repo/.git/HEAD", &clock).unwrap();
+    assert!(!ask(&fs, &mut kept));
+    fs.create_dir("/repo/.git").unwrap();
+    assert!(ask(&fs, &mut kept));
+    assert_eq!(made.get(), 4, "a file under the path and an explicit directory are asked again");
+    let copy = fs.clone();
+    assert!(ask(&copy, &mut kept));
+    assert_eq!(made.get(), 5, "a copy of the tree is asked again");
 }
 
 #[test]

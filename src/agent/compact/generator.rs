@@ -112,7 +112,7 @@ fn filler_lines(tag: &str, chars: usize) -> String {
     while s.len() < chars {
         s.push_str(tag);
         s.push_str(" line ");
-        s.push_str(crate::agent::tools::exec::decimal(line, &mut digits));
+        s.push_str(crate::shared::decimal(line as u64, &mut digits));
         s.push_str(": lorem ipsum dolor sit amet consectetur adipiscing elit\n");
         line += 1;
     }

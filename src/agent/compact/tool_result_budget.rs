@@ -372,7 +372,8 @@ impl Stage for ToolResultBudget {
     fn run(&self, cx: &mut ChainContext<'_>) -> StageReport {
         let tokens_before = cx.rough_total();
         let config: &ToolResultBudgetConfig = &cx.config.tool_result_budget;
-        let dir = cx.state.tool_results_dir();
+        // (Made only for a result that is persisted: the path is formatted.)
+        let mut dir: Option<String> = None;
         let mut fresh_replaced: Vec<(usize, usize)> = Vec::new();
         let mut reapplied = 0usize;
         let mut apply: Vec<(usize, usize, String)> = Vec::new();
@@ -441,7 +442,8 @@ impl Stage for ToolResultBudget {
                     continue;
                 };
                 let content = content.clone();
-                let persisted = persist(candidate.id, &content, &dir, config.preview_chars as usize, cx.fs, cx.clock);
+                let dir = dir.get_or_insert_with(|| cx.state.tool_results_dir());
+                let persisted = persist(candidate.id, &content, dir, config.preview_chars as usize, cx.fs, cx.clock);
                 // A replacement that is not smaller than the result would grow the context.
                 if let Some(text) = persisted.filter(|t| (t.chars().count() as u64) < candidate.size) {
                     cx.state.replacements.replacements.insert(candidate.id.to_owned(), text.clone());

@@ -384,26 +384,11 @@ pub fn number_lines_as(text: &str, offset: usize, limit: usize, style: LineNumbe
     out
 }
 
-/// `n` in decimal, written at the end of `digits`, without the formatting machinery.
-pub(crate) fn decimal(n: usize, digits: &mut [u8; 20]) -> &str {
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&digits[at..]).unwrap_or_default()
-}
-
 /// The number of line `n` and its separator in `style`, without the formatting machinery: it
 /// is written once per line of every file read or restored.
 fn push_line_number(out: &mut String, n: usize, style: LineNumbers) {
     let mut digits = [0u8; 20];
-    let number = decimal(n, &mut digits);
+    let number = crate::shared::decimal(n as u64, &mut digits);
     match style {
         LineNumbers::Tab => {
             out.push_str(number);
