@@ -88,32 +88,39 @@ fn each_marked_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let mut read = 0;
     let mut at = 0;
     let mut after_lower = 0;
-    while at < bytes.len() {
-        // The last word is padded with zeros, which no mark, letter or token holds.
-        let word = match bytes[at..].first_chunk::<8>() {
-            Some(word) => u64::from_le_bytes(*word),
-            None => {
-                let mut word = [0u8; 8];
-                word[..bytes.len() - at].copy_from_slice(&bytes[at..]);
-                u64::from_le_bytes(word)
-            }
-        };
-        let (mut marks, lower) = marks_of(word, after_lower);
+    while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        let (marks, lower) = marks_of(u64::from_le_bytes(*word), after_lower);
         after_lower = lower;
-        while marks != 0 {
-            let mark = at + marks.trailing_zeros() as usize / 8;
-            marks &= marks - 1;
-            if mark >= read {
-                read = read_mark(text, mark, read, f);
+        if marks != 0 {
+            read = read_marks(text, at, marks, read, f);
+            if read > at + 8 {
+                // (The byte at `read` is no letter: no upper-case one after a lower-case one.)
+                (at, after_lower) = (read, 0);
+                continue;
             }
         }
         at += 8;
-        if read > at {
-            // (The byte at `read` is no letter: no upper-case one after a lower-case one.)
-            at = read;
-            after_lower = 0;
+    }
+    // The last bytes, padded with zeros (which no mark, letter or token holds).
+    if let Some(rest) = bytes.get(at..).filter(|rest| !rest.is_empty()) {
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        let (marks, _) = marks_of(u64::from_le_bytes(word), after_lower);
+        read_marks(text, at, marks, read, f);
+    }
+}
+
+/// Reads the marks of the word at `at` ([`marks_of`]) from `read` on ([`read_mark`]); returns
+/// where reading goes on.
+fn read_marks<'a>(text: &'a str, at: usize, mut marks: u64, mut read: usize, f: &mut dyn FnMut(Cow<'a, str>)) -> usize {
+    while marks != 0 {
+        let mark = at + marks.trailing_zeros() as usize / 8;
+        marks &= marks - 1;
+        if mark >= read {
+            read = read_mark(text, mark, read, f);
         }
     }
+    read
 }
 
 /// Eight bytes at a time (little-endian: byte `i` in bits `8i..8i + 8`).
@@ -163,11 +170,18 @@ fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<
             None => read,
         };
     }
-    let mut start = mark;
+    let (mut start, mut end) = (mark, mark + 1);
     while start > read && is_token(start - 1) {
         start -= 1;
     }
-    read_token(text, start, f)
+    while end < bytes.len() && is_token(end) {
+        end += 1;
+    }
+    // A token holding a mark opens no drive path (that opens with a one-letter token), and
+    // holds a mark: [`read_token`] would give its reference.
+    debug_assert!(drive_path_end(bytes, start).is_none(), "a drive path opens with a token holding a mark");
+    reference_of(&text[start..end], f);
+    end
 }
 
 /// [`each_reference`] by reading every token.
