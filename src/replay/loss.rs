@@ -63,39 +63,168 @@ pub fn references(text: &str, out: &mut BTreeSet<String>) {
 /// named as [`crate::agent::skills::file_key`] names the file (`/d/omp/src/a.go`): a Windows
 /// client's tool inputs and results spell the files its later turns use so, in either spelling.
 /// Anywhere else a backslash ends a token, as in a POSIX session's `\n`.
+///
+/// Only a token holding a `/`, a `_` or a lower-case letter followed by an upper-case one
+/// makes a reference ([`reference_of`]), and only a `:` after a token's first letter opens a
+/// drive: the scan looks for those bytes eight at a time ([`marks_of`]) and reads the tokens
+/// around them, where [`each_reference_by_bytes`] reads every token (debug builds compare).
 fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
+    if cfg!(debug_assertions) {
+        let (mut marked, mut by_bytes) = (Vec::new(), Vec::new());
+        each_marked_reference(text, &mut |r| marked.push(r));
+        each_reference_by_bytes(text, &mut |r| by_bytes.push(r));
+        assert_eq!(marked, by_bytes, "the references found by marks are not those of every token");
+        marked.into_iter().for_each(f);
+    } else {
+        each_marked_reference(text, f);
+    }
+}
+
+/// [`each_reference`] by reading the tokens around the bytes [`marks_of`] finds.
+fn each_marked_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
+    let bytes = text.as_bytes();
+    // Every byte before `read` is read; a token never runs on from before it (the byte at
+    // `read` is none of a token's or a drive path's, or the text's start).
+    let mut read = 0;
+    let mut at = 0;
+    let mut after_lower = 0;
+    while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        let (marks, lower) = marks_of(u64::from_le_bytes(*word), after_lower);
+        after_lower = lower;
+        if marks != 0 {
+            read = read_marks(text, at, marks, read, f);
+            if read > at + 8 {
+                // (The byte at `read` is no letter: no upper-case one after a lower-case one.)
+                (at, after_lower) = (read, 0);
+                continue;
+            }
+        }
+        at += 8;
+    }
+    // The last bytes, padded with zeros (which no mark, letter or token holds).
+    if let Some(rest) = bytes.get(at..).filter(|rest| !rest.is_empty()) {
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        let (marks, _) = marks_of(u64::from_le_bytes(word), after_lower);
+        read_marks(text, at, marks, read, f);
+    }
+}
+
+/// Reads the marks of the word at `at` ([`marks_of`]) from `read` on ([`read_mark`]); returns
+/// where reading goes on.
+fn read_marks<'a>(text: &'a str, at: usize, mut marks: u64, mut read: usize, f: &mut dyn FnMut(Cow<'a, str>)) -> usize {
+    while marks != 0 {
+        let mark = at + marks.trailing_zeros() as usize / 8;
+        marks &= marks - 1;
+        if mark >= read {
+            read = read_mark(text, mark, read, f);
+        }
+    }
+    read
+}
+
+/// Eight bytes at a time (little-endian: byte `i` in bits `8i..8i + 8`).
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The bytes of `word` a reference scan must look at, by their high bit: a `/`, `_` or `:`, or
+/// an upper-case letter after a lower-case one (`after_lower`: the byte before the word was a
+/// lower-case letter, in byte 0's high bit); and the high bit of byte 0 set if byte 7 is a
+/// lower-case letter (the next word's `after_lower`). Each byte is tested on its own: no carry
+/// crosses a byte.
+fn marks_of(word: u64, after_lower: u64) -> (u64, u64) {
+    // A byte's high bit is clear here if it equals `c` (its low seven bits added to 0x7F carry
+    // into the high bit unless all are zero).
+    let unequal = |c: u8| {
+        let x = word ^ (ONES * u64::from(c));
+        ((x & !HIGHS) + !HIGHS) | x
+    };
+    let marks = !(unequal(b'/') & unequal(b'_') & unequal(b':')) & HIGHS;
+    // A letter: an ASCII byte whose lower-case form (0x20 set) lies in `a..=z`.
+    let folded = (word | ONES * 0x20) & !HIGHS;
+    let letter = (folded + ONES * u64::from(0x80 - b'a')) & !(folded + ONES * u64::from(0x7F - b'z')) & !word & HIGHS;
+    // Lower case has 0x20 set (shifted onto the high bit).
+    let lower = letter & (word << 2);
+    let upper = letter & !(word << 2);
+    (marks | (((lower << 8) | after_lower) & upper), lower >> 56)
+}
+
+/// Reads the token holding the byte at `mark` ([`marks_of`]; `read` as in
+/// [`each_marked_reference`]), or the drive path opening at the letter before a `:`, giving
+/// its reference to `f`; returns where reading goes on.
+fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<'a, str>)) -> usize {
+    let bytes = text.as_bytes();
+    let is_token = |at: usize| BYTE_CLASS[usize::from(bytes[at])] & TOKEN != 0;
+    if !is_token(mark) {
+        // A `:`: a drive path opens only at a token's first byte ([`drive_path_end`]), then
+        // a one-letter token (which makes no reference).
+        let Some(start) = mark.checked_sub(1) else { return read };
+        if start < read || (start > 0 && is_token(start - 1)) {
+            return read;
+        }
+        return match drive_path_end(bytes, start) {
+            Some(end) => {
+                windows_reference(&text[start..end], f);
+                end
+            }
+            None => read,
+        };
+    }
+    let (mut start, mut end) = (mark, mark + 1);
+    while start > read && is_token(start - 1) {
+        start -= 1;
+    }
+    while end < bytes.len() && is_token(end) {
+        end += 1;
+    }
+    // A token holding a mark opens no drive path (that opens with a one-letter token), and
+    // holds a mark: [`read_token`] would give its reference.
+    debug_assert!(drive_path_end(bytes, start).is_none(), "a drive path opens with a token holding a mark");
+    reference_of(&text[start..end], f);
+    end
+}
+
+/// [`each_reference`] by reading every token.
+fn each_reference_by_bytes<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let bytes = text.as_bytes();
     let mut at = 0;
     while at < bytes.len() {
         if BYTE_CLASS[usize::from(bytes[at])] & TOKEN == 0 {
             at += 1;
-            continue;
-        }
-        let start = at;
-        if let Some(end) = drive_path_end(bytes, at) {
-            at = end;
-            windows_reference(&text[start..at], f);
-            continue;
-        }
-        // A token makes a reference only where it holds a `/`, a `_` or a lower-case letter
-        // followed by an upper-case one ([`reference_of`]: a path or an identifier; trimming
-        // its ends keeps none that was not there): the others (most words) are not looked at.
-        // Without a branch per byte: the previous byte's `LOWER` bit shifted onto `UPPER` marks
-        // a lower-to-upper change.
-        let (mut marks, mut previous) = (0u8, 0u8);
-        while at < bytes.len() {
-            let class = BYTE_CLASS[usize::from(bytes[at])];
-            if class & TOKEN == 0 {
-                break;
-            }
-            marks |= (class & MARK) | ((previous & LOWER) << 1 & class);
-            previous = class;
-            at += 1;
-        }
-        if marks != 0 {
-            reference_of(&text[start..at], f);
+        } else {
+            at = read_token(text, at, f);
         }
     }
+}
+
+/// Reads the token (or drive path) starting at `start`, giving its reference, if any, to `f`;
+/// returns where it ends.
+fn read_token<'a>(text: &'a str, start: usize, f: &mut dyn FnMut(Cow<'a, str>)) -> usize {
+    let bytes = text.as_bytes();
+    if let Some(end) = drive_path_end(bytes, start) {
+        windows_reference(&text[start..end], f);
+        return end;
+    }
+    // A token makes a reference only where it holds a `/`, a `_` or a lower-case letter
+    // followed by an upper-case one ([`reference_of`]: a path or an identifier; trimming
+    // its ends keeps none that was not there): the others (most words) are not looked at.
+    // Without a branch per byte: the previous byte's `LOWER` bit shifted onto `UPPER` marks
+    // a lower-to-upper change.
+    let (mut marks, mut previous) = (0u8, 0u8);
+    let mut at = start;
+    while at < bytes.len() {
+        let class = BYTE_CLASS[usize::from(bytes[at])];
+        if class & TOKEN == 0 {
+            break;
+        }
+        marks |= (class & MARK) | ((previous & LOWER) << 1 & class);
+        previous = class;
+        at += 1;
+    }
+    if marks != 0 {
+        reference_of(&text[start..at], f);
+    }
+    at
 }
 
 /// [`BYTE_CLASS`] bits: a token byte ([`is_token_byte`]); `/` or `_`; lower and upper case.
@@ -818,6 +947,15 @@ mod tests {
         #[test]
         fn the_byte_scan_finds_what_the_character_scan_does(text in "[a-zA-Z0-9_./ é→\\-]{0,60}") {
             prop_assert_eq!(by_bytes(&text), by_chars(&text));
+        }
+
+        #[test]
+        fn the_scan_by_marks_finds_what_the_byte_scan_does(text in "[a-zA-Z0-9_./:\\\\ é→\\-]{0,80}") {
+            let mut marked = Vec::new();
+            each_marked_reference(&text, &mut |r| marked.push(r));
+            let mut every = Vec::new();
+            each_reference_by_bytes(&text, &mut |r| every.push(r));
+            prop_assert_eq!(marked, every);
         }
     }
 }
