@@ -503,7 +503,7 @@ impl Runs for Alone<'_> {
 pub fn agent_whatif(session: &ImportedSession, file: &str, prepared: &Prepared, measurer: &mut Measurer, strategy: &Strategy) -> Result<AgentOutcome, String> {
     let (prior, lookback) = (measurer.prior_thinking_dropped(), measurer.lookback_rule());
     let effective = effective_strategy(strategy, prepared);
-    let outcome = settle(session, prepared, &effective, None, &mut Alone { scenarios: Scenarios { prepared, file, list: Vec::new() }, measurer, effective: &effective, stop: None });
+    let outcome = settle(session, prepared, &effective, None, &mut Alone { scenarios: Scenarios::new(prepared, file), measurer, effective: &effective, stop: None });
     measurer.set_prior_thinking_dropped(prior);
     measurer.set_lookback_rule(lookback);
     outcome
@@ -630,6 +630,7 @@ fn matching_summary(recorded: impl Iterator<Item = (usize, bool)>, used: &[bool]
 
 /// What a run that follows the recording goes by ([`Follow`]): where [`read_run`] finds a run
 /// parts from the recording and which reply it gives each compaction, for one strategy.
+#[derive(PartialEq)]
 struct FollowRules {
     main_calls: Vec<usize>,
     /// Each recorded compaction: its call and, where it has one, its summary as a
@@ -658,8 +659,14 @@ impl FollowRules {
             let parsed = crate::scenario::parse_scenario_document(&document, "stand-in").map(|s| s.scripted_model());
             debug_assert_eq!(parsed.ok().and_then(|m| m.scripted("compact").next().cloned()).as_ref(), Some(&reply), "the stand-in's reply is its step's");
         }
+        let (left_out, client_edits) = Self::of_strategy(prepared, effective);
+        FollowRules { main_calls: prepared.workload.main_calls.clone(), recorded, stand_in: (step, reply), left_out, client_edits }
+    }
+
+    /// What the rules read of `effective`: `left_out` and `client_edits`.
+    fn of_strategy(prepared: &Prepared, effective: &Strategy) -> (Option<usize>, bool) {
         let left_out = if effective.replay_recorded_microcompact { None } else { microcompact_calls(prepared).first().copied() };
-        FollowRules { main_calls: prepared.workload.main_calls.clone(), recorded, stand_in: (step, reply), left_out, client_edits: client_edits(effective) }
+        (left_out, client_edits(effective))
     }
 }
 
@@ -1359,17 +1366,20 @@ pub fn agent_whatif_family_until(
         }
         Stops::BeyondRunOf { base, bounded } => (None, Some((base, bounded))),
     };
-    /// Script steps between two checkpoints of the trunk.
-    const EVERY: usize = 24;
+    /// Script steps between two checkpoints of the trunk. (A checkpoint costs about what a
+    /// step and a half costs, and a strategy that goes on from one runs again half the steps
+    /// between two on average: of 24 to 192, 32 to 64 cost least on the audit of the 16
+    /// shared sessions.)
+    const EVERY: usize = 48;
     if let [effective] = effectives {
         // No other strategy goes on from its run: it runs from the first call, following the
         // recording ([`settle`]), with no trunk under the first plan made first.
         let mut measurer = measurer;
-        let runs = &mut Alone { scenarios: Scenarios { prepared, file, list: Vec::new() }, measurer: &mut measurer, effective, stop: rule };
+        let runs = &mut Alone { scenarios: Scenarios::new(prepared, file), measurer: &mut measurer, effective, stop: rule };
         return Ok(vec![settle(session, prepared, effective, None, runs)]);
     }
     let chain = crate::agent::compact::chain::Chain::new();
-    let mut scenarios = Scenarios { prepared, file, list: Vec::new() };
+    let mut scenarios = Scenarios::new(prepared, file);
     let first = scenarios.get(&first_plan(prepared, &effectives[0]))?;
     let mut measurer = measurer;
     fresh_measurer(prepared, &mut measurer)?;
@@ -1673,7 +1683,7 @@ impl Runs for FromCheckpoints<'_, '_> {
     }
 
     fn follow(&mut self) -> Result<Option<(Run, Follow)>, String> {
-        let rules = std::rc::Rc::new(FollowRules::new(self.scenarios.prepared, self.effective, &self.scenarios.list[self.first].2.model));
+        let rules = self.scenarios.follow_rules(self.first, self.effective);
         let (run, follow) = run_from(self.scenarios, self.measurer, self.first, self.candidates, (self.how, self.reports), self.stop, self.effective, Going::Follow(rules), self.end)?;
         Ok(follow.map(|follow| (run, follow)))
     }
@@ -1848,9 +1858,31 @@ struct Scenarios<'p> {
     prepared: &'p Prepared,
     file: &'p str,
     list: Vec<(Plan, std::sync::Arc<Scenario>, std::sync::Arc<crate::scenario::BuiltScript>)>,
+    /// The [`FollowRules`] made so far, each with the position in `list` of the plan whose
+    /// model it was made of ([`Scenarios::follow_rules`]).
+    follow: Vec<(usize, std::rc::Rc<FollowRules>)>,
 }
 
-impl Scenarios<'_> {
+impl<'p> Scenarios<'p> {
+    fn new(prepared: &'p Prepared, file: &'p str) -> Self {
+        Scenarios { prepared, file, list: Vec::new(), follow: Vec::new() }
+    }
+
+    /// The [`FollowRules`] of `effective` for the model of plan `index` of `list`: made once
+    /// for the family's strategies that read the same of a strategy (whether they leave the
+    /// recorded microcompacts out, whether their context editing is the client's).
+    fn follow_rules(&mut self, index: usize, effective: &Strategy) -> std::rc::Rc<FollowRules> {
+        let model = &self.list[index].2.model;
+        let (left_out, client_edits) = FollowRules::of_strategy(self.prepared, effective);
+        if let Some((_, rules)) = self.follow.iter().find(|(i, rules)| *i == index && rules.left_out == left_out && rules.client_edits == client_edits) {
+            debug_assert!(**rules == FollowRules::new(self.prepared, effective, model), "the rules made for another strategy are this one's");
+            return rules.clone();
+        }
+        let rules = std::rc::Rc::new(FollowRules::new(self.prepared, effective, model));
+        self.follow.push((index, rules.clone()));
+        rules
+    }
+
     fn get(&mut self, plan: &Plan) -> Result<usize, String> {
         if let Some(i) = self.list.iter().position(|(p, _, _)| p == plan) {
             return Ok(i);
