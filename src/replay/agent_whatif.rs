@@ -1492,6 +1492,15 @@ pub fn agent_whatif_family_until(
     // (Strategies that end early beyond the trunk's own run: their branches wait for its end.)
     let mut deferred: Vec<(usize, Vec<std::rc::Rc<Checkpoint>>, Branch)> = Vec::new();
     let mut since = 0;
+    // The last step's highest check and how much it rose over the one before: where the next
+    // step's may rise as much and reach the threshold of an autocompact strategy still to
+    // branch, the trunk is checkpointed before it, and a strategy that goes on from there runs
+    // no step of the trunk's again. (A step's rise is much like the last one's; the most a step
+    // rose so far is not: checkpoints before every step within it cost more than they save.)
+    let (mut last_high, mut rise): (Option<u64>, u64) = (None, 0);
+    let near = |pending: &[usize], last_high: Option<u64>, rise: u64| {
+        last_high.is_some_and(|high| pending.iter().any(|&p| peers[p].is_none() && high < thresholds[p] && high.saturating_add(rise) >= thresholds[p]))
+    };
     while !trunk.done(&scenarios.list[first].1) {
         let step = trunk.next_step();
         if recorded_steps.contains(&step) {
@@ -1499,7 +1508,7 @@ pub fn agent_whatif_family_until(
             kept.push(c.clone());
             latest = Some(c);
             since = 0;
-        } else if since >= EVERY && pending.iter().any(|&p| may_act(p)) {
+        } else if (since >= EVERY && pending.iter().any(|&p| may_act(p))) || near(&pending, last_high, rise) {
             // (Only a strategy still to branch goes on from these: none for one that never acts
             // otherwise, which goes on from the trunk's end.)
             latest = Some(checkpoint(&mut trunk, &measurer, max_checked));
@@ -1529,6 +1538,10 @@ pub fn agent_whatif_family_until(
         // and its recovery, a refused request.)
         let acted = trunk.agent().compactions() != compactions || trunk.refused() != refused || trunk.rows_from(rows_before).any(|r| r.error.is_some());
         max_checked = max_checked.max(high);
+        if let Some(high) = high {
+            rise = high.saturating_sub(last_high.unwrap_or(high));
+            last_high = Some(high);
+        }
         // Strategies whose threshold this step's check reached go on from the last checkpoint;
         // peer branches from the last one before the step where they would act otherwise.
         let differs = |p: usize| match &peers[p] {
