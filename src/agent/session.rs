@@ -196,9 +196,6 @@ pub struct Session {
     pool_memo: std::cell::RefCell<Option<(PoolInputs, std::rc::Rc<ToolPool>)>>,
     /// The system prompt's inputs the last request gathered ([`Session::refresh_system_inputs`]).
     system_gathered: Option<GatheredSystemInputs>,
-    /// The serialized length of the tools a peer mechanism last estimated, with the list it
-    /// measured (the same list is not serialized again).
-    peer_tools_chars: Option<(crate::api::SharedVec<crate::api::Tool>, usize)>,
     /// The chain's entries for `records[..n]` as the last chain run left them (each what
     /// `record_to_entry` makes of its record and meta), so the next run makes only the new
     /// ones; emptied wherever records change other than by appending.
@@ -302,7 +299,6 @@ impl Session {
             clears: 0,
             pool_memo: Default::default(),
             system_gathered: None,
-            peer_tools_chars: None,
             entry_cache: Vec::new(),
             message_memo: MessageMemo::default(),
             mcp_memo: Default::default(),
@@ -317,21 +313,13 @@ impl Session {
     /// Applies the strategy's peer mechanism to the wire messages (a view: the transcript is
     /// kept, the peer remembers its rewrite and applies it again as the history grows).
     /// The peer mechanism (or its probe) on the history after the first `front` messages.
-    fn apply_peer(&mut self, messages: &mut Vec<Message>, front: usize, world: &World, system: &[crate::api::SystemBlock], tools: &crate::api::SharedVec<crate::api::Tool>) {
+    fn apply_peer(&mut self, messages: &mut Vec<Message>, front: usize, world: &World, system: &[crate::api::SystemBlock], pool: &ToolPool) {
         use crate::agent::compact::peers::PeerStrategy;
         let config = &self.strategy.compact.peer;
         if config.strategy == PeerStrategy::None && self.peer_probe.is_none() {
             return;
         }
-        let tools_chars = match &self.peer_tools_chars {
-            Some((measured, chars)) if measured.same(tools) => *chars,
-            _ => {
-                let chars = tools.iter().map(|t| serde_json::to_vec(t).map_or(0, |j| j.len())).sum::<usize>();
-                self.peer_tools_chars = Some((tools.clone(), chars));
-                chars
-            }
-        };
-        let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>() + tools_chars;
+        let base_chars: usize = system.iter().map(|b| b.text.len()).sum::<usize>() + pool.tools_chars();
         let window = crate::agent::compact::peers::peer_window(world.context_window);
         if config.strategy == PeerStrategy::None {
             // Probing (`probe_peers`): what a count-triggered mechanism would compare here, on
@@ -1850,7 +1838,7 @@ impl Session {
         }
 
         if !self.thread.is_subagent() {
-            self.apply_peer(&mut messages, front_len, world, &system.blocks, &pool.tools);
+            self.apply_peer(&mut messages, front_len, world, &system.blocks, &pool);
         }
 
         if !finish {

@@ -216,6 +216,36 @@ fn names(value: Option<&Value>, path: &str) -> Result<Vec<String>, String> {
     }
 }
 
+/// The last `context_management` value read and its reading: a session's requests send the
+/// same value again and again, so [`ParseMemo::parse`] reads one only when it differs from the
+/// last (a comparison of a few small fields, where reading formats every field's path).
+#[derive(Debug, Clone, Default)]
+pub struct ParseMemo {
+    last: Option<(Value, Result<Vec<Edit>, String>)>,
+}
+
+impl ParseMemo {
+    /// [`parse`] of `value`, read again only when it is not the last value read.
+    pub fn parse(&mut self, value: &Value) -> &Result<Vec<Edit>, String> {
+        let (last, read) = match self.last.take() {
+            Some((last, read)) if same_in_order(&last, value) => (last, read),
+            _ => (value.clone(), parse(value)),
+        };
+        debug_assert_eq!(read, parse(value), "the kept reading of context_management differs from reading it");
+        &self.last.insert((last, read)).1
+    }
+}
+
+/// Whether two values are equal with their objects' keys in the same order: `==` without
+/// hashing every key (objects in another order count as different, which only reads one again).
+fn same_in_order(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same_in_order(va, vb)),
+        (Value::Array(a), Value::Array(b)) => a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_in_order(a, b)),
+        _ => a == b,
+    }
+}
+
 /// Reads `context_management` as the API validates it; an error is the API's 400, naming the
 /// field.
 pub fn parse(value: &Value) -> Result<Vec<Edit>, String> {
@@ -915,6 +945,19 @@ mod tests {
     use super::*;
     use crate::api::{Message, SharedBlocks};
     use proptest::prelude::*;
+
+    #[test]
+    fn a_kept_reading_is_the_reading_of_the_value_given() {
+        let thinking = json!({"edits": [{"type": CLEAR_THINKING, "keep": "all"}]});
+        let reordered = json!({"edits": [{"keep": "all", "type": CLEAR_THINKING}]});
+        let tools = json!({"edits": [{"type": CLEAR_TOOL_USES, "keep": {"type": "tool_uses", "value": 2}}]});
+        let bad = json!({"edits": [{"type": CLEAR_TOOL_USES, "keep": {"type": "input_tokens", "value": 2}}]});
+        let mut memo = ParseMemo::default();
+        for value in [&thinking, &thinking, &reordered, &tools, &bad, &bad, &thinking, &json!({}), &tools] {
+            assert_eq!(*memo.parse(value), parse(value), "{value}");
+        }
+        assert!(memo.parse(&bad).is_err());
+    }
 
     /// The edit lists the property draws from: the preset's, one keeping more, a `tool_uses`
     /// trigger clearing inputs of one tool with one excluded, a `clear_at_least`, thinking

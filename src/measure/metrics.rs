@@ -160,6 +160,8 @@ pub struct MeasurerState {
     edited: Flattener,
     /// What context editing's tool-use clearing did to each message before.
     clear_memo: context_editing::ClearMemo,
+    /// The last `context_management` value served and its reading.
+    edits_memo: context_editing::ParseMemo,
     /// The last model looked up and its index in the table (a session names one or two).
     last_model: Option<(String, usize)>,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
@@ -170,7 +172,7 @@ impl MeasurerState {
     /// Nothing measured yet.
     fn new(flattener: Flattener) -> Self {
         let edited = flattener.fresh_like();
-        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), last_model: None, key_spaces: 0 }
+        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), edits_memo: Default::default(), last_model: None, key_spaces: 0 }
     }
 }
 
@@ -455,11 +457,11 @@ impl Measurer {
             super::blocks::drop_prior_thinking(body, &mut flat);
         }
         let Some(value) = &body.context_management else { return Ok(Served::plain(flat)) };
-        let edits = match context_editing::parse(value) {
+        let edits = match self.state.edits_memo.parse(value) {
             Ok(edits) => edits,
-            Err(error) => return Ok(Served { error: Some(error), ..Served::plain(flat) }),
+            Err(error) => return Ok(Served { error: Some(error.clone()), ..Served::plain(flat) }),
         };
-        if !context_editing::may_edit(&edits) {
+        if !context_editing::may_edit(edits) {
             return Ok(Served::plain(flat));
         }
         let counter = &mut self.counter;
@@ -467,10 +469,10 @@ impl Measurer {
             let (hash, _) = crate::api::block_hash_kept(role.as_str(), block);
             u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
         };
-        let edited = context_editing::apply_memo(body, &edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family);
+        let edited = context_editing::apply_memo(body, edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family);
         #[cfg(debug_assertions)]
         {
-            let scratch = context_editing::apply(body, &edits, flat.total_tokens, &mut count);
+            let scratch = context_editing::apply(body, edits, flat.total_tokens, &mut count);
             assert!(edited == scratch, "context editing with its memo differs from applying it from scratch:\n{edited:?}\n{scratch:?}");
         }
         match edited {

@@ -168,6 +168,8 @@ pub struct ToolPool {
     /// pool: every request of the pool sends the one text (a pointer comparison to the
     /// request before, and to the measurer).
     listing: Option<crate::api::SharedText>,
+    /// [`ToolPool::tools_chars`], made at its first use: the runs sharing a pool share it.
+    tools_chars: std::cell::OnceCell<usize>,
 }
 
 impl ToolPool {
@@ -179,6 +181,11 @@ impl ToolPool {
             "the listing made with the pool is its deferred names' listing"
         );
         self.listing.clone()
+    }
+
+    /// The serialized length of `tools` (what a peer mechanism counts for them).
+    pub fn tools_chars(&self) -> usize {
+        *self.tools_chars.get_or_init(|| self.tools.iter().map(|t| serde_json::to_vec(t).map_or(0, |j| j.len())).sum())
     }
 
     /// Names of the enabled tools (for the system prompt's guidance bullets).
@@ -355,7 +362,7 @@ pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
     let inline_mcp = all.iter().any(|entry| entry.is_mcp && tools.iter().any(|t| t.name == entry.tool.name && t.defer_loading.is_none()));
 
     let listing = tool_search.then(|| deferred_tools_listing(&deferred_names).into());
-    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp, listing }
+    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp, listing, tools_chars: Default::default() }
 }
 
 /// `isDeferredTool` for built-ins: ToolSearch never, otherwise `shouldDefer`.
