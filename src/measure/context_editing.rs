@@ -242,6 +242,8 @@ fn same_in_order(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Object(a), Value::Object(b)) => a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same_in_order(va, vb)),
         (Value::Array(a), Value::Array(b)) => a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_in_order(a, b)),
+        // (Bit for bit: `==` takes -0.0 for 0.0.)
+        (Value::Number(a), Value::Number(b)) => a.as_u64() == b.as_u64() && a.as_i64() == b.as_i64() && a.as_f64().map(f64::to_bits) == b.as_f64().map(f64::to_bits),
         _ => a == b,
     }
 }
@@ -953,7 +955,10 @@ mod tests {
         let tools = json!({"edits": [{"type": CLEAR_TOOL_USES, "keep": {"type": "tool_uses", "value": 2}}]});
         let bad = json!({"edits": [{"type": CLEAR_TOOL_USES, "keep": {"type": "input_tokens", "value": 2}}]});
         let mut memo = ParseMemo::default();
-        for value in [&thinking, &thinking, &reordered, &tools, &bad, &bad, &thinking, &json!({}), &tools] {
+        let zero = json!({"edits": [{"type": CLEAR_TOOL_USES, "keep": {"type": "tool_uses", "value": 0.0}}]});
+        let minus_zero = json!({"edits": [{"type": CLEAR_TOOL_USES, "keep": {"type": "tool_uses", "value": -0.0}}]});
+        assert!(!same_in_order(&zero, &minus_zero) && zero == minus_zero);
+        for value in [&thinking, &thinking, &reordered, &tools, &bad, &bad, &thinking, &json!({}), &tools, &zero, &minus_zero] {
             assert_eq!(*memo.parse(value), parse(value), "{value}");
         }
         assert!(memo.parse(&bad).is_err());
