@@ -154,13 +154,13 @@ pub fn load_skills_from_shared(fs: &VirtualFs, roots: &[String], prefix: Option<
 /// with its length before it, so no two lists of parts (nor two tags here) give one key.
 /// Written part by part: the agent asks at every step, and `{:?}` escapes every character.
 fn derived_key<'a>(tag: &str, parts: impl Iterator<Item = &'a str> + Clone) -> String {
-    use std::fmt::Write as _;
+    let mut digits = [0u8; 20];
     let mut key = String::with_capacity(tag.len() + 1 + parts.clone().map(|part| part.len() + 8).sum::<usize>());
     key.push_str(tag);
     key.push('|');
     for part in parts {
-        // (Writing a number into a `String` cannot fail.)
-        let _ = write!(key, "{}:", part.len());
+        key.push_str(crate::shared::decimal(part.len() as u64, &mut digits));
+        key.push(':');
         key.push_str(part);
     }
     key
