@@ -46,7 +46,9 @@ pub fn rough_block(block: &ContentBlock) -> u64 {
 pub fn rough_message(message: &Message) -> u64 {
     let of_blocks = |blocks: &[ContentBlock]| blocks.iter().map(rough_block).sum();
     match &message.content {
-        MessageContent::Text(text) => rough(text),
+        // Its length kept with the text (a prompt, the user context: every run's entries of
+        // the record share it).
+        MessageContent::Text(text) => rough_shared(text),
         MessageContent::Blocks(blocks) => {
             // Kept with the list (shared by every run that sends it).
             let kept = blocks.rough_tokens(of_blocks);
