@@ -112,30 +112,12 @@ fn message_tokens(message: &Message) -> u64 {
 fn block_tokens(block: &ContentBlock) -> u64 {
     match block {
         ContentBlock::Text { text, .. } => chars4(text.len()),
-        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(json_len(input)),
+        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => chars4(crate::measure::tokens::json_len(input)),
         ContentBlock::ToolResult { content, .. } => chars4(content.as_ref().map_or(0, ToolResultContent::text_len)),
         ContentBlock::Thinking { thinking, .. } => chars4(thinking.len()),
         ContentBlock::RedactedThinking { data, .. } => chars4(data.len()),
         _ => 0,
     }
-}
-
-/// The length of `value`'s compact JSON text (`value.to_string().len()`), counted without
-/// producing the text.
-fn json_len(value: &serde_json::Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
 }
 
 /// The tokens a tool result of `tokens` estimated tokens stands for once it is the placeholder
