@@ -332,7 +332,7 @@ const ESCAPE_EXTRA: [u8; 256] = {
 
 /// The UTF-16 length of `text` written as a JSON string: its quotes, its characters and
 /// what escaping them adds.
-fn json_string_utf16_len(text: &str) -> usize {
+pub fn json_string_utf16_len(text: &str) -> usize {
     let escapes: usize = text.bytes().map(|b| usize::from(ESCAPE_EXTRA[usize::from(b)])).sum();
     2 + utf16_len(text) + escapes
 }

@@ -168,11 +168,24 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
     let caution = crate::agent::tools::exec::READ_CAUTION;
     let result = format!("<system-reminder>\n{RESTORED_RESULT_HEAD}\n{numbered}\n{caution}\n</system-reminder>");
-    let message = Message::user_blocks(vec![ContentBlock::text(call.clone()), ContentBlock::text(result.clone())]);
-    let cost = rough(&serde_json::to_string(&message).unwrap_or_default());
+    let cost = restored_cost(&call, &result);
     let texts = std::rc::Rc::new(RestoredTexts { call, result, cost });
     remember(&RESTORED_MEMO, RESTORED_MEMO_LIMIT, key, texts.clone());
     texts
+}
+
+/// [`rough`] of the JSON text of the user message holding a restored file's texts (`call`,
+/// then `result`, each a text block), without writing the text (the file's numbered contents,
+/// escaped): the message's frame, written with both texts empty, and the two texts measured as
+/// JSON strings. Debug builds write the message and compare.
+fn restored_cost(call: &str, result: &str) -> u64 {
+    use crate::measure::tokens::{json_string_utf16_len, serialized_utf16_len};
+    let message = |call: &str, result: &str| Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]);
+    // (An empty text is its two quotes.)
+    let units = serialized_utf16_len(&message("", "")) - 4 + json_string_utf16_len(call) + json_string_utf16_len(result);
+    let cost = u64::from(((units + 2) / 4) as u32);
+    debug_assert_eq!(cost, rough(&serde_json::to_string(&message(call, result)).unwrap_or_default()), "a restored file's cost measured differs from writing its message");
+    cost
 }
 
 /// Restored files within the budgets: newest first, at most `max_files`, each re-read and
@@ -344,4 +357,23 @@ pub fn rebuild(
 /// `preCompactTokenCount`.
 pub fn pre_compact_tokens(cx: &ChainContext<'_>) -> u64 {
     token_count_with_estimation(&cx.entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restored file's cost measured without writing its message is the rough count of the
+    /// message written: texts with escapes, control characters, non-ASCII and astral
+    /// characters, empty ones.
+    #[test]
+    fn a_restored_files_cost_is_its_written_messages() {
+        let texts = ["", "plain", "a \"quoted\" \\ path\n\ttab\r\u{1}\u{1f}\u{7f}", "é ü 漢字 🦀\u{2028}", &"line\n".repeat(300)];
+        for call in texts {
+            for result in texts {
+                let message = Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]);
+                assert_eq!(restored_cost(call, result), rough(&serde_json::to_string(&message).expect("a message serializes")), "{call:?} {result:?}");
+            }
+        }
+    }
 }
