@@ -129,15 +129,16 @@ impl BudgetScan {
 
 pub struct ToolResultBudget;
 
-/// Size the way the client measures it: UTF-16 length of the string or of the text blocks.
+/// Size the way the client measures it: UTF-16 length of the string or of the text blocks
+/// (the length kept with each text: the chain's rough count of the message asked for it
+/// first, and every run sending the text shares it).
 pub fn result_size(content: &ToolResultContent) -> u64 {
-    let utf16 = |s: &str| crate::measure::tokens::utf16_len(s) as u64;
     match content {
-        ToolResultContent::Text(text) => utf16(text),
+        ToolResultContent::Text(text) => text.utf16_len() as u64,
         ToolResultContent::Blocks(blocks) => blocks
             .iter()
             .map(|b| match b {
-                ContentBlock::Text { text, .. } => utf16(text),
+                ContentBlock::Text { text, .. } => text.utf16_len() as u64,
                 _ => 0,
             })
             .sum(),
