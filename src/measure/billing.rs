@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::models::{ModelTable, Price, UnknownModel};
+use super::models::{LastLookup, ModelTable, Price, UnknownModel};
 use crate::api::Usage;
 
 /// Billed token counts.
@@ -70,7 +70,13 @@ pub struct CallBill {
 
 /// The price of one call's usage.
 pub fn bill_call(table: &ModelTable, model: &str, usage: &Usage) -> Result<CallBill, UnknownModel> {
-    let index = table.lookup_index(model)?;
+    bill_call_looked_up(table, &mut LastLookup::default(), model, usage)
+}
+
+/// [`bill_call`] with the model looked up through `lookup` (kept for the next call of the
+/// same model).
+pub fn bill_call_looked_up(table: &ModelTable, lookup: &mut LastLookup, model: &str, usage: &Usage) -> Result<CallBill, UnknownModel> {
+    let index = lookup.index(table, model)?;
     let info = &table.models[index];
     let tokens = BilledTokens::from_usage(usage);
     let field = |name: &str| usage.extra.get(name).and_then(|v| v.as_str());
@@ -149,17 +155,18 @@ pub fn nested_usages(usage: &Usage) -> Vec<(String, Usage)> {
 
 impl Bill {
     /// Adds one call and the advisor work inside it ([`nested_usages`]); a model the table does
-    /// not know is counted in [`Bill::unpriced`].
-    pub fn add_call(&mut self, table: &ModelTable, model: &str, usage: &Usage) {
-        self.add_one(table, model, usage);
+    /// not know is counted in [`Bill::unpriced`]. Models are looked up through `lookup`, which
+    /// a session's calls share.
+    pub fn add_call(&mut self, table: &ModelTable, lookup: &mut LastLookup, model: &str, usage: &Usage) {
+        self.add_one(table, lookup, model, usage);
         self.calls += 1;
         for (nested_model, nested) in nested_usages(usage) {
-            self.add_one(table, &nested_model, &nested);
+            self.add_one(table, lookup, &nested_model, &nested);
         }
     }
 
-    fn add_one(&mut self, table: &ModelTable, model: &str, usage: &Usage) {
-        let (label, tokens, cost) = match bill_call(table, model, usage) {
+    fn add_one(&mut self, table: &ModelTable, lookup: &mut LastLookup, model: &str, usage: &Usage) {
+        let (label, tokens, cost) = match bill_call_looked_up(table, lookup, model, usage) {
             Ok(bill) => (bill.label, bill.tokens, bill.cost_usd),
             Err(_) => {
                 *self.unpriced.entry(model.to_owned()).or_default() += 1;

@@ -328,7 +328,8 @@ impl Measurer {
     /// that something was cached which the replay did not send (a prefix an earlier session
     /// warmed, or a request whose unrecorded part the record has just sized).
     pub fn seed_cache(&mut self, flat: &FlatRequest, time_ms: u64, first_token_ms: u64) -> Result<(), UnknownModel> {
-        let min = self.table.lookup(&flat.model)?.min_cacheable_tokens;
+        let index = self.model_index(&flat.model)?;
+        let min = self.table.models[index].min_cacheable_tokens;
         // A request the simulator rejects caches nothing, seeded or not.
         let _ = self.state.cache.process(flat, min, time_ms, first_token_ms);
         Ok(())

@@ -256,6 +256,29 @@ impl ModelTable {
     }
 }
 
+/// [`ModelTable::lookup_index`] of the last model id asked, kept: a session's calls name one
+/// model or two, and a lookup reads every match fragment of the table (the billed cost prices
+/// each call). Debug builds look up again and compare.
+#[derive(Debug, Default)]
+pub struct LastLookup(Option<(String, Result<usize, UnknownModel>)>);
+
+impl LastLookup {
+    /// `table.lookup_index(model)`, from the last answer when `model` is the last id asked
+    /// (always of the same `table`).
+    pub fn index(&mut self, table: &ModelTable, model: &str) -> Result<usize, UnknownModel> {
+        let answer = match &self.0 {
+            Some((last, answer)) if last == model => answer.clone(),
+            _ => {
+                let answer = table.lookup_index(model);
+                self.0 = Some((model.to_owned(), answer.clone()));
+                answer
+            }
+        };
+        debug_assert_eq!(answer.as_ref().ok(), table.lookup_index(model).as_ref().ok(), "the kept lookup of {model} is the table's");
+        answer
+    }
+}
+
 /// Whether `haystack` contains `needle`, as `str::contains`, by a plain scan: a model id and a
 /// match fragment are a few dozen bytes, shorter than the set-up of a substring searcher (this is
 /// asked per fragment of the table, per call replayed).

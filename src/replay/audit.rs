@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{CacheCreation, CacheTtl, Usage};
 use crate::measure::billing::{Bill, BilledTokens, bill_call};
+use crate::measure::models::LastLookup;
 use crate::measure::{Measurer, ModelTable};
 use crate::recording::format::WarningKind;
 use crate::recording::{EventKind, ImportedSession, RecordedCall};
@@ -524,8 +525,9 @@ fn break_cost(table: &ModelTable, model: &str, usage: &Usage, tokens: u64, ttl: 
 /// The billed tokens and cost of a session's calls (synthetic replies left out).
 pub fn bill_session(session: &ImportedSession, table: &ModelTable) -> Bill {
     let mut bill = Bill::default();
+    let mut lookup = LastLookup::default();
     for call in session.calls.iter().filter(|c| !c.is_synthetic) {
-        bill.add_call(table, &call.model, &call.usage);
+        bill.add_call(table, &mut lookup, &call.model, &call.usage);
     }
     bill
 }
@@ -548,9 +550,10 @@ pub fn audit_session(file: &SessionFile, session: &ImportedSession, table: &Mode
     let mut models = Vec::new();
     let mut ttl_written = CacheCreation::default();
     let mut first_last: Option<(i64, i64)> = None;
+    let mut lookup = LastLookup::default();
     for call in session.calls.iter().filter(|c| !c.is_synthetic) {
         let mut one = Bill::default();
-        one.add_call(table, &call.model, &call.usage);
+        one.add_call(table, &mut lookup, &call.model, &call.usage);
         billed.merge(&one);
         let day = days.entry(day_of(call.index)).or_default();
         day.calls += 1;

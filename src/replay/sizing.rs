@@ -265,11 +265,12 @@ fn estimate_unstored_thinking(session: &ImportedSession, measurer: &Measurer, ma
     let calibration = measurer.counter().calibration();
     let kind = measurer.counter().kind();
     let mut thinking_estimate: BTreeMap<String, ThinkingFill> = BTreeMap::new();
+    let mut lookup = crate::measure::models::LastLookup::default();
     for event in &session.recording.events {
         if let EventKind::ModelReply(reply) = &event.kind
             && (!reply.thinking_text_stored || resends_its_output(reply, main_version))
         {
-            let key = measurer.table().lookup(&reply.model).map(|m| m.estimator_key()).unwrap_or_default();
+            let key = lookup.index(measurer.table(), &reply.model).map(|i| measurer.table().models[i].estimator_key()).unwrap_or_default();
             let counter = measurer.counter();
             let params = calibration.for_family(&key);
             let resent = resends_its_output(reply, main_version);
