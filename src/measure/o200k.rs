@@ -227,11 +227,16 @@ impl Recent {
         (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT_BITS)) as usize
     }
 
-    /// The count of the piece packed as `packed` if its slot holds it.
+    /// The count of the piece packed as `packed` if its slot holds it: compared as two
+    /// 64-bit halves, the count's four bits shifted out of the upper one (a `u128` compare
+    /// under a mask took twice the instructions).
     #[inline]
     fn get(&self, slot: usize, packed: u128) -> Option<u32> {
         let held = self.slots[slot];
-        (held & !(0xF << RECENT_COUNT_SHIFT) == packed).then_some((held >> RECENT_COUNT_SHIFT) as u32)
+        let (held_lo, held_hi) = (held as u64, (held >> 64) as u64);
+        let (lo, hi) = (packed as u64, (packed >> 64) as u64);
+        const COUNT_SHIFT: u32 = RECENT_COUNT_SHIFT - 64;
+        (held_lo == lo && (held_hi ^ hi) << (64 - COUNT_SHIFT) == 0).then_some((held_hi >> COUNT_SHIFT) as u32)
     }
 
     /// Keeps the piece packed as `packed` (at most [`SHORT_PIECE`] bytes) and its count `n` in
@@ -255,9 +260,10 @@ fn pack(piece: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
-/// `bytes[at..end]` packed as [`pack`] packs it, read as one unaligned 16-byte load masked to
+/// `bytes[at..end]` packed as [`pack`] packs it, read as two unaligned 8-byte loads masked to
 /// the piece when 16 bytes from `at` are in `bytes` (no copy through a buffer on the stack,
-/// whose store the load after it would wait for).
+/// whose store the load after it would wait for; as one 16-byte load, the halves took a
+/// vector register's shuffles to come out).
 #[inline]
 fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
     let len = end - at;
@@ -265,18 +271,25 @@ fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
         return None;
     }
     match bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) {
-        Some(&chunk) => Some((u128::from_le_bytes(chunk) & PIECE_MASKS[len]) | ((len as u128) << 120)),
+        Some(chunk) => {
+            let (lo, hi) = chunk.split_at(8);
+            let [lo_mask, hi_mask] = PIECE_MASKS[len];
+            let lo = u64::from_le_bytes(lo.try_into().unwrap_or_default()) & lo_mask;
+            let hi = (u64::from_le_bytes(hi.try_into().unwrap_or_default()) & hi_mask) | ((len as u64) << 56);
+            Some(u128::from(lo) | (u128::from(hi) << 64))
+        }
         None => pack(&bytes[at..end]),
     }
 }
 
-/// The mask of a piece's bytes in a packed value, by the piece's length (a table: a shift of
-/// a `u128` by a variable amount takes a dozen instructions).
-static PIECE_MASKS: [u128; SHORT_PIECE + 1] = {
-    let mut masks = [0u128; SHORT_PIECE + 1];
+/// The mask of a piece's bytes in a packed value, by the piece's length, as its lower and
+/// upper 64 bits (a table: a shift by a variable amount takes several instructions).
+static PIECE_MASKS: [[u64; 2]; SHORT_PIECE + 1] = {
+    let mut masks = [[0u64; 2]; SHORT_PIECE + 1];
     let mut len = 0;
     while len <= SHORT_PIECE {
-        masks[len] = (1u128 << (8 * len)) - 1;
+        let mask = (1u128 << (8 * len)) - 1;
+        masks[len] = [mask as u64, (mask >> 64) as u64];
         len += 1;
     }
     masks
@@ -292,6 +305,7 @@ enum Scan {
 
 /// The end of `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` from `at`: `at` itself when none follows.
 /// `Err` when a byte it had to look at is not ASCII (case folding maps `ſ` to `s`).
+#[inline(always)]
 fn contraction_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
     if bytes.get(at) != Some(&b'\'') {
         return Ok(at);
@@ -318,20 +332,19 @@ fn contraction_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
 /// outside ASCII continuing a run), [`Scan::NotAscii`]: the DFA splits that piece. Bytes are
 /// told apart by their [`CLASS`], runs of lowercase letters eight at a time ([`lower_run`]);
 /// debug builds check each piece against [`scan_ascii_bytewise`].
+#[inline(always)]
 fn scan_ascii(bytes: &[u8], at: usize) -> Scan {
     let scan = scan_ascii_inner(bytes, at).map_or(Scan::NotAscii, Scan::End);
     debug_assert_eq!(scan, scan_ascii_bytewise(bytes, at), "the class scan splits as the bytewise one at {at}");
     scan
 }
 
+#[inline(always)]
 fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
     let first = CLASS[usize::from(bytes[at])];
-    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters.
-    let letters = match first {
-        BLANK | SYMBOL => at + 1,
-        WIDE => return Err(()),
-        _ => at,
-    };
+    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters. (A first
+    // byte that is not ASCII ends the run of upper-case letters there, as not ASCII.)
+    let letters = at + usize::from(first & (BLANK | SYMBOL) != 0);
     let (upper_end, next) = run(bytes, letters, UPPER);
     if next == LOWER {
         // 1: `[upper]*[lower]+`, then a contraction.
