@@ -185,7 +185,7 @@ thread_local! {
     /// per thread, and the thread's recent short pieces (the piece memo, in contrast, belongs
     /// to a run: [`Counter`]).
     static SPLIT_CACHE: RefCell<ThreadCaches> =
-        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new() });
+        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new(), long_pieces: FxHashMap::default() });
 }
 
 /// The counts of the chunks of long texts ([`chunk_ends`]) by their xxh3-128, shared by the
@@ -194,11 +194,19 @@ thread_local! {
 /// it holds changes only the speed.
 static CHUNKS: LazyLock<std::sync::Mutex<FxHashMap<u128, u32>>> = LazyLock::new(Default::default);
 
-/// A thread's caches: the split DFA's states and [`Recent`].
+/// A thread's caches: the split DFA's states, [`Recent`], and the counts of the long pieces
+/// (more than [`SHORT_PIECE`] bytes) that are not tokens by their xxh3-128, emptied when
+/// [`LONG_MEMO_CAP`] are held. Long pieces are mostly rules of one repeated character (a line
+/// of `=` or `-`, a run of spaces), the same ones in many texts, and each costs thousands of
+/// instructions to merge. A count never changes, so what it holds changes only the speed.
 struct ThreadCaches {
     split: Cache,
     recent: Recent,
+    long_pieces: FxHashMap<u128, u32>,
 }
+
+/// At most this many long pieces' counts are kept per thread ([`ThreadCaches`]).
+const LONG_MEMO_CAP: usize = 1 << 12;
 
 /// log2 of [`Recent`]'s slots.
 const RECENT_BITS: u32 = 13;
@@ -844,7 +852,7 @@ impl O200k {
 
     /// The count of `text` piece by piece.
     fn count_whole(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
-        let ThreadCaches { split: cache, recent, .. } = caches;
+        let ThreadCaches { split: cache, recent, long_pieces } = caches;
         let bytes = text.as_bytes();
         let mut input = Input::new(text).anchored(Anchored::Yes);
         let mut at = 0;
@@ -894,7 +902,18 @@ impl O200k {
             } else if end - start >= LONG_PIECE {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
-                tokens += self.merged_parts(&bytes[start..], end - start);
+                let key = xxhash_rust::xxh3::xxh3_128(&bytes[start..end]);
+                tokens += match long_pieces.get(&key) {
+                    Some(&n) => n,
+                    None => {
+                        let n = self.merged_parts(&bytes[start..], end - start);
+                        if long_pieces.len() >= LONG_MEMO_CAP {
+                            long_pieces.clear();
+                        }
+                        long_pieces.insert(key, n);
+                        n
+                    }
+                };
             }
         }
         tokens
