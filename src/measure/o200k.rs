@@ -46,6 +46,9 @@
 //!   bytes and its length), not as a byte string: whether it is a token, and, in a
 //!   [`Counter`] (one per run, held by the `TokenCounter`), the count of each short piece that
 //!   is not one. A piece's count never changes, so that memo is a pure cache, capped in size.
+//! - **Long pieces merged once per thread.** A thread keeps the counts of the long pieces it
+//!   merged by their xxh3-128 ([`ThreadCaches`]): rules of `=` or `-` and runs of spaces recur
+//!   in many texts, and each took thousands of instructions to merge.
 //! - **Recent pieces first.** Before those tables (200k entries, several megabytes: most
 //!   lookups missed the processor's caches), a short piece is looked up in a small
 //!   direct-mapped table of the pieces this thread counted lately ([`Recent`], 8,192 slots,
@@ -903,7 +906,7 @@ impl O200k {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
                 let key = xxhash_rust::xxh3::xxh3_128(&bytes[start..end]);
-                tokens += match long_pieces.get(&key) {
+                let n = match long_pieces.get(&key) {
                     Some(&n) => n,
                     None => {
                         let n = self.merged_parts(&bytes[start..], end - start);
@@ -914,6 +917,8 @@ impl O200k {
                         n
                     }
                 };
+                debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a long piece's memoized count is its merge's");
+                tokens += n;
             }
         }
         tokens
