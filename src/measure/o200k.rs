@@ -46,6 +46,9 @@
 //!   bytes and its length), not as a byte string: whether it is a token, and, in a
 //!   [`Counter`] (one per run, held by the `TokenCounter`), the count of each short piece that
 //!   is not one. A piece's count never changes, so that memo is a pure cache, capped in size.
+//! - **Long pieces merged once per thread.** A thread keeps the counts of the long pieces it
+//!   merged by their xxh3-128 ([`ThreadCaches`]): rules of `=` or `-` and runs of spaces recur
+//!   in many texts, and each took thousands of instructions to merge.
 //! - **Recent pieces first.** Before those tables (200k entries, several megabytes: most
 //!   lookups missed the processor's caches), a short piece is looked up in a small
 //!   direct-mapped table of the pieces this thread counted lately ([`Recent`], 8,192 slots,
@@ -185,7 +188,7 @@ thread_local! {
     /// per thread, and the thread's recent short pieces (the piece memo, in contrast, belongs
     /// to a run: [`Counter`]).
     static SPLIT_CACHE: RefCell<ThreadCaches> =
-        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new() });
+        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new(), long_pieces: FxHashMap::default() });
 }
 
 /// The counts of the chunks of long texts ([`chunk_ends`]) by their xxh3-128, shared by the
@@ -194,11 +197,19 @@ thread_local! {
 /// it holds changes only the speed.
 static CHUNKS: LazyLock<std::sync::Mutex<FxHashMap<u128, u32>>> = LazyLock::new(Default::default);
 
-/// A thread's caches: the split DFA's states and [`Recent`].
+/// A thread's caches: the split DFA's states, [`Recent`], and the counts of the long pieces
+/// (more than [`SHORT_PIECE`] bytes) that are not tokens by their xxh3-128, emptied when
+/// [`LONG_MEMO_CAP`] are held. Long pieces are mostly rules of one repeated character (a line
+/// of `=` or `-`, a run of spaces), the same ones in many texts, and each costs thousands of
+/// instructions to merge. A count never changes, so what it holds changes only the speed.
 struct ThreadCaches {
     split: Cache,
     recent: Recent,
+    long_pieces: FxHashMap<u128, u32>,
 }
+
+/// At most this many long pieces' counts are kept per thread ([`ThreadCaches`]).
+const LONG_MEMO_CAP: usize = 1 << 12;
 
 /// log2 of [`Recent`]'s slots.
 const RECENT_BITS: u32 = 13;
@@ -227,11 +238,16 @@ impl Recent {
         (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT_BITS)) as usize
     }
 
-    /// The count of the piece packed as `packed` if its slot holds it.
+    /// The count of the piece packed as `packed` if its slot holds it: compared as two
+    /// 64-bit halves, the count's four bits shifted out of the upper one (a `u128` compare
+    /// under a mask took twice the instructions).
     #[inline]
     fn get(&self, slot: usize, packed: u128) -> Option<u32> {
         let held = self.slots[slot];
-        (held & !(0xF << RECENT_COUNT_SHIFT) == packed).then_some((held >> RECENT_COUNT_SHIFT) as u32)
+        let (held_lo, held_hi) = (held as u64, (held >> 64) as u64);
+        let (lo, hi) = (packed as u64, (packed >> 64) as u64);
+        const COUNT_SHIFT: u32 = RECENT_COUNT_SHIFT - 64;
+        (held_lo == lo && (held_hi ^ hi) << (64 - COUNT_SHIFT) == 0).then_some((held_hi >> COUNT_SHIFT) as u32)
     }
 
     /// Keeps the piece packed as `packed` (at most [`SHORT_PIECE`] bytes) and its count `n` in
@@ -255,9 +271,10 @@ fn pack(piece: &[u8]) -> Option<u128> {
     Some(u128::from_le_bytes(buf))
 }
 
-/// `bytes[at..end]` packed as [`pack`] packs it, read as one unaligned 16-byte load masked to
+/// `bytes[at..end]` packed as [`pack`] packs it, read as two unaligned 8-byte loads masked to
 /// the piece when 16 bytes from `at` are in `bytes` (no copy through a buffer on the stack,
-/// whose store the load after it would wait for).
+/// whose store the load after it would wait for; as one 16-byte load, the halves took a
+/// vector register's shuffles to come out).
 #[inline]
 fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
     let len = end - at;
@@ -265,18 +282,25 @@ fn pack_in(bytes: &[u8], at: usize, end: usize) -> Option<u128> {
         return None;
     }
     match bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) {
-        Some(&chunk) => Some((u128::from_le_bytes(chunk) & PIECE_MASKS[len]) | ((len as u128) << 120)),
+        Some(chunk) => {
+            let (lo, hi) = chunk.split_at(8);
+            let [lo_mask, hi_mask] = PIECE_MASKS[len];
+            let lo = u64::from_le_bytes(lo.try_into().unwrap_or_default()) & lo_mask;
+            let hi = (u64::from_le_bytes(hi.try_into().unwrap_or_default()) & hi_mask) | ((len as u64) << 56);
+            Some(u128::from(lo) | (u128::from(hi) << 64))
+        }
         None => pack(&bytes[at..end]),
     }
 }
 
-/// The mask of a piece's bytes in a packed value, by the piece's length (a table: a shift of
-/// a `u128` by a variable amount takes a dozen instructions).
-static PIECE_MASKS: [u128; SHORT_PIECE + 1] = {
-    let mut masks = [0u128; SHORT_PIECE + 1];
+/// The mask of a piece's bytes in a packed value, by the piece's length, as its lower and
+/// upper 64 bits (a table: a shift by a variable amount takes several instructions).
+static PIECE_MASKS: [[u64; 2]; SHORT_PIECE + 1] = {
+    let mut masks = [[0u64; 2]; SHORT_PIECE + 1];
     let mut len = 0;
     while len <= SHORT_PIECE {
-        masks[len] = (1u128 << (8 * len)) - 1;
+        let mask = (1u128 << (8 * len)) - 1;
+        masks[len] = [mask as u64, (mask >> 64) as u64];
         len += 1;
     }
     masks
@@ -292,6 +316,7 @@ enum Scan {
 
 /// The end of `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` from `at`: `at` itself when none follows.
 /// `Err` when a byte it had to look at is not ASCII (case folding maps `ſ` to `s`).
+#[inline(always)]
 fn contraction_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
     if bytes.get(at) != Some(&b'\'') {
         return Ok(at);
@@ -318,20 +343,19 @@ fn contraction_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
 /// outside ASCII continuing a run), [`Scan::NotAscii`]: the DFA splits that piece. Bytes are
 /// told apart by their [`CLASS`], runs of lowercase letters eight at a time ([`lower_run`]);
 /// debug builds check each piece against [`scan_ascii_bytewise`].
+#[inline(always)]
 fn scan_ascii(bytes: &[u8], at: usize) -> Scan {
     let scan = scan_ascii_inner(bytes, at).map_or(Scan::NotAscii, Scan::End);
     debug_assert_eq!(scan, scan_ascii_bytewise(bytes, at), "the class scan splits as the bytewise one at {at}");
     scan
 }
 
+#[inline(always)]
 fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
     let first = CLASS[usize::from(bytes[at])];
-    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters.
-    let letters = match first {
-        BLANK | SYMBOL => at + 1,
-        WIDE => return Err(()),
-        _ => at,
-    };
+    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters. (A first
+    // byte that is not ASCII ends the run of upper-case letters there, as not ASCII.)
+    let letters = at + usize::from(first & (BLANK | SYMBOL) != 0);
     let (upper_end, next) = run(bytes, letters, UPPER);
     if next == LOWER {
         // 1: `[upper]*[lower]+`, then a contraction.
@@ -831,7 +855,7 @@ impl O200k {
 
     /// The count of `text` piece by piece.
     fn count_whole(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
-        let ThreadCaches { split: cache, recent, .. } = caches;
+        let ThreadCaches { split: cache, recent, long_pieces } = caches;
         let bytes = text.as_bytes();
         let mut input = Input::new(text).anchored(Anchored::Yes);
         let mut at = 0;
@@ -881,7 +905,20 @@ impl O200k {
             } else if end - start >= LONG_PIECE {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
-                tokens += self.merged_parts(&bytes[start..], end - start);
+                let key = xxhash_rust::xxh3::xxh3_128(&bytes[start..end]);
+                let n = match long_pieces.get(&key) {
+                    Some(&n) => n,
+                    None => {
+                        let n = self.merged_parts(&bytes[start..], end - start);
+                        if long_pieces.len() >= LONG_MEMO_CAP {
+                            long_pieces.clear();
+                        }
+                        long_pieces.insert(key, n);
+                        n
+                    }
+                };
+                debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a long piece's memoized count is its merge's");
+                tokens += n;
             }
         }
         tokens
