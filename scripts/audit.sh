@@ -6,8 +6,8 @@
 # reports (scripts/reports.sh, deterministic).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked --quiet
-bin="${CARGO_TARGET_DIR:-target}/release/ctxsim"
+cargo build --profile dist --locked --quiet
+bin="${CARGO_TARGET_DIR:-target}/dist/ctxsim"
 
 roots=()
 if [ -n "${CLAUDE_CONFIG_DIR:-}" ]; then
