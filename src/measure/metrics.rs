@@ -163,7 +163,7 @@ pub struct MeasurerState {
     /// The last `context_management` value served and its reading.
     edits_memo: context_editing::ParseMemo,
     /// The last model looked up and its index in the table (a session names one or two).
-    last_model: Option<(String, usize)>,
+    last_model: super::models::LastLookup,
     /// Key spaces handed out ([`Measurer::new_key_space`]).
     key_spaces: u64,
 }
@@ -172,7 +172,7 @@ impl MeasurerState {
     /// Nothing measured yet.
     fn new(flattener: Flattener) -> Self {
         let edited = flattener.fresh_like();
-        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), edits_memo: Default::default(), last_model: None, key_spaces: 0 }
+        MeasurerState { cache: CacheSim::new(), lanes: BTreeMap::new(), next_index: 0, flattener, edited, clear_memo: Default::default(), edits_memo: Default::default(), last_model: Default::default(), key_spaces: 0 }
     }
 }
 
@@ -399,14 +399,7 @@ impl Measurer {
 
     /// The table index of `model`'s entry, the last one remembered.
     fn model_index(&mut self, model: &str) -> Result<usize, UnknownModel> {
-        Ok(match &self.state.last_model {
-            Some((last, index)) if last == model => *index,
-            _ => {
-                let index = self.table.lookup_index(model)?;
-                self.state.last_model = Some((model.to_owned(), index));
-                index
-            }
-        })
+        self.state.last_model.index(&self.table, model)
     }
 
     /// [`Self::serve`] with a key per message ([`Flattener::flatten_keyed`]).

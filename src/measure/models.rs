@@ -258,8 +258,8 @@ impl ModelTable {
 
 /// [`ModelTable::lookup_index`] of the last model id asked, kept: a session's calls name one
 /// model or two, and a lookup reads every match fragment of the table (the billed cost prices
-/// each call). Debug builds look up again and compare.
-#[derive(Debug, Default)]
+/// each call, a measurer each request). Debug builds look up again and compare.
+#[derive(Debug, Clone, Default)]
 pub struct LastLookup(Option<(String, Result<usize, UnknownModel>)>);
 
 impl LastLookup {
