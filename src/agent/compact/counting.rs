@@ -17,12 +17,12 @@ pub fn rough(text: &str) -> u64 {
 
 /// [`rough`] of a shared text, its length counted once ([`SharedText::utf16_len`]).
 pub(super) fn rough_shared(text: &SharedText) -> u64 {
-    u64::from(((text.utf16_len() + 2) / 4) as u32)
+    rough_units(text.utf16_len())
 }
 
 /// [`rough`] of a text of `units` UTF-16 units (a text counted without being built).
-fn rough_units(units: usize) -> u64 {
-    ((units + 2) / 4) as u64
+pub(super) fn rough_units(units: usize) -> u64 {
+    u64::from(((units + 2) / 4) as u32)
 }
 
 /// `roughTokenCountEstimationForBlock`.

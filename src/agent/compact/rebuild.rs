@@ -8,7 +8,7 @@
 use crate::api::{ContentBlock, Message};
 
 use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
-use super::counting::{rough, rough_shared, token_count_with_estimation};
+use super::counting::{rough, rough_shared, rough_units, token_count_with_estimation};
 
 /// Which attachments the rebuild restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +183,7 @@ fn restored_cost(call: &str, result: &str) -> u64 {
     let message = |call: &str, result: &str| Message::user_blocks(vec![ContentBlock::text(call), ContentBlock::text(result)]);
     // (An empty text is its two quotes.)
     let units = serialized_utf16_len(&message("", "")) - 4 + json_string_utf16_len(call) + json_string_utf16_len(result);
-    let cost = u64::from(((units + 2) / 4) as u32);
+    let cost = rough_units(units);
     debug_assert_eq!(cost, rough(&serde_json::to_string(&message(call, result)).unwrap_or_default()), "a restored file's cost measured differs from writing its message");
     cost
 }
