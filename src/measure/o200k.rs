@@ -43,9 +43,9 @@
 //!   dashes, a run of spaces) is counted by tiktoken-rs itself, whose encoder is then built
 //!   once.
 //! - **Short pieces by value.** A piece of at most 15 bytes is looked up as one `u128` (its
-//!   bytes and its length), not as a byte string: whether it is a token, and, in a
-//!   [`Counter`] (one per run, held by the `TokenCounter`), the count of each short piece that
-//!   is not one. A piece's count never changes, so that memo is a pure cache, capped in size.
+//!   bytes and its length), not as a byte string: whether it is a token, and, in a memo of the
+//!   thread's ([`ThreadCaches`]), the count of each short piece that is not one. A piece's
+//!   count never changes, so that memo is a pure cache, capped in size.
 //! - **Long pieces merged once per thread.** A thread keeps the counts of the long pieces it
 //!   merged by their xxh3-128 ([`ThreadCaches`]): rules of `=` or `-` and runs of spaces recur
 //!   in many texts, and each took thousands of instructions to merge.
@@ -93,8 +93,6 @@ const O200K_ORDINARY_TOKENS: Rank = 199_998;
 const SHORT_PIECE: usize = 15;
 /// Pieces shorter than this are merged in buffers on the stack ([`O200k::merged_parts`]).
 const STACK_MERGE: usize = 128;
-/// At most this many short non-token pieces are memoized per run ([`Counter`]).
-const MEMO_CAP: usize = 1 << 20;
 /// Texts of at least this many bytes are counted chunk by chunk ([`chunk_ends`]).
 const CHUNKED_TEXT: usize = 4096;
 /// A chunk (but a text's last) holds at least this many bytes.
@@ -108,29 +106,6 @@ struct O200k {
     short_ranks: ShortRanks,
     /// The ranks of the longer tokens, by their bytes (build.rs's table, borrowed).
     long_ranks: FxHashMap<&'static [u8], Rank>,
-}
-
-/// A counting run's state: the counts of the short pieces that are not tokens.
-#[derive(Clone, Default)]
-pub struct Counter {
-    memo: FxHashMap<u128, u32>,
-}
-
-impl std::fmt::Debug for Counter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counter").field("memoized_pieces", &self.memo.len()).finish()
-    }
-}
-
-impl Counter {
-    pub fn new() -> Counter {
-        Counter::default()
-    }
-
-    /// The o200k_base token count of `text`, as [`count`].
-    pub fn count(&mut self, text: &str) -> u32 {
-        SPLIT_CACHE.with(|caches| O200K.count(text, &mut caches.borrow_mut(), Some(&mut self.memo)))
-    }
 }
 
 static O200K: LazyLock<O200k> = LazyLock::new(O200k::new);
@@ -185,10 +160,13 @@ impl ShortRanks {
 
 thread_local! {
     /// The lazy DFA's states, built as texts need them, like the regex caches tiktoken-rs keeps
-    /// per thread, and the thread's recent short pieces (the piece memo, in contrast, belongs
-    /// to a run: [`Counter`]).
-    static SPLIT_CACHE: RefCell<ThreadCaches> =
-        RefCell::new(ThreadCaches { split: O200K.split.create_cache(), recent: Recent::new(), long_pieces: FxHashMap::default() });
+    /// per thread, and the thread's memos of pieces ([`ThreadCaches`]).
+    static SPLIT_CACHE: RefCell<ThreadCaches> = RefCell::new(ThreadCaches {
+        split: O200K.split.create_cache(),
+        recent: Recent::new(),
+        short_pieces: FxHashMap::default(),
+        long_pieces: FxHashMap::default(),
+    });
 }
 
 /// The counts of the chunks of long texts ([`chunk_ends`]) by their xxh3-128, shared by the
@@ -197,17 +175,23 @@ thread_local! {
 /// it holds changes only the speed.
 static CHUNKS: LazyLock<std::sync::Mutex<FxHashMap<u128, u32>>> = LazyLock::new(Default::default);
 
-/// A thread's caches: the split DFA's states, [`Recent`], and the counts of the long pieces
-/// (more than [`SHORT_PIECE`] bytes) that are not tokens by their xxh3-128, emptied when
-/// [`LONG_MEMO_CAP`] are held. Long pieces are mostly rules of one repeated character (a line
-/// of `=` or `-`, a run of spaces), the same ones in many texts, and each costs thousands of
-/// instructions to merge. A count never changes, so what it holds changes only the speed.
+/// A thread's caches: the split DFA's states, [`Recent`], and the counts of the pieces that are
+/// not tokens: the short ones (at most [`SHORT_PIECE`] bytes) by their packed value, emptied
+/// when [`SHORT_MEMO_CAP`] are held, and the long ones by their xxh3-128, emptied when
+/// [`LONG_MEMO_CAP`] are held. A short piece that [`Recent`] no longer holds is merged once per
+/// thread, not once per counting run (an audit makes many). Long pieces are mostly rules of
+/// one repeated character (a line of `=` or `-`, a run of spaces), the same ones in many
+/// texts, and each costs thousands of instructions to merge. A count never changes, so what
+/// the memos hold changes only the speed.
 struct ThreadCaches {
     split: Cache,
     recent: Recent,
+    short_pieces: FxHashMap<u128, u32>,
     long_pieces: FxHashMap<u128, u32>,
 }
 
+/// At most this many short pieces' counts are kept per thread ([`ThreadCaches`]).
+const SHORT_MEMO_CAP: usize = 1 << 16;
 /// At most this many long pieces' counts are kept per thread ([`ThreadCaches`]).
 const LONG_MEMO_CAP: usize = 1 << 12;
 
@@ -808,8 +792,8 @@ impl O200k {
     /// looked up in the process's chunk memo ([`CHUNKS`]) first, so that a text that differs from an earlier
     /// one in a few places (a system prompt with another section, a file after an edit) is
     /// tokenized only there.
-    fn count(&self, text: &str, caches: &mut ThreadCaches, memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
-        match self.count_unless(text, caches, memo, &|_| false) {
+    fn count(&self, text: &str, caches: &mut ThreadCaches) -> u32 {
+        match self.count_unless(text, caches, &|_| false) {
             Ok(n) | Err(n) => n,
         }
     }
@@ -818,9 +802,9 @@ impl O200k {
     /// last: then `Err` of that count, the chunks after them not counted. `past` must hold for
     /// every count above one it holds for (a limit passed), so that `Err` says it holds for the
     /// whole text's count, which is at least the part's.
-    fn count_unless(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>, past: &dyn Fn(u32) -> bool) -> Result<u32, u32> {
+    fn count_unless(&self, text: &str, caches: &mut ThreadCaches, past: &dyn Fn(u32) -> bool) -> Result<u32, u32> {
         if text.len() < CHUNKED_TEXT {
-            return Ok(self.count_whole(text, caches, memo));
+            return Ok(self.count_whole(text, caches));
         }
         let mut total = 0;
         let mut start = 0;
@@ -833,7 +817,7 @@ impl O200k {
             total += match known {
                 Some(n) => n,
                 None => {
-                    let n = self.count_whole(chunk, caches, memo.as_deref_mut());
+                    let n = self.count_whole(chunk, caches);
                     let mut chunks = CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
                     if chunks.len() >= CHUNK_MEMO_CAP {
                         chunks.clear();
@@ -848,14 +832,14 @@ impl O200k {
         }
         #[cfg(debug_assertions)]
         if text.len() <= 1 << 16 {
-            debug_assert_eq!(total, self.count_whole(text, caches, None), "a text's count is the sum of its chunks'");
+            debug_assert_eq!(total, self.count_whole(text, caches), "a text's count is the sum of its chunks'");
         }
         Ok(total)
     }
 
     /// The count of `text` piece by piece.
-    fn count_whole(&self, text: &str, caches: &mut ThreadCaches, mut memo: Option<&mut FxHashMap<u128, u32>>) -> u32 {
-        let ThreadCaches { split: cache, recent, long_pieces } = caches;
+    fn count_whole(&self, text: &str, caches: &mut ThreadCaches) -> u32 {
+        let ThreadCaches { split: cache, recent, short_pieces, long_pieces } = caches;
         let bytes = text.as_bytes();
         let mut input = Input::new(text).anchored(Anchored::Yes);
         let mut at = 0;
@@ -887,15 +871,15 @@ impl O200k {
                 }
                 let n = if self.short_ranks.contains_key(packed) {
                     1
-                } else if let Some(&n) = memo.as_ref().and_then(|memo| memo.get(&packed)) {
+                } else if let Some(&n) = short_pieces.get(&packed) {
+                    debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a short piece's memoized count is its merge's");
                     n
                 } else {
                     let n = self.merged_parts(&bytes[start..], end - start);
-                    if let Some(memo) = memo.as_mut()
-                        && memo.len() < MEMO_CAP
-                    {
-                        memo.insert(packed, n);
+                    if short_pieces.len() >= SHORT_MEMO_CAP {
+                        short_pieces.clear();
                     }
+                    short_pieces.insert(packed, n);
                     n
                 };
                 recent.set(slot, packed, n);
@@ -987,7 +971,7 @@ fn picks(rest: &[u8]) -> bool {
 /// o200k_base token count of `text`, special-token text counted as ordinary text: exactly
 /// `o200k_base_singleton().encode_ordinary(text).len()`.
 pub fn count(text: &str) -> u32 {
-    SPLIT_CACHE.with(|caches| O200K.count(text, &mut caches.borrow_mut(), None))
+    SPLIT_CACHE.with(|caches| O200K.count(text, &mut caches.borrow_mut()))
 }
 
 /// [`count`] (`Ok`), unless `past` holds for the count of a leading part of `text` (the chunks a
@@ -995,7 +979,7 @@ pub fn count(text: &str) -> u32 {
 /// not counted. `past` must hold for every count above one it holds for (a limit passed):
 /// `Err` says it holds for the whole text's count, which is at least the part's.
 pub fn count_unless(text: &str, past: &dyn Fn(u32) -> bool) -> Result<u32, u32> {
-    SPLIT_CACHE.with(|caches| O200K.count_unless(text, &mut caches.borrow_mut(), None, past))
+    SPLIT_CACHE.with(|caches| O200K.count_unless(text, &mut caches.borrow_mut(), past))
 }
 
 /// Builds the tokenizer (the rank tables from build.rs's table and the split DFA)
@@ -1298,11 +1282,9 @@ mod tests {
             "---------------------------------------------------------------------------------------------------------",
             "<|endoftext|> and <|endofprompt|>",
         ];
-        let mut counter = Counter::new();
         for _ in 0..2 {
             for text in cases {
                 assert_eq!(count(text), count_by_tiktoken(text), "{text:?}");
-                assert_eq!(counter.count(text), count_by_tiktoken(text), "{text:?}");
             }
         }
     }

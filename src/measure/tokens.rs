@@ -406,8 +406,6 @@ pub struct TokenCounter {
     pub memo_hits: u64,
     /// The texts tokenized, in order, when asked for ([`TokenCounter::keep_tokenized_texts`]).
     kept_texts: Option<Vec<String>>,
-    /// The `bpe` tokenizer's state for this run, made on first use.
-    o200k: Option<super::o200k::Counter>,
     /// `bpe` text counts shared with the run's other counters and earlier runs
     /// ([`super::token_cache`]), consulted before tokenizing and given every count made.
     shared: Option<Arc<SharedCounts>>,
@@ -423,7 +421,7 @@ impl TokenCounter {
     }
 
     pub fn with_calibration(kind: EstimatorKind, calibration: Calibration) -> Self {
-        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, o200k: None, shared: None, last_family: None }
+        TokenCounter { kind, calibration, memo: FxHashMap::default(), texts: FxHashMap::default(), tokenized_blocks: 0, memo_hits: 0, kept_texts: None, shared: None, last_family: None }
     }
 
     /// Shares `bpe` text counts with `shared` (ignored by `chars4`): a text another counter of
@@ -538,7 +536,7 @@ impl TokenCounter {
                                     let n = match known {
                                         Some(n) => n,
                                         None => {
-                                            let n = self.o200k.get_or_insert_with(Default::default).count(&text);
+                                            let n = super::o200k::count(&text);
                                             if let Some(shared) = &self.shared {
                                                 shared.insert(key, n);
                                             }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use ctxsim::measure::o200k::{Counter, count, count_by_tiktoken};
+use ctxsim::measure::o200k::{count, count_by_tiktoken};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -46,7 +46,8 @@ fn bpe_counts_equal_tiktoken_on_every_real_text() {
 /// A thread keeps the short pieces it counted lately in a small table, one piece per slot
 /// (`o200k::Recent`): 40,000 distinct one-piece words, more than it has slots, counted three
 /// times over in alternating orders (so pieces that share a slot replace each other there)
-/// keep tiktoken-rs's counts, with a run's memo (`Counter`) and without.
+/// keep tiktoken-rs's counts; their 80,000 pieces that are not tokens are more than the
+/// thread's memo of short pieces holds, so it is emptied and filled again.
 #[test]
 fn bpe_counts_stay_exact_when_recent_pieces_replace_each_other() {
     let word = |mut i: u32| {
@@ -59,13 +60,11 @@ fn bpe_counts_stay_exact_when_recent_pieces_replace_each_other() {
     };
     let words: Vec<String> = (0..40_000).map(word).collect();
     let expected: Vec<u32> = words.iter().map(|w| count_by_tiktoken(&format!("{w} {w}"))).collect();
-    let mut counter = Counter::new();
     for round in 0..3 {
         let order: Box<dyn Iterator<Item = usize>> = if round == 1 { Box::new((0..words.len()).rev()) } else { Box::new((0..words.len()).step_by(1 + round)) };
         for i in order {
             let text = format!("{0} {0}", words[i]);
             assert_eq!(count(&text), expected[i], "{text}");
-            assert_eq!(counter.count(&text), expected[i], "{text}");
         }
     }
 }
