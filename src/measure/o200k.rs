@@ -340,14 +340,15 @@ fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
     // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters. (A first
     // byte that is not ASCII ends the run of upper-case letters there, as not ASCII.)
     let letters = at + usize::from(first & (BLANK | SYMBOL) != 0);
+    // 1 with no upper-case letter, most pieces (` the`, `fn`, `.to`): straight to the
+    // lower-case run after the first letter.
+    if class_at(bytes, letters) == LOWER {
+        return lower_word_end(bytes, letters + 1);
+    }
     let (upper_end, next) = run(bytes, letters, UPPER);
     if next == LOWER {
         // 1: `[upper]*[lower]+`, then a contraction.
-        let (lower_end, next) = lower_run(bytes, upper_end);
-        if next == WIDE {
-            return Err(());
-        }
-        return contraction_end(bytes, lower_end);
+        return lower_word_end(bytes, upper_end);
     }
     if next == WIDE {
         return Err(());
@@ -406,6 +407,19 @@ fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
     if run < bytes.len() && run - at > 1 { Ok(run - 1) } else { Ok(run) }
 }
 
+/// The end of the first alternative's word whose lower-case run goes on from `at`
+/// (`at <= bytes.len()`): the run, then a contraction. `Err` when a byte it had to look at is
+/// not ASCII. The byte that ends the run comes from the run's scan, so that the usual ends, a
+/// byte that is neither an apostrophe nor outside ASCII, are told by it alone.
+#[inline(always)]
+fn lower_word_end(bytes: &[u8], at: usize) -> Result<usize, ()> {
+    match lower_run(bytes, at) {
+        (_, 0x80..) => Err(()),
+        (end, b'\'') => contraction_end(bytes, end),
+        (end, _) => Ok(end),
+    }
+}
+
 /// The byte classes [`scan_ascii`] tells apart, one bit each ([`CLASS`]); the end of the text
 /// has none (class 0), and ends every run.
 const LOWER: u8 = 1;
@@ -461,20 +475,32 @@ fn run(bytes: &[u8], mut at: usize, members: u8) -> (usize, u8) {
     (at, 0)
 }
 
-/// [`run`] of lowercase letters, eight bytes at a time while eight are left: a word's letters
-/// are most of what the scan reads.
+/// The end of the run of lowercase letters from `at` (`at <= bytes.len()`) and the byte that
+/// ends it (0 at the end of the text, which is neither an apostrophe nor outside ASCII, all
+/// its callers ask of it), eight bytes at a time while eight are left: a word's letters are
+/// most of what the scan reads. The stopping byte is shifted out of the eight read (not read
+/// again), and the rest of the text is a slice that shrinks (one test of its length a word).
 #[inline(always)]
-fn lower_run(bytes: &[u8], mut at: usize) -> (usize, u8) {
-    while let Some(word) = bytes.get(at..at + 8) {
-        let word: [u8; 8] = word.try_into().unwrap_or_default();
-        let others = !lower_bytes(u64::from_le_bytes(word)) & HIGH_BITS;
+fn lower_run(bytes: &[u8], at: usize) -> (usize, u8) {
+    let mut rest = &bytes[at..];
+    let mut end = at;
+    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
+        let word = u64::from_le_bytes(*word);
+        let others = !lower_bytes(word) & HIGH_BITS;
         if others != 0 {
-            let first = others.trailing_zeros() as usize / 8;
-            return (at + first, CLASS[usize::from(word[first])]);
+            let stop = others.trailing_zeros();
+            return (end + stop as usize / 8, (word >> (stop & 56)) as u8);
         }
-        at += 8;
+        end += 8;
+        rest = tail;
     }
-    run(bytes, at, LOWER)
+    for &b in rest {
+        if !b.is_ascii_lowercase() {
+            return (end, b);
+        }
+        end += 1;
+    }
+    (end, 0)
 }
 
 /// The high bit of every byte.
@@ -1180,8 +1206,11 @@ mod tests {
                     let mut bytes = vec![b'q'; letters];
                     bytes.push(stop);
                     bytes.extend([after; 12]);
-                    assert_eq!(lower_run(&bytes, 0), run(&bytes, 0, LOWER), "{bytes:?}");
-                    assert_eq!(lower_run(&bytes, 1.min(letters)), run(&bytes, 1.min(letters), LOWER), "{bytes:?}");
+                    for from in [0, 1.min(letters)] {
+                        let (end, stop) = lower_run(&bytes, from);
+                        assert_eq!(end, run(&bytes, from, LOWER).0, "{bytes:?}");
+                        assert_eq!(stop, bytes.get(end).copied().unwrap_or(0), "{bytes:?}");
+                    }
                 }
             }
         }
