@@ -337,25 +337,28 @@ fn scan_ascii(bytes: &[u8], at: usize) -> Scan {
 #[inline(always)]
 fn scan_ascii_inner(bytes: &[u8], at: usize) -> Result<usize, ()> {
     let first = CLASS[usize::from(bytes[at])];
-    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters. (A first
-    // byte that is not ASCII ends the run of upper-case letters there, as not ASCII.)
+    // 1 and 2: an optional other character (`[^\r\n\p{L}\p{N}]`), then letters, told
+    // apart by the class of the first letter. (A first byte that is not ASCII is taken as the
+    // letters' start, and is not ASCII there.)
     let letters = at + usize::from(first & (BLANK | SYMBOL) != 0);
-    // 1 with no upper-case letter, most pieces (` the`, `fn`, `.to`): straight to the
-    // lower-case run after the first letter.
-    if class_at(bytes, letters) == LOWER {
-        return lower_word_end(bytes, letters + 1);
-    }
-    let (upper_end, next) = run(bytes, letters, UPPER);
-    if next == LOWER {
-        // 1: `[upper]*[lower]+`, then a contraction.
-        return lower_word_end(bytes, upper_end);
-    }
-    if next == WIDE {
-        return Err(());
-    }
-    if upper_end > letters {
-        // 2: `[upper]+[lower]*` (no lowercase follows), then a contraction.
-        return contraction_end(bytes, upper_end);
+    match class_at(bytes, letters) {
+        // 1 with no upper-case letter, most pieces (` the`, `fn`, `.to`): the lower-case run
+        // after the first letter, then a contraction.
+        LOWER => return lower_word_end(bytes, letters + 1),
+        UPPER => {
+            let (upper_end, next) = run(bytes, letters + 1, UPPER);
+            return match next {
+                // 1: `[upper]+[lower]+`, then a contraction.
+                LOWER => lower_word_end(bytes, upper_end),
+                WIDE => Err(()),
+                // 2: `[upper]+` (no lowercase follows), then a contraction.
+                _ => contraction_end(bytes, upper_end),
+            };
+        }
+        // A letter (or mark) outside ASCII may be where the letters start.
+        WIDE => return Err(()),
+        // No letters: the other alternatives.
+        _ => {}
     }
     // 3: one to three digits.
     if first == DIGIT {
