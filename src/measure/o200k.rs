@@ -1240,6 +1240,33 @@ mod tests {
         }
     }
 
+    /// The thread's memo of the short pieces that are not tokens holds at most
+    /// [`SHORT_MEMO_CAP`] of them: emptied when full, it is filled again, and counts stay
+    /// tiktoken-rs's throughout.
+    #[test]
+    fn the_short_piece_memo_is_emptied_when_full() {
+        let word = |mut i: u32| {
+            let mut w = String::from("zq");
+            while i > 0 || w.len() < 6 {
+                w.push(char::from(b'a' + (i % 26) as u8));
+                i /= 26;
+            }
+            w
+        };
+        let held = || SPLIT_CACHE.with(|caches| caches.borrow().short_pieces.len());
+        let (mut most, mut emptied) = (0, false);
+        for i in 0..(2 * SHORT_MEMO_CAP as u32) {
+            let text = word(i);
+            let n = count(&text);
+            if i % 64 == 0 {
+                assert_eq!(n, count_by_tiktoken(&text), "{text}");
+            }
+            emptied |= held() < most;
+            most = most.max(held());
+        }
+        assert!(emptied && most == SHORT_MEMO_CAP, "{most}");
+    }
+
     /// A long piece of a few letters (so that its parts join many times, in every order), or of
     /// other bytes the vocabulary joins.
     fn long_piece() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {

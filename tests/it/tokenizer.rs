@@ -46,8 +46,8 @@ fn bpe_counts_equal_tiktoken_on_every_real_text() {
 /// A thread keeps the short pieces it counted lately in a small table, one piece per slot
 /// (`o200k::Recent`): 40,000 distinct one-piece words, more than it has slots, counted three
 /// times over in alternating orders (so pieces that share a slot replace each other there)
-/// keep tiktoken-rs's counts; their 80,000 pieces that are not tokens are more than the
-/// thread's memo of short pieces holds, so it is emptied and filled again.
+/// keep tiktoken-rs's counts (the thread's memo of the short pieces that are not tokens
+/// holds their counts too).
 #[test]
 fn bpe_counts_stay_exact_when_recent_pieces_replace_each_other() {
     let word = |mut i: u32| {
