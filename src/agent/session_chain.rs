@@ -107,8 +107,7 @@ impl<'w> ThresholdWorld<'w> {
         normal.name = String::new();
         normal.compact.autocompact.buffer_tokens = 0;
         normal.compact.autocompact.pct_override = None;
-        let text = serde_json::to_vec(&normal).expect("a strategy serializes");
-        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+        normal.content_key("")
     }
 }
 
