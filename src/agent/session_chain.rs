@@ -107,8 +107,7 @@ impl<'w> ThresholdWorld<'w> {
         normal.name = String::new();
         normal.compact.autocompact.buffer_tokens = 0;
         normal.compact.autocompact.pct_override = None;
-        let text = serde_json::to_vec(&normal).expect("a strategy serializes");
-        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+        normal.content_key("")
     }
 }
 
@@ -267,6 +266,20 @@ impl UuidIndex {
     }
 }
 
+/// Whether `entry` is what [`record_to_entry`] made of `record` with its `meta`, left as it
+/// was: then it becomes `record` again. The cheap tests first: this runs on every entry of the
+/// conversation per request.
+#[inline]
+fn as_made_of(entry: &Entry, record: &Record, meta: &RecordMeta) -> bool {
+    meta.uuid == entry.uuid
+        && entry.is_pristine()
+        && meta.timestamp_ms == entry.timestamp_ms
+        && !entry.is_boundary()
+        && made_from(entry, record)
+        && meta.message_id == entry.message_id
+        && meta.usage == entry.usage
+}
+
 /// Entries back to records (boundaries dropped), copying: `records` are the records the
 /// entries' uuids were made from, with their `metas` (`index`: uuid → position).
 fn entries_to_records(entries: &[Entry], records: &[Record], metas: &[RecordMeta], index: &UuidIndex) -> (Vec<Record>, Vec<RecordMeta>) {
@@ -299,16 +312,6 @@ fn entries_into_records(
     // request's run changes the tail, so this is most of the conversation). A record whose
     // uuid several entries carry is copied for each, never moved (`uses`), so such a record
     // ends them too.
-    // The cheap tests first: this runs on every entry of the conversation per request.
-    let as_made_of = |entry: &Entry, record: &Record, meta: &RecordMeta| {
-        meta.uuid == entry.uuid
-            && entry.is_pristine()
-            && meta.timestamp_ms == entry.timestamp_ms
-            && !entry.is_boundary()
-            && made_from(entry, record)
-            && meta.message_id == entry.message_id
-            && meta.usage == entry.usage
-    };
     let as_made = |i: usize, entry: &Entry| as_made_of(entry, &records[i], &metas[i]);
     // `index` was made from `metas`. With every uuid once, an entry whose uuid is its own
     // position's is that record's without a lookup, and no other leading entry carries it: the
@@ -725,10 +728,21 @@ impl Session {
             // The fork sees its input as the chain chose it: the conversation as the stages
             // before autocompact left it, less what peeling or a retry removed.
             let (records, metas) = entries_to_records(&output.fork_entries, &self.records, &self.record_meta, &index);
+            // The fork's leading records that are the transcript's own, in place: each made
+            // from the entry its record made, which gives that record back (with every uuid
+            // once, an attachment's record is the one at its position). Their messages are the
+            // memo's; the fork makes the rest with a copy of it and leaves it as it was.
+            let shared = if index.unique(&self.record_meta) {
+                output.fork_entries.iter().zip(&self.records).zip(&self.record_meta).take_while(|&((entry, record), meta)| as_made_of(entry, record, meta)).count()
+            } else {
+                0
+            };
+            debug_assert!(records[..shared] == self.records[..shared], "a fork's record taken for the transcript's differs from it");
+            let mut fork_memo = self.message_memo.clone();
+            fork_memo.invalidate_from(shared);
             let saved_records = std::mem::replace(&mut self.records, records);
             let saved_meta = std::mem::replace(&mut self.record_meta, metas);
-            // The fork's records are not the transcript's: its messages are made without the memo.
-            let saved_memo = std::mem::take(&mut self.message_memo);
+            let saved_memo = std::mem::replace(&mut self.message_memo, fork_memo);
             let fork = self.compaction_fork(world, custom.clone().flatten().as_deref());
             self.records = saved_records;
             self.record_meta = saved_meta;

@@ -225,9 +225,7 @@ pub fn strategy_key(effective: &Strategy, prepared: &Prepared) -> String {
         normal.compact.autocompact.pct_override = defaults.pct_override;
         normal.compact.autocompact.window_override = defaults.window_override;
     }
-    let mut text = serde_json::to_vec(&normal).expect("a strategy serializes");
-    text.extend(format!("{thresholds:?}").bytes());
-    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+    normal.content_key(&format!("{thresholds:?}"))
 }
 
 /// `effective` with the knobs that have nothing to act on in this session set as the run as

@@ -264,7 +264,63 @@ pub enum StrategyError {
     Env { name: String, value: String, message: String },
 }
 
+/// How many keys [`Strategy::content_key`] keeps per thread (a session's what-ifs ask for a
+/// few dozen: each candidate's run key, the families of the candidates and of each branch).
+const CONTENT_KEYS_KEPT: usize = 64;
+
+thread_local! {
+    /// The content keys made last on this thread, with the strategy and tail each is of. The
+    /// same strategy and tail give the same key, so which calls share one changes no result.
+    static CONTENT_KEYS: std::cell::RefCell<Vec<(Strategy, String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Strategy {
+    /// A content hash of this strategy: xxh3-128 of its JSON followed by `tail`, as 32 hex
+    /// digits. Two strategies whose JSON differs have different keys (the what-ifs' run keys
+    /// and autocompact families). The keys made last are kept per thread ([`CONTENT_KEYS`]):
+    /// the audit asks for the key of one strategy several times (a candidate's family, again
+    /// as a member of its family, again when a branch is retargeted), and writing a strategy
+    /// out costs ~40 K instructions.
+    pub fn content_key(&self, tail: &str) -> String {
+        let make = || {
+            let mut text = serde_json::to_vec(self).expect("a strategy serializes");
+            text.extend_from_slice(tail.as_bytes());
+            format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+        };
+        CONTENT_KEYS.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if let Some((_, _, key)) = kept.iter().find(|(strategy, kept_tail, _)| kept_tail == tail && strategy.same_bits(self)) {
+                debug_assert_eq!(*key, make(), "a kept content key differs from the strategy's");
+                return key.clone();
+            }
+            let key = make();
+            if kept.len() >= CONTENT_KEYS_KEPT {
+                kept.remove(0);
+            }
+            kept.push((self.clone(), tail.to_owned(), key.clone()));
+            key
+        })
+    }
+
+    /// `self == other`, its one number compared bit for bit: `==` takes −0.0 for 0.0, whose
+    /// JSON differs (the settings the what-ifs key by their JSON, [`Self::content_key`]). A
+    /// few knobs cheap to compare go first: the strategies a session's what-ifs compare (the
+    /// presets, the recorded settings of other sessions) differ there most, and `==` reads
+    /// every list of tool names before it reaches them.
+    fn same_bits(&self, other: &Strategy) -> bool {
+        let (a, b) = (&self.compact, &other.compact);
+        a.autocompact == b.autocompact
+            && a.peer == b.peer
+            && a.session_memory == b.session_memory
+            && self.ttl_main == other.ttl_main
+            && self.ttl_other == other.ttl_other
+            && self.dynamic_boundary == other.dynamic_boundary
+            && self.mcp_instructions == other.mcp_instructions
+            && self.enable_tool_search == other.enable_tool_search
+            && self == other
+            && self.skill_listing_budget_fraction.to_bits() == other.skill_listing_budget_fraction.to_bits()
+    }
+
     /// A named preset (id or alias; see [`super::presets::PRESETS`]). `claude-code-env` reads
     /// the process environment.
     pub fn preset(name: &str) -> Result<Strategy, StrategyError> {
@@ -531,6 +587,56 @@ mod agent_knobs_tests {
         for knob in AGENT_READ_KNOBS {
             assert!(knobs.contains(knob), "`{knob}` is no knob of the strategy");
         }
+    }
+}
+
+#[cfg(test)]
+mod content_key_tests {
+    use super::*;
+
+    /// The key made the long way: xxh3-128 of the JSON, then the tail.
+    fn written(strategy: &Strategy, tail: &str) -> String {
+        let mut text = serde_json::to_vec(strategy).unwrap();
+        text.extend_from_slice(tail.as_bytes());
+        format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&text))
+    }
+
+    /// A kept key is the key of the strategy's JSON: asked again, after other strategies, for
+    /// a strategy `==` takes for a kept one whose JSON differs (−0.0 and 0.0), with another
+    /// tail, and after more strategies than are kept.
+    #[test]
+    fn a_kept_content_key_is_the_key_of_the_strategys_json() {
+        let mut strategies: Vec<Strategy> = super::super::presets::PRESETS.iter().filter(|p| p.id != "claude-code-env").map(|p| Strategy::preset(p.id).unwrap()).collect();
+        let zero = Strategy { skill_listing_budget_fraction: 0.0, ..Strategy::default() };
+        let negative_zero = Strategy { skill_listing_budget_fraction: -0.0, ..Strategy::default() };
+        assert_eq!(zero, negative_zero, "== takes -0.0 for 0.0");
+        assert_ne!(written(&zero, ""), written(&negative_zero, ""));
+        strategies.extend([zero, negative_zero.clone(), negative_zero]);
+        strategies.extend((0..CONTENT_KEYS_KEPT as u64 + 8).map(|n| Strategy { max_mcp_output_tokens: n, ..Strategy::default() }));
+        for _ in 0..2 {
+            for strategy in strategies.iter().chain(strategies.iter().rev()) {
+                for tail in ["", "Thresholds { autocompact: 1 }"] {
+                    assert_eq!(strategy.content_key(tail), written(strategy, tail), "{} under {tail:?}", strategy.name);
+                }
+            }
+        }
+    }
+
+    /// [`Strategy::same_bits`] compares one number bit for bit: the only knob whose JSON is a
+    /// number with a fraction. A new float knob must be compared so too.
+    #[test]
+    fn the_only_float_knob_is_the_skill_listing_budget() {
+        fn floats(value: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+            match value {
+                serde_json::Value::Number(n) if n.is_f64() => out.push(path.to_owned()),
+                serde_json::Value::Array(items) => items.iter().for_each(|v| floats(v, path, out)),
+                serde_json::Value::Object(map) => map.iter().for_each(|(k, v)| floats(v, &format!("{path}.{k}"), out)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        floats(&serde_json::to_value(Strategy::default()).unwrap(), "", &mut found);
+        assert_eq!(found, [".skill_listing_budget_fraction"]);
     }
 }
 
