@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{ContentBlock, MessageContent, Request, Role, ToolResultContent};
+use crate::api::{ContentBlock, MessageContent, Request, Role, SharedText, ToolResultContent};
 
 use super::metrics::RequestMetrics;
 
@@ -52,8 +52,8 @@ pub struct LossTracker {
     seen_results: BTreeSet<Id>,
     /// Tool uses already judged (each call is judged once, when it first appears).
     judged_uses: BTreeSet<Id>,
-    /// The last user prompt judged, per lane.
-    judged_prompt: BTreeMap<String, u64>,
+    /// The last user prompt judged, per lane: its pieces ([`prompt_texts`]), held.
+    judged_prompt: BTreeMap<String, Vec<SharedText>>,
     /// Context tokens of each lane's previous request.
     previous_context: BTreeMap<String, u64>,
     /// What each lane's earlier requests showed in the messages the next one is expected to
@@ -506,10 +506,10 @@ impl LossTracker {
 
         // A new user prompt (the last user message with text) naming a path no longer visible.
         if let Some(last) = messages.iter().rev().find(|m| m.role == Role::User)
-            && let Some(key) = prompt_key(&last.content)
-            && self.judged_prompt.get(lane) != Some(&key)
+            && has_prompt(&last.content)
+            && self.judged_prompt.get(lane).is_none_or(|judged| !same_prompt(judged, &last.content))
         {
-            self.judged_prompt.insert(lane.to_owned(), key);
+            self.judged_prompt.insert(lane.to_owned(), prompt_texts(&last.content).cloned().collect());
             if invisible_seen.get_or_insert_with(&find_invisible).iter().any(|p| prompt_names(&last.content, p)) {
                 self.loss.recall_misses += 1;
             }
@@ -554,40 +554,55 @@ impl LossTracker {
 
 /// The pieces of a user message's text, where they are: the string, or the text blocks
 /// ([`MessageContent::joined_text`] joins them with line breaks).
-fn prompt_pieces(content: &MessageContent) -> impl Iterator<Item = &str> {
+fn prompt_texts(content: &MessageContent) -> impl Iterator<Item = &SharedText> {
     let (text, blocks) = match content {
-        MessageContent::Text(text) => (Some(text.as_str()), &[][..]),
+        MessageContent::Text(text) => (Some(text), &[][..]),
         MessageContent::Blocks(blocks) => (None, &blocks[..]),
     };
     text.into_iter().chain(blocks.iter().filter_map(|b| match b {
-        ContentBlock::Text { text, .. } => Some(text.as_str()),
+        ContentBlock::Text { text, .. } => Some(text),
         _ => None,
     }))
 }
 
-/// The key a user message's prompt is judged once by: the hash of its text
-/// ([`MessageContent::joined_text`]), `None` when that is empty, found without joining the
-/// text (every request's last user message is asked): one piece hashed where it is, several
-/// fed in turn with the line breaks between them (xxh3 hashes bytes fed in pieces as the bytes
-/// in one).
-fn prompt_key(content: &MessageContent) -> Option<u64> {
+/// [`prompt_texts`] as `str`s.
+fn prompt_pieces(content: &MessageContent) -> impl Iterator<Item = &str> {
+    prompt_texts(content).map(|text| text.as_str())
+}
+
+/// Whether a user message holds a prompt to judge: its joined text is not empty (two pieces
+/// or more hold a line break).
+fn has_prompt(content: &MessageContent) -> bool {
     let mut pieces = prompt_pieces(content);
-    let key = match (pieces.next(), pieces.next()) {
-        (None, _) => None,
-        (Some(one), None) => (!one.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(one.as_bytes())),
-        // Two pieces or more: a line break at least, never empty.
-        (Some(first), Some(second)) => {
-            let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-            hasher.update(first.as_bytes());
-            for piece in std::iter::once(second).chain(pieces) {
-                hasher.update(b"\n");
-                hasher.update(piece.as_bytes());
-            }
-            Some(hasher.digest())
-        }
+    match (pieces.next(), pieces.next()) {
+        (None, _) => false,
+        (Some(one), None) => !one.is_empty(),
+        (Some(_), Some(_)) => true,
+    }
+}
+
+/// Whether the joined text of `content`'s prompt is that of `judged` (a prompt's
+/// [`prompt_texts`]), found without joining them (every request's last user message is asked,
+/// and most are new prompts or the one judged before): the same allocations hold the same text,
+/// joined texts of different lengths differ, and only texts of one length, not the same
+/// allocations (a prompt made again), are joined and compared.
+fn same_prompt(judged: &[SharedText], content: &MessageContent) -> bool {
+    let joined_len = |(count, sum): (usize, usize)| sum + count.saturating_sub(1);
+    let (mut count, mut sum, mut allocations) = (0, 0, true);
+    for text in prompt_texts(content) {
+        allocations &= judged.get(count).is_some_and(|held| held.same(text));
+        (count, sum) = (count + 1, sum + text.len());
+    }
+    let joined_judged = || judged.iter().map(|text| text.as_str()).collect::<Vec<_>>().join("\n");
+    let same = if allocations && count == judged.len() {
+        true
+    } else if joined_len((count, sum)) != joined_len((judged.len(), judged.iter().map(|text| text.len()).sum())) {
+        false
+    } else {
+        joined_judged() == content.joined_text()
     };
-    debug_assert_eq!(key, Some(content.joined_text()).filter(|t| !t.is_empty()).map(|t| xxhash_rust::xxh3::xxh3_64(t.as_bytes())), "a prompt's key differs from its joined text's hash");
-    key
+    debug_assert_eq!(same, joined_judged() == content.joined_text(), "a prompt is found the judged one where its joined text is not");
+    same
 }
 
 /// Whether a user message's text names `path`: a path without a line break is in the joined
@@ -677,12 +692,18 @@ mod prefix_tests {
     }
 
     proptest! {
-        /// A prompt's key is the hash of its joined text (`None` where that is empty), and it
+        /// A message holds a prompt where its joined text is not empty, is the prompt judged
+        /// before where their joined texts are equal (in the same allocations or not), and
         /// names a path where its joined text holds it: text blocks (empty ones too) among
         /// others, in one piece or several, or a plain string; paths with and without a line
         /// break, across pieces or inside one.
         #[test]
-        fn a_prompts_key_and_names_are_its_joined_texts(pieces in prop::collection::vec(prop_oneof![Just(None), prop::sample::select(vec!["", "a", "/r/a.rs", "x\ny", "s\n/r"]).prop_map(Some)], 0..5), plain in any::<bool>(), path in prop::sample::select(vec!["", "a", "/r/a.rs", "y\n/r", "\n", "rs\na"])) {
+        fn a_prompts_sameness_and_names_are_its_joined_texts(
+            pieces in prop::collection::vec(prop_oneof![Just(None), prop::sample::select(vec!["", "a", "/r/a.rs", "x\ny", "s\n/r"]).prop_map(Some)], 0..5),
+            plain in any::<bool>(),
+            judged in prop::collection::vec(prop::sample::select(vec!["", "a", "/r/a.rs", "x", "y", "x\ny", "s\n/r", "s", "/r"]), 0..4),
+            path in prop::sample::select(vec!["", "a", "/r/a.rs", "y\n/r", "\n", "rs\na"]),
+        ) {
             let blocks: Vec<ContentBlock> = pieces
                 .iter()
                 .enumerate()
@@ -693,7 +714,11 @@ mod prefix_tests {
                 .collect();
             let content = if plain { MessageContent::Text(pieces.iter().flatten().copied().collect::<Vec<_>>().join("\n").into()) } else { MessageContent::Blocks(blocks.into()) };
             let joined = content.joined_text();
-            prop_assert_eq!(prompt_key(&content), (!joined.is_empty()).then(|| xxhash_rust::xxh3::xxh3_64(joined.as_bytes())));
+            prop_assert_eq!(has_prompt(&content), !joined.is_empty());
+            let held: Vec<SharedText> = prompt_texts(&content).cloned().collect();
+            prop_assert!(same_prompt(&held, &content));
+            let judged: Vec<SharedText> = judged.into_iter().map(SharedText::from).collect();
+            prop_assert_eq!(same_prompt(&judged, &content), judged.iter().map(|text| text.as_str()).collect::<Vec<_>>().join("\n") == joined);
             prop_assert_eq!(prompt_names(&content, path), joined.contains(path));
         }
 
