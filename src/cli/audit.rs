@@ -183,11 +183,6 @@ pub fn run(args: AuditArgs) -> anyhow::Result<i32> {
         }
     }
     let misses: Vec<(u64, usize)> = order.into_iter().filter(|&(_, k)| results[k].is_none()).collect();
-    if misses.len() > super::LONG_BATCH_SESSIONS
-        && let Some(give_back) = super::ON_LONG_BATCH.get()
-    {
-        give_back();
-    }
     // Texts' `bpe` counts, shared by every replay of the run and kept across runs.
     let cache = (!misses.is_empty() && !args.no_token_cache && !args.no_cache && args.estimator != Estimator::Chars4).then(token_cache::default_dir).flatten().map(|dir| TokenCache::open(&dir));
     let (cache, shared) = match cache {

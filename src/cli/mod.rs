@@ -22,23 +22,6 @@ pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
-/// Whether the command is a batch run over many sessions that ends when its work does
-/// (`audit`): its allocator may keep the memory a finished session freed for the next one
-/// instead of giving it back to the system (main.rs).
-pub fn keeps_freed_memory(cli: &Cli) -> bool {
-    matches!(cli.command, args::Command::Audit(_))
-}
-
-/// What the binary does once a batch run that keeps freed memory ([`keeps_freed_memory`])
-/// turns out to replay more than [`LONG_BATCH_SESSIONS`] sessions: give what is freed back to
-/// the system from then on. Set by main.rs, which chose the allocator; unset, nothing is done.
-pub static ON_LONG_BATCH: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
-
-/// Sessions to replay above which an audit gives freed memory back ([`ON_LONG_BATCH`]): kept,
-/// it is reused by the next session (fewer page faults), but what the allocator holds creeps
-/// up with the sessions (peak RSS of 480 sessions at one thread: 99 MB kept, 76 MB given
-/// back, the CPU time the same; benches/README.md).
-pub const LONG_BATCH_SESSIONS: usize = 64;
 mod analyze;
 mod guard;
 mod audit;
