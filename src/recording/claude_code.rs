@@ -1076,8 +1076,9 @@ fn append_loaded(recording: &Recording, indices: &[usize], lane: &mut LaneView) 
 /// (`<session>/subagents/agent-*.jsonl`, in sorted order).
 pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
     let file_name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Read { file: file_name.clone(), source })?;
     let mut main = FileImporter::new(&file_name, None, None);
-    with_file_bytes(path, |bytes| main.read_bytes(bytes)).map_err(|source| ImportError::Read { file: file_name.clone(), source })??;
+    main.read_bytes(&bytes)?;
 
     let mut subagents = Vec::new();
     let mut files = vec![path.to_path_buf()];
@@ -1090,8 +1091,9 @@ pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
             .map(|s| s.trim_start_matches("agent-").to_owned())
             .unwrap_or_default();
         let lane = lane_for_agent(&agent_id);
+        let bytes = std::fs::read(&sub_path).map_err(|source| ImportError::Read { file: sub_name.clone(), source })?;
         let mut sub = FileImporter::new(&sub_name, Some(lane.clone()), main.origin_ms);
-        with_file_bytes(&sub_path, |bytes| sub.read_bytes(bytes)).map_err(|source| ImportError::Read { file: sub_name.clone(), source })??;
+        sub.read_bytes(&bytes)?;
         let meta = read_subagent_meta(&sub_path, &mut main.warnings);
         let info = SubagentInfo {
             agent_id: agent_id.clone(),
@@ -1109,37 +1111,6 @@ pub fn import_claude_code(path: &Path) -> Result<ImportedSession, ImportError> {
         subagents.push((info, sub));
     }
     Ok(finish(main, subagents, Some(files)))
-}
-
-thread_local! {
-    /// The buffer this thread read its last transcript into ([`with_file_bytes`]).
-    static READ_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// Calls `f` with the bytes of the file at `path`, read into this thread's buffer, not a new
-/// allocation. A batch reads its sessions' transcripts one after another, a few MB each: a
-/// new buffer per file landed on memory the process had not touched yet (its pages faulted
-/// in, ~3,000 of the ~20,000 faults of `ctxsim audit --no-cache --jobs 1` on the 16 real
-/// sessions), while the one before it sat freed. The buffer keeps the size of the largest
-/// file read on the thread (one transcript's, not the sum). (A call from inside `f` reads into
-/// a buffer of its own.)
-fn with_file_bytes<T>(path: &Path, f: impl FnOnce(&[u8]) -> T) -> std::io::Result<T> {
-    use std::io::Read;
-    READ_BUFFER.with(|kept| {
-        let mut bytes = kept.take();
-        bytes.clear();
-        let read = std::fs::File::open(path).and_then(|mut file| {
-            // (Room for the whole file at once, as `std::fs::read` makes: no growing copies.)
-            let size = file.metadata().map_or(0, |m| usize::try_from(m.len()).unwrap_or(0));
-            if bytes.capacity() < size {
-                bytes = Vec::with_capacity(size);
-            }
-            file.read_to_end(&mut bytes)
-        });
-        let out = read.map(|_| f(&bytes));
-        kept.set(bytes);
-        out
-    })
 }
 
 /// Imports one transcript from a reader, without looking for subagent files.
