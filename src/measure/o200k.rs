@@ -919,8 +919,11 @@ impl O200k {
                 return Self::core().encode_ordinary(text).len() as u32;
             } else {
                 let key = xxhash_rust::xxh3::xxh3_128(&bytes[start..end]);
-                let n = match long_pieces.get(&key) {
-                    Some(&n) => n,
+                tokens += match long_pieces.get(&key) {
+                    Some(&n) => {
+                        debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a long piece's memoized count is its merge's");
+                        n
+                    }
                     None => {
                         let n = self.merged_parts(&bytes[start..], end - start);
                         if long_pieces.len() >= LONG_MEMO_CAP {
@@ -930,8 +933,6 @@ impl O200k {
                         n
                     }
                 };
-                debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a long piece's memoized count is its merge's");
-                tokens += n;
             }
         }
         tokens
