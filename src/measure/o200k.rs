@@ -44,7 +44,8 @@
 //!   once.
 //! - **Short pieces by value.** A piece of at most 15 bytes is looked up as one `u128` (its
 //!   bytes and its length), not as a byte string: whether it is a token, and, in a memo of the
-//!   thread's ([`ThreadCaches`]), the count of each short piece that is not one. A piece's
+//!   thread's ([`ThreadCaches`]), the count of each short piece that is not one, which is
+//!   merged by that value too, its parts cut out of it ([`O200k::merge_short`]). A piece's
 //!   count never changes, so that memo is a pure cache, capped in size.
 //! - **Long pieces merged once per thread.** A thread keeps the counts of the long pieces it
 //!   merged by their xxh3-128 ([`ThreadCaches`]): rules of `=` or `-` and runs of spaces recur
@@ -757,6 +758,55 @@ impl O200k {
         parts as u32
     }
 
+    /// [`Self::merged_parts`] of a short piece (two to [`SHORT_PIECE`] bytes) by its packed
+    /// value, as [`Self::merge`] merges it in place, with less work per pair: a part is cut out
+    /// of the value by a shift and a mask (not packed again from the text), the parts' starts
+    /// are the bits of one word (no boundaries moved after a join), and each part's pair with
+    /// the next is one key, the rank of its join above the part's start, so that the least key
+    /// is the pair to join (the lowest rank, the leftmost of equal ones). Not inlined: in
+    /// [`Self::count_whole`]'s loop it took registers from the path of every piece.
+    #[inline(never)]
+    fn merge_short(&self, packed: u128) -> u32 {
+        let len = (packed >> 120) as usize;
+        debug_assert!((2..=SHORT_PIECE).contains(&len), "a short piece of two bytes or more");
+        let bytes = packed & !(0xff << 120);
+        // The part `at..end` packed.
+        let part = |at: usize, end: usize| {
+            let [lo, hi] = PIECE_MASKS[end - at];
+            ((bytes >> (8 * at)) & (u128::from(lo) | (u128::from(hi) << 64))) | (((end - at) as u128) << 120)
+        };
+        // The key of the part at `at` joined with the next, which ends at `end` (a rank is below
+        // 2^28, a start below 16); `u32::MAX` when the join is not a token.
+        let key = |at: usize, end: usize| self.short_ranks.get(part(at, end)).map_or(u32::MAX, |rank| (rank << 4) | at as u32);
+        // Bit k: a part starts at byte k (bit `len`: the piece's end).
+        let mut starts: u32 = (2 << len) - 1;
+        let next = |starts: u32, at: usize| (starts & !((2u32 << at) - 1)).trailing_zeros() as usize;
+        // `keys[k]`: the key of the part at `k` (`u32::MAX`: no pair that is a token, or no
+        // part starts at `k`). Indexes are below `len`; the masks only spare the bounds tests.
+        let mut keys = [u32::MAX; 16];
+        for k in 0..len - 1 {
+            keys[k] = key(k, k + 2);
+        }
+        loop {
+            let best = keys.iter().copied().min().unwrap_or(u32::MAX);
+            if best == u32::MAX {
+                break;
+            }
+            // The part at `at` takes the next one, which started at `gone`.
+            let at = (best & 15) as usize;
+            let gone = next(starts, at);
+            starts &= !(1 << gone);
+            keys[gone & 15] = u32::MAX;
+            let end = next(starts, at);
+            keys[at] = if end < len { key(at, next(starts, end)) } else { u32::MAX };
+            if at > 0 {
+                let before = 31 - (starts & ((1 << at) - 1)).leading_zeros() as usize;
+                keys[before & 15] = key(before, end);
+            }
+        }
+        starts.count_ones() - 1
+    }
+
     /// [`Self::merged_parts`] of a piece `rest[..len]` of two bytes or more in the buffers
     /// given (`len + 1` entries each, contents ignored).
     fn merge(&self, rest: &[u8], len: usize, starts: &mut [usize], joins: &mut [Rank]) -> u32 {
@@ -904,7 +954,8 @@ impl O200k {
                     debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a short piece's memoized count is its merge's");
                     n
                 } else {
-                    let n = self.merged_parts(&bytes[start..], end - start);
+                    let n = self.merge_short(packed);
+                    debug_assert_eq!(n, self.merged_parts(&bytes[start..], end - start), "a short piece merges by its value as in place");
                     if short_pieces.len() >= SHORT_MEMO_CAP {
                         short_pieces.clear();
                     }
@@ -1274,6 +1325,26 @@ mod tests {
         use proptest::prelude::*;
         let alphabet = prop::sample::select(vec![b"etaoinsr".to_vec(), b"ab".to_vec(), b"-=*#".to_vec(), b" ".to_vec(), b"0123456789abcdef".to_vec(), (0..=255).collect()]);
         (alphabet, STACK_MERGE..LONG_PIECE).prop_flat_map(|(alphabet, len)| prop::collection::vec(prop::sample::select(alphabet), len))
+    }
+
+    /// A short piece of a few letters (so that its parts join in many orders), or of other
+    /// bytes the vocabulary joins.
+    fn short_piece() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let alphabet = prop::sample::select(vec![b"etaoinsr".to_vec(), b"ab".to_vec(), b"-=*# ".to_vec(), b"0123456789abcdef".to_vec(), (0..=255).collect()]);
+        (alphabet, 2..=SHORT_PIECE).prop_flat_map(|(alphabet, len)| prop::collection::vec(prop::sample::select(alphabet), len))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+        /// The merge of a short piece by its packed value leaves as many parts as the merge in
+        /// place.
+        #[test]
+        fn a_short_piece_merges_by_its_value_as_in_place(piece in short_piece()) {
+            let len = piece.len();
+            let in_place = O200K.merge(&piece, len, &mut [0; SHORT_PIECE + 1][..=len], &mut [Rank::MAX; SHORT_PIECE + 1][..=len]);
+            proptest::prop_assert_eq!(O200K.merge_short(pack(&piece).unwrap_or(0)), in_place, "{:?}", piece);
+        }
     }
 
     proptest::proptest! {
