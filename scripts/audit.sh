@@ -6,8 +6,7 @@
 # reports (scripts/reports.sh, deterministic).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --profile dist --locked --quiet
-bin="${CARGO_TARGET_DIR:-target}/dist/ctxsim"
+bin=$(scripts/build-dist.sh)
 
 roots=()
 if [ -n "${CLAUDE_CONFIG_DIR:-}" ]; then

@@ -16,15 +16,15 @@
 #
 # Needs ccusage 20.0.24: `npm install ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24` in a
 # directory outside the repository, given as CCUSAGE_DIR (default /work/tools).
-# Usage: scripts/bench-audit.sh [RUNS]     (from the repository root; builds the `dist` profile of Cargo.toml)
+# Usage: scripts/bench-audit.sh [RUNS]     (from the repository root; builds the binary by
+# scripts/build-dist.sh: the `dist` profile, profile-guided where it can be)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-7}"
 tools="${CCUSAGE_DIR:-/work/tools}"
 ccusage="$tools/node_modules/.bin/ccusage"
 [ -x "$ccusage" ] || { echo "no ccusage at $ccusage: npm install ccusage@20.0.24 @ccusage/ccusage-linux-x64@20.0.24 in $tools" >&2; exit 2; }
-[ -n "${CTXSIM_BIN:-}" ] || cargo build --profile dist --locked --quiet
-bin="${CTXSIM_BIN:-${CARGO_TARGET_DIR:-target}/dist/ctxsim}"
+bin="${CTXSIM_BIN:-$(scripts/build-dist.sh)}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -3,8 +3,7 @@
 # example reports under reports/. Real sessions from ../shared/realdata are used when present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --profile dist --locked --quiet
-bin="${CARGO_TARGET_DIR:-target}/dist/ctxsim"
+bin=$(scripts/build-dist.sh)
 realdata=../shared/realdata
 
 "$bin" run scenarios --out reports/scenarios --quiet
