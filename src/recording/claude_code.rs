@@ -23,6 +23,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -1407,6 +1408,11 @@ impl FileImporter {
         // A first line opening with a byte-order mark is no JSON to a read of the file for call
         // times.
         let bom = bytes.starts_with(crate::input::BOM);
+        // A file that is UTF-8 as a whole has its record lines parsed by one parse over its text
+        // (`picked::Lines`); each line is text too (a line ends at a line break, and the
+        // byte-order mark is a whole character).
+        let text = utf8(bytes);
+        let mut records = text.map(picked::Lines::new);
         for line in SliceLines::new(bytes) {
             self.lines = line.number;
             if line.is_blank() {
@@ -1417,7 +1423,10 @@ impl FileImporter {
                 self.call_times_ended = true;
             }
             let times = !self.call_times_ended && !(bom && line.number == 1);
-            match self.parse_record(line.bytes) {
+            // (Where the line lies in the file: `SliceLines` gives slices of it.)
+            let at = line.bytes.as_ptr() as usize - bytes.as_ptr() as usize;
+            debug_assert!(std::ptr::eq(&bytes[at..at + line.bytes.len()], line.bytes), "a line is a slice of the file");
+            match self.parse_record(line.bytes, records.as_mut().map(|records| (records, at..at + line.bytes.len()))) {
                 Ok(Ok(record)) => {
                     let time = if times { self.note_call_time(&record, line.bytes) } else { None };
                     self.record(record, line.number, time)
@@ -1443,12 +1452,16 @@ impl FileImporter {
 
     /// A line's record as [`FileImporter::record`] reads it: the fields it reads
     /// ([`picked::record`]) where its type is read from those alone, the whole `Value` parse
-    /// otherwise (and for a line the picked parse does not take). Debug builds parse every picked
-    /// line whole too and compare.
-    fn parse_record<'b>(&self, bytes: &'b [u8]) -> Result<Result<Record<'b>, Value>, (Option<String>, String)> {
+    /// otherwise (and for a line the picked parse does not take). `records` is the file's
+    /// [`picked::Lines`] where the file is UTF-8, with the line's place in it. Debug builds parse
+    /// every picked line whole too and compare.
+    fn parse_record<'b>(&self, bytes: &'b [u8], records: Option<(&mut picked::Lines<'b>, Range<usize>)>) -> Result<Result<Record<'b>, Value>, (Option<String>, String)> {
         let repeated = self.last_usage.as_ref().map(|(_, text)| text.as_str());
-        let picked = utf8(bytes)
-            .and_then(|text| picked::record(text, repeated, self.api_seen))
+        let picked = match records {
+            Some((records, range)) if !self.api_seen => records.record(range, repeated),
+            _ => utf8(bytes).and_then(|text| picked::record(text, repeated, self.api_seen)),
+        };
+        let picked = picked
             .map(Record::Picked)
             .filter(|record| !reads_whole_record(record));
         let Some(record) = picked else {

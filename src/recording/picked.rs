@@ -100,11 +100,77 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// [`usage_read`] of that text (one it takes: a usage read before). `message.content` is built
 /// as a `Value` where `content_value`, read as [`Content`] otherwise.
 pub(crate) fn record<'t>(text: &'t str, repeated: Option<&str>, content_value: bool) -> Option<Box<Fields<'t>>> {
-    debug_assert!(repeated.is_none_or(|text| usage_value(text).is_ok()), "a repeated usage that does not parse");
     let mut de = serde_json::Deserializer::from_str(text);
-    let record = PickedRecord { repeated, content_value }.deserialize(&mut de).ok()?;
+    let mut record = PickedRecord { content_value }.deserialize(&mut de).ok()?;
     de.end().ok()?;
+    record.read_usage(repeated)?;
     Some(record)
+}
+
+/// The record lines of a file that is UTF-8 text, parsed as [`record`] parses each (with
+/// `content_value` false) by one parse that goes on over the file's text from line to line.
+///
+/// serde_json copies a string with escapes into its scratch buffer on its way to the visitor,
+/// and a parse of a line starts with that buffer empty: it grew from nothing on every line
+/// (30,707 reallocations over the 16 shipped sessions). Here it grows once per file.
+///
+/// A line's value is taken from the stream where the stream stood, at that line's start, at
+/// most whitespace before it (the last value's line end, the line break, blank lines), and the
+/// value ends within the line, only whitespace after it: the parse of that value is then the
+/// parse of the line alone, step for step. Any other line ([`record`] refuses it, or it was
+/// read apart) goes to [`record`] of its own text, and the stream starts again at the next.
+pub(crate) struct Lines<'t> {
+    text: &'t str,
+    /// The stream and where in `text` it starts.
+    stream: Option<(usize, serde_json::StreamDeserializer<'t, serde_json::de::StrRead<'t>, Line<'t>>)>,
+}
+
+/// A line's record as the stream of [`Lines`] reads it (its usage not read yet).
+struct Line<'t>(Box<Fields<'t>>);
+
+impl<'de> Deserialize<'de> for Line<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        PickedRecord { content_value: false }.deserialize(deserializer).map(Line)
+    }
+}
+
+impl<'t> Lines<'t> {
+    pub fn new(text: &'t str) -> Self {
+        Lines { text, stream: None }
+    }
+
+    /// [`record`] of `line`, the text of `range` of the file, with `content_value` false.
+    pub fn record(&mut self, range: std::ops::Range<usize>, repeated: Option<&str>) -> Option<Box<Fields<'t>>> {
+        let line = &self.text[range.clone()];
+        let Some(mut fields) = self.next_value(range) else { return record(line, repeated, false) };
+        fields.read_usage(repeated)?;
+        if cfg!(debug_assertions) {
+            let alone = record(line, repeated, false).unwrap_or_else(|| panic!("a line the stream takes refused alone: {line}"));
+            assert_eq!(format!("{fields:?}"), format!("{alone:?}"), "the stream's record differs from the line's alone: {line}");
+        }
+        Some(fields)
+    }
+
+    /// The stream's value at `range`, where it lies there (type doc); `None` otherwise, the
+    /// stream then dropped.
+    fn next_value(&mut self, range: std::ops::Range<usize>) -> Option<Box<Fields<'t>>> {
+        let blank = |from: usize, to: usize| self.text.as_bytes()[from..to].iter().all(|byte| matches!(byte, b' ' | b'\n' | b'\t' | b'\r'));
+        let stands = self.stream.as_ref().map(|(start, stream)| start + stream.byte_offset());
+        if !stands.is_some_and(|at| at <= range.start && blank(at, range.start)) {
+            self.stream = Some((range.start, serde_json::Deserializer::from_str(&self.text[range.start..]).into_iter()));
+        }
+        let (start, stream) = self.stream.as_mut()?;
+        let value = match stream.next() {
+            Some(Ok(Line(fields))) => Some(fields),
+            _ => None,
+        };
+        let end = *start + stream.byte_offset();
+        let value = value.filter(|_| end <= range.end && blank(end, range.end));
+        if value.is_none() {
+            self.stream = None;
+        }
+        value
+    }
 }
 
 /// The `Value` of a `message.usage` JSON text as a record line's parse builds it there: inside
@@ -359,6 +425,18 @@ impl<'t> Fields<'t> {
         self.message.as_deref_mut()
     }
 
+    /// Reads the usage text the parse left (`usage_read`, unless it is `repeated`: [`record`]).
+    /// `None` where it does not read, as the `Value` parse in place would fail.
+    fn read_usage(&mut self, repeated: Option<&str>) -> Option<()> {
+        debug_assert!(repeated.is_none_or(|text| usage_value(text).is_ok()), "a repeated usage that does not parse");
+        let Some(message) = self.message.as_mut() else { return Some(()) };
+        if let Some(text) = message.unread_usage.take() {
+            let read = if repeated == Some(text.as_str()) { UsageRead::Repeated } else { usage_read(&text).ok()? };
+            message.usage = Some((text, read));
+        }
+        Some(())
+    }
+
     /// The JSON text of `message.usage` and what it gives, taken.
     pub fn take_usage(&mut self) -> Option<(String, UsageRead)> {
         self.message.as_mut()?.usage.take()
@@ -396,6 +474,8 @@ pub(crate) struct Message {
     /// where it was read as [`Content`].
     slots: [Option<Value>; MESSAGE_FIELDS.len()],
     usage: Option<(String, UsageRead)>,
+    /// The usage's text as the parse left it, before [`Fields::read_usage`] reads it.
+    unread_usage: Option<String>,
     content: Option<Content>,
 }
 
@@ -417,6 +497,13 @@ impl Message {
 
     pub fn take(&mut self, key: &str) -> Option<Value> {
         self.slots[Self::slot(key)].take()
+    }
+
+    /// An error where the usage text the parse left does not parse in place: a line with
+    /// another usage or message after it fails as if that one were read ([`Fields::read_usage`]
+    /// reads only the last; the repeated text given, if it is that one, parses).
+    fn check_unread_usage(&self) -> Result<(), serde_json::Error> {
+        self.unread_usage.as_deref().map_or(Ok(()), |text| usage_value(text).map(drop))
     }
 
     /// The content, taken: as read ([`Content`]), or the value built where it was asked for so.
@@ -469,13 +556,13 @@ pub(crate) fn assert_same_as_whole(fields: &Fields<'_>, whole: &Map<String, Valu
     assert!(same_in_order(&fields.to_map(), &filtered), "{file}: the picked record {fields:?} is not the whole one's fields");
 }
 
-/// The top-level object of a record line, into [`Fields`]; `repeated` is [`record`]'s.
-struct PickedRecord<'a> {
-    repeated: Option<&'a str>,
+/// The top-level object of a record line, into [`Fields`] (its usage not read yet:
+/// [`Fields::read_usage`]).
+struct PickedRecord {
     content_value: bool,
 }
 
-impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
+impl<'de> DeserializeSeed<'de> for PickedRecord {
     type Value = Box<Fields<'de>>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -483,7 +570,7 @@ impl<'de> DeserializeSeed<'de> for PickedRecord<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for PickedRecord<'_> {
+impl<'de> Visitor<'de> for PickedRecord {
     type Value = Box<Fields<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -497,7 +584,12 @@ impl<'de> Visitor<'de> for PickedRecord<'_> {
         while let Some(key) = next_key(&mut map, &mut first)? {
             match RECORD_FIELDS.iter().position(|field| *field == key) {
                 // A repeated key: the last value wins, as in the whole parse's map.
-                Some(_) if key == "message" => fields.message = Some(map.next_value_seed(PickedMessage { repeated: self.repeated, content_value: self.content_value })?),
+                Some(_) if key == "message" => {
+                    if let Some(earlier) = &fields.message {
+                        earlier.check_unread_usage().map_err(de::Error::custom)?;
+                    }
+                    fields.message = Some(map.next_value_seed(PickedMessage { content_value: self.content_value })?);
+                }
                 Some(slot) => match nested_fields(&key) {
                     Some(fields_of) => fields.slots[slot] = Some(Field::Value(Value::Object(map.next_value_seed(Picked { fields: fields_of })?))),
                     None if VALUE_FIELDS.contains(&key.as_ref()) => fields.slots[slot] = Some(Field::Value(map.next_value()?)),
@@ -579,14 +671,12 @@ impl<'de> Visitor<'de> for Picked {
 }
 
 /// A record's `message` object into [`Message`]: the fields of [`MESSAGE_FIELDS`] built, the
-/// others read without building; its `usage` read as its text, then read from it unless it is
-/// the repeated text given ([`record`]).
-struct PickedMessage<'a> {
-    repeated: Option<&'a str>,
+/// others read without building; its `usage` kept as its text, for [`Fields::read_usage`].
+struct PickedMessage {
     content_value: bool,
 }
 
-impl<'de> DeserializeSeed<'de> for PickedMessage<'_> {
+impl<'de> DeserializeSeed<'de> for PickedMessage {
     type Value = Box<Message>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -594,7 +684,7 @@ impl<'de> DeserializeSeed<'de> for PickedMessage<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for PickedMessage<'_> {
+impl<'de> Visitor<'de> for PickedMessage {
     type Value = Box<Message>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -610,9 +700,9 @@ impl<'de> Visitor<'de> for PickedMessage<'_> {
                     // Read as text (serde_json's raw value: the same syntax checks, no depth
                     // limit, which `usage_read` applies), borrowed from the line.
                     let text = map.next_value::<&'de serde_json::value::RawValue>()?.get();
-                    let read = if self.repeated == Some(text) { UsageRead::Repeated } else { usage_read(text).map_err(de::Error::custom)? };
                     // Of two usages the last wins.
-                    message.usage = Some((text.to_owned(), read));
+                    message.check_unread_usage().map_err(de::Error::custom)?;
+                    message.unread_usage = Some(text.to_owned());
                 }
                 Some(_) if key == "content" && !self.content_value => message.content = Some(map.next_value_seed(Shaped::<ContentRead>::new())?.0),
                 Some(slot) => message.slots[slot] = Some(map.next_value()?),
@@ -1109,6 +1199,57 @@ mod tests {
         }
     }
 
+    /// Each line of `text` (the non-blank ones, but those in `apart`) through [`Lines`], and
+    /// through [`record`] alone: the same record, or none from both. The lines in `apart` are
+    /// read apart (as the importer reads a line whose content it builds as a value).
+    fn check_lines(text: &str, apart: &[usize]) {
+        let mut lines = Lines::new(text);
+        for line in crate::recording::format::SliceLines::new(text.as_bytes()) {
+            let at = line.bytes.as_ptr() as usize - text.as_ptr() as usize;
+            let alone = &text[at..at + line.bytes.len()];
+            if line.is_blank() || apart.contains(&line.number) {
+                continue;
+            }
+            let usage = r#"{"output_tokens":2}"#;
+            for repeated in [None, Some(usage)] {
+                let streamed = lines.record(at..at + alone.len(), repeated);
+                // (A second read of a line: the stream starts again there.)
+                assert_eq!(format!("{streamed:?}"), format!("{:?}", record(alone, repeated, false)), "line {} of {text:?}", line.number);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn lines_read_as_each_line_alone(
+            items in prop::collection::vec((prop_oneof![4 => json_of(3, false), 2 => json(2), 1 => Just(String::new()), 1 => Just(" \x0c ".to_owned())], prop_oneof![Just("\n"), Just("\r\n"), Just(" \n"), Just("\n\n")]), 0..8),
+            apart in prop::collection::vec(1..12usize, 0..3),
+        ) {
+            let text: String = items.into_iter().map(|(line, end)| line + end).collect();
+            check_lines(&text, &apart);
+        }
+    }
+
+    #[test]
+    fn lines_edges() {
+        for text in [
+            "{\"type\":\"user\",\"message\":{\"usage\":{\"output_tokens\":2},\"content\":\"a\\nb\"}}\n{\"type\":\"x\"}\n",
+            // Two values on a line; a value over two lines; a line cut short; trailing junk.
+            "{\"a\":1} {\"b\":2}\n{\"c\":3}\n",
+            "{\"a\":\n1}\n{\"c\":3}",
+            "{\"a\":1}\n{\"b\":\n{\"c\":\"\\u00e9\"}\n",
+            "{\"a\":1}x\n{\"c\":3}\n[1]\n{\"d\":{\"e\":[\"\\t\"]}}\n",
+            "\u{feff}{\"a\":1}\n\n  \n{\"b\":2}\r\n{\"c\":3}",
+            // Blank lines the importer skips that JSON does not take as whitespace.
+            "{\"a\":1}\n\x0c\n{\"b\":2}\n",
+            // Two usages in a message, the first one the repeated text.
+            "{\"message\":{\"usage\":{\"output_tokens\":2},\"usage\":{\"a\":1}}}\n{\"message\":{\"usage\":{\"output_tokens\":2}}}\n",
+        ] {
+            check_lines(text, &[]);
+            check_lines(text, &[2]);
+        }
+    }
+
     #[test]
     fn edge_lines() {
         for text in [
@@ -1157,6 +1298,11 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
         assert!(usage_value(&deep).is_err() && serde_json::from_str::<Value>(&deep).is_ok());
         check(&format!(r#"{{"message":{{"usage":{deep}}}}}"#));
+        // One that does not parse in place fails the line where another usage or message
+        // follows, as the whole parse fails.
+        check(&format!(r#"{{"message":{{"usage":{deep},"usage":{{}}}}}}"#));
+        check(&format!(r#"{{"message":{{"usage":{deep}}},"message":{{}}}}"#));
+        assert!(record(&format!(r#"{{"message":{{"usage":{deep}}},"message":{{}}}}"#), None, false).is_none());
         assert!(record(r#"{"slug":"s","uuid":"u"}"#, None, false).is_some_and(|r| r.to_map().len() == 1 && r.str("uuid") == Some("u")));
         // A reply's envelope is not built; what the importer reads of it is.
         let reply = r#"{"message":{"id":"m","role":"assistant","model":"x","stop_sequence":null,"content":[],"usage":{"output_tokens":1}}}"#;
