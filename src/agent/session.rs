@@ -137,6 +137,9 @@ pub struct Session {
     /// `.claude/skills` directories found below the cwd on touch, deepest first per touch.
     dynamic_skill_dirs: Vec<String>,
     checked_skill_dirs: BTreeSet<String>,
+    /// The `.claude/skills` directories above each touched file's directory, as last found
+    /// ([`crate::agent::skills::nested_skill_dirs_kept`]).
+    nested_skill_dirs: crate::world::FragmentAnswers<(String, Vec<String>)>,
     /// Every hook run, in order (display-only effects included), for traces and tests.
     hook_log: Vec<HookRun>,
     /// Consecutive Stop-hook continuations of the current turn.
@@ -247,6 +250,7 @@ impl Session {
             plugin_roots: Vec::new(),
             dynamic_skill_dirs: Vec::new(),
             checked_skill_dirs: BTreeSet::new(),
+            nested_skill_dirs: crate::agent::skills::new_nested_skill_dirs_kept(),
             session_hooks: Vec::new(),
             hook_log: Vec::new(),
             stop_continuations: 0,
@@ -1622,7 +1626,7 @@ impl Session {
         // Nested `.claude/skills` between the file and the cwd, each checked once; deeper
         // directories come first and win name conflicts.
         let mut fresh = Vec::new();
-        for dir in crate::agent::skills::nested_skill_dirs(&world.fs, path, &world.cwd) {
+        for dir in crate::agent::skills::nested_skill_dirs_kept(&world.fs, path, &world.cwd, &mut self.nested_skill_dirs) {
             if self.checked_skill_dirs.insert(dir.clone()) {
                 fresh.push(dir);
             }
