@@ -465,10 +465,9 @@ fn merge_user_messages(a: &mut Message, b: Message) {
         text.append("\n");
     }
     left.extend(right);
-    let (mut results, rest): (Vec<ContentBlock>, Vec<ContentBlock>) =
-        left.into_iter().partition(|block| matches!(block, ContentBlock::ToolResult { .. }));
-    results.extend(rest);
-    a.content = MessageContent::Blocks(results.into());
+    // The tool results first, each part in its order (a stable sort, in place).
+    left.sort_by_key(|block| !matches!(block, ContentBlock::ToolResult { .. }));
+    a.content = MessageContent::Blocks(left.into());
 }
 
 /// `mergeUserMessagesAndToolResults` with the legacy smoosh.
@@ -479,13 +478,15 @@ fn merge_attachment(a: &mut Message, incoming: Vec<ContentBlock>, options: Norma
         && all_text
         && let Some(ContentBlock::ToolResult { content: Some(ToolResultContent::Text(existing)), .. }) = left.last_mut()
     {
-        let mut parts = vec![existing.trim().to_owned()];
-        for block in &incoming {
-            if let ContentBlock::Text { text, .. } = block {
-                parts.push(text.trim().to_owned());
-            }
+        // The trimmed texts joined by blank lines, written once into a text of their length.
+        let texts = || incoming.iter().filter_map(|block| if let ContentBlock::Text { text, .. } = block { Some(text.trim()) } else { None });
+        let mut joined = String::with_capacity(existing.trim().len() + texts().map(|t| t.len() + 2).sum::<usize>());
+        joined.push_str(existing.trim());
+        for text in texts() {
+            joined.push_str("\n\n");
+            joined.push_str(text);
         }
-        *existing = parts.join("\n\n").into();
+        *existing = joined.into();
     } else {
         left.extend(incoming);
     }

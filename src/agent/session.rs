@@ -137,6 +137,9 @@ pub struct Session {
     /// `.claude/skills` directories found below the cwd on touch, deepest first per touch.
     dynamic_skill_dirs: Vec<String>,
     checked_skill_dirs: BTreeSet<String>,
+    /// The `.claude/skills` directories above each touched file's directory, as last found
+    /// ([`crate::agent::skills::nested_skill_dirs_kept`]).
+    nested_skill_dirs: crate::world::FragmentAnswers<(String, Vec<String>)>,
     /// Every hook run, in order (display-only effects included), for traces and tests.
     hook_log: Vec<HookRun>,
     /// Consecutive Stop-hook continuations of the current turn.
@@ -247,6 +250,7 @@ impl Session {
             plugin_roots: Vec::new(),
             dynamic_skill_dirs: Vec::new(),
             checked_skill_dirs: BTreeSet::new(),
+            nested_skill_dirs: crate::agent::skills::new_nested_skill_dirs_kept(),
             session_hooks: Vec::new(),
             hook_log: Vec::new(),
             stop_continuations: 0,
@@ -1366,7 +1370,14 @@ impl Session {
     fn pool(&self, world: &World) -> std::rc::Rc<ToolPool> {
         // Most requests find the pool of the last one: that is seen without gathering the
         // inputs (which copies every MCP tool's schema).
-        let kept = self.pool_memo.borrow().as_ref().filter(|(key, _)| self.pool_key_holds(key, world)).map(|(_, pool)| std::rc::Rc::clone(pool));
+        let kept = self.pool_memo.borrow_mut().as_mut().filter(|(key, _)| self.pool_key_holds(key, world)).map(|(key, pool)| {
+            // The key takes the session's listing (equal, and perhaps made again since: a
+            // resume drops it), so that the next request compares it by pointer.
+            if let Some(listing) = &self.agent_listing {
+                key.agent_listing.clone_from(listing);
+            }
+            std::rc::Rc::clone(pool)
+        });
         if let Some(pool) = kept {
             debug_assert!(
                 self.pool_memo.borrow().as_ref().is_some_and(|(key, _)| *key == self.pool_inputs(world)),
@@ -1467,7 +1478,7 @@ impl Session {
             && *mcp_pending == world.mcp_servers.iter().any(|s| !s.connected)
             && *discovered == self.discovered_tools
             && denied.is_empty()
-            && agent_listing == listing
+            && agent_listing.same(listing)
             && *padding == self.strategy.size_profile_padding
     }
 
@@ -1615,7 +1626,7 @@ impl Session {
         // Nested `.claude/skills` between the file and the cwd, each checked once; deeper
         // directories come first and win name conflicts.
         let mut fresh = Vec::new();
-        for dir in crate::agent::skills::nested_skill_dirs(&world.fs, path, &world.cwd) {
+        for dir in crate::agent::skills::nested_skill_dirs_kept(&world.fs, path, &world.cwd, &mut self.nested_skill_dirs) {
             if self.checked_skill_dirs.insert(dir.clone()) {
                 fresh.push(dir);
             }
@@ -1951,7 +1962,7 @@ impl Session {
         let claude_md = if self.strategy.claude_md { crate::agent::user_context::render_claude_md(&files, &self.profile, false) } else { None };
         let model_id = self.model_id(world).to_owned();
         let agent_types = match &self.agent_listing {
-            Some(crate::agent::tools::AgentToolListing::Inline(lines)) => lines.clone(),
+            Some(crate::agent::tools::AgentToolListing::Inline(lines)) => lines.to_vec(),
             _ => Vec::new(),
         };
         crate::agent::dialect::Inputs {

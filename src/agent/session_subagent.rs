@@ -148,7 +148,7 @@ impl Session {
         if self.strategy.agent_list_in_messages {
             AgentToolListing::InMessages
         } else {
-            AgentToolListing::Inline(self.agent_catalog(world).listing_lines())
+            AgentToolListing::Inline(self.agent_catalog(world).listing_lines().into())
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::agent::instructions::{ancestors_outermost_first, split_frontmatter};
-use crate::world::VirtualFs;
+use crate::world::{FragmentAnswers, VirtualFs};
 
 /// A skill the Skill tool can run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,6 +333,30 @@ pub fn nested_skill_dirs(fs: &VirtualFs, file: &str, cwd: &str) -> Vec<String> {
         dir = dir.rsplit_once('/').map_or("", |(d, _)| d);
     }
     out
+}
+
+/// The directories [`nested_skill_dirs`] names, kept by the directory of `file` (each answer
+/// with the cwd it was found under) in `kept` ([`new_nested_skill_dirs_kept`]): only the files
+/// and explicit directories under a `.claude/skills` directory bear on it, and a step touches
+/// the same few directories again (debug builds look again and compare).
+pub fn nested_skill_dirs_kept(fs: &VirtualFs, file: &str, cwd: &str, kept: &mut FragmentAnswers<(String, Vec<String>)>) -> Vec<String> {
+    let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+    let answers = fs.answers_kept(kept);
+    if let Some((under, dirs)) = answers.get(dir)
+        && under == cwd
+    {
+        debug_assert_eq!(*dirs, nested_skill_dirs(fs, file, cwd), "the kept .claude/skills directories above {file} differ from looking");
+        return dirs.clone();
+    }
+    let dirs = nested_skill_dirs(fs, file, cwd);
+    answers.insert(dir.to_owned(), (cwd.to_owned(), dirs.clone()));
+    dirs
+}
+
+/// What [`nested_skill_dirs_kept`] keeps its answers in: a change of a path holding
+/// `/.claude/skills` (where every directory it looks for and everything in one lies) drops them.
+pub fn new_nested_skill_dirs_kept() -> FragmentAnswers<(String, Vec<String>)> {
+    FragmentAnswers::new("/.claude/skills")
 }
 
 /// Frontmatter as a JSON object: YAML first; when YAML rejects it (an unquoted `: ` inside a

@@ -60,8 +60,9 @@ pub struct SystemPromptInputs {
     /// Shared with the world (a sized filler is long; every request gathers the inputs).
     pub static_system_prompt: Option<std::sync::Arc<str>>,
     /// Names of the tools enabled this turn (deferred ones included): guidance bullets and the
-    /// task tool named in `using_your_tools` depend on them.
-    pub enabled_tools: Vec<String>,
+    /// task tool named in `using_your_tools` depend on them. Shared with the tool pool
+    /// ([`crate::agent::tools::ToolPool::enabled_names`]).
+    pub enabled_tools: std::sync::Arc<[String]>,
     /// Skills exist and the Skill tool is enabled: adds the skills guidance bullet.
     pub skills_present: bool,
     /// Explore/Plan agents are available (and fork-subagent mode is off).
@@ -473,9 +474,10 @@ impl SystemPromptCache {
     }
 }
 
-/// `a == b`, the shared texts compared by pointer first. `Arc<str>`'s `==` compares contents
-/// (its pointer shortcut is for sized types only), and a session gathers the inputs for every
-/// request with the world's texts, the same allocations (a sized filler of tens of kilobytes).
+/// `a == b`, the shared texts and the tool names compared by pointer first. `Arc<str>`'s and
+/// `Arc<[String]>`'s `==` compare contents (its pointer shortcut is for sized types only), and
+/// a session gathers the inputs for every request with the world's texts and the pool's names,
+/// the same allocations (a sized filler of tens of kilobytes, a few dozen names).
 /// Every field is named, so a new one is not left out of the comparison.
 fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
     let SystemPromptInputs {
@@ -513,7 +515,7 @@ fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
         && *entrypoint == b.entrypoint
         && *interactive == b.interactive
         && *first_user_text == b.first_user_text
-        && *enabled_tools == b.enabled_tools
+        && (std::sync::Arc::ptr_eq(enabled_tools, &b.enabled_tools) || *enabled_tools == b.enabled_tools)
         && *skills_present == b.skills_present
         && *explore_agents == b.explore_agents
         && *cwd == b.cwd
@@ -1208,8 +1210,9 @@ const AGENT_ENV_INTRO: &str = "Facts about the environment you are working in:";
 mod same_inputs_tests {
     use super::*;
 
-    /// Comparing the shared texts by pointer first answers what comparing by content does:
-    /// the same allocation, an equal copy, a different text, and one side unset.
+    /// Comparing the shared texts and tool names by pointer first answers what comparing by
+    /// content does: the same allocation, an equal copy, a different text or list, and one
+    /// side unset.
     #[test]
     fn same_inputs_is_equality() {
         let text: std::sync::Arc<str> = std::sync::Arc::from("filler ".repeat(64).as_str());
@@ -1221,6 +1224,8 @@ mod same_inputs_tests {
             SystemPromptInputs { static_system_prompt: None, ..base.clone() },
             SystemPromptInputs { append_system_prompt: Some(text.clone()), ..base.clone() },
             SystemPromptInputs { cwd: "/elsewhere".into(), ..base.clone() },
+            SystemPromptInputs { enabled_tools: base.enabled_tools.to_vec().into(), ..base.clone() },
+            SystemPromptInputs { enabled_tools: base.enabled_tools[1..].to_vec().into(), ..base.clone() },
         ];
         for a in &variants {
             for b in &variants {

@@ -160,6 +160,14 @@ impl<'a> Cleared<'a> {
 }
 
 impl<'r> Shown<'r> {
+    fn clear(&mut self) {
+        let Shown { read_path_of, visible_results, cleared_results, uses } = self;
+        read_path_of.clear();
+        visible_results.clear();
+        cleared_results.clear();
+        uses.clear();
+    }
+
     fn scan(&mut self, messages: &'r [crate::api::Message], cleared: &Cleared<'_>) {
         for message in messages {
             let MessageContent::Blocks(blocks) = &message.content else { continue };
@@ -534,8 +542,10 @@ impl LossTracker {
         let mut prefix = prefix.unwrap_or_default();
         prefix.stamp = stamp;
         let settled = messages.len().saturating_sub(UNSETTLED_TAIL).max(from);
+        // (One list of each kind for every message: emptied, not made again.)
+        let mut more = Shown::default();
         for message in &messages[from..settled] {
-            let mut more = Shown::default();
+            more.clear();
             more.scan(std::slice::from_ref(message), &cleared);
             prefix.extend(message, &more);
         }
@@ -625,11 +635,13 @@ fn prompt_names(content: &MessageContent, path: &str) -> bool {
 /// nor `l`, nor a `u` before `_`), so only where a key or a string value holds `oolu_`.
 fn may_name_a_tool_use(value: &serde_json::Value) -> bool {
     use serde_json::Value;
-    const TAIL: &str = "oolu_";
+    // (One searcher for every string: `str::contains` builds one per call.)
+    static TAIL: std::sync::LazyLock<memchr::memmem::Finder<'static>> = std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"oolu_"));
+    let holds = |text: &str| TAIL.find(text.as_bytes()).is_some();
     match value {
-        Value::String(text) => text.contains(TAIL),
+        Value::String(text) => holds(text),
         Value::Array(items) => items.iter().any(may_name_a_tool_use),
-        Value::Object(map) => map.iter().any(|(key, value)| key.contains(TAIL) || may_name_a_tool_use(value)),
+        Value::Object(map) => map.iter().any(|(key, value)| holds(key) || may_name_a_tool_use(value)),
         Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
 }

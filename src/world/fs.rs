@@ -144,6 +144,30 @@ pub struct DirAnswer {
     is_dir: bool,
 }
 
+/// Answers about a tree by a key, each borne on only by the files and explicit directories
+/// whose path holds `fragment`: kept while no such file is set or removed and no explicit
+/// directory is made or removed ([`VirtualFs::answers_kept`]). A copy starts empty: a copied
+/// tree takes another mark, which would drop them at their first use anyway.
+#[derive(Debug)]
+pub struct FragmentAnswers<T> {
+    fragment: &'static str,
+    /// Where the tree stood when the answers were last brought up to date.
+    mark: Option<TreeMark>,
+    answers: rustc_hash::FxHashMap<String, T>,
+}
+
+impl<T> FragmentAnswers<T> {
+    pub fn new(fragment: &'static str) -> Self {
+        FragmentAnswers { fragment, mark: None, answers: rustc_hash::FxHashMap::default() }
+    }
+}
+
+impl<T> Clone for FragmentAnswers<T> {
+    fn clone(&self) -> Self {
+        FragmentAnswers::new(self.fragment)
+    }
+}
+
 /// A tree as a computation of [`VirtualFs::derived_by_reads`] reads it: every read is noted
 /// with what it gave (none when made by [`Reads::untracked`]).
 pub struct Reads<'a> {
@@ -468,6 +492,21 @@ impl VirtualFs {
         let is_dir = self.is_dir(&path);
         *kept = normalized(&path).ok().map(|normal| DirAnswer { normalized: normal.into_owned(), mark: self.tree_mark(), is_dir });
         is_dir
+    }
+
+    /// The answers `kept` holds, true of this tree as it is: emptied first unless they were
+    /// brought up to date on this tree and since then no file whose path holds their fragment
+    /// was set or removed and no explicit directory was made or removed. For a question asked
+    /// at every touch of a file (the `.claude/skills` directories above it) of a tree that the
+    /// agent changes elsewhere.
+    pub fn answers_kept<'k, T>(&self, kept: &'k mut FragmentAnswers<T>) -> &'k mut rustc_hash::FxHashMap<String, T> {
+        let fragment = kept.fragment;
+        let holds = kept.mark.and_then(|mark| self.files_changed_since_tree(mark)).is_some_and(|changed| changed.iter().all(|path| !path.contains(fragment)));
+        if !holds {
+            kept.answers.clear();
+        }
+        kept.mark = Some(self.tree_mark());
+        &mut kept.answers
     }
 
     /// The immediate children of a directory, sorted by name.

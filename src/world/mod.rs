@@ -34,7 +34,7 @@ mod state;
 
 pub use clock::{Clock, parse_time_zone};
 pub use error::WorldError;
-pub use fs::{Change, ChangeKind, ChangeMark, DirAnswer, DirEntry, FileEntry, LoadReport, Reads, VirtualFs, is_normal_path, normalize_path};
+pub use fs::{Change, ChangeKind, ChangeMark, DirAnswer, DirEntry, FileEntry, FragmentAnswers, LoadReport, Reads, VirtualFs, is_normal_path, normalize_path};
 pub use model::{Fallback, Latency, Reply, ScriptedModel, Synthesis, estimate_output_tokens};
 pub use rng::Rng;
 pub use scripted::{GitState, HookAnswer, McpServer, McpToolDef};

@@ -180,6 +180,38 @@ fn a_kept_is_dir_answer_is_taken_again_only_where_no_change_reaches_it() {
 }
 
 #[test]
+fn kept_nested_skill_dirs_are_looked_for_again_only_where_a_change_may_move_them() {
+    // Asked at every touch of a file: the `.claude/skills` directories between the file and
+    // the cwd, kept by the file's directory while the tree changes outside every such
+    // directory; looked for again after a change under one, a made directory, on a copy of
+    // the tree and under another cwd.
+    use ctxsim::agent::skills::{nested_skill_dirs, nested_skill_dirs_kept, new_nested_skill_dirs_kept};
+    let (mut fs, clock) = fs_with(&["/repo/pkg/src/a.rs"]);
+    let mut kept = new_nested_skill_dirs_kept();
+    let ask = |fs: &VirtualFs, kept: &mut _, file: &str, cwd: &str| {
+        let dirs = nested_skill_dirs_kept(fs, file, cwd, kept);
+        assert_eq!(dirs, nested_skill_dirs(fs, file, cwd), "kept directories above {file} differ from looking");
+        dirs
+    };
+    let none: Vec<String> = Vec::new();
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/a.rs", "/repo"), none);
+    fs.write("/repo/pkg/src/b.rs", "b", &clock).unwrap();
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/b.rs", "/repo"), none);
+    fs.write("/repo/pkg/.claude/skills/x/SKILL.md", "---\nname: x\n---\n", &clock).unwrap();
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/a.rs", "/repo"), vec!["/repo/pkg/.claude/skills".to_owned()]);
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/a.rs", "/repo/pkg"), none, "the cwd's own directory is not nested");
+    fs.create_dir("/repo/pkg/src/.claude/skills").unwrap();
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/a.rs", "/repo"), vec!["/repo/pkg/src/.claude/skills".to_owned(), "/repo/pkg/.claude/skills".to_owned()]);
+    fs.remove("/repo/pkg/.claude/skills/x/SKILL.md", &clock).unwrap();
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/a.rs", "/repo"), vec!["/repo/pkg/src/.claude/skills".to_owned()]);
+    let mut copy = fs.clone();
+    copy.remove("/repo/pkg/src/.claude/skills", &clock).unwrap();
+    assert_eq!(ask(&copy, &mut kept, "/repo/pkg/src/a.rs", "/repo"), none);
+    // (A `.` component is one more level: the same directory under two names.)
+    assert_eq!(ask(&fs, &mut kept, "/repo/pkg/src/./a.rs", "/repo"), vec!["/repo/pkg/src/./.claude/skills".to_owned(), "/repo/pkg/src/.claude/skills".to_owned()]);
+}
+
+#[test]
 fn glob_reports_bad_patterns() {
     let (fs, _) = fs_with(TREE);
     let err = fs.glob("src/[", "/repo").unwrap_err();

@@ -146,6 +146,8 @@ impl Chain {
         // nothing) and taken from the report of a stage that counts what it left. A stage
         // reads it once, before it changes anything ([`ChainContext::rough_total`]).
         let mut known: Option<u64> = cx.rough_known.take();
+        // (A report per stage: the list made once.)
+        cx.output.reports.reserve(self.stages.len().saturating_sub(start));
         for stage in &self.stages[start..] {
             let name = stage.name();
             if self.disabled.contains(name) || !stage.enabled(cx.config) {

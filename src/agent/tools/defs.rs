@@ -71,9 +71,22 @@ pub fn all_builtin_names() -> Vec<&'static str> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentToolListing {
     /// The listing lines, embedded in the description (the default; frozen at first render).
-    Inline(Vec<String>),
+    /// Shared: the session's listing and the tool pool's key hold one list
+    /// ([`AgentToolListing::same`]).
+    Inline(std::sync::Arc<[String]>),
     /// `CLAUDE_CODE_AGENT_LIST_IN_MESSAGES`: the list goes to `agent_listing_delta` attachments.
     InMessages,
+}
+
+impl AgentToolListing {
+    /// `self == other`, a shared list compared by pointer first (`Arc<[T]>`'s `==` compares
+    /// the contents): the session asks at every request whether its listing is the pool key's.
+    pub fn same(&self, other: &AgentToolListing) -> bool {
+        match (self, other) {
+            (AgentToolListing::Inline(a), AgentToolListing::Inline(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
+            (a, b) => a == b,
+        }
+    }
 }
 
 impl Default for AgentToolListing {

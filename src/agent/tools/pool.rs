@@ -170,6 +170,9 @@ pub struct ToolPool {
     listing: Option<crate::api::SharedText>,
     /// [`ToolPool::tools_chars`], made at its first use: the runs sharing a pool share it.
     tools_chars: std::cell::OnceCell<usize>,
+    /// [`ToolPool::enabled_names`], made with the pool: the system prompt's inputs hold this
+    /// list, and compare it with the last build's by pointer first.
+    enabled_names: std::sync::Arc<[String]>,
 }
 
 impl ToolPool {
@@ -188,9 +191,11 @@ impl ToolPool {
         *self.tools_chars.get_or_init(|| self.tools.iter().map(|t| serde_json::to_vec(t).map_or(0, |j| j.len())).sum())
     }
 
-    /// Names of the enabled tools (for the system prompt's guidance bullets).
-    pub fn enabled_names(&self) -> Vec<String> {
-        self.all.iter().map(|tool| tool.tool.name.clone()).collect()
+    /// Names of the enabled tools (for the system prompt's guidance bullets): the pool's one
+    /// list, shared.
+    pub fn enabled_names(&self) -> std::sync::Arc<[String]> {
+        debug_assert!(self.enabled_names.iter().eq(self.all.iter().map(|tool| &tool.tool.name)), "the pool's enabled names are its tools'");
+        std::sync::Arc::clone(&self.enabled_names)
     }
 }
 
@@ -362,7 +367,8 @@ pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
     let inline_mcp = all.iter().any(|entry| entry.is_mcp && tools.iter().any(|t| t.name == entry.tool.name && t.defer_loading.is_none()));
 
     let listing = tool_search.then(|| deferred_tools_listing(&deferred_names).into());
-    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp, listing, tools_chars: Default::default() }
+    let enabled_names = all.iter().map(|tool| tool.tool.name.clone()).collect();
+    ToolPool { mode, tool_search_available, tool_search, all, tools: tools.into(), deferred_names, inline_mcp, listing, tools_chars: Default::default(), enabled_names }
 }
 
 /// `isDeferredTool` for built-ins: ToolSearch never, otherwise `shouldDefer`.
