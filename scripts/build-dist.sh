@@ -27,6 +27,7 @@ plain() {
 host=$(rustc -vV | sed -n 's/^host: //p')
 tools="$(rustc --print sysroot)/lib/rustlib/$host/bin"
 if [ ! -x "$tools/llvm-profdata" ] && command -v rustup > /dev/null; then
+  echo "build-dist: adding rustup's llvm-tools component (llvm-profdata) to the active toolchain" >&2
   rustup component add llvm-tools > /dev/null 2>&1 || true
 fi
 [ -x "$tools/llvm-profdata" ] || { plain "no llvm-profdata in $tools (rustup component add llvm-tools)"; exit 0; }
