@@ -6,6 +6,13 @@ use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
+/// `a == b` for shared values, the same allocation seen without a look (`Arc`'s `==` compares
+/// contents; its pointer shortcut is for `Eq` sized types only): for inputs a session gathers
+/// at every request from lists and texts it keeps.
+pub fn same<T: ?Sized + PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
 /// A list of `T`, each item behind an `Arc`: cloning the list, or taking items of one into
 /// another ([`SharedList::shared`], [`SharedList::push_shared`]), copies pointers, not items.
 /// Read as a list of `T` (`iter`, `get`, indexing); changing an item ([`SharedList::get_mut`],

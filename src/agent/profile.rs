@@ -152,7 +152,7 @@ impl SizeProfile {
     /// Whether two shared profiles are equal: the same allocation without a look, else
     /// compared.
     pub fn same(a: &std::sync::Arc<SizeProfile>, b: &std::sync::Arc<SizeProfile>) -> bool {
-        std::sync::Arc::ptr_eq(a, b) || a == b
+        crate::shared::same(a, b)
     }
 
     pub fn from_toml(text: &str) -> Result<SizeProfile, ProfileError> {

@@ -515,7 +515,7 @@ fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
         && *entrypoint == b.entrypoint
         && *interactive == b.interactive
         && *first_user_text == b.first_user_text
-        && (std::sync::Arc::ptr_eq(enabled_tools, &b.enabled_tools) || *enabled_tools == b.enabled_tools)
+        && crate::shared::same(enabled_tools, &b.enabled_tools)
         && *skills_present == b.skills_present
         && *explore_agents == b.explore_agents
         && *cwd == b.cwd
@@ -541,7 +541,7 @@ fn same_inputs(a: &SystemPromptInputs, b: &SystemPromptInputs) -> bool {
 /// Two shared texts are equal: one allocation, or equal contents.
 pub(crate) fn same_shared_text(a: &Option<std::sync::Arc<str>>, b: &Option<std::sync::Arc<str>>) -> bool {
     match (a, b) {
-        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
+        (Some(a), Some(b)) => crate::shared::same(a, b),
         (a, b) => a.is_none() && b.is_none(),
     }
 }

@@ -196,7 +196,7 @@ fn marks_of(word: u64, after_lower: u64) -> (u64, u64) {
     };
     let marks = !(unequal(b'/') & unequal(b'_') & unequal(b':')) & HIGHS;
     // A letter: an ASCII byte whose lower-case form (0x20 set) lies in `a..=z`.
-    let folded = (word | ONES * 0x20) & !HIGHS;
+    let folded = (word | (ONES * 0x20)) & !HIGHS;
     let letter = (folded + ONES * u64::from(0x80 - b'a')) & !(folded + ONES * u64::from(0x7F - b'z')) & !word & HIGHS;
     // Lower case has 0x20 set (shifted onto the high bit).
     let lower = letter & (word << 2);

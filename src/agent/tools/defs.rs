@@ -83,7 +83,7 @@ impl AgentToolListing {
     /// the contents): the session asks at every request whether its listing is the pool key's.
     pub fn same(&self, other: &AgentToolListing) -> bool {
         match (self, other) {
-            (AgentToolListing::Inline(a), AgentToolListing::Inline(b)) => std::sync::Arc::ptr_eq(a, b) || a == b,
+            (AgentToolListing::Inline(a), AgentToolListing::Inline(b)) => crate::shared::same(a, b),
             (a, b) => a == b,
         }
     }
