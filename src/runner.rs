@@ -562,6 +562,19 @@ impl<'o> RunState<'o> {
         RunOutput { scenario: scenario.file.clone(), rows, requests: out.requests, summary, stopped }
     }
 
+    /// This state as text, but for the client's rules and the reply plan (which have no text),
+    /// the mirrors (which a copy does not take), the rows before `rows` and what only saves work
+    /// ([`Session::shown_without_memos`]): two states with one text, after the same steps,
+    /// go on alike (for debug builds' comparisons of run states).
+    #[cfg(debug_assertions)]
+    pub fn shown_from(&self, rows: usize) -> String {
+        let rows: Vec<&RequestMetrics> = self.rows_from(rows).collect();
+        let run = (self.turn, &self.pending_events, self.blocked, self.surfaced, &self.pinned_edits, &self.recovery, &self.pending_stages);
+        let more = (self.next, &self.checks, &self.media, self.prompted, self.compacted, self.main_stamp, self.stop);
+        let out = (&rows, self.out.requests.len(), self.out.loss.as_ref().map(|loss| format!("{loss:?}")), &self.out.compacted);
+        format!("{:?}\n{:?}\n{:?}\n{:?}\n{:?}", self.world, self.agent.shown_without_memos(), run, more, out)
+    }
+
     /// Runs the next step of `scenario`.
     pub fn step(&mut self, scenario: &Scenario, measurer: &mut Measurer, strategy: &Strategy, chain: &Chain) -> Result<(), RunError> {
         let i = self.next;

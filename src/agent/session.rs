@@ -407,6 +407,23 @@ impl Session {
         }
     }
 
+    /// This session as text, without what only saves work and what only names allocations:
+    /// the peer mechanism's memo, the MCP and finalize memos, the system prompt's gathered
+    /// inputs (kept by the file system's change marks, which every copy of a world renews), the
+    /// last pool, and what the message memo lent the last request. Two sessions with one text
+    /// go on alike (for debug builds' comparisons of run states).
+    #[cfg(debug_assertions)]
+    pub fn shown_without_memos(&self) -> String {
+        let mut session = self.clone();
+        session.peer_state = self.peer_state.without_memo();
+        session.mcp_memo = Default::default();
+        session.finalize_memo = Default::default();
+        session.system_gathered = None;
+        session.pool_memo = Default::default();
+        (session.lent_offset, session.lent_unchanged, session.lent_shared) = (None, 0, 0);
+        format!("{session:?}")
+    }
+
     /// Compactions of the conversation so far.
     pub fn compactions(&self) -> u32 {
         self.compactions

@@ -1513,6 +1513,11 @@ pub fn agent_whatif_family_until(
             since = 0;
         }
         since += 1;
+        // (Debug builds run each peer branch still to branch through a user's `/compact` on
+        // its own, from here, and compare it with the trunk's run through it.)
+        #[cfg(debug_assertions)]
+        let before_compact = (matches!(scenarios.list[first].1.script.get(step), Some(crate::scenario::Step::Compact)) && pending.iter().any(|&p| matches!(peers[p], Some(PeerBranch::Peer { .. }))))
+            .then(|| (trunk.checkpoint(), measurer.state()));
         let before = trunk.checks().len();
         let (rows_before, refused, compactions) = (trunk.rows(), trunk.refused(), trunk.agent().compactions());
         trunk.step(&scenarios.list[first].1, &mut measurer, &effectives[top], &chain).map_err(|e| e.to_string())?;
@@ -1534,7 +1539,17 @@ pub fn agent_whatif_family_until(
         }
         // (Anything here a peer branch cannot prove it did the same: a compaction, an API error
         // and its recovery, a refused request.)
-        let acted = trunk.agent().compactions() != compactions || trunk.refused() != refused || trunk.rows_from(rows_before).any(|r| r.error.is_some());
+        let failed = trunk.refused() != refused || trunk.rows_from(rows_before).any(|r| r.error.is_some());
+        let acted = trunk.agent().compactions() != compactions || failed;
+        // But a user's `/compact` with no error is the same compaction under a peer mechanism
+        // with autocompact off ([`PeerBranch::Peer`]): its strategy differs from the trunk's only
+        // in autocompact's `enabled` and the mechanism (`peer_branch_of`). `enabled` is read by
+        // the chain's autocompact and blocking-limit stages (and the thresholds they compute),
+        // which `/compact` does not run; the mechanism by the requests the step builds (the
+        // compaction's fork), which the probes read as every request (its count, its dry run);
+        // the fork, its hooks and the rebuild read the settings both share. Such a branch stays
+        // with the trunk (debug builds run it through the step on its own and compare).
+        let manual = !failed && matches!(scenarios.list[first].1.script.get(step), Some(crate::scenario::Step::Compact));
         max_checked = max_checked.max(high);
         if let Some(high) = high {
             rise = high.saturating_sub(last_high.unwrap_or(high));
@@ -1545,7 +1560,7 @@ pub fn agent_whatif_family_until(
         let differs = |p: usize| match &peers[p] {
             None => high.is_some_and(|high| high >= thresholds[p]),
             Some(PeerBranch::Peer { blocking, peer }) => {
-                acted
+                (acted && !manual)
                     || high.is_some_and(|high| high >= thresholds[top].min(*blocking).min(top_blocking))
                     || match triggers[p] {
                         Some(t) => probed.counted.is_some_and(|n| n >= t),
@@ -1563,6 +1578,20 @@ pub fn agent_whatif_family_until(
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
+        #[cfg(debug_assertions)]
+        if let Some((state, measured)) = &before_compact
+            && acted
+        {
+            for &p in pending.iter().filter(|&&p| matches!(peers[p], Some(PeerBranch::Peer { .. }))) {
+                let mut own = state.checkpoint();
+                own.retarget(&effectives[p]);
+                branch.restore(measured);
+                own.step(&scenarios.list[first].1, &mut branch, &effectives[p], &chain).map_err(|e| e.to_string())?;
+                let mut stayed = trunk.checkpoint();
+                stayed.retarget(&effectives[p]);
+                debug_assert!(own.shown_from(rows_before) == stayed.shown_from(rows_before), "a peer branch that stays with the trunk through a `/compact` did what the trunk did");
+            }
+        }
         if reached.iter().any(|&p| !dry(&[p]).is_empty()) {
             trunk.agent_mut().dry_run_peers(dry(&pending));
         }

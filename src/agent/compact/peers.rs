@@ -566,6 +566,13 @@ pub fn peer_window(context_window: Option<u64>) -> u64 {
 }
 
 impl PeerState {
+    /// This state without its memo, which only saves work (for debug builds' comparisons of
+    /// run states).
+    #[cfg(debug_assertions)]
+    pub fn without_memo(&self) -> PeerState {
+        PeerState { compacted: self.compacted.clone(), last_len: self.last_len, memo: PeerMemo::default() }
+    }
+
     /// The count a mechanism with a [`PeerConfig::rewrite_trigger`] would compare with it on
     /// `messages` (the messages' estimate plus `base_tokens`), without applying any: what a run
     /// under no mechanism records so that a run under one may be proven to have done the same.
