@@ -1318,9 +1318,17 @@ pub fn peer_branch_runs() -> usize {
     PEER_BRANCH_RUNS.with(std::cell::Cell::get)
 }
 
+/// How many times a peer branch went on with its trunk through a user's `/compact` on this
+/// thread, rather than from the checkpoint before it (tests read it to know the case was met).
+#[doc(hidden)]
+pub fn peer_branches_through_compact() -> usize {
+    THROUGH_COMPACT.with(std::cell::Cell::get)
+}
+
 thread_local! {
     static MIRRORED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static PEER_BRANCH_RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static THROUGH_COMPACT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Which runs of a family end early ([`agent_whatif_family_until`]).
@@ -1578,11 +1586,11 @@ pub fn agent_whatif_family_until(
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
+        let through: Vec<usize> = if acted && manual { pending.iter().copied().filter(|&p| matches!(peers[p], Some(PeerBranch::Peer { .. }))).collect() } else { Vec::new() };
+        THROUGH_COMPACT.with(|n| n.set(n.get() + through.len()));
         #[cfg(debug_assertions)]
-        if let Some((state, measured)) = &before_compact
-            && acted
-        {
-            for &p in pending.iter().filter(|&&p| matches!(peers[p], Some(PeerBranch::Peer { .. }))) {
+        if let Some((state, measured)) = &before_compact {
+            for &p in &through {
                 let mut own = state.checkpoint();
                 own.retarget(&effectives[p]);
                 branch.restore(measured);

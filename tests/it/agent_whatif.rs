@@ -1154,6 +1154,45 @@ fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_th
     assert!(mechanism_acted > 0);
 }
 
+/// A user's `/compact` is done the same way under a peer mechanism with autocompact off: the
+/// presets that go on from the run as recorded's trunk (`peer_branch_of`) stay with it through
+/// the recorded manual compactions (`Step::Compact`) rather than going on from the checkpoint
+/// before each to the session's end. On the shared sessions with manual compactions (01M0EE57,
+/// two; c644f3af, one), each gives exactly what its own run from the first call gives, run to
+/// the end and bounded beyond the trunk as the audit bounds a preset; and they went on with the
+/// trunk through a `/compact` (debug builds also run each through the step on its own and
+/// compare the run states).
+#[test]
+fn peer_presets_go_on_with_the_trunk_through_a_users_compact() {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branches_through_compact, stop_rule_beyond};
+    let presets = ["codex", "opencode", "observation-masking", "cline", "server-compaction"];
+    for session in ["entirecontext/01M0EE5721NRN8FGE1238MD50T-0.full.jsonl", "cipher-box/c644f3afc869-1.full.jsonl"] {
+        let (file, loaded, prepared) = prepared_transcript(session);
+        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
+        let mut effectives = vec![base.clone()];
+        effectives.extend(presets.iter().map(|p| effective_strategy(&ctxsim::strategy::Strategy::preset(p).unwrap(), &prepared)));
+        for (preset, effective) in presets.iter().zip(&effectives[1..]) {
+            assert!(peer_branch_of(effective, &base, &prepared).is_some(), "{session}: {preset}: a peer branch of the run as recorded");
+        }
+        for bounded in [false, true] {
+            let marks: Vec<bool> = (0..effectives.len()).map(|i| i > 0).collect();
+            let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &marks } } else { Stops::Never };
+            let before = peer_branches_through_compact();
+            let together: Vec<_> = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
+            assert!(peer_branches_through_compact() > before, "{session}: bounded {bounded}: no preset went on with the trunk through a /compact");
+            let rule = stop_rule_beyond(&together[0]);
+            for ((preset, effective), branched) in presets.iter().zip(&effectives[1..]).zip(&together[1..]) {
+                let stop = if bounded { Stops::Rule(rule) } else { Stops::Never };
+                let own = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(effective), stop).unwrap().pop().unwrap().unwrap();
+                for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
+                    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: {preset}: bounded {bounded}: row {i}");
+                }
+                assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: {preset}: bounded {bounded}");
+            }
+        }
+    }
+}
+
 /// Server-side tool-use clearing (`context-editing`: `clear_tool_uses` with its 100,000-token
 /// trigger) goes on from the run as recorded's trunk too (`peer_branch_of`,
 /// `PeerBranch::ContextEditing`): below the trigger the server clears nothing and the runs make
