@@ -998,7 +998,8 @@ pub enum PeerBranch {
 ///   strategy's blocking limit (autocompact off, its blocking check refuses from there; the
 ///   trunk's check counts what the blocking check counts);
 /// - the trunk compacts by any stage, an API error is answered by the recovery ladder, or a
-///   request is refused.
+///   request is refused. (Not a user's `/compact` that met no error, which the branch does the
+///   same way: it goes on with the trunk through it, [`agent_whatif_family_until`].)
 ///
 /// Anything else (another knob, a trunk that does not record its checks on every chain run:
 /// compaction disabled, context collapse on) is no branch: the strategy runs on its own.
@@ -1586,6 +1587,7 @@ pub fn agent_whatif_family_until(
         };
         let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
         pending = rest;
+        // (The peer branches that go on with the trunk through a `/compact`: counted for tests.)
         let through: Vec<usize> = if acted && manual { pending.iter().copied().filter(|&p| matches!(peers[p], Some(PeerBranch::Peer { .. }))).collect() } else { Vec::new() };
         THROUGH_COMPACT.with(|n| n.set(n.get() + through.len()));
         #[cfg(debug_assertions)]
