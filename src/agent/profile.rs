@@ -261,12 +261,48 @@ fn pad_to_size_as(base: &str, chars: usize, tokens: u64, seed: &str, escaped: bo
         let light = pad_with(base, chars.saturating_sub(dense).max(base_len), FillLayout::Paragraphs, seed, FILLER);
         pad_with(&light, chars, FillLayout::Paragraphs, seed, DENSE_FILLER)
     };
+    // The texts tried are `base` and the same filler sentences cut at other places. Escaped, a
+    // text is `base` escaped once and the filler after it (ASCII without quotes or backslashes:
+    // only its line breaks are escaped). It is counted as the sum of its sentences' counts, each
+    // sentence counted once ([`sentences`]). Debug builds escape and count the whole text too
+    // and compare.
+    let escaped_base = escaped.then(|| {
+        let mut quoted = serde_json::to_string(base).expect("strings serialize");
+        quoted.pop();
+        quoted
+    });
+    let counted: std::cell::RefCell<rustc_hash::FxHashMap<String, u64>> = Default::default();
     let count = |text: &str| {
-        if escaped {
-            u64::from(crate::measure::tokens::bpe(&serde_json::to_string(text).expect("strings serialize")))
-        } else {
-            u64::from(crate::measure::tokens::bpe(text))
-        }
+        let text = match (&escaped_base, text.strip_prefix(base)) {
+            (Some(quoted), Some(filler)) => {
+                let mut json = String::with_capacity(quoted.len() + filler.len() + filler.len() / 8 + 1);
+                json.push_str(quoted);
+                for (i, line) in filler.split('\n').enumerate() {
+                    if i > 0 {
+                        json.push_str("\\n");
+                    }
+                    json.push_str(line);
+                }
+                json.push('"');
+                debug_assert_eq!(json, serde_json::to_string(text).expect("strings serialize"), "a padded text escaped by parts");
+                std::borrow::Cow::Owned(json)
+            }
+            (Some(_), None) => std::borrow::Cow::Owned(serde_json::to_string(text).expect("strings serialize")),
+            (None, _) => std::borrow::Cow::Borrowed(text),
+        };
+        let mut counted = counted.borrow_mut();
+        let total = sentences(&text)
+            .map(|sentence| match counted.get(sentence) {
+                Some(&n) => n,
+                None => {
+                    let n = u64::from(crate::measure::tokens::bpe(sentence));
+                    counted.insert(sentence.to_owned(), n);
+                    n
+                }
+            })
+            .sum::<u64>();
+        debug_assert_eq!(total, u64::from(crate::measure::tokens::bpe(&text)), "the sentences' counts of a padded text");
+        total
     };
     let room = chars.saturating_sub(base_len);
     let mut best = build(0);
@@ -284,13 +320,36 @@ fn pad_to_size_as(base: &str, chars: usize, tokens: u64, seed: &str, escaped: bo
     best
 }
 
+/// `text` cut into parts whose o200k counts add up to the text's: before each space that
+/// follows a period and precedes a capital letter (`. T`), where the split always has a
+/// boundary. No piece of the split holds a character and a space after it (a piece holds a
+/// space only as its first character, or holds whitespace alone), and no piece's end depends
+/// on what follows a period when a space does; so the pieces of the text are those of its parts.
+fn sentences(text: &str) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    let mut cuts = memchr::memmem::find_iter(bytes, b". ").map(|at| at + 1).filter(|&at| bytes.get(at + 1).is_some_and(u8::is_ascii_uppercase));
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= text.len() {
+            return None;
+        }
+        let end = cuts.next().unwrap_or(text.len());
+        // (A cut is at an ASCII space: a character boundary.)
+        let part = &text[start..end];
+        start = end;
+        Some(part)
+    })
+}
+
 /// [`pad_to`] with a given set of filler sentences.
 fn pad_with(base: &str, target: usize, layout: FillLayout, seed: &str, filler: &[&str]) -> String {
-    let mut out = base.to_owned();
-    let mut len = js_len(&out);
+    let mut len = js_len(base);
     if len >= target {
-        return out;
+        return base.to_owned();
     }
+    // (Filler is ASCII: the text's bytes grow by its length.)
+    let mut out = String::with_capacity(base.len() + target - len);
+    out.push_str(base);
     let start = (xxhash_rust::xxh3::xxh3_64(seed.as_bytes()) % filler.len() as u64) as usize;
     let mut index = 0usize;
     loop {
@@ -339,4 +398,35 @@ pub fn fit_size(base: &str, chars: usize, tokens: u64, seed: &str, enabled: bool
 /// Pads when `enabled`, else returns the raw text: the one switch for "padding off".
 pub fn fit(base: &str, target: usize, layout: FillLayout, seed: &str, enabled: bool) -> String {
     if enabled { pad_to(base, target, layout, seed) } else { base.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_text_counts_as_its_sentences(text in "([A-Za-z]{1,6}[ .,:/\\n\"é→-]{0,3}){0,40}") {
+            let sum: u32 = sentences(&text).map(crate::measure::tokens::bpe).sum();
+            prop_assert_eq!(sentences(&text).collect::<String>(), text.clone());
+            prop_assert_eq!(sum, crate::measure::tokens::bpe(&text));
+            let escaped = serde_json::to_string(&text).expect("strings serialize");
+            prop_assert_eq!(sentences(&escaped).map(crate::measure::tokens::bpe).sum::<u32>(), crate::measure::tokens::bpe(&escaped));
+        }
+    }
+
+    #[test]
+    fn padding_counted_by_sentences_keeps_its_length_and_base() {
+        // The tool descriptions and sections pad by the counts of their sentences; the whole
+        // texts' counts are compared in debug builds (`pad_to_size_as`).
+        let base = "Runs a command. Output is returned as text.\n\nUse it for builds: cargo test, npm run lint.";
+        for (chars, tokens) in [(400, 90), (900, 260), (2_000, 400), (120, 0)] {
+            for escaped in [false, true] {
+                let padded = pad_to_size_as(base, chars, tokens, "seed", escaped);
+                assert_eq!(js_len(&padded), chars);
+                assert!(padded.starts_with(base));
+            }
+        }
+    }
 }
