@@ -1116,38 +1116,13 @@ fn every_tool_sent_up_front_measured_beside_the_trunk_equals_its_own_run() {
 /// bounded beyond the trunk as the audit bounds a preset; and opencode went on from its trunk.
 #[test]
 fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_their_own_runs() {
-    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branch_runs, prepare, stop_rule_beyond};
-    let dir = crate::support::realdata().join("transcripts");
     let presets = ["opencode", "observation-masking"];
     let mut mechanism_acted = 0;
     for session in ["NumWordify/01KZRVZ8V3GCEFGVQHVV9WP86W-0.full.jsonl", "entireio-cli/a6e4c2a0fbd1-0.full.jsonl", "entireio-cli/7662d755ef9f-2.full.jsonl"] {
-        let path = dir.join(session);
-        let file = path.display().to_string();
-        let loaded = ctxsim::replay::load_session(&path).unwrap();
-        let prepared = prepare(&loaded, &file, &crate::support::measurer()).unwrap();
-        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-        let mut effectives = vec![base.clone()];
-        effectives.extend(presets.iter().map(|p| effective_strategy(&ctxsim::strategy::Strategy::preset(p).unwrap(), &prepared)));
-        for (preset, effective) in presets.iter().zip(&effectives[1..]) {
-            assert!(peer_branch_of(effective, &base, &prepared).is_some(), "{session}: {preset}: a peer branch of the run as recorded");
-        }
-        for bounded in [false, true] {
-            let marks = [false, true, true];
-            let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &marks } } else { Stops::Never };
-            let before = peer_branch_runs();
-            let together: Vec<_> = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
-            assert!(peer_branch_runs() > before, "{session}: no preset went on from the trunk");
-            let rule = stop_rule_beyond(&together[0]);
-            for ((preset, effective), branched) in presets.iter().zip(&effectives[1..]).zip(&together[1..]) {
-                let stop = if bounded { Stops::Rule(rule) } else { Stops::Never };
-                let own = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(effective), stop).unwrap().pop().unwrap().unwrap();
-                for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
-                    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: {preset}: bounded {bounded}: row {i}");
-                }
-                assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: {preset}: bounded {bounded}");
-                let stage = |name: &str| own.rows.iter().any(|r| r.stages.iter().any(|s| s.name == name && s.fired));
-                mechanism_acted += usize::from(stage("opencode_prune") || stage("opencode_summary") || stage("observation_masking"));
-            }
+        let (file, loaded, prepared) = prepared_transcript(session);
+        for own in peer_presets_equal_their_own_runs(session, (&file, &loaded, &prepared), &presets, ctxsim::replay::agent_whatif::peer_branch_runs, "no preset went on from the trunk") {
+            let stage = |name: &str| own.rows.iter().any(|r| r.stages.iter().any(|s| s.name == name && s.fired));
+            mechanism_acted += usize::from(stage("opencode_prune") || stage("opencode_summary") || stage("observation_masking"));
         }
     }
     // The mechanisms acted somewhere (their branch points found by the dry run).
@@ -1164,33 +1139,52 @@ fn presets_whose_peer_acts_on_more_than_a_count_going_on_from_the_trunk_equal_th
 /// compare the run states).
 #[test]
 fn peer_presets_go_on_with_the_trunk_through_a_users_compact() {
-    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, peer_branches_through_compact, stop_rule_beyond};
     let presets = ["codex", "opencode", "observation-masking", "cline", "server-compaction"];
     for session in ["entirecontext/01M0EE5721NRN8FGE1238MD50T-0.full.jsonl", "cipher-box/c644f3afc869-1.full.jsonl"] {
         let (file, loaded, prepared) = prepared_transcript(session);
-        let base = effective_strategy(&ctxsim::strategy::Strategy::default(), &prepared);
-        let mut effectives = vec![base.clone()];
-        effectives.extend(presets.iter().map(|p| effective_strategy(&ctxsim::strategy::Strategy::preset(p).unwrap(), &prepared)));
-        for (preset, effective) in presets.iter().zip(&effectives[1..]) {
-            assert!(peer_branch_of(effective, &base, &prepared).is_some(), "{session}: {preset}: a peer branch of the run as recorded");
-        }
-        for bounded in [false, true] {
-            let marks: Vec<bool> = (0..effectives.len()).map(|i| i > 0).collect();
-            let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &marks } } else { Stops::Never };
-            let before = peer_branches_through_compact();
-            let together: Vec<_> = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
-            assert!(peer_branches_through_compact() > before, "{session}: bounded {bounded}: no preset went on with the trunk through a /compact");
-            let rule = stop_rule_beyond(&together[0]);
-            for ((preset, effective), branched) in presets.iter().zip(&effectives[1..]).zip(&together[1..]) {
-                let stop = if bounded { Stops::Rule(rule) } else { Stops::Never };
-                let own = agent_whatif_family_until(&loaded, &file, &prepared, crate::support::measurer(), std::slice::from_ref(effective), stop).unwrap().pop().unwrap().unwrap();
-                for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
-                    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: {preset}: bounded {bounded}: row {i}");
-                }
-                assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: {preset}: bounded {bounded}");
+        let through = ctxsim::replay::agent_whatif::peer_branches_through_compact;
+        peer_presets_equal_their_own_runs(session, (&file, &loaded, &prepared), &presets, through, "no preset went on with the trunk through a /compact");
+    }
+}
+
+/// Each of `presets`, a peer branch of the run as recorded (`peer_branch_of`), run in one family
+/// with it, to the end and bounded beyond it as the audit bounds a preset, gives exactly what its
+/// own run from the first call gives (rows, then the whole outcome). `went_on` is a thread's
+/// count of what the family must have done in each family run (`what`, the failure otherwise).
+/// Returns the presets' own runs, to the end and bounded.
+fn peer_presets_equal_their_own_runs(
+    session: &str,
+    (file, loaded, prepared): (&str, &ctxsim::recording::ImportedSession, &ctxsim::replay::agent_whatif::Prepared),
+    presets: &[&str],
+    went_on: fn() -> usize,
+    what: &str,
+) -> Vec<ctxsim::replay::agent_whatif::AgentOutcome> {
+    use ctxsim::replay::agent_whatif::{Stops, agent_whatif_family_until, effective_strategy, peer_branch_of, stop_rule_beyond};
+    let base = effective_strategy(&ctxsim::strategy::Strategy::default(), prepared);
+    let mut effectives = vec![base.clone()];
+    effectives.extend(presets.iter().map(|p| effective_strategy(&ctxsim::strategy::Strategy::preset(p).unwrap(), prepared)));
+    for (preset, effective) in presets.iter().zip(&effectives[1..]) {
+        assert!(peer_branch_of(effective, &base, prepared).is_some(), "{session}: {preset}: a peer branch of the run as recorded");
+    }
+    let mut owns = Vec::new();
+    for bounded in [false, true] {
+        let marks: Vec<bool> = (0..effectives.len()).map(|i| i > 0).collect();
+        let stop = if bounded { Stops::BeyondRunOf { base: 0, bounded: &marks } } else { Stops::Never };
+        let before = went_on();
+        let together: Vec<_> = agent_whatif_family_until(loaded, file, prepared, crate::support::measurer(), &effectives, stop).unwrap().into_iter().map(Result::unwrap).collect();
+        assert!(went_on() > before, "{session}: bounded {bounded}: {what}");
+        let rule = stop_rule_beyond(&together[0]);
+        for ((preset, effective), branched) in presets.iter().zip(&effectives[1..]).zip(&together[1..]) {
+            let stop = if bounded { Stops::Rule(rule) } else { Stops::Never };
+            let own = agent_whatif_family_until(loaded, file, prepared, crate::support::measurer(), std::slice::from_ref(effective), stop).unwrap().pop().unwrap().unwrap();
+            for (i, (a, b)) in branched.rows.iter().zip(&own.rows).enumerate() {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{session}: {preset}: bounded {bounded}: row {i}");
             }
+            assert_eq!(format!("{branched:?}"), format!("{own:?}"), "{session}: {preset}: bounded {bounded}");
+            owns.push(own);
         }
     }
+    owns
 }
 
 /// Server-side tool-use clearing (`context-editing`: `clear_tool_uses` with its 100,000-token
