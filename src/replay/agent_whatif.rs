@@ -51,7 +51,7 @@ use crate::runner::{RunOptions, RunState, StopRule};
 use crate::scenario::Scenario;
 use crate::strategy::Strategy;
 
-use super::loss::{CompactionLoss, compaction_loss};
+use super::loss::{CompactionLoss, Judgement, compaction_loss};
 use super::workload::{Sizing, Workload, sized_workload_for_runs};
 
 /// Runs of one session under one strategy at most, while the plan settles.
@@ -92,6 +92,9 @@ pub struct Prepared {
     /// The API's lookback rule when the session ran, every run's (as
     /// [`super::workload::agent_replay`] measures).
     pub lookback: crate::measure::LookbackRule,
+    /// What the outcomes' compaction losses hold ([`AgentOutcome::compaction_losses`]): all
+    /// of each judgement, or only its counts where the caller reads no more (the audit).
+    pub losses: Judgement,
     /// The scenario of the first plan and its script as built, made by the first family that
     /// runs and shared by every other (each family's trunk runs it): the workload's document
     /// copied, planned and parsed once per session instead of once per family. Emptied by
@@ -187,7 +190,7 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
             matches!(step, Step::Assistant(reply) if reply.content.iter().any(|b| matches!(b, crate::api::ContentBlock::ToolUse { id, name, .. } if name == crate::agent::tools::TOOL_SEARCH && !scripted.contains(id.as_str()))))
         })
     };
-    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, tool_search_run, lookback, first: std::sync::OnceLock::new() })
+    Ok(Prepared { workload, sizing, recorded, reserve, settings, warm, client, env, tool_search_run, lookback, losses: Judgement::Full, first: std::sync::OnceLock::new() })
 }
 
 fn is_compact_step(step: &Value) -> bool {
@@ -272,6 +275,7 @@ pub struct AgentOutcome {
     /// The first main call from which the agent's conversation is no longer the recorded one,
     /// and why.
     pub divergence: Option<(usize, String)>,
+    /// Judged as [`Prepared::losses`] says.
     pub compaction_losses: Vec<CompactionLoss>,
     /// Runs it took to settle the plan: 1 where the run that follows the recording settled it
     /// ([`Follow`]), else the plan search's runs (the run that did not settle it not counted).
@@ -538,7 +542,7 @@ fn settle_read(session: &ImportedSession, prepared: &Prepared, effective: &Strat
     let first = match first {
         Some((done, read)) if holds(&plan, &read) => {
             let (compactions, divergence, _) = read;
-            return Ok(outcome(session, done, compactions, divergence, 1));
+            return Ok(outcome(session, prepared, done, compactions, divergence, 1));
         }
         made => made,
     };
@@ -546,7 +550,7 @@ fn settle_read(session: &ImportedSession, prepared: &Prepared, effective: &Strat
         let read = read_run(prepared, &done, client_edits, plan.without_recorded_microcompacts);
         if follow.holds(&read) {
             let (compactions, divergence, _) = read;
-            let outcome = outcome(session, done, compactions, divergence, 1);
+            let outcome = outcome(session, prepared, done, compactions, divergence, 1);
             // The fixed point is the one the search by runs settles on (the argument at
             // [`Follow`]): debug builds make that search and compare where it settled.
             #[cfg(debug_assertions)]
@@ -612,7 +616,7 @@ fn settle_by_runs(session: &ImportedSession, prepared: &Prepared, effective: &St
             if !settled && let Some((_, why)) = &mut divergence {
                 why.push_str(&format!(" (the plan of summaries had not settled after {MAX_RUNS} runs)"));
             }
-            return Ok(outcome(session, done, compactions, divergence, count));
+            return Ok(outcome(session, prepared, done, compactions, divergence, count));
         }
         plan = Plan { usage_before: divergence.as_ref().map(|(call, _)| *call), lane, without_recorded_microcompacts: plan.without_recorded_microcompacts };
     }
@@ -1279,7 +1283,7 @@ fn mirrored_outcome(
             let main_rows = rows.iter().enumerate().filter(|(_, r)| r.lane == LANE_MAIN && r.error.is_none()).map(|(i, _)| i);
             let call_of: BTreeMap<usize, usize> = main_rows.zip(prepared.workload.main_calls.iter().copied()).collect();
             let after = compacted.into_iter().filter_map(|(row, messages)| call_of.get(&row).map(|call| (*call, messages))).collect();
-            compaction_losses(session, &trunk.compactions, &after, &context_of)
+            compaction_losses(session, prepared.losses, &trunk.compactions, &after, &context_of)
         }
         None => {
             let mut compaction_losses = trunk.compaction_losses.clone();
@@ -1958,9 +1962,16 @@ impl<'p> Scenarios<'p> {
     }
 }
 
-/// The information loss of each of a run's `compactions` that a main request followed: `after`
-/// holds that request's messages by call, `context_of` each main call's context.
-fn compaction_losses(session: &ImportedSession, compactions: &[Compacted], after: &BTreeMap<usize, Vec<Message>>, context_of: &BTreeMap<usize, u64>) -> Vec<CompactionLoss> {
+/// The information loss of each of a run's `compactions` that a main request followed, judged
+/// as `judgement` says: `after` holds that request's messages by call, `context_of` each main
+/// call's context.
+fn compaction_losses(
+    session: &ImportedSession,
+    judgement: Judgement,
+    compactions: &[Compacted],
+    after: &BTreeMap<usize, Vec<Message>>,
+    context_of: &BTreeMap<usize, u64>,
+) -> Vec<CompactionLoss> {
     let position: BTreeMap<usize, usize> = session.calls.iter().enumerate().map(|(p, c)| (c.index, p)).collect();
     let mut losses = Vec::new();
     for c in compactions {
@@ -1969,7 +1980,7 @@ fn compaction_losses(session: &ImportedSession, compactions: &[Compacted], after
         let Some((&previous_call, &before)) = context_of.range(..c.call).next_back() else { continue };
         let Some(&previous) = position.get(&previous_call) else { continue };
         let after_tokens = context_of.get(&c.call).copied().unwrap_or(0);
-        losses.push(compaction_loss(session, at, previous, after, before, after_tokens));
+        losses.push(compaction_loss(session, at, previous, after, before, after_tokens, judgement));
     }
     losses
 }
@@ -2028,9 +2039,9 @@ fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded
     (compactions, divergence, lane)
 }
 
-fn outcome(session: &ImportedSession, run: Run, compactions: Vec<Compacted>, divergence: Option<(usize, String)>, runs: usize) -> AgentOutcome {
+fn outcome(session: &ImportedSession, prepared: &Prepared, run: Run, compactions: Vec<Compacted>, divergence: Option<(usize, String)>, runs: usize) -> AgentOutcome {
     let context_of: BTreeMap<usize, u64> = run.paired.iter().map(|&(row, call)| (call, run.output.rows[row].context_tokens)).collect();
-    let compaction_losses = compaction_losses(session, &compactions, &run.after, &context_of);
+    let compaction_losses = compaction_losses(session, prepared.losses, &compactions, &run.after, &context_of);
     AgentOutcome {
         info_loss: run.output.summary.info_loss.clone(),
         summary: run.output.summary,

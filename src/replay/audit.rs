@@ -259,7 +259,9 @@ fn agent_whatifs(
     use crate::strategy::Strategy;
     use rayon::prelude::*;
     let name = file.path.display().to_string();
-    let prepared = prepare(session, &name, &make())?;
+    let mut prepared = prepare(session, &name, &make())?;
+    // (The audit reads only the counts of the compaction losses, [`agent_info_loss`].)
+    prepared.losses = super::loss::Judgement::Counts;
     let base = effective_strategy(&Strategy::default(), &prepared);
     enum Kind {
         AsRecorded,

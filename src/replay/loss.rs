@@ -479,6 +479,70 @@ pub struct ReferenceMemo {
     /// family's runs and branches judge the run as recorded's compactions again, with the same
     /// calls and the same request after them.
     losses: std::sync::Mutex<rustc_hash::FxHashMap<LossKey, CompactionLoss>>,
+    /// The references later recorded turns use, numbered for the count-only judgement
+    /// ([`Judgement::Counts`]), made at its first.
+    used_names: OnceLock<UsedNames>,
+    /// Per event: the [`UsedNames`] numbers of the references it holds in the conversation.
+    held_used: Box<[OnceLock<Box<[u32]>>]>,
+    /// [`Self::texts`] in the numbers of [`UsedNames`].
+    used_texts: std::sync::Mutex<rustc_hash::FxHashMap<u128, Arc<[u32]>>>,
+    /// The walk of the main lane's chain of the last view read for a judgement, which the next
+    /// one extends (judgements come in call order within a run).
+    views: std::sync::Mutex<crate::recording::claude_code::ViewCache>,
+}
+
+/// The references some later recorded turn of a session uses, numbered: the references of the
+/// main lane's replies' tool inputs and of its prompts but compactions' summaries (what a
+/// judgement's later turns use, [`Turns`], whichever compaction it judges). The count-only
+/// judgement ([`Judgement::Counts`]) reads no other reference.
+#[derive(Debug)]
+struct UsedNames {
+    ids: rustc_hash::FxHashMap<Box<str>, u32>,
+    /// Per event: the numbers of the references it uses (empty for an event no later turn's).
+    used: Box<[Box<[u32]>]>,
+}
+
+impl UsedNames {
+    fn of(session: &ImportedSession) -> UsedNames {
+        let mut ids: rustc_hash::FxHashMap<Box<str>, u32> = rustc_hash::FxHashMap::default();
+        let used = session
+            .recording
+            .events
+            .iter()
+            .map(|event| {
+                let uses = event.lane == LANE_MAIN
+                    && match &event.kind {
+                        EventKind::ModelReply(_) => true,
+                        EventKind::UserPrompt(prompt) => !prompt.is_compact_summary,
+                        _ => false,
+                    };
+                if !uses {
+                    return Box::default();
+                }
+                used_references(&event.kind)
+                    .into_iter()
+                    .map(|r| match ids.get(r.as_ref()) {
+                        Some(&n) => n,
+                        None => {
+                            let n = u32::try_from(ids.len()).expect("fewer than 2^32 distinct references");
+                            ids.insert(r.into(), n);
+                            n
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        UsedNames { ids, used }
+    }
+
+    /// Adds to `numbers` those of the references of `text` ([`each_reference`]) it holds.
+    fn add_numbers(&self, text: &str, numbers: &mut Vec<u32>) {
+        each_reference(text, &mut |r| {
+            if let Some(&n) = self.ids.get(r.as_ref()) {
+                numbers.push(n);
+            }
+        });
+    }
 }
 
 /// What [`compaction_loss`] reads beyond the two context sizes and the session's events: the
@@ -492,13 +556,14 @@ pub struct ReferenceMemo {
 struct LossKey {
     call_index: usize,
     previous: usize,
+    judgement: Judgement,
     read: u128,
 }
 
 impl LossKey {
     /// The key, and the xxh3-128 of each text of `after` of [`MEMOIZED_TEXT`] bytes or more, in
     /// order (the keys of their references in the memo, [`ReferenceMemo::text_numbers`]).
-    fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message]) -> (LossKey, Vec<u128>) {
+    fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message], judgement: Judgement) -> (LossKey, Vec<u128>) {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut long = Vec::new();
         let mut text = |text: &str| {
@@ -519,7 +584,7 @@ impl LossKey {
             }
         }
         each_message_text(after, &mut text);
-        (LossKey { call_index, previous, read: hasher.digest128() }, long)
+        (LossKey { call_index, previous, judgement, read: hasher.digest128() }, long)
     }
 }
 
@@ -555,6 +620,10 @@ impl ReferenceMemo {
             edited: (0..events).map(|_| OnceLock::new()).collect(),
             rendered: std::sync::Mutex::default(),
             losses: std::sync::Mutex::default(),
+            used_names: OnceLock::new(),
+            held_used: slots(),
+            used_texts: std::sync::Mutex::default(),
+            views: std::sync::Mutex::default(),
         }
     }
 
@@ -611,6 +680,81 @@ impl ReferenceMemo {
         }
         let mut names = self.names.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         refs.into_iter().map(|r| names.id(&r)).collect()
+    }
+
+    /// The event indices of the view of the call at `position` of `session`'s call list
+    /// ([`ImportedSession::view_event_indices`]), the walk of its chain extending the last one's
+    /// (debug builds walk it alone too and compare).
+    fn view(&self, session: &ImportedSession, position: usize) -> Vec<usize> {
+        let call = &session.calls[position];
+        let view = session.view_event_indices_cached(call, 0, &mut self.views.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        debug_assert_eq!(view, session.view_event_indices(call), "the view of call {position}, the walk extended and alone");
+        view
+    }
+
+    /// The session's [`UsedNames`], made at the first count-only judgement.
+    fn used_names(&self, session: &ImportedSession) -> &UsedNames {
+        self.used_names.get_or_init(|| UsedNames::of(session))
+    }
+
+    /// The [`UsedNames`] numbers of the references event `i` of `session` holds in the
+    /// conversation ([`held_references`]), memoized: those of a later turn's own event are the
+    /// ones it uses, and of a reply's other blocks (its tool inputs are what it uses); any other
+    /// event's texts are scanned (debug builds number every reference and compare).
+    fn held_used(&self, session: &ImportedSession, i: usize, names: &UsedNames) -> &[u32] {
+        let compute = || -> Box<[u32]> {
+            let Some(event) = session.recording.events.get(i) else { return Box::default() };
+            let own = &names.used[i];
+            let mut numbers = Vec::new();
+            let is_use = event.lane == LANE_MAIN;
+            match &event.kind {
+                EventKind::UserPrompt(prompt) if is_use && !prompt.is_compact_summary => return own.clone(),
+                EventKind::ModelReply(reply) if is_use => {
+                    numbers.extend_from_slice(own);
+                    for block in reply.content.iter().filter(|b| !matches!(b, ContentBlock::ToolUse { .. })) {
+                        each_block_text(block, &mut |text| names.add_numbers(text, &mut numbers));
+                    }
+                }
+                EventKind::UserPrompt(prompt) => each_content_text(&prompt.content, &mut |text| names.add_numbers(text, &mut numbers)),
+                EventKind::ToolResult(result) => match &result.content {
+                    Some(ToolResultContent::Text(text)) => names.add_numbers(text, &mut numbers),
+                    Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| each_block_text(b, &mut |text| names.add_numbers(text, &mut numbers))),
+                    None => {}
+                },
+                EventKind::ModelReply(reply) => reply.content.iter().for_each(|b| each_block_text(b, &mut |text| names.add_numbers(text, &mut numbers))),
+                EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
+                    names.add_numbers(&attachment_text(attachment), &mut numbers);
+                }
+                _ => {}
+            }
+            numbers.sort_unstable();
+            numbers.dedup();
+            if cfg!(debug_assertions) {
+                let mut every: Vec<u32> = held_references(&event.kind, |refs| refs.iter().filter_map(|r| names.ids.get(r.as_ref()).copied()).collect());
+                every.sort_unstable();
+                assert_eq!(numbers, every, "the used references event {i} holds, of its own and scanned");
+            }
+            numbers.into()
+        };
+        match self.held_used.get(i) {
+            Some(slot) => slot.get_or_init(compute),
+            None => &[],
+        }
+    }
+
+    /// [`Self::text_numbers`] in the numbers of [`UsedNames`].
+    fn text_used_numbers(&self, text: &str, key: u128, names: &UsedNames) -> Arc<[u32]> {
+        debug_assert_eq!(key, xxhash_rust::xxh3::xxh3_128(text.as_bytes()), "a long text's given hash");
+        if let Some(numbers) = self.used_texts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return numbers.clone();
+        }
+        let mut numbers = Vec::new();
+        names.add_numbers(text, &mut numbers);
+        numbers.sort_unstable();
+        numbers.dedup();
+        let numbers: Arc<[u32]> = numbers.into();
+        self.used_texts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, numbers.clone());
+        numbers
     }
 
     /// The numbers of the references event `i` of `session` holds (`used`: of those a later
@@ -675,6 +819,21 @@ fn used_references(kind: &EventKind) -> RefSet<'_> {
 /// Calls `f` with each text of `messages` whose references a message holds (the strings of
 /// tool inputs one by one).
 fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
+    for message in messages {
+        each_content_text(&message.content, f);
+    }
+}
+
+/// [`each_message_text`] of one message's content.
+fn each_content_text<'a>(content: &'a MessageContent, f: &mut dyn FnMut(&'a str)) {
+    match content {
+        MessageContent::Text(text) => f(text),
+        MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| each_block_text(b, f)),
+    }
+}
+
+/// [`each_message_text`] of one block ([`block_references`] reads the same texts).
+fn each_block_text<'a>(block: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
     fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
         match v {
             Value::String(s) => f(s),
@@ -683,21 +842,13 @@ fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
             _ => {}
         }
     }
-    fn block<'a>(b: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
-        match b {
-            ContentBlock::Text { text, .. } => f(text),
-            ContentBlock::Thinking { thinking, .. } => f(thinking),
-            ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
-            ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t),
-            ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| block(b, f)),
-            _ => {}
-        }
-    }
-    for message in messages {
-        match &message.content {
-            MessageContent::Text(text) => f(text),
-            MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| block(b, f)),
-        }
+    match block {
+        ContentBlock::Text { text, .. } => f(text),
+        ContentBlock::Thinking { thinking, .. } => f(thinking),
+        ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| each_block_text(b, f)),
+        _ => {}
     }
 }
 
@@ -717,16 +868,40 @@ impl Bits {
         self.0[i as usize / 64] |= 1 << (i % 64);
     }
 
+    fn remove(&mut self, i: u32) {
+        if let Some(word) = self.0.get_mut(i as usize / 64) {
+            *word &= !(1 << (i % 64));
+        }
+    }
+
     fn contains(&self, i: u32) -> bool {
         self.0.get(i as usize / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
+
+    fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+}
+
+/// What a compaction's loss judgement finds ([`compaction_loss`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Judgement {
+    /// Everything [`CompactionLoss`] holds (what `compare` prints).
+    #[default]
+    Full,
+    /// Only the counts the audit reads, `references_lost` and `rereads`
+    /// ([`crate::replay::audit::agent_info_loss`]): `references_dropped` is 0 and `lost` empty.
+    /// Only the references some later recorded turn of the session uses are numbered
+    /// ([`UsedNames`]), not every one the conversation holds.
+    Counts,
 }
 
 /// The loss of the compaction before the main-lane call at `call_index` of `session`, whose
 /// request holds `after` (summary, restored files and what follows) and whose previous main
-/// call is `previous`; `context_before` and `context_after` are the two calls' contexts.
+/// call is `previous`; `context_before` and `context_after` are the two calls' contexts; all of
+/// it or only its counts, as `judgement` says.
 /// Memoized per session by what it reads ([`LossKey`]); debug builds judge every hit again and
-/// compare.
+/// compare, and judge a count-only one in full too and compare the counts.
 pub fn compaction_loss(
     session: &ImportedSession,
     call_index: usize,
@@ -734,17 +909,29 @@ pub fn compaction_loss(
     after: &[Message],
     context_before: u64,
     context_after: u64,
+    judgement: Judgement,
 ) -> CompactionLoss {
     let memo = session.reference_memo();
-    let (key, long) = LossKey::of(session, call_index, previous, after);
+    let (key, long) = LossKey::of(session, call_index, previous, after, judgement);
+    let judge = || {
+        let loss = match judgement {
+            Judgement::Full => references_lost(session, call_index, previous, after, &long),
+            Judgement::Counts => references_counted(session, call_index, previous, after, &long),
+        };
+        if cfg!(debug_assertions) && judgement == Judgement::Counts {
+            let full = references_lost(session, call_index, previous, after, &long);
+            assert_eq!((loss.references_lost, loss.rereads), (full.references_lost, full.rereads), "the counts of the loss of call {call_index} after {previous}, judged in full and counted");
+        }
+        loss
+    };
     let hit = memo.losses.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
     let mut loss = match hit {
         Some(loss) => {
-            debug_assert_eq!(loss, references_lost(session, call_index, previous, after, &long), "memoized compaction loss of call {call_index} after {previous}");
+            debug_assert_eq!(loss, judge(), "memoized compaction loss of call {call_index} after {previous}");
             loss
         }
         None => {
-            let loss = references_lost(session, call_index, previous, after, &long);
+            let loss = judge();
             memo.losses.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, loss.clone());
             loss
         }
@@ -753,50 +940,69 @@ pub fn compaction_loss(
     loss
 }
 
-/// [`compaction_loss`] but its `tokens_dropped` (0), judged without its memo; `long` holds the
-/// xxh3-128 of each text of `after` of [`MEMOIZED_TEXT`] bytes or more, in order
+/// The view of the previous call and the later recorded turns of a judgement
+/// ([`compaction_loss`]): the events of the conversation before the compaction, and of the
+/// later turns up to the next compaction of the main lane, the events whose references they
+/// use (main-lane replies, prompts but a compaction's summary) and their re-reads.
+struct Turns {
+    view: Vec<usize>,
+    uses: Vec<usize>,
+    rereads: usize,
+}
+
+impl Turns {
+    fn of(session: &ImportedSession, call_index: usize, previous: usize) -> Turns {
+        // The conversation the previous call saw, read from the events of its view (the
+        // messages `messages_for_call` builds of them, without building them).
+        let view = session.reference_memo().view(session, previous);
+        let mut read_before = BTreeSet::new();
+        for event in view.iter().filter_map(|&i| session.recording.events.get(i)) {
+            match &event.kind {
+                EventKind::UserPrompt(UserPrompt { content: MessageContent::Blocks(blocks), .. }) => add_read_paths(blocks, &mut read_before),
+                EventKind::ModelReply(reply) => add_read_paths(&reply.content, &mut read_before),
+                _ => {}
+            }
+        }
+        let mut uses = Vec::new();
+        let mut rereads = 0;
+        let start = session.calls[call_index].event_index;
+        for (i, event) in session.recording.events.iter().enumerate().skip(start) {
+            if event.lane != LANE_MAIN {
+                continue;
+            }
+            match &event.kind {
+                EventKind::Compaction(_) => break,
+                EventKind::ModelReply(reply) => {
+                    uses.push(i);
+                    for block in &reply.content {
+                        if let ContentBlock::ToolUse { name, input, .. } = block
+                            && name == "Read"
+                            && reads_again(input, &read_before)
+                        {
+                            rereads += 1;
+                        }
+                    }
+                }
+                EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => uses.push(i),
+                _ => {}
+            }
+        }
+        Turns { view, uses, rereads }
+    }
+}
+
+/// [`compaction_loss`] but its `tokens_dropped` (0), judged in full without its memo; `long`
+/// holds the xxh3-128 of each text of `after` of [`MEMOIZED_TEXT`] bytes or more, in order
 /// ([`LossKey::of`]).
 fn references_lost(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message], long: &[u128]) -> CompactionLoss {
     let memo = session.reference_memo();
-    // The conversation the previous call saw, read from the events of its view (the messages
-    // `messages_for_call` builds of them, without building them); each event's references
-    // from the memo.
-    let view = session.view_event_indices(&session.calls[previous]);
+    let Turns { view, uses, rereads } = Turns::of(session, call_index, previous);
+    // Each event's references from the memo.
     let before_numbers: Vec<Cow<[u32]>> = view.iter().map(|&i| memo.event(session, i, false)).collect();
-    let mut read_before = BTreeSet::new();
-    for event in view.iter().filter_map(|&i| session.recording.events.get(i)) {
-        match &event.kind {
-            EventKind::UserPrompt(UserPrompt { content: MessageContent::Blocks(blocks), .. }) => add_read_paths(blocks, &mut read_before),
-            EventKind::ModelReply(reply) => add_read_paths(&reply.content, &mut read_before),
-            _ => {}
-        }
-    }
-    // What later recorded turns use, up to the next compaction of the main lane.
-    let mut used_numbers: Vec<Cow<[u32]>> = Vec::new();
-    let mut rereads = 0;
-    let start = session.calls[call_index].event_index;
-    for (i, event) in session.recording.events.iter().enumerate().skip(start) {
-        if event.lane != LANE_MAIN {
-            continue;
-        }
-        match &event.kind {
-            EventKind::Compaction(_) => break,
-            EventKind::ModelReply(reply) => {
-                used_numbers.push(memo.event(session, i, true));
-                for block in &reply.content {
-                    if let ContentBlock::ToolUse { name, input, .. } = block
-                        && name == "Read"
-                        && reads_again(input, &read_before)
-                    {
-                        rereads += 1;
-                    }
-                }
-            }
-            // A prompt's references a later turn uses are those it holds.
-            EventKind::UserPrompt(prompt) if !prompt.is_compact_summary => used_numbers.push(memo.event(session, i, false)),
-            _ => {}
-        }
-    }
+    // What later recorded turns use: a reply's tool inputs, a prompt's references (those it
+    // holds).
+    let used_numbers: Vec<Cow<[u32]>> =
+        uses.iter().map(|&i| memo.event(session, i, matches!(session.recording.events[i].kind, EventKind::ModelReply(_)))).collect();
     // The references `after` holds: long texts' from the memo (numbered before the names are
     // read below), short ones scanned.
     let mut keys = long.iter();
@@ -858,6 +1064,46 @@ fn references_lost(session: &ImportedSession, call_index: usize, previous: usize
         lost: lost.iter().take(SHOWN_REFERENCES).map(|r| (*r).to_owned()).collect(),
         rereads,
     }
+}
+
+/// [`references_lost`]'s counts ([`Judgement::Counts`]): the references later turns use that
+/// the conversation before held, less those `after` holds, in the numbers of [`UsedNames`].
+fn references_counted(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message], long: &[u128]) -> CompactionLoss {
+    let memo = session.reference_memo();
+    let names = memo.used_names(session);
+    let Turns { view, uses, rereads } = Turns::of(session, call_index, previous);
+    let mut used = Bits::new(names.ids.len());
+    for &n in uses.iter().flat_map(|&i| names.used[i].iter()) {
+        used.insert(n);
+    }
+    // Those the conversation before held (none to look for: no event's read).
+    let mut lost = Bits::new(names.ids.len());
+    if used.0.iter().any(|&w| w != 0) {
+        for &n in view.iter().flat_map(|&i| memo.held_used(session, i, names).iter()) {
+            if used.contains(n) {
+                lost.insert(n);
+            }
+        }
+    }
+    // Less those `after` holds: long texts' from the memo, short ones scanned (none once
+    // nothing is lost).
+    let mut keys = long.iter();
+    each_message_text(after, &mut |text| {
+        if lost.0.iter().all(|&w| w == 0) {
+            return;
+        }
+        if text.len() >= MEMOIZED_TEXT {
+            let key = keys.next().copied().unwrap_or_else(|| xxhash_rust::xxh3::xxh3_128(text.as_bytes()));
+            memo.text_used_numbers(text, key, names).iter().for_each(|&n| lost.remove(n));
+        } else {
+            each_reference(text, &mut |r| {
+                if let Some(&n) = names.ids.get(r.as_ref()) {
+                    lost.remove(n);
+                }
+            });
+        }
+    });
+    CompactionLoss { call: session.calls[call_index].index, tokens_dropped: 0, references_dropped: 0, references_lost: lost.len(), lost: Vec::new(), rereads }
 }
 
 /// [`compaction_loss`] found by scanning every text each time, without the memo (what the

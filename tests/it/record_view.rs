@@ -85,11 +85,12 @@ fn the_record_view_reads_the_fixtures_and_under_the_reading_knobs() {
 /// The information loss of a compaction is memoized per session by what it reads
 /// (`replay::loss::compaction_loss`): on every main-lane call of a shared session with recorded
 /// compactions, judged as recorded, again with other context sizes (a memo hit) and with another
-/// request after it (no hit), it equals the loss judged by scanning every text.
+/// request after it (no hit), it equals the loss judged by scanning every text, and the
+/// count-only judgement its counts.
 #[test]
 fn compaction_loss_memo_equals_the_scan() {
     use ctxsim::recording::format::LANE_MAIN;
-    use ctxsim::replay::loss::{compaction_loss, compaction_loss_by_scan};
+    use ctxsim::replay::loss::{Judgement, compaction_loss, compaction_loss_by_scan};
     let path = crate::support::realdata().join("transcripts/entireio-cli/a6e4c2a0fbd1-0.full.jsonl");
     let session = ctxsim::recording::claude_code::import_claude_code(&path).unwrap();
     let main: Vec<usize> = (0..session.calls.len()).filter(|&p| session.calls[p].lane == LANE_MAIN).collect();
@@ -100,8 +101,11 @@ fn compaction_loss_memo_equals_the_scan() {
         let after = session.messages_for_call(&session.calls[at]);
         let shorter = &after[..after.len() / 2];
         for (messages, before, after_tokens) in [(&after[..], 9_000, 1_000), (&after[..], 5_000, 7_000), (shorter, 9_000, 1_000)] {
-            let memoized = compaction_loss(&session, at, previous, messages, before, after_tokens);
-            assert_eq!(memoized, compaction_loss_by_scan(&session, at, previous, messages, before, after_tokens), "call {at}");
+            let memoized = compaction_loss(&session, at, previous, messages, before, after_tokens, Judgement::Full);
+            let scanned = compaction_loss_by_scan(&session, at, previous, messages, before, after_tokens);
+            assert_eq!(memoized, scanned, "call {at}");
+            let counted = compaction_loss(&session, at, previous, messages, before, after_tokens, Judgement::Counts);
+            assert_eq!((counted.references_lost, counted.rereads, counted.tokens_dropped), (scanned.references_lost, scanned.rereads, scanned.tokens_dropped), "call {at}");
             judged += 1;
         }
     }
