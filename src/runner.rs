@@ -173,6 +173,10 @@ pub struct RunOptions<'o> {
     pub keep_requests: bool,
     /// Fill `summary.info_loss` from the bodies as they pass ([`LossTracker`]).
     pub info_loss: bool,
+    /// With `info_loss`, only its drops: the tokens taken from the model's view and the
+    /// compactions that took them ([`LossTracker::drops_only`]), for a caller that reads no
+    /// more of it; the recall misses and re-reads, which read every body, stay 0.
+    pub drops_only: bool,
     /// Called with every body and its row, in order, before the body is dropped or kept.
     pub observer: Option<RequestObserver<'o>>,
     /// The client's rules around main requests (none: the agent's requests as built), owned
@@ -251,7 +255,7 @@ impl<'o> Collected<'o> {
             rows: Rows::default(),
             requests: Vec::new(),
             keep_requests: options.keep_requests,
-            loss: options.info_loss.then(LossTracker::new),
+            loss: options.info_loss.then(|| if options.drops_only { LossTracker::drops_only() } else { LossTracker::new() }),
             observer: options.observer,
             compacted: None,
         }

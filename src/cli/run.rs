@@ -115,7 +115,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
             index += 1;
         };
-        let options = RunOptions { keep_requests: false, info_loss: true, observer: Some(&mut observer), client: None };
+        let options = RunOptions { keep_requests: false, info_loss: true, drops_only: false, observer: Some(&mut observer), client: None };
         let output = run_scenario_opts(&scenario, &mut measurer, &strategy, &chain, options)?;
         if let Some(e) = failure {
             return Err(e);

@@ -63,6 +63,8 @@ pub struct LossTracker {
     /// its stamp, and how many of its leading messages are the ones the request with the
     /// other stamp sent.
     shared_hint: Option<(u64, Option<(u64, usize)>)>,
+    /// Counts only the drops ([`LossTracker::drops_only`]).
+    drops_only: bool,
     /// Keeps no prefix: every request is read whole (the reference the kept prefixes are
     /// tested against).
     #[cfg(test)]
@@ -343,6 +345,14 @@ impl LossTracker {
         LossTracker::default()
     }
 
+    /// A tracker that counts only the drops ([`Self::count_drops`]: `tokens_dropped`,
+    /// `compactions`, `max_dropped`) of the requests it observes, and does not judge their
+    /// bodies: `recall_misses` and `rereads_after_compaction` stay 0. For a caller that reads
+    /// no more (the audit reads the tokens dropped).
+    pub fn drops_only() -> Self {
+        LossTracker { drops_only: true, ..LossTracker::default() }
+    }
+
     /// The next request observed has `stamp` (unique in the process, as
     /// [`crate::measure::incremental::Flattener::last_stamp`]'s), and its first `count` messages
     /// are the ones the request with stamp `previous` sent (`hint`: `(previous, count)`), as
@@ -350,12 +360,17 @@ impl LossTracker {
     /// left its lane's kept prefix, those messages are not compared with it. A count too high
     /// would judge wrongly (debug builds check it); too low costs only the comparison.
     pub fn expect_shared(&mut self, stamp: u64, hint: Option<(u64, usize)>) {
-        self.shared_hint = Some((stamp, hint));
+        if !self.drops_only {
+            self.shared_hint = Some((stamp, hint));
+        }
     }
 
     /// Observes one measured request.
     pub fn observe(&mut self, request: &Request, row: &RequestMetrics) {
         self.count_drops(row);
+        if self.drops_only {
+            return;
+        }
         let cleared: &[std::sync::Arc<str>] = row.context_management.as_ref().map_or(&[], |cm| &cm.cleared_tool_use_ids);
         self.judge(request, &row.lane, cleared);
     }

@@ -92,8 +92,10 @@ pub struct Prepared {
     /// The API's lookback rule when the session ran, every run's (as
     /// [`super::workload::agent_replay`] measures).
     pub lookback: crate::measure::LookbackRule,
-    /// What the outcomes' compaction losses hold ([`AgentOutcome::compaction_losses`]): all
-    /// of each judgement, or only its counts where the caller reads no more (the audit).
+    /// What the outcomes hold of the information loss: all of it, or, where the caller reads
+    /// no more (the audit), only the compaction losses' counts
+    /// ([`AgentOutcome::compaction_losses`]) and the runs' drops (their `info_loss` counts no
+    /// recall misses nor re-reads: [`crate::measure::loss::LossTracker::drops_only`]).
     pub losses: Judgement,
     /// The scenario of the first plan and its script as built, made by the first family that
     /// runs and shared by every other (each family's trunk runs it): the workload's document
@@ -446,9 +448,10 @@ fn fresh_measurer(prepared: &Prepared, measurer: &mut Measurer) -> Result<(), St
     Ok(())
 }
 
-/// The options of every run: information loss tracked, the recorded client's rules applied.
+/// The options of every run: information loss tracked (only its drops where the outcomes
+/// hold only counts, [`Prepared::losses`]), the recorded client's rules applied.
 fn run_options(prepared: &Prepared) -> RunOptions<'static> {
-    RunOptions { info_loss: true, client: Some(Box::new(prepared.client.clone())), ..Default::default() }
+    RunOptions { info_loss: true, drops_only: prepared.losses == Judgement::Counts, client: Some(Box::new(prepared.client.clone())), ..Default::default() }
 }
 
 /// A run under `plan` from the first call, ended early where `stop` holds.
