@@ -225,18 +225,67 @@ fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<
             None => read,
         };
     }
-    let (mut start, mut end) = (mark, mark + 1);
-    while start > read && is_token(start - 1) {
+    // The token's bounds, and its bytes' classes together.
+    let class = |at: usize| BYTE_CLASS[usize::from(bytes[at])];
+    let (mut start, mut end, mut classes) = (mark, mark + 1, class(mark));
+    while start > read && class(start - 1) & TOKEN != 0 {
         start -= 1;
+        classes |= class(start);
     }
-    while end < bytes.len() && is_token(end) {
+    while end < bytes.len() && class(end) & TOKEN != 0 {
+        classes |= class(end);
         end += 1;
     }
     // A token holding a mark opens no drive path (that opens with a one-letter token), and
     // holds a mark: [`read_token`] would give its reference.
     debug_assert!(drive_path_end(bytes, start).is_none(), "a drive path opens with a token holding a mark");
-    reference_of(&text[start..end], f);
+    marked_reference_of(&text[start..end], classes, f);
     end
+}
+
+/// [`reference_of`] of a token holding a mark ([`chunk_marks`]) whose bytes' [`BYTE_CLASS`]
+/// bits together are `classes`, told by them where it can be (`reference_of` trims the ends,
+/// then searches the token for a `/`, a letter, and, for an identifier, reads every byte):
+/// with no `.` or `-` at its ends it needs no trimming; then a `/` makes it a path, a `.` or
+/// `-` inside no identifier; else it is letters, digits and `_` holding a `_` or a
+/// lower-to-upper change (its mark), an identifier if long enough and opening as one. Debug
+/// builds compare [`reference_of`].
+fn marked_reference_of<'a>(token: &'a str, classes: u8, f: &mut dyn FnMut(Cow<'a, str>)) {
+    if cfg!(debug_assertions) {
+        let (mut told, mut read) = (Vec::new(), Vec::new());
+        marked_reference_by_classes(token, classes, &mut |r| told.push(r));
+        reference_of(token, &mut |r| read.push(r));
+        assert_eq!(told, read, "the reference of {token:?} told by its classes");
+        told.into_iter().for_each(f);
+    } else {
+        marked_reference_by_classes(token, classes, f);
+    }
+}
+
+/// [`marked_reference_of`] without its debug check.
+fn marked_reference_by_classes<'a>(token: &'a str, classes: u8, f: &mut dyn FnMut(Cow<'a, str>)) {
+    if classes & DOT_DASH != 0 {
+        let bytes = token.as_bytes();
+        if bytes.first().is_some_and(|b| matches!(b, b'.' | b'-')) || bytes.last().is_some_and(|b| matches!(b, b'.' | b'-')) {
+            return reference_of(token, f);
+        }
+        if classes & SLASH == 0 {
+            return;
+        }
+    }
+    if token.len() < 4 {
+        return;
+    }
+    if classes & SLASH != 0 {
+        if classes & (LOWER | UPPER) != 0 {
+            f(Cow::Borrowed(token.trim_end_matches('/')));
+        }
+        return;
+    }
+    let first = token.as_bytes()[0];
+    if token.len() >= 5 && (first.is_ascii_alphabetic() || first == b'_') {
+        f(Cow::Borrowed(token));
+    }
 }
 
 /// [`each_reference`] by reading every token.
@@ -282,14 +331,17 @@ fn read_token<'a>(text: &'a str, start: usize, f: &mut dyn FnMut(Cow<'a, str>)) 
     at
 }
 
-/// [`BYTE_CLASS`] bits: a token byte ([`is_token_byte`]); `/` or `_`; lower and upper case.
+/// [`BYTE_CLASS`] bits: a token byte ([`is_token_byte`]); `/` or `_`; lower and upper case;
+/// `/`; `.` or `-`.
 const TOKEN: u8 = 1;
 const MARK: u8 = 2;
 const LOWER: u8 = 4;
 /// One bit above [`LOWER`] (the scan shifts a byte's `LOWER` onto the next byte's `UPPER`).
 const UPPER: u8 = LOWER << 1;
+const SLASH: u8 = 16;
+const DOT_DASH: u8 = 32;
 
-/// Per byte: its [`TOKEN`], [`MARK`], [`LOWER`] and [`UPPER`] bits.
+/// Per byte: its [`TOKEN`], [`MARK`], [`LOWER`], [`UPPER`], [`SLASH`] and [`DOT_DASH`] bits.
 static BYTE_CLASS: [u8; 256] = {
     let mut table = [0u8; 256];
     let mut b = 0;
@@ -307,6 +359,12 @@ static BYTE_CLASS: [u8; 256] = {
         }
         if byte.is_ascii_uppercase() {
             class |= UPPER;
+        }
+        if byte == b'/' {
+            class |= SLASH;
+        }
+        if matches!(byte, b'.' | b'-') {
+            class |= DOT_DASH;
         }
         table[b] = class;
         b += 1;
@@ -505,31 +563,41 @@ struct UsedNames {
 impl UsedNames {
     fn of(session: &ImportedSession) -> UsedNames {
         let mut ids: rustc_hash::FxHashMap<Box<str>, u32> = rustc_hash::FxHashMap::default();
+        let mut numbers: Vec<u32> = Vec::new();
         let used = session
             .recording
             .events
             .iter()
             .map(|event| {
-                let uses = event.lane == LANE_MAIN
-                    && match &event.kind {
-                        EventKind::ModelReply(_) => true,
-                        EventKind::UserPrompt(prompt) => !prompt.is_compact_summary,
-                        _ => false,
-                    };
-                if !uses {
-                    return Box::default();
-                }
-                used_references(&event.kind)
-                    .into_iter()
-                    .map(|r| match ids.get(r.as_ref()) {
-                        Some(&n) => n,
-                        None => {
-                            let n = u32::try_from(ids.len()).expect("fewer than 2^32 distinct references");
-                            ids.insert(r.into(), n);
-                            n
-                        }
+                // Each reference numbered as found (the texts [`used_references`] reads).
+                let mut number = |text: &str| {
+                    each_reference(text, &mut |r| {
+                        let n = match ids.get(r.as_ref()) {
+                            Some(&n) => n,
+                            None => {
+                                let n = u32::try_from(ids.len()).expect("fewer than 2^32 distinct references");
+                                ids.insert(r.into(), n);
+                                n
+                            }
+                        };
+                        numbers.push(n);
                     })
-                    .collect()
+                };
+                match &event.kind {
+                    EventKind::ModelReply(reply) if event.lane == LANE_MAIN => {
+                        reply.content.iter().filter(|b| matches!(b, ContentBlock::ToolUse { .. })).for_each(|b| each_block_text(b, &mut number));
+                    }
+                    EventKind::UserPrompt(prompt) if event.lane == LANE_MAIN && !prompt.is_compact_summary => each_content_text(&prompt.content, &mut number),
+                    _ => return Box::default(),
+                }
+                numbers.sort_unstable();
+                numbers.dedup();
+                if cfg!(debug_assertions) {
+                    let mut read: Vec<u32> = used_references(&event.kind).iter().map(|r| ids[r.as_ref()]).collect();
+                    read.sort_unstable();
+                    assert_eq!(numbers, read, "the references an event uses, numbered as found");
+                }
+                numbers.drain(..).collect()
             })
             .collect();
         UsedNames { ids, used }
