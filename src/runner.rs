@@ -30,6 +30,19 @@ use crate::strategy::Strategy;
 mod mirror;
 pub use mirror::{Mirror, MirrorOf};
 
+/// The id the session notes for the reply to row `index`: `msg_{index:04}`, made at its size
+/// without the formatting machinery (once per main request of every run).
+fn reply_message_id(index: usize) -> String {
+    let mut digits = itoa::Buffer::new();
+    let number = digits.format(index);
+    let mut id = String::with_capacity(8 + number.len());
+    id.push_str("msg_");
+    id.extend(std::iter::repeat_n('0', 4usize.saturating_sub(number.len())));
+    id.push_str(number);
+    debug_assert_eq!(id, format!("msg_{index:04}"));
+    id
+}
+
 /// Everything a run produced.
 #[derive(Debug, Clone)]
 pub struct RunOutput {
@@ -202,10 +215,12 @@ impl Rows {
         self.tail.push(row);
     }
 
-    /// Moves the rows since the last freeze into a shared chunk.
+    /// Moves the rows since the last freeze into a shared chunk. (The next rows get as much
+    /// room as these took: a run freezes every few steps, and a row is large to move.)
     fn freeze(&mut self) {
         if !self.tail.is_empty() {
-            let tail = std::mem::take(&mut self.tail);
+            let room = self.tail.len();
+            let tail = std::mem::replace(&mut self.tail, Vec::with_capacity(room));
             self.frozen_len += tail.len();
             self.frozen.push(std::sync::Arc::new(tail));
         }
@@ -770,7 +785,7 @@ impl<'o> RunState<'o> {
                         client.after_main(&row);
                     }
                     let usage = reported_usage(&this_reply, &row);
-                    let message_id = format!("msg_{:04}", row.index);
+                    let message_id = reply_message_id(row.index);
                     // The request's messages go back to the session, which lends them to the
                     // next request instead of copying the conversation again.
                     if let Some(request) = out.push_shared(row, request, stamp, hint) {

@@ -176,19 +176,10 @@ pub fn fresh_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// `n` in decimal, written at the end of `digits`, without the formatting machinery (which
-/// costs about a thousand instructions a call): for numbers written at every line of a file
-/// read or at every request.
-pub fn decimal(n: u64, digits: &mut [u8; 20]) -> &str {
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&digits[at..]).unwrap_or_default()
+/// `{head}{counted}{relation}{limit})`, as `format!` writes it, made at its size without the
+/// formatting machinery: a chain stage's reason names its count and limit on every request
+/// (`below threshold (n < t)`), and a branch writes it again for each row it takes over.
+pub fn counted_against(head: &str, counted: u64, relation: &str, limit: u64) -> String {
+    let (mut a, mut b) = (itoa::Buffer::new(), itoa::Buffer::new());
+    [head, a.format(counted), relation, b.format(limit), ")"].concat()
 }

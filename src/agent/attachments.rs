@@ -14,7 +14,9 @@ const WORDING: crate::agent::wording::AttachmentWording = CLIENT_2_1_88;
 
 /// `<system-reminder>\n{x}\n</system-reminder>` (37 characters of overhead).
 pub fn system_reminder(text: &str) -> String {
-    format!("<system-reminder>\n{text}\n</system-reminder>")
+    // (Made at its size: `format!` sizes its buffer by the literal parts, and a long text
+    // grows it by copies.)
+    ["<system-reminder>\n", text, "\n</system-reminder>"].concat()
 }
 
 /// A todo item as TodoWrite stores it.

@@ -148,7 +148,7 @@ pub struct Session {
     session_id: String,
     /// The main requests' `metadata` ([`request_metadata`] of the two ids above), made when
     /// either changes rather than per request.
-    metadata: Value,
+    metadata: crate::api::SharedValue,
     /// Chain bookkeeping per record (uuid, time, message id, usage), parallel to `records`.
     record_meta: Vec<chain_glue::RecordMeta>,
     /// State of the long-context chain that persists across requests.
@@ -795,7 +795,7 @@ impl Session {
         }
         request.messages = vec![Message::user_text(call.prompt.clone())];
         let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
-        request.metadata = Some(json!({"user_id": user_id}));
+        request.metadata = Some(json!({"user_id": user_id}).into());
         SideCall { lane: "side".to_owned(), request, reply: Reply::text(call.verdict.clone()), time_ms: world.clock.now_ms(), concurrent: true }
     }
 
@@ -1169,7 +1169,7 @@ impl Session {
         request.system = Some(SystemPrompt::Blocks(vec![crate::api::SystemBlock::text(memories::SELECTION_INSTRUCTION)].into()));
         request.messages = vec![Message::user_text(memories::selection_message(prompt, &candidates))];
         let user_id = json!({"device_id": self.device_id, "account_uuid": "", "session_id": self.session_id}).to_string();
-        request.metadata = Some(json!({"user_id": user_id}));
+        request.metadata = Some(json!({"user_id": user_id}).into());
         let reply = match world.model.next_reply("side") {
             Ok(reply) if !reply.synthetic => reply,
             _ => {
@@ -1915,24 +1915,24 @@ impl Session {
         request.metadata = Some(self.metadata.clone());
         match self.thread.agent() {
             None if adaptive_thinking(&model_id) => {
-                request.thinking = Some(json!({"type": "adaptive"}));
+                request.thinking = Some(ADAPTIVE_THINKING.clone());
                 // `getAPIContextManagement`: no `clear_thinking` edit while thinking is redacted,
                 // so the >1h-idle latch has nothing to switch to one turn.
                 if !world.redact_thinking {
-                    request.context_management = Some(json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}));
+                    request.context_management = Some(KEEP_ALL_THINKING.clone());
                 }
-                request.output_config = Some(json!({"effort": "medium"}));
+                request.output_config = Some(MEDIUM_EFFORT.clone());
             }
             None => {}
             Some(agent) => {
                 // A subagent runs with thinking off, so no thinking-clearing edit either, and
                 // the temperature the client sets when thinking is off. The effort stays the
                 // model's (or the definition's `effort`).
-                request.temperature = Some(json!(1));
+                request.temperature = Some(json!(1).into());
                 if let Some(effort) = &agent.effort {
-                    request.output_config = Some(json!({"effort": effort}));
+                    request.output_config = Some(json!({"effort": effort}).into());
                 } else if adaptive_thinking(&model_id) {
-                    request.output_config = Some(json!({"effort": "medium"}));
+                    request.output_config = Some(MEDIUM_EFFORT.clone());
                 }
             }
         }
@@ -1964,9 +1964,9 @@ impl Session {
             }
             request.tools = Some(tools.into());
             request.max_tokens = world.max_output_tokens.or(max_tokens).or(request.max_tokens);
-            request.thinking = thinking;
-            request.output_config = output_config;
-            request.context_management = context_management;
+            request.thinking = thinking.map(Into::into);
+            request.output_config = output_config.map(Into::into);
+            request.context_management = context_management.map(Into::into);
         }
         request.stream = Some(true);
         self.previous_system = Some(system);
@@ -2157,9 +2157,9 @@ impl Session {
 /// `{home}/.claude/projects/{cwd with every non-alphanumeric as -}/{session id}`: where the
 /// client keeps a session's transcript and its side files.
 /// A main request's `metadata`: the user id, itself a JSON text of the device and session ids.
-fn request_metadata(device_id: &str, session_id: &str) -> Value {
+fn request_metadata(device_id: &str, session_id: &str) -> crate::api::SharedValue {
     let user_id = json!({"device_id": device_id, "account_uuid": "", "session_id": session_id}).to_string();
-    json!({"user_id": user_id})
+    json!({"user_id": user_id}).into()
 }
 
 fn session_dir(world: &World, session_id: &str) -> String {
@@ -2201,6 +2201,13 @@ struct GatheredSystemInputs {
     git_dir: Option<crate::world::DirAnswer>,
 }
 
+
+// The main thread's request parameters, the same on every request: each request holds them
+// by reference count (`SharedValue`) rather than building the objects again.
+static ADAPTIVE_THINKING: std::sync::LazyLock<crate::api::SharedValue> = std::sync::LazyLock::new(|| json!({"type": "adaptive"}).into());
+static KEEP_ALL_THINKING: std::sync::LazyLock<crate::api::SharedValue> =
+    std::sync::LazyLock::new(|| json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}).into());
+static MEDIUM_EFFORT: std::sync::LazyLock<crate::api::SharedValue> = std::sync::LazyLock::new(|| json!({"effort": "medium"}).into());
 
 fn adaptive_thinking(model_id: &str) -> bool {
     model_id.contains("-4-6")

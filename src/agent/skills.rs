@@ -154,12 +154,12 @@ pub fn load_skills_from_shared(fs: &VirtualFs, roots: &[String], prefix: Option<
 /// with its length before it, so no two lists of parts (nor two tags here) give one key.
 /// Written part by part: the agent asks at every step, and `{:?}` escapes every character.
 fn derived_key<'a>(tag: &str, parts: impl Iterator<Item = &'a str> + Clone) -> String {
-    let mut digits = [0u8; 20];
+    let mut digits = itoa::Buffer::new();
     let mut key = String::with_capacity(tag.len() + 1 + parts.clone().map(|part| part.len() + 8).sum::<usize>());
     key.push_str(tag);
     key.push('|');
     for part in parts {
-        key.push_str(crate::shared::decimal(part.len() as u64, &mut digits));
+        key.push_str(digits.format(part.len()));
         key.push(':');
         key.push_str(part);
     }
@@ -261,7 +261,7 @@ pub fn msys_path(path: &str) -> String {
     let path = strip(&path, "/cygdrive/").map_or(path, |rest| format!("/{rest}"));
     let bytes = path.as_bytes();
     let path = if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' && (bytes.len() == 2 || bytes[2] == b'/') {
-        format!("/{}/{}", path[..1].to_ascii_lowercase(), &path[2..])
+        ["/", &path[..1].to_ascii_lowercase(), "/", &path[2..]].concat()
     } else {
         path
     };

@@ -755,7 +755,8 @@ pub fn layout_blocks(attribution: Option<&str>, identity: &str, statics: &str, d
                 (true, true) => None,
                 (false, true) => Some(statics.to_owned()),
                 (true, false) => Some(dynamics.to_owned()),
-                (false, false) => Some(format!("{statics}\n\n{dynamics}")),
+                // (Made at its size: `format!` would grow its buffer by copies of the prompt.)
+                (false, false) => Some([statics, "\n\n", dynamics].concat()),
             };
             if let Some(rest) = rest {
                 blocks.push(SystemBlock::text(rest).with_cache_control(marker(None)));

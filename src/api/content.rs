@@ -554,8 +554,10 @@ impl ToolResultContent {
 /// Source-carrying blocks: `image` and `document`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ImageLike {
+    /// Shared: a source holds the whole base64 data, and a copy of a message's blocks (a
+    /// change to another block, a checkpoint's conversation) takes a count, not the bytes.
     #[serde(default)]
-    pub source: Value,
+    pub source: crate::api::SharedValue,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_control: Option<CacheControl>,
     #[serde(flatten)]
@@ -1009,7 +1011,7 @@ impl ContentBlock {
                 map.remove("type");
                 let cache_control = take_cache_control(&mut map, k)?;
                 let source = map.remove("source").unwrap_or(Value::Null);
-                let inner = ImageLike { source, cache_control, extra: map.into_map() };
+                let inner = ImageLike { source: source.into(), cache_control, extra: map.into_map() };
                 if k == "image" { ContentBlock::Image(inner) } else { ContentBlock::Document(inner) }
             }
             "tool_use" | "server_tool_use" => {
@@ -1415,7 +1417,7 @@ mod final_tool_result_tests {
     fn item() -> impl Strategy<Value = ContentBlock> {
         prop_oneof![
             ("[a-z \n\"]{0,8}", marker(), extra()).prop_map(|(text, cache_control, extra)| ContentBlock::Text { text: text.into(), cache_control, extra }),
-            (json(), marker()).prop_map(|(source, cache_control)| ContentBlock::Image(ImageLike { source, cache_control, extra: Map::new() })),
+            (json(), marker()).prop_map(|(source, cache_control)| ContentBlock::Image(ImageLike { source: source.into(), cache_control, extra: Map::new() })),
             "[a-z]{1,5}".prop_map(|tool_name| ContentBlock::ToolReference { tool_name, extra: Map::new() }),
             json().prop_map(|value| ContentBlock::Other(serde_json::json!({"type": "search_result", "v": value}))),
         ]

@@ -15,7 +15,7 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    CacheControl, CacheScope, CacheTtl, ContentBlock, ImageLike, Message, MessageContent, Role, SharedBlocks, SharedVec, SystemBlock,
+    CacheControl, CacheScope, CacheTtl, ContentBlock, ImageLike, Message, MessageContent, Role, SharedBlocks, SharedValue, SharedVec, SystemBlock,
     SystemPrompt, Tool, ToolResultContent,
 };
 
@@ -84,6 +84,13 @@ fn number_identical(a: &Number, b: &Number) -> bool {
             _ => false,
         },
         _ => false,
+    }
+}
+
+/// One allocation is the same value; else compared as values.
+impl Identical for SharedValue {
+    fn identical(&self, other: &Self) -> bool {
+        self.same(other) || (**self).identical(&**other)
     }
 }
 

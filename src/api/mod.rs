@@ -19,7 +19,7 @@ mod response;
 pub use content::{ContentBlock, ImageLike, MessageContent, SharedBlocks, SharedText, ToolResultContent, block_hash_kept, joined_text};
 pub(crate) use content::{BlockEntries, json_kind};
 pub use request::{
-    CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedVec, SystemBlock, SystemPrompt, Tool,
+    CacheControl, CacheScope, CacheTtl, Message, Request, Role, SharedValue, SharedVec, SystemBlock, SystemPrompt, Tool,
 };
 pub use response::{CacheCreation, Response, SharedMap, StopReason, Usage};
 pub(crate) use response::USAGE_FIELDS;

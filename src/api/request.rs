@@ -6,6 +6,58 @@ use serde_json::{Map, Value};
 
 use super::content::{ContentBlock, MessageContent};
 
+/// A JSON value held by reference count: cloning it is a count, changing it (`DerefMut`) copies
+/// it first when another holder has it (copy on write). A request's parameters (`thinking`,
+/// `metadata`, ...) are the same few values on every request of a session: each request, and
+/// every copy of one a measurement makes, holds them so rather than rebuilding or copying the
+/// objects. Serializes, parses, compares and debug-prints as the value it holds.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SharedValue(Arc<Value>);
+
+impl SharedValue {
+    /// Whether the two hold the same allocation (then they are equal).
+    pub fn same(&self, other: &SharedValue) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for SharedValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Deref for SharedValue {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        &self.0
+    }
+}
+
+impl DerefMut for SharedValue {
+    fn deref_mut(&mut self) -> &mut Value {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<Value> for SharedValue {
+    fn from(value: Value) -> Self {
+        SharedValue(Arc::new(value))
+    }
+}
+
+impl Serialize for SharedValue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(SharedValue::from)
+    }
+}
+
 /// A `POST /v1/messages` request body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {
@@ -18,17 +70,17 @@ pub struct Request {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Value>,
+    pub metadata: Option<SharedValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub thinking: Option<Value>,
+    pub thinking: Option<SharedValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<Value>,
+    pub temperature: Option<SharedValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context_management: Option<Value>,
+    pub context_management: Option<SharedValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_config: Option<Value>,
+    pub output_config: Option<SharedValue>,
     /// Top-level automatic caching: the API places this breakpoint on the last cacheable block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_control: Option<CacheControl>,

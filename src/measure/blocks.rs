@@ -77,15 +77,15 @@ impl BlockPath {
     /// machinery: every request's prefix report names the block its cache read ends at (and
     /// where it diverged), ~1,200 instructions a path through `to_string`.
     pub fn render(&self) -> String {
-        let mut digits = [0u8; 20];
+        let mut digits = itoa::Buffer::new();
         let mut out = String::with_capacity(48);
         out.push_str(self.region.as_str());
         out.push('[');
-        out.push_str(crate::shared::decimal(self.index as u64, &mut digits));
+        out.push_str(digits.format(self.index));
         out.push(']');
         if let Some(c) = self.content {
             out.push_str(".content[");
-            out.push_str(crate::shared::decimal(c as u64, &mut digits));
+            out.push_str(digits.format(c));
             out.push(']');
         }
         debug_assert_eq!(out, self.to_string(), "a rendered block path differs from its Display");
@@ -350,7 +350,7 @@ pub fn content_token_units(block: &ContentBlock) -> Vec<TokenUnit<'_>> {
         ContentBlock::Document(_) => vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)],
         ContentBlock::ToolUse { name, input, .. } | ContentBlock::ServerToolUse { name, input, .. } => {
             let json = serde_json::to_string(input).unwrap_or_default();
-            vec![TokenUnit::Text(Cow::Owned(format!("{name}{json}")))]
+            vec![TokenUnit::Text(Cow::Owned([name.as_str(), &json].concat()))]
         }
         ContentBlock::ToolResult { content, .. } => result_units(content),
         // A finalized result counts as its raw JSON form did (parsed back to the typed block):
@@ -706,7 +706,7 @@ mod tests {
         bytes.extend_from_slice(&height.to_be_bytes());
         bytes.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
         let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        crate::api::ImageLike { source: serde_json::json!({"type": "base64", "media_type": "image/png", "data": data}), cache_control: None, extra: Default::default() }
+        crate::api::ImageLike { source: serde_json::json!({"type": "base64", "media_type": "image/png", "data": data}).into(), cache_control: None, extra: Default::default() }
     }
 
     #[test]
@@ -731,7 +731,7 @@ mod tests {
         // 4000 x 3000 is scaled to 1.15 megapixels (the tighter limit): 1,150,000 / 750.
         assert_eq!(image_tokens(&png(4000, 3000)), Some(1534));
         // A URL source, or data that is no image, keeps the flat estimate.
-        let url = crate::api::ImageLike { source: serde_json::json!({"type": "url", "url": "https://x/y.png"}), cache_control: None, extra: Default::default() };
+        let url = crate::api::ImageLike { source: serde_json::json!({"type": "url", "url": "https://x/y.png"}).into(), cache_control: None, extra: Default::default() };
         assert_eq!(image_tokens(&url), None);
         assert_eq!(content_token_units(&ContentBlock::Image(url)), vec![TokenUnit::Fixed(UNSIZED_MEDIA_TOKENS)]);
         assert_eq!(content_token_units(&ContentBlock::Image(png(90, 52))), vec![TokenUnit::Fixed(7)]);

@@ -78,7 +78,7 @@ struct Track {
     tools: SharedVec<Tool>,
     tool_choice: Option<Value>,
     system: Option<SystemPrompt>,
-    thinking: Option<Value>,
+    thinking: Option<crate::api::SharedValue>,
     folds: HeadFolds,
     /// The last request's messages when it carried no keys (compared by content), else empty.
     messages: Vec<Message>,
@@ -675,7 +675,7 @@ mod salt_tests {
         let mut request = Request::new("claude-opus-4-5-20251101".to_owned(), 1000);
         request.system = Some(SystemPrompt::Text("system prompt".to_owned()));
         if thinking {
-            request.thinking = Some(serde_json::json!({"type": "enabled", "budget_tokens": 1024}));
+            request.thinking = Some(serde_json::json!({"type": "enabled", "budget_tokens": 1024}).into());
         }
         request.messages = (0..len)
             .map(|i| Message {

@@ -180,6 +180,9 @@ impl MeasurerState {
 #[derive(Debug, Clone)]
 pub struct Measurer {
     table: ModelTable,
+    /// [`ModelInfo::estimator_key`] of each model of `table`, by index: every request is
+    /// counted under its model's key, which for a newer tokenizer is formatted.
+    estimator_keys: Vec<String>,
     counter: TokenCounter,
     /// Everything measured so far ([`Self::state`], [`Self::restore`]).
     state: MeasurerState,
@@ -196,6 +199,7 @@ pub struct Measurer {
 impl Measurer {
     pub fn new(table: ModelTable, counter: TokenCounter) -> Self {
         Measurer {
+            estimator_keys: table.models.iter().map(ModelInfo::estimator_key).collect(),
             table,
             counter,
             state: MeasurerState::new(Flattener::new()),
@@ -441,12 +445,13 @@ impl Measurer {
 
     fn serve_edited(&mut self, body: &Request, head_key: Option<u128>, keys: Option<&[u128]>, salts: &[(usize, u128)]) -> Result<Served, UnknownModel> {
         let dropped = self.prior_thinking_dropped;
-        let info = self.model_info(&body.model)?;
-        let family = info.estimator_key();
-        let drops_thinking = dropped && info.strips_prior_thinking;
+        let index = self.model_index(&body.model)?;
+        let drops_thinking = dropped && self.table.models[index].strips_prior_thinking;
+        let family = self.estimator_keys[index].as_str();
+        debug_assert_eq!(family, self.table.models[index].estimator_key());
         // A body the server may edit is served edited, or else unsalted (the sent one is).
         let sent_salts = if body.context_management.is_some() { &[][..] } else { salts };
-        let mut flat = self.state.flattener.flatten_salted(body, head_key, keys, sent_salts, &mut self.counter, &family);
+        let mut flat = self.state.flattener.flatten_salted(body, head_key, keys, sent_salts, &mut self.counter, family);
         if drops_thinking {
             super::blocks::drop_prior_thinking(body, &mut flat);
         }
@@ -461,9 +466,9 @@ impl Measurer {
         let counter = &mut self.counter;
         let mut count = |role: crate::api::Role, block: &crate::api::ContentBlock| -> u64 {
             let (hash, _) = crate::api::block_hash_kept(role.as_str(), block);
-            u64::from(counter.count(hash, &family, || super::blocks::content_token_units(block)))
+            u64::from(counter.count(hash, family, || super::blocks::content_token_units(block)))
         };
-        let edited = context_editing::apply_memo(body, edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, &family);
+        let edited = context_editing::apply_memo(body, edits, flat.total_tokens, &mut count, &mut self.state.clear_memo, family);
         #[cfg(debug_assertions)]
         {
             let scratch = context_editing::apply(body, edits, flat.total_tokens, &mut count);
@@ -476,7 +481,7 @@ impl Measurer {
                 // edited bodies' own tracks (the same records as from scratch). Editing changes
                 // messages only, so the sent body's head key is the edited one's: an unchanged
                 // head is neither compared nor hashed again.
-                let mut served = self.state.edited.flatten_salted(&edited.body, head_key, None, salts, &mut self.counter, &family);
+                let mut served = self.state.edited.flatten_salted(&edited.body, head_key, None, salts, &mut self.counter, family);
                 if drops_thinking {
                     super::blocks::drop_prior_thinking(&edited.body, &mut served);
                 }
@@ -828,9 +833,10 @@ impl Summary {
             }
         }
         let denominator = tokens.input + tokens.cache_read + tokens.cache_creation;
-        let mut lanes: BTreeMap<String, LaneSummary> = BTreeMap::new();
+        // (Keyed by the rows' own names while summing: a run has a few lanes and many rows.)
+        let mut by_lane: BTreeMap<&str, LaneSummary> = BTreeMap::new();
         for row in rows {
-            let lane = lanes.entry(row.lane.clone()).or_default();
+            let lane = by_lane.entry(row.lane.as_str()).or_default();
             lane.requests += 1;
             lane.tokens.input += row.input_tokens;
             lane.tokens.cache_read += row.cache_read_input_tokens;
@@ -841,6 +847,7 @@ impl Summary {
             lane.cost_usd += row.cost_usd;
             lane.cache_breaks += usize::from(row.cache_break);
         }
+        let mut lanes: BTreeMap<String, LaneSummary> = by_lane.into_iter().map(|(name, lane)| (name.to_owned(), lane)).collect();
         for lane in lanes.values_mut() {
             let denominator = lane.tokens.input + lane.tokens.cache_read + lane.tokens.cache_creation;
             lane.cache_hit_ratio = if denominator == 0 { 0.0 } else { round6(lane.tokens.cache_read as f64 / denominator as f64) };

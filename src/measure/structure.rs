@@ -53,8 +53,8 @@ pub struct Structure {
     pub inline_start: bool,
 }
 
-fn value_hash(value: &Option<serde_json::Value>) -> Option<u128> {
-    value.as_ref().map(|v| hash128(&crate::api::canonical::to_canonical_bytes(v)))
+fn value_hash(value: Option<&serde_json::Value>) -> Option<u128> {
+    value.map(|v| hash128(&crate::api::canonical::to_canonical_bytes(v)))
 }
 
 fn system_texts(request: &Request) -> Vec<&str> {
@@ -79,8 +79,8 @@ impl Structure {
         Structure {
             tools: request.tools().iter().map(|t| (t.name.clone(), t.defer_loading == Some(true))).collect(),
             billing: system_texts(request).iter().position(|t| t.starts_with(BILLING_PREFIX)),
-            tool_choice: value_hash(&request.tool_choice),
-            thinking: value_hash(&request.thinking),
+            tool_choice: value_hash(request.tool_choice.as_ref()),
+            thinking: value_hash(request.thinking.as_deref()),
             effort: request.output_config.as_ref().and_then(|c| c.get("effort")).map(|e| e.to_string()),
             // A summary opens the conversation it restarts: only the first messages are read
             // (a log repeats the whole history on every request).

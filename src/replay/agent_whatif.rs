@@ -1882,7 +1882,7 @@ fn run_from(
                             && let Some(n) = counted.take()
                             && (stage.reason == "reactive compact owns overflow" || stage.reason.starts_with("under blocking limit ("))
                         {
-                            stage.reason = format!("under blocking limit ({n} < {blocking})").into();
+                            stage.reason = crate::shared::counted_against("under blocking limit (", n, " < ", blocking).into();
                         }
                     }
                 }

@@ -410,7 +410,7 @@ impl ImageSpec {
             data.push('A');
         }
         let source = serde_json::json!({"type": "base64", "media_type": self.media_type, "data": data});
-        ContentBlock::Image(crate::api::ImageLike { source, cache_control: None, extra: Default::default() })
+        ContentBlock::Image(crate::api::ImageLike { source: source.into(), cache_control: None, extra: Default::default() })
     }
 }
 

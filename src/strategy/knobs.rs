@@ -271,7 +271,9 @@ const CONTENT_KEYS_KEPT: usize = 64;
 thread_local! {
     /// The content keys made last on this thread, with the strategy and tail each is of. The
     /// same strategy and tail give the same key, so which calls share one changes no result.
-    static CONTENT_KEYS: std::cell::RefCell<Vec<(Strategy, String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// (Oldest first: the oldest goes when a new one comes, without moving the rest, each a
+    /// whole strategy.)
+    static CONTENT_KEYS: std::cell::RefCell<std::collections::VecDeque<(Strategy, String, String)>> = const { std::cell::RefCell::new(std::collections::VecDeque::new()) };
 }
 
 impl Strategy {
@@ -295,9 +297,9 @@ impl Strategy {
             }
             let key = make();
             if kept.len() >= CONTENT_KEYS_KEPT {
-                kept.remove(0);
+                kept.pop_front();
             }
-            kept.push((self.clone(), tail.to_owned(), key.clone()));
+            kept.push_back((self.clone(), tail.to_owned(), key.clone()));
             key
         })
     }

@@ -364,7 +364,7 @@ fn effort_in_a_system_message_keeps_the_prefix_a_top_level_change_does_not() {
     ]);
     let with_effort = |effort: &str, messages: Value| {
         let mut r = request(messages);
-        r.output_config = Some(json!({"effort": effort}));
+        r.output_config = Some(json!({"effort": effort}).into());
         r
     };
     let base = with_effort("medium", messages.clone());
@@ -620,11 +620,11 @@ fn the_new_causes_are_in_the_closed_list() {
 fn the_structure_names_effort_thinking_and_inline_definition_changes() {
     // Effort at the top level, then thinking, each a divergence at the messages level.
     let mut base = request(json!([{"role": "user", "content": marked("u1", 1000)}]));
-    base.output_config = Some(json!({"effort": "medium"}));
+    base.output_config = Some(json!({"effort": "medium"}).into());
     let mut effort = base.clone();
-    effort.output_config = Some(json!({"effort": "high"}));
+    effort.output_config = Some(json!({"effort": "high"}).into());
     let mut thinking = effort.clone();
-    thinking.thinking = Some(json!({"type": "adaptive"}));
+    thinking.thinking = Some(json!({"type": "adaptive"}).into());
     let mut m = Measurer::new(ModelTable::shipped(), TokenCounter::new(EstimatorKind::Chars4)).with_structural_causes();
     let causes: Vec<Option<String>> = [base, effort, thinking].iter().enumerate().map(|(i, r)| m.measure(MeasureInput::new("main", i as u64, r)).unwrap().prefix.cause).collect();
     assert_eq!(causes[1].as_deref(), Some("effort_changed"));

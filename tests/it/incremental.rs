@@ -88,7 +88,7 @@ impl Lane {
             SystemPrompt::Blocks(vec![SystemBlock::text(self.system.clone()).with_cache_control(Some(CacheControl::ephemeral()))].into())
         });
         r.tools = Some(self.tools.clone().into());
-        r.thinking = self.thinking.clone();
+        r.thinking = self.thinking.clone().map(Into::into);
         r.tool_choice = self.tool_choice.clone();
         r.messages = self.messages.clone();
         for &m in &self.extra_markers {

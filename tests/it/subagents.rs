@@ -84,7 +84,7 @@ fn subagent_scenario_has_its_own_lane_request_and_cache() {
     let org = Some(r#"{"type":"ephemeral"}"#.to_owned());
     assert_eq!(system_markers(first), vec![None, org.clone(), org]);
     assert!(first.system_blocks()[2].text.contains("<env>\nWorking directory: /repo\nIs directory a git repo: Yes\n"));
-    assert_eq!((first.thinking.clone(), first.context_management.clone(), first.temperature.clone()), (None, None, Some(serde_json::json!(1))));
+    assert_eq!((first.thinking.as_deref(), first.context_management.as_deref(), first.temperature.as_deref()), (None, None, Some(&serde_json::json!(1))));
     let tools = tool_names(first);
     assert!(tools.contains(&"Grep") && tools.contains(&"Read") && tools.contains(&"Bash"), "{tools:?}");
     for absent in ["Agent", "Edit", "Write", "NotebookEdit", "ExitPlanMode", "AskUserQuestion", "ToolSearch"] {

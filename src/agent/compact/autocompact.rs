@@ -202,7 +202,7 @@ impl Stage for Autocompact {
             Some("context collapse owns context pressure".to_owned())
         } else {
             cx.output.autocompact_checked = Some(counted);
-            (!thresholds.above_autocompact(counted)).then(|| format!("below threshold ({counted} < {})", thresholds.autocompact))
+            (!thresholds.above_autocompact(counted)).then(|| crate::shared::counted_against("below threshold (", counted, " < ", thresholds.autocompact))
         };
         if let Some(reason) = skip {
             report.reason = reason.into();

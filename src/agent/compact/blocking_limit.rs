@@ -55,9 +55,9 @@ impl Stage for BlockingLimit {
         } else if thresholds.at_blocking_limit(counted) {
             report.fired = true;
             cx.output.blocked = Some(BLOCKING_MESSAGE.to_owned());
-            format!("at blocking limit ({counted} ≥ {})", thresholds.blocking).into()
+            crate::shared::counted_against("at blocking limit (", counted, " ≥ ", thresholds.blocking).into()
         } else {
-            format!("under blocking limit ({counted} < {})", thresholds.blocking).into()
+            crate::shared::counted_against("under blocking limit (", counted, " < ", thresholds.blocking).into()
         };
         report
     }

@@ -108,11 +108,11 @@ fn filler_lines(tag: &str, chars: usize) -> String {
     let mut s = String::with_capacity(chars + 80 + tag.len());
     let mut line = 0usize;
     // Pushed, not formatted: a workload's stand-ins are long texts of these lines.
-    let mut digits = [0u8; 20];
+    let mut digits = itoa::Buffer::new();
     while s.len() < chars {
         s.push_str(tag);
         s.push_str(" line ");
-        s.push_str(crate::shared::decimal(line as u64, &mut digits));
+        s.push_str(digits.format(line));
         s.push_str(": lorem ipsum dolor sit amet consectetur adipiscing elit\n");
         line += 1;
     }

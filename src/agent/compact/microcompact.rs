@@ -261,13 +261,13 @@ pub fn update_thinking_latch(cx: &mut ChainContext<'_>) {
 /// A request whose chain adds no edit, with the latch off, nearly always carries the session's
 /// own value as the merge writes it (one `edits` key, `clear_thinking` first): that value is the
 /// merge, given back as it is rather than taken apart and built again.
-pub fn merge_context_management(session: Option<Value>, chain: Option<&Value>, latched: bool) -> Option<Value> {
+pub fn merge_context_management(session: Option<crate::api::SharedValue>, chain: Option<&Value>, latched: bool) -> Option<crate::api::SharedValue> {
     let chain_adds = chain.and_then(|v| v.get("edits")).and_then(Value::as_array).is_some_and(|edits| !edits.is_empty());
-    if !latched && !chain_adds && session.as_ref().is_some_and(is_merged) {
-        debug_assert_eq!(merged(session.as_ref(), chain, latched), session, "a value kept as merged differs from merging it");
+    if !latched && !chain_adds && session.as_deref().is_some_and(is_merged) {
+        debug_assert_eq!(merged(session.as_deref(), chain, latched).as_ref(), session.as_deref(), "a value kept as merged differs from merging it");
         return session;
     }
-    merged(session.as_ref(), chain, latched)
+    merged(session.as_deref(), chain, latched).map(Into::into)
 }
 
 /// Whether `value` is what [`merged`] writes of its own edits alone: an object with only a

@@ -257,7 +257,10 @@ fn prune_victims(messages: &[Message], protect: u64) -> (Vec<(usize, usize, u64)
 
 /// The report of a prune that finds `freed` tokens prunable (and fired or not).
 fn prune_report(fired: bool, freed: u64, protect: u64, minimum: u64, before: u64, after: u64) -> PeerOutcome {
-    PeerOutcome { stage: "opencode_prune", fired, reason: format!("{freed} tokens prunable (minimum {minimum}, protect {protect})"), tokens_before: before, tokens_after: after }
+    // (Made at its size without the formatting machinery: a prune runs dry on every request.)
+    let (mut a, mut b, mut c) = (itoa::Buffer::new(), itoa::Buffer::new(), itoa::Buffer::new());
+    let reason = [a.format(freed), " tokens prunable (minimum ", b.format(minimum), ", protect ", c.format(protect), ")"].concat();
+    PeerOutcome { stage: "opencode_prune", fired, reason, tokens_before: before, tokens_after: after }
 }
 
 /// Where opencode's prune stops looking: the start of the last two user turns (user messages

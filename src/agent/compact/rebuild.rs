@@ -116,7 +116,7 @@ fn remember<V: 'static>(memo: &'static std::thread::LocalKey<std::cell::RefCell<
 
 fn attachment(cx: &mut ChainContext<'_>, kind: &str, text: String, ts: u64) -> Entry {
     let uuid = cx.state.uuid();
-    let mut entry = Entry::new(Message::user_text(format!("<system-reminder>\n{text}\n</system-reminder>")), uuid, ts);
+    let mut entry = Entry::new(Message::user_text(crate::agent::attachments::system_reminder(&text)), uuid, ts);
     entry.is_meta = true;
     entry.kind = EntryKind::Attachment { kind: kind.into() };
     entry
@@ -167,7 +167,8 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     // "Known gaps": the restored files' numbering), so it keeps the tab.
     let numbered = crate::agent::tools::exec::number_lines(contents, 0, usize::MAX);
     let caution = crate::agent::tools::exec::READ_CAUTION;
-    let result = format!("<system-reminder>\n{RESTORED_RESULT_HEAD}\n{numbered}\n{caution}\n</system-reminder>");
+    // (Made at its size: `format!` would grow its buffer by copies of the file's text.)
+    let result = ["<system-reminder>\n", RESTORED_RESULT_HEAD, "\n", &numbered, "\n", caution, "\n</system-reminder>"].concat();
     let cost = restored_cost(&call, &result);
     let texts = std::rc::Rc::new(RestoredTexts { call, result, cost });
     remember(&RESTORED_MEMO, RESTORED_MEMO_LIMIT, key, texts.clone());

@@ -497,7 +497,7 @@ mod media_memo_tests {
     use serde_json::json;
 
     fn image(bytes: usize) -> ContentBlock {
-        ContentBlock::Image(ImageLike { source: json!({"type": "base64", "data": "A".repeat(bytes)}), cache_control: None, extra: Default::default() })
+        ContentBlock::Image(ImageLike { source: json!({"type": "base64", "data": "A".repeat(bytes)}).into(), cache_control: None, extra: Default::default() })
     }
 
     /// A user message with `images` images of `bytes` each, some inside a tool_result.

@@ -339,7 +339,7 @@ fn read(world: &World, path: &str, input: &Value, cx: &ExecContext<'_>) -> Resul
     if (numbered.len() as u64) / 4 > cx.limits.read_max_tokens {
         return Err(read_tokens_error(numbered.len() / 4, cx.limits.read_max_tokens));
     }
-    Ok(format!("{numbered}\n{}\n", system_reminder(READ_CAUTION)))
+    Ok([numbered.as_str(), "\n", &system_reminder(READ_CAUTION), "\n"].concat())
 }
 
 /// The Read tool's cut of a long line: at most this many characters of it are shown.
@@ -387,8 +387,8 @@ pub fn number_lines_as(text: &str, offset: usize, limit: usize, style: LineNumbe
 /// The number of line `n` and its separator in `style`, without the formatting machinery: it
 /// is written once per line of every file read or restored.
 fn push_line_number(out: &mut String, n: usize, style: LineNumbers) {
-    let mut digits = [0u8; 20];
-    let number = crate::shared::decimal(n as u64, &mut digits);
+    let mut digits = itoa::Buffer::new();
+    let number = digits.format(n);
     match style {
         LineNumbers::Tab => {
             out.push_str(number);
