@@ -13,14 +13,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// the same sizes request after request; trimmed that often, the blocks went back to the arena
 /// and were fetched again. On `ctxsim audit --no-cache` over the 16 shipped sessions: 1.2% fewer
 /// instructions, the same page faults; larger caches (more slots, blocks up to 1 MiB) saved 2.8%
-/// but touched twice the pages, which cost more than they saved (benches/README.md, "Session 47").
-/// A cache of small blocks holds up to eight slabs' worth of each size, at most 2,048 blocks,
-/// not 200 (`lg_tcache_nslots_mul`, `tcache_nslots_small_max`): a dropped run state or
-/// checkpoint frees thousands of blocks of a few sizes, which overflowed the cache and were
-/// flushed to the arena one bin at a time. 0.9% fewer instructions, page faults unchanged
-/// (the blocks are reused, not new pages).
+/// but touched twice the pages, which cost more than they saved (benches/README.md, "Session 47");
+/// up to 2,048 small blocks of a size rather than 200 saved 0.9% of instructions, touched 3%
+/// more pages and gave the same CPU time ("Session 48").
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &u8 = &b"tcache_gc_incr_bytes:4194304,lg_tcache_nslots_mul:3,tcache_nslots_small_max:2048\0"[0];
+static MALLOC_CONF: &u8 = &b"tcache_gc_incr_bytes:4194304\0"[0];
 
 fn main() {
     small_pages_only();
