@@ -1813,7 +1813,7 @@ impl FileImporter {
         };
         let tool_results = blocks.iter().filter(|b| matches!(b, ContentBlock::ToolResult { .. })).count();
         // The structured result belongs to the tool call when the record answers exactly one.
-        let mut structured = if tool_results == 1 { record.remove("toolUseResult").map(std::sync::Arc::new) } else { None };
+        let mut structured = if tool_results == 1 { record.remove("toolUseResult").map(crate::api::SharedValue::from) } else { None };
         let mut pending: Vec<ContentBlock> = Vec::new();
         for block in blocks {
             match block {

@@ -14,12 +14,11 @@ use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::api::{ContentBlock, MessageContent, SharedBlocks, StopReason, ToolResultContent, Usage};
+use crate::api::{ContentBlock, MessageContent, SharedBlocks, SharedValue, StopReason, ToolResultContent, Usage};
 
 /// The version this code writes and reads.
 pub const RECORDING_VERSION: u32 = 1;
@@ -191,24 +190,8 @@ pub struct ToolResult {
     /// The client's structured view of the result (`toolUseResult` in Claude Code). Shared:
     /// a copy of the event does not copy it, and this is often the largest part (a read file's
     /// whole content, again).
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "shared_value")]
-    pub tool_use_result: Option<Arc<Value>>,
-}
-
-/// (De)serializes an `Option<Arc<Value>>` as the `Option<Value>` it shares.
-mod shared_value {
-    use std::sync::Arc;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    use serde_json::Value;
-
-    pub fn serialize<S: Serializer>(value: &Option<Arc<Value>>, serializer: S) -> Result<S::Ok, S::Error> {
-        value.as_deref().serialize(serializer)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Arc<Value>>, D::Error> {
-        Ok(Option::<Value>::deserialize(deserializer)?.map(Arc::new))
-    }
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_use_result: Option<SharedValue>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
