@@ -125,14 +125,14 @@ fn base_tool(name: &str, listing: Option<&crate::agent::tools::AgentToolListing>
         crate::agent::tools::builtin_tool(name, &sizes, false)
     };
     match built {
-        Some(tool) => (tool.description, tool.input_schema),
+        Some(tool) => (tool.description, Value::clone(&tool.input_schema)),
         None => new_tool(name),
     }
 }
 
 /// A tool padded so that its JSON has `chars` characters and about `tokens` o200k tokens.
 fn sized_tool(name: &str, description: &str, schema: Value, defer: bool, chars: usize, tokens: u64) -> Tool {
-    let mut tool = Tool { kind: None, name: name.to_owned(), description: Some(String::new()), input_schema: Some(schema), cache_control: None, defer_loading: defer.then_some(true), extra: Default::default() };
+    let mut tool = Tool { kind: None, name: name.to_owned(), description: Some(String::new()), input_schema: Some(schema.into()), cache_control: None, defer_loading: defer.then_some(true), extra: Default::default() };
     // The description's share of the tool's size: what the rest of the JSON leaves.
     let frame = serde_json::to_string(&tool).expect("tools serialize");
     let escaped = js_len(&serde_json::to_string(description).expect("strings serialize")) - 2;

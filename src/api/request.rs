@@ -404,7 +404,7 @@ pub struct Tool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_schema: Option<Value>,
+    pub input_schema: Option<SharedValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_control: Option<CacheControl>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -414,12 +414,12 @@ pub struct Tool {
 }
 
 impl Tool {
-    pub fn custom(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> Self {
+    pub fn custom(name: impl Into<String>, description: impl Into<String>, input_schema: impl Into<SharedValue>) -> Self {
         Tool {
             kind: None,
             name: name.into(),
             description: Some(description.into()),
-            input_schema: Some(input_schema),
+            input_schema: Some(input_schema.into()),
             cache_control: None,
             defer_loading: None,
             extra: Map::new(),

@@ -75,7 +75,7 @@ fn render_tools(tools: &[Tool]) -> String {
                 "[{index:>2}] {:<28} desc {:>5} schema {:>4} json {:>5}{defer}",
                 tool.name,
                 js_len(tool.description.as_deref().unwrap_or("")),
-                tool.input_schema.as_ref().map_or(0, schema_len),
+                tool.input_schema.as_deref().map_or(0, schema_len),
                 js_len(&json)
             )
         })

@@ -9,7 +9,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::agent::profile::{FillLayout, SizeProfile, ToolSize, js_len, pad_to, pad_to_size_escaped};
-use crate::api::Tool;
+use crate::api::{SharedValue, Tool};
 
 /// The `$schema` key zod-to-json-schema writes first in every built-in schema.
 pub const JSON_SCHEMA_DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
@@ -25,7 +25,9 @@ pub const TOOL_SEARCH: &str = "ToolSearch";
 pub struct BuiltinTool {
     pub name: &'static str,
     pub description: String,
-    pub input_schema: Value,
+    /// Shared, so that a copy of the tool, from the memo of built tools or into a request's
+    /// `tools`, counts it rather than copying its object.
+    pub input_schema: SharedValue,
     /// `shouldDefer`: hidden behind tool search when it is on.
     pub should_defer: bool,
 }
@@ -105,7 +107,7 @@ fn agent_listing_block(lines: &[String]) -> String {
 /// length, and every other listing changes the length by its own difference.
 pub fn agent_tool(profile: &SizeProfile, padding: bool, listing: &AgentToolListing) -> BuiltinTool {
     let (name, description, input_schema, should_defer) = raw_tool("Agent").expect("Agent is a built-in");
-    let mut tool = BuiltinTool { name, description: description.to_owned(), input_schema, should_defer };
+    let mut tool = BuiltinTool { name, description: description.to_owned(), input_schema: input_schema.into(), should_defer };
     let measured_listing = match AgentToolListing::default() {
         AgentToolListing::Inline(lines) => js_len(&agent_listing_block(&lines)),
         AgentToolListing::InMessages => 0,
@@ -147,7 +149,7 @@ fn build_builtin_tool(name: &str, profile: &SizeProfile, padding: bool) -> Optio
         pad_schema(&mut input_schema, size.schema, name);
         description = pad_to_size_escaped(&description, size.description, description_tokens(profile, name, size, &input_schema), name);
     }
-    Some(BuiltinTool { name, description, input_schema, should_defer })
+    Some(BuiltinTool { name, description, input_schema: input_schema.into(), should_defer })
 }
 
 /// The o200k tokens a tool's description is padded to: the captured tokens of the whole tool as

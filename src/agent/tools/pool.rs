@@ -334,7 +334,7 @@ pub fn assemble_pool(inputs: &PoolInputs, profile: &SizeProfile) -> ToolPool {
             .map(|tool| {
                 tool.tool.name.len()
                     + tool.tool.description.as_deref().map_or(0, crate::agent::profile::js_len)
-                    + tool.tool.input_schema.as_ref().map_or(0, schema_len)
+                    + tool.tool.input_schema.as_deref().map_or(0, schema_len)
             })
             .sum();
         tool_search = deferred_chars >= threshold_chars;
