@@ -42,7 +42,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::api::Message;
+use crate::api::{Message, SharedValue};
 use crate::measure::loss::InfoLoss;
 use crate::measure::{Measurer, MeasurerState, RequestMetrics};
 use crate::recording::format::LANE_MAIN;
@@ -143,7 +143,9 @@ pub struct RecordedCompaction {
     /// [`crate::recording::RecordedCall::index`] of the first main call driven after it.
     pub call: usize,
     pub trigger: String,
-    pub summary: Option<Value>,
+    /// Its summary as a `compact`-lane step. Shared: every plan and every reading of a run
+    /// holds the summaries it takes (8–21 K characters each), and compares them.
+    pub summary: Option<SharedValue>,
 }
 
 /// Prepares `session` (read from `file`) for agent what-ifs.
@@ -157,7 +159,7 @@ pub fn prepare(session: &ImportedSession, file: &str, measurer: &Measurer) -> Re
     if let Some(script) = workload.document.get("script").and_then(Value::as_array) {
         debug_assert!(script.iter().filter(|s| is_compact_step(s)).eq(&workload.summary_steps), "the workload's summary steps are its script's");
     }
-    let mut summaries = workload.summary_steps.iter().cloned();
+    let mut summaries = workload.summary_steps.iter().cloned().map(SharedValue::from);
     let driven: std::collections::BTreeSet<usize> = workload.main_calls.iter().copied().collect();
     let main_calls: Vec<(usize, usize)> = session.calls.iter().filter(|c| c.lane == LANE_MAIN && driven.contains(&c.index)).map(|c| (c.event_index, c.index)).collect();
     let mut recorded = Vec::new();
@@ -294,7 +296,7 @@ struct Plan {
     /// Replies of recorded calls from this one on carry no recorded usage.
     usage_before: Option<usize>,
     /// The `compact`-lane replies, in the order the agent's compactions take them.
-    lane: Vec<Value>,
+    lane: Vec<SharedValue>,
     /// The recorded microcompacts are left out (`replay_recorded_microcompact = false`): the
     /// results they cleared stay in view.
     without_recorded_microcompacts: bool,
@@ -306,13 +308,13 @@ struct Plan {
 pub const SUMMARY_CHARS: usize = 13_647;
 
 /// The stand-in summary of a compaction the recording did not make.
-fn stand_in() -> Value {
+fn stand_in() -> SharedValue {
     // The same value every time: made once.
-    static STAND_IN: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    static STAND_IN: std::sync::OnceLock<SharedValue> = std::sync::OnceLock::new();
     STAND_IN
         .get_or_init(|| {
             let text = format!("<summary>\n{}\n</summary>", crate::agent::compact::generator::filler("summary", SUMMARY_CHARS));
-            json!({ "assistant": [{ "text": text }], "lane": "compact" })
+            json!({ "assistant": [{ "text": text }], "lane": "compact" }).into()
         })
         .clone()
 }
@@ -340,7 +342,7 @@ fn planned(prepared: &Prepared, file: &str, plan: &Plan) -> Result<crate::scenar
             }
         }
     }
-    steps.extend(plan.lane.iter().cloned());
+    steps.extend(plan.lane.iter().map(|step| Value::clone(step)));
     crate::scenario::parse_scenario_document(&document, file).map_err(|e| e.to_string())
 }
 
@@ -381,7 +383,7 @@ fn planned_scenario(prepared: &Prepared, file: &str, plan: &Plan) -> Result<Scen
         // tool use whose id their position would decide).
         let mut document: serde_json::Map<String, Value> =
             prepared.workload.document.as_object().into_iter().flatten().filter(|(key, _)| *key != "script").map(|(key, value)| (key.clone(), value.clone())).collect();
-        document.insert("script".to_owned(), Value::Array(plan.lane.clone()));
+        document.insert("script".to_owned(), plan.lane.iter().map(|step| Value::clone(step)).collect());
         let document = Value::Object(document);
         let lane = crate::scenario::parse_scenario_document(&document, file).map_err(|e| e.to_string())?;
         script.extend(lane.script);
@@ -585,7 +587,7 @@ fn client_edits(effective: &Strategy) -> bool {
 }
 
 /// What [`read_run`] reads of a run.
-type Reading = (Vec<Compacted>, Option<(usize, String)>, Vec<Value>);
+type Reading = (Vec<Compacted>, Option<(usize, String)>, Vec<SharedValue>);
 
 /// Whether a run under `plan` read as `read` holds it: the same divergence, and the
 /// `compact`-lane replies its compactions should take those the plan gave them.
@@ -640,9 +642,9 @@ struct FollowRules {
     main_calls: Vec<usize>,
     /// Each recorded compaction: its call and, where it has one, its summary as a
     /// `compact`-lane step and as the reply the first plan's model holds for it.
-    recorded: Vec<(usize, Option<(Value, crate::world::Reply)>)>,
+    recorded: Vec<(usize, Option<(SharedValue, crate::world::Reply)>)>,
     /// The stand-in summary ([`stand_in`]) and its reply.
-    stand_in: (Value, crate::world::Reply),
+    stand_in: (SharedValue, crate::world::Reply),
     /// The call of the first recorded microcompact, where the strategy leaves them out.
     left_out: Option<usize>,
     client_edits: bool,
@@ -1990,7 +1992,7 @@ fn compaction_losses(
 
 /// The agent's compactions in a run, the divergence from the recording, and the `compact`-lane
 /// replies its compactions should take.
-fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded_microcompacts: bool) -> (Vec<Compacted>, Option<(usize, String)>, Vec<Value>) {
+fn read_run(prepared: &Prepared, run: &Run, client_edits: bool, without_recorded_microcompacts: bool) -> Reading {
     let mut compactions = Vec::new();
     let mut rewrites: Vec<(usize, String)> = Vec::new();
     for &(row, call) in &run.paired {
