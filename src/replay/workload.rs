@@ -317,7 +317,9 @@ struct Built {
 fn workload_steps(session: &ImportedSession, file: &str, window: Option<u64>, thinking_texts: &BTreeMap<String, String>, recorded_usage: bool, background: bool) -> Result<Built, WorkloadError> {
     let recording = &session.recording;
     let mut report = WorkloadReport::default();
-    let mut script: Vec<RawStep> = Vec::new();
+    // Room for the steps the events make (0.7–1.4 a recorded event in the shipped sessions): a
+    // step is large, and a script grown by doubling copied every step made before.
+    let mut script: Vec<RawStep> = Vec::with_capacity(recording.events.len() + recording.events.len() / 2);
     let mut main_calls = Vec::new();
     let mut compact_replies: Vec<RawStep> = Vec::new();
     // Tool results wait until the reply that called them is in the script.
