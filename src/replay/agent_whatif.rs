@@ -1594,8 +1594,16 @@ pub fn agent_whatif_family_until(
                     || trunk.rows_from(rows_before).any(|r| r.context_tokens >= *trigger || r.context_management.is_some() || r.stages.iter().any(|s| s.tokens_before >= *trigger))
             }
         };
-        let (reached, rest): (Vec<usize>, Vec<usize>) = std::mem::take(&mut pending).into_iter().partition(|&p| differs(p));
-        pending = rest;
+        // (In place: on most steps no strategy is reached, and two new lists a step cost more
+        // than the rest of this bookkeeping.)
+        let mut reached = Vec::new();
+        pending.retain(|&p| {
+            let differs = differs(p);
+            if differs {
+                reached.push(p);
+            }
+            !differs
+        });
         // (The peer branches that go on with the trunk through a `/compact`: counted for tests.)
         let through: Vec<usize> = if acted && manual { pending.iter().copied().filter(|&p| matches!(peers[p], Some(PeerBranch::Peer { .. }))).collect() } else { Vec::new() };
         THROUGH_COMPACT.with(|n| n.set(n.get() + through.len()));
