@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
+use crate::api::{ContentBlock, Message, MessageContent, SharedText, ToolResultContent};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
 use crate::recording::{EventKind, ImportedSession, UserPrompt};
@@ -528,8 +528,9 @@ pub struct ReferenceMemo {
     /// compaction hold, by the text's xxh3-128: what-ifs of one session send the same ones.
     texts: std::sync::Mutex<rustc_hash::FxHashMap<u128, Arc<[u32]>>>,
     /// Per edit result carrying the file before it: the file after it
-    /// ([`crate::replay::working_set::WorkingSet::observe_memoized`]).
-    edited: Box<[OnceLock<String>]>,
+    /// ([`crate::replay::working_set::WorkingSet::observe_memoized`]), shared with each working
+    /// set that holds it (the record view's and the workload's follow the same results).
+    edited: Box<[OnceLock<SharedText>]>,
     /// The numbered renderings of the files compactions restore, by the text's xxh3-128
     /// ([`crate::replay::working_set::WorkingSet::compact_memoized`]).
     rendered: std::sync::Mutex<rustc_hash::FxHashMap<u128, Arc<str>>>,
@@ -696,14 +697,14 @@ impl ReferenceMemo {
     }
 
     /// `compute`'s text for event `i` (a function of the event alone), memoized.
-    pub(crate) fn edited(&self, i: usize, compute: &dyn Fn() -> String) -> String {
+    pub(crate) fn edited(&self, i: usize, compute: &dyn Fn() -> String) -> SharedText {
         match self.edited.get(i) {
             Some(slot) => {
-                let text = slot.get_or_init(compute).clone();
-                debug_assert!(text == compute(), "the memoized edit of event {i} is not the event's");
+                let text = slot.get_or_init(|| compute().into()).clone();
+                debug_assert!(*text == compute(), "the memoized edit of event {i} is not the event's");
                 text
             }
-            None => compute(),
+            None => compute().into(),
         }
     }
 

@@ -151,12 +151,12 @@ impl WorkingSet {
     /// client's `toolUseResult`. Calls that touch no file, failed ones and results without a
     /// structured part leave the state as it is.
     pub fn observe(&mut self, name: &str, input: &Value, structured: Option<&Value>, is_error: bool) {
-        self.observe_memoized(name, input, structured, is_error, &mut |edited| edited());
+        self.observe_memoized(name, input, structured, is_error, &mut |edited| edited().into());
     }
 
     /// [`Self::observe`], the text an edit result makes of the `originalFile` it carries (a
     /// function of the result alone) got through `edited`, which may give it from a memo.
-    pub fn observe_memoized(&mut self, name: &str, input: &Value, structured: Option<&Value>, is_error: bool, edited: &mut dyn FnMut(&dyn Fn() -> String) -> String) {
+    pub fn observe_memoized(&mut self, name: &str, input: &Value, structured: Option<&Value>, is_error: bool, edited: &mut dyn FnMut(&dyn Fn() -> String) -> SharedText) {
         if is_error {
             return;
         }
@@ -207,7 +207,7 @@ impl WorkingSet {
                     edits.into_iter().fold(original, |text, (old, new, all)| replace(&text, old, new, all))
                 };
                 if let Some(original) = result.get("originalFile").and_then(Value::as_str) {
-                    Content::Known(edited(&|| apply(original.to_owned())).into())
+                    Content::Known(edited(&|| apply(original.to_owned())))
                 } else {
                     match self.files.get(&key) {
                         Some(FileEntry { content: Content::Known(known), .. }) => Content::Known(apply(String::clone(known)).into()),
