@@ -106,6 +106,20 @@ fn agent_listing_block(lines: &[String]) -> String {
 /// built-ins listed; our own text is padded so that with that listing it has the measured
 /// length, and every other listing changes the length by its own difference.
 pub fn agent_tool(profile: &SizeProfile, padding: bool, listing: &AgentToolListing) -> BuiltinTool {
+    // The tool before its listing is the same for every listing: built once per profile.
+    let mut tool = profile.built_tools.get_or_build("Agent", padding, || Some(agent_tool_unlisted(profile, padding))).expect("Agent is a built-in");
+    match listing {
+        AgentToolListing::Inline(lines) => tool.description.push_str(&agent_listing_block(lines)),
+        AgentToolListing::InMessages => {
+            tool.description.push_str("\n\n");
+            tool.description.push_str(AGENT_LISTING_ELSEWHERE);
+        }
+    }
+    tool
+}
+
+/// [`agent_tool`] before its listing is appended.
+fn agent_tool_unlisted(profile: &SizeProfile, padding: bool) -> BuiltinTool {
     let (name, description, input_schema, should_defer) = raw_tool("Agent").expect("Agent is a built-in");
     let mut tool = BuiltinTool { name, description: description.to_owned(), input_schema: input_schema.into(), should_defer };
     let measured_listing = match AgentToolListing::default() {
@@ -120,13 +134,6 @@ pub fn agent_tool(profile: &SizeProfile, padding: bool, listing: &AgentToolListi
         };
         let tokens = description_tokens(profile, "Agent", size, &tool.input_schema).saturating_sub(listing_tokens);
         tool.description = pad_to_size_escaped(AGENT, size.description.saturating_sub(measured_listing), tokens, "Agent");
-    }
-    match listing {
-        AgentToolListing::Inline(lines) => tool.description.push_str(&agent_listing_block(lines)),
-        AgentToolListing::InMessages => {
-            tool.description.push_str("\n\n");
-            tool.description.push_str(AGENT_LISTING_ELSEWHERE);
-        }
     }
     tool
 }
