@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::{ContentBlock, Message, MessageContent, ToolResultContent};
+use crate::api::{ContentBlock, Message, MessageContent, SharedText, ToolResultContent};
 use crate::recording::format::LANE_MAIN;
 use crate::recording::claude_code::{ATTACHMENTS_NOT_SENT, attachment_text};
 use crate::recording::{EventKind, ImportedSession, UserPrompt};
@@ -225,16 +225,43 @@ fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<
             None => read,
         };
     }
-    // The token's bounds, and its bytes' classes together.
+    // The token's bounds, and its bytes' [`SLASH`] and [`DOT_DASH`] bits together: sixteen
+    // bytes at a time ([`ChunkClasses`]) where that many lie on the side walked, else byte by
+    // byte.
     let class = |at: usize| BYTE_CLASS[usize::from(bytes[at])];
     let (mut start, mut end, mut classes) = (mark, mark + 1, class(mark));
-    while start > read && class(start - 1) & TOKEN != 0 {
-        start -= 1;
-        classes |= class(start);
+    while start > read {
+        let Some(chunk) = start.checked_sub(CHUNK).and_then(|from| bytes[from..start].first_chunk::<CHUNK>()) else {
+            while start > read && class(start - 1) & TOKEN != 0 {
+                start -= 1;
+                classes |= class(start);
+            }
+            break;
+        };
+        // Byte `i` of the chunk is byte `start - CHUNK + i`: the run ends at its top bit.
+        let chunk = ChunkClasses::of(chunk);
+        let run = ((chunk.token << CHUNK).leading_ones() as usize).min(start - read);
+        classes |= chunk.classes_in((0xFFFF << (CHUNK - run)) & 0xFFFF);
+        start -= run;
+        if run < CHUNK {
+            break;
+        }
     }
-    while end < bytes.len() && class(end) & TOKEN != 0 {
-        classes |= class(end);
-        end += 1;
+    loop {
+        let Some(chunk) = bytes.get(end..).and_then(<[u8]>::first_chunk::<CHUNK>) else {
+            while end < bytes.len() && class(end) & TOKEN != 0 {
+                classes |= class(end);
+                end += 1;
+            }
+            break;
+        };
+        let chunk = ChunkClasses::of(chunk);
+        let run = chunk.token.trailing_ones() as usize;
+        classes |= chunk.classes_in((1 << run) - 1);
+        end += run;
+        if run < CHUNK {
+            break;
+        }
     }
     // A token holding a mark opens no drive path (that opens with a one-letter token), and
     // holds a mark: [`read_token`] would give its reference.
@@ -243,11 +270,79 @@ fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<
     end
 }
 
-/// [`reference_of`] of a token holding a mark ([`chunk_marks`]) whose bytes' [`BYTE_CLASS`]
-/// bits together are `classes`, told by them where it can be (`reference_of` trims the ends,
-/// then searches the token for a `/`, a letter, and, for an identifier, reads every byte):
-/// with no `.` or `-` at its ends it needs no trimming; then a `/` makes it a path, a `.` or
-/// `-` inside no identifier; else it is letters, digits and `_` holding a `_` or a
+/// The classes of sixteen bytes (a token's, around a mark: [`read_mark`]), one bit each (byte
+/// `i` in bit `i`): token bytes ([`TOKEN`]), and the bytes of the [`SLASH`] and [`DOT_DASH`]
+/// classes (those [`marked_reference_of`] tells a token by, besides its letters).
+#[derive(Debug, PartialEq, Eq)]
+struct ChunkClasses {
+    token: u32,
+    slash: u32,
+    dot_dash: u32,
+}
+
+impl ChunkClasses {
+    /// By SSE2 (debug builds compare [`ChunkClasses::by_bytes`]); elsewhere by bytes.
+    fn of(chunk: &[u8; CHUNK]) -> ChunkClasses {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: SSE2 is part of the x86_64 baseline, enabled on every x86_64 target.
+            let classes = unsafe { chunk_classes_sse2(chunk) };
+            debug_assert_eq!(classes, ChunkClasses::by_bytes(chunk), "SSE2 classes of {chunk:?}");
+            classes
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        ChunkClasses::by_bytes(chunk)
+    }
+
+    /// [`ChunkClasses::of`] by each byte's [`BYTE_CLASS`].
+    fn by_bytes(chunk: &[u8; CHUNK]) -> ChunkClasses {
+        let mut classes = ChunkClasses { token: 0, slash: 0, dot_dash: 0 };
+        for (i, &b) in chunk.iter().enumerate() {
+            let class = BYTE_CLASS[usize::from(b)];
+            let bit = |of: u8| u32::from(class & of != 0) << i;
+            classes.token |= bit(TOKEN);
+            classes.slash |= bit(SLASH);
+            classes.dot_dash |= bit(DOT_DASH);
+        }
+        classes
+    }
+
+    /// The [`SLASH`] and [`DOT_DASH`] bits of the bytes in `range` (bit `i` for byte `i`)
+    /// together.
+    fn classes_in(&self, range: u32) -> u8 {
+        u8::from(self.slash & range != 0) * SLASH | u8::from(self.dot_dash & range != 0) * DOT_DASH
+    }
+}
+
+/// [`ChunkClasses::of`] by SSE2: by comparing lanes, and by signed comparisons of a byte's
+/// offset from the first of a range moved to the bottom of the signed range (as
+/// [`chunk_marks_sse2`]): the token bytes are `-./0-9` (one range), the letters (a range once
+/// `0x20` is set, which makes no other byte a lower-case letter) and `_`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn chunk_classes_sse2(chunk: &[u8; CHUNK]) -> ChunkClasses {
+    use std::arch::x86_64::{__m128i, _mm_add_epi8, _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_movemask_epi8, _mm_or_si128, _mm_set_epi64x, _mm_set1_epi8};
+    let (low, high) = chunk.split_at(CHUNK / 2);
+    let word = |half: &[u8]| i64::from_le_bytes(half.try_into().expect("half a chunk"));
+    let bytes = _mm_set_epi64x(word(high), word(low));
+    // `_mm_set1_epi8` takes the byte's bits as an `i8`.
+    let within = |bytes: __m128i, first: u8, len: u8| {
+        let moved = _mm_add_epi8(bytes, _mm_set1_epi8(0x80u8.wrapping_sub(first) as i8));
+        _mm_cmplt_epi8(moved, _mm_set1_epi8((0x80u8 + len) as i8))
+    };
+    let slash = _mm_cmpeq_epi8(bytes, _mm_set1_epi8(b'/' as i8));
+    let dot_dash = within(bytes, b'-', 2);
+    let letter = within(_mm_or_si128(bytes, _mm_set1_epi8(0x20)), b'a', 26);
+    let token = _mm_or_si128(_mm_or_si128(within(bytes, b'-', b'9' - b'-' + 1), letter), _mm_cmpeq_epi8(bytes, _mm_set1_epi8(b'_' as i8)));
+    let mask = |v: __m128i| _mm_movemask_epi8(v) as u32;
+    ChunkClasses { token: mask(token), slash: mask(slash), dot_dash: mask(dot_dash) }
+}
+
+/// [`reference_of`] of a token holding a mark ([`chunk_marks`]) whose bytes' [`SLASH`] and
+/// [`DOT_DASH`] bits together are those of `classes`, told by them where it can be
+/// (`reference_of` trims the ends, then searches the token for a `/`, a letter, and, for an
+/// identifier, reads every byte): with no `.` or `-` at its ends it needs no trimming; then a
+/// `/` makes it a path (if it holds a letter), a `.` or `-` inside no identifier; else it is letters, digits and `_` holding a `_` or a
 /// lower-to-upper change (its mark), an identifier if long enough and opening as one. Debug
 /// builds compare [`reference_of`].
 fn marked_reference_of<'a>(token: &'a str, classes: u8, f: &mut dyn FnMut(Cow<'a, str>)) {
@@ -277,7 +372,7 @@ fn marked_reference_by_classes<'a>(token: &'a str, classes: u8, f: &mut dyn FnMu
         return;
     }
     if classes & SLASH != 0 {
-        if classes & (LOWER | UPPER) != 0 {
+        if token.bytes().any(|b| b.is_ascii_alphabetic()) {
             f(Cow::Borrowed(token.trim_end_matches('/')));
         }
         return;
@@ -570,7 +665,7 @@ impl UsedNames {
             .iter()
             .map(|event| {
                 // Each reference numbered as found (the texts [`used_references`] reads).
-                let mut number = |text: &str| {
+                let mut number = |text: &str, _: Option<&SharedText>| {
                     each_reference(text, &mut |r| {
                         let n = match ids.get(r.as_ref()) {
                             Some(&n) => n,
@@ -634,10 +729,11 @@ impl LossKey {
     fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message], judgement: Judgement) -> (LossKey, Vec<u128>) {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut long = Vec::new();
-        let mut text = |text: &str| {
+        let mut text = |text: &str, shared: Option<&SharedText>| {
             hasher.update(&(text.len() as u64).to_le_bytes());
             if text.len() >= MEMOIZED_TEXT {
-                let digest = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+                // (A shared text hashes once for every run holding it: restored files are.)
+                let digest = shared.map_or_else(|| xxhash_rust::xxh3::xxh3_128(text.as_bytes()), SharedText::xxh3_128);
                 hasher.update(&digest.to_le_bytes());
                 long.push(digest);
             } else {
@@ -647,8 +743,8 @@ impl LossKey {
         for (position, fields) in [(call_index, true), (previous, false)] {
             if let Some(call) = session.calls.get(position) {
                 let number = if fields { call.index } else { usize::MAX };
-                text(&format!("{number} {} ", call.event_index));
-                text(if fields { "" } else { &call.lane });
+                text(&format!("{number} {} ", call.event_index), None);
+                text(if fields { "" } else { &call.lane }, None);
             }
         }
         each_message_text(after, &mut text);
@@ -780,16 +876,16 @@ impl ReferenceMemo {
                 EventKind::ModelReply(reply) if is_use => {
                     numbers.extend_from_slice(own);
                     for block in reply.content.iter().filter(|b| !matches!(b, ContentBlock::ToolUse { .. })) {
-                        each_block_text(block, &mut |text| names.add_numbers(text, &mut numbers));
+                        each_block_text(block, &mut |text, _| names.add_numbers(text, &mut numbers));
                     }
                 }
-                EventKind::UserPrompt(prompt) => each_content_text(&prompt.content, &mut |text| names.add_numbers(text, &mut numbers)),
+                EventKind::UserPrompt(prompt) => each_content_text(&prompt.content, &mut |text, _| names.add_numbers(text, &mut numbers)),
                 EventKind::ToolResult(result) => match &result.content {
                     Some(ToolResultContent::Text(text)) => names.add_numbers(text, &mut numbers),
-                    Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| each_block_text(b, &mut |text| names.add_numbers(text, &mut numbers))),
+                    Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| each_block_text(b, &mut |text, _| names.add_numbers(text, &mut numbers))),
                     None => {}
                 },
-                EventKind::ModelReply(reply) => reply.content.iter().for_each(|b| each_block_text(b, &mut |text| names.add_numbers(text, &mut numbers))),
+                EventKind::ModelReply(reply) => reply.content.iter().for_each(|b| each_block_text(b, &mut |text, _| names.add_numbers(text, &mut numbers))),
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     names.add_numbers(&attachment_text(attachment), &mut numbers);
                 }
@@ -885,36 +981,37 @@ fn used_references(kind: &EventKind) -> RefSet<'_> {
 }
 
 /// Calls `f` with each text of `messages` whose references a message holds (the strings of
-/// tool inputs one by one).
-fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
+/// tool inputs one by one), and the [`SharedText`] holding it where one does (which keeps its
+/// hash, [`SharedText::xxh3_128`]).
+fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
     for message in messages {
         each_content_text(&message.content, f);
     }
 }
 
 /// [`each_message_text`] of one message's content.
-fn each_content_text<'a>(content: &'a MessageContent, f: &mut dyn FnMut(&'a str)) {
+fn each_content_text<'a>(content: &'a MessageContent, f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
     match content {
-        MessageContent::Text(text) => f(text),
+        MessageContent::Text(text) => f(text, Some(text)),
         MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| each_block_text(b, f)),
     }
 }
 
 /// [`each_message_text`] of one block ([`block_references`] reads the same texts).
-fn each_block_text<'a>(block: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
-    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
+fn each_block_text<'a>(block: &'a ContentBlock, f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
+    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
         match v {
-            Value::String(s) => f(s),
+            Value::String(s) => f(s, None),
             Value::Array(items) => items.iter().for_each(|v| value(v, f)),
             Value::Object(map) => map.values().for_each(|v| value(v, f)),
             _ => {}
         }
     }
     match block {
-        ContentBlock::Text { text, .. } => f(text),
-        ContentBlock::Thinking { thinking, .. } => f(thinking),
+        ContentBlock::Text { text, .. } => f(text, Some(text)),
+        ContentBlock::Thinking { thinking, .. } => f(thinking, None),
         ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
-        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t, Some(t)),
         ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| each_block_text(b, f)),
         _ => {}
     }
@@ -1076,7 +1173,7 @@ fn references_lost(session: &ImportedSession, call_index: usize, previous: usize
     let mut keys = long.iter();
     let mut long: Vec<Arc<[u32]>> = Vec::new();
     let mut short: Vec<&str> = Vec::new();
-    each_message_text(after, &mut |text| {
+    each_message_text(after, &mut |text, _| {
         if text.len() >= MEMOIZED_TEXT {
             let key = keys.next().copied().unwrap_or_else(|| xxhash_rust::xxh3::xxh3_128(text.as_bytes()));
             long.push(memo.text_numbers(text, key));
@@ -1156,7 +1253,7 @@ fn references_counted(session: &ImportedSession, call_index: usize, previous: us
     // Less those `after` holds: long texts' from the memo, short ones scanned (none once
     // nothing is lost).
     let mut keys = long.iter();
-    each_message_text(after, &mut |text| {
+    each_message_text(after, &mut |text, _| {
         if lost.0.iter().all(|&w| w == 0) {
             return;
         }

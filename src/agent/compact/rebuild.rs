@@ -5,7 +5,7 @@
 //!
 //! All text here is ours; the marker strings and budgets are the reference's.
 
-use crate::api::{ContentBlock, Message};
+use crate::api::{ContentBlock, Message, SharedText};
 
 use super::context::{ChainContext, CompactTrigger, Entry, EntryKind};
 use super::counting::{rough, rough_shared, rough_units, token_count_with_estimation};
@@ -133,10 +133,11 @@ fn restored_file(cx: &mut ChainContext<'_>, texts: &RestoredTexts, ts: u64) -> E
 }
 
 /// A restored file's texts (the Read call, its numbered result) and the rough count of the
-/// message holding them: a function of the path and contents alone.
+/// message holding them: a function of the path and contents alone. Shared by the messages of
+/// every run that restores the file (and what they keep with the texts, e.g. their hashes).
 struct RestoredTexts {
-    call: String,
-    result: String,
+    call: SharedText,
+    result: SharedText,
     cost: u64,
 }
 
@@ -170,7 +171,7 @@ fn restored_texts(path: &str, contents: &str) -> std::rc::Rc<RestoredTexts> {
     // (Made at its size: `format!` would grow its buffer by copies of the file's text.)
     let result = ["<system-reminder>\n", RESTORED_RESULT_HEAD, "\n", &numbered, "\n", caution, "\n</system-reminder>"].concat();
     let cost = restored_cost(&call, &result);
-    let texts = std::rc::Rc::new(RestoredTexts { call, result, cost });
+    let texts = std::rc::Rc::new(RestoredTexts { call: call.into(), result: result.into(), cost });
     remember(&RESTORED_MEMO, RESTORED_MEMO_LIMIT, key, texts.clone());
     texts
 }
