@@ -66,7 +66,7 @@ pub fn references(text: &str, out: &mut BTreeSet<String>) {
 ///
 /// Only a token holding a `/`, a `_` or a lower-case letter followed by an upper-case one
 /// makes a reference ([`reference_of`]), and only a `:` after a token's first letter opens a
-/// drive: the scan looks for those bytes sixteen at a time ([`chunk_marks`]) and reads the
+/// drive: the scan looks for those bytes thirty-two at a time ([`WideMarks`]) and reads the
 /// tokens around them, where [`each_reference_by_bytes`] reads every token (debug builds
 /// compare).
 fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
