@@ -24,7 +24,8 @@ pub enum MessageContent {
 /// The text also keeps its length in UTF-16 units once asked ([`SharedText::utf16_len`]): the
 /// long-context chain of every run of a session counts the same texts. And the structural hash
 /// of the first block that held it and asked ([`block_hash_kept`]): every run of a session
-/// sends the same prompts and tool outputs in lists of its own. Every change drops both.
+/// sends the same prompts and tool outputs in lists of its own. And its xxh3-128 once asked
+/// ([`SharedText::xxh3_128`]). Every change drops them.
 #[derive(Clone, Default)]
 pub struct SharedText(Arc<Held>);
 
@@ -39,11 +40,13 @@ struct Held {
     /// with that tail: normalization appends the seam's line break to the same prompt or user
     /// context on every request, and each copy appended to shares this one.
     appended: OnceLock<(Box<str>, SharedText)>,
+    /// The text's xxh3-128 ([`SharedText::xxh3_128`]).
+    xxh3: OnceLock<u128>,
 }
 
 impl Held {
     fn new(text: String) -> Held {
-        Held { text, utf16: OnceLock::new(), block_hash: OnceLock::new(), appended: OnceLock::new() }
+        Held { text, utf16: OnceLock::new(), block_hash: OnceLock::new(), appended: OnceLock::new(), xxh3: OnceLock::new() }
     }
 
     /// The text is about to change: what is kept of it goes.
@@ -51,6 +54,7 @@ impl Held {
         self.utf16.take();
         self.block_hash.take();
         self.appended.take();
+        self.xxh3.take();
     }
 }
 
@@ -152,6 +156,15 @@ impl SharedText {
         let units = *self.0.utf16.get_or_init(|| crate::measure::tokens::utf16_len(&self.0.text));
         debug_assert_eq!(units, crate::measure::tokens::utf16_len(&self.0.text), "a kept UTF-16 length differs from counting the text");
         units
+    }
+
+    /// The text's xxh3-128, hashed the first time it is asked and kept with the text: the
+    /// compaction loss judgements of a session's runs key the same restored files by it
+    /// (`replay::loss`).
+    pub fn xxh3_128(&self) -> u128 {
+        let hash = *self.0.xxh3.get_or_init(|| xxhash_rust::xxh3::xxh3_128(self.0.text.as_bytes()));
+        debug_assert_eq!(hash, xxhash_rust::xxh3::xxh3_128(self.0.text.as_bytes()), "a kept xxh3 differs from hashing the text");
+        hash
     }
 }
 

@@ -66,7 +66,7 @@ pub fn references(text: &str, out: &mut BTreeSet<String>) {
 ///
 /// Only a token holding a `/`, a `_` or a lower-case letter followed by an upper-case one
 /// makes a reference ([`reference_of`]), and only a `:` after a token's first letter opens a
-/// drive: the scan looks for those bytes sixteen at a time ([`chunk_marks`]) and reads the
+/// drive: the scan looks for those bytes thirty-two at a time ([`WideMarks`]) and reads the
 /// tokens around them, where [`each_reference_by_bytes`] reads every token (debug builds
 /// compare).
 fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
@@ -81,38 +81,116 @@ fn each_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     }
 }
 
-/// [`each_reference`] by reading the tokens around the bytes [`chunk_marks`] finds.
+/// [`each_reference`] by reading the tokens around the bytes [`chunk_marks`] finds, [`WIDE`]
+/// bytes at a time: by AVX2 where the processor has it (the scan's bytes read in half the
+/// instructions), else by SSE2 ([`WideMarks`]).
 fn each_marked_reference<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the processor has AVX2.
+        return unsafe { each_marked_reference_avx2(text, f) };
+    }
+    scan_marks::<ByChunks>(text, f);
+}
+
+/// [`each_marked_reference`] by AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn each_marked_reference_avx2<'a>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
+    scan_marks::<Avx2>(text, f);
+}
+
+/// [`each_marked_reference`] with the marks `M` finds.
+#[inline(always)]
+fn scan_marks<'a, M: WideMarks>(text: &'a str, f: &mut dyn FnMut(Cow<'a, str>)) {
     let bytes = text.as_bytes();
     // Every byte before `read` is read; a token never runs on from before it (the byte at
     // `read` is none of a token's or a drive path's, or the text's start).
     let mut read = 0;
     let mut at = 0;
     let mut after_lower = false;
-    while let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<CHUNK>) {
-        let (marks, lower) = chunk_marks(chunk, after_lower);
+    while let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<WIDE>) {
+        let (marks, lower) = M::marks(chunk, after_lower);
         after_lower = lower;
         if marks != 0 {
             read = read_marks(text, at, marks, read, f);
-            if read > at + CHUNK {
+            if read > at + WIDE {
                 // (The byte at `read` is no letter: no upper-case one after a lower-case one.)
                 (at, after_lower) = (read, false);
                 continue;
             }
         }
-        at += CHUNK;
+        at += WIDE;
     }
     // The last bytes, padded with zeros (which no mark, letter or token holds).
     if let Some(rest) = bytes.get(at..).filter(|rest| !rest.is_empty()) {
-        let mut chunk = [0u8; CHUNK];
+        let mut chunk = [0u8; WIDE];
         chunk[..rest.len()].copy_from_slice(rest);
-        let (marks, _) = chunk_marks(&chunk, after_lower);
+        let (marks, _) = M::marks(&chunk, after_lower);
         read_marks(text, at, marks, read, f);
     }
 }
 
-/// Reads the marks of the chunk at `at` ([`chunk_marks`]) from `read` on ([`read_mark`]);
-/// returns where reading goes on.
+/// The bytes the scan reads the marks of at a time ([`WideMarks`]).
+const WIDE: usize = 2 * CHUNK;
+
+/// [`chunk_marks`] of [`WIDE`] bytes: the marks one bit each (byte `i` in bit `i`), and whether
+/// the last byte is a lower-case letter.
+trait WideMarks {
+    fn marks(chunk: &[u8; WIDE], after_lower: bool) -> (u32, bool);
+}
+
+/// [`WideMarks`] of two chunks by [`chunk_marks`].
+struct ByChunks;
+
+impl WideMarks for ByChunks {
+    #[inline(always)]
+    fn marks(chunk: &[u8; WIDE], after_lower: bool) -> (u32, bool) {
+        let (low, high) = (chunk.first_chunk::<CHUNK>().expect("half a wide chunk"), chunk.last_chunk::<CHUNK>().expect("half a wide chunk"));
+        let (low_marks, low_lower) = chunk_marks(low, after_lower);
+        let (high_marks, high_lower) = chunk_marks(high, low_lower);
+        (low_marks | high_marks << CHUNK, high_lower)
+    }
+}
+
+/// [`WideMarks`] by AVX2, read only where the processor has it ([`each_marked_reference`];
+/// debug builds compare [`ByChunks`]).
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl WideMarks for Avx2 {
+    #[inline(always)]
+    fn marks(chunk: &[u8; WIDE], after_lower: bool) -> (u32, bool) {
+        // SAFETY: `Avx2` scans only where the processor has AVX2.
+        let marks = unsafe { wide_marks_avx2(chunk, after_lower) };
+        debug_assert_eq!(marks, ByChunks::marks(chunk, after_lower), "AVX2 marks of {chunk:?}");
+        marks
+    }
+}
+
+/// [`chunk_marks_sse2`] of [`WIDE`] bytes by AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn wide_marks_avx2(chunk: &[u8; WIDE], after_lower: bool) -> (u32, bool) {
+    use std::arch::x86_64::{_mm256_add_epi8, _mm256_cmpeq_epi8, _mm256_cmpgt_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256, _mm256_set1_epi8};
+    // SAFETY: `chunk` is `WIDE` bytes to read, the 256 bits of an unaligned load.
+    let bytes = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+    // `_mm256_set1_epi8` takes the byte's bits as an `i8`.
+    let equal = |c: u8| _mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(c as i8));
+    let marks = _mm256_movemask_epi8(_mm256_or_si256(_mm256_or_si256(equal(b'/'), equal(b'_')), equal(b':'))) as u32;
+    // `first..first + 26` moved onto `-128..-102`: the only bytes below -102 then.
+    let letters = |first: u8| {
+        let moved = _mm256_add_epi8(bytes, _mm256_set1_epi8(0x80u8.wrapping_sub(first) as i8));
+        _mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_set1_epi8((0x80u8 + 26) as i8), moved)) as u32
+    };
+    let (lower, upper) = (letters(b'a'), letters(b'A'));
+    (marks | (((lower << 1) | u32::from(after_lower)) & upper), lower >> (WIDE - 1) != 0)
+}
+
+/// Reads the marks of the [`WIDE`] bytes at `at` ([`WideMarks`]) from `read` on
+/// ([`read_mark`]); returns where reading goes on.
+#[inline]
 fn read_marks<'a>(text: &'a str, at: usize, mut marks: u32, mut read: usize, f: &mut dyn FnMut(Cow<'a, str>)) -> usize {
     while marks != 0 {
         let mark = at + marks.trailing_zeros() as usize;
@@ -225,16 +303,43 @@ fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<
             None => read,
         };
     }
-    // The token's bounds, and its bytes' classes together.
+    // The token's bounds, and its bytes' [`SLASH`] and [`DOT_DASH`] bits together: sixteen
+    // bytes at a time ([`ChunkClasses`]) where that many lie on the side walked, else byte by
+    // byte.
     let class = |at: usize| BYTE_CLASS[usize::from(bytes[at])];
     let (mut start, mut end, mut classes) = (mark, mark + 1, class(mark));
-    while start > read && class(start - 1) & TOKEN != 0 {
-        start -= 1;
-        classes |= class(start);
+    while start > read {
+        let Some(chunk) = start.checked_sub(CHUNK).and_then(|from| bytes[from..start].first_chunk::<CHUNK>()) else {
+            while start > read && class(start - 1) & TOKEN != 0 {
+                start -= 1;
+                classes |= class(start);
+            }
+            break;
+        };
+        // Byte `i` of the chunk is byte `start - CHUNK + i`: the run ends at its top bit.
+        let chunk = ChunkClasses::of(chunk);
+        let run = ((chunk.token << CHUNK).leading_ones() as usize).min(start - read);
+        classes |= chunk.classes_in((0xFFFF << (CHUNK - run)) & 0xFFFF);
+        start -= run;
+        if run < CHUNK {
+            break;
+        }
     }
-    while end < bytes.len() && class(end) & TOKEN != 0 {
-        classes |= class(end);
-        end += 1;
+    loop {
+        let Some(chunk) = bytes.get(end..).and_then(<[u8]>::first_chunk::<CHUNK>) else {
+            while end < bytes.len() && class(end) & TOKEN != 0 {
+                classes |= class(end);
+                end += 1;
+            }
+            break;
+        };
+        let chunk = ChunkClasses::of(chunk);
+        let run = chunk.token.trailing_ones() as usize;
+        classes |= chunk.classes_in((1 << run) - 1);
+        end += run;
+        if run < CHUNK {
+            break;
+        }
     }
     // A token holding a mark opens no drive path (that opens with a one-letter token), and
     // holds a mark: [`read_token`] would give its reference.
@@ -243,11 +348,79 @@ fn read_mark<'a>(text: &'a str, mark: usize, read: usize, f: &mut dyn FnMut(Cow<
     end
 }
 
-/// [`reference_of`] of a token holding a mark ([`chunk_marks`]) whose bytes' [`BYTE_CLASS`]
-/// bits together are `classes`, told by them where it can be (`reference_of` trims the ends,
-/// then searches the token for a `/`, a letter, and, for an identifier, reads every byte):
-/// with no `.` or `-` at its ends it needs no trimming; then a `/` makes it a path, a `.` or
-/// `-` inside no identifier; else it is letters, digits and `_` holding a `_` or a
+/// The classes of sixteen bytes (a token's, around a mark: [`read_mark`]), one bit each (byte
+/// `i` in bit `i`): token bytes ([`TOKEN`]), and the bytes of the [`SLASH`] and [`DOT_DASH`]
+/// classes (those [`marked_reference_of`] tells a token by, besides its letters).
+#[derive(Debug, PartialEq, Eq)]
+struct ChunkClasses {
+    token: u32,
+    slash: u32,
+    dot_dash: u32,
+}
+
+impl ChunkClasses {
+    /// By SSE2 (debug builds compare [`ChunkClasses::by_bytes`]); elsewhere by bytes.
+    fn of(chunk: &[u8; CHUNK]) -> ChunkClasses {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: SSE2 is part of the x86_64 baseline, enabled on every x86_64 target.
+            let classes = unsafe { chunk_classes_sse2(chunk) };
+            debug_assert_eq!(classes, ChunkClasses::by_bytes(chunk), "SSE2 classes of {chunk:?}");
+            classes
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        ChunkClasses::by_bytes(chunk)
+    }
+
+    /// [`ChunkClasses::of`] by each byte's [`BYTE_CLASS`].
+    fn by_bytes(chunk: &[u8; CHUNK]) -> ChunkClasses {
+        let mut classes = ChunkClasses { token: 0, slash: 0, dot_dash: 0 };
+        for (i, &b) in chunk.iter().enumerate() {
+            let class = BYTE_CLASS[usize::from(b)];
+            let bit = |of: u8| u32::from(class & of != 0) << i;
+            classes.token |= bit(TOKEN);
+            classes.slash |= bit(SLASH);
+            classes.dot_dash |= bit(DOT_DASH);
+        }
+        classes
+    }
+
+    /// The [`SLASH`] and [`DOT_DASH`] bits of the bytes in `range` (bit `i` for byte `i`)
+    /// together.
+    fn classes_in(&self, range: u32) -> u8 {
+        u8::from(self.slash & range != 0) * SLASH | u8::from(self.dot_dash & range != 0) * DOT_DASH
+    }
+}
+
+/// [`ChunkClasses::of`] by SSE2: by comparing lanes, and by signed comparisons of a byte's
+/// offset from the first of a range moved to the bottom of the signed range (as
+/// [`chunk_marks_sse2`]): the token bytes are `-./0-9` (one range), the letters (a range once
+/// `0x20` is set, which makes no other byte a lower-case letter) and `_`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn chunk_classes_sse2(chunk: &[u8; CHUNK]) -> ChunkClasses {
+    use std::arch::x86_64::{__m128i, _mm_add_epi8, _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_movemask_epi8, _mm_or_si128, _mm_set_epi64x, _mm_set1_epi8};
+    let (low, high) = chunk.split_at(CHUNK / 2);
+    let word = |half: &[u8]| i64::from_le_bytes(half.try_into().expect("half a chunk"));
+    let bytes = _mm_set_epi64x(word(high), word(low));
+    // `_mm_set1_epi8` takes the byte's bits as an `i8`.
+    let within = |bytes: __m128i, first: u8, len: u8| {
+        let moved = _mm_add_epi8(bytes, _mm_set1_epi8(0x80u8.wrapping_sub(first) as i8));
+        _mm_cmplt_epi8(moved, _mm_set1_epi8((0x80u8 + len) as i8))
+    };
+    let slash = _mm_cmpeq_epi8(bytes, _mm_set1_epi8(b'/' as i8));
+    let dot_dash = within(bytes, b'-', 2);
+    let letter = within(_mm_or_si128(bytes, _mm_set1_epi8(0x20)), b'a', 26);
+    let token = _mm_or_si128(_mm_or_si128(within(bytes, b'-', b'9' - b'-' + 1), letter), _mm_cmpeq_epi8(bytes, _mm_set1_epi8(b'_' as i8)));
+    let mask = |v: __m128i| _mm_movemask_epi8(v) as u32;
+    ChunkClasses { token: mask(token), slash: mask(slash), dot_dash: mask(dot_dash) }
+}
+
+/// [`reference_of`] of a token holding a mark ([`chunk_marks`]) whose bytes' [`SLASH`] and
+/// [`DOT_DASH`] bits together are those of `classes`, told by them where it can be
+/// (`reference_of` trims the ends, then searches the token for a `/`, a letter, and, for an
+/// identifier, reads every byte): with no `.` or `-` at its ends it needs no trimming; then a
+/// `/` makes it a path (if it holds a letter), a `.` or `-` inside no identifier; else it is letters, digits and `_` holding a `_` or a
 /// lower-to-upper change (its mark), an identifier if long enough and opening as one. Debug
 /// builds compare [`reference_of`].
 fn marked_reference_of<'a>(token: &'a str, classes: u8, f: &mut dyn FnMut(Cow<'a, str>)) {
@@ -277,7 +450,7 @@ fn marked_reference_by_classes<'a>(token: &'a str, classes: u8, f: &mut dyn FnMu
         return;
     }
     if classes & SLASH != 0 {
-        if classes & (LOWER | UPPER) != 0 {
+        if token.bytes().any(|b| b.is_ascii_alphabetic()) {
             f(Cow::Borrowed(token.trim_end_matches('/')));
         }
         return;
@@ -571,7 +744,7 @@ impl UsedNames {
             .iter()
             .map(|event| {
                 // Each reference numbered as found (the texts [`used_references`] reads).
-                let mut number = |text: &str| {
+                let mut number = |text: &str, _: Option<&SharedText>| {
                     each_reference(text, &mut |r| {
                         let n = match ids.get(r.as_ref()) {
                             Some(&n) => n,
@@ -635,10 +808,11 @@ impl LossKey {
     fn of(session: &ImportedSession, call_index: usize, previous: usize, after: &[Message], judgement: Judgement) -> (LossKey, Vec<u128>) {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut long = Vec::new();
-        let mut text = |text: &str| {
+        let mut text = |text: &str, shared: Option<&SharedText>| {
             hasher.update(&(text.len() as u64).to_le_bytes());
             if text.len() >= MEMOIZED_TEXT {
-                let digest = xxhash_rust::xxh3::xxh3_128(text.as_bytes());
+                // (A shared text hashes once for every run holding it: restored files are.)
+                let digest = shared.map_or_else(|| xxhash_rust::xxh3::xxh3_128(text.as_bytes()), SharedText::xxh3_128);
                 hasher.update(&digest.to_le_bytes());
                 long.push(digest);
             } else {
@@ -648,8 +822,8 @@ impl LossKey {
         for (position, fields) in [(call_index, true), (previous, false)] {
             if let Some(call) = session.calls.get(position) {
                 let number = if fields { call.index } else { usize::MAX };
-                text(&format!("{number} {} ", call.event_index));
-                text(if fields { "" } else { &call.lane });
+                text(&format!("{number} {} ", call.event_index), None);
+                text(if fields { "" } else { &call.lane }, None);
             }
         }
         each_message_text(after, &mut text);
@@ -781,16 +955,16 @@ impl ReferenceMemo {
                 EventKind::ModelReply(reply) if is_use => {
                     numbers.extend_from_slice(own);
                     for block in reply.content.iter().filter(|b| !matches!(b, ContentBlock::ToolUse { .. })) {
-                        each_block_text(block, &mut |text| names.add_numbers(text, &mut numbers));
+                        each_block_text(block, &mut |text, _| names.add_numbers(text, &mut numbers));
                     }
                 }
-                EventKind::UserPrompt(prompt) => each_content_text(&prompt.content, &mut |text| names.add_numbers(text, &mut numbers)),
+                EventKind::UserPrompt(prompt) => each_content_text(&prompt.content, &mut |text, _| names.add_numbers(text, &mut numbers)),
                 EventKind::ToolResult(result) => match &result.content {
                     Some(ToolResultContent::Text(text)) => names.add_numbers(text, &mut numbers),
-                    Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| each_block_text(b, &mut |text| names.add_numbers(text, &mut numbers))),
+                    Some(ToolResultContent::Blocks(blocks)) => blocks.iter().for_each(|b| each_block_text(b, &mut |text, _| names.add_numbers(text, &mut numbers))),
                     None => {}
                 },
-                EventKind::ModelReply(reply) => reply.content.iter().for_each(|b| each_block_text(b, &mut |text| names.add_numbers(text, &mut numbers))),
+                EventKind::ModelReply(reply) => reply.content.iter().for_each(|b| each_block_text(b, &mut |text, _| names.add_numbers(text, &mut numbers))),
                 EventKind::Attachment(attachment) if !ATTACHMENTS_NOT_SENT.contains(&attachment.attachment_type.as_str()) => {
                     names.add_numbers(&attachment_text(attachment), &mut numbers);
                 }
@@ -886,36 +1060,37 @@ fn used_references(kind: &EventKind) -> RefSet<'_> {
 }
 
 /// Calls `f` with each text of `messages` whose references a message holds (the strings of
-/// tool inputs one by one).
-fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str)) {
+/// tool inputs one by one), and the [`SharedText`] holding it where one does (which keeps its
+/// hash, [`SharedText::xxh3_128`]).
+fn each_message_text<'a>(messages: &'a [Message], f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
     for message in messages {
         each_content_text(&message.content, f);
     }
 }
 
 /// [`each_message_text`] of one message's content.
-fn each_content_text<'a>(content: &'a MessageContent, f: &mut dyn FnMut(&'a str)) {
+fn each_content_text<'a>(content: &'a MessageContent, f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
     match content {
-        MessageContent::Text(text) => f(text),
+        MessageContent::Text(text) => f(text, Some(text)),
         MessageContent::Blocks(blocks) => blocks.iter().for_each(|b| each_block_text(b, f)),
     }
 }
 
 /// [`each_message_text`] of one block ([`block_references`] reads the same texts).
-fn each_block_text<'a>(block: &'a ContentBlock, f: &mut dyn FnMut(&'a str)) {
-    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str)) {
+fn each_block_text<'a>(block: &'a ContentBlock, f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
+    fn value<'a>(v: &'a Value, f: &mut dyn FnMut(&'a str, Option<&'a SharedText>)) {
         match v {
-            Value::String(s) => f(s),
+            Value::String(s) => f(s, None),
             Value::Array(items) => items.iter().for_each(|v| value(v, f)),
             Value::Object(map) => map.values().for_each(|v| value(v, f)),
             _ => {}
         }
     }
     match block {
-        ContentBlock::Text { text, .. } => f(text),
-        ContentBlock::Thinking { thinking, .. } => f(thinking),
+        ContentBlock::Text { text, .. } => f(text, Some(text)),
+        ContentBlock::Thinking { thinking, .. } => f(thinking, None),
         ContentBlock::ToolUse { input, .. } | ContentBlock::ServerToolUse { input, .. } => value(input, f),
-        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t),
+        ContentBlock::ToolResult { content: Some(ToolResultContent::Text(t)), .. } => f(t, Some(t)),
         ContentBlock::ToolResult { content: Some(ToolResultContent::Blocks(blocks)), .. } => blocks.iter().for_each(|b| each_block_text(b, f)),
         _ => {}
     }
@@ -1077,7 +1252,7 @@ fn references_lost(session: &ImportedSession, call_index: usize, previous: usize
     let mut keys = long.iter();
     let mut long: Vec<Arc<[u32]>> = Vec::new();
     let mut short: Vec<&str> = Vec::new();
-    each_message_text(after, &mut |text| {
+    each_message_text(after, &mut |text, _| {
         if text.len() >= MEMOIZED_TEXT {
             let key = keys.next().copied().unwrap_or_else(|| xxhash_rust::xxh3::xxh3_128(text.as_bytes()));
             long.push(memo.text_numbers(text, key));
@@ -1157,7 +1332,7 @@ fn references_counted(session: &ImportedSession, call_index: usize, previous: us
     // Less those `after` holds: long texts' from the memo, short ones scanned (none once
     // nothing is lost).
     let mut keys = long.iter();
-    each_message_text(after, &mut |text| {
+    each_message_text(after, &mut |text, _| {
         if lost.0.iter().all(|&w| w == 0) {
             return;
         }

@@ -133,8 +133,9 @@ fn restored_file(cx: &mut ChainContext<'_>, texts: &RestoredTexts, ts: u64) -> E
 }
 
 /// A restored file's texts (the Read call, its numbered result) and the rough count of the
-/// message holding them: a function of the path and contents alone. The texts are shared with
-/// the blocks of each restore that sends them (a restored file is a whole file's text).
+/// message holding them: a function of the path and contents alone. Shared by the blocks of
+/// every restore that sends them, in every run (and what they keep with the texts, e.g. their
+/// hashes), rather than copied: a restored file is a whole file's text.
 struct RestoredTexts {
     call: SharedText,
     result: SharedText,
