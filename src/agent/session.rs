@@ -202,7 +202,7 @@ pub struct Session {
     /// The chain's entries for `records[..n]` as the last chain run left them (each what
     /// `record_to_entry` makes of its record and meta), so the next run makes only the new
     /// ones; emptied wherever records change other than by appending.
-    entry_cache: Vec<crate::agent::compact::Entry>,
+    entry_cache: chain_glue::EntryCache,
     /// The API messages of the records up to the last assistant record, as the last request
     /// made them; told wherever records change other than by appending.
     message_memo: MessageMemo,
@@ -303,7 +303,7 @@ impl Session {
             clears: 0,
             pool_memo: Default::default(),
             system_gathered: None,
-            entry_cache: Vec::new(),
+            entry_cache: Default::default(),
             message_memo: MessageMemo::default(),
             mcp_memo: Default::default(),
             lent_offset: None,
