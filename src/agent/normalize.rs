@@ -165,7 +165,7 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 pub struct MessageMemo {
     key: Option<(NormalizeOptions, bool, SharedText)>,
     split: usize,
-    messages: Vec<Message>,
+    messages: Prefix,
     mcp_ids: BTreeSet<String>,
     /// The list the last request handed back: after its first `spare_front` messages, every
     /// message is the prefix's message at its position ([`same_message`]), and there are no
@@ -200,7 +200,8 @@ pub struct MessageMemo {
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
 /// request copies the prefix instead), nor the raw view (a copy of a run seldom asks for it;
-/// one that does normalizes its prefix again once).
+/// one that does normalizes its prefix again once). It shares the prefix's messages up to the
+/// last [`MessageMemo::freeze`].
 impl Clone for MessageMemo {
     fn clone(&self) -> Self {
         MessageMemo {
@@ -220,7 +221,69 @@ impl Clone for MessageMemo {
     }
 }
 
+/// The messages of a memo's prefix: those before the last [`MessageMemo::freeze`] in shared
+/// chunks that every copy of the memo holds by pointer, and those added since. (A run is
+/// copied every few dozen steps to go on from later, and most copies are dropped unused: each
+/// would otherwise copy, then drop, the whole conversation.)
+#[derive(Default, Clone)]
+struct Prefix {
+    frozen: Vec<std::rc::Rc<Vec<Message>>>,
+    frozen_len: usize,
+    tail: Vec<Message>,
+}
+
+impl Prefix {
+    fn len(&self) -> usize {
+        self.frozen_len + self.tail.len()
+    }
+
+    fn extend(&mut self, more: Vec<Message>) {
+        self.tail.extend(more);
+    }
+
+    /// Moves the messages added since the last freeze into a shared chunk.
+    fn freeze(&mut self) {
+        if !self.tail.is_empty() {
+            let tail = std::mem::take(&mut self.tail);
+            self.frozen_len += tail.len();
+            self.frozen.push(std::rc::Rc::new(tail));
+        }
+    }
+
+    /// The messages from `from` on, in order. (Those from the tail on, what a request reads
+    /// of the prefix it lends, pass over no chunk.)
+    fn iter_from(&self, from: usize) -> impl Iterator<Item = &Message> {
+        let chunks = if from >= self.frozen_len { &[][..] } else { &self.frozen[..] };
+        let mut start = 0;
+        let frozen = chunks.iter().flat_map(move |chunk| {
+            let first = start;
+            start += chunk.len();
+            chunk.get(from.saturating_sub(first)..).unwrap_or_default()
+        });
+        frozen.chain(self.tail.get(from.saturating_sub(self.frozen_len)..).unwrap_or_default())
+    }
+}
+
+/// Shown as the list it is, wherever its chunks end.
+impl std::fmt::Debug for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter_from(0)).finish()
+    }
+}
+
+impl From<Vec<Message>> for Prefix {
+    fn from(tail: Vec<Message>) -> Self {
+        Prefix { frozen: Vec::new(), frozen_len: 0, tail }
+    }
+}
+
 impl MessageMemo {
+    /// Shares the prefix's messages so far with every later copy of the memo (and their
+    /// copies) rather than copying them into each ([`Prefix`]).
+    pub fn freeze(&mut self) {
+        self.messages.freeze();
+    }
+
     /// Forgets the prefix (the records were replaced).
     pub fn clear(&mut self) {
         *self = MessageMemo::default();
@@ -298,7 +361,7 @@ impl MessageMemo {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages, mcp_ids, raw, ..MessageMemo::default() };
+            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages: messages.into(), mcp_ids, raw, ..MessageMemo::default() };
         } else if self.split < split {
             // The last request's tail, when the records it was made of are all the prefix
             // gains: the messages before an assistant record are not changed by what follows.
@@ -366,9 +429,9 @@ impl MessageMemo {
         };
         let kept = messages.len() - front_len;
         self.lent_shared = if in_place { spare_unchanged.min(messages.len()) } else { 0 };
-        debug_assert!(kept <= self.messages.len() && messages[front_len..] == self.messages[..kept], "the spare list is the prefix's");
+        debug_assert!(kept <= self.messages.len() && messages[front_len..].iter().eq(self.messages.iter_from(0).take(kept)), "the spare list is the prefix's");
         messages.reserve(self.messages.len() - kept + tail.len() + 1);
-        messages.extend_from_slice(&self.messages[kept..]);
+        messages.extend(self.messages.iter_from(kept).cloned());
         let start = messages.len();
         messages.extend(tail);
         (messages, start)
@@ -389,13 +452,13 @@ impl MessageMemo {
         }
         messages.truncate(offset + self.messages.len());
         let skip = unchanged.saturating_sub(offset);
-        for (given, kept) in messages[offset..].iter_mut().zip(&self.messages).skip(skip) {
+        for (given, kept) in messages[offset..].iter_mut().skip(skip).zip(self.messages.iter_from(skip)) {
             if !same_message(given, kept) {
                 *given = kept.clone();
             }
         }
         debug_assert!(
-            messages[offset..].iter().zip(&self.messages).take(skip).all(|(given, kept)| same_message(given, kept)),
+            messages[offset..].iter().zip(self.messages.iter_from(0)).take(skip).all(|(given, kept)| same_message(given, kept)),
             "a message counted as unchanged ({unchanged} from {offset}) differs from the prefix's"
         );
         self.spare_unchanged = unchanged.min(messages.len());

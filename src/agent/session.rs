@@ -407,6 +407,13 @@ impl Session {
         }
     }
 
+    /// Shares the messages the session keeps from request to request with every later copy
+    /// of it (a run's checkpoints) rather than copying them into each
+    /// ([`MessageMemo::freeze`]).
+    pub fn freeze(&mut self) {
+        self.message_memo.freeze();
+    }
+
     /// This session as text, without what only saves work and what only names allocations:
     /// the peer mechanism's memo, the MCP and finalize memos, the system prompt's gathered
     /// inputs (kept by the file system's change marks, which every copy of a world renews), the

@@ -1489,7 +1489,7 @@ pub fn agent_whatif_family_until(
     };
     let mut results: Vec<Option<Result<AgentOutcome, String>>> = effectives.iter().map(|_| None).collect();
     let checkpoint = |trunk: &mut RunState<'_>, measurer: &Measurer, max_checked: Option<u64>| {
-        trunk.freeze_rows();
+        trunk.freeze();
         std::rc::Rc::new(Checkpoint { state: trunk.checkpoint(), measurer: measurer.state(), max_checked, rows: trunk.rows() })
     };
     // The start is a checkpoint every run may go on from.
