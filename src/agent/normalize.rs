@@ -165,7 +165,7 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 pub struct MessageMemo {
     key: Option<(NormalizeOptions, bool, SharedText)>,
     split: usize,
-    messages: Prefix,
+    messages: crate::shared::Chunked<Message>,
     mcp_ids: BTreeSet<String>,
     /// The list the last request handed back: after its first `spare_front` messages, every
     /// message is the prefix's message at its position ([`same_message`]), and there are no
@@ -221,65 +221,9 @@ impl Clone for MessageMemo {
     }
 }
 
-/// The messages of a memo's prefix: those before the last [`MessageMemo::freeze`] in shared
-/// chunks that every copy of the memo holds by pointer, and those added since. (A run is
-/// copied every few dozen steps to go on from later, and most copies are dropped unused: each
-/// would otherwise copy, then drop, the whole conversation.)
-#[derive(Default, Clone)]
-struct Prefix {
-    frozen: Vec<std::rc::Rc<Vec<Message>>>,
-    frozen_len: usize,
-    tail: Vec<Message>,
-}
-
-impl Prefix {
-    fn len(&self) -> usize {
-        self.frozen_len + self.tail.len()
-    }
-
-    fn extend(&mut self, more: Vec<Message>) {
-        self.tail.extend(more);
-    }
-
-    /// Moves the messages added since the last freeze into a shared chunk.
-    fn freeze(&mut self) {
-        if !self.tail.is_empty() {
-            let tail = std::mem::take(&mut self.tail);
-            self.frozen_len += tail.len();
-            self.frozen.push(std::rc::Rc::new(tail));
-        }
-    }
-
-    /// The messages from `from` on, in order. (Those from the tail on, what a request reads
-    /// of the prefix it lends, pass over no chunk.)
-    fn iter_from(&self, from: usize) -> impl Iterator<Item = &Message> {
-        let chunks = if from >= self.frozen_len { &[][..] } else { &self.frozen[..] };
-        let mut start = 0;
-        let frozen = chunks.iter().flat_map(move |chunk| {
-            let first = start;
-            start += chunk.len();
-            chunk.get(from.saturating_sub(first)..).unwrap_or_default()
-        });
-        frozen.chain(self.tail.get(from.saturating_sub(self.frozen_len)..).unwrap_or_default())
-    }
-}
-
-/// Shown as the list it is, wherever its chunks end.
-impl std::fmt::Debug for Prefix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter_from(0)).finish()
-    }
-}
-
-impl From<Vec<Message>> for Prefix {
-    fn from(tail: Vec<Message>) -> Self {
-        Prefix { frozen: Vec::new(), frozen_len: 0, tail }
-    }
-}
-
 impl MessageMemo {
     /// Shares the prefix's messages so far with every later copy of the memo (and their
-    /// copies) rather than copying them into each ([`Prefix`]).
+    /// copies) rather than copying them into each ([`crate::shared::Chunked`]).
     pub fn freeze(&mut self) {
         self.messages.freeze();
     }
