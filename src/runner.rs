@@ -197,7 +197,7 @@ pub struct RunOptions<'o> {
     pub client: Option<Box<dyn ClientRules>>,
 }
 
-/// A run's rows: those measured before the last [`RunState::freeze_rows`], in shared chunks
+/// A run's rows: those measured before the last [`RunState::freeze`], in shared chunks
 /// that every copy of the state holds by pointer, and those measured since.
 #[derive(Clone, Default)]
 struct Rows {
@@ -472,11 +472,13 @@ impl<'o> RunState<'o> {
         self.out.rows.iter_from(from)
     }
 
-    /// Shares the rows measured so far with every later [`RunState::checkpoint`] of this state
-    /// (and its copies) rather than copying them into each: a run checkpointed every few steps
-    /// would otherwise copy its rows over and over.
-    pub fn freeze_rows(&mut self) {
+    /// Shares the rows measured so far, and the session's kept messages ([`Session::freeze`]),
+    /// with every later [`RunState::checkpoint`] of this state (and its copies) rather than
+    /// copying them into each: a run checkpointed every few steps would otherwise copy its
+    /// rows and its conversation over and over.
+    pub fn freeze(&mut self) {
         self.out.rows.freeze();
+        self.agent.freeze();
     }
 
     /// Main requests the blocking limit refused, and prompt-too-long errors surfaced, so far.

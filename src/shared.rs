@@ -168,6 +168,123 @@ impl<T: Serialize> Serialize for SharedList<T> {
     }
 }
 
+/// A list that mostly grows at its end, copied whole often and changed in place by one
+/// holder: the items before the last [`Chunked::freeze`] in shared chunks that every copy
+/// holds by pointer, and those added since. (A run is copied every few dozen steps to go on
+/// from later, and most copies are dropped unused: each would otherwise copy, then drop, its
+/// whole conversation.) A chunk is never changed: cut short, the list keeps a leading part of
+/// it. Read in order from a position ([`Chunked::iter_from`]); shown as the list it is,
+/// wherever its chunks end.
+#[derive(Clone)]
+pub struct Chunked<T> {
+    /// Each chunk with how many of its leading items are the list's.
+    frozen: Vec<(Arc<Vec<T>>, usize)>,
+    frozen_len: usize,
+    tail: Vec<T>,
+}
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked { frozen: Vec::new(), frozen_len: 0, tail: Vec::new() }
+    }
+}
+
+impl<T> Chunked<T> {
+    pub fn len(&self) -> usize {
+        self.frozen_len + self.tail.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn extend(&mut self, more: impl IntoIterator<Item = T>) {
+        self.tail.extend(more);
+    }
+
+    pub fn clear(&mut self) {
+        *self = Chunked::default();
+    }
+
+    /// Moves the items added since the last freeze into a shared chunk.
+    pub fn freeze(&mut self) {
+        if !self.tail.is_empty() {
+            let tail = std::mem::take(&mut self.tail);
+            self.frozen_len += tail.len();
+            let len = tail.len();
+            self.frozen.push((Arc::new(tail), len));
+        }
+    }
+
+    /// Keeps the first `len` items: the chunks past them are let go, and of a chunk they end
+    /// in, only its leading items count.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.frozen_len {
+            self.tail.truncate(len - self.frozen_len);
+            return;
+        }
+        self.tail.clear();
+        while let Some((_, used)) = self.frozen.last_mut() {
+            let start = self.frozen_len - *used;
+            if start >= len {
+                self.frozen_len = start;
+                self.frozen.pop();
+            } else {
+                *used = len - start;
+                self.frozen_len = len;
+                break;
+            }
+        }
+    }
+
+    /// The item at `index`. (Those from the tail on pass over no chunk; a chunk is found from
+    /// the last one back.)
+    pub fn get(&self, index: usize) -> Option<&T> {
+        if index >= self.frozen_len {
+            return self.tail.get(index - self.frozen_len);
+        }
+        let mut start = self.frozen_len;
+        for (chunk, used) in self.frozen.iter().rev() {
+            start -= used;
+            if index >= start {
+                return chunk.get(index - start);
+            }
+        }
+        None
+    }
+
+    /// The items from `from` on, in order. (Those from the tail on pass over no chunk.)
+    pub fn iter_from(&self, from: usize) -> impl Iterator<Item = &T> {
+        let chunks = if from >= self.frozen_len { &[][..] } else { &self.frozen[..] };
+        let mut start = 0;
+        let frozen = chunks.iter().flat_map(move |(chunk, used)| {
+            let first = start;
+            start += used;
+            chunk[..*used].get(from.saturating_sub(first)..).unwrap_or_default()
+        });
+        frozen.chain(self.tail.get(from.saturating_sub(self.frozen_len)..).unwrap_or_default())
+    }
+}
+
+impl<T: Clone> Chunked<T> {
+    pub fn extend_from_slice(&mut self, more: &[T]) {
+        self.tail.extend_from_slice(more);
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Chunked<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter_from(0)).finish()
+    }
+}
+
+impl<T> From<Vec<T>> for Chunked<T> {
+    fn from(tail: Vec<T>) -> Self {
+        Chunked { frozen: Vec::new(), frozen_len: 0, tail }
+    }
+}
+
+
 /// A number no other call in this process returns (from 1 up): names a value's state (a scan,
 /// a flattened request, a tree's lineage) so that work kept for it is matched by equality only.
 /// Which number a value gets depends on the schedule, so it is never output.
@@ -182,4 +299,49 @@ pub fn fresh_stamp() -> u64 {
 pub fn counted_against(head: &str, counted: u64, relation: &str, limit: u64) -> String {
     let (mut a, mut b) = (itoa::Buffer::new(), itoa::Buffer::new());
     [head, a.format(counted), relation, b.format(limit), ")"].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chunked;
+
+    /// A chunked list and its copies read as plain lists under the same pushes, cuts and
+    /// freezes, whichever copy goes on.
+    #[test]
+    fn chunked_lists_read_as_plain_lists() {
+        let mut list: Chunked<u32> = Chunked::default();
+        let mut plain: Vec<u32> = Vec::new();
+        let mut copies: Vec<(Chunked<u32>, Vec<u32>)> = Vec::new();
+        let mut seed = 7u64;
+        for step in 0..2_000u32 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            match (seed >> 33) % 7 {
+                0 => {
+                    let len = plain.len().saturating_sub(((seed >> 40) % 4) as usize);
+                    list.truncate(len);
+                    plain.truncate(len);
+                }
+                1 => {
+                    list.freeze();
+                    copies.push((list.clone(), plain.clone()));
+                }
+                2 if !copies.is_empty() => {
+                    let at = (seed >> 45) as usize % copies.len();
+                    (list, plain) = copies.swap_remove(at);
+                }
+                _ => {
+                    list.extend_from_slice(&[step, step + 1]);
+                    plain.extend_from_slice(&[step, step + 1]);
+                }
+            }
+            assert_eq!(list.len(), plain.len());
+            assert_eq!(list.iter_from(0).copied().collect::<Vec<_>>(), plain);
+            let from = (seed >> 50) as usize % (plain.len() + 2);
+            assert_eq!(list.iter_from(from).copied().collect::<Vec<_>>(), plain.get(from..).unwrap_or_default());
+            assert_eq!(list.get(from), plain.get(from));
+        }
+        for (copy, plain) in &copies {
+            assert_eq!(copy.iter_from(0).copied().collect::<Vec<_>>(), *plain);
+        }
+    }
 }

@@ -165,7 +165,7 @@ pub fn normalize_refs(records: Vec<&Record>, options: NormalizeOptions) -> Vec<M
 pub struct MessageMemo {
     key: Option<(NormalizeOptions, bool, SharedText)>,
     split: usize,
-    messages: Vec<Message>,
+    messages: crate::shared::Chunked<Message>,
     mcp_ids: BTreeSet<String>,
     /// The list the last request handed back: after its first `spare_front` messages, every
     /// message is the prefix's message at its position ([`same_message`]), and there are no
@@ -200,7 +200,8 @@ pub struct MessageMemo {
 
 /// A copy keeps no spare list (it would copy the conversation for nothing; the copy's first
 /// request copies the prefix instead), nor the raw view (a copy of a run seldom asks for it;
-/// one that does normalizes its prefix again once).
+/// one that does normalizes its prefix again once). It shares the prefix's messages up to the
+/// last [`MessageMemo::freeze`].
 impl Clone for MessageMemo {
     fn clone(&self) -> Self {
         MessageMemo {
@@ -221,6 +222,12 @@ impl Clone for MessageMemo {
 }
 
 impl MessageMemo {
+    /// Shares the prefix's messages so far with every later copy of the memo (and their
+    /// copies) rather than copying them into each ([`crate::shared::Chunked`]).
+    pub fn freeze(&mut self) {
+        self.messages.freeze();
+    }
+
     /// Forgets the prefix (the records were replaced).
     pub fn clear(&mut self) {
         *self = MessageMemo::default();
@@ -298,7 +305,7 @@ impl MessageMemo {
                 crate::agent::dialect::mcp_results_as_blocks_after(&mut messages, &mut mcp_ids);
                 finalize_tool_results(&mut messages);
             }
-            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages, mcp_ids, raw, ..MessageMemo::default() };
+            *self = MessageMemo { key: Some((options, finish, context.clone())), split, messages: messages.into(), mcp_ids, raw, ..MessageMemo::default() };
         } else if self.split < split {
             // The last request's tail, when the records it was made of are all the prefix
             // gains: the messages before an assistant record are not changed by what follows.
@@ -366,9 +373,9 @@ impl MessageMemo {
         };
         let kept = messages.len() - front_len;
         self.lent_shared = if in_place { spare_unchanged.min(messages.len()) } else { 0 };
-        debug_assert!(kept <= self.messages.len() && messages[front_len..] == self.messages[..kept], "the spare list is the prefix's");
+        debug_assert!(kept <= self.messages.len() && messages[front_len..].iter().eq(self.messages.iter_from(0).take(kept)), "the spare list is the prefix's");
         messages.reserve(self.messages.len() - kept + tail.len() + 1);
-        messages.extend_from_slice(&self.messages[kept..]);
+        messages.extend(self.messages.iter_from(kept).cloned());
         let start = messages.len();
         messages.extend(tail);
         (messages, start)
@@ -389,13 +396,13 @@ impl MessageMemo {
         }
         messages.truncate(offset + self.messages.len());
         let skip = unchanged.saturating_sub(offset);
-        for (given, kept) in messages[offset..].iter_mut().zip(&self.messages).skip(skip) {
+        for (given, kept) in messages[offset..].iter_mut().skip(skip).zip(self.messages.iter_from(skip)) {
             if !same_message(given, kept) {
                 *given = kept.clone();
             }
         }
         debug_assert!(
-            messages[offset..].iter().zip(&self.messages).take(skip).all(|(given, kept)| same_message(given, kept)),
+            messages[offset..].iter().zip(self.messages.iter_from(0)).take(skip).all(|(given, kept)| same_message(given, kept)),
             "a message counted as unchanged ({unchanged} from {offset}) differs from the prefix's"
         );
         self.spare_unchanged = unchanged.min(messages.len());

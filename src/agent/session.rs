@@ -202,7 +202,7 @@ pub struct Session {
     /// The chain's entries for `records[..n]` as the last chain run left them (each what
     /// `record_to_entry` makes of its record and meta), so the next run makes only the new
     /// ones; emptied wherever records change other than by appending.
-    entry_cache: Vec<crate::agent::compact::Entry>,
+    entry_cache: chain_glue::EntryCache,
     /// The API messages of the records up to the last assistant record, as the last request
     /// made them; told wherever records change other than by appending.
     message_memo: MessageMemo,
@@ -303,7 +303,7 @@ impl Session {
             clears: 0,
             pool_memo: Default::default(),
             system_gathered: None,
-            entry_cache: Vec::new(),
+            entry_cache: Default::default(),
             message_memo: MessageMemo::default(),
             mcp_memo: Default::default(),
             lent_offset: None,
@@ -405,6 +405,13 @@ impl Session {
         {
             probe.mcp_instructions = true;
         }
+    }
+
+    /// Shares the messages the session keeps from request to request with every later copy
+    /// of it (a run's checkpoints) rather than copying them into each
+    /// ([`MessageMemo::freeze`]).
+    pub fn freeze(&mut self) {
+        self.message_memo.freeze();
     }
 
     /// This session as text, without what only saves work and what only names allocations:

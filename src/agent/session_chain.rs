@@ -158,13 +158,23 @@ pub struct SideCall {
 }
 
 fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
+    record_to_entry_rendered(record, meta, None)
+}
+
+/// [`record_to_entry`], with `rendered` (when given) as the attachment's render: a content
+/// an entry made from the same record before had.
+fn record_to_entry_rendered(record: &Record, meta: &RecordMeta, rendered: Option<MessageContent>) -> Entry {
     let (message, kind, is_meta) = match record {
         Record::User { content, meta } => (Message { role: Role::User, content: content.clone(), extra: Default::default() }, EntryKind::Message, *meta),
         Record::Assistant { content } => {
             (Message { role: Role::Assistant, content: MessageContent::Blocks(content.clone()), extra: Default::default() }, EntryKind::Message, false)
         }
         Record::Attachment { attachment, .. } => {
-            (Message::user_blocks(attachment.render()), EntryKind::Attachment { kind: attachment.kind().into() }, true)
+            let message = match rendered {
+                Some(content) => Message { role: Role::User, content, extra: Default::default() },
+                None => Message::user_blocks(attachment.render()),
+            };
+            (message, EntryKind::Attachment { kind: attachment.kind().into() }, true)
         }
     };
     let mut entry = Entry::new(message, meta.uuid, meta.timestamp_ms);
@@ -174,6 +184,127 @@ fn record_to_entry(record: &Record, meta: &RecordMeta) -> Entry {
     entry.usage = meta.usage.clone();
     entry.mark_pristine();
     entry
+}
+
+/// The chain's entries kept for the next run ([`Session::entries`]): for `records[..n]`, each
+/// what [`record_to_entry`] makes of its record and meta, with what the runs found about its
+/// message (rough count, the budget's candidates and mark).
+///
+/// A copy (a run's checkpoint, most of which no run ever goes on from) keeps of them only the
+/// budget's marks (which the copy's budget scan reads) and the attachments' renders (rendering
+/// one again costs more than the rest of its entry), not the 320-byte entries: the copy's
+/// first run makes its entries again from the records, which are the copy's own, and finds
+/// again what else it asks of them (little: its chain state's running counts are the copy's
+/// too). Debug builds keep the entries too and compare.
+#[derive(Debug, Default)]
+pub(crate) struct EntryCache {
+    entries: Vec<Entry>,
+    /// A copy's (`entries` is then empty).
+    copy: Option<CopiedEntries>,
+}
+
+/// What a copy of an [`EntryCache`] keeps.
+#[derive(Debug, Clone)]
+struct CopiedEntries {
+    /// How many leading records the copied entries were of.
+    len: usize,
+    /// Their budget marks ([`Entry::budget_mark`]).
+    marks: Vec<Option<(u64, usize)>>,
+    /// The attachments' renders among them, by position.
+    rendered: Vec<(usize, MessageContent)>,
+    #[cfg(debug_assertions)]
+    entries: Vec<Entry>,
+}
+
+impl Clone for EntryCache {
+    fn clone(&self) -> Self {
+        let copy = if self.entries.is_empty() {
+            self.copy.clone()
+        } else {
+            let rendered = self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, entry)| matches!(entry.kind, EntryKind::Attachment { .. }))
+                .map(|(i, entry)| (i, entry.message().content.clone()))
+                .collect();
+            Some(CopiedEntries {
+                len: self.entries.len(),
+                marks: self.entries.iter().map(Entry::budget_mark).collect(),
+                rendered,
+                #[cfg(debug_assertions)]
+                entries: self.entries.clone(),
+            })
+        };
+        EntryCache { entries: Vec::new(), copy }
+    }
+}
+
+impl EntryCache {
+    /// How many leading records the kept entries are of.
+    fn len(&self) -> usize {
+        self.copy.as_ref().map_or(self.entries.len(), |copy| copy.len)
+    }
+
+    /// The kept entries, taken (the cache is left empty): made again from `records` (with
+    /// their `metas`) where this is a copy.
+    fn take(&mut self, records: &[Record], metas: &[RecordMeta]) -> Vec<Entry> {
+        let Some(copy) = self.copy.take() else { return std::mem::take(&mut self.entries) };
+        let n = copy.len.min(records.len()).min(metas.len());
+        // (Room for the records appended since, which the run makes entries of.)
+        let mut entries = Vec::with_capacity(records.len());
+        let mut rendered = copy.rendered.into_iter().peekable();
+        for (i, (record, meta)) in records[..n].iter().zip(&metas[..n]).enumerate() {
+            let content = rendered.next_if(|(at, _)| *at == i).map(|(_, content)| content);
+            let entry = record_to_entry_rendered(record, meta, content);
+            if let Some(&Some((stamp, position))) = copy.marks.get(i) {
+                entry.set_budget_mark(stamp, position);
+            }
+            entries.push(entry);
+        }
+        #[cfg(debug_assertions)]
+        debug_assert!(
+            entries.len() == copy.entries.len().min(n)
+                && entries.iter().zip(&copy.entries).all(|(made, copied)| made == copied && made.budget_mark() == copied.budget_mark()),
+            "an entry made again from its record is not the one the copy was made of"
+        );
+        entries
+    }
+
+    /// The reply of record `index` got `usage` and `message_id` (its meta's message id was
+    /// `before`): its kept entry takes them, and forgets its budget mark with another id.
+    fn note_usage(&mut self, index: usize, before: Option<&str>, usage: &Usage, message_id: &std::rc::Rc<str>) {
+        let changed = before != Some(&**message_id);
+        if let Some(entry) = self.entries.get_mut(index) {
+            if changed {
+                entry.forget_budget_mark();
+            }
+            entry.usage = Some(usage.clone());
+            entry.message_id = Some(message_id.clone());
+        }
+        if let Some(copy) = self.copy.as_mut() {
+            if changed && let Some(mark) = copy.marks.get_mut(index) {
+                *mark = None;
+            }
+            #[cfg(debug_assertions)]
+            if let Some(entry) = copy.entries.get_mut(index) {
+                if changed {
+                    entry.forget_budget_mark();
+                }
+                entry.usage = Some(usage.clone());
+                entry.message_id = Some(message_id.clone());
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = EntryCache::default();
+    }
+
+    /// Keeps `entries`, those of the first records.
+    fn set(&mut self, entries: Vec<Entry>) {
+        *self = EntryCache { entries, copy: None };
+    }
 }
 
 /// Whether `entry`, still pristine, is what [`record_to_entry`] makes of `record` under the
@@ -438,7 +569,7 @@ impl Session {
     /// The records as chain entries: those the last run left (kept in step with the records,
     /// their rough counts memoized) and the records appended since, made now.
     fn entries(&mut self) -> Vec<Entry> {
-        let mut entries = std::mem::take(&mut self.entry_cache);
+        let mut entries = self.entry_cache.take(&self.records, &self.record_meta);
         self.chain_state.kept_changed_from(self.records.len());
         entries.truncate(self.records.len());
         let start = entries.len();
@@ -459,17 +590,12 @@ impl Session {
     pub fn note_usage(&mut self, usage: Usage, message_id: String, now_ms: u64) {
         self.sync_meta(now_ms);
         if let Some(i) = self.records.iter().rposition(|r| matches!(r, Record::Assistant { .. })) {
-            if let Some(entry) = self.entry_cache.get_mut(i) {
+            // (A copy's entry is made again from the record's meta, changed below.)
+            if i < self.entry_cache.len() {
                 self.chain_state.kept_changed_from(i);
-                if entry.message_id.as_deref() != Some(message_id.as_str()) {
-                    entry.forget_budget_mark();
-                }
-                entry.usage = Some(usage.clone());
             }
             let message_id: std::rc::Rc<str> = message_id.into();
-            if let Some(entry) = self.entry_cache.get_mut(i) {
-                entry.message_id = Some(message_id.clone());
-            }
+            self.entry_cache.note_usage(i, self.record_meta[i].message_id.as_deref(), &usage, &message_id);
             self.record_meta[i].usage = Some(usage);
             self.record_meta[i].message_id = Some(message_id);
         }
@@ -782,7 +908,7 @@ impl Session {
         self.chain_state.rough_sums.invalidate_from(unchanged);
         self.records = records;
         self.record_meta = metas;
-        self.entry_cache = next;
+        self.entry_cache.set(next);
         if run.compacted {
             self.after_compaction();
             // A full compaction re-announces every delta; session-memory compaction keeps no

@@ -81,7 +81,8 @@ struct Track {
     thinking: Option<crate::api::SharedValue>,
     folds: HeadFolds,
     /// The last request's messages when it carried no keys (compared by content), else empty.
-    messages: Vec<Message>,
+    /// Shared with the track's copies up to the last [`Flattener::freeze`].
+    messages: crate::shared::Chunked<Message>,
     /// The keys of the last request's messages ([`Flattener::flatten_keyed`]), when it carried
     /// them.
     keys: Option<Vec<u128>>,
@@ -120,7 +121,7 @@ impl Track {
             system: None,
             thinking: None,
             folds: HeadFolds::default(),
-            messages: Vec::new(),
+            messages: Default::default(),
             keys: None,
             len: 0,
             first: None,
@@ -249,6 +250,14 @@ impl Flattener {
     /// sweep) skip it.
     pub fn without_body_hashes() -> Self {
         Flattener { body_hashes: false, ..Flattener::default() }
+    }
+
+    /// Shares the messages each track keeps with every later copy of this flattener (a run's
+    /// checkpoints) rather than copying them into each ([`crate::shared::Chunked`]).
+    pub fn freeze(&mut self) {
+        for track in &mut self.tracks {
+            track.messages.freeze();
+        }
     }
 
     /// A new flattener with this one's settings and none of its tracks.
@@ -395,10 +404,10 @@ impl Flattener {
                     _ => 0,
                 };
                 debug_assert!(
-                    request.messages[..known].iter().zip(&track.messages).all(|(new, old)| same_message(new, old)),
+                    request.messages[..known].iter().zip(track.messages.iter_from(0)).all(|(new, old)| same_message(new, old)),
                     "a message the caller counted as the last request's differs from it ({known} counted)"
                 );
-                known + request.messages[known..].iter().zip(&track.messages[known..]).take_while(|(new, old)| same_message(new, old)).count()
+                known + request.messages[known..].iter().zip(track.messages.iter_from(known)).take_while(|(new, old)| same_message(new, old)).count()
             }
             _ => 0,
         };
@@ -413,7 +422,7 @@ impl Flattener {
         };
         let reuse = first_change.map_or(reuse, |m| reuse.min(m));
         let mut new_salts: Vec<(usize, u128)> = old_salts.iter().copied().take_while(|&(m, _)| m < reuse).collect();
-        let same = |m: usize, old_messages: &[Message], old_keys: Option<&[u128]>| match (keys, old_keys) {
+        let same = |m: usize, old_messages: &crate::shared::Chunked<Message>, old_keys: Option<&[u128]>| match (keys, old_keys) {
             (Some(new), Some(old)) => new[m] == old[m],
             _ => old_messages.get(m).is_some_and(|old| same_message(&request.messages[m], old)),
         };

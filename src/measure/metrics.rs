@@ -302,6 +302,13 @@ impl Measurer {
         self.state.cache.set_lookback_rule(self.lookback);
     }
 
+    /// Shares the messages its flatteners keep with every later [`Self::state`] of this
+    /// measurer rather than copying them into each ([`Flattener::freeze`]).
+    pub fn freeze(&mut self) {
+        self.state.flattener.freeze();
+        self.state.edited.freeze();
+    }
+
     /// What this measurer has measured so far (cache, lanes, tracks, row numbering, key
     /// spaces), without its model table and estimator: [`Self::restore`] puts it back.
     pub fn state(&self) -> MeasurerState {

@@ -1490,12 +1490,13 @@ pub fn agent_whatif_family_until(
         steps
     };
     let mut results: Vec<Option<Result<AgentOutcome, String>>> = effectives.iter().map(|_| None).collect();
-    let checkpoint = |trunk: &mut RunState<'_>, measurer: &Measurer, max_checked: Option<u64>| {
-        trunk.freeze_rows();
+    let checkpoint = |trunk: &mut RunState<'_>, measurer: &mut Measurer, max_checked: Option<u64>| {
+        trunk.freeze();
+        measurer.freeze();
         std::rc::Rc::new(Checkpoint { state: trunk.checkpoint(), measurer: measurer.state(), max_checked, rows: trunk.rows() })
     };
     // The start is a checkpoint every run may go on from.
-    let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&mut trunk, &measurer, None)];
+    let mut kept: Vec<std::rc::Rc<Checkpoint>> = vec![checkpoint(&mut trunk, &mut measurer, None)];
     let mut latest: Option<std::rc::Rc<Checkpoint>> = kept.first().cloned();
     let mut max_checked: Option<u64> = None;
     let mut pending: Vec<usize> = (0..effectives.len()).filter(|&i| i != top && !mirrored.iter().any(|&(m, _)| m == i)).collect();
@@ -1520,14 +1521,14 @@ pub fn agent_whatif_family_until(
     while !trunk.done(&scenarios.list[first].1) {
         let step = trunk.next_step();
         if recorded_steps.contains(&step) {
-            let c = checkpoint(&mut trunk, &measurer, max_checked);
+            let c = checkpoint(&mut trunk, &mut measurer, max_checked);
             kept.push(c.clone());
             latest = Some(c);
             since = 0;
         } else if (since >= EVERY && pending.iter().any(|&p| may_act(p))) || near(&pending, last_high, rise) {
             // (Only a strategy still to branch goes on from these: none for one that never acts
             // otherwise, which goes on from the trunk's end.)
-            latest = Some(checkpoint(&mut trunk, &measurer, max_checked));
+            latest = Some(checkpoint(&mut trunk, &mut measurer, max_checked));
             since = 0;
         }
         since += 1;
@@ -1642,7 +1643,7 @@ pub fn agent_whatif_family_until(
     }
     // The trunk's own result, and the strategies whose threshold it never reached: the trunk up
     // to its end.
-    let end = checkpoint(&mut trunk, &measurer, max_checked);
+    let end = checkpoint(&mut trunk, &mut measurer, max_checked);
     let compacted = trunk.take_compacted_requests();
     let trunk_refused = trunk.refused();
     let mirrors = trunk.take_mirrors();
