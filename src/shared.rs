@@ -284,7 +284,6 @@ impl<T> From<Vec<T>> for Chunked<T> {
     }
 }
 
-
 /// A number no other call in this process returns (from 1 up): names a value's state (a scan,
 /// a flattened request, a tree's lineage) so that work kept for it is matched by equality only.
 /// Which number a value gets depends on the schedule, so it is never output.
@@ -304,44 +303,61 @@ pub fn counted_against(head: &str, counted: u64, relation: &str, limit: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::Chunked;
+    use proptest::prelude::*;
 
-    /// A chunked list and its copies read as plain lists under the same pushes, cuts and
-    /// freezes, whichever copy goes on.
-    #[test]
-    fn chunked_lists_read_as_plain_lists() {
-        let mut list: Chunked<u32> = Chunked::default();
-        let mut plain: Vec<u32> = Vec::new();
-        let mut copies: Vec<(Chunked<u32>, Vec<u32>)> = Vec::new();
-        let mut seed = 7u64;
-        for step in 0..2_000u32 {
-            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            match (seed >> 33) % 7 {
-                0 => {
-                    let len = plain.len().saturating_sub(((seed >> 40) % 4) as usize);
-                    list.truncate(len);
-                    plain.truncate(len);
+    /// What a list undergoes: items pushed, a cut of up to three items, a freeze that keeps a
+    /// copy, and going on from one of the copies kept.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push(u8),
+        Cut(usize),
+        FreezeAndCopy,
+        GoOnFrom(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![4 => (1u8..4).prop_map(Op::Push), 1 => (0usize..4).prop_map(Op::Cut), 1 => Just(Op::FreezeAndCopy), 1 => any::<usize>().prop_map(Op::GoOnFrom)]
+    }
+
+    proptest! {
+        /// A chunked list and its copies read as plain lists under the same pushes, cuts and
+        /// freezes, whichever copy goes on, from every position.
+        #[test]
+        fn chunked_lists_read_as_plain_lists(ops in prop::collection::vec(op(), 0..200)) {
+            let mut list: Chunked<u32> = Chunked::default();
+            let mut plain: Vec<u32> = Vec::new();
+            let mut copies: Vec<(Chunked<u32>, Vec<u32>)> = Vec::new();
+            for (step, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Push(n) => {
+                        let items: Vec<u32> = (0..u32::from(n)).map(|k| step as u32 * 4 + k).collect();
+                        list.extend_from_slice(&items);
+                        plain.extend_from_slice(&items);
+                    }
+                    Op::Cut(by) => {
+                        let len = plain.len().saturating_sub(by);
+                        list.truncate(len);
+                        plain.truncate(len);
+                    }
+                    Op::FreezeAndCopy => {
+                        list.freeze();
+                        copies.push((list.clone(), plain.clone()));
+                    }
+                    Op::GoOnFrom(at) if !copies.is_empty() => {
+                        let at = at % copies.len();
+                        (list, plain) = copies.swap_remove(at);
+                    }
+                    Op::GoOnFrom(_) => {}
                 }
-                1 => {
-                    list.freeze();
-                    copies.push((list.clone(), plain.clone()));
-                }
-                2 if !copies.is_empty() => {
-                    let at = (seed >> 45) as usize % copies.len();
-                    (list, plain) = copies.swap_remove(at);
-                }
-                _ => {
-                    list.extend_from_slice(&[step, step + 1]);
-                    plain.extend_from_slice(&[step, step + 1]);
+                prop_assert_eq!(list.len(), plain.len());
+                for from in 0..plain.len() + 2 {
+                    prop_assert_eq!(list.iter_from(from).copied().collect::<Vec<_>>(), plain.get(from..).unwrap_or_default());
+                    prop_assert_eq!(list.get(from), plain.get(from));
                 }
             }
-            assert_eq!(list.len(), plain.len());
-            assert_eq!(list.iter_from(0).copied().collect::<Vec<_>>(), plain);
-            let from = (seed >> 50) as usize % (plain.len() + 2);
-            assert_eq!(list.iter_from(from).copied().collect::<Vec<_>>(), plain.get(from..).unwrap_or_default());
-            assert_eq!(list.get(from), plain.get(from));
-        }
-        for (copy, plain) in &copies {
-            assert_eq!(copy.iter_from(0).copied().collect::<Vec<_>>(), *plain);
+            for (copy, plain) in &copies {
+                prop_assert_eq!(copy.iter_from(0).copied().collect::<Vec<_>>(), plain.clone());
+            }
         }
     }
 }
