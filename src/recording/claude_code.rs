@@ -1408,9 +1408,9 @@ impl FileImporter {
         // A first line opening with a byte-order mark is no JSON to a read of the file for call
         // times.
         let bom = bytes.starts_with(crate::input::BOM);
-        // A file that is UTF-8 as a whole has its record lines parsed by one parse over its text
-        // (`picked::Lines`); each line is text too (a line ends at a line break, and the
-        // byte-order mark is a whole character).
+        // A file that is UTF-8 as a whole has its record lines read by `picked::Lines` (the
+        // crate's reader of a JSON line, with a buffer kept over the file); each line is text
+        // too (a line ends at a line break, and the byte-order mark is a whole character).
         let text = utf8(bytes);
         let mut records = text.map(picked::Lines::new);
         for line in SliceLines::new(bytes) {

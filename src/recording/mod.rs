@@ -15,6 +15,7 @@ pub mod claude_code;
 pub mod claude_trace;
 pub mod format;
 pub mod import;
+mod line_json;
 mod picked;
 mod report;
 

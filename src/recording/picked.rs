@@ -108,68 +108,31 @@ pub(crate) fn record<'t>(text: &'t str, repeated: Option<&str>, content_value: b
 }
 
 /// The record lines of a file that is UTF-8 text, parsed as [`record`] parses each (with
-/// `content_value` false) by one parse that goes on over the file's text from line to line.
-///
-/// serde_json copies a string with escapes into its scratch buffer on its way to the visitor,
-/// and a parse of a line starts with that buffer empty: it grew from nothing on every line
-/// (30,707 reallocations over the 16 shipped sessions). Here it grows once per file.
-///
-/// A line's value is taken from the stream where the stream stood, at that line's start, at
-/// most whitespace before it (the last value's line end, the line break, blank lines), and the
-/// value ends within the line, only whitespace after it: the parse of that value is then the
-/// parse of the line alone, step for step. Any other line ([`record`] refuses it, or it was
-/// read apart) goes to [`record`] of its own text, and the stream starts again at the next.
+/// `content_value` false), by this crate's reader of a line (`line_json`: strings scanned
+/// sixteen bytes at a time, a string with escapes copied once into a buffer kept over the
+/// file's lines); a line it refuses goes to [`record`] of its text (serde_json's parse).
 pub(crate) struct Lines<'t> {
     text: &'t str,
-    /// The stream and where in `text` it starts.
-    stream: Option<(usize, serde_json::StreamDeserializer<'t, serde_json::de::StrRead<'t>, Line<'t>>)>,
-}
-
-/// A line's record as the stream of [`Lines`] reads it (its usage not read yet).
-struct Line<'t>(Box<Fields<'t>>);
-
-impl<'de> Deserialize<'de> for Line<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        PickedRecord { content_value: false }.deserialize(deserializer).map(Line)
-    }
+    /// The reader's buffer of strings with escapes.
+    scratch: String,
 }
 
 impl<'t> Lines<'t> {
     pub fn new(text: &'t str) -> Self {
-        Lines { text, stream: None }
+        Lines { text, scratch: String::new() }
     }
 
     /// [`record`] of `line`, the text of `range` of the file, with `content_value` false.
     pub fn record(&mut self, range: std::ops::Range<usize>, repeated: Option<&str>) -> Option<Box<Fields<'t>>> {
-        let line = &self.text[range.clone()];
-        let Some(mut fields) = self.next_value(range) else { return record(line, repeated, false) };
+        let text: &'t str = self.text;
+        let line = &text[range];
+        let Ok(mut fields) = super::line_json::read(line, PickedRecord { content_value: false }, &mut self.scratch) else { return record(line, repeated, false) };
         fields.read_usage(repeated)?;
         if cfg!(debug_assertions) {
-            let alone = record(line, repeated, false).unwrap_or_else(|| panic!("a line the stream takes refused alone: {line}"));
-            assert_eq!(format!("{fields:?}"), format!("{alone:?}"), "the stream's record differs from the line's alone: {line}");
+            let alone = record(line, repeated, false).unwrap_or_else(|| panic!("a line the line reader takes refused by serde_json: {line}"));
+            assert_eq!(format!("{fields:?}"), format!("{alone:?}"), "the line reader's record differs from serde_json's: {line}");
         }
         Some(fields)
-    }
-
-    /// The stream's value at `range`, where it lies there (type doc); `None` otherwise, the
-    /// stream then dropped.
-    fn next_value(&mut self, range: std::ops::Range<usize>) -> Option<Box<Fields<'t>>> {
-        let blank = |from: usize, to: usize| self.text.as_bytes()[from..to].iter().all(|byte| matches!(byte, b' ' | b'\n' | b'\t' | b'\r'));
-        let stands = self.stream.as_ref().map(|(start, stream)| start + stream.byte_offset());
-        if !stands.is_some_and(|at| at <= range.start && blank(at, range.start)) {
-            self.stream = Some((range.start, serde_json::Deserializer::from_str(&self.text[range.start..]).into_iter()));
-        }
-        let (start, stream) = self.stream.as_mut()?;
-        let value = match stream.next() {
-            Some(Ok(Line(fields))) => Some(fields),
-            _ => None,
-        };
-        let end = *start + stream.byte_offset();
-        let value = value.filter(|_| end <= range.end && blank(end, range.end));
-        if value.is_none() {
-            self.stream = None;
-        }
-        value
     }
 }
 
@@ -1228,6 +1191,86 @@ mod tests {
             let text: String = items.into_iter().map(|(line, end)| line + end).collect();
             check_lines(&text, &apart);
         }
+    }
+
+    /// A string's JSON text of pieces that exercise the line reader's scan and unescaping: long
+    /// runs (its sixteen-byte steps), every escape, multi-byte characters, control characters.
+    fn string_text() -> impl Strategy<Value = String> {
+        let piece = prop::sample::select(&[
+            "a", "é", "字", "\\n", "\\\"", "\\\\", "\\/", "\\b\\f\\r\\t", "\\u00e9", "\\u0000", "\\uD83D\\uDE00", "\\ud800", "\\udc00x",
+            "\\ud800\\u0041", "\\u12", "\\x", "\t", "0123456789abcdefghij", " spaces and words, seventeen+ ",
+        ][..]);
+        prop::collection::vec(piece, 0..12).prop_map(|pieces| format!("\"{}\"", pieces.concat()))
+    }
+
+    /// The line reader's value of `text` is serde_json's, or it refuses the text; its record is
+    /// [`record`]'s (serde_json's), or it refuses it.
+    fn check_reader(text: &str) -> bool {
+        let mut scratch = String::new();
+        let value = super::super::line_json::read(text, std::marker::PhantomData::<Value>, &mut scratch);
+        if let Ok(value) = &value {
+            let whole = serde_json::from_str::<Value>(text).unwrap_or_else(|error| panic!("the line reader took what serde_json refuses ({error}): {text}"));
+            assert!(same(value, &whole), "{text}");
+            assert_eq!(serde_json::to_string(value).ok(), serde_json::to_string(&whole).ok(), "{text}");
+        }
+        if let Ok(mut fields) = super::super::line_json::read(text, PickedRecord { content_value: false }, &mut scratch) {
+            let alone = record(text, None, false);
+            match fields.read_usage(None) {
+                Some(()) => assert_eq!(format!("{fields:?}"), format!("{:?}", alone.expect("serde_json's record")), "{text}"),
+                None => assert!(alone.is_none(), "{text}"),
+            }
+        }
+        value.is_ok()
+    }
+
+    proptest! {
+        #[test]
+        fn line_reader_reads_as_serde_json(text in json(4)) {
+            check_reader(&text);
+        }
+
+        #[test]
+        fn line_reader_takes_valid_json(text in json_of(4, false), string in string_text(), prefix in "[ \t\r\n]{0,2}") {
+            // (Valid JSON of the usual shapes: read, not refused.)
+            prop_assert!(check_reader(&format!("{prefix}{text}{prefix}")), "{}", text);
+            let line = format!(r#"{{"type":"user","message":{{"content":[{{"type":"text","text":{string}}}],"usage":{{"output_tokens":1}}}},"uuid":{string},"x":[{string}],{string}:{text}}}"#);
+            check_reader(&line);
+            check_reader(&string);
+        }
+    }
+
+    #[test]
+    fn line_reader_edges() {
+        for (text, read) in [
+            (r#""a\u00e9\ud83d\ude00\n\"b""#, true),
+            (r#"{"a":[1,-2,3.5e2,-0,0,18446744073709551615,18446744073709551616,1e999]}"#, false),
+            (r#"{"a":[1,-2,3.5e2,-0,0,18446744073709551615,123456789012345678901]}"#, true),
+            ("[01]", false),
+            ("[1,]", false),
+            (r#"{"a":1,}"#, false),
+            (r#"{"a" 1}"#, false),
+            ("nul", false),
+            ("[true,false,null]", true),
+            (r#""\ud800""#, false),
+            (r#""\udc00""#, false),
+            ("\"tab\there\"", false),
+            (r#"{"$serde_json::private::RawValue":"{}"}"#, false),
+            ("", false),
+            (" 7 ", true),
+            ("7 x", false),
+        ] {
+            assert_eq!(check_reader(text), read, "{text}");
+        }
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(check_reader(&deep(99)));
+        assert!(!check_reader(&deep(100)));
+        // A usage read as its text (serde_json's raw value): the text as serde_json gives it.
+        let line = r#"{"message":{"usage": {"output_tokens" : 2 , "x":[1.5e3, "\u00e9"]} ,"id":"m"},"type":"assistant"}"#;
+        assert!(check_reader(line));
+        let mut scratch = String::new();
+        let mut fields = super::super::line_json::read(line, PickedRecord { content_value: false }, &mut scratch).expect("read");
+        fields.read_usage(None).expect("a usage");
+        assert_eq!(fields.take_usage().map(|(text, _)| text).as_deref(), Some(r#"{"output_tokens" : 2 , "x":[1.5e3, "\u00e9"]}"#));
     }
 
     #[test]
