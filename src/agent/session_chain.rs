@@ -251,8 +251,10 @@ impl EntryCache {
     fn take(&mut self, records: &[Record], metas: &[RecordMeta]) -> Vec<Entry> {
         let Some(copy) = self.copy.take() else { return std::mem::take(&mut self.entries) };
         let n = copy.len.min(records.len()).min(metas.len());
-        // (Room for the records appended since, which the run makes entries of.)
-        let mut entries = Vec::with_capacity(records.len());
+        // (Room for the records appended since, which the run makes entries of, and for those
+        // the next turns append: made exactly, the list would be copied to grow at the run's
+        // first turn.)
+        let mut entries = Vec::with_capacity(room_for(records.len()));
         let mut rendered = copy.rendered.into_iter().peekable();
         for (i, (record, meta)) in records[..n].iter().zip(&metas[..n]).enumerate() {
             let content = rendered.next_if(|(at, _)| *at == i).map(|(_, content)| content);
@@ -489,10 +491,9 @@ fn entries_into_records(
     // Room for the records the next turn appends: made with `kept` exactly, the session's next
     // push (a record, its meta, the next run's entries) would copy the whole list to grow it,
     // on every request.
-    let room = kept + kept / 8 + 32;
-    out.reserve(room.saturating_sub(out.len()));
-    metas.reserve(room.saturating_sub(metas.len()));
-    next.reserve(room.saturating_sub(next.len()));
+    make_room(&mut out, kept);
+    make_room(&mut metas, kept);
+    make_room(&mut next, kept);
     let mut unchanged = prefix;
     for (entry, source) in entries.into_iter().zip(sources) {
         if entry.is_boundary() {
@@ -517,6 +518,25 @@ fn entries_into_records(
     }
     (out, metas, next, unchanged)
 }
+
+/// The room a list of the session's records (or their metas, or entries) is given for `kept`
+/// of them: what the next turns append goes in without copying the list.
+fn room_for(kept: usize) -> usize {
+    kept + kept / 8 + 32
+}
+
+/// Gives `list`, which will hold `kept` items, [`room_for`] them where it has no room left for
+/// a turn's records ([`NEXT_TURN`]); a list with that room is left as it is (one made with room
+/// by [`EntryCache::take`] is not grown, which would copy it, at its run's first turns).
+fn make_room<T>(list: &mut Vec<T>, kept: usize) {
+    if list.capacity() < kept + NEXT_TURN {
+        list.reserve(room_for(kept).saturating_sub(list.len()));
+    }
+}
+
+/// The records a turn appends, as [`make_room`] counts them: its prompt, replies, tool results
+/// and attachments.
+const NEXT_TURN: usize = 16;
 
 /// Moves the single message marker to the last block of message `index` (or drops it).
 fn place_marker(messages: &mut [Message], index: Option<usize>, marker: Option<CacheControl>) {
@@ -1135,7 +1155,7 @@ mod tests {
         // Room for the records the next turn appends: made with `kept` exactly, the session's next
         // push (a record, its meta, the next run's entries) would copy the whole list to grow it,
         // on every request.
-        let room = kept + kept / 8 + 32;
+        let room = room_for(kept);
         let (mut out, mut metas, mut next) = (Vec::with_capacity(room), Vec::with_capacity(room), Vec::with_capacity(room));
         let mut unchanged = 0;
         for (entry, source) in entries.into_iter().zip(sources) {
@@ -1241,6 +1261,38 @@ mod tests {
                 prop_assert_eq!(got_metas, want_metas);
                 prop_assert_eq!(got_next, want_next);
             }
+        }
+    }
+
+    proptest! {
+        /// A list left with room for a turn is not grown (which would copy it), one without is
+        /// given room for a turn; entries made again from a copy of the cache have that room,
+        /// so the first turns of a run from a checkpoint do not copy them to grow them (a cache of
+        /// no entries is copied as none).
+        #[test]
+        fn lists_get_room_for_a_turn_and_keep_it(len in 0usize..300, spare in 0usize..120, more in 0usize..24, n in 1usize..40) {
+            let mut list: Vec<u64> = Vec::with_capacity(len + spare);
+            list.extend(0..len as u64);
+            let (capacity, at) = (list.capacity(), list.as_ptr());
+            let kept = len + more;
+            make_room(&mut list, kept);
+            prop_assert!(list.capacity() >= kept + NEXT_TURN);
+            if capacity >= kept + NEXT_TURN {
+                prop_assert_eq!((list.capacity(), list.as_ptr()), (capacity, at));
+            }
+            prop_assert_eq!(list, (0..len as u64).collect::<Vec<_>>());
+
+            let records: Vec<Record> = (0..n).map(|i| record(i as u8, format!("r{i}"), i % 3 == 0)).collect();
+            let metas: Vec<RecordMeta> = (0..n as u64).map(|i| RecordMeta { uuid: 2 * i + 1, timestamp_ms: i, ..RecordMeta::default() }).collect();
+            let mut cache = EntryCache::default();
+            cache.set(records.iter().zip(&metas).map(|(r, m)| record_to_entry(r, m)).collect());
+            let mut copy = cache.clone();
+            let mut entries = copy.take(&records, &metas);
+            prop_assert_eq!(entries.len(), n);
+            prop_assert!(entries.capacity() >= room_for(n));
+            let at = entries.as_ptr();
+            make_room(&mut entries, n);
+            prop_assert_eq!(entries.as_ptr(), at);
         }
     }
 
