@@ -1276,6 +1276,24 @@ mod tests {
         }
     }
 
+    /// A long line of one run of words repeated (the replay's fillers) is cut after words into
+    /// chunks of a few kinds, counted as tiktoken-rs counts the whole.
+    #[test]
+    fn a_long_line_of_repeated_words_is_cut_into_chunks_that_repeat() {
+        let text = format!("<thinking>{}\n\nend", " the and for not you are".repeat(2000));
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        let mut kinds = std::collections::BTreeSet::new();
+        for end in chunk_ends(bytes, CHUNK_MIN) {
+            assert!(end == text.len() || cuts_at(bytes, end) || cuts_at_word(bytes, end), "{end}");
+            assert!(end == text.len() || end - start <= LINE_CHUNK_MINS * CHUNK_MIN, "{start}..{end}");
+            kinds.insert(&text[start..end]);
+            start = end;
+        }
+        assert!(kinds.len() <= 8, "{} kinds of chunk", kinds.len());
+        assert_eq!(count(&text), count_by_tiktoken(&text));
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
         /// A count cut short at a limit says only what the whole count says: `Ok` is the whole
