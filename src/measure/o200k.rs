@@ -60,7 +60,10 @@
 //!   has a boundary ([`cuts_at`]), into chunks the text around each cut picks
 //!   ([`chunk_ends`]), and its count is the sum of theirs, each looked up first in a table of
 //!   the chunks the process counted ([`CHUNKS`]): the system prompts of the what-ifs of a
-//!   session, and a file read again after an edit, are tokenized where they differ.
+//!   session, and a file read again after an edit, are tokenized where they differ. A long
+//!   line is cut after a word instead ([`cuts_at_word`]): the replay's fillers, one line of
+//!   the same few words repeated, each tens of kilobytes, were a quarter of the bytes
+//!   tokenized in a cold audit; cut so, their chunks repeat and are tokenized once.
 //! - **Built in the background.** The split DFA and the long tokens' map, on a thread of their
 //!   own when a command warms the tokenizer up ([`warm_up_in_background`]).
 
@@ -1064,32 +1067,67 @@ fn cuts_at(bytes: &[u8], at: usize) -> bool {
     end < bytes.len() && bytes[end].is_ascii_graphic() && !(end == at && bytes[end] == b'/')
 }
 
+/// Whether the split into pieces always has a boundary at `at`, whatever comes before and after
+/// it: a space after an ASCII letter or digit. Only the letters' and the digits' alternatives
+/// take a letter or digit, and neither goes on with a space after one (the letters' optional
+/// other character comes before them); the piece the space starts depends only on what
+/// follows it. So the count of a text cut there is the sum of its two parts' counts (tests
+/// compare on generated text). A line of words has such a boundary every few bytes.
+fn cuts_at_word(bytes: &[u8], at: usize) -> bool {
+    at > 0 && bytes.get(at) == Some(&b' ') && bytes[at - 1].is_ascii_alphanumeric()
+}
+
+/// A chunk that would run past this many times the least chunk's length to its line cut is cut
+/// at a word instead ([`chunk_ends`]).
+const LINE_CHUNK_MINS: usize = 4;
+
 /// Where a long text is cut into chunks for counting, the last end being the text's length:
 /// at a [`cuts_at`] boundary at least `min` bytes into the chunk, where the few bytes that
 /// follow the boundary pick it (about one in four), so that the cuts depend on the text
 /// around them, not on where the text starts: two texts that differ in one place share the
-/// chunks before and, from a few boundaries on, after it.
+/// chunks before and, from a few boundaries on, after it. When no such boundary comes within
+/// [`LINE_CHUNK_MINS`] times `min` bytes of the chunk's start (a long line: a filler's words,
+/// JSON on one line), the chunk ends at its first word boundary ([`cuts_at_word`]) from `min`
+/// bytes on, if one comes before that: a line of one repeated run of words (the replay's
+/// fillers) is then cut into chunks of a few kinds that repeat, counted once each, not tokenized
+/// whole as one chunk.
 fn chunk_ends(bytes: &[u8], min: usize) -> impl Iterator<Item = usize> + '_ {
+    let min = min.max(1);
     let mut start = 0;
     std::iter::from_fn(move || {
         if start >= bytes.len() {
             return None;
         }
-        let mut from = start + min.max(1);
-        let end = loop {
-            if from >= bytes.len() {
-                break bytes.len();
-            }
-            let Some(found) = memchr::memchr(b'\n', &bytes[from - 1..]) else { break bytes.len() };
-            let at = from + found;
-            if at < bytes.len() && cuts_at(bytes, at) && picks(&bytes[at..]) {
-                break at;
-            }
-            from = at + 1;
-        };
+        let (from, long) = (start + min, start + LINE_CHUNK_MINS * min);
+        let end = line_cut(bytes, from, long)
+            .or_else(|| word_cut(bytes, from, long))
+            .or_else(|| line_cut(bytes, long.max(from), bytes.len()))
+            .unwrap_or(bytes.len());
         start = end;
         Some(end)
     })
+}
+
+/// The first [`cuts_at`] boundary in `from..to` (`from >= 1`) that [`picks`] picks, short of
+/// the text's end.
+fn line_cut(bytes: &[u8], mut from: usize, to: usize) -> Option<usize> {
+    let to = to.min(bytes.len());
+    while from < to {
+        // A boundary `at` follows a line feed at `at - 1`.
+        let at = from + memchr::memchr(b'\n', &bytes[from - 1..to - 1])?;
+        if cuts_at(bytes, at) && picks(&bytes[at..]) {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
+}
+
+/// The first [`cuts_at_word`] boundary in `from..to`, short of the text's end.
+fn word_cut(bytes: &[u8], from: usize, to: usize) -> Option<usize> {
+    let to = to.min(bytes.len());
+    let spaces = bytes.get(from..to)?;
+    memchr::memchr_iter(b' ', spaces).map(|i| from + i).find(|&at| cuts_at_word(bytes, at))
 }
 
 /// Whether the bytes after a boundary pick it as a cut: about one in four, from up to 8 of
@@ -1212,7 +1250,7 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
-        /// Every boundary [`cuts_at`] names is one of the split's, and tiktoken-rs's count of a
+        /// Every boundary [`cuts_at`] and [`cuts_at_word`] name is one of the split's, and tiktoken-rs's count of a
         /// text is the sum of its counts of the chunks [`chunk_ends`] cuts it into, at any
         /// chunk size; so is this module's, through the chunk memo too.
         #[test]
@@ -1220,14 +1258,14 @@ mod tests {
             let text = parts.join("\n");
             let (ends, _) = pieces(&text);
             for at in 1..text.len() {
-                if cuts_at(text.as_bytes(), at) {
+                if cuts_at(text.as_bytes(), at) || cuts_at_word(text.as_bytes(), at) {
                     proptest::prop_assert!(ends.contains(&at), "no boundary at {} in {:?}", at, text);
                 }
             }
             let mut start = 0;
             let mut sum = 0;
             for end in chunk_ends(text.as_bytes(), min) {
-                proptest::prop_assert!(end > start && (end == text.len() || cuts_at(text.as_bytes(), end)));
+                proptest::prop_assert!(end > start && (end == text.len() || cuts_at(text.as_bytes(), end) || cuts_at_word(text.as_bytes(), end)));
                 sum += count_by_tiktoken(&text[start..end]);
                 start = end;
             }
@@ -1236,6 +1274,24 @@ mod tests {
             let long = text.repeat(CHUNKED_TEXT / text.len().max(1) + 1);
             proptest::prop_assert_eq!(count(&long), count_by_tiktoken(&long));
         }
+    }
+
+    /// A long line of one run of words repeated (the replay's fillers) is cut after words into
+    /// chunks of a few kinds, counted as tiktoken-rs counts the whole.
+    #[test]
+    fn a_long_line_of_repeated_words_is_cut_into_chunks_that_repeat() {
+        let text = format!("<thinking>{}\n\nend", " the and for not you are".repeat(2000));
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        let mut kinds = std::collections::BTreeSet::new();
+        for end in chunk_ends(bytes, CHUNK_MIN) {
+            assert!(end == text.len() || cuts_at(bytes, end) || cuts_at_word(bytes, end), "{end}");
+            assert!(end == text.len() || end - start <= LINE_CHUNK_MINS * CHUNK_MIN, "{start}..{end}");
+            kinds.insert(&text[start..end]);
+            start = end;
+        }
+        assert!(kinds.len() <= 8, "{} kinds of chunk", kinds.len());
+        assert_eq!(count(&text), count_by_tiktoken(&text));
     }
 
     proptest::proptest! {
